@@ -1,0 +1,33 @@
+# Entry points of README.md. Each target installs what it needs first.
+PRESET ?= release
+BUILD  := build/$(PRESET)
+JOBS   ?= $(shell nproc)
+CONFIG ?=
+
+.PHONY: deps build run test bench asan-test clean
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+# Starts kvtierd in the foreground with the embedded default configuration
+# (or CONFIG=path/to/kvtierd.toml). Ctrl-C / SIGTERM drains and exits.
+run: build
+	$(BUILD)/daemon/kvtierd $(if $(CONFIG),--config $(CONFIG),)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/tools/kvtier bench host
+
+asan-test: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf build

@@ -1,0 +1,339 @@
+// The C ABI (kvtier_c.h) over kvtier::Client. Each entry point clears the
+// thread's error message, runs its body inside Guard (no exception crosses
+// the ABI) and turns a Status into its code, keeping the message.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/client.h"
+#include "kvtier/kvtier_c.h"
+
+struct kvtier_client {
+  std::unique_ptr<kvtier::Client> client;
+};
+
+struct kvtier_view {
+  kvtier::BlockView view;
+};
+
+namespace kvtier {
+namespace {
+
+static_assert(KVTIER_OK == static_cast<int>(StatusCode::kOk));
+static_assert(KVTIER_INVALID_ARGUMENT == static_cast<int>(StatusCode::kInvalidArgument));
+static_assert(KVTIER_NOT_FOUND == static_cast<int>(StatusCode::kNotFound));
+static_assert(KVTIER_ALREADY_EXISTS == static_cast<int>(StatusCode::kAlreadyExists));
+static_assert(KVTIER_NO_SPACE == static_cast<int>(StatusCode::kNoSpace));
+static_assert(KVTIER_BUSY == static_cast<int>(StatusCode::kBusy));
+static_assert(KVTIER_IO_ERROR == static_cast<int>(StatusCode::kIoError));
+static_assert(KVTIER_CORRUPTION == static_cast<int>(StatusCode::kCorruption));
+static_assert(KVTIER_PROTOCOL_ERROR == static_cast<int>(StatusCode::kProtocolError));
+static_assert(KVTIER_VERSION_MISMATCH == static_cast<int>(StatusCode::kVersionMismatch));
+static_assert(KVTIER_UNAVAILABLE == static_cast<int>(StatusCode::kUnavailable));
+static_assert(KVTIER_PERMISSION_DENIED == static_cast<int>(StatusCode::kPermissionDenied));
+static_assert(KVTIER_FAILED_PRECONDITION == static_cast<int>(StatusCode::kFailedPrecondition));
+static_assert(KVTIER_UNIMPLEMENTED == static_cast<int>(StatusCode::kUnimplemented));
+static_assert(KVTIER_INTERNAL == static_cast<int>(StatusCode::kInternal));
+static_assert(KVTIER_CANCELLED == static_cast<int>(StatusCode::kCancelled));
+static_assert(KVTIER_TIMED_OUT == static_cast<int>(StatusCode::kTimedOut));
+static_assert(KVTIER_TIER_NONE == static_cast<int>(Tier::kNone));
+static_assert(KVTIER_TIER_HBM == static_cast<int>(Tier::kHbm));
+static_assert(KVTIER_TIER_HOST == static_cast<int>(Tier::kHost));
+static_assert(KVTIER_TIER_NVME == static_cast<int>(Tier::kNvme));
+static_assert(KVTIER_TIER_REMOTE == static_cast<int>(Tier::kRemote));
+
+// Owned by this thread; kvtier_last_error hands out its c_str().
+thread_local std::string last_error;
+
+int Code(const Status& s) { return static_cast<int>(s.code()); }
+
+// Records `s` as this thread's error (if it is one) and returns its code.
+int Report(const Status& s) {
+  if (!s.ok()) last_error = s.message().empty() ? std::string(StatusCodeName(s.code())) : s.message();
+  return Code(s);
+}
+
+int Missing(const char* what) { return Report(InvalidArgument(std::string(what) + " is NULL")); }
+
+// Runs one entry point: clears the error, maps any exception to Internal.
+template <typename Body>
+int Guard(Body&& body) noexcept {
+  try {
+    last_error.clear();
+    return body();
+  } catch (const std::exception& e) {
+    return Report(Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Report(Internal("unexpected non-standard exception"));
+  }
+}
+
+BlockKey ToKey(kvtier_key k) { return BlockKey{k.hi, k.lo}; }
+kvtier_key ToC(const BlockKey& k) { return kvtier_key{k.hi, k.lo}; }
+
+std::vector<BlockKey> ToKeys(const kvtier_key* keys, size_t n) {
+  std::vector<BlockKey> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.push_back(ToKey(keys[i]));
+  return out;
+}
+
+std::string Str(const char* s) { return s == nullptr ? std::string() : std::string(s); }
+
+NamespaceDescriptor ToDescriptor(const kvtier_namespace& c) {
+  NamespaceDescriptor d;
+  d.model_id = Str(c.model_id);
+  d.model_revision = Str(c.model_revision);
+  d.adapter_id = Str(c.adapter_id);
+  d.adapter_revision = Str(c.adapter_revision);
+  d.kv_dtype = Str(c.kv_dtype);
+  d.block_tokens = c.block_tokens;
+  d.layer_count = c.layer_count;
+  d.kv_layout = Str(c.kv_layout);
+  d.bytes_per_token_per_layer = c.bytes_per_token_per_layer;
+  d.tp_rank = c.tp_rank;
+  d.tp_size = c.tp_size;
+  return d;
+}
+
+// InvalidArgument unless `ns` was registered by this client. Checked here
+// so that batch calls can tell a bad call from per-key failures.
+Status CheckNamespace(const kvtier_client& c, uint32_t ns) {
+  const size_t registered = c.client->namespaces().size();
+  if (ns < registered) return Status::Ok();
+  return InvalidArgument("namespace " + std::to_string(ns) + " out of range (" +
+                         std::to_string(registered) + " registered)");
+}
+
+// Writes per-key codes; the thread's message becomes the first failure's.
+template <typename Outcome, typename StatusOf>
+void ReportEach(const std::vector<Outcome>& outcomes, int* statuses, StatusOf status_of) {
+  bool reported = false;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const Status& s = status_of(outcomes[i]);
+    statuses[i] = Code(s);
+    if (!s.ok() && !reported) {
+      last_error = "key " + std::to_string(i) + ": " + s.ToString();
+      reported = true;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
+
+using kvtier::Guard;
+using kvtier::Missing;
+using kvtier::Report;
+
+extern "C" {
+
+const char* kvtier_last_error(void) { return kvtier::last_error.c_str(); }
+
+const char* kvtier_status_name(int code) {
+  // StatusCodeName returns string literals, so data() is NUL-terminated.
+  return kvtier::StatusCodeName(static_cast<kvtier::StatusCode>(code)).data();
+}
+
+int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out) {
+  return Guard([&] {
+    if (ns == nullptr) return Missing("ns");
+    if (out == nullptr) return Missing("out");
+    kvtier::NamespaceDescriptor d = kvtier::ToDescriptor(*ns);
+    if (kvtier::Status s = d.Validate(); !s.ok()) return Report(s);
+    *out = kvtier::ToC(kvtier::FingerprintNamespace(d));
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
+                      kvtier_key* out, size_t out_capacity, size_t* out_count) {
+  return Guard([&] {
+    if (ns == nullptr) return Missing("ns");
+    if (out_count == nullptr) return Missing("out_count");
+    if (tokens == nullptr && n_tokens > 0) return Missing("tokens");
+    auto hasher = kvtier::ChainHasher::Create(kvtier::ToDescriptor(*ns));
+    if (!hasher.ok()) return Report(hasher.status());
+    const size_t needed = n_tokens / hasher->block_tokens();
+    *out_count = needed;
+    if (needed > out_capacity) {
+      return Report(kvtier::InvalidArgument("out_capacity " + std::to_string(out_capacity) +
+                                            " < " + std::to_string(needed) + " keys"));
+    }
+    if (out == nullptr && needed > 0) return Missing("out");
+    std::vector<kvtier::BlockKey> keys = hasher->Keys(std::span<const uint32_t>(tokens, n_tokens));
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = kvtier::ToC(keys[i]);
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_key_to_hex(kvtier_key key, char out[33]) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    const std::string hex = kvtier::ToKey(key).ToHex();
+    std::memcpy(out, hex.c_str(), 33);
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
+                   size_t n_namespaces, kvtier_client** out) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (namespaces == nullptr && n_namespaces > 0) return Missing("namespaces");
+    kvtier::ClientOptions options;
+    if (socket_path != nullptr) options.socket_path = socket_path;
+    options.client_name = "kvtier-c-client";
+    for (size_t i = 0; i < n_namespaces; ++i) {
+      options.namespaces.push_back(kvtier::ToDescriptor(namespaces[i]));
+    }
+    auto client = kvtier::Client::Connect(options);
+    if (!client.ok()) return Report(client.status());
+    *out = new kvtier_client{std::move(*client)};
+    return KVTIER_OK;
+  });
+}
+
+void kvtier_close(kvtier_client* client) {
+  Guard([&] {
+    delete client;
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                  size_t* prefix_blocks, uint8_t* tiers) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (prefix_blocks == nullptr) return Missing("prefix_blocks");
+    if (keys == nullptr && n > 0) return Missing("keys");
+    auto r = client->client->Lookup(ns, kvtier::ToKeys(keys, n));
+    if (!r.ok()) return Report(r.status());
+    *prefix_blocks = r->prefix_blocks;
+    for (size_t i = 0; tiers != nullptr && i < n; ++i) {
+      tiers[i] = i < r->tiers.size() && i < r->prefix_blocks ? static_cast<uint8_t>(r->tiers[i])
+                                                             : KVTIER_TIER_NONE;
+    }
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* data, size_t len) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (data == nullptr && len > 0) return Missing("data");
+    std::span<const std::byte> bytes(static_cast<const std::byte*>(data), len);
+    return Report(client->client->Put(ns, kvtier::ToKey(key), bytes));
+  });
+}
+
+int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     const void* const* data, const size_t* lens, size_t n, int* statuses) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (n > 0 && (keys == nullptr || data == nullptr || lens == nullptr || statuses == nullptr)) {
+      return Missing("keys, data, lens or statuses");
+    }
+    if (kvtier::Status s = kvtier::CheckNamespace(*client, ns); !s.ok()) return Report(s);
+    std::vector<std::span<const std::byte>> spans;
+    for (size_t i = 0; i < n; ++i) spans.emplace_back(static_cast<const std::byte*>(data[i]), lens[i]);
+    auto outcomes = client->client->PutBatch(ns, kvtier::ToKeys(keys, n), spans);
+    kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity,
+               size_t* len) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (len == nullptr) return Missing("len");
+    if (dst == nullptr && capacity > 0) return Missing("dst");
+    *len = 0;
+    std::span<std::byte> bytes(static_cast<std::byte*>(dst), capacity);
+    auto r = client->client->Get(ns, kvtier::ToKey(key), bytes);
+    if (!r.ok()) return Report(r.status());
+    *len = *r;
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     void* const* dst, const size_t* capacities, size_t n, size_t* lens,
+                     int* statuses) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (n > 0 && (keys == nullptr || dst == nullptr || capacities == nullptr || lens == nullptr ||
+                  statuses == nullptr)) {
+      return Missing("keys, dst, capacities, lens or statuses");
+    }
+    if (kvtier::Status s = kvtier::CheckNamespace(*client, ns); !s.ok()) return Report(s);
+    std::vector<std::span<std::byte>> spans;
+    for (size_t i = 0; i < n; ++i) spans.emplace_back(static_cast<std::byte*>(dst[i]), capacities[i]);
+    auto outcomes = client->client->GetBatch(ns, kvtier::ToKeys(keys, n), spans);
+    for (size_t i = 0; i < outcomes.size(); ++i) lens[i] = outcomes[i].ok() ? *outcomes[i] : 0;
+    kvtier::ReportEach(outcomes, statuses,
+                       [](const kvtier::Result<size_t>& r) -> const kvtier::Status& { return r.status(); });
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
+               const void** data, size_t* len) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (data == nullptr || len == nullptr) return Missing("data or len");
+    const kvtier::BlockKey k = kvtier::ToKey(key);
+    auto pinned = client->client->Pin(ns, std::span<const kvtier::BlockKey>(&k, 1));
+    if (pinned.empty()) return Report(kvtier::Internal("Pin returned no result"));
+    if (!pinned[0].ok()) return Report(pinned[0].status());
+    auto view = std::make_unique<kvtier_view>(kvtier_view{std::move(*pinned[0])});
+    *data = view->view.data().data();
+    *len = view->view.data().size();
+    *out = view.release();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_view_release(kvtier_view* view) {
+  return Guard([&] {
+    std::unique_ptr<kvtier_view> owned(view);
+    return owned == nullptr ? KVTIER_OK : Report(owned->view.Release());
+  });
+}
+
+int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                 size_t* erased) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (keys == nullptr && n > 0) return Missing("keys");
+    auto r = client->client->Erase(ns, kvtier::ToKeys(keys, n));
+    if (!r.ok()) return Report(r.status());
+    if (erased != nullptr) *erased = *r;
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_stat(kvtier_client* client, const char* name, int64_t* value) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (name == nullptr || value == nullptr) return Missing("name or value");
+    auto counters = client->client->Stats();
+    if (!counters.ok()) return Report(counters.status());
+    for (const kvtier::Counter& c : *counters) {
+      if (c.name == name) {
+        *value = c.value;
+        return KVTIER_OK;
+      }
+    }
+    return Report(kvtier::NotFound(std::string("no counter named \"") + name + "\""));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,355 @@
+// Client: the public API over internal::Connection. Every operation is one
+// pipelined round trip (Lookup, Pin, Erase, Stats) or two (Reserve + Commit
+// for puts; Pin + a Release that is not waited for, for copying gets).
+// Copies of the *Async variants run on the connection's reader thread.
+#include <cstring>
+#include <future>
+
+#include "client_lib/connection.h"
+#include "common/checksum.h"
+#include "proto/wire.h"
+
+namespace kvtier {
+
+using internal::Connection;
+
+namespace {
+
+Status CheckNamespace(const Connection& conn, NamespaceId ns) {
+  if (ns >= conn.namespaces().size()) {
+    return InvalidArgument("namespace " + std::to_string(ns) + " was not registered at Connect (" +
+                           std::to_string(conn.namespaces().size()) + " registered)");
+  }
+  return Status::Ok();
+}
+
+// Unpins `leases` without waiting; a failure only means the connection is
+// gone, and then the leases died with it.
+void ReleaseInBackground(Connection& conn, const std::vector<uint64_t>& leases) {
+  if (leases.empty()) return;
+  v1::Request request;
+  for (uint64_t lease : leases) request.mutable_release()->add_leases(lease);
+  conn.Call(std::move(request), [](Result<v1::Response>) {});
+}
+
+// Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
+// response is handled.
+std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Response>& pinned,
+                                       const std::vector<std::span<std::byte>>& dst) {
+  std::vector<Result<size_t>> out;
+  if (!pinned.ok()) {
+    out.assign(dst.size(), pinned.status());
+    return out;
+  }
+  const auto& blocks = pinned->pin().blocks();
+  std::vector<uint64_t> leases;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (static_cast<int>(i) >= blocks.size()) {
+      out.emplace_back(ProtocolError("Pin response has fewer blocks than keys"));
+      continue;
+    }
+    const auto& b = blocks[static_cast<int>(i)];
+    Status s = wire::FromProto(b.status());
+    if (!s.ok()) {
+      out.emplace_back(s);
+      continue;
+    }
+    leases.push_back(b.lease());
+    auto slot = conn.Slot(b.offset(), b.length());
+    if (!slot.ok()) {
+      out.emplace_back(slot.status());
+      continue;
+    }
+    if (dst[i].size() < slot->size()) {
+      out.emplace_back(InvalidArgument("destination of " + std::to_string(dst[i].size()) +
+                                       " bytes is smaller than the block (" +
+                                       std::to_string(slot->size()) + " bytes)"));
+      continue;
+    }
+    std::memcpy(dst[i].data(), slot->data(), slot->size());
+    if (conn.verify_checksums() && BlockChecksum(dst[i].first(slot->size())) != b.checksum()) {
+      out.emplace_back(Corruption("block bytes do not match their checksum"));
+      continue;
+    }
+    out.emplace_back(slot->size());
+  }
+  ReleaseInBackground(conn, leases);
+  return out;
+}
+
+v1::Request PinRequest(NamespaceId ns, std::span<const BlockKey> keys) {
+  v1::Request request;
+  request.mutable_pin()->set_ns(ns);
+  wire::AddKeys(keys, request.mutable_pin()->mutable_keys());
+  return request;
+}
+
+v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+  v1::Request request;
+  auto* body = request.mutable_reserve();
+  body->set_ns(ns);
+  wire::AddKeys(keys, body->mutable_keys());
+  for (uint64_t s : sizes) body->add_sizes(s);
+  return request;
+}
+
+// Turns a Reserve response into writable blocks (one per key).
+std::vector<WritableBlock> ToWritable(Connection& conn, std::span<const BlockKey> keys,
+                                      const v1::Response& response) {
+  std::vector<WritableBlock> blocks(keys.size());
+  const auto& slots = response.reserve().slots();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    blocks[i].key = keys[i];
+    if (static_cast<int>(i) >= slots.size()) {
+      blocks[i].status = ProtocolError("Reserve response has fewer slots than keys");
+      continue;
+    }
+    const auto& slot = slots[static_cast<int>(i)];
+    blocks[i].status = wire::FromProto(slot.status());
+    if (!blocks[i].status.ok()) continue;
+    auto span = conn.Slot(slot.offset(), slot.length());
+    if (!span.ok()) blocks[i].status = span.status(); else blocks[i].data = *span;
+  }
+  return blocks;
+}
+
+// Builds the Commit for every ok block; returns false if there is none.
+bool CommitRequest(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request) {
+  auto* body = request.mutable_commit();
+  body->set_ns(ns);
+  for (const auto& b : blocks) {
+    if (!b.status.ok()) continue;
+    wire::ToProto(b.key, body->add_keys());
+    body->add_sizes(b.data.size());
+  }
+  return body->keys_size() > 0;
+}
+
+// Merges Commit outcomes into per-block statuses; AlreadyExists counts as
+// success for copying puts (`already_is_ok`).
+std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
+                                const Result<v1::Response>& committed, bool already_is_ok) {
+  std::vector<Status> out;
+  int next = 0;
+  for (const auto& b : blocks) {
+    if (!b.status.ok()) {
+      bool benign = already_is_ok && b.status.code() == StatusCode::kAlreadyExists;
+      out.push_back(benign ? Status::Ok() : b.status);
+      continue;
+    }
+    if (!committed.ok()) {
+      out.push_back(committed.status());
+    } else if (next >= committed->commit().statuses_size()) {
+      out.push_back(ProtocolError("Commit response has fewer statuses than blocks"));
+    } else {
+      out.push_back(wire::FromProto(committed->commit().statuses(next)));
+    }
+    ++next;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kNone: return "none";
+    case Tier::kHbm: return "hbm";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+    case Tier::kRemote: return "remote";
+  }
+  return "unknown";
+}
+
+Client::Client(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
+
+Client::~Client() { conn_->Close(); }
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto conn = Connection::Open(options);
+  if (!conn.ok()) return conn.status();
+  return std::unique_ptr<Client>(new Client(std::move(*conn)));
+}
+
+const std::vector<NamespaceFingerprint>& Client::namespaces() const { return conn_->namespaces(); }
+
+std::span<std::byte> Client::arena() const { return conn_->arena(); }
+
+Result<LookupResult> Client::Lookup(NamespaceId ns, std::span<const BlockKey> keys) {
+  return LookupAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end())).get();
+}
+
+std::future<Result<LookupResult>> Client::LookupAsync(NamespaceId ns, std::vector<BlockKey> keys) {
+  auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
+  auto future = promise->get_future();
+  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) {
+    promise->set_value(s);
+    return future;
+  }
+  v1::Request request;
+  request.mutable_lookup()->set_ns(ns);
+  wire::AddKeys(keys, request.mutable_lookup()->mutable_keys());
+  conn_->Call(std::move(request), [promise](Result<v1::Response> r) {
+    if (!r.ok()) return promise->set_value(r.status());
+    LookupResult out;
+    out.prefix_blocks = r->lookup().prefix_blocks();
+    for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
+    promise->set_value(std::move(out));
+  });
+  return future;
+}
+
+Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data) {
+  std::span<const std::byte> one[] = {data};
+  return PutBatch(ns, std::span<const BlockKey>(&key, 1), one)[0];
+}
+
+std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
+                                     std::span<const std::span<const std::byte>> data) {
+  return PutBatchAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+                       std::vector<std::span<const std::byte>>(data.begin(), data.end()))
+      .get();
+}
+
+std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
+                                                       std::vector<std::span<const std::byte>> data) {
+  auto promise = std::make_shared<std::promise<std::vector<Status>>>();
+  auto future = promise->get_future();
+  Status s = CheckNamespace(*conn_, ns);
+  if (s.ok() && keys.size() != data.size()) s = InvalidArgument("PutBatch: keys and data differ in length");
+  if (!s.ok()) {
+    promise->set_value(std::vector<Status>(keys.size(), s));
+    return future;
+  }
+  std::vector<uint64_t> sizes;
+  for (const auto& d : data) sizes.push_back(d.size());
+  auto conn = conn_;
+  auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
+  conn->Call(ReserveRequest(ns, *shared_keys, sizes),
+             [conn, ns, shared_keys, data = std::move(data), promise](Result<v1::Response> r) {
+    if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
+    auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*conn, *shared_keys, *r));
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      if ((*blocks)[i].status.ok()) std::memcpy((*blocks)[i].data.data(), data[i].data(), data[i].size());
+    }
+    v1::Request commit;
+    if (!CommitRequest(ns, *blocks, commit)) {
+      // Nothing to publish: every outcome is already decided by Reserve.
+      return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
+    }
+    conn->Call(std::move(commit), [blocks, promise](Result<v1::Response> c) {
+      promise->set_value(MergeCommit(*blocks, c, true));
+    });
+  });
+  return future;
+}
+
+Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
+                                    std::span<const uint64_t> sizes) {
+  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
+  if (keys.size() != sizes.size()) return InvalidArgument("Reserve: keys and sizes differ in length");
+  auto r = conn_->CallSync(ReserveRequest(ns, keys, sizes));
+  if (!r.ok()) return r.status();
+  Reservation reservation;
+  reservation.conn_ = conn_;
+  reservation.ns_ = ns;
+  reservation.blocks_ = ToWritable(*conn_, keys, *r);
+  return reservation;
+}
+
+Result<size_t> Client::Get(NamespaceId ns, const BlockKey& key, std::span<std::byte> dst) {
+  std::span<std::byte> one[] = {dst};
+  return std::move(GetBatch(ns, std::span<const BlockKey>(&key, 1), one)[0]);
+}
+
+std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
+                                             std::span<const std::span<std::byte>> dst) {
+  return GetBatchAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+                       std::vector<std::span<std::byte>>(dst.begin(), dst.end()))
+      .get();
+}
+
+std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
+                                                               std::vector<std::span<std::byte>> dst) {
+  auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
+  auto future = promise->get_future();
+  Status s = CheckNamespace(*conn_, ns);
+  if (s.ok() && keys.size() != dst.size()) s = InvalidArgument("GetBatch: keys and dst differ in length");
+  if (!s.ok()) {
+    promise->set_value(std::vector<Result<size_t>>(keys.size(), s));
+    return future;
+  }
+  auto conn = conn_;
+  conn->Call(PinRequest(ns, keys), [conn, dst = std::move(dst), promise](Result<v1::Response> r) {
+    promise->set_value(CopyPinned(*conn, r, dst));
+  });
+  return future;
+}
+
+std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const BlockKey> keys) {
+  std::vector<Result<BlockView>> out;
+  Status s = CheckNamespace(*conn_, ns);
+  auto r = s.ok() ? conn_->CallSync(PinRequest(ns, keys)) : Result<v1::Response>(s);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!r.ok()) {
+      out.emplace_back(r.status());
+      continue;
+    }
+    if (static_cast<int>(i) >= r->pin().blocks_size()) {
+      out.emplace_back(ProtocolError("Pin response has fewer blocks than keys"));
+      continue;
+    }
+    const auto& b = r->pin().blocks(static_cast<int>(i));
+    Status block_status = wire::FromProto(b.status());
+    if (!block_status.ok()) {
+      out.emplace_back(block_status);
+      continue;
+    }
+    auto slot = conn_->Slot(b.offset(), b.length());
+    if (!slot.ok()) {
+      ReleaseInBackground(*conn_, {b.lease()});
+      out.emplace_back(slot.status());
+      continue;
+    }
+    BlockView view;
+    view.conn_ = conn_;
+    view.data_ = *slot;
+    view.key_ = keys[i];
+    view.lease_ = b.lease();
+    view.checksum_ = b.checksum();
+    out.emplace_back(std::move(view));
+  }
+  return out;
+}
+
+Status Client::Release(uint64_t lease) {
+  v1::Request request;
+  request.mutable_release()->add_leases(lease);
+  auto r = conn_->CallSync(std::move(request));
+  if (!r.ok()) return r.status();
+  if (r->release().statuses_size() != 1) return ProtocolError("Release response has no status");
+  return wire::FromProto(r->release().statuses(0));
+}
+
+Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
+  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
+  v1::Request request;
+  request.mutable_erase()->set_ns(ns);
+  wire::AddKeys(keys, request.mutable_erase()->mutable_keys());
+  auto r = conn_->CallSync(std::move(request));
+  if (!r.ok()) return r.status();
+  return static_cast<size_t>(r->erase().erased());
+}
+
+Result<std::vector<Counter>> Client::Stats() {
+  v1::Request request;
+  request.mutable_stats();
+  auto r = conn_->CallSync(std::move(request));
+  if (!r.ok()) return r.status();
+  std::vector<Counter> out;
+  for (const auto& c : r->stats().counters()) out.push_back({c.name(), c.value()});
+  return out;
+}
+
+}  // namespace kvtier

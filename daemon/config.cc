@@ -1,0 +1,226 @@
+#include "daemon/config.h"
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace kvtier {
+namespace {
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+constexpr int64_t kGiB = 1024 * kMiB;
+constexpr int64_t kTiB = 1024 * kGiB;
+
+constexpr OptionSpec kOptions[] = {
+    {"server.socket_path", OptionType::kString, "\"/run/kvtier/kvtierd.sock\"", 0, 0, "", false,
+     "Unix socket clients connect to; its directory is created if missing.",
+     nullptr, &DaemonConfig::socket_path},
+    {"server.io_threads", OptionType::kInt, "2", 1, 256, "", false,
+     "Threads serving client connections.",
+     &DaemonConfig::io_threads, nullptr},
+    {"server.max_frame_bytes", OptionType::kBytes, "\"1MiB\"", 4 * kKiB, 64 * kMiB, "", false,
+     "Largest request frame accepted; larger frames are refused before parsing.",
+     &DaemonConfig::max_frame_bytes, nullptr},
+    {"server.drain_timeout_ms", OptionType::kInt, "5000", 0, 600000, "", false,
+     "On SIGTERM, how long in-flight requests may take before connections are cut.",
+     &DaemonConfig::drain_timeout_ms, nullptr},
+    {"host.capacity_bytes", OptionType::kBytes, "\"1GiB\"", 1 * kMiB, 16 * kTiB, "", false,
+     "Size of the shared-memory arena (the host tier).",
+     &DaemonConfig::host_capacity_bytes, nullptr},
+    {"host.lock_memory", OptionType::kChoice, "\"best_effort\"", 0, 0, "required|best_effort|off",
+     false,
+     "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
+     "warning and continues unlocked.",
+     nullptr, &DaemonConfig::host_lock_memory},
+    {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
+     "Index shards, each with its own lock and policy instances.",
+     &DaemonConfig::engine_shards, nullptr},
+    {"engine.eviction", OptionType::kChoice, "\"lru\"", 0, 0, "lru|fifo", false,
+     "Host-tier eviction policy.",
+     nullptr, &DaemonConfig::engine_eviction},
+    {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
+     true, "Log verbosity.",
+     nullptr, &DaemonConfig::log_level},
+};
+
+std::string Where(std::string_view origin, const toml::node& node) {
+  std::ostringstream out;
+  out << origin;
+  if (node.source().begin) out << ":" << node.source().begin.line;
+  return out.str();
+}
+
+bool IsChoice(std::string_view choices, std::string_view value) {
+  while (!choices.empty()) {
+    size_t bar = choices.find('|');
+    if (choices.substr(0, bar) == value) return true;
+    if (bar == std::string_view::npos) break;
+    choices.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
+// Checks one TOML value against its spec and stores it.
+Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_view origin,
+                   DaemonConfig& config) {
+  const std::string where = Where(origin, node);
+  const std::string name(spec.name);
+  int64_t number = 0;
+  std::string text;
+  switch (spec.type) {
+    case OptionType::kInt:
+      if (!node.is_integer()) return InvalidArgument(where + ": " + name + " must be an integer");
+      number = node.as_integer()->get();
+      break;
+    case OptionType::kBytes:
+      if (node.is_integer()) {
+        number = node.as_integer()->get();
+      } else if (node.is_string()) {
+        auto parsed = ParseBytes(node.as_string()->get());
+        if (!parsed.ok()) return InvalidArgument(where + ": " + name + ": " + parsed.status().message());
+        number = *parsed;
+      } else {
+        return InvalidArgument(where + ": " + name + " must be a size like \"64MiB\" or an integer");
+      }
+      break;
+    case OptionType::kString:
+    case OptionType::kChoice:
+      if (!node.is_string()) return InvalidArgument(where + ": " + name + " must be a string");
+      text = node.as_string()->get();
+      if (spec.type == OptionType::kChoice && !IsChoice(spec.choices, text)) {
+        return InvalidArgument(where + ": " + name + " = \"" + text + "\" is not one of " +
+                               std::string(spec.choices));
+      }
+      if (spec.type == OptionType::kString && text.empty()) {
+        return InvalidArgument(where + ": " + name + " must not be empty");
+      }
+      break;
+  }
+  if ((spec.type == OptionType::kInt || spec.type == OptionType::kBytes) &&
+      (number < spec.min || number > spec.max)) {
+    return InvalidArgument(where + ": " + name + " = " + std::to_string(number) +
+                           " is outside [" + std::to_string(spec.min) + ", " +
+                           std::to_string(spec.max) + "]");
+  }
+  if (spec.int_field != nullptr) config.*spec.int_field = number;
+  if (spec.string_field != nullptr) config.*spec.string_field = text;
+  return Status::Ok();
+}
+
+const OptionSpec* FindOption(std::string_view name) {
+  for (const auto& spec : kOptions) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+// Applies every key of `table` (two levels: section.key); unknown keys fail.
+Status ApplyTable(const toml::table& table, std::string_view origin, DaemonConfig& config) {
+  for (const auto& [section, section_node] : table) {
+    const auto* section_table = section_node.as_table();
+    if (section_table == nullptr) {
+      return InvalidArgument(Where(origin, section_node) + ": unknown option '" +
+                             std::string(section.str()) + "' (options live in sections, e.g. [host])");
+    }
+    for (const auto& [key, node] : *section_table) {
+      std::string name = std::string(section.str()) + "." + std::string(key.str());
+      const OptionSpec* spec = FindOption(name);
+      if (spec == nullptr) {
+        return InvalidArgument(Where(origin, node) + ": unknown option '" + name + "'");
+      }
+      Status s = ApplyOption(*spec, node, origin, config);
+      if (!s.ok()) return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<toml::table> ParseToml(std::string_view text, std::string_view origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream out;
+    out << origin << ":" << e.source().begin.line << ": " << e.description();
+    return InvalidArgument(out.str());
+  }
+}
+
+}  // namespace
+
+std::span<const OptionSpec> ConfigOptions() { return kOptions; }
+
+std::string DefaultConfigToml() {
+  std::string out = "# kvtierd embedded defaults (kvtierd --print-default-config)\n";
+  std::string_view current_section;
+  for (const auto& spec : kOptions) {
+    size_t dot = spec.name.find('.');
+    std::string_view section = spec.name.substr(0, dot);
+    if (section != current_section) {
+      out += "\n[" + std::string(section) + "]\n";
+      current_section = section;
+    }
+    out += "# " + std::string(spec.doc) + "\n";
+    out += std::string(spec.name.substr(dot + 1)) + " = " + std::string(spec.default_value) + "\n";
+  }
+  return out;
+}
+
+Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {
+  DaemonConfig config;
+  auto defaults = ParseToml(DefaultConfigToml(), "<embedded defaults>");
+  if (!defaults.ok()) return defaults.status();
+  Status s = ApplyTable(*defaults, "<embedded defaults>", config);
+  if (!s.ok()) return s;
+  auto user = ParseToml(toml_text, origin);
+  if (!user.ok()) return user.status();
+  s = ApplyTable(*user, origin, config);
+  if (!s.ok()) return s;
+  return config;
+}
+
+Result<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return IoError("cannot read config file " + path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return ParseConfig(buffer.str(), path);
+}
+
+Result<int64_t> ParseBytes(std::string_view text) {
+  int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || value < 0) return InvalidArgument("'" + std::string(text) + "' is not a size");
+  std::string_view unit(ptr, text.data() + text.size() - ptr);
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  struct Unit { std::string_view name; int64_t factor; };
+  static constexpr Unit kUnits[] = {
+      {"", 1}, {"B", 1}, {"KiB", kKiB}, {"MiB", kMiB}, {"GiB", kGiB}, {"TiB", kTiB},
+      {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000LL * 1000 * 1000},
+      {"TB", 1000LL * 1000 * 1000 * 1000}};
+  for (const auto& u : kUnits) {
+    if (unit == u.name) {
+      if (value > INT64_MAX / u.factor) return InvalidArgument("'" + std::string(text) + "' is too large");
+      return value * u.factor;
+    }
+  }
+  return InvalidArgument("'" + std::string(text) + "' has an unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+}
+
+std::string OptionsHelp() {
+  std::ostringstream out;
+  out << "Configuration options (TOML, --config FILE; defaults embedded):\n";
+  for (const auto& spec : kOptions) {
+    out << "  " << spec.name << " = " << spec.default_value;
+    if (spec.type == OptionType::kChoice) out << "  (" << spec.choices << ")";
+    if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes) {
+      out << "  [" << spec.min << ".." << spec.max << "]";
+    }
+    if (spec.runtime_changeable) out << "  (run-time)";
+    out << "\n      " << spec.doc << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,68 @@
+// kvtierd configuration: every option is declared once, in kOptions
+// (config.cc), with its name, default, bounds, run-time changeability and a
+// doc line. The TOML parser, `kvtierd --help`, the embedded default config
+// and docs/OPERATIONS.md all come from that table.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvtier/result.h"
+
+namespace kvtier {
+
+struct DaemonConfig {
+  // [server]
+  std::string socket_path;
+  int64_t io_threads = 0;
+  int64_t max_frame_bytes = 0;
+  int64_t drain_timeout_ms = 0;
+  // [host]
+  int64_t host_capacity_bytes = 0;
+  std::string host_lock_memory;  // "required" | "best_effort" | "off"
+  // [engine]
+  int64_t engine_shards = 0;
+  std::string engine_eviction;   // "lru" | "fifo"
+  // [log]
+  std::string log_level;
+};
+
+enum class OptionType { kInt, kBytes, kString, kChoice };
+
+struct OptionSpec {
+  std::string_view name;           // "section.key" as written in TOML
+  OptionType type;
+  std::string_view default_value;  // as it would be written in TOML
+  int64_t min = 0;                 // kInt / kBytes bounds (inclusive)
+  int64_t max = 0;
+  std::string_view choices;        // kChoice: "a|b|c"
+  bool runtime_changeable = false;
+  std::string_view doc;
+  // Where the value lands: exactly one of the two is set.
+  int64_t DaemonConfig::*int_field = nullptr;
+  std::string DaemonConfig::*string_field = nullptr;
+};
+
+// The table itself, in documentation order.
+std::span<const OptionSpec> ConfigOptions();
+
+// The defaults as a TOML document (what kvtierd runs with when given no file).
+std::string DefaultConfigToml();
+
+// Parses a TOML document on top of the defaults. Unknown keys, wrong types,
+// values out of bounds and bad choices are InvalidArgument naming the key
+// (and `origin`, e.g. the file name, plus the line where toml++ knows it).
+Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin);
+
+// Reads and parses a file; IoError if it cannot be read.
+Result<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Parses sizes like "1GiB", "512MiB", "4096", "64KiB", "2GB". Bytes as int.
+Result<int64_t> ParseBytes(std::string_view text);
+
+// A human-readable table of every option (for --help).
+std::string OptionsHelp();
+
+}  // namespace kvtier

@@ -1,0 +1,413 @@
+#include "daemon/engine.h"
+
+#include <limits>
+
+#include "common/checksum.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "daemon/engine_shard.h"
+
+namespace kvtier {
+namespace {
+
+// An allocation gives up after this many evictions without finding room
+// (guards against pathological churn; each eviction frees real space).
+constexpr int kMaxEvictionsPerAllocation = 1 << 16;
+// Lease ids carry their shard in the low bits, so Release locks one shard.
+constexpr int kLeaseShardBits = 8;
+
+void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
+  counter.fetch_add(by, std::memory_order_relaxed);
+}
+
+std::unique_ptr<EvictionPolicy> MakePolicy(const std::string& name) {
+  if (name == "lru") return MakeLruPolicy();
+  if (name == "fifo") return MakeFifoPolicy();
+  return nullptr;
+}
+
+// Removes `key`'s reservation by `session` from `shard`, freeing its space.
+// Caller holds shard.mu. Returns false if there was no such reservation.
+bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key) {
+  auto it = shard.index.find(key);
+  if (it == shard.index.end() || it->second.committed || it->second.writer != session) return false;
+  if (it->second.allocated) host.Free(it->second.extent);
+  shard.index.erase(it);
+  auto s = shard.sessions.find(session);
+  if (s != shard.sessions.end()) s->second.reserved.erase(key);
+  return true;
+}
+
+// Drops one pin of the block a lease refers to, freeing a zombie when its
+// last pin goes. Caller holds shard.mu and has removed the lease record.
+void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {
+  auto it = shard.index.find(lease.key);
+  if (it != shard.index.end() && it->second.committed && it->second.handle == lease.handle) {
+    KVTIER_CHECK(it->second.pins > 0, "unpin of an unpinned block");
+    if (--it->second.pins == 0) shard.policy->OnInsert(lease.handle, now_us);
+    return;
+  }
+  auto z = shard.zombies.find(lease.handle);
+  KVTIER_CHECK(z != shard.zombies.end(), "lease refers to no block");
+  KVTIER_CHECK(z->second.pins > 0, "unpin of an unpinned zombie");
+  if (--z->second.pins == 0) {
+    host.Free(z->second.extent);
+    shard.zombies.erase(z);
+  }
+}
+
+// Removes the committed, unpinned block `key` (evicted or erased). Caller
+// holds shard.mu.
+void RemoveCommitted(EngineShard& shard, HostTier& host,
+                     std::unordered_map<BlockKey, BlockEntry>::iterator it) {
+  BlockEntry& entry = it->second;
+  shard.policy->OnRemove(entry.handle);
+  shard.committed.erase(entry.handle);
+  shard.stored_bytes -= entry.size;
+  if (entry.pins > 0) {
+    shard.zombies.emplace(entry.handle, std::move(entry));
+  } else {
+    host.Free(entry.extent);
+  }
+  shard.index.erase(it);
+}
+
+}  // namespace
+
+Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
+    : host_(host), clock_(clock) {
+  for (uint32_t i = 0; i < options.shards; ++i) {
+    shards_.push_back(std::make_unique<EngineShard>(MakePolicy(options.eviction)));
+  }
+}
+
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host,
+                                               const Clock& clock) {
+  if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
+    return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
+  }
+  if (MakePolicy(options.eviction) == nullptr) {
+    return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo)");
+  }
+  return std::unique_ptr<Engine>(new Engine(options, host, clock));
+}
+
+EngineShard& Engine::ShardFor(const BlockKey& key) {
+  return *shards_[std::hash<BlockKey>{}(key) % shards_.size()];
+}
+
+LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  LookupOutcome out;
+  out.tiers.reserve(keys.size());
+  for (const BlockKey& key : keys) {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) break;
+    out.tiers.push_back(Tier::kHost);
+  }
+  out.prefix_blocks = out.tiers.size();
+  Bump(counters_.lookups);
+  Bump(counters_.lookup_keys, static_cast<int64_t>(keys.size()));
+  Bump(counters_.lookup_hit_blocks, static_cast<int64_t>(out.prefix_blocks));
+  return out;
+}
+
+std::vector<SlotGrant> Engine::Reserve(SessionId session, const NamespaceFingerprint& ns,
+                                       std::span<const BlockKey> keys,
+                                       std::span<const uint64_t> sizes) {
+  KVTIER_CHECK(keys.size() == sizes.size(), "Reserve: keys and sizes differ in length");
+  std::vector<SlotGrant> grants(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    SlotGrant& grant = grants[i];
+    Bump(counters_.reserves);
+    if (sizes[i] == 0 || sizes[i] > host_.capacity_bytes()) {
+      grant.status = InvalidArgument("block size " + std::to_string(sizes[i]) +
+                                     " is outside [1, " + std::to_string(host_.capacity_bytes()) + "]");
+      Bump(counters_.reserve_failures);
+      continue;
+    }
+    EngineShard& shard = ShardFor(key);
+    {
+      // Claim the key first so that a concurrent writer sees it as taken.
+      std::lock_guard lock(shard.mu);
+      auto [it, inserted] = shard.index.try_emplace(key);
+      if (!inserted) {
+        grant.status = AlreadyExists(it->second.committed ? "block " + key.ToHex() + " is cached"
+                                                          : "block " + key.ToHex() + " is being written");
+        continue;
+      }
+      it->second.ns = ns;
+      it->second.size = sizes[i];
+      it->second.writer = session;
+      shard.sessions[session].reserved.insert(key);
+    }
+    Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    KVTIER_CHECK(it != shard.index.end() && it->second.writer == session, "reservation vanished");
+    if (!extent.ok()) {
+      shard.index.erase(it);
+      shard.sessions[session].reserved.erase(key);
+      grant.status = extent.status();
+      Bump(counters_.reserve_failures);
+      continue;
+    }
+    it->second.extent = *extent;
+    it->second.allocated = true;
+    grant.offset = extent->offset;
+    grant.length = sizes[i];
+  }
+  return grants;
+}
+
+std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint& ns,
+                                   std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+  KVTIER_CHECK(keys.size() == sizes.size(), "Commit: keys and sizes differ in length");
+  std::vector<Status> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    EngineShard& shard = ShardFor(key);
+    HostTier::Extent extent;
+    uint64_t size = 0;
+    {
+      std::lock_guard lock(shard.mu);
+      auto it = shard.index.find(key);
+      if (it == shard.index.end() || it->second.committed || it->second.writer != session ||
+          it->second.ns != ns) {
+        out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
+                                    " is not reserved by this connection");
+        Bump(counters_.commit_failures);
+        continue;
+      }
+      if (sizes[i] != it->second.size) {
+        out[i] = InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " +
+                                 std::to_string(it->second.size) + " bytes, committed " +
+                                 std::to_string(sizes[i]) + "; the reservation is dropped");
+        DropReservation(shard, host_, session, key);
+        Bump(counters_.commit_failures);
+        continue;
+      }
+      extent = it->second.extent;
+      size = it->second.size;
+    }
+    // Hash outside the lock: only this session may touch its reservation.
+    const uint64_t checksum = BlockChecksum(host_.Bytes(extent).first(size));
+    const uint64_t now = clock_.NowUs();
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    KVTIER_CHECK(it != shard.index.end() && it->second.writer == session, "reservation vanished");
+    BlockEntry& entry = it->second;
+    entry.checksum = checksum;
+    entry.committed = true;
+    entry.writer = 0;
+    entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
+    entry.last_use_us = now;
+    shard.committed.emplace(entry.handle, key);
+    shard.policy->OnInsert(entry.handle, now);
+    shard.stored_bytes += entry.size;
+    shard.sessions[session].reserved.erase(key);
+    Bump(counters_.commits);
+  }
+  return out;
+}
+
+size_t Engine::Abort(SessionId session, std::span<const BlockKey> keys) {
+  size_t aborted = 0;
+  for (const BlockKey& key : keys) {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    if (DropReservation(shard, host_, session, key)) ++aborted;
+  }
+  Bump(counters_.aborts, static_cast<int64_t>(aborted));
+  return aborted;
+}
+
+std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
+                                  std::span<const BlockKey> keys) {
+  std::vector<PinGrant> grants(keys.size());
+  const uint64_t now = clock_.NowUs();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    const size_t shard_index = std::hash<BlockKey>{}(key) % shards_.size();
+    EngineShard& shard = *shards_[shard_index];
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) {
+      grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
+      Bump(counters_.pin_misses);
+      continue;
+    }
+    BlockEntry& entry = it->second;
+    if (entry.pins++ == 0) shard.policy->OnRemove(entry.handle);
+    entry.hits++;
+    entry.last_use_us = now;
+    const LeaseId lease =
+        (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
+    shard.leases.emplace(lease, LeaseRecord{session, key, entry.handle});
+    shard.sessions[session].leases.insert(lease);
+    grants[i] = PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
+    Bump(counters_.pins);
+  }
+  return grants;
+}
+
+std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> leases) {
+  std::vector<Status> out(leases.size());
+  const uint64_t now = clock_.NowUs();
+  for (size_t i = 0; i < leases.size(); ++i) {
+    const LeaseId lease = leases[i];
+    const size_t shard_index = lease & ((1u << kLeaseShardBits) - 1);
+    Bump(counters_.releases);
+    if (shard_index >= shards_.size()) {
+      out[i] = NotFound("lease " + std::to_string(lease) + " is not held (unknown or already released)");
+      Bump(counters_.release_failures);
+      continue;
+    }
+    EngineShard& shard = *shards_[shard_index];
+    std::lock_guard lock(shard.mu);
+    auto it = shard.leases.find(lease);
+    if (it == shard.leases.end()) {
+      out[i] = NotFound("lease " + std::to_string(lease) + " is not held (unknown or already released)");
+      Bump(counters_.release_failures);
+      continue;
+    }
+    if (it->second.session != session) {
+      out[i] = PermissionDenied("lease " + std::to_string(lease) + " belongs to another connection");
+      Bump(counters_.release_failures);
+      continue;
+    }
+    LeaseRecord record = it->second;
+    shard.leases.erase(it);
+    shard.sessions[session].leases.erase(lease);
+    Unpin(shard, host_, record, now);
+  }
+  return out;
+}
+
+size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  size_t erased = 0;
+  for (const BlockKey& key : keys) {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) continue;
+    RemoveCommitted(shard, host_, it);
+    ++erased;
+  }
+  Bump(counters_.erases, static_cast<int64_t>(erased));
+  return erased;
+}
+
+void Engine::CloseSession(SessionId session) {
+  const uint64_t now = clock_.NowUs();
+  for (auto& shard_ptr : shards_) {
+    EngineShard& shard = *shard_ptr;
+    std::lock_guard lock(shard.mu);
+    auto node = shard.sessions.extract(session);
+    if (node.empty()) continue;
+    for (const BlockKey& key : node.mapped().reserved) {
+      auto it = shard.index.find(key);
+      if (it == shard.index.end() || it->second.committed || it->second.writer != session) continue;
+      if (it->second.allocated) host_.Free(it->second.extent);
+      shard.index.erase(it);
+    }
+    for (LeaseId lease : node.mapped().leases) {
+      auto it = shard.leases.find(lease);
+      if (it == shard.leases.end()) continue;
+      LeaseRecord record = it->second;
+      shard.leases.erase(it);
+      Unpin(shard, host_, record, now);
+    }
+  }
+  Bump(counters_.sessions_closed);
+}
+
+Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
+  for (int attempt = 0; attempt < kMaxEvictionsPerAllocation; ++attempt) {
+    Result<HostTier::Extent> extent = host_.Allocate(bytes);
+    if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
+    if (!EvictOne()) {
+      Bump(counters_.eviction_failures);
+      return NoSpace(extent.status().message() +
+                     "; nothing is evictable: every cached block is pinned or being written");
+    }
+  }
+  Bump(counters_.eviction_failures);
+  return NoSpace("no room for " + std::to_string(bytes) + " bytes after " +
+                 std::to_string(kMaxEvictionsPerAllocation) + " evictions");
+}
+
+bool Engine::EvictOne() {
+  // Find the shard whose policy ranks its victim lowest, one lock at a time.
+  size_t best = shards_.size();
+  uint64_t best_rank = std::numeric_limits<uint64_t>::max();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::lock_guard lock(shards_[i]->mu);
+    auto candidate = shards_[i]->policy->Victim();
+    if (candidate && (best == shards_.size() || candidate->rank < best_rank)) {
+      best = i;
+      best_rank = candidate->rank;
+    }
+  }
+  if (best == shards_.size()) return false;
+  EngineShard& shard = *shards_[best];
+  std::lock_guard lock(shard.mu);
+  auto candidate = shard.policy->Victim();
+  if (!candidate) return true;  // raced with a pin; the caller retries
+  auto key = shard.committed.find(candidate->handle);
+  KVTIER_CHECK(key != shard.committed.end(), "policy names an unknown block");
+  auto it = shard.index.find(key->second);
+  KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
+  RemoveCommitted(shard, host_, it);
+  Bump(counters_.evictions);
+  return true;
+}
+
+std::span<std::byte> Engine::Bytes(uint64_t offset, uint64_t length) const {
+  return host_.Bytes(HostTier::Extent{offset, length});
+}
+
+void Engine::VisitCounters(CounterVisitor& v) const {
+  int64_t blocks = 0, pinned = 0, reserved = 0, zombies = 0, leases = 0, stored = 0;
+  for (const auto& shard_ptr : shards_) {
+    std::lock_guard lock(shard_ptr->mu);
+    blocks += static_cast<int64_t>(shard_ptr->committed.size());
+    zombies += static_cast<int64_t>(shard_ptr->zombies.size());
+    leases += static_cast<int64_t>(shard_ptr->leases.size());
+    stored += static_cast<int64_t>(shard_ptr->stored_bytes);
+    for (const auto& [key, entry] : shard_ptr->index) {
+      if (!entry.committed) ++reserved;
+      else if (entry.pins > 0) ++pinned;
+    }
+  }
+  v.Visit("engine.blocks", blocks);
+  v.Visit("engine.stored_bytes", stored);
+  v.Visit("engine.pinned_blocks", pinned);
+  v.Visit("engine.reserved_blocks", reserved);
+  v.Visit("engine.zombie_blocks", zombies);
+  v.Visit("engine.leases", leases);
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  v.Visit("engine.lookups", load(counters_.lookups));
+  v.Visit("engine.lookup_keys", load(counters_.lookup_keys));
+  v.Visit("engine.lookup_hit_blocks", load(counters_.lookup_hit_blocks));
+  v.Visit("engine.reserves", load(counters_.reserves));
+  v.Visit("engine.reserve_failures", load(counters_.reserve_failures));
+  v.Visit("engine.commits", load(counters_.commits));
+  v.Visit("engine.commit_failures", load(counters_.commit_failures));
+  v.Visit("engine.aborts", load(counters_.aborts));
+  v.Visit("engine.pins", load(counters_.pins));
+  v.Visit("engine.pin_misses", load(counters_.pin_misses));
+  v.Visit("engine.releases", load(counters_.releases));
+  v.Visit("engine.release_failures", load(counters_.release_failures));
+  v.Visit("engine.erases", load(counters_.erases));
+  v.Visit("engine.evictions", load(counters_.evictions));
+  v.Visit("engine.eviction_failures", load(counters_.eviction_failures));
+  v.Visit("engine.sessions_closed", load(counters_.sessions_closed));
+  host_.VisitCounters(v);
+}
+
+}  // namespace kvtier

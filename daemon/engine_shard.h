@@ -1,0 +1,63 @@
+// EngineShard: one slice of the engine's index and its policy instance.
+// A plain record guarded by `mu`; the logic lives in Engine (engine.cc),
+// which never holds two shard locks at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kvtier/block_key.h"
+#include "policy/eviction_policy.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+
+using SessionId = uint64_t;
+using LeaseId = uint64_t;
+
+// One cached (or being written) block in the host tier.
+struct BlockEntry {
+  NamespaceFingerprint ns;
+  HostTier::Extent extent;  // valid when allocated
+  uint64_t size = 0;        // bytes the writer reserved (<= extent.length)
+  uint64_t checksum = 0;    // xxh3-64, set at commit
+  SessionId writer = 0;     // the reserving session while not committed
+  bool allocated = false;
+  bool committed = false;
+  uint32_t pins = 0;        // live leases; > 0 means never evicted
+  uint64_t hits = 0;
+  uint64_t last_use_us = 0;
+  BlockHandle handle = 0;   // the policy's id, set at commit
+};
+
+struct LeaseRecord {
+  SessionId session = 0;
+  BlockKey key;
+  BlockHandle handle = 0;
+};
+
+struct SessionRecord {
+  std::unordered_set<BlockKey> reserved;
+  std::unordered_set<LeaseId> leases;
+};
+
+struct EngineShard {
+  explicit EngineShard(std::unique_ptr<EvictionPolicy> p) : policy(std::move(p)) {}
+
+  std::mutex mu;
+  // All members below are guarded by mu.
+  std::unordered_map<BlockKey, BlockEntry> index;
+  // Blocks erased while pinned: invisible, freed when the last lease goes.
+  std::unordered_map<BlockHandle, BlockEntry> zombies;
+  // Committed blocks by handle (what the policy names as victims).
+  std::unordered_map<BlockHandle, BlockKey> committed;
+  std::unordered_map<LeaseId, LeaseRecord> leases;
+  std::unordered_map<SessionId, SessionRecord> sessions;
+  std::unique_ptr<EvictionPolicy> policy;  // tracks committed, unpinned blocks
+  uint64_t stored_bytes = 0;               // sizes of committed blocks
+};
+
+}  // namespace kvtier

@@ -1,0 +1,198 @@
+#include "daemon/request_handler.h"
+
+#include "proto/wire.h"
+
+namespace kvtier {
+namespace {
+
+constexpr int kMaxNamespacesPerConnection = 64;
+
+void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
+
+}  // namespace
+
+RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::Response& response) {
+  response.set_id(request.id());
+  if (request.body_case() == v1::Request::kHello) return HandleHello(request.hello(), response);
+  if (request.body_case() == v1::Request::BODY_NOT_SET) {
+    SetStatus(response, Unimplemented("unknown or empty request type (is the client newer than kvtierd?)"));
+    return {};
+  }
+  if (!hello_done_) {
+    SetStatus(response, FailedPrecondition("send Hello before any other request"));
+    return {};
+  }
+  switch (request.body_case()) {
+    case v1::Request::kLookup: HandleLookup(request.lookup(), response); break;
+    case v1::Request::kReserve: HandleReserve(request.reserve(), response); break;
+    case v1::Request::kCommit: HandleCommit(request.commit(), response); break;
+    case v1::Request::kAbort: HandleAbort(request.abort(), response); break;
+    case v1::Request::kPin: HandlePin(request.pin(), response); break;
+    case v1::Request::kRelease: HandleRelease(request.release(), response); break;
+    case v1::Request::kErase: HandleErase(request.erase(), response); break;
+    case v1::Request::kStats: HandleStats(response); break;
+    default:
+      SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +
+                                        " is not handled by this kvtierd"));
+  }
+  return {};
+}
+
+RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hello,
+                                                    v1::Response& response) {
+  if (hello_done_) {
+    SetStatus(response, FailedPrecondition("Hello was already sent on this connection"));
+    return {};
+  }
+  if (hello.protocol_version() != wire::kProtocolVersion) {
+    SetStatus(response, VersionMismatch("client speaks protocol " +
+                                        std::to_string(hello.protocol_version()) +
+                                        ", kvtierd speaks " + std::to_string(wire::kProtocolVersion)));
+    return {.close_after = true};
+  }
+  if (hello.namespaces_size() > kMaxNamespacesPerConnection) {
+    SetStatus(response, InvalidArgument("at most " + std::to_string(kMaxNamespacesPerConnection) +
+                                        " namespaces per connection"));
+    return {.close_after = true};
+  }
+  std::vector<NamespaceFingerprint> fingerprints;
+  for (int i = 0; i < hello.namespaces_size(); ++i) {
+    NamespaceDescriptor d = wire::FromProto(hello.namespaces(i));
+    Status valid = d.Validate();
+    if (!valid.ok()) {
+      SetStatus(response, InvalidArgument("namespace " + std::to_string(i) + ": " + valid.message()));
+      return {.close_after = true};
+    }
+    fingerprints.push_back(FingerprintNamespace(d));
+  }
+  namespaces_ = std::move(fingerprints);
+  hello_done_ = true;
+  auto* body = response.mutable_hello();
+  body->set_protocol_version(wire::kProtocolVersion);
+  wire::AddKeys(namespaces_, body->mutable_namespace_fingerprints());
+  body->set_arena_bytes(context_.arena_bytes);
+  body->set_max_frame_bytes(context_.max_frame_bytes);
+  body->set_daemon_version(KVTIER_VERSION);
+  SetStatus(response, Status::Ok());
+  return {.attach_arena_fd = true};
+}
+
+Result<NamespaceFingerprint> RequestHandler::Namespace(uint32_t ns) const {
+  if (ns >= namespaces_.size()) {
+    return InvalidArgument("namespace " + std::to_string(ns) + " is not registered on this connection (" +
+                           std::to_string(namespaces_.size()) + " registered at Hello)");
+  }
+  return namespaces_[ns];
+}
+
+void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  LookupOutcome out = context_.engine->Lookup(*ns, keys);
+  auto* body = response.mutable_lookup();
+  body->set_prefix_blocks(static_cast<uint32_t>(out.prefix_blocks));
+  for (Tier t : out.tiers) body->add_tiers(static_cast<uint32_t>(t));
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  if (r.keys_size() != r.sizes_size()) {
+    return SetStatus(response, InvalidArgument("Reserve has " + std::to_string(r.keys_size()) +
+                                               " keys but " + std::to_string(r.sizes_size()) + " sizes"));
+  }
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
+  auto grants = context_.engine->Reserve(session_, *ns, keys, sizes);
+  auto* body = response.mutable_reserve();
+  for (const SlotGrant& g : grants) {
+    auto* slot = body->add_slots();
+    wire::ToProto(g.status, slot->mutable_status());
+    slot->set_offset(g.offset);
+    slot->set_length(g.length);
+  }
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  if (r.keys_size() != r.sizes_size()) {
+    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size()) +
+                                               " keys but " + std::to_string(r.sizes_size()) + " sizes"));
+  }
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
+  auto statuses = context_.engine->Commit(session_, *ns, keys, sizes);
+  auto* body = response.mutable_commit();
+  for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& response) {
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  size_t aborted = context_.engine->Abort(session_, keys);
+  response.mutable_abort()->set_aborted(static_cast<uint32_t>(aborted));
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandlePin(const v1::PinRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  auto grants = context_.engine->Pin(session_, *ns, keys);
+  auto* body = response.mutable_pin();
+  for (const PinGrant& g : grants) {
+    auto* block = body->add_blocks();
+    wire::ToProto(g.status, block->mutable_status());
+    block->set_offset(g.offset);
+    block->set_length(g.length);
+    block->set_lease(g.lease);
+    block->set_checksum(g.checksum);
+  }
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {
+  std::vector<LeaseId> leases(r.leases().begin(), r.leases().end());
+  auto statuses = context_.engine->Release(session_, leases);
+  auto* body = response.mutable_release();
+  for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleErase(const v1::EraseRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  response.mutable_erase()->set_erased(static_cast<uint32_t>(context_.engine->Erase(*ns, keys)));
+  SetStatus(response, Status::Ok());
+}
+
+namespace {
+
+class StatsWriter final : public CounterVisitor {
+ public:
+  explicit StatsWriter(v1::StatsResponse* out) : out_(out) {}
+  void Visit(std::string_view name, int64_t value) override {
+    auto* c = out_->add_counters();
+    c->set_name(std::string(name));
+    c->set_value(value);
+  }
+
+ private:
+  v1::StatsResponse* out_;
+};
+
+}  // namespace
+
+void RequestHandler::HandleStats(v1::Response& response) {
+  StatsWriter writer(response.mutable_stats());
+  if (context_.visit_server_counters) context_.visit_server_counters(writer);
+  context_.engine->VisitCounters(writer);
+  SetStatus(response, Status::Ok());
+}
+
+}  // namespace kvtier

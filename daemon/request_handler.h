@@ -1,0 +1,62 @@
+// RequestHandler: the protocol state of one connection (Hello done or not,
+// registered namespaces) and the translation of each Request into Engine
+// calls. No sockets here: the session (session.cc) moves frames, this class
+// decides what they mean, so protocol behaviour is testable without I/O.
+//
+// Thread-compatible: one session drives it, one request at a time.
+#pragma once
+
+#include <functional>
+#include <cstdint>
+#include <vector>
+
+#include "daemon/engine.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier {
+
+// Daemon-wide facts the handler reports in Hello and Stats.
+struct HandlerContext {
+  Engine* engine = nullptr;             // borrowed
+  uint64_t arena_bytes = 0;
+  uint32_t max_frame_bytes = 0;
+  // Adds the server's own counters to a Stats response; may be empty.
+  std::function<void(CounterVisitor&)> visit_server_counters;
+};
+
+class RequestHandler {
+ public:
+  // `context` is borrowed and must outlive the handler.
+  RequestHandler(const HandlerContext& context, SessionId session)
+      : context_(context), session_(session) {}
+
+  struct Outcome {
+    bool attach_arena_fd = false;  // send the arena memfd with this response
+    bool close_after = false;      // close the connection after sending it
+  };
+
+  // Fills `response` (id, status, body) for `request`. Never throws.
+  Outcome Handle(const v1::Request& request, v1::Response& response);
+
+  bool hello_done() const { return hello_done_; }
+
+ private:
+  Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
+  // Resolves a request's namespace index; InvalidArgument if unregistered.
+  Result<NamespaceFingerprint> Namespace(uint32_t ns) const;
+  void HandleLookup(const v1::LookupRequest& r, v1::Response& response);
+  void HandleReserve(const v1::ReserveRequest& r, v1::Response& response);
+  void HandleCommit(const v1::CommitRequest& r, v1::Response& response);
+  void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
+  void HandlePin(const v1::PinRequest& r, v1::Response& response);
+  void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
+  void HandleErase(const v1::EraseRequest& r, v1::Response& response);
+  void HandleStats(v1::Response& response);
+
+  const HandlerContext& context_;
+  const SessionId session_;
+  bool hello_done_ = false;
+  std::vector<NamespaceFingerprint> namespaces_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,164 @@
+#include "daemon/server.h"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/strand.hpp>
+#include <asio/use_awaitable.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "common/unix_socket.h"
+
+namespace kvtier {
+namespace {
+
+// Prepares `path` for bind: creates the directory, removes a stale socket.
+Status PrepareSocketPath(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return IoError("cannot create " + dir.string() + ": " + ec.message() +
+                     " (set server.socket_path to a writable place)");
+    }
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Status::Ok();
+  if (!S_ISSOCK(st.st_mode)) return InvalidArgument(path + " exists and is not a socket");
+  Result<int> probe = ConnectUnix(path);
+  if (probe.ok()) {
+    ::close(*probe);
+    return Busy("another kvtierd is already listening at " + path);
+  }
+  if (::unlink(path.c_str()) != 0) return IoError("cannot remove stale socket " + path + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
+    : options_(options), host_(host), acceptor_(io_) {
+  context_.engine = &engine;
+  context_.arena_bytes = host.capacity_bytes();
+  context_.max_frame_bytes = options.max_frame_bytes;
+  context_.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
+}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Engine& engine, HostTier& host) {
+  if (options.io_threads == 0) return InvalidArgument("server.io_threads must be at least 1");
+  Status prepared = PrepareSocketPath(options.socket_path);
+  if (!prepared.ok()) return prepared;
+  std::unique_ptr<Server> server(new Server(options, engine, host));
+  asio::error_code ec;
+  asio::local::stream_protocol::endpoint endpoint(options.socket_path);
+  server->acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) server->acceptor_.bind(endpoint, ec);
+  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return IoError("cannot listen on " + options.socket_path + ": " + ec.message());
+  asio::co_spawn(server->io_, server->AcceptLoop(), asio::detached);
+  for (uint32_t i = 0; i < options.io_threads; ++i) {
+    server->threads_.emplace_back([s = server.get()] { s->io_.run(); });
+  }
+  return server;
+}
+
+Server::~Server() {
+  Shutdown();
+  Wait();
+}
+
+asio::awaitable<void> Server::AcceptLoop() {
+  for (;;) {
+    asio::error_code ec;
+    auto socket = co_await acceptor_.async_accept(asio::make_strand(io_),
+                                                  asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+      spdlog::warn("accept failed: {}", ec.message());
+      continue;
+    }
+    std::shared_ptr<Session> session;
+    {
+      std::lock_guard lock(mu_);
+      if (shutting_down_) co_return;
+      SessionId id = next_session_++;
+      session = std::make_shared<Session>(std::move(socket), id, context_, host_.memfd(), session_counters_);
+      sessions_.emplace(id, session);
+    }
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    asio::co_spawn(session->executor(),
+                   [this, session]() -> asio::awaitable<void> {
+                     co_await session->Run();
+                     Forget(session->id());
+                   }, asio::detached);
+  }
+}
+
+void Server::Forget(SessionId id) {
+  std::lock_guard lock(mu_);
+  sessions_.erase(id);
+}
+
+void Server::Shutdown() {
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    std::lock_guard lock(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (auto& [id, weak] : sessions_) {
+      if (auto s = weak.lock()) live.push_back(std::move(s));
+    }
+  }
+  asio::post(io_, [this] {
+    asio::error_code ignored;
+    acceptor_.close(ignored);
+  });
+  for (auto& s : live) s->StopReading();
+}
+
+void Server::Wait() {
+  {
+    std::lock_guard lock(mu_);
+    if (waited_) return;
+    waited_ = true;
+  }
+  // io_.run() returns in every thread once the acceptor and all sessions are
+  // gone; cut the rest when the drain timeout passes.
+  std::promise<void> drained;
+  auto done = drained.get_future();
+  std::thread joiner([this, &drained] {
+    for (auto& t : threads_) t.join();
+    drained.set_value();
+  });
+  if (done.wait_for(std::chrono::milliseconds(options_.drain_timeout_ms)) != std::future_status::ready) {
+    spdlog::warn("drain timeout of {} ms passed; closing remaining connections", options_.drain_timeout_ms);
+    io_.stop();
+  }
+  joiner.join();
+  ::unlink(options_.socket_path.c_str());
+}
+
+void Server::VisitCounters(CounterVisitor& v) const {
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  v.Visit("server.connections_accepted", load(accepted_));
+  {
+    std::lock_guard lock(mu_);
+    v.Visit("server.connections_open", static_cast<int64_t>(sessions_.size()));
+  }
+  v.Visit("server.requests", load(session_counters_.requests));
+  v.Visit("server.oversized_frames", load(session_counters_.oversized_frames));
+  v.Visit("server.truncated_frames", load(session_counters_.truncated_frames));
+  v.Visit("server.unparsable_frames", load(session_counters_.unparsable_frames));
+}
+
+}  // namespace kvtier

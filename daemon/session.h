@@ -1,0 +1,60 @@
+// Session: one client connection. Reads frames, checks the cap before
+// reading a payload, lets its RequestHandler answer, and writes responses in
+// request order. Runs as one coroutine on its own strand. Closing the
+// connection (EOF, error, drain) closes the engine session: its
+// reservations and leases die with it.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "daemon/request_handler.h"
+
+namespace kvtier {
+
+// Counters shared by every session of a server.
+struct SessionCounters {
+  std::atomic<int64_t> requests{0};
+  std::atomic<int64_t> oversized_frames{0};
+  std::atomic<int64_t> truncated_frames{0};
+  std::atomic<int64_t> unparsable_frames{0};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Socket = asio::local::stream_protocol::socket;
+
+  // `context`, `counters` are borrowed; `arena_fd` is not owned.
+  Session(Socket socket, SessionId id, const HandlerContext& context, int arena_fd,
+          SessionCounters& counters);
+
+  SessionId id() const { return id_; }
+  Socket::executor_type executor() { return socket_.get_executor(); }
+
+  // Serves the connection until EOF, a fatal frame error or drain; then
+  // closes the engine session.
+  asio::awaitable<void> Run();
+
+  // Stops reading new requests; buffered ones are still answered. Safe from
+  // any thread (posted to the session's strand).
+  void StopReading();
+
+ private:
+  // Writes one framed response; attaches the arena fd if asked.
+  asio::awaitable<bool> Send(const v1::Response& response, bool attach_fd);
+  asio::awaitable<void> SendConnectionError(const Status& status);
+
+  Socket socket_;
+  const SessionId id_;
+  const HandlerContext& context_;
+  const int arena_fd_;
+  SessionCounters& counters_;
+  RequestHandler handler_;
+  std::string read_buffer_;
+  std::string write_buffer_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,197 @@
+// libkvtier_client: the API an inference engine links against.
+// Standard library only; the wire format and internals stay private.
+//
+//   auto client = kvtier::Client::Connect(options);        // Hello + arena map
+//   auto keys = hasher.Keys(tokens);                         // ChainHasher
+//   auto hit = (*client)->Lookup(0, keys);                   // longest prefix
+//   (*client)->Get(0, keys[0], dst);                         // arena -> dst
+//
+// Thread safety: a Client is thread-safe; any number of threads may call it
+// at once and their requests are pipelined on one connection. BlockView and
+// Reservation are thread-compatible (one owner at a time).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/result.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+// Where a copy of a block lives. Values are stable (wire and C ABI).
+enum class Tier : uint8_t { kNone = 0, kHbm = 1, kHost = 2, kNvme = 3, kRemote = 4 };
+std::string_view TierName(Tier tier);
+
+// Index into ClientOptions::namespaces, in registration order.
+using NamespaceId = uint32_t;
+
+struct ClientOptions {
+  std::string socket_path = "/run/kvtier/kvtierd.sock";
+  std::string client_name = "kvtier-client";
+  // Registered at connect; NamespaceId i refers to namespaces[i].
+  std::vector<NamespaceDescriptor> namespaces;
+  // Largest frame the client sends or accepts; must not exceed the daemon's.
+  uint32_t max_frame_bytes = 1u << 20;
+  std::chrono::milliseconds connect_timeout{5000};
+  // Recompute the xxh3-64 of every block read by Get/GetBatch and fail with
+  // Corruption on a mismatch. Costs one extra pass over the bytes.
+  bool verify_checksums = false;
+};
+
+struct LookupResult {
+  size_t prefix_blocks = 0;  // consecutive hits starting at keys[0]
+  std::vector<Tier> tiers;   // tiers[i] for every i < prefix_blocks
+};
+
+struct Counter {
+  std::string name;  // e.g. "engine.lookups", "host.used_bytes"
+  int64_t value = 0;
+};
+
+namespace internal {
+class Connection;
+}
+
+// A block pinned in the daemon's arena, readable in place without a copy.
+// Move-only. Released explicitly by Release() or on destruction; a view that
+// outlives its Client stays readable until it is destroyed.
+class BlockView {
+ public:
+  BlockView() = default;
+  BlockView(BlockView&& other) noexcept;
+  BlockView& operator=(BlockView&& other) noexcept;
+  BlockView(const BlockView&) = delete;
+  BlockView& operator=(const BlockView&) = delete;
+  ~BlockView();
+
+  bool valid() const { return conn_ != nullptr; }
+  std::span<const std::byte> data() const { return data_; }
+  const BlockKey& key() const { return key_; }
+  uint64_t lease() const { return lease_; }
+  uint64_t checksum() const { return checksum_; }
+
+  // Unpins the block. Ok, or Unavailable if the connection is gone (the lease
+  // died with it). The view is empty afterwards either way.
+  Status Release();
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal::Connection> conn_;
+  std::span<const std::byte> data_;
+  BlockKey key_;
+  uint64_t lease_ = 0;
+  uint64_t checksum_ = 0;
+};
+
+// One writable arena span handed out by Client::Reserve.
+struct WritableBlock {
+  BlockKey key;
+  // Ok: write exactly data.size() bytes, then Commit. AlreadyExists: the block
+  // is cached or being written by someone else; skip it. NoSpace/other: failed.
+  Status status;
+  std::span<std::byte> data;
+};
+
+// Arena spans reserved for a batch of blocks. Nothing is visible to readers
+// until Commit; destroying an uncommitted Reservation aborts it (the space
+// returns). Move-only.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation&&) noexcept;
+  Reservation& operator=(Reservation&&) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation();
+
+  std::vector<WritableBlock>& blocks() { return blocks_; }
+
+  // Makes every block with an ok status visible atomically per block; the
+  // daemon checks sizes and records checksums. Returns one Status per block
+  // (AlreadyExists/NoSpace from Reserve are passed through unchanged).
+  // Unavailable if the connection is gone. Precondition: not yet committed.
+  std::vector<Status> Commit();
+  // Returns the reserved space without publishing anything.
+  Status Abort();
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal::Connection> conn_;
+  NamespaceId ns_ = 0;
+  std::vector<WritableBlock> blocks_;
+  bool done_ = false;
+};
+
+class Client {
+ public:
+  // Connects, checks the protocol version, registers options.namespaces and
+  // maps the daemon's arena. Unavailable if no daemon listens at the path,
+  // VersionMismatch, InvalidArgument for a bad descriptor, IoError.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The namespace fingerprints, as computed by the daemon, by NamespaceId.
+  const std::vector<NamespaceFingerprint>& namespaces() const;
+
+  // The whole arena mapping, for one cudaHostRegister at start-up.
+  std::span<std::byte> arena() const;
+
+  // Longest cached prefix of `keys` and the tier of each hit block.
+  Result<LookupResult> Lookup(NamespaceId ns, std::span<const BlockKey> keys);
+  std::future<Result<LookupResult>> LookupAsync(NamespaceId ns, std::vector<BlockKey> keys);
+
+  // Copies `data` into the arena and publishes it. Ok also when the block was
+  // already cached (puts are idempotent). NoSpace when nothing can be evicted.
+  Status Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data);
+  // One Status per key, same semantics as Put. `data[i]` belongs to keys[i].
+  std::vector<Status> PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
+                               std::span<const std::span<const std::byte>> data);
+  // `data` spans are borrowed until the future is ready.
+  std::future<std::vector<Status>> PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
+                                                 std::vector<std::span<const std::byte>> data);
+
+  // Zero-copy put: reserves arena space the caller writes in place.
+  Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
+                              std::span<const uint64_t> sizes);
+
+  // Copies the block into `dst` and returns its length. NotFound on a miss;
+  // InvalidArgument if `dst` is smaller than the block; Corruption if
+  // verify_checksums is on and the bytes do not match.
+  Result<size_t> Get(NamespaceId ns, const BlockKey& key, std::span<std::byte> dst);
+  std::vector<Result<size_t>> GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
+                                       std::span<const std::span<std::byte>> dst);
+  // `dst` spans are borrowed until the future is ready.
+  std::future<std::vector<Result<size_t>>> GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
+                                                         std::vector<std::span<std::byte>> dst);
+
+  // Zero-copy get: one view per key, or the per-key error (NotFound...).
+  std::vector<Result<BlockView>> Pin(NamespaceId ns, std::span<const BlockKey> keys);
+  // Low-level unpin of a lease from Pin. NotFound if unknown or already
+  // released; PermissionDenied if another connection holds it.
+  Status Release(uint64_t lease);
+
+  // Removes blocks; returns how many were cached. Pinned blocks disappear
+  // from lookups at once and are freed when their last lease is released.
+  Result<size_t> Erase(NamespaceId ns, std::span<const BlockKey> keys);
+
+  // Every counter of the daemon (the same registry the admin tools read).
+  Result<std::vector<Counter>> Stats();
+
+ private:
+  explicit Client(std::shared_ptr<internal::Connection> conn);
+  std::shared_ptr<internal::Connection> conn_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,201 @@
+/* kvtier C ABI: the calls of kvtier::Client (client.h) for engines and
+ * bindings that cannot use C++. Pure C11, standard headers only; the library
+ * itself is libkvtier_client.
+ *
+ *   kvtier_client* c;
+ *   if (kvtier_connect(path, &ns, 1, &c) != KVTIER_OK) puts(kvtier_last_error());
+ *   kvtier_chain_keys(&ns, tokens, n_tokens, keys, cap, &n_keys);
+ *   kvtier_lookup(c, 0, keys, n_keys, &prefix, NULL);
+ *   kvtier_get(c, 0, keys[0], dst, dst_bytes, &len);
+ *   kvtier_close(c);
+ *
+ * Conventions of every function below:
+ * - The return value is a KVTIER_* status code; KVTIER_OK is success.
+ * - A NULL pointer where one is required is KVTIER_INVALID_ARGUMENT. Array
+ *   pointers may be NULL when their element count is 0.
+ * - Every call except kvtier_last_error and kvtier_status_name first clears
+ *   this thread's error message, and sets it if it fails (see
+ *   kvtier_last_error).
+ * - Input pointers are borrowed for the duration of the call only; nothing
+ *   the caller passes in is retained. Output arrays are written, never kept.
+ * - No C++ exception crosses this ABI: an unexpected one becomes
+ *   KVTIER_INTERNAL.
+ * - A kvtier_client is thread-safe: any number of threads may call it at
+ *   once (requests are pipelined on one connection), except that
+ *   kvtier_close must not race with any other call on the same client.
+ *   A kvtier_view belongs to one thread at a time.
+ */
+#ifndef KVTIER_KVTIER_C_H_
+#define KVTIER_KVTIER_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes: the numeric values of kvtier::StatusCode (status.h). */
+#define KVTIER_OK 0
+#define KVTIER_INVALID_ARGUMENT 1
+#define KVTIER_NOT_FOUND 2
+#define KVTIER_ALREADY_EXISTS 3
+#define KVTIER_NO_SPACE 4
+#define KVTIER_BUSY 5
+#define KVTIER_IO_ERROR 6
+#define KVTIER_CORRUPTION 7
+#define KVTIER_PROTOCOL_ERROR 8
+#define KVTIER_VERSION_MISMATCH 9
+#define KVTIER_UNAVAILABLE 10
+#define KVTIER_PERMISSION_DENIED 11
+#define KVTIER_FAILED_PRECONDITION 12
+#define KVTIER_UNIMPLEMENTED 13
+#define KVTIER_INTERNAL 14
+#define KVTIER_CANCELLED 15
+#define KVTIER_TIMED_OUT 16
+
+/* Tiers: the values of kvtier::Tier (client.h). */
+#define KVTIER_TIER_NONE 0
+#define KVTIER_TIER_HBM 1
+#define KVTIER_TIER_HOST 2
+#define KVTIER_TIER_NVME 3
+#define KVTIER_TIER_REMOTE 4
+
+/* A connection to kvtierd. Opaque; created by kvtier_connect, destroyed by
+ * kvtier_close. */
+typedef struct kvtier_client kvtier_client;
+
+/* A block pinned in the daemon's arena (kvtier::BlockView). Opaque; created
+ * by kvtier_pin, destroyed by kvtier_view_release. */
+typedef struct kvtier_view kvtier_view;
+
+/* A 128-bit block key (kvtier::BlockKey): the high and low 64 bits. */
+typedef struct {
+  uint64_t hi, lo;
+} kvtier_key;
+
+/* Mirrors kvtier::NamespaceDescriptor (block_key.h): everything that changes
+ * the bytes of a KV block. Strings are NUL-terminated and borrowed for the
+ * call; NULL reads as "". */
+typedef struct {
+  const char* model_id;          /* e.g. "meta-llama/Llama-3.1-8B-Instruct" */
+  const char* model_revision;    /* required */
+  const char* adapter_id;        /* NULL or "": no adapter */
+  const char* adapter_revision;  /* NULL or "" when there is no adapter */
+  const char* kv_dtype;          /* e.g. "bf16" */
+  uint32_t block_tokens;         /* tokens per block, > 0 */
+  uint32_t layer_count;          /* > 0 */
+  const char* kv_layout;         /* e.g. "layer_major_kv" */
+  uint64_t bytes_per_token_per_layer;  /* > 0 (K and V together) */
+  uint32_t tp_rank;              /* < tp_size */
+  uint32_t tp_size;              /* > 0 */
+} kvtier_namespace;
+
+/* Per-thread error message. */
+
+// The message of the last failed call on this thread, "" if the last call
+// succeeded or there was none. The string is owned by the library and stays
+// valid until the next kvtier_* call on this thread. Never NULL.
+const char* kvtier_last_error(void);
+
+// The stable lower-case name of a status code ("not_found"), or "unknown".
+// A static string; never NULL. Pure: does not touch kvtier_last_error.
+const char* kvtier_status_name(int code);
+
+/* Keys (no connection needed; thread-safe). */
+
+// Writes the namespace fingerprint (the key block 0 chains from) to `*out`.
+// KVTIER_INVALID_ARGUMENT if the descriptor does not validate (the message
+// names the field) or a pointer is NULL.
+int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out);
+
+// Computes the chained keys of every full block of `tokens` (a partial
+// trailing block gets none) into out[0 .. *out_count). `*out_count` is set to
+// the number of keys needed even when out_capacity is too small; then nothing
+// is written to `out` and the result is KVTIER_INVALID_ARGUMENT.
+// KVTIER_INVALID_ARGUMENT also for a bad descriptor or NULL pointers.
+int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
+                      kvtier_key* out, size_t out_capacity, size_t* out_count);
+
+// Writes the 32 lower-case hex digits of `key` and a NUL to `out`.
+// KVTIER_INVALID_ARGUMENT if `out` is NULL.
+int kvtier_key_to_hex(kvtier_key key, char out[33]);
+
+/* Connection. */
+
+// Connects to the daemon at `socket_path` (NULL: the default
+// /run/kvtier/kvtierd.sock), registers `namespaces` (namespace id i is
+// namespaces[i]) and maps the arena. On success `*out` owns a new client the
+// caller frees with kvtier_close; on failure `*out` is NULL.
+// KVTIER_UNAVAILABLE if no daemon listens, KVTIER_VERSION_MISMATCH,
+// KVTIER_INVALID_ARGUMENT for a bad descriptor, KVTIER_IO_ERROR.
+int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
+                   size_t n_namespaces, kvtier_client** out);
+
+// Disconnects and frees `client`. NULL is a no-op. Views pinned through it
+// stay readable until released. Must not race with other calls on `client`.
+void kvtier_close(kvtier_client* client);
+
+/* Operations. `ns` is a namespace id from kvtier_connect; one out of range is
+ * KVTIER_INVALID_ARGUMENT. A lost connection is KVTIER_UNAVAILABLE. */
+
+// Longest cached prefix of keys[0 .. n): `*prefix_blocks` consecutive hits
+// from keys[0]. If `tiers` is not NULL it receives n entries: the tier of
+// each hit, KVTIER_TIER_NONE from index *prefix_blocks on.
+int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                  size_t* prefix_blocks, uint8_t* tiers);
+
+// Copies `len` bytes from `data` into the arena and publishes the block.
+// KVTIER_OK also when it was already cached (puts are idempotent);
+// KVTIER_NO_SPACE when nothing can be evicted; KVTIER_INVALID_ARGUMENT for
+// len 0 or a block larger than the arena.
+int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* data, size_t len);
+
+// kvtier_put for n blocks in one round trip: data[i] holds lens[i] bytes of
+// keys[i]. Returns KVTIER_OK when the call went through, with each key's code
+// in statuses[i] (all KVTIER_UNAVAILABLE if the connection is lost); the
+// thread's error message is that of the first failed key. Not KVTIER_OK only
+// for bad arguments (NULL arrays, `ns` out of range).
+int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     const void* const* data, const size_t* lens, size_t n, int* statuses);
+
+// Copies the block into `dst` (capacity bytes) and sets `*len` to its length.
+// KVTIER_NOT_FOUND on a miss; KVTIER_INVALID_ARGUMENT if the block is larger
+// than `capacity` (`*len` is then 0); KVTIER_CORRUPTION on a checksum
+// mismatch when checksum verification is on.
+int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity,
+               size_t* len);
+
+// kvtier_get for n blocks in one round trip: keys[i] into dst[i] of
+// capacities[i] bytes, its length in lens[i] (0 on failure), its code in
+// statuses[i]. KVTIER_OK when the call went through, as kvtier_put_batch.
+int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     void* const* dst, const size_t* capacities, size_t n, size_t* lens,
+                     int* statuses);
+
+// Zero-copy read: pins the block and points `*data` at its `*len` bytes in
+// the shared arena, read-only. The bytes stay valid and unchanged until
+// kvtier_view_release(*out), which the caller must call (also after
+// kvtier_close). KVTIER_NOT_FOUND on a miss; on failure *out is NULL.
+int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
+               const void** data, size_t* len);
+
+// Unpins the block and frees `view`; its data pointer is dangling afterwards.
+// NULL is a no-op (KVTIER_OK). KVTIER_UNAVAILABLE if the connection is gone
+// (the pin died with it); `view` is freed either way.
+int kvtier_view_release(kvtier_view* view);
+
+// Removes keys[0 .. n); `*erased` (may be NULL) gets how many were cached.
+// Pinned blocks leave lookups at once and are freed on their last release.
+int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                 size_t* erased);
+
+// Reads one daemon counter by name (e.g. "engine.commits") into `*value`.
+// KVTIER_NOT_FOUND if the daemon has no such counter.
+int kvtier_stat(kvtier_client* client, const char* name, int64_t* value);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* KVTIER_KVTIER_C_H_ */

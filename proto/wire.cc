@@ -1,0 +1,64 @@
+#include "proto/wire.h"
+
+namespace kvtier::wire {
+
+void ToProto(const Status& s, v1::Status* out) {
+  out->set_code(static_cast<int32_t>(s.code()));
+  out->set_message(s.message());
+}
+
+Status FromProto(const v1::Status& s) {
+  if (s.code() == 0) return Status::Ok();
+  return Status(static_cast<StatusCode>(s.code()), s.message());
+}
+
+void ToProto(const BlockKey& k, v1::Key* out) {
+  out->set_hi(k.hi);
+  out->set_lo(k.lo);
+}
+
+BlockKey FromProto(const v1::Key& k) { return BlockKey{k.hi(), k.lo()}; }
+
+std::vector<BlockKey> FromProto(const google::protobuf::RepeatedPtrField<v1::Key>& keys) {
+  std::vector<BlockKey> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(FromProto(k));
+  return out;
+}
+
+void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedPtrField<v1::Key>* out) {
+  out->Reserve(static_cast<int>(keys.size()));
+  for (const BlockKey& k : keys) ToProto(k, out->Add());
+}
+
+void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out) {
+  out->set_model_id(d.model_id);
+  out->set_model_revision(d.model_revision);
+  out->set_adapter_id(d.adapter_id);
+  out->set_adapter_revision(d.adapter_revision);
+  out->set_kv_dtype(d.kv_dtype);
+  out->set_block_tokens(d.block_tokens);
+  out->set_layer_count(d.layer_count);
+  out->set_kv_layout(d.kv_layout);
+  out->set_bytes_per_token_per_layer(d.bytes_per_token_per_layer);
+  out->set_tp_rank(d.tp_rank);
+  out->set_tp_size(d.tp_size);
+}
+
+NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d) {
+  NamespaceDescriptor out;
+  out.model_id = d.model_id();
+  out.model_revision = d.model_revision();
+  out.adapter_id = d.adapter_id();
+  out.adapter_revision = d.adapter_revision();
+  out.kv_dtype = d.kv_dtype();
+  out.block_tokens = d.block_tokens();
+  out.layer_count = d.layer_count();
+  out.kv_layout = d.kv_layout();
+  out.bytes_per_token_per_layer = d.bytes_per_token_per_layer();
+  out.tp_rank = d.tp_rank();
+  out.tp_size = d.tp_size();
+  return out;
+}
+
+}  // namespace kvtier::wire

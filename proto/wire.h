@@ -1,0 +1,29 @@
+// Conversions between generated protobuf types and the public kvtier types
+// (include/kvtier only). Both wire adapters -- the daemon's sessions and the
+// client library -- use them; the engine, tiers and policies never see
+// generated types.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier::wire {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+void ToProto(const Status& s, v1::Status* out);
+Status FromProto(const v1::Status& s);
+
+void ToProto(const BlockKey& k, v1::Key* out);
+BlockKey FromProto(const v1::Key& k);
+std::vector<BlockKey> FromProto(const google::protobuf::RepeatedPtrField<v1::Key>& keys);
+void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedPtrField<v1::Key>* out);
+
+void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out);
+NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);
+
+}  // namespace kvtier::wire

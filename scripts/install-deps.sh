@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that kvtier's build, tests and benchmarks
+# need. Idempotent: when everything is present it prints nothing and exits 0.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  liburing-dev librocksdb-dev libxxhash-dev xxhash libasio-dev
+  libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libtomlplusplus-dev libcli11-dev libspdlog-dev
+  redis-server redis-tools fio
+  clang libclang-rt-14-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

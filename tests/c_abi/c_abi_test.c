@@ -1,0 +1,390 @@
+/* The C ABI end to end, from C11: starts the kvtierd given as argv[1] with a
+ * 64 MiB arena in a temporary directory, drives every kvtier_c.h call
+ * against it, then stops it with SIGTERM and expects exit status 0.
+ * Stored blocks describe themselves (key, index, length, then a stream
+ * seeded by them), so every read is either a miss or checked byte for byte. */
+#define _XOPEN_SOURCE 700
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvtier/kvtier_c.h"
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (cond) {                                                              \
+      ++passed;                                                              \
+    } else {                                                                 \
+      ++failed;                                                              \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: \"%s\")\n",      \
+              __FILE__, __LINE__, #cond, kvtier_last_error());               \
+    }                                                                        \
+  } while (0)
+
+#define CHECK_CODE(expr, want)                                               \
+  do {                                                                       \
+    int got_ = (expr);                                                       \
+    if (got_ == (want)) {                                                    \
+      ++passed;                                                              \
+    } else {                                                                 \
+      ++failed;                                                              \
+      fprintf(stderr, "%s:%d: %s returned %s, want %s (last error: \"%s\")\n", \
+              __FILE__, __LINE__, #expr, kvtier_status_name(got_),           \
+              kvtier_status_name(want), kvtier_last_error());                \
+    }                                                                        \
+  } while (0)
+
+enum { kBlockTokens = 16, kBlocks = 4, kBlockBytes = 64 * 1024 };
+
+static void SleepMs(long ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&ts, NULL);
+}
+
+static uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static void PutU64(uint8_t* p, uint64_t v) {
+  int i;
+  for (i = 0; i < 8; ++i) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Header: key.hi, key.lo, index, len (little-endian u64); then a stream
+ * seeded by all four. */
+static void FillBlock(uint8_t* buf, size_t len, kvtier_key key, uint64_t index) {
+  uint64_t state = key.hi ^ (key.lo * 31) ^ (index << 48) ^ len;
+  size_t i;
+  for (i = 0; i < len; ++i) buf[i] = (uint8_t)SplitMix(&state);
+  if (len >= 32) {
+    PutU64(buf, key.hi);
+    PutU64(buf + 8, key.lo);
+    PutU64(buf + 16, index);
+    PutU64(buf + 24, (uint64_t)len);
+  }
+}
+
+/* 1 if `got` (got_len bytes) is exactly block `index` of `key`. */
+static int BlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index) {
+  static uint8_t want[kBlockBytes];
+  size_t i;
+  if (got_len != kBlockBytes) {
+    fprintf(stderr, "block %llu: length %zu, want %d\n", (unsigned long long)index, got_len,
+            kBlockBytes);
+    return 0;
+  }
+  FillBlock(want, kBlockBytes, key, index);
+  for (i = 0; i < got_len; ++i) {
+    if (((const uint8_t*)got)[i] != want[i]) {
+      fprintf(stderr, "block %llu: first wrong byte at offset %zu\n", (unsigned long long)index, i);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static kvtier_namespace TestNamespace(const char* revision) {
+  kvtier_namespace ns;
+  memset(&ns, 0, sizeof ns);
+  ns.model_id = "test/c-abi-model";
+  ns.model_revision = revision;
+  ns.adapter_id = NULL;
+  ns.adapter_revision = "";
+  ns.kv_dtype = "bf16";
+  ns.block_tokens = kBlockTokens;
+  ns.layer_count = 2;
+  ns.kv_layout = "layer_major_kv";
+  ns.bytes_per_token_per_layer = kBlockBytes / (kBlockTokens * 2); /* BlockBytes() == 64 KiB */
+  ns.tp_rank = 0;
+  ns.tp_size = 1;
+  return ns;
+}
+
+/* The temporary directory, config file and socket of one daemon. */
+typedef struct {
+  char dir[64];
+  char config[128];
+  char socket[128];
+  pid_t pid;
+} Daemon;
+
+static int WriteConfig(Daemon* d) {
+  FILE* f;
+  strcpy(d->dir, "/tmp/kvtier_c_abi_XXXXXX");
+  if (mkdtemp(d->dir) == NULL) {
+    perror("mkdtemp");
+    return 0;
+  }
+  snprintf(d->config, sizeof d->config, "%s/kvtierd.toml", d->dir);
+  snprintf(d->socket, sizeof d->socket, "%s/kvtierd.sock", d->dir);
+  f = fopen(d->config, "w");
+  if (f == NULL) {
+    perror("fopen");
+    return 0;
+  }
+  fprintf(f, "[server]\nsocket_path = \"%s\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
+             "lock_memory = \"off\"\n", d->socket);
+  return fclose(f) == 0;
+}
+
+static int StartDaemon(Daemon* d, const char* kvtierd) {
+  if (!WriteConfig(d)) return 0;
+  d->pid = fork();
+  if (d->pid < 0) {
+    perror("fork");
+    return 0;
+  }
+  if (d->pid == 0) {
+    execl(kvtierd, kvtierd, "--config", d->config, (char*)NULL);
+    perror("execl kvtierd");
+    _exit(127);
+  }
+  return 1;
+}
+
+/* Retries kvtier_connect for up to ~10 s; NULL if the daemon never came up. */
+static kvtier_client* ConnectWhenUp(Daemon* d, const kvtier_namespace* ns, size_t n_ns) {
+  kvtier_client* client = NULL;
+  int attempt, wstatus, rc = KVTIER_UNAVAILABLE;
+  for (attempt = 0; attempt < 200; ++attempt) {
+    rc = kvtier_connect(d->socket, ns, n_ns, &client);
+    if (rc == KVTIER_OK) return client;
+    if (waitpid(d->pid, &wstatus, WNOHANG) == d->pid) {
+      fprintf(stderr, "kvtierd exited early (status 0x%x)\n", wstatus);
+      d->pid = -1;
+      return NULL;
+    }
+    SleepMs(50);
+  }
+  fprintf(stderr, "kvtierd not reachable after 10 s: %s: %s\n", kvtier_status_name(rc),
+          kvtier_last_error());
+  return NULL;
+}
+
+/* SIGTERM, then waits up to ~10 s (SIGKILL after). Returns the wait status,
+ * or -1 if it had to be killed. */
+static int StopDaemon(Daemon* d) {
+  int attempt, wstatus = 0;
+  if (d->pid <= 0) return -1;
+  kill(d->pid, SIGTERM);
+  for (attempt = 0; attempt < 200; ++attempt) {
+    pid_t r = waitpid(d->pid, &wstatus, WNOHANG);
+    if (r == d->pid) return wstatus;
+    if (r < 0 && errno != EINTR) break;
+    SleepMs(50);
+  }
+  fprintf(stderr, "kvtierd ignored SIGTERM for 10 s; killing it\n");
+  kill(d->pid, SIGKILL);
+  waitpid(d->pid, &wstatus, 0);
+  return -1;
+}
+
+static void RemoveDaemonFiles(const Daemon* d) {
+  unlink(d->socket);
+  unlink(d->config);
+  rmdir(d->dir);
+}
+
+static void TestKeysOffline(const kvtier_namespace* ns) {
+  uint32_t tokens[kBlocks * kBlockTokens + 5];
+  kvtier_key keys[kBlocks], fp1, fp2;
+  kvtier_namespace other = TestNamespace("rev-2"), bad = TestNamespace(NULL);
+  size_t count = 0, i;
+  char hex[33];
+  for (i = 0; i < sizeof tokens / sizeof tokens[0]; ++i) tokens[i] = (uint32_t)(1000 + i);
+
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, 2, &count),
+             KVTIER_INVALID_ARGUMENT);
+  CHECK(count == kBlocks);
+  CHECK(strlen(kvtier_last_error()) > 0);
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, kBlocks, &count),
+             KVTIER_OK);
+  CHECK(count == kBlocks);
+  CHECK(strcmp(kvtier_last_error(), "") == 0);
+
+  CHECK_CODE(kvtier_key_to_hex(keys[0], hex), KVTIER_OK);
+  CHECK(strlen(hex) == 32);
+  CHECK(strspn(hex, "0123456789abcdef") == 32);
+  CHECK_CODE(kvtier_key_to_hex(keys[0], NULL), KVTIER_INVALID_ARGUMENT);
+
+  CHECK_CODE(kvtier_namespace_fingerprint(ns, &fp1), KVTIER_OK);
+  CHECK_CODE(kvtier_namespace_fingerprint(&other, &fp2), KVTIER_OK);
+  CHECK(fp1.hi != fp2.hi || fp1.lo != fp2.lo);
+  CHECK(fp1.hi != keys[0].hi || fp1.lo != keys[0].lo);
+  CHECK_CODE(kvtier_namespace_fingerprint(&bad, &fp2), KVTIER_INVALID_ARGUMENT);
+  CHECK(strlen(kvtier_last_error()) > 0);
+  CHECK_CODE(kvtier_namespace_fingerprint(NULL, &fp2), KVTIER_INVALID_ARGUMENT);
+
+  CHECK(strcmp(kvtier_status_name(KVTIER_NOT_FOUND), "not_found") == 0);
+  CHECK(strcmp(kvtier_status_name(KVTIER_OK), "ok") == 0);
+  CHECK(strcmp(kvtier_status_name(12345), "unknown") == 0);
+}
+
+/* Chains kBlocks keys of the test token sequence. */
+static void ChainKeys(const kvtier_namespace* ns, kvtier_key keys[kBlocks]) {
+  uint32_t tokens[kBlocks * kBlockTokens];
+  size_t count = 0, i;
+  for (i = 0; i < kBlocks * kBlockTokens; ++i) tokens[i] = (uint32_t)(7 * i + 3);
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens, keys, kBlocks, &count), KVTIER_OK);
+  CHECK(count == kBlocks);
+}
+
+static void TestPutLookupGet(kvtier_client* c, const kvtier_key keys[kBlocks], uint8_t* buf) {
+  size_t prefix = 99, len = 0, i;
+  uint8_t tiers[kBlocks];
+  CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, &prefix, tiers), KVTIER_OK);
+  CHECK(prefix == 0);
+  CHECK(tiers[0] == KVTIER_TIER_NONE);
+
+  for (i = 0; i < 3; ++i) {
+    FillBlock(buf, kBlockBytes, keys[i], i);
+    CHECK_CODE(kvtier_put(c, 0, keys[i], buf, kBlockBytes), KVTIER_OK);
+  }
+  CHECK_CODE(kvtier_put(c, 0, keys[0], buf, kBlockBytes), KVTIER_OK); /* idempotent */
+  CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, &prefix, tiers), KVTIER_OK);
+  CHECK(prefix == 3);
+  CHECK(tiers[0] == KVTIER_TIER_HOST && tiers[1] == KVTIER_TIER_HOST && tiers[2] == KVTIER_TIER_HOST);
+  CHECK(tiers[3] == KVTIER_TIER_NONE);
+  CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, &prefix, NULL), KVTIER_OK);
+  CHECK(prefix == 3);
+
+  for (i = 0; i < 3; ++i) {
+    memset(buf, 0, kBlockBytes);
+    CHECK_CODE(kvtier_get(c, 0, keys[i], buf, kBlockBytes, &len), KVTIER_OK);
+    CHECK(BlockMatches(buf, len, keys[i], i));
+  }
+  CHECK_CODE(kvtier_get(c, 0, keys[0], buf, kBlockBytes / 2, &len), KVTIER_INVALID_ARGUMENT);
+  CHECK(len == 0);
+  CHECK_CODE(kvtier_get(c, 0, keys[3], buf, kBlockBytes, &len), KVTIER_NOT_FOUND);
+  CHECK(strlen(kvtier_last_error()) > 0);
+}
+
+static void TestBatches(kvtier_client* c, const kvtier_key keys[kBlocks]) {
+  static uint8_t blocks[kBlocks + 1][kBlockBytes];
+  kvtier_key batch_keys[kBlocks + 1];
+  const void* src[2];
+  void* dst[kBlocks + 1];
+  size_t lens[kBlocks + 1], caps[kBlocks + 1], put_lens[2] = {kBlockBytes, kBlockBytes}, i;
+  int statuses[kBlocks + 1];
+
+  FillBlock(blocks[0], kBlockBytes, keys[3], 3);
+  FillBlock(blocks[1], kBlockBytes, keys[0], 0);
+  src[0] = blocks[0];
+  src[1] = blocks[1];
+  batch_keys[0] = keys[3];
+  batch_keys[1] = keys[0]; /* already cached: still ok */
+  CHECK_CODE(kvtier_put_batch(c, 0, batch_keys, src, put_lens, 2, statuses), KVTIER_OK);
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+
+  for (i = 0; i < kBlocks; ++i) batch_keys[i] = keys[i];
+  batch_keys[kBlocks].hi = 0x0123456789abcdefULL; /* never stored */
+  batch_keys[kBlocks].lo = 0xfedcba9876543210ULL;
+  for (i = 0; i <= kBlocks; ++i) {
+    memset(blocks[i], 0, kBlockBytes);
+    dst[i] = blocks[i];
+    caps[i] = kBlockBytes;
+    statuses[i] = -1;
+  }
+  CHECK_CODE(kvtier_get_batch(c, 0, batch_keys, dst, caps, kBlocks + 1, lens, statuses), KVTIER_OK);
+  for (i = 0; i < kBlocks; ++i) {
+    CHECK(statuses[i] == KVTIER_OK);
+    CHECK(BlockMatches(blocks[i], lens[i], keys[i], i));
+  }
+  CHECK(statuses[kBlocks] == KVTIER_NOT_FOUND);
+  CHECK(lens[kBlocks] == 0);
+  CHECK(strlen(kvtier_last_error()) > 0);
+}
+
+static void TestPin(kvtier_client* c, const kvtier_key keys[kBlocks]) {
+  kvtier_view* view = NULL;
+  const void* data = NULL;
+  size_t len = 0;
+  kvtier_key missing = {1, 2};
+  CHECK_CODE(kvtier_pin(c, 0, keys[1], &view, &data, &len), KVTIER_OK);
+  CHECK(view != NULL && data != NULL);
+  if (view != NULL && data != NULL) CHECK(BlockMatches(data, len, keys[1], 1));
+  CHECK_CODE(kvtier_view_release(view), KVTIER_OK);
+  CHECK_CODE(kvtier_view_release(NULL), KVTIER_OK);
+  CHECK_CODE(kvtier_pin(c, 0, missing, &view, &data, &len), KVTIER_NOT_FOUND);
+  CHECK(view == NULL);
+}
+
+static void TestEraseStatsAndErrors(kvtier_client* c, const kvtier_key keys[kBlocks]) {
+  kvtier_key doomed[2];
+  size_t erased = 0, prefix = 99, len = 0;
+  int64_t commits = -1;
+  int statuses[1];
+  uint8_t byte = 0;
+  doomed[0] = keys[1];
+  doomed[1] = keys[3];
+  CHECK_CODE(kvtier_erase(c, 0, doomed, 2, &erased), KVTIER_OK);
+  CHECK(erased == 2);
+  CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, &prefix, NULL), KVTIER_OK);
+  CHECK(prefix == 1);
+  CHECK_CODE(kvtier_erase(c, 0, doomed, 2, &erased), KVTIER_OK);
+  CHECK(erased == 0);
+
+  CHECK_CODE(kvtier_stat(c, "engine.commits", &commits), KVTIER_OK);
+  CHECK(commits > 0);
+  CHECK_CODE(kvtier_stat(c, "no.such.counter", &commits), KVTIER_NOT_FOUND);
+
+  CHECK_CODE(kvtier_lookup(c, 1, keys, kBlocks, &prefix, NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK(strlen(kvtier_last_error()) > 0);
+  CHECK_CODE(kvtier_get(c, 7, keys[0], &byte, 1, &len), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_put_batch(c, 1, keys, NULL, NULL, 0, statuses), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_lookup(NULL, 0, keys, kBlocks, &prefix, NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK(strlen(kvtier_last_error()) > 0);
+}
+
+int main(int argc, char** argv) {
+  Daemon daemon;
+  kvtier_client* client;
+  kvtier_namespace ns = TestNamespace("rev-1");
+  kvtier_key keys[kBlocks];
+  static uint8_t buf[kBlockBytes];
+  int wstatus;
+
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s PATH_TO_KVTIERD\n", argv[0]);
+    return 2;
+  }
+  TestKeysOffline(&ns);
+  ChainKeys(&ns, keys);
+
+  memset(&daemon, 0, sizeof daemon);
+  CHECK(StartDaemon(&daemon, argv[1]));
+  client = daemon.pid > 0 ? ConnectWhenUp(&daemon, &ns, 1) : NULL;
+  CHECK(client != NULL);
+  if (client != NULL) {
+    TestPutLookupGet(client, keys, buf);
+    TestBatches(client, keys);
+    TestPin(client, keys);
+    TestEraseStatsAndErrors(client, keys);
+    kvtier_close(client);
+  }
+  kvtier_close(NULL);
+
+  wstatus = StopDaemon(&daemon);
+  CHECK(wstatus != -1 && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  RemoveDaemonFiles(&daemon);
+
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

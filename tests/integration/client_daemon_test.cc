@@ -1,0 +1,247 @@
+// Client <-> daemon end to end: the data path through the shared arena.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0) {
+  std::vector<std::byte> bytes(size);
+  FillBlockBytes(key, salt, bytes);
+  return bytes;
+}
+
+int64_t CounterValue(Client& client, const std::string& name) {
+  auto stats = client.Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  for (const auto& c : *stats) {
+    if (c.name == name) return c.value;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
+TEST(ClientDaemon, PutLookupGetRoundTrip) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 4, 1);
+
+  auto miss = client->Lookup(0, keys);
+  ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+  EXPECT_EQ(miss->prefix_blocks, 0u);
+
+  for (size_t i = 0; i < 3; ++i) {
+    auto bytes = Block(keys[i], 256 << 10);
+    ASSERT_TRUE(client->Put(0, keys[i], bytes).ok());
+  }
+  auto hit = client->Lookup(0, keys);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->prefix_blocks, 3u);
+  ASSERT_EQ(hit->tiers.size(), 3u);
+  for (Tier t : hit->tiers) EXPECT_EQ(t, Tier::kHost);
+
+  std::vector<std::byte> dst(256 << 10);
+  for (size_t i = 0; i < 3; ++i) {
+    auto got = client->Get(0, keys[i], dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, dst.size());
+    EXPECT_TRUE(CheckBlockBytes(keys[i], 0, dst));
+  }
+  auto missing = client->Get(0, keys[3], dst);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(ClientDaemon, LookupStopsAtFirstMiss) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 5, 2);
+  for (size_t i : {0, 1, 3, 4}) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], 4096)).ok());
+  auto hit = client->Lookup(0, keys);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->prefix_blocks, 2u);
+}
+
+TEST(ClientDaemon, PutIsIdempotent) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 1, 3);
+  ASSERT_TRUE(client->Put(0, keys[0], Block(keys[0], 8192)).ok());
+  ASSERT_TRUE(client->Put(0, keys[0], Block(keys[0], 8192, 99)).ok());
+  std::vector<std::byte> dst(8192);
+  ASSERT_TRUE(client->Get(0, keys[0], dst).ok());
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst)) << "the first put wins";
+  EXPECT_EQ(CounterValue(*client, "engine.commits"), 1);
+}
+
+TEST(ClientDaemon, ZeroCopyReserveCommitAndPinnedView) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 2, 4);
+  std::vector<uint64_t> sizes = {100000, 200000};
+  auto reservation = client->Reserve(0, keys, sizes);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  for (auto& b : reservation->blocks()) {
+    ASSERT_TRUE(b.status.ok());
+    FillBlockBytes(b.key, 7, b.data);
+  }
+  EXPECT_EQ(client->Lookup(0, keys)->prefix_blocks, 0u) << "invisible before Commit";
+  for (const Status& s : reservation->Commit()) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(client->Lookup(0, keys)->prefix_blocks, 2u);
+
+  auto views = client->Pin(0, keys);
+  ASSERT_EQ(views.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(views[i].ok()) << views[i].status().ToString();
+    EXPECT_EQ(views[i]->data().size(), sizes[i]);
+    EXPECT_TRUE(CheckBlockBytes(keys[i], 7, views[i]->data()));
+  }
+  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 2);
+  EXPECT_TRUE(views[0]->Release().ok());
+  views.clear();  // RAII releases the other
+  // The destructor's release is not waited for; a later call is ordered after it.
+  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 0);
+}
+
+TEST(ClientDaemon, BatchesAndAsyncVariants) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 8, 5);
+  std::vector<std::vector<std::byte>> blocks;
+  std::vector<std::span<const std::byte>> spans;
+  for (const auto& k : keys) blocks.push_back(Block(k, 65536));
+  for (const auto& b : blocks) spans.emplace_back(b);
+  auto put = client->PutBatchAsync(0, keys, spans).get();
+  for (const Status& s : put) EXPECT_TRUE(s.ok()) << s.ToString();
+
+  auto lookup = client->LookupAsync(0, keys).get();
+  ASSERT_TRUE(lookup.ok());
+  EXPECT_EQ(lookup->prefix_blocks, keys.size());
+
+  std::vector<std::vector<std::byte>> out(keys.size(), std::vector<std::byte>(65536));
+  std::vector<std::span<std::byte>> dst;
+  for (auto& o : out) dst.emplace_back(o);
+  auto got = client->GetBatchAsync(0, keys, dst).get();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status().ToString();
+    EXPECT_TRUE(CheckBlockBytes(keys[i], 0, out[i]));
+  }
+  auto sync = client->GetBatch(0, keys, dst);
+  for (auto& r : sync) EXPECT_TRUE(r.ok());
+}
+
+TEST(ClientDaemon, EraseRemovesAndPinnedEraseWaitsForRelease) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 2, 6);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, 1 << 20)).ok());
+  auto views = client->Pin(0, std::span(keys).first(1));
+  ASSERT_TRUE(views[0].ok());
+  auto erased = client->Erase(0, keys);
+  ASSERT_TRUE(erased.ok());
+  EXPECT_EQ(*erased, 2u);
+  EXPECT_EQ(client->Lookup(0, keys)->prefix_blocks, 0u);
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, views[0]->data())) << "a pinned view stays readable";
+  const uint64_t used_while_pinned = daemon.host().used_bytes();
+  EXPECT_GE(used_while_pinned, 1u << 20);
+  EXPECT_TRUE(views[0]->Release().ok());
+  EXPECT_EQ(daemon.host().used_bytes(), 0u);
+}
+
+TEST(ClientDaemon, NamespacesAreIsolated) {
+  TestDaemon daemon;
+  auto a = TestNamespace("rev-a");
+  auto b = TestNamespace("rev-b");
+  auto client = daemon.Connect({a, b});
+  ASSERT_NE(client, nullptr);
+  ASSERT_EQ(client->namespaces().size(), 2u);
+  EXPECT_NE(client->namespaces()[0], client->namespaces()[1]);
+  auto keys = TestKeys(a, 1, 7);
+  ASSERT_TRUE(client->Put(0, keys[0], Block(keys[0], 4096)).ok());
+  EXPECT_EQ(client->Lookup(0, keys)->prefix_blocks, 1u);
+  EXPECT_EQ(client->Lookup(1, keys)->prefix_blocks, 0u) << "same key, other namespace: a miss";
+}
+
+TEST(ClientDaemon, LruEvictsUnderPressureAndKeepsPinned) {
+  TestDaemonOptions options;
+  options.arena_bytes = 8 << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 12, 8);
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], 1 << 20)).ok());
+  auto pinned = client->Pin(0, std::span(keys).first(1));  // keys[0] pinned
+  ASSERT_TRUE(pinned[0].ok());
+  std::vector<std::byte> dst(1 << 20);
+  ASSERT_TRUE(client->Get(0, keys[1], dst).ok());  // keys[1] most recent
+  for (size_t i = 4; i < 12; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], 1 << 20)).ok());
+  EXPECT_TRUE(client->Get(0, keys[0], dst).ok()) << "pinned block was evicted";
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst));
+  EXPECT_EQ(client->Get(0, keys[2], dst).status().code(), StatusCode::kNotFound) << "LRU victim kept";
+  EXPECT_GT(CounterValue(*client, "engine.evictions"), 0);
+}
+
+// 8 clients put, look up and get concurrently; every byte read is checked
+// ("may miss, never wrong").
+TEST(ClientDaemon, EightConcurrentClientsNeverSeeWrongBytes) {
+  TestDaemonOptions options;
+  options.arena_bytes = 32 << 20;  // small enough to force evictions
+  TestDaemon daemon(options);
+  constexpr int kClients = 8;
+  constexpr int kOpsPerClient = 300;
+  const uint32_t seed = static_cast<uint32_t>(std::random_device{}());
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto shared_keys = TestKeys(TestNamespace(), 64, 9);
+  std::atomic<int> failures{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = Client::Connect(daemon.Options());
+      if (!client.ok()) { failures++; return; }
+      std::mt19937 rng(seed + c);
+      std::vector<std::byte> dst(1 << 20);
+      for (int op = 0; op < kOpsPerClient; ++op) {
+        const BlockKey& key = shared_keys[rng() % shared_keys.size()];
+        const size_t size = 4096 + (key.lo % 16) * 65536;  // size is a function of the key
+        switch (rng() % 3) {
+          case 0: {
+            Status s = (*client)->Put(0, key, Block(key, size));
+            if (!s.ok() && s.code() != StatusCode::kNoSpace) failures++;
+            break;
+          }
+          case 1: {
+            auto r = (*client)->Lookup(0, std::span(&key, 1));
+            if (!r.ok()) failures++;
+            break;
+          }
+          default: {
+            auto r = (*client)->Get(0, key, dst);
+            if (r.ok()) {
+              hits++;
+              if (*r != size || !CheckBlockBytes(key, 0, std::span(dst).first(size))) failures++;
+            } else if (r.status().code() != StatusCode::kNotFound) {
+              failures++;
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,135 @@
+#include "tests/testing/test_daemon.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <gtest/gtest.h>
+
+namespace kvtier::testing {
+
+std::string MakeTempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/kvtier-test-XXXXXX";
+  char* made = ::mkdtemp(pattern.data());
+  if (made == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed: " << std::strerror(errno);
+    return "/tmp";
+  }
+  return pattern;
+}
+
+void RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+NamespaceDescriptor TestNamespace(const std::string& revision) {
+  NamespaceDescriptor ns;
+  ns.model_id = "test/model";
+  ns.model_revision = revision;
+  ns.kv_dtype = "bf16";
+  ns.block_tokens = 16;
+  ns.layer_count = 4;
+  ns.kv_layout = "layer_major_kv";
+  ns.bytes_per_token_per_layer = 1024;
+  return ns;
+}
+
+TestDaemon::TestDaemon(const TestDaemonOptions& options) {
+  dir_ = MakeTempDir();
+  socket_path_ = dir_ + "/kvtierd.sock";
+  HostArenaOptions arena;
+  arena.capacity_bytes = options.arena_bytes;
+  arena.lock = HostArenaOptions::LockMode::kOff;
+  auto host = HostTier::Open(arena);
+  if (!host.ok()) {
+    ADD_FAILURE() << "HostTier::Open: " << host.status().ToString();
+    std::abort();
+  }
+  host_ = std::move(*host);
+  auto engine = Engine::Create(EngineOptions{options.shards, options.eviction}, *host_, clock_);
+  if (!engine.ok()) {
+    ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();
+    std::abort();
+  }
+  engine_ = std::move(*engine);
+  ServerOptions server_options{socket_path_, options.io_threads, options.max_frame_bytes, 5000};
+  auto server = Server::Start(server_options, *engine_, *host_);
+  if (!server.ok()) {
+    ADD_FAILURE() << "Server::Start: " << server.status().ToString();
+    std::abort();
+  }
+  server_ = std::move(*server);
+}
+
+TestDaemon::~TestDaemon() {
+  server_->Shutdown();
+  server_->Wait();
+  server_.reset();
+  engine_.reset();
+  host_.reset();
+  RemoveTree(dir_);
+}
+
+ClientOptions TestDaemon::Options(std::vector<NamespaceDescriptor> namespaces) const {
+  ClientOptions options;
+  options.socket_path = socket_path_;
+  options.client_name = "kvtier-test";
+  options.namespaces = std::move(namespaces);
+  options.verify_checksums = true;
+  return options;
+}
+
+std::unique_ptr<Client> TestDaemon::Connect(std::vector<NamespaceDescriptor> namespaces) const {
+  auto client = Client::Connect(Options(std::move(namespaces)));
+  if (!client.ok()) {
+    ADD_FAILURE() << "Connect: " << client.status().ToString();
+    return nullptr;
+  }
+  return std::move(*client);
+}
+
+namespace {
+
+// splitmix64: a cheap, well-mixed stream seeded by the block identity.
+uint64_t Mix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t Seed(const BlockKey& key, uint64_t salt, size_t size) {
+  return key.hi ^ (key.lo * 31) ^ (salt * 0x2545f4914f6cdd1dULL) ^ size;
+}
+
+}  // namespace
+
+void FillBlockBytes(const BlockKey& key, uint64_t salt, std::span<std::byte> out) {
+  uint64_t state = Seed(key, salt, out.size());
+  size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    uint64_t v = Mix(state);
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  if (i < out.size()) {
+    uint64_t v = Mix(state);
+    std::memcpy(out.data() + i, &v, out.size() - i);
+  }
+}
+
+bool CheckBlockBytes(const BlockKey& key, uint64_t salt, std::span<const std::byte> bytes) {
+  std::vector<std::byte> expected(bytes.size());
+  FillBlockBytes(key, salt, expected);
+  return std::memcmp(expected.data(), bytes.data(), bytes.size()) == 0;
+}
+
+std::vector<BlockKey> TestKeys(const NamespaceDescriptor& ns, size_t blocks, uint32_t seed) {
+  auto hasher = ChainHasher::Create(ns);
+  EXPECT_TRUE(hasher.ok()) << hasher.status().ToString();
+  std::vector<uint32_t> tokens(blocks * ns.block_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7919 + seed * 104729) % 128256);
+  return hasher->Keys(tokens);
+}
+
+}  // namespace kvtier::testing

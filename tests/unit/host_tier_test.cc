@@ -1,0 +1,350 @@
+#include "tiers/host/host_tier.h"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvtier {
+namespace {
+
+using Extent = HostTier::Extent;
+using LockMode = HostArenaOptions::LockMode;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+HostArenaOptions Options(uint64_t capacity, LockMode lock = LockMode::kBestEffort) {
+  HostArenaOptions o;
+  o.capacity_bytes = capacity;
+  o.lock = lock;
+  o.name = "kvtier-test-arena";
+  return o;
+}
+
+std::unique_ptr<HostTier> OpenTier(uint64_t capacity,
+                                   LockMode lock = LockMode::kBestEffort) {
+  auto tier = HostTier::Open(Options(capacity, lock));
+  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  return tier.ok() ? std::move(*tier) : nullptr;
+}
+
+// Maps a memfd the way a client does, read-write and shared.
+std::byte* MapLikeClient(int fd, uint64_t length) {
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_NE(p, MAP_FAILED) << std::strerror(errno);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
+
+TEST(HostArenaTest, RejectsZeroCapacity) {
+  auto arena = HostArena::Open(Options(0));
+  ASSERT_FALSE(arena.ok());
+  EXPECT_EQ(arena.status().code(), StatusCode::kInvalidArgument);
+  auto tier = HostTier::Open(Options(0));
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostArenaTest, LockOffIsUnlockedAndCloexec) {
+  auto arena = HostArena::Open(Options(4 * kMiB, LockMode::kOff));
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  EXPECT_FALSE((*arena)->locked());
+  EXPECT_EQ((*arena)->capacity_bytes(), 4 * kMiB);
+  EXPECT_NE(fcntl((*arena)->fd(), F_GETFD) & FD_CLOEXEC, 0);
+  CounterCollector c;
+  (*arena)->VisitCounters(c);
+  ASSERT_EQ(c.counters().size(), 2u);
+  EXPECT_EQ(c.counters()[0], std::make_pair(std::string("host.arena.capacity_bytes"),
+                                            int64_t(4 * kMiB)));
+  EXPECT_EQ(c.counters()[1], std::make_pair(std::string("host.arena.locked"), int64_t(0)));
+}
+
+TEST(HostTierTest, ClientMappingSeesTheSameBytes) {
+  auto tier = OpenTier(64 * kMiB);
+  ASSERT_NE(tier, nullptr);
+  auto e = tier->Allocate(300 * kKiB);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::span<std::byte> bytes = tier->Bytes(*e);
+  ASSERT_EQ(bytes.size(), e->length);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 31 + 7);
+
+  std::byte* client = MapLikeClient(tier->memfd(), tier->capacity_bytes());
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(std::memcmp(client + e->offset, bytes.data(), bytes.size()), 0);
+  client[e->offset + 5] = std::byte{0xAB};  // and back the other way
+  EXPECT_EQ(bytes[5], std::byte{0xAB});
+
+  // A client's mapping (and a dup of the fd) outlives the daemon's tier.
+  const int dup_fd = dup(tier->memfd());
+  const uint64_t capacity = tier->capacity_bytes();
+  const Extent extent = *e;
+  tier.reset();
+  EXPECT_EQ(client[extent.offset + 5], std::byte{0xAB});
+  std::byte* again = MapLikeClient(dup_fd, capacity);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(std::memcmp(again + extent.offset, client + extent.offset, extent.length), 0);
+  munmap(again, capacity);
+  munmap(client, capacity);
+  close(dup_fd);
+}
+
+TEST(HostTierTest, MemfdIsSealedAgainstResize) {
+  auto tier = OpenTier(8 * kMiB);
+  ASSERT_NE(tier, nullptr);
+  const int seals = fcntl(tier->memfd(), F_GET_SEALS);
+  ASSERT_GE(seals, 0) << std::strerror(errno);
+  EXPECT_NE(seals & F_SEAL_SHRINK, 0);
+  EXPECT_NE(seals & F_SEAL_GROW, 0);
+  EXPECT_NE(seals & F_SEAL_SEAL, 0);
+  EXPECT_EQ(seals & F_SEAL_WRITE, 0);
+  EXPECT_NE(ftruncate(tier->memfd(), 4 * kMiB), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(tier->memfd(), 16 * kMiB), 0);
+  EXPECT_NE(fcntl(tier->memfd(), F_ADD_SEALS, F_SEAL_WRITE), 0);  // sealed seals
+}
+
+TEST(HostTierTest, NoSpaceMessageGivesTheNumbers) {
+  auto tier = OpenTier(64 * kMiB);
+  ASSERT_NE(tier, nullptr);
+  std::vector<Extent> live;
+  for (int i = 0; i < 32; ++i) {
+    auto e = tier->Allocate(2 * kMiB);
+    ASSERT_TRUE(e.ok()) << i << ": " << e.status().ToString();
+    live.push_back(*e);
+  }
+  tier->Free(live[0]);
+  tier->Free(live[2]);  // 4 MiB free, in two 2 MiB ranges
+  auto e = tier->Allocate(3 * kMiB);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNoSpace);
+  const std::string& m = e.status().message();
+  EXPECT_NE(m.find("3145728 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("free 4194304 bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find("largest free range 2097152 bytes"), std::string::npos) << m;
+  EXPECT_TRUE(tier->Allocate(2 * kMiB).ok());  // the caller evicted; retry fits
+}
+
+TEST(HostTierTest, InvalidArgumentForZeroOrOversize) {
+  auto tier = OpenTier(8 * kMiB);
+  ASSERT_NE(tier, nullptr);
+  auto zero = tier->Allocate(0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+  auto huge = tier->Allocate(8 * kMiB + 1);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(tier->Allocate(8 * kMiB).ok());
+}
+
+TEST(HostTierTest, CountersVisitArenaThenAllocator) {
+  auto tier = OpenTier(8 * kMiB, LockMode::kOff);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(tier->Allocate(100 * kKiB).ok());
+  CounterCollector c;
+  tier->VisitCounters(c);
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"host.arena.capacity_bytes", 8 * kMiB},
+      {"host.arena.locked", 0},
+      {"host.alloc.used_bytes", 112 * kKiB},
+      {"host.alloc.free_bytes", 8 * kMiB - 112 * kKiB},
+      {"host.alloc.largest_free_bytes", 8 * kMiB - 112 * kKiB},
+      {"host.alloc.allocations", 1},
+      {"host.alloc.failed_allocations", 0},
+  };
+  EXPECT_EQ(c.counters(), expected);
+}
+
+TEST(HostTierDeathTest, BytesOutsideTheArenaAborts) {
+  auto tier = OpenTier(1 * kMiB, LockMode::kOff);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_DEATH(tier->Bytes(Extent{1 * kMiB, 4 * kKiB}), "outside the host arena");
+}
+
+// Each thread allocates, stamps its blocks, checks its stamps survive, and
+// frees, with its own fixed seed. At the end the live extents of all threads
+// must not overlap and must add up to used_bytes().
+TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
+  auto tier = OpenTier(64 * kMiB);
+  ASSERT_NE(tier, nullptr);
+  constexpr int kThreads = 4;
+  std::vector<std::vector<Extent>> live(kThreads);
+  std::vector<int> stamp_errors(kThreads, 0);
+  auto stamp = [&](const Extent& e, int t) {
+    auto b = tier->Bytes(e);
+    std::fill(b.begin(), b.begin() + 64, std::byte(t + 1));
+    std::fill(b.end() - 64, b.end(), std::byte(t + 1));
+  };
+  auto stamped = [&](const Extent& e, int t) {
+    auto b = tier->Bytes(e);
+    return b[0] == std::byte(t + 1) && b[63] == std::byte(t + 1) &&
+           b[b.size() - 1] == std::byte(t + 1);
+  };
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(1000 + t);
+    for (int i = 0; i < 3000; ++i) {
+      if (live[t].size() < 12 && rng() % 3 != 0) {
+        auto e = tier->Allocate(4 * kKiB + rng() % (1 * kMiB));
+        if (!e.ok()) continue;  // NoSpace: free something next round
+        stamp(*e, t);
+        live[t].push_back(*e);
+      } else if (!live[t].empty()) {
+        const size_t j = rng() % live[t].size();
+        if (!stamped(live[t][j], t)) ++stamp_errors[t];
+        tier->Free(live[t][j]);
+        live[t][j] = live[t].back();
+        live[t].pop_back();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+
+  std::vector<Extent> all;
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(stamp_errors[t], 0) << "thread " << t << " saw its bytes overwritten";
+    for (const Extent& e : live[t]) EXPECT_TRUE(stamped(e, t));
+    all.insert(all.end(), live[t].begin(), live[t].end());
+  }
+  std::sort(all.begin(), all.end(),
+            [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  uint64_t sum = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i > 0) {
+      EXPECT_LE(all[i - 1].offset + all[i - 1].length, all[i].offset);
+    }
+    sum += all[i].length;
+  }
+  EXPECT_EQ(tier->used_bytes(), sum);
+  for (const Extent& e : all) tier->Free(e);
+  EXPECT_EQ(tier->used_bytes(), 0u);
+}
+
+// AddressSanitizer intercepts mlock and makes it a no-op that returns 0, so
+// the lock tests can only run in builds without it.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMlockIsReal = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kMlockIsReal = false;
+#else
+constexpr bool kMlockIsReal = true;
+#endif
+#else
+constexpr bool kMlockIsReal = true;
+#endif
+constexpr const char* kNoMlockUnderAsan =
+    "AddressSanitizer turns mlock into a no-op; run this in a non-ASan build";
+
+uint64_t LockedKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+TEST(HostTierTest, LockRequiredSucceedsAsRoot) {
+  if (!kMlockIsReal) GTEST_SKIP() << kNoMlockUnderAsan;
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (or CAP_IPC_LOCK) to lock 64 MiB";
+  auto arena = HostArena::Open(Options(64 * kMiB, LockMode::kRequired));
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  EXPECT_TRUE((*arena)->locked());
+  EXPECT_GE(LockedKiB(), 64 * kKiB);
+}
+
+// Runs `body` in a forked child (so limits and capabilities changed there do
+// not leak into this process) and returns what it wrote.
+std::string RunInChild(const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return std::string("FAIL: pipe: ") + std::strerror(errno);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    const std::string out = body();
+    const ssize_t written = write(fds[1], out.data(), out.size());
+    _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+  close(fds[0]);
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+    out = "FAIL: child died (status " + std::to_string(wstatus) + "): " + out;
+  }
+  return out;
+}
+
+// Removes CAP_IPC_LOCK from this process's effective and permitted sets, so
+// that RLIMIT_MEMLOCK applies to mlock even for root. Returns "" or why not.
+std::string DropIpcLockCapability() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (syscall(SYS_capget, &header, data) != 0) {
+    return std::string("capget: ") + std::strerror(errno);
+  }
+  const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
+  data[CAP_IPC_LOCK / 32].effective &= ~bit;
+  data[CAP_IPC_LOCK / 32].permitted &= ~bit;
+  data[CAP_IPC_LOCK / 32].inheritable &= ~bit;
+  if (syscall(SYS_capset, &header, data) != 0) {
+    return std::string("capset: ") + std::strerror(errno);
+  }
+  return "";
+}
+
+std::string MlockFailsUnderLowLimit() {
+  const rlimit low{64 * kKiB, 64 * kKiB};
+  if (setrlimit(RLIMIT_MEMLOCK, &low) != 0) {
+    return std::string("FAIL: setrlimit: ") + std::strerror(errno);
+  }
+  if (std::string why = DropIpcLockCapability(); !why.empty()) {
+    return "SKIP: cannot drop CAP_IPC_LOCK (" + why + ")";
+  }
+  auto required = HostArena::Open(Options(64 * kMiB, LockMode::kRequired));
+  if (required.ok()) {
+    return "FAIL: kRequired Open succeeded under a 64 KiB RLIMIT_MEMLOCK";
+  }
+  const std::string m = required.status().message();
+  for (const char* needle : {"RLIMIT_MEMLOCK", "soft=65536 hard=65536", "67108864",
+                             "ulimit -l", "LimitMEMLOCK=infinity",
+                             "host.lock_memory = \"best_effort\""}) {
+    if (m.find(needle) == std::string::npos) {
+      return std::string("FAIL: message lacks '") + needle + "': " + m;
+    }
+  }
+  auto best_effort = HostArena::Open(Options(64 * kMiB, LockMode::kBestEffort));
+  if (!best_effort.ok()) return "FAIL: kBestEffort: " + best_effort.status().ToString();
+  if ((*best_effort)->locked()) return "FAIL: kBestEffort reports locked()";
+  return "OK " + m;
+}
+
+TEST(HostTierTest, LockRequiredFailsClearlyUnderLowMemlockLimit) {
+  if (!kMlockIsReal) GTEST_SKIP() << kNoMlockUnderAsan;
+  const std::string out = RunInChild(MlockFailsUnderLowLimit);
+  if (out.rfind("SKIP", 0) == 0) GTEST_SKIP() << out;
+  EXPECT_EQ(out.rfind("OK ", 0), 0u) << out;
+  std::printf("[ info     ] kRequired error: %s\n", out.c_str() + 3);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,74 @@
+#include "tiers/host/host_tier.h"
+
+#include <string>
+#include <utility>
+
+#include "common/check.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o) {
+  if (o.capacity_bytes < ArenaAllocator::kAlignmentBytes) {
+    return InvalidArgument("host tier capacity_bytes " +
+                           std::to_string(o.capacity_bytes) +
+                           " is below the minimum of " +
+                           std::to_string(ArenaAllocator::kAlignmentBytes));
+  }
+  auto arena = HostArena::Open(o);
+  if (!arena.ok()) return arena.status();
+  return std::unique_ptr<HostTier>(new HostTier(std::move(*arena)));
+}
+
+HostTier::HostTier(std::unique_ptr<HostArena> arena)
+    : arena_(std::move(arena)),
+      capacity_bytes_(arena_->capacity_bytes() /
+                      ArenaAllocator::kAlignmentBytes *
+                      ArenaAllocator::kAlignmentBytes),
+      allocator_(arena_->capacity_bytes()) {}
+
+Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
+  if (bytes == 0 || bytes > capacity_bytes_) {
+    return InvalidArgument("host tier allocation of " + std::to_string(bytes) +
+                           " bytes; must be in [1, " +
+                           std::to_string(capacity_bytes_) + "]");
+  }
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto extent = allocator_.Allocate(bytes)) return *extent;
+    free_bytes = allocator_.free_bytes();
+    largest_free_bytes = allocator_.largest_free_bytes();
+  }
+  return NoSpace("host tier cannot allocate " + std::to_string(bytes) +
+                 " bytes (class " +
+                 std::to_string(ArenaAllocator::ClassSize(bytes)) +
+                 "): free " + std::to_string(free_bytes) +
+                 " bytes, largest free range " +
+                 std::to_string(largest_free_bytes) + " bytes");
+}
+
+void HostTier::Free(const Extent& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  allocator_.Free(e);
+}
+
+std::span<std::byte> HostTier::Bytes(const Extent& e) const {
+  KVTIER_CHECK(e.offset <= capacity_bytes_ &&
+                   e.length <= capacity_bytes_ - e.offset,
+               "extent outside the host arena");
+  return {arena_->base() + e.offset, static_cast<size_t>(e.length)};
+}
+
+uint64_t HostTier::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.used_bytes();
+}
+
+void HostTier::VisitCounters(CounterVisitor& v) const {
+  arena_->VisitCounters(v);
+  std::lock_guard<std::mutex> lock(mu_);
+  allocator_.VisitCounters(v);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,69 @@
+// HostTier: the host (DRAM) tier the daemon engine uses. A HostArena plus an
+// ArenaAllocator behind one mutex. It stores bytes and reports usage; it
+// decides nothing: when Allocate fails with NoSpace, the caller evicts and
+// retries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+
+#include "common/counters.h"
+#include "kvtier/result.h"
+#include "tiers/host/arena_allocator.h"
+#include "tiers/host/host_arena.h"
+
+namespace kvtier {
+
+// Thread-safe: every method may be called from any thread. Bytes() hands out
+// a view without locking; the caller makes sure the extent stays allocated
+// (e.g. pinned) while it reads or writes through it.
+class HostTier {
+ public:
+  using Extent = ArenaAllocator::Extent;
+
+  // Opens the arena (see HostArena::Open for errors). Also InvalidArgument
+  // when capacity_bytes < ArenaAllocator::kAlignmentBytes. Usable capacity is
+  // capacity_bytes rounded down to kAlignmentBytes.
+  static Result<std::unique_ptr<HostTier>> Open(const HostArenaOptions& o);
+
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  // Reserves ArenaAllocator::ClassSize(bytes) bytes. Returns
+  //   InvalidArgument  bytes == 0 or bytes > capacity_bytes();
+  //   NoSpace          no free range fits; the message gives the requested
+  //                    bytes, the class size, free bytes and the largest
+  //                    free range. Evict and retry.
+  Result<Extent> Allocate(uint64_t bytes);
+
+  // Returns `e`, exactly as Allocate returned it. Aborts on a double free or
+  // an extent this tier did not hand out.
+  void Free(const Extent& e);
+
+  // The bytes of `e` inside the arena. Aborts unless `e` lies within the
+  // capacity. Does not check that `e` is live.
+  std::span<std::byte> Bytes(const Extent& e) const;
+
+  // The arena's memfd, to pass to clients (owned by this tier).
+  int memfd() const { return arena_->fd(); }
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t used_bytes() const;
+  // Whether the arena is locked in memory (see HostArenaOptions::lock).
+  bool locked() const { return arena_->locked(); }
+
+  // host.arena.* then host.alloc.*.
+  void VisitCounters(CounterVisitor& v) const;
+
+ private:
+  explicit HostTier(std::unique_ptr<HostArena> arena);
+
+  const std::unique_ptr<HostArena> arena_;  // immutable after construction
+  const uint64_t capacity_bytes_;           // the allocator's (rounded) capacity
+  mutable std::mutex mu_;
+  ArenaAllocator allocator_;  // guarded by mu_
+};
+
+}  // namespace kvtier

@@ -1,0 +1,50 @@
+// kvtier: the command-line tool.
+//   kvtier stats [--socket PATH]          every counter of a running kvtierd
+//   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "kvtier/client.h"
+#include "tools/bench_host.h"
+
+namespace {
+
+int Stats(const std::string& socket_path) {
+  kvtier::ClientOptions options;
+  options.socket_path = socket_path;
+  options.client_name = "kvtier-stats";
+  auto client = kvtier::Client::Connect(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "kvtier stats: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  auto counters = (*client)->Stats();
+  if (!counters.ok()) {
+    std::fprintf(stderr, "kvtier stats: %s\n", counters.status().ToString().c_str());
+    return 1;
+  }
+  for (const auto& c : *counters) std::printf("%-40s %lld\n", c.name.c_str(), static_cast<long long>(c.value));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvtier: tools for the kvtier KV-cache daemon"};
+  app.require_subcommand(1);
+  std::string socket_path = kvtier::ClientOptions().socket_path;
+
+  auto* stats = app.add_subcommand("stats", "Print every counter of a running kvtierd");
+  stats->add_option("--socket", socket_path, "kvtierd socket")->capture_default_str();
+
+  auto* bench = app.add_subcommand("bench", "Benchmarks (each figure beside its ceiling)");
+  bench->require_subcommand(1);
+  kvtier::tools::HostBenchOptions host_options;
+  auto* host = bench->add_subcommand("host", "Put/get GB/s vs memcpy; Lookup ops/s vs redis-benchmark");
+  kvtier::tools::AddHostBenchOptions(*host, host_options);
+
+  CLI11_PARSE(app, argc, argv);
+  if (stats->parsed()) return Stats(socket_path);
+  if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
+  return 2;
+}
