@@ -41,7 +41,7 @@ constexpr OptionSpec kOptions[] = {
      "Host-tier eviction policy.",
      nullptr, &DaemonConfig::engine_eviction},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
-     true, "Log verbosity.",
+     false, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},
 };
 

@@ -1,0 +1,102 @@
+// kvtierd as a process: command line, config files, signals, and the
+// `kvtier stats` tool talking to it.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <future>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr const char* kSmallArena = "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n";
+
+TEST(KvtierdProcess, HelpListsEveryOption) {
+  CommandResult r = RunCommand({KVTIERD_PATH, "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* option : {"server.socket_path", "server.max_frame_bytes", "host.capacity_bytes",
+                             "host.lock_memory", "engine.eviction", "log.level", "--config"}) {
+    EXPECT_NE(r.output.find(option), std::string::npos) << option << " missing from --help";
+  }
+}
+
+TEST(KvtierdProcess, PrintDefaultConfigIsAValidConfig) {
+  CommandResult r = RunCommand({KVTIERD_PATH, "--print-default-config"});
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("capacity_bytes = \"1GiB\""), std::string::npos) << r.output;
+}
+
+TEST(KvtierdProcess, BadConfigFailsWithTheKeyAndLine) {
+  std::string dir = MakeTempDir();
+  std::string path = dir + "/bad.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("[host]\ncapacity_bytes = \"12 parsecs\"\n", f);
+  std::fclose(f);
+  CommandResult r = RunCommand({KVTIERD_PATH, "--config", path});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("host.capacity_bytes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(":2"), std::string::npos) << "line number missing: " << r.output;
+  CommandResult missing = RunCommand({KVTIERD_PATH, "--config", dir + "/nope.toml"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("nope.toml"), std::string::npos) << missing.output;
+  RemoveTree(dir);
+}
+
+TEST(KvtierdProcess, StatsToolTalksToTheDaemon) {
+  DaemonProcess daemon(KVTIERD_PATH, "", kSmallArena);
+  ASSERT_TRUE(daemon.running());
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "stats", "--socket", daemon.socket_path()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("engine.commits"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("host.arena.capacity_bytes"), std::string::npos) << r.output;
+  CommandResult nobody = RunCommand({KVTIER_TOOL_PATH, "stats", "--socket", daemon.socket_path() + ".x"});
+  EXPECT_EQ(nobody.exit_code, 1);
+  EXPECT_NE(nobody.output.find("no kvtierd listening"), std::string::npos) << nobody.output;
+}
+
+// Requests already written when SIGTERM arrives are answered; then the
+// daemon exits 0 and removes its socket.
+TEST(KvtierdProcess, SigtermDrainsInFlightRequestsAndExitsZero) {
+  DaemonProcess daemon(KVTIERD_PATH, "", kSmallArena);
+  ASSERT_TRUE(daemon.running());
+  ClientOptions options;
+  options.socket_path = daemon.socket_path();
+  options.namespaces = {TestNamespace()};
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto keys = TestKeys(TestNamespace(), 64, 1);
+  std::vector<std::byte> block(64 << 10);
+  FillBlockBytes(keys[0], 0, block);
+  ASSERT_TRUE((*client)->Put(0, keys[0], block).ok());
+
+  std::vector<std::future<Result<LookupResult>>> in_flight;
+  for (int i = 0; i < 500; ++i) in_flight.push_back((*client)->LookupAsync(0, keys));
+  EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 10000), 0);
+  for (auto& f : in_flight) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->prefix_blocks, 1u);
+  }
+  auto after = (*client)->Lookup(0, keys);
+  EXPECT_EQ(after.status().code(), StatusCode::kUnavailable) << after.status().ToString();
+  EXPECT_NE(::access(daemon.socket_path().c_str(), F_OK), 0) << "socket file left behind";
+}
+
+TEST(KvtierdProcess, SecondDaemonOnTheSameSocketRefuses) {
+  DaemonProcess first(KVTIERD_PATH, "", kSmallArena);
+  ASSERT_TRUE(first.running());
+  std::string dir = MakeTempDir();
+  std::string path = dir + "/second.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fprintf(f, "[server]\nsocket_path = \"%s\"\n%s", first.socket_path().c_str(), kSmallArena);
+  std::fclose(f);
+  CommandResult r = RunCommand({KVTIERD_PATH, "--config", path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("already listening"), std::string::npos) << r.output;
+  RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
