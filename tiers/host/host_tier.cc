@@ -27,10 +27,10 @@ HostTier::HostTier(std::unique_ptr<HostArena> arena)
       allocator_(arena_->capacity_bytes()) {}
 
 Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
-  if (bytes == 0 || bytes > capacity_bytes_) {
+  if (!CanEverHold(bytes)) {
     return InvalidArgument("host tier allocation of " + std::to_string(bytes) +
-                           " bytes; must be in [1, " +
-                           std::to_string(capacity_bytes_) + "]");
+                           " bytes can never fit: its size class must be at most the " +
+                           std::to_string(capacity_bytes_) + "-byte arena");
   }
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;
@@ -46,6 +46,11 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
                  "): free " + std::to_string(free_bytes) +
                  " bytes, largest free range " +
                  std::to_string(largest_free_bytes) + " bytes");
+}
+
+bool HostTier::CanEverHold(uint64_t bytes) const {
+  return bytes > 0 && bytes <= capacity_bytes_ &&
+         ArenaAllocator::ClassSize(bytes) <= capacity_bytes_;
 }
 
 void HostTier::Free(const Extent& e) {

@@ -33,11 +33,15 @@ class HostTier {
   HostTier& operator=(const HostTier&) = delete;
 
   // Reserves ArenaAllocator::ClassSize(bytes) bytes. Returns
-  //   InvalidArgument  bytes == 0 or bytes > capacity_bytes();
+  //   InvalidArgument  !CanEverHold(bytes);
   //   NoSpace          no free range fits; the message gives the requested
   //                    bytes, the class size, free bytes and the largest
   //                    free range. Evict and retry.
   Result<Extent> Allocate(uint64_t bytes);
+
+  // Whether a block of `bytes` fits the arena when it is empty (its size
+  // class, not only its size, must fit). Allocate refuses the others.
+  bool CanEverHold(uint64_t bytes) const;
 
   // Returns `e`, exactly as Allocate returned it. Aborts on a double free or
   // an extent this tier did not hand out.

@@ -1,0 +1,722 @@
+// Bad input at every layer: frames, messages, protocol order, namespaces,
+// sizes, leases, dying clients and a full arena. Each case checks the exact
+// StatusCode, that the message helps, and that the daemon keeps serving.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <poll.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+#include "common/counters.h"
+#include "common/framing.h"
+#include "proto/wire.h"
+#include "tests/testing/raw_connection.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kSmallFrameCap = 64u << 10;
+constexpr uint32_t kUnregisteredNs = 5;  // with exactly one namespace registered
+
+std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0) {
+  std::vector<std::byte> bytes(size);
+  FillBlockBytes(key, salt, bytes);
+  return bytes;
+}
+
+::testing::AssertionResult HasCode(StatusCode got, const std::string& message, StatusCode want) {
+  if (got == want) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "got " << StatusCodeName(got) << " (\"" << message
+                                       << "\"), want " << StatusCodeName(want);
+}
+::testing::AssertionResult HasCode(const Status& s, StatusCode want) {
+  return HasCode(s.code(), s.message(), want);
+}
+::testing::AssertionResult HasCode(const v1::Status& s, StatusCode want) {
+  return HasCode(static_cast<StatusCode>(s.code()), s.message(), want);
+}
+
+int64_t FindCounter(const CounterCollector& c, std::string_view name) {
+  for (const auto& [n, v] : c.counters()) {
+    if (n == name) return v;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
+// Counters read in-process: no request reaches the daemon.
+int64_t EngineCounter(TestDaemon& daemon, std::string_view name) {
+  CounterCollector c;
+  daemon.engine().VisitCounters(c);
+  return FindCounter(c, name);
+}
+int64_t ServerCounter(TestDaemon& daemon, std::string_view name) {
+  CounterCollector c;
+  daemon.server().VisitCounters(c);
+  return FindCounter(c, name);
+}
+// Counters read through the Stats request.
+int64_t StatsCounter(Client& client, const std::string& name) {
+  auto stats = client.Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  if (!stats.ok()) return -1;
+  for (const auto& c : *stats) {
+    if (c.name == name) return c.value;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
+// Polls `done` every 10 ms for up to `limit`: cleanup after a peer dies is
+// asynchronous and has no event to wait on from here.
+bool EventuallyTrue(const std::function<bool()>& done,
+                    std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The daemon still serves: a fresh Client connects and round-trips a block.
+void ExpectDaemonServes(const TestDaemon& daemon) {
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr) << "the daemon stopped accepting clients";
+  const BlockKey key = TestKeys(TestNamespace(), 1, 9001)[0];
+  Status put = client->Put(0, key, Block(key, 4096, 42));
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  std::vector<std::byte> dst(4096);
+  auto got = client->Get(0, key, dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, dst.size());
+  EXPECT_TRUE(CheckBlockBytes(key, 42, dst));
+}
+
+// A raw connection that has said Hello with TestNamespace() registered.
+RawConnection HelloRaw(const TestDaemon& daemon) {
+  RawConnection raw;
+  Status connected = raw.Connect(daemon.socket_path());
+  EXPECT_TRUE(connected.ok()) << connected.ToString();
+  auto hello = raw.Hello({TestNamespace()});
+  EXPECT_TRUE(hello.ok()) << hello.status().ToString();
+  if (hello.ok()) {
+    EXPECT_TRUE(HasCode(hello->status(), StatusCode::kOk));
+  }
+  EXPECT_EQ(raw.received_fd_count(), 1) << "Hello must carry the arena fd";
+  return raw;
+}
+
+Result<v1::Response> RoundTrip(RawConnection& raw, const v1::Request& request) {
+  if (Status s = raw.SendFrame(request); !s.ok()) return s;
+  return raw.ReadResponse();
+}
+
+std::vector<uint8_t> FrameHeader(uint32_t payload_bytes) {
+  std::vector<uint8_t> header(kFrameHeaderBytes);
+  EncodeFrameHeader(payload_bytes, header.data());
+  return header;
+}
+
+v1::Request LookupReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_lookup()->set_ns(ns);
+  wire::AddKeys(keys, r.mutable_lookup()->mutable_keys());
+  return r;
+}
+v1::Request ReserveReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
+                       std::vector<uint64_t> sizes) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_reserve()->set_ns(ns);
+  wire::AddKeys(keys, r.mutable_reserve()->mutable_keys());
+  for (uint64_t s : sizes) r.mutable_reserve()->add_sizes(s);
+  return r;
+}
+v1::Request CommitReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
+                      std::vector<uint64_t> sizes) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_commit()->set_ns(ns);
+  wire::AddKeys(keys, r.mutable_commit()->mutable_keys());
+  for (uint64_t s : sizes) r.mutable_commit()->add_sizes(s);
+  return r;
+}
+v1::Request PinReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_pin()->set_ns(ns);
+  wire::AddKeys(keys, r.mutable_pin()->mutable_keys());
+  return r;
+}
+v1::Request EraseReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_erase()->set_ns(ns);
+  wire::AddKeys(keys, r.mutable_erase()->mutable_keys());
+  return r;
+}
+v1::Request StatsReq(uint64_t id) {
+  v1::Request r;
+  r.set_id(id);
+  r.mutable_stats();
+  return r;
+}
+
+// Expects a connection-level error: id 0, ProtocolError, then the close.
+void ExpectConnectionError(RawConnection& raw, const std::string& message_part) {
+  auto r = raw.ReadResponse();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 0u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kProtocolError));
+  EXPECT_THAT(r->status().message(), HasSubstr(message_part));
+  EXPECT_TRUE(raw.IsClosedByPeer()) << "the daemon must close after a framing error";
+}
+
+TEST(BadInput, WrongProtocolVersionIsRejectedAndClosed) {
+  TestDaemon daemon;
+  RawConnection raw;
+  ASSERT_TRUE(raw.Connect(daemon.socket_path()).ok());
+  v1::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(2);
+  wire::ToProto(TestNamespace(), hello.mutable_hello()->add_namespaces());
+  auto r = RoundTrip(raw, hello);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 1u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kVersionMismatch));
+  EXPECT_THAT(r->status().message(), HasSubstr("protocol 2"));
+  EXPECT_THAT(r->status().message(), HasSubstr("kvtierd speaks 1"));
+  EXPECT_EQ(raw.received_fd_count(), 0) << "no arena for a rejected client";
+  EXPECT_TRUE(raw.IsClosedByPeer());
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, RequestBeforeHelloIsFailedPrecondition) {
+  TestDaemon daemon;
+  RawConnection raw;
+  ASSERT_TRUE(raw.Connect(daemon.socket_path()).ok());
+  const auto keys = TestKeys(TestNamespace(), 1, 1);
+  auto r = RoundTrip(raw, LookupReq(7, 0, keys));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 7u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kFailedPrecondition));
+  EXPECT_THAT(r->status().message(), HasSubstr("Hello"));
+  EXPECT_FALSE(r->has_lookup());
+  // The connection survives: Hello still works, then the same request.
+  auto hello = raw.Hello({TestNamespace()});
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+  EXPECT_TRUE(HasCode(hello->status(), StatusCode::kOk));
+  r = RoundTrip(raw, LookupReq(8, 0, keys));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kOk));
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, SecondHelloIsFailedPrecondition) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  auto again = raw.Hello({TestNamespace("rev-2"), TestNamespace("rev-3")});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(HasCode(again->status(), StatusCode::kFailedPrecondition));
+  EXPECT_THAT(again->status().message(), HasSubstr("already"));
+  EXPECT_EQ(raw.received_fd_count(), 1) << "no second arena fd";
+  // The first registration stands: namespace 1 was not added.
+  const auto keys = TestKeys(TestNamespace(), 1, 2);
+  auto r = RoundTrip(raw, LookupReq(9, 1, keys));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kInvalidArgument));
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, FrameOverTheCapIsRejectedAndClosed) {
+  TestDaemonOptions options;
+  options.max_frame_bytes = kSmallFrameCap;
+  TestDaemon daemon(options);
+  RawConnection raw = HelloRaw(daemon);
+  ASSERT_TRUE(raw.SendRawBytes(FrameHeader(kSmallFrameCap + 1)).ok());
+  ExpectConnectionError(raw, "frame of 65537 bytes exceeds the cap of 65536 bytes");
+  EXPECT_EQ(ServerCounter(daemon, "server.oversized_frames"), 1);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, FrameHeaderOfFourGigabytesIsRejectedAndClosed) {
+  TestDaemonOptions options;
+  options.max_frame_bytes = kSmallFrameCap;
+  TestDaemon daemon(options);
+  RawConnection raw;
+  ASSERT_TRUE(raw.Connect(daemon.socket_path()).ok());
+  ASSERT_TRUE(raw.SendRawBytes(FrameHeader(0xFFFFFFFFu)).ok());
+  ExpectConnectionError(raw, "frame of 4294967295 bytes exceeds the cap of 65536 bytes");
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, TruncatedFrameIsReportedAndClosed) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  std::vector<uint8_t> bytes = FrameHeader(100);
+  bytes.resize(bytes.size() + 50, 0x08);
+  ASSERT_TRUE(raw.SendRawBytes(bytes).ok());
+  ASSERT_TRUE(raw.ShutdownWrite().ok());
+  ExpectConnectionError(raw, "truncated frame: got 50 of 100 bytes");
+  EXPECT_EQ(ServerCounter(daemon, "server.truncated_frames"), 1);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, GarbagePayloadIsProtocolErrorAndConnectionSurvives) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  // Field 1 with wire type 7 (no such type), then noise.
+  const std::vector<uint8_t> garbage = {0x0F, 0xDE, 0xAD, 0xBE, 0xEF, 0xFF, 0xFF};
+  ASSERT_FALSE(v1::Request().ParseFromArray(garbage.data(), static_cast<int>(garbage.size())))
+      << "precondition: the payload must not parse";
+  std::vector<uint8_t> frame = FrameHeader(static_cast<uint32_t>(garbage.size()));
+  frame.insert(frame.end(), garbage.begin(), garbage.end());
+  ASSERT_TRUE(raw.SendRawBytes(frame).ok());
+  auto r = raw.ReadResponse();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 0u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kProtocolError));
+  EXPECT_THAT(r->status().message(), HasSubstr("not a valid kvtier.v1.Request"));
+  EXPECT_EQ(ServerCounter(daemon, "server.unparsable_frames"), 1);
+  // Frame boundaries are intact, so the next request is answered normally.
+  r = RoundTrip(raw, StatsReq(11));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 11u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kOk));
+  EXPECT_TRUE(r->has_stats());
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, RequestWithoutBodyIsUnimplemented) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  v1::Request empty;
+  empty.set_id(5);
+  auto r = RoundTrip(raw, empty);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 5u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kUnimplemented));
+  EXPECT_THAT(r->status().message(), HasSubstr("unknown or empty request type"));
+  EXPECT_EQ(r->body_case(), v1::Response::BODY_NOT_SET);
+  r = RoundTrip(raw, StatsReq(6));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kOk));
+  ExpectDaemonServes(daemon);
+}
+
+// What a newer client sends: a request type (field 99, an empty message)
+// this daemon does not know. Protobuf keeps it as an unknown field, so the
+// oneof is empty and the daemon answers Unimplemented; unknown fields next
+// to a known body are ignored (proto3 forward compatibility).
+TEST(BadInput, UnknownFieldNumberIsHandledCleanly) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  const std::string field_99 = {'\x9A', '\x06', '\x00'};  // tag (99 << 3 | 2), length 0
+
+  v1::Request only_unknown;
+  only_unknown.set_id(12);
+  std::string payload = only_unknown.SerializeAsString() + field_99;
+  std::vector<uint8_t> frame = FrameHeader(static_cast<uint32_t>(payload.size()));
+  frame.insert(frame.end(), payload.begin(), payload.end());
+  ASSERT_TRUE(raw.SendRawBytes(frame).ok());
+  auto r = raw.ReadResponse();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 12u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kUnimplemented));
+  EXPECT_THAT(r->status().message(), HasSubstr("newer than kvtierd"));
+
+  const auto keys = TestKeys(TestNamespace(), 1, 3);
+  payload = LookupReq(13, 0, keys).SerializeAsString() + field_99;
+  frame = FrameHeader(static_cast<uint32_t>(payload.size()));
+  frame.insert(frame.end(), payload.begin(), payload.end());
+  ASSERT_TRUE(raw.SendRawBytes(frame).ok());
+  r = raw.ReadResponse();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id(), 13u);
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kOk));
+  EXPECT_EQ(r->lookup().prefix_blocks(), 0u);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, UnregisteredNamespaceIsInvalidArgument) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  const auto keys = TestKeys(TestNamespace(), 1, 4);
+  const std::vector<std::pair<const char*, v1::Request>> requests = {
+      {"Lookup", LookupReq(20, kUnregisteredNs, keys)},
+      {"Reserve", ReserveReq(21, kUnregisteredNs, keys, {4096})},
+      {"Pin", PinReq(22, kUnregisteredNs, keys)},
+      {"Erase", EraseReq(23, kUnregisteredNs, keys)},
+  };
+  for (const auto& [what, request] : requests) {
+    SCOPED_TRACE(what);
+    auto r = RoundTrip(raw, request);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->id(), request.id());
+    EXPECT_TRUE(HasCode(r->status(), StatusCode::kInvalidArgument));
+    EXPECT_THAT(r->status().message(), HasSubstr("namespace 5 is not registered"));
+    EXPECT_EQ(r->body_case(), v1::Response::BODY_NOT_SET);
+  }
+  EXPECT_EQ(EngineCounter(daemon, "engine.reserves"), 0) << "nothing reached the engine";
+  EXPECT_EQ(daemon.host().used_bytes(), 0u);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, ClientRejectsUnregisteredNamespaceWithoutRoundTrip) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 1, 5);
+  const int64_t requests_before = ServerCounter(daemon, "server.requests");
+  const auto expect_bad_ns = [](const Status& s) {
+    EXPECT_TRUE(HasCode(s, StatusCode::kInvalidArgument));
+    EXPECT_THAT(s.message(), HasSubstr("namespace 5 was not registered"));
+  };
+  expect_bad_ns(client->Lookup(kUnregisteredNs, keys).status());
+  const uint64_t sizes[] = {4096};
+  expect_bad_ns(client->Reserve(kUnregisteredNs, keys, sizes).status());
+  auto pins = client->Pin(kUnregisteredNs, keys);
+  ASSERT_EQ(pins.size(), 1u);
+  expect_bad_ns(pins[0].status());
+  expect_bad_ns(client->Erase(kUnregisteredNs, keys).status());
+  expect_bad_ns(client->Put(kUnregisteredNs, keys[0], Block(keys[0], 4096)));
+  std::vector<std::byte> dst(4096);
+  expect_bad_ns(client->Get(kUnregisteredNs, keys[0], dst).status());
+  EXPECT_EQ(ServerCounter(daemon, "server.requests"), requests_before)
+      << "the client must reject a bad namespace without a round trip";
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, ReserveWithMismatchedKeysAndSizesIsInvalidArgument) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  const auto keys = TestKeys(TestNamespace(), 2, 6);
+  auto r = RoundTrip(raw, ReserveReq(30, 0, keys, {4096}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kInvalidArgument));
+  EXPECT_THAT(r->status().message(), HasSubstr("2 keys but 1 sizes"));
+  EXPECT_EQ(EngineCounter(daemon, "engine.reserves"), 0);
+  // The client library refuses the same mistake locally.
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const uint64_t sizes[] = {4096};
+  auto reservation = client->Reserve(0, keys, sizes);
+  EXPECT_TRUE(HasCode(reservation.status(), StatusCode::kInvalidArgument));
+  EXPECT_THAT(reservation.status().message(), HasSubstr("differ in length"));
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, CommitWithoutReserveIsPerKeyFailedPrecondition) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  RawConnection other = HelloRaw(daemon);
+  const auto keys = TestKeys(TestNamespace(), 2, 7);
+  // keys[1] is reserved, but by another connection.
+  auto reserved = RoundTrip(other, ReserveReq(40, 0, std::span(keys).subspan(1), {4096}));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  ASSERT_TRUE(HasCode(reserved->reserve().slots(0).status(), StatusCode::kOk));
+
+  auto r = RoundTrip(raw, CommitReq(41, 0, keys, {4096, 4096}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(HasCode(r->status(), StatusCode::kOk)) << "per-key outcomes, not a request error";
+  ASSERT_EQ(r->commit().statuses_size(), 2);
+  for (const auto& s : r->commit().statuses()) {
+    EXPECT_TRUE(HasCode(s, StatusCode::kFailedPrecondition));
+    EXPECT_THAT(s.message(), HasSubstr("Commit without Reserve"));
+  }
+  r = RoundTrip(raw, LookupReq(42, 0, keys));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->lookup().prefix_blocks(), 0u);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, CommitSizeMismatchDropsTheReservation) {
+  TestDaemon daemon;
+  RawConnection raw = HelloRaw(daemon);
+  const auto keys = TestKeys(TestNamespace(), 1, 8);
+  const uint64_t used_before = daemon.host().used_bytes();
+  auto r = RoundTrip(raw, ReserveReq(50, 0, keys, {8192}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(HasCode(r->reserve().slots(0).status(), StatusCode::kOk));
+  EXPECT_GT(daemon.host().used_bytes(), used_before);
+
+  r = RoundTrip(raw, CommitReq(51, 0, keys, {4096}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->commit().statuses_size(), 1);
+  EXPECT_TRUE(HasCode(r->commit().statuses(0), StatusCode::kInvalidArgument));
+  EXPECT_THAT(r->commit().statuses(0).message(), HasSubstr("reserved 8192 bytes, committed 4096"));
+
+  r = RoundTrip(raw, LookupReq(52, 0, keys));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->lookup().prefix_blocks(), 0u) << "a failed commit must not publish";
+  EXPECT_EQ(daemon.host().used_bytes(), used_before) << "the reservation's space must return";
+  EXPECT_EQ(EngineCounter(daemon, "engine.reserved_blocks"), 0);
+  // The reservation is gone: the right size no longer commits.
+  r = RoundTrip(raw, CommitReq(53, 0, keys, {8192}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(HasCode(r->commit().statuses(0), StatusCode::kFailedPrecondition));
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, DoubleReleaseIsNotFound) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 1, 9);
+  ASSERT_TRUE(client->Put(0, keys[0], Block(keys[0], 4096)).ok());
+  auto views = client->Pin(0, keys);
+  ASSERT_TRUE(views[0].ok()) << views[0].status().ToString();
+  const uint64_t lease = views[0]->lease();
+  Status first = client->Release(lease);
+  EXPECT_TRUE(first.ok()) << first.ToString();
+  Status second = client->Release(lease);
+  EXPECT_TRUE(HasCode(second, StatusCode::kNotFound));
+  EXPECT_THAT(second.message(), HasSubstr("lease " + std::to_string(lease) + " is not held"));
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.leases"), 0);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, ReleaseOfForeignLeaseIsPermissionDenied) {
+  TestDaemon daemon;
+  auto a = daemon.Connect();
+  auto b = daemon.Connect();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 1, 10);
+  ASSERT_TRUE(a->Put(0, keys[0], Block(keys[0], 4096)).ok());
+  auto views = a->Pin(0, keys);
+  ASSERT_TRUE(views[0].ok()) << views[0].status().ToString();
+  Status stolen = b->Release(views[0]->lease());
+  EXPECT_TRUE(HasCode(stolen, StatusCode::kPermissionDenied));
+  EXPECT_THAT(stolen.message(), HasSubstr("belongs to another connection"));
+  EXPECT_EQ(StatsCounter(*a, "engine.pinned_blocks"), 1) << "A's pin must survive";
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, views[0]->data()));
+  EXPECT_TRUE(views[0]->Release().ok());
+  EXPECT_EQ(StatsCounter(*a, "engine.pinned_blocks"), 0);
+  ExpectDaemonServes(daemon);
+}
+
+// Child side of ClientKilledBetweenReserveAndCommit: reserves, writes half
+// of each block, reports on `ready_fd`, then waits on `release_fd` until the
+// parent kills it (or dies itself). Returns an exit code only on failure.
+int ReserveThenHang(const ClientOptions& options, const std::vector<BlockKey>& keys,
+                    uint64_t block_bytes, int ready_fd, int release_fd) {
+  auto client = Client::Connect(options);
+  if (!client.ok()) return 2;
+  std::vector<uint64_t> sizes(keys.size(), block_bytes);
+  auto reservation = (*client)->Reserve(0, keys, sizes);
+  if (!reservation.ok()) return 3;
+  for (auto& b : reservation->blocks()) {
+    if (!b.status.ok()) return 4;
+    std::memset(b.data.data(), 0xAB, b.data.size() / 2);
+  }
+  if (::write(ready_fd, "r", 1) != 1) return 5;
+  char byte;
+  (void)!::read(release_fd, &byte, 1);  // blocks until killed or the parent exits
+  ::raise(SIGKILL);                     // never commit, never abort
+  return 6;
+}
+
+// Kills and reaps a forked child on every exit path of the test.
+struct ChildGuard {
+  pid_t pid = -1;
+  ~ChildGuard() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+TEST(BadInput, ClientKilledBetweenReserveAndCommitLeavesNothingBehind) {
+  TestDaemon daemon;
+  const ClientOptions options = daemon.Options();
+  const auto keys = TestKeys(TestNamespace(), 4, 11);
+  constexpr uint64_t kBlockBytes = 256 << 10;
+  const uint64_t used_before = daemon.host().used_bytes();
+  int ready[2], release[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(release), 0);
+  ChildGuard child;
+  child.pid = ::fork();
+  ASSERT_GE(child.pid, 0) << std::strerror(errno);
+  if (child.pid == 0) {
+    // Only fresh objects and async-signal-safe exits from here on.
+    ::close(ready[0]);
+    ::close(release[1]);
+    ::_exit(ReserveThenHang(options, keys, kBlockBytes, ready[1], release[0]));
+  }
+  ::close(ready[1]);
+  ::close(release[0]);
+  pollfd p{ready[0], POLLIN, 0};
+  char byte = 0;
+  const bool reported = ::poll(&p, 1, 10000) == 1 && ::read(ready[0], &byte, 1) == 1;
+  ::close(ready[0]);
+  if (!reported) {
+    int status = 0;
+    ::waitpid(child.pid, &status, 0);
+    child.pid = -1;
+    ::close(release[1]);
+    FAIL() << "the child did not reserve (exit status " << status << ")";
+  }
+  EXPECT_EQ(EngineCounter(daemon, "engine.reserved_blocks"), 4);
+  EXPECT_GT(daemon.host().used_bytes(), used_before);
+
+  ASSERT_EQ(::kill(child.pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child.pid, &status, 0), child.pid);
+  child.pid = -1;
+  ::close(release[1]);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+
+  EXPECT_TRUE(EventuallyTrue([&] {
+    return EngineCounter(daemon, "engine.reserved_blocks") == 0 &&
+           daemon.host().used_bytes() == used_before;
+  })) << "reserved_blocks " << EngineCounter(daemon, "engine.reserved_blocks") << ", used "
+      << daemon.host().used_bytes() << " (baseline " << used_before << ")";
+
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto hit = client->Lookup(0, keys);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(hit->prefix_blocks, 0u) << "uncommitted blocks must never become visible";
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : keys) {
+    Status put = client->Put(0, key, Block(key, kBlockBytes, 11));
+    ASSERT_TRUE(put.ok()) << put.ToString();
+    auto got = client->Get(0, key, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, kBlockBytes);
+    EXPECT_TRUE(CheckBlockBytes(key, 11, dst));
+  }
+  ExpectDaemonServes(daemon);
+}
+
+// Waits for `future` for up to `limit`. A call still running then means the
+// daemon hangs; the future's destructor would block on it forever, so the
+// test process ends here with a failure instead.
+template <typename T>
+T GetOrDie(std::future<T>& future, std::chrono::seconds limit, const char* what) {
+  if (future.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << what << " did not complete within " << limit.count() << " s";
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return future.get();
+}
+
+TEST(BadInput, PutIntoArenaFullOfPinnedBlocksFailsPromptlyWithNoSpace) {
+  TestDaemonOptions options;
+  options.arena_bytes = 8 << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr uint64_t kBlockBytes = 1 << 20;  // a size class of its own: no slack
+  const size_t fit = daemon.host().capacity_bytes() / kBlockBytes;
+  const auto keys = TestKeys(TestNamespace(), fit + 1, 12);
+  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  ASSERT_EQ(daemon.host().used_bytes(), daemon.host().capacity_bytes());
+  ASSERT_EQ(EngineCounter(daemon, "engine.evictions"), 0);
+  auto views = client->Pin(0, std::span(keys).first(fit));
+  for (auto& v : views) ASSERT_TRUE(v.ok()) << v.status().ToString();
+
+  auto extra = std::async(std::launch::async, [&] {
+    return client->Put(0, keys[fit], Block(keys[fit], kBlockBytes));
+  });
+  Status full = GetOrDie(extra, std::chrono::seconds(10), "Put into a pinned-full arena");
+  EXPECT_TRUE(HasCode(full, StatusCode::kNoSpace));
+  EXPECT_THAT(full.message(), HasSubstr("pinned"));
+  EXPECT_EQ(client->Lookup(0, std::span(keys).first(fit))->prefix_blocks, fit) << "pinned blocks stay";
+
+  for (auto& v : views) EXPECT_TRUE(v->Release().ok());
+  Status put = client->Put(0, keys[fit], Block(keys[fit], kBlockBytes));
+  EXPECT_TRUE(put.ok()) << put.ToString();
+  EXPECT_GE(EngineCounter(daemon, "engine.evictions"), 1);
+  std::vector<std::byte> dst(kBlockBytes);
+  auto got = client->Get(0, keys[fit], dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys[fit], 0, dst));
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, BlockLargerThanArenaOrEmptyIsInvalidArgument) {
+  TestDaemonOptions options;
+  options.arena_bytes = 8 << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 2, 13);
+  const uint64_t sizes[] = {daemon.host().capacity_bytes() + 1, 0};
+  auto reservation = client->Reserve(0, keys, sizes);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  for (const auto& b : reservation->blocks()) {
+    EXPECT_TRUE(HasCode(b.status, StatusCode::kInvalidArgument));
+    EXPECT_THAT(b.status.message(), HasSubstr("can never fit the host tier (8388608-byte arena"));
+  }
+  EXPECT_TRUE(HasCode(client->Put(0, keys[1], {}), StatusCode::kInvalidArgument));
+  EXPECT_EQ(EngineCounter(daemon, "engine.reserved_blocks"), 0);
+  EXPECT_EQ(daemon.host().used_bytes(), 0u);
+  ExpectDaemonServes(daemon);
+}
+
+// A block no larger than the arena whose size class is (8.5 MiB rounds up to
+// the 10 MiB class in a 9 MiB arena) can never be stored either. It must be
+// refused like an oversized block, not answered NoSpace after evicting every
+// cached block for nothing.
+TEST(BadInput, BlockWhoseSizeClassExceedsArenaIsInvalidArgumentAndEvictsNothing) {
+  TestDaemonOptions options;
+  options.arena_bytes = 9 << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 5, 14);
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], 1 << 20)).ok());
+  const uint64_t sizes[] = {(8 << 20) + (512 << 10)};
+  auto reservation = client->Reserve(0, std::span(keys).subspan(4), sizes);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  EXPECT_TRUE(HasCode(reservation->blocks()[0].status, StatusCode::kInvalidArgument));
+  EXPECT_EQ(EngineCounter(daemon, "engine.evictions"), 0) << "nothing may be evicted for it";
+  EXPECT_EQ(client->Lookup(0, keys)->prefix_blocks, 4u);
+  ExpectDaemonServes(daemon);
+}
+
+TEST(BadInput, BatchOverTheFrameCapIsClientSideInvalidArgument) {
+  TestDaemonOptions options;
+  options.max_frame_bytes = kSmallFrameCap;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<BlockKey> keys(100000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = BlockKey{i + 1, ~i};
+  auto r = client->Lookup(0, keys);
+  EXPECT_TRUE(HasCode(r.status(), StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().message(), HasSubstr("exceeds the frame cap of 65536 bytes"));
+  EXPECT_EQ(ServerCounter(daemon, "server.oversized_frames"), 0) << "nothing oversized was sent";
+  // The same connection still works.
+  const auto real = TestKeys(TestNamespace(), 1, 15);
+  ASSERT_TRUE(client->Put(0, real[0], Block(real[0], 4096)).ok());
+  std::vector<std::byte> dst(4096);
+  auto got = client->Get(0, real[0], dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(real[0], 0, dst));
+  ExpectDaemonServes(daemon);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
