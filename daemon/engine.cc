@@ -44,7 +44,7 @@ void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_
   auto it = shard.index.find(lease.key);
   if (it != shard.index.end() && it->second.committed && it->second.handle == lease.handle) {
     KVTIER_CHECK(it->second.pins > 0, "unpin of an unpinned block");
-    if (--it->second.pins == 0) shard.policy->OnInsert(lease.handle, now_us);
+    if (--it->second.pins == 0) shard.policy->OnUnpin(lease.handle, now_us);
     return;
   }
   auto z = shard.zombies.find(lease.handle);
@@ -124,9 +124,11 @@ std::vector<SlotGrant> Engine::Reserve(SessionId session, const NamespaceFingerp
     const BlockKey& key = keys[i];
     SlotGrant& grant = grants[i];
     Bump(counters_.reserves);
-    if (sizes[i] == 0 || sizes[i] > host_.capacity_bytes()) {
+    if (!host_.CanEverHold(sizes[i])) {
       grant.status = InvalidArgument("block size " + std::to_string(sizes[i]) +
-                                     " is outside [1, " + std::to_string(host_.capacity_bytes()) + "]");
+                                     " can never fit the host tier (" +
+                                     std::to_string(host_.capacity_bytes()) +
+                                     "-byte arena, sizes rounded up to their class)");
       Bump(counters_.reserve_failures);
       continue;
     }
@@ -242,7 +244,7 @@ std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint&
       continue;
     }
     BlockEntry& entry = it->second;
-    if (entry.pins++ == 0) shard.policy->OnRemove(entry.handle);
+    if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
     entry.hits++;
     entry.last_use_us = now;
     const LeaseId lease =

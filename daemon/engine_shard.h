@@ -56,7 +56,7 @@ struct EngineShard {
   std::unordered_map<BlockHandle, BlockKey> committed;
   std::unordered_map<LeaseId, LeaseRecord> leases;
   std::unordered_map<SessionId, SessionRecord> sessions;
-  std::unique_ptr<EvictionPolicy> policy;  // tracks committed, unpinned blocks
+  std::unique_ptr<EvictionPolicy> policy;  // tracks committed blocks; pins via OnPin/OnUnpin
   uint64_t stored_bytes = 0;               // sizes of committed blocks
 };
 

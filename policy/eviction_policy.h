@@ -24,29 +24,39 @@ struct EvictionCandidate {
 };
 
 // Not thread-safe: each engine shard owns its instances and calls them under
-// its own mutex. A tracked handle is one that is evictable right now: the
-// engine removes a block while it is pinned or being written, and inserts it
-// again afterwards.
+// its own mutex. A tracked block is evictable unless it is pinned: the
+// engine calls OnPin when a block gets its first lease and OnUnpin when the
+// last one goes, and a pinned block is never named by Victim().
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
 
-  // Starts tracking `h`. Precondition: not tracked.
+  // Starts tracking `h` (a block that just became visible). Precondition:
+  // not tracked.
   virtual void OnInsert(BlockHandle h, uint64_t now_us) = 0;
   // Records a use of `h`. Ignored if `h` is not tracked.
   virtual void OnAccess(BlockHandle h, uint64_t now_us) = 0;
-  // Stops tracking `h`. Ignored if `h` is not tracked.
+  // `h` may not be evicted until OnUnpin. Ignored if not tracked.
+  virtual void OnPin(BlockHandle h) = 0;
+  // `h` is evictable again; the pin counts as a use at `now_us` for
+  // policies that order by use. Ignored if not tracked or not pinned.
+  virtual void OnUnpin(BlockHandle h, uint64_t now_us) = 0;
+  // Stops tracking `h`, pinned or not. Ignored if `h` is not tracked.
   virtual void OnRemove(BlockHandle h) = 0;
-  // The block to evict first, without removing it; nullopt when empty.
+  // The unpinned block to evict first, without removing it; nullopt when
+  // every tracked block is pinned or none is tracked.
   virtual std::optional<EvictionCandidate> Victim() const = 0;
 
+  // Tracked blocks, pinned ones included.
   virtual size_t size() const = 0;
   virtual std::string_view name() const = 0;
 };
 
-// Least recently used (insert and access make a block most recent). O(1).
+// Least recently used: insert, access and unpin make a block most recent.
+// Every operation O(1).
 std::unique_ptr<EvictionPolicy> MakeLruPolicy();
-// First in, first out (accesses do not reorder). O(1).
+// First in, first out by insertion time: accesses and pins do not reorder.
+// Insert, unpin and remove O(log n); the rest O(1).
 std::unique_ptr<EvictionPolicy> MakeFifoPolicy();
 
 }  // namespace kvtier
