@@ -132,6 +132,8 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
 }
 
 void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
   std::vector<BlockKey> keys = wire::FromProto(r.keys());
   size_t aborted = context_.engine->Abort(session_, keys);
   response.mutable_abort()->set_aborted(static_cast<uint32_t>(aborted));

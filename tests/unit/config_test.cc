@@ -1,0 +1,288 @@
+// Tests of the kvtierd option table: defaults, the embedded default TOML,
+// every kind of bad input (InvalidArgument naming the key and line), size
+// parsing, file loading and --help.
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier {
+namespace {
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+constexpr int64_t kGiB = 1024 * kMiB;
+constexpr int64_t kTiB = 1024 * kGiB;
+
+// The default of `spec` as the typed value it should produce.
+int64_t IntDefault(const OptionSpec& spec) {
+  std::string_view v = spec.default_value;
+  if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+  if (spec.type == OptionType::kBytes) {
+    auto parsed = ParseBytes(v);
+    EXPECT_TRUE(parsed.ok()) << spec.name << ": " << parsed.status().ToString();
+    return parsed.ok() ? *parsed : -1;
+  }
+  return std::stoll(std::string(v));
+}
+
+std::string StringDefault(const OptionSpec& spec) {
+  std::string_view v = spec.default_value;
+  EXPECT_GE(v.size(), 2u);
+  EXPECT_EQ(v.front(), '"') << spec.name;
+  EXPECT_EQ(v.back(), '"') << spec.name;
+  return std::string(v.substr(1, v.size() - 2));
+}
+
+void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
+  for (const OptionSpec& spec : ConfigOptions()) {
+    if (spec.int_field != nullptr) {
+      EXPECT_EQ(a.*spec.int_field, b.*spec.int_field) << spec.name;
+    }
+    if (spec.string_field != nullptr) {
+      EXPECT_EQ(a.*spec.string_field, b.*spec.string_field) << spec.name;
+    }
+  }
+}
+
+// Parses `toml` as origin "test.toml" and expects InvalidArgument whose
+// message contains every one of `needles`.
+void ExpectInvalid(std::string_view toml, std::initializer_list<std::string_view> needles) {
+  SCOPED_TRACE(std::string(toml));
+  auto config = ParseConfig(toml, "test.toml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status().ToString();
+  for (std::string_view needle : needles) {
+    EXPECT_NE(config.status().message().find(needle), std::string::npos)
+        << "'" << needle << "' not in: " << config.status().message();
+  }
+}
+
+TEST(ConfigTest, TableIsWellFormed) {
+  ASSERT_FALSE(ConfigOptions().empty());
+  for (const OptionSpec& spec : ConfigOptions()) {
+    SCOPED_TRACE(std::string(spec.name));
+    EXPECT_NE(spec.name.find('.'), std::string_view::npos);
+    EXPECT_FALSE(spec.doc.empty());
+    EXPECT_NE(spec.int_field == nullptr, spec.string_field == nullptr) << "exactly one field";
+    if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes) {
+      EXPECT_NE(spec.int_field, nullptr);
+      EXPECT_LE(spec.min, spec.max);
+      const int64_t d = IntDefault(spec);
+      EXPECT_GE(d, spec.min);
+      EXPECT_LE(d, spec.max);
+    } else {
+      EXPECT_NE(spec.string_field, nullptr);
+    }
+    if (spec.type == OptionType::kChoice) {
+      EXPECT_FALSE(spec.choices.empty());
+    }
+  }
+}
+
+TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
+  auto config = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  for (const OptionSpec& spec : ConfigOptions()) {
+    SCOPED_TRACE(std::string(spec.name));
+    if (spec.int_field != nullptr) {
+      EXPECT_EQ((*config).*spec.int_field, IntDefault(spec));
+    }
+    if (spec.string_field != nullptr) {
+      EXPECT_EQ((*config).*spec.string_field, StringDefault(spec));
+    }
+  }
+  // Spot checks against the documented values.
+  EXPECT_EQ(config->socket_path, "/run/kvtier/kvtierd.sock");
+  EXPECT_EQ(config->io_threads, 2);
+  EXPECT_EQ(config->max_frame_bytes, 1 * kMiB);
+  EXPECT_EQ(config->drain_timeout_ms, 5000);
+  EXPECT_EQ(config->host_capacity_bytes, 1 * kGiB);
+  EXPECT_EQ(config->host_lock_memory, "best_effort");
+  EXPECT_EQ(config->engine_shards, 8);
+  EXPECT_EQ(config->engine_eviction, "lru");
+  EXPECT_EQ(config->log_level, "info");
+}
+
+TEST(ConfigTest, DefaultTomlRoundTrips) {
+  const std::string toml = DefaultConfigToml();
+  for (const OptionSpec& spec : ConfigOptions()) {
+    const std::string_view key = spec.name.substr(spec.name.find('.') + 1);
+    EXPECT_NE(toml.find(std::string(key) + " = " + std::string(spec.default_value)), std::string::npos)
+        << spec.name;
+  }
+  auto from_text = ParseConfig(toml, "defaults.toml");
+  ASSERT_TRUE(from_text.ok()) << from_text.status().ToString();
+  auto empty = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(empty.ok());
+  ExpectSameConfig(*from_text, *empty);
+}
+
+TEST(ConfigTest, ValuesOverrideDefaults) {
+  auto config = ParseConfig(R"(
+[server]
+socket_path = "/tmp/x.sock"
+io_threads = 8
+max_frame_bytes = "4MiB"
+[host]
+capacity_bytes = 2147483648
+lock_memory = "off"
+[engine]
+shards = 256
+eviction = "fifo"
+[log]
+level = "debug"
+)",
+                            "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->socket_path, "/tmp/x.sock");
+  EXPECT_EQ(config->io_threads, 8);
+  EXPECT_EQ(config->max_frame_bytes, 4 * kMiB);
+  EXPECT_EQ(config->drain_timeout_ms, 5000);  // untouched
+  EXPECT_EQ(config->host_capacity_bytes, 2 * kGiB);
+  EXPECT_EQ(config->host_lock_memory, "off");
+  EXPECT_EQ(config->engine_shards, 256);
+  EXPECT_EQ(config->engine_eviction, "fifo");
+  EXPECT_EQ(config->log_level, "debug");
+}
+
+TEST(ConfigTest, BoundsAreInclusive) {
+  auto config = ParseConfig("[server]\nio_threads = 1\nmax_frame_bytes = \"64MiB\"\n"
+                            "drain_timeout_ms = 0\n[engine]\nshards = 1\n",
+                            "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->io_threads, 1);
+  EXPECT_EQ(config->max_frame_bytes, 64 * kMiB);
+  EXPECT_EQ(config->drain_timeout_ms, 0);
+  EXPECT_EQ(config->engine_shards, 1);
+}
+
+TEST(ConfigTest, UnknownSectionOrKeyIsRejected) {
+  ExpectInvalid("[server]\nio_threads = 2\n[nope]\nfoo = 1\n", {"test.toml:4", "nope.foo"});
+  ExpectInvalid("[server]\n\nio_thread = 2\n", {"test.toml:3", "server.io_thread"});
+  ExpectInvalid("io_threads = 2\n", {"test.toml:1", "io_threads"});
+}
+
+TEST(ConfigTest, WrongTypeIsRejected) {
+  ExpectInvalid("[server]\nio_threads = \"2\"\n", {"test.toml:2", "server.io_threads", "integer"});
+  ExpectInvalid("[engine]\nshards = 1.5\n", {"test.toml:2", "engine.shards"});
+  ExpectInvalid("[server]\n\n\nsocket_path = 5\n", {"test.toml:4", "server.socket_path", "string"});
+  ExpectInvalid("[engine]\neviction = true\n", {"test.toml:2", "engine.eviction"});
+  ExpectInvalid("[host]\ncapacity_bytes = [1]\n", {"test.toml:2", "host.capacity_bytes"});
+}
+
+TEST(ConfigTest, OutOfRangeIntIsRejected) {
+  ExpectInvalid("[server]\nio_threads = 0\n", {"test.toml:2", "server.io_threads", "[1, 256]"});
+  ExpectInvalid("[server]\nio_threads = 257\n", {"test.toml:2", "server.io_threads"});
+  ExpectInvalid("[engine]\nshards = -1\n", {"test.toml:2", "engine.shards"});
+  ExpectInvalid("[server]\ndrain_timeout_ms = 600001\n", {"test.toml:2", "server.drain_timeout_ms"});
+  ExpectInvalid("[server]\nmax_frame_bytes = \"1KiB\"\n", {"test.toml:2", "server.max_frame_bytes"});
+  ExpectInvalid("[host]\ncapacity_bytes = 1000\n", {"test.toml:2", "host.capacity_bytes"});
+}
+
+TEST(ConfigTest, BadChoiceIsRejected) {
+  ExpectInvalid("[engine]\neviction = \"arc\"\n", {"test.toml:2", "engine.eviction", "arc", "lru|fifo"});
+  ExpectInvalid("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
+  ExpectInvalid("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
+}
+
+TEST(ConfigTest, BadSizeUnitIsRejected) {
+  ExpectInvalid("[host]\ncapacity_bytes = \"1XB\"\n", {"test.toml:2", "host.capacity_bytes", "unit"});
+  ExpectInvalid("[host]\ncapacity_bytes = \"lots\"\n", {"test.toml:2", "host.capacity_bytes"});
+}
+
+TEST(ConfigTest, EmptySocketPathIsRejected) {
+  ExpectInvalid("[server]\nsocket_path = \"\"\n", {"test.toml:2", "server.socket_path", "empty"});
+}
+
+TEST(ConfigTest, MalformedTomlIsRejected) {
+  ExpectInvalid("[server\nio_threads = 2\n", {"test.toml:1"});
+  ExpectInvalid("[server]\nio_threads = \n", {"test.toml:2"});
+  ExpectInvalid("[server]\nio_threads = 2\nio_threads = 3\n", {"test.toml:3"});
+}
+
+TEST(ParseBytesTest, Units) {
+  struct Case {
+    const char* text;
+    int64_t bytes;
+  };
+  const Case cases[] = {
+      {"0", 0},
+      {"4096", 4096},
+      {"17B", 17},
+      {"64KiB", 64 * kKiB},
+      {"512MiB", 512 * kMiB},
+      {"1GiB", kGiB},
+      {"2TiB", 2 * kTiB},
+      {"3KB", 3000},
+      {"2MB", 2'000'000},
+      {"2GB", 2'000'000'000},
+      {"1TB", 1'000'000'000'000},
+      {"1 MiB", kMiB},
+      {"9223372036854775807", INT64_MAX},
+      {"8589934591GiB", 8589934591 * kGiB},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseBytes(c.text);
+    ASSERT_TRUE(parsed.ok()) << c.text << ": " << parsed.status().ToString();
+    EXPECT_EQ(*parsed, c.bytes) << c.text;
+  }
+}
+
+TEST(ParseBytesTest, Rejects) {
+  for (const char* text : {"", "-1", "-1KiB", "abc", "KiB", "1.5GiB", "12abc", "1kib", "1 K",
+                           "9223372036854775808", "8589934592GiB", "16777216TiB",
+                           "99999999999999999999", " 5", "+5", "5MiB "}) {
+    auto parsed = ParseBytes(text);
+    EXPECT_FALSE(parsed.ok()) << "'" << text << "' parsed as " << (parsed.ok() ? *parsed : 0);
+    if (!parsed.ok()) {
+      EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << text;
+    }
+  }
+}
+
+TEST(ConfigTest, LoadConfigFile) {
+  auto missing = LoadConfigFile("/nonexistent/kvtier/kvtierd.toml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kIoError);
+  EXPECT_NE(missing.status().message().find("/nonexistent/kvtier/kvtierd.toml"), std::string::npos);
+
+  const std::string dir = testing::MakeTempDir();
+  const std::string path = dir + "/kvtierd.toml";
+  {
+    std::ofstream out(path);
+    out << "[engine]\nshards = 4\n";
+  }
+  auto loaded = LoadConfigFile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->engine_shards, 4);
+  {
+    std::ofstream out(path);
+    out << "[engine]\nshards = 0\n";
+  }
+  auto bad = LoadConfigFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find(path + ":2"), std::string::npos) << bad.status().message();
+  testing::RemoveTree(dir);
+}
+
+TEST(ConfigTest, HelpMentionsEveryOption) {
+  const std::string help = OptionsHelp();
+  for (const OptionSpec& spec : ConfigOptions()) {
+    EXPECT_NE(help.find(std::string(spec.name)), std::string::npos) << spec.name;
+    EXPECT_NE(help.find(std::string(spec.doc)), std::string::npos) << spec.name;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

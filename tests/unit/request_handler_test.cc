@@ -1,0 +1,416 @@
+// Tests of RequestHandler, the per-connection protocol state machine, over a
+// real Engine and HostTier and without sockets: the Hello handshake, every
+// request type's round trip, and request-level errors.
+#include "daemon/request_handler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/checksum.h"
+#include "proto/wire.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::CheckBlockBytes;
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::FillBlockBytes;
+using ::kvtier::testing::TestNamespace;
+
+constexpr uint64_t kArenaBytes = 64 * 4096;
+constexpr uint32_t kMaxFrameBytes = 1 << 20;
+
+BlockKey Key(uint64_t i) { return BlockKey{0xfeed, i}; }
+
+class RequestHandlerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HostArenaOptions o;
+    o.capacity_bytes = kArenaBytes;
+    o.lock = HostArenaOptions::LockMode::kOff;
+    o.name = "kvtier-handler-test";
+    auto host = HostTier::Open(o);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    host_ = std::move(*host);
+    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    context_.engine = engine_.get();
+    context_.arena_bytes = host_->capacity_bytes();
+    context_.max_frame_bytes = kMaxFrameBytes;
+    handler_ = std::make_unique<RequestHandler>(context_, /*session=*/1);
+  }
+
+  static v1::Request HelloRequest(const std::vector<NamespaceDescriptor>& namespaces,
+                                  uint32_t version = wire::kProtocolVersion) {
+    v1::Request r;
+    r.set_id(1);
+    r.mutable_hello()->set_protocol_version(version);
+    r.mutable_hello()->set_client_name("handler-test");
+    for (const auto& d : namespaces) wire::ToProto(d, r.mutable_hello()->add_namespaces());
+    return r;
+  }
+
+  // Sends `request` to `handler`, returning the response.
+  static v1::Response Send(RequestHandler& handler, const v1::Request& request,
+                           RequestHandler::Outcome* outcome = nullptr) {
+    v1::Response response;
+    RequestHandler::Outcome o = handler.Handle(request, response);
+    if (outcome != nullptr) *outcome = o;
+    EXPECT_EQ(response.id(), request.id());
+    return response;
+  }
+
+  // A completed Hello with TestNamespace("rev-1") and ("rev-2").
+  void HelloOk(RequestHandler& handler) {
+    v1::Response r = Send(handler, HelloRequest({TestNamespace("rev-1"), TestNamespace("rev-2")}));
+    ASSERT_EQ(r.status().code(), 0) << r.status().message();
+  }
+
+  static StatusCode Code(const v1::Response& r) { return static_cast<StatusCode>(r.status().code()); }
+
+  static v1::Request Lookup(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_lookup()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_lookup()->mutable_keys());
+    return r;
+  }
+  static v1::Request Reserve(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys,
+                             const std::vector<uint64_t>& sizes) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_reserve()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_reserve()->mutable_keys());
+    for (uint64_t s : sizes) r.mutable_reserve()->add_sizes(s);
+    return r;
+  }
+  static v1::Request Commit(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys,
+                            const std::vector<uint64_t>& sizes) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_commit()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_commit()->mutable_keys());
+    for (uint64_t s : sizes) r.mutable_commit()->add_sizes(s);
+    return r;
+  }
+  static v1::Request Abort(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_abort()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_abort()->mutable_keys());
+    return r;
+  }
+  static v1::Request Pin(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_pin()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_pin()->mutable_keys());
+    return r;
+  }
+  static v1::Request Release(uint64_t id, const std::vector<uint64_t>& leases) {
+    v1::Request r;
+    r.set_id(id);
+    for (uint64_t l : leases) r.mutable_release()->add_leases(l);
+    return r;
+  }
+  static v1::Request Erase(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_erase()->set_ns(ns);
+    wire::AddKeys(keys, r.mutable_erase()->mutable_keys());
+    return r;
+  }
+  static v1::Request Stats(uint64_t id) {
+    v1::Request r;
+    r.set_id(id);
+    r.mutable_stats();
+    return r;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<Engine> engine_;
+  HandlerContext context_;
+  std::unique_ptr<RequestHandler> handler_;
+};
+
+TEST_F(RequestHandlerTest, HelloIsRequiredFirst) {
+  for (const v1::Request& r : {Lookup(5, 0, {Key(1)}), Reserve(6, 0, {Key(1)}, {4096}),
+                               Pin(7, 0, {Key(1)}), Release(8, {1}), Stats(9)}) {
+    RequestHandler::Outcome outcome;
+    v1::Response response = Send(*handler_, r, &outcome);
+    EXPECT_EQ(Code(response), StatusCode::kFailedPrecondition) << r.ShortDebugString();
+    EXPECT_NE(response.status().message().find("Hello"), std::string::npos);
+    EXPECT_EQ(response.body_case(), v1::Response::BODY_NOT_SET);
+    EXPECT_FALSE(outcome.close_after);
+    EXPECT_FALSE(outcome.attach_arena_fd);
+  }
+  EXPECT_FALSE(handler_->hello_done());
+  EXPECT_EQ(host_->used_bytes(), 0u);  // nothing reached the engine
+}
+
+TEST_F(RequestHandlerTest, VersionMismatchCloses) {
+  for (uint32_t version : {0u, wire::kProtocolVersion + 1}) {
+    RequestHandler handler(context_, 2);
+    RequestHandler::Outcome outcome;
+    v1::Response r = Send(handler, HelloRequest({TestNamespace()}, version), &outcome);
+    EXPECT_EQ(Code(r), StatusCode::kVersionMismatch);
+    EXPECT_TRUE(outcome.close_after);
+    EXPECT_FALSE(outcome.attach_arena_fd);
+    EXPECT_FALSE(handler.hello_done());
+  }
+}
+
+TEST_F(RequestHandlerTest, BadDescriptorNamesItsIndexAndCloses) {
+  NamespaceDescriptor bad = TestNamespace();
+  bad.layer_count = 0;
+  RequestHandler::Outcome outcome;
+  v1::Response r = Send(*handler_, HelloRequest({TestNamespace(), TestNamespace("rev-2"), bad}),
+                        &outcome);
+  EXPECT_EQ(Code(r), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("namespace 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("layer_count"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(outcome.close_after);
+  EXPECT_FALSE(outcome.attach_arena_fd);
+  EXPECT_FALSE(handler_->hello_done());
+}
+
+TEST_F(RequestHandlerTest, HelloReturnsFingerprintsAndArena) {
+  const std::vector<NamespaceDescriptor> namespaces = {TestNamespace("rev-1"), TestNamespace("rev-2")};
+  RequestHandler::Outcome outcome;
+  v1::Response r = Send(*handler_, HelloRequest(namespaces), &outcome);
+  ASSERT_EQ(Code(r), StatusCode::kOk) << r.status().message();
+  ASSERT_TRUE(r.has_hello());
+  EXPECT_TRUE(outcome.attach_arena_fd);
+  EXPECT_FALSE(outcome.close_after);
+  EXPECT_TRUE(handler_->hello_done());
+  const v1::HelloResponse& h = r.hello();
+  EXPECT_EQ(h.protocol_version(), wire::kProtocolVersion);
+  ASSERT_EQ(h.namespace_fingerprints_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(wire::FromProto(h.namespace_fingerprints(i)), FingerprintNamespace(namespaces[i])) << i;
+  }
+  EXPECT_NE(wire::FromProto(h.namespace_fingerprints(0)), wire::FromProto(h.namespace_fingerprints(1)));
+  EXPECT_EQ(h.arena_bytes(), kArenaBytes);
+  EXPECT_EQ(h.max_frame_bytes(), kMaxFrameBytes);
+  EXPECT_FALSE(h.daemon_version().empty());
+
+  // A second Hello is out of order; the first registration stands.
+  v1::Response again = Send(*handler_, HelloRequest({TestNamespace("rev-3")}), &outcome);
+  EXPECT_EQ(Code(again), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(outcome.attach_arena_fd);
+  EXPECT_EQ(Code(Send(*handler_, Lookup(3, 1, {Key(1)}))), StatusCode::kOk);
+}
+
+TEST_F(RequestHandlerTest, HelloWithNoNamespacesIsAccepted) {
+  v1::Response r = Send(*handler_, HelloRequest({}));
+  EXPECT_EQ(Code(r), StatusCode::kOk);
+  EXPECT_EQ(r.hello().namespace_fingerprints_size(), 0);
+  // But no namespace index is valid then.
+  EXPECT_EQ(Code(Send(*handler_, Lookup(2, 0, {Key(1)}))), StatusCode::kInvalidArgument);
+}
+
+TEST_F(RequestHandlerTest, AtMost64Namespaces) {
+  std::vector<NamespaceDescriptor> namespaces;
+  for (int i = 0; i < 65; ++i) namespaces.push_back(TestNamespace("rev-" + std::to_string(i)));
+  RequestHandler::Outcome outcome;
+  v1::Response r = Send(*handler_, HelloRequest(namespaces), &outcome);
+  EXPECT_EQ(Code(r), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("64"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(outcome.close_after);
+  EXPECT_FALSE(handler_->hello_done());
+
+  namespaces.pop_back();
+  RequestHandler handler(context_, 2);
+  v1::Response ok = Send(handler, HelloRequest(namespaces), &outcome);
+  EXPECT_EQ(Code(ok), StatusCode::kOk) << ok.status().message();
+  EXPECT_EQ(ok.hello().namespace_fingerprints_size(), 64);
+  EXPECT_EQ(Code(Send(handler, Lookup(2, 63, {Key(1)}))), StatusCode::kOk);
+  EXPECT_EQ(Code(Send(handler, Lookup(3, 64, {Key(1)}))), StatusCode::kInvalidArgument);
+}
+
+TEST_F(RequestHandlerTest, EmptyBodyIsUnimplemented) {
+  v1::Request empty;
+  empty.set_id(42);
+  RequestHandler::Outcome outcome;
+  v1::Response before = Send(*handler_, empty, &outcome);
+  EXPECT_EQ(Code(before), StatusCode::kUnimplemented);
+  EXPECT_FALSE(outcome.close_after);
+  HelloOk(*handler_);
+  v1::Response after = Send(*handler_, empty, &outcome);
+  EXPECT_EQ(Code(after), StatusCode::kUnimplemented);
+  EXPECT_FALSE(outcome.close_after);
+}
+
+TEST_F(RequestHandlerTest, PutGetRoundTrip) {
+  HelloOk(*handler_);
+  const std::vector<BlockKey> keys = {Key(1), Key(2)};
+  const std::vector<uint64_t> sizes = {5000, 4096};
+
+  v1::Response reserve = Send(*handler_, Reserve(10, 0, keys, sizes));
+  ASSERT_EQ(Code(reserve), StatusCode::kOk) << reserve.status().message();
+  ASSERT_EQ(reserve.reserve().slots_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const v1::Slot& slot = reserve.reserve().slots(i);
+    ASSERT_EQ(slot.status().code(), 0) << slot.status().message();
+    EXPECT_EQ(slot.length(), sizes[i]);
+    FillBlockBytes(keys[i], 9, engine_->Bytes(slot.offset(), slot.length()));
+  }
+  // Reserving again reports per-key AlreadyExists inside an ok response.
+  v1::Response again = Send(*handler_, Reserve(11, 0, {Key(1)}, {5000}));
+  ASSERT_EQ(Code(again), StatusCode::kOk);
+  EXPECT_EQ(static_cast<StatusCode>(again.reserve().slots(0).status().code()),
+            StatusCode::kAlreadyExists);
+
+  v1::Response commit = Send(*handler_, Commit(12, 0, keys, sizes));
+  ASSERT_EQ(Code(commit), StatusCode::kOk);
+  ASSERT_EQ(commit.commit().statuses_size(), 2);
+  for (const auto& s : commit.commit().statuses()) EXPECT_EQ(s.code(), 0) << s.message();
+
+  v1::Response lookup = Send(*handler_, Lookup(13, 0, {Key(1), Key(2), Key(3)}));
+  ASSERT_EQ(Code(lookup), StatusCode::kOk);
+  EXPECT_EQ(lookup.lookup().prefix_blocks(), 2u);
+  ASSERT_EQ(lookup.lookup().tiers_size(), 2);
+  EXPECT_EQ(lookup.lookup().tiers(0), static_cast<uint32_t>(Tier::kHost));
+  // The other namespace does not see them.
+  EXPECT_EQ(Send(*handler_, Lookup(14, 1, keys)).lookup().prefix_blocks(), 0u);
+
+  v1::Response pin = Send(*handler_, Pin(15, 0, {Key(1), Key(3)}));
+  ASSERT_EQ(Code(pin), StatusCode::kOk);
+  ASSERT_EQ(pin.pin().blocks_size(), 2);
+  const v1::PinnedBlock& b = pin.pin().blocks(0);
+  ASSERT_EQ(b.status().code(), 0);
+  EXPECT_EQ(b.offset(), reserve.reserve().slots(0).offset());
+  EXPECT_EQ(b.length(), 5000u);
+  EXPECT_NE(b.lease(), 0u);
+  auto bytes = engine_->Bytes(b.offset(), b.length());
+  EXPECT_TRUE(CheckBlockBytes(Key(1), 9, bytes));
+  EXPECT_EQ(b.checksum(), BlockChecksum(bytes));
+  EXPECT_EQ(static_cast<StatusCode>(pin.pin().blocks(1).status().code()), StatusCode::kNotFound);
+
+  v1::Response release = Send(*handler_, Release(16, {b.lease(), b.lease()}));
+  ASSERT_EQ(Code(release), StatusCode::kOk);
+  ASSERT_EQ(release.release().statuses_size(), 2);
+  EXPECT_EQ(release.release().statuses(0).code(), 0);
+  EXPECT_EQ(static_cast<StatusCode>(release.release().statuses(1).code()), StatusCode::kNotFound);
+
+  v1::Response erase = Send(*handler_, Erase(17, 0, {Key(1), Key(3)}));
+  ASSERT_EQ(Code(erase), StatusCode::kOk);
+  EXPECT_EQ(erase.erase().erased(), 1u);
+  EXPECT_EQ(Send(*handler_, Lookup(18, 0, keys)).lookup().prefix_blocks(), 0u);
+}
+
+TEST_F(RequestHandlerTest, AbortRoundTrip) {
+  HelloOk(*handler_);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1), Key(2)}, {4096, 4096}))), StatusCode::kOk);
+  EXPECT_EQ(host_->used_bytes(), 2 * 4096u);
+  v1::Response abort = Send(*handler_, Abort(3, 0, {Key(1), Key(2), Key(3)}));
+  ASSERT_EQ(Code(abort), StatusCode::kOk);
+  EXPECT_EQ(abort.abort().aborted(), 2u);
+  EXPECT_EQ(host_->used_bytes(), 0u);
+  v1::Response commit = Send(*handler_, Commit(4, 0, {Key(1)}, {4096}));
+  EXPECT_EQ(static_cast<StatusCode>(commit.commit().statuses(0).code()),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RequestHandlerTest, MismatchedKeysAndSizesAreInvalidArgument) {
+  HelloOk(*handler_);
+  EXPECT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1), Key(2)}, {4096}))), StatusCode::kInvalidArgument);
+  EXPECT_EQ(host_->used_bytes(), 0u);
+  EXPECT_EQ(Code(Send(*handler_, Commit(3, 0, {Key(1)}, {}))), StatusCode::kInvalidArgument);
+}
+
+TEST_F(RequestHandlerTest, UnregisteredNamespaceIsInvalidArgument) {
+  HelloOk(*handler_);  // namespaces 0 and 1
+  for (const v1::Request& r : {Lookup(2, 2, {Key(1)}), Reserve(3, 2, {Key(1)}, {4096}),
+                               Commit(4, 7, {Key(1)}, {4096}), Pin(5, 2, {Key(1)}),
+                               Erase(6, 1000, {Key(1)})}) {
+    v1::Response response = Send(*handler_, r);
+    EXPECT_EQ(Code(response), StatusCode::kInvalidArgument) << r.ShortDebugString();
+    EXPECT_NE(response.status().message().find("not registered"), std::string::npos)
+        << response.status().message();
+  }
+  EXPECT_EQ(host_->used_bytes(), 0u);
+}
+
+// AbortRequest carries a namespace like every other keyed request; an index
+// that was never registered must be refused the same way.
+TEST_F(RequestHandlerTest, AbortWithUnregisteredNamespaceIsInvalidArgument) {
+  HelloOk(*handler_);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1)}, {4096}))), StatusCode::kOk);
+  v1::Response response = Send(*handler_, Abort(3, 5, {Key(1)}));
+  EXPECT_EQ(Code(response), StatusCode::kInvalidArgument);
+  EXPECT_EQ(host_->used_bytes(), 4096u) << "the reservation must survive a refused Abort";
+}
+
+TEST_F(RequestHandlerTest, LeasesBelongToTheirConnection) {
+  HelloOk(*handler_);
+  RequestHandler other(context_, 2);
+  HelloOk(other);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1)}, {4096}))), StatusCode::kOk);
+  // The other connection can neither commit nor abort this reservation.
+  EXPECT_EQ(static_cast<StatusCode>(
+                Send(other, Commit(3, 0, {Key(1)}, {4096})).commit().statuses(0).code()),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Send(other, Abort(4, 0, {Key(1)})).abort().aborted(), 0u);
+  ASSERT_EQ(Send(*handler_, Commit(5, 0, {Key(1)}, {4096})).commit().statuses(0).code(), 0);
+  v1::Response pin = Send(*handler_, Pin(6, 0, {Key(1)}));
+  const uint64_t lease = pin.pin().blocks(0).lease();
+  v1::Response foreign = Send(other, Release(7, {lease}));
+  EXPECT_EQ(static_cast<StatusCode>(foreign.release().statuses(0).code()),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(Send(*handler_, Release(8, {lease})).release().statuses(0).code(), 0);
+}
+
+std::map<std::string, int64_t> StatsMap(const v1::Response& r) {
+  std::map<std::string, int64_t> out;
+  for (const auto& c : r.stats().counters()) out[c.name()] = c.value();
+  return out;
+}
+
+TEST_F(RequestHandlerTest, StatsReportsEngineCounters) {
+  HelloOk(*handler_);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1)}, {4096}))), StatusCode::kOk);
+  ASSERT_EQ(Send(*handler_, Commit(3, 0, {Key(1)}, {4096})).commit().statuses(0).code(), 0);
+  Send(*handler_, Lookup(4, 0, {Key(1)}));
+  v1::Response r = Send(*handler_, Stats(5));
+  ASSERT_EQ(Code(r), StatusCode::kOk);
+  ASSERT_TRUE(r.has_stats());
+  auto stats = StatsMap(r);
+  EXPECT_EQ(stats["engine.blocks"], 1);
+  EXPECT_EQ(stats["engine.lookups"], 1);
+  EXPECT_EQ(stats["engine.commits"], 1);
+  EXPECT_EQ(stats.count("host.alloc.used_bytes"), 1u);
+  for (const auto& [name, value] : stats) {
+    EXPECT_TRUE(name.rfind("engine.", 0) == 0 || name.rfind("host.", 0) == 0) << name;
+  }
+}
+
+TEST_F(RequestHandlerTest, StatsIncludesServerCountersWhenHooked) {
+  int calls = 0;
+  context_.visit_server_counters = [&calls](CounterVisitor& v) {
+    ++calls;
+    v.Visit("server.connections", 3);
+    v.Visit("server.frames_in", 17);
+  };
+  RequestHandler handler(context_, 5);
+  HelloOk(handler);
+  v1::Response r = Send(handler, Stats(2));
+  ASSERT_EQ(Code(r), StatusCode::kOk);
+  EXPECT_EQ(calls, 1);
+  auto stats = StatsMap(r);
+  EXPECT_EQ(stats["server.connections"], 3);
+  EXPECT_EQ(stats["server.frames_in"], 17);
+  EXPECT_EQ(stats.count("engine.blocks"), 1u);
+}
+
+}  // namespace
+}  // namespace kvtier
