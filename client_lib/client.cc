@@ -6,12 +6,17 @@
 #include <future>
 
 #include "client_lib/connection.h"
+#include "client_lib/put_path.h"
 #include "common/checksum.h"
 #include "proto/wire.h"
 
 namespace kvtier {
 
+using internal::BuildCommit;
 using internal::Connection;
+using internal::MergeCommit;
+using internal::ReserveRequest;
+using internal::ToWritable;
 
 namespace {
 
@@ -82,71 +87,6 @@ v1::Request PinRequest(NamespaceId ns, std::span<const BlockKey> keys) {
   request.mutable_pin()->set_ns(ns);
   wire::AddKeys(keys, request.mutable_pin()->mutable_keys());
   return request;
-}
-
-v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
-  v1::Request request;
-  auto* body = request.mutable_reserve();
-  body->set_ns(ns);
-  wire::AddKeys(keys, body->mutable_keys());
-  for (uint64_t s : sizes) body->add_sizes(s);
-  return request;
-}
-
-// Turns a Reserve response into writable blocks (one per key).
-std::vector<WritableBlock> ToWritable(Connection& conn, std::span<const BlockKey> keys,
-                                      const v1::Response& response) {
-  std::vector<WritableBlock> blocks(keys.size());
-  const auto& slots = response.reserve().slots();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    blocks[i].key = keys[i];
-    if (static_cast<int>(i) >= slots.size()) {
-      blocks[i].status = ProtocolError("Reserve response has fewer slots than keys");
-      continue;
-    }
-    const auto& slot = slots[static_cast<int>(i)];
-    blocks[i].status = wire::FromProto(slot.status());
-    if (!blocks[i].status.ok()) continue;
-    auto span = conn.Slot(slot.offset(), slot.length());
-    if (!span.ok()) blocks[i].status = span.status(); else blocks[i].data = *span;
-  }
-  return blocks;
-}
-
-// Builds the Commit for every ok block; returns false if there is none.
-bool CommitRequest(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request) {
-  auto* body = request.mutable_commit();
-  body->set_ns(ns);
-  for (const auto& b : blocks) {
-    if (!b.status.ok()) continue;
-    wire::ToProto(b.key, body->add_keys());
-    body->add_sizes(b.data.size());
-  }
-  return body->keys_size() > 0;
-}
-
-// Merges Commit outcomes into per-block statuses; AlreadyExists counts as
-// success for copying puts (`already_is_ok`).
-std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
-                                const Result<v1::Response>& committed, bool already_is_ok) {
-  std::vector<Status> out;
-  int next = 0;
-  for (const auto& b : blocks) {
-    if (!b.status.ok()) {
-      bool benign = already_is_ok && b.status.code() == StatusCode::kAlreadyExists;
-      out.push_back(benign ? Status::Ok() : b.status);
-      continue;
-    }
-    if (!committed.ok()) {
-      out.push_back(committed.status());
-    } else if (next >= committed->commit().statuses_size()) {
-      out.push_back(ProtocolError("Commit response has fewer statuses than blocks"));
-    } else {
-      out.push_back(wire::FromProto(committed->commit().statuses(next)));
-    }
-    ++next;
-  }
-  return out;
 }
 
 }  // namespace
@@ -234,7 +174,7 @@ std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vect
       if ((*blocks)[i].status.ok()) std::memcpy((*blocks)[i].data.data(), data[i].data(), data[i].size());
     }
     v1::Request commit;
-    if (!CommitRequest(ns, *blocks, commit)) {
+    if (!BuildCommit(ns, *blocks, commit)) {
       // Nothing to publish: every outcome is already decided by Reserve.
       return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
     }

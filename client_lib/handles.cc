@@ -1,5 +1,6 @@
 // BlockView and Reservation: RAII handles over a pin or a reservation.
 #include "client_lib/connection.h"
+#include "client_lib/put_path.h"
 #include "proto/wire.h"
 
 namespace kvtier {
@@ -58,55 +59,25 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
 
 Reservation::~Reservation() {
   if (done_ || conn_ == nullptr) return;
-  v1::Request request;
-  request.mutable_abort()->set_ns(ns_);
-  for (const auto& b : blocks_) {
-    if (b.status.ok()) wire::ToProto(b.key, request.mutable_abort()->add_keys());
-  }
-  conn_->Call(std::move(request), [](Result<v1::Response>) {});  // not waited for
+  conn_->Call(internal::BuildAbort(ns_, blocks_), [](Result<v1::Response>) {});  // not waited for
 }
 
 std::vector<Status> Reservation::Commit() {
-  std::vector<Status> out;
   if (done_ || conn_ == nullptr) {
-    out.assign(blocks_.size(), FailedPrecondition("reservation already committed or aborted"));
-    return out;
+    return std::vector<Status>(blocks_.size(), FailedPrecondition("reservation already committed or aborted"));
   }
   done_ = true;
   v1::Request request;
-  auto* body = request.mutable_commit();
-  body->set_ns(ns_);
-  for (const auto& b : blocks_) {
-    if (!b.status.ok()) continue;
-    wire::ToProto(b.key, body->add_keys());
-    body->add_sizes(b.data.size());
+  if (!internal::BuildCommit(ns_, blocks_, request)) {
+    return internal::MergeCommit(blocks_, v1::Response(), /*already_is_ok=*/false);
   }
-  Result<v1::Response> r = body->keys_size() > 0 ? conn_->CallSync(std::move(request))
-                                                  : Result<v1::Response>(v1::Response());
-  int next = 0;
-  for (const auto& b : blocks_) {
-    if (!b.status.ok()) {
-      out.push_back(b.status);
-    } else if (!r.ok()) {
-      out.push_back(r.status());
-    } else if (next < r->commit().statuses_size()) {
-      out.push_back(wire::FromProto(r->commit().statuses(next++)));
-    } else {
-      out.push_back(ProtocolError("Commit response has fewer statuses than blocks"));
-    }
-  }
-  return out;
+  return internal::MergeCommit(blocks_, conn_->CallSync(std::move(request)), /*already_is_ok=*/false);
 }
 
 Status Reservation::Abort() {
   if (done_ || conn_ == nullptr) return Status::Ok();
   done_ = true;
-  v1::Request request;
-  request.mutable_abort()->set_ns(ns_);
-  for (const auto& b : blocks_) {
-    if (b.status.ok()) wire::ToProto(b.key, request.mutable_abort()->add_keys());
-  }
-  auto r = conn_->CallSync(std::move(request));
+  auto r = conn_->CallSync(internal::BuildAbort(ns_, blocks_));
   return r.ok() ? Status::Ok() : r.status();
 }
 

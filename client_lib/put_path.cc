@@ -1,0 +1,78 @@
+#include "client_lib/put_path.h"
+
+#include "proto/wire.h"
+
+namespace kvtier::internal {
+
+v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys,
+                           std::span<const uint64_t> sizes) {
+  v1::Request request;
+  auto* body = request.mutable_reserve();
+  body->set_ns(ns);
+  wire::AddKeys(keys, body->mutable_keys());
+  for (uint64_t s : sizes) body->add_sizes(s);
+  return request;
+}
+
+std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const BlockKey> keys,
+                                      const v1::Response& response) {
+  std::vector<WritableBlock> blocks(keys.size());
+  const auto& slots = response.reserve().slots();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    blocks[i].key = keys[i];
+    if (static_cast<int>(i) >= slots.size()) {
+      blocks[i].status = ProtocolError("Reserve response has fewer slots than keys");
+      continue;
+    }
+    const auto& slot = slots[static_cast<int>(i)];
+    blocks[i].status = wire::FromProto(slot.status());
+    if (!blocks[i].status.ok()) continue;
+    auto span = conn.Slot(slot.offset(), slot.length());
+    if (!span.ok()) blocks[i].status = span.status(); else blocks[i].data = *span;
+  }
+  return blocks;
+}
+
+bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request) {
+  auto* body = request.mutable_commit();
+  body->set_ns(ns);
+  for (const auto& b : blocks) {
+    if (!b.status.ok()) continue;
+    wire::ToProto(b.key, body->add_keys());
+    body->add_sizes(b.data.size());
+  }
+  return body->keys_size() > 0;
+}
+
+v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks) {
+  v1::Request request;
+  request.mutable_abort()->set_ns(ns);
+  for (const auto& b : blocks) {
+    if (b.status.ok()) wire::ToProto(b.key, request.mutable_abort()->add_keys());
+  }
+  return request;
+}
+
+std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
+                                const Result<v1::Response>& committed, bool already_is_ok) {
+  std::vector<Status> out;
+  int next = 0;
+  for (const auto& b : blocks) {
+    if (!b.status.ok()) {
+      bool benign = already_is_ok && b.status.code() == StatusCode::kAlreadyExists;
+      out.push_back(benign ? Status::Ok() : b.status);
+      continue;
+    }
+    if (!committed.ok()) {
+      out.push_back(committed.status());
+    } else if (next >= committed->commit().statuses_size()) {
+      out.push_back(ProtocolError("Commit response has fewer statuses than blocks"));
+    } else {
+      out.push_back(wire::FromProto(committed->commit().statuses(next)));
+    }
+    ++next;
+  }
+  return out;
+}
+
+}  // namespace kvtier::internal

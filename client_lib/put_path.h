@@ -1,0 +1,31 @@
+// The request building and result merging shared by the copying puts
+// (client.cc) and the zero-copy Reservation (handles.cc). Internal.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "client_lib/connection.h"
+
+namespace kvtier::internal {
+
+v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys,
+                           std::span<const uint64_t> sizes);
+
+// Turns a Reserve response into writable blocks (one per key).
+std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const BlockKey> keys,
+                                      const v1::Response& response);
+
+// Builds the Commit of every ok block; false if there is none to commit.
+bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request);
+
+// The Abort of every ok block.
+v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks);
+
+// One Status per block: Reserve's outcome for blocks that were not ok
+// (AlreadyExists becomes Ok when `already_is_ok`, as for idempotent puts),
+// else the Commit's outcome in order.
+std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
+                                const Result<v1::Response>& committed, bool already_is_ok);
+
+}  // namespace kvtier::internal
