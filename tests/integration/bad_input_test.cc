@@ -532,6 +532,25 @@ int ReserveThenHang(const ClientOptions& options, const std::vector<BlockKey>& k
   return 6;
 }
 
+constexpr uint64_t kChildBlockBytes = 256 << 10;
+constexpr uint32_t kChildKeySeed = 11;
+
+// The child is this test binary re-executed (a fresh process: forking the
+// multi-threaded test process and running the client there can deadlock
+// under sanitizers). It recognizes itself by KVTIER_TEST_CHILD before main.
+const bool kIsReserveChild = [] {
+  const char* spec = std::getenv("KVTIER_TEST_CHILD");
+  if (spec == nullptr) return false;
+  int ready_fd = -1, release_fd = -1;
+  char socket_path[512] = {};
+  if (std::sscanf(spec, "reserve:%d:%d:%511s", &ready_fd, &release_fd, socket_path) != 3) ::_exit(7);
+  ClientOptions options;
+  options.socket_path = socket_path;
+  options.namespaces = {TestNamespace()};
+  ::_exit(ReserveThenHang(options, TestKeys(TestNamespace(), 4, kChildKeySeed), kChildBlockBytes,
+                          ready_fd, release_fd));
+}();
+
 // Kills and reaps a forked child on every exit path of the test.
 struct ChildGuard {
   pid_t pid = -1;
@@ -545,21 +564,22 @@ struct ChildGuard {
 
 TEST(BadInput, ClientKilledBetweenReserveAndCommitLeavesNothingBehind) {
   TestDaemon daemon;
-  const ClientOptions options = daemon.Options();
-  const auto keys = TestKeys(TestNamespace(), 4, 11);
-  constexpr uint64_t kBlockBytes = 256 << 10;
+  const auto keys = TestKeys(TestNamespace(), 4, kChildKeySeed);
+  constexpr uint64_t kBlockBytes = kChildBlockBytes;
   const uint64_t used_before = daemon.host().used_bytes();
   int ready[2], release[2];
   ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(release), 0);
+  std::string spec = "KVTIER_TEST_CHILD=reserve:" + std::to_string(ready[1]) + ":" +
+                     std::to_string(release[0]) + ":" + daemon.socket_path();
+  char* child_argv[] = {const_cast<char*>("kvtier_integration_tests"), nullptr};
+  char* child_env[] = {spec.data(), nullptr};
   ChildGuard child;
   child.pid = ::fork();
   ASSERT_GE(child.pid, 0) << std::strerror(errno);
   if (child.pid == 0) {
-    // Only fresh objects and async-signal-safe exits from here on.
-    ::close(ready[0]);
-    ::close(release[1]);
-    ::_exit(ReserveThenHang(options, keys, kBlockBytes, ready[1], release[0]));
+    ::execve("/proc/self/exe", child_argv, child_env);  // async-signal-safe
+    ::_exit(8);
   }
   ::close(ready[1]);
   ::close(release[0]);
