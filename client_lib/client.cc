@@ -1,7 +1,8 @@
 // Client: the public API over internal::Connection. Every operation is one
 // pipelined round trip (Lookup, Pin, Erase, Stats) or two (Reserve + Commit
 // for puts; Pin + a Release that is not waited for, for copying gets).
-// Copies of the *Async variants run on the connection's reader thread.
+// Copies run on the thread that reads the response: the caller itself for
+// synchronous calls, a reading thread for the *Async variants.
 #include <cstring>
 #include <future>
 
@@ -28,13 +29,13 @@ Status CheckNamespace(const Connection& conn, NamespaceId ns) {
   return Status::Ok();
 }
 
-// Unpins `leases` without waiting; a failure only means the connection is
-// gone, and then the leases died with it.
-void ReleaseInBackground(Connection& conn, const std::vector<uint64_t>& leases) {
+// Unpins `leases` without waiting (the next reader consumes the answer); a
+// failure only means the connection is gone, and the leases died with it.
+void ReleaseWithoutWaiting(Connection& conn, const std::vector<uint64_t>& leases) {
   if (leases.empty()) return;
   v1::Request request;
   for (uint64_t lease : leases) request.mutable_release()->add_leases(lease);
-  conn.Call(std::move(request), [](Result<v1::Response>) {});
+  conn.Call(std::move(request), [](Result<v1::Response>) {}, /*background=*/false);
 }
 
 // Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
@@ -78,7 +79,7 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
     }
     out.emplace_back(slot->size());
   }
-  ReleaseInBackground(conn, leases);
+  ReleaseWithoutWaiting(conn, leases);
   return out;
 }
 
@@ -87,6 +88,84 @@ v1::Request PinRequest(NamespaceId ns, std::span<const BlockKey> keys) {
   request.mutable_pin()->set_ns(ns);
   wire::AddKeys(keys, request.mutable_pin()->mutable_keys());
   return request;
+}
+
+
+// The three data operations, started without waiting. Callbacks hold the
+// Connection by reference: Close() runs every pending callback before the
+// Client lets go of it.
+std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
+                                              std::span<const BlockKey> keys, bool background) {
+  auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
+  auto future = promise->get_future();
+  if (Status s = CheckNamespace(conn, ns); !s.ok()) {
+    promise->set_value(s);
+    return future;
+  }
+  v1::Request request;
+  request.mutable_lookup()->set_ns(ns);
+  wire::AddKeys(keys, request.mutable_lookup()->mutable_keys());
+  conn.Call(std::move(request), [promise](Result<v1::Response> r) {
+    if (!r.ok()) return promise->set_value(r.status());
+    LookupResult out;
+    out.prefix_blocks = r->lookup().prefix_blocks();
+    for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
+    promise->set_value(std::move(out));
+  }, background);
+  return future;
+}
+
+// Reserve -> copy into the arena (on the reading thread) -> Commit.
+std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std::vector<BlockKey> keys,
+                                          std::vector<std::span<const std::byte>> data, bool background) {
+  auto promise = std::make_shared<std::promise<std::vector<Status>>>();
+  auto future = promise->get_future();
+  Status s = CheckNamespace(conn, ns);
+  if (s.ok() && keys.size() != data.size()) s = InvalidArgument("PutBatch: keys and data differ in length");
+  if (!s.ok()) {
+    promise->set_value(std::vector<Status>(keys.size(), s));
+    return future;
+  }
+  std::vector<uint64_t> sizes;
+  for (const auto& d : data) sizes.push_back(d.size());
+  auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
+  Connection* c = &conn;
+  conn.Call(ReserveRequest(ns, *shared_keys, sizes),
+            [c, ns, shared_keys, data = std::move(data), promise, background](Result<v1::Response> r) {
+    if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
+    auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      if ((*blocks)[i].status.ok()) std::memcpy((*blocks)[i].data.data(), data[i].data(), data[i].size());
+    }
+    v1::Request commit;
+    if (!BuildCommit(ns, *blocks, commit)) {
+      // Nothing to publish: every outcome is already decided by Reserve.
+      return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
+    }
+    c->Call(std::move(commit), [blocks, promise](Result<v1::Response> committed) {
+      promise->set_value(MergeCommit(*blocks, committed, true));
+    }, background);
+  }, background);
+  return future;
+}
+
+// Pin -> copy out of the arena (on the reading thread) -> Release, not waited for.
+std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId ns,
+                                                  std::span<const BlockKey> keys,
+                                                  std::vector<std::span<std::byte>> dst, bool background) {
+  auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
+  auto future = promise->get_future();
+  Status s = CheckNamespace(conn, ns);
+  if (s.ok() && keys.size() != dst.size()) s = InvalidArgument("GetBatch: keys and dst differ in length");
+  if (!s.ok()) {
+    promise->set_value(std::vector<Result<size_t>>(keys.size(), s));
+    return future;
+  }
+  Connection* c = &conn;
+  conn.Call(PinRequest(ns, keys), [c, dst = std::move(dst), promise](Result<v1::Response> r) {
+    promise->set_value(CopyPinned(*c, r, dst));
+  }, background);
+  return future;
 }
 
 }  // namespace
@@ -117,27 +196,11 @@ const std::vector<NamespaceFingerprint>& Client::namespaces() const { return con
 std::span<std::byte> Client::arena() const { return conn_->arena(); }
 
 Result<LookupResult> Client::Lookup(NamespaceId ns, std::span<const BlockKey> keys) {
-  return LookupAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end())).get();
+  return conn_->Await(StartLookup(*conn_, ns, keys, /*background=*/false));
 }
 
 std::future<Result<LookupResult>> Client::LookupAsync(NamespaceId ns, std::vector<BlockKey> keys) {
-  auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
-  auto future = promise->get_future();
-  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) {
-    promise->set_value(s);
-    return future;
-  }
-  v1::Request request;
-  request.mutable_lookup()->set_ns(ns);
-  wire::AddKeys(keys, request.mutable_lookup()->mutable_keys());
-  conn_->Call(std::move(request), [promise](Result<v1::Response> r) {
-    if (!r.ok()) return promise->set_value(r.status());
-    LookupResult out;
-    out.prefix_blocks = r->lookup().prefix_blocks();
-    for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
-    promise->set_value(std::move(out));
-  });
-  return future;
+  return StartLookup(*conn_, ns, keys, /*background=*/true);
 }
 
 Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data) {
@@ -147,42 +210,14 @@ Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byt
 
 std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                      std::span<const std::span<const std::byte>> data) {
-  return PutBatchAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-                       std::vector<std::span<const std::byte>>(data.begin(), data.end()))
-      .get();
+  return conn_->Await(StartPut(*conn_, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+                               std::vector<std::span<const std::byte>>(data.begin(), data.end()),
+                               /*background=*/false));
 }
 
 std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                        std::vector<std::span<const std::byte>> data) {
-  auto promise = std::make_shared<std::promise<std::vector<Status>>>();
-  auto future = promise->get_future();
-  Status s = CheckNamespace(*conn_, ns);
-  if (s.ok() && keys.size() != data.size()) s = InvalidArgument("PutBatch: keys and data differ in length");
-  if (!s.ok()) {
-    promise->set_value(std::vector<Status>(keys.size(), s));
-    return future;
-  }
-  std::vector<uint64_t> sizes;
-  for (const auto& d : data) sizes.push_back(d.size());
-  auto conn = conn_;
-  auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
-  conn->Call(ReserveRequest(ns, *shared_keys, sizes),
-             [conn, ns, shared_keys, data = std::move(data), promise](Result<v1::Response> r) {
-    if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
-    auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*conn, *shared_keys, *r));
-    for (size_t i = 0; i < blocks->size(); ++i) {
-      if ((*blocks)[i].status.ok()) std::memcpy((*blocks)[i].data.data(), data[i].data(), data[i].size());
-    }
-    v1::Request commit;
-    if (!BuildCommit(ns, *blocks, commit)) {
-      // Nothing to publish: every outcome is already decided by Reserve.
-      return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
-    }
-    conn->Call(std::move(commit), [blocks, promise](Result<v1::Response> c) {
-      promise->set_value(MergeCommit(*blocks, c, true));
-    });
-  });
-  return future;
+  return StartPut(*conn_, ns, std::move(keys), std::move(data), /*background=*/true);
 }
 
 Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
@@ -205,26 +240,13 @@ Result<size_t> Client::Get(NamespaceId ns, const BlockKey& key, std::span<std::b
 
 std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                              std::span<const std::span<std::byte>> dst) {
-  return GetBatchAsync(ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-                       std::vector<std::span<std::byte>>(dst.begin(), dst.end()))
-      .get();
+  return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
+                               /*background=*/false));
 }
 
 std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                                std::vector<std::span<std::byte>> dst) {
-  auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
-  auto future = promise->get_future();
-  Status s = CheckNamespace(*conn_, ns);
-  if (s.ok() && keys.size() != dst.size()) s = InvalidArgument("GetBatch: keys and dst differ in length");
-  if (!s.ok()) {
-    promise->set_value(std::vector<Result<size_t>>(keys.size(), s));
-    return future;
-  }
-  auto conn = conn_;
-  conn->Call(PinRequest(ns, keys), [conn, dst = std::move(dst), promise](Result<v1::Response> r) {
-    promise->set_value(CopyPinned(*conn, r, dst));
-  });
-  return future;
+  return StartGet(*conn_, ns, keys, std::move(dst), /*background=*/true);
 }
 
 std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const BlockKey> keys) {
@@ -248,7 +270,7 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
     }
     auto slot = conn_->Slot(b.offset(), b.length());
     if (!slot.ok()) {
-      ReleaseInBackground(*conn_, {b.lease()});
+      ReleaseWithoutWaiting(*conn_, {b.lease()});
       out.emplace_back(slot.status());
       continue;
     }

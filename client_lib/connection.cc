@@ -1,5 +1,6 @@
 #include "client_lib/connection.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <future>
@@ -43,13 +44,13 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
   conn->fd_ = *fd;
   Status hello = conn->Hello(options);
   if (!hello.ok()) return hello;
-  conn->reader_ = std::thread([c = conn.get()] { c->ReadLoop(); });
+  conn->background_reader_ = std::thread([c = conn.get()] { c->BackgroundLoop(); });
   return conn;
 }
 
 Status Connection::Hello(const ClientOptions& options) {
   v1::Request request;
-  request.set_id(next_id_++);
+  request.set_id(next_id_++);  // no other thread exists yet
   auto* hello = request.mutable_hello();
   hello->set_protocol_version(wire::kProtocolVersion);
   hello->set_client_name(options.client_name);
@@ -91,124 +92,169 @@ Status Connection::Hello(const ClientOptions& options) {
 
 Connection::~Connection() {
   Close();
+  if (fd_ >= 0) ::close(fd_);
   if (arena_ != nullptr) ::munmap(arena_, arena_bytes_);
 }
 
 void Connection::Close() {
-  {
-    std::lock_guard lock(pending_mu_);
-    if (!closed_) {
-      closed_ = true;
-      close_reason_ = Unavailable("the client closed the connection");
-    }
-  }
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-  if (reader_.joinable()) {
-    if (reader_.get_id() == std::this_thread::get_id()) {
-      reader_.detach();  // last reference dropped inside a callback
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes a reader blocked in recv
+  Fail(Unavailable("the client closed the connection"));
+  if (background_reader_.joinable()) {
+    if (background_reader_.get_id() == std::this_thread::get_id()) {
+      background_reader_.detach();  // last reference dropped inside a callback
     } else {
-      reader_.join();
+      background_reader_.join();
     }
-  }
-  FailAll(close_reason_);
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
   }
 }
 
-void Connection::Call(v1::Request request, Done done) {
-  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  request.set_id(id);
+void Connection::Call(v1::Request request, Done done, bool background) {
+  uint64_t id = 0;
   {
-    std::lock_guard lock(pending_mu_);
+    std::unique_lock lock(mu_);
     if (closed_) {
       Status reason = close_reason_;
+      lock.unlock();
       done(reason);
       return;
     }
-    pending_.emplace(id, std::move(done));
+    id = next_id_++;
+    pending_.emplace(id, Pending{std::move(done), background});
+    if (background) {
+      ++background_pending_;
+      cv_.notify_all();
+    }
   }
+  request.set_id(id);
   Status s;
   {
     std::lock_guard lock(write_mu_);
     s = WriteFrame(fd_, request, max_frame_bytes_);
   }
-  if (!s.ok()) {
-    Done failed;
-    {
-      std::lock_guard lock(pending_mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;  // the reader already failed it
-      failed = std::move(it->second);
-      pending_.erase(it);
-    }
-    failed(s);
+  if (s.ok()) return;
+  Done failed;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;  // already failed by Fail()
+    failed = std::move(it->second.done);
+    if (it->second.background) --background_pending_;
+    pending_.erase(it);
   }
+  failed(s);
 }
 
 Result<v1::Response> Connection::CallSync(v1::Request request) {
   std::promise<Result<v1::Response>> promise;
   auto future = promise.get_future();
-  Call(std::move(request), [&promise](Result<v1::Response> r) { promise.set_value(std::move(r)); });
-  return future.get();
+  Call(std::move(request), [&promise](Result<v1::Response> r) { promise.set_value(std::move(r)); },
+       /*background=*/false);
+  return Await(std::move(future));
 }
 
-void Connection::ReadLoop() {
-  Status reason;
-  std::string body;
-  for (;;) {
-    uint8_t header[kFrameHeaderBytes];
-    reason = ReadAll(fd_, header, sizeof(header));
-    if (!reason.ok()) break;
-    const uint32_t length = DecodeFrameHeader(header);
-    if (length > max_frame_bytes_ * 4u + 1024u) {  // responses carry per-key records
-      reason = ProtocolError("response frame of " + std::to_string(length) + " bytes is implausible");
-      break;
-    }
-    body.resize(length);
-    reason = ReadAll(fd_, body.data(), body.size());
-    if (!reason.ok()) break;
-    v1::Response response;
-    if (!response.ParseFromString(body)) {
-      reason = ProtocolError("unparsable response from kvtierd");
-      break;
-    }
-    if (response.id() == 0) {  // connection-level error; the daemon closes next
-      reason = wire::FromProto(response.status());
-      if (reason.ok()) reason = ProtocolError("kvtierd reported a connection error");
+void Connection::Drive(const std::function<bool()>& ready) {
+  std::unique_lock lock(mu_);
+  // `ready` is checked under mu_: a reader sets results before it retakes
+  // mu_ to hand the role on, so a result that arrived is always seen here
+  // before this thread would block in recv for it.
+  while (!ready()) {
+    if (closed_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(10));  // results are being failed
       continue;
     }
-    Done done;
-    {
-      std::lock_guard lock(pending_mu_);
-      auto it = pending_.find(response.id());
-      if (it == pending_.end()) continue;  // a call already failed locally
-      done = std::move(it->second);
-      pending_.erase(it);
+    if (reading_) {
+      cv_.wait(lock);
+      continue;
     }
-    Status top = wire::FromProto(response.status());
-    if (top.ok()) done(std::move(response)); else done(top);
+    reading_ = true;
+    lock.unlock();
+    ReadAndDispatch();
+    lock.lock();
+    reading_ = false;
+    cv_.notify_all();
   }
-  {
-    std::lock_guard lock(pending_mu_);
-    if (!closed_) {
-      closed_ = true;
-      close_reason_ = reason.code() == StatusCode::kUnavailable
-                          ? Unavailable("kvtierd closed the connection: " + reason.message())
-                          : reason;
-    }
-  }
-  FailAll(close_reason_);
 }
 
-void Connection::FailAll(const Status& status) {
-  std::unordered_map<uint64_t, Done> failed;
-  {
-    std::lock_guard lock(pending_mu_);
-    failed.swap(pending_);
+void Connection::BackgroundLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return closed_ || (background_pending_ > 0 && !reading_); });
+    if (closed_) return;
+    reading_ = true;
+    lock.unlock();
+    ReadAndDispatch();
+    lock.lock();
+    reading_ = false;
+    cv_.notify_all();
   }
-  for (auto& [id, done] : failed) done(status);
+}
+
+void Connection::ReadAndDispatch() {
+  const size_t frame_limit = static_cast<size_t>(max_frame_bytes_) * 4 + 1024;  // responses carry per-key records
+  std::vector<v1::Response> frames;
+  for (;;) {
+    while (read_buffer_.size() - read_begin_ >= kFrameHeaderBytes) {
+      const auto* head = reinterpret_cast<const uint8_t*>(read_buffer_.data() + read_begin_);
+      const uint32_t length = DecodeFrameHeader(head);
+      if (length > frame_limit) {
+        return Fail(ProtocolError("response frame of " + std::to_string(length) + " bytes is implausible"));
+      }
+      if (read_buffer_.size() - read_begin_ < kFrameHeaderBytes + length) break;
+      v1::Response response;
+      if (!response.ParseFromArray(read_buffer_.data() + read_begin_ + kFrameHeaderBytes, static_cast<int>(length))) {
+        return Fail(ProtocolError("unparsable response from kvtierd"));
+      }
+      frames.push_back(std::move(response));
+      read_begin_ += kFrameHeaderBytes + length;
+    }
+    if (!frames.empty()) break;
+    read_buffer_.erase(0, read_begin_);
+    read_begin_ = 0;
+    const size_t have = read_buffer_.size();
+    read_buffer_.resize(have + 64 * 1024);
+    ssize_t n = ::recv(fd_, read_buffer_.data() + have, read_buffer_.size() - have, 0);
+    read_buffer_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return Fail(Unavailable("kvtierd closed the connection"));
+    return Fail(IoError(std::string("recv: ") + std::strerror(errno)));
+  }
+  for (auto& response : frames) Dispatch(std::move(response));
+}
+
+void Connection::Dispatch(v1::Response response) {
+  if (response.id() == 0) {  // a frame-level error report; the daemon closes next
+    Status reason = wire::FromProto(response.status());
+    return Fail(reason.ok() ? ProtocolError("kvtierd reported a connection error") : reason);
+  }
+  Done done;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(response.id());
+    if (it == pending_.end()) return;  // failed locally already
+    done = std::move(it->second.done);
+    if (it->second.background) --background_pending_;
+    pending_.erase(it);
+  }
+  Status top = wire::FromProto(response.status());
+  if (top.ok()) done(std::move(response)); else done(top);
+}
+
+void Connection::Fail(const Status& reason) {
+  std::unordered_map<uint64_t, Pending> failed;
+  Status final_reason;
+  {
+    std::lock_guard lock(mu_);
+    if (!closed_) {
+      closed_ = true;
+      close_reason_ = reason;
+    }
+    final_reason = close_reason_;
+    failed.swap(pending_);
+    background_pending_ = 0;
+    cv_.notify_all();
+  }
+  for (auto& [id, pending] : failed) pending.done(final_reason);
 }
 
 Result<std::span<std::byte>> Connection::Slot(uint64_t offset, uint64_t length) const {

@@ -1,19 +1,27 @@
 // internal::Connection: one socket to kvtierd, the arena mapping and the
-// machinery of pipelined calls. Requests from any thread are framed and
-// written under a mutex; one reader thread parses responses and completes
-// the matching call by id. Not part of the public API.
+// machinery of pipelined calls. Not part of the public API.
 //
-// Thread-safe. Callbacks run on the reader thread, one at a time; they may
-// issue further calls but must not block on them.
+// Requests from any thread are framed and written under a mutex. Responses
+// are read by whichever thread needs one (leader/follower): a thread waiting
+// in Await becomes the reader if nobody reads, reads whole frames and runs
+// their callbacks, then hands the socket on. So a synchronous call costs no
+// thread hop. A background thread reads only while calls made with
+// `background = true` (the public *Async API) are pending.
+//
+// Thread-safe. Callbacks run on the reading thread, one at a time; they may
+// issue further calls but must never wait for one.
 #pragma once
 
-#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -28,19 +36,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Done = std::function<void(Result<v1::Response>)>;
 
   // Connects, performs Hello (receiving and mapping the arena) and starts
-  // the reader thread. Errors as documented for Client::Connect.
+  // the background reader. Errors as documented for Client::Connect.
   static Result<std::shared_ptr<Connection>> Open(const ClientOptions& options);
   ~Connection();
 
-  // Sends `request` (its id is assigned here) and later runs `done` exactly
-  // once on the reader thread with the response, or with Unavailable if the
-  // connection fails first. A response whose top-level status is not ok is
-  // delivered as that Status.
-  void Call(v1::Request request, Done done);
-  // Call, waiting for the outcome.
+  // Sends `request` (its id is assigned here); `done` runs exactly once on a
+  // reading thread with the response, or with Unavailable if the connection
+  // fails first (possibly at once, on this thread). A response whose
+  // top-level status is not ok is delivered as that Status. With
+  // `background`, the background thread reads until it is answered;
+  // otherwise the response is read by the next thread that waits.
+  void Call(v1::Request request, Done done, bool background);
+
+  // Reads and dispatches responses on this thread (or waits while another
+  // thread does) until `future` is ready, then returns its value.
+  template <typename T>
+  T Await(std::future<T> future) {
+    Drive([&future] { return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+    return future.get();
+  }
+  // Call + Await.
   Result<v1::Response> CallSync(v1::Request request);
 
-  // Closes the socket, fails pending calls, joins the reader. Idempotent.
+  // Shuts the socket down, fails pending calls, joins the background reader.
+  // Idempotent. The fd itself is closed by the destructor.
   void Close();
 
   std::span<std::byte> arena() const { return {arena_, arena_bytes_}; }
@@ -51,10 +70,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool verify_checksums() const { return verify_checksums_; }
 
  private:
+  struct Pending {
+    Done done;
+    bool background = false;
+  };
+
   Connection() = default;
   Status Hello(const ClientOptions& options);
-  void ReadLoop();
-  void FailAll(const Status& status);
+  void Drive(const std::function<bool()>& ready);
+  void BackgroundLoop();
+  // Reads at least one whole frame (blocking) and dispatches every complete
+  // frame buffered. Caller holds the reader role (reading_ == true), not mu_.
+  void ReadAndDispatch();
+  void Dispatch(v1::Response response);
+  // Marks the connection closed with `reason` and fails every pending call.
+  void Fail(const Status& reason);
 
   int fd_ = -1;
   std::byte* arena_ = nullptr;
@@ -63,13 +93,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool verify_checksums_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
 
-  std::mutex write_mu_;          // serializes frames on the socket
-  std::mutex pending_mu_;
-  std::unordered_map<uint64_t, Done> pending_;  // guarded by pending_mu_
-  bool closed_ = false;                         // guarded by pending_mu_
-  Status close_reason_;                         // guarded by pending_mu_
-  std::atomic<uint64_t> next_id_{1};
-  std::thread reader_;
+  std::mutex write_mu_;  // serializes frames on the socket
+
+  std::mutex mu_;
+  std::condition_variable cv_;                    // reader role freed, or closed
+  std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
+  int background_pending_ = 0;                     // guarded by mu_
+  bool reading_ = false;                           // guarded by mu_: someone holds the reader role
+  bool closed_ = false;                            // guarded by mu_
+  Status close_reason_;                            // guarded by mu_
+  uint64_t next_id_ = 1;                           // guarded by mu_
+
+  std::string read_buffer_;  // only touched by the reader-role holder
+  size_t read_begin_ = 0;    // parsed up to here
+  std::thread background_reader_;
 };
 
 }  // namespace kvtier::internal

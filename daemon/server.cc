@@ -5,7 +5,6 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 #include <asio/redirect_error.hpp>
-#include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
 #include <chrono>
@@ -46,8 +45,21 @@ Status PrepareSocketPath(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+std::vector<std::unique_ptr<asio::io_context>> MakeContexts(uint32_t count) {
+  std::vector<std::unique_ptr<asio::io_context>> contexts;
+  for (uint32_t i = 0; i < std::max<uint32_t>(count, 1); ++i) {
+    contexts.push_back(std::make_unique<asio::io_context>(1));  // one thread each
+  }
+  return contexts;
+}
+
+}  // namespace
+
 Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
-    : options_(options), host_(host), acceptor_(io_) {
+    : options_(options), host_(host), contexts_(MakeContexts(options.io_threads)),
+      acceptor_(*contexts_[0]) {
   context_.engine = &engine;
   context_.arena_bytes = host.capacity_bytes();
   context_.max_frame_bytes = options.max_frame_bytes;
@@ -65,9 +77,11 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Engi
   if (!ec) server->acceptor_.bind(endpoint, ec);
   if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return IoError("cannot listen on " + options.socket_path + ": " + ec.message());
-  asio::co_spawn(server->io_, server->AcceptLoop(), asio::detached);
-  for (uint32_t i = 0; i < options.io_threads; ++i) {
-    server->threads_.emplace_back([s = server.get()] { s->io_.run(); });
+  asio::co_spawn(*server->contexts_[0], server->AcceptLoop(), asio::detached);
+  for (auto& context : server->contexts_) {
+    // The guard keeps an idle context running until Shutdown releases it.
+    server->guards_.emplace_back(context->get_executor());
+    server->threads_.emplace_back([io = context.get()] { io->run(); });
   }
   return server;
 }
@@ -80,8 +94,8 @@ Server::~Server() {
 asio::awaitable<void> Server::AcceptLoop() {
   for (;;) {
     asio::error_code ec;
-    auto socket = co_await acceptor_.async_accept(asio::make_strand(io_),
-                                                  asio::redirect_error(asio::use_awaitable, ec));
+    asio::io_context& target = *contexts_[next_context_++ % contexts_.size()];
+    auto socket = co_await acceptor_.async_accept(target, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
       spdlog::warn("accept failed: {}", ec.message());
@@ -119,11 +133,15 @@ void Server::Shutdown() {
       if (auto s = weak.lock()) live.push_back(std::move(s));
     }
   }
-  asio::post(io_, [this] {
+  asio::post(*contexts_[0], [this] {
     asio::error_code ignored;
     acceptor_.close(ignored);
   });
   for (auto& s : live) s->StopReading();
+  // Posted last: each context ends once its sessions (and the acceptor) end.
+  for (size_t i = 0; i < contexts_.size(); ++i) {
+    asio::post(*contexts_[i], [this, i] { guards_[i].reset(); });
+  }
 }
 
 void Server::Wait() {
@@ -142,7 +160,7 @@ void Server::Wait() {
   });
   if (done.wait_for(std::chrono::milliseconds(options_.drain_timeout_ms)) != std::future_status::ready) {
     spdlog::warn("drain timeout of {} ms passed; closing remaining connections", options_.drain_timeout_ms);
-    io_.stop();
+    for (auto& context : contexts_) context->stop();
   }
   joiner.join();
   ::unlink(options_.socket_path.c_str());

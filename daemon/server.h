@@ -1,9 +1,13 @@
-// Server: the Unix-socket listener of kvtierd. Accepts connections, runs one
-// Session per connection on a pool of io threads, and drains on Shutdown.
+// Server: the Unix-socket listener of kvtierd. Accepts connections and runs
+// one Session per connection. Each io thread runs its own single-threaded
+// io_context; connections are spread over them round robin, so a session's
+// work never hops threads (no strands, no cross-thread wake-ups).
+// Drains on Shutdown.
 //
 // Thread-safe: Shutdown and VisitCounters may be called from any thread.
 #pragma once
 
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/local/stream_protocol.hpp>
 #include <atomic>
@@ -55,9 +59,13 @@ class Server {
   HostTier& host_;
   HandlerContext context_;
   SessionCounters session_counters_;
-  asio::io_context io_;
+  // One io_context per io thread; contexts_[0] also runs the acceptor.
+  std::vector<std::unique_ptr<asio::io_context>> contexts_;
   asio::local::stream_protocol::acceptor acceptor_;
+  // One per context; each is reset on its own context at Shutdown.
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
   std::vector<std::thread> threads_;
+  size_t next_context_ = 0;  // only touched by the accept loop
 
   mutable std::mutex mu_;
   std::unordered_map<SessionId, std::weak_ptr<Session>> sessions_;  // guarded by mu_

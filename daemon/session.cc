@@ -29,69 +29,127 @@ void Session::StopReading() {
   });
 }
 
+namespace {
+
+// Appends one framed response to `out`.
+void AppendFrame(const v1::Response& response, std::string& out) {
+  const size_t body = response.ByteSizeLong();
+  const size_t at = out.size();
+  out.resize(at + kFrameHeaderBytes + body);
+  auto* bytes = reinterpret_cast<uint8_t*>(out.data() + at);
+  EncodeFrameHeader(static_cast<uint32_t>(body), bytes);
+  response.SerializeWithCachedSizesToArray(bytes + kFrameHeaderBytes);
+}
+
+}  // namespace
+
 asio::awaitable<void> Session::Run() {
-  uint8_t header[kFrameHeaderBytes];
+  // Reads whatever the socket has, answers every complete frame in it and
+  // writes all the answers at once: pipelined requests cost one read and one
+  // write per batch, a lone request one of each.
+  std::string in(64 * 1024, '\0');
+  size_t begin = 0, end = 0;
   for (;;) {
+    write_buffer_.clear();
+    bool close_after = false;
+    while (end - begin >= kFrameHeaderBytes && !close_after) {
+      const uint32_t length = DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data() + begin));
+      if (length > context_.max_frame_bytes) {
+        counters_.oversized_frames.fetch_add(1, std::memory_order_relaxed);
+        AppendFrame(ErrorResponse(ProtocolError(
+            "frame of " + std::to_string(length) + " bytes exceeds the cap of " +
+            std::to_string(context_.max_frame_bytes) + " bytes; closing the connection")), write_buffer_);
+        close_after = true;
+        break;
+      }
+      if (end - begin - kFrameHeaderBytes < length) break;  // body not complete yet
+      v1::Request request;
+      const bool parsed = request.ParseFromArray(in.data() + begin + kFrameHeaderBytes, static_cast<int>(length));
+      begin += kFrameHeaderBytes + length;
+      if (!parsed) {
+        counters_.unparsable_frames.fetch_add(1, std::memory_order_relaxed);
+        AppendFrame(ErrorResponse(ProtocolError("frame of " + std::to_string(length) +
+                                                " bytes is not a valid kvtier.v1.Request")), write_buffer_);
+        continue;  // frame boundaries are intact: keep serving
+      }
+      counters_.requests.fetch_add(1, std::memory_order_relaxed);
+      v1::Response response;
+      RequestHandler::Outcome outcome = handler_.Handle(request, response);
+      if (outcome.attach_arena_fd) {
+        // The fd must travel with this response's first byte: flush first.
+        if (!co_await Flush() || !co_await SendWithArenaFd(response)) co_return co_await Close();
+      } else {
+        AppendFrame(response, write_buffer_);
+      }
+      close_after = outcome.close_after;
+    }
+    if (!co_await Flush() || close_after) break;
+
+    // Keep the unparsed tail at the front and make room for a whole frame.
+    in.erase(0, begin);
+    end -= begin;
+    begin = 0;
+    size_t want = 64 * 1024;
+    if (end >= kFrameHeaderBytes) {
+      want = std::max<size_t>(want, kFrameHeaderBytes + DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data())));
+    }
+    if (in.size() < want) in.resize(want);
     asio::error_code ec;
-    co_await asio::async_read(socket_, asio::buffer(header), asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) break;  // EOF between frames: a normal close
-    const uint32_t length = DecodeFrameHeader(header);
-    if (length > context_.max_frame_bytes) {
-      counters_.oversized_frames.fetch_add(1, std::memory_order_relaxed);
-      co_await SendConnectionError(ProtocolError(
-          "frame of " + std::to_string(length) + " bytes exceeds the cap of " +
-          std::to_string(context_.max_frame_bytes) + " bytes; closing the connection"));
-      break;
-    }
-    read_buffer_.resize(length);
-    size_t got = co_await asio::async_read(socket_, asio::buffer(read_buffer_),
-                                           asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) {
+    size_t n = co_await socket_.async_read_some(asio::buffer(in.data() + end, in.size() - end),
+                                                asio::redirect_error(asio::use_awaitable, ec));
+    end += n;
+    if (!ec) continue;
+    if (end > begin) {  // EOF inside a frame
       counters_.truncated_frames.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("session {}: truncated frame ({} of {} bytes): {}", id_, got, length, ec.message());
-      co_await SendConnectionError(ProtocolError("truncated frame: got " + std::to_string(got) +
-                                                 " of " + std::to_string(length) + " bytes"));
-      break;
+      std::string what;
+      if (end >= kFrameHeaderBytes) {
+        const uint32_t length = DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data()));
+        what = "truncated frame: got " + std::to_string(end - kFrameHeaderBytes) + " of " +
+               std::to_string(length) + " bytes";
+      } else {
+        what = "truncated frame header: got " + std::to_string(end) + " of " +
+               std::to_string(kFrameHeaderBytes) + " bytes";
+      }
+      spdlog::warn("session {}: {} ({})", id_, what, ec.message());
+      write_buffer_.clear();
+      AppendFrame(ErrorResponse(ProtocolError(what)), write_buffer_);
+      co_await Flush();
     }
-    v1::Request request;
-    v1::Response response;
-    if (!request.ParseFromString(read_buffer_)) {
-      counters_.unparsable_frames.fetch_add(1, std::memory_order_relaxed);
-      response.set_id(0);
-      wire::ToProto(ProtocolError("frame of " + std::to_string(length) +
-                                  " bytes is not a valid kvtier.v1.Request"),
-                    response.mutable_status());
-      if (!co_await Send(response, false)) break;
-      continue;  // frame boundaries are intact: keep serving
-    }
-    counters_.requests.fetch_add(1, std::memory_order_relaxed);
-    RequestHandler::Outcome outcome = handler_.Handle(request, response);
-    if (!co_await Send(response, outcome.attach_arena_fd)) break;
-    if (outcome.close_after) break;
+    break;  // EOF between frames is a normal close
   }
+  co_await Close();
+}
+
+v1::Response Session::ErrorResponse(const Status& status) {
+  v1::Response response;
+  response.set_id(0);
+  wire::ToProto(status, response.mutable_status());
+  return response;
+}
+
+asio::awaitable<void> Session::Close() {
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);
   context_.engine->CloseSession(id_);
+  co_return;
 }
 
-asio::awaitable<void> Session::SendConnectionError(const Status& status) {
-  v1::Response response;
-  response.set_id(0);
-  wire::ToProto(status, response.mutable_status());
-  co_await Send(response, false);
+asio::awaitable<bool> Session::Flush() {
+  if (write_buffer_.empty()) co_return true;
+  asio::error_code ec;
+  co_await asio::async_write(socket_, asio::buffer(write_buffer_), asio::redirect_error(asio::use_awaitable, ec));
+  write_buffer_.clear();
+  co_return !ec;
 }
 
-asio::awaitable<bool> Session::Send(const v1::Response& response, bool attach_fd) {
-  const size_t body = response.ByteSizeLong();
-  write_buffer_.resize(kFrameHeaderBytes + body);
-  EncodeFrameHeader(static_cast<uint32_t>(body), reinterpret_cast<uint8_t*>(write_buffer_.data()));
-  response.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(write_buffer_.data() + kFrameHeaderBytes));
+asio::awaitable<bool> Session::SendWithArenaFd(const v1::Response& response) {
+  std::string frame;
+  AppendFrame(response, frame);
   size_t sent = 0;
   asio::error_code ec;
-  while (attach_fd) {
-    // The fd must travel with the first byte; sendmsg on the native socket.
-    Result<size_t> n = SendWithFd(socket_.native_handle(), write_buffer_.data(), write_buffer_.size(), arena_fd_);
+  for (;;) {
+    Result<size_t> n = SendWithFd(socket_.native_handle(), frame.data(), frame.size(), arena_fd_);
     if (n.ok()) {
       sent = *n;
       break;
@@ -103,7 +161,7 @@ asio::awaitable<bool> Session::Send(const v1::Response& response, bool attach_fd
     co_await socket_.async_wait(Socket::wait_write, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return false;
   }
-  co_await asio::async_write(socket_, asio::buffer(write_buffer_.data() + sent, write_buffer_.size() - sent),
+  co_await asio::async_write(socket_, asio::buffer(frame.data() + sent, frame.size() - sent),
                              asio::redirect_error(asio::use_awaitable, ec));
   co_return !ec;
 }

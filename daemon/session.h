@@ -1,6 +1,6 @@
 // Session: one client connection. Reads frames, checks the cap before
 // reading a payload, lets its RequestHandler answer, and writes responses in
-// request order. Runs as one coroutine on its own strand. Closing the
+// request order. Runs as one coroutine on its io thread's context. Closing the
 // connection (EOF, error, drain) closes the engine session: its
 // reservations and leases die with it.
 #pragma once
@@ -39,13 +39,17 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> Run();
 
   // Stops reading new requests; buffered ones are still answered. Safe from
-  // any thread (posted to the session's strand).
+  // any thread (posted to the session's context).
   void StopReading();
 
  private:
-  // Writes one framed response; attaches the arena fd if asked.
-  asio::awaitable<bool> Send(const v1::Response& response, bool attach_fd);
-  asio::awaitable<void> SendConnectionError(const Status& status);
+  static v1::Response ErrorResponse(const Status& status);
+  // Writes write_buffer_ (all answers gathered so far) and empties it.
+  asio::awaitable<bool> Flush();
+  // Writes one framed response with the arena fd attached to its first byte.
+  asio::awaitable<bool> SendWithArenaFd(const v1::Response& response);
+  // Closes the socket and the engine session.
+  asio::awaitable<void> Close();
 
   Socket socket_;
   const SessionId id_;
@@ -53,7 +57,6 @@ class Session : public std::enable_shared_from_this<Session> {
   const int arena_fd_;
   SessionCounters& counters_;
   RequestHandler handler_;
-  std::string read_buffer_;
   std::string write_buffer_;
 };
 
