@@ -35,7 +35,7 @@ void ReleaseWithoutWaiting(Connection& conn, const std::vector<uint64_t>& leases
   if (leases.empty()) return;
   v1::Request request;
   for (uint64_t lease : leases) request.mutable_release()->add_leases(lease);
-  conn.Call(std::move(request), [](Result<v1::Response>) {}, /*background=*/false);
+  conn.Call(std::move(request), [](Result<v1::Response>) {}, Connection::Reader::kDetached);
 }
 
 // Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
@@ -95,7 +95,7 @@ v1::Request PinRequest(NamespaceId ns, std::span<const BlockKey> keys) {
 // Connection by reference: Close() runs every pending callback before the
 // Client lets go of it.
 std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
-                                              std::span<const BlockKey> keys, bool background) {
+                                              std::span<const BlockKey> keys, Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
   auto future = promise->get_future();
   if (Status s = CheckNamespace(conn, ns); !s.ok()) {
@@ -111,13 +111,13 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
     out.prefix_blocks = r->lookup().prefix_blocks();
     for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
     promise->set_value(std::move(out));
-  }, background);
+  }, reader);
   return future;
 }
 
 // Reserve -> copy into the arena (on the reading thread) -> Commit.
 std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std::vector<BlockKey> keys,
-                                          std::vector<std::span<const std::byte>> data, bool background) {
+                                          std::vector<std::span<const std::byte>> data, Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<std::vector<Status>>>();
   auto future = promise->get_future();
   Status s = CheckNamespace(conn, ns);
@@ -131,7 +131,7 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
   auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
   Connection* c = &conn;
   conn.Call(ReserveRequest(ns, *shared_keys, sizes),
-            [c, ns, shared_keys, data = std::move(data), promise, background](Result<v1::Response> r) {
+            [c, ns, shared_keys, data = std::move(data), promise, reader](Result<v1::Response> r) {
     if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
     auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
     for (size_t i = 0; i < blocks->size(); ++i) {
@@ -144,15 +144,15 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
     }
     c->Call(std::move(commit), [blocks, promise](Result<v1::Response> committed) {
       promise->set_value(MergeCommit(*blocks, committed, true));
-    }, background);
-  }, background);
+    }, reader);
+  }, reader);
   return future;
 }
 
 // Pin -> copy out of the arena (on the reading thread) -> Release, not waited for.
 std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId ns,
                                                   std::span<const BlockKey> keys,
-                                                  std::vector<std::span<std::byte>> dst, bool background) {
+                                                  std::vector<std::span<std::byte>> dst, Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
   auto future = promise->get_future();
   Status s = CheckNamespace(conn, ns);
@@ -164,7 +164,7 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
   Connection* c = &conn;
   conn.Call(PinRequest(ns, keys), [c, dst = std::move(dst), promise](Result<v1::Response> r) {
     promise->set_value(CopyPinned(*c, r, dst));
-  }, background);
+  }, reader);
   return future;
 }
 
@@ -196,11 +196,11 @@ const std::vector<NamespaceFingerprint>& Client::namespaces() const { return con
 std::span<std::byte> Client::arena() const { return conn_->arena(); }
 
 Result<LookupResult> Client::Lookup(NamespaceId ns, std::span<const BlockKey> keys) {
-  return conn_->Await(StartLookup(*conn_, ns, keys, /*background=*/false));
+  return conn_->Await(StartLookup(*conn_, ns, keys, Connection::Reader::kCaller));
 }
 
 std::future<Result<LookupResult>> Client::LookupAsync(NamespaceId ns, std::vector<BlockKey> keys) {
-  return StartLookup(*conn_, ns, keys, /*background=*/true);
+  return StartLookup(*conn_, ns, keys, Connection::Reader::kBackground);
 }
 
 Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data) {
@@ -212,12 +212,12 @@ std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> k
                                      std::span<const std::span<const std::byte>> data) {
   return conn_->Await(StartPut(*conn_, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
                                std::vector<std::span<const std::byte>>(data.begin(), data.end()),
-                               /*background=*/false));
+                               Connection::Reader::kCaller));
 }
 
 std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                        std::vector<std::span<const std::byte>> data) {
-  return StartPut(*conn_, ns, std::move(keys), std::move(data), /*background=*/true);
+  return StartPut(*conn_, ns, std::move(keys), std::move(data), Connection::Reader::kBackground);
 }
 
 Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
@@ -241,12 +241,12 @@ Result<size_t> Client::Get(NamespaceId ns, const BlockKey& key, std::span<std::b
 std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                              std::span<const std::span<std::byte>> dst) {
   return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
-                               /*background=*/false));
+                               Connection::Reader::kCaller));
 }
 
 std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                                std::vector<std::span<std::byte>> dst) {
-  return StartGet(*conn_, ns, keys, std::move(dst), /*background=*/true);
+  return StartGet(*conn_, ns, keys, std::move(dst), Connection::Reader::kBackground);
 }
 
 std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const BlockKey> keys) {

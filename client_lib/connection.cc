@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -29,6 +30,23 @@ Status WriteFrame(int fd, const google::protobuf::MessageLite& message, uint32_t
   return WriteAll(fd, frame.data(), frame.size());
 }
 
+// recv that first polls without blocking for up to `spin_us` (yielding the
+// core between tries, so a daemon on the same core still runs), then
+// blocks. A response that comes back within the spin costs no sleep and
+// wake-up of this thread: on a VM that is most of a small request's
+// round trip.
+ssize_t RecvSpinningFirst(int fd, char* buffer, size_t capacity, uint32_t spin_us) {
+  if (spin_us > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    do {
+      ssize_t n = ::recv(fd, buffer, capacity, MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return n;
+      sched_yield();
+    } while (std::chrono::steady_clock::now() < deadline);
+  }
+  return ::recv(fd, buffer, capacity, 0);
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& options) {
@@ -39,6 +57,7 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
   std::shared_ptr<Connection> conn(new Connection());
   conn->max_frame_bytes_ = options.max_frame_bytes;
   conn->verify_checksums_ = options.verify_checksums;
+  conn->spin_wait_us_ = options.spin_wait_us;
   Result<int> fd = ConnectUnix(options.socket_path);
   if (!fd.ok()) return fd.status();
   conn->fd_ = *fd;
@@ -80,7 +99,10 @@ Status Connection::Hello(const ClientOptions& options) {
     ::close(arena_fd);
     return ProtocolError("the arena fd is smaller than the announced arena");
   }
-  void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
+  // MAP_POPULATE: fault every page in now, so no get or put pays a page
+  // fault on the hot path (DESIGN.md: nothing maps on the hot path).
+  void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                      arena_fd, 0);
   ::close(arena_fd);  // the mapping keeps the memfd alive
   if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
   arena_ = static_cast<std::byte*>(base);
@@ -108,7 +130,13 @@ void Connection::Close() {
   }
 }
 
-void Connection::Call(v1::Request request, Done done, bool background) {
+void Connection::Track(Reader reader, int delta) {
+  if (reader == Reader::kBackground) background_pending_ += delta;
+  if (reader == Reader::kDetached) detached_pending_ += delta;
+  if (delta > 0 && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached)) cv_.notify_all();
+}
+
+void Connection::Call(v1::Request request, Done done, Reader reader) {
   uint64_t id = 0;
   {
     std::unique_lock lock(mu_);
@@ -119,11 +147,8 @@ void Connection::Call(v1::Request request, Done done, bool background) {
       return;
     }
     id = next_id_++;
-    pending_.emplace(id, Pending{std::move(done), background});
-    if (background) {
-      ++background_pending_;
-      cv_.notify_all();
-    }
+    pending_.emplace(id, Pending{std::move(done), reader});
+    Track(reader, +1);
   }
   request.set_id(id);
   Status s;
@@ -138,7 +163,7 @@ void Connection::Call(v1::Request request, Done done, bool background) {
     auto it = pending_.find(id);
     if (it == pending_.end()) return;  // already failed by Fail()
     failed = std::move(it->second.done);
-    if (it->second.background) --background_pending_;
+    Track(it->second.reader, -1);
     pending_.erase(it);
   }
   failed(s);
@@ -148,7 +173,7 @@ Result<v1::Response> Connection::CallSync(v1::Request request) {
   std::promise<Result<v1::Response>> promise;
   auto future = promise.get_future();
   Call(std::move(request), [&promise](Result<v1::Response> r) { promise.set_value(std::move(r)); },
-       /*background=*/false);
+       Reader::kCaller);
   return Await(std::move(future));
 }
 
@@ -178,7 +203,9 @@ void Connection::Drive(const std::function<bool()>& ready) {
 void Connection::BackgroundLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return closed_ || (background_pending_ > 0 && !reading_); });
+    cv_.wait(lock, [this] {
+      return closed_ || (!reading_ && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached));
+    });
     if (closed_) return;
     reading_ = true;
     lock.unlock();
@@ -212,7 +239,16 @@ void Connection::ReadAndDispatch() {
     read_begin_ = 0;
     const size_t have = read_buffer_.size();
     read_buffer_.resize(have + 64 * 1024);
-    ssize_t n = ::recv(fd_, read_buffer_.data() + have, read_buffer_.size() - have, 0);
+    // Spin only while answers have recently come back within the spin
+    // budget: under load (many threads, slow answers) spinning would only
+    // take the cores the daemon needs.
+    const bool spin = wait_ewma_us_ < static_cast<double>(spin_wait_us_);
+    const auto started = std::chrono::steady_clock::now();
+    ssize_t n = RecvSpinningFirst(fd_, read_buffer_.data() + have, read_buffer_.size() - have,
+                                  spin ? spin_wait_us_ : 0);
+    const double waited_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+    wait_ewma_us_ = 0.875 * wait_ewma_us_ + 0.125 * waited_us;
     read_buffer_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
@@ -233,7 +269,7 @@ void Connection::Dispatch(v1::Response response) {
     auto it = pending_.find(response.id());
     if (it == pending_.end()) return;  // failed locally already
     done = std::move(it->second.done);
-    if (it->second.background) --background_pending_;
+    Track(it->second.reader, -1);
     pending_.erase(it);
   }
   Status top = wire::FromProto(response.status());
@@ -252,6 +288,7 @@ void Connection::Fail(const Status& reason) {
     final_reason = close_reason_;
     failed.swap(pending_);
     background_pending_ = 0;
+    detached_pending_ = 0;
     cv_.notify_all();
   }
   for (auto& [id, pending] : failed) pending.done(final_reason);

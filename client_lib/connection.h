@@ -5,8 +5,9 @@
 // are read by whichever thread needs one (leader/follower): a thread waiting
 // in Await becomes the reader if nobody reads, reads whole frames and runs
 // their callbacks, then hands the socket on. So a synchronous call costs no
-// thread hop. A background thread reads only while calls made with
-// `background = true` (the public *Async API) are pending.
+// thread hop. A background thread reads while calls of the public *Async
+// API are pending, and drains answers nobody waits for once a few pile up
+// (so they can never fill the socket and stall the daemon).
 //
 // Thread-safe. Callbacks run on the reading thread, one at a time; they may
 // issue further calls but must never wait for one.
@@ -35,6 +36,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   using Done = std::function<void(Result<v1::Response>)>;
 
+  // Who reads a call's response.
+  enum class Reader {
+    kCaller,      // the calling thread Awaits it
+    kBackground,  // nobody waits on a thread: the background reader does
+    kDetached,    // nobody waits at all (fire and forget): whoever reads next
+  };
+
   // Connects, performs Hello (receiving and mapping the arena) and starts
   // the background reader. Errors as documented for Client::Connect.
   static Result<std::shared_ptr<Connection>> Open(const ClientOptions& options);
@@ -43,10 +51,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Sends `request` (its id is assigned here); `done` runs exactly once on a
   // reading thread with the response, or with Unavailable if the connection
   // fails first (possibly at once, on this thread). A response whose
-  // top-level status is not ok is delivered as that Status. With
-  // `background`, the background thread reads until it is answered;
-  // otherwise the response is read by the next thread that waits.
-  void Call(v1::Request request, Done done, bool background);
+  // top-level status is not ok is delivered as that Status.
+  void Call(v1::Request request, Done done, Reader reader);
 
   // Reads and dispatches responses on this thread (or waits while another
   // thread does) until `future` is ready, then returns its value.
@@ -72,8 +78,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   struct Pending {
     Done done;
-    bool background = false;
+    Reader reader = Reader::kCaller;
   };
+  // Detached answers left unread before the background reader drains them.
+  static constexpr int kMaxUnreadDetached = 16;
+
+  void Track(Reader reader, int delta);  // caller holds mu_
 
   Connection() = default;
   Status Hello(const ClientOptions& options);
@@ -91,6 +101,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t arena_bytes_ = 0;
   uint32_t max_frame_bytes_ = 0;
   bool verify_checksums_ = false;
+  uint32_t spin_wait_us_ = 0;
   std::vector<NamespaceFingerprint> namespaces_;
 
   std::mutex write_mu_;  // serializes frames on the socket
@@ -99,12 +110,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::condition_variable cv_;                    // reader role freed, or closed
   std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
   int background_pending_ = 0;                     // guarded by mu_
+  int detached_pending_ = 0;                       // guarded by mu_
   bool reading_ = false;                           // guarded by mu_: someone holds the reader role
   bool closed_ = false;                            // guarded by mu_
   Status close_reason_;                            // guarded by mu_
   uint64_t next_id_ = 1;                           // guarded by mu_
 
-  std::string read_buffer_;  // only touched by the reader-role holder
+  // Only touched by the reader-role holder:
+  std::string read_buffer_;
+  double wait_ewma_us_ = 0;  // moving average of how long reads waited
   size_t read_begin_ = 0;    // parsed up to here
   std::thread background_reader_;
 };

@@ -26,7 +26,7 @@ BlockView::~BlockView() {
   // Not waited for: the destructor must not block on the daemon.
   v1::Request request;
   request.mutable_release()->add_leases(lease_);
-  conn_->Call(std::move(request), [](Result<v1::Response>) {}, /*background=*/false);
+  conn_->Call(std::move(request), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
 }
 
 Status BlockView::Release() {
@@ -60,7 +60,7 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
 Reservation::~Reservation() {
   if (done_ || conn_ == nullptr) return;
   conn_->Call(internal::BuildAbort(ns_, blocks_), [](Result<v1::Response>) {},  // not waited for
-              /*background=*/false);
+              internal::Connection::Reader::kDetached);
 }
 
 std::vector<Status> Reservation::Commit() {

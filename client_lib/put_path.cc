@@ -38,7 +38,7 @@ bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::R
   body->set_ns(ns);
   for (const auto& b : blocks) {
     if (!b.status.ok()) continue;
-    wire::ToProto(b.key, body->add_keys());
+    wire::AppendKey(b.key, body->mutable_keys());
     body->add_sizes(b.data.size());
   }
   return body->keys_size() > 0;
@@ -48,7 +48,7 @@ v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks)
   v1::Request request;
   request.mutable_abort()->set_ns(ns);
   for (const auto& b : blocks) {
-    if (b.status.ok()) wire::ToProto(b.key, request.mutable_abort()->add_keys());
+    if (b.status.ok()) wire::AppendKey(b.key, request.mutable_abort()->mutable_keys());
   }
   return request;
 }

@@ -19,6 +19,7 @@ struct DaemonConfig {
   int64_t io_threads = 0;
   int64_t max_frame_bytes = 0;
   int64_t drain_timeout_ms = 0;
+  int64_t spin_wait_us = 0;
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"

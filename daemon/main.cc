@@ -47,7 +47,8 @@ int Serve(const DaemonConfig& config) {
   }
   ServerOptions server_options{config.socket_path, static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
-                               static_cast<uint32_t>(config.drain_timeout_ms)};
+                               static_cast<uint32_t>(config.drain_timeout_ms),
+                               static_cast<uint32_t>(config.spin_wait_us)};
   auto server = Server::Start(server_options, **engine, **host);
   if (!server.ok()) {
     spdlog::critical("server: {}", server.status().ToString());

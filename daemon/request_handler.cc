@@ -88,8 +88,9 @@ Result<NamespaceFingerprint> RequestHandler::Namespace(uint32_t ns) const {
 void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
-  LookupOutcome out = context_.engine->Lookup(*ns, keys);
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  LookupOutcome out = context_.engine->Lookup(*ns, *keys);
   auto* body = response.mutable_lookup();
   body->set_prefix_blocks(static_cast<uint32_t>(out.prefix_blocks));
   for (Tier t : out.tiers) body->add_tiers(static_cast<uint32_t>(t));
@@ -99,13 +100,14 @@ void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& resp
 void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  if (r.keys_size() != r.sizes_size()) {
-    return SetStatus(response, InvalidArgument("Reserve has " + std::to_string(r.keys_size()) +
+  if (r.keys_size() != 2 * r.sizes_size()) {
+    return SetStatus(response, InvalidArgument("Reserve has " + std::to_string(r.keys_size() / 2) +
                                                " keys but " + std::to_string(r.sizes_size()) + " sizes"));
   }
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto grants = context_.engine->Reserve(session_, *ns, keys, sizes);
+  auto grants = context_.engine->Reserve(session_, *ns, *keys, sizes);
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
     auto* slot = body->add_slots();
@@ -119,13 +121,14 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
 void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  if (r.keys_size() != r.sizes_size()) {
-    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size()) +
+  if (r.keys_size() != 2 * r.sizes_size()) {
+    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size() / 2) +
                                                " keys but " + std::to_string(r.sizes_size()) + " sizes"));
   }
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto statuses = context_.engine->Commit(session_, *ns, keys, sizes);
+  auto statuses = context_.engine->Commit(session_, *ns, *keys, sizes);
   auto* body = response.mutable_commit();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
@@ -134,8 +137,9 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
 void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
-  size_t aborted = context_.engine->Abort(session_, keys);
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  size_t aborted = context_.engine->Abort(session_, *keys);
   response.mutable_abort()->set_aborted(static_cast<uint32_t>(aborted));
   SetStatus(response, Status::Ok());
 }
@@ -143,8 +147,9 @@ void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& respon
 void RequestHandler::HandlePin(const v1::PinRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
-  auto grants = context_.engine->Pin(session_, *ns, keys);
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  auto grants = context_.engine->Pin(session_, *ns, *keys);
   auto* body = response.mutable_pin();
   for (const PinGrant& g : grants) {
     auto* block = body->add_blocks();
@@ -168,8 +173,9 @@ void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& re
 void RequestHandler::HandleErase(const v1::EraseRequest& r, v1::Response& response) {
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
-  std::vector<BlockKey> keys = wire::FromProto(r.keys());
-  response.mutable_erase()->set_erased(static_cast<uint32_t>(context_.engine->Erase(*ns, keys)));
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  response.mutable_erase()->set_erased(static_cast<uint32_t>(context_.engine->Erase(*ns, *keys)));
   SetStatus(response, Status::Ok());
 }
 

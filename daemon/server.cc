@@ -7,6 +7,7 @@
 #include <asio/redirect_error.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
+#include <sched.h>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -55,6 +56,27 @@ std::vector<std::unique_ptr<asio::io_context>> MakeContexts(uint32_t count) {
   return contexts;
 }
 
+// Runs `io` until it stops. After the last handler it keeps polling for up
+// to `spin_us` (yielding the core between polls) before it blocks in
+// epoll: a request that arrives meanwhile is served without the sleep and
+// wake-up of this thread, most of a small request's latency on a VM.
+void RunPolling(asio::io_context& io, uint32_t spin_us) {
+  using Clock = std::chrono::steady_clock;
+  auto last_work = Clock::now();
+  while (!io.stopped()) {
+    if (io.poll() > 0) {
+      last_work = Clock::now();
+      continue;
+    }
+    if (spin_us > 0 && Clock::now() - last_work < std::chrono::microseconds(spin_us)) {
+      sched_yield();
+      continue;
+    }
+    if (io.run_one() == 0) break;  // stopped: no work left
+    last_work = Clock::now();
+  }
+}
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
@@ -81,7 +103,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Engi
   for (auto& context : server->contexts_) {
     // The guard keeps an idle context running until Shutdown releases it.
     server->guards_.emplace_back(context->get_executor());
-    server->threads_.emplace_back([io = context.get()] { io->run(); });
+    server->threads_.emplace_back([io = context.get(), spin_us = options.spin_wait_us] {
+      RunPolling(*io, spin_us);
+    });
   }
   return server;
 }

@@ -31,6 +31,25 @@ void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedPtrField<
   for (const BlockKey& k : keys) ToProto(k, out->Add());
 }
 
+void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedField<uint64_t>* out) {
+  out->Reserve(out->size() + static_cast<int>(2 * keys.size()));
+  for (const BlockKey& k : keys) AppendKey(k, out);
+}
+
+void AppendKey(const BlockKey& key, google::protobuf::RepeatedField<uint64_t>* out) {
+  out->Add(key.hi);
+  out->Add(key.lo);
+}
+
+Result<std::vector<BlockKey>> KeysFromProto(const google::protobuf::RepeatedField<uint64_t>& words) {
+  if (words.size() % 2 != 0) {
+    return InvalidArgument("keys must be pairs of words (hi, lo); got " + std::to_string(words.size()) + " words");
+  }
+  std::vector<BlockKey> keys(static_cast<size_t>(words.size()) / 2);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = BlockKey{words[2 * i], words[2 * i + 1]};
+  return keys;
+}
+
 void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out) {
   out->set_model_id(d.model_id);
   out->set_model_revision(d.model_revision);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/result.h"
 #include "kvtier/status.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -22,6 +23,12 @@ void ToProto(const BlockKey& k, v1::Key* out);
 BlockKey FromProto(const v1::Key& k);
 std::vector<BlockKey> FromProto(const google::protobuf::RepeatedPtrField<v1::Key>& keys);
 void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedPtrField<v1::Key>* out);
+
+// Packed keys (two fixed64 words per key, hi then lo).
+void AddKeys(std::span<const BlockKey> keys, google::protobuf::RepeatedField<uint64_t>* out);
+void AppendKey(const BlockKey& key, google::protobuf::RepeatedField<uint64_t>* out);
+// InvalidArgument if the word count is odd.
+Result<std::vector<BlockKey>> KeysFromProto(const google::protobuf::RepeatedField<uint64_t>& words);
 
 void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out);
 NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);

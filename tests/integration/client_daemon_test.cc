@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -190,6 +192,31 @@ TEST(ClientDaemon, LruEvictsUnderPressureAndKeepsPinned) {
   EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst));
   EXPECT_EQ(client->Get(0, keys[2], dst).status().code(), StatusCode::kNotFound) << "LRU victim kept";
   EXPECT_GT(CounterValue(*client, "engine.evictions"), 0);
+}
+
+// Thousands of views dropped at once send thousands of Releases nobody waits
+// for; their answers must be drained, or they fill the socket and both
+// sides block. A later call has to complete.
+TEST(ClientDaemon, ManyDroppedViewsDoNotStallTheConnection) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 4000, 10);
+  std::vector<std::byte> block(4096);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, block).ok());
+  auto finished = std::async(std::launch::async, [&] {
+    for (int round = 0; round < 10; ++round) {
+      auto views = client->Pin(0, keys);
+      for (auto& v : views) EXPECT_TRUE(v.ok());
+    }  // every view released by its destructor, unwaited
+    return client->Lookup(0, keys);
+  });
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the connection stalled on unread Release answers";
+  auto hit = finished.get();
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(hit->prefix_blocks, keys.size());
+  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 0);
 }
 
 // 8 clients put, look up and get concurrently; every byte read is checked
