@@ -191,12 +191,7 @@ void Connection::Drive(const std::function<bool()>& ready) {
       cv_.wait(lock);
       continue;
     }
-    reading_ = true;
-    lock.unlock();
-    ReadAndDispatch();
-    lock.lock();
-    reading_ = false;
-    cv_.notify_all();
+    ReadAsLeader(lock);
   }
 }
 
@@ -207,13 +202,17 @@ void Connection::BackgroundLoop() {
       return closed_ || (!reading_ && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached));
     });
     if (closed_) return;
-    reading_ = true;
-    lock.unlock();
-    ReadAndDispatch();
-    lock.lock();
-    reading_ = false;
-    cv_.notify_all();
+    ReadAsLeader(lock);
   }
+}
+
+void Connection::ReadAsLeader(std::unique_lock<std::mutex>& lock) {
+  reading_ = true;
+  lock.unlock();
+  ReadAndDispatch();
+  lock.lock();
+  reading_ = false;
+  cv_.notify_all();
 }
 
 void Connection::ReadAndDispatch() {

@@ -89,6 +89,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status Hello(const ClientOptions& options);
   void Drive(const std::function<bool()>& ready);
   void BackgroundLoop();
+  // Takes the reader role (precondition: nobody holds it; `lock` holds mu_),
+  // reads and dispatches without mu_, hands the role back and wakes waiters.
+  void ReadAsLeader(std::unique_lock<std::mutex>& lock);
   // Reads at least one whole frame (blocking) and dispatches every complete
   // frame buffered. Caller holds the reader role (reading_ == true), not mu_.
   void ReadAndDispatch();
