@@ -235,12 +235,13 @@ TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
   EXPECT_EQ(tier->used_bytes(), 0u);
 }
 
-// AddressSanitizer intercepts mlock and makes it a no-op that returns 0, so
-// the lock tests can only run in builds without it.
-#if defined(__SANITIZE_ADDRESS__)
+// The sanitizers (ASan and TSan share sanitizer_common's interceptor)
+// make mlock a no-op that returns 0, so the lock tests can only run in
+// builds without them; the release suite runs them.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMlockIsReal = false;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr bool kMlockIsReal = false;
 #else
 constexpr bool kMlockIsReal = true;
@@ -249,7 +250,7 @@ constexpr bool kMlockIsReal = true;
 constexpr bool kMlockIsReal = true;
 #endif
 constexpr const char* kNoMlockUnderAsan =
-    "AddressSanitizer turns mlock into a no-op; run this in a non-ASan build";
+    "ASan/TSan turn mlock into a no-op; this runs in the release suite";
 
 uint64_t LockedKiB() {
   std::ifstream status("/proc/self/status");
