@@ -17,7 +17,7 @@ struct CopyBenchConfig {
   // Bytes cycled over per case: floor(working_set_bytes / block) blocks
   // (at least 1) live in the arena at once, and as many caller buffers.
   uint64_t working_set_bytes = 0;
-  double seconds_per_case = 2.0;  // per op (memcpy, put, get, pin+sum) per size
+  double seconds_per_case = 2.0;  // per op (memcpy, put, get, get x16, pin+sum) per size
   uint64_t key_salt = 0;          // makes this run's keys unique in the daemon
 };
 

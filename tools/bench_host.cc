@@ -87,6 +87,7 @@ void PrintCopies(const Report& r) {
   }
   std::printf("\n  put      Client::Put: Reserve, memcpy caller -> arena, Commit (daemon checksums the block)\n"
               "  get      Client::Get: Pin, memcpy arena -> caller buffer, Release (not waited for)\n"
+              "  get x16  Client::GetBatch of 16 blocks: one Pin, 16 copies, one Release (a prefix load)\n"
               "  pin+sum  zero-copy: Pin, sum every 8-byte word of the view (reads, no copy), Release\n"
               "  memcpy   caller buffer i -> scratch buffer i, i cycling over %s\n",
               Bytes(r.working_set_bytes).c_str());
