@@ -4,12 +4,23 @@
 #include "proto/wire.h"
 
 namespace kvtier {
+namespace {
+
+// Unpins `lease` without waiting: a destructor or an assignment must not
+// block on the daemon. A failure only means the lease died with the connection.
+void ReleaseDetached(internal::Connection& conn, uint64_t lease) {
+  v1::Request request;
+  request.mutable_release()->add_leases(lease);
+  conn.Call(std::move(request), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
+}
+
+}  // namespace
 
 BlockView::BlockView(BlockView&& other) noexcept { *this = std::move(other); }
 
 BlockView& BlockView::operator=(BlockView&& other) noexcept {
   if (this != &other) {
-    Release().IgnoreError();  // dropping a view releases it; errors mean the lease is gone
+    if (conn_ != nullptr) ReleaseDetached(*conn_, lease_);
     conn_ = std::move(other.conn_);
     data_ = other.data_;
     key_ = other.key_;
@@ -22,11 +33,7 @@ BlockView& BlockView::operator=(BlockView&& other) noexcept {
 }
 
 BlockView::~BlockView() {
-  if (conn_ == nullptr) return;
-  // Not waited for: the destructor must not block on the daemon.
-  v1::Request request;
-  request.mutable_release()->add_leases(lease_);
-  conn_->Call(std::move(request), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
+  if (conn_ != nullptr) ReleaseDetached(*conn_, lease_);
 }
 
 Status BlockView::Release() {
