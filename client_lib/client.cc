@@ -8,6 +8,7 @@
 
 #include "client_lib/connection.h"
 #include "client_lib/put_path.h"
+#include "client_lib/release.h"
 #include "common/checksum.h"
 #include "proto/wire.h"
 
@@ -16,7 +17,6 @@ namespace kvtier {
 using internal::BuildCommit;
 using internal::Connection;
 using internal::MergeCommit;
-using internal::ReserveRequest;
 using internal::ToWritable;
 
 namespace {
@@ -29,14 +29,6 @@ Status CheckNamespace(const Connection& conn, NamespaceId ns) {
   return Status::Ok();
 }
 
-// Unpins `leases` without waiting (the next reader consumes the answer); a
-// failure only means the connection is gone, and the leases died with it.
-void ReleaseWithoutWaiting(Connection& conn, const std::vector<uint64_t>& leases) {
-  if (leases.empty()) return;
-  v1::Request request;
-  for (uint64_t lease : leases) request.mutable_release()->add_leases(lease);
-  conn.Call(std::move(request), [](Result<v1::Response>) {}, Connection::Reader::kDetached);
-}
 
 // Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
 // response is handled.
@@ -79,16 +71,10 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
     }
     out.emplace_back(slot->size());
   }
-  ReleaseWithoutWaiting(conn, leases);
+  internal::ReleaseDetached(conn, leases);
   return out;
 }
 
-v1::Request PinRequest(NamespaceId ns, std::span<const BlockKey> keys) {
-  v1::Request request;
-  request.mutable_pin()->set_ns(ns);
-  wire::AddKeys(keys, request.mutable_pin()->mutable_keys());
-  return request;
-}
 
 
 // The three data operations, started without waiting. Callbacks hold the
@@ -102,10 +88,7 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
     promise->set_value(s);
     return future;
   }
-  v1::Request request;
-  request.mutable_lookup()->set_ns(ns);
-  wire::AddKeys(keys, request.mutable_lookup()->mutable_keys());
-  conn.Call(std::move(request), [promise](Result<v1::Response> r) {
+  conn.Call(wire::MakeLookup(ns, keys), [promise](Result<v1::Response> r) {
     if (!r.ok()) return promise->set_value(r.status());
     LookupResult out;
     out.prefix_blocks = r->lookup().prefix_blocks();
@@ -130,7 +113,7 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
   for (const auto& d : data) sizes.push_back(d.size());
   auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
   Connection* c = &conn;
-  conn.Call(ReserveRequest(ns, *shared_keys, sizes),
+  conn.Call(wire::MakeReserve(ns, *shared_keys, sizes),
             [c, ns, shared_keys, data = std::move(data), promise, reader](Result<v1::Response> r) {
     if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
     auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
@@ -162,7 +145,7 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     return future;
   }
   Connection* c = &conn;
-  conn.Call(PinRequest(ns, keys), [c, dst = std::move(dst), promise](Result<v1::Response> r) {
+  conn.Call(wire::MakePin(ns, keys), [c, dst = std::move(dst), promise](Result<v1::Response> r) {
     promise->set_value(CopyPinned(*c, r, dst));
   }, reader);
   return future;
@@ -224,7 +207,7 @@ Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> ke
                                     std::span<const uint64_t> sizes) {
   if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
   if (keys.size() != sizes.size()) return InvalidArgument("Reserve: keys and sizes differ in length");
-  auto r = conn_->CallSync(ReserveRequest(ns, keys, sizes));
+  auto r = conn_->CallSync(wire::MakeReserve(ns, keys, sizes));
   if (!r.ok()) return r.status();
   Reservation reservation;
   reservation.conn_ = conn_;
@@ -252,7 +235,7 @@ std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, s
 std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const BlockKey> keys) {
   std::vector<Result<BlockView>> out;
   Status s = CheckNamespace(*conn_, ns);
-  auto r = s.ok() ? conn_->CallSync(PinRequest(ns, keys)) : Result<v1::Response>(s);
+  auto r = s.ok() ? conn_->CallSync(wire::MakePin(ns, keys)) : Result<v1::Response>(s);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!r.ok()) {
       out.emplace_back(r.status());
@@ -270,7 +253,7 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
     }
     auto slot = conn_->Slot(b.offset(), b.length());
     if (!slot.ok()) {
-      ReleaseWithoutWaiting(*conn_, {b.lease()});
+      internal::ReleaseDetached(*conn_, std::vector<uint64_t>{b.lease()});
       out.emplace_back(slot.status());
       continue;
     }
@@ -285,29 +268,17 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
   return out;
 }
 
-Status Client::Release(uint64_t lease) {
-  v1::Request request;
-  request.mutable_release()->add_leases(lease);
-  auto r = conn_->CallSync(std::move(request));
-  if (!r.ok()) return r.status();
-  if (r->release().statuses_size() != 1) return ProtocolError("Release response has no status");
-  return wire::FromProto(r->release().statuses(0));
-}
+Status Client::Release(uint64_t lease) { return internal::ReleaseAndWait(*conn_, lease); }
 
 Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
   if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
-  v1::Request request;
-  request.mutable_erase()->set_ns(ns);
-  wire::AddKeys(keys, request.mutable_erase()->mutable_keys());
-  auto r = conn_->CallSync(std::move(request));
+  auto r = conn_->CallSync(wire::MakeErase(ns, keys));
   if (!r.ok()) return r.status();
   return static_cast<size_t>(r->erase().erased());
 }
 
 Result<std::vector<Counter>> Client::Stats() {
-  v1::Request request;
-  request.mutable_stats();
-  auto r = conn_->CallSync(std::move(request));
+  auto r = conn_->CallSync(wire::MakeStats());
   if (!r.ok()) return r.status();
   std::vector<Counter> out;
   for (const auto& c : r->stats().counters()) out.push_back({c.name(), c.value()});

@@ -1,26 +1,16 @@
 // BlockView and Reservation: RAII handles over a pin or a reservation.
 #include "client_lib/connection.h"
 #include "client_lib/put_path.h"
+#include "client_lib/release.h"
 #include "proto/wire.h"
 
 namespace kvtier {
-namespace {
-
-// Unpins `lease` without waiting: a destructor or an assignment must not
-// block on the daemon. A failure only means the lease died with the connection.
-void ReleaseDetached(internal::Connection& conn, uint64_t lease) {
-  v1::Request request;
-  request.mutable_release()->add_leases(lease);
-  conn.Call(std::move(request), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
-}
-
-}  // namespace
 
 BlockView::BlockView(BlockView&& other) noexcept { *this = std::move(other); }
 
 BlockView& BlockView::operator=(BlockView&& other) noexcept {
   if (this != &other) {
-    if (conn_ != nullptr) ReleaseDetached(*conn_, lease_);
+    if (conn_ != nullptr) internal::ReleaseDetached(*conn_, std::span<const uint64_t>(&lease_, 1));
     conn_ = std::move(other.conn_);
     data_ = other.data_;
     key_ = other.key_;
@@ -33,7 +23,7 @@ BlockView& BlockView::operator=(BlockView&& other) noexcept {
 }
 
 BlockView::~BlockView() {
-  if (conn_ != nullptr) ReleaseDetached(*conn_, lease_);
+  if (conn_ != nullptr) internal::ReleaseDetached(*conn_, std::span<const uint64_t>(&lease_, 1));
 }
 
 Status BlockView::Release() {
@@ -41,12 +31,7 @@ Status BlockView::Release() {
   std::shared_ptr<internal::Connection> conn = std::move(conn_);
   conn_ = nullptr;
   data_ = {};
-  v1::Request request;
-  request.mutable_release()->add_leases(lease_);
-  auto r = conn->CallSync(std::move(request));
-  if (!r.ok()) return r.status();
-  if (r->release().statuses_size() != 1) return ProtocolError("Release response has no status");
-  return wire::FromProto(r->release().statuses(0));
+  return internal::ReleaseAndWait(*conn, lease_);
 }
 
 Reservation::Reservation(Reservation&& other) noexcept { *this = std::move(other); }

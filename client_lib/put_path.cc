@@ -4,16 +4,6 @@
 
 namespace kvtier::internal {
 
-v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys,
-                           std::span<const uint64_t> sizes) {
-  v1::Request request;
-  auto* body = request.mutable_reserve();
-  body->set_ns(ns);
-  wire::AddKeys(keys, body->mutable_keys());
-  for (uint64_t s : sizes) body->add_sizes(s);
-  return request;
-}
-
 std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const BlockKey> keys,
                                       const v1::Response& response) {
   std::vector<WritableBlock> blocks(keys.size());

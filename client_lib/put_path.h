@@ -1,4 +1,4 @@
-// The request building and result merging shared by the copying puts
+// The Commit/Abort building and result merging shared by the copying puts
 // (client.cc) and the zero-copy Reservation (handles.cc). Internal.
 #pragma once
 
@@ -8,9 +8,6 @@
 #include "client_lib/connection.h"
 
 namespace kvtier::internal {
-
-v1::Request ReserveRequest(NamespaceId ns, std::span<const BlockKey> keys,
-                           std::span<const uint64_t> sizes);
 
 // Turns a Reserve response into writable blocks (one per key).
 std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const BlockKey> keys,

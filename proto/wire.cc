@@ -80,4 +80,65 @@ NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d) {
   return out;
 }
 
+namespace {
+
+// Fills the (ns, keys[, sizes]) fields every keyed request body shares.
+template <typename Body>
+void FillKeyed(Body* body, uint32_t ns, std::span<const BlockKey> keys) {
+  body->set_ns(ns);
+  AddKeys(keys, body->mutable_keys());
+}
+
+}  // namespace
+
+v1::Request MakeLookup(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  FillKeyed(r.mutable_lookup(), ns, keys);
+  return r;
+}
+
+v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+  v1::Request r;
+  FillKeyed(r.mutable_reserve(), ns, keys);
+  r.mutable_reserve()->mutable_sizes()->Add(sizes.begin(), sizes.end());
+  return r;
+}
+
+v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+  v1::Request r;
+  FillKeyed(r.mutable_commit(), ns, keys);
+  r.mutable_commit()->mutable_sizes()->Add(sizes.begin(), sizes.end());
+  return r;
+}
+
+v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  FillKeyed(r.mutable_abort(), ns, keys);
+  return r;
+}
+
+v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  FillKeyed(r.mutable_pin(), ns, keys);
+  return r;
+}
+
+v1::Request MakeRelease(std::span<const uint64_t> leases) {
+  v1::Request r;
+  r.mutable_release()->mutable_leases()->Add(leases.begin(), leases.end());
+  return r;
+}
+
+v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  FillKeyed(r.mutable_erase(), ns, keys);
+  return r;
+}
+
+v1::Request MakeStats() {
+  v1::Request r;
+  r.mutable_stats();
+  return r;
+}
+
 }  // namespace kvtier::wire

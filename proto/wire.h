@@ -33,4 +33,15 @@ Result<std::vector<BlockKey>> KeysFromProto(const google::protobuf::RepeatedFiel
 void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out);
 NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);
 
+// Requests without an id (Connection::Call assigns it). Both the client
+// library and the protocol tests build requests through these.
+v1::Request MakeLookup(uint32_t ns, std::span<const BlockKey> keys);
+v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
+v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
+v1::Request MakeRelease(std::span<const uint64_t> leases);
+v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
+v1::Request MakeStats();
+
 }  // namespace kvtier::wire

@@ -130,51 +130,29 @@ std::vector<uint8_t> FrameHeader(uint32_t payload_bytes) {
   return header;
 }
 
-v1::Request LookupReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
-  v1::Request r;
+// The client library's request builders, with the id a raw connection sets.
+v1::Request WithId(uint64_t id, v1::Request r) {
   r.set_id(id);
-  r.mutable_lookup()->set_ns(ns);
-  wire::AddKeys(keys, r.mutable_lookup()->mutable_keys());
   return r;
+}
+v1::Request LookupReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
+  return WithId(id, wire::MakeLookup(ns, keys));
 }
 v1::Request ReserveReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
                        std::vector<uint64_t> sizes) {
-  v1::Request r;
-  r.set_id(id);
-  r.mutable_reserve()->set_ns(ns);
-  wire::AddKeys(keys, r.mutable_reserve()->mutable_keys());
-  for (uint64_t s : sizes) r.mutable_reserve()->add_sizes(s);
-  return r;
+  return WithId(id, wire::MakeReserve(ns, keys, sizes));
 }
 v1::Request CommitReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
                       std::vector<uint64_t> sizes) {
-  v1::Request r;
-  r.set_id(id);
-  r.mutable_commit()->set_ns(ns);
-  wire::AddKeys(keys, r.mutable_commit()->mutable_keys());
-  for (uint64_t s : sizes) r.mutable_commit()->add_sizes(s);
-  return r;
+  return WithId(id, wire::MakeCommit(ns, keys, sizes));
 }
 v1::Request PinReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
-  v1::Request r;
-  r.set_id(id);
-  r.mutable_pin()->set_ns(ns);
-  wire::AddKeys(keys, r.mutable_pin()->mutable_keys());
-  return r;
+  return WithId(id, wire::MakePin(ns, keys));
 }
 v1::Request EraseReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
-  v1::Request r;
-  r.set_id(id);
-  r.mutable_erase()->set_ns(ns);
-  wire::AddKeys(keys, r.mutable_erase()->mutable_keys());
-  return r;
+  return WithId(id, wire::MakeErase(ns, keys));
 }
-v1::Request StatsReq(uint64_t id) {
-  v1::Request r;
-  r.set_id(id);
-  r.mutable_stats();
-  return r;
-}
+v1::Request StatsReq(uint64_t id) { return WithId(id, wire::MakeStats()); }
 
 // Expects a connection-level error: id 0, ProtocolError, then the close.
 void ExpectConnectionError(RawConnection& raw, const std::string& message_part) {
