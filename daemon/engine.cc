@@ -369,10 +369,6 @@ bool Engine::EvictOne() {
   return true;
 }
 
-std::span<std::byte> Engine::Bytes(uint64_t offset, uint64_t length) const {
-  return host_.Bytes(HostTier::Extent{offset, length});
-}
-
 void Engine::VisitCounters(CounterVisitor& v) const {
   int64_t blocks = 0, pinned = 0, reserved = 0, zombies = 0, leases = 0, stored = 0;
   for (const auto& shard_ptr : shards_) {

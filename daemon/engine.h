@@ -104,9 +104,6 @@ class Engine {
   // Frees every reservation and lease of `session`. Idempotent.
   void CloseSession(SessionId session);
 
-  // The bytes of a committed or reserved slot (for tests and tools).
-  std::span<std::byte> Bytes(uint64_t offset, uint64_t length) const;
-
   void VisitCounters(CounterVisitor& v) const;
 
  private:

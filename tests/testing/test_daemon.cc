@@ -35,18 +35,28 @@ NamespaceDescriptor TestNamespace(const std::string& revision) {
   return ns;
 }
 
-TestDaemon::TestDaemon(const TestDaemonOptions& options) {
-  dir_ = MakeTempDir();
-  socket_path_ = dir_ + "/kvtierd.sock";
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes) {
   HostArenaOptions arena;
-  arena.capacity_bytes = options.arena_bytes;
+  arena.capacity_bytes = capacity_bytes;
   arena.lock = HostArenaOptions::LockMode::kOff;
+  arena.name = "kvtier-test-arena";
   auto host = HostTier::Open(arena);
   if (!host.ok()) {
     ADD_FAILURE() << "HostTier::Open: " << host.status().ToString();
-    std::abort();
+    return nullptr;
   }
-  host_ = std::move(*host);
+  return std::move(*host);
+}
+
+std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length) {
+  return host.Bytes(HostTier::Extent{offset, length});
+}
+
+TestDaemon::TestDaemon(const TestDaemonOptions& options) {
+  dir_ = MakeTempDir();
+  socket_path_ = dir_ + "/kvtierd.sock";
+  host_ = OpenTestHostTier(options.arena_bytes);
+  if (host_ == nullptr) std::abort();
   auto engine = Engine::Create(EngineOptions{options.shards, options.eviction}, *host_, clock_);
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();

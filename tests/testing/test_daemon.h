@@ -53,6 +53,14 @@ class TestDaemon {
   std::unique_ptr<Server> server_;
 };
 
+// A host tier for tests: unlocked arena of `capacity_bytes`. Fails the
+// test (ADD_FAILURE) and returns null if it cannot be opened.
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes);
+
+// The arena bytes of a slot handed out by the engine (for writing or
+// checking block bytes in tests that drive the Engine directly).
+std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length);
+
 // A fresh directory under $TMPDIR (or /tmp); removed by RemoveTree.
 std::string MakeTempDir();
 void RemoveTree(const std::string& path);

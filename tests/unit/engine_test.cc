@@ -44,22 +44,12 @@ std::map<std::string, int64_t> Counters(const Engine& engine) {
   return out;
 }
 
-std::unique_ptr<HostTier> OpenHost(uint64_t capacity_bytes) {
-  HostArenaOptions o;
-  o.capacity_bytes = capacity_bytes;
-  o.lock = HostArenaOptions::LockMode::kOff;
-  o.name = "kvtier-engine-test";
-  auto host = HostTier::Open(o);
-  EXPECT_TRUE(host.ok()) << host.status().ToString();
-  return host.ok() ? std::move(*host) : nullptr;
-}
-
 class EngineTest : public ::testing::Test {
  protected:
   // An engine over an arena of `blocks` 4 KiB blocks.
   void Make(uint64_t blocks, uint32_t shards = 1, std::string eviction = "lru") {
     engine_.reset();
-    host_ = OpenHost(blocks * kBlockBytes);
+    host_ = ::kvtier::testing::OpenTestHostTier(blocks * kBlockBytes);
     ASSERT_NE(host_, nullptr);
     auto engine = Engine::Create(EngineOptions{shards, std::move(eviction)}, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
@@ -76,7 +66,7 @@ class EngineTest : public ::testing::Test {
     clock_.AdvanceUs(1);
     auto grants = engine_->Reserve(session, fp, {&key, 1}, {&size, 1});
     if (!grants[0].status.ok()) return grants[0].status;
-    FillBlockBytes(key, salt, engine_->Bytes(grants[0].offset, grants[0].length));
+    FillBlockBytes(key, salt, ::kvtier::testing::SlotBytes(*host_, grants[0].offset, grants[0].length));
     return engine_->Commit(session, fp, {&key, 1}, {&size, 1})[0];
   }
 
@@ -118,7 +108,7 @@ class EngineTest : public ::testing::Test {
 };
 
 TEST_F(EngineTest, CreateRejectsBadShardCountsAndPolicy) {
-  auto host = OpenHost(16 * kBlockBytes);
+  auto host = ::kvtier::testing::OpenTestHostTier(16 * kBlockBytes);
   ASSERT_NE(host, nullptr);
   for (uint32_t shards : {0u, 257u, 300u}) {
     auto e = Engine::Create(EngineOptions{shards, "lru"}, *host, clock_);
@@ -148,7 +138,7 @@ TEST_F(EngineTest, ReserveCommitLookupPinReleaseCycle) {
   EXPECT_EQ(engine_->Lookup(ns_, {&key, 1}).prefix_blocks, 0u);
   EXPECT_EQ(PinOne(kReader, key).status.code(), StatusCode::kNotFound);
 
-  auto bytes = engine_->Bytes(grants[0].offset, grants[0].length);
+  auto bytes = ::kvtier::testing::SlotBytes(*host_, grants[0].offset, grants[0].length);
   FillBlockBytes(key, 7, bytes);
   auto commits = engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1});
   ASSERT_EQ(commits.size(), 1u);
@@ -163,7 +153,7 @@ TEST_F(EngineTest, ReserveCommitLookupPinReleaseCycle) {
   EXPECT_EQ(pin.offset, grants[0].offset);
   EXPECT_EQ(pin.length, size);
   EXPECT_NE(pin.lease, 0u);
-  EXPECT_TRUE(CheckBlockBytes(key, 7, engine_->Bytes(pin.offset, pin.length)));
+  EXPECT_TRUE(CheckBlockBytes(key, 7, ::kvtier::testing::SlotBytes(*host_, pin.offset, pin.length)));
   EXPECT_EQ(Counter("engine.pinned_blocks"), 1);
   EXPECT_EQ(Counter("engine.leases"), 1);
 
@@ -186,7 +176,7 @@ TEST_F(EngineTest, ChecksumIsXxh3OfTheBytesAndReturnedByPin) {
   std::vector<std::byte> expected(10000);
   FillBlockBytes(a, 1, expected);
   EXPECT_EQ(pa.checksum, BlockChecksum(expected));
-  EXPECT_EQ(pa.checksum, BlockChecksum(engine_->Bytes(pa.offset, pa.length)));
+  EXPECT_EQ(pa.checksum, BlockChecksum(::kvtier::testing::SlotBytes(*host_, pa.offset, pa.length)));
   FillBlockBytes(b, 2, expected);
   EXPECT_EQ(pb.checksum, BlockChecksum(expected));
   EXPECT_NE(pa.checksum, pb.checksum);
@@ -460,7 +450,7 @@ TEST_F(EngineTest, EraseOfPinnedBlockMakesAZombieUntilLastRelease) {
   EXPECT_EQ(Counter("engine.zombie_blocks"), 1);
   // ...but the bytes stay for the lease holders.
   EXPECT_EQ(host_->used_bytes(), kBlockBytes);
-  EXPECT_TRUE(CheckBlockBytes(key, 1, engine_->Bytes(old_pin.offset, old_pin.length)));
+  EXPECT_TRUE(CheckBlockBytes(key, 1, ::kvtier::testing::SlotBytes(*host_, old_pin.offset, old_pin.length)));
 
   // The key can be written again while the zombie is pinned.
   ASSERT_TRUE(Put(kWriter, key, kBlockBytes, /*salt=*/2).ok());
@@ -469,8 +459,8 @@ TEST_F(EngineTest, EraseOfPinnedBlockMakesAZombieUntilLastRelease) {
   ASSERT_TRUE(new_pin.status.ok());
   EXPECT_NE(new_pin.offset, old_pin.offset);
   EXPECT_NE(new_pin.checksum, old_pin.checksum);
-  EXPECT_TRUE(CheckBlockBytes(key, 2, engine_->Bytes(new_pin.offset, new_pin.length)));
-  EXPECT_TRUE(CheckBlockBytes(key, 1, engine_->Bytes(old_pin.offset, old_pin.length)));
+  EXPECT_TRUE(CheckBlockBytes(key, 2, ::kvtier::testing::SlotBytes(*host_, new_pin.offset, new_pin.length)));
+  EXPECT_TRUE(CheckBlockBytes(key, 1, ::kvtier::testing::SlotBytes(*host_, old_pin.offset, old_pin.length)));
 
   // Releasing the old leases frees the zombie only at the last one, and does
   // not touch the new block.
@@ -482,7 +472,7 @@ TEST_F(EngineTest, EraseOfPinnedBlockMakesAZombieUntilLastRelease) {
   EXPECT_EQ(Counter("engine.zombie_blocks"), 0);
   EXPECT_EQ(Counter("engine.pinned_blocks"), 1);  // the new block, still pinned
   EXPECT_TRUE(Cached(key));
-  EXPECT_TRUE(CheckBlockBytes(key, 2, engine_->Bytes(new_pin.offset, new_pin.length)));
+  EXPECT_TRUE(CheckBlockBytes(key, 2, ::kvtier::testing::SlotBytes(*host_, new_pin.offset, new_pin.length)));
   EXPECT_TRUE(ReleaseOne(kReader, new_pin.lease).ok());
   EXPECT_EQ(Counter("engine.pinned_blocks"), 0);
   EXPECT_EQ(Counter("engine.leases"), 0);
@@ -698,7 +688,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
 
   FakeClock clock;
-  auto host = OpenHost(48 * kBlockBytes);
+  auto host = ::kvtier::testing::OpenTestHostTier(48 * kBlockBytes);
   ASSERT_NE(host, nullptr);
   auto created = Engine::Create(EngineOptions{8, "lru"}, *host, clock);
   ASSERT_TRUE(created.ok());
@@ -738,7 +728,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
             }
             break;
           }
-          FillBlockBytes(key, size, engine.Bytes(g[0].offset, g[0].length));
+          FillBlockBytes(key, size, ::kvtier::testing::SlotBytes(*host, g[0].offset, g[0].length));
           if (rng() % 8 == 0) {
             if (engine.Abort(session, {&key, 1}) != 1) ++unexpected;
           } else if (!engine.Commit(session, ns, {&key, 1}, {&size, 1})[0].ok()) {
@@ -752,7 +742,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
             if (g.status.code() != StatusCode::kNotFound) ++unexpected;
             break;
           }
-          auto bytes = engine.Bytes(g.offset, g.length);
+          auto bytes = ::kvtier::testing::SlotBytes(*host, g.offset, g.length);
           if (!CheckBlockBytes(key, g.length, bytes) || BlockChecksum(bytes) != g.checksum) {
             ++bad_reads;
           }
@@ -808,7 +798,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
     stored += grants[i].length;
     EXPECT_TRUE(offsets.insert(grants[i].offset).second) << "two blocks share an offset";
     EXPECT_TRUE(CheckBlockBytes(all_keys[i], grants[i].length,
-                                engine.Bytes(grants[i].offset, grants[i].length)))
+                                ::kvtier::testing::SlotBytes(*host, grants[i].offset, grants[i].length)))
         << all_keys[i].ToHex();
   }
   EXPECT_EQ(live, c["engine.blocks"]);

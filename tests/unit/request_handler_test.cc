@@ -32,13 +32,8 @@ BlockKey Key(uint64_t i) { return BlockKey{0xfeed, i}; }
 class RequestHandlerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    HostArenaOptions o;
-    o.capacity_bytes = kArenaBytes;
-    o.lock = HostArenaOptions::LockMode::kOff;
-    o.name = "kvtier-handler-test";
-    auto host = HostTier::Open(o);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
-    host_ = std::move(*host);
+    host_ = ::kvtier::testing::OpenTestHostTier(kArenaBytes);
+    ASSERT_NE(host_, nullptr);
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
@@ -76,64 +71,35 @@ class RequestHandlerTest : public ::testing::Test {
 
   static StatusCode Code(const v1::Response& r) { return static_cast<StatusCode>(r.status().code()); }
 
-  static v1::Request Lookup(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
-    v1::Request r;
+  // The client library's request builders, with an explicit id.
+  static v1::Request WithId(uint64_t id, v1::Request r) {
     r.set_id(id);
-    r.mutable_lookup()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_lookup()->mutable_keys());
     return r;
+  }
+  static v1::Request Lookup(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
+    return WithId(id, wire::MakeLookup(ns, keys));
   }
   static v1::Request Reserve(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys,
                              const std::vector<uint64_t>& sizes) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_reserve()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_reserve()->mutable_keys());
-    for (uint64_t s : sizes) r.mutable_reserve()->add_sizes(s);
-    return r;
+    return WithId(id, wire::MakeReserve(ns, keys, sizes));
   }
   static v1::Request Commit(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys,
                             const std::vector<uint64_t>& sizes) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_commit()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_commit()->mutable_keys());
-    for (uint64_t s : sizes) r.mutable_commit()->add_sizes(s);
-    return r;
+    return WithId(id, wire::MakeCommit(ns, keys, sizes));
   }
   static v1::Request Abort(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_abort()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_abort()->mutable_keys());
-    return r;
+    return WithId(id, wire::MakeAbort(ns, keys));
   }
   static v1::Request Pin(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_pin()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_pin()->mutable_keys());
-    return r;
+    return WithId(id, wire::MakePin(ns, keys));
   }
   static v1::Request Release(uint64_t id, const std::vector<uint64_t>& leases) {
-    v1::Request r;
-    r.set_id(id);
-    for (uint64_t l : leases) r.mutable_release()->add_leases(l);
-    return r;
+    return WithId(id, wire::MakeRelease(leases));
   }
   static v1::Request Erase(uint64_t id, uint32_t ns, const std::vector<BlockKey>& keys) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_erase()->set_ns(ns);
-    wire::AddKeys(keys, r.mutable_erase()->mutable_keys());
-    return r;
+    return WithId(id, wire::MakeErase(ns, keys));
   }
-  static v1::Request Stats(uint64_t id) {
-    v1::Request r;
-    r.set_id(id);
-    r.mutable_stats();
-    return r;
-  }
+  static v1::Request Stats(uint64_t id) { return WithId(id, wire::MakeStats()); }
 
   FakeClock clock_;
   std::unique_ptr<HostTier> host_;
@@ -262,7 +228,7 @@ TEST_F(RequestHandlerTest, PutGetRoundTrip) {
     const v1::Slot& slot = reserve.reserve().slots(i);
     ASSERT_EQ(slot.status().code(), 0) << slot.status().message();
     EXPECT_EQ(slot.length(), sizes[i]);
-    FillBlockBytes(keys[i], 9, engine_->Bytes(slot.offset(), slot.length()));
+    FillBlockBytes(keys[i], 9, ::kvtier::testing::SlotBytes(*host_, slot.offset(), slot.length()));
   }
   // Reserving again reports per-key AlreadyExists inside an ok response.
   v1::Response again = Send(*handler_, Reserve(11, 0, {Key(1)}, {5000}));
@@ -291,7 +257,7 @@ TEST_F(RequestHandlerTest, PutGetRoundTrip) {
   EXPECT_EQ(b.offset(), reserve.reserve().slots(0).offset());
   EXPECT_EQ(b.length(), 5000u);
   EXPECT_NE(b.lease(), 0u);
-  auto bytes = engine_->Bytes(b.offset(), b.length());
+  auto bytes = ::kvtier::testing::SlotBytes(*host_, b.offset(), b.length());
   EXPECT_TRUE(CheckBlockBytes(Key(1), 9, bytes));
   EXPECT_EQ(b.checksum(), BlockChecksum(bytes));
   EXPECT_EQ(static_cast<StatusCode>(pin.pin().blocks(1).status().code()), StatusCode::kNotFound);
