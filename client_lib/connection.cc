@@ -18,13 +18,16 @@ namespace kvtier::internal {
 namespace {
 
 // Frames and writes one message; caller holds the write mutex.
-Status WriteFrame(int fd, const google::protobuf::MessageLite& message, uint32_t max_frame_bytes) {
+// Frames `message` into `frame` (reused between calls, so steady traffic
+// allocates nothing here) and writes it.
+Status WriteFrame(int fd, const google::protobuf::MessageLite& message, uint32_t max_frame_bytes,
+                  std::string& frame) {
   const size_t body = message.ByteSizeLong();
   if (body > max_frame_bytes) {
     return InvalidArgument("request of " + std::to_string(body) + " bytes exceeds the frame cap of " +
                            std::to_string(max_frame_bytes) + " bytes; split the batch");
   }
-  std::string frame(kFrameHeaderBytes + body, '\0');
+  frame.resize(kFrameHeaderBytes + body);
   EncodeFrameHeader(static_cast<uint32_t>(body), reinterpret_cast<uint8_t*>(frame.data()));
   message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderBytes));
   return WriteAll(fd, frame.data(), frame.size());
@@ -74,7 +77,7 @@ Status Connection::Hello(const ClientOptions& options) {
   hello->set_protocol_version(wire::kProtocolVersion);
   hello->set_client_name(options.client_name);
   for (const auto& ns : options.namespaces) wire::ToProto(ns, hello->add_namespaces());
-  Status s = WriteFrame(fd_, request, max_frame_bytes_);
+  Status s = WriteFrame(fd_, request, max_frame_bytes_, write_buffer_);
   if (!s.ok()) return s;
 
   uint8_t header[kFrameHeaderBytes];
@@ -154,7 +157,7 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
   Status s;
   {
     std::lock_guard lock(write_mu_);
-    s = WriteFrame(fd_, request, max_frame_bytes_);
+    s = WriteFrame(fd_, request, max_frame_bytes_, write_buffer_);
   }
   if (s.ok()) return;
   Done failed;

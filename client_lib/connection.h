@@ -107,7 +107,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t spin_wait_us_ = 0;
   std::vector<NamespaceFingerprint> namespaces_;
 
-  std::mutex write_mu_;  // serializes frames on the socket
+  std::mutex write_mu_;       // serializes frames on the socket
+  std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
 
   std::mutex mu_;
   std::condition_variable cv_;                    // reader role freed, or closed
