@@ -71,7 +71,7 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
     }
     out.emplace_back(slot->size());
   }
-  internal::ReleaseDetached(conn, leases);
+  conn.ReleaseLater(leases);
   return out;
 }
 
@@ -253,7 +253,7 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
     }
     auto slot = conn_->Slot(b.offset(), b.length());
     if (!slot.ok()) {
-      internal::ReleaseDetached(*conn_, std::vector<uint64_t>{b.lease()});
+      conn_->ReleaseLater(std::vector<uint64_t>{b.lease()});
       out.emplace_back(slot.status());
       continue;
     }

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -17,20 +18,19 @@
 namespace kvtier::internal {
 namespace {
 
-// Frames and writes one message; caller holds the write mutex.
-// Frames `message` into `frame` (reused between calls, so steady traffic
-// allocates nothing here) and writes it.
-Status WriteFrame(int fd, const google::protobuf::MessageLite& message, uint32_t max_frame_bytes,
-                  std::string& frame) {
+// Appends `message` framed to `out` (reused between calls, so steady
+// traffic allocates nothing here); `out` is unchanged on error.
+Status AppendFrame(const google::protobuf::MessageLite& message, uint32_t max_frame_bytes, std::string& out) {
   const size_t body = message.ByteSizeLong();
   if (body > max_frame_bytes) {
     return InvalidArgument("request of " + std::to_string(body) + " bytes exceeds the frame cap of " +
                            std::to_string(max_frame_bytes) + " bytes; split the batch");
   }
-  frame.resize(kFrameHeaderBytes + body);
-  EncodeFrameHeader(static_cast<uint32_t>(body), reinterpret_cast<uint8_t*>(frame.data()));
-  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderBytes));
-  return WriteAll(fd, frame.data(), frame.size());
+  const size_t at = out.size();
+  out.resize(at + kFrameHeaderBytes + body);
+  EncodeFrameHeader(static_cast<uint32_t>(body), reinterpret_cast<uint8_t*>(out.data() + at));
+  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out.data() + at + kFrameHeaderBytes));
+  return Status::Ok();
 }
 
 // recv that first polls without blocking for up to `spin_us` (yielding the
@@ -47,7 +47,19 @@ ssize_t RecvSpinningFirst(int fd, char* buffer, size_t capacity, uint32_t spin_u
       sched_yield();
     } while (std::chrono::steady_clock::now() < deadline);
   }
-  return ::recv(fd, buffer, capacity, 0);
+  // Sleep in poll(POLLIN), not in a blocking recv: a thread asleep in recv
+  // is also woken whenever the daemon consumes a request this client sent
+  // (the socket's write space changed), a wasted wake-up per call, where
+  // poll only wakes for readable data.
+  // Without a spin the answer is rarely there yet: poll first.
+  for (bool first = true;; first = false) {
+    if (!first || spin_us > 0) {
+      ssize_t n = ::recv(fd, buffer, capacity, MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return n;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
+  }
 }
 
 }  // namespace
@@ -77,7 +89,7 @@ Status Connection::Hello(const ClientOptions& options) {
   hello->set_protocol_version(wire::kProtocolVersion);
   hello->set_client_name(options.client_name);
   for (const auto& ns : options.namespaces) wire::ToProto(ns, hello->add_namespaces());
-  Status s = WriteFrame(fd_, request, max_frame_bytes_, write_buffer_);
+  Status s = WriteFrames({}, &request);
   if (!s.ok()) return s;
 
   uint8_t header[kFrameHeaderBytes];
@@ -122,6 +134,10 @@ Connection::~Connection() {
 }
 
 void Connection::Close() {
+  {
+    std::unique_lock lock(mu_);
+    if (!closed_ && !deferred_leases_.empty()) FlushDeferred(lock);  // best effort
+  }
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes a reader blocked in recv
   Fail(Unavailable("the client closed the connection"));
   if (background_reader_.joinable()) {
@@ -136,11 +152,16 @@ void Connection::Close() {
 void Connection::Track(Reader reader, int delta) {
   if (reader == Reader::kBackground) background_pending_ += delta;
   if (reader == Reader::kDetached) detached_pending_ += delta;
-  if (delta > 0 && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached)) cv_.notify_all();
+  if (delta > 0 && BackgroundHasWork()) bg_cv_.notify_one();
+}
+
+bool Connection::BackgroundHasWork() const {
+  return !reading_ && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached);
 }
 
 void Connection::Call(v1::Request request, Done done, Reader reader) {
   uint64_t id = 0;
+  std::vector<uint64_t> releases;  // deferred ones ride along
   {
     std::unique_lock lock(mu_);
     if (closed_) {
@@ -152,13 +173,10 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
     id = next_id_++;
     pending_.emplace(id, Pending{std::move(done), reader});
     Track(reader, +1);
+    releases.swap(deferred_leases_);
   }
   request.set_id(id);
-  Status s;
-  {
-    std::lock_guard lock(write_mu_);
-    s = WriteFrame(fd_, request, max_frame_bytes_, write_buffer_);
-  }
+  Status s = WriteFrames(releases, &request);
   if (s.ok()) return;
   Done failed;
   {
@@ -170,6 +188,39 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
     pending_.erase(it);
   }
   failed(s);
+}
+
+Status Connection::WriteFrames(std::span<const uint64_t> releases, const v1::Request* request) {
+  std::lock_guard lock(write_mu_);
+  write_buffer_.clear();
+  if (!releases.empty()) {
+    // A few hundred leases: always far below any frame cap.
+    AppendFrame(wire::MakeReleaseNoReply(releases), max_frame_bytes_, write_buffer_).IgnoreError();
+  }
+  Status framed = request != nullptr ? AppendFrame(*request, max_frame_bytes_, write_buffer_) : Status::Ok();
+  Status written = write_buffer_.empty() ? Status::Ok() : WriteAll(fd_, write_buffer_.data(), write_buffer_.size());
+  return framed.ok() ? written : framed;
+}
+
+void Connection::ReleaseLater(std::span<const uint64_t> leases) {
+  if (leases.empty()) return;
+  std::unique_lock lock(mu_);
+  if (closed_) return;
+  if (deferred_leases_.empty()) {
+    deferred_since_ = std::chrono::steady_clock::now();
+    if (!background_timed_wait_) bg_cv_.notify_one();  // arm its timer; it then wakes by itself
+  }
+  deferred_leases_.insert(deferred_leases_.end(), leases.begin(), leases.end());
+  if (deferred_leases_.size() >= kMaxDeferredLeases) FlushDeferred(lock);
+}
+
+void Connection::FlushDeferred(std::unique_lock<std::mutex>& lock) {
+  std::vector<uint64_t> releases;
+  releases.swap(deferred_leases_);
+  lock.unlock();
+  // A failed write means the connection is gone, and the leases with it.
+  WriteFrames(releases, nullptr).IgnoreError();
+  lock.lock();
 }
 
 Result<v1::Response> Connection::CallSync(v1::Request request) {
@@ -191,7 +242,9 @@ void Connection::Drive(const std::function<bool()>& ready) {
       continue;
     }
     if (reading_) {
+      ++role_waiters_;
       cv_.wait(lock);
+      --role_waiters_;
       continue;
     }
     ReadAsLeader(lock);
@@ -200,12 +253,33 @@ void Connection::Drive(const std::function<bool()>& ready) {
 
 void Connection::BackgroundLoop() {
   std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [this] {
-      return closed_ || (!reading_ && (background_pending_ > 0 || detached_pending_ >= kMaxUnreadDetached));
-    });
-    if (closed_) return;
-    ReadAsLeader(lock);
+  while (!closed_) {
+    if (BackgroundHasWork()) {
+      ReadAsLeader(lock);
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (deferred_leases_.empty()) {
+      // While releases keep coming, tick every kReleaseDelay instead of
+      // sleeping until notified: a wake-up per copying get would cost more
+      // than the get's own round trip.
+      if (now - deferred_since_ > kReleaseTickLinger) {
+        bg_cv_.wait(lock);
+        continue;
+      }
+      background_timed_wait_ = true;
+      bg_cv_.wait_until(lock, now + kReleaseDelay);
+      background_timed_wait_ = false;
+      continue;
+    }
+    const auto due = deferred_since_ + kReleaseDelay;
+    if (now >= due) {
+      FlushDeferred(lock);
+      continue;
+    }
+    background_timed_wait_ = true;
+    bg_cv_.wait_until(lock, due);
+    background_timed_wait_ = false;
   }
 }
 
@@ -215,7 +289,8 @@ void Connection::ReadAsLeader(std::unique_lock<std::mutex>& lock) {
   ReadAndDispatch();
   lock.lock();
   reading_ = false;
-  cv_.notify_all();
+  if (role_waiters_ > 0) cv_.notify_all();
+  if (BackgroundHasWork()) bg_cv_.notify_one();
 }
 
 void Connection::ReadAndDispatch() {
@@ -292,6 +367,7 @@ void Connection::Fail(const Status& reason) {
     background_pending_ = 0;
     detached_pending_ = 0;
     cv_.notify_all();
+    bg_cv_.notify_all();
   }
   for (auto& [id, pending] : failed) pending.done(final_reason);
 }

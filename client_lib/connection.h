@@ -9,6 +9,11 @@
 // API are pending, and drains answers nobody waits for once a few pile up
 // (so they can never fill the socket and stall the daemon).
 //
+// Releases nobody waits for are deferred: they ride in one Release{no_reply}
+// frame in front of the next request (same write), or the background thread
+// sends them kReleaseDelay later if no request comes. A copying get thus
+// costs one round trip, not a round trip plus a frame and its answer.
+//
 // Thread-safe. Callbacks run on the reading thread, one at a time; they may
 // issue further calls but must never wait for one.
 #pragma once
@@ -64,6 +69,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Call + Await.
   Result<v1::Response> CallSync(v1::Request request);
 
+  // Releases `leases` without an answer, deferred as described above; sent
+  // at once when kMaxDeferredLeases are queued. Never blocks on the daemon.
+  // Leases queued on a closed connection are dropped (the daemon released
+  // them with the connection).
+  void ReleaseLater(std::span<const uint64_t> leases);
+
   // Shuts the socket down, fails pending calls, joins the background reader.
   // Idempotent. The fd itself is closed by the destructor.
   void Close();
@@ -82,13 +93,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   // Detached answers left unread before the background reader drains them.
   static constexpr int kMaxUnreadDetached = 16;
+  // Longest a deferred release waits for a request to ride with. A pinned
+  // block cannot be evicted, so this bounds how long a released block stays
+  // unevictable.
+  static constexpr std::chrono::microseconds kReleaseDelay{1000};
+  static constexpr size_t kMaxDeferredLeases = 256;
+  // How long the background thread keeps ticking after the last deferred
+  // release before it sleeps until notified.
+  static constexpr std::chrono::milliseconds kReleaseTickLinger{50};
 
   void Track(Reader reader, int delta);  // caller holds mu_
+  // True when the background reader should take the reader role now.
+  bool BackgroundHasWork() const;  // caller holds mu_
 
   Connection() = default;
   Status Hello(const ClientOptions& options);
   void Drive(const std::function<bool()>& ready);
   void BackgroundLoop();
+  // Frames the deferred releases (if `releases` is not empty) and then
+  // `request` (if not null) into one write. Takes write_mu_; caller must not
+  // hold mu_. A request over the frame cap fails alone: the releases still go.
+  Status WriteFrames(std::span<const uint64_t> releases, const v1::Request* request);
+  // Sends the deferred releases now; `lock` holds mu_ (released meanwhile).
+  void FlushDeferred(std::unique_lock<std::mutex>& lock);
   // Takes the reader role (precondition: nobody holds it; `lock` holds mu_),
   // reads and dispatches without mu_, hands the role back and wakes waiters.
   void ReadAsLeader(std::unique_lock<std::mutex>& lock);
@@ -111,7 +138,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
 
   std::mutex mu_;
+  // Two condition variables so that a synchronous call, the common case,
+  // wakes nobody: cv_ is only notified when a caller is blocked on it
+  // (role_waiters_ > 0), bg_cv_ only when the background reader has work.
   std::condition_variable cv_;                    // reader role freed, or closed
+  std::condition_variable bg_cv_;                 // background reader may have work, or closed
+  int role_waiters_ = 0;                           // guarded by mu_: callers blocked on cv_
+  std::vector<uint64_t> deferred_leases_;          // guarded by mu_
+  std::chrono::steady_clock::time_point deferred_since_;  // guarded by mu_: oldest deferred lease
+  bool background_timed_wait_ = false;  // guarded by mu_: the background thread will wake by itself
   std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
   int background_pending_ = 0;                     // guarded by mu_
   int detached_pending_ = 0;                       // guarded by mu_

@@ -10,7 +10,7 @@ BlockView::BlockView(BlockView&& other) noexcept { *this = std::move(other); }
 
 BlockView& BlockView::operator=(BlockView&& other) noexcept {
   if (this != &other) {
-    if (conn_ != nullptr) internal::ReleaseDetached(*conn_, std::span<const uint64_t>(&lease_, 1));
+    if (conn_ != nullptr) conn_->ReleaseLater(std::span<const uint64_t>(&lease_, 1));
     conn_ = std::move(other.conn_);
     data_ = other.data_;
     key_ = other.key_;
@@ -23,7 +23,7 @@ BlockView& BlockView::operator=(BlockView&& other) noexcept {
 }
 
 BlockView::~BlockView() {
-  if (conn_ != nullptr) internal::ReleaseDetached(*conn_, std::span<const uint64_t>(&lease_, 1));
+  if (conn_ != nullptr) conn_->ReleaseLater(std::span<const uint64_t>(&lease_, 1));
 }
 
 Status BlockView::Release() {

@@ -11,9 +11,4 @@ Status ReleaseAndWait(Connection& conn, uint64_t lease) {
   return wire::FromProto(r->release().statuses(0));
 }
 
-void ReleaseDetached(Connection& conn, std::span<const uint64_t> leases) {
-  if (leases.empty()) return;
-  conn.Call(wire::MakeRelease(leases), [](Result<v1::Response>) {}, Connection::Reader::kDetached);
-}
-
 }  // namespace kvtier::internal

@@ -28,7 +28,9 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kCommit: HandleCommit(request.commit(), response); break;
     case v1::Request::kAbort: HandleAbort(request.abort(), response); break;
     case v1::Request::kPin: HandlePin(request.pin(), response); break;
-    case v1::Request::kRelease: HandleRelease(request.release(), response); break;
+    case v1::Request::kRelease:
+      HandleRelease(request.release(), response);
+      return {.no_response = request.release().no_reply()};
     case v1::Request::kErase: HandleErase(request.erase(), response); break;
     case v1::Request::kStats: HandleStats(response); break;
     default:

@@ -33,6 +33,7 @@ class RequestHandler {
   struct Outcome {
     bool attach_arena_fd = false;  // send the arena memfd with this response
     bool close_after = false;      // close the connection after sending it
+    bool no_response = false;      // send nothing (a Release with no_reply)
   };
 
   // Fills `response` (id, status, body) for `request`. Never throws.

@@ -78,7 +78,7 @@ asio::awaitable<void> Session::Run() {
       if (outcome.attach_arena_fd) {
         // The fd must travel with this response's first byte: flush first.
         if (!co_await Flush() || !co_await SendWithArenaFd(response)) co_return co_await Close();
-      } else {
+      } else if (!outcome.no_response) {
         AppendFrame(response, write_buffer_);
       }
       close_after = outcome.close_after;

@@ -129,6 +129,12 @@ v1::Request MakeRelease(std::span<const uint64_t> leases) {
   return r;
 }
 
+v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases) {
+  v1::Request r = MakeRelease(leases);
+  r.mutable_release()->set_no_reply(true);
+  return r;
+}
+
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   v1::Request r;
   FillKeyed(r.mutable_erase(), ns, keys);

@@ -41,6 +41,8 @@ v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<co
 v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeRelease(std::span<const uint64_t> leases);
+// A Release the daemon does not answer (ReleaseRequest.no_reply).
+v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeStats();
 

@@ -66,8 +66,10 @@ class Connection;
 }
 
 // A block pinned in the daemon's arena, readable in place without a copy.
-// Move-only. Released explicitly by Release() or on destruction; a view that
-// outlives its Client stays readable until it is destroyed.
+// Move-only. Released explicitly by Release() (waits for the daemon) or on
+// destruction (does not wait: the release goes out with the connection's
+// next request, or within about 1 ms); a view that outlives its Client stays
+// readable until it is destroyed.
 class BlockView {
  public:
   BlockView() = default;
@@ -170,7 +172,8 @@ class Client {
   Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
                               std::span<const uint64_t> sizes);
 
-  // Copies the block into `dst` and returns its length. NotFound on a miss;
+  // Copies the block into `dst` and returns its length (one round trip: the
+  // pin is released like a destroyed BlockView's). NotFound on a miss;
   // InvalidArgument if `dst` is smaller than the block; Corruption if
   // verify_checksums is on and the bytes do not match.
   Result<size_t> Get(NamespaceId ns, const BlockKey& key, std::span<std::byte> dst);

@@ -469,6 +469,34 @@ TEST(BadInput, DoubleReleaseIsNotFound) {
   ExpectDaemonServes(daemon);
 }
 
+// A fire-and-forget Release (no_reply) of a good and an unknown lease: the
+// daemon answers nothing, counts the bad lease, releases the good one, and
+// the very next frame on the connection is the answer to the next request.
+TEST(BadInput, UnansweredReleaseOfUnknownLeaseIsCountedNotAnswered) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 1, 13);
+  ASSERT_TRUE(client->Put(0, keys[0], Block(keys[0], 4096)).ok());
+  RawConnection raw = HelloRaw(daemon);
+  auto pinned = RoundTrip(raw, PinReq(2, 0, keys));
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  const uint64_t lease = pinned->pin().blocks(0).lease();
+  ASSERT_NE(lease, 0u);
+  const int64_t failures_before = EngineCounter(daemon, "engine.release_failures");
+
+  const std::vector<uint64_t> leases = {lease, lease + 1000};
+  ASSERT_TRUE(raw.SendFrame(WithId(3, wire::MakeReleaseNoReply(leases))).ok());
+  auto next = RoundTrip(raw, StatsReq(4));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->id(), 4u) << "no_reply Release must not be answered";
+  EXPECT_TRUE(HasCode(next->status(), StatusCode::kOk));
+  EXPECT_EQ(EngineCounter(daemon, "engine.release_failures"), failures_before + 1);
+  EXPECT_EQ(EngineCounter(daemon, "engine.leases"), 0);
+  EXPECT_EQ(EngineCounter(daemon, "engine.pinned_blocks"), 0);
+  ExpectDaemonServes(daemon);
+}
+
 TEST(BadInput, ReleaseOfForeignLeaseIsPermissionDenied) {
   TestDaemon daemon;
   auto a = daemon.Connect();

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "common/counters.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
@@ -217,6 +218,62 @@ TEST(ClientDaemon, ManyDroppedViewsDoNotStallTheConnection) {
   ASSERT_TRUE(hit.ok()) << hit.status().ToString();
   EXPECT_EQ(hit->prefix_blocks, keys.size());
   EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 0);
+}
+
+// A copying Get releases its lease without a round trip of its own: the
+// Release rides in front of the connection's next request. Here the next
+// request needs exactly the space that release frees.
+TEST(ClientDaemon, DeferredReleaseRidesAheadOfTheNextRequest) {
+  TestDaemonOptions options;
+  options.arena_bytes = 8 << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr uint64_t kBlockBytes = 1 << 20;  // a size class of its own: no slack
+  const size_t fit = daemon.host().capacity_bytes() / kBlockBytes;
+  auto keys = TestKeys(TestNamespace(), fit + 1, 14);
+  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  // Every block but the last stays pinned through views.
+  auto views = client->Pin(0, std::span(keys).first(fit - 1));
+  for (auto& v : views) ASSERT_TRUE(v.ok()) << v.status().ToString();
+  std::vector<std::byte> dst(kBlockBytes);
+  ASSERT_TRUE(client->Get(0, keys[fit - 1], dst).ok());  // pins, copies, defers the release
+  // Evicting keys[fit - 1] is the only way to make room.
+  Status put = client->Put(0, keys[fit], Block(keys[fit], kBlockBytes));
+  EXPECT_TRUE(put.ok()) << put.ToString() << ": the Get's release did not reach the daemon first";
+  auto hit = client->Lookup(0, std::span(keys).subspan(fit - 1, 1));
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->prefix_blocks, 0u) << "keys[fit - 1] should have been evicted";
+}
+
+// With no further request, a deferred release still reaches the daemon,
+// within milliseconds: a block a client has finished reading must not stay
+// unevictable while the client is idle.
+TEST(ClientDaemon, DeferredReleaseIsSentWhenTheClientGoesIdle) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  auto keys = TestKeys(TestNamespace(), 3, 15);
+  std::vector<std::byte> dst(4096);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, dst.size())).ok());
+  auto leases = [&daemon] {
+    CounterCollector c;
+    daemon.engine().VisitCounters(c);
+    for (const auto& [name, value] : c.counters()) {
+      if (name == "engine.leases") return value;
+    }
+    return int64_t{-1};
+  };
+  for (int round = 0; round < 2; ++round) {  // the second round after the sender went quiet
+    for (const auto& k : keys) ASSERT_TRUE(client->Get(0, k, dst).ok());
+    { auto view = client->Pin(0, std::span(keys).first(1)); }  // dropped view: deferred too
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (leases() != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(leases(), 0) << "round " << round << ": deferred releases were never sent";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 // 8 clients put, look up and get concurrently; every byte read is checked

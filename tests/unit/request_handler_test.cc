@@ -336,6 +336,37 @@ TEST_F(RequestHandlerTest, LeasesBelongToTheirConnection) {
   EXPECT_EQ(Send(*handler_, Release(8, {lease})).release().statuses(0).code(), 0);
 }
 
+// A Release with no_reply is carried out like any other but asks the session
+// to send nothing; every other request, a plain Release included, is answered.
+TEST_F(RequestHandlerTest, ReleaseWithNoReplyIsHandledAndNotAnswered) {
+  HelloOk(*handler_);
+  std::vector<std::byte> block(4096);
+  FillBlockBytes(Key(1), 3, block);
+  v1::Response reserve = Send(*handler_, Reserve(2, 0, {Key(1)}, {block.size()}));
+  ASSERT_EQ(reserve.reserve().slots(0).status().code(), 0);
+  auto slot = ::kvtier::testing::SlotBytes(*host_, reserve.reserve().slots(0).offset(), block.size());
+  std::copy(block.begin(), block.end(), slot.begin());
+  ASSERT_EQ(Send(*handler_, Commit(3, 0, {Key(1)}, {block.size()})).commit().statuses(0).code(), 0);
+  const uint64_t first = Send(*handler_, Pin(4, 0, {Key(1)})).pin().blocks(0).lease();
+  const uint64_t second = Send(*handler_, Pin(5, 0, {Key(1)})).pin().blocks(0).lease();
+
+  RequestHandler::Outcome outcome;
+  Send(*handler_, Release(6, {first}), &outcome);
+  EXPECT_FALSE(outcome.no_response) << "a plain Release is answered";
+  Send(*handler_, WithId(7, wire::MakeReleaseNoReply(std::vector<uint64_t>{second, 999})), &outcome);
+  EXPECT_TRUE(outcome.no_response);
+  EXPECT_FALSE(outcome.close_after);
+  Send(*handler_, Stats(8), &outcome);
+  EXPECT_FALSE(outcome.no_response);
+
+  CounterCollector counters;
+  engine_->VisitCounters(counters);
+  std::map<std::string, int64_t> c(counters.counters().begin(), counters.counters().end());
+  EXPECT_EQ(c["engine.leases"], 0) << "the unanswered release was carried out";
+  EXPECT_EQ(c["engine.pinned_blocks"], 0);
+  EXPECT_EQ(c["engine.release_failures"], 1) << "the unknown lease 999 counts as a failure";
+}
+
 std::map<std::string, int64_t> StatsMap(const v1::Response& r) {
   std::map<std::string, int64_t> out;
   for (const auto& c : r.stats().counters()) out[c.name()] = c.value();
