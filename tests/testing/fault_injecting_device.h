@@ -1,0 +1,81 @@
+// FaultInjectingDevice: wraps a BlockDevice and makes some of its I/Os go
+// wrong in the ways real drives and file systems do, at seeded random
+// rates, so tests can check that no fault ever turns into a wrong byte.
+//
+//   eio          the I/O fails with IoError (a write may have written a
+//                prefix first, as a failing drive may)
+//   short_read   a read reports fewer bytes than asked
+//   short_write  a write writes a prefix and reports that count
+//   torn_write   a write writes a prefix but reports complete success
+//                (a lying medium; only checksums can catch it)
+//   corrupt_read a read succeeds with one byte flipped (bit rot)
+//   delay        the completion comes `delay` later
+//   fail_after   every I/O after the first N fails with IoError
+//
+// Thread-safe; options may change while I/O runs (e.g. to heal a device).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <random>
+
+#include "tiers/nvme/block_device.h"
+
+namespace kvtier::testing {
+
+struct FaultOptions {
+  uint64_t seed = 1;
+  double eio_rate = 0;
+  double short_read_rate = 0;
+  double short_write_rate = 0;
+  double torn_write_rate = 0;
+  double corrupt_read_rate = 0;
+  double delay_rate = 0;
+  std::chrono::microseconds delay{0};
+  int64_t fail_after = -1;  // < 0: never
+};
+
+class FaultInjectingDevice final : public BlockDevice {
+ public:
+  // `inner` is borrowed and must outlive this wrapper.
+  FaultInjectingDevice(BlockDevice& inner, const FaultOptions& options);
+
+  uint64_t capacity_bytes() const override { return inner_.capacity_bytes(); }
+  uint32_t alignment_bytes() const override { return inner_.alignment_bytes(); }
+  std::string_view kind() const override { return "faulty"; }
+
+  void Read(uint64_t offset, std::span<std::byte> dst, IoDone done) override;
+  void Write(uint64_t offset, std::span<const std::byte> src, IoDone done) override;
+  void Flush(IoDone done) override;
+  Status RegisterBuffers(std::span<const std::span<std::byte>> buffers) override {
+    return inner_.RegisterBuffers(buffers);
+  }
+  // The inner device's counters plus faults.injected_* per kind.
+  void VisitCounters(CounterVisitor& visitor) const override;
+
+  void SetOptions(const FaultOptions& options);
+  // Faults injected so far, all kinds together.
+  int64_t injected() const;
+
+ private:
+  enum Fault { kNone, kEio, kShortRead, kShortWrite, kTornWrite, kCorruptRead, kFaultKinds };
+  struct Decision {
+    Fault fault = kNone;
+    bool delayed = false;
+    size_t prefix = 0;    // aligned bytes kept by short and torn transfers
+    size_t flip_at = 0;   // byte flipped by corrupt_read
+  };
+  Decision Decide(bool is_read, size_t length);
+  IoDone Delayed(bool delayed, IoDone done) const;
+
+  BlockDevice& inner_;
+  mutable std::mutex mu_;
+  FaultOptions options_;   // guarded by mu_
+  std::mt19937_64 rng_;    // guarded by mu_
+  int64_t ops_ = 0;        // guarded by mu_
+  std::atomic<int64_t> injected_[kFaultKinds] = {};
+};
+
+}  // namespace kvtier::testing

@@ -1,0 +1,96 @@
+#include "tiers/nvme/block_record.h"
+
+#include <cstring>
+#include <string>
+
+#include "common/checksum.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kMagic = 0x31304b4c4254564bULL;  // "KVTBLK01" read as little-endian bytes
+constexpr size_t kChecksummedBytes = 88;
+
+void Put64(std::byte* at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
+}
+void Put32(std::byte* at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint64_t Get64(const std::byte* at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(at[i]) << (8 * i);
+  return v;
+}
+uint32_t Get32(const std::byte* at) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(at[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+void EncodeRecordHeader(const RecordHeader& h, std::span<std::byte> out) {
+  std::memset(out.data(), 0, out.size());
+  std::byte* p = out.data();
+  Put64(p + 0, kMagic);
+  Put32(p + 8, kRecordFormatVersion);
+  Put32(p + 12, kRecordHeaderBytes);
+  Put64(p + 16, h.ns.hi);
+  Put64(p + 24, h.ns.lo);
+  Put64(p + 32, h.key.hi);
+  Put64(p + 40, h.key.lo);
+  Put64(p + 48, h.payload_bytes);
+  Put32(p + 56, h.layer_count);
+  Put64(p + 64, h.layer_bytes);
+  Put64(p + 72, h.payload_checksum);
+  Put64(p + 80, h.region_generation);
+  Put64(p + 88, BlockChecksum(out.first(kChecksummedBytes)));
+}
+
+Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
+  if (in.size() < kRecordHeaderBytes) {
+    return Corruption("record header needs " + std::to_string(kRecordHeaderBytes) + " bytes, got " +
+                      std::to_string(in.size()));
+  }
+  const std::byte* p = in.data();
+  if (Get64(p) != kMagic) return Corruption("no record header here (bad magic)");
+  if (Get32(p + 8) != kRecordFormatVersion) {
+    return Corruption("record format version " + std::to_string(Get32(p + 8)) + " is not " +
+                      std::to_string(kRecordFormatVersion));
+  }
+  if (Get32(p + 12) != kRecordHeaderBytes) return Corruption("record header size field is wrong");
+  if (Get64(p + 88) != BlockChecksum(in.first(kChecksummedBytes))) {
+    return Corruption("record header checksum mismatch (torn or overwritten)");
+  }
+  RecordHeader h;
+  h.ns = BlockKey{Get64(p + 16), Get64(p + 24)};
+  h.key = BlockKey{Get64(p + 32), Get64(p + 40)};
+  h.payload_bytes = Get64(p + 48);
+  h.layer_count = Get32(p + 56);
+  h.layer_bytes = Get64(p + 64);
+  h.payload_checksum = Get64(p + 72);
+  h.region_generation = Get64(p + 80);
+  if (h.layer_count == 0 || h.layer_bytes == 0 || h.payload_bytes / h.layer_count != h.layer_bytes ||
+      h.payload_bytes % h.layer_count != 0) {
+    return Corruption("record layer geometry (" + std::to_string(h.layer_count) + " x " +
+                      std::to_string(h.layer_bytes) + ") does not match its " + std::to_string(h.payload_bytes) +
+                      " payload bytes");
+  }
+  return h;
+}
+
+uint64_t RecordBytes(uint64_t payload_bytes, uint32_t alignment_bytes) {
+  const uint64_t padded = (payload_bytes + alignment_bytes - 1) / alignment_bytes * alignment_bytes;
+  return kRecordHeaderBytes + padded;
+}
+
+Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_t last) {
+  if (first >= last || last > header.layer_count) {
+    return InvalidArgument("layer range [" + std::to_string(first) + ", " + std::to_string(last) +
+                           ") is empty or past the block's " + std::to_string(header.layer_count) + " layers");
+  }
+  return ByteRange{first * header.layer_bytes, (last - first) * header.layer_bytes};
+}
+
+}  // namespace kvtier

@@ -1,0 +1,231 @@
+#include "tiers/nvme/uring_worker.h"
+
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "tiers/nvme/device_file.h"
+
+namespace kvtier {
+namespace {
+
+// user_data of the eventfd read; I/O ops carry their Op pointer.
+constexpr uint64_t kWakeTag = 1;
+
+std::string OpName(DeviceCounters::Op op) {
+  switch (op) {
+    case DeviceCounters::Op::kRead: return "read";
+    case DeviceCounters::Op::kWrite: return "write";
+    case DeviceCounters::Op::kFlush: return "flush";
+  }
+  return "io";
+}
+
+}  // namespace
+
+UringWorker::UringWorker(int fd, uint32_t queue_depth, DeviceCounters& counters)
+    : fd_(fd), depth_(queue_depth), counters_(counters) {}
+
+Result<std::unique_ptr<UringWorker>> UringWorker::Create(int fd, uint32_t queue_depth, DeviceCounters& counters) {
+  std::unique_ptr<UringWorker> w(new UringWorker(fd, queue_depth, counters));
+  const int rc = io_uring_queue_init(queue_depth + 1, &w->ring_, 0);
+  if (rc < 0) return Unavailable(std::string("io_uring_queue_init: ") + std::strerror(-rc));
+  w->ring_ready_ = true;
+  w->event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (w->event_fd_ < 0) return ErrnoStatus(errno, "eventfd");
+  w->ArmWakeRead();
+  const int submitted = io_uring_submit(&w->ring_);
+  if (submitted < 0) return Unavailable(std::string("io_uring_submit: ") + std::strerror(-submitted));
+  w->thread_ = std::thread([raw = w.get()] { raw->Loop(); });
+  return w;
+}
+
+UringWorker::~UringWorker() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (ring_ready_) io_uring_queue_exit(&ring_);  // cancels the armed wake-up read
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void UringWorker::Submit(std::unique_ptr<Op> op) {
+  bool was_empty = false;
+  {
+    std::lock_guard lock(mu_);
+    KVTIER_CHECK(!stopping_, "I/O submitted to a UringDevice being destroyed");
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(op));
+  }
+  // The thread empties the whole queue each time it wakes, so only the
+  // first submission into an empty queue needs to wake it.
+  if (was_empty) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  }
+}
+
+Status UringWorker::RegisterBuffers(const std::vector<iovec>& buffers) {
+  std::promise<Status> outcome;
+  auto future = outcome.get_future();
+  bool was_empty = false;
+  {
+    std::lock_guard lock(mu_);
+    if (command_) return FailedPrecondition("a buffer registration is already pending");
+    command_ = [this, &buffers, &outcome] {
+      if (!fixed_.empty()) {
+        outcome.set_value(FailedPrecondition("fixed buffers are already registered"));
+        return;
+      }
+      const int rc = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+      if (rc < 0) {
+        outcome.set_value(ErrnoStatus(-rc, "io_uring_register_buffers of " + std::to_string(buffers.size()) +
+                                               " buffers (RLIMIT_MEMLOCK?)"));
+        return;
+      }
+      fixed_ = buffers;
+      outcome.set_value(Status::Ok());
+    };
+    was_empty = queue_.empty();
+  }
+  if (was_empty) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+  }
+  return future.get();
+}
+
+void UringWorker::ArmWakeRead() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  KVTIER_CHECK(sqe != nullptr, "no SQE for the wake-up read: the ring reserves one");
+  io_uring_prep_read(sqe, event_fd_, &wake_value_, sizeof(wake_value_), 0);
+  io_uring_sqe_set_data64(sqe, kWakeTag);
+}
+
+bool UringWorker::TakeQueued() {
+  std::function<void()> command;
+  bool stopping = false;
+  {
+    std::lock_guard lock(mu_);
+    while (!queue_.empty()) {
+      waiting_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    command.swap(command_);
+    stopping = stopping_;
+  }
+  if (command) command();
+  return stopping;
+}
+
+int UringWorker::FixedBufferIndex(const std::byte* data, size_t length) const {
+  for (size_t i = 0; i < fixed_.size(); ++i) {
+    const auto* base = static_cast<const std::byte*>(fixed_[i].iov_base);
+    if (data >= base && data + length <= base + fixed_[i].iov_len) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void UringWorker::Prepare() {
+  while (!waiting_.empty() && in_flight_ < depth_) {
+    if (!waiting_.front()->rejected.ok()) {  // a bad request: answer it from this thread
+      std::unique_ptr<Op> bad = std::move(waiting_.front());
+      waiting_.pop_front();
+      counters_.Record(bad->kind, bad->rejected);
+      bad->done(bad->rejected);
+      continue;
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) break;  // the SQ is full until the next submit
+    Op* op = waiting_.front().release();
+    waiting_.pop_front();
+    std::byte* data = op->data + op->transferred;
+    const auto length = static_cast<unsigned>(op->length - op->transferred);
+    const uint64_t offset = op->offset + op->transferred;
+    const int fixed = FixedBufferIndex(data, length);
+    switch (op->kind) {
+      case DeviceCounters::Op::kRead:
+        if (fixed >= 0) {
+          io_uring_prep_read_fixed(sqe, fd_, data, length, offset, fixed);
+        } else {
+          io_uring_prep_read(sqe, fd_, data, length, offset);
+        }
+        break;
+      case DeviceCounters::Op::kWrite:
+        if (fixed >= 0) {
+          io_uring_prep_write_fixed(sqe, fd_, data, length, offset, fixed);
+        } else {
+          io_uring_prep_write(sqe, fd_, data, length, offset);
+        }
+        break;
+      case DeviceCounters::Op::kFlush: io_uring_prep_fsync(sqe, fd_, IORING_FSYNC_DATASYNC); break;
+    }
+    io_uring_sqe_set_data(sqe, op);
+    ++in_flight_;
+  }
+}
+
+void UringWorker::Finish(Op* raw, int result) {
+  std::unique_ptr<Op> op(raw);
+  --in_flight_;
+  if (result == -EINTR || result == -EAGAIN) {  // transient: try again
+    waiting_.push_front(std::move(op));
+    return;
+  }
+  Result<size_t> outcome = size_t{0};
+  if (result < 0) {
+    outcome = ErrnoStatus(-result, "io_uring " + OpName(op->kind) + " of " + std::to_string(op->length) +
+                                       " bytes at offset " + std::to_string(op->offset));
+  } else if (op->kind != DeviceCounters::Op::kFlush) {
+    op->transferred += static_cast<size_t>(result);
+    if (result > 0 && op->transferred < op->length) {  // partial: submit the rest
+      waiting_.push_front(std::move(op));
+      return;
+    }
+    outcome = op->transferred;  // short only at the end of the file
+  }
+  counters_.Record(op->kind, outcome);
+  op->done(std::move(outcome));
+}
+
+void UringWorker::Reap() {
+  io_uring_cqe* cqe = nullptr;
+  unsigned seen = 0;
+  bool rearm = false;
+  std::vector<std::pair<Op*, int>> finished;
+  unsigned head;
+  io_uring_for_each_cqe(&ring_, head, cqe) {
+    ++seen;
+    if (io_uring_cqe_get_data64(cqe) == kWakeTag) {
+      rearm = true;
+    } else {
+      finished.emplace_back(static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res);
+    }
+  }
+  io_uring_cq_advance(&ring_, seen);
+  if (rearm) ArmWakeRead();
+  for (auto [op, res] : finished) Finish(op, res);  // callbacks may submit more
+}
+
+void UringWorker::Loop() {
+  for (;;) {
+    const bool stopping = TakeQueued();
+    Prepare();
+    if (stopping && in_flight_ == 0 && waiting_.empty()) return;
+    const int rc = io_uring_submit_and_wait(&ring_, 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      KVTIER_CHECK(false, (std::string("io_uring_submit_and_wait: ") + std::strerror(-rc)).c_str());
+    }
+    Reap();
+  }
+}
+
+}  // namespace kvtier

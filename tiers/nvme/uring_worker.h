@@ -1,0 +1,83 @@
+// UringWorker: one io_uring and the thread that drives it; the building
+// block of UringDevice (which owns one per I/O thread). Internal to
+// tiers/nvme.
+//
+// Submissions from any thread go into a mutex-guarded queue; the thread is
+// woken through an eventfd whose read is always armed in the ring, so it
+// sleeps in a single io_uring_enter waiting for either an I/O completion or
+// new work. At most queue_depth I/Os are in flight; the rest wait in order.
+//
+// Thread-safe. Completions run on the worker's thread, without its lock.
+#pragma once
+
+#include <liburing.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tiers/nvme/block_device.h"
+
+namespace kvtier {
+
+class UringWorker {
+ public:
+  struct Op {
+    DeviceCounters::Op kind = DeviceCounters::Op::kFlush;
+    uint64_t offset = 0;
+    std::byte* data = nullptr;
+    size_t length = 0;
+    size_t transferred = 0;  // partial completions resubmit the rest
+    Status rejected;         // not ok: completed with this on the thread, never sent to the ring
+    IoDone done;
+  };
+
+  // Sets up a ring of `queue_depth` (+1 for the wake-up read) entries on
+  // `fd` (borrowed; must outlive the worker). `counters` is borrowed too.
+  static Result<std::unique_ptr<UringWorker>> Create(int fd, uint32_t queue_depth, DeviceCounters& counters);
+  // Lets every submitted I/O complete, then stops the thread.
+  ~UringWorker();
+
+  void Submit(std::unique_ptr<Op> op);
+  // Registers `buffers` as this ring's fixed buffers, on the ring's thread;
+  // waits for the outcome.
+  Status RegisterBuffers(const std::vector<iovec>& buffers);
+
+ private:
+  UringWorker(int fd, uint32_t queue_depth, DeviceCounters& counters);
+  void Loop();
+  void ArmWakeRead();
+  // Moves queued work (and a pending command) to the thread's side.
+  bool TakeQueued();
+  // Fills SQEs for waiting ops while slots and depth allow.
+  void Prepare();
+  void Reap();
+  void Finish(Op* op, int result);
+  // Index of the fixed buffer holding [data, data + length), or -1.
+  int FixedBufferIndex(const std::byte* data, size_t length) const;
+
+  const int fd_;
+  const uint32_t depth_;
+  DeviceCounters& counters_;
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  int event_fd_ = -1;
+
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Op>> queue_;  // guarded by mu_
+  std::function<void()> command_;          // guarded by mu_: runs on the thread (buffer registration)
+  bool stopping_ = false;                  // guarded by mu_
+
+  // Thread-only state:
+  std::deque<std::unique_ptr<Op>> waiting_;  // taken from queue_, not yet in the ring
+  uint32_t in_flight_ = 0;                   // I/Os in the ring (not the wake-up read)
+  uint64_t wake_value_ = 0;                  // the eventfd read's target
+  std::vector<iovec> fixed_;                 // registered fixed buffers
+  std::thread thread_;
+};
+
+}  // namespace kvtier
