@@ -1,0 +1,219 @@
+#include "tiers/nvme/nvme_index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+// Key space: 'b' + key (hi, lo big-endian, so iteration follows key order),
+// 'r' + region (big-endian). Values are fixed little-endian records with a
+// leading format byte.
+constexpr char kEntryTag = 'b';
+constexpr char kRegionTag = 'r';
+constexpr uint8_t kValueFormat = 1;
+constexpr size_t kEntryValueBytes = 1 + 4 + 8 + 8 + 8 + 4 + 8 + 8;
+constexpr size_t kRegionValueBytes = 1 + 8 + 4 + 8;
+
+void PutBig64(std::string& out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t GetBig64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+class Writer {
+ public:
+  Writer& U8(uint8_t v) { return Raw(&v, 1); }
+  Writer& U32(uint32_t v) { return Raw(&v, 4); }  // x86-64 and arm64 Linux are little-endian
+  Writer& U64(uint64_t v) { return Raw(&v, 8); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  Writer& Raw(const void* p, size_t n) {
+    out_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const rocksdb::Slice& s) : p_(s.data()), end_(s.data() + s.size()) {}
+  uint8_t U8() { return Raw<uint8_t>(); }
+  uint32_t U32() { return Raw<uint32_t>(); }
+  uint64_t U64() { return Raw<uint64_t>(); }
+  bool ok() const { return p_ <= end_; }
+
+ private:
+  template <typename T>
+  T Raw() {
+    T v{};
+    if (p_ + sizeof(T) <= end_) std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  const char* p_;
+  const char* end_;
+};
+
+std::string EntryKey(const BlockKey& key) {
+  std::string k(1, kEntryTag);
+  PutBig64(k, key.hi);
+  PutBig64(k, key.lo);
+  return k;
+}
+
+std::string RegionKey(uint32_t region) {
+  std::string k(1, kRegionTag);
+  for (int i = 3; i >= 0; --i) k.push_back(static_cast<char>(region >> (8 * i)));
+  return k;
+}
+
+std::string EncodeEntry(const IndexEntry& e) {
+  return Writer()
+      .U8(kValueFormat)
+      .U32(e.region)
+      .U64(e.offset)
+      .U64(e.payload_bytes)
+      .U64(e.region_generation)
+      .U32(e.flags)
+      .U64(e.hits)
+      .U64(static_cast<uint64_t>(e.last_use_us))
+      .Take();
+}
+
+Result<IndexEntry> DecodeEntry(const rocksdb::Slice& value) {
+  if (value.size() != kEntryValueBytes || static_cast<uint8_t>(value[0]) != kValueFormat) {
+    return Corruption("index entry of " + std::to_string(value.size()) + " bytes does not decode");
+  }
+  Reader r(value);
+  r.U8();
+  IndexEntry e;
+  e.region = r.U32();
+  e.offset = r.U64();
+  e.payload_bytes = r.U64();
+  e.region_generation = r.U64();
+  e.flags = r.U32();
+  e.hits = r.U64();
+  e.last_use_us = static_cast<int64_t>(r.U64());
+  return e;
+}
+
+std::string EncodeRegion(const RegionState& s) {
+  return Writer().U8(kValueFormat).U64(s.generation).U32(static_cast<uint32_t>(s.status)).U64(s.sealed_at_us).Take();
+}
+
+Result<RegionState> DecodeRegion(uint32_t region, const rocksdb::Slice& value) {
+  if (value.size() != kRegionValueBytes || static_cast<uint8_t>(value[0]) != kValueFormat) {
+    return Corruption("region record of " + std::to_string(value.size()) + " bytes does not decode");
+  }
+  Reader r(value);
+  r.U8();
+  RegionState s;
+  s.region = region;
+  s.generation = r.U64();
+  const uint32_t status = r.U32();
+  if (status > static_cast<uint32_t>(RegionStatus::kSealed)) {
+    return Corruption("region " + std::to_string(region) + " has unknown status " + std::to_string(status));
+  }
+  s.status = static_cast<RegionStatus>(status);
+  s.sealed_at_us = r.U64();
+  return s;
+}
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsNotFound()) return NotFound(what + ": not found");
+  if (s.IsCorruption()) return Corruption(what + ": " + s.ToString());
+  return IoError(what + ": " + s.ToString());
+}
+
+}  // namespace
+
+NvmeIndex::NvmeIndex(std::unique_ptr<rocksdb::DB> db, bool sync_writes)
+    : db_(std::move(db)), sync_writes_(sync_writes) {}
+
+NvmeIndex::~NvmeIndex() = default;
+
+Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& path, bool sync_writes) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.paranoid_checks = true;
+  options.max_open_files = 256;
+  options.keep_log_file_num = 4;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, path, &raw);
+  if (!s.ok()) return FromRocks(s, "cannot open the nvme index at " + path);
+  return std::unique_ptr<NvmeIndex>(new NvmeIndex(std::unique_ptr<rocksdb::DB>(raw), sync_writes));
+}
+
+namespace {
+rocksdb::WriteOptions Writes(bool sync) {
+  rocksdb::WriteOptions w;
+  w.sync = sync;
+  return w;
+}
+}  // namespace
+
+Status NvmeIndex::Put(const BlockKey& key, const IndexEntry& entry) {
+  return FromRocks(db_->Put(Writes(sync_writes_), EntryKey(key), EncodeEntry(entry)), "nvme index put");
+}
+
+Status NvmeIndex::Delete(const BlockKey& key) {
+  return FromRocks(db_->Delete(Writes(sync_writes_), EntryKey(key)), "nvme index delete");
+}
+
+Result<IndexEntry> NvmeIndex::Get(const BlockKey& key) const {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), EntryKey(key), &value);
+  if (!s.ok()) return FromRocks(s, "nvme index get");
+  return DecodeEntry(value);
+}
+
+Status NvmeIndex::PutRegion(const RegionState& region) {
+  return FromRocks(db_->Put(Writes(sync_writes_), RegionKey(region.region), EncodeRegion(region)),
+                   "nvme index region put");
+}
+
+Status NvmeIndex::ResetRegion(const RegionState& region, std::span<const BlockKey> keys) {
+  rocksdb::WriteBatch batch;
+  for (const auto& k : keys) batch.Delete(EntryKey(k));
+  batch.Put(RegionKey(region.region), EncodeRegion(region));
+  return FromRocks(db_->Write(Writes(sync_writes_), &batch), "nvme index region reset");
+}
+
+Status NvmeIndex::ForEachEntry(const std::function<void(const BlockKey&, const IndexEntry&)>& visit) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  const std::string prefix(1, kEntryTag);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (k.size() != 17) return Corruption("nvme index key of " + std::to_string(k.size()) + " bytes");
+    auto entry = DecodeEntry(it->value());
+    if (!entry.ok()) return entry.status();
+    visit(BlockKey{GetBig64(k.data() + 1), GetBig64(k.data() + 9)}, *entry);
+  }
+  return FromRocks(it->status(), "nvme index scan");
+}
+
+Status NvmeIndex::ForEachRegion(const std::function<void(const RegionState&)>& visit) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  const std::string prefix(1, kRegionTag);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (k.size() != 5) return Corruption("nvme region key of " + std::to_string(k.size()) + " bytes");
+    uint32_t region = 0;
+    for (int i = 1; i < 5; ++i) region = (region << 8) | static_cast<uint8_t>(k[i]);
+    auto state = DecodeRegion(region, it->value());
+    if (!state.ok()) return state.status();
+    visit(*state);
+  }
+  return FromRocks(it->status(), "nvme region scan");
+}
+
+}  // namespace kvtier

@@ -1,0 +1,84 @@
+// NvmeIndex: the persistent index of the NVMe tier, an embedded RocksDB.
+// Maps each block key to where its record lies, and each region to its
+// generation and state, so a restarted daemon finds its blocks again.
+//
+// Crash safety: every mutation is one RocksDB write (a WriteBatch when it
+// touches several records), so after kill -9 the index holds exactly the
+// mutations whose call returned. With sync_writes the WAL is fsynced per
+// write (power-loss safe); without, a process crash loses nothing but a
+// machine crash may lose the last writes. The tier makes an entry visible
+// here only after its record's data write completed, and checks every entry
+// against the record header before serving it, so a stale entry is a miss,
+// never wrong bytes.
+//
+// Thread-safe (RocksDB is).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kvtier/block_key.h"
+#include "kvtier/result.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace kvtier {
+
+struct IndexEntry {
+  uint32_t region = 0;
+  uint64_t offset = 0;             // device offset of the record header
+  uint64_t payload_bytes = 0;
+  uint64_t region_generation = 0;  // must match the region's, else the entry is stale
+  uint32_t flags = 0;
+  uint64_t hits = 0;               // as of the last persisted update
+  int64_t last_use_us = 0;
+
+  bool operator==(const IndexEntry&) const = default;
+};
+
+enum class RegionStatus : uint32_t { kFree = 0, kOpen = 1, kSealed = 2 };
+
+struct RegionState {
+  uint32_t region = 0;
+  uint64_t generation = 0;  // bumped every time the region is reused
+  RegionStatus status = RegionStatus::kFree;
+  uint64_t sealed_at_us = 0;  // orders sealed regions for oldest-first reclaim
+
+  bool operator==(const RegionState&) const = default;
+};
+
+class NvmeIndex {
+ public:
+  // Opens (creating if missing) the index in directory `path`. Errors:
+  // IoError naming the path and RocksDB's reason (e.g. another kvtierd
+  // holds the LOCK file), Corruption if RocksDB reports it.
+  static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& path, bool sync_writes);
+  ~NvmeIndex();
+
+  Status Put(const BlockKey& key, const IndexEntry& entry);
+  Status Delete(const BlockKey& key);
+  // NotFound if absent.
+  Result<IndexEntry> Get(const BlockKey& key) const;
+  Status PutRegion(const RegionState& region);
+  // In one atomic write: deletes `keys` and records `region` (a region
+  // reclaimed or reopened with its entries gone).
+  Status ResetRegion(const RegionState& region, std::span<const BlockKey> keys);
+
+  // Visits every entry / region in key order. Corruption if a stored value
+  // does not decode (the visit stops there).
+  Status ForEachEntry(const std::function<void(const BlockKey&, const IndexEntry&)>& visit) const;
+  Status ForEachRegion(const std::function<void(const RegionState&)>& visit) const;
+
+ private:
+  NvmeIndex(std::unique_ptr<rocksdb::DB> db, bool sync_writes);
+
+  std::unique_ptr<rocksdb::DB> db_;
+  const bool sync_writes_;
+};
+
+}  // namespace kvtier
