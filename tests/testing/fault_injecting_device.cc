@@ -33,6 +33,8 @@ FaultInjectingDevice::Decision FaultInjectingDevice::Decide(bool is_read, size_t
     d.fault = kEio;
   } else if (unit(rng_) < options_.eio_rate) {
     d.fault = kEio;
+  } else if (!is_read && length > 0 && unit(rng_) < options_.no_space_rate) {
+    d.fault = kNoSpace;
   } else if (is_read && unit(rng_) < options_.short_read_rate && blocks > 0) {
     d.fault = kShortRead;
   } else if (is_read && unit(rng_) < options_.corrupt_read_rate && length > 0) {
@@ -87,6 +89,7 @@ void FaultInjectingDevice::Write(uint64_t offset, std::span<const std::byte> src
     if (!r.ok()) return done(std::move(r));
     switch (d.fault) {
       case kEio: return done(IoError("injected EIO on write"));
+      case kNoSpace: return done(NoSpace("injected ENOSPC on write"));
       case kShortWrite: return done(d.prefix);
       case kTornWrite: return done(full);  // the lie
       default: return done(std::move(r));
@@ -105,7 +108,7 @@ void FaultInjectingDevice::VisitCounters(CounterVisitor& visitor) const {
   inner_.VisitCounters(visitor);
   static constexpr const char* kNames[kFaultKinds] = {
       "", "faults.injected_eio", "faults.injected_short_read", "faults.injected_short_write",
-      "faults.injected_torn_write", "faults.injected_corrupt_read"};
+      "faults.injected_torn_write", "faults.injected_corrupt_read", "faults.injected_no_space"};
   for (int f = kEio; f < kFaultKinds; ++f) visitor.Visit(kNames[f], injected_[f].load(std::memory_order_relaxed));
 }
 

@@ -4,6 +4,7 @@
 //
 //   eio          the I/O fails with IoError (a write may have written a
 //                prefix first, as a failing drive may)
+//   no_space     a write fails with NoSpace (ENOSPC of a full file system)
 //   short_read   a read reports fewer bytes than asked
 //   short_write  a write writes a prefix and reports that count
 //   torn_write   a write writes a prefix but reports complete success
@@ -28,6 +29,7 @@ namespace kvtier::testing {
 struct FaultOptions {
   uint64_t seed = 1;
   double eio_rate = 0;
+  double no_space_rate = 0;
   double short_read_rate = 0;
   double short_write_rate = 0;
   double torn_write_rate = 0;
@@ -60,7 +62,7 @@ class FaultInjectingDevice final : public BlockDevice {
   int64_t injected() const;
 
  private:
-  enum Fault { kNone, kEio, kShortRead, kShortWrite, kTornWrite, kCorruptRead, kFaultKinds };
+  enum Fault { kNone, kEio, kShortRead, kShortWrite, kTornWrite, kCorruptRead, kNoSpace, kFaultKinds };
   struct Decision {
     Fault fault = kNone;
     bool delayed = false;

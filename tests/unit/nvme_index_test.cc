@@ -20,6 +20,7 @@ IndexEntry Entry(uint32_t region, uint64_t offset) {
   e.region = region;
   e.offset = offset;
   e.payload_bytes = 3 * 4096 + 17;
+  e.layer_count = 3 + region;
   e.region_generation = 7 + region;
   e.flags = 0x5;
   e.hits = 99;

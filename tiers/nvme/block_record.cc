@@ -9,7 +9,11 @@ namespace kvtier {
 namespace {
 
 constexpr uint64_t kMagic = 0x31304b4c4254564bULL;  // "KVTBLK01" read as little-endian bytes
-constexpr size_t kChecksummedBytes = 88;
+constexpr size_t kHeaderChecksumAt = 88;
+constexpr size_t kLayerChecksumsAt = 96;
+
+// xxh3-64 of the header with its own checksum field read as zero.
+uint64_t HeaderChecksum(std::span<const std::byte> header);
 
 void Put64(std::byte* at, uint64_t v) {
   for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
@@ -26,6 +30,13 @@ uint32_t Get32(const std::byte* at) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(at[i]) << (8 * i);
   return v;
+}
+
+uint64_t HeaderChecksum(std::span<const std::byte> header) {
+  std::byte copy[kRecordHeaderBytes];
+  std::memcpy(copy, header.data(), kRecordHeaderBytes);
+  std::memset(copy + kHeaderChecksumAt, 0, 8);
+  return BlockChecksum(copy);
 }
 
 }  // namespace
@@ -45,7 +56,8 @@ void EncodeRecordHeader(const RecordHeader& h, std::span<std::byte> out) {
   Put64(p + 64, h.layer_bytes);
   Put64(p + 72, h.payload_checksum);
   Put64(p + 80, h.region_generation);
-  Put64(p + 88, BlockChecksum(out.first(kChecksummedBytes)));
+  for (size_t i = 0; i < h.layer_checksums.size(); ++i) Put64(p + kLayerChecksumsAt + 8 * i, h.layer_checksums[i]);
+  Put64(p + kHeaderChecksumAt, HeaderChecksum(out.first(kRecordHeaderBytes)));
 }
 
 Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
@@ -60,7 +72,7 @@ Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
                       std::to_string(kRecordFormatVersion));
   }
   if (Get32(p + 12) != kRecordHeaderBytes) return Corruption("record header size field is wrong");
-  if (Get64(p + 88) != BlockChecksum(in.first(kChecksummedBytes))) {
+  if (Get64(p + kHeaderChecksumAt) != HeaderChecksum(in.first(kRecordHeaderBytes))) {
     return Corruption("record header checksum mismatch (torn or overwritten)");
   }
   RecordHeader h;
@@ -77,6 +89,10 @@ Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
                       std::to_string(h.layer_bytes) + ") does not match its " + std::to_string(h.payload_bytes) +
                       " payload bytes");
   }
+  if (h.layer_count <= kMaxLayerChecksums) {
+    h.layer_checksums.resize(h.layer_count);
+    for (uint32_t i = 0; i < h.layer_count; ++i) h.layer_checksums[i] = Get64(p + kLayerChecksumsAt + 8 * i);
+  }
   return h;
 }
 
@@ -91,6 +107,33 @@ Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_
                            ") is empty or past the block's " + std::to_string(header.layer_count) + " layers");
   }
   return ByteRange{first * header.layer_bytes, (last - first) * header.layer_bytes};
+}
+
+void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& h) {
+  h.payload_checksum = BlockChecksum(payload);
+  h.layer_checksums.clear();
+  if (h.layer_count > kMaxLayerChecksums) return;
+  for (uint32_t i = 0; i < h.layer_count; ++i) {
+    h.layer_checksums.push_back(BlockChecksum(payload.subspan(i * h.layer_bytes, h.layer_bytes)));
+  }
+}
+
+Status VerifyLayers(const RecordHeader& h, uint32_t first, uint32_t last, std::span<const std::byte> layers) {
+  if (first == 0 && last == h.layer_count) {
+    if (BlockChecksum(layers) != h.payload_checksum) return Corruption("block payload checksum mismatch");
+    return Status::Ok();
+  }
+  if (h.layer_checksums.empty()) {
+    return FailedPrecondition("a block of " + std::to_string(h.layer_count) +
+                              " layers has no per-layer checksums; read it whole");
+  }
+  for (uint32_t i = first; i < last; ++i) {
+    const auto layer = layers.subspan((i - first) * h.layer_bytes, h.layer_bytes);
+    if (BlockChecksum(layer) != h.layer_checksums[i]) {
+      return Corruption("layer " + std::to_string(i) + " checksum mismatch");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvtier

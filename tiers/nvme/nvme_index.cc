@@ -15,7 +15,7 @@ namespace {
 constexpr char kEntryTag = 'b';
 constexpr char kRegionTag = 'r';
 constexpr uint8_t kValueFormat = 1;
-constexpr size_t kEntryValueBytes = 1 + 4 + 8 + 8 + 8 + 4 + 8 + 8;
+constexpr size_t kEntryValueBytes = 1 + 4 + 8 + 8 + 4 + 8 + 4 + 8 + 8;
 constexpr size_t kRegionValueBytes = 1 + 8 + 4 + 8;
 
 void PutBig64(std::string& out, uint64_t v) {
@@ -81,6 +81,7 @@ std::string EncodeEntry(const IndexEntry& e) {
       .U32(e.region)
       .U64(e.offset)
       .U64(e.payload_bytes)
+      .U32(e.layer_count)
       .U64(e.region_generation)
       .U32(e.flags)
       .U64(e.hits)
@@ -98,6 +99,7 @@ Result<IndexEntry> DecodeEntry(const rocksdb::Slice& value) {
   e.region = r.U32();
   e.offset = r.U64();
   e.payload_bytes = r.U64();
+  e.layer_count = r.U32();
   e.region_generation = r.U64();
   e.flags = r.U32();
   e.hits = r.U64();
@@ -106,7 +108,7 @@ Result<IndexEntry> DecodeEntry(const rocksdb::Slice& value) {
 }
 
 std::string EncodeRegion(const RegionState& s) {
-  return Writer().U8(kValueFormat).U64(s.generation).U32(static_cast<uint32_t>(s.status)).U64(s.sealed_at_us).Take();
+  return Writer().U8(kValueFormat).U64(s.generation).U32(static_cast<uint32_t>(s.status)).U64(s.seal_sequence).Take();
 }
 
 Result<RegionState> DecodeRegion(uint32_t region, const rocksdb::Slice& value) {
@@ -123,7 +125,7 @@ Result<RegionState> DecodeRegion(uint32_t region, const rocksdb::Slice& value) {
     return Corruption("region " + std::to_string(region) + " has unknown status " + std::to_string(status));
   }
   s.status = static_cast<RegionStatus>(status);
-  s.sealed_at_us = r.U64();
+  s.seal_sequence = r.U64();
   return s;
 }
 

@@ -33,6 +33,7 @@ struct IndexEntry {
   uint32_t region = 0;
   uint64_t offset = 0;             // device offset of the record header
   uint64_t payload_bytes = 0;
+  uint32_t layer_count = 1;
   uint64_t region_generation = 0;  // must match the region's, else the entry is stale
   uint32_t flags = 0;
   uint64_t hits = 0;               // as of the last persisted update
@@ -47,7 +48,7 @@ struct RegionState {
   uint32_t region = 0;
   uint64_t generation = 0;  // bumped every time the region is reused
   RegionStatus status = RegionStatus::kFree;
-  uint64_t sealed_at_us = 0;  // orders sealed regions for oldest-first reclaim
+  uint64_t seal_sequence = 0;  // increases with every seal: orders reclaim oldest first
 
   bool operator==(const RegionState&) const = default;
 };

@@ -1,0 +1,430 @@
+#include "tiers/nvme/nvme_tier.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace kvtier {
+namespace {
+
+uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+// One read in flight: the staging span holds the header at [0, 4 KiB) and
+// the aligned cover of the payload range from `payload_at` on.
+struct NvmeTier::ReadOp {
+  BlockKey key;
+  IndexEntry entry;
+  uint32_t first = 0, last = 0;
+  ByteRange range;             // inside the payload
+  uint64_t cover_offset = 0;   // payload offset the staged payload bytes start at
+  std::span<std::byte> staging;
+  size_t payload_at = 0;       // where in `staging` the payload cover starts
+  std::span<std::byte> dst;
+  ReadDone done;
+  std::mutex mu;
+  int pending = 0;             // I/Os not yet completed
+  Status failure;              // first I/O failure
+};
+
+NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
+                   std::unique_ptr<StagingPool> staging, const NvmeTierOptions& options, Clock& clock)
+    : device_(std::move(device)),
+      index_(std::move(index)),
+      staging_(std::move(staging)),
+      options_(options),
+      clock_(clock),
+      regions_(device_->capacity_bytes(), options.region_bytes, device_->alignment_bytes()),
+      region_keys_(regions_.region_count()) {}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
+                                                 const NvmeTierOptions& options, Clock& clock) {
+  if (Status s = RegionManager::Validate(device->capacity_bytes(), options.region_bytes, device->alignment_bytes());
+      !s.ok()) {
+    return s;
+  }
+  auto staging = StagingPool::Create(options.staging_bytes, *device);
+  if (!staging.ok()) return staging.status();
+  std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(device), std::move(index), std::move(*staging), options, clock));
+  if (Status s = tier->Recover(); !s.ok()) return s;
+  return tier;
+}
+
+NvmeTier::~NvmeTier() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [this] { return io_in_flight_ == 0; });
+}
+
+void NvmeTier::BeginIo() { ++io_in_flight_; }  // caller holds mu_
+
+void NvmeTier::EndIo() {
+  std::lock_guard lock(mu_);
+  if (--io_in_flight_ == 0) idle_cv_.notify_all();
+}
+
+Status NvmeTier::Recover() {
+  std::vector<RegionState> persisted;
+  if (Status s = index_->ForEachRegion([&](const RegionState& r) { persisted.push_back(r); }); !s.ok()) return s;
+  std::unordered_set<uint32_t> was_open;
+  for (const auto& r : persisted) {
+    if (r.status == RegionStatus::kOpen) was_open.insert(r.region);
+  }
+  for (const RegionState& changed : regions_.Restore(persisted)) {
+    if (Status s = index_->PutRegion(changed); !s.ok()) return s;
+    ++recovery_.regions_resealed;
+  }
+  std::vector<std::pair<BlockKey, IndexEntry>> loaded;
+  Status scan = index_->ForEachEntry([&](const BlockKey& k, const IndexEntry& e) { loaded.emplace_back(k, e); });
+  if (!scan.ok()) return scan;
+  for (const auto& [key, entry] : loaded) {
+    const bool in_device = entry.region < regions_.region_count() &&
+                           entry.offset >= uint64_t{entry.region} * regions_.region_bytes() &&
+                           entry.offset + RecordBytes(entry.payload_bytes, device_->alignment_bytes()) <=
+                               uint64_t{entry.region + 1} * regions_.region_bytes();
+    bool keep = in_device && regions_.StatusOf(entry.region) != RegionStatus::kFree &&
+                regions_.Generation(entry.region) == entry.region_generation;
+    if (!keep) {
+      ++recovery_.dropped_stale;
+    } else if (was_open.count(entry.region) != 0) {
+      if (Status v = VerifyRecord(key, entry); !v.ok()) {
+        spdlog::warn("nvme: dropping block {:016x}{:016x} at offset {}: {}", key.hi, key.lo, entry.offset,
+                     v.ToString());
+        ++recovery_.dropped_corrupt;
+        keep = false;
+      }
+    }
+    if (!keep) {
+      if (Status s = index_->Delete(key); !s.ok()) return s;
+      continue;
+    }
+    entries_.emplace(key, entry);
+    region_keys_[entry.region].insert(key);
+    counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
+    ++recovery_.entries_loaded;
+  }
+  return Status::Ok();
+}
+
+Status NvmeTier::VerifyRecord(const BlockKey& key, const IndexEntry& entry) {
+  const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
+  auto staging = staging_->Allocate(bytes);
+  if (!staging) return Busy("no staging memory to verify a record at start-up");
+  Status outcome;
+  auto read = ReadSync(*device_, entry.offset, staging->first(bytes));
+  if (!read.ok()) {
+    outcome = read.status();
+  } else if (*read != bytes) {
+    outcome = IoError("short read");
+  } else {
+    auto header = DecodeRecordHeader(staging->first(kRecordHeaderBytes));
+    if (!header.ok()) {
+      outcome = header.status();
+    } else if (header->key != key || header->region_generation != entry.region_generation ||
+               header->payload_bytes != entry.payload_bytes || header->layer_count != entry.layer_count) {
+      outcome = Corruption("record header describes another block");
+    } else {
+      outcome = VerifyLayers(*header, 0, header->layer_count,
+                             staging->subspan(kRecordHeaderBytes, entry.payload_bytes));
+    }
+  }
+  staging_->Free(*staging);
+  return outcome;
+}
+
+Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
+  for (const RegionState& state : a.changed) {
+    if (a.reclaimed && state.region == *a.reclaimed) {
+      std::vector<BlockKey> dropped(region_keys_[state.region].begin(), region_keys_[state.region].end());
+      for (const BlockKey& k : dropped) {
+        counters_.stored_bytes -= static_cast<int64_t>(entries_[k].payload_bytes);
+        entries_.erase(k);
+      }
+      region_keys_[state.region].clear();
+      if (Status s = index_->ResetRegion(state, dropped); !s.ok()) return s;
+    } else if (Status s = index_->PutRegion(state); !s.ok()) {
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                       std::span<const std::byte> payload, WriteDone done) {
+  if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {
+    return InvalidArgument("a block of " + std::to_string(payload.size()) + " bytes cannot be split into " +
+                           std::to_string(layer_count) + " equal layers");
+  }
+  const uint64_t record_bytes = RecordBytes(payload.size(), device_->alignment_bytes());
+  std::span<std::byte> staging;
+  IndexEntry entry;
+  {
+    std::lock_guard lock(mu_);
+    const auto reject = [this](Status s) {
+      ++counters_.write_rejections;
+      return s;
+    };
+    if (full_ && static_cast<int64_t>(clock_.NowUs()) < full_until_us_) {
+      return reject(NoSpace("the nvme tier is full (its file system returned ENOSPC); retrying later"));
+    }
+    if (entries_.count(key) != 0 || writing_.count(key) != 0) {
+      return reject(AlreadyExists("block is already on the nvme tier"));
+    }
+    auto staged = staging_->Allocate(record_bytes);
+    if (!staged) return reject(Busy("no nvme staging memory free for " + std::to_string(record_bytes) + " bytes"));
+    auto allocation = regions_.Allocate(record_bytes);
+    if (!allocation.ok()) {
+      staging_->Free(*staged);
+      return reject(allocation.status());
+    }
+    if (Status s = PersistRegions(*allocation); !s.ok()) {
+      staging_->Free(*staged);
+      return reject(s);
+    }
+    staging = *staged;
+    entry.region = allocation->placement.region;
+    entry.offset = allocation->placement.offset;
+    entry.payload_bytes = payload.size();
+    entry.layer_count = layer_count;
+    entry.region_generation = allocation->placement.generation;
+    entry.last_use_us = static_cast<int64_t>(clock_.NowUs());
+    regions_.WriteStarted(entry.region);
+    writing_.insert(key);
+    BeginIo();
+  }
+  RecordHeader header;
+  header.ns = ns;
+  header.key = key;
+  header.payload_bytes = payload.size();
+  header.layer_count = layer_count;
+  header.layer_bytes = payload.size() / layer_count;
+  header.region_generation = entry.region_generation;
+  ChecksumPayload(payload, header);
+  EncodeRecordHeader(header, staging.first(kRecordHeaderBytes));
+  std::memcpy(staging.data() + kRecordHeaderBytes, payload.data(), payload.size());
+  std::memset(staging.data() + kRecordHeaderBytes + payload.size(), 0,
+              record_bytes - kRecordHeaderBytes - payload.size());
+  device_->Write(entry.offset, staging.first(record_bytes),
+                 [this, key, entry, staging, record_bytes, done = std::move(done)](Result<size_t> r) {
+                   if (r.ok() && *r != record_bytes) {
+                     r = IoError("short write: " + std::to_string(*r) + " of " + std::to_string(record_bytes) +
+                                 " bytes");
+                   }
+                   OnWritten(key, entry, staging, std::move(r), done);
+                 });
+  return Status::Ok();
+}
+
+void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging,
+                         Result<size_t> result, const WriteDone& done) {
+  staging_->Free(staging);
+  Status outcome = result.status();
+  {
+    std::lock_guard lock(mu_);
+    regions_.WriteFinished(entry.region);
+    writing_.erase(key);
+    if (outcome.code() == StatusCode::kNoSpace) {
+      if (!full_) spdlog::warn("nvme tier full: {}", outcome.ToString());
+      full_ = true;
+      full_until_us_ = static_cast<int64_t>(clock_.NowUs()) + options_.full_retry.count() * 1000;
+      ++counters_.enospc;
+    }
+    if (outcome.ok()) {
+      if (full_) spdlog::info("nvme tier accepts writes again");
+      full_ = false;
+      // Visible only now, after the data write completed; the index entry
+      // first, so a crash never leaves an indexed block unreadable.
+      outcome = index_->Put(key, entry);
+    }
+    if (outcome.ok()) {
+      entries_[key] = entry;
+      region_keys_[entry.region].insert(key);
+      counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
+      ++counters_.writes;
+    } else {
+      ++counters_.write_failures;
+    }
+  }
+  done(outcome);
+  EndIo();
+}
+
+Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                      ReadDone done) {
+  auto op = std::make_shared<ReadOp>();
+  const uint64_t align = device_->alignment_bytes();
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return NotFound("block is not on the nvme tier");
+    op->key = key;
+    op->entry = it->second;
+  }
+  RecordHeader geometry;  // enough of a header to compute the range
+  geometry.layer_count = op->entry.layer_count;
+  geometry.layer_bytes = op->entry.payload_bytes / op->entry.layer_count;
+  auto range = LayerRange(geometry, first_layer, last_layer);
+  if (!range.ok()) return range.status();
+  if (dst.size() < range->length) {
+    return InvalidArgument("destination of " + std::to_string(dst.size()) + " bytes is smaller than the " +
+                           std::to_string(range->length) + " bytes asked for");
+  }
+  op->first = first_layer;
+  op->last = last_layer;
+  op->range = *range;
+  op->dst = dst;
+  op->done = std::move(done);
+  op->cover_offset = AlignDown(range->offset, align);
+  const uint64_t cover_bytes = AlignUp(range->offset + range->length, align) - op->cover_offset;
+  op->payload_at = kRecordHeaderBytes;
+  auto staged = staging_->Allocate(kRecordHeaderBytes + cover_bytes);
+  if (!staged) return Busy("no nvme staging memory free for a read");
+  op->staging = *staged;
+  const uint64_t payload_device_offset = op->entry.offset + kRecordHeaderBytes;
+  {
+    std::lock_guard lock(mu_);
+    BeginIo();
+  }
+  auto on_io = [this, op](Result<size_t> r, size_t want) {
+    bool last;
+    {
+      std::lock_guard lock(op->mu);
+      if (op->failure.ok()) {
+        if (!r.ok()) op->failure = r.status();
+        else if (*r != want) op->failure = IoError("short read: " + std::to_string(*r) + " of " + std::to_string(want));
+      }
+      last = --op->pending == 0;
+    }
+    if (last) OnRead(op);
+  };
+  if (op->cover_offset == 0) {  // header and payload cover are contiguous: one I/O
+    op->pending = 1;
+    const size_t bytes = kRecordHeaderBytes + cover_bytes;
+    device_->Read(op->entry.offset, op->staging.first(bytes), [on_io, bytes](Result<size_t> r) { on_io(r, bytes); });
+  } else {
+    op->pending = 2;
+    device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
+                  [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
+    device_->Read(payload_device_offset + op->cover_offset, op->staging.subspan(kRecordHeaderBytes, cover_bytes),
+                  [on_io, cover_bytes](Result<size_t> r) { on_io(r, cover_bytes); });
+  }
+  return Status::Ok();
+}
+
+void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
+  Status outcome = op->failure;
+  std::span<const std::byte> layers;
+  if (outcome.ok()) {
+    auto header = DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
+    if (!header.ok()) {
+      outcome = header.status();
+    } else if (header->key != op->key || header->region_generation != op->entry.region_generation ||
+               header->payload_bytes != op->entry.payload_bytes || header->layer_count != op->entry.layer_count) {
+      outcome = Corruption("record header describes another block");
+    } else {
+      layers = op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset), op->range.length);
+      outcome = VerifyLayers(*header, op->first, op->last, layers);
+      if (outcome.code() == StatusCode::kFailedPrecondition) {
+        // No per-layer checksums (very many layers): the range cannot be
+        // verified alone. Reported as corruption-free failure: read it whole.
+        outcome = Unimplemented(outcome.message());
+      }
+    }
+  }
+  Result<size_t> result = size_t{0};
+  {
+    std::lock_guard lock(mu_);
+    if (!outcome.ok()) result = outcome;
+    if (outcome.ok()) {
+      std::memcpy(op->dst.data(), layers.data(), layers.size());
+      result = layers.size();
+      ++counters_.reads;
+      auto it = entries_.find(op->key);
+      if (it != entries_.end() && it->second.offset == op->entry.offset) {
+        ++it->second.hits;
+        it->second.last_use_us = static_cast<int64_t>(clock_.NowUs());
+      }
+    } else if (outcome.code() == StatusCode::kCorruption) {
+      if (regions_.Generation(op->entry.region) != op->entry.region_generation) {
+        ++counters_.reclaimed_reads;  // the region was reused under the read: a plain miss
+        result = NotFound("block was reclaimed from the nvme tier during the read");
+      } else {
+        ++counters_.corrupt_reads;
+        spdlog::warn("nvme: block {:016x}{:016x} at offset {} failed verification ({}); dropped", op->key.hi,
+                     op->key.lo, op->entry.offset, outcome.message());
+        DropIfCurrent(op->key, op->entry);
+      }
+    } else {
+      ++counters_.read_failures;
+    }
+  }
+  staging_->Free(op->staging);
+  op->done(std::move(result));
+  EndIo();
+}
+
+void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.offset != entry.offset ||
+      it->second.region_generation != entry.region_generation) {
+    return;
+  }
+  counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
+  region_keys_[entry.region].erase(key);
+  entries_.erase(it);
+  index_->Delete(key).IgnoreError();  // if it stays, the next start-up or read drops it again
+}
+
+std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  return BlockInfo{it->second.payload_bytes, it->second.layer_count};
+}
+
+Status NvmeTier::Erase(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return NotFound("block is not on the nvme tier");
+  const IndexEntry entry = it->second;
+  if (Status s = index_->Delete(key); !s.ok()) return s;
+  counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
+  region_keys_[entry.region].erase(key);
+  entries_.erase(it);
+  ++counters_.erases;
+  return Status::Ok();
+}
+
+bool NvmeTier::full() const {
+  std::lock_guard lock(mu_);
+  return full_;
+}
+
+void NvmeTier::VisitCounters(CounterVisitor& v) const {
+  {
+    std::lock_guard lock(mu_);
+    v.Visit("nvme.blocks", static_cast<int64_t>(entries_.size()));
+    v.Visit("nvme.stored_bytes", counters_.stored_bytes);
+    v.Visit("nvme.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));
+    v.Visit("nvme.full", full_ ? 1 : 0);
+    v.Visit("nvme.writes", counters_.writes);
+    v.Visit("nvme.write_failures", counters_.write_failures);
+    v.Visit("nvme.write_rejections", counters_.write_rejections);
+    v.Visit("nvme.enospc", counters_.enospc);
+    v.Visit("nvme.reads", counters_.reads);
+    v.Visit("nvme.read_failures", counters_.read_failures);
+    v.Visit("nvme.corrupt_reads", counters_.corrupt_reads);
+    v.Visit("nvme.reclaimed_reads", counters_.reclaimed_reads);
+    v.Visit("nvme.erases", counters_.erases);
+    v.Visit("nvme.recovery_loaded", recovery_.entries_loaded);
+    v.Visit("nvme.recovery_dropped_stale", recovery_.dropped_stale);
+    v.Visit("nvme.recovery_dropped_corrupt", recovery_.dropped_corrupt);
+    regions_.VisitCounters(v);
+  }
+  staging_->VisitCounters(v);
+  device_->VisitCounters(v);
+}
+
+}  // namespace kvtier

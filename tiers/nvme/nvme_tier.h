@@ -1,0 +1,142 @@
+// NvmeTier: blocks on a local drive. Records (block_record.h) are appended
+// log-structured into regions (region_manager.h) through a BlockDevice,
+// staged in registered aligned memory (staging_pool.h), and indexed in
+// memory and in RocksDB (nvme_index.h) so they survive a restart.
+//
+// Guarantees:
+// - A block is readable (and indexed) only after its record's write
+//   completed; a failed or short write leaves nothing visible.
+// - Every read checks the record header (key, generation, geometry) and the
+//   checksums of the bytes it returns; a mismatch is a miss, counted, and
+//   the entry is dropped. No fault makes it return a wrong byte.
+// - Open() reloads the index, drops entries whose region was reused since
+//   (generation mismatch), and fully verifies every record of the region
+//   that was open when the daemon stopped (the only one a crash can tear).
+// - ENOSPC marks the tier full: writes fail fast with NoSpace for
+//   full_retry, then one write probes again; success clears it.
+//
+// Thread-safe. Write/Read return a Status at once: not ok means rejected
+// (`done` never runs); ok means `done` runs exactly once, on a device
+// thread, never inline. The destructor waits for I/O in flight.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/counters.h"
+#include "kvtier/block_key.h"
+#include "tiers/nvme/block_device.h"
+#include "tiers/nvme/block_record.h"
+#include "tiers/nvme/nvme_index.h"
+#include "tiers/nvme/region_manager.h"
+#include "tiers/nvme/staging_pool.h"
+
+namespace kvtier {
+
+struct NvmeTierOptions {
+  uint64_t region_bytes = 64ull << 20;
+  uint64_t staging_bytes = 256ull << 20;  // aligned I/O memory; bounds the bytes in flight
+  std::chrono::milliseconds full_retry{1000};
+};
+
+// What Open() found.
+struct NvmeRecovery {
+  int64_t entries_loaded = 0;
+  int64_t dropped_stale = 0;    // region reused or gone since the entry was written
+  int64_t dropped_corrupt = 0;  // header or checksum did not verify
+  int64_t regions_resealed = 0;
+};
+
+class NvmeTier {
+ public:
+  // Takes the device and the index; recovers as described above. `clock` is
+  // borrowed. Errors: InvalidArgument (geometry), NoSpace (staging memory),
+  // IoError (index), each naming the cause.
+  static Result<std::unique_ptr<NvmeTier>> Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
+                                                const NvmeTierOptions& options, Clock& clock);
+  ~NvmeTier();
+
+  using WriteDone = std::function<void(Status)>;
+  // Stores `payload` (layer-major, layer_count equal layers) under `key`;
+  // the bytes are copied before Write returns. Rejections: InvalidArgument
+  // (empty, layers uneven, larger than a region), AlreadyExists (stored or
+  // being stored), Busy (no staging memory or reclaimable region now),
+  // NoSpace (the tier is full), IoError (index). `done`: Ok once durable on
+  // the device and indexed; IoError / NoSpace otherwise (nothing visible).
+  Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+               std::span<const std::byte> payload, WriteDone done);
+
+  using ReadDone = std::function<void(Result<size_t>)>;
+  // Copies layers [first_layer, last_layer) of `key` into `dst` (borrowed
+  // until `done`). Rejections: NotFound, InvalidArgument (bad range, `dst`
+  // too small), Busy (no staging memory now). `done`: the bytes copied;
+  // NotFound (reclaimed meanwhile), Corruption (the record did not verify;
+  // the entry is dropped), IoError (the entry is kept).
+  Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+              ReadDone done);
+
+  struct BlockInfo {
+    uint64_t payload_bytes = 0;
+    uint32_t layer_count = 0;
+  };
+  std::optional<BlockInfo> Find(const BlockKey& key) const;
+  // Forgets `key` (NotFound if absent); its bytes become dead space.
+  Status Erase(const BlockKey& key);
+
+  bool full() const;
+  const NvmeRecovery& recovery() const { return recovery_; }
+  const BlockDevice& device() const { return *device_; }
+  // nvme.* counters, the device's and the staging pool's included.
+  void VisitCounters(CounterVisitor& visitor) const;
+
+ private:
+  struct ReadOp;
+  NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index, std::unique_ptr<StagingPool> staging,
+           const NvmeTierOptions& options, Clock& clock);
+  Status Recover();
+  // Sync check of one record (start-up): header and payload checksum.
+  Status VerifyRecord(const BlockKey& key, const IndexEntry& entry);
+  // Persists region changes of an allocation; drops a reclaimed region's
+  // entries from memory. Caller holds mu_.
+  Status PersistRegions(const RegionManager::Allocation& allocation);
+  void OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging, Result<size_t> result,
+                 const WriteDone& done);
+  void OnRead(std::shared_ptr<ReadOp> op);
+  // Drops `key` if its entry is still `entry` (memory and index). Caller holds mu_.
+  void DropIfCurrent(const BlockKey& key, const IndexEntry& entry);
+  void BeginIo();
+  void EndIo();
+
+  std::unique_ptr<BlockDevice> device_;
+  std::unique_ptr<NvmeIndex> index_;
+  std::unique_ptr<StagingPool> staging_;
+  const NvmeTierOptions options_;
+  Clock& clock_;
+  NvmeRecovery recovery_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  RegionManager regions_;                                            // guarded by mu_
+  std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
+  std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
+  std::unordered_set<BlockKey> writing_;                             // guarded by mu_
+  bool full_ = false;                                                // guarded by mu_
+  int64_t full_until_us_ = 0;                                        // guarded by mu_
+  int64_t io_in_flight_ = 0;                                         // guarded by mu_
+  struct Counters {
+    int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
+    int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
+  } counters_;  // guarded by mu_
+};
+
+}  // namespace kvtier

@@ -1,0 +1,51 @@
+#include "tiers/nvme/staging_pool.h"
+
+#include <cerrno>
+#include <cstring>
+#include <sys/mman.h>
+
+#include "common/logging.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, BlockDevice& device) {
+  if (bytes == 0) return InvalidArgument("nvme staging pool of 0 bytes");
+  bytes = (bytes + ArenaAllocator::kAlignmentBytes - 1) / ArenaAllocator::kAlignmentBytes *
+          ArenaAllocator::kAlignmentBytes;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    return NoSpace("cannot map " + std::to_string(bytes) + " bytes of nvme staging memory: " + std::strerror(errno));
+  }
+  std::unique_ptr<StagingPool> pool(new StagingPool(static_cast<std::byte*>(p), bytes));
+  std::span<std::byte> whole[] = {{pool->base_, bytes}};
+  if (Status s = device.RegisterBuffers(whole); !s.ok()) {
+    spdlog::warn("nvme staging memory is not registered with the device ({}); I/O pins pages per request",
+                 s.ToString());
+  }
+  return pool;
+}
+
+StagingPool::~StagingPool() { ::munmap(base_, bytes_); }
+
+std::optional<std::span<std::byte>> StagingPool::Allocate(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  auto extent = allocator_.Allocate(bytes);
+  if (!extent) {
+    ++exhausted_;
+    return std::nullopt;
+  }
+  return std::span<std::byte>(base_ + extent->offset, extent->length);
+}
+
+void StagingPool::Free(std::span<std::byte> span) {
+  std::lock_guard lock(mu_);
+  allocator_.Free(ArenaAllocator::Extent{static_cast<uint64_t>(span.data() - base_), span.size()});
+}
+
+void StagingPool::VisitCounters(CounterVisitor& v) const {
+  std::lock_guard lock(mu_);
+  v.Visit("nvme.staging_used_bytes", static_cast<int64_t>(allocator_.used_bytes()));
+  v.Visit("nvme.staging_exhausted", exhausted_);
+}
+
+}  // namespace kvtier
