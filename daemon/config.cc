@@ -37,6 +37,36 @@ constexpr OptionSpec kOptions[] = {
      "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
      "warning and continues unlocked.",
      nullptr, &DaemonConfig::host_lock_memory},
+    {"nvme.path", OptionType::kString, "\"\"", 0, 0, "", false,
+     "File or block device of the NVMe tier; empty runs without one.",
+     nullptr, &DaemonConfig::nvme_path, /*may_be_empty=*/true},
+    {"nvme.capacity_bytes", OptionType::kBytes, "\"16GiB\"", 8 * kMiB, 1024 * kTiB, "", false,
+     "Bytes of the NVMe tier: a file is created and preallocated to this size; a block device uses at most this.",
+     &DaemonConfig::nvme_capacity_bytes, nullptr},
+    {"nvme.region_bytes", OptionType::kBytes, "\"64MiB\"", 1 * kMiB, 4 * kGiB, "", false,
+     "Unit of log-structured writes and of reclaim; the largest block the tier stores (less a 4 KiB header).",
+     &DaemonConfig::nvme_region_bytes, nullptr},
+    {"nvme.queue_depth", OptionType::kInt, "32", 1, 4096, "", false,
+     "I/Os in flight per NVMe I/O thread.",
+     &DaemonConfig::nvme_queue_depth, nullptr},
+    {"nvme.io_threads", OptionType::kInt, "1", 1, 64, "", false,
+     "Threads doing NVMe I/O, one io_uring each.",
+     &DaemonConfig::nvme_io_threads, nullptr},
+    {"nvme.direct_io", OptionType::kBool, "true", 0, 1, "", false,
+     "Open the NVMe file with O_DIRECT (bypass the page cache); false for file systems without it (tmpfs).",
+     &DaemonConfig::nvme_direct_io, nullptr},
+    {"nvme.io_engine", OptionType::kChoice, "\"auto\"", 0, 0, "auto|io_uring|threads", false,
+     "auto: io_uring, else a pread/pwrite thread pool (logged).",
+     nullptr, &DaemonConfig::nvme_io_engine},
+    {"nvme.index_path", OptionType::kString, "\"\"", 0, 0, "", false,
+     "Directory of the RocksDB index; empty: nvme.path + \".index\".",
+     nullptr, &DaemonConfig::nvme_index_path, /*may_be_empty=*/true},
+    {"nvme.staging_bytes", OptionType::kBytes, "\"256MiB\"", 1 * kMiB, 64 * kGiB, "", false,
+     "Aligned memory every NVMe I/O is staged in; bounds the bytes in flight.",
+     &DaemonConfig::nvme_staging_bytes, nullptr},
+    {"nvme.sync_index", OptionType::kBool, "false", 0, 1, "", false,
+     "fsync the index on every update: survives power loss, not only process crashes.",
+     &DaemonConfig::nvme_sync_index, nullptr},
     {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},
@@ -88,6 +118,10 @@ Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_v
         return InvalidArgument(where + ": " + name + " must be a size like \"64MiB\" or an integer");
       }
       break;
+    case OptionType::kBool:
+      if (!node.is_boolean()) return InvalidArgument(where + ": " + name + " must be true or false");
+      number = node.as_boolean()->get() ? 1 : 0;
+      break;
     case OptionType::kString:
     case OptionType::kChoice:
       if (!node.is_string()) return InvalidArgument(where + ": " + name + " must be a string");
@@ -96,7 +130,7 @@ Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_v
         return InvalidArgument(where + ": " + name + " = \"" + text + "\" is not one of " +
                                std::string(spec.choices));
       }
-      if (spec.type == OptionType::kString && text.empty()) {
+      if (spec.type == OptionType::kString && text.empty() && !spec.may_be_empty) {
         return InvalidArgument(where + ": " + name + " must not be empty");
       }
       break;

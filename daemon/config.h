@@ -23,6 +23,17 @@ struct DaemonConfig {
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"
+  // [nvme]
+  std::string nvme_path;          // empty: no NVMe tier
+  int64_t nvme_capacity_bytes = 0;
+  int64_t nvme_region_bytes = 0;
+  int64_t nvme_queue_depth = 0;
+  int64_t nvme_io_threads = 0;
+  int64_t nvme_direct_io = 0;     // bool
+  std::string nvme_io_engine;     // "auto" | "io_uring" | "threads"
+  std::string nvme_index_path;    // empty: <nvme.path>.index
+  int64_t nvme_staging_bytes = 0;
+  int64_t nvme_sync_index = 0;    // bool
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo"
@@ -30,7 +41,7 @@ struct DaemonConfig {
   std::string log_level;
 };
 
-enum class OptionType { kInt, kBytes, kString, kChoice };
+enum class OptionType { kInt, kBytes, kString, kChoice, kBool };  // kBool lands in an int field as 0/1
 
 struct OptionSpec {
   std::string_view name;           // "section.key" as written in TOML
@@ -44,6 +55,7 @@ struct OptionSpec {
   // Where the value lands: exactly one of the two is set.
   int64_t DaemonConfig::*int_field = nullptr;
   std::string DaemonConfig::*string_field = nullptr;
+  bool may_be_empty = false;  // kString: "" is a valid value (e.g. "feature off")
 };
 
 // The table itself, in documentation order.

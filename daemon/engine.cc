@@ -1,11 +1,14 @@
 #include "daemon/engine.h"
 
+#include <future>
 #include <limits>
+#include <optional>
 
 #include "common/checksum.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine_shard.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
 namespace {
@@ -74,28 +77,48 @@ void RemoveCommitted(EngineShard& shard, HostTier& host,
 
 }  // namespace
 
-Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
-    : host_(host), clock_(clock) {
+Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock, NvmeTier* nvme)
+    : host_(host), clock_(clock), nvme_(nvme) {
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<EngineShard>(MakePolicy(options.eviction)));
   }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() { WaitForIdle(); }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host,
-                                               const Clock& clock) {
+                                               const Clock& clock, NvmeTier* nvme) {
   if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
     return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
   }
   if (MakePolicy(options.eviction) == nullptr) {
     return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo)");
   }
-  return std::unique_ptr<Engine>(new Engine(options, host, clock));
+  return std::unique_ptr<Engine>(new Engine(options, host, clock, nvme));
 }
 
-EngineShard& Engine::ShardFor(const BlockKey& key) {
-  return *shards_[std::hash<BlockKey>{}(key) % shards_.size()];
+void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
+  std::lock_guard lock(namespaces_mu_);
+  namespaces_[ns] = layout;
+}
+
+size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey>{}(key) % shards_.size(); }
+
+EngineShard& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
+
+void Engine::IoStarted() {
+  std::lock_guard lock(io_mu_);
+  ++io_in_flight_;
+}
+
+void Engine::IoFinished() {
+  std::lock_guard lock(io_mu_);
+  if (--io_in_flight_ == 0) io_idle_.notify_all();
+}
+
+void Engine::WaitForIdle() {
+  std::unique_lock lock(io_mu_);
+  io_idle_.wait(lock, [this] { return io_in_flight_ == 0; });
 }
 
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
@@ -105,8 +128,14 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) break;
-    out.tiers.push_back(Tier::kHost);
+    if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
+      out.tiers.push_back(Tier::kHost);
+      continue;
+    }
+    std::optional<NvmeTier::BlockInfo> on_nvme = nvme_ != nullptr ? nvme_->Find(key) : std::nullopt;
+    if (!on_nvme || on_nvme->ns != ns) break;
+    out.tiers.push_back(Tier::kNvme);
+    Bump(counters_.nvme_lookup_hits);
   }
   out.prefix_blocks = out.tiers.size();
   Bump(counters_.lookups);
@@ -228,33 +257,140 @@ size_t Engine::Abort(SessionId session, std::span<const BlockKey> keys) {
   return aborted;
 }
 
-std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
-                                  std::span<const BlockKey> keys) {
-  std::vector<PinGrant> grants(keys.size());
+PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, SessionId session, const BlockKey& key,
+                           uint64_t now_us) {
+  BlockEntry& entry = shard.index.at(key);
+  if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
+  entry.hits++;
+  entry.last_use_us = now_us;
+  const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
+  shard.leases.emplace(lease, LeaseRecord{session, key, entry.handle});
+  shard.sessions[session].leases.insert(lease);
+  Bump(counters_.pins);
+  return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
+}
+
+namespace {
+
+// Resolves one key of a batch; the last one to resolve completes it.
+void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGrant grant) {
+  batch->grants[index] = std::move(grant);
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+}
+
+}  // namespace
+
+void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done) {
+  auto batch = std::make_shared<PinBatch>();
+  batch->session = session;
+  batch->grants.resize(keys.size());
+  batch->done = std::move(done);
   const uint64_t now = clock_.NowUs();
+  struct ToPromote {
+    BlockKey key;
+    NvmeTier::BlockInfo info;
+  };
+  std::vector<ToPromote> promote;
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
-    const size_t shard_index = std::hash<BlockKey>{}(key) % shards_.size();
+    const size_t shard_index = ShardIndex(key);
     EngineShard& shard = *shards_[shard_index];
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) {
-      grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
+    if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
+      batch->grants[i] = PinLocked(shard, shard_index, session, key, now);
+      continue;
+    }
+    if (it != shard.index.end() && it->second.promoting && it->second.ns == ns) {
+      batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+      shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
+      continue;
+    }
+    std::optional<NvmeTier::BlockInfo> on_nvme;
+    if (it == shard.index.end() && nvme_ != nullptr) on_nvme = nvme_->Find(key);
+    if (!on_nvme || on_nvme->ns != ns) {
+      batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
       Bump(counters_.pin_misses);
       continue;
     }
-    BlockEntry& entry = it->second;
-    if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
-    entry.hits++;
-    entry.last_use_us = now;
-    const LeaseId lease =
-        (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
-    shard.leases.emplace(lease, LeaseRecord{session, key, entry.handle});
-    shard.sessions[session].leases.insert(lease);
-    grants[i] = PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
-    Bump(counters_.pins);
+    // Claim the key: later pins wait for this promotion, writers see it taken.
+    BlockEntry& entry = shard.index[key];
+    entry.ns = ns;
+    entry.size = on_nvme->payload_bytes;
+    entry.promoting = true;
+    batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+    shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
+    promote.push_back(ToPromote{key, *on_nvme});
   }
-  return grants;
+  for (const auto& p : promote) {
+    Promote(p.key, p.info.payload_bytes, p.info.layer_count, p.info.payload_checksum);
+  }
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+}
+
+std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
+                                  std::span<const BlockKey> keys) {
+  std::promise<std::vector<PinGrant>> promise;
+  auto future = promise.get_future();
+  PinAsync(session, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+           [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); });
+  return future.get();
+}
+
+void Engine::Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer_count, uint64_t checksum) {
+  IoStarted();
+  Result<HostTier::Extent> extent = AllocateWithEviction(payload_bytes);
+  if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
+  Status started = nvme_->Read(key, 0, layer_count, host_.Bytes(*extent),
+                               [this, key, extent = *extent, checksum](Result<size_t> r) {
+                                 FinishPromotion(key, r.status(), extent, checksum);
+                               });
+  if (!started.ok()) {
+    host_.Free(*extent);
+    FinishPromotion(key, started, {}, checksum);
+  }
+}
+
+void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum) {
+  const size_t shard_index = ShardIndex(key);
+  EngineShard& shard = *shards_[shard_index];
+  const uint64_t now = clock_.NowUs();
+  std::vector<PromotionWaiter> waiters;
+  std::vector<PinGrant> grants;
+  {
+    std::lock_guard lock(shard.mu);
+    auto node = shard.promotion_waiters.extract(key);
+    if (!node.empty()) waiters = std::move(node.mapped());
+    auto it = shard.index.find(key);
+    KVTIER_CHECK(it != shard.index.end() && it->second.promoting, "promotion lost its entry");
+    BlockEntry& entry = it->second;
+    if (status.ok()) {
+      entry.promoting = false;
+      entry.extent = extent;
+      entry.allocated = true;
+      entry.committed = true;
+      entry.checksum = checksum;
+      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
+      entry.last_use_us = now;
+      shard.committed.emplace(entry.handle, key);
+      shard.policy->OnInsert(entry.handle, now);
+      shard.stored_bytes += entry.size;
+      for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->session, key, now));
+      Bump(counters_.promotions);
+    } else {
+      shard.index.erase(it);
+      if (extent.length != 0) host_.Free(extent);
+      Status miss = status.code() == StatusCode::kNoSpace
+                        ? status
+                        : NotFound("block " + key.ToHex() + " could not be read from the nvme tier (" +
+                                   status.ToString() + ")");
+      for (size_t i = 0; i < waiters.size(); ++i) grants.push_back(PinGrant{miss});
+      Bump(counters_.promotion_failures);
+      Bump(counters_.pin_misses, static_cast<int64_t>(waiters.size()));
+    }
+  }
+  for (size_t i = 0; i < waiters.size(); ++i) Resolve(waiters[i].batch, waiters[i].index, std::move(grants[i]));
+  IoFinished();
 }
 
 std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> leases) {
@@ -296,9 +432,16 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) continue;
-    RemoveCommitted(shard, host_, it);
-    ++erased;
+    bool found = false;
+    if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
+      RemoveCommitted(shard, host_, it);
+      found = true;
+    }
+    if (nvme_ != nullptr) {
+      auto on_nvme = nvme_->Find(key);
+      if (on_nvme && on_nvme->ns == ns && nvme_->Erase(key).ok()) found = true;
+    }
+    if (found) ++erased;
   }
   Bump(counters_.erases, static_cast<int64_t>(erased));
   return erased;
@@ -357,16 +500,57 @@ bool Engine::EvictOne() {
   }
   if (best == shards_.size()) return false;
   EngineShard& shard = *shards_[best];
-  std::lock_guard lock(shard.mu);
+  std::unique_lock lock(shard.mu);
   auto candidate = shard.policy->Victim();
   if (!candidate) return true;  // raced with a pin; the caller retries
   auto key = shard.committed.find(candidate->handle);
   KVTIER_CHECK(key != shard.committed.end(), "policy names an unknown block");
   auto it = shard.index.find(key->second);
   KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
-  RemoveCommitted(shard, host_, it);
   Bump(counters_.evictions);
+  if (nvme_ == nullptr) {
+    RemoveCommitted(shard, host_, it);
+    return true;
+  }
+  // Take it out of the index but keep its bytes until the NVMe tier has
+  // copied them (Demote copies before it returns), outside the shard lock.
+  const BlockKey victim = it->first;
+  const NamespaceFingerprint ns = it->second.ns;
+  const HostTier::Extent extent = it->second.extent;
+  const uint64_t size = it->second.size;
+  shard.policy->OnRemove(it->second.handle);
+  shard.committed.erase(it->second.handle);
+  shard.stored_bytes -= size;
+  shard.index.erase(it);
+  lock.unlock();
+  Demote(ns, victim, extent, size);
+  host_.Free(extent);
   return true;
+}
+
+void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size) {
+  NamespaceLayout layout;
+  {
+    std::lock_guard lock(namespaces_mu_);
+    auto it = namespaces_.find(ns);
+    if (it != namespaces_.end()) layout = it->second;
+  }
+  // A whole block keeps its layer split; any other size is one layer.
+  const uint32_t layers = size == layout.block_bytes && layout.layer_count > 0 ? layout.layer_count : 1;
+  IoStarted();
+  Status accepted = nvme_->Write(ns, key, layers, host_.Bytes(extent).first(size), [this](Status written) {
+    if (written.ok()) {
+      Bump(counters_.demotions);
+    } else {
+      Bump(counters_.demotion_failures);
+    }
+    IoFinished();
+  });
+  if (!accepted.ok()) {
+    // AlreadyExists: the NVMe copy from an earlier demotion is still there.
+    if (accepted.code() != StatusCode::kAlreadyExists) Bump(counters_.demotion_rejections);
+    IoFinished();
+  }
 }
 
 void Engine::VisitCounters(CounterVisitor& v) const {
@@ -405,7 +589,14 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.evictions", load(counters_.evictions));
   v.Visit("engine.eviction_failures", load(counters_.eviction_failures));
   v.Visit("engine.sessions_closed", load(counters_.sessions_closed));
+  v.Visit("engine.promotions", load(counters_.promotions));
+  v.Visit("engine.promotion_failures", load(counters_.promotion_failures));
+  v.Visit("engine.demotions", load(counters_.demotions));
+  v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
+  v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
+  v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
   host_.VisitCounters(v);
+  if (nvme_ != nullptr) nvme_->VisitCounters(v);
 }
 
 }  // namespace kvtier

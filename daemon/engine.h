@@ -12,9 +12,19 @@
 //   committed + Pin -> [pinned: never evicted] -> Release -> committed
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
 // A session's uncommitted reservations and leases die with CloseSession.
+//
+// With an NVMe tier: an evicted block is demoted (copied into the tier's
+// staging memory, then written; visible there once written) through the
+// admission hook (accept-all for now); a Pin of an NVMe-resident block
+// promotes it (arena space, a verified read into it, then committed and
+// pinned like any host block; the NVMe copy stays). Concurrent pins of a
+// block being promoted wait for the one read.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <unordered_map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -30,6 +40,8 @@
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
+
+class NvmeTier;
 
 using SessionId = uint64_t;
 using LeaseId = uint64_t;
@@ -58,15 +70,25 @@ struct LookupOutcome {
   std::vector<Tier> tiers;
 };
 
+// How a namespace's blocks split into layers (from its descriptor).
+struct NamespaceLayout {
+  uint32_t layer_count = 1;
+  uint64_t block_bytes = 0;  // bytes of a whole block
+};
+
 struct EngineShard;
 
 class Engine {
  public:
-  // `host` and `clock` are borrowed and must outlive the Engine.
-  // InvalidArgument for a bad shard count or policy name.
+  // `host`, `clock` and `nvme` (null: no NVMe tier) are borrowed and must
+  // outlive the Engine. InvalidArgument for a bad shard count or policy name.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
-                                                const Clock& clock);
-  ~Engine();
+                                                const Clock& clock, NvmeTier* nvme = nullptr);
+  ~Engine();  // waits for promotions and demotions in flight
+
+  // Records the layer split of `ns`'s blocks so a demoted block keeps its
+  // layers addressable (a block of another size is stored as one layer).
+  void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout);
 
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.
@@ -89,8 +111,15 @@ class Engine {
   // Drops this session's reservations of `keys`; returns how many existed.
   size_t Abort(SessionId session, std::span<const BlockKey> keys);
 
-  // Pins committed blocks and hands out one lease per block. Per key: ok or
-  // NotFound. A pin is a use (recency, hit counters).
+  using PinDone = std::function<void(std::vector<PinGrant>)>;
+  // Pins committed blocks and hands out one lease per block, promoting
+  // NVMe-resident blocks into the host tier first. Per key: ok, NotFound (a
+  // miss, also when a promotion read fails or does not verify), NoSpace
+  // (no arena room for a promotion). A pin is a use (recency, hits).
+  // `done` runs exactly once: inline when no key needed I/O, else on an
+  // NVMe device thread.
+  void PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done);
+  // PinAsync, waiting for the outcome.
   std::vector<PinGrant> Pin(SessionId session, const NamespaceFingerprint& ns,
                             std::span<const BlockKey> keys);
 
@@ -98,8 +127,12 @@ class Engine {
   // (held by another session).
   std::vector<Status> Release(SessionId session, std::span<const LeaseId> leases);
 
-  // Removes committed blocks; returns how many there were.
+  // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+
+  // Blocks until no promotion or demotion is in flight (shutdown: after the
+  // server stopped, before its executors go away).
+  void WaitForIdle();
 
   // Frees every reservation and lease of `session`. Idempotent.
   void CloseSession(SessionId session);
@@ -107,9 +140,22 @@ class Engine {
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
+  Engine(const EngineOptions& options, HostTier& host, const Clock& clock, NvmeTier* nvme);
 
   EngineShard& ShardFor(const BlockKey& key);
+  size_t ShardIndex(const BlockKey& key) const;
+  // Pins the committed `entry` of `key` for `session`. Caller holds the shard lock.
+  PinGrant PinLocked(EngineShard& shard, size_t shard_index, SessionId session, const BlockKey& key,
+                     uint64_t now_us);
+  // Reads `key` from the NVMe tier into new arena space, then pins it for
+  // its waiters. Runs without locks.
+  void Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer_count, uint64_t checksum);
+  void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
+  // Offers an evicted block to the NVMe tier; its bytes are copied before
+  // this returns, so the caller may free the extent right after.
+  void Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size);
+  void IoStarted();
+  void IoFinished();
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed.
   Result<HostTier::Extent> AllocateWithEviction(uint64_t bytes);
   // Evicts the globally oldest victim among the shards' policies; false when
@@ -118,6 +164,12 @@ class Engine {
 
   HostTier& host_;
   const Clock& clock_;
+  NvmeTier* const nvme_;
+  std::mutex namespaces_mu_;
+  std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
+  std::mutex io_mu_;
+  std::condition_variable io_idle_;
+  int64_t io_in_flight_ = 0;  // guarded by io_mu_: promotions and demotions
   std::vector<std::unique_ptr<EngineShard>> shards_;
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
@@ -130,6 +182,8 @@ class Engine {
     std::atomic<int64_t> pins{0}, pin_misses{0}, releases{0}, release_failures{0};
     std::atomic<int64_t> erases{0}, evictions{0}, eviction_failures{0};
     std::atomic<int64_t> sessions_closed{0};
+    std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
+    std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0};
   };
   mutable Counters counters_;
 };

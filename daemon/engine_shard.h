@@ -3,20 +3,20 @@
 // which never holds two shard locks at once.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
+#include "daemon/engine.h"
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
-
-using SessionId = uint64_t;
-using LeaseId = uint64_t;
 
 // One cached (or being written) block in the host tier.
 struct BlockEntry {
@@ -27,10 +27,26 @@ struct BlockEntry {
   SessionId writer = 0;     // the reserving session while not committed
   bool allocated = false;
   bool committed = false;
+  bool promoting = false;   // being read in from the NVMe tier (invisible)
   uint32_t pins = 0;        // live leases; > 0 means never evicted
   uint64_t hits = 0;
   uint64_t last_use_us = 0;
   BlockHandle handle = 0;   // the policy's id, set at commit
+};
+
+// One PinAsync call: its grants fill in as keys resolve; the last key to
+// resolve (outstanding reaches 0) runs `done`.
+struct PinBatch {
+  SessionId session = 0;
+  std::vector<PinGrant> grants;
+  std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
+  Engine::PinDone done;
+};
+
+// A PinAsync call waiting for a block being promoted: slot `index` of `batch`.
+struct PromotionWaiter {
+  std::shared_ptr<PinBatch> batch;
+  size_t index = 0;
 };
 
 struct LeaseRecord {
@@ -56,6 +72,8 @@ struct EngineShard {
   std::unordered_map<BlockHandle, BlockKey> committed;
   std::unordered_map<LeaseId, LeaseRecord> leases;
   std::unordered_map<SessionId, SessionRecord> sessions;
+  // Pins waiting per block being promoted.
+  std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters;
   std::unique_ptr<EvictionPolicy> policy;  // tracks committed blocks; pins via OnPin/OnUnpin
   uint64_t stored_bytes = 0;               // sizes of committed blocks
 };

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/nvme_setup.h"
 #include "daemon/server.h"
 
 namespace {
@@ -39,8 +40,13 @@ int Serve(const DaemonConfig& config) {
     return 1;
   }
   SystemClock clock;
+  auto nvme = OpenNvmeTier(config, clock);
+  if (!nvme.ok()) {
+    spdlog::critical("nvme tier: {}", nvme.status().ToString());
+    return 1;
+  }
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
-  auto engine = Engine::Create(engine_options, **host, clock);
+  auto engine = Engine::Create(engine_options, **host, clock, nvme->get());
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());
     return 1;
@@ -58,7 +64,7 @@ int Serve(const DaemonConfig& config) {
   spdlog::info("tier host: {} bytes shared-memory arena ({}), eviction {}",
                config.host_capacity_bytes, (*host)->locked() ? "locked in memory" : "NOT locked",
                config.engine_eviction);
-  std::printf("socket: %s\ntiers: host\n", (*server)->socket_path().c_str());
+  std::printf("socket: %s\ntiers: host%s\n", (*server)->socket_path().c_str(), *nvme ? " nvme" : "");
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -1,5 +1,7 @@
 #include "daemon/request_handler.h"
 
+#include <future>
+
 #include "proto/wire.h"
 
 namespace kvtier {
@@ -27,7 +29,13 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kReserve: HandleReserve(request.reserve(), response); break;
     case v1::Request::kCommit: HandleCommit(request.commit(), response); break;
     case v1::Request::kAbort: HandleAbort(request.abort(), response); break;
-    case v1::Request::kPin: HandlePin(request.pin(), response); break;
+    case v1::Request::kPin: {
+      std::promise<v1::Response> answered;
+      auto future = answered.get_future();
+      HandlePinAsync(request, [&answered](v1::Response r) { answered.set_value(std::move(r)); });
+      response = future.get();
+      break;
+    }
     case v1::Request::kRelease:
       HandleRelease(request.release(), response);
       return {.no_response = request.release().no_reply()};
@@ -66,6 +74,7 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
       return {.close_after = true};
     }
     fingerprints.push_back(FingerprintNamespace(d));
+    context_.engine->RegisterNamespace(fingerprints.back(), NamespaceLayout{d.layer_count, d.BlockBytes()});
   }
   namespaces_ = std::move(fingerprints);
   hello_done_ = true;
@@ -146,22 +155,38 @@ void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& respon
   SetStatus(response, Status::Ok());
 }
 
-void RequestHandler::HandlePin(const v1::PinRequest& r, v1::Response& response) {
-  auto ns = Namespace(r.ns());
-  if (!ns.ok()) return SetStatus(response, ns.status());
-  auto keys = wire::KeysFromProto(r.keys());
-  if (!keys.ok()) return SetStatus(response, keys.status());
-  auto grants = context_.engine->Pin(session_, *ns, *keys);
-  auto* body = response.mutable_pin();
-  for (const PinGrant& g : grants) {
-    auto* block = body->add_blocks();
-    wire::ToProto(g.status, block->mutable_status());
-    block->set_offset(g.offset);
-    block->set_length(g.length);
-    block->set_lease(g.lease);
-    block->set_checksum(g.checksum);
+void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<void(v1::Response)> done) {
+  v1::Response response;
+  response.set_id(request.id());
+  if (!hello_done_) {
+    SetStatus(response, FailedPrecondition("send Hello before any other request"));
+    return done(std::move(response));
   }
-  SetStatus(response, Status::Ok());
+  const v1::PinRequest& r = request.pin();
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) {
+    SetStatus(response, ns.status());
+    return done(std::move(response));
+  }
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) {
+    SetStatus(response, keys.status());
+    return done(std::move(response));
+  }
+  context_.engine->PinAsync(session_, *ns, std::move(*keys),
+                            [response = std::move(response), done = std::move(done)](std::vector<PinGrant> grants) mutable {
+                              auto* body = response.mutable_pin();
+                              for (const PinGrant& g : grants) {
+                                auto* block = body->add_blocks();
+                                wire::ToProto(g.status, block->mutable_status());
+                                block->set_offset(g.offset);
+                                block->set_length(g.length);
+                                block->set_lease(g.lease);
+                                block->set_checksum(g.checksum);
+                              }
+                              SetStatus(response, Status::Ok());
+                              done(std::move(response));
+                            });
 }
 
 void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {

@@ -36,8 +36,15 @@ class RequestHandler {
     bool no_response = false;      // send nothing (a Release with no_reply)
   };
 
-  // Fills `response` (id, status, body) for `request`. Never throws.
+  // Fills `response` (id, status, body) for `request`. Never throws. A Pin
+  // that must promote blocks from NVMe blocks the caller until the reads
+  // complete: the session uses HandlePinAsync instead.
   Outcome Handle(const v1::Request& request, v1::Response& response);
+
+  // Answers a Pin request (precondition: request.has_pin()) through `done`:
+  // inline when no block needed I/O, else later on an NVMe device thread.
+  // The outcome of a Pin is always the default Outcome.
+  void HandlePinAsync(const v1::Request& request, std::function<void(v1::Response)> done);
 
   bool hello_done() const { return hello_done_; }
 
@@ -49,7 +56,6 @@ class RequestHandler {
   void HandleReserve(const v1::ReserveRequest& r, v1::Response& response);
   void HandleCommit(const v1::CommitRequest& r, v1::Response& response);
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
-  void HandlePin(const v1::PinRequest& r, v1::Response& response);
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);

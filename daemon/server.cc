@@ -192,6 +192,9 @@ void Server::Wait() {
     for (auto& context : contexts_) context->stop();
   }
   joiner.join();
+  // Promotions finishing now post to these (stopped) executors: let them
+  // all land before the executors can be destroyed.
+  context_.engine->WaitForIdle();
   ::unlink(options_.socket_path.c_str());
 }
 

@@ -9,6 +9,7 @@
 #include "common/framing.h"
 #include "common/logging.h"
 #include "common/unix_socket.h"
+#include "daemon/pending_response.h"
 #include "proto/wire.h"
 
 namespace kvtier {
@@ -74,7 +75,15 @@ asio::awaitable<void> Session::Run() {
       }
       counters_.requests.fetch_add(1, std::memory_order_relaxed);
       v1::Response response;
-      RequestHandler::Outcome outcome = handler_.Handle(request, response);
+      RequestHandler::Outcome outcome;
+      if (request.body_case() == v1::Request::kPin) {
+        // May wait for NVMe reads; the io thread serves other sessions meanwhile.
+        auto pending = std::make_shared<PendingResponse>();
+        handler_.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
+        response = co_await pending->Wait(socket_.get_executor());
+      } else {
+        outcome = handler_.Handle(request, response);
+      }
       if (outcome.attach_arena_fd) {
         // The fd must travel with this response's first byte: flush first.
         if (!co_await Flush() || !co_await SendWithArenaFd(response)) co_return co_await Close();

@@ -27,6 +27,10 @@ constexpr int64_t kTiB = 1024 * kGiB;
 int64_t IntDefault(const OptionSpec& spec) {
   std::string_view v = spec.default_value;
   if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+  if (spec.type == OptionType::kBool) {
+    EXPECT_TRUE(v == "true" || v == "false") << spec.name;
+    return v == "true" ? 1 : 0;
+  }
   if (spec.type == OptionType::kBytes) {
     auto parsed = ParseBytes(v);
     EXPECT_TRUE(parsed.ok()) << spec.name << ": " << parsed.status().ToString();
@@ -74,7 +78,7 @@ TEST(ConfigTest, TableIsWellFormed) {
     EXPECT_NE(spec.name.find('.'), std::string_view::npos);
     EXPECT_FALSE(spec.doc.empty());
     EXPECT_NE(spec.int_field == nullptr, spec.string_field == nullptr) << "exactly one field";
-    if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes) {
+    if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes || spec.type == OptionType::kBool) {
       EXPECT_NE(spec.int_field, nullptr);
       EXPECT_LE(spec.min, spec.max);
       const int64_t d = IntDefault(spec);
@@ -198,6 +202,34 @@ TEST(ConfigTest, BadChoiceIsRejected) {
 TEST(ConfigTest, BadSizeUnitIsRejected) {
   ExpectInvalid("[host]\ncapacity_bytes = \"1XB\"\n", {"test.toml:2", "host.capacity_bytes", "unit"});
   ExpectInvalid("[host]\ncapacity_bytes = \"lots\"\n", {"test.toml:2", "host.capacity_bytes"});
+}
+
+TEST(ConfigTest, NvmeSectionParsesBooleansAndMayLeavePathsEmpty) {
+  auto defaults = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->nvme_path, "") << "no NVMe tier by default";
+  EXPECT_EQ(defaults->nvme_direct_io, 1);
+  EXPECT_EQ(defaults->nvme_sync_index, 0);
+  EXPECT_EQ(defaults->nvme_region_bytes, 64 * kMiB);
+  auto config = ParseConfig(R"(
+[nvme]
+path = "/var/lib/kvtier/tier.dat"
+capacity_bytes = "2TiB"
+direct_io = false
+sync_index = true
+io_engine = "threads"
+index_path = ""
+)",
+                            "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->nvme_path, "/var/lib/kvtier/tier.dat");
+  EXPECT_EQ(config->nvme_capacity_bytes, 2 * kTiB);
+  EXPECT_EQ(config->nvme_direct_io, 0);
+  EXPECT_EQ(config->nvme_sync_index, 1);
+  EXPECT_EQ(config->nvme_io_engine, "threads");
+  ExpectInvalid("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
+  ExpectInvalid("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
+  ExpectInvalid("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
 }
 
 TEST(ConfigTest, EmptySocketPathIsRejected) {

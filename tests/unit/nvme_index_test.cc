@@ -17,6 +17,8 @@ using ::kvtier::testing::RemoveTree;
 
 IndexEntry Entry(uint32_t region, uint64_t offset) {
   IndexEntry e;
+  e.ns = BlockKey{0xabc, region};
+  e.payload_checksum = 0x1234567890abcdefULL ^ offset;
   e.region = region;
   e.offset = offset;
   e.payload_bytes = 3 * 4096 + 17;

@@ -15,7 +15,7 @@ namespace {
 constexpr char kEntryTag = 'b';
 constexpr char kRegionTag = 'r';
 constexpr uint8_t kValueFormat = 1;
-constexpr size_t kEntryValueBytes = 1 + 4 + 8 + 8 + 4 + 8 + 4 + 8 + 8;
+constexpr size_t kEntryValueBytes = 1 + 16 + 8 + 4 + 8 + 8 + 4 + 8 + 4 + 8 + 8;
 constexpr size_t kRegionValueBytes = 1 + 8 + 4 + 8;
 
 void PutBig64(std::string& out, uint64_t v) {
@@ -78,6 +78,9 @@ std::string RegionKey(uint32_t region) {
 std::string EncodeEntry(const IndexEntry& e) {
   return Writer()
       .U8(kValueFormat)
+      .U64(e.ns.hi)
+      .U64(e.ns.lo)
+      .U64(e.payload_checksum)
       .U32(e.region)
       .U64(e.offset)
       .U64(e.payload_bytes)
@@ -96,6 +99,9 @@ Result<IndexEntry> DecodeEntry(const rocksdb::Slice& value) {
   Reader r(value);
   r.U8();
   IndexEntry e;
+  e.ns.hi = r.U64();
+  e.ns.lo = r.U64();
+  e.payload_checksum = r.U64();
   e.region = r.U32();
   e.offset = r.U64();
   e.payload_bytes = r.U64();

@@ -30,6 +30,8 @@ class DB;
 namespace kvtier {
 
 struct IndexEntry {
+  NamespaceFingerprint ns;
+  uint64_t payload_checksum = 0;   // xxh3-64 of the whole payload (as the host tier records it)
   uint32_t region = 0;
   uint64_t offset = 0;             // device offset of the record header
   uint64_t payload_bytes = 0;

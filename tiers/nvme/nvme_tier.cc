@@ -11,6 +11,13 @@ namespace {
 uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// The record on the device is the one the index entry describes.
+bool HeaderMatches(const RecordHeader& h, const BlockKey& key, const IndexEntry& e) {
+  return h.key == key && h.ns == e.ns && h.region_generation == e.region_generation &&
+         h.payload_bytes == e.payload_bytes && h.layer_count == e.layer_count &&
+         h.payload_checksum == e.payload_checksum;
+}
+
 }  // namespace
 
 // One read in flight: the staging span holds the header at [0, 4 KiB) and
@@ -122,8 +129,7 @@ Status NvmeTier::VerifyRecord(const BlockKey& key, const IndexEntry& entry) {
     auto header = DecodeRecordHeader(staging->first(kRecordHeaderBytes));
     if (!header.ok()) {
       outcome = header.status();
-    } else if (header->key != key || header->region_generation != entry.region_generation ||
-               header->payload_bytes != entry.payload_bytes || header->layer_count != entry.layer_count) {
+    } else if (!HeaderMatches(*header, key, entry)) {
       outcome = Corruption("record header describes another block");
     } else {
       outcome = VerifyLayers(*header, 0, header->layer_count,
@@ -202,6 +208,8 @@ Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint
   header.layer_bytes = payload.size() / layer_count;
   header.region_generation = entry.region_generation;
   ChecksumPayload(payload, header);
+  entry.ns = ns;
+  entry.payload_checksum = header.payload_checksum;
   EncodeRecordHeader(header, staging.first(kRecordHeaderBytes));
   std::memcpy(staging.data() + kRecordHeaderBytes, payload.data(), payload.size());
   std::memset(staging.data() + kRecordHeaderBytes + payload.size(), 0,
@@ -225,6 +233,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
     std::lock_guard lock(mu_);
     regions_.WriteFinished(entry.region);
     writing_.erase(key);
+    if (cancelled_.erase(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
     if (outcome.code() == StatusCode::kNoSpace) {
       if (!full_) spdlog::warn("nvme tier full: {}", outcome.ToString());
       full_ = true;
@@ -320,8 +329,7 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     auto header = DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
     if (!header.ok()) {
       outcome = header.status();
-    } else if (header->key != op->key || header->region_generation != op->entry.region_generation ||
-               header->payload_bytes != op->entry.payload_bytes || header->layer_count != op->entry.layer_count) {
+    } else if (!HeaderMatches(*header, op->key, op->entry)) {
       outcome = Corruption("record header describes another block");
     } else {
       layers = op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset), op->range.length);
@@ -381,12 +389,17 @@ std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
-  return BlockInfo{it->second.payload_bytes, it->second.layer_count};
+  return BlockInfo{it->second.ns, it->second.payload_bytes, it->second.layer_count, it->second.payload_checksum};
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
+  if (it == entries_.end() && writing_.count(key) != 0) {
+    cancelled_.insert(key);
+    ++counters_.erases;
+    return Status::Ok();
+  }
   if (it == entries_.end()) return NotFound("block is not on the nvme tier");
   const IndexEntry entry = it->second;
   if (Status s = index_->Delete(key); !s.ok()) return s;

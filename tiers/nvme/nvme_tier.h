@@ -86,11 +86,15 @@ class NvmeTier {
               ReadDone done);
 
   struct BlockInfo {
+    NamespaceFingerprint ns;
     uint64_t payload_bytes = 0;
     uint32_t layer_count = 0;
+    uint64_t payload_checksum = 0;  // xxh3-64 of the whole payload
   };
   std::optional<BlockInfo> Find(const BlockKey& key) const;
-  // Forgets `key` (NotFound if absent); its bytes become dead space.
+  // Forgets `key` (NotFound if absent); its bytes become dead space. A
+  // write of `key` still in flight is cancelled: it completes with
+  // Cancelled and leaves nothing visible.
   Status Erase(const BlockKey& key);
 
   bool full() const;
@@ -130,6 +134,7 @@ class NvmeTier {
   std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
   std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
   std::unordered_set<BlockKey> writing_;                             // guarded by mu_
+  std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
   bool full_ = false;                                                // guarded by mu_
   int64_t full_until_us_ = 0;                                        // guarded by mu_
   int64_t io_in_flight_ = 0;                                         // guarded by mu_

@@ -1,0 +1,70 @@
+// PendingResponse: hands a response produced on any thread (an NVMe
+// completion) to a session coroutine, or straight back when it was produced
+// inline. The common case, a Pin served from the host tier, costs no hop
+// through the executor.
+//
+//   auto pending = std::make_shared<PendingResponse>();
+//   handler.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
+//   v1::Response response = co_await pending->Wait(executor);
+//
+// Thread-safe. Complete runs once; Wait is awaited once.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/post.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier {
+
+class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
+ public:
+  void Complete(v1::Response response) {
+    std::function<void()> resume;
+    {
+      std::lock_guard lock(mu_);
+      response_ = std::move(response);
+      resume = std::move(resume_);
+    }
+    if (resume) resume();
+  }
+
+  // The response: at once if Complete already ran, else when it does
+  // (resumed on `executor`).
+  asio::awaitable<v1::Response> Wait(asio::any_io_executor executor) {
+    {
+      std::lock_guard lock(mu_);
+      if (response_) co_return std::move(*response_);
+    }
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
+        [self = shared_from_this(), executor](auto handler) {
+          // The handler is move-only; std::function needs a copyable target.
+          auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+          auto resume = [shared, executor] { asio::post(executor, [shared]() mutable { (*shared)(); }); };
+          std::unique_lock lock(self->mu_);
+          if (self->response_) {
+            lock.unlock();
+            resume();
+            return;
+          }
+          self->resume_ = std::move(resume);
+        },
+        asio::use_awaitable);
+    std::lock_guard lock(mu_);
+    co_return std::move(*response_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::optional<v1::Response> response_;  // guarded by mu_
+  std::function<void()> resume_;          // guarded by mu_
+};
+
+}  // namespace kvtier
