@@ -1,11 +1,12 @@
 // PendingResponse: hands a response produced on any thread (an NVMe
 // completion) to a session coroutine, or straight back when it was produced
-// inline. The common case, a Pin served from the host tier, costs no hop
-// through the executor.
+// inline (TryTake: no suspension, no hop through the executor).
 //
 //   auto pending = std::make_shared<PendingResponse>();
 //   handler.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
-//   v1::Response response = co_await pending->Wait(executor);
+//   if (auto now = pending->TryTake()) co_return std::move(*now);
+//   co_await pending->Wait(executor);
+//   v1::Response response = pending->Take();
 //
 // Thread-safe. Complete runs once; Wait is awaited once.
 #pragma once
@@ -36,14 +37,11 @@ class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
     if (resume) resume();
   }
 
-  // The response: at once if Complete already ran, else when it does
-  // (resumed on `executor`).
-  asio::awaitable<v1::Response> Wait(asio::any_io_executor executor) {
-    {
-      std::lock_guard lock(mu_);
-      if (response_) co_return std::move(*response_);
-    }
-    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
+  // An awaitable that completes once Complete has run (at once if it
+  // already has), resuming on `executor`. Then Take() the response.
+  // Deliberately not a coroutine itself: a plain async operation.
+  asio::awaitable<void> Wait(asio::any_io_executor executor) {
+    return asio::async_initiate<decltype(asio::use_awaitable), void()>(
         [self = shared_from_this(), executor](auto handler) {
           // The handler is move-only; std::function needs a copyable target.
           auto shared = std::make_shared<decltype(handler)>(std::move(handler));
@@ -57,8 +55,20 @@ class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
           self->resume_ = std::move(resume);
         },
         asio::use_awaitable);
+  }
+
+  // The response if Complete has already run (inline completion: no need
+  // to Wait), else nothing.
+  std::optional<v1::Response> TryTake() {
     std::lock_guard lock(mu_);
-    co_return std::move(*response_);
+    if (!response_) return std::nullopt;
+    return std::move(*response_);
+  }
+
+  // The response. Precondition: Complete has run (Wait finished).
+  v1::Response Take() {
+    std::lock_guard lock(mu_);
+    return std::move(*response_);
   }
 
  private:

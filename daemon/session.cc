@@ -77,10 +77,7 @@ asio::awaitable<void> Session::Run() {
       v1::Response response;
       RequestHandler::Outcome outcome;
       if (request.body_case() == v1::Request::kPin) {
-        // May wait for NVMe reads; the io thread serves other sessions meanwhile.
-        auto pending = std::make_shared<PendingResponse>();
-        handler_.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
-        response = co_await pending->Wait(socket_.get_executor());
+        response = co_await AnswerPin(request);  // may wait for NVMe reads
       } else {
         outcome = handler_.Handle(request, response);
       }
@@ -127,6 +124,18 @@ asio::awaitable<void> Session::Run() {
     break;  // EOF between frames is a normal close
   }
   co_await Close();
+}
+
+asio::awaitable<v1::Response> Session::AnswerPin(const v1::Request& request) {
+  // Its own coroutine, with `pending` at function scope: g++ 12 mishandles
+  // the lifetime of block-scoped coroutine locals across a co_await.
+  std::shared_ptr<PendingResponse> pending = std::make_shared<PendingResponse>();
+  asio::any_io_executor executor = socket_.get_executor();
+  handler_.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
+  std::optional<v1::Response> now = pending->TryTake();  // host hits complete inline
+  if (now) co_return std::move(*now);
+  co_await pending->Wait(executor);
+  co_return pending->Take();
 }
 
 v1::Response Session::ErrorResponse(const Status& status) {

@@ -44,6 +44,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   static v1::Response ErrorResponse(const Status& status);
+  // Answers a Pin; suspends only while blocks are promoted from NVMe, so
+  // the io thread serves other sessions meanwhile.
+  asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
   // Writes write_buffer_ (all answers gathered so far) and empties it.
   asio::awaitable<bool> Flush();
   // Writes one framed response with the arena fd attached to its first byte.

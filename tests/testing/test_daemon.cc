@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <gtest/gtest.h>
 
+#include "daemon/nvme_setup.h"
+
 namespace kvtier::testing {
 
 std::string MakeTempDir() {
@@ -57,7 +59,24 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   socket_path_ = dir_ + "/kvtierd.sock";
   host_ = OpenTestHostTier(options.arena_bytes);
   if (host_ == nullptr) std::abort();
-  auto engine = Engine::Create(EngineOptions{options.shards, options.eviction}, *host_, clock_);
+  if (!options.nvme_path.empty()) {
+    auto config = ParseConfig("", "<test>");
+    config->nvme_path = options.nvme_path;
+    config->nvme_capacity_bytes = static_cast<int64_t>(options.nvme_bytes);
+    config->nvme_region_bytes = static_cast<int64_t>(options.nvme_region_bytes);
+    config->nvme_staging_bytes = 16 << 20;
+    auto nvme = OpenNvmeTier(*config, clock_);
+    if (!nvme.ok() && nvme.status().code() == StatusCode::kInvalidArgument) {
+      config->nvme_direct_io = 0;  // a TMPDIR without O_DIRECT (tmpfs)
+      nvme = OpenNvmeTier(*config, clock_);
+    }
+    if (!nvme.ok()) {
+      ADD_FAILURE() << "OpenNvmeTier: " << nvme.status().ToString();
+      std::abort();
+    }
+    nvme_ = std::move(*nvme);
+  }
+  auto engine = Engine::Create(EngineOptions{options.shards, options.eviction}, *host_, clock_, nvme_.get());
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();
     std::abort();
@@ -77,6 +96,7 @@ TestDaemon::~TestDaemon() {
   server_->Wait();
   server_.reset();
   engine_.reset();
+  nvme_.reset();
   host_.reset();
   RemoveTree(dir_);
 }

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "daemon/engine.h"
 #include "daemon/server.h"
+#include "tiers/nvme/nvme_tier.h"
 #include "kvtier/client.h"
 
 namespace kvtier::testing {
@@ -24,6 +25,11 @@ struct TestDaemonOptions {
   uint32_t io_threads = 2;
   uint32_t max_frame_bytes = 1u << 20;
   std::string eviction = "lru";
+  // Non-empty: an NVMe tier in this file (index beside it), which survives
+  // the TestDaemon so a second one can reopen it.
+  std::string nvme_path;
+  uint64_t nvme_bytes = 64ull << 20;
+  uint64_t nvme_region_bytes = 4ull << 20;
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.
@@ -37,6 +43,7 @@ class TestDaemon {
   const std::string& socket_path() const { return socket_path_; }
   Engine& engine() { return *engine_; }
   HostTier& host() { return *host_; }
+  NvmeTier* nvme() { return nvme_.get(); }  // null without one
   Server& server() { return *server_; }
 
   // Client options for this daemon with `namespaces` registered.
@@ -49,6 +56,7 @@ class TestDaemon {
   std::string socket_path_;
   SystemClock clock_;
   std::unique_ptr<HostTier> host_;
+  std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Server> server_;
 };
