@@ -30,6 +30,7 @@ struct DaemonConfig {
   int64_t nvme_queue_depth = 0;
   int64_t nvme_io_threads = 0;
   int64_t nvme_direct_io = 0;     // bool
+  int64_t nvme_preallocate = 0;   // bool
   std::string nvme_io_engine;     // "auto" | "io_uring" | "threads"
   std::string nvme_index_path;    // empty: <nvme.path>.index
   int64_t nvme_staging_bytes = 0;

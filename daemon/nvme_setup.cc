@@ -10,6 +10,7 @@ Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock
   device_options.path = config.nvme_path;
   device_options.capacity_bytes = static_cast<uint64_t>(config.nvme_capacity_bytes);
   device_options.direct_io = config.nvme_direct_io != 0;
+  device_options.preallocate = config.nvme_preallocate != 0;
   device_options.queue_depth = static_cast<uint32_t>(config.nvme_queue_depth);
   device_options.io_threads = static_cast<uint32_t>(config.nvme_io_threads);
   auto engine = ParseIoEngine(config.nvme_io_engine);

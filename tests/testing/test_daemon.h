@@ -30,6 +30,8 @@ struct TestDaemonOptions {
   std::string nvme_path;
   uint64_t nvme_bytes = 64ull << 20;
   uint64_t nvme_region_bytes = 4ull << 20;
+  bool nvme_preallocate = true;
+  std::string nvme_index_path;  // empty: nvme_path + ".index"
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.

@@ -74,12 +74,17 @@ Result<DeviceFile> DeviceFile::Open(const BlockDeviceOptions& options) {
                              std::to_string(file.alignment_bytes_));
     }
     file.capacity_bytes_ = options.capacity_bytes;
-    // Preallocate: no write later fails for lack of space because the file
-    // system filled up meanwhile, and extents are laid out once.
-    const int error = ::posix_fallocate(file.fd_, 0, static_cast<off_t>(file.capacity_bytes_));
-    if (error != 0) {
-      return ErrnoStatus(error, "cannot preallocate " + std::to_string(file.capacity_bytes_) + " bytes for " +
-                                    options.path);
+    if (options.preallocate) {
+      // No write later fails for lack of space because the file system
+      // filled up meanwhile, and extents are laid out once.
+      const int error = ::posix_fallocate(file.fd_, 0, static_cast<off_t>(file.capacity_bytes_));
+      if (error != 0) {
+        return ErrnoStatus(error, "cannot preallocate " + std::to_string(file.capacity_bytes_) + " bytes for " +
+                                      options.path + " (free space, or nvme.preallocate = false)");
+      }
+    } else if (static_cast<uint64_t>(st.st_size) < file.capacity_bytes_ &&
+               ::ftruncate(file.fd_, static_cast<off_t>(file.capacity_bytes_)) != 0) {
+      return ErrnoStatus(errno, "cannot size " + options.path);
     }
   } else {
     return InvalidArgument(options.path + " is neither a regular file nor a block device");

@@ -1,0 +1,113 @@
+// ENOSPC from a real, full file system (a size-capped tmpfs, so this needs
+// root; skipped with a message otherwise): the NVMe tier marks itself full,
+// the host tier keeps serving, and writes resume once space returns.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr size_t kBlockBytes = 64 << 10;
+
+std::map<std::string, int64_t> Stats(Client& client) {
+  std::map<std::string, int64_t> out;
+  auto stats = client.Stats();
+  EXPECT_TRUE(stats.ok());
+  if (stats.ok()) {
+    for (const auto& c : *stats) out[c.name] = c.value;
+  }
+  return out;
+}
+
+class NvmeFullTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a size-capped tmpfs";
+    dir_ = MakeTempDir();
+    mount_ = dir_ + "/fs";
+    ::mkdir(mount_.c_str(), 0700);
+    const std::string cmd = "mount -t tmpfs -o size=8m kvtier-enospc-test " + mount_ + " 2>/dev/null";
+    if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "cannot mount a tmpfs here (container without CAP_SYS_ADMIN?)";
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) std::system(("umount " + mount_).c_str());
+    if (!dir_.empty()) RemoveTree(dir_);
+  }
+  std::string dir_, mount_;
+  bool mounted_ = false;
+};
+
+TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume) {
+  const std::string filler = mount_ + "/filler";
+  {
+    std::ofstream out(filler, std::ios::binary);
+    std::string chunk(1 << 20, 'x');
+    for (int i = 0; i < 5; ++i) out << chunk;  // 5 of the 8 MiB
+  }
+  TestDaemonOptions options;
+  options.arena_bytes = 2 << 20;
+  options.nvme_path = mount_ + "/tier.dat";  // sparse: 16 MiB on a file system with ~3 MiB free
+  options.nvme_bytes = 16 << 20;
+  options.nvme_region_bytes = 1 << 20;
+  options.nvme_preallocate = false;
+  options.nvme_index_path = dir_ + "/index";  // the index needs a file system with room
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+
+  auto keys = TestKeys(TestNamespace(), 200, 31);  // 12.5 MiB through a 2 MiB arena
+  std::vector<std::byte> block(kBlockBytes), dst(kBlockBytes);
+  for (const auto& k : keys) {
+    FillBlockBytes(k, 0, block);
+    ASSERT_TRUE(client->Put(0, k, block).ok()) << "the host tier must keep accepting writes";
+  }
+  daemon.engine().WaitForIdle();
+  auto s = Stats(*client);
+  EXPECT_GE(s["nvme.enospc"], 1) << "the file system never filled up";
+  EXPECT_EQ(s["nvme.full"], 1);
+  EXPECT_GT(s["nvme.blocks"], 0) << "some blocks fit before the disk filled";
+
+  // The host tier serves (the newest block is in DRAM); every block is a
+  // miss or exact.
+  auto tail = client->Get(0, keys.back(), dst);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys.back(), 0, dst));
+  for (const auto& k : keys) {
+    auto got = client->Get(0, k, dst);
+    if (got.ok()) {
+      ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+    }
+  }
+
+  // Space returns; after the retry interval demotions are written again.
+  ASSERT_EQ(::unlink(filler.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  const int64_t writes_before = Stats(*client)["nvme.writes"];
+  auto more = TestKeys(TestNamespace(), 100, 32);
+  for (const auto& k : more) {
+    FillBlockBytes(k, 0, block);
+    ASSERT_TRUE(client->Put(0, k, block).ok());
+  }
+  daemon.engine().WaitForIdle();
+  s = Stats(*client);
+  EXPECT_EQ(s["nvme.full"], 0) << "writes did not resume after space returned";
+  EXPECT_GT(s["nvme.writes"], writes_before);
+  for (const auto& k : more) {
+    auto got = client->Get(0, k, dst);
+    if (got.ok()) {
+      ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::testing
