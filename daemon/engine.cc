@@ -518,17 +518,19 @@ bool Engine::EvictOne() {
   const NamespaceFingerprint ns = it->second.ns;
   const HostTier::Extent extent = it->second.extent;
   const uint64_t size = it->second.size;
+  const uint64_t checksum = it->second.checksum;
   shard.policy->OnRemove(it->second.handle);
   shard.committed.erase(it->second.handle);
   shard.stored_bytes -= size;
   shard.index.erase(it);
   lock.unlock();
-  Demote(ns, victim, extent, size);
+  Demote(ns, victim, extent, size, checksum);
   host_.Free(extent);
   return true;
 }
 
-void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size) {
+void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,
+                    uint64_t checksum) {
   NamespaceLayout layout;
   {
     std::lock_guard lock(namespaces_mu_);
@@ -545,7 +547,7 @@ void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTie
       Bump(counters_.demotion_failures);
     }
     IoFinished();
-  });
+  }, checksum);
   if (!accepted.ok()) {
     // AlreadyExists: the NVMe copy from an earlier demotion is still there.
     if (accepted.code() != StatusCode::kAlreadyExists) Bump(counters_.demotion_rejections);

@@ -153,7 +153,8 @@ class Engine {
   void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
   // Offers an evicted block to the NVMe tier; its bytes are copied before
   // this returns, so the caller may free the extent right after.
-  void Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size);
+  void Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,
+              uint64_t checksum);
   void IoStarted();
   void IoFinished();
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed.

@@ -1,11 +1,13 @@
 // kvtier: the command-line tool.
 //   kvtier stats [--socket PATH]          every counter of a running kvtierd
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
+//   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "kvtier/client.h"
 #include "tools/bench_host.h"
+#include "tools/bench_nvme.h"
 
 namespace {
 
@@ -42,9 +44,13 @@ int main(int argc, char** argv) {
   kvtier::tools::HostBenchOptions host_options;
   auto* host = bench->add_subcommand("host", "Put/get GB/s vs memcpy; Lookup ops/s vs redis-benchmark");
   kvtier::tools::AddHostBenchOptions(*host, host_options);
+  kvtier::tools::NvmeBenchOptions nvme_options;
+  auto* nvme = bench->add_subcommand("nvme", "NVMe tier write/read GB/s and random-read IOPS vs fio");
+  kvtier::tools::AddNvmeBenchOptions(*nvme, nvme_options);
 
   CLI11_PARSE(app, argc, argv);
   if (stats->parsed()) return Stats(socket_path);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
+  if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
   return 2;
 }

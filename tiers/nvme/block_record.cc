@@ -109,10 +109,14 @@ Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_
   return ByteRange{first * header.layer_bytes, (last - first) * header.layer_bytes};
 }
 
-void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& h) {
-  h.payload_checksum = BlockChecksum(payload);
+void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& h, std::optional<uint64_t> known) {
+  h.payload_checksum = known ? *known : BlockChecksum(payload);
   h.layer_checksums.clear();
   if (h.layer_count > kMaxLayerChecksums) return;
+  if (h.layer_count == 1) {  // the one layer is the payload: one pass
+    h.layer_checksums.push_back(h.payload_checksum);
+    return;
+  }
   for (uint32_t i = 0; i < h.layer_count; ++i) {
     h.layer_checksums.push_back(BlockChecksum(payload.subspan(i * h.layer_bytes, h.layer_bytes)));
   }

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -71,8 +72,11 @@ struct ByteRange {
 Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_t last);
 
 // Fills header.payload_checksum and header.layer_checksums from `payload`
-// (header.layer_count and layer_bytes must already describe it).
-void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& header);
+// (header.layer_count and layer_bytes must already describe it). `known`:
+// the payload's xxh3-64 when the caller has it already (the host tier
+// records it at Commit), saving a pass; a wrong one makes every read miss.
+void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& header,
+                     std::optional<uint64_t> known = std::nullopt);
 
 // Ok if `layers` (the bytes of layers [first, last)) match the header's
 // checksums: the per-layer ones, or the payload checksum when the range is

@@ -8,6 +8,9 @@
 namespace kvtier {
 namespace {
 
+// From this size on, a read skips the staging copy (see Read).
+constexpr uint64_t kDirectReadMinBytes = 1ull << 20;
+
 uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -30,6 +33,7 @@ struct NvmeTier::ReadOp {
   uint64_t cover_offset = 0;   // payload offset the staged payload bytes start at
   std::span<std::byte> staging;
   size_t payload_at = 0;       // where in `staging` the payload cover starts
+  bool direct = false;         // the payload is read straight into `dst`
   std::span<std::byte> dst;
   ReadDone done;
   std::mutex mu;
@@ -45,7 +49,8 @@ NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeInde
       options_(options),
       clock_(clock),
       regions_(device_->capacity_bytes(), options.region_bytes, device_->alignment_bytes()),
-      region_keys_(regions_.region_count()) {}
+      region_keys_(regions_.region_count()),
+      verifiers_(options.verify_threads) {}
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
                                                  const NvmeTierOptions& options, Clock& clock) {
@@ -158,7 +163,8 @@ Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
 }
 
 Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-                       std::span<const std::byte> payload, WriteDone done) {
+                       std::span<const std::byte> payload, WriteDone done,
+                       std::optional<uint64_t> payload_checksum) {
   if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {
     return InvalidArgument("a block of " + std::to_string(payload.size()) + " bytes cannot be split into " +
                            std::to_string(layer_count) + " equal layers");
@@ -207,7 +213,7 @@ Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint
   header.layer_count = layer_count;
   header.layer_bytes = payload.size() / layer_count;
   header.region_generation = entry.region_generation;
-  ChecksumPayload(payload, header);
+  ChecksumPayload(payload, header, payload_checksum);
   entry.ns = ns;
   entry.payload_checksum = header.payload_checksum;
   EncodeRecordHeader(header, staging.first(kRecordHeaderBytes));
@@ -288,7 +294,12 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
   op->cover_offset = AlignDown(range->offset, align);
   const uint64_t cover_bytes = AlignUp(range->offset + range->length, align) - op->cover_offset;
   op->payload_at = kRecordHeaderBytes;
-  auto staged = staging_->Allocate(kRecordHeaderBytes + cover_bytes);
+  // Large whole-block reads go straight into `dst` when it can take the
+  // aligned cover (no staging copy, at the price of a second I/O for the
+  // header); small ones read header and payload in one I/O and copy.
+  op->direct = cover_bytes >= kDirectReadMinBytes && op->cover_offset == 0 && range->offset == 0 &&
+               dst.size() >= cover_bytes && reinterpret_cast<uintptr_t>(dst.data()) % align == 0;
+  auto staged = staging_->Allocate(kRecordHeaderBytes + (op->direct ? 0 : cover_bytes));
   if (!staged) return Busy("no nvme staging memory free for a read");
   op->staging = *staged;
   const uint64_t payload_device_offset = op->entry.offset + kRecordHeaderBytes;
@@ -306,9 +317,16 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
       }
       last = --op->pending == 0;
     }
-    if (last) OnRead(op);
+    if (last) verifiers_.Post([this, op] { OnRead(op); });
   };
-  if (op->cover_offset == 0) {  // header and payload cover are contiguous: one I/O
+  if (op->direct) {
+    op->pending = 2;
+    device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
+                  [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
+    device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
+      on_io(r, cover_bytes);
+    });
+  } else if (op->cover_offset == 0) {  // header and payload cover are contiguous: one I/O
     op->pending = 1;
     const size_t bytes = kRecordHeaderBytes + cover_bytes;
     device_->Read(op->entry.offset, op->staging.first(bytes), [on_io, bytes](Result<size_t> r) { on_io(r, bytes); });
@@ -332,7 +350,9 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     } else if (!HeaderMatches(*header, op->key, op->entry)) {
       outcome = Corruption("record header describes another block");
     } else {
-      layers = op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset), op->range.length);
+      layers = op->direct ? std::span<const std::byte>(op->dst.first(op->range.length))
+                          : op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset),
+                                                op->range.length);
       outcome = VerifyLayers(*header, op->first, op->last, layers);
       if (outcome.code() == StatusCode::kFailedPrecondition) {
         // No per-layer checksums (very many layers): the range cannot be
@@ -342,11 +362,11 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     }
   }
   Result<size_t> result = size_t{0};
+  if (outcome.ok() && !op->direct) std::memcpy(op->dst.data(), layers.data(), layers.size());  // outside mu_
   {
     std::lock_guard lock(mu_);
     if (!outcome.ok()) result = outcome;
     if (outcome.ok()) {
-      std::memcpy(op->dst.data(), layers.data(), layers.size());
       result = layers.size();
       ++counters_.reads;
       auto it = entries_.find(op->key);

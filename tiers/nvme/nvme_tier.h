@@ -16,8 +16,9 @@
 //   full_retry, then one write probes again; success clears it.
 //
 // Thread-safe. Write/Read return a Status at once: not ok means rejected
-// (`done` never runs); ok means `done` runs exactly once, on a device
-// thread, never inline. The destructor waits for I/O in flight.
+// (`done` never runs); ok means `done` runs exactly once, never inline: a
+// write's on a device thread, a read's on a verifier thread (checksumming
+// stays off the I/O threads). The destructor waits for I/O in flight.
 #pragma once
 
 #include <chrono>
@@ -34,6 +35,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/worker_pool.h"
 #include "kvtier/block_key.h"
 #include "tiers/nvme/block_device.h"
 #include "tiers/nvme/block_record.h"
@@ -47,6 +49,8 @@ struct NvmeTierOptions {
   uint64_t region_bytes = 64ull << 20;
   uint64_t staging_bytes = 256ull << 20;  // aligned I/O memory; bounds the bytes in flight
   std::chrono::milliseconds full_retry{1000};
+  // Threads verifying read records (checksums) off the I/O threads.
+  unsigned verify_threads = 2;
 };
 
 // What Open() found.
@@ -73,12 +77,16 @@ class NvmeTier {
   // being stored), Busy (no staging memory or reclaimable region now),
   // NoSpace (the tier is full), IoError (index). `done`: Ok once durable on
   // the device and indexed; IoError / NoSpace otherwise (nothing visible).
+  // `payload_checksum`: its xxh3-64 if the caller knows it (saves a pass).
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-               std::span<const std::byte> payload, WriteDone done);
+               std::span<const std::byte> payload, WriteDone done,
+               std::optional<uint64_t> payload_checksum = std::nullopt);
 
   using ReadDone = std::function<void(Result<size_t>)>;
   // Copies layers [first_layer, last_layer) of `key` into `dst` (borrowed
-  // until `done`). Rejections: NotFound, InvalidArgument (bad range, `dst`
+  // until `done`). A whole-block read of 1 MiB or more into a 4 KiB-aligned
+  // `dst` with room for the payload rounded up to 4 KiB lands there
+  // directly (no staging copy). Rejections: NotFound, InvalidArgument (bad range, `dst`
   // too small), Busy (no staging memory now). `done`: the bytes copied;
   // NotFound (reclaimed meanwhile), Corruption (the record did not verify;
   // the entry is dropped), IoError (the entry is kept).
@@ -142,6 +150,9 @@ class NvmeTier {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
   } counters_;  // guarded by mu_
+  // Runs OnRead. Declared last: destroyed (joined) first, once the
+  // destructor has seen io_in_flight_ reach 0.
+  WorkerPool verifiers_;
 };
 
 }  // namespace kvtier

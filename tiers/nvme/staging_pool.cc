@@ -1,7 +1,9 @@
 #include "tiers/nvme/staging_pool.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 #include <sys/mman.h>
 
 #include "common/logging.h"
@@ -17,8 +19,12 @@ Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, BlockDe
     return NoSpace("cannot map " + std::to_string(bytes) + " bytes of nvme staging memory: " + std::strerror(errno));
   }
   std::unique_ptr<StagingPool> pool(new StagingPool(static_cast<std::byte*>(p), bytes));
-  std::span<std::byte> whole[] = {{pool->base_, bytes}};
-  if (Status s = device.RegisterBuffers(whole); !s.ok()) {
+  // io_uring takes at most 1 GiB per fixed buffer: register in chunks (an
+  // I/O that straddles two chunks simply goes without the fixed buffer).
+  constexpr uint64_t kChunk = 1ull << 30;
+  std::vector<std::span<std::byte>> chunks;
+  for (uint64_t at = 0; at < bytes; at += kChunk) chunks.emplace_back(pool->base_ + at, std::min(kChunk, bytes - at));
+  if (Status s = device.RegisterBuffers(chunks); !s.ok()) {
     spdlog::warn("nvme staging memory is not registered with the device ({}); I/O pins pages per request",
                  s.ToString());
   }
