@@ -21,8 +21,12 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Host tier vs memcpy / redis-benchmark, then the NVMe tier vs fio on the
+# file system of $(BUILD) (BENCH_DIR=... to measure another one).
+BENCH_DIR ?= $(BUILD)
 bench: build
 	$(BUILD)/tools/kvtier bench host
+	$(BUILD)/tools/kvtier bench nvme --dir $(BENCH_DIR)
 
 asan-test: deps
 	@cmake --preset asan >/dev/null
