@@ -6,12 +6,9 @@
 // Thread-safe. One completion thread runs I/Os in submission order.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "common/worker_pool.h"
 #include "tiers/nvme/block_device.h"
 
 namespace kvtier::testing {
@@ -44,16 +41,12 @@ class MemoryDevice final : public BlockDevice {
     IoDone done;
   };
   void Submit(Job job);
-  void Loop();
+  Result<size_t> Run(const Job& job);
 
   std::vector<std::byte> bytes_;
   const uint32_t alignment_;
   DeviceCounters counters_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;  // guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
+  WorkerPool thread_{1};  // last: drained and joined first
 };
 
 }  // namespace kvtier::testing

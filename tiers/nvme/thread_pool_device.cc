@@ -4,27 +4,12 @@
 #include <cerrno>
 #include <unistd.h>
 
-#include "common/check.h"
-
 namespace kvtier {
 
 ThreadPoolDevice::ThreadPoolDevice(DeviceFile file, uint32_t queue_depth, uint32_t io_threads)
-    : file_(std::move(file)) {
-  const uint32_t count = std::clamp<uint32_t>(io_threads * queue_depth, 1, 64);
-  for (uint32_t i = 0; i < count; ++i) threads_.emplace_back([this] { Loop(); });
-}
+    : file_(std::move(file)), pool_(std::clamp<uint32_t>(io_threads * queue_depth, 1, 64)) {}
 
-ThreadPoolDevice::~ThreadPoolDevice() {
-  std::deque<Job> left;
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    left.swap(queue_);
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-  for (auto& job : left) job.done(Unavailable("the nvme device is closing"));
-}
+ThreadPoolDevice::~ThreadPoolDevice() = default;
 
 void ThreadPoolDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDone done) {
   Submit(Job{Op::kRead, offset, dst.data(), dst.size(), std::move(done)});
@@ -37,26 +22,11 @@ void ThreadPoolDevice::Write(uint64_t offset, std::span<const std::byte> src, Io
 void ThreadPoolDevice::Flush(IoDone done) { Submit(Job{Op::kFlush, 0, nullptr, 0, std::move(done)}); }
 
 void ThreadPoolDevice::Submit(Job job) {
-  std::lock_guard lock(mu_);
-  KVTIER_CHECK(!stopping_, "I/O submitted to a ThreadPoolDevice being destroyed");
-  queue_.push_back(std::move(job));
-  cv_.notify_one();
-}
-
-void ThreadPoolDevice::Loop() {
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
+  pool_.Post([this, job = std::move(job)] {
     Result<size_t> r = Run(job);
     counters_.Record(job.op, r);
     job.done(std::move(r));
-  }
+  });
 }
 
 Result<size_t> ThreadPoolDevice::Run(const Job& job) {

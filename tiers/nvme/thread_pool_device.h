@@ -3,17 +3,12 @@
 // old kernels, io_uring_disabled). Each thread has one I/O in flight, so
 // the pool has io_threads * queue_depth threads (at most 64).
 //
-// Thread-safe. Completions run on the pool's threads. The destructor fails
-// queued I/O with Unavailable and joins the threads; submitting while it
-// runs is a caller bug.
+// Thread-safe. Completions run on the pool's threads. The destructor lets
+// every submitted I/O complete, then joins; submitting while it runs is a
+// caller bug.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
-#include <vector>
-
+#include "common/worker_pool.h"
 #include "tiers/nvme/block_device.h"
 #include "tiers/nvme/device_file.h"
 
@@ -44,16 +39,11 @@ class ThreadPoolDevice final : public BlockDevice {
   };
 
   void Submit(Job job);
-  void Loop();
   Result<size_t> Run(const Job& job);
 
   DeviceFile file_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;  // guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
-  std::vector<std::thread> threads_;
   DeviceCounters counters_;
+  WorkerPool pool_;  // last: drained and joined before the file closes
 };
 
 }  // namespace kvtier
