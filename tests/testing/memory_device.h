@@ -33,13 +33,7 @@ class MemoryDevice final : public BlockDevice {
   std::span<std::byte> raw() { return bytes_; }
 
  private:
-  struct Job {
-    DeviceCounters::Op op = DeviceCounters::Op::kFlush;
-    uint64_t offset = 0;
-    std::byte* data = nullptr;
-    size_t length = 0;
-    IoDone done;
-  };
+  using Job = IoJob;
   void Submit(Job job);
   Result<size_t> Run(const Job& job);
 

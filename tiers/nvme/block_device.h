@@ -80,6 +80,16 @@ class DeviceCounters {
   std::atomic<int64_t> read_bytes_{0}, written_bytes_{0};
 };
 
+// One I/O as queue-based implementations carry it (data is writable for
+// reads; for writes it is the caller's const buffer, never written).
+struct IoJob {
+  DeviceCounters::Op op = DeviceCounters::Op::kFlush;
+  uint64_t offset = 0;
+  std::byte* data = nullptr;
+  size_t length = 0;
+  IoDone done;
+};
+
 // Blocking helpers (start-up, tests): submit and wait for the completion.
 Result<size_t> ReadSync(BlockDevice& device, uint64_t offset, std::span<std::byte> dst);
 Result<size_t> WriteSync(BlockDevice& device, uint64_t offset, std::span<const std::byte> src);

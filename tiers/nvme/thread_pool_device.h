@@ -30,13 +30,7 @@ class ThreadPoolDevice final : public BlockDevice {
 
  private:
   using Op = DeviceCounters::Op;
-  struct Job {
-    Op op = Op::kFlush;
-    uint64_t offset = 0;
-    std::byte* data = nullptr;
-    size_t length = 0;
-    IoDone done;
-  };
+  using Job = IoJob;
 
   void Submit(Job job);
   Result<size_t> Run(const Job& job);
