@@ -232,6 +232,13 @@ index_path = ""
   ExpectInvalid("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
 }
 
+TEST(ConfigTest, PackagedSampleConfigIsValid) {
+  auto sample = LoadConfigFile(std::string(KVTIER_SOURCE_DIR) + "/packaging/kvtierd.toml");
+  ASSERT_TRUE(sample.ok()) << sample.status().ToString();
+  EXPECT_EQ(sample->host_lock_memory, "required");
+  EXPECT_EQ(sample->nvme_path, "/var/lib/kvtier/nvme-tier.dat");
+}
+
 TEST(ConfigTest, EmptySocketPathIsRejected) {
   ExpectInvalid("[server]\nsocket_path = \"\"\n", {"test.toml:2", "server.socket_path", "empty"});
 }
