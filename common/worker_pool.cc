@@ -18,11 +18,11 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::Post(std::function<void()> task) {
-  {
-    std::lock_guard lock(mu_);
-    KVTIER_CHECK(!stopping_, "task posted to a WorkerPool being destroyed");
-    tasks_.push_back(std::move(task));
-  }
+  std::lock_guard lock(mu_);
+  KVTIER_CHECK(!stopping_, "task posted to a WorkerPool being destroyed");
+  tasks_.push_back(std::move(task));
+  // Notified under the lock: the task may be what lets the owner destroy
+  // this pool, which must not happen while Post still touches cv_.
   cv_.notify_one();
 }
 

@@ -49,8 +49,7 @@ UringWorker::~UringWorker() {
       std::lock_guard lock(mu_);
       stopping_ = true;
     }
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+    Wake();
     thread_.join();
   }
   if (ring_ready_) io_uring_queue_exit(&ring_);  // cancels the armed wake-up read
@@ -58,25 +57,25 @@ UringWorker::~UringWorker() {
 }
 
 void UringWorker::Submit(std::unique_ptr<Op> op) {
-  bool was_empty = false;
-  {
-    std::lock_guard lock(mu_);
-    KVTIER_CHECK(!stopping_, "I/O submitted to a UringDevice being destroyed");
-    was_empty = queue_.empty();
-    queue_.push_back(std::move(op));
-  }
+  std::lock_guard lock(mu_);
+  KVTIER_CHECK(!stopping_, "I/O submitted to a UringDevice being destroyed");
+  const bool was_empty = queue_.empty();
+  queue_.push_back(std::move(op));
   // The thread empties the whole queue each time it wakes, so only the
-  // first submission into an empty queue needs to wake it.
-  if (was_empty) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
-  }
+  // first submission into an empty queue needs to wake it. Under the lock:
+  // once the op is queued it may complete and let the owner destroy this
+  // worker (and close the eventfd) before an unlocked write would run.
+  if (was_empty) Wake();
+}
+
+void UringWorker::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
 }
 
 Status UringWorker::RegisterBuffers(const std::vector<iovec>& buffers) {
   std::promise<Status> outcome;
   auto future = outcome.get_future();
-  bool was_empty = false;
   {
     std::lock_guard lock(mu_);
     if (command_) return FailedPrecondition("a buffer registration is already pending");
@@ -94,11 +93,7 @@ Status UringWorker::RegisterBuffers(const std::vector<iovec>& buffers) {
       fixed_ = buffers;
       outcome.set_value(Status::Ok());
     };
-    was_empty = queue_.empty();
-  }
-  if (was_empty) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof(one));
+    if (queue_.empty()) Wake();
   }
   return future.get();
 }

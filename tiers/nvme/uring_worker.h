@@ -51,6 +51,8 @@ class UringWorker {
   UringWorker(int fd, uint32_t queue_depth, DeviceCounters& counters);
   void Loop();
   void ArmWakeRead();
+  // Makes the armed eventfd read complete, waking the thread.
+  void Wake();
   // Moves queued work (and a pending command) to the thread's side.
   bool TakeQueued();
   // Fills SQEs for waiting ops while slots and depth allow.
