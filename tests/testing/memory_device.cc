@@ -22,15 +22,15 @@ void MemoryDevice::Flush(IoDone done) { Submit(Job{DeviceCounters::Op::kFlush, 0
 void MemoryDevice::Submit(Job job) {
   thread_.Post([this, job = std::move(job)] {
     Result<size_t> outcome = Run(job);
-    counters_.Record(job.op, outcome);
+    counters_.Record(job.kind, outcome);
     job.done(std::move(outcome));
   });
 }
 
 Result<size_t> MemoryDevice::Run(const Job& job) {
-  if (job.op == DeviceCounters::Op::kFlush) return size_t{0};
+  if (job.kind == DeviceCounters::Op::kFlush) return size_t{0};
   if (Status s = CheckRange(job.offset, job.length, job.data); !s.ok()) return s;
-  if (job.op == DeviceCounters::Op::kRead) {
+  if (job.kind == DeviceCounters::Op::kRead) {
     std::memcpy(job.data, bytes_.data() + job.offset, job.length);
   } else {
     std::memcpy(bytes_.data() + job.offset, job.data, job.length);

@@ -83,7 +83,7 @@ class DeviceCounters {
 // One I/O as queue-based implementations carry it (data is writable for
 // reads; for writes it is the caller's const buffer, never written).
 struct IoJob {
-  DeviceCounters::Op op = DeviceCounters::Op::kFlush;
+  DeviceCounters::Op kind = DeviceCounters::Op::kFlush;
   uint64_t offset = 0;
   std::byte* data = nullptr;
   size_t length = 0;

@@ -24,13 +24,13 @@ void ThreadPoolDevice::Flush(IoDone done) { Submit(Job{Op::kFlush, 0, nullptr, 0
 void ThreadPoolDevice::Submit(Job job) {
   pool_.Post([this, job = std::move(job)] {
     Result<size_t> r = Run(job);
-    counters_.Record(job.op, r);
+    counters_.Record(job.kind, r);
     job.done(std::move(r));
   });
 }
 
 Result<size_t> ThreadPoolDevice::Run(const Job& job) {
-  if (job.op == Op::kFlush) {
+  if (job.kind == Op::kFlush) {
     if (::fdatasync(file_.fd()) != 0) return ErrnoStatus(errno, "fdatasync " + file_.path());
     return size_t{0};
   }
@@ -38,11 +38,11 @@ Result<size_t> ThreadPoolDevice::Run(const Job& job) {
   size_t done = 0;
   while (done < job.length) {
     const off_t at = static_cast<off_t>(job.offset + done);
-    const ssize_t n = job.op == Op::kRead ? ::pread(file_.fd(), job.data + done, job.length - done, at)
+    const ssize_t n = job.kind == Op::kRead ? ::pread(file_.fd(), job.data + done, job.length - done, at)
                                           : ::pwrite(file_.fd(), job.data + done, job.length - done, at);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return ErrnoStatus(errno, std::string(job.op == Op::kRead ? "pread" : "pwrite") + " of " +
+      return ErrnoStatus(errno, std::string(job.kind == Op::kRead ? "pread" : "pwrite") + " of " +
                                     std::to_string(job.length) + " bytes at " + std::to_string(job.offset) +
                                     " on " + file_.path());
     }

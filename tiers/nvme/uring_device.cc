@@ -27,11 +27,7 @@ namespace {
 std::unique_ptr<UringWorker::Op> MakeOp(DeviceCounters::Op kind, uint64_t offset, std::byte* data, size_t length,
                                         IoDone done) {
   auto op = std::make_unique<UringWorker::Op>();
-  op->kind = kind;
-  op->offset = offset;
-  op->data = data;
-  op->length = length;
-  op->done = std::move(done);
+  static_cast<IoJob&>(*op) = IoJob{kind, offset, data, length, std::move(done)};
   return op;
 }
 

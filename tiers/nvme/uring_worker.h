@@ -26,14 +26,10 @@ namespace kvtier {
 
 class UringWorker {
  public:
-  struct Op {
-    DeviceCounters::Op kind = DeviceCounters::Op::kFlush;
-    uint64_t offset = 0;
-    std::byte* data = nullptr;
-    size_t length = 0;
+  // A queued I/O plus what the ring needs to finish it.
+  struct Op : IoJob {
     size_t transferred = 0;  // partial completions resubmit the rest
     Status rejected;         // not ok: completed with this on the thread, never sent to the ring
-    IoDone done;
   };
 
   // Sets up a ring of `queue_depth` (+1 for the wake-up read) entries on
