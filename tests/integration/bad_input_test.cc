@@ -653,10 +653,9 @@ TEST(BadInput, PutIntoArenaFullOfPinnedBlocksFailsPromptlyWithNoSpace) {
   TestDaemon daemon(options);
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
-  constexpr uint64_t kBlockBytes = 1 << 20;  // a size class of its own: no slack
-  const size_t fit = daemon.host().capacity_bytes() / kBlockBytes;
-  const auto keys = TestKeys(TestNamespace(), fit + 1, 12);
-  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  constexpr uint64_t kBlockBytes = kMiBBlock;
+  const auto keys = FillArenaWithMiBBlocks(daemon, *client, 12, /*extra=*/1);
+  const size_t fit = keys.size() - 1;
   ASSERT_EQ(daemon.host().used_bytes(), daemon.host().capacity_bytes());
   ASSERT_EQ(EngineCounter(daemon, "engine.evictions"), 0);
   auto views = client->Pin(0, std::span(keys).first(fit));

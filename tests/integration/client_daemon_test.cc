@@ -229,10 +229,10 @@ TEST(ClientDaemon, DeferredReleaseRidesAheadOfTheNextRequest) {
   TestDaemon daemon(options);
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
-  constexpr uint64_t kBlockBytes = 1 << 20;  // a size class of its own: no slack
-  const size_t fit = daemon.host().capacity_bytes() / kBlockBytes;
-  auto keys = TestKeys(TestNamespace(), fit + 1, 14);
-  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  constexpr uint64_t kBlockBytes = kMiBBlock;
+  const auto keys = FillArenaWithMiBBlocks(daemon, *client, 14, /*extra=*/1);
+  const size_t fit = keys.size() - 1;
+  ASSERT_FALSE(::testing::Test::HasFailure());
   // Every block but the last stays pinned through views.
   auto views = client->Pin(0, std::span(keys).first(fit - 1));
   for (auto& v : views) ASSERT_TRUE(v.ok()) << v.status().ToString();

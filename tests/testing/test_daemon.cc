@@ -164,4 +164,17 @@ std::vector<BlockKey> TestKeys(const NamespaceDescriptor& ns, size_t blocks, uin
   return hasher->Keys(tokens);
 }
 
+std::vector<BlockKey> FillArenaWithMiBBlocks(TestDaemon& daemon, Client& client, uint32_t seed, size_t extra) {
+  const size_t fit = daemon.host().capacity_bytes() / kMiBBlock;
+  std::vector<BlockKey> keys = TestKeys(TestNamespace(), fit + extra, seed);
+  std::vector<std::byte> block(kMiBBlock);
+  for (size_t i = 0; i < fit; ++i) {
+    FillBlockBytes(keys[i], 0, block);
+    Status put = client.Put(0, keys[i], block);
+    if (!put.ok()) ADD_FAILURE() << "Put of block " << i << ": " << put.ToString();
+  }
+  if (daemon.host().used_bytes() != daemon.host().capacity_bytes()) ADD_FAILURE() << "the arena is not exactly full";
+  return keys;
+}
+
 }  // namespace kvtier::testing

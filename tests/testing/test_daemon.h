@@ -84,4 +84,13 @@ bool CheckBlockBytes(const BlockKey& key, uint64_t salt, std::span<const std::by
 // The key chain of `blocks` blocks of a deterministic token sequence.
 std::vector<BlockKey> TestKeys(const NamespaceDescriptor& ns, size_t blocks, uint32_t seed);
 
+// Blocks of this size are a size class of their own: an arena of whole MiB
+// holds exactly capacity / kMiBBlock of them, with no slack.
+inline constexpr uint64_t kMiBBlock = 1ull << 20;
+// Puts kMiBBlock blocks (FillBlockBytes(key, 0)) through `client` (of
+// TestNamespace()) until `daemon`'s arena is exactly full, without evicting.
+// Returns their keys followed by `extra` keys not put. Fails the test
+// (ADD_FAILURE) when a Put fails or the arena is not exactly full.
+std::vector<BlockKey> FillArenaWithMiBBlocks(TestDaemon& daemon, Client& client, uint32_t seed, size_t extra);
+
 }  // namespace kvtier::testing
