@@ -7,7 +7,7 @@
 
 namespace kvtier {
 
-Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o) {
+Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint32_t directory_slots) {
   if (o.capacity_bytes < ArenaAllocator::kAlignmentBytes) {
     return InvalidArgument("host tier capacity_bytes " +
                            std::to_string(o.capacity_bytes) +
@@ -16,11 +16,18 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o) {
   }
   auto arena = HostArena::Open(o);
   if (!arena.ok()) return arena.status();
-  return std::unique_ptr<HostTier>(new HostTier(std::move(*arena)));
+  std::unique_ptr<HostDirectory> directory;
+  if (directory_slots > 0) {
+    auto opened = HostDirectory::Open(directory_slots);
+    if (!opened.ok()) return opened.status();
+    directory = std::move(*opened);
+  }
+  return std::unique_ptr<HostTier>(new HostTier(std::move(*arena), std::move(directory)));
 }
 
-HostTier::HostTier(std::unique_ptr<HostArena> arena)
+HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory)
     : arena_(std::move(arena)),
+      directory_(std::move(directory)),
       capacity_bytes_(arena_->capacity_bytes() /
                       ArenaAllocator::kAlignmentBytes *
                       ArenaAllocator::kAlignmentBytes),
@@ -72,8 +79,11 @@ uint64_t HostTier::used_bytes() const {
 
 void HostTier::VisitCounters(CounterVisitor& v) const {
   arena_->VisitCounters(v);
-  std::lock_guard<std::mutex> lock(mu_);
-  allocator_.VisitCounters(v);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocator_.VisitCounters(v);
+  }
+  if (directory_ != nullptr) directory_->VisitCounters(v);
 }
 
 }  // namespace kvtier

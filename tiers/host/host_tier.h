@@ -14,6 +14,7 @@
 #include "kvtier/result.h"
 #include "tiers/host/arena_allocator.h"
 #include "tiers/host/host_arena.h"
+#include "tiers/host/host_directory.h"
 
 namespace kvtier {
 
@@ -26,8 +27,10 @@ class HostTier {
 
   // Opens the arena (see HostArena::Open for errors). Also InvalidArgument
   // when capacity_bytes < ArenaAllocator::kAlignmentBytes. Usable capacity is
-  // capacity_bytes rounded down to kAlignmentBytes.
-  static Result<std::unique_ptr<HostTier>> Open(const HostArenaOptions& o);
+  // capacity_bytes rounded down to kAlignmentBytes. With `directory_slots`
+  // > 0 the tier also opens a block directory of that many slots (see
+  // HostDirectory::Open for its errors); 0 opens none.
+  static Result<std::unique_ptr<HostTier>> Open(const HostArenaOptions& o, uint32_t directory_slots = 0);
 
   HostTier(const HostTier&) = delete;
   HostTier& operator=(const HostTier&) = delete;
@@ -57,14 +60,17 @@ class HostTier {
   uint64_t used_bytes() const;
   // Whether the arena is locked in memory (see HostArenaOptions::lock).
   bool locked() const { return arena_->locked(); }
+  // The block directory published next to the arena; null when none.
+  HostDirectory* directory() const { return directory_.get(); }
 
-  // host.arena.* then host.alloc.*.
+  // host.arena.*, host.alloc.*, then host.directory.* if there is one.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  explicit HostTier(std::unique_ptr<HostArena> arena);
+  HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory);
 
   const std::unique_ptr<HostArena> arena_;  // immutable after construction
+  const std::unique_ptr<HostDirectory> directory_;  // may be null; thread-safe itself
   const uint64_t capacity_bytes_;           // the allocator's (rounded) capacity
   mutable std::mutex mu_;
   ArenaAllocator allocator_;  // guarded by mu_
