@@ -1,12 +1,17 @@
 // Client: the public API over internal::Connection. Every operation is one
 // pipelined round trip (Lookup, Pin, Erase, Stats) or two (Reserve + Commit
-// for puts; Pin + a Release that is not waited for, for copying gets).
+// for puts; Pin + a Release that is not waited for, for copying gets),
+// except what the block directory settles locally: lookups of host blocks
+// and copying gets of host blocks cost no round trip at all (only the keys
+// it cannot settle go to the daemon).
 // Copies run on the thread that reads the response: the caller itself for
-// synchronous calls, a reading thread for the *Async variants.
+// synchronous calls, a reading thread for the *Async variants (directory
+// copies run on the calling thread).
 #include <cstring>
 #include <future>
 
 #include "client_lib/connection.h"
+#include "client_lib/directory_path.h"
 #include "client_lib/put_path.h"
 #include "client_lib/release.h"
 #include "common/checksum.h"
@@ -88,10 +93,23 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
     promise->set_value(s);
     return future;
   }
-  conn.Call(wire::MakeLookup(ns, keys), [promise](Result<v1::Response> r) {
+  // Host hits from the directory first; the daemon answers from the first
+  // key the directory cannot settle (it may be cached in a lower tier).
+  internal::LocalLookup local;
+  if (const DirectoryReader* dir = conn.directory()) local = internal::LookupInDirectory(*dir, conn.namespaces()[ns], keys);
+  if (local.complete) {
+    conn.NoteLocalLookups(1, keys.size(), local.hits);
+    promise->set_value(LookupResult{local.hits, std::vector<Tier>(local.hits, Tier::kHost)});
+    return future;
+  }
+  // The daemon counts this lookup; the keys the directory settled count here.
+  conn.NoteLocalLookups(0, local.hits, local.hits);
+  const size_t hits = local.hits;
+  conn.Call(wire::MakeLookup(ns, keys.subspan(hits)), [promise, hits](Result<v1::Response> r) {
     if (!r.ok()) return promise->set_value(r.status());
     LookupResult out;
-    out.prefix_blocks = r->lookup().prefix_blocks();
+    out.prefix_blocks = hits + r->lookup().prefix_blocks();
+    out.tiers.assign(hits, Tier::kHost);
     for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
     promise->set_value(std::move(out));
   }, reader);
@@ -144,10 +162,43 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     promise->set_value(std::vector<Result<size_t>>(keys.size(), s));
     return future;
   }
+  // Copy what the directory settles; Pin the rest.
+  std::vector<Result<size_t>> out(keys.size(), Result<size_t>(size_t{0}));  // every slot is overwritten
+  std::vector<size_t> ask;  // indices left to the daemon
+  if (const DirectoryReader* dir = conn.directory()) {
+    std::vector<BlockKey> used;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto copied = internal::CopyFromDirectory(*dir, conn.arena(), conn.namespaces()[ns], keys[i], dst[i],
+                                                conn.verify_checksums());
+      if (!copied) {
+        ask.push_back(i);
+        continue;
+      }
+      if (copied->ok()) used.push_back(keys[i]);
+      out[i] = std::move(*copied);
+    }
+    conn.NoteDirectoryUses(ns, used);
+  } else {
+    for (size_t i = 0; i < keys.size(); ++i) ask.push_back(i);
+  }
+  if (ask.empty()) {
+    promise->set_value(std::move(out));
+    return future;
+  }
+  std::vector<BlockKey> ask_keys;
+  std::vector<std::span<std::byte>> ask_dst;
+  for (size_t i : ask) {
+    ask_keys.push_back(keys[i]);
+    ask_dst.push_back(dst[i]);
+  }
   Connection* c = &conn;
-  conn.Call(wire::MakePin(ns, keys), [c, dst = std::move(dst), promise](Result<v1::Response> r) {
-    promise->set_value(CopyPinned(*c, r, dst));
-  }, reader);
+  conn.Call(wire::MakePin(ns, ask_keys),
+            [c, ask = std::move(ask), ask_dst = std::move(ask_dst), out = std::move(out), promise](
+                Result<v1::Response> r) mutable {
+              std::vector<Result<size_t>> pinned = CopyPinned(*c, r, ask_dst);
+              for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
+              promise->set_value(std::move(out));
+            }, reader);
   return future;
 }
 

@@ -73,6 +73,7 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
   conn->max_frame_bytes_ = options.max_frame_bytes;
   conn->verify_checksums_ = options.verify_checksums;
   conn->spin_wait_us_ = options.spin_wait_us;
+  conn->use_directory_ = options.use_directory;
   Result<int> fd = ConnectUnix(options.socket_path);
   if (!fd.ok()) return fd.status();
   conn->fd_ = *fd;
@@ -93,9 +94,17 @@ Status Connection::Hello(const ClientOptions& options) {
   if (!s.ok()) return s;
 
   uint8_t header[kFrameHeaderBytes];
-  int arena_fd = -1;
-  s = ReadAllWithFd(fd_, header, sizeof(header), &arena_fd);
-  if (!s.ok()) return Unavailable("no Hello response from kvtierd: " + s.message());
+  std::vector<int> fds;
+  s = ReadAllWithFds(fd_, header, sizeof(header), &fds);
+  // fds[0] is the arena, fds[1] (if any) the block directory.
+  int arena_fd = fds.empty() ? -1 : fds[0];
+  int directory_fd = fds.size() > 1 ? fds[1] : -1;
+  for (size_t i = 2; i < fds.size(); ++i) ::close(fds[i]);
+  if (!s.ok()) {
+    if (arena_fd >= 0) ::close(arena_fd);
+    if (directory_fd >= 0) ::close(directory_fd);
+    return Unavailable("no Hello response from kvtierd: " + s.message());
+  }
   const uint32_t length = DecodeFrameHeader(header);
   std::string body(length, '\0');
   if (length > max_frame_bytes_) s = ProtocolError("Hello response over the frame cap");
@@ -106,9 +115,14 @@ Status Connection::Hello(const ClientOptions& options) {
   if (s.ok() && arena_fd < 0) s = ProtocolError("kvtierd sent no arena fd with its Hello response");
   if (!s.ok()) {
     if (arena_fd >= 0) ::close(arena_fd);
+    if (directory_fd >= 0) ::close(directory_fd);
     return s;
   }
   const auto& body_hello = response.hello();
+  if (directory_fd >= 0) {
+    if (use_directory_ && body_hello.directory_bytes() > 0) AttachDirectory(directory_fd, body_hello.directory_bytes());
+    ::close(directory_fd);  // a mapping keeps the memfd alive
+  }
   struct stat st {};
   if (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
     ::close(arena_fd);
@@ -127,16 +141,49 @@ Status Connection::Hello(const ClientOptions& options) {
   return Status::Ok();
 }
 
+void Connection::AttachDirectory(int fd, uint64_t bytes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) return;
+  void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return;
+  auto reader = DirectoryReader::Attach(static_cast<const std::byte*>(base), bytes);
+  if (!reader.ok()) {
+    ::munmap(base, bytes);
+    return;
+  }
+  directory_map_ = static_cast<const std::byte*>(base);
+  directory_bytes_ = bytes;
+  directory_.emplace(*reader);
+}
+
+const DirectoryReader* Connection::directory() {
+  if (!directory_ || hung_up_.load(std::memory_order_relaxed)) return nullptr;
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch()).count();
+  int64_t checked_ns = liveness_checked_ns_.load(std::memory_order_relaxed);
+  // One thread per interval polls; the others go on.
+  if (now_ns - checked_ns >= std::chrono::nanoseconds(kLivenessInterval).count() &&
+      liveness_checked_ns_.compare_exchange_strong(checked_ns, now_ns, std::memory_order_relaxed)) {
+    pollfd p{fd_, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+      hung_up_.store(true, std::memory_order_relaxed);
+      return nullptr;
+    }
+  }
+  return &*directory_;
+}
+
 Connection::~Connection() {
   Close();
   if (fd_ >= 0) ::close(fd_);
   if (arena_ != nullptr) ::munmap(arena_, arena_bytes_);
+  if (directory_map_ != nullptr) ::munmap(const_cast<std::byte*>(directory_map_), directory_bytes_);
 }
 
 void Connection::Close() {
   {
     std::unique_lock lock(mu_);
-    if (!closed_ && !deferred_leases_.empty()) FlushDeferred(lock);  // best effort
+    if (!closed_ && !deferred_.empty()) FlushDeferred(lock);  // best effort
   }
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes a reader blocked in recv
   Fail(Unavailable("the client closed the connection"));
@@ -161,7 +208,7 @@ bool Connection::BackgroundHasWork() const {
 
 void Connection::Call(v1::Request request, Done done, Reader reader) {
   uint64_t id = 0;
-  std::vector<uint64_t> releases;  // deferred ones ride along
+  Deferred deferred;  // deferred frames ride along
   {
     std::unique_lock lock(mu_);
     if (closed_) {
@@ -173,10 +220,10 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
     id = next_id_++;
     pending_.emplace(id, Pending{std::move(done), reader});
     Track(reader, +1);
-    releases.swap(deferred_leases_);
+    std::swap(deferred, deferred_);
   }
   request.set_id(id);
-  Status s = WriteFrames(releases, &request);
+  Status s = WriteFrames(deferred, &request);
   if (s.ok()) return;
   Done failed;
   {
@@ -190,36 +237,82 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
   failed(s);
 }
 
-Status Connection::WriteFrames(std::span<const uint64_t> releases, const v1::Request* request) {
+std::chrono::steady_clock::time_point Connection::Deferred::Due() const {
+  auto due = std::chrono::steady_clock::time_point::max();
+  if (!leases.empty()) due = std::min(due, leases_since + kReleaseDelay);
+  if (!uses.empty()) due = std::min(due, uses_since + kUsageDelay);
+  if (lookups != 0 || lookup_keys != 0) due = std::min(due, counters_since + kCountersDelay);
+  return due;
+}
+
+Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* request) {
   std::lock_guard lock(write_mu_);
   write_buffer_.clear();
-  if (!releases.empty()) {
-    // A few hundred leases: always far below any frame cap.
-    AppendFrame(wire::MakeReleaseNoReply(releases), max_frame_bytes_, write_buffer_).IgnoreError();
+  // At most a few hundred leases or keys: always far below any frame cap.
+  if (!deferred.leases.empty()) {
+    AppendFrame(wire::MakeReleaseNoReply(deferred.leases), max_frame_bytes_, write_buffer_).IgnoreError();
+  }
+  if (!deferred.uses.empty() || deferred.lookups != 0 || deferred.lookup_keys != 0) {
+    AppendFrame(wire::MakeUsageReport(deferred.uses, deferred.lookups, deferred.lookup_keys, deferred.lookup_hits),
+                max_frame_bytes_, write_buffer_)
+        .IgnoreError();
   }
   Status framed = request != nullptr ? AppendFrame(*request, max_frame_bytes_, write_buffer_) : Status::Ok();
   Status written = write_buffer_.empty() ? Status::Ok() : WriteAll(fd_, write_buffer_.data(), write_buffer_.size());
   return framed.ok() ? written : framed;
 }
 
+void Connection::DeferredAdded(bool was_empty, std::chrono::steady_clock::time_point due_before) {
+  // A timed wait wakes by itself, unless the new note is due sooner.
+  if (background_timed_wait_ ? deferred_.Due() < due_before : was_empty) bg_cv_.notify_one();
+}
+
 void Connection::ReleaseLater(std::span<const uint64_t> leases) {
   if (leases.empty()) return;
   std::unique_lock lock(mu_);
   if (closed_) return;
-  if (deferred_leases_.empty()) {
-    deferred_since_ = std::chrono::steady_clock::now();
-    if (!background_timed_wait_) bg_cv_.notify_one();  // arm its timer; it then wakes by itself
-  }
-  deferred_leases_.insert(deferred_leases_.end(), leases.begin(), leases.end());
-  if (deferred_leases_.size() >= kMaxDeferredLeases) FlushDeferred(lock);
+  const bool was_empty = deferred_.empty();
+  const auto due_before = deferred_.Due();
+  deferred_last_ = std::chrono::steady_clock::now();
+  if (deferred_.leases.empty()) deferred_.leases_since = deferred_last_;
+  deferred_.leases.insert(deferred_.leases.end(), leases.begin(), leases.end());
+  DeferredAdded(was_empty, due_before);
+  if (deferred_.leases.size() >= kMaxDeferredLeases) FlushDeferred(lock);
+}
+
+void Connection::NoteDirectoryUses(uint32_t ns, std::span<const BlockKey> keys) {
+  if (keys.empty()) return;
+  std::unique_lock lock(mu_);
+  if (closed_) return;
+  const bool was_empty = deferred_.empty();
+  const auto due_before = deferred_.Due();
+  deferred_last_ = std::chrono::steady_clock::now();
+  if (deferred_.uses.empty()) deferred_.uses_since = deferred_last_;
+  for (const BlockKey& key : keys) deferred_.uses.emplace_back(ns, key);
+  DeferredAdded(was_empty, due_before);
+  if (deferred_.uses.size() >= kMaxDeferredUses) FlushDeferred(lock);
+}
+
+void Connection::NoteLocalLookups(uint64_t lookups, uint64_t keys, uint64_t hits) {
+  if (lookups == 0 && keys == 0) return;
+  std::unique_lock lock(mu_);
+  if (closed_) return;
+  const bool was_empty = deferred_.empty();
+  const auto due_before = deferred_.Due();
+  deferred_last_ = std::chrono::steady_clock::now();
+  if (deferred_.lookups == 0 && deferred_.lookup_keys == 0) deferred_.counters_since = deferred_last_;
+  deferred_.lookups += lookups;
+  deferred_.lookup_keys += keys;
+  deferred_.lookup_hits += hits;
+  DeferredAdded(was_empty, due_before);
 }
 
 void Connection::FlushDeferred(std::unique_lock<std::mutex>& lock) {
-  std::vector<uint64_t> releases;
-  releases.swap(deferred_leases_);
+  Deferred deferred;
+  std::swap(deferred, deferred_);
   lock.unlock();
   // A failed write means the connection is gone, and the leases with it.
-  WriteFrames(releases, nullptr).IgnoreError();
+  WriteFrames(deferred, nullptr).IgnoreError();
   lock.lock();
 }
 
@@ -259,11 +352,11 @@ void Connection::BackgroundLoop() {
       continue;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (deferred_leases_.empty()) {
-      // While releases keep coming, tick every kReleaseDelay instead of
+    if (deferred_.empty()) {
+      // While notes keep coming, tick every kReleaseDelay instead of
       // sleeping until notified: a wake-up per copying get would cost more
       // than the get's own round trip.
-      if (now - deferred_since_ > kReleaseTickLinger) {
+      if (now - deferred_last_ > kReleaseTickLinger) {
         bg_cv_.wait(lock);
         continue;
       }
@@ -272,7 +365,7 @@ void Connection::BackgroundLoop() {
       background_timed_wait_ = false;
       continue;
     }
-    const auto due = deferred_since_ + kReleaseDelay;
+    const auto due = deferred_.Due();
     if (now >= due) {
       FlushDeferred(lock);
       continue;

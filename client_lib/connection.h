@@ -12,12 +12,15 @@
 // Releases nobody waits for are deferred: they ride in one Release{no_reply}
 // frame in front of the next request (same write), or the background thread
 // sends them kReleaseDelay later if no request comes. A copying get thus
-// costs one round trip, not a round trip plus a frame and its answer.
+// costs one round trip, not a round trip plus a frame and its answer. Reads
+// served from the block directory are reported the same way (a UsageReport
+// frame, due kUsageDelay / kCountersDelay later).
 //
 // Thread-safe. Callbacks run on the reading thread, one at a time; they may
 // issue further calls but must never wait for one.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -26,12 +29,14 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/block_directory.h"
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -74,6 +79,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Leases queued on a closed connection are dropped (the daemon released
   // them with the connection).
   void ReleaseLater(std::span<const uint64_t> leases);
+  // Reports blocks of namespace `ns` copied out through the directory, and
+  // lookups answered from it (`lookups` calls covering `keys` keys, of which
+  // `hits` hit), deferred like releases. Never blocks on the daemon.
+  void NoteDirectoryUses(uint32_t ns, std::span<const BlockKey> keys);
+  void NoteLocalLookups(uint64_t lookups, uint64_t keys, uint64_t hits);
 
   // Shuts the socket down, fails pending calls, joins the background reader.
   // Idempotent. The fd itself is closed by the destructor.
@@ -85,6 +95,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Result<std::span<std::byte>> Slot(uint64_t offset, uint64_t length) const;
   const std::vector<NamespaceFingerprint>& namespaces() const { return namespaces_; }
   bool verify_checksums() const { return verify_checksums_; }
+  // The daemon's block directory; null when it offers none, the client
+  // opted out (ClientOptions::use_directory), or the daemon hung up (checked
+  // with a non-blocking poll at most every kLivenessInterval, so calls stop
+  // being served from a dead daemon's table within about that long).
+  const DirectoryReader* directory();
 
  private:
   struct Pending {
@@ -98,6 +113,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // unevictable.
   static constexpr std::chrono::microseconds kReleaseDelay{1000};
   static constexpr size_t kMaxDeferredLeases = 256;
+  // Directory reads only steer eviction order: reported less eagerly.
+  static constexpr std::chrono::microseconds kUsageDelay{10000};
+  static constexpr size_t kMaxDeferredUses = 256;
+  // Local lookups only feed counters.
+  static constexpr std::chrono::microseconds kCountersDelay{100000};
+  static constexpr std::chrono::microseconds kLivenessInterval{1000};
+
+  // What goes to the daemon unasked: leases to release, directory reads and
+  // lookups to report. Empty when nothing is waiting.
+  struct Deferred {
+    std::vector<uint64_t> leases;
+    std::vector<std::pair<uint32_t, BlockKey>> uses;  // namespace index, key
+    uint64_t lookups = 0, lookup_keys = 0, lookup_hits = 0;
+    std::chrono::steady_clock::time_point leases_since, uses_since, counters_since;
+    bool empty() const { return leases.empty() && uses.empty() && lookups == 0 && lookup_keys == 0; }
+    // When the oldest waiting item is due.
+    std::chrono::steady_clock::time_point Due() const;
+  };
   // How long the background thread keeps ticking after the last deferred
   // release before it sleeps until notified.
   static constexpr std::chrono::milliseconds kReleaseTickLinger{50};
@@ -110,12 +143,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status Hello(const ClientOptions& options);
   void Drive(const std::function<bool()>& ready);
   void BackgroundLoop();
-  // Frames the deferred releases (if `releases` is not empty) and then
-  // `request` (if not null) into one write. Takes write_mu_; caller must not
-  // hold mu_. A request over the frame cap fails alone: the releases still go.
-  Status WriteFrames(std::span<const uint64_t> releases, const v1::Request* request);
-  // Sends the deferred releases now; `lock` holds mu_ (released meanwhile).
+  // Frames `deferred` (a Release{no_reply} and a UsageReport, each only if
+  // needed) and then `request` (if not null) into one write. Takes
+  // write_mu_; caller must not hold mu_. A request over the frame cap fails
+  // alone: the deferred frames still go.
+  Status WriteFrames(const Deferred& deferred, const v1::Request* request);
+  // Sends everything deferred now; `lock` holds mu_ (released meanwhile).
   void FlushDeferred(std::unique_lock<std::mutex>& lock);
+  // Caller holds mu_ and has just added to deferred_, which was `was_empty`
+  // and due at `due_before`: wakes the background thread when it would not
+  // wake in time by itself.
+  void DeferredAdded(bool was_empty, std::chrono::steady_clock::time_point due_before);
+  // Maps the directory memfd read-only; on any failure the client simply
+  // runs without a directory (logged nowhere: the socket path is complete).
+  void AttachDirectory(int fd, uint64_t bytes);
   // Takes the reader role (precondition: nobody holds it; `lock` holds mu_),
   // reads and dispatches without mu_, hands the role back and wakes waiters.
   void ReadAsLeader(std::unique_lock<std::mutex>& lock);
@@ -132,7 +173,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t max_frame_bytes_ = 0;
   bool verify_checksums_ = false;
   uint32_t spin_wait_us_ = 0;
+  bool use_directory_ = true;
   std::vector<NamespaceFingerprint> namespaces_;
+  const std::byte* directory_map_ = nullptr;  // read-only mapping, or null
+  size_t directory_bytes_ = 0;
+  std::optional<DirectoryReader> directory_;
+  std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
+  std::atomic<bool> hung_up_{false};
 
   std::mutex write_mu_;       // serializes frames on the socket
   std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
@@ -144,8 +191,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::condition_variable cv_;                    // reader role freed, or closed
   std::condition_variable bg_cv_;                 // background reader may have work, or closed
   int role_waiters_ = 0;                           // guarded by mu_: callers blocked on cv_
-  std::vector<uint64_t> deferred_leases_;          // guarded by mu_
-  std::chrono::steady_clock::time_point deferred_since_;  // guarded by mu_: oldest deferred lease
+  Deferred deferred_;                               // guarded by mu_
+  std::chrono::steady_clock::time_point deferred_last_;  // guarded by mu_: when something was last deferred
   bool background_timed_wait_ = false;  // guarded by mu_: the background thread will wake by itself
   std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
   int background_pending_ = 0;                     // guarded by mu_

@@ -72,19 +72,23 @@ Status ReadAll(int fd, void* data, size_t len) {
   return Status::Ok();
 }
 
-Result<size_t> SendWithFd(int sock, const void* data, size_t len, int passed_fd) {
+Result<size_t> SendWithFds(int sock, const void* data, size_t len, std::span<const int> fds) {
+  if (fds.empty() || fds.size() > kMaxPassedFds) {
+    return InvalidArgument("SendWithFds passes 1.." + std::to_string(kMaxPassedFds) + " fds, got " +
+                           std::to_string(fds.size()));
+  }
   iovec iov{const_cast<void*>(data), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &passed_fd, sizeof(int));
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
   for (;;) {
     ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (n >= 0) return static_cast<size_t>(n);
@@ -94,13 +98,12 @@ Result<size_t> SendWithFd(int sock, const void* data, size_t len, int passed_fd)
   }
 }
 
-Status ReadAllWithFd(int sock, void* data, size_t len, int* received_fd) {
-  *received_fd = -1;
+Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received) {
   char* p = static_cast<char*>(data);
   size_t got = 0;
   while (got < len) {
     iovec iov{p + got, len - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -116,12 +119,12 @@ Status ReadAllWithFd(int sock, void* data, size_t len, int* received_fd) {
                          std::to_string(len) + " bytes");
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
         int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        if (*received_fd >= 0) ::close(*received_fd);
-        *received_fd = fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        received->push_back(fd);
       }
     }
     got += static_cast<size_t>(n);

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kvtier/result.h"
 
@@ -22,13 +24,17 @@ Status WriteAll(int fd, const void* data, size_t len);
 // message says how many arrived), IoError otherwise.
 Status ReadAll(int fd, void* data, size_t len);
 
-// Sends `len` (> 0) bytes with `passed_fd` attached as SCM_RIGHTS. Returns
-// the number of bytes sent (may be short on a non-blocking socket; the fd
-// travels with the first byte), or IoError / Busy (EAGAIN before any byte).
-Result<size_t> SendWithFd(int sock, const void* data, size_t len, int passed_fd);
+// Most fds one message carries.
+inline constexpr size_t kMaxPassedFds = 4;
 
-// Reads exactly `len` bytes; if an fd arrives as SCM_RIGHTS with them it is
-// stored in *received_fd (close-on-exec), else *received_fd is -1.
-Status ReadAllWithFd(int sock, void* data, size_t len, int* received_fd);
+// Sends `len` (> 0) bytes with `fds` (1..kMaxPassedFds) attached as
+// SCM_RIGHTS. Returns the number of bytes sent (may be short on a
+// non-blocking socket; the fds travel with the first byte), or IoError /
+// Busy (EAGAIN before any byte).
+Result<size_t> SendWithFds(int sock, const void* data, size_t len, std::span<const int> fds);
+
+// Reads exactly `len` bytes; fds that arrive with them as SCM_RIGHTS are
+// appended to *received in order (close-on-exec, owned by the caller).
+Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received);
 
 }  // namespace kvtier

@@ -37,6 +37,12 @@ constexpr OptionSpec kOptions[] = {
      "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
      "warning and continues unlocked.",
      nullptr, &DaemonConfig::host_lock_memory},
+    {"host.directory", OptionType::kBool, "true", 0, 1, "", false,
+     "Publish host blocks in a read-only shared table so clients serve lookups and copying gets without a round trip.",
+     &DaemonConfig::host_directory, nullptr},
+    {"host.directory_slots", OptionType::kInt, "0", 0, 1 << 26, "", false,
+     "Slots of that table (rounded up to a power of two; holds 3/4 as many blocks); 0: one per 48 KiB of arena.",
+     &DaemonConfig::host_directory_slots, nullptr},
     {"nvme.path", OptionType::kString, "\"\"", 0, 0, "", false,
      "File or block device of the NVMe tier; empty runs without one.",
      nullptr, &DaemonConfig::nvme_path, /*may_be_empty=*/true},

@@ -59,11 +59,33 @@ void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_
   }
 }
 
-// Removes the committed, unpinned block `key` (evicted or erased). Caller
-// holds shard.mu.
+// Makes the just-committed `entry` of `key` visible to clients' directory
+// reads (when the host tier has a directory). Caller holds the shard lock.
+void Publish(HostTier& host, const BlockKey& key, BlockEntry& entry) {
+  HostDirectory* dir = host.directory();
+  if (dir != nullptr) entry.published = dir->Publish(entry.ns, key, entry.extent.offset, entry.size, entry.checksum);
+}
+
+// Takes the committed `entry` of `key` out of the directory. Must run before
+// its extent is freed or can be reused (the directory's extent-safety rule).
+// Caller holds the shard lock.
+void Withdraw(HostTier& host, const BlockKey& key, BlockEntry& entry) {
+  HostDirectory* dir = host.directory();
+  if (dir == nullptr) return;
+  if (entry.published) {
+    dir->Withdraw(key);
+  } else {
+    dir->ForgetUnpublished();
+  }
+  entry.published = false;
+}
+
+// Removes the committed block `key` (evicted or erased); a pinned one
+// becomes a zombie. Caller holds shard.mu.
 void RemoveCommitted(EngineShard& shard, HostTier& host,
                      std::unordered_map<BlockKey, BlockEntry>::iterator it) {
   BlockEntry& entry = it->second;
+  Withdraw(host, it->first, entry);
   shard.policy->OnRemove(entry.handle);
   shard.committed.erase(entry.handle);
   shard.stored_bytes -= entry.size;
@@ -82,6 +104,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock,
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<EngineShard>(MakePolicy(options.eviction)));
   }
+  if (host_.directory() != nullptr) host_.directory()->SetLowerTiers(nvme_ != nullptr);
 }
 
 Engine::~Engine() { WaitForIdle(); }
@@ -241,6 +264,7 @@ std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint
     shard.policy->OnInsert(entry.handle, now);
     shard.stored_bytes += entry.size;
     shard.sessions[session].reserved.erase(key);
+    Publish(host_, key, entry);
     Bump(counters_.commits);
   }
   return out;
@@ -375,6 +399,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       shard.committed.emplace(entry.handle, key);
       shard.policy->OnInsert(entry.handle, now);
       shard.stored_bytes += entry.size;
+      Publish(host_, key, entry);
       for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->session, key, now));
       Bump(counters_.promotions);
     } else {
@@ -425,6 +450,33 @@ std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> 
   }
   return out;
 }
+
+size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  const uint64_t now = clock_.NowUs();
+  size_t counted = 0;
+  for (const BlockKey& key : keys) {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    auto it = shard.index.find(key);
+    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) continue;
+    it->second.hits++;
+    it->second.last_use_us = now;
+    shard.policy->OnAccess(it->second.handle, now);
+    ++counted;
+  }
+  Bump(counters_.directory_uses, static_cast<int64_t>(counted));
+  Bump(counters_.directory_stale_uses, static_cast<int64_t>(keys.size() - counted));
+  return counted;
+}
+
+void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks) {
+  Bump(counters_.lookups, lookups);
+  Bump(counters_.local_lookups, lookups);
+  Bump(counters_.lookup_keys, keys);
+  Bump(counters_.lookup_hit_blocks, hit_blocks);
+}
+
+void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   size_t erased = 0;
@@ -519,6 +571,7 @@ bool Engine::EvictOne() {
   const HostTier::Extent extent = it->second.extent;
   const uint64_t size = it->second.size;
   const uint64_t checksum = it->second.checksum;
+  Withdraw(host_, victim, it->second);
   shard.policy->OnRemove(it->second.handle);
   shard.committed.erase(it->second.handle);
   shard.stored_bytes -= size;
@@ -597,6 +650,10 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
   v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
   v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
+  v.Visit("engine.directory_uses", load(counters_.directory_uses));
+  v.Visit("engine.directory_stale_uses", load(counters_.directory_stale_uses));
+  v.Visit("engine.local_lookups", load(counters_.local_lookups));
+  v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
   host_.VisitCounters(v);
   if (nvme_ != nullptr) nvme_->VisitCounters(v);
 }

@@ -127,6 +127,17 @@ class Engine {
   // (held by another session).
   std::vector<Status> Release(SessionId session, std::span<const LeaseId> leases);
 
+  // Uses clients made of host blocks through the block directory (copying
+  // gets that needed no Pin), reported after the fact: each block of `keys`
+  // still committed under `ns` counts a use (recency, hits), the others
+  // (evicted or erased since) are skipped. Returns how many counted.
+  size_t RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  // Lookups clients answered from the block directory: added to the lookup
+  // counters (and to engine.local_lookups).
+  void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
+  // A usage report named an unregistered namespace or carried bad keys.
+  void RecordBadUsageReport();
+
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
@@ -185,6 +196,7 @@ class Engine {
     std::atomic<int64_t> sessions_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
     std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0};
+    std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
   };
   mutable Counters counters_;
 };

@@ -28,6 +28,7 @@ struct BlockEntry {
   bool allocated = false;
   bool committed = false;
   bool promoting = false;   // being read in from the NVMe tier (invisible)
+  bool published = false;   // in the host tier's block directory (committed only)
   uint32_t pins = 0;        // live leases; > 0 means never evicted
   uint64_t hits = 0;
   uint64_t last_use_us = 0;

@@ -2,6 +2,8 @@
 //   kvtierd [--config FILE] [--socket PATH] [--print-default-config]
 // SIGTERM / SIGINT drain in-flight requests and exit 0.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <bit>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -23,6 +25,13 @@ HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
   return HostArenaOptions::LockMode::kBestEffort;
 }
 
+// Slots of the host tier's block directory; 0 when it is off.
+uint32_t DirectorySlots(const DaemonConfig& config) {
+  if (config.host_directory == 0) return 0;
+  if (config.host_directory_slots == 0) return HostDirectory::DefaultSlots(static_cast<uint64_t>(config.host_capacity_bytes));
+  return std::bit_ceil(static_cast<uint32_t>(std::max<int64_t>(config.host_directory_slots, 2)));
+}
+
 int Serve(const DaemonConfig& config) {
   // Block the stop signals in every thread; main waits for them below.
   sigset_t stop_signals;
@@ -34,7 +43,7 @@ int Serve(const DaemonConfig& config) {
   HostArenaOptions arena;
   arena.capacity_bytes = static_cast<uint64_t>(config.host_capacity_bytes);
   arena.lock = ParseLockMode(config.host_lock_memory);
-  auto host = HostTier::Open(arena);
+  auto host = HostTier::Open(arena, DirectorySlots(config));
   if (!host.ok()) {
     spdlog::critical("host tier: {}", host.status().ToString());
     return 1;
@@ -61,9 +70,12 @@ int Serve(const DaemonConfig& config) {
     return 1;
   }
   spdlog::info("kvtierd {} listening on {}", KVTIER_VERSION, (*server)->socket_path());
-  spdlog::info("tier host: {} bytes shared-memory arena ({}), eviction {}",
+  spdlog::info("tier host: {} bytes shared-memory arena ({}), eviction {}, block directory {}",
                config.host_capacity_bytes, (*host)->locked() ? "locked in memory" : "NOT locked",
-               config.engine_eviction);
+               config.engine_eviction,
+               (*host)->directory() != nullptr
+                   ? std::to_string((*host)->directory()->bytes()) + " bytes"
+                   : std::string("off"));
   std::printf("socket: %s\ntiers: host%s\n", (*server)->socket_path().c_str(), *nvme ? " nvme" : "");
   std::fflush(stdout);
 

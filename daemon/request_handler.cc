@@ -40,6 +40,9 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       HandleRelease(request.release(), response);
       return {.no_response = request.release().no_reply()};
     case v1::Request::kErase: HandleErase(request.erase(), response); break;
+    case v1::Request::kUsage:
+      HandleUsageReport(request.usage());
+      return {.no_response = true};
     case v1::Request::kStats: HandleStats(response); break;
     default:
       SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +
@@ -84,6 +87,7 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
   body->set_arena_bytes(context_.arena_bytes);
   body->set_max_frame_bytes(context_.max_frame_bytes);
   body->set_daemon_version(KVTIER_VERSION);
+  body->set_directory_bytes(context_.directory_fd >= 0 ? context_.directory_bytes : 0);
   SetStatus(response, Status::Ok());
   return {.attach_arena_fd = true};
 }
@@ -94,6 +98,21 @@ Result<NamespaceFingerprint> RequestHandler::Namespace(uint32_t ns) const {
                            std::to_string(namespaces_.size()) + " registered at Hello)");
   }
   return namespaces_[ns];
+}
+
+void RequestHandler::HandleUsageReport(const v1::UsageReport& r) {
+  for (const auto& uses : r.uses()) {
+    auto ns = Namespace(uses.ns());
+    auto keys = wire::KeysFromProto(uses.keys());
+    if (!ns.ok() || !keys.ok()) {
+      context_.engine->RecordBadUsageReport();
+      continue;
+    }
+    context_.engine->RecordUses(*ns, *keys);
+  }
+  context_.engine->RecordLocalLookups(static_cast<int64_t>(r.local_lookups()),
+                                      static_cast<int64_t>(r.local_lookup_keys()),
+                                      static_cast<int64_t>(r.local_lookup_hit_blocks()));
 }
 
 void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& response) {

@@ -20,6 +20,11 @@ struct HandlerContext {
   Engine* engine = nullptr;             // borrowed
   uint64_t arena_bytes = 0;
   uint32_t max_frame_bytes = 0;
+  // The memfds a successful Hello passes (not owned): the arena, and the
+  // block directory (-1 and 0 bytes: none).
+  int arena_fd = -1;
+  int directory_fd = -1;
+  uint64_t directory_bytes = 0;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
 };
@@ -31,9 +36,9 @@ class RequestHandler {
       : context_(context), session_(session) {}
 
   struct Outcome {
-    bool attach_arena_fd = false;  // send the arena memfd with this response
+    bool attach_arena_fd = false;  // send the arena (and directory) memfds with this response
     bool close_after = false;      // close the connection after sending it
-    bool no_response = false;      // send nothing (a Release with no_reply)
+    bool no_response = false;      // send nothing (Release with no_reply, UsageReport)
   };
 
   // Fills `response` (id, status, body) for `request`. Never throws. A Pin
@@ -59,6 +64,9 @@ class RequestHandler {
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);
+  // Feeds a client's report of directory reads and local lookups to the
+  // engine. Never answered; a malformed report is dropped and counted.
+  void HandleUsageReport(const v1::UsageReport& r);
 
   const HandlerContext& context_;
   const SessionId session_;

@@ -89,6 +89,11 @@ Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
       acceptor_(*contexts_[0]) {
   context_.engine = &engine;
   context_.arena_bytes = host.capacity_bytes();
+  context_.arena_fd = host.memfd();
+  if (host.directory() != nullptr) {
+    context_.directory_fd = host.directory()->fd();
+    context_.directory_bytes = host.directory()->bytes();
+  }
   context_.max_frame_bytes = options.max_frame_bytes;
   context_.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
 }
@@ -135,7 +140,7 @@ asio::awaitable<void> Server::AcceptLoop() {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
       SessionId id = next_session_++;
-      session = std::make_shared<Session>(std::move(socket), id, context_, host_.memfd(), session_counters_);
+      session = std::make_shared<Session>(std::move(socket), id, context_, session_counters_);
       sessions_.emplace(id, session);
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);

@@ -14,12 +14,10 @@
 
 namespace kvtier {
 
-Session::Session(Socket socket, SessionId id, const HandlerContext& context, int arena_fd,
-                 SessionCounters& counters)
+Session::Session(Socket socket, SessionId id, const HandlerContext& context, SessionCounters& counters)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
-      arena_fd_(arena_fd),
       counters_(counters),
       handler_(context, id) {}
 
@@ -166,8 +164,10 @@ asio::awaitable<bool> Session::SendWithArenaFd(const v1::Response& response) {
   AppendFrame(response, frame);
   size_t sent = 0;
   asio::error_code ec;
+  const int fds[] = {context_.arena_fd, context_.directory_fd};
+  const std::span<const int> passed(fds, context_.directory_fd >= 0 ? 2 : 1);
   for (;;) {
-    Result<size_t> n = SendWithFd(socket_.native_handle(), frame.data(), frame.size(), arena_fd_);
+    Result<size_t> n = SendWithFds(socket_.native_handle(), frame.data(), frame.size(), passed);
     if (n.ok()) {
       sent = *n;
       break;

@@ -27,9 +27,8 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   using Socket = asio::local::stream_protocol::socket;
 
-  // `context`, `counters` are borrowed; `arena_fd` is not owned.
-  Session(Socket socket, SessionId id, const HandlerContext& context, int arena_fd,
-          SessionCounters& counters);
+  // `context`, `counters` are borrowed.
+  Session(Socket socket, SessionId id, const HandlerContext& context, SessionCounters& counters);
 
   SessionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
@@ -49,7 +48,8 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
   // Writes write_buffer_ (all answers gathered so far) and empties it.
   asio::awaitable<bool> Flush();
-  // Writes one framed response with the arena fd attached to its first byte.
+  // Writes one framed response with the arena fd (and the directory fd, if
+  // any) attached to its first byte.
   asio::awaitable<bool> SendWithArenaFd(const v1::Response& response);
   // Closes the socket and the engine session.
   asio::awaitable<void> Close();
@@ -57,7 +57,6 @@ class Session : public std::enable_shared_from_this<Session> {
   Socket socket_;
   const SessionId id_;
   const HandlerContext& context_;
-  const int arena_fd_;
   SessionCounters& counters_;
   RequestHandler handler_;
   std::string write_buffer_;

@@ -135,6 +135,28 @@ v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases) {
   return r;
 }
 
+v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
+                            uint64_t lookup_keys, uint64_t lookup_hits) {
+  v1::Request r;
+  auto* report = r.mutable_usage();
+  for (const auto& [ns, key] : uses) {
+    v1::UsageReport::Uses* group = nullptr;
+    for (auto& g : *report->mutable_uses()) {
+      if (g.ns() == ns) group = &g;
+    }
+    if (group == nullptr) {
+      group = report->add_uses();
+      group->set_ns(ns);
+    }
+    group->add_keys(key.hi);
+    group->add_keys(key.lo);
+  }
+  report->set_local_lookups(lookups);
+  report->set_local_lookup_keys(lookup_keys);
+  report->set_local_lookup_hit_blocks(lookup_hits);
+  return r;
+}
+
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   v1::Request r;
   FillKeyed(r.mutable_erase(), ns, keys);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -43,6 +44,10 @@ v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeRelease(std::span<const uint64_t> leases);
 // A Release the daemon does not answer (ReleaseRequest.no_reply).
 v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);
+// A UsageReport: `uses` (namespace index, key) grouped per namespace in
+// first-seen order, plus the local lookup counts.
+v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
+                            uint64_t lookup_keys, uint64_t lookup_hits);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeStats();
 

@@ -50,6 +50,7 @@ struct Report {
   uint64_t working_set_bytes = 0;
   double seconds_per_case = 0;
   size_t chain_blocks = 0;
+  bool use_directory = true;
   std::string redis;  // version line, or why there is none
   std::vector<CopyRow> copies;
   std::vector<LookupRow> lookups;
@@ -85,9 +86,16 @@ void PrintCopies(const Report& r) {
     std::printf("  %-8s %8s %7llu %9.2f %12.2f %9.2fx\n", c.op.c_str(), Bytes(c.block_bytes).c_str(),
                 (unsigned long long)c.blocks, c.gbps, c.memcpy_gbps, c.ratio());
   }
-  std::printf("\n  put      Client::Put: Reserve, memcpy caller -> arena, Commit (daemon checksums the block)\n"
-              "  get      Client::Get: Pin, memcpy arena -> caller buffer, Release (not waited for)\n"
-              "  get x16  Client::GetBatch of 16 blocks: one Pin, 16 copies, one Release (a prefix load)\n"
+  std::printf("\n  put      Client::Put: Reserve, memcpy caller -> arena, Commit (daemon checksums the block)\n");
+  if (r.use_directory) {
+    std::printf("  get      Client::Get: block directory lookup, memcpy arena -> caller buffer, seqlock check\n"
+                "           (no round trip; the use is reported to the daemon later, batched)\n"
+                "  get x16  Client::GetBatch of 16 blocks the same way (a prefix load)\n");
+  } else {
+    std::printf("  get      Client::Get: Pin, memcpy arena -> caller buffer, Release (not waited for)\n"
+                "  get x16  Client::GetBatch of 16 blocks: one Pin, 16 copies, one Release (a prefix load)\n");
+  }
+  std::printf(
               "  pin+sum  zero-copy: Pin, sum every 8-byte word of the view (reads, no copy), Release\n"
               "  memcpy   caller buffer i -> scratch buffer i, i cycling over %s\n",
               Bytes(r.working_set_bytes).c_str());
@@ -102,8 +110,11 @@ std::string Micros(double us) {
 
 void PrintLookups(const Report& r) {
   std::printf("\nLookup of a %zu-key chain (all committed: every Lookup is a full hit), one Client\n"
-              "connection per thread, beside redis-benchmark -t get -c N (%s):\n\n",
-              r.chain_blocks, r.redis.c_str());
+              "connection per thread, %s, beside redis-benchmark -t get -c N (%s):\n\n",
+              r.chain_blocks,
+              r.use_directory ? "answered from the block directory (shared memory, no round trip)"
+                              : "one socket round trip each (--no-directory)",
+              r.redis.c_str());
   std::printf("  %7s %13s %8s %8s | %13s %8s %8s | %12s\n", "clients", "lookup ops/s", "p50 us", "p99 us",
               "redis GET/s", "p50 us", "p99 us", "lookup/redis");
   for (const auto& l : r.lookups) {
@@ -193,6 +204,7 @@ Status WriteJson(const std::string& path, const Report& r) {
   out << "{\n  \"bench\": \"host\",\n  \"daemon\": " << JsonString(r.daemon)
       << ",\n  \"arena_bytes\": " << r.arena_bytes << ",\n  \"working_set_bytes\": " << r.working_set_bytes
       << ",\n  \"seconds_per_case\": " << r.seconds_per_case << ",\n  \"lookup_chain_blocks\": " << r.chain_blocks
+      << ",\n  \"use_directory\": " << (r.use_directory ? "true" : "false")
       << ",\n  \"redis\": " << JsonString(r.redis) << ",\n";
   WriteJsonCopies(out, r);
   WriteJsonLookups(out, r);
@@ -242,6 +254,7 @@ Status Measure(const HostBenchOptions& o, const std::string& dir, Report& report
   client_options.socket_path = report.socket_path;
   client_options.client_name = "kvtier-bench-host";
   client_options.namespaces = {BenchNamespace(salt)};
+  client_options.use_directory = o.use_directory;
   auto client = Client::Connect(client_options);
   if (!client.ok()) return client.status();
   report.arena_bytes = (*client)->arena().size();
@@ -253,7 +266,7 @@ Status Measure(const HostBenchOptions& o, const std::string& dir, Report& report
   report.copies = std::move(*copies);
 
   LookupBenchConfig config{report.socket_path, client_options.namespaces[0], o.lookup_chain_blocks,
-                           o.lookup_clients, o.seconds_per_case, "", "", ""};
+                           o.lookup_clients, o.seconds_per_case, o.use_directory, "", "", ""};
   auto redis = MaybeStartRedis(o, dir, config, report.redis);
   std::fprintf(stderr, "kvtier bench host: lookups (%zu client counts)...\n", o.lookup_clients.size());
   auto lookups = RunLookupBench(**client, 0, config);
@@ -278,6 +291,7 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
   Report report;
   report.seconds_per_case = o.seconds_per_case;
   report.chain_blocks = o.lookup_chain_blocks;
+  report.use_directory = o.use_directory;
   std::optional<StartedServer> daemon;
   if (o.socket_path.empty()) {
     const std::string path = o.kvtierd_path.empty() ? DefaultKvtierdPath() : o.kvtierd_path;
@@ -345,6 +359,8 @@ void AddHostBenchOptions(CLI::App& app, HostBenchOptions& o) {
   app.add_option("--redis-server", o.redis_server, "redis-server binary")->capture_default_str();
   app.add_option("--redis-benchmark", o.redis_benchmark, "redis-benchmark binary")->capture_default_str();
   app.add_option("--json", o.json_path, "Also write the results to this file as JSON");
+  app.add_flag("!--no-directory", o.use_directory,
+               "Clients do not use the block directory: every get and lookup is a socket round trip");
 }
 
 int RunHostBench(const HostBenchOptions& options) {

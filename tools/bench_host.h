@@ -33,6 +33,9 @@ struct HostBenchOptions {
   std::string redis_server = "redis-server";
   std::string redis_benchmark = "redis-benchmark";
   std::string json_path;  // empty: no JSON copy
+  // Clients use the daemon's block directory (ClientOptions::use_directory);
+  // --no-directory measures the socket path (every get a Pin round trip).
+  bool use_directory = true;
 };
 
 void AddHostBenchOptions(CLI::App& app, HostBenchOptions& options);

@@ -83,6 +83,7 @@ Status MeasureLookups(const LookupBenchConfig& config, const std::vector<BlockKe
   options.socket_path = config.kvtier_socket;
   options.client_name = "kvtier-bench-lookup";
   options.namespaces = {config.ns};
+  options.use_directory = config.use_directory;
   std::vector<std::unique_ptr<Client>> connections;
   for (int i = 0; i < clients; ++i) {
     auto c = Client::Connect(options);

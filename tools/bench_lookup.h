@@ -18,6 +18,7 @@ struct LookupBenchConfig {
   size_t chain_blocks = 64;        // keys per Lookup, all committed
   std::vector<int> client_counts;  // e.g. {1, 4, 16}
   double seconds_per_case = 2.0;
+  bool use_directory = true;  // ClientOptions::use_directory of the bench clients
   // redis-benchmark and the socket of a running redis-server; either empty:
   // no redis figures (`redis_missing_reason` says why).
   std::string redis_benchmark;

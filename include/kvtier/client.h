@@ -49,6 +49,12 @@ struct ClientOptions {
   // core between polls) before it sleeps. Trades client CPU for latency: a
   // sleep and wake-up costs tens of microseconds on a VM. 0 = always sleep.
   uint32_t spin_wait_us = 50;
+  // Serve Lookup and copying Get/GetBatch of host-resident blocks from the
+  // daemon's block directory (read-only shared memory: no round trip) when
+  // kvtierd offers one. Those reads are reported to the daemon afterwards
+  // (within ~10 ms) so its eviction order and counters stay true. Zero-copy
+  // Pin always goes through the daemon. false: every call uses the socket.
+  bool use_directory = true;
 };
 
 struct LookupResult {

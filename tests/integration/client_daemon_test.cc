@@ -227,7 +227,7 @@ TEST(ClientDaemon, DeferredReleaseRidesAheadOfTheNextRequest) {
   TestDaemonOptions options;
   options.arena_bytes = 8 << 20;
   TestDaemon daemon(options);
-  auto client = daemon.Connect();
+  auto client = daemon.ConnectSocketOnly();  // its Get pins (a directory read would not)
   ASSERT_NE(client, nullptr);
   constexpr uint64_t kBlockBytes = kMiBBlock;
   const auto keys = FillArenaWithMiBBlocks(daemon, *client, 14, /*extra=*/1);
@@ -251,7 +251,7 @@ TEST(ClientDaemon, DeferredReleaseRidesAheadOfTheNextRequest) {
 // unevictable while the client is idle.
 TEST(ClientDaemon, DeferredReleaseIsSentWhenTheClientGoesIdle) {
   TestDaemon daemon;
-  auto client = daemon.Connect();
+  auto client = daemon.ConnectSocketOnly();  // its Gets pin (a directory read would not)
   ASSERT_NE(client, nullptr);
   auto keys = TestKeys(TestNamespace(), 3, 15);
   std::vector<std::byte> dst(4096);

@@ -64,6 +64,7 @@ TEST(KvtierdProcess, SigtermDrainsInFlightRequestsAndExitsZero) {
   ClientOptions options;
   options.socket_path = daemon.socket_path();
   options.namespaces = {TestNamespace()};
+  options.use_directory = false;  // every lookup must be a request on the socket
   auto client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto keys = TestKeys(TestNamespace(), 64, 1);

@@ -74,11 +74,11 @@ Status RawConnection::SendRawBytes(std::span<const uint8_t> bytes) {
 }
 
 Status RawConnection::Read(void* data, size_t len) {
-  int passed_fd = -1;
-  Status s = ReadAllWithFd(fd_, data, len, &passed_fd);
-  if (passed_fd >= 0) {
+  std::vector<int> passed;
+  Status s = ReadAllWithFds(fd_, data, len, &passed);
+  for (int fd : passed) {
     ++received_fds_;
-    ::close(passed_fd);
+    ::close(fd);
   }
   return s;
 }

@@ -37,12 +37,12 @@ NamespaceDescriptor TestNamespace(const std::string& revision) {
   return ns;
 }
 
-std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes) {
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots) {
   HostArenaOptions arena;
   arena.capacity_bytes = capacity_bytes;
   arena.lock = HostArenaOptions::LockMode::kOff;
   arena.name = "kvtier-test-arena";
-  auto host = HostTier::Open(arena);
+  auto host = HostTier::Open(arena, directory_slots);
   if (!host.ok()) {
     ADD_FAILURE() << "HostTier::Open: " << host.status().ToString();
     return nullptr;
@@ -57,7 +57,11 @@ std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length)
 TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";
-  host_ = OpenTestHostTier(options.arena_bytes);
+  const uint32_t directory_slots =
+      options.directory_slots < 0    ? 0
+      : options.directory_slots == 0 ? HostDirectory::DefaultSlots(options.arena_bytes)
+                                     : static_cast<uint32_t>(options.directory_slots);
+  host_ = OpenTestHostTier(options.arena_bytes, directory_slots);
   if (host_ == nullptr) std::abort();
   if (!options.nvme_path.empty()) {
     auto config = ParseConfig("", "<test>");
@@ -113,7 +117,17 @@ ClientOptions TestDaemon::Options(std::vector<NamespaceDescriptor> namespaces) c
 }
 
 std::unique_ptr<Client> TestDaemon::Connect(std::vector<NamespaceDescriptor> namespaces) const {
-  auto client = Client::Connect(Options(std::move(namespaces)));
+  return ConnectWith(Options(std::move(namespaces)));
+}
+
+std::unique_ptr<Client> TestDaemon::ConnectSocketOnly(std::vector<NamespaceDescriptor> namespaces) const {
+  ClientOptions options = Options(std::move(namespaces));
+  options.use_directory = false;
+  return ConnectWith(options);
+}
+
+std::unique_ptr<Client> TestDaemon::ConnectWith(const ClientOptions& options) const {
+  auto client = Client::Connect(options);
   if (!client.ok()) {
     ADD_FAILURE() << "Connect: " << client.status().ToString();
     return nullptr;

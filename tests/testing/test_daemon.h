@@ -21,6 +21,8 @@ namespace kvtier::testing {
 
 struct TestDaemonOptions {
   uint64_t arena_bytes = 64ull << 20;
+  // Block directory slots: 0 sizes it from the arena like kvtierd; -1: none.
+  int64_t directory_slots = 0;
   uint32_t shards = 4;
   uint32_t io_threads = 2;
   uint32_t max_frame_bytes = 1u << 20;
@@ -52,8 +54,12 @@ class TestDaemon {
   ClientOptions Options(std::vector<NamespaceDescriptor> namespaces = {TestNamespace()}) const;
   // Connects a client; fails the test (ADD_FAILURE) and returns null on error.
   std::unique_ptr<Client> Connect(std::vector<NamespaceDescriptor> namespaces = {TestNamespace()}) const;
+  // Connect with ClientOptions::use_directory = false: every Lookup and Get
+  // is a request on the socket (Pin + Release for gets).
+  std::unique_ptr<Client> ConnectSocketOnly(std::vector<NamespaceDescriptor> namespaces = {TestNamespace()}) const;
 
  private:
+  std::unique_ptr<Client> ConnectWith(const ClientOptions& options) const;
   std::string dir_;
   std::string socket_path_;
   SystemClock clock_;
@@ -63,9 +69,10 @@ class TestDaemon {
   std::unique_ptr<Server> server_;
 };
 
-// A host tier for tests: unlocked arena of `capacity_bytes`. Fails the
+// A host tier for tests: unlocked arena of `capacity_bytes` with a block
+// directory of `directory_slots` slots (0: none). Fails the
 // test (ADD_FAILURE) and returns null if it cannot be opened.
-std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes);
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots = 0);
 
 // The arena bytes of a slot handed out by the engine (for writing or
 // checking block bytes in tests that drive the Engine directly).

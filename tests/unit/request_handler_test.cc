@@ -367,6 +367,34 @@ TEST_F(RequestHandlerTest, ReleaseWithNoReplyIsHandledAndNotAnswered) {
   EXPECT_EQ(c["engine.release_failures"], 1) << "the unknown lease 999 counts as a failure";
 }
 
+// A UsageReport is never answered; its uses count for blocks of registered
+// namespaces, a group naming an unregistered one is dropped and counted, and
+// the local lookup counts land in the lookup counters.
+TEST_F(RequestHandlerTest, UsageReportIsRecordedAndNotAnswered) {
+  HelloOk(*handler_);
+  std::vector<std::byte> block(4096);
+  FillBlockBytes(Key(1), 3, block);
+  v1::Response reserve = Send(*handler_, Reserve(2, 0, {Key(1)}, {block.size()}));
+  ASSERT_EQ(reserve.reserve().slots(0).status().code(), 0);
+  ASSERT_EQ(Send(*handler_, Commit(3, 0, {Key(1)}, {block.size()})).commit().statuses(0).code(), 0);
+
+  const std::pair<uint32_t, BlockKey> uses[] = {{0, Key(1)}, {0, Key(2)}, {7, Key(1)}};
+  RequestHandler::Outcome outcome;
+  Send(*handler_, WithId(4, wire::MakeUsageReport(uses, 2, 128, 64)), &outcome);
+  EXPECT_TRUE(outcome.no_response);
+  EXPECT_FALSE(outcome.close_after);
+
+  CounterCollector counters;
+  engine_->VisitCounters(counters);
+  std::map<std::string, int64_t> c(counters.counters().begin(), counters.counters().end());
+  EXPECT_EQ(c["engine.directory_uses"], 1) << "Key(1) is cached";
+  EXPECT_EQ(c["engine.directory_stale_uses"], 1) << "Key(2) is not";
+  EXPECT_EQ(c["engine.bad_usage_reports"], 1) << "namespace 7 is not registered";
+  EXPECT_EQ(c["engine.local_lookups"], 2);
+  EXPECT_EQ(c["engine.lookup_keys"], 128);
+  EXPECT_EQ(c["engine.lookup_hit_blocks"], 64);
+}
+
 std::map<std::string, int64_t> StatsMap(const v1::Response& r) {
   std::map<std::string, int64_t> out;
   for (const auto& c : r.stats().counters()) out[c.name()] = c.value();
