@@ -8,6 +8,8 @@
 // synchronous calls, a reading thread for the *Async variants (directory
 // copies run on the calling thread).
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <future>
 
 #include "client_lib/connection.h"
@@ -38,7 +40,7 @@ Status CheckNamespace(const Connection& conn, NamespaceId ns) {
 // Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
 // response is handled.
 std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Response>& pinned,
-                                       const std::vector<std::span<std::byte>>& dst) {
+                                       const std::vector<std::span<std::byte>>& dst, bool whole_blocks) {
   std::vector<Result<size_t>> out;
   if (!pinned.ok()) {
     out.assign(dst.size(), pinned.status());
@@ -65,12 +67,12 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
     }
     if (dst[i].size() < slot->size()) {
       out.emplace_back(InvalidArgument("destination of " + std::to_string(dst[i].size()) +
-                                       " bytes is smaller than the block (" +
-                                       std::to_string(slot->size()) + " bytes)"));
+                                       " bytes is smaller than the " + std::to_string(slot->size()) +
+                                       " bytes asked for"));
       continue;
     }
     std::memcpy(dst[i].data(), slot->data(), slot->size());
-    if (conn.verify_checksums() && BlockChecksum(dst[i].first(slot->size())) != b.checksum()) {
+    if (whole_blocks && conn.verify_checksums() && BlockChecksum(dst[i].first(slot->size())) != b.checksum()) {
       out.emplace_back(Corruption("block bytes do not match their checksum"));
       continue;
     }
@@ -150,10 +152,12 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
   return future;
 }
 
-// Pin -> copy out of the arena (on the reading thread) -> Release, not waited for.
+// Pin -> copy out of the arena (on the reading thread) -> Release, not
+// waited for; or a directory copy. `layers` (if set) picks [first, last).
 std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId ns,
                                                   std::span<const BlockKey> keys,
-                                                  std::vector<std::span<std::byte>> dst, Connection::Reader reader) {
+                                                  std::vector<std::span<std::byte>> dst, Connection::Reader reader,
+                                                  std::optional<std::pair<uint32_t, uint32_t>> layers = std::nullopt) {
   auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
   auto future = promise->get_future();
   Status s = CheckNamespace(conn, ns);
@@ -165,11 +169,16 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
   // Copy what the directory settles; Pin the rest.
   std::vector<Result<size_t>> out(keys.size(), Result<size_t>(size_t{0}));  // every slot is overwritten
   std::vector<size_t> ask;  // indices left to the daemon
+  std::optional<internal::LayerPick> pick;
+  if (layers) {
+    const auto [layer_count, block_bytes] = conn.layout(ns);
+    pick = internal::LayerPick{layers->first, layers->second, layer_count, block_bytes};
+  }
   if (const DirectoryReader* dir = conn.directory()) {
     std::vector<BlockKey> used;
     for (size_t i = 0; i < keys.size(); ++i) {
       auto copied = internal::CopyFromDirectory(*dir, conn.arena(), conn.namespaces()[ns], keys[i], dst[i],
-                                                conn.verify_checksums());
+                                                conn.verify_checksums(), pick ? &*pick : nullptr);
       if (!copied) {
         ask.push_back(i);
         continue;
@@ -192,10 +201,11 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     ask_dst.push_back(dst[i]);
   }
   Connection* c = &conn;
-  conn.Call(wire::MakePin(ns, ask_keys),
-            [c, ask = std::move(ask), ask_dst = std::move(ask_dst), out = std::move(out), promise](
-                Result<v1::Response> r) mutable {
-              std::vector<Result<size_t>> pinned = CopyPinned(*c, r, ask_dst);
+  v1::Request pin = layers ? wire::MakePinLayers(ns, ask_keys, layers->first, layers->second) : wire::MakePin(ns, ask_keys);
+  conn.Call(std::move(pin),
+            [c, ask = std::move(ask), ask_dst = std::move(ask_dst), out = std::move(out), promise,
+             whole = !layers.has_value()](Result<v1::Response> r) mutable {
+              std::vector<Result<size_t>> pinned = CopyPinned(*c, r, ask_dst, whole);
               for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
               promise->set_value(std::move(out));
             }, reader);
@@ -276,6 +286,17 @@ std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const Blo
                                              std::span<const std::span<std::byte>> dst) {
   return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
                                Connection::Reader::kCaller));
+}
+
+std::vector<Result<size_t>> Client::GetLayers(NamespaceId ns, std::span<const BlockKey> keys, uint32_t first_layer,
+                                              uint32_t last_layer, std::span<const std::span<std::byte>> dst) {
+  if (first_layer >= last_layer) {
+    return std::vector<Result<size_t>>(
+        keys.size(), InvalidArgument("layer range [" + std::to_string(first_layer) + ", " +
+                                     std::to_string(last_layer) + ") is empty"));
+  }
+  return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
+                               Connection::Reader::kCaller, std::make_pair(first_layer, last_layer)));
 }
 
 std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,

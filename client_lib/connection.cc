@@ -138,6 +138,7 @@ Status Connection::Hello(const ClientOptions& options) {
   arena_bytes_ = body_hello.arena_bytes();
   max_frame_bytes_ = std::min(max_frame_bytes_, body_hello.max_frame_bytes());
   for (const auto& k : body_hello.namespace_fingerprints()) namespaces_.push_back(wire::FromProto(k));
+  for (const auto& ns : options.namespaces) layouts_.emplace_back(ns.layer_count, ns.BlockBytes());
   return Status::Ok();
 }
 

@@ -94,6 +94,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (a daemon bug or a corrupted response, never trusted blindly).
   Result<std::span<std::byte>> Slot(uint64_t offset, uint64_t length) const;
   const std::vector<NamespaceFingerprint>& namespaces() const { return namespaces_; }
+  // Layer split of namespace `ns`'s blocks: {layer_count, block_bytes}.
+  std::pair<uint32_t, uint64_t> layout(uint32_t ns) const { return layouts_[ns]; }
   bool verify_checksums() const { return verify_checksums_; }
   // The daemon's block directory; null when it offers none, the client
   // opted out (ClientOptions::use_directory), or the daemon hung up (checked
@@ -175,6 +177,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t spin_wait_us_ = 0;
   bool use_directory_ = true;
   std::vector<NamespaceFingerprint> namespaces_;
+  std::vector<std::pair<uint32_t, uint64_t>> layouts_;  // per namespace: layer_count, block bytes
   const std::byte* directory_map_ = nullptr;  // read-only mapping, or null
   size_t directory_bytes_ = 0;
   std::optional<DirectoryReader> directory_;

@@ -50,7 +50,7 @@ LocalLookup LookupInDirectory(const DirectoryReader& dir, const NamespaceFingerp
 
 std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std::span<const std::byte> arena,
                                                 const NamespaceFingerprint& ns, const BlockKey& key,
-                                                std::span<std::byte> dst, bool verify) {
+                                                std::span<std::byte> dst, bool verify, const LayerPick* pick) {
   for (int attempt = 0; attempt < kCopyAttempts; ++attempt) {
     DirectoryEntry entry;
     switch (dir.Find(ns, key, &entry)) {
@@ -62,17 +62,29 @@ std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std:
     }
     // Never trusted blindly: an entry outside the arena goes to the daemon.
     if (entry.offset > arena.size() || entry.length > arena.size() - entry.offset) return std::nullopt;
-    if (dst.size() < entry.length) {
-      return Result<size_t>(InvalidArgument("destination of " + std::to_string(dst.size()) +
-                                            " bytes is smaller than the block (" + std::to_string(entry.length) +
-                                            " bytes)"));
+    uint64_t from = 0, length = entry.length;
+    if (pick != nullptr) {
+      const uint32_t layers = entry.length == pick->block_bytes && pick->layer_count > 0 ? pick->layer_count : 1;
+      if (pick->first >= pick->last || pick->last > layers) {
+        return Result<size_t>(InvalidArgument("layer range [" + std::to_string(pick->first) + ", " +
+                                              std::to_string(pick->last) + ") is not within the " +
+                                              std::to_string(layers) + " layers of block " + key.ToHex()));
+      }
+      const uint64_t layer_bytes = entry.length / layers;
+      from = pick->first * layer_bytes;
+      length = (pick->last - pick->first) * layer_bytes;
     }
-    CopyMaybeRacing(dst.data(), arena.data() + entry.offset, entry.length);
+    if (dst.size() < length) {
+      return Result<size_t>(InvalidArgument("destination of " + std::to_string(dst.size()) +
+                                            " bytes is smaller than the " + std::to_string(length) +
+                                            " bytes asked for"));
+    }
+    CopyMaybeRacing(dst.data(), arena.data() + entry.offset + from, length);
     if (!dir.StillPublished(entry)) continue;  // evicted or moved meanwhile: the copy may be torn
-    if (verify && BlockChecksum(dst.first(entry.length)) != entry.checksum) {
+    if (verify && length == entry.length && BlockChecksum(dst.first(length)) != entry.checksum) {
       return Result<size_t>(Corruption("block bytes do not match their checksum"));
     }
-    return Result<size_t>(static_cast<size_t>(entry.length));
+    return Result<size_t>(static_cast<size_t>(length));
   }
   return std::nullopt;
 }

@@ -23,18 +23,32 @@ struct LocalLookup {
 LocalLookup LookupInDirectory(const DirectoryReader& dir, const NamespaceFingerprint& ns,
                               std::span<const BlockKey> keys);
 
-// Copies `key`'s bytes from `arena` into `dst` if the directory publishes
-// it, retrying when the entry changes during the copy. Returns
+// Which layers of a block to copy: [first, last) of a block of the
+// namespace's block size (block_bytes, split into layer_count equal
+// layers); a block of any other size is one layer.
+struct LayerPick {
+  uint32_t first = 0;
+  uint32_t last = 0;
+  uint32_t layer_count = 1;
+  uint64_t block_bytes = 0;
+};
+
+// Copies `key`'s bytes (or the layers `pick` names, when not null) from
+// `arena` into `dst` if the directory publishes it, retrying when the entry
+// changes during the copy. Returns
 //   the bytes copied                   a validated copy (checksum checked
-//                                      when `verify`: Corruption on mismatch);
+//                                      when `verify` and the whole block is
+//                                      copied: Corruption on mismatch);
 //   NotFound                           a final miss (MissesAreFinal);
-//   InvalidArgument                    `dst` is smaller than the block;
+//   InvalidArgument                    `dst` is smaller than the bytes, or
+//                                      the layers are not in the block;
 //   nullopt                            the directory cannot settle it (a miss
 //                                      that may be cached below, a table that
 //                                      kept changing): ask the daemon.
 // `dst` may hold partial bytes after nullopt.
 std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std::span<const std::byte> arena,
                                                 const NamespaceFingerprint& ns, const BlockKey& key,
-                                                std::span<std::byte> dst, bool verify);
+                                                std::span<std::byte> dst, bool verify,
+                                                const LayerPick* pick = nullptr);
 
 }  // namespace kvtier::internal

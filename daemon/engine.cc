@@ -1,5 +1,6 @@
 #include "daemon/engine.h"
 
+#include <chrono>
 #include <future>
 #include <limits>
 #include <optional>
@@ -18,6 +19,20 @@ namespace {
 constexpr int kMaxEvictionsPerAllocation = 1 << 16;
 // Lease ids carry their shard in the low bits, so Release locks one shard.
 constexpr int kLeaseShardBits = 8;
+// How long an eviction waits for the NVMe tier to take its block when the
+// tier is momentarily out of staging memory or free regions (Busy): a burst
+// of writes then slows the writer instead of dropping blocks.
+constexpr auto kDemotionBusyWait = std::chrono::milliseconds(200);
+
+// True on a thread running a tier completion (it completes the very I/O
+// that would free tier resources, so it must never wait for them).
+thread_local bool t_in_tier_callback = false;
+
+struct TierCallbackScope {
+  TierCallbackScope() : was(t_in_tier_callback) { t_in_tier_callback = true; }
+  ~TierCallbackScope() { t_in_tier_callback = was; }
+  bool was;
+};
 
 void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
   counter.fetch_add(by, std::memory_order_relaxed);
@@ -156,7 +171,11 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
       continue;
     }
     std::optional<NvmeTier::BlockInfo> on_nvme = nvme_ != nullptr ? nvme_->Find(key) : std::nullopt;
-    if (!on_nvme || on_nvme->ns != ns) break;
+    if (!on_nvme || on_nvme->ns != ns) {
+      // Being demoted: on NVMe as soon as its write ends.
+      auto demoting = shard.demoting.find(key);
+      if (demoting == shard.demoting.end() || demoting->second.ns != ns) break;
+    }
     out.tiers.push_back(Tier::kNvme);
     Bump(counters_.nvme_lookup_hits);
   }
@@ -304,17 +323,37 @@ void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGrant gran
 
 }  // namespace
 
-void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done) {
+NamespaceLayout Engine::LayoutOf(const NamespaceFingerprint& ns, uint64_t size) {
+  std::lock_guard lock(namespaces_mu_);
+  auto it = namespaces_.find(ns);
+  if (it != namespaces_.end() && it->second.block_bytes == size && it->second.layer_count > 0) return it->second;
+  return NamespaceLayout{1, size};
+}
+
+namespace {
+
+// Checks `layers` against a block of `layer_count` layers.
+Status CheckSpan(LayerSpan layers, uint32_t layer_count, const BlockKey& key) {
+  if (layers.first < layers.last && layers.last <= layer_count) return Status::Ok();
+  return InvalidArgument("layer range [" + std::to_string(layers.first) + ", " + std::to_string(layers.last) +
+                         ") is not within the " + std::to_string(layer_count) + " layers of block " + key.ToHex());
+}
+
+}  // namespace
+
+void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
+                      LayerSpan layers) {
   auto batch = std::make_shared<PinBatch>();
   batch->session = session;
   batch->grants.resize(keys.size());
   batch->done = std::move(done);
   const uint64_t now = clock_.NowUs();
   struct ToPromote {
+    size_t index;
     BlockKey key;
     NvmeTier::BlockInfo info;
   };
-  std::vector<ToPromote> promote;
+  std::vector<ToPromote> promote, read_layers;
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
     const size_t shard_index = ShardIndex(key);
@@ -322,7 +361,48 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
-      batch->grants[i] = PinLocked(shard, shard_index, session, key, now);
+      if (layers.whole()) {
+        batch->grants[i] = PinLocked(shard, shard_index, session, key, now);
+        continue;
+      }
+      const NamespaceLayout layout = LayoutOf(ns, it->second.size);
+      if (Status s = CheckSpan(layers, layout.layer_count, key); !s.ok()) {
+        batch->grants[i].status = s;
+        continue;
+      }
+      const uint64_t layer_bytes = it->second.size / layout.layer_count;
+      PinGrant grant = PinLocked(shard, shard_index, session, key, now);
+      grant.offset += layers.first * layer_bytes;
+      grant.length = (layers.last - layers.first) * layer_bytes;
+      grant.checksum = 0;
+      batch->grants[i] = grant;
+      continue;
+    }
+    if (it == shard.index.end()) {
+      auto demoting = shard.demoting.find(key);
+      if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
+        // Evicted a moment ago and not yet readable on NVMe: try again
+        // once its write ends (it does, with success or an error).
+        batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+        demoting->second.waiters.push_back([this, batch, i, key, ns, layers] { RetryPin(batch, i, key, ns, layers); });
+        continue;
+      }
+    }
+    if (!layers.whole()) {
+      // Not in the host tier (or still being promoted): read just the
+      // layers from NVMe, which keeps its copy while a promotion runs.
+      std::optional<NvmeTier::BlockInfo> on_nvme = nvme_ != nullptr ? nvme_->Find(key) : std::nullopt;
+      if (!on_nvme || on_nvme->ns != ns) {
+        batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
+        Bump(counters_.pin_misses);
+        continue;
+      }
+      if (Status s = CheckSpan(layers, on_nvme->layer_count, key); !s.ok()) {
+        batch->grants[i].status = s;
+        continue;
+      }
+      batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+      read_layers.push_back(ToPromote{i, key, *on_nvme});
       continue;
     }
     if (it != shard.index.end() && it->second.promoting && it->second.ns == ns) {
@@ -344,21 +424,88 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
     entry.promoting = true;
     batch->outstanding.fetch_add(1, std::memory_order_relaxed);
     shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
-    promote.push_back(ToPromote{key, *on_nvme});
+    promote.push_back(ToPromote{i, key, *on_nvme});
   }
   for (const auto& p : promote) {
     Promote(p.key, p.info.payload_bytes, p.info.layer_count, p.info.payload_checksum);
+  }
+  for (const auto& r : read_layers) {
+    ReadLayers(batch, r.index, r.key, r.info.payload_bytes, r.info.layer_count, layers);
   }
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
 }
 
 std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
-                                  std::span<const BlockKey> keys) {
+                                  std::span<const BlockKey> keys, LayerSpan layers) {
   std::promise<std::vector<PinGrant>> promise;
   auto future = promise.get_future();
   PinAsync(session, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-           [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); });
+           [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); }, layers);
   return future.get();
+}
+
+void Engine::RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                      const NamespaceFingerprint& ns, LayerSpan layers) {
+  PinAsync(batch->session, ns, {key},
+           [batch, index](std::vector<PinGrant> grants) { Resolve(batch, index, std::move(grants[0])); }, layers);
+}
+
+void Engine::FinishDemotion(const BlockKey& key) {
+  EngineShard& shard = ShardFor(key);
+  std::vector<std::function<void()>> waiters;
+  {
+    std::lock_guard lock(shard.mu);
+    auto node = shard.demoting.extract(key);
+    if (!node.empty()) waiters = std::move(node.mapped().waiters);
+  }
+  for (auto& retry : waiters) retry();
+}
+
+void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                        uint64_t payload_bytes, uint32_t layer_count, LayerSpan layers) {
+  IoStarted();
+  const uint64_t bytes = (layers.last - layers.first) * (payload_bytes / layer_count);
+  auto finish = [this, batch, index, key, bytes](Status status, HostTier::Extent extent) {
+    PinGrant grant;
+    if (status.ok()) {
+      // The transient extent lives as an invisible (zombie) entry held by
+      // one lease: the last Release, or the session's end, frees it.
+      const size_t shard_index = ShardIndex(key);
+      EngineShard& shard = *shards_[shard_index];
+      std::lock_guard lock(shard.mu);
+      BlockEntry entry;
+      entry.extent = extent;
+      entry.size = bytes;
+      entry.allocated = true;
+      entry.pins = 1;
+      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
+      const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
+      shard.leases.emplace(lease, LeaseRecord{batch->session, key, entry.handle});
+      shard.sessions[batch->session].leases.insert(lease);
+      shard.zombies.emplace(entry.handle, std::move(entry));
+      grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0};
+      Bump(counters_.pins);
+      Bump(counters_.layer_reads);
+    } else {
+      if (extent.length != 0) host_.Free(extent);
+      grant.status = status.code() == StatusCode::kNoSpace
+                         ? status
+                         : NotFound("layers of block " + key.ToHex() + " could not be read from the nvme tier (" +
+                                    status.ToString() + ")");
+      Bump(counters_.pin_misses);
+    }
+    Resolve(batch, index, std::move(grant));
+    IoFinished();
+  };
+  Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
+  if (!extent.ok()) return finish(extent.status(), {});
+  Status started = nvme_->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
+                               [finish, extent = *extent, bytes](Result<size_t> r) {
+                                 TierCallbackScope scope;
+                                 if (r.ok() && *r != bytes) return finish(IoError("short layer read"), extent);
+                                 finish(r.ok() ? Status::Ok() : r.status(), extent);
+                               });
+  if (!started.ok()) finish(started, *extent);
 }
 
 void Engine::Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer_count, uint64_t checksum) {
@@ -367,6 +514,7 @@ void Engine::Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
   Status started = nvme_->Read(key, 0, layer_count, host_.Bytes(*extent),
                                [this, key, extent = *extent, checksum](Result<size_t> r) {
+                                 TierCallbackScope scope;
                                  FinishPromotion(key, r.status(), extent, checksum);
                                });
   if (!started.ok()) {
@@ -576,6 +724,7 @@ bool Engine::EvictOne() {
   shard.committed.erase(it->second.handle);
   shard.stored_bytes -= size;
   shard.index.erase(it);
+  shard.demoting[victim].ns = ns;
   lock.unlock();
   Demote(ns, victim, extent, size, checksum);
   host_.Free(extent);
@@ -593,17 +742,41 @@ void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTie
   // A whole block keeps its layer split; any other size is one layer.
   const uint32_t layers = size == layout.block_bytes && layout.layer_count > 0 ? layout.layer_count : 1;
   IoStarted();
-  Status accepted = nvme_->Write(ns, key, layers, host_.Bytes(extent).first(size), [this](Status written) {
+  auto written_done = [this, key](Status written) {
+    TierCallbackScope scope;
     if (written.ok()) {
       Bump(counters_.demotions);
     } else {
       Bump(counters_.demotion_failures);
     }
+    {
+      std::lock_guard lock(io_mu_);
+      ++demotions_finished_;
+    }
+    demotion_finished_.notify_all();
+    FinishDemotion(key);
     IoFinished();
-  }, checksum);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + kDemotionBusyWait;
+  Status accepted;
+  for (;;) {
+    uint64_t finished_before;
+    {
+      std::lock_guard lock(io_mu_);
+      finished_before = demotions_finished_;
+    }
+    accepted = nvme_->Write(ns, key, layers, host_.Bytes(extent).first(size), written_done, checksum);
+    if (accepted.code() != StatusCode::kBusy || t_in_tier_callback) break;
+    // Out of staging memory or writable regions: both come back when a
+    // write in flight finishes.
+    std::unique_lock lock(io_mu_);
+    if (!demotion_finished_.wait_until(lock, deadline, [&] { return demotions_finished_ != finished_before; })) break;
+    Bump(counters_.demotion_waits);
+  }
   if (!accepted.ok()) {
     // AlreadyExists: the NVMe copy from an earlier demotion is still there.
     if (accepted.code() != StatusCode::kAlreadyExists) Bump(counters_.demotion_rejections);
+    FinishDemotion(key);
     IoFinished();
   }
 }
@@ -650,6 +823,8 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
   v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
   v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
+  v.Visit("engine.layer_reads", load(counters_.layer_reads));
+  v.Visit("engine.demotion_waits", load(counters_.demotion_waits));
   v.Visit("engine.directory_uses", load(counters_.directory_uses));
   v.Visit("engine.directory_stale_uses", load(counters_.directory_stale_uses));
   v.Visit("engine.local_lookups", load(counters_.local_lookups));

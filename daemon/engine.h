@@ -76,7 +76,17 @@ struct NamespaceLayout {
   uint64_t block_bytes = 0;  // bytes of a whole block
 };
 
+// Layers [first, last) of a block; {0, 0} means the whole block. A block is
+// layer-major with its namespace's layer_count equal layers when it has the
+// namespace's block size, else it is one layer.
+struct LayerSpan {
+  uint32_t first = 0;
+  uint32_t last = 0;
+  bool whole() const { return first == 0 && last == 0; }
+};
+
 struct EngineShard;
+struct PinBatch;
 
 class Engine {
  public:
@@ -118,10 +128,18 @@ class Engine {
   // (no arena room for a promotion). A pin is a use (recency, hits).
   // `done` runs exactly once: inline when no key needed I/O, else on an
   // NVMe device thread.
-  void PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done);
+  //
+  // With a layer span (not whole), each grant covers only those layers: a
+  // host block's bytes in place; for an NVMe-resident block only those
+  // layers are read, into transient arena space owned by the lease (freed at
+  // Release; the block is not promoted). Such grants carry checksum 0
+  // (checksums cover whole blocks). Also InvalidArgument per key when the
+  // span is not within the block's layers.
+  void PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
+                LayerSpan layers = {});
   // PinAsync, waiting for the outcome.
   std::vector<PinGrant> Pin(SessionId session, const NamespaceFingerprint& ns,
-                            std::span<const BlockKey> keys);
+                            std::span<const BlockKey> keys, LayerSpan layers = {});
 
   // Per lease: ok, NotFound (unknown or already released), PermissionDenied
   // (held by another session).
@@ -162,6 +180,18 @@ class Engine {
   // its waiters. Runs without locks.
   void Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer_count, uint64_t checksum);
   void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
+  // Reads `layers` of NVMe-resident `key` into transient arena space and
+  // resolves slot `index` of `batch` with a lease on it. Runs without locks.
+  void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                  uint64_t payload_bytes, uint32_t layer_count, LayerSpan layers);
+  // Pins `key` again for slot `index` of `batch` (its demotion ended).
+  void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                const NamespaceFingerprint& ns, LayerSpan layers);
+  // The demotion of `key` ended (written, failed or refused): runs the pins
+  // that waited for it.
+  void FinishDemotion(const BlockKey& key);
+  // The layer split of a block of `size` bytes in namespace `ns`.
+  NamespaceLayout LayoutOf(const NamespaceFingerprint& ns, uint64_t size);
   // Offers an evicted block to the NVMe tier; its bytes are copied before
   // this returns, so the caller may free the extent right after.
   void Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,
@@ -182,6 +212,8 @@ class Engine {
   std::mutex io_mu_;
   std::condition_variable io_idle_;
   int64_t io_in_flight_ = 0;  // guarded by io_mu_: promotions and demotions
+  std::condition_variable demotion_finished_;
+  uint64_t demotions_finished_ = 0;  // guarded by io_mu_
   std::vector<std::unique_ptr<EngineShard>> shards_;
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
@@ -196,6 +228,8 @@ class Engine {
     std::atomic<int64_t> sessions_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
     std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0};
+    std::atomic<int64_t> layer_reads{0};
+    std::atomic<int64_t> demotion_waits{0};  // evictions that waited for a busy NVMe tier  // layer-range pins served by an NVMe read
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
   };
   mutable Counters counters_;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -75,6 +76,13 @@ struct EngineShard {
   std::unordered_map<SessionId, SessionRecord> sessions;
   // Pins waiting per block being promoted.
   std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters;
+  // Blocks evicted to NVMe whose write is still in flight (in neither
+  // tier's index meanwhile); pins of them wait and retry when it ends.
+  struct Demoting {
+    NamespaceFingerprint ns;
+    std::vector<std::function<void()>> waiters;
+  };
+  std::unordered_map<BlockKey, Demoting> demoting;
   std::unique_ptr<EvictionPolicy> policy;  // tracks committed blocks; pins via OnPin/OnUnpin
   uint64_t stored_bytes = 0;               // sizes of committed blocks
 };

@@ -192,6 +192,12 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
     SetStatus(response, keys.status());
     return done(std::move(response));
   }
+  const LayerSpan layers{r.first_layer(), r.last_layer()};
+  if (!layers.whole() && layers.first >= layers.last) {
+    SetStatus(response, InvalidArgument("Pin layer range [" + std::to_string(layers.first) + ", " +
+                                        std::to_string(layers.last) + ") is empty"));
+    return done(std::move(response));
+  }
   context_.engine->PinAsync(session_, *ns, std::move(*keys),
                             [response = std::move(response), done = std::move(done)](std::vector<PinGrant> grants) mutable {
                               auto* body = response.mutable_pin();
@@ -205,7 +211,7 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                               }
                               SetStatus(response, Status::Ok());
                               done(std::move(response));
-                            });
+                            }, layers);
 }
 
 void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {

@@ -117,6 +117,13 @@ v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+v1::Request MakePinLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t last_layer) {
+  v1::Request r = MakePin(ns, keys);
+  r.mutable_pin()->set_first_layer(first_layer);
+  r.mutable_pin()->set_last_layer(last_layer);
+  return r;
+}
+
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys) {
   v1::Request r;
   FillKeyed(r.mutable_pin(), ns, keys);

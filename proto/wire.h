@@ -41,6 +41,8 @@ v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<c
 v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
 v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
+// A Pin of layers [first_layer, last_layer) of every key.
+v1::Request MakePinLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t last_layer);
 v1::Request MakeRelease(std::span<const uint64_t> leases);
 // A Release the daemon does not answer (ReleaseRequest.no_reply).
 v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);

@@ -178,8 +178,10 @@ class Client {
   Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
                               std::span<const uint64_t> sizes);
 
-  // Copies the block into `dst` and returns its length (one round trip: the
-  // pin is released like a destroyed BlockView's). NotFound on a miss;
+  // Copies the block into `dst` and returns its length: from the block
+  // directory when the block is in the host tier (no round trip), else one
+  // round trip (the pin is released like a destroyed BlockView's, and an
+  // NVMe-resident block is promoted to the host tier). NotFound on a miss;
   // InvalidArgument if `dst` is smaller than the block; Corruption if
   // verify_checksums is on and the bytes do not match.
   Result<size_t> Get(NamespaceId ns, const BlockKey& key, std::span<std::byte> dst);
@@ -188,6 +190,17 @@ class Client {
   // `dst` spans are borrowed until the future is ready.
   std::future<std::vector<Result<size_t>>> GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                          std::vector<std::span<std::byte>> dst);
+
+  // Copies layers [first_layer, last_layer) of each block into dst[i]
+  // (layer-wise loading). A block of the namespace's block size is
+  // layer-major with the namespace's layer_count equal layers; a block of
+  // any other size is one layer. Only those bytes move: from the arena for
+  // host blocks, and only those layers are read from NVMe (the block is not
+  // promoted). Per key: the bytes copied; NotFound; InvalidArgument (empty
+  // range, layers outside the block, `dst[i]` too small). verify_checksums
+  // does not apply (checksums cover whole blocks).
+  std::vector<Result<size_t>> GetLayers(NamespaceId ns, std::span<const BlockKey> keys, uint32_t first_layer,
+                                        uint32_t last_layer, std::span<const std::span<std::byte>> dst);
 
   // Zero-copy get: one view per key, or the per-key error (NotFound...).
   std::vector<Result<BlockView>> Pin(NamespaceId ns, std::span<const BlockKey> keys);

@@ -3,6 +3,7 @@
 // and they survive a restart of the daemon on the same files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <random>
@@ -59,6 +60,60 @@ TEST(NvmeDaemon, BlocksBeyondTheArenaComeBackFromNvmeByteExact) {
     EXPECT_GT(c["engine.demotions"], 200);
     EXPECT_GT(c["engine.promotions"], 200);
     EXPECT_EQ(c["nvme.corrupt_reads"], 0);
+  }
+  RemoveTree(dir);
+}
+
+// Layer-wise loading through the client: GetLayers returns exactly the
+// layers asked for, from the arena for host blocks (directory or pin) and
+// by reading only those layers from NVMe (no promotion) for the others.
+TEST(NvmeDaemon, GetLayersReturnsExactlyThoseLayersFromEveryTier) {
+  const std::string dir = MakeTempDir();
+  {
+    TestDaemon daemon(TwoTiers(dir));
+    auto client = daemon.Connect();
+    auto socket_only = daemon.ConnectSocketOnly();
+    ASSERT_NE(client, nullptr);
+    ASSERT_NE(socket_only, nullptr);
+    const auto keys = TestKeys(TestNamespace(), 100, 23);  // the first ~36 end up on NVMe only
+    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k)).ok());
+    daemon.engine().WaitForIdle();
+    auto before = client->Lookup(0, keys);
+    ASSERT_TRUE(before.ok());
+    ASSERT_EQ(before->tiers.front(), Tier::kNvme);
+    ASSERT_EQ(before->tiers.back(), Tier::kHost);
+    constexpr size_t kLayerBytes = kBlockBytes / 4;  // TestNamespace has 4 layers
+    std::vector<std::vector<std::byte>> bufs(keys.size(), std::vector<std::byte>(2 * kLayerBytes));
+    std::vector<std::span<std::byte>> dst(bufs.begin(), bufs.end());
+    // In batches of 10: a batch is pinned at once (host blocks in place,
+    // NVMe layers in transient space), and 100 do not fit the arena together.
+    constexpr size_t kBatch = 10;
+    for (Client* c : {client.get(), socket_only.get()}) {
+      std::vector<Result<size_t>> got;
+      for (size_t at = 0; at < keys.size(); at += kBatch) {
+        auto part = c->GetLayers(0, std::span(keys).subspan(at, kBatch), 1, 3, std::span(dst).subspan(at, kBatch));
+        for (auto& r : part) got.push_back(std::move(r));
+      }
+      ASSERT_EQ(got.size(), keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status().ToString();
+        ASSERT_EQ(*got[i], 2 * kLayerBytes);
+        const auto whole = Block(keys[i]);
+        ASSERT_TRUE(std::equal(bufs[i].begin(), bufs[i].end(), whole.begin() + kLayerBytes)) << "block " << i;
+      }
+    }
+    auto after = client->Lookup(0, keys);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->tiers.front(), Tier::kNvme) << "layer reads must not promote";
+    auto bad = client->GetLayers(0, std::span(keys).first(1), 2, 5, std::span(dst).first(1));
+    EXPECT_EQ(bad[0].status().code(), StatusCode::kInvalidArgument) << "layer 4 does not exist";
+    auto stats = client->Stats();
+    ASSERT_TRUE(stats.ok());
+    std::map<std::string, int64_t> c;
+    for (const auto& counter : *stats) c[counter.name] = counter.value;
+    EXPECT_GT(c["engine.layer_reads"], 0);
+    EXPECT_EQ(c["engine.promotions"], 0);
+    EXPECT_EQ(c["engine.zombie_blocks"], 0) << "every transient layer buffer was released";
   }
   RemoveTree(dir);
 }

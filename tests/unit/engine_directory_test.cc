@@ -36,7 +36,8 @@ class EngineDirectoryTest : public ::testing::Test {
  protected:
   // An engine over `blocks` 4 KiB blocks of arena and a 256-slot directory,
   // mapped read-only here as a client maps it; with an NVMe tier on request.
-  void Make(uint64_t blocks, bool with_nvme = false) {
+  void Make(uint64_t blocks, bool with_nvme = false, ::kvtier::testing::FaultOptions faults = {},
+            uint64_t staging_bytes = 2 << 20) {
     host_ = ::kvtier::testing::OpenTestHostTier(blocks * kBlockBytes, 256);
     ASSERT_NE(host_, nullptr);
     ASSERT_NE(host_->directory(), nullptr);
@@ -47,8 +48,8 @@ class EngineDirectoryTest : public ::testing::Test {
       ASSERT_TRUE(index.ok());
       NvmeTierOptions options;
       options.region_bytes = 1 << 20;
-      options.staging_bytes = 2 << 20;
-      auto tier = NvmeTier::Open(std::make_unique<FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}), std::move(*index),
+      options.staging_bytes = staging_bytes;
+      auto tier = NvmeTier::Open(std::make_unique<FaultInjectingDevice>(*memory_, faults), std::move(*index),
                                  options, clock_);
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
@@ -187,6 +188,44 @@ TEST_F(EngineDirectoryTest, DemotionWithdrawsAndPromotionPublishes) {
   EXPECT_EQ(entry->offset, grant.offset);
   EXPECT_EQ(entry->checksum, grant.checksum);
   EXPECT_TRUE(engine_->Release(7, {&grant.lease, 1})[0].ok());
+}
+
+// Between an eviction and the end of its NVMe write the block is in neither
+// tier's index. Lookup still reports it (on NVMe) and a Pin waits for the
+// write instead of missing.
+TEST_F(EngineDirectoryTest, ABlockBeingDemotedIsStillFoundAndPinned) {
+  ::kvtier::testing::FaultOptions slow;
+  slow.delay_rate = 1;
+  slow.delay = std::chrono::milliseconds(300);
+  Make(4, /*with_nvme=*/true, slow);
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(Put(i).ok());  // block 0 evicted, its write in flight
+  const BlockKey key = Key(0);
+  auto lookup = engine_->Lookup(kNs, {&key, 1});
+  ASSERT_EQ(lookup.prefix_blocks, 1u) << "a block being demoted is cached";
+  EXPECT_EQ(lookup.tiers[0], Tier::kNvme);
+  PinGrant grant = engine_->Pin(7, kNs, {&key, 1})[0];
+  ASSERT_TRUE(grant.status.ok()) << grant.status.ToString();
+  EXPECT_TRUE(::kvtier::testing::CheckBlockBytes(key, 0, SlotBytes(*host_, grant.offset, grant.length)));
+  EXPECT_TRUE(engine_->Release(7, {&grant.lease, 1})[0].ok());
+  engine_->WaitForIdle();
+}
+
+// When the NVMe tier is out of staging memory, an eviction waits for a
+// write in flight rather than dropping its block.
+TEST_F(EngineDirectoryTest, EvictionsWaitForABusyTierInsteadOfDroppingBlocks) {
+  ::kvtier::testing::FaultOptions slow;
+  slow.delay_rate = 1;
+  slow.delay = std::chrono::milliseconds(20);
+  Make(4, /*with_nvme=*/true, slow, /*staging_bytes=*/16 << 10);  // two 8 KiB records in flight at most
+  for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(Put(i).ok()) << i;
+  engine_->WaitForIdle();
+  auto c = Counters();
+  EXPECT_EQ(c["engine.demotion_rejections"], 0);
+  EXPECT_EQ(c["engine.demotions"], 8);
+  EXPECT_GT(c["engine.demotion_waits"], 0);
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 12; ++i) keys.push_back(Key(i));
+  EXPECT_EQ(engine_->Lookup(kNs, keys).prefix_blocks, 12u) << "every block is on some tier";
 }
 
 }  // namespace
