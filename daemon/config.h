@@ -37,6 +37,7 @@ struct DaemonConfig {
   std::string nvme_index_path;    // empty: <nvme.path>.index
   int64_t nvme_staging_bytes = 0;
   int64_t nvme_sync_index = 0;    // bool
+  int64_t nvme_reinsert_percent = 0;
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo"

@@ -7,9 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
@@ -44,7 +47,7 @@ class NvmeTierTest : public ::testing::Test {
   }
 
   // (Re)opens the tier on the same medium and index, with `faults`.
-  void Open(const FaultOptions& faults = {}, uint64_t region_bytes = kRegion) {
+  void Open(const FaultOptions& faults = {}, uint64_t region_bytes = kRegion, double reinsert_share = 0.1) {
     tier_.reset();
     auto device = std::make_unique<FaultInjectingDevice>(*memory_, faults);
     faulty_ = device.get();
@@ -53,6 +56,7 @@ class NvmeTierTest : public ::testing::Test {
     NvmeTierOptions options;
     options.region_bytes = region_bytes;
     options.staging_bytes = 4 << 20;
+    options.reinsert_share = reinsert_share;
     auto tier = NvmeTier::Open(std::move(device), std::move(*index), options, clock_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     tier_ = std::move(*tier);
@@ -153,6 +157,78 @@ TEST_F(NvmeTierTest, ReclaimDropsTheOldestRegionsAndNeverServesStaleBytes) {
   EXPECT_GT(present, 50);
   EXPECT_LT(present, 90);
   EXPECT_EQ(Counter("nvme.blocks"), present);
+}
+
+// 8 regions of 8 records (124 KiB payloads + 4 KiB header): region 0
+// holds blocks 0..7. Block 56 opens the last free region, which makes
+// region 0 the next victim; block 64 reclaims it.
+TEST_F(NvmeTierTest, ReinsertionKeepsBlocksReadSinceTheyWereWrittenThroughReclaim) {
+  Open({}, kRegion, /*reinsert_share=*/0.5);
+  constexpr size_t kBytes = 124 << 10;
+  auto write = [this](uint64_t i) { return WriteBlock(i, kBytes); };
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(write(i).ok());
+  ASSERT_TRUE(ReadBlock(0, 0, 4).ok());
+  ASSERT_TRUE(ReadBlock(1, 0, 4).ok());
+  ASSERT_TRUE(ReadBlock(1, 2, 3).ok());
+  for (uint64_t i = 8; i < 57; ++i) ASSERT_TRUE(write(i).ok()) << i;
+  // The reinsertion runs in the background: let it finish before the
+  // writes that reclaim region 0 (a real workload simply races it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Counter("nvme.reinserted") < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(Counter("nvme.reinserted"), 2);
+  for (uint64_t i = 57; i < 65; ++i) ASSERT_TRUE(write(i).ok()) << i;
+  ASSERT_GT(Counter("nvme.region_reclaims"), 0);
+  for (uint64_t i : {0, 1}) {
+    auto r = ReadBlock(i, 0, 4);
+    ASSERT_TRUE(r.ok()) << "read block " << i << " was not reinserted: " << r.status().ToString();
+    EXPECT_TRUE(CheckBlockBytes(Key(i), 0, *r));
+  }
+  for (uint64_t i = 2; i < 8; ++i) EXPECT_FALSE(tier_->Find(Key(i))) << "unread block " << i << " kept";
+  EXPECT_EQ(Counter("nvme.reinserted_bytes"), 2 * static_cast<int64_t>(kBytes));
+  EXPECT_EQ(Counter("nvme.reinsert_failures"), 0);
+  EXPECT_EQ(Counter("nvme.writes"), 65) << "reinsertions are not counted as writes";
+  // The moved copies survive a restart like any other.
+  Open({}, kRegion, 0.5);
+  auto r = ReadBlock(1, 0, 4);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(Key(1), 0, *r));
+}
+
+TEST_F(NvmeTierTest, ReinsertionIsOffAtZeroAndCappedByItsShareOfWrites) {
+  for (double share : {0.0, 0.01}) {
+    SCOPED_TRACE("share " + std::to_string(share));
+    memory_ = std::make_unique<MemoryDevice>(kDevice);
+    ::kvtier::testing::RemoveTree(dir_);
+    dir_ = ::kvtier::testing::MakeTempDir();
+    Open({}, kRegion, share);
+    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok());
+    ASSERT_TRUE(ReadBlock(0, 0, 4).ok());
+    for (uint64_t i = 8; i < 65; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok()) << i;
+    // 0.01 of 57 writes of 128 KiB records is ~73 KiB: less than one record.
+    EXPECT_EQ(Counter("nvme.reinserted"), 0);
+    EXPECT_FALSE(tier_->Find(Key(0))) << "read, but nothing may be reinserted";
+    EXPECT_EQ(Counter("nvme.reinsert_over_budget"), share > 0 ? 1 : 0);
+  }
+}
+
+// Erasing a block whose reinsertion is in flight leaves nothing behind.
+TEST_F(NvmeTierTest, EraseDuringReinsertionLeavesNothing) {
+  Open({}, kRegion, 0.5);
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok());
+  ASSERT_TRUE(ReadBlock(3, 0, 4).ok());
+  for (uint64_t i = 8; i < 57; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok()) << i;
+  EXPECT_TRUE(tier_->Erase(Key(3)).ok());  // before, during or after its reinsertion
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Counter("nvme.reinserted") + Counter("nvme.reinsert_failures") + Counter("nvme.write_failures") == 0 &&
+         tier_->Find(Key(3)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let an in-flight copy land
+  EXPECT_FALSE(tier_->Find(Key(3))) << "an erased block came back through its reinsertion";
+  for (uint64_t i = 57; i < 65; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok()) << i;
+  EXPECT_FALSE(tier_->Find(Key(3)));
 }
 
 TEST_F(NvmeTierTest, BlocksSurviveARestart) {

@@ -124,25 +124,20 @@ Status NvmeTier::VerifyRecord(const BlockKey& key, const IndexEntry& entry) {
   const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
   auto staging = staging_->Allocate(bytes);
   if (!staging) return Busy("no staging memory to verify a record at start-up");
-  Status outcome;
-  auto read = ReadSync(*device_, entry.offset, staging->first(bytes));
-  if (!read.ok()) {
-    outcome = read.status();
-  } else if (*read != bytes) {
-    outcome = IoError("short read");
-  } else {
-    auto header = DecodeRecordHeader(staging->first(kRecordHeaderBytes));
-    if (!header.ok()) {
-      outcome = header.status();
-    } else if (!HeaderMatches(*header, key, entry)) {
-      outcome = Corruption("record header describes another block");
-    } else {
-      outcome = VerifyLayers(*header, 0, header->layer_count,
-                             staging->subspan(kRecordHeaderBytes, entry.payload_bytes));
-    }
-  }
+  Status outcome = ReadRecordSync(key, entry, staging->first(bytes));
   staging_->Free(*staging);
   return outcome;
+}
+
+Status NvmeTier::ReadRecordSync(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging) {
+  const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
+  auto read = ReadSync(*device_, entry.offset, staging.first(bytes));
+  if (!read.ok()) return read.status();
+  if (*read != bytes) return IoError("short read");
+  auto header = DecodeRecordHeader(staging.first(kRecordHeaderBytes));
+  if (!header.ok()) return header.status();
+  if (!HeaderMatches(*header, key, entry)) return Corruption("record header describes another block");
+  return VerifyLayers(*header, 0, header->layer_count, staging.subspan(kRecordHeaderBytes, entry.payload_bytes));
 }
 
 Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
@@ -165,6 +160,12 @@ Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
 Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                        std::span<const std::byte> payload, WriteDone done,
                        std::optional<uint64_t> payload_checksum) {
+  return WriteRecord(ns, key, layer_count, payload, std::move(done), payload_checksum, nullptr);
+}
+
+Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                             std::span<const std::byte> payload, WriteDone done,
+                             std::optional<uint64_t> payload_checksum, const IndexEntry* replaces) {
   if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {
     return InvalidArgument("a block of " + std::to_string(payload.size()) + " bytes cannot be split into " +
                            std::to_string(layer_count) + " equal layers");
@@ -181,8 +182,15 @@ Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint
     if (full_ && static_cast<int64_t>(clock_.NowUs()) < full_until_us_) {
       return reject(NoSpace("the nvme tier is full (its file system returned ENOSPC); retrying later"));
     }
-    if (entries_.count(key) != 0 || writing_.count(key) != 0) {
+    if (writing_.count(key) != 0 || (replaces == nullptr && entries_.count(key) != 0)) {
       return reject(AlreadyExists("block is already on the nvme tier"));
+    }
+    if (replaces != nullptr) {
+      auto current = entries_.find(key);
+      if (current == entries_.end() || current->second.offset != replaces->offset ||
+          current->second.region_generation != replaces->region_generation) {
+        return NotFound("block left the nvme tier before its reinsertion");
+      }
     }
     auto staged = staging_->Allocate(record_bytes);
     if (!staged) return reject(Busy("no nvme staging memory free for " + std::to_string(record_bytes) + " bytes"));
@@ -205,6 +213,11 @@ Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint
     regions_.WriteStarted(entry.region);
     writing_.insert(key);
     BeginIo();
+    if (replaces == nullptr) {
+      reinsert_budget_bytes_ = std::min(reinsert_budget_bytes_ + options_.reinsert_share * double(record_bytes),
+                                        double(options_.region_bytes));
+    }
+    MaybeStartReinsertion();
   }
   RecordHeader header;
   header.ns = ns;
@@ -220,19 +233,74 @@ Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint
   std::memcpy(staging.data() + kRecordHeaderBytes, payload.data(), payload.size());
   std::memset(staging.data() + kRecordHeaderBytes + payload.size(), 0,
               record_bytes - kRecordHeaderBytes - payload.size());
+  std::optional<IndexEntry> replaced;
+  if (replaces != nullptr) replaced = *replaces;
   device_->Write(entry.offset, staging.first(record_bytes),
-                 [this, key, entry, staging, record_bytes, done = std::move(done)](Result<size_t> r) {
+                 [this, key, entry, staging, record_bytes, done = std::move(done), replaced](Result<size_t> r) {
                    if (r.ok() && *r != record_bytes) {
                      r = IoError("short write: " + std::to_string(*r) + " of " + std::to_string(record_bytes) +
                                  " bytes");
                    }
-                   OnWritten(key, entry, staging, std::move(r), done);
+                   OnWritten(key, entry, staging, std::move(r), done, replaced);
                  });
   return Status::Ok();
 }
 
+void NvmeTier::MaybeStartReinsertion() {
+  if (options_.reinsert_share <= 0 || reinserting_ || regions_.free_count() > 0) return;
+  auto victim = regions_.NextVictim();
+  if (!victim) return;
+  const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
+  if (scan == reinsert_scanned_) return;  // this region's turn was taken
+  reinsert_scanned_ = scan;
+  std::vector<std::pair<BlockKey, IndexEntry>> hot;
+  for (const BlockKey& k : region_keys_[*victim]) {
+    const IndexEntry& e = entries_.at(k);
+    if (e.hits > 0 && writing_.count(k) == 0) hot.emplace_back(k, e);
+  }
+  // The most read first, while the budget lasts.
+  std::sort(hot.begin(), hot.end(), [](const auto& a, const auto& b) { return a.second.hits > b.second.hits; });
+  std::vector<std::pair<BlockKey, IndexEntry>> chosen;
+  for (const auto& block : hot) {
+    const double bytes = double(RecordBytes(block.second.payload_bytes, device_->alignment_bytes()));
+    if (bytes > reinsert_budget_bytes_) {
+      ++counters_.reinsert_over_budget;
+      continue;
+    }
+    reinsert_budget_bytes_ -= bytes;
+    chosen.push_back(block);
+  }
+  if (chosen.empty()) return;
+  reinserting_ = true;
+  BeginIo();
+  verifiers_.Post([this, chosen = std::move(chosen)]() mutable { Reinsert(std::move(chosen)); });
+}
+
+void NvmeTier::Reinsert(std::vector<std::pair<BlockKey, IndexEntry>> blocks) {
+  for (const auto& [key, entry] : blocks) {
+    const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
+    auto staging = staging_->Allocate(bytes);
+    Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
+    if (s.ok()) {
+      // The payload is copied into the write's own staging before WriteRecord returns.
+      s = WriteRecord(entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes),
+                      [](Status) {}, entry.payload_checksum, &entry);
+    }
+    if (staging) staging_->Free(*staging);
+    if (!s.ok()) {
+      std::lock_guard lock(mu_);
+      ++counters_.reinsert_failures;
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    reinserting_ = false;
+  }
+  EndIo();
+}
+
 void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging,
-                         Result<size_t> result, const WriteDone& done) {
+                         Result<size_t> result, const WriteDone& done, std::optional<IndexEntry> replaces) {
   staging_->Free(staging);
   Status outcome = result.status();
   {
@@ -246,6 +314,15 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
       full_until_us_ = static_cast<int64_t>(clock_.NowUs()) + options_.full_retry.count() * 1000;
       ++counters_.enospc;
     }
+    if (outcome.ok() && replaces) {
+      // A reinsertion takes over only from the record it copied (which a
+      // reclaim may have dropped meanwhile); anything else won.
+      auto current = entries_.find(key);
+      if (current != entries_.end() && (current->second.offset != replaces->offset ||
+                                        current->second.region_generation != replaces->region_generation)) {
+        outcome = Cancelled("block changed during its reinsertion");
+      }
+    }
     if (outcome.ok()) {
       if (full_) spdlog::info("nvme tier accepts writes again");
       full_ = false;
@@ -253,11 +330,21 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
       // first, so a crash never leaves an indexed block unreadable.
       outcome = index_->Put(key, entry);
     }
+    if (outcome.ok() && replaces) {
+      auto current = entries_.find(key);
+      if (current != entries_.end()) {
+        region_keys_[current->second.region].erase(key);
+        counters_.stored_bytes -= static_cast<int64_t>(current->second.payload_bytes);
+        entries_.erase(current);
+      }
+      ++counters_.reinserted;
+      counters_.reinserted_bytes += static_cast<int64_t>(entry.payload_bytes);
+    }
     if (outcome.ok()) {
       entries_[key] = entry;
       region_keys_[entry.region].insert(key);
       counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
-      ++counters_.writes;
+      if (!replaces) ++counters_.writes;  // a reinsertion counts as such
     } else {
       ++counters_.write_failures;
     }
@@ -415,8 +502,8 @@ std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
 Status NvmeTier::Erase(const BlockKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
+  if (writing_.count(key) != 0) cancelled_.insert(key);  // a write or reinsertion in flight leaves nothing
   if (it == entries_.end() && writing_.count(key) != 0) {
-    cancelled_.insert(key);
     ++counters_.erases;
     return Status::Ok();
   }
@@ -451,6 +538,10 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.corrupt_reads", counters_.corrupt_reads);
     v.Visit("nvme.reclaimed_reads", counters_.reclaimed_reads);
     v.Visit("nvme.erases", counters_.erases);
+    v.Visit("nvme.reinserted", counters_.reinserted);
+    v.Visit("nvme.reinserted_bytes", counters_.reinserted_bytes);
+    v.Visit("nvme.reinsert_failures", counters_.reinsert_failures);
+    v.Visit("nvme.reinsert_over_budget", counters_.reinsert_over_budget);
     v.Visit("nvme.recovery_loaded", recovery_.entries_loaded);
     v.Visit("nvme.recovery_dropped_stale", recovery_.dropped_stale);
     v.Visit("nvme.recovery_dropped_corrupt", recovery_.dropped_corrupt);

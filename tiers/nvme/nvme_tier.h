@@ -49,8 +49,15 @@ struct NvmeTierOptions {
   uint64_t region_bytes = 64ull << 20;
   uint64_t staging_bytes = 256ull << 20;  // aligned I/O memory; bounds the bytes in flight
   std::chrono::milliseconds full_retry{1000};
-  // Threads verifying read records (checksums) off the I/O threads.
+  // Threads verifying read records (checksums) off the I/O threads; they
+  // also run reinsertion.
   unsigned verify_threads = 2;
+  // Reinsertion: when no region is free (the next write reclaims the oldest
+  // sealed one), blocks of that region read since they were written are
+  // copied forward into the open region, so reclaim drops only cold blocks.
+  // The bytes rewritten are capped at this share of the bytes written by
+  // Write (a token bucket holding at most one region). 0 turns it off.
+  double reinsert_share = 0.1;
 };
 
 // What Open() found.
@@ -101,8 +108,8 @@ class NvmeTier {
   };
   std::optional<BlockInfo> Find(const BlockKey& key) const;
   // Forgets `key` (NotFound if absent); its bytes become dead space. A
-  // write of `key` still in flight is cancelled: it completes with
-  // Cancelled and leaves nothing visible.
+  // write of `key` still in flight (or a reinsertion of it) is cancelled:
+  // it completes with Cancelled and leaves nothing visible.
   Status Erase(const BlockKey& key);
 
   bool full() const;
@@ -118,11 +125,24 @@ class NvmeTier {
   Status Recover();
   // Sync check of one record (start-up): header and payload checksum.
   Status VerifyRecord(const BlockKey& key, const IndexEntry& entry);
+  // Reads `entry`'s whole record into `staging` (RecordBytes long) and
+  // verifies it. Blocking; never on a device thread.
+  Status ReadRecordSync(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging);
+  // Write, or (with `replaces`) a reinsertion that moves `key` from the
+  // record `*replaces` to a new one.
+  Status WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                     std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum,
+                     const IndexEntry* replaces);
+  // Caller holds mu_, after an allocation: when no region is free, starts
+  // reinserting the hit blocks of the next victim region (budget allowing).
+  void MaybeStartReinsertion();
+  // Copies each of `keys` (records `entries`) forward. Runs on a verifier thread.
+  void Reinsert(std::vector<std::pair<BlockKey, IndexEntry>> blocks);
   // Persists region changes of an allocation; drops a reclaimed region's
   // entries from memory. Caller holds mu_.
   Status PersistRegions(const RegionManager::Allocation& allocation);
   void OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging, Result<size_t> result,
-                 const WriteDone& done);
+                 const WriteDone& done, std::optional<IndexEntry> replaces);
   void OnRead(std::shared_ptr<ReadOp> op);
   // Drops `key` if its entry is still `entry` (memory and index). Caller holds mu_.
   void DropIfCurrent(const BlockKey& key, const IndexEntry& entry);
@@ -144,11 +164,15 @@ class NvmeTier {
   std::unordered_set<BlockKey> writing_;                             // guarded by mu_
   std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
   bool full_ = false;                                                // guarded by mu_
+  double reinsert_budget_bytes_ = 0;                                 // guarded by mu_: the token bucket
+  bool reinserting_ = false;                                         // guarded by mu_: a Reinsert job runs
+  std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
   int64_t full_until_us_ = 0;                                        // guarded by mu_
   int64_t io_in_flight_ = 0;                                         // guarded by mu_
   struct Counters {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
+    int64_t reinserted = 0, reinserted_bytes = 0, reinsert_failures = 0, reinsert_over_budget = 0;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the
   // destructor has seen io_in_flight_ reach 0.

@@ -102,6 +102,12 @@ Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes)
   return a;
 }
 
+std::optional<uint32_t> RegionManager::NextVictim() const {
+  auto it = std::find_if(sealed_.begin(), sealed_.end(), [this](uint32_t r) { return regions_[r].writes_in_flight == 0; });
+  if (it == sealed_.end()) return std::nullopt;
+  return *it;
+}
+
 void RegionManager::WriteStarted(uint32_t region) { ++regions_[region].writes_in_flight; }
 
 void RegionManager::WriteFinished(uint32_t region) {

@@ -54,6 +54,11 @@ class RegionManager {
   // free and every sealed one still has writes in flight.
   Result<Allocation> Allocate(uint64_t record_bytes);
 
+  // The region the next reclaim would take (the oldest sealed one without
+  // writes in flight), or nullopt; and how many regions are free.
+  std::optional<uint32_t> NextVictim() const;
+  size_t free_count() const { return free_.size(); }
+
   // Writes in flight per region: a region with any is never reclaimed.
   void WriteStarted(uint32_t region);
   void WriteFinished(uint32_t region);
