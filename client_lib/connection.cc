@@ -456,6 +456,7 @@ void Connection::Fail(const Status& reason) {
       closed_ = true;
       close_reason_ = reason;
     }
+    hung_up_.store(true, std::memory_order_relaxed);  // a failed connection serves nothing from the directory
     final_reason = close_reason_;
     failed.swap(pending_);
     background_pending_ = 0;

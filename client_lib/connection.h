@@ -98,7 +98,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::pair<uint32_t, uint64_t> layout(uint32_t ns) const { return layouts_[ns]; }
   bool verify_checksums() const { return verify_checksums_; }
   // The daemon's block directory; null when it offers none, the client
-  // opted out (ClientOptions::use_directory), or the daemon hung up (checked
+  // opted out (ClientOptions::use_directory), the connection failed, or the
+  // daemon hung up (checked
   // with a non-blocking poll at most every kLivenessInterval, so calls stop
   // being served from a dead daemon's table within about that long).
   const DirectoryReader* directory();
@@ -182,7 +183,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t directory_bytes_ = 0;
   std::optional<DirectoryReader> directory_;
   std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
-  std::atomic<bool> hung_up_{false};
+  std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
 
   std::mutex write_mu_;       // serializes frames on the socket
   std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
