@@ -263,49 +263,45 @@ Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* requ
   return framed.ok() ? written : framed;
 }
 
-void Connection::DeferredAdded(bool was_empty, std::chrono::steady_clock::time_point due_before) {
+void Connection::Defer(const std::function<bool(Deferred&, std::chrono::steady_clock::time_point)>& add) {
+  std::unique_lock lock(mu_);
+  if (closed_) return;  // the daemon released everything with the connection
+  const bool was_empty = deferred_.empty();
+  const auto due_before = deferred_.Due();
+  deferred_last_ = std::chrono::steady_clock::now();
+  const bool flush_now = add(deferred_, deferred_last_);
   // A timed wait wakes by itself, unless the new note is due sooner.
   if (background_timed_wait_ ? deferred_.Due() < due_before : was_empty) bg_cv_.notify_one();
+  if (flush_now) FlushDeferred(lock);
 }
 
 void Connection::ReleaseLater(std::span<const uint64_t> leases) {
   if (leases.empty()) return;
-  std::unique_lock lock(mu_);
-  if (closed_) return;
-  const bool was_empty = deferred_.empty();
-  const auto due_before = deferred_.Due();
-  deferred_last_ = std::chrono::steady_clock::now();
-  if (deferred_.leases.empty()) deferred_.leases_since = deferred_last_;
-  deferred_.leases.insert(deferred_.leases.end(), leases.begin(), leases.end());
-  DeferredAdded(was_empty, due_before);
-  if (deferred_.leases.size() >= kMaxDeferredLeases) FlushDeferred(lock);
+  Defer([leases](Deferred& d, std::chrono::steady_clock::time_point now) {
+    if (d.leases.empty()) d.leases_since = now;
+    d.leases.insert(d.leases.end(), leases.begin(), leases.end());
+    return d.leases.size() >= kMaxDeferredLeases;
+  });
 }
 
 void Connection::NoteDirectoryUses(uint32_t ns, std::span<const BlockKey> keys) {
   if (keys.empty()) return;
-  std::unique_lock lock(mu_);
-  if (closed_) return;
-  const bool was_empty = deferred_.empty();
-  const auto due_before = deferred_.Due();
-  deferred_last_ = std::chrono::steady_clock::now();
-  if (deferred_.uses.empty()) deferred_.uses_since = deferred_last_;
-  for (const BlockKey& key : keys) deferred_.uses.emplace_back(ns, key);
-  DeferredAdded(was_empty, due_before);
-  if (deferred_.uses.size() >= kMaxDeferredUses) FlushDeferred(lock);
+  Defer([ns, keys](Deferred& d, std::chrono::steady_clock::time_point now) {
+    if (d.uses.empty()) d.uses_since = now;
+    for (const BlockKey& key : keys) d.uses.emplace_back(ns, key);
+    return d.uses.size() >= kMaxDeferredUses;
+  });
 }
 
 void Connection::NoteLocalLookups(uint64_t lookups, uint64_t keys, uint64_t hits) {
   if (lookups == 0 && keys == 0) return;
-  std::unique_lock lock(mu_);
-  if (closed_) return;
-  const bool was_empty = deferred_.empty();
-  const auto due_before = deferred_.Due();
-  deferred_last_ = std::chrono::steady_clock::now();
-  if (deferred_.lookups == 0 && deferred_.lookup_keys == 0) deferred_.counters_since = deferred_last_;
-  deferred_.lookups += lookups;
-  deferred_.lookup_keys += keys;
-  deferred_.lookup_hits += hits;
-  DeferredAdded(was_empty, due_before);
+  Defer([lookups, keys, hits](Deferred& d, std::chrono::steady_clock::time_point now) {
+    if (d.lookups == 0 && d.lookup_keys == 0) d.counters_since = now;
+    d.lookups += lookups;
+    d.lookup_keys += keys;
+    d.lookup_hits += hits;
+    return false;
+  });
 }
 
 void Connection::FlushDeferred(std::unique_lock<std::mutex>& lock) {

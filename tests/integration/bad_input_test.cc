@@ -30,12 +30,6 @@ using ::testing::HasSubstr;
 constexpr uint32_t kSmallFrameCap = 64u << 10;
 constexpr uint32_t kUnregisteredNs = 5;  // with exactly one namespace registered
 
-std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0) {
-  std::vector<std::byte> bytes(size);
-  FillBlockBytes(key, salt, bytes);
-  return bytes;
-}
-
 ::testing::AssertionResult HasCode(StatusCode got, const std::string& message, StatusCode want) {
   if (got == want) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "got " << StatusCodeName(got) << " (\"" << message
@@ -46,37 +40,6 @@ std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0
 }
 ::testing::AssertionResult HasCode(const v1::Status& s, StatusCode want) {
   return HasCode(static_cast<StatusCode>(s.code()), s.message(), want);
-}
-
-int64_t FindCounter(const CounterCollector& c, std::string_view name) {
-  for (const auto& [n, v] : c.counters()) {
-    if (n == name) return v;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
-
-// Counters read in-process: no request reaches the daemon.
-int64_t EngineCounter(TestDaemon& daemon, std::string_view name) {
-  CounterCollector c;
-  daemon.engine().VisitCounters(c);
-  return FindCounter(c, name);
-}
-int64_t ServerCounter(TestDaemon& daemon, std::string_view name) {
-  CounterCollector c;
-  daemon.server().VisitCounters(c);
-  return FindCounter(c, name);
-}
-// Counters read through the Stats request.
-int64_t StatsCounter(Client& client, const std::string& name) {
-  auto stats = client.Stats();
-  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  if (!stats.ok()) return -1;
-  for (const auto& c : *stats) {
-    if (c.name == name) return c.value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
 }
 
 // Polls `done` every 10 ms for up to `limit`: cleanup after a peer dies is

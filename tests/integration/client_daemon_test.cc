@@ -14,22 +14,6 @@
 namespace kvtier::testing {
 namespace {
 
-std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0) {
-  std::vector<std::byte> bytes(size);
-  FillBlockBytes(key, salt, bytes);
-  return bytes;
-}
-
-int64_t CounterValue(Client& client, const std::string& name) {
-  auto stats = client.Stats();
-  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  for (const auto& c : *stats) {
-    if (c.name == name) return c.value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
-
 TEST(ClientDaemon, PutLookupGetRoundTrip) {
   TestDaemon daemon;
   auto client = daemon.Connect();
@@ -82,7 +66,7 @@ TEST(ClientDaemon, PutIsIdempotent) {
   std::vector<std::byte> dst(8192);
   ASSERT_TRUE(client->Get(0, keys[0], dst).ok());
   EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst)) << "the first put wins";
-  EXPECT_EQ(CounterValue(*client, "engine.commits"), 1);
+  EXPECT_EQ(StatsCounter(*client, "engine.commits"), 1);
 }
 
 TEST(ClientDaemon, ZeroCopyReserveCommitAndPinnedView) {
@@ -108,11 +92,11 @@ TEST(ClientDaemon, ZeroCopyReserveCommitAndPinnedView) {
     EXPECT_EQ(views[i]->data().size(), sizes[i]);
     EXPECT_TRUE(CheckBlockBytes(keys[i], 7, views[i]->data()));
   }
-  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 2);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 2);
   EXPECT_TRUE(views[0]->Release().ok());
   views.clear();  // RAII releases the other
   // The destructor's release is not waited for; a later call is ordered after it.
-  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 0);
 }
 
 TEST(ClientDaemon, BatchesAndAsyncVariants) {
@@ -192,7 +176,7 @@ TEST(ClientDaemon, LruEvictsUnderPressureAndKeepsPinned) {
   EXPECT_TRUE(client->Get(0, keys[0], dst).ok()) << "pinned block was evicted";
   EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst));
   EXPECT_EQ(client->Get(0, keys[2], dst).status().code(), StatusCode::kNotFound) << "LRU victim kept";
-  EXPECT_GT(CounterValue(*client, "engine.evictions"), 0);
+  EXPECT_GT(StatsCounter(*client, "engine.evictions"), 0);
 }
 
 // Thousands of views dropped at once send thousands of Releases nobody waits
@@ -217,7 +201,7 @@ TEST(ClientDaemon, ManyDroppedViewsDoNotStallTheConnection) {
   auto hit = finished.get();
   ASSERT_TRUE(hit.ok()) << hit.status().ToString();
   EXPECT_EQ(hit->prefix_blocks, keys.size());
-  EXPECT_EQ(CounterValue(*client, "engine.pinned_blocks"), 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 0);
 }
 
 // A copying Get releases its lease without a round trip of its own: the

@@ -26,46 +26,6 @@
 namespace kvtier::testing {
 namespace {
 
-std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0) {
-  std::vector<std::byte> bytes(size);
-  FillBlockBytes(key, salt, bytes);
-  return bytes;
-}
-
-int64_t Find(const CounterCollector& c, std::string_view name) {
-  for (const auto& [n, value] : c.counters()) {
-    if (n == name) return value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
-
-// engine.* and host.* as the daemon has them now (no request is sent).
-int64_t EngineCounter(TestDaemon& daemon, std::string_view name) {
-  CounterCollector c;
-  daemon.engine().VisitCounters(c);
-  return Find(c, name);
-}
-
-// server.* as the daemon has them now (no request is sent).
-int64_t ServerCounter(TestDaemon& daemon, std::string_view name) {
-  CounterCollector c;
-  daemon.server().VisitCounters(c);
-  return Find(c, name);
-}
-
-// Through a Stats request: whatever `client` deferred reaches the daemon first.
-int64_t StatsCounter(Client& client, const std::string& name) {
-  auto stats = client.Stats();
-  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
-  if (!stats.ok()) return -1;
-  for (const auto& c : *stats) {
-    if (c.name == name) return c.value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
-
 // Gets `key` into a fresh buffer and checks length and bytes.
 void ExpectGet(Client& client, const BlockKey& key, size_t size, uint64_t salt = 0) {
   std::vector<std::byte> dst(size + 100);

@@ -17,7 +17,7 @@ namespace {
 // TestNamespace(): 16 tokens x 4 layers x 1 KiB = 64 KiB per whole block.
 constexpr size_t kBlockBytes = 64 << 10;
 
-std::vector<std::byte> Block(const BlockKey& key, uint64_t salt = 0) {
+std::vector<std::byte> WholeBlock(const BlockKey& key, uint64_t salt = 0) {
   std::vector<std::byte> bytes(kBlockBytes);
   FillBlockBytes(key, salt, bytes);
   return bytes;
@@ -39,7 +39,7 @@ TEST(NvmeDaemon, BlocksBeyondTheArenaComeBackFromNvmeByteExact) {
     auto client = daemon.Connect();
     ASSERT_NE(client, nullptr);
     const auto keys = TestKeys(TestNamespace(), 300, 21);  // ~19 MiB: 4.7x the arena
-    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k)).ok());
+    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, WholeBlock(k)).ok());
     daemon.engine().WaitForIdle();  // demotions written
     auto found = client->Lookup(0, keys);
     ASSERT_TRUE(found.ok()) << found.status().ToString();
@@ -76,7 +76,7 @@ TEST(NvmeDaemon, GetLayersReturnsExactlyThoseLayersFromEveryTier) {
     ASSERT_NE(client, nullptr);
     ASSERT_NE(socket_only, nullptr);
     const auto keys = TestKeys(TestNamespace(), 100, 23);  // the first ~36 end up on NVMe only
-    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k)).ok());
+    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, WholeBlock(k)).ok());
     daemon.engine().WaitForIdle();
     auto before = client->Lookup(0, keys);
     ASSERT_TRUE(before.ok());
@@ -98,7 +98,7 @@ TEST(NvmeDaemon, GetLayersReturnsExactlyThoseLayersFromEveryTier) {
       for (size_t i = 0; i < keys.size(); ++i) {
         ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status().ToString();
         ASSERT_EQ(*got[i], 2 * kLayerBytes);
-        const auto whole = Block(keys[i]);
+        const auto whole = WholeBlock(keys[i]);
         ASSERT_TRUE(std::equal(bufs[i].begin(), bufs[i].end(), whole.begin() + kLayerBytes)) << "block " << i;
       }
     }
@@ -126,7 +126,7 @@ TEST(NvmeDaemon, NvmeBlocksSurviveADaemonRestart) {
     TestDaemon daemon(TwoTiers(dir));
     auto client = daemon.Connect();
     ASSERT_NE(client, nullptr);
-    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, 5)).ok());
+    for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, WholeBlock(k, 5)).ok());
     daemon.engine().WaitForIdle();
     auto found = client->Lookup(0, keys);
     ASSERT_TRUE(found.ok());
@@ -168,7 +168,7 @@ TEST(NvmeDaemon, ConcurrentClientsUnderTierChurnNeverSeeWrongBytes) {
         for (int op = 0; op < 600; ++op) {
           const auto& key = keys[rng() % keys.size()];
           if (rng() % 3 == 0) {
-            Status s = client->Put(0, key, Block(key, 9));
+            Status s = client->Put(0, key, WholeBlock(key, 9));
             if (!s.ok() && s.code() != StatusCode::kAlreadyExists) ADD_FAILURE() << s.ToString();
             continue;
           }

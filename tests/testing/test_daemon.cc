@@ -191,4 +191,41 @@ std::vector<BlockKey> FillArenaWithMiBBlocks(TestDaemon& daemon, Client& client,
   return keys;
 }
 
+std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt) {
+  std::vector<std::byte> bytes(size);
+  FillBlockBytes(key, salt, bytes);
+  return bytes;
+}
+
+int64_t FindCounter(const CounterCollector& c, std::string_view name) {
+  for (const auto& [n, value] : c.counters()) {
+    if (n == name) return value;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
+int64_t EngineCounter(TestDaemon& daemon, std::string_view name) {
+  CounterCollector c;
+  daemon.engine().VisitCounters(c);
+  return FindCounter(c, name);
+}
+
+int64_t ServerCounter(TestDaemon& daemon, std::string_view name) {
+  CounterCollector c;
+  daemon.server().VisitCounters(c);
+  return FindCounter(c, name);
+}
+
+int64_t StatsCounter(Client& client, std::string_view name) {
+  auto stats = client.Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  if (!stats.ok()) return -1;
+  for (const auto& c : *stats) {
+    if (c.name == name) return c.value;
+  }
+  ADD_FAILURE() << "no counter " << name;
+  return -1;
+}
+
 }  // namespace kvtier::testing

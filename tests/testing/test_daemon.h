@@ -9,9 +9,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/counters.h"
 #include "daemon/engine.h"
 #include "daemon/server.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -87,6 +89,18 @@ void RemoveTree(const std::string& path);
 void FillBlockBytes(const BlockKey& key, uint64_t salt, std::span<std::byte> out);
 // True if `bytes` is exactly what FillBlockBytes(key, salt, ...) wrote.
 bool CheckBlockBytes(const BlockKey& key, uint64_t salt, std::span<const std::byte> bytes);
+
+// `size` bytes of FillBlockBytes(key, salt, ...).
+std::vector<std::byte> Block(const BlockKey& key, size_t size, uint64_t salt = 0);
+
+// Counters by name (ADD_FAILURE and -1 when absent): from a collection;
+// engine.*/host.*/nvme.* and server.* read in-process (no request reaches
+// the daemon); or through a Stats request (which carries whatever `client`
+// deferred, so the daemon has seen it first).
+int64_t FindCounter(const CounterCollector& c, std::string_view name);
+int64_t EngineCounter(TestDaemon& daemon, std::string_view name);
+int64_t ServerCounter(TestDaemon& daemon, std::string_view name);
+int64_t StatsCounter(Client& client, std::string_view name);
 
 // The key chain of `blocks` blocks of a deterministic token sequence.
 std::vector<BlockKey> TestKeys(const NamespaceDescriptor& ns, size_t blocks, uint32_t seed);
