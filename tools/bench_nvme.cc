@@ -120,6 +120,7 @@ class BenchTier {
     if (!index.ok()) return index.status();
     NvmeTierOptions options;
     options.staging_bytes = uint64_t{o.queue_depth} * RecordBytes(block_bytes, 4096) * 2;
+    if (o.region_bytes != 0) options.region_bytes = o.region_bytes;
     auto tier = NvmeTier::Open(std::move(*device), std::move(*index), options, t->clock_);
     if (!tier.ok()) return tier.status();
     t->tier_ = std::move(*tier);
@@ -341,6 +342,9 @@ void AddNvmeBenchOptions(CLI::App& app, NvmeBenchOptions& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--queue-depth", o.queue_depth, "I/Os in flight (tier and fio)")->capture_default_str();
+  app.add_option("--region-bytes", o.region_bytes, "Tier region size (0: the nvme.region_bytes default)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--io-threads", o.io_threads, "Tier I/O threads (rings)")->capture_default_str();
   app.add_option("--seconds", o.seconds, "Seconds per case (tier and fio each)")->capture_default_str();
   app.add_option("--fio", o.fio, "fio binary")->capture_default_str();

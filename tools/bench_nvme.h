@@ -23,6 +23,8 @@ struct NvmeBenchOptions {
   std::vector<uint64_t> block_bytes = {1ull << 20, 32ull << 20};
   uint64_t random_read_bytes = 64ull << 10;
   uint32_t queue_depth = 32;
+  // Tier region size; 0: nvme.region_bytes's default (64 MiB).
+  uint64_t region_bytes = 0;
   uint32_t io_threads = 1;
   double seconds = 3.0;
   std::string fio = "fio";

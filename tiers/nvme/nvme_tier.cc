@@ -305,9 +305,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
   Status outcome = result.status();
   {
     std::lock_guard lock(mu_);
-    regions_.WriteFinished(entry.region);
-    writing_.erase(key);
-    if (cancelled_.erase(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
+    if (cancelled_.count(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
     if (outcome.code() == StatusCode::kNoSpace) {
       if (!full_) spdlog::warn("nvme tier full: {}", outcome.ToString());
       full_ = true;
@@ -326,9 +324,23 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
     if (outcome.ok()) {
       if (full_) spdlog::info("nvme tier accepts writes again");
       full_ = false;
-      // Visible only now, after the data write completed; the index entry
-      // first, so a crash never leaves an indexed block unreadable.
-      outcome = index_->Put(key, entry);
+    }
+  }
+  // Visible only after the data write completed, and the index entry
+  // before the in-memory one, so a crash never leaves an indexed block
+  // unreadable. Written without the mutex (it is I/O); meanwhile the key
+  // stays in writing_ (an Erase marks it cancelled) and the region keeps
+  // its write in flight (it cannot be reclaimed).
+  if (outcome.ok()) outcome = index_->Put(key, entry);
+  {
+    std::lock_guard lock(mu_);
+    regions_.WriteFinished(entry.region);
+    writing_.erase(key);
+    if (cancelled_.erase(key) != 0 && outcome.ok()) {
+      // Erased while being indexed. A failed delete (a broken index) would let
+      // the block reappear after a restart, as a failed Erase would.
+      index_->Delete(key).IgnoreError();
+      outcome = Cancelled("block was erased while being written");
     }
     if (outcome.ok() && replaces) {
       auto current = entries_.find(key);
