@@ -263,7 +263,8 @@ Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* requ
   return framed.ok() ? written : framed;
 }
 
-void Connection::Defer(const std::function<bool(Deferred&, std::chrono::steady_clock::time_point)>& add) {
+template <typename AddFn>
+void Connection::Defer(AddFn&& add) {
   std::unique_lock lock(mu_);
   if (closed_) return;  // the daemon released everything with the connection
   const bool was_empty = deferred_.empty();

@@ -153,10 +153,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status WriteFrames(const Deferred& deferred, const v1::Request* request);
   // Sends everything deferred now; `lock` holds mu_ (released meanwhile).
   void FlushDeferred(std::unique_lock<std::mutex>& lock);
-  // Adds a note under mu_ through `add` (given deferred_ and the time;
+  // Adds a note under mu_ through `add` (called with deferred_ and the time;
   // returns true to send everything now), then wakes the background thread
   // if it would not wake in time by itself. Nothing on a closed connection.
-  void Defer(const std::function<bool(Deferred&, std::chrono::steady_clock::time_point)>& add);
+  // A template (defined in connection.cc, its only user): a copying get
+  // passes through here, and a std::function could allocate.
+  template <typename AddFn>
+  void Defer(AddFn&& add);
   // Maps the directory memfd read-only; on any failure the client simply
   // runs without a directory (logged nowhere: the socket path is complete).
   void AttachDirectory(int fd, uint64_t bytes);
