@@ -53,10 +53,7 @@ TEST(NvmeDaemon, BlocksBeyondTheArenaComeBackFromNvmeByteExact) {
       ASSERT_EQ(*got, kBlockBytes);
       ASSERT_TRUE(CheckBlockBytes(keys[i], 0, dst)) << "block " << i;
     }
-    auto stats = client->Stats();
-    ASSERT_TRUE(stats.ok());
-    std::map<std::string, int64_t> c;
-    for (const auto& counter : *stats) c[counter.name] = counter.value;
+    auto c = StatsCounters(*client);
     EXPECT_GT(c["engine.demotions"], 200);
     EXPECT_GT(c["engine.promotions"], 200);
     EXPECT_EQ(c["nvme.corrupt_reads"], 0);
@@ -107,10 +104,7 @@ TEST(NvmeDaemon, GetLayersReturnsExactlyThoseLayersFromEveryTier) {
     EXPECT_EQ(after->tiers.front(), Tier::kNvme) << "layer reads must not promote";
     auto bad = client->GetLayers(0, std::span(keys).first(1), 2, 5, std::span(dst).first(1));
     EXPECT_EQ(bad[0].status().code(), StatusCode::kInvalidArgument) << "layer 4 does not exist";
-    auto stats = client->Stats();
-    ASSERT_TRUE(stats.ok());
-    std::map<std::string, int64_t> c;
-    for (const auto& counter : *stats) c[counter.name] = counter.value;
+    auto c = StatsCounters(*client);
     EXPECT_GT(c["engine.layer_reads"], 0);
     EXPECT_EQ(c["engine.promotions"], 0);
     EXPECT_EQ(c["engine.zombie_blocks"], 0) << "every transient layer buffer was released";

@@ -228,4 +228,20 @@ int64_t StatsCounter(Client& client, std::string_view name) {
   return -1;
 }
 
+std::map<std::string, int64_t> EngineCounters(const Engine& engine) {
+  CounterCollector c;
+  engine.VisitCounters(c);
+  return {c.counters().begin(), c.counters().end()};
+}
+
+std::map<std::string, int64_t> StatsCounters(Client& client) {
+  auto stats = client.Stats();
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  std::map<std::string, int64_t> out;
+  if (stats.ok()) {
+    for (const auto& c : *stats) out[c.name] = c.value;
+  }
+  return out;
+}
+
 }  // namespace kvtier::testing

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -101,6 +102,10 @@ int64_t FindCounter(const CounterCollector& c, std::string_view name);
 int64_t EngineCounter(TestDaemon& daemon, std::string_view name);
 int64_t ServerCounter(TestDaemon& daemon, std::string_view name);
 int64_t StatsCounter(Client& client, std::string_view name);
+// Every counter by name: the engine's (in-process), or through one Stats
+// request (an empty map, and a test failure, if it fails).
+std::map<std::string, int64_t> EngineCounters(const Engine& engine);
+std::map<std::string, int64_t> StatsCounters(Client& client);
 
 // The key chain of `blocks` blocks of a deterministic token sequence.
 std::vector<BlockKey> TestKeys(const NamespaceDescriptor& ns, size_t blocks, uint32_t seed);

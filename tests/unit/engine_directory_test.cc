@@ -91,11 +91,7 @@ class EngineDirectoryTest : public ::testing::Test {
     return e;
   }
 
-  std::map<std::string, int64_t> Counters() {
-    CounterCollector c;
-    engine_->VisitCounters(c);
-    return {c.counters().begin(), c.counters().end()};
-  }
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
   FakeClock clock_;
   std::string dir_;

@@ -71,11 +71,7 @@ class EngineNvmeTest : public ::testing::Test {
     return engine_->Commit(1, kNs, {&key, 1}, {&size, 1})[0];
   }
 
-  std::map<std::string, int64_t> Counters() {
-    CounterCollector c;
-    engine_->VisitCounters(c);
-    return {c.counters().begin(), c.counters().end()};
-  }
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
   std::string dir_;
   FakeClock clock_;
