@@ -98,12 +98,13 @@ Status LayOut(BlockDevice& device) {
   return FlushSync(device);
 }
 
-// A fresh tier on `dir`/kvtier-bench.dat (+ .index), removed on destruction.
+// A fresh tier on `dir`/kvtier-bench-PID.dat (+ .index), removed on
+// destruction (the pid keeps concurrent runs off each other's files).
 class BenchTier {
  public:
   static Result<std::unique_ptr<BenchTier>> Open(const NvmeBenchOptions& o, uint64_t block_bytes) {
     std::unique_ptr<BenchTier> t(new BenchTier());
-    t->path_ = o.dir + "/kvtier-bench.dat";
+    t->path_ = o.dir + "/kvtier-bench-" + std::to_string(::getpid()) + ".dat";
     std::filesystem::remove_all(t->path_ + ".index");
     BlockDeviceOptions d;
     d.path = t->path_;
@@ -256,7 +257,7 @@ FioResult RunFio(const NvmeBenchOptions& o, const std::string& rw, uint64_t bloc
     r.why = "skipped (--skip-fio)";
     return r;
   }
-  const std::string file = o.dir + "/kvtier-bench-fio.dat";
+  const std::string file = o.dir + "/kvtier-bench-fio-" + std::to_string(::getpid()) + ".dat";
   std::vector<std::string> argv = {o.fio, "--name=kvtier-ceiling", "--filename=" + file, "--ioengine=io_uring",
                                    "--direct=1", "--rw=" + rw, "--bs=" + std::to_string(block_bytes),
                                    "--iodepth=" + std::to_string(o.queue_depth),
@@ -285,46 +286,109 @@ FioResult RunFio(const NvmeBenchOptions& o, const std::string& rw, uint64_t bloc
   return r;
 }
 
+// One case measured over rounds: round i runs the tier and fio back to
+// back, the tier first in even rounds and fio first in odd ones, so both
+// see the device in the same state. The figures printed are the medians;
+// the ratio is the median of the rounds' own ratios (paired).
 struct Row {
   std::string op;
   uint64_t block_bytes = 0;
-  Measured tier;
-  FioResult fio;
   bool iops = false;  // compare IOPS rather than GB/s
+  std::vector<Measured> tier_rounds;
+  std::vector<FioResult> fio_rounds;
+
+  double TierFigure(const Measured& m) const { return iops ? m.Iops() : m.Gbps(); }
+  double FioFigure(const FioResult& f) const { return iops ? f.iops : f.gbps; }
+  bool fio_ran() const {
+    return !fio_rounds.empty() &&
+           std::all_of(fio_rounds.begin(), fio_rounds.end(), [](const FioResult& f) { return f.ran; });
+  }
+  uint64_t errors() const {
+    uint64_t n = 0;
+    for (const Measured& m : tier_rounds) n += m.errors;
+    return n;
+  }
+  std::vector<double> Ratios() const {
+    std::vector<double> r;
+    if (!fio_ran()) return r;
+    for (size_t i = 0; i < tier_rounds.size() && i < fio_rounds.size(); ++i) {
+      const double f = FioFigure(fio_rounds[i]);
+      r.push_back(f > 0 ? TierFigure(tier_rounds[i]) / f : 0);
+    }
+    return r;
+  }
+  const Measured& tier() const { return MedianOf(tier_rounds, [this](const Measured& m) { return TierFigure(m); }); }
+  const FioResult& fio() const { return MedianOf(fio_rounds, [this](const FioResult& f) { return FioFigure(f); }); }
   double Ratio() const {
-    if (!fio.ran) return 0;
-    return iops ? (fio.iops > 0 ? tier.Iops() / fio.iops : 0) : (fio.gbps > 0 ? tier.Gbps() / fio.gbps : 0);
+    std::vector<double> r = Ratios();
+    if (r.empty()) return 0;
+    std::sort(r.begin(), r.end());
+    return r[r.size() / 2];
+  }
+
+ private:
+  // The element with the median figure (the upper one of an even count).
+  template <typename T, typename F>
+  static const T& MedianOf(const std::vector<T>& v, F figure) {
+    std::vector<size_t> order(v.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return figure(v[a]) < figure(v[b]); });
+    return v[order[order.size() / 2]];
   }
 };
 
 void PrintRow(const Row& r) {
   char ratio[16] = "n/a";
-  if (r.fio.ran) std::snprintf(ratio, sizeof(ratio), "%.2fx", r.Ratio());
+  const bool fio = r.fio_ran();
+  if (fio) std::snprintf(ratio, sizeof(ratio), "%.2fx", r.Ratio());
+  const Measured& t = r.tier();
   if (r.iops) {
-    std::printf("  %-9s %8s  %10.0f IOPS  %8.2f GB/s | fio %10.0f IOPS | %s  (errors %llu)\n", r.op.c_str(),
-                Size(r.block_bytes).c_str(), r.tier.Iops(), r.tier.Gbps(), r.fio.iops, ratio,
-                (unsigned long long)r.tier.errors);
+    std::printf("  %-9s %8s  %10.0f IOPS  %8.2f GB/s | fio %10.0f IOPS | %s", r.op.c_str(), Size(r.block_bytes).c_str(),
+                t.Iops(), t.Gbps(), r.fio().iops, ratio);
   } else {
-    std::printf("  %-9s %8s  %8.2f GB/s  %8.0f ops/s | fio %7.2f GB/s | %s  (errors %llu)\n", r.op.c_str(),
-                Size(r.block_bytes).c_str(), r.tier.Gbps(), r.tier.Iops(), r.fio.gbps, ratio,
-                (unsigned long long)r.tier.errors);
+    std::printf("  %-9s %8s  %8.2f GB/s  %8.0f ops/s | fio %7.2f GB/s | %s", r.op.c_str(), Size(r.block_bytes).c_str(),
+                t.Gbps(), t.Iops(), r.fio().gbps, ratio);
   }
-  if (!r.fio.ran) std::printf("            fio: %s\n", r.fio.why.c_str());
+  std::vector<double> ratios = r.Ratios();
+  if (ratios.size() > 1) {
+    const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+    std::printf("  (rounds %.2fx-%.2fx)", *lo, *hi);
+  }
+  std::printf("  (errors %llu)\n", (unsigned long long)r.errors());
+  if (!fio) {
+    for (const FioResult& f : r.fio_rounds) {
+      if (f.ran) continue;
+      std::printf("            fio: %s\n", f.why.c_str());
+      break;
+    }
+  }
 }
 
 void WriteJson(const std::string& path, const NvmeBenchOptions& o, const std::string& kind,
                const std::vector<Row>& rows) {
   std::ofstream out(path);
   out << "{\n  \"dir\": \"" << o.dir << "\", \"file_bytes\": " << o.file_bytes << ", \"queue_depth\": "
-      << o.queue_depth << ", \"io_threads\": " << o.io_threads << ", \"io_engine\": \"" << kind << "\",\n  \"rows\": [\n";
+      << o.queue_depth << ", \"io_threads\": " << o.io_threads << ", \"io_engine\": \"" << kind
+      << "\", \"rounds\": " << o.rounds << ",\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    out << "    {\"op\": \"" << r.op << "\", \"block_bytes\": " << r.block_bytes << ", \"gbps\": " << r.tier.Gbps()
-        << ", \"iops\": " << r.tier.Iops() << ", \"errors\": " << r.tier.errors << ", \"fio_gbps\": " << r.fio.gbps
-        << ", \"fio_iops\": " << r.fio.iops << ", \"ratio\": " << (r.fio.ran ? r.Ratio() : 0) << "}"
-        << (i + 1 < rows.size() ? ",\n" : "\n");
+    out << "    {\"op\": \"" << r.op << "\", \"block_bytes\": " << r.block_bytes << ", \"gbps\": " << r.tier().Gbps()
+        << ", \"iops\": " << r.tier().Iops() << ", \"errors\": " << r.errors() << ", \"fio_gbps\": " << r.fio().gbps
+        << ", \"fio_iops\": " << r.fio().iops << ", \"ratio\": " << r.Ratio() << ", \"round_ratios\": [";
+    const std::vector<double> ratios = r.Ratios();
+    for (size_t k = 0; k < ratios.size(); ++k) out << (k ? ", " : "") << ratios[k];
+    out << "]}" << (i + 1 < rows.size() ? ",\n" : "\n");
   }
   out << "  ]\n}\n";
+}
+
+// Round `round` of one case into `row`: `tier` and `fio` once each, in
+// the alternating order Row describes.
+template <typename TierRun, typename FioRun>
+void RunRound(uint32_t round, Row& row, TierRun tier, FioRun fio) {
+  if (round % 2 == 1) row.fio_rounds.push_back(fio());
+  row.tier_rounds.push_back(tier());
+  if (round % 2 == 0) row.fio_rounds.push_back(fio());
 }
 
 }  // namespace
@@ -346,7 +410,10 @@ void AddNvmeBenchOptions(CLI::App& app, NvmeBenchOptions& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--io-threads", o.io_threads, "Tier I/O threads (rings)")->capture_default_str();
-  app.add_option("--seconds", o.seconds, "Seconds per case (tier and fio each)")->capture_default_str();
+  app.add_option("--seconds", o.seconds, "Seconds per case and round (tier and fio each)")->capture_default_str();
+  app.add_option("--rounds", o.rounds, "Rounds per case, tier and fio alternating first; medians are reported")
+      ->check(CLI::Range(1, 99))
+      ->capture_default_str();
   app.add_option("--fio", o.fio, "fio binary")->capture_default_str();
   app.add_flag("--skip-fio", o.skip_fio, "Do not run fio (ratios print as n/a)");
   app.add_option("--json", o.json_path, "Also write the results to this file as JSON");
@@ -364,16 +431,28 @@ int RunNvmeBench(const NvmeBenchOptions& o) {
     if (!bench.ok()) return fail("cannot open the tier in " + o.dir, bench.status());
     kind = (*bench)->kind();
     NvmeTier& tier = (*bench)->tier();
+    // Each round's writes take keys after the last round's; the log wraps
+    // around (reclaim) once the file is full. Reads cycle over what is left.
+    uint64_t next_key = 0;
     Row write{"write", block};
-    write.tier = WriteBlocks(tier, block, o.queue_depth, o.seconds, 0, UINT64_MAX);
-    std::vector<BlockKey> resident;
-    for (uint64_t k = 0; k < write.tier.ops + write.tier.errors; ++k) {
-      if (tier.Find(BlockKey{0xbe4c, k})) resident.push_back(BlockKey{0xbe4c, k});
-    }
     Row read{"read", block};
-    read.tier = ReadBlocks(tier, resident, block, o.queue_depth, o.seconds);
-    write.fio = RunFio(o, "write", block);
-    read.fio = RunFio(o, "read", block);
+    for (uint32_t round = 0; round < o.rounds; ++round) {
+      RunRound(
+          round, write,
+          [&] {
+            Measured m = WriteBlocks(tier, block, o.queue_depth, o.seconds, next_key, UINT64_MAX);
+            next_key += m.ops + m.errors;
+            return m;
+          },
+          [&] { return RunFio(o, "write", block); });
+      std::vector<BlockKey> resident;
+      for (uint64_t k = 0; k < next_key; ++k) {
+        if (tier.Find(BlockKey{0xbe4c, k})) resident.push_back(BlockKey{0xbe4c, k});
+      }
+      RunRound(
+          round, read, [&] { return ReadBlocks(tier, resident, block, o.queue_depth, o.seconds); },
+          [&] { return RunFio(o, "read", block); });
+    }
     rows.push_back(write);
     rows.push_back(read);
   }
@@ -392,15 +471,23 @@ int RunNvmeBench(const NvmeBenchOptions& o) {
     std::shuffle(resident.begin(), resident.end(), std::mt19937_64(42));
     Row random{"randread", block};
     random.iops = true;
-    random.tier = ReadBlocks(tier, resident, block, o.queue_depth, o.seconds);
-    random.tier.errors += fill.errors;
-    random.fio = RunFio(o, "randread", block);
+    for (uint32_t round = 0; round < o.rounds; ++round) {
+      RunRound(
+          round, random, [&] { return ReadBlocks(tier, resident, block, o.queue_depth, o.seconds); },
+          [&] { return RunFio(o, "randread", block); });
+    }
+    random.tier_rounds.front().errors += fill.errors;
     rows.push_back(random);
   }
 
   std::printf("NVMe tier (in-process NvmeTier on %s, %s I/O, %u ring(s), queue depth %u, %s file) beside fio\n"
               "(io_uring, O_DIRECT, same directory, block size and depth, %.0f s each), measured in this run:\n\n",
               o.dir.c_str(), kind.c_str(), o.io_threads, o.queue_depth, Size(o.file_bytes).c_str(), o.seconds);
+  if (o.rounds > 1) {
+    std::printf("Each case ran %u rounds, tier and fio back to back (alternating which goes first); medians below,\n"
+                "the ratio being the median of the rounds' ratios:\n\n",
+                o.rounds);
+  }
   for (const Row& r : rows) PrintRow(r);
   std::printf("\n  write     sequential appends of whole blocks (staging copy, 4 KiB header, RocksDB index entry;\n"
               "            the block's xxh3 handed over as the engine does when it demotes) vs fio --rw=write\n"
@@ -408,7 +495,7 @@ int RunNvmeBench(const NvmeBenchOptions& o) {
               "  randread  whole blocks in random order over 3/4 of the file vs fio --rw=randread\n\n");
   bool seq_met = true, rand_met = true, any = false;
   for (const Row& r : rows) {
-    if (!r.fio.ran) continue;
+    if (!r.fio_ran()) continue;
     any = true;
     if (r.iops) rand_met = rand_met && r.Ratio() >= 0.7;
     else seq_met = seq_met && r.Ratio() >= 0.8;

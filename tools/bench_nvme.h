@@ -2,7 +2,8 @@
 // (1 MiB and 32 MiB by default) and its random-read IOPS for 64 KiB blocks,
 // at queue depth 32, each beside fio (io_uring, O_DIRECT, a file of the same
 // size in the same directory, same block size and depth) run in the same
-// invocation, printed as a ratio.
+// invocation, printed as a ratio. Each case runs --rounds rounds of tier
+// and fio back to back, alternating which goes first, and reports medians.
 //
 // The tier runs in-process on a fresh file and index in --dir (removed at
 // the end): the same NvmeTier, BlockDevice and staging code kvtierd uses,
@@ -26,7 +27,10 @@ struct NvmeBenchOptions {
   // Tier region size; 0: nvme.region_bytes's default (64 MiB).
   uint64_t region_bytes = 0;
   uint32_t io_threads = 1;
-  double seconds = 3.0;
+  double seconds = 3.0;  // per case, round and side
+  // Rounds per case: tier and fio back to back, alternating which runs
+  // first; the medians are reported (this VM's disk swings between runs).
+  uint32_t rounds = 3;
   std::string fio = "fio";
   bool skip_fio = false;
   std::string json_path;
