@@ -1,0 +1,142 @@
+#include "policy/admission_policy.h"
+
+#include <string>
+
+namespace kvtier {
+
+std::string_view AdmissionOutcomeName(AdmissionOutcome o) {
+  switch (o) {
+    case AdmissionOutcome::kAdmitted: return "admitted";
+    case AdmissionOutcome::kFirstSighting: return "first_sighting";
+    case AdmissionOutcome::kClosedSession: return "closed_session";
+    case AdmissionOutcome::kBelowCutoff: return "below_cutoff";
+    case AdmissionOutcome::kNoBudget: return "no_budget";
+    case AdmissionOutcome::kParentMissing: return "parent_missing";
+  }
+  return "unknown";
+}
+
+void AdmissionPolicy::Count(AdmissionOutcome o, uint64_t bytes) {
+  ++decisions_[static_cast<size_t>(o)];
+  if (o == AdmissionOutcome::kAdmitted) admitted_bytes_ += static_cast<int64_t>(bytes);
+}
+
+void AdmissionPolicy::VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t) const {
+  const std::string p(prefix);
+  for (size_t i = 0; i < kAdmissionOutcomes; ++i) {
+    const auto o = static_cast<AdmissionOutcome>(i);
+    const std::string_view what = AdmissionOutcomeName(o);
+    v.Visit(o == AdmissionOutcome::kAdmitted ? p + ".admitted" : p + ".rejected_" + std::string(what), decisions_[i]);
+  }
+  v.Visit(p + ".admitted_bytes", admitted_bytes_);
+}
+
+namespace {
+
+class AdmitAllPolicy final : public AdmissionPolicy {
+ public:
+  AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t) override {
+    Count(AdmissionOutcome::kAdmitted, c.bytes);
+    return AdmissionOutcome::kAdmitted;
+  }
+  std::string_view name() const override { return "all"; }
+};
+
+// The rules every selective policy shares: the classes never admitted and
+// prefix closure. kAdmitted means "eligible".
+AdmissionOutcome Eligibility(const AdmissionCandidate& c) {
+  if (c.cls == AdmissionClass::kFirstSighting) return AdmissionOutcome::kFirstSighting;
+  if (c.cls == AdmissionClass::kClosedSession) return AdmissionOutcome::kClosedSession;
+  if (!c.parent_cached) return AdmissionOutcome::kParentMissing;
+  return AdmissionOutcome::kAdmitted;
+}
+
+class SecondHitPolicy final : public AdmissionPolicy {
+ public:
+  AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t) override {
+    const AdmissionOutcome o = Eligibility(c);
+    Count(o, c.bytes);
+    return o;
+  }
+  std::string_view name() const override { return "second_hit"; }
+};
+
+// Eligibility, then the class cutoff, then the budget. Every update
+// interval the cutoff compares what the admissible classes asked for with
+// r(t): above 110% it narrows by one class (never past kShared), below 70%
+// it widens by one (never past kReused).
+class DwpdPolicy final : public AdmissionPolicy {
+ public:
+  DwpdPolicy(const DwpdOptions& o, uint64_t now_us)
+      : interval_us_(o.update_interval_us), window_start_us_(now_us), dwpd_(o, now_us) {}
+
+  AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t now_us) override {
+    Roll(now_us);
+    AdmissionOutcome o = Eligibility(c);
+    if (o == AdmissionOutcome::kAdmitted && c.cls > cutoff_) o = AdmissionOutcome::kBelowCutoff;
+    if (o == AdmissionOutcome::kAdmitted) {
+      demand_bytes_ += c.bytes;
+      if (!dwpd_.TryTake(c.bytes, now_us)) o = AdmissionOutcome::kNoBudget;
+    }
+    Count(o, c.bytes);
+    return o;
+  }
+
+  void OnDeviceWritten(uint64_t total_bytes, uint64_t now_us) override {
+    Roll(now_us);
+    dwpd_.OnDeviceWritten(total_bytes, now_us);
+  }
+
+  void Charge(uint64_t bytes, uint64_t now_us) override {
+    Roll(now_us);
+    dwpd_.Charge(bytes, now_us);
+    charged_bytes_ += static_cast<int64_t>(bytes);
+  }
+
+  void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const override {
+    AdmissionPolicy::VisitCounters(prefix, v, now_us);
+    const std::string p(prefix);
+    v.Visit(p + ".cutoff_class", static_cast<int64_t>(cutoff_));
+    v.Visit(p + ".charged_bytes", charged_bytes_);
+    v.Visit(p + ".budget_bytes_per_day", static_cast<int64_t>(dwpd_.budget_bytes_per_day()));
+    v.Visit(p + ".written_today_bytes", static_cast<int64_t>(dwpd_.written_today(now_us)));
+    v.Visit(p + ".allowed_rate_bytes_per_s", static_cast<int64_t>(dwpd_.allowed_rate()));
+    v.Visit(p + ".projected_life_days", static_cast<int64_t>(dwpd_.projected_life_years(now_us) * 365.0));
+  }
+
+  std::string_view name() const override { return "dwpd"; }
+
+ private:
+  void Roll(uint64_t now_us) {
+    if (now_us < window_start_us_ + interval_us_) return;
+    const double seconds = double(now_us - window_start_us_) / 1e6;
+    const double asked = double(demand_bytes_) / seconds;
+    const double allowed = dwpd_.allowed_rate();
+    if (asked > 1.1 * allowed && cutoff_ > AdmissionClass::kShared) {
+      cutoff_ = static_cast<AdmissionClass>(static_cast<uint8_t>(cutoff_) - 1);
+    } else if (asked < 0.7 * allowed && cutoff_ < AdmissionClass::kReused) {
+      cutoff_ = static_cast<AdmissionClass>(static_cast<uint8_t>(cutoff_) + 1);
+    }
+    demand_bytes_ = 0;
+    window_start_us_ = now_us;
+  }
+
+  uint64_t interval_us_;
+  uint64_t window_start_us_;
+  uint64_t demand_bytes_ = 0;
+  int64_t charged_bytes_ = 0;
+  AdmissionClass cutoff_ = AdmissionClass::kReused;
+  DwpdBudget dwpd_;
+};
+
+}  // namespace
+
+std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy() { return std::make_unique<AdmitAllPolicy>(); }
+std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy() { return std::make_unique<SecondHitPolicy>(); }
+
+Result<std::unique_ptr<AdmissionPolicy>> MakeDwpdPolicy(const DwpdOptions& options, uint64_t now_us) {
+  if (Status s = ValidateDwpdOptions(options); !s.ok()) return s;
+  return std::unique_ptr<AdmissionPolicy>(std::make_unique<DwpdPolicy>(options, now_us));
+}
+
+}  // namespace kvtier

@@ -1,0 +1,91 @@
+// Admission policies: whether a block leaving a faster tier may be written
+// to a slower one (today: host -> NVMe). Pure and synchronous like the
+// eviction policies; the engine and the replay tool drive the same classes.
+//
+//   all         admit everything (no endurance control)
+//   second_hit  admit blocks with evidence of reuse (classes up to kReused)
+//               whose parent is cached; no write budget
+//   dwpd        second_hit's rules plus a DWPD write budget (dwpd_budget.h)
+//               and a class cutoff that narrows when the eligible blocks ask
+//               for more than the budget allows
+//
+// Prefix closure: a block is worth storing only if its prefix can be found
+// too, so second_hit and dwpd refuse a block whose parent is not cached.
+// "Cached" (AdmissionCandidate::parent_cached) is the caller's call: the
+// parent is on the target tier, in a faster one (it will be offered in its
+// turn), or was admitted just before it. Eviction takes a chain's tail
+// first, so requiring the parent on the target tier alone would admit only
+// chain roots.
+//
+// Not thread-safe: the caller serializes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "common/counters.h"
+#include "kvtier/result.h"
+#include "policy/dwpd_budget.h"
+
+namespace kvtier {
+
+// Why a block deserves a place, most deserving first. The engine derives it
+// from what it knows of the block's use.
+enum class AdmissionClass : uint8_t {
+  kShared = 0,       // used by >= 2 requests or sessions, or pinned
+  kOpenSessionTail,  // the tail of a session still open (its next turn will want it)
+  kReused,           // seen twice, or hit while in DRAM
+  kFirstSighting,    // written once, never read: never admitted by second_hit / dwpd
+  kClosedSession,    // its session closed or expired: never admitted by second_hit / dwpd
+};
+
+enum class AdmissionOutcome : uint8_t {
+  kAdmitted = 0,
+  kFirstSighting,  // rejected: class kFirstSighting
+  kClosedSession,  // rejected: class kClosedSession
+  kBelowCutoff,    // rejected: class below the current cutoff (dwpd)
+  kNoBudget,       // rejected: the write budget's bucket is short (dwpd)
+  kParentMissing,  // rejected: prefix closure
+};
+inline constexpr size_t kAdmissionOutcomes = 6;
+// "admitted", "first_sighting", ... (counter names).
+std::string_view AdmissionOutcomeName(AdmissionOutcome o);
+
+struct AdmissionCandidate {
+  uint64_t bytes = 0;  // what writing it costs the device (record with header)
+  AdmissionClass cls = AdmissionClass::kFirstSighting;
+  bool parent_cached = true;  // a chain root, or its parent is cached (see above)
+};
+
+class AdmissionPolicy {
+ public:
+  virtual ~AdmissionPolicy() = default;
+  // Decides, and when admitting takes the bytes from the budget (if any).
+  virtual AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t now_us) = 0;
+  // The device's total bytes written since the tier opened, all causes
+  // included (the budget's W); call at least once per update interval.
+  virtual void OnDeviceWritten(uint64_t total_bytes, uint64_t now_us) {}
+  // A write the tier makes without asking (reinsertion at reclaim): paid
+  // from the budget, if any, so it counts against the same 24 h bound.
+  virtual void Charge(uint64_t bytes, uint64_t now_us) {}
+  // Counters under `prefix` (e.g. "nvme.admission"): decisions by outcome
+  // and, for dwpd, the budget's state.
+  virtual void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const;
+  virtual std::string_view name() const = 0;
+
+ protected:
+  void Count(AdmissionOutcome o, uint64_t bytes);
+
+ private:
+  std::array<int64_t, kAdmissionOutcomes> decisions_{};
+  int64_t admitted_bytes_ = 0;
+};
+
+std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy();
+std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy();
+// InvalidArgument when the options do not validate. `now_us` is t0.
+Result<std::unique_ptr<AdmissionPolicy>> MakeDwpdPolicy(const DwpdOptions& options, uint64_t now_us);
+
+}  // namespace kvtier
