@@ -2,12 +2,14 @@
 //   kvtier stats [--socket PATH]          every counter of a running kvtierd
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
+//   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "kvtier/client.h"
 #include "tools/bench_host.h"
 #include "tools/bench_nvme.h"
+#include "tools/bench_policy.h"
 
 namespace {
 
@@ -47,10 +49,14 @@ int main(int argc, char** argv) {
   kvtier::tools::NvmeBenchOptions nvme_options;
   auto* nvme = bench->add_subcommand("nvme", "NVMe tier write/read GB/s and random-read IOPS vs fio");
   kvtier::tools::AddNvmeBenchOptions(*nvme, nvme_options);
+  kvtier::tools::PolicyBenchOptions policy_options;
+  auto* policy = bench->add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
+  kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
 
   CLI11_PARSE(app, argc, argv);
   if (stats->parsed()) return Stats(socket_path);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
+  if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   return 2;
 }
