@@ -76,6 +76,28 @@ constexpr OptionSpec kOptions[] = {
     {"nvme.reinsert_percent", OptionType::kInt, "10", 0, 100, "", false,
      "Before reclaiming a region, copy forward its blocks read since written, up to this % of the bytes written; 0: off.",
      &DaemonConfig::nvme_reinsert_percent, nullptr},
+    {"nvme.admission", OptionType::kChoice, "\"dwpd\"", 0, 0, "all|second_hit|dwpd", false,
+     "Which evicted host blocks are written to NVMe: all; second_hit (blocks read at least once, whose parent is "
+     "cached); dwpd (second_hit's rules within the drive's DWPD write budget).",
+     nullptr, &DaemonConfig::nvme_admission},
+    {"nvme.dwpd_drive_bytes", OptionType::kBytes, "0", 0, 1024 * kTiB, "", false,
+     "dwpd: capacity of the drive the budget protects; 0: the size of the file system holding nvme.path.",
+     &DaemonConfig::nvme_dwpd_drive_bytes, nullptr},
+    {"nvme.dwpd", OptionType::kReal, "1.0", 0, 0, "", false,
+     "dwpd: the drive's rated drive writes per day.",
+     nullptr, nullptr, false, &DaemonConfig::nvme_dwpd, 0.01, 100},
+    {"nvme.dwpd_warranty_years", OptionType::kReal, "5.0", 0, 0, "", false,
+     "dwpd: the years the DWPD rating covers.",
+     nullptr, nullptr, false, &DaemonConfig::nvme_dwpd_warranty_years, 0.1, 50},
+    {"nvme.dwpd_planned_years", OptionType::kReal, "5.0", 0, 0, "", false,
+     "dwpd: the years the drive should last; longer than the warranty lowers the budget in proportion.",
+     nullptr, nullptr, false, &DaemonConfig::nvme_dwpd_planned_years, 0.1, 50},
+    {"nvme.dwpd_share", OptionType::kReal, "1.0", 0, 0, "", false,
+     "dwpd: the part of the drive's write endurance kvtier may use (others share the drive).",
+     nullptr, nullptr, false, &DaemonConfig::nvme_dwpd_share, 0.001, 1},
+    {"nvme.dwpd_max_write_rate", OptionType::kBytes, "0", 0, 1024 * kGiB, "", false,
+     "dwpd: the fastest it may write (bytes per second) when catching up after idle time; 0: twice the daily rate.",
+     &DaemonConfig::nvme_dwpd_max_write_rate, nullptr},
     {"nvme.sync_index", OptionType::kBool, "false", 0, 1, "", false,
      "fsync the index on every update: survives power loss, not only process crashes.",
      &DaemonConfig::nvme_sync_index, nullptr},
@@ -113,8 +135,20 @@ Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_v
   const std::string where = Where(origin, node);
   const std::string name(spec.name);
   int64_t number = 0;
+  double real = 0;
   std::string text;
   switch (spec.type) {
+    case OptionType::kReal:
+      if (node.is_floating_point()) real = node.as_floating_point()->get();
+      else if (node.is_integer()) real = static_cast<double>(node.as_integer()->get());
+      else return InvalidArgument(where + ": " + name + " must be a number");
+      if (!(real >= spec.real_min && real <= spec.real_max)) {
+        std::ostringstream out;
+        out << where << ": " << name << " = " << real << " is outside [" << spec.real_min << ", " << spec.real_max
+            << "]";
+        return InvalidArgument(out.str());
+      }
+      break;
     case OptionType::kInt:
       if (!node.is_integer()) return InvalidArgument(where + ": " + name + " must be an integer");
       number = node.as_integer()->get();
@@ -155,6 +189,7 @@ Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_v
   }
   if (spec.int_field != nullptr) config.*spec.int_field = number;
   if (spec.string_field != nullptr) config.*spec.string_field = text;
+  if (spec.real_field != nullptr) config.*spec.real_field = real;
   return Status::Ok();
 }
 
@@ -266,6 +301,7 @@ std::string OptionsHelp() {
     if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes) {
       out << "  [" << spec.min << ".." << spec.max << "]";
     }
+    if (spec.type == OptionType::kReal) out << "  [" << spec.real_min << ".." << spec.real_max << "]";
     if (spec.runtime_changeable) out << "  (run-time)";
     out << "\n      " << spec.doc << "\n";
   }

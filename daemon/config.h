@@ -38,6 +38,13 @@ struct DaemonConfig {
   int64_t nvme_staging_bytes = 0;
   int64_t nvme_sync_index = 0;    // bool
   int64_t nvme_reinsert_percent = 0;
+  std::string nvme_admission;     // "all" | "second_hit" | "dwpd"
+  int64_t nvme_dwpd_drive_bytes = 0;  // 0: the file system holding nvme.path
+  double nvme_dwpd = 0;
+  double nvme_dwpd_warranty_years = 0;
+  double nvme_dwpd_planned_years = 0;
+  double nvme_dwpd_share = 0;
+  int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo"
@@ -45,7 +52,9 @@ struct DaemonConfig {
   std::string log_level;
 };
 
-enum class OptionType { kInt, kBytes, kString, kChoice, kBool };  // kBool lands in an int field as 0/1
+// kBool lands in an int field as 0/1; kReal in a double field, bounded by
+// real_min/real_max.
+enum class OptionType { kInt, kBytes, kString, kChoice, kBool, kReal };
 
 struct OptionSpec {
   std::string_view name;           // "section.key" as written in TOML
@@ -56,10 +65,13 @@ struct OptionSpec {
   std::string_view choices;        // kChoice: "a|b|c"
   bool runtime_changeable = false;
   std::string_view doc;
-  // Where the value lands: exactly one of the two is set.
+  // Where the value lands: exactly one of the three is set.
   int64_t DaemonConfig::*int_field = nullptr;
   std::string DaemonConfig::*string_field = nullptr;
   bool may_be_empty = false;  // kString: "" is a valid value (e.g. "feature off")
+  double DaemonConfig::*real_field = nullptr;
+  double real_min = 0;  // kReal bounds (inclusive)
+  double real_max = 0;
 };
 
 // The table itself, in documentation order.

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine_shard.h"
+#include "daemon/nvme_admission.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
@@ -132,7 +133,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   if (MakePolicy(options.eviction) == nullptr) {
     return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo)");
   }
-  return std::unique_ptr<Engine>(new Engine(options, host, clock, nvme));
+  std::unique_ptr<NvmeAdmission> admission;
+  if (nvme != nullptr) {
+    auto made = NvmeAdmission::Create(options.nvme_admission, options.dwpd, *nvme, clock);
+    if (!made.ok()) return made.status();
+    admission = std::move(made).value();
+  }
+  std::unique_ptr<Engine> engine(new Engine(options, host, clock, nvme));
+  engine->admission_ = std::move(admission);
+  return engine;
 }
 
 void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
@@ -712,6 +721,13 @@ bool Engine::EvictOne() {
     RemoveCommitted(shard, host_, it);
     return true;
   }
+  // A block the tier already holds (promoted earlier) costs no write; any
+  // other goes through admission, and a refused one is dropped.
+  if (!nvme_->Find(it->first) && !admission_->Admit(it->second.size, it->second.hits)) {
+    Bump(counters_.admission_drops);
+    RemoveCommitted(shard, host_, it);
+    return true;
+  }
   // Take it out of the index but keep its bytes until the NVMe tier has
   // copied them (Demote copies before it returns), outside the shard lock.
   const BlockKey victim = it->first;
@@ -822,6 +838,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotions", load(counters_.demotions));
   v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
   v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
+  v.Visit("engine.admission_drops", load(counters_.admission_drops));
   v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
   v.Visit("engine.layer_reads", load(counters_.layer_reads));
   v.Visit("engine.demotion_waits", load(counters_.demotion_waits));
@@ -831,6 +848,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
   host_.VisitCounters(v);
   if (nvme_ != nullptr) nvme_->VisitCounters(v);
+  if (admission_ != nullptr) admission_->VisitCounters(v);
 }
 
 }  // namespace kvtier

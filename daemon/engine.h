@@ -14,8 +14,8 @@
 // A session's uncommitted reservations and leases die with CloseSession.
 //
 // With an NVMe tier: an evicted block is demoted (copied into the tier's
-// staging memory, then written; visible there once written) through the
-// admission hook (accept-all for now); a Pin of an NVMe-resident block
+// staging memory, then written; visible there once written) if the NVMe
+// admission policy (nvme_admission.h) admits it, else dropped; a Pin of an NVMe-resident block
 // promotes it (arena space, a verified read into it, then committed and
 // pinned like any host block; the NVMe copy stays). Concurrent pins of a
 // block being promoted wait for the one read.
@@ -37,11 +37,13 @@
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
+#include "policy/dwpd_budget.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
 
 class NvmeTier;
+class NvmeAdmission;
 
 using SessionId = uint64_t;
 using LeaseId = uint64_t;
@@ -49,6 +51,10 @@ using LeaseId = uint64_t;
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
   std::string eviction = "lru"; // "lru" | "fifo"
+  // With an NVMe tier: which evicted blocks it gets, "all" | "second_hit" |
+  // "dwpd" (then `dwpd` must validate). kvtierd's default is "dwpd".
+  std::string nvme_admission = "all";
+  DwpdOptions dwpd;
 };
 
 struct SlotGrant {
@@ -207,6 +213,7 @@ class Engine {
   HostTier& host_;
   const Clock& clock_;
   NvmeTier* const nvme_;
+  std::unique_ptr<NvmeAdmission> admission_;  // set with nvme_
   std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
   std::mutex io_mu_;
@@ -227,7 +234,7 @@ class Engine {
     std::atomic<int64_t> erases{0}, evictions{0}, eviction_failures{0};
     std::atomic<int64_t> sessions_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
-    std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0};
+    std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0}, admission_drops{0};
     std::atomic<int64_t> layer_reads{0};
     std::atomic<int64_t> demotion_waits{0};  // evictions that waited for a busy NVMe tier  // layer-range pins served by an NVMe read
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};

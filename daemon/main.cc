@@ -55,6 +55,22 @@ int Serve(const DaemonConfig& config) {
     return 1;
   }
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
+  if (*nvme) {
+    auto dwpd = DwpdFromConfig(config);
+    if (!dwpd.ok()) {
+      spdlog::critical("nvme admission: {}", dwpd.status().ToString());
+      return 1;
+    }
+    engine_options.nvme_admission = config.nvme_admission;
+    engine_options.dwpd = *dwpd;
+    if (config.nvme_admission == "dwpd") {
+      const DwpdBudget budget(*dwpd, 0);
+      spdlog::info("nvme admission: dwpd, drive {} bytes x {} DWPD, budget {} bytes/day ({:.1f} MB/s)",
+                   dwpd->drive_capacity_bytes, dwpd->dwpd, budget.budget_bytes_per_day(), budget.daily_rate() / 1e6);
+    } else {
+      spdlog::info("nvme admission: {}", config.nvme_admission);
+    }
+  }
   auto engine = Engine::Create(engine_options, **host, clock, nvme->get());
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());

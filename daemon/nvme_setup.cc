@@ -1,5 +1,16 @@
 #include "daemon/nvme_setup.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
 #include "common/logging.h"
 
 namespace kvtier {
@@ -33,6 +44,58 @@ Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock
                config.nvme_path, (*tier)->device().capacity_bytes(), kind, index_path, r.entries_loaded,
                r.dropped_stale, r.dropped_corrupt);
   return tier;
+}
+
+namespace {
+
+// "<what>: <strerror(error)>", built by appending (GCC 12 warns falsely
+// about a chain of operator+ here).
+Status SizeError(std::string what, int error) {
+  what += ": ";
+  what += std::strerror(error);
+  return IoError(std::move(what));
+}
+
+// The size of what holds `path`: a block device, or the file system of a
+// file (which need not exist yet; its directory must).
+Result<uint64_t> DriveBytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISBLK(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return SizeError("cannot open " + path + " to size it", errno);
+    uint64_t bytes = 0;
+    const int rc = ::ioctl(fd, BLKGETSIZE64, &bytes);
+    const int error = errno;
+    ::close(fd);
+    if (rc != 0) return SizeError("cannot size block device " + path, error);
+    return bytes;
+  }
+  std::error_code ec;
+  const std::string dir = std::filesystem::absolute(path, ec).parent_path().string();
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) {
+    return SizeError("cannot size the file system of " + path + " (set nvme.dwpd_drive_bytes)", errno);
+  }
+  return uint64_t{fs.f_blocks} * fs.f_frsize;
+}
+
+}  // namespace
+
+Result<DwpdOptions> DwpdFromConfig(const DaemonConfig& config) {
+  DwpdOptions o;
+  o.dwpd = config.nvme_dwpd;
+  o.warranty_years = config.nvme_dwpd_warranty_years;
+  o.planned_years = config.nvme_dwpd_planned_years;
+  o.share = config.nvme_dwpd_share;
+  o.max_write_rate = static_cast<double>(config.nvme_dwpd_max_write_rate);
+  if (config.nvme_dwpd_drive_bytes > 0) {
+    o.drive_capacity_bytes = static_cast<uint64_t>(config.nvme_dwpd_drive_bytes);
+  } else if (!config.nvme_path.empty()) {
+    auto bytes = DriveBytes(config.nvme_path);
+    if (!bytes.ok()) return bytes.status();
+    o.drive_capacity_bytes = *bytes;
+  }
+  return o;
 }
 
 }  // namespace kvtier

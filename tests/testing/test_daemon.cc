@@ -63,6 +63,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
                                      : static_cast<uint32_t>(options.directory_slots);
   host_ = OpenTestHostTier(options.arena_bytes, directory_slots);
   if (host_ == nullptr) std::abort();
+  DwpdOptions dwpd;
   if (!options.nvme_path.empty()) {
     auto config = ParseConfig("", "<test>");
     config->nvme_path = options.nvme_path;
@@ -81,8 +82,14 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
       std::abort();
     }
     nvme_ = std::move(*nvme);
+    auto from_config = DwpdFromConfig(*config);
+    if (!from_config.ok()) ADD_FAILURE() << "DwpdFromConfig: " << from_config.status().ToString();
+    if (from_config.ok()) dwpd = *from_config;
   }
-  auto engine = Engine::Create(EngineOptions{options.shards, options.eviction}, *host_, clock_, nvme_.get());
+  EngineOptions engine_options{options.shards, options.eviction};
+  engine_options.nvme_admission = options.nvme_admission;
+  engine_options.dwpd = dwpd;
+  auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();
     std::abort();

@@ -37,6 +37,9 @@ struct TestDaemonOptions {
   uint64_t nvme_region_bytes = 4ull << 20;
   bool nvme_preallocate = true;
   std::string nvme_index_path;  // empty: nvme_path + ".index"
+  // Which evicted blocks the NVMe tier gets ("all" here, so tests of the
+  // tier see every eviction; kvtierd defaults to "dwpd").
+  std::string nvme_admission = "all";
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.

@@ -55,6 +55,9 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
     if (spec.string_field != nullptr) {
       EXPECT_EQ(a.*spec.string_field, b.*spec.string_field) << spec.name;
     }
+    if (spec.real_field != nullptr) {
+      EXPECT_EQ(a.*spec.real_field, b.*spec.real_field) << spec.name;
+    }
   }
 }
 
@@ -77,8 +80,15 @@ TEST(ConfigTest, TableIsWellFormed) {
     SCOPED_TRACE(std::string(spec.name));
     EXPECT_NE(spec.name.find('.'), std::string_view::npos);
     EXPECT_FALSE(spec.doc.empty());
-    EXPECT_NE(spec.int_field == nullptr, spec.string_field == nullptr) << "exactly one field";
-    if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes || spec.type == OptionType::kBool) {
+    EXPECT_EQ((spec.int_field != nullptr) + (spec.string_field != nullptr) + (spec.real_field != nullptr), 1)
+        << "exactly one field";
+    if (spec.type == OptionType::kReal) {
+      EXPECT_NE(spec.real_field, nullptr);
+      EXPECT_LE(spec.real_min, spec.real_max);
+      const double d = std::stod(std::string(spec.default_value));
+      EXPECT_GE(d, spec.real_min);
+      EXPECT_LE(d, spec.real_max);
+    } else if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes || spec.type == OptionType::kBool) {
       EXPECT_NE(spec.int_field, nullptr);
       EXPECT_LE(spec.min, spec.max);
       const int64_t d = IntDefault(spec);
@@ -103,6 +113,9 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
     }
     if (spec.string_field != nullptr) {
       EXPECT_EQ((*config).*spec.string_field, StringDefault(spec));
+    }
+    if (spec.real_field != nullptr) {
+      EXPECT_EQ((*config).*spec.real_field, std::stod(std::string(spec.default_value)));
     }
   }
   // Spot checks against the documented values.
@@ -230,6 +243,42 @@ index_path = ""
   ExpectInvalid("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
   ExpectInvalid("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
   ExpectInvalid("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
+}
+
+TEST(ConfigTest, AdmissionAndDwpdOptions) {
+  auto defaults = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->nvme_admission, "dwpd");
+  EXPECT_EQ(defaults->nvme_dwpd_drive_bytes, 0) << "0: the file system's size";
+  EXPECT_EQ(defaults->nvme_dwpd, 1.0);
+  EXPECT_EQ(defaults->nvme_dwpd_warranty_years, 5.0);
+  EXPECT_EQ(defaults->nvme_dwpd_planned_years, 5.0);
+  EXPECT_EQ(defaults->nvme_dwpd_share, 1.0);
+  EXPECT_EQ(defaults->nvme_dwpd_max_write_rate, 0);
+  auto config = ParseConfig(R"(
+[nvme]
+admission = "second_hit"
+dwpd_drive_bytes = "3840GB"
+dwpd = 0.3
+dwpd_warranty_years = 5
+dwpd_planned_years = 7.5
+dwpd_share = 0.25
+dwpd_max_write_rate = "200MB"
+)",
+                            "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->nvme_admission, "second_hit");
+  EXPECT_EQ(config->nvme_dwpd_drive_bytes, 3'840'000'000'000);
+  EXPECT_DOUBLE_EQ(config->nvme_dwpd, 0.3);
+  EXPECT_DOUBLE_EQ(config->nvme_dwpd_warranty_years, 5.0);  // an integer is a number too
+  EXPECT_DOUBLE_EQ(config->nvme_dwpd_planned_years, 7.5);
+  EXPECT_DOUBLE_EQ(config->nvme_dwpd_share, 0.25);
+  EXPECT_EQ(config->nvme_dwpd_max_write_rate, 200'000'000);
+  ExpectInvalid("[nvme]\nadmission = \"lru\"\n", {"test.toml:2", "nvme.admission", "all|second_hit|dwpd"});
+  ExpectInvalid("[nvme]\ndwpd_share = 1.5\n", {"test.toml:2", "nvme.dwpd_share", "outside", "1]"});
+  ExpectInvalid("[nvme]\ndwpd_share = 0\n", {"test.toml:2", "nvme.dwpd_share"});
+  ExpectInvalid("[nvme]\ndwpd = \"one\"\n", {"test.toml:2", "nvme.dwpd", "number"});
+  ExpectInvalid("[nvme]\ndwpd_planned_years = -5\n", {"test.toml:2", "nvme.dwpd_planned_years"});
 }
 
 TEST(ConfigTest, PackagedSampleConfigIsValid) {

@@ -212,6 +212,8 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     entry.last_use_us = static_cast<int64_t>(clock_.NowUs());
     regions_.WriteStarted(entry.region);
     writing_.insert(key);
+    counters_.submitted.device_bytes += record_bytes;
+    if (replaces != nullptr) counters_.submitted.reinserted_bytes += record_bytes;
     BeginIo();
     if (replaces == nullptr) {
       reinsert_budget_bytes_ = std::min(reinsert_budget_bytes_ + options_.reinsert_share * double(record_bytes),
@@ -527,6 +529,11 @@ Status NvmeTier::Erase(const BlockKey& key) {
   entries_.erase(it);
   ++counters_.erases;
   return Status::Ok();
+}
+
+NvmeTier::WriteTotals NvmeTier::write_totals() const {
+  std::lock_guard lock(mu_);
+  return counters_.submitted;
 }
 
 bool NvmeTier::full() const {

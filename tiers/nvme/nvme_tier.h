@@ -113,6 +113,15 @@ class NvmeTier {
   Status Erase(const BlockKey& key);
 
   bool full() const;
+  // Record bytes (headers and padding included) sent to the device since
+  // Open, whatever their outcome; and the part of them that reinsertion
+  // wrote (the tier's own writes, which no admission decided). What a
+  // write budget counts.
+  struct WriteTotals {
+    uint64_t device_bytes = 0;
+    uint64_t reinserted_bytes = 0;
+  };
+  WriteTotals write_totals() const;
   const NvmeRecovery& recovery() const { return recovery_; }
   const BlockDevice& device() const { return *device_; }
   // nvme.* counters, the device's and the staging pool's included.
@@ -173,6 +182,7 @@ class NvmeTier {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
     int64_t reinserted = 0, reinserted_bytes = 0, reinsert_failures = 0, reinsert_over_budget = 0;
+    WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the
   // destructor has seen io_in_flight_ reach 0.

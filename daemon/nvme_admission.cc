@@ -1,0 +1,55 @@
+#include "daemon/nvme_admission.h"
+
+#include "tiers/nvme/block_record.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<NvmeAdmission>> NvmeAdmission::Create(const std::string& name, const DwpdOptions& dwpd,
+                                                              const NvmeTier& tier, const Clock& clock) {
+  std::unique_ptr<AdmissionPolicy> policy;
+  if (name == "all") {
+    policy = MakeAdmitAllPolicy();
+  } else if (name == "second_hit") {
+    policy = MakeSecondHitPolicy();
+  } else if (name == "dwpd") {
+    auto made = MakeDwpdPolicy(dwpd, clock.NowUs());
+    if (!made.ok()) return made.status();
+    policy = std::move(made).value();
+  } else {
+    return InvalidArgument("unknown nvme admission policy '" + name + "' (all, second_hit, dwpd)");
+  }
+  return std::unique_ptr<NvmeAdmission>(new NvmeAdmission(std::move(policy), tier, clock));
+}
+
+NvmeAdmission::NvmeAdmission(std::unique_ptr<AdmissionPolicy> policy, const NvmeTier& tier, const Clock& clock)
+    : tier_(tier), clock_(clock), policy_(std::move(policy)) {}
+
+AdmissionClass NvmeAdmission::ClassOf(uint64_t uses) {
+  if (uses >= 2) return AdmissionClass::kShared;
+  if (uses == 1) return AdmissionClass::kReused;
+  return AdmissionClass::kFirstSighting;
+}
+
+bool NvmeAdmission::Admit(uint64_t payload_bytes, uint64_t uses) {
+  const NvmeTier::WriteTotals totals = tier_.write_totals();  // the tier's lock, before ours
+  const uint64_t now = clock_.NowUs();
+  AdmissionCandidate candidate;
+  candidate.bytes = RecordBytes(payload_bytes, tier_.device().alignment_bytes());
+  candidate.cls = ClassOf(uses);
+  candidate.parent_cached = true;  // see the header
+  std::lock_guard lock(mu_);
+  if (totals.reinserted_bytes > reinserted_charged_) {
+    policy_->Charge(totals.reinserted_bytes - reinserted_charged_, now);
+    reinserted_charged_ = totals.reinserted_bytes;
+  }
+  policy_->OnDeviceWritten(totals.device_bytes, now);
+  return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;
+}
+
+void NvmeAdmission::VisitCounters(CounterVisitor& v) const {
+  std::lock_guard lock(mu_);
+  policy_->VisitCounters("nvme.admission", v, clock_.NowUs());
+}
+
+}  // namespace kvtier

@@ -1,0 +1,55 @@
+// NvmeAdmission: the engine's gate in front of the NVMe tier. It runs the
+// configured admission policy (policy/admission_policy.h) on each evicted
+// host block, with the block's class derived from what the engine knows,
+// and keeps the policy's view of the device current: before each decision
+// it reports the tier's device bytes written (the DWPD budget's W) and
+// charges what reinsertion wrote since the last one.
+//
+// Class from the block's uses in the host tier (Pin grants and directory
+// reads, the writer's Put not included): 2 or more -> shared; 1 -> reused;
+// 0 -> first sighting. The session-based classes (open-session tail,
+// closed session) and the parent link need the queue/session hints of the
+// client API, which the engine does not receive yet; until then every
+// block counts as having its parent cached.
+//
+// Thread-safe (one mutex around the policy).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/clock.h"
+#include "common/counters.h"
+#include "kvtier/result.h"
+#include "policy/admission_policy.h"
+
+namespace kvtier {
+
+class NvmeTier;
+
+class NvmeAdmission {
+ public:
+  // `name`: "all", "second_hit" or "dwpd" (which needs dwpd to validate).
+  // `tier` and `clock` are borrowed. InvalidArgument naming the problem.
+  static Result<std::unique_ptr<NvmeAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
+                                                       const NvmeTier& tier, const Clock& clock);
+
+  static AdmissionClass ClassOf(uint64_t uses);
+  // Whether a block of `payload_bytes` with `uses` may be written to the
+  // tier; an admitted block's record bytes are taken from the budget.
+  bool Admit(uint64_t payload_bytes, uint64_t uses);
+  // nvme.admission.*: the policy's counters.
+  void VisitCounters(CounterVisitor& v) const;
+
+ private:
+  NvmeAdmission(std::unique_ptr<AdmissionPolicy> policy, const NvmeTier& tier, const Clock& clock);
+
+  const NvmeTier& tier_;
+  const Clock& clock_;
+  mutable std::mutex mu_;
+  std::unique_ptr<AdmissionPolicy> policy_;  // guarded by mu_
+  uint64_t reinserted_charged_ = 0;          // guarded by mu_
+};
+
+}  // namespace kvtier

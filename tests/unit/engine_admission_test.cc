@@ -1,0 +1,228 @@
+// The engine's NVMe admission: second_hit drops blocks never read, dwpd
+// stops demotions when its budget is spent and resumes as it refills, a
+// block already on NVMe costs nothing, the budget sees the device's bytes,
+// and bad policy options fail Engine::Create. Also DwpdFromConfig.
+#include <gtest/gtest.h>
+
+#include <sys/statvfs.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "daemon/config.h"
+#include "daemon/engine.h"
+#include "daemon/nvme_admission.h"
+#include "daemon/nvme_setup.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injecting_device.h"
+#include "tests/testing/memory_device.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/nvme/block_record.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::FillBlockBytes;
+using ::kvtier::testing::MemoryDevice;
+using ::kvtier::testing::SlotBytes;
+
+constexpr uint64_t kBlockBytes = 64 << 10;
+constexpr uint64_t kRecordBytes = kBlockBytes + 4096;
+constexpr NamespaceFingerprint kNs{0xad31, 0x7700};
+
+BlockKey Key(uint64_t i) { return BlockKey{0xad, i}; }
+
+class EngineAdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = ::kvtier::testing::MakeTempDir(); }
+  void TearDown() override {
+    engine_.reset();
+    nvme_.reset();
+    ::kvtier::testing::RemoveTree(dir_);
+  }
+
+  // An engine over 8 host blocks and a memory-backed NVMe tier.
+  Status Open(const std::string& admission, const DwpdOptions& dwpd = {}) {
+    memory_ = std::make_unique<MemoryDevice>(16 << 20);
+    host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
+    auto index = NvmeIndex::Open(dir_ + "/index", false);
+    if (!index.ok()) return index.status();
+    NvmeTierOptions options;
+    options.region_bytes = 1 << 20;
+    options.staging_bytes = 2 << 20;
+    auto tier = NvmeTier::Open(std::make_unique<::kvtier::testing::FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}), std::move(*index),
+                               options, clock_);
+    if (!tier.ok()) return tier.status();
+    nvme_ = std::move(*tier);
+    EngineOptions engine_options{2, "lru"};
+    engine_options.nvme_admission = admission;
+    engine_options.dwpd = dwpd;
+    auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
+    if (!engine.ok()) return engine.status();
+    engine_ = std::move(*engine);
+    return Status::Ok();
+  }
+
+  void Put(uint64_t i) {
+    clock_.AdvanceUs(1);
+    const BlockKey key = Key(i);
+    const uint64_t size = kBlockBytes;
+    auto grants = engine_->Reserve(1, kNs, {&key, 1}, {&size, 1});
+    ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
+    FillBlockBytes(key, 0, SlotBytes(*host_, grants[0].offset, grants[0].length));
+    ASSERT_TRUE(engine_->Commit(1, kNs, {&key, 1}, {&size, 1})[0].ok());
+  }
+
+  // One use: a Pin and its Release.
+  void Use(uint64_t i) {
+    clock_.AdvanceUs(1);
+    const BlockKey key = Key(i);
+    auto grants = engine_->Pin(2, kNs, {&key, 1});
+    ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
+    ASSERT_TRUE(engine_->Release(2, {&grants[0].lease, 1})[0].ok());
+  }
+
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<MemoryDevice> memory_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST(NvmeAdmissionTest, ClassComesFromTheUses) {
+  EXPECT_EQ(NvmeAdmission::ClassOf(0), AdmissionClass::kFirstSighting);
+  EXPECT_EQ(NvmeAdmission::ClassOf(1), AdmissionClass::kReused);
+  EXPECT_EQ(NvmeAdmission::ClassOf(2), AdmissionClass::kShared);
+  EXPECT_EQ(NvmeAdmission::ClassOf(50), AdmissionClass::kShared);
+}
+
+TEST_F(EngineAdmissionTest, SecondHitDemotesBlocksReadAndDropsTheOthers) {
+  ASSERT_TRUE(Open("second_hit").ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  for (uint64_t i = 0; i < 4; ++i) Use(i);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 4..7 (never read), then 0..3
+  engine_->WaitForIdle();
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(nvme_->Find(Key(i))) << i;
+  for (uint64_t i = 4; i < 8; ++i) {
+    EXPECT_FALSE(nvme_->Find(Key(i))) << i;
+    const BlockKey key = Key(i);
+    EXPECT_EQ(engine_->Lookup(kNs, {&key, 1}).prefix_blocks, 0u) << "dropped, not demoted: " << i;
+  }
+  auto c = Counters();
+  EXPECT_EQ(c["engine.evictions"], 8);
+  EXPECT_EQ(c["engine.demotions"], 4);
+  EXPECT_EQ(c["engine.admission_drops"], 4);
+  EXPECT_EQ(c["nvme.admission.admitted"], 4);
+  EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 4);
+}
+
+TEST_F(EngineAdmissionTest, AllDemotesEveryEviction) {
+  ASSERT_TRUE(Open("all").ok());
+  for (uint64_t i = 0; i < 16; ++i) Put(i);
+  engine_->WaitForIdle();
+  auto c = Counters();
+  EXPECT_EQ(c["engine.demotions"], 8);
+  EXPECT_EQ(c["engine.admission_drops"], 0);
+  EXPECT_EQ(c["nvme.admission.admitted"], 8);
+}
+
+DwpdOptions TinyBudget() {
+  DwpdOptions o;
+  o.drive_capacity_bytes = 864'000'000;  // R = 10 KB/s: a 68 KiB record per ~7 s
+  o.bucket_bytes = 3 * kRecordBytes;
+  return o;
+}
+
+TEST_F(EngineAdmissionTest, DwpdStopsDemotionsWhenTheBudgetIsSpentAndResumesAsItRefills) {
+  ASSERT_TRUE(Open("dwpd", TinyBudget()).ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  for (uint64_t i = 0; i < 8; ++i) Use(i);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 0..7, all read once
+  engine_->WaitForIdle();
+  auto c = Counters();
+  EXPECT_EQ(c["engine.demotions"], 3) << "the bucket holds three records";
+  EXPECT_EQ(c["nvme.admission.rejected_no_budget"], 5);
+  EXPECT_EQ(c["nvme.blocks"], 3);
+  EXPECT_EQ(c["nvme.admission.budget_bytes_per_day"], 864'000'000);
+  // The tier's device bytes reach the budget's books at the next decision.
+  EXPECT_EQ(nvme_->write_totals().device_bytes, 3 * kRecordBytes);
+  // Eight seconds refill one record's worth (10 KB/s): the next eviction
+  // of a block that was read is demoted again.
+  clock_.AdvanceUs(8'000'000);
+  for (uint64_t i = 8; i < 16; ++i) Use(i);
+  Put(16);  // evicts 8
+  engine_->WaitForIdle();
+  c = Counters();
+  EXPECT_EQ(c["engine.demotions"], 4);
+  EXPECT_EQ(c["nvme.admission.written_today_bytes"], int64_t(3 * kRecordBytes));
+  EXPECT_TRUE(nvme_->Find(Key(8)));
+}
+
+TEST_F(EngineAdmissionTest, ABlockAlreadyOnNvmeCostsNoBudget) {
+  DwpdOptions o = TinyBudget();
+  o.bucket_bytes = 8 * kRecordBytes;
+  ASSERT_TRUE(Open("dwpd", o).ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  Use(0);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // 1..7 dropped (never read), then 0 demoted
+  engine_->WaitForIdle();
+  ASSERT_TRUE(nvme_->Find(Key(0)));
+  EXPECT_EQ(Counters()["nvme.admission.admitted"], 1);
+  Use(0);                                     // promoted back into the host tier
+  for (uint64_t i = 16; i < 25; ++i) Put(i);  // evicts it again
+  engine_->WaitForIdle();
+  auto c = Counters();
+  EXPECT_EQ(c["nvme.admission.admitted"], 1) << "no second decision for a block the tier holds";
+  EXPECT_EQ(nvme_->write_totals().device_bytes, kRecordBytes);
+  const BlockKey key = Key(0);
+  EXPECT_EQ(engine_->Lookup(kNs, {&key, 1}).tiers[0], Tier::kNvme);
+}
+
+TEST_F(EngineAdmissionTest, BadPolicyOptionsFailCreate) {
+  Status s = Open("lfu");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("lfu"), std::string::npos) << s.message();
+  TearDown();
+  SetUp();
+  DwpdOptions o;  // no drive capacity
+  s = Open("dwpd", o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("capacity"), std::string::npos) << s.message();
+}
+
+TEST(DwpdFromConfigTest, DriveIsTheFileSystemUnlessSet) {
+  const std::string dir = ::kvtier::testing::MakeTempDir();
+  auto config = ParseConfig("", "<test>");
+  ASSERT_TRUE(config.ok());
+  config->nvme_path = dir + "/tier.dat";  // need not exist yet
+  config->nvme_dwpd = 0.5;
+  config->nvme_dwpd_share = 0.2;
+  auto o = DwpdFromConfig(*config);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  struct statvfs fs {};
+  ASSERT_EQ(::statvfs(dir.c_str(), &fs), 0);
+  EXPECT_EQ(o->drive_capacity_bytes, uint64_t{fs.f_blocks} * fs.f_frsize);
+  EXPECT_EQ(o->dwpd, 0.5);
+  EXPECT_EQ(o->share, 0.2);
+  EXPECT_EQ(o->warranty_years, 5.0);
+  EXPECT_EQ(o->max_write_rate, 0.0);
+  config->nvme_dwpd_drive_bytes = 1'000'000'000'000;
+  o = DwpdFromConfig(*config);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->drive_capacity_bytes, 1'000'000'000'000u);
+  config->nvme_dwpd_drive_bytes = 0;
+  config->nvme_path = "/nonexistent-kvtier-dir/sub/tier.dat";
+  o = DwpdFromConfig(*config);
+  EXPECT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("nvme.dwpd_drive_bytes"), std::string::npos) << o.status().message();
+  ::kvtier::testing::RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace kvtier
