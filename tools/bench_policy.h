@@ -1,7 +1,8 @@
 // `kvtier bench policy`: policy operations per second on one core (Google
-// Benchmark), against the goal of 1M per second each: eviction (LRU, FIFO:
-// insert, access, victim selection with removal) and admission (all,
-// second_hit, dwpd: one decision). Each case runs on a policy already
+// Benchmark), against the goal of 1M per second each: eviction (LRU, FIFO,
+// queue-aware: insert, access, victim selection with removal; queue-aware
+// also the enqueue of a 64-block chain) and admission (all, second_hit,
+// dwpd: one decision). Each case runs on a policy already
 // tracking --blocks blocks, so the figures include the hash-map and list
 // or tree costs at a realistic size. Pure CPU: no daemon, no I/O.
 #pragma once

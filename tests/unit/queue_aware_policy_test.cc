@@ -1,0 +1,316 @@
+// Tests of QueueAwarePolicy: each ordering rule on hand-built cases, the
+// queue's effect (next use, several requests, start/finish, enqueue before
+// insert), the look-ahead test, pins, rank across shards, and a randomized
+// comparison against a brute-force model of the documented order.
+#include "policy/queue_aware_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <tuple>
+#include <vector>
+
+namespace kvtier {
+namespace {
+
+BlockKey K(uint64_t i) { return BlockKey{0x9a, i}; }
+
+std::vector<BlockHandle> Drain(EvictionPolicy& p) {
+  std::vector<BlockHandle> out;
+  while (auto v = p.Victim()) {
+    out.push_back(v->handle);
+    p.OnRemove(v->handle);
+  }
+  return out;
+}
+
+TEST(QueueAwarePolicyTest, UnneededBlocksGoLeastRecentlyUsedFirst) {
+  QueueAwarePolicy p;
+  EXPECT_FALSE(p.Victim());
+  p.OnInsertKeyed(1, K(1), 0, 0, 10);
+  p.OnInsertKeyed(2, K(2), 0, 0, 20);
+  p.OnInsertKeyed(3, K(3), 0, 0, 30);
+  EXPECT_EQ(p.size(), 3u);
+  EXPECT_EQ(p.Victim()->handle, 1u);
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{1, 2, 3}));
+}
+
+TEST(QueueAwarePolicyTest, FewerUsesGoFirstThenRecency) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 10);
+  p.OnInsertKeyed(2, K(2), 0, 0, 20);
+  p.OnInsertKeyed(3, K(3), 0, 0, 30);
+  p.OnAccess(1, 40);  // 1 use, most recent
+  p.OnAccess(2, 5);   // 1 use, but used at 5: older than 1's
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{3, 2, 1}));
+}
+
+TEST(QueueAwarePolicyTest, ClosedSessionsGoFirst) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, /*session=*/7, 10);
+  p.OnInsertKeyed(2, K(2), 0, /*session=*/8, 20);
+  p.OnInsertKeyed(3, K(3), 0, /*session=*/8, 30);
+  p.OnAccess(3, 31);
+  p.OnAccess(3, 32);
+  p.CloseSession(8);  // 2 and 3 (even with its uses) go before 1
+  p.CloseSession(99);  // unknown: nothing
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{2, 3, 1}));
+}
+
+TEST(QueueAwarePolicyTest, ChildrenLeaveBeforeParents) {
+  QueueAwarePolicy p;
+  // One chain written in one go: same time, same uses.
+  for (uint32_t d = 0; d < 4; ++d) p.OnInsertKeyed(10 + d, K(d), d, 0, 100);
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{13, 12, 11, 10}));
+}
+
+TEST(QueueAwarePolicyTest, QueuedBlocksGoLastFurthestNextUseFirst) {
+  QueueAwarePolicy p;
+  for (uint64_t i = 1; i <= 5; ++i) p.OnInsertKeyed(i, K(i), 0, 0, i);
+  const BlockKey late[] = {K(1), K(2)};
+  const BlockKey soon[] = {K(3)};
+  p.Enqueue(100, late, 5000);
+  p.Enqueue(200, soon, 1000);
+  EXPECT_EQ(p.queued_requests(), 2u);
+  EXPECT_EQ(p.NextUse(1), 5000u);
+  EXPECT_EQ(p.NextUse(3), 1000u);
+  EXPECT_FALSE(p.NextUse(4));
+  // 4 and 5 first (unneeded, LRU), then 1 and 2 (needed at 5000), then 3.
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{4, 5, 1, 2, 3}));
+}
+
+TEST(QueueAwarePolicyTest, TheEarliestRequestCountsAndStartOrFinishLetsGo) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsertKeyed(2, K(2), 0, 0, 2);
+  const BlockKey both[] = {K(1), K(2)};
+  const BlockKey one[] = {K(1)};
+  p.Enqueue(1, both, 900);
+  p.Enqueue(2, one, 100);
+  EXPECT_EQ(p.NextUse(1), 100u);
+  EXPECT_EQ(p.Victim()->handle, 2u) << "2 is needed later (900) than 1 (100)";
+  p.Started(2);
+  EXPECT_EQ(p.NextUse(1), 900u);
+  p.Finished(1);
+  EXPECT_FALSE(p.NextUse(1));
+  EXPECT_FALSE(p.NextUse(2));
+  EXPECT_EQ(p.queued_requests(), 0u);
+  EXPECT_EQ(p.Victim()->handle, 1u) << "back to recency";
+  p.Finished(1);  // unknown by now: ignored
+  p.Started(77);
+}
+
+TEST(QueueAwarePolicyTest, EnqueueAgainReplacesTheRequest) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsertKeyed(2, K(2), 0, 0, 2);
+  const BlockKey a[] = {K(1)};
+  const BlockKey b[] = {K(2)};
+  p.Enqueue(5, a, 300);
+  p.Enqueue(5, b, 400);
+  EXPECT_EQ(p.queued_requests(), 1u);
+  EXPECT_FALSE(p.NextUse(1));
+  EXPECT_EQ(p.NextUse(2), 400u);
+}
+
+TEST(QueueAwarePolicyTest, ABlockCachedAfterItsRequestWasQueuedIsNeededAtOnce) {
+  QueueAwarePolicy p;
+  const BlockKey chain[] = {K(1), K(2)};
+  p.Enqueue(1, chain, 500);
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsertKeyed(3, K(3), 0, 0, 2);
+  EXPECT_EQ(p.NextUse(1), 500u);
+  EXPECT_EQ(p.Victim()->handle, 3u);
+}
+
+TEST(QueueAwarePolicyTest, LookAheadWindow) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsert(2, 2);  // no key: never needed
+  const BlockKey chain[] = {K(1)};
+  p.Enqueue(1, chain, 10'000);
+  EXPECT_TRUE(p.NeededWithin(1, 5'000, 6'000));
+  EXPECT_FALSE(p.NeededWithin(1, 5'000, 5'000));
+  EXPECT_TRUE(p.NeededWithin(1, 20'000, 1)) << "overdue counts as needed";
+  EXPECT_FALSE(p.NeededWithin(2, 0, ~uint64_t{0} / 2));
+  EXPECT_FALSE(p.NeededWithin(99, 0, 1000)) << "untracked";
+}
+
+TEST(QueueAwarePolicyTest, PinnedBlocksAreNeverVictims) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsertKeyed(2, K(2), 0, 0, 2);
+  p.OnPin(1);
+  p.OnPin(1);  // idempotent
+  EXPECT_EQ(p.Victim()->handle, 2u);
+  const BlockKey chain[] = {K(1)};
+  p.Enqueue(1, chain, 50);  // a pinned block's state still changes
+  p.OnPin(2);
+  EXPECT_FALSE(p.Victim());
+  p.OnUnpin(1, 3);
+  EXPECT_EQ(p.Victim()->handle, 1u);
+  EXPECT_EQ(p.NextUse(1), 50u);
+  p.OnRemove(1);
+  p.OnRemove(1);  // untracked: ignored
+  p.OnAccess(1, 9);
+  EXPECT_EQ(p.size(), 1u);
+  EXPECT_FALSE(p.Victim());
+}
+
+TEST(QueueAwarePolicyTest, RankOrdersAcrossShards) {
+  // Two shards' victims compare by rank the way one policy would order them.
+  QueueAwarePolicy a, b;
+  a.OnInsertKeyed(1, K(1), 0, 0, 5'000'000);
+  b.OnInsertKeyed(2, K(2), 0, 0, 1'000'000);  // older
+  EXPECT_LT(b.Victim()->rank, a.Victim()->rank);
+  const BlockKey chain[] = {K(2)};
+  b.Enqueue(1, chain, 9'000'000);  // needed: after any unneeded block
+  EXPECT_GT(b.Victim()->rank, a.Victim()->rank);
+  QueueAwarePolicy c;
+  c.OnInsertKeyed(3, K(3), 0, 0, 2'000'000);
+  c.Enqueue(1, std::span<const BlockKey>(), 0);  // an empty chain changes nothing
+  const BlockKey later[] = {K(3)};
+  c.Enqueue(2, later, 20'000'000);  // needed later than b's: goes before it
+  EXPECT_LT(c.Victim()->rank, b.Victim()->rank);
+  a.CloseSession(0);
+  QueueAwarePolicy d;
+  d.OnInsertKeyed(4, K(4), 0, 11, 9'000'000);
+  d.CloseSession(11);  // closed goes before an open, older block
+  EXPECT_LT(d.Victim()->rank, a.Victim()->rank);
+}
+
+// The documented order, by brute force.
+struct Model {
+  struct B {
+    BlockKey key;
+    uint32_t depth;
+    uint64_t session;
+    uint32_t uses = 0;
+    uint64_t last = 0;
+    bool closed = false;
+    bool pinned = false;
+  };
+  std::map<BlockHandle, B> blocks;
+  std::map<uint64_t, std::pair<std::vector<BlockKey>, uint64_t>> requests;
+
+  std::optional<uint64_t> Next(const BlockKey& k) const {
+    std::optional<uint64_t> best;
+    for (const auto& [id, r] : requests) {
+      if (std::find(r.first.begin(), r.first.end(), k) != r.first.end() && (!best || r.second < *best)) {
+        best = r.second;
+      }
+    }
+    return best;
+  }
+  std::optional<BlockHandle> Victim() const {
+    using Key = std::tuple<int, int, uint32_t, uint64_t, uint32_t, BlockHandle>;
+    std::optional<Key> best;
+    for (const auto& [h, b] : blocks) {
+      if (b.pinned) continue;
+      const uint32_t shallow = std::numeric_limits<uint32_t>::max() - b.depth;
+      const auto next = Next(b.key);
+      Key k = next ? Key{1, 0, 0, std::numeric_limits<uint64_t>::max() - *next, shallow, h}
+                   : Key{0, b.closed ? 0 : 1, b.uses, b.last, shallow, h};
+      if (!best || k < *best) best = k;
+    }
+    if (!best) return std::nullopt;
+    return std::get<5>(*best);
+  }
+};
+
+TEST(QueueAwarePolicyTest, MatchesTheModelUnderRandomOperations) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937_64 rng(seed);
+    QueueAwarePolicy p;
+    Model m;
+    BlockHandle next_handle = 1;
+    uint64_t now = 0, next_request = 1;
+    for (int step = 0; step < 4000; ++step) {
+      now += 1 + rng() % 3;
+      const int op = static_cast<int>(rng() % 9);
+      auto pick = [&]() -> std::optional<BlockHandle> {
+        if (m.blocks.empty()) return std::nullopt;
+        auto it = m.blocks.begin();
+        std::advance(it, rng() % m.blocks.size());
+        return it->first;
+      };
+      if (op <= 1 || m.blocks.empty()) {  // insert a block of a 40-key universe not cached yet
+        const BlockKey key = K(rng() % 40);
+        bool cached = false;
+        for (const auto& [h, b] : m.blocks) cached = cached || b.key == key;
+        if (cached) continue;
+        const uint32_t depth = static_cast<uint32_t>(rng() % 4);
+        const uint64_t session = rng() % 4;
+        p.OnInsertKeyed(next_handle, key, depth, session, now);
+        m.blocks[next_handle] = Model::B{key, depth, session, 0, now};
+        ++next_handle;
+      } else if (op == 2) {
+        if (auto h = pick()) {
+          p.OnAccess(*h, now);
+          ++m.blocks[*h].uses;
+          m.blocks[*h].last = now;
+        }
+      } else if (op == 3) {
+        if (auto h = pick()) {
+          if (m.blocks[*h].pinned) {
+            p.OnUnpin(*h, now);
+            m.blocks[*h].pinned = false;
+            m.blocks[*h].last = now;
+          } else {
+            p.OnPin(*h);
+            m.blocks[*h].pinned = true;
+          }
+        }
+      } else if (op == 4) {
+        if (auto h = pick()) {
+          p.OnRemove(*h);
+          m.blocks.erase(*h);
+        }
+      } else if (op == 5) {  // enqueue a chain (sometimes re-enqueueing an id)
+        std::vector<BlockKey> chain;
+        const size_t n = 1 + rng() % 6;
+        for (size_t i = 0; i < n; ++i) chain.push_back(K(rng() % 40));
+        const uint64_t id = rng() % 4 == 0 && next_request > 1 ? 1 + rng() % (next_request - 1) : next_request++;
+        const uint64_t start = now + rng() % 1000;
+        p.Enqueue(id, chain, start);
+        m.requests[id] = {chain, start};
+      } else if (op == 6) {
+        const uint64_t id = 1 + rng() % next_request;
+        if (rng() % 2) p.Started(id);
+        else p.Finished(id);
+        m.requests.erase(id);
+      } else if (op == 7) {
+        const uint64_t session = rng() % 4;
+        p.CloseSession(session);
+        for (auto& [h, b] : m.blocks) {
+          if (b.session == session && session != 0) b.closed = true;
+        }
+      } else {  // evict
+        auto v = p.Victim();
+        auto want = m.Victim();
+        ASSERT_EQ(v.has_value(), want.has_value()) << "step " << step;
+        if (v) {
+          ASSERT_EQ(v->handle, *want) << "step " << step;
+          p.OnRemove(v->handle);
+          m.blocks.erase(v->handle);
+        }
+      }
+      auto v = p.Victim();
+      auto want = m.Victim();
+      ASSERT_EQ(v.has_value(), want.has_value()) << "step " << step;
+      if (v) {
+        ASSERT_EQ(v->handle, *want) << "step " << step << " op " << op;
+      }
+      ASSERT_EQ(p.size(), m.blocks.size());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
