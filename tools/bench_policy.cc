@@ -37,16 +37,17 @@ void Insert(benchmark::State& state, PolicyFactory make, uint64_t n) {
   state.counters["tracked"] = double(p->size());
 }
 
-// Access: uses of uniformly random tracked handles.
-void Access(benchmark::State& state, PolicyFactory make, uint64_t n) {
-  auto p = Filled(make, n);
+// Uses of uniformly random handles among [0, n), all tracked by `p`.
+void AccessRandom(benchmark::State& state, EvictionPolicy& p, uint64_t n) {
   std::mt19937_64 rng(7);
   std::vector<uint64_t> handles(1 << 16);
   for (auto& h : handles) h = rng() % n;
   uint64_t i = 0, now = n;
-  for (auto _ : state) p->OnAccess(handles[i++ & 0xffff], ++now);
+  for (auto _ : state) p.OnAccess(handles[i++ & 0xffff], ++now);
   state.SetItemsProcessed(state.iterations());
 }
+
+void Access(benchmark::State& state, PolicyFactory make, uint64_t n) { AccessRandom(state, *Filled(make, n), n); }
 
 // Victim selection as the engine does it: name the victim, remove it, and
 // insert a new block so the size stays at n.
@@ -89,15 +90,7 @@ void QueueAwareInsert(benchmark::State& state, uint64_t n) {
   state.SetItemsProcessed(state.iterations());
 }
 
-void QueueAwareAccess(benchmark::State& state, uint64_t n) {
-  auto p = QueueAwareFilled(n, 1000);
-  std::mt19937_64 rng(7);
-  std::vector<uint64_t> handles(1 << 16);
-  for (auto& h : handles) h = rng() % n;
-  uint64_t i = 0, now = n;
-  for (auto _ : state) p->OnAccess(handles[i++ & 0xffff], ++now);
-  state.SetItemsProcessed(state.iterations());
-}
+void QueueAwareAccess(benchmark::State& state, uint64_t n) { AccessRandom(state, *QueueAwareFilled(n, 1000), n); }
 
 void QueueAwareVictim(benchmark::State& state, uint64_t n) {
   auto p = QueueAwareFilled(n, 1000);

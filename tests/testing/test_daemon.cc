@@ -54,6 +54,14 @@ std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length)
   return host.Bytes(HostTier::Extent{offset, length});
 }
 
+Status PutFilledBlock(Engine& engine, HostTier& host, SessionId session, const NamespaceFingerprint& ns,
+                      const BlockKey& key, uint64_t size) {
+  auto grants = engine.Reserve(session, ns, {&key, 1}, {&size, 1});
+  if (!grants[0].status.ok()) return grants[0].status;
+  FillBlockBytes(key, 0, SlotBytes(host, grants[0].offset, grants[0].length));
+  return engine.Commit(session, ns, {&key, 1}, {&size, 1})[0];
+}
+
 TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";

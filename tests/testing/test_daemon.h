@@ -83,6 +83,11 @@ std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t dir
 // The arena bytes of a slot handed out by the engine (for writing or
 // checking block bytes in tests that drive the Engine directly).
 std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length);
+// The engine-level Put of unit tests: reserves `size` bytes for `key`,
+// fills them with FillBlockBytes(key, 0) and commits. The Reserve's or the
+// Commit's status.
+Status PutFilledBlock(Engine& engine, HostTier& host, SessionId session, const NamespaceFingerprint& ns,
+                      const BlockKey& key, uint64_t size);
 
 // A fresh directory under $TMPDIR (or /tmp); removed by RemoveTree.
 std::string MakeTempDir();

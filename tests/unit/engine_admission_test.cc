@@ -25,9 +25,7 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::FakeClock;
-using ::kvtier::testing::FillBlockBytes;
 using ::kvtier::testing::MemoryDevice;
-using ::kvtier::testing::SlotBytes;
 
 constexpr uint64_t kBlockBytes = 64 << 10;
 constexpr uint64_t kRecordBytes = kBlockBytes + 4096;
@@ -68,12 +66,8 @@ class EngineAdmissionTest : public ::testing::Test {
 
   void Put(uint64_t i) {
     clock_.AdvanceUs(1);
-    const BlockKey key = Key(i);
-    const uint64_t size = kBlockBytes;
-    auto grants = engine_->Reserve(1, kNs, {&key, 1}, {&size, 1});
-    ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
-    FillBlockBytes(key, 0, SlotBytes(*host_, grants[0].offset, grants[0].length));
-    ASSERT_TRUE(engine_->Commit(1, kNs, {&key, 1}, {&size, 1})[0].ok());
+    Status s = ::kvtier::testing::PutFilledBlock(*engine_, *host_, 1, kNs, Key(i), kBlockBytes);
+    ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
   // One use: a Pin and its Release.

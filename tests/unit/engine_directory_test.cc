@@ -23,7 +23,6 @@ namespace {
 
 using ::kvtier::testing::FakeClock;
 using ::kvtier::testing::FaultInjectingDevice;
-using ::kvtier::testing::FillBlockBytes;
 using ::kvtier::testing::MemoryDevice;
 using ::kvtier::testing::SlotBytes;
 
@@ -75,12 +74,7 @@ class EngineDirectoryTest : public ::testing::Test {
 
   Status Put(uint64_t i) {
     clock_.AdvanceUs(1);
-    const BlockKey key = Key(i);
-    const uint64_t size = kBlockBytes;
-    auto grants = engine_->Reserve(1, kNs, {&key, 1}, {&size, 1});
-    if (!grants[0].status.ok()) return grants[0].status;
-    FillBlockBytes(key, 0, SlotBytes(*host_, grants[0].offset, grants[0].length));
-    return engine_->Commit(1, kNs, {&key, 1}, {&size, 1})[0];
+    return ::kvtier::testing::PutFilledBlock(*engine_, *host_, 1, kNs, Key(i), kBlockBytes);
   }
 
   std::optional<DirectoryEntry> Find(uint64_t i) {

@@ -12,19 +12,12 @@
 #include <random>
 #include <vector>
 
+#include "tests/testing/policy_drain.h"
+
 namespace kvtier {
 namespace {
 
-// Evicts everything in victim order (by removing each victim), returning
-// the handles in the order they came out.
-std::vector<BlockHandle> Drain(EvictionPolicy& p) {
-  std::vector<BlockHandle> out;
-  while (auto v = p.Victim()) {
-    out.push_back(v->handle);
-    p.OnRemove(v->handle);
-  }
-  return out;
-}
+using ::kvtier::testing::Drain;
 
 TEST(LruPolicyTest, EmptyHasNoVictim) {
   auto p = MakeLruPolicy();

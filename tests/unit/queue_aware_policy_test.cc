@@ -15,19 +15,13 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/testing/policy_drain.h"
+
 namespace kvtier {
 namespace {
 
 BlockKey K(uint64_t i) { return BlockKey{0x9a, i}; }
-
-std::vector<BlockHandle> Drain(EvictionPolicy& p) {
-  std::vector<BlockHandle> out;
-  while (auto v = p.Victim()) {
-    out.push_back(v->handle);
-    p.OnRemove(v->handle);
-  }
-  return out;
-}
+using ::kvtier::testing::Drain;
 
 TEST(QueueAwarePolicyTest, UnneededBlocksGoLeastRecentlyUsedFirst) {
   QueueAwarePolicy p;
