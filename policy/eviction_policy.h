@@ -6,13 +6,23 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
+
+#include "kvtier/block_key.h"
 
 namespace kvtier {
 
 // An engine-assigned id of one evictable block copy in one tier. Unique
 // among the handles a policy instance tracks at one time.
 using BlockHandle = uint64_t;
+
+// One block of a queued request's chain: its key and its depth in the chain
+// (0: the root).
+struct QueuedBlock {
+  BlockKey key;
+  uint32_t depth = 0;
+};
 
 // The block a policy would evict next. `rank` orders candidates of
 // different instances of the same policy (an engine has one per shard): the
@@ -50,6 +60,23 @@ class EvictionPolicy {
   // Tracked blocks, pinned ones included.
   virtual size_t size() const = 0;
   virtual std::string_view name() const = 0;
+
+  // Queue hints from the inference engine's scheduler. Only queue_aware
+  // uses them; the defaults make LRU and FIFO ignore them.
+  // OnInsert for a block whose key queue hints may name.
+  virtual void OnInsertKeyed(BlockHandle h, const BlockKey& key, uint64_t now_us) { OnInsert(h, now_us); }
+  // Request `request` (of conversation `session`, 0: none) is queued to
+  // start at `expected_start_us` and needs `blocks` (this instance's share
+  // of its chain). Again with the same id replaces it.
+  virtual void OnEnqueue(uint64_t request, std::span<const QueuedBlock> blocks, uint64_t expected_start_us,
+                         uint64_t session) {}
+  // The request started, finished or was dropped. Unknown ids are ignored.
+  virtual void OnDequeue(uint64_t request) {}
+  virtual void OnSessionOpened(uint64_t session) {}
+  virtual void OnSessionClosed(uint64_t session) {}
+  // Whether `h` is needed by a queued request expected to start before
+  // now + window: the engine must then demote it, never drop it.
+  virtual bool NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const { return false; }
 };
 
 // Least recently used: insert, access and unpin make a block most recent.
@@ -58,5 +85,7 @@ std::unique_ptr<EvictionPolicy> MakeLruPolicy();
 // First in, first out by insertion time: accesses and pins do not reorder.
 // Insert, unpin and remove O(log n); the rest O(1).
 std::unique_ptr<EvictionPolicy> MakeFifoPolicy();
+// "lru", "fifo", "queue_aware" (queue_aware_policy.h); null for other names.
+std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name);
 
 }  // namespace kvtier

@@ -11,9 +11,9 @@ QueueAwarePolicy::Order QueueAwarePolicy::OrderOf(const Block& b, BlockHandle h)
   o.shallow = std::numeric_limits<uint32_t>::max() - b.depth;
   if (b.key) {
     auto uses = next_uses_.find(*b.key);
-    if (uses != next_uses_.end() && !uses->second.empty()) {
+    if (uses != next_uses_.end() && !uses->second.starts.empty()) {
       o.group = 1;
-      o.time = std::numeric_limits<uint64_t>::max() - *uses->second.begin();
+      o.time = std::numeric_limits<uint64_t>::max() - *uses->second.starts.begin();
       return o;
     }
   }
@@ -26,7 +26,7 @@ QueueAwarePolicy::Order QueueAwarePolicy::OrderOf(const Block& b, BlockHandle h)
 uint64_t QueueAwarePolicy::Rank(const Order& o) {
   constexpr uint64_t kTimeMask = (uint64_t{1} << 54) - 1;
   return uint64_t{o.group} << 63 | uint64_t{o.open} << 62 | uint64_t{std::min<uint32_t>(o.uses, 255)} << 54 |
-         ((o.time >> 10) & kTimeMask);
+         (o.time & kTimeMask);
 }
 
 void QueueAwarePolicy::Refile(BlockHandle h, Block& b) {
@@ -64,6 +64,12 @@ void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_
   if (session != 0) sessions_[session].insert(h);
   b.order = OrderOf(b, h);
   order_.insert(b.order);
+}
+
+void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint64_t now_us) {
+  auto uses = next_uses_.find(key);
+  if (uses == next_uses_.end()) return OnInsertKeyed(h, key, 0, 0, now_us);
+  OnInsertKeyed(h, key, uses->second.depth, uses->second.session, now_us);
 }
 
 void QueueAwarePolicy::OnAccess(BlockHandle h, uint64_t now_us) {
@@ -114,15 +120,34 @@ std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
   return EvictionCandidate{order_.begin()->handle, Rank(*order_.begin())};
 }
 
-void QueueAwarePolicy::Enqueue(uint64_t request, std::span<const BlockKey> chain, uint64_t expected_start_us) {
+void QueueAwarePolicy::OnEnqueue(uint64_t request, std::span<const QueuedBlock> blocks, uint64_t expected_start_us,
+                                 uint64_t session) {
   Dequeue(request);
   Request& r = requests_[request];
-  r.chain.assign(chain.begin(), chain.end());
   r.start_us = expected_start_us;
-  for (const BlockKey& key : r.chain) {
-    next_uses_[key].insert(expected_start_us);
-    RefileKey(key);
+  r.keys.reserve(blocks.size());
+  for (const QueuedBlock& qb : blocks) {
+    r.keys.push_back(qb.key);
+    KeyUses& uses = next_uses_[qb.key];
+    uses.starts.insert(expected_start_us);
+    uses.depth = qb.depth;
+    if (session != 0) uses.session = session;
+    auto h = by_key_.find(qb.key);
+    if (h == by_key_.end()) continue;
+    Block& b = blocks_.at(h->second);
+    b.depth = qb.depth;
+    if (b.session == 0 && session != 0) {
+      b.session = session;
+      sessions_[session].insert(h->second);
+    }
+    Refile(h->second, b);
   }
+}
+
+void QueueAwarePolicy::Enqueue(uint64_t request, std::span<const BlockKey> chain, uint64_t expected_start_us) {
+  std::vector<QueuedBlock> blocks(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) blocks[i] = QueuedBlock{chain[i], static_cast<uint32_t>(i)};
+  OnEnqueue(request, blocks, expected_start_us, 0);
 }
 
 void QueueAwarePolicy::Dequeue(uint64_t request) {
@@ -130,22 +155,22 @@ void QueueAwarePolicy::Dequeue(uint64_t request) {
   if (it == requests_.end()) return;
   const Request r = std::move(it->second);
   requests_.erase(it);
-  for (const BlockKey& key : r.chain) {
+  for (const BlockKey& key : r.keys) {
     auto uses = next_uses_.find(key);
     if (uses == next_uses_.end()) continue;
-    auto one = uses->second.find(r.start_us);
-    if (one != uses->second.end()) uses->second.erase(one);
-    if (uses->second.empty()) next_uses_.erase(uses);
+    auto one = uses->second.starts.find(r.start_us);
+    if (one != uses->second.starts.end()) uses->second.starts.erase(one);
+    if (uses->second.starts.empty()) next_uses_.erase(uses);
     RefileKey(key);
   }
 }
 
-void QueueAwarePolicy::CloseSession(uint64_t session) {
+void QueueAwarePolicy::SetSessionClosed(uint64_t session, bool closed) {
   auto s = sessions_.find(session);
   if (s == sessions_.end()) return;
   for (BlockHandle h : s->second) {
     Block& b = blocks_.at(h);
-    b.closed = true;
+    b.closed = closed;
     Refile(h, b);
   }
 }
@@ -154,8 +179,8 @@ std::optional<uint64_t> QueueAwarePolicy::NextUse(BlockHandle h) const {
   auto it = blocks_.find(h);
   if (it == blocks_.end() || !it->second.key) return std::nullopt;
   auto uses = next_uses_.find(*it->second.key);
-  if (uses == next_uses_.end() || uses->second.empty()) return std::nullopt;
-  return *uses->second.begin();
+  if (uses == next_uses_.end() || uses->second.starts.empty()) return std::nullopt;
+  return *uses->second.starts.begin();
 }
 
 bool QueueAwarePolicy::NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const {

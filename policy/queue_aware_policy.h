@@ -16,8 +16,8 @@
 // queued request and count as depth 0.
 //
 // Costs (n tracked blocks, k queued requests containing a key): insert,
-// access, pin, unpin, remove, victim O(log n); Enqueue O(c (k + log n)) for
-// a chain of c keys; Started/Finished the same; CloseSession O(s log n) for
+// access, pin, unpin, remove O(log n), victim O(1); OnEnqueue O(c (log k +
+// log n)) for c blocks; OnDequeue the same; a session hint O(s log n) for
 // its s blocks. Not thread-safe, like every policy.
 #pragma once
 
@@ -39,8 +39,9 @@ namespace kvtier {
 class QueueAwarePolicy final : public EvictionPolicy {
  public:
   // EvictionPolicy. `rank` for comparing shards: the victim order packed
-  // into 64 bits (group, closed, uses up to 255, time in ~ms), so across
-  // shards the order is that of this comment up to ~1 ms and 255 uses.
+  // into 64 bits (group, closed, uses up to 255, 54 bits of time in us), so
+  // across shards the order is that of this comment up to 255 uses and
+  // except the depth tie-break.
   void OnInsert(BlockHandle h, uint64_t now_us) override;
   void OnAccess(BlockHandle h, uint64_t now_us) override;
   void OnPin(BlockHandle h) override;
@@ -51,24 +52,35 @@ class QueueAwarePolicy final : public EvictionPolicy {
   std::string_view name() const override { return "queue_aware"; }
 
   // Starts tracking `h` holding `key`, at `depth` in its chain (0: the
-  // root), written by `session` (0: none). Precondition: `h` not tracked.
+  // root), of conversation `session` (0: none). Precondition: `h` not tracked.
   void OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_t depth, uint64_t session, uint64_t now_us);
+  // The same with the depth and session a queued request gave the key
+  // (0 and none when no queued request names it).
+  void OnInsertKeyed(BlockHandle h, const BlockKey& key, uint64_t now_us) override;
 
-  // A request waits in the engine's queue: its prompt's chain, expected to
-  // start at `expected_start_us`. Enqueue of a known id replaces it.
+  // A request waits in the engine's queue, expected to start at
+  // `expected_start_us`, needing `blocks`; a tracked block takes the depth
+  // given here and, if it had none, the session. Again with the same id
+  // replaces it.
+  void OnEnqueue(uint64_t request, std::span<const QueuedBlock> blocks, uint64_t expected_start_us,
+                 uint64_t session) override;
+  // OnEnqueue of a whole chain (depth = position), no session.
   void Enqueue(uint64_t request, std::span<const BlockKey> chain, uint64_t expected_start_us);
-  // The request started or finished (or was dropped): its blocks no longer
-  // wait for it. Unknown ids are ignored.
+  // The request started, finished or was dropped: its blocks no longer wait
+  // for it. Unknown ids are ignored.
+  void OnDequeue(uint64_t request) override { Dequeue(request); }
   void Started(uint64_t request) { Dequeue(request); }
   void Finished(uint64_t request) { Dequeue(request); }
-  // Blocks `session` wrote are now of a closed session (evicted first among
-  // the unneeded).
-  void CloseSession(uint64_t session);
+  // Blocks of `session` count as of a closed session (evicted first among
+  // the unneeded) until it opens again.
+  void OnSessionClosed(uint64_t session) override { SetSessionClosed(session, true); }
+  void OnSessionOpened(uint64_t session) override { SetSessionClosed(session, false); }
+  void CloseSession(uint64_t session) { SetSessionClosed(session, true); }
 
   // The earliest expected start of a queued request containing `h`'s key.
   std::optional<uint64_t> NextUse(BlockHandle h) const;
   // Whether `h` is needed by a request expected to start before now + window.
-  bool NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const;
+  bool NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const override;
   size_t queued_requests() const { return requests_.size(); }
 
  private:
@@ -93,8 +105,14 @@ class QueueAwarePolicy final : public EvictionPolicy {
     Order order;  // valid while !pinned
   };
   struct Request {
-    std::vector<BlockKey> chain;
+    std::vector<BlockKey> keys;
     uint64_t start_us = 0;
+  };
+  // What queued requests say of a key.
+  struct KeyUses {
+    std::multiset<uint64_t> starts;
+    uint32_t depth = 0;
+    uint64_t session = 0;
   };
 
   Order OrderOf(const Block& b, BlockHandle h) const;
@@ -102,12 +120,13 @@ class QueueAwarePolicy final : public EvictionPolicy {
   void Refile(BlockHandle h, Block& b);
   void RefileKey(const BlockKey& key);
   void Dequeue(uint64_t request);
+  void SetSessionClosed(uint64_t session, bool closed);
   static uint64_t Rank(const Order& o);
 
   std::unordered_map<BlockHandle, Block> blocks_;
   std::set<Order> order_;                                 // unpinned blocks, begin = first victim
   std::unordered_map<BlockKey, BlockHandle> by_key_;
-  std::unordered_map<BlockKey, std::multiset<uint64_t>> next_uses_;  // key -> starts of queued requests
+  std::unordered_map<BlockKey, KeyUses> next_uses_;  // keys named by queued requests
   std::unordered_map<uint64_t, Request> requests_;
   std::unordered_map<uint64_t, std::unordered_set<BlockHandle>> sessions_;
 };

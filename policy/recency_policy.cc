@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "policy/eviction_policy.h"
+#include "policy/queue_aware_policy.h"
 
 namespace kvtier {
 namespace {
@@ -123,5 +124,12 @@ class FifoPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> MakeLruPolicy() { return std::make_unique<LruPolicy>(); }
 std::unique_ptr<EvictionPolicy> MakeFifoPolicy() { return std::make_unique<FifoPolicy>(); }
+
+std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name) {
+  if (name == "lru") return MakeLruPolicy();
+  if (name == "fifo") return MakeFifoPolicy();
+  if (name == "queue_aware") return MakeQueueAwarePolicy();
+  return nullptr;
+}
 
 }  // namespace kvtier

@@ -74,8 +74,9 @@ TEST(QueueAwarePolicyTest, QueuedBlocksGoLastFurthestNextUseFirst) {
   EXPECT_EQ(p.NextUse(1), 5000u);
   EXPECT_EQ(p.NextUse(3), 1000u);
   EXPECT_FALSE(p.NextUse(4));
-  // 4 and 5 first (unneeded, LRU), then 1 and 2 (needed at 5000), then 3.
-  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{4, 5, 1, 2, 3}));
+  // 4 and 5 first (unneeded, LRU), then 2 and 1 (needed at 5000; the chain
+  // made 2 the child), then 3.
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{4, 5, 2, 1, 3}));
 }
 
 TEST(QueueAwarePolicyTest, TheEarliestRequestCountsAndStartOrFinishLetsGo) {
@@ -120,6 +121,52 @@ TEST(QueueAwarePolicyTest, ABlockCachedAfterItsRequestWasQueuedIsNeededAtOnce) {
   p.OnInsertKeyed(3, K(3), 0, 0, 2);
   EXPECT_EQ(p.NextUse(1), 500u);
   EXPECT_EQ(p.Victim()->handle, 3u);
+}
+
+TEST(QueueAwarePolicyTest, QueueHintsCarryDepthAndConversation) {
+  QueueAwarePolicy p;
+  // Cached before any hint: depth 0, no conversation.
+  p.OnInsertKeyed(1, K(1), 100);
+  p.OnInsertKeyed(2, K(2), 100);
+  const QueuedBlock blocks[] = {{K(1), 0}, {K(2), 1}, {K(3), 2}};
+  p.OnEnqueue(7, blocks, 1000, /*session=*/42);
+  // Cached after the hint: takes depth 2 and conversation 42 from it.
+  p.OnInsertKeyed(3, K(3), 100);
+  p.OnDequeue(7);
+  // Same time and uses: deeper first.
+  EXPECT_EQ(p.Victim()->handle, 3u);
+  // The conversation closes: all three are of a closed session now; a
+  // fourth block of no conversation goes after them.
+  p.OnInsertKeyed(4, K(4), 50);
+  p.OnSessionClosed(42);
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{3, 2, 1, 4}));
+}
+
+TEST(QueueAwarePolicyTest, AReopenedConversationIsNoLongerClosed) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, /*session=*/5, 10);
+  p.OnInsertKeyed(2, K(2), 0, /*session=*/6, 20);
+  p.OnSessionClosed(6);
+  EXPECT_EQ(p.Victim()->handle, 2u);
+  p.OnSessionOpened(6);
+  EXPECT_EQ(p.Victim()->handle, 1u);
+}
+
+TEST(QueueAwarePolicyTest, RecencyPoliciesIgnoreQueueHints) {
+  for (auto make : {&MakeLruPolicy, &MakeFifoPolicy}) {
+    auto p = make();
+    p->OnInsertKeyed(1, K(1), 10);
+    p->OnInsertKeyed(2, K(2), 20);
+    const QueuedBlock blocks[] = {{K(1), 0}};
+    p->OnEnqueue(1, blocks, 5, 3);
+    p->OnSessionClosed(3);
+    EXPECT_FALSE(p->NeededWithin(1, 0, 1'000'000));
+    EXPECT_EQ(p->Victim()->handle, 1u) << p->name();
+    p->OnDequeue(1);
+  }
+  EXPECT_EQ(MakeEvictionPolicy("queue_aware")->name(), "queue_aware");
+  EXPECT_EQ(MakeEvictionPolicy("lru")->name(), "lru");
+  EXPECT_EQ(MakeEvictionPolicy("arc"), nullptr);
 }
 
 TEST(QueueAwarePolicyTest, LookAheadWindow) {
@@ -274,6 +321,12 @@ TEST(QueueAwarePolicyTest, MatchesTheModelUnderRandomOperations) {
         const uint64_t start = now + rng() % 1000;
         p.Enqueue(id, chain, start);
         m.requests[id] = {chain, start};
+        // A cached block takes its depth from the chain (the last position wins).
+        for (size_t i = 0; i < chain.size(); ++i) {
+          for (auto& [h, b] : m.blocks) {
+            if (b.key == chain[i]) b.depth = static_cast<uint32_t>(i);
+          }
+        }
       } else if (op == 6) {
         const uint64_t id = 1 + rng() % next_request;
         if (rng() % 2) p.Started(id);
