@@ -1,6 +1,7 @@
 // The C ABI (kvtier_c.h) over kvtier::Client. Each entry point clears the
 // thread's error message, runs its body inside Guard (no exception crosses
 // the ABI) and turns a Status into its code, keeping the message.
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -317,6 +318,31 @@ int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, siz
     if (!r.ok()) return Report(r.status());
     if (erased != nullptr) *erased = *r;
     return KVTIER_OK;
+  });
+}
+
+int kvtier_enqueue(kvtier_client* client, uint64_t request, uint32_t ns, const kvtier_key* keys, size_t n,
+                   uint64_t start_in_us, uint64_t session) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (keys == nullptr && n > 0) return Missing("keys");
+    const auto start = std::chrono::steady_clock::now() + std::chrono::microseconds(start_in_us);
+    return Report(client->client->Enqueue(request, ns, kvtier::ToKeys(keys, n), start, session));
+  });
+}
+
+int kvtier_request_started(kvtier_client* client, uint64_t request) {
+  return Guard([&] { return client == nullptr ? Missing("client") : Report(client->client->Started(request)); });
+}
+
+int kvtier_request_finished(kvtier_client* client, uint64_t request) {
+  return Guard([&] { return client == nullptr ? Missing("client") : Report(client->client->Finished(request)); });
+}
+
+int kvtier_session_hint(kvtier_client* client, uint64_t session, int open) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    return Report(open != 0 ? client->client->OpenSession(session) : client->client->CloseSession(session));
   });
 }
 

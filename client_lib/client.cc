@@ -7,6 +7,7 @@
 // Copies run on the thread that reads the response: the caller itself for
 // synchronous calls, a reading thread for the *Async variants (directory
 // copies run on the calling thread).
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -347,6 +348,24 @@ Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
   auto r = conn_->CallSync(wire::MakeErase(ns, keys));
   if (!r.ok()) return r.status();
   return static_cast<size_t>(r->erase().erased());
+}
+
+Status Client::Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
+                       std::chrono::steady_clock::time_point expected_start, uint64_t session) {
+  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
+  const auto until = expected_start - std::chrono::steady_clock::now();
+  const int64_t start_in_us = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(until).count());
+  return conn_->CallSync(wire::MakeEnqueue(ns, request, keys, static_cast<uint64_t>(start_in_us), session)).status();
+}
+
+Status Client::Started(uint64_t request) { return conn_->CallSync(wire::MakeRequestEvent(request, true)).status(); }
+
+Status Client::Finished(uint64_t request) { return conn_->CallSync(wire::MakeRequestEvent(request, false)).status(); }
+
+Status Client::OpenSession(uint64_t session) { return conn_->CallSync(wire::MakeSessionHint(session, true)).status(); }
+
+Status Client::CloseSession(uint64_t session) {
+  return conn_->CallSync(wire::MakeSessionHint(session, false)).status();
 }
 
 Result<std::vector<Counter>> Client::Stats() {

@@ -104,9 +104,14 @@ constexpr OptionSpec kOptions[] = {
     {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},
-    {"engine.eviction", OptionType::kChoice, "\"lru\"", 0, 0, "lru|fifo", false,
-     "Host-tier eviction policy.",
+    {"engine.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "lru|fifo|queue_aware", false,
+     "Host-tier eviction policy: queue_aware keeps what clients' queued requests need (Client::Enqueue) and "
+     "otherwise evicts closed conversations, rarely used, least recent and deepest blocks first.",
      nullptr, &DaemonConfig::engine_eviction},
+    {"engine.lookahead_ms", OptionType::kInt, "2000", 0, 3600000, "", false,
+     "queue_aware: a block a queued request needs within this many ms is demoted to NVMe when evicted, never "
+     "dropped (whatever nvme.admission says).",
+     &DaemonConfig::engine_lookahead_ms, nullptr},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
      false, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},

@@ -47,7 +47,8 @@ struct DaemonConfig {
   int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
   // [engine]
   int64_t engine_shards = 0;
-  std::string engine_eviction;   // "lru" | "fifo"
+  std::string engine_eviction;   // "lru" | "fifo" | "queue_aware"
+  int64_t engine_lookahead_ms = 0;
   // [log]
   std::string log_level;
 };

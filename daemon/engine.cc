@@ -39,12 +39,6 @@ void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
   counter.fetch_add(by, std::memory_order_relaxed);
 }
 
-std::unique_ptr<EvictionPolicy> MakePolicy(const std::string& name) {
-  if (name == "lru") return MakeLruPolicy();
-  if (name == "fifo") return MakeFifoPolicy();
-  return nullptr;
-}
-
 // Removes `key`'s reservation by `session` from `shard`, freeing its space.
 // Caller holds shard.mu. Returns false if there was no such reservation.
 bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key) {
@@ -116,9 +110,9 @@ void RemoveCommitted(EngineShard& shard, HostTier& host,
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock, NvmeTier* nvme)
-    : host_(host), clock_(clock), nvme_(nvme) {
+    : host_(host), clock_(clock), nvme_(nvme), lookahead_us_(options.lookahead_us) {
   for (uint32_t i = 0; i < options.shards; ++i) {
-    shards_.push_back(std::make_unique<EngineShard>(MakePolicy(options.eviction)));
+    shards_.push_back(std::make_unique<EngineShard>(MakeEvictionPolicy(options.eviction)));
   }
   if (host_.directory() != nullptr) host_.directory()->SetLowerTiers(nvme_ != nullptr);
 }
@@ -130,8 +124,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
     return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
   }
-  if (MakePolicy(options.eviction) == nullptr) {
-    return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo)");
+  if (MakeEvictionPolicy(options.eviction) == nullptr) {
+    return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo, queue_aware)");
   }
   std::unique_ptr<NvmeAdmission> admission;
   if (nvme != nullptr) {
@@ -289,7 +283,7 @@ std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint
     entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
     entry.last_use_us = now;
     shard.committed.emplace(entry.handle, key);
-    shard.policy->OnInsert(entry.handle, now);
+    shard.policy->OnInsertKeyed(entry.handle, key, now);
     shard.stored_bytes += entry.size;
     shard.sessions[session].reserved.erase(key);
     Publish(host_, key, entry);
@@ -554,7 +548,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       entry.last_use_us = now;
       shard.committed.emplace(entry.handle, key);
-      shard.policy->OnInsert(entry.handle, now);
+      shard.policy->OnInsertKeyed(entry.handle, key, now);
       shard.stored_bytes += entry.size;
       Publish(host_, key, entry);
       for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->session, key, now));
@@ -657,6 +651,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 }
 
 void Engine::CloseSession(SessionId session) {
+  DropQueuedRequests(session);
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
     EngineShard& shard = *shard_ptr;
@@ -717,16 +712,25 @@ bool Engine::EvictOne() {
   auto it = shard.index.find(key->second);
   KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
   Bump(counters_.evictions);
+  const bool needed = shard.policy->NeededWithin(candidate->handle, clock_.NowUs(), lookahead_us_);
+  if (needed) Bump(counters_.needed_evictions);
   if (nvme_ == nullptr) {
     RemoveCommitted(shard, host_, it);
     return true;
   }
-  // A block the tier already holds (promoted earlier) costs no write; any
-  // other goes through admission, and a refused one is dropped.
-  if (!nvme_->Find(it->first) && !admission_->Admit(it->second.size, it->second.hits)) {
-    Bump(counters_.admission_drops);
-    RemoveCommitted(shard, host_, it);
-    return true;
+  // A block the tier already holds (promoted earlier) costs no write. A
+  // block a queued request needs soon is demoted whatever admission says
+  // (its bytes are still charged); any other goes through admission, and a
+  // refused one is dropped.
+  if (!nvme_->Find(it->first)) {
+    if (needed) {
+      Bump(counters_.forced_demotions);
+      admission_->Force(it->second.size);
+    } else if (!admission_->Admit(it->second.size, it->second.hits)) {
+      Bump(counters_.admission_drops);
+      RemoveCommitted(shard, host_, it);
+      return true;
+    }
   }
   // Take it out of the index but keep its bytes until the NVMe tier has
   // copied them (Demote copies before it returns), outside the shard lock.
@@ -839,6 +843,10 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
   v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
   v.Visit("engine.admission_drops", load(counters_.admission_drops));
+  v.Visit("engine.enqueues", load(counters_.enqueues));
+  v.Visit("engine.dequeues", load(counters_.dequeues));
+  v.Visit("engine.needed_evictions", load(counters_.needed_evictions));
+  v.Visit("engine.forced_demotions", load(counters_.forced_demotions));
   v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
   v.Visit("engine.layer_reads", load(counters_.layer_reads));
   v.Visit("engine.demotion_waits", load(counters_.demotion_waits));

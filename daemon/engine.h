@@ -24,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <unordered_map>
 #include <cstdint>
 #include <memory>
@@ -50,11 +51,14 @@ using LeaseId = uint64_t;
 
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
-  std::string eviction = "lru"; // "lru" | "fifo"
+  std::string eviction = "lru"; // "lru" | "fifo" | "queue_aware"
   // With an NVMe tier: which evicted blocks it gets, "all" | "second_hit" |
   // "dwpd" (then `dwpd` must validate). kvtierd's default is "dwpd".
   std::string nvme_admission = "all";
   DwpdOptions dwpd;
+  // queue_aware: a victim some queued request needs within this window is
+  // demoted even when admission would refuse it (never dropped).
+  uint64_t lookahead_us = 2'000'000;
 };
 
 struct SlotGrant {
@@ -169,8 +173,26 @@ class Engine {
   // server stopped, before its executors go away).
   void WaitForIdle();
 
-  // Frees every reservation and lease of `session`. Idempotent.
+  // Frees every reservation and lease of `session`, and drops its queued
+  // requests. Idempotent.
   void CloseSession(SessionId session);
+
+  // Queue hints (engine_queue.cc) from an inference engine's scheduler on
+  // connection `session`; request ids are the connection's own. Enqueue:
+  // `request` will need `chain` (root first) of `ns`, expected to start
+  // `start_in_us` from now, for conversation `conversation` (0: none);
+  // again with the same id replaces it. Busy beyond
+  // kMaxQueuedRequests queued at once. Only the queue_aware policy acts on
+  // them; the others accept and ignore them.
+  static constexpr size_t kMaxQueuedRequests = 1 << 16;
+  Status Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+                 std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation);
+  // The request started or finished (or was dropped): its blocks stop
+  // waiting for it. NotFound if it is not queued.
+  Status Dequeue(SessionId session, uint64_t request);
+  // Conversation `conversation` opened or closed (its blocks go first among
+  // those no queued request needs while it is closed).
+  void ConversationHint(uint64_t conversation, bool open);
 
   void VisitCounters(CounterVisitor& v) const;
 
@@ -210,9 +232,13 @@ class Engine {
   // nothing is evictable.
   bool EvictOne();
 
+  // Drops every queued request of `session` (its connection closed).
+  void DropQueuedRequests(SessionId session);
+
   HostTier& host_;
   const Clock& clock_;
   NvmeTier* const nvme_;
+  const uint64_t lookahead_us_;
   std::unique_ptr<NvmeAdmission> admission_;  // set with nvme_
   std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
@@ -222,6 +248,15 @@ class Engine {
   std::condition_variable demotion_finished_;
   uint64_t demotions_finished_ = 0;  // guarded by io_mu_
   std::vector<std::unique_ptr<EngineShard>> shards_;
+  // Queued requests by (connection, request id): the shards holding a
+  // part of their chain, under the engine-wide id the policies know.
+  struct QueuedRequest {
+    uint64_t id = 0;
+    std::vector<size_t> shards;
+  };
+  std::mutex queue_mu_;
+  std::map<std::pair<SessionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
+  uint64_t next_queue_id_ = 1;                                      // guarded by queue_mu_
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
 
@@ -235,6 +270,7 @@ class Engine {
     std::atomic<int64_t> sessions_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
     std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0}, admission_drops{0};
+    std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
     std::atomic<int64_t> layer_reads{0};
     std::atomic<int64_t> demotion_waits{0};  // evictions that waited for a busy NVMe tier  // layer-range pins served by an NVMe read
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};

@@ -55,6 +55,7 @@ int Serve(const DaemonConfig& config) {
     return 1;
   }
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
+  engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   if (*nvme) {
     auto dwpd = DwpdFromConfig(config);
     if (!dwpd.ok()) {

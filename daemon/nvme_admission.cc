@@ -31,20 +31,31 @@ AdmissionClass NvmeAdmission::ClassOf(uint64_t uses) {
   return AdmissionClass::kFirstSighting;
 }
 
+void NvmeAdmission::CatchUp(uint64_t now_us) {
+  const NvmeTier::WriteTotals totals = tier_.write_totals();
+  if (totals.reinserted_bytes > reinserted_charged_) {
+    policy_->Charge(totals.reinserted_bytes - reinserted_charged_, now_us);
+    reinserted_charged_ = totals.reinserted_bytes;
+  }
+  policy_->OnDeviceWritten(totals.device_bytes, now_us);
+}
+
 bool NvmeAdmission::Admit(uint64_t payload_bytes, uint64_t uses) {
-  const NvmeTier::WriteTotals totals = tier_.write_totals();  // the tier's lock, before ours
   const uint64_t now = clock_.NowUs();
   AdmissionCandidate candidate;
   candidate.bytes = RecordBytes(payload_bytes, tier_.device().alignment_bytes());
   candidate.cls = ClassOf(uses);
   candidate.parent_cached = true;  // see the header
   std::lock_guard lock(mu_);
-  if (totals.reinserted_bytes > reinserted_charged_) {
-    policy_->Charge(totals.reinserted_bytes - reinserted_charged_, now);
-    reinserted_charged_ = totals.reinserted_bytes;
-  }
-  policy_->OnDeviceWritten(totals.device_bytes, now);
+  CatchUp(now);
   return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;
+}
+
+void NvmeAdmission::Force(uint64_t payload_bytes) {
+  const uint64_t now = clock_.NowUs();
+  std::lock_guard lock(mu_);
+  CatchUp(now);
+  policy_->Charge(RecordBytes(payload_bytes, tier_.device().alignment_bytes()), now);
 }
 
 void NvmeAdmission::VisitCounters(CounterVisitor& v) const {

@@ -39,11 +39,18 @@ class NvmeAdmission {
   // Whether a block of `payload_bytes` with `uses` may be written to the
   // tier; an admitted block's record bytes are taken from the budget.
   bool Admit(uint64_t payload_bytes, uint64_t uses);
+  // A write made without asking (a block a queued request needs soon): its
+  // record bytes are charged to the budget, if any.
+  void Force(uint64_t payload_bytes);
   // nvme.admission.*: the policy's counters.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
   NvmeAdmission(std::unique_ptr<AdmissionPolicy> policy, const NvmeTier& tier, const Clock& clock);
+  // Reports the tier's device bytes and charges new reinsertion bytes.
+  // Caller holds mu_ (the tier's own lock is taken inside, briefly: it is
+  // a leaf).
+  void CatchUp(uint64_t now_us);
 
   const NvmeTier& tier_;
   const Clock& clock_;

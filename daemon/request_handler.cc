@@ -44,6 +44,7 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       HandleUsageReport(request.usage());
       return {.no_response = true};
     case v1::Request::kStats: HandleStats(response); break;
+    case v1::Request::kQueue: HandleQueueHint(request.queue(), response); break;
     default:
       SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +
                                         " is not handled by this kvtierd"));
@@ -113,6 +114,30 @@ void RequestHandler::HandleUsageReport(const v1::UsageReport& r) {
   context_.engine->RecordLocalLookups(static_cast<int64_t>(r.local_lookups()),
                                       static_cast<int64_t>(r.local_lookup_keys()),
                                       static_cast<int64_t>(r.local_lookup_hit_blocks()));
+}
+
+void RequestHandler::HandleQueueHint(const v1::QueueHint& q, v1::Response& response) {
+  Engine& engine = *context_.engine;
+  switch (q.kind()) {
+    case v1::QueueHint::ENQUEUE: {
+      auto ns = Namespace(q.ns());
+      if (!ns.ok()) return SetStatus(response, ns.status());
+      auto keys = wire::KeysFromProto(q.keys());
+      if (!keys.ok()) return SetStatus(response, keys.status());
+      if (keys->empty()) return SetStatus(response, InvalidArgument("an enqueued request needs at least one key"));
+      return SetStatus(response, engine.Enqueue(session_, *ns, q.request_id(), *keys, q.start_in_us(), q.session_id()));
+    }
+    case v1::QueueHint::STARTED:
+    case v1::QueueHint::FINISHED:
+      return SetStatus(response, engine.Dequeue(session_, q.request_id()));
+    case v1::QueueHint::SESSION_OPEN:
+    case v1::QueueHint::SESSION_CLOSE:
+      if (q.session_id() == 0) return SetStatus(response, InvalidArgument("session 0 means none; hint a real one"));
+      engine.ConversationHint(q.session_id(), q.kind() == v1::QueueHint::SESSION_OPEN);
+      return SetStatus(response, Status::Ok());
+    default:
+      return SetStatus(response, InvalidArgument("unknown queue hint kind " + std::to_string(q.kind())));
+  }
 }
 
 void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& response) {

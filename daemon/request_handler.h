@@ -67,6 +67,7 @@ class RequestHandler {
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.
   void HandleUsageReport(const v1::UsageReport& r);
+  void HandleQueueHint(const v1::QueueHint& q, v1::Response& response);
 
   const HandlerContext& context_;
   const SessionId session_;

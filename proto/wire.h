@@ -52,5 +52,10 @@ v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses,
                             uint64_t lookup_keys, uint64_t lookup_hits);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeStats();
+// Queue hints (QueueHint).
+v1::Request MakeEnqueue(uint32_t ns, uint64_t request, std::span<const BlockKey> chain, uint64_t start_in_us,
+                        uint64_t session);
+v1::Request MakeRequestEvent(uint64_t request, bool started);  // STARTED or FINISHED
+v1::Request MakeSessionHint(uint64_t session, bool open);
 
 }  // namespace kvtier::wire

@@ -215,6 +215,28 @@ class Client {
   // Every counter of the daemon (the same registry the admin tools read).
   Result<std::vector<Counter>> Stats();
 
+  // Queue hints from the inference engine's scheduler, so the daemon keeps
+  // what queued requests need (eviction `queue_aware`) and knows which
+  // conversations ended. Each is one round trip. Request ids are this
+  // client's own; its queued requests go when it disconnects.
+  //
+  // `request` will need the chain `keys` (root first) of `ns`, expected to
+  // start at `expected_start` (a time in the past means "now"), in
+  // conversation `session` (0: none). Again with the same id replaces it.
+  // InvalidArgument (no keys, bad namespace), Busy (the daemon holds
+  // 65536 queued requests).
+  Status Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
+                 std::chrono::steady_clock::time_point expected_start, uint64_t session = 0);
+  // The request left the queue: it started running, or finished (or was
+  // dropped) without starting. NotFound if it is not queued.
+  Status Started(uint64_t request);
+  Status Finished(uint64_t request);
+  // A conversation opened (again) or closed: while closed, its blocks are
+  // the first to go among those no queued request needs. Session 0 is
+  // InvalidArgument.
+  Status OpenSession(uint64_t session);
+  Status CloseSession(uint64_t session);
+
  private:
   explicit Client(std::shared_ptr<internal::Connection> conn);
   std::shared_ptr<internal::Connection> conn_;

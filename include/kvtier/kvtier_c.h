@@ -190,6 +190,20 @@ int kvtier_view_release(kvtier_view* view);
 int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
                  size_t* erased);
 
+// Queue hints (Client::Enqueue and friends): request `request` (this
+// client's own id) will need keys[0 .. n) of `ns`, root first, expected to
+// start `start_in_us` microseconds from now, in conversation `session`
+// (0: none); again with the same id replaces it. KVTIER_BUSY when the
+// daemon holds 65536 queued requests.
+int kvtier_enqueue(kvtier_client* client, uint64_t request, uint32_t ns, const kvtier_key* keys, size_t n,
+                   uint64_t start_in_us, uint64_t session);
+// The request left the queue (started, or finished / dropped before
+// starting). KVTIER_NOT_FOUND if it is not queued.
+int kvtier_request_started(kvtier_client* client, uint64_t request);
+int kvtier_request_finished(kvtier_client* client, uint64_t request);
+// Conversation `session` (not 0) opened (`open` != 0) or closed.
+int kvtier_session_hint(kvtier_client* client, uint64_t session, int open);
+
 // Reads one daemon counter by name (e.g. "engine.commits") into `*value`.
 // KVTIER_NOT_FOUND if the daemon has no such counter.
 int kvtier_stat(kvtier_client* client, const char* name, int64_t* value);

@@ -333,6 +333,12 @@ static void TestEraseStatsAndErrors(kvtier_client* c, const kvtier_key keys[kBlo
   uint8_t byte = 0;
   doomed[0] = keys[1];
   doomed[1] = keys[3];
+  CHECK_CODE(kvtier_enqueue(c, 1, 0, keys, kBlocks, 1000000, 7), KVTIER_OK);
+  CHECK_CODE(kvtier_enqueue(c, 2, 0, NULL, 1, 0, 0), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_request_started(c, 1), KVTIER_OK);
+  CHECK_CODE(kvtier_request_finished(c, 1), KVTIER_NOT_FOUND);
+  CHECK_CODE(kvtier_session_hint(c, 7, 0), KVTIER_OK);
+  CHECK_CODE(kvtier_session_hint(c, 0, 1), KVTIER_INVALID_ARGUMENT);
   CHECK_CODE(kvtier_erase(c, 0, doomed, 2, &erased), KVTIER_OK);
   CHECK(erased == 2);
   CHECK_CODE(kvtier_lookup(c, 0, keys, kBlocks, &prefix, NULL), KVTIER_OK);

@@ -1,6 +1,8 @@
 // The C++ example of README.md, kept compiling and working against a daemon.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
@@ -24,6 +26,13 @@ TEST(ReadmeExample, RunsAsWritten) {
   size_t cached = client->Lookup(0, keys)->prefix_blocks;
   for (size_t i = 0; i < cached; ++i) ASSERT_TRUE(client->Get(0, keys[i], kv_buffer(i)).ok());
   for (size_t i = cached; i < keys.size(); ++i) ASSERT_TRUE(client->Put(0, keys[i], kv_bytes(i)).ok());
+  // ---
+  const uint64_t request_id = 1, conversation_id = 5;
+  const auto expected_start = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  // --- the queue hints, as in README.md ---
+  ASSERT_TRUE(client->Enqueue(request_id, 0, keys, expected_start).ok());  // steady_clock time point
+  ASSERT_TRUE(client->Started(request_id).ok());                            // or Finished() if it never ran
+  ASSERT_TRUE(client->CloseSession(conversation_id).ok());                  // its blocks go first from now on
   // ---
 
   EXPECT_EQ(keys.size(), 3u) << "1000 tokens = 3 full blocks of 256";

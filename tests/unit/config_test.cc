@@ -126,7 +126,8 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
   EXPECT_EQ(config->host_capacity_bytes, 1 * kGiB);
   EXPECT_EQ(config->host_lock_memory, "best_effort");
   EXPECT_EQ(config->engine_shards, 8);
-  EXPECT_EQ(config->engine_eviction, "lru");
+  EXPECT_EQ(config->engine_eviction, "queue_aware");
+  EXPECT_EQ(config->engine_lookahead_ms, 2000);
   EXPECT_EQ(config->log_level, "info");
 }
 
@@ -207,7 +208,7 @@ TEST(ConfigTest, OutOfRangeIntIsRejected) {
 }
 
 TEST(ConfigTest, BadChoiceIsRejected) {
-  ExpectInvalid("[engine]\neviction = \"arc\"\n", {"test.toml:2", "engine.eviction", "arc", "lru|fifo"});
+  ExpectInvalid("[engine]\neviction = \"arc\"\n", {"test.toml:2", "engine.eviction", "arc", "lru|fifo|queue_aware"});
   ExpectInvalid("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
   ExpectInvalid("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
 }

@@ -1,0 +1,169 @@
+// Engine queue hints with the queue_aware policy: a block a queued request
+// needs survives host pressure that evicts everything else (and does not
+// under LRU); a needed victim inside the look-ahead window is demoted even
+// when admission would refuse it; dequeue, connection close, the queue's
+// bound.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/engine.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injecting_device.h"
+#include "tests/testing/memory_device.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::FakeClock;
+
+constexpr uint64_t kBlockBytes = 64 << 10;
+constexpr NamespaceFingerprint kNs{0x9e9e, 0x0001};
+constexpr SessionId kScheduler = 9;
+
+BlockKey Key(uint64_t i) { return BlockKey{0x9e, i}; }
+
+class EngineQueueTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    engine_.reset();
+    nvme_.reset();
+    if (!dir_.empty()) ::kvtier::testing::RemoveTree(dir_);
+  }
+
+  // 8 host blocks; with `nvme`, a memory-backed NVMe tier under `admission`.
+  void Open(const std::string& eviction, bool nvme = false, const std::string& admission = "all") {
+    host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
+    ASSERT_NE(host_, nullptr);
+    if (nvme) {
+      dir_ = ::kvtier::testing::MakeTempDir();
+      memory_ = std::make_unique<::kvtier::testing::MemoryDevice>(16 << 20);
+      auto index = NvmeIndex::Open(dir_ + "/index", false);
+      ASSERT_TRUE(index.ok());
+      NvmeTierOptions options;
+      options.region_bytes = 1 << 20;
+      options.staging_bytes = 2 << 20;
+      auto tier = NvmeTier::Open(
+          std::make_unique<::kvtier::testing::FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}),
+          std::move(*index), options, clock_);
+      ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+      nvme_ = std::move(*tier);
+    }
+    EngineOptions options{2, eviction};
+    options.nvme_admission = admission;
+    options.lookahead_us = 2'000'000;
+    auto engine = Engine::Create(options, *host_, clock_, nvme_.get());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+  }
+
+  void Put(uint64_t i) {
+    clock_.AdvanceUs(1);
+    Status s = ::kvtier::testing::PutFilledBlock(*engine_, *host_, 1, kNs, Key(i), kBlockBytes);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.ToString();
+  }
+
+  Status Enqueue(uint64_t request, const std::vector<uint64_t>& blocks, uint64_t start_in_us) {
+    std::vector<BlockKey> chain;
+    for (uint64_t i : blocks) chain.push_back(Key(i));
+    return engine_->Enqueue(kScheduler, kNs, request, chain, start_in_us, 0);
+  }
+
+  bool InHost(uint64_t i) {
+    const BlockKey key = Key(i);
+    auto found = engine_->Lookup(kNs, {&key, 1});
+    return found.prefix_blocks == 1 && found.tiers[0] == Tier::kHost;
+  }
+
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<::kvtier::testing::MemoryDevice> memory_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineQueueTest, ANeededBlockSurvivesPressureThatEvictsEverythingElse) {
+  Open("queue_aware");
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  ASSERT_TRUE(Enqueue(1, {2, 5}, 1'000'000).ok());
+  for (uint64_t i = 8; i < 24; ++i) Put(i);  // two arenas' worth of new blocks
+  EXPECT_TRUE(InHost(2));
+  EXPECT_TRUE(InHost(5));
+  for (uint64_t i : {0, 1, 3, 4, 6, 7}) EXPECT_FALSE(InHost(i)) << i;
+  EXPECT_EQ(Counters()["engine.evictions"], 16);
+  // Once the request has started, they are ordinary blocks again.
+  ASSERT_TRUE(engine_->Dequeue(kScheduler, 1).ok());
+  for (uint64_t i = 24; i < 32; ++i) Put(i);
+  EXPECT_FALSE(InHost(2));
+  EXPECT_FALSE(InHost(5));
+  EXPECT_EQ(Counters()["engine.enqueues"], 1);
+  EXPECT_EQ(Counters()["engine.dequeues"], 1);
+}
+
+TEST_F(EngineQueueTest, LruIgnoresTheQueue) {
+  Open("lru");
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  ASSERT_TRUE(Enqueue(1, {2, 5}, 1'000'000).ok()) << "accepted, and ignored";
+  for (uint64_t i = 8; i < 24; ++i) Put(i);
+  EXPECT_FALSE(InHost(2));
+  EXPECT_FALSE(InHost(5));
+}
+
+TEST_F(EngineQueueTest, ANeededVictimInsideTheWindowIsDemotedWhateverAdmissionSays) {
+  Open("queue_aware", /*nvme=*/true, "second_hit");  // refuses blocks never read
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  // Every cached block is needed: 0..3 within the window, 4..7 long after it.
+  ASSERT_TRUE(Enqueue(1, {0, 1, 2, 3}, 1'000'000).ok());
+  ASSERT_TRUE(Enqueue(2, {4, 5, 6, 7}, 60'000'000).ok());
+  // The new blocks are needed soonest, so they are never the victims here.
+  ASSERT_TRUE(Enqueue(3, {8, 9, 10, 11, 12, 13, 14, 15}, 500'000).ok());
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts the furthest-needed first: 4..7, then 0..3
+  engine_->WaitForIdle();
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(nvme_->Find(Key(i))) << "needed soon: demoted " << i;
+  for (uint64_t i = 4; i < 8; ++i) EXPECT_FALSE(nvme_->Find(Key(i))) << "needed late: admission said no " << i;
+  auto c = Counters();
+  EXPECT_EQ(c["engine.needed_evictions"], 4) << "needed within the window";
+  EXPECT_EQ(c["engine.forced_demotions"], 4);
+  EXPECT_EQ(c["engine.admission_drops"], 4);
+  EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 4);
+}
+
+TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
+  Open("queue_aware");
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  EXPECT_EQ(engine_->Dequeue(kScheduler, 77).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(Enqueue(1, {3}, 1'000'000).ok());
+  EXPECT_EQ(engine_->Dequeue(kScheduler + 1, 1).code(), StatusCode::kNotFound) << "ids are per connection";
+  // Re-enqueueing replaces: block 3 is no longer needed, block 4 is.
+  ASSERT_TRUE(Enqueue(1, {4}, 1'000'000).ok());
+  for (uint64_t i = 8; i < 15; ++i) Put(i);  // 7 evictions: all old blocks but one
+  EXPECT_FALSE(InHost(3));
+  EXPECT_TRUE(InHost(4));
+  // The scheduler's connection closes: its requests go with it.
+  engine_->CloseSession(kScheduler);
+  EXPECT_EQ(engine_->Dequeue(kScheduler, 1).code(), StatusCode::kNotFound);
+  for (uint64_t i = 15; i < 23; ++i) Put(i);
+  EXPECT_FALSE(InHost(4));
+}
+
+TEST_F(EngineQueueTest, TheQueueIsBounded) {
+  Open("queue_aware");
+  for (uint64_t r = 0; r < Engine::kMaxQueuedRequests; ++r) ASSERT_TRUE(Enqueue(r, {r % 100}, 1000).ok()) << r;
+  Status full = Enqueue(Engine::kMaxQueuedRequests, {1}, 1000);
+  EXPECT_EQ(full.code(), StatusCode::kBusy);
+  EXPECT_NE(full.message().find("Started/Finished"), std::string::npos) << full.message();
+  EXPECT_TRUE(Enqueue(5, {7}, 1000).ok()) << "replacing a queued request is not a new one";
+  ASSERT_TRUE(engine_->Dequeue(kScheduler, 0).ok());
+  EXPECT_TRUE(Enqueue(Engine::kMaxQueuedRequests, {1}, 1000).ok());
+}
+
+}  // namespace
+}  // namespace kvtier
