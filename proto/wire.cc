@@ -176,33 +176,35 @@ v1::Request MakeStats() {
   return r;
 }
 
-v1::Request MakeEnqueue(uint32_t ns, uint64_t request, std::span<const BlockKey> chain, uint64_t start_in_us,
-                        uint64_t session) {
+namespace {
+
+v1::Request QueueHintOf(v1::QueueHint::Kind kind, uint64_t request, uint64_t session) {
   v1::Request r;
   auto* q = r.mutable_queue();
-  q->set_kind(v1::QueueHint::ENQUEUE);
+  q->set_kind(kind);
   q->set_request_id(request);
+  q->set_session_id(session);
+  return r;
+}
+
+}  // namespace
+
+v1::Request MakeEnqueue(uint32_t ns, uint64_t request, std::span<const BlockKey> chain, uint64_t start_in_us,
+                        uint64_t session) {
+  v1::Request r = QueueHintOf(v1::QueueHint::ENQUEUE, request, session);
+  auto* q = r.mutable_queue();
   q->set_ns(ns);
   AddKeys(chain, q->mutable_keys());
   q->set_start_in_us(start_in_us);
-  q->set_session_id(session);
   return r;
 }
 
 v1::Request MakeRequestEvent(uint64_t request, bool started) {
-  v1::Request r;
-  auto* q = r.mutable_queue();
-  q->set_kind(started ? v1::QueueHint::STARTED : v1::QueueHint::FINISHED);
-  q->set_request_id(request);
-  return r;
+  return QueueHintOf(started ? v1::QueueHint::STARTED : v1::QueueHint::FINISHED, request, 0);
 }
 
 v1::Request MakeSessionHint(uint64_t session, bool open) {
-  v1::Request r;
-  auto* q = r.mutable_queue();
-  q->set_kind(open ? v1::QueueHint::SESSION_OPEN : v1::QueueHint::SESSION_CLOSE);
-  q->set_session_id(session);
-  return r;
+  return QueueHintOf(open ? v1::QueueHint::SESSION_OPEN : v1::QueueHint::SESSION_CLOSE, 0, session);
 }
 
 }  // namespace kvtier::wire
