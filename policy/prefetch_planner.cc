@@ -1,0 +1,94 @@
+#include "policy/prefetch_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+namespace kvtier {
+
+BandwidthEstimate::BandwidthEstimate(double initial_bytes_per_s, double weight)
+    : bytes_per_s_(initial_bytes_per_s > 0 ? initial_bytes_per_s : 1.0), weight_(std::clamp(weight, 0.0, 1.0)) {}
+
+void BandwidthEstimate::Observe(uint64_t bytes, uint64_t duration_us) {
+  if (duration_us == 0 || bytes == 0) return;
+  const double sample = double(bytes) / (double(duration_us) / 1e6);
+  bytes_per_s_ = (1 - weight_) * bytes_per_s_ + weight_ * sample;
+}
+
+uint64_t BandwidthEstimate::TimeUs(uint64_t bytes) const {
+  return std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(double(bytes) / bytes_per_s_ * 1e6)));
+}
+
+PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests, const BandwidthEstimate& nvme,
+                          const BandwidthEstimate& remote, const PrefetchOptions& options) {
+  PrefetchPlan plan;
+  std::vector<size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return requests[a].deadline_us != requests[b].deadline_us ? requests[a].deadline_us < requests[b].deadline_us
+                                                              : requests[a].id < requests[b].id;
+  });
+  uint64_t channel_free[2] = {now_us, now_us};       // NVMe, remote: when each is free next
+  std::unordered_map<BlockKey, uint64_t> arriving;   // planned reads: key -> arrival
+  for (size_t index : order) {
+    const PrefetchRequest& r = requests[index];
+    uint64_t free_at[2] = {channel_free[0], channel_free[1]};
+    std::vector<PrefetchAction> reads;
+    uint64_t read_bytes = 0;
+    size_t hit = 0;  // prefix blocks in DRAM by the deadline
+    bool late = false, over_budget = false;
+    for (const PrefetchBlock& b : r.chain) {
+      if (b.place == BlockPlace::kNowhere) break;  // the usable prefix ends here
+      if (b.place == BlockPlace::kHost) {
+        ++hit;
+        continue;
+      }
+      if (auto planned = arriving.find(b.key); planned != arriving.end()) {
+        if (planned->second > r.deadline_us) {
+          late = true;
+          break;
+        }
+        ++hit;
+        continue;
+      }
+      if (plan.bytes + read_bytes + b.bytes > options.host_budget_bytes) {
+        over_budget = true;
+        break;
+      }
+      const int channel = b.place == BlockPlace::kNvme ? 0 : 1;
+      const uint64_t start = free_at[channel];
+      const uint64_t done = start + (channel == 0 ? nvme : remote).TimeUs(b.bytes);
+      if (done > r.deadline_us) {
+        late = true;
+        break;
+      }
+      free_at[channel] = done;
+      reads.push_back(PrefetchAction{r.id, b.key, b.bytes, b.place, start, done});
+      read_bytes += b.bytes;
+      ++hit;
+    }
+    if (reads.empty()) {
+      if (over_budget) break;
+      continue;  // nothing to read (all in DRAM, or nothing usable in time)
+    }
+    if (hit < options.min_hit_blocks) {
+      ++plan.skipped_short;
+      if (over_budget) break;
+      continue;
+    }
+    channel_free[0] = free_at[0];
+    channel_free[1] = free_at[1];
+    for (const PrefetchAction& a : reads) arriving[a.key] = a.done_us;
+    plan.actions.insert(plan.actions.end(), reads.begin(), reads.end());
+    plan.bytes += read_bytes;
+    if (late) ++plan.cut_by_deadline;
+    if (over_budget) {
+      ++plan.cut_by_budget;
+      break;  // the budget is spent on the earliest deadlines
+    }
+  }
+  return plan;
+}
+
+}  // namespace kvtier

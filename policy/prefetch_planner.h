@@ -1,0 +1,85 @@
+// Prefetch planning from the engine's request queue (DESIGN.md section 5):
+// which NVMe- and remote-resident prefix blocks to read into the host tier,
+// in what order, so that queued requests find their prefixes in DRAM when
+// they start.
+//
+// PlanPrefetch walks queued requests in deadline order (earliest first,
+// then by id). For each, the usable prefix is the chain up to its first
+// block cached nowhere; its blocks not in the host tier are read, root
+// first, on one read channel per tier (NVMe, remote) that moves bytes at
+// that tier's measured bandwidth, and only as far as they arrive by the
+// deadline (the longest prefix that can: a block late by the deadline ends
+// it, since a prefix is used only up to its first hole). A request whose
+// prefix would give fewer than `min_hit_blocks` blocks is skipped (a short
+// hit saves little). A block two requests need is read once. The plan
+// stops when the next block would exceed the host budget.
+//
+// The engine issues the actions in order, prefetch reads before demotion
+// writes, and feeds the measured throughput of every read back into the
+// tier's BandwidthEstimate. Pure and synchronous; time passed in (us).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvtier/block_key.h"
+
+namespace kvtier {
+
+// A read bandwidth as an exponentially weighted moving average of observed
+// reads (bytes over their duration); starts at `initial_bytes_per_s`.
+class BandwidthEstimate {
+ public:
+  explicit BandwidthEstimate(double initial_bytes_per_s, double weight = 0.2);
+  // One completed read of `bytes` that took `duration_us` (0 is ignored).
+  void Observe(uint64_t bytes, uint64_t duration_us);
+  double bytes_per_s() const { return bytes_per_s_; }
+  // Microseconds to read `bytes` at the estimate (at least 1).
+  uint64_t TimeUs(uint64_t bytes) const;
+
+ private:
+  double bytes_per_s_;
+  double weight_;
+};
+
+enum class BlockPlace : uint8_t { kHost, kNvme, kRemote, kNowhere };
+
+struct PrefetchBlock {
+  BlockKey key;
+  uint64_t bytes = 0;
+  BlockPlace place = BlockPlace::kNowhere;
+};
+
+struct PrefetchRequest {
+  uint64_t id = 0;
+  uint64_t deadline_us = 0;            // when its blocks must be in DRAM (start - preload lead)
+  std::vector<PrefetchBlock> chain;    // root first
+};
+
+struct PrefetchOptions {
+  uint64_t host_budget_bytes = 0;  // bytes the plan may bring into the host tier
+  uint32_t min_hit_blocks = 2;     // a usable prefix shorter than this is not worth a prefetch
+};
+
+struct PrefetchAction {
+  uint64_t request = 0;   // the earliest-deadline request that needs it
+  BlockKey key;
+  uint64_t bytes = 0;
+  BlockPlace from = BlockPlace::kNvme;
+  uint64_t start_us = 0;  // planned start and arrival on its tier's channel
+  uint64_t done_us = 0;
+};
+
+struct PrefetchPlan {
+  std::vector<PrefetchAction> actions;  // issue in this order
+  uint64_t bytes = 0;                   // total, <= host_budget_bytes
+  uint32_t skipped_short = 0;           // requests whose usable prefix was below min_hit_blocks
+  uint32_t cut_by_deadline = 0;         // requests whose prefix was cut where a block would be late
+  uint32_t cut_by_budget = 0;           // requests cut by the host budget
+};
+
+PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests, const BandwidthEstimate& nvme,
+                          const BandwidthEstimate& remote, const PrefetchOptions& options);
+
+}  // namespace kvtier
