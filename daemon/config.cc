@@ -112,6 +112,13 @@ constexpr OptionSpec kOptions[] = {
      "queue_aware: a block a queued request needs within this many ms is demoted to NVMe when evicted, never "
      "dropped (whatever nvme.admission says).",
      &DaemonConfig::engine_lookahead_ms, nullptr},
+    {"engine.prefetch_percent", OptionType::kInt, "25", 0, 100, "", false,
+     "With queue hints and an NVMe tier: each prefetch plan reads queued requests' NVMe-resident prefixes into at "
+     "most this % of the host tier, earliest start first; 0: no prefetch.",
+     &DaemonConfig::engine_prefetch_percent, nullptr},
+    {"engine.prefetch_min_blocks", OptionType::kInt, "2", 1, 1 << 20, "", false,
+     "Prefetch skips a request whose cached prefix would be shorter than this many blocks.",
+     &DaemonConfig::engine_prefetch_min_blocks, nullptr},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
      false, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},

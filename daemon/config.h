@@ -49,6 +49,8 @@ struct DaemonConfig {
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo" | "queue_aware"
   int64_t engine_lookahead_ms = 0;
+  int64_t engine_prefetch_percent = 0;
+  int64_t engine_prefetch_min_blocks = 0;
   // [log]
   std::string log_level;
 };

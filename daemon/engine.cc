@@ -110,7 +110,12 @@ void RemoveCommitted(EngineShard& shard, HostTier& host,
 }  // namespace
 
 Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock, NvmeTier* nvme)
-    : host_(host), clock_(clock), nvme_(nvme), lookahead_us_(options.lookahead_us) {
+    : host_(host),
+      clock_(clock),
+      nvme_(nvme),
+      lookahead_us_(options.lookahead_us),
+      prefetch_share_(options.prefetch_share),
+      prefetch_min_blocks_(options.prefetch_min_blocks) {
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<EngineShard>(MakeEvictionPolicy(options.eviction)));
   }
@@ -515,9 +520,14 @@ void Engine::Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer
   IoStarted();
   Result<HostTier::Extent> extent = AllocateWithEviction(payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
+  const uint64_t issued_us = clock_.NowUs();
   Status started = nvme_->Read(key, 0, layer_count, host_.Bytes(*extent),
-                               [this, key, extent = *extent, checksum](Result<size_t> r) {
+                               [this, key, extent = *extent, checksum, issued_us](Result<size_t> r) {
                                  TierCallbackScope scope;
+                                 if (r.ok()) {
+                                   std::lock_guard lock(bandwidth_mu_);
+                                   nvme_read_bandwidth_.Observe(*r, clock_.NowUs() - issued_us);
+                                 }
                                  FinishPromotion(key, r.status(), extent, checksum);
                                });
   if (!started.ok()) {
@@ -847,6 +857,14 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.dequeues", load(counters_.dequeues));
   v.Visit("engine.needed_evictions", load(counters_.needed_evictions));
   v.Visit("engine.forced_demotions", load(counters_.forced_demotions));
+  v.Visit("engine.prefetch_plans", load(counters_.prefetch_plans));
+  v.Visit("engine.prefetches", load(counters_.prefetches));
+  v.Visit("engine.prefetch_bytes", load(counters_.prefetch_bytes));
+  v.Visit("engine.prefetch_skipped_short", load(counters_.prefetch_skipped_short));
+  {
+    std::lock_guard lock(bandwidth_mu_);
+    v.Visit("engine.nvme_read_bytes_per_s", static_cast<int64_t>(nvme_read_bandwidth_.bytes_per_s()));
+  }
   v.Visit("engine.nvme_lookup_hits", load(counters_.nvme_lookup_hits));
   v.Visit("engine.layer_reads", load(counters_.layer_reads));
   v.Visit("engine.demotion_waits", load(counters_.demotion_waits));

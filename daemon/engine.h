@@ -39,6 +39,7 @@
 #include "kvtier/client.h"
 #include "kvtier/result.h"
 #include "policy/dwpd_budget.h"
+#include "policy/prefetch_planner.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
@@ -59,6 +60,12 @@ struct EngineOptions {
   // queue_aware: a victim some queued request needs within this window is
   // demoted even when admission would refuse it (never dropped).
   uint64_t lookahead_us = 2'000'000;
+  // Prefetch (queue hints + an NVMe tier): NVMe-resident prefix blocks of
+  // queued requests are read into the host tier before their start, at
+  // most this share of the host capacity per plan, skipping hits shorter
+  // than prefetch_min_blocks. 0 turns prefetch off.
+  double prefetch_share = 0.25;
+  uint32_t prefetch_min_blocks = 2;
 };
 
 struct SlotGrant {
@@ -193,6 +200,9 @@ class Engine {
   // Conversation `conversation` opened or closed (its blocks go first among
   // those no queued request needs while it is closed).
   void ConversationHint(uint64_t conversation, bool open);
+  // Plans and starts prefetch reads for the queued requests (engine_queue.cc,
+  // policy/prefetch_planner.h); Enqueue calls it. Returns the reads started.
+  size_t Prefetch();
 
   void VisitCounters(CounterVisitor& v) const;
 
@@ -234,6 +244,10 @@ class Engine {
 
   // Drops every queued request of `session` (its connection closed).
   void DropQueuedRequests(SessionId session);
+  // Enqueue's bookkeeping: the request under (session, request), its chain
+  // handed to the shards' policies. Busy past kMaxQueuedRequests.
+  Status RegisterQueued(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+                        std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation);
 
   HostTier& host_;
   const Clock& clock_;
@@ -253,10 +267,18 @@ class Engine {
   struct QueuedRequest {
     uint64_t id = 0;
     std::vector<size_t> shards;
+    NamespaceFingerprint ns;
+    std::vector<BlockKey> chain;
+    uint64_t start_us = 0;
   };
   std::mutex queue_mu_;
   std::map<std::pair<SessionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
   uint64_t next_queue_id_ = 1;                                      // guarded by queue_mu_
+  // Promotion reads' measured throughput (prefetch plans with it).
+  const double prefetch_share_;
+  const uint32_t prefetch_min_blocks_;
+  mutable std::mutex bandwidth_mu_;
+  BandwidthEstimate nvme_read_bandwidth_{1e9};  // guarded by bandwidth_mu_; seeded at 1 GB/s until measured
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
 
@@ -271,6 +293,7 @@ class Engine {
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
     std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0}, admission_drops{0};
     std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
+    std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
     std::atomic<int64_t> layer_reads{0};
     std::atomic<int64_t> demotion_waits{0};  // evictions that waited for a busy NVMe tier  // layer-range pins served by an NVMe read
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};

@@ -1,16 +1,27 @@
 // Engine queue hints: requests queued by an inference engine's scheduler,
-// split by shard and handed to each shard's eviction policy.
+// split by shard and handed to each shard's eviction policy; and prefetch
+// of their NVMe-resident prefixes into the host tier.
 #include <algorithm>
+#include <unordered_map>
 
 #include "daemon/engine.h"
 #include "daemon/engine_shard.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
 
 Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
                        std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation) {
-  (void)ns;  // keys already carry the model, adapter and position (DESIGN.md section 2)
-  const uint64_t start = clock_.NowUs() + start_in_us;
+  if (Status s = RegisterQueued(session, ns, request, chain, clock_.NowUs() + start_in_us, conversation); !s.ok()) {
+    return s;
+  }
+  counters_.enqueues.fetch_add(1, std::memory_order_relaxed);
+  Prefetch();
+  return Status::Ok();
+}
+
+Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+                              std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation) {
   std::vector<std::vector<QueuedBlock>> parts(shards_.size());
   for (size_t i = 0; i < chain.size(); ++i) {
     parts[ShardIndex(chain[i])].push_back(QueuedBlock{chain[i], static_cast<uint32_t>(i)});
@@ -20,7 +31,7 @@ Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64
   if (inserted && queued_.size() > kMaxQueuedRequests) {
     queued_.erase(it);
     return Busy("more than " + std::to_string(kMaxQueuedRequests) +
-                             " requests queued; report Started/Finished for the ones that left the queue");
+                " requests queued; report Started/Finished for the ones that left the queue");
   }
   QueuedRequest& q = it->second;
   if (inserted) q.id = next_queue_id_++;
@@ -34,10 +45,12 @@ Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64
   for (size_t s = 0; s < parts.size(); ++s) {
     if (parts[s].empty()) continue;
     std::lock_guard lock(shards_[s]->mu);
-    shards_[s]->policy->OnEnqueue(q.id, parts[s], start, conversation);
+    shards_[s]->policy->OnEnqueue(q.id, parts[s], start_us, conversation);
     q.shards.push_back(s);
   }
-  counters_.enqueues.fetch_add(1, std::memory_order_relaxed);
+  q.ns = ns;
+  q.chain.assign(chain.begin(), chain.end());
+  q.start_us = start_us;
   return Status::Ok();
 }
 
@@ -64,6 +77,93 @@ void Engine::DropQueuedRequests(SessionId session) {
     }
     it = queued_.erase(it);
   }
+}
+
+namespace {
+
+// Prefetch plans look at this many queued requests, the earliest first.
+constexpr size_t kMaxPlannedRequests = 256;
+
+}  // namespace
+
+size_t Engine::Prefetch() {
+  if (nvme_ == nullptr || prefetch_share_ <= 0) return 0;
+  struct Queued {
+    uint64_t id;
+    NamespaceFingerprint ns;
+    std::vector<BlockKey> chain;
+    uint64_t start_us;
+  };
+  std::vector<Queued> queued;
+  {
+    std::lock_guard lock(queue_mu_);
+    queued.reserve(queued_.size());
+    for (const auto& [who, q] : queued_) queued.push_back(Queued{q.id, q.ns, q.chain, q.start_us});
+  }
+  std::sort(queued.begin(), queued.end(),
+            [](const Queued& a, const Queued& b) { return a.start_us != b.start_us ? a.start_us < b.start_us : a.id < b.id; });
+  if (queued.size() > kMaxPlannedRequests) queued.resize(kMaxPlannedRequests);
+  // Where each chain block is now: in DRAM (or on its way), on NVMe, or
+  // nowhere (which ends the usable prefix).
+  std::vector<PrefetchRequest> requests;
+  std::unordered_map<uint64_t, NamespaceFingerprint> ns_of;
+  for (const Queued& q : queued) {
+    PrefetchRequest r{q.id, q.start_us, {}};
+    for (const BlockKey& key : q.chain) {
+      PrefetchBlock b{key, 0, BlockPlace::kNowhere};
+      {
+        EngineShard& shard = ShardFor(key);
+        std::lock_guard lock(shard.mu);
+        auto it = shard.index.find(key);
+        if (it != shard.index.end() && it->second.ns == q.ns && (it->second.committed || it->second.promoting)) {
+          b.place = BlockPlace::kHost;
+        }
+      }
+      if (b.place != BlockPlace::kHost) {
+        auto info = nvme_->Find(key);
+        if (info && info->ns == q.ns) {
+          b.place = BlockPlace::kNvme;
+          b.bytes = info->payload_bytes;
+        }
+      }
+      r.chain.push_back(b);
+      if (b.place == BlockPlace::kNowhere) break;
+    }
+    ns_of[q.id] = q.ns;
+    requests.push_back(std::move(r));
+  }
+  BandwidthEstimate nvme_bandwidth(1);
+  {
+    std::lock_guard lock(bandwidth_mu_);
+    nvme_bandwidth = nvme_read_bandwidth_;
+  }
+  const PrefetchOptions options{static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes())),
+                                prefetch_min_blocks_};
+  // No remote tier yet: its channel is never used.
+  const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, nvme_bandwidth, nvme_bandwidth, options);
+  counters_.prefetch_plans.fetch_add(1, std::memory_order_relaxed);
+  counters_.prefetch_skipped_short.fetch_add(plan.skipped_short, std::memory_order_relaxed);
+  size_t started = 0;
+  for (const PrefetchAction& a : plan.actions) {
+    const NamespaceFingerprint ns = ns_of.at(a.request);
+    auto info = nvme_->Find(a.key);
+    if (!info || info->ns != ns) continue;  // reclaimed meanwhile
+    {
+      // Claim the key as a Pin's promotion does: pins wait for this read.
+      EngineShard& shard = ShardFor(a.key);
+      std::lock_guard lock(shard.mu);
+      if (shard.index.count(a.key) != 0) continue;  // cached or being written meanwhile
+      BlockEntry& entry = shard.index[a.key];
+      entry.ns = ns;
+      entry.size = info->payload_bytes;
+      entry.promoting = true;
+    }
+    Promote(a.key, info->payload_bytes, info->layer_count, info->payload_checksum);
+    counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
+    counters_.prefetch_bytes.fetch_add(static_cast<int64_t>(info->payload_bytes), std::memory_order_relaxed);
+    ++started;
+  }
+  return started;
 }
 
 void Engine::ConversationHint(uint64_t conversation, bool open) {

@@ -57,6 +57,7 @@ class EngineQueueTest : public ::testing::Test {
     EngineOptions options{2, eviction};
     options.nvme_admission = admission;
     options.lookahead_us = 2'000'000;
+    options.prefetch_share = 0.5;  // 4 of the 8 host blocks per plan
     auto engine = Engine::Create(options, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
@@ -72,6 +73,12 @@ class EngineQueueTest : public ::testing::Test {
     std::vector<BlockKey> chain;
     for (uint64_t i : blocks) chain.push_back(Key(i));
     return engine_->Enqueue(kScheduler, kNs, request, chain, start_in_us, 0);
+  }
+
+  Tier Where(uint64_t i) {
+    const BlockKey key = Key(i);
+    auto found = engine_->Lookup(kNs, {&key, 1});
+    return found.prefix_blocks == 1 ? found.tiers[0] : Tier::kNone;
   }
 
   bool InHost(uint64_t i) {
@@ -134,6 +141,47 @@ TEST_F(EngineQueueTest, ANeededVictimInsideTheWindowIsDemotedWhateverAdmissionSa
   EXPECT_EQ(c["engine.forced_demotions"], 4);
   EXPECT_EQ(c["engine.admission_drops"], 4);
   EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 4);
+}
+
+TEST_F(EngineQueueTest, AQueuedRequestsNvmePrefixIsInTheHostTierBeforeItStarts) {
+  Open("queue_aware", /*nvme=*/true, "all");
+  for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted to NVMe
+  engine_->WaitForIdle();
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_EQ(Where(i), Tier::kNvme) << i;
+  const uint64_t before = clock_.NowUs();
+  ASSERT_TRUE(Enqueue(1, {0, 1, 2}, 1'000'000).ok());
+  engine_->WaitForIdle();
+  ASSERT_LT(clock_.NowUs(), before + 1'000'000) << "still before the request's start";
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(Where(i), Tier::kHost) << "prefetched " << i;
+  EXPECT_EQ(Where(3), Tier::kNvme) << "not asked for";
+  auto c = Counters();
+  EXPECT_EQ(c["engine.prefetches"], 3);
+  EXPECT_EQ(c["engine.prefetch_bytes"], int64_t(3 * kBlockBytes));
+  EXPECT_EQ(c["engine.promotions"], 3);
+  // The prefetched prefix is what the request needs: pressure evicts others.
+  for (uint64_t i = 16; i < 24; ++i) Put(i);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(Where(i), Tier::kHost) << i;
+}
+
+TEST_F(EngineQueueTest, PrefetchSkipsShortHitsLateBlocksAndWhatTheBudgetCannotHold) {
+  Open("queue_aware", /*nvme=*/true, "all");
+  for (uint64_t i = 0; i < 16; ++i) Put(i);
+  engine_->WaitForIdle();
+  // One usable block (99 is cached nowhere): below prefetch_min_blocks (2).
+  ASSERT_TRUE(Enqueue(1, {0, 99, 1}, 1'000'000).ok());
+  engine_->WaitForIdle();
+  EXPECT_EQ(Where(0), Tier::kNvme);
+  EXPECT_EQ(Counters()["engine.prefetch_skipped_short"], 1);
+  // Due in 10 us: a 64 KiB read at the 1 GB/s seed takes 66 us.
+  ASSERT_TRUE(Enqueue(2, {2, 3}, 10).ok());
+  engine_->WaitForIdle();
+  EXPECT_EQ(Where(2), Tier::kNvme);
+  // Six blocks due in 1 s: the plan holds half the host tier, four blocks.
+  ASSERT_TRUE(Enqueue(3, {2, 3, 4, 5, 6, 7}, 1'000'000).ok());
+  engine_->WaitForIdle();
+  for (uint64_t i = 2; i < 6; ++i) EXPECT_EQ(Where(i), Tier::kHost) << i;
+  for (uint64_t i = 6; i < 8; ++i) EXPECT_EQ(Where(i), Tier::kNvme) << i;
+  EXPECT_EQ(Counters()["engine.prefetches"], 4);
 }
 
 TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
