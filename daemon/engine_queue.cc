@@ -96,13 +96,21 @@ size_t Engine::Prefetch() {
   };
   std::vector<Queued> queued;
   {
+    // Copy only the chains of the earliest kMaxPlannedRequests.
     std::lock_guard lock(queue_mu_);
-    queued.reserve(queued_.size());
-    for (const auto& [who, q] : queued_) queued.push_back(Queued{q.id, q.ns, q.chain, q.start_us});
+    std::vector<const QueuedRequest*> earliest;
+    earliest.reserve(queued_.size());
+    for (const auto& [who, q] : queued_) earliest.push_back(&q);
+    const auto sooner = [](const QueuedRequest* a, const QueuedRequest* b) {
+      return a->start_us != b->start_us ? a->start_us < b->start_us : a->id < b->id;
+    };
+    const size_t n = std::min(earliest.size(), kMaxPlannedRequests);
+    std::partial_sort(earliest.begin(), earliest.begin() + static_cast<ptrdiff_t>(n), earliest.end(), sooner);
+    queued.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      queued.push_back(Queued{earliest[i]->id, earliest[i]->ns, earliest[i]->chain, earliest[i]->start_us});
+    }
   }
-  std::sort(queued.begin(), queued.end(),
-            [](const Queued& a, const Queued& b) { return a.start_us != b.start_us ? a.start_us < b.start_us : a.id < b.id; });
-  if (queued.size() > kMaxPlannedRequests) queued.resize(kMaxPlannedRequests);
   // Where each chain block is now: in DRAM (or on its way), on NVMe, or
   // nowhere (which ends the usable prefix).
   std::vector<PrefetchRequest> requests;
