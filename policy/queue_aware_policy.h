@@ -13,14 +13,30 @@
 // the look-ahead window: such a victim must be demoted, never dropped.
 //
 // Blocks inserted without a key (plain OnInsert) are never matched by a
-// queued request and count as depth 0.
+// queued request and count as depth 0. Uses count up to 255. Among equal
+// keys the block whose last use was recorded first goes first.
 //
-// Costs (n tracked blocks, k queued requests containing a key): insert,
-// access, pin, unpin, remove O(log n), victim O(1); OnEnqueue O(c (log k +
-// log n)) for c blocks; OnDequeue the same; a session hint O(s log n) for
-// its s blocks. Not thread-safe, like every policy.
+// Two events count as a use at the latest time the policy was given (the
+// use count does not change): a block leaving the needed group (its last
+// queued request started, finished or was dropped; the request that ran
+// touches it anyway) and a block whose session reopens. Both return blocks
+// to the tail of the recency order in O(1), where restoring their old place
+// would cost a walk over every block used since.
+//
+// Layout: closed-session blocks in a tree; open unneeded blocks in one
+// recency list per use count (0..255) with a bitmap of the non-empty ones;
+// needed blocks in a tree by next use. Tree nodes are recycled.
+//
+// Costs (n tracked blocks, m needed, c closed-session blocks, k queued
+// requests naming a key): insert, access, unpin O(1) when times arrive in
+// order (a time older than the newest in the list walks back over the
+// newer ones), O(log m) or O(log c) when the block is needed or closed;
+// pin and remove O(1) (O(log) for a needed or closed block); victim O(1);
+// OnEnqueue of c keys O(c (k + log m)); OnDequeue the same; a session hint
+// O(s log c) for its s blocks. Not thread-safe, like every policy.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -28,7 +44,7 @@
 #include <set>
 #include <span>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -40,8 +56,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
  public:
   // EvictionPolicy. `rank` for comparing shards: the victim order packed
   // into 64 bits (group, closed, uses up to 255, 54 bits of time in us), so
-  // across shards the order is that of this comment up to 255 uses and
-  // except the depth tie-break.
+  // across shards the order is that of this comment except the depth
+  // tie-break.
   void OnInsert(BlockHandle h, uint64_t now_us) override;
   void OnAccess(BlockHandle h, uint64_t now_us) override;
   void OnPin(BlockHandle h) override;
@@ -84,51 +100,104 @@ class QueueAwarePolicy final : public EvictionPolicy {
   size_t queued_requests() const { return requests_.size(); }
 
  private:
-  // The sort key of an unpinned block in order_.
-  struct Order {
-    uint8_t group = 0;    // 0: no queued request needs it; 1: one does
-    uint8_t open = 0;     // group 0: 0 closed session, 1 otherwise
-    uint32_t uses = 0;    // group 0: fewer first
-    uint64_t time = 0;    // group 0: last use; group 1: ~next use (furthest first)
-    uint32_t shallow = 0; // ~depth: deeper first
-    BlockHandle handle = 0;
-    friend auto operator<=>(const Order&, const Order&) = default;
+  struct Block;
+  // What queue hints and the cache say of one key. Lives while a block
+  // holds the key or a queued request names it.
+  struct KeyEntry {
+    Block* block = nullptr;        // the tracked block holding the key
+    std::vector<uint64_t> starts;  // expected starts of queued requests naming it, ascending
+    uint32_t depth = 0;            // from the latest hint naming it
+    uint64_t session = 0;          // from the latest hint naming it with a session
   };
-  struct Block {
-    std::optional<BlockKey> key;
-    uint32_t depth = 0;
-    uint64_t session = 0;
+  using KeyNode = std::pair<const BlockKey, KeyEntry>;
+  // Sort keys of the two tree-ordered groups; `shallow` = ~depth.
+  struct ClosedOrder {
     uint32_t uses = 0;
-    uint64_t last_use_us = 0;
+    uint64_t time = 0;
+    uint32_t shallow = 0;
+    uint64_t seq = 0;
+    BlockHandle handle = 0;
+    friend auto operator<=>(const ClosedOrder&, const ClosedOrder&) = default;
+  };
+  struct NeededOrder {
+    uint64_t later = 0;  // ~next use: the furthest first
+    uint32_t shallow = 0;
+    BlockHandle handle = 0;
+    friend auto operator<=>(const NeededOrder&, const NeededOrder&) = default;
+  };
+  using ClosedSet = std::set<ClosedOrder>;
+  using NeededSet = std::set<NeededOrder>;
+  // Where an unpinned block is filed.
+  enum class Place : uint8_t { kNone, kOpen, kClosed, kNeeded };
+  struct Block {
+    BlockHandle handle = 0;
+    KeyNode* key = nullptr;  // null: inserted without a key
+    uint64_t session = 0;
+    uint64_t time = 0;  // last use
+    uint64_t seq = 0;   // when `time` was set: the last tie-break
+    uint32_t depth = 0;
+    uint32_t uses = 0;
     bool closed = false;
     bool pinned = false;
-    Order order;  // valid while !pinned
+    Place place = Place::kNone;
+    Block* prev = nullptr;  // kOpen: neighbours in its list
+    Block* next = nullptr;
+    Block* session_prev = nullptr;  // the blocks of its session
+    Block* session_next = nullptr;
+    ClosedSet::iterator closed_at;  // kClosed
+    NeededSet::iterator needed_at;  // kNeeded
   };
+  // Open, unneeded blocks with one use count, ordered by (time, deeper
+  // first, seq). The run (the blocks sharing the tail's time) is indexed by
+  // depth once a block joins it at that time, so chains written at one time
+  // in any order file in O(log depths); `run_known` false: not indexed yet.
+  struct List {
+    Block* head = nullptr;
+    Block* tail = nullptr;
+    bool run_known = false;
+    Block* run_first = nullptr;                 // run_known: the run's first block
+    std::map<uint32_t, Block*> run_last;        // run_known: depth -> its last block in the run
+  };
+  static constexpr uint32_t kUseBuckets = 256;  // uses count up to 255
   struct Request {
     std::vector<BlockKey> keys;
     uint64_t start_us = 0;
   };
-  // What queued requests say of a key.
-  struct KeyUses {
-    std::multiset<uint64_t> starts;
-    uint32_t depth = 0;
-    uint64_t session = 0;
-  };
 
-  Order OrderOf(const Block& b, BlockHandle h) const;
-  // Re-files `h` after its state changed (no-op while pinned).
-  void Refile(BlockHandle h, Block& b);
-  void RefileKey(const BlockKey& key);
+  static uint32_t Bucket(const Block& b) { return b.uses < kUseBuckets ? b.uses : kUseBuckets - 1; }
+  static bool Needed(const Block& b) { return b.key != nullptr && !b.key->second.starts.empty(); }
+  NeededOrder NeededOrderOf(const Block& b) const;
+  void Touch(Block& b, uint64_t time_us);
+  // Files an unpinned, unfiled block by its state; Unfile takes it out.
+  void File(Block& b);
+  void Unfile(Block& b);
+  void Link(List& list, Block& b);
+  void Unlink(List& list, Block& b);
+  // Indexes the run of `list` (not empty) if it is not yet.
+  void IndexRun(List& list);
+  // After a block's queue state changed: moves it between the needed and
+  // the unneeded groups (leaving the queue counts as a use at latest_us_).
+  void Refile(Block& b);
+  void AddStart(const QueuedBlock& qb, uint64_t start_us, uint64_t session);
+  void RemoveStart(const BlockKey& key, uint64_t start_us);
+  void LinkSession(Block& b, uint64_t session);
+  void UnlinkSession(Block& b);
   void Dequeue(uint64_t request);
   void SetSessionClosed(uint64_t session, bool closed);
-  static uint64_t Rank(const Order& o);
+  static uint64_t Rank(uint64_t group, uint64_t open, uint32_t uses, uint64_t time);
 
   std::unordered_map<BlockHandle, Block> blocks_;
-  std::set<Order> order_;                                 // unpinned blocks, begin = first victim
-  std::unordered_map<BlockKey, BlockHandle> by_key_;
-  std::unordered_map<BlockKey, KeyUses> next_uses_;  // keys named by queued requests
+  std::unordered_map<BlockKey, KeyEntry> keys_;
+  std::array<List, kUseBuckets> lists_;
+  std::array<uint64_t, kUseBuckets / 64> nonempty_{};  // bit b: lists_[b] has blocks
+  ClosedSet closed_;
+  NeededSet needed_;
+  std::vector<ClosedSet::node_type> spare_closed_;  // tree nodes kept for reuse
+  std::vector<NeededSet::node_type> spare_needed_;
+  std::unordered_map<uint64_t, Block*> sessions_;    // session -> first of its blocks
   std::unordered_map<uint64_t, Request> requests_;
-  std::unordered_map<uint64_t, std::unordered_set<BlockHandle>> sessions_;
+  uint64_t latest_us_ = 0;  // the latest time passed in
+  uint64_t seq_ = 0;
 };
 
 std::unique_ptr<QueueAwarePolicy> MakeQueueAwarePolicy();
