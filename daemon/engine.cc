@@ -704,23 +704,37 @@ bool Engine::EvictOne() {
   // Find the shard whose policy ranks its victim lowest, one lock at a time.
   size_t best = shards_.size();
   uint64_t best_rank = std::numeric_limits<uint64_t>::max();
+  BlockHandle best_handle = 0;
+  BlockKey best_key{};
   for (size_t i = 0; i < shards_.size(); ++i) {
     std::lock_guard lock(shards_[i]->mu);
     auto candidate = shards_[i]->policy->Victim();
     if (candidate && (best == shards_.size() || candidate->rank < best_rank)) {
       best = i;
       best_rank = candidate->rank;
+      best_handle = candidate->handle;
+      best_key = shards_[i]->committed.at(candidate->handle);
     }
   }
   if (best == shards_.size()) return false;
+  // What admission weighs, gathered with no shard lock held: the parent may
+  // live in another shard.
+  NvmeAdmission::Facts facts;
+  if (nvme_ != nullptr) {
+    if (std::optional<Lineage::Info> info = lineage_.Find(best_key)) {
+      if (info->conversation != 0) facts.conversation = lineage_.ConversationState(info->conversation);
+      if (info->parent) facts.parent_held = HeldAnywhere(*info->parent);
+    }
+  }
   EngineShard& shard = *shards_[best];
   std::unique_lock lock(shard.mu);
   auto candidate = shard.policy->Victim();
-  if (!candidate) return true;  // raced with a pin; the caller retries
+  if (!candidate || candidate->handle != best_handle) return true;  // raced with a pin or a use; the caller retries
   auto key = shard.committed.find(candidate->handle);
   KVTIER_CHECK(key != shard.committed.end(), "policy names an unknown block");
   auto it = shard.index.find(key->second);
   KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
+  facts.uses = it->second.hits;
   Bump(counters_.evictions);
   const bool needed = shard.policy->NeededWithin(candidate->handle, clock_.NowUs(), lookahead_us_);
   if (needed) Bump(counters_.needed_evictions);
@@ -736,7 +750,7 @@ bool Engine::EvictOne() {
     if (needed) {
       Bump(counters_.forced_demotions);
       admission_->Force(it->second.size);
-    } else if (!admission_->Admit(it->second.size, it->second.hits)) {
+    } else if (!admission_->Admit(it->second.size, facts)) {
       Bump(counters_.admission_drops);
       RemoveCommitted(shard, host_, it);
       return true;
@@ -759,6 +773,15 @@ bool Engine::EvictOne() {
   Demote(ns, victim, extent, size, checksum);
   host_.Free(extent);
   return true;
+}
+
+bool Engine::HeldAnywhere(const BlockKey& key) {
+  {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    if (shard.index.count(key) > 0 || shard.demoting.count(key) > 0) return true;
+  }
+  return nvme_ != nullptr && nvme_->Find(key).has_value();
 }
 
 void Engine::Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,

@@ -35,6 +35,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "daemon/lineage.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
@@ -241,6 +242,9 @@ class Engine {
   // Evicts the globally oldest victim among the shards' policies; false when
   // nothing is evictable.
   bool EvictOne();
+  // Whether `key` is in DRAM (or being written or demoted) or on NVMe.
+  // Takes its shard's lock: call with none held.
+  bool HeldAnywhere(const BlockKey& key);
 
   // Drops every queued request of `session` (its connection closed).
   void DropQueuedRequests(SessionId session);
@@ -254,6 +258,9 @@ class Engine {
   NvmeTier* const nvme_;
   const uint64_t lookahead_us_;
   std::unique_ptr<NvmeAdmission> admission_;  // set with nvme_
+  // Parents and conversations from queue hints, for admission.
+  static constexpr size_t kLineageKeys = size_t{1} << 20;
+  Lineage lineage_{kLineageKeys};
   std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
   std::mutex io_mu_;

@@ -15,6 +15,7 @@ Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64
   if (Status s = RegisterQueued(session, ns, request, chain, clock_.NowUs() + start_in_us, conversation); !s.ok()) {
     return s;
   }
+  lineage_.Record(chain, conversation);
   counters_.enqueues.fetch_add(1, std::memory_order_relaxed);
   Prefetch();
   return Status::Ok();
@@ -175,6 +176,7 @@ size_t Engine::Prefetch() {
 }
 
 void Engine::ConversationHint(uint64_t conversation, bool open) {
+  lineage_.SetConversation(conversation, open);
   for (auto& shard : shards_) {
     std::lock_guard lock(shard->mu);
     if (open) {

@@ -25,9 +25,11 @@ Result<std::unique_ptr<NvmeAdmission>> NvmeAdmission::Create(const std::string& 
 NvmeAdmission::NvmeAdmission(std::unique_ptr<AdmissionPolicy> policy, const NvmeTier& tier, const Clock& clock)
     : tier_(tier), clock_(clock), policy_(std::move(policy)) {}
 
-AdmissionClass NvmeAdmission::ClassOf(uint64_t uses) {
-  if (uses >= 2) return AdmissionClass::kShared;
-  if (uses == 1) return AdmissionClass::kReused;
+AdmissionClass NvmeAdmission::ClassOf(const Facts& facts) {
+  if (facts.uses >= 2) return AdmissionClass::kShared;
+  if (facts.conversation == Lineage::State::kClosed) return AdmissionClass::kClosedSession;
+  if (facts.conversation == Lineage::State::kOpen) return AdmissionClass::kOpenSessionTail;
+  if (facts.uses == 1) return AdmissionClass::kReused;
   return AdmissionClass::kFirstSighting;
 }
 
@@ -40,12 +42,12 @@ void NvmeAdmission::CatchUp(uint64_t now_us) {
   policy_->OnDeviceWritten(totals.device_bytes, now_us);
 }
 
-bool NvmeAdmission::Admit(uint64_t payload_bytes, uint64_t uses) {
+bool NvmeAdmission::Admit(uint64_t payload_bytes, const Facts& facts) {
   const uint64_t now = clock_.NowUs();
   AdmissionCandidate candidate;
   candidate.bytes = RecordBytes(payload_bytes, tier_.device().alignment_bytes());
-  candidate.cls = ClassOf(uses);
-  candidate.parent_cached = true;  // see the header
+  candidate.cls = ClassOf(facts);
+  candidate.parent_cached = facts.parent_held;
   std::lock_guard lock(mu_);
   CatchUp(now);
   return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;

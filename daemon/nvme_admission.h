@@ -5,12 +5,17 @@
 // it reports the tier's device bytes written (the DWPD budget's W) and
 // charges what reinsertion wrote since the last one.
 //
-// Class from the block's uses in the host tier (Pin grants and directory
-// reads, the writer's Put not included): 2 or more -> shared; 1 -> reused;
-// 0 -> first sighting. The session-based classes (open-session tail,
-// closed session) and the parent link need the queue/session hints of the
-// client API, which the engine does not receive yet; until then every
-// block counts as having its parent cached.
+// Class (ClassOf), from what the engine knows of the block: its uses in
+// the host tier (Pin grants and directory reads, the writer's Put not
+// included) and its conversation from queue hints (daemon/lineage.h):
+//   2 or more uses                    -> shared
+//   else a closed conversation        -> closed session
+//   else an open conversation         -> open-session tail
+//   else 1 use                        -> reused
+//   else                              -> first sighting
+// Prefix closure: the engine says whether the block's parent (from the
+// chain a queued request named) is held anywhere: in DRAM, being demoted,
+// or on the NVMe tier. A block with no known parent counts as a root.
 //
 // Thread-safe (one mutex around the policy).
 #pragma once
@@ -21,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "daemon/lineage.h"
 #include "kvtier/result.h"
 #include "policy/admission_policy.h"
 
@@ -35,10 +41,16 @@ class NvmeAdmission {
   static Result<std::unique_ptr<NvmeAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
                                                        const NvmeTier& tier, const Clock& clock);
 
-  static AdmissionClass ClassOf(uint64_t uses);
-  // Whether a block of `payload_bytes` with `uses` may be written to the
-  // tier; an admitted block's record bytes are taken from the budget.
-  bool Admit(uint64_t payload_bytes, uint64_t uses);
+  // What the engine knows of an evicted block.
+  struct Facts {
+    uint64_t uses = 0;
+    Lineage::State conversation = Lineage::State::kUnknown;
+    bool parent_held = true;
+  };
+  static AdmissionClass ClassOf(const Facts& facts);
+  // Whether a block of `payload_bytes` may be written to the tier; an
+  // admitted block's record bytes are taken from the budget.
+  bool Admit(uint64_t payload_bytes, const Facts& facts);
   // A write made without asking (a block a queued request needs soon): its
   // record bytes are charged to the budget, if any.
   void Force(uint64_t payload_bytes);

@@ -12,6 +12,7 @@
 
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/lineage.h"
 #include "daemon/nvme_admission.h"
 #include "daemon/nvme_setup.h"
 #include "tests/testing/fake_clock.h"
@@ -89,11 +90,42 @@ class EngineAdmissionTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
-TEST(NvmeAdmissionTest, ClassComesFromTheUses) {
-  EXPECT_EQ(NvmeAdmission::ClassOf(0), AdmissionClass::kFirstSighting);
-  EXPECT_EQ(NvmeAdmission::ClassOf(1), AdmissionClass::kReused);
-  EXPECT_EQ(NvmeAdmission::ClassOf(2), AdmissionClass::kShared);
-  EXPECT_EQ(NvmeAdmission::ClassOf(50), AdmissionClass::kShared);
+TEST(NvmeAdmissionTest, ClassComesFromUsesThenConversation) {
+  using Facts = NvmeAdmission::Facts;
+  using State = Lineage::State;
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{0}), AdmissionClass::kFirstSighting);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1}), AdmissionClass::kReused);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{2}), AdmissionClass::kShared);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{50}), AdmissionClass::kShared);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{0, State::kOpen}), AdmissionClass::kOpenSessionTail);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1, State::kOpen}), AdmissionClass::kOpenSessionTail);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1, State::kClosed}), AdmissionClass::kClosedSession);
+  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{2, State::kClosed}), AdmissionClass::kShared) << "shared beats closed";
+}
+
+TEST(LineageTest, ParentsConversationsAndTheBound) {
+  Lineage l(4);
+  const BlockKey chain[] = {Key(1), Key(2), Key(3)};
+  l.Record(chain, 9);
+  EXPECT_FALSE(l.Find(Key(1))->parent) << "the root";
+  EXPECT_EQ(*l.Find(Key(3))->parent, Key(2));
+  EXPECT_EQ(l.Find(Key(3))->conversation, 9u);
+  EXPECT_FALSE(l.Find(Key(7)));
+  EXPECT_EQ(l.ConversationState(9), Lineage::State::kOpen) << "first seen in a request";
+  EXPECT_EQ(l.ConversationState(8), Lineage::State::kUnknown);
+  l.SetConversation(9, false);
+  l.Record(chain, 9);
+  EXPECT_EQ(l.ConversationState(9), Lineage::State::kClosed) << "a request does not reopen it; a hint does";
+  l.SetConversation(9, true);
+  EXPECT_EQ(l.ConversationState(9), Lineage::State::kOpen);
+  // The last chain naming a key wins; past 4 keys the first recorded go.
+  const BlockKey other[] = {Key(5), Key(3), Key(6)};
+  l.Record(other, 0);
+  EXPECT_EQ(*l.Find(Key(3))->parent, Key(5));
+  EXPECT_EQ(l.keys(), 4u);
+  EXPECT_FALSE(l.Find(Key(1)));
+  EXPECT_TRUE(l.Find(Key(2)));
+  EXPECT_TRUE(l.Find(Key(6)));
 }
 
 TEST_F(EngineAdmissionTest, SecondHitDemotesBlocksReadAndDropsTheOthers) {
@@ -114,6 +146,60 @@ TEST_F(EngineAdmissionTest, SecondHitDemotesBlocksReadAndDropsTheOthers) {
   EXPECT_EQ(c["engine.admission_drops"], 4);
   EXPECT_EQ(c["nvme.admission.admitted"], 4);
   EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 4);
+}
+
+TEST_F(EngineAdmissionTest, AnOpenConversationsBlocksAreAdmittedUnread) {
+  ASSERT_TRUE(Open("second_hit").ok());
+  const BlockKey chain[] = {Key(0), Key(1), Key(2), Key(3)};
+  ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, chain, 0, /*conversation=*/5).ok());
+  ASSERT_TRUE(engine_->Dequeue(1, 1).ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 0..7, none ever read
+  engine_->WaitForIdle();
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(nvme_->Find(Key(i))) << "the open conversation's " << i;
+  for (uint64_t i = 4; i < 8; ++i) EXPECT_FALSE(nvme_->Find(Key(i))) << i;
+  auto c = Counters();
+  EXPECT_EQ(c["nvme.admission.admitted"], 4);
+  EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 4);
+}
+
+TEST_F(EngineAdmissionTest, AClosedConversationsBlocksAreDroppedEvenIfReadOnce) {
+  ASSERT_TRUE(Open("second_hit").ok());
+  const BlockKey chain[] = {Key(0), Key(1)};
+  ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, chain, 0, /*conversation=*/5).ok());
+  ASSERT_TRUE(engine_->Dequeue(1, 1).ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  for (uint64_t i = 0; i < 8; ++i) Use(i);
+  engine_->ConversationHint(5, false);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);
+  engine_->WaitForIdle();
+  EXPECT_FALSE(nvme_->Find(Key(0)));
+  EXPECT_FALSE(nvme_->Find(Key(1)));
+  for (uint64_t i = 2; i < 8; ++i) EXPECT_TRUE(nvme_->Find(Key(i))) << "read once: reused " << i;
+  auto c = Counters();
+  EXPECT_EQ(c["nvme.admission.rejected_closed_session"], 2);
+  EXPECT_EQ(c["nvme.admission.admitted"], 6);
+}
+
+TEST_F(EngineAdmissionTest, ABlockWhoseParentIsHeldNowhereIsRefused) {
+  ASSERT_TRUE(Open("second_hit").ok());
+  // Key(100) heads both chains but is never cached: 1 and 2 can never hit.
+  // Key(3)'s parent, Key(4), is cached (and demoted before it).
+  const BlockKey orphans[] = {Key(100), Key(1), Key(2)};
+  const BlockKey held[] = {Key(4), Key(3)};
+  ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, orphans, 0, 0).ok());
+  ASSERT_TRUE(engine_->Enqueue(1, kNs, 2, held, 0, 0).ok());
+  for (uint64_t i = 1; i <= 4; ++i) Put(i);
+  for (uint64_t i = 1; i <= 4; ++i) Use(i);
+  for (uint64_t i = 10; i < 18; ++i) Put(i);  // evicts 1..4 (LRU: 1 first)
+  engine_->WaitForIdle();
+  EXPECT_FALSE(nvme_->Find(Key(1)));
+  EXPECT_FALSE(nvme_->Find(Key(2))) << "its parent 1 was dropped";
+  EXPECT_TRUE(nvme_->Find(Key(3)));
+  EXPECT_TRUE(nvme_->Find(Key(4)));
+  auto c = Counters();
+  EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
+  EXPECT_EQ(c["nvme.admission.admitted"], 2);
 }
 
 TEST_F(EngineAdmissionTest, AllDemotesEveryEviction) {

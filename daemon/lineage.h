@@ -1,0 +1,55 @@
+// Lineage: what queue hints told the engine about keys and conversations,
+// for NVMe admission (DESIGN.md section 5): each key's parent in the chain
+// that last named it and that chain's conversation, and which conversations
+// are open or closed. A block evicted long after its request ran still
+// finds its parent and conversation here.
+//
+// Bounded: past `capacity` keys (or conversations) the oldest recorded are
+// forgotten, so an unknown key is the normal case and means "no evidence".
+// Thread-safe: one mutex, a leaf (nothing is called while it is held).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+
+#include "kvtier/block_key.h"
+
+namespace kvtier {
+
+class Lineage {
+ public:
+  explicit Lineage(size_t capacity) : capacity_(capacity) {}
+
+  struct Info {
+    std::optional<BlockKey> parent;  // none: the chain's root
+    uint64_t conversation = 0;       // 0: none
+  };
+  enum class State : uint8_t { kUnknown, kOpen, kClosed };
+
+  // `chain` (root first) of a queued request of `conversation` (0: none):
+  // chain[i]'s parent is chain[i - 1]. A conversation first seen here
+  // counts as open.
+  void Record(std::span<const BlockKey> chain, uint64_t conversation);
+  std::optional<Info> Find(const BlockKey& key) const;
+  // An explicit open or close hint.
+  void SetConversation(uint64_t conversation, bool open);
+  State ConversationState(uint64_t conversation) const;
+  size_t keys() const;
+
+ private:
+  // Caller holds mu_.
+  void Remember(uint64_t conversation, State state);
+
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Info> keys_;              // guarded by mu_
+  std::deque<BlockKey> key_order_;                       // guarded by mu_: first recorded first
+  std::unordered_map<uint64_t, State> conversations_;    // guarded by mu_
+  std::deque<uint64_t> conversation_order_;              // guarded by mu_
+};
+
+}  // namespace kvtier
