@@ -38,6 +38,7 @@ struct DaemonConfig {
   int64_t nvme_staging_bytes = 0;
   int64_t nvme_sync_index = 0;    // bool
   int64_t nvme_reinsert_percent = 0;
+  std::string nvme_eviction;      // "fifo" | "lru" | "queue_aware"
   std::string nvme_admission;     // "all" | "second_hit" | "dwpd"
   int64_t nvme_dwpd_drive_bytes = 0;  // 0: the file system holding nvme.path
   double nvme_dwpd = 0;

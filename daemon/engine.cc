@@ -122,7 +122,10 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock,
   if (host_.directory() != nullptr) host_.directory()->SetLowerTiers(nvme_ != nullptr);
 }
 
-Engine::~Engine() { WaitForIdle(); }
+Engine::~Engine() {
+  if (nvme_ != nullptr) nvme_->SetNeededHint(nullptr);
+  WaitForIdle();
+}
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host,
                                                const Clock& clock, NvmeTier* nvme) {
@@ -140,6 +143,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   }
   std::unique_ptr<Engine> engine(new Engine(options, host, clock, nvme));
   engine->admission_ = std::move(admission);
+  if (nvme != nullptr) {
+    // The tier asks from under its own lock; QueuedKeys' lock is a leaf.
+    nvme->SetNeededHint([queued = &engine->queued_keys_](const BlockKey& key) { return queued->Contains(key); });
+  }
   return engine;
 }
 

@@ -36,6 +36,7 @@
 #include "common/clock.h"
 #include "common/counters.h"
 #include "daemon/lineage.h"
+#include "daemon/queued_keys.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
@@ -261,6 +262,8 @@ class Engine {
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
+  // The keys queued chains name (for the NVMe tier's queue_aware reclaim).
+  QueuedKeys queued_keys_;
   std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
   std::mutex io_mu_;

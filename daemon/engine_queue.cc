@@ -50,6 +50,8 @@ Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns,
     q.shards.push_back(s);
   }
   q.ns = ns;
+  queued_keys_.Remove(q.chain);  // empty for a new request
+  queued_keys_.Add(chain);
   q.chain.assign(chain.begin(), chain.end());
   q.start_us = start_us;
   return Status::Ok();
@@ -63,6 +65,7 @@ Status Engine::Dequeue(SessionId session, uint64_t request) {
     std::lock_guard lock(shards_[s]->mu);
     shards_[s]->policy->OnDequeue(it->second.id);
   }
+  queued_keys_.Remove(it->second.chain);
   queued_.erase(it);
   counters_.dequeues.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
@@ -76,6 +79,7 @@ void Engine::DropQueuedRequests(SessionId session) {
       std::lock_guard lock(shards_[s]->mu);
       shards_[s]->policy->OnDequeue(it->second.id);
     }
+    queued_keys_.Remove(it->second.chain);
     it = queued_.erase(it);
   }
 }

@@ -36,6 +36,7 @@ Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock
   options.region_bytes = static_cast<uint64_t>(config.nvme_region_bytes);
   options.staging_bytes = static_cast<uint64_t>(config.nvme_staging_bytes);
   options.reinsert_share = static_cast<double>(config.nvme_reinsert_percent) / 100.0;
+  options.reclaim = ParseReclaimOrder(config.nvme_eviction).value_or(ReclaimOrder::kQueueAware);  // validated by Config
   const std::string kind(device->get()->kind());
   auto tier = NvmeTier::Open(std::move(*device), std::move(*index), options, clock);
   if (!tier.ok()) return tier.status();

@@ -8,9 +8,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "daemon/engine.h"
+#include "daemon/queued_keys.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
@@ -37,7 +40,8 @@ class EngineQueueTest : public ::testing::Test {
   }
 
   // 8 host blocks; with `nvme`, a memory-backed NVMe tier under `admission`.
-  void Open(const std::string& eviction, bool nvme = false, const std::string& admission = "all") {
+  void Open(const std::string& eviction, bool nvme = false, const std::string& admission = "all",
+            ReclaimOrder reclaim = ReclaimOrder::kLru, double prefetch_share = 0.5) {
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
     if (nvme) {
@@ -48,6 +52,8 @@ class EngineQueueTest : public ::testing::Test {
       NvmeTierOptions options;
       options.region_bytes = 1 << 20;
       options.staging_bytes = 2 << 20;
+      options.reinsert_share = 0.5;
+      options.reclaim = reclaim;
       auto tier = NvmeTier::Open(
           std::make_unique<::kvtier::testing::FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}),
           std::move(*index), options, clock_);
@@ -57,7 +63,7 @@ class EngineQueueTest : public ::testing::Test {
     EngineOptions options{2, eviction};
     options.nvme_admission = admission;
     options.lookahead_us = 2'000'000;
-    options.prefetch_share = 0.5;  // 4 of the 8 host blocks per plan
+    options.prefetch_share = prefetch_share;  // 0.5: 4 of the 8 host blocks per plan
     auto engine = Engine::Create(options, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
@@ -211,6 +217,64 @@ TEST_F(EngineQueueTest, TheQueueIsBounded) {
   EXPECT_TRUE(Enqueue(5, {7}, 1000).ok()) << "replacing a queued request is not a new one";
   ASSERT_TRUE(engine_->Dequeue(kScheduler, 0).ok());
   EXPECT_TRUE(Enqueue(Engine::kMaxQueuedRequests, {1}, 1000).ok());
+}
+
+TEST(QueuedKeysTest, CountsEachNamingUntilItIsRemoved) {
+  QueuedKeys q;
+  const BlockKey a[] = {Key(1), Key(2)};
+  const BlockKey b[] = {Key(2), Key(2), Key(3)};
+  q.Add(a);
+  q.Add(b);
+  EXPECT_EQ(q.size(), 3u);
+  q.Remove(a);
+  EXPECT_FALSE(q.Contains(Key(1)));
+  EXPECT_TRUE(q.Contains(Key(2))) << "b still names it";
+  q.Remove(b);
+  EXPECT_FALSE(q.Contains(Key(2)));
+  EXPECT_EQ(q.size(), 0u);
+  q.Remove(b);  // more than added: nothing breaks
+  EXPECT_EQ(q.size(), 0u);
+}
+
+// The NVMe tier's queue_aware reclaim asks the engine's queue: a block on
+// NVMe that a queued request names, never read, is copied forward when its
+// region is reclaimed; under lru it goes with the region.
+TEST_F(EngineQueueTest, NvmeReclaimKeepsWhatAQueuedRequestNeeds) {
+  for (ReclaimOrder order : {ReclaimOrder::kQueueAware, ReclaimOrder::kLru}) {
+    SCOPED_TRACE(std::string(ReclaimOrderName(order)));
+    engine_.reset();
+    nvme_.reset();
+    if (!dir_.empty()) ::kvtier::testing::RemoveTree(dir_);
+    Open("lru", /*nvme=*/true, "all", order, /*prefetch_share=*/0);  // no prefetch: Key(0) stays on NVMe
+    for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted
+    engine_->WaitForIdle();
+    ASSERT_EQ(Where(0), Tier::kNvme);
+    ASSERT_TRUE(Enqueue(1, {0}, 3'600'000'000).ok());
+    // 16 regions of 1 MiB hold ~15 records each: 700 more blocks reclaim
+    // every region at least once after the first 16 are full (Key(0)'s
+    // copy too). Each reinsertion is let finish before the next write (a
+    // real workload races it).
+    for (uint64_t i = 16; i < 716; ++i) {
+      Put(i);
+      engine_->WaitForIdle();
+      for (int spin = 0; spin < 10'000; ++spin) {
+        auto c = Counters();
+        if (c["nvme.reinsert_needed"] <= c["nvme.reinserted"] + c["nvme.reinsert_failures"]) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    auto c = Counters();
+    ASSERT_GT(c["nvme.region_reclaims"], 16);
+    if (order == ReclaimOrder::kQueueAware) {
+      EXPECT_EQ(Where(0), Tier::kNvme);
+      EXPECT_GT(c["nvme.reinsert_needed"], 0);
+      EXPECT_FALSE(Where(1) == Tier::kNvme) << "an unneeded, unread block is not kept";
+    } else {
+      EXPECT_EQ(Where(0), Tier::kNone);
+      EXPECT_EQ(c["nvme.reinsert_needed"], 0);
+    }
+    ASSERT_TRUE(engine_->Dequeue(kScheduler, 1).ok());
+  }
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -47,7 +49,8 @@ class NvmeTierTest : public ::testing::Test {
   }
 
   // (Re)opens the tier on the same medium and index, with `faults`.
-  void Open(const FaultOptions& faults = {}, uint64_t region_bytes = kRegion, double reinsert_share = 0.1) {
+  void Open(const FaultOptions& faults = {}, uint64_t region_bytes = kRegion, double reinsert_share = 0.1,
+            ReclaimOrder reclaim = ReclaimOrder::kLru) {
     tier_.reset();
     auto device = std::make_unique<FaultInjectingDevice>(*memory_, faults);
     faulty_ = device.get();
@@ -57,6 +60,7 @@ class NvmeTierTest : public ::testing::Test {
     options.region_bytes = region_bytes;
     options.staging_bytes = 4 << 20;
     options.reinsert_share = reinsert_share;
+    options.reclaim = reclaim;
     auto tier = NvmeTier::Open(std::move(device), std::move(*index), options, clock_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     tier_ = std::move(*tier);
@@ -194,6 +198,47 @@ TEST_F(NvmeTierTest, ReinsertionKeepsBlocksReadSinceTheyWereWrittenThroughReclai
   auto r = ReadBlock(1, 0, 4);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(CheckBlockBytes(Key(1), 0, *r));
+}
+
+// The reclaim order decides what reinsertion keeps: block 0 was read,
+// block 5 never was but a queued request needs it.
+TEST_F(NvmeTierTest, TheReclaimOrderChoosesWhatReinsertionKeeps) {
+  struct Case {
+    ReclaimOrder order;
+    std::vector<uint64_t> kept;
+  };
+  for (const Case& c : {Case{ReclaimOrder::kFifo, {}}, Case{ReclaimOrder::kLru, {0}},
+                        Case{ReclaimOrder::kQueueAware, {0, 5}}}) {
+    SCOPED_TRACE(std::string(ReclaimOrderName(c.order)));
+    tier_.reset();
+    memory_ = std::make_unique<MemoryDevice>(kDevice);
+    ::kvtier::testing::RemoveTree(dir_);
+    dir_ = ::kvtier::testing::MakeTempDir();
+    Open({}, kRegion, /*reinsert_share=*/0.5, c.order);
+    std::atomic<int> asked{0};
+    tier_->SetNeededHint([&asked](const BlockKey& key) {
+      ++asked;
+      return key == Key(5);
+    });
+    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok());
+    ASSERT_TRUE(ReadBlock(0, 0, 4).ok());
+    for (uint64_t i = 8; i < 57; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok()) << i;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (Counter("nvme.reinserted") < static_cast<int64_t>(c.kept.size()) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (uint64_t i = 57; i < 65; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok()) << i;
+    ASSERT_GT(Counter("nvme.region_reclaims"), 0);
+    for (uint64_t i = 0; i < 8; ++i) {
+      const bool kept = std::find(c.kept.begin(), c.kept.end(), i) != c.kept.end();
+      EXPECT_EQ(tier_->Find(Key(i)).has_value(), kept) << "block " << i;
+    }
+    EXPECT_EQ(Counter("nvme.reinserted"), static_cast<int64_t>(c.kept.size()));
+    EXPECT_EQ(Counter("nvme.reinsert_needed"), c.order == ReclaimOrder::kQueueAware ? 1 : 0);
+    if (c.order != ReclaimOrder::kQueueAware) EXPECT_EQ(asked.load(), 0) << "only queue_aware asks";
+    tier_->SetNeededHint(nullptr);
+  }
 }
 
 TEST_F(NvmeTierTest, ReinsertionIsOffAtZeroAndCappedByItsShareOfWrites) {

@@ -248,6 +248,11 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
   return Status::Ok();
 }
 
+void NvmeTier::SetNeededHint(NeededHint needed) {
+  std::lock_guard lock(mu_);
+  needed_ = std::move(needed);
+}
+
 void NvmeTier::MaybeStartReinsertion() {
   if (options_.reinsert_share <= 0 || reinserting_ || regions_.free_count() > 0) return;
   auto victim = regions_.NextVictim();
@@ -255,22 +260,24 @@ void NvmeTier::MaybeStartReinsertion() {
   const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
   if (scan == reinsert_scanned_) return;  // this region's turn was taken
   reinsert_scanned_ = scan;
-  std::vector<std::pair<BlockKey, IndexEntry>> hot;
+  std::vector<ReclaimCandidate> candidates;
+  const bool ask = options_.reclaim == ReclaimOrder::kQueueAware && needed_;
   for (const BlockKey& k : region_keys_[*victim]) {
-    const IndexEntry& e = entries_.at(k);
-    if (e.hits > 0 && writing_.count(k) == 0) hot.emplace_back(k, e);
+    if (writing_.count(k) > 0) continue;
+    candidates.push_back(ReclaimCandidate{k, entries_.at(k).hits, ask && needed_(k)});
   }
-  // The most read first, while the budget lasts.
-  std::sort(hot.begin(), hot.end(), [](const auto& a, const auto& b) { return a.second.hits > b.second.hits; });
+  // The policy's order, while the budget lasts.
   std::vector<std::pair<BlockKey, IndexEntry>> chosen;
-  for (const auto& block : hot) {
-    const double bytes = double(RecordBytes(block.second.payload_bytes, device_->alignment_bytes()));
+  for (const ReclaimCandidate& c : ChooseReinsertions(std::move(candidates), options_.reclaim)) {
+    const IndexEntry& entry = entries_.at(c.key);
+    const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
     if (bytes > reinsert_budget_bytes_) {
       ++counters_.reinsert_over_budget;
       continue;
     }
     reinsert_budget_bytes_ -= bytes;
-    chosen.push_back(block);
+    chosen.emplace_back(c.key, entry);
+    if (c.needed) ++counters_.reinserted_needed;
   }
   if (chosen.empty()) return;
   reinserting_ = true;
@@ -561,6 +568,7 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.reinserted_bytes", counters_.reinserted_bytes);
     v.Visit("nvme.reinsert_failures", counters_.reinsert_failures);
     v.Visit("nvme.reinsert_over_budget", counters_.reinsert_over_budget);
+    v.Visit("nvme.reinsert_needed", counters_.reinserted_needed);
     v.Visit("nvme.recovery_loaded", recovery_.entries_loaded);
     v.Visit("nvme.recovery_dropped_stale", recovery_.dropped_stale);
     v.Visit("nvme.recovery_dropped_corrupt", recovery_.dropped_corrupt);

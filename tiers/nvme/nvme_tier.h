@@ -37,6 +37,7 @@
 #include "common/counters.h"
 #include "common/worker_pool.h"
 #include "kvtier/block_key.h"
+#include "policy/reclaim_policy.h"
 #include "tiers/nvme/block_device.h"
 #include "tiers/nvme/block_record.h"
 #include "tiers/nvme/nvme_index.h"
@@ -58,6 +59,10 @@ struct NvmeTierOptions {
   // The bytes rewritten are capped at this share of the bytes written by
   // Write (a token bucket holding at most one region). 0 turns it off.
   double reinsert_share = 0.1;
+  // Which blocks reinsertion copies (policy/reclaim_policy.h): fifo none,
+  // lru those read since written, queue_aware those a queued request needs
+  // (SetNeededHint) and then lru's.
+  ReclaimOrder reclaim = ReclaimOrder::kLru;
 };
 
 // What Open() found.
@@ -111,6 +116,13 @@ class NvmeTier {
   // write of `key` still in flight (or a reinsertion of it) is cancelled:
   // it completes with Cancelled and leaves nothing visible.
   Status Erase(const BlockKey& key);
+
+  // For the queue_aware reclaim order: whether a queued request needs a
+  // key. Called with the tier's mutex held, so it must not call the tier
+  // and may take only leaf locks; empty clears it (its owner must clear it
+  // before it goes away).
+  using NeededHint = std::function<bool(const BlockKey&)>;
+  void SetNeededHint(NeededHint needed);
 
   bool full() const;
   // Record bytes (headers and padding included) sent to the device since
@@ -175,6 +187,7 @@ class NvmeTier {
   bool full_ = false;                                                // guarded by mu_
   double reinsert_budget_bytes_ = 0;                                 // guarded by mu_: the token bucket
   bool reinserting_ = false;                                         // guarded by mu_: a Reinsert job runs
+  NeededHint needed_;                                                // guarded by mu_
   std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
   int64_t full_until_us_ = 0;                                        // guarded by mu_
   int64_t io_in_flight_ = 0;                                         // guarded by mu_
@@ -182,6 +195,7 @@ class NvmeTier {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
     int64_t reinserted = 0, reinserted_bytes = 0, reinsert_failures = 0, reinsert_over_budget = 0;
+    int64_t reinserted_needed = 0;  // chosen because a queued request needs them
     WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the
