@@ -90,11 +90,22 @@ void Withdraw(HostTier& host, const BlockKey& key, BlockEntry& entry) {
   entry.published = false;
 }
 
+// A prefetched block was used or leaves: its bytes stop counting against
+// the prefetch budget. Returns whether it was prefetched. Caller holds
+// shard.mu.
+bool EndPrefetched(EngineShard& shard, BlockEntry& entry) {
+  if (!entry.prefetched) return false;
+  entry.prefetched = false;
+  shard.prefetched_bytes -= entry.size;
+  return true;
+}
+
 // Removes the committed block `key` (evicted or erased); a pinned one
 // becomes a zombie. Caller holds shard.mu.
 void RemoveCommitted(EngineShard& shard, HostTier& host,
                      std::unordered_map<BlockKey, BlockEntry>::iterator it) {
   BlockEntry& entry = it->second;
+  EndPrefetched(shard, entry);
   Withdraw(host, it->first, entry);
   shard.policy->OnRemove(entry.handle);
   shard.committed.erase(entry.handle);
@@ -320,6 +331,7 @@ PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, SessionId ses
   BlockEntry& entry = shard.index.at(key);
   if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
   entry.hits++;
+  if (EndPrefetched(shard, entry)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
   entry.last_use_us = now_us;
   const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
   shard.leases.emplace(lease, LeaseRecord{session, key, entry.handle});
@@ -448,6 +460,9 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
     ReadLayers(batch, r.index, r.key, r.info.payload_bytes, r.info.layer_count, layers);
   }
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+  // A prefetched block was used: the budget it held may go to the next
+  // queued requests.
+  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) Prefetch();
 }
 
 std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
@@ -549,6 +564,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   const uint64_t now = clock_.NowUs();
   std::vector<PromotionWaiter> waiters;
   std::vector<PinGrant> grants;
+  bool prefetched = false;
   {
     std::lock_guard lock(shard.mu);
     auto node = shard.promotion_waiters.extract(key);
@@ -556,6 +572,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.promoting, "promotion lost its entry");
     BlockEntry& entry = it->second;
+    prefetched = entry.prefetched;
     if (status.ok()) {
       entry.promoting = false;
       entry.extent = extent;
@@ -571,6 +588,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->session, key, now));
       Bump(counters_.promotions);
     } else {
+      EndPrefetched(shard, entry);
       shard.index.erase(it);
       if (extent.length != 0) host_.Free(extent);
       Status miss = status.code() == StatusCode::kNoSpace
@@ -583,6 +601,11 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
     }
   }
   for (size_t i = 0; i < waiters.size(); ++i) Resolve(waiters[i].batch, waiters[i].index, std::move(grants[i]));
+  // The last read of a prefetch plan landed: plan again with the measured
+  // bandwidth and whatever changed meanwhile. Not after a failure, which a
+  // new plan could only repeat (and a synchronous one would recurse).
+  const bool last_prefetch = prefetched && prefetch_reads_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  if (last_prefetch && status.ok()) Prefetch();
   IoFinished();
 }
 
@@ -628,12 +651,14 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
     auto it = shard.index.find(key);
     if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) continue;
     it->second.hits++;
+    if (EndPrefetched(shard, it->second)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
     it->second.last_use_us = now;
     shard.policy->OnAccess(it->second.handle, now);
     ++counted;
   }
   Bump(counters_.directory_uses, static_cast<int64_t>(counted));
   Bump(counters_.directory_stale_uses, static_cast<int64_t>(keys.size() - counted));
+  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) Prefetch();
   return counted;
 }
 
@@ -770,6 +795,7 @@ bool Engine::EvictOne() {
   const HostTier::Extent extent = it->second.extent;
   const uint64_t size = it->second.size;
   const uint64_t checksum = it->second.checksum;
+  EndPrefetched(shard, it->second);
   Withdraw(host_, victim, it->second);
   shard.policy->OnRemove(it->second.handle);
   shard.committed.erase(it->second.handle);

@@ -197,13 +197,17 @@ class Engine {
   Status Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
                  std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation);
   // The request started or finished (or was dropped): its blocks stop
-  // waiting for it. NotFound if it is not queued.
+  // waiting for it, and prefetch plans again. NotFound if it is not queued.
   Status Dequeue(SessionId session, uint64_t request);
   // Conversation `conversation` opened or closed (its blocks go first among
   // those no queued request needs while it is closed).
   void ConversationHint(uint64_t conversation, bool open);
   // Plans and starts prefetch reads for the queued requests (engine_queue.cc,
-  // policy/prefetch_planner.h); Enqueue calls it. Returns the reads started.
+  // policy/prefetch_planner.h) within engine.prefetch_percent of the host
+  // tier, less what earlier plans read in that nobody used yet. Enqueue,
+  // Dequeue, the last read of a plan landing and a use of a prefetched
+  // block (Pin, a directory use report) call it. Returns the reads
+  // started.
   size_t Prefetch();
 
   void VisitCounters(CounterVisitor& v) const;
@@ -264,6 +268,8 @@ class Engine {
   Lineage lineage_{kLineageKeys};
   // The keys queued chains name (for the NVMe tier's queue_aware reclaim).
   QueuedKeys queued_keys_;
+  std::atomic<int64_t> prefetch_reads_{0};  // prefetch reads in flight
+  std::atomic<bool> prefetch_budget_freed_{false};  // a prefetched block was used since the last plan
   std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
   std::mutex io_mu_;

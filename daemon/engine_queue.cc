@@ -58,16 +58,21 @@ Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns,
 }
 
 Status Engine::Dequeue(SessionId session, uint64_t request) {
-  std::lock_guard queue_lock(queue_mu_);
-  auto it = queued_.find({session, request});
-  if (it == queued_.end()) return NotFound("request " + std::to_string(request) + " is not queued");
-  for (size_t s : it->second.shards) {
-    std::lock_guard lock(shards_[s]->mu);
-    shards_[s]->policy->OnDequeue(it->second.id);
+  {
+    std::lock_guard queue_lock(queue_mu_);
+    auto it = queued_.find({session, request});
+    if (it == queued_.end()) return NotFound("request " + std::to_string(request) + " is not queued");
+    for (size_t s : it->second.shards) {
+      std::lock_guard lock(shards_[s]->mu);
+      shards_[s]->policy->OnDequeue(it->second.id);
+    }
+    queued_keys_.Remove(it->second.chain);
+    queued_.erase(it);
   }
-  queued_keys_.Remove(it->second.chain);
-  queued_.erase(it);
   counters_.dequeues.fetch_add(1, std::memory_order_relaxed);
+  // Blocks prefetched for it that it used no longer hold the budget: the
+  // next requests may have it.
+  Prefetch();
   return Status::Ok();
 }
 
@@ -150,8 +155,14 @@ size_t Engine::Prefetch() {
     std::lock_guard lock(bandwidth_mu_);
     nvme_bandwidth = nvme_read_bandwidth_;
   }
-  const PrefetchOptions options{static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes())),
-                                prefetch_min_blocks_};
+  // The budget holds what earlier plans read in and nobody used yet.
+  uint64_t still_prefetched = 0;
+  for (auto& shard : shards_) {
+    std::lock_guard lock(shard->mu);
+    still_prefetched += shard->prefetched_bytes;
+  }
+  const uint64_t budget = static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes()));
+  const PrefetchOptions options{budget > still_prefetched ? budget - still_prefetched : 0, prefetch_min_blocks_};
   // No remote tier yet: its channel is never used.
   const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, nvme_bandwidth, nvme_bandwidth, options);
   counters_.prefetch_plans.fetch_add(1, std::memory_order_relaxed);
@@ -170,7 +181,10 @@ size_t Engine::Prefetch() {
       entry.ns = ns;
       entry.size = info->payload_bytes;
       entry.promoting = true;
+      entry.prefetched = true;
+      shard.prefetched_bytes += entry.size;
     }
+    prefetch_reads_.fetch_add(1, std::memory_order_acq_rel);
     Promote(a.key, info->payload_bytes, info->layer_count, info->payload_checksum);
     counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
     counters_.prefetch_bytes.fetch_add(static_cast<int64_t>(info->payload_bytes), std::memory_order_relaxed);

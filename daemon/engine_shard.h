@@ -30,6 +30,7 @@ struct BlockEntry {
   bool committed = false;
   bool promoting = false;   // being read in from the NVMe tier (invisible)
   bool published = false;   // in the host tier's block directory (committed only)
+  bool prefetched = false;  // read in by Prefetch and not used since: counts against its budget
   uint32_t pins = 0;        // live leases; > 0 means never evicted
   uint64_t hits = 0;
   uint64_t last_use_us = 0;
@@ -85,6 +86,7 @@ struct EngineShard {
   std::unordered_map<BlockKey, Demoting> demoting;
   std::unique_ptr<EvictionPolicy> policy;  // tracks committed blocks; pins via OnPin/OnUnpin
   uint64_t stored_bytes = 0;               // sizes of committed blocks
+  uint64_t prefetched_bytes = 0;           // sizes of entries with `prefetched` (being read or resident)
 };
 
 }  // namespace kvtier

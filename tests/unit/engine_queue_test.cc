@@ -190,6 +190,37 @@ TEST_F(EngineQueueTest, PrefetchSkipsShortHitsLateBlocksAndWhatTheBudgetCannotHo
   EXPECT_EQ(Counters()["engine.prefetches"], 4);
 }
 
+// The prefetch budget (half the host tier: 4 blocks) counts what earlier
+// plans read in and nobody used: a second request gets nothing until the
+// first one's blocks are used; each use plans again.
+TEST_F(EngineQueueTest, PrefetchedBlocksHoldTheBudgetUntilUsed) {
+  Open("queue_aware", /*nvme=*/true, "all");
+  for (uint64_t i = 0; i < 16; ++i) Put(i);
+  engine_->WaitForIdle();
+  ASSERT_TRUE(Enqueue(1, {0, 1, 2, 3}, 1'000'000).ok());
+  engine_->WaitForIdle();
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(Where(i), Tier::kHost) << i;
+  ASSERT_TRUE(Enqueue(2, {4, 5}, 2'000'000).ok());
+  engine_->WaitForIdle();
+  EXPECT_EQ(Where(4), Tier::kNvme) << "the budget is held by request 1's unused blocks";
+  // Request 1 starts: nothing used yet, the budget is still held.
+  ASSERT_TRUE(engine_->Dequeue(kScheduler, 1).ok());
+  engine_->WaitForIdle();
+  EXPECT_EQ(Where(4), Tier::kNvme);
+  EXPECT_EQ(Counters()["engine.prefetches"], 4);
+  // It pins its first two blocks: room for request 2's two.
+  for (uint64_t i = 0; i < 2; ++i) {
+    const BlockKey key = Key(i);
+    auto grants = engine_->Pin(2, kNs, {&key, 1});
+    ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
+    ASSERT_TRUE(engine_->Release(2, {&grants[0].lease, 1})[0].ok());
+  }
+  engine_->WaitForIdle();
+  EXPECT_EQ(Where(4), Tier::kHost);
+  EXPECT_EQ(Where(5), Tier::kHost);
+  EXPECT_EQ(Counters()["engine.prefetches"], 6);
+}
+
 TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
   Open("queue_aware");
   for (uint64_t i = 0; i < 8; ++i) Put(i);

@@ -1,5 +1,7 @@
 #include "tiers/nvme/uring_worker.h"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstring>
 #include <future>
@@ -111,7 +113,7 @@ bool UringWorker::TakeQueued() {
   {
     std::lock_guard lock(mu_);
     while (!queue_.empty()) {
-      waiting_.push_back(std::move(queue_.front()));
+      LaneOf(*queue_.front()).push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
     command.swap(command_);
@@ -129,19 +131,39 @@ int UringWorker::FixedBufferIndex(const std::byte* data, size_t length) const {
   return -1;
 }
 
+std::unique_ptr<UringWorker::Op> UringWorker::NextOp() {
+  const uint32_t write_share = depth_ >= 2 ? std::max<uint32_t>(1, depth_ / 4) : 0;
+  const uint32_t reads_in_flight = in_flight_ - writes_in_flight_;
+  const bool read_may_go = !waiting_reads_.empty() &&
+                           (waiting_writes_.empty() || reads_in_flight < depth_ - write_share);
+  // A write goes when no read may: none waits, or reads fill their share.
+  std::deque<std::unique_ptr<Op>>* lane = nullptr;
+  if (read_may_go) {
+    lane = &waiting_reads_;
+  } else if (!waiting_writes_.empty()) {
+    lane = &waiting_writes_;
+  }
+  if (lane == nullptr) return nullptr;
+  std::unique_ptr<Op> op = std::move(lane->front());
+  lane->pop_front();
+  return op;
+}
+
 void UringWorker::Prepare() {
-  while (!waiting_.empty() && in_flight_ < depth_) {
-    if (!waiting_.front()->rejected.ok()) {  // a bad request: answer it from this thread
-      std::unique_ptr<Op> bad = std::move(waiting_.front());
-      waiting_.pop_front();
-      counters_.Record(bad->kind, bad->rejected);
-      bad->done(bad->rejected);
+  while (in_flight_ < depth_) {
+    std::unique_ptr<Op> next = NextOp();
+    if (next == nullptr) break;
+    if (!next->rejected.ok()) {  // a bad request: answer it from this thread
+      counters_.Record(next->kind, next->rejected);
+      next->done(next->rejected);
       continue;
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) break;  // the SQ is full until the next submit
-    Op* op = waiting_.front().release();
-    waiting_.pop_front();
+    if (sqe == nullptr) {  // the SQ is full until the next submit
+      LaneOf(*next).push_front(std::move(next));
+      break;
+    }
+    Op* op = next.release();
     std::byte* data = op->data + op->transferred;
     const auto length = static_cast<unsigned>(op->length - op->transferred);
     const uint64_t offset = op->offset + op->transferred;
@@ -165,14 +187,16 @@ void UringWorker::Prepare() {
     }
     io_uring_sqe_set_data(sqe, op);
     ++in_flight_;
+    if (op->kind != DeviceCounters::Op::kRead) ++writes_in_flight_;
   }
 }
 
 void UringWorker::Finish(Op* raw, int result) {
   std::unique_ptr<Op> op(raw);
   --in_flight_;
+  if (op->kind != DeviceCounters::Op::kRead) --writes_in_flight_;
   if (result == -EINTR || result == -EAGAIN) {  // transient: try again
-    waiting_.push_front(std::move(op));
+    LaneOf(*op).push_front(std::move(op));
     return;
   }
   Result<size_t> outcome = size_t{0};
@@ -182,7 +206,7 @@ void UringWorker::Finish(Op* raw, int result) {
   } else if (op->kind != DeviceCounters::Op::kFlush) {
     op->transferred += static_cast<size_t>(result);
     if (result > 0 && op->transferred < op->length) {  // partial: submit the rest
-      waiting_.push_front(std::move(op));
+      LaneOf(*op).push_front(std::move(op));
       return;
     }
     outcome = op->transferred;  // short only at the end of the file
@@ -214,7 +238,7 @@ void UringWorker::Loop() {
   for (;;) {
     const bool stopping = TakeQueued();
     Prepare();
-    if (stopping && in_flight_ == 0 && waiting_.empty()) return;
+    if (stopping && in_flight_ == 0 && waiting_reads_.empty() && waiting_writes_.empty()) return;
     const int rc = io_uring_submit_and_wait(&ring_, 1);
     if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
       KVTIER_CHECK(false, (std::string("io_uring_submit_and_wait: ") + std::strerror(-rc)).c_str());

@@ -5,7 +5,11 @@
 // Submissions from any thread go into a mutex-guarded queue; the thread is
 // woken through an eventfd whose read is always armed in the ring, so it
 // sleeps in a single io_uring_enter waiting for either an I/O completion or
-// new work. At most queue_depth I/Os are in flight; the rest wait in order.
+// new work. At most queue_depth I/Os are in flight; the rest wait in two
+// lanes, each in order: reads go first (a prefetch or a pin should not wait
+// behind demotion writes), while writes and flushes, which keep their
+// relative order, hold a quarter of the depth (at least one slot from depth
+// 2) whenever they wait, so they never starve.
 //
 // Thread-safe. Completions run on the worker's thread, without its lock.
 #pragma once
@@ -71,8 +75,16 @@ class UringWorker {
   bool stopping_ = false;                  // guarded by mu_
 
   // Thread-only state:
-  std::deque<std::unique_ptr<Op>> waiting_;  // taken from queue_, not yet in the ring
-  uint32_t in_flight_ = 0;                   // I/Os in the ring (not the wake-up read)
+  // Taken from queue_, not yet in the ring: reads, and writes with flushes.
+  std::deque<std::unique_ptr<Op>> waiting_reads_;
+  std::deque<std::unique_ptr<Op>> waiting_writes_;
+  uint32_t in_flight_ = 0;         // I/Os in the ring (not the wake-up read)
+  uint32_t writes_in_flight_ = 0;  // the writes and flushes among them
+  std::deque<std::unique_ptr<Op>>& LaneOf(const Op& op) {
+    return op.kind == DeviceCounters::Op::kRead ? waiting_reads_ : waiting_writes_;
+  }
+  // The next op to send, from the lane whose turn it is; null if none may go.
+  std::unique_ptr<Op> NextOp();
   uint64_t wake_value_ = 0;                  // the eventfd read's target
   std::vector<iovec> fixed_;                 // registered fixed buffers
   std::thread thread_;
