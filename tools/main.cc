@@ -3,13 +3,16 @@
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
+//   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 
 #include "kvtier/client.h"
 #include "tools/bench_host.h"
 #include "tools/bench_nvme.h"
 #include "tools/bench_policy.h"
+#include "tools/replay_cli.h"
 
 namespace {
 
@@ -53,7 +56,19 @@ int main(int argc, char** argv) {
   auto* policy = bench->add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
   kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
 
-  CLI11_PARSE(app, argc, argv);
+  kvtier::tools::ReplayCliOptions replay_options;
+  auto* replay = app.add_subcommand("replay", "Replay a block trace through kvtier's policies (hit rates)");
+  kvtier::tools::AddReplayOptions(*replay, replay_options);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    // replay's contract: bad input exits 2 (help stays 0).
+    const bool is_replay = argc > 1 && std::strcmp(argv[1], "replay") == 0;
+    return is_replay && code != 0 ? 2 : code;
+  }
+  if (replay->parsed()) return kvtier::tools::RunReplay(replay_options);
   if (stats->parsed()) return Stats(socket_path);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);

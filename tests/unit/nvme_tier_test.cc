@@ -236,7 +236,9 @@ TEST_F(NvmeTierTest, TheReclaimOrderChoosesWhatReinsertionKeeps) {
     }
     EXPECT_EQ(Counter("nvme.reinserted"), static_cast<int64_t>(c.kept.size()));
     EXPECT_EQ(Counter("nvme.reinsert_needed"), c.order == ReclaimOrder::kQueueAware ? 1 : 0);
-    if (c.order != ReclaimOrder::kQueueAware) EXPECT_EQ(asked.load(), 0) << "only queue_aware asks";
+    if (c.order != ReclaimOrder::kQueueAware) {
+      EXPECT_EQ(asked.load(), 0) << "only queue_aware asks";
+    }
     tier_->SetNeededHint(nullptr);
   }
 }

@@ -1,0 +1,99 @@
+// `kvtier replay` as a process: the command-line contract scripts depend on
+// (bad input exits 2 naming the file and line; JSON output; a sweep's
+// numbers do not depend on the thread count).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+class ReplayCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir(); }
+  void TearDown() override { RemoveTree(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/" + name) << text;
+    return dir_ + "/" + name;
+  }
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  std::string dir_;
+};
+
+// 40 requests over a few shared roots, 4-token blocks.
+std::string SmallTrace() {
+  std::string text;
+  for (int r = 0; r < 40; ++r) {
+    text += "{\"timestamp\": " + std::to_string(r) + ", \"input_length\": 12, \"output_length\": 3, \"hash_ids\": [" +
+            std::to_string(r % 3) + ", " + std::to_string(10 + r % 7) + ", " + std::to_string(100 + r) + "]}\n";
+  }
+  return text;
+}
+
+TEST_F(ReplayCliTest, WritesJsonRunsForEachPolicyAndCapacity) {
+  const std::string trace = Write("t.jsonl", SmallTrace());
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                "host=inf", "--policy", "lru,fifo", "--sweep", "8blk,inf", "--json",
+                                dir_ + "/out.json", "--csv", dir_ + "/out.csv"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string json = Read(dir_ + "/out.json");
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 6) << json;  // header, 4 runs, footer
+  for (const char* field : {"\"runs\"", "\"capacities\"", "\"block_hit_rate\"", "\"token_hit_rate\"", "\"requests\": 40",
+                            "\"blocks\": 120", "\"ttft_ms\"", "\"wall_seconds\"", "\"policy\": \"fifo\""}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  }
+  // Unlimited: every root and middle block after its first sighting hits.
+  // Roots: 3 first sightings; middles: 7; hits = 37 roots + 33 middles
+  // (a middle hits only after its root did, always true here) = 70 of 120.
+  EXPECT_NE(json.find("\"block_hit_rate\": 0.583333"), std::string::npos) << json;
+  const std::string csv = Read(dir_ + "/out.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+}
+
+TEST_F(ReplayCliTest, SweepNumbersDoNotDependOnTheThreadCount) {
+  const std::string trace = Write("t.jsonl", SmallTrace());
+  std::string outputs[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = dir_ + "/o" + std::to_string(i) + ".json";
+    CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                  "host=inf", "--policy", "lru,fifo,queue_aware", "--sweep", "3blk,6blk,12blk,30tok",
+                                  "--threads", i == 0 ? "1" : "3", "--json", out});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    outputs[i] = std::regex_replace(Read(out), std::regex("\"wall_seconds\": [0-9.e+-]+"), "");
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+}
+
+TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
+  const std::string bad = Write("bad.jsonl", "{\"timestamp\": 0, \"input_length\": 4, \"hash_ids\": [1]}\n"
+                                             "{\"timestamp\": 1, \"input_length\": -4, \"hash_ids\": [1]}\n");
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", bad, "--capacity", "host=inf"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find(bad + ":2:"), std::string::npos) << r.output;
+  const std::string good = Write("good.jsonl", SmallTrace());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--capacity", "host=12parsecs"}, {"--capacity", "host=1e6tok", "--bogus"},
+        {"--capacity", "host=1e6tok", "--policy", "arc"}, {"--capacity", "disk=1e6tok"},
+        {"--capacity", "host=64GiB"}, {"--capacity", "host=inf", "--warmup", "1.5"}}) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", good};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult c = RunCommand(argv);
+    EXPECT_EQ(c.exit_code, 2) << args.back() << ": " << c.output;
+  }
+  CommandResult missing = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", dir_ + "/none", "--capacity", "host=inf"});
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+}
+
+}  // namespace
+}  // namespace kvtier::testing

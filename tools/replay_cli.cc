@@ -1,0 +1,229 @@
+#include "tools/replay_cli.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <unordered_map>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tools/replay_sim.h"
+#include "tools/replay_trace.h"
+
+namespace kvtier::tools {
+namespace {
+
+constexpr int kBadInput = 2;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvtier replay: %s\n", message.c_str());
+  return kBadInput;
+}
+
+std::vector<std::string> Split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  return parts;
+}
+
+// "mooncake" for JSONL objects, "sharegpt" for a JSON array, by the first
+// non-blank byte.
+Result<std::string> DetectFormat(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open the trace");
+  char c = 0;
+  while (in.get(c)) {
+    if (c == '{') return std::string("mooncake");
+    if (c == '[') return std::string("sharegpt");
+    if (!std::isspace(static_cast<unsigned char>(c))) break;
+  }
+  return InvalidArgument(path + ":1: neither Mooncake JSONL (objects, one per line) nor ShareGPT JSON (an array)");
+}
+
+std::string Number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string RunJson(const ReplayResult& r, const ReplayCliOptions& o) {
+  const uint64_t bpt = o.bytes_per_token;
+  std::ostringstream j;
+  j << "{\"capacities\": {\"host\": \"" << CapacityText(r.host) << "\"}, \"policy\": \"" << r.policy
+    << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests << ", \"blocks\": " << r.blocks
+    << ", \"tokens\": " << r.tokens << ", \"block_hit_rate\": " << Number(r.block_hit_rate())
+    << ", \"token_hit_rate\": " << Number(r.token_hit_rate()) << ", \"tiers\": {\"host\": {\"hits\": " << r.hit_blocks
+    << ", \"hit_share\": " << (r.hit_blocks > 0 ? "1" : "0") << ", \"bytes_read\": " << r.hit_tokens * bpt
+    << ", \"bytes_written\": " << (r.tokens - r.hit_tokens) * bpt << "}}, \"ssd_bytes_written\": 0"
+    << ", \"ssd_budget_bytes\": 0, \"evictions\": " << r.evictions << ", \"not_kept\": " << r.not_kept
+    << ", \"ttft_ms\": null, \"wall_seconds\": " << Number(r.wall_seconds) << "}";
+  return j.str();
+}
+
+}  // namespace
+
+void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
+  app.add_option("--trace", o.traces, "Trace file (repeat for several; ids are namespaced per file)")->required();
+  app.add_option("--format", o.format, "mooncake | sharegpt | auto")
+      ->check(CLI::IsMember({"mooncake", "sharegpt", "auto"}))
+      ->capture_default_str();
+  app.add_option("--block-tokens", o.block_tokens, "Tokens per trace block (Mooncake: 512)")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--capacity", o.capacity, "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf")
+      ->required();
+  app.add_option("--bytes-per-token", o.bytes_per_token, "KV bytes per token (for byte capacities and byte counts)");
+  app.add_option("--policy", o.policies, "Eviction: lru | fifo | queue_aware (comma-separated: one run each)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"lru", "fifo", "queue_aware"}))
+      ->capture_default_str();
+  app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
+      ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Fraction of requests run but not measured")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  app.add_option("--sweep", o.sweep, "Host capacities CAP,CAP,...: one run per value (and policy), in threads");
+  app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
+  app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
+  app.add_option("--csv", o.csv_path, "Write one row per run here");
+}
+
+int RunReplay(const ReplayCliOptions& o) {
+  // Capacities.
+  Capacity host;
+  bool have_host = false;
+  for (const std::string& part : Split(o.capacity, ',')) {
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos) return Fail("--capacity '" + part + "': expected TIER=CAP");
+    const std::string tier = part.substr(0, eq);
+    auto cap = ParseCapacity(part.substr(eq + 1), o.bytes_per_token);
+    if (!cap.ok()) return Fail("--capacity: " + cap.status().message());
+    if (tier == "host") {
+      host = *cap;
+      have_host = true;
+    } else if (tier == "nvme" || tier == "remote") {
+      return Fail("--capacity " + tier + "=...: the " + tier + " tier is not modelled yet (host only)");
+    } else {
+      return Fail("--capacity: unknown tier '" + tier + "' (host, nvme, remote)");
+    }
+  }
+  if (!have_host) return Fail("--capacity needs host=CAP");
+  std::vector<Capacity> hosts{host};
+  if (!o.sweep.empty()) {
+    hosts.clear();
+    for (const std::string& text : Split(o.sweep, ',')) {
+      auto cap = ParseCapacity(text, o.bytes_per_token);
+      if (!cap.ok()) return Fail("--sweep: " + cap.status().message());
+      hosts.push_back(*cap);
+    }
+  }
+  if (o.admission != "all") return Fail("--admission " + o.admission + " needs an nvme tier, not modelled yet");
+  // Traces, concatenated in the order given.
+  Trace trace;
+  trace.block_tokens = o.block_tokens;
+  for (size_t i = 0; i < o.traces.size(); ++i) {
+    std::string format = o.format;
+    if (format == "auto") {
+      auto detected = DetectFormat(o.traces[i]);
+      if (!detected.ok()) return Fail(detected.status().message());
+      format = *detected;
+    }
+    if (format == "sharegpt") {
+      return Fail(o.traces[i] + ": ShareGPT JSON is read in its converted block-trace form (docs/REPLAY.md)");
+    }
+    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i);
+    if (!read.ok()) return Fail(read.status().message());
+    trace.path += (i > 0 ? "," : "") + o.traces[i];
+    for (auto& r : read->requests) trace.requests.push_back(std::move(r));
+  }
+  // Runs: every policy at every host capacity, in parallel; results in order.
+  struct Run {
+    ReplayOptions options;
+    ReplayResult result;
+    Status status;
+  };
+  std::vector<Run> runs;
+  for (const std::string& policy : o.policies) {
+    for (const Capacity& c : hosts) runs.push_back(Run{ReplayOptions{c, policy, o.warmup}, {}, Status::Ok()});
+  }
+  const unsigned threads = std::max(1u, std::min<unsigned>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),
+                                                          static_cast<unsigned>(runs.size())));
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < runs.size(); i = next++) {
+        auto r = Replay(trace, runs[i].options);
+        if (r.ok()) {
+          runs[i].result = *r;
+        } else {
+          runs[i].status = r.status();
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  for (const Run& r : runs) {
+    if (!r.status.ok()) return Fail(r.status.message());
+  }
+  // The ceiling of the speed figure, measured here: the trace's block
+  // lookups alone in a hash map, as any simulator keyed by block makes.
+  double ceiling = 0;
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unordered_map<BlockKey, uint32_t> ids;
+    uint64_t lookups = 0, sum = 0;
+    for (const TraceRequest& r : trace.requests) {
+      for (const BlockKey& k : r.blocks) sum += ids.try_emplace(k, uint32_t(ids.size())).first->second;
+      lookups += r.blocks.size();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile uint64_t keep = sum;  // the lookups are not optimized away
+    (void)keep;
+    ceiling = seconds > 0 ? double(lookups) / seconds : 0;
+  }
+  std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
+  std::printf("%-12s %-14s %10s %10s %10s %10s %8s %12s %9s\n", "policy", "host", "requests", "blocks", "block_hit",
+              "token_hit", "seconds", "lookups/s", "/ceiling");
+  for (const Run& r : runs) {
+    // Block lookups: every prompt block of every request, warm-up included.
+    const double lookups = double(r.result.lookups);
+    const double rate = r.result.wall_seconds > 0 ? lookups / r.result.wall_seconds : 0;
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %8.3f %12.0f %8.2fx\n", r.result.policy.c_str(),
+                CapacityText(r.result.host).c_str(), static_cast<unsigned long long>(r.result.requests),
+                static_cast<unsigned long long>(r.result.blocks), r.result.block_hit_rate(), r.result.token_hit_rate(),
+                r.result.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0);
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    out << "{\"trace\": \"" << trace.path << "\", \"runs\": [";
+    for (size_t i = 0; i < runs.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(runs[i].result, o);
+    out << "\n]}\n";
+    if (!out) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
+      return 1;
+    }
+  }
+  if (!o.csv_path.empty()) {
+    std::ofstream out(o.csv_path);
+    out << "policy,host,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,evictions,wall_seconds\n";
+    for (const Run& r : runs) {
+      const ReplayResult& x = r.result;
+      out << x.policy << "," << CapacityText(x.host) << "," << o.admission << "," << x.requests << "," << x.blocks << ","
+          << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << "," << x.evictions
+          << "," << Number(x.wall_seconds) << "\n";
+    }
+    if (!out) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.csv_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace kvtier::tools

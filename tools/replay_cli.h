@@ -1,0 +1,34 @@
+// `kvtier replay`: hit-rate studies of block traces through kvtier's own
+// policies (docs/REPLAY.md has the semantics and the command-line contract).
+//
+// Exit codes: 0 done; 2 bad input (an unknown or malformed option, a bad
+// capacity, a trace line that does not parse: the message names the file
+// and line); 1 an output file could not be written.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvtier::tools {
+
+struct ReplayCliOptions {
+  std::vector<std::string> traces;
+  std::string format = "auto";
+  uint32_t block_tokens = 512;
+  std::string capacity;  // host=CAP[,nvme=CAP][,remote=CAP]
+  uint64_t bytes_per_token = 0;
+  std::vector<std::string> policies = {"lru"};
+  std::string admission = "all";
+  double warmup = 0;
+  std::string sweep;  // CAP,CAP,... (host capacities)
+  unsigned threads = 0;  // sweep threads; 0: one per core
+  std::string json_path;
+  std::string csv_path;
+};
+
+void AddReplayOptions(CLI::App& app, ReplayCliOptions& options);
+int RunReplay(const ReplayCliOptions& options);
+
+}  // namespace kvtier::tools
