@@ -50,16 +50,28 @@ std::string Number(double v) {
   return buf;
 }
 
-std::string RunJson(const ReplayResult& r, const ReplayCliOptions& o) {
-  const uint64_t bpt = o.bytes_per_token;
+std::string RunJson(const ReplayResult& r) {
+  const ReplayOptions& o = r.options;
   std::ostringstream j;
-  j << "{\"capacities\": {\"host\": \"" << CapacityText(r.host) << "\"}, \"policy\": \"" << r.policy
-    << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests << ", \"blocks\": " << r.blocks
-    << ", \"tokens\": " << r.tokens << ", \"block_hit_rate\": " << Number(r.block_hit_rate())
-    << ", \"token_hit_rate\": " << Number(r.token_hit_rate()) << ", \"tiers\": {\"host\": {\"hits\": " << r.hit_blocks
-    << ", \"hit_share\": " << (r.hit_blocks > 0 ? "1" : "0") << ", \"bytes_read\": " << r.hit_tokens * bpt
-    << ", \"bytes_written\": " << (r.tokens - r.hit_tokens) * bpt << "}}, \"ssd_bytes_written\": 0"
-    << ", \"ssd_budget_bytes\": 0, \"evictions\": " << r.evictions << ", \"not_kept\": " << r.not_kept
+  j << "{\"capacities\": {\"host\": \"" << CapacityText(o.host) << "\"";
+  if (o.nvme) j << ", \"nvme\": \"" << CapacityText(*o.nvme) << "\"";
+  if (o.remote) j << ", \"remote\": \"" << CapacityText(*o.remote) << "\"";
+  j << "}, \"policy\": \"" << o.policy << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests
+    << ", \"blocks\": " << r.blocks << ", \"tokens\": " << r.tokens
+    << ", \"block_hit_rate\": " << Number(r.block_hit_rate()) << ", \"token_hit_rate\": " << Number(r.token_hit_rate())
+    << ", \"tiers\": {";
+  bool first = true;
+  for (int t = 0; t < kSimTiers; ++t) {
+    if (t == kNvmeTier && !o.nvme) continue;
+    if (t == kRemoteTier && !o.remote) continue;
+    const TierResult& x = r.tiers[t];
+    j << (first ? "" : ", ") << "\"" << SimTierName(t) << "\": {\"hits\": " << x.hits
+      << ", \"hit_share\": " << Number(r.hit_share(t)) << ", \"bytes_read\": " << x.bytes_read
+      << ", \"bytes_written\": " << x.bytes_written << ", \"evictions\": " << x.evictions << "}";
+    first = false;
+  }
+  j << "}, \"ssd_bytes_written\": " << r.tiers[kNvmeTier].bytes_written << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
+    << ", \"admission_refused\": " << r.admission_refused << ", \"not_kept\": " << r.not_kept
     << ", \"ttft_ms\": null, \"wall_seconds\": " << Number(r.wall_seconds) << "}";
   return j.str();
 }
@@ -84,6 +96,12 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
       ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
       ->capture_default_str();
+  app.add_option("--drive-bytes", o.drive_bytes, "dwpd: the drive's capacity (e.g. 3.84TB); default: the nvme tier's");
+  app.add_option("--dwpd", o.dwpd, "dwpd: rated drive writes per day")->capture_default_str();
+  app.add_option("--dwpd-share", o.dwpd_share, "dwpd: the share of the drive's writes kvtier may use")
+      ->capture_default_str();
+  app.add_option("--warranty-years", o.warranty_years, "dwpd: the years the rating covers")->capture_default_str();
+  app.add_option("--planned-years", o.planned_years, "dwpd: the years the drive should last")->capture_default_str();
   app.add_option("--warmup", o.warmup, "Fraction of requests run but not measured")
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
@@ -95,7 +113,7 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
 
 int RunReplay(const ReplayCliOptions& o) {
   // Capacities.
-  Capacity host;
+  ReplayOptions base;
   bool have_host = false;
   for (const std::string& part : Split(o.capacity, ',')) {
     const size_t eq = part.find('=');
@@ -104,16 +122,18 @@ int RunReplay(const ReplayCliOptions& o) {
     auto cap = ParseCapacity(part.substr(eq + 1), o.bytes_per_token);
     if (!cap.ok()) return Fail("--capacity: " + cap.status().message());
     if (tier == "host") {
-      host = *cap;
+      base.host = *cap;
       have_host = true;
-    } else if (tier == "nvme" || tier == "remote") {
-      return Fail("--capacity " + tier + "=...: the " + tier + " tier is not modelled yet (host only)");
+    } else if (tier == "nvme") {
+      base.nvme = *cap;
+    } else if (tier == "remote") {
+      base.remote = *cap;
     } else {
       return Fail("--capacity: unknown tier '" + tier + "' (host, nvme, remote)");
     }
   }
   if (!have_host) return Fail("--capacity needs host=CAP");
-  std::vector<Capacity> hosts{host};
+  std::vector<Capacity> hosts{base.host};
   if (!o.sweep.empty()) {
     hosts.clear();
     for (const std::string& text : Split(o.sweep, ',')) {
@@ -122,7 +142,28 @@ int RunReplay(const ReplayCliOptions& o) {
       hosts.push_back(*cap);
     }
   }
-  if (o.admission != "all") return Fail("--admission " + o.admission + " needs an nvme tier, not modelled yet");
+  base.admission = o.admission;
+  base.bytes_per_token = o.bytes_per_token;
+  base.warmup = o.warmup;
+  if (o.admission != "all" && !base.nvme) return Fail("--admission " + o.admission + " decides for an nvme tier: give nvme=CAP");
+  if (o.admission == "dwpd") {
+    base.dwpd.dwpd = o.dwpd;
+    base.dwpd.share = o.dwpd_share;
+    base.dwpd.warranty_years = o.warranty_years;
+    base.dwpd.planned_years = o.planned_years;
+    if (!o.drive_bytes.empty()) {
+      auto drive = ParseCapacity(o.drive_bytes, 1);  // bytes: one "token" per byte
+      if (!drive.ok() || drive->infinite || drive->unit != Capacity::Unit::kTokens) {
+        return Fail("--drive-bytes '" + o.drive_bytes + "': expected bytes, e.g. 3.84TB or 512GiB");
+      }
+      base.dwpd.drive_capacity_bytes = drive->amount;
+    } else if (base.nvme && !base.nvme->infinite && base.nvme->unit == Capacity::Unit::kTokens) {
+      base.dwpd.drive_capacity_bytes = base.nvme->amount * o.bytes_per_token;
+    } else {
+      return Fail("--admission dwpd needs --drive-bytes (or an nvme capacity in tokens or bytes)");
+    }
+    if (Status s = ValidateDwpdOptions(base.dwpd); !s.ok()) return Fail(s.message());
+  }
   // Traces, concatenated in the order given.
   Trace trace;
   trace.block_tokens = o.block_tokens;
@@ -149,7 +190,12 @@ int RunReplay(const ReplayCliOptions& o) {
   };
   std::vector<Run> runs;
   for (const std::string& policy : o.policies) {
-    for (const Capacity& c : hosts) runs.push_back(Run{ReplayOptions{c, policy, o.warmup}, {}, Status::Ok()});
+    for (const Capacity& c : hosts) {
+      ReplayOptions options = base;
+      options.host = c;
+      options.policy = policy;
+      runs.push_back(Run{options, {}, Status::Ok()});
+    }
   }
   const unsigned threads = std::max(1u, std::min<unsigned>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),
                                                           static_cast<unsigned>(runs.size())));
@@ -194,15 +240,15 @@ int RunReplay(const ReplayCliOptions& o) {
     // Block lookups: every prompt block of every request, warm-up included.
     const double lookups = double(r.result.lookups);
     const double rate = r.result.wall_seconds > 0 ? lookups / r.result.wall_seconds : 0;
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %8.3f %12.0f %8.2fx\n", r.result.policy.c_str(),
-                CapacityText(r.result.host).c_str(), static_cast<unsigned long long>(r.result.requests),
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %8.3f %12.0f %8.2fx\n", r.result.options.policy.c_str(),
+                CapacityText(r.result.options.host).c_str(), static_cast<unsigned long long>(r.result.requests),
                 static_cast<unsigned long long>(r.result.blocks), r.result.block_hit_rate(), r.result.token_hit_rate(),
                 r.result.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0);
   }
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [";
-    for (size_t i = 0; i < runs.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(runs[i].result, o);
+    for (size_t i = 0; i < runs.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(runs[i].result);
     out << "\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
@@ -211,12 +257,16 @@ int RunReplay(const ReplayCliOptions& o) {
   }
   if (!o.csv_path.empty()) {
     std::ofstream out(o.csv_path);
-    out << "policy,host,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,evictions,wall_seconds\n";
+    out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,host_hits,nvme_hits,"
+           "remote_hits,ssd_bytes_written,ssd_budget_bytes,wall_seconds\n";
     for (const Run& r : runs) {
       const ReplayResult& x = r.result;
-      out << x.policy << "," << CapacityText(x.host) << "," << o.admission << "," << x.requests << "," << x.blocks << ","
-          << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << "," << x.evictions
-          << "," << Number(x.wall_seconds) << "\n";
+      const ReplayOptions& p = x.options;
+      out << p.policy << "," << CapacityText(p.host) << "," << (p.nvme ? CapacityText(*p.nvme) : "") << ","
+          << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
+          << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
+          << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
+          << x.tiers[kNvmeTier].bytes_written << "," << x.ssd_budget_bytes << "," << Number(x.wall_seconds) << "\n";
     }
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.csv_path.c_str());

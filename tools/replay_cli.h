@@ -21,6 +21,13 @@ struct ReplayCliOptions {
   uint64_t bytes_per_token = 0;
   std::vector<std::string> policies = {"lru"};
   std::string admission = "all";
+  // DWPD (with --admission dwpd): the drive's bytes (default: the NVMe
+  // tier's capacity in bytes), its rating, and the share kvtier may use.
+  std::string drive_bytes;
+  double dwpd = 1.0;
+  double dwpd_share = 1.0;
+  double warranty_years = 5.0;
+  double planned_years = 5.0;
   double warmup = 0;
   std::string sweep;  // CAP,CAP,... (host capacities)
   unsigned threads = 0;  // sweep threads; 0: one per core

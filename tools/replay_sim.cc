@@ -1,10 +1,12 @@
 #include "tools/replay_sim.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <unordered_map>
 
+#include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
 
 namespace kvtier::tools {
@@ -60,19 +62,50 @@ std::string CapacityText(const Capacity& c) {
   return std::to_string(c.amount) + (c.unit == Capacity::Unit::kTokens ? "tok" : "blk");
 }
 
+std::string_view SimTierName(int tier) {
+  switch (tier) {
+    case kHostTier:
+      return "host";
+    case kNvmeTier:
+      return "nvme";
+    case kRemoteTier:
+      return "remote";
+  }
+  return "?";
+}
+
 namespace {
+
+constexpr uint32_t kNoParent = UINT32_MAX;
 
 struct SimBlock {
   BlockKey key;
-  uint64_t held = 0;        // what it takes of the capacity while resident
-  bool resident = false;
-  uint64_t pinned_by = 0;   // the request (1-based) that pins it now, 0: none
+  uint64_t tokens = 0;                  // from the latest request naming it
+  std::array<bool, kSimTiers> in{};     // resident in each tier
+  std::array<uint64_t, kSimTiers> held{};  // what it takes of each tier's capacity
+  uint64_t pinned_by = 0;               // the request (1-based) pinning it in the host tier, 0: none
+  uint64_t uses = 0;                    // requests that found it resident
+  uint32_t parent = kNoParent;          // the block before it in the latest chain
+  bool anywhere() const { return in[0] || in[1] || in[2]; }
+};
+
+struct SimTierState {
+  const Capacity* capacity = nullptr;  // null: the tier is absent
+  std::unique_ptr<EvictionPolicy> policy;
+  uint64_t used = 0;
 };
 
 class Simulator {
  public:
-  Simulator(const Trace& trace, const ReplayOptions& options, std::unique_ptr<EvictionPolicy> policy)
-      : trace_(trace), options_(options), policy_(std::move(policy)) {}
+  Simulator(const Trace& trace, const ReplayOptions& options, std::unique_ptr<AdmissionPolicy> admission)
+      : trace_(trace), options_(options), admission_(std::move(admission)) {
+    const Capacity* caps[kSimTiers] = {&options_.host, options_.nvme ? &*options_.nvme : nullptr,
+                                       options_.remote ? &*options_.remote : nullptr};
+    for (int t = 0; t < kSimTiers; ++t) {
+      tiers_[t].capacity = caps[t];
+      if (caps[t] != nullptr) tiers_[t].policy = MakeEvictionPolicy(options_.policy);
+    }
+  }
 
   ReplayResult Run() {
     const auto started = std::chrono::steady_clock::now();
@@ -82,11 +115,22 @@ class Simulator {
     for (size_t r = 0; r < n; ++r) {
       const TraceRequest& req = trace_.requests[r];
       ids.clear();
-      for (const BlockKey& key : req.blocks) ids.push_back(IdOf(key));
+      for (size_t i = 0; i < req.blocks.size(); ++i) {
+        const uint32_t id = IdOf(req.blocks[i]);
+        blocks_[id].tokens = BlockTokens(req, i, trace_.block_tokens);
+        blocks_[id].parent = i > 0 ? ids.back() : kNoParent;
+        ids.push_back(id);
+      }
       Serve(req, ids, r + 1, r >= warm);
     }
-    result_.policy = options_.policy;
-    result_.host = options_.host;
+    result_.options = options_;
+    if (n > 0) result_.span_us = trace_.requests.back().arrival_us - trace_.requests.front().arrival_us;
+    if (options_.admission == "dwpd") {
+      const DwpdOptions& d = options_.dwpd;
+      const double per_day = d.share * double(d.drive_capacity_bytes) * d.dwpd * d.warranty_years / d.planned_years;
+      const double days = std::max(1.0, double(result_.span_us) / 86'400e6);
+      result_.ssd_budget_bytes = static_cast<uint64_t>(per_day * days);
+    }
     result_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return result_;
   }
@@ -98,17 +142,25 @@ class Simulator {
     return it->second;
   }
 
-  uint64_t Cost(const TraceRequest& req, size_t i) const {
-    return options_.host.unit == Capacity::Unit::kBlocks ? 1 : BlockTokens(req, i, trace_.block_tokens);
+  uint64_t Cost(int tier, const SimBlock& b) const {
+    return tiers_[tier].capacity->unit == Capacity::Unit::kBlocks ? 1 : b.tokens;
   }
+  uint64_t Bytes(const SimBlock& b) const { return b.tokens * options_.bytes_per_token; }
 
   void Serve(const TraceRequest& req, const std::vector<uint32_t>& ids, uint64_t request, bool measured) {
     const uint64_t now = req.arrival_us;
     result_.lookups += ids.size();
     size_t hit = 0;
-    uint64_t hit_tokens = 0;
-    while (hit < ids.size() && blocks_[ids[hit]].resident) {
-      hit_tokens += BlockTokens(req, hit, trace_.block_tokens);
+    while (hit < ids.size() && blocks_[ids[hit]].anywhere()) {
+      const SimBlock& b = blocks_[ids[hit]];
+      const int from = b.in[kHostTier] ? kHostTier : b.in[kNvmeTier] ? kNvmeTier : kRemoteTier;
+      if (measured) {
+        TierResult& t = result_.tiers[from];
+        ++t.hits;
+        t.hit_tokens += b.tokens;
+        t.bytes_read += Bytes(b);
+        result_.hit_tokens += b.tokens;
+      }
       ++hit;
     }
     if (measured) {
@@ -116,84 +168,136 @@ class Simulator {
       result_.blocks += ids.size();
       result_.tokens += req.input_tokens;
       result_.hit_blocks += hit;
-      result_.hit_tokens += hit_tokens;
     }
-    // Resident blocks are used and pinned. Room is made for the new ones
-    // root first, so a request larger than the tier keeps its prefix (a
-    // tail without it could never hit); the first that does not fit ends
-    // it. They go in leaf first, pinned, and unpinning leaf first leaves
-    // the root the most recent.
+    for (uint32_t id : ids) {
+      if (blocks_[id].anywhere()) ++blocks_[id].uses;
+    }
+    // In the host tier: its resident blocks are used and pinned; room is
+    // made root first for the others (new, or promoted from a slower
+    // tier), so a request larger than the tier keeps its prefix; they go
+    // in leaf first, pinned; unpinning leaf first leaves the root the most
+    // recent.
+    EvictionPolicy& host = *tiers_[kHostTier].policy;
     for (size_t i = ids.size(); i-- > 0;) {
       SimBlock& b = blocks_[ids[i]];
-      if (!b.resident || b.pinned_by == request) continue;
-      policy_->OnAccess(ids[i], now);
-      policy_->OnPin(ids[i]);
+      if (!b.in[kHostTier] || b.pinned_by == request) continue;
+      host.OnAccess(ids[i], now);
+      host.OnPin(ids[i]);
       b.pinned_by = request;
     }
-    size_t kept = 0;  // new blocks [0, kept) of the chain fit
+    size_t kept = 0;
     for (; kept < ids.size(); ++kept) {
       SimBlock& b = blocks_[ids[kept]];
-      if (b.resident || b.pinned_by == request) continue;
-      const uint64_t cost = Cost(req, kept);
-      if (!MakeRoom(cost)) break;
-      b.held = cost;
+      if (b.in[kHostTier] || b.pinned_by == request) continue;
+      const uint64_t cost = Cost(kHostTier, b);
+      if (!MakeRoom(kHostTier, cost, now)) break;
+      b.held[kHostTier] = cost;
       b.pinned_by = request;  // reserved: not resident yet
-      used_ += cost;
+      tiers_[kHostTier].used += cost;
     }
     for (size_t i = kept; i < ids.size(); ++i) {
-      if (!blocks_[ids[i]].resident && blocks_[ids[i]].pinned_by != request) ++result_.not_kept;
+      const SimBlock& b = blocks_[ids[i]];
+      if (!b.in[kHostTier] && b.pinned_by != request) ++result_.not_kept;
     }
     for (size_t i = kept; i-- > 0;) {
       SimBlock& b = blocks_[ids[i]];
-      if (b.resident) continue;
-      policy_->OnInsertKeyed(ids[i], b.key, now);
-      policy_->OnPin(ids[i]);
-      b.resident = true;
+      if (b.in[kHostTier]) continue;
+      host.OnInsertKeyed(ids[i], b.key, now);
+      host.OnPin(ids[i]);
+      b.in[kHostTier] = true;
+      result_.tiers[kHostTier].bytes_written += Bytes(b);
     }
     for (size_t i = ids.size(); i-- > 0;) {
       SimBlock& b = blocks_[ids[i]];
       if (b.pinned_by != request) continue;
-      policy_->OnUnpin(ids[i], now);
+      host.OnUnpin(ids[i], now);
       b.pinned_by = 0;
     }
   }
 
-  // Evicts until `cost` more fits; false if it cannot (too large, or the
-  // rest is pinned by the request itself).
-  bool MakeRoom(uint64_t cost) {
-    if (options_.host.infinite) return true;
-    if (cost > options_.host.amount) return false;
-    while (used_ + cost > options_.host.amount) {
-      auto victim = policy_->Victim();
+  // Evicts from `tier` until `cost` more fits, offering each victim to the
+  // next tier; false if it cannot (too large, or the rest is pinned).
+  bool MakeRoom(int tier, uint64_t cost, uint64_t now) {
+    SimTierState& t = tiers_[tier];
+    if (t.capacity->infinite) return true;
+    if (cost > t.capacity->amount) return false;
+    while (t.used + cost > t.capacity->amount) {
+      auto victim = t.policy->Victim();
       if (!victim) return false;
-      SimBlock& v = blocks_[victim->handle];
-      policy_->OnRemove(victim->handle);
-      v.resident = false;
-      used_ -= v.held;
-      v.held = 0;
-      ++result_.evictions;
+      const auto id = static_cast<uint32_t>(victim->handle);
+      SimBlock& v = blocks_[id];
+      t.policy->OnRemove(id);
+      v.in[tier] = false;
+      t.used -= v.held[tier];
+      v.held[tier] = 0;
+      ++result_.tiers[tier].evictions;
+      Demote(tier, id, now);
     }
     return true;
   }
 
+  // A victim of `from` goes to the next tier present, if it admits it.
+  void Demote(int from, uint32_t id, uint64_t now) {
+    int to = from + 1;
+    while (to < kSimTiers && tiers_[to].capacity == nullptr) ++to;
+    if (to >= kSimTiers) return;
+    SimBlock& b = blocks_[id];
+    if (b.in[to]) return;  // the slower copy is still there: no write
+    if (to == kNvmeTier) {
+      AdmissionCandidate c;
+      c.bytes = Bytes(b);
+      c.cls = b.uses >= 2 ? AdmissionClass::kShared : b.uses == 1 ? AdmissionClass::kReused : AdmissionClass::kFirstSighting;
+      c.parent_cached = b.parent == kNoParent || blocks_[b.parent].anywhere();
+      admission_->OnDeviceWritten(result_.tiers[kNvmeTier].bytes_written, now);
+      if (admission_->Decide(c, now) != AdmissionOutcome::kAdmitted) {
+        ++result_.admission_refused;
+        return;
+      }
+    }
+    const uint64_t cost = Cost(to, b);
+    if (!MakeRoom(to, cost, now)) return;
+    tiers_[to].policy->OnInsertKeyed(id, b.key, now);
+    b.in[to] = true;
+    b.held[to] = cost;
+    tiers_[to].used += cost;
+    result_.tiers[to].bytes_written += Bytes(b);
+  }
+
   const Trace& trace_;
   const ReplayOptions& options_;
-  std::unique_ptr<EvictionPolicy> policy_;
+  std::unique_ptr<AdmissionPolicy> admission_;
+  std::array<SimTierState, kSimTiers> tiers_;
   std::unordered_map<BlockKey, uint32_t> index_;
   std::vector<SimBlock> blocks_;
-  uint64_t used_ = 0;
   ReplayResult result_;
 };
 
 }  // namespace
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
-  auto policy = MakeEvictionPolicy(options.policy);
-  if (policy == nullptr) return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, queue_aware)");
+  if (MakeEvictionPolicy(options.policy) == nullptr) {
+    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, queue_aware)");
+  }
   if (!(options.warmup >= 0 && options.warmup < 1)) {
     return InvalidArgument("warm-up fraction must be in [0, 1), got " + std::to_string(options.warmup));
   }
-  Simulator sim(trace, options, std::move(policy));
+  if ((options.nvme || options.remote || options.admission == "dwpd") && options.bytes_per_token == 0) {
+    return InvalidArgument("an nvme or remote tier, and dwpd admission, need bytes per token (--bytes-per-token)");
+  }
+  std::unique_ptr<AdmissionPolicy> admission;
+  if (options.admission == "all") {
+    admission = MakeAdmitAllPolicy();
+  } else if (options.admission == "second_hit") {
+    admission = MakeSecondHitPolicy();
+  } else if (options.admission == "dwpd") {
+    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
+    auto made = MakeDwpdPolicy(options.dwpd, t0);
+    if (!made.ok()) return made.status();
+    admission = std::move(made).value();
+  } else {
+    return InvalidArgument("unknown admission '" + options.admission + "' (all, second_hit, dwpd)");
+  }
+  Simulator sim(trace, options, std::move(admission));
   return sim.Run();
 }
 

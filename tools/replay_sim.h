@@ -15,16 +15,19 @@
 // - output tokens create no blocks;
 // - metrics skip the first `warmup` fraction of requests.
 //
-// This increment models one tier (host). Not thread-safe; runs are
-// independent objects, so a sweep runs them on separate threads.
+// Not thread-safe; runs are independent objects, so a sweep runs them on
+// separate threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtier/result.h"
+#include "policy/dwpd_budget.h"
 #include "tools/replay_trace.h"
 
 namespace kvtier::tools {
@@ -42,30 +45,56 @@ struct Capacity {
 Result<Capacity> ParseCapacity(const std::string& text, uint64_t bytes_per_token);
 std::string CapacityText(const Capacity& c);
 
+// The tiers, fastest first. Each tier runs its own instance of the
+// eviction policy; a block leaving the host tier is offered to the NVMe
+// tier through the admission policy (the daemon's placement), one leaving
+// the NVMe tier (or the host tier when there is none) to the remote tier,
+// which admits everything; a hit in a slower tier is promoted (copied) into
+// the host tier, the slower copy kept.
+enum SimTier : uint8_t { kHostTier = 0, kNvmeTier = 1, kRemoteTier = 2, kSimTiers = 3 };
+std::string_view SimTierName(int tier);
+
 struct ReplayOptions {
   Capacity host;
-  std::string policy = "lru";  // lru | fifo | queue_aware
-  double warmup = 0;           // [0, 1): the fraction of requests not measured
+  std::optional<Capacity> nvme;    // none: no NVMe tier
+  std::optional<Capacity> remote;  // none: no remote tier
+  std::string policy = "lru";      // lru | fifo | queue_aware
+  std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
+  DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
+  uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
+  double warmup = 0;               // [0, 1): the fraction of requests not measured
+};
+
+struct TierResult {
+  uint64_t hits = 0;           // measured prompt blocks served from this tier
+  uint64_t hit_tokens = 0;
+  uint64_t bytes_read = 0;     // measured hit bytes it served
+  uint64_t bytes_written = 0;  // bytes written into it, warm-up included
+  uint64_t evictions = 0;
 };
 
 struct ReplayResult {
-  std::string policy;
-  Capacity host;
+  ReplayOptions options;
   uint64_t requests = 0;  // measured (after warm-up)
   uint64_t blocks = 0;    // measured prompt blocks
   uint64_t tokens = 0;    // measured prompt tokens
   uint64_t hit_blocks = 0;
   uint64_t hit_tokens = 0;
-  uint64_t evictions = 0;
-  uint64_t not_kept = 0;  // blocks past the prefix that fits a request larger than the tier
-  uint64_t lookups = 0;   // block lookups, warm-up included (the speed figure's unit)
+  std::array<TierResult, kSimTiers> tiers{};
+  uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
+  uint64_t admission_refused = 0;  // host victims the NVMe admission refused (dropped)
+  uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day); 0 otherwise
+  uint64_t span_us = 0;            // first to last arrival
+  uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
   double wall_seconds = 0;
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
+  double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
 };
 
-// Runs `trace` once. InvalidArgument for an unknown policy or a warm-up
-// outside [0, 1).
+// Runs `trace` once. InvalidArgument for an unknown policy or admission,
+// bad DWPD options, a warm-up outside [0, 1), or an NVMe or remote tier
+// (or dwpd) without bytes per token.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
 }  // namespace kvtier::tools

@@ -61,6 +61,28 @@ TEST_F(ReplayCliTest, WritesJsonRunsForEachPolicyAndCapacity) {
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
 }
 
+TEST_F(ReplayCliTest, AnNvmeTierUnderDwpdReportsItsWritesAndBudget) {
+  const std::string trace = Write("t.jsonl", SmallTrace());
+  const std::string out = dir_ + "/nvme.json";
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                "host=4blk,nvme=1KiB", "--bytes-per-token", "2", "--admission", "dwpd", "--drive-bytes",
+                                "1GB", "--json", out});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string json = Read(out);
+  for (const char* field : {"\"nvme\": \"512tok\"", "\"nvme\": {\"hits\"", "\"ssd_bytes_written\"",
+                            "\"ssd_budget_bytes\": 1000000000", "\"admission\": \"dwpd\""}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  }
+  // dwpd without an nvme tier, or an nvme tier without bytes per token: bad input.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--capacity", "host=4blk", "--admission", "dwpd", "--bytes-per-token", "2"},
+        {"--capacity", "host=4blk,nvme=8blk"}}) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_EQ(RunCommand(argv).exit_code, 2) << args[1];
+  }
+}
+
 TEST_F(ReplayCliTest, SweepNumbersDoNotDependOnTheThreadCount) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   std::string outputs[2];

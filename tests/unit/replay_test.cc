@@ -36,7 +36,11 @@ class ReplayTest : public ::testing::Test {
     EXPECT_TRUE(trace.ok()) << trace.status().ToString();
     auto cap = ParseCapacity(capacity, 0);
     EXPECT_TRUE(cap.ok()) << cap.status().ToString();
-    auto r = Replay(*trace, ReplayOptions{*cap, policy, warmup});
+    ReplayOptions o;
+    o.host = *cap;
+    o.policy = policy;
+    o.warmup = warmup;
+    auto r = Replay(*trace, o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return *r;
   }
@@ -67,7 +71,7 @@ TEST_F(ReplayTest, AChainLosesItsTailFirst) {
   auto r = Run({Line(0, 12, "1, 2, 3"), Line(1, 4, "4"), Line(2, 12, "1, 2, 3")}, "3blk");
   EXPECT_EQ(r.hit_blocks, 2u);
   EXPECT_EQ(r.blocks, 7u);
-  EXPECT_EQ(r.evictions, 2u) << "3 for 4, then 4 for 3";
+  EXPECT_EQ(r.tiers[kHostTier].evictions, 2u) << "3 for 4, then 4 for 3";
 }
 
 TEST_F(ReplayTest, CapacityInTokensCountsEachBlocksTokens) {
@@ -97,7 +101,86 @@ TEST_F(ReplayTest, ARequestLargerThanTheTierKeepsItsPrefixAndTiesKeepFileOrder) 
   auto r = Run({Line(5, 12, "1, 2, 3"), Line(5, 8, "1, 2"), Line(5, 4, "5"), Line(5, 4, "5")}, "2blk");
   EXPECT_EQ(r.not_kept, 1u);
   EXPECT_EQ(r.hit_blocks, 3u);
-  EXPECT_EQ(r.evictions, 1u);
+  EXPECT_EQ(r.tiers[kHostTier].evictions, 1u);
+}
+
+// Host 1 block over NVMe 2 blocks, 4-token blocks, 1 byte per token.
+ReplayOptions TwoTiers(const std::string& admission) {
+  ReplayOptions o;
+  o.host = Capacity{Capacity::Unit::kBlocks, 1, false};
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 2, false};
+  o.admission = admission;
+  o.bytes_per_token = 1;
+  return o;
+}
+
+TEST_F(ReplayTest, HostVictimsAreDemotedAndNvmeHitsPromotedKeepingTheNvmeCopy) {
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "1"), Line(3, 4, "2")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  auto r = Replay(*trace, TwoTiers("all"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // [2] demotes 1; [1] is an NVMe hit, promoted, demoting 2; [2] likewise.
+  EXPECT_EQ(r->tiers[kNvmeTier].hits, 2u);
+  EXPECT_EQ(r->tiers[kHostTier].hits, 0u);
+  EXPECT_DOUBLE_EQ(r->hit_share(kNvmeTier), 1.0);
+  EXPECT_EQ(r->tiers[kNvmeTier].bytes_read, 8u);
+  // 1 and 2 are written once each: the last demotion of 1 finds its copy.
+  EXPECT_EQ(r->tiers[kNvmeTier].bytes_written, 8u);
+  EXPECT_EQ(r->tiers[kHostTier].bytes_written, 16u) << "2 new + 2 promoted";
+}
+
+TEST_F(ReplayTest, SecondHitAdmitsOnlyBlocksFoundAgain) {
+  // [1] twice (found again: reused), then [2] evicts it: admitted; [3]
+  // evicts 2, never found again: refused; [1] is an NVMe hit whose
+  // promotion evicts 3: refused; [2] misses, and evicting 1 asks nothing
+  // (its NVMe copy is there).
+  auto trace = ReadMooncakeTrace(
+      Write({Line(0, 4, "1"), Line(1, 4, "1"), Line(2, 4, "2"), Line(3, 4, "3"), Line(4, 4, "1"), Line(5, 4, "2")}), 4,
+      0);
+  ASSERT_TRUE(trace.ok());
+  auto r = Replay(*trace, TwoTiers("second_hit"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tiers[kHostTier].hits, 1u);
+  EXPECT_EQ(r->tiers[kNvmeTier].hits, 1u) << "1, not 2";
+  EXPECT_EQ(r->admission_refused, 2u);
+  auto all = Replay(*trace, TwoTiers("all"));
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->tiers[kNvmeTier].hits, 2u);
+}
+
+TEST_F(ReplayTest, DwpdKeepsSsdWritesWithinTheBudget) {
+  // 2000 requests of 4 fresh 512-token blocks each, one a minute for ~33
+  // hours, every block found again once (so second_hit's rules admit it):
+  // far more than a 20 MB/day drive budget.
+  std::vector<std::string> lines;
+  for (uint64_t r = 0; r < 2000; ++r) {
+    std::string ids;
+    for (uint64_t b = 0; b < 4; ++b) ids += (b ? ", " : "") + std::to_string(r * 4 + b);
+    lines.push_back(Line(r * 60'000, 2048, ids));
+    lines.push_back(Line(r * 60'000 + 1, 2048, ids));
+  }
+  auto trace = ReadMooncakeTrace(Write(lines), 512, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o;
+  o.host = Capacity{Capacity::Unit::kBlocks, 8, false};
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 100'000, false};
+  o.bytes_per_token = 1000;  // 512 KB a block
+  o.admission = "dwpd";
+  o.dwpd.drive_capacity_bytes = 20'000'000;  // R = 20 MB a day
+  o.dwpd.bucket_bytes = 2'000'000;
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double days = double(r->span_us) / 86'400e6;
+  EXPECT_GT(days, 1.3);
+  EXPECT_EQ(r->ssd_budget_bytes, static_cast<uint64_t>(20e6 * days));
+  EXPECT_GT(r->tiers[kNvmeTier].bytes_written, 0u);
+  EXPECT_LE(r->tiers[kNvmeTier].bytes_written, r->ssd_budget_bytes + o.dwpd.bucket_bytes);
+  EXPECT_GT(r->admission_refused, 0u);
+  // The same load under "all" writes every evicted block.
+  o.admission = "all";
+  auto all = Replay(*trace, o);
+  ASSERT_TRUE(all.ok());
+  EXPECT_GT(all->tiers[kNvmeTier].bytes_written, 10 * r->tiers[kNvmeTier].bytes_written);
 }
 
 TEST_F(ReplayTest, WarmUpRequestsRunButAreNotMeasured) {
@@ -158,10 +241,22 @@ TEST(ReplayCapacityTest, UnitsAndErrors) {
   EXPECT_FALSE(ParseCapacity("-5tok", 0).ok());
 }
 
-TEST(ReplayOptionsTest, UnknownPolicyAndBadWarmUpAreRefused) {
+TEST(ReplayOptionsTest, BadOptionsAreRefused) {
   Trace t;
-  EXPECT_FALSE(Replay(t, ReplayOptions{Capacity{}, "arc", 0}).ok());
-  EXPECT_FALSE(Replay(t, ReplayOptions{Capacity{}, "lru", 1.0}).ok());
+  ReplayOptions arc;
+  arc.policy = "arc";
+  EXPECT_FALSE(Replay(t, arc).ok());
+  ReplayOptions warm;
+  warm.warmup = 1.0;
+  EXPECT_FALSE(Replay(t, warm).ok());
+  ReplayOptions nvme_without_bytes;
+  nvme_without_bytes.nvme = Capacity{};
+  EXPECT_FALSE(Replay(t, nvme_without_bytes).ok());
+  ReplayOptions bad_dwpd;
+  bad_dwpd.bytes_per_token = 1;
+  bad_dwpd.nvme = Capacity{};
+  bad_dwpd.admission = "dwpd";  // no drive capacity
+  EXPECT_FALSE(Replay(t, bad_dwpd).ok());
 }
 
 }  // namespace
