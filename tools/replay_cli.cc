@@ -72,7 +72,14 @@ std::string RunJson(const ReplayResult& r) {
   }
   j << "}, \"ssd_bytes_written\": " << r.tiers[kNvmeTier].bytes_written << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
     << ", \"admission_refused\": " << r.admission_refused << ", \"not_kept\": " << r.not_kept
-    << ", \"ttft_ms\": null, \"wall_seconds\": " << Number(r.wall_seconds) << "}";
+    << ", \"ttft_ms\": ";
+  if (r.ttft_ms.empty()) {
+    j << "null";
+  } else {
+    j << "{\"p50\": " << Number(*r.ttft_percentile(50)) << ", \"p90\": " << Number(*r.ttft_percentile(90))
+      << ", \"p99\": " << Number(*r.ttft_percentile(99)) << "}";
+  }
+  j << ", \"wall_seconds\": " << Number(r.wall_seconds) << "}";
   return j.str();
 }
 
@@ -105,6 +112,10 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--warmup", o.warmup, "Fraction of requests run but not measured")
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
+  app.add_option("--engines", o.engines, "Engine instances for TTFT (0: no engine model)")->capture_default_str();
+  app.add_option("--prefill-tps", o.prefill_tps, "Prefill tokens/s per engine")->capture_default_str();
+  app.add_option("--read-bandwidth", o.read_bandwidth,
+                 "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults)");
   app.add_option("--sweep", o.sweep, "Host capacities CAP,CAP,...: one run per value (and policy), in threads");
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
   app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
@@ -141,6 +152,20 @@ int RunReplay(const ReplayCliOptions& o) {
       if (!cap.ok()) return Fail("--sweep: " + cap.status().message());
       hosts.push_back(*cap);
     }
+  }
+  base.engines = o.engines;
+  base.prefill_tps = o.prefill_tps;
+  if (o.engines > 0 && !(o.prefill_tps > 0)) return Fail("--engines needs --prefill-tps above 0");
+  if (o.engines == 0 && o.prefill_tps > 0) return Fail("--prefill-tps needs --engines N");
+  for (const std::string& part : o.read_bandwidth.empty() ? std::vector<std::string>{} : Split(o.read_bandwidth, ',')) {
+    const size_t eq = part.find('=');
+    const std::string tier = eq == std::string::npos ? "" : part.substr(0, eq);
+    const int index = tier == "host" ? kHostTier : tier == "nvme" ? kNvmeTier : tier == "remote" ? kRemoteTier : -1;
+    auto bw = index < 0 ? Result<Capacity>(InvalidArgument("expected TIER=BYTES")) : ParseCapacity(part.substr(eq + 1), 1);
+    if (!bw.ok() || bw->infinite || bw->unit != Capacity::Unit::kTokens || bw->amount == 0) {
+      return Fail("--read-bandwidth '" + part + "': expected host|nvme|remote=BYTES per second, e.g. nvme=5GB");
+    }
+    base.read_bytes_per_s[index] = double(bw->amount);
   }
   base.admission = o.admission;
   base.bytes_per_token = o.bytes_per_token;
@@ -258,7 +283,7 @@ int RunReplay(const ReplayCliOptions& o) {
   if (!o.csv_path.empty()) {
     std::ofstream out(o.csv_path);
     out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,host_hits,nvme_hits,"
-           "remote_hits,ssd_bytes_written,ssd_budget_bytes,wall_seconds\n";
+           "remote_hits,ssd_bytes_written,ssd_budget_bytes,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds\n";
     for (const Run& r : runs) {
       const ReplayResult& x = r.result;
       const ReplayOptions& p = x.options;
@@ -266,7 +291,12 @@ int RunReplay(const ReplayCliOptions& o) {
           << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
           << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
           << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
-          << x.tiers[kNvmeTier].bytes_written << "," << x.ssd_budget_bytes << "," << Number(x.wall_seconds) << "\n";
+          << x.tiers[kNvmeTier].bytes_written << "," << x.ssd_budget_bytes << ",";
+      for (double p : {50.0, 90.0, 99.0}) {
+        auto v = x.ttft_percentile(p);
+        out << (v ? Number(*v) : "") << ",";
+      }
+      out << Number(x.wall_seconds) << "\n";
     }
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.csv_path.c_str());

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <queue>
 #include <unordered_map>
 
 #include "policy/admission_policy.h"
@@ -62,6 +63,14 @@ std::string CapacityText(const Capacity& c) {
   return std::to_string(c.amount) + (c.unit == Capacity::Unit::kTokens ? "tok" : "blk");
 }
 
+std::optional<double> ReplayResult::ttft_percentile(double p) const {
+  if (ttft_ms.empty()) return std::nullopt;
+  std::vector<double> sorted = ttft_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * double(sorted.size())));
+  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
 std::string_view SimTierName(int tier) {
   switch (tier) {
     case kHostTier:
@@ -112,6 +121,12 @@ class Simulator {
     const size_t n = trace_.requests.size();
     const auto warm = static_cast<size_t>(std::floor(options_.warmup * double(n)));
     std::vector<uint32_t> ids;
+    // Engine model: when each engine is free next (all at time 0).
+    std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> free_at;
+    for (uint32_t e = 0; e < options_.engines; ++e) free_at.push(0);
+    size_t next_queued = 0;  // requests [.., next_queued) have been hinted (or started)
+    std::priority_queue<Pending, std::vector<Pending>, std::greater<>> pending;  // prefills running
+    double mean_service_us = 0;
     for (size_t r = 0; r < n; ++r) {
       const TraceRequest& req = trace_.requests[r];
       ids.clear();
@@ -121,8 +136,34 @@ class Simulator {
         blocks_[id].parent = i > 0 ? ids.back() : kNoParent;
         ids.push_back(id);
       }
-      Serve(req, ids, r + 1, r >= warm);
+      uint64_t start = req.arrival_us;
+      if (options_.engines > 0) {
+        start = std::max(start, free_at.top());
+        // Requests that arrived while this one waited are queued now;
+        // each is expected after the ones before it, a mean service per
+        // engine apart.
+        next_queued = std::max(next_queued, r + 1);
+        for (; next_queued < n && trace_.requests[next_queued].arrival_us <= start; ++next_queued) {
+          const double ahead = double(next_queued - r) * mean_service_us / options_.engines;
+          Hint(next_queued, start + static_cast<uint64_t>(ahead));
+        }
+        Unhint(r);
+      }
+      // Prefills that ended by this start have made their blocks resident.
+      while (!pending.empty() && pending.top().done_us <= start) CommitNext(pending);
+      const double service_us = Lookup(req, ids, r >= warm);
+      if (options_.engines == 0) {
+        Commit(ids, r + 1, start);
+        continue;
+      }
+      const uint64_t done = start + static_cast<uint64_t>(std::ceil(service_us));
+      free_at.pop();
+      free_at.push(done);
+      pending.push(Pending{done, r, ids});
+      mean_service_us += (service_us - mean_service_us) / double(r + 1);
+      if (r >= warm) result_.ttft_ms.push_back((double(start - req.arrival_us) + service_us) / 1000.0);
     }
+    while (!pending.empty()) CommitNext(pending);
     result_.options = options_;
     if (n > 0) result_.span_us = trace_.requests.back().arrival_us - trace_.requests.front().arrival_us;
     if (options_.admission == "dwpd") {
@@ -142,18 +183,55 @@ class Simulator {
     return it->second;
   }
 
+  // A running prefill: its blocks become resident when it ends.
+  struct Pending {
+    uint64_t done_us;
+    size_t request;
+    std::vector<uint32_t> ids;
+    bool operator>(const Pending& o) const {
+      return done_us != o.done_us ? done_us > o.done_us : request > o.request;
+    }
+  };
+  void CommitNext(std::priority_queue<Pending, std::vector<Pending>, std::greater<>>& pending) {
+    const Pending& p = pending.top();
+    Commit(p.ids, p.request + 1, p.done_us);
+    pending.pop();
+  }
+
+  // Queue hints for request `r` (its blocks, depth = position), to every
+  // tier's policy (only queue_aware acts on them).
+  void Hint(size_t r, uint64_t expected_start_us) {
+    const TraceRequest& req = trace_.requests[r];
+    std::vector<QueuedBlock> chain(req.blocks.size());
+    for (size_t i = 0; i < chain.size(); ++i) chain[i] = QueuedBlock{req.blocks[i], static_cast<uint32_t>(i)};
+    for (SimTierState& t : tiers_) {
+      if (t.policy) t.policy->OnEnqueue(r, chain, expected_start_us, 0);
+    }
+  }
+  void Unhint(size_t r) {
+    for (SimTierState& t : tiers_) {
+      if (t.policy) t.policy->OnDequeue(r);
+    }
+  }
+
   uint64_t Cost(int tier, const SimBlock& b) const {
     return tiers_[tier].capacity->unit == Capacity::Unit::kBlocks ? 1 : b.tokens;
   }
   uint64_t Bytes(const SimBlock& b) const { return b.tokens * options_.bytes_per_token; }
 
-  void Serve(const TraceRequest& req, const std::vector<uint32_t>& ids, uint64_t request, bool measured) {
-    const uint64_t now = req.arrival_us;
+  // The start of `req`: finds its hit and counts it; returns its engine
+  // time in us (KV load of the hit plus prefill of the rest; 0 without the
+  // engine model).
+  double Lookup(const TraceRequest& req, const std::vector<uint32_t>& ids, bool measured) {
     result_.lookups += ids.size();
     size_t hit = 0;
+    uint64_t hit_tokens = 0;
+    double load_us = 0;
     while (hit < ids.size() && blocks_[ids[hit]].anywhere()) {
       const SimBlock& b = blocks_[ids[hit]];
       const int from = b.in[kHostTier] ? kHostTier : b.in[kNvmeTier] ? kNvmeTier : kRemoteTier;
+      hit_tokens += b.tokens;
+      load_us += double(Bytes(b)) / options_.read_bytes_per_s[from] * 1e6;
       if (measured) {
         TierResult& t = result_.tiers[from];
         ++t.hits;
@@ -172,6 +250,14 @@ class Simulator {
     for (uint32_t id : ids) {
       if (blocks_[id].anywhere()) ++blocks_[id].uses;
     }
+    if (options_.engines == 0) return 0;
+    const uint64_t missed = req.input_tokens > hit_tokens ? req.input_tokens - hit_tokens : 0;
+    return load_us + double(missed) / options_.prefill_tps * 1e6;
+  }
+
+  // The end of request `request`'s prefill at `now`: all its blocks are
+  // resident in the host tier.
+  void Commit(const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
     // In the host tier: its resident blocks are used and pinned; room is
     // made root first for the others (new, or promoted from a slower
     // tier), so a request larger than the tier keeps its prefix; they go
@@ -283,6 +369,12 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   }
   if ((options.nvme || options.remote || options.admission == "dwpd") && options.bytes_per_token == 0) {
     return InvalidArgument("an nvme or remote tier, and dwpd admission, need bytes per token (--bytes-per-token)");
+  }
+  if (options.engines > 0 && !(options.prefill_tps > 0)) {
+    return InvalidArgument("the engine model needs a prefill rate above 0 (--prefill-tps)");
+  }
+  for (double bw : options.read_bytes_per_s) {
+    if (!(bw > 0)) return InvalidArgument("read bandwidths must be above 0");
   }
   std::unique_ptr<AdmissionPolicy> admission;
   if (options.admission == "all") {

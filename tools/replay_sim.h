@@ -63,6 +63,19 @@ struct ReplayOptions {
   DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
   uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
   double warmup = 0;               // [0, 1): the fraction of requests not measured
+  // The engine model, on when engines > 0: that many engine instances,
+  // each prefilling prefill_tps tokens/s. A request waits (in arrival
+  // order) for a free engine, then holds it for its KV load (hit bytes at
+  // each tier's read bandwidth; 0 without bytes per token) plus the
+  // prefill of its missed tokens; decode is not modelled. TTFT = wait +
+  // load + prefill. The hit is found at the start; the request's blocks
+  // become resident when its prefill ends (requests starting meanwhile do
+  // not see them). The requests waiting at a start are the queue the
+  // policies see (Enqueue hints, each expected a mean service per engine
+  // after the one before it).
+  uint32_t engines = 0;
+  double prefill_tps = 0;
+  std::array<double, kSimTiers> read_bytes_per_s = {20e9, 5e9, 1e9};
 };
 
 struct TierResult {
@@ -86,15 +99,19 @@ struct ReplayResult {
   uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day); 0 otherwise
   uint64_t span_us = 0;            // first to last arrival
   uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
+  std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), file order
   double wall_seconds = 0;
+  // The p-th percentile (nearest rank) of ttft_ms; nullopt when empty.
+  std::optional<double> ttft_percentile(double p) const;
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
   double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
 };
 
 // Runs `trace` once. InvalidArgument for an unknown policy or admission,
-// bad DWPD options, a warm-up outside [0, 1), or an NVMe or remote tier
-// (or dwpd) without bytes per token.
+// bad DWPD options, a warm-up outside [0, 1), an NVMe or remote tier (or
+// dwpd) without bytes per token, engines without a positive prefill rate
+// or a read bandwidth not above 0.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
 }  // namespace kvtier::tools

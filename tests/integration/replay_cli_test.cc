@@ -83,6 +83,26 @@ TEST_F(ReplayCliTest, AnNvmeTierUnderDwpdReportsItsWritesAndBudget) {
   }
 }
 
+TEST_F(ReplayCliTest, TheEngineModelReportsTtftPercentiles) {
+  const std::string trace = Write("t.jsonl", SmallTrace());
+  const std::string out = dir_ + "/ttft.json";
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                "host=inf", "--engines", "1", "--prefill-tps", "4000", "--json", out});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string json = Read(out);
+  // One request a millisecond, 12 tokens each: 3 ms of prefill when all
+  // miss, so the queue grows at first.
+  EXPECT_NE(json.find("\"ttft_ms\": {\"p50\": "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"p99\": "), std::string::npos) << json;
+  EXPECT_EQ(RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf", "--engines", "2"}).exit_code,
+            2)
+      << "engines need a prefill rate";
+  EXPECT_EQ(RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf", "--read-bandwidth",
+                        "nvme=fast"})
+                .exit_code,
+            2);
+}
+
 TEST_F(ReplayCliTest, SweepNumbersDoNotDependOnTheThreadCount) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   std::string outputs[2];

@@ -183,6 +183,58 @@ TEST_F(ReplayTest, DwpdKeepsSsdWritesWithinTheBudget) {
   EXPECT_GT(all->tiers[kNvmeTier].bytes_written, 10 * r->tiers[kNvmeTier].bytes_written);
 }
 
+TEST_F(ReplayTest, TheEngineModelTurnsWaitsHitsAndMissesIntoTtft) {
+  // One engine prefilling 1000 tokens/s. [1..250] (1000 tokens) at 0: 1 s.
+  // The same chain at 0 waits 1 s, then hits everything: no prefill. 500
+  // new tokens at 5 s: 0.5 s.
+  std::string chain;
+  for (int b = 1; b <= 250; ++b) chain += (b > 1 ? ", " : "") + std::to_string(b);
+  std::string other;
+  for (int b = 1001; b <= 1125; ++b) other += (b > 1001 ? ", " : "") + std::to_string(b);
+  auto trace = ReadMooncakeTrace(Write({Line(0, 1000, chain), Line(0, 1000, chain), Line(5000, 500, other)}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o;
+  o.host.infinite = true;
+  o.engines = 1;
+  o.prefill_tps = 1000;
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->ttft_ms, (std::vector<double>{1000, 1000, 500}));
+  EXPECT_EQ(*r->ttft_percentile(50), 1000);
+  EXPECT_EQ(*r->ttft_percentile(99), 1000);
+  EXPECT_EQ(*r->ttft_percentile(1), 500);
+  // The hit's KV load: 1000 tokens x 1000 bytes at 1 GB/s is 1 ms more.
+  o.bytes_per_token = 1000;
+  o.read_bytes_per_s[kHostTier] = 1e9;
+  auto loaded = Replay(*trace, o);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->ttft_ms[1], 1001);
+  // Two engines: no wait.
+  o.engines = 2;
+  auto two = Replay(*trace, o);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->ttft_ms[1], 1000) << "starts at once, misses all (the first is still running: nothing cached)";
+}
+
+TEST_F(ReplayTest, QueueAwareKeepsWhatAWaitingRequestNeeds) {
+  // One engine, 4 s a request; all four arrive at 0, so 2, 3 and [1] wait
+  // while [1] runs. The tier holds 2 blocks: serving 3 evicts 1 under LRU,
+  // but queue_aware sees the waiting [1] and evicts 2.
+  const std::vector<std::string> lines = {Line(0, 4, "1"), Line(0, 4, "2"), Line(0, 4, "3"), Line(0, 4, "1")};
+  auto trace = ReadMooncakeTrace(Write(lines), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o;
+  o.host = Capacity{Capacity::Unit::kBlocks, 2, false};
+  o.engines = 1;
+  o.prefill_tps = 1;
+  o.policy = "lru";
+  EXPECT_EQ(Replay(*trace, o)->hit_blocks, 0u);
+  o.policy = "queue_aware";
+  EXPECT_EQ(Replay(*trace, o)->hit_blocks, 1u);
+  o.engines = 0;  // no engine model: no queue, no hints
+  EXPECT_EQ(Replay(*trace, o)->hit_blocks, 0u);
+}
+
 TEST_F(ReplayTest, WarmUpRequestsRunButAreNotMeasured) {
   auto r = Run({Line(0, 8, "1, 2"), Line(1, 8, "1, 2"), Line(2, 8, "1, 3"), Line(3, 8, "4, 5")}, "inf", "lru", 0.5);
   EXPECT_EQ(r.requests, 2u);
@@ -252,6 +304,9 @@ TEST(ReplayOptionsTest, BadOptionsAreRefused) {
   ReplayOptions nvme_without_bytes;
   nvme_without_bytes.nvme = Capacity{};
   EXPECT_FALSE(Replay(t, nvme_without_bytes).ok());
+  ReplayOptions engines_without_rate;
+  engines_without_rate.engines = 2;
+  EXPECT_FALSE(Replay(t, engines_without_rate).ok());
   ReplayOptions bad_dwpd;
   bad_dwpd.bytes_per_token = 1;
   bad_dwpd.nvme = Capacity{};
