@@ -6,6 +6,7 @@
 #include <memory>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
@@ -95,6 +96,7 @@ struct SimBlock {
   uint64_t pinned_by = 0;               // the request (1-based) pinning it in the host tier, 0: none
   uint64_t uses = 0;                    // requests that found it resident
   uint32_t parent = kNoParent;          // the block before it in the latest chain
+  uint64_t session = 0;                 // the conversation of the latest request naming it
   bool anywhere() const { return in[0] || in[1] || in[2]; }
 };
 
@@ -120,6 +122,9 @@ class Simulator {
     const auto started = std::chrono::steady_clock::now();
     const size_t n = trace_.requests.size();
     const auto warm = static_cast<size_t>(std::floor(options_.warmup * double(n)));
+    for (size_t r = 0; r < n; ++r) {
+      if (trace_.requests[r].session != 0) last_turn_[trace_.requests[r].session] = r;
+    }
     std::vector<uint32_t> ids;
     // Engine model: when each engine is free next (all at time 0).
     std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> free_at;
@@ -134,6 +139,7 @@ class Simulator {
         const uint32_t id = IdOf(req.blocks[i]);
         blocks_[id].tokens = BlockTokens(req, i, trace_.block_tokens);
         blocks_[id].parent = i > 0 ? ids.back() : kNoParent;
+        blocks_[id].session = req.session;
         ids.push_back(id);
       }
       uint64_t start = req.arrival_us;
@@ -205,7 +211,7 @@ class Simulator {
     std::vector<QueuedBlock> chain(req.blocks.size());
     for (size_t i = 0; i < chain.size(); ++i) chain[i] = QueuedBlock{req.blocks[i], static_cast<uint32_t>(i)};
     for (SimTierState& t : tiers_) {
-      if (t.policy) t.policy->OnEnqueue(r, chain, expected_start_us, 0);
+      if (t.policy) t.policy->OnEnqueue(r, chain, expected_start_us, req.session);
     }
   }
   void Unhint(size_t r) {
@@ -256,8 +262,20 @@ class Simulator {
   }
 
   // The end of request `request`'s prefill at `now`: all its blocks are
-  // resident in the host tier.
+  // resident in the host tier. After a conversation's last turn, the
+  // conversation is closed (what an engine's scheduler would hint).
   void Commit(const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
+    CommitBlocks(ids, request, now);
+    const uint64_t session = trace_.requests[request - 1].session;
+    auto last = last_turn_.find(session);
+    if (session == 0 || last == last_turn_.end() || last->second != request - 1) return;
+    closed_.insert(session);
+    for (SimTierState& t : tiers_) {
+      if (t.policy) t.policy->OnSessionClosed(session);
+    }
+  }
+
+  void CommitBlocks(const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
     // In the host tier: its resident blocks are used and pinned; room is
     // made root first for the others (new, or promoted from a slower
     // tier), so a request larger than the tier keeps its prefix; they go
@@ -322,6 +340,17 @@ class Simulator {
     return true;
   }
 
+  // The daemon's classes (daemon/nvme_admission.h): found again twice or
+  // more: shared; else of a closed conversation; else of an open one (its
+  // tail); else found again once: reused; else a first sighting.
+  AdmissionClass ClassOf(const SimBlock& b) const {
+    if (b.uses >= 2) return AdmissionClass::kShared;
+    if (b.session != 0) {
+      return closed_.count(b.session) > 0 ? AdmissionClass::kClosedSession : AdmissionClass::kOpenSessionTail;
+    }
+    return b.uses == 1 ? AdmissionClass::kReused : AdmissionClass::kFirstSighting;
+  }
+
   // A victim of `from` goes to the next tier present, if it admits it.
   void Demote(int from, uint32_t id, uint64_t now) {
     int to = from + 1;
@@ -332,7 +361,7 @@ class Simulator {
     if (to == kNvmeTier) {
       AdmissionCandidate c;
       c.bytes = Bytes(b);
-      c.cls = b.uses >= 2 ? AdmissionClass::kShared : b.uses == 1 ? AdmissionClass::kReused : AdmissionClass::kFirstSighting;
+      c.cls = ClassOf(b);
       c.parent_cached = b.parent == kNoParent || blocks_[b.parent].anywhere();
       admission_->OnDeviceWritten(result_.tiers[kNvmeTier].bytes_written, now);
       if (admission_->Decide(c, now) != AdmissionOutcome::kAdmitted) {
@@ -355,6 +384,8 @@ class Simulator {
   std::array<SimTierState, kSimTiers> tiers_;
   std::unordered_map<BlockKey, uint32_t> index_;
   std::vector<SimBlock> blocks_;
+  std::unordered_map<uint64_t, size_t> last_turn_;  // conversation -> its last request
+  std::unordered_set<uint64_t> closed_;             // conversations whose last turn ran
   ReplayResult result_;
 };
 

@@ -18,7 +18,7 @@ class LineParser {
   explicit LineParser(std::string_view text) : s_(text) {}
 
   struct Fields {
-    std::optional<uint64_t> timestamp, input_length, output_length;
+    std::optional<uint64_t> timestamp, input_length, output_length, session;
     std::optional<std::vector<uint64_t>> hash_ids;
   };
 
@@ -41,6 +41,8 @@ class LineParser {
         s = ParseUnsigned(key, out.input_length);
       } else if (key == "output_length") {
         s = ParseUnsigned(key, out.output_length);
+      } else if (key == "session") {
+        s = ParseUnsigned(key, out.session);
       } else if (key == "hash_ids") {
         s = ParseIds(out.hash_ids);
       } else {
@@ -205,6 +207,8 @@ Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, 
     r.arrival_us = *f.timestamp * 1000;
     r.input_tokens = *f.input_length;
     r.output_tokens = f.output_length.value_or(0);
+    // Conversations are namespaced per file like the blocks.
+    r.session = f.session.value_or(0) == 0 ? 0 : (trace_index << 48) ^ *f.session;
     const uint64_t covered = (r.input_tokens + block_tokens - 1) / block_tokens;
     if (f.hash_ids->size() > covered) {
       return InvalidArgument(where + std::to_string(f.hash_ids->size()) + " hash_ids but input_length " +

@@ -1,7 +1,8 @@
 // Block traces for `kvtier replay` (docs/REPLAY.md): the Mooncake JSONL form
 // (one request per line: timestamp in ms, input_length and output_length in
-// tokens, hash_ids of prefix-chained blocks, the last one partial). Other
-// sources (ShareGPT) are converted into this form first.
+// tokens, hash_ids of prefix-chained blocks, the last one partial; an
+// optional "session", the conversation). Other sources (ShareGPT) are
+// converted into this form first (tools/sharegpt_convert).
 //
 // Reading checks every line and stops at the first bad one with an error
 // "FILE:LINE: what" (InvalidArgument): malformed JSON, a missing or
@@ -22,6 +23,7 @@ struct TraceRequest {
   uint64_t arrival_us = 0;
   uint64_t input_tokens = 0;
   uint64_t output_tokens = 0;
+  uint64_t session = 0;  // the conversation ("session", converted ShareGPT), 0: none
   // The prompt's blocks, root first; block i holds
   // min(block_tokens, input_tokens - block_tokens * i) tokens.
   std::vector<BlockKey> blocks;

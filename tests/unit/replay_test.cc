@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,63 @@ TEST_F(ReplayTest, SecondHitAdmitsOnlyBlocksFoundAgain) {
   auto all = Replay(*trace, TwoTiers("all"));
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->tiers[kNvmeTier].hits, 2u);
+}
+
+// A line of conversation `session`.
+std::string SessionLine(uint64_t ms, const std::string& ids, uint64_t session) {
+  return "{\"timestamp\": " + std::to_string(ms) + ", \"input_length\": 4, \"hash_ids\": [" + ids +
+         "], \"session\": " + std::to_string(session) + "}";
+}
+
+TEST_F(ReplayTest, ConversationsGiveTheSessionClasses) {
+  // Conversation 1 has two turns: its block, evicted unread by [2], is an
+  // open conversation's tail: admitted, and the second turn hits it on
+  // NVMe. Without the session field it is a first sighting: refused.
+  auto with = ReadMooncakeTrace(Write({SessionLine(0, "1", 1), SessionLine(1, "2", 2), SessionLine(2, "1", 1)}), 4, 0);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  auto r = Replay(*with, TwoTiers("second_hit"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tiers[kNvmeTier].hits, 1u);
+  auto without = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "1")}), 4, 0);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(Replay(*without, TwoTiers("second_hit"))->tiers[kNvmeTier].hits, 0u);
+  // A conversation whose last turn ran is closed: its blocks are refused
+  // even when found again once (reused).
+  auto closed = ReadMooncakeTrace(
+      Write({SessionLine(0, "1", 1), SessionLine(1, "1", 1), SessionLine(2, "2", 2), SessionLine(3, "3", 2)}), 4, 0);
+  ASSERT_TRUE(closed.ok());
+  auto c = Replay(*closed, TwoTiers("second_hit"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->tiers[kNvmeTier].bytes_written, 4u) << "only conversation 2's [2], its tail while still open";
+  EXPECT_EQ(c->admission_refused, 1u) << "[1]: conversation 1 had ended";
+}
+
+TEST(ReplayDataTest, TheCommittedShareGptConversionReplays) {
+  // tests/data/replay/README.md has the recipe.
+  auto t = ReadMooncakeTrace(std::string(KVTIER_SOURCE_DIR) + "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl",
+                             64, 0);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->requests.size(), 436u);
+  std::set<uint64_t> sessions;
+  for (const auto& r : t->requests) sessions.insert(r.session);
+  EXPECT_EQ(sessions.size(), 128u);
+  ReplayOptions o;
+  o.host.infinite = true;
+  auto r = Replay(*t, o);
+  ASSERT_TRUE(r.ok());
+  // With unlimited room a request hits the longest prefix of blocks any
+  // earlier request named: computed here independently.
+  std::set<BlockKey> seen;
+  uint64_t hit_tokens = 0, tokens = 0;
+  for (const auto& req : t->requests) {
+    size_t i = 0;
+    while (i < req.blocks.size() && seen.count(req.blocks[i]) > 0) hit_tokens += BlockTokens(req, i++, 64);
+    tokens += req.input_tokens;
+    seen.insert(req.blocks.begin(), req.blocks.end());
+  }
+  EXPECT_EQ(r->hit_tokens, hit_tokens);
+  EXPECT_EQ(r->tokens, tokens);
+  EXPECT_GT(r->token_hit_rate(), 0.3) << "later turns resend the conversation";
 }
 
 TEST_F(ReplayTest, DwpdKeepsSsdWritesWithinTheBudget) {
