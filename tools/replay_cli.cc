@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tools/replay_plot.h"
 #include "tools/replay_sim.h"
 #include "tools/replay_trace.h"
 
@@ -120,6 +121,7 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
   app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
   app.add_option("--csv", o.csv_path, "Write one row per run here");
+  app.add_option("--plot", o.plot_path, "Write an SVG here: hit rate vs host capacity per policy, hits by tier");
 }
 
 int RunReplay(const ReplayCliOptions& o) {
@@ -243,9 +245,10 @@ int RunReplay(const ReplayCliOptions& o) {
     if (!r.status.ok()) return Fail(r.status.message());
   }
   // The ceiling of the speed figure, measured here: the trace's block
-  // lookups alone in a hash map, as any simulator keyed by block makes.
+  // lookups alone in a hash map, as any simulator keyed by block makes;
+  // the best of 5 passes, each with a fresh map.
   double ceiling = 0;
-  {
+  for (int pass = 0; pass < 5; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();
     std::unordered_map<BlockKey, uint32_t> ids;
     uint64_t lookups = 0, sum = 0;
@@ -256,7 +259,7 @@ int RunReplay(const ReplayCliOptions& o) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     volatile uint64_t keep = sum;  // the lookups are not optimized away
     (void)keep;
-    ceiling = seconds > 0 ? double(lookups) / seconds : 0;
+    if (seconds > 0) ceiling = std::max(ceiling, double(lookups) / seconds);
   }
   std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
   std::printf("%-12s %-14s %10s %10s %10s %10s %8s %12s %9s\n", "policy", "host", "requests", "blocks", "block_hit",
@@ -277,6 +280,16 @@ int RunReplay(const ReplayCliOptions& o) {
     out << "\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
+      return 1;
+    }
+  }
+  if (!o.plot_path.empty()) {
+    std::vector<ReplayResult> results;
+    for (const Run& r : runs) results.push_back(r.result);
+    std::ofstream out(o.plot_path);
+    out << PlotSvg(results, "kvtier replay: " + trace.path);
+    if (!out) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.plot_path.c_str());
       return 1;
     }
   }

@@ -36,6 +36,7 @@ struct ReplayCliOptions {
   unsigned threads = 0;  // sweep threads; 0: one per core
   std::string json_path;
   std::string csv_path;
+  std::string plot_path;
 };
 
 void AddReplayOptions(CLI::App& app, ReplayCliOptions& options);

@@ -103,6 +103,28 @@ TEST_F(ReplayCliTest, TheEngineModelReportsTtftPercentiles) {
             2);
 }
 
+TEST_F(ReplayCliTest, PlotWritesAnSvgWithALinePerPolicyAndTierShares) {
+  const std::string trace = Write("t.jsonl", SmallTrace());
+  const std::string svg_path = dir_ + "/p.svg";
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                "host=inf,nvme=inf", "--bytes-per-token", "1", "--policy", "lru,queue_aware", "--sweep",
+                                "3blk,9blk,inf", "--plot", svg_path});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string svg = Read(svg_path);
+  ASSERT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u) << svg.substr(0, 80);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  auto count = [&svg](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("<polyline class=\"policy\""), 2u);
+  EXPECT_EQ(count("<circle"), 6u) << "a point per run";
+  EXPECT_GE(count("<rect class=\"share\""), 6u) << "at least one tier share per run";
+  EXPECT_NE(svg.find(">queue_aware<"), std::string::npos) << "the legend";
+  EXPECT_EQ(count("<script"), 0u);
+}
+
 TEST_F(ReplayCliTest, SweepNumbersDoNotDependOnTheThreadCount) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   std::string outputs[2];
