@@ -208,10 +208,12 @@ class Simulator {
   // tier's policy (only queue_aware acts on them).
   void Hint(size_t r, uint64_t expected_start_us) {
     const TraceRequest& req = trace_.requests[r];
-    std::vector<QueuedBlock> chain(req.blocks.size());
-    for (size_t i = 0; i < chain.size(); ++i) chain[i] = QueuedBlock{req.blocks[i], static_cast<uint32_t>(i)};
+    hint_chain_.resize(req.blocks.size());  // reused across hints
+    for (size_t i = 0; i < hint_chain_.size(); ++i) {
+      hint_chain_[i] = QueuedBlock{req.blocks[i], static_cast<uint32_t>(i)};
+    }
     for (SimTierState& t : tiers_) {
-      if (t.policy) t.policy->OnEnqueue(r, chain, expected_start_us, req.session);
+      if (t.policy) t.policy->OnEnqueue(r, hint_chain_, expected_start_us, req.session);
     }
   }
   void Unhint(size_t r) {
@@ -386,6 +388,7 @@ class Simulator {
   std::vector<SimBlock> blocks_;
   std::unordered_map<uint64_t, size_t> last_turn_;  // conversation -> its last request
   std::unordered_set<uint64_t> closed_;             // conversations whose last turn ran
+  std::vector<QueuedBlock> hint_chain_;             // Hint's scratch
   ReplayResult result_;
 };
 
