@@ -224,6 +224,7 @@ void QueueAwarePolicy::OnUnpin(BlockHandle h, uint64_t now_us) {
   auto it = blocks_.find(h);
   if (it == blocks_.end() || !it->second.pinned) return;
   it->second.pinned = false;
+  ++it->second.uses;  // a pin is a read: it counts toward the use count too
   Touch(it->second, now_us);
   File(it->second);
 }

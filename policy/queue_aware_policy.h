@@ -13,7 +13,8 @@
 // the look-ahead window: such a victim must be demoted, never dropped.
 //
 // Blocks inserted without a key (plain OnInsert) are never matched by a
-// queued request and count as depth 0. Uses count up to 255. Among equal
+// queued request and count as depth 0. A use is an OnAccess or the end of
+// a pin (OnUnpin: the engine pins a block to read it); uses count up to 255. Among equal
 // keys the block whose last use was recorded first goes first.
 //
 // Two events count as a use at the latest time the policy was given (the

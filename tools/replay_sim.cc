@@ -278,18 +278,20 @@ class Simulator {
   }
 
   void CommitBlocks(const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
-    // In the host tier: its resident blocks are used and pinned; room is
-    // made root first for the others (new, or promoted from a slower
-    // tier), so a request larger than the tier keeps its prefix; they go
-    // in leaf first, pinned; unpinning leaf first leaves the root the most
-    // recent.
+    // In the host tier, as a client drives the daemon (tools/replay_live.h):
+    // its resident blocks are pinned (a read); room is made root first for
+    // the others (new, or promoted from a slower tier), so a request larger
+    // than the tier keeps its prefix; they are inserted leaf first; then
+    // the pins end leaf first (each a use), so the root is the most recent.
     EvictionPolicy& host = *tiers_[kHostTier].policy;
-    for (size_t i = ids.size(); i-- > 0;) {
+    std::vector<size_t>& pinned = scratch_pinned_;
+    pinned.clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
       SimBlock& b = blocks_[ids[i]];
       if (!b.in[kHostTier] || b.pinned_by == request) continue;
-      host.OnAccess(ids[i], now);
       host.OnPin(ids[i]);
       b.pinned_by = request;
+      pinned.push_back(i);
     }
     size_t kept = 0;
     for (; kept < ids.size(); ++kept) {
@@ -307,16 +309,15 @@ class Simulator {
     }
     for (size_t i = kept; i-- > 0;) {
       SimBlock& b = blocks_[ids[i]];
-      if (b.in[kHostTier]) continue;
+      if (b.in[kHostTier] || b.pinned_by != request) continue;
       host.OnInsertKeyed(ids[i], b.key, now);
-      host.OnPin(ids[i]);
       b.in[kHostTier] = true;
+      b.pinned_by = 0;
       result_.tiers[kHostTier].bytes_written += Bytes(b);
     }
-    for (size_t i = ids.size(); i-- > 0;) {
-      SimBlock& b = blocks_[ids[i]];
-      if (b.pinned_by != request) continue;
-      host.OnUnpin(ids[i], now);
+    for (size_t k = pinned.size(); k-- > 0;) {
+      SimBlock& b = blocks_[ids[pinned[k]]];
+      host.OnUnpin(ids[pinned[k]], now);
       b.pinned_by = 0;
     }
   }
@@ -389,6 +390,7 @@ class Simulator {
   std::unordered_map<uint64_t, size_t> last_turn_;  // conversation -> its last request
   std::unordered_set<uint64_t> closed_;             // conversations whose last turn ran
   std::vector<QueuedBlock> hint_chain_;             // Hint's scratch
+  std::vector<size_t> scratch_pinned_;              // CommitBlocks' scratch
   ReplayResult result_;
 };
 

@@ -45,6 +45,15 @@ TEST(QueueAwarePolicyTest, FewerUsesGoFirstThenRecency) {
   EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{3, 2, 1}));
 }
 
+TEST(QueueAwarePolicyTest, APinIsAUse) {
+  QueueAwarePolicy p;
+  p.OnInsertKeyed(1, K(1), 0, 0, 1);
+  p.OnInsertKeyed(2, K(2), 0, 0, 5);
+  p.OnPin(1);
+  p.OnUnpin(1, 3);  // read at 3: one use, though older than 2's insertion
+  EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{2, 1}));
+}
+
 TEST(QueueAwarePolicyTest, ClosedSessionsGoFirst) {
   QueueAwarePolicy p;
   p.OnInsertKeyed(1, K(1), 0, /*session=*/7, 10);
@@ -405,6 +414,7 @@ TEST(QueueAwarePolicyTest, MatchesTheModelUnderRandomOperations) {
           if (m.blocks[*h].pinned) {
             p.OnUnpin(*h, use_time);
             m.blocks[*h].pinned = false;
+            ++m.blocks[*h].uses;  // a pin is a read
             m.Touch(m.blocks[*h], use_time);
           } else {
             p.OnPin(*h);
