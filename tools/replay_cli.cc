@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tools/replay_live.h"
 #include "tools/replay_plot.h"
 #include "tools/replay_sim.h"
 #include "tools/replay_trace.h"
@@ -94,8 +95,8 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--block-tokens", o.block_tokens, "Tokens per trace block (Mooncake: 512)")
       ->check(CLI::Range(1u, 1u << 20))
       ->capture_default_str();
-  app.add_option("--capacity", o.capacity, "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf")
-      ->required();
+  app.add_option("--capacity", o.capacity,
+                 "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf (sim mode: required)");
   app.add_option("--bytes-per-token", o.bytes_per_token, "KV bytes per token (for byte capacities and byte counts)");
   app.add_option("--policy", o.policies, "Eviction: lru | fifo | queue_aware (comma-separated: one run each)")
       ->delimiter(',')
@@ -121,10 +122,80 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
   app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
   app.add_option("--csv", o.csv_path, "Write one row per run here");
+  app.add_flag("--live", o.live, "Drive a running kvtierd through the client library instead of simulating");
+  app.add_option("--socket", o.socket_path, "--live: the daemon's socket");
   app.add_option("--plot", o.plot_path, "Write an SVG here: hit rate vs host capacity per policy, hits by tier");
 }
 
+// Live mode: the trace against a running daemon (its own capacity and
+// policy), one JSON run with the measured figures.
+int RunLive(const ReplayCliOptions& o, const Trace& trace) {
+  if (o.socket_path.empty()) return Fail("--live needs --socket PATH");
+  if (!o.sweep.empty() || o.engines > 0 || !o.plot_path.empty()) {
+    return Fail("--live takes no --sweep, --engines or --plot: the daemon has one configuration");
+  }
+  auto r = ReplayLive(trace, LiveOptions{o.socket_path, o.bytes_per_token, o.warmup});
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
+    return r.status().code() == StatusCode::kInvalidArgument ? kBadInput : 1;
+  }
+  const double rps = r->seconds > 0 ? double(trace.requests.size()) / r->seconds : 0;
+  const double put_gbps = r->seconds > 0 ? double(r->put_bytes) / r->seconds / 1e9 : 0;
+  std::printf("live %s: %llu requests measured, block hit rate %.4f, token hit rate %.4f\n", o.socket_path.c_str(),
+              static_cast<unsigned long long>(r->requests), r->block_hit_rate(), r->token_hit_rate());
+  std::printf("  %.0f requests/s, %.3f GB/s put (%llu blocks), lookup p50 %.0f us p99 %.0f us, request p50 %.0f us "
+              "p99 %.0f us\n",
+              rps, put_gbps, static_cast<unsigned long long>(r->put_blocks), Percentile(r->lookup_us, 50),
+              Percentile(r->lookup_us, 99), Percentile(r->request_us, 50), Percentile(r->request_us, 99));
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    out << "{\"trace\": \"" << trace.path << "\", \"runs\": [\n  {\"mode\": \"live\", \"socket\": \"" << o.socket_path
+        << "\", \"requests\": " << r->requests << ", \"blocks\": " << r->blocks << ", \"tokens\": " << r->tokens
+        << ", \"block_hit_rate\": " << Number(r->block_hit_rate()) << ", \"token_hit_rate\": " << Number(r->token_hit_rate())
+        << ", \"put_blocks\": " << r->put_blocks << ", \"put_bytes\": " << r->put_bytes << ", \"not_kept\": "
+        << r->not_kept << ", \"requests_per_s\": " << Number(rps) << ", \"lookup_us\": {\"p50\": "
+        << Number(Percentile(r->lookup_us, 50)) << ", \"p99\": " << Number(Percentile(r->lookup_us, 99))
+        << "}, \"request_us\": {\"p50\": " << Number(Percentile(r->request_us, 50)) << ", \"p99\": "
+        << Number(Percentile(r->request_us, 99)) << "}, \"wall_seconds\": " << Number(r->seconds) << "}\n]}\n";
+    if (!out) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// Reads every --trace file, concatenated in the order given.
+Result<Trace> LoadTraces(const ReplayCliOptions& o) {
+  Trace trace;
+  trace.block_tokens = o.block_tokens;
+  for (size_t i = 0; i < o.traces.size(); ++i) {
+    std::string format = o.format;
+    if (format == "auto") {
+      auto detected = DetectFormat(o.traces[i]);
+      if (!detected.ok()) return detected.status();
+      format = *detected;
+    }
+    if (format == "sharegpt") {
+      return InvalidArgument(o.traces[i] +
+                             ": ShareGPT JSON is read in its converted block-trace form (tools/sharegpt_convert, "
+                             "docs/REPLAY.md)");
+    }
+    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i);
+    if (!read.ok()) return read.status();
+    trace.path += (i > 0 ? "," : "") + o.traces[i];
+    for (auto& r : read->requests) trace.requests.push_back(std::move(r));
+  }
+  return trace;
+}
+
 int RunReplay(const ReplayCliOptions& o) {
+  if (o.live) {
+    auto trace = LoadTraces(o);
+    if (!trace.ok()) return Fail(trace.status().message());
+    return RunLive(o, *trace);
+  }
+  if (o.capacity.empty()) return Fail("--capacity host=CAP is required (sim mode)");
   // Capacities.
   ReplayOptions base;
   bool have_host = false;
@@ -191,24 +262,9 @@ int RunReplay(const ReplayCliOptions& o) {
     }
     if (Status s = ValidateDwpdOptions(base.dwpd); !s.ok()) return Fail(s.message());
   }
-  // Traces, concatenated in the order given.
-  Trace trace;
-  trace.block_tokens = o.block_tokens;
-  for (size_t i = 0; i < o.traces.size(); ++i) {
-    std::string format = o.format;
-    if (format == "auto") {
-      auto detected = DetectFormat(o.traces[i]);
-      if (!detected.ok()) return Fail(detected.status().message());
-      format = *detected;
-    }
-    if (format == "sharegpt") {
-      return Fail(o.traces[i] + ": ShareGPT JSON is read in its converted block-trace form (docs/REPLAY.md)");
-    }
-    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i);
-    if (!read.ok()) return Fail(read.status().message());
-    trace.path += (i > 0 ? "," : "") + o.traces[i];
-    for (auto& r : read->requests) trace.requests.push_back(std::move(r));
-  }
+  auto loaded = LoadTraces(o);
+  if (!loaded.ok()) return Fail(loaded.status().message());
+  const Trace& trace = *loaded;
   // Runs: every policy at every host capacity, in parallel; results in order.
   struct Run {
     ReplayOptions options;

@@ -37,6 +37,8 @@ struct ReplayCliOptions {
   std::string json_path;
   std::string csv_path;
   std::string plot_path;
+  bool live = false;        // drive a running kvtierd (replay_live.h)
+  std::string socket_path;  // live: the daemon's socket
 };
 
 void AddReplayOptions(CLI::App& app, ReplayCliOptions& options);
