@@ -1,6 +1,7 @@
 #include "tools/replay_cli.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <unordered_map>
@@ -33,24 +34,41 @@ std::vector<std::string> Split(const std::string& text, char sep) {
   return parts;
 }
 
-// "mooncake" for JSONL objects, "sharegpt" for a JSON array, by the first
-// non-blank byte.
-Result<std::string> DetectFormat(const std::string& path) {
+// What a file holds, by its first non-blank byte: '{' a block trace (JSONL),
+// '[' raw ShareGPT JSON (an array of conversations).
+Result<bool> IsRawJsonArray(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound(path + ": cannot open the trace");
   char c = 0;
   while (in.get(c)) {
-    if (c == '{') return std::string("mooncake");
-    if (c == '[') return std::string("sharegpt");
+    if (c == '{') return false;
+    if (c == '[') return true;
     if (!std::isspace(static_cast<unsigned char>(c))) break;
   }
-  return InvalidArgument(path + ":1: neither Mooncake JSONL (objects, one per line) nor ShareGPT JSON (an array)");
+  return InvalidArgument(path + ":1: neither a block trace (JSON objects, one per line) nor ShareGPT JSON (an array)");
 }
 
 std::string Number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
+}
+
+// "host=20GB,nvme=5GB": bytes per second per tier into `out` (tiers not
+// named keep their value). InvalidArgument naming the option otherwise.
+Status ParseBandwidths(const std::string& option, const std::string& text, std::array<double, kSimTiers>& out) {
+  if (text.empty()) return Status::Ok();
+  for (const std::string& part : Split(text, ',')) {
+    const size_t eq = part.find('=');
+    const std::string tier = eq == std::string::npos ? "" : part.substr(0, eq);
+    const int index = tier == "host" ? kHostTier : tier == "nvme" ? kNvmeTier : tier == "remote" ? kRemoteTier : -1;
+    auto bw = index < 0 ? Result<Capacity>(InvalidArgument("no tier")) : ParseCapacity(part.substr(eq + 1), 1);
+    if (!bw.ok() || bw->infinite || bw->unit != Capacity::Unit::kTokens || bw->amount == 0) {
+      return InvalidArgument(option + " '" + part + "': expected host|nvme|remote=BYTES per second, e.g. nvme=5GB");
+    }
+    out[index] = double(bw->amount);
+  }
+  return Status::Ok();
 }
 
 std::string RunJson(const ReplayResult& r) {
@@ -70,7 +88,8 @@ std::string RunJson(const ReplayResult& r) {
     const TierResult& x = r.tiers[t];
     j << (first ? "" : ", ") << "\"" << SimTierName(t) << "\": {\"hits\": " << x.hits
       << ", \"hit_share\": " << Number(r.hit_share(t)) << ", \"bytes_read\": " << x.bytes_read
-      << ", \"bytes_written\": " << x.bytes_written << ", \"evictions\": " << x.evictions << "}";
+      << ", \"bytes_written\": " << x.bytes_written << ", \"evictions\": " << x.evictions
+      << ", \"dropped_busy\": " << x.dropped_busy << "}";
     first = false;
   }
   j << "}, \"ssd_bytes_written\": " << r.tiers[kNvmeTier].bytes_written << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
@@ -90,7 +109,8 @@ std::string RunJson(const ReplayResult& r) {
 
 void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--trace", o.traces, "Trace file (repeat for several; ids are namespaced per file)")->required();
-  app.add_option("--format", o.format, "mooncake | sharegpt | auto")
+  app.add_option("--format", o.format,
+                 "mooncake (JSONL) | sharegpt (converted JSONL, every line with \"session\") | auto (either)")
       ->check(CLI::IsMember({"mooncake", "sharegpt", "auto"}))
       ->capture_default_str();
   app.add_option("--block-tokens", o.block_tokens, "Tokens per trace block (Mooncake: 512)")
@@ -119,6 +139,9 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--prefill-tps", o.prefill_tps, "Prefill tokens/s per engine")->capture_default_str();
   app.add_option("--read-bandwidth", o.read_bandwidth,
                  "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults)");
+  app.add_option("--write-bandwidth", o.write_bandwidth,
+                 "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion waiting over 200 ms is "
+                 "dropped");
   app.add_option("--sweep", o.sweep, "Host capacities CAP,CAP,...: one run per value (and policy), in threads");
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
   app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
@@ -190,18 +213,15 @@ Result<Trace> LoadTraces(const ReplayCliOptions& o) {
   Trace trace;
   trace.block_tokens = o.block_tokens;
   for (size_t i = 0; i < o.traces.size(); ++i) {
-    std::string format = o.format;
-    if (format == "auto") {
-      auto detected = DetectFormat(o.traces[i]);
-      if (!detected.ok()) return detected.status();
-      format = *detected;
-    }
-    if (format == "sharegpt") {
+    auto raw = IsRawJsonArray(o.traces[i]);
+    if (!raw.ok()) return raw.status();
+    if (*raw) {
       return InvalidArgument(o.traces[i] +
-                             ": ShareGPT JSON is read in its converted block-trace form (tools/sharegpt_convert, "
-                             "docs/REPLAY.md)");
+                             ": raw ShareGPT JSON has no tokens: convert it first with tools/sharegpt_convert "
+                             "(node convert.mjs --in FILE --out FILE.jsonl --block-tokens N; docs/REPLAY.md)");
     }
-    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i);
+    // sharegpt: the converted form, every line naming its conversation.
+    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i, o.format == "sharegpt");
     if (!read.ok()) return read.status();
     trace.path += (i > 0 ? "," : "") + o.traces[i];
     for (auto& r : read->requests) trace.requests.push_back(std::move(r));
@@ -250,15 +270,11 @@ int RunReplay(const ReplayCliOptions& o) {
   base.prefill_tps = o.prefill_tps;
   if (o.engines > 0 && !(o.prefill_tps > 0)) return Fail("--engines needs --prefill-tps above 0");
   if (o.engines == 0 && o.prefill_tps > 0) return Fail("--prefill-tps needs --engines N");
-  for (const std::string& part : o.read_bandwidth.empty() ? std::vector<std::string>{} : Split(o.read_bandwidth, ',')) {
-    const size_t eq = part.find('=');
-    const std::string tier = eq == std::string::npos ? "" : part.substr(0, eq);
-    const int index = tier == "host" ? kHostTier : tier == "nvme" ? kNvmeTier : tier == "remote" ? kRemoteTier : -1;
-    auto bw = index < 0 ? Result<Capacity>(InvalidArgument("expected TIER=BYTES")) : ParseCapacity(part.substr(eq + 1), 1);
-    if (!bw.ok() || bw->infinite || bw->unit != Capacity::Unit::kTokens || bw->amount == 0) {
-      return Fail("--read-bandwidth '" + part + "': expected host|nvme|remote=BYTES per second, e.g. nvme=5GB");
-    }
-    base.read_bytes_per_s[index] = double(bw->amount);
+  if (Status s = ParseBandwidths("--read-bandwidth", o.read_bandwidth, base.read_bytes_per_s); !s.ok()) {
+    return Fail(s.message());
+  }
+  if (Status s = ParseBandwidths("--write-bandwidth", o.write_bandwidth, base.write_bytes_per_s); !s.ok()) {
+    return Fail(s.message());
   }
   base.admission = o.admission;
   base.bytes_per_token = o.bytes_per_token;

@@ -31,7 +31,8 @@ struct ReplayCliOptions {
   double warmup = 0;
   uint32_t engines = 0;    // the engine model: off at 0
   double prefill_tps = 0;  // tokens/s per engine
-  std::string read_bandwidth;  // host=BW,nvme=BW,remote=BW (bytes/s, e.g. 20GB)
+  std::string read_bandwidth;   // host=BW,nvme=BW,remote=BW (bytes/s, e.g. 20GB)
+  std::string write_bandwidth;  // the same for demotions into a tier
   std::string sweep;  // CAP,CAP,... (host capacities)
   unsigned threads = 0;  // sweep threads; 0: one per core
   std::string json_path;

@@ -372,6 +372,18 @@ class Simulator {
         return;
       }
     }
+    // The tier's write channel: a demotion waits behind earlier ones, and
+    // one that would wait too long is dropped.
+    const double rate = options_.write_bytes_per_s[to];
+    if (rate > 0) {
+      uint64_t& busy = write_busy_until_[to];
+      const uint64_t start = std::max(now, busy);
+      if (start - now > options_.max_write_backlog_us) {
+        ++result_.tiers[to].dropped_busy;
+        return;
+      }
+      busy = start + static_cast<uint64_t>(std::ceil(double(Bytes(b)) / rate * 1e6));
+    }
     const uint64_t cost = Cost(to, b);
     if (!MakeRoom(to, cost, now)) return;
     tiers_[to].policy->OnInsertKeyed(id, b.key, now);
@@ -391,6 +403,7 @@ class Simulator {
   std::unordered_set<uint64_t> closed_;             // conversations whose last turn ran
   std::vector<QueuedBlock> hint_chain_;             // Hint's scratch
   std::vector<size_t> scratch_pinned_;              // CommitBlocks' scratch
+  std::array<uint64_t, kSimTiers> write_busy_until_{};  // each tier's write channel
   ReplayResult result_;
 };
 
@@ -411,6 +424,9 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   }
   for (double bw : options.read_bytes_per_s) {
     if (!(bw > 0)) return InvalidArgument("read bandwidths must be above 0");
+  }
+  for (double bw : options.write_bytes_per_s) {
+    if (!(bw >= 0)) return InvalidArgument("write bandwidths must be 0 (no limit) or above");
   }
   std::unique_ptr<AdmissionPolicy> admission;
   if (options.admission == "all") {

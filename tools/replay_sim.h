@@ -76,6 +76,12 @@ struct ReplayOptions {
   uint32_t engines = 0;
   double prefill_tps = 0;
   std::array<double, kSimTiers> read_bytes_per_s = {20e9, 5e9, 1e9};
+  // Writes into the NVMe and remote tiers (demotions) go through one
+  // channel per tier at this rate; a demotion that would wait longer than
+  // max_write_backlog_us behind earlier ones is dropped (the daemon's
+  // demotion gives up after 200 ms of a busy tier). 0 for a tier: no limit.
+  std::array<double, kSimTiers> write_bytes_per_s = {0, 2e9, 1e9};
+  uint64_t max_write_backlog_us = 200'000;
 };
 
 struct TierResult {
@@ -84,6 +90,7 @@ struct TierResult {
   uint64_t bytes_read = 0;     // measured hit bytes it served
   uint64_t bytes_written = 0;  // bytes written into it, warm-up included
   uint64_t evictions = 0;
+  uint64_t dropped_busy = 0;   // demotions into it dropped: its write channel was backed up
 };
 
 struct ReplayResult {

@@ -179,7 +179,8 @@ class LineParser {
 
 }  // namespace
 
-Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, uint64_t trace_index) {
+Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, uint64_t trace_index,
+                                bool require_session) {
   if (block_tokens == 0) return InvalidArgument("block tokens must be at least 1");
   std::ifstream in(path);
   if (!in) return NotFound(path + ": cannot open the trace");
@@ -201,6 +202,9 @@ Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, 
                                         {"input_length", f.input_length.has_value()},
                                         {"hash_ids", f.hash_ids.has_value()}}) {
       if (!present) return InvalidArgument(where + "missing field \"" + name + "\"");
+    }
+    if (require_session && !f.session) {
+      return InvalidArgument(where + "missing field \"session\" (the converted ShareGPT form names each conversation)");
     }
     TraceRequest r;
     if (*f.timestamp > UINT64_MAX / 1000) return InvalidArgument(where + "\"timestamp\" is too large");

@@ -37,7 +37,10 @@ struct Trace {
 
 // Reads a Mooncake-form JSONL file. Block ids are namespaced by
 // `trace_index` (ids of different files never collide).
-Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, uint64_t trace_index);
+// `require_session`: the converted ShareGPT form, where every line names
+// its conversation ("session"); a line without one is an error.
+Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, uint64_t trace_index,
+                                bool require_session = false);
 
 // Tokens held by block `i` of `r`.
 inline uint64_t BlockTokens(const TraceRequest& r, size_t i, uint32_t block_tokens) {

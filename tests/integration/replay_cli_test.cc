@@ -215,6 +215,21 @@ TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
   }
   CommandResult missing = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", dir_ + "/none", "--capacity", "host=inf"});
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  // Raw ShareGPT JSON: exit 2 with the conversion to run.
+  const std::string raw = Write("raw.json", "[{\"id\": \"a\", \"messages\": []}]");
+  CommandResult unconverted = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", raw, "--capacity", "host=inf"});
+  EXPECT_EQ(unconverted.exit_code, 2);
+  EXPECT_NE(unconverted.output.find("sharegpt_convert"), std::string::npos) << unconverted.output;
+  // --format sharegpt wants the converted form: a line without "session" is named.
+  CommandResult no_session =
+      RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", good, "--format", "sharegpt", "--capacity", "host=inf"});
+  EXPECT_EQ(no_session.exit_code, 2);
+  EXPECT_NE(no_session.output.find(good + ":1: missing field \"session\""), std::string::npos) << no_session.output;
+  CommandResult converted = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace",
+                                        std::string(KVTIER_SOURCE_DIR) +
+                                            "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl",
+                                        "--format", "sharegpt", "--block-tokens", "64", "--capacity", "host=inf"});
+  EXPECT_EQ(converted.exit_code, 0) << converted.output;
 }
 
 }  // namespace

@@ -130,6 +130,26 @@ TEST_F(ReplayTest, HostVictimsAreDemotedAndNvmeHitsPromotedKeepingTheNvmeCopy) {
   EXPECT_EQ(r->tiers[kHostTier].bytes_written, 16u) << "2 new + 2 promoted";
 }
 
+TEST_F(ReplayTest, ADemotionThatWouldWaitTooLongForTheWriteChannelIsDropped) {
+  // 4-byte blocks into an NVMe tier writing 4 bytes/s: a demotion takes 1 s.
+  // [2] demotes 1 at 0; [3] at 0 would wait 1 s (> 200 ms): 2 is dropped;
+  // [4] at 5 s demotes 3; then [1] (an NVMe hit) at 5.001 s and [3] at
+  // 5.003 s each demote a block into a channel busy until 6 s: dropped.
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(0, 4, "2"), Line(0, 4, "3"), Line(5000, 4, "4"),
+                                        Line(5001, 4, "1"), Line(5002, 4, "2"), Line(5003, 4, "3")}),
+                                 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = TwoTiers("all");
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 10, false};
+  o.write_bytes_per_s[kNvmeTier] = 4;
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tiers[kNvmeTier].dropped_busy, 3u);
+  EXPECT_EQ(r->tiers[kNvmeTier].hits, 2u) << "1 and 3; 2 was dropped";
+  o.write_bytes_per_s[kNvmeTier] = 0;  // no limit
+  EXPECT_EQ(Replay(*trace, o)->tiers[kNvmeTier].hits, 3u);
+}
+
 TEST_F(ReplayTest, SecondHitAdmitsOnlyBlocksFoundAgain) {
   // [1] twice (found again: reused), then [2] evicts it: admitted; [3]
   // evicts 2, never found again: refused; [1] is an NVMe hit whose
