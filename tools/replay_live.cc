@@ -19,13 +19,6 @@ double MicrosSince(Clock::time_point t0) {
 
 }  // namespace
 
-double Percentile(std::vector<double> samples, double p) {
-  if (samples.empty()) return 0;
-  std::sort(samples.begin(), samples.end());
-  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * double(samples.size())));
-  return samples[std::min(samples.size(), std::max<size_t>(rank, 1)) - 1];
-}
-
 Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& o) {
   if (o.bytes_per_token == 0) return InvalidArgument("live mode needs --bytes-per-token (payload sizes)");
   if (!(o.warmup >= 0 && o.warmup < 1)) return InvalidArgument("warm-up fraction must be in [0, 1)");

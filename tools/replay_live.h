@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvtier/result.h"
+#include "tools/replay_sim.h"
 #include "tools/replay_trace.h"
 
 namespace kvtier::tools {
@@ -44,8 +45,5 @@ struct LiveResult {
 // Unavailable when no daemon answers; InvalidArgument for bad options;
 // IoError naming the request when the daemon fails a step.
 Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& options);
-
-// The p-th percentile (nearest rank) of `samples`; 0 when empty.
-double Percentile(std::vector<double> samples, double p);
 
 }  // namespace kvtier::tools

@@ -64,12 +64,16 @@ std::string CapacityText(const Capacity& c) {
   return std::to_string(c.amount) + (c.unit == Capacity::Unit::kTokens ? "tok" : "blk");
 }
 
+double Percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * double(samples.size())));
+  return samples[std::min(samples.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
 std::optional<double> ReplayResult::ttft_percentile(double p) const {
   if (ttft_ms.empty()) return std::nullopt;
-  std::vector<double> sorted = ttft_ms;
-  std::sort(sorted.begin(), sorted.end());
-  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * double(sorted.size())));
-  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+  return Percentile(ttft_ms, p);
 }
 
 std::string_view SimTierName(int tier) {

@@ -108,12 +108,15 @@ struct ReplayResult {
   uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
   std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), file order
   double wall_seconds = 0;
-  // The p-th percentile (nearest rank) of ttft_ms; nullopt when empty.
+  // The p-th percentile of ttft_ms (Percentile); nullopt when empty.
   std::optional<double> ttft_percentile(double p) const;
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
   double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
 };
+
+// The p-th percentile (nearest rank) of `samples`; 0 when empty.
+double Percentile(std::vector<double> samples, double p);
 
 // Runs `trace` once. InvalidArgument for an unknown policy or admission,
 // bad DWPD options, a warm-up outside [0, 1), an NVMe or remote tier (or
