@@ -18,6 +18,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/block_record.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -47,13 +48,7 @@ class EngineAdmissionTest : public ::testing::Test {
   Status Open(const std::string& admission, const DwpdOptions& dwpd = {}) {
     memory_ = std::make_unique<MemoryDevice>(16 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
-    auto index = NvmeIndex::Open(dir_ + "/index", false);
-    if (!index.ok()) return index.status();
-    NvmeTierOptions options;
-    options.region_bytes = 1 << 20;
-    options.staging_bytes = 2 << 20;
-    auto tier = NvmeTier::Open(std::make_unique<::kvtier::testing::FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}), std::move(*index),
-                               options, clock_);
+    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
     if (!tier.ok()) return tier.status();
     nvme_ = std::move(*tier);
     EngineOptions engine_options{2, "lru"};

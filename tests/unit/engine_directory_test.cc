@@ -15,6 +15,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -43,13 +44,9 @@ class EngineDirectoryTest : public ::testing::Test {
     if (with_nvme) {
       dir_ = ::kvtier::testing::MakeTempDir();
       memory_ = std::make_unique<MemoryDevice>(16 << 20);
-      auto index = NvmeIndex::Open(dir_ + "/index", false);
-      ASSERT_TRUE(index.ok());
-      NvmeTierOptions options;
-      options.region_bytes = 1 << 20;
+      NvmeTierOptions options = ::kvtier::testing::SmallNvmeOptions();
       options.staging_bytes = staging_bytes;
-      auto tier = NvmeTier::Open(std::make_unique<FaultInjectingDevice>(*memory_, faults), std::move(*index),
-                                 options, clock_);
+      auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, options, faults);
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
     }

@@ -15,6 +15,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -41,13 +42,7 @@ class EngineNvmeTest : public ::testing::Test {
     memory_ = std::make_unique<MemoryDevice>(16 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);  // 8 blocks in DRAM
     ASSERT_NE(host_, nullptr);
-    auto index = NvmeIndex::Open(dir_ + "/index", false);
-    ASSERT_TRUE(index.ok());
-    NvmeTierOptions options;
-    options.region_bytes = 1 << 20;
-    options.staging_bytes = 2 << 20;
-    auto tier = NvmeTier::Open(std::make_unique<FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}),
-                               std::move(*index), options, clock_);
+    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     nvme_ = std::move(*tier);
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, nvme_.get());

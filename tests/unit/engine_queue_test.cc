@@ -17,6 +17,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -47,16 +48,10 @@ class EngineQueueTest : public ::testing::Test {
     if (nvme) {
       dir_ = ::kvtier::testing::MakeTempDir();
       memory_ = std::make_unique<::kvtier::testing::MemoryDevice>(16 << 20);
-      auto index = NvmeIndex::Open(dir_ + "/index", false);
-      ASSERT_TRUE(index.ok());
-      NvmeTierOptions options;
-      options.region_bytes = 1 << 20;
-      options.staging_bytes = 2 << 20;
+      NvmeTierOptions options = ::kvtier::testing::SmallNvmeOptions();
       options.reinsert_share = 0.5;
       options.reclaim = reclaim;
-      auto tier = NvmeTier::Open(
-          std::make_unique<::kvtier::testing::FaultInjectingDevice>(*memory_, ::kvtier::testing::FaultOptions{}),
-          std::move(*index), options, clock_);
+      auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, options);
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
     }
