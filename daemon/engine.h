@@ -1,6 +1,11 @@
-// Engine: the block index over the tiers, plus the policies that decide
-// what stays. It is the daemon's only stateful core; the wire adapters
-// (session.cc) translate requests into these calls.
+// Engine: the block index over the tier stack, plus the policies that
+// decide what stays. It is the daemon's only stateful core; the wire
+// adapters (session.cc) translate requests into these calls.
+//
+// The stack: the host tier (the shared arena clients read and write in
+// place) on top, then an ordered list of BlockTiers (tiers/tier.h) below
+// it, each with its own admission (tier_admission.h). No engine code names
+// a tier below the host: placement is generic over adjacent tiers.
 //
 // Thread-safe. The index is split into shards by key hash; each shard has its
 // own mutex and its own eviction policy instance. No shard lock is held while
@@ -13,12 +18,17 @@
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
 // A session's uncommitted reservations and leases die with CloseSession.
 //
-// With an NVMe tier: an evicted block is demoted (copied into the tier's
-// staging memory, then written; visible there once written) if the NVMe
-// admission policy (nvme_admission.h) admits it, else dropped; a Pin of an NVMe-resident block
-// promotes it (arena space, a verified read into it, then committed and
-// pinned like any host block; the NVMe copy stays). Concurrent pins of a
-// block being promoted wait for the one read.
+// Placement with tiers below the host:
+// - Demotion: an evicted host block goes to the first tier below whose
+//   admission takes it (copied into the tier's staging, then written;
+//   visible there once written), else it is dropped. A block a tier below
+//   already holds costs no write. A block a lower tier evicts is offered
+//   (BlockTier::SetEvictionSink) to the tiers under it the same way.
+// - Promotion: a Pin of a block found only below reads it from the
+//   highest tier holding it into new arena space (verified), then commits
+//   and pins it like any host block; the copy below stays (inclusive).
+//   Concurrent pins of a block being promoted wait for the one read.
+// - Erase reaches every tier, writes in flight included.
 #pragma once
 
 #include <atomic>
@@ -29,6 +39,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,17 +49,17 @@
 #include "common/counters.h"
 #include "daemon/lineage.h"
 #include "daemon/queued_keys.h"
+#include "daemon/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
 #include "policy/dwpd_budget.h"
 #include "policy/prefetch_planner.h"
 #include "tiers/host/host_tier.h"
+#include "tiers/tier.h"
 
 namespace kvtier {
 
-class NvmeTier;
-class NvmeAdmission;
 
 using SessionId = uint64_t;
 using LeaseId = uint64_t;
@@ -55,14 +67,15 @@ using LeaseId = uint64_t;
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
   std::string eviction = "lru"; // "lru" | "fifo" | "queue_aware"
-  // With an NVMe tier: which evicted blocks it gets, "all" | "second_hit" |
-  // "dwpd" (then `dwpd` must validate). kvtierd's default is "dwpd".
-  std::string nvme_admission = "all";
+  // For Create with one tier below the host: which evicted blocks it gets,
+  // "all" | "second_hit" | "dwpd" (then `dwpd` must validate).
+  std::string admission = "all";
   DwpdOptions dwpd;
   // queue_aware: a victim some queued request needs within this window is
-  // demoted even when admission would refuse it (never dropped).
+  // demoted to the first tier below even when its admission would refuse
+  // it (never dropped; its bytes are still charged).
   uint64_t lookahead_us = 2'000'000;
-  // Prefetch (queue hints + an NVMe tier): NVMe-resident prefix blocks of
+  // Prefetch (queue hints + a tier below): lower-tier prefix blocks of
   // queued requests are read into the host tier before their start, at
   // most this share of the host capacity per plan, skipping hits shorter
   // than prefetch_min_blocks. 0 turns prefetch off.
@@ -104,15 +117,29 @@ struct LayerSpan {
   bool whole() const { return first == 0 && last == 0; }
 };
 
+// One tier under the host tier, as the engine's stack is built.
+struct LowerTier {
+  BlockTier* tier = nullptr;  // borrowed; outlives the Engine
+  // Which blocks evicted from the tier above it takes: "all" |
+  // "second_hit" | "dwpd" (then `dwpd` must validate).
+  std::string admission = "all";
+  DwpdOptions dwpd;
+};
+
 struct EngineShard;
 struct PinBatch;
 
 class Engine {
  public:
-  // `host`, `clock` and `nvme` (null: no NVMe tier) are borrowed and must
-  // outlive the Engine. InvalidArgument for a bad shard count or policy name.
+  // `host`, `clock` and every tier of `below` (highest first) are borrowed
+  // and must outlive the Engine. InvalidArgument for a bad shard count or
+  // policy name.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
-                                                const Clock& clock, NvmeTier* nvme = nullptr);
+                                                const Clock& clock, std::vector<LowerTier> below);
+  // Create with at most one tier below the host (null: none), admitting
+  // with options.admission and options.dwpd.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
+                                                const Clock& clock, BlockTier* below = nullptr);
   ~Engine();  // waits for promotions and demotions in flight
 
   // Records the layer split of `ns`'s blocks so a demoted block keeps its
@@ -142,14 +169,14 @@ class Engine {
 
   using PinDone = std::function<void(std::vector<PinGrant>)>;
   // Pins committed blocks and hands out one lease per block, promoting
-  // NVMe-resident blocks into the host tier first. Per key: ok, NotFound (a
-  // miss, also when a promotion read fails or does not verify), NoSpace
-  // (no arena room for a promotion). A pin is a use (recency, hits).
-  // `done` runs exactly once: inline when no key needed I/O, else on an
-  // NVMe device thread.
+  // blocks found only below the host tier into it first. Per key: ok,
+  // NotFound (a miss, also when a promotion read fails or does not
+  // verify), NoSpace (no arena room for a promotion). A pin is a use
+  // (recency, hits). `done` runs exactly once: inline when no key needed
+  // I/O, else on a thread of the tier that completed the last read.
   //
   // With a layer span (not whole), each grant covers only those layers: a
-  // host block's bytes in place; for an NVMe-resident block only those
+  // host block's bytes in place; for a block found only below, only those
   // layers are read, into transient arena space owned by the lease (freed at
   // Release; the block is not promoted). Such grants carry checksum 0
   // (checksums cover whole blocks). Also InvalidArgument per key when the
@@ -213,21 +240,31 @@ class Engine {
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  Engine(const EngineOptions& options, HostTier& host, const Clock& clock, NvmeTier* nvme);
+  Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
+
+  // A block found below the host tier: the highest tier holding it.
+  struct Located {
+    size_t level = 0;  // index into below_
+    BlockTier::BlockInfo info;
+  };
+  // The highest tier below the host holding `key` under `ns`. Takes only
+  // the tiers' leaf locks (callable under a shard lock).
+  std::optional<Located> FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const;
 
   EngineShard& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
   // Pins the committed `entry` of `key` for `session`. Caller holds the shard lock.
   PinGrant PinLocked(EngineShard& shard, size_t shard_index, SessionId session, const BlockKey& key,
                      uint64_t now_us);
-  // Reads `key` from the NVMe tier into new arena space, then pins it for
-  // its waiters. Runs without locks.
-  void Promote(const BlockKey& key, uint64_t payload_bytes, uint32_t layer_count, uint64_t checksum);
+  // Reads `key` from the tier it was found in into new arena space, then
+  // pins it for its waiters. Runs without locks.
+  void Promote(const BlockKey& key, const Located& from);
   void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
-  // Reads `layers` of NVMe-resident `key` into transient arena space and
-  // resolves slot `index` of `batch` with a lease on it. Runs without locks.
-  void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
-                  uint64_t payload_bytes, uint32_t layer_count, LayerSpan layers);
+  // Reads `layers` of `key` from the tier it was found in into transient
+  // arena space and resolves slot `index` of `batch` with a lease on it.
+  // Runs without locks.
+  void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
+                  LayerSpan layers);
   // Pins `key` again for slot `index` of `batch` (its demotion ended).
   void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                 const NamespaceFingerprint& ns, LayerSpan layers);
@@ -236,10 +273,17 @@ class Engine {
   void FinishDemotion(const BlockKey& key);
   // The layer split of a block of `size` bytes in namespace `ns`.
   NamespaceLayout LayoutOf(const NamespaceFingerprint& ns, uint64_t size);
-  // Offers an evicted block to the NVMe tier; its bytes are copied before
-  // this returns, so the caller may free the extent right after.
-  void Demote(const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,
-              uint64_t checksum);
+  // Writes an evicted host block to tier `level`; its bytes are copied
+  // before this returns, so the caller may free the extent right after.
+  void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
+              uint64_t size, uint64_t checksum);
+  // A block tier `from` evicts (its eviction sink): written to the first
+  // tier under it that admits it, unless one already holds it. Runs on a
+  // thread of tier `from`; never waits (a Busy tier is a drop, counted).
+  void DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload);
+  // Admission's facts on `key` (lineage, parent held). Takes shard locks:
+  // call with none held.
+  TierAdmission::Facts GatherFacts(const BlockKey& key, uint64_t uses);
   void IoStarted();
   void IoFinished();
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed.
@@ -247,7 +291,7 @@ class Engine {
   // Evicts the globally oldest victim among the shards' policies; false when
   // nothing is evictable.
   bool EvictOne();
-  // Whether `key` is in DRAM (or being written or demoted) or on NVMe.
+  // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
 
@@ -260,13 +304,21 @@ class Engine {
 
   HostTier& host_;
   const Clock& clock_;
-  NvmeTier* const nvme_;
+  // The tiers below the host, highest first.
+  struct Below {
+    BlockTier* tier = nullptr;
+    std::unique_ptr<TierAdmission> admission;
+    BandwidthEstimate read_bandwidth{1e9};  // guarded by bandwidth_mu_; 1 GB/s until measured
+    std::atomic<int64_t> lookup_hits{0};
+    std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
+    std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
+  };
+  std::vector<std::unique_ptr<Below>> below_;
   const uint64_t lookahead_us_;
-  std::unique_ptr<NvmeAdmission> admission_;  // set with nvme_
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
-  // The keys queued chains name (for the NVMe tier's queue_aware reclaim).
+  // The keys queued chains name (for lower tiers' queue_aware reclaim).
   QueuedKeys queued_keys_;
   std::atomic<int64_t> prefetch_reads_{0};  // prefetch reads in flight
   std::atomic<bool> prefetch_budget_freed_{false};  // a prefetched block was used since the last plan
@@ -294,7 +346,14 @@ class Engine {
   const double prefetch_share_;
   const uint32_t prefetch_min_blocks_;
   mutable std::mutex bandwidth_mu_;
-  BandwidthEstimate nvme_read_bandwidth_{1e9};  // guarded by bandwidth_mu_; seeded at 1 GB/s until measured
+  // What the lower tiers' eviction sinks call: cleared (under the unique
+  // lock) before the Engine goes away, so a sink running on a tier thread
+  // never reaches a destroyed Engine.
+  struct SinkGate {
+    std::shared_mutex mu;
+    Engine* engine = nullptr;  // guarded by mu
+  };
+  std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
 
@@ -307,11 +366,12 @@ class Engine {
     std::atomic<int64_t> erases{0}, evictions{0}, eviction_failures{0};
     std::atomic<int64_t> sessions_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
-    std::atomic<int64_t> demotion_failures{0}, nvme_lookup_hits{0}, admission_drops{0};
+    std::atomic<int64_t> demotion_failures{0}, admission_drops{0};
     std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
     std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
     std::atomic<int64_t> layer_reads{0};
-    std::atomic<int64_t> demotion_waits{0};  // evictions that waited for a busy NVMe tier  // layer-range pins served by an NVMe read
+    std::atomic<int64_t> demotion_waits{0};   // evictions that waited for a busy tier below
+    std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
   };
   mutable Counters counters_;

@@ -1,12 +1,11 @@
 // Engine queue hints: requests queued by an inference engine's scheduler,
 // split by shard and handed to each shard's eviction policy; and prefetch
-// of their NVMe-resident prefixes into the host tier.
+// of their prefixes held below the host tier into it.
 #include <algorithm>
 #include <unordered_map>
 
 #include "daemon/engine.h"
 #include "daemon/engine_shard.h"
-#include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
 
@@ -97,7 +96,7 @@ constexpr size_t kMaxPlannedRequests = 256;
 }  // namespace
 
 size_t Engine::Prefetch() {
-  if (nvme_ == nullptr || prefetch_share_ <= 0) return 0;
+  if (below_.empty() || prefetch_share_ <= 0) return 0;
   struct Queued {
     uint64_t id;
     NamespaceFingerprint ns;
@@ -121,8 +120,9 @@ size_t Engine::Prefetch() {
       queued.push_back(Queued{earliest[i]->id, earliest[i]->ns, earliest[i]->chain, earliest[i]->start_us});
     }
   }
-  // Where each chain block is now: in DRAM (or on its way), on NVMe, or
-  // nowhere (which ends the usable prefix).
+  // Where each chain block is now: in DRAM (or on its way), below (the
+  // first tier below is the planner's nvme channel, any lower one its
+  // remote channel), or nowhere (which ends the usable prefix).
   std::vector<PrefetchRequest> requests;
   std::unordered_map<uint64_t, NamespaceFingerprint> ns_of;
   for (const Queued& q : queued) {
@@ -138,10 +138,9 @@ size_t Engine::Prefetch() {
         }
       }
       if (b.place != BlockPlace::kHost) {
-        auto info = nvme_->Find(key);
-        if (info && info->ns == q.ns) {
-          b.place = BlockPlace::kNvme;
-          b.bytes = info->payload_bytes;
+        if (std::optional<Located> below = FindBelow(key, q.ns)) {
+          b.place = below->level == 0 ? BlockPlace::kNvme : BlockPlace::kRemote;
+          b.bytes = below->info.payload_bytes;
         }
       }
       r.chain.push_back(b);
@@ -150,10 +149,11 @@ size_t Engine::Prefetch() {
     ns_of[q.id] = q.ns;
     requests.push_back(std::move(r));
   }
-  BandwidthEstimate nvme_bandwidth(1);
+  BandwidthEstimate near_bandwidth(1), far_bandwidth(1);
   {
     std::lock_guard lock(bandwidth_mu_);
-    nvme_bandwidth = nvme_read_bandwidth_;
+    near_bandwidth = below_.front()->read_bandwidth;
+    far_bandwidth = below_.size() > 1 ? below_[1]->read_bandwidth : near_bandwidth;
   }
   // The budget holds what earlier plans read in and nobody used yet.
   uint64_t still_prefetched = 0;
@@ -163,15 +163,14 @@ size_t Engine::Prefetch() {
   }
   const uint64_t budget = static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes()));
   const PrefetchOptions options{budget > still_prefetched ? budget - still_prefetched : 0, prefetch_min_blocks_};
-  // No remote tier yet: its channel is never used.
-  const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, nvme_bandwidth, nvme_bandwidth, options);
+  const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, near_bandwidth, far_bandwidth, options);
   counters_.prefetch_plans.fetch_add(1, std::memory_order_relaxed);
   counters_.prefetch_skipped_short.fetch_add(plan.skipped_short, std::memory_order_relaxed);
   size_t started = 0;
   for (const PrefetchAction& a : plan.actions) {
     const NamespaceFingerprint ns = ns_of.at(a.request);
-    auto info = nvme_->Find(a.key);
-    if (!info || info->ns != ns) continue;  // reclaimed meanwhile
+    std::optional<Located> below = FindBelow(a.key, ns);
+    if (!below) continue;  // evicted meanwhile
     {
       // Claim the key as a Pin's promotion does: pins wait for this read.
       EngineShard& shard = ShardFor(a.key);
@@ -179,15 +178,15 @@ size_t Engine::Prefetch() {
       if (shard.index.count(a.key) != 0) continue;  // cached or being written meanwhile
       BlockEntry& entry = shard.index[a.key];
       entry.ns = ns;
-      entry.size = info->payload_bytes;
+      entry.size = below->info.payload_bytes;
       entry.promoting = true;
       entry.prefetched = true;
       shard.prefetched_bytes += entry.size;
     }
     prefetch_reads_.fetch_add(1, std::memory_order_acq_rel);
-    Promote(a.key, info->payload_bytes, info->layer_count, info->payload_checksum);
+    Promote(a.key, *below);
     counters_.prefetches.fetch_add(1, std::memory_order_relaxed);
-    counters_.prefetch_bytes.fetch_add(static_cast<int64_t>(info->payload_bytes), std::memory_order_relaxed);
+    counters_.prefetch_bytes.fetch_add(static_cast<int64_t>(below->info.payload_bytes), std::memory_order_relaxed);
     ++started;
   }
   return started;

@@ -1,6 +1,8 @@
 // EngineShard: one slice of the engine's index and its policy instance.
-// A plain record guarded by `mu`; the logic lives in Engine (engine.cc),
-// which never holds two shard locks at once.
+// A plain record guarded by `mu`, with the helpers below that keep its maps
+// consistent (engine_shard.cc); the logic lives in Engine (engine.cc,
+// engine_tiers.cc, engine_queue.cc), which never holds two shard locks at
+// once.
 #pragma once
 
 #include <atomic>
@@ -28,7 +30,8 @@ struct BlockEntry {
   SessionId writer = 0;     // the reserving session while not committed
   bool allocated = false;
   bool committed = false;
-  bool promoting = false;   // being read in from the NVMe tier (invisible)
+  bool promoting = false;   // being read in from a tier below (invisible)
+  bool erased = false;      // erased while promoting: the promotion ends as a miss
   bool published = false;   // in the host tier's block directory (committed only)
   bool prefetched = false;  // read in by Prefetch and not used since: counts against its budget
   uint32_t pins = 0;        // live leases; > 0 means never evicted
@@ -81,6 +84,7 @@ struct EngineShard {
   // tier's index meanwhile); pins of them wait and retry when it ends.
   struct Demoting {
     NamespaceFingerprint ns;
+    size_t level = 0;  // the tier below being written
     std::vector<std::function<void()>> waiters;
   };
   std::unordered_map<BlockKey, Demoting> demoting;
@@ -88,5 +92,39 @@ struct EngineShard {
   uint64_t stored_bytes = 0;               // sizes of committed blocks
   uint64_t prefetched_bytes = 0;           // sizes of entries with `prefetched` (being read or resident)
 };
+
+// Lease ids carry their shard in the low bits, so Release locks one shard.
+constexpr int kLeaseShardBits = 8;
+
+inline void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
+  counter.fetch_add(by, std::memory_order_relaxed);
+}
+
+// Resolves one key of a batch; the last one to resolve completes it.
+inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGrant grant) {
+  batch->grants[index] = std::move(grant);
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+}
+
+// Each helper below runs with shard.mu held.
+
+// Removes `key`'s reservation by `session` from `shard`, freeing its space.
+// Returns false if there was no such reservation.
+bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key);
+// Drops one pin of the block `lease` refers to, freeing a zombie when its
+// last pin goes. The caller has removed the lease record.
+void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us);
+// Makes the just-committed `entry` of `key` visible to clients' directory
+// reads (when the host tier has a directory).
+void Publish(HostTier& host, const BlockKey& key, BlockEntry& entry);
+// Takes the committed `entry` of `key` out of the directory. Must run before
+// its extent is freed or can be reused (the directory's extent-safety rule).
+void Withdraw(HostTier& host, const BlockKey& key, BlockEntry& entry);
+// A prefetched block was used or leaves: its bytes stop counting against
+// the prefetch budget. Returns whether it was prefetched.
+bool EndPrefetched(EngineShard& shard, BlockEntry& entry);
+// Removes the committed block `key` (evicted or erased); a pinned one
+// becomes a zombie.
+void RemoveCommitted(EngineShard& shard, HostTier& host, std::unordered_map<BlockKey, BlockEntry>::iterator it);
 
 }  // namespace kvtier

@@ -12,7 +12,7 @@
 #include "common/logging.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
-#include "daemon/nvme_setup.h"
+#include "daemon/tier_stack.h"
 #include "daemon/server.h"
 
 namespace {
@@ -49,32 +49,16 @@ int Serve(const DaemonConfig& config) {
     return 1;
   }
   SystemClock clock;
-  auto nvme = OpenNvmeTier(config, clock);
-  if (!nvme.ok()) {
-    spdlog::critical("nvme tier: {}", nvme.status().ToString());
+  auto stack = OpenTierStack(config, clock);
+  if (!stack.ok()) {
+    spdlog::critical("{}", stack.status().ToString());
     return 1;
   }
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
   engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   engine_options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
   engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
-  if (*nvme) {
-    auto dwpd = DwpdFromConfig(config);
-    if (!dwpd.ok()) {
-      spdlog::critical("nvme admission: {}", dwpd.status().ToString());
-      return 1;
-    }
-    engine_options.nvme_admission = config.nvme_admission;
-    engine_options.dwpd = *dwpd;
-    if (config.nvme_admission == "dwpd") {
-      const DwpdBudget budget(*dwpd, 0);
-      spdlog::info("nvme admission: dwpd, drive {} bytes x {} DWPD, budget {} bytes/day ({:.1f} MB/s)",
-                   dwpd->drive_capacity_bytes, dwpd->dwpd, budget.budget_bytes_per_day(), budget.daily_rate() / 1e6);
-    } else {
-      spdlog::info("nvme admission: {}", config.nvme_admission);
-    }
-  }
-  auto engine = Engine::Create(engine_options, **host, clock, nvme->get());
+  auto engine = Engine::Create(engine_options, **host, clock, stack->lower);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());
     return 1;
@@ -95,7 +79,9 @@ int Serve(const DaemonConfig& config) {
                (*host)->directory() != nullptr
                    ? std::to_string((*host)->directory()->bytes()) + " bytes"
                    : std::string("off"));
-  std::printf("socket: %s\ntiers: host%s\n", (*server)->socket_path().c_str(), *nvme ? " nvme" : "");
+  std::string tiers = "host";
+  for (const auto& tier : stack->tiers) tiers += " " + std::string(tier->name());
+  std::printf("socket: %s\ntiers: %s\n", (*server)->socket_path().c_str(), tiers.c_str());
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -99,4 +99,17 @@ Result<DwpdOptions> DwpdFromConfig(const DaemonConfig& config) {
   return o;
 }
 
+Result<LowerTier> NvmeAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier) {
+  auto dwpd = DwpdFromConfig(config);
+  if (!dwpd.ok()) return dwpd.status();
+  if (config.nvme_admission == "dwpd") {
+    const DwpdBudget budget(*dwpd, 0);
+    spdlog::info("nvme admission: dwpd, drive {} bytes x {} DWPD, budget {} bytes/day ({:.1f} MB/s)",
+                 dwpd->drive_capacity_bytes, dwpd->dwpd, budget.budget_bytes_per_day(), budget.daily_rate() / 1e6);
+  } else {
+    spdlog::info("nvme admission: {}", config.nvme_admission);
+  }
+  return LowerTier{&tier, config.nvme_admission, *dwpd};
+}
+
 }  // namespace kvtier

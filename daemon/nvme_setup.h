@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "daemon/config.h"
+#include "daemon/engine.h"
 #include "policy/dwpd_budget.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -20,5 +21,9 @@ Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock
 // the drive is what holds nvme.path: a block device's size, else the size
 // of the file system the file lives on. IoError if that cannot be read.
 Result<DwpdOptions> DwpdFromConfig(const DaemonConfig& config);
+
+// `tier` (the NVMe tier) with nvme.admission and its DWPD budget, logging
+// the budget. Errors as DwpdFromConfig.
+Result<LowerTier> NvmeAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier);
 
 }  // namespace kvtier

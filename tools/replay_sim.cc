@@ -347,7 +347,7 @@ class Simulator {
     return true;
   }
 
-  // The daemon's classes (daemon/nvme_admission.h): found again twice or
+  // The daemon's classes (daemon/tier_admission.h): found again twice or
   // more: shared; else of a closed conversation; else of an open one (its
   // tail); else found again once: reused; else a first sighting.
   AdmissionClass ClassOf(const SimBlock& b) const {

@@ -79,7 +79,34 @@ void FaultInjectingDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDon
   });
 }
 
+void FaultInjectingDevice::HoldWrites() {
+  std::lock_guard lock(mu_);
+  holding_ = true;
+}
+
+void FaultInjectingDevice::ReleaseWrites() {
+  std::vector<HeldWrite> held;
+  {
+    std::lock_guard lock(mu_);
+    holding_ = false;
+    held.swap(held_);
+  }
+  for (HeldWrite& w : held) Write(w.offset, w.src, std::move(w.done));
+}
+
+size_t FaultInjectingDevice::held_writes() const {
+  std::lock_guard lock(mu_);
+  return held_.size();
+}
+
 void FaultInjectingDevice::Write(uint64_t offset, std::span<const std::byte> src, IoDone done) {
+  {
+    std::lock_guard lock(mu_);
+    if (holding_) {
+      held_.push_back(HeldWrite{offset, src, std::move(done)});
+      return;
+    }
+  }
   const Decision d = Decide(/*is_read=*/false, src.size());
   done = Delayed(d.delayed, std::move(done));
   if (d.fault == kNone) return inner_.Write(offset, src, std::move(done));

@@ -13,6 +13,9 @@
 //   delay        the completion comes `delay` later
 //   fail_after   every I/O after the first N fails with IoError
 //
+// And a latch the test holds: while HoldWrites() is in force, writes are
+// not issued; ReleaseWrites() issues them, in order (a stalled drive).
+//
 // Thread-safe; options may change while I/O runs (e.g. to heal a device).
 #pragma once
 
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <mutex>
 #include <random>
+#include <vector>
 
 #include "tiers/nvme/block_device.h"
 
@@ -58,6 +62,12 @@ class FaultInjectingDevice final : public BlockDevice {
   void VisitCounters(CounterVisitor& visitor) const override;
 
   void SetOptions(const FaultOptions& options);
+  // Writes from now on wait (not issued, not completed) until ReleaseWrites,
+  // which issues every held write in arrival order and stops holding.
+  void HoldWrites();
+  void ReleaseWrites();
+  // Writes waiting on the latch now.
+  size_t held_writes() const;
   // Faults injected so far, all kinds together.
   int64_t injected() const;
 
@@ -78,6 +88,13 @@ class FaultInjectingDevice final : public BlockDevice {
   std::mt19937_64 rng_;    // guarded by mu_
   int64_t ops_ = 0;        // guarded by mu_
   std::atomic<int64_t> injected_[kFaultKinds] = {};
+  struct HeldWrite {
+    uint64_t offset;
+    std::span<const std::byte> src;
+    IoDone done;
+  };
+  bool holding_ = false;            // guarded by mu_
+  std::vector<HeldWrite> held_;     // guarded by mu_
 };
 
 }  // namespace kvtier::testing

@@ -10,10 +10,13 @@ NvmeTierOptions SmallNvmeOptions() {
 }
 
 Result<std::unique_ptr<NvmeTier>> OpenMemoryNvmeTier(MemoryDevice& memory, const std::string& dir, Clock& clock,
-                                                     const NvmeTierOptions& options, const FaultOptions& faults) {
+                                                     const NvmeTierOptions& options, const FaultOptions& faults,
+                                                     FaultInjectingDevice** device) {
   auto index = NvmeIndex::Open(dir + "/index", false);
   if (!index.ok()) return index.status();
-  return NvmeTier::Open(std::make_unique<FaultInjectingDevice>(memory, faults), std::move(*index), options, clock);
+  auto faulty = std::make_unique<FaultInjectingDevice>(memory, faults);
+  if (device != nullptr) *device = faulty.get();
+  return NvmeTier::Open(std::move(faulty), std::move(*index), options, clock);
 }
 
 }  // namespace kvtier::testing

@@ -17,9 +17,12 @@ namespace kvtier::testing {
 // 1 MiB regions, 2 MiB of staging; the rest NvmeTierOptions' defaults.
 NvmeTierOptions SmallNvmeOptions();
 
-// `memory` and `clock` are borrowed and must outlive the tier.
+// `memory` and `clock` are borrowed and must outlive the tier. With
+// `device`, *device is set to the fault-injecting device the tier owns
+// (valid while the tier lives), to change faults or hold its writes.
 Result<std::unique_ptr<NvmeTier>> OpenMemoryNvmeTier(MemoryDevice& memory, const std::string& dir, Clock& clock,
                                                      const NvmeTierOptions& options = SmallNvmeOptions(),
-                                                     const FaultOptions& faults = {});
+                                                     const FaultOptions& faults = {},
+                                                     FaultInjectingDevice** device = nullptr);
 
 }  // namespace kvtier::testing

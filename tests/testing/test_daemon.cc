@@ -95,7 +95,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
     if (from_config.ok()) dwpd = *from_config;
   }
   EngineOptions engine_options{options.shards, options.eviction};
-  engine_options.nvme_admission = options.nvme_admission;
+  engine_options.admission = options.nvme_admission;
   engine_options.dwpd = dwpd;
   auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
   if (!engine.ok()) {

@@ -13,7 +13,7 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/lineage.h"
-#include "daemon/nvme_admission.h"
+#include "daemon/tier_admission.h"
 #include "daemon/nvme_setup.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
@@ -52,7 +52,7 @@ class EngineAdmissionTest : public ::testing::Test {
     if (!tier.ok()) return tier.status();
     nvme_ = std::move(*tier);
     EngineOptions engine_options{2, "lru"};
-    engine_options.nvme_admission = admission;
+    engine_options.admission = admission;
     engine_options.dwpd = dwpd;
     auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
     if (!engine.ok()) return engine.status();
@@ -85,17 +85,17 @@ class EngineAdmissionTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
-TEST(NvmeAdmissionTest, ClassComesFromUsesThenConversation) {
-  using Facts = NvmeAdmission::Facts;
+TEST(TierAdmissionTest, ClassComesFromUsesThenConversation) {
+  using Facts = TierAdmission::Facts;
   using State = Lineage::State;
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{0}), AdmissionClass::kFirstSighting);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1}), AdmissionClass::kReused);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{2}), AdmissionClass::kShared);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{50}), AdmissionClass::kShared);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{0, State::kOpen}), AdmissionClass::kOpenSessionTail);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1, State::kOpen}), AdmissionClass::kOpenSessionTail);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{1, State::kClosed}), AdmissionClass::kClosedSession);
-  EXPECT_EQ(NvmeAdmission::ClassOf(Facts{2, State::kClosed}), AdmissionClass::kShared) << "shared beats closed";
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{0}), AdmissionClass::kFirstSighting);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{1}), AdmissionClass::kReused);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{2}), AdmissionClass::kShared);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{50}), AdmissionClass::kShared);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{0, State::kOpen}), AdmissionClass::kOpenSessionTail);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{1, State::kOpen}), AdmissionClass::kOpenSessionTail);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{1, State::kClosed}), AdmissionClass::kClosedSession);
+  EXPECT_EQ(TierAdmission::ClassOf(Facts{2, State::kClosed}), AdmissionClass::kShared) << "shared beats closed";
 }
 
 TEST(LineageTest, ParentsConversationsAndTheBound) {

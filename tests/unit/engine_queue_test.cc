@@ -56,7 +56,7 @@ class EngineQueueTest : public ::testing::Test {
       nvme_ = std::move(*tier);
     }
     EngineOptions options{2, eviction};
-    options.nvme_admission = admission;
+    options.admission = admission;
     options.lookahead_us = 2'000'000;
     options.prefetch_share = prefetch_share;  // 0.5: 4 of the 8 host blocks per plan
     auto engine = Engine::Create(options, *host_, clock_, nvme_.get());

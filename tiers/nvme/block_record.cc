@@ -109,8 +109,8 @@ Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_
   return ByteRange{first * header.layer_bytes, (last - first) * header.layer_bytes};
 }
 
-void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& h, std::optional<uint64_t> known) {
-  h.payload_checksum = known ? *known : BlockChecksum(payload);
+void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& h) {
+  h.payload_checksum = BlockChecksum(payload);
   h.layer_checksums.clear();
   if (h.layer_count > kMaxLayerChecksums) return;
   if (h.layer_count == 1) {  // the one layer is the payload: one pass

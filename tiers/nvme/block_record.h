@@ -72,11 +72,9 @@ struct ByteRange {
 Result<ByteRange> LayerRange(const RecordHeader& header, uint32_t first, uint32_t last);
 
 // Fills header.payload_checksum and header.layer_checksums from `payload`
-// (header.layer_count and layer_bytes must already describe it). `known`:
-// the payload's xxh3-64 when the caller has it already (the host tier
-// records it at Commit), saving a pass; a wrong one makes every read miss.
-void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& header,
-                     std::optional<uint64_t> known = std::nullopt);
+// (header.layer_count and layer_bytes must already describe it): always
+// from the bytes themselves, so a record describes what it stores.
+void ChecksumPayload(std::span<const std::byte> payload, RecordHeader& header);
 
 // Ok if `layers` (the bytes of layers [first, last)) match the header's
 // checksums: the per-layer ones, or the payload checksum when the range is

@@ -65,7 +65,9 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> de
   return tier;
 }
 
-NvmeTier::~NvmeTier() {
+NvmeTier::~NvmeTier() { WaitForIdle(); }
+
+void NvmeTier::WaitForIdle() const {
   std::unique_lock lock(mu_);
   idle_cv_.wait(lock, [this] { return io_in_flight_ == 0; });
 }
@@ -219,8 +221,13 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
       reinsert_budget_bytes_ = std::min(reinsert_budget_bytes_ + options_.reinsert_share * double(record_bytes),
                                         double(options_.region_bytes));
     }
-    MaybeStartReinsertion();
+    MaybeScanNextVictim();
   }
+  // Copy first, then checksum the copy: the record describes the bytes it
+  // stores even if the source changes meanwhile.
+  std::memcpy(staging.data() + kRecordHeaderBytes, payload.data(), payload.size());
+  std::memset(staging.data() + kRecordHeaderBytes + payload.size(), 0,
+              record_bytes - kRecordHeaderBytes - payload.size());
   RecordHeader header;
   header.ns = ns;
   header.key = key;
@@ -228,13 +235,27 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
   header.layer_count = layer_count;
   header.layer_bytes = payload.size() / layer_count;
   header.region_generation = entry.region_generation;
-  ChecksumPayload(payload, header, payload_checksum);
+  ChecksumPayload(staging.subspan(kRecordHeaderBytes, payload.size()), header);
+  if (payload_checksum && *payload_checksum != header.payload_checksum) {
+    // The source changed after its checksum was taken: nothing is written,
+    // and the region space taken stays dead until the region is reclaimed.
+    staging_->Free(staging);
+    {
+      std::lock_guard lock(mu_);
+      regions_.WriteFinished(entry.region);
+      writing_.erase(key);
+      cancelled_.erase(key);
+      counters_.submitted.device_bytes -= record_bytes;
+      if (replaces != nullptr) counters_.submitted.reinserted_bytes -= record_bytes;
+      ++counters_.write_checksum_mismatches;
+      ++counters_.write_rejections;
+    }
+    EndIo();
+    return Corruption("block " + key.ToHex() + " changed after its checksum was taken; not written");
+  }
   entry.ns = ns;
   entry.payload_checksum = header.payload_checksum;
   EncodeRecordHeader(header, staging.first(kRecordHeaderBytes));
-  std::memcpy(staging.data() + kRecordHeaderBytes, payload.data(), payload.size());
-  std::memset(staging.data() + kRecordHeaderBytes + payload.size(), 0,
-              record_bytes - kRecordHeaderBytes - payload.size());
   std::optional<IndexEntry> replaced;
   if (replaces != nullptr) replaced = *replaces;
   device_->Write(entry.offset, staging.first(record_bytes),
@@ -253,8 +274,19 @@ void NvmeTier::SetNeededHint(NeededHint needed) {
   needed_ = std::move(needed);
 }
 
-void NvmeTier::MaybeStartReinsertion() {
-  if (options_.reinsert_share <= 0 || reinserting_ || regions_.free_count() > 0) return;
+void NvmeTier::SetEvictionSink(EvictionSink sink) {
+  std::lock_guard lock(mu_);
+  eviction_sink_ = std::move(sink);
+}
+
+uint64_t NvmeTier::used_bytes() const {
+  std::lock_guard lock(mu_);
+  return static_cast<uint64_t>(counters_.stored_bytes);
+}
+
+void NvmeTier::MaybeScanNextVictim() {
+  const bool reinsert = options_.reinsert_share > 0;
+  if ((!reinsert && !eviction_sink_) || reinserting_ || regions_.free_count() > 0) return;
   auto victim = regions_.NextVictim();
   if (!victim) return;
   const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
@@ -267,26 +299,42 @@ void NvmeTier::MaybeStartReinsertion() {
     candidates.push_back(ReclaimCandidate{k, entries_.at(k).hits, ask && needed_(k)});
   }
   // The policy's order, while the budget lasts.
-  std::vector<std::pair<BlockKey, IndexEntry>> chosen;
-  for (const ReclaimCandidate& c : ChooseReinsertions(std::move(candidates), options_.reclaim)) {
-    const IndexEntry& entry = entries_.at(c.key);
-    const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
-    if (bytes > reinsert_budget_bytes_) {
-      ++counters_.reinsert_over_budget;
-      continue;
+  Blocks chosen;
+  std::unordered_set<BlockKey> kept;
+  if (reinsert) {
+    for (const ReclaimCandidate& c : ChooseReinsertions(candidates, options_.reclaim)) {
+      const IndexEntry& entry = entries_.at(c.key);
+      const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
+      if (bytes > reinsert_budget_bytes_) {
+        ++counters_.reinsert_over_budget;
+        continue;
+      }
+      reinsert_budget_bytes_ -= bytes;
+      chosen.emplace_back(c.key, entry);
+      kept.insert(c.key);
+      if (c.needed) ++counters_.reinserted_needed;
     }
-    reinsert_budget_bytes_ -= bytes;
-    chosen.emplace_back(c.key, entry);
-    if (c.needed) ++counters_.reinserted_needed;
   }
-  if (chosen.empty()) return;
+  // The rest leave with the region: offered to the tier below first.
+  Blocks evicted;
+  if (eviction_sink_) {
+    for (const ReclaimCandidate& c : candidates) {
+      if (kept.count(c.key) == 0) evicted.emplace_back(c.key, entries_.at(c.key));
+    }
+  }
+  if (chosen.empty() && evicted.empty()) return;
+  // Nothing leaves unoffered: the region is not reclaimed (writes get
+  // Busy) until the job has handed its blocks down.
+  if (!evicted.empty()) regions_.HoldReclaim(*victim);
   reinserting_ = true;
   BeginIo();
-  verifiers_.Post([this, chosen = std::move(chosen)]() mutable { Reinsert(std::move(chosen)); });
+  verifiers_.Post([this, chosen = std::move(chosen), evicted = std::move(evicted), sink = eviction_sink_]() mutable {
+    ReinsertAndEvict(std::move(chosen), std::move(evicted), std::move(sink));
+  });
 }
 
-void NvmeTier::Reinsert(std::vector<std::pair<BlockKey, IndexEntry>> blocks) {
-  for (const auto& [key, entry] : blocks) {
+void NvmeTier::ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink) {
+  for (const auto& [key, entry] : reinsert) {
     const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
     auto staging = staging_->Allocate(bytes);
     Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
@@ -300,10 +348,36 @@ void NvmeTier::Reinsert(std::vector<std::pair<BlockKey, IndexEntry>> blocks) {
       std::lock_guard lock(mu_);
       ++counters_.reinsert_failures;
     }
+    if (!s.ok() && sink) evict.emplace_back(key, entry);  // it leaves after all: offer it below
+  }
+  for (const auto& [key, entry] : evict) {
+    const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
+    uint64_t hits = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto it = entries_.find(key);
+      // Erased, replaced or already reclaimed: nothing to hand down.
+      if (it == entries_.end() || it->second.offset != entry.offset ||
+          it->second.region_generation != entry.region_generation) {
+        if (regions_.Generation(entry.region) != entry.region_generation) ++counters_.evictions_missed;
+        continue;
+      }
+      hits = it->second.hits;
+    }
+    auto staging = staging_->Allocate(bytes);
+    Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
+    if (s.ok()) {
+      sink(Evicted{entry.ns, key, entry.layer_count, entry.payload_checksum, hits},
+           staging->subspan(kRecordHeaderBytes, entry.payload_bytes));
+    }
+    if (staging) staging_->Free(*staging);
+    std::lock_guard lock(mu_);
+    ++(s.ok() ? counters_.evictions_offered : counters_.eviction_read_failures);
   }
   {
     std::lock_guard lock(mu_);
     reinserting_ = false;
+    regions_.HoldReclaim(std::nullopt);
   }
   EndIo();
 }
@@ -569,6 +643,10 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.reinsert_failures", counters_.reinsert_failures);
     v.Visit("nvme.reinsert_over_budget", counters_.reinsert_over_budget);
     v.Visit("nvme.reinsert_needed", counters_.reinserted_needed);
+    v.Visit("nvme.evictions_offered", counters_.evictions_offered);
+    v.Visit("nvme.eviction_read_failures", counters_.eviction_read_failures);
+    v.Visit("nvme.evictions_missed", counters_.evictions_missed);
+    v.Visit("nvme.write_checksum_mismatches", counters_.write_checksum_mismatches);
     v.Visit("nvme.recovery_loaded", recovery_.entries_loaded);
     v.Visit("nvme.recovery_dropped_stale", recovery_.dropped_stale);
     v.Visit("nvme.recovery_dropped_corrupt", recovery_.dropped_corrupt);

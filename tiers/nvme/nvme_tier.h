@@ -15,6 +15,12 @@
 // - ENOSPC marks the tier full: writes fail fast with NoSpace for
 //   full_retry, then one write probes again; success clears it.
 //
+// The tier implements BlockTier (tiers/tier.h); what follows adds to that
+// contract. With an eviction sink installed, the blocks of the region that
+// reclaim takes next are read back (verified) when the last free region
+// opens, and those reinsertion does not keep are offered to the sink while
+// they are still readable here.
+//
 // Thread-safe. Write/Read return a Status at once: not ok means rejected
 // (`done` never runs); ok means `done` runs exactly once, never inline: a
 // write's on a device thread, a read's on a verifier thread (checksumming
@@ -43,6 +49,7 @@
 #include "tiers/nvme/nvme_index.h"
 #include "tiers/nvme/region_manager.h"
 #include "tiers/nvme/staging_pool.h"
+#include "tiers/tier.h"
 
 namespace kvtier {
 
@@ -73,71 +80,57 @@ struct NvmeRecovery {
   int64_t regions_resealed = 0;
 };
 
-class NvmeTier {
+class NvmeTier final : public BlockTier {
  public:
   // Takes the device and the index; recovers as described above. `clock` is
   // borrowed. Errors: InvalidArgument (geometry), NoSpace (staging memory),
   // IoError (index), each naming the cause.
   static Result<std::unique_ptr<NvmeTier>> Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
                                                 const NvmeTierOptions& options, Clock& clock);
-  ~NvmeTier();
+  ~NvmeTier() override;
 
-  using WriteDone = std::function<void(Status)>;
-  // Stores `payload` (layer-major, layer_count equal layers) under `key`;
-  // the bytes are copied before Write returns. Rejections: InvalidArgument
-  // (empty, layers uneven, larger than a region), AlreadyExists (stored or
-  // being stored), Busy (no staging memory or reclaimable region now),
-  // NoSpace (the tier is full), IoError (index). `done`: Ok once durable on
-  // the device and indexed; IoError / NoSpace otherwise (nothing visible).
-  // `payload_checksum`: its xxh3-64 if the caller knows it (saves a pass).
+  Tier kind() const override { return Tier::kNvme; }
+  std::string_view name() const override { return "nvme"; }
+  bool asynchronous() const override { return true; }
+  uint64_t capacity_bytes() const override { return device_->capacity_bytes(); }
+  uint64_t used_bytes() const override;
+  uint64_t StoredBytes(uint64_t payload_bytes) const override {
+    return RecordBytes(payload_bytes, device_->alignment_bytes());
+  }
+
+  // BlockTier::Write. Also InvalidArgument when larger than a region, and
+  // Corruption when `payload_checksum` is given and the bytes copied into
+  // staging do not hash to it (counted in nvme.write_checksum_mismatches:
+  // the source changed after its checksum was taken). `done`: Ok once
+  // durable on the device and indexed.
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
-               std::optional<uint64_t> payload_checksum = std::nullopt);
+               std::optional<uint64_t> payload_checksum = std::nullopt) override;
 
-  using ReadDone = std::function<void(Result<size_t>)>;
-  // Copies layers [first_layer, last_layer) of `key` into `dst` (borrowed
-  // until `done`). A whole-block read of 1 MiB or more into a 4 KiB-aligned
+  // BlockTier::Read. A whole-block read of 1 MiB or more into a 4 KiB-aligned
   // `dst` with room for the payload rounded up to 4 KiB lands there
-  // directly (no staging copy). Rejections: NotFound, InvalidArgument (bad range, `dst`
-  // too small), Busy (no staging memory now). `done`: the bytes copied;
-  // NotFound (reclaimed meanwhile), Corruption (the record did not verify;
-  // the entry is dropped), IoError (the entry is kept).
+  // directly (no staging copy). `done` runs on a verifier thread; an
+  // IoError keeps the entry.
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
-              ReadDone done);
+              ReadDone done) override;
 
-  struct BlockInfo {
-    NamespaceFingerprint ns;
-    uint64_t payload_bytes = 0;
-    uint32_t layer_count = 0;
-    uint64_t payload_checksum = 0;  // xxh3-64 of the whole payload
-  };
-  std::optional<BlockInfo> Find(const BlockKey& key) const;
-  // Forgets `key` (NotFound if absent); its bytes become dead space. A
-  // write of `key` still in flight (or a reinsertion of it) is cancelled:
-  // it completes with Cancelled and leaves nothing visible.
-  Status Erase(const BlockKey& key);
+  std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  Status Erase(const BlockKey& key) override;
 
-  // For the queue_aware reclaim order: whether a queued request needs a
-  // key. Called with the tier's mutex held, so it must not call the tier
-  // and may take only leaf locks; empty clears it (its owner must clear it
-  // before it goes away).
-  using NeededHint = std::function<bool(const BlockKey&)>;
-  void SetNeededHint(NeededHint needed);
+  // For the queue_aware reclaim order (policy/reclaim_policy.h).
+  void SetNeededHint(NeededHint needed) override;
+  void SetEvictionSink(EvictionSink sink) override;
+
+  // Blocks until no I/O and no background job (reinsertion, eviction scan)
+  // of the tier is in flight. Not on a tier thread.
+  void WaitForIdle() const;
 
   bool full() const;
-  // Record bytes (headers and padding included) sent to the device since
-  // Open, whatever their outcome; and the part of them that reinsertion
-  // wrote (the tier's own writes, which no admission decided). What a
-  // write budget counts.
-  struct WriteTotals {
-    uint64_t device_bytes = 0;
-    uint64_t reinserted_bytes = 0;
-  };
-  WriteTotals write_totals() const;
+  WriteTotals write_totals() const override;
   const NvmeRecovery& recovery() const { return recovery_; }
   const BlockDevice& device() const { return *device_; }
   // nvme.* counters, the device's and the staging pool's included.
-  void VisitCounters(CounterVisitor& visitor) const;
+  void VisitCounters(CounterVisitor& visitor) const override;
 
  private:
   struct ReadOp;
@@ -154,11 +147,14 @@ class NvmeTier {
   Status WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                      std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum,
                      const IndexEntry* replaces);
-  // Caller holds mu_, after an allocation: when no region is free, starts
-  // reinserting the hit blocks of the next victim region (budget allowing).
-  void MaybeStartReinsertion();
-  // Copies each of `keys` (records `entries`) forward. Runs on a verifier thread.
-  void Reinsert(std::vector<std::pair<BlockKey, IndexEntry>> blocks);
+  // Caller holds mu_, after an allocation: when no region is free, takes
+  // the next victim region's turn: its hit blocks are reinserted (budget
+  // allowing) and, with an eviction sink, the others are offered to it.
+  void MaybeScanNextVictim();
+  using Blocks = std::vector<std::pair<BlockKey, IndexEntry>>;
+  // Copies each of `reinsert` forward and hands each of `evict` to `sink`.
+  // Runs on a verifier thread.
+  void ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink);
   // Persists region changes of an allocation; drops a reclaimed region's
   // entries from memory. Caller holds mu_.
   Status PersistRegions(const RegionManager::Allocation& allocation);
@@ -178,7 +174,7 @@ class NvmeTier {
   NvmeRecovery recovery_;
 
   mutable std::mutex mu_;
-  std::condition_variable idle_cv_;
+  mutable std::condition_variable idle_cv_;
   RegionManager regions_;                                            // guarded by mu_
   std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
   std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
@@ -186,8 +182,9 @@ class NvmeTier {
   std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
   bool full_ = false;                                                // guarded by mu_
   double reinsert_budget_bytes_ = 0;                                 // guarded by mu_: the token bucket
-  bool reinserting_ = false;                                         // guarded by mu_: a Reinsert job runs
+  bool reinserting_ = false;                                         // guarded by mu_: a scan job runs
   NeededHint needed_;                                                // guarded by mu_
+  EvictionSink eviction_sink_;                                       // guarded by mu_
   std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
   int64_t full_until_us_ = 0;                                        // guarded by mu_
   int64_t io_in_flight_ = 0;                                         // guarded by mu_
@@ -196,6 +193,8 @@ class NvmeTier {
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
     int64_t reinserted = 0, reinserted_bytes = 0, reinsert_failures = 0, reinsert_over_budget = 0;
     int64_t reinserted_needed = 0;  // chosen because a queued request needs them
+    int64_t evictions_offered = 0, eviction_read_failures = 0, write_checksum_mismatches = 0;
+    int64_t evictions_missed = 0;  // reclaimed before the eviction scan read them
     WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the

@@ -78,8 +78,13 @@ Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes)
       next = free_.front();
       free_.pop_front();
     } else {
-      auto it = std::find_if(sealed_.begin(), sealed_.end(),
-                             [this](uint32_t r) { return regions_[r].writes_in_flight == 0; });
+      auto it = sealed_.begin();
+      for (; it != sealed_.end() && regions_[*it].writes_in_flight != 0; ++it) {
+        if (held_ == *it) break;
+      }
+      if (it != sealed_.end() && held_ == *it) {
+        return Busy("the next nvme region to reclaim is still being read out to the tier below");
+      }
       if (it == sealed_.end()) return Busy("every nvme region has writes in flight; none can be reclaimed yet");
       next = *it;
       sealed_.erase(it);

@@ -62,6 +62,10 @@ class RegionManager {
   // Writes in flight per region: a region with any is never reclaimed.
   void WriteStarted(uint32_t region);
   void WriteFinished(uint32_t region);
+  // A region whose records are being read out (to the tier below) before
+  // its reclaim: until the hold is lifted (nullopt), Allocate answers Busy
+  // rather than reclaim it or any region sealed after it.
+  void HoldReclaim(std::optional<uint32_t> region) { held_ = region; }
 
   uint64_t Generation(uint32_t region) const { return regions_[region].generation; }
   RegionStatus StatusOf(uint32_t region) const { return regions_[region].status; }
@@ -91,6 +95,7 @@ class RegionManager {
   std::deque<uint32_t> free_;      // free regions, lowest first
   int64_t reclaims_ = 0;
   uint64_t next_seal_sequence_ = 1;
+  std::optional<uint32_t> held_;   // see HoldReclaim
 };
 
 }  // namespace kvtier

@@ -1,6 +1,7 @@
-// NvmeAdmission: the engine's gate in front of the NVMe tier. It runs the
-// configured admission policy (policy/admission_policy.h) on each evicted
-// host block, with the block's class derived from what the engine knows,
+// TierAdmission: the engine's gate in front of one tier of its stack (the
+// NVMe tier's DWPD budget, for one). It runs the configured admission
+// policy (policy/admission_policy.h) on each block evicted from the tier
+// above, with the block's class derived from what the engine knows,
 // and keeps the policy's view of the device current: before each decision
 // it reports the tier's device bytes written (the DWPD budget's W) and
 // charges what reinsertion wrote since the last one.
@@ -15,7 +16,7 @@
 //   else                              -> first sighting
 // Prefix closure: the engine says whether the block's parent (from the
 // chain a queued request named) is held anywhere: in DRAM, being demoted,
-// or on the NVMe tier. A block with no known parent counts as a root.
+// or in any tier below. A block with no known parent counts as a root.
 //
 // Thread-safe (one mutex around the policy).
 #pragma once
@@ -32,14 +33,14 @@
 
 namespace kvtier {
 
-class NvmeTier;
+class BlockTier;
 
-class NvmeAdmission {
+class TierAdmission {
  public:
   // `name`: "all", "second_hit" or "dwpd" (which needs dwpd to validate).
   // `tier` and `clock` are borrowed. InvalidArgument naming the problem.
-  static Result<std::unique_ptr<NvmeAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
-                                                       const NvmeTier& tier, const Clock& clock);
+  static Result<std::unique_ptr<TierAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
+                                                       const BlockTier& tier, const Clock& clock);
 
   // What the engine knows of an evicted block.
   struct Facts {
@@ -48,23 +49,24 @@ class NvmeAdmission {
     bool parent_held = true;
   };
   static AdmissionClass ClassOf(const Facts& facts);
-  // Whether a block of `payload_bytes` may be written to the tier; an
+  // Whether a block of `payload_bytes` may be written to the tier (what it
+  // costs there: BlockTier::StoredBytes); an
   // admitted block's record bytes are taken from the budget.
   bool Admit(uint64_t payload_bytes, const Facts& facts);
   // A write made without asking (a block a queued request needs soon): its
   // record bytes are charged to the budget, if any.
   void Force(uint64_t payload_bytes);
-  // nvme.admission.*: the policy's counters.
+  // <tier name>.admission.*: the policy's counters.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  NvmeAdmission(std::unique_ptr<AdmissionPolicy> policy, const NvmeTier& tier, const Clock& clock);
+  TierAdmission(std::unique_ptr<AdmissionPolicy> policy, const BlockTier& tier, const Clock& clock);
   // Reports the tier's device bytes and charges new reinsertion bytes.
   // Caller holds mu_ (the tier's own lock is taken inside, briefly: it is
   // a leaf).
   void CatchUp(uint64_t now_us);
 
-  const NvmeTier& tier_;
+  const BlockTier& tier_;
   const Clock& clock_;
   mutable std::mutex mu_;
   std::unique_ptr<AdmissionPolicy> policy_;  // guarded by mu_

@@ -1,0 +1,72 @@
+#include "daemon/engine_shard.h"
+
+#include "common/check.h"
+
+namespace kvtier {
+
+bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key) {
+  auto it = shard.index.find(key);
+  if (it == shard.index.end() || it->second.committed || it->second.writer != session) return false;
+  if (it->second.allocated) host.Free(it->second.extent);
+  shard.index.erase(it);
+  auto s = shard.sessions.find(session);
+  if (s != shard.sessions.end()) s->second.reserved.erase(key);
+  return true;
+}
+
+void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {
+  auto it = shard.index.find(lease.key);
+  if (it != shard.index.end() && it->second.committed && it->second.handle == lease.handle) {
+    KVTIER_CHECK(it->second.pins > 0, "unpin of an unpinned block");
+    if (--it->second.pins == 0) shard.policy->OnUnpin(lease.handle, now_us);
+    return;
+  }
+  auto z = shard.zombies.find(lease.handle);
+  KVTIER_CHECK(z != shard.zombies.end(), "lease refers to no block");
+  KVTIER_CHECK(z->second.pins > 0, "unpin of an unpinned zombie");
+  if (--z->second.pins == 0) {
+    host.Free(z->second.extent);
+    shard.zombies.erase(z);
+  }
+}
+
+void Publish(HostTier& host, const BlockKey& key, BlockEntry& entry) {
+  HostDirectory* dir = host.directory();
+  if (dir != nullptr) entry.published = dir->Publish(entry.ns, key, entry.extent.offset, entry.size, entry.checksum);
+}
+
+void Withdraw(HostTier& host, const BlockKey& key, BlockEntry& entry) {
+  HostDirectory* dir = host.directory();
+  if (dir == nullptr) return;
+  if (entry.published) {
+    dir->Withdraw(key);
+  } else {
+    dir->ForgetUnpublished();
+  }
+  entry.published = false;
+}
+
+bool EndPrefetched(EngineShard& shard, BlockEntry& entry) {
+  if (!entry.prefetched) return false;
+  entry.prefetched = false;
+  shard.prefetched_bytes -= entry.size;
+  return true;
+}
+
+void RemoveCommitted(EngineShard& shard, HostTier& host,
+                     std::unordered_map<BlockKey, BlockEntry>::iterator it) {
+  BlockEntry& entry = it->second;
+  EndPrefetched(shard, entry);
+  Withdraw(host, it->first, entry);
+  shard.policy->OnRemove(entry.handle);
+  shard.committed.erase(entry.handle);
+  shard.stored_bytes -= entry.size;
+  if (entry.pins > 0) {
+    shard.zombies.emplace(entry.handle, std::move(entry));
+  } else {
+    host.Free(entry.extent);
+  }
+  shard.index.erase(it);
+}
+
+}  // namespace kvtier

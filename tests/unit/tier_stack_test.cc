@@ -1,0 +1,283 @@
+// The tier stack (tiers/tier.h, Engine over LowerTiers): a three-tier
+// stack, host -> NVMe (memory device) -> a tier defined only in this test.
+// Blocks demote down to the third tier and come back up byte-exact, with
+// no production code written for that tier; each tier's admission decides
+// where an evicted block goes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/worker_pool.h"
+#include "daemon/engine.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::CheckBlockBytes;
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::MemoryDevice;
+using ::kvtier::testing::SlotBytes;
+
+// A tier that keeps blocks in a map: completions run on its own thread, as
+// the BlockTier contract asks, and every read checks the stored checksum.
+class MapTier final : public BlockTier {
+ public:
+  Tier kind() const override { return Tier::kRemote; }
+  std::string_view name() const override { return "maptier"; }
+  bool asynchronous() const override { return false; }
+  uint64_t capacity_bytes() const override { return 1ull << 40; }
+  uint64_t used_bytes() const override {
+    std::lock_guard lock(mu_);
+    return used_;
+  }
+
+  std::optional<BlockInfo> Find(const BlockKey& key) const override {
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return std::nullopt;
+    return it->second.info;
+  }
+
+  Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+               std::span<const std::byte> payload, WriteDone done,
+               std::optional<uint64_t> payload_checksum) override {
+    if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {
+      return InvalidArgument("uneven layers");
+    }
+    Stored stored;
+    stored.bytes.assign(payload.begin(), payload.end());
+    stored.info = BlockInfo{ns, payload.size(), layer_count, BlockChecksum(stored.bytes)};
+    if (payload_checksum && *payload_checksum != stored.info.payload_checksum) {
+      return Corruption("bytes changed after their checksum was taken");
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (blocks_.count(key) != 0) return AlreadyExists("stored");
+      used_ += payload.size();
+      ++writes_;
+      blocks_.emplace(key, std::move(stored));
+    }
+    completions_.Post([done = std::move(done)] { done(Status::Ok()); });
+    return Status::Ok();
+  }
+
+  Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+              ReadDone done) override {
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return NotFound("not in the map tier");
+    const BlockInfo& info = it->second.info;
+    if (first_layer >= last_layer || last_layer > info.layer_count) return InvalidArgument("bad layer range");
+    const uint64_t layer_bytes = info.payload_bytes / info.layer_count;
+    const uint64_t bytes = (last_layer - first_layer) * layer_bytes;
+    if (dst.size() < bytes) return InvalidArgument("destination too small");
+    if (BlockChecksum(it->second.bytes) != info.payload_checksum) {
+      completions_.Post([done = std::move(done)] { done(Corruption("map tier block rotted")); });
+      return Status::Ok();
+    }
+    std::memcpy(dst.data(), it->second.bytes.data() + first_layer * layer_bytes, bytes);
+    ++reads_;
+    completions_.Post([done = std::move(done), bytes] { done(size_t{bytes}); });
+    return Status::Ok();
+  }
+
+  Status Erase(const BlockKey& key) override {
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return NotFound("not in the map tier");
+    used_ -= it->second.info.payload_bytes;
+    blocks_.erase(it);
+    return Status::Ok();
+  }
+
+  WriteTotals write_totals() const override {
+    std::lock_guard lock(mu_);
+    return WriteTotals{used_, 0};
+  }
+
+  void VisitCounters(CounterVisitor& v) const override {
+    std::lock_guard lock(mu_);
+    v.Visit("maptier.blocks", static_cast<int64_t>(blocks_.size()));
+    v.Visit("maptier.writes", writes_);
+    v.Visit("maptier.reads", reads_);
+  }
+
+  size_t blocks() const {
+    std::lock_guard lock(mu_);
+    return blocks_.size();
+  }
+
+ private:
+  struct Stored {
+    BlockInfo info;
+    std::vector<std::byte> bytes;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Stored> blocks_;  // guarded by mu_
+  uint64_t used_ = 0;                             // guarded by mu_
+  int64_t writes_ = 0, reads_ = 0;                // guarded by mu_
+  WorkerPool completions_{1};                     // declared last: drained first
+};
+
+constexpr uint64_t kBlockBytes = 64 << 10;  // 4 layers of 16 KiB
+constexpr uint32_t kLayers = 4;
+constexpr NamespaceFingerprint kNs{0x5eed, 0x7143};
+
+BlockKey Key(uint64_t i) { return BlockKey{0x3713, i}; }
+
+class TierStackTest : public ::testing::Test {
+ protected:
+  // host: 8 blocks; NVMe: 4 regions of 1 MiB (about 60 records, fewer
+  // once reclaim keeps a region ahead); below it the map tier.
+  void Build(const std::string& nvme_admission) {
+    dir_ = ::kvtier::testing::MakeTempDir();
+    memory_ = std::make_unique<MemoryDevice>(4 << 20);
+    host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
+    ASSERT_NE(host_, nullptr);
+    NvmeTierOptions nvme_options = ::kvtier::testing::SmallNvmeOptions();
+    nvme_options.reinsert_share = 0;  // every block of a reclaimed region leaves it
+    auto nvme = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, nvme_options);
+    ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
+    nvme_ = std::move(*nvme);
+    std::vector<LowerTier> stack{LowerTier{nvme_.get(), nvme_admission, {}}, LowerTier{&map_, "all", {}}};
+    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});
+  }
+  void TearDown() override {
+    engine_.reset();
+    nvme_.reset();
+    if (!dir_.empty()) ::kvtier::testing::RemoveTree(dir_);
+  }
+
+  // Puts block i, then lets every move it caused finish (the NVMe tier's
+  // eviction scan, the demotions it hands down), so the test is
+  // deterministic.
+  void PutAndSettle(uint64_t i) {
+    clock_.AdvanceUs(1);
+    ASSERT_TRUE(::kvtier::testing::PutFilledBlock(*engine_, *host_, 1, kNs, Key(i), kBlockBytes).ok()) << i;
+    Settle();
+  }
+  void Settle() {
+    for (int round = 0; round < 2; ++round) {
+      engine_->WaitForIdle();
+      nvme_->WaitForIdle();
+    }
+  }
+
+  // Pins block i and checks its bytes; releases it.
+  void ExpectByteExact(uint64_t i) {
+    const BlockKey key = Key(i);
+    auto grants = engine_->Pin(1, kNs, std::span(&key, 1));
+    ASSERT_TRUE(grants[0].status.ok()) << i << ": " << grants[0].status.ToString();
+    EXPECT_TRUE(CheckBlockBytes(key, 0, SlotBytes(*host_, grants[0].offset, grants[0].length))) << i;
+    EXPECT_EQ(grants[0].checksum, BlockChecksum(SlotBytes(*host_, grants[0].offset, grants[0].length)));
+    engine_->Release(1, std::span(&grants[0].lease, 1));
+  }
+
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<MemoryDevice> memory_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<NvmeTier> nvme_;
+  MapTier map_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(TierStackTest, BlocksDemoteToTheThirdTierAndComeBackByteExact) {
+  Build("all");
+  constexpr uint64_t kBlocks = 160;  // more than host and NVMe hold together
+  for (uint64_t i = 0; i < kBlocks; ++i) PutAndSettle(i);
+
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < kBlocks; ++i) keys.push_back(Key(i));
+  const LookupOutcome found = engine_->Lookup(kNs, keys);
+  ASSERT_EQ(found.prefix_blocks, kBlocks) << "every block is in some tier";
+  std::map<Tier, int> per_tier;
+  for (Tier t : found.tiers) ++per_tier[t];
+  EXPECT_GT(per_tier[Tier::kHost], 0);
+  EXPECT_GT(per_tier[Tier::kNvme], 0);
+  EXPECT_GT(per_tier[Tier::kRemote], 0) << "the map tier reports its own kind";
+  // The oldest blocks left the NVMe tier: only the third tier has them.
+  EXPECT_EQ(found.tiers[0], Tier::kRemote);
+  EXPECT_FALSE(nvme_->Find(Key(0)).has_value());
+  EXPECT_TRUE(map_.Find(Key(0)).has_value());
+
+  auto c = Counters();
+  EXPECT_EQ(c["engine.maptier_demotions_in"], int64_t(map_.blocks()));
+  EXPECT_GT(c["nvme.evictions_offered"], 0);
+  EXPECT_EQ(c["nvme.eviction_read_failures"], 0);
+  EXPECT_EQ(c["engine.nvme_evictions_dropped"], 0);
+
+  // Back up: a pin of a block only the third tier holds promotes it into
+  // the host tier, byte-exact, and the lookup says so.
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(found.tiers[i], Tier::kRemote) << i;
+    ExpectByteExact(i);
+    EXPECT_EQ(engine_->Lookup(kNs, std::span(&keys[i], 1)).tiers[0], Tier::kHost) << i;
+  }
+  EXPECT_GE(Counters()["maptier.reads"], 4);
+  // And every block reads back byte-exact from wherever it is.
+  for (uint64_t i = 0; i < kBlocks; ++i) ExpectByteExact(i);
+  // That sweep ran without settling: the NVMe tier read each region out
+  // before reclaiming it, so nothing was lost on the way down.
+  EXPECT_EQ(Counters()["nvme.evictions_missed"], 0);
+}
+
+TEST_F(TierStackTest, LayerReadsComeFromTheThirdTier) {
+  Build("all");
+  for (uint64_t i = 0; i < 160; ++i) PutAndSettle(i);
+  const BlockKey key = Key(1);
+  ASSERT_TRUE(map_.Find(key).has_value());
+  auto grants = engine_->Pin(1, kNs, std::span(&key, 1), LayerSpan{1, 3});
+  ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
+  ASSERT_EQ(grants[0].length, 2 * kBlockBytes / kLayers);
+  const std::vector<std::byte> whole = ::kvtier::testing::Block(key, kBlockBytes);
+  auto got = SlotBytes(*host_, grants[0].offset, grants[0].length);
+  EXPECT_EQ(std::memcmp(got.data(), whole.data() + kBlockBytes / kLayers, got.size()), 0);
+  engine_->Release(1, std::span(&grants[0].lease, 1));
+}
+
+TEST_F(TierStackTest, ABlockTheNvmeAdmissionRefusesGoesToTheTierBelowIt) {
+  // second_hit refuses first sightings: the map tier (admitting all) takes
+  // them straight from the host tier.
+  Build("second_hit");
+  for (uint64_t i = 0; i < 20; ++i) PutAndSettle(i);
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 20; ++i) keys.push_back(Key(i));
+  const LookupOutcome found = engine_->Lookup(kNs, keys);
+  ASSERT_EQ(found.prefix_blocks, 20u);
+  EXPECT_EQ(found.tiers[0], Tier::kRemote);
+  EXPECT_FALSE(nvme_->Find(Key(0)).has_value());
+  EXPECT_EQ(Counters()["engine.admission_drops"], 0) << "a lower tier took every refused block";
+  ExpectByteExact(0);
+}
+
+TEST_F(TierStackTest, EraseReachesEveryTier) {
+  Build("all");
+  for (uint64_t i = 0; i < 160; ++i) PutAndSettle(i);
+  std::vector<BlockKey> keys{Key(0), Key(100), Key(159)};  // map tier, NVMe, host
+  EXPECT_EQ(engine_->Erase(kNs, keys), 3u);
+  for (const BlockKey& key : keys) {
+    EXPECT_EQ(engine_->Lookup(kNs, std::span(&key, 1)).prefix_blocks, 0u);
+    EXPECT_FALSE(map_.Find(key).has_value());
+    EXPECT_FALSE(nvme_->Find(key).has_value());
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

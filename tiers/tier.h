@@ -1,0 +1,124 @@
+// BlockTier: what every tier below the host arena offers the engine (NVMe,
+// and the remote and test tiers to come). The engine keeps an ordered stack
+// of them under the host tier and moves blocks between adjacent ones
+// (daemon/engine.h); it never names a concrete tier. A tier stores bytes
+// and reports usage: it decides nothing (admission and eviction order are
+// policies the engine runs, policy/).
+//
+// A block is `payload` bytes split into `layer_count` equal layers, stored
+// layer-major under (namespace, key), with the xxh3-64 of its payload
+// (common/checksum.h) recorded from the bytes the tier actually stored.
+//
+// Thread-safety: implementations are thread-safe; every method may be
+// called from any thread. Completions (`WriteDone`, `ReadDone`) run exactly
+// once, never inline, on a thread of the tier's own; they must not wait
+// for tier resources (they are what frees them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "common/counters.h"
+#include "kvtier/block_key.h"
+#include "kvtier/client.h"
+#include "kvtier/result.h"
+
+namespace kvtier {
+
+class BlockTier {
+ public:
+  virtual ~BlockTier() = default;
+
+  // What Lookup reports for a block found here (include/kvtier/client.h).
+  virtual Tier kind() const = 0;
+  // The prefix of this tier's counters and log lines ("nvme").
+  virtual std::string_view name() const = 0;
+  // Whether Write and Read complete on another thread after returning
+  // (device or network I/O). A synchronous tier still calls `done` on a
+  // thread of its own, never inline.
+  virtual bool asynchronous() const = 0;
+  virtual uint64_t capacity_bytes() const = 0;
+  virtual uint64_t used_bytes() const = 0;
+  // Bytes a block of `payload_bytes` takes on the medium (headers and
+  // padding included): what admission charges a write budget.
+  virtual uint64_t StoredBytes(uint64_t payload_bytes) const { return payload_bytes; }
+
+  struct BlockInfo {
+    NamespaceFingerprint ns;
+    uint64_t payload_bytes = 0;
+    uint32_t layer_count = 0;
+    uint64_t payload_checksum = 0;  // xxh3-64 of the whole payload as stored
+  };
+  // The block stored under `key`, if it is readable now.
+  virtual std::optional<BlockInfo> Find(const BlockKey& key) const = 0;
+
+  using WriteDone = std::function<void(Status)>;
+  // Stores `payload` (layer-major, `layer_count` equal layers) under `key`;
+  // the bytes are copied before Write returns. The tier records the
+  // checksum of the bytes it stored; `payload_checksum`, when given, is
+  // what the caller expects them to hash to, and a mismatch fails the write
+  // with Corruption (nothing visible). Rejections (`done` never runs):
+  // InvalidArgument (empty, uneven layers, too large), AlreadyExists
+  // (stored or being stored), Busy (out of staging room now: retry later),
+  // NoSpace (full), Unavailable or IoError. `done`: Ok once the block is
+  // readable; otherwise nothing of it is visible.
+  virtual Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                       std::span<const std::byte> payload, WriteDone done,
+                       std::optional<uint64_t> payload_checksum = std::nullopt) = 0;
+
+  using ReadDone = std::function<void(Result<size_t>)>;
+  // Copies layers [first_layer, last_layer) of `key` into `dst` (borrowed
+  // until `done` runs), verifying the checksums of the bytes it returns.
+  // Rejections: NotFound, InvalidArgument (bad range, `dst` too small),
+  // Busy. `done`: the bytes copied; NotFound (gone meanwhile), Corruption
+  // (did not verify: the block is dropped, later reads miss), IoError.
+  virtual Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                      ReadDone done) = 0;
+
+  // Forgets `key`; NotFound if it is neither stored nor being written. A
+  // write of it in flight is cancelled and leaves nothing visible.
+  virtual Status Erase(const BlockKey& key) = 0;
+
+  // Bytes sent to the medium since open (headers and padding included),
+  // and the part of them the tier wrote on its own (reinsertion), which no
+  // admission decided. What a write budget counts.
+  struct WriteTotals {
+    uint64_t device_bytes = 0;
+    uint64_t reinserted_bytes = 0;
+  };
+  virtual WriteTotals write_totals() const = 0;
+
+  // Whether a queued request needs `key` (the engine's queue hints), for a
+  // tier that orders its own reclaim. Called with the tier's lock held: it
+  // may take only leaf locks. Empty clears it; its owner clears it before
+  // going away. Tiers without an eviction order of their own ignore it.
+  using NeededHint = std::function<bool(const BlockKey&)>;
+  virtual void SetNeededHint(NeededHint needed) {}
+
+  // A block this tier is about to drop to make room, offered to the tier
+  // below it. `payload` is valid only during the call and has been
+  // verified; `hits` counts reads since the block was written here.
+  struct Evicted {
+    NamespaceFingerprint ns;
+    BlockKey key;
+    uint32_t layer_count = 0;
+    uint64_t payload_checksum = 0;
+    uint64_t hits = 0;
+  };
+  using EvictionSink = std::function<void(const Evicted& block, std::span<const std::byte> payload)>;
+  // Installs where evicted blocks go (the engine, for the next tier down).
+  // Called on a thread of the tier's own with no tier lock held; it must
+  // not wait for this tier. Empty clears it (and the tier stops reading its
+  // victims back); the owner clears it before going away. A tier that
+  // cannot offer its victims ignores it.
+  virtual void SetEvictionSink(EvictionSink sink) {}
+
+  // <name>.* counters.
+  virtual void VisitCounters(CounterVisitor& visitor) const = 0;
+};
+
+}  // namespace kvtier
