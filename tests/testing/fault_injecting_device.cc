@@ -63,7 +63,34 @@ IoDone FaultInjectingDevice::Delayed(bool delayed, IoDone done) const {
   };
 }
 
+void FaultInjectingDevice::HoldReads() {
+  std::lock_guard lock(mu_);
+  holding_reads_ = true;
+}
+
+void FaultInjectingDevice::ReleaseReads() {
+  std::vector<HeldRead> held;
+  {
+    std::lock_guard lock(mu_);
+    holding_reads_ = false;
+    held.swap(held_reads_);
+  }
+  for (HeldRead& r : held) Read(r.offset, r.dst, std::move(r.done));
+}
+
+size_t FaultInjectingDevice::held_reads() const {
+  std::lock_guard lock(mu_);
+  return held_reads_.size();
+}
+
 void FaultInjectingDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDone done) {
+  {
+    std::lock_guard lock(mu_);
+    if (holding_reads_) {
+      held_reads_.push_back(HeldRead{offset, dst, std::move(done)});
+      return;
+    }
+  }
   const Decision d = Decide(/*is_read=*/true, dst.size());
   done = Delayed(d.delayed, std::move(done));
   inner_.Read(offset, dst, [d, dst, done = std::move(done)](Result<size_t> r) {

@@ -13,8 +13,9 @@
 //   delay        the completion comes `delay` later
 //   fail_after   every I/O after the first N fails with IoError
 //
-// And a latch the test holds: while HoldWrites() is in force, writes are
-// not issued; ReleaseWrites() issues them, in order (a stalled drive).
+// And latches the test holds: while HoldWrites() (HoldReads()) is in
+// force, writes (reads) are not issued; ReleaseWrites() (ReleaseReads())
+// issues them, in order (a stalled drive).
 //
 // Thread-safe; options may change while I/O runs (e.g. to heal a device).
 #pragma once
@@ -68,6 +69,10 @@ class FaultInjectingDevice final : public BlockDevice {
   void ReleaseWrites();
   // Writes waiting on the latch now.
   size_t held_writes() const;
+  // The same for reads.
+  void HoldReads();
+  void ReleaseReads();
+  size_t held_reads() const;
   // Faults injected so far, all kinds together.
   int64_t injected() const;
 
@@ -93,8 +98,15 @@ class FaultInjectingDevice final : public BlockDevice {
     std::span<const std::byte> src;
     IoDone done;
   };
-  bool holding_ = false;            // guarded by mu_
-  std::vector<HeldWrite> held_;     // guarded by mu_
+  struct HeldRead {
+    uint64_t offset;
+    std::span<std::byte> dst;
+    IoDone done;
+  };
+  bool holding_ = false;             // guarded by mu_
+  std::vector<HeldWrite> held_;      // guarded by mu_
+  bool holding_reads_ = false;       // guarded by mu_
+  std::vector<HeldRead> held_reads_; // guarded by mu_
 };
 
 }  // namespace kvtier::testing

@@ -1,0 +1,136 @@
+// Blocks on their way between tiers (issue 12, item 4): an Erase during a
+// demotion or a promotion leaves the block in no tier, and a block whose
+// bytes changed after its commit is never persisted as valid. The device
+// latches (FaultInjectingDevice::HoldWrites/HoldReads) keep a move in
+// flight while the test acts, so the order is fixed, not timed.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <map>
+#include <memory>
+
+#include "daemon/engine.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fault_injecting_device.h"
+#include "tests/testing/memory_device.h"
+#include "tests/testing/memory_nvme.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::FakeClock;
+using ::kvtier::testing::FaultInjectingDevice;
+using ::kvtier::testing::MemoryDevice;
+
+constexpr uint64_t kBlockBytes = 64 << 10;
+constexpr NamespaceFingerprint kNs{0xa11, 0xb22};
+constexpr uint64_t kHostBlocks = 8;
+
+BlockKey Key(uint64_t i) { return BlockKey{0x30e, i}; }
+
+class EngineMovingBlockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::kvtier::testing::MakeTempDir();
+    memory_ = std::make_unique<MemoryDevice>(16 << 20);
+    host_ = ::kvtier::testing::OpenTestHostTier(kHostBlocks * kBlockBytes);
+    ASSERT_NE(host_, nullptr);
+    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, ::kvtier::testing::SmallNvmeOptions(),
+                                                      {}, &device_);
+    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+    nvme_ = std::move(*tier);
+    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
+    ASSERT_TRUE(engine.ok());
+    engine_ = std::move(*engine);
+  }
+  void TearDown() override {
+    device_->ReleaseWrites();
+    device_->ReleaseReads();
+    engine_.reset();
+    nvme_.reset();
+    ::kvtier::testing::RemoveTree(dir_);
+  }
+
+  Status Put(uint64_t i) {
+    clock_.AdvanceUs(1);
+    return ::kvtier::testing::PutFilledBlock(*engine_, *host_, 1, kNs, Key(i), kBlockBytes);
+  }
+  // Whether `key` is anywhere: a lookup, a pin, the NVMe index.
+  bool Anywhere(const BlockKey& key) {
+    if (engine_->Lookup(kNs, {&key, 1}).prefix_blocks != 0) return true;
+    if (nvme_->Find(key)) return true;
+    auto grants = engine_->Pin(2, kNs, {&key, 1});
+    if (!grants[0].status.ok()) return false;
+    engine_->Release(2, {&grants[0].lease, 1});
+    return true;
+  }
+  std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<MemoryDevice> memory_;
+  std::unique_ptr<HostTier> host_;
+  FaultInjectingDevice* device_ = nullptr;  // owned by nvme_
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineMovingBlockTest, EraseDuringDemotionLeavesTheBlockInNoTier) {
+  for (uint64_t i = 0; i < kHostBlocks; ++i) ASSERT_TRUE(Put(i).ok());
+  device_->HoldWrites();
+  ASSERT_TRUE(Put(kHostBlocks).ok());  // evicts block 0: its NVMe write waits on the latch
+  ASSERT_EQ(device_->held_writes(), 1u);
+  const BlockKey key = Key(0);
+  ASSERT_EQ(engine_->Lookup(kNs, {&key, 1}).tiers.at(0), Tier::kNvme) << "on its way down";
+  EXPECT_EQ(engine_->Erase(kNs, {&key, 1}), 1u);
+  device_->ReleaseWrites();
+  engine_->WaitForIdle();
+  EXPECT_FALSE(Anywhere(key)) << "the erased block came back when its demotion landed";
+}
+
+TEST_F(EngineMovingBlockTest, EraseDuringPromotionLeavesTheBlockInNoTier) {
+  for (uint64_t i = 0; i < kHostBlocks + 1; ++i) ASSERT_TRUE(Put(i).ok());
+  engine_->WaitForIdle();
+  const BlockKey key = Key(0);
+  ASSERT_EQ(engine_->Lookup(kNs, {&key, 1}).tiers.at(0), Tier::kNvme);
+  device_->HoldReads();
+  std::promise<std::vector<PinGrant>> pinned;
+  engine_->PinAsync(3, kNs, {key}, [&](std::vector<PinGrant> g) { pinned.set_value(std::move(g)); });
+  ASSERT_GE(device_->held_reads(), 1u) << "the promotion read waits on the latch";
+  EXPECT_EQ(engine_->Erase(kNs, {&key, 1}), 1u);
+  device_->ReleaseReads();
+  std::vector<PinGrant> grants = pinned.get_future().get();
+  EXPECT_EQ(grants[0].status.code(), StatusCode::kNotFound) << grants[0].status.ToString();
+  engine_->WaitForIdle();
+  EXPECT_FALSE(Anywhere(key)) << "the erased block came back when its promotion landed";
+}
+
+TEST_F(EngineMovingBlockTest, BytesChangedAfterCommitAreNeverPersistedAsValid) {
+  for (uint64_t i = 0; i < kHostBlocks; ++i) ASSERT_TRUE(Put(i).ok());
+  // A client scribbles on block 0 after its commit (it still has the
+  // mapping): the checksum recorded at commit no longer matches.
+  const BlockKey key = Key(0);
+  auto grants = engine_->Pin(1, kNs, {&key, 1});
+  ASSERT_TRUE(grants[0].status.ok());
+  ::kvtier::testing::SlotBytes(*host_, grants[0].offset, grants[0].length)[100] ^= std::byte{0x40};
+  engine_->Release(1, {&grants[0].lease, 1});
+  clock_.AdvanceUs(10);
+  for (uint64_t i = 1; i < kHostBlocks; ++i) {  // block 0 becomes the oldest
+    const BlockKey k = Key(i);
+    auto g = engine_->Pin(1, kNs, {&k, 1});
+    engine_->Release(1, {&g[0].lease, 1});
+  }
+  ASSERT_TRUE(Put(kHostBlocks).ok());  // evicts block 0
+  engine_->WaitForIdle();
+  EXPECT_FALSE(nvme_->Find(key)) << "a block that changed after commit was persisted";
+  EXPECT_FALSE(Anywhere(key));
+  auto c = Counters();
+  EXPECT_EQ(c["engine.demotion_corrupt"], 1);
+  EXPECT_EQ(c["nvme.write_checksum_mismatches"], 1);
+  EXPECT_EQ(c["nvme.writes"], 0);
+}
+
+}  // namespace
+}  // namespace kvtier
