@@ -16,6 +16,8 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
     : host_(host),
       clock_(clock),
       lookahead_us_(options.lookahead_us),
+      max_queued_requests_per_connection_(options.max_queued_requests_per_connection),
+      max_queued_keys_per_connection_(options.max_queued_keys_per_connection),
       prefetch_share_(options.prefetch_share),
       prefetch_min_blocks_(options.prefetch_min_blocks) {
   for (uint32_t i = 0; i < options.shards; ++i) {

@@ -81,6 +81,11 @@ struct EngineOptions {
   // than prefetch_min_blocks. 0 turns prefetch off.
   double prefetch_share = 0.25;
   uint32_t prefetch_min_blocks = 2;
+  // Queue hints one connection may hold at once: requests, and chain keys
+  // over all of them. Past either, that connection's Enqueue is Busy;
+  // other connections are unaffected.
+  size_t max_queued_requests_per_connection = 8192;
+  size_t max_queued_keys_per_connection = size_t{1} << 20;
 };
 
 struct SlotGrant {
@@ -217,10 +222,13 @@ class Engine {
   // connection `session`; request ids are the connection's own. Enqueue:
   // `request` will need `chain` (root first) of `ns`, expected to start
   // `start_in_us` from now, for conversation `conversation` (0: none);
-  // again with the same id replaces it. Busy beyond
-  // kMaxQueuedRequests queued at once. Only the queue_aware policy acts on
-  // them; the others accept and ignore them.
+  // again with the same id replaces it. Busy beyond kMaxQueuedRequests
+  // queued at once, or beyond this connection's share
+  // (EngineOptions::max_queued_*_per_connection). `start_in_us` is clamped
+  // to kMaxStartInUs. Only the queue_aware policy acts on them; the others
+  // accept and ignore them.
   static constexpr size_t kMaxQueuedRequests = 1 << 16;
+  static constexpr uint64_t kMaxStartInUs = 3'600'000'000;  // an hour
   Status Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
                  std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation);
   // The request started or finished (or was dropped): its blocks stop
@@ -341,6 +349,14 @@ class Engine {
   };
   std::mutex queue_mu_;
   std::map<std::pair<SessionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
+  // What each connection holds in queued_: requests and chain keys.
+  struct ConnectionQueue {
+    size_t requests = 0;
+    size_t keys = 0;
+  };
+  std::unordered_map<SessionId, ConnectionQueue> queued_per_connection_;  // guarded by queue_mu_
+  const size_t max_queued_requests_per_connection_;
+  const size_t max_queued_keys_per_connection_;
   uint64_t next_queue_id_ = 1;                                      // guarded by queue_mu_
   // Promotion reads' measured throughput (prefetch plans with it).
   const double prefetch_share_;

@@ -11,6 +11,8 @@ namespace kvtier {
 
 Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
                        std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation) {
+  // Clamped: a far-off (or wrapped-around) start would overflow the clock.
+  start_in_us = std::min(start_in_us, kMaxStartInUs);
   if (Status s = RegisterQueued(session, ns, request, chain, clock_.NowUs() + start_in_us, conversation); !s.ok()) {
     return s;
   }
@@ -27,12 +29,28 @@ Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns,
     parts[ShardIndex(chain[i])].push_back(QueuedBlock{chain[i], static_cast<uint32_t>(i)});
   }
   std::lock_guard queue_lock(queue_mu_);
+  ConnectionQueue& mine = queued_per_connection_[session];
   auto [it, inserted] = queued_.try_emplace({session, request});
+  const size_t keys_after = mine.keys - it->second.chain.size() + chain.size();
+  const auto refuse = [&](Status busy) {
+    if (inserted) queued_.erase(it);
+    if (mine.requests == 0) queued_per_connection_.erase(session);
+    return busy;
+  };
   if (inserted && queued_.size() > kMaxQueuedRequests) {
-    queued_.erase(it);
-    return Busy("more than " + std::to_string(kMaxQueuedRequests) +
-                " requests queued; report Started/Finished for the ones that left the queue");
+    return refuse(Busy("more than " + std::to_string(kMaxQueuedRequests) +
+                       " requests queued; report Started/Finished for the ones that left the queue"));
   }
+  if (inserted && mine.requests + 1 > max_queued_requests_per_connection_) {
+    return refuse(Busy("this connection has " + std::to_string(mine.requests) +
+                       " requests queued, its limit; report Started/Finished for the ones that left the queue"));
+  }
+  if (keys_after > max_queued_keys_per_connection_) {
+    return refuse(Busy("this connection's queued requests would name " + std::to_string(keys_after) +
+                       " blocks, over its limit of " + std::to_string(max_queued_keys_per_connection_)));
+  }
+  if (inserted) ++mine.requests;
+  mine.keys = keys_after;
   QueuedRequest& q = it->second;
   if (inserted) q.id = next_queue_id_++;
   // A replaced request leaves the shards its old chain touched.
@@ -66,6 +84,9 @@ Status Engine::Dequeue(SessionId session, uint64_t request) {
       shards_[s]->policy->OnDequeue(it->second.id);
     }
     queued_keys_.Remove(it->second.chain);
+    ConnectionQueue& mine = queued_per_connection_[session];
+    mine.keys -= it->second.chain.size();
+    if (--mine.requests == 0) queued_per_connection_.erase(session);
     queued_.erase(it);
   }
   counters_.dequeues.fetch_add(1, std::memory_order_relaxed);
@@ -86,6 +107,7 @@ void Engine::DropQueuedRequests(SessionId session) {
     queued_keys_.Remove(it->second.chain);
     it = queued_.erase(it);
   }
+  queued_per_connection_.erase(session);
 }
 
 namespace {

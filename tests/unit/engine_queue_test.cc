@@ -236,13 +236,63 @@ TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
 
 TEST_F(EngineQueueTest, TheQueueIsBounded) {
   Open("queue_aware");
-  for (uint64_t r = 0; r < Engine::kMaxQueuedRequests; ++r) ASSERT_TRUE(Enqueue(r, {r % 100}, 1000).ok()) << r;
-  Status full = Enqueue(Engine::kMaxQueuedRequests, {1}, 1000);
+  // The whole queue is bounded across connections (each within its share).
+  const size_t per_connection = EngineOptions{}.max_queued_requests_per_connection;
+  const auto enqueue = [&](uint64_t r) {
+    const BlockKey key = Key(r % 100);
+    return engine_->Enqueue(100 + r / per_connection, kNs, r, {&key, 1}, 1000, 0);
+  };
+  for (uint64_t r = 0; r < Engine::kMaxQueuedRequests; ++r) ASSERT_TRUE(enqueue(r).ok()) << r;
+  Status full = enqueue(Engine::kMaxQueuedRequests);
   EXPECT_EQ(full.code(), StatusCode::kBusy);
   EXPECT_NE(full.message().find("Started/Finished"), std::string::npos) << full.message();
-  EXPECT_TRUE(Enqueue(5, {7}, 1000).ok()) << "replacing a queued request is not a new one";
-  ASSERT_TRUE(engine_->Dequeue(kScheduler, 0).ok());
-  EXPECT_TRUE(Enqueue(Engine::kMaxQueuedRequests, {1}, 1000).ok());
+  EXPECT_TRUE(enqueue(5).ok()) << "replacing a queued request is not a new one";
+  ASSERT_TRUE(engine_->Dequeue(100, 0).ok());
+  EXPECT_TRUE(enqueue(Engine::kMaxQueuedRequests).ok());
+}
+
+// A flood from one connection gets Busy for that connection only.
+TEST_F(EngineQueueTest, EachConnectionHasItsOwnShareOfTheQueue) {
+  host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
+  ASSERT_NE(host_, nullptr);
+  EngineOptions options{2, "queue_aware"};
+  options.max_queued_requests_per_connection = 10;
+  options.max_queued_keys_per_connection = 25;
+  auto engine = Engine::Create(options, *host_, clock_);
+  ASSERT_TRUE(engine.ok());
+  engine_ = std::move(*engine);
+  constexpr SessionId kFlood = 1, kOther = 2;
+  const BlockKey one[] = {Key(1)};
+  for (uint64_t r = 0; r < 10; ++r) ASSERT_TRUE(engine_->Enqueue(kFlood, kNs, r, one, 1000, 0).ok()) << r;
+  Status over = engine_->Enqueue(kFlood, kNs, 10, one, 1000, 0);
+  EXPECT_EQ(over.code(), StatusCode::kBusy) << over.ToString();
+  EXPECT_TRUE(engine_->Enqueue(kOther, kNs, 10, one, 1000, 0).ok()) << "another connection still enqueues";
+  EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, 3, one, 1000, 0).ok()) << "replacing is not a new request";
+  // Keys: 10 requests of 1 key; one of them may grow to 16 keys (25 in
+  // all), not to 17.
+  std::vector<BlockKey> chain;
+  for (uint64_t i = 0; i < 17; ++i) chain.push_back(Key(i));
+  EXPECT_EQ(engine_->Enqueue(kFlood, kNs, 0, chain, 1000, 0).code(), StatusCode::kBusy);
+  EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, 0, std::span(chain).first(16), 1000, 0).ok());
+  // Leaving the queue gives the share back.
+  ASSERT_TRUE(engine_->Dequeue(kFlood, 0).ok());
+  EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, 11, one, 1000, 0).ok());
+  EXPECT_EQ(engine_->Enqueue(kFlood, kNs, 12, one, 1000, 0).code(), StatusCode::kBusy);
+  engine_->CloseSession(kFlood);
+  for (uint64_t r = 0; r < 10; ++r) EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, r, one, 1000, 0).ok()) << r;
+}
+
+// A start far off (or a wrapped-around value) is clamped, not overflowed
+// into "needed now": among blocks all needed, it is the furthest next use
+// and goes first.
+TEST_F(EngineQueueTest, AFarStartIsClampedNotWrapped) {
+  Open("queue_aware");
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  ASSERT_TRUE(Enqueue(1, {0}, UINT64_MAX).ok());
+  ASSERT_TRUE(Enqueue(2, {1, 2, 3, 4, 5, 6, 7}, 1'000'000).ok());
+  Put(8);  // one of the eight needed blocks must go
+  EXPECT_FALSE(InHost(0)) << "block 0's start wrapped around to 'now'";
+  for (uint64_t i = 1; i < 8; ++i) EXPECT_TRUE(InHost(i)) << i;
 }
 
 TEST(QueuedKeysTest, CountsEachNamingUntilItIsRemoved) {
