@@ -63,34 +63,42 @@ IoDone FaultInjectingDevice::Delayed(bool delayed, IoDone done) const {
   };
 }
 
-void FaultInjectingDevice::HoldReads() {
+void FaultInjectingDevice::Hold(Latch& latch) {
   std::lock_guard lock(mu_);
-  holding_reads_ = true;
+  latch.holding = true;
 }
 
-void FaultInjectingDevice::ReleaseReads() {
-  std::vector<HeldRead> held;
+void FaultInjectingDevice::Release(Latch& latch) {
+  std::vector<std::function<void()>> held;
   {
     std::lock_guard lock(mu_);
-    holding_reads_ = false;
-    held.swap(held_reads_);
+    latch.holding = false;
+    held.swap(latch.held);
   }
-  for (HeldRead& r : held) Read(r.offset, r.dst, std::move(r.done));
+  for (auto& io : held) io();
 }
 
-size_t FaultInjectingDevice::held_reads() const {
+size_t FaultInjectingDevice::Held(const Latch& latch) const {
   std::lock_guard lock(mu_);
-  return held_reads_.size();
+  return latch.held.size();
 }
+
+bool FaultInjectingDevice::Park(Latch& latch, std::function<void()> io) {
+  std::lock_guard lock(mu_);
+  if (!latch.holding) return false;
+  latch.held.push_back(std::move(io));
+  return true;
+}
+
+void FaultInjectingDevice::HoldReads() { Hold(read_latch_); }
+void FaultInjectingDevice::ReleaseReads() { Release(read_latch_); }
+size_t FaultInjectingDevice::held_reads() const { return Held(read_latch_); }
+void FaultInjectingDevice::HoldWrites() { Hold(write_latch_); }
+void FaultInjectingDevice::ReleaseWrites() { Release(write_latch_); }
+size_t FaultInjectingDevice::held_writes() const { return Held(write_latch_); }
 
 void FaultInjectingDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDone done) {
-  {
-    std::lock_guard lock(mu_);
-    if (holding_reads_) {
-      held_reads_.push_back(HeldRead{offset, dst, std::move(done)});
-      return;
-    }
-  }
+  if (Park(read_latch_, [this, offset, dst, done] { Read(offset, dst, done); })) return;
   const Decision d = Decide(/*is_read=*/true, dst.size());
   done = Delayed(d.delayed, std::move(done));
   inner_.Read(offset, dst, [d, dst, done = std::move(done)](Result<size_t> r) {
@@ -106,34 +114,8 @@ void FaultInjectingDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDon
   });
 }
 
-void FaultInjectingDevice::HoldWrites() {
-  std::lock_guard lock(mu_);
-  holding_ = true;
-}
-
-void FaultInjectingDevice::ReleaseWrites() {
-  std::vector<HeldWrite> held;
-  {
-    std::lock_guard lock(mu_);
-    holding_ = false;
-    held.swap(held_);
-  }
-  for (HeldWrite& w : held) Write(w.offset, w.src, std::move(w.done));
-}
-
-size_t FaultInjectingDevice::held_writes() const {
-  std::lock_guard lock(mu_);
-  return held_.size();
-}
-
 void FaultInjectingDevice::Write(uint64_t offset, std::span<const std::byte> src, IoDone done) {
-  {
-    std::lock_guard lock(mu_);
-    if (holding_) {
-      held_.push_back(HeldWrite{offset, src, std::move(done)});
-      return;
-    }
-  }
+  if (Park(write_latch_, [this, offset, src, done] { Write(offset, src, done); })) return;
   const Decision d = Decide(/*is_read=*/false, src.size());
   done = Delayed(d.delayed, std::move(done));
   if (d.fault == kNone) return inner_.Write(offset, src, std::move(done));

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -93,20 +94,18 @@ class FaultInjectingDevice final : public BlockDevice {
   std::mt19937_64 rng_;    // guarded by mu_
   int64_t ops_ = 0;        // guarded by mu_
   std::atomic<int64_t> injected_[kFaultKinds] = {};
-  struct HeldWrite {
-    uint64_t offset;
-    std::span<const std::byte> src;
-    IoDone done;
+  // A latch: while `holding`, I/Os are parked in `held` (as calls to make).
+  struct Latch {
+    bool holding = false;
+    std::vector<std::function<void()>> held;
   };
-  struct HeldRead {
-    uint64_t offset;
-    std::span<std::byte> dst;
-    IoDone done;
-  };
-  bool holding_ = false;             // guarded by mu_
-  std::vector<HeldWrite> held_;      // guarded by mu_
-  bool holding_reads_ = false;       // guarded by mu_
-  std::vector<HeldRead> held_reads_; // guarded by mu_
+  void Hold(Latch& latch);
+  void Release(Latch& latch);
+  size_t Held(const Latch& latch) const;
+  // Parks `io` if `latch` is holding; false (do it now) otherwise.
+  bool Park(Latch& latch, std::function<void()> io);
+  Latch write_latch_;  // guarded by mu_
+  Latch read_latch_;   // guarded by mu_
 };
 
 }  // namespace kvtier::testing
