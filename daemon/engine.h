@@ -72,8 +72,9 @@ struct EngineOptions {
   std::string admission = "all";
   DwpdOptions dwpd;
   // queue_aware: a victim some queued request needs within this window is
-  // demoted to the first tier below even when its admission would refuse
-  // it (never dropped; its bytes are still charged).
+  // demoted to the first tier below whatever its class, as long as that
+  // tier's write budget (if any) can pay for it; past the budget it goes
+  // through admission like any other block.
   uint64_t lookahead_us = 2'000'000;
   // Prefetch (queue hints + a tier below): lower-tier prefix blocks of
   // queued requests are read into the host tier before their start, at

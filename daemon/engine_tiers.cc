@@ -224,9 +224,8 @@ bool Engine::EvictOne() {
     Below& b = *below_[level];
     if (b.tier->Find(it->first)) {
       held_below = true;
-    } else if (needed && level == 0) {
+    } else if (needed && level == 0 && b.admission->Force(it->second.size)) {
       Bump(counters_.forced_demotions);
-      b.admission->Force(it->second.size);
       target = level;
     } else if (b.admission->Admit(it->second.size, facts)) {
       target = level;

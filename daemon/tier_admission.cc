@@ -52,11 +52,11 @@ bool TierAdmission::Admit(uint64_t payload_bytes, const Facts& facts) {
   return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;
 }
 
-void TierAdmission::Force(uint64_t payload_bytes) {
+bool TierAdmission::Force(uint64_t payload_bytes) {
   const uint64_t now = clock_.NowUs();
   std::lock_guard lock(mu_);
   CatchUp(now);
-  policy_->Charge(tier_.StoredBytes(payload_bytes), now);
+  return policy_->Force(tier_.StoredBytes(payload_bytes), now);
 }
 
 void TierAdmission::VisitCounters(CounterVisitor& v) const {

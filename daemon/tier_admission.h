@@ -53,9 +53,11 @@ class TierAdmission {
   // costs there: BlockTier::StoredBytes); an
   // admitted block's record bytes are taken from the budget.
   bool Admit(uint64_t payload_bytes, const Facts& facts);
-  // A write made without asking (a block a queued request needs soon): its
-  // record bytes are charged to the budget, if any.
-  void Force(uint64_t payload_bytes);
+  // A write made whatever the class (a block a queued request needs soon):
+  // true, with its bytes taken from the budget, when the budget (if any)
+  // can pay it; false when it cannot (the block then goes through Admit
+  // like any other, which refuses it for the same reason).
+  bool Force(uint64_t payload_bytes);
   // <tier name>.admission.*: the policy's counters.
   void VisitCounters(CounterVisitor& v) const;
 

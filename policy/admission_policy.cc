@@ -21,6 +21,13 @@ void AdmissionPolicy::Count(AdmissionOutcome o, uint64_t bytes) {
   if (o == AdmissionOutcome::kAdmitted) admitted_bytes_ += static_cast<int64_t>(bytes);
 }
 
+bool AdmissionPolicy::Force(uint64_t bytes, uint64_t now_us) {
+  const bool paid = TakeForced(bytes, now_us);
+  ++(paid ? forced_ : forced_refused_);
+  if (paid) admitted_bytes_ += static_cast<int64_t>(bytes);
+  return paid;
+}
+
 void AdmissionPolicy::VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t) const {
   const std::string p(prefix);
   for (size_t i = 0; i < kAdmissionOutcomes; ++i) {
@@ -29,6 +36,8 @@ void AdmissionPolicy::VisitCounters(std::string_view prefix, CounterVisitor& v, 
     v.Visit(o == AdmissionOutcome::kAdmitted ? p + ".admitted" : p + ".rejected_" + std::string(what), decisions_[i]);
   }
   v.Visit(p + ".admitted_bytes", admitted_bytes_);
+  v.Visit(p + ".forced", forced_);
+  v.Visit(p + ".forced_refused", forced_refused_);
 }
 
 namespace {
@@ -92,6 +101,14 @@ class DwpdPolicy final : public AdmissionPolicy {
     dwpd_.Charge(bytes, now_us);
     charged_bytes_ += static_cast<int64_t>(bytes);
   }
+
+ protected:
+  bool TakeForced(uint64_t bytes, uint64_t now_us) override {
+    Roll(now_us);
+    return dwpd_.TryTake(bytes, now_us);
+  }
+
+ public:
 
   void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const override {
     AdmissionPolicy::VisitCounters(prefix, v, now_us);

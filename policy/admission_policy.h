@@ -70,6 +70,11 @@ class AdmissionPolicy {
   // A write the tier makes without asking (reinsertion at reclaim): paid
   // from the budget, if any, so it counts against the same 24 h bound.
   virtual void Charge(uint64_t bytes, uint64_t now_us) {}
+  // A write made whatever the block's class (a queued request needs it
+  // soon): true, with its bytes taken from the budget, if the budget can
+  // pay it; false (nothing taken) when it cannot, so no cause of writes
+  // gets past the budget. Counted as forced / forced_refused.
+  bool Force(uint64_t bytes, uint64_t now_us);
   // Counters under `prefix` (e.g. "nvme.admission"): decisions by outcome
   // and, for dwpd, the budget's state.
   virtual void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const;
@@ -77,10 +82,13 @@ class AdmissionPolicy {
 
  protected:
   void Count(AdmissionOutcome o, uint64_t bytes);
+  // Force's budget: whether `bytes` can be paid now (and are taken).
+  virtual bool TakeForced(uint64_t bytes, uint64_t now_us) { return true; }
 
  private:
   std::array<int64_t, kAdmissionOutcomes> decisions_{};
   int64_t admitted_bytes_ = 0;
+  int64_t forced_ = 0, forced_refused_ = 0;
 };
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy();

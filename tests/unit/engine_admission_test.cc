@@ -45,13 +45,13 @@ class EngineAdmissionTest : public ::testing::Test {
   }
 
   // An engine over 8 host blocks and a memory-backed NVMe tier.
-  Status Open(const std::string& admission, const DwpdOptions& dwpd = {}) {
+  Status Open(const std::string& admission, const DwpdOptions& dwpd = {}, const std::string& eviction = "lru") {
     memory_ = std::make_unique<MemoryDevice>(16 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
     auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
     if (!tier.ok()) return tier.status();
     nvme_ = std::move(*tier);
-    EngineOptions engine_options{2, "lru"};
+    EngineOptions engine_options{2, eviction};
     engine_options.admission = admission;
     engine_options.dwpd = dwpd;
     auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
@@ -257,6 +257,47 @@ TEST_F(EngineAdmissionTest, ABlockAlreadyOnNvmeCostsNoBudget) {
   EXPECT_EQ(nvme_->write_totals().device_bytes, kRecordBytes);
   const BlockKey key = Key(0);
   EXPECT_EQ(engine_->Lookup(kNs, {&key, 1}).tiers[0], Tier::kNvme);
+}
+
+// Demotions forced because a queued request needs the block count against
+// the DWPD budget and stop at it: a fake day of evictions that are all
+// needed soon, offering about 2.4 times the budget, writes no more than a
+// day's budget plus one bucket.
+TEST_F(EngineAdmissionTest, ForcedDemotionsStayWithinTheDailyBudget) {
+  DwpdOptions o;
+  o.drive_capacity_bytes = 86'400'000;  // R = 1 KB/s: 86.4 MB a day, ~1240 records
+  o.bucket_bytes = 3 * kRecordBytes;
+  ASSERT_TRUE(Open("dwpd", o, "queue_aware").ok());
+  constexpr uint64_t kPuts = 3000;
+  constexpr uint64_t kStepUs = DwpdBudget::kDayUs / kPuts;
+  // Every cached block is needed within the window (a request each), the
+  // oldest furthest off: it is the victim, a forced demotion, and then
+  // leaves the queue.
+  const auto need = [&](uint64_t block, uint64_t start_in_us) {
+    const BlockKey key = Key(block);
+    ASSERT_TRUE(engine_->Enqueue(9, kNs, block, {&key, 1}, start_in_us, 0).ok());
+  };
+  for (uint64_t i = 0; i < 8; ++i) {
+    Put(i);
+    need(i, 500'000);
+  }
+  for (uint64_t i = 8; i < kPuts; ++i) {
+    clock_.AdvanceUs(kStepUs);
+    need(i - 8, 1'500'000);
+    Put(i);
+    ASSERT_TRUE(engine_->Dequeue(9, i - 8).ok());
+    need(i, 500'000);
+  }
+  engine_->WaitForIdle();
+  auto c = Counters();
+  const DwpdBudget reference(o, 0);
+  const uint64_t written = nvme_->write_totals().device_bytes;
+  EXPECT_LE(written, reference.budget_bytes_per_day() + reference.bucket_bytes());
+  EXPECT_GE(written, reference.budget_bytes_per_day() / 2) << "the budget is used";
+  EXPECT_EQ(c["engine.needed_evictions"], int64_t(kPuts - 8));
+  EXPECT_GT(c["nvme.admission.forced"], 0);
+  EXPECT_GT(c["nvme.admission.forced_refused"], 0);
+  EXPECT_EQ(c["engine.forced_demotions"], c["nvme.admission.forced"]);
 }
 
 TEST_F(EngineAdmissionTest, BadPolicyOptionsFailCreate) {
