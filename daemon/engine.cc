@@ -16,6 +16,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
     : host_(host),
       clock_(clock),
       lookahead_us_(options.lookahead_us),
+      layer_read_pool_bytes_(static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes()))),
       max_queued_requests_per_connection_(options.max_queued_requests_per_connection),
       max_queued_keys_per_connection_(options.max_queued_keys_per_connection),
       prefetch_share_(options.prefetch_share),
@@ -425,7 +426,7 @@ std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> 
     LeaseRecord record = it->second;
     shard.leases.erase(it);
     shard.sessions[session].leases.erase(lease);
-    Unpin(shard, host_, record, now);
+    EndTransient(Unpin(shard, host_, record, now));
   }
   return out;
 }
@@ -510,7 +511,7 @@ void Engine::CloseSession(SessionId session) {
       if (it == shard.leases.end()) continue;
       LeaseRecord record = it->second;
       shard.leases.erase(it);
-      Unpin(shard, host_, record, now);
+      EndTransient(Unpin(shard, host_, record, now));
     }
   }
   Bump(counters_.sessions_closed);
@@ -573,6 +574,9 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.local_lookups", load(counters_.local_lookups));
   v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
   v.Visit("engine.demotion_corrupt", load(counters_.demotion_corrupt));
+  v.Visit("engine.layer_reads_busy", load(counters_.layer_reads_busy));
+  v.Visit("engine.layer_read_pool_bytes", static_cast<int64_t>(transient_bytes_.load(std::memory_order_relaxed)));
+  v.Visit("engine.eviction_bound_hits", load(counters_.eviction_bound_hits));
   // Per tier below: engine.<tier>_read_bytes_per_s (promotion reads, a
   // moving average), engine.<tier>_lookup_hits, blocks demoted into it from
   // a lower tier's evictions, and its evicted blocks no tier took.

@@ -85,6 +85,11 @@ struct EngineOptions {
   // Queue hints one connection may hold at once: requests, and chain keys
   // over all of them. Past either, that connection's Enqueue is Busy;
   // other connections are unaffected.
+  // Layer-range reads of blocks below the host tier land in transient arena
+  // space held by their lease: at most this share of the host capacity at
+  // once (more: Busy for that key), so layer reads never push the host
+  // tier's blocks out beyond it.
+  double layer_read_share = 0.125;
   size_t max_queued_requests_per_connection = 8192;
   size_t max_queued_keys_per_connection = size_t{1} << 20;
 };
@@ -295,11 +300,20 @@ class Engine {
   TierAdmission::Facts GatherFacts(const BlockKey& key, uint64_t uses);
   void IoStarted();
   void IoFinished();
-  // Allocates `bytes`, evicting least-valuable unpinned blocks as needed.
+  // Allocates `bytes`, evicting least-valuable unpinned blocks as needed,
+  // but never more than kEvictionBytesFactor times the allocation's size
+  // class (and at least kMinVictimsPerAllocation blocks): past that, NoSpace
+  // (a fragmented arena), so one allocation never flushes the host tier.
+  static constexpr uint64_t kEvictionBytesFactor = 4;
+  static constexpr int kMinVictimsPerAllocation = 8;
   Result<HostTier::Extent> AllocateWithEviction(uint64_t bytes);
   // Evicts the globally oldest victim among the shards' policies; false when
-  // nothing is evictable.
-  bool EvictOne();
+  // nothing is evictable. *evicted_bytes: the victim's size (0 when it
+  // raced with a use and nothing was evicted).
+  bool EvictOne(uint64_t* evicted_bytes = nullptr);
+  // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
+  bool TakeTransient(uint64_t bytes);
+  void EndTransient(uint64_t bytes);
   // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
@@ -356,6 +370,8 @@ class Engine {
     size_t keys = 0;
   };
   std::unordered_map<SessionId, ConnectionQueue> queued_per_connection_;  // guarded by queue_mu_
+  const uint64_t layer_read_pool_bytes_;
+  std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const size_t max_queued_requests_per_connection_;
   const size_t max_queued_keys_per_connection_;
   uint64_t next_queue_id_ = 1;                                      // guarded by queue_mu_
@@ -386,7 +402,7 @@ class Engine {
     std::atomic<int64_t> demotion_failures{0}, admission_drops{0};
     std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
     std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
-    std::atomic<int64_t> layer_reads{0};
+    std::atomic<int64_t> layer_reads{0}, layer_reads_busy{0}, eviction_bound_hits{0};
     std::atomic<int64_t> demotion_waits{0};   // evictions that waited for a busy tier below
     std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};

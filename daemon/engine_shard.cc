@@ -14,20 +14,21 @@ bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, cons
   return true;
 }
 
-void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {
+uint64_t Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {
   auto it = shard.index.find(lease.key);
   if (it != shard.index.end() && it->second.committed && it->second.handle == lease.handle) {
     KVTIER_CHECK(it->second.pins > 0, "unpin of an unpinned block");
     if (--it->second.pins == 0) shard.policy->OnUnpin(lease.handle, now_us);
-    return;
+    return 0;
   }
   auto z = shard.zombies.find(lease.handle);
   KVTIER_CHECK(z != shard.zombies.end(), "lease refers to no block");
   KVTIER_CHECK(z->second.pins > 0, "unpin of an unpinned zombie");
-  if (--z->second.pins == 0) {
-    host.Free(z->second.extent);
-    shard.zombies.erase(z);
-  }
+  if (--z->second.pins != 0) return 0;
+  const uint64_t transient = z->second.transient ? z->second.size : 0;
+  host.Free(z->second.extent);
+  shard.zombies.erase(z);
+  return transient;
 }
 
 void Publish(HostTier& host, const BlockKey& key, BlockEntry& entry) {

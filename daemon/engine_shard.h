@@ -32,6 +32,7 @@ struct BlockEntry {
   bool committed = false;
   bool promoting = false;   // being read in from a tier below (invisible)
   bool erased = false;      // erased while promoting: the promotion ends as a miss
+  bool transient = false;   // a layer read's space (a zombie): counts in the engine's layer-read pool
   bool published = false;   // in the host tier's block directory (committed only)
   bool prefetched = false;  // read in by Prefetch and not used since: counts against its budget
   uint32_t pins = 0;        // live leases; > 0 means never evicted
@@ -112,8 +113,9 @@ inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGra
 // Returns false if there was no such reservation.
 bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key);
 // Drops one pin of the block `lease` refers to, freeing a zombie when its
-// last pin goes. The caller has removed the lease record.
-void Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us);
+// last pin goes. The caller has removed the lease record. Returns the bytes
+// of a transient layer read it freed (to return to the engine's pool), else 0.
+uint64_t Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us);
 // Makes the just-committed `entry` of `key` visible to clients' directory
 // reads (when the host tier has a directory).
 void Publish(HostTier& host, const BlockKey& key, BlockEntry& entry);

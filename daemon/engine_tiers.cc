@@ -48,6 +48,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       entry.extent = extent;
       entry.size = bytes;
       entry.allocated = true;
+      entry.transient = true;
       entry.pins = 1;
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
@@ -59,7 +60,8 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       Bump(counters_.layer_reads);
     } else {
       if (extent.length != 0) host_.Free(extent);
-      grant.status = status.code() == StatusCode::kNoSpace
+      EndTransient(bytes);
+      grant.status = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
                          ? status
                          : NotFound("layers of block " + key.ToHex() + " could not be read from the tier below (" +
                                     status.ToString() + ")");
@@ -68,6 +70,13 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     Resolve(batch, index, std::move(grant));
     IoFinished();
   };
+  if (!TakeTransient(bytes)) {
+    Bump(counters_.layer_reads_busy);
+    PinGrant busy{Busy("layer reads in flight hold the whole layer-read pool (" +
+                       std::to_string(layer_read_pool_bytes_) + " bytes, engine.layer_read_share); retry")};
+    Resolve(batch, index, std::move(busy));
+    return IoFinished();
+  }
   Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
   if (!extent.ok()) return finish(extent.status(), {});
   Status started = below_[from.level]->tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
@@ -155,14 +164,41 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   IoFinished();
 }
 
+bool Engine::TakeTransient(uint64_t bytes) {
+  uint64_t held = transient_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (held + bytes > layer_read_pool_bytes_) return false;
+  } while (!transient_bytes_.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void Engine::EndTransient(uint64_t bytes) {
+  if (bytes != 0) transient_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
 Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
+  const uint64_t evict_at_most = kEvictionBytesFactor * ArenaAllocator::ClassSize(bytes);
+  uint64_t evicted_bytes = 0;
+  int victims = 0;
   for (int attempt = 0; attempt < kMaxEvictionsPerAllocation; ++attempt) {
     Result<HostTier::Extent> extent = host_.Allocate(bytes);
     if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
-    if (!EvictOne()) {
+    if (victims >= kMinVictimsPerAllocation && evicted_bytes >= evict_at_most) {
+      Bump(counters_.eviction_bound_hits);
+      return NoSpace(extent.status().message() + "; " + std::to_string(victims) + " blocks (" +
+                     std::to_string(evicted_bytes) +
+                     " bytes) were evicted without freeing a range that fits (the arena is fragmented): "
+                     "giving up rather than flushing the host tier");
+    }
+    uint64_t freed = 0;
+    if (!EvictOne(&freed)) {
       Bump(counters_.eviction_failures);
       return NoSpace(extent.status().message() +
                      "; nothing is evictable: every cached block is pinned or being written");
+    }
+    if (freed > 0) {  // 0: raced with a use, nothing evicted; look again
+      ++victims;
+      evicted_bytes += freed;
     }
   }
   Bump(counters_.eviction_failures);
@@ -180,7 +216,7 @@ TierAdmission::Facts Engine::GatherFacts(const BlockKey& key, uint64_t uses) {
   return facts;
 }
 
-bool Engine::EvictOne() {
+bool Engine::EvictOne(uint64_t* evicted_bytes) {
   // Find the shard whose policy ranks its victim lowest, one lock at a time.
   size_t best = shards_.size();
   uint64_t best_rank = std::numeric_limits<uint64_t>::max();
@@ -211,6 +247,7 @@ bool Engine::EvictOne() {
   KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
   facts.uses = it->second.hits;
   Bump(counters_.evictions);
+  if (evicted_bytes != nullptr) *evicted_bytes = it->second.extent.length;
   const bool needed = shard.policy->NeededWithin(candidate->handle, clock_.NowUs(), lookahead_us_);
   if (needed) Bump(counters_.needed_evictions);
   // The first tier below that takes it. A block some tier below already
