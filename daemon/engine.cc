@@ -144,7 +144,7 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
   return out;
 }
 
-std::vector<SlotGrant> Engine::Reserve(SessionId session, const NamespaceFingerprint& ns,
+std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                        std::span<const BlockKey> keys,
                                        std::span<const uint64_t> sizes) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Reserve: keys and sizes differ in length");
@@ -173,16 +173,16 @@ std::vector<SlotGrant> Engine::Reserve(SessionId session, const NamespaceFingerp
       }
       it->second.ns = ns;
       it->second.size = sizes[i];
-      it->second.writer = session;
-      shard.sessions[session].reserved.insert(key);
+      it->second.writer = connection;
+      shard.connections[connection].reserved.insert(key);
     }
     Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    KVTIER_CHECK(it != shard.index.end() && it->second.writer == session, "reservation vanished");
+    KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     if (!extent.ok()) {
       shard.index.erase(it);
-      shard.sessions[session].reserved.erase(key);
+      shard.connections[connection].reserved.erase(key);
       grant.status = extent.status();
       Bump(counters_.reserve_failures);
       continue;
@@ -195,7 +195,7 @@ std::vector<SlotGrant> Engine::Reserve(SessionId session, const NamespaceFingerp
   return grants;
 }
 
-std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint& ns,
+std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Commit: keys and sizes differ in length");
   std::vector<Status> out(keys.size());
@@ -207,7 +207,7 @@ std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint
     {
       std::lock_guard lock(shard.mu);
       auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.committed || it->second.writer != session ||
+      if (it == shard.index.end() || it->second.committed || it->second.writer != connection ||
           it->second.ns != ns) {
         out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
                                     " is not reserved by this connection");
@@ -218,19 +218,19 @@ std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint
         out[i] = InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " +
                                  std::to_string(it->second.size) + " bytes, committed " +
                                  std::to_string(sizes[i]) + "; the reservation is dropped");
-        DropReservation(shard, host_, session, key);
+        DropReservation(shard, host_, connection, key);
         Bump(counters_.commit_failures);
         continue;
       }
       extent = it->second.extent;
       size = it->second.size;
     }
-    // Hash outside the lock: only this session may touch its reservation.
+    // Hash outside the lock: only this connection may touch its reservation.
     const uint64_t checksum = BlockChecksum(host_.Bytes(extent).first(size));
     const uint64_t now = clock_.NowUs();
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    KVTIER_CHECK(it != shard.index.end() && it->second.writer == session, "reservation vanished");
+    KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     BlockEntry& entry = it->second;
     entry.checksum = checksum;
     entry.committed = true;
@@ -240,25 +240,25 @@ std::vector<Status> Engine::Commit(SessionId session, const NamespaceFingerprint
     shard.committed.emplace(entry.handle, key);
     shard.policy->OnInsertKeyed(entry.handle, key, now);
     shard.stored_bytes += entry.size;
-    shard.sessions[session].reserved.erase(key);
+    shard.connections[connection].reserved.erase(key);
     Publish(host_, key, entry);
     Bump(counters_.commits);
   }
   return out;
 }
 
-size_t Engine::Abort(SessionId session, std::span<const BlockKey> keys) {
+size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   size_t aborted = 0;
   for (const BlockKey& key : keys) {
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
-    if (DropReservation(shard, host_, session, key)) ++aborted;
+    if (DropReservation(shard, host_, connection, key)) ++aborted;
   }
   Bump(counters_.aborts, static_cast<int64_t>(aborted));
   return aborted;
 }
 
-PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, SessionId session, const BlockKey& key,
+PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
                            uint64_t now_us) {
   BlockEntry& entry = shard.index.at(key);
   if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
@@ -266,8 +266,8 @@ PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, SessionId ses
   if (EndPrefetched(shard, entry)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
   entry.last_use_us = now_us;
   const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
-  shard.leases.emplace(lease, LeaseRecord{session, key, entry.handle});
-  shard.sessions[session].leases.insert(lease);
+  shard.leases.emplace(lease, LeaseRecord{connection, key, entry.handle});
+  shard.connections[connection].leases.insert(lease);
   Bump(counters_.pins);
   return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
 }
@@ -290,10 +290,10 @@ Status CheckSpan(LayerSpan layers, uint32_t layer_count, const BlockKey& key) {
 
 }  // namespace
 
-void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
+void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                       LayerSpan layers) {
   auto batch = std::make_shared<PinBatch>();
-  batch->session = session;
+  batch->connection = connection;
   batch->grants.resize(keys.size());
   batch->done = std::move(done);
   const uint64_t now = clock_.NowUs();
@@ -311,7 +311,7 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
       if (layers.whole()) {
-        batch->grants[i] = PinLocked(shard, shard_index, session, key, now);
+        batch->grants[i] = PinLocked(shard, shard_index, connection, key, now);
         continue;
       }
       const NamespaceLayout layout = LayoutOf(ns, it->second.size);
@@ -320,7 +320,7 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
         continue;
       }
       const uint64_t layer_bytes = it->second.size / layout.layer_count;
-      PinGrant grant = PinLocked(shard, shard_index, session, key, now);
+      PinGrant grant = PinLocked(shard, shard_index, connection, key, now);
       grant.offset += layers.first * layer_bytes;
       grant.length = (layers.last - layers.first) * layer_bytes;
       grant.checksum = 0;
@@ -383,22 +383,22 @@ void Engine::PinAsync(SessionId session, const NamespaceFingerprint& ns, std::ve
   if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) Prefetch();
 }
 
-std::vector<PinGrant> Engine::Pin(SessionId session, const NamespaceFingerprint& ns,
+std::vector<PinGrant> Engine::Pin(ConnectionId connection, const NamespaceFingerprint& ns,
                                   std::span<const BlockKey> keys, LayerSpan layers) {
   std::promise<std::vector<PinGrant>> promise;
   auto future = promise.get_future();
-  PinAsync(session, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+  PinAsync(connection, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
            [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); }, layers);
   return future.get();
 }
 
 void Engine::RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                       const NamespaceFingerprint& ns, LayerSpan layers) {
-  PinAsync(batch->session, ns, {key},
+  PinAsync(batch->connection, ns, {key},
            [batch, index](std::vector<PinGrant> grants) { Resolve(batch, index, std::move(grants[0])); }, layers);
 }
 
-std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> leases) {
+std::vector<Status> Engine::Release(ConnectionId connection, std::span<const LeaseId> leases) {
   std::vector<Status> out(leases.size());
   const uint64_t now = clock_.NowUs();
   for (size_t i = 0; i < leases.size(); ++i) {
@@ -418,14 +418,14 @@ std::vector<Status> Engine::Release(SessionId session, std::span<const LeaseId> 
       Bump(counters_.release_failures);
       continue;
     }
-    if (it->second.session != session) {
+    if (it->second.connection != connection) {
       out[i] = PermissionDenied("lease " + std::to_string(lease) + " belongs to another connection");
       Bump(counters_.release_failures);
       continue;
     }
     LeaseRecord record = it->second;
     shard.leases.erase(it);
-    shard.sessions[session].leases.erase(lease);
+    shard.connections[connection].leases.erase(lease);
     EndTransient(Unpin(shard, host_, record, now));
   }
   return out;
@@ -492,17 +492,17 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
   return erased;
 }
 
-void Engine::CloseSession(SessionId session) {
-  DropQueuedRequests(session);
+void Engine::CloseConnection(ConnectionId connection) {
+  DropQueuedRequests(connection);
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
     EngineShard& shard = *shard_ptr;
     std::lock_guard lock(shard.mu);
-    auto node = shard.sessions.extract(session);
+    auto node = shard.connections.extract(connection);
     if (node.empty()) continue;
     for (const BlockKey& key : node.mapped().reserved) {
       auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.committed || it->second.writer != session) continue;
+      if (it == shard.index.end() || it->second.committed || it->second.writer != connection) continue;
       if (it->second.allocated) host_.Free(it->second.extent);
       shard.index.erase(it);
     }
@@ -514,7 +514,7 @@ void Engine::CloseSession(SessionId session) {
       EndTransient(Unpin(shard, host_, record, now));
     }
   }
-  Bump(counters_.sessions_closed);
+  Bump(counters_.connections_closed);
 }
 
 void Engine::VisitCounters(CounterVisitor& v) const {
@@ -552,7 +552,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.erases", load(counters_.erases));
   v.Visit("engine.evictions", load(counters_.evictions));
   v.Visit("engine.eviction_failures", load(counters_.eviction_failures));
-  v.Visit("engine.sessions_closed", load(counters_.sessions_closed));
+  v.Visit("engine.connections_closed", load(counters_.connections_closed));
   v.Visit("engine.promotions", load(counters_.promotions));
   v.Visit("engine.promotion_failures", load(counters_.promotion_failures));
   v.Visit("engine.demotions", load(counters_.demotions));

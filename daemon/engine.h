@@ -1,6 +1,6 @@
 // Engine: the block index over the tier stack, plus the policies that
 // decide what stays. It is the daemon's only stateful core; the wire
-// adapters (session.cc) translate requests into these calls.
+// adapters (server_connection.cc) translate requests into these calls.
 //
 // The stack: the host tier (the shared arena clients read and write in
 // place) on top, then an ordered list of BlockTiers (tiers/tier.h) below
@@ -16,7 +16,7 @@
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
 //   committed + Pin -> [pinned: never evicted] -> Release -> committed
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
-// A session's uncommitted reservations and leases die with CloseSession.
+// A connection's uncommitted reservations and leases die with CloseSession.
 //
 // Placement with tiers below the host:
 // - Demotion: an evicted host block goes to the first tier below whose
@@ -61,7 +61,7 @@
 namespace kvtier {
 
 
-using SessionId = uint64_t;
+using ConnectionId = uint64_t;
 using LeaseId = uint64_t;
 
 struct EngineOptions {
@@ -165,18 +165,18 @@ class Engine {
   // slot, AlreadyExists (committed or being written), NoSpace (nothing left
   // to evict), InvalidArgument (size 0 or larger than the arena).
   // Precondition: keys.size() == sizes.size().
-  std::vector<SlotGrant> Reserve(SessionId session, const NamespaceFingerprint& ns,
+  std::vector<SlotGrant> Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
 
   // Publishes reserved blocks after checking that sizes[i] equals the
   // reserved size and recording the xxh3-64 of the bytes. Per key: ok,
-  // FailedPrecondition (no reservation by this session), InvalidArgument
+  // FailedPrecondition (no reservation by this connection), InvalidArgument
   // (size mismatch; the reservation is dropped and its space returns).
-  std::vector<Status> Commit(SessionId session, const NamespaceFingerprint& ns,
+  std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                              std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
 
-  // Drops this session's reservations of `keys`; returns how many existed.
-  size_t Abort(SessionId session, std::span<const BlockKey> keys);
+  // Drops this connection's reservations of `keys`; returns how many existed.
+  size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
   using PinDone = std::function<void(std::vector<PinGrant>)>;
   // Pins committed blocks and hands out one lease per block, promoting
@@ -192,15 +192,15 @@ class Engine {
   // Release; the block is not promoted). Such grants carry checksum 0
   // (checksums cover whole blocks). Also InvalidArgument per key when the
   // span is not within the block's layers.
-  void PinAsync(SessionId session, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
+  void PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                 LayerSpan layers = {});
   // PinAsync, waiting for the outcome.
-  std::vector<PinGrant> Pin(SessionId session, const NamespaceFingerprint& ns,
+  std::vector<PinGrant> Pin(ConnectionId connection, const NamespaceFingerprint& ns,
                             std::span<const BlockKey> keys, LayerSpan layers = {});
 
   // Per lease: ok, NotFound (unknown or already released), PermissionDenied
-  // (held by another session).
-  std::vector<Status> Release(SessionId session, std::span<const LeaseId> leases);
+  // (held by another connection).
+  std::vector<Status> Release(ConnectionId connection, std::span<const LeaseId> leases);
 
   // Uses clients made of host blocks through the block directory (copying
   // gets that needed no Pin), reported after the fact: each block of `keys`
@@ -220,12 +220,12 @@ class Engine {
   // server stopped, before its executors go away).
   void WaitForIdle();
 
-  // Frees every reservation and lease of `session`, and drops its queued
+  // Frees every reservation and lease of `connection`, and drops its queued
   // requests. Idempotent.
-  void CloseSession(SessionId session);
+  void CloseConnection(ConnectionId connection);
 
   // Queue hints (engine_queue.cc) from an inference engine's scheduler on
-  // connection `session`; request ids are the connection's own. Enqueue:
+  // connection `connection`; request ids are the connection's own. Enqueue:
   // `request` will need `chain` (root first) of `ns`, expected to start
   // `start_in_us` from now, for conversation `conversation` (0: none);
   // again with the same id replaces it. Busy beyond kMaxQueuedRequests
@@ -235,11 +235,11 @@ class Engine {
   // accept and ignore them.
   static constexpr size_t kMaxQueuedRequests = 1 << 16;
   static constexpr uint64_t kMaxStartInUs = 3'600'000'000;  // an hour
-  Status Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+  Status Enqueue(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
                  std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation);
   // The request started or finished (or was dropped): its blocks stop
   // waiting for it, and prefetch plans again. NotFound if it is not queued.
-  Status Dequeue(SessionId session, uint64_t request);
+  Status Dequeue(ConnectionId connection, uint64_t request);
   // Conversation `conversation` opened or closed (its blocks go first among
   // those no queued request needs while it is closed).
   void ConversationHint(uint64_t conversation, bool open);
@@ -267,8 +267,8 @@ class Engine {
 
   EngineShard& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
-  // Pins the committed `entry` of `key` for `session`. Caller holds the shard lock.
-  PinGrant PinLocked(EngineShard& shard, size_t shard_index, SessionId session, const BlockKey& key,
+  // Pins the committed `entry` of `key` for `connection`. Caller holds the shard lock.
+  PinGrant PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
                      uint64_t now_us);
   // Reads `key` from the tier it was found in into new arena space, then
   // pins it for its waiters. Runs without locks.
@@ -318,11 +318,11 @@ class Engine {
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
 
-  // Drops every queued request of `session` (its connection closed).
-  void DropQueuedRequests(SessionId session);
-  // Enqueue's bookkeeping: the request under (session, request), its chain
+  // Drops every queued request of `connection` (its connection closed).
+  void DropQueuedRequests(ConnectionId connection);
+  // Enqueue's bookkeeping: the request under (connection, request), its chain
   // handed to the shards' policies. Busy past kMaxQueuedRequests.
-  Status RegisterQueued(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+  Status RegisterQueued(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
                         std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation);
 
   HostTier& host_;
@@ -363,13 +363,13 @@ class Engine {
     uint64_t start_us = 0;
   };
   std::mutex queue_mu_;
-  std::map<std::pair<SessionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
+  std::map<std::pair<ConnectionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
   // What each connection holds in queued_: requests and chain keys.
   struct ConnectionQueue {
     size_t requests = 0;
     size_t keys = 0;
   };
-  std::unordered_map<SessionId, ConnectionQueue> queued_per_connection_;  // guarded by queue_mu_
+  std::unordered_map<ConnectionId, ConnectionQueue> queued_per_connection_;  // guarded by queue_mu_
   const uint64_t layer_read_pool_bytes_;
   std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const size_t max_queued_requests_per_connection_;
@@ -397,7 +397,7 @@ class Engine {
     std::atomic<int64_t> commits{0}, commit_failures{0}, aborts{0};
     std::atomic<int64_t> pins{0}, pin_misses{0}, releases{0}, release_failures{0};
     std::atomic<int64_t> erases{0}, evictions{0}, eviction_failures{0};
-    std::atomic<int64_t> sessions_closed{0};
+    std::atomic<int64_t> connections_closed{0};
     std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
     std::atomic<int64_t> demotion_failures{0}, admission_drops{0};
     std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};

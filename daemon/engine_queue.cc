@@ -9,11 +9,11 @@
 
 namespace kvtier {
 
-Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+Status Engine::Enqueue(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
                        std::span<const BlockKey> chain, uint64_t start_in_us, uint64_t conversation) {
   // Clamped: a far-off (or wrapped-around) start would overflow the clock.
   start_in_us = std::min(start_in_us, kMaxStartInUs);
-  if (Status s = RegisterQueued(session, ns, request, chain, clock_.NowUs() + start_in_us, conversation); !s.ok()) {
+  if (Status s = RegisterQueued(connection, ns, request, chain, clock_.NowUs() + start_in_us, conversation); !s.ok()) {
     return s;
   }
   lineage_.Record(chain, conversation);
@@ -22,19 +22,19 @@ Status Engine::Enqueue(SessionId session, const NamespaceFingerprint& ns, uint64
   return Status::Ok();
 }
 
-Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns, uint64_t request,
+Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
                               std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation) {
   std::vector<std::vector<QueuedBlock>> parts(shards_.size());
   for (size_t i = 0; i < chain.size(); ++i) {
     parts[ShardIndex(chain[i])].push_back(QueuedBlock{chain[i], static_cast<uint32_t>(i)});
   }
   std::lock_guard queue_lock(queue_mu_);
-  ConnectionQueue& mine = queued_per_connection_[session];
-  auto [it, inserted] = queued_.try_emplace({session, request});
+  ConnectionQueue& mine = queued_per_connection_[connection];
+  auto [it, inserted] = queued_.try_emplace({connection, request});
   const size_t keys_after = mine.keys - it->second.chain.size() + chain.size();
   const auto refuse = [&](Status busy) {
     if (inserted) queued_.erase(it);
-    if (mine.requests == 0) queued_per_connection_.erase(session);
+    if (mine.requests == 0) queued_per_connection_.erase(connection);
     return busy;
   };
   if (inserted && queued_.size() > kMaxQueuedRequests) {
@@ -74,19 +74,19 @@ Status Engine::RegisterQueued(SessionId session, const NamespaceFingerprint& ns,
   return Status::Ok();
 }
 
-Status Engine::Dequeue(SessionId session, uint64_t request) {
+Status Engine::Dequeue(ConnectionId connection, uint64_t request) {
   {
     std::lock_guard queue_lock(queue_mu_);
-    auto it = queued_.find({session, request});
+    auto it = queued_.find({connection, request});
     if (it == queued_.end()) return NotFound("request " + std::to_string(request) + " is not queued");
     for (size_t s : it->second.shards) {
       std::lock_guard lock(shards_[s]->mu);
       shards_[s]->policy->OnDequeue(it->second.id);
     }
     queued_keys_.Remove(it->second.chain);
-    ConnectionQueue& mine = queued_per_connection_[session];
+    ConnectionQueue& mine = queued_per_connection_[connection];
     mine.keys -= it->second.chain.size();
-    if (--mine.requests == 0) queued_per_connection_.erase(session);
+    if (--mine.requests == 0) queued_per_connection_.erase(connection);
     queued_.erase(it);
   }
   counters_.dequeues.fetch_add(1, std::memory_order_relaxed);
@@ -96,10 +96,10 @@ Status Engine::Dequeue(SessionId session, uint64_t request) {
   return Status::Ok();
 }
 
-void Engine::DropQueuedRequests(SessionId session) {
+void Engine::DropQueuedRequests(ConnectionId connection) {
   std::lock_guard queue_lock(queue_mu_);
-  auto it = queued_.lower_bound({session, 0});
-  while (it != queued_.end() && it->first.first == session) {
+  auto it = queued_.lower_bound({connection, 0});
+  while (it != queued_.end() && it->first.first == connection) {
     for (size_t s : it->second.shards) {
       std::lock_guard lock(shards_[s]->mu);
       shards_[s]->policy->OnDequeue(it->second.id);
@@ -107,7 +107,7 @@ void Engine::DropQueuedRequests(SessionId session) {
     queued_keys_.Remove(it->second.chain);
     it = queued_.erase(it);
   }
-  queued_per_connection_.erase(session);
+  queued_per_connection_.erase(connection);
 }
 
 namespace {

@@ -4,13 +4,13 @@
 
 namespace kvtier {
 
-bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key) {
+bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection, const BlockKey& key) {
   auto it = shard.index.find(key);
-  if (it == shard.index.end() || it->second.committed || it->second.writer != session) return false;
+  if (it == shard.index.end() || it->second.committed || it->second.writer != connection) return false;
   if (it->second.allocated) host.Free(it->second.extent);
   shard.index.erase(it);
-  auto s = shard.sessions.find(session);
-  if (s != shard.sessions.end()) s->second.reserved.erase(key);
+  auto s = shard.connections.find(connection);
+  if (s != shard.connections.end()) s->second.reserved.erase(key);
   return true;
 }
 

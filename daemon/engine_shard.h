@@ -27,7 +27,7 @@ struct BlockEntry {
   HostTier::Extent extent;  // valid when allocated
   uint64_t size = 0;        // bytes the writer reserved (<= extent.length)
   uint64_t checksum = 0;    // xxh3-64, set at commit
-  SessionId writer = 0;     // the reserving session while not committed
+  ConnectionId writer = 0;     // the reserving connection while not committed
   bool allocated = false;
   bool committed = false;
   bool promoting = false;   // being read in from a tier below (invisible)
@@ -44,7 +44,7 @@ struct BlockEntry {
 // One PinAsync call: its grants fill in as keys resolve; the last key to
 // resolve (outstanding reaches 0) runs `done`.
 struct PinBatch {
-  SessionId session = 0;
+  ConnectionId connection = 0;
   std::vector<PinGrant> grants;
   std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
   Engine::PinDone done;
@@ -57,12 +57,12 @@ struct PromotionWaiter {
 };
 
 struct LeaseRecord {
-  SessionId session = 0;
+  ConnectionId connection = 0;
   BlockKey key;
   BlockHandle handle = 0;
 };
 
-struct SessionRecord {
+struct ConnectionRecord {
   std::unordered_set<BlockKey> reserved;
   std::unordered_set<LeaseId> leases;
 };
@@ -78,7 +78,7 @@ struct EngineShard {
   // Committed blocks by handle (what the policy names as victims).
   std::unordered_map<BlockHandle, BlockKey> committed;
   std::unordered_map<LeaseId, LeaseRecord> leases;
-  std::unordered_map<SessionId, SessionRecord> sessions;
+  std::unordered_map<ConnectionId, ConnectionRecord> connections;
   // Pins waiting per block being promoted.
   std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters;
   // Blocks evicted to NVMe whose write is still in flight (in neither
@@ -109,9 +109,9 @@ inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGra
 
 // Each helper below runs with shard.mu held.
 
-// Removes `key`'s reservation by `session` from `shard`, freeing its space.
+// Removes `key`'s reservation by `connection` from `shard`, freeing its space.
 // Returns false if there was no such reservation.
-bool DropReservation(EngineShard& shard, HostTier& host, SessionId session, const BlockKey& key);
+bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection, const BlockKey& key);
 // Drops one pin of the block `lease` refers to, freeing a zombie when its
 // last pin goes. The caller has removed the lease record. Returns the bytes
 // of a transient layer read it freed (to return to the engine's pool), else 0.

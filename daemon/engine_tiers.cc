@@ -40,7 +40,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     PinGrant grant;
     if (status.ok()) {
       // The transient extent lives as an invisible (zombie) entry held by
-      // one lease: the last Release, or the session's end, frees it.
+      // one lease: the last Release, or the connection's end, frees it.
       const size_t shard_index = ShardIndex(key);
       EngineShard& shard = *shards_[shard_index];
       std::lock_guard lock(shard.mu);
@@ -52,8 +52,8 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       entry.pins = 1;
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
-      shard.leases.emplace(lease, LeaseRecord{batch->session, key, entry.handle});
-      shard.sessions[batch->session].leases.insert(lease);
+      shard.leases.emplace(lease, LeaseRecord{batch->connection, key, entry.handle});
+      shard.connections[batch->connection].leases.insert(lease);
       shard.zombies.emplace(entry.handle, std::move(entry));
       grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0};
       Bump(counters_.pins);
@@ -140,7 +140,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       shard.policy->OnInsertKeyed(entry.handle, key, now);
       shard.stored_bytes += entry.size;
       Publish(host_, key, entry);
-      for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->session, key, now));
+      for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->connection, key, now));
       Bump(counters_.promotions);
     } else {
       EndPrefetched(shard, entry);

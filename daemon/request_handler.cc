@@ -125,11 +125,11 @@ void RequestHandler::HandleQueueHint(const v1::QueueHint& q, v1::Response& respo
       auto keys = wire::KeysFromProto(q.keys());
       if (!keys.ok()) return SetStatus(response, keys.status());
       if (keys->empty()) return SetStatus(response, InvalidArgument("an enqueued request needs at least one key"));
-      return SetStatus(response, engine.Enqueue(session_, *ns, q.request_id(), *keys, q.start_in_us(), q.session_id()));
+      return SetStatus(response, engine.Enqueue(connection_, *ns, q.request_id(), *keys, q.start_in_us(), q.session_id()));
     }
     case v1::QueueHint::STARTED:
     case v1::QueueHint::FINISHED:
-      return SetStatus(response, engine.Dequeue(session_, q.request_id()));
+      return SetStatus(response, engine.Dequeue(connection_, q.request_id()));
     case v1::QueueHint::SESSION_OPEN:
     case v1::QueueHint::SESSION_CLOSE:
       if (q.session_id() == 0) return SetStatus(response, InvalidArgument("session 0 means none; hint a real one"));
@@ -162,7 +162,7 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto grants = context_.engine->Reserve(session_, *ns, *keys, sizes);
+  auto grants = context_.engine->Reserve(connection_, *ns, *keys, sizes);
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
     auto* slot = body->add_slots();
@@ -183,7 +183,7 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto statuses = context_.engine->Commit(session_, *ns, *keys, sizes);
+  auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes);
   auto* body = response.mutable_commit();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
@@ -194,7 +194,7 @@ void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& respon
   if (!ns.ok()) return SetStatus(response, ns.status());
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
-  size_t aborted = context_.engine->Abort(session_, *keys);
+  size_t aborted = context_.engine->Abort(connection_, *keys);
   response.mutable_abort()->set_aborted(static_cast<uint32_t>(aborted));
   SetStatus(response, Status::Ok());
 }
@@ -223,7 +223,7 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                                         std::to_string(layers.last) + ") is empty"));
     return done(std::move(response));
   }
-  context_.engine->PinAsync(session_, *ns, std::move(*keys),
+  context_.engine->PinAsync(connection_, *ns, std::move(*keys),
                             [response = std::move(response), done = std::move(done)](std::vector<PinGrant> grants) mutable {
                               auto* body = response.mutable_pin();
                               for (const PinGrant& g : grants) {
@@ -241,7 +241,7 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
 
 void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {
   std::vector<LeaseId> leases(r.leases().begin(), r.leases().end());
-  auto statuses = context_.engine->Release(session_, leases);
+  auto statuses = context_.engine->Release(connection_, leases);
   auto* body = response.mutable_release();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());

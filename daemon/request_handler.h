@@ -1,9 +1,9 @@
 // RequestHandler: the protocol state of one connection (Hello done or not,
 // registered namespaces) and the translation of each Request into Engine
-// calls. No sockets here: the session (session.cc) moves frames, this class
+// calls. No sockets here: the connection (server_connection.cc) moves frames, this class
 // decides what they mean, so protocol behaviour is testable without I/O.
 //
-// Thread-compatible: one session drives it, one request at a time.
+// Thread-compatible: one connection drives it, one request at a time.
 #pragma once
 
 #include <functional>
@@ -32,8 +32,8 @@ struct HandlerContext {
 class RequestHandler {
  public:
   // `context` is borrowed and must outlive the handler.
-  RequestHandler(const HandlerContext& context, SessionId session)
-      : context_(context), session_(session) {}
+  RequestHandler(const HandlerContext& context, ConnectionId connection)
+      : context_(context), connection_(connection) {}
 
   struct Outcome {
     bool attach_arena_fd = false;  // send the arena (and directory) memfds with this response
@@ -43,7 +43,7 @@ class RequestHandler {
 
   // Fills `response` (id, status, body) for `request`. Never throws. A Pin
   // that must promote blocks from NVMe blocks the caller until the reads
-  // complete: the session uses HandlePinAsync instead.
+  // complete: the connection uses HandlePinAsync instead.
   Outcome Handle(const v1::Request& request, v1::Response& response);
 
   // Answers a Pin request (precondition: request.has_pin()) through `done`:
@@ -70,7 +70,7 @@ class RequestHandler {
   void HandleQueueHint(const v1::QueueHint& q, v1::Response& response);
 
   const HandlerContext& context_;
-  const SessionId session_;
+  const ConnectionId connection_;
   bool hello_done_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
 };

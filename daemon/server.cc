@@ -135,35 +135,35 @@ asio::awaitable<void> Server::AcceptLoop() {
       spdlog::warn("accept failed: {}", ec.message());
       continue;
     }
-    std::shared_ptr<Session> session;
+    std::shared_ptr<ServerConnection> connection;
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
-      SessionId id = next_session_++;
-      session = std::make_shared<Session>(std::move(socket), id, context_, session_counters_);
-      sessions_.emplace(id, session);
+      ConnectionId id = next_connection_++;
+      connection = std::make_shared<ServerConnection>(std::move(socket), id, context_, connection_counters_);
+      connections_.emplace(id, connection);
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
-    asio::co_spawn(session->executor(),
-                   [this, session]() -> asio::awaitable<void> {
-                     co_await session->Run();
-                     Forget(session->id());
+    asio::co_spawn(connection->executor(),
+                   [this, connection]() -> asio::awaitable<void> {
+                     co_await connection->Run();
+                     Forget(connection->id());
                    }, asio::detached);
   }
 }
 
-void Server::Forget(SessionId id) {
+void Server::Forget(ConnectionId id) {
   std::lock_guard lock(mu_);
-  sessions_.erase(id);
+  connections_.erase(id);
 }
 
 void Server::Shutdown() {
-  std::vector<std::shared_ptr<Session>> live;
+  std::vector<std::shared_ptr<ServerConnection>> live;
   {
     std::lock_guard lock(mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    for (auto& [id, weak] : sessions_) {
+    for (auto& [id, weak] : connections_) {
       if (auto s = weak.lock()) live.push_back(std::move(s));
     }
   }
@@ -172,7 +172,7 @@ void Server::Shutdown() {
     acceptor_.close(ignored);
   });
   for (auto& s : live) s->StopReading();
-  // Posted last: each context ends once its sessions (and the acceptor) end.
+  // Posted last: each context ends once its connections (and the acceptor) end.
   for (size_t i = 0; i < contexts_.size(); ++i) {
     asio::post(*contexts_[i], [this, i] { guards_[i].reset(); });
   }
@@ -184,7 +184,7 @@ void Server::Wait() {
     if (waited_) return;
     waited_ = true;
   }
-  // io_.run() returns in every thread once the acceptor and all sessions are
+  // io_.run() returns in every thread once the acceptor and all connections are
   // gone; cut the rest when the drain timeout passes.
   std::promise<void> drained;
   auto done = drained.get_future();
@@ -208,12 +208,12 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.connections_accepted", load(accepted_));
   {
     std::lock_guard lock(mu_);
-    v.Visit("server.connections_open", static_cast<int64_t>(sessions_.size()));
+    v.Visit("server.connections_open", static_cast<int64_t>(connections_.size()));
   }
-  v.Visit("server.requests", load(session_counters_.requests));
-  v.Visit("server.oversized_frames", load(session_counters_.oversized_frames));
-  v.Visit("server.truncated_frames", load(session_counters_.truncated_frames));
-  v.Visit("server.unparsable_frames", load(session_counters_.unparsable_frames));
+  v.Visit("server.requests", load(connection_counters_.requests));
+  v.Visit("server.oversized_frames", load(connection_counters_.oversized_frames));
+  v.Visit("server.truncated_frames", load(connection_counters_.truncated_frames));
+  v.Visit("server.unparsable_frames", load(connection_counters_.unparsable_frames));
 }
 
 }  // namespace kvtier

@@ -1,6 +1,6 @@
 // Server: the Unix-socket listener of kvtierd. Accepts connections and runs
-// one Session per connection. Each io thread runs its own single-threaded
-// io_context; connections are spread over them round robin, so a session's
+// one ServerConnection per connection. Each io thread runs its own single-threaded
+// io_context; connections are spread over them round robin, so a connection's
 // work never hops threads (no strands, no cross-thread wake-ups).
 // Drains on Shutdown.
 //
@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/session.h"
+#include "daemon/server_connection.h"
 
 namespace kvtier {
 
@@ -44,7 +44,7 @@ class Server {
   // Stops accepting and stops reading new requests; requests already read
   // are answered. Idempotent.
   void Shutdown();
-  // Blocks until every session ended, or the drain timeout after Shutdown
+  // Blocks until every connection ended, or the drain timeout after Shutdown
   // passed (then remaining connections are cut). Removes the socket file.
   void Wait();
 
@@ -54,12 +54,12 @@ class Server {
  private:
   Server(const ServerOptions& options, Engine& engine, HostTier& host);
   asio::awaitable<void> AcceptLoop();
-  void Forget(SessionId id);
+  void Forget(ConnectionId id);
 
   const ServerOptions options_;
   HostTier& host_;
   HandlerContext context_;
-  SessionCounters session_counters_;
+  ConnectionCounters connection_counters_;
   // One io_context per io thread; contexts_[0] also runs the acceptor.
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   asio::local::stream_protocol::acceptor acceptor_;
@@ -69,10 +69,10 @@ class Server {
   size_t next_context_ = 0;  // only touched by the accept loop
 
   mutable std::mutex mu_;
-  std::unordered_map<SessionId, std::weak_ptr<Session>> sessions_;  // guarded by mu_
+  std::unordered_map<ConnectionId, std::weak_ptr<ServerConnection>> connections_;  // guarded by mu_
   bool shutting_down_ = false;                                       // guarded by mu_
   bool waited_ = false;                                              // guarded by mu_
-  SessionId next_session_ = 1;                                       // guarded by mu_
+  ConnectionId next_connection_ = 1;                                       // guarded by mu_
   std::atomic<int64_t> accepted_{0};
 };
 

@@ -54,7 +54,7 @@ std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length)
   return host.Bytes(HostTier::Extent{offset, length});
 }
 
-Status PutFilledBlock(Engine& engine, HostTier& host, SessionId session, const NamespaceFingerprint& ns,
+Status PutFilledBlock(Engine& engine, HostTier& host, ConnectionId session, const NamespaceFingerprint& ns,
                       const BlockKey& key, uint64_t size) {
   auto grants = engine.Reserve(session, ns, {&key, 1}, {&size, 1});
   if (!grants[0].status.ok()) return grants[0].status;

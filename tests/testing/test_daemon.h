@@ -86,7 +86,7 @@ std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length)
 // The engine-level Put of unit tests: reserves `size` bytes for `key`,
 // fills them with FillBlockBytes(key, 0) and commits. The Reserve's or the
 // Commit's status.
-Status PutFilledBlock(Engine& engine, HostTier& host, SessionId session, const NamespaceFingerprint& ns,
+Status PutFilledBlock(Engine& engine, HostTier& host, ConnectionId session, const NamespaceFingerprint& ns,
                       const BlockKey& key, uint64_t size);
 
 // A fresh directory under $TMPDIR (or /tmp); removed by RemoveTree.

@@ -150,7 +150,7 @@ TEST_F(EngineNvmeTest, LayerRangePinReadsOnlyThoseLayersAndDoesNotPromote) {
   // A session that ends without releasing returns it too.
   grants = engine_->Pin(8, kNs, {&key, 1}, LayerSpan{0, 1});
   ASSERT_TRUE(grants[0].status.ok());
-  engine_->CloseSession(8);
+  engine_->CloseConnection(8);
   EXPECT_EQ(host_->used_bytes(), static_cast<uint64_t>(Counters()["engine.stored_bytes"]));
   EXPECT_EQ(Counters()["engine.leases"], 0);
 
@@ -172,7 +172,7 @@ TEST_F(EngineNvmeTest, LayerRangePinOfAHostBlockPointsIntoIt) {
   EXPECT_EQ(part[0].offset, whole[0].offset + 3 * (kBlockBytes / kLayers));
   EXPECT_EQ(part[0].length, kBlockBytes / kLayers);
   EXPECT_EQ(Counters()["engine.layer_reads"], 0) << "no I/O for a host block";
-  engine_->CloseSession(7);
+  engine_->CloseConnection(7);
 }
 
 TEST_F(EngineNvmeTest, ConcurrentPinsOfOneNvmeBlockShareOneRead) {
@@ -180,7 +180,7 @@ TEST_F(EngineNvmeTest, ConcurrentPinsOfOneNvmeBlockShareOneRead) {
   engine_->WaitForIdle();
   const BlockKey key = Key(5);
   std::vector<std::future<std::vector<PinGrant>>> pins;
-  for (SessionId s = 10; s < 16; ++s) {
+  for (ConnectionId s = 10; s < 16; ++s) {
     pins.push_back(std::async(std::launch::async, [&, s] { return engine_->Pin(s, kNs, {&key, 1}); }));
   }
   uint64_t offset = 0;
@@ -192,7 +192,7 @@ TEST_F(EngineNvmeTest, ConcurrentPinsOfOneNvmeBlockShareOneRead) {
   }
   EXPECT_EQ(Counters()["engine.promotions"], 1);
   EXPECT_EQ(Counters()["engine.pins"], 6);
-  for (SessionId s = 10; s < 16; ++s) engine_->CloseSession(s);
+  for (ConnectionId s = 10; s < 16; ++s) engine_->CloseConnection(s);
   EXPECT_EQ(Counters()["engine.leases"], 0);
 }
 

@@ -28,7 +28,7 @@ using ::kvtier::testing::FakeClock;
 
 constexpr uint64_t kBlockBytes = 64 << 10;
 constexpr NamespaceFingerprint kNs{0x9e9e, 0x0001};
-constexpr SessionId kScheduler = 9;
+constexpr ConnectionId kScheduler = 9;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x9e, i}; }
 
@@ -228,7 +228,7 @@ TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
   EXPECT_FALSE(InHost(3));
   EXPECT_TRUE(InHost(4));
   // The scheduler's connection closes: its requests go with it.
-  engine_->CloseSession(kScheduler);
+  engine_->CloseConnection(kScheduler);
   EXPECT_EQ(engine_->Dequeue(kScheduler, 1).code(), StatusCode::kNotFound);
   for (uint64_t i = 15; i < 23; ++i) Put(i);
   EXPECT_FALSE(InHost(4));
@@ -261,7 +261,7 @@ TEST_F(EngineQueueTest, EachConnectionHasItsOwnShareOfTheQueue) {
   auto engine = Engine::Create(options, *host_, clock_);
   ASSERT_TRUE(engine.ok());
   engine_ = std::move(*engine);
-  constexpr SessionId kFlood = 1, kOther = 2;
+  constexpr ConnectionId kFlood = 1, kOther = 2;
   const BlockKey one[] = {Key(1)};
   for (uint64_t r = 0; r < 10; ++r) ASSERT_TRUE(engine_->Enqueue(kFlood, kNs, r, one, 1000, 0).ok()) << r;
   Status over = engine_->Enqueue(kFlood, kNs, 10, one, 1000, 0);
@@ -278,7 +278,7 @@ TEST_F(EngineQueueTest, EachConnectionHasItsOwnShareOfTheQueue) {
   ASSERT_TRUE(engine_->Dequeue(kFlood, 0).ok());
   EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, 11, one, 1000, 0).ok());
   EXPECT_EQ(engine_->Enqueue(kFlood, kNs, 12, one, 1000, 0).code(), StatusCode::kBusy);
-  engine_->CloseSession(kFlood);
+  engine_->CloseConnection(kFlood);
   for (uint64_t r = 0; r < 10; ++r) EXPECT_TRUE(engine_->Enqueue(kFlood, kNs, r, one, 1000, 0).ok()) << r;
 }
 

@@ -60,7 +60,7 @@ class EngineTest : public ::testing::Test {
 
   // Reserve, fill with self-describing bytes (salt), Commit. The clock moves
   // one microsecond first so that every commit has its own time.
-  Status Put(SessionId session, const BlockKey& key, uint64_t size = kBlockBytes,
+  Status Put(ConnectionId session, const BlockKey& key, uint64_t size = kBlockBytes,
              uint64_t salt = 1, const NamespaceFingerprint* ns = nullptr) {
     const NamespaceFingerprint& fp = ns != nullptr ? *ns : ns_;
     clock_.AdvanceUs(1);
@@ -70,11 +70,11 @@ class EngineTest : public ::testing::Test {
     return engine_->Commit(session, fp, {&key, 1}, {&size, 1})[0];
   }
 
-  PinGrant PinOne(SessionId session, const BlockKey& key) {
+  PinGrant PinOne(ConnectionId session, const BlockKey& key) {
     return engine_->Pin(session, ns_, {&key, 1})[0];
   }
 
-  Status ReleaseOne(SessionId session, LeaseId lease) {
+  Status ReleaseOne(ConnectionId session, LeaseId lease) {
     return engine_->Release(session, {&lease, 1})[0];
   }
 
@@ -96,9 +96,9 @@ class EngineTest : public ::testing::Test {
     return it == all.end() ? -1 : it->second;
   }
 
-  static constexpr SessionId kWriter = 1;
-  static constexpr SessionId kOther = 2;
-  static constexpr SessionId kReader = 3;
+  static constexpr ConnectionId kWriter = 1;
+  static constexpr ConnectionId kOther = 2;
+  static constexpr ConnectionId kReader = 3;
 
   FakeClock clock_;
   std::unique_ptr<HostTier> host_;
@@ -221,7 +221,7 @@ TEST_F(EngineTest, ReserveOfExistingKeyIsAlreadyExists) {
   ASSERT_TRUE(engine_->Reserve(kWriter, ns_, {&writing, 1}, {&size, 1})[0].status.ok());
   const uint64_t used = host_->used_bytes();
 
-  for (SessionId s : {kWriter, kOther}) {
+  for (ConnectionId s : {kWriter, kOther}) {
     auto g = engine_->Reserve(s, ns_, {&committed, 1}, {&size, 1});
     EXPECT_EQ(g[0].status.code(), StatusCode::kAlreadyExists);
     EXPECT_NE(g[0].status.message().find("cached"), std::string::npos) << g[0].status.message();
@@ -333,7 +333,7 @@ TEST_F(EngineTest, CloseSessionFreesReservationsAndReleasesLeases) {
   ASSERT_TRUE(other_lease.status.ok());
   EXPECT_EQ(host_->used_bytes(), 3 * kBlockBytes);
 
-  engine_->CloseSession(kWriter);
+  engine_->CloseConnection(kWriter);
   EXPECT_EQ(host_->used_bytes(), 2 * kBlockBytes);
   EXPECT_EQ(Counter("engine.reserved_blocks"), 1);  // kOther's
   EXPECT_EQ(Counter("engine.leases"), 1);           // kOther's
@@ -341,17 +341,17 @@ TEST_F(EngineTest, CloseSessionFreesReservationsAndReleasesLeases) {
   EXPECT_EQ(ReleaseOne(kWriter, lease.lease).code(), StatusCode::kNotFound);
   EXPECT_EQ(engine_->Commit(kWriter, ns_, {&reserved, 1}, {&size, 1})[0].code(),
             StatusCode::kFailedPrecondition);
-  engine_->CloseSession(kWriter);  // idempotent
+  engine_->CloseConnection(kWriter);  // idempotent
   EXPECT_EQ(host_->used_bytes(), 2 * kBlockBytes);
 
-  engine_->CloseSession(kOther);
+  engine_->CloseConnection(kOther);
   EXPECT_EQ(host_->used_bytes(), kBlockBytes);  // the committed block stays
   EXPECT_EQ(Counter("engine.reserved_blocks"), 0);
   EXPECT_EQ(Counter("engine.leases"), 0);
   EXPECT_EQ(Counter("engine.pinned_blocks"), 0);
   EXPECT_TRUE(Cached(pinned));
   EXPECT_TRUE(Put(kReader, reserved).ok());
-  EXPECT_EQ(Counter("engine.sessions_closed"), 3);
+  EXPECT_EQ(Counter("engine.connections_closed"), 3);
 }
 
 TEST_F(EngineTest, ReleaseErrors) {
@@ -706,7 +706,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   std::atomic<int> bad_reads{0};
   std::atomic<int> unexpected{0};
   auto worker = [&](int t) {
-    const SessionId session = 10 + t;
+    const ConnectionId session = 10 + t;
     std::mt19937 rng(seed + t);
     std::vector<LeaseId> held;
     auto pick_key = [&]() {
@@ -770,7 +770,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
         if (!s.ok()) ++unexpected;
       }
     }
-    engine.CloseSession(session);
+    engine.CloseConnection(session);
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
@@ -786,7 +786,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   EXPECT_GT(c["engine.evictions"], 0) << "the arena was meant to overflow";
 
   // used bytes == sum of live extents: pin every key once to see what lives.
-  const SessionId checker = 99;
+  const ConnectionId checker = 99;
   auto grants = engine.Pin(checker, ns, all_keys);
   uint64_t live_extent_bytes = 0, stored = 0;
   int64_t live = 0;
@@ -806,7 +806,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   EXPECT_EQ(host->used_bytes(), live_extent_bytes);
   EXPECT_EQ(c["host.alloc.used_bytes"], static_cast<int64_t>(live_extent_bytes));
   EXPECT_EQ(c["host.alloc.allocations"], live);
-  engine.CloseSession(checker);
+  engine.CloseConnection(checker);
   EXPECT_EQ(Counters(engine)["engine.pinned_blocks"], 0);
   EXPECT_EQ(host->used_bytes(), live_extent_bytes);
 }

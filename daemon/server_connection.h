@@ -1,7 +1,7 @@
-// Session: one client connection. Reads frames, checks the cap before
+// ServerConnection: one client connection. Reads frames, checks the cap before
 // reading a payload, lets its RequestHandler answer, and writes responses in
 // request order. Runs as one coroutine on its io thread's context. Closing the
-// connection (EOF, error, drain) closes the engine session: its
+// connection (EOF, error, drain) closes the engine connection: its
 // reservations and leases die with it.
 #pragma once
 
@@ -15,49 +15,49 @@
 
 namespace kvtier {
 
-// Counters shared by every session of a server.
-struct SessionCounters {
+// Counters shared by every connection of a server.
+struct ConnectionCounters {
   std::atomic<int64_t> requests{0};
   std::atomic<int64_t> oversized_frames{0};
   std::atomic<int64_t> truncated_frames{0};
   std::atomic<int64_t> unparsable_frames{0};
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = asio::local::stream_protocol::socket;
 
   // `context`, `counters` are borrowed.
-  Session(Socket socket, SessionId id, const HandlerContext& context, SessionCounters& counters);
+  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters);
 
-  SessionId id() const { return id_; }
+  ConnectionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
 
   // Serves the connection until EOF, a fatal frame error or drain; then
-  // closes the engine session.
+  // closes the engine connection.
   asio::awaitable<void> Run();
 
   // Stops reading new requests; buffered ones are still answered. Safe from
-  // any thread (posted to the session's context).
+  // any thread (posted to the connection's context).
   void StopReading();
 
  private:
   static v1::Response ErrorResponse(const Status& status);
   // Answers a Pin; suspends only while blocks are promoted from NVMe, so
-  // the io thread serves other sessions meanwhile.
+  // the io thread serves other connections meanwhile.
   asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
   // Writes write_buffer_ (all answers gathered so far) and empties it.
   asio::awaitable<bool> Flush();
   // Writes one framed response with the arena fd (and the directory fd, if
   // any) attached to its first byte.
   asio::awaitable<bool> SendWithArenaFd(const v1::Response& response);
-  // Closes the socket and the engine session.
+  // Closes the socket and the engine connection.
   asio::awaitable<void> Close();
 
   Socket socket_;
-  const SessionId id_;
+  const ConnectionId id_;
   const HandlerContext& context_;
-  SessionCounters& counters_;
+  ConnectionCounters& counters_;
   RequestHandler handler_;
   std::string write_buffer_;
 };

@@ -1,4 +1,4 @@
-#include "daemon/session.h"
+#include "daemon/server_connection.h"
 
 #include <asio/read.hpp>
 #include <asio/redirect_error.hpp>
@@ -14,14 +14,14 @@
 
 namespace kvtier {
 
-Session::Session(Socket socket, SessionId id, const HandlerContext& context, SessionCounters& counters)
+ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
       counters_(counters),
       handler_(context, id) {}
 
-void Session::StopReading() {
+void ServerConnection::StopReading() {
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
     asio::error_code ignored;
     self->socket_.shutdown(Socket::shutdown_receive, ignored);
@@ -42,7 +42,7 @@ void AppendFrame(const v1::Response& response, std::string& out) {
 
 }  // namespace
 
-asio::awaitable<void> Session::Run() {
+asio::awaitable<void> ServerConnection::Run() {
   // Reads whatever the socket has, answers every complete frame in it and
   // writes all the answers at once: pipelined requests cost one read and one
   // write per batch, a lone request one of each.
@@ -114,7 +114,7 @@ asio::awaitable<void> Session::Run() {
         what = "truncated frame header: got " + std::to_string(end) + " of " +
                std::to_string(kFrameHeaderBytes) + " bytes";
       }
-      spdlog::warn("session {}: {} ({})", id_, what, ec.message());
+      spdlog::warn("connection {}: {} ({})", id_, what, ec.message());
       write_buffer_.clear();
       AppendFrame(ErrorResponse(ProtocolError(what)), write_buffer_);
       co_await Flush();
@@ -124,7 +124,7 @@ asio::awaitable<void> Session::Run() {
   co_await Close();
 }
 
-asio::awaitable<v1::Response> Session::AnswerPin(const v1::Request& request) {
+asio::awaitable<v1::Response> ServerConnection::AnswerPin(const v1::Request& request) {
   // Its own coroutine, with `pending` at function scope: g++ 12 mishandles
   // the lifetime of block-scoped coroutine locals across a co_await.
   std::shared_ptr<PendingResponse> pending = std::make_shared<PendingResponse>();
@@ -136,22 +136,22 @@ asio::awaitable<v1::Response> Session::AnswerPin(const v1::Request& request) {
   co_return pending->Take();
 }
 
-v1::Response Session::ErrorResponse(const Status& status) {
+v1::Response ServerConnection::ErrorResponse(const Status& status) {
   v1::Response response;
   response.set_id(0);
   wire::ToProto(status, response.mutable_status());
   return response;
 }
 
-asio::awaitable<void> Session::Close() {
+asio::awaitable<void> ServerConnection::Close() {
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);
-  context_.engine->CloseSession(id_);
+  context_.engine->CloseConnection(id_);
   co_return;
 }
 
-asio::awaitable<bool> Session::Flush() {
+asio::awaitable<bool> ServerConnection::Flush() {
   if (write_buffer_.empty()) co_return true;
   asio::error_code ec;
   co_await asio::async_write(socket_, asio::buffer(write_buffer_), asio::redirect_error(asio::use_awaitable, ec));
@@ -159,7 +159,7 @@ asio::awaitable<bool> Session::Flush() {
   co_return !ec;
 }
 
-asio::awaitable<bool> Session::SendWithArenaFd(const v1::Response& response) {
+asio::awaitable<bool> ServerConnection::SendWithArenaFd(const v1::Response& response) {
   std::string frame;
   AppendFrame(response, frame);
   size_t sent = 0;
@@ -173,7 +173,7 @@ asio::awaitable<bool> Session::SendWithArenaFd(const v1::Response& response) {
       break;
     }
     if (n.status().code() != StatusCode::kBusy) {
-      spdlog::warn("session {}: cannot send the arena fd: {}", id_, n.status().ToString());
+      spdlog::warn("connection {}: cannot send the arena fd: {}", id_, n.status().ToString());
       co_return false;
     }
     co_await socket_.async_wait(Socket::wait_write, asio::redirect_error(asio::use_awaitable, ec));
