@@ -86,8 +86,8 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
 
 
 // The three data operations, started without waiting. Callbacks hold the
-// Connection by reference: Close() runs every pending callback before the
-// Client lets go of it.
+// Connection by reference: it outlives them, since ~Connection (via Close)
+// runs every pending callback before the Connection goes.
 std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
                                               std::span<const BlockKey> keys, Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
@@ -228,7 +228,10 @@ std::string_view TierName(Tier tier) {
 
 Client::Client(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
 
-Client::~Client() { conn_->Close(); }
+// Only lets go of the connection: it closes when the last BlockView or
+// Reservation sharing it is gone too (their pins and reservations must stay
+// held on the daemon while they live), at once if there is none.
+Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto conn = Connection::Open(options);

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "common/framing.h"
-#include "common/unix_socket.h"
 #include "proto/wire.h"
 
 namespace kvtier::internal {
@@ -33,19 +32,46 @@ Status AppendFrame(const google::protobuf::MessageLite& message, uint32_t max_fr
   return Status::Ok();
 }
 
+// The largest response frame a connection with frame cap `max_frame_bytes`
+// accepts. kvtierd puts no cap on its responses: it answers each item of a
+// request (of at most max_frame_bytes) with one record, so the bound
+// follows from the densest request item and the largest record:
+//   - a lease of a Release is a packed varint of 1 byte (leases < 128), and
+//     is answered with a Status of up to 58 bytes ("lease 127 is not held
+//     (unknown or already released)" and its tags);
+//   - a key (16 bytes) is answered with a Status whose message names the
+//     key and sizes (about 100-200 bytes: "block size 8388609 can never fit
+//     the host tier (...)", "layer range [0, 5) is not within ... of block
+//     <key>", NoSpace with free and largest-free byte counts) plus up to four
+//     numbers (PinnedBlock): under 20 bytes per request byte. A batch of
+//     the frame cap in keys thus draws a reply of about 6 times the cap (a
+//     Reserve of blocks that can never fit, a GetLayers with a bad range).
+// So 64 response bytes per request byte, plus 1 MiB for the replies that do
+// not scale with the request (Stats lists every counter). The bound only
+// catches a desynchronized stream: the read buffer grows as bytes arrive,
+// so a larger bound costs nothing up front.
+size_t ResponseFrameLimit(uint32_t max_frame_bytes) {
+  constexpr size_t kResponseBytesPerRequestByte = 64;
+  constexpr size_t kUnscaledResponseBytes = 1u << 20;
+  return static_cast<size_t>(max_frame_bytes) * kResponseBytesPerRequestByte + kUnscaledResponseBytes;
+}
+
+// RecvSpinningFirst's result when `deadline` passed with nothing read.
+constexpr ssize_t kDeadlinePassed = -2;
+
 // recv that first polls without blocking for up to `spin_us` (yielding the
 // core between tries, so a daemon on the same core still runs), then
-// blocks. A response that comes back within the spin costs no sleep and
-// wake-up of this thread: on a VM that is most of a small request's
-// round trip.
-ssize_t RecvSpinningFirst(int fd, char* buffer, size_t capacity, uint32_t spin_us) {
+// blocks until `deadline` at most (then returns kDeadlinePassed). A
+// response that comes back within the spin costs no sleep and wake-up of
+// this thread: on a VM that is most of a small request's round trip.
+ssize_t RecvSpinningFirst(int fd, char* buffer, size_t capacity, uint32_t spin_us, Deadline deadline) {
   if (spin_us > 0) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    const auto spin_until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us));
     do {
       ssize_t n = ::recv(fd, buffer, capacity, MSG_DONTWAIT);
       if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return n;
       sched_yield();
-    } while (std::chrono::steady_clock::now() < deadline);
+    } while (std::chrono::steady_clock::now() < spin_until);
   }
   // Sleep in poll(POLLIN), not in a blocking recv: a thread asleep in recv
   // is also woken whenever the daemon consumes a request this client sent
@@ -58,8 +84,63 @@ ssize_t RecvSpinningFirst(int fd, char* buffer, size_t capacity, uint32_t spin_u
       if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return n;
     }
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return -1;
+    const int ready = ::poll(&p, 1, PollTimeoutMs(deadline));
+    if (ready == 0) return kDeadlinePassed;
+    if (ready < 0 && errno != EINTR) return -1;
   }
+}
+
+// The fds a Hello response brings: the arena and (if offered) the block
+// directory memfd. Closes whatever it still holds (a mapping keeps a memfd
+// alive).
+struct HelloFds {
+  int arena = -1;
+  int directory = -1;
+  HelloFds() = default;
+  HelloFds(const HelloFds&) = delete;
+  HelloFds& operator=(const HelloFds&) = delete;
+  ~HelloFds() {
+    if (arena >= 0) ::close(arena);
+    if (directory >= 0) ::close(directory);
+  }
+};
+
+// Reads the Hello response from `fd` by `deadline` into `response` and
+// `fds`. The frame length is checked against `max_frame_bytes` before
+// anything is allocated for the body. Ok only for a parsed, ok response
+// that brought an arena fd. TimedOut (nothing, or not all, came by the
+// deadline), Unavailable (the daemon hung up), ProtocolError (a frame over
+// the cap, unparsable, no arena fd), or the daemon's own refusal
+// (VersionMismatch, InvalidArgument).
+Status ReadHelloResponse(int fd, uint32_t max_frame_bytes, const ClientOptions& options, Deadline deadline,
+                         v1::Response& response, HelloFds& fds) {
+  const std::string timeout = " within connect_timeout (" + std::to_string(options.connect_timeout.count()) + " ms)";
+  uint8_t header[kFrameHeaderBytes];
+  std::vector<int> passed;
+  Status s = ReadAllBefore(fd, header, sizeof(header), &passed, deadline);
+  // passed[0] is the arena, passed[1] (if any) the block directory.
+  for (size_t i = 0; i < passed.size(); ++i) {
+    if (i == 0) fds.arena = passed[i]; else if (i == 1) fds.directory = passed[i]; else ::close(passed[i]);
+  }
+  if (s.code() == StatusCode::kTimedOut) {
+    return TimedOut("kvtierd at " + options.socket_path + " did not answer Hello" + timeout);
+  }
+  if (!s.ok()) return Unavailable("no Hello response from kvtierd: " + s.message());
+  const uint32_t length = DecodeFrameHeader(header);
+  if (length > max_frame_bytes) {
+    return ProtocolError("Hello response of " + std::to_string(length) + " bytes exceeds the frame cap of " +
+                         std::to_string(max_frame_bytes) + " bytes");
+  }
+  std::string body(length, '\0');
+  passed.clear();
+  s = ReadAllBefore(fd, body.data(), body.size(), &passed, deadline);
+  for (int unexpected : passed) ::close(unexpected);
+  if (s.code() == StatusCode::kTimedOut) return TimedOut("kvtierd sent part of its Hello response only" + timeout);
+  if (!s.ok()) return Unavailable("no whole Hello response from kvtierd: " + s.message());
+  if (!response.ParseFromString(body)) return ProtocolError("unparsable Hello response");
+  if (s = wire::FromProto(response.status()); !s.ok()) return s;
+  if (fds.arena < 0) return ProtocolError("kvtierd sent no arena fd with its Hello response");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -74,65 +155,44 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
   conn->verify_checksums_ = options.verify_checksums;
   conn->spin_wait_us_ = options.spin_wait_us;
   conn->use_directory_ = options.use_directory;
-  Result<int> fd = ConnectUnix(options.socket_path);
+  conn->call_timeout_ = std::max(options.call_timeout, std::chrono::milliseconds(0));
+  const Deadline deadline = DeadlineAfter(options.connect_timeout);
+  Result<int> fd = ConnectUnixBefore(options.socket_path, deadline);
   if (!fd.ok()) return fd.status();
   conn->fd_ = *fd;
-  Status hello = conn->Hello(options);
+  Status hello = conn->Hello(options, deadline);
   if (!hello.ok()) return hello;
+  conn->response_frame_limit_ = ResponseFrameLimit(conn->max_frame_bytes_);
   conn->background_reader_ = std::thread([c = conn.get()] { c->BackgroundLoop(); });
   return conn;
 }
 
-Status Connection::Hello(const ClientOptions& options) {
+Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   v1::Request request;
   request.set_id(next_id_++);  // no other thread exists yet
   auto* hello = request.mutable_hello();
   hello->set_protocol_version(wire::kProtocolVersion);
   hello->set_client_name(options.client_name);
   for (const auto& ns : options.namespaces) wire::ToProto(ns, hello->add_namespaces());
-  Status s = WriteFrames({}, &request);
+  Status s = WriteFrames({}, &request, deadline);
   if (!s.ok()) return s;
 
-  uint8_t header[kFrameHeaderBytes];
-  std::vector<int> fds;
-  s = ReadAllWithFds(fd_, header, sizeof(header), &fds);
-  // fds[0] is the arena, fds[1] (if any) the block directory.
-  int arena_fd = fds.empty() ? -1 : fds[0];
-  int directory_fd = fds.size() > 1 ? fds[1] : -1;
-  for (size_t i = 2; i < fds.size(); ++i) ::close(fds[i]);
-  if (!s.ok()) {
-    if (arena_fd >= 0) ::close(arena_fd);
-    if (directory_fd >= 0) ::close(directory_fd);
-    return Unavailable("no Hello response from kvtierd: " + s.message());
-  }
-  const uint32_t length = DecodeFrameHeader(header);
-  std::string body(length, '\0');
-  if (length > max_frame_bytes_) s = ProtocolError("Hello response over the frame cap");
-  if (s.ok()) s = ReadAll(fd_, body.data(), body.size());
   v1::Response response;
-  if (s.ok() && !response.ParseFromString(body)) s = ProtocolError("unparsable Hello response");
-  if (s.ok()) s = wire::FromProto(response.status());
-  if (s.ok() && arena_fd < 0) s = ProtocolError("kvtierd sent no arena fd with its Hello response");
-  if (!s.ok()) {
-    if (arena_fd >= 0) ::close(arena_fd);
-    if (directory_fd >= 0) ::close(directory_fd);
-    return s;
-  }
+  HelloFds fds;
+  s = ReadHelloResponse(fd_, max_frame_bytes_, options, deadline, response, fds);
+  if (!s.ok()) return s;
   const auto& body_hello = response.hello();
-  if (directory_fd >= 0) {
-    if (use_directory_ && body_hello.directory_bytes() > 0) AttachDirectory(directory_fd, body_hello.directory_bytes());
-    ::close(directory_fd);  // a mapping keeps the memfd alive
+  if (fds.directory >= 0 && use_directory_ && body_hello.directory_bytes() > 0) {
+    AttachDirectory(fds.directory, body_hello.directory_bytes());  // a mapping keeps the memfd alive
   }
   struct stat st {};
-  if (::fstat(arena_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
-    ::close(arena_fd);
+  if (::fstat(fds.arena, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
     return ProtocolError("the arena fd is smaller than the announced arena");
   }
   // MAP_POPULATE: fault every page in now, so no get or put pays a page
   // fault on the hot path (DESIGN.md: nothing maps on the hot path).
   void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      arena_fd, 0);
-  ::close(arena_fd);  // the mapping keeps the memfd alive
+                      fds.arena, 0);
   if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
   arena_ = static_cast<std::byte*>(base);
   arena_bytes_ = body_hello.arena_bytes();
@@ -224,7 +284,7 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
     std::swap(deferred, deferred_);
   }
   request.set_id(id);
-  Status s = WriteFrames(deferred, &request);
+  Status s = WriteFrames(deferred, &request, DeadlineAfter(call_timeout_));
   if (s.ok()) return;
   Done failed;
   {
@@ -246,20 +306,33 @@ std::chrono::steady_clock::time_point Connection::Deferred::Due() const {
   return due;
 }
 
-Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* request) {
-  std::lock_guard lock(write_mu_);
-  write_buffer_.clear();
-  // At most a few hundred leases or keys: always far below any frame cap.
-  if (!deferred.leases.empty()) {
-    AppendFrame(wire::MakeReleaseNoReply(deferred.leases), max_frame_bytes_, write_buffer_).IgnoreError();
+Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline) {
+  Status framed, written;
+  {
+    std::lock_guard lock(write_mu_);
+    {
+      // A failed write may have left part of a frame: nothing may follow it.
+      std::lock_guard state(mu_);
+      if (closed_) return close_reason_;
+    }
+    write_buffer_.clear();
+    // At most a few hundred leases or keys: always far below any frame cap.
+    if (!deferred.leases.empty()) {
+      AppendFrame(wire::MakeReleaseNoReply(deferred.leases), max_frame_bytes_, write_buffer_).IgnoreError();
+    }
+    if (!deferred.uses.empty() || deferred.lookups != 0 || deferred.lookup_keys != 0) {
+      AppendFrame(wire::MakeUsageReport(deferred.uses, deferred.lookups, deferred.lookup_keys, deferred.lookup_hits),
+                  max_frame_bytes_, write_buffer_)
+          .IgnoreError();
+    }
+    framed = request != nullptr ? AppendFrame(*request, max_frame_bytes_, write_buffer_) : Status::Ok();
+    if (!write_buffer_.empty()) written = SendAllBefore(fd_, write_buffer_.data(), write_buffer_.size(), deadline);
   }
-  if (!deferred.uses.empty() || deferred.lookups != 0 || deferred.lookup_keys != 0) {
-    AppendFrame(wire::MakeUsageReport(deferred.uses, deferred.lookups, deferred.lookup_keys, deferred.lookup_hits),
-                max_frame_bytes_, write_buffer_)
-        .IgnoreError();
+  if (written.code() == StatusCode::kTimedOut) {
+    std::unique_lock lock(mu_);
+    return FailTimedOut(lock, "sending a request timed out: " + written.message());
   }
-  Status framed = request != nullptr ? AppendFrame(*request, max_frame_bytes_, write_buffer_) : Status::Ok();
-  Status written = write_buffer_.empty() ? Status::Ok() : WriteAll(fd_, write_buffer_.data(), write_buffer_.size());
+  if (!written.ok()) Fail(written);
   return framed.ok() ? written : framed;
 }
 
@@ -309,8 +382,8 @@ void Connection::FlushDeferred(std::unique_lock<std::mutex>& lock) {
   Deferred deferred;
   std::swap(deferred, deferred_);
   lock.unlock();
-  // A failed write means the connection is gone, and the leases with it.
-  WriteFrames(deferred, nullptr).IgnoreError();
+  // A failed write fails the connection; the leases end with it.
+  WriteFrames(deferred, nullptr, DeadlineAfter(call_timeout_)).IgnoreError();
   lock.lock();
 }
 
@@ -323,22 +396,29 @@ Result<v1::Response> Connection::CallSync(v1::Request request) {
 }
 
 void Connection::Drive(const std::function<bool()>& ready) {
+  const Deadline deadline = DeadlineAfter(call_timeout_);
   std::unique_lock lock(mu_);
   // `ready` is checked under mu_: a reader sets results before it retakes
   // mu_ to hand the role on, so a result that arrived is always seen here
-  // before this thread would block in recv for it.
+  // before this thread would block in recv for it, or give up on it.
   while (!ready()) {
     if (closed_) {
       cv_.wait_for(lock, std::chrono::milliseconds(10));  // results are being failed
       continue;
     }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      // The pending calls, this one included, carry the TimedOut.
+      FailTimedOut(lock, "no answer from kvtierd within call_timeout (" + std::to_string(call_timeout_.count()) +
+                             " ms)").IgnoreError();
+      continue;
+    }
     if (reading_) {
       ++role_waiters_;
-      cv_.wait(lock);
+      if (deadline == kNoDeadline) cv_.wait(lock); else cv_.wait_until(lock, deadline);
       --role_waiters_;
       continue;
     }
-    ReadAsLeader(lock);
+    ReadAsLeader(lock, deadline);
   }
 }
 
@@ -346,7 +426,7 @@ void Connection::BackgroundLoop() {
   std::unique_lock lock(mu_);
   while (!closed_) {
     if (BackgroundHasWork()) {
-      ReadAsLeader(lock);
+      ReadAsLeader(lock, kNoDeadline);  // reads for calls nobody waits on
       continue;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -374,24 +454,23 @@ void Connection::BackgroundLoop() {
   }
 }
 
-void Connection::ReadAsLeader(std::unique_lock<std::mutex>& lock) {
+void Connection::ReadAsLeader(std::unique_lock<std::mutex>& lock, Deadline deadline) {
   reading_ = true;
   lock.unlock();
-  ReadAndDispatch();
+  ReadAndDispatch(deadline);
   lock.lock();
   reading_ = false;
   if (role_waiters_ > 0) cv_.notify_all();
   if (BackgroundHasWork()) bg_cv_.notify_one();
 }
 
-void Connection::ReadAndDispatch() {
-  const size_t frame_limit = static_cast<size_t>(max_frame_bytes_) * 4 + 1024;  // responses carry per-key records
+void Connection::ReadAndDispatch(Deadline deadline) {
   std::vector<v1::Response> frames;
   for (;;) {
     while (read_buffer_.size() - read_begin_ >= kFrameHeaderBytes) {
       const auto* head = reinterpret_cast<const uint8_t*>(read_buffer_.data() + read_begin_);
       const uint32_t length = DecodeFrameHeader(head);
-      if (length > frame_limit) {
+      if (length > response_frame_limit_) {
         return Fail(ProtocolError("response frame of " + std::to_string(length) + " bytes is implausible"));
       }
       if (read_buffer_.size() - read_begin_ < kFrameHeaderBytes + length) break;
@@ -413,11 +492,12 @@ void Connection::ReadAndDispatch() {
     const bool spin = wait_ewma_us_ < static_cast<double>(spin_wait_us_);
     const auto started = std::chrono::steady_clock::now();
     ssize_t n = RecvSpinningFirst(fd_, read_buffer_.data() + have, read_buffer_.size() - have,
-                                  spin ? spin_wait_us_ : 0);
+                                  spin ? spin_wait_us_ : 0, deadline);
     const double waited_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
     wait_ewma_us_ = 0.875 * wait_ewma_us_ + 0.125 * waited_us;
     read_buffer_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n == kDeadlinePassed) return;  // the caller decides; a partial frame stays buffered
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return Fail(Unavailable("kvtierd closed the connection"));
@@ -445,23 +525,37 @@ void Connection::Dispatch(v1::Response response) {
 }
 
 void Connection::Fail(const Status& reason) {
-  std::unordered_map<uint64_t, Pending> failed;
-  Status final_reason;
-  {
-    std::lock_guard lock(mu_);
-    if (!closed_) {
-      closed_ = true;
-      close_reason_ = reason;
-    }
-    hung_up_.store(true, std::memory_order_relaxed);  // a failed connection serves nothing from the directory
+  std::unique_lock lock(mu_);
+  FailLocked(lock, reason, reason);
+}
+
+void Connection::FailLocked(std::unique_lock<std::mutex>& lock, const Status& pending_reason,
+                            const Status& later_reason) {
+  Status final_reason = pending_reason;
+  if (!closed_) {
+    closed_ = true;
+    close_reason_ = later_reason;
+  } else {
     final_reason = close_reason_;
-    failed.swap(pending_);
-    background_pending_ = 0;
-    detached_pending_ = 0;
-    cv_.notify_all();
-    bg_cv_.notify_all();
   }
+  hung_up_.store(true, std::memory_order_relaxed);  // a failed connection serves nothing from the directory
+  std::unordered_map<uint64_t, Pending> failed;
+  failed.swap(pending_);
+  background_pending_ = 0;
+  detached_pending_ = 0;
+  cv_.notify_all();
+  bg_cv_.notify_all();
+  lock.unlock();
   for (auto& [id, pending] : failed) pending.done(final_reason);
+  lock.lock();
+}
+
+Status Connection::FailTimedOut(std::unique_lock<std::mutex>& lock, const std::string& what) {
+  Status timed_out = TimedOut(what + "; the connection is not used any more");
+  // The fd stays open until the Connection goes (~Connection): the daemon
+  // keeps the leases of BlockViews still alive.
+  FailLocked(lock, timed_out, Unavailable("the connection to kvtierd failed earlier: " + what));
+  return timed_out;
 }
 
 Result<std::span<std::byte>> Connection::Slot(uint64_t offset, uint64_t length) const {

@@ -9,6 +9,18 @@
 // API are pending, and drains answers nobody waits for once a few pile up
 // (so they can never fill the socket and stall the daemon).
 //
+// Deadlines: Open gives the connect and Hello ClientOptions::connect_timeout
+// in all; every Await (a synchronous call) waits at most
+// ClientOptions::call_timeout for its answer, and every write at most that
+// long for socket space. When one runs out the connection is failed:
+// pending calls get TimedOut, later ones Unavailable, and nothing more is
+// read or written (a half-read frame is never resumed). The fd itself stays
+// open until the Connection is destroyed, so the daemon keeps the leases of
+// live BlockViews (their bytes cannot be reused under them).
+//
+// Lifetime: shared by the Client, its BlockViews and Reservations; the
+// socket closes when the last of them lets go (see ~Connection).
+//
 // Releases nobody waits for are deferred: they ride in one Release{no_reply}
 // frame in front of the next request (same write), or the background thread
 // sends them kReleaseDelay later if no request comes. A copying get thus
@@ -36,6 +48,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client_lib/deadline_io.h"
 #include "common/block_directory.h"
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.pb.h"
@@ -65,7 +78,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Call(v1::Request request, Done done, Reader reader);
 
   // Reads and dispatches responses on this thread (or waits while another
-  // thread does) until `future` is ready, then returns its value.
+  // thread does) until `future` is ready, then returns its value. If it is
+  // not ready within call_timeout, fails the connection (the future then
+  // holds TimedOut).
   template <typename T>
   T Await(std::future<T> future) {
     Drive([&future] { return future.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
@@ -86,7 +101,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void NoteLocalLookups(uint64_t lookups, uint64_t keys, uint64_t hits);
 
   // Shuts the socket down, fails pending calls, joins the background reader.
-  // Idempotent. The fd itself is closed by the destructor.
+  // Idempotent. The fd itself is closed by the destructor, which runs this:
+  // the Client does not call it while BlockViews or Reservations still
+  // share the connection (their leases and reservations end with it).
   void Close();
 
   std::span<std::byte> arena() const { return {arena_, arena_bytes_}; }
@@ -143,14 +160,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool BackgroundHasWork() const;  // caller holds mu_
 
   Connection() = default;
-  Status Hello(const ClientOptions& options);
+  // Sends Hello and maps what the answer brings; all before `deadline`.
+  Status Hello(const ClientOptions& options, Deadline deadline);
+  // Reads (or waits for the reader) until `ready`, failing the connection
+  // if call_timeout passes first. `ready` is called under mu_.
   void Drive(const std::function<bool()>& ready);
   void BackgroundLoop();
   // Frames `deferred` (a Release{no_reply} and a UsageReport, each only if
-  // needed) and then `request` (if not null) into one write. Takes
-  // write_mu_; caller must not hold mu_. A request over the frame cap fails
-  // alone: the deferred frames still go.
-  Status WriteFrames(const Deferred& deferred, const v1::Request* request);
+  // needed) and then `request` (if not null) into one write, which must
+  // finish by `deadline`. Takes write_mu_; caller must not hold mu_. A
+  // request over the frame cap fails alone (InvalidArgument): the deferred
+  // frames still go. A failed write (TimedOut, Unavailable, IoError) may
+  // have sent part of a frame: it fails the connection. On a connection
+  // already failed, returns its reason and writes nothing.
+  Status WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline);
   // Sends everything deferred now; `lock` holds mu_ (released meanwhile).
   void FlushDeferred(std::unique_lock<std::mutex>& lock);
   // Adds a note under mu_ through `add` (called with deferred_ and the time;
@@ -165,18 +188,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void AttachDirectory(int fd, uint64_t bytes);
   // Takes the reader role (precondition: nobody holds it; `lock` holds mu_),
   // reads and dispatches without mu_, hands the role back and wakes waiters.
-  void ReadAsLeader(std::unique_lock<std::mutex>& lock);
-  // Reads at least one whole frame (blocking) and dispatches every complete
-  // frame buffered. Caller holds the reader role (reading_ == true), not mu_.
-  void ReadAndDispatch();
+  void ReadAsLeader(std::unique_lock<std::mutex>& lock, Deadline deadline);
+  // Reads at least one whole frame (blocking until `deadline` at most) and
+  // dispatches every complete frame buffered; returns having dispatched
+  // nothing if `deadline` passes first (a partial frame stays buffered).
+  // Caller holds the reader role (reading_ == true), not mu_.
+  void ReadAndDispatch(Deadline deadline);
   void Dispatch(v1::Response response);
-  // Marks the connection closed with `reason` and fails every pending call.
+  // Marks the connection closed and fails every pending call with
+  // `reason`; later calls fail with it too. If it was closed already, the
+  // first reason stays and pending calls get that one.
   void Fail(const Status& reason);
+  // The same, under `lock` (on mu_; released while callbacks run): pending
+  // calls get `pending_reason`, later calls `later_reason`.
+  void FailLocked(std::unique_lock<std::mutex>& lock, const Status& pending_reason, const Status& later_reason);
+  // Fails the connection after a call or a write got nowhere within its
+  // deadline (`what` says which): pending calls get the TimedOut returned,
+  // later ones Unavailable. `lock` as for FailLocked.
+  Status FailTimedOut(std::unique_lock<std::mutex>& lock, const std::string& what);
 
   int fd_ = -1;
   std::byte* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   uint32_t max_frame_bytes_ = 0;
+  size_t response_frame_limit_ = 0;  // largest response frame accepted (ResponseFrameLimit)
+  std::chrono::milliseconds call_timeout_{0};  // 0: no deadline
   bool verify_checksums_ = false;
   uint32_t spin_wait_us_ = 0;
   bool use_directory_ = true;
@@ -188,6 +224,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
   std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
 
+  // Lock order: write_mu_, then mu_ (WriteFrames checks closed_ while
+  // writing); nothing takes write_mu_ while holding mu_.
   std::mutex write_mu_;       // serializes frames on the socket
   std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
 

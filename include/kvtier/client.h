@@ -9,6 +9,12 @@
 // Thread safety: a Client is thread-safe; any number of threads may call it
 // at once and their requests are pipelined on one connection. BlockView and
 // Reservation are thread-compatible (one owner at a time).
+//
+// Deadlines: Connect gives up after ClientOptions::connect_timeout, and every
+// synchronous call after ClientOptions::call_timeout, with TimedOut. A call
+// that timed out leaves the connection failed: calls still waiting get
+// TimedOut as well, later calls fail at once with Unavailable (connect a new
+// Client). BlockViews keep their pins and bytes even then (see BlockView).
 #pragma once
 
 #include <chrono>
@@ -41,7 +47,17 @@ struct ClientOptions {
   std::vector<NamespaceDescriptor> namespaces;
   // Largest frame the client sends or accepts; must not exceed the daemon's.
   uint32_t max_frame_bytes = 1u << 20;
+  // Longest Connect waits for the socket and the daemon's Hello answer
+  // together; then it fails with TimedOut. 0 = no deadline.
   std::chrono::milliseconds connect_timeout{5000};
+  // Longest a synchronous call (every call not named *Async, and
+  // BlockView::Release, Reservation::Commit/Abort) waits for its answer, and
+  // any request waits to be written; then it returns TimedOut and the
+  // connection is failed (see "Deadlines" above). Covers the daemon's own
+  // work: a Pin that promotes from NVMe, a Put that evicts. The futures of
+  // *Async calls have no deadline of their own: they complete when the
+  // answer comes or the connection fails. 0 = no deadline.
+  std::chrono::milliseconds call_timeout{30000};
   // Recompute the xxh3-64 of every block read by Get/GetBatch and fail with
   // Corruption on a mismatch. Costs one extra pass over the bytes.
   bool verify_checksums = false;
@@ -74,8 +90,18 @@ class Connection;
 // A block pinned in the daemon's arena, readable in place without a copy.
 // Move-only. Released explicitly by Release() (waits for the daemon) or on
 // destruction (does not wait: the release goes out with the connection's
-// next request, or within about 1 ms); a view that outlives its Client stays
-// readable until it is destroyed.
+// next request, or within about 1 ms).
+//
+// data() stays valid and shows exactly the pinned block's bytes until the
+// view is released or destroyed, also when it outlives its Client: a view
+// shares the Client's connection and keeps it open (the Client's destructor
+// does not close it), so the daemon keeps the pin, and Release() still
+// reaches the daemon. The connection closes when its last view and
+// Reservation are gone. If the connection fails meanwhile, Release()
+// reports Unavailable; after a call timed out the daemon still holds the pin
+// until the socket closes, so the bytes stay unchanged, but once the daemon
+// itself has closed the connection (it exited, or cut this client off) the
+// pin is gone: the bytes stay mapped, yet may change.
 class BlockView {
  public:
   BlockView() = default;
@@ -91,8 +117,9 @@ class BlockView {
   uint64_t lease() const { return lease_; }
   uint64_t checksum() const { return checksum_; }
 
-  // Unpins the block. Ok, or Unavailable if the connection is gone (the lease
-  // died with it). The view is empty afterwards either way.
+  // Unpins the block and waits for the daemon (at most call_timeout). Ok;
+  // Unavailable if the connection failed before (the pin ends when the
+  // socket closes); TimedOut. The view is empty afterwards either way.
   Status Release();
 
  private:
@@ -115,7 +142,8 @@ struct WritableBlock {
 
 // Arena spans reserved for a batch of blocks. Nothing is visible to readers
 // until Commit; destroying an uncommitted Reservation aborts it (the space
-// returns). Move-only.
+// returns). Move-only. Like a BlockView it keeps its connection open, so it
+// can still be written and committed after its Client is destroyed.
 class Reservation {
  public:
   Reservation() = default;
@@ -147,9 +175,18 @@ class Client {
  public:
   // Connects, checks the protocol version, registers options.namespaces and
   // maps the daemon's arena. Unavailable if no daemon listens at the path,
-  // VersionMismatch, InvalidArgument for a bad descriptor, IoError.
+  // TimedOut if the daemon does not answer Hello within connect_timeout,
+  // ProtocolError for a malformed answer (e.g. a frame over
+  // max_frame_bytes), VersionMismatch, InvalidArgument for a bad
+  // descriptor, IoError.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
+  // Lets go of the connection. It is closed (pending *Async calls fail with
+  // Unavailable, the daemon drops this client's queued requests) at once if
+  // no BlockView or Reservation of this Client is alive, else when the last
+  // of them is released; until then their pins and reservations stay held
+  // and pending *Async calls complete normally. Must not race with calls on
+  // this Client.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -224,7 +261,9 @@ class Client {
   // start at `expected_start` (a time in the past means "now"), in
   // conversation `session` (0: none). Again with the same id replaces it.
   // InvalidArgument (no keys, bad namespace), Busy (the daemon holds
-  // 65536 queued requests).
+  // 65536 queued requests, or this client 8192 requests or 2^20 keys: let
+  // some leave the queue first). An expected start more than an hour away
+  // counts as an hour.
   Status Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
                  std::chrono::steady_clock::time_point expected_start, uint64_t session = 0);
   // The request left the queue: it started running, or finished (or was

@@ -127,17 +127,26 @@ int kvtier_key_to_hex(kvtier_key key, char out[33]);
 // /run/kvtier/kvtierd.sock), registers `namespaces` (namespace id i is
 // namespaces[i]) and maps the arena. On success `*out` owns a new client the
 // caller frees with kvtier_close; on failure `*out` is NULL.
-// KVTIER_UNAVAILABLE if no daemon listens, KVTIER_VERSION_MISMATCH,
-// KVTIER_INVALID_ARGUMENT for a bad descriptor, KVTIER_IO_ERROR.
+// KVTIER_UNAVAILABLE if no daemon listens, KVTIER_TIMED_OUT if the daemon
+// does not answer within 5 s, KVTIER_PROTOCOL_ERROR for a malformed
+// answer, KVTIER_VERSION_MISMATCH, KVTIER_INVALID_ARGUMENT for a bad
+// descriptor, KVTIER_IO_ERROR.
+// The client uses kvtier::ClientOptions' defaults: every call below that
+// waits for the daemon gives up after 30 s with KVTIER_TIMED_OUT, and the
+// client is then failed: later calls return KVTIER_UNAVAILABLE at once.
 int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
                    size_t n_namespaces, kvtier_client** out);
 
-// Disconnects and frees `client`. NULL is a no-op. Views pinned through it
-// stay readable until released. Must not race with other calls on `client`.
+// Frees `client`. NULL is a no-op. Must not race with other calls on
+// `client`. The connection closes at once if no view pinned through
+// `client` is alive, else when the last of them is released: until then
+// those views stay pinned on the daemon (their bytes valid and unchanged)
+// and kvtier_view_release still unpins them there (KVTIER_OK).
 void kvtier_close(kvtier_client* client);
 
 /* Operations. `ns` is a namespace id from kvtier_connect; one out of range is
- * KVTIER_INVALID_ARGUMENT. A lost connection is KVTIER_UNAVAILABLE. */
+ * KVTIER_INVALID_ARGUMENT. A lost connection is KVTIER_UNAVAILABLE; no answer
+ * within 30 s is KVTIER_TIMED_OUT (see kvtier_connect). */
 
 // Longest cached prefix of keys[0 .. n): `*prefix_blocks` consecutive hits
 // from keys[0]. If `tiers` is not NULL it receives n entries: the tier of
@@ -175,14 +184,20 @@ int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
 
 // Zero-copy read: pins the block and points `*data` at its `*len` bytes in
 // the shared arena, read-only. The bytes stay valid and unchanged until
-// kvtier_view_release(*out), which the caller must call (also after
-// kvtier_close). KVTIER_NOT_FOUND on a miss; on failure *out is NULL.
+// kvtier_view_release(*out), which the caller must call, also after
+// kvtier_close (the view keeps the connection, and so the pin, alive) and
+// after a failure of the connection (then, as for kvtier::BlockView, the
+// bytes are unchanged after a timeout, but may change once the daemon itself
+// closed the connection). KVTIER_NOT_FOUND on a miss; on failure *out is
+// NULL.
 int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
                const void** data, size_t* len);
 
-// Unpins the block and frees `view`; its data pointer is dangling afterwards.
-// NULL is a no-op (KVTIER_OK). KVTIER_UNAVAILABLE if the connection is gone
-// (the pin died with it); `view` is freed either way.
+// Unpins the block (waiting for the daemon) and frees `view`; its data
+// pointer is dangling afterwards. NULL is a no-op (KVTIER_OK).
+// KVTIER_UNAVAILABLE if the connection failed earlier (the pin ends as the
+// socket closes), KVTIER_TIMED_OUT; `view` is freed either way. Releasing
+// the last view of a closed client closes its connection.
 int kvtier_view_release(kvtier_view* view);
 
 // Removes keys[0 .. n); `*erased` (may be NULL) gets how many were cached.

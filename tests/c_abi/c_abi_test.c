@@ -46,6 +46,8 @@ static int failed = 0;
   } while (0)
 
 enum { kBlockTokens = 16, kBlocks = 4, kBlockBytes = 64 * 1024 };
+/* The daemon's arena (see WriteConfig) and the blocks that fill it. */
+enum { kMiB = 1024 * 1024, kArenaMiB = 64 };
 
 static void SleepMs(long ms) {
   struct timespec ts;
@@ -80,16 +82,18 @@ static void FillBlock(uint8_t* buf, size_t len, kvtier_key key, uint64_t index) 
   }
 }
 
-/* 1 if `got` (got_len bytes) is exactly block `index` of `key`. */
-static int BlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index) {
-  static uint8_t want[kBlockBytes];
+/* 1 if `got` (got_len bytes) is exactly the `want_len`-byte block `index` of
+ * `key` (want_len <= kMiB). */
+static int SizedBlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index,
+                             size_t want_len) {
+  static uint8_t want[kMiB];
   size_t i;
-  if (got_len != kBlockBytes) {
-    fprintf(stderr, "block %llu: length %zu, want %d\n", (unsigned long long)index, got_len,
-            kBlockBytes);
+  if (got_len != want_len) {
+    fprintf(stderr, "block %llu: length %zu, want %zu\n", (unsigned long long)index, got_len,
+            want_len);
     return 0;
   }
-  FillBlock(want, kBlockBytes, key, index);
+  FillBlock(want, want_len, key, index);
   for (i = 0; i < got_len; ++i) {
     if (((const uint8_t*)got)[i] != want[i]) {
       fprintf(stderr, "block %llu: first wrong byte at offset %zu\n", (unsigned long long)index, i);
@@ -97,6 +101,11 @@ static int BlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_
     }
   }
   return 1;
+}
+
+/* 1 if `got` (got_len bytes) is exactly block `index` of `key`. */
+static int BlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index) {
+  return SizedBlockMatches(got, got_len, key, index, kBlockBytes);
 }
 
 static kvtier_namespace TestNamespace(const char* revision) {
@@ -325,6 +334,49 @@ static void TestPin(kvtier_client* c, const kvtier_key keys[kBlocks]) {
   CHECK(view == NULL);
 }
 
+/* A view outliving kvtier_close keeps the connection, and so its pin: after
+ * another client erased the block (a pinned block is freed on its last
+ * release, an unpinned one at once) and filled the arena with more MiB
+ * blocks than it holds (which overwrites every extent that is free), the
+ * view still shows its own block, and releasing it unpins it on the daemon. */
+static void TestViewOutlivesClose(Daemon* d, const kvtier_namespace* ns) {
+  static uint8_t block[kMiB];
+  kvtier_client* first = ConnectWhenUp(d, ns, 1);
+  kvtier_client* second = ConnectWhenUp(d, ns, 1);
+  kvtier_view* view = NULL;
+  const void* data = NULL;
+  size_t len = 0, erased = 0, i;
+  int64_t leases = -1;
+  kvtier_key pinned = {0x0a11ce0000000001ULL, 0x5eed};
+  CHECK(first != NULL && second != NULL);
+  if (first == NULL || second == NULL) {
+    kvtier_close(first);
+    kvtier_close(second);
+    return;
+  }
+  FillBlock(block, kMiB, pinned, 100);
+  CHECK_CODE(kvtier_put(first, 0, pinned, block, kMiB), KVTIER_OK);
+  CHECK_CODE(kvtier_pin(first, 0, pinned, &view, &data, &len), KVTIER_OK);
+  kvtier_close(first);
+  CHECK_CODE(kvtier_erase(second, 0, &pinned, 1, &erased), KVTIER_OK);
+  CHECK(erased == 1);
+  for (i = 0; i < kArenaMiB + 2; ++i) {
+    kvtier_key filler;
+    filler.hi = 0xf111000000000000ULL;
+    filler.lo = i;
+    FillBlock(block, kMiB, filler, i);
+    CHECK_CODE(kvtier_put(second, 0, filler, block, kMiB), KVTIER_OK);
+  }
+  CHECK(view != NULL && data != NULL);
+  if (view != NULL && data != NULL) CHECK(SizedBlockMatches(data, len, pinned, 100, kMiB));
+  CHECK_CODE(kvtier_stat(second, "engine.leases", &leases), KVTIER_OK);
+  CHECK(leases == 1);
+  CHECK_CODE(kvtier_view_release(view), KVTIER_OK);
+  CHECK_CODE(kvtier_stat(second, "engine.leases", &leases), KVTIER_OK);
+  CHECK(leases == 0);
+  kvtier_close(second);
+}
+
 static void TestEraseStatsAndErrors(kvtier_client* c, const kvtier_key keys[kBlocks]) {
   kvtier_key doomed[2];
   size_t erased = 0, prefix = 99, len = 0;
@@ -384,6 +436,7 @@ int main(int argc, char** argv) {
     TestPin(client, keys);
     TestEraseStatsAndErrors(client, keys);
     kvtier_close(client);
+    TestViewOutlivesClose(&daemon, &ns);
   }
   kvtier_close(NULL);
 
