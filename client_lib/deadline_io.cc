@@ -52,15 +52,7 @@ ssize_t RecvWithFds(int fd, char* data, size_t len, std::vector<int>* received) 
   msg.msg_controllen = sizeof(control);
   const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n <= 0) return n;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int passed;
-      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      received->push_back(passed);
-    }
-  }
+  CollectPassedFds(msg, received);
   return n;
 }
 

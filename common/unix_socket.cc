@@ -118,18 +118,22 @@ Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* receiv
       return Unavailable("connection closed after " + std::to_string(got) + " of " +
                          std::to_string(len) + " bytes");
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        received->push_back(fd);
-      }
-    }
+    CollectPassedFds(msg, received);
     got += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+void CollectPassedFds(msghdr& msg, std::vector<int>* received) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      received->push_back(fd);
+    }
+  }
 }
 
 }  // namespace kvtier

@@ -2,6 +2,8 @@
 // All functions retry on EINTR. None of them owns the fds passed in.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -36,5 +38,9 @@ Result<size_t> SendWithFds(int sock, const void* data, size_t len, std::span<con
 // Reads exactly `len` bytes; fds that arrive with them as SCM_RIGHTS are
 // appended to *received in order (close-on-exec, owned by the caller).
 Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received);
+
+// Appends the descriptors an SCM_RIGHTS control message of `msg` (as filled
+// by recvmsg) carried to `received`; the caller owns them.
+void CollectPassedFds(msghdr& msg, std::vector<int>* received);
 
 }  // namespace kvtier
