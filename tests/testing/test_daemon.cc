@@ -62,6 +62,17 @@ Status PutFilledBlock(Engine& engine, HostTier& host, ConnectionId session, cons
   return engine.Commit(session, ns, {&key, 1}, {&size, 1})[0];
 }
 
+Status PinAndRelease(Engine& engine, ConnectionId connection, const NamespaceFingerprint& ns, const BlockKey& key) {
+  auto grants = engine.Pin(connection, ns, {&key, 1});
+  if (!grants[0].status.ok()) return grants[0].status;
+  return engine.Release(connection, {&grants[0].lease, 1})[0];
+}
+
+Tier LookupTier(Engine& engine, const NamespaceFingerprint& ns, const BlockKey& key) {
+  const LookupOutcome found = engine.Lookup(ns, {&key, 1});
+  return found.prefix_blocks == 1 ? found.tiers[0] : Tier::kNone;
+}
+
 TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";

@@ -89,6 +89,12 @@ std::span<std::byte> SlotBytes(HostTier& host, uint64_t offset, uint64_t length)
 Status PutFilledBlock(Engine& engine, HostTier& host, ConnectionId session, const NamespaceFingerprint& ns,
                       const BlockKey& key, uint64_t size);
 
+// One use of a cached block by `connection`: a Pin and its Release. The
+// first status that is not ok, else ok.
+Status PinAndRelease(Engine& engine, ConnectionId connection, const NamespaceFingerprint& ns, const BlockKey& key);
+// The tier engine.Lookup reports for `key` alone, kNone on a miss.
+Tier LookupTier(Engine& engine, const NamespaceFingerprint& ns, const BlockKey& key);
+
 // A fresh directory under $TMPDIR (or /tmp); removed by RemoveTree.
 std::string MakeTempDir();
 void RemoveTree(const std::string& path);

@@ -69,10 +69,8 @@ class EngineAdmissionTest : public ::testing::Test {
   // One use: a Pin and its Release.
   void Use(uint64_t i) {
     clock_.AdvanceUs(1);
-    const BlockKey key = Key(i);
-    auto grants = engine_->Pin(2, kNs, {&key, 1});
-    ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
-    ASSERT_TRUE(engine_->Release(2, {&grants[0].lease, 1})[0].ok());
+    Status s = ::kvtier::testing::PinAndRelease(*engine_, 2, kNs, Key(i));
+    ASSERT_TRUE(s.ok()) << s.ToString();
   }
 
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }

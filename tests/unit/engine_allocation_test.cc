@@ -60,15 +60,9 @@ class EngineAllocationTest : public ::testing::Test {
   }
   void Use(uint64_t i) {
     clock_.AdvanceUs(1);
-    const BlockKey key = Key(i);
-    auto grants = engine_->Pin(2, kNs, {&key, 1});
-    ASSERT_TRUE(grants[0].status.ok());
-    engine_->Release(2, {&grants[0].lease, 1});
+    ASSERT_TRUE(::kvtier::testing::PinAndRelease(*engine_, 2, kNs, Key(i)).ok()) << i;
   }
-  bool Cached(uint64_t i) {
-    const BlockKey key = Key(i);
-    return engine_->Lookup(kNs, {&key, 1}).prefix_blocks == 1;
-  }
+  bool Cached(uint64_t i) { return ::kvtier::testing::LookupTier(*engine_, kNs, Key(i)) != Tier::kNone; }
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
   std::string dir_;

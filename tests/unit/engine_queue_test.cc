@@ -76,17 +76,8 @@ class EngineQueueTest : public ::testing::Test {
     return engine_->Enqueue(kScheduler, kNs, request, chain, start_in_us, 0);
   }
 
-  Tier Where(uint64_t i) {
-    const BlockKey key = Key(i);
-    auto found = engine_->Lookup(kNs, {&key, 1});
-    return found.prefix_blocks == 1 ? found.tiers[0] : Tier::kNone;
-  }
-
-  bool InHost(uint64_t i) {
-    const BlockKey key = Key(i);
-    auto found = engine_->Lookup(kNs, {&key, 1});
-    return found.prefix_blocks == 1 && found.tiers[0] == Tier::kHost;
-  }
+  Tier Where(uint64_t i) { return ::kvtier::testing::LookupTier(*engine_, kNs, Key(i)); }
+  bool InHost(uint64_t i) { return Where(i) == Tier::kHost; }
 
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
