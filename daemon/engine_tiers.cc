@@ -367,8 +367,7 @@ void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span
     IoStarted();
     Status accepted = b.tier->Write(block.ns, block.key, block.layer_count, payload,
                                     [this, &b](Status written) {
-                                      if (written.ok()) Bump(b.demotions_in);
-                                      if (!written.ok()) Bump(counters_.demotion_failures);
+                                      Bump(written.ok() ? b.demotions_in : counters_.demotion_failures);
                                       IoFinished();
                                     },
                                     block.payload_checksum);
