@@ -139,7 +139,16 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
     if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
     auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
     for (size_t i = 0; i < blocks->size(); ++i) {
-      if ((*blocks)[i].status.ok()) std::memcpy((*blocks)[i].data.data(), data[i].data(), data[i].size());
+      // The checksum is computed as the bytes pass through the cache, and
+      // spares the daemon a pass over the block at Commit.
+      WritableBlock& b = (*blocks)[i];
+      if (b.status.ok() && b.data.size() != data[i].size()) {
+        // A daemon bug: never copy past the slot. The slot stays reserved
+        // until the connection closes.
+        b.status = ProtocolError("Reserve granted " + std::to_string(b.data.size()) + " bytes for a block of " +
+                                 std::to_string(data[i].size()));
+      }
+      if (b.status.ok()) b.checksum = CopyWithChecksum(b.data, data[i]);
     }
     v1::Request commit;
     if (!BuildCommit(ns, *blocks, commit)) {

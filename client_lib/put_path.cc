@@ -26,11 +26,15 @@ std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const Bl
 bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request) {
   auto* body = request.mutable_commit();
   body->set_ns(ns);
+  bool all_checksums = true;
   for (const auto& b : blocks) {
     if (!b.status.ok()) continue;
     wire::AppendKey(b.key, body->mutable_keys());
     body->add_sizes(b.data.size());
+    if (b.checksum.has_value()) body->add_checksums(*b.checksum); else all_checksums = false;
   }
+  // The wire takes one checksum per key or none: the daemon hashes them all.
+  if (!all_checksums) body->clear_checksums();
   return body->keys_size() > 0;
 }
 

@@ -13,7 +13,8 @@ namespace kvtier::internal {
 std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const BlockKey> keys,
                                       const v1::Response& response);
 
-// Builds the Commit of every ok block; false if there is none to commit.
+// Builds the Commit of every ok block, with their checksums when every ok
+// block has one (else with none); false if there is none to commit.
 bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request);
 
 // The Abort of every ok block.

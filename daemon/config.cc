@@ -43,6 +43,10 @@ constexpr OptionSpec kOptions[] = {
     {"host.directory_slots", OptionType::kInt, "0", 0, 1 << 26, "", false,
      "Slots of that table (rounded up to a power of two; holds 3/4 as many blocks); 0: one per 48 KiB of arena.",
      &DaemonConfig::host_directory_slots, nullptr},
+    {"host.verify_commits", OptionType::kBool, "false", 0, 1, "", false,
+     "Hash every committed block even when the client sent its checksum, failing a mismatch (one more pass over "
+     "the bytes per put); false trusts the client's checksum, which demotion and verifying readers still check.",
+     &DaemonConfig::host_verify_commits, nullptr},
     {"nvme.path", OptionType::kString, "\"\"", 0, 0, "", false,
      "File or block device of the NVMe tier; empty runs without one.",
      nullptr, &DaemonConfig::nvme_path, /*may_be_empty=*/true},

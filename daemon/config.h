@@ -25,6 +25,7 @@ struct DaemonConfig {
   std::string host_lock_memory;  // "required" | "best_effort" | "off"
   int64_t host_directory = 0;        // bool
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
+  int64_t host_verify_commits = 0;   // bool
   // [nvme]
   std::string nvme_path;          // empty: no NVMe tier
   int64_t nvme_capacity_bytes = 0;

@@ -20,7 +20,8 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       max_queued_requests_per_connection_(options.max_queued_requests_per_connection),
       max_queued_keys_per_connection_(options.max_queued_keys_per_connection),
       prefetch_share_(options.prefetch_share),
-      prefetch_min_blocks_(options.prefetch_min_blocks) {
+      prefetch_min_blocks_(options.prefetch_min_blocks),
+      verify_commits_(options.verify_commits) {
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<EngineShard>(MakeEvictionPolicy(options.eviction)));
   }
@@ -196,8 +197,10 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
 }
 
 std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFingerprint& ns,
-                                   std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+                                   std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                                   std::span<const uint64_t> checksums) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Commit: keys and sizes differ in length");
+  KVTIER_CHECK(checksums.empty() || checksums.size() == keys.size(), "Commit: keys and checksums differ in length");
   std::vector<Status> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
@@ -226,11 +229,19 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
       size = it->second.size;
     }
     // Hash outside the lock: only this connection may touch its reservation.
-    const uint64_t checksum = BlockChecksum(host_.Bytes(extent).first(size));
+    const bool hash = checksums.empty() || verify_commits_;
+    const uint64_t checksum = hash ? BlockChecksum(host_.Bytes(extent).first(size)) : checksums[i];
     const uint64_t now = clock_.NowUs();
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
+    if (!checksums.empty() && checksum != checksums[i]) {
+      out[i] = Corruption("block " + key.ToHex() + ": its bytes do not match the checksum the client sent; the "
+                          "reservation is dropped");
+      DropReservation(shard, host_, connection, key);
+      Bump(counters_.commit_failures);
+      continue;
+    }
     BlockEntry& entry = it->second;
     entry.checksum = checksum;
     entry.committed = true;

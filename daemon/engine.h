@@ -92,6 +92,11 @@ struct EngineOptions {
   double layer_read_share = 0.125;
   size_t max_queued_requests_per_connection = 8192;
   size_t max_queued_keys_per_connection = size_t{1} << 20;
+  // Commit hashes every block even when the client sent its checksum, and
+  // fails a block whose bytes do not match (host.verify_commits). Off: a
+  // client's checksum is recorded as sent (one pass less over the bytes);
+  // demotion and verifying readers still check the bytes against it.
+  bool verify_commits = false;
 };
 
 struct SlotGrant {
@@ -169,11 +174,18 @@ class Engine {
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
 
   // Publishes reserved blocks after checking that sizes[i] equals the
-  // reserved size and recording the xxh3-64 of the bytes. Per key: ok,
-  // FailedPrecondition (no reservation by this connection), InvalidArgument
-  // (size mismatch; the reservation is dropped and its space returns).
+  // reserved size, recording each block's xxh3-64: checksums[i] as the
+  // client computed it, or the engine's own hash of the bytes when
+  // `checksums` is empty. With EngineOptions::verify_commits the engine
+  // hashes every block and compares. Per key: ok, FailedPrecondition (no
+  // reservation by this connection), InvalidArgument (size mismatch),
+  // Corruption (verify_commits and the bytes do not match checksums[i]); on
+  // the last two the reservation is dropped and its space returns.
+  // Precondition: keys.size() == sizes.size(), and checksums is empty or
+  // as long.
   std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
-                             std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+                             std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                             std::span<const uint64_t> checksums = {});
 
   // Drops this connection's reservations of `keys`; returns how many existed.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
@@ -378,6 +390,7 @@ class Engine {
   // Promotion reads' measured throughput (prefetch plans with it).
   const double prefetch_share_;
   const uint32_t prefetch_min_blocks_;
+  const bool verify_commits_;  // EngineOptions::verify_commits
   mutable std::mutex bandwidth_mu_;
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread

@@ -58,6 +58,7 @@ int Serve(const DaemonConfig& config) {
   engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   engine_options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
   engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
+  engine_options.verify_commits = config.host_verify_commits != 0;
   auto engine = Engine::Create(engine_options, **host, clock, stack->lower);
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());

@@ -180,10 +180,16 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
     return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size() / 2) +
                                                " keys but " + std::to_string(r.sizes_size()) + " sizes"));
   }
+  if (r.checksums_size() != 0 && r.checksums_size() != r.sizes_size()) {
+    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.sizes_size()) + " keys but " +
+                                               std::to_string(r.checksums_size()) + " checksums (send none or one per key)"));
+  }
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes);
+  // Empty: the engine hashes every block itself (clients before checksums).
+  std::span<const uint64_t> checksums(r.checksums().data(), static_cast<size_t>(r.checksums_size()));
+  auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes, checksums);
   auto* body = response.mutable_commit();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());

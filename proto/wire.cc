@@ -104,10 +104,12 @@ v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<c
   return r;
 }
 
-v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                       std::span<const uint64_t> checksums) {
   v1::Request r;
   FillKeyed(r.mutable_commit(), ns, keys);
   r.mutable_commit()->mutable_sizes()->Add(sizes.begin(), sizes.end());
+  r.mutable_commit()->mutable_checksums()->Add(checksums.begin(), checksums.end());
   return r;
 }
 

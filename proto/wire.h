@@ -38,7 +38,9 @@ NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);
 // library and the protocol tests build requests through these.
 v1::Request MakeLookup(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
-v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+// `checksums`: none (kvtierd hashes the blocks) or one xxh3-64 per key.
+v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                       std::span<const uint64_t> checksums = {});
 v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
 // A Pin of layers [first_layer, last_layer) of every key.

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -138,6 +139,15 @@ struct WritableBlock {
   // is cached or being written by someone else; skip it. NoSpace/other: failed.
   Status status;
   std::span<std::byte> data;
+  // Optional: the xxh3-64 (seed 0) of the bytes written, the value
+  // BlockView::checksum() reports. Set on every ok block of a Reservation,
+  // Commit sends them and the daemon records them instead of reading every
+  // block once more to hash it; set on none (or not on all), the daemon
+  // hashes. A wrong value fails that block's Commit with Corruption when the
+  // daemon verifies commits (host.verify_commits); otherwise the block is
+  // kept with it, and readers that verify checksums, and NVMe demotion,
+  // treat the block as corrupt (a miss).
+  std::optional<uint64_t> checksum;
 };
 
 // Arena spans reserved for a batch of blocks. Nothing is visible to readers
@@ -203,6 +213,9 @@ class Client {
 
   // Copies `data` into the arena and publishes it. Ok also when the block was
   // already cached (puts are idempotent). NoSpace when nothing can be evicted.
+  // The copy computes the block's checksum as it goes (the daemon records
+  // it; see WritableBlock::checksum). Corruption only when the arena bytes
+  // changed under the copy (the daemon verifies commits and they differ).
   Status Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data);
   // One Status per key, same semantics as Put. `data[i]` belongs to keys[i].
   std::vector<Status> PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
