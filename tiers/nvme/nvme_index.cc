@@ -170,10 +170,12 @@ rocksdb::WriteOptions Writes(bool sync) {
 }  // namespace
 
 Status NvmeIndex::Put(const BlockKey& key, const IndexEntry& entry) {
+  BeforeMutation();
   return FromRocks(db_->Put(Writes(sync_writes_), EntryKey(key), EncodeEntry(entry)), "nvme index put");
 }
 
 Status NvmeIndex::Delete(const BlockKey& key) {
+  BeforeMutation();
   return FromRocks(db_->Delete(Writes(sync_writes_), EntryKey(key)), "nvme index delete");
 }
 
@@ -185,11 +187,13 @@ Result<IndexEntry> NvmeIndex::Get(const BlockKey& key) const {
 }
 
 Status NvmeIndex::PutRegion(const RegionState& region) {
+  BeforeMutation();
   return FromRocks(db_->Put(Writes(sync_writes_), RegionKey(region.region), EncodeRegion(region)),
                    "nvme index region put");
 }
 
 Status NvmeIndex::ResetRegion(const RegionState& region, std::span<const BlockKey> keys) {
+  BeforeMutation();
   rocksdb::WriteBatch batch;
   for (const auto& k : keys) batch.Delete(EntryKey(k));
   batch.Put(RegionKey(region.region), EncodeRegion(region));

@@ -63,6 +63,12 @@ class NvmeIndex {
   static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& path, bool sync_writes);
   ~NvmeIndex();
 
+  // Fault-injection seam for tests: runs on the calling thread before every
+  // mutation (Put, Delete, PutRegion, ResetRegion), so a hook that blocks
+  // stalls that mutation the way a slow RocksDB write would. Set it before
+  // the index is in use; empty (the default): none.
+  void SetMutationHook(std::function<void()> hook) { mutation_hook_ = std::move(hook); }
+
   Status Put(const BlockKey& key, const IndexEntry& entry);
   Status Delete(const BlockKey& key);
   // NotFound if absent.
@@ -80,8 +86,13 @@ class NvmeIndex {
  private:
   NvmeIndex(std::unique_ptr<rocksdb::DB> db, bool sync_writes);
 
+  void BeforeMutation() const {
+    if (mutation_hook_) mutation_hook_();
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
   const bool sync_writes_;
+  std::function<void()> mutation_hook_;
 };
 
 }  // namespace kvtier

@@ -79,58 +79,6 @@ void NvmeTier::EndIo() {
   if (--io_in_flight_ == 0) idle_cv_.notify_all();
 }
 
-Status NvmeTier::Recover() {
-  std::vector<RegionState> persisted;
-  if (Status s = index_->ForEachRegion([&](const RegionState& r) { persisted.push_back(r); }); !s.ok()) return s;
-  std::unordered_set<uint32_t> was_open;
-  for (const auto& r : persisted) {
-    if (r.status == RegionStatus::kOpen) was_open.insert(r.region);
-  }
-  for (const RegionState& changed : regions_.Restore(persisted)) {
-    if (Status s = index_->PutRegion(changed); !s.ok()) return s;
-    ++recovery_.regions_resealed;
-  }
-  std::vector<std::pair<BlockKey, IndexEntry>> loaded;
-  Status scan = index_->ForEachEntry([&](const BlockKey& k, const IndexEntry& e) { loaded.emplace_back(k, e); });
-  if (!scan.ok()) return scan;
-  for (const auto& [key, entry] : loaded) {
-    const bool in_device = entry.region < regions_.region_count() &&
-                           entry.offset >= uint64_t{entry.region} * regions_.region_bytes() &&
-                           entry.offset + RecordBytes(entry.payload_bytes, device_->alignment_bytes()) <=
-                               uint64_t{entry.region + 1} * regions_.region_bytes();
-    bool keep = in_device && regions_.StatusOf(entry.region) != RegionStatus::kFree &&
-                regions_.Generation(entry.region) == entry.region_generation;
-    if (!keep) {
-      ++recovery_.dropped_stale;
-    } else if (was_open.count(entry.region) != 0) {
-      if (Status v = VerifyRecord(key, entry); !v.ok()) {
-        spdlog::warn("nvme: dropping block {:016x}{:016x} at offset {}: {}", key.hi, key.lo, entry.offset,
-                     v.ToString());
-        ++recovery_.dropped_corrupt;
-        keep = false;
-      }
-    }
-    if (!keep) {
-      if (Status s = index_->Delete(key); !s.ok()) return s;
-      continue;
-    }
-    entries_.emplace(key, entry);
-    region_keys_[entry.region].insert(key);
-    counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
-    ++recovery_.entries_loaded;
-  }
-  return Status::Ok();
-}
-
-Status NvmeTier::VerifyRecord(const BlockKey& key, const IndexEntry& entry) {
-  const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
-  auto staging = staging_->Allocate(bytes);
-  if (!staging) return Busy("no staging memory to verify a record at start-up");
-  Status outcome = ReadRecordSync(key, entry, staging->first(bytes));
-  staging_->Free(*staging);
-  return outcome;
-}
-
 Status NvmeTier::ReadRecordSync(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging) {
   const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
   auto read = ReadSync(*device_, entry.offset, staging.first(bytes));
@@ -142,7 +90,7 @@ Status NvmeTier::ReadRecordSync(const BlockKey& key, const IndexEntry& entry, st
   return VerifyLayers(*header, 0, header->layer_count, staging.subspan(kRecordHeaderBytes, entry.payload_bytes));
 }
 
-Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
+void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
   for (const RegionState& state : a.changed) {
     if (a.reclaimed && state.region == *a.reclaimed) {
       std::vector<BlockKey> dropped(region_keys_[state.region].begin(), region_keys_[state.region].end());
@@ -151,12 +99,28 @@ Status NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
         entries_.erase(k);
       }
       region_keys_[state.region].clear();
-      if (Status s = index_->ResetRegion(state, dropped); !s.ok()) return s;
-    } else if (Status s = index_->PutRegion(state); !s.ok()) {
-      return s;
+      PostIndex([this, state, dropped = std::move(dropped)] { return index_->ResetRegion(state, dropped); });
+    } else {
+      PostIndex([this, state] { return index_->PutRegion(state); });
     }
   }
-  return Status::Ok();
+}
+
+void NvmeTier::PostIndex(std::function<Status()> mutation) {
+  BeginIo();
+  index_writer_.Post([this, mutation = std::move(mutation)] {
+    Status s = mutation();
+    if (!s.ok()) {
+      // The in-memory index is right; the persistent one may keep a stale
+      // entry (dropped at the next start-up or read, which verify against
+      // the record) or miss a region's state (its entries then load as
+      // stale): a restart may lose blocks, never serve wrong ones.
+      spdlog::warn("nvme index write failed: {}", s.ToString());
+      std::lock_guard lock(mu_);
+      ++counters_.index_failures;
+    }
+    EndIo();
+  });
 }
 
 Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
@@ -194,18 +158,19 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
         return NotFound("block left the nvme tier before its reinsertion");
       }
     }
-    auto staged = staging_->Allocate(record_bytes);
+    // Writes take at most their share of the staging pool, so reads always
+    // find room (and the other way round).
+    const bool over_share = staged_for_writes_ > 0 && staged_for_writes_ + record_bytes > StagingShare();
+    auto staged = over_share ? std::nullopt : staging_->Allocate(record_bytes);
     if (!staged) return reject(Busy("no nvme staging memory free for " + std::to_string(record_bytes) + " bytes"));
     auto allocation = regions_.Allocate(record_bytes);
     if (!allocation.ok()) {
       staging_->Free(*staged);
       return reject(allocation.status());
     }
-    if (Status s = PersistRegions(*allocation); !s.ok()) {
-      staging_->Free(*staged);
-      return reject(s);
-    }
+    PersistRegions(*allocation);
     staging = *staged;
+    staged_for_writes_ += staged->size();
     entry.region = allocation->placement.region;
     entry.offset = allocation->placement.offset;
     entry.payload_bytes = payload.size();
@@ -242,6 +207,7 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     staging_->Free(staging);
     {
       std::lock_guard lock(mu_);
+      staged_for_writes_ -= staging.size();
       regions_.WriteFinished(entry.region);
       writing_.erase(key);
       cancelled_.erase(key);
@@ -284,168 +250,75 @@ uint64_t NvmeTier::used_bytes() const {
   return static_cast<uint64_t>(counters_.stored_bytes);
 }
 
-void NvmeTier::MaybeScanNextVictim() {
-  const bool reinsert = options_.reinsert_share > 0;
-  if ((!reinsert && !eviction_sink_) || reinserting_ || regions_.free_count() > 0) return;
-  auto victim = regions_.NextVictim();
-  if (!victim) return;
-  const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
-  if (scan == reinsert_scanned_) return;  // this region's turn was taken
-  reinsert_scanned_ = scan;
-  std::vector<ReclaimCandidate> candidates;
-  const bool ask = options_.reclaim == ReclaimOrder::kQueueAware && needed_;
-  for (const BlockKey& k : region_keys_[*victim]) {
-    if (writing_.count(k) > 0) continue;
-    candidates.push_back(ReclaimCandidate{k, entries_.at(k).hits, ask && needed_(k)});
-  }
-  // The policy's order, while the budget lasts.
-  Blocks chosen;
-  std::unordered_set<BlockKey> kept;
-  if (reinsert) {
-    for (const ReclaimCandidate& c : ChooseReinsertions(candidates, options_.reclaim)) {
-      const IndexEntry& entry = entries_.at(c.key);
-      const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
-      if (bytes > reinsert_budget_bytes_) {
-        ++counters_.reinsert_over_budget;
-        continue;
-      }
-      reinsert_budget_bytes_ -= bytes;
-      chosen.emplace_back(c.key, entry);
-      kept.insert(c.key);
-      if (c.needed) ++counters_.reinserted_needed;
-    }
-  }
-  // The rest leave with the region: offered to the tier below first.
-  Blocks evicted;
-  if (eviction_sink_) {
-    for (const ReclaimCandidate& c : candidates) {
-      if (kept.count(c.key) == 0) evicted.emplace_back(c.key, entries_.at(c.key));
-    }
-  }
-  if (chosen.empty() && evicted.empty()) return;
-  // Nothing leaves unoffered: the region is not reclaimed (writes get
-  // Busy) until the job has handed its blocks down.
-  if (!evicted.empty()) regions_.HoldReclaim(*victim);
-  reinserting_ = true;
-  BeginIo();
-  verifiers_.Post([this, chosen = std::move(chosen), evicted = std::move(evicted), sink = eviction_sink_]() mutable {
-    ReinsertAndEvict(std::move(chosen), std::move(evicted), std::move(sink));
-  });
-}
-
-void NvmeTier::ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink) {
-  for (const auto& [key, entry] : reinsert) {
-    const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
-    auto staging = staging_->Allocate(bytes);
-    Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
-    if (s.ok()) {
-      // The payload is copied into the write's own staging before WriteRecord returns.
-      s = WriteRecord(entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes),
-                      [](Status) {}, entry.payload_checksum, &entry);
-    }
-    if (staging) staging_->Free(*staging);
-    if (!s.ok()) {
-      std::lock_guard lock(mu_);
-      ++counters_.reinsert_failures;
-    }
-    if (!s.ok() && sink) evict.emplace_back(key, entry);  // it leaves after all: offer it below
-  }
-  for (const auto& [key, entry] : evict) {
-    const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
-    uint64_t hits = 0;
-    {
-      std::lock_guard lock(mu_);
-      auto it = entries_.find(key);
-      // Erased, replaced or already reclaimed: nothing to hand down.
-      if (it == entries_.end() || it->second.offset != entry.offset ||
-          it->second.region_generation != entry.region_generation) {
-        if (regions_.Generation(entry.region) != entry.region_generation) ++counters_.evictions_missed;
-        continue;
-      }
-      hits = it->second.hits;
-    }
-    auto staging = staging_->Allocate(bytes);
-    Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
-    if (s.ok()) {
-      sink(Evicted{entry.ns, key, entry.layer_count, entry.payload_checksum, hits},
-           staging->subspan(kRecordHeaderBytes, entry.payload_bytes));
-    }
-    if (staging) staging_->Free(*staging);
-    std::lock_guard lock(mu_);
-    ++(s.ok() ? counters_.evictions_offered : counters_.eviction_read_failures);
-  }
-  {
-    std::lock_guard lock(mu_);
-    reinserting_ = false;
-    regions_.HoldReclaim(std::nullopt);
-  }
-  EndIo();
-}
-
 void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging,
                          Result<size_t> result, const WriteDone& done, std::optional<IndexEntry> replaces) {
   staging_->Free(staging);
   Status outcome = result.status();
-  {
-    std::lock_guard lock(mu_);
-    if (cancelled_.count(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
-    if (outcome.code() == StatusCode::kNoSpace) {
-      if (!full_) spdlog::warn("nvme tier full: {}", outcome.ToString());
-      full_ = true;
-      full_until_us_ = static_cast<int64_t>(clock_.NowUs()) + options_.full_retry.count() * 1000;
-      ++counters_.enospc;
+  std::lock_guard lock(mu_);
+  staged_for_writes_ -= staging.size();
+  if (cancelled_.count(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
+  if (outcome.code() == StatusCode::kNoSpace) {
+    if (!full_) spdlog::warn("nvme tier full: {}", outcome.ToString());
+    full_ = true;
+    full_until_us_ = static_cast<int64_t>(clock_.NowUs()) + options_.full_retry.count() * 1000;
+    ++counters_.enospc;
+  }
+  if (outcome.ok() && replaces) {
+    // A reinsertion takes over only from the record it copied (which a
+    // reclaim may have dropped meanwhile); anything else won.
+    auto current = entries_.find(key);
+    if (current != entries_.end() && (current->second.offset != replaces->offset ||
+                                      current->second.region_generation != replaces->region_generation)) {
+      outcome = Cancelled("block changed during its reinsertion");
     }
-    if (outcome.ok() && replaces) {
-      // A reinsertion takes over only from the record it copied (which a
-      // reclaim may have dropped meanwhile); anything else won.
-      auto current = entries_.find(key);
-      if (current != entries_.end() && (current->second.offset != replaces->offset ||
-                                        current->second.region_generation != replaces->region_generation)) {
-        outcome = Cancelled("block changed during its reinsertion");
-      }
-    }
-    if (outcome.ok()) {
-      if (full_) spdlog::info("nvme tier accepts writes again");
-      full_ = false;
-    }
+  }
+  if (outcome.ok()) {
+    if (full_) spdlog::info("nvme tier accepts writes again");
+    full_ = false;
   }
   // Visible only after the data write completed, and the index entry
   // before the in-memory one, so a crash never leaves an indexed block
-  // unreadable. Written without the mutex (it is I/O); meanwhile the key
-  // stays in writing_ (an Erase marks it cancelled) and the region keeps
-  // its write in flight (it cannot be reclaimed).
-  if (outcome.ok()) outcome = index_->Put(key, entry);
-  {
-    std::lock_guard lock(mu_);
-    regions_.WriteFinished(entry.region);
-    writing_.erase(key);
-    if (cancelled_.erase(key) != 0 && outcome.ok()) {
-      // Erased while being indexed. A failed delete (a broken index) would let
-      // the block reappear after a restart, as a failed Erase would.
-      index_->Delete(key).IgnoreError();
-      outcome = Cancelled("block was erased while being written");
-    }
-    if (outcome.ok() && replaces) {
-      auto current = entries_.find(key);
-      if (current != entries_.end()) {
-        region_keys_[current->second.region].erase(key);
-        counters_.stored_bytes -= static_cast<int64_t>(current->second.payload_bytes);
-        entries_.erase(current);
+  // unreadable. The entry goes through the index writer, behind every
+  // mutation decided before it (its region's opening among them);
+  // meanwhile the key stays in writing_ (an Erase marks it cancelled) and
+  // the region keeps its write in flight (it cannot be reclaimed).
+  index_writer_.Post([this, key, entry, outcome, done, replaces]() mutable {
+    if (outcome.ok()) outcome = index_->Put(key, entry);
+    bool undo = false;
+    {
+      std::lock_guard lock(mu_);
+      regions_.WriteFinished(entry.region);
+      writing_.erase(key);
+      if (cancelled_.erase(key) != 0 && outcome.ok()) {
+        undo = true;
+        outcome = Cancelled("block was erased while being written");
       }
-      ++counters_.reinserted;
-      counters_.reinserted_bytes += static_cast<int64_t>(entry.payload_bytes);
+      if (outcome.ok() && replaces) {
+        auto current = entries_.find(key);
+        if (current != entries_.end()) {
+          region_keys_[current->second.region].erase(key);
+          counters_.stored_bytes -= static_cast<int64_t>(current->second.payload_bytes);
+          entries_.erase(current);
+        }
+        ++counters_.reinserted;
+        counters_.reinserted_bytes += static_cast<int64_t>(entry.payload_bytes);
+      }
+      if (outcome.ok()) {
+        entries_[key] = entry;
+        region_keys_[entry.region].insert(key);
+        counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
+        if (!replaces) ++counters_.writes;  // a reinsertion counts as such
+      } else {
+        ++counters_.write_failures;
+      }
     }
-    if (outcome.ok()) {
-      entries_[key] = entry;
-      region_keys_[entry.region].insert(key);
-      counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
-      if (!replaces) ++counters_.writes;  // a reinsertion counts as such
-    } else {
-      ++counters_.write_failures;
-    }
-  }
-  done(outcome);
-  EndIo();
+    // Erased while being indexed (we are the index writer: nothing comes
+    // between). A failed delete (a broken index) would let the block
+    // reappear after a restart, as a failed Erase would.
+    if (undo) index_->Delete(key).IgnoreError();
+    done(outcome);
+    EndIo();
+  });
 }
 
 Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
@@ -481,14 +354,18 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
   // header); small ones read header and payload in one I/O and copy.
   op->direct = cover_bytes >= kDirectReadMinBytes && op->cover_offset == 0 && range->offset == 0 &&
                dst.size() >= cover_bytes && reinterpret_cast<uintptr_t>(dst.data()) % align == 0;
-  auto staged = staging_->Allocate(kRecordHeaderBytes + (op->direct ? 0 : cover_bytes));
-  if (!staged) return Busy("no nvme staging memory free for a read");
-  op->staging = *staged;
-  const uint64_t payload_device_offset = op->entry.offset + kRecordHeaderBytes;
+  const uint64_t staged_bytes = kRecordHeaderBytes + (op->direct ? 0 : cover_bytes);
   {
+    // Reads take at most their share of the staging pool (see WriteRecord).
     std::lock_guard lock(mu_);
+    const bool over_share = staged_for_reads_ > 0 && staged_for_reads_ + staged_bytes > StagingShare();
+    auto staged = over_share ? std::nullopt : staging_->Allocate(staged_bytes);
+    if (!staged) return Busy("no nvme staging memory free for a read");
+    op->staging = *staged;
+    staged_for_reads_ += staged->size();
     BeginIo();
   }
+  const uint64_t payload_device_offset = op->entry.offset + kRecordHeaderBytes;
   auto on_io = [this, op](Result<size_t> r, size_t want) {
     bool last;
     {
@@ -571,6 +448,10 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     }
   }
   staging_->Free(op->staging);
+  {
+    std::lock_guard lock(mu_);
+    staged_for_reads_ -= op->staging.size();
+  }
   op->done(std::move(result));
   EndIo();
 }
@@ -584,7 +465,8 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
   counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
-  index_->Delete(key).IgnoreError();  // if it stays, the next start-up or read drops it again
+  // If it stays (a failed write), the next start-up or read drops it again.
+  PostIndex([this, key] { return index_->Delete(key); });
 }
 
 std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
@@ -604,7 +486,9 @@ Status NvmeTier::Erase(const BlockKey& key) {
   }
   if (it == entries_.end()) return NotFound("block is not on the nvme tier");
   const IndexEntry entry = it->second;
-  if (Status s = index_->Delete(key); !s.ok()) return s;
+  // Gone from memory at once; the index writer deletes the persistent
+  // entry before any later write of the key indexes it again.
+  PostIndex([this, key] { return index_->Delete(key); });
   counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
@@ -632,6 +516,7 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.writes", counters_.writes);
     v.Visit("nvme.write_failures", counters_.write_failures);
     v.Visit("nvme.write_rejections", counters_.write_rejections);
+    v.Visit("nvme.index_failures", counters_.index_failures);
     v.Visit("nvme.enospc", counters_.enospc);
     v.Visit("nvme.reads", counters_.reads);
     v.Visit("nvme.read_failures", counters_.read_failures);

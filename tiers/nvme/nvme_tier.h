@@ -23,8 +23,15 @@
 //
 // Thread-safe. Write/Read return a Status at once: not ok means rejected
 // (`done` never runs); ok means `done` runs exactly once, never inline: a
-// write's on a device thread, a read's on a verifier thread (checksumming
-// stays off the I/O threads). The destructor waits for I/O in flight.
+// write's on the index writer thread, a read's on a verifier thread
+// (checksumming stays off the I/O threads). The destructor waits for I/O
+// in flight.
+//
+// Nothing a caller does waits on I/O, and no lock is held across RocksDB
+// or device I/O: index mutations (an entry once its record is written, a
+// region's state, an Erase's delete) are decided under the tier's mutex
+// and applied in that order by one index writer thread. Writes and reads
+// each take at most 3/4 of the staging pool, so neither starves the other.
 #pragma once
 
 #include <chrono>
@@ -155,9 +162,14 @@ class NvmeTier final : public BlockTier {
   // Copies each of `reinsert` forward and hands each of `evict` to `sink`.
   // Runs on a verifier thread.
   void ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink);
-  // Persists region changes of an allocation; drops a reclaimed region's
-  // entries from memory. Caller holds mu_.
-  Status PersistRegions(const RegionManager::Allocation& allocation);
+  // Drops a reclaimed region's entries from memory and queues the
+  // allocation's region changes for the index writer. Caller holds mu_.
+  void PersistRegions(const RegionManager::Allocation& allocation);
+  // Queues one index mutation behind those queued before (counts as I/O in
+  // flight; a failure is logged and counted). Caller holds mu_.
+  void PostIndex(std::function<Status()> mutation);
+  // The most staging bytes writes (or reads) may hold at once.
+  uint64_t StagingShare() const { return options_.staging_bytes / 4 * 3; }
   void OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging, Result<size_t> result,
                  const WriteDone& done, std::optional<IndexEntry> replaces);
   void OnRead(std::shared_ptr<ReadOp> op);
@@ -188,6 +200,8 @@ class NvmeTier final : public BlockTier {
   std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
   int64_t full_until_us_ = 0;                                        // guarded by mu_
   int64_t io_in_flight_ = 0;                                         // guarded by mu_
+  uint64_t staged_for_writes_ = 0;                                   // guarded by mu_
+  uint64_t staged_for_reads_ = 0;                                    // guarded by mu_
   struct Counters {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
@@ -195,11 +209,15 @@ class NvmeTier final : public BlockTier {
     int64_t reinserted_needed = 0;  // chosen because a queued request needs them
     int64_t evictions_offered = 0, eviction_read_failures = 0, write_checksum_mismatches = 0;
     int64_t evictions_missed = 0;  // reclaimed before the eviction scan read them
+    int64_t index_failures = 0;    // index mutations RocksDB refused
     WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the
   // destructor has seen io_in_flight_ reach 0.
   WorkerPool verifiers_;
+  // Applies index mutations in the order they were queued. Declared after
+  // the verifiers (destroyed first): its jobs may be queued by them.
+  WorkerPool index_writer_{1};
 };
 
 }  // namespace kvtier
