@@ -32,6 +32,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -48,6 +49,7 @@
 #include "common/clock.h"
 #include "common/counters.h"
 #include "daemon/lineage.h"
+#include "daemon/mover.h"
 #include "daemon/queued_keys.h"
 #include "daemon/tier_admission.h"
 #include "kvtier/block_key.h"
@@ -90,6 +92,10 @@ struct EngineOptions {
   // once (more: Busy for that key), so layer reads never push the host
   // tier's blocks out beyond it.
   double layer_read_share = 0.125;
+  // Demotions a busy tier below cannot take at once wait, copied out of
+  // the arena, in the demoter (a mover thread) for room there: at most
+  // this many bytes. Past it, such a victim is dropped (counted).
+  uint64_t demotion_buffer_bytes = 256ull << 20;
   size_t max_queued_requests_per_connection = 8192;
   size_t max_queued_keys_per_connection = size_t{1} << 20;
   // Commit hashes every block even when the client sent its checksum, and
@@ -283,8 +289,11 @@ class Engine {
   PinGrant PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
                      uint64_t now_us);
   // Reads `key` from the tier it was found in into new arena space, then
-  // pins it for its waiters. Runs without locks.
+  // pins it for its waiters. Runs without locks. A tier out of read
+  // staging (Busy) is tried again on the reader until `deadline`, then the
+  // waiters get Busy; the first overload allows kPromotionBusyWait.
   void Promote(const BlockKey& key, const Located& from);
+  void Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline);
   void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
   // Reads `layers` of `key` from the tier it was found in into transient
   // arena space and resolves slot `index` of `batch` with a lease on it.
@@ -294,18 +303,30 @@ class Engine {
   // Pins `key` again for slot `index` of `batch` (its demotion ended).
   void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                 const NamespaceFingerprint& ns, LayerSpan layers);
-  // The demotion of `key` ended (written, failed or refused): runs the pins
-  // that waited for it.
-  void FinishDemotion(const BlockKey& key);
+  // The demotion of `key` ended (`written`: ok, failed or refused): runs
+  // the pins that waited for it. One erased meanwhile and written anyway
+  // (the Erase came before the write started) is erased from its tier.
+  void FinishDemotion(const BlockKey& key, const Status& written);
+  // Whether `key`'s demotion in flight was erased (false for none).
+  bool DemotionErased(const BlockKey& key);
   // The layer split of a block of `size` bytes in namespace `ns`.
   NamespaceLayout LayoutOf(const NamespaceFingerprint& ns, uint64_t size);
   // Writes an evicted host block to tier `level`; its bytes are copied
   // before this returns, so the caller may free the extent right after.
   void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
               uint64_t size, uint64_t checksum);
+  // Writes `payload` of `key` to tier `level` without waiting: at once when
+  // the tier takes it, else (Busy) a copy waits in the demoter for room, or
+  // is dropped when the demoter is full too (engine.demotion_busy_drops).
+  // `done` runs exactly once with the outcome; the caller may reuse
+  // `payload` as soon as this returns.
+  void WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
+                   std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done);
+  // Counts a demotion write that did not succeed by its cause.
+  void CountFailedWrite(const Status& outcome);
   // A block tier `from` evicts (its eviction sink): written to the first
   // tier under it that admits it, unless one already holds it. Runs on a
-  // thread of tier `from`; never waits (a Busy tier is a drop, counted).
+  // thread of tier `from`; never waits (WriteToTier).
   void DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload);
   // Admission's facts on `key` (lineage, parent held). Takes shard locks:
   // call with none held.
@@ -330,6 +351,10 @@ class Engine {
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
 
+  // Runs Prefetch on the reader soon (one plan pending at most: a plan
+  // already waiting sees this change too). Request threads call this,
+  // never Prefetch: a plan scans the queue.
+  void SchedulePrefetch();
   // Drops every queued request of `connection` (its connection closed).
   void DropQueuedRequests(ConnectionId connection);
   // Enqueue's bookkeeping: the request under (connection, request), its chain
@@ -402,6 +427,7 @@ class Engine {
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
+  std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
 
   // Monotonic event counters (gauges are computed from the shards).
   struct Counters {
@@ -416,11 +442,22 @@ class Engine {
     std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
     std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
     std::atomic<int64_t> layer_reads{0}, layer_reads_busy{0}, eviction_bound_hits{0};
-    std::atomic<int64_t> demotion_waits{0};   // evictions that waited for a busy tier below
+    std::atomic<int64_t> demotion_waits{0};   // demoter waits for a busy tier below
+    std::atomic<int64_t> demotions_queued{0};  // demotions a busy tier left to the demoter
+    std::atomic<int64_t> demotion_busy_drops{0};  // dropped: tier busy, demoter full or wait over
+    std::atomic<int64_t> promotion_retries{0}, prefetch_plans_busy{0};
     std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
   };
   mutable Counters counters_;
+
+  // The movers (mover.h), declared last: destroyed first, after ~Engine
+  // waited for their jobs (each counts as I/O in flight). The demoter
+  // writes the demotions a busy tier could not take at once; the reader
+  // retries busy promotions and runs prefetch plans. Request threads only
+  // queue work for them.
+  std::unique_ptr<Mover> demoter_;
+  std::unique_ptr<Mover> reader_;
 };
 
 }  // namespace kvtier

@@ -18,7 +18,7 @@ Status Engine::Enqueue(ConnectionId connection, const NamespaceFingerprint& ns, 
   }
   lineage_.Record(chain, conversation);
   counters_.enqueues.fetch_add(1, std::memory_order_relaxed);
-  Prefetch();
+  SchedulePrefetch();
   return Status::Ok();
 }
 
@@ -92,7 +92,7 @@ Status Engine::Dequeue(ConnectionId connection, uint64_t request) {
   counters_.dequeues.fetch_add(1, std::memory_order_relaxed);
   // Blocks prefetched for it that it used no longer hold the budget: the
   // next requests may have it.
-  Prefetch();
+  SchedulePrefetch();
   return Status::Ok();
 }
 
@@ -116,6 +116,23 @@ namespace {
 constexpr size_t kMaxPlannedRequests = 256;
 
 }  // namespace
+
+void Engine::SchedulePrefetch() {
+  if (below_.empty() || prefetch_share_ <= 0) return;
+  if (prefetch_scheduled_.exchange(true, std::memory_order_acq_rel)) return;
+  IoStarted();  // the plan's, so WaitForIdle covers it
+  const bool queued = reader_->TrySubmit([this] {
+    // Cleared first: a change from here on schedules the next plan.
+    prefetch_scheduled_.store(false, std::memory_order_release);
+    Prefetch();
+    IoFinished();
+  });
+  if (!queued) {
+    prefetch_scheduled_.store(false, std::memory_order_release);
+    Bump(counters_.prefetch_plans_busy);
+    IoFinished();
+  }
+}
 
 size_t Engine::Prefetch() {
   if (below_.empty() || prefetch_share_ <= 0) return 0;

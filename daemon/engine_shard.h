@@ -86,6 +86,7 @@ struct EngineShard {
   struct Demoting {
     NamespaceFingerprint ns;
     size_t level = 0;  // the tier below being written
+    bool erased = false;  // Erase came meanwhile: nothing of it may stay
     std::vector<std::function<void()>> waiters;
   };
   std::unordered_map<BlockKey, Demoting> demoting;

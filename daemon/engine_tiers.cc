@@ -3,6 +3,8 @@
 // demotion to the tiers below, including blocks a lower tier evicts.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <thread>
 #include <limits>
 
 #include "common/check.h"
@@ -15,20 +17,13 @@ namespace {
 // An allocation gives up after this many evictions without finding room
 // (guards against pathological churn; each eviction frees real space).
 constexpr int kMaxEvictionsPerAllocation = 1 << 16;
-// How long an eviction waits for a tier below to take its block when the
-// tier is momentarily out of staging memory or free regions (Busy): a burst
-// of writes then slows the writer instead of dropping blocks.
-constexpr auto kDemotionBusyWait = std::chrono::milliseconds(200);
-
-// True on a thread running a tier completion (it completes the very I/O
-// that would free tier resources, so it must never wait for them).
-thread_local bool t_in_tier_callback = false;
-
-struct TierCallbackScope {
-  TierCallbackScope() : was(t_in_tier_callback) { t_in_tier_callback = true; }
-  ~TierCallbackScope() { t_in_tier_callback = was; }
-  bool was;
-};
+// How long a demotion a busy tier could not take at once waits in the
+// demoter (a mover thread) for room there before its block is dropped.
+constexpr auto kQueuedDemotionWait = std::chrono::seconds(10);
+// How long a promotion a busy tier refused (out of read staging) is
+// retried, on the reader, before its pins get Busy.
+constexpr auto kPromotionBusyWait = std::chrono::seconds(2);
+constexpr auto kPromotionRetryPause = std::chrono::milliseconds(1);
 
 }  // namespace
 
@@ -81,7 +76,6 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
   if (!extent.ok()) return finish(extent.status(), {});
   Status started = below_[from.level]->tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
                                [finish, extent = *extent, bytes](Result<size_t> r) {
-                                 TierCallbackScope scope;
                                  if (r.ok() && *r != bytes) return finish(IoError("short layer read"), extent);
                                  finish(r.ok() ? Status::Ok() : r.status(), extent);
                                });
@@ -89,6 +83,10 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
 }
 
 void Engine::Promote(const BlockKey& key, const Located& from) {
+  Promote(key, from, std::chrono::steady_clock::now() + kPromotionBusyWait);
+}
+
+void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline) {
   IoStarted();
   const uint64_t checksum = from.info.payload_checksum;
   Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
@@ -97,17 +95,28 @@ void Engine::Promote(const BlockKey& key, const Located& from) {
   Below& below = *below_[from.level];
   Status started = below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
                                     [this, &below, key, extent = *extent, checksum, issued_us](Result<size_t> r) {
-                                      TierCallbackScope scope;
                                       if (r.ok()) {
                                         std::lock_guard lock(bandwidth_mu_);
                                         below.read_bandwidth.Observe(*r, clock_.NowUs() - issued_us);
                                       }
                                       FinishPromotion(key, r.status(), extent, checksum);
                                     });
-  if (!started.ok()) {
-    host_.Free(*extent);
-    FinishPromotion(key, started, {}, checksum);
+  if (started.ok()) return;
+  host_.Free(*extent);
+  // Out of read staging for now: not a miss. The reader tries again a
+  // moment later (the pins keep waiting), until the deadline.
+  if (started.code() == StatusCode::kBusy && std::chrono::steady_clock::now() < deadline) {
+    IoStarted();  // the retry's, ended by the job
+    const bool queued = reader_->TrySubmit([this, key, from, deadline] {
+      std::this_thread::sleep_for(kPromotionRetryPause);
+      Bump(counters_.promotion_retries);
+      Promote(key, from, deadline);
+      IoFinished();
+    });
+    if (queued) return IoFinished();  // this attempt's
+    IoFinished();
   }
+  FinishPromotion(key, started, {}, checksum);
 }
 
 void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum) {
@@ -146,7 +155,9 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       EndPrefetched(shard, entry);
       shard.index.erase(it);
       if (extent.length != 0) host_.Free(extent);
-      Status miss = status.code() == StatusCode::kNoSpace
+      // No room (NoSpace) or a tier still busy after its retries (Busy) is
+      // not a miss: the caller may try again.
+      Status miss = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
                         ? status
                         : NotFound("block " + key.ToHex() + " could not be read from the tier below (" +
                                    status.ToString() + ")");
@@ -160,7 +171,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   // bandwidth and whatever changed meanwhile. Not after a failure, which a
   // new plan could only repeat (and a synchronous one would recurse).
   const bool last_prefetch = prefetched && prefetch_reads_.fetch_sub(1, std::memory_order_acq_rel) == 1;
-  if (last_prefetch && status.ok()) Prefetch();
+  if (last_prefetch && status.ok()) SchedulePrefetch();
   IoFinished();
 }
 
@@ -311,51 +322,104 @@ void Engine::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey
                     uint64_t size, uint64_t checksum) {
   // A whole block keeps its layer split; any other size is one layer.
   const uint32_t layers = LayoutOf(ns, size).layer_count;
-  BlockTier& tier = *below_[level]->tier;
   IoStarted();
-  auto written_done = [this, key](Status written) {
-    TierCallbackScope scope;
-    if (written.ok()) {
-      Bump(counters_.demotions);
-    } else {
+  WriteToTier(level, ns, key, layers, host_.Bytes(extent).first(size), checksum, [this, key](Status written) {
+    if (written.ok()) Bump(counters_.demotions);
+    CountFailedWrite(written);
+    FinishDemotion(key, written);
+    IoFinished();
+  });
+}
+
+void Engine::CountFailedWrite(const Status& outcome) {
+  switch (outcome.code()) {
+    case StatusCode::kOk:
+    case StatusCode::kAlreadyExists:  // the copy from an earlier demotion is still there
+      return;
+    case StatusCode::kBusy:  // counted as engine.demotion_busy_drops
+      return;
+    case StatusCode::kCorruption:  // the bytes changed after commit: not written
+      Bump(counters_.demotion_corrupt);
+      Bump(counters_.demotion_rejections);
+      return;
+    case StatusCode::kIoError:
+    case StatusCode::kCancelled:
+    case StatusCode::kUnavailable:
       Bump(counters_.demotion_failures);
-    }
+      return;
+    default:  // NoSpace (full), InvalidArgument (does not fit its geometry)
+      Bump(counters_.demotion_rejections);
+      return;
+  }
+}
+
+void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
+                         std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done) {
+  // Every end of a write wakes the demoter's waits for room.
+  BlockTier::WriteDone ended = [this, done = std::move(done)](Status written) {
     {
       std::lock_guard lock(io_mu_);
       ++demotions_finished_;
     }
     demotion_finished_.notify_all();
-    FinishDemotion(key);
-    IoFinished();
+    done(std::move(written));
   };
-  const auto deadline = std::chrono::steady_clock::now() + kDemotionBusyWait;
-  Status accepted;
-  for (;;) {
-    uint64_t finished_before;
-    {
-      std::lock_guard lock(io_mu_);
-      finished_before = demotions_finished_;
+  BlockTier& tier = *below_[level]->tier;
+  Status accepted = tier.Write(ns, key, layers, payload, ended, checksum);
+  if (accepted.code() != StatusCode::kBusy) {
+    if (!accepted.ok()) ended(accepted);
+    return;
+  }
+  // The tier is out of staging or writable regions for now. Nothing here
+  // waits: a copy of the bytes waits in the demoter for room, or, when the
+  // demoter is full too, the block is dropped (the host tier stays a
+  // working cache even when the tier below stalls).
+  const uint64_t size = payload.size();
+  if (!demoter_->TryReserve(size)) {
+    Bump(counters_.demotion_busy_drops);
+    return ended(Busy("the " + std::string(tier.name()) + " tier and the demoter are both full"));
+  }
+  std::shared_ptr<std::byte[]> copy(new std::byte[size]);
+  std::memcpy(copy.get(), payload.data(), size);
+  Bump(counters_.demotions_queued);
+  demoter_->Submit(size, [this, &tier, ns, key, layers, copy, size, checksum, ended = std::move(ended)] {
+    const std::span<const std::byte> bytes(copy.get(), size);
+    const auto deadline = std::chrono::steady_clock::now() + kQueuedDemotionWait;
+    for (;;) {
+      uint64_t finished_before;
+      {
+        std::lock_guard lock(io_mu_);
+        finished_before = demotions_finished_;
+      }
+      // Erased while it waited: nothing to write. (An Erase from here on
+      // finds the write in the tier, or FinishDemotion undoes it.)
+      if (DemotionErased(key)) return ended(Cancelled("block " + key.ToHex() + " was erased before its demotion"));
+      Status accepted = tier.Write(ns, key, layers, bytes, ended, checksum);
+      if (accepted.code() != StatusCode::kBusy) {
+        if (!accepted.ok()) ended(accepted);
+        return;
+      }
+      // Room comes back when a write in flight ends, or when the tier's own
+      // background work (a region read out to the tier below) does, which
+      // it does not signal: look again every millisecond.
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        Bump(counters_.demotion_busy_drops);
+        return ended(accepted);
+      }
+      std::unique_lock lock(io_mu_);
+      demotion_finished_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(1)),
+                                    [&] { return demotions_finished_ != finished_before; });
+      Bump(counters_.demotion_waits);
     }
-    accepted = tier.Write(ns, key, layers, host_.Bytes(extent).first(size), written_done, checksum);
-    if (accepted.code() != StatusCode::kBusy || t_in_tier_callback) break;
-    // Out of staging memory or writable regions: both come back when a
-    // write in flight finishes, or when the tier's own background work
-    // (a region read out to the tier below) ends, which it does not
-    // signal: look again every millisecond.
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
-    std::unique_lock lock(io_mu_);
-    demotion_finished_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(1)),
-                                  [&] { return demotions_finished_ != finished_before; });
-    Bump(counters_.demotion_waits);
-  }
-  if (!accepted.ok()) {
-    // AlreadyExists: the copy from an earlier demotion is still there.
-    if (accepted.code() != StatusCode::kAlreadyExists) Bump(counters_.demotion_rejections);
-    if (accepted.code() == StatusCode::kCorruption) Bump(counters_.demotion_corrupt);
-    FinishDemotion(key);
-    IoFinished();
-  }
+  });
+}
+
+bool Engine::DemotionErased(const BlockKey& key) {
+  EngineShard& shard = ShardFor(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.demoting.find(key);
+  return it != shard.demoting.end() && it->second.erased;
 }
 
 void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
@@ -365,28 +429,27 @@ void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span
     if (b.tier->Find(block.key)) return;  // already there: nothing to write
     if (!b.admission->Admit(payload.size(), facts)) continue;
     IoStarted();
-    Status accepted = b.tier->Write(block.ns, block.key, block.layer_count, payload,
-                                    [this, &b](Status written) {
-                                      Bump(written.ok() ? b.demotions_in : counters_.demotion_failures);
-                                      IoFinished();
-                                    },
-                                    block.payload_checksum);
-    if (!accepted.ok()) {
-      if (accepted.code() != StatusCode::kAlreadyExists) Bump(counters_.demotion_rejections);
-      IoFinished();
-    }
+    WriteToTier(level, block.ns, block.key, block.layer_count, payload, block.payload_checksum,
+                [this, &b](Status written) {
+                  if (written.ok()) Bump(b.demotions_in);
+                  CountFailedWrite(written);
+                  IoFinished();
+                });
     return;
   }
   Bump(below_[from]->demotion_drops);
 }
 
-void Engine::FinishDemotion(const BlockKey& key) {
+void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
   EngineShard& shard = ShardFor(key);
   std::vector<std::function<void()>> waiters;
   {
     std::lock_guard lock(shard.mu);
     auto node = shard.demoting.extract(key);
-    if (!node.empty()) waiters = std::move(node.mapped().waiters);
+    if (!node.empty()) {
+      waiters = std::move(node.mapped().waiters);
+      if (node.mapped().erased && written.ok()) below_[node.mapped().level]->tier->Erase(key).IgnoreError();
+    }
   }
   for (auto& retry : waiters) retry();
 }

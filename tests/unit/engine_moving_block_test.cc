@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "daemon/engine.h"
 #include "tests/testing/fake_clock.h"
@@ -37,14 +38,14 @@ class EngineMovingBlockTest : public ::testing::Test {
     memory_ = std::make_unique<MemoryDevice>(16 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(kHostBlocks * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, ::kvtier::testing::SmallNvmeOptions(),
-                                                      {}, &device_);
+    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, TierOptions(), {}, &device_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     nvme_ = std::move(*tier);
     auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok());
     engine_ = std::move(*engine);
   }
+  virtual NvmeTierOptions TierOptions() { return ::kvtier::testing::SmallNvmeOptions(); }
   void TearDown() override {
     device_->ReleaseWrites();
     device_->ReleaseReads();
@@ -130,6 +131,48 @@ TEST_F(EngineMovingBlockTest, BytesChangedAfterCommitAreNeverPersistedAsValid) {
   EXPECT_EQ(c["engine.demotion_corrupt"], 1);
   EXPECT_EQ(c["nvme.write_checksum_mismatches"], 1);
   EXPECT_EQ(c["nvme.writes"], 0);
+}
+
+// A tier out of read staging (Busy) is not a miss (issue 12, item 4.5):
+// the promotion is retried off the calling thread and the pin is served
+// once the reads ahead of it end.
+class EngineBusyReadTest : public EngineMovingBlockTest {
+ protected:
+  NvmeTierOptions TierOptions() override {
+    NvmeTierOptions o = ::kvtier::testing::SmallNvmeOptions();
+    o.staging_bytes = 256 << 10;  // reads may hold 192 KiB: two 68 KiB records at once
+    return o;
+  }
+};
+
+TEST_F(EngineBusyReadTest, APromotionTheTierIsTooBusyForWaitsInsteadOfMissing) {
+  for (uint64_t i = 0; i < kHostBlocks + 4; ++i) ASSERT_TRUE(Put(i).ok()) << i;
+  engine_->WaitForIdle();
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 4; ++i) {
+    keys.push_back(Key(i));
+    ASSERT_EQ(::kvtier::testing::LookupTier(*engine_, kNs, Key(i)), Tier::kNvme) << i;
+  }
+  device_->HoldReads();
+  std::promise<std::vector<PinGrant>> pinned;
+  auto grants_future = pinned.get_future();
+  engine_->PinAsync(3, kNs, keys, [&pinned](std::vector<PinGrant> g) { pinned.set_value(std::move(g)); });
+  EXPECT_GT(device_->held_reads(), 0u);
+  EXPECT_LT(device_->held_reads(), 2 * keys.size()) << "the read staging share holds only some of the reads";
+  device_->ReleaseReads();
+  std::vector<PinGrant> grants = grants_future.get();
+  engine_->WaitForIdle();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(grants[i].status.ok()) << i << ": " << grants[i].status.ToString();
+    EXPECT_TRUE(::kvtier::testing::CheckBlockBytes(keys[i], 0,
+                                                   ::kvtier::testing::SlotBytes(*host_, grants[i].offset,
+                                                                                grants[i].length)));
+    EXPECT_TRUE(engine_->Release(3, {&grants[i].lease, 1})[0].ok());
+  }
+  auto c = Counters();
+  EXPECT_GT(c["engine.promotion_retries"], 0);
+  EXPECT_EQ(c["engine.promotions"], 4);
+  EXPECT_EQ(c["engine.pin_misses"], 0);
 }
 
 }  // namespace

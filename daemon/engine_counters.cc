@@ -1,0 +1,95 @@
+// Engine counters: the events counted as they happen (Engine::Counters)
+// and the gauges computed from the shards, then every component below the
+// engine (host tier, movers, each tier and its admission).
+#include "daemon/engine.h"
+#include "daemon/engine_shard.h"
+
+namespace kvtier {
+
+void Engine::VisitCounters(CounterVisitor& v) const {
+  int64_t blocks = 0, pinned = 0, reserved = 0, zombies = 0, leases = 0, stored = 0;
+  for (const auto& shard_ptr : shards_) {
+    std::lock_guard lock(shard_ptr->mu);
+    blocks += static_cast<int64_t>(shard_ptr->committed.size());
+    zombies += static_cast<int64_t>(shard_ptr->zombies.size());
+    leases += static_cast<int64_t>(shard_ptr->leases.size());
+    stored += static_cast<int64_t>(shard_ptr->stored_bytes);
+    for (const auto& [key, entry] : shard_ptr->index) {
+      if (!entry.committed) ++reserved;
+      else if (entry.pins > 0) ++pinned;
+    }
+  }
+  v.Visit("engine.blocks", blocks);
+  v.Visit("engine.stored_bytes", stored);
+  v.Visit("engine.pinned_blocks", pinned);
+  v.Visit("engine.reserved_blocks", reserved);
+  v.Visit("engine.zombie_blocks", zombies);
+  v.Visit("engine.leases", leases);
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  v.Visit("engine.lookups", load(counters_.lookups));
+  v.Visit("engine.lookup_keys", load(counters_.lookup_keys));
+  v.Visit("engine.lookup_hit_blocks", load(counters_.lookup_hit_blocks));
+  v.Visit("engine.reserves", load(counters_.reserves));
+  v.Visit("engine.reserve_failures", load(counters_.reserve_failures));
+  v.Visit("engine.commits", load(counters_.commits));
+  v.Visit("engine.commit_failures", load(counters_.commit_failures));
+  v.Visit("engine.aborts", load(counters_.aborts));
+  v.Visit("engine.pins", load(counters_.pins));
+  v.Visit("engine.pin_misses", load(counters_.pin_misses));
+  v.Visit("engine.releases", load(counters_.releases));
+  v.Visit("engine.release_failures", load(counters_.release_failures));
+  v.Visit("engine.erases", load(counters_.erases));
+  v.Visit("engine.evictions", load(counters_.evictions));
+  v.Visit("engine.eviction_failures", load(counters_.eviction_failures));
+  v.Visit("engine.connections_closed", load(counters_.connections_closed));
+  v.Visit("engine.promotions", load(counters_.promotions));
+  v.Visit("engine.promotion_failures", load(counters_.promotion_failures));
+  v.Visit("engine.demotions", load(counters_.demotions));
+  v.Visit("engine.demotion_rejections", load(counters_.demotion_rejections));
+  v.Visit("engine.demotion_failures", load(counters_.demotion_failures));
+  v.Visit("engine.admission_drops", load(counters_.admission_drops));
+  v.Visit("engine.enqueues", load(counters_.enqueues));
+  v.Visit("engine.dequeues", load(counters_.dequeues));
+  v.Visit("engine.needed_evictions", load(counters_.needed_evictions));
+  v.Visit("engine.forced_demotions", load(counters_.forced_demotions));
+  v.Visit("engine.prefetch_plans", load(counters_.prefetch_plans));
+  v.Visit("engine.prefetches", load(counters_.prefetches));
+  v.Visit("engine.prefetch_bytes", load(counters_.prefetch_bytes));
+  v.Visit("engine.prefetch_skipped_short", load(counters_.prefetch_skipped_short));
+  v.Visit("engine.layer_reads", load(counters_.layer_reads));
+  v.Visit("engine.demotion_waits", load(counters_.demotion_waits));
+  v.Visit("engine.directory_uses", load(counters_.directory_uses));
+  v.Visit("engine.directory_stale_uses", load(counters_.directory_stale_uses));
+  v.Visit("engine.local_lookups", load(counters_.local_lookups));
+  v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
+  v.Visit("engine.demotion_corrupt", load(counters_.demotion_corrupt));
+  v.Visit("engine.layer_reads_busy", load(counters_.layer_reads_busy));
+  v.Visit("engine.layer_read_pool_bytes", static_cast<int64_t>(transient_bytes_.load(std::memory_order_relaxed)));
+  v.Visit("engine.eviction_bound_hits", load(counters_.eviction_bound_hits));
+  v.Visit("engine.demotions_queued", load(counters_.demotions_queued));
+  v.Visit("engine.demotion_busy_drops", load(counters_.demotion_busy_drops));
+  v.Visit("engine.promotion_retries", load(counters_.promotion_retries));
+  v.Visit("engine.prefetch_plans_busy", load(counters_.prefetch_plans_busy));
+  demoter_->VisitCounters(v);
+  reader_->VisitCounters(v);
+  // Per tier below: engine.<tier>_read_bytes_per_s (promotion reads, a
+  // moving average), engine.<tier>_lookup_hits, blocks demoted into it from
+  // a lower tier's evictions, and its evicted blocks no tier took.
+  for (const auto& b : below_) {
+    const std::string name(b->tier->name());
+    {
+      std::lock_guard lock(bandwidth_mu_);
+      v.Visit("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_bandwidth.bytes_per_s()));
+    }
+    v.Visit("engine." + name + "_lookup_hits", load(b->lookup_hits));
+    v.Visit("engine." + name + "_demotions_in", load(b->demotions_in));
+    v.Visit("engine." + name + "_evictions_dropped", load(b->demotion_drops));
+  }
+  host_.VisitCounters(v);
+  for (const auto& b : below_) {
+    b->tier->VisitCounters(v);
+    b->admission->VisitCounters(v);
+  }
+}
+
+}  // namespace kvtier
