@@ -23,6 +23,7 @@ NvmeTierOptions SmallNvmeOptions();
 Result<std::unique_ptr<NvmeTier>> OpenMemoryNvmeTier(MemoryDevice& memory, const std::string& dir, Clock& clock,
                                                      const NvmeTierOptions& options = SmallNvmeOptions(),
                                                      const FaultOptions& faults = {},
-                                                     FaultInjectingDevice** device = nullptr);
+                                                     FaultInjectingDevice** device = nullptr,
+                                                     std::function<void()> index_hook = nullptr);
 
 }  // namespace kvtier::testing

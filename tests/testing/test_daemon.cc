@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "daemon/nvme_setup.h"
+#include "tests/testing/memory_nvme.h"
 
 namespace kvtier::testing {
 
@@ -105,7 +106,21 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
     if (!from_config.ok()) ADD_FAILURE() << "DwpdFromConfig: " << from_config.status().ToString();
     if (from_config.ok()) dwpd = *from_config;
   }
+  if (options.nvme_path.empty() && options.nvme_in_memory) {
+    nvme_memory_ = std::make_unique<MemoryDevice>(options.nvme_bytes);
+    NvmeTierOptions nvme_options = SmallNvmeOptions();
+    nvme_options.region_bytes = options.nvme_region_bytes;
+    nvme_options.staging_bytes = options.nvme_staging_bytes;
+    auto nvme = OpenMemoryNvmeTier(*nvme_memory_, dir_, clock_, nvme_options, {}, &nvme_device_,
+                                   options.nvme_index_hook);
+    if (!nvme.ok()) {
+      ADD_FAILURE() << "OpenMemoryNvmeTier: " << nvme.status().ToString();
+      std::abort();
+    }
+    nvme_ = std::move(*nvme);
+  }
   EngineOptions engine_options{options.shards, options.eviction};
+  engine_options.demotion_buffer_bytes = options.demotion_buffer_bytes;
   engine_options.admission = options.nvme_admission;
   engine_options.dwpd = dwpd;
   auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
@@ -129,6 +144,7 @@ TestDaemon::~TestDaemon() {
   server_.reset();
   engine_.reset();
   nvme_.reset();
+  nvme_memory_.reset();
   host_.reset();
   RemoveTree(dir_);
 }

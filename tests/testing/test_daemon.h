@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -17,6 +18,8 @@
 #include "common/counters.h"
 #include "daemon/engine.h"
 #include "daemon/server.h"
+#include "tests/testing/fault_injecting_device.h"
+#include "tests/testing/memory_device.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "kvtier/client.h"
 
@@ -40,6 +43,14 @@ struct TestDaemonOptions {
   // Which evicted blocks the NVMe tier gets ("all" here, so tests of the
   // tier see every eviction; kvtierd defaults to "dwpd").
   std::string nvme_admission = "all";
+  // With nvme_path empty: an NVMe tier on an in-memory device (nvme_bytes)
+  // behind a FaultInjectingDevice (nvme_device()), whose index runs
+  // nvme_index_hook (when set) before every mutation: the latches of the
+  // stalled-tier tests.
+  bool nvme_in_memory = false;
+  std::function<void()> nvme_index_hook;
+  uint64_t nvme_staging_bytes = 16ull << 20;
+  uint64_t demotion_buffer_bytes = EngineOptions{}.demotion_buffer_bytes;
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.
@@ -54,6 +65,7 @@ class TestDaemon {
   Engine& engine() { return *engine_; }
   HostTier& host() { return *host_; }
   NvmeTier* nvme() { return nvme_.get(); }  // null without one
+  FaultInjectingDevice* nvme_device() { return nvme_device_; }  // null unless nvme_in_memory
   Server& server() { return *server_; }
 
   // Client options for this daemon with `namespaces` registered.
@@ -70,6 +82,8 @@ class TestDaemon {
   std::string socket_path_;
   SystemClock clock_;
   std::unique_ptr<HostTier> host_;
+  std::unique_ptr<MemoryDevice> nvme_memory_;
+  FaultInjectingDevice* nvme_device_ = nullptr;  // owned by nvme_
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Server> server_;
