@@ -127,6 +127,10 @@ constexpr OptionSpec kOptions[] = {
     {"engine.prefetch_min_blocks", OptionType::kInt, "2", 1, 1 << 20, "", false,
      "Prefetch skips a request whose cached prefix would be shorter than this many blocks.",
      &DaemonConfig::engine_prefetch_min_blocks, nullptr},
+    {"engine.demotion_buffer_bytes", OptionType::kBytes, "\"256MiB\"", 0, 64 * kGiB, "", false,
+     "Evicted blocks a busy tier below cannot take at once wait here (copied out of the host tier) for a mover "
+     "thread to write them; past it they are dropped (engine.demotion_busy_drops). 0: drop at once.",
+     &DaemonConfig::engine_demotion_buffer_bytes, nullptr},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
      false, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},

@@ -52,6 +52,7 @@ struct DaemonConfig {
   std::string engine_eviction;   // "lru" | "fifo" | "queue_aware"
   int64_t engine_lookahead_ms = 0;
   int64_t engine_prefetch_percent = 0;
+  int64_t engine_demotion_buffer_bytes = 0;
   int64_t engine_prefetch_min_blocks = 0;
   // [log]
   std::string log_level;

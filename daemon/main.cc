@@ -57,6 +57,7 @@ int Serve(const DaemonConfig& config) {
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
   engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   engine_options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
+  engine_options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);
   engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
   engine_options.verify_commits = config.host_verify_commits != 0;
   auto engine = Engine::Create(engine_options, **host, clock, stack->lower);

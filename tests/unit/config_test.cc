@@ -2,6 +2,7 @@
 // every kind of bad input (InvalidArgument naming the key and line), size
 // parsing, file loading and --help.
 #include "daemon/config.h"
+#include "daemon/engine.h"
 
 #include <unistd.h>
 
@@ -128,6 +129,8 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
   EXPECT_EQ(config->engine_shards, 8);
   EXPECT_EQ(config->engine_eviction, "queue_aware");
   EXPECT_EQ(config->engine_lookahead_ms, 2000);
+  EXPECT_EQ(config->engine_demotion_buffer_bytes, 256 * kMiB);
+  EXPECT_EQ(static_cast<uint64_t>(config->engine_demotion_buffer_bytes), EngineOptions{}.demotion_buffer_bytes);
   EXPECT_EQ(config->log_level, "info");
 }
 
