@@ -155,8 +155,9 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
 
 std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                        std::span<const BlockKey> keys,
-                                       std::span<const uint64_t> sizes) {
+                                       std::span<const uint64_t> sizes, const ReserveChain& links) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Reserve: keys and sizes differ in length");
+  if (links.chain) lineage_.RecordLinks(keys, links.parent);
   std::vector<SlotGrant> grants(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];

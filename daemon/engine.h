@@ -105,6 +105,14 @@ struct EngineOptions {
   bool verify_commits = false;
 };
 
+// What a Reserve says of its keys' chain: with `chain` they are consecutive
+// blocks of one prefix chain, root first (keys[i - 1] is keys[i]'s parent),
+// and `parent`, if any, is keys[0]'s parent.
+struct ReserveChain {
+  bool chain = false;
+  std::optional<BlockKey> parent;
+};
+
 struct SlotGrant {
   Status status;  // ok, AlreadyExists, NoSpace, InvalidArgument
   uint64_t offset = 0;
@@ -175,9 +183,12 @@ class Engine {
   // Reserves arena space for each key (sizes[i] bytes). Per key: ok with the
   // slot, AlreadyExists (committed or being written), NoSpace (nothing left
   // to evict), InvalidArgument (size 0 or larger than the arena).
+  // With `links.chain` the keys' parents are recorded as lineage
+  // (ReserveChain), so admission's prefix closure holds without queue hints.
   // Precondition: keys.size() == sizes.size().
   std::vector<SlotGrant> Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
-                                 std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+                                 std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                                 const ReserveChain& links = {});
 
   // Publishes reserved blocks after checking that sizes[i] equals the
   // reserved size, recording each block's xxh3-64: checksums[i] as the

@@ -8,15 +8,32 @@ void Lineage::Record(std::span<const BlockKey> chain, uint64_t conversation) {
     Info info;
     if (i > 0) info.parent = chain[i - 1];
     info.conversation = conversation;
-    auto [it, fresh] = keys_.insert_or_assign(chain[i], info);
-    if (!fresh) continue;
-    key_order_.push_back(chain[i]);
-    if (key_order_.size() > capacity_) {
-      keys_.erase(key_order_.front());
-      key_order_.pop_front();
-    }
+    Set(chain[i], info);
   }
   if (conversation != 0 && conversations_.count(conversation) == 0) Remember(conversation, State::kOpen);
+}
+
+void Lineage::RecordLinks(std::span<const BlockKey> chain, const std::optional<BlockKey>& parent) {
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    std::optional<BlockKey> parent_of = i > 0 ? std::optional<BlockKey>(chain[i - 1]) : parent;
+    if (!parent_of) continue;
+    auto it = keys_.find(chain[i]);
+    Info info;
+    info.parent = parent_of;
+    if (it != keys_.end()) info.conversation = it->second.conversation;
+    Set(chain[i], info);
+  }
+}
+
+void Lineage::Set(const BlockKey& key, const Info& info) {
+  auto [it, fresh] = keys_.insert_or_assign(key, info);
+  if (!fresh) return;
+  key_order_.push_back(key);
+  if (key_order_.size() > capacity_) {
+    keys_.erase(key_order_.front());
+    key_order_.pop_front();
+  }
 }
 
 std::optional<Lineage::Info> Lineage::Find(const BlockKey& key) const {

@@ -34,6 +34,11 @@ class Lineage {
   // chain[i]'s parent is chain[i - 1]. A conversation first seen here
   // counts as open.
   void Record(std::span<const BlockKey> chain, uint64_t conversation);
+  // Parents from a put of consecutive blocks of one chain (root first):
+  // chain[i]'s parent is chain[i - 1], and chain[0]'s is `parent` (none:
+  // chain[0] is left as it was, its parent unknown). A key's conversation,
+  // if a queue hint gave one, stays.
+  void RecordLinks(std::span<const BlockKey> chain, const std::optional<BlockKey>& parent);
   std::optional<Info> Find(const BlockKey& key) const;
   // An explicit open or close hint.
   void SetConversation(uint64_t conversation, bool open);
@@ -43,6 +48,8 @@ class Lineage {
  private:
   // Caller holds mu_.
   void Remember(uint64_t conversation, State state);
+  // Caller holds mu_: sets `key`'s record, forgetting the oldest past capacity.
+  void Set(const BlockKey& key, const Info& info);
 
   const size_t capacity_;
   mutable std::mutex mu_;

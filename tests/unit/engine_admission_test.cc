@@ -195,6 +195,52 @@ TEST_F(EngineAdmissionTest, ABlockWhoseParentIsHeldNowhereIsRefused) {
   EXPECT_EQ(c["nvme.admission.admitted"], 2);
 }
 
+// Prefix closure without queue hints (issue 12, item 4.4): a put that names
+// its blocks as one chain (and the block before it) tells the engine their
+// parents, so a block whose prefix is cached nowhere is refused.
+TEST_F(EngineAdmissionTest, PutChainsGiveParentsWithoutQueueHints) {
+  ASSERT_TRUE(Open("second_hit").ok());
+  // Chain A: 100 (never cached), 1, 2. Chain B: 4, 3 (4 is 3's parent).
+  const BlockKey chain_a[] = {Key(1), Key(2)};
+  const BlockKey chain_b[] = {Key(4), Key(3)};
+  const uint64_t sizes[] = {kBlockBytes, kBlockBytes};
+  using ChainPut = std::pair<std::span<const BlockKey>, std::optional<BlockKey>>;
+  for (const auto& [keys, parent] : {ChainPut{chain_a, Key(100)}, ChainPut{chain_b, std::nullopt}}) {
+    auto grants = engine_->Reserve(1, kNs, keys, sizes, ReserveChain{true, parent});
+    for (size_t i = 0; i < 2; ++i) {
+      ASSERT_TRUE(grants[i].status.ok()) << grants[i].status.ToString();
+      ::kvtier::testing::FillBlockBytes(keys[i], 0,
+                                        ::kvtier::testing::SlotBytes(*host_, grants[i].offset, grants[i].length));
+    }
+    for (const Status& s : engine_->Commit(1, kNs, keys, sizes)) ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  for (uint64_t i = 1; i <= 4; ++i) Use(i);
+  for (uint64_t i = 10; i < 18; ++i) Put(i);  // evicts 1..4 (LRU: 1 first)
+  engine_->WaitForIdle();
+  EXPECT_FALSE(nvme_->Find(Key(1))) << "its parent 100 is cached nowhere";
+  EXPECT_FALSE(nvme_->Find(Key(2))) << "its parent 1 was dropped";
+  EXPECT_TRUE(nvme_->Find(Key(3)));
+  EXPECT_TRUE(nvme_->Find(Key(4)));
+  auto c = Counters();
+  EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
+  EXPECT_EQ(c["nvme.admission.admitted"], 2);
+}
+
+TEST(LineageTest, LinksFromPutsKeepAQueueHintsConversation) {
+  Lineage l(8);
+  const BlockKey hinted[] = {Key(1), Key(2)};
+  l.Record(hinted, /*conversation=*/7);
+  const BlockKey put[] = {Key(2), Key(3)};
+  l.RecordLinks(put, std::nullopt);
+  EXPECT_EQ(*l.Find(Key(2))->parent, Key(1)) << "no parent given for the first key: left as it was";
+  EXPECT_EQ(l.Find(Key(2))->conversation, 7u);
+  EXPECT_EQ(*l.Find(Key(3))->parent, Key(2));
+  l.RecordLinks(put, Key(9));
+  EXPECT_EQ(*l.Find(Key(2))->parent, Key(9));
+  EXPECT_EQ(l.Find(Key(2))->conversation, 7u);
+  EXPECT_FALSE(l.Find(Key(9))) << "the parent itself is not recorded";
+}
+
 TEST_F(EngineAdmissionTest, AllDemotesEveryEviction) {
   ASSERT_TRUE(Open("all").ok());
   for (uint64_t i = 0; i < 16; ++i) Put(i);
