@@ -121,7 +121,8 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
 
 // Reserve -> copy into the arena (on the reading thread) -> Commit.
 std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std::vector<BlockKey> keys,
-                                          std::vector<std::span<const std::byte>> data, Connection::Reader reader) {
+                                          std::vector<std::span<const std::byte>> data, const ChainLinks& links,
+                                          Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<std::vector<Status>>>();
   auto future = promise->get_future();
   Status s = CheckNamespace(conn, ns);
@@ -134,7 +135,7 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
   for (const auto& d : data) sizes.push_back(d.size());
   auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
   Connection* c = &conn;
-  conn.Call(wire::MakeReserve(ns, *shared_keys, sizes),
+  conn.Call(wire::MakeReserve(ns, *shared_keys, sizes, links.chain, links.parent),
             [c, ns, shared_keys, data = std::move(data), promise, reader](Result<v1::Response> r) {
     if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
     auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
@@ -266,22 +267,23 @@ Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byt
 }
 
 std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
-                                     std::span<const std::span<const std::byte>> data) {
+                                     std::span<const std::span<const std::byte>> data, const ChainLinks& links) {
   return conn_->Await(StartPut(*conn_, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-                               std::vector<std::span<const std::byte>>(data.begin(), data.end()),
+                               std::vector<std::span<const std::byte>>(data.begin(), data.end()), links,
                                Connection::Reader::kCaller));
 }
 
 std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
-                                                       std::vector<std::span<const std::byte>> data) {
-  return StartPut(*conn_, ns, std::move(keys), std::move(data), Connection::Reader::kBackground);
+                                                       std::vector<std::span<const std::byte>> data,
+                                                       ChainLinks links) {
+  return StartPut(*conn_, ns, std::move(keys), std::move(data), links, Connection::Reader::kBackground);
 }
 
 Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
-                                    std::span<const uint64_t> sizes) {
+                                    std::span<const uint64_t> sizes, const ChainLinks& links) {
   if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
   if (keys.size() != sizes.size()) return InvalidArgument("Reserve: keys and sizes differ in length");
-  auto r = conn_->CallSync(wire::MakeReserve(ns, keys, sizes));
+  auto r = conn_->CallSync(wire::MakeReserve(ns, keys, sizes, links.chain, links.parent));
   if (!r.ok()) return r.status();
   Reservation reservation;
   reservation.conn_ = conn_;

@@ -162,7 +162,15 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
-  auto grants = context_.engine->Reserve(connection_, *ns, *keys, sizes);
+  ReserveChain links;
+  links.chain = r.chain();
+  if (r.parent_size() == 2 && r.chain()) {
+    links.parent = BlockKey{r.parent(0), r.parent(1)};
+  } else if (r.parent_size() != 0) {
+    return SetStatus(response, InvalidArgument("Reserve's parent must be one key (two words) with chain set, got " +
+                                               std::to_string(r.parent_size()) + " words"));
+  }
+  auto grants = context_.engine->Reserve(connection_, *ns, *keys, sizes, links);
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
     auto* slot = body->add_slots();

@@ -97,10 +97,18 @@ v1::Request MakeLookup(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
-v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes) {
+v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes, bool chain,
+                        const std::optional<BlockKey>& parent) {
   v1::Request r;
   FillKeyed(r.mutable_reserve(), ns, keys);
   r.mutable_reserve()->mutable_sizes()->Add(sizes.begin(), sizes.end());
+  if (chain) {
+    r.mutable_reserve()->set_chain(true);
+    if (parent) {
+      r.mutable_reserve()->add_parent(parent->hi);
+      r.mutable_reserve()->add_parent(parent->lo);
+    }
+  }
   return r;
 }
 

@@ -4,6 +4,7 @@
 // generated types.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -37,7 +38,10 @@ NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);
 // Requests without an id (Connection::Call assigns it). Both the client
 // library and the protocol tests build requests through these.
 v1::Request MakeLookup(uint32_t ns, std::span<const BlockKey> keys);
-v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes);
+// With `chain`, the keys are one prefix chain (root first) and `parent` is
+// keys[0]'s parent, if any (ReserveRequest.chain).
+v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                        bool chain = false, const std::optional<BlockKey>& parent = std::nullopt);
 // `checksums`: none (kvtierd hashes the blocks) or one xxh3-64 per key.
 v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                        std::span<const uint64_t> checksums = {});

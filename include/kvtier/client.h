@@ -132,6 +132,18 @@ class BlockView {
   uint64_t checksum_ = 0;
 };
 
+// What a put says of its keys' place in a prefix chain. The daemon keeps
+// these links for its SSD admission: a block whose prefix is cached
+// nowhere can never be hit, so it is not written to NVMe (queue hints give
+// the same links). With `chain`, the keys are consecutive blocks of one
+// chain, root first (keys[i-1] is keys[i]'s parent); `parent` is the block
+// before keys[0] (e.g. the last block of the cached prefix a prefill
+// extended), if any.
+struct ChainLinks {
+  bool chain = false;
+  std::optional<BlockKey> parent;
+};
+
 // One writable arena span handed out by Client::Reserve.
 struct WritableBlock {
   BlockKey key;
@@ -218,15 +230,17 @@ class Client {
   // changed under the copy (the daemon verifies commits and they differ).
   Status Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data);
   // One Status per key, same semantics as Put. `data[i]` belongs to keys[i].
+  // `links`: see ChainLinks (an engine storing a prefix after prefill says so).
   std::vector<Status> PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
-                               std::span<const std::span<const std::byte>> data);
+                               std::span<const std::span<const std::byte>> data, const ChainLinks& links = {});
   // `data` spans are borrowed until the future is ready.
   std::future<std::vector<Status>> PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
-                                                 std::vector<std::span<const std::byte>> data);
+                                                 std::vector<std::span<const std::byte>> data,
+                                                 ChainLinks links = {});
 
   // Zero-copy put: reserves arena space the caller writes in place.
   Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
-                              std::span<const uint64_t> sizes);
+                              std::span<const uint64_t> sizes, const ChainLinks& links = {});
 
   // Copies the block into `dst` and returns its length: from the block
   // directory when the block is in the host tier (no round trip), else one

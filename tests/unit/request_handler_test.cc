@@ -123,6 +123,25 @@ TEST_F(RequestHandlerTest, HelloIsRequiredFirst) {
   EXPECT_EQ(host_->used_bytes(), 0u);  // nothing reached the engine
 }
 
+// ReserveRequest.parent names one key, and only for a chain.
+TEST_F(RequestHandlerTest, AReserveParentIsOneKeyOfAChain) {
+  HelloOk(*handler_);
+  v1::Request no_chain = Reserve(2, 0, {Key(1)}, {4096});
+  no_chain.mutable_reserve()->add_parent(7);
+  no_chain.mutable_reserve()->add_parent(8);
+  v1::Response r = Send(*handler_, no_chain);
+  EXPECT_EQ(Code(r), StatusCode::kInvalidArgument) << r.status().message();
+  EXPECT_NE(r.status().message().find("parent"), std::string::npos);
+  v1::Request odd = WithId(3, wire::MakeReserve(0, std::vector<BlockKey>{Key(1)}, std::vector<uint64_t>{4096}, true));
+  odd.mutable_reserve()->add_parent(7);
+  EXPECT_EQ(Code(Send(*handler_, odd)), StatusCode::kInvalidArgument);
+  v1::Request good =
+      WithId(4, wire::MakeReserve(0, std::vector<BlockKey>{Key(1)}, std::vector<uint64_t>{4096}, true, Key(9)));
+  r = Send(*handler_, good);
+  ASSERT_EQ(Code(r), StatusCode::kOk) << r.status().message();
+  EXPECT_EQ(r.reserve().slots_size(), 1);
+}
+
 TEST_F(RequestHandlerTest, VersionMismatchCloses) {
   for (uint32_t version : {0u, wire::kProtocolVersion + 1}) {
     RequestHandler handler(context_, 2);
