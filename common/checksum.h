@@ -24,7 +24,7 @@ uint64_t BlockChecksum(std::span<const std::byte> bytes);
 // and the two do not overlap.
 uint64_t CopyWithChecksum(std::span<std::byte> dst, std::span<const std::byte> src);
 inline constexpr size_t kCopyChunkBytes = 16 << 10;
-inline constexpr size_t kStreamingCopyBytes = 1 << 20;
+inline constexpr size_t kStreamingCopyBytes = 256 << 10;
 
 namespace internal {
 // The two implementations BlockChecksum chooses between (for tests).
