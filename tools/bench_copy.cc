@@ -6,6 +6,9 @@
 #include <cstring>
 #include <functional>
 #include <sys/mman.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace kvtier::tools {
 namespace {
@@ -91,12 +94,62 @@ Status EraseCommitted(SizeCase& c) {
   return Status::Ok();
 }
 
+// Blocks per PutBatch / GetBatch in the batched rows: an engine stores a
+// prefix after prefill, and loads a cached one, all its blocks at once, so
+// the round trips are paid once a batch.
+constexpr uint64_t kBatchBlocks = 16;
+
+// Fails a pass over c's blocks after `i` of them went in: erases what did
+// (so the next pass has room) and reports `s` for block `i`.
+Status PutFailed(SizeCase& c, const char* call, uint64_t i, const Status& s) {
+  c.committed = true;  // some blocks are; erase them before failing
+  EraseCommitted(c).IgnoreError();  // the Put error is the one to report
+  return Status(s.code(), std::string(call) + " of block " + std::to_string(i) + " of " + std::to_string(c.blocks) +
+                              " (" + std::to_string(c.block_bytes) + " bytes): " + s.message() +
+                              " (try a smaller --working-set-bytes)");
+}
+
 // One pass over the working set with each op; returns the seconds spent in
 // the timed part (the whole pass except what the op says is untimed).
 Result<double> MemcpyPass(SizeCase& c) {
   const auto start = Clock::now();
   for (uint64_t i = 0; i < c.blocks; ++i) {
     std::memcpy(c.scratch + i * c.block_bytes, c.Caller(i), c.block_bytes);
+    Clobber(c.scratch + i * c.block_bytes);
+  }
+  return SecondsSince(start);
+}
+
+// memcpy with non-temporal (streaming) stores, as the put's copy writes the
+// arena (common/checksum.h): glibc's memcpy here only streams from
+// x86_non_temporal_threshold on (192 MiB on the bench VM). A second
+// ceiling: put against it shows what the hash and the round trips cost.
+void StreamingCopy(std::byte* dst, const std::byte* src, uint64_t length) {
+#if defined(__SSE2__)
+  uint64_t i = 0;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    for (; i + 64 <= length; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    _mm_sfence();
+  }
+  std::memcpy(dst + i, src + i, length - i);
+#else
+  std::memcpy(dst, src, length);
+#endif
+}
+
+Result<double> StreamingCopyPass(SizeCase& c) {
+  const auto start = Clock::now();
+  for (uint64_t i = 0; i < c.blocks; ++i) {
+    StreamingCopy(c.scratch + i * c.block_bytes, c.Caller(i), c.block_bytes);
     Clobber(c.scratch + i * c.block_bytes);
   }
   return SecondsSince(start);
@@ -109,12 +162,49 @@ Result<double> PutPass(SizeCase& c) {
   const auto start = Clock::now();
   for (uint64_t i = 0; i < c.blocks; ++i) {
     Status s = c.client.Put(c.ns, c.keys[i], std::span<const std::byte>(c.Caller(i), c.block_bytes));
-    if (!s.ok()) {
-      c.committed = true;  // some blocks are; erase them before failing
-      EraseCommitted(c).IgnoreError();  // the Put error is the one to report
-      return Status(s.code(), "Put of block " + std::to_string(i) + " of " + std::to_string(c.blocks) +
-                                  " (" + std::to_string(c.block_bytes) + " bytes): " + s.message() +
-                                  " (try a smaller --working-set-bytes)");
+    if (!s.ok()) return PutFailed(c, "Put", i, s);
+  }
+  const double seconds = SecondsSince(start);
+  c.committed = true;
+  return seconds;
+}
+
+// The zero-copy put as an engine without a CPU copy uses it: Reserve, the
+// bytes written into the slot (here by memcpy; by a DMA in an engine), and a
+// Commit without a checksum, so the daemon hashes the block.
+Result<double> ReservePass(SizeCase& c) {
+  if (Status s = EraseCommitted(c); !s.ok()) return s;  // untimed: makes room
+  ++c.generation;
+  c.MakeKeys();
+  const auto start = Clock::now();
+  for (uint64_t i = 0; i < c.blocks; ++i) {
+    const uint64_t size = c.block_bytes;
+    auto reservation = c.client.Reserve(c.ns, std::span<const BlockKey>(&c.keys[i], 1), std::span(&size, 1));
+    if (!reservation.ok()) return PutFailed(c, "Reserve", i, reservation.status());
+    WritableBlock& block = reservation->blocks()[0];
+    if (!block.status.ok()) return PutFailed(c, "Reserve", i, block.status);
+    std::memcpy(block.data.data(), c.Caller(i), size);
+    Status s = reservation->Commit()[0];
+    if (!s.ok()) return PutFailed(c, "Commit", i, s);
+  }
+  const double seconds = SecondsSince(start);
+  c.committed = true;
+  return seconds;
+}
+
+Result<double> PutBatchPass(SizeCase& c) {
+  if (Status s = EraseCommitted(c); !s.ok()) return s;  // untimed: makes room
+  ++c.generation;
+  c.MakeKeys();
+  std::vector<std::span<const std::byte>> src;
+  const auto start = Clock::now();
+  for (uint64_t first = 0; first < c.blocks; first += kBatchBlocks) {
+    const uint64_t count = std::min(kBatchBlocks, c.blocks - first);
+    src.clear();
+    for (uint64_t i = first; i < first + count; ++i) src.emplace_back(c.Caller(i), c.block_bytes);
+    auto put = c.client.PutBatch(c.ns, std::span<const BlockKey>(c.keys).subspan(first, count), src);
+    for (uint64_t j = 0; j < count; ++j) {
+      if (!put[j].ok()) return PutFailed(c, "PutBatch", first + j, put[j]);
     }
   }
   const double seconds = SecondsSince(start);
@@ -132,15 +222,11 @@ Result<double> GetPass(SizeCase& c) {
   return SecondsSince(start);
 }
 
-// Blocks per GetBatch in the batched get: an engine loading a cached prefix
-// asks for all its blocks at once, so the round trip is paid once a batch.
-constexpr uint64_t kGetBatchBlocks = 16;
-
 Result<double> GetBatchPass(SizeCase& c) {
   std::vector<std::span<std::byte>> dst;
   const auto start = Clock::now();
-  for (uint64_t first = 0; first < c.blocks; first += kGetBatchBlocks) {
-    const uint64_t count = std::min(kGetBatchBlocks, c.blocks - first);
+  for (uint64_t first = 0; first < c.blocks; first += kBatchBlocks) {
+    const uint64_t count = std::min(kBatchBlocks, c.blocks - first);
     dst.clear();
     for (uint64_t i = first; i < first + count; ++i) dst.emplace_back(c.Caller(i), c.block_bytes);
     auto got = c.client.GetBatch(c.ns, std::span<const BlockKey>(c.keys).subspan(first, count), dst);
@@ -223,15 +309,16 @@ Status RunFor(SizeCase& c, const Pass& pass, double seconds, Tally& tally) {
 
 Status RunSize(SizeCase& c, double seconds_per_case, std::vector<CopyRow>& rows) {
   if (Status s = WarmUp(c); !s.ok()) return s;
-  const Pass passes[] = {MemcpyPass, PutPass, GetPass, GetBatchPass, PinSumPass};
-  constexpr int kOps = 5;
+  const Pass passes[] = {MemcpyPass, StreamingCopyPass, PutPass, PutBatchPass, ReservePass,
+                         GetPass, GetBatchPass, PinSumPass};
+  constexpr int kOps = 8;
   Tally tallies[kOps];
   for (int round = 0; round < kRounds; ++round) {
     for (int op = 0; op < kOps; ++op) {
       if (Status s = RunFor(c, passes[op], seconds_per_case / kRounds, tallies[op]); !s.ok()) return s;
     }
   }
-  const char* names[] = {"memcpy", "put", "get", "get x16", "pin+sum"};
+  const char* names[] = {"memcpy", "nt copy", "put", "put x16", "put zc", "get", "get x16", "pin+sum"};
   for (int op = 1; op < kOps; ++op) {
     CopyRow row;
     row.op = names[op];

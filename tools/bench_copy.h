@@ -17,7 +17,7 @@ struct CopyBenchConfig {
   // Bytes cycled over per case: floor(working_set_bytes / block) blocks
   // (at least 1) live in the arena at once, and as many caller buffers.
   uint64_t working_set_bytes = 0;
-  double seconds_per_case = 2.0;  // per op (memcpy, put, get, get x16, pin+sum) per size
+  double seconds_per_case = 2.0;  // per op (memcpy, nt copy, put, put x16, put zc, get, get x16, pin+sum) per size
   uint64_t key_salt = 0;          // makes this run's keys unique in the daemon
 };
 
@@ -37,15 +37,24 @@ struct CopyRow {
 // its blocks afterwards. What is timed:
 //   memcpy   memcpy(caller buffer i -> scratch buffer i), both the size of
 //            the working set, i cycling over it; one thread.
-//   put      Client::Put(key i, caller buffer i): Reserve, memcpy into the
-//            arena, Commit (the daemon checksums the block). The Erase of the
+//   nt copy  the same copy with non-temporal stores, as the put writes the
+//            arena: put's second ceiling (glibc's memcpy streams only above
+//            its x86_non_temporal_threshold).
+//   put      Client::Put(key i, caller buffer i): Reserve, copy into the
+//            arena computing the checksum, Commit with it. The Erase of the
 //            previous pass's keys that makes room runs outside the clock.
+//   put x16  Client::PutBatch of 16 consecutive blocks (one Reserve and one
+//            Commit a batch); otherwise as put.
+//   put zc   Client::Reserve, memcpy into the slot, Reservation::Commit
+//            without a checksum (the daemon hashes the block at Commit):
+//            the zero-copy put, and the copying put before issue 12.
 //   get      Client::Get(key i, caller buffer i): Pin, memcpy arena -> caller
 //            buffer, Release (sent without waiting).
 //   pin+sum  Client::Pin(key i), a sum of every 8-byte word of the view
 //            (reads each byte once, writes nothing), BlockView::Release.
 // Ops alternate in two rounds so that drift hits all of them alike. Rows
-// come per size in the order put, get, pin+sum. NoSpace if the arena cannot
+// come per size in the order nt copy, put, put x16, put zc, get, get x16,
+// pin+sum. NoSpace if the arena cannot
 // hold the working set; any failed call is returned as its Status.
 Result<std::vector<CopyRow>> RunCopyBench(Client& client, NamespaceId ns, const CopyBenchConfig& config);
 
