@@ -45,13 +45,17 @@ class Gate {
   }
   void Pass() {
     std::unique_lock lock(mu_);
-    if (held_) ++stopped_;
+    if (held_) {
+      ++stopped_;
+      cv_.notify_all();
+    }
     cv_.wait(lock, [this] { return !held_; });
   }
-  // Threads stopped here so far.
-  int stopped() {
-    std::lock_guard lock(mu_);
-    return stopped_;
+  // Waits until a thread has stopped here (the index writer reaches the
+  // gate on its own thread, after the call that queued the mutation).
+  void AwaitStopped() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return stopped_ > 0; });
   }
 
  private:
@@ -158,7 +162,7 @@ TEST_F(StalledTierTest, RequestsCompleteWhileDemotionsAreStuckAndNothingIsLost) 
     erased_.push_back(key);
   }
   ASSERT_GT(device.held_writes(), 0u) << "the device latch holds demotion writes";
-  ASSERT_GT(index_gate_->stopped(), 0) << "the index latch holds a mutation";
+  index_gate_->AwaitStopped();  // the index writer holds a mutation (the erase's delete at least)
   ASSERT_GT(EngineCounter(*daemon_, "engine.demotions_queued"), 0) << "the tier said Busy: the demoter holds some";
   EXPECT_EQ(EngineCounter(*daemon_, "engine.demotions"), settled) << "no demotion can have finished";
 
