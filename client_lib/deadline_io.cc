@@ -41,20 +41,6 @@ void SetSendTimeout(int fd, Deadline deadline) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-// One recvmsg of up to `len` bytes, collecting SCM_RIGHTS fds.
-ssize_t RecvWithFds(int fd, char* data, size_t len, std::vector<int>* received) {
-  iovec iov{data, len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (n <= 0) return n;
-  CollectPassedFds(msg, received);
-  return n;
-}
 
 }  // namespace
 
@@ -120,7 +106,7 @@ Status ReadAllBefore(int fd, void* data, size_t len, std::vector<int>* received,
   char* p = static_cast<char*>(data);
   size_t got = 0;
   while (got < len) {
-    const ssize_t n = RecvWithFds(fd, p + got, len - got, received);
+    const ssize_t n = RecvWithFds(fd, p + got, len - got, MSG_DONTWAIT, received);
     if (n > 0) {
       got += static_cast<size_t>(n);
       continue;

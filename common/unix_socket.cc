@@ -98,32 +98,9 @@ Result<size_t> SendWithFds(int sock, const void* data, size_t len, std::span<con
   }
 }
 
-Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received) {
-  char* p = static_cast<char*>(data);
-  size_t got = 0;
-  while (got < len) {
-    iovec iov{p + got, len - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IoError(Errno("recvmsg"));
-    }
-    if (n == 0) {
-      return Unavailable("connection closed after " + std::to_string(got) + " of " +
-                         std::to_string(len) + " bytes");
-    }
-    CollectPassedFds(msg, received);
-    got += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
+namespace {
 
+// Appends the descriptors an SCM_RIGHTS control message of `msg` carried.
 void CollectPassedFds(msghdr& msg, std::vector<int>* received) {
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -134,6 +111,39 @@ void CollectPassedFds(msghdr& msg, std::vector<int>* received) {
       received->push_back(fd);
     }
   }
+}
+
+}  // namespace
+
+Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received) {
+  char* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = RecvWithFds(sock, p + got, len - got, 0, received);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError(Errno("recvmsg"));
+    }
+    if (n == 0) {
+      return Unavailable("connection closed after " + std::to_string(got) + " of " +
+                         std::to_string(len) + " bytes");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+ssize_t RecvWithFds(int sock, void* data, size_t len, int flags, std::vector<int>* received) {
+  iovec iov{data, len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (n > 0) CollectPassedFds(msg, received);
+  return n;
 }
 
 }  // namespace kvtier

@@ -39,8 +39,10 @@ Result<size_t> SendWithFds(int sock, const void* data, size_t len, std::span<con
 // appended to *received in order (close-on-exec, owned by the caller).
 Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* received);
 
-// Appends the descriptors an SCM_RIGHTS control message of `msg` (as filled
-// by recvmsg) carried to `received`; the caller owns them.
-void CollectPassedFds(msghdr& msg, std::vector<int>* received);
+// One recvmsg(2) of up to `len` bytes with `flags` (MSG_CMSG_CLOEXEC
+// added); descriptors that arrive as SCM_RIGHTS (up to kMaxPassedFds) are
+// appended to *received, owned by the caller. Returns what recvmsg
+// returns (errno set on -1).
+ssize_t RecvWithFds(int sock, void* data, size_t len, int flags, std::vector<int>* received);
 
 }  // namespace kvtier
