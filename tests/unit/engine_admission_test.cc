@@ -75,6 +75,23 @@ class EngineAdmissionTest : public ::testing::Test {
 
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
+  // Blocks 1 and 2 (a chain under Key(100), never cached) and 3 under 4
+  // were each used once; evicting them all under second_hit, prefix
+  // closure refuses 1 (parent held nowhere) and then 2 (its parent 1 was
+  // just dropped), and admits 4 and 3.
+  void ExpectOnlyTheRootedChainDemoted() {
+    for (uint64_t i = 1; i <= 4; ++i) Use(i);
+    for (uint64_t i = 10; i < 18; ++i) Put(i);  // evicts 1..4 (LRU: 1 first)
+    engine_->WaitForIdle();
+    EXPECT_FALSE(nvme_->Find(Key(1))) << "its parent 100 is cached nowhere";
+    EXPECT_FALSE(nvme_->Find(Key(2))) << "its parent 1 was dropped";
+    EXPECT_TRUE(nvme_->Find(Key(3)));
+    EXPECT_TRUE(nvme_->Find(Key(4)));
+    auto c = Counters();
+    EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
+    EXPECT_EQ(c["nvme.admission.admitted"], 2);
+  }
+
   std::string dir_;
   FakeClock clock_;
   std::unique_ptr<MemoryDevice> memory_;
@@ -183,16 +200,7 @@ TEST_F(EngineAdmissionTest, ABlockWhoseParentIsHeldNowhereIsRefused) {
   ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, orphans, 0, 0).ok());
   ASSERT_TRUE(engine_->Enqueue(1, kNs, 2, held, 0, 0).ok());
   for (uint64_t i = 1; i <= 4; ++i) Put(i);
-  for (uint64_t i = 1; i <= 4; ++i) Use(i);
-  for (uint64_t i = 10; i < 18; ++i) Put(i);  // evicts 1..4 (LRU: 1 first)
-  engine_->WaitForIdle();
-  EXPECT_FALSE(nvme_->Find(Key(1)));
-  EXPECT_FALSE(nvme_->Find(Key(2))) << "its parent 1 was dropped";
-  EXPECT_TRUE(nvme_->Find(Key(3)));
-  EXPECT_TRUE(nvme_->Find(Key(4)));
-  auto c = Counters();
-  EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
-  EXPECT_EQ(c["nvme.admission.admitted"], 2);
+  ExpectOnlyTheRootedChainDemoted();
 }
 
 // Prefix closure without queue hints (issue 12, item 4.4): a put that names
@@ -214,16 +222,7 @@ TEST_F(EngineAdmissionTest, PutChainsGiveParentsWithoutQueueHints) {
     }
     for (const Status& s : engine_->Commit(1, kNs, keys, sizes)) ASSERT_TRUE(s.ok()) << s.ToString();
   }
-  for (uint64_t i = 1; i <= 4; ++i) Use(i);
-  for (uint64_t i = 10; i < 18; ++i) Put(i);  // evicts 1..4 (LRU: 1 first)
-  engine_->WaitForIdle();
-  EXPECT_FALSE(nvme_->Find(Key(1))) << "its parent 100 is cached nowhere";
-  EXPECT_FALSE(nvme_->Find(Key(2))) << "its parent 1 was dropped";
-  EXPECT_TRUE(nvme_->Find(Key(3)));
-  EXPECT_TRUE(nvme_->Find(Key(4)));
-  auto c = Counters();
-  EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
-  EXPECT_EQ(c["nvme.admission.admitted"], 2);
+  ExpectOnlyTheRootedChainDemoted();
 }
 
 TEST(LineageTest, LinksFromPutsKeepAQueueHintsConversation) {
