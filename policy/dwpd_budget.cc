@@ -51,7 +51,7 @@ void DwpdBudget::Recompute(uint64_t now_us) {
   // Refill at the old rate up to now first: the new rate applies from now.
   Refill(now_us);
   const double elapsed_s = double(now_us - start_us_) / 1e6;
-  const double allowance = daily_rate_ * (elapsed_s + kDaySeconds) - double(written_);
+  const double allowance = daily_rate_ * (elapsed_s + kDaySeconds) - std::max(double(written_), granted_);
   allowed_rate_ = std::clamp(allowance / kDaySeconds, 0.0, max_rate_);
   recomputed_us_ = now_us;
 }
@@ -77,12 +77,14 @@ bool DwpdBudget::TryTake(uint64_t bytes, uint64_t now_us) {
   Advance(now_us);
   if (tokens_ < double(bytes)) return false;
   tokens_ -= double(bytes);
+  granted_ += double(bytes);
   return true;
 }
 
 void DwpdBudget::Charge(uint64_t bytes, uint64_t now_us) {
   Advance(now_us);
   tokens_ -= double(bytes);
+  granted_ += double(bytes);
 }
 
 uint64_t DwpdBudget::written_today(uint64_t now_us) const {

@@ -4,8 +4,11 @@
 //   R    = share * capacity * DWPD * warranty_years / planned_years / 86400
 //          bytes/s: the daily rate the drive can take for the planned years.
 //   r(t) = clamp((R * (t - t0 + 86400) - W(t)) / 86400, 0, R_max), where
-//          W(t) is what the device actually wrote since t0 (headers, padding
-//          and reinsertions included), recomputed every update interval.
+//          W(t) is what the device wrote since t0 (headers, padding and
+//          reinsertions included), or what the bucket granted and charged
+//          if that is more (a granted write may still wait in a queue, so
+//          the device has not reported it), recomputed every update
+//          interval.
 //   A token bucket of `bucket_bytes` is refilled at r(t); an admitted write
 //   takes its bytes out of it or is refused (TryTake). Writes the device
 //   must do anyway (reinsertion at reclaim) are charged (Charge), which may
@@ -95,7 +98,8 @@ class DwpdBudget {
   double tokens_ = 0;
   uint64_t refilled_us_ = 0;
   uint64_t recomputed_us_ = 0;
-  uint64_t written_ = 0;          // W(t) as last reported
+  uint64_t written_ = 0;          // the device's W(t) as last reported
+  double granted_ = 0;            // bytes taken and charged since t0
   uint64_t written_at_day_ = 0;   // W at the start of the day it was last reported in
   uint64_t day_ = 0;              // that day's number since t0
 };

@@ -157,10 +157,13 @@ TEST(DwpdBudgetTest, CountsTodaysWritesAndProjectsTheDriveLife) {
 // it offers blocks of `block` record bytes while the bucket takes them. The
 // device also writes `overhead` of every admitted byte on its own
 // (reinsertion, padding): charged to the budget when `charged`, behind its
-// back otherwise. Returns W sampled once a minute.
-std::vector<uint64_t> HeavyLoad(const DwpdOptions& o, uint64_t block, double overhead, bool charged, uint64_t days) {
+// back otherwise. The device reports what it wrote `lag_s` seconds late
+// (granted writes still queued). Returns W sampled once a minute.
+std::vector<uint64_t> HeavyLoad(const DwpdOptions& o, uint64_t block, double overhead, bool charged, uint64_t days,
+                                uint64_t lag_s = 0) {
   DwpdBudget b(o, kStart);
   std::vector<uint64_t> w_per_minute{0};
+  std::vector<uint64_t> w_per_second{0};
   uint64_t written = 0;
   double extra = 0;
   for (uint64_t s = 1; s <= days * kDayS; ++s) {
@@ -174,7 +177,8 @@ std::vector<uint64_t> HeavyLoad(const DwpdOptions& o, uint64_t block, double ove
     extra -= double(whole);
     written += whole;
     if (charged && whole > 0) b.Charge(whole, now);
-    b.OnDeviceWritten(written, now);
+    w_per_second.push_back(written);
+    b.OnDeviceWritten(w_per_second[s >= lag_s ? s - lag_s : 0], now);
     if (s % 60 == 0) w_per_minute.push_back(written);
   }
   return w_per_minute;
@@ -189,9 +193,9 @@ std::vector<double> DayWindows(const std::vector<uint64_t>& w, size_t from = 0) 
   return out;
 }
 
-void ExpectEveryDayWithinBudget(const DwpdOptions& o, uint64_t block, double overhead) {
+void ExpectEveryDayWithinBudget(const DwpdOptions& o, uint64_t block, double overhead, uint64_t lag_s = 0) {
   const DwpdBudget reference(o, kStart);
-  const std::vector<double> windows = DayWindows(HeavyLoad(o, block, overhead, /*charged=*/true, 5));
+  const std::vector<double> windows = DayWindows(HeavyLoad(o, block, overhead, /*charged=*/true, 5, lag_s));
   const double limit = double(reference.budget_bytes_per_day() + reference.bucket_bytes());
   for (size_t m = 0; m < windows.size(); ++m) {
     ASSERT_LE(windows[m], limit) << "24 h window starting at minute " << m;
@@ -208,6 +212,16 @@ TEST(DwpdBudgetTest, AnyDayUnderHeavyLoadStaysWithinBudgetPlusOneBucket) {
 TEST(DwpdBudgetTest, ChargedOverheadIsPaidForOutOfTheSameBudget) {
   // 10% more written by the tier on its own (reinsertion), charged: within.
   ExpectEveryDayWithinBudget(SmallDrive(), 1 << 20, 0.10);
+}
+
+TEST(DwpdBudgetTest, GrantedWritesCountBeforeTheDeviceReportsThem) {
+  // The engine's demoter queues admitted writes, so the device's count lags
+  // the bucket's grants. A small bucket and a five-minute lag: the bound
+  // still holds, because r(t) counts what was granted, not only what landed.
+  DwpdOptions o = SmallDrive();
+  o.bucket_bytes = 2 << 20;
+  o.update_interval_us = 10 * kSecondUs;
+  ExpectEveryDayWithinBudget(o, 1 << 20, 0.0, /*lag_s=*/300);
 }
 
 TEST(DwpdBudgetTest, UnchargedOverheadLowersTheRateUntilTheAverageIsBackAtR) {
