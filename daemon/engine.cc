@@ -132,7 +132,7 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
+    if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       out.tiers.push_back(Tier::kHost);
       continue;
     }
@@ -177,8 +177,9 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
       std::lock_guard lock(shard.mu);
       auto [it, inserted] = shard.index.try_emplace(key);
       if (!inserted) {
-        grant.status = AlreadyExists(it->second.committed ? "block " + key.ToHex() + " is cached"
-                                                          : "block " + key.ToHex() + " is being written");
+        grant.status = AlreadyExists("block " + key.ToHex() + " is " +
+                                     (it->second.cached() ? "cached" : it->second.promoting() ? "being read in"
+                                                                                              : "being written"));
         continue;
       }
       it->second.ns = ns;
@@ -219,7 +220,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     {
       std::lock_guard lock(shard.mu);
       auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.committed || it->second.writer != connection ||
+      if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection ||
           it->second.ns != ns) {
         out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
                                     " is not reserved by this connection");
@@ -253,7 +254,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     }
     BlockEntry& entry = it->second;
     entry.checksum = checksum;
-    entry.committed = true;
+    entry.state = BlockState::kCommitted;
     entry.writer = 0;
     entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
     entry.last_use_us = now;
@@ -281,7 +282,10 @@ size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
 PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
                            uint64_t now_us) {
   BlockEntry& entry = shard.index.at(key);
-  if (entry.pins++ == 0) shard.policy->OnPin(entry.handle);
+  if (entry.pins++ == 0) {
+    shard.policy->OnPin(entry.handle);
+    entry.state = BlockState::kPinned;
+  }
   entry.hits++;
   if (EndPrefetched(shard, entry)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
   entry.last_use_us = now_us;
@@ -329,7 +333,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
     EngineShard& shard = *shards_[shard_index];
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it != shard.index.end() && it->second.committed && it->second.ns == ns) {
+    if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       if (layers.whole()) {
         batch->grants[i] = PinLocked(shard, shard_index, connection, key, now);
         continue;
@@ -374,7 +378,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
       read_layers.push_back(ToPromote{i, key, *below});
       continue;
     }
-    if (it != shard.index.end() && it->second.promoting && it->second.ns == ns) {
+    if (it != shard.index.end() && it->second.state == BlockState::kPromoting && it->second.ns == ns) {
       batch->outstanding.fetch_add(1, std::memory_order_relaxed);
       shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
       continue;
@@ -390,7 +394,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
     BlockEntry& entry = shard.index[key];
     entry.ns = ns;
     entry.size = below->info.payload_bytes;
-    entry.promoting = true;
+    entry.state = BlockState::kPromoting;
     batch->outstanding.fetch_add(1, std::memory_order_relaxed);
     shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
     promote.push_back(ToPromote{i, key, *below});
@@ -458,7 +462,7 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
-    if (it == shard.index.end() || !it->second.committed || it->second.ns != ns) continue;
+    if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
     it->second.hits++;
     if (EndPrefetched(shard, it->second)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
     it->second.last_use_us = now;
@@ -492,17 +496,18 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
     // tier's Erase below.
     bool moving = false;
     if (it != shard.index.end() && it->second.ns == ns) {
-      if (it->second.committed) {
+      if (it->second.cached()) {
         RemoveCommitted(shard, host_, it);
         found = true;
-      } else if (it->second.promoting) {
-        it->second.erased = true;
+      } else if (it->second.promoting()) {
+        it->second.state = BlockState::kErasedWhilePromoting;
         moving = true;
       }
     }
     auto demoting = shard.demoting.find(key);
     if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
-      demoting->second.erased = true;  // a write not started yet never starts, one done is undone
+      // A write not started yet never starts, one done is undone.
+      demoting->second.state = BlockState::kErasedWhileDemoting;
       moving = true;
     }
     for (const auto& b : below_) {
@@ -525,7 +530,9 @@ void Engine::CloseConnection(ConnectionId connection) {
     if (node.empty()) continue;
     for (const BlockKey& key : node.mapped().reserved) {
       auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.committed || it->second.writer != connection) continue;
+      if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection) {
+        continue;
+      }
       if (it->second.allocated) host_.Free(it->second.extent);
       shard.index.erase(it);
     }

@@ -62,8 +62,7 @@
 
 namespace kvtier {
 
-
-using ConnectionId = uint64_t;
+using ConnectionId = uint64_t;  // also in daemon/block_entry.h
 using LeaseId = uint64_t;
 
 struct EngineOptions {

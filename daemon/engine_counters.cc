@@ -7,22 +7,26 @@
 namespace kvtier {
 
 void Engine::VisitCounters(CounterVisitor& v) const {
-  int64_t blocks = 0, pinned = 0, reserved = 0, zombies = 0, leases = 0, stored = 0;
+  int64_t blocks = 0, pinned = 0, reserved = 0, promoting = 0, demoting = 0, zombies = 0, leases = 0, stored = 0;
   for (const auto& shard_ptr : shards_) {
     std::lock_guard lock(shard_ptr->mu);
     blocks += static_cast<int64_t>(shard_ptr->committed.size());
     zombies += static_cast<int64_t>(shard_ptr->zombies.size());
     leases += static_cast<int64_t>(shard_ptr->leases.size());
     stored += static_cast<int64_t>(shard_ptr->stored_bytes);
+    demoting += static_cast<int64_t>(shard_ptr->demoting.size());
     for (const auto& [key, entry] : shard_ptr->index) {
-      if (!entry.committed) ++reserved;
-      else if (entry.pins > 0) ++pinned;
+      if (entry.state == BlockState::kReserved) ++reserved;
+      if (entry.state == BlockState::kPinned) ++pinned;
+      if (entry.promoting()) ++promoting;
     }
   }
   v.Visit("engine.blocks", blocks);
   v.Visit("engine.stored_bytes", stored);
   v.Visit("engine.pinned_blocks", pinned);
   v.Visit("engine.reserved_blocks", reserved);
+  v.Visit("engine.promoting_blocks", promoting);
+  v.Visit("engine.demoting_blocks", demoting);
   v.Visit("engine.zombie_blocks", zombies);
   v.Visit("engine.leases", leases);
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };

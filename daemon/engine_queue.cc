@@ -172,7 +172,7 @@ size_t Engine::Prefetch() {
         EngineShard& shard = ShardFor(key);
         std::lock_guard lock(shard.mu);
         auto it = shard.index.find(key);
-        if (it != shard.index.end() && it->second.ns == q.ns && (it->second.committed || it->second.promoting)) {
+        if (it != shard.index.end() && it->second.ns == q.ns && (it->second.cached() || it->second.promoting())) {
           b.place = BlockPlace::kHost;
         }
       }
@@ -218,7 +218,7 @@ size_t Engine::Prefetch() {
       BlockEntry& entry = shard.index[a.key];
       entry.ns = ns;
       entry.size = below->info.payload_bytes;
-      entry.promoting = true;
+      entry.state = BlockState::kPromoting;
       entry.prefetched = true;
       shard.prefetched_bytes += entry.size;
     }

@@ -6,7 +6,9 @@ namespace kvtier {
 
 bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection, const BlockKey& key) {
   auto it = shard.index.find(key);
-  if (it == shard.index.end() || it->second.committed || it->second.writer != connection) return false;
+  if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection) {
+    return false;
+  }
   if (it->second.allocated) host.Free(it->second.extent);
   shard.index.erase(it);
   auto s = shard.connections.find(connection);
@@ -16,16 +18,19 @@ bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection
 
 uint64_t Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {
   auto it = shard.index.find(lease.key);
-  if (it != shard.index.end() && it->second.committed && it->second.handle == lease.handle) {
-    KVTIER_CHECK(it->second.pins > 0, "unpin of an unpinned block");
-    if (--it->second.pins == 0) shard.policy->OnUnpin(lease.handle, now_us);
+  if (it != shard.index.end() && it->second.cached() && it->second.handle == lease.handle) {
+    KVTIER_CHECK(it->second.state == BlockState::kPinned && it->second.pins > 0, "unpin of an unpinned block");
+    if (--it->second.pins == 0) {
+      shard.policy->OnUnpin(lease.handle, now_us);
+      it->second.state = BlockState::kCommitted;
+    }
     return 0;
   }
   auto z = shard.zombies.find(lease.handle);
   KVTIER_CHECK(z != shard.zombies.end(), "lease refers to no block");
   KVTIER_CHECK(z->second.pins > 0, "unpin of an unpinned zombie");
   if (--z->second.pins != 0) return 0;
-  const uint64_t transient = z->second.transient ? z->second.size : 0;
+  const uint64_t transient = z->second.state == BlockState::kLayerRead ? z->second.size : 0;
   host.Free(z->second.extent);
   shard.zombies.erase(z);
   return transient;
@@ -63,6 +68,7 @@ void RemoveCommitted(EngineShard& shard, HostTier& host,
   shard.committed.erase(entry.handle);
   shard.stored_bytes -= entry.size;
   if (entry.pins > 0) {
+    entry.state = BlockState::kErasedWhilePinned;
     shard.zombies.emplace(entry.handle, std::move(entry));
   } else {
     host.Free(entry.extent);

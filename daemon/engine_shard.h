@@ -14,32 +14,13 @@
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/block_entry.h"
 #include "daemon/engine.h"
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
-
-// One cached (or being written) block in the host tier.
-struct BlockEntry {
-  NamespaceFingerprint ns;
-  HostTier::Extent extent;  // valid when allocated
-  uint64_t size = 0;        // bytes the writer reserved (<= extent.length)
-  uint64_t checksum = 0;    // xxh3-64, set at commit
-  ConnectionId writer = 0;     // the reserving connection while not committed
-  bool allocated = false;
-  bool committed = false;
-  bool promoting = false;   // being read in from a tier below (invisible)
-  bool erased = false;      // erased while promoting: the promotion ends as a miss
-  bool transient = false;   // a layer read's space (a zombie): counts in the engine's layer-read pool
-  bool published = false;   // in the host tier's block directory (committed only)
-  bool prefetched = false;  // read in by Prefetch and not used since: counts against its budget
-  uint32_t pins = 0;        // live leases; > 0 means never evicted
-  uint64_t hits = 0;
-  uint64_t last_use_us = 0;
-  BlockHandle handle = 0;   // the policy's id, set at commit
-};
 
 // One PinAsync call: its grants fill in as keys resolve; the last key to
 // resolve (outstanding reaches 0) runs `done`.
@@ -86,7 +67,8 @@ struct EngineShard {
   struct Demoting {
     NamespaceFingerprint ns;
     size_t level = 0;  // the tier below being written
-    bool erased = false;  // Erase came meanwhile: nothing of it may stay
+    // kDemoting, or kErasedWhileDemoting once an Erase came: nothing of it may stay.
+    BlockState state = BlockState::kDemoting;
     std::vector<std::function<void()>> waiters;
   };
   std::unordered_map<BlockKey, Demoting> demoting;

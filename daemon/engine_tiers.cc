@@ -42,8 +42,8 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       BlockEntry entry;
       entry.extent = extent;
       entry.size = bytes;
+      entry.state = BlockState::kLayerRead;
       entry.allocated = true;
-      entry.transient = true;
       entry.pins = 1;
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
@@ -131,17 +131,16 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
     auto node = shard.promotion_waiters.extract(key);
     if (!node.empty()) waiters = std::move(node.mapped());
     auto it = shard.index.find(key);
-    KVTIER_CHECK(it != shard.index.end() && it->second.promoting, "promotion lost its entry");
+    KVTIER_CHECK(it != shard.index.end() && it->second.promoting(), "promotion lost its entry");
     BlockEntry& entry = it->second;
     prefetched = entry.prefetched;
-    if (status.ok() && entry.erased) {
+    if (status.ok() && entry.state == BlockState::kErasedWhilePromoting) {
       status = NotFound("block " + key.ToHex() + " was erased during its promotion");
     }
     if (status.ok()) {
-      entry.promoting = false;
+      entry.state = BlockState::kCommitted;  // kPinned with the waiters' pins below
       entry.extent = extent;
       entry.allocated = true;
-      entry.committed = true;
       entry.checksum = checksum;
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       entry.last_use_us = now;
@@ -255,7 +254,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   auto key = shard.committed.find(candidate->handle);
   KVTIER_CHECK(key != shard.committed.end(), "policy names an unknown block");
   auto it = shard.index.find(key->second);
-  KVTIER_CHECK(it != shard.index.end() && it->second.pins == 0, "victim is pinned or missing");
+  KVTIER_CHECK(it != shard.index.end() && it->second.state == BlockState::kCommitted, "victim is pinned or missing");
   facts.uses = it->second.hits;
   Bump(counters_.evictions);
   if (evicted_bytes != nullptr) *evicted_bytes = it->second.extent.length;
@@ -419,7 +418,7 @@ bool Engine::DemotionErased(const BlockKey& key) {
   EngineShard& shard = ShardFor(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.demoting.find(key);
-  return it != shard.demoting.end() && it->second.erased;
+  return it != shard.demoting.end() && it->second.state == BlockState::kErasedWhileDemoting;
 }
 
 void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
@@ -448,7 +447,7 @@ void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
     auto node = shard.demoting.extract(key);
     if (!node.empty()) {
       waiters = std::move(node.mapped().waiters);
-      if (node.mapped().erased && written.ok()) below_[node.mapped().level]->tier->Erase(key).IgnoreError();
+      if (node.mapped().state == BlockState::kErasedWhileDemoting && written.ok()) below_[node.mapped().level]->tier->Erase(key).IgnoreError();
     }
   }
   for (auto& retry : waiters) retry();

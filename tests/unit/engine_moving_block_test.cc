@@ -108,6 +108,53 @@ TEST_F(EngineMovingBlockTest, EraseDuringPromotionLeavesTheBlockInNoTier) {
   EXPECT_FALSE(Anywhere(key)) << "the erased block came back when its promotion landed";
 }
 
+// Each block is in one state, and the engine's counters count each state
+// on its own: a reservation, a pinned block, a promotion and a demotion in
+// flight are told apart (a promotion is not a reservation).
+TEST_F(EngineMovingBlockTest, CountersTellEveryBlockStateApart) {
+  for (uint64_t i = 0; i < kHostBlocks + 1; ++i) ASSERT_TRUE(Put(i).ok());  // 0 goes to NVMe
+  engine_->WaitForIdle();
+  const BlockKey promoted = Key(0);
+  const BlockKey pinned = Key(kHostBlocks);
+  auto lease = engine_->Pin(1, kNs, {&pinned, 1});
+  ASSERT_TRUE(lease[0].status.ok());
+  device_->HoldReads();
+  std::promise<std::vector<PinGrant>> promotion;
+  engine_->PinAsync(3, kNs, {promoted}, [&](std::vector<PinGrant> g) { promotion.set_value(std::move(g)); });
+  ASSERT_GE(device_->held_reads(), 1u);
+  auto c = Counters();
+  EXPECT_EQ(c["engine.promoting_blocks"], 1);
+  EXPECT_EQ(c["engine.reserved_blocks"], 0) << "a promotion is not a reservation";
+  EXPECT_EQ(c["engine.pinned_blocks"], 1);
+  device_->ReleaseReads();
+  std::vector<PinGrant> grants = promotion.get_future().get();
+  ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
+  engine_->WaitForIdle();  // the promotion's victim has reached NVMe
+  c = Counters();
+  EXPECT_EQ(c["engine.promoting_blocks"], 0);
+  EXPECT_EQ(c["engine.pinned_blocks"], 2);
+  // A demotion held at the device: demoting, in neither index meanwhile.
+  device_->HoldWrites();
+  const BlockKey reserved = Key(100);
+  const uint64_t size = kBlockBytes;
+  auto slot = engine_->Reserve(4, kNs, {&reserved, 1}, {&size, 1});  // evicts the oldest unpinned block
+  ASSERT_TRUE(slot[0].status.ok()) << slot[0].status.ToString();
+  ASSERT_EQ(device_->held_writes(), 1u);
+  c = Counters();
+  EXPECT_EQ(c["engine.demoting_blocks"], 1);
+  EXPECT_EQ(c["engine.reserved_blocks"], 1);
+  device_->ReleaseWrites();
+  engine_->WaitForIdle();
+  c = Counters();
+  EXPECT_EQ(c["engine.demoting_blocks"], 0);
+  // Released leases turn pinned blocks back into committed ones.
+  engine_->Release(1, {&lease[0].lease, 1});
+  engine_->Release(3, {&grants[0].lease, 1});
+  EXPECT_EQ(Counters()["engine.pinned_blocks"], 0);
+  EXPECT_EQ(engine_->Abort(4, {&reserved, 1}), 1u);
+  EXPECT_EQ(Counters()["engine.reserved_blocks"], 0);
+}
+
 TEST_F(EngineMovingBlockTest, BytesChangedAfterCommitAreNeverPersistedAsValid) {
   for (uint64_t i = 0; i < kHostBlocks; ++i) ASSERT_TRUE(Put(i).ok());
   // A client scribbles on block 0 after its commit (it still has the
