@@ -31,7 +31,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       demoter_(std::make_unique<Mover>("engine.demoter", 1, options.demotion_buffer_bytes, kMoverJobs)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)) {
   for (uint32_t i = 0; i < options.shards; ++i) {
-    shards_.push_back(std::make_unique<EngineShard>(MakeEvictionPolicy(options.eviction)));
+    shards_.push_back(std::make_unique<EngineShard>(shards_.size(), MakeEvictionPolicy(options.eviction)));
   }
 }
 
@@ -185,7 +185,7 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
       it->second.ns = ns;
       it->second.size = sizes[i];
       it->second.writer = connection;
-      shard.connections[connection].reserved.insert(key);
+      shard.reserved[connection].insert(key);
     }
     Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
     std::lock_guard lock(shard.mu);
@@ -193,7 +193,7 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     if (!extent.ok()) {
       shard.index.erase(it);
-      shard.connections[connection].reserved.erase(key);
+      EndReservation(shard, connection, key);
       grant.status = extent.status();
       Bump(counters_.reserve_failures);
       continue;
@@ -261,7 +261,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     shard.committed.emplace(entry.handle, key);
     shard.policy->OnInsertKeyed(entry.handle, key, now);
     shard.stored_bytes += entry.size;
-    shard.connections[connection].reserved.erase(key);
+    EndReservation(shard, connection, key);
     Publish(host_, key, entry);
     Bump(counters_.commits);
   }
@@ -279,7 +279,7 @@ size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   return aborted;
 }
 
-PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
+PinGrant Engine::PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key,
                            uint64_t now_us) {
   BlockEntry& entry = shard.index.at(key);
   if (entry.pins++ == 0) {
@@ -289,9 +289,7 @@ PinGrant Engine::PinLocked(EngineShard& shard, size_t shard_index, ConnectionId 
   entry.hits++;
   if (EndPrefetched(shard, entry)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
   entry.last_use_us = now_us;
-  const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
-  shard.leases.emplace(lease, LeaseRecord{connection, key, entry.handle});
-  shard.connections[connection].leases.insert(lease);
+  const LeaseId lease = shard.leases.Grant(connection, key, entry.handle);
   Bump(counters_.pins);
   return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
 }
@@ -329,13 +327,12 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
   std::vector<ToPromote> promote, read_layers;
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
-    const size_t shard_index = ShardIndex(key);
-    EngineShard& shard = *shards_[shard_index];
+    EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       if (layers.whole()) {
-        batch->grants[i] = PinLocked(shard, shard_index, connection, key, now);
+        batch->grants[i] = PinLocked(shard, connection, key, now);
         continue;
       }
       const NamespaceLayout layout = LayoutOf(ns, it->second.size);
@@ -344,7 +341,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
         continue;
       }
       const uint64_t layer_bytes = it->second.size / layout.layer_count;
-      PinGrant grant = PinLocked(shard, shard_index, connection, key, now);
+      PinGrant grant = PinLocked(shard, connection, key, now);
       grant.offset += layers.first * layer_bytes;
       grant.length = (layers.last - layers.first) * layer_bytes;
       grant.checksum = 0;
@@ -427,7 +424,7 @@ std::vector<Status> Engine::Release(ConnectionId connection, std::span<const Lea
   const uint64_t now = clock_.NowUs();
   for (size_t i = 0; i < leases.size(); ++i) {
     const LeaseId lease = leases[i];
-    const size_t shard_index = lease & ((1u << kLeaseShardBits) - 1);
+    const size_t shard_index = LeaseShard(lease);
     Bump(counters_.releases);
     if (shard_index >= shards_.size()) {
       out[i] = NotFound("lease " + std::to_string(lease) + " is not held (unknown or already released)");
@@ -436,21 +433,13 @@ std::vector<Status> Engine::Release(ConnectionId connection, std::span<const Lea
     }
     EngineShard& shard = *shards_[shard_index];
     std::lock_guard lock(shard.mu);
-    auto it = shard.leases.find(lease);
-    if (it == shard.leases.end()) {
-      out[i] = NotFound("lease " + std::to_string(lease) + " is not held (unknown or already released)");
+    Result<LeaseRecord> record = shard.leases.Take(connection, lease);
+    if (!record.ok()) {
+      out[i] = record.status();
       Bump(counters_.release_failures);
       continue;
     }
-    if (it->second.connection != connection) {
-      out[i] = PermissionDenied("lease " + std::to_string(lease) + " belongs to another connection");
-      Bump(counters_.release_failures);
-      continue;
-    }
-    LeaseRecord record = it->second;
-    shard.leases.erase(it);
-    shard.connections[connection].leases.erase(lease);
-    EndTransient(Unpin(shard, host_, record, now));
+    EndTransient(Unpin(shard, host_, *record, now));
   }
   return out;
 }
@@ -526,23 +515,18 @@ void Engine::CloseConnection(ConnectionId connection) {
   for (auto& shard_ptr : shards_) {
     EngineShard& shard = *shard_ptr;
     std::lock_guard lock(shard.mu);
-    auto node = shard.connections.extract(connection);
-    if (node.empty()) continue;
-    for (const BlockKey& key : node.mapped().reserved) {
-      auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection) {
-        continue;
+    auto node = shard.reserved.extract(connection);
+    if (!node.empty()) {
+      for (const BlockKey& key : node.mapped()) {
+        auto it = shard.index.find(key);
+        if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection) {
+          continue;
+        }
+        if (it->second.allocated) host_.Free(it->second.extent);
+        shard.index.erase(it);
       }
-      if (it->second.allocated) host_.Free(it->second.extent);
-      shard.index.erase(it);
     }
-    for (LeaseId lease : node.mapped().leases) {
-      auto it = shard.leases.find(lease);
-      if (it == shard.leases.end()) continue;
-      LeaseRecord record = it->second;
-      shard.leases.erase(it);
-      EndTransient(Unpin(shard, host_, record, now));
-    }
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(Unpin(shard, host_, record, now));
   }
   Bump(counters_.connections_closed);
 }

@@ -296,8 +296,7 @@ class Engine {
   EngineShard& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
   // Pins the committed `entry` of `key` for `connection`. Caller holds the shard lock.
-  PinGrant PinLocked(EngineShard& shard, size_t shard_index, ConnectionId connection, const BlockKey& key,
-                     uint64_t now_us);
+  PinGrant PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us);
   // Reads `key` from the tier it was found in into new arena space, then
   // pins it for its waiters. Runs without locks. A tier out of read
   // staging (Busy) is tried again on the reader until `deadline`, then the
@@ -435,7 +434,6 @@ class Engine {
     Engine* engine = nullptr;  // guarded by mu
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
-  std::atomic<uint64_t> next_lease_{1};
   std::atomic<uint64_t> next_handle_{1};
   std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
 

@@ -11,9 +11,15 @@ bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection
   }
   if (it->second.allocated) host.Free(it->second.extent);
   shard.index.erase(it);
-  auto s = shard.connections.find(connection);
-  if (s != shard.connections.end()) s->second.reserved.erase(key);
+  EndReservation(shard, connection, key);
   return true;
+}
+
+void EndReservation(EngineShard& shard, ConnectionId connection, const BlockKey& key) {
+  auto held = shard.reserved.find(connection);
+  if (held == shard.reserved.end()) return;
+  held->second.erase(key);
+  if (held->second.empty()) shard.reserved.erase(held);
 }
 
 uint64_t Unpin(EngineShard& shard, HostTier& host, const LeaseRecord& lease, uint64_t now_us) {

@@ -16,6 +16,7 @@
 
 #include "daemon/block_entry.h"
 #include "daemon/engine.h"
+#include "daemon/lease_table.h"
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
 #include "tiers/host/host_tier.h"
@@ -37,19 +38,9 @@ struct PromotionWaiter {
   size_t index = 0;
 };
 
-struct LeaseRecord {
-  ConnectionId connection = 0;
-  BlockKey key;
-  BlockHandle handle = 0;
-};
-
-struct ConnectionRecord {
-  std::unordered_set<BlockKey> reserved;
-  std::unordered_set<LeaseId> leases;
-};
 
 struct EngineShard {
-  explicit EngineShard(std::unique_ptr<EvictionPolicy> p) : policy(std::move(p)) {}
+  EngineShard(size_t shard_index, std::unique_ptr<EvictionPolicy> p) : leases(shard_index), policy(std::move(p)) {}
 
   std::mutex mu;
   // All members below are guarded by mu.
@@ -58,8 +49,9 @@ struct EngineShard {
   std::unordered_map<BlockHandle, BlockEntry> zombies;
   // Committed blocks by handle (what the policy names as victims).
   std::unordered_map<BlockHandle, BlockKey> committed;
-  std::unordered_map<LeaseId, LeaseRecord> leases;
-  std::unordered_map<ConnectionId, ConnectionRecord> connections;
+  LeaseTable leases;
+  // Each connection's reservations (kReserved entries it wrote).
+  std::unordered_map<ConnectionId, std::unordered_set<BlockKey>> reserved;
   // Pins waiting per block being promoted.
   std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters;
   // Blocks evicted to NVMe whose write is still in flight (in neither
@@ -77,8 +69,6 @@ struct EngineShard {
   uint64_t prefetched_bytes = 0;           // sizes of entries with `prefetched` (being read or resident)
 };
 
-// Lease ids carry their shard in the low bits, so Release locks one shard.
-constexpr int kLeaseShardBits = 8;
 
 inline void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
   counter.fetch_add(by, std::memory_order_relaxed);
@@ -95,6 +85,8 @@ inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGra
 // Removes `key`'s reservation by `connection` from `shard`, freeing its space.
 // Returns false if there was no such reservation.
 bool DropReservation(EngineShard& shard, HostTier& host, ConnectionId connection, const BlockKey& key);
+// Forgets `key` among `connection`'s reservations (committed or dropped).
+void EndReservation(EngineShard& shard, ConnectionId connection, const BlockKey& key);
 // Drops one pin of the block `lease` refers to, freeing a zombie when its
 // last pin goes. The caller has removed the lease record. Returns the bytes
 // of a transient layer read it freed (to return to the engine's pool), else 0.

@@ -36,8 +36,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     if (status.ok()) {
       // The transient extent lives as an invisible (zombie) entry held by
       // one lease: the last Release, or the connection's end, frees it.
-      const size_t shard_index = ShardIndex(key);
-      EngineShard& shard = *shards_[shard_index];
+      EngineShard& shard = ShardFor(key);
       std::lock_guard lock(shard.mu);
       BlockEntry entry;
       entry.extent = extent;
@@ -46,9 +45,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       entry.allocated = true;
       entry.pins = 1;
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
-      const LeaseId lease = (next_lease_.fetch_add(1, std::memory_order_relaxed) << kLeaseShardBits) | shard_index;
-      shard.leases.emplace(lease, LeaseRecord{batch->connection, key, entry.handle});
-      shard.connections[batch->connection].leases.insert(lease);
+      const LeaseId lease = shard.leases.Grant(batch->connection, key, entry.handle);
       shard.zombies.emplace(entry.handle, std::move(entry));
       grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0};
       Bump(counters_.pins);
@@ -120,8 +117,7 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
 }
 
 void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum) {
-  const size_t shard_index = ShardIndex(key);
-  EngineShard& shard = *shards_[shard_index];
+  EngineShard& shard = ShardFor(key);
   const uint64_t now = clock_.NowUs();
   std::vector<PromotionWaiter> waiters;
   std::vector<PinGrant> grants;
@@ -148,7 +144,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       shard.policy->OnInsertKeyed(entry.handle, key, now);
       shard.stored_bytes += entry.size;
       Publish(host_, key, entry);
-      for (const auto& w : waiters) grants.push_back(PinLocked(shard, shard_index, w.batch->connection, key, now));
+      for (const auto& w : waiters) grants.push_back(PinLocked(shard, w.batch->connection, key, now));
       Bump(counters_.promotions);
     } else {
       EndPrefetched(shard, entry);
