@@ -16,7 +16,7 @@
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
 //   committed + Pin -> [pinned: never evicted] -> Release -> committed
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
-// A connection's uncommitted reservations and leases die with CloseSession.
+// A connection's uncommitted reservations and leases die with CloseConnection.
 //
 // Placement with tiers below the host:
 // - Demotion: an evicted host block goes to the first tier below whose

@@ -1,5 +1,5 @@
 // PendingResponse: hands a response produced on any thread (an NVMe
-// completion) to a session coroutine, or straight back when it was produced
+// completion) to a connection coroutine, or straight back when it was produced
 // inline (TryTake: no suspension, no hop through the executor).
 //
 //   auto pending = std::make_shared<PendingResponse>();

@@ -1,5 +1,5 @@
 // Conversions between generated protobuf types and the public kvtier types
-// (include/kvtier only). Both wire adapters -- the daemon's sessions and the
+// (include/kvtier only). Both wire adapters -- the daemon's connections and the
 // client library -- use them; the engine, tiers and policies never see
 // generated types.
 #pragma once
