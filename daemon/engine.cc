@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine_shard.h"
+#include "daemon/host_block_tier.h"
 
 namespace kvtier {
 namespace {
@@ -29,7 +30,9 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       prefetch_min_blocks_(options.prefetch_min_blocks),
       verify_commits_(options.verify_commits),
       demoter_(std::make_unique<Mover>("engine.demoter", 1, options.demotion_buffer_bytes, kMoverJobs)),
-      reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)) {
+      reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
+      host_block_tier_(std::make_unique<HostBlockTier>(*this)),
+      host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<EngineShard>(shards_.size(), MakeEvictionPolicy(options.eviction)));
   }
@@ -119,6 +122,8 @@ std::optional<Engine::Located> Engine::FindBelow(const BlockKey& key, const Name
   }
   return std::nullopt;
 }
+
+BlockTier& Engine::host_tier() { return *host_block_tier_; }
 
 void Engine::WaitForIdle() {
   std::unique_lock lock(io_mu_);

@@ -64,6 +64,9 @@ namespace kvtier {
 
 using ConnectionId = uint64_t;  // also in daemon/block_entry.h
 using LeaseId = uint64_t;
+// The connection the host tier's BlockTier face (HostBlockTier) reserves
+// and pins under; the server numbers its connections from 1 upwards.
+constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};
 
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
@@ -157,6 +160,7 @@ struct LowerTier {
 
 struct EngineShard;
 struct PinBatch;
+class HostBlockTier;
 
 class Engine {
  public:
@@ -279,9 +283,15 @@ class Engine {
   // started.
   size_t Prefetch();
 
+  // The host tier through the BlockTier interface (daemon/host_block_tier.h):
+  // for a tier stacked above it, tools and the tier contract tests.
+  BlockTier& host_tier();
+
   void VisitCounters(CounterVisitor& v) const;
 
  private:
+  friend class HostBlockTier;  // the host tier's BlockTier face works on the index
+
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
   // A block found below the host tier: the highest tier holding it.
@@ -466,6 +476,10 @@ class Engine {
   // queue work for them.
   std::unique_ptr<Mover> demoter_;
   std::unique_ptr<Mover> reader_;
+  // The host tier's BlockTier face (host_block_tier.h) and the mover its
+  // completions run on (destroyed, so joined, before the face).
+  std::unique_ptr<HostBlockTier> host_block_tier_;
+  std::unique_ptr<Mover> host_io_;
 };
 
 }  // namespace kvtier

@@ -3,6 +3,7 @@
 // engine (host tier, movers, each tier and its admission).
 #include "daemon/engine.h"
 #include "daemon/engine_shard.h"
+#include "daemon/host_block_tier.h"
 
 namespace kvtier {
 
@@ -76,6 +77,8 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.prefetch_plans_busy", load(counters_.prefetch_plans_busy));
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);
+  host_io_->VisitCounters(v);
+  host_block_tier_->VisitCounters(v);
   // Per tier below: engine.<tier>_read_bytes_per_s (promotion reads, a
   // moving average), engine.<tier>_lookup_hits, blocks demoted into it from
   // a lower tier's evictions, and its evicted blocks no tier took.

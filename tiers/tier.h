@@ -1,7 +1,8 @@
-// BlockTier: what every tier below the host arena offers the engine (NVMe,
-// and the remote and test tiers to come). The engine keeps an ordered stack
-// of them under the host tier and moves blocks between adjacent ones
-// (daemon/engine.h); it never names a concrete tier. A tier stores bytes
+// BlockTier: what every tier offers (host, NVMe, and the remote and test
+// tiers). The engine keeps an ordered stack of them under the host tier and
+// moves blocks between adjacent ones (daemon/engine.h); it never names a
+// concrete tier. The host tier, which the engine indexes itself, offers
+// this face through Engine::host_tier() (daemon/host_block_tier.h). A tier stores bytes
 // and reports usage: it decides nothing (admission and eviction order are
 // policies the engine runs, policy/).
 //
