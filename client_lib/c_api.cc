@@ -232,19 +232,37 @@ int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* d
   });
 }
 
+namespace {
+
+// kvtier_put_batch and kvtier_put_chain: the batch, with `links`.
+int PutBatch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
+             const size_t* lens, size_t n, int* statuses, const kvtier::ChainLinks& links) {
+  if (client == nullptr) return Missing("client");
+  if (n > 0 && (keys == nullptr || data == nullptr || lens == nullptr || statuses == nullptr)) {
+    return Missing("keys, data, lens or statuses");
+  }
+  if (kvtier::Status s = kvtier::CheckNamespace(*client, ns); !s.ok()) return Report(s);
+  std::vector<std::span<const std::byte>> spans;
+  for (size_t i = 0; i < n; ++i) spans.emplace_back(static_cast<const std::byte*>(data[i]), lens[i]);
+  auto outcomes = client->client->PutBatch(ns, kvtier::ToKeys(keys, n), spans, links);
+  kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+  return KVTIER_OK;
+}
+
+}  // namespace
+
 int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
                      const void* const* data, const size_t* lens, size_t n, int* statuses) {
+  return Guard([&] { return PutBatch(client, ns, keys, data, lens, n, statuses, {}); });
+}
+
+int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     const void* const* data, const size_t* lens, size_t n, const kvtier_key* parent,
+                     int* statuses) {
   return Guard([&] {
-    if (client == nullptr) return Missing("client");
-    if (n > 0 && (keys == nullptr || data == nullptr || lens == nullptr || statuses == nullptr)) {
-      return Missing("keys, data, lens or statuses");
-    }
-    if (kvtier::Status s = kvtier::CheckNamespace(*client, ns); !s.ok()) return Report(s);
-    std::vector<std::span<const std::byte>> spans;
-    for (size_t i = 0; i < n; ++i) spans.emplace_back(static_cast<const std::byte*>(data[i]), lens[i]);
-    auto outcomes = client->client->PutBatch(ns, kvtier::ToKeys(keys, n), spans);
-    kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
-    return KVTIER_OK;
+    kvtier::ChainLinks links{true, std::nullopt};
+    if (parent != nullptr) links.parent = kvtier::ToKey(*parent);
+    return PutBatch(client, ns, keys, data, lens, n, statuses, links);
   });
 }
 

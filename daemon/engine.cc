@@ -162,7 +162,10 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
                                        std::span<const BlockKey> keys,
                                        std::span<const uint64_t> sizes, const ReserveChain& links) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Reserve: keys and sizes differ in length");
-  if (links.chain) lineage_.RecordLinks(keys, links.parent);
+  if (links.chain) {
+    lineage_.RecordLinks(keys, links.parent);
+    Bump(counters_.chain_links, static_cast<int64_t>(keys.size()));
+  }
   std::vector<SlotGrant> grants(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
@@ -269,6 +272,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     EndReservation(shard, connection, key);
     Publish(host_, key, entry);
     Bump(counters_.commits);
+    if (!checksums.empty()) Bump(counters_.commit_checksums_sent);
   }
   return out;
 }

@@ -466,6 +466,8 @@ class Engine {
     std::atomic<int64_t> promotion_retries{0}, prefetch_plans_busy{0};
     std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
+    std::atomic<int64_t> chain_links{0};            // keys reserved with their chain links (lineage)
+    std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent
   };
   mutable Counters counters_;
 

@@ -32,6 +32,8 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.leases", leases);
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
   v.Visit("engine.lookups", load(counters_.lookups));
+  v.Visit("engine.chain_links", load(counters_.chain_links));
+  v.Visit("engine.commit_checksums_sent", load(counters_.commit_checksums_sent));
   v.Visit("engine.lookup_keys", load(counters_.lookup_keys));
   v.Visit("engine.lookup_hit_blocks", load(counters_.lookup_hit_blocks));
   v.Visit("engine.reserves", load(counters_.reserves));

@@ -168,6 +168,15 @@ int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* d
 int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
                      const void* const* data, const size_t* lens, size_t n, int* statuses);
 
+// kvtier_put_batch for n consecutive blocks of one prefix chain, root
+// first (keys[i-1] is keys[i]'s parent); `parent`, if not NULL, is the
+// block before keys[0] (the last block of the cached prefix a prefill
+// extended). The daemon keeps these links for its SSD admission, which
+// never writes a block whose prefix is cached nowhere (kvtier::ChainLinks).
+int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
+                     const void* const* data, const size_t* lens, size_t n, const kvtier_key* parent,
+                     int* statuses);
+
 // Copies the block into `dst` (capacity bytes) and sets `*len` to its length.
 // KVTIER_NOT_FOUND on a miss; KVTIER_INVALID_ARGUMENT if the block is larger
 // than `capacity` (`*len` is then 0); KVTIER_CORRUPTION on a checksum

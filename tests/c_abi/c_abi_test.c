@@ -320,6 +320,36 @@ static void TestBatches(kvtier_client* c, const kvtier_key keys[kBlocks]) {
   CHECK(strlen(kvtier_last_error()) > 0);
 }
 
+/* A chained put stores its blocks like a batch and hands the daemon their
+ * links (counted as engine.chain_links); a plain batch hands none. */
+static void TestPutChain(kvtier_client* c, const kvtier_namespace* ns) {
+  static uint8_t blocks[2][kBlockBytes];
+  uint32_t tokens[3 * kBlockTokens];
+  kvtier_key chain[3];
+  size_t count = 0, len = 0, lens[2] = {kBlockBytes, kBlockBytes}, i;
+  const void* src[2];
+  int statuses[2] = {-1, -1};
+  int64_t links_before = -1, links_after = -1;
+  for (i = 0; i < 3 * kBlockTokens; ++i) tokens[i] = (uint32_t)(50000 + i); /* a prompt of its own */
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, 3 * kBlockTokens, chain, 3, &count), KVTIER_OK);
+  CHECK(count == 3);
+  FillBlock(blocks[0], kBlockBytes, chain[1], 1);
+  FillBlock(blocks[1], kBlockBytes, chain[2], 2);
+  src[0] = blocks[0];
+  src[1] = blocks[1];
+  CHECK_CODE(kvtier_stat(c, "engine.chain_links", &links_before), KVTIER_OK);
+  /* chain[0] is the cached prefix this "prefill" extended. */
+  CHECK_CODE(kvtier_put_chain(c, 0, &chain[1], src, lens, 2, &chain[0], statuses), KVTIER_OK);
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+  CHECK_CODE(kvtier_stat(c, "engine.chain_links", &links_after), KVTIER_OK);
+  CHECK(links_after == links_before + 2);
+  memset(blocks[1], 0, kBlockBytes);
+  CHECK_CODE(kvtier_get(c, 0, chain[2], blocks[1], kBlockBytes, &len), KVTIER_OK);
+  CHECK(BlockMatches(blocks[1], len, chain[2], 2));
+  CHECK_CODE(kvtier_put_chain(c, 0, chain, NULL, lens, 2, NULL, statuses), KVTIER_INVALID_ARGUMENT);
+  CHECK(strlen(kvtier_last_error()) > 0);
+}
+
 static void TestPin(kvtier_client* c, const kvtier_key keys[kBlocks]) {
   kvtier_view* view = NULL;
   const void* data = NULL;
@@ -433,6 +463,7 @@ int main(int argc, char** argv) {
   if (client != NULL) {
     TestPutLookupGet(client, keys, buf);
     TestBatches(client, keys);
+    TestPutChain(client, &ns);
     TestPin(client, keys);
     TestEraseStatsAndErrors(client, keys);
     kvtier_close(client);

@@ -42,6 +42,7 @@ TEST(PutChain, ABlockWhosePrefixIsCachedNowhereIsNotWrittenToNvme) {
   EXPECT_TRUE(daemon.nvme()->Find(keys[3]));
   EXPECT_TRUE(daemon.nvme()->Find(keys[4]));
   EXPECT_EQ(StatsCounter(*client, "nvme.admission.rejected_parent_missing"), 2);
+  EXPECT_EQ(StatsCounter(*client, "engine.chain_links"), 4) << "the two chained puts, not the plain ones";
 }
 
 }  // namespace

@@ -96,6 +96,8 @@ TEST(PutChecksum, PutAndPutBatchRecordTheChecksumOfTheBytes) {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_TRUE(CheckBlockBytes(keys[i], 0, dst));
   }
+  EXPECT_EQ(StatsCounter(*client, "engine.commit_checksums_sent"), int64_t(keys.size()))
+      << "every copying put sends its checksum";
 }
 
 TEST(PutChecksum, ReservationChecksumsAreRecordedAsSent) {
@@ -140,6 +142,7 @@ TEST(PutChecksum, ReservationWithSomeChecksumsMissingIsHashedByTheDaemon) {
   for (const Status& s : reservation->Commit()) ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(PinnedChecksum(*client, keys[0]), BlockChecksum(Block(keys[0], 8192)));
   EXPECT_EQ(PinnedChecksum(*client, keys[1]), BlockChecksum(Block(keys[1], 8192)));
+  EXPECT_EQ(StatsCounter(*client, "engine.commit_checksums_sent"), 0) << "none was sent";
 }
 
 TEST(PutChecksum, VerifyingDaemonRefusesAWrongChecksumAndDropsTheReservation) {
