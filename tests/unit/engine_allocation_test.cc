@@ -119,7 +119,7 @@ TEST_F(EngineAllocationTest, LayerReadsHoldAtMostTheirPool) {
   engine_->Release(3, {&held[0], 1});
   auto again = engine_->Pin(3, kNs, {&third, 1}, LayerSpan{0, 2});
   EXPECT_TRUE(again[0].status.ok()) << again[0].status.ToString();
-  // The session's end frees the rest.
+  // The connection's end frees the rest.
   engine_->CloseConnection(3);
   EXPECT_EQ(Counters()["engine.layer_read_pool_bytes"], 0);
 }

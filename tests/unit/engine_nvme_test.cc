@@ -147,7 +147,7 @@ TEST_F(EngineNvmeTest, LayerRangePinReadsOnlyThoseLayersAndDoesNotPromote) {
       << "the transient space was not returned";
   EXPECT_EQ(Counters()["engine.zombie_blocks"], 0);
 
-  // A session that ends without releasing returns it too.
+  // A connection that ends without releasing returns it too.
   grants = engine_->Pin(8, kNs, {&key, 1}, LayerSpan{0, 1});
   ASSERT_TRUE(grants[0].status.ok());
   engine_->CloseConnection(8);
