@@ -178,7 +178,8 @@ size_t Engine::Prefetch() {
       }
       if (b.place != BlockPlace::kHost) {
         if (std::optional<Located> below = FindBelow(key, q.ns)) {
-          b.place = below->level == 0 ? BlockPlace::kNvme : BlockPlace::kRemote;
+          b.place = BlockPlace::kBelow;
+          b.level = static_cast<uint32_t>(below->level);
           b.bytes = below->info.payload_bytes;
         }
       }
@@ -188,11 +189,10 @@ size_t Engine::Prefetch() {
     ns_of[q.id] = q.ns;
     requests.push_back(std::move(r));
   }
-  BandwidthEstimate near_bandwidth(1), far_bandwidth(1);
+  std::vector<BandwidthEstimate> bandwidths;  // one read channel per tier below
   {
     std::lock_guard lock(bandwidth_mu_);
-    near_bandwidth = below_.front()->read_bandwidth;
-    far_bandwidth = below_.size() > 1 ? below_[1]->read_bandwidth : near_bandwidth;
+    for (const auto& b : below_) bandwidths.push_back(b->read_bandwidth);
   }
   // The budget holds what earlier plans read in and nobody used yet.
   uint64_t still_prefetched = 0;
@@ -202,7 +202,7 @@ size_t Engine::Prefetch() {
   }
   const uint64_t budget = static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes()));
   const PrefetchOptions options{budget > still_prefetched ? budget - still_prefetched : 0, prefetch_min_blocks_};
-  const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, near_bandwidth, far_bandwidth, options);
+  const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, bandwidths, options);
   counters_.prefetch_plans.fetch_add(1, std::memory_order_relaxed);
   counters_.prefetch_skipped_short.fetch_add(plan.skipped_short, std::memory_order_relaxed);
   size_t started = 0;

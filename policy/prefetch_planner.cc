@@ -20,8 +20,8 @@ uint64_t BandwidthEstimate::TimeUs(uint64_t bytes) const {
   return std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(double(bytes) / bytes_per_s_ * 1e6)));
 }
 
-PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests, const BandwidthEstimate& nvme,
-                          const BandwidthEstimate& remote, const PrefetchOptions& options) {
+PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests,
+                          std::span<const BandwidthEstimate> below, const PrefetchOptions& options) {
   PrefetchPlan plan;
   std::vector<size_t> order(requests.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -29,17 +29,18 @@ PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requ
     return requests[a].deadline_us != requests[b].deadline_us ? requests[a].deadline_us < requests[b].deadline_us
                                                               : requests[a].id < requests[b].id;
   });
-  uint64_t channel_free[2] = {now_us, now_us};       // NVMe, remote: when each is free next
+  std::vector<uint64_t> channel_free(below.size(), now_us);  // per tier below: when its channel is free next
   std::unordered_map<BlockKey, uint64_t> arriving;   // planned reads: key -> arrival
   for (size_t index : order) {
     const PrefetchRequest& r = requests[index];
-    uint64_t free_at[2] = {channel_free[0], channel_free[1]};
+    std::vector<uint64_t> free_at = channel_free;
     std::vector<PrefetchAction> reads;
     uint64_t read_bytes = 0;
     size_t hit = 0;  // prefix blocks in DRAM by the deadline
     bool late = false, over_budget = false;
     for (const PrefetchBlock& b : r.chain) {
       if (b.place == BlockPlace::kNowhere) break;  // the usable prefix ends here
+      if (b.place == BlockPlace::kBelow && b.level >= below.size()) break;  // no channel: not readable
       if (b.place == BlockPlace::kHost) {
         ++hit;
         continue;
@@ -56,15 +57,15 @@ PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requ
         over_budget = true;
         break;
       }
-      const int channel = b.place == BlockPlace::kNvme ? 0 : 1;
+      const uint32_t channel = b.level;
       const uint64_t start = free_at[channel];
-      const uint64_t done = start + (channel == 0 ? nvme : remote).TimeUs(b.bytes);
+      const uint64_t done = start + below[channel].TimeUs(b.bytes);
       if (done > r.deadline_us) {
         late = true;
         break;
       }
       free_at[channel] = done;
-      reads.push_back(PrefetchAction{r.id, b.key, b.bytes, b.place, start, done});
+      reads.push_back(PrefetchAction{r.id, b.key, b.bytes, b.level, start, done});
       read_bytes += b.bytes;
       ++hit;
     }
@@ -77,8 +78,7 @@ PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requ
       if (over_budget) break;
       continue;
     }
-    channel_free[0] = free_at[0];
-    channel_free[1] = free_at[1];
+    channel_free = std::move(free_at);
     for (const PrefetchAction& a : reads) arriving[a.key] = a.done_us;
     plan.actions.insert(plan.actions.end(), reads.begin(), reads.end());
     plan.bytes += read_bytes;

@@ -1,12 +1,12 @@
 // Prefetch planning from the engine's request queue (DESIGN.md section 5):
-// which NVMe- and remote-resident prefix blocks to read into the host tier,
-// in what order, so that queued requests find their prefixes in DRAM when
-// they start.
+// which prefix blocks held by the tiers below the host (NVMe, remote, ...)
+// to read into the host tier, in what order, so that queued requests find
+// their prefixes in DRAM when they start.
 //
 // PlanPrefetch walks queued requests in deadline order (earliest first,
 // then by id). For each, the usable prefix is the chain up to its first
 // block cached nowhere; its blocks not in the host tier are read, root
-// first, on one read channel per tier (NVMe, remote) that moves bytes at
+// first, on one read channel per tier below the host that moves bytes at
 // that tier's measured bandwidth, and only as far as they arrive by the
 // deadline (the longest prefix that can: a block late by the deadline ends
 // it, since a prefix is used only up to its first hole). A request whose
@@ -43,12 +43,15 @@ class BandwidthEstimate {
   double weight_;
 };
 
-enum class BlockPlace : uint8_t { kHost, kNvme, kRemote, kNowhere };
+// Where a block of a queued chain is: in the host tier, in a tier below it
+// (`level`: 0 is the highest tier below the host), or cached nowhere.
+enum class BlockPlace : uint8_t { kHost, kBelow, kNowhere };
 
 struct PrefetchBlock {
   BlockKey key;
   uint64_t bytes = 0;
   BlockPlace place = BlockPlace::kNowhere;
+  uint32_t level = 0;  // with kBelow
 };
 
 struct PrefetchRequest {
@@ -66,7 +69,7 @@ struct PrefetchAction {
   uint64_t request = 0;   // the earliest-deadline request that needs it
   BlockKey key;
   uint64_t bytes = 0;
-  BlockPlace from = BlockPlace::kNvme;
+  uint32_t level = 0;     // the tier below it is read from
   uint64_t start_us = 0;  // planned start and arrival on its tier's channel
   uint64_t done_us = 0;
 };
@@ -79,7 +82,9 @@ struct PrefetchPlan {
   uint32_t cut_by_budget = 0;           // requests cut by the host budget
 };
 
-PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests, const BandwidthEstimate& nvme,
-                          const BandwidthEstimate& remote, const PrefetchOptions& options);
+// `below[level]`: the read bandwidth of each tier below the host, highest
+// first. A block at a level with no estimate ends its chain's usable prefix.
+PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests,
+                          std::span<const BandwidthEstimate> below, const PrefetchOptions& options);
 
 }  // namespace kvtier
