@@ -117,7 +117,9 @@ TEST_F(EngineQueueTest, LruIgnoresTheQueue) {
 }
 
 TEST_F(EngineQueueTest, ANeededVictimInsideTheWindowIsDemotedWhateverAdmissionSays) {
-  Open("queue_aware", /*nvme=*/true, "second_hit");  // refuses blocks never read
+  // No prefetch: a plan on the reader thread would read 0..3 back as soon
+  // as they reach NVMe and evict more needed blocks, racing the counts.
+  Open("queue_aware", /*nvme=*/true, "second_hit", ReclaimOrder::kLru, /*prefetch_share=*/0);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   // Every cached block is needed: 0..3 within the window, 4..7 long after it.
   ASSERT_TRUE(Enqueue(1, {0, 1, 2, 3}, 1'000'000).ok());
