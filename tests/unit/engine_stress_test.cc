@@ -37,14 +37,6 @@ constexpr uint64_t kBlockBytes = 4096;  // one allocator class exactly
 
 BlockKey Key(uint64_t i) { return BlockKey{0x5eed'0000'0000'0002ULL, i}; }
 
-std::map<std::string, int64_t> Counters(const Engine& engine) {
-  CounterCollector collector;
-  engine.VisitCounters(collector);
-  std::map<std::string, int64_t> out;
-  for (const auto& [name, value] : collector.counters()) out[name] = value;
-  return out;
-}
-
 TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   uint32_t seed = 4242;
   if (const char* env = std::getenv("KVTIER_TEST_SEED")) seed = std::strtoul(env, nullptr, 10);
@@ -142,7 +134,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
 
   EXPECT_EQ(bad_reads.load(), 0);
   EXPECT_EQ(unexpected.load(), 0);
-  auto c = Counters(engine);
+  auto c = ::kvtier::testing::EngineCounters(engine);
   EXPECT_EQ(c["engine.pinned_blocks"], 0);
   EXPECT_EQ(c["engine.leases"], 0);
   EXPECT_EQ(c["engine.zombie_blocks"], 0);
@@ -171,7 +163,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   EXPECT_EQ(c["host.alloc.used_bytes"], static_cast<int64_t>(live_extent_bytes));
   EXPECT_EQ(c["host.alloc.allocations"], live);
   engine.CloseConnection(checker);
-  EXPECT_EQ(Counters(engine)["engine.pinned_blocks"], 0);
+  EXPECT_EQ(::kvtier::testing::EngineCounters(engine)["engine.pinned_blocks"], 0);
   EXPECT_EQ(host->used_bytes(), live_extent_bytes);
 }
 
