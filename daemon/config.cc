@@ -112,9 +112,10 @@ constexpr OptionSpec kOptions[] = {
     {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},
-    {"engine.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "lru|fifo|queue_aware", false,
+    {"engine.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "lru|fifo|lru2|s3fifo|arc|queue_aware", false,
      "Host-tier eviction policy: queue_aware keeps what clients' queued requests need (Client::Enqueue) and "
-     "otherwise evicts closed conversations, rarely used, least recent and deepest blocks first.",
+     "otherwise evicts closed conversations, rarely used, least recent and deepest blocks first; lru2, s3fifo and "
+     "arc are the classic LRU-2, S3-FIFO and ARC (docs/POLICIES.md).",
      nullptr, &DaemonConfig::engine_eviction},
     {"engine.lookahead_ms", OptionType::kInt, "2000", 0, 3600000, "", false,
      "queue_aware: a block a queued request needs within this many ms is demoted to NVMe when evicted, never "

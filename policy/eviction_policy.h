@@ -85,7 +85,35 @@ std::unique_ptr<EvictionPolicy> MakeLruPolicy();
 // First in, first out by insertion time: accesses and pins do not reorder.
 // Insert, unpin and remove O(log n); the rest O(1).
 std::unique_ptr<EvictionPolicy> MakeFifoPolicy();
-// "lru", "fifo", "queue_aware" (queue_aware_policy.h); null for other names.
+// LRU-2 (LRU-K, K = 2; lru_k_policy.cc): blocks used once go first, least
+// recently used first; then blocks used twice or more, the oldest
+// second-to-last use first. A use is an access or the end of a pin. Remembers
+// the last use of up to 8 x size() removed keyed blocks (OnInsertKeyed), so one
+// inserted again counts as used twice. rank: the last use for a once-used
+// block, (1 << 63) | the second-to-last use for the others (63 bits of
+// time). Insert, access and unpin O(log n) (amortised O(1) when times
+// arrive in order); pin and remove O(1); victim amortised O(log n).
+std::unique_ptr<EvictionPolicy> MakeLru2Policy();
+// S3-FIFO (s3fifo_policy.cc): a small FIFO queue (10% of the tracked
+// blocks) that one-use blocks leave by eviction, a main FIFO queue that
+// blocks used twice in the small one (or found in the ghost queue) enter
+// and leave once their uses (up to 3, one spent per round) run out, and a
+// ghost queue of keys evicted from the small queue, bounded by the main
+// queue's share (90% of the tracked blocks). Capacity = size(). Victim()
+// moves blocks between the queues on mutable state (logically const).
+// rank: the time the victim entered its queue; small-queue victims below
+// (1 << 63), main-queue victims (1 << 63) | time. Insert, access O(1)
+// amortised; pin, unpin, remove O(log n); victim amortised O(log n).
+std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
+// ARC (arc_policy.cc): LRU lists T1 (used once) and T2 (used again), ghost
+// key lists B1 and B2 (|B1| + |B2| <= c), T1's target p in [0, c] adapted
+// by ghost hits; capacity c = size(). Victim: T1's LRU block when T1 is
+// above p, else T2's. rank: the time the victim became MRU of its list;
+// T1 victims below (1 << 63), T2 victims (1 << 63) | time. Every
+// operation O(1).
+std::unique_ptr<EvictionPolicy> MakeArcPolicy();
+// "lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware"
+// (queue_aware_policy.h); null for other names.
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name);
 
 }  // namespace kvtier

@@ -128,6 +128,9 @@ std::unique_ptr<EvictionPolicy> MakeFifoPolicy() { return std::make_unique<FifoP
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name) {
   if (name == "lru") return MakeLruPolicy();
   if (name == "fifo") return MakeFifoPolicy();
+  if (name == "lru2") return MakeLru2Policy();
+  if (name == "s3fifo") return MakeS3FifoPolicy();
+  if (name == "arc") return MakeArcPolicy();
   if (name == "queue_aware") return MakeQueueAwarePolicy();
   return nullptr;
 }

@@ -193,7 +193,10 @@ void AddPolicyBenchOptions(CLI::App& app, PolicyBenchOptions& o) {
 int RunPolicyBench(const PolicyBenchOptions& o) {
   const uint64_t n = o.blocks;
   for (auto [name, make] : {std::pair<std::string, PolicyFactory>{"lru", &MakeLruPolicy},
-                            std::pair<std::string, PolicyFactory>{"fifo", &MakeFifoPolicy}}) {
+                            std::pair<std::string, PolicyFactory>{"fifo", &MakeFifoPolicy},
+                            std::pair<std::string, PolicyFactory>{"lru2", &MakeLru2Policy},
+                            std::pair<std::string, PolicyFactory>{"s3fifo", &MakeS3FifoPolicy},
+                            std::pair<std::string, PolicyFactory>{"arc", &MakeArcPolicy}}) {
     benchmark::RegisterBenchmark(("eviction/" + name + "/insert").c_str(), Insert, make, n)->MinTime(o.min_seconds);
     benchmark::RegisterBenchmark(("eviction/" + name + "/access").c_str(), Access, make, n)->MinTime(o.min_seconds);
     benchmark::RegisterBenchmark(("eviction/" + name + "/victim").c_str(), Victim, make, n)->MinTime(o.min_seconds);

@@ -119,9 +119,9 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--capacity", o.capacity,
                  "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf (sim mode: required)");
   app.add_option("--bytes-per-token", o.bytes_per_token, "KV bytes per token (for byte capacities and byte counts)");
-  app.add_option("--policy", o.policies, "Eviction: lru | fifo | queue_aware (comma-separated: one run each)")
+  app.add_option("--policy", o.policies, "Eviction: lru | fifo | lru2 | s3fifo | arc | queue_aware (comma-separated: one run each)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"lru", "fifo", "queue_aware"}))
+      ->check(CLI::IsMember({"lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware"}))
       ->capture_default_str();
   app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
       ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))

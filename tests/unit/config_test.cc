@@ -211,7 +211,7 @@ TEST(ConfigTest, OutOfRangeIntIsRejected) {
 }
 
 TEST(ConfigTest, BadChoiceIsRejected) {
-  ExpectInvalid("[engine]\neviction = \"arc\"\n", {"test.toml:2", "engine.eviction", "arc", "lru|fifo|queue_aware"});
+  ExpectInvalid("[engine]\neviction = \"clock\"\n", {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalid("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
   ExpectInvalid("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
 }

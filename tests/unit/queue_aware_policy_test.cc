@@ -232,7 +232,7 @@ TEST(QueueAwarePolicyTest, RecencyPoliciesIgnoreQueueHints) {
   }
   EXPECT_EQ(MakeEvictionPolicy("queue_aware")->name(), "queue_aware");
   EXPECT_EQ(MakeEvictionPolicy("lru")->name(), "lru");
-  EXPECT_EQ(MakeEvictionPolicy("arc"), nullptr);
+  EXPECT_EQ(MakeEvictionPolicy("clock"), nullptr);
 }
 
 TEST(QueueAwarePolicyTest, LookAheadWindow) {

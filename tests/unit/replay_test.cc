@@ -373,9 +373,9 @@ TEST(ReplayCapacityTest, UnitsAndErrors) {
 
 TEST(ReplayOptionsTest, BadOptionsAreRefused) {
   Trace t;
-  ReplayOptions arc;
-  arc.policy = "arc";
-  EXPECT_FALSE(Replay(t, arc).ok());
+  ReplayOptions clock;
+  clock.policy = "clock";
+  EXPECT_FALSE(Replay(t, clock).ok());
   ReplayOptions warm;
   warm.warmup = 1.0;
   EXPECT_FALSE(Replay(t, warm).ok());
