@@ -415,7 +415,7 @@ class Simulator {
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   if (MakeEvictionPolicy(options.policy) == nullptr) {
-    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, queue_aware)");
+    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, lru2, s3fifo, arc, queue_aware)");
   }
   if (!(options.warmup >= 0 && options.warmup < 1)) {
     return InvalidArgument("warm-up fraction must be in [0, 1), got " + std::to_string(options.warmup));
