@@ -4,6 +4,7 @@
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
+//   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (trace_gen.cc)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "tools/bench_nvme.h"
 #include "tools/bench_policy.h"
 #include "tools/replay_cli.h"
+#include "tools/trace_gen.h"
 
 namespace {
 
@@ -60,15 +62,25 @@ int main(int argc, char** argv) {
   auto* replay = app.add_subcommand("replay", "Replay a block trace through kvtier's policies (hit rates)");
   kvtier::tools::AddReplayOptions(*replay, replay_options);
 
+  auto* trace = app.add_subcommand("trace", "Block traces for replay");
+  trace->require_subcommand(1);
+  auto* trace_gen = trace->add_subcommand("gen", "Generate a synthetic block trace");
+  trace_gen->require_subcommand(1);
+  kvtier::tools::MultiRoundQaOptions multi_round_qa_options;
+  auto* multi_round_qa = trace_gen->add_subcommand(
+      "multi-round-qa", "Users asking questions over rounds, each prompt its whole history (LMCache's benchmark)");
+  kvtier::tools::AddMultiRoundQaOptions(*multi_round_qa, multi_round_qa_options);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    // replay's contract: bad input exits 2 (help stays 0).
-    const bool is_replay = argc > 1 && std::strcmp(argv[1], "replay") == 0;
-    return is_replay && code != 0 ? 2 : code;
+    // replay's and trace's contract: bad input exits 2 (help stays 0).
+    const bool exits_2 = argc > 1 && (std::strcmp(argv[1], "replay") == 0 || std::strcmp(argv[1], "trace") == 0);
+    return exits_2 && code != 0 ? 2 : code;
   }
   if (replay->parsed()) return kvtier::tools::RunReplay(replay_options);
+  if (multi_round_qa->parsed()) return kvtier::tools::RunMultiRoundQa(multi_round_qa_options);
   if (stats->parsed()) return Stats(socket_path);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
