@@ -11,6 +11,7 @@ packages=(
   libtomlplusplus-dev libcli11-dev libspdlog-dev
   redis-server redis-tools fio
   clang libclang-rt-14-dev
+  librsvg2-bin  # rsvg-convert: look at `kvtier replay --plot` SVGs as PNG
 )
 
 missing=()
