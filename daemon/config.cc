@@ -80,9 +80,10 @@ constexpr OptionSpec kOptions[] = {
     {"nvme.reinsert_percent", OptionType::kInt, "10", 0, 100, "", false,
      "Before reclaiming a region, copy forward its blocks read since written, up to this % of the bytes written; 0: off.",
      &DaemonConfig::nvme_reinsert_percent, nullptr},
-    {"nvme.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "fifo|lru|queue_aware", false,
+    {"nvme.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "fifo|lru|lru2|s3fifo|arc|queue_aware", false,
      "NVMe-tier eviction: regions are reclaimed oldest first; what reinsertion copies forward before: fifo "
-     "nothing; lru blocks read since written, most read first; queue_aware blocks queued requests need, then lru's.",
+     "nothing; lru blocks read since written, most read first; queue_aware blocks queued requests need, then lru's; "
+     "lru2, s3fifo and arc the blocks that policy (fed the tier's writes and reads) would keep (docs/POLICIES.md).",
      nullptr, &DaemonConfig::nvme_eviction},
     {"nvme.admission", OptionType::kChoice, "\"dwpd\"", 0, 0, "all|second_hit|dwpd", false,
      "Which evicted host blocks are written to NVMe: all; second_hit (blocks read at least once, whose parent is "

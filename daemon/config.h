@@ -39,7 +39,7 @@ struct DaemonConfig {
   int64_t nvme_staging_bytes = 0;
   int64_t nvme_sync_index = 0;    // bool
   int64_t nvme_reinsert_percent = 0;
-  std::string nvme_eviction;      // "fifo" | "lru" | "queue_aware"
+  std::string nvme_eviction;      // "fifo" | "lru" | "lru2" | "s3fifo" | "arc" | "queue_aware"
   std::string nvme_admission;     // "all" | "second_hit" | "dwpd"
   int64_t nvme_dwpd_drive_bytes = 0;  // 0: the file system holding nvme.path
   double nvme_dwpd = 0;
@@ -49,7 +49,7 @@ struct DaemonConfig {
   int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
   // [engine]
   int64_t engine_shards = 0;
-  std::string engine_eviction;   // "lru" | "fifo" | "queue_aware"
+  std::string engine_eviction;   // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
   int64_t engine_lookahead_ms = 0;
   int64_t engine_prefetch_percent = 0;
   int64_t engine_demotion_buffer_bytes = 0;

@@ -3,6 +3,7 @@
 // parsing, file loading and --help.
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "policy/reclaim_policy.h"
 
 #include <unistd.h>
 
@@ -214,6 +215,31 @@ TEST(ConfigTest, BadChoiceIsRejected) {
   ExpectInvalid("[engine]\neviction = \"clock\"\n", {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalid("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
   ExpectInvalid("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
+}
+
+// nvme.eviction takes every reclaim order the NVMe tier knows
+// (policy/reclaim_policy.h), and a bad name lists them all.
+TEST(ConfigTest, NvmeEvictionTakesEveryReclaimOrder) {
+  auto defaults = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->nvme_eviction, "queue_aware");
+  for (const OptionSpec& spec : ConfigOptions()) {
+    if (std::string_view(spec.name) == "nvme.eviction") {
+      EXPECT_EQ(spec.choices, ReclaimOrderChoices());
+    }
+  }
+  for (std::string_view name : {"fifo", "lru", "lru2", "s3fifo", "arc", "queue_aware"}) {
+    SCOPED_TRACE(std::string(name));
+    auto config = ParseConfig("[nvme]\neviction = \"" + std::string(name) + "\"\n", "test.toml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    EXPECT_EQ(config->nvme_eviction, name);
+    auto order = ParseReclaimOrder(config->nvme_eviction);
+    ASSERT_TRUE(order.has_value());
+    EXPECT_EQ(ReclaimOrderName(*order), name);
+  }
+  ExpectInvalid("[nvme]\neviction = \"clock\"\n",
+                {"test.toml:2", "nvme.eviction", "clock", "fifo|lru|lru2|s3fifo|arc|queue_aware"});
+  ExpectInvalid("[nvme]\neviction = \"LRU2\"\n", {"test.toml:2", "nvme.eviction", "LRU2"});
 }
 
 TEST(ConfigTest, BadSizeUnitIsRejected) {

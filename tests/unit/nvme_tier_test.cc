@@ -243,6 +243,103 @@ TEST_F(NvmeTierTest, TheReclaimOrderChoosesWhatReinsertionKeeps) {
   }
 }
 
+// Every order over one history, region 0 (blocks 0..7) reclaimed: block 0
+// read twice early, blocks 8..55 each read once just after their write,
+// block 1 read once and block 2 twice late, block 5 needed by a queued
+// request, 3..7 never read. The classic orders evict 8 blocks (region 0's
+// count) from their policy, wherever they are, and keep region 0's others:
+// - lru2: used once (written, never read) 3..7; then the oldest
+//   second-to-last use: 1 (its write), 0 (its first read), 8 (its write).
+//   Keeps 2.
+// - s3fifo: the small queue in write order: 0 (2 reads) to main, 1 (1 read)
+//   evicted, 2 to main, 3..7 evicted, 8 and 9 (1 read each) evicted. Keeps
+//   0 and 2.
+// - arc: T1 (never read) 3..7 goes (p = 0), then T2's least recently read:
+//   0, 8, 9. Keeps 1 and 2.
+TEST_F(NvmeTierTest, EachReclaimOrderKeepsWhatItsPolicyWould) {
+  struct Case {
+    ReclaimOrder order;
+    std::vector<uint64_t> kept;
+  };
+  for (const Case& c : {Case{ReclaimOrder::kFifo, {}}, Case{ReclaimOrder::kLru, {0, 1, 2}},
+                        Case{ReclaimOrder::kQueueAware, {0, 1, 2, 5}}, Case{ReclaimOrder::kLru2, {2}},
+                        Case{ReclaimOrder::kS3Fifo, {0, 2}}, Case{ReclaimOrder::kArc, {1, 2}}}) {
+    SCOPED_TRACE(std::string(ReclaimOrderName(c.order)));
+    const bool classic =
+        c.order == ReclaimOrder::kLru2 || c.order == ReclaimOrder::kS3Fifo || c.order == ReclaimOrder::kArc;
+    tier_.reset();
+    memory_ = std::make_unique<MemoryDevice>(kDevice);
+    ::kvtier::testing::RemoveTree(dir_);
+    dir_ = ::kvtier::testing::MakeTempDir();
+    Open({}, kRegion, /*reinsert_share=*/0.5, c.order);
+    tier_->SetNeededHint([](const BlockKey& key) { return key == Key(5); });
+    auto write = [this](uint64_t i) {
+      clock_.AdvanceUs(10);
+      return WriteBlock(i, 124 << 10);
+    };
+    auto read = [this](uint64_t i) {
+      clock_.AdvanceUs(10);
+      return ReadBlock(i, 0, 4).ok();
+    };
+    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(write(i).ok());
+    ASSERT_TRUE(read(0));
+    ASSERT_TRUE(read(0));
+    for (uint64_t i = 8; i < 56; ++i) {
+      ASSERT_TRUE(write(i).ok()) << i;
+      ASSERT_TRUE(read(i)) << i;
+    }
+    ASSERT_TRUE(read(1));
+    ASSERT_TRUE(read(2));
+    ASSERT_TRUE(read(2));
+    EXPECT_EQ(Counter("nvme.policy_blocks"), classic ? 56 : 0);
+    ASSERT_TRUE(write(56).ok());  // opens the last free region: region 0's turn
+    // Region 0's turn runs on the tier's reclaim thread: wait until its
+    // copies and its drops have both been counted.
+    const int64_t tracked = classic ? 49 : 0;  // 56 tracked, 8 evicted, block 56 added
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((Counter("nvme.reinserted") < static_cast<int64_t>(c.kept.size()) ||
+            Counter("nvme.policy_blocks") != tracked) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(Counter("nvme.policy_blocks"), tracked);
+    EXPECT_EQ(Counter("nvme.policy_spared"), classic ? static_cast<int64_t>(c.kept.size()) : 0);
+    EXPECT_EQ(Counter("nvme.reinserted"), static_cast<int64_t>(c.kept.size()));
+    EXPECT_EQ(Counter("nvme.reinsert_failures"), 0);
+    // These writes reclaim region 0 (and start region 1's turn, which may
+    // copy some of 8..15: not checked here).
+    for (uint64_t i = 57; i < 65; ++i) ASSERT_TRUE(write(i).ok()) << i;
+    ASSERT_GT(Counter("nvme.region_reclaims"), 0);
+    for (uint64_t i = 0; i < 8; ++i) {
+      const bool kept = std::find(c.kept.begin(), c.kept.end(), i) != c.kept.end();
+      EXPECT_EQ(tier_->Find(Key(i)).has_value(), kept) << "block " << i;
+      if (kept) {
+        auto r = ReadBlock(i, 0, 4);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_TRUE(CheckBlockBytes(Key(i), 0, *r));
+      }
+    }
+    tier_->SetNeededHint(nullptr);
+  }
+}
+
+// The policy of a classic order learns the blocks a restart finds, forgets
+// erased ones, and is empty for the other orders.
+TEST_F(NvmeTierTest, TheReclaimPolicyTracksBlocksAcrossARestart) {
+  Open({}, kRegion, 0.1, ReclaimOrder::kArc);
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(WriteBlock(i, 50000).ok());
+  EXPECT_EQ(Counter("nvme.policy_blocks"), 20);
+  ASSERT_TRUE(tier_->Erase(Key(3)).ok());
+  EXPECT_EQ(Counter("nvme.policy_blocks"), 19);
+  ASSERT_TRUE(ReadBlock(4, 0, 4).ok());
+  EXPECT_EQ(Counter("nvme.policy_blocks"), 19);
+  Open({}, kRegion, 0.1, ReclaimOrder::kS3Fifo);
+  EXPECT_EQ(tier_->recovery().entries_loaded, 19);
+  EXPECT_EQ(Counter("nvme.policy_blocks"), 19);
+  Open({}, kRegion, 0.1, ReclaimOrder::kLru);
+  EXPECT_EQ(Counter("nvme.policy_blocks"), 0);
+}
+
 TEST_F(NvmeTierTest, ReinsertionIsOffAtZeroAndCappedByItsShareOfWrites) {
   for (double share : {0.0, 0.01}) {
     SCOPED_TRACE("share " + std::to_string(share));

@@ -26,7 +26,7 @@ void NvmeTier::MaybeScanNextVictim() {
   Blocks chosen;
   std::unordered_set<BlockKey> kept;
   if (reinsert) {
-    for (const ReclaimCandidate& c : ChooseReinsertions(candidates, options_.reclaim)) {
+    for (const ReclaimCandidate& c : reclaim_.Choose(candidates)) {
       const IndexEntry& entry = entries_.at(c.key);
       const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
       if (bytes > reinsert_budget_bytes_) {

@@ -1,6 +1,9 @@
 // NvmeTier start-up: the index reloaded and checked against the regions,
 // and the records of the region that was open when the daemon stopped
 // verified (nvme_tier.h, "Open()").
+#include <algorithm>
+#include <unordered_map>
+
 #include "common/logging.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -10,8 +13,10 @@ Status NvmeTier::Recover() {
   std::vector<RegionState> persisted;
   if (Status s = index_->ForEachRegion([&](const RegionState& r) { persisted.push_back(r); }); !s.ok()) return s;
   std::unordered_set<uint32_t> was_open;
+  std::unordered_map<uint32_t, uint64_t> log_rank;  // region -> its place in the log (oldest lowest)
   for (const auto& r : persisted) {
     if (r.status == RegionStatus::kOpen) was_open.insert(r.region);
+    log_rank[r.region] = r.status == RegionStatus::kOpen ? ~uint64_t{0} : r.seal_sequence;
   }
   for (const RegionState& changed : regions_.Restore(persisted)) {
     if (Status s = index_->PutRegion(changed); !s.ok()) return s;
@@ -20,6 +25,7 @@ Status NvmeTier::Recover() {
   std::vector<std::pair<BlockKey, IndexEntry>> loaded;
   Status scan = index_->ForEachEntry([&](const BlockKey& k, const IndexEntry& e) { loaded.emplace_back(k, e); });
   if (!scan.ok()) return scan;
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, BlockKey>> kept;  // (log rank, offset), key
   for (const auto& [key, entry] : loaded) {
     const bool in_device = entry.region < regions_.region_count() &&
                            entry.offset >= uint64_t{entry.region} * regions_.region_bytes() &&
@@ -45,7 +51,12 @@ Status NvmeTier::Recover() {
     region_keys_[entry.region].insert(key);
     counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
     ++recovery_.entries_loaded;
+    kept.push_back({{log_rank[entry.region], entry.offset}, key});
   }
+  // The reclaim policy learns the blocks in the order they were written
+  // (their read history is not persisted).
+  std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [place, key] : kept) reclaim_.OnWritten(key, clock_.NowUs());
   return Status::Ok();
 }
 

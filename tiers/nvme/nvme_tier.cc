@@ -50,6 +50,7 @@ NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeInde
       clock_(clock),
       regions_(device_->capacity_bytes(), options.region_bytes, device_->alignment_bytes()),
       region_keys_(regions_.region_count()),
+      reclaim_(options.reclaim),
       verifiers_(options.verify_threads) {}
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
@@ -97,6 +98,10 @@ void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
       for (const BlockKey& k : dropped) {
         counters_.stored_bytes -= static_cast<int64_t>(entries_[k].payload_bytes);
         entries_.erase(k);
+        // A block whose reinsertion is in flight (the only writes of a key
+        // the tier holds) stays in the policy: the copy may land (a failed
+        // one drops it then, in OnWritten).
+        if (writing_.count(k) == 0) reclaim_.OnDropped(k);
       }
       region_keys_[state.region].clear();
       PostIndex([this, state, dropped = std::move(dropped)] { return index_->ResetRegion(state, dropped); });
@@ -211,6 +216,7 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
       regions_.WriteFinished(entry.region);
       writing_.erase(key);
       cancelled_.erase(key);
+      if (replaces != nullptr && entries_.count(key) == 0) reclaim_.OnDropped(key);  // its region went meanwhile
       counters_.submitted.device_bytes -= record_bytes;
       if (replaces != nullptr) counters_.submitted.reinserted_bytes -= record_bytes;
       ++counters_.write_checksum_mismatches;
@@ -307,9 +313,13 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
         entries_[key] = entry;
         region_keys_[entry.region].insert(key);
         counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
-        if (!replaces) ++counters_.writes;  // a reinsertion counts as such
+        if (!replaces) {
+          ++counters_.writes;  // a reinsertion counts as such
+          reclaim_.OnWritten(key, clock_.NowUs());  // a moved block keeps its place in the policy
+        }
       } else {
         ++counters_.write_failures;
+        if (replaces && entries_.count(key) == 0) reclaim_.OnDropped(key);  // its region went meanwhile
       }
     }
     // Erased while being indexed (we are the index writer: nothing comes
@@ -432,6 +442,7 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
       if (it != entries_.end() && it->second.offset == op->entry.offset) {
         ++it->second.hits;
         it->second.last_use_us = static_cast<int64_t>(clock_.NowUs());
+        reclaim_.OnRead(op->key, clock_.NowUs());
       }
     } else if (outcome.code() == StatusCode::kCorruption) {
       if (regions_.Generation(op->entry.region) != op->entry.region_generation) {
@@ -465,6 +476,7 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
   counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
+  reclaim_.OnDropped(key);
   // If it stays (a failed write), the next start-up or read drops it again.
   PostIndex([this, key] { return index_->Delete(key); });
 }
@@ -492,6 +504,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
   counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
+  reclaim_.OnDropped(key);
   ++counters_.erases;
   return Status::Ok();
 }
@@ -528,6 +541,8 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.reinsert_failures", counters_.reinsert_failures);
     v.Visit("nvme.reinsert_over_budget", counters_.reinsert_over_budget);
     v.Visit("nvme.reinsert_needed", counters_.reinserted_needed);
+    v.Visit("nvme.policy_blocks", static_cast<int64_t>(reclaim_.tracked_blocks()));
+    v.Visit("nvme.policy_spared", reclaim_.spared());
     v.Visit("nvme.evictions_offered", counters_.evictions_offered);
     v.Visit("nvme.eviction_read_failures", counters_.eviction_read_failures);
     v.Visit("nvme.evictions_missed", counters_.evictions_missed);

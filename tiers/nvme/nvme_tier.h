@@ -75,7 +75,9 @@ struct NvmeTierOptions {
   double reinsert_share = 0.1;
   // Which blocks reinsertion copies (policy/reclaim_policy.h): fifo none,
   // lru those read since written, queue_aware those a queued request needs
-  // (SetNeededHint) and then lru's.
+  // (SetNeededHint) and then lru's; lru2, s3fifo and arc those the eviction
+  // policy of that name, fed the tier's writes, reads and drops, spares
+  // when it evicts as many blocks as the region holds.
   ReclaimOrder reclaim = ReclaimOrder::kLru;
 };
 
@@ -196,6 +198,7 @@ class NvmeTier final : public BlockTier {
   double reinsert_budget_bytes_ = 0;                                 // guarded by mu_: the token bucket
   bool reinserting_ = false;                                         // guarded by mu_: a scan job runs
   NeededHint needed_;                                                // guarded by mu_
+  ReclaimPolicy reclaim_;                                            // guarded by mu_: sees every block's life
   EvictionSink eviction_sink_;                                       // guarded by mu_
   std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
   int64_t full_until_us_ = 0;                                        // guarded by mu_
