@@ -80,7 +80,8 @@ std::string RunJson(const ReplayResult& r) {
   j << "}, \"policy\": \"" << o.policy << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests
     << ", \"blocks\": " << r.blocks << ", \"tokens\": " << r.tokens
     << ", \"block_hit_rate\": " << Number(r.block_hit_rate()) << ", \"token_hit_rate\": " << Number(r.token_hit_rate())
-    << ", \"tiers\": {";
+    << ", \"gap_closed\": " << (r.gap_closed ? Number(*r.gap_closed) : "null") << ", \"mean_queue\": "
+    << (o.engines > 0 ? Number(r.mean_queue) : "null") << ", \"tiers\": {";
   bool first = true;
   for (int t = 0; t < kSimTiers; ++t) {
     if (t == kNvmeTier && !o.nvme) continue;
@@ -119,9 +120,11 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--capacity", o.capacity,
                  "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf (sim mode: required)");
   app.add_option("--bytes-per-token", o.bytes_per_token, "KV bytes per token (for byte capacities and byte counts)");
-  app.add_option("--policy", o.policies, "Eviction: lru | fifo | lru2 | s3fifo | arc | queue_aware (comma-separated: one run each)")
+  app.add_option("--policy", o.policies,
+                 "Eviction: lru | fifo | lru2 | s3fifo | arc | queue_aware | belady (the offline optimum; comma-separated: "
+                 "one run each; lru and belady always run, for the gap-closed column)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware"}))
+      ->check(CLI::IsMember({"lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware", "belady"}))
       ->capture_default_str();
   app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
       ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
@@ -308,7 +311,16 @@ int RunReplay(const ReplayCliOptions& o) {
     Status status;
   };
   std::vector<Run> runs;
-  for (const std::string& policy : o.policies) {
+  // LRU and Belady run at every setting (after the policies asked for),
+  // the two ends of the gap-closed column.
+  std::vector<std::string> policies;
+  for (const std::string& p : o.policies) {
+    if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
+  }
+  for (const char* reference : {"lru", "belady"}) {
+    if (std::find(policies.begin(), policies.end(), reference) == policies.end()) policies.push_back(reference);
+  }
+  for (const std::string& policy : policies) {
     for (const Capacity& c : hosts) {
       ReplayOptions options = base;
       options.host = c;
@@ -336,6 +348,12 @@ int RunReplay(const ReplayCliOptions& o) {
   for (const Run& r : runs) {
     if (!r.status.ok()) return Fail(r.status.message());
   }
+  {
+    std::vector<ReplayResult> results;
+    for (const Run& r : runs) results.push_back(r.result);
+    SetGapClosed(results);
+    for (size_t i = 0; i < runs.size(); ++i) runs[i].result.gap_closed = results[i].gap_closed;
+  }
   // The ceiling of the speed figure, measured here: the trace's block
   // lookups alone in a hash map, as any simulator keyed by block makes;
   // the best of 5 passes, each with a fresh map.
@@ -354,16 +372,20 @@ int RunReplay(const ReplayCliOptions& o) {
     if (seconds > 0) ceiling = std::max(ceiling, double(lookups) / seconds);
   }
   std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
-  std::printf("%-12s %-14s %10s %10s %10s %10s %8s %12s %9s\n", "policy", "host", "requests", "blocks", "block_hit",
-              "token_hit", "seconds", "lookups/s", "/ceiling");
+  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s\n", "policy", "host", "requests", "blocks", "block_hit",
+              "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling", o.engines > 0 ? " mean_queue" : "");
   for (const Run& r : runs) {
     // Block lookups: every prompt block of every request, warm-up included.
     const double lookups = double(r.result.lookups);
     const double rate = r.result.wall_seconds > 0 ? lookups / r.result.wall_seconds : 0;
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %8.3f %12.0f %8.2fx\n", r.result.options.policy.c_str(),
+    char gap[32] = "-";
+    if (r.result.gap_closed) std::snprintf(gap, sizeof gap, "%.3f", *r.result.gap_closed);
+    char queue[32] = "";
+    if (o.engines > 0) std::snprintf(queue, sizeof queue, " %10.1f", r.result.mean_queue);
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s\n", r.result.options.policy.c_str(),
                 CapacityText(r.result.options.host).c_str(), static_cast<unsigned long long>(r.result.requests),
                 static_cast<unsigned long long>(r.result.blocks), r.result.block_hit_rate(), r.result.token_hit_rate(),
-                r.result.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0);
+                gap, r.result.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue);
   }
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
@@ -387,7 +409,8 @@ int RunReplay(const ReplayCliOptions& o) {
   }
   if (!o.csv_path.empty()) {
     std::ofstream out(o.csv_path);
-    out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,host_hits,nvme_hits,"
+    out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
+           "host_hits,nvme_hits,"
            "remote_hits,ssd_bytes_written,ssd_budget_bytes,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds\n";
     for (const Run& r : runs) {
       const ReplayResult& x = r.result;
@@ -395,6 +418,7 @@ int RunReplay(const ReplayCliOptions& o) {
       out << p.policy << "," << CapacityText(p.host) << "," << (p.nvme ? CapacityText(*p.nvme) : "") << ","
           << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
           << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
+          << (x.gap_closed ? Number(*x.gap_closed) : "") << "," << (p.engines > 0 ? Number(x.mean_queue) : "") << ","
           << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
           << x.tiers[kNvmeTier].bytes_written << "," << x.ssd_budget_bytes << ",";
       for (double p : {50.0, 90.0, 99.0}) {

@@ -10,6 +10,7 @@
 
 #include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
+#include "tools/replay_belady.h"
 
 namespace kvtier::tools {
 
@@ -118,8 +119,16 @@ class Simulator {
                                        options_.remote ? &*options_.remote : nullptr};
     for (int t = 0; t < kSimTiers; ++t) {
       tiers_[t].capacity = caps[t];
-      if (caps[t] != nullptr) tiers_[t].policy = MakeEvictionPolicy(options_.policy);
+      if (caps[t] == nullptr) continue;
+      if (options_.policy == "belady") {
+        auto belady = std::make_unique<BeladyPolicy>(next_use_, depth_);
+        belady_[t] = belady.get();
+        tiers_[t].policy = std::move(belady);
+      } else {
+        tiers_[t].policy = MakeEvictionPolicy(options_.policy);
+      }
     }
+    if (options_.policy == "belady") IndexFuture();
   }
 
   ReplayResult Run() {
@@ -136,6 +145,7 @@ class Simulator {
     size_t next_queued = 0;  // requests [.., next_queued) have been hinted (or started)
     std::priority_queue<Pending, std::vector<Pending>, std::greater<>> pending;  // prefills running
     double mean_service_us = 0;
+    double queue_sum = 0;  // measured starts' waiting requests
     for (size_t r = 0; r < n; ++r) {
       const TraceRequest& req = trace_.requests[r];
       ids.clear();
@@ -161,7 +171,12 @@ class Simulator {
       }
       // Prefills that ended by this start have made their blocks resident.
       while (!pending.empty() && pending.top().done_us <= start) CommitNext(pending);
-      const double service_us = Lookup(req, ids, r >= warm);
+      if (options_.engines > 0) {
+        // The queue this start sees: arrived, not started.
+        const uint64_t waiting = next_queued - (r + 1);
+        if (r >= warm) queue_sum += double(waiting);
+      }
+      const double service_us = Lookup(r, ids, r >= warm);
       if (options_.engines == 0) {
         Commit(ids, r + 1, start);
         continue;
@@ -175,6 +190,7 @@ class Simulator {
     }
     while (!pending.empty()) CommitNext(pending);
     result_.options = options_;
+    if (result_.requests > 0 && options_.engines > 0) result_.mean_queue = queue_sum / double(result_.requests);
     if (n > 0) result_.span_us = trace_.requests.back().arrival_us - trace_.requests.front().arrival_us;
     if (options_.admission == "dwpd") {
       const DwpdOptions& d = options_.dwpd;
@@ -189,8 +205,31 @@ class Simulator {
  private:
   uint32_t IdOf(const BlockKey& key) {
     auto [it, fresh] = index_.try_emplace(key, static_cast<uint32_t>(blocks_.size()));
-    if (fresh) blocks_.push_back(SimBlock{key});
+    if (fresh) {
+      blocks_.push_back(SimBlock{key});
+      next_use_.push_back(BeladyPolicy::kNever);
+      depth_.push_back(0);
+    }
     return it->second;
+  }
+
+  // Belady: the next request naming each block of each request (flattened
+  // in request order; kNever when none), from one backward pass.
+  void IndexFuture() {
+    const auto& reqs = trace_.requests;
+    future_begin_.resize(reqs.size() + 1, 0);
+    for (size_t r = 0; r < reqs.size(); ++r) future_begin_[r + 1] = future_begin_[r] + reqs[r].blocks.size();
+    future_.assign(future_begin_.back(), BeladyPolicy::kNever);
+    std::unordered_map<BlockKey, uint64_t> later;  // key -> the earliest request after the pass's position
+    for (size_t r = reqs.size(); r-- > 0;) {
+      for (size_t i = 0; i < reqs[r].blocks.size(); ++i) {
+        auto [it, fresh] = later.try_emplace(reqs[r].blocks[i], r);
+        if (!fresh) {
+          future_[future_begin_[r] + i] = it->second;
+          it->second = r;
+        }
+      }
+    }
   }
 
   // A running prefill: its blocks become resident when it ends.
@@ -234,7 +273,8 @@ class Simulator {
   // The start of `req`: finds its hit and counts it; returns its engine
   // time in us (KV load of the hit plus prefill of the rest; 0 without the
   // engine model).
-  double Lookup(const TraceRequest& req, const std::vector<uint32_t>& ids, bool measured) {
+  double Lookup(size_t r, const std::vector<uint32_t>& ids, bool measured) {
+    const TraceRequest& req = trace_.requests[r];
     result_.lookups += ids.size();
     size_t hit = 0;
     uint64_t hit_tokens = 0;
@@ -261,6 +301,16 @@ class Simulator {
     }
     for (uint32_t id : ids) {
       if (blocks_[id].anywhere()) ++blocks_[id].uses;
+    }
+    if (!future_.empty()) {
+      // Belady: this lookup was each block's next use; the one after is next.
+      for (size_t i = 0; i < ids.size(); ++i) {
+        next_use_[ids[i]] = future_[future_begin_[r] + i];
+        depth_[ids[i]] = static_cast<uint32_t>(i);
+        for (BeladyPolicy* b : belady_) {
+          if (b != nullptr) b->Reorder(ids[i]);
+        }
+      }
     }
     if (options_.engines == 0) return 0;
     const uint64_t missed = req.input_tokens > hit_tokens ? req.input_tokens - hit_tokens : 0;
@@ -408,14 +458,54 @@ class Simulator {
   std::vector<QueuedBlock> hint_chain_;             // Hint's scratch
   std::vector<size_t> scratch_pinned_;              // CommitBlocks' scratch
   std::array<uint64_t, kSimTiers> write_busy_until_{};  // each tier's write channel
+  // Belady only: per block, its next use (a request index) and depth; per
+  // request block, the request after it naming the block.
+  std::vector<uint64_t> next_use_;
+  std::vector<uint32_t> depth_;
+  std::vector<uint64_t> future_;
+  std::vector<size_t> future_begin_;
+  std::array<BeladyPolicy*, kSimTiers> belady_{};
   ReplayResult result_;
 };
 
 }  // namespace
 
+bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
+  auto same_cap = [](const Capacity& x, const Capacity& y) {
+    return x.infinite == y.infinite && (x.infinite || (x.unit == y.unit && x.amount == y.amount));
+  };
+  auto same_opt = [&](const std::optional<Capacity>& x, const std::optional<Capacity>& y) {
+    return x.has_value() == y.has_value() && (!x || same_cap(*x, *y));
+  };
+  const DwpdOptions& d = a.dwpd;
+  const DwpdOptions& e = b.dwpd;
+  return same_cap(a.host, b.host) && same_opt(a.nvme, b.nvme) && same_opt(a.remote, b.remote) &&
+         a.admission == b.admission && d.drive_capacity_bytes == e.drive_capacity_bytes && d.dwpd == e.dwpd &&
+         d.share == e.share && d.warranty_years == e.warranty_years && d.planned_years == e.planned_years &&
+         a.bytes_per_token == b.bytes_per_token && a.warmup == b.warmup && a.engines == b.engines &&
+         a.prefill_tps == b.prefill_tps && a.read_bytes_per_s == b.read_bytes_per_s &&
+         a.write_bytes_per_s == b.write_bytes_per_s && a.max_write_backlog_us == b.max_write_backlog_us;
+}
+
+void SetGapClosed(std::vector<ReplayResult>& runs) {
+  for (ReplayResult& run : runs) {
+    const ReplayResult* lru = nullptr;
+    const ReplayResult* belady = nullptr;
+    for (const ReplayResult& other : runs) {
+      if (!SameSetting(run.options, other.options)) continue;
+      if (other.options.policy == "lru") lru = &other;
+      if (other.options.policy == "belady") belady = &other;
+    }
+    run.gap_closed.reset();
+    if (lru == nullptr || belady == nullptr) continue;
+    const double gap = belady->token_hit_rate() - lru->token_hit_rate();
+    if (gap > 1e-9) run.gap_closed = (run.token_hit_rate() - lru->token_hit_rate()) / gap;
+  }
+}
+
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
-  if (MakeEvictionPolicy(options.policy) == nullptr) {
-    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, lru2, s3fifo, arc, queue_aware)");
+  if (options.policy != "belady" && MakeEvictionPolicy(options.policy) == nullptr) {
+    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, lru2, s3fifo, arc, queue_aware, belady)");
   }
   if (!(options.warmup >= 0 && options.warmup < 1)) {
     return InvalidArgument("warm-up fraction must be in [0, 1), got " + std::to_string(options.warmup));

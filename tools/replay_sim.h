@@ -58,7 +58,10 @@ struct ReplayOptions {
   Capacity host;
   std::optional<Capacity> nvme;    // none: no NVMe tier
   std::optional<Capacity> remote;  // none: no remote tier
-  std::string policy = "lru";      // lru | fifo | queue_aware
+  // lru | fifo | lru2 | s3fifo | arc | queue_aware (the daemon's
+  // classes), or belady (the offline rule of tools/replay_belady.h, which
+  // reads the trace's future: simulation only)
+  std::string policy = "lru";
   std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
   DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
   uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
@@ -107,6 +110,13 @@ struct ReplayResult {
   uint64_t span_us = 0;            // first to last arrival
   uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
   std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), file order
+  // Engine model: requests waiting (arrived, not started) at each measured
+  // start, averaged; 0 without it.
+  double mean_queue = 0;
+  // The share of the LRU-to-Belady gap in token hit rate this run closes,
+  // (this - lru) / (belady - lru), set by SetGapClosed; nullopt when the
+  // two reference runs are missing or Belady is not above LRU.
+  std::optional<double> gap_closed;
   double wall_seconds = 0;
   // The p-th percentile of ttft_ms (Percentile); nullopt when empty.
   std::optional<double> ttft_percentile(double p) const;
@@ -117,6 +127,14 @@ struct ReplayResult {
 
 // The p-th percentile (nearest rank) of `samples`; 0 when empty.
 double Percentile(std::vector<double> samples, double p);
+
+// Sets `gap_closed` of every run for which `runs` holds an "lru" and a
+// "belady" run with the same options but the policy (the same capacities,
+// engine model, admission, bandwidths and warm-up).
+void SetGapClosed(std::vector<ReplayResult>& runs);
+
+// Whether two runs differ only in their policy.
+bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 
 // Runs `trace` once. InvalidArgument for an unknown policy or admission,
 // bad DWPD options, a warm-up outside [0, 1), an NVMe or remote tier (or

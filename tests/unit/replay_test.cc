@@ -313,6 +313,82 @@ TEST_F(ReplayTest, QueueAwareKeepsWhatAWaitingRequestNeeds) {
   EXPECT_EQ(Replay(*trace, o)->hit_blocks, 0u);
 }
 
+TEST_F(ReplayTest, BeladyEvictsTheBlockUsedFurthestAhead) {
+  // 2 blocks, requests [1] [2] [3] [1] [2]. LRU: 3 evicts 1, 1 evicts 2,
+  // 2 evicts 3: no hit. Belady: 3 evicts 2 (next used at request 4, after
+  // 1's request 3), so 1 hits.
+  const std::vector<std::string> lines = {Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "1"),
+                                          Line(4, 4, "2")};
+  EXPECT_EQ(Run(lines, "2blk", "lru").hit_blocks, 0u);
+  EXPECT_EQ(Run(lines, "2blk", "belady").hit_blocks, 1u);
+  // Equal next uses: the deeper block goes first, so the prefix survives.
+  // [1,2] then [3] (evicts 2, not 1), then [1,2] hits 1.
+  auto chain = Run({Line(0, 8, "1, 2"), Line(1, 4, "3"), Line(2, 8, "1, 2")}, "2blk", "belady");
+  EXPECT_EQ(chain.hit_blocks, 1u);
+  EXPECT_EQ(chain.blocks, 5u);
+}
+
+TEST_F(ReplayTest, BeladyKnowsTheFutureOfEveryTierItRunsIn) {
+  // 1 host block over 2 NVMe blocks; [1] [2] [3] [4] [1]. Each request
+  // demotes the one before. Demoting 3, the NVMe tier holds 1 and 2: LRU
+  // drops 1 (the older) and misses it; Belady drops 2 (never used again)
+  // and hits 1 from NVMe.
+  auto trace = ReadMooncakeTrace(
+      Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "4"), Line(4, 4, "1")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o;
+  o.host = Capacity{Capacity::Unit::kBlocks, 1, false};
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 2, false};
+  o.bytes_per_token = 1;
+  o.policy = "lru";
+  EXPECT_EQ(Replay(*trace, o)->hit_blocks, 0u);
+  o.policy = "belady";
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->hit_blocks, 1u);
+  EXPECT_EQ(r->tiers[kNvmeTier].hits, 1u);
+}
+
+TEST(ReplayGapTest, GapClosedIsTheShareOfTheLruToBeladyGap) {
+  auto run = [](const std::string& policy, uint64_t hit_tokens, uint64_t host_blocks) {
+    ReplayResult r;
+    r.options.policy = policy;
+    r.options.host = Capacity{Capacity::Unit::kBlocks, host_blocks, false};
+    r.tokens = 1000;
+    r.hit_tokens = hit_tokens;
+    return r;
+  };
+  std::vector<ReplayResult> runs = {run("arc", 200, 10), run("lru", 100, 10), run("belady", 300, 10),
+                                    run("arc", 200, 20), run("lru", 100, 20), run("fifo", 50, 10)};
+  SetGapClosed(runs);
+  ASSERT_TRUE(runs[0].gap_closed.has_value());
+  EXPECT_DOUBLE_EQ(*runs[0].gap_closed, 0.5);
+  EXPECT_DOUBLE_EQ(*runs[1].gap_closed, 0.0);
+  EXPECT_DOUBLE_EQ(*runs[2].gap_closed, 1.0);
+  EXPECT_FALSE(runs[3].gap_closed) << "no Belady run at 20 blocks";
+  EXPECT_DOUBLE_EQ(*runs[5].gap_closed, -0.25) << "below LRU: negative";
+  // No gap (Belady no better than LRU): nothing to close.
+  std::vector<ReplayResult> flat = {run("lru", 100, 10), run("belady", 100, 10), run("arc", 100, 10)};
+  SetGapClosed(flat);
+  EXPECT_FALSE(flat[2].gap_closed);
+}
+
+TEST_F(ReplayTest, TheEngineModelReportsTheMeanQueue) {
+  // One engine, 4 s a request, all three at 0: the starts see 2, 1 and 0
+  // requests waiting.
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(0, 4, "2"), Line(0, 4, "3")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o;
+  o.host.infinite = true;
+  o.engines = 1;
+  o.prefill_tps = 1;
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->mean_queue, 1.0);
+  o.engines = 0;
+  EXPECT_DOUBLE_EQ(Replay(*trace, o)->mean_queue, 0.0);
+}
+
 TEST_F(ReplayTest, WarmUpRequestsRunButAreNotMeasured) {
   auto r = Run({Line(0, 8, "1, 2"), Line(1, 8, "1, 2"), Line(2, 8, "1, 3"), Line(3, 8, "4, 5")}, "inf", "lru", 0.5);
   EXPECT_EQ(r.requests, 2u);
