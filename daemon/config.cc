@@ -114,9 +114,10 @@ constexpr OptionSpec kOptions[] = {
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},
     {"engine.eviction", OptionType::kChoice, "\"queue_aware\"", 0, 0, "lru|fifo|lru2|s3fifo|arc|queue_aware", false,
-     "Host-tier eviction policy: queue_aware keeps what clients' queued requests need (Client::Enqueue) and "
-     "otherwise evicts closed conversations, rarely used, least recent and deepest blocks first; lru2, s3fifo and "
-     "arc are the classic LRU-2, S3-FIFO and ARC (docs/POLICIES.md).",
+     "Host-tier eviction policy: queue_aware evicts closed conversations' blocks first, then the rest in the "
+     "order of whichever of LRU, LRU-2 and ARC would be hitting most lately, and keeps what clients' queued "
+     "requests need (Client::Enqueue) to the last; lru2, s3fifo and arc are the classic LRU-2, S3-FIFO and ARC "
+     "(docs/POLICIES.md).",
      nullptr, &DaemonConfig::engine_eviction},
     {"engine.lookahead_ms", OptionType::kInt, "2000", 0, 3600000, "", false,
      "queue_aware: a block a queued request needs within this many ms is demoted to NVMe when evicted, never "

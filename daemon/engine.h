@@ -70,7 +70,7 @@ constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};
 
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
-  std::string eviction = "lru"; // "lru" | "fifo" | "queue_aware"
+  std::string eviction = "lru"; // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
   // For Create with one tier below the host: which evicted blocks it gets,
   // "all" | "second_hit" | "dwpd" (then `dwpd` must validate).
   std::string admission = "all";

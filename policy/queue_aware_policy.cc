@@ -1,149 +1,72 @@
 #include "policy/queue_aware_policy.h"
 
 #include <algorithm>
-#include <bit>
 #include <limits>
 
 namespace kvtier {
 namespace {
 
 constexpr uint32_t Shallow(uint32_t depth) { return std::numeric_limits<uint32_t>::max() - depth; }
+constexpr uint64_t kLowBits = (uint64_t{1} << 62) - 1;
 
-// Inserts `value` into `set`, reusing a node from `spare` when there is one.
-template <class Set>
-typename Set::iterator Emplace(Set& set, std::vector<typename Set::node_type>& spare,
-                               const typename Set::value_type& value) {
-  if (spare.empty()) return set.insert(value).first;
-  typename Set::node_type node = std::move(spare.back());
-  spare.pop_back();
-  node.value() = value;
-  return set.insert(std::move(node)).position;
+uint64_t Rank(uint64_t group, uint64_t order) { return group << 62 | (order & kLowBits); }
+
+// An expert's rank in 62 bits: its band (bit 63) moves to bit 61; the time
+// below keeps its 61 low bits (microseconds: 73,000 years).
+uint64_t PanelOrder(uint64_t expert_rank) {
+  constexpr uint64_t kBand = uint64_t{1} << 63;
+  constexpr uint64_t kTime = (uint64_t{1} << 61) - 1;
+  return ((expert_rank & kBand) >> 2) | (expert_rank & kTime);
 }
 
 }  // namespace
 
-uint64_t QueueAwarePolicy::Rank(uint64_t group, uint64_t open, uint32_t uses, uint64_t time) {
-  constexpr uint64_t kTimeMask = (uint64_t{1} << 54) - 1;
-  return group << 63 | open << 62 | uint64_t{std::min<uint32_t>(uses, kUseBuckets - 1)} << 54 | (time & kTimeMask);
+QueueAwarePolicy::Group QueueAwarePolicy::GroupOf(const Block& b) const {
+  if (b.pinned) return Group::kPinned;
+  if (Needed(b)) return Group::kNeeded;
+  return b.closed ? Group::kClosed : Group::kPanel;
 }
 
 QueueAwarePolicy::NeededOrder QueueAwarePolicy::NeededOrderOf(const Block& b) const {
   return NeededOrder{~b.key->second.starts.front(), Shallow(b.depth), b.handle};
 }
 
-void QueueAwarePolicy::Touch(Block& b, uint64_t time_us) {
-  b.time = time_us;
-  b.seq = ++seq_;
-  latest_us_ = std::max(latest_us_, time_us);
-}
-
-void QueueAwarePolicy::File(Block& b) {
-  if (Needed(b)) {
-    b.needed_at = Emplace(needed_, spare_needed_, NeededOrderOf(b));
-    b.place = Place::kNeeded;
-  } else if (b.closed) {
-    b.closed_at = Emplace(closed_, spare_closed_, ClosedOrder{Bucket(b), b.time, Shallow(b.depth), b.seq, b.handle});
-    b.place = Place::kClosed;
-  } else {
-    Link(lists_[Bucket(b)], b);
-    b.place = Place::kOpen;
-  }
-}
-
-void QueueAwarePolicy::Unfile(Block& b) {
-  switch (b.place) {
-    case Place::kNone:
-      return;
-    case Place::kOpen:
-      Unlink(lists_[Bucket(b)], b);
+void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
+  const Group to = GroupOf(b);
+  if (to == b.group && (to != Group::kNeeded || *b.needed_at == NeededOrderOf(b))) return;
+  switch (b.group) {  // out of the old group
+    case Group::kPanel:
+      panel_.Hold(b.handle);
       break;
-    case Place::kClosed:
-      spare_closed_.push_back(closed_.extract(b.closed_at));
+    case Group::kClosed:
+      closed_.erase(b.closed_at);
       break;
-    case Place::kNeeded:
-      spare_needed_.push_back(needed_.extract(b.needed_at));
+    case Group::kNeeded:
+      needed_.erase(b.needed_at);
+      break;
+    case Group::kPinned:
       break;
   }
-  b.place = Place::kNone;
+  switch (to) {  // into the new one
+    case Group::kPanel:
+      panel_.Release(b.handle, use_us);
+      break;
+    case Group::kClosed:
+      b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
+      break;
+    case Group::kNeeded:
+      b.needed_at = needed_.insert(NeededOrderOf(b)).first;
+      break;
+    case Group::kPinned:
+      break;
+  }
+  b.group = to;
 }
 
-void QueueAwarePolicy::IndexRun(List& list) {
-  if (list.run_known) return;
-  list.run_last.clear();
-  Block* b = list.tail;
-  for (;; b = b->prev) {
-    list.run_last.try_emplace(b->depth, b);  // walking back: the first seen is the last
-    if (b->prev == nullptr || b->prev->time != b->time) break;
-  }
-  list.run_first = b;
-  list.run_known = true;
-}
-
-void QueueAwarePolicy::Link(List& list, Block& b) {
-  // Insert after `after` (null: at the head). A block usually lands at the
-  // tail; at the tail's time it lands after the run's blocks at least as
-  // deep; at an older time it walks back.
-  Block* after = list.tail;
-  bool in_run = false;
-  if (after != nullptr && after->time == b.time) {
-    IndexRun(list);
-    auto deeper = list.run_last.lower_bound(b.depth);  // the shallowest group at least as deep
-    after = deeper != list.run_last.end() ? deeper->second : list.run_first->prev;
-    in_run = true;
-  } else if (after != nullptr && after->time > b.time) {
-    while (after != nullptr && (after->time > b.time || (after->time == b.time && after->depth < b.depth))) {
-      after = after->prev;
-    }
-  } else {
-    list.run_known = false;  // a new run begins with b
-  }
-  Block* before = after != nullptr ? after->next : list.head;
-  b.prev = after;
-  b.next = before;
-  (after != nullptr ? after->next : list.head) = &b;
-  (before != nullptr ? before->prev : list.tail) = &b;
-  if (in_run) {
-    list.run_last[b.depth] = &b;
-    if (before == list.run_first) list.run_first = &b;
-  }
-  const uint32_t bucket = static_cast<uint32_t>(&list - lists_.data());
-  nonempty_[bucket / 64] |= uint64_t{1} << (bucket % 64);
-}
-
-void QueueAwarePolicy::Unlink(List& list, Block& b) {
-  if (list.run_known && b.time == list.tail->time) {  // b is in the indexed run
-    auto last = list.run_last.find(b.depth);
-    if (last->second == &b) {
-      if (b.prev != nullptr && b.prev->time == b.time && b.prev->depth == b.depth) {
-        last->second = b.prev;
-      } else {
-        list.run_last.erase(last);
-      }
-    }
-    if (list.run_first == &b) list.run_first = b.next;
-    if (list.run_first == nullptr) list.run_known = false;  // the run is gone: the next one is not indexed
-  }
-  (b.prev != nullptr ? b.prev->next : list.head) = b.next;
-  (b.next != nullptr ? b.next->prev : list.tail) = b.prev;
-  b.prev = b.next = nullptr;
-  if (list.head == nullptr) {
-    const uint32_t bucket = static_cast<uint32_t>(&list - lists_.data());
-    nonempty_[bucket / 64] &= ~(uint64_t{1} << (bucket % 64));
-  }
-}
-
-void QueueAwarePolicy::Refile(Block& b) {
-  if (b.pinned) return;
-  const bool needed = Needed(b);
-  if (b.place == Place::kNeeded) {
-    if (needed && *b.needed_at == NeededOrderOf(b)) return;
-    Unfile(b);
-    if (!needed) Touch(b, latest_us_);
-    File(b);
-  } else if (needed) {
-    Unfile(b);
-    File(b);
-  }
+void QueueAwarePolicy::Use(Block& b, uint64_t now_us) {
+  latest_us_ = std::max(latest_us_, now_us);
+  b.time = now_us;
+  if (b.key != nullptr) panel_.Reference(b.key->first, now_us);
 }
 
 void QueueAwarePolicy::LinkSession(Block& b, uint64_t session) {
@@ -170,31 +93,41 @@ void QueueAwarePolicy::UnlinkSession(Block& b) {
   b.session = 0;
 }
 
+void QueueAwarePolicy::JoinSession(Block& b, uint64_t session) {
+  if (session == 0 || b.shared || b.session == session) return;
+  if (b.session == 0) return LinkSession(b, session);
+  UnlinkSession(b);  // a second conversation: shared from now on
+  b.shared = true;
+  b.closed = false;
+}
+
 void QueueAwarePolicy::OnInsert(BlockHandle h, uint64_t now_us) {
   OnRemove(h);  // precondition broken: start over rather than corrupt the order
   Block& b = blocks_[h];
   b.handle = h;
-  Touch(b, now_us);
-  File(b);
+  b.time = now_us;
+  latest_us_ = std::max(latest_us_, now_us);
+  panel_.Insert(h, nullptr, now_us);
 }
 
 void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_t depth, uint64_t session,
                                      uint64_t now_us) {
   OnRemove(h);
+  KeyNode& node = *keys_.try_emplace(key).first;
   Block& b = blocks_[h];
   b.handle = h;
-  KeyNode& node = *keys_.try_emplace(key).first;
   if (Block* other = node.second.block; other != nullptr) {  // a second copy: the latest holds the key
-    Unfile(*other);
     other->key = nullptr;
-    if (!other->pinned) File(*other);
+    Refile(*other, latest_us_);
   }
   node.second.block = &b;
   b.key = &node;
   b.depth = depth;
-  LinkSession(b, session);
-  Touch(b, now_us);
-  File(b);
+  b.shared = node.second.shared;
+  LinkSession(b, b.shared ? 0 : session);
+  panel_.Insert(h, &key, now_us);
+  Use(b, now_us);
+  Refile(b, now_us);
 }
 
 void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint64_t now_us) {
@@ -207,33 +140,38 @@ void QueueAwarePolicy::OnAccess(BlockHandle h, uint64_t now_us) {
   auto it = blocks_.find(h);
   if (it == blocks_.end()) return;
   Block& b = it->second;
-  Unfile(b);
-  ++b.uses;
-  Touch(b, now_us);
-  if (!b.pinned) File(b);
+  Use(b, now_us);
+  if (b.group == Group::kPanel) {
+    panel_.Access(h, now_us);
+  } else if (b.group == Group::kClosed) {
+    closed_.erase(b.closed_at);
+    b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
+  }
 }
 
 void QueueAwarePolicy::OnPin(BlockHandle h) {
   auto it = blocks_.find(h);
   if (it == blocks_.end() || it->second.pinned) return;
-  Unfile(it->second);
   it->second.pinned = true;
+  Refile(it->second, latest_us_);
 }
 
 void QueueAwarePolicy::OnUnpin(BlockHandle h, uint64_t now_us) {
   auto it = blocks_.find(h);
   if (it == blocks_.end() || !it->second.pinned) return;
-  it->second.pinned = false;
-  ++it->second.uses;  // a pin is a read: it counts toward the use count too
-  Touch(it->second, now_us);
-  File(it->second);
+  Block& b = it->second;
+  b.pinned = false;
+  Use(b, now_us);  // a pin is a read
+  Refile(b, now_us);
 }
 
 void QueueAwarePolicy::OnRemove(BlockHandle h) {
   auto it = blocks_.find(h);
   if (it == blocks_.end()) return;
   Block& b = it->second;
-  Unfile(b);
+  if (b.group == Group::kClosed) closed_.erase(b.closed_at);
+  if (b.group == Group::kNeeded) needed_.erase(b.needed_at);
+  panel_.Remove(h);
   UnlinkSession(b);
   if (b.key != nullptr) {
     KeyEntry& entry = b.key->second;
@@ -247,16 +185,10 @@ void QueueAwarePolicy::OnRemove(BlockHandle h) {
 }
 
 std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
-  if (!closed_.empty()) {
-    const ClosedOrder& o = *closed_.begin();
-    return EvictionCandidate{o.handle, Rank(0, 0, o.uses, o.time)};
-  }
-  for (size_t word = 0; word < nonempty_.size(); ++word) {
-    if (nonempty_[word] == 0) continue;
-    const Block& b = *lists_[word * 64 + std::countr_zero(nonempty_[word])].head;
-    return EvictionCandidate{b.handle, Rank(0, 1, b.uses, b.time)};
-  }
-  if (!needed_.empty()) return EvictionCandidate{needed_.begin()->handle, Rank(1, 0, 0, needed_.begin()->later)};
+  panel_.NoteCapacity(blocks_.size());
+  if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->time)};
+  if (auto v = panel_.Victim()) return EvictionCandidate{v->handle, Rank(1, PanelOrder(v->rank))};
+  if (!needed_.empty()) return EvictionCandidate{needed_.begin()->handle, Rank(2, needed_.begin()->later)};
   return std::nullopt;
 }
 
@@ -265,17 +197,18 @@ void QueueAwarePolicy::AddStart(const QueuedBlock& qb, uint64_t start_us, uint64
   KeyEntry& entry = node.second;
   entry.starts.insert(std::upper_bound(entry.starts.begin(), entry.starts.end(), start_us), start_us);
   entry.depth = qb.depth;
-  if (session != 0) entry.session = session;
+  if (session != 0) {
+    if (entry.session != 0 && entry.session != session) entry.shared = true;
+    entry.session = session;
+  }
   Block* b = entry.block;
   if (b == nullptr) return;
-  if (b->depth != qb.depth && b->place == Place::kNeeded) Unfile(*b);  // its tree key changes
+  const bool reorder = b->group == Group::kNeeded && b->depth != qb.depth;  // its tree key changes
+  if (reorder) needed_.erase(b->needed_at);
   b->depth = qb.depth;
-  if (b->session == 0 && session != 0) LinkSession(*b, session);
-  if (b->place == Place::kNone && !b->pinned) {
-    File(*b);
-  } else {
-    Refile(*b);
-  }
+  if (reorder) b->needed_at = needed_.insert(NeededOrderOf(*b)).first;
+  JoinSession(*b, session);
+  Refile(*b, latest_us_);
 }
 
 void QueueAwarePolicy::RemoveStart(const BlockKey& key, uint64_t start_us) {
@@ -286,7 +219,7 @@ void QueueAwarePolicy::RemoveStart(const BlockKey& key, uint64_t start_us) {
   if (one == entry.starts.end() || *one != start_us) return;
   entry.starts.erase(one);
   if (entry.block != nullptr) {
-    Refile(*entry.block);
+    Refile(*entry.block, latest_us_);
   } else if (entry.starts.empty()) {
     keys_.erase(node);
   }
@@ -332,12 +265,8 @@ void QueueAwarePolicy::SetSessionClosed(uint64_t session, bool closed) {
   auto s = sessions_.find(session);
   if (s == sessions_.end()) return;
   for (Block* b = s->second; b != nullptr; b = b->session_next) {
-    if (b->closed == closed) continue;
-    const bool unneeded = b->place == Place::kOpen || b->place == Place::kClosed;
-    if (unneeded) Unfile(*b);
     b->closed = closed;
-    if (!closed) Touch(*b, latest_us_);  // reopening counts as a use (see the header)
-    if (unneeded) File(*b);
+    Refile(*b, latest_us_);  // reopening returns it to the panel: a use (see the header)
   }
 }
 

@@ -1,45 +1,46 @@
 // QueueAwarePolicy: eviction that knows the engine's request queue
-// (DESIGN.md section 5). The inference engine reports queued requests (id,
-// the key chain of their prompt, expected start); a block's next use is the
+// (DESIGN.md section 5), the daemon's default. The inference engine reports
+// queued requests (id, the key chain of their prompt, expected start,
+// conversation) and closed conversations; a block's next use is the
 // earliest expected start among queued requests containing it.
 //
-// Victim order (first evicted first):
-//   1. blocks no queued request needs, ordered by: blocks of closed
-//      sessions first, then fewer uses, then least recently used, then the
-//      deeper in its chain (children before parents);
-//   2. then blocks some queued request needs, the furthest next use first,
-//      deeper first among equals.
-// NeededWithin(h, now, window) tells the engine a block is needed inside
-// the look-ahead window: such a victim must be demoted, never dropped.
+// Knowledge comes in three grades, and the victim order (first evicted
+// first) uses each where it is strong:
+//   1. blocks of closed conversations (no queued request needs them):
+//      nothing will read them again except another conversation sharing
+//      the prefix, so they go first, least recently used first, deeper
+//      first among equals. A block two conversations' hints name is shared
+//      and never counts as of a closed conversation;
+//   2. the rest of the unneeded blocks, open conversations' tails among
+//      them: in the order of ExpertPanel (expert_panel.h), the classic
+//      policy (LRU, LRU-2, ARC) that would be hitting most on the
+//      workload seen lately;
+//   3. blocks some queued request needs: the furthest next use first,
+//      deeper first among equals, as the offline optimum would.
+// Without hints (no queue, no closed conversations) the order is the
+// panel's alone. NeededWithin(h, now, window) tells the engine a block is
+// needed inside the look-ahead window: such a victim must be demoted,
+// never dropped.
 //
-// Blocks inserted without a key (plain OnInsert) are never matched by a
-// queued request and count as depth 0. A use is an OnAccess or the end of
-// a pin (OnUnpin: the engine pins a block to read it); uses count up to 255. Among equal
-// keys the block whose last use was recorded first goes first.
+// Uses: an OnAccess, the end of a pin (OnUnpin: the engine pins a block to
+// read it) and an insertion each reference the block's key for the
+// panel's shadows. A block in group 1 or 3 is held out of the panel's
+// order; when it returns (its last queued request started, finished or was
+// dropped, or its conversation reopened), the panel counts a use at the
+// latest time the policy was given: the request that ran touches the block
+// anyway. Blocks inserted without a key (plain OnInsert) are never matched
+// by a queued request, count as depth 0 and are not seen by the shadows.
 //
-// Two events count as a use at the latest time the policy was given (the
-// use count does not change): a block leaving the needed group (its last
-// queued request started, finished or was dropped; the request that ran
-// touches it anyway) and a block whose session reopens. Both return blocks
-// to the tail of the recency order in O(1), where restoring their old place
-// would cost a walk over every block used since.
-//
-// Layout: closed-session blocks in a tree; open unneeded blocks in one
-// recency list per use count (0..255) with a bitmap of the non-empty ones;
-// needed blocks in a tree by next use. Tree nodes are recycled.
-//
-// Costs (n tracked blocks, m needed, c closed-session blocks, k queued
-// requests naming a key): insert, access, unpin O(1) when times arrive in
-// order (a time older than the newest in the list walks back over the
-// newer ones), O(log m) or O(log c) when the block is needed or closed;
-// pin and remove O(1) (O(log) for a needed or closed block); victim O(1);
-// OnEnqueue of c keys O(c (k + log m)); OnDequeue the same; a session hint
-// O(s log c) for its s blocks. Not thread-safe, like every policy.
+// Costs (n tracked blocks, m needed, c closed-conversation blocks, k
+// queued requests naming a key): insert, access, pin, unpin and remove
+// cost one call on each of the panel's 3 real instances, plus 3 shadow
+// calls for a sampled key, plus O(log m) or O(log c) for a needed or closed
+// block; victim the leader's victim; OnEnqueue of c keys O(c (k + log m));
+// OnDequeue the same; a session hint O(s log c) for its s blocks. Not
+// thread-safe, like every policy.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -50,15 +51,17 @@
 
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
+#include "policy/expert_panel.h"
 
 namespace kvtier {
 
 class QueueAwarePolicy final : public EvictionPolicy {
  public:
-  // EvictionPolicy. `rank` for comparing shards: the victim order packed
-  // into 64 bits (group, closed, uses up to 255, 54 bits of time in us), so
-  // across shards the order is that of this comment except the depth
-  // tie-break.
+  // EvictionPolicy. `rank` for comparing shards: the group in the top two
+  // bits, then within group 1 the last use, within group 2 the leader's
+  // own rank (its band bit moved from 63 to 61, 61 bits of time), within
+  // group 3 the complement of the next use; shards with the same leader
+  // order as one policy would, except the depth tie-break.
   void OnInsert(BlockHandle h, uint64_t now_us) override;
   void OnAccess(BlockHandle h, uint64_t now_us) override;
   void OnPin(BlockHandle h) override;
@@ -88,8 +91,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
   void OnDequeue(uint64_t request) override { Dequeue(request); }
   void Started(uint64_t request) { Dequeue(request); }
   void Finished(uint64_t request) { Dequeue(request); }
-  // Blocks of `session` count as of a closed session (evicted first among
-  // the unneeded) until it opens again.
+  // Blocks of `session` count as of a closed conversation until it opens
+  // again.
   void OnSessionClosed(uint64_t session) override { SetSessionClosed(session, true); }
   void OnSessionOpened(uint64_t session) override { SetSessionClosed(session, false); }
   void CloseSession(uint64_t session) { SetSessionClosed(session, true); }
@@ -99,6 +102,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
   // Whether `h` is needed by a request expected to start before now + window.
   bool NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const override;
   size_t queued_requests() const { return requests_.size(); }
+  // The panel's current leader ("lru", "lru2" or "arc").
+  std::string_view leader() const { return panel_.expert_name(panel_.leader()); }
 
  private:
   struct Block;
@@ -109,14 +114,13 @@ class QueueAwarePolicy final : public EvictionPolicy {
     std::vector<uint64_t> starts;  // expected starts of queued requests naming it, ascending
     uint32_t depth = 0;            // from the latest hint naming it
     uint64_t session = 0;          // from the latest hint naming it with a session
+    bool shared = false;           // hints of two conversations named it
   };
   using KeyNode = std::pair<const BlockKey, KeyEntry>;
   // Sort keys of the two tree-ordered groups; `shallow` = ~depth.
   struct ClosedOrder {
-    uint32_t uses = 0;
     uint64_t time = 0;
     uint32_t shallow = 0;
-    uint64_t seq = 0;
     BlockHandle handle = 0;
     friend auto operator<=>(const ClosedOrder&, const ClosedOrder&) = default;
   };
@@ -128,77 +132,52 @@ class QueueAwarePolicy final : public EvictionPolicy {
   };
   using ClosedSet = std::set<ClosedOrder>;
   using NeededSet = std::set<NeededOrder>;
-  // Where an unpinned block is filed.
-  enum class Place : uint8_t { kNone, kOpen, kClosed, kNeeded };
+  // Where a block is ordered: pinned by the engine (nowhere), the panel
+  // (group 2), or one of the trees (groups 1 and 3).
+  enum class Group : uint8_t { kPinned, kPanel, kClosed, kNeeded };
   struct Block {
     BlockHandle handle = 0;
     KeyNode* key = nullptr;  // null: inserted without a key
     uint64_t session = 0;
     uint64_t time = 0;  // last use
-    uint64_t seq = 0;   // when `time` was set: the last tie-break
     uint32_t depth = 0;
-    uint32_t uses = 0;
+    bool shared = false;  // hints of two conversations named it: never closed
     bool closed = false;
     bool pinned = false;
-    Place place = Place::kNone;
-    Block* prev = nullptr;  // kOpen: neighbours in its list
-    Block* next = nullptr;
+    Group group = Group::kPanel;
     Block* session_prev = nullptr;  // the blocks of its session
     Block* session_next = nullptr;
     ClosedSet::iterator closed_at;  // kClosed
     NeededSet::iterator needed_at;  // kNeeded
   };
-  // Open, unneeded blocks with one use count, ordered by (time, deeper
-  // first, seq). The run (the blocks sharing the tail's time) is indexed by
-  // depth once a block joins it at that time, so chains written at one time
-  // in any order file in O(log depths); `run_known` false: not indexed yet.
-  struct List {
-    Block* head = nullptr;
-    Block* tail = nullptr;
-    bool run_known = false;
-    Block* run_first = nullptr;                 // run_known: the run's first block
-    std::map<uint32_t, Block*> run_last;        // run_known: depth -> its last block in the run
-  };
-  static constexpr uint32_t kUseBuckets = 256;  // uses count up to 255
   struct Request {
     std::vector<BlockKey> keys;
     uint64_t start_us = 0;
   };
 
-  static uint32_t Bucket(const Block& b) { return b.uses < kUseBuckets ? b.uses : kUseBuckets - 1; }
   static bool Needed(const Block& b) { return b.key != nullptr && !b.key->second.starts.empty(); }
+  Group GroupOf(const Block& b) const;
   NeededOrder NeededOrderOf(const Block& b) const;
-  void Touch(Block& b, uint64_t time_us);
-  // Files an unpinned, unfiled block by its state; Unfile takes it out.
-  void File(Block& b);
-  void Unfile(Block& b);
-  void Link(List& list, Block& b);
-  void Unlink(List& list, Block& b);
-  // Indexes the run of `list` (not empty) if it is not yet.
-  void IndexRun(List& list);
-  // After a block's queue state changed: moves it between the needed and
-  // the unneeded groups (leaving the queue counts as a use at latest_us_).
-  void Refile(Block& b);
+  // Moves `b` to the group its state names; a return to the panel counts
+  // as a use at `use_us`.
+  void Refile(Block& b, uint64_t use_us);
+  void Use(Block& b, uint64_t now_us);
   void AddStart(const QueuedBlock& qb, uint64_t start_us, uint64_t session);
   void RemoveStart(const BlockKey& key, uint64_t start_us);
+  void JoinSession(Block& b, uint64_t session);
   void LinkSession(Block& b, uint64_t session);
   void UnlinkSession(Block& b);
   void Dequeue(uint64_t request);
   void SetSessionClosed(uint64_t session, bool closed);
-  static uint64_t Rank(uint64_t group, uint64_t open, uint32_t uses, uint64_t time);
 
   std::unordered_map<BlockHandle, Block> blocks_;
   std::unordered_map<BlockKey, KeyEntry> keys_;
-  std::array<List, kUseBuckets> lists_;
-  std::array<uint64_t, kUseBuckets / 64> nonempty_{};  // bit b: lists_[b] has blocks
+  mutable ExpertPanel panel_;  // Victim() tells it the capacity
   ClosedSet closed_;
   NeededSet needed_;
-  std::vector<ClosedSet::node_type> spare_closed_;  // tree nodes kept for reuse
-  std::vector<NeededSet::node_type> spare_needed_;
-  std::unordered_map<uint64_t, Block*> sessions_;    // session -> first of its blocks
+  std::unordered_map<uint64_t, Block*> sessions_;  // session -> first of its blocks
   std::unordered_map<uint64_t, Request> requests_;
   uint64_t latest_us_ = 0;  // the latest time passed in
-  uint64_t seq_ = 0;
 };
 
 std::unique_ptr<QueueAwarePolicy> MakeQueueAwarePolicy();

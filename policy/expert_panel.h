@@ -1,0 +1,112 @@
+// ExpertPanel: an eviction order that follows whichever classic policy
+// would be hitting most on the workload seen lately. QueueAwarePolicy uses
+// it for the blocks no hint says anything about (DESIGN.md section 5).
+//
+// Experts: LRU, LRU-2 and ARC (eviction_policy.h): recency, frequency and
+// an adaptive mix. Each expert runs twice:
+//   - a real instance tracks the blocks the caller tracks; the caller pins
+//     in it the blocks it orders itself (Hold/Release), so the leader's
+//     Victim() names the next block of the panel's order;
+//   - a shadow instance simulates a cache of its own on the stream of
+//     referenced keys (Reference) and says, for each, whether it hit.
+// S3-FIFO is not an expert: its shadow's key hits overstate its prefix
+// hits (on multi-round QA at 50 blocks it hits 10% more keys than LRU's
+// shadow, and 1.4% fewer prefix tokens in replay), so following it costs
+// hits. FIFO never leads LRU by a margin worth a switch.
+//
+// Shadows have the capacity the caller runs at: the most blocks tracked at
+// a NoteCapacity call (the caller's Victim()) during the last epoch. Above
+// kMaxShadowBlocks, the shadows see a fixed share of the keys, chosen by
+// key hash (spatial sampling as in SHARDS, Waldspurger et al., FAST 2015),
+// with the capacity scaled by that share, so their cost stays bounded at
+// any cache size.
+//
+// The leader starts as LRU. For each other expert the panel tallies the
+// sampled references it hit and the leader missed (wins) and the reverse
+// (losses), decayed by kDecay each epoch (twice the shadow capacity in
+// sampled references, at least kMinEpoch). At an epoch's end, after
+// kWarmEpochs, the expert with the largest lead (wins - losses) becomes
+// the leader if that lead is at least kMinLead and over two standard
+// deviations of the disagreements (McNemar's test: 2 sqrt(wins + losses));
+// the tallies then start over against the new leader.
+//
+// Costs: each call is one call on each real instance (3), and a sampled
+// reference one on each shadow (3); see eviction_policy.h for theirs.
+// Not thread-safe, like every policy.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+
+#include "kvtier/block_key.h"
+#include "policy/eviction_policy.h"
+
+namespace kvtier {
+
+class ExpertPanel {
+ public:
+  static constexpr size_t kExperts = 3;
+  static constexpr size_t kMaxShadowBlocks = 16384;
+  static constexpr uint64_t kMinEpoch = 256;
+  static constexpr double kDecay = 0.75;   // a tally's weight after one more epoch
+  static constexpr double kMinLead = 8;    // hits: a smaller lead never changes the leader
+  static constexpr uint64_t kWarmEpochs = 4;  // epochs before the leader may change
+
+  ExpertPanel();
+
+  // The real instances: the same contract as EvictionPolicy's calls of
+  // the same names. `key` null: a block no reference names.
+  void Insert(BlockHandle h, const BlockKey* key, uint64_t now_us);
+  void Access(BlockHandle h, uint64_t now_us);
+  // `h` leaves the panel's order until Release (which counts as a use at
+  // `now_us`). Holds do not nest.
+  void Hold(BlockHandle h);
+  void Release(BlockHandle h, uint64_t now_us);
+  void Remove(BlockHandle h);
+  // The leader's victim among the blocks not held.
+  std::optional<EvictionCandidate> Victim() const;
+
+  // A read or a write of `key` by a request: the shadows' input.
+  void Reference(const BlockKey& key, uint64_t now_us);
+  // The capacity, in blocks, that the shadows simulate (scaled by the
+  // sampled share); 0: none known yet (shadows keep every key).
+  void NoteCapacity(size_t blocks);
+
+  size_t leader() const { return leader_; }
+  std::string_view expert_name(size_t i) const { return experts_[i].real->name(); }
+  // Keys expert i's shadow holds now.
+  size_t shadow_blocks(size_t i) const { return experts_[i].shadow_handles.size(); }
+
+ private:
+  struct Expert {
+    std::unique_ptr<EvictionPolicy> real;
+    std::unique_ptr<EvictionPolicy> shadow;
+    std::unordered_map<BlockKey, BlockHandle> shadow_handles;
+    std::unordered_map<BlockHandle, BlockKey> shadow_keys;
+    BlockHandle next_handle = 1;
+    // Against the current leader, decayed by kDecay each epoch: the
+    // sampled references this shadow hit and the leader's missed (wins),
+    // and the reverse (losses).
+    double wins = 0;
+    double losses = 0;
+  };
+  bool Sampled(const BlockKey& key) const;
+  // Whether the shadow hit.
+  bool ShadowReference(Expert& e, const BlockKey& key, uint64_t now_us);
+  void SetCapacity(size_t blocks);
+  void EndEpoch();
+
+  std::array<Expert, kExperts> experts_;
+  size_t leader_ = 0;  // experts_[0] is LRU
+  size_t shadow_capacity_ = 0;   // 0: unbounded
+  uint64_t sample_threshold_ = 0;  // a key is sampled when its mixed hash is below; 0: all keys
+  uint64_t epoch_refs_ = 0;
+  uint64_t epochs_ = 0;
+  size_t epoch_capacity_ = 0;  // the most blocks tracked at a NoteCapacity this epoch
+};
+
+}  // namespace kvtier
