@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace kvtier::tools {
@@ -79,12 +80,31 @@ struct LegendItem {
   bool swatch = true;  // false: a plain text item (a heading)
 };
 
+// " (gap closed A to B)": the range of `policy`'s runs' shares of the
+// LRU-to-Belady gap ("" when none has one: no LRU or Belady run to
+// compare, or the policy is LRU).
+std::string GapClosedRange(const std::vector<ReplayResult>& runs, const std::string& policy) {
+  std::optional<double> low, high;
+  for (const ReplayResult& r : runs) {
+    if (r.options.policy != policy || !r.gap_closed || policy == "lru") continue;
+    low = std::min(low.value_or(*r.gap_closed), *r.gap_closed);
+    high = std::max(high.value_or(*r.gap_closed), *r.gap_closed);
+  }
+  if (!low) return "";
+  auto text = [](double v) {
+    const std::string t = Fixed(v, 2);
+    return t == "-0.00" ? std::string("0.00") : t;
+  };
+  if (text(*low) == text(*high)) return " (gap closed " + text(*low) + ")";
+  return " (gap closed " + text(*low) + " to " + text(*high) + ")";
+}
+
 std::vector<LegendItem> PolicyLegend(const std::vector<ReplayResult>& runs) {
   const auto policies = Policies(runs);
   const auto styles = PolicyStyles(policies);
   std::vector<LegendItem> items;
   for (const std::string& p : policies) {
-    items.push_back({IsCeiling(p) ? p + ": offline optimum (ceiling)" : p, styles.at(p)});
+    items.push_back({IsCeiling(p) ? p + ": offline optimum (ceiling)" : p + GapClosedRange(runs, p), styles.at(p)});
   }
   return items;
 }
@@ -342,7 +362,9 @@ void DrawHitRates(std::ostringstream& svg, const std::vector<ReplayResult>& runs
     for (const ReplayResult* r : points) {
       svg << "<circle cx=\"" << scale.X(r->options.host) << "\" cy=\"" << RateY(r->token_hit_rate(), l)
           << "\" r=\"3.5\" fill=\"" << style.color << "\"><title>" << Escape(policy) << " at "
-          << CapacityLabel(r->options.host) << ": " << Fixed(r->token_hit_rate(), 4) << "</title></circle>\n";
+          << CapacityLabel(r->options.host) << ": " << Fixed(r->token_hit_rate(), 4);
+      if (r->gap_closed && policy != "lru" && !IsCeiling(policy)) svg << ", gap closed " << Fixed(*r->gap_closed, 3);
+      svg << "</title></circle>\n";
     }
   }
 }

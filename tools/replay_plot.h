@@ -3,7 +3,9 @@
 // - token hit rate against host capacity, one line per policy (x on a log
 //   scale when the capacities span more than 10x; `inf` at the right end).
 //   A policy named "belady" (the offline optimum) is the ceiling: a dashed
-//   line, labelled so; every other policy is a solid line;
+//   line, labelled so; every other policy is a solid line. The share of
+//   the LRU-to-Belady gap each run closes is in its point's tooltip, and
+//   its range over the policy's runs in the legend;
 // - per run, a stacked bar of where the hits came from (host, NVMe,
 //   remote shares of the hit blocks).
 // Top to bottom: the title, the legends (policies over the left chart,

@@ -499,7 +499,7 @@ void SetGapClosed(std::vector<ReplayResult>& runs) {
     run.gap_closed.reset();
     if (lru == nullptr || belady == nullptr) continue;
     const double gap = belady->token_hit_rate() - lru->token_hit_rate();
-    if (gap > 1e-9) run.gap_closed = (run.token_hit_rate() - lru->token_hit_rate()) / gap;
+    if (gap >= kMinGap) run.gap_closed = (run.token_hit_rate() - lru->token_hit_rate()) / gap;
   }
 }
 

@@ -115,7 +115,8 @@ struct ReplayResult {
   double mean_queue = 0;
   // The share of the LRU-to-Belady gap in token hit rate this run closes,
   // (this - lru) / (belady - lru), set by SetGapClosed; nullopt when the
-  // two reference runs are missing or Belady is not above LRU.
+  // two reference runs are missing or Belady is less than kMinGap above
+  // LRU (a ratio over a gap that small says nothing).
   std::optional<double> gap_closed;
   double wall_seconds = 0;
   // The p-th percentile of ttft_ms (Percentile); nullopt when empty.
@@ -127,6 +128,10 @@ struct ReplayResult {
 
 // The p-th percentile (nearest rank) of `samples`; 0 when empty.
 double Percentile(std::vector<double> samples, double p);
+
+// The smallest LRU-to-Belady gap in token hit rate that gap_closed is
+// reported for: a tenth of a point.
+inline constexpr double kMinGap = 0.001;
 
 // Sets `gap_closed` of every run for which `runs` holds an "lru" and a
 // "belady" run with the same options but the policy (the same capacities,

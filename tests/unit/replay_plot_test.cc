@@ -173,5 +173,20 @@ TEST(ReplayPlotTest, LegendsChartsAndRunLabelsDoNotOverlap) {
   EXPECT_GT(LayoutPlot(cases[2]).height, LayoutPlot(cases[0]).height);
 }
 
+TEST(ReplayPlotTest, EachRunShowsTheShareOfTheGapItCloses) {
+  std::vector<ReplayResult> runs = Sweep({"lru", "queue_aware", "belady"});
+  SetGapClosed(runs);  // lru 0.2 .. 0.35, queue_aware the same, belady 0.5 .. 0.65
+  runs[4].hit_tokens = 350;  // queue_aware at 1M tokens: 0.35, half of LRU's 0.2 to Belady's 0.5
+  SetGapClosed(runs);
+  const std::string svg = PlotSvg(runs, "t");
+  EXPECT_NE(svg.find("queue_aware (gap closed 0.00 to 0.50)"), std::string::npos);
+  EXPECT_NE(svg.find("queue_aware at 1M tok: 0.3500, gap closed 0.500"), std::string::npos);
+  EXPECT_EQ(svg.find("lru (gap closed"), std::string::npos) << "LRU is the gap's floor";
+  EXPECT_EQ(svg.find("gap closed 1.0"), std::string::npos) << "nor does Belady name it";
+  runs[5].hit_tokens = 249;  // queue_aware at 3M tokens: a hair under LRU's 0.25
+  SetGapClosed(runs);
+  EXPECT_NE(PlotSvg(runs, "t").find("queue_aware (gap closed 0.00 to 0.50)"), std::string::npos) << "never -0.00";
+}
+
 }  // namespace
 }  // namespace kvtier::tools

@@ -371,6 +371,16 @@ TEST(ReplayGapTest, GapClosedIsTheShareOfTheLruToBeladyGap) {
   std::vector<ReplayResult> flat = {run("lru", 100, 10), run("belady", 100, 10), run("arc", 100, 10)};
   SetGapClosed(flat);
   EXPECT_FALSE(flat[2].gap_closed);
+  // A gap under a tenth of a point: a ratio over it would be noise.
+  std::vector<ReplayResult> tiny = {run("lru", 100, 10), run("belady", 100, 10), run("arc", 99, 10)};
+  tiny[0].tokens = tiny[1].tokens = tiny[2].tokens = 100'000;
+  tiny[1].hit_tokens = 199;  // 0.00199 vs 0.001: 0.00099 apart
+  SetGapClosed(tiny);
+  EXPECT_FALSE(tiny[2].gap_closed);
+  tiny[1].hit_tokens = 200;  // a gap of exactly 0.001
+  SetGapClosed(tiny);
+  ASSERT_TRUE(tiny[2].gap_closed.has_value());
+  EXPECT_NEAR(*tiny[2].gap_closed, -0.01, 1e-9);
 }
 
 TEST_F(ReplayTest, TheEngineModelReportsTheMeanQueue) {
