@@ -57,11 +57,12 @@ std::optional<EvictionCandidate> ExpertPanel::Victim() const { return experts_[l
 
 void ExpertPanel::NoteCapacity(size_t blocks) {
   epoch_capacity_ = std::max(epoch_capacity_, blocks);
-  if (shadow_capacity_ == 0) SetCapacity(blocks);  // the first one known
+  if (blocks > capacity_) SetCapacity(blocks);  // growth counts at once, a shrink at the epoch's end
 }
 
 void ExpertPanel::SetCapacity(size_t blocks) {
   if (blocks == 0) return;
+  capacity_ = blocks;
   if (blocks <= kMaxShadowBlocks) {
     sample_threshold_ = 0;
     shadow_capacity_ = blocks;

@@ -14,8 +14,9 @@
 // shadow, and 1.4% fewer prefix tokens in replay), so following it costs
 // hits. FIFO never leads LRU by a margin worth a switch.
 //
-// Shadows have the capacity the caller runs at: the most blocks tracked at
-// a NoteCapacity call (the caller's Victim()) during the last epoch. Above
+// Shadows have the capacity the caller runs at: the most blocks it tracked
+// (NoteCapacity) during the last epoch, or more as soon as it tracks more,
+// so a shadow never holds more keys than the caller holds blocks. Above
 // kMaxShadowBlocks, the shadows see a fixed share of the keys, chosen by
 // key hash (spatial sampling as in SHARDS, Waldspurger et al., FAST 2015),
 // with the capacity scaled by that share, so their cost stays bounded at
@@ -72,8 +73,10 @@ class ExpertPanel {
 
   // A read or a write of `key` by a request: the shadows' input.
   void Reference(const BlockKey& key, uint64_t now_us);
-  // The capacity, in blocks, that the shadows simulate (scaled by the
-  // sampled share); 0: none known yet (shadows keep every key).
+  // The caller tracks `blocks` blocks: the capacity, in blocks, that the
+  // shadows simulate (scaled by the sampled share) is the most noted since
+  // the last epoch began, and grows at once when a note exceeds it. The
+  // caller notes its size at each insertion and each Victim().
   void NoteCapacity(size_t blocks);
 
   size_t leader() const { return leader_; }
@@ -102,7 +105,8 @@ class ExpertPanel {
 
   std::array<Expert, kExperts> experts_;
   size_t leader_ = 0;  // experts_[0] is LRU
-  size_t shadow_capacity_ = 0;   // 0: unbounded
+  size_t capacity_ = 0;          // the caller's, in blocks
+  size_t shadow_capacity_ = 0;   // capacity_ scaled by the sampled share; 0 before any note
   uint64_t sample_threshold_ = 0;  // a key is sampled when its mixed hash is below; 0: all keys
   uint64_t epoch_refs_ = 0;
   uint64_t epochs_ = 0;

@@ -34,22 +34,16 @@ QueueAwarePolicy::NeededOrder QueueAwarePolicy::NeededOrderOf(const Block& b) co
 void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
   const Group to = GroupOf(b);
   if (to == b.group && (to != Group::kNeeded || *b.needed_at == NeededOrderOf(b))) return;
-  switch (b.group) {  // out of the old group
-    case Group::kPanel:
-      panel_.Hold(b.handle);
-      break;
-    case Group::kClosed:
-      closed_.erase(b.closed_at);
-      break;
-    case Group::kNeeded:
-      needed_.erase(b.needed_at);
-      break;
-    case Group::kPinned:
-      break;
-  }
-  switch (to) {  // into the new one
-    case Group::kPanel:
-      panel_.Release(b.handle, use_us);
+  if (b.group == Group::kClosed) closed_.erase(b.closed_at);
+  if (b.group == Group::kNeeded) needed_.erase(b.needed_at);
+  switch (to) {
+    case Group::kPanel:  // a return: a use (see the header)
+      if (b.held) {
+        panel_.Release(b.handle, use_us);
+      } else {
+        panel_.Access(b.handle, use_us);
+      }
+      b.held = false;
       break;
     case Group::kClosed:
       b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
@@ -57,7 +51,9 @@ void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
     case Group::kNeeded:
       b.needed_at = needed_.insert(NeededOrderOf(b)).first;
       break;
-    case Group::kPinned:
+    case Group::kPinned:  // the engine reads it: out of every order at once
+      if (!b.held) panel_.Hold(b.handle);
+      b.held = true;
       break;
   }
   b.group = to;
@@ -108,6 +104,7 @@ void QueueAwarePolicy::OnInsert(BlockHandle h, uint64_t now_us) {
   b.time = now_us;
   latest_us_ = std::max(latest_us_, now_us);
   panel_.Insert(h, nullptr, now_us);
+  panel_.NoteCapacity(blocks_.size());
 }
 
 void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_t depth, uint64_t session,
@@ -126,6 +123,7 @@ void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_
   b.shared = node.second.shared;
   LinkSession(b, b.shared ? 0 : session);
   panel_.Insert(h, &key, now_us);
+  panel_.NoteCapacity(blocks_.size());
   Use(b, now_us);
   Refile(b, now_us);
 }
@@ -141,9 +139,8 @@ void QueueAwarePolicy::OnAccess(BlockHandle h, uint64_t now_us) {
   if (it == blocks_.end()) return;
   Block& b = it->second;
   Use(b, now_us);
-  if (b.group == Group::kPanel) {
-    panel_.Access(h, now_us);
-  } else if (b.group == Group::kClosed) {
+  if (!b.held) panel_.Access(h, now_us);
+  if (b.group == Group::kClosed) {
     closed_.erase(b.closed_at);
     b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
   }
@@ -187,7 +184,14 @@ void QueueAwarePolicy::OnRemove(BlockHandle h) {
 std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
   panel_.NoteCapacity(blocks_.size());
   if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->time)};
-  if (auto v = panel_.Victim()) return EvictionCandidate{v->handle, Rank(1, PanelOrder(v->rank))};
+  // Blocks that left the panel's group for the trees stay in the experts
+  // until one names them: held then, once.
+  while (auto v = panel_.Victim()) {
+    const Block& b = blocks_.at(v->handle);
+    if (b.group == Group::kPanel) return EvictionCandidate{v->handle, Rank(1, PanelOrder(v->rank))};
+    panel_.Hold(b.handle);
+    b.held = true;
+  }
   if (!needed_.empty()) return EvictionCandidate{needed_.begin()->handle, Rank(2, needed_.begin()->later)};
   return std::nullopt;
 }
@@ -266,7 +270,7 @@ void QueueAwarePolicy::SetSessionClosed(uint64_t session, bool closed) {
   if (s == sessions_.end()) return;
   for (Block* b = s->second; b != nullptr; b = b->session_next) {
     b->closed = closed;
-    Refile(*b, latest_us_);  // reopening returns it to the panel: a use (see the header)
+    Refile(*b, latest_us_);
   }
 }
 

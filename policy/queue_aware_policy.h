@@ -24,20 +24,25 @@
 //
 // Uses: an OnAccess, the end of a pin (OnUnpin: the engine pins a block to
 // read it) and an insertion each reference the block's key for the
-// panel's shadows. A block in group 1 or 3 is held out of the panel's
-// order; when it returns (its last queued request started, finished or was
-// dropped, or its conversation reopened), the panel counts a use at the
-// latest time the policy was given: the request that ran touches the block
-// anyway. Blocks inserted without a key (plain OnInsert) are never matched
-// by a queued request, count as depth 0 and are not seen by the shadows.
+// panel's shadows and count as a use in the panel's experts. A block that
+// returns to group 2 from a tree (its last queued request started,
+// finished or was dropped, or its conversation reopened) counts a use at
+// the latest time the policy was given: the request that runs is about to
+// read it. While in a tree a block keeps its place in the experts (taking
+// it out on every hint would cost three policy calls more); the first time
+// the panel names it as a victim it is held out of their order until it
+// returns. Blocks inserted without a key (plain OnInsert) are never
+// matched by a queued request, count as depth 0 and are not seen by the
+// shadows.
 //
 // Costs (n tracked blocks, m needed, c closed-conversation blocks, k
 // queued requests naming a key): insert, access, pin, unpin and remove
 // cost one call on each of the panel's 3 real instances, plus 3 shadow
 // calls for a sampled key, plus O(log m) or O(log c) for a needed or closed
-// block; victim the leader's victim; OnEnqueue of c keys O(c (k + log m));
-// OnDequeue the same; a session hint O(s log c) for its s blocks. Not
-// thread-safe, like every policy.
+// block; victim the leader's victim, plus a hold (3 calls) for each block
+// of a tree it names first; OnEnqueue of c keys O(c (k + log m)); OnDequeue
+// the same; a session hint O(s log c) for its s blocks. Not thread-safe,
+// like every policy.
 #pragma once
 
 #include <cstdint>
@@ -144,6 +149,9 @@ class QueueAwarePolicy final : public EvictionPolicy {
     bool shared = false;  // hints of two conversations named it: never closed
     bool closed = false;
     bool pinned = false;
+    // Pinned in the panel's experts: at once for an engine pin, and for a
+    // block in a tree once the panel names it (Victim() sets it).
+    mutable bool held = false;
     Group group = Group::kPanel;
     Block* session_prev = nullptr;  // the blocks of its session
     Block* session_next = nullptr;
