@@ -78,8 +78,20 @@ bool ExpertPanel::Sampled(const BlockKey& key) const {
 
 void ExpertPanel::Reference(const BlockKey& key, uint64_t now_us) {
   if (!Sampled(key)) return;
+  auto [it, fresh] = slot_of_.try_emplace(key, 0);
+  if (fresh) {
+    if (free_slots_.empty()) {
+      it->second = static_cast<uint32_t>(slots_.size());
+      slots_.push_back(ShadowSlot{key, 0});
+    } else {
+      it->second = free_slots_.back();
+      free_slots_.pop_back();
+      slots_[it->second] = ShadowSlot{key, 0};
+    }
+  }
+  const uint32_t s = it->second;  // `it` may not survive the shadows' evictions
   std::array<bool, kExperts> hit{};
-  for (size_t i = 0; i < kExperts; ++i) hit[i] = ShadowReference(experts_[i], key, now_us);
+  for (size_t i = 0; i < kExperts; ++i) hit[i] = ShadowReference(i, s, now_us);
   for (size_t i = 0; i < kExperts; ++i) {
     if (hit[i] != hit[leader_]) (hit[i] ? experts_[i].wins : experts_[i].losses) += 1;
   }
@@ -87,25 +99,34 @@ void ExpertPanel::Reference(const BlockKey& key, uint64_t now_us) {
   if (++epoch_refs_ >= epoch) EndEpoch();
 }
 
-bool ExpertPanel::ShadowReference(Expert& e, const BlockKey& key, uint64_t now_us) {
-  if (auto it = e.shadow_handles.find(key); it != e.shadow_handles.end()) {
-    e.shadow->OnAccess(it->second, now_us);
+bool ExpertPanel::ShadowReference(size_t i, uint32_t s, uint64_t now_us) {
+  Expert& e = experts_[i];
+  const uint8_t bit = static_cast<uint8_t>(1u << i);
+  if ((slots_[s].holders & bit) != 0) {
+    e.shadow->OnAccess(s, now_us);
     return true;
   }
-  // A miss: the key comes in, after the shadow's victims make room.
-  while (shadow_capacity_ != 0 && e.shadow_handles.size() >= shadow_capacity_) {
+  // A miss: the key comes in, after the shadow's victims make room (never
+  // slot s: this shadow does not hold it).
+  while (shadow_capacity_ != 0 && e.shadow_blocks >= shadow_capacity_) {
     const std::optional<EvictionCandidate> victim = e.shadow->Victim();
     if (!victim) break;
     e.shadow->OnRemove(victim->handle);
-    auto gone = e.shadow_keys.find(victim->handle);
-    e.shadow_handles.erase(gone->second);
-    e.shadow_keys.erase(gone);
+    ShadowDropped(i, static_cast<uint32_t>(victim->handle));
   }
-  const BlockHandle h = e.next_handle++;
-  e.shadow_handles.emplace(key, h);
-  e.shadow_keys.emplace(h, key);
-  e.shadow->OnInsertKeyed(h, key, now_us);
+  slots_[s].holders |= bit;
+  ++e.shadow_blocks;
+  e.shadow->OnInsertKeyed(s, slots_[s].key, now_us);
   return false;
+}
+
+void ExpertPanel::ShadowDropped(size_t i, uint32_t s) {
+  --experts_[i].shadow_blocks;
+  ShadowSlot& slot = slots_[s];
+  slot.holders &= static_cast<uint8_t>(~(1u << i));
+  if (slot.holders != 0) return;
+  slot_of_.erase(slot.key);
+  free_slots_.push_back(s);
 }
 
 void ExpertPanel::EndEpoch() {

@@ -42,6 +42,7 @@
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
@@ -82,15 +83,13 @@ class ExpertPanel {
   size_t leader() const { return leader_; }
   std::string_view expert_name(size_t i) const { return experts_[i].real->name(); }
   // Keys expert i's shadow holds now.
-  size_t shadow_blocks(size_t i) const { return experts_[i].shadow_handles.size(); }
+  size_t shadow_blocks(size_t i) const { return experts_[i].shadow_blocks; }
 
  private:
   struct Expert {
     std::unique_ptr<EvictionPolicy> real;
     std::unique_ptr<EvictionPolicy> shadow;
-    std::unordered_map<BlockKey, BlockHandle> shadow_handles;
-    std::unordered_map<BlockHandle, BlockKey> shadow_keys;
-    BlockHandle next_handle = 1;
+    size_t shadow_blocks = 0;  // keys its shadow holds
     // Against the current leader, decayed by kDecay each epoch: the
     // sampled references this shadow hit and the leader's missed (wins),
     // and the reverse (losses).
@@ -98,12 +97,24 @@ class ExpertPanel {
     double losses = 0;
   };
   bool Sampled(const BlockKey& key) const;
-  // Whether the shadow hit.
-  bool ShadowReference(Expert& e, const BlockKey& key, uint64_t now_us);
+  // A key some shadow holds, or that is being referenced: one slot, shared
+  // by the shadows, whose index is the key's handle in each of them.
+  struct ShadowSlot {
+    BlockKey key;
+    uint8_t holders = 0;  // bit i: expert i's shadow holds the key
+  };
+  // Whether expert i's shadow hit slot `s`; on a miss it makes room and
+  // inserts the key.
+  bool ShadowReference(size_t i, uint32_t s, uint64_t now_us);
+  // Expert i's shadow dropped slot `s`: freed when no shadow holds it.
+  void ShadowDropped(size_t i, uint32_t s);
   void SetCapacity(size_t blocks);
   void EndEpoch();
 
   std::array<Expert, kExperts> experts_;
+  std::vector<ShadowSlot> slots_;
+  std::vector<uint32_t> free_slots_;
+  std::unordered_map<BlockKey, uint32_t> slot_of_;  // the keys of slots_ in use
   size_t leader_ = 0;  // experts_[0] is LRU
   size_t capacity_ = 0;          // the caller's, in blocks
   size_t shadow_capacity_ = 0;   // capacity_ scaled by the sampled share; 0 before any note
