@@ -247,6 +247,12 @@ PlotLayout LayoutPlot(const std::vector<ReplayResult>& runs) {
   l.legend_bottom = kLegendY + kLegendRow * rows;
   l.plot_top = l.legend_bottom + 14;
   l.plot_bottom = l.plot_top + kPlotH;
+  double best = 0;
+  for (const ReplayResult& r : runs) best = std::max(best, r.token_hit_rate());
+  for (double top : {0.05, 0.1, 0.25, 0.5, 1.0}) {  // the tightest whose fifths are round numbers
+    l.rate_top = top;
+    if (best <= top) break;
+  }
   // Left: capacity labels (and their bytes), then the axis title.
   l.capacity_labels_bottom = l.plot_bottom + (AnyBytes(runs) ? 30 : 18) + 22;
   // Right: run labels hang from the axis, rotated; vertical when the bars
@@ -292,7 +298,7 @@ class CapacityScale {
   double largest_ = 1, smallest_ = 1, x_max_ = 1;
 };
 
-double RateY(double rate, const PlotLayout& l) { return l.plot_bottom - rate * kPlotH; }
+double RateY(double rate, const PlotLayout& l) { return l.plot_bottom - rate / l.rate_top * kPlotH; }
 
 // The left chart's grid, axes, axis titles and capacity labels (bytes
 // under tokens when bytes per token is known), left to right, skipping a
@@ -301,15 +307,17 @@ void DrawHitRateAxes(std::ostringstream& svg, const std::vector<ReplayResult>& r
                      const CapacityScale& scale) {
   svg << "<g stroke=\"#999\" stroke-width=\"1\">\n";
   for (int i = 0; i <= 5; ++i) {
-    svg << "<line x1=\"" << kPlotX << "\" y1=\"" << RateY(i / 5.0, l) << "\" x2=\"" << kPlotX + kPlotW << "\" y2=\""
-        << RateY(i / 5.0, l) << "\" stroke=\"#eee\"/>\n";
+    const double rate = l.rate_top * i / 5.0;
+    svg << "<line x1=\"" << kPlotX << "\" y1=\"" << RateY(rate, l) << "\" x2=\"" << kPlotX + kPlotW << "\" y2=\""
+        << RateY(rate, l) << "\" stroke=\"#eee\"/>\n";
   }
   svg << "<line x1=\"" << kPlotX << "\" y1=\"" << l.plot_bottom << "\" x2=\"" << kPlotX + kPlotW << "\" y2=\""
       << l.plot_bottom << "\"/>\n<line x1=\"" << kPlotX << "\" y1=\"" << l.plot_top << "\" x2=\"" << kPlotX
       << "\" y2=\"" << l.plot_bottom << "\"/>\n</g>\n";
   for (int i = 0; i <= 5; ++i) {
-    svg << "<text x=\"" << kPlotX - 6 << "\" y=\"" << RateY(i / 5.0, l) + 4 << "\" text-anchor=\"end\">"
-        << Fixed(i / 5.0) << "</text>\n";
+    const double rate = l.rate_top * i / 5.0;
+    svg << "<text class=\"rate-tick\" x=\"" << kPlotX - 6 << "\" y=\"" << RateY(rate, l) + 4
+        << "\" text-anchor=\"end\">" << Fixed(rate, l.rate_top < 0.5 ? 2 : 1) << "</text>\n";
   }
   const double mid_y = (l.plot_top + l.plot_bottom) / 2;
   svg << "<text x=\"" << kPlotX + kPlotW / 2 << "\" y=\"" << l.capacity_labels_bottom - 4

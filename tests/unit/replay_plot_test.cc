@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <string>
@@ -186,6 +187,20 @@ TEST(ReplayPlotTest, EachRunShowsTheShareOfTheGapItCloses) {
   runs[5].hit_tokens = 249;  // queue_aware at 3M tokens: a hair under LRU's 0.25
   SetGapClosed(runs);
   EXPECT_NE(PlotSvg(runs, "t").find("queue_aware (gap closed 0.00 to 0.50)"), std::string::npos) << "never -0.00";
+}
+
+TEST(ReplayPlotTest, TheRateAxisEndsJustAboveTheBestRun) {
+  const std::vector<ReplayResult> runs = Sweep({"lru", "arc"});  // rates 0.2 to 0.35
+  const PlotLayout l = LayoutPlot(runs);
+  EXPECT_DOUBLE_EQ(l.rate_top, 0.5);
+  const std::string svg = PlotSvg(runs, "t");
+  // The point at 0.35 sits at 0.7 of the height; the top tick reads 0.5.
+  const std::vector<double> cy = Attribute(svg, "circle", "cy");
+  ASSERT_FALSE(cy.empty());
+  EXPECT_NEAR(*std::min_element(cy.begin(), cy.end()), l.plot_bottom - 0.7 * (l.plot_bottom - l.plot_top), 0.01);
+  EXPECT_NE(svg.find(">0.5</text>"), std::string::npos);
+  EXPECT_EQ(LayoutPlot(Sweep({"lru", "belady"})).rate_top, 1.0) << "belady reaches 0.65";
+  EXPECT_EQ(LayoutPlot({MakeRun("lru", 1000, 0.04)}).rate_top, 0.05);
 }
 
 }  // namespace
