@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "kvtier/block_key.h"
+#include "policy/admission_policy.h"
 
 namespace kvtier {
 
@@ -28,7 +29,7 @@ class Lineage {
     std::optional<BlockKey> parent;  // none: the chain's root
     uint64_t conversation = 0;       // 0: none
   };
-  enum class State : uint8_t { kUnknown, kOpen, kClosed };
+  using State = ::kvtier::ConversationState;  // policy/admission_policy.h
 
   // `chain` (root first) of a queued request of `conversation` (0: none):
   // chain[i]'s parent is chain[i - 1]. A conversation first seen here

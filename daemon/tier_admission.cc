@@ -24,13 +24,7 @@ Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& 
 TierAdmission::TierAdmission(std::unique_ptr<AdmissionPolicy> policy, const BlockTier& tier, const Clock& clock)
     : tier_(tier), clock_(clock), policy_(std::move(policy)) {}
 
-AdmissionClass TierAdmission::ClassOf(const Facts& facts) {
-  if (facts.uses >= 2) return AdmissionClass::kShared;
-  if (facts.conversation == Lineage::State::kClosed) return AdmissionClass::kClosedSession;
-  if (facts.conversation == Lineage::State::kOpen) return AdmissionClass::kOpenSessionTail;
-  if (facts.uses == 1) return AdmissionClass::kReused;
-  return AdmissionClass::kFirstSighting;
-}
+AdmissionClass TierAdmission::ClassOf(const Facts& facts) { return ClassifyBlock(facts.uses, facts.conversation); }
 
 void TierAdmission::CatchUp(uint64_t now_us) {
   const BlockTier::WriteTotals totals = tier_.write_totals();

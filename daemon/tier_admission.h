@@ -6,14 +6,10 @@
 // it reports the tier's device bytes written (the DWPD budget's W) and
 // charges what reinsertion wrote since the last one.
 //
-// Class (ClassOf), from what the engine knows of the block: its uses in
+// Class (ClassOf: policy/admission_policy.h's ClassifyBlock, which the
+// replay runs too), from what the engine knows of the block: its uses in
 // the host tier (Pin grants and directory reads, the writer's Put not
-// included) and its conversation from queue hints (daemon/lineage.h):
-//   2 or more uses                    -> shared
-//   else a closed conversation        -> closed session
-//   else an open conversation         -> open-session tail
-//   else 1 use                        -> reused
-//   else                              -> first sighting
+// included) and its conversation from queue hints (daemon/lineage.h).
 // Prefix closure: the engine says whether the block's parent (from the
 // chain a queued request named) is held anywhere: in DRAM, being demoted,
 // or in any tier below. A block with no known parent counts as a root.

@@ -4,6 +4,14 @@
 
 namespace kvtier {
 
+AdmissionClass ClassifyBlock(uint64_t uses, ConversationState conversation) {
+  if (uses >= 2) return AdmissionClass::kShared;
+  if (conversation == ConversationState::kClosed) return AdmissionClass::kClosedSession;
+  if (conversation == ConversationState::kOpen) return AdmissionClass::kOpenSessionTail;
+  if (uses == 1) return AdmissionClass::kReused;
+  return AdmissionClass::kFirstSighting;
+}
+
 std::string_view AdmissionOutcomeName(AdmissionOutcome o) {
   switch (o) {
     case AdmissionOutcome::kAdmitted: return "admitted";

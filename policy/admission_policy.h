@@ -41,6 +41,20 @@ enum class AdmissionClass : uint8_t {
   kClosedSession,    // its session closed or expired: never admitted by second_hit / dwpd
 };
 
+// What the cache knows of a block's conversation (queue and session hints).
+enum class ConversationState : uint8_t { kUnknown, kOpen, kClosed };
+
+// The class of a block from its uses in the tier above (reads, not the
+// writer's put) and its conversation:
+//   2 or more uses          -> shared
+//   else a closed one       -> closed session
+//   else an open one        -> open-session tail
+//   else 1 use              -> reused
+//   else                    -> first sighting
+// The daemon's engine (daemon/tier_admission.h) and the replay
+// (tools/replay_sim.h) both classify with this.
+AdmissionClass ClassifyBlock(uint64_t uses, ConversationState conversation);
+
 enum class AdmissionOutcome : uint8_t {
   kAdmitted = 0,
   kFirstSighting,  // rejected: class kFirstSighting

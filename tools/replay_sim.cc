@@ -397,15 +397,14 @@ class Simulator {
     return true;
   }
 
-  // The daemon's classes (daemon/tier_admission.h): found again twice or
-  // more: shared; else of a closed conversation; else of an open one (its
-  // tail); else found again once: reused; else a first sighting.
+  // The daemon's classes (policy/admission_policy.h's ClassifyBlock, as
+  // daemon/tier_admission.h runs it), from the times the block was found
+  // again and its conversation.
   AdmissionClass ClassOf(const SimBlock& b) const {
-    if (b.uses >= 2) return AdmissionClass::kShared;
-    if (b.session != 0) {
-      return closed_.count(b.session) > 0 ? AdmissionClass::kClosedSession : AdmissionClass::kOpenSessionTail;
-    }
-    return b.uses == 1 ? AdmissionClass::kReused : AdmissionClass::kFirstSighting;
+    const ConversationState conversation = b.session == 0                ? ConversationState::kUnknown
+                                           : closed_.count(b.session) > 0 ? ConversationState::kClosed
+                                                                          : ConversationState::kOpen;
+    return ClassifyBlock(b.uses, conversation);
   }
 
   // A victim of `from` goes to the next tier present, if it admits it.

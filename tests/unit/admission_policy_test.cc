@@ -31,6 +31,17 @@ std::map<std::string, int64_t> Counters(const AdmissionPolicy& p, uint64_t now_u
   return out;
 }
 
+TEST(AdmissionPolicyTest, ClassifyBlockRanksUsesThenConversation) {
+  using C = ConversationState;
+  EXPECT_EQ(ClassifyBlock(0, C::kUnknown), AdmissionClass::kFirstSighting);
+  EXPECT_EQ(ClassifyBlock(1, C::kUnknown), AdmissionClass::kReused);
+  EXPECT_EQ(ClassifyBlock(2, C::kUnknown), AdmissionClass::kShared);
+  EXPECT_EQ(ClassifyBlock(0, C::kOpen), AdmissionClass::kOpenSessionTail);
+  EXPECT_EQ(ClassifyBlock(1, C::kOpen), AdmissionClass::kOpenSessionTail) << "a tail outranks one reuse";
+  EXPECT_EQ(ClassifyBlock(1, C::kClosed), AdmissionClass::kClosedSession);
+  EXPECT_EQ(ClassifyBlock(7, C::kClosed), AdmissionClass::kShared) << "shared beats closed";
+}
+
 TEST(AdmissionPolicyTest, AllAdmitsEverything) {
   auto p = MakeAdmitAllPolicy();
   EXPECT_EQ(p->name(), "all");
