@@ -80,6 +80,12 @@ struct LegendItem {
   bool swatch = true;  // false: a plain text item (a heading)
 };
 
+// A gap closed with `digits` decimals, never "-0.00".
+std::string GapText(double v, int digits) {
+  const std::string t = Fixed(v, digits);
+  return t.find_first_not_of("-0.") == std::string::npos ? Fixed(0, digits) : t;
+}
+
 // " (gap closed A to B)": the range of `policy`'s runs' shares of the
 // LRU-to-Belady gap ("" when none has one: no LRU or Belady run to
 // compare, or the policy is LRU).
@@ -91,10 +97,7 @@ std::string GapClosedRange(const std::vector<ReplayResult>& runs, const std::str
     high = std::max(high.value_or(*r.gap_closed), *r.gap_closed);
   }
   if (!low) return "";
-  auto text = [](double v) {
-    const std::string t = Fixed(v, 2);
-    return t == "-0.00" ? std::string("0.00") : t;
-  };
+  auto text = [](double v) { return GapText(v, 2); };
   if (text(*low) == text(*high)) return " (gap closed " + text(*low) + ")";
   return " (gap closed " + text(*low) + " to " + text(*high) + ")";
 }
@@ -371,7 +374,7 @@ void DrawHitRates(std::ostringstream& svg, const std::vector<ReplayResult>& runs
       svg << "<circle cx=\"" << scale.X(r->options.host) << "\" cy=\"" << RateY(r->token_hit_rate(), l)
           << "\" r=\"3.5\" fill=\"" << style.color << "\"><title>" << Escape(policy) << " at "
           << CapacityLabel(r->options.host) << ": " << Fixed(r->token_hit_rate(), 4);
-      if (r->gap_closed && policy != "lru" && !IsCeiling(policy)) svg << ", gap closed " << Fixed(*r->gap_closed, 3);
+      if (r->gap_closed && policy != "lru" && !IsCeiling(policy)) svg << ", gap closed " << GapText(*r->gap_closed, 3);
       svg << "</title></circle>\n";
     }
   }

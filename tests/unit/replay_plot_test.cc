@@ -186,7 +186,14 @@ TEST(ReplayPlotTest, EachRunShowsTheShareOfTheGapItCloses) {
   EXPECT_EQ(svg.find("gap closed 1.0"), std::string::npos) << "nor does Belady name it";
   runs[5].hit_tokens = 249;  // queue_aware at 3M tokens: a hair under LRU's 0.25
   SetGapClosed(runs);
-  EXPECT_NE(PlotSvg(runs, "t").find("queue_aware (gap closed 0.00 to 0.50)"), std::string::npos) << "never -0.00";
+  const std::string near_zero = PlotSvg(runs, "t");
+  EXPECT_NE(near_zero.find("queue_aware (gap closed 0.00 to 0.50)"), std::string::npos) << "never -0.00";
+  EXPECT_NE(near_zero.find("queue_aware at 3M tok: 0.2490, gap closed -0.003"), std::string::npos);
+  runs[5].tokens = 1'000'000;
+  runs[5].hit_tokens = 249'999;  // a millionth under LRU's 0.25
+  SetGapClosed(runs);
+  EXPECT_NE(PlotSvg(runs, "t").find("queue_aware at 3M tok: 0.2500, gap closed 0.000<"), std::string::npos)
+      << "a tooltip never reads -0.000";
 }
 
 TEST(ReplayPlotTest, TheRateAxisEndsJustAboveTheBestRun) {
