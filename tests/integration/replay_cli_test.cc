@@ -48,9 +48,11 @@ TEST_F(ReplayCliTest, WritesJsonRunsForEachPolicyAndCapacity) {
                                 dir_ + "/out.json", "--csv", dir_ + "/out.csv"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string json = Read(dir_ + "/out.json");
-  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 6) << json;  // header, 4 runs, footer
+  // header, 6 runs (lru and fifo as asked, belady always: the gap's ends), footer
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 8) << json;
   for (const char* field : {"\"runs\"", "\"capacities\"", "\"block_hit_rate\"", "\"token_hit_rate\"", "\"requests\": 40",
-                            "\"blocks\": 120", "\"ttft_ms\"", "\"wall_seconds\"", "\"policy\": \"fifo\""}) {
+                            "\"blocks\": 120", "\"ttft_ms\"", "\"wall_seconds\"", "\"policy\": \"fifo\"",
+                            "\"policy\": \"belady\"", "\"gap_closed\": -1", "\"gap_closed\": null"}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   }
   // Unlimited: every root and middle block after its first sighting hits.
@@ -58,7 +60,7 @@ TEST_F(ReplayCliTest, WritesJsonRunsForEachPolicyAndCapacity) {
   // (a middle hits only after its root did, always true here) = 70 of 120.
   EXPECT_NE(json.find("\"block_hit_rate\": 0.583333"), std::string::npos) << json;
   const std::string csv = Read(dir_ + "/out.csv");
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7) << csv;
 }
 
 TEST_F(ReplayCliTest, AnNvmeTierUnderDwpdReportsItsWritesAndBudget) {
@@ -119,9 +121,10 @@ TEST_F(ReplayCliTest, PlotWritesAnSvgWithALinePerPolicyAndTierShares) {
     return n;
   };
   EXPECT_EQ(count("<polyline class=\"policy\""), 2u);
-  EXPECT_EQ(count("<circle"), 6u) << "a point per run";
-  EXPECT_GE(count("<rect class=\"share\""), 6u) << "at least one tier share per run";
-  EXPECT_NE(svg.find(">queue_aware<"), std::string::npos) << "the legend";
+  EXPECT_EQ(count("<polyline class=\"policy ceiling\""), 1u) << "belady runs too";
+  EXPECT_EQ(count("<circle"), 9u) << "a point per run";
+  EXPECT_GE(count("<rect class=\"share\""), 9u) << "at least one tier share per run";
+  EXPECT_NE(svg.find(">queue_aware"), std::string::npos) << "the legend";
   EXPECT_EQ(count("<script"), 0u);
 }
 
