@@ -90,10 +90,11 @@ void QueueAwarePolicy::UnlinkSession(Block& b) {
 }
 
 void QueueAwarePolicy::JoinSession(Block& b, uint64_t session) {
-  if (session == 0 || b.shared || b.session == session) return;
-  if (b.session == 0) return LinkSession(b, session);
+  KeyEntry& entry = b.key->second;
+  if (session == 0 || b.session == session) return;
+  if (b.session == 0 && !entry.shared) return LinkSession(b, session);
   UnlinkSession(b);  // a second conversation: shared from now on
-  b.shared = true;
+  entry.shared = true;
   b.closed = false;
 }
 
@@ -120,8 +121,7 @@ void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_
   node.second.block = &b;
   b.key = &node;
   b.depth = depth;
-  b.shared = node.second.shared;
-  LinkSession(b, b.shared ? 0 : session);
+  LinkSession(b, node.second.shared ? 0 : session);
   panel_.Insert(h, &key, now_us);
   panel_.NoteCapacity(blocks_.size());
   Use(b, now_us);

@@ -119,7 +119,7 @@ class QueueAwarePolicy final : public EvictionPolicy {
     std::vector<uint64_t> starts;  // expected starts of queued requests naming it, ascending
     uint32_t depth = 0;            // from the latest hint naming it
     uint64_t session = 0;          // from the latest hint naming it with a session
-    bool shared = false;           // hints of two conversations named it
+    bool shared = false;           // two conversations named it (hints, or a hint and the insertion): never closed
   };
   using KeyNode = std::pair<const BlockKey, KeyEntry>;
   // Sort keys of the two tree-ordered groups; `shallow` = ~depth.
@@ -146,7 +146,6 @@ class QueueAwarePolicy final : public EvictionPolicy {
     uint64_t session = 0;
     uint64_t time = 0;  // last use
     uint32_t depth = 0;
-    bool shared = false;  // hints of two conversations named it: never closed
     bool closed = false;
     bool pinned = false;
     // Pinned in the panel's experts: at once for an engine pin, and for a
