@@ -123,4 +123,36 @@ std::vector<ReclaimCandidate> ReclaimPolicy::Choose(std::vector<ReclaimCandidate
   return candidates;
 }
 
+void ReinsertBudget::OnWrite(uint64_t record_bytes) {
+  bytes_ = std::min(bytes_ + share_ * double(record_bytes), cap_);
+}
+
+bool ReinsertBudget::Take(uint64_t record_bytes) {
+  if (double(record_bytes) > bytes_) return false;
+  bytes_ -= double(record_bytes);
+  return true;
+}
+
+ReclaimTurn PlanReclaimTurn(std::vector<ReclaimCandidate> candidates, ReclaimPolicy& policy, ReinsertBudget& budget) {
+  std::sort(candidates.begin(), candidates.end(),
+            [](const ReclaimCandidate& a, const ReclaimCandidate& b) { return a.offset < b.offset; });
+  ReclaimTurn turn;
+  std::unordered_set<BlockKey> kept;
+  if (budget.enabled()) {
+    for (ReclaimCandidate& c : policy.Choose(candidates)) {
+      if (!budget.Take(c.record_bytes)) {
+        ++turn.over_budget;
+        continue;
+      }
+      kept.insert(c.key);
+      if (c.needed) ++turn.needed;
+      turn.reinsert.push_back(std::move(c));
+    }
+  }
+  for (ReclaimCandidate& c : candidates) {
+    if (kept.count(c.key) == 0) turn.evict.push_back(std::move(c));
+  }
+  return turn;
+}
+
 }  // namespace kvtier

@@ -53,6 +53,8 @@ struct ReclaimCandidate {
   BlockKey key;
   uint64_t hits = 0;     // reads since it was written
   bool needed = false;   // a queued request names it (queue_aware only)
+  uint64_t offset = 0;        // where its record lies: PlanReclaimTurn breaks ties in log order
+  uint64_t record_bytes = 0;  // what copying it forward writes (PlanReclaimTurn's budget)
 };
 
 // The candidates worth copying forward, most deserving first, for fifo,
@@ -118,5 +120,43 @@ class ReclaimPolicy {
   BlockHandle next_handle_ = 1;
   int64_t spared_ = 0;
 };
+
+// The reinsertion budget of a log-structured tier: a token bucket that
+// every record a client write stores fills with `share` of its bytes,
+// holding at most `cap_bytes` (the tier uses one region); a record copied
+// forward takes its bytes. share 0: reinsertion is off.
+class ReinsertBudget {
+ public:
+  ReinsertBudget(double share, uint64_t cap_bytes) : share_(share), cap_(double(cap_bytes)) {}
+  bool enabled() const { return share_ > 0; }
+  // A client write (not a reinsertion) stored `record_bytes`.
+  void OnWrite(uint64_t record_bytes);
+  // Takes `record_bytes` when the bucket holds them; false (nothing taken) otherwise.
+  bool Take(uint64_t record_bytes);
+  double bytes() const { return bytes_; }
+
+ private:
+  const double share_;
+  const double cap_;
+  double bytes_ = 0;
+};
+
+// One reclaim turn: what happens to the blocks of the region reclaim takes
+// next, before it goes.
+struct ReclaimTurn {
+  std::vector<ReclaimCandidate> reinsert;  // copy forward, in this order
+  std::vector<ReclaimCandidate> evict;     // leave with the region (offered to the tier below), log order
+  int64_t over_budget = 0;                 // chosen by the policy, left for want of budget
+  int64_t needed = 0;                      // of `reinsert`, those a queued request needs
+};
+
+// The decision of a turn, the same in the NVMe tier and the replay
+// simulator: the candidates are put in log order (offset); with the budget
+// enabled, `policy` chooses (ReclaimPolicy::Choose) and each chosen record
+// is copied forward while the budget pays for it (one it cannot pay for is
+// skipped, a smaller one after it may still fit); every other candidate is
+// evicted. Without the budget nothing is chosen (and the policy is not
+// asked, so its state does not move) and all are evicted.
+ReclaimTurn PlanReclaimTurn(std::vector<ReclaimCandidate> candidates, ReclaimPolicy& policy, ReinsertBudget& budget);
 
 }  // namespace kvtier

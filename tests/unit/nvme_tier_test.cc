@@ -358,6 +358,53 @@ TEST_F(NvmeTierTest, ReinsertionIsOffAtZeroAndCappedByItsShareOfWrites) {
 }
 
 // Erasing a block whose reinsertion is in flight leaves nothing behind.
+// A read is a use of its block even when a copy forward moves the block
+// while the read runs, whichever ends first: 0 and 1, both read, are being
+// copied out of region 0 (writes held); a read of 1 ends before the copy
+// lands, one of 0 after. Each counts for the copy, so region 7's turn
+// copies both forward again and they outlive its reclaim.
+TEST_F(NvmeTierTest, AReadDuringItsBlocksCopyForwardCountsForTheCopy) {
+  Open({}, kRegion, /*reinsert_share=*/0.5);
+  constexpr size_t kBytes = 124 << 10;  // 128 KiB records: 8 a region, 8 regions
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i, kBytes).ok());
+  ASSERT_TRUE(ReadBlock(0, 0, 4).ok());
+  ASSERT_TRUE(ReadBlock(1, 0, 4).ok());
+  for (uint64_t i = 8; i < 56; ++i) ASSERT_TRUE(WriteBlock(i, kBytes).ok()) << i;
+  // 56 opens the last free region: region 0's turn copies 0 and 1.
+  faulty_->HoldWrites();
+  std::vector<std::byte> payload(kBytes);
+  FillBlockBytes(Key(56), 0, payload);
+  std::promise<Status> written;
+  ASSERT_TRUE(tier_->Write(kNs, Key(56), 4, payload, [&written](Status s) { written.set_value(s); }).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (faulty_->held_writes() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(faulty_->held_writes(), 3u) << "56 and the two copies";
+  ASSERT_TRUE(ReadBlock(1, 0, 4).ok());  // ends before its copy lands
+  faulty_->HoldReads();
+  std::vector<std::byte> dst(kBytes);
+  std::promise<Result<size_t>> read;
+  ASSERT_TRUE(tier_->Read(Key(0), 0, 4, dst, [&read](Result<size_t> r) { read.set_value(std::move(r)); }).ok());
+  faulty_->ReleaseWrites();
+  ASSERT_TRUE(written.get_future().get().ok());
+  while (Counter("nvme.reinserted") < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(Counter("nvme.reinserted"), 2);
+  faulty_->ReleaseReads();  // 0's read ends after its copy landed
+  ASSERT_TRUE(read.get_future().get().ok());
+  // Regions 1..6 go, then region 7 (56, 0, 1) has its turn and goes.
+  for (uint64_t i = 57; i < 120; ++i) {
+    ASSERT_TRUE(WriteBlock(i, kBytes).ok()) << i;
+    tier_->WaitForIdle();
+  }
+  EXPECT_EQ(Counter("nvme.reinserted"), 4) << "0 and 1 copied forward a second time";
+  EXPECT_TRUE(tier_->Find(Key(0)));
+  EXPECT_TRUE(tier_->Find(Key(1)));
+  EXPECT_FALSE(tier_->Find(Key(56))) << "never read";
+}
+
 TEST_F(NvmeTierTest, EraseDuringReinsertionLeavesNothing) {
   Open({}, kRegion, 0.5);
   for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i, 124 << 10).ok());

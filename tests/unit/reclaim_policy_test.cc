@@ -190,5 +190,60 @@ TEST(ReclaimPolicyTest, DropsAndRewritesKeepTheTrackedSetRight) {
   }
 }
 
+// The reinsertion budget: share x each client write's record, capped.
+TEST(ReinsertBudgetTest, FillsWithTheShareOfWritesUpToItsCapAndPaysWholeRecords) {
+  ReinsertBudget budget(0.25, 1000);
+  EXPECT_TRUE(budget.enabled());
+  EXPECT_FALSE(budget.Take(1)) << "empty";
+  budget.OnWrite(400);  // 100
+  budget.OnWrite(400);  // 200
+  EXPECT_DOUBLE_EQ(budget.bytes(), 200);
+  EXPECT_FALSE(budget.Take(300)) << "over what it holds: nothing taken";
+  EXPECT_DOUBLE_EQ(budget.bytes(), 200);
+  EXPECT_TRUE(budget.Take(150));
+  EXPECT_DOUBLE_EQ(budget.bytes(), 50);
+  for (int i = 0; i < 100; ++i) budget.OnWrite(400);
+  EXPECT_DOUBLE_EQ(budget.bytes(), 1000) << "capped";
+  EXPECT_FALSE(ReinsertBudget(0, 1000).enabled());
+}
+
+// One turn: log order first, then the policy's choice while the budget pays.
+TEST(PlanReclaimTurnTest, CopiesWhatThePolicyChoosesWhileTheBudgetPaysAndEvictsTheRestInLogOrder) {
+  // Offsets out of order; records of 100 bytes but 5's of 300.
+  std::vector<ReclaimCandidate> region = {{K(4), 1, false, 400, 100}, {K(2), 3, false, 200, 100},
+                                          {K(1), 0, false, 100, 100}, {K(5), 2, true, 500, 300},
+                                          {K(3), 0, true, 300, 100}};
+  ReclaimPolicy queue_aware(ReclaimOrder::kQueueAware);
+  ReinsertBudget budget(1.0, 1'000'000);
+  budget.OnWrite(250);  // pays for two 100-byte records, not 5's 300
+  ReclaimTurn turn = PlanReclaimTurn(region, queue_aware, budget);
+  // queue_aware's order: 5 (needed, 2 reads), 3 (needed), 2 (3 reads), 4 (1).
+  // 5 does not fit (over budget), 3 and 2 do, then 4 does not.
+  EXPECT_EQ(Ids(turn.reinsert), (std::vector<uint64_t>{3, 2}));
+  EXPECT_EQ(turn.over_budget, 2);
+  EXPECT_EQ(turn.needed, 1);
+  EXPECT_EQ(Ids(turn.evict), (std::vector<uint64_t>{1, 4, 5})) << "log order";
+  EXPECT_DOUBLE_EQ(budget.bytes(), 50);
+
+  // Ties keep log order whatever order the tier listed them in.
+  std::vector<ReclaimCandidate> ties = {{K(7), 1, false, 700, 100}, {K(6), 1, false, 600, 100}};
+  ReclaimPolicy lru(ReclaimOrder::kLru);
+  ReinsertBudget one(1.0, 1'000'000);
+  one.OnWrite(100);
+  ReclaimTurn tie_turn = PlanReclaimTurn(ties, lru, one);
+  EXPECT_EQ(Ids(tie_turn.reinsert), (std::vector<uint64_t>{6}));
+  EXPECT_EQ(Ids(tie_turn.evict), (std::vector<uint64_t>{7}));
+
+  // Without a budget the policy is not asked and everything goes.
+  ReclaimPolicy arc(ReclaimOrder::kArc);
+  arc.OnWritten(K(6), 1);
+  arc.OnWritten(K(7), 2);
+  ReinsertBudget off(0, 1'000'000);
+  ReclaimTurn none = PlanReclaimTurn(ties, arc, off);
+  EXPECT_TRUE(none.reinsert.empty());
+  EXPECT_EQ(Ids(none.evict), (std::vector<uint64_t>{6, 7}));
+  EXPECT_EQ(arc.tracked_blocks(), 2u) << "its state did not move";
+}
+
 }  // namespace
 }  // namespace kvtier

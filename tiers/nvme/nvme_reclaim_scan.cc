@@ -2,15 +2,12 @@
 // region reclaim takes next are either copied forward (reinsertion, within
 // its budget and in the reclaim policy's order) or read back and offered
 // to the eviction sink, before the region is reused (nvme_tier.h).
-#include <unordered_set>
-
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
 
 void NvmeTier::MaybeScanNextVictim() {
-  const bool reinsert = options_.reinsert_share > 0;
-  if ((!reinsert && !eviction_sink_) || reinserting_ || regions_.free_count() > 0) return;
+  if ((!reinsert_budget_.enabled() && !eviction_sink_) || reinserting_ || regions_.free_count() > 0) return;
   auto victim = regions_.NextVictim();
   if (!victim) return;
   const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
@@ -18,33 +15,24 @@ void NvmeTier::MaybeScanNextVictim() {
   reinsert_scanned_ = scan;
   std::vector<ReclaimCandidate> candidates;
   const bool ask = options_.reclaim == ReclaimOrder::kQueueAware && needed_;
+  const uint32_t align = device_->alignment_bytes();
   for (const BlockKey& k : region_keys_[*victim]) {
     if (writing_.count(k) > 0) continue;
-    candidates.push_back(ReclaimCandidate{k, entries_.at(k).hits, ask && needed_(k)});
+    const IndexEntry& entry = entries_.at(k);
+    candidates.push_back(
+        ReclaimCandidate{k, entry.hits, ask && needed_(k), entry.offset, RecordBytes(entry.payload_bytes, align)});
   }
-  // The policy's order, while the budget lasts.
+  // The policy's order, while the budget lasts (the decision the replay
+  // simulator runs too); the rest leave with the region, offered to the
+  // tier below first.
+  ReclaimTurn turn = PlanReclaimTurn(std::move(candidates), reclaim_, reinsert_budget_);
+  counters_.reinsert_over_budget += turn.over_budget;
+  counters_.reinserted_needed += turn.needed;
   Blocks chosen;
-  std::unordered_set<BlockKey> kept;
-  if (reinsert) {
-    for (const ReclaimCandidate& c : reclaim_.Choose(candidates)) {
-      const IndexEntry& entry = entries_.at(c.key);
-      const double bytes = double(RecordBytes(entry.payload_bytes, device_->alignment_bytes()));
-      if (bytes > reinsert_budget_bytes_) {
-        ++counters_.reinsert_over_budget;
-        continue;
-      }
-      reinsert_budget_bytes_ -= bytes;
-      chosen.emplace_back(c.key, entry);
-      kept.insert(c.key);
-      if (c.needed) ++counters_.reinserted_needed;
-    }
-  }
-  // The rest leave with the region: offered to the tier below first.
+  for (const ReclaimCandidate& c : turn.reinsert) chosen.emplace_back(c.key, entries_.at(c.key));
   Blocks evicted;
   if (eviction_sink_) {
-    for (const ReclaimCandidate& c : candidates) {
-      if (kept.count(c.key) == 0) evicted.emplace_back(c.key, entries_.at(c.key));
-    }
+    for (const ReclaimCandidate& c : turn.evict) evicted.emplace_back(c.key, entries_.at(c.key));
   }
   if (chosen.empty() && evicted.empty()) return;
   // Nothing leaves unoffered: the region is not reclaimed (writes get

@@ -50,6 +50,7 @@ NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeInde
       clock_(clock),
       regions_(device_->capacity_bytes(), options.region_bytes, device_->alignment_bytes()),
       region_keys_(regions_.region_count()),
+      reinsert_budget_(options.reinsert_share, options.region_bytes),
       reclaim_(options.reclaim),
       verifiers_(options.verify_threads) {}
 
@@ -95,6 +96,10 @@ void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
   for (const RegionState& state : a.changed) {
     if (a.reclaimed && state.region == *a.reclaimed) {
       std::vector<BlockKey> dropped(region_keys_[state.region].begin(), region_keys_[state.region].end());
+      // In log order: the policy's state after the drops does not depend on
+      // a hash set's order (the replay drops them in the same order).
+      std::sort(dropped.begin(), dropped.end(),
+                [this](const BlockKey& a, const BlockKey& b) { return entries_[a].offset < entries_[b].offset; });
       for (const BlockKey& k : dropped) {
         counters_.stored_bytes -= static_cast<int64_t>(entries_[k].payload_bytes);
         entries_.erase(k);
@@ -187,10 +192,7 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     counters_.submitted.device_bytes += record_bytes;
     if (replaces != nullptr) counters_.submitted.reinserted_bytes += record_bytes;
     BeginIo();
-    if (replaces == nullptr) {
-      reinsert_budget_bytes_ = std::min(reinsert_budget_bytes_ + options_.reinsert_share * double(record_bytes),
-                                        double(options_.region_bytes));
-    }
+    if (replaces == nullptr) reinsert_budget_.OnWrite(record_bytes);
     MaybeScanNextVictim();
   }
   // Copy first, then checksum the copy: the record describes the bytes it
@@ -288,7 +290,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
   // mutation decided before it (its region's opening among them);
   // meanwhile the key stays in writing_ (an Erase marks it cancelled) and
   // the region keeps its write in flight (it cannot be reclaimed).
-  index_writer_.Post([this, key, entry, outcome, done, replaces]() mutable {
+  index_writer_.Post([this, key, entry = IndexEntry(entry), outcome, done, replaces]() mutable {
     if (outcome.ok()) outcome = index_->Put(key, entry);
     bool undo = false;
     {
@@ -302,6 +304,8 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
       if (outcome.ok() && replaces) {
         auto current = entries_.find(key);
         if (current != entries_.end()) {
+          // Reads that ended during the move were reads of the copy.
+          if (current->second.hits > replaces->hits) entry.hits = current->second.hits - replaces->hits;
           region_keys_[current->second.region].erase(key);
           counters_.stored_bytes -= static_cast<int64_t>(current->second.payload_bytes);
           entries_.erase(current);
@@ -438,8 +442,11 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     if (outcome.ok()) {
       result = layers.size();
       ++counters_.reads;
+      // A use of the block even if a copy forward moved it meanwhile (its
+      // entry then counts it: the same reads-since-written whichever of
+      // the read and the move ends first).
       auto it = entries_.find(op->key);
-      if (it != entries_.end() && it->second.offset == op->entry.offset) {
+      if (it != entries_.end()) {
         ++it->second.hits;
         it->second.last_use_us = static_cast<int64_t>(clock_.NowUs());
         reclaim_.OnRead(op->key, clock_.NowUs());

@@ -195,7 +195,7 @@ class NvmeTier final : public BlockTier {
   std::unordered_set<BlockKey> writing_;                             // guarded by mu_
   std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
   bool full_ = false;                                                // guarded by mu_
-  double reinsert_budget_bytes_ = 0;                                 // guarded by mu_: the token bucket
+  ReinsertBudget reinsert_budget_;                                   // guarded by mu_
   bool reinserting_ = false;                                         // guarded by mu_: a scan job runs
   NeededHint needed_;                                                // guarded by mu_
   ReclaimPolicy reclaim_;                                            // guarded by mu_: sees every block's life
