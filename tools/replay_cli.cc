@@ -93,8 +93,13 @@ std::string RunJson(const ReplayResult& r) {
       << ", \"dropped_busy\": " << x.dropped_busy << "}";
     first = false;
   }
-  j << "}, \"ssd_bytes_written\": " << r.tiers[kNvmeTier].bytes_written << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
-    << ", \"admission_refused\": " << r.admission_refused << ", \"not_kept\": " << r.not_kept
+  j << "}, \"ssd_bytes_written\": " << r.nvme_device_bytes << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
+    << ", \"admission_refused\": " << r.admission_refused << ", \"not_kept\": " << r.not_kept;
+  if (o.nvme) {
+    j << ", \"nvme_eviction\": \"" << NvmeEvictionOf(o) << "\", \"nvme_reinserted\": " << r.nvme_reinserted;
+  }
+  j << ", \"forced_demotions\": " << r.forced_demotions << ", \"prefetches\": " << r.prefetches
+    << ", \"prefetch_bytes\": " << r.prefetch_bytes << ", \"prefetch_used\": " << r.prefetch_used
     << ", \"ttft_ms\": ";
   if (r.ttft_ms.empty()) {
     j << "null";
@@ -129,6 +134,28 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
       ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
       ->capture_default_str();
+  app.add_option("--nvme-eviction", o.nvme_eviction,
+                 "NVMe log reclaim order: fifo | lru | lru2 | s3fifo | arc | queue_aware (kvtierd's nvme.eviction); "
+                 "default: each run's --policy (belady: a tier that can evict any block, the ideal)")
+      ->check(CLI::IsMember({"fifo", "lru", "lru2", "s3fifo", "arc", "queue_aware"}));
+  app.add_option("--nvme-region", o.nvme_region,
+                 "NVMe region size in bytes (nvme.region_bytes); default 64MiB, or a 16th of a smaller device");
+  app.add_option("--reinsert-percent", o.reinsert_percent,
+                 "Copies forward before a region's reclaim, as a % of bytes written (nvme.reinsert_percent)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app.add_option("--prefetch-percent", o.prefetch_percent,
+                 "Engine model: the share of the host tier a prefetch plan may fill (engine.prefetch_percent; 0: off)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app.add_option("--prefetch-min-blocks", o.prefetch_min_blocks,
+                 "Prefetch skips a prefix shorter than this (engine.prefetch_min_blocks)")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--lookahead-ms", o.lookahead_ms,
+                 "A host victim a queued request needs within this is forced into the first tier below "
+                 "(engine.lookahead_ms)")
+      ->capture_default_str();
   app.add_option("--drive-bytes", o.drive_bytes, "dwpd: the drive's capacity (e.g. 3.84TB); default: the nvme tier's");
   app.add_option("--dwpd", o.dwpd, "dwpd: rated drive writes per day")->capture_default_str();
   app.add_option("--dwpd-share", o.dwpd_share, "dwpd: the share of the drive's writes kvtier may use")
@@ -161,7 +188,7 @@ int RunLive(const ReplayCliOptions& o, const Trace& trace) {
   if (!o.sweep.empty() || o.engines > 0 || !o.plot_path.empty()) {
     return Fail("--live takes no --sweep, --engines or --plot: the daemon has one configuration");
   }
-  auto r = ReplayLive(trace, LiveOptions{o.socket_path, o.bytes_per_token, o.warmup});
+  auto r = ReplayLive(trace, LiveOptions{o.socket_path, o.bytes_per_token, o.warmup, nullptr});
   if (!r.ok()) {
     std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
     return r.status().code() == StatusCode::kInvalidArgument ? kBadInput : 1;
@@ -197,7 +224,9 @@ int RunLive(const ReplayCliOptions& o, const Trace& trace) {
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [\n  {\"mode\": \"live\", \"socket\": \"" << o.socket_path
         << "\", \"requests\": " << r->requests << ", \"blocks\": " << r->blocks << ", \"tokens\": " << r->tokens
         << ", \"block_hit_rate\": " << Number(r->block_hit_rate()) << ", \"token_hit_rate\": " << Number(r->token_hit_rate())
-        << ", \"put_blocks\": " << r->put_blocks << ", \"put_bytes\": " << r->put_bytes
+        << ", \"hits_by_tier\": {\"host\": " << r->tier_hits[kHostTier] << ", \"nvme\": " << r->tier_hits[kNvmeTier]
+        << ", \"remote\": " << r->tier_hits[kRemoteTier] << "}, \"put_blocks\": " << r->put_blocks
+        << ", \"put_bytes\": " << r->put_bytes
         << ", \"put_gbps\": " << Number(put_gbps) << ", \"memcpy_gbps\": " << Number(memcpy_gbps) << ", \"not_kept\": "
         << r->not_kept << ", \"requests_per_s\": " << Number(rps) << ", \"lookup_us\": {\"p50\": "
         << Number(Percentile(r->lookup_us, 50)) << ", \"p99\": " << Number(Percentile(r->lookup_us, 99))
@@ -280,6 +309,18 @@ int RunReplay(const ReplayCliOptions& o) {
     return Fail(s.message());
   }
   base.admission = o.admission;
+  base.nvme_eviction = o.nvme_eviction;
+  base.nvme_reinsert_share = o.reinsert_percent / 100.0;
+  base.prefetch_share = o.prefetch_percent / 100.0;
+  base.prefetch_min_blocks = o.prefetch_min_blocks;
+  base.lookahead_us = o.lookahead_ms * 1000;
+  if (!o.nvme_region.empty()) {
+    auto region = ParseCapacity(o.nvme_region, 1);  // bytes: one "token" per byte
+    if (!region.ok() || region->infinite || region->unit != Capacity::Unit::kTokens || region->amount == 0) {
+      return Fail("--nvme-region '" + o.nvme_region + "': expected bytes, e.g. 64MiB");
+    }
+    base.nvme_region_bytes = region->amount;
+  }
   base.bytes_per_token = o.bytes_per_token;
   base.warmup = o.warmup;
   if (o.admission != "all" && !base.nvme) return Fail("--admission " + o.admission + " decides for an nvme tier: give nvme=CAP");
@@ -411,7 +452,7 @@ int RunReplay(const ReplayCliOptions& o) {
     std::ofstream out(o.csv_path);
     out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
            "host_hits,nvme_hits,"
-           "remote_hits,ssd_bytes_written,ssd_budget_bytes,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds\n";
+           "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds\n";
     for (const Run& r : runs) {
       const ReplayResult& x = r.result;
       const ReplayOptions& p = x.options;
@@ -420,7 +461,8 @@ int RunReplay(const ReplayCliOptions& o) {
           << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
           << (x.gap_closed ? Number(*x.gap_closed) : "") << "," << (p.engines > 0 ? Number(x.mean_queue) : "") << ","
           << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
-          << x.tiers[kNvmeTier].bytes_written << "," << x.ssd_budget_bytes << ",";
+          << x.nvme_device_bytes << "," << x.ssd_budget_bytes << "," << (p.nvme ? NvmeEvictionOf(p) : "") << ","
+          << x.nvme_reinserted << "," << x.prefetches << "," << x.prefetch_used << ",";
       for (double p : {50.0, 90.0, 99.0}) {
         auto v = x.ttft_percentile(p);
         out << (v ? Number(*v) : "") << ",";

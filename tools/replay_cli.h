@@ -21,6 +21,14 @@ struct ReplayCliOptions {
   uint64_t bytes_per_token = 0;
   std::vector<std::string> policies = {"lru"};
   std::string admission = "all";
+  // The NVMe log and the engine's queue-driven moves (kvtierd's nvme.* and
+  // engine.* options of the same names).
+  std::string nvme_eviction;  // empty: each run's policy
+  std::string nvme_region;    // bytes, e.g. 64MiB; empty: 64 MiB or a 16th of the device
+  int reinsert_percent = 10;
+  int prefetch_percent = 25;
+  uint32_t prefetch_min_blocks = 2;
+  uint64_t lookahead_ms = 2000;
   // DWPD (with --admission dwpd): the drive's bytes (default: the NVMe
   // tier's capacity in bytes), its rating, and the share kvtier may use.
   std::string drive_bytes;

@@ -52,15 +52,29 @@ Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& o) {
     if (!found.ok()) return IoError("request " + std::to_string(r + 1) + ": lookup: " + found.status().ToString());
     const double lookup_us = MicrosSince(t0);
     uint64_t hit_tokens = 0;
-    for (size_t i = 0; i < found->prefix_blocks; ++i) hit_tokens += BlockTokens(req, i, trace.block_tokens);
+    std::array<uint64_t, kSimTiers> tier_hits{};
+    for (size_t i = 0; i < found->prefix_blocks; ++i) {
+      hit_tokens += BlockTokens(req, i, trace.block_tokens);
+      const Tier tier = i < found->tiers.size() ? found->tiers[i] : Tier::kNone;
+      ++tier_hits[tier == Tier::kHost ? kHostTier : tier == Tier::kNvme ? kNvmeTier : kRemoteTier];
+    }
     // Read what is resident; reserve the rest root first while it fits.
-    std::vector<Result<BlockView>> views = client.Pin(0, keys);
+    std::vector<Result<BlockView>> views;
+    if (o.settle) {
+      for (const BlockKey& key : keys) {
+        views.push_back(std::move(client.Pin(0, {&key, 1}).front()));
+        o.settle();
+      }
+    } else {
+      views = client.Pin(0, keys);
+    }
     std::vector<std::pair<size_t, Reservation>> reserved;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (views[i].ok()) continue;
       const uint64_t size = BlockTokens(req, i, trace.block_tokens) * o.bytes_per_token;
       if (size == 0) continue;
       auto reservation = client.Reserve(0, {&keys[i], 1}, {&size, 1});
+      if (o.settle) o.settle();
       if (!reservation.ok()) {
         return IoError("request " + std::to_string(r + 1) + ": reserve: " + reservation.status().ToString());
       }
@@ -80,6 +94,7 @@ Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& o) {
       for (const Status& s : reserved[k].second.Commit()) {
         if (!s.ok()) return IoError("request " + std::to_string(r + 1) + ": commit: " + s.ToString());
       }
+      if (o.settle) o.settle();
       ++result.put_blocks;
       result.put_bytes += reserved[k].second.blocks()[0].data.size();
     }
@@ -95,6 +110,7 @@ Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& o) {
       result.tokens += req.input_tokens;
       result.hit_blocks += found->prefix_blocks;
       result.hit_tokens += hit_tokens;
+      for (int t = 0; t < kSimTiers; ++t) result.tier_hits[t] += tier_hits[t];
       result.lookup_us.push_back(lookup_us);
       result.request_us.push_back(MicrosSince(t0));
     }

@@ -8,13 +8,18 @@
 //   4. the reserved blocks are filled and committed leaf first;
 //   5. the pins are released leaf first (the root ends the most recent).
 // This is the order the simulator drives its policies in (replay_sim.h), so
-// a daemon with the same host capacity and eviction policy, one engine
-// shard and no NVMe tier gives the same hits as sim mode (a test checks
-// it). No timing model: requests run back to back as fast as the daemon
-// serves them.
+// a daemon with the same host capacity and eviction policy and one engine
+// shard gives the same hits as sim mode, and with an NVMe tier of the same
+// geometry, reclaim order and admission the same hits in each tier, as
+// long as its background work (demotion writes, a reclaim turn's copies)
+// ends before the next step (LiveOptions::settle; tests check both). No
+// timing model: requests run back to back as fast as the daemon serves
+// them.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,11 +33,18 @@ struct LiveOptions {
   std::string socket_path;
   uint64_t bytes_per_token = 0;  // > 0: a block's payload is its tokens times this
   double warmup = 0;             // [0, 1): requests run but not measured
+  // When set: blocks are pinned one call per block (each promotion, and
+  // its eviction, its own step), and this runs after every call that may
+  // move blocks between tiers (pin, reserve, commit). A test running the
+  // daemon in-process waits there for its background work, so the order
+  // of the daemon's tier writes is the sim's (see above).
+  std::function<void()> settle;
 };
 
 struct LiveResult {
   uint64_t requests = 0, blocks = 0, tokens = 0;  // measured
   uint64_t hit_blocks = 0, hit_tokens = 0;
+  std::array<uint64_t, kSimTiers> tier_hits{};      // measured hit blocks by the tier Lookup named
   uint64_t put_blocks = 0, put_bytes = 0;          // all requests
   uint64_t not_kept = 0;                           // reservations refused for room (NoSpace)
   double seconds = 0;                              // all requests

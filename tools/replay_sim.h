@@ -45,12 +45,26 @@ struct Capacity {
 Result<Capacity> ParseCapacity(const std::string& text, uint64_t bytes_per_token);
 std::string CapacityText(const Capacity& c);
 
-// The tiers, fastest first. Each tier runs its own instance of the
-// eviction policy; a block leaving the host tier is offered to the NVMe
-// tier through the admission policy (the daemon's placement), one leaving
-// the NVMe tier (or the host tier when there is none) to the remote tier,
-// which admits everything; a hit in a slower tier is promoted (copied) into
-// the host tier, the slower copy kept.
+// The tiers, fastest first, placed as kvtierd places them:
+// - the host tier runs the eviction policy;
+// - the NVMe tier is the daemon's log (tools/replay_log.h: RegionManager,
+//   the reclaim order nvme_eviction with reinsertion, the daemon's record
+//   sizes); with policy belady, or an infinite capacity, it is a tier that
+//   can evict any block instead (Belady's order: the ideal a log cannot
+//   reach);
+// - the remote tier runs the eviction policy and admits everything;
+// - a host victim goes to the first tier below that holds it (no write)
+//   or takes it: one a queued request needs within lookahead_us is forced
+//   into the first tier when its budget can pay (queue_aware), any other
+//   passes each tier's admission in turn (the NVMe tier's: `admission`,
+//   charged the record bytes); a block the NVMe log evicts is offered to
+//   the remote tier;
+// - a request's blocks held only below are promoted into the host tier
+//   (the slower copy kept) and pinned with its resident ones, root first,
+//   before room is made for its new blocks;
+// - with the engine model and a tier below, the prefetch planner
+//   (policy/prefetch_planner.h) reads queued requests' prefixes into the
+//   host tier after every start, as Engine::Prefetch does.
 enum SimTier : uint8_t { kHostTier = 0, kNvmeTier = 1, kRemoteTier = 2, kSimTiers = 3 };
 std::string_view SimTierName(int tier);
 
@@ -63,6 +77,23 @@ struct ReplayOptions {
   // reads the trace's future: simulation only)
   std::string policy = "lru";
   std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
+  // The NVMe log (kvtierd's nvme.* options). nvme_eviction: the reclaim
+  // order (fifo | lru | lru2 | s3fifo | arc | queue_aware); empty: the
+  // policy's name. nvme_region_bytes 0: 64 MiB (kvtierd's default), or a
+  // sixteenth of the device when that is smaller (so a small simulated
+  // drive still has regions), rounded down to the alignment.
+  std::string nvme_eviction;
+  uint64_t nvme_region_bytes = 0;
+  uint32_t nvme_alignment_bytes = 4096;
+  double nvme_reinsert_share = 0.1;  // nvme.reinsert_percent / 100
+  // A host victim a queued request needs within this is forced into the
+  // first tier below (engine.lookahead_ms).
+  uint64_t lookahead_us = 2'000'000;
+  // Prefetch (engine model, a tier below and bytes per token): each plan
+  // reads into at most this share of the host tier (engine.prefetch_percent
+  // / 100; 0: off), skipping prefixes shorter than prefetch_min_blocks.
+  double prefetch_share = 0.25;
+  uint32_t prefetch_min_blocks = 2;
   DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
   uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
   double warmup = 0;               // [0, 1): the fraction of requests not measured
@@ -107,6 +138,15 @@ struct ReplayResult {
   uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
   uint64_t admission_refused = 0;  // host victims the NVMe admission refused (dropped)
   uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day); 0 otherwise
+  uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
+  uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward
+  // Bytes written to the NVMe tier, what the drive's write budget counts:
+  // the log's records, copies forward included (payload bytes when the
+  // tier is not a log).
+  uint64_t nvme_device_bytes = 0;
+  uint64_t prefetches = 0;         // blocks the prefetch plans read into the host tier
+  uint64_t prefetch_bytes = 0;
+  uint64_t prefetch_used = 0;      // of those, blocks a request then found in the host tier
   uint64_t span_us = 0;            // first to last arrival
   uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
   std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), file order
@@ -138,13 +178,19 @@ inline constexpr double kMinGap = 0.001;
 // engine model, admission, bandwidths and warm-up).
 void SetGapClosed(std::vector<ReplayResult>& runs);
 
+// The NVMe tier's reclaim order a run uses ("ideal" when it is not a log:
+// belady, or an infinite tier).
+std::string NvmeEvictionOf(const ReplayOptions& options);
+
 // Whether two runs differ only in their policy.
 bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 
-// Runs `trace` once. InvalidArgument for an unknown policy or admission,
-// bad DWPD options, a warm-up outside [0, 1), an NVMe or remote tier (or
-// dwpd) without bytes per token, engines without a positive prefill rate
-// or a read bandwidth not above 0.
+// Runs `trace` once. InvalidArgument for an unknown policy, admission or
+// NVMe eviction, an NVMe geometry the daemon would refuse (fewer than 2
+// regions, a region not a multiple of the alignment), bad DWPD options, a
+// warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes
+// per token, engines without a positive prefill rate or a read bandwidth
+// not above 0.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
 }  // namespace kvtier::tools

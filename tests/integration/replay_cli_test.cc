@@ -67,18 +67,23 @@ TEST_F(ReplayCliTest, AnNvmeTierUnderDwpdReportsItsWritesAndBudget) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   const std::string out = dir_ + "/nvme.json";
   CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
-                                "host=4blk,nvme=1KiB", "--bytes-per-token", "2", "--admission", "dwpd", "--drive-bytes",
+                                "host=4blk,nvme=64KiB", "--bytes-per-token", "2", "--admission", "dwpd", "--drive-bytes",
                                 "1GB", "--json", out});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string json = Read(out);
-  for (const char* field : {"\"nvme\": \"512tok\"", "\"nvme\": {\"hits\"", "\"ssd_bytes_written\"",
+  for (const char* field : {"\"nvme\": \"32768tok\"", "\"nvme\": {\"hits\"", "\"ssd_bytes_written\"",
                             "\"ssd_budget_bytes\": 1000000000", "\"admission\": \"dwpd\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   }
-  // dwpd without an nvme tier, or an nvme tier without bytes per token: bad input.
+  // dwpd without an nvme tier, an nvme tier without bytes per token, one
+  // too small for the daemon's two regions (of at least one 8 KiB record),
+  // an unknown reclaim order: bad input.
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--capacity", "host=4blk", "--admission", "dwpd", "--bytes-per-token", "2"},
-        {"--capacity", "host=4blk,nvme=8blk"}}) {
+        {"--capacity", "host=4blk,nvme=8blk"},
+        {"--capacity", "host=4blk,nvme=1KiB", "--bytes-per-token", "2"},
+        {"--capacity", "host=4blk,nvme=64KiB", "--bytes-per-token", "2", "--nvme-eviction", "clock"},
+        {"--capacity", "host=4blk,nvme=64KiB", "--bytes-per-token", "2", "--nvme-region", "5000B"}}) {
     std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace};
     argv.insert(argv.end(), args.begin(), args.end());
     EXPECT_EQ(RunCommand(argv).exit_code, 2) << args[1];

@@ -111,6 +111,8 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
     NvmeTierOptions nvme_options = SmallNvmeOptions();
     nvme_options.region_bytes = options.nvme_region_bytes;
     nvme_options.staging_bytes = options.nvme_staging_bytes;
+    nvme_options.reclaim = options.nvme_eviction;
+    nvme_options.reinsert_share = options.nvme_reinsert_share;
     auto nvme = OpenMemoryNvmeTier(*nvme_memory_, dir_, clock_, nvme_options, {}, &nvme_device_,
                                    options.nvme_index_hook);
     if (!nvme.ok()) {

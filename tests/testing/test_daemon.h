@@ -50,6 +50,9 @@ struct TestDaemonOptions {
   bool nvme_in_memory = false;
   std::function<void()> nvme_index_hook;
   uint64_t nvme_staging_bytes = 16ull << 20;
+  // The in-memory tier's reclaim order and reinsertion share (NvmeTierOptions).
+  ReclaimOrder nvme_eviction = NvmeTierOptions{}.reclaim;
+  double nvme_reinsert_share = NvmeTierOptions{}.reinsert_share;
   uint64_t demotion_buffer_bytes = EngineOptions{}.demotion_buffer_bytes;
 };
 

@@ -478,5 +478,127 @@ TEST(ReplayOptionsTest, BadOptionsAreRefused) {
   EXPECT_FALSE(Replay(t, bad_dwpd).ok());
 }
 
+// Tiers below the host, placed as kvtierd places them (replay_sim.h).
+ReplayOptions BelowHost(uint64_t host_blocks) {
+  ReplayOptions o;
+  o.host = Capacity{Capacity::Unit::kBlocks, host_blocks, false};
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 100, false};
+  o.bytes_per_token = 1;
+  return o;
+}
+
+TEST_F(ReplayTest, AVictimTheNvmeAdmissionRefusesGoesToTheRemoteTier) {
+  // [2] evicts 1, never found again: second_hit refuses it for the NVMe
+  // tier, the remote tier takes it, and [1] hits there.
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "1")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = BelowHost(1);
+  o.admission = "second_hit";
+  o.remote = Capacity{Capacity::Unit::kBlocks, 10, false};
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->admission_refused, 2u) << "1, then 2 when [1]'s promotion evicts it";
+  EXPECT_EQ(r->tiers[kRemoteTier].hits, 1u);
+  EXPECT_EQ(r->tiers[kNvmeTier].bytes_written, 0u);
+}
+
+TEST_F(ReplayTest, BlocksTheNvmeLogEvictsAreOfferedToTheRemoteTier) {
+  // An NVMe log of two one-record regions (fifo). [3]'s demotion of 2 opens
+  // the last free region: region 0's turn offers 1 to the remote tier; [4]'s
+  // demotion of 3 reclaims region 0 (1 leaves the log) and offers 2. [1]
+  // hits in the remote tier; its promotion demotes 4, which reclaims
+  // region 1 (2 leaves) and offers 3.
+  auto trace = ReadMooncakeTrace(
+      Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "4"), Line(4, 4, "1")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = BelowHost(1);
+  o.policy = "fifo";
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 2, false};
+  o.remote = Capacity{Capacity::Unit::kBlocks, 10, false};
+  auto r = Replay(*trace, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tiers[kRemoteTier].hits, 1u);
+  EXPECT_EQ(r->tiers[kNvmeTier].evictions, 2u);
+  EXPECT_EQ(r->tiers[kRemoteTier].bytes_written, 12u) << "1, 2 and 3, 4 bytes each";
+  EXPECT_EQ(r->nvme_device_bytes, 4u * 8192) << "1 to 4 as the daemon's 8 KiB records";
+}
+
+TEST_F(ReplayTest, AVictimAQueuedRequestNeedsIsForcedPastTheAdmission) {
+  // One engine, 1 ms a block. At [3]'s start (8 ms) [2]'s commit evicts 1,
+  // which [4], queued, needs: queue_aware forces it into the NVMe tier
+  // although second_hit would refuse a block never found again; [4] hits
+  // it there. LRU knows no queue: 1 is refused and [4] misses.
+  auto trace =
+      ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "1")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = BelowHost(1);
+  o.admission = "second_hit";
+  o.engines = 1;
+  o.prefill_tps = 1000;
+  o.policy = "queue_aware";
+  auto forced = Replay(*trace, o);
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_EQ(forced->forced_demotions, 1u);
+  EXPECT_EQ(forced->tiers[kNvmeTier].hits, 1u);
+  o.policy = "lru";
+  auto plain = Replay(*trace, o);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->forced_demotions, 0u);
+  EXPECT_EQ(plain->hit_blocks, 0u);
+}
+
+TEST_F(ReplayTest, PrefetchReadsAQueuedRequestsPrefixIntoTheHostTierBeforeItStarts) {
+  // One engine at 1000 tokens/s, a host tier of 3 blocks. [1 2] runs 0-8 ms,
+  // [3 4 5] 8-20 ms, [7] 20-24 ms; [1 2] arrives at 3 ms and waits. [3 4 5]'s
+  // commit at 20 ms demotes 1 and 2; the plan made at [7]'s start reads them
+  // back for the queued [1 2] (expected at 24 ms), so it hits in the host
+  // tier. Without prefetch it hits in the NVMe tier.
+  auto trace = ReadMooncakeTrace(
+      Write({Line(0, 8, "1, 2"), Line(1, 12, "3, 4, 5"), Line(2, 4, "7"), Line(3, 8, "1, 2")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = BelowHost(3);
+  o.bytes_per_token = 1000;
+  o.engines = 1;
+  o.prefill_tps = 1000;
+  o.prefetch_share = 1.0;
+  auto with = Replay(*trace, o);
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->prefetches, 2u);
+  EXPECT_EQ(with->prefetch_bytes, 8000u);
+  EXPECT_EQ(with->prefetch_used, 2u);
+  EXPECT_EQ(with->tiers[kHostTier].hits, 2u);
+  EXPECT_EQ(with->tiers[kNvmeTier].hits, 0u);
+  o.prefetch_share = 0;
+  auto without = Replay(*trace, o);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(without->prefetches, 0u);
+  EXPECT_EQ(without->tiers[kNvmeTier].hits, 2u);
+  EXPECT_EQ(without->tiers[kHostTier].hits, 0u);
+  // The default share (a quarter of 3 blocks) cannot hold one block: no plan reads anything.
+  o.prefetch_share = ReplayOptions{}.prefetch_share;
+  EXPECT_EQ(Replay(*trace, o)->prefetches, 0u);
+}
+
+TEST_F(ReplayTest, TheNvmeTierIsTheDaemonsLogUnlessItCannotBe) {
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2")}), 4, 0);
+  ASSERT_TRUE(trace.ok());
+  ReplayOptions o = BelowHost(1);
+  EXPECT_EQ(NvmeEvictionOf(o), "lru") << "the policy's name";
+  o.nvme_eviction = "s3fifo";
+  EXPECT_EQ(NvmeEvictionOf(o), "s3fifo");
+  o.nvme_eviction = "clock";
+  EXPECT_EQ(Replay(*trace, o).status().code(), StatusCode::kInvalidArgument);
+  o.nvme_eviction.clear();
+  o.policy = "belady";
+  EXPECT_EQ(NvmeEvictionOf(o), "ideal");
+  o.policy = "lru";
+  o.nvme = Capacity{Capacity::Unit::kBlocks, 0, true};
+  EXPECT_EQ(NvmeEvictionOf(o), "ideal") << "an infinite tier never reclaims";
+  o.nvme = Capacity{Capacity::Unit::kTokens, 100, false};  // 100 bytes: not two regions
+  auto small = Replay(*trace, o);
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("2 regions"), std::string::npos) << small.status().message();
+}
+
 }  // namespace
 }  // namespace kvtier::tools
