@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "daemon/engine.h"
 #include "daemon/engine_shard.h"
+#include "policy/demotion_target.h"
 
 namespace kvtier {
 namespace {
@@ -97,19 +98,13 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   // needs soon goes to the first tier whatever its admission says (its
   // bytes are still charged); any other goes through each tier's admission
   // in turn, and one that none takes is dropped.
-  std::optional<size_t> target;
-  bool held_below = false;
-  for (size_t level = 0; level < below_.size() && !target && !held_below; ++level) {
-    Below& b = *below_[level];
-    if (b.tier->Find(it->first)) {
-      held_below = true;
-    } else if (needed && level == 0 && b.admission->Force(it->second.size)) {
-      Bump(counters_.forced_demotions);
-      target = level;
-    } else if (b.admission->Admit(it->second.size, facts)) {
-      target = level;
-    }
-  }
+  const DemotionTarget choice = ChooseDemotionTarget(
+      below_.size(), needed, [&](size_t level) { return below_[level]->tier->Find(it->first).has_value(); },
+      [&](size_t level) { return below_[level]->admission->Force(it->second.size); },
+      [&](size_t level) { return below_[level]->admission->Admit(it->second.size, facts); });
+  if (choice.forced) Bump(counters_.forced_demotions);
+  const std::optional<size_t> target = choice.level;
+  const bool held_below = choice.held_below;
   if (!target) {
     if (!below_.empty() && !held_below) Bump(counters_.admission_drops);
     RemoveCommitted(shard, host_, it);

@@ -110,13 +110,6 @@ void Engine::DropQueuedRequests(ConnectionId connection) {
   queued_per_connection_.erase(connection);
 }
 
-namespace {
-
-// Prefetch plans look at this many queued requests, the earliest first.
-constexpr size_t kMaxPlannedRequests = 256;
-
-}  // namespace
-
 void Engine::SchedulePrefetch() {
   if (below_.empty() || prefetch_share_ <= 0) return;
   if (prefetch_scheduled_.exchange(true, std::memory_order_acq_rel)) return;
@@ -144,7 +137,7 @@ size_t Engine::Prefetch() {
   };
   std::vector<Queued> queued;
   {
-    // Copy only the chains of the earliest kMaxPlannedRequests.
+    // Copy only the chains of the earliest kPrefetchPlanRequests.
     std::lock_guard lock(queue_mu_);
     std::vector<const QueuedRequest*> earliest;
     earliest.reserve(queued_.size());
@@ -152,7 +145,7 @@ size_t Engine::Prefetch() {
     const auto sooner = [](const QueuedRequest* a, const QueuedRequest* b) {
       return a->start_us != b->start_us ? a->start_us < b->start_us : a->id < b->id;
     };
-    const size_t n = std::min(earliest.size(), kMaxPlannedRequests);
+    const size_t n = std::min(earliest.size(), kPrefetchPlanRequests);
     std::partial_sort(earliest.begin(), earliest.begin() + static_cast<ptrdiff_t>(n), earliest.end(), sooner);
     queued.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -200,8 +193,8 @@ size_t Engine::Prefetch() {
     std::lock_guard lock(shard->mu);
     still_prefetched += shard->prefetched_bytes;
   }
-  const uint64_t budget = static_cast<uint64_t>(prefetch_share_ * double(host_.capacity_bytes()));
-  const PrefetchOptions options{budget > still_prefetched ? budget - still_prefetched : 0, prefetch_min_blocks_};
+  const PrefetchOptions options{PrefetchBudget(prefetch_share_, host_.capacity_bytes(), still_prefetched),
+                                prefetch_min_blocks_};
   const PrefetchPlan plan = PlanPrefetch(clock_.NowUs(), requests, bandwidths, options);
   counters_.prefetch_plans.fetch_add(1, std::memory_order_relaxed);
   counters_.prefetch_skipped_short.fetch_add(plan.skipped_short, std::memory_order_relaxed);

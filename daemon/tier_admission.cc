@@ -28,11 +28,7 @@ AdmissionClass TierAdmission::ClassOf(const Facts& facts) { return ClassifyBlock
 
 void TierAdmission::CatchUp(uint64_t now_us) {
   const BlockTier::WriteTotals totals = tier_.write_totals();
-  if (totals.reinserted_bytes > reinserted_charged_) {
-    policy_->Charge(totals.reinserted_bytes - reinserted_charged_, now_us);
-    reinserted_charged_ = totals.reinserted_bytes;
-  }
-  policy_->OnDeviceWritten(totals.device_bytes, now_us);
+  policy_->CatchUp(totals.device_bytes, totals.reinserted_bytes, now_us);
 }
 
 bool TierAdmission::Admit(uint64_t payload_bytes, const Facts& facts) {

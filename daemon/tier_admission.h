@@ -68,7 +68,6 @@ class TierAdmission {
   const Clock& clock_;
   mutable std::mutex mu_;
   std::unique_ptr<AdmissionPolicy> policy_;  // guarded by mu_
-  uint64_t reinserted_charged_ = 0;          // guarded by mu_
 };
 
 }  // namespace kvtier

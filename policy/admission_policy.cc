@@ -29,6 +29,14 @@ void AdmissionPolicy::Count(AdmissionOutcome o, uint64_t bytes) {
   if (o == AdmissionOutcome::kAdmitted) admitted_bytes_ += static_cast<int64_t>(bytes);
 }
 
+void AdmissionPolicy::CatchUp(uint64_t device_bytes, uint64_t reinserted_bytes, uint64_t now_us) {
+  if (reinserted_bytes > reinserted_charged_) {
+    Charge(reinserted_bytes - reinserted_charged_, now_us);
+    reinserted_charged_ = reinserted_bytes;
+  }
+  OnDeviceWritten(device_bytes, now_us);
+}
+
 bool AdmissionPolicy::Force(uint64_t bytes, uint64_t now_us) {
   const bool paid = TakeForced(bytes, now_us);
   ++(paid ? forced_ : forced_refused_);

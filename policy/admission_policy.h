@@ -89,6 +89,11 @@ class AdmissionPolicy {
   // pay it; false (nothing taken) when it cannot, so no cause of writes
   // gets past the budget. Counted as forced / forced_refused.
   bool Force(uint64_t bytes, uint64_t now_us);
+  // The tier's write totals, before each decision (the engine's
+  // TierAdmission and the replay both call it): `device_bytes` written so
+  // far, all causes (OnDeviceWritten), and `reinserted_bytes`, the part
+  // reinsertion wrote, of which what was not charged yet is charged now.
+  void CatchUp(uint64_t device_bytes, uint64_t reinserted_bytes, uint64_t now_us);
   // Counters under `prefix` (e.g. "nvme.admission"): decisions by outcome
   // and, for dwpd, the budget's state.
   virtual void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const;
@@ -103,6 +108,7 @@ class AdmissionPolicy {
   std::array<int64_t, kAdmissionOutcomes> decisions_{};
   int64_t admitted_bytes_ = 0;
   int64_t forced_ = 0, forced_refused_ = 0;
+  uint64_t reinserted_charged_ = 0;
 };
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy();

@@ -20,6 +20,11 @@ uint64_t BandwidthEstimate::TimeUs(uint64_t bytes) const {
   return std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(double(bytes) / bytes_per_s_ * 1e6)));
 }
 
+uint64_t PrefetchBudget(double share, uint64_t host_capacity_bytes, uint64_t still_prefetched_bytes) {
+  const auto budget = static_cast<uint64_t>(share * double(host_capacity_bytes));
+  return budget > still_prefetched_bytes ? budget - still_prefetched_bytes : 0;
+}
+
 PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requests,
                           std::span<const BandwidthEstimate> below, const PrefetchOptions& options) {
   PrefetchPlan plan;

@@ -60,6 +60,15 @@ struct PrefetchRequest {
   std::vector<PrefetchBlock> chain;    // root first
 };
 
+// A plan looks at this many queued requests, the earliest first (the
+// engine and the replay both take them so).
+inline constexpr size_t kPrefetchPlanRequests = 256;
+
+// A plan's host budget: `share` of the host tier's `host_capacity_bytes`,
+// less the bytes earlier plans read in (or are reading) that no request
+// has used yet, so plans never hold more than the share together.
+uint64_t PrefetchBudget(double share, uint64_t host_capacity_bytes, uint64_t still_prefetched_bytes);
+
 struct PrefetchOptions {
   uint64_t host_budget_bytes = 0;  // bytes the plan may bring into the host tier
   uint32_t min_hit_blocks = 2;     // a usable prefix shorter than this is not worth a prefetch

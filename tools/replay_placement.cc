@@ -4,17 +4,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "policy/demotion_target.h"
 #include "policy/prefetch_planner.h"
 #include "tools/replay_simulator.h"
 
 namespace kvtier::tools {
-namespace {
-
-// Prefetch plans look at this many queued requests, the earliest first
-// (daemon/engine_queue.cc).
-constexpr size_t kMaxPlannedRequests = 256;
-
-}  // namespace
 
 uint64_t Simulator::Cost(int tier, const SimBlock& b) const {
   return tiers_[tier].capacity->unit == Capacity::Unit::kBlocks ? 1 : b.tokens;
@@ -55,44 +49,36 @@ AdmissionClass Simulator::ClassOf(const SimBlock& b) const {
   return ClassifyBlock(b.uses, conversation);
 }
 
-bool Simulator::AdmitToNvme(const SimBlock& b, bool needed, uint64_t now) {
+bool Simulator::NvmeAdmits(const SimBlock& b, bool forced, uint64_t now) {
   // TierAdmission: the device's bytes written and what copies forward
-  // wrote since are reported first; the candidate costs its record bytes.
-  const uint64_t written = log_ ? log_->device_bytes_written() : result_.tiers[kNvmeTier].bytes_written;
-  if (log_ && log_->reinserted_bytes() > charged_reinserted_) {
-    admission_->Charge(log_->reinserted_bytes() - charged_reinserted_, now);
-    charged_reinserted_ = log_->reinserted_bytes();
-  }
-  admission_->OnDeviceWritten(written, now);
+  // wrote are reported first; the candidate costs its record bytes.
+  admission_->CatchUp(log_ ? log_->device_bytes_written() : result_.tiers[kNvmeTier].bytes_written,
+                      log_ ? log_->reinserted_bytes() : 0, now);
   const uint64_t bytes = log_ ? log_->RecordBytesOf(Bytes(b)) : Bytes(b);
-  if (needed && admission_->Force(bytes, now)) {
-    ++result_.forced_demotions;
-    return true;
-  }
+  if (forced) return admission_->Force(bytes, now);
   AdmissionCandidate c;
   c.bytes = bytes;
   c.cls = ClassOf(b);
   c.parent_cached = b.parent == kNoParent || blocks_[b.parent].anywhere();
-  return admission_->Decide(c, now) == AdmissionOutcome::kAdmitted;
+  if (admission_->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
+  ++result_.admission_refused;
+  return false;
 }
 
 void Simulator::Demote(int from, uint32_t id, uint64_t now, bool needed) {
-  // EvictOne: the first tier below that holds it (no write) or takes it;
-  // a needed block is forced into the first tier below the host.
-  SimBlock& b = blocks_[id];
-  bool first = from == kHostTier;
-  for (int to = from + 1; to < kSimTiers; ++to) {
-    if (!Present(to)) continue;
-    if (b.in[to]) return;
-    const bool admitted = to != kNvmeTier || AdmitToNvme(b, needed && first, now);
-    first = false;
-    if (!admitted) {
-      ++result_.admission_refused;
-      continue;
-    }
-    WriteBelow(to, id, now);
-    return;
+  // The daemon's rule (policy/demotion_target.h) over the tiers below
+  // `from`; the remote tier admits everything.
+  std::vector<int> below;
+  for (int t = from + 1; t < kSimTiers; ++t) {
+    if (Present(t)) below.push_back(t);
   }
+  SimBlock& b = blocks_[id];
+  const DemotionTarget choice = ChooseDemotionTarget(
+      below.size(), needed, [&](size_t level) { return b.in[below[level]]; },
+      [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(b, /*forced=*/true, now); },
+      [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(b, /*forced=*/false, now); });
+  if (choice.forced) ++result_.forced_demotions;
+  if (choice.level) WriteBelow(below[*choice.level], id, now);
 }
 
 bool Simulator::WriteBelow(int to, uint32_t id, uint64_t now) {
@@ -166,7 +152,7 @@ void Simulator::Prefetch(uint64_t now) {
   std::vector<std::pair<uint64_t, size_t>> earliest;
   earliest.reserve(expected_start_.size());
   for (const auto& [r, at] : expected_start_) earliest.emplace_back(at, r);
-  const size_t n = std::min(earliest.size(), kMaxPlannedRequests);
+  const size_t n = std::min(earliest.size(), kPrefetchPlanRequests);
   std::partial_sort(earliest.begin(), earliest.begin() + static_cast<ptrdiff_t>(n), earliest.end());
   std::vector<PrefetchRequest> requests;
   for (size_t k = 0; k < n; ++k) {
@@ -191,9 +177,9 @@ void Simulator::Prefetch(uint64_t now) {
   const double host_bytes = host.unit == Capacity::Unit::kTokens
                                 ? double(host.amount) * double(options_.bytes_per_token)
                                 : double(host.amount) * double(trace_.block_tokens) * double(options_.bytes_per_token);
-  const auto budget = static_cast<uint64_t>(options_.prefetch_share * host_bytes);
-  const PrefetchOptions plan_options{budget > still_prefetched_ ? budget - still_prefetched_ : 0,
-                                     options_.prefetch_min_blocks};
+  const PrefetchOptions plan_options{
+      PrefetchBudget(options_.prefetch_share, static_cast<uint64_t>(host_bytes), still_prefetched_),
+      options_.prefetch_min_blocks};
   const PrefetchPlan plan = PlanPrefetch(now, requests, below, plan_options);
   for (const PrefetchAction& a : plan.actions) {
     const uint32_t id = index_.at(a.key);

@@ -136,7 +136,7 @@ struct ReplayResult {
   uint64_t hit_tokens = 0;
   std::array<TierResult, kSimTiers> tiers{};
   uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
-  uint64_t admission_refused = 0;  // host victims the NVMe admission refused (dropped)
+  uint64_t admission_refused = 0;  // victims the NVMe admission refused (the remote tier may still take them)
   uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day); 0 otherwise
   uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
   uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward

@@ -83,8 +83,9 @@ class Simulator {
   uint64_t Bytes(const SimBlock& b) const { return b.tokens * options_.bytes_per_token; }
   bool MakeRoom(int tier, uint64_t cost, uint64_t now);
   AdmissionClass ClassOf(const SimBlock& b) const;
-  // The NVMe admission's decision on `b` (forced when `needed`).
-  bool AdmitToNvme(const SimBlock& b, bool needed, uint64_t now);
+  // The NVMe admission's answer for `b`: Force (`forced`: a queued request
+  // needs it) or Decide (a refusal is counted).
+  bool NvmeAdmits(const SimBlock& b, bool forced, uint64_t now);
   // A victim of `from`; `needed`: a queued request needs it within the lookahead.
   void Demote(int from, uint32_t id, uint64_t now, bool needed);
   // Writes `id` into tier `to` (its write channel, then its room); false
@@ -104,7 +105,6 @@ class Simulator {
   std::unique_ptr<AdmissionPolicy> admission_;
   std::array<SimTierState, kSimTiers> tiers_;
   std::unique_ptr<SimLog> log_;  // the NVMe tier, when it is a log
-  uint64_t charged_reinserted_ = 0;  // log copies forward charged to the admission
   uint64_t now_us_ = 0;              // the time of the event in progress (the log's hooks)
   std::unordered_map<BlockKey, uint32_t> index_;
   std::vector<SimBlock> blocks_;

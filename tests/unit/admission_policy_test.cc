@@ -167,5 +167,19 @@ TEST(AdmissionPolicyTest, DwpdReportsTheDaysWritesAndDriveLife) {
   EXPECT_NEAR(double(c["nvme.admission.projected_life_days"]), 5 * 365.0, 1.0);
 }
 
+// CatchUp charges only the reinsertion bytes not charged before, and
+// reports the device total: a bucket of 16 MiB-blocks, 10 MiB of them
+// reinserted (reported twice), leaves room for 6 admissions.
+TEST(AdmissionPolicyTest, CatchUpChargesEachReinsertedByteOnce) {
+  auto p = Dwpd(Drive(16 * kMiB));
+  p->CatchUp(10 * kMiB, 10 * kMiB, 0);
+  p->CatchUp(10 * kMiB, 10 * kMiB, 0);  // nothing new
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) admitted += p->Decide(Candidate(C::kShared), 0) == O::kAdmitted;
+  EXPECT_EQ(admitted, 6);
+  p->CatchUp(36'000'000'000ull, 10 * kMiB, 3600 * kSecondUs);
+  EXPECT_EQ(Counters(*p, 3600 * kSecondUs)["nvme.admission.written_today_bytes"], 36'000'000'000);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -155,5 +155,13 @@ TEST(PrefetchPlannerTest, SlowerMeasuredBandwidthShortensThePlan) {
   EXPECT_EQ(PlanPrefetch(kNow, queue, Tiers(nvme, nvme), Budget(1 << 20)).actions.size(), 1u);
 }
 
+TEST(PrefetchPlannerTest, TheBudgetIsTheShareOfTheHostTierLessWhatIsStillUnused) {
+  EXPECT_EQ(PrefetchBudget(0.25, 1000, 0), 250u);
+  EXPECT_EQ(PrefetchBudget(0.25, 1000, 100), 150u);
+  EXPECT_EQ(PrefetchBudget(0.25, 1000, 400), 0u) << "never below zero";
+  EXPECT_EQ(PrefetchBudget(0, 1000, 0), 0u);
+  EXPECT_EQ(kPrefetchPlanRequests, 256u);
+}
+
 }  // namespace
 }  // namespace kvtier
