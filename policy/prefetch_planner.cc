@@ -14,6 +14,17 @@ void BandwidthEstimate::Observe(uint64_t bytes, uint64_t duration_us) {
   if (duration_us == 0 || bytes == 0) return;
   const double sample = double(bytes) / (double(duration_us) / 1e6);
   bytes_per_s_ = (1 - weight_) * bytes_per_s_ + weight_ * sample;
+  recent_[observed_ % kWindow] = sample;
+  ++observed_;
+}
+
+double BandwidthEstimate::Percentile(double p) const {
+  const size_t n = std::min(observed_, kWindow);
+  if (n == 0) return bytes_per_s_;
+  std::array<double, kWindow> sorted = recent_;
+  std::sort(sorted.begin(), sorted.begin() + static_cast<ptrdiff_t>(n));
+  const auto rank = static_cast<size_t>(std::ceil(std::clamp(p, 0.0, 100.0) / 100.0 * double(n)));
+  return sorted[std::max<size_t>(rank, 1) - 1];
 }
 
 uint64_t BandwidthEstimate::TimeUs(uint64_t bytes) const {

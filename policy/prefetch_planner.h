@@ -19,6 +19,8 @@
 // tier's BandwidthEstimate. Pure and synchronous; time passed in (us).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -28,19 +30,28 @@
 namespace kvtier {
 
 // A read bandwidth as an exponentially weighted moving average of observed
-// reads (bytes over their duration); starts at `initial_bytes_per_s`.
+// reads (bytes over their duration); starts at `initial_bytes_per_s`. It
+// also keeps the last kWindow reads' rates, for a low percentile: what
+// the tier delivers on a slow day (the preload planner's t_read,
+// policy/preload_planner.h).
 class BandwidthEstimate {
  public:
+  static constexpr size_t kWindow = 64;
   explicit BandwidthEstimate(double initial_bytes_per_s, double weight = 0.2);
   // One completed read of `bytes` that took `duration_us` (0 is ignored).
   void Observe(uint64_t bytes, uint64_t duration_us);
   double bytes_per_s() const { return bytes_per_s_; }
+  // The p-th percentile (nearest rank, p in [0, 100]) of the last kWindow
+  // reads' rates; bytes_per_s() before any read.
+  double Percentile(double p) const;
   // Microseconds to read `bytes` at the estimate (at least 1).
   uint64_t TimeUs(uint64_t bytes) const;
 
  private:
   double bytes_per_s_;
   double weight_;
+  std::array<double, kWindow> recent_{};  // a ring of the latest rates
+  size_t observed_ = 0;                   // reads observed in all
 };
 
 // Where a block of a queued chain is: in the host tier, in a tier below it

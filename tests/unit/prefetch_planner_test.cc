@@ -163,5 +163,21 @@ TEST(PrefetchPlannerTest, TheBudgetIsTheShareOfTheHostTierLessWhatIsStillUnused)
   EXPECT_EQ(kPrefetchPlanRequests, 256u);
 }
 
+TEST(PrefetchPlannerTest, ALowPercentileOfTheLatestReadsIsWhatATierDeliversOnASlowDay) {
+  BandwidthEstimate bw(5e9);
+  EXPECT_DOUBLE_EQ(bw.Percentile(10), 5e9) << "the estimate before any read";
+  // Rates of 1..10 MB/s: the 10th percentile (nearest rank) is the slowest.
+  for (uint64_t mb = 1; mb <= 10; ++mb) bw.Observe(mb * 1'000'000, 1'000'000);
+  EXPECT_DOUBLE_EQ(bw.Percentile(10), 1e6);
+  EXPECT_DOUBLE_EQ(bw.Percentile(50), 5e6);
+  EXPECT_DOUBLE_EQ(bw.Percentile(100), 10e6);
+  // Only the last kWindow reads count: 64 reads at 20 MB/s push the others out.
+  for (size_t i = 0; i < BandwidthEstimate::kWindow; ++i) bw.Observe(20'000'000, 1'000'000);
+  EXPECT_DOUBLE_EQ(bw.Percentile(10), 20e6);
+  bw.Observe(0, 5);  // ignored
+  bw.Observe(5, 0);
+  EXPECT_DOUBLE_EQ(bw.Percentile(0), 20e6);
+}
+
 }  // namespace
 }  // namespace kvtier
