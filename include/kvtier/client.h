@@ -176,6 +176,7 @@ class Reservation {
   ~Reservation();
 
   std::vector<WritableBlock>& blocks() { return blocks_; }
+  const std::vector<WritableBlock>& blocks() const { return blocks_; }
 
   // Makes every block with an ok status visible atomically per block; the
   // daemon checks sizes and records checksums. Returns one Status per block
@@ -191,6 +192,58 @@ class Reservation {
   NamespaceId ns_ = 0;
   std::vector<WritableBlock> blocks_;
   bool done_ = false;
+};
+
+// A prefix saved layer by layer while the engine computes its later
+// layers (Client::BeginSave). Every block is a whole block of its
+// namespace, laid out layer-major: layer l of block i is LayerSpan(i, l),
+// layer_bytes() long, in the arena. A layer is written either by SaveLayer
+// (one copy per block) or in place through LayerSpan and then declared
+// with LayerWritten. FinishSave commits every block in one request once
+// every layer is in. Until then nothing of the prefix is visible; a save
+// destroyed or aborted before FinishSave, or whose connection ends first
+// (an engine crash), leaves nothing behind and its space is returned.
+// Not thread-safe.
+class LayerSave {
+ public:
+  LayerSave() = default;
+  LayerSave(LayerSave&&) noexcept = default;
+  LayerSave& operator=(LayerSave&&) noexcept = default;
+
+  size_t size() const { return blocks_; }
+  uint32_t layer_count() const { return layers_; }
+  uint64_t layer_bytes() const { return layer_bytes_; }
+  // Block i's reservation: Ok (to be written), AlreadyExists (cached, or
+  // being written by someone else: skipped), or why it failed (NoSpace).
+  Status status(size_t block) const;
+  // Layer `layer` of block `block` in the arena, writable until FinishSave
+  // or Abort; empty for a block that is not Ok or an index out of range.
+  std::span<std::byte> LayerSpan(size_t block, uint32_t layer);
+  // Copies src[i] into layer `layer` of every Ok block i (src has size()
+  // spans of layer_bytes(); those of blocks not Ok are not read).
+  // InvalidArgument for a layer out of range or a span of another size;
+  // FailedPrecondition once finished or aborted.
+  Status SaveLayer(uint32_t layer, std::span<const std::span<const std::byte>> src);
+  // Layer `layer` was written in place (LayerSpan) in every Ok block.
+  Status LayerWritten(uint32_t layer);
+  // Layers saved or declared written so far.
+  uint32_t layers_saved() const;
+  // Commits every Ok block in one request (the daemon checksums each);
+  // one Status per block as Reservation::Commit. FailedPrecondition, with
+  // nothing committed and the save still open, while a layer is missing;
+  // FailedPrecondition once finished or aborted.
+  Result<std::vector<Status>> FinishSave();
+  // Returns the space without publishing anything.
+  Status Abort();
+
+ private:
+  friend class Client;
+  Reservation reservation_;
+  size_t blocks_ = 0;
+  uint32_t layers_ = 0;
+  uint64_t layer_bytes_ = 0;
+  std::vector<bool> saved_;
+  bool ended_ = false;
 };
 
 class Client {
@@ -241,6 +294,10 @@ class Client {
   // Zero-copy put: reserves arena space the caller writes in place.
   Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
                               std::span<const uint64_t> sizes, const ChainLinks& links = {});
+  // Layer-wise save (LayerSave): reserves a whole block of the namespace
+  // for each key, root first. Errors as Reserve; per-block outcomes in the
+  // LayerSave.
+  Result<LayerSave> BeginSave(NamespaceId ns, std::span<const BlockKey> keys, const ChainLinks& links = {});
 
   // Copies the block into `dst` and returns its length: from the block
   // directory when the block is in the host tier (no round trip), else one

@@ -1,0 +1,96 @@
+// LayerSave (include/kvtier/client.h): a reservation of whole blocks
+// written layer by layer and committed at once.
+#include <cstring>
+#include <string>
+
+#include "client_lib/connection.h"
+#include "kvtier/client.h"
+
+namespace kvtier {
+
+Result<LayerSave> Client::BeginSave(NamespaceId ns, std::span<const BlockKey> keys, const ChainLinks& links) {
+  if (ns >= conn_->namespaces().size()) {
+    return InvalidArgument("namespace " + std::to_string(ns) + " was not registered at Connect");
+  }
+  const auto [layer_count, block_bytes] = conn_->layout(ns);
+  std::vector<uint64_t> sizes(keys.size(), block_bytes);
+  auto reserved = Reserve(ns, keys, sizes, links);
+  if (!reserved.ok()) return reserved.status();
+  LayerSave save;
+  save.reservation_ = std::move(*reserved);
+  save.blocks_ = keys.size();
+  save.layers_ = layer_count;
+  save.layer_bytes_ = block_bytes / layer_count;
+  save.saved_.assign(layer_count, false);
+  return save;
+}
+
+Status LayerSave::status(size_t block) const {
+  if (block >= blocks_) return InvalidArgument("block " + std::to_string(block) + " is not in this save");
+  return reservation_.blocks()[block].status;
+}
+
+std::span<std::byte> LayerSave::LayerSpan(size_t block, uint32_t layer) {
+  if (ended_ || block >= blocks_ || layer >= layers_) return {};
+  WritableBlock& b = reservation_.blocks()[block];
+  if (!b.status.ok()) return {};
+  return b.data.subspan(uint64_t{layer} * layer_bytes_, layer_bytes_);
+}
+
+Status LayerSave::SaveLayer(uint32_t layer, std::span<const std::span<const std::byte>> src) {
+  if (ended_) return FailedPrecondition("the save was finished or aborted");
+  if (layer >= layers_) {
+    return InvalidArgument("layer " + std::to_string(layer) + " of a " + std::to_string(layers_) + "-layer block");
+  }
+  if (src.size() != blocks_) {
+    return InvalidArgument("SaveLayer: " + std::to_string(src.size()) + " spans for " + std::to_string(blocks_) +
+                           " blocks");
+  }
+  for (size_t i = 0; i < blocks_; ++i) {
+    if (reservation_.blocks()[i].status.ok() && src[i].size() != layer_bytes_) {
+      return InvalidArgument("SaveLayer: block " + std::to_string(i) + "'s layer is " +
+                             std::to_string(src[i].size()) + " bytes, not " + std::to_string(layer_bytes_));
+    }
+  }
+  for (size_t i = 0; i < blocks_; ++i) {
+    std::span<std::byte> dst = LayerSpan(i, layer);
+    if (!dst.empty()) std::memcpy(dst.data(), src[i].data(), dst.size());
+  }
+  saved_[layer] = true;
+  return Status::Ok();
+}
+
+Status LayerSave::LayerWritten(uint32_t layer) {
+  if (ended_) return FailedPrecondition("the save was finished or aborted");
+  if (layer >= layers_) {
+    return InvalidArgument("layer " + std::to_string(layer) + " of a " + std::to_string(layers_) + "-layer block");
+  }
+  saved_[layer] = true;
+  return Status::Ok();
+}
+
+uint32_t LayerSave::layers_saved() const {
+  uint32_t n = 0;
+  for (bool s : saved_) n += s ? 1 : 0;
+  return n;
+}
+
+Result<std::vector<Status>> LayerSave::FinishSave() {
+  if (ended_) return FailedPrecondition("the save was finished or aborted");
+  for (uint32_t l = 0; l < layers_; ++l) {
+    if (!saved_[l]) {
+      return FailedPrecondition("layer " + std::to_string(l) + " of " + std::to_string(layers_) +
+                                " was not saved; nothing was committed");
+    }
+  }
+  ended_ = true;
+  return reservation_.Commit();
+}
+
+Status LayerSave::Abort() {
+  if (ended_) return Status::Ok();
+  ended_ = true;
+  return reservation_.Abort();
+}
+
+}  // namespace kvtier
