@@ -20,6 +20,15 @@ struct kvtier_view {
   kvtier::BlockView view;
 };
 
+struct kvtier_reservation {
+  kvtier::Reservation reservation;
+  bool committed = false;
+};
+
+struct kvtier_layer_save {
+  kvtier::LayerSave save;
+};
+
 namespace kvtier {
 namespace {
 
@@ -377,6 +386,132 @@ int kvtier_stat(kvtier_client* client, const char* name, int64_t* value) {
       }
     }
     return Report(kvtier::NotFound(std::string("no counter named \"") + name + "\""));
+  });
+}
+
+int kvtier_arena(kvtier_client* client, void** base, size_t* len) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (base == nullptr || len == nullptr) return Missing("base or len");
+    const std::span<std::byte> arena = client->client->arena();
+    *base = arena.data();
+    *len = arena.size();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_reserve(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const size_t* sizes, size_t n,
+                   kvtier_reservation** out, void** data, int* statuses) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (n > 0 && (keys == nullptr || sizes == nullptr || data == nullptr || statuses == nullptr)) {
+      return Missing("keys, sizes, data or statuses");
+    }
+    const std::vector<uint64_t> lengths(sizes, sizes + n);
+    auto reserved = client->client->Reserve(ns, kvtier::ToKeys(keys, n), lengths);
+    if (!reserved.ok()) return Report(reserved.status());
+    auto handle = std::make_unique<kvtier_reservation>(kvtier_reservation{std::move(*reserved), false});
+    const auto& blocks = handle->reservation.blocks();
+    for (size_t i = 0; i < n; ++i) data[i] = blocks[i].status.ok() ? blocks[i].data.data() : nullptr;
+    kvtier::ReportEach(blocks, statuses,
+                       [](const kvtier::WritableBlock& b) -> const kvtier::Status& { return b.status; });
+    *out = handle.release();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_commit(kvtier_reservation* reservation, int* statuses) {
+  return Guard([&] {
+    if (reservation == nullptr) return Missing("reservation");
+    if (statuses == nullptr && !reservation->reservation.blocks().empty()) return Missing("statuses");
+    if (reservation->committed) return Report(kvtier::FailedPrecondition("the reservation was committed before"));
+    reservation->committed = true;
+    std::vector<kvtier::Status> outcomes = reservation->reservation.Commit();
+    kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+    return KVTIER_OK;
+  });
+}
+
+void kvtier_reservation_free(kvtier_reservation* reservation) {
+  Guard([&] {
+    delete reservation;  // a reservation not committed is aborted by its destructor
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                      const kvtier_key* parent, kvtier_layer_save** out, size_t* layer_bytes, int* statuses) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (layer_bytes == nullptr) return Missing("layer_bytes");
+    if (n > 0 && (keys == nullptr || statuses == nullptr)) return Missing("keys or statuses");
+    kvtier::ChainLinks links;
+    links.chain = true;
+    if (parent != nullptr) links.parent = kvtier::ToKey(*parent);
+    auto begun = client->client->BeginSave(ns, kvtier::ToKeys(keys, n), links);
+    if (!begun.ok()) return Report(begun.status());
+    auto handle = std::make_unique<kvtier_layer_save>(kvtier_layer_save{std::move(*begun)});
+    std::vector<kvtier::Status> outcomes;
+    for (size_t i = 0; i < n; ++i) outcomes.push_back(handle->save.status(i));
+    kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+    *layer_bytes = handle->save.layer_bytes();
+    *out = handle.release();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_save_layer(kvtier_layer_save* save, uint32_t layer, const void* const* src) {
+  return Guard([&] {
+    if (save == nullptr) return Missing("save");
+    if (src == nullptr && save->save.size() > 0) return Missing("src");
+    std::vector<std::span<const std::byte>> spans;
+    for (size_t i = 0; i < save->save.size(); ++i) {
+      const bool wanted = save->save.status(i).ok();
+      if (wanted && src[i] == nullptr) return Missing("src entry of a block to save");
+      spans.emplace_back(static_cast<const std::byte*>(src[i]), wanted ? save->save.layer_bytes() : 0);
+    }
+    return Report(save->save.SaveLayer(layer, spans));
+  });
+}
+
+int kvtier_save_layer_span(kvtier_layer_save* save, size_t block, uint32_t layer, void** data) {
+  return Guard([&] {
+    if (data == nullptr) return Missing("data");
+    *data = nullptr;
+    if (save == nullptr) return Missing("save");
+    std::span<std::byte> span = save->save.LayerSpan(block, layer);
+    if (span.empty()) {
+      return Report(kvtier::InvalidArgument("no writable layer " + std::to_string(layer) + " of block " +
+                                            std::to_string(block) + " (out of range, not reserved, or finished)"));
+    }
+    *data = span.data();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer) {
+  return Guard([&] { return save == nullptr ? Missing("save") : Report(save->save.LayerWritten(layer)); });
+}
+
+int kvtier_finish_save(kvtier_layer_save* save, int* statuses) {
+  return Guard([&] {
+    if (save == nullptr) return Missing("save");
+    if (statuses == nullptr && save->save.size() > 0) return Missing("statuses");
+    auto committed = save->save.FinishSave();
+    if (!committed.ok()) return Report(committed.status());
+    kvtier::ReportEach(*committed, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+    return KVTIER_OK;
+  });
+}
+
+void kvtier_save_free(kvtier_layer_save* save) {
+  Guard([&] {
+    delete save;  // an unfinished save's reservation is aborted by its destructor
+    return KVTIER_OK;
   });
 }
 

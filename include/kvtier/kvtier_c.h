@@ -69,6 +69,14 @@ typedef struct kvtier_client kvtier_client;
  * by kvtier_pin, destroyed by kvtier_view_release. */
 typedef struct kvtier_view kvtier_view;
 
+/* Arena space reserved for a zero-copy put (kvtier::Reservation). Opaque;
+ * created by kvtier_reserve, destroyed by kvtier_reservation_free. */
+typedef struct kvtier_reservation kvtier_reservation;
+
+/* A prefix saved layer by layer (kvtier::LayerSave). Opaque; created by
+ * kvtier_begin_save, destroyed by kvtier_save_free. */
+typedef struct kvtier_layer_save kvtier_layer_save;
+
 /* A 128-bit block key (kvtier::BlockKey): the high and low 64 bits. */
 typedef struct {
   uint64_t hi, lo;
@@ -227,6 +235,55 @@ int kvtier_request_started(kvtier_client* client, uint64_t request);
 int kvtier_request_finished(kvtier_client* client, uint64_t request);
 // Conversation `session` (not 0) opened (`open` != 0) or closed.
 int kvtier_session_hint(kvtier_client* client, uint64_t session, int open);
+
+// The whole arena mapping (kvtier::Client::arena): its base address and
+// length, e.g. for one cudaHostRegister at start-up. Valid until
+// kvtier_close and the release of the client's last view, reservation and
+// save.
+int kvtier_arena(kvtier_client* client, void** base, size_t* len);
+
+// Zero-copy put (kvtier::Client::Reserve): reserves sizes[i] bytes of the
+// arena for keys[i]. statuses[i] gets each key's code: KVTIER_OK (write
+// exactly sizes[i] bytes at data[i], then kvtier_commit),
+// KVTIER_ALREADY_EXISTS (cached or being written elsewhere: skip it; data[i]
+// is NULL), KVTIER_NO_SPACE or another failure (data[i] NULL). On KVTIER_OK
+// `*out` is a reservation the caller frees with kvtier_reservation_free;
+// nothing of it is visible before kvtier_commit. Not KVTIER_OK: bad
+// arguments or a failed call (no per-key codes, `*out` NULL).
+int kvtier_reserve(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const size_t* sizes, size_t n,
+                   kvtier_reservation** out, void** data, int* statuses);
+// Publishes every block reserved KVTIER_OK (the daemon checksums each);
+// statuses[i] gets each key's outcome (reservation codes passed through).
+// KVTIER_FAILED_PRECONDITION if it was committed before.
+int kvtier_commit(kvtier_reservation* reservation, int* statuses);
+// Frees the reservation; one not committed returns its space, publishing
+// nothing. NULL is a no-op.
+void kvtier_reservation_free(kvtier_reservation* reservation);
+
+// Layer-wise save (kvtier::LayerSave): reserves a whole block of `ns` for
+// each of keys[0 .. n), root first (`parent`, if not NULL, is the block
+// before keys[0]). `*layer_bytes` gets one layer's bytes (a block is
+// layer-major: layer l at l * layer_bytes); statuses[i] each block's code
+// as kvtier_reserve. `*out` as kvtier_reserve's, freed by kvtier_save_free.
+int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                      const kvtier_key* parent, kvtier_layer_save** out, size_t* layer_bytes, int* statuses);
+// Copies src[i] (layer_bytes each; entries of blocks not KVTIER_OK may be
+// NULL) into layer `layer` of every block. KVTIER_INVALID_ARGUMENT for a
+// layer out of range, KVTIER_FAILED_PRECONDITION once finished.
+int kvtier_save_layer(kvtier_layer_save* save, uint32_t layer, const void* const* src);
+// Zero-copy: `*data` is layer `layer` of block `block` in the arena
+// (layer_bytes long); after writing a layer in every block, call
+// kvtier_layer_written. KVTIER_INVALID_ARGUMENT for indices out of range
+// or a block not KVTIER_OK (`*data` NULL).
+int kvtier_save_layer_span(kvtier_layer_save* save, size_t block, uint32_t layer, void** data);
+int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer);
+// Commits every block in one request once every layer is in; statuses[i]
+// as kvtier_commit. KVTIER_FAILED_PRECONDITION while a layer is missing
+// (nothing committed; the save stays open) or once finished.
+int kvtier_finish_save(kvtier_layer_save* save, int* statuses);
+// Frees the save; one not finished leaves nothing visible and returns its
+// space. NULL is a no-op.
+void kvtier_save_free(kvtier_layer_save* save);
 
 // Reads one daemon counter by name (e.g. "engine.commits") into `*value`.
 // KVTIER_NOT_FOUND if the daemon has no such counter.

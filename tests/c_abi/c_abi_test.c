@@ -441,6 +441,106 @@ static void TestEraseStatsAndErrors(kvtier_client* c, const kvtier_key keys[kBlo
   CHECK(strlen(kvtier_last_error()) > 0);
 }
 
+/* Keys of a chain of `n` blocks from tokens seeded by `seed`. */
+static void SeededKeys(const kvtier_namespace* ns, uint32_t seed, kvtier_key* keys, size_t n) {
+  uint32_t tokens[kBlocks * kBlockTokens];
+  size_t count = 0, i;
+  for (i = 0; i < n * kBlockTokens; ++i) tokens[i] = (uint32_t)(seed * 1000003u + 11 * i);
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, n * kBlockTokens, keys, n, &count), KVTIER_OK);
+  CHECK(count == n);
+}
+
+static size_t Prefix(kvtier_client* c, const kvtier_key* keys, size_t n) {
+  size_t prefix = 99;
+  CHECK_CODE(kvtier_lookup(c, 0, keys, n, &prefix, NULL), KVTIER_OK);
+  return prefix;
+}
+
+static void TestZeroCopyPutAndLayerSave(kvtier_client* c, const kvtier_namespace* ns) {
+  static uint8_t got[kBlockBytes];
+  kvtier_key keys[2];
+  size_t sizes[2] = {kBlockBytes, kBlockBytes}, arena_len = 0, layer_bytes = 0, len = 0, i;
+  void* base = NULL;
+  void* data[2] = {NULL, NULL};
+  int statuses[2] = {-1, -1};
+  kvtier_reservation* r = NULL;
+  kvtier_layer_save* save = NULL;
+
+  /* The arena: where reservations and layer spans point. */
+  CHECK_CODE(kvtier_arena(c, &base, &arena_len), KVTIER_OK);
+  CHECK(base != NULL && arena_len == (size_t)kArenaMiB * kMiB);
+
+  /* Reserve, write in place, commit. */
+  SeededKeys(ns, 41, keys, 2);
+  CHECK_CODE(kvtier_reserve(c, 0, keys, sizes, 2, &r, data, statuses), KVTIER_OK);
+  CHECK(r != NULL && statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+  for (i = 0; i < 2; ++i) {
+    CHECK((uint8_t*)data[i] >= (uint8_t*)base && (uint8_t*)data[i] + kBlockBytes <= (uint8_t*)base + arena_len);
+    if (data[i] != NULL) FillBlock((uint8_t*)data[i], kBlockBytes, keys[i], 40 + i);
+  }
+  CHECK(Prefix(c, keys, 2) == 0); /* nothing visible before the commit */
+  CHECK_CODE(kvtier_commit(r, statuses), KVTIER_OK);
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+  CHECK_CODE(kvtier_commit(r, statuses), KVTIER_FAILED_PRECONDITION);
+  kvtier_reservation_free(r);
+  for (i = 0; i < 2; ++i) {
+    CHECK_CODE(kvtier_get(c, 0, keys[i], got, kBlockBytes, &len), KVTIER_OK);
+    CHECK(BlockMatches(got, len, keys[i], 40 + i));
+  }
+  /* A reservation freed without a commit leaves nothing. */
+  SeededKeys(ns, 42, keys, 2);
+  CHECK_CODE(kvtier_reserve(c, 0, keys, sizes, 2, &r, data, statuses), KVTIER_OK);
+  kvtier_reservation_free(r);
+  CHECK(Prefix(c, keys, 2) == 0);
+  kvtier_reservation_free(NULL);
+
+  /* Layer-wise save: layer 0 copied, layer 1 written in place. */
+  SeededKeys(ns, 43, keys, 2);
+  CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, NULL, &save, &layer_bytes, statuses), KVTIER_OK);
+  CHECK(save != NULL && layer_bytes == kBlockBytes / 2);
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+  {
+    static uint8_t whole[2][kBlockBytes];
+    const void* src[2];
+    for (i = 0; i < 2; ++i) {
+      FillBlock(whole[i], kBlockBytes, keys[i], 50 + i);
+      src[i] = whole[i];
+    }
+    CHECK_CODE(kvtier_save_layer(save, 0, src), KVTIER_OK);
+    CHECK_CODE(kvtier_finish_save(save, statuses), KVTIER_FAILED_PRECONDITION); /* layer 1 missing */
+    CHECK(Prefix(c, keys, 2) == 0);
+    for (i = 0; i < 2; ++i) {
+      void* span = NULL;
+      CHECK_CODE(kvtier_save_layer_span(save, i, 1, &span), KVTIER_OK);
+      if (span != NULL) memcpy(span, whole[i] + layer_bytes, layer_bytes);
+    }
+    CHECK_CODE(kvtier_layer_written(save, 1), KVTIER_OK);
+  }
+  {
+    void* span = (void*)1;
+    CHECK_CODE(kvtier_save_layer_span(save, 2, 0, &span), KVTIER_INVALID_ARGUMENT);
+    CHECK(span == NULL);
+    CHECK_CODE(kvtier_layer_written(save, 2), KVTIER_INVALID_ARGUMENT);
+  }
+  CHECK_CODE(kvtier_finish_save(save, statuses), KVTIER_OK);
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK);
+  CHECK_CODE(kvtier_finish_save(save, statuses), KVTIER_FAILED_PRECONDITION);
+  kvtier_save_free(save);
+  CHECK(Prefix(c, keys, 2) == 2);
+  for (i = 0; i < 2; ++i) {
+    CHECK_CODE(kvtier_get(c, 0, keys[i], got, kBlockBytes, &len), KVTIER_OK);
+    CHECK(BlockMatches(got, len, keys[i], 50 + i));
+  }
+  /* A save freed midway leaves nothing. */
+  SeededKeys(ns, 44, keys, 2);
+  CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, &keys[0], &save, &layer_bytes, statuses), KVTIER_OK);
+  CHECK_CODE(kvtier_layer_written(save, 0), KVTIER_OK);
+  kvtier_save_free(save);
+  CHECK(Prefix(c, keys, 2) == 0);
+  kvtier_save_free(NULL);
+  CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, NULL, NULL, &layer_bytes, statuses), KVTIER_INVALID_ARGUMENT);
+}
+
 int main(int argc, char** argv) {
   Daemon daemon;
   kvtier_client* client;
@@ -465,6 +565,7 @@ int main(int argc, char** argv) {
     TestBatches(client, keys);
     TestPutChain(client, &ns);
     TestPin(client, keys);
+    TestZeroCopyPutAndLayerSave(client, &ns);
     TestEraseStatsAndErrors(client, keys);
     kvtier_close(client);
     TestViewOutlivesClose(&daemon, &ns);
