@@ -515,4 +515,20 @@ void kvtier_save_free(kvtier_layer_save* save) {
   });
 }
 
+int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t bytes_per_layer,
+                        double compute_us_per_layer, uint32_t layers, double recompute_us_per_layer,
+                        kvtier_preload_plan* out) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (out == nullptr) return Missing("out");
+    auto plan = client->client->PlanPreload(static_cast<kvtier::Tier>(source_tier), bytes_per_layer,
+                                            compute_us_per_layer, layers, recompute_us_per_layer);
+    if (!plan.ok()) return Report(plan.status());
+    *out = kvtier_preload_plan{plan->layers_to_preload, plan->buffer_bytes,  plan->read_bytes_per_s,
+                               plan->read_us_per_layer, plan->stall_us,     plan->total_us,
+                               plan->recompute_instead ? 1 : 0};
+    return KVTIER_OK;
+  });
+}
+
 }  // extern "C"

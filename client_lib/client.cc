@@ -357,6 +357,23 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
 
 Status Client::Release(uint64_t lease) { return internal::ReleaseAndWait(*conn_, lease); }
 
+Result<PreloadPlan> Client::PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
+                                        uint32_t layers, double recompute_us_per_layer) {
+  auto r = conn_->CallSync(wire::MakePreloadPlan(static_cast<uint32_t>(source), bytes_per_layer, compute_us_per_layer,
+                                                 layers, recompute_us_per_layer));
+  if (!r.ok()) return r.status();
+  const v1::PreloadPlanResponse& p = r->preload_plan();
+  PreloadPlan plan;
+  plan.layers_to_preload = p.layers_to_preload();
+  plan.buffer_bytes = p.buffer_bytes();
+  plan.read_bytes_per_s = p.read_bytes_per_s();
+  plan.read_us_per_layer = p.read_us_per_layer();
+  plan.stall_us = p.stall_us();
+  plan.total_us = p.total_us();
+  plan.recompute_instead = p.recompute_instead();
+  return plan;
+}
+
 Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
   if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
   auto r = conn_->CallSync(wire::MakeErase(ns, keys));

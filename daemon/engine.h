@@ -54,6 +54,7 @@
 #include "daemon/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
+#include "kvtier/preload.h"
 #include "kvtier/result.h"
 #include "policy/dwpd_budget.h"
 #include "policy/prefetch_planner.h"
@@ -248,6 +249,17 @@ class Engine {
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
+  // Preload planning (policy/preload_planner.h) with `source`'s read
+  // bandwidth: for a tier below, the 10th percentile of its promotion
+  // reads' rates (its initial estimate before any) plus kBelowLayerOverheadUs
+  // a layer (one read's submission and completion); for the host tier,
+  // memcpy's rate, measured once on first use. A 10% margin on top.
+  // InvalidArgument for no layers, no bytes or a negative or non-finite
+  // time; NotFound when the daemon has no such tier. Engine_preload.cc.
+  static constexpr double kBelowLayerOverheadUs = 20;
+  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
+                                  uint32_t layers, double recompute_us_per_layer);
+
   // Blocks until no promotion or demotion is in flight (shutdown: after the
   // server stopped, before its executors go away).
   void WaitForIdle();
@@ -393,6 +405,8 @@ class Engine {
     std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
   };
   std::vector<std::unique_ptr<Below>> below_;
+  std::once_flag host_copy_measured_;
+  double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
   const uint64_t lookahead_us_;
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;

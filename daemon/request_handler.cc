@@ -40,6 +40,7 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       HandleRelease(request.release(), response);
       return {.no_response = request.release().no_reply()};
     case v1::Request::kErase: HandleErase(request.erase(), response); break;
+    case v1::Request::kPreloadPlan: HandlePreloadPlan(request.preload_plan(), response); break;
     case v1::Request::kUsage:
       HandleUsageReport(request.usage());
       return {.no_response = true};
@@ -267,6 +268,24 @@ void RequestHandler::HandleErase(const v1::EraseRequest& r, v1::Response& respon
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   response.mutable_erase()->set_erased(static_cast<uint32_t>(context_.engine->Erase(*ns, *keys)));
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response) {
+  if (r.source_tier() > static_cast<uint32_t>(Tier::kRemote)) {
+    return SetStatus(response, InvalidArgument("unknown source tier " + std::to_string(r.source_tier())));
+  }
+  auto plan = context_.engine->PlanPreload(static_cast<Tier>(r.source_tier()), r.bytes_per_layer(),
+                                           r.compute_us_per_layer(), r.layers(), r.recompute_us_per_layer());
+  if (!plan.ok()) return SetStatus(response, plan.status());
+  auto* body = response.mutable_preload_plan();
+  body->set_layers_to_preload(plan->layers_to_preload);
+  body->set_buffer_bytes(plan->buffer_bytes);
+  body->set_read_bytes_per_s(plan->read_bytes_per_s);
+  body->set_read_us_per_layer(plan->read_us_per_layer);
+  body->set_stall_us(plan->stall_us);
+  body->set_total_us(plan->total_us);
+  body->set_recompute_instead(plan->recompute_instead);
   SetStatus(response, Status::Ok());
 }
 

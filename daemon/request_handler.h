@@ -63,6 +63,7 @@ class RequestHandler {
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
+  void HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.

@@ -22,6 +22,7 @@ PreloadPlan PlanPreload(const PreloadInput& in) {
   }
   plan.layers_to_preload = n_pre;
   plan.buffer_bytes = uint64_t{n_pre} * in.bytes_per_layer;
+  plan.read_bytes_per_s = bandwidth;
   plan.read_us_per_layer = t_read;
   plan.stall_us = double(n_pre) * t_read;
   plan.total_us = plan.stall_us + double(layers) * t_comp;

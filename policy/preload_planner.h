@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "kvtier/preload.h"
+
 namespace kvtier {
 
 struct PreloadInput {
@@ -35,15 +37,6 @@ struct PreloadInput {
   double recompute_us_per_layer = 0;  // recomputing one layer of the cached prefix; 0: unknown
   double overhead_us_per_layer = 0;   // added to each layer's read
   double margin = 0.1;                // t_read is inflated by this share (0.1: 10%)
-};
-
-struct PreloadPlan {
-  uint32_t layers_to_preload = 0;  // n_pre, in [1, L]
-  uint64_t buffer_bytes = 0;       // n_pre x bytes_per_layer
-  double read_us_per_layer = 0;    // t_read as planned (margin and overhead in)
-  double stall_us = 0;             // n_pre x t_read: compute's wait for KV
-  double total_us = 0;             // stall + L x t_comp: the layers' load and compute
-  bool recompute_instead = false;  // recomputing the prefix is no slower than loading it
 };
 
 // Preconditions (checked by the callers that take them from outside):

@@ -180,6 +180,18 @@ v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
+                            uint32_t layers, double recompute_us_per_layer) {
+  v1::Request r;
+  auto* p = r.mutable_preload_plan();
+  p->set_source_tier(source_tier);
+  p->set_bytes_per_layer(bytes_per_layer);
+  p->set_compute_us_per_layer(compute_us_per_layer);
+  p->set_layers(layers);
+  p->set_recompute_us_per_layer(recompute_us_per_layer);
+  return r;
+}
+
 v1::Request MakeStats() {
   v1::Request r;
   r.mutable_stats();

@@ -57,6 +57,8 @@ v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);
 v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
                             uint64_t lookup_keys, uint64_t lookup_hits);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
+v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
+                            uint32_t layers, double recompute_us_per_layer);
 v1::Request MakeStats();
 // Queue hints (QueueHint).
 v1::Request MakeEnqueue(uint32_t ns, uint64_t request, std::span<const BlockKey> chain, uint64_t start_in_us,

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/preload.h"
 #include "kvtier/result.h"
 #include "kvtier/status.h"
 
@@ -294,6 +295,16 @@ class Client {
   // Zero-copy put: reserves arena space the caller writes in place.
   Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
                               std::span<const uint64_t> sizes, const ChainLinks& links = {});
+  // Preload planning for layer-wise loading from `source` (host, nvme,
+  // remote): how many layers of a prefix with `bytes_per_layer` per layer
+  // (all its blocks) to hold before computing the new tokens, whose
+  // compute takes `compute_us_per_layer` a layer (kvtier/preload.h). The
+  // daemon plans with the tier's measured read bandwidth (a low
+  // percentile). `recompute_us_per_layer` (0: unknown), recomputing the
+  // prefix a layer, gives the recompute-instead verdict. InvalidArgument
+  // for no layers or bytes or a bad time; NotFound without such a tier.
+  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
+                                  uint32_t layers, double recompute_us_per_layer = 0);
   // Layer-wise save (LayerSave): reserves a whole block of the namespace
   // for each key, root first. Errors as Reserve; per-block outcomes in the
   // LayerSave.

@@ -99,6 +99,17 @@ typedef struct {
   uint32_t tp_size;              /* > 0 */
 } kvtier_namespace;
 
+/* A preload plan (kvtier::PreloadPlan, kvtier/preload.h). */
+typedef struct {
+  uint32_t layers_to_preload;  /* n_pre, in [1, layers] */
+  uint64_t buffer_bytes;       /* n_pre x bytes_per_layer */
+  double read_bytes_per_s;     /* the daemon's measured bandwidth planned with */
+  double read_us_per_layer;    /* t_read, margin and per-layer overhead in */
+  double stall_us;             /* n_pre x t_read */
+  double total_us;             /* stall + layers x compute */
+  int recompute_instead;       /* 1: recomputing the prefix is no slower */
+} kvtier_preload_plan;
+
 /* Per-thread error message. */
 
 // The message of the last failed call on this thread, "" if the last call
@@ -284,6 +295,16 @@ int kvtier_finish_save(kvtier_layer_save* save, int* statuses);
 // Frees the save; one not finished leaves nothing visible and returns its
 // space. NULL is a no-op.
 void kvtier_save_free(kvtier_layer_save* save);
+
+// Preload planning (kvtier::Client::PlanPreload): layers of a prefix with
+// `bytes_per_layer` per layer to hold before computing new tokens that take
+// `compute_us_per_layer` a layer, reading from `source_tier`
+// (KVTIER_TIER_HOST, _NVME, _REMOTE) at the daemon's measured bandwidth;
+// `recompute_us_per_layer` 0 if unknown. KVTIER_NOT_FOUND without such a
+// tier, KVTIER_INVALID_ARGUMENT for no layers or bytes.
+int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t bytes_per_layer,
+                        double compute_us_per_layer, uint32_t layers, double recompute_us_per_layer,
+                        kvtier_preload_plan* out);
 
 // Reads one daemon counter by name (e.g. "engine.commits") into `*value`.
 // KVTIER_NOT_FOUND if the daemon has no such counter.

@@ -541,6 +541,24 @@ static void TestZeroCopyPutAndLayerSave(kvtier_client* c, const kvtier_namespace
   CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, NULL, NULL, &layer_bytes, statuses), KVTIER_INVALID_ARGUMENT);
 }
 
+static void TestPlanPreload(kvtier_client* c) {
+  kvtier_preload_plan plan;
+  memset(&plan, 0, sizeof plan);
+  /* From the host tier: 36 layers of 32 MiB against no compute to hide behind: all of them. */
+  CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 32u << 20, 0, 36, 0, &plan), KVTIER_OK);
+  CHECK(plan.read_bytes_per_s > 0);
+  CHECK(plan.layers_to_preload == 36);
+  CHECK(plan.buffer_bytes == 36ull * (32u << 20));
+  CHECK(plan.stall_us > 0 && plan.total_us >= plan.stall_us);
+  /* Compute far slower than the read: one layer. */
+  CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 1e6, 36, 0, &plan), KVTIER_OK);
+  CHECK(plan.layers_to_preload == 1 && plan.buffer_bytes == 4096);
+  CHECK(plan.recompute_instead == 0);
+  CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_REMOTE, 4096, 10, 36, 0, &plan), KVTIER_NOT_FOUND);
+  CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 10, 0, 0, &plan), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 10, 36, 0, NULL), KVTIER_INVALID_ARGUMENT);
+}
+
 int main(int argc, char** argv) {
   Daemon daemon;
   kvtier_client* client;
@@ -566,6 +584,7 @@ int main(int argc, char** argv) {
     TestPutChain(client, &ns);
     TestPin(client, keys);
     TestZeroCopyPutAndLayerSave(client, &ns);
+    TestPlanPreload(client);
     TestEraseStatsAndErrors(client, keys);
     kvtier_close(client);
     TestViewOutlivesClose(&daemon, &ns);
