@@ -4,7 +4,7 @@
 # listed for it below; anything else of ours is a violation.
 set(ours "kvtier/;common/;policy/;tiers/;proto/;daemon/;client_lib/;tools/;tests/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
-set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h")
+set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
 set(allowed_tiers "kvtier/;common/;policy/;tiers/")
