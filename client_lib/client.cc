@@ -225,17 +225,6 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
 
 }  // namespace
 
-std::string_view TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kNone: return "none";
-    case Tier::kHbm: return "hbm";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
-    case Tier::kRemote: return "remote";
-  }
-  return "unknown";
-}
-
 Client::Client(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
 
 // Only lets go of the connection: it closes when the last BlockView or
@@ -362,16 +351,7 @@ Result<PreloadPlan> Client::PlanPreload(Tier source, uint64_t bytes_per_layer, d
   auto r = conn_->CallSync(wire::MakePreloadPlan(static_cast<uint32_t>(source), bytes_per_layer, compute_us_per_layer,
                                                  layers, recompute_us_per_layer));
   if (!r.ok()) return r.status();
-  const v1::PreloadPlanResponse& p = r->preload_plan();
-  PreloadPlan plan;
-  plan.layers_to_preload = p.layers_to_preload();
-  plan.buffer_bytes = p.buffer_bytes();
-  plan.read_bytes_per_s = p.read_bytes_per_s();
-  plan.read_us_per_layer = p.read_us_per_layer();
-  plan.stall_us = p.stall_us();
-  plan.total_us = p.total_us();
-  plan.recompute_instead = p.recompute_instead();
-  return plan;
+  return wire::FromProto(r->preload_plan());
 }
 
 Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {

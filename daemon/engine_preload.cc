@@ -30,22 +30,6 @@ double MeasureCopyBytesPerS() {
   return best > 0 ? best : 1e9;
 }
 
-const char* Name(Tier tier) {
-  switch (tier) {
-    case Tier::kHbm:
-      return "hbm";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-    case Tier::kRemote:
-      return "remote";
-    case Tier::kNone:
-      break;
-  }
-  return "such";
-}
-
 }  // namespace
 
 Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
@@ -67,7 +51,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
     const auto it = std::find_if(below_.begin(), below_.end(),
                                  [source](const std::unique_ptr<Below>& b) { return b->tier->kind() == source; });
     if (it == below_.end()) {
-      return NotFound(std::string("no ") + Name(source) + " tier to plan a preload from");
+      return NotFound("no " + std::string(TierName(source)) + " tier to plan a preload from");
     }
     {
       std::lock_guard lock(bandwidth_mu_);

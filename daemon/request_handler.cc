@@ -278,14 +278,7 @@ void RequestHandler::HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Resp
   auto plan = context_.engine->PlanPreload(static_cast<Tier>(r.source_tier()), r.bytes_per_layer(),
                                            r.compute_us_per_layer(), r.layers(), r.recompute_us_per_layer());
   if (!plan.ok()) return SetStatus(response, plan.status());
-  auto* body = response.mutable_preload_plan();
-  body->set_layers_to_preload(plan->layers_to_preload);
-  body->set_buffer_bytes(plan->buffer_bytes);
-  body->set_read_bytes_per_s(plan->read_bytes_per_s);
-  body->set_read_us_per_layer(plan->read_us_per_layer);
-  body->set_stall_us(plan->stall_us);
-  body->set_total_us(plan->total_us);
-  body->set_recompute_instead(plan->recompute_instead);
+  wire::ToProto(*plan, response.mutable_preload_plan());
   SetStatus(response, Status::Ok());
 }
 

@@ -10,12 +10,12 @@
 //   - otherwise the first tier whose admission admits it takes it;
 //   - none: the block is dropped.
 //
-// Pure; the callbacks are the caller's view of each tier (by level, 0 the
-// highest below) and are asked in walk order, at most once each.
+// Pure; the callables (bool(size_t level), 0 the highest below) are the
+// caller's view of each tier, asked in walk order, at most once each. A
+// template, so an eviction pays for no std::function.
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <optional>
 
 namespace kvtier {
@@ -26,8 +26,25 @@ struct DemotionTarget {
   bool forced = false;          // `level` took it through `force`
 };
 
-DemotionTarget ChooseDemotionTarget(size_t levels, bool needed, const std::function<bool(size_t)>& holds,
-                                    const std::function<bool(size_t)>& force,
-                                    const std::function<bool(size_t)>& admit);
+template <typename Holds, typename Force, typename Admit>
+DemotionTarget ChooseDemotionTarget(size_t levels, bool needed, Holds&& holds, Force&& force, Admit&& admit) {
+  DemotionTarget t;
+  for (size_t level = 0; level < levels; ++level) {
+    if (holds(level)) {
+      t.held_below = true;
+      return t;
+    }
+    if (needed && level == 0 && force(level)) {
+      t.level = level;
+      t.forced = true;
+      return t;
+    }
+    if (admit(level)) {
+      t.level = level;
+      return t;
+    }
+  }
+  return t;
+}
 
 }  // namespace kvtier

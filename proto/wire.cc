@@ -180,6 +180,28 @@ v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+void ToProto(const PreloadPlan& plan, v1::PreloadPlanResponse* out) {
+  out->set_layers_to_preload(plan.layers_to_preload);
+  out->set_buffer_bytes(plan.buffer_bytes);
+  out->set_read_bytes_per_s(plan.read_bytes_per_s);
+  out->set_read_us_per_layer(plan.read_us_per_layer);
+  out->set_stall_us(plan.stall_us);
+  out->set_total_us(plan.total_us);
+  out->set_recompute_instead(plan.recompute_instead);
+}
+
+PreloadPlan FromProto(const v1::PreloadPlanResponse& p) {
+  PreloadPlan plan;
+  plan.layers_to_preload = p.layers_to_preload();
+  plan.buffer_bytes = p.buffer_bytes();
+  plan.read_bytes_per_s = p.read_bytes_per_s();
+  plan.read_us_per_layer = p.read_us_per_layer();
+  plan.stall_us = p.stall_us();
+  plan.total_us = p.total_us();
+  plan.recompute_instead = p.recompute_instead();
+  return plan;
+}
+
 v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
                             uint32_t layers, double recompute_us_per_layer) {
   v1::Request r;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/preload.h"
 #include "kvtier/result.h"
 #include "kvtier/status.h"
 #include "kvtier/v1/kvtier.pb.h"
@@ -57,6 +58,9 @@ v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);
 v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
                             uint64_t lookup_keys, uint64_t lookup_hits);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
+// PreloadPlan both ways (the daemon answers, the client reads).
+void ToProto(const PreloadPlan& plan, v1::PreloadPlanResponse* out);
+PreloadPlan FromProto(const v1::PreloadPlanResponse& p);
 v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
                             uint32_t layers, double recompute_us_per_layer);
 v1::Request MakeStats();

@@ -8,7 +8,7 @@ set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;k
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
 set(allowed_tiers "kvtier/;common/;policy/;tiers/")
-set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/v1/;proto/")
+set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
 set(allowed_daemon "kvtier/;common/;policy/;tiers/;proto/;daemon/")
 set(allowed_client_lib "kvtier/;common/;proto/;client_lib/")
 set(allowed_tools "kvtier/;common/;policy/;tiers/;tools/")

@@ -2,6 +2,7 @@
 // through the tiers' admission (daemon/engine_eviction.cc's rules),
 // promotion, the NVMe log's hooks, and prefetch (Engine::Prefetch's plan).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "policy/demotion_target.h"
@@ -68,13 +69,14 @@ bool Simulator::NvmeAdmits(const SimBlock& b, bool forced, uint64_t now) {
 void Simulator::Demote(int from, uint32_t id, uint64_t now, bool needed) {
   // The daemon's rule (policy/demotion_target.h) over the tiers below
   // `from`; the remote tier admits everything.
-  std::vector<int> below;
+  std::array<int, kSimTiers> below{};
+  size_t levels = 0;
   for (int t = from + 1; t < kSimTiers; ++t) {
-    if (Present(t)) below.push_back(t);
+    if (Present(t)) below[levels++] = t;
   }
   SimBlock& b = blocks_[id];
   const DemotionTarget choice = ChooseDemotionTarget(
-      below.size(), needed, [&](size_t level) { return b.in[below[level]]; },
+      levels, needed, [&](size_t level) { return b.in[below[level]]; },
       [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(b, /*forced=*/true, now); },
       [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(b, /*forced=*/false, now); });
   if (choice.forced) ++result_.forced_demotions;
