@@ -29,6 +29,10 @@ struct kvtier_layer_save {
   kvtier::LayerSave save;
 };
 
+struct kvtier_layer_load {
+  kvtier::LayerLoad load;
+};
+
 namespace kvtier {
 namespace {
 
@@ -83,6 +87,10 @@ int Guard(Body&& body) noexcept {
 
 BlockKey ToKey(kvtier_key k) { return BlockKey{k.hi, k.lo}; }
 kvtier_key ToC(const BlockKey& k) { return kvtier_key{k.hi, k.lo}; }
+kvtier_preload_plan ToC(const PreloadPlan& p) {
+  return kvtier_preload_plan{p.layers_to_preload, p.buffer_bytes, p.read_bytes_per_s, p.read_us_per_layer,
+                             p.stall_us,          p.total_us,     p.recompute_instead ? 1 : 0};
+}
 
 std::vector<BlockKey> ToKeys(const kvtier_key* keys, size_t n) {
   std::vector<BlockKey> out;
@@ -515,6 +523,92 @@ void kvtier_save_free(kvtier_layer_save* save) {
   });
 }
 
+int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, void* const* dst,
+                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth,
+                      kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (n > 0 && keys == nullptr) return Missing("keys");
+    kvtier::LoadOptions options;
+    options.compute_us_per_layer = compute_us_per_layer;
+    options.wait_for_depth = wait_for_depth != 0;
+    if (dst != nullptr) {
+      for (size_t i = 0; i < n; ++i) {
+        if (dst[i] == nullptr) return Missing("dst entry");
+        options.dst.emplace_back(static_cast<std::byte*>(dst[i]), dst_capacity);
+      }
+    }
+    auto begun = client->client->BeginLoad(ns, kvtier::ToKeys(keys, n), std::move(options));
+    if (!begun.ok()) return Report(begun.status());
+    auto handle = std::make_unique<kvtier_layer_load>(kvtier_layer_load{std::move(*begun)});
+    if (statuses != nullptr) {
+      std::vector<kvtier::Status> outcomes;
+      for (size_t i = 0; i < n; ++i) outcomes.push_back(handle->load.status(i));
+      kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+    }
+    if (layers != nullptr) *layers = handle->load.layer_count();
+    if (layer_bytes != nullptr) *layer_bytes = handle->load.layer_bytes();
+    *out = handle.release();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_wait_layer(kvtier_layer_load* load, uint32_t layer) {
+  return Guard([&] { return load == nullptr ? Missing("load") : Report(load->load.WaitLayer(layer)); });
+}
+
+uint32_t kvtier_layers_ready(const kvtier_layer_load* load) {
+  return load == nullptr ? 0 : load->load.layers_ready();
+}
+
+int kvtier_load_block_status(const kvtier_layer_load* load, size_t block) {
+  return Guard([&] { return load == nullptr ? Missing("load") : Report(load->load.status(block)); });
+}
+
+size_t kvtier_load_usable_prefix(const kvtier_layer_load* load) {
+  return load == nullptr ? 0 : load->load.usable_prefix();
+}
+
+int kvtier_load_layer_span(const kvtier_layer_load* load, size_t block, uint32_t layer, const void** data) {
+  return Guard([&] {
+    if (data == nullptr) return Missing("data");
+    *data = nullptr;
+    if (load == nullptr) return Missing("load");
+    if (block >= load->load.size() || layer >= load->load.layer_count()) {
+      return Report(kvtier::InvalidArgument("layer " + std::to_string(layer) + " of block " +
+                                            std::to_string(block) + " is not in the load"));
+    }
+    std::span<const std::byte> span = load->load.LayerSpan(block, layer);
+    if (span.empty()) {
+      return Report(kvtier::NotFound("layer " + std::to_string(layer) + " of block " + std::to_string(block) +
+                                     " is not in place (the block failed, or wait for the layer first)"));
+    }
+    *data = span.data();
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_load_plan(const kvtier_layer_load* load, kvtier_preload_plan* out) {
+  return Guard([&] {
+    if (load == nullptr) return Missing("load");
+    if (out == nullptr) return Missing("out");
+    if (!load->load.plan()) return Report(kvtier::NotFound("the load was begun without a compute time"));
+    *out = kvtier::ToC(*load->load.plan());
+    return KVTIER_OK;
+  });
+}
+
+int kvtier_end_load(kvtier_layer_load* load) {
+  return Guard([&] {
+    if (load == nullptr) return KVTIER_OK;
+    const int code = Report(load->load.End());
+    delete load;
+    return code;
+  });
+}
+
 int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t bytes_per_layer,
                         double compute_us_per_layer, uint32_t layers, double recompute_us_per_layer,
                         kvtier_preload_plan* out) {
@@ -524,9 +618,7 @@ int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t byt
     auto plan = client->client->PlanPreload(static_cast<kvtier::Tier>(source_tier), bytes_per_layer,
                                             compute_us_per_layer, layers, recompute_us_per_layer);
     if (!plan.ok()) return Report(plan.status());
-    *out = kvtier_preload_plan{plan->layers_to_preload, plan->buffer_bytes,  plan->read_bytes_per_s,
-                               plan->read_us_per_layer, plan->stall_us,     plan->total_us,
-                               plan->recompute_instead ? 1 : 0};
+    *out = kvtier::ToC(*plan);
     return KVTIER_OK;
   });
 }

@@ -218,7 +218,12 @@ void Connection::AttachDirectory(int fd, uint64_t bytes) {
 }
 
 const DirectoryReader* Connection::directory() {
-  if (!directory_ || hung_up_.load(std::memory_order_relaxed)) return nullptr;
+  if (!directory_ || !Alive()) return nullptr;
+  return &*directory_;
+}
+
+bool Connection::Alive() {
+  if (hung_up_.load(std::memory_order_relaxed)) return false;
   const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch()).count();
   int64_t checked_ns = liveness_checked_ns_.load(std::memory_order_relaxed);
@@ -228,10 +233,10 @@ const DirectoryReader* Connection::directory() {
     pollfd p{fd_, POLLRDHUP, 0};
     if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
       hung_up_.store(true, std::memory_order_relaxed);
-      return nullptr;
+      return false;
     }
   }
-  return &*directory_;
+  return true;
 }
 
 Connection::~Connection() {

@@ -114,6 +114,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Layer split of namespace `ns`'s blocks: {layer_count, block_bytes}.
   std::pair<uint32_t, uint64_t> layout(uint32_t ns) const { return layouts_[ns]; }
   bool verify_checksums() const { return verify_checksums_; }
+  std::chrono::milliseconds call_timeout() const { return call_timeout_; }
+  uint32_t spin_wait_us() const { return spin_wait_us_; }
+  // False once the connection failed or the daemon hung up (a
+  // non-blocking poll, at most every kLivenessInterval).
+  bool Alive();
   // The daemon's block directory; null when it offers none, the client
   // opted out (ClientOptions::use_directory), the connection failed, or the
   // daemon hung up (checked

@@ -325,15 +325,27 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
                       LayerSpan layers) {
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
-  batch->grants.resize(keys.size());
   batch->done = std::move(done);
+  PinClaims claims = ClaimPins(batch, ns, keys, layers);
+  for (const auto& p : claims.promote) Promote(p.key, p.from);
+  for (const auto& r : claims.read_layers) ReadLayers(batch, r.index, r.key, r.from, layers);
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+  // A prefetched block was used: the budget it held may go to the next
+  // queued requests.
+  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+}
+
+Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
+                                    std::span<const BlockKey> keys, LayerSpan layers) {
+  const ConnectionId connection = batch->connection;
+  batch->grants.resize(keys.size());
+  batch->waiting.assign(keys.size(), false);
   const uint64_t now = clock_.NowUs();
-  struct ToPromote {
-    size_t index;
-    BlockKey key;
-    Located from;
+  PinClaims claims;
+  auto wait_for = [&batch](size_t i) {
+    batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+    batch->waiting[i] = true;
   };
-  std::vector<ToPromote> promote, read_layers;
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
     EngineShard& shard = ShardFor(key);
@@ -362,7 +374,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
       if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
         // Evicted a moment ago and not yet readable on NVMe: try again
         // once its write ends (it does, with success or an error).
-        batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+        wait_for(i);
         demoting->second.waiters.push_back([this, batch, i, key, ns, layers] { RetryPin(batch, i, key, ns, layers); });
         continue;
       }
@@ -380,12 +392,12 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
         batch->grants[i].status = s;
         continue;
       }
-      batch->outstanding.fetch_add(1, std::memory_order_relaxed);
-      read_layers.push_back(ToPromote{i, key, *below});
+      wait_for(i);
+      claims.read_layers.push_back(PinClaim{i, key, *below});
       continue;
     }
     if (it != shard.index.end() && it->second.state == BlockState::kPromoting && it->second.ns == ns) {
-      batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+      wait_for(i);
       shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
       continue;
     }
@@ -401,16 +413,11 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
     entry.ns = ns;
     entry.size = below->info.payload_bytes;
     entry.state = BlockState::kPromoting;
-    batch->outstanding.fetch_add(1, std::memory_order_relaxed);
+    wait_for(i);
     shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
-    promote.push_back(ToPromote{i, key, *below});
+    claims.promote.push_back(PinClaim{i, key, *below});
   }
-  for (const auto& p : promote) Promote(p.key, p.from);
-  for (const auto& r : read_layers) ReadLayers(batch, r.index, r.key, r.from, layers);
-  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  // A prefetched block was used: the budget it held may go to the next
-  // queued requests.
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  return claims;
 }
 
 std::vector<PinGrant> Engine::Pin(ConnectionId connection, const NamespaceFingerprint& ns,
@@ -520,6 +527,15 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 
 void Engine::CloseConnection(ConnectionId connection) {
   DropQueuedRequests(connection);
+  std::vector<uint64_t> open_loads;
+  {
+    std::lock_guard lock(loads_mu_);
+    auto it = loads_.find(connection);
+    if (it != loads_.end()) {
+      for (const auto& [id, load] : it->second) open_loads.push_back(id);
+    }
+  }
+  for (uint64_t id : open_loads) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
     EngineShard& shard = *shard_ptr;

@@ -260,6 +260,40 @@ class Engine {
   Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
                                   uint32_t layers, double recompute_us_per_layer);
 
+  // Layer-wise load (engine_load.cc): pins every key of `keys` for the load
+  // and streams the blocks found only below the host tier into the arena
+  // in layer order across the blocks (layer 0 of every block first), so the
+  // client can compute on early layers while later ones arrive. Progress is
+  // on the load board (common/load_board.h) in the arena, which the client
+  // reads without asking. A streamed block is a promotion: once its last
+  // layer lands it is committed in the host tier (and later pins wait for
+  // it meanwhile). Blocks are whole blocks of the namespace's registered
+  // layout.
+  struct LoadStart {
+    uint64_t load = 0;  // for EndLoad
+    uint64_t board_offset = 0;
+    uint64_t board_bytes = 0;
+    uint32_t layers = 1;
+    uint64_t layer_bytes = 0;
+    // Per key: Ok (loading or loaded: see the board), or why it will not
+    // load (NotFound, InvalidArgument: not a whole block, NoSpace...).
+    std::vector<Status> blocks;
+    // The slowest tier a block is read from (kHost: every block was a host
+    // hit), and the bytes a layer reads from the tiers below.
+    Tier source = Tier::kHost;
+    uint64_t below_bytes_per_layer = 0;
+  };
+  static constexpr size_t kMaxLoadsPerConnection = 64;
+  static constexpr size_t kMaxLoadBlocks = size_t{1} << 16;
+  // InvalidArgument (no keys, too many, a namespace without a layout),
+  // Busy (the connection holds kMaxLoadsPerConnection loads), NoSpace (no
+  // room for the board).
+  Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  // Ends a load: its pins go, and its board once no read of it is in
+  // flight (the client must not read the board afterwards). NotFound for a
+  // load this connection does not hold. CloseConnection ends them all.
+  Status EndLoad(ConnectionId connection, uint64_t load);
+
   // Blocks until no promotion or demotion is in flight (shutdown: after the
   // server stopped, before its executors go away).
   void WaitForIdle();
@@ -331,6 +365,37 @@ class Engine {
   // Runs without locks.
   void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
                   LayerSpan layers);
+  // What ClaimPins left to start: blocks it claimed for promotion (a
+  // kPromoting entry with `batch`'s slot among its waiters) and blocks
+  // whose layer range is to be read from below.
+  struct PinClaim {
+    size_t index = 0;
+    BlockKey key;
+    Located from;
+  };
+  struct PinClaims {
+    std::vector<PinClaim> promote, read_layers;
+  };
+  // PinAsync's first half: settles every key it can inline (host hits,
+  // misses, bad spans) in batch->grants, and marks in batch->waiting the
+  // keys that wait for a promotion, a demotion or a layer read (counted in
+  // batch->outstanding). Takes one shard lock at a time.
+  PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
+                      std::span<const BlockKey> keys, LayerSpan layers);
+  // Layer-wise loads (engine_load.cc): a load's record and board, and the
+  // stream of layer reads of the blocks it promotes.
+  struct LoadRecord;
+  struct LayerStream;
+  // A block of `load` resolved (pinned for it, or failed): the board
+  // says so, and a pin that came after EndLoad is released.
+  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant);
+  // Streams `claims` (claimed promotions of whole blocks) for `load`.
+  void StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims);
+  // Submits the stream's next layer reads in order until the tier is busy.
+  void PumpStream(const std::shared_ptr<LayerStream>& stream);
+  void StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer, Result<size_t> read);
+  // Frees a load's board once it ended and no read of it is in flight.
+  void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
   // Pins `key` again for slot `index` of `batch` (its demotion ended).
   void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                 const NamespaceFingerprint& ns, LayerSpan layers);
@@ -459,6 +524,10 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
+  mutable std::mutex loads_mu_;
+  // Each connection's open loads by id.
+  std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_;  // guarded by loads_mu_
+  uint64_t next_load_ = 1;  // guarded by loads_mu_
   std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
 
   // Monotonic event counters (gauges are computed from the shards).
@@ -482,6 +551,8 @@ class Engine {
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
     std::atomic<int64_t> chain_links{0};            // keys reserved with their chain links (lineage)
     std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent
+    std::atomic<int64_t> loads{0}, load_blocks{0}, load_streamed_blocks{0}, load_layer_reads{0};
+    std::atomic<int64_t> load_failed_blocks{0}, load_busy_retries{0};
   };
   mutable Counters counters_;
 

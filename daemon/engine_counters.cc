@@ -77,6 +77,20 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotion_busy_drops", load(counters_.demotion_busy_drops));
   v.Visit("engine.promotion_retries", load(counters_.promotion_retries));
   v.Visit("engine.prefetch_plans_busy", load(counters_.prefetch_plans_busy));
+  // Layer-wise loads: started, their blocks, those streamed from below
+  // layer by layer, the layer reads, blocks that failed, busy retries.
+  v.Visit("engine.loads", load(counters_.loads));
+  v.Visit("engine.load_blocks", load(counters_.load_blocks));
+  v.Visit("engine.load_streamed_blocks", load(counters_.load_streamed_blocks));
+  v.Visit("engine.load_layer_reads", load(counters_.load_layer_reads));
+  v.Visit("engine.load_failed_blocks", load(counters_.load_failed_blocks));
+  v.Visit("engine.load_busy_retries", load(counters_.load_busy_retries));
+  {
+    std::lock_guard lock(loads_mu_);
+    int64_t open = 0;
+    for (const auto& [connection, loads] : loads_) open += static_cast<int64_t>(loads.size());
+    v.Visit("engine.loads_open", open);
+  }
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);
   host_io_->VisitCounters(v);

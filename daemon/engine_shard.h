@@ -28,8 +28,14 @@ namespace kvtier {
 struct PinBatch {
   ConnectionId connection = 0;
   std::vector<PinGrant> grants;
+  // waiting[i]: key i was not settled inline (it waits for a promotion, a
+  // demotion or a layer read) and resolves through Resolve.
+  std::vector<bool> waiting;
   std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
   Engine::PinDone done;
+  // Runs as each waiting key resolves, before `done` (a layer-wise load
+  // follows its blocks one by one). Called with no shard lock held.
+  std::function<void(size_t index, const PinGrant& grant)> on_resolve;
 };
 
 // A PinAsync call waiting for a block being promoted: slot `index` of `batch`.
@@ -77,6 +83,7 @@ inline void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
 // Resolves one key of a batch; the last one to resolve completes it.
 inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGrant grant) {
   batch->grants[index] = std::move(grant);
+  if (batch->on_resolve) batch->on_resolve(index, batch->grants[index]);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
 }
 

@@ -41,6 +41,11 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       return {.no_response = request.release().no_reply()};
     case v1::Request::kErase: HandleErase(request.erase(), response); break;
     case v1::Request::kPreloadPlan: HandlePreloadPlan(request.preload_plan(), response); break;
+    case v1::Request::kBeginLoad: HandleBeginLoad(request.begin_load(), response); break;
+    case v1::Request::kEndLoad:
+      SetStatus(response, context_.engine->EndLoad(connection_, request.end_load().load_id()));
+      response.mutable_end_load();
+      break;
     case v1::Request::kUsage:
       HandleUsageReport(request.usage());
       return {.no_response = true};
@@ -279,6 +284,35 @@ void RequestHandler::HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Resp
                                            r.compute_us_per_layer(), r.layers(), r.recompute_us_per_layer());
   if (!plan.ok()) return SetStatus(response, plan.status());
   wire::ToProto(*plan, response.mutable_preload_plan());
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  const double compute_us = r.compute_us_per_layer();
+  if (!(compute_us >= 0) || compute_us > 1e12) {
+    return SetStatus(response, InvalidArgument("compute_us_per_layer must be a time >= 0"));
+  }
+  auto started = context_.engine->BeginLoad(connection_, *ns, *keys);
+  if (!started.ok()) return SetStatus(response, started.status());
+  auto* body = response.mutable_begin_load();
+  body->set_load_id(started->load);
+  body->set_board_offset(started->board_offset);
+  body->set_board_bytes(started->board_bytes);
+  body->set_layers(started->layers);
+  body->set_layer_bytes(started->layer_bytes);
+  for (const Status& s : started->blocks) wire::ToProto(s, body->add_blocks());
+  body->set_source_tier(static_cast<uint32_t>(started->source));
+  if (compute_us > 0) {
+    // The host's bytes are in place already; below, what a layer reads.
+    const uint64_t bytes = started->source == Tier::kHost ? started->layer_bytes * keys->size()
+                                                          : started->below_bytes_per_layer;
+    auto plan = context_.engine->PlanPreload(started->source, bytes, compute_us, started->layers, 0);
+    if (plan.ok()) wire::ToProto(*plan, body->mutable_plan());
+  }
   SetStatus(response, Status::Ok());
 }
 

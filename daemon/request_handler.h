@@ -64,6 +64,9 @@ class RequestHandler {
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
   void HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response);
+  // Starts a layer-wise load (Engine::BeginLoad), with its preload plan
+  // when the request gives a compute time.
+  void HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.

@@ -180,6 +180,19 @@ v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+v1::Request MakeBeginLoad(uint32_t ns, std::span<const BlockKey> keys, double compute_us_per_layer) {
+  v1::Request r;
+  FillKeyed(r.mutable_begin_load(), ns, keys);
+  r.mutable_begin_load()->set_compute_us_per_layer(compute_us_per_layer);
+  return r;
+}
+
+v1::Request MakeEndLoad(uint64_t load) {
+  v1::Request r;
+  r.mutable_end_load()->set_load_id(load);
+  return r;
+}
+
 void ToProto(const PreloadPlan& plan, v1::PreloadPlanResponse* out) {
   out->set_layers_to_preload(plan.layers_to_preload);
   out->set_buffer_bytes(plan.buffer_bytes);

@@ -64,6 +64,10 @@ PreloadPlan FromProto(const v1::PreloadPlanResponse& p);
 v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
                             uint32_t layers, double recompute_us_per_layer);
 v1::Request MakeStats();
+// A layer-wise load (compute_us_per_layer > 0 asks for its preload plan),
+// and its end.
+v1::Request MakeBeginLoad(uint32_t ns, std::span<const BlockKey> keys, double compute_us_per_layer);
+v1::Request MakeEndLoad(uint64_t load);
 // Queue hints (QueueHint).
 v1::Request MakeEnqueue(uint32_t ns, uint64_t request, std::span<const BlockKey> chain, uint64_t start_in_us,
                         uint64_t session);

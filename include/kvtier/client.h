@@ -247,6 +247,104 @@ class LayerSave {
   bool ended_ = false;
 };
 
+// How a layer-wise load hands its layers over (Client::BeginLoad).
+struct LoadOptions {
+  // Empty: zero-copy; read each layer in the arena through
+  // LayerLoad::LayerSpan. Otherwise one host buffer per key, each at least
+  // a whole block: WaitLayer(l) copies layer l of every block that has
+  // not failed into dst[i] at l * layer_bytes().
+  std::vector<std::span<std::byte>> dst;
+  // The new tokens' compute time per layer, in microseconds. > 0: the
+  // daemon plans the buffer depth for this load (LayerLoad::plan()) from
+  // the load's source tier's measured bandwidth (kvtier/preload.h).
+  double compute_us_per_layer = 0;
+  // BeginLoad returns only once the plan's layers_to_preload layers are in
+  // place (needs compute_us_per_layer > 0), so the engine starts computing
+  // exactly when it will not stall (beyond the plan's expected stall).
+  bool wait_for_depth = false;
+};
+
+// A prefix loading layer by layer (Client::BeginLoad): the daemon pins
+// every block for the load and reads the blocks held below the host tier
+// in layer order across the blocks (layer 0 of every block first), so the
+// engine computes layer 0 while later layers arrive. Readiness is read
+// from shared memory (a load board the daemon updates): waiting for a
+// layer that is in place costs a memory read, and a wait sleeps on a futex
+// the daemon wakes, never a round trip.
+//
+// A block that fails (a miss, a read error, a checksum mismatch) fails
+// alone; the others keep loading. The engine recomputes the failed ones;
+// the prefix is usable as cached KV up to its first failed block
+// (usable_prefix()). Bytes of a failed block must not be used, including
+// layers it had before it failed.
+//
+// End() (or the destructor) lets the pins go: spans from LayerSpan are
+// valid until then. Move-only, not thread-safe (one engine thread drives
+// it). Like a BlockView it keeps its connection open.
+class LayerLoad {
+ public:
+  LayerLoad() = default;
+  LayerLoad(LayerLoad&& other) noexcept;
+  LayerLoad& operator=(LayerLoad&& other) noexcept;
+  LayerLoad(const LayerLoad&) = delete;
+  LayerLoad& operator=(const LayerLoad&) = delete;
+  ~LayerLoad();  // ends the load without waiting for the daemon
+
+  size_t size() const { return initial_.size(); }
+  uint32_t layer_count() const { return layers_; }
+  uint64_t layer_bytes() const { return layer_bytes_; }
+  // The slowest tier a block is read from (kHost: all were host hits).
+  Tier source() const { return source_; }
+  // The buffer depth plan, when LoadOptions::compute_us_per_layer > 0.
+  const std::optional<PreloadPlan>& plan() const { return plan_; }
+
+  // Layers in place in every block that has not failed (a memory read).
+  uint32_t layers_ready() const;
+  // Block i: Ok while it loads and once loaded; else why it failed
+  // (NotFound, IoError, Corruption, NoSpace, InvalidArgument: not a whole
+  // block of the namespace). InvalidArgument for an index out of range.
+  Status status(size_t block) const;
+  // Whether every block is loaded or failed.
+  bool done() const;
+  // Blocks from keys[0] on before the first failed one. Final once
+  // WaitAll returned (a block may still fail until its last layer is in).
+  size_t usable_prefix() const;
+
+  // Returns once layer `layer` is in place in every block that has not
+  // failed (copied into LoadOptions::dst in copy mode, with any earlier
+  // layer not copied yet). Ok; InvalidArgument (no such layer);
+  // TimedOut after ClientOptions::call_timeout (no request is in flight,
+  // so unlike a call's time-out this fails nothing: the load goes on and
+  // may be waited for again); Unavailable when the connection failed or
+  // the daemon hung up; FailedPrecondition after End.
+  Status WaitLayer(uint32_t layer);
+  // WaitLayer of the last layer: every block loaded or failed.
+  Status WaitAll();
+  // Zero-copy: layer `layer` of block `block` in the arena. Valid after
+  // WaitLayer(layer) returned Ok, while status(block) is Ok, until End.
+  // Empty for a failed block, a layer not ready, or indices out of range.
+  std::span<const std::byte> LayerSpan(size_t block, uint32_t layer) const;
+
+  // Ends the load: the daemon drops its pins and its board. Waits for the
+  // answer (at most call_timeout). Ok; Unavailable if the connection
+  // failed (the pins ended with it). Idempotent.
+  Status End();
+
+ private:
+  friend class Client;
+  std::shared_ptr<internal::Connection> conn_;
+  uint64_t id_ = 0;
+  std::byte* board_ = nullptr;  // the load board in the arena mapping
+  uint32_t layers_ = 0;
+  uint64_t layer_bytes_ = 0;
+  std::vector<Status> initial_;  // the daemon's answer per key
+  std::vector<std::span<std::byte>> dst_;
+  std::vector<bool> copied_;  // copy mode: layers copied into dst_
+  Tier source_ = Tier::kNone;
+  std::optional<PreloadPlan> plan_;
+  bool ended_ = false;
+};
+
 class Client {
  public:
   // Connects, checks the protocol version, registers options.namespaces and
@@ -309,6 +407,14 @@ class Client {
   // for each key, root first. Errors as Reserve; per-block outcomes in the
   // LayerSave.
   Result<LayerSave> BeginSave(NamespaceId ns, std::span<const BlockKey> keys, const ChainLinks& links = {});
+
+  // Layer-wise load of the prefix `keys` (root first; whole blocks of the
+  // namespace): see LayerLoad. One round trip; blocks held below the host
+  // tier are promoted into it as they load. Per-block outcomes are in the
+  // LayerLoad. InvalidArgument (no keys, dst of the wrong count or too
+  // small, wait_for_depth without a compute time), Busy (64 loads open on
+  // this connection), and the connection's errors.
+  Result<LayerLoad> BeginLoad(NamespaceId ns, std::span<const BlockKey> keys, LoadOptions options = {});
 
   // Copies the block into `dst` and returns its length: from the block
   // directory when the block is in the host tier (no round trip), else one

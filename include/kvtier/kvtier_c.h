@@ -77,6 +77,10 @@ typedef struct kvtier_reservation kvtier_reservation;
  * kvtier_begin_save, destroyed by kvtier_save_free. */
 typedef struct kvtier_layer_save kvtier_layer_save;
 
+/* A prefix loading layer by layer (kvtier::LayerLoad). Opaque; created by
+ * kvtier_begin_load, destroyed by kvtier_end_load. */
+typedef struct kvtier_layer_load kvtier_layer_load;
+
 /* A 128-bit block key (kvtier::BlockKey): the high and low 64 bits. */
 typedef struct {
   uint64_t hi, lo;
@@ -305,6 +309,44 @@ void kvtier_save_free(kvtier_layer_save* save);
 int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t bytes_per_layer,
                         double compute_us_per_layer, uint32_t layers, double recompute_us_per_layer,
                         kvtier_preload_plan* out);
+
+// Layer-wise load (kvtier::Client::BeginLoad, kvtier::LayerLoad) of
+// keys[0 .. n) of `ns`, root first, whole blocks of the namespace. `dst`:
+// NULL for zero-copy (kvtier_load_layer_span), else n host buffers of at
+// least `dst_capacity` bytes each (a whole block or more), into which
+// kvtier_wait_layer copies each layer. `compute_us_per_layer` > 0 plans
+// the buffer depth (kvtier_load_plan); `wait_for_depth` != 0 then returns
+// only once that many layers are in. statuses[i] (NULL: not wanted) gets
+// each block's code at the start (KVTIER_OK: loading or loaded;
+// KVTIER_NOT_FOUND...); `*layers` and `*layer_bytes` (each may be NULL) the
+// layout. On failure `*out` is NULL.
+int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, void* const* dst,
+                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth,
+                      kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses);
+// Waits until layer `layer` is in place in every block that has not failed
+// (copied into the buffers in copy mode). A layer already in place costs a
+// memory read. KVTIER_TIMED_OUT (the load goes on: wait again),
+// KVTIER_UNAVAILABLE (the daemon is gone), KVTIER_INVALID_ARGUMENT.
+int kvtier_wait_layer(kvtier_layer_load* load, uint32_t layer);
+// Layers in place in every block that has not failed (a memory read).
+uint32_t kvtier_layers_ready(const kvtier_layer_load* load);
+// Block `block`'s code: KVTIER_OK while loading and once loaded, else why it
+// failed (recompute it). The usable prefix: the blocks before the first
+// failed one, usable as cached KV (final once the last layer was waited
+// for).
+int kvtier_load_block_status(const kvtier_layer_load* load, size_t block);
+size_t kvtier_load_usable_prefix(const kvtier_layer_load* load);
+// Zero-copy: `*data` is layer `layer` of block `block` in the arena
+// (layer_bytes long, read-only), valid after kvtier_wait_layer(layer) and
+// until kvtier_end_load. KVTIER_NOT_FOUND for a failed block or a layer not
+// in place, KVTIER_INVALID_ARGUMENT for indices out of range.
+int kvtier_load_layer_span(const kvtier_layer_load* load, size_t block, uint32_t layer, const void** data);
+// The depth plan of a load begun with compute_us_per_layer > 0;
+// KVTIER_NOT_FOUND otherwise.
+int kvtier_load_plan(const kvtier_layer_load* load, kvtier_preload_plan* out);
+// Ends the load (the daemon drops its pins; spans dangle) and frees it,
+// waiting for the daemon. NULL is a no-op (KVTIER_OK).
+int kvtier_end_load(kvtier_layer_load* load);
 
 // Reads one daemon counter by name (e.g. "engine.commits") into `*value`.
 // KVTIER_NOT_FOUND if the daemon has no such counter.

@@ -559,6 +559,66 @@ static void TestPlanPreload(kvtier_client* c) {
   CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 10, 36, 0, NULL), KVTIER_INVALID_ARGUMENT);
 }
 
+/* Layer-wise load of three cached blocks and one that is not: zero-copy,
+ * then into buffers with a planned depth. */
+static void TestLayerLoad(kvtier_client* c, const kvtier_namespace* ns) {
+  kvtier_key keys[4];
+  static uint8_t whole[4][kBlockBytes];
+  static uint8_t copies[4][kBlockBytes];
+  void* dst[4];
+  int statuses[4];
+  kvtier_layer_load* load = NULL;
+  uint32_t layers = 0, l;
+  size_t layer_bytes = 0, i;
+  kvtier_preload_plan plan;
+  const void* span = NULL;
+
+  SeededKeys(ns, 61, keys, 4);
+  for (i = 0; i < 3; ++i) {
+    FillBlock(whole[i], kBlockBytes, keys[i], 60 + i);
+    CHECK_CODE(kvtier_put(c, 0, keys[i], whole[i], kBlockBytes), KVTIER_OK);
+  }
+  CHECK_CODE(kvtier_begin_load(c, 0, keys, 4, NULL, 0, 0, 0, &load, &layers, &layer_bytes, statuses), KVTIER_OK);
+  CHECK(load != NULL && layers == 2 && layer_bytes == kBlockBytes / 2);
+  CHECK(statuses[0] == KVTIER_OK && statuses[2] == KVTIER_OK && statuses[3] == KVTIER_NOT_FOUND);
+  if (load == NULL) return;
+  CHECK(kvtier_layers_ready(load) == layers); /* host blocks: in place at once */
+  for (l = 0; l < layers; ++l) {
+    CHECK_CODE(kvtier_wait_layer(load, l), KVTIER_OK);
+    for (i = 0; i < 3; ++i) {
+      CHECK_CODE(kvtier_load_layer_span(load, i, l, &span), KVTIER_OK);
+      CHECK(span != NULL && memcmp(span, whole[i] + l * layer_bytes, layer_bytes) == 0);
+    }
+  }
+  CHECK_CODE(kvtier_load_layer_span(load, 3, 0, &span), KVTIER_NOT_FOUND);
+  CHECK(span == NULL);
+  CHECK_CODE(kvtier_load_layer_span(load, 4, 0, &span), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_load_block_status(load, 1), KVTIER_OK);
+  CHECK_CODE(kvtier_load_block_status(load, 3), KVTIER_NOT_FOUND);
+  CHECK(kvtier_load_usable_prefix(load) == 3);
+  CHECK_CODE(kvtier_wait_layer(load, layers), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_load_plan(load, &plan), KVTIER_NOT_FOUND); /* begun without a compute time */
+  CHECK_CODE(kvtier_end_load(load), KVTIER_OK);
+
+  /* Into the caller's buffers, returning once the planned depth is in. */
+  for (i = 0; i < 4; ++i) dst[i] = copies[i];
+  CHECK_CODE(kvtier_begin_load(c, 0, keys, 3, dst, kBlockBytes, 5.0, 1, &load, NULL, NULL, NULL), KVTIER_OK);
+  if (load == NULL) return;
+  memset(&plan, 0, sizeof plan);
+  CHECK_CODE(kvtier_load_plan(load, &plan), KVTIER_OK);
+  CHECK(plan.layers_to_preload >= 1 && plan.layers_to_preload <= layers && plan.read_bytes_per_s > 0);
+  CHECK(kvtier_layers_ready(load) >= plan.layers_to_preload);
+  CHECK_CODE(kvtier_wait_layer(load, layers - 1), KVTIER_OK);
+  for (i = 0; i < 3; ++i) CHECK(BlockMatches(copies[i], kBlockBytes, keys[i], 60 + i));
+  CHECK_CODE(kvtier_end_load(load), KVTIER_OK);
+  CHECK_CODE(kvtier_end_load(NULL), KVTIER_OK);
+  /* Too small a buffer, and no out pointer. */
+  CHECK_CODE(kvtier_begin_load(c, 0, keys, 3, dst, kBlockBytes - 1, 0, 0, &load, NULL, NULL, NULL),
+             KVTIER_INVALID_ARGUMENT);
+  CHECK(load == NULL);
+  CHECK_CODE(kvtier_begin_load(c, 0, keys, 3, NULL, 0, 0, 0, NULL, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+}
+
 int main(int argc, char** argv) {
   Daemon daemon;
   kvtier_client* client;
@@ -585,6 +645,7 @@ int main(int argc, char** argv) {
     TestPin(client, keys);
     TestZeroCopyPutAndLayerSave(client, &ns);
     TestPlanPreload(client);
+    TestLayerLoad(client, &ns);
     TestEraseStatsAndErrors(client, keys);
     kvtier_close(client);
     TestViewOutlivesClose(&daemon, &ns);

@@ -1,0 +1,183 @@
+// LayerLoad (include/kvtier/client.h): a layer-wise load followed on its
+// load board (common/load_board.h) in the arena mapping.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "client_lib/connection.h"
+#include "common/load_board.h"
+#include "kvtier/client.h"
+#include "proto/wire.h"
+
+namespace kvtier {
+namespace {
+
+// How long one futex sleep lasts before the waiter checks its connection
+// (a daemon that died never wakes it).
+constexpr std::chrono::milliseconds kWaitSlice{10};
+
+}  // namespace
+
+Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> keys, LoadOptions options) {
+  if (ns >= conn_->namespaces().size()) {
+    return InvalidArgument("namespace " + std::to_string(ns) + " was not registered at Connect");
+  }
+  if (keys.empty()) return InvalidArgument("BeginLoad needs at least one key");
+  const auto [layer_count, block_bytes] = conn_->layout(ns);
+  if (!options.dst.empty()) {
+    if (options.dst.size() != keys.size()) {
+      return InvalidArgument("BeginLoad: " + std::to_string(options.dst.size()) + " buffers for " +
+                             std::to_string(keys.size()) + " keys");
+    }
+    for (size_t i = 0; i < options.dst.size(); ++i) {
+      if (options.dst[i].size() < block_bytes) {
+        return InvalidArgument("BeginLoad: buffer " + std::to_string(i) + " holds " +
+                               std::to_string(options.dst[i].size()) + " bytes, a block is " +
+                               std::to_string(block_bytes));
+      }
+    }
+  }
+  if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
+  if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
+    return InvalidArgument("wait_for_depth needs compute_us_per_layer > 0 to plan the depth");
+  }
+  auto r = conn_->CallSync(wire::MakeBeginLoad(ns, keys, options.compute_us_per_layer));
+  if (!r.ok()) return r.status();
+  const v1::BeginLoadResponse& body = r->begin_load();
+  LayerLoad load;
+  load.conn_ = conn_;
+  load.id_ = body.load_id();
+  load.source_ = static_cast<Tier>(body.source_tier());
+  // Checked before anything is read through them: the answer names arena
+  // memory this process will touch.
+  auto board = conn_->Slot(body.board_offset(), body.board_bytes());
+  const bool board_ok = board.ok() && body.board_bytes() == LoadBoardBytes(static_cast<uint32_t>(keys.size())) &&
+                        body.board_offset() % alignof(LoadBoardHeader) == 0;
+  if (!board_ok || static_cast<size_t>(body.blocks_size()) != keys.size() || body.layers() != layer_count ||
+      uint64_t{body.layers()} * body.layer_bytes() != block_bytes) {
+    load.ended_ = true;  // nothing of it is usable; end it on the daemon
+    load.conn_->Call(wire::MakeEndLoad(load.id_), [](Result<v1::Response>) {},
+                     internal::Connection::Reader::kDetached);
+    return ProtocolError("kvtierd answered BeginLoad with a board or layout that does not fit");
+  }
+  load.board_ = board->data();
+  load.layers_ = body.layers();
+  load.layer_bytes_ = body.layer_bytes();
+  for (const auto& s : body.blocks()) load.initial_.push_back(wire::FromProto(s));
+  load.dst_ = std::move(options.dst);
+  load.copied_.assign(load.layers_, false);
+  if (body.has_plan()) load.plan_ = wire::FromProto(body.plan());
+  if (options.wait_for_depth && load.plan_ && load.plan_->layers_to_preload > 0) {
+    const uint32_t depth = std::min(load.plan_->layers_to_preload, load.layers_);
+    if (Status s = load.WaitLayer(depth - 1); !s.ok()) return s;
+  }
+  return load;
+}
+
+LayerLoad::LayerLoad(LayerLoad&& other) noexcept { *this = std::move(other); }
+
+LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
+  if (this == &other) return *this;
+  End().IgnoreError();  // replaced: the old load ends
+  conn_ = std::move(other.conn_);
+  id_ = other.id_;
+  board_ = std::exchange(other.board_, nullptr);
+  layers_ = other.layers_;
+  layer_bytes_ = other.layer_bytes_;
+  initial_ = std::move(other.initial_);
+  dst_ = std::move(other.dst_);
+  copied_ = std::move(other.copied_);
+  source_ = other.source_;
+  plan_ = std::move(other.plan_);
+  ended_ = std::exchange(other.ended_, true);
+  return *this;
+}
+
+LayerLoad::~LayerLoad() {
+  if (ended_ || conn_ == nullptr) return;
+  // Not waited for: the answer is read by whoever reads next.
+  conn_->Call(wire::MakeEndLoad(id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
+}
+
+uint32_t LayerLoad::layers_ready() const {
+  if (board_ == nullptr || ended_) return 0;
+  return LoadBoardReader(board_, static_cast<uint32_t>(size())).layers_ready();
+}
+
+Status LayerLoad::status(size_t block) const {
+  if (block >= size()) return InvalidArgument("block " + std::to_string(block) + " is not in this load");
+  if (!initial_[block].ok()) return initial_[block];
+  if (board_ == nullptr) return FailedPrecondition("the load has ended");
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  if (board.state(static_cast<uint32_t>(block)) != BoardBlockState::kFailed) return Status::Ok();
+  const StatusCode code = board.code(static_cast<uint32_t>(block));
+  return Status(code == StatusCode::kOk ? StatusCode::kInternal : code,
+                "block " + std::to_string(block) + " of the load failed to load (" +
+                    std::string(StatusCodeName(code)) + "); recompute it");
+}
+
+bool LayerLoad::done() const {
+  if (board_ == nullptr || ended_) return true;
+  return LoadBoardReader(board_, static_cast<uint32_t>(size())).resolved() == size();
+}
+
+size_t LayerLoad::usable_prefix() const {
+  size_t n = 0;
+  while (n < size() && status(n).ok()) ++n;
+  return n;
+}
+
+Status LayerLoad::WaitLayer(uint32_t layer) {
+  if (ended_ || conn_ == nullptr) return FailedPrecondition("the load has ended");
+  if (layer >= layers_) {
+    return InvalidArgument("layer " + std::to_string(layer) + " of a " + std::to_string(layers_) + "-layer load");
+  }
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  const auto timeout = conn_->call_timeout();
+  const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
+                                            : std::chrono::steady_clock::time_point::max();
+  const std::chrono::microseconds spin(conn_->spin_wait_us());
+  while (!board.WaitBeyond(layer, deadline, spin, kWaitSlice)) {
+    if (!conn_->Alive()) return Unavailable("the connection to kvtierd is gone; the load's layers will not come");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return TimedOut("layer " + std::to_string(layer) + " was not in place within call_timeout");
+    }
+  }
+  if (dst_.empty()) return Status::Ok();
+  for (uint32_t l = 0; l <= layer; ++l) {
+    if (copied_[l]) continue;
+    for (size_t i = 0; i < size(); ++i) {
+      std::span<const std::byte> src = LayerSpan(i, l);
+      if (!src.empty()) std::memcpy(dst_[i].data() + uint64_t{l} * layer_bytes_, src.data(), src.size());
+    }
+    copied_[l] = true;
+  }
+  return Status::Ok();
+}
+
+Status LayerLoad::WaitAll() {
+  if (layers_ == 0) return FailedPrecondition("the load has ended");
+  return WaitLayer(layers_ - 1);
+}
+
+std::span<const std::byte> LayerLoad::LayerSpan(size_t block, uint32_t layer) const {
+  if (ended_ || board_ == nullptr || block >= size() || layer >= layers_ || !initial_[block].ok()) return {};
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  if (board.layers_ready() <= layer || board.state(static_cast<uint32_t>(block)) == BoardBlockState::kFailed) {
+    return {};
+  }
+  auto bytes = conn_->Slot(board.offset(static_cast<uint32_t>(block)), uint64_t{layers_} * layer_bytes_);
+  if (!bytes.ok()) return {};  // a board scribbled on: nothing is served from it
+  return bytes->subspan(uint64_t{layer} * layer_bytes_, layer_bytes_);
+}
+
+Status LayerLoad::End() {
+  if (ended_ || conn_ == nullptr) return Status::Ok();
+  ended_ = true;
+  board_ = nullptr;
+  auto r = conn_->CallSync(wire::MakeEndLoad(id_));
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+}  // namespace kvtier

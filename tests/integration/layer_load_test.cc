@@ -1,0 +1,205 @@
+// Layer-wise load (Client::BeginLoad, LayerLoad): from the host tier and
+// from NVMe, zero-copy and into the caller's buffers, with the planned
+// depth, a block that fails alone, and waits that time out while the
+// drive stalls.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr uint32_t kLayers = 4;              // TestNamespace
+constexpr uint64_t kBlock = 64 * 1024;        // its whole block
+constexpr uint64_t kLayerBytes = kBlock / kLayers;
+
+// Layer `layer` of the block Put stored for `key`.
+std::vector<std::byte> ExpectedLayer(const BlockKey& key, uint32_t layer) {
+  const auto whole = Block(key, kBlock);
+  return {whole.begin() + layer * kLayerBytes, whole.begin() + (layer + 1) * kLayerBytes};
+}
+
+bool SameBytes(std::span<const std::byte> a, const std::vector<std::byte>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+TestDaemonOptions NvmeOptions() {
+  TestDaemonOptions options;
+  options.arena_bytes = 4 << 20;  // 64 blocks
+  options.nvme_in_memory = true;
+  options.nvme_bytes = 16 << 20;
+  options.nvme_region_bytes = 1 << 20;
+  return options;
+}
+
+// Puts 150 blocks through a 64-block arena: the first ones end up on NVMe
+// only. Returns the keys, the first `below` of which Lookup reports on NVMe.
+std::vector<BlockKey> PushToNvme(TestDaemon& daemon, Client& client, size_t below) {
+  const auto keys = TestKeys(TestNamespace(), 150, 77);
+  for (const auto& k : keys) EXPECT_TRUE(client.Put(0, k, Block(k, kBlock)).ok());
+  daemon.engine().WaitForIdle();
+  auto found = client.Lookup(0, std::span(keys).first(below));
+  EXPECT_TRUE(found.ok());
+  if (found.ok()) {
+    EXPECT_EQ(found->prefix_blocks, below);
+    for (Tier t : found->tiers) EXPECT_EQ(t, Tier::kNvme);
+  }
+  return keys;
+}
+
+TEST(LayerLoadTest, AHostPrefixIsReadyAtOnceAndReadInPlace) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 5, 3);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, kBlock)).ok());
+  auto load = client->BeginLoad(0, keys);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_EQ(load->size(), keys.size());
+  EXPECT_EQ(load->layer_count(), kLayers);
+  EXPECT_EQ(load->layer_bytes(), kLayerBytes);
+  EXPECT_EQ(load->source(), Tier::kHost);
+  EXPECT_EQ(load->layers_ready(), kLayers) << "host blocks are in place before the answer";
+  EXPECT_TRUE(load->done());
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(load->WaitLayer(l).ok());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_TRUE(SameBytes(load->LayerSpan(i, l), ExpectedLayer(keys[i], l))) << i << "/" << l;
+    }
+  }
+  EXPECT_EQ(load->usable_prefix(), keys.size());
+  EXPECT_GT(EngineCounter(daemon, "engine.leases"), 0);
+  ASSERT_TRUE(load->End().ok());
+  EXPECT_EQ(EngineCounter(daemon, "engine.leases"), 0) << "End let the pins go";
+  EXPECT_EQ(load->WaitLayer(0).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(load->LayerSpan(0, 0).empty());
+  EXPECT_TRUE(load->End().ok()) << "idempotent";
+}
+
+TEST(LayerLoadTest, AnNvmePrefixLoadsLayerByLayerIntoTheCallersBuffers) {
+  TestDaemon daemon(NvmeOptions());
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto all = PushToNvme(daemon, *client, 8);
+  const std::vector<BlockKey> keys(all.begin(), all.begin() + 8);
+  std::vector<std::vector<std::byte>> buffers(keys.size(), std::vector<std::byte>(kBlock));
+  LoadOptions options;
+  for (auto& b : buffers) options.dst.emplace_back(b);
+  auto load = client->BeginLoad(0, keys, options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_EQ(load->source(), Tier::kNvme);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(load->WaitLayer(l).ok()) << l;
+    EXPECT_GE(load->layers_ready(), l + 1);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::span<const std::byte> copied(buffers[i].data() + l * kLayerBytes, kLayerBytes);
+      EXPECT_TRUE(SameBytes(copied, ExpectedLayer(keys[i], l))) << i << "/" << l;
+    }
+  }
+  EXPECT_EQ(load->usable_prefix(), keys.size());
+  EXPECT_EQ(EngineCounter(daemon, "engine.load_streamed_blocks"), 8);
+  EXPECT_EQ(EngineCounter(daemon, "engine.load_layer_reads"), 8 * kLayers);
+  ASSERT_TRUE(load->End().ok());
+  auto found = client->Lookup(0, keys);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, keys.size());
+  for (Tier t : found->tiers) EXPECT_EQ(t, Tier::kHost) << "loaded blocks are promoted";
+}
+
+TEST(LayerLoadTest, WaitForDepthReturnsWithThePlannedLayersIn) {
+  TestDaemon daemon(NvmeOptions());
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto all = PushToNvme(daemon, *client, 6);
+  const std::vector<BlockKey> keys(all.begin(), all.begin() + 6);
+  LoadOptions options;
+  options.compute_us_per_layer = 0.01;  // compute far faster than any read: hold nearly everything
+  options.wait_for_depth = true;
+  auto load = client->BeginLoad(0, keys, options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->plan().has_value());
+  EXPECT_EQ(load->plan()->layers_to_preload, kLayers);
+  EXPECT_EQ(load->plan()->buffer_bytes, kLayers * 6 * kLayerBytes) << "six blocks' layers a layer";
+  EXPECT_GE(load->layers_ready(), load->plan()->layers_to_preload);
+  // Without a compute time there is no plan; without a plan no depth.
+  auto plain = client->BeginLoad(0, keys);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->plan().has_value());
+  LoadOptions bad;
+  bad.wait_for_depth = true;
+  EXPECT_EQ(client->BeginLoad(0, keys, bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LayerLoadTest, AMissingBlockFailsAloneAndEndsTheUsablePrefix) {
+  TestDaemon daemon(NvmeOptions());
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto all = PushToNvme(daemon, *client, 6);
+  const std::vector<BlockKey> keys(all.begin(), all.begin() + 6);
+  ASSERT_TRUE(daemon.nvme()->Erase(keys[2]).ok());  // lost from the drive
+  auto load = client->BeginLoad(0, keys);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->WaitAll().ok());
+  EXPECT_TRUE(load->done());
+  EXPECT_EQ(load->status(2).code(), StatusCode::kNotFound);
+  EXPECT_EQ(load->usable_prefix(), 2u) << "the prefix is usable up to its first failed block";
+  EXPECT_TRUE(load->LayerSpan(2, 0).empty()) << "a failed block serves no bytes";
+  for (size_t i : {0u, 1u, 3u, 4u, 5u}) {
+    EXPECT_TRUE(load->status(i).ok()) << i;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      EXPECT_TRUE(SameBytes(load->LayerSpan(i, l), ExpectedLayer(keys[i], l))) << i << "/" << l;
+    }
+  }
+  EXPECT_EQ(load->status(6).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LayerLoadTest, AWaitTimesOutWhileTheDriveStallsAndSucceedsAfter) {
+  TestDaemon daemon(NvmeOptions());
+  ClientOptions options = daemon.Options();
+  options.call_timeout = std::chrono::milliseconds(200);
+  auto connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  Client& client = **connected;
+  const auto all = PushToNvme(daemon, client, 4);
+  const std::vector<BlockKey> keys(all.begin(), all.begin() + 4);
+  daemon.nvme_device()->HoldReads();
+  auto load = client.BeginLoad(0, keys);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_EQ(load->layers_ready(), 0u);
+  EXPECT_EQ(load->WaitLayer(0).code(), StatusCode::kTimedOut);
+  daemon.nvme_device()->ReleaseReads();
+  ASSERT_TRUE(load->WaitAll().ok()) << "the load went on; so does the connection";
+  EXPECT_EQ(load->usable_prefix(), keys.size());
+  EXPECT_TRUE(client.Lookup(0, keys).ok());
+}
+
+TEST(LayerLoadTest, BadLoadsAreRefusedAndADroppedLoadLeavesNothingPinned) {
+  TestDaemon daemon;
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 3, 9);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, kBlock)).ok());
+  EXPECT_EQ(client->BeginLoad(0, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->BeginLoad(3, keys).status().code(), StatusCode::kInvalidArgument);
+  std::vector<std::byte> small(kBlock - 1);
+  LoadOptions too_small;
+  too_small.dst.assign(keys.size(), std::span<std::byte>(small));
+  EXPECT_EQ(client->BeginLoad(0, keys, too_small).status().code(), StatusCode::kInvalidArgument);
+  LoadOptions wrong_count;
+  wrong_count.dst.assign(1, std::span<std::byte>(small));
+  EXPECT_EQ(client->BeginLoad(0, keys, wrong_count).status().code(), StatusCode::kInvalidArgument);
+  {
+    auto load = client->BeginLoad(0, keys);
+    ASSERT_TRUE(load.ok());
+    EXPECT_EQ(load->WaitLayer(kLayers).code(), StatusCode::kInvalidArgument);
+  }  // dropped without End: ended without waiting
+  EXPECT_EQ(StatsCounter(*client, "engine.loads_open"), 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.leases"), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
