@@ -3,7 +3,9 @@
 // before, nothing left behind by a save abandoned midway.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
+#include <thread>
 #include <vector>
 
 #include "proto/wire.h"
@@ -169,7 +171,12 @@ TEST(LayerSaveTest, ASaveAbandonedMidwayLeavesNothingBehind) {
     }
     EXPECT_EQ(EngineCounter(daemon, "engine.reserved_blocks"), 3);
   }
-  daemon.engine().WaitForIdle();
+  // The daemon sees the socket close on its io thread, a moment later.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (EngineCounter(daemon, "engine.reserved_blocks") != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(EngineCounter(daemon, "engine.reserved_blocks"), 0) << "the crashed engine's reservations went";
   EXPECT_EQ(Visible(*other, keys), 0u);
   auto again = other->BeginSave(0, keys);
   ASSERT_TRUE(again.ok());
