@@ -462,6 +462,43 @@ TEST_F(NvmeTierTest, TornRecordInTheOpenRegionIsDroppedAtStartUp) {
   for (uint64_t i : {0, 1, 2, 4}) EXPECT_TRUE(CheckBlockBytes(Key(i), 0, *ReadBlock(i, 0, 4)));
 }
 
+// A block read layer by layer (a layer-wise load) reads its record header
+// once: the later layers verify against the cached per-layer checksums,
+// one I/O each, and still catch a corrupt layer.
+TEST_F(NvmeTierTest, LayerByLayerReadsReadTheHeaderOnceAndStillVerify) {
+  Open();
+  constexpr size_t kBytes = 4 * 12000;
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(WriteBlock(i, kBytes, 4).ok());
+  std::vector<std::byte> expect(kBytes);
+  FillBlockBytes(Key(1), 0, expect);
+  for (uint32_t l = 0; l < 4; ++l) {
+    auto layer = ReadBlock(1, l, l + 1);
+    ASSERT_TRUE(layer.ok()) << l << ": " << layer.status().ToString();
+    EXPECT_TRUE(std::equal(layer->begin(), layer->end(), expect.begin() + l * (kBytes / 4))) << l;
+  }
+  EXPECT_EQ(Counter("nvme.header_cache_hits"), 3) << "layers 1-3 needed no header read";
+  auto whole = ReadBlock(1, 0, 4);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(CheckBlockBytes(Key(1), 0, *whole));
+  // A layer that rots after its header was cached is still caught.
+  FillBlockBytes(Key(2), 0, expect);
+  ASSERT_TRUE(ReadBlock(2, 0, 1).ok());
+  auto bytes = memory_->raw();  // the tier is idle: safe to poke
+  auto at = std::search(bytes.begin(), bytes.end(), expect.begin(), expect.begin() + 64);
+  ASSERT_NE(at, bytes.end());
+  at[2 * (kBytes / 4) + 5] ^= std::byte{0x01};  // inside layer 2
+  EXPECT_TRUE(ReadBlock(2, 1, 2).ok());
+  auto rotten = ReadBlock(2, 2, 3);
+  ASSERT_FALSE(rotten.ok());
+  EXPECT_EQ(rotten.status().code(), StatusCode::kCorruption);
+  EXPECT_FALSE(tier_->Find(Key(2))) << "dropped";
+  // A key written again elsewhere does not use the old record's header.
+  ASSERT_TRUE(WriteBlock(2, kBytes, 2).ok());
+  auto rewritten = ReadBlock(2, 1, 2);
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status().ToString();
+  EXPECT_EQ(rewritten->size(), kBytes / 2) << "the new record's two layers, not the old header's four";
+}
+
 TEST_F(NvmeTierTest, CorruptionFoundByAReadIsAMissAndDropsTheEntry) {
   Open();
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(WriteBlock(i, 50000).ok());

@@ -39,6 +39,7 @@ struct NvmeTier::ReadOp {
   std::mutex mu;
   int pending = 0;             // I/Os not yet completed
   Status failure;              // first I/O failure
+  std::optional<RecordHeader> header;  // from the header cache: no header I/O
 };
 
 NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,
@@ -345,6 +346,11 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
     if (it == entries_.end()) return NotFound("block is not on the nvme tier");
     op->key = key;
     op->entry = it->second;
+    auto cached = header_cache_.find(key);
+    if (cached != header_cache_.end() && cached->second.offset == op->entry.offset &&
+        cached->second.region_generation == op->entry.region_generation) {
+      op->header = cached->second.header;
+    }
   }
   RecordHeader geometry;  // enough of a header to compute the range
   geometry.layer_count = op->entry.layer_count;
@@ -362,13 +368,14 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
   op->done = std::move(done);
   op->cover_offset = AlignDown(range->offset, align);
   const uint64_t cover_bytes = AlignUp(range->offset + range->length, align) - op->cover_offset;
-  op->payload_at = kRecordHeaderBytes;
+  // A cached header leaves only the payload cover to read (one I/O).
+  op->payload_at = op->header ? 0 : kRecordHeaderBytes;
   // Large whole-block reads go straight into `dst` when it can take the
   // aligned cover (no staging copy, at the price of a second I/O for the
   // header); small ones read header and payload in one I/O and copy.
   op->direct = cover_bytes >= kDirectReadMinBytes && op->cover_offset == 0 && range->offset == 0 &&
                dst.size() >= cover_bytes && reinterpret_cast<uintptr_t>(dst.data()) % align == 0;
-  const uint64_t staged_bytes = kRecordHeaderBytes + (op->direct ? 0 : cover_bytes);
+  const uint64_t staged_bytes = op->payload_at + (op->direct ? 0 : cover_bytes);
   {
     // Reads take at most their share of the staging pool (see WriteRecord).
     std::lock_guard lock(mu_);
@@ -392,7 +399,16 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
     }
     if (last) verifiers_.Post([this, op] { OnRead(op); });
   };
-  if (op->direct) {
+  if (op->header && op->direct) {
+    op->pending = 1;
+    device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
+      on_io(r, cover_bytes);
+    });
+  } else if (op->header) {
+    op->pending = 1;
+    device_->Read(payload_device_offset + op->cover_offset, op->staging.first(cover_bytes),
+                  [on_io, cover_bytes](Result<size_t> r) { on_io(r, cover_bytes); });
+  } else if (op->direct) {
     op->pending = 2;
     device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
                   [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
@@ -417,7 +433,8 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
   Status outcome = op->failure;
   std::span<const std::byte> layers;
   if (outcome.ok()) {
-    auto header = DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
+    Result<RecordHeader> header = op->header ? Result<RecordHeader>(*op->header)
+                                             : DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
     if (!header.ok()) {
       outcome = header.status();
     } else if (!HeaderMatches(*header, op->key, op->entry)) {
@@ -427,6 +444,10 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
                           : op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset),
                                                 op->range.length);
       outcome = VerifyLayers(*header, op->first, op->last, layers);
+      // A partial read is likely one of several of the block (layer by
+      // layer): keep its header for the next ones.
+      const bool partial = op->first != 0 || op->last != header->layer_count;
+      if (outcome.ok() && partial && !op->header) CacheHeader(op->key, op->entry, *header);
       if (outcome.code() == StatusCode::kFailedPrecondition) {
         // No per-layer checksums (very many layers): the range cannot be
         // verified alone. Reported as corruption-free failure: read it whole.
@@ -442,10 +463,12 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     if (outcome.ok()) {
       result = layers.size();
       ++counters_.reads;
+      if (op->header) ++counters_.header_cache_hits;
       // A use of the block even if a copy forward moved it meanwhile (its
       // entry then counts it: the same reads-since-written whichever of
-      // the read and the move ends first).
-      auto it = entries_.find(op->key);
+      // the read and the move ends first). A use reads the first layer: a
+      // block read layer by layer counts once, not once a layer.
+      auto it = op->first == 0 ? entries_.find(op->key) : entries_.end();
       if (it != entries_.end()) {
         ++it->second.hits;
         it->second.last_use_us = static_cast<int64_t>(clock_.NowUs());
@@ -472,6 +495,17 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
   }
   op->done(std::move(result));
   EndIo();
+}
+
+void NvmeTier::CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header) {
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = header_cache_.insert_or_assign(key, CachedHeader{entry.offset, entry.region_generation, header});
+  if (!inserted) return;
+  header_cache_order_.push_back(key);
+  while (header_cache_order_.size() > kHeaderCacheEntries) {
+    header_cache_.erase(header_cache_order_.front());
+    header_cache_order_.pop_front();
+  }
 }
 
 void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
@@ -539,6 +573,7 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.index_failures", counters_.index_failures);
     v.Visit("nvme.enospc", counters_.enospc);
     v.Visit("nvme.reads", counters_.reads);
+    v.Visit("nvme.header_cache_hits", counters_.header_cache_hits);
     v.Visit("nvme.read_failures", counters_.read_failures);
     v.Visit("nvme.corrupt_reads", counters_.corrupt_reads);
     v.Visit("nvme.reclaimed_reads", counters_.reclaimed_reads);

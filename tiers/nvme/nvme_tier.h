@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -177,6 +178,9 @@ class NvmeTier final : public BlockTier {
   void OnRead(std::shared_ptr<ReadOp> op);
   // Drops `key` if its entry is still `entry` (memory and index). Caller holds mu_.
   void DropIfCurrent(const BlockKey& key, const IndexEntry& entry);
+  // Keeps `header`, read and verified from `entry`'s record, in the header
+  // cache (the oldest entry leaves when it is full). Takes mu_.
+  void CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header);
   void BeginIo();
   void EndIo();
 
@@ -205,6 +209,19 @@ class NvmeTier final : public BlockTier {
   int64_t io_in_flight_ = 0;                                         // guarded by mu_
   uint64_t staged_for_writes_ = 0;                                   // guarded by mu_
   uint64_t staged_for_reads_ = 0;                                    // guarded by mu_
+  // Record headers of recent layer-range reads (their per-layer
+  // checksums), so that reading a block layer by layer costs one I/O a
+  // layer, not two. An entry is used only for the record it was read
+  // from (same offset and region generation); at most kHeaderCacheEntries,
+  // the oldest leaving first. The payload is still verified per layer.
+  static constexpr size_t kHeaderCacheEntries = 4096;
+  struct CachedHeader {
+    uint64_t offset = 0;
+    uint64_t region_generation = 0;
+    RecordHeader header;
+  };
+  std::unordered_map<BlockKey, CachedHeader> header_cache_;          // guarded by mu_
+  std::deque<BlockKey> header_cache_order_;                          // guarded by mu_: insertion order
   struct Counters {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
@@ -213,6 +230,7 @@ class NvmeTier final : public BlockTier {
     int64_t evictions_offered = 0, eviction_read_failures = 0, write_checksum_mismatches = 0;
     int64_t evictions_missed = 0;  // reclaimed before the eviction scan read them
     int64_t index_failures = 0;    // index mutations RocksDB refused
+    int64_t header_cache_hits = 0;  // layer reads that needed no header I/O
     WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the
