@@ -147,6 +147,29 @@ using kvtier::Guard;
 using kvtier::Missing;
 using kvtier::Report;
 
+namespace kvtier {
+namespace {
+
+// kvtier_begin_load and kvtier_begin_load_device once their options are built.
+int BeginLoad(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, LoadOptions options,
+              kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses) {
+  auto begun = client->client->BeginLoad(ns, ToKeys(keys, n), std::move(options));
+  if (!begun.ok()) return Report(begun.status());
+  auto handle = std::make_unique<kvtier_layer_load>(kvtier_layer_load{std::move(*begun)});
+  if (statuses != nullptr) {
+    std::vector<kvtier::Status> outcomes;
+    for (size_t i = 0; i < n; ++i) outcomes.push_back(handle->load.status(i));
+    kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
+  }
+  if (layers != nullptr) *layers = handle->load.layer_count();
+  if (layer_bytes != nullptr) *layer_bytes = handle->load.layer_bytes();
+  *out = handle.release();
+  return KVTIER_OK;
+}
+
+}  // namespace
+}  // namespace kvtier
+
 extern "C" {
 
 const char* kvtier_last_error(void) { return kvtier::last_error.c_str(); }
@@ -540,18 +563,26 @@ int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys
         options.dst.emplace_back(static_cast<std::byte*>(dst[i]), dst_capacity);
       }
     }
-    auto begun = client->client->BeginLoad(ns, kvtier::ToKeys(keys, n), std::move(options));
-    if (!begun.ok()) return Report(begun.status());
-    auto handle = std::make_unique<kvtier_layer_load>(kvtier_layer_load{std::move(*begun)});
-    if (statuses != nullptr) {
-      std::vector<kvtier::Status> outcomes;
-      for (size_t i = 0; i < n; ++i) outcomes.push_back(handle->load.status(i));
-      kvtier::ReportEach(outcomes, statuses, [](const kvtier::Status& s) -> const kvtier::Status& { return s; });
-    }
-    if (layers != nullptr) *layers = handle->load.layer_count();
-    if (layer_bytes != nullptr) *layer_bytes = handle->load.layer_bytes();
-    *out = handle.release();
-    return KVTIER_OK;
+    return kvtier::BeginLoad(client, ns, keys, n, std::move(options), out, layers, layer_bytes, statuses);
+  });
+}
+
+int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                             void* const* device_dst, int device_ordinal, void* cuda_stream,
+                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
+                             uint32_t* layers, size_t* layer_bytes, int* statuses) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (n > 0 && (keys == nullptr || device_dst == nullptr)) return Missing("keys or device_dst");
+    kvtier::LoadOptions options;
+    options.compute_us_per_layer = compute_us_per_layer;
+    options.wait_for_depth = wait_for_depth != 0;
+    options.device_dst.assign(device_dst, device_dst + n);
+    options.device_ordinal = device_ordinal;
+    options.cuda_stream = cuda_stream;
+    return kvtier::BeginLoad(client, ns, keys, n, std::move(options), out, layers, layer_bytes, statuses);
   });
 }
 

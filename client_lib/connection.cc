@@ -239,8 +239,18 @@ bool Connection::Alive() {
   return true;
 }
 
+Status Connection::RegisterArenaForGpu() {
+  std::lock_guard lock(gpu_mu_);
+  if (gpu_registration_) return Status::Ok();
+  auto registration = ArenaRegistration::Register(arena());
+  if (!registration.ok()) return registration.status();
+  gpu_registration_ = std::move(*registration);
+  return Status::Ok();
+}
+
 Connection::~Connection() {
   Close();
+  gpu_registration_.reset();  // unregistered while still mapped
   if (fd_ >= 0) ::close(fd_);
   if (arena_ != nullptr) ::munmap(arena_, arena_bytes_);
   if (directory_map_ != nullptr) ::munmap(const_cast<std::byte*>(directory_map_), directory_bytes_);

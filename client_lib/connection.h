@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "client_lib/deadline_io.h"
+#include "client_lib/device_copy.h"
 #include "common/block_directory.h"
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.pb.h"
@@ -116,6 +117,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool verify_checksums() const { return verify_checksums_; }
   std::chrono::milliseconds call_timeout() const { return call_timeout_; }
   uint32_t spin_wait_us() const { return spin_wait_us_; }
+  // Registers the arena mapping with CUDA (cudaHostRegister) the first
+  // time a GPU destination needs it; later calls return the first
+  // outcome at once (a failure is retried). Unimplemented without CUDA.
+  Status RegisterArenaForGpu();
   // False once the connection failed or the daemon hung up (a
   // non-blocking poll, at most every kLivenessInterval).
   bool Alive();
@@ -228,6 +233,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<DirectoryReader> directory_;
   std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
   std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
+  std::mutex gpu_mu_;
+  std::unique_ptr<ArenaRegistration> gpu_registration_;  // guarded by gpu_mu_; released before the unmap
 
   // Lock order: write_mu_, then mu_ (WriteFrames checks closed_ while
   // writing); nothing takes write_mu_ while holding mu_.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "client_lib/connection.h"
+#include "client_lib/device_copy.h"
 #include "common/load_board.h"
 #include "kvtier/client.h"
 #include "proto/wire.h"
@@ -38,6 +39,21 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
       }
     }
   }
+  std::shared_ptr<internal::DeviceLoadCopier> device_copier;
+  if (!options.device_dst.empty()) {
+    if (!options.dst.empty()) return InvalidArgument("BeginLoad: host buffers or device buffers, not both");
+    if (options.device_dst.size() != keys.size()) {
+      return InvalidArgument("BeginLoad: " + std::to_string(options.device_dst.size()) + " device buffers for " +
+                             std::to_string(keys.size()) + " keys");
+    }
+    for (void* p : options.device_dst) {
+      if (p == nullptr) return InvalidArgument("BeginLoad: a null device buffer");
+    }
+    if (Status s = conn_->RegisterArenaForGpu(); !s.ok()) return s;
+    auto copier = internal::DeviceLoadCopier::Create(layer_count, options.device_ordinal);
+    if (!copier.ok()) return copier.status();
+    device_copier = std::move(*copier);
+  }
   if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
   if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
     return InvalidArgument("wait_for_depth needs compute_us_per_layer > 0 to plan the depth");
@@ -66,6 +82,9 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   load.layer_bytes_ = body.layer_bytes();
   for (const auto& s : body.blocks()) load.initial_.push_back(wire::FromProto(s));
   load.dst_ = std::move(options.dst);
+  load.device_dst_ = std::move(options.device_dst);
+  load.cuda_stream_ = options.cuda_stream;
+  load.device_copier_ = std::move(device_copier);
   load.copied_.assign(load.layers_, false);
   if (body.has_plan()) load.plan_ = wire::FromProto(body.plan());
   if (options.wait_for_depth && load.plan_ && load.plan_->layers_to_preload > 0) {
@@ -87,6 +106,9 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
   layer_bytes_ = other.layer_bytes_;
   initial_ = std::move(other.initial_);
   dst_ = std::move(other.dst_);
+  device_dst_ = std::move(other.device_dst_);
+  cuda_stream_ = other.cuda_stream_;
+  device_copier_ = std::move(other.device_copier_);
   copied_ = std::move(other.copied_);
   source_ = other.source_;
   plan_ = std::move(other.plan_);
@@ -96,6 +118,8 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
 
 LayerLoad::~LayerLoad() {
   if (ended_ || conn_ == nullptr) return;
+  // Copies still reading the arena finish before the pins go.
+  if (device_copier_) device_copier_->SynchronizeAll().IgnoreError();
   // Not waited for: the answer is read by whoever reads next.
   conn_->Call(wire::MakeEndLoad(id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
 }
@@ -144,6 +168,7 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
       return TimedOut("layer " + std::to_string(layer) + " was not in place within call_timeout");
     }
   }
+  if (device_copier_) return EnqueueDeviceCopies(layer);
   if (dst_.empty()) return Status::Ok();
   for (uint32_t l = 0; l <= layer; ++l) {
     if (copied_[l]) continue;
@@ -154,6 +179,22 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
     copied_[l] = true;
   }
   return Status::Ok();
+}
+
+Status LayerLoad::EnqueueDeviceCopies(uint32_t layer) {
+  std::vector<internal::DeviceLoadCopier::Piece> pieces;
+  for (uint32_t l = 0; l <= layer; ++l) {
+    if (copied_[l]) continue;
+    pieces.clear();
+    for (size_t i = 0; i < size(); ++i) {
+      std::span<const std::byte> src = LayerSpan(i, l);
+      if (src.empty()) continue;
+      pieces.push_back({static_cast<std::byte*>(device_dst_[i]) + uint64_t{l} * layer_bytes_, src.data(), src.size()});
+    }
+    if (Status s = device_copier_->EnqueueLayer(l, pieces); !s.ok()) return s;
+    copied_[l] = true;
+  }
+  return device_copier_->MakeStreamWait(cuda_stream_, layer);
 }
 
 Status LayerLoad::WaitAll() {
@@ -175,9 +216,11 @@ std::span<const std::byte> LayerLoad::LayerSpan(size_t block, uint32_t layer) co
 Status LayerLoad::End() {
   if (ended_ || conn_ == nullptr) return Status::Ok();
   ended_ = true;
+  Status copies = device_copier_ ? device_copier_->SynchronizeAll() : Status::Ok();
   board_ = nullptr;
   auto r = conn_->CallSync(wire::MakeEndLoad(id_));
-  return r.ok() ? Status::Ok() : r.status();
+  if (!r.ok()) return r.status();
+  return copies;  // a failed device copy: the GPU buffers are not to be trusted
 }
 
 }  // namespace kvtier

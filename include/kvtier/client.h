@@ -87,6 +87,7 @@ struct Counter {
 
 namespace internal {
 class Connection;
+class DeviceLoadCopier;
 }
 
 // A block pinned in the daemon's arena, readable in place without a copy.
@@ -254,6 +255,19 @@ struct LoadOptions {
   // a whole block: WaitLayer(l) copies layer l of every block that has
   // not failed into dst[i] at l * layer_bytes().
   std::vector<std::span<std::byte>> dst;
+  // GPU destinations (libkvtier_client built with CUDA; else BeginLoad is
+  // Unimplemented): one device pointer per key on device
+  // `device_ordinal`, each with room for a whole block. WaitLayer(l)
+  // waits until layer l is in the arena, enqueues its host-to-device
+  // copies (DMA: the client registers the arena with CUDA once per
+  // connection) on the load's own copy stream, records that layer's
+  // event and makes `cuda_stream` (a cudaStream_t; null: the legacy
+  // default stream) wait for it on the GPU; it returns without waiting
+  // for the copy. Not with `dst`. End() waits for the copies in flight
+  // (the arena's bytes may be reused once the pins go).
+  std::vector<void*> device_dst;
+  void* cuda_stream = nullptr;
+  int device_ordinal = 0;
   // The new tokens' compute time per layer, in microseconds. > 0: the
   // daemon plans the buffer depth for this load (LayerLoad::plan()) from
   // the load's source tier's measured bandwidth (kvtier/preload.h).
@@ -332,6 +346,9 @@ class LayerLoad {
 
  private:
   friend class Client;
+  // Enqueues the device copies of the layers up to `layer` not yet
+  // enqueued, then makes the caller's stream wait for `layer`.
+  Status EnqueueDeviceCopies(uint32_t layer);
   std::shared_ptr<internal::Connection> conn_;
   uint64_t id_ = 0;
   std::byte* board_ = nullptr;  // the load board in the arena mapping
@@ -339,7 +356,10 @@ class LayerLoad {
   uint64_t layer_bytes_ = 0;
   std::vector<Status> initial_;  // the daemon's answer per key
   std::vector<std::span<std::byte>> dst_;
-  std::vector<bool> copied_;  // copy mode: layers copied into dst_
+  std::vector<void*> device_dst_;
+  void* cuda_stream_ = nullptr;
+  std::shared_ptr<internal::DeviceLoadCopier> device_copier_;  // with device_dst_
+  std::vector<bool> copied_;  // copy modes: layers copied (or enqueued) into dst_ / device_dst_
   Tier source_ = Tier::kNone;
   std::optional<PreloadPlan> plan_;
   bool ended_ = false;

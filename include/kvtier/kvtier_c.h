@@ -323,6 +323,17 @@ int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t byt
 int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, void* const* dst,
                       size_t dst_capacity, double compute_us_per_layer, int wait_for_depth,
                       kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses);
+// kvtier_begin_load into GPU memory (LoadOptions::device_dst): n device
+// pointers on device `device_ordinal`, each with room for a whole block;
+// kvtier_wait_layer then enqueues the layer's host-to-device copies and
+// makes `cuda_stream` (a cudaStream_t; NULL: the legacy default stream)
+// wait for them on the GPU, without waiting on the host.
+// KVTIER_UNIMPLEMENTED when libkvtier_client was built without CUDA,
+// KVTIER_UNAVAILABLE without a usable device.
+int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                             void* const* device_dst, int device_ordinal, void* cuda_stream,
+                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
+                             uint32_t* layers, size_t* layer_bytes, int* statuses);
 // Waits until layer `layer` is in place in every block that has not failed
 // (copied into the buffers in copy mode). A layer already in place costs a
 // memory read. KVTIER_TIMED_OUT (the load goes on: wait again),

@@ -617,6 +617,11 @@ static void TestLayerLoad(kvtier_client* c, const kvtier_namespace* ns) {
              KVTIER_INVALID_ARGUMENT);
   CHECK(load == NULL);
   CHECK_CODE(kvtier_begin_load(c, 0, keys, 3, NULL, 0, 0, 0, NULL, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  /* GPU destinations: a null device pointer is refused before any CUDA call. */
+  dst[0] = NULL;
+  CHECK_CODE(kvtier_begin_load_device(c, 0, keys, 3, dst, 0, NULL, 0, 0, &load, NULL, NULL, NULL),
+             KVTIER_INVALID_ARGUMENT);
+  CHECK(load == NULL);
 }
 
 int main(int argc, char** argv) {
