@@ -250,8 +250,10 @@ class Engine {
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
   // Preload planning (policy/preload_planner.h) with `source`'s read
-  // bandwidth: for a tier below, the 10th percentile of its promotion
-  // reads' rates (its initial estimate before any) plus kBelowLayerOverheadUs
+  // bandwidth: for a tier below, the 10th percentile of the rates its
+  // read meter sampled (ReadStarted/ReadEnded: bytes over busy time of
+  // promotions, layer reads and loads; its initial estimate before any)
+  // plus kBelowLayerOverheadUs
   // a layer (one read's submission and completion); for the host tier,
   // memcpy's rate, measured once on first use. A 10% margin on top.
   // InvalidArgument for no layers, no bytes or a negative or non-finite
@@ -429,6 +431,15 @@ class Engine {
   TierAdmission::Facts GatherFacts(const BlockKey& key, uint64_t uses);
   void IoStarted();
   void IoFinished();
+  // The read meter of a tier below: its bandwidth is what it delivers
+  // while busy (bytes over time with a read in flight), sampled when it
+  // goes idle or every kBandwidthSampleBytes, not each read's own rate
+  // (reads in flight together each take longer than the tier's rate
+  // says). Every read started calls ReadEnded once (0 bytes: failed).
+  static constexpr uint64_t kBandwidthSampleBytes = 64ull << 20;
+  struct Below;
+  void ReadStarted(Below& below);
+  void ReadEnded(Below& below, uint64_t bytes);
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed,
   // but never more than kEvictionBytesFactor times the allocation's size
   // class (and at least kMinVictimsPerAllocation blocks): past that, NoSpace
@@ -465,6 +476,10 @@ class Engine {
     BlockTier* tier = nullptr;
     std::unique_ptr<TierAdmission> admission;
     BandwidthEstimate read_bandwidth{1e9};  // guarded by bandwidth_mu_; 1 GB/s until measured
+    // The read meter (ReadStarted/ReadEnded), guarded by bandwidth_mu_.
+    int64_t reads_in_flight = 0;
+    uint64_t busy_since_us = 0;  // the current busy period's start (or last sample)
+    uint64_t busy_bytes = 0;     // read since then
     std::atomic<int64_t> lookup_hits{0};
     std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
     std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took

@@ -88,9 +88,7 @@ struct Engine::LayerStream {
   bool pumping = false;  // one thread submits at a time (keeps the order)
   bool pump_again = false;
   std::chrono::steady_clock::time_point last_progress;
-  uint64_t bytes_landed = 0;
   size_t finished_blocks = 0;
-  std::chrono::steady_clock::time_point started;
 
   // Marks `b` failed; true when its promotion is to be finished now (no
   // read of it in flight).
@@ -271,7 +269,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
   stream->load = load;
   stream->layers = load->layers;
   stream->layer_bytes = load->layer_bytes;
-  stream->started = stream->last_progress = std::chrono::steady_clock::now();
+  stream->last_progress = std::chrono::steady_clock::now();
   for (const PinClaim& c : claims) {
     IoStarted();  // the promotion's; FinishPromotion ends it
     Result<HostTier::Extent> extent = AllocateWithEviction(c.from.info.payload_bytes);
@@ -329,10 +327,13 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       BlockTier& tier = *below_[b.level]->tier;
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
+      Below& below = *below_[b.level];
       lock.unlock();
+      ReadStarted(below);
       Status started = tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
         StreamReadDone(stream, block, layer, std::move(r));
       });
+      if (!started.ok()) ReadEnded(below, 0);
       lock.lock();
       if (started.ok()) {
         Bump(counters_.load_layer_reads);
@@ -391,9 +392,9 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
 
 void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
                             Result<size_t> read) {
+  ReadEnded(*below_[stream->blocks[block].level], read.ok() ? *read : 0);
   bool landed = false;
   bool finish = false;
-  bool complete = false;
   Status outcome = Status::Ok();
   LayerStream::Block snapshot;
   {
@@ -404,7 +405,6 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
     stream->last_progress = std::chrono::steady_clock::now();
     if (read.ok() && *read == stream->layer_bytes && !b.failed) {
       landed = true;
-      stream->bytes_landed += *read;
       if (++b.landed == stream->layers) {
         b.finished = true;
         ++stream->finished_blocks;
@@ -418,26 +418,12 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
       outcome = b.failed ? b.failure : Status::Ok();
       snapshot = b;
     }
-    complete = stream->finished_blocks == stream->blocks.size();
   }
   if (landed) {
     LoadRecord& load = *stream->load;
     std::lock_guard lock(load.mu);
     load.Count(stream->blocks[block].index, layer);
     load.Advance();
-  }
-  if (complete && stream->bytes_landed != 0) {
-    // The stream's throughput, for preload plans and prefetch, when all of
-    // it came from one tier.
-    const size_t level = stream->blocks.front().level;
-    const bool one_tier = std::all_of(stream->blocks.begin(), stream->blocks.end(),
-                                      [level](const LayerStream::Block& b) { return b.level == level; });
-    if (one_tier) {
-      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                                            stream->started).count();
-      std::lock_guard lock(bandwidth_mu_);
-      below_[level]->read_bandwidth.Observe(stream->bytes_landed, static_cast<uint64_t>(std::max<int64_t>(us, 1)));
-    }
   }
   if (finish) FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum);
   PumpStream(stream);

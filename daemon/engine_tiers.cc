@@ -68,12 +68,18 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
   }
   Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
   if (!extent.ok()) return finish(extent.status(), {});
-  Status started = below_[from.level]->tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
-                               [finish, extent = *extent, bytes](Result<size_t> r) {
-                                 if (r.ok() && *r != bytes) return finish(IoError("short layer read"), extent);
-                                 finish(r.ok() ? Status::Ok() : r.status(), extent);
-                               });
-  if (!started.ok()) finish(started, *extent);
+  Below& below = *below_[from.level];
+  ReadStarted(below);
+  Status started = below.tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
+                                    [this, &below, finish, extent = *extent, bytes](Result<size_t> r) {
+                                      ReadEnded(below, r.ok() ? *r : 0);
+                                      if (r.ok() && *r != bytes) return finish(IoError("short layer read"), extent);
+                                      finish(r.ok() ? Status::Ok() : r.status(), extent);
+                                    });
+  if (!started.ok()) {
+    ReadEnded(below, 0);
+    finish(started, *extent);
+  }
 }
 
 void Engine::Promote(const BlockKey& key, const Located& from) {
@@ -85,17 +91,15 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   const uint64_t checksum = from.info.payload_checksum;
   Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
-  const uint64_t issued_us = clock_.NowUs();
   Below& below = *below_[from.level];
+  ReadStarted(below);
   Status started = below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                                    [this, &below, key, extent = *extent, checksum, issued_us](Result<size_t> r) {
-                                      if (r.ok()) {
-                                        std::lock_guard lock(bandwidth_mu_);
-                                        below.read_bandwidth.Observe(*r, clock_.NowUs() - issued_us);
-                                      }
+                                    [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
+                                      ReadEnded(below, r.ok() ? *r : 0);
                                       FinishPromotion(key, r.status(), extent, checksum);
                                     });
   if (started.ok()) return;
+  ReadEnded(below, 0);
   host_.Free(*extent);
   // Out of read staging for now: not a miss. The reader tries again a
   // moment later (the pins keep waiting), until the deadline.
@@ -165,6 +169,25 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   const bool last_prefetch = prefetched && prefetch_reads_.fetch_sub(1, std::memory_order_acq_rel) == 1;
   if (last_prefetch && status.ok()) SchedulePrefetch();
   IoFinished();
+}
+
+void Engine::ReadStarted(Below& below) {
+  std::lock_guard lock(bandwidth_mu_);
+  if (below.reads_in_flight++ == 0) {
+    below.busy_since_us = clock_.NowUs();
+    below.busy_bytes = 0;
+  }
+}
+
+void Engine::ReadEnded(Below& below, uint64_t bytes) {
+  std::lock_guard lock(bandwidth_mu_);
+  below.busy_bytes += bytes;
+  const bool idle = --below.reads_in_flight == 0;
+  if (!idle && below.busy_bytes < kBandwidthSampleBytes) return;
+  const uint64_t now = clock_.NowUs();
+  if (below.busy_bytes != 0) below.read_bandwidth.Observe(below.busy_bytes, now - below.busy_since_us);
+  below.busy_since_us = now;
+  below.busy_bytes = 0;
 }
 
 bool Engine::TakeTransient(uint64_t bytes) {

@@ -382,6 +382,41 @@ TEST_F(EngineLayerLoadTest, ClosingTheConnectionMidLoadLeavesNothingPinned) {
   }
 }
 
+// The tier's bandwidth is what it delivers while busy, not each read's
+// own rate: three promotions in flight together for 1 ms read three
+// blocks in 1 ms, not one block in 1 ms three times.
+TEST_F(EngineLayerLoadTest, TheReadMeterMeasuresWhatTheTierDeliversWhileBusy) {
+  std::vector<BlockKey> keys{Key(70), Key(71), Key(72)};
+  for (const auto& k : keys) tier_.Store(k, kLayers, kBlockBytes);
+  tier_.Hold();
+  std::promise<std::vector<PinGrant>> pinned;
+  engine_->PinAsync(kConn, kNs, keys, [&pinned](std::vector<PinGrant> g) { pinned.set_value(std::move(g)); });
+  clock_.AdvanceUs(1000);
+  tier_.Complete(keys.size());
+  const auto grants = pinned.get_future().get();
+  for (const auto& g : grants) ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  auto plan = engine_->PlanPreload(Tier::kNvme, kLayerBytes, 1, kLayers, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_DOUBLE_EQ(plan->read_bytes_per_s, 3 * kBlockBytes / 1e-3);
+  // A layer-wise load feeds the same meter: 2 blocks' layers in 2 ms.
+  std::vector<BlockKey> more{Key(73), Key(74)};
+  for (const auto& k : more) tier_.Store(k, kLayers, kBlockBytes);
+  auto start = engine_->BeginLoad(kConn, kNs, more);
+  ASSERT_TRUE(start.ok());
+  clock_.AdvanceUs(2000);
+  tier_.Complete(1 << 20);
+  Settle();
+  EXPECT_EQ(Board(*start).layers_ready(), kLayers);
+  // The estimate keeps the slower of the two samples at the 10th percentile.
+  plan = engine_->PlanPreload(Tier::kNvme, kLayerBytes, 1, kLayers, 0);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_DOUBLE_EQ(plan->read_bytes_per_s, 2 * kBlockBytes / 2e-3);
+  ASSERT_TRUE(engine_->EndLoad(kConn, start->load).ok());
+  std::vector<LeaseId> leases;
+  for (const auto& g : grants) leases.push_back(g.lease);
+  engine_->Release(kConn, leases);
+}
+
 TEST_F(EngineLayerLoadTest, BadLoadsAreRefused) {
   EXPECT_EQ(engine_->BeginLoad(kConn, kNs, {}).status().code(), StatusCode::kInvalidArgument);
   const BlockKey key = Key(60);
