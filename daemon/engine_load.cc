@@ -7,7 +7,8 @@
 // pins wait for them). Those of the load's layout are streamed: their
 // arena extents are allocated up front, and their layers are read one
 // layer-range read each, in the order (layer 0 of every block, layer 1 of
-// every block, ...), as many at once as the tiers take. A block whose
+// every block, ...), as many at once as the tiers take, a block's later
+// layers once its first one landed. A block whose
 // layers have all landed ends its promotion (FinishPromotion commits and
 // pins it for its waiters, the load among them); a failed read fails only
 // its block. The load record turns all this into the board's words.
@@ -320,6 +321,10 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
         ++stream->next;
         continue;
       }
+      // A block's later layers go once its first landed: the tier then
+      // knows the block's record (the NVMe tier reads its header once),
+      // and a block that fails at once costs one read. The order stays.
+      if (layer > 0 && b.landed == 0) break;
       ++b.in_flight;
       ++stream->in_flight;
       ++stream->next;
