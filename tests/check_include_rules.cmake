@@ -2,30 +2,33 @@
 # #include of every source folder. Run as: cmake -DSOURCE_DIR=... -P this.
 # A folder may include its own headers, std/system headers and the folders
 # listed for it below; anything else of ours is a violation.
-set(ours "kvtier/;common/;policy/;tiers/;proto/;daemon/;client_lib/;tools/;tests/")
+set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;tools/;tests/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
 set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
-set(allowed_tiers "kvtier/;common/;policy/;tiers/")
+set(allowed_gpu "kvtier/;gpu/")  # the CUDA building blocks: public headers and their own
+set(allowed_tiers "kvtier/;common/;policy/;tiers/;gpu/")
 set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
-set(allowed_daemon "kvtier/;common/;policy/;tiers/;proto/;daemon/")
-set(allowed_client_lib "kvtier/;common/;proto/;client_lib/")
+set(allowed_daemon "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/")
+set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
 set(allowed_tools "kvtier/;common/;policy/;tiers/;tools/")
-# Third-party headers forbidden per folder (Asio stays in daemon/client_lib).
-set(banned_policy "asio;thread;mutex;sys/;unistd.h;liburing.h;rocksdb/;google/protobuf")
+# Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
+# CUDA headers stay out of the public API, common/ and policy/).
+set(banned_policy "asio;thread;mutex;sys/;unistd.h;liburing.h;rocksdb/;google/protobuf;cuda")
 set(banned_tiers "asio;google/protobuf")
-set(banned_common "asio;google/protobuf")
-set(banned_include_kvtier "asio;google/protobuf;spdlog;toml")
+set(banned_common "asio;google/protobuf;cuda")
+set(banned_gpu "asio;google/protobuf;spdlog;toml")
+set(banned_include_kvtier "asio;google/protobuf;spdlog;toml;cuda")
 
 set(violations "")
-foreach(folder include_kvtier common policy tiers proto daemon client_lib tools)
+foreach(folder include_kvtier common policy gpu tiers proto daemon client_lib tools)
   if(folder STREQUAL "include_kvtier")
     set(dir "${SOURCE_DIR}/include/kvtier")
   else()
     set(dir "${SOURCE_DIR}/${folder}")
   endif()
-  file(GLOB_RECURSE files "${dir}/*.h" "${dir}/*.cc" "${dir}/*.c")
+  file(GLOB_RECURSE files "${dir}/*.h" "${dir}/*.cc" "${dir}/*.c" "${dir}/*.cu" "${dir}/*.cuh")
   foreach(file ${files})
     file(STRINGS "${file}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
     foreach(line ${lines})
