@@ -53,7 +53,8 @@ std::string TomlString(const std::string& s) {
 }  // namespace
 
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir,
-                                   uint64_t arena_bytes, std::chrono::milliseconds timeout) {
+                                   uint64_t arena_bytes, std::chrono::milliseconds timeout,
+                                   const std::string& extra_toml) {
   StartedServer server;
   server.socket_path = dir + "/kvtierd.sock";
   server.log_path = dir + "/kvtierd.log";
@@ -63,7 +64,8 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
     config << "# written by kvtier bench\n"
            << "[server]\nsocket_path = " << TomlString(server.socket_path) << "\n"
            << "[host]\ncapacity_bytes = " << arena_bytes << "\nlock_memory = \"best_effort\"\n"
-           << "[log]\nlevel = \"warn\"\n";
+           << "[log]\nlevel = \"warn\"\n"
+           << extra_toml;
     if (!config) return IoError("cannot write " + config_path);
   }
   auto child = ChildProcess::Spawn({kvtierd_path, "--config", config_path}, server.log_path);

@@ -22,11 +22,14 @@ struct StartedServer {
 // Writes `dir`/kvtierd.toml (server.socket_path in `dir`,
 // host.capacity_bytes = arena_bytes, host.lock_memory = "best_effort") and
 // starts `kvtierd_path --config` on it; returns once a Client connects
-// (Hello answered). NotFound if the binary cannot be run; Unavailable (with
-// the tail of the daemon's log) if it exits or does not answer in `timeout`.
+// (Hello answered). `extra_toml` is appended to the config: more tables
+// ([nvme], [engine]), never [server], [host] or [log] again. NotFound if
+// the binary cannot be run; Unavailable (with the tail of the daemon's log)
+// if it exits or does not answer in `timeout`.
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir,
                                    uint64_t arena_bytes,
-                                   std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                                   const std::string& extra_toml = "");
 
 // Starts `redis_server_path --port 0 --unixsocket <dir>/redis.sock --save ""
 // --appendonly no --daemonize no` and returns once the socket accepts.

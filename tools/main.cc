@@ -2,6 +2,7 @@
 //   kvtier stats [--socket PATH]          every counter of a running kvtierd
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
+//   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
 //   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (trace_gen.cc)
@@ -11,6 +12,7 @@
 
 #include "kvtier/client.h"
 #include "tools/bench_host.h"
+#include "tools/bench_layers.h"
 #include "tools/bench_nvme.h"
 #include "tools/bench_policy.h"
 #include "tools/replay_cli.h"
@@ -54,6 +56,10 @@ int main(int argc, char** argv) {
   kvtier::tools::NvmeBenchOptions nvme_options;
   auto* nvme = bench->add_subcommand("nvme", "NVMe tier write/read GB/s and random-read IOPS vs fio");
   kvtier::tools::AddNvmeBenchOptions(*nvme, nvme_options);
+  kvtier::tools::LayersBenchOptions layers_options;
+  auto* layers = bench->add_subcommand(
+      "layers", "Layer-wise load (first layer vs whole, load hidden behind compute) and save vs memcpy");
+  kvtier::tools::AddLayersBenchOptions(*layers, layers_options);
   kvtier::tools::PolicyBenchOptions policy_options;
   auto* policy = bench->add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
   kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
@@ -84,6 +90,7 @@ int main(int argc, char** argv) {
   if (stats->parsed()) return Stats(socket_path);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
+  if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   return 2;
 }
