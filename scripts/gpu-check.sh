@@ -3,7 +3,8 @@
 # minutes: configures build/gpu (RelWithDebInfo, KVTIER_CUDA=ON), builds the
 # GPU targets (kvtier_gpu_tests, kvtier_gpu_bench), asks the bench's probe
 # whether CUDA can use the device, runs `ctest -L gpu` (every test must
-# run: a skip means the device is not usable), then the GPU bench, and
+# run: a skip means the device is not usable) and the tier contract cases
+# on the HBM tier (kvtier_unit_tests), then the GPU bench, and
 # prints its figures. Fails loudly when there is no GPU.
 #
 #   scripts/gpu-check.sh [bench options, e.g. --reps=3]
@@ -32,8 +33,9 @@ timeout 120 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInf
   { cat "$log"; fail "configure (KVTIER_CUDA=ON needs nvcc and the CUDA toolkit)"; }
 grep 'kvtier: CUDA' "$log"
 
-step "building kvtier_gpu_tests kvtier_gpu_bench (-j$jobs)"
-timeout 240 cmake --build "$build_dir" -j "$jobs" --target kvtier_gpu_tests kvtier_gpu_bench > "$log" 2>&1 ||
+step "building kvtier_gpu_tests kvtier_gpu_bench kvtier_unit_tests (-j$jobs)"
+timeout 360 cmake --build "$build_dir" -j "$jobs" --target kvtier_gpu_tests kvtier_gpu_bench kvtier_unit_tests \
+  > "$log" 2>&1 ||
   { tail -50 "$log"; fail "build"; }
 
 step "probing the device through CUDA"
@@ -47,6 +49,13 @@ set -e
 [[ $ctest_rc -eq 0 ]] || fail "ctest -L gpu (exit $ctest_rc)"
 if grep -q '(Skipped)' "$log"; then
   fail "GPU tests were skipped on a machine with a GPU (run one with --gtest_filter to see its reason)"
+fi
+
+step "the tier contract cases on the HBM tier (device double and GPU)"
+timeout 120 "$build_dir/tests/kvtier_unit_tests" --gtest_filter='EveryTier/TierContractTest.*/hbm*' 2>&1 | tee "$log" ||
+  fail "tier contract on the HBM tier"
+if grep -q '\[  SKIPPED \]' "$log"; then
+  fail "the HBM tier's contract cases were skipped on a machine with a GPU"
 fi
 
 step "kvtier_gpu_bench $*"

@@ -1,7 +1,7 @@
-// HbmTier (tiers/hbm/hbm_tier.h): the BlockTier contract cases of
-// tests/unit/tier_contract_test.cc, restated here (that file's fixture
-// builds the daemon's tiers), and the HBM tier's own guarantees; run on a
-// host-memory FakeHbmDevice (always) and on a real GPU (skipped without).
+// HbmTier (tiers/hbm/hbm_tier.h): the HBM tier's own guarantees beyond
+// the BlockTier contract (tests/unit/tier_contract_test.cc runs the
+// contract cases on it); run on a host-memory FakeHbmDevice (always) and
+// on a real GPU (skipped without).
 #include "tiers/hbm/hbm_tier.h"
 
 #include <cuda_runtime.h>
@@ -110,112 +110,8 @@ class HbmTierTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<HbmTier> tier_;
 };
 
-// ---- The BlockTier contract (as tests/unit/tier_contract_test.cc) ----
-
-TEST_P(HbmTierTest, AWrittenBlockIsFoundAndReadBackByteExactOffTheCallersThread) {
-  const std::vector<std::byte> payload = Payload(1);
-  auto written = std::make_shared<Completion<Status>>();
-  ASSERT_TRUE(tier_->Write(kNs, Key(1), kLayers, payload, [written](Status s) { written->Set(s); }).ok());
-  auto [status, write_thread] = written->Get();
-  ASSERT_TRUE(status.ok()) << status.ToString();
-  EXPECT_NE(write_thread, std::this_thread::get_id()) << "a completion ran inline";
-  std::optional<BlockTier::BlockInfo> info = tier_->Find(Key(1));
-  ASSERT_TRUE(info.has_value());
-  EXPECT_EQ(info->ns, kNs);
-  EXPECT_EQ(info->payload_bytes, kBlockBytes);
-  EXPECT_EQ(info->layer_count, kLayers);
-  EXPECT_EQ(info->payload_checksum, BlockChecksum(payload));
-  std::vector<std::byte> out(kBlockBytes);
-  std::thread::id read_thread;
-  Result<size_t> read = ReadAndWait(1, 0, kLayers, out, &read_thread);
-  ASSERT_TRUE(read.ok()) << read.status().ToString();
-  EXPECT_EQ(*read, kBlockBytes);
-  EXPECT_EQ(out, payload);
-  EXPECT_NE(read_thread, std::this_thread::get_id()) << "a completion ran inline";
-  EXPECT_FALSE(tier_->Find(Key(2)).has_value());
-  EXPECT_EQ(tier_->kind(), Tier::kHbm);
-}
-
-TEST_P(HbmTierTest, ALayerRangeReadCopiesExactlyThoseLayers) {
-  ASSERT_TRUE(WriteAndWait(3).ok());
-  const std::vector<std::byte> payload = Payload(3);
-  std::vector<std::byte> out;
-  Result<size_t> read = ReadAndWait(3, 1, 3, out);
-  ASSERT_TRUE(read.ok()) << read.status().ToString();
-  EXPECT_EQ(*read, 2 * kLayerBytes);
-  EXPECT_EQ(0, std::memcmp(out.data(), payload.data() + kLayerBytes, 2 * kLayerBytes));
-}
-
-TEST_P(HbmTierTest, BytesChangedAfterWriteReturnsAreNotWhatIsStored) {
-  std::vector<std::byte> payload = Payload(4);
-  const std::vector<std::byte> original = payload;
-  auto done = std::make_shared<Completion<Status>>();
-  ASSERT_TRUE(tier_->Write(kNs, Key(4), kLayers, payload, [done](Status s) { done->Set(s); }).ok());
-  std::memset(payload.data(), 0x5a, payload.size());  // the caller reuses its buffer at once
-  ASSERT_TRUE(done->Get().first.ok());
-  std::vector<std::byte> out;
-  ASSERT_TRUE(ReadAndWait(4, 0, kLayers, out).ok());
-  EXPECT_EQ(out, original);
-}
-
-TEST_P(HbmTierTest, AChecksumTheBytesDoNotMatchLeavesNothingVisible) {
-  const uint64_t wrong = BlockChecksum(Payload(5)) ^ 1;
-  Status s = WriteAndWait(5, wrong);
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_FALSE(tier_->Find(Key(5)).has_value());
-  EXPECT_EQ(tier_->used_bytes(), 0u);
-  EXPECT_TRUE(WriteAndWait(5, BlockChecksum(Payload(5))).ok());
-  EXPECT_TRUE(tier_->Find(Key(5)).has_value());
-}
-
-TEST_P(HbmTierTest, AStoredKeyIsNotWrittenTwice) {
-  ASSERT_TRUE(WriteAndWait(6).ok());
-  EXPECT_EQ(WriteAndWait(6).code(), StatusCode::kAlreadyExists);
-}
-
-TEST_P(HbmTierTest, BadArgumentsAreRefusedWithoutACompletion) {
-  const std::vector<std::byte> payload = Payload(7);
-  bool called = false;
-  const auto never = [&called](Status) { called = true; };
-  EXPECT_EQ(tier_->Write(kNs, Key(7), kLayers, {}, never).code(), StatusCode::kInvalidArgument) << "empty";
-  EXPECT_EQ(tier_->Write(kNs, Key(7), 3, payload, never).code(), StatusCode::kInvalidArgument) << "uneven layers";
-  EXPECT_EQ(tier_->Write(kNs, Key(7), 0, payload, never).code(), StatusCode::kInvalidArgument) << "no layers";
-  std::vector<std::byte> huge(kStagingBytes);
-  EXPECT_EQ(tier_->Write(kNs, Key(7), 1, huge, never).code(), StatusCode::kInvalidArgument) << "too large";
-  EXPECT_FALSE(tier_->Find(Key(7)).has_value());
-  ASSERT_TRUE(WriteAndWait(7).ok());
-  std::vector<std::byte> out(kBlockBytes);
-  const auto never_read = [&called](Result<size_t>) { called = true; };
-  EXPECT_EQ(tier_->Read(Key(7), 2, 2, out, never_read).code(), StatusCode::kInvalidArgument) << "empty range";
-  EXPECT_EQ(tier_->Read(Key(7), 0, kLayers + 1, out, never_read).code(), StatusCode::kInvalidArgument);
-  std::vector<std::byte> small(kLayerBytes);
-  EXPECT_EQ(tier_->Read(Key(7), 0, 2, small, never_read).code(), StatusCode::kInvalidArgument) << "dst too small";
-  EXPECT_EQ(tier_->Read(Key(8), 0, kLayers, out, never_read).code(), StatusCode::kNotFound);
-  EXPECT_FALSE(called) << "a rejected call ran its completion";
-}
-
-TEST_P(HbmTierTest, EraseForgetsTheBlock) {
-  ASSERT_TRUE(WriteAndWait(9).ok());
-  EXPECT_TRUE(tier_->Erase(Key(9)).ok());
-  EXPECT_FALSE(tier_->Find(Key(9)).has_value());
-  std::vector<std::byte> out;
-  EXPECT_EQ(ReadAndWait(9, 0, kLayers, out).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(tier_->Erase(Key(9)).code(), StatusCode::kNotFound);
-  EXPECT_TRUE(WriteAndWait(9).ok()) << "an erased key can be written again";
-  EXPECT_EQ(tier_->used_bytes(), tier_->StoredBytes(kBlockBytes));
-}
-
-TEST_P(HbmTierTest, UseAndWriteTotalsCountWhatWasStored) {
-  const uint64_t used_before = tier_->used_bytes();
-  const uint64_t written_before = tier_->write_totals().device_bytes;
-  for (uint64_t i = 10; i < 14; ++i) ASSERT_TRUE(WriteAndWait(i).ok());
-  EXPECT_GE(tier_->used_bytes(), used_before + 4 * kBlockBytes);
-  EXPECT_LE(tier_->used_bytes(), tier_->capacity_bytes());
-  EXPECT_GE(tier_->write_totals().device_bytes, written_before + 4 * kBlockBytes);
-  EXPECT_GE(tier_->StoredBytes(kBlockBytes), kBlockBytes);
-}
-
-// ---- The HBM tier's own guarantees ----
+// ---- What the HBM tier adds to the BlockTier contract (whose cases
+// tests/unit/tier_contract_test.cc runs on it, params hbm and hbm_cuda) ----
 
 TEST_P(HbmTierTest, AFullPoolIsNoSpaceUntilSomethingIsErased) {
   for (uint64_t i = 0; i < kPoolBytes / kBlockBytes; ++i) ASSERT_TRUE(WriteAndWait(100 + i).ok()) << i;

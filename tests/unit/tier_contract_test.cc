@@ -20,6 +20,12 @@
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "tiers/tier.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "tests/gpu/fake_hbm_device.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tiers/hbm/cuda_hbm_device.h"
+#include "tiers/hbm/hbm_tier.h"
+#endif
 
 namespace kvtier {
 namespace {
@@ -65,6 +71,24 @@ class TierContractTest : public ::testing::TestWithParam<std::string> {
       ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
       nvme_ = std::move(*nvme);
       tier_ = nvme_.get();
+#ifdef KVTIER_HAVE_CUDA
+    } else if (which == "hbm" || which == "hbm_cuda") {
+      // The HBM tier on a host-memory device double (runs everywhere), and
+      // on the GPU (skipped without one; scripts/gpu-check.sh runs it).
+      std::unique_ptr<HbmDevice> device;
+      if (which == "hbm") {
+        device = std::make_unique<::kvtier::testing::FakeHbmDevice>(16 * kBlockBytes, 8 * kBlockBytes, 8);
+      } else {
+        KVTIER_SKIP_WITHOUT_DEVICE();
+        auto cuda = CudaHbmDevice::Create(CudaHbmDeviceOptions{0, 16 * kBlockBytes, 8 * kBlockBytes, 8});
+        ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
+        device = std::move(*cuda);
+      }
+      auto hbm = HbmTier::Create(std::move(device));
+      ASSERT_TRUE(hbm.ok()) << hbm.status().ToString();
+      hbm_ = std::move(*hbm);
+      tier_ = hbm_.get();
+#endif
     } else {
       map_ = std::make_unique<::kvtier::testing::MapTier>();
       tier_ = map_.get();
@@ -74,6 +98,9 @@ class TierContractTest : public ::testing::TestWithParam<std::string> {
     engine_.reset();
     nvme_.reset();
     map_.reset();
+#ifdef KVTIER_HAVE_CUDA
+    hbm_.reset();
+#endif
     if (!dir_.empty()) ::kvtier::testing::RemoveTree(dir_);
   }
 
@@ -106,6 +133,9 @@ class TierContractTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<::kvtier::testing::MemoryDevice> memory_;
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<::kvtier::testing::MapTier> map_;
+#ifdef KVTIER_HAVE_CUDA
+  std::unique_ptr<HbmTier> hbm_;
+#endif
   BlockTier* tier_ = nullptr;
 };
 
@@ -208,7 +238,13 @@ TEST_P(TierContractTest, UseAndWriteTotalsCountWhatWasStored) {
   EXPECT_GE(tier_->StoredBytes(kBlockBytes), kBlockBytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTier, TierContractTest, ::testing::Values("host", "nvme", "map"),
+INSTANTIATE_TEST_SUITE_P(EveryTier, TierContractTest,
+                         ::testing::Values("host", "nvme", "map"
+#ifdef KVTIER_HAVE_CUDA
+                                           ,
+                                           "hbm", "hbm_cuda"
+#endif
+                                           ),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
