@@ -547,15 +547,6 @@ NamespaceDescriptor BenchNamespace(const LayersBenchOptions& o, uint64_t salt) {
   return ns;
 }
 
-std::string TomlString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 // The private daemon's [nvme] and [engine] tables.
 std::string NvmeToml(const LayersBenchOptions& o, const std::string& nvme_path) {
   return "[nvme]\npath = " + TomlString(nvme_path) + "\ncapacity_bytes = " + std::to_string(o.nvme_bytes) +

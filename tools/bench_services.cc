@@ -39,8 +39,8 @@ bool SocketAccepts(const std::string& path) {
   return true;
 }
 
-// TOML basic string: the temp paths never contain quotes or backslashes,
-// but escape them anyway.
+}  // namespace
+
 std::string TomlString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -49,8 +49,6 @@ std::string TomlString(const std::string& s) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir,
                                    uint64_t arena_bytes, std::chrono::milliseconds timeout,

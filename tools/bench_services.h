@@ -19,6 +19,10 @@ struct StartedServer {
   std::string log_path;     // the server's stdout + stderr
 };
 
+// `s` as a TOML basic string, quotes and backslashes escaped (for the
+// config tables a bench writes).
+std::string TomlString(const std::string& s);
+
 // Writes `dir`/kvtierd.toml (server.socket_path in `dir`,
 // host.capacity_bytes = arena_bytes, host.lock_memory = "best_effort") and
 // starts `kvtierd_path --config` on it; returns once a Client connects
