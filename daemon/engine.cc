@@ -339,12 +339,14 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
                                     std::span<const BlockKey> keys, LayerSpan layers) {
   const ConnectionId connection = batch->connection;
   batch->grants.resize(keys.size());
-  batch->waiting.assign(keys.size(), false);
+  // Only a load (on_resolve) reads which keys waited: a plain Pin does not
+  // pay for the vector.
+  if (batch->on_resolve) batch->waiting.assign(keys.size(), false);
   const uint64_t now = clock_.NowUs();
   PinClaims claims;
   auto wait_for = [&batch](size_t i) {
     batch->outstanding.fetch_add(1, std::memory_order_relaxed);
-    batch->waiting[i] = true;
+    if (!batch->waiting.empty()) batch->waiting[i] = true;
   };
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];

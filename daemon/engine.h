@@ -379,9 +379,10 @@ class Engine {
     std::vector<PinClaim> promote, read_layers;
   };
   // PinAsync's first half: settles every key it can inline (host hits,
-  // misses, bad spans) in batch->grants, and marks in batch->waiting the
-  // keys that wait for a promotion, a demotion or a layer read (counted in
-  // batch->outstanding). Takes one shard lock at a time.
+  // misses, bad spans) in batch->grants; the keys that wait for a
+  // promotion, a demotion or a layer read are counted in
+  // batch->outstanding and, when the batch has on_resolve, marked in
+  // batch->waiting. Takes one shard lock at a time.
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
   // Layer-wise loads (engine_load.cc): a load's record and board, and the

@@ -89,7 +89,6 @@ struct Engine::LayerStream {
   bool pumping = false;  // one thread submits at a time (keeps the order)
   bool pump_again = false;
   std::chrono::steady_clock::time_point last_progress;
-  size_t finished_blocks = 0;
 
   // Marks `b` failed; true when its promotion is to be finished now (no
   // read of it in flight).
@@ -100,7 +99,6 @@ struct Engine::LayerStream {
     }
     if (b.in_flight != 0 || b.finished) return false;
     b.finished = true;
-    ++finished_blocks;
     return true;
   }
 };
@@ -412,7 +410,6 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
       landed = true;
       if (++b.landed == stream->layers) {
         b.finished = true;
-        ++stream->finished_blocks;
         finish = true;
       }
     } else {

@@ -28,8 +28,9 @@ namespace kvtier {
 struct PinBatch {
   ConnectionId connection = 0;
   std::vector<PinGrant> grants;
-  // waiting[i]: key i was not settled inline (it waits for a promotion, a
-  // demotion or a layer read) and resolves through Resolve.
+  // With on_resolve (a load): waiting[i] says key i was not settled
+  // inline (it waits for a promotion, a demotion or a layer read) and
+  // resolves through Resolve. Empty otherwise.
   std::vector<bool> waiting;
   std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
   Engine::PinDone done;
