@@ -96,7 +96,9 @@ TEST(LayerSaveTest, FinishingWithALayerMissingCommitsNothingAndKeepsTheSaveOpen)
   auto save = client->BeginSave(0, keys);
   ASSERT_TRUE(save.ok());
   for (uint32_t l = 0; l < kLayers; ++l) {
-    if (l != 2) ASSERT_TRUE(save->LayerWritten(l).ok());
+    if (l != 2) {
+      ASSERT_TRUE(save->LayerWritten(l).ok());
+    }
   }
   auto early = save->FinishSave();
   EXPECT_EQ(early.status().code(), StatusCode::kFailedPrecondition);
