@@ -21,6 +21,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "common/counters.h"
@@ -117,6 +118,23 @@ class BlockTier {
   // victims back); the owner clears it before going away. A tier that
   // cannot offer its victims ignores it.
   virtual void SetEvictionSink(EvictionSink sink) {}
+
+  // In-place access, for a tier whose memory clients map themselves (the
+  // HBM tier's device pool, exported over CUDA IPC): holds `key` where it
+  // is and says where. Its bytes stay there, unchanged, until the matching
+  // ReleaseInPlace, even when the block is erased or dropped meanwhile
+  // (the range is reused only after the last release). Holds nest. Not
+  // counted as a read. NotFound when the block is not readable now;
+  // Unimplemented for tiers clients cannot map (the default).
+  struct InPlace {
+    uint64_t offset = 0;  // of the payload, layer-major, in the tier's exported memory
+    BlockInfo info;
+  };
+  virtual Result<InPlace> HoldInPlace(const BlockKey& key) {
+    return Unimplemented(std::string(name()) + " tier blocks cannot be held in place");
+  }
+  // Ends one HoldInPlace of `key` that answered `offset`.
+  virtual void ReleaseInPlace(const BlockKey& key, uint64_t offset) {}
 
   // <name>.* counters.
   virtual void VisitCounters(CounterVisitor& visitor) const = 0;

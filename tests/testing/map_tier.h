@@ -3,10 +3,18 @@
 // implementations the tier contract test runs against. Completions run on
 // its own thread, as the BlockTier contract asks, and every read checks the
 // stored checksum.
+//
+// It can also stand for a tier above the host (the HBM tier's role, for
+// engine tests on machines without a GPU): a capacity (NoSpace past it),
+// its own kind and name, and in-place holds (BlockTier::HoldInPlace) with
+// offsets into its own "memory": each stored block gets a fresh offset,
+// and a held block that is erased keeps its bytes and its charge until
+// the last release (InPlaceBytes reads them as a client would).
 #pragma once
 
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -18,10 +26,14 @@ namespace kvtier::testing {
 
 class MapTier final : public BlockTier {
  public:
-  Tier kind() const override { return Tier::kRemote; }
-  std::string_view name() const override { return "maptier"; }
+  MapTier() = default;
+  MapTier(uint64_t capacity_bytes, Tier kind, std::string name)
+      : capacity_(capacity_bytes), kind_(kind), name_(std::move(name)) {}
+
+  Tier kind() const override { return kind_; }
+  std::string_view name() const override { return name_; }
   bool asynchronous() const override { return false; }
-  uint64_t capacity_bytes() const override { return 1ull << 40; }
+  uint64_t capacity_bytes() const override { return capacity_; }
   uint64_t used_bytes() const override {
     std::lock_guard lock(mu_);
     return used_;
@@ -49,6 +61,9 @@ class MapTier final : public BlockTier {
     {
       std::lock_guard lock(mu_);
       if (blocks_.count(key) != 0) return AlreadyExists("stored");
+      if (used_ + payload.size() > capacity_) return NoSpace("map tier full");
+      stored.offset = next_offset_;
+      next_offset_ += payload.size();
       used_ += payload.size();
       ++writes_;
       blocks_.emplace(key, std::move(stored));
@@ -81,9 +96,61 @@ class MapTier final : public BlockTier {
     std::lock_guard lock(mu_);
     auto it = blocks_.find(key);
     if (it == blocks_.end()) return NotFound("not in the map tier");
-    used_ -= it->second.info.payload_bytes;
+    if (it->second.holds > 0) {
+      const uint64_t offset = it->second.offset;
+      dropped_held_.emplace(offset, std::move(it->second));  // charged until released
+    } else {
+      used_ -= it->second.info.payload_bytes;
+    }
     blocks_.erase(it);
     return Status::Ok();
+  }
+
+  Result<InPlace> HoldInPlace(const BlockKey& key) override {
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return NotFound("not in the map tier");
+    ++it->second.holds;
+    return InPlace{it->second.offset, it->second.info};
+  }
+  void ReleaseInPlace(const BlockKey& key, uint64_t offset) override {
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(key);
+    if (it != blocks_.end() && it->second.offset == offset && it->second.holds > 0) {
+      --it->second.holds;
+      return;
+    }
+    auto dropped = dropped_held_.find(offset);
+    if (dropped == dropped_held_.end()) {
+      ++bad_releases_;
+      return;
+    }
+    if (--dropped->second.holds == 0) {
+      used_ -= dropped->second.info.payload_bytes;
+      dropped_held_.erase(dropped);
+    }
+  }
+  // The bytes at `offset` of a held or stored block (empty: none there).
+  std::vector<std::byte> InPlaceBytes(uint64_t offset) const {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, stored] : blocks_) {
+      if (stored.offset == offset) return stored.bytes;
+    }
+    auto dropped = dropped_held_.find(offset);
+    return dropped == dropped_held_.end() ? std::vector<std::byte>{} : dropped->second.bytes;
+  }
+  // Holds of live and dropped blocks not yet released, and releases of
+  // nothing held.
+  int64_t holds() const {
+    std::lock_guard lock(mu_);
+    int64_t n = 0;
+    for (const auto& [key, stored] : blocks_) n += stored.holds;
+    for (const auto& [offset, stored] : dropped_held_) n += stored.holds;
+    return n;
+  }
+  int64_t bad_releases() const {
+    std::lock_guard lock(mu_);
+    return bad_releases_;
   }
 
   WriteTotals write_totals() const override {
@@ -107,11 +174,18 @@ class MapTier final : public BlockTier {
   struct Stored {
     BlockInfo info;
     std::vector<std::byte> bytes;
+    uint64_t offset = 0;
+    int64_t holds = 0;
   };
+  const uint64_t capacity_ = 1ull << 40;
+  const Tier kind_ = Tier::kRemote;
+  const std::string name_ = "maptier";
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Stored> blocks_;  // guarded by mu_
-  uint64_t used_ = 0;                             // guarded by mu_
-  int64_t writes_ = 0, reads_ = 0;                // guarded by mu_
+  std::unordered_map<BlockKey, Stored> blocks_;      // guarded by mu_
+  std::unordered_map<uint64_t, Stored> dropped_held_;  // guarded by mu_: erased while held, by offset
+  uint64_t used_ = 0;                                 // guarded by mu_
+  uint64_t next_offset_ = 0;                          // guarded by mu_
+  int64_t writes_ = 0, reads_ = 0, bad_releases_ = 0;  // guarded by mu_
   WorkerPool completions_{1};                     // declared last: drained first
 };
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/check.h"
 #include "common/checksum.h"
 
 namespace kvtier {
@@ -314,11 +315,51 @@ Status HbmTier::Erase(const BlockKey& key) {
 void HbmTier::DropLocked(const BlockKey& key, uint64_t generation) {
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.generation != generation) return;
-  // Safe at once even with a copy of it in flight: every later copy that
-  // may reuse the range is enqueued after it (see the header).
-  device_->FreeDevice(it->second.device_offset);
-  used_bytes_ -= it->second.device_length;
+  const Entry& entry = it->second;
+  if (entry.holds > 0) {  // the key goes now, the range at its last release
+    const bool fresh =
+        dropped_holds_.emplace(entry.device_offset, DroppedHold{key, entry.device_length, entry.holds}).second;
+    KVTIER_CHECK(fresh, "an hbm device range held twice");  // held ranges are never handed out again
+  } else {
+    // Safe at once even with a copy of it in flight: every later copy that
+    // may reuse the range is enqueued after it (see the header).
+    FreeRangeLocked(entry.device_offset, entry.device_length);
+  }
   entries_.erase(it);
+}
+
+void HbmTier::FreeRangeLocked(uint64_t device_offset, uint64_t device_length) {
+  device_->FreeDevice(device_offset);
+  used_bytes_ -= device_length;
+}
+
+Result<BlockTier::InPlace> HbmTier::HoldInPlace(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.state != Entry::State::kStored) return NotFound("not in the hbm tier");
+  ++it->second.holds;
+  ++counters_.in_place_holds;
+  return InPlace{it->second.device_offset, it->second.info};
+}
+
+void HbmTier::ReleaseInPlace(const BlockKey& key, uint64_t offset) {
+  std::lock_guard lock(mu_);
+  // A held range is never freed, so at most one of the two matches: the
+  // block still stored there, or the range it left behind.
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.device_offset == offset && it->second.holds > 0) {
+    --it->second.holds;
+    return;
+  }
+  auto dropped = dropped_holds_.find(offset);
+  if (dropped == dropped_holds_.end() || dropped->second.key != key) {
+    ++counters_.bad_in_place_releases;  // a caller bug: nothing of ours to release
+    return;
+  }
+  if (--dropped->second.holds == 0) {
+    FreeRangeLocked(offset, dropped->second.device_length);
+    dropped_holds_.erase(dropped);
+  }
 }
 
 BlockTier::WriteTotals HbmTier::write_totals() const {
@@ -328,8 +369,11 @@ BlockTier::WriteTotals HbmTier::write_totals() const {
 
 void HbmTier::VisitCounters(CounterVisitor& v) const {
   std::lock_guard lock(mu_);
-  int64_t blocks = 0;
-  for (const auto& [key, entry] : entries_) blocks += entry.state == Entry::State::kStored ? 1 : 0;
+  int64_t blocks = 0, held_blocks = static_cast<int64_t>(dropped_holds_.size());
+  for (const auto& [key, entry] : entries_) {
+    blocks += entry.state == Entry::State::kStored ? 1 : 0;
+    held_blocks += entry.holds > 0 ? 1 : 0;
+  }
   v.Visit("hbm.blocks", blocks);
   v.Visit("hbm.writing_blocks", static_cast<int64_t>(entries_.size()) - blocks);
   v.Visit("hbm.used_bytes", static_cast<int64_t>(used_bytes_));
@@ -348,6 +392,9 @@ void HbmTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("hbm.erases", counters_.erases);
   v.Visit("hbm.busy", counters_.busy);
   v.Visit("hbm.no_space", counters_.no_space);
+  v.Visit("hbm.held_blocks", held_blocks);
+  v.Visit("hbm.in_place_holds", counters_.in_place_holds);
+  v.Visit("hbm.bad_in_place_releases", counters_.bad_in_place_releases);
   v.Visit("hbm.device_bytes_written", static_cast<int64_t>(counters_.device_bytes));
 }
 

@@ -23,8 +23,20 @@
 //   erases or demotes), so SetEvictionSink is ignored. Busy when the
 //   staging share (3/4 each for writes and reads) or the copy fences are
 //   used up; nothing of a refused call is visible.
-// - Device memory handed to clients over CUDA IPC is not this class's
-//   concern yet: it stores and reads back blocks only.
+// - In-place holds: the daemon hands clients the offset of a held block
+//   in the device pool it exports over CUDA IPC (CudaHbmDevice::pool()),
+//   and clients copy from there themselves. HoldInPlace answers a stored
+//   block's device offset and info (not a read: no read or hit is
+//   counted); until the matching ReleaseInPlace the tier does not free
+//   that range, so no later copy is enqueued into it and its bytes stay
+//   as they are. Erasing or dropping a held block (a corrupt read) frees
+//   its key at once (Find misses; a new Write of the key gets another
+//   range) but keeps the range, still in used_bytes, until its last
+//   release. Holds nest and are matched by device offset as well as key,
+//   so releasing an old range never touches a re-written block. A release
+//   that matches no hold is a caller bug: ignored and counted
+//   (hbm.bad_in_place_releases). The destructor frees held ranges with
+//   the device.
 //
 // Thread-safe. Completions run exactly once, never inline, on the tier's
 // one completion thread, in submission order. The destructor runs the
@@ -67,6 +79,9 @@ class HbmTier final : public BlockTier {
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override;
   Status Erase(const BlockKey& key) override;
+  // NotFound unless `key` is stored (readable now).
+  Result<InPlace> HoldInPlace(const BlockKey& key) override;
+  void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
   WriteTotals write_totals() const override;
   // hbm.* counters.
   void VisitCounters(CounterVisitor& visitor) const override;
@@ -84,6 +99,14 @@ class HbmTier final : public BlockTier {
     uint64_t device_length = 0;
     std::vector<uint64_t> layer_checksums;
     int64_t hits = 0;
+    uint32_t holds = 0;  // in-place holds of device_offset; only while stored
+  };
+  // The range of an erased or dropped block that is still held in place:
+  // allocated and in used_bytes_ until its last release.
+  struct DroppedHold {
+    BlockKey key;
+    uint64_t device_length = 0;
+    uint32_t holds = 0;
   };
   struct WriteOp;
   struct ReadOp;
@@ -98,8 +121,11 @@ class HbmTier final : public BlockTier {
                 std::vector<uint64_t> layer_checksums);
   void FinishWrite(const std::shared_ptr<WriteOp>& op, Status copied);
   void FinishRead(const std::shared_ptr<ReadOp>& op, Status copied);
-  // Forgets `key` if it is still generation `generation`; under mu_.
+  // Forgets `key` if it is still generation `generation`; under mu_. A
+  // held range moves to dropped_holds_ instead of being freed.
   void DropLocked(const BlockKey& key, uint64_t generation);
+  // Gives a range back to the device and uncharges it; under mu_.
+  void FreeRangeLocked(uint64_t device_offset, uint64_t device_length);
 
   std::unique_ptr<HbmDevice> device_;
   const uint64_t staging_share_bytes_;  // each of writes and reads may use this much
@@ -111,10 +137,13 @@ class HbmTier final : public BlockTier {
   uint64_t staging_read_bytes_ = 0;              // guarded by mu_
   uint64_t used_bytes_ = 0;                      // guarded by mu_: device ranges held
   uint64_t next_generation_ = 0;                 // guarded by mu_
+  // Held ranges of erased or dropped blocks, by device offset; guarded by mu_.
+  std::unordered_map<uint64_t, DroppedHold> dropped_holds_;
   struct Counters {
     int64_t writes = 0, write_rejections = 0, write_failures = 0, write_checksum_mismatches = 0;
     int64_t cancelled_writes = 0, reads = 0, read_failures = 0, corrupt_reads = 0, direct_reads = 0;
     int64_t erases = 0, busy = 0, no_space = 0;
+    int64_t in_place_holds = 0, bad_in_place_releases = 0;
     uint64_t device_bytes = 0;
   } counters_;  // guarded by mu_
 
