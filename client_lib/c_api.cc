@@ -607,16 +607,11 @@ int kvtier_load_layer_span(const kvtier_layer_load* load, size_t block, uint32_t
     if (data == nullptr) return Missing("data");
     *data = nullptr;
     if (load == nullptr) return Missing("load");
-    if (block >= load->load.size() || layer >= load->load.layer_count()) {
-      return Report(kvtier::InvalidArgument("layer " + std::to_string(layer) + " of block " +
-                                            std::to_string(block) + " is not in the load"));
-    }
-    std::span<const std::byte> span = load->load.LayerSpan(block, layer);
-    if (span.empty()) {
-      return Report(kvtier::NotFound("layer " + std::to_string(layer) + " of block " + std::to_string(block) +
-                                     " is not in place (the block failed, or wait for the layer first)"));
-    }
-    *data = span.data();
+    // InvalidArgument, NotFound (failed, or not in place yet),
+    // FailedPrecondition (in device memory), ProtocolError.
+    auto span = load->load.TryLayerSpan(block, layer);
+    if (!span.ok()) return Report(span.status());
+    *data = span->data();
     return KVTIER_OK;
   });
 }

@@ -199,6 +199,10 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   max_frame_bytes_ = std::min(max_frame_bytes_, body_hello.max_frame_bytes());
   for (const auto& k : body_hello.namespace_fingerprints()) namespaces_.push_back(wire::FromProto(k));
   for (const auto& ns : options.namespaces) layouts_.emplace_back(ns.layer_count, ns.BlockBytes());
+  if (body_hello.has_device_pool()) {
+    const auto& pool = body_hello.device_pool();
+    device_pool_offer_ = DevicePoolOffer{pool.ipc_handle(), pool.bytes(), pool.pci_bus_id()};
+  }
   return Status::Ok();
 }
 
@@ -248,7 +252,29 @@ Status Connection::RegisterArenaForGpu() {
   return Status::Ok();
 }
 
+const DevicePoolMapping* Connection::DevicePoolOn(int ordinal) {
+  if (!device_pool_offer_) return nullptr;
+  std::lock_guard lock(gpu_mu_);
+  if (device_pool_state_ == PoolMapping::kUnresolved) {
+    Result<int> pool_ordinal = DevicePoolMapping::OrdinalOf(*device_pool_offer_);
+    device_pool_state_ = pool_ordinal.ok() ? PoolMapping::kResolved : PoolMapping::kFailed;
+    if (pool_ordinal.ok()) device_pool_ordinal_ = *pool_ordinal;
+  }
+  if (device_pool_state_ == PoolMapping::kFailed || ordinal != device_pool_ordinal_) return nullptr;
+  if (device_pool_state_ == PoolMapping::kResolved) {
+    // Not logged: a client without the pool is complete (the arena path).
+    auto mapping = DevicePoolMapping::Open(*device_pool_offer_, ordinal);
+    device_pool_state_ = mapping.ok() ? PoolMapping::kOpen : PoolMapping::kFailed;
+    if (mapping.ok()) device_pool_ = std::move(*mapping);
+  }
+  return device_pool_.get();
+}
+
 Connection::~Connection() {
+  // No load is left (each holds the connection) and each finished its
+  // copies out of the pool; the mapping closes before anything else goes
+  // (an importer closes before the exporter may free the pool).
+  device_pool_.reset();
   Close();
   gpu_registration_.reset();  // unregistered while still mapped
   if (fd_ >= 0) ::close(fd_);

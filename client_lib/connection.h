@@ -121,6 +121,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // time a GPU destination needs it; later calls return the first
   // outcome at once (a failure is retried). Unimplemented without CUDA.
   Status RegisterArenaForGpu();
+  // The daemon's device pool (HelloResponse.device_pool) mapped into this
+  // process, for a load into GPU memory on device `ordinal`; null when the
+  // daemon offered no pool, the pool is on another GPU (compared by PCI
+  // bus id), or mapping it failed. The first call for the pool's GPU
+  // opens the mapping (once per connection); a failure is remembered and
+  // not retried, loads then go through the arena. Always null without
+  // CUDA. Valid until the Connection is destroyed, which closes it: a
+  // load holds the connection and finishes its copies first.
+  const DevicePoolMapping* DevicePoolOn(int ordinal);
   // False once the connection failed or the daemon hung up (a
   // non-blocking poll, at most every kLivenessInterval).
   bool Alive();
@@ -235,6 +244,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
   std::mutex gpu_mu_;
   std::unique_ptr<ArenaRegistration> gpu_registration_;  // guarded by gpu_mu_; released before the unmap
+  std::optional<DevicePoolOffer> device_pool_offer_;     // set by Hello only (before any other thread)
+  // The pool's mapping, opened on first use (DevicePoolOn).
+  enum class PoolMapping {
+    kUnresolved,  // the pool's GPU not looked up yet
+    kResolved,    // on device_pool_ordinal_, not mapped yet
+    kOpen,        // device_pool_ is the mapping
+    kFailed,      // the lookup or the mapping failed: loads go through the arena
+  };
+  PoolMapping device_pool_state_ = PoolMapping::kUnresolved;  // guarded by gpu_mu_
+  int device_pool_ordinal_ = -1;                              // guarded by gpu_mu_
+  std::unique_ptr<DevicePoolMapping> device_pool_;            // guarded by gpu_mu_; closed first by ~Connection
 
   // Lock order: write_mu_, then mu_ (WriteFrames checks closed_ while
   // writing); nothing takes write_mu_ while holding mu_.

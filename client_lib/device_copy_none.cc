@@ -16,4 +16,8 @@ Result<std::unique_ptr<ArenaRegistration>> ArenaRegistration::Register(std::span
 
 Result<std::unique_ptr<DeviceLoadCopier>> DeviceLoadCopier::Create(uint32_t, int) { return NoCuda(); }
 
+Result<int> DevicePoolMapping::OrdinalOf(const DevicePoolOffer&) { return NoCuda(); }
+
+Result<std::unique_ptr<DevicePoolMapping>> DevicePoolMapping::Open(const DevicePoolOffer&, int) { return NoCuda(); }
+
 }  // namespace kvtier::internal

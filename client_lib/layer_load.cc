@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "client_lib/board_view.h"
 #include "client_lib/connection.h"
 #include "client_lib/device_copy.h"
 #include "common/load_board.h"
@@ -40,6 +41,7 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
     }
   }
   std::shared_ptr<internal::DeviceLoadCopier> device_copier;
+  const internal::DevicePoolMapping* device_pool = nullptr;
   if (!options.device_dst.empty()) {
     if (!options.dst.empty()) return InvalidArgument("BeginLoad: host buffers or device buffers, not both");
     if (options.device_dst.size() != keys.size()) {
@@ -53,12 +55,17 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
     auto copier = internal::DeviceLoadCopier::Create(layer_count, options.device_ordinal);
     if (!copier.ok()) return copier.status();
     device_copier = std::move(*copier);
+    // With the daemon's device pool mapped on this GPU, the blocks it
+    // holds there come device to device (board state kInDevice).
+    device_pool = conn_->DevicePoolOn(options.device_ordinal);
   }
   if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
   if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
     return InvalidArgument("wait_for_depth needs compute_us_per_layer > 0 to plan the depth");
   }
-  auto r = conn_->CallSync(wire::MakeBeginLoad(ns, keys, options.compute_us_per_layer));
+  v1::Request request = wire::MakeBeginLoad(ns, keys, options.compute_us_per_layer);
+  if (device_pool != nullptr) request.mutable_begin_load()->set_device_pool(true);
+  auto r = conn_->CallSync(std::move(request));
   if (!r.ok()) return r.status();
   const v1::BeginLoadResponse& body = r->begin_load();
   LayerLoad load;
@@ -85,6 +92,7 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   load.device_dst_ = std::move(options.device_dst);
   load.cuda_stream_ = options.cuda_stream;
   load.device_copier_ = std::move(device_copier);
+  load.device_pool_ = device_pool;
   load.copied_.assign(load.layers_, false);
   if (body.has_plan()) load.plan_ = wire::FromProto(body.plan());
   if (options.wait_for_depth && load.plan_ && load.plan_->layers_to_preload > 0) {
@@ -109,6 +117,7 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
   device_dst_ = std::move(other.device_dst_);
   cuda_stream_ = other.cuda_stream_;
   device_copier_ = std::move(other.device_copier_);
+  device_pool_ = std::exchange(other.device_pool_, nullptr);
   copied_ = std::move(other.copied_);
   source_ = other.source_;
   plan_ = std::move(other.plan_);
@@ -118,7 +127,8 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
 
 LayerLoad::~LayerLoad() {
   if (ended_ || conn_ == nullptr) return;
-  // Copies still reading the arena finish before the pins go.
+  // Copies still reading the arena or the device pool finish before the
+  // pins go.
   if (device_copier_) device_copier_->SynchronizeAll().IgnoreError();
   // Not waited for: the answer is read by whoever reads next.
   conn_->Call(wire::MakeEndLoad(id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
@@ -133,12 +143,8 @@ Status LayerLoad::status(size_t block) const {
   if (block >= size()) return InvalidArgument("block " + std::to_string(block) + " is not in this load");
   if (!initial_[block].ok()) return initial_[block];
   if (board_ == nullptr) return FailedPrecondition("the load has ended");
-  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
-  if (board.state(static_cast<uint32_t>(block)) != BoardBlockState::kFailed) return Status::Ok();
-  const StatusCode code = board.code(static_cast<uint32_t>(block));
-  return Status(code == StatusCode::kOk ? StatusCode::kInternal : code,
-                "block " + std::to_string(block) + " of the load failed to load (" +
-                    std::string(StatusCodeName(code)) + "); recompute it");
+  return internal::BoardBlockStatus(LoadBoardReader(board_, static_cast<uint32_t>(size())),
+                                    static_cast<uint32_t>(block), device_pool_ != nullptr);
 }
 
 bool LayerLoad::done() const {
@@ -182,14 +188,28 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
 }
 
 Status LayerLoad::EnqueueDeviceCopies(uint32_t layer) {
-  std::vector<internal::DeviceLoadCopier::Piece> pieces;
+  using Piece = internal::DeviceLoadCopier::Piece;
+  using Source = internal::DeviceLoadCopier::Source;
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  const uint64_t block_bytes = uint64_t{layers_} * layer_bytes_;
+  std::vector<Piece> pieces;
   for (uint32_t l = 0; l <= layer; ++l) {
     if (copied_[l]) continue;
     pieces.clear();
     for (size_t i = 0; i < size(); ++i) {
-      std::span<const std::byte> src = LayerSpan(i, l);
-      if (src.empty()) continue;
-      pieces.push_back({static_cast<std::byte*>(device_dst_[i]) + uint64_t{l} * layer_bytes_, src.data(), src.size()});
+      if (!initial_[i].ok()) continue;
+      auto place = internal::BoardLayerPlace(board, static_cast<uint32_t>(i), l, device_pool_ != nullptr);
+      if (!place.ok()) continue;  // failed: its bytes are not used (status(i) says why)
+      void* dst = static_cast<std::byte*>(device_dst_[i]) + uint64_t{l} * layer_bytes_;
+      if (place->memory == internal::LayerPlace::Memory::kDevicePool) {
+        const std::byte* src = device_pool_->At(place->block_offset, block_bytes);
+        if (src == nullptr) return ProtocolError("block " + std::to_string(i) + " lies outside the device pool");
+        pieces.push_back(Piece{dst, src + uint64_t{l} * layer_bytes_, layer_bytes_, Source::kDevicePool});
+      } else {
+        auto src = conn_->Slot(place->block_offset, block_bytes);
+        if (!src.ok()) return ProtocolError("block " + std::to_string(i) + " lies outside the arena");
+        pieces.push_back(Piece{dst, src->data() + uint64_t{l} * layer_bytes_, layer_bytes_, Source::kArena});
+      }
     }
     if (Status s = device_copier_->EnqueueLayer(l, pieces); !s.ok()) return s;
     copied_[l] = true;
@@ -203,14 +223,34 @@ Status LayerLoad::WaitAll() {
 }
 
 std::span<const std::byte> LayerLoad::LayerSpan(size_t block, uint32_t layer) const {
-  if (ended_ || board_ == nullptr || block >= size() || layer >= layers_ || !initial_[block].ok()) return {};
-  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
-  if (board.layers_ready() <= layer || board.state(static_cast<uint32_t>(block)) == BoardBlockState::kFailed) {
-    return {};
+  auto span = TryLayerSpan(block, layer);
+  return span.ok() ? *span : std::span<const std::byte>();
+}
+
+Result<std::span<const std::byte>> LayerLoad::TryLayerSpan(size_t block, uint32_t layer) const {
+  if (ended_ || board_ == nullptr) return FailedPrecondition("the load has ended");
+  if (block >= size() || layer >= layers_) {
+    return InvalidArgument("layer " + std::to_string(layer) + " of block " + std::to_string(block) +
+                           " is not in the load");
   }
-  auto bytes = conn_->Slot(board.offset(static_cast<uint32_t>(block)), uint64_t{layers_} * layer_bytes_);
-  if (!bytes.ok()) return {};  // a board scribbled on: nothing is served from it
-  return bytes->subspan(uint64_t{layer} * layer_bytes_, layer_bytes_);
+  if (!initial_[block].ok()) {
+    return NotFound("block " + std::to_string(block) + " was not loaded: " + initial_[block].ToString());
+  }
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  auto place = internal::BoardLayerPlace(board, static_cast<uint32_t>(block), layer, device_pool_ != nullptr);
+  if (!place.ok()) {
+    const StatusCode code = place.status().code();
+    if (code == StatusCode::kNotFound || code == StatusCode::kProtocolError) return place.status();
+    return NotFound(place.status().message());  // a failed block
+  }
+  if (place->memory == internal::LayerPlace::Memory::kDevicePool) {
+    return FailedPrecondition("block " + std::to_string(block) +
+                              " is in device memory; use the device destination (LoadOptions::device_dst)");
+  }
+  auto bytes = conn_->Slot(place->block_offset, uint64_t{layers_} * layer_bytes_);
+  // A board scribbled on: nothing is served from it.
+  if (!bytes.ok()) return ProtocolError("block " + std::to_string(block) + " lies outside the arena");
+  return std::span<const std::byte>(bytes->subspan(uint64_t{layer} * layer_bytes_, layer_bytes_));
 }
 
 Status LayerLoad::End() {

@@ -47,6 +47,12 @@ void LoadBoardWriter::SetLoaded(uint32_t block) {
   header_->resolved.fetch_add(1, std::memory_order_acq_rel);
 }
 
+void LoadBoardWriter::SetInDevice(uint32_t block, uint64_t offset) {
+  blocks_[block].offset.store(offset, std::memory_order_release);
+  blocks_[block].state.store(static_cast<uint32_t>(BoardBlockState::kInDevice), std::memory_order_release);
+  header_->resolved.fetch_add(1, std::memory_order_acq_rel);
+}
+
 void LoadBoardWriter::SetFailed(uint32_t block, StatusCode code) {
   blocks_[block].code.store(static_cast<uint32_t>(code), std::memory_order_release);
   blocks_[block].state.store(static_cast<uint32_t>(BoardBlockState::kFailed), std::memory_order_release);

@@ -3,7 +3,7 @@
 // waiting for a layer that is already in place is a memory read, never a
 // round trip.
 //
-// Format (version 1): a LoadBoardHeader (64 bytes), then `blocks`
+// Format (version 2): a LoadBoardHeader (64 bytes), then `blocks`
 // LoadBoardBlock (16 bytes each), in an extent of the host arena that the
 // daemon allocates per load and frees once the client ended the load and no
 // read of it is in flight (the client stops reading it at EndLoad).
@@ -21,6 +21,11 @@
 //   written before it. A failed block's layers are never in place: its
 //   bytes must not be used, also those of layers below `layers_ready` (a
 //   block can fail after some of its layers landed).
+// - kInDevice (version 2): the block is not in the arena but in the
+//   daemon's device pool (the HBM tier, mapped by the client over CUDA
+//   IPC), whole, at `offset` there; it is final like kLoaded and counts as
+//   every layer in place. Only loads that asked for it (the client mapped
+//   the pool) see it; the daemon holds the range until the load ends.
 // - `resolved` counts blocks in a final state; when it equals `blocks`
 //   (and layers_ready == layers, or every block failed) the load is over.
 // - Wake-ups: `layers_ready` is a futex word (FUTEX_WAIT on the shared
@@ -42,7 +47,7 @@
 
 namespace kvtier {
 
-inline constexpr uint32_t kLoadBoardVersion = 1;
+inline constexpr uint32_t kLoadBoardVersion = 2;
 
 struct LoadBoardHeader {
   std::atomic<uint32_t> layers_ready{0};  // the futex word
@@ -56,7 +61,7 @@ struct LoadBoardHeader {
 };
 static_assert(sizeof(LoadBoardHeader) == 64);
 
-enum class BoardBlockState : uint32_t { kLoading = 0, kLoaded = 1, kFailed = 2 };
+enum class BoardBlockState : uint32_t { kLoading = 0, kLoaded = 1, kFailed = 2, kInDevice = 3 };
 
 struct LoadBoardBlock {
   std::atomic<uint32_t> state{0};  // a BoardBlockState
@@ -81,6 +86,8 @@ class LoadBoardWriter {
 
   void SetOffset(uint32_t block, uint64_t offset);
   void SetLoaded(uint32_t block);
+  // The block is whole in the device pool at `offset` (resolved).
+  void SetInDevice(uint32_t block, uint64_t offset);
   void SetFailed(uint32_t block, StatusCode code);
   // Publishes layers_ready = `layers` (only grows) and wakes sleepers.
   void PublishLayers(uint32_t layers);

@@ -88,6 +88,7 @@ struct Counter {
 namespace internal {
 class Connection;
 class DeviceLoadCopier;
+class DevicePoolMapping;
 }
 
 // A block pinned in the daemon's arena, readable in place without a copy.
@@ -265,6 +266,13 @@ struct LoadOptions {
   // default stream) wait for it on the GPU; it returns without waiting
   // for the copy. Not with `dst`. End() waits for the copies in flight
   // (the arena's bytes may be reused once the pins go).
+  // When the daemon runs an HBM tier whose device pool is on this GPU
+  // (the same PCI bus id as `device_ordinal`), the client maps the pool
+  // once per connection (CUDA IPC) and the blocks held there are copied
+  // device to device from it instead of through the arena; they are
+  // whole at once (status Ok, counted as loaded) but have no arena bytes
+  // (TryLayerSpan: FailedPrecondition). If the pool cannot be mapped the
+  // load goes through the arena as above.
   std::vector<void*> device_dst;
   void* cuda_stream = nullptr;
   int device_ordinal = 0;
@@ -316,7 +324,10 @@ class LayerLoad {
   uint32_t layers_ready() const;
   // Block i: Ok while it loads and once loaded; else why it failed
   // (NotFound, IoError, Corruption, NoSpace, InvalidArgument: not a whole
-  // block of the namespace). InvalidArgument for an index out of range.
+  // block of the namespace). A block the daemon hands over in its device
+  // memory (LoadOptions::device_dst) is Ok: whole at once. ProtocolError
+  // when the board contradicts the load (the block is not used).
+  // InvalidArgument for an index out of range.
   Status status(size_t block) const;
   // Whether every block is loaded or failed.
   bool done() const;
@@ -336,8 +347,16 @@ class LayerLoad {
   Status WaitAll();
   // Zero-copy: layer `layer` of block `block` in the arena. Valid after
   // WaitLayer(layer) returned Ok, while status(block) is Ok, until End.
-  // Empty for a failed block, a layer not ready, or indices out of range.
+  // Empty for a failed block, a layer not ready, indices out of range, or
+  // a block in the daemon's device memory (TryLayerSpan says which).
   std::span<const std::byte> LayerSpan(size_t block, uint32_t layer) const;
+  // LayerSpan with the reason when there is no span: InvalidArgument
+  // (indices out of range), NotFound (the block failed, or the layer is
+  // not in place yet), FailedPrecondition (after End; or the block is in
+  // the daemon's device memory, a load with device_dst from the HBM tier:
+  // its bytes reach the device buffers only), ProtocolError (the board
+  // names memory outside the arena).
+  Result<std::span<const std::byte>> TryLayerSpan(size_t block, uint32_t layer) const;
 
   // Ends the load: the daemon drops its pins and its board. Waits for the
   // answer (at most call_timeout). Ok; Unavailable if the connection
@@ -359,6 +378,9 @@ class LayerLoad {
   std::vector<void*> device_dst_;
   void* cuda_stream_ = nullptr;
   std::shared_ptr<internal::DeviceLoadCopier> device_copier_;  // with device_dst_
+  // The connection's mapping of the daemon's device pool (owned by conn_,
+  // which outlives the copies) when this load asked for kInDevice blocks.
+  const internal::DevicePoolMapping* device_pool_ = nullptr;
   std::vector<bool> copied_;  // copy modes: layers copied (or enqueued) into dst_ / device_dst_
   Tier source_ = Tier::kNone;
   std::optional<PreloadPlan> plan_;

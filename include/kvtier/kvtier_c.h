@@ -327,7 +327,11 @@ int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys
 // pointers on device `device_ordinal`, each with room for a whole block;
 // kvtier_wait_layer then enqueues the layer's host-to-device copies and
 // makes `cuda_stream` (a cudaStream_t; NULL: the legacy default stream)
-// wait for them on the GPU, without waiting on the host.
+// wait for them on the GPU, without waiting on the host. Blocks the
+// daemon holds in GPU memory on that device (its HBM tier) are copied
+// device to device instead, from a mapping of the daemon's device pool
+// the client opens once per connection; they have no arena bytes
+// (kvtier_load_layer_span: KVTIER_FAILED_PRECONDITION).
 // KVTIER_UNIMPLEMENTED when libkvtier_client was built without CUDA,
 // KVTIER_UNAVAILABLE without a usable device.
 int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
@@ -350,7 +354,11 @@ size_t kvtier_load_usable_prefix(const kvtier_layer_load* load);
 // Zero-copy: `*data` is layer `layer` of block `block` in the arena
 // (layer_bytes long, read-only), valid after kvtier_wait_layer(layer) and
 // until kvtier_end_load. KVTIER_NOT_FOUND for a failed block or a layer not
-// in place, KVTIER_INVALID_ARGUMENT for indices out of range.
+// in place, KVTIER_INVALID_ARGUMENT for indices out of range,
+// KVTIER_FAILED_PRECONDITION for a block of a kvtier_begin_load_device load
+// that the daemon hands over in its device memory (the HBM tier: its
+// bytes reach the device buffers only, never the arena),
+// KVTIER_PROTOCOL_ERROR when the load board names memory outside the arena.
 int kvtier_load_layer_span(const kvtier_layer_load* load, size_t block, uint32_t layer, const void** data);
 // The depth plan of a load begun with compute_us_per_layer > 0;
 // KVTIER_NOT_FOUND otherwise.
