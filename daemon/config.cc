@@ -47,6 +47,21 @@ constexpr OptionSpec kOptions[] = {
      "Hash every committed block even when the client sent its checksum, failing a mismatch (one more pass over "
      "the bytes per put); false trusts the client's checksum, which demotion and verifying readers still check.",
      &DaemonConfig::host_verify_commits, nullptr},
+    {"hbm.enabled", OptionType::kChoice, "\"auto\"", 0, 0, "auto|on|off", false,
+     "The HBM tier (spare GPU memory above the host tier): auto runs it when the daemon is built with CUDA and "
+     "the GPU is there (else it logs why and runs without); on fails start-up instead; off never uses a GPU.",
+     nullptr, &DaemonConfig::hbm_enabled},
+    {"hbm.device", OptionType::kInt, "0", 0, 1023, "", false,
+     "CUDA ordinal of the GPU whose memory the HBM tier takes (as this process sees it: CUDA_VISIBLE_DEVICES "
+     "renumbers).",
+     &DaemonConfig::hbm_device, nullptr},
+    {"hbm.capacity_bytes", OptionType::kBytes, "\"4GiB\"", 1 * kMiB, 16 * kTiB, "", false,
+     "Device memory the HBM tier allocates at start, once; leave it out of the inference engine's own share "
+     "(vLLM's gpu_memory_utilization).",
+     &DaemonConfig::hbm_capacity_bytes, nullptr},
+    {"hbm.staging_bytes", OptionType::kBytes, "\"64MiB\"", 1 * kMiB, 64 * kGiB, "", false,
+     "Page-locked host memory for the HBM tier's copies; a block larger than 3/4 of it never goes up.",
+     &DaemonConfig::hbm_staging_bytes, nullptr},
     {"nvme.path", OptionType::kString, "\"\"", 0, 0, "", false,
      "File or block device of the NVMe tier; empty runs without one.",
      nullptr, &DaemonConfig::nvme_path, /*may_be_empty=*/true},

@@ -26,6 +26,11 @@ struct DaemonConfig {
   int64_t host_directory = 0;        // bool
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
   int64_t host_verify_commits = 0;   // bool
+  // [hbm]
+  std::string hbm_enabled;        // "auto" | "on" | "off"
+  int64_t hbm_device = 0;
+  int64_t hbm_capacity_bytes = 0;
+  int64_t hbm_staging_bytes = 0;
   // [nvme]
   std::string nvme_path;          // empty: no NVMe tier
   int64_t nvme_capacity_bytes = 0;

@@ -60,7 +60,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host,
-                                               const Clock& clock, std::vector<LowerTier> below) {
+                                               const Clock& clock, std::vector<LowerTier> below,
+                                               BlockTier* above) {
   if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
     return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
   }
@@ -91,6 +92,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
         if (gate->engine != nullptr) gate->engine->DemoteBelow(level, block, payload);
       });
     }
+  }
+  if (above != nullptr) {
+    engine->above_ = std::make_unique<Above>();
+    engine->above_->source.tier = above;
+    engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
   }
   engine->sink_gate_->engine = engine.get();
   return engine;
@@ -123,6 +129,18 @@ std::optional<Engine::Located> Engine::FindBelow(const BlockKey& key, const Name
   return std::nullopt;
 }
 
+std::optional<Engine::Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {
+  if (above_ != nullptr) {
+    std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
+    if (info && info->ns == ns) return Located{kAboveLevel, *info};
+  }
+  return FindBelow(key, ns);
+}
+
+Engine::Below& Engine::SourceAt(size_t level) {
+  return level == kAboveLevel ? above_->source : *below_[level];
+}
+
 BlockTier& Engine::host_tier() { return *host_block_tier_; }
 
 void Engine::WaitForIdle() {
@@ -134,6 +152,14 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
   LookupOutcome out;
   out.tiers.reserve(keys.size());
   for (const BlockKey& key : keys) {
+    if (above_ != nullptr) {
+      std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
+      if (info && info->ns == ns) {
+        out.tiers.push_back(above_->source.tier->kind());
+        Bump(above_->source.lookup_hits);
+        continue;
+      }
+    }
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
@@ -384,7 +410,7 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
     if (!layers.whole()) {
       // Not in the host tier (or still being promoted): read just the
       // layers from below, which keeps its copy while a promotion runs.
-      std::optional<Located> below = FindBelow(key, ns);
+      std::optional<Located> below = FindOutside(key, ns);
       if (!below) {
         batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
         Bump(counters_.pin_misses);
@@ -404,7 +430,7 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
       continue;
     }
     std::optional<Located> below;
-    if (it == shard.index.end()) below = FindBelow(key, ns);
+    if (it == shard.index.end()) below = FindOutside(key, ns);
     if (!below) {
       batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
       Bump(counters_.pin_misses);
@@ -521,6 +547,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
       auto info = b->tier->Find(key);
       if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
     }
+    if (above_ != nullptr && EraseAbove(ns, key, moving)) found = true;
     if (found || moving) ++erased;
   }
   Bump(counters_.erases, static_cast<int64_t>(erased));

@@ -18,6 +18,15 @@
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
 // A connection's uncommitted reservations and leases die with CloseConnection.
 //
+// A tier above the host (the HBM tier, engine_above.cc), when there is
+// one: blocks that layer-wise loads into GPU memory read (a hit: reuse
+// evidence) are copied up on the `engine.above_io` mover, and such loads
+// get them in place (BlockTier::HoldInPlace: the client copies device to
+// device). It is an LRU of its own; a victim no other tier holds is
+// demoted into the host tier first (the HBM tier's evictions demote to
+// host). Lookup reports it first; a pin of a block held only there reads
+// it back into the host tier like a promotion from below.
+//
 // Placement with tiers below the host:
 // - Demotion: an evicted host block goes to the first tier below whose
 //   admission takes it (copied into the tier's staging, then written;
@@ -35,8 +44,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <limits>
+#include <list>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -168,8 +180,11 @@ class Engine {
   // `host`, `clock` and every tier of `below` (highest first) are borrowed
   // and must outlive the Engine. InvalidArgument for a bad shard count or
   // policy name.
+  // `above`, if not null, is the tier stacked above the host (borrowed
+  // likewise).
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
-                                                const Clock& clock, std::vector<LowerTier> below);
+                                                const Clock& clock, std::vector<LowerTier> below,
+                                                BlockTier* above = nullptr);
   // Create with at most one tier below the host (null: none), admitting
   // with options.admission and options.dwpd.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
@@ -287,10 +302,17 @@ class Engine {
   };
   static constexpr size_t kMaxLoadsPerConnection = 64;
   static constexpr size_t kMaxLoadBlocks = size_t{1} << 16;
+  //
+  // With `in_place` (the client maps the memory of the tier above the
+  // host) a block held there with the namespace's layout is not copied:
+  // the board says kInDevice with its offset in that memory, held until
+  // the load ends; the others load as above and, once loaded, are offered
+  // to the tier above (copied up off the request path).
   // InvalidArgument (no keys, too many, a namespace without a layout),
   // Busy (the connection holds kMaxLoadsPerConnection loads), NoSpace (no
   // room for the board).
-  Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                              bool in_place = false);
   // Ends a load: its pins go, and its board once no read of it is in
   // flight (the client must not read the board afterwards). NotFound for a
   // load this connection does not hold. CloseConnection ends them all.
@@ -342,14 +364,21 @@ class Engine {
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
-  // A block found below the host tier: the highest tier holding it.
+  // A block found outside the host tier: the tier holding it.
+  static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();
   struct Located {
-    size_t level = 0;  // index into below_
+    size_t level = 0;  // index into below_, or kAboveLevel
     BlockTier::BlockInfo info;
   };
   // The highest tier below the host holding `key` under `ns`. Takes only
   // the tiers' leaf locks (callable under a shard lock).
   std::optional<Located> FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const;
+  // Where a pin of `key` missing from the host tier reads it from: the
+  // tier above (the fastest) if it holds it, else FindBelow.
+  std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const;
+  struct Below;
+  // The record of the tier a Located names.
+  Below& SourceAt(size_t level);
 
   EngineShard& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
@@ -438,7 +467,6 @@ class Engine {
   // (reads in flight together each take longer than the tier's rate
   // says). Every read started calls ReadEnded once (0 bytes: failed).
   static constexpr uint64_t kBandwidthSampleBytes = 64ull << 20;
-  struct Below;
   void ReadStarted(Below& below);
   void ReadEnded(Below& below, uint64_t bytes);
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed,
@@ -455,6 +483,23 @@ class Engine {
   // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
   bool TakeTransient(uint64_t bytes);
   void EndTransient(uint64_t bytes);
+  // The tier above the host (engine_above.cc). AboveHold holds `key` in
+  // place there for a load (use: LRU), if it is stored under `ns`.
+  std::optional<BlockTier::InPlace> AboveHold(const NamespaceFingerprint& ns, const BlockKey& key);
+  // Queues a copy of host block `key` up (once; skipped when the queue is
+  // full). CopyUp and EvictAboveOne run on above_io_ only; CopyUp says
+  // whether it started a write (whose completion then ends the offer).
+  void OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key);
+  bool CopyUp(const NamespaceFingerprint& ns, const BlockKey& key);
+  // Makes room above: the least recently used block goes, demoted into the
+  // host tier first unless another tier holds it. False: nothing to evict.
+  bool EvictAboveOne();
+  // Forgets `key` above (Erase), cancelling a copy up of it; true when a
+  // stored block went. Takes only leaf locks.
+  bool EraseAbove(const NamespaceFingerprint& ns, const BlockKey& key, bool moving);
+  // Marks `key` recently used above, if it is there.
+  void TouchAbove(const BlockKey& key);
+
   // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
@@ -486,6 +531,24 @@ class Engine {
     std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
   };
   std::vector<std::unique_ptr<Below>> below_;
+  // The tier above the host: its source record (read meter, lookup hits)
+  // and its LRU. Null without one.
+  struct Above {
+    Below source;
+    std::mutex mu;  // a leaf
+    std::list<BlockKey> lru;  // guarded by mu: most recently used first
+    struct Resident {
+      NamespaceFingerprint ns;
+      std::list<BlockKey>::iterator at;
+    };
+    std::unordered_map<BlockKey, Resident> resident;  // guarded by mu
+    std::unordered_set<BlockKey> offered;    // guarded by mu: copies up queued, running or being written
+    std::unordered_set<BlockKey> cancelled;  // guarded by mu: offered keys erased meanwhile
+    std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
+    std::atomic<int64_t> copies_up{0}, copy_up_skips{0}, copy_up_failures{0}, offers_dropped{0};
+    std::atomic<int64_t> evictions{0}, demotions_to_host{0}, demotion_failures{0}, in_place_blocks{0};
+  };
+  std::unique_ptr<Above> above_;
   std::once_flag host_copy_measured_;
   double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
   const uint64_t lookahead_us_;
@@ -583,6 +646,9 @@ class Engine {
   // completions run on (destroyed, so joined, before the face).
   std::unique_ptr<HostBlockTier> host_block_tier_;
   std::unique_ptr<Mover> host_io_;
+  // Copies up and evictions of the tier above (when there is one); first
+  // to go (joined before the rest is destroyed).
+  std::unique_ptr<Mover> above_io_;
 };
 
 }  // namespace kvtier

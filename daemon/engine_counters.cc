@@ -108,6 +108,31 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     v.Visit("engine." + name + "_demotions_in", load(b->demotions_in));
     v.Visit("engine." + name + "_evictions_dropped", load(b->demotion_drops));
   }
+  // The tier above: engine.<tier>_copies_up (blocks copied up from the
+  // host tier after a load into GPU memory hit them), _copy_up_skips
+  // (left the host tier first), _copy_up_failures, _offers_dropped (its
+  // mover's queue was full), _evictions, _demotions_to_host (evicted
+  // blocks no other tier held, written into the host tier),
+  // _demotion_failures, _in_place_blocks (load blocks handed out in place),
+  // _lookup_hits.
+  if (above_ != nullptr) {
+    const std::string name = "engine." + std::string(above_->source.tier->name());
+    v.Visit(name + "_copies_up", load(above_->copies_up));
+    v.Visit(name + "_copy_up_skips", load(above_->copy_up_skips));
+    v.Visit(name + "_copy_up_failures", load(above_->copy_up_failures));
+    v.Visit(name + "_offers_dropped", load(above_->offers_dropped));
+    v.Visit(name + "_evictions", load(above_->evictions));
+    v.Visit(name + "_demotions_to_host", load(above_->demotions_to_host));
+    v.Visit(name + "_demotion_failures", load(above_->demotion_failures));
+    v.Visit(name + "_in_place_blocks", load(above_->in_place_blocks));
+    v.Visit(name + "_lookup_hits", load(above_->source.lookup_hits));
+    {
+      std::lock_guard lock(bandwidth_mu_);
+      v.Visit(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_bandwidth.bytes_per_s()));
+    }
+    above_io_->VisitCounters(v);
+    above_->source.tier->VisitCounters(v);
+  }
   host_.VisitCounters(v);
   for (const auto& b : below_) {
     b->tier->VisitCounters(v);

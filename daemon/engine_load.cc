@@ -45,6 +45,12 @@ struct Engine::LoadRecord {
   std::vector<uint32_t> pending;  // per layer: blocks neither with it in place nor failed
   std::vector<uint8_t> counted;   // block * layers + layer: taken out of `pending`
   std::vector<LeaseId> leases;    // per block: the load's pin, 0 for none
+  // In place (BeginLoad's `in_place`): the keys, and the blocks held in
+  // the tier above at their offsets there (released at the end).
+  bool in_place = false;
+  NamespaceFingerprint ns;
+  std::vector<BlockKey> keys;
+  std::vector<std::pair<size_t, uint64_t>> held;
   size_t unresolved = 0;          // blocks not yet loaded or failed
   uint32_t ready = 0;             // layers published
   bool ended = false;
@@ -104,7 +110,7 @@ struct Engine::LayerStream {
 };
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
-                                            std::span<const BlockKey> keys) {
+                                            std::span<const BlockKey> keys, bool in_place) {
   if (keys.empty()) return InvalidArgument("a load needs at least one key");
   if (keys.size() > kMaxLoadBlocks) {
     return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
@@ -123,6 +129,11 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   load->connection = connection;
   load->layers = layout.layer_count;
   load->layer_bytes = layout.block_bytes / layout.layer_count;
+  load->in_place = in_place && above_ != nullptr;
+  if (load->in_place) {
+    load->ns = ns;
+    load->keys.assign(keys.begin(), keys.end());
+  }
   {
     std::lock_guard lock(loads_mu_);
     auto& open = loads_[connection];
@@ -156,11 +167,39 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   Bump(counters_.loads);
   Bump(counters_.load_blocks, static_cast<int64_t>(n));
 
+  // Blocks held in place above need no pin; the rest (`pinned`, by their
+  // index in the load) go through ClaimPins.
+  std::vector<size_t> pinned;
+  std::vector<BlockKey> pinned_keys;
+  for (size_t i = 0; i < n; ++i) {
+    std::optional<BlockTier::InPlace> held;
+    if (load->in_place) held = AboveHold(ns, keys[i]);
+    if (held && held->info.payload_bytes == layout.block_bytes && held->info.layer_count == layout.layer_count) {
+      std::lock_guard lock(load->mu);
+      load->held.emplace_back(i, held->offset);
+      load->board.SetInDevice(static_cast<uint32_t>(i), held->offset);
+      for (uint32_t l = 0; l < load->layers; ++l) load->Count(i, l);
+      --load->unresolved;
+      Bump(above_->in_place_blocks);
+      continue;
+    }
+    if (held) above_->source.tier->ReleaseInPlace(keys[i], held->offset);  // not of the layout: load it
+    pinned.push_back(i);
+    pinned_keys.push_back(keys[i]);
+  }
+  {
+    std::lock_guard lock(load->mu);
+    load->Advance();
+  }
+
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
   batch->done = [](std::vector<PinGrant>) {};
-  batch->on_resolve = [this, load](size_t index, const PinGrant& grant) { LoadBlockResolved(load, index, grant); };
-  PinClaims claims = ClaimPins(batch, ns, keys, LayerSpan{});
+  batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
+    LoadBlockResolved(load, pinned[index], grant);
+  };
+  PinClaims claims = ClaimPins(batch, ns, pinned_keys, LayerSpan{});
+  for (PinClaim& c : claims.promote) c.index = pinned[c.index];
 
   LoadStart out;
   out.load = load->id;
@@ -169,9 +208,10 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   out.layers = load->layers;
   out.layer_bytes = load->layer_bytes;
   out.blocks.assign(n, Status::Ok());
-  for (size_t i = 0; i < n; ++i) {
-    if (batch->waiting[i]) continue;
-    const PinGrant& grant = batch->grants[i];
+  for (size_t j = 0; j < pinned.size(); ++j) {
+    if (batch->waiting[j]) continue;
+    const size_t i = pinned[j];
+    const PinGrant& grant = batch->grants[j];
     if (grant.status.ok() && grant.length != layout.block_bytes) {
       out.blocks[i] = InvalidArgument("block " + keys[i].ToHex() + " is " + std::to_string(grant.length) +
                                       " bytes, not a whole block of its namespace (" +
@@ -183,7 +223,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   }
   std::vector<PinClaim> streamed;
   for (const PinClaim& c : claims.promote) {
-    out.source = std::max(out.source, below_[c.from.level]->tier->kind());
+    out.source = std::max(out.source, SourceAt(c.from.level).tier->kind());
     out.below_bytes_per_layer += c.from.info.payload_bytes / std::max<uint32_t>(1, c.from.info.layer_count);
     if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
       streamed.push_back(c);
@@ -199,12 +239,14 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
 
 void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant) {
   LeaseId release = 0;
+  bool offer = false;
   {
     std::lock_guard lock(load->mu);
     const bool whole = grant.length == uint64_t{load->layers} * load->layer_bytes;
     if (grant.status.ok() && whole) {
       load->board.SetOffset(static_cast<uint32_t>(index), grant.offset);
       load->board.SetLoaded(static_cast<uint32_t>(index));
+      offer = load->in_place;
       if (load->ended) {
         release = grant.lease;
       } else {
@@ -221,6 +263,8 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
     load->Advance();
   }
   if (release != 0) Release(load->connection, std::span<const LeaseId>(&release, 1));
+  // A hit of a load into GPU memory: worth a copy in the tier above.
+  if (offer) OfferAbove(load->ns, load->keys[index]);
   EndLoadRecord(load);
 }
 
@@ -251,13 +295,16 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
   }
   if (!load) return NotFound("load " + std::to_string(id) + " is not open on this connection");
   std::vector<LeaseId> leases;
+  std::vector<std::pair<size_t, uint64_t>> held;
   {
     std::lock_guard lock(load->mu);
     load->ended = true;
     for (LeaseId& lease : load->leases) {
       if (lease != 0) leases.push_back(std::exchange(lease, 0));
     }
+    held.swap(load->held);
   }
+  for (const auto& [index, offset] : held) above_->source.tier->ReleaseInPlace(load->keys[index], offset);
   if (!leases.empty()) Release(connection, leases);
   EndLoadRecord(load);
   return Status::Ok();
@@ -327,10 +374,10 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       ++stream->in_flight;
       ++stream->next;
       const size_t block = item % n;
-      BlockTier& tier = *below_[b.level]->tier;
+      BlockTier& tier = *SourceAt(b.level).tier;
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
-      Below& below = *below_[b.level];
+      Below& below = SourceAt(b.level);
       lock.unlock();
       ReadStarted(below);
       Status started = tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
@@ -395,7 +442,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
 
 void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
                             Result<size_t> read) {
-  ReadEnded(*below_[stream->blocks[block].level], read.ok() ? *read : 0);
+  ReadEnded(SourceAt(stream->blocks[block].level), read.ok() ? *read : 0);
   bool landed = false;
   bool finish = false;
   Status outcome = Status::Ok();

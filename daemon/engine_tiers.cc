@@ -68,7 +68,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
   }
   Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
   if (!extent.ok()) return finish(extent.status(), {});
-  Below& below = *below_[from.level];
+  Below& below = SourceAt(from.level);
   ReadStarted(below);
   Status started = below.tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
                                     [this, &below, finish, extent = *extent, bytes](Result<size_t> r) {
@@ -91,7 +91,7 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   const uint64_t checksum = from.info.payload_checksum;
   Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
-  Below& below = *below_[from.level];
+  Below& below = SourceAt(from.level);
   ReadStarted(below);
   Status started = below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
                                     [this, &below, key, extent = *extent, checksum](Result<size_t> r) {

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/hbm_setup.h"
 #include "daemon/tier_stack.h"
 #include "daemon/server.h"
 
@@ -54,13 +55,19 @@ int Serve(const DaemonConfig& config) {
     spdlog::critical("{}", stack.status().ToString());
     return 1;
   }
+  auto hbm = OpenHbmTier(config);
+  if (!hbm.ok()) {
+    spdlog::critical("{}", hbm.status().ToString());
+    return 1;
+  }
+  if (!hbm->why_not.empty()) spdlog::warn("{}", hbm->why_not);
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
   engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   engine_options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
   engine_options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);
   engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
   engine_options.verify_commits = config.host_verify_commits != 0;
-  auto engine = Engine::Create(engine_options, **host, clock, stack->lower);
+  auto engine = Engine::Create(engine_options, **host, clock, stack->lower, hbm->tier.get());
   if (!engine.ok()) {
     spdlog::critical("engine: {}", engine.status().ToString());
     return 1;
@@ -68,7 +75,7 @@ int Serve(const DaemonConfig& config) {
   ServerOptions server_options{config.socket_path, static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
                                static_cast<uint32_t>(config.drain_timeout_ms),
-                               static_cast<uint32_t>(config.spin_wait_us)};
+                               static_cast<uint32_t>(config.spin_wait_us), hbm->offer};
   auto server = Server::Start(server_options, **engine, **host);
   if (!server.ok()) {
     spdlog::critical("server: {}", server.status().ToString());
@@ -81,7 +88,8 @@ int Serve(const DaemonConfig& config) {
                (*host)->directory() != nullptr
                    ? std::to_string((*host)->directory()->bytes()) + " bytes"
                    : std::string("off"));
-  std::string tiers = "host";
+  if (hbm->tier != nullptr) spdlog::info("tier hbm: {}", hbm->description);
+  std::string tiers = hbm->tier != nullptr ? "hbm host" : "host";
   for (const auto& tier : stack->tiers) tiers += " " + std::string(tier->name());
   std::printf("socket: %s\ntiers: %s\n", (*server)->socket_path().c_str(), tiers.c_str());
   std::fflush(stdout);

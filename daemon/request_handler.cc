@@ -95,6 +95,12 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
   body->set_max_frame_bytes(context_.max_frame_bytes);
   body->set_daemon_version(KVTIER_VERSION);
   body->set_directory_bytes(context_.directory_fd >= 0 ? context_.directory_bytes : 0);
+  if (!context_.device_pool.ipc_handle.empty()) {
+    auto* pool = body->mutable_device_pool();
+    pool->set_ipc_handle(context_.device_pool.ipc_handle);
+    pool->set_bytes(context_.device_pool.bytes);
+    pool->set_pci_bus_id(context_.device_pool.pci_bus_id);
+  }
   SetStatus(response, Status::Ok());
   return {.attach_arena_fd = true};
 }
@@ -296,7 +302,7 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
   if (!(compute_us >= 0) || compute_us > 1e12) {
     return SetStatus(response, InvalidArgument("compute_us_per_layer must be a time >= 0"));
   }
-  auto started = context_.engine->BeginLoad(connection_, *ns, *keys);
+  auto started = context_.engine->BeginLoad(connection_, *ns, *keys, r.device_pool());
   if (!started.ok()) return SetStatus(response, started.status());
   auto* body = response.mutable_begin_load();
   body->set_load_id(started->load);

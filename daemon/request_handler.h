@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "daemon/engine.h"
@@ -16,6 +17,15 @@
 namespace kvtier {
 
 // Daemon-wide facts the handler reports in Hello and Stats.
+// What a Hello offers of the tier above the host (the HBM tier's device
+// pool, daemon/hbm_setup.h): its CUDA IPC handle's bytes (empty: no such
+// tier), size and GPU.
+struct DevicePoolOffer {
+  std::string ipc_handle;
+  uint64_t bytes = 0;
+  std::string pci_bus_id;
+};
+
 struct HandlerContext {
   Engine* engine = nullptr;             // borrowed
   uint64_t arena_bytes = 0;
@@ -25,6 +35,8 @@ struct HandlerContext {
   int arena_fd = -1;
   int directory_fd = -1;
   uint64_t directory_bytes = 0;
+  // The HBM tier's device pool, offered in Hello (empty handle: none).
+  DevicePoolOffer device_pool;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
 };

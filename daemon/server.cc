@@ -95,6 +95,7 @@ Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
     context_.directory_bytes = host.directory()->bytes();
   }
   context_.max_frame_bytes = options.max_frame_bytes;
+  context_.device_pool = options.device_pool;
   context_.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
 }
 

@@ -29,6 +29,7 @@ struct ServerOptions {
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t drain_timeout_ms = 5000;
   uint32_t spin_wait_us = 50;  // see RunPolling in server.cc
+  DevicePoolOffer device_pool;
 };
 
 class Server {

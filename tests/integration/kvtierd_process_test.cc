@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <fstream>
 #include <future>
+#include <sstream>
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
@@ -96,6 +98,41 @@ TEST(KvtierdProcess, SecondDaemonOnTheSameSocketRefuses) {
   CommandResult r = RunCommand({KVTIERD_PATH, "--config", path});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("already listening"), std::string::npos) << r.output;
+  RemoveTree(dir);
+}
+
+// hbm.enabled = auto (the default): with a GPU the HBM tier runs; without
+// one (or without CUDA in the build) kvtierd says why in one warning and
+// serves without it. hbm.enabled = on makes the missing GPU fatal.
+TEST(KvtierdProcess, WithoutAGpuTheHbmTierIsLoggedAndLeftOut) {
+  DaemonProcess daemon(KVTIERD_PATH, "", kSmallArena);
+  ASSERT_TRUE(daemon.running());
+  ClientOptions options;
+  options.socket_path = daemon.socket_path();
+  options.namespaces = {TestNamespace()};
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto keys = TestKeys(TestNamespace(), 1, 2);
+  std::vector<std::byte> block(64 << 10);
+  FillBlockBytes(keys[0], 0, block);
+  ASSERT_TRUE((*client)->Put(0, keys[0], block).ok());
+  std::stringstream log;
+  log << std::ifstream(daemon.log_path()).rdbuf();
+  const bool with_gpu = log.str().find("tier hbm: ") != std::string::npos;
+  if (with_gpu) {
+    EXPECT_EQ(log.str().find("hbm tier (hbm.enabled = auto): "), std::string::npos) << log.str();
+    return;
+  }
+  EXPECT_NE(log.str().find("hbm tier (hbm.enabled = auto): "), std::string::npos) << log.str();
+
+  std::string dir = MakeTempDir();
+  std::string path = dir + "/hbm_on.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fprintf(f, "[server]\nsocket_path = \"%s/s.sock\"\n%s[hbm]\nenabled = \"on\"\n", dir.c_str(), kSmallArena);
+  std::fclose(f);
+  CommandResult r = RunCommand({KVTIERD_PATH, "--config", path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("hbm tier (hbm.enabled = on): "), std::string::npos) << r.output;
   RemoveTree(dir);
 }
 
