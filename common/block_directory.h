@@ -52,7 +52,7 @@ struct DirectoryHeader {
   std::atomic<uint64_t> shift_epoch{0};
   std::atomic<uint64_t> entries{0};      // published blocks
   std::atomic<uint64_t> unpublished{0};  // committed blocks the table had no room for
-  std::atomic<uint64_t> lower_tiers{0};  // 1: a host miss may still be cached below
+  std::atomic<uint64_t> lower_tiers{0};  // 1: a host miss may still be cached in another tier (below or above)
   uint64_t reserved[2] = {};
 };
 static_assert(sizeof(DirectoryHeader) == 64);

@@ -80,7 +80,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     level->admission = std::move(made).value();
     engine->below_.push_back(std::move(level));
   }
-  if (host.directory() != nullptr) host.directory()->SetLowerTiers(!below.empty());
+  if (host.directory() != nullptr) host.directory()->SetLowerTiers(!below.empty() || above != nullptr);
   for (size_t level = 0; level < engine->below_.size(); ++level) {
     BlockTier& tier = *engine->below_[level]->tier;
     // The tier asks from under its own lock; QueuedKeys' lock is a leaf.

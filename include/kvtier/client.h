@@ -413,7 +413,11 @@ class Client {
   // The whole arena mapping, for one cudaHostRegister at start-up.
   std::span<std::byte> arena() const;
 
-  // Longest cached prefix of `keys` and the tier of each hit block.
+  // Longest cached prefix of `keys` and the tier of each hit block: the
+  // fastest tier holding it, except that a lookup answered from the block
+  // directory (ClientOptions::use_directory) reports kHost for a block in
+  // both the host and the HBM tier (the directory knows host blocks only;
+  // a load into GPU memory still gets such a block from HBM).
   Result<LookupResult> Lookup(NamespaceId ns, std::span<const BlockKey> keys);
   std::future<Result<LookupResult>> LookupAsync(NamespaceId ns, std::vector<BlockKey> keys);
 

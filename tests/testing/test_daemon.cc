@@ -125,7 +125,9 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   engine_options.demotion_buffer_bytes = options.demotion_buffer_bytes;
   engine_options.admission = options.nvme_admission;
   engine_options.dwpd = dwpd;
-  auto engine = Engine::Create(engine_options, *host_, clock_, nvme_.get());
+  std::vector<LowerTier> below;
+  if (nvme_ != nullptr) below.push_back(LowerTier{nvme_.get(), options.nvme_admission, dwpd});
+  auto engine = Engine::Create(engine_options, *host_, clock_, std::move(below), options.above);
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();
     std::abort();

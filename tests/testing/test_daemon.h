@@ -54,6 +54,9 @@ struct TestDaemonOptions {
   ReclaimOrder nvme_eviction = NvmeTierOptions{}.reclaim;
   double nvme_reinsert_share = NvmeTierOptions{}.reinsert_share;
   uint64_t demotion_buffer_bytes = EngineOptions{}.demotion_buffer_bytes;
+  // A tier stacked above the host (the HBM tier's place; a MapTier in
+  // tests without a GPU), borrowed: it must outlive the TestDaemon.
+  BlockTier* above = nullptr;
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.
