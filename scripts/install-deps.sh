@@ -12,6 +12,9 @@ packages=(
   redis-server redis-tools fio
   clang libclang-rt-14-dev
   librsvg2-bin  # rsvg-convert: look at `kvtier replay --plot` SVGs as PNG
+  # The Python binding (python/) and its tests, for Debian's /usr/bin/python3;
+  # torch (CPU) runs the real-model test of the engine connectors.
+  python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-xxhash python3-torch
 )
 
 missing=()

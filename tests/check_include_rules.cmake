@@ -2,7 +2,7 @@
 # #include of every source folder. Run as: cmake -DSOURCE_DIR=... -P this.
 # A folder may include its own headers, std/system headers and the folders
 # listed for it below; anything else of ours is a violation.
-set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;tools/;tests/")
+set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;tools/;tests/;python/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
 set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
 set(allowed_common "kvtier/;common/")
@@ -13,6 +13,7 @@ set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/pre
 set(allowed_daemon "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/")
 set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
 set(allowed_tools "kvtier/;common/;policy/;tiers/;tools/")
+set(allowed_python "kvtier/;python/")  # the binding sees only the public API
 # Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
 # CUDA headers stay out of the public API, common/ and policy/).
 set(banned_policy "asio;thread;mutex;sys/;unistd.h;liburing.h;rocksdb/;google/protobuf;cuda")
@@ -20,9 +21,10 @@ set(banned_tiers "asio;google/protobuf")
 set(banned_common "asio;google/protobuf;cuda")
 set(banned_gpu "asio;google/protobuf;spdlog;toml")
 set(banned_include_kvtier "asio;google/protobuf;spdlog;toml;cuda")
+set(banned_python "asio;google/protobuf;spdlog;toml;cuda")
 
 set(violations "")
-foreach(folder include_kvtier common policy gpu tiers proto daemon client_lib tools)
+foreach(folder include_kvtier common policy gpu tiers proto daemon client_lib tools python)
   if(folder STREQUAL "include_kvtier")
     set(dir "${SOURCE_DIR}/include/kvtier")
   else()

@@ -1,0 +1,2 @@
+"""Adapters for inference engines: vLLM (kvtier.integrations.vllm) and SGLang
+(kvtier.integrations.sglang). See docs/INTEGRATIONS.md."""

@@ -1,0 +1,112 @@
+"""Fixtures of the Python suite: a real kvtierd child on a private socket.
+
+ctest runs this suite with /usr/bin/python3 -m pytest and sets
+PYTHONPATH (the built package), KVTIERD (the daemon binary) and
+KVTIER_SOURCE_DIR. Each daemon gets a fresh temporary directory and is
+stopped with SIGTERM at the end of its test.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import kvtier
+
+KVTIERD = os.environ.get("KVTIERD", "")
+SOURCE_DIR = Path(os.environ.get("KVTIER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+
+
+class Daemon:
+    """A kvtierd child process. `restart()` stops it and starts a new one on
+    the same configuration (the NVMe tier's file and index survive)."""
+
+    def __init__(self, directory: Path, host_bytes: int, nvme_bytes: int, extra: str):
+        self.directory = directory
+        self.socket_path = str(directory / "kvtierd.sock")
+        self.config = directory / "kvtierd.toml"
+        nvme = ""
+        if nvme_bytes:
+            nvme = (f'[nvme]\npath = "{directory / "nvme.dat"}"\ncapacity_bytes = {nvme_bytes}\n'
+                    f'region_bytes = "4MiB"\nadmission = "all"\n')
+        self.config.write_text(
+            f'[server]\nsocket_path = "{self.socket_path}"\n'
+            f'[host]\ncapacity_bytes = {host_bytes}\nlock_memory = "off"\n'
+            f'[hbm]\nenabled = "off"\n' + nvme + extra)
+        self.proc = None
+        self.log = directory / "kvtierd.log"
+        self.start()
+
+    def start(self):
+        if not KVTIERD:
+            pytest.skip("KVTIERD is not set: run the suite through ctest")
+        log = open(self.log, "ab")
+        self.proc = subprocess.Popen([KVTIERD, "--config", str(self.config)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvtierd exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.socket_path)
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("kvtierd did not listen within 30 s")
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        assert rc == 0, f"kvtierd exited with {rc}:\n{self.log.read_text()}"
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def make_daemon():
+    # A short private directory: a Unix socket path must fit in 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="kvtier-py-"))
+    daemons = []
+
+    def make(host_bytes=64 << 20, nvme_bytes=0, extra=""):
+        directory = root / f"d{len(daemons)}"
+        directory.mkdir()
+        daemons.append(Daemon(directory, host_bytes, nvme_bytes, extra))
+        return daemons[-1]
+
+    yield make
+    try:
+        for d in daemons:
+            d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    return make_daemon()
+
+
+def test_namespace(revision="rev-1", block_tokens=16, layer_count=4, bytes_per_token_per_layer=64):
+    """A valid namespace; blocks are block_tokens * layer_count * bytes_per_token_per_layer bytes."""
+    return kvtier.Namespace(model_id="test/model", model_revision=revision, kv_dtype="fp32",
+                            block_tokens=block_tokens, layer_count=layer_count,
+                            bytes_per_token_per_layer=bytes_per_token_per_layer)
+
+
+test_namespace.__test__ = False  # a helper, not a test

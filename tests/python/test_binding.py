@@ -1,0 +1,281 @@
+"""The binding's surface against a real kvtierd: errors, keys, copies,
+zero-copy views and their lifetimes, batch calls, layer-wise I/O, queue
+hints and the GIL."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvtier
+from conftest import test_namespace
+
+
+def block_bytes(ns, seed):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, ns.block_bytes, dtype=np.uint8)
+
+
+def keys_of(ns, n_blocks, first_token=0):
+    tokens = np.arange(first_token, first_token + n_blocks * ns.block_tokens, dtype=np.uint32)
+    return kvtier.ChainHasher(ns).keys(tokens)
+
+
+def test_key_hex_round_trip_and_errors_carry_the_status_name():
+    k = kvtier.Key(0x0123456789ABCDEF, 0xFEDCBA9876543210)
+    assert k.hex() == "0123456789abcdeffedcba9876543210"
+    assert kvtier.Key.from_hex(k.hex()) == k
+    assert k.canonical() == bytes.fromhex(k.hex())
+    assert len({k, kvtier.Key.from_hex(k.hex())}) == 1
+    with pytest.raises(kvtier.InvalidArgumentError) as e:
+        kvtier.Key.from_hex("0X0123")
+    assert e.value.code == "invalid_argument"
+    assert isinstance(e.value, kvtier.Error) and isinstance(e.value, ValueError)
+
+
+def test_chain_keys_from_lists_and_arrays_agree_and_extend():
+    ns = test_namespace()
+    h = kvtier.ChainHasher(ns)
+    tokens = list(range(100, 100 + 3 * 16 + 5))
+    keys = h.keys(tokens)
+    assert len(keys) == 3  # the partial block gets no key
+    assert keys == h.keys(np.array(tokens, dtype=np.int64)) == h.keys(np.array(tokens, dtype=np.uint32))
+    assert h.extend(tokens, keys[:1]) == keys
+    assert h.fingerprint == ns.fingerprint()
+    with pytest.raises(kvtier.InvalidArgumentError):
+        h.keys([-1] * 16)
+    with pytest.raises(kvtier.InvalidArgumentError):
+        kvtier.ChainHasher(test_namespace(revision=""))
+
+
+def test_put_get_lookup_and_a_miss_raises_not_found(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 3)
+    data = [block_bytes(ns, i) for i in range(3)]
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        assert c.fingerprints == [ns.fingerprint()]
+        c.put(0, keys[0], data[0])
+        c.put(0, keys[1], data[1].tobytes())
+        hit = c.lookup(0, keys)
+        assert hit.prefix_blocks == 2 and hit.tiers == [kvtier.Tier.HOST] * 2
+        out = bytearray(ns.block_bytes)
+        assert c.get(0, keys[1], out) == ns.block_bytes
+        assert bytes(out) == data[1].tobytes()
+        with pytest.raises(kvtier.NotFoundError) as e:
+            c.get(0, keys[2], out)
+        assert e.value.code == "not_found"
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.get(0, keys[0], bytearray(10))  # too small
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.put(0, keys[2], "not a buffer")
+
+
+def test_batch_calls_report_one_status_per_key(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 4)
+    data = [block_bytes(ns, i) for i in range(4)]
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        put = c.put_batch(0, keys[:3], data[:3], chain=True)
+        assert [s.ok for s in put] == [True] * 3
+        outs = [np.zeros(ns.block_bytes, np.uint8) for _ in keys]
+        got = c.get_batch(0, keys, outs)
+        assert [s.ok for s in got] == [True, True, True, False]
+        assert got[3].code == "not_found" and got[0].value == ns.block_bytes
+        with pytest.raises(kvtier.NotFoundError):
+            got[3].raise_if_error()
+        for i in range(3):
+            assert np.array_equal(outs[i], data[i])
+        assert c.lookup_async(0, keys).result(timeout=10).prefix_blocks == 3
+        assert c.erase(0, keys) == 3
+        assert c.lookup(0, keys).prefix_blocks == 0
+
+
+def test_pinned_views_are_zero_copy_and_end_safely(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 2)
+    data = block_bytes(ns, 7)
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        c.put(0, keys[0], data)
+        items = c.pin(0, keys)
+        assert items[0].ok and not items[1].ok and items[1].code == "not_found"
+        view = items[0]
+        a = np.frombuffer(view.data, dtype=np.uint8)
+        b = np.frombuffer(view.data, dtype=np.uint8)
+        assert a.ctypes.data == b.ctypes.data  # both show the arena's bytes, no copy
+        assert np.array_equal(a, data) and len(view) == ns.block_bytes
+        assert view.data.readonly
+        with pytest.raises((TypeError, ValueError)):
+            a[0] = 1  # read-only
+        assert c.stats()["engine.pinned_blocks"] == 1
+        mv = view.data
+        del a, b
+        view.release()
+        with pytest.raises(ValueError):
+            mv[0]  # a view used after its release raises
+        with pytest.raises(kvtier.FailedPreconditionError):
+            view.data
+        assert c.stats()["engine.pinned_blocks"] == 0
+
+
+def test_an_array_made_from_a_view_keeps_the_pin_until_it_goes(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 1)
+    data = block_bytes(ns, 3)
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        c.put(0, keys[0], data)
+        with c.pin(0, keys)[0] as view:
+            arr = np.frombuffer(view.data, dtype=np.uint8)
+        # The `with` released the view, but the array still reads the arena:
+        # the pin stays, so the block can be neither evicted nor reused.
+        assert c.stats()["engine.pinned_blocks"] == 1
+        assert c.erase(0, keys) == 1
+        for i in range(200):  # refill what the erased block's space could hold
+            c.put(0, keys_of(ns, 1, first_token=10_000 + 16 * i)[0], block_bytes(ns, 100 + i))
+        assert np.array_equal(arr, data)
+        del arr
+        deadline = time.monotonic() + 5
+        while c.stats()["engine.pinned_blocks"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.stats()["engine.pinned_blocks"] == 0
+
+
+def test_reserve_writes_in_place_and_refuses_to_commit_under_a_live_array(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 2)
+    data = [block_bytes(ns, 20 + i) for i in range(2)]
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        res = c.reserve(0, keys, [ns.block_bytes] * 2, chain=True)
+        assert len(res) == 2 and res.status(0).ok
+        arr = np.frombuffer(res.data(0), dtype=np.uint8)
+        arr[:] = data[0]
+        res.data(1)[:] = data[1].tobytes()
+        with pytest.raises(kvtier.FailedPreconditionError):
+            res.commit()  # `arr` could still write after publication
+        del arr
+        assert [s.ok for s in res.commit()] == [True, True]
+        out = np.zeros(ns.block_bytes, np.uint8)
+        for k, d in zip(keys, data):
+            c.get(0, k, out)
+            assert np.array_equal(out, d)
+        # Leaving a `with` without commit aborts: nothing is published.
+        other = keys_of(ns, 1, first_token=5000)
+        with c.reserve(0, other, [ns.block_bytes]) as r:
+            r.data(0)[:] = bytes(ns.block_bytes)
+        assert c.lookup(0, other).prefix_blocks == 0
+        assert c.stats()["engine.reserved_blocks"] == 0
+
+
+def test_layer_save_then_layer_load_copy_and_zero_copy(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 3)
+    layers = [[block_bytes(ns, 100 * b + l)[: ns.layer_bytes] for l in range(ns.layer_count)] for b in range(3)]
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        with c.begin_save(0, keys) as save:
+            assert save.layer_count == ns.layer_count and save.layer_bytes == ns.layer_bytes
+            for l in range(ns.layer_count):
+                if l % 2 == 0:
+                    save.save_layer(l, [layers[b][l] for b in range(3)])
+                else:  # in place
+                    for b in range(3):
+                        save.layer_span(b, l)[:] = layers[b][l].tobytes()
+                    save.layer_written(l)
+            assert [s.ok for s in save.finish()] == [True] * 3
+        whole = [np.concatenate(layers[b]) for b in range(3)]
+        dst = [np.zeros(ns.block_bytes, np.uint8) for _ in keys]
+        with c.begin_load(0, keys, dst=dst) as load:
+            assert load.source == kvtier.Tier.HOST and len(load) == 3
+            for l in range(ns.layer_count):
+                load.wait_layer(l)
+            assert load.done and load.usable_prefix == 3
+        for b in range(3):
+            assert np.array_equal(dst[b], whole[b])
+        with c.begin_load(0, keys) as load:
+            load.wait_all()
+            span = load.layer_span(2, 1)
+            assert bytes(span) == layers[2][1].tobytes()
+        with pytest.raises(ValueError):
+            span[0]  # ended with the load
+        with pytest.raises(kvtier.FailedPreconditionError):
+            load.wait_layer(0)
+
+
+def test_layer_load_reports_failed_blocks_and_bad_arguments(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 2)
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        c.put(0, keys[0], block_bytes(ns, 1))
+        with c.begin_load(0, keys) as load:
+            load.wait_all()
+            assert load.status(0).ok and load.status(1).code == "not_found"
+            assert load.usable_prefix == 1
+            with pytest.raises(kvtier.NotFoundError):
+                load.layer_span(1, 0)
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.begin_load(0, [])
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.begin_load(0, keys, dst=[np.zeros(4, np.uint8)] * 2)
+
+
+def test_queue_hints_reach_the_daemon(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 2)
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        before = c.stats()["engine.enqueues"]
+        c.open_session(7)
+        c.enqueue(1, 0, keys, start_in_s=0.5, session=7)
+        assert c.stats()["engine.enqueues"] == before + 1
+        c.started(1)
+        with pytest.raises(kvtier.NotFoundError):
+            c.finished(1)  # it already left the queue
+        c.close_session(7)
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.open_session(0)
+        plan = c.plan_preload(kvtier.Tier.HOST, 1 << 20, 100.0, 4)
+        assert 1 <= plan.layers_to_preload <= 4
+
+
+def test_blocking_calls_release_the_gil(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 1)
+    c = kvtier.Client(daemon.socket_path, [ns], call_timeout=3.0, use_directory=False)
+    inside, outcome = threading.Event(), []
+
+    def call():
+        inside.set()
+        try:
+            c.lookup(0, keys)
+            outcome.append("answered")
+        except kvtier.TimedOutError:
+            outcome.append("timed out")
+
+    os.kill(daemon.proc.pid, signal.SIGSTOP)  # the daemon cannot answer
+    try:
+        t = threading.Thread(target=call)
+        t.start()
+        assert inside.wait(5)
+        # This thread runs Python while the other waits in the call: it could
+        # not if the call held the GIL (it would return first, timed out).
+        spins = 0
+        while spins < 1000:
+            spins += 1
+        time.sleep(0.2)
+        assert t.is_alive() and outcome == []
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    t.join(10)
+    assert outcome == ["timed out"] or outcome == ["answered"]
+    c.close()
+
+
+def test_a_closed_client_raises_and_a_missing_daemon_is_unavailable(daemon, tmp_path):
+    ns = test_namespace()
+    c = kvtier.Client(daemon.socket_path, [ns])
+    c.close()
+    with pytest.raises(kvtier.FailedPreconditionError):
+        c.lookup(0, keys_of(ns, 1))
+    with pytest.raises(kvtier.UnavailableError) as e:
+        kvtier.Client(str(tmp_path / "nobody.sock"), [ns], connect_timeout=1.0)
+    assert e.value.code == "unavailable" and isinstance(e.value, ConnectionError)
