@@ -114,6 +114,11 @@ NamespaceDescriptor ToDescriptor(const kvtier_namespace& c) {
   d.bytes_per_token_per_layer = c.bytes_per_token_per_layer;
   d.tp_rank = c.tp_rank;
   d.tp_size = c.tp_size;
+  // Appended in key v2: zero / NULL read as the defaults (kvtier_c.h).
+  d.pp_rank = c.pp_rank;
+  d.pp_size = c.pp_size == 0 ? 1 : c.pp_size;
+  d.kv_format_version = c.kv_format_version == 0 ? 1 : c.kv_format_version;
+  d.object_kind = c.object_kind == nullptr ? std::string("kv") : std::string(c.object_kind);
   return d;
 }
 
@@ -192,12 +197,22 @@ int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out) {
 
 int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
                       kvtier_key* out, size_t out_capacity, size_t* out_count) {
+  return kvtier_chain_keys_salted(ns, nullptr, 0, tokens, n_tokens, out, out_capacity, out_count);
+}
+
+int kvtier_chain_keys_salted(const kvtier_namespace* ns, const char* cache_salt, size_t salt_len,
+                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
+                             size_t out_capacity, size_t* out_count) {
   return Guard([&] {
     if (ns == nullptr) return Missing("ns");
     if (out_count == nullptr) return Missing("out_count");
     if (tokens == nullptr && n_tokens > 0) return Missing("tokens");
+    if (cache_salt == nullptr && salt_len > 0) return Missing("cache_salt");
     auto hasher = kvtier::ChainHasher::Create(kvtier::ToDescriptor(*ns));
     if (!hasher.ok()) return Report(hasher.status());
+    kvtier::ChainExtras extras;
+    if (salt_len > 0) extras.cache_salt.assign(cache_salt, salt_len);
+    if (kvtier::Status s = extras.Validate(); !s.ok()) return Report(s);
     const size_t needed = n_tokens / hasher->block_tokens();
     *out_count = needed;
     if (needed > out_capacity) {
@@ -205,8 +220,9 @@ int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t
                                             " < " + std::to_string(needed) + " keys"));
     }
     if (out == nullptr && needed > 0) return Missing("out");
-    std::vector<kvtier::BlockKey> keys = hasher->Keys(std::span<const uint32_t>(tokens, n_tokens));
-    for (size_t i = 0; i < keys.size(); ++i) out[i] = kvtier::ToC(keys[i]);
+    auto keys = hasher->Keys(std::span<const uint32_t>(tokens, n_tokens), extras);
+    if (!keys.ok()) return Report(keys.status());
+    for (size_t i = 0; i < keys->size(); ++i) out[i] = kvtier::ToC((*keys)[i]);
     return KVTIER_OK;
   });
 }

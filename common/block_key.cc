@@ -22,10 +22,13 @@ namespace {
 
 // Magic prefix of the canonical namespace bytes; the version suffix changes
 // whenever the layout below changes.
-constexpr std::string_view kNamespaceMagic = "kvtier-ns-v1";
+constexpr std::string_view kNamespaceMagic = "kvtier-ns-v2";
 
 // Size of the canonical form of a key (and of a fingerprint).
 constexpr size_t kCanonicalKeyBytes = 16;
+
+// Bounds of NamespaceDescriptor::object_kind.
+constexpr size_t kMaxObjectKindBytes = 64;
 
 // Appends `v` as 4 bytes, least significant first.
 void AppendU32Le(std::vector<uint8_t>& out, uint32_t v) {
@@ -46,7 +49,7 @@ void AppendU64Be(std::vector<uint8_t>& out, uint64_t v) {
 // terminator, no normalisation). Strings of 4 GiB or more are a caller bug.
 void AppendString(std::vector<uint8_t>& out, std::string_view s) {
   KVTIER_CHECK(s.size() <= std::numeric_limits<uint32_t>::max(),
-               "namespace string longer than 4 GiB");
+               "hashed string longer than 4 GiB");
   AppendU32Le(out, static_cast<uint32_t>(s.size()));
   out.insert(out.end(), s.begin(), s.end());
 }
@@ -58,17 +61,42 @@ BlockKey Hash128(const std::vector<uint8_t>& bytes) {
   return BlockKey{h.high64, h.low64};
 }
 
+// Appends one extra key: u8 kind, then the payload as a str.
+void AppendExtraKey(std::vector<uint8_t>& out, ExtraKeyKind kind, std::string_view bytes) {
+  out.push_back(static_cast<uint8_t>(kind));
+  AppendString(out, bytes);
+}
+
 // Fills `scratch` with the bytes of one chain link (see ChainKey) and hashes
-// them. `scratch` is reused across links to avoid an allocation per block.
+// them: `salt`, when not empty, is the first extra key (kCacheSalt), then
+// `extras`. No extras at all add no bytes. `scratch` is reused across links
+// to avoid an allocation per block.
 BlockKey ChainKeyInto(std::vector<uint8_t>& scratch, const BlockKey& prev, uint32_t position,
-                      std::span<const uint32_t> tokens) {
+                      std::span<const uint32_t> tokens, std::string_view salt,
+                      std::span<const ExtraKey> extras) {
   scratch.clear();
   scratch.reserve(kCanonicalKeyBytes + 4 + 4 * tokens.size());
   AppendU64Be(scratch, prev.hi);
   AppendU64Be(scratch, prev.lo);
   AppendU32Le(scratch, position);
   for (uint32_t t : tokens) AppendU32Le(scratch, t);
+  const size_t count = (salt.empty() ? 0 : 1) + extras.size();
+  if (count > 0) {
+    KVTIER_CHECK(count <= std::numeric_limits<uint32_t>::max(), "too many extra keys");
+    AppendU32Le(scratch, static_cast<uint32_t>(count));
+    if (!salt.empty()) AppendExtraKey(scratch, ExtraKeyKind::kCacheSalt, salt);
+    for (const ExtraKey& e : extras) AppendExtraKey(scratch, e.kind, e.bytes);
+  }
   return Hash128(scratch);
+}
+
+// True if `s` is 1 to kMaxObjectKindBytes bytes of [a-z0-9_].
+bool IsValidObjectKind(std::string_view s) {
+  if (s.empty() || s.size() > kMaxObjectKindBytes) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
 }
 
 // Value of one hex digit, or -1. Only lower-case digits are accepted: the
@@ -118,8 +146,8 @@ Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
 
 Status NamespaceDescriptor::Validate() const {
   // Checked in declaration order so that the message names the first bad
-  // field; tp_size is checked before tp_rank because "tp_rank < tp_size" is
-  // meaningless when tp_size is 0.
+  // field; tp_size (pp_size) is checked before tp_rank (pp_rank) because
+  // "tp_rank < tp_size" is meaningless when tp_size is 0.
   if (model_id.empty()) return InvalidArgument("model_id must not be empty");
   if (model_revision.empty()) {
     return InvalidArgument("model_revision must not be empty");
@@ -150,6 +178,16 @@ Status NamespaceDescriptor::Validate() const {
     return InvalidArgument("tp_rank must be < tp_size (tp_rank " + std::to_string(tp_rank) +
                            ", tp_size " + std::to_string(tp_size) + ")");
   }
+  if (pp_size == 0) return InvalidArgument("pp_size must be > 0");
+  if (pp_rank >= pp_size) {
+    return InvalidArgument("pp_rank must be < pp_size (pp_rank " + std::to_string(pp_rank) +
+                           ", pp_size " + std::to_string(pp_size) + ")");
+  }
+  if (kv_format_version == 0) return InvalidArgument("kv_format_version must be > 0");
+  if (!IsValidObjectKind(object_kind)) {
+    return InvalidArgument("object_kind must be 1 to " + std::to_string(kMaxObjectKindBytes) +
+                           " bytes of [a-z0-9_] (e.g. \"kv\", \"recurrent_state\")");
+  }
   return Status::Ok();
 }
 
@@ -162,17 +200,50 @@ uint64_t NamespaceDescriptor::LayerBytes() const {
 }
 
 // ---------------------------------------------------------------------------
+// ChainExtras
+
+Status ChainExtras::Validate() const {
+  if (cache_salt.size() > kMaxExtraKeyBytes) {
+    return InvalidArgument("cache_salt is " + std::to_string(cache_salt.size()) +
+                           " bytes, at most " + std::to_string(kMaxExtraKeyBytes));
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string where = "extra keys of block " + std::to_string(i);
+    if (blocks[i].size() > kMaxExtraKeysPerBlock) {
+      return InvalidArgument(where + ": " + std::to_string(blocks[i].size()) + " keys, at most " +
+                             std::to_string(kMaxExtraKeysPerBlock));
+    }
+    for (size_t j = 0; j < blocks[i].size(); ++j) {
+      const ExtraKey& e = blocks[i][j];
+      const std::string entry = where + ", entry " + std::to_string(j);
+      if (e.kind != ExtraKeyKind::kMultimodal && e.kind != ExtraKeyKind::kPromptEmbeds) {
+        return InvalidArgument(entry + ": kind " + std::to_string(static_cast<int>(e.kind)) +
+                               " is not multimodal (2) or prompt embeds (3); the cache salt "
+                               "goes in cache_salt");
+      }
+      if (e.bytes.empty()) return InvalidArgument(entry + ": empty payload");
+      if (e.bytes.size() > kMaxExtraKeyBytes) {
+        return InvalidArgument(entry + ": payload is " + std::to_string(e.bytes.size()) +
+                               " bytes, at most " + std::to_string(kMaxExtraKeyBytes));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
 // Fingerprint and chain
 
 // Layout (docs/KEYS.md, "Canonical namespace bytes"): the 12-byte ASCII magic,
-// then every field in declaration order. Strings are u32 LE length + bytes;
+// then every field in declaration order (the v2 fields pp_rank, pp_size,
+// kv_format_version, object_kind last). Strings are u32 LE length + bytes;
 // integers are fixed-width LE; the adapter is one presence byte (0: none, and
 // nothing follows; 1: adapter_id and adapter_revision follow as strings).
 std::vector<uint8_t> CanonicalNamespaceBytes(const NamespaceDescriptor& ns) {
   std::vector<uint8_t> out;
-  out.reserve(kNamespaceMagic.size() + 64 + ns.model_id.size() + ns.model_revision.size() +
+  out.reserve(kNamespaceMagic.size() + 96 + ns.model_id.size() + ns.model_revision.size() +
               ns.adapter_id.size() + ns.adapter_revision.size() + ns.kv_dtype.size() +
-              ns.kv_layout.size());
+              ns.kv_layout.size() + ns.object_kind.size());
   out.insert(out.end(), kNamespaceMagic.begin(), kNamespaceMagic.end());
   AppendString(out, ns.model_id);
   AppendString(out, ns.model_revision);
@@ -190,6 +261,10 @@ std::vector<uint8_t> CanonicalNamespaceBytes(const NamespaceDescriptor& ns) {
   AppendU64Le(out, ns.bytes_per_token_per_layer);
   AppendU32Le(out, ns.tp_rank);
   AppendU32Le(out, ns.tp_size);
+  AppendU32Le(out, ns.pp_rank);
+  AppendU32Le(out, ns.pp_size);
+  AppendU32Le(out, ns.kv_format_version);
+  AppendString(out, ns.object_kind);
   return out;
 }
 
@@ -197,9 +272,10 @@ NamespaceFingerprint FingerprintNamespace(const NamespaceDescriptor& ns) {
   return Hash128(CanonicalNamespaceBytes(ns));
 }
 
-BlockKey ChainKey(const BlockKey& prev, uint32_t position, std::span<const uint32_t> block_tokens) {
+BlockKey ChainKey(const BlockKey& prev, uint32_t position, std::span<const uint32_t> block_tokens,
+                  std::span<const ExtraKey> extras) {
   std::vector<uint8_t> scratch;
-  return ChainKeyInto(scratch, prev, position, block_tokens);
+  return ChainKeyInto(scratch, prev, position, block_tokens, /*salt=*/{}, extras);
 }
 
 Result<ChainHasher> ChainHasher::Create(const NamespaceDescriptor& ns) {
@@ -210,13 +286,34 @@ Result<ChainHasher> ChainHasher::Create(const NamespaceDescriptor& ns) {
 std::vector<BlockKey> ChainHasher::Keys(std::span<const uint32_t> tokens) const {
   std::vector<BlockKey> chain;
   chain.reserve(tokens.size() / block_tokens_);
-  Extend(tokens, chain);
+  ExtendUnchecked(tokens, ChainExtras{}, chain);
   return chain;
 }
 
-// Precondition (checked, aborts): chain.size() <= number of full blocks in
-// `tokens`. The existing keys are trusted, not recomputed.
+Result<std::vector<BlockKey>> ChainHasher::Keys(std::span<const uint32_t> tokens,
+                                                const ChainExtras& extras) const {
+  std::vector<BlockKey> chain;
+  chain.reserve(tokens.size() / block_tokens_);
+  if (Status s = Extend(tokens, extras, chain); !s.ok()) return s;
+  return chain;
+}
+
 void ChainHasher::Extend(std::span<const uint32_t> tokens, std::vector<BlockKey>& chain) const {
+  ExtendUnchecked(tokens, ChainExtras{}, chain);
+}
+
+Status ChainHasher::Extend(std::span<const uint32_t> tokens, const ChainExtras& extras,
+                           std::vector<BlockKey>& chain) const {
+  if (Status s = extras.Validate(); !s.ok()) return s;
+  ExtendUnchecked(tokens, extras, chain);
+  return Status::Ok();
+}
+
+// Precondition (checked, aborts): chain.size() <= number of full blocks in
+// `tokens`. The existing keys are trusted, not recomputed; the salt enters
+// only when block 0 is computed here.
+void ChainHasher::ExtendUnchecked(std::span<const uint32_t> tokens, const ChainExtras& extras,
+                                  std::vector<BlockKey>& chain) const {
   const size_t full_blocks = tokens.size() / block_tokens_;
   KVTIER_CHECK(chain.size() <= full_blocks,
                "Extend: chain is longer than the full blocks of tokens");
@@ -226,8 +323,11 @@ void ChainHasher::Extend(std::span<const uint32_t> tokens, std::vector<BlockKey>
   std::vector<uint8_t> scratch;
   BlockKey prev = chain.empty() ? fingerprint_ : chain.back();
   for (size_t i = chain.size(); i < full_blocks; ++i) {
+    const std::string_view salt = i == 0 ? std::string_view(extras.cache_salt) : std::string_view();
+    const std::span<const ExtraKey> own =
+        i < extras.blocks.size() ? std::span<const ExtraKey>(extras.blocks[i]) : std::span<const ExtraKey>();
     prev = ChainKeyInto(scratch, prev, static_cast<uint32_t>(i),
-                        tokens.subspan(i * block_tokens_, block_tokens_));
+                        tokens.subspan(i * block_tokens_, block_tokens_), salt, own);
     chain.push_back(prev);
   }
 }

@@ -62,6 +62,10 @@ void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out) {
   out->set_bytes_per_token_per_layer(d.bytes_per_token_per_layer);
   out->set_tp_rank(d.tp_rank);
   out->set_tp_size(d.tp_size);
+  out->set_pp_rank(d.pp_rank);
+  out->set_pp_size(d.pp_size);
+  out->set_kv_format_version(d.kv_format_version);
+  out->set_object_kind(d.object_kind);
 }
 
 NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d) {
@@ -77,6 +81,10 @@ NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d) {
   out.bytes_per_token_per_layer = d.bytes_per_token_per_layer();
   out.tp_rank = d.tp_rank();
   out.tp_size = d.tp_size();
+  out.pp_rank = d.pp_rank();
+  out.pp_size = d.pp_size();
+  out.kv_format_version = d.kv_format_version();
+  out.object_kind = d.object_kind();
   return out;
 }
 

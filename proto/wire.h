@@ -17,7 +17,10 @@
 
 namespace kvtier::wire {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// Version 2: block keys v2 (docs/KEYS.md), whose descriptors carry pp_rank,
+// pp_size, kv_format_version and object_kind. A v1 client computes v1 keys,
+// so it must not share a daemon with v2 clients: Hello refuses it.
+inline constexpr uint32_t kProtocolVersion = 2;
 
 void ToProto(const Status& s, v1::Status* out);
 Status FromProto(const v1::Status& s);
@@ -33,6 +36,8 @@ void AppendKey(const BlockKey& key, google::protobuf::RepeatedField<uint64_t>* o
 // InvalidArgument if the word count is odd.
 Result<std::vector<BlockKey>> KeysFromProto(const google::protobuf::RepeatedField<uint64_t>& words);
 
+// Field by field, verbatim: FromProto does not validate and reads no 0 as a
+// default (a descriptor missing pp_size fails Validate()).
 void ToProto(const NamespaceDescriptor& d, v1::NamespaceDescriptor* out);
 NamespaceDescriptor FromProto(const v1::NamespaceDescriptor& d);
 

@@ -88,7 +88,10 @@ typedef struct {
 
 /* Mirrors kvtier::NamespaceDescriptor (block_key.h): everything that changes
  * the bytes of a KV block. Strings are NUL-terminated and borrowed for the
- * call; NULL reads as "". */
+ * call; NULL reads as "" (object_kind: see below). The last four fields
+ * (block keys v2, docs/KEYS.md) were appended: 0 / NULL reads as the
+ * default (pp_size 1, kv_format_version 1, object_kind "kv"), so a
+ * zero-initialised struct that sets the fields above stays valid. */
 typedef struct {
   const char* model_id;          /* e.g. "meta-llama/Llama-3.1-8B-Instruct" */
   const char* model_revision;    /* required */
@@ -101,6 +104,11 @@ typedef struct {
   uint64_t bytes_per_token_per_layer;  /* > 0 (K and V together) */
   uint32_t tp_rank;              /* < tp_size */
   uint32_t tp_size;              /* > 0 */
+  uint32_t pp_rank;              /* pipeline-parallel rank, < pp_size */
+  uint32_t pp_size;              /* 0 reads as 1 */
+  uint32_t kv_format_version;    /* engine KV data-format version; 0 reads as 1 */
+  const char* object_kind;       /* NULL reads as "kv"; else 1-64 of [a-z0-9_],
+                                    e.g. "recurrent_state" */
 } kvtier_namespace;
 
 /* A preload plan (kvtier::PreloadPlan, kvtier/preload.h). */
@@ -139,6 +147,16 @@ int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out);
 // KVTIER_INVALID_ARGUMENT also for a bad descriptor or NULL pointers.
 int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
                       kvtier_key* out, size_t out_capacity, size_t* out_count);
+
+// kvtier_chain_keys with a per-request cache salt (tenant / user isolation):
+// cache_salt[0 .. salt_len) enters block 0, so every key differs from the
+// unsalted chain's. salt_len 0 (cache_salt may then be NULL) is
+// kvtier_chain_keys. KVTIER_INVALID_ARGUMENT also for salt_len > 4096 or a
+// NULL cache_salt with salt_len > 0. Per-block extra keys (multimodal,
+// prompt embeds) are C++ only (kvtier::ChainExtras).
+int kvtier_chain_keys_salted(const kvtier_namespace* ns, const char* cache_salt, size_t salt_len,
+                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
+                             size_t out_capacity, size_t* out_count);
 
 // Writes the 32 lower-case hex digits of `key` and a NUL to `out`.
 // KVTIER_INVALID_ARGUMENT if `out` is NULL.

@@ -245,6 +245,99 @@ static void TestKeysOffline(const kvtier_namespace* ns) {
   CHECK(strcmp(kvtier_status_name(12345), "unknown") == 0);
 }
 
+/* The key-v2 fields: zero / NULL read as the defaults; the salted chain.
+ * Checks V1 and V11 of docs/KEYS.md through the C ABI. */
+static void TestKeysV2(const kvtier_namespace* ns) {
+  static const uint32_t kT12[12] = {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256};
+  static const char kSaltA[] = "tenant-a";
+  static char big_salt[4097];
+  kvtier_namespace v1ns, explicit_defaults = *ns, changed;
+  kvtier_key fp, fp_default, fp_changed, plain[3], salted[3], other[3];
+  size_t count = 0, i, j;
+  char hex[33];
+
+  memset(&v1ns, 0, sizeof v1ns);
+  v1ns.model_id = "meta-llama/Llama-3.1-8B-Instruct";
+  v1ns.model_revision = "0e9e39f249a16976918f6564b8830bc894c89659";
+  v1ns.kv_dtype = "bf16";
+  v1ns.block_tokens = 4;
+  v1ns.layer_count = 32;
+  v1ns.kv_layout = "layer_major_kv";
+  v1ns.bytes_per_token_per_layer = 4096;
+  v1ns.tp_size = 1;
+  CHECK_CODE(kvtier_namespace_fingerprint(&v1ns, &fp), KVTIER_OK);
+  CHECK_CODE(kvtier_key_to_hex(fp, hex), KVTIER_OK);
+  CHECK(strcmp(hex, "20af72c79a4ba5d08c2b9e52c0543beb") == 0);
+  CHECK_CODE(kvtier_chain_keys(&v1ns, kT12, 12, plain, 3, &count), KVTIER_OK);
+  CHECK(count == 3);
+  CHECK_CODE(kvtier_key_to_hex(plain[0], hex), KVTIER_OK);
+  CHECK(strcmp(hex, "613a89fd907ba88074b75707c399af33") == 0);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, strlen(kSaltA), kT12, 12, salted, 3, &count),
+             KVTIER_OK);
+  CHECK(count == 3);
+  CHECK_CODE(kvtier_key_to_hex(salted[0], hex), KVTIER_OK);
+  CHECK(strcmp(hex, "0d22f386e960c8c0281eab673d75dd59") == 0);
+  CHECK_CODE(kvtier_key_to_hex(salted[2], hex), KVTIER_OK);
+  CHECK(strcmp(hex, "e65660b999559877829be757ad60d7ca") == 0);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, "tenant-b", 8, kT12, 12, other, 3, &count), KVTIER_OK);
+  for (i = 0; i < 3; ++i) {
+    for (j = 0; j < 3; ++j) {
+      CHECK(salted[i].hi != plain[j].hi || salted[i].lo != plain[j].lo);
+      CHECK(salted[i].hi != other[j].hi || salted[i].lo != other[j].lo);
+    }
+  }
+  /* salt_len 0 is the plain chain, with or without a pointer. */
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, NULL, 0, kT12, 12, other, 3, &count), KVTIER_OK);
+  CHECK(memcmp(other, plain, sizeof plain) == 0);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, 0, kT12, 12, other, 3, &count), KVTIER_OK);
+  CHECK(memcmp(other, plain, sizeof plain) == 0);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, NULL, 3, kT12, 12, other, 3, &count),
+             KVTIER_INVALID_ARGUMENT);
+  memset(big_salt, 's', sizeof big_salt);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, big_salt, 4096, kT12, 12, other, 3, &count), KVTIER_OK);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, big_salt, 4097, kT12, 12, other, 3, &count),
+             KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "cache_salt") != NULL);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, 8, kT12, 12, other, 2, &count),
+             KVTIER_INVALID_ARGUMENT);
+  CHECK(count == 3);
+
+  /* `ns` leaves the v2 fields zero: the same as spelling out the defaults. */
+  explicit_defaults.pp_rank = 0;
+  explicit_defaults.pp_size = 1;
+  explicit_defaults.kv_format_version = 1;
+  explicit_defaults.object_kind = "kv";
+  CHECK_CODE(kvtier_namespace_fingerprint(ns, &fp), KVTIER_OK);
+  CHECK_CODE(kvtier_namespace_fingerprint(&explicit_defaults, &fp_default), KVTIER_OK);
+  CHECK(fp.hi == fp_default.hi && fp.lo == fp_default.lo);
+
+  changed = explicit_defaults;
+  changed.object_kind = "recurrent_state";
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_OK);
+  CHECK(fp_changed.hi != fp.hi || fp_changed.lo != fp.lo);
+  changed = explicit_defaults;
+  changed.kv_format_version = 2;
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_OK);
+  CHECK(fp_changed.hi != fp.hi || fp_changed.lo != fp.lo);
+  changed = explicit_defaults;
+  changed.pp_size = 2;
+  changed.pp_rank = 1;
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_OK);
+  CHECK(fp_changed.hi != fp.hi || fp_changed.lo != fp.lo);
+
+  changed = explicit_defaults;
+  changed.object_kind = "KV";
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "object_kind") != NULL);
+  changed.object_kind = "";
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_INVALID_ARGUMENT);
+  changed = explicit_defaults;
+  changed.pp_size = 0; /* reads as 1 */
+  changed.pp_rank = 1;
+  CHECK_CODE(kvtier_namespace_fingerprint(&changed, &fp_changed), KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "pp_rank") != NULL);
+}
+
 /* Chains kBlocks keys of the test token sequence. */
 static void ChainKeys(const kvtier_namespace* ns, kvtier_key keys[kBlocks]) {
   uint32_t tokens[kBlocks * kBlockTokens];
@@ -637,6 +730,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   TestKeysOffline(&ns);
+  TestKeysV2(&ns);
   ChainKeys(&ns, keys);
 
   memset(&daemon, 0, sizeof daemon);

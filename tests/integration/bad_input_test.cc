@@ -133,14 +133,14 @@ TEST(BadInput, WrongProtocolVersionIsRejectedAndClosed) {
   ASSERT_TRUE(raw.Connect(daemon.socket_path()).ok());
   v1::Request hello;
   hello.set_id(1);
-  hello.mutable_hello()->set_protocol_version(2);
+  hello.mutable_hello()->set_protocol_version(1);  // block keys v1: refused
   wire::ToProto(TestNamespace(), hello.mutable_hello()->add_namespaces());
   auto r = RoundTrip(raw, hello);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->id(), 1u);
   EXPECT_TRUE(HasCode(r->status(), StatusCode::kVersionMismatch));
-  EXPECT_THAT(r->status().message(), HasSubstr("protocol 2"));
-  EXPECT_THAT(r->status().message(), HasSubstr("kvtierd speaks 1"));
+  EXPECT_THAT(r->status().message(), HasSubstr("protocol 1"));
+  EXPECT_THAT(r->status().message(), HasSubstr("kvtierd speaks 2"));
   EXPECT_EQ(raw.received_fd_count(), 0) << "no arena for a rejected client";
   EXPECT_TRUE(raw.IsClosedByPeer());
   ExpectDaemonServes(daemon);

@@ -28,83 +28,202 @@ std::vector<uint32_t> Generated7919(size_t n) {
   return tokens;
 }
 
+const std::vector<uint32_t> kT12 = {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256};
+
+// The payloads of the extra keys of V13-V15.
+const std::string kImageA =
+    "image:sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const std::string kImageB =
+    "image:sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
+const std::string kEmbeds = "embeds:xxh3:4a1c7e0f2b9d3856";
+
+// The base descriptor of docs/KEYS.md (V1), with `mutate` applied.
+template <typename Mutate>
+NamespaceDescriptor BaseWith(Mutate mutate) {
+  NamespaceDescriptor ns{.model_id = "meta-llama/Llama-3.1-8B-Instruct",
+                         .model_revision = "0e9e39f249a16976918f6564b8830bc894c89659",
+                         .kv_dtype = "bf16",
+                         .block_tokens = 4,
+                         .layer_count = 32,
+                         .kv_layout = "layer_major_kv",
+                         .bytes_per_token_per_layer = 4096};
+  mutate(ns);
+  return ns;
+}
+NamespaceDescriptor BaseNamespace() {
+  return BaseWith([](NamespaceDescriptor&) {});
+}
+
+NamespaceDescriptor V7Namespace() {
+  return {.model_id = "Qwen/Qwen2.5-7B-Instruct",
+          .model_revision = "a09a35458c702b33eeacc393d103063234e8bc28",
+          .kv_dtype = "fp8_e4m3",
+          .block_tokens = 256,
+          .layer_count = 28,
+          .kv_layout = "layer_major_kv",
+          .bytes_per_token_per_layer = 1024};
+}
+
 struct Vector {
   std::string name;
   NamespaceDescriptor ns;
   std::vector<uint32_t> tokens;
+  ChainExtras extras;
   std::string fingerprint_hex;
   std::vector<std::string> key_hex;
 };
 
-// Exactly the vectors of docs/KEYS.md, section "Test vectors".
+const std::string kV1Fingerprint = "20af72c79a4ba5d08c2b9e52c0543beb";
+const std::vector<std::string> kV1Keys = {"613a89fd907ba88074b75707c399af33",
+                                          "2c98b337a1b2a0c21960c191e1bf13c9",
+                                          "c3a132abd959537afd1f0fa8f1cc3d12"};
+
+// Exactly the vectors of docs/KEYS.md, section "Test vectors" (and
+// docs/key_vectors.json).
 const std::vector<Vector>& Vectors() {
+  using K = ExtraKeyKind;
   static const std::vector<Vector> vectors = {
-      {"V1",
-       {"meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659", "", "",
-        "bf16", 4, 32, "layer_major_kv", 4096, 0, 1},
-       {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256},
-       "a6631af4665b535d1e157412cb6842c7",
-       {"425d2c1689de019d3ca8a46b47923b27", "7f741d9983225f55ddb3ca2419ef1d3a",
-        "9b3600df725da1107e799b9bf628bc88"}},
+      {"V1", BaseNamespace(), kT12, {}, kV1Fingerprint, kV1Keys},
       {"V2",
-       {"meta-llama/Llama-3.1-8B-Instruct", "5206a32e0bd3067aef1ce90f5528ade7d866253f", "", "",
-        "bf16", 4, 32, "layer_major_kv", 4096, 0, 1},
-       {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256},
-       "6d349afd8c28163efb585418c9ef053c",
-       {"415bc7e6bccc5581f04bf41dc3a561db", "c4b7484ba88dcd72d7be699d4a6a8946",
-        "f4b03ec74766fb6f5596af0f948ab082"}},
+       BaseWith([](NamespaceDescriptor& ns) {
+         ns.model_revision = "5206a32e0bd3067aef1ce90f5528ade7d866253f";
+       }),
+       kT12,
+       {},
+       "ff122e7b5a4c38c699c7f03c951a0cb8",
+       {"c2b6472ee46330e47c0c844b1565c300", "b29f9522f11c0e15cf0e785848b4073c",
+        "01bbf7c950654de8eea97fa1c5d1db42"}},
       {"V3",
-       {"meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659",
-        "acme/sql-lora", "v3", "bf16", 4, 32, "layer_major_kv", 4096, 0, 1},
-       {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256},
-       "c4b5b95c5847fb704ed888de9617d135",
-       {"db1c7a0082c8c013f673e9a4c2f1401b", "8c66d8ecbd727c8fe5081a4a2c972ebb",
-        "7117721e4f7fc8168767c5ad0731a95b"}},
+       BaseWith([](NamespaceDescriptor& ns) {
+         ns.adapter_id = "acme/sql-lora";
+         ns.adapter_revision = "v3";
+       }),
+       kT12,
+       {},
+       "09659bbe15126487c8be2499bc575566",
+       {"8bb9c73e701edc49a1d480fc2c9a335b", "78defe8936b89fe6c985d6aa7bda8480",
+        "abefb884ffd5249aed49578db1836c6d"}},
       {"V4",
-       {"meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659", "", "",
-        "bf16", 4, 32, "layer_major_kv", 2048, 0, 2},
-       {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256},
-       "3ebf22121f72f0e276b15554aa4ed091",
-       {"b4e1524334700991073c0a8df9848eb5", "b816029691205c91761d17a04ec2129c",
-        "e1064d8eafb34dc8be8dc0d300a008a3"}},
+       BaseWith([](NamespaceDescriptor& ns) {
+         ns.bytes_per_token_per_layer = 2048;
+         ns.tp_size = 2;
+       }),
+       kT12,
+       {},
+       "daa6081f86cce37b68a1d804b8c2eaa8",
+       {"68eeb522ba5bebc67a0e3b877d39748d", "0d719a90e1ae3117b23c3aa9463de809",
+        "cb237163186223afff4fab1b6f7e0369"}},
       {"V5",
-       {"meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659", "", "",
-        "bf16", 4, 32, "layer_major_kv", 2048, 1, 2},
-       {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256},
-       "21c736f6fa3bc61792d496c7c62290f7",
-       {"35a5374c80c89cdcb26bfa953dbdc17a", "a1f6d6f9ad85e6d62478a7ec65995060",
-        "5f1173f03967128be645ac9d15b2c925"}},
+       BaseWith([](NamespaceDescriptor& ns) {
+         ns.bytes_per_token_per_layer = 2048;
+         ns.tp_rank = 1;
+         ns.tp_size = 2;
+       }),
+       kT12,
+       {},
+       "c8eea3ba939773f4bd1da893720ce3be",
+       {"1d3569979e7bc97a270eb83f0d6b1f6a", "7911a30af31532a23285051f6d74cbba",
+        "9f0559649c0923d1e0e2e987c3e7d604"}},
       {"V6",
-       {"meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659", "", "",
-        "bf16", 4, 32, "layer_major_kv", 4096, 0, 1},
+       BaseNamespace(),
        {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256, 42, 43, 44},
-       "a6631af4665b535d1e157412cb6842c7",
-       {"425d2c1689de019d3ca8a46b47923b27", "7f741d9983225f55ddb3ca2419ef1d3a",
-        "9b3600df725da1107e799b9bf628bc88"}},
+       {},
+       kV1Fingerprint,
+       kV1Keys},
       {"V7",
-       {"Qwen/Qwen2.5-7B-Instruct", "a09a35458c702b33eeacc393d103063234e8bc28", "", "", "fp8_e4m3",
-        256, 28, "layer_major_kv", 1024, 0, 1},
+       V7Namespace(),
        Generated7919(868),
-       "51d2208a054a4ea906dfcaf9a425d58c",
-       {"9d34fb21b0e793829692d531bf9f1a34", "1548a849fc4ebfc8c7b1fe2685427d14",
-        "3e8190a64191828df7f2d7f45f9ced00"}},
+       {},
+       "beb48394a5276a6d737ac7ef94679a6a",
+       {"c04c799e047d844b8418b7cb907a70e0", "63f8424c157e11d0a3d8c9b1090a0b25",
+        "983cddc8715f51b124ff94c9852031a3"}},
+      {"V8",
+       BaseWith([](NamespaceDescriptor& ns) {
+         ns.layer_count = 16;
+         ns.pp_rank = 1;
+         ns.pp_size = 2;
+       }),
+       kT12,
+       {},
+       "41025defc5a30daec85457d130b1ae1a",
+       {"79f366f29512fdf69191a3da6cd01cd9", "61596d4e574ebe3336d4a79a939f9b91",
+        "adf63a15a0a9e3e472bd1fb29c83c4b8"}},
+      {"V9",
+       BaseWith([](NamespaceDescriptor& ns) { ns.kv_format_version = 2; }),
+       kT12,
+       {},
+       "8f1b83210f201c1d91df93e241765d45",
+       {"8358c3a10fb76ab69361d1efa1368a71", "022495c0605c4d788da93e98bc471a45",
+        "47f7c23872a5d42f4bf1eacab6a4ddea"}},
+      {"V10",
+       BaseWith([](NamespaceDescriptor& ns) { ns.object_kind = "recurrent_state"; }),
+       kT12,
+       {},
+       "2dc6be4b5ba84bf720924ae0b01b9548",
+       {"d94241baab7131acec2ffbc092248342", "aa2c7840b24cc7c6c76ab2081e84e463",
+        "aff939f0c644274f782a74bc2f1e7dfb"}},
+      {"V11",
+       BaseNamespace(),
+       kT12,
+       {.cache_salt = "tenant-a"},
+       kV1Fingerprint,
+       {"0d22f386e960c8c0281eab673d75dd59", "3c442cfab1b4fa7dc2fbe3a31cded4a1",
+        "e65660b999559877829be757ad60d7ca"}},
+      {"V12",
+       BaseNamespace(),
+       kT12,
+       {.cache_salt = "tenant-b"},
+       kV1Fingerprint,
+       {"26c7c0d96548db699286a03c5e65ff6a", "beaacdd8b389e75a63dbebe8360b537d",
+        "a79231ef86e6e3aca00dd2ebb8de83a6"}},
+      {"V13",
+       BaseNamespace(),
+       kT12,
+       {.blocks = {{}, {{K::kMultimodal, kImageA}}, {{K::kPromptEmbeds, kEmbeds}}}},
+       kV1Fingerprint,
+       {"613a89fd907ba88074b75707c399af33", "f8e6adc5d393fda4ca7c49e112a3be8b",
+        "a53f837d2879ec9996f0f48f4a0757f5"}},
+      {"V14",
+       BaseNamespace(),
+       kT12,
+       {.cache_salt = "tenant-a", .blocks = {{{K::kMultimodal, kImageA}, {K::kMultimodal, kImageB}}}},
+       kV1Fingerprint,
+       {"ed8859e33fec11f6b0ba08662aa4b224", "8a00f9ca84155580da0e59839795dcb2",
+        "3f9a7ca1e576620f0152bdde94573485"}},
+      {"V15",
+       BaseNamespace(),
+       kT12,
+       {.cache_salt = "tenant-a", .blocks = {{{K::kMultimodal, kImageB}, {K::kMultimodal, kImageA}}}},
+       kV1Fingerprint,
+       {"78a6083bcfc366a3dd92782ea9f6386c", "c86b970c9efe32980e60111b15038c3b",
+        "033292b08e035528987cc3e29057773d"}},
   };
   return vectors;
 }
 
-// Canonical namespace bytes of V1, from docs/KEYS.md.
-constexpr char kV1CanonicalHex[] =
-    "6b76746965722d6e732d7631200000006d6574612d6c6c616d612f4c6c616d612d332e31"
-    "2d38422d496e73747275637428000000306539653339663234396131363937363931386636"
-    "35363462383833306263383934633839363539000400000062663136040000002000000"
-    "00e0000006c617965725f6d616a6f725f6b7600100000000000000000000001000000";
+const Vector& V(const std::string& name) {
+  for (const Vector& v : Vectors()) {
+    if (v.name == name) return v;
+  }
+  ADD_FAILURE() << "no vector " << name;
+  return Vectors()[0];
+}
 
-// Canonical namespace bytes of V7, from docs/KEYS.md.
+// Canonical namespace bytes of V1, from docs/KEYS.md (161 bytes).
+constexpr char kV1CanonicalHex[] =
+    "6b76746965722d6e732d7632200000006d6574612d6c6c616d612f4c6c616d612d332e31"
+    "2d38422d496e737472756374280000003065396533396632343961313639373639313866"
+    "363536346238383330626338393463383936353900040000006266313604000000200000"
+    "000e0000006c617965725f6d616a6f725f6b760010000000000000000000000100000000"
+    "0000000100000001000000020000006b76";
+
+// Canonical namespace bytes of V7, from docs/KEYS.md (157 bytes).
 constexpr char kV7CanonicalHex[] =
-    "6b76746965722d6e732d7631180000005177656e2f5177656e322e352d37422d496e7374"
+    "6b76746965722d6e732d7632180000005177656e2f5177656e322e352d37422d496e7374"
     "727563742800000061303961333534353863373032623333656561636333393364313033"
     "30363332333465386263323800080000006670385f65346d33000100001c0000000e0000"
-    "006c617965725f6d616a6f725f6b7600040000000000000000000001000000";
+    "006c617965725f6d616a6f725f6b76000400000000000000000000010000000000000001"
+    "00000001000000020000006b76";
 
 std::string ToHexString(const std::vector<uint8_t>& bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -115,8 +234,6 @@ std::string ToHexString(const std::vector<uint8_t>& bytes) {
   }
   return out;
 }
-
-NamespaceDescriptor BaseNamespace() { return Vectors()[0].ns; }
 
 ChainHasher MakeHasher(const NamespaceDescriptor& ns) {
   Result<ChainHasher> h = ChainHasher::Create(ns);
@@ -138,51 +255,83 @@ TEST(BlockKeyVectorsTest, CanonicalNamespaceBytesOfV1) {
 }
 
 TEST(BlockKeyVectorsTest, CanonicalNamespaceBytesOfV7) {
-  EXPECT_EQ(ToHexString(CanonicalNamespaceBytes(Vectors()[6].ns)), kV7CanonicalHex);
+  EXPECT_EQ(ToHexString(CanonicalNamespaceBytes(V("V7").ns)), kV7CanonicalHex);
 }
 
+// The extra keys ChainKey takes for block i: the salt entry first (block 0).
+std::vector<ExtraKey> LinkExtras(const ChainExtras& extras, size_t i) {
+  std::vector<ExtraKey> out;
+  if (i == 0 && !extras.cache_salt.empty()) out.push_back({ExtraKeyKind::kCacheSalt, extras.cache_salt});
+  if (i < extras.blocks.size()) out.insert(out.end(), extras.blocks[i].begin(), extras.blocks[i].end());
+  return out;
+}
+
+bool HasExtras(const ChainExtras& e) { return !e.cache_salt.empty() || !e.blocks.empty(); }
+
 TEST(BlockKeyVectorsTest, EveryVectorMatchesBitForBit) {
+  ASSERT_EQ(Vectors().size(), 15u);
   for (const Vector& v : Vectors()) {
     SCOPED_TRACE(v.name);
     ASSERT_TRUE(v.ns.Validate().ok()) << v.ns.Validate().ToString();
+    ASSERT_TRUE(v.extras.Validate().ok()) << v.extras.Validate().ToString();
     EXPECT_EQ(FingerprintNamespace(v.ns).ToHex(), v.fingerprint_hex);
     ChainHasher hasher = MakeHasher(v.ns);
     EXPECT_EQ(hasher.fingerprint().ToHex(), v.fingerprint_hex);
     EXPECT_EQ(hasher.block_tokens(), v.ns.block_tokens);
-    EXPECT_EQ(Hexes(hasher.Keys(v.tokens)), v.key_hex);
+    Result<std::vector<BlockKey>> keys = hasher.Keys(v.tokens, v.extras);
+    ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+    EXPECT_EQ(Hexes(*keys), v.key_hex);
+    if (!HasExtras(v.extras)) EXPECT_EQ(Hexes(hasher.Keys(v.tokens)), v.key_hex);
 
     // The same keys link by link through the free function.
     BlockKey prev = FingerprintNamespace(v.ns);
     const size_t b = v.ns.block_tokens;
     for (size_t i = 0; i < v.key_hex.size(); ++i) {
+      const std::vector<ExtraKey> extras = LinkExtras(v.extras, i);
       prev = ChainKey(prev, static_cast<uint32_t>(i),
-                      std::span<const uint32_t>(v.tokens).subspan(i * b, b));
+                      std::span<const uint32_t>(v.tokens).subspan(i * b, b), extras);
       EXPECT_EQ(prev.ToHex(), v.key_hex[i]) << "block " << i;
     }
   }
 }
 
-TEST(BlockKeyVectorsTest, VectorsShowTheDocumentedDifferences) {
-  const auto& v = Vectors();
-  auto shares_key = [](const Vector& a, const Vector& b) {
-    for (const std::string& k : a.key_hex) {
-      for (const std::string& l : b.key_hex) {
-        if (k == l) return true;
-      }
+bool SharesKey(const Vector& a, const Vector& b) {
+  for (const std::string& k : a.key_hex) {
+    for (const std::string& l : b.key_hex) {
+      if (k == l) return true;
     }
-    return false;
-  };
-  // V2 (other revision), V3 (adapter), V4/V5 (tp ranks) differ from block 0.
-  EXPECT_FALSE(shares_key(v[0], v[1]));
-  EXPECT_FALSE(shares_key(v[0], v[2]));
-  EXPECT_FALSE(shares_key(v[3], v[4]));
-  EXPECT_FALSE(shares_key(v[0], v[3]));
+  }
+  return false;
+}
+
+TEST(BlockKeyVectorsTest, VectorsShowTheDocumentedDifferences) {
+  // V2 (other revision), V3 (adapter), V4/V5 (tp ranks), V8 (pp rank), V9
+  // (format version), V10 (object kind) differ from block 0.
+  for (const char* other : {"V2", "V3", "V4", "V8", "V9", "V10"}) {
+    EXPECT_FALSE(SharesKey(V("V1"), V(other))) << other;
+    EXPECT_NE(V("V1").fingerprint_hex, V(other).fingerprint_hex) << other;
+  }
+  EXPECT_FALSE(SharesKey(V("V4"), V("V5")));
   // V6 is V1 plus 3 tokens: the partial block adds no key.
-  EXPECT_EQ(v[5].tokens.size(), v[0].tokens.size() + 3);
-  EXPECT_EQ(v[5].key_hex, v[0].key_hex);
+  EXPECT_EQ(V("V6").tokens.size(), V("V1").tokens.size() + 3);
+  EXPECT_EQ(V("V6").key_hex, V("V1").key_hex);
   // V7 has 868 tokens with B = 256: 3 full blocks.
-  EXPECT_EQ(v[6].tokens.size(), 868u);
-  EXPECT_EQ(v[6].key_hex.size(), 3u);
+  EXPECT_EQ(V("V7").tokens.size(), 868u);
+  EXPECT_EQ(V("V7").key_hex.size(), 3u);
+  // V11-V15 keep V1's namespace: salt and extras are not in the fingerprint.
+  for (const char* name : {"V11", "V12", "V13", "V14", "V15"}) {
+    EXPECT_EQ(V(name).fingerprint_hex, kV1Fingerprint) << name;
+  }
+  // A salt changes every key; two salts share none.
+  EXPECT_FALSE(SharesKey(V("V1"), V("V11")));
+  EXPECT_FALSE(SharesKey(V("V11"), V("V12")));
+  // Extras on block 1 keep k[0] and change k[1] onward.
+  EXPECT_EQ(V("V13").key_hex[0], kV1Keys[0]);
+  EXPECT_NE(V("V13").key_hex[1], kV1Keys[1]);
+  EXPECT_NE(V("V13").key_hex[2], kV1Keys[2]);
+  // The order of a block's extra keys matters.
+  EXPECT_FALSE(SharesKey(V("V14"), V("V15")));
+  EXPECT_FALSE(SharesKey(V("V11"), V("V14")));
 }
 
 // ---------------------------------------------------------------------------
@@ -230,6 +379,19 @@ TEST(ChainHasherTest, EachNamespaceFieldGivesADisjointChain) {
     ns.tp_rank = 1;
   });
   add("tp_size", [](NamespaceDescriptor& ns) { ns.tp_size = 2; });
+  add("pp_rank", [](NamespaceDescriptor& ns) {
+    ns.pp_size = 2;
+    ns.pp_rank = 1;
+  });
+  add("pp_size", [](NamespaceDescriptor& ns) { ns.pp_size = 2; });
+  add("kv_format_version", [](NamespaceDescriptor& ns) { ns.kv_format_version = 2; });
+  add("object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "recurrent_state"; });
+  // A tp value must not read as the pp value next to it.
+  add("tp_vs_pp", [](NamespaceDescriptor& ns) {
+    ns.tp_size = 2;
+    ns.pp_size = 2;
+    ns.pp_rank = 1;
+  });
   // Swapping bytes between adjacent strings must not collide either.
   add("string_boundary", [](NamespaceDescriptor& ns) {
     ns.model_id += ns.model_revision.substr(0, 1);
@@ -391,18 +553,18 @@ TEST(BlockKeyTest, HexRoundTrips) {
 }
 
 TEST(BlockKeyTest, FromHexRejectsBadInput) {
-  const std::string good = "425d2c1689de019d3ca8a46b47923b27";
+  const std::string good = "613a89fd907ba88074b75707c399af33";
   ASSERT_TRUE(BlockKey::FromHex(good).ok());
   const std::vector<std::string> bad = {
       "",
       good.substr(0, 31),                  // too short
       good + "0",                          // too long
       "0x" + good.substr(2),               // prefix
-      "425D2C1689DE019D3CA8A46B47923B27",  // upper case is not canonical
-      "425d2c1689de019d3ca8a46b47923b2g",  // not hex
-      " 425d2c1689de019d3ca8a46b47923b2",  // whitespace
-      "425d2c1689de019d-ca8a46b47923b27",  // separator
-      std::string("425d2c1689de019d\0ca8a46b47923b27", 32),
+      "613A89FD907BA88074B75707C399AF33",  // upper case is not canonical
+      "613a89fd907ba88074b75707c399af3g",  // not hex
+      " 613a89fd907ba88074b75707c399af3",  // whitespace
+      "613a89fd907ba880-4b75707c399af33",  // separator
+      std::string("613a89fd907ba880\0" "4b75707c399af33", 32),
   };
   for (const std::string& s : bad) {
     Result<BlockKey> r = BlockKey::FromHex(s);
@@ -452,6 +614,21 @@ TEST(NamespaceDescriptorTest, ValidateNamesEachBadField) {
          ns.tp_size = 4;
          ns.tp_rank = 7;
        }},
+      {"pp_size", [](NamespaceDescriptor& ns) { ns.pp_size = 0; }},
+      {"pp_rank", [](NamespaceDescriptor& ns) { ns.pp_rank = 1; }},
+      {"pp_rank",
+       [](NamespaceDescriptor& ns) {
+         ns.pp_size = 4;
+         ns.pp_rank = 4;
+       }},
+      {"kv_format_version", [](NamespaceDescriptor& ns) { ns.kv_format_version = 0; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind.clear(); }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "KV"; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "recurrent-state"; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "kv "; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = std::string("k\0v", 3); }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "\xc3\xa9t\xc3\xa9"; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = std::string(65, 'a'); }},
   };
   for (const Case& c : cases) {
     NamespaceDescriptor ns = BaseNamespace();
@@ -465,6 +642,28 @@ TEST(NamespaceDescriptorTest, ValidateNamesEachBadField) {
 
 TEST(NamespaceDescriptorTest, DefaultDescriptorIsInvalid) {
   EXPECT_FALSE(NamespaceDescriptor{}.Validate().ok());
+}
+
+TEST(NamespaceDescriptorTest, KeyV2FieldsHaveTheirDefaults) {
+  const NamespaceDescriptor ns;
+  EXPECT_EQ(ns.pp_rank, 0u);
+  EXPECT_EQ(ns.pp_size, 1u);
+  EXPECT_EQ(ns.kv_format_version, 1u);
+  EXPECT_EQ(ns.object_kind, "kv");
+}
+
+TEST(NamespaceDescriptorTest, ValidateAcceptsObjectKindsAtTheLimits) {
+  for (const std::string& kind : {std::string("kv"), std::string("recurrent_state"), std::string("a"),
+                                  std::string("state_v2_0"), std::string(64, 'z')}) {
+    NamespaceDescriptor ns = BaseNamespace();
+    ns.object_kind = kind;
+    EXPECT_TRUE(ns.Validate().ok()) << kind << ": " << ns.Validate().ToString();
+  }
+  NamespaceDescriptor ns = BaseNamespace();
+  ns.pp_size = 8;
+  ns.pp_rank = 7;
+  ns.kv_format_version = ~0u;
+  EXPECT_TRUE(ns.Validate().ok()) << ns.Validate().ToString();
 }
 
 TEST(NamespaceDescriptorTest, BlockAndLayerBytes) {
@@ -496,8 +695,198 @@ TEST(NamespaceDescriptorTest, CanonicalBytesEncodeTheAdapterPresence) {
   const std::vector<uint8_t> with = CanonicalNamespaceBytes(ns);
   // Presence byte 1, then two length-prefixed one-byte strings: 1 + 5 + 5.
   EXPECT_EQ(with.size(), none.size() + 10);
-  const std::string magic = "kvtier-ns-v1";
+  const std::string magic = "kvtier-ns-v2";
   EXPECT_EQ(std::string(none.begin(), none.begin() + magic.size()), magic);
+}
+
+TEST(NamespaceDescriptorTest, CanonicalBytesEndWithTheV2Fields) {
+  NamespaceDescriptor ns = BaseNamespace();
+  ns.pp_rank = 0x01020304;
+  ns.pp_size = 0x05060708;
+  ns.kv_format_version = 0x090a0b0c;
+  ns.object_kind = "abc";
+  const std::vector<uint8_t> bytes = CanonicalNamespaceBytes(ns);
+  const std::vector<uint8_t> tail(bytes.end() - 19, bytes.end());
+  const std::vector<uint8_t> want = {4, 3, 2, 1, 8, 7, 6, 5, 0xc, 0xb, 0xa, 9,
+                                     3, 0, 0, 0, 'a', 'b', 'c'};
+  EXPECT_EQ(tail, want);
+}
+
+// ---------------------------------------------------------------------------
+// ChainExtras
+
+ExtraKey Image(std::string bytes) { return {ExtraKeyKind::kMultimodal, std::move(bytes)}; }
+ExtraKey Embeds(std::string bytes) { return {ExtraKeyKind::kPromptEmbeds, std::move(bytes)}; }
+
+TEST(ChainExtrasTest, ValidateAcceptsTheLimits) {
+  ChainExtras e;
+  EXPECT_TRUE(e.Validate().ok());
+  e.cache_salt = std::string(kMaxExtraKeyBytes, 's');
+  e.blocks = {{}, std::vector<ExtraKey>(kMaxExtraKeysPerBlock, Image("x")),
+              {Image(std::string(kMaxExtraKeyBytes, 'i')), Embeds("e")}};
+  EXPECT_TRUE(e.Validate().ok()) << e.Validate().ToString();
+  // Binary payloads and salts are fine: they are opaque bytes.
+  e.cache_salt = std::string("\0\xff", 2);
+  e.blocks = {{Image(std::string("\0", 1))}};
+  EXPECT_TRUE(e.Validate().ok()) << e.Validate().ToString();
+}
+
+TEST(ChainExtrasTest, ValidateRefusesEachBadInput) {
+  struct Case {
+    std::string what;  // a part of the message
+    ChainExtras extras;
+  };
+  const std::vector<Case> cases = {
+      {"cache_salt", {.cache_salt = std::string(kMaxExtraKeyBytes + 1, 's')}},
+      {"block 1", {.blocks = {{}, std::vector<ExtraKey>(kMaxExtraKeysPerBlock + 1, Image("x"))}}},
+      {"kind 1", {.blocks = {{{ExtraKeyKind::kCacheSalt, "tenant-a"}}}}},
+      {"kind 0", {.blocks = {{{static_cast<ExtraKeyKind>(0), "x"}}}}},
+      {"kind 4", {.blocks = {{Image("ok"), {static_cast<ExtraKeyKind>(4), "x"}}}}},
+      {"empty payload", {.blocks = {{}, {}, {Embeds("")}}}},
+      {"payload is 4097", {.blocks = {{Image(std::string(kMaxExtraKeyBytes + 1, 'i'))}}}},
+  };
+  const std::vector<uint32_t> tokens(12, 5);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  for (const Case& c : cases) {
+    const Status s = c.extras.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(s.message().find(c.what), std::string::npos) << c.what << ": " << s.message();
+    // Keys and Extend refuse them too, leaving the chain as it was.
+    EXPECT_EQ(hasher.Keys(tokens, c.extras).status().code(), StatusCode::kInvalidArgument);
+    std::vector<BlockKey> chain = {BlockKey{1, 2}};
+    EXPECT_EQ(hasher.Extend(tokens, c.extras, chain).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(chain, (std::vector<BlockKey>{BlockKey{1, 2}}));
+  }
+}
+
+// Salt, images on blocks 0, 3 and 4, embeddings on block 4, none on the rest.
+ChainExtras SomeExtras() {
+  ChainExtras e;
+  e.cache_salt = "tenant-x";
+  e.blocks.resize(5);
+  e.blocks[0] = {Image("img-0")};
+  e.blocks[3] = {Image("img-3a"), Image("img-3b")};
+  e.blocks[4] = {Embeds("emb-4"), Image("img-4")};
+  return e;
+}
+
+TEST(ChainExtrasTest, EmptyExtrasGiveThePlainKeys) {
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 10 + 1, /*seed=*/10);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  Result<std::vector<BlockKey>> keys = hasher.Keys(tokens, ChainExtras{});
+  ASSERT_TRUE(keys.ok());
+  EXPECT_EQ(*keys, hasher.Keys(tokens));
+  // Empty per-block lists are no extras either.
+  keys = hasher.Keys(tokens, ChainExtras{.blocks = std::vector<std::vector<ExtraKey>>(10)});
+  ASSERT_TRUE(keys.ok());
+  EXPECT_EQ(*keys, hasher.Keys(tokens));
+  // And ChainKey with no extras is the plain link.
+  std::span<const uint32_t> first(tokens.data(), 4);
+  EXPECT_EQ(ChainKey(hasher.fingerprint(), 0, first, {}), hasher.Keys(tokens)[0]);
+}
+
+TEST(ChainExtrasTest, ExtendWithExtrasEqualsKeys) {
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 12 + 3, /*seed=*/11);
+  std::span<const uint32_t> all(tokens);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  const ChainExtras extras = SomeExtras();
+  Result<std::vector<BlockKey>> expected = hasher.Keys(all, extras);
+  ASSERT_TRUE(expected.ok());
+  ASSERT_EQ(expected->size(), 12u);
+
+  // Grow the sequence a few tokens at a time; the extras are the whole
+  // request's, as Keys takes them.
+  std::vector<BlockKey> chain;
+  for (size_t n = 0; n <= tokens.size(); n += 3) {
+    ASSERT_TRUE(hasher.Extend(all.first(n), extras, chain).ok());
+    Result<std::vector<BlockKey>> keys = hasher.Keys(all.first(n), extras);
+    ASSERT_TRUE(keys.ok());
+    EXPECT_EQ(chain, *keys) << n;
+  }
+  ASSERT_TRUE(hasher.Extend(all, extras, chain).ok());
+  EXPECT_EQ(chain, *expected);
+  // Continuing a chain of the first 5 blocks, in one go.
+  std::vector<BlockKey> prefix(expected->begin(), expected->begin() + 5);
+  ASSERT_TRUE(hasher.Extend(all, extras, prefix).ok());
+  EXPECT_EQ(prefix, *expected);
+}
+
+TEST(ChainExtrasTest, SaltChangesEveryKeyFromBlockZero) {
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 8, /*seed=*/12);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  const std::vector<BlockKey> plain = hasher.Keys(tokens);
+  std::unordered_set<BlockKey> seen(plain.begin(), plain.end());
+  for (const std::string& salt : {"a", "b", "tenant-a", "tenant-b"}) {
+    Result<std::vector<BlockKey>> salted = hasher.Keys(tokens, ChainExtras{.cache_salt = salt});
+    ASSERT_TRUE(salted.ok());
+    ASSERT_EQ(salted->size(), plain.size());
+    for (const BlockKey& k : *salted) EXPECT_TRUE(seen.insert(k).second) << salt;
+  }
+  // The salt is not a block-0 multimodal key of the same bytes.
+  Result<std::vector<BlockKey>> salted = hasher.Keys(tokens, ChainExtras{.cache_salt = "x"});
+  Result<std::vector<BlockKey>> image = hasher.Keys(tokens, ChainExtras{.blocks = {{Image("x")}}});
+  EXPECT_NE((*salted)[0], (*image)[0]);
+}
+
+TEST(ChainExtrasTest, ExtrasOnABlockChangeThatBlockAndEveryLaterOne) {
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 8, /*seed=*/13);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  const std::vector<BlockKey> plain = hasher.Keys(tokens);
+  for (size_t block : {size_t{0}, size_t{1}, size_t{5}, size_t{7}}) {
+    ChainExtras extras;
+    extras.blocks.resize(block + 1);
+    extras.blocks[block] = {Embeds("emb")};
+    Result<std::vector<BlockKey>> keys = hasher.Keys(tokens, extras);
+    ASSERT_TRUE(keys.ok());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      if (i < block) {
+        EXPECT_EQ((*keys)[i], plain[i]) << block << " " << i;
+      } else {
+        EXPECT_NE((*keys)[i], plain[i]) << block << " " << i;
+      }
+    }
+  }
+  // The kind is hashed: the same bytes as another kind give another key.
+  Result<std::vector<BlockKey>> image = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("p")}}});
+  Result<std::vector<BlockKey>> embeds = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Embeds("p")}}});
+  EXPECT_EQ((*image)[0], (*embeds)[0]);
+  EXPECT_NE((*image)[1], (*embeds)[1]);
+}
+
+TEST(ChainExtrasTest, OrderOfExtraKeysMatters) {
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 3, /*seed=*/14);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  Result<std::vector<BlockKey>> ab =
+      hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("a"), Image("b")}}});
+  Result<std::vector<BlockKey>> ba =
+      hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("b"), Image("a")}}});
+  ASSERT_TRUE(ab.ok() && ba.ok());
+  EXPECT_EQ((*ab)[0], (*ba)[0]);
+  EXPECT_NE((*ab)[1], (*ba)[1]);
+  EXPECT_NE((*ab)[2], (*ba)[2]);
+  // Length prefixes keep payload boundaries: {"ab"} vs {"a", "b"}.
+  Result<std::vector<BlockKey>> joined = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("ab")}}});
+  EXPECT_NE((*joined)[1], (*ab)[1]);
+}
+
+TEST(ChainExtrasTest, ExtrasPastTheFullBlocksAreNotUsed) {
+  // Extras for a partial trailing block do not matter until it is full.
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 2 + 3, /*seed=*/15);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  Result<std::vector<BlockKey>> keys = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {}, {Image("x")}}});
+  ASSERT_TRUE(keys.ok());
+  EXPECT_EQ(*keys, hasher.Keys(tokens));
+}
+
+TEST(ChainExtrasTest, ExtendAfterBlockZeroDoesNotAddTheSaltAgain) {
+  // Extend chains from chain.back(): the salt is already in it.
+  const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 3, /*seed=*/16);
+  ChainHasher hasher = MakeHasher(BaseNamespace());
+  const BlockKey fake{1, 2};
+  std::vector<BlockKey> chain = {fake};
+  ASSERT_TRUE(hasher.Extend(tokens, ChainExtras{.cache_salt = "tenant-a"}, chain).ok());
+  ASSERT_EQ(chain.size(), 3u);
+  EXPECT_EQ(chain[1], ChainKey(fake, 1, std::span<const uint32_t>(tokens).subspan(4, 4)));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -143,7 +144,9 @@ TEST_F(RequestHandlerTest, AReserveParentIsOneKeyOfAChain) {
 }
 
 TEST_F(RequestHandlerTest, VersionMismatchCloses) {
-  for (uint32_t version : {0u, wire::kProtocolVersion + 1}) {
+  // 1: a client of block keys v1, which must not share a daemon with v2 keys.
+  static_assert(wire::kProtocolVersion == 2);
+  for (uint32_t version : {0u, 1u, wire::kProtocolVersion + 1}) {
     RequestHandler handler(context_, 2);
     RequestHandler::Outcome outcome;
     v1::Response r = Send(handler, HelloRequest({TestNamespace()}, version), &outcome);
@@ -166,6 +169,50 @@ TEST_F(RequestHandlerTest, BadDescriptorNamesItsIndexAndCloses) {
   EXPECT_TRUE(outcome.close_after);
   EXPECT_FALSE(outcome.attach_arena_fd);
   EXPECT_FALSE(handler_->hello_done());
+}
+
+TEST_F(RequestHandlerTest, BadKeyV2FieldIsRefused) {
+  struct Case {
+    std::string field;
+    void (*mutate)(NamespaceDescriptor&);
+  };
+  const std::vector<Case> cases = {
+      {"pp_size", [](NamespaceDescriptor& ns) { ns.pp_size = 0; }},
+      {"pp_rank", [](NamespaceDescriptor& ns) { ns.pp_rank = 2; ns.pp_size = 2; }},
+      {"kv_format_version", [](NamespaceDescriptor& ns) { ns.kv_format_version = 0; }},
+      {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "KV"; }},
+  };
+  for (const Case& c : cases) {
+    NamespaceDescriptor bad = TestNamespace();
+    c.mutate(bad);
+    RequestHandler handler(context_, 2);
+    RequestHandler::Outcome outcome;
+    v1::Response r = Send(handler, HelloRequest({bad}), &outcome);
+    EXPECT_EQ(Code(r), StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status().message();
+    EXPECT_TRUE(outcome.close_after);
+  }
+}
+
+TEST_F(RequestHandlerTest, KeyV2FieldsGiveTheirOwnNamespaces) {
+  NamespaceDescriptor pp = TestNamespace();
+  pp.pp_size = 2;
+  pp.pp_rank = 1;
+  NamespaceDescriptor format = TestNamespace();
+  format.kv_format_version = 2;
+  NamespaceDescriptor state = TestNamespace();
+  state.object_kind = "recurrent_state";
+  const std::vector<NamespaceDescriptor> namespaces = {TestNamespace(), pp, format, state};
+  v1::Response r = Send(*handler_, HelloRequest(namespaces));
+  ASSERT_EQ(Code(r), StatusCode::kOk) << r.status().message();
+  ASSERT_EQ(r.hello().namespace_fingerprints_size(), 4);
+  std::set<BlockKey> distinct;
+  for (int i = 0; i < 4; ++i) {
+    const BlockKey fp = wire::FromProto(r.hello().namespace_fingerprints(i));
+    EXPECT_EQ(fp, FingerprintNamespace(namespaces[i])) << i;
+    distinct.insert(fp);
+  }
+  EXPECT_EQ(distinct.size(), 4u);
 }
 
 TEST_F(RequestHandlerTest, HelloReturnsFingerprintsAndArena) {

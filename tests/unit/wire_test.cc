@@ -37,11 +37,34 @@ TEST(Wire, KeysAndDescriptorsRoundTrip) {
 
   NamespaceDescriptor d{.model_id = "m", .model_revision = "r", .adapter_id = "a", .adapter_revision = "ar",
                         .kv_dtype = "fp8_e4m3", .block_tokens = 512, .layer_count = 80, .kv_layout = "x",
-                        .bytes_per_token_per_layer = 2048, .tp_rank = 3, .tp_size = 8};
+                        .bytes_per_token_per_layer = 2048, .tp_rank = 3, .tp_size = 8,
+                        .pp_rank = 1, .pp_size = 4, .kv_format_version = 7,
+                        .object_kind = "recurrent_state"};
+  ASSERT_TRUE(d.Validate().ok());
   v1::NamespaceDescriptor pd;
   wire::ToProto(d, &pd);
   NamespaceDescriptor back = wire::FromProto(pd);
   EXPECT_EQ(FingerprintNamespace(back), FingerprintNamespace(d)) << "every field survives";
+  EXPECT_EQ(back.pp_rank, 1u);
+  EXPECT_EQ(back.pp_size, 4u);
+  EXPECT_EQ(back.kv_format_version, 7u);
+  EXPECT_EQ(back.object_kind, "recurrent_state");
+}
+
+TEST(Wire, DescriptorWithoutTheV2FieldsDoesNotValidate) {
+  // A descriptor built by a v1 peer: the key-v2 fields are absent (0 / "")
+  // and are not read as defaults.
+  NamespaceDescriptor d{.model_id = "m", .model_revision = "r", .kv_dtype = "bf16", .block_tokens = 16,
+                        .layer_count = 2, .kv_layout = "x", .bytes_per_token_per_layer = 64};
+  v1::NamespaceDescriptor pd;
+  wire::ToProto(d, &pd);
+  pd.clear_pp_rank();
+  pd.clear_pp_size();
+  pd.clear_kv_format_version();
+  pd.clear_object_kind();
+  const Status s = wire::FromProto(pd).Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("pp_size", 0), 0u) << s.message();
 }
 
 TEST(Wire, RequestSurvivesSerialization) {
