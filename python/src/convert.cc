@@ -66,7 +66,18 @@ py::object AsBufferObject(const py::handle& obj) {
 
 }  // namespace
 
-HeldBuffer::HeldBuffer(const py::handle& obj, bool writable) : owner_(AsBufferObject(obj)) {
+HeldBuffer::HeldBuffer(const py::handle& obj, bool writable) {
+  if (py::isinstance<py::tuple>(obj) && py::len(obj) == 2) {
+    // (address, nbytes): raw memory the caller vouches for (an engine's
+    // pinned pool, a tensor's data_ptr()).
+    auto t = py::reinterpret_borrow<py::tuple>(obj);
+    auto address = t[0].cast<uintptr_t>();
+    auto nbytes = t[1].cast<size_t>();
+    if (address == 0 && nbytes != 0) throw StatusError(InvalidArgument("null address"));
+    raw_ = {reinterpret_cast<std::byte*>(address), nbytes};
+    return;
+  }
+  owner_ = AsBufferObject(obj);
   auto* view = new Py_buffer;  // buffer_info releases and deletes it
   int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(owner_.ptr(), view, flags) != 0) {
@@ -75,8 +86,8 @@ HeldBuffer::HeldBuffer(const py::handle& obj, bool writable) : owner_(AsBufferOb
     throw StatusError(InvalidArgument(writable ? "expected a writable C-contiguous buffer"
                                                : "expected a C-contiguous buffer"));
   }
-  bytes_ = static_cast<size_t>(view->len);
   info_ = py::buffer_info(view, /*ownview=*/true);
+  raw_ = {static_cast<std::byte*>(view->buf), static_cast<size_t>(view->len)};
 }
 
 std::vector<HeldBuffer> HoldBuffers(const py::handle& seq, bool writable) {

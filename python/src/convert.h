@@ -19,17 +19,19 @@ std::vector<BlockKey> ToKeys(const pybind11::handle& keys);
 std::vector<uint32_t> ToTokens(const pybind11::handle& tokens);
 
 // A caller's buffer held for the duration of a call (the export keeps the
-// memory alive while the GIL is released). Must be C-contiguous.
+// memory alive while the GIL is released): an object with the buffer
+// protocol (C-contiguous), a CPU torch tensor, or an (address, nbytes)
+// tuple of raw memory the caller keeps valid.
 class HeldBuffer {
  public:
   HeldBuffer(const pybind11::handle& obj, bool writable);
-  std::span<std::byte> writable() { return {static_cast<std::byte*>(info_.ptr), bytes_}; }
-  std::span<const std::byte> readable() const { return {static_cast<const std::byte*>(info_.ptr), bytes_}; }
+  std::span<std::byte> writable() { return raw_; }
+  std::span<const std::byte> readable() const { return raw_; }
 
  private:
   pybind11::object owner_;  // a torch tensor's numpy() view, kept while held
   pybind11::buffer_info info_;
-  size_t bytes_ = 0;
+  std::span<std::byte> raw_;
 };
 
 std::vector<HeldBuffer> HoldBuffers(const pybind11::handle& seq, bool writable);

@@ -72,6 +72,21 @@ class Daemon:
             raise
         assert rc == 0, f"kvtierd exited with {rc}:\n{self.log.read_text()}"
 
+    def pause(self):
+        """SIGSTOP, returning once the kernel has stopped the process (the
+        signal is delivered asynchronously)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return
+            time.sleep(0.001)
+        raise RuntimeError("kvtierd did not stop")
+
+    def resume(self):
+        self.proc.send_signal(signal.SIGCONT)
+
     def restart(self):
         self.stop()
         self.start()

@@ -2,8 +2,6 @@
 zero-copy views and their lifetimes, batch calls, layer-wise I/O, queue
 hints and the GIL."""
 
-import os
-import signal
 import threading
 import time
 
@@ -251,7 +249,7 @@ def test_blocking_calls_release_the_gil(daemon):
         except kvtier.TimedOutError:
             outcome.append("timed out")
 
-    os.kill(daemon.proc.pid, signal.SIGSTOP)  # the daemon cannot answer
+    daemon.pause()  # the daemon cannot answer
     try:
         t = threading.Thread(target=call)
         t.start()
@@ -264,7 +262,7 @@ def test_blocking_calls_release_the_gil(daemon):
         time.sleep(0.2)
         assert t.is_alive() and outcome == []
     finally:
-        os.kill(daemon.proc.pid, signal.SIGCONT)
+        daemon.resume()
     t.join(10)
     assert outcome == ["timed out"] or outcome == ["answered"]
     c.close()
