@@ -1,0 +1,547 @@
+"""SGLang HiCache storage backend on kvtierd: ``KvtierStorage``.
+
+SGLang loads it through its dynamic backend factory, which imports this
+module, builds ``KvtierStorage(storage_config, {})`` and then calls
+``register_mem_pool_host(host_pool)``::
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+      --hicache-storage-backend dynamic \\
+      --hicache-storage-backend-extra-config '{"backend_name":"kvtier",
+        "module_path":"kvtier.integrations.sglang","class_name":"KvtierStorage",
+        "interface_v1":1,"socket_path":"/run/kvtier/kvtierd.sock",
+        "model_revision":"<commit>"}'
+
+Settings, read from ``storage_config.extra_config`` (the whole JSON above):
+
+- ``model_revision`` (required): the model's commit. Part of every key, so
+  a model update never reads the KV of the old weights.
+- ``socket_path``: kvtierd's socket (default /run/kvtier/kvtierd.sock).
+- ``interface_v1``: 1 = zero-copy path (batch_get_v1/batch_set_v1, what
+  SGLang then calls), 0 = generic path (get/set/batch_get/batch_set).
+- ``kv_dtype``: overrides the dtype name taken from the host pool. Set it
+  for an fp8 KV cache, which the host pool holds as uint8 (otherwise e4m3
+  and e5m2 caches of one model would share keys).
+- ``model_id``: overrides ``storage_config.model_name``.
+- ``connect_timeout_s`` (2), ``call_timeout_s`` (10): kvtier.Client limits.
+- ``reconnect_interval_s`` (5): after the daemon went away, the least time
+  between two connection attempts (calls meanwhile miss).
+- ``clear_record_objects`` (131072): how many stored objects clear() can
+  erase (see clear()).
+
+Naming. Each backend (one per host pool) registers one kvtier namespace:
+model_id = model_name, model_revision, kv_dtype, block_tokens = page_size,
+layer_count = layer_num, bytes_per_token_per_layer = get_size_per_token()
+/ layer_num (K and V together, as docs/KEYS.md defines it), kv_layout =
+``sglang_<pool layout>_<kv|mla>`` (+ ``_pp<r>of<n>`` when the binding has no
+pp fields and pp_size > 1, + ``_cp<r>of<n>`` when attn_cp_size > 1), and
+tp_rank/tp_size (an MLA pool is the same on every rank: rank 0 of 1, and
+only TP rank 0 writes; the others report success without writing). A page
+(SGLang's SHA-256 hex page key) is stored as objects keyed
+``kvtier.external_key(fingerprint, page_key + suffix)``:
+
+- zero-copy path: MHA ``_k`` and ``_v`` (the two buffers
+  ``get_page_buffer_meta`` gives per page, in that order), MLA ``_kv``;
+- generic path: ``_flat``, the flat page tensor SGLang passes.
+
+A page exists only when all its objects do. The objects are parts of a
+page in SGLang's byte order, not layer-major kvtier blocks: kvtierd keeps
+them as opaque objects (plain get/put, no layer-wise loads). The two paths
+store different objects, so batch_exists/exists answer for the path this
+backend uses. Not supported: hybrid pools (the v2 methods), the K-only MHA
+pool (one buffer per page: its calls fail and log), split heads.
+
+Layouts. page_first, page_first_direct and page_head are zero-copy: each
+object is one contiguous buffer of the pinned host pool, read and written
+in place by get_batch/put_batch. layer_first gives one buffer per layer
+and component: a set gathers them straight into reserved arena space
+(reserve + memmove + commit, no extra copy); a get copies the objects
+into a staging buffer with one get_batch and scatters them (one extra
+host copy, but one round trip instead of a pin release per object).
+
+Threads. SGLang calls from its prefetch, prefetch-I/O and backup threads
+at once; the kvtier Client is thread-safe, counters and reconnection take
+their own locks. Failures: no data-path method raises; every one logs a
+warning (at most one per 10 s) and answers "missed / not stored" in the
+shape SGLang expects.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import importlib
+import logging
+import threading
+import time
+from typing import List
+
+import kvtier
+
+logger = logging.getLogger(__name__)
+
+try:  # SGLang's factory requires the subclass; without SGLang it is a plain class.
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+except Exception:  # noqa: BLE001  (not installed, or broken: still usable standalone)
+    _Base = object
+
+DEFAULT_SOCKET_PATH = "/run/kvtier/kvtierd.sock"
+ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
+GATHER_LAYOUTS = ("layer_first",)
+FLAT_SUFFIX = "_flat"
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+                "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+_DEAD_CONNECTION = ("unavailable", "cancelled")
+_WARN_EVERY_S = 10.0
+_METRICS_MODULES = ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector")
+
+
+class KvtierStorage(_Base):
+    """A HiCacheStorage whose pages live in kvtierd (module docstring)."""
+
+    def __init__(self, storage_config, kwargs=None):
+        """`storage_config`: SGLang's HiCacheStorageConfig (fields read with
+        getattr, they differ across versions). `kwargs`: the factory's extra
+        keyword dict (unused). Does not connect: that waits for the pool.
+        Raises ValueError when model_revision or the model name is missing."""
+        extra = dict(getattr(storage_config, "extra_config", None) or {})
+        self.model_revision = str(extra.get("model_revision") or "")
+        if not self.model_revision:
+            raise ValueError("kvtier: extra_config needs 'model_revision' (the model's commit): a cache "
+                             "without it would serve stale KV after a model update")
+        self.model_id = str(extra.get("model_id") or getattr(storage_config, "model_name", None) or "")
+        if not self.model_id:
+            raise ValueError("kvtier: storage_config.model_name is empty; set extra_config 'model_id'")
+        self.tp_rank = int(getattr(storage_config, "tp_rank", 0) or 0)
+        self.tp_size = int(getattr(storage_config, "tp_size", 1) or 1)
+        self.pp_rank = int(getattr(storage_config, "pp_rank", 0) or 0)
+        self.pp_size = int(getattr(storage_config, "pp_size", 1) or 1)
+        self.cp_rank = int(getattr(storage_config, "attn_cp_rank", 0) or 0)
+        self.cp_size = int(getattr(storage_config, "attn_cp_size", 1) or 1)
+        self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
+        self.split_heads = bool(getattr(storage_config, "should_split_heads", False))
+        self.socket_path = str(extra.get("socket_path") or DEFAULT_SOCKET_PATH)
+        self.kv_dtype_override = extra.get("kv_dtype")
+        self.interface_v1 = bool(extra.get("interface_v1", 0))
+        self._connect_timeout_s = float(extra.get("connect_timeout_s", 2.0))
+        self._call_timeout_s = float(extra.get("call_timeout_s", 10.0))
+        self._reconnect_interval_s = float(extra.get("reconnect_interval_s", 5.0))
+        self._record_limit = int(extra.get("clear_record_objects", 131072))
+        self._writes = not (self.is_mla and self.tp_rank != 0)  # MLA: rank 0 writes for all
+
+        self.mem_pool_host = None
+        self.namespace = None  # kvtier.Namespace, once the pool is registered
+        self.fingerprint = None
+        self._layout = None
+        self._components = ("_kv",) if self.is_mla else ("_k", "_v")
+        self._page_size = 0
+        self._layers = 0
+        self._client = None
+        self._next_connect = 0.0
+        self._connect_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._counters = collections.Counter()
+        self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
+        self._written = collections.OrderedDict()  # kvtier.Key -> None, oldest first
+        self._next_warning = 0.0
+        self._stats_class = None
+
+    # ---- registration ----
+
+    def register_mem_pool_host(self, mem_pool_host):
+        """Derives the namespace from the pool and connects. Raises ValueError
+        for a pool this backend cannot store (unknown layout, split heads, no
+        get_size_per_token); a daemon that cannot be reached is only logged
+        (calls miss until a later attempt connects)."""
+        layout = getattr(mem_pool_host, "layout", None)
+        if layout not in ZERO_COPY_LAYOUTS + GATHER_LAYOUTS:
+            raise ValueError(f"kvtier: host pool layout {layout!r} is not supported "
+                             f"(use one of {ZERO_COPY_LAYOUTS + GATHER_LAYOUTS})")
+        if self.split_heads:
+            raise ValueError("kvtier: should_split_heads (heterogeneous TP) is not supported")
+        page_size, layers = int(mem_pool_host.page_size), int(mem_pool_host.layer_num)
+        per_token = int(mem_pool_host.get_size_per_token())  # all layers and components
+        ns = kvtier.Namespace(
+            model_id=self.model_id, model_revision=self.model_revision, kv_dtype=self._kv_dtype(mem_pool_host),
+            block_tokens=page_size, layer_count=layers,
+            bytes_per_token_per_layer=per_token // layers,
+            kv_layout=self._kv_layout(layout),
+            tp_rank=0 if self.is_mla else self.tp_rank, tp_size=1 if self.is_mla else self.tp_size)
+        if hasattr(ns, "pp_rank"):
+            ns.pp_rank, ns.pp_size = self.pp_rank, self.pp_size
+        self.fingerprint = ns.fingerprint()  # validates: InvalidArgumentError is a ValueError
+        self.mem_pool_host, self.namespace, self._layout = mem_pool_host, ns, layout
+        self._page_size, self._layers = page_size, layers
+        self._get_client()
+
+    def _kv_dtype(self, pool) -> str:
+        if self.kv_dtype_override:
+            return str(self.kv_dtype_override)
+        name = str(pool.dtype).replace("torch.", "")
+        if name == "uint8":
+            logger.warning("kvtier: the host pool holds uint8 (an fp8 KV cache?): set extra_config "
+                           "'kv_dtype' (e.g. fp8_e4m3) so caches of different fp8 formats never mix")
+        return _DTYPE_NAMES.get(name, name)
+
+    def _kv_layout(self, layout: str) -> str:
+        out = f"sglang_{layout}_{'mla' if self.is_mla else 'kv'}"
+        if self.pp_size > 1 and not hasattr(kvtier.Namespace, "pp_rank"):
+            out += f"_pp{self.pp_rank}of{self.pp_size}"
+        if self.cp_size > 1:
+            out += f"_cp{self.cp_rank}of{self.cp_size}"
+        return out
+
+    # ---- zero-copy path ----
+
+    def batch_exists(self, keys, extra_info=None) -> int:
+        """How many pages from keys[0] on are stored (all their objects, for
+        this backend's path); one lookup. 0 on any failure."""
+        try:
+            client = self._get_client()
+            if client is None or not keys:
+                return 0
+            suffixes = self._path_suffixes()
+            hit = client.lookup(0, self._object_keys(keys, suffixes)).prefix_blocks
+            return hit // len(suffixes)
+        except Exception as e:  # noqa: BLE001  (never into SGLang's prefetch thread)
+            self._failed("batch_exists", e)
+            return 0
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+        """Reads pages into the host pool slots `host_indices` (len(keys) *
+        page_size slots, page i from host_indices[i * page_size]). Returns
+        len(keys) bools: True when every object of the page was read whole.
+        A False page's slots may hold part of it (SGLang discards them)."""
+        try:
+            return self._get_v1(keys, host_indices)
+        except Exception as e:  # noqa: BLE001
+            self._failed("batch_get_v1", e)
+            return [False] * len(keys)
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+        """Stores pages from the host pool slots `host_indices`. Returns
+        len(keys) bools: True when every object is stored (already cached
+        counts). MLA ranks other than 0 write nothing and return all True."""
+        try:
+            return self._set_v1(keys, host_indices)
+        except Exception as e:  # noqa: BLE001
+            self._failed("batch_set_v1", e)
+            return [False] * len(keys)
+
+    def _get_v1(self, keys, host_indices) -> List[bool]:
+        client = self._get_client()
+        if client is None or not keys:
+            return [False] * len(keys)
+        start = time.monotonic()
+        objects = self._pool_objects(keys, host_indices)
+        okeys = self._object_keys(keys, self._components)
+        if self._layout in GATHER_LAYOUTS:
+            done = self._get_scattered(client, okeys, objects)
+        else:
+            statuses = self._checked(client.get_batch(0, okeys, [pieces[0] for pieces in objects]))
+            done = [s.ok and s.value == pieces[0][1] for s, pieces in zip(statuses, objects)]
+        pages = self._per_page(done, len(keys))
+        self._count_transfer("prefetch", pages, done, objects, time.monotonic() - start)
+        return pages
+
+    def _set_v1(self, keys, host_indices) -> List[bool]:
+        if not self._writes:
+            self._count(pages_set_skipped=len(keys))
+            return [True] * len(keys)
+        client = self._get_client()
+        if client is None or not keys:
+            return [False] * len(keys)
+        start = time.monotonic()
+        objects = self._pool_objects(keys, host_indices)
+        okeys = self._object_keys(keys, self._components)
+        if self._layout in GATHER_LAYOUTS:
+            done = self._put_gathered(client, okeys, objects)
+        else:
+            done = [s.ok for s in self._checked(client.put_batch(0, okeys, [pieces[0] for pieces in objects]))]
+        pages = self._per_page(done, len(keys))
+        self._remember([k for k, ok in zip(okeys, done) if ok])
+        self._count_transfer("backup", pages, done, objects, time.monotonic() - start)
+        return pages
+
+    def _pool_objects(self, keys, host_indices):
+        """The pool memory of each object, in _object_keys order: a list per
+        object of (address, nbytes) pieces, one piece unless layer_first."""
+        if len(host_indices) != len(keys) * self._page_size:
+            raise ValueError(f"{len(host_indices)} host slots for {len(keys)} pages of {self._page_size}")
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        if isinstance(sizes, int):
+            sizes = [sizes] * len(ptrs)
+        ncomp = len(self._components)
+        layers = self._layers if self._layout in GATHER_LAYOUTS else 1
+        if len(ptrs) != len(keys) * ncomp * layers or len(sizes) != len(ptrs):
+            raise ValueError(f"get_page_buffer_meta gave {len(ptrs)} buffers for {len(keys)} pages; expected "
+                             f"{ncomp * layers} per page ({self._layout}, {ncomp} components)")
+        pieces = list(zip((int(p) for p in ptrs), (int(s) for s in sizes)))
+        if layers == 1:
+            return [[p] for p in pieces]
+        per_page = ncomp * layers  # page: layer: component (K then V)
+        return [[pieces[page * per_page + layer * ncomp + comp] for layer in range(layers)]
+                for page in range(len(keys)) for comp in range(ncomp)]
+
+    def _put_gathered(self, client, okeys, objects) -> List[bool]:
+        """Gathers each object's pieces into reserved arena space, commits."""
+        with client.reserve(0, okeys, [sum(n for _, n in pieces) for pieces in objects]) as res:
+            for i, pieces in enumerate(objects):
+                if not res.status(i).ok:
+                    continue  # already cached (a success) or failed: commit reports it
+                view = res.data(i)
+                window = (ctypes.c_char * view.nbytes).from_buffer(view)
+                dst = ctypes.addressof(window)
+                for ptr, n in pieces:
+                    ctypes.memmove(dst, ptr, n)
+                    dst += n
+                del window, view  # commit refuses while an export is alive
+            return [s.ok or s.code == "already_exists" for s in self._checked(res.commit())]
+
+    def _get_scattered(self, client, okeys, objects) -> List[bool]:
+        """Reads every object into one staging buffer, scatters the whole ones."""
+        sizes = [sum(n for _, n in pieces) for pieces in objects]
+        staging = ctypes.create_string_buffer(max(1, sum(sizes)))
+        outs, at = [], ctypes.addressof(staging)
+        for n in sizes:
+            outs.append((at, n))
+            at += n
+        done = []
+        for st, (src, n), pieces in zip(self._checked(client.get_batch(0, okeys, outs)), outs, objects):
+            ok = st.ok and st.value == n
+            if ok:
+                for ptr, size in pieces:
+                    ctypes.memmove(ptr, src, size)
+                    src += size
+            done.append(ok)
+        return done
+
+    # ---- generic path: one "_flat" object per page ----
+
+    def get(self, key, target_location=None, target_sizes=None):
+        """Reads page `key` into `target_location` (a flat CPU tensor of one
+        page; None: a dummy page from the pool) and returns it; None on a
+        miss or failure. An int target_location with target_sizes is a raw
+        (address, nbytes)."""
+        locations = None if target_location is None else [target_location]
+        sizes = None if target_sizes is None else [target_sizes]
+        return self.batch_get([key], locations, sizes)[0]
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        """List of len(keys): target_locations[i] filled with page i, or None."""
+        try:
+            client = self._get_client()
+            if client is None or not keys:
+                return [None] * len(keys)
+            start = time.monotonic()
+            if target_locations is None:
+                target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+            outs = [_span(t, None if target_sizes is None else target_sizes[i], writable=True)
+                    for i, t in enumerate(target_locations)]
+            statuses = self._checked(client.get_batch(0, self._object_keys(keys, (FLAT_SUFFIX,)),
+                                                      [b for b, _, _ in outs]))
+            done = [s.ok and s.value == n for s, (_, n, _) in zip(statuses, outs)]
+            self._count_transfer("prefetch", done, done, [[(0, n)] for _, n, _ in outs], time.monotonic() - start)
+            return [t if ok else None for t, ok in zip(target_locations, done)]
+        except Exception as e:  # noqa: BLE001
+            self._failed("batch_get", e)
+            return [None] * len(keys)
+
+    def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
+        """Stores page `key` from `value` (or `target_location`): a flat CPU
+        tensor, a buffer, or an int address with target_sizes. False on failure."""
+        values = None if value is None else [value]
+        locations = None if target_location is None else [target_location]
+        sizes = None if target_sizes is None else [target_sizes]
+        return self.batch_set([key], values, locations, sizes)
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
+        """True iff every page was stored (already cached counts)."""
+        try:
+            if not self._writes:
+                self._count(pages_set_skipped=len(keys))
+                return True
+            client = self._get_client()
+            if client is None:
+                return False
+            if not keys:
+                return True
+            start = time.monotonic()
+            sources = values if values is not None else target_locations
+            outs = [_span(t, None if target_sizes is None else target_sizes[i], writable=False)
+                    for i, t in enumerate(sources)]
+            okeys = self._object_keys(keys, (FLAT_SUFFIX,))
+            done = [s.ok for s in self._checked(client.put_batch(0, okeys, [b for b, _, _ in outs]))]
+            self._remember([k for k, ok in zip(okeys, done) if ok])
+            self._count_transfer("backup", done, done, [[(0, n)] for _, n, _ in outs], time.monotonic() - start)
+            return all(done)
+        except Exception as e:  # noqa: BLE001
+            self._failed("batch_set", e)
+            return False
+
+    def exists(self, key) -> bool:
+        """Whether page `key` is stored for this backend's path."""
+        return self.batch_exists([key]) == 1
+
+    # ---- housekeeping ----
+
+    def clear(self) -> None:
+        """Erases the objects this backend stored, as far as its record of the
+        most recent `clear_record_objects` reaches. kvtierd is shared by other
+        engines, ranks and models, so nothing else is dropped; a page another
+        backend stored too becomes a miss for it as well (a miss, never wrong
+        bytes). Failures are logged."""
+        with self._stats_lock:
+            written, self._written = list(self._written), collections.OrderedDict()
+        try:
+            client = self._get_client()
+            if client is None or not written:
+                return
+            erased = sum(client.erase(0, written[i:i + 4096]) for i in range(0, len(written), 4096))
+            logger.info("kvtier: clear() erased %d of the %d objects this backend stored", erased, len(written))
+        except Exception as e:  # noqa: BLE001
+            self._failed("clear", e)
+
+    def get_stats(self):
+        """Cumulative counters (dict): pages_get, pages_hit, pages_miss,
+        pages_set, pages_set_failed, pages_set_skipped, bytes_read,
+        bytes_written, errors. When SGLang's StorageMetrics is importable
+        the dict is also a StorageMetrics carrying the per-call page counts
+        and GB/s since the previous get_stats (what --enable-storage-metrics
+        logs; its collector asserts that type)."""
+        with self._stats_lock:
+            counters = {k: int(self._counters[k]) for k in (
+                "pages_get", "pages_hit", "pages_miss", "pages_set", "pages_set_failed",
+                "pages_set_skipped", "bytes_read", "bytes_written", "errors")}
+            samples = {k: list(v) for k, v in self._samples.items()}
+            for v in self._samples.values():
+                v.clear()
+        cls = self._storage_metrics_class()
+        return cls(counters, samples) if cls is not None else counters
+
+    def _storage_metrics_class(self):
+        if self._stats_class is None:
+            self._stats_class = False
+            for name in _METRICS_MODULES:
+                try:
+                    metrics = getattr(importlib.import_module(name), "StorageMetrics")
+                except Exception:  # noqa: BLE001  (no SGLang, or another version)
+                    continue
+
+                fields = getattr(metrics, "__dataclass_fields__", {})
+
+                class KvtierStats(dict, metrics):
+                    def __init__(self, counters, samples):
+                        dict.__init__(self, counters)
+                        metrics.__init__(self, **{k: v for k, v in samples.items() if k in fields})
+
+                self._stats_class = KvtierStats
+                break
+        return self._stats_class or None
+
+    # ---- helpers ----
+
+    def _path_suffixes(self):
+        return self._components if self.interface_v1 else (FLAT_SUFFIX,)
+
+    def _object_keys(self, keys, suffixes) -> list:
+        fp = self.fingerprint
+        return [kvtier.external_key(fp, _engine_key(k, s)) for k in keys for s in suffixes]
+
+    def _per_page(self, done, n_pages) -> List[bool]:
+        ncomp = len(done) // n_pages
+        return [all(done[i * ncomp:(i + 1) * ncomp]) for i in range(n_pages)]
+
+    def _get_client(self):
+        """The connection, or None (no pool yet, or the daemon unreachable and
+        the next attempt not due). Never waits for another thread's attempt."""
+        client = self._client
+        if client is not None or self.namespace is None:
+            return client
+        if time.monotonic() < self._next_connect or not self._connect_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._client is None:
+                self._next_connect = time.monotonic() + self._reconnect_interval_s
+                self._client = kvtier.Client(
+                    self.socket_path, [self.namespace], client_name=f"sglang-tp{self.tp_rank}-pp{self.pp_rank}",
+                    connect_timeout=self._connect_timeout_s, call_timeout=self._call_timeout_s)
+            return self._client
+        except Exception as e:  # noqa: BLE001
+            self._failed(f"connecting to kvtierd at {self.socket_path}", e)
+            return None
+        finally:
+            self._connect_lock.release()
+
+    def _checked(self, statuses):
+        """`statuses`, after dropping the connection if one says it died."""
+        dead = next((s for s in statuses if s.code in _DEAD_CONNECTION), None)
+        if dead is not None:
+            self._failed("a kvtierd call", kvtier.Error(f"connection lost: {dead.message}"), dead.code)
+        return statuses
+
+    def _failed(self, what, error, code=None):
+        """Counts and (rate-limited) logs a failure; drops a dead connection."""
+        self._count(errors=1)
+        client = self._client
+        if client is not None and (code or getattr(error, "code", None)) in _DEAD_CONNECTION:
+            self._client = None
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001  (closing a dead connection)
+                pass
+        now = time.monotonic()
+        if now >= self._next_warning:
+            self._next_warning = now + _WARN_EVERY_S
+            logger.warning("kvtier: %s failed: %s (counted as missed/not stored; further failures within %.0f s "
+                           "are not logged)", what, error, _WARN_EVERY_S)
+
+    def _count(self, **deltas):
+        with self._stats_lock:
+            self._counters.update(deltas)
+
+    def _count_transfer(self, kind, pages, done, objects, seconds):
+        nbytes = sum(sum(n for _, n in pieces) for ok, pieces in zip(done, objects) if ok)
+        good = sum(pages)
+        with self._stats_lock:
+            if kind == "prefetch":
+                self._counters.update(pages_get=len(pages), pages_hit=good, pages_miss=len(pages) - good,
+                                      bytes_read=nbytes)
+            else:
+                self._counters.update(pages_set=good, pages_set_failed=len(pages) - good, bytes_written=nbytes)
+            if len(self._samples[kind + "_pgs"]) < 4096:
+                self._samples[kind + "_pgs"].append(good)
+                self._samples[kind + "_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
+
+    def _remember(self, okeys):
+        if self._record_limit <= 0:
+            return
+        with self._stats_lock:
+            for k in okeys:
+                self._written[k] = None
+                self._written.move_to_end(k)
+            while len(self._written) > self._record_limit:
+                self._written.popitem(last=False)
+
+
+def _engine_key(page_key, suffix: str):
+    if isinstance(page_key, (bytes, bytearray)):
+        return bytes(page_key) + suffix.encode()
+    return str(page_key) + suffix
+
+
+def _span(obj, size, writable: bool):
+    """(what the binding gets, nbytes, keep-alive) for one page buffer: a CPU
+    tensor becomes its raw (data_ptr, nbytes), any dtype (bf16 included); an
+    int address needs `size`; anything else goes to the binding as a buffer."""
+    if isinstance(obj, int):
+        return (obj, int(size)), int(size), None
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
+        if getattr(obj.device, "type", "cpu") != "cpu":
+            raise ValueError(f"kvtier: expected a CPU tensor, got one on {obj.device}")
+        if not obj.is_contiguous():
+            if writable:
+                raise ValueError("kvtier: target tensor is not contiguous")
+            obj = obj.contiguous()
+        nbytes = obj.numel() * obj.element_size()
+        return (obj.data_ptr(), nbytes), nbytes, obj
+    return obj, memoryview(obj).nbytes, obj
