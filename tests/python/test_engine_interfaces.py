@@ -1,0 +1,124 @@
+"""The adapters' method signatures against the engines' interfaces as
+transcribed from their sources (python/kvtier/integrations/
+engine_interfaces.json names the repository, file and commit), and, where an
+engine is importable, against the engine itself."""
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+import kvtier.integrations
+
+MANIFEST = json.loads((Path(kvtier.integrations.__file__).parent / "engine_interfaces.json").read_text())
+
+# The methods issue 15 names, which each adapter must implement itself.
+REQUIRED = {
+    "vllm": ["get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
+             "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+             "get_finished", "get_block_ids_with_load_errors"],
+    "sglang": ["get", "set", "exists", "batch_get", "batch_set", "batch_exists", "batch_get_v1", "batch_set_v1",
+               "register_mem_pool_host"],
+}
+ADAPTERS = {
+    "vllm": ("kvtier.integrations.vllm", "KvtierConnector"),
+    "sglang": ("kvtier.integrations.sglang", "KvtierStorage"),
+}
+ENGINE_BASES = {
+    "vllm": ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1"),
+    "sglang": ("sglang.srt.mem_cache.hicache_storage", "HiCacheStorage"),
+}
+
+
+def adapter(engine):
+    module, name = ADAPTERS[engine]
+    return getattr(importlib.import_module(module), name)
+
+
+def params_of(function):
+    """Parameter names as the manifest writes them: no self/cls, *args and
+    **kwargs with their stars; and the defaults."""
+    names, defaults = [], {}
+    for p in list(inspect.signature(function).parameters.values()):
+        if p.name in ("self", "cls"):
+            continue
+        star = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        names.append(star + p.name)
+        if p.default is not p.empty:
+            defaults[p.name] = p.default
+    return names, defaults
+
+
+def own_methods(cls):
+    """Methods the adapter defines or inherits from its own modules (not an
+    engine's base class)."""
+    out = {}
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("kvtier"):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and name not in out:
+                out[name] = value
+    return out
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_manifest_names_its_source(engine):
+    source = MANIFEST[engine]["source"]
+    assert len(source["commit"]) == 40 and source["path"].endswith(".py") and source["repo"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_adapter_implements_what_the_issue_names(engine):
+    methods = MANIFEST[engine]["methods"]
+    cls = adapter(engine)
+    own = own_methods(cls)
+    required = set(REQUIRED[engine]) | {n for n, m in methods.items() if m.get("abstract")}
+    missing = sorted(n for n in required if n not in own)
+    assert not missing, f"{cls.__name__} lacks {missing}"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_adapter_signatures_match_the_engine(engine):
+    methods = MANIFEST[engine]["methods"]
+    cls = adapter(engine)
+    mismatches = []
+    for name, raw in own_methods(cls).items():
+        spec = methods.get(name)
+        if spec is None or isinstance(raw, property):
+            continue
+        kind = "classmethod" if isinstance(raw, classmethod) else (
+            "staticmethod" if isinstance(raw, staticmethod) else "instance")
+        if kind != spec["kind"]:
+            mismatches.append(f"{name}: a {kind}, the engine declares a {spec['kind']}")
+        names, defaults = params_of(getattr(cls, name))
+        if names != spec["params"]:
+            mismatches.append(f"{name}{tuple(names)}: the engine calls it with {tuple(spec['params'])}")
+        for param, default in spec.get("defaults", {}).items():
+            if defaults.get(param, "<none>") != default:
+                mismatches.append(f"{name}: {param} defaults to {defaults.get(param, '<none>')!r}, "
+                                  f"the engine's to {default!r}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_vllm_constructor_matches():
+    names, _ = params_of(adapter("vllm").__init__)
+    assert names == MANIFEST["vllm"]["constructor"]["params"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_against_the_real_engine_when_installed(engine):
+    module, name = ENGINE_BASES[engine]
+    try:
+        base = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        pytest.skip(f"{engine} is not installed here ({e}); checked against the manifest only")
+    cls = adapter(engine)
+    assert issubclass(cls, base)
+    for method, raw in own_methods(cls).items():
+        if hasattr(base, method) and callable(getattr(base, method)) and not isinstance(raw, property):
+            assert params_of(getattr(cls, method))[0] == params_of(getattr(base, method))[0], method
+    abstract = getattr(base, "__abstractmethods__", frozenset())
+    assert not (abstract - set(own_methods(cls))), "abstract methods left unimplemented"

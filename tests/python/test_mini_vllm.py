@@ -1,0 +1,818 @@
+"""Tests of the tiny models and of the mini vLLM engine (no kvtier needed).
+
+The mini engine is the stand-in for vLLM when testing the kvtier connector, so
+these tests pin the properties the connector tests rely on: bit-exact model
+outputs, vLLM's call order (/tmp/notes/engine_reading.md section 1.3), and a
+working store/load round trip through a reference in-memory connector.
+"""
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mini_vllm as mv  # noqa: E402
+from mini_vllm import (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, MiniEngine,  # noqa: E402
+                       make_kv_cache_config, make_vllm_config, run_request, yield_req_data)
+from tiny_model import (KVCache, SeqInput, TinyDecoder, TinyHybrid, greedy_generate,  # noqa: E402
+                        make_deterministic)
+
+BS = 4
+L = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    make_deterministic()
+
+
+@pytest.fixture(scope="module")
+def model():
+    make_deterministic()
+    return TinyDecoder(seed=0)
+
+
+def prompt(seed, n, vocab=101):
+    return [int(t) for t in torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))]
+
+
+# ---------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------
+
+def test_model_is_deterministic_and_seeded():
+    a, b, c = TinyDecoder(seed=0), TinyDecoder(seed=0), TinyDecoder(seed=1)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["embed"], sc["embed"])
+    p = prompt(1, 21)
+    runs = []
+    for m in (a, a, b):
+        caches = KVCache.allocate(m, 8)
+        runs.append((m(p, list(range(21)), list(range(1, 7)), 0, caches), caches))
+    for logits, caches in runs[1:]:
+        assert torch.equal(logits, runs[0][0])
+        assert all(torch.equal(caches[n], runs[0][1][n]) for n in L)
+
+
+def test_cache_layout_is_vllm_flash_attention(model):
+    caches = KVCache.allocate(model, 7)
+    assert list(caches) == L
+    assert all(t.shape == (2, 7, BS, 2, 8) and t.dtype == torch.float32 for t in caches.values())
+    spec = make_kv_cache_config(model, 7, tensor_parallel_size=2).kv_cache_groups[0].kv_cache_spec
+    assert (spec.num_kv_heads, spec.page_size_bytes) == (1, 2 * BS * 1 * 8 * 4)
+
+
+def test_outputs_and_kv_do_not_depend_on_chunking_batching_or_tp(model):
+    p, q = prompt(2, 23), prompt(3, 9)
+    table = [5, 2, 7, 1, 3, 6]
+    ref_caches = KVCache.allocate(model, 12)
+    ref = model(p, list(range(23)), table, 0, ref_caches)
+
+    chunked = KVCache.allocate(model, 12)
+    parts = [model(p[s:e], list(range(s, e)), table, s, chunked) for s, e in [(0, 1), (1, 8), (8, 9), (9, 23)]]
+    assert torch.equal(torch.cat(parts), ref)
+    assert all(torch.equal(chunked[n], ref_caches[n]) for n in L)
+
+    # Batched with another request (its own blocks), and sharded over two TP ranks.
+    shards = KVCache.shards(model, 12, 2)
+    out = model.forward_batch([SeqInput(q, list(range(9)), [8, 9, 10]), SeqInput(p, list(range(23)), table)], shards)
+    assert torch.equal(out[1], ref)
+    merged = {n: torch.cat([s.kv_caches[n] for s in shards], dim=3) for n in L}
+    assert torch.equal(KVCache.gather_tokens(merged, table, 23, BS), KVCache.gather_tokens(ref_caches, table, 23, BS))
+
+
+def test_position_matters(model):
+    """K/V carry RoPE'd positions: a block placed at the wrong position changes the outputs."""
+    p = prompt(4, 17)
+    caches = KVCache.allocate(model, 8)
+    table = [1, 2, 3, 4, 5]
+    ref = model(p, list(range(17)), table, 0, caches)[-1]
+    swapped = [2, 1, 3, 4, 5]  # blocks 0 and 1 exchanged: same bytes, wrong positions
+    again = model([p[16]], [16], swapped, 16, caches)[-1]
+    assert not torch.equal(again, ref)
+    assert torch.equal(model([p[16]], [16], table, 16, caches)[-1], ref)
+
+
+def test_hooks_wait_before_read_and_save_after_write(model):
+    calls = []
+
+    class Hooks:
+        def wait_for_layer_load(self, name):
+            calls.append(("wait", name))
+
+        def save_kv_layer(self, name, kv, meta):
+            calls.append(("save", name, kv is caches[name], meta.slot_mapping.tolist()))
+
+    caches = KVCache.allocate(model, 8)
+    model(prompt(5, 6), list(range(6)), [3, 1], 0, caches, hooks=Hooks())
+    slots = [12, 13, 14, 15, 4, 5]
+    assert calls == [c for n in L for c in (("wait", n), ("save", n, True, slots))]
+
+
+def test_greedy_generate_is_full_recompute_reference(model):
+    p = prompt(6, 13)
+    toks, logits = greedy_generate(model, p, 5, return_logits=True)
+    assert len(set(toks)) > 1
+    for i, t in enumerate(toks):
+        assert int(torch.argmax(logits[i])) == t
+
+
+# ---------------------------------------------------------------------------
+# The engine without a connector
+# ---------------------------------------------------------------------------
+
+def test_engine_greedy_equals_full_recompute(model):
+    engine = MiniEngine(model)
+    prompts = [prompt(10 + i, n) for i, n in enumerate([5, 13, 22])]
+    reqs = [engine.add_request(p, 6) for p in prompts]
+    engine.run_until_done()
+    for p, r in zip(prompts, reqs):
+        ref, ref_logits = greedy_generate(model, p, 6, return_logits=True)
+        assert engine.outputs[r.request_id] == ref
+        # Bit-identical too: the model's per-token computation does not depend on batching.
+        assert all(torch.equal(a[-1], b) for a, b in zip(engine.logits[r.request_id], ref_logits))
+    assert engine.finish_reasons == {r.request_id: "length" for r in reqs}
+    assert engine.block_pool.get_num_free_blocks() == 63  # all freed (block 0 is the null block)
+
+
+def test_chunked_prefill_is_bit_exact(model):
+    p = prompt(11, 30)
+    cfg = make_vllm_config(model, kv_connector=None, max_num_batched_tokens=8)
+    engine = MiniEngine(model, cfg)
+    toks, logits = run_request(engine, p, 3)
+    assert [h.scheduler_output.total_num_scheduled_tokens for h in engine.history[:4]] == [8, 8, 8, 6]
+    full = MiniEngine(model)
+    ftoks, flogits = run_request(full, p, 3)
+    assert toks == ftoks == greedy_generate(model, p, 3)
+    assert torch.equal(torch.cat(logits[:4]), flogits[0])
+
+
+def test_local_prefix_cache_computes_only_the_suffix(model):
+    shared = prompt(12, 18)
+    p1, p2 = shared + prompt(13, 5), shared + prompt(14, 7)
+    engine = MiniEngine(model)
+    run_request(engine, p1, 4, "r1")
+    toks, logits = run_request(engine, p2, 4, "r2")
+    first = next(h.scheduler_output for h in engine.history if "r2" in h.scheduler_output.num_scheduled_tokens)
+    assert first.scheduled_new_reqs[0].num_computed_tokens == 16  # 4 retained full blocks of r1
+    assert first.num_scheduled_tokens["r2"] == len(p2) - 16
+
+    # A fresh engine that retained the same blocks gives the same bits.
+    other = MiniEngine(model)
+    run_request(other, p1, 4, "r1")
+    toks_b, logits_b = run_request(other, p2, 4, "r2")
+    assert toks == toks_b == greedy_generate(model, p2, 4)
+    assert all(torch.equal(a, b) for a, b in zip(logits, logits_b))
+    # And without prefix caching (full prefill) the suffix logits are bit-identical as well.
+    off = MiniEngine(model, make_vllm_config(model, kv_connector=None, enable_prefix_caching=False))
+    toks_c, logits_c = run_request(off, p2, 4, "r2")
+    assert toks_c == toks and torch.equal(logits_c[0][16:], logits[0])
+    assert torch.equal(engine.request_kv("r2", len(p2)), off.request_kv("r2", len(p2)))
+
+
+def test_retained_blocks_are_evicted_lru_when_the_pool_is_full(model):
+    engine = MiniEngine(model, kv_cache_config=make_kv_cache_config(model, 10))
+    a, b = prompt(15, 20), prompt(16, 20)
+    run_request(engine, a, 2)  # blocks 1-6, blocks 1-5 full and hashed; freed tail first
+    run_request(engine, b, 2)  # 6 of the 9 usable blocks: 7, 8, 9, then a's 6, 5, 4 (LRU = a's tail)
+    assert engine.block_pool.num_evictions == 2
+    toks, _ = run_request(engine, a, 2, "again")
+    first = next(h.scheduler_output for h in engine.history if "again" in h.scheduler_output.num_scheduled_tokens)
+    assert first.scheduled_new_reqs[0].num_computed_tokens == 12  # a's blocks 1-3 survived
+    assert toks == greedy_generate(model, a, 2)
+
+
+def test_natural_preemption_recomputes_correctly(model):
+    engine = MiniEngine(model, kv_cache_config=make_kv_cache_config(model, 9))
+    prompts = [prompt(17, 11), prompt(18, 10)]
+    reqs = [engine.add_request(p, 9) for p in prompts]
+    engine.run_until_done()
+    assert any(h.scheduler_output.preempted_req_ids for h in engine.history)
+    for p, r in zip(prompts, reqs):
+        assert engine.outputs[r.request_id] == greedy_generate(model, p, 9)
+
+
+# ---------------------------------------------------------------------------
+# A recording connector: vLLM's call order
+# ---------------------------------------------------------------------------
+
+@dataclass
+class RecMeta(KVConnectorMetadata):
+    new_req_ids: list
+    cached_req_ids: list
+    resumed_req_ids: set
+    preempted_req_ids: set
+    finished_req_ids: set
+    loads: dict  # req_id -> num_external_tokens
+
+
+@dataclass
+class Script:
+    """What the recording connectors answer. matched(request, num_computed, n_call) -> (int|None, bool)."""
+    matched: object = None
+    delay_free: set = field(default_factory=set)
+    send_delay_steps: dict = field(default_factory=dict)  # rank -> worker passes to wait before finished_sending
+    calls: dict = field(default_factory=dict)
+
+
+class RecordingConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role, kv_cache_config, log, script):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.log, self.script = log, script
+        self.rank = vllm_config.parallel_config.rank
+        self.who = "S" if role == KVConnectorRole.SCHEDULER else f"W{self.rank}"
+        self.pending = {}
+        self.recv_now, self.sending = set(), {}
+        self.kv_caches = None
+
+    def rec(self, *entry):
+        if self.role == KVConnectorRole.WORKER:
+            assert mv.get_tensor_model_parallel_rank() == self.rank
+        self.log.append((self.who,) + entry)
+
+    # scheduler side
+    def bind_kv_cache_manager(self, kv_cache_manager):
+        self.rec("bind_kv_cache_manager")
+        super().bind_kv_cache_manager(kv_cache_manager)
+
+    def on_new_request(self, request):
+        self.rec("on_new_request", request.request_id)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        n = self.script.calls[request.request_id] = self.script.calls.get(request.request_id, 0) + 1
+        self.rec("get_num_new_matched_tokens", request.request_id, num_computed_tokens)
+        return self.script.matched(request, num_computed_tokens, n) if self.script.matched else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self.rec("update_state_after_alloc", request.request_id, blocks.get_block_ids(), num_external_tokens)
+        if num_external_tokens:
+            self.pending[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output):
+        so = scheduler_output
+        self.rec("build_connector_meta")
+        meta = RecMeta([r.req_id for r in so.scheduled_new_reqs], list(so.scheduled_cached_reqs.req_ids),
+                       set(so.scheduled_cached_reqs.resumed_req_ids), set(so.preempted_req_ids or ()),
+                       set(so.finished_req_ids), dict(self.pending))
+        self.pending.clear()
+        return meta
+
+    def update_connector_output(self, connector_output):
+        self.rec("update_connector_output", connector_output.finished_sending, connector_output.finished_recving)
+
+    def request_finished(self, request, block_ids):
+        self.rec("request_finished", request.request_id, list(block_ids))
+        if request.request_id in self.script.delay_free:
+            return True, {"delayed": request.request_id}
+        return False, None
+
+    # worker side
+    def register_kv_caches(self, kv_caches):
+        self.kv_caches = kv_caches
+        self.rec("register_kv_caches", {n: tuple(t.shape) for n, t in kv_caches.items()})
+
+    def handle_preemptions(self, kv_connector_metadata):
+        self.rec("handle_preemptions", set(kv_connector_metadata.preempted_req_ids))
+
+    def bind_connector_metadata(self, connector_metadata):
+        self.rec("bind_connector_metadata")
+        super().bind_connector_metadata(connector_metadata)
+
+    def clear_connector_metadata(self):
+        self.rec("clear_connector_metadata")
+        super().clear_connector_metadata()
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        self.rec("start_load_kv", forward_context.attn_metadata is None)
+        assert all(forward_context.no_compile_layers[n].kv_cache is self.kv_caches[n] for n in L)
+        self.recv_now |= {r for r in meta.loads if r not in meta.new_req_ids + meta.cached_req_ids}
+
+    def wait_for_layer_load(self, layer_name):
+        self.rec("wait_for_layer_load", layer_name)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        assert kv_layer is self.kv_caches[layer_name]
+        self.rec("save_kv_layer", layer_name, tuple(attn_metadata.slot_mapping.tolist()))
+
+    def wait_for_save(self):
+        self.rec("wait_for_save")
+
+    def get_finished(self, finished_req_ids):
+        self.rec("get_finished", set(finished_req_ids))
+        for r in finished_req_ids:
+            if r in self.script.delay_free:
+                self.sending[r] = self.script.send_delay_steps.get(self.rank, 0)
+        done = {r for r, left in self.sending.items() if left == 0}
+        self.sending = {r: left - 1 for r, left in self.sending.items() if left > 0}
+        recv, self.recv_now = self.recv_now, set()
+        return done or None, recv or None
+
+    def get_block_ids_with_load_errors(self):
+        self.rec("get_block_ids_with_load_errors")
+        return set()
+
+
+def recording_engine(model, log, script=None, num_workers=1, num_blocks=64, **cfg):
+    script = script or Script()
+    vcfg = make_vllm_config(model, tensor_parallel_size=num_workers, **cfg)
+    engine = MiniEngine(model, vcfg, make_kv_cache_config(model, num_blocks, num_workers),
+                        lambda c, role, kvc: RecordingConnector(c, role, kvc, log, script), num_workers=num_workers)
+    return engine, script
+
+
+def worker_pass(w, layers=True, slots=None, start_before=False, finished=frozenset()):
+    """The worker calls of one step, in vLLM @00f4240e's order."""
+    seq = [(w, "handle_preemptions", set()), (w, "bind_connector_metadata")]
+    start = [(w, "start_load_kv", not layers)]
+    seq += start if start_before else []
+    if layers:
+        seq += [c for n in L for c in ((w, "wait_for_layer_load", n), (w, "save_kv_layer", n, slots))]
+    seq += [] if start_before else start
+    return seq + [(w, "wait_for_save"), (w, "get_finished", set(finished)), (w, "get_block_ids_with_load_errors"),
+                  (w, "clear_connector_metadata")]
+
+
+def test_call_order_of_one_request(model):
+    log = []
+    engine, _ = recording_engine(model, log)
+    p = prompt(20, 10)
+    engine.add_request(p, 2, "a")
+    engine.run_until_done()
+    expected = [
+        ("W0", "register_kv_caches", {n: (2, 64, BS, 2, 8) for n in L}),
+        ("S", "bind_kv_cache_manager"),
+        ("S", "on_new_request", "a"),
+        # step 1: prefill of 10 tokens into blocks 1, 2, 3
+        ("S", "get_num_new_matched_tokens", "a", 0),
+        ("S", "update_state_after_alloc", "a", ([1, 2, 3],), 0),
+        ("S", "build_connector_meta"),
+        *worker_pass("W0", slots=tuple(range(4, 14))),
+        # one worker: its KVConnectorOutput passes through unaggregated (empty sets, not None)
+        ("S", "update_connector_output", set(), set()),
+        # step 2: one decode token at position 10, then the request is finished (max_tokens=2)
+        ("S", "build_connector_meta"),
+        *worker_pass("W0", slots=(14,)),
+        ("S", "request_finished", "a", [1, 2, 3]),
+        ("S", "update_connector_output", set(), set()),
+        # step 3: no forward; the workers learn that "a" finished. Nothing to report: with one
+        # worker the empty KVConnectorOutput is dropped, so no update_connector_output.
+        ("S", "build_connector_meta"),
+        *worker_pass("W0", layers=False, finished={"a"}),
+    ]
+    assert log == expected
+    assert engine.outputs["a"] == greedy_generate(model, p, 2)
+
+
+def test_none_from_get_num_new_matched_tokens_retries_next_step(model):
+    log = []
+    script = Script(matched=lambda req, n, call: (None, False) if call == 1 else (0, False))
+    engine, _ = recording_engine(model, log, script)
+    p = prompt(21, 6)
+    engine.add_request(p, 1, "a")
+    engine.step()
+    assert engine.history[-1].scheduler_output.num_scheduled_tokens == {}
+    assert log[3:] == [("S", "get_num_new_matched_tokens", "a", 0), ("S", "build_connector_meta"),
+                       *worker_pass("W0", layers=False)]
+    del log[:]
+    engine.step()
+    assert log[:3] == [("S", "get_num_new_matched_tokens", "a", 0),
+                       ("S", "update_state_after_alloc", "a", ([1, 2],), 0), ("S", "build_connector_meta")]
+    assert engine.history[-1].scheduler_output.num_scheduled_tokens == {"a": 6}
+    engine.run_until_done()
+    assert engine.outputs["a"] == greedy_generate(model, p, 1)
+
+
+def test_sync_hit_loads_before_the_forward_and_must_leave_one_token(model):
+    log = []
+    script = Script(matched=lambda req, n, call: (8, False) if req.request_id == "a" else (req.num_tokens, False))
+    engine, _ = recording_engine(model, log, script)
+    engine.add_request(prompt(22, 10), 1, "a")
+    engine.step()
+    so = engine.history[-1].scheduler_output
+    assert so.has_sync_kv_loads and so.scheduled_new_reqs[0].num_computed_tokens == 8
+    assert so.num_scheduled_tokens == {"a": 2}
+    worker = [e for e in log if e[0] == "W0"][1:]
+    assert worker == worker_pass("W0", slots=(12, 13), start_before=True)
+    engine.run_until_done()
+    engine.add_request(prompt(23, 8), 1, "full")  # a sync hit of every token
+    with pytest.raises(AssertionError):
+        engine.step()
+
+
+def test_async_load_waits_for_finished_recving_from_every_worker(model):
+    log = []
+    script = Script(matched=lambda req, n, call: (8, True))
+    engine, _ = recording_engine(model, log, script, num_workers=2)
+    engine.add_request(prompt(24, 10), 1, "a")
+    engine.step()
+    assert engine.request("a").status == mv.RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert engine.history[-1].scheduler_output.num_scheduled_tokens == {}
+    assert ("S", "update_state_after_alloc", "a", ([1, 2],), 8) in log
+    assert ("S", "update_connector_output", None, {"a"}) == log[-1]
+    del log[:]
+    engine.step()
+    so = engine.history[-1].scheduler_output
+    assert not any(e[1] == "get_num_new_matched_tokens" for e in log)
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 8 and so.num_scheduled_tokens == {"a": 2}
+    assert so.scheduled_new_reqs[0].block_ids == ([1, 2, 3],)
+    engine.run_until_done()
+
+
+def test_abort_while_waiting_for_remote_kvs_frees_on_finished_recving(model):
+    log = []
+    engine, _ = recording_engine(model, log, Script(matched=lambda req, n, call: (8, True)))
+    engine.add_request(prompt(36, 10), 1, "a")
+    so = engine.schedule()
+    assert engine.request("a").status == mv.RequestStatus.WAITING_FOR_REMOTE_KVS
+    engine.abort("a")
+    assert log[-1] == ("S", "request_finished", "a", [1, 2])
+    assert engine.block_pool.get_num_free_blocks() == 61  # held: the load may still write them
+    engine.update_from_output(so, engine.execute_model(so))  # the worker reports finished_recving
+    assert engine.block_pool.get_num_free_blocks() == 63 and "a" not in engine.scheduler.requests
+
+
+def test_preemption_and_resume(model):
+    log = []
+    engine, _ = recording_engine(model, log, enable_prefix_caching=False)  # else the resume hits locally
+    p = prompt(25, 9)
+    engine.add_request(p, 6, "a")
+    engine.step()
+    engine.step()
+    engine.preempt("a")
+    assert engine.request("a").num_computed_tokens == 0
+    del log[:]
+    engine.step()
+    so = engine.history[-1].scheduler_output
+    assert so.preempted_req_ids == {"a"}
+    assert so.scheduled_cached_reqs.resumed_req_ids == {"a"}
+    assert so.scheduled_cached_reqs.num_computed_tokens == [0]
+    # The full (new) block list, not an append: freed blocks went to the LRU tail, so 4-6 now.
+    assert so.scheduled_cached_reqs.new_block_ids == [([4, 5, 6],)]
+    assert so.scheduled_cached_reqs.all_token_ids["a"] == p + engine.outputs["a"][:2]  # as scheduled
+    assert log[0] == ("S", "get_num_new_matched_tokens", "a", 0)
+    assert ("W0", "handle_preemptions", {"a"}) in log
+    engine.run_until_done()
+    assert engine.outputs["a"] == greedy_generate(model, p, 6)
+
+
+def test_resume_after_preemption_asks_the_connector_with_the_local_hit(model):
+    log = []
+    engine, _ = recording_engine(model, log)
+    engine.add_request(prompt(25, 9), 3, "a")
+    engine.step()
+    engine.step()
+    engine.preempt("a")
+    del log[:]
+    engine.step()
+    # 9 prompt + 2 output tokens: the 2 full blocks freed by the preemption are still cached locally.
+    assert log[:2] == [("S", "get_num_new_matched_tokens", "a", 8),
+                       ("S", "update_state_after_alloc", "a", ([1, 2, 4],), 0)]
+    assert engine.history[-1].scheduler_output.scheduled_cached_reqs.num_computed_tokens == [8]
+    engine.run_until_done()
+    assert engine.outputs["a"] == greedy_generate(model, prompt(25, 9), 3)
+
+
+def test_abort_between_schedule_and_worker_pass(model):
+    log = []
+    engine, _ = recording_engine(model, log)
+    engine.add_request(prompt(26, 7), 4, "a")
+    so = engine.schedule()
+    engine.abort("a")
+    # num_computed_tokens already counts the scheduled (in-flight) tokens, so the blocks being
+    # written by this step are handed to request_finished before the worker pass runs.
+    assert log[-1] == ("S", "request_finished", "a", [1, 2])
+    assert engine.block_pool.get_num_free_blocks() == 63
+    out = engine.execute_model(so)  # the worker still runs the step it was given
+    assert ("W0", "save_kv_layer", L[0], tuple(range(4, 11))) in log
+    record = engine.update_from_output(so, out)
+    assert record.outputs == [] and engine.outputs["a"] == []
+    engine.step()
+    assert ("W0", "get_finished", {"a"}) in log
+    assert not engine.has_requests()
+
+
+def test_delayed_free_needs_finished_sending_from_both_tp_workers(model):
+    log = []
+    script = Script(delay_free={"a"}, send_delay_steps={1: 2})
+    engine, _ = recording_engine(model, log, script, num_workers=2)
+    assert ("W0", "register_kv_caches", {n: (2, 64, BS, 1, 8) for n in L}) in log
+    assert ("W1", "register_kv_caches", {n: (2, 64, BS, 1, 8) for n in L}) in log
+    p = prompt(27, 9)
+    engine.add_request(p, 2, "a")
+    engine.step()
+    # Both workers see the same calls; each runs its own lifecycle in vLLM's order.
+    steps = [e[1:] for e in log if e[0] == "W0"][-14:]
+    assert steps == [e[1:] for e in log if e[0] == "W1"][-14:]
+    engine.step()
+    assert engine.kv_transfer_params["a"] == {"delayed": "a"}
+    held = engine.block_pool.get_num_free_blocks()
+    assert held == 63 - 3 and "a" in engine.scheduler.requests
+    engine.step()  # W0 reports finished_sending; W1 not yet
+    engine.step()
+    assert engine.block_pool.get_num_free_blocks() == held and "a" in engine.scheduler.requests
+    engine.step()  # now W1 reports it too
+    assert ("S", "update_connector_output", {"a"}, None) == log[-1]
+    assert engine.block_pool.get_num_free_blocks() == 63 and not engine.has_requests()
+    assert engine.outputs["a"] == greedy_generate(model, p, 2)
+
+
+def test_chunked_prefill_through_the_connector(model):
+    log = []
+    engine, _ = recording_engine(model, log, max_num_batched_tokens=8)
+    p = prompt(28, 19)
+    engine.add_request(p, 2, "a")
+    engine.run_until_done()
+    sos = [h.scheduler_output for h in engine.history]
+    assert [so.num_scheduled_tokens.get("a") for so in sos[:4]] == [8, 8, 3, 1]
+    assert sos[0].scheduled_new_reqs[0].block_ids == ([1, 2],)
+    cached = [so.scheduled_cached_reqs for so in sos[1:4]]
+    assert [c.num_computed_tokens for c in cached] == [[8], [16], [19]]
+    assert [c.new_block_ids for c in cached] == [[([3, 4],)], [([5],)], [None]]
+    assert [c.resumed_req_ids for c in cached] == [set(), set(), set()]
+    assert list(yield_req_data(sos[1])) == [("a", ([3, 4],), False)]
+    assert engine.outputs["a"] == greedy_generate(model, p, 2)
+
+
+def test_start_load_kv_always_first_in_older_vllm_mode(model):
+    log = []
+    vcfg = make_vllm_config(model)
+    script = Script()
+    engine = MiniEngine(model, vcfg, None, lambda c, r, k: RecordingConnector(c, r, k, log, script),
+                        start_load_kv_before_forward=True)
+    engine.add_request(prompt(29, 5), 1, "a")
+    engine.step()
+    assert [e for e in log if e[0] == "W0"][1:] == worker_pass("W0", slots=(4, 5, 6, 7, 8), start_before=True)
+
+
+# ---------------------------------------------------------------------------
+# A reference connector that really stores and loads KV (ExampleConnector-style,
+# keyed by a process-independent chain of token hashes), to check the engine's
+# plumbing end to end.
+# ---------------------------------------------------------------------------
+
+def chain_keys(tokens, block_size, num_blocks):
+    keys, parent = [], b""
+    for i in range(num_blocks):
+        blk = tokens[i * block_size:(i + 1) * block_size]
+        parent = hashlib.sha256(parent + struct.pack(f"<{len(blk)}I", *blk)).digest()
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class Transfer:
+    req_id: str
+    block_ids: list
+    keys: list
+
+
+@dataclass
+class MemMeta(KVConnectorMetadata):
+    loads: list
+    stores: list
+    async_loads: bool
+
+
+class InMemoryConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role, kv_cache_config, store, async_load=False, fail_first_load_block=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.store, self.async_load, self.fail = store, async_load, fail_first_load_block
+        self.bs = vllm_config.cache_config.block_size
+        self.rank = vllm_config.parallel_config.rank
+        self.world = vllm_config.parallel_config.tensor_parallel_size
+        self.local_hit, self.loads, self.reqs, self.block_ids, self.stored = {}, {}, {}, {}, {}
+        self.kv_caches, self.received, self.errors, self.failed_reqs = None, set(), set(), set()
+
+    def _complete(self, key):
+        return all(("done", r, key) in self.store for r in range(self.world))
+
+    # scheduler side
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        keys = chain_keys(request.all_token_ids, self.bs, (request.num_tokens - 1) // self.bs)
+        hit = next((i for i, k in enumerate(keys) if not self._complete(k)), len(keys))
+        ext = max(0, hit * self.bs - num_computed_tokens)
+        self.local_hit[request.request_id] = num_computed_tokens
+        return ext, self.async_load and ext > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        rid = request.request_id
+        self.reqs[rid] = request
+        (ids,) = blocks.get_block_ids()
+        self.block_ids[rid] = list(ids)
+        self.stored[rid] = 0
+        if num_external_tokens > 0:
+            first = self.local_hit[rid] // self.bs
+            last = first + num_external_tokens // self.bs
+            keys = chain_keys(request.all_token_ids, self.bs, last)
+            self.loads[rid] = Transfer(rid, ids[first:last], keys[first:last])
+
+    def build_connector_meta(self, scheduler_output):
+        for rid, new_ids, resumed in yield_req_data(scheduler_output):
+            if rid in self.reqs and new_ids is not None:
+                if resumed or rid in [r.req_id for r in scheduler_output.scheduled_new_reqs]:
+                    self.block_ids[rid] = list(new_ids[0])
+                else:
+                    self.block_ids[rid].extend(new_ids[0])
+        stores = []
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self.reqs[rid]
+            full = min(req.num_computed_tokens + n, req.num_tokens) // self.bs
+            keys = chain_keys(req.all_token_ids, self.bs, full)
+            todo = [i for i in range(self.stored[rid], full) if not self._complete(keys[i])]
+            if todo:
+                stores.append(Transfer(rid, [self.block_ids[rid][i] for i in todo], [keys[i] for i in todo]))
+            self.stored[rid] = full
+        meta = MemMeta(list(self.loads.values()), stores, self.async_load)
+        self.loads.clear()
+        return meta
+
+    def request_finished(self, request, block_ids):
+        for d in (self.reqs, self.block_ids, self.stored, self.local_hit):
+            d.pop(request.request_id, None)
+        return False, None
+
+    # worker side
+    def register_kv_caches(self, kv_caches):
+        self.kv_caches = kv_caches
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        layers = {n: l.kv_cache for n, l in forward_context.no_compile_layers.items() if hasattr(l, "kv_cache")}
+        for t in meta.loads:
+            for i, (bid, key) in enumerate(zip(t.block_ids, t.keys)):
+                for name, kv in layers.items():
+                    if self.fail is not None and i == self.fail:
+                        kv[:, bid] = float("nan")  # the "failed" load leaves garbage behind
+                    else:
+                        kv[:, bid] = self.store[(self.rank, key, name)]
+                if self.fail is not None and i == self.fail:
+                    self.errors.add(bid)
+                    self.failed_reqs.add(t.req_id)
+            if meta.async_loads:
+                self.received.add(t.req_id)
+            self.fail = None  # fail only the first load
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        for t in self._get_connector_metadata().stores:
+            if t.req_id in self.failed_reqs:
+                continue  # never store blocks computed over a failed load
+            for bid, key in zip(t.block_ids, t.keys):
+                for name, kv in self.kv_caches.items():
+                    self.store[(self.rank, key, name)] = kv[:, bid].clone()
+                self.store[("done", self.rank, key)] = True
+        self.failed_reqs.clear()
+
+    def get_finished(self, finished_req_ids):
+        received, self.received = self.received, set()
+        return None, received or None
+
+    def get_block_ids_with_load_errors(self):
+        errors, self.errors = self.errors, set()
+        return errors
+
+
+def mem_engine(model, store, num_workers=1, **kw):
+    vcfg = make_vllm_config(model, tensor_parallel_size=num_workers)
+    return MiniEngine(model, vcfg, make_kv_cache_config(model, 64, num_workers),
+                      lambda c, role, kvc: InMemoryConnector(c, role, kvc, store, **kw), num_workers=num_workers)
+
+
+@pytest.mark.parametrize("async_load", [False, True])
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_store_then_load_is_bit_exact(model, async_load, num_workers):
+    store = {}
+    shared = prompt(30, 14)
+    p1, p2 = shared + prompt(31, 3), shared + prompt(32, 6)
+    run_request(mem_engine(model, store, num_workers), p1, 2, "r1")
+    assert sum(1 for k in store if k[0] == "done") == 4 * num_workers  # 4 full blocks of p1 (+1 token)
+
+    b = mem_engine(model, store, num_workers, async_load=async_load)
+    toks, logits = run_request(b, p2, 3, "r2")
+    first = next(h.scheduler_output for h in b.history if h.scheduler_output.num_scheduled_tokens)
+    assert first.scheduled_new_reqs[0].num_computed_tokens == 12  # 3 blocks loaded
+    assert first.has_sync_kv_loads == (not async_load)
+    ref = MiniEngine(model, make_vllm_config(model, kv_connector=None, enable_prefix_caching=False))
+    ref_toks, ref_logits = run_request(ref, p2, 3, "r2")
+    assert toks == ref_toks == greedy_generate(model, p2, 3)
+    assert torch.equal(logits[0], ref_logits[0][12:])
+    assert all(torch.equal(x, y) for x, y in zip(logits[1:], ref_logits[1:]))
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+
+
+@pytest.mark.parametrize("async_load", [False, True])
+def test_failed_block_is_recomputed(model, async_load):
+    store = {}
+    shared = prompt(33, 16)
+    run_request(mem_engine(model, store), shared + [1, 2], 1, "r1")
+    b = mem_engine(model, store, async_load=async_load, fail_first_load_block=1)
+    p2 = shared + [7, 8, 9]
+    toks, logits = run_request(b, p2, 3, "r2")
+    assert toks == greedy_generate(model, p2, 3)
+    if not async_load:
+        assert any("r2" in h.discarded_req_ids for h in b.history)  # the poisoned step's output was dropped
+    computed = [h.scheduler_output for h in b.history if "r2" in h.scheduler_output.num_scheduled_tokens]
+    starts = [(so.scheduled_new_reqs[0].num_computed_tokens if so.scheduled_new_reqs else
+               so.scheduled_cached_reqs.num_computed_tokens[0]) for so in computed]
+    assert 4 in starts  # truncated at the failed block (index 1) and recomputed from there
+    assert not any(torch.isnan(x).any() for x in logits)
+    assert not any(torch.isnan(v).any() for k, v in store.items() if k[0] != "done")
+
+
+def test_connector_module_path_and_vllm_import_paths(model, tmp_path, monkeypatch):
+    (tmp_path / "my_kv_connector.py").write_text(
+        "from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole\n"
+        "from vllm.v1.core.sched.output import SchedulerOutput\n"
+        "from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata\n"
+        "class Meta(KVConnectorMetadata):\n"
+        "    pass\n"
+        "class MyConnector(KVConnectorBase_V1):\n"
+        "    roles = []\n"
+        "    def __init__(self, vllm_config, role, kv_cache_config):\n"
+        "        super().__init__(vllm_config, role, kv_cache_config)\n"
+        "        MyConnector.roles.append((role, vllm_config.parallel_config.rank))\n"
+        "    def get_num_new_matched_tokens(self, request, num_computed_tokens): return 0, False\n"
+        "    def update_state_after_alloc(self, request, blocks, num_external_tokens): pass\n"
+        "    def build_connector_meta(self, scheduler_output):\n"
+        "        assert isinstance(scheduler_output, SchedulerOutput)\n"
+        "        return Meta()\n"
+        "    def start_load_kv(self, forward_context, **kwargs): pass\n"
+        "    def wait_for_layer_load(self, layer_name): pass\n"
+        "    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs): pass\n"
+        "    def wait_for_save(self): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with mv.install_as_vllm():
+        from vllm.forward_context import get_forward_context
+        assert get_forward_context is mv.get_forward_context
+        cfg = make_vllm_config(model, kv_connector="MyConnector", kv_connector_module_path="my_kv_connector")
+        engine = MiniEngine(model, cfg, make_kv_cache_config(model, 32, 2), num_workers=2)
+        toks, _ = run_request(engine, prompt(34, 6), 2)
+        import my_kv_connector
+        assert my_kv_connector.MyConnector.roles == [(KVConnectorRole.SCHEDULER, 0), (KVConnectorRole.WORKER, 0),
+                                                     (KVConnectorRole.WORKER, 1)]
+    assert toks == greedy_generate(model, prompt(34, 6), 2)
+    import sys
+    assert "vllm" not in sys.modules
+    sys.modules.pop("my_kv_connector", None)
+
+
+def test_hma_enabled_refuses_a_connector_without_supports_hma(model):
+    cfg = make_vllm_config(model)
+    cfg.scheduler_config.disable_hybrid_kv_cache_manager = False
+    with pytest.raises(ValueError, match="HMA"):
+        MiniEngine(model, cfg, None, InMemoryConnector)
+
+
+def test_block_hashes_differ_between_engines_unless_seeded(model, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    p = prompt(35, 9)
+    a, b = MiniEngine(model).make_request(p), MiniEngine(model).make_request(p)
+    assert len(a.block_hashes) == 2 and a.block_hashes != b.block_hashes
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert MiniEngine(model).make_request(p).block_hashes == MiniEngine(model).make_request(p).block_hashes
+    salted = MiniEngine(model, none_hash=b"x").make_request(p, cache_salt="s")
+    assert salted.block_hashes != MiniEngine(model, none_hash=b"x").make_request(p).block_hashes
+
+
+# ---------------------------------------------------------------------------
+# The hybrid toy model
+# ---------------------------------------------------------------------------
+
+def test_hybrid_resume_from_boundary_state_and_window_is_bit_exact():
+    m = TinyHybrid(seed=0)
+    p = prompt(40, 30)
+    table = [3, 9, 1, 7, 2, 8, 4, 6]
+    full_cache = KVCache.allocate(m, 10)
+    full = m.forward(p, list(range(30)), table, full_cache)
+    assert sorted(full.boundary_states) == [4, 8, 12, 16, 20, 24, 28]
+    for k in (4, 16, 20):
+        cache = KVCache.allocate(m, 10, fill=float("nan"))  # everything not restored is poison
+        needed = [table[i] for i in m.blocks_needed_to_resume(k)]
+        KVCache.copy_blocks(full_cache, cache, needed, needed)
+        resumed = m.forward(p[k:], list(range(k, 30)), table, cache, state=full.boundary_states[k])
+        assert torch.equal(resumed.logits, full.logits[k:])
+        assert torch.equal(resumed.state, full.state)
+        assert torch.equal(m.state_at(p, k), full.boundary_states[k])
+
+
+def test_hybrid_needs_the_state_of_that_exact_boundary():
+    m = TinyHybrid(seed=0)
+    p = prompt(41, 24)
+    table = list(range(6))
+    cache = KVCache.allocate(m, 6)
+    full = m.forward(p, list(range(24)), table, cache)
+    for wrong in (full.boundary_states[20], m.initial_state()):
+        again = m.forward(p[16:], list(range(16, 24)), table, cache, state=wrong)
+        assert not torch.equal(again.logits, full.logits[16:])
+    with pytest.raises(AssertionError):
+        m.forward(p[16:], list(range(16, 24)), table, cache)  # a resume without a state is refused

@@ -1,0 +1,201 @@
+"""KvtierConnector driven by the mini vLLM engine in vLLM's call order
+(mini_vllm.py mirrors vLLM's scheduler and worker at the commits named in
+engine_interfaces.json) against a real kvtierd, with the tiny model."""
+
+import pytest
+import torch
+
+from tiny_model import TinyDecoder, make_deterministic
+from vllm_harness import (BLOCK_TOKENS, computed_at_start, drain_commits, first_step_of, greedy_generate,
+                          kvtier_engine, prompt, quiet_client, rank_keys, reference_engine, run_request)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    make_deterministic()
+
+
+@pytest.fixture(scope="module")
+def model():
+    make_deterministic()
+    return TinyDecoder(seed=0)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_prefix_saved_by_one_engine_is_loaded_by_another(model, daemon, num_workers):
+    shared = prompt(1, 18)
+    p1, p2 = shared + prompt(2, 3), shared + prompt(3, 6)
+    a = kvtier_engine(model, daemon, num_workers)
+    run_request(a, p1, 2, "r1")
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, p1)
+    with quiet_client(daemon, namespaces) as c:
+        for r in range(num_workers):  # whole kvtier blocks of the prompt, each rank its own namespace
+            assert c.lookup(r, keys[r]).prefix_blocks == len(p1) // BLOCK_TOKENS
+    b = kvtier_engine(model, daemon, num_workers)
+    toks, logits = run_request(b, p2, 3, "r2")
+    assert computed_at_start(b, "r2") == 16  # two kvtier blocks loaded
+    ref = reference_engine(model, num_workers)
+    ref_toks, ref_logits = run_request(ref, p2, 3, "r2")
+    assert toks == ref_toks == greedy_generate(model, p2, 3)
+    assert torch.equal(logits[0], ref_logits[0][16:])
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+    b.shutdown()
+    a.shutdown()
+
+
+def test_a_pending_lookup_answers_not_yet_and_is_asked_again(model, daemon):
+    shared = prompt(4, 17)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon, use_directory=False)  # every lookup is a round trip
+    b.add_request(shared + [2, 3], 2, "r2")
+    daemon.pause()  # the lookup cannot be answered
+    try:
+        record = b.step()
+        assert "r2" not in record.scheduler_output.num_scheduled_tokens  # None: skipped this step
+        assert b.scheduler_connector.get_num_new_matched_tokens(b.scheduler.requests["r2"], 0) == (None, False)
+    finally:
+        daemon.resume()
+    b.run_until_done()
+    assert computed_at_start(b, "r2") == 16
+    assert b.outputs["r2"] == greedy_generate(model, shared + [2, 3], 2)
+
+
+def test_partial_blocks_are_never_stored(model, daemon):
+    p = prompt(5, 2 * BLOCK_TOKENS + 5)  # two whole kvtier blocks and 5 tokens
+    a = kvtier_engine(model, daemon)
+    run_request(a, p, 6, "r1")  # generated tokens complete a third block: not saved (prompt only)
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, p + a.outputs["r1"])
+    with quiet_client(daemon, namespaces) as c:
+        assert len(keys[0]) == 3 and c.lookup(0, keys[0]).prefix_blocks == 2
+        assert c.stats()["engine.blocks"] == 2
+
+
+def test_zero_external_tokens_with_blocks_allocated(model, daemon):
+    p = prompt(6, 19)
+    a = kvtier_engine(model, daemon)
+    run_request(a, p, 1, "r1")
+    # Again in the same engine: its own prefix cache holds what kvtier holds.
+    toks, _ = run_request(a, p, 2, "r2")
+    so = first_step_of(a, "r2")
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 16  # local hit only
+    assert so.kv_connector_metadata.loads == []
+    assert toks == greedy_generate(model, p, 2)
+
+
+def test_a_block_lost_before_the_load_is_reported_and_recomputed(model, daemon):
+    shared = prompt(7, 25)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon)
+    p2 = shared + [4, 5, 6]
+    b.add_request(p2, 3, "r2")
+    so = b.schedule()  # looked up (3 blocks) and allocated
+    assert len(so.kv_connector_metadata.loads) == 1
+    keys, namespaces = rank_keys(b, p2)
+    with quiet_client(daemon, namespaces) as c:
+        assert c.erase(0, [keys[0][1]]) == 1  # evicted between the lookup and the load
+    failed = {i for blocks in so.kv_connector_metadata.loads[0].block_ids[1:] for i in blocks}
+    b.update_from_output(so, b.execute_model(so))
+    assert b.worker_connectors[0].get_block_ids_with_load_errors() == set()  # reported once, then cleared
+    assert failed <= set(b.history[-1].model_runner_output.kv_connector_output.invalid_block_ids)
+    b.run_until_done()
+    assert b.outputs["r2"] == greedy_generate(model, p2, 3)
+    ref = reference_engine(model)
+    run_request(ref, p2, 3, "r2")
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+
+
+def test_abort_mid_load_leaves_no_pins_or_loads(model, daemon):
+    shared = prompt(8, 17)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon)
+    b.add_request(shared + [2, 3, 4], 4, "r2")
+    so = b.schedule()
+    assert so.kv_connector_metadata.loads
+    b.abort("r2")  # after scheduling, before the worker's pass
+    b.update_from_output(so, b.execute_model(so))
+    b.run_until_done()
+    with quiet_client(daemon, []) as c:
+        stats = c.stats()
+    assert stats["engine.loads_open"] == 0 and stats["engine.pinned_blocks"] == 0
+    assert "r2" not in b.scheduler_connector._requests
+
+
+def test_preemption_and_resume(model, daemon):
+    shared = prompt(9, 17)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon, prefix_caching=False)
+    p2 = shared + [5, 6, 7]
+    b.add_request(p2, 5, "r2")
+    b.step()
+    b.step()
+    b.preempt("r2")  # blocks freed; resumed later through resumed_req_ids
+    b.run_until_done()
+    assert b.outputs["r2"] == greedy_generate(model, p2, 5)
+    loads = [h.scheduler_output.kv_connector_metadata.loads for h in b.history]
+    assert sum(1 for l in loads if l) == 2  # loaded again on resume
+
+
+def test_tensor_parallel_hit_is_what_every_rank_holds(model, daemon):
+    shared = prompt(10, 25)
+    a = kvtier_engine(model, daemon, num_workers=2)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, shared)
+    with quiet_client(daemon, namespaces) as c:
+        assert c.erase(1, [keys[1][2]]) == 1  # rank 1 lost its third block
+    b = kvtier_engine(model, daemon, num_workers=2)
+    p2 = shared + [9, 9]
+    toks, _ = run_request(b, p2, 2, "r2")
+    assert computed_at_start(b, "r2") == 16  # two blocks, not three
+    assert toks == greedy_generate(model, p2, 2)
+
+
+def test_saves_keep_blocks_until_committed_and_queue_hints_reach_the_daemon(model, daemon):
+    p = prompt(11, 21)
+    a = kvtier_engine(model, daemon)
+    with quiet_client(daemon, []) as c:
+        before = c.stats()["engine.enqueues"]
+        request = a.add_request(p, 1, "r1")
+        assert c.stats()["engine.enqueues"] == before + 1
+        delayed = a.scheduler_connector.request_finished
+        seen = []
+        a.scheduler_connector.request_finished = lambda req, ids: seen.append(delayed(req, ids)) or seen[-1]
+        a.run_until_done()
+        assert seen == [(True, None)]  # blocks held until get_finished reported the commit
+        assert request.request_id not in a.scheduler.requests
+        assert c.stats()["engine.commits"] >= 2
+
+
+def test_a_model_revision_is_required(model, daemon):
+    with pytest.raises(ValueError, match="model_revision"):
+        kvtier_engine(model, daemon, revision="")
+
+
+def test_a_cache_salt_isolates_and_multimodal_inputs_are_part_of_the_key(model, daemon):
+    from mini_vllm import MultiModalFeatureSpec, PlaceholderRange
+    p = prompt(12, 19)
+    a = kvtier_engine(model, daemon)
+    run_request(a, p, 1, "r1", cache_salt="tenant-a")
+    image = [MultiModalFeatureSpec("img-1", PlaceholderRange(9, 4))]  # inside the second kvtier block
+    run_request(a, p, 1, "r2", mm_features=image)
+    drain_commits(a)
+
+    def hit(**request):
+        b = kvtier_engine(model, daemon)
+        run_request(b, p, 1, "r", **request)
+        return computed_at_start(b, "r")
+    assert hit(cache_salt="tenant-a") == 16
+    assert hit(cache_salt="tenant-b") == 0  # another tenant's salt: no hit from block 0 on
+    assert hit() == 8  # no salt: r2's first block (before the image) is shared, not the second
+    assert hit(mm_features=image) == 16
+    assert hit(mm_features=[MultiModalFeatureSpec("img-2", PlaceholderRange(9, 4))]) == 8  # another image

@@ -1,0 +1,469 @@
+"""Tiny, real, deterministic decoder models with a vLLM-style paged KV cache.
+
+Test doubles for the kvtier vLLM connector: a connector moves the bytes of
+these caches, so the models must be real (outputs depend on every cached
+byte and on positions) and bit-reproducible.
+
+What mirrors vLLM (see /tmp/notes/engine_reading.md, section 1.10):
+  * per attention layer one tensor `[2, num_blocks, block_size, num_kv_heads,
+    head_size]`, the FlashAttention `get_kv_cache_shape` layout (K/V-major,
+    NHD; vllm/v1/attention/backends/flash_attn.py @5704f34f);
+  * layer names `"model.layers.{i}.self_attn.attn"` (keys of the dict vLLM
+    passes to `register_kv_caches`);
+  * slot of position p = block_table[p // block_size] * block_size
+    + p % block_size (the slot mapping vLLM's attention metadata carries);
+  * per layer, `hooks.wait_for_layer_load(layer_name)` before the layer reads
+    the cache and `hooks.save_kv_layer(layer_name, kv_cache, attn_metadata)`
+    after it wrote this step's K/V: the order of vLLM's
+    `maybe_transfer_kv_layer` decorator
+    (vllm/model_executor/layers/attention/kv_transfer_utils.py @2b9269b2).
+
+Bit-exactness, by construction: every per-token operation runs on tensors of
+one fixed shape (`[1, width]`) whatever the batch, the chunking or the number
+of requests, and attention for the token at position p reduces over exactly
+the p + 1 (or window) cached positions. So the logits and the K/V written for
+a token are a pure function of (weights, token, position, cached K/V bytes of
+the earlier positions), independent of how the prompt was chunked, of other
+requests in the step and of tensor-parallel sharding of the KV heads. This is
+slower than batched matmuls (a Python loop per token and layer) and that is
+the point: no BLAS blocking or reduction order can depend on the batch.
+Call `make_deterministic()` once per process (the tests' fixtures do).
+
+Tensor parallelism: the model always computes all heads; a `KVShard` says
+which KV heads a rank's cache holds (`[kv_head_start, kv_head_end)`), and the
+model writes/reads each head in the shard that owns it, calling each shard's
+hooks. Head h's attention reads only its own cache, as in vLLM, so results
+are bit-identical for 1 or 2 shards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyHybrid",
+    "greedy_generate", "make_deterministic", "slot_mapping",
+]
+
+
+def make_deterministic() -> None:
+    """Single-threaded deterministic kernels; call before building or running a model."""
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+
+def slot_mapping(block_table: Sequence[int], positions: Sequence[int], block_size: int) -> torch.Tensor:
+    """vLLM's slot mapping: block_table[p // block_size] * block_size + p % block_size (int64)."""
+    return torch.tensor([int(block_table[p // block_size]) * block_size + p % block_size for p in positions],
+                        dtype=torch.int64)
+
+
+@dataclass
+class AttnMetadata:
+    """Stand-in for a vLLM attention metadata object when the model runs without the
+    mini engine (the engine passes its FlashAttentionMetadata-like object instead).
+    Connectors read `slot_mapping` (int64, one slot per token computed this step)."""
+    slot_mapping: torch.Tensor
+
+
+@dataclass
+class SeqInput:
+    """One request's share of a forward pass: the tokens computed now, their positions
+    (consecutive, starting at the request's num_computed_tokens) and the request's block
+    table (group 0, covering every position up to the last one)."""
+    token_ids: Sequence[int]
+    positions: Sequence[int]
+    block_table: Sequence[int]
+
+
+@dataclass
+class KVShard:
+    """The paged caches of one tensor-parallel rank: `kv_caches[layer_name]` has shape
+    [2, num_blocks, block_size, kv_head_end - kv_head_start, head_size].
+    `hooks` (optional) gets wait_for_layer_load/save_kv_layer calls for this rank;
+    `attn_metadata` is what save_kv_layer receives: one object, or a dict layer_name->object
+    (vLLM's forward_context.attn_metadata); None builds an AttnMetadata with the slot mapping."""
+    kv_caches: dict
+    kv_head_start: int
+    kv_head_end: int
+    hooks: Any = None
+    attn_metadata: Any = None
+
+    def metadata_for(self, layer_name: str, default: Any) -> Any:
+        if self.attn_metadata is None:
+            return default
+        if isinstance(self.attn_metadata, dict):
+            return self.attn_metadata[layer_name]
+        return self.attn_metadata
+
+
+def _as_shards(model, kv_caches, hooks=None, attn_metadata=None) -> list:
+    """Accepts a dict (one cache set with all KV heads), a KVShard or a list of KVShards."""
+    if isinstance(kv_caches, KVShard):
+        return [kv_caches]
+    if isinstance(kv_caches, (list, tuple)):
+        return list(kv_caches)
+    return [KVShard(kv_caches, 0, model.n_kv_heads, hooks, attn_metadata)]
+
+
+class KVCache:
+    """Allocation and inspection of vLLM FlashAttention-layout paged caches."""
+
+    @staticmethod
+    def shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def allocate(model, num_blocks: int, kv_head_range: Optional[tuple] = None, fill: float = 0.0,
+                 dtype: torch.dtype = torch.float32) -> dict:
+        """dict layer_name -> zero (or `fill`) tensor [2, num_blocks, block_size, heads, head_size]
+        for the model's attention layers; `kv_head_range=(start, end)` allocates one TP rank's heads.
+        This dict is what vLLM passes to `KVConnectorBase_V1.register_kv_caches`."""
+        start, end = kv_head_range if kv_head_range is not None else (0, model.n_kv_heads)
+        shape = KVCache.shape(num_blocks, model.block_size, end - start, model.head_size)
+        return {name: torch.full(shape, fill, dtype=dtype) for name in model.attention_layer_names}
+
+    @staticmethod
+    def shards(model, num_blocks: int, tp_size: int, fill: float = 0.0) -> list:
+        """One KVShard per rank, rank r holding KV heads [r*h/tp, (r+1)*h/tp)."""
+        assert model.n_kv_heads % tp_size == 0, "KV heads must divide evenly over ranks"
+        per = model.n_kv_heads // tp_size
+        return [KVShard(KVCache.allocate(model, num_blocks, (r * per, (r + 1) * per), fill), r * per, (r + 1) * per)
+                for r in range(tp_size)]
+
+    @staticmethod
+    def gather_tokens(kv_caches: dict, block_table: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
+        """K/V of positions [0, num_tokens) read through a block table:
+        [num_layers, 2, num_tokens, heads, head_size] (layers in dict order)."""
+        slots = slot_mapping(block_table, range(num_tokens), block_size)
+        out = []
+        for t in kv_caches.values():
+            flat = t.reshape(2, -1, t.shape[3], t.shape[4])
+            out.append(flat[:, slots])
+        return torch.stack(out)
+
+    @staticmethod
+    def copy_blocks(src: dict, dst: dict, src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> None:
+        """Copies whole blocks (all layers, K and V) between two cache dicts of the same heads."""
+        s = torch.tensor(list(src_block_ids), dtype=torch.int64)
+        d = torch.tensor(list(dst_block_ids), dtype=torch.int64)
+        for name, t in src.items():
+            dst[name][:, d] = t[:, s]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope_tables(max_positions: int, head_size: int, base: float = 10000.0):
+    half = head_size // 2
+    inv_freq = 1.0 / (base ** (torch.arange(half, dtype=torch.float64) * 2.0 / head_size))
+    angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cos(angles).to(torch.float32), torch.sin(angles).to(torch.float32)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX style rotation of x [heads, head_size] by one position's cos/sin [head_size/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class _Weights:
+    """Seeded parameter factory (torch.Generator, so construction is reproducible)."""
+
+    def __init__(self, seed: int):
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def normal(self, *shape, scale: float) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.randn(*shape, generator=self.gen) * scale, requires_grad=False)
+
+    def norm(self, dim: int) -> torch.nn.Parameter:
+        return torch.nn.Parameter(1.0 + 0.1 * torch.randn(dim, generator=self.gen), requires_grad=False)
+
+
+class _PagedAttentionMixin:
+    """Shared paged-attention mechanics of TinyDecoder and TinyHybrid (per token, per KV head)."""
+
+    def _write_kv(self, shards, layer_name: str, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        for shard in shards:
+            cache = shard.kv_caches[layer_name]
+            flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
+            flat[0, slot] = k[shard.kv_head_start:shard.kv_head_end]
+            flat[1, slot] = v[shard.kv_head_start:shard.kv_head_end]
+
+    def _attend(self, shards, layer_name: str, q: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """q [n_heads, head_size] attends to `slots` (the cached positions it may see, in order);
+        returns [1, n_heads * head_size]. One matmul pair per KV head, whatever the sharding."""
+        group = self.n_heads // self.n_kv_heads
+        outs = []
+        for h in range(self.n_kv_heads):
+            shard = next(s for s in shards if s.kv_head_start <= h < s.kv_head_end)
+            cache = shard.kv_caches[layer_name]
+            flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
+            local = h - shard.kv_head_start
+            keys = flat[0, slots, local]      # [L, head_size]
+            values = flat[1, slots, local]    # [L, head_size]
+            qh = q[h * group:(h + 1) * group]  # [group, head_size]
+            probs = torch.softmax((qh @ keys.T) * self.scale, dim=-1)
+            outs.append(probs @ values)
+        return torch.cat(outs, dim=0).reshape(1, -1)
+
+    @staticmethod
+    def _call_wait(shards, layer_name: str) -> None:
+        for shard in shards:
+            if shard.hooks is not None:
+                shard.hooks.wait_for_layer_load(layer_name)
+
+    def _call_save(self, shards, layer_name: str, default_meta) -> None:
+        for shard in shards:
+            if shard.hooks is not None:
+                shard.hooks.save_kv_layer(layer_name, shard.kv_caches[layer_name],
+                                          shard.metadata_for(layer_name, default_meta))
+
+    def _check_inputs(self, seqs, shards) -> None:
+        heads = sorted((s.kv_head_start, s.kv_head_end) for s in shards)
+        assert heads[0][0] == 0 and heads[-1][1] == self.n_kv_heads and all(
+            a[1] == b[0] for a, b in zip(heads, heads[1:])), f"shards must tile the KV heads: {heads}"
+        for seq in seqs:
+            assert len(seq.token_ids) == len(seq.positions) > 0
+            p0 = int(seq.positions[0])
+            assert list(seq.positions) == list(range(p0, p0 + len(seq.positions))), "positions must be consecutive"
+            assert (int(seq.positions[-1]) // self.block_size) < len(seq.block_table), "block table too short"
+            assert int(seq.positions[-1]) < self.max_positions
+
+
+class TinyDecoder(_PagedAttentionMixin, torch.nn.Module):
+    """Decoder-only transformer (RMSNorm, RoPE, GQA attention, SwiGLU MLP, separate LM head), fp32, CPU.
+
+    Construction is seeded: two `TinyDecoder(seed=s)` have identical weights.
+    Widths are multiples of 16 floats by default so every row view is 64-byte aligned.
+    """
+
+    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_layers: int = 3, n_heads: int = 4,
+                 n_kv_heads: int = 2, head_size: int = 8, block_size: int = 4, d_ff: int = 64,
+                 max_positions: int = 1024):
+        super().__init__()
+        assert n_heads % n_kv_heads == 0 and head_size % 2 == 0
+        self.seed, self.vocab, self.d_model, self.n_layers = seed, vocab, d_model, n_layers
+        self.n_heads, self.n_kv_heads, self.head_size, self.block_size = n_heads, n_kv_heads, head_size, block_size
+        self.d_ff, self.max_positions = d_ff, max_positions
+        self.scale = 1.0 / math.sqrt(head_size)
+        w = _Weights(seed)
+        self.embed = w.normal(vocab, d_model, scale=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(n_layers):
+            layer = torch.nn.Module()
+            layer.attn_norm = w.norm(d_model)
+            layer.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
+            layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+            layer.wv = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+            layer.wo = w.normal(d_model, n_heads * head_size, scale=(n_heads * head_size) ** -0.5)
+            layer.mlp_norm = w.norm(d_model)
+            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+            self.layers.append(layer)
+        self.final_norm = w.norm(d_model)
+        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
+        cos, sin = _rope_tables(max_positions, head_size)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+
+    @torch.no_grad()
+    def forward(self, token_ids: Sequence[int], positions: Sequence[int], block_table: Sequence[int],
+                num_computed_tokens: int, kv_caches, hooks: Any = None, attn_metadata: Any = None) -> torch.Tensor:
+        """One request: computes `token_ids` at `positions` (which must start at num_computed_tokens),
+        writes their K/V to the slots of `block_table` and returns logits [n_new, vocab].
+        `kv_caches` is a dict (all heads), or a list of KVShard (tensor parallel; then hooks come
+        from the shards)."""
+        assert int(positions[0]) == num_computed_tokens, "positions must start at num_computed_tokens"
+        shards = _as_shards(self, kv_caches, hooks, attn_metadata)
+        return self.forward_batch([SeqInput(token_ids, positions, block_table)], shards)[0]
+
+    @torch.no_grad()
+    def forward_batch(self, seqs: Sequence[SeqInput], kv_caches) -> list:
+        """Several requests in one pass, layer-major like vLLM: for each layer, the hooks'
+        wait_for_layer_load once, K/V of all new tokens written, attention per token, then
+        save_kv_layer once. Returns one logits tensor [n_new, vocab] per request."""
+        shards = _as_shards(self, kv_caches)
+        self._check_inputs(seqs, shards)
+        hidden = [[self.embed[int(t)].reshape(1, -1) for t in seq.token_ids] for seq in seqs]
+        all_slots = [slot_mapping(seq.block_table, range(int(seq.positions[-1]) + 1), self.block_size) for seq in seqs]
+        default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
+        for layer, name in zip(self.layers, self.attention_layer_names):
+            self._call_wait(shards, name)
+            queries = []
+            for seq, xs, slots in zip(seqs, hidden, all_slots):
+                qs = []
+                for x, pos in zip(xs, seq.positions):
+                    pos = int(pos)
+                    h = _rms_norm(x, layer.attn_norm)
+                    cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+                    q = _apply_rope(F.linear(h, layer.wq).view(self.n_heads, self.head_size), cos, sin)
+                    k = _apply_rope(F.linear(h, layer.wk).view(self.n_kv_heads, self.head_size), cos, sin)
+                    v = F.linear(h, layer.wv).view(self.n_kv_heads, self.head_size)
+                    self._write_kv(shards, name, int(slots[pos]), k, v)
+                    qs.append(q)
+                queries.append(qs)
+            for seq, xs, slots, qs in zip(seqs, hidden, all_slots, queries):
+                for i, (pos, q) in enumerate(zip(seq.positions, qs)):
+                    attn = self._attend(shards, name, q, slots[:int(pos) + 1])
+                    x = xs[i] + F.linear(attn, layer.wo)
+                    h = _rms_norm(x, layer.mlp_norm)
+                    xs[i] = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
+            self._call_save(shards, name, default_meta)
+        return [torch.cat([F.linear(_rms_norm(x, self.final_norm), self.lm_head) for x in xs]) for xs in hidden]
+
+
+def greedy_generate(model: TinyDecoder, prompt: Sequence[int], max_new_tokens: int, return_logits: bool = False):
+    """Reference without any cache reuse: every new token recomputes the whole sequence from
+    scratch in a fresh cache and takes the argmax of the last position's logits.
+    Returns the generated tokens (and, with return_logits, each step's last-position logits)."""
+    tokens = list(prompt)
+    out, logits_seen = [], []
+    for _ in range(max_new_tokens):
+        num_blocks = (len(tokens) + model.block_size - 1) // model.block_size
+        caches = KVCache.allocate(model, num_blocks + 1)
+        table = list(range(1, num_blocks + 1))  # block 0 left unused, like vLLM's null block
+        logits = model(tokens, list(range(len(tokens))), table, 0, caches)[-1]
+        nxt = int(torch.argmax(logits))
+        out.append(nxt)
+        logits_seen.append(logits)
+        tokens.append(nxt)
+    return (out, logits_seen) if return_logits else out
+
+
+@dataclass
+class HybridOutput:
+    """logits [n_new, vocab]; `state` the recurrent state [d_state] after the last new token;
+    `boundary_states[n]` the state after exactly n tokens, for every block boundary
+    n (a multiple of block_size) crossed by this call."""
+    logits: torch.Tensor
+    state: torch.Tensor
+    boundary_states: dict = field(default_factory=dict)
+
+
+class TinyHybrid(_PagedAttentionMixin, torch.nn.Module):
+    """Toy hybrid model: layer 0 sliding-window attention over a paged KV cache (window of
+    `window` tokens including the current one, vLLM's sliding_window semantics), layer 1 a
+    gated linear RNN (the role of a Mamba layer, named "model.layers.1.mixer"):
+
+        a_t = sigmoid(W_a x_t + b_a)        u_t = W_u x_t
+        s_t = a_t * s_{t-1} + (1 - a_t) * u_t           y_t = W_o s_t
+
+    Resuming a request at token n needs (1) the K/V of positions [n - window + 1, n) in layer 0's
+    cache and (2) the recurrent state after exactly n tokens. The state at a block boundary
+    cannot be recovered from a later state: each update rounds a_t * s and (1 - a_t) * u to
+    fp32 and mixes them, so s_{t-1} is not a function of s_t (and of the inputs) in floating
+    point, and a gate near 0 erases it outright. A cache must therefore snapshot the state at
+    every boundary it may resume from (what vLLM's Mamba "align" cache mode does), e.g. from
+    `forward(...).boundary_states`.
+    """
+
+    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_heads: int = 4, n_kv_heads: int = 2,
+                 head_size: int = 8, block_size: int = 4, window: int = 8, d_state: int = 16, d_ff: int = 64,
+                 max_positions: int = 1024):
+        super().__init__()
+        self.vocab, self.d_model, self.n_heads, self.n_kv_heads = vocab, d_model, n_heads, n_kv_heads
+        self.head_size, self.block_size, self.window, self.d_state = head_size, block_size, window, d_state
+        self.max_positions = max_positions
+        self.scale = 1.0 / math.sqrt(head_size)
+        w = _Weights(seed)
+        self.embed = w.normal(vocab, d_model, scale=1.0)
+        self.attn_norm = w.norm(d_model)
+        self.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
+        self.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+        self.wv = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+        self.wo = w.normal(d_model, n_heads * head_size, scale=(n_heads * head_size) ** -0.5)
+        self.mix_norm = w.norm(d_model)
+        self.w_a = w.normal(d_state, d_model, scale=d_model ** -0.5)
+        self.b_a = w.normal(d_state, scale=1.0)
+        self.w_u = w.normal(d_state, d_model, scale=d_model ** -0.5)
+        self.w_out = w.normal(d_model, d_state, scale=d_state ** -0.5)
+        self.mlp_norm = w.norm(d_model)
+        self.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+        self.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+        self.final_norm = w.norm(d_model)
+        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
+        cos, sin = _rope_tables(max_positions, head_size)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.attention_layer_names = ["model.layers.0.self_attn.attn"]
+        self.mixer_layer_name = "model.layers.1.mixer"
+
+    def initial_state(self) -> torch.Tensor:
+        return torch.zeros(self.d_state)
+
+    def window_positions(self, pos: int) -> range:
+        """Cached positions the token at `pos` attends to."""
+        return range(max(0, pos - self.window + 1), pos + 1)
+
+    def blocks_needed_to_resume(self, num_computed_tokens: int) -> range:
+        """Indices (into the block table) of the blocks whose layer-0 K/V a resume at
+        `num_computed_tokens` reads: those holding positions [n - window + 1, n)."""
+        n = num_computed_tokens
+        if n == 0:
+            return range(0)
+        first = max(0, n - self.window + 1)
+        return range(first // self.block_size, (n - 1) // self.block_size + 1)
+
+    @torch.no_grad()
+    def forward(self, token_ids: Sequence[int], positions: Sequence[int], block_table: Sequence[int], kv_caches,
+                state: Optional[torch.Tensor] = None, hooks: Any = None) -> HybridOutput:
+        """Computes `token_ids` at consecutive `positions` starting from recurrent `state`
+        (the state after positions[0] tokens; zeros when None and positions[0] == 0).
+        Layer 0 writes K/V through `block_table` and reads only the window; the hooks see
+        layer 0's name only (the recurrent state is not in the paged cache)."""
+        shards = _as_shards(self, kv_caches, hooks)
+        seq = SeqInput(token_ids, positions, block_table)
+        self._check_inputs([seq], shards)
+        if state is None:
+            assert int(positions[0]) == 0, "a resume needs the recurrent state at positions[0]"
+            state = self.initial_state()
+        s = state.reshape(1, -1).clone()
+        name = self.attention_layer_names[0]
+        slots = slot_mapping(block_table, range(int(positions[-1]) + 1), self.block_size)
+        self._call_wait(shards, name)
+        xs, qs = [], []
+        for t, pos in zip(token_ids, positions):
+            pos = int(pos)
+            x = self.embed[int(t)].reshape(1, -1)
+            h = _rms_norm(x, self.attn_norm)
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+            qs.append(_apply_rope(F.linear(h, self.wq).view(self.n_heads, self.head_size), cos, sin))
+            k = _apply_rope(F.linear(h, self.wk).view(self.n_kv_heads, self.head_size), cos, sin)
+            v = F.linear(h, self.wv).view(self.n_kv_heads, self.head_size)
+            self._write_kv(shards, name, int(slots[pos]), k, v)
+            xs.append(x)
+        for i, (pos, q) in enumerate(zip(positions, qs)):
+            window = slots[self.window_positions(int(pos)).start:int(pos) + 1]
+            xs[i] = xs[i] + F.linear(self._attend(shards, name, q, window), self.wo)
+        self._call_save(shards, name, AttnMetadata(slots[int(positions[0]):]))
+        logits, boundary = [], {}
+        for i, pos in enumerate(positions):
+            x = xs[i]
+            h = _rms_norm(x, self.mix_norm)
+            a = torch.sigmoid(F.linear(h, self.w_a) + self.b_a)
+            s = a * s + (1.0 - a) * F.linear(h, self.w_u)
+            x = x + F.linear(s, self.w_out)
+            h = _rms_norm(x, self.mlp_norm)
+            x = x + F.linear(F.relu(F.linear(h, self.w_up)), self.w_down)
+            logits.append(F.linear(_rms_norm(x, self.final_norm), self.lm_head))
+            if (int(pos) + 1) % self.block_size == 0:
+                boundary[int(pos) + 1] = s.reshape(-1).clone()
+        return HybridOutput(torch.cat(logits), s.reshape(-1).clone(), boundary)
+
+    def state_at(self, token_ids: Sequence[int], num_tokens: int) -> torch.Tensor:
+        """Recurrent state after the first `num_tokens` tokens, computed from scratch."""
+        if num_tokens == 0:
+            return self.initial_state()
+        blocks = (num_tokens + self.block_size - 1) // self.block_size
+        caches = KVCache.allocate(self, blocks)
+        return self.forward(list(token_ids[:num_tokens]), list(range(num_tokens)), list(range(blocks)), caches).state
