@@ -10,6 +10,7 @@ import torch
 import kvtier
 from kvtier.integrations.hybrid import HybridPrefix, state_namespace
 from tiny_model import KVCache, TinyHybrid, make_deterministic
+from vllm_harness import prompt
 
 NAME = "model.layers.0.self_attn.attn"
 
@@ -17,10 +18,6 @@ NAME = "model.layers.0.self_attn.attn"
 @pytest.fixture(autouse=True)
 def _deterministic():
     make_deterministic()
-
-
-def prompt(seed, n, vocab=101):
-    return [int(t) for t in torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))]
 
 
 def connect(model, daemon):

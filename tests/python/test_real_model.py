@@ -18,25 +18,14 @@ import torch
 
 import kvtier
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config
-from tiny_model import TinyDecoder, make_deterministic
-from vllm_harness import (BLOCK_TOKENS, computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt,
+from vllm_harness import (deterministic, model,  # noqa: F401 (fixtures)
+                          BLOCK_TOKENS, computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt,
                           quiet_client, rank_keys, run_request)
 
 SHARED = prompt(40, 18)          # two kvtier blocks (16 tokens) and 2 more
 P1 = SHARED + prompt(41, 3)
 P2 = SHARED + prompt(42, 6)
 NEW_TOKENS = 4
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    make_deterministic()
-
-
-@pytest.fixture(scope="module")
-def model():
-    make_deterministic()
-    return TinyDecoder(seed=0)
 
 
 @pytest.fixture(scope="module")

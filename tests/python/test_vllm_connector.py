@@ -5,20 +5,9 @@ engine_interfaces.json) against a real kvtierd, with the tiny model."""
 import pytest
 import torch
 
-from tiny_model import TinyDecoder, make_deterministic
-from vllm_harness import (BLOCK_TOKENS, computed_at_start, drain_commits, first_step_of, greedy_generate,
+from vllm_harness import (deterministic, model,  # noqa: F401 (fixtures)
+                          BLOCK_TOKENS, computed_at_start, drain_commits, first_step_of, greedy_generate,
                           kvtier_engine, prompt, quiet_client, rank_keys, reference_engine, run_request)
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    make_deterministic()
-
-
-@pytest.fixture(scope="module")
-def model():
-    make_deterministic()
-    return TinyDecoder(seed=0)
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])

@@ -1,14 +1,27 @@
 """Shared set-up of the vLLM connector tests: the mini vLLM engine
 (mini_vllm.py) with kvtier's KvtierConnector against a kvtierd child."""
 
+import pytest
 import torch
 
 import kvtier
 from kvtier.integrations.vllm import KvtierConnector
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config, run_request  # noqa: F401
-from tiny_model import greedy_generate  # noqa: F401
+from tiny_model import TinyDecoder, greedy_generate, make_deterministic  # noqa: F401
 
 BLOCK_TOKENS = 8  # two engine blocks of 4 tokens per kvtier block
+
+
+# Fixtures for the test modules that import them.
+@pytest.fixture(autouse=True)
+def deterministic():
+    make_deterministic()
+
+
+@pytest.fixture(scope="module")
+def model():
+    make_deterministic()
+    return TinyDecoder(seed=0)
 
 
 def prompt(seed, n, vocab=101):
