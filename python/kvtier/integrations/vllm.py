@@ -197,6 +197,10 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def bind_connector_metadata(self, connector_metadata):
         self._metadata = connector_metadata
+        if not self._is_scheduler and connector_metadata is not None:
+            # The scheduler holds these requests' blocks until get_finished
+            # reports them, whether or not their saves ever start.
+            self._with_saves.update(spec.req_id for spec in connector_metadata.saves)
 
     def clear_connector_metadata(self):
         self._metadata = None
@@ -378,20 +382,17 @@ class KvtierConnector(KVConnectorBase_V1):
         if meta is None or layer is None or self._client is None:
             return
         for spec in meta.saves:
-            self._with_saves.add(spec.req_id)
             save = self._saves.get(spec.req_id)
-            if save is None and layer == 0:
+            if save is None:
+                if layer != 0:
+                    continue  # its save could not start at layer 0
                 try:
                     save = self._client.begin_save(0, spec.keys[self._rank_index], chain=True,
                                                    parent=spec.parents[self._rank_index])
                 except kvtier.Error as e:
                     logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
                     continue
-                self._saves[spec.req_id] = (save, spec)
-            elif save is None:
-                continue
-            else:
-                save = save[0]
+                self._saves[spec.req_id] = save
             try:
                 for b, ids in enumerate(spec.block_ids):
                     if save.status(b).ok:
@@ -405,7 +406,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         if self._loads:  # layers the forward pass never asked for
             self._end_loads()
-        for req_id, (save, spec) in self._saves.items():
+        for req_id, save in self._saves.items():
             if save.layers_saved != save.layer_count:
                 save.abort()  # some layer never came: nothing is published
                 continue
