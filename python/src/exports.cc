@@ -1,33 +1,14 @@
 #include "python/src/exports.h"
 
-#include <string>
-
 namespace kvtier::python {
 namespace py = pybind11;
 
-py::object ExportList::Export(std::shared_ptr<void> owner, std::span<const std::byte> bytes, bool readonly) {
+py::object ExportView(std::shared_ptr<void> owner, std::span<const std::byte> bytes, bool readonly) {
   py::object buffer = py::cast(ArenaBuffer{std::move(owner), const_cast<std::byte*>(bytes.data()), bytes.size(),
                                            readonly});
   py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(buffer.ptr()));
   if (!view) throw py::error_already_set();
-  // Views released by their user (or garbage) need not be kept.
-  std::erase_if(views_, [](const py::object& v) { return v.ref_count() == 1; });
-  views_.push_back(view);
   return view;
-}
-
-size_t ExportList::ReleaseAll() {
-  size_t stuck = 0;
-  for (py::object& v : views_) {
-    try {
-      v.attr("release")();
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_BufferError)) throw;
-      ++stuck;  // a consumer holds a buffer export of this very view
-    }
-  }
-  views_.clear();
-  return stuck;
 }
 
 void BindExports(py::module_& m) {

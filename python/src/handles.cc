@@ -26,7 +26,7 @@ std::vector<ItemStatus> Items(std::vector<kvtier::Status> statuses) {
 }
 
 // Waits for the daemon with the GIL released; only when nothing in Python
-// still holds the state's memory (the caller dropped its exports first).
+// still holds the state's memory (no view of it is alive).
 template <typename State, typename Fn>
 void EndNowOrDefer(std::shared_ptr<State>& state, Fn end_now) {
   std::shared_ptr<State> mine = std::move(state);
@@ -53,12 +53,11 @@ PyBlockView::PyBlockView(BlockView view)
 
 py::object PyBlockView::Data() {
   if (!state_) ThrowReleased("view");
-  return exports_.Export(state_, state_->view.data(), /*readonly=*/true);
+  return ExportView(state_, state_->view.data(), /*readonly=*/true);
 }
 
 void PyBlockView::Release() {
   if (!state_) return;
-  exports_.ReleaseAll();
   EndNowOrDefer(state_, [](PinState& s) { return s.view.Release(); });
 }
 
@@ -89,7 +88,7 @@ py::object PyReservation::Data(size_t i) {
   CheckOpen();
   CheckIndex(i);
   ThrowIfError(statuses_[i]);
-  return exports_.Export(state_, state_->reservation.blocks()[i].data, /*readonly=*/false);
+  return ExportView(state_, state_->reservation.blocks()[i].data, /*readonly=*/false);
 }
 
 void PyReservation::SetChecksum(size_t i, uint64_t checksum) {
@@ -98,18 +97,17 @@ void PyReservation::SetChecksum(size_t i, uint64_t checksum) {
   state_->reservation.blocks()[i].checksum = checksum;
 }
 
-void PyReservation::ReleaseViewsOrThrow(const char* what) {
-  exports_.ReleaseAll();
+void PyReservation::CheckNoViews(const char* what) {
   if (state_.use_count() > 1) {
     throw StatusError(FailedPrecondition(std::string("cannot ") + what +
-                                         ": a view of the reservation is still in use (a numpy array or tensor "
-                                         "made from it); delete it first"));
+                                         ": a view of the reservation is still alive (a memoryview, or a numpy array "
+                                         "or tensor made from one); delete it first"));
   }
 }
 
 std::vector<ItemStatus> PyReservation::Commit() {
   CheckOpen();
-  ReleaseViewsOrThrow("commit");
+  CheckNoViews("commit");
   std::shared_ptr<ReservationState> mine = std::move(state_);
   std::vector<kvtier::Status> out;
   {
@@ -121,7 +119,6 @@ std::vector<ItemStatus> PyReservation::Commit() {
 
 void PyReservation::Abort() {
   if (!state_) return;
-  exports_.ReleaseAll();
   // Aborting while a consumer can still write is harmless: nothing is
   // published, and the space returns when the consumer lets go.
   EndNowOrDefer(state_, [](ReservationState& s) { return s.reservation.Abort(); });
@@ -147,7 +144,7 @@ ItemStatus PyLayerSave::Status(size_t i) const {
 py::object PyLayerSave::LayerSpan(size_t block, uint32_t layer) {
   if (block >= size_ || layer >= layers_) throw py::index_error("block or layer out of range");
   ThrowIfError(save().status(block));
-  return exports_.Export(state_, save().LayerSpan(block, layer), /*readonly=*/false);
+  return ExportView(state_, save().LayerSpan(block, layer), /*readonly=*/false);
 }
 
 void PyLayerSave::SaveLayer(uint32_t layer, const py::object& sources) {
@@ -169,10 +166,10 @@ uint32_t PyLayerSave::LayersSaved() const { return save().layers_saved(); }
 
 std::vector<ItemStatus> PyLayerSave::Finish() {
   save();
-  exports_.ReleaseAll();
   if (state_.use_count() > 1) {
     throw StatusError(FailedPrecondition(
-        "cannot finish: a layer view is still in use (a numpy array or tensor made from it); delete it first"));
+        "cannot finish: a layer view is still alive (a memoryview, or a numpy array or tensor made from "
+        "one); delete it first"));
   }
   std::optional<Result<std::vector<kvtier::Status>>> r;
   {
@@ -186,7 +183,6 @@ std::vector<ItemStatus> PyLayerSave::Finish() {
 
 void PyLayerSave::Abort() {
   if (!state_) return;
-  exports_.ReleaseAll();
   EndNowOrDefer(state_, [](SaveState& s) { return s.save.Abort(); });
 }
 
@@ -238,12 +234,11 @@ void PyLayerLoad::WaitAll() {
 
 py::object PyLayerLoad::LayerSpan(size_t block, uint32_t layer) {
   std::span<const std::byte> span = ValueOrThrow(load().TryLayerSpan(block, layer));
-  return exports_.Export(state_, span, /*readonly=*/true);
+  return ExportView(state_, span, /*readonly=*/true);
 }
 
 void PyLayerLoad::End() {
   if (!state_) return;
-  exports_.ReleaseAll();
   EndNowOrDefer(state_, [](LoadState& s) { return s.load.End(); });
 }
 
@@ -267,8 +262,9 @@ void BindHandles(py::module_& m) {
 
   py::class_<PyBlockView> view(m, "BlockView",
                                "A block pinned in the daemon's arena (Client.pin). `data` is a read-only "
-                               "memoryview of its bytes, valid until release(); a view used after that "
-                               "raises ValueError.");
+                               "memoryview of its bytes. After release() the view gives no more data "
+                               "(FailedPreconditionError); memoryviews already taken, and arrays or "
+                               "tensors made from them, keep the pin until they are gone.");
   view.def_property_readonly("ok", [](const PyBlockView&) { return true; })
       .def_property_readonly("key", &PyBlockView::key)
       .def_property_readonly("lease", &PyBlockView::lease)
@@ -277,8 +273,8 @@ void BindHandles(py::module_& m) {
       .def_property_readonly("data", &PyBlockView::Data)
       .def("__len__", &PyBlockView::size)
       .def("release", &PyBlockView::Release,
-           "Unpins the block (waits for the daemon) unless an array made from the view still holds it; "
-           "then the pin ends when that array goes.");
+           "Unpins the block (waits for the daemon) unless a memoryview taken from `data` (or an array "
+           "or tensor made from one) is still alive; then the pin ends when the last of them goes.");
   ContextManager(view, &PyBlockView::Release);
 
   py::class_<PyReservation> res(m, "Reservation",
@@ -333,7 +329,8 @@ void BindHandles(py::module_& m) {
       .def("wait_layer", &PyLayerLoad::WaitLayer, py::arg("layer"))
       .def("wait_all", &PyLayerLoad::WaitAll)
       .def("layer_span", &PyLayerLoad::LayerSpan, py::arg("block"), py::arg("layer"),
-           "Zero-copy: a read-only memoryview of layer `layer` of block `block`, valid until end().")
+           "Zero-copy: a read-only memoryview of layer `layer` of block `block`; it keeps the load's "
+           "pins while it lives, also past end().")
       .def("end", &PyLayerLoad::End);
   ContextManager(load, &PyLayerLoad::End);
 }

@@ -3,12 +3,12 @@
 // holds its kvtier handle in a shared state that its exported views share
 // (python/src/exports.h), so no view outlives the memory it shows.
 //
-// Ending a read-only handle (BlockView.release, LayerLoad.end) releases its
-// memoryviews and, when nothing else holds its memory, ends it at once (and
-// waits for the daemon); otherwise it ends when the last consumer (a numpy
-// array made from a view) goes. Ending a writable handle (commit, finish)
-// is refused with FailedPreconditionError while a consumer still holds its
-// memory, since bytes written after the commit would be published corrupt.
+// Ending a read-only handle (BlockView.release, LayerLoad.end) ends it at
+// once (and waits for the daemon) when no view of it is alive; otherwise it
+// ends when the last view, or array or tensor made from one, goes. Either
+// way the handle gives no new views afterwards. Ending a writable handle
+// (commit, finish) is refused with FailedPreconditionError while a view is
+// alive, since bytes written after the commit would be published corrupt.
 // All are context managers and are thread-compatible (one thread at a time).
 #pragma once
 
@@ -42,7 +42,6 @@ class PyBlockView {
 
  private:
   std::shared_ptr<PinState> state_;
-  ExportList exports_;
   BlockKey key_;
   uint64_t lease_ = 0, checksum_ = 0;
   size_t size_ = 0;
@@ -65,9 +64,8 @@ class PyReservation {
  private:
   void CheckOpen() const;
   void CheckIndex(size_t i) const;
-  void ReleaseViewsOrThrow(const char* what);
+  void CheckNoViews(const char* what);
   std::shared_ptr<ReservationState> state_;
-  ExportList exports_;
   std::vector<kvtier::Status> statuses_;
   std::vector<size_t> sizes_;
 };
@@ -93,7 +91,6 @@ class PyLayerSave {
  private:
   LayerSave& save() const;
   std::shared_ptr<SaveState> state_;
-  ExportList exports_;
   size_t size_ = 0;
   uint32_t layers_ = 0;
   uint64_t layer_bytes_ = 0;
@@ -125,7 +122,6 @@ class PyLayerLoad {
  private:
   LayerLoad& load() const;
   std::shared_ptr<LoadState> state_;
-  ExportList exports_;
   size_t size_ = 0;
   uint32_t layers_ = 0;
   uint64_t layer_bytes_ = 0;

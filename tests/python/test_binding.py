@@ -4,9 +4,11 @@ hints and the GIL."""
 
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import kvtier
 from conftest import test_namespace
@@ -103,44 +105,58 @@ def test_pinned_views_are_zero_copy_and_end_safely(daemon):
         a = np.frombuffer(view.data, dtype=np.uint8)
         b = np.frombuffer(view.data, dtype=np.uint8)
         assert a.ctypes.data == b.ctypes.data  # both show the arena's bytes, no copy
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns that the buffer is read-only
+            t = torch.frombuffer(view.data, dtype=torch.uint8)
+        assert t.data_ptr() == a.ctypes.data and torch.equal(t, torch.from_numpy(data))
+        del t
         assert np.array_equal(a, data) and len(view) == ns.block_bytes
         assert view.data.readonly
         with pytest.raises((TypeError, ValueError)):
             a[0] = 1  # read-only
         assert c.stats()["engine.pinned_blocks"] == 1
-        mv = view.data
         del a, b
-        view.release()
-        with pytest.raises(ValueError):
-            mv[0]  # a view used after its release raises
+        view.release()  # nothing else holds it: unpinned at once
+        assert view.released and c.stats()["engine.pinned_blocks"] == 0
         with pytest.raises(kvtier.FailedPreconditionError):
-            view.data
-        assert c.stats()["engine.pinned_blocks"] == 0
+            view.data  # a view used after its release raises
 
 
-def test_an_array_made_from_a_view_keeps_the_pin_until_it_goes(daemon):
+def wait_unpinned(c):
+    deadline = time.monotonic() + 5
+    while c.stats()["engine.pinned_blocks"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return c.stats()["engine.pinned_blocks"] == 0
+
+
+@pytest.mark.parametrize("consumer", ["memoryview", "numpy", "torch"])
+def test_what_was_made_from_a_view_keeps_the_pin_until_it_goes(daemon, consumer):
     ns = test_namespace()
     keys = keys_of(ns, 1)
     data = block_bytes(ns, 3)
     with kvtier.Client(daemon.socket_path, [ns]) as c:
         c.put(0, keys[0], data)
         with c.pin(0, keys)[0] as view:
-            arr = np.frombuffer(view.data, dtype=np.uint8)
-        # The `with` released the view, but the array still reads the arena:
+            if consumer == "memoryview":
+                held = view.data
+            elif consumer == "numpy":
+                held = np.frombuffer(view.data, dtype=np.uint8)
+            else:  # torch.frombuffer keeps a raw pointer and the memoryview, not a buffer export
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    held = torch.frombuffer(view.data, dtype=torch.uint8)
+        # The `with` released the view, but `held` still reads the arena:
         # the pin stays, so the block can be neither evicted nor reused.
         assert c.stats()["engine.pinned_blocks"] == 1
         assert c.erase(0, keys) == 1
         for i in range(200):  # refill what the erased block's space could hold
             c.put(0, keys_of(ns, 1, first_token=10_000 + 16 * i)[0], block_bytes(ns, 100 + i))
-        assert np.array_equal(arr, data)
-        del arr
-        deadline = time.monotonic() + 5
-        while c.stats()["engine.pinned_blocks"] != 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert c.stats()["engine.pinned_blocks"] == 0
+        assert bytes(held) == data.tobytes() if consumer == "memoryview" else np.array_equal(np.asarray(held), data)
+        del held
+        assert wait_unpinned(c)
 
 
-def test_reserve_writes_in_place_and_refuses_to_commit_under_a_live_array(daemon):
+def test_reserve_writes_in_place_and_refuses_to_commit_under_a_live_view(daemon):
     ns = test_namespace()
     keys = keys_of(ns, 2)
     data = [block_bytes(ns, 20 + i) for i in range(2)]
@@ -153,6 +169,10 @@ def test_reserve_writes_in_place_and_refuses_to_commit_under_a_live_array(daemon
         with pytest.raises(kvtier.FailedPreconditionError):
             res.commit()  # `arr` could still write after publication
         del arr
+        tensor = torch.frombuffer(res.data(1), dtype=torch.uint8)  # a tensor over the arena, no copy
+        with pytest.raises(kvtier.FailedPreconditionError):
+            res.commit()
+        del tensor
         assert [s.ok for s in res.commit()] == [True, True]
         out = np.zeros(ns.block_bytes, np.uint8)
         for k, d in zip(keys, data):
@@ -194,10 +214,18 @@ def test_layer_save_then_layer_load_copy_and_zero_copy(daemon):
             load.wait_all()
             span = load.layer_span(2, 1)
             assert bytes(span) == layers[2][1].tobytes()
-        with pytest.raises(ValueError):
-            span[0]  # ended with the load
+        assert load.ended
+        with pytest.raises(kvtier.FailedPreconditionError):
+            load.layer_span(2, 1)  # no new views after the end
         with pytest.raises(kvtier.FailedPreconditionError):
             load.wait_layer(0)
+        assert bytes(span) == layers[2][1].tobytes()  # the span kept the load's pins
+        assert c.stats()["engine.loads_open"] == 1
+        del span
+        deadline = time.monotonic() + 5
+        while c.stats()["engine.loads_open"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.stats()["engine.loads_open"] == 0
 
 
 def test_layer_load_reports_failed_blocks_and_bad_arguments(daemon):
