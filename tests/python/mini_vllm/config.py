@@ -1,0 +1,156 @@
+"""Configs (vllm/config) of the mini vLLM engine and make_vllm_config."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+# --------------------------------------------------------------------------
+# Configs (vllm/config). Only the fields a connector or this engine reads.
+# --------------------------------------------------------------------------
+
+@dataclass
+class ModelConfig:
+    model: str = "kvtier-test/tiny-decoder"
+    revision: Optional[str] = "seed-0"
+    dtype: torch.dtype = torch.float32
+    max_model_len: int = 512
+    use_mla: bool = False
+    # Shape facts vLLM derives from hf_config; here copied from the tiny model.
+    num_layers: int = 3
+    total_num_kv_heads: int = 2
+    head_size: int = 8
+
+    def get_num_layers(self, parallel_config: "ParallelConfig" = None) -> int:
+        return self.num_layers
+
+    def get_total_num_kv_heads(self) -> int:
+        return self.total_num_kv_heads
+
+    def get_num_kv_heads(self, parallel_config: "ParallelConfig") -> int:
+        return max(1, self.total_num_kv_heads // parallel_config.tensor_parallel_size)
+
+    def get_head_size(self) -> int:
+        return self.head_size
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 4
+    cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    num_gpu_blocks: Optional[int] = None
+    prefix_caching_hash_algo: str = "sha256"
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    rank: int = 0  # the worker's global rank; each worker's copy of VllmConfig has its own
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill splits above it)
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    # The connector factory refuses non-SupportsHMA connectors when this is False (factory.py @a4cd9d0d).
+    disable_hybrid_kv_cache_manager: bool = True
+    policy: str = "fcfs"
+
+
+_KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+@dataclass
+class KVTransferConfig:
+    """vllm/config/kv_transfer.py @007c643b, plus kv_load_failure_policy read by the scheduler @00f4240e."""
+    kv_connector: Optional[str] = None
+    engine_id: Optional[str] = None
+    kv_buffer_device: str = "cpu"
+    kv_buffer_size: float = 1e9
+    kv_role: Optional[str] = None
+    kv_rank: Optional[int] = None
+    kv_parallel_size: int = 1
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_connector_module_path: Optional[str] = None
+    kv_load_failure_policy: str = "recompute"  # "recompute" or anything else (= fail the request)
+
+    def __post_init__(self):
+        if self.engine_id is None:
+            self.engine_id = str(uuid.uuid4())
+        if self.kv_connector is not None and self.kv_role not in _KV_ROLES:
+            raise ValueError(f"Unsupported kv_role: {self.kv_role}. Supported roles are {_KV_ROLES}")
+
+    @property
+    def is_kv_transfer_instance(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in _KV_ROLES
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_consumer", "kv_both")
+
+    def get_from_extra_config(self, key, default) -> Any:
+        return self.kv_connector_extra_config.get(key, default)
+
+
+@dataclass
+class CompilationConfig:
+    # layer_name -> attention layer (with .kv_cache); becomes ForwardContext.no_compile_layers.
+    static_forward_context: dict = field(default_factory=dict)
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_transfer_config: Optional[KVTransferConfig] = None
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    additional_config: dict = field(default_factory=dict)
+
+
+def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTest", kv_role: str = "kv_both",
+                     kv_connector_module_path: Optional[str] = None, kv_connector_extra_config: Optional[dict] = None,
+                     kv_load_failure_policy: str = "recompute", tensor_parallel_size: int = 1,
+                     enable_prefix_caching: bool = True, max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
+                     long_prefill_token_threshold: int = 0, enable_chunked_prefill: bool = True,
+                     max_model_len: Optional[int] = None, model_name: str = "kvtier-test/tiny-decoder",
+                     revision: Optional[str] = None) -> VllmConfig:
+    """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector)."""
+    ktc = None
+    if kv_connector is not None:
+        ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
+                               kv_connector_module_path=kv_connector_module_path,
+                               kv_connector_extra_config=dict(kv_connector_extra_config or {}),
+                               kv_load_failure_policy=kv_load_failure_policy)
+    return VllmConfig(
+        model_config=ModelConfig(model=model_name, revision=revision or f"seed-{getattr(model, 'seed', 0)}",
+                                 dtype=torch.float32, max_model_len=max_model_len or model.max_positions,
+                                 num_layers=len(model.attention_layer_names), total_num_kv_heads=model.n_kv_heads,
+                                 head_size=model.head_size),
+        cache_config=CacheConfig(block_size=model.block_size, enable_prefix_caching=enable_prefix_caching),
+        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                         enable_chunked_prefill=enable_chunked_prefill,
+                                         long_prefill_token_threshold=long_prefill_token_threshold),
+        kv_transfer_config=ktc)

@@ -1,0 +1,214 @@
+"""MiniEngine (EngineCore in one process) and run_request."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+from tiny_model import KVCache  # on sys.path: see the package __init__
+
+from .config import VllmConfig, make_vllm_config
+from .connector_api import KVConnectorRole, create_connector
+from .kv_cache import BlockPool
+from .kv_cache_interface import KVCacheConfig, make_kv_cache_config
+from .request import Request, RequestStatus, SamplingParams, get_request_block_hasher, init_none_hash, sha256_hash
+from .runner import KVOutputAggregator, MiniModelRunner
+from .scheduler import ModelRunnerOutput, Scheduler
+from .scheduler_output import SchedulerOutput
+
+
+# --------------------------------------------------------------------------
+# The engine.
+# --------------------------------------------------------------------------
+
+@dataclass
+class StepRecord:
+    scheduler_output: SchedulerOutput
+    model_runner_output: ModelRunnerOutput
+    outputs: list
+    discarded_req_ids: set
+
+
+class MiniEngine:
+    """EngineCore in one process: Scheduler + `num_workers` tensor-parallel workers.
+
+    connector_factory: None (no connector when vllm_config.kv_transfer_config is None, otherwise
+    the class named by kv_connector in kv_connector_module_path), a connector class, or a callable
+    (vllm_config, role, kv_cache_config) -> connector. One scheduler-side instance and one
+    worker-side instance per rank are created, as vLLM does.
+    kv_cache_config: the per-worker config (see make_kv_cache_config(model, n, num_workers)); default
+    64 blocks. start_load_kv_before_forward: None = vLLM @00f4240e (before the forward only when the
+    step has sync loads, else after it), True = older vLLM (always before).
+    """
+
+    def __init__(self, model, vllm_config: Optional[VllmConfig] = None, kv_cache_config: Optional[KVCacheConfig] = None,
+                 connector_factory: Any = None, num_workers: int = 1, *, none_hash: Optional[bytes] = None,
+                 serialize_scheduler_output: bool = True, start_load_kv_before_forward: Optional[bool] = None):
+        if vllm_config is None:
+            vllm_config = make_vllm_config(model, kv_connector=None, tensor_parallel_size=num_workers)
+        vllm_config.parallel_config.tensor_parallel_size = num_workers
+        if kv_cache_config is None:
+            kv_cache_config = make_kv_cache_config(model, 64, num_workers)
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
+        assert spec.block_size == model.block_size == vllm_config.cache_config.block_size
+        vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        self.model = model
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        self.num_workers = num_workers
+        self.block_size = model.block_size
+        self.none_hash = none_hash if none_hash is not None else init_none_hash()
+        self._block_hasher = get_request_block_hasher(self.block_size, sha256_hash, self.none_hash)
+        scheduler_connector = None
+        if vllm_config.kv_transfer_config is not None:
+            scheduler_connector = create_connector(connector_factory, vllm_config, KVConnectorRole.SCHEDULER,
+                                                   kv_cache_config)
+        self.runner = MiniModelRunner(model, vllm_config, [kv_cache_config] * num_workers, connector_factory,
+                                      serialize_scheduler_output, start_load_kv_before_forward)
+        self.scheduler = Scheduler(vllm_config, kv_cache_config, scheduler_connector)
+        self.aggregator = (KVOutputAggregator.from_connector(scheduler_connector, num_workers)
+                           if scheduler_connector is not None else None)
+        self.history: list = []
+        self.outputs: dict = defaultdict(list)  # req_id -> generated tokens
+        self.logits: dict = defaultdict(list)  # req_id -> [logits [n_new, vocab]] of accepted steps
+        self.finish_reasons: dict = {}
+        self.kv_transfer_params: dict = {}
+        self.finished_block_ids: dict = {}  # req_id -> block ids when it finished (blocks may be retained)
+        self._next_id = 0
+
+    # ---- accessors ----
+    @property
+    def scheduler_connector(self):
+        return self.scheduler.connector
+
+    @property
+    def worker_connectors(self) -> list:
+        return [r.connector for r in self.runner.ranks]
+
+    @property
+    def worker_kv_caches(self) -> list:
+        """Per rank: dict layer_name -> cache tensor (what register_kv_caches received)."""
+        return [r.kv_caches for r in self.runner.ranks]
+
+    @property
+    def kv_caches(self) -> dict:
+        return self.runner.ranks[0].kv_caches
+
+    @property
+    def block_pool(self) -> BlockPool:
+        return self.scheduler.kv_cache_manager.block_pool
+
+    def request(self, req_id: str) -> Optional[Request]:
+        return self.scheduler.requests.get(req_id)
+
+    def block_ids(self, req_id: str) -> list:
+        """Group-0 block ids of a live request, or those it held when it finished."""
+        if req_id in self.scheduler.kv_cache_manager.req_to_blocks:
+            return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+        return list(self.finished_block_ids.get(req_id, []))
+
+    def token_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
+        """K/V of positions [0, num_tokens) through `block_table`, all ranks' heads concatenated:
+        [num_layers, 2, num_tokens, num_kv_heads, head_size]."""
+        parts = [KVCache.gather_tokens(r.kv_caches, block_table, num_tokens, self.block_size)
+                 for r in self.runner.ranks]
+        return torch.cat(parts, dim=3)
+
+    def request_kv(self, req_id: str, num_tokens: Optional[int] = None) -> torch.Tensor:
+        ids = self.block_ids(req_id)
+        return self.token_kv(ids, num_tokens if num_tokens is not None else len(ids) * self.block_size)
+
+    # ---- requests ----
+    def make_request(self, prompt: Sequence[int], max_tokens: int = 8, request_id: Optional[str] = None,
+                     *, stop_token_ids: Optional[list] = None, kv_transfer_params: Optional[dict] = None,
+                     skip_reading_prefix_cache: Optional[bool] = None, **kwargs) -> Request:
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+        params = SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids or []), extra_args=extra,
+                                skip_reading_prefix_cache=skip_reading_prefix_cache)
+        return Request(request_id, list(prompt), params, block_hasher=self._block_hasher, **kwargs)
+
+    def add_request(self, prompt_or_request, max_tokens: int = 8, request_id: Optional[str] = None,
+                    **kwargs) -> Request:
+        request = prompt_or_request
+        if not isinstance(request, Request):
+            request = self.make_request(prompt_or_request, max_tokens, request_id, **kwargs)
+        self.scheduler.add_request(request)
+        return request
+
+    def abort(self, req_id: str) -> None:
+        """EngineCore.abort_requests: allowed at any time, also between schedule() and execute_model()."""
+        blocks = self.block_ids(req_id)
+        for request in self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED):
+            self.finish_reasons[request.request_id] = request.get_finished_reason()
+            self.finished_block_ids[request.request_id] = blocks
+
+    def preempt(self, req_id: str) -> None:
+        """Preempts a RUNNING request between steps: its blocks are freed and it restarts from 0
+        (a later schedule resumes it through resumed_req_ids with its full block list)."""
+        self.scheduler.preempt_request(req_id)
+
+    # ---- one step = schedule, execute_model, update_from_output ----
+    def has_requests(self) -> bool:
+        return self.scheduler.has_requests()
+
+    def schedule(self) -> SchedulerOutput:
+        return self.scheduler.schedule()
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        out, kv_outputs = self.runner.execute_model(so)
+        if kv_outputs is not None:
+            # One worker: its output passes through (UniProcExecutor); several: KVOutputAggregator,
+            # which always returns a KVConnectorOutput (MultiprocExecutor).
+            out.kv_connector_output = kv_outputs[0] if self.num_workers == 1 else self.aggregator.aggregate(kv_outputs)
+        return out
+
+    def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> StepRecord:
+        # Capture block ids of requests that may finish in this update.
+        live_blocks = {r: list(self.scheduler.kv_cache_manager.get_block_ids(r)[0]) for r in self.scheduler.requests}
+        outputs, discarded = self.scheduler.update_from_output(so, out)
+        for req_id, logits in out.logits.items():
+            if req_id not in discarded:
+                self.logits[req_id].append(logits)
+        for o in outputs:
+            self.outputs[o.request_id].extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                self.finish_reasons[o.request_id] = o.finish_reason
+                self.kv_transfer_params[o.request_id] = o.kv_transfer_params
+                self.finished_block_ids[o.request_id] = live_blocks.get(o.request_id, [])
+        record = StepRecord(so, out, outputs, discarded)
+        self.history.append(record)
+        return record
+
+    def step(self) -> Optional[StepRecord]:
+        if not self.has_requests():
+            return None
+        so = self.schedule()
+        return self.update_from_output(so, self.execute_model(so))
+
+    def run_until_done(self, max_steps: int = 10000) -> int:
+        steps = 0
+        while self.has_requests():
+            assert steps < max_steps, "engine did not drain (a delayed free never reported finished_sending?)"
+            self.step()
+            steps += 1
+        return steps
+
+    def shutdown(self) -> None:
+        for c in [self.scheduler_connector] + self.worker_connectors:
+            if c is not None and hasattr(c, "shutdown"):
+                c.shutdown()
+
+
+def run_request(engine: MiniEngine, prompt: Sequence[int], max_new_tokens: int, request_id: Optional[str] = None,
+                **kwargs) -> tuple:
+    """Adds one request, runs the engine until it is idle, returns (generated tokens, logits per step),
+    logits per step being the [n_new, vocab] tensors of the steps whose output the scheduler accepted."""
+    request = engine.add_request(prompt, max_new_tokens, request_id, **kwargs)
+    engine.run_until_done()
+    return list(engine.outputs[request.request_id]), list(engine.logits[request.request_id])

@@ -1,0 +1,458 @@
+"""The scheduler (scheduler.py @00f4240e, one KV-cache group, FCFS) and its per-step outputs."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from .config import VllmConfig
+from .connector_api import KVConnectorOutput, supports_hma
+from .kv_cache import KVCacheManager, cdiv
+from .kv_cache_interface import KVCacheConfig
+from .request import Request, RequestStatus
+from .scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+# --------------------------------------------------------------------------
+# Scheduler (scheduler.py @00f4240e, reduced to one group, FCFS).
+# --------------------------------------------------------------------------
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list
+    req_id_to_index: dict
+    sampled_token_ids: list  # per request: [token] or [] (partial prefill)
+    kv_connector_output: Optional[KVConnectorOutput] = None
+    # Mini-engine extensions (not in vLLM): logits [n_new, vocab] and positions of each request.
+    logits: dict = field(default_factory=dict)
+    positions: dict = field(default_factory=dict)
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list
+    finish_reason: Optional[str] = None
+    kv_transfer_params: Optional[dict] = None
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    last = request.output_token_ids[-1]
+    if request.eos_token_id is not None and last == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last in (request.sampling_params.stop_token_ids or ()):
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last
+        return True
+    return False
+
+
+class Scheduler:
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, connector: Any = None):
+        self.vllm_config = vllm_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.kv_cache_config = kv_cache_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_num_running_reqs = self.scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
+        self.connector = connector
+        self.recompute_kv_load_failures = True
+        self.requires_kv_delivery = False
+        if connector is not None:
+            ktc = vllm_config.kv_transfer_config
+            self.recompute_kv_load_failures = ktc.kv_load_failure_policy == "recompute"
+            self.requires_kv_delivery = bool(getattr(connector, "requires_kv_delivery", False))
+        self.requests: dict = {}
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.finished_req_ids: set = set()
+        self.reset_preempted_req_ids: set = set()
+        self.prev_step_scheduled_req_ids: set = set()
+        self.finished_recving_kv_req_ids: set = set()
+        self.failed_recving_kv_req_ids: set = set()
+        self.kv_cache_manager = KVCacheManager(kv_cache_config, self.max_model_len,
+                                               vllm_config.cache_config.enable_prefix_caching)
+        if connector is not None:
+            if hasattr(connector, "bind_kv_cache_manager"):
+                connector.bind_kv_cache_manager(self.kv_cache_manager)
+            elif hasattr(connector, "bind_gpu_block_pool"):
+                connector.bind_gpu_block_pool(self.kv_cache_manager.block_pool)
+
+    # ---- requests in and out ----
+    def add_request(self, request: Request) -> None:
+        assert request.request_id not in self.requests, "duplicate request id"
+        self.waiting.append(request)
+        self.requests[request.request_id] = request
+        if self.connector is not None and hasattr(self.connector, "on_new_request"):
+            self.connector.on_new_request(request)
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus) -> list:
+        """Abort path (EngineCore.abort_requests -> finish_requests), callable at any time."""
+        assert RequestStatus.is_finished(finished_status)
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        valid = []
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            valid.append(request)
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+        for request in valid:
+            delay_free_blocks = False
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(request.request_id)
+                self.failed_recving_kv_req_ids.discard(request.request_id)
+            request.status = finished_status
+            self._free_request(request, delay_free_blocks=delay_free_blocks)
+        return valid
+
+    def preempt_request(self, req_id: str) -> None:
+        """Forces the preemption the scheduler does when allocation fails (test hook, between steps)."""
+        request = self.requests[req_id]
+        assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
+        self.running.remove(request)
+        self._preempt_request(request)
+        # Resumed requests must then be sent with all_token_ids (as after reset_prefix_cache).
+        self.prev_step_scheduled_req_ids.discard(req_id)
+
+    def _preempt_request(self, request: Request) -> None:
+        assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.reset_preempted_req_ids.add(request.request_id)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Optional[dict]:
+        assert request.is_finished()
+        connector_delay_free, kv_xfer_params = self._connector_finished(request)
+        self.finished_req_ids.add(request.request_id)
+        if not (delay_free_blocks or connector_delay_free):
+            self._free_blocks(request)
+        return kv_xfer_params
+
+    def _free_blocks(self, request: Request) -> None:
+        assert request.is_finished()
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+
+    def _connector_finished(self, request: Request) -> tuple:
+        if self.connector is None:
+            return False, None
+        self.kv_cache_manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens,
+                                                    request.num_prompt_tokens)
+        block_ids = self.kv_cache_manager.get_block_ids_for_computed_tokens(request.request_id,
+                                                                            request.num_computed_tokens)
+        if not supports_hma(self.connector):
+            assert len(self.kv_cache_config.kv_cache_groups) == 1
+            return self.connector.request_finished(request, block_ids[0])
+        return self.connector.request_finished_all_groups(request, block_ids)
+
+    # ---- schedule ----
+    def schedule(self) -> SchedulerOutput:
+        kvm = self.kv_cache_manager
+        scheduled_new, scheduled_resumed, scheduled_running, preempted = [], [], [], []
+        req_to_new_blocks: dict = {}
+        num_scheduled: dict = {}
+        token_budget = self.max_num_scheduled_tokens
+        has_sync_kv_loads = False
+        threshold = self.scheduler_config.long_prefill_token_threshold
+
+        # First, the RUNNING requests.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new = request.num_tokens_with_spec - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, token_budget, self.max_model_len - request.num_computed_tokens - 1)
+            if num_new <= 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = kvm.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                if self.connector is not None and getattr(self.connector, "has_pending_block_frees", lambda: False)():
+                    break
+                preempted_req = self.running.pop()
+                self._preempt_request(preempted_req)
+                preempted.append(preempted_req)
+                if preempted_req is request:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(request)
+            req_to_new_blocks[request.request_id] = new_blocks
+            num_scheduled[request.request_id] = num_new
+            token_budget -= num_new
+            req_index += 1
+
+        # Next, the WAITING requests (not in a step that preempted).
+        if not preempted:
+            skipped: deque = deque()
+            while self.waiting and token_budget > 0:
+                if len(self.running) >= self.max_num_running_reqs:
+                    break
+                request = self.waiting[0]
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    if request.request_id not in self.finished_recving_kv_req_ids:
+                        skipped.append(self.waiting.popleft())
+                        continue
+                    self._update_waiting_for_remote_kv(request)
+                    request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+
+                num_external = 0
+                load_kv_async = False
+                if request.num_computed_tokens == 0:
+                    new_computed_blocks, num_local = kvm.get_computed_blocks(request)
+                    if self.connector is not None:
+                        block_aligned_local = num_local - num_local % self.block_size
+                        ext_tokens, load_kv_async = self.connector.get_num_new_matched_tokens(
+                            request, block_aligned_local)
+                        if request.skip_reading_prefix_cache:
+                            ext_tokens, load_kv_async = 0, False
+                        if ext_tokens is None:
+                            # The connector could not tell yet: ask again in a later step.
+                            skipped.append(self.waiting.popleft())
+                            continue
+                        num_external = ext_tokens
+                    num_computed = num_local + num_external
+                    assert num_computed <= request.num_tokens
+                else:
+                    new_computed_blocks, num_local = kvm.empty_kv_cache_blocks, 0
+                    num_computed = request.num_computed_tokens
+
+                if load_kv_async:
+                    assert num_external > 0
+                    num_new = 0
+                else:
+                    num_new = request.num_tokens - num_computed
+                    if 0 < threshold < num_new:
+                        num_new = threshold
+                    if not self.scheduler_config.enable_chunked_prefill and num_new > token_budget:
+                        break
+                    num_new = min(num_new, token_budget)
+                    # A sync hit must leave at least one token to compute (vLLM asserts the same).
+                    assert num_new > 0
+
+                new_blocks = kvm.allocate_slots(request, num_new, num_new_computed_tokens=num_local,
+                                                new_computed_blocks=new_computed_blocks,
+                                                num_external_computed_tokens=num_external,
+                                                delay_cache_blocks=load_kv_async)
+                if new_blocks is None:
+                    break
+                if self.connector is not None:
+                    self.connector.update_state_after_alloc(request, kvm.get_blocks(request.request_id), num_external)
+                if load_kv_async:
+                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    request.num_computed_tokens = num_computed
+                    skipped.append(self.waiting.popleft())
+                    continue
+
+                self.waiting.popleft()
+                self.running.append(request)
+                if num_external > 0:
+                    has_sync_kv_loads = True
+                if request.status == RequestStatus.WAITING:
+                    scheduled_new.append(request)
+                elif request.status == RequestStatus.PREEMPTED:
+                    scheduled_resumed.append(request)
+                else:
+                    raise RuntimeError(f"Invalid request status: {request.status}")
+                req_to_new_blocks[request.request_id] = kvm.get_blocks(request.request_id)
+                num_scheduled[request.request_id] = num_new
+                token_budget -= num_new
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_computed
+            self.waiting.extendleft(reversed(skipped))
+
+        total = sum(num_scheduled.values())
+        assert total <= self.max_num_scheduled_tokens and token_budget >= 0
+        so = SchedulerOutput(
+            scheduled_new_reqs=[NewRequestData.from_request(r, req_to_new_blocks[r.request_id].get_block_ids())
+                                for r in scheduled_new],
+            scheduled_cached_reqs=self._make_cached_request_data(scheduled_running, scheduled_resumed,
+                                                                 req_to_new_blocks),
+            num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=total, scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={}, num_common_prefix_blocks=[0], preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids, free_encoder_mm_hashes=[], has_sync_kv_loads=has_sync_kv_loads)
+        self.prev_step_scheduled_req_ids = set(num_scheduled)
+        if self.connector is not None:
+            so.kv_connector_metadata = self.connector.build_connector_meta(so)
+        self._update_after_schedule(so)
+        return so
+
+    def _make_cached_request_data(self, running_reqs: list, resumed_reqs: list, req_to_new_blocks: dict):
+        data = CachedRequestData.make_empty()
+        for idx, req in enumerate(list(running_reqs) + list(resumed_reqs)):
+            req_id = req.request_id
+            data.req_ids.append(req_id)
+            if idx >= len(running_reqs):
+                data.resumed_req_ids.add(req_id)
+            if req_id not in self.prev_step_scheduled_req_ids:
+                data.all_token_ids[req_id] = req.all_token_ids.copy()
+            data.new_block_ids.append(req_to_new_blocks[req_id].get_block_ids(allow_none=True))
+            data.num_computed_tokens.append(req.num_computed_tokens)
+            data.num_output_tokens.append(req.num_output_tokens + req.num_output_placeholders)
+        return data
+
+    def _update_after_schedule(self, so: SchedulerOutput) -> None:
+        for req_id, n in so.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += n
+        # New sets, not clear(): the scheduler output keeps the old ones.
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        if request.request_id in self.failed_recving_kv_req_ids:
+            if request.num_computed_tokens:
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            else:
+                self.kv_cache_manager.free(request)
+            self.failed_recving_kv_req_ids.remove(request.request_id)
+        else:
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.remove(request.request_id)
+
+    # ---- outputs ----
+    def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> tuple:
+        """Returns (list of EngineCoreOutput, set of req ids whose step output was discarded)."""
+        kv_out = out.kv_connector_output
+        failed: set = set()
+        if kv_out and kv_out.failed_recving:
+            failed |= self._handle_failed_recving(kv_out.failed_recving)
+        if kv_out and kv_out.invalid_block_ids:
+            failed |= self._handle_invalid_blocks(kv_out.invalid_block_ids, so.num_scheduled_tokens)
+        outputs = []
+        stopped = set()
+        for req_id, n in so.num_scheduled_tokens.items():
+            assert n > 0
+            request = self.requests.get(req_id)
+            if req_id in failed:
+                continue
+            if request is None or request.is_finished():
+                continue  # e.g. aborted between schedule() and the worker pass
+            new_token_ids = list(out.sampled_token_ids[out.req_id_to_index[req_id]])
+            kv_transfer_params, is_stopped = None, False
+            if new_token_ids:
+                for i, tok in enumerate(new_token_ids, 1):
+                    request.append_output_token_ids(tok)
+                    if check_stop(request, self.max_model_len):
+                        del new_token_ids[i:]
+                        is_stopped = True
+                        break
+            if is_stopped:
+                kv_transfer_params = self._free_request(request)
+                stopped.add(request)
+            if new_token_ids or is_stopped:
+                outputs.append(EngineCoreOutput(req_id, new_token_ids, request.get_finished_reason(),
+                                                kv_transfer_params))
+        if stopped:
+            self.running = [r for r in self.running if r not in stopped]
+        if failed and not self.recompute_kv_load_failures:
+            for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
+                outputs.append(EngineCoreOutput(request.request_id, [], request.get_finished_reason()))
+        if kv_out:
+            self._update_from_kv_xfer_finished(kv_out)
+        if self.connector is not None:
+            if hasattr(self.connector, "get_kv_connector_stats"):
+                self.connector.get_kv_connector_stats()
+            if hasattr(self.connector, "take_events"):
+                list(self.connector.take_events() or ())
+        return outputs, failed
+
+    def _update_from_kv_xfer_finished(self, kv_out: KVConnectorOutput) -> None:
+        if self.connector is not None and hasattr(self.connector, "update_connector_output"):
+            self.connector.update_connector_output(kv_out)
+        for req_id in kv_out.finished_recving or ():
+            assert req_id in self.requests, f"finished_recving for unknown request {req_id}"
+            req = self.requests[req_id]
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(req_id)
+            else:
+                assert RequestStatus.is_finished(req.status)
+                self._free_blocks(req)
+        for req_id in kv_out.finished_sending or ():
+            assert req_id in self.requests, f"finished_sending for unknown request {req_id}"
+            self._free_blocks(self.requests[req_id])
+
+    def _handle_failed_recving(self, failed_req_ids: set) -> set:
+        affected = set()
+        for req_id in failed_req_ids:
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                affected.add(req_id)
+                if self.recompute_kv_load_failures:
+                    request.num_computed_tokens = 0
+                    self.failed_recving_kv_req_ids.add(req_id)
+        return set() if self.recompute_kv_load_failures else affected
+
+    def _update_requests_with_invalid_blocks(self, requests: Iterable[Request], invalid_block_ids: set,
+                                             num_scheduled_tokens: dict, evict_blocks: bool) -> tuple:
+        affected, marked, to_evict = set(), set(), set()
+        for request in requests:
+            is_affected = marked_here = False
+            (req_block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
+            req_num_computed = request.num_computed_tokens - num_scheduled_tokens.get(request.request_id, 0)
+            for idx, block_id in zip(range(cdiv(req_num_computed, self.block_size)), req_block_ids):
+                if block_id not in invalid_block_ids:
+                    continue
+                is_affected = True
+                if block_id in marked:
+                    continue
+                marked.add(block_id)
+                if marked_here:
+                    continue
+                marked_here = True
+                request.num_computed_tokens = idx * self.block_size  # truncate at the first failed block
+                if evict_blocks:
+                    to_evict.update(req_block_ids[idx:])
+            if is_affected:
+                if not marked_here:
+                    request.num_computed_tokens = req_num_computed
+                affected.add(request.request_id)
+        return affected, to_evict
+
+    def _handle_invalid_blocks(self, invalid_block_ids: set, num_scheduled_tokens: dict) -> set:
+        async_reqs = [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
+        async_failed, _ = self._update_requests_with_invalid_blocks(async_reqs, invalid_block_ids,
+                                                                    num_scheduled_tokens, evict_blocks=False)
+        sync_failed, to_evict = self._update_requests_with_invalid_blocks(list(self.running), invalid_block_ids,
+                                                                          num_scheduled_tokens, evict_blocks=True)
+        if not (async_failed or sync_failed):
+            return set()
+        if to_evict and not self.recompute_kv_load_failures:
+            self.kv_cache_manager.evict_blocks(to_evict)
+        if not self.recompute_kv_load_failures:
+            return async_failed | sync_failed
+        self.failed_recving_kv_req_ids |= async_failed
+        return sync_failed
+
+    # ---- liveness ----
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_finished_requests(self) -> bool:
+        if self.finished_req_ids:
+            return True
+        return self.connector is not None and len(self.requests) > len(self.waiting) + len(self.running)
+
+    def has_requests(self) -> bool:
+        return bool(self.get_num_unfinished_requests() or self.has_finished_requests() or (
+            self.connector is not None and getattr(self.connector, "has_pending_push_work", lambda: False)()))
