@@ -188,3 +188,29 @@ def test_a_cache_salt_isolates_and_multimodal_inputs_are_part_of_the_key(model, 
     assert hit() == 8  # no salt: r2's first block (before the image) is shared, not the second
     assert hit(mm_features=image) == 16
     assert hit(mm_features=[MultiModalFeatureSpec("img-2", PlaceholderRange(9, 4))]) == 8  # another image
+
+
+def test_vllm_loads_it_through_kv_connector_module_path(model, daemon):
+    import importlib
+
+    import kvtier.integrations.vllm as connector_module
+    import mini_vllm as mv
+    try:
+        with mv.install_as_vllm():  # vLLM's module paths now resolve to the stand-in
+            importlib.reload(connector_module)  # so the connector subclasses "vLLM's" base
+            from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
+            assert issubclass(connector_module.KvtierConnector, KVConnectorBase_V1)
+            assert issubclass(connector_module.KvtierConnector, SupportsHMA)
+            cfg = mv.make_vllm_config(model, kv_connector="KvtierConnector",
+                                      kv_connector_module_path="kvtier.integrations.vllm",
+                                      kv_connector_extra_config=dict(socket_path=daemon.socket_path,
+                                                                     block_tokens=BLOCK_TOKENS))
+            cfg.scheduler_config.disable_hybrid_kv_cache_manager = False  # HMA on: needs SupportsHMA
+            engine = mv.MiniEngine(model, cfg, mv.make_kv_cache_config(model, 64))  # factory None: by path
+            p = prompt(13, 19)
+            toks, _ = run_request(engine, p, 2, "r1")
+            assert type(engine.scheduler_connector).__name__ == "KvtierConnector"
+            engine.shutdown()
+    finally:
+        importlib.reload(connector_module)  # back to the stand-in base for the other tests
+    assert toks == greedy_generate(model, p, 2)

@@ -43,6 +43,11 @@ from kvtier.integrations import _kv_layout
 from kvtier.integrations._vllm_plan import KvtierConnectorMetadata, RequestState, plan_load, plan_save
 
 try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # vLLM absent, or older than the hybrid-model mixin
+    SupportsHMA = object
+
+try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 except ImportError:  # vLLM is not installed: a stand-in with the same surface
     class KVConnectorBase_V1:  # noqa: N801 - vLLM's name
@@ -139,8 +144,11 @@ def _worker_rank(vllm_config, geometry):
         return rank % geometry.tp_size, rank // geometry.tp_size
 
 
-class KvtierConnector(KVConnectorBase_V1):
-    """vLLM KV connector v1 over kvtierd. One instance per process and role."""
+class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not object else [])):
+    """vLLM KV connector v1 over kvtierd. One instance per process and role.
+    It declares SupportsHMA so vLLM accepts it with the hybrid KV cache
+    manager on; a configuration with more than one KV cache group is then
+    refused with a clear error (one group is supported)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
