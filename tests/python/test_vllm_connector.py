@@ -214,3 +214,22 @@ def test_vllm_loads_it_through_kv_connector_module_path(model, daemon):
     finally:
         importlib.reload(connector_module)  # back to the stand-in base for the other tests
     assert toks == greedy_generate(model, p, 2)
+
+
+def test_lora_adapters_have_their_own_namespaces(model, daemon):
+    from mini_vllm import LoRARequest
+    p = prompt(14, 19)
+    sql = LoRARequest("sql-lora", 1, "/adapters/sql/v3")
+    a = kvtier_engine(model, daemon)
+    run_request(a, p, 1, "r1", lora_request=sql)
+    drain_commits(a)
+
+    def hit(**request):
+        b = kvtier_engine(model, daemon)
+        run_request(b, p, 1, "r", **request)
+        b.shutdown()
+        return computed_at_start(b, "r")
+    assert hit(lora_request=sql) == 16
+    assert hit() == 0  # the base model never reads the adapter's KV
+    assert hit(lora_request=LoRARequest("sql-lora", 1, "/adapters/sql/v4")) == 0  # another version
+    a.shutdown()

@@ -26,6 +26,7 @@ class LoadSpec:
     keys: list          # per rank namespace: list[kvtier.Key]
     block_ids: list     # list[list[int]], one list of f engine blocks per kvtier block
     skip: int = 0
+    adapter: tuple = None  # the LoRA's (name, path), or None
 
 
 @dataclass
@@ -37,6 +38,7 @@ class SaveSpec:
     keys: list          # per rank namespace: list[kvtier.Key]
     parents: list       # per rank namespace: the key before keys[r][0], or None
     block_ids: list     # list[list[int]]
+    adapter: tuple = None  # the LoRA's (name, path), or None
 
 
 @dataclass
@@ -60,6 +62,7 @@ class RequestState:
     saved: int = 0        # kvtier blocks saved or known cached
     saves_planned: bool = False
     started: bool = False
+    adapter: tuple = None  # the LoRA's (name, path), or None: which namespaces
 
 
 def engine_blocks(state, first, end, per_block):
@@ -80,7 +83,7 @@ def plan_save(state, computed_tokens, per_block, block_tokens):
         return None
     first = state.saved
     spec = SaveSpec(state.req_id, first, [k[first:full] for k in state.keys],
-                    [k[first - 1] if first > 0 else None for k in state.keys], ids)
+                    [k[first - 1] if first > 0 else None for k in state.keys], ids, state.adapter)
     state.saved = full
     state.saves_planned = True
     return spec
@@ -95,4 +98,4 @@ def plan_load(state, per_block):
     ids = engine_blocks(state, first, end, per_block)
     if ids is None or end <= first:
         return None
-    return LoadSpec(state.req_id, first, [k[first:end] for k in state.keys], ids, skip)
+    return LoadSpec(state.req_id, first, [k[first:end] for k in state.keys], ids, skip, state.adapter)

@@ -18,7 +18,8 @@ daemon's shared-memory directory without a round trip).
 
 Scheduler side: keys come from the token ids (never vLLM's block hashes,
 which start from a random seed per process) in one namespace per tensor-
-and pipeline-parallel rank. A lookup is asynchronous: get_num_new_matched_
+and pipeline-parallel rank and LoRA adapter (an adapter's namespaces get
+their own connection on first use). A lookup is asynchronous: get_num_new_matched_
 tokens answers None ("ask again") until every rank's answer is in, then the
 number of tokens all ranks hold as whole kvtier blocks, leaving at least one
 prompt token to compute. Loads are synchronous with the forward pass, layer
@@ -119,11 +120,13 @@ class _Geometry:
         self.call_timeout = float(extra.get("call_timeout", 30.0))
         self.use_directory = bool(extra.get("use_directory", True))
 
-    def namespace(self, tp_rank, pp_rank):
+    def namespace(self, tp_rank, pp_rank, adapter=None):
+        """One rank's namespace; `adapter` is a LoRA's (name, path), or None."""
         ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=self.dtype,
                               block_tokens=self.block_tokens, layer_count=len(self.layer_names),
                               bytes_per_token_per_layer=self.bytes_per_token,
-                              kv_layout=f"vllm_{self.layout}", tp_rank=tp_rank, tp_size=self.tp_size)
+                              kv_layout=f"vllm_{self.layout}", tp_rank=tp_rank, tp_size=self.tp_size,
+                              adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "")
         if hasattr(ns, "pp_size"):
             ns.pp_rank, ns.pp_size = pp_rank, self.pp_size
         elif self.pp_size > 1:
@@ -159,9 +162,9 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         self._metadata = None
         g = self._geometry
         if self._is_scheduler:
-            self._namespaces = [g.namespace(t, p) for t, p in g.ranks()]
-            self._hashers = [kvtier.ChainHasher(ns) for ns in self._namespaces]
-            self._client = self._connect(self._namespaces)
+            self._scopes = {}  # adapter -> _Scope
+            scope = self._scope(None)
+            self._namespaces, self._hashers, self._client = scope.namespaces, scope.hashers, scope.client
             self._requests = {}
             self._hint_ids = itertools.count(1)
         else:
@@ -169,6 +172,7 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
             self._rank_index = self._pp_rank * g.tp_size + self._tp_rank
             self._namespace = g.namespace(self._tp_rank, self._pp_rank)
             self._client = None
+            self._adapter_clients = {}       # adapter -> kvtier.Client of this rank's namespace
             self._kv_caches = {}
             self._layer_index = {}
             self._loads = []                 # _ActiveLoad of this step
@@ -222,9 +226,12 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
     def shutdown(self):
         if not self._is_scheduler:
             self._committer.shutdown(wait=True)
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        clients = ([s.client for s in self._scopes.values()] if self._is_scheduler
+                   else [self._client, *self._adapter_clients.values()])
+        for client in clients:
+            if client is not None:
+                client.close()
+        self._client = None
 
     # ---- scheduler side ----
 
@@ -232,20 +239,34 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         state = self._requests.get(request.request_id)
         if state is None:
             tokens = list(request.prompt_token_ids or [])
-            if getattr(request, "lora_request", None) is not None:
-                tokens = []  # adapters are not cached yet: never a wrong hit (see docs/INTEGRATIONS.md)
+            adapter = _adapter_of(request)
+            scope = self._scope(adapter)
             salt, extras = _key_extras(request, len(tokens), self._geometry.block_tokens)
             state = RequestState(request.request_id, next(self._hint_ids), tokens,
-                                 [h.keys(tokens, cache_salt=salt, extras=extras) for h in self._hashers])
+                                 [h.keys(tokens, cache_salt=salt, extras=extras) for h in scope.hashers],
+                                 adapter=adapter)
             self._requests[request.request_id] = state
             self._hint(lambda c: c.enqueue(state.hint_id, 0, state.keys[0]), state)
         return state
 
+    def _scope(self, adapter):
+        """The namespaces, hashers and client of the base model (None) or of
+        one LoRA adapter: namespaces are registered at connect, so each
+        adapter gets its own connection on first use."""
+        scope = self._scopes.get(adapter)
+        if scope is None:
+            g = self._geometry
+            namespaces = [g.namespace(t, p, adapter) for t, p in g.ranks()]
+            scope = _Scope(namespaces, [kvtier.ChainHasher(ns) for ns in namespaces], self._connect(namespaces))
+            self._scopes[adapter] = scope
+        return scope
+
     def _hint(self, call, state):
-        if self._client is None or not state.keys[0]:
+        client = self._scope(state.adapter).client
+        if client is None or not state.keys[0]:
             return
         try:
-            call(self._client)
+            call(client)
         except kvtier.NotFoundError:
             pass  # the request was no longer queued
         except kvtier.Error as e:
@@ -259,11 +280,12 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         g = self._geometry
         state = self._state(request)
         usable = (len(state.tokens) - 1) // g.block_tokens  # leave a token to compute
-        if self._client is None or usable * g.block_tokens <= num_computed_tokens:
+        client = self._scope(state.adapter).client
+        if client is None or usable * g.block_tokens <= num_computed_tokens:
             return 0, False
         if state.hits is None:
             if state.pending is None:
-                state.pending = [self._client.lookup_async(i, keys[:usable]) for i, keys in enumerate(state.keys)]
+                state.pending = [client.lookup_async(i, keys[:usable]) for i, keys in enumerate(state.keys)]
             if not all(p.done() for p in state.pending):
                 return None, False  # ask again next step
             try:
@@ -394,9 +416,12 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
             if save is None:
                 if layer != 0:
                     continue  # its save could not start at layer 0
+                client = self._client_for(spec.adapter)
+                if client is None:
+                    continue
                 try:
-                    save = self._client.begin_save(0, spec.keys[self._rank_index], chain=True,
-                                                   parent=spec.parents[self._rank_index])
+                    save = client.begin_save(0, spec.keys[self._rank_index], chain=True,
+                                             parent=spec.parents[self._rank_index])
                 except kvtier.Error as e:
                     logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
                     continue
@@ -410,6 +435,17 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
                 logger.warning("kvtier: save of %s dropped: %s", spec.req_id, e)
                 save.abort()
                 del self._saves[spec.req_id]
+
+    def _client_for(self, adapter):
+        """This rank's client for the base model (None) or a LoRA adapter."""
+        if adapter is None or self._client is None:
+            return self._client
+        client = self._adapter_clients.get(adapter)
+        if client is None:
+            ns = self._geometry.namespace(self._tp_rank, self._pp_rank, adapter)
+            ns.layer_count = self._namespace.layer_count
+            client = self._adapter_clients[adapter] = self._connect([ns])
+        return client
 
     def wait_for_save(self):
         if self._loads:  # layers the forward pass never asked for
@@ -462,6 +498,23 @@ def _key_extras(request, num_tokens, block_tokens):
     return salt, (extras if any(extras) else None)
 
 
+class _Scope:
+    """The base model's or one adapter's namespaces (one per rank), hashers
+    and scheduler-side client."""
+
+    def __init__(self, namespaces, hashers, client):
+        self.namespaces, self.hashers, self.client = namespaces, hashers, client
+
+
+def _adapter_of(request):
+    """A LoRA request's (name, path): its place in the namespace (adapter_id,
+    adapter_revision). Give each version of an adapter its own name or path."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None
+    return (str(lora.lora_name), str(getattr(lora, "lora_path", "") or f"id-{lora.lora_int_id}"))
+
+
 def _finish(save, req_id):
     try:
         statuses = save.finish()
@@ -481,11 +534,12 @@ class _ActiveLoad:
         self._layout = connector._geometry.layout
         self._failed_from = len(spec.block_ids)  # kvtier blocks from here on are not usable
         self._load = None
-        if connector._client is None:
+        client = connector._client_for(spec.adapter)
+        if client is None:
             self._failed_from = 0
             return
         try:
-            self._load = connector._client.begin_load(0, spec.keys[connector._rank_index])
+            self._load = client.begin_load(0, spec.keys[connector._rank_index])
         except kvtier.Error as e:
             logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
             self._failed_from = 0
