@@ -176,10 +176,9 @@ void BindClient(py::module_& m) {
            [](const PyClient& c, NamespaceId ns, const py::object& keys, const py::object& data, bool chain,
               std::optional<BlockKey> parent) {
              auto k = ToKeys(keys);
-             auto held = HoldBuffers(data, false);
-             if (held.size() != k.size()) throw StatusError(InvalidArgument("one buffer per key"));
-             std::vector<std::span<const std::byte>> spans;
-             for (auto& h : held) spans.push_back(h.readable());
+             HeldBuffers held(data, false);
+             held.ExpectOnePer(k.size());
+             auto spans = held.readable();
              auto cl = c.Get();
              return Items(Unlocked([&] { return cl->PutBatch(ns, k, spans, Links(chain, parent)); }));
            },
@@ -195,10 +194,9 @@ void BindClient(py::module_& m) {
       .def("get_batch",
            [](const PyClient& c, NamespaceId ns, const py::object& keys, const py::object& outs) {
              auto k = ToKeys(keys);
-             auto held = HoldBuffers(outs, true);
-             if (held.size() != k.size()) throw StatusError(InvalidArgument("one buffer per key"));
-             std::vector<std::span<std::byte>> spans;
-             for (auto& h : held) spans.push_back(h.writable());
+             HeldBuffers held(outs, true);
+             held.ExpectOnePer(k.size());
+             auto spans = held.writable();
              auto cl = c.Get();
              return SizeItems(Unlocked([&] { return cl->GetBatch(ns, k, spans); }));
            },
@@ -207,10 +205,9 @@ void BindClient(py::module_& m) {
            [](const PyClient& c, NamespaceId ns, const py::object& keys, uint32_t first, uint32_t last,
               const py::object& outs) {
              auto k = ToKeys(keys);
-             auto held = HoldBuffers(outs, true);
-             if (held.size() != k.size()) throw StatusError(InvalidArgument("one buffer per key"));
-             std::vector<std::span<std::byte>> spans;
-             for (auto& h : held) spans.push_back(h.writable());
+             HeldBuffers held(outs, true);
+             held.ExpectOnePer(k.size());
+             auto spans = held.writable();
              auto cl = c.Get();
              return SizeItems(Unlocked([&] { return cl->GetLayers(ns, k, first, last, spans); }));
            },
@@ -254,8 +251,8 @@ void BindClient(py::module_& m) {
              auto state = std::make_shared<LoadState>();
              LoadOptions o;
              if (!dst.is_none()) {
-               state->dst = HoldBuffers(dst, true);
-               for (auto& h : state->dst) o.dst.push_back(h.writable());
+               state->dst = HeldBuffers(dst, true);
+               o.dst = state->dst.writable();
              }
              for (uintptr_t p : device_dst) o.device_dst.push_back(reinterpret_cast<void*>(p));
              o.cuda_stream = reinterpret_cast<void*>(cuda_stream);

@@ -90,9 +90,23 @@ HeldBuffer::HeldBuffer(const py::handle& obj, bool writable) {
   raw_ = {static_cast<std::byte*>(view->buf), static_cast<size_t>(view->len)};
 }
 
-std::vector<HeldBuffer> HoldBuffers(const py::handle& seq, bool writable) {
-  std::vector<HeldBuffer> out;
-  for (py::handle b : seq) out.emplace_back(b, writable);
+HeldBuffers::HeldBuffers(const py::handle& seq, bool writable) {
+  for (py::handle b : seq) held_.emplace_back(b, writable);
+}
+
+void HeldBuffers::ExpectOnePer(size_t keys) const {
+  if (held_.size() != keys) throw StatusError(InvalidArgument("one buffer per key"));
+}
+
+std::vector<std::span<std::byte>> HeldBuffers::writable() {
+  std::vector<std::span<std::byte>> out;
+  for (HeldBuffer& h : held_) out.push_back(h.writable());
+  return out;
+}
+
+std::vector<std::span<const std::byte>> HeldBuffers::readable() const {
+  std::vector<std::span<const std::byte>> out;
+  for (const HeldBuffer& h : held_) out.push_back(h.readable());
   return out;
 }
 

@@ -34,6 +34,19 @@ class HeldBuffer {
   std::span<std::byte> raw_;
 };
 
-std::vector<HeldBuffer> HoldBuffers(const pybind11::handle& seq, bool writable);
+// The buffers of a sequence, held together, as the spans a call takes.
+class HeldBuffers {
+ public:
+  HeldBuffers() = default;
+  HeldBuffers(const pybind11::handle& seq, bool writable);
+  size_t size() const { return held_.size(); }
+  // InvalidArgument unless there is one buffer per key.
+  void ExpectOnePer(size_t keys) const;
+  std::vector<std::span<std::byte>> writable();
+  std::vector<std::span<const std::byte>> readable() const;
+
+ private:
+  std::vector<HeldBuffer> held_;
+};
 
 }  // namespace kvtier::python

@@ -42,6 +42,17 @@ void EndNowOrDefer(std::shared_ptr<State>& state, Fn end_now) {
   // ends it (without waiting) when that buffer goes.
 }
 
+// A writable handle publishes nothing while a view of it (which could still
+// write) is alive: the handle's own reference is then not the only one.
+template <typename State>
+void RefuseWhileViewed(const std::shared_ptr<State>& state, const char* what) {
+  if (state.use_count() > 1) {
+    throw StatusError(FailedPrecondition(std::string("cannot ") + what +
+                                         ": a view of it is still alive (a memoryview, or a numpy array or tensor "
+                                         "made from one); delete it first"));
+  }
+}
+
 }  // namespace
 
 // ---- BlockView ----
@@ -97,17 +108,9 @@ void PyReservation::SetChecksum(size_t i, uint64_t checksum) {
   state_->reservation.blocks()[i].checksum = checksum;
 }
 
-void PyReservation::CheckNoViews(const char* what) {
-  if (state_.use_count() > 1) {
-    throw StatusError(FailedPrecondition(std::string("cannot ") + what +
-                                         ": a view of the reservation is still alive (a memoryview, or a numpy array "
-                                         "or tensor made from one); delete it first"));
-  }
-}
-
 std::vector<ItemStatus> PyReservation::Commit() {
   CheckOpen();
-  CheckNoViews("commit");
+  RefuseWhileViewed(state_, "commit the reservation");
   std::shared_ptr<ReservationState> mine = std::move(state_);
   std::vector<kvtier::Status> out;
   {
@@ -149,9 +152,8 @@ py::object PyLayerSave::LayerSpan(size_t block, uint32_t layer) {
 
 void PyLayerSave::SaveLayer(uint32_t layer, const py::object& sources) {
   LayerSave& s = save();
-  std::vector<HeldBuffer> held = HoldBuffers(sources, /*writable=*/false);
-  std::vector<std::span<const std::byte>> spans;
-  for (const HeldBuffer& h : held) spans.push_back(h.readable());
+  HeldBuffers held(sources, /*writable=*/false);
+  std::vector<std::span<const std::byte>> spans = held.readable();
   kvtier::Status st;
   {
     py::gil_scoped_release unlocked;
@@ -166,11 +168,7 @@ uint32_t PyLayerSave::LayersSaved() const { return save().layers_saved(); }
 
 std::vector<ItemStatus> PyLayerSave::Finish() {
   save();
-  if (state_.use_count() > 1) {
-    throw StatusError(FailedPrecondition(
-        "cannot finish: a layer view is still alive (a memoryview, or a numpy array or tensor made from "
-        "one); delete it first"));
-  }
+  RefuseWhileViewed(state_, "finish the save");
   std::optional<Result<std::vector<kvtier::Status>>> r;
   {
     py::gil_scoped_release unlocked;

@@ -64,7 +64,6 @@ class PyReservation {
  private:
   void CheckOpen() const;
   void CheckIndex(size_t i) const;
-  void CheckNoViews(const char* what);
   std::shared_ptr<ReservationState> state_;
   std::vector<kvtier::Status> statuses_;
   std::vector<size_t> sizes_;
@@ -98,7 +97,7 @@ class PyLayerSave {
 
 struct LoadState {
   LayerLoad load;
-  std::vector<HeldBuffer> dst;  // the copy mode's buffers, held until the load ends
+  HeldBuffers dst;  // the copy mode's buffers, held until the load ends
 };
 
 class PyLayerLoad {

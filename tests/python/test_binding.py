@@ -200,6 +200,10 @@ def test_layer_save_then_layer_load_copy_and_zero_copy(daemon):
                     for b in range(3):
                         save.layer_span(b, l)[:] = layers[b][l].tobytes()
                     save.layer_written(l)
+            held = np.frombuffer(save.layer_span(0, 0), dtype=np.uint8)
+            with pytest.raises(kvtier.FailedPreconditionError):
+                save.finish()  # `held` could still write after publication
+            del held
             assert [s.ok for s in save.finish()] == [True] * 3
         whole = [np.concatenate(layers[b]) for b in range(3)]
         dst = [np.zeros(ns.block_bytes, np.uint8) for _ in keys]
