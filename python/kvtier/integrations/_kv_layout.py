@@ -48,11 +48,18 @@ def _span_tensor(span, dtype):
 
 
 def gather(tensor, layout, block_ids, span):
-    """Copies the layer slice of engine blocks `block_ids` into `span`."""
+    """Copies the layer slice of engine blocks `block_ids` into `span`: for a
+    CPU tensor in one pass straight into the arena, for a device tensor
+    through one device-side gather and one copy to the host."""
     index = torch.as_tensor(block_ids, dtype=torch.long, device=tensor.device)
-    part = tensor[:, index] if layout == "kv_first" else tensor[index]
-    dst = _span_tensor(span, tensor.dtype)
-    dst.copy_(part.reshape(-1))
+    dim = 1 if layout == "kv_first" else 0
+    shape = list(tensor.shape)
+    shape[dim] = len(block_ids)
+    dst = _span_tensor(span, tensor.dtype).view(shape)
+    if tensor.device.type == "cpu":
+        torch.index_select(tensor, dim, index, out=dst)
+    else:
+        dst.copy_(torch.index_select(tensor, dim, index))
     del dst  # the span's memoryview must be free before the commit
 
 
