@@ -4,20 +4,14 @@ where the recurrent state at that block boundary was stored, and then bit
 for bit."""
 
 import numpy as np
-import pytest
 import torch
 
 import kvtier
 from kvtier.integrations.hybrid import HybridPrefix, state_namespace
-from tiny_model import KVCache, TinyHybrid, make_deterministic
-from vllm_harness import prompt
+from model_fixtures import deterministic, prompt  # noqa: F401 (fixtures)
+from tiny_model import KVCache, TinyHybrid
 
 NAME = "model.layers.0.self_attn.attn"
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    make_deterministic()
 
 
 def connect(model, daemon):

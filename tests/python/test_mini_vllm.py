@@ -2,7 +2,7 @@
 
 The mini engine is the stand-in for vLLM when testing the kvtier connector, so
 these tests pin the properties the connector tests rely on: bit-exact model
-outputs, vLLM's call order (/tmp/notes/engine_reading.md section 1.3), and a
+outputs, vLLM's call order (scheduler.py and the worker mixin @00f4240e, see mini_vllm/__init__.py), and a
 working store/load round trip through a reference in-memory connector.
 """
 
@@ -17,26 +17,12 @@ torch = pytest.importorskip("torch")
 import mini_vllm as mv  # noqa: E402
 from mini_vllm import (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, MiniEngine,  # noqa: E402
                        make_kv_cache_config, make_vllm_config, run_request, yield_req_data)
-from tiny_model import (KVCache, SeqInput, TinyDecoder, TinyHybrid, greedy_generate,  # noqa: E402
-                        make_deterministic)
+from tiny_model import KVCache, SeqInput, TinyDecoder, TinyHybrid, greedy_generate  # noqa: E402
+
+from model_fixtures import deterministic, model, prompt  # noqa: E402,F401 (fixtures)
 
 BS = 4
 L = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    make_deterministic()
-
-
-@pytest.fixture(scope="module")
-def model():
-    make_deterministic()
-    return TinyDecoder(seed=0)
-
-
-def prompt(seed, n, vocab=101):
-    return [int(t) for t in torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))]
 
 
 # ---------------------------------------------------------------------------

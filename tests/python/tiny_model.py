@@ -4,7 +4,8 @@ Test doubles for the kvtier vLLM connector: a connector moves the bytes of
 these caches, so the models must be real (outputs depend on every cached
 byte and on positions) and bit-reproducible.
 
-What mirrors vLLM (see /tmp/notes/engine_reading.md, section 1.10):
+What mirrors vLLM (vllm/v1/attention/backends/flash_attn.py @5704f34f, and the
+kv_transfer_utils.py decorator @2b9269b2 for the hooks):
   * per attention layer one tensor `[2, num_blocks, block_size, num_kv_heads,
     head_size]`, the FlashAttention `get_kv_cache_shape` layout (K/V-major,
     NHD; vllm/v1/attention/backends/flash_attn.py @5704f34f);

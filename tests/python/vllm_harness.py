@@ -1,31 +1,13 @@
 """Shared set-up of the vLLM connector tests: the mini vLLM engine
 (mini_vllm.py) with kvtier's KvtierConnector against a kvtierd child."""
 
-import pytest
-import torch
-
 import kvtier
 from kvtier.integrations.vllm import KvtierConnector
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config, run_request  # noqa: F401
-from tiny_model import TinyDecoder, greedy_generate, make_deterministic  # noqa: F401
+from model_fixtures import deterministic, model, prompt  # noqa: F401 (fixtures re-exported)
+from tiny_model import greedy_generate  # noqa: F401
 
 BLOCK_TOKENS = 8  # two engine blocks of 4 tokens per kvtier block
-
-
-# Fixtures for the test modules that import them.
-@pytest.fixture(autouse=True)
-def deterministic():
-    make_deterministic()
-
-
-@pytest.fixture(scope="module")
-def model():
-    make_deterministic()
-    return TinyDecoder(seed=0)
-
-
-def prompt(seed, n, vocab=101):
-    return [int(t) for t in torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))]
 
 
 def kvtier_engine(model, daemon, num_workers=1, num_blocks=64, revision=None, connector=KvtierConnector,

@@ -1,9 +1,8 @@
 """A miniature vLLM v1 engine that drives a KV connector in vLLM's order.
 
 vLLM cannot be installed here, so the kvtier connector is tested against this
-package. It mirrors vLLM's KV connector v1 contract as transcribed in
-/tmp/notes/engine_reading.md section 1 and in
-python/kvtier/integrations/engine_interfaces.json. Sources (vllm-project/vllm):
+package. It mirrors vLLM's KV connector v1 contract as read from the sources
+below and transcribed in python/kvtier/integrations/engine_interfaces.json. Sources (vllm-project/vllm):
 
   base.py        vllm/distributed/kv_transfer/kv_connector/v1/base.py @00f4240e
   scheduler.py   vllm/v1/core/sched/scheduler.py @00f4240e (schedule, update_from_output,

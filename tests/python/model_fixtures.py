@@ -1,0 +1,23 @@
+"""pytest fixtures and helpers shared by the tests that run the tiny model
+(tiny_model.py); a test module imports the fixtures it uses."""
+
+import pytest
+import torch
+
+from tiny_model import TinyDecoder, make_deterministic
+
+
+@pytest.fixture(autouse=True)
+def deterministic():
+    make_deterministic()
+
+
+@pytest.fixture(scope="module")
+def model():
+    make_deterministic()
+    return TinyDecoder(seed=0)
+
+
+def prompt(seed, n, vocab=101):
+    """`n` token ids drawn from a seeded generator."""
+    return [int(t) for t in torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))]
