@@ -15,7 +15,8 @@
 // - `layers_ready` = n means: layers [0, n) are in place in every block
 //   that has not failed. It only grows; the daemon stores it (release) after
 //   the bytes and offsets it covers. A reader loads it (acquire) and may
-//   then read those layers and offsets.
+//   then read those layers and offsets. It reaches `layers` only once
+//   every block is in a final state (`resolved` == `blocks`).
 // - A block's `state` goes from kLoading to kLoaded (every layer in place,
 //   the block pinned for the load) or kFailed, with `code` (a StatusCode)
 //   written before it. A failed block's layers are never in place: its

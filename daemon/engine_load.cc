@@ -468,7 +468,11 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
       snapshot = b;
     }
   }
-  if (landed) {
+  // The block's last layer to land is counted when the block resolves
+  // (LoadBlockResolved, after FinishPromotion verified it): a block can
+  // still fail there, and layers_ready == layers promises every block is
+  // loaded or failed.
+  if (landed && !finish) {
     LoadRecord& load = *stream->load;
     std::lock_guard lock(load.mu);
     load.Count(stream->blocks[block].index, layer);
