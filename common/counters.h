@@ -1,7 +1,15 @@
-// One visitor for every counter: the Stats request, `kvtier stats` and the
-// benchmarks all read the same numbers through it. Each component implements
+// The one counter registry: the Stats request, `kvtier stats`, the
+// Prometheus endpoint (daemon/metrics_*) and the benchmarks all read the
+// same numbers through one visitor. Each component implements
 //   void VisitCounters(CounterVisitor& v) const;
-// and reports its counters with a dotted, component-prefixed name.
+// and reports with a dotted, component-prefixed name ("nvme.reads").
+//
+// Kinds: Visit reports a counter (a count of events since start; only
+// grows), VisitGauge a level that goes up and down (bytes in use, blocks
+// held), VisitHistogram a distribution (latency). A name may end in
+// Prometheus-style labels, `tier.hits{tier="nvme"}`: label values are plain
+// (no quotes, backslashes or newlines inside). Visitors that only want
+// numbers (the Stats request) keep every kind through Visit.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +18,22 @@
 #include <utility>
 #include <vector>
 
+#include "common/histogram.h"
+
 namespace kvtier {
 
 class CounterVisitor {
  public:
   virtual ~CounterVisitor() = default;
   virtual void Visit(std::string_view name, int64_t value) = 0;
+  virtual void VisitGauge(std::string_view name, int64_t value) { Visit(name, value); }
+  // Default: the histogram as numbers: <family>_count and <family>_sum_us
+  // (labels kept).
+  virtual void VisitHistogram(std::string_view name, const HistogramSnapshot& h);
 };
 
-// Collects every visited counter, in visit order.
+// Collects every visited counter and gauge (histograms as numbers), in
+// visit order.
 class CounterCollector final : public CounterVisitor {
  public:
   void Visit(std::string_view name, int64_t value) override {
@@ -29,5 +44,9 @@ class CounterCollector final : public CounterVisitor {
  private:
   std::vector<std::pair<std::string, int64_t>> counters_;
 };
+
+// "family{labels}" split at the brace: {"family", "{labels}"} (labels empty
+// when there are none).
+std::pair<std::string_view, std::string_view> SplitMetricLabels(std::string_view name);
 
 }  // namespace kvtier

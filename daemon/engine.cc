@@ -76,7 +76,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       return InvalidArgument(std::string(lower.tier->name()) + " admission: " + made.status().message());
     }
     auto level = std::make_unique<Below>();
-    level->tier = lower.tier;
+    level->measured = std::make_unique<MeasuredTier>(*lower.tier);
+    level->tier = level->measured.get();
     level->admission = std::move(made).value();
     engine->below_.push_back(std::move(level));
   }
@@ -95,7 +96,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   }
   if (above != nullptr) {
     engine->above_ = std::make_unique<Above>();
-    engine->above_->source.tier = above;
+    engine->above_->source.measured = std::make_unique<MeasuredTier>(*above);
+    engine->above_->source.tier = engine->above_->source.measured.get();
     engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
   }
   engine->sink_gate_->engine = engine.get();
@@ -165,6 +167,7 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       out.tiers.push_back(Tier::kHost);
+      Bump(counters_.host_lookup_hits);
       continue;
     }
     std::optional<Located> below = FindBelow(key, ns);
@@ -178,6 +181,7 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
     Bump(below_[below->level]->lookup_hits);
   }
   out.prefix_blocks = out.tiers.size();
+  if (out.prefix_blocks < keys.size()) Bump(counters_.lookup_misses);
   Bump(counters_.lookups);
   Bump(counters_.lookup_keys, static_cast<int64_t>(keys.size()));
   Bump(counters_.lookup_hit_blocks, static_cast<int64_t>(out.prefix_blocks));
@@ -298,6 +302,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     EndReservation(shard, connection, key);
     Publish(host_, key, entry);
     Bump(counters_.commits);
+    Bump(counters_.host_committed_bytes, static_cast<int64_t>(entry.size));
     if (!checksums.empty()) Bump(counters_.commit_checksums_sent);
   }
   return out;
@@ -322,10 +327,14 @@ PinGrant Engine::PinLocked(EngineShard& shard, ConnectionId connection, const Bl
     entry.state = BlockState::kPinned;
   }
   entry.hits++;
-  if (EndPrefetched(shard, entry)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+  if (EndPrefetched(shard, entry)) {
+    prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+    Bump(counters_.prefetches_on_time);
+  }
   entry.last_use_us = now_us;
   const LeaseId lease = shard.leases.Grant(connection, key, entry.handle);
   Bump(counters_.pins);
+  Bump(counters_.host_pinned_bytes, static_cast<int64_t>(entry.size));
   return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
 }
 
@@ -425,6 +434,12 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
       continue;
     }
     if (it != shard.index.end() && it->second.state == BlockState::kPromoting && it->second.ns == ns) {
+      // A prefetch still reading when its block is asked for came late;
+      // the block is in use now, no longer held against the prefetch budget.
+      if (EndPrefetched(shard, it->second)) {
+        prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+        Bump(counters_.prefetches_late);
+      }
       wait_for(i);
       shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
       continue;
@@ -497,7 +512,10 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
     auto it = shard.index.find(key);
     if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
     it->second.hits++;
-    if (EndPrefetched(shard, it->second)) prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+    if (EndPrefetched(shard, it->second)) {
+      prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+      Bump(counters_.prefetches_on_time);
+    }
     it->second.last_use_us = now;
     shard.policy->OnAccess(it->second.handle, now);
     ++counted;
@@ -513,6 +531,7 @@ void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_block
   Bump(counters_.local_lookups, lookups);
   Bump(counters_.lookup_keys, keys);
   Bump(counters_.lookup_hit_blocks, hit_blocks);
+  Bump(counters_.host_lookup_hits, hit_blocks);  // the directory holds host blocks only
 }
 
 void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }

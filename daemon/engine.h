@@ -61,6 +61,7 @@
 #include "common/clock.h"
 #include "common/counters.h"
 #include "daemon/lineage.h"
+#include "daemon/measured_tier.h"
 #include "daemon/mover.h"
 #include "daemon/queued_keys.h"
 #include "daemon/tier_admission.h"
@@ -360,6 +361,7 @@ class Engine {
   void VisitCounters(CounterVisitor& v) const;
 
  private:
+  void VisitTierFamilies(CounterVisitor& v) const;
   friend class HostBlockTier;  // the host tier's BlockTier face works on the index
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
@@ -519,7 +521,10 @@ class Engine {
   const Clock& clock_;
   // The tiers below the host, highest first.
   struct Below {
+    // The tier as the engine calls it: through its MeasuredTier (latency,
+    // bytes), which forwards to the tier it was given.
     BlockTier* tier = nullptr;
+    std::unique_ptr<MeasuredTier> measured;
     std::unique_ptr<TierAdmission> admission;
     BandwidthEstimate read_bandwidth{1e9};  // guarded by bandwidth_mu_; 1 GB/s until measured
     // The read meter (ReadStarted/ReadEnded), guarded by bandwidth_mu_.
@@ -612,6 +617,13 @@ class Engine {
   // Monotonic event counters (gauges are computed from the shards).
   struct Counters {
     std::atomic<int64_t> lookups{0}, lookup_keys{0}, lookup_hit_blocks{0};
+    // Per-tier views: lookups that ended before their last key (the key
+    // missed in every tier), keys the host tier answered, bytes committed
+    // into and pinned from the host tier.
+    std::atomic<int64_t> lookup_misses{0}, host_lookup_hits{0}, host_committed_bytes{0}, host_pinned_bytes{0};
+    // Prefetched blocks first used after their read ended (on time), while
+    // it was still running (late), or evicted never used (unused).
+    std::atomic<int64_t> prefetches_on_time{0}, prefetches_late{0}, prefetches_unused{0};
     std::atomic<int64_t> reserves{0}, reserve_failures{0};
     std::atomic<int64_t> commits{0}, commit_failures{0}, aborts{0};
     std::atomic<int64_t> pins{0}, pin_misses{0}, releases{0}, release_failures{0};

@@ -7,6 +7,43 @@
 
 namespace kvtier {
 
+// The tier-independent families (docs/OPERATIONS.md, "Metrics") the engine
+// knows: lookup hits and misses per tier, and the host tier's bytes, size
+// and evictions (the tiers below and above report theirs through their
+// MeasuredTier and themselves).
+void Engine::VisitTierFamilies(CounterVisitor& v) const {
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  const auto label = [](std::string_view tier) { return "{tier=\"" + std::string(tier) + "\"}"; };
+  // In stack order. A lookup asks each key of each tier from the top until
+  // one holds it: a key is a miss in every tier above the one that held
+  // it, and in every tier when none did (then the lookup ends).
+  std::vector<std::pair<std::string, int64_t>> hits;
+  if (above_ != nullptr) hits.emplace_back(above_->source.tier->name(), load(above_->source.lookup_hits));
+  hits.emplace_back("host", load(counters_.host_lookup_hits));
+  for (const auto& b : below_) hits.emplace_back(b->tier->name(), load(b->lookup_hits));
+  int64_t missed_here = load(counters_.lookup_misses);
+  std::vector<int64_t> misses(hits.size());
+  for (size_t i = hits.size(); i-- > 0;) {
+    misses[i] = missed_here;
+    missed_here += hits[i].second;
+  }
+  for (size_t i = 0; i < hits.size(); ++i) {
+    v.Visit("tier.hits" + label(hits[i].first), hits[i].second);
+    v.Visit("tier.misses" + label(hits[i].first), misses[i]);
+  }
+  const std::string host = label("host");
+  v.VisitGauge("tier.capacity_bytes" + host, static_cast<int64_t>(host_block_tier_->capacity_bytes()));
+  v.VisitGauge("tier.used_bytes" + host, static_cast<int64_t>(host_block_tier_->used_bytes()));
+  v.Visit("tier.read_bytes" + host, load(counters_.host_pinned_bytes));
+  v.Visit("tier.written_bytes" + host, load(counters_.host_committed_bytes));
+  v.Visit("tier.evictions{tier=\"host\",reason=\"capacity\"}", load(counters_.evictions));
+  v.Visit("tier.evictions{tier=\"host\",reason=\"erased\"}", load(counters_.erases));
+  if (above_ != nullptr) {
+    v.Visit("tier.evictions{tier=\"" + std::string(above_->source.tier->name()) + "\",reason=\"capacity\"}",
+            load(above_->evictions));
+  }
+}
+
 void Engine::VisitCounters(CounterVisitor& v) const {
   int64_t blocks = 0, pinned = 0, reserved = 0, promoting = 0, demoting = 0, zombies = 0, leases = 0, stored = 0;
   for (const auto& shard_ptr : shards_) {
@@ -22,14 +59,14 @@ void Engine::VisitCounters(CounterVisitor& v) const {
       if (entry.promoting()) ++promoting;
     }
   }
-  v.Visit("engine.blocks", blocks);
-  v.Visit("engine.stored_bytes", stored);
-  v.Visit("engine.pinned_blocks", pinned);
-  v.Visit("engine.reserved_blocks", reserved);
-  v.Visit("engine.promoting_blocks", promoting);
-  v.Visit("engine.demoting_blocks", demoting);
-  v.Visit("engine.zombie_blocks", zombies);
-  v.Visit("engine.leases", leases);
+  v.VisitGauge("engine.blocks", blocks);
+  v.VisitGauge("engine.stored_bytes", stored);
+  v.VisitGauge("engine.pinned_blocks", pinned);
+  v.VisitGauge("engine.reserved_blocks", reserved);
+  v.VisitGauge("engine.promoting_blocks", promoting);
+  v.VisitGauge("engine.demoting_blocks", demoting);
+  v.VisitGauge("engine.zombie_blocks", zombies);
+  v.VisitGauge("engine.leases", leases);
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
   v.Visit("engine.lookups", load(counters_.lookups));
   v.Visit("engine.chain_links", load(counters_.chain_links));
@@ -63,6 +100,9 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.prefetches", load(counters_.prefetches));
   v.Visit("engine.prefetch_bytes", load(counters_.prefetch_bytes));
   v.Visit("engine.prefetch_skipped_short", load(counters_.prefetch_skipped_short));
+  v.Visit("engine.prefetches_on_time", load(counters_.prefetches_on_time));
+  v.Visit("engine.prefetches_late", load(counters_.prefetches_late));
+  v.Visit("engine.prefetches_unused", load(counters_.prefetches_unused));
   v.Visit("engine.layer_reads", load(counters_.layer_reads));
   v.Visit("engine.demotion_waits", load(counters_.demotion_waits));
   v.Visit("engine.directory_uses", load(counters_.directory_uses));
@@ -71,7 +111,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
   v.Visit("engine.demotion_corrupt", load(counters_.demotion_corrupt));
   v.Visit("engine.layer_reads_busy", load(counters_.layer_reads_busy));
-  v.Visit("engine.layer_read_pool_bytes", static_cast<int64_t>(transient_bytes_.load(std::memory_order_relaxed)));
+  v.VisitGauge("engine.layer_read_pool_bytes", static_cast<int64_t>(transient_bytes_.load(std::memory_order_relaxed)));
   v.Visit("engine.eviction_bound_hits", load(counters_.eviction_bound_hits));
   v.Visit("engine.demotions_queued", load(counters_.demotions_queued));
   v.Visit("engine.demotion_busy_drops", load(counters_.demotion_busy_drops));
@@ -89,8 +129,9 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     std::lock_guard lock(loads_mu_);
     int64_t open = 0;
     for (const auto& [connection, loads] : loads_) open += static_cast<int64_t>(loads.size());
-    v.Visit("engine.loads_open", open);
+    v.VisitGauge("engine.loads_open", open);
   }
+  VisitTierFamilies(v);
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);
   host_io_->VisitCounters(v);
@@ -102,7 +143,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     const std::string name(b->tier->name());
     {
       std::lock_guard lock(bandwidth_mu_);
-      v.Visit("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_bandwidth.bytes_per_s()));
+      v.VisitGauge("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_bandwidth.bytes_per_s()));
     }
     v.Visit("engine." + name + "_lookup_hits", load(b->lookup_hits));
     v.Visit("engine." + name + "_demotions_in", load(b->demotions_in));
@@ -128,7 +169,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     v.Visit(name + "_lookup_hits", load(above_->source.lookup_hits));
     {
       std::lock_guard lock(bandwidth_mu_);
-      v.Visit(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_bandwidth.bytes_per_s()));
+      v.VisitGauge(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_bandwidth.bytes_per_s()));
     }
     above_io_->VisitCounters(v);
     above_->source.tier->VisitCounters(v);

@@ -90,6 +90,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   KVTIER_CHECK(it != shard.index.end() && it->second.state == BlockState::kCommitted, "victim is pinned or missing");
   facts.uses = it->second.hits;
   Bump(counters_.evictions);
+  if (it->second.prefetched) Bump(counters_.prefetches_unused);  // read in for a request that never used it
   if (evicted_bytes != nullptr) *evicted_bytes = it->second.extent.length;
   const bool needed = shard.policy->NeededWithin(candidate->handle, clock_.NowUs(), lookahead_us_);
   if (needed) Bump(counters_.needed_evictions);

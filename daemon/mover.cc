@@ -73,8 +73,8 @@ void Mover::Loop() {
 
 void Mover::VisitCounters(CounterVisitor& v) const {
   std::lock_guard lock(mu_);
-  v.Visit(name_ + ".jobs_queued", static_cast<int64_t>(jobs_));
-  v.Visit(name_ + ".bytes_queued", static_cast<int64_t>(bytes_));
+  v.VisitGauge(name_ + ".jobs_queued", static_cast<int64_t>(jobs_));
+  v.VisitGauge(name_ + ".bytes_queued", static_cast<int64_t>(bytes_));
   v.Visit(name_ + ".jobs_run", jobs_run_);
   v.Visit(name_ + ".refused", refused_);
 }

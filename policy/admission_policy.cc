@@ -51,6 +51,14 @@ void AdmissionPolicy::VisitCounters(std::string_view prefix, CounterVisitor& v, 
     const std::string_view what = AdmissionOutcomeName(o);
     v.Visit(o == AdmissionOutcome::kAdmitted ? p + ".admitted" : p + ".rejected_" + std::string(what), decisions_[i]);
   }
+  // The same decisions as one family across tiers, labelled by tier (the
+  // prefix's first component) and by the class refused.
+  const std::string tier(prefix.substr(0, prefix.find('.')));
+  for (size_t i = 1; i < kAdmissionOutcomes; ++i) {
+    v.Visit("admission.refusals{tier=\"" + tier + "\",class=\"" +
+                std::string(AdmissionOutcomeName(static_cast<AdmissionOutcome>(i))) + "\"}",
+            decisions_[i]);
+  }
   v.Visit(p + ".admitted_bytes", admitted_bytes_);
   v.Visit(p + ".forced", forced_);
   v.Visit(p + ".forced_refused", forced_refused_);
@@ -129,12 +137,12 @@ class DwpdPolicy final : public AdmissionPolicy {
   void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const override {
     AdmissionPolicy::VisitCounters(prefix, v, now_us);
     const std::string p(prefix);
-    v.Visit(p + ".cutoff_class", static_cast<int64_t>(cutoff_));
+    v.VisitGauge(p + ".cutoff_class", static_cast<int64_t>(cutoff_));
     v.Visit(p + ".charged_bytes", charged_bytes_);
-    v.Visit(p + ".budget_bytes_per_day", static_cast<int64_t>(dwpd_.budget_bytes_per_day()));
-    v.Visit(p + ".written_today_bytes", static_cast<int64_t>(dwpd_.written_today(now_us)));
-    v.Visit(p + ".allowed_rate_bytes_per_s", static_cast<int64_t>(dwpd_.allowed_rate()));
-    v.Visit(p + ".projected_life_days", static_cast<int64_t>(dwpd_.projected_life_years(now_us) * 365.0));
+    v.VisitGauge(p + ".budget_bytes_per_day", static_cast<int64_t>(dwpd_.budget_bytes_per_day()));
+    v.VisitGauge(p + ".written_today_bytes", static_cast<int64_t>(dwpd_.written_today(now_us)));
+    v.VisitGauge(p + ".allowed_rate_bytes_per_s", static_cast<int64_t>(dwpd_.allowed_rate()));
+    v.VisitGauge(p + ".projected_life_days", static_cast<int64_t>(dwpd_.projected_life_years(now_us) * 365.0));
   }
 
   std::string_view name() const override { return "dwpd"; }

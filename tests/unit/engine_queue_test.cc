@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <chrono>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -51,7 +52,7 @@ class EngineQueueTest : public ::testing::Test {
       NvmeTierOptions options = ::kvtier::testing::SmallNvmeOptions();
       options.reinsert_share = 0.5;
       options.reclaim = reclaim;
-      auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, options);
+      auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, options, {}, &device_);
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
     }
@@ -86,6 +87,7 @@ class EngineQueueTest : public ::testing::Test {
   std::unique_ptr<::kvtier::testing::MemoryDevice> memory_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<NvmeTier> nvme_;
+  ::kvtier::testing::FaultInjectingDevice* device_ = nullptr;  // owned by nvme_
   std::unique_ptr<Engine> engine_;
 };
 
@@ -207,6 +209,49 @@ TEST_F(EngineQueueTest, PrefetchedBlocksHoldTheBudgetUntilUsed) {
   EXPECT_EQ(Where(4), Tier::kHost);
   EXPECT_EQ(Where(5), Tier::kHost);
   EXPECT_EQ(Counters()["engine.prefetches"], 6);
+}
+
+// Whether prefetches pay off, for the operator: a prefetched block first
+// used after its read ended was on time; one asked for while its read was
+// still running was late (the request waited on it); one evicted before
+// any use was read for nothing.
+TEST_F(EngineQueueTest, PrefetchesAreCountedOnTimeLateOrUnused) {
+  Open("queue_aware", /*nvme=*/true, "all");
+  for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted to NVMe
+  engine_->WaitForIdle();
+  ASSERT_NE(device_, nullptr);
+  device_->HoldReads();
+  ASSERT_TRUE(Enqueue(1, {0, 1, 2}, 1'000'000).ok());
+  for (int spin = 0; spin < 10'000 && device_->held_reads() < 3; ++spin) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(device_->held_reads(), 3u) << "three prefetch reads in flight";
+  // Block 0 is asked for while its read is held: late.
+  std::promise<std::vector<PinGrant>> pinned;
+  engine_->PinAsync(2, kNs, {Key(0)}, [&pinned](std::vector<PinGrant> g) { pinned.set_value(std::move(g)); });
+  EXPECT_EQ(Counters()["engine.prefetches_late"], 1);
+  device_->ReleaseReads();
+  auto late = pinned.get_future().get();
+  ASSERT_TRUE(late[0].status.ok()) << late[0].status.ToString();
+  ASSERT_TRUE(engine_->Release(2, {&late[0].lease, 1})[0].ok());
+  engine_->WaitForIdle();
+  // Block 1 is asked for after its read ended: on time.
+  const BlockKey one = Key(1);
+  auto grants = engine_->Pin(2, kNs, {&one, 1});
+  ASSERT_TRUE(grants[0].status.ok());
+  ASSERT_TRUE(engine_->Release(2, {&grants[0].lease, 1})[0].ok());
+  auto c = Counters();
+  EXPECT_EQ(c["engine.prefetches"], 3);
+  EXPECT_EQ(c["engine.prefetches_late"], 1);
+  EXPECT_EQ(c["engine.prefetches_on_time"], 1) << "the late one is not counted again when its read lands";
+  // The request goes away; pressure evicts block 2, never used.
+  ASSERT_TRUE(engine_->Dequeue(kScheduler, 1).ok());
+  for (uint64_t i = 16; i < 32; ++i) Put(i);
+  engine_->WaitForIdle();
+  ASSERT_NE(Where(2), Tier::kHost);
+  c = Counters();
+  EXPECT_EQ(c["engine.prefetches_unused"], 1);
+  EXPECT_EQ(c["engine.prefetches_on_time"], 1);
 }
 
 TEST_F(EngineQueueTest, DequeueAndConnectionClose) {

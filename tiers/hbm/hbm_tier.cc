@@ -374,12 +374,12 @@ void HbmTier::VisitCounters(CounterVisitor& v) const {
     blocks += entry.state == Entry::State::kStored ? 1 : 0;
     held_blocks += entry.holds > 0 ? 1 : 0;
   }
-  v.Visit("hbm.blocks", blocks);
-  v.Visit("hbm.writing_blocks", static_cast<int64_t>(entries_.size()) - blocks);
-  v.Visit("hbm.used_bytes", static_cast<int64_t>(used_bytes_));
-  v.Visit("hbm.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));
-  v.Visit("hbm.staging_write_bytes", static_cast<int64_t>(staging_write_bytes_));
-  v.Visit("hbm.staging_read_bytes", static_cast<int64_t>(staging_read_bytes_));
+  v.VisitGauge("hbm.blocks", blocks);
+  v.VisitGauge("hbm.writing_blocks", static_cast<int64_t>(entries_.size()) - blocks);
+  v.VisitGauge("hbm.used_bytes", static_cast<int64_t>(used_bytes_));
+  v.VisitGauge("hbm.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));
+  v.VisitGauge("hbm.staging_write_bytes", static_cast<int64_t>(staging_write_bytes_));
+  v.VisitGauge("hbm.staging_read_bytes", static_cast<int64_t>(staging_read_bytes_));
   v.Visit("hbm.writes", counters_.writes);
   v.Visit("hbm.write_rejections", counters_.write_rejections);
   v.Visit("hbm.write_failures", counters_.write_failures);
@@ -390,9 +390,11 @@ void HbmTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("hbm.read_failures", counters_.read_failures);
   v.Visit("hbm.corrupt_reads", counters_.corrupt_reads);
   v.Visit("hbm.erases", counters_.erases);
+  v.Visit("tier.evictions{tier=\"hbm\",reason=\"corrupt\"}", counters_.corrupt_reads);
+  v.Visit("tier.evictions{tier=\"hbm\",reason=\"erased\"}", counters_.erases);
   v.Visit("hbm.busy", counters_.busy);
   v.Visit("hbm.no_space", counters_.no_space);
-  v.Visit("hbm.held_blocks", held_blocks);
+  v.VisitGauge("hbm.held_blocks", held_blocks);
   v.Visit("hbm.in_place_holds", counters_.in_place_holds);
   v.Visit("hbm.bad_in_place_releases", counters_.bad_in_place_releases);
   v.Visit("hbm.device_bytes_written", static_cast<int64_t>(counters_.device_bytes));

@@ -85,9 +85,9 @@ uint64_t ArenaAllocator::largest_free_bytes() const {
 }
 
 void ArenaAllocator::VisitCounters(CounterVisitor& v) const {
-  v.Visit("host.alloc.used_bytes", static_cast<int64_t>(used_bytes()));
-  v.Visit("host.alloc.free_bytes", static_cast<int64_t>(free_bytes()));
-  v.Visit("host.alloc.largest_free_bytes",
+  v.VisitGauge("host.alloc.used_bytes", static_cast<int64_t>(used_bytes()));
+  v.VisitGauge("host.alloc.free_bytes", static_cast<int64_t>(free_bytes()));
+  v.VisitGauge("host.alloc.largest_free_bytes",
           static_cast<int64_t>(largest_free_bytes()));
   v.Visit("host.alloc.allocations", static_cast<int64_t>(allocations()));
   v.Visit("host.alloc.failed_allocations",

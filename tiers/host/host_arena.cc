@@ -121,8 +121,8 @@ HostArena::~HostArena() {
 }
 
 void HostArena::VisitCounters(CounterVisitor& v) const {
-  v.Visit("host.arena.capacity_bytes", static_cast<int64_t>(capacity_bytes_));
-  v.Visit("host.arena.locked", locked_ ? 1 : 0);
+  v.VisitGauge("host.arena.capacity_bytes", static_cast<int64_t>(capacity_bytes_));
+  v.VisitGauge("host.arena.locked", locked_ ? 1 : 0);
 }
 
 }  // namespace kvtier

@@ -82,10 +82,10 @@ void HostDirectory::SetLowerTiers(bool present) {
 
 void HostDirectory::VisitCounters(CounterVisitor& v) const {
   std::lock_guard lock(mu_);
-  v.Visit("host.directory.slots", writer_.slot_count());
-  v.Visit("host.directory.entries", static_cast<int64_t>(writer_.entries()));
-  v.Visit("host.directory.unpublished", static_cast<int64_t>(writer_.unpublished()));
-  v.Visit("host.directory.bytes", static_cast<int64_t>(bytes_));
+  v.VisitGauge("host.directory.slots", writer_.slot_count());
+  v.VisitGauge("host.directory.entries", static_cast<int64_t>(writer_.entries()));
+  v.VisitGauge("host.directory.unpublished", static_cast<int64_t>(writer_.unpublished()));
+  v.VisitGauge("host.directory.bytes", static_cast<int64_t>(bytes_));
 }
 
 }  // namespace kvtier

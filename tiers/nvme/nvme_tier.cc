@@ -101,6 +101,7 @@ void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
       // a hash set's order (the replay drops them in the same order).
       std::sort(dropped.begin(), dropped.end(),
                 [this](const BlockKey& a, const BlockKey& b) { return entries_[a].offset < entries_[b].offset; });
+      counters_.reclaim_dropped += static_cast<int64_t>(dropped.size());
       for (const BlockKey& k : dropped) {
         counters_.stored_bytes -= static_cast<int64_t>(entries_[k].payload_bytes);
         entries_.erase(k);
@@ -563,10 +564,10 @@ bool NvmeTier::full() const {
 void NvmeTier::VisitCounters(CounterVisitor& v) const {
   {
     std::lock_guard lock(mu_);
-    v.Visit("nvme.blocks", static_cast<int64_t>(entries_.size()));
-    v.Visit("nvme.stored_bytes", counters_.stored_bytes);
-    v.Visit("nvme.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));
-    v.Visit("nvme.full", full_ ? 1 : 0);
+    v.VisitGauge("nvme.blocks", static_cast<int64_t>(entries_.size()));
+    v.VisitGauge("nvme.stored_bytes", counters_.stored_bytes);
+    v.VisitGauge("nvme.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));
+    v.VisitGauge("nvme.full", full_ ? 1 : 0);
     v.Visit("nvme.writes", counters_.writes);
     v.Visit("nvme.write_failures", counters_.write_failures);
     v.Visit("nvme.write_rejections", counters_.write_rejections);
@@ -583,7 +584,7 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.reinsert_failures", counters_.reinsert_failures);
     v.Visit("nvme.reinsert_over_budget", counters_.reinsert_over_budget);
     v.Visit("nvme.reinsert_needed", counters_.reinserted_needed);
-    v.Visit("nvme.policy_blocks", static_cast<int64_t>(reclaim_.tracked_blocks()));
+    v.VisitGauge("nvme.policy_blocks", static_cast<int64_t>(reclaim_.tracked_blocks()));
     v.Visit("nvme.policy_spared", reclaim_.spared());
     v.Visit("nvme.evictions_offered", counters_.evictions_offered);
     v.Visit("nvme.eviction_read_failures", counters_.eviction_read_failures);
@@ -592,6 +593,10 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.recovery_loaded", recovery_.entries_loaded);
     v.Visit("nvme.recovery_dropped_stale", recovery_.dropped_stale);
     v.Visit("nvme.recovery_dropped_corrupt", recovery_.dropped_corrupt);
+    // Blocks that left the tier, by why (the tier-independent family).
+    v.Visit("tier.evictions{tier=\"nvme\",reason=\"capacity\"}", counters_.reclaim_dropped);
+    v.Visit("tier.evictions{tier=\"nvme\",reason=\"corrupt\"}", counters_.corrupt_reads);
+    v.Visit("tier.evictions{tier=\"nvme\",reason=\"erased\"}", counters_.erases);
     regions_.VisitCounters(v);
   }
   staging_->VisitCounters(v);

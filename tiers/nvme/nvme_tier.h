@@ -229,6 +229,7 @@ class NvmeTier final : public BlockTier {
     int64_t reinserted_needed = 0;  // chosen because a queued request needs them
     int64_t evictions_offered = 0, eviction_read_failures = 0, write_checksum_mismatches = 0;
     int64_t evictions_missed = 0;  // reclaimed before the eviction scan read them
+    int64_t reclaim_dropped = 0;   // blocks dropped by region reclaims (capacity evictions)
     int64_t index_failures = 0;    // index mutations RocksDB refused
     int64_t header_cache_hits = 0;  // layer reads that needed no header I/O
     WriteTotals submitted;

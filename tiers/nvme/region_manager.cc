@@ -122,9 +122,9 @@ void RegionManager::WriteFinished(uint32_t region) {
 
 void RegionManager::VisitCounters(CounterVisitor& v) const {
   int64_t open = open_ ? 1 : 0;
-  v.Visit("nvme.regions_free", static_cast<int64_t>(free_.size()));
-  v.Visit("nvme.regions_open", open);
-  v.Visit("nvme.regions_sealed", static_cast<int64_t>(sealed_.size()));
+  v.VisitGauge("nvme.regions_free", static_cast<int64_t>(free_.size()));
+  v.VisitGauge("nvme.regions_open", open);
+  v.VisitGauge("nvme.regions_sealed", static_cast<int64_t>(sealed_.size()));
   v.Visit("nvme.region_reclaims", reclaims_);
 }
 

@@ -50,7 +50,7 @@ void StagingPool::Free(std::span<std::byte> span) {
 
 void StagingPool::VisitCounters(CounterVisitor& v) const {
   std::lock_guard lock(mu_);
-  v.Visit("nvme.staging_used_bytes", static_cast<int64_t>(allocator_.used_bytes()));
+  v.VisitGauge("nvme.staging_used_bytes", static_cast<int64_t>(allocator_.used_bytes()));
   v.Visit("nvme.staging_exhausted", exhausted_);
 }
 

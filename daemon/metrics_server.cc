@@ -1,0 +1,164 @@
+#include "daemon/metrics_server.h"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read_until.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/streambuf.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "common/logging.h"
+
+namespace kvtier {
+namespace {
+
+constexpr size_t kMaxRequestHead = 8192;
+constexpr auto kRequestTimeout = std::chrono::seconds(5);
+constexpr int kMaxConnections = 32;
+
+std::string Response(int code, std::string_view reason, std::string_view content_type, const std::string& body,
+                     bool head_only, std::string_view extra_header = {}) {
+  std::string out = "HTTP/1.1 " + std::to_string(code) + " " + std::string(reason) + "\r\n";
+  out += "Content-Type: " + std::string(content_type) + "\r\n";
+  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  out += "Connection: close\r\n";
+  if (!extra_header.empty()) out += std::string(extra_header) + "\r\n";
+  out += "\r\n";
+  if (!head_only) out += body;
+  return out;
+}
+
+}  // namespace
+
+struct MetricsServer::State {
+  MetricsOptions options;
+  Render render;
+  std::atomic<int> connections{0};  // before io: coroutines destroyed with io count down
+  uint16_t port = 0;
+  asio::io_context io{1};
+  asio::ip::tcp::acceptor acceptor{io};
+  std::thread thread;
+
+  // The answer to one request head (the bytes up to the blank line).
+  std::string Answer(std::string_view head) {
+    const size_t line_end = head.find("\r\n");
+    const std::string_view line = head.substr(0, line_end);
+    const size_t sp1 = line.find(' ');
+    const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos || !line.substr(sp2 + 1).starts_with("HTTP/1.")) {
+      return Response(400, "Bad Request", "text/plain", "not an HTTP/1.x request line\n", false);
+    }
+    const std::string_view method = line.substr(0, sp1);
+    std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    target = target.substr(0, target.find('?'));
+    const bool head_only = method == "HEAD";
+    if (method != "GET" && !head_only) {
+      return Response(405, "Method Not Allowed", "text/plain", "only GET and HEAD\n", false, "Allow: GET, HEAD");
+    }
+    if (target == "/metrics") {
+      return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render(), head_only);
+    }
+    if (target == "/healthz") return Response(200, "OK", "text/plain", "ok\n", head_only);
+    if (target == "/") {
+      return Response(200, "OK", "text/plain", "kvtierd: metrics at /metrics, liveness at /healthz\n", head_only);
+    }
+    return Response(404, "Not Found", "text/plain", "no such page; try /metrics\n", head_only);
+  }
+
+  asio::awaitable<void> Serve(asio::ip::tcp::socket socket) {
+    struct Count {
+      std::atomic<int>& n;
+      ~Count() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } count{connections};
+    asio::steady_timer deadline(io);
+    deadline.expires_after(kRequestTimeout);
+    deadline.async_wait([&socket](asio::error_code ec) {
+      if (!ec) socket.close(ec);  // too slow: drop it
+    });
+    asio::streambuf buffer(kMaxRequestHead);
+    asio::error_code ec;
+    co_await asio::async_read_until(socket, buffer, "\r\n\r\n", asio::redirect_error(asio::use_awaitable, ec));
+    std::string reply;
+    if (ec == asio::error::not_found) {
+      reply = Response(431, "Request Header Fields Too Large", "text/plain", "request head over 8 KiB\n", false);
+    } else if (ec) {
+      deadline.cancel();
+      co_return;
+    } else {
+      const auto data = buffer.data();
+      reply = Answer(std::string_view(static_cast<const char*>(data.data()), data.size()));
+    }
+    co_await asio::async_write(socket, asio::buffer(reply), asio::redirect_error(asio::use_awaitable, ec));
+    socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    deadline.cancel();
+  }
+
+  asio::awaitable<void> Accept() {
+    for (;;) {
+      asio::error_code ec;
+      auto socket = co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      if (ec) {
+        // Out of descriptors and the like: pause instead of spinning.
+        spdlog::warn("metrics: accept failed: {}", ec.message());
+        asio::steady_timer pause(io, std::chrono::milliseconds(100));
+        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      if (connections.fetch_add(1, std::memory_order_relaxed) >= kMaxConnections) {
+        connections.fetch_sub(1, std::memory_order_relaxed);
+        socket.close(ec);
+        continue;
+      }
+      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+    }
+  }
+};
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsOptions& options, Render render) {
+  auto state = std::make_unique<State>();
+  state->options = options;
+  state->render = std::move(render);
+  asio::error_code ec;
+  const asio::ip::address address = asio::ip::make_address(options.address, ec);
+  if (ec) return InvalidArgument("metrics.address '" + options.address + "' is not an IP address");
+  const asio::ip::tcp::endpoint endpoint(address, options.port);
+  state->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) state->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) state->acceptor.bind(endpoint, ec);
+  if (!ec) state->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return IoError("metrics endpoint: cannot listen on " + options.address + ":" + std::to_string(options.port) +
+                   ": " + ec.message());
+  }
+  state->port = state->acceptor.local_endpoint().port();
+  asio::co_spawn(state->io, state->Accept(), asio::detached);
+  State* raw = state.get();
+  state->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(state)));
+}
+
+MetricsServer::MetricsServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+MetricsServer::~MetricsServer() {
+  state_->io.stop();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+uint16_t MetricsServer::port() const { return state_->port; }
+const std::string& MetricsServer::address() const { return state_->options.address; }
+
+std::string MetricsServer::url() const {
+  const std::string& a = state_->options.address;
+  const std::string host = a.find(':') != std::string::npos ? "[" + a + "]" : a;
+  return "http://" + host + ":" + std::to_string(state_->port) + "/metrics";
+}
+
+}  // namespace kvtier
