@@ -195,6 +195,34 @@ class Engine {
   // Records the layer split of `ns`'s blocks so a demoted block keeps its
   // layers addressable (a block of another size is stored as one layer).
   void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout);
+  // The same, remembering what `ns` is (for `kvtier ls` and dropping a
+  // model revision); a client's Hello calls this one.
+  void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor);
+
+  // Namespaces and where their blocks are (engine_namespaces.cc): every
+  // namespace with a block in some tier, plus those registered since
+  // start. O(blocks of every tier).
+  struct TierUse {
+    std::string tier;  // "hbm", "host", "nvme", ...: the stack, top first
+    uint64_t blocks = 0;
+    uint64_t bytes = 0;  // payload bytes
+  };
+  struct NamespaceUse {
+    NamespaceFingerprint ns;
+    // Known when a client registered the namespace since this daemon
+    // started (a namespace found only in a persistent tier is not).
+    std::optional<NamespaceDescriptor> descriptor;
+    std::vector<TierUse> tiers;  // one per tier of the stack, top first
+  };
+  std::vector<NamespaceUse> NamespaceUses() const;
+  // Registered namespaces of `model_id` (and of `model_revision`, unless
+  // it is empty).
+  std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id,
+                                                      std::string_view model_revision) const;
+  // Erases every block of `ns` from every tier (Erase's semantics: the
+  // NVMe index included, blocks moving between tiers too). Per tier, top
+  // first: the blocks it held.
+  std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
 
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.
@@ -564,8 +592,11 @@ class Engine {
   QueuedKeys queued_keys_;
   std::atomic<int64_t> prefetch_reads_{0};  // prefetch reads in flight
   std::atomic<bool> prefetch_budget_freed_{false};  // a prefetched block was used since the last plan
-  std::mutex namespaces_mu_;
+  mutable std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
+  std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_;  // guarded by namespaces_mu_
+  // The tiers of the stack, top first, for enumeration (above, host, below).
+  std::vector<const BlockTier*> StackTop() const;
   std::mutex io_mu_;
   std::condition_variable io_idle_;
   int64_t io_in_flight_ = 0;  // guarded by io_mu_: promotions and demotions

@@ -27,6 +27,24 @@ std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) con
   return BlockInfo{ns, size, engine_.LayoutOf(ns, size).layer_count, checksum};
 }
 
+void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
+  std::vector<std::pair<BlockKey, BlockInfo>> blocks;
+  for (const auto& shard : engine_.shards_) {
+    blocks.clear();
+    {
+      std::lock_guard lock(shard->mu);
+      for (const auto& [key, entry] : shard->index) {
+        if (entry.cached()) blocks.emplace_back(key, BlockInfo{entry.ns, entry.size, 1, entry.checksum});
+      }
+    }
+    // The layer split as Find gives it, with no shard lock held.
+    for (auto& [key, info] : blocks) {
+      info.layer_count = engine_.LayoutOf(info.ns, info.payload_bytes).layer_count;
+      visit(key, info);
+    }
+  }
+}
+
 Status HostBlockTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                             std::span<const std::byte> payload, WriteDone done,
                             std::optional<uint64_t> payload_checksum) {

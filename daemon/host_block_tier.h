@@ -38,6 +38,7 @@ class HostBlockTier final : public BlockTier {
   uint64_t capacity_bytes() const override;
   uint64_t used_bytes() const override;
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void ForEachBlock(const BlockVisitor& visit) const override;
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;

@@ -33,6 +33,7 @@ class MeasuredTier final : public BlockTier {
   uint64_t used_bytes() const override { return inner_.used_bytes(); }
   uint64_t StoredBytes(uint64_t payload_bytes) const override { return inner_.StoredBytes(payload_bytes); }
   std::optional<BlockInfo> Find(const BlockKey& key) const override { return inner_.Find(key); }
+  void ForEachBlock(const BlockVisitor& visit) const override { inner_.ForEachBlock(visit); }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;

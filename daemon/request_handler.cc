@@ -84,7 +84,7 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
       return {.close_after = true};
     }
     fingerprints.push_back(FingerprintNamespace(d));
-    context_.engine->RegisterNamespace(fingerprints.back(), NamespaceLayout{d.layer_count, d.BlockBytes()});
+    context_.engine->RegisterNamespace(fingerprints.back(), d);
   }
   namespaces_ = std::move(fingerprints);
   hello_done_ = true;

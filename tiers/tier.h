@@ -81,6 +81,11 @@ class BlockTier {
   virtual Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                       ReadDone done) = 0;
 
+  // Calls `visit` for every block readable now, in no particular order
+  // (what `kvtier ls` counts and `kvtier drop` erases). O(blocks), under
+  // the tier's own lock: `visit` must not call the tier.
+  using BlockVisitor = std::function<void(const BlockKey& key, const BlockInfo& info)>;
+  virtual void ForEachBlock(const BlockVisitor& visit) const = 0;
   // Forgets `key`; NotFound if it is neither stored nor being written. A
   // write of it in flight is cancelled and leaves nothing visible.
   virtual Status Erase(const BlockKey& key) = 0;

@@ -45,6 +45,10 @@ class MapTier final : public BlockTier {
     if (it == blocks_.end()) return std::nullopt;
     return it->second.info;
   }
+  void ForEachBlock(const BlockVisitor& visit) const override {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, stored] : blocks_) visit(key, stored.info);
+  }
 
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,

@@ -68,6 +68,10 @@ class ScriptedTier final : public BlockTier {
     if (it == blocks_.end()) return std::nullopt;
     return it->second.info;
   }
+  void ForEachBlock(const BlockVisitor& visit) const override {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, stored] : blocks_) visit(key, stored.info);
+  }
   Status Write(const NamespaceFingerprint&, const BlockKey&, uint32_t, std::span<const std::byte>, WriteDone,
                std::optional<uint64_t>) override {
     return Unavailable("the scripted tier takes no demotions");

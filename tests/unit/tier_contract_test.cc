@@ -4,6 +4,8 @@
 // what these cases check, whichever tier is below it.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <cstring>
 #include <future>
 #include <memory>
@@ -226,6 +228,24 @@ TEST_P(TierContractTest, EraseForgetsTheBlock) {
   EXPECT_EQ(ReadAndWait(9, 0, kLayers, out).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(tier_->Erase(Key(9)).code(), StatusCode::kNotFound);
   EXPECT_TRUE(WriteAndWait(9).ok()) << "an erased key can be written again";
+}
+
+TEST_P(TierContractTest, ForEachBlockVisitsExactlyTheReadableBlocks) {
+  for (uint64_t i = 20; i < 23; ++i) ASSERT_TRUE(WriteAndWait(i).ok());
+  ASSERT_TRUE(tier_->Erase(Key(21)).ok());
+  std::map<BlockKey, BlockTier::BlockInfo> seen;
+  tier_->ForEachBlock([&](const BlockKey& key, const BlockTier::BlockInfo& info) {
+    EXPECT_TRUE(seen.emplace(key, info).second) << "visited twice";
+  });
+  EXPECT_EQ(seen.count(Key(20)), 1u);
+  EXPECT_EQ(seen.count(Key(21)), 0u) << "erased";
+  ASSERT_EQ(seen.count(Key(22)), 1u);
+  const auto found = tier_->Find(Key(22));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(seen[Key(22)].ns, found->ns);
+  EXPECT_EQ(seen[Key(22)].payload_bytes, found->payload_bytes);
+  EXPECT_EQ(seen[Key(22)].layer_count, found->layer_count);
+  EXPECT_EQ(seen[Key(22)].payload_checksum, found->payload_checksum);
 }
 
 TEST_P(TierContractTest, UseAndWriteTotalsCountWhatWasStored) {

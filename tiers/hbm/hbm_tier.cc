@@ -100,6 +100,13 @@ std::optional<BlockTier::BlockInfo> HbmTier::Find(const BlockKey& key) const {
   return it->second.info;
 }
 
+void HbmTier::ForEachBlock(const BlockVisitor& visit) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, e] : entries_) {
+    if (e.state == Entry::State::kStored) visit(key, e.info);
+  }
+}
+
 Status HbmTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                       std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) {
   if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {

@@ -73,6 +73,7 @@ class HbmTier final : public BlockTier {
   uint64_t StoredBytes(uint64_t payload_bytes) const override;
 
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void ForEachBlock(const BlockVisitor& visit) const override;
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;

@@ -530,6 +530,11 @@ std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
   return BlockInfo{it->second.ns, it->second.payload_bytes, it->second.layer_count, it->second.payload_checksum};
 }
 
+void NvmeTier::ForEachBlock(const BlockVisitor& visit) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, e] : entries_) visit(key, BlockInfo{e.ns, e.payload_bytes, e.layer_count, e.payload_checksum});
+}
+
 Status NvmeTier::Erase(const BlockKey& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);

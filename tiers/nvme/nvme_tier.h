@@ -125,6 +125,7 @@ class NvmeTier final : public BlockTier {
               ReadDone done) override;
 
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void ForEachBlock(const BlockVisitor& visit) const override;
   Status Erase(const BlockKey& key) override;
 
   // For the queue_aware reclaim order (policy/reclaim_policy.h).
