@@ -7,6 +7,8 @@
 // Copies run on the thread that reads the response: the caller itself for
 // synchronous calls, a reading thread for the *Async variants (directory
 // copies run on the calling thread).
+// Every call takes its connection from the Reconnector first
+// (client_lib/reconnect.h), which replaces one the daemon closed.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "client_lib/connection.h"
 #include "client_lib/directory_path.h"
 #include "client_lib/put_path.h"
+#include "client_lib/reconnect.h"
 #include "client_lib/release.h"
 #include "common/checksum.h"
 #include "proto/wire.h"
@@ -225,7 +228,9 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
 
 }  // namespace
 
-Client::Client(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
+Client::Client(std::unique_ptr<internal::Reconnector> link) : link_(std::move(link)) {}
+
+std::shared_ptr<Connection> Client::Current() { return link_->Current(); }
 
 // Only lets go of the connection: it closes when the last BlockView or
 // Reservation sharing it is gone too (their pins and reservations must stay
@@ -235,19 +240,23 @@ Client::~Client() = default;
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto conn = Connection::Open(options);
   if (!conn.ok()) return conn.status();
-  return std::unique_ptr<Client>(new Client(std::move(*conn)));
+  return std::unique_ptr<Client>(new Client(std::make_unique<internal::Reconnector>(options, std::move(*conn))));
 }
 
-const std::vector<NamespaceFingerprint>& Client::namespaces() const { return conn_->namespaces(); }
+const std::vector<NamespaceFingerprint>& Client::namespaces() const { return link_->namespaces(); }
 
-std::span<std::byte> Client::arena() const { return conn_->arena(); }
+std::span<std::byte> Client::arena() const { return link_->Peek()->arena(); }
+
+uint64_t Client::reconnects() const { return link_->reconnects(); }
 
 Result<LookupResult> Client::Lookup(NamespaceId ns, std::span<const BlockKey> keys) {
-  return conn_->Await(StartLookup(*conn_, ns, keys, Connection::Reader::kCaller));
+  std::shared_ptr<Connection> conn = Current();
+  return conn->Await(StartLookup(*conn, ns, keys, Connection::Reader::kCaller));
 }
 
 std::future<Result<LookupResult>> Client::LookupAsync(NamespaceId ns, std::vector<BlockKey> keys) {
-  return StartLookup(*conn_, ns, keys, Connection::Reader::kBackground);
+  std::shared_ptr<Connection> conn = Current();
+  return StartLookup(*conn, ns, keys, Connection::Reader::kBackground);
 }
 
 Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byte> data) {
@@ -257,7 +266,8 @@ Status Client::Put(NamespaceId ns, const BlockKey& key, std::span<const std::byt
 
 std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                      std::span<const std::span<const std::byte>> data, const ChainLinks& links) {
-  return conn_->Await(StartPut(*conn_, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+  std::shared_ptr<Connection> conn = Current();
+  return conn->Await(StartPut(*conn, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
                                std::vector<std::span<const std::byte>>(data.begin(), data.end()), links,
                                Connection::Reader::kCaller));
 }
@@ -265,19 +275,21 @@ std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> k
 std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                        std::vector<std::span<const std::byte>> data,
                                                        ChainLinks links) {
-  return StartPut(*conn_, ns, std::move(keys), std::move(data), links, Connection::Reader::kBackground);
+  std::shared_ptr<Connection> conn = Current();
+  return StartPut(*conn, ns, std::move(keys), std::move(data), links, Connection::Reader::kBackground);
 }
 
 Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
                                     std::span<const uint64_t> sizes, const ChainLinks& links) {
-  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
+  std::shared_ptr<Connection> conn = Current();
+  if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
   if (keys.size() != sizes.size()) return InvalidArgument("Reserve: keys and sizes differ in length");
-  auto r = conn_->CallSync(wire::MakeReserve(ns, keys, sizes, links.chain, links.parent));
+  auto r = conn->CallSync(wire::MakeReserve(ns, keys, sizes, links.chain, links.parent));
   if (!r.ok()) return r.status();
   Reservation reservation;
-  reservation.conn_ = conn_;
+  reservation.conn_ = conn;
   reservation.ns_ = ns;
-  reservation.blocks_ = ToWritable(*conn_, keys, *r);
+  reservation.blocks_ = ToWritable(*conn, keys, *r);
   return reservation;
 }
 
@@ -288,7 +300,8 @@ Result<size_t> Client::Get(NamespaceId ns, const BlockKey& key, std::span<std::b
 
 std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                              std::span<const std::span<std::byte>> dst) {
-  return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
+  std::shared_ptr<Connection> conn = Current();
+  return conn->Await(StartGet(*conn, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
                                Connection::Reader::kCaller));
 }
 
@@ -299,19 +312,22 @@ std::vector<Result<size_t>> Client::GetLayers(NamespaceId ns, std::span<const Bl
         keys.size(), InvalidArgument("layer range [" + std::to_string(first_layer) + ", " +
                                      std::to_string(last_layer) + ") is empty"));
   }
-  return conn_->Await(StartGet(*conn_, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
+  std::shared_ptr<Connection> conn = Current();
+  return conn->Await(StartGet(*conn, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
                                Connection::Reader::kCaller, std::make_pair(first_layer, last_layer)));
 }
 
 std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
                                                                std::vector<std::span<std::byte>> dst) {
-  return StartGet(*conn_, ns, keys, std::move(dst), Connection::Reader::kBackground);
+  std::shared_ptr<Connection> conn = Current();
+  return StartGet(*conn, ns, keys, std::move(dst), Connection::Reader::kBackground);
 }
 
 std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const BlockKey> keys) {
+  std::shared_ptr<Connection> conn = Current();
   std::vector<Result<BlockView>> out;
-  Status s = CheckNamespace(*conn_, ns);
-  auto r = s.ok() ? conn_->CallSync(wire::MakePin(ns, keys)) : Result<v1::Response>(s);
+  Status s = CheckNamespace(*conn, ns);
+  auto r = s.ok() ? conn->CallSync(wire::MakePin(ns, keys)) : Result<v1::Response>(s);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!r.ok()) {
       out.emplace_back(r.status());
@@ -327,14 +343,14 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
       out.emplace_back(block_status);
       continue;
     }
-    auto slot = conn_->Slot(b.offset(), b.length());
+    auto slot = conn->Slot(b.offset(), b.length());
     if (!slot.ok()) {
-      conn_->ReleaseLater(std::vector<uint64_t>{b.lease()});
+      conn->ReleaseLater(std::vector<uint64_t>{b.lease()});
       out.emplace_back(slot.status());
       continue;
     }
     BlockView view;
-    view.conn_ = conn_;
+    view.conn_ = conn;
     view.data_ = *slot;
     view.key_ = keys[i];
     view.lease_ = b.lease();
@@ -344,43 +360,48 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
   return out;
 }
 
-Status Client::Release(uint64_t lease) { return internal::ReleaseAndWait(*conn_, lease); }
+Status Client::Release(uint64_t lease) { return internal::ReleaseAndWait(*Current(), lease); }
 
 Result<PreloadPlan> Client::PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
                                         uint32_t layers, double recompute_us_per_layer) {
-  auto r = conn_->CallSync(wire::MakePreloadPlan(static_cast<uint32_t>(source), bytes_per_layer, compute_us_per_layer,
+  std::shared_ptr<Connection> conn = Current();
+  auto r = conn->CallSync(wire::MakePreloadPlan(static_cast<uint32_t>(source), bytes_per_layer, compute_us_per_layer,
                                                  layers, recompute_us_per_layer));
   if (!r.ok()) return r.status();
   return wire::FromProto(r->preload_plan());
 }
 
 Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
-  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
-  auto r = conn_->CallSync(wire::MakeErase(ns, keys));
+  std::shared_ptr<Connection> conn = Current();
+  if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
+  auto r = conn->CallSync(wire::MakeErase(ns, keys));
   if (!r.ok()) return r.status();
   return static_cast<size_t>(r->erase().erased());
 }
 
 Status Client::Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
                        std::chrono::steady_clock::time_point expected_start, uint64_t session) {
-  if (Status s = CheckNamespace(*conn_, ns); !s.ok()) return s;
+  std::shared_ptr<Connection> conn = Current();
+  if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
   const auto until = expected_start - std::chrono::steady_clock::now();
   const int64_t start_in_us = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(until).count());
-  return conn_->CallSync(wire::MakeEnqueue(ns, request, keys, static_cast<uint64_t>(start_in_us), session)).status();
+  return conn->CallSync(wire::MakeEnqueue(ns, request, keys, static_cast<uint64_t>(start_in_us), session)).status();
 }
 
-Status Client::Started(uint64_t request) { return conn_->CallSync(wire::MakeRequestEvent(request, true)).status(); }
+Status Client::Started(uint64_t request) { return Current()->CallSync(wire::MakeRequestEvent(request, true)).status(); }
 
-Status Client::Finished(uint64_t request) { return conn_->CallSync(wire::MakeRequestEvent(request, false)).status(); }
+Status Client::Finished(uint64_t request) { return Current()->CallSync(wire::MakeRequestEvent(request, false)).status(); }
 
-Status Client::OpenSession(uint64_t session) { return conn_->CallSync(wire::MakeSessionHint(session, true)).status(); }
+Status Client::OpenSession(uint64_t session) { return Current()->CallSync(wire::MakeSessionHint(session, true)).status(); }
 
 Status Client::CloseSession(uint64_t session) {
-  return conn_->CallSync(wire::MakeSessionHint(session, false)).status();
+  std::shared_ptr<Connection> conn = Current();
+  return conn->CallSync(wire::MakeSessionHint(session, false)).status();
 }
 
 Result<std::vector<Counter>> Client::Stats() {
-  auto r = conn_->CallSync(wire::MakeStats());
+  std::shared_ptr<Connection> conn = Current();
+  auto r = conn->CallSync(wire::MakeStats());
   if (!r.ok()) return r.status();
   std::vector<Counter> out;
   for (const auto& c : r->stats().counters()) out.push_back({c.name(), c.value()});

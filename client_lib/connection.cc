@@ -243,6 +243,12 @@ bool Connection::Alive() {
   return true;
 }
 
+bool Connection::PeerClosed() const {
+  if (fd_ < 0) return true;
+  pollfd p{fd_, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 Status Connection::RegisterArenaForGpu() {
   std::lock_guard lock(gpu_mu_);
   if (gpu_registration_) return Status::Ok();
@@ -542,6 +548,7 @@ void Connection::ReadAndDispatch(Deadline deadline) {
     if (n > 0) continue;
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return Fail(Unavailable("kvtierd closed the connection"));
+    if (errno == ECONNRESET) return Fail(Unavailable("kvtierd reset the connection"));
     return Fail(IoError(std::string("recv: ") + std::strerror(errno)));
   }
   for (auto& response : frames) Dispatch(std::move(response));

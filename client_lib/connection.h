@@ -139,6 +139,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // with a non-blocking poll at most every kLivenessInterval, so calls stop
   // being served from a dead daemon's table within about that long).
   const DirectoryReader* directory();
+  // Whether kvtierd closed its end of the socket (it exited, restarted, or
+  // cut this client off): a non-blocking poll, not throttled. False for a
+  // connection this client failed itself (a time-out) while the daemon
+  // still holds the socket. Used by Reconnector on failed connections only.
+  bool PeerClosed() const;
+  // Fails the connection with `reason` as if it broke (pending calls get
+  // it, later calls too); the fd and the mappings stay until the last
+  // holder lets go. Idempotent (the first reason stays).
+  void Abandon(const Status& reason) { Fail(reason); }
 
  private:
   struct Pending {

@@ -22,11 +22,12 @@ constexpr std::chrono::milliseconds kWaitSlice{10};
 }  // namespace
 
 Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> keys, LoadOptions options) {
-  if (ns >= conn_->namespaces().size()) {
+  std::shared_ptr<internal::Connection> conn = Current();
+  if (ns >= conn->namespaces().size()) {
     return InvalidArgument("namespace " + std::to_string(ns) + " was not registered at Connect");
   }
   if (keys.empty()) return InvalidArgument("BeginLoad needs at least one key");
-  const auto [layer_count, block_bytes] = conn_->layout(ns);
+  const auto [layer_count, block_bytes] = conn->layout(ns);
   if (!options.dst.empty()) {
     if (options.dst.size() != keys.size()) {
       return InvalidArgument("BeginLoad: " + std::to_string(options.dst.size()) + " buffers for " +
@@ -51,13 +52,13 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
     for (void* p : options.device_dst) {
       if (p == nullptr) return InvalidArgument("BeginLoad: a null device buffer");
     }
-    if (Status s = conn_->RegisterArenaForGpu(); !s.ok()) return s;
+    if (Status s = conn->RegisterArenaForGpu(); !s.ok()) return s;
     auto copier = internal::DeviceLoadCopier::Create(layer_count, options.device_ordinal);
     if (!copier.ok()) return copier.status();
     device_copier = std::move(*copier);
     // With the daemon's device pool mapped on this GPU, the blocks it
     // holds there come device to device (board state kInDevice).
-    device_pool = conn_->DevicePoolOn(options.device_ordinal);
+    device_pool = conn->DevicePoolOn(options.device_ordinal);
   }
   if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
   if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
@@ -65,16 +66,16 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   }
   v1::Request request = wire::MakeBeginLoad(ns, keys, options.compute_us_per_layer);
   if (device_pool != nullptr) request.mutable_begin_load()->set_device_pool(true);
-  auto r = conn_->CallSync(std::move(request));
+  auto r = conn->CallSync(std::move(request));
   if (!r.ok()) return r.status();
   const v1::BeginLoadResponse& body = r->begin_load();
   LayerLoad load;
-  load.conn_ = conn_;
+  load.conn_ = conn;
   load.id_ = body.load_id();
   load.source_ = static_cast<Tier>(body.source_tier());
   // Checked before anything is read through them: the answer names arena
   // memory this process will touch.
-  auto board = conn_->Slot(body.board_offset(), body.board_bytes());
+  auto board = conn->Slot(body.board_offset(), body.board_bytes());
   const bool board_ok = board.ok() && body.board_bytes() == LoadBoardBytes(static_cast<uint32_t>(keys.size())) &&
                         body.board_offset() % alignof(LoadBoardHeader) == 0;
   if (!board_ok || static_cast<size_t>(body.blocks_size()) != keys.size() || body.layers() != layer_count ||

@@ -9,10 +9,11 @@
 namespace kvtier {
 
 Result<LayerSave> Client::BeginSave(NamespaceId ns, std::span<const BlockKey> keys, const ChainLinks& links) {
-  if (ns >= conn_->namespaces().size()) {
+  const std::shared_ptr<internal::Connection> conn = Current();  // for the layout; Reserve asks again
+  if (ns >= conn->namespaces().size()) {
     return InvalidArgument("namespace " + std::to_string(ns) + " was not registered at Connect");
   }
-  const auto [layer_count, block_bytes] = conn_->layout(ns);
+  const auto [layer_count, block_bytes] = conn->layout(ns);
   std::vector<uint64_t> sizes(keys.size(), block_bytes);
   auto reserved = Reserve(ns, keys, sizes, links);
   if (!reserved.ok()) return reserved.status();

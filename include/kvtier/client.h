@@ -15,6 +15,23 @@
 // that timed out leaves the connection failed: calls still waiting get
 // TimedOut as well, later calls fail at once with Unavailable (connect a new
 // Client). BlockViews keep their pins and bytes even then (see BlockView).
+//
+// Reconnect (ClientOptions::reconnect): when kvtierd closes the connection
+// (it exited, was killed or restarted), calls waiting on it get
+// Unavailable, and so does every later call at once, while the Client
+// reconnects on its own: the next call after a backoff (exponential with
+// jitter, reconnect_min_backoff to reconnect_max_backoff) makes one attempt
+// on its thread, at most connect_timeout long; other calls meanwhile do not
+// wait for it. A successful attempt redoes the Hello, registers the same
+// namespaces (NamespaceIds stay valid) and maps the new daemon's arena and
+// directory; that call and later ones then work as before (reconnects()
+// counts them). Nothing cached by the old daemon is assumed to survive.
+// BlockViews, Reservations, LayerSaves and LayerLoads from before stay on
+// the old connection: their bytes stay mapped (readable and writable, no
+// longer the daemon's) until they are gone, and their operations return
+// Unavailable (or FailedPrecondition) without reaching the new daemon.
+// arena() is the new daemon's after a reconnect. A connection failed by a
+// time-out is not replaced (the daemon still holds it).
 #pragma once
 
 #include <chrono>
@@ -73,6 +90,17 @@ struct ClientOptions {
   // (within ~10 ms) so its eviction order and counters stay true. Zero-copy
   // Pin always goes through the daemon. false: every call uses the socket.
   bool use_directory = true;
+  // Reconnect on its own after kvtierd closed the connection (see
+  // "Reconnect" above). false: the Client stays failed (Unavailable) and
+  // the application connects a new one.
+  bool reconnect = true;
+  // Wait before the next reconnect attempt after a failed one: starts at
+  // reconnect_min_backoff (at least 1 ms), doubles per failed attempt up to
+  // reconnect_max_backoff; each wait is drawn from [wait/2, wait] (jitter,
+  // so many clients of one daemon do not come back in step). The first
+  // attempt after the connection broke is made at once.
+  std::chrono::milliseconds reconnect_min_backoff{50};
+  std::chrono::milliseconds reconnect_max_backoff{2000};
 };
 
 struct LookupResult {
@@ -89,6 +117,7 @@ namespace internal {
 class Connection;
 class DeviceLoadCopier;
 class DevicePoolMapping;
+class Reconnector;
 }
 
 // A block pinned in the daemon's arena, readable in place without a copy.
@@ -410,8 +439,15 @@ class Client {
   // The namespace fingerprints, as computed by the daemon, by NamespaceId.
   const std::vector<NamespaceFingerprint>& namespaces() const;
 
-  // The whole arena mapping, for one cudaHostRegister at start-up.
+  // The whole arena mapping, for one cudaHostRegister at start-up. After a
+  // reconnect it is the new daemon's arena (the old one stays mapped only
+  // while handles from before use it): register it again when
+  // reconnects() changed.
   std::span<std::byte> arena() const;
+
+  // How many times this Client reconnected after kvtierd closed the
+  // connection (ClientOptions::reconnect); 0 until the first time.
+  uint64_t reconnects() const;
 
   // Longest cached prefix of `keys` and the tier of each hit block: the
   // fastest tier holding it, except that a lookup answered from the block
@@ -489,7 +525,9 @@ class Client {
   // Zero-copy get: one view per key, or the per-key error (NotFound...).
   std::vector<Result<BlockView>> Pin(NamespaceId ns, std::span<const BlockKey> keys);
   // Low-level unpin of a lease from Pin. NotFound if unknown or already
-  // released; PermissionDenied if another connection holds it.
+  // released; PermissionDenied if another connection holds it. Goes to the
+  // current connection: a lease taken before a reconnect (reconnects()
+  // changed since) must not be passed here; BlockView::Release ends it.
   Status Release(uint64_t lease);
 
   // Removes blocks; returns how many were cached. Pinned blocks disappear
@@ -524,8 +562,10 @@ class Client {
   Status CloseSession(uint64_t session);
 
  private:
-  explicit Client(std::shared_ptr<internal::Connection> conn);
-  std::shared_ptr<internal::Connection> conn_;
+  explicit Client(std::unique_ptr<internal::Reconnector> link);
+  // The connection for a call now (may reconnect first; see "Reconnect").
+  std::shared_ptr<internal::Connection> Current();
+  std::unique_ptr<internal::Reconnector> link_;
 };
 
 }  // namespace kvtier

@@ -175,6 +175,10 @@ int kvtier_key_to_hex(kvtier_key key, char out[33]);
 // The client uses kvtier::ClientOptions' defaults: every call below that
 // waits for the daemon gives up after 30 s with KVTIER_TIMED_OUT, and the
 // client is then failed: later calls return KVTIER_UNAVAILABLE at once.
+// When the daemon closes the connection (it exited or restarted), calls
+// return KVTIER_UNAVAILABLE at once while the client reconnects on its own
+// (kvtier::ClientOptions::reconnect); views, reservations and saves from
+// before stay readable but end with KVTIER_UNAVAILABLE.
 int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
                    size_t n_namespaces, kvtier_client** out);
 
@@ -272,7 +276,8 @@ int kvtier_session_hint(kvtier_client* client, uint64_t session, int open);
 // The whole arena mapping (kvtier::Client::arena): its base address and
 // length, e.g. for one cudaHostRegister at start-up. Valid until
 // kvtier_close and the release of the client's last view, reservation and
-// save.
+// save, or until a reconnect (the daemon restarted): then ask again, the
+// client uses the new daemon's arena.
 int kvtier_arena(kvtier_client* client, void** base, size_t* len);
 
 // Zero-copy put (kvtier::Client::Reserve): reserves sizes[i] bytes of the

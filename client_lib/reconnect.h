@@ -1,0 +1,71 @@
+// internal::Reconnector: the Client's current Connection, replaced by a new
+// one after kvtierd hung up (ClientOptions::reconnect). Internal.
+//
+// Lazy, no thread of its own: a call asks Current() for its connection.
+// While the connection is alive (Connection::Alive) that is all. Once it
+// failed and the daemon closed its end (it exited or restarted), the first
+// call whose backoff has passed makes one attempt on its own thread
+// (Connection::Open: Hello, the same namespaces in the same order, the new
+// arena and directory; bounded by connect_timeout); calls meanwhile, and
+// calls while another thread attempts, get the dead connection, which fails
+// them at once with Unavailable. A failed attempt backs off exponentially
+// from reconnect_min_backoff to reconnect_max_backoff, with jitter (each
+// wait is drawn from [d/2, d]). A connection this client failed itself (a
+// call timed out) while the daemon still holds the socket stays failed, as
+// without reconnect: the daemon is there, just not answering, and it still
+// holds that socket's pins.
+//
+// The old Connection is abandoned (failed), never reused: BlockViews,
+// Reservations and loads taken on it keep it, so its arena stays mapped
+// while they live, and their operations fail on it (Unavailable) instead
+// of reaching the new daemon with the old daemon's leases.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "client_lib/connection.h"
+#include "kvtier/client.h"
+
+namespace kvtier::internal {
+
+class Reconnector {
+ public:
+  // `first` is the connection Client::Connect opened with `options`.
+  Reconnector(const ClientOptions& options, std::shared_ptr<Connection> first);
+
+  // The connection a call uses now; may reconnect first (see above), so it
+  // may take up to connect_timeout. Never null.
+  std::shared_ptr<Connection> Current();
+  // The current connection without any reconnect attempt. Never null.
+  std::shared_ptr<Connection> Peek() const;
+  // Successful reconnects so far.
+  uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
+  // The namespaces registered at Connect (the same after every reconnect).
+  const std::vector<NamespaceFingerprint>& namespaces() const { return namespaces_; }
+
+ private:
+  // Opens a connection and checks it registered the same namespaces.
+  Result<std::shared_ptr<Connection>> Reopen() const;
+  // The wait before the next attempt after `failures_` failed ones (>= 1).
+  std::chrono::milliseconds Backoff();  // caller holds mu_
+
+  const ClientOptions options_;
+  const std::vector<NamespaceFingerprint> namespaces_;
+  mutable std::mutex mu_;
+  std::shared_ptr<Connection> conn_;                     // guarded by mu_
+  bool attempting_ = false;                              // guarded by mu_: a thread is in Reopen
+  uint32_t failures_ = 0;                                // guarded by mu_: failed attempts in a row
+  std::chrono::steady_clock::time_point next_attempt_;  // guarded by mu_
+  std::minstd_rand jitter_;                              // guarded by mu_
+  std::atomic<uint64_t> reconnects_{0};
+};
+
+}  // namespace kvtier::internal
