@@ -1,12 +1,140 @@
 #include "common/logging.h"
 
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <spdlog/formatter.h>
+#include <spdlog/pattern_formatter.h>
+
 namespace kvtier {
+namespace {
+
+// The length of the valid UTF-8 sequence at the start of `s`, or 0 when it
+// does not start with one (a stray continuation byte, an overlong form, a
+// surrogate, a code point past U+10FFFF, or a truncated sequence).
+size_t Utf8SequenceLength(std::string_view s) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
+  const auto continuation = [&](size_t i) { return i < s.size() && (byte(i) & 0xC0) == 0x80; };
+  const uint8_t b0 = byte(0);
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF) return continuation(1) ? 2 : 0;
+  if (b0 >= 0xE0 && b0 <= 0xEF) {
+    if (!continuation(1) || !continuation(2)) return 0;
+    if (b0 == 0xE0 && byte(1) < 0xA0) return 0;   // overlong
+    if (b0 == 0xED && byte(1) >= 0xA0) return 0;  // UTF-16 surrogate
+    return 3;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4) {
+    if (!continuation(1) || !continuation(2) || !continuation(3)) return 0;
+    if (b0 == 0xF0 && byte(1) < 0x90) return 0;   // overlong
+    if (b0 == 0xF4 && byte(1) >= 0x90) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+void AppendIsoTime(std::string& out, std::chrono::system_clock::time_point time) {
+  const auto since_epoch = time.time_since_epoch();
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(since_epoch);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - seconds).count();
+  const std::time_t t = static_cast<std::time_t>(seconds.count());
+  std::tm utc{};
+  ::gmtime_r(&t, &utc);
+  char buffer[40];
+  const size_t n = std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%S", &utc);
+  out.append(buffer, n);
+  std::snprintf(buffer, sizeof(buffer), ".%06lldZ", static_cast<long long>(micros));
+  out += buffer;
+}
+
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    const std::string line =
+        JsonLogRecord(msg.level, std::string_view(msg.payload.data(), msg.payload.size()), msg.time,
+                      msg.thread_id, std::string_view(msg.logger_name.data(), msg.logger_name.size()));
+    dest.append(line.data(), line.data() + line.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
+};
+
+}  // namespace
 
 bool SetLogLevel(std::string_view level) {
   auto parsed = spdlog::level::from_str(std::string(level));
   if (parsed == spdlog::level::off && level != "off") return false;
   spdlog::set_level(parsed);
   return true;
+}
+
+bool SetLogFormat(std::string_view format) {
+  if (format == "text") {
+    spdlog::set_formatter(std::make_unique<spdlog::pattern_formatter>());  // spdlog's default pattern
+    return true;
+  }
+  if (format == "json") {
+    spdlog::set_formatter(std::make_unique<JsonFormatter>());
+    return true;
+  }
+  return false;
+}
+
+void AppendJsonString(std::string& out, std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  while (!text.empty()) {
+    const size_t length = Utf8SequenceLength(text);
+    if (length == 0) {
+      out += "\\ufffd";  // not UTF-8: the replacement character
+      text.remove_prefix(1);
+      continue;
+    }
+    const char c = text[0];
+    if (length > 1) {
+      out.append(text.data(), length);
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<uint8_t>(c) < 0x20 || c == 0x7f) {
+      out += "\\u00";
+      out += kHex[static_cast<uint8_t>(c) >> 4];
+      out += kHex[static_cast<uint8_t>(c) & 0xf];
+    } else {
+      out += c;
+    }
+    text.remove_prefix(length);
+  }
+  out += '"';
+}
+
+std::string JsonLogRecord(spdlog::level::level_enum level, std::string_view message,
+                          std::chrono::system_clock::time_point time, size_t thread_id,
+                          std::string_view logger_name) {
+  std::string out;
+  out.reserve(96 + message.size());
+  out += "{\"time\":\"";
+  AppendIsoTime(out, time);
+  out += "\",\"level\":";
+  const auto level_name = spdlog::level::to_string_view(level);
+  AppendJsonString(out, std::string_view(level_name.data(), level_name.size()));
+  out += ",\"thread\":";
+  out += std::to_string(thread_id);
+  if (!logger_name.empty()) {
+    out += ",\"logger\":";
+    AppendJsonString(out, logger_name);
+  }
+  out += ",\"message\":";
+  AppendJsonString(out, message);
+  out += "}\n";
+  return out;
 }
 
 }  // namespace kvtier

@@ -1,6 +1,7 @@
 #include "daemon/config.h"
 
 #include <charconv>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <toml++/toml.h>
@@ -29,6 +30,13 @@ constexpr OptionSpec kOptions[] = {
     {"server.spin_wait_us", OptionType::kInt, "50", 0, 100000, "", false,
      "After its last request, how long an io thread keeps polling before it sleeps (CPU for latency).",
      &DaemonConfig::spin_wait_us, nullptr},
+    {"server.socket_mode", OptionType::kString, "\"0660\"", 0, 0, "", false,
+     "Permissions of the socket, an octal string (\"0660\": owner and group connect); the socket is bound under "
+     "a umask that never makes it more open than this, in a directory created 0750 when missing.",
+     nullptr, &DaemonConfig::socket_mode},
+    {"server.socket_group", OptionType::kString, "\"\"", 0, 0, "", false,
+     "Group that owns the socket (a name or numeric gid); its members may connect. Empty: the daemon's own group.",
+     nullptr, &DaemonConfig::socket_group, /*may_be_empty=*/true},
     {"host.capacity_bytes", OptionType::kBytes, "\"1GiB\"", 1 * kMiB, 16 * kTiB, "", false,
      "Size of the shared-memory arena (the host tier).",
      &DaemonConfig::host_capacity_bytes, nullptr},
@@ -149,9 +157,22 @@ constexpr OptionSpec kOptions[] = {
      "Evicted blocks a busy tier below cannot take at once wait here (copied out of the host tier) for a mover "
      "thread to write them; past it they are dropped (engine.demotion_busy_drops). 0: drop at once.",
      &DaemonConfig::engine_demotion_buffer_bytes, nullptr},
+    {"metrics.enabled", OptionType::kBool, "true", 0, 1, "", false,
+     "Serve Prometheus metrics over HTTP (GET /metrics, GET /healthz) on metrics.address:metrics.port.",
+     &DaemonConfig::metrics_enabled, nullptr},
+    {"metrics.address", OptionType::kString, "\"127.0.0.1\"", 0, 0, "", false,
+     "IP address the metrics endpoint listens on; 127.0.0.1 keeps it on the node, 0.0.0.0 or :: opens it to "
+     "the network (put no secrets in labels either way).",
+     nullptr, &DaemonConfig::metrics_address},
+    {"metrics.port", OptionType::kInt, "9470", 0, 65535, "", false,
+     "TCP port of the metrics endpoint; 0 takes any free port (logged, and printed as the 'metrics:' line).",
+     &DaemonConfig::metrics_port, nullptr},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
-     false, "Log verbosity.",
+     true, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},
+    {"log.format", OptionType::kChoice, "\"text\"", 0, 0, "text|json", true,
+     "text: spdlog's lines; json: one JSON object per line (time, level, thread, message). --log-format overrides.",
+     nullptr, &DaemonConfig::log_format},
 };
 
 std::string Where(std::string_view origin, const toml::node& node) {
@@ -293,6 +314,56 @@ std::string DefaultConfigToml() {
   return out;
 }
 
+namespace {
+
+std::string TomlQuoted(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(c));
+      out += buffer;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string TomlValue(const OptionSpec& spec, const DaemonConfig& config) {
+  if (spec.string_field != nullptr) return TomlQuoted(config.*spec.string_field);
+  if (spec.real_field != nullptr) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.17g", config.*spec.real_field);
+    std::string out = buffer;
+    if (out.find_first_of(".eEn") == std::string::npos) out += ".0";  // a TOML float
+    return out;
+  }
+  const int64_t v = config.*spec.int_field;
+  if (spec.type == OptionType::kBool) return v != 0 ? "true" : "false";
+  return std::to_string(v);
+}
+
+}  // namespace
+
+std::string ConfigToml(const DaemonConfig& config) {
+  std::string out;
+  std::string_view current_section;
+  for (const auto& spec : kOptions) {
+    const size_t dot = spec.name.find('.');
+    const std::string_view section = spec.name.substr(0, dot);
+    if (section != current_section) {
+      out += (out.empty() ? "[" : "\n[") + std::string(section) + "]\n";
+      current_section = section;
+    }
+    out += std::string(spec.name.substr(dot + 1)) + " = " + TomlValue(spec, config) + "\n";
+  }
+  return out;
+}
+
 Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {
   DaemonConfig config;
   auto defaults = ParseToml(DefaultConfigToml(), "<embedded defaults>");
@@ -303,6 +374,9 @@ Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view or
   if (!user.ok()) return user.status();
   s = ApplyTable(*user, origin, config);
   if (!s.ok()) return s;
+  if (auto mode = ParseFileMode(config.socket_mode); !mode.ok()) {
+    return InvalidArgument(std::string(origin) + ": server.socket_mode: " + mode.status().message());
+  }
   return config;
 }
 
@@ -332,6 +406,28 @@ Result<int64_t> ParseBytes(std::string_view text) {
     }
   }
   return InvalidArgument("'" + std::string(text) + "' has an unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+}
+
+Result<uint32_t> ParseFileMode(std::string_view text) {
+  std::string_view digits = text;
+  if (digits.starts_with("0o")) digits.remove_prefix(2);
+  uint32_t mode = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), mode, 8);
+  if (digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size() || mode > 0777) {
+    return InvalidArgument("'" + std::string(text) + "' is not an octal file mode like \"0660\"");
+  }
+  return mode;
+}
+
+std::vector<const OptionSpec*> ChangedOptions(const DaemonConfig& a, const DaemonConfig& b) {
+  std::vector<const OptionSpec*> changed;
+  for (const auto& spec : kOptions) {
+    const bool differs = (spec.int_field != nullptr && a.*spec.int_field != b.*spec.int_field) ||
+                         (spec.string_field != nullptr && a.*spec.string_field != b.*spec.string_field) ||
+                         (spec.real_field != nullptr && a.*spec.real_field != b.*spec.real_field);
+    if (differs) changed.push_back(&spec);
+  }
+  return changed;
 }
 
 std::string OptionsHelp() {

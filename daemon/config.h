@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvtier/result.h"
 
@@ -20,6 +21,8 @@ struct DaemonConfig {
   int64_t max_frame_bytes = 0;
   int64_t drain_timeout_ms = 0;
   int64_t spin_wait_us = 0;
+  std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
+  std::string socket_group;  // name or gid; empty: the daemon's group
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"
@@ -59,8 +62,13 @@ struct DaemonConfig {
   int64_t engine_prefetch_percent = 0;
   int64_t engine_demotion_buffer_bytes = 0;
   int64_t engine_prefetch_min_blocks = 0;
+  // [metrics]
+  int64_t metrics_enabled = 0;  // bool
+  std::string metrics_address;
+  int64_t metrics_port = 0;
   // [log]
   std::string log_level;
+  std::string log_format;  // "text" | "json"
 };
 
 // kBool lands in an int field as 0/1; kReal in a double field, bounded by
@@ -91,6 +99,11 @@ std::span<const OptionSpec> ConfigOptions();
 // The defaults as a TOML document (what kvtierd runs with when given no file).
 std::string DefaultConfigToml();
 
+// `config` as a TOML document of every option (bytes as plain integers),
+// which ParseConfig reads back to the same values: what `kvtier config
+// get` shows of a running daemon.
+std::string ConfigToml(const DaemonConfig& config);
+
 // Parses a TOML document on top of the defaults. Unknown keys, wrong types,
 // values out of bounds and bad choices are InvalidArgument naming the key
 // (and `origin`, e.g. the file name, plus the line where toml++ knows it).
@@ -101,6 +114,14 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path);
 
 // Parses sizes like "1GiB", "512MiB", "4096", "64KiB", "2GB". Bytes as int.
 Result<int64_t> ParseBytes(std::string_view text);
+
+// Parses a file mode written in octal: "0660", "660" or "0o660", at most
+// 0777. InvalidArgument otherwise (server.socket_mode).
+Result<uint32_t> ParseFileMode(std::string_view text);
+
+// The options whose values differ between `a` and `b`, in table order (what
+// a SIGHUP reload compares).
+std::vector<const OptionSpec*> ChangedOptions(const DaemonConfig& a, const DaemonConfig& b);
 
 // A human-readable table of every option (for --help).
 std::string OptionsHelp();

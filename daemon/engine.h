@@ -223,6 +223,8 @@ class Engine {
   // NVMe index included, blocks moving between tiers too). Per tier, top
   // first: the blocks it held.
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
+  // The names of the stack's tiers, top first ("hbm", "host", "nvme").
+  std::vector<std::string> TierNames() const;
 
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.

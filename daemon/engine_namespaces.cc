@@ -22,6 +22,12 @@ std::vector<const BlockTier*> Engine::StackTop() const {
   return tiers;
 }
 
+std::vector<std::string> Engine::TierNames() const {
+  std::vector<std::string> names;
+  for (const BlockTier* t : StackTop()) names.emplace_back(t->name());
+  return names;
+}
+
 std::vector<Engine::NamespaceUse> Engine::NamespaceUses() const {
   const std::vector<const BlockTier*> tiers = StackTop();
   std::map<NamespaceFingerprint, NamespaceUse> uses;  // ordered: a stable listing

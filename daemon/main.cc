@@ -1,24 +1,64 @@
 // kvtierd: the node-local KV-cache daemon.
-//   kvtierd [--config FILE] [--socket PATH] [--print-default-config]
-// SIGTERM / SIGINT drain in-flight requests and exit 0.
+//   kvtierd [--config FILE] [--socket PATH] [--log-format text|json] [--print-default-config]
+// Signals: SIGTERM / SIGINT stop accepting, drain in-flight requests, close
+// the tiers (the NVMe index included) and exit 0. SIGHUP re-reads --config
+// and applies the options marked run-time changeable (the others are logged
+// as needing a restart; a bad file is logged and the running config kept).
+// Under systemd (Type=notify) it reports READY / RELOADING / STOPPING and
+// pings the watchdog (daemon/systemd_notify.h).
+// A daemon that cannot start says why in one line on stderr and exits 1
+// (2 for a bad command line or config file).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <pthread.h>
 
 #include "common/logging.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/hbm_setup.h"
-#include "daemon/tier_stack.h"
+#include "daemon/metrics_format.h"
+#include "daemon/metrics_server.h"
 #include "daemon/server.h"
+#include "daemon/systemd_notify.h"
+#include "daemon/tier_stack.h"
 
 namespace {
 
 using namespace kvtier;
+
+// What the command line sets over the config file; kept across reloads.
+struct CommandLine {
+  std::string config_path;          // empty: embedded defaults, nothing to reload
+  std::string socket_override;      // empty: server.socket_path
+  std::string log_format_override;  // empty: log.format
+};
+
+void ApplyOverrides(const CommandLine& command_line, DaemonConfig& config) {
+  if (!command_line.socket_override.empty()) config.socket_path = command_line.socket_override;
+  if (!command_line.log_format_override.empty()) config.log_format = command_line.log_format_override;
+}
+
+// The one line a daemon that cannot start writes to stderr (a JSON record
+// in the json log format); returns `exit_code` for main to return.
+int StartFailure(const DaemonConfig& config, const std::string& why, int exit_code = 1) {
+  std::string line = why;
+  std::replace(line.begin(), line.end(), '\n', ' ');  // one line, whatever the status said
+  if (config.log_format == "json") {
+    std::fputs(JsonLogRecord(spdlog::level::critical, "kvtierd cannot start: " + line,
+                             std::chrono::system_clock::now(), 0).c_str(), stderr);
+  } else {
+    std::fprintf(stderr, "kvtierd: cannot start: %s\n", line.c_str());
+  }
+  return exit_code;
+}
 
 HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
   if (mode == "required") return HostArenaOptions::LockMode::kRequired;
@@ -33,33 +73,123 @@ uint32_t DirectorySlots(const DaemonConfig& config) {
   return std::bit_ceil(static_cast<uint32_t>(std::max<int64_t>(config.host_directory_slots, 2)));
 }
 
-int Serve(const DaemonConfig& config) {
-  // Block the stop signals in every thread; main waits for them below.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+// The value of `spec` in `config`, as it would be written in TOML.
+std::string OptionValue(const OptionSpec& spec, const DaemonConfig& config) {
+  if (spec.int_field != nullptr) return std::to_string(config.*spec.int_field);
+  if (spec.real_field != nullptr) return std::to_string(config.*spec.real_field);
+  return "\"" + config.*spec.string_field + "\"";
+}
+
+void ApplyLogOptions(const DaemonConfig& config) {
+  SetLogLevel(config.log_level);
+  SetLogFormat(config.log_format);
+}
+
+// The running configuration as `kvtier config get` shows it: read by io
+// threads, replaced after a SIGHUP reload.
+class RunningConfigText {
+ public:
+  explicit RunningConfigText(std::string toml) : toml_(std::move(toml)) {}
+  void Set(std::string toml) {
+    std::lock_guard lock(mu_);
+    toml_ = std::move(toml);
+  }
+  std::string Get() const {
+    std::lock_guard lock(mu_);
+    return toml_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string toml_;
+};
+
+// SIGHUP: re-reads the config file into `running`, applying what may
+// change at run time and logging the rest. A bad file changes nothing.
+// Applying is ApplyLogOptions: an option newly marked runtime_changeable in
+// kOptions needs its own apply step here (the engine's options are fixed
+// at Engine::Create).
+void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfigText& shown,
+            const SystemdNotifier& notifier) {
+  if (command_line.config_path.empty()) {
+    spdlog::info("SIGHUP: kvtierd runs on its embedded defaults (no --config); nothing to reload");
+    return;
+  }
+  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+  notifier.Notify("RELOADING=1\nMONOTONIC_USEC=" + std::to_string(now_us)).IgnoreError();  // best effort
+  auto loaded = LoadConfigFile(command_line.config_path);
+  if (!loaded.ok()) {
+    spdlog::error("SIGHUP: reload failed, the running configuration stays: {}", loaded.status().ToString());
+  } else {
+    ApplyOverrides(command_line, *loaded);
+    int applied = 0;
+    for (const OptionSpec* spec : ChangedOptions(running, *loaded)) {
+      if (!spec->runtime_changeable) {
+        spdlog::warn("SIGHUP: {} changed to {} in {}; it needs a restart (still {})", spec->name,
+                     OptionValue(*spec, *loaded), command_line.config_path, OptionValue(*spec, running));
+        continue;
+      }
+      spdlog::info("SIGHUP: {} = {} (was {})", spec->name, OptionValue(*spec, *loaded), OptionValue(*spec, running));
+      if (spec->int_field != nullptr) running.*spec->int_field = (*loaded).*spec->int_field;
+      if (spec->string_field != nullptr) running.*spec->string_field = (*loaded).*spec->string_field;
+      if (spec->real_field != nullptr) running.*spec->real_field = (*loaded).*spec->real_field;
+      ++applied;
+    }
+    ApplyLogOptions(running);
+    shown.Set(ConfigToml(running));
+    spdlog::info("SIGHUP: reloaded {}; {} option(s) applied", command_line.config_path, applied);
+  }
+  notifier.Notify("READY=1\nSTATUS=serving on " + running.socket_path).IgnoreError();  // best effort
+}
+
+// Serves until SIGTERM / SIGINT, reloading on SIGHUP; `server` is running.
+void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, DaemonConfig& config,
+                    RunningConfigText& shown,
+                    Server& server) {
+  const SystemdNotifier notifier = SystemdNotifier::FromEnvironment();
+  Status ready = notifier.Notify("READY=1\nSTATUS=serving on " + server.socket_path());
+  if (!ready.ok()) spdlog::warn("systemd notification: {}", ready.ToString());
+  WatchdogPinger watchdog(notifier, [&server] { return server.IoThreadsAnswered(); });
+  if (notifier.watchdog_usec() > 0) {
+    spdlog::info("systemd watchdog: pinging every {} ms while the io threads answer",
+                 notifier.watchdog_usec() / 2000);
+  }
+  for (;;) {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    if (signal_number == SIGHUP) {
+      Reload(command_line, config, shown, notifier);
+      continue;
+    }
+    spdlog::info("received {}, draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+    notifier.Notify("STOPPING=1\nSTATUS=draining").IgnoreError();  // best effort
+    break;
+  }
+  watchdog.Stop();  // no probes into io threads that are stopping
+}
+
+int Serve(const CommandLine& command_line, DaemonConfig& config) {
+  const auto running_config = std::make_shared<RunningConfigText>(ConfigToml(config));
+  // Block the signals in every thread; WaitForSignals takes them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   HostArenaOptions arena;
   arena.capacity_bytes = static_cast<uint64_t>(config.host_capacity_bytes);
   arena.lock = ParseLockMode(config.host_lock_memory);
   auto host = HostTier::Open(arena, DirectorySlots(config));
-  if (!host.ok()) {
-    spdlog::critical("host tier: {}", host.status().ToString());
-    return 1;
-  }
+  if (!host.ok()) return StartFailure(config, "host tier: " + host.status().ToString());
   SystemClock clock;
+  // Destroyed after the engine: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
-  if (!stack.ok()) {
-    spdlog::critical("{}", stack.status().ToString());
-    return 1;
-  }
+  if (!stack.ok()) return StartFailure(config, stack.status().ToString());
   auto hbm = OpenHbmTier(config);
-  if (!hbm.ok()) {
-    spdlog::critical("{}", hbm.status().ToString());
-    return 1;
-  }
+  if (!hbm.ok()) return StartFailure(config, hbm.status().ToString());
   if (!hbm->why_not.empty()) spdlog::warn("{}", hbm->why_not);
   EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
   engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
@@ -68,18 +198,29 @@ int Serve(const DaemonConfig& config) {
   engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
   engine_options.verify_commits = config.host_verify_commits != 0;
   auto engine = Engine::Create(engine_options, **host, clock, stack->lower, hbm->tier.get());
-  if (!engine.ok()) {
-    spdlog::critical("engine: {}", engine.status().ToString());
-    return 1;
-  }
+  if (!engine.ok()) return StartFailure(config, "engine: " + engine.status().ToString());
   ServerOptions server_options{config.socket_path, static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
                                static_cast<uint32_t>(config.drain_timeout_ms),
                                static_cast<uint32_t>(config.spin_wait_us), hbm->offer};
+  server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
+  server_options.socket_group = config.socket_group;
+  server_options.running_config = [running = running_config] { return running->Get(); };
   auto server = Server::Start(server_options, **engine, **host);
-  if (!server.ok()) {
-    spdlog::critical("server: {}", server.status().ToString());
-    return 1;
+  if (!server.ok()) return StartFailure(config, server.status().ToString());
+  // Declared after the server and the engine: it stops serving before they go.
+  std::unique_ptr<MetricsServer> metrics;
+  if (config.metrics_enabled != 0) {
+    MetricsOptions metrics_options{config.metrics_address, static_cast<uint16_t>(config.metrics_port)};
+    auto started = MetricsServer::Start(metrics_options, [&server = **server, &engine = **engine] {
+      PrometheusWriter writer;
+      writer.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
+      server.VisitCounters(writer);
+      engine.VisitCounters(writer);
+      return writer.Text();
+    });
+    if (!started.ok()) return StartFailure(config, started.status().ToString());
+    metrics = std::move(*started);
   }
   spdlog::info("kvtierd {} listening on {}", KVTIER_VERSION, (*server)->socket_path());
   spdlog::info("tier host: {} bytes shared-memory arena ({}), eviction {}, block directory {}",
@@ -89,18 +230,21 @@ int Serve(const DaemonConfig& config) {
                    ? std::to_string((*host)->directory()->bytes()) + " bytes"
                    : std::string("off"));
   if (hbm->tier != nullptr) spdlog::info("tier hbm: {}", hbm->description);
+  if (metrics != nullptr) spdlog::info("metrics: {}", metrics->url());
   std::string tiers = hbm->tier != nullptr ? "hbm host" : "host";
   for (const auto& tier : stack->tiers) tiers += " " + std::string(tier->name());
-  std::printf("socket: %s\ntiers: %s\n", (*server)->socket_path().c_str(), tiers.c_str());
-  std::fflush(stdout);
+  if (config.log_format == "json") {
+    spdlog::info("socket: {}; tiers: {}", (*server)->socket_path(), tiers);
+  } else {
+    std::printf("socket: %s\ntiers: %s\n", (*server)->socket_path().c_str(), tiers.c_str());
+    if (metrics != nullptr) std::printf("metrics: %s\n", metrics->url().c_str());
+    std::fflush(stdout);
+  }
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  spdlog::info("received {}, draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  WaitForSignals(signals, command_line, config, *running_config, **server);
   (*server)->Shutdown();
   (*server)->Wait();
-  spdlog::info("kvtierd stopped");
-  return 0;
+  return 0;  // then the server, the engine and the tiers close, in that order
 }
 
 }  // namespace
@@ -108,11 +252,12 @@ int Serve(const DaemonConfig& config) {
 int main(int argc, char** argv) {
   CLI::App app{"kvtierd: hierarchical KV-cache daemon for LLM inference"};
   app.footer(kvtier::OptionsHelp());
-  std::string config_path;
-  std::string socket_override;
+  CommandLine command_line;
   bool print_default = false;
-  app.add_option("--config", config_path, "TOML configuration file (defaults are embedded)");
-  app.add_option("--socket", socket_override, "Override server.socket_path");
+  app.add_option("--config", command_line.config_path, "TOML configuration file (defaults are embedded)");
+  app.add_option("--socket", command_line.socket_override, "Override server.socket_path");
+  app.add_option("--log-format", command_line.log_format_override, "Override log.format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
   app.add_flag("--print-default-config", print_default, "Print the embedded default config and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -120,13 +265,16 @@ int main(int argc, char** argv) {
     std::cout << kvtier::DefaultConfigToml();
     return 0;
   }
-  auto config = config_path.empty() ? kvtier::ParseConfig("", "<embedded defaults>")
-                                    : kvtier::LoadConfigFile(config_path);
+  auto config = command_line.config_path.empty() ? kvtier::ParseConfig("", "<embedded defaults>")
+                                                 : kvtier::LoadConfigFile(command_line.config_path);
   if (!config.ok()) {
-    std::fprintf(stderr, "kvtierd: %s\n", config.status().ToString().c_str());
-    return 2;
+    kvtier::DaemonConfig failed;
+    failed.log_format = command_line.log_format_override;
+    return StartFailure(failed, config.status().ToString(), 2);
   }
-  if (!socket_override.empty()) config->socket_path = socket_override;
-  kvtier::SetLogLevel(config->log_level);
-  return Serve(*config);
+  ApplyOverrides(command_line, *config);
+  ApplyLogOptions(*config);
+  const int exit_code = Serve(command_line, *config);
+  if (exit_code == 0) spdlog::info("kvtierd stopped");
+  return exit_code;
 }

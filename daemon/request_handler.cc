@@ -50,6 +50,10 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       HandleUsageReport(request.usage());
       return {.no_response = true};
     case v1::Request::kStats: HandleStats(response); break;
+    case v1::Request::kListNamespaces: HandleListNamespaces(response); break;
+    case v1::Request::kDrop: HandleDrop(request.drop(), response); break;
+    case v1::Request::kConfig: HandleConfig(response); break;
+    case v1::Request::kHealth: HandleHealth(response); break;
     case v1::Request::kQueue: HandleQueueHint(request.queue(), response); break;
     default:
       SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +

@@ -6,6 +6,7 @@
 // Thread-compatible: one connection drives it, one request at a time.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <cstdint>
 #include <string>
@@ -39,6 +40,9 @@ struct HandlerContext {
   DevicePoolOffer device_pool;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
+  // The running configuration as TOML (`kvtier config get`); may be empty.
+  std::function<std::string()> running_config;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 class RequestHandler {
@@ -80,6 +84,11 @@ class RequestHandler {
   // when the request gives a compute time.
   void HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);
+  // Operations (request_handler_ops.cc).
+  void HandleListNamespaces(v1::Response& response);
+  void HandleDrop(const v1::DropRequest& r, v1::Response& response);
+  void HandleConfig(v1::Response& response);
+  void HandleHealth(v1::Response& response);
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.
   void HandleUsageReport(const v1::UsageReport& r);

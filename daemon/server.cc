@@ -7,12 +7,17 @@
 #include <asio/redirect_error.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <sched.h>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <grp.h>
+#include <string>
 #include <sys/stat.h>
+#include <vector>
 #include <unistd.h>
 
 #include "common/logging.h"
@@ -21,17 +26,49 @@
 namespace kvtier {
 namespace {
 
-// Prepares `path` for bind: creates the directory, removes a stale socket.
-Status PrepareSocketPath(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return IoError("cannot create " + dir.string() + ": " + ec.message() +
-                     " (set server.socket_path to a writable place)");
-    }
+// The gid named by server.socket_group: a group name or a number; empty:
+// the daemon's effective gid. InvalidArgument for an unknown name.
+Result<gid_t> ResolveGroup(const std::string& group) {
+  if (group.empty()) return ::getegid();
+  gid_t gid = 0;
+  auto [end, ec] = std::from_chars(group.data(), group.data() + group.size(), gid);
+  if (ec == std::errc() && end == group.data() + group.size()) return gid;
+  std::vector<char> buffer(16384);
+  struct group entry {};
+  struct group* found = nullptr;
+  const int error = ::getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (found == nullptr) {
+    return InvalidArgument("server.socket_group: no group named '" + group + "'" +
+                           (error != 0 ? std::string(" (") + std::strerror(error) + ")" : std::string()));
   }
+  return found->gr_gid;
+}
+
+// Creates the socket's directory when missing: its parents as usual, the
+// directory itself with mode 0750 and group `gid`, so only the group can
+// reach the socket. An existing directory is left as it is (systemd's
+// RuntimeDirectory= sets its mode and owner).
+Status PrepareSocketDirectory(const std::filesystem::path& dir, gid_t gid) {
+  if (dir.empty()) return Status::Ok();
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec)) return Status::Ok();
+  if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);
+  if (ec || (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST)) {
+    return IoError("cannot create " + dir.string() + ": " + (ec ? ec.message() : std::strerror(errno)) +
+                   " (set server.socket_path to a writable place)");
+  }
+  // mkdir's mode passed through the umask: set it exactly.
+  if (::chmod(dir.c_str(), 0750) != 0 || ::chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return IoError("cannot set mode 0750 and group " + std::to_string(gid) + " on " + dir.string() + ": " +
+                   std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// Prepares `path` for bind: creates the directory, removes a stale socket.
+Status PrepareSocketPath(const std::string& path, gid_t gid) {
+  Status dir = PrepareSocketDirectory(std::filesystem::path(path).parent_path(), gid);
+  if (!dir.ok()) return dir;
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return Status::Ok();
   if (!S_ISSOCK(st.st_mode)) return InvalidArgument(path + " exists and is not a socket");
@@ -47,6 +84,12 @@ Status PrepareSocketPath(const std::string& path) {
 }  // namespace
 
 namespace {
+
+std::string ToOctal(uint32_t mode) {
+  char buffer[16];
+  std::snprintf(buffer, sizeof(buffer), "%o", mode);
+  return buffer;
+}
 
 std::vector<std::unique_ptr<asio::io_context>> MakeContexts(uint32_t count) {
   std::vector<std::unique_ptr<asio::io_context>> contexts;
@@ -86,7 +129,7 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 
 Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
     : options_(options), host_(host), contexts_(MakeContexts(options.io_threads)),
-      acceptor_(*contexts_[0]) {
+      acceptor_(*contexts_[0]), probe_answered_(contexts_.size()) {
   context_.engine = &engine;
   context_.arena_bytes = host.capacity_bytes();
   context_.arena_fd = host.memfd();
@@ -97,18 +140,36 @@ Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
   context_.max_frame_bytes = options.max_frame_bytes;
   context_.device_pool = options.device_pool;
   context_.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
+  context_.running_config = options.running_config;
 }
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Engine& engine, HostTier& host) {
   if (options.io_threads == 0) return InvalidArgument("server.io_threads must be at least 1");
-  Status prepared = PrepareSocketPath(options.socket_path);
+  auto gid = ResolveGroup(options.socket_group);
+  if (!gid.ok()) return gid.status();
+  Status prepared = PrepareSocketPath(options.socket_path, *gid);
   if (!prepared.ok()) return prepared;
   std::unique_ptr<Server> server(new Server(options, engine, host));
   asio::error_code ec;
   asio::local::stream_protocol::endpoint endpoint(options.socket_path);
   server->acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) server->acceptor_.bind(endpoint, ec);
-  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) {
+    // bind(2) creates the socket file with 0777 less the umask: with this
+    // umask it is born with at most socket_mode. The umask is per process,
+    // so files other threads create meanwhile are at most as open, never more.
+    const mode_t previous_umask = ::umask(static_cast<mode_t>(~options.socket_mode & 0777));
+    server->acceptor_.bind(endpoint, ec);
+    ::umask(previous_umask);
+  }
+  if (ec) return IoError("cannot listen on " + options.socket_path + ": " + ec.message());
+  if (::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), *gid) != 0 ||
+      ::chmod(options.socket_path.c_str(), static_cast<mode_t>(options.socket_mode)) != 0) {
+    const int error = errno;
+    ::unlink(options.socket_path.c_str());
+    return IoError("cannot give " + options.socket_path + " group " + std::to_string(*gid) + " and mode 0" +
+                   ToOctal(options.socket_mode) + ": " + std::strerror(error));
+  }
+  server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return IoError("cannot listen on " + options.socket_path + ": " + ec.message());
   asio::co_spawn(*server->contexts_[0], server->AcceptLoop(), asio::detached);
   for (auto& context : server->contexts_) {
@@ -151,6 +212,16 @@ asio::awaitable<void> Server::AcceptLoop() {
                      Forget(connection->id());
                    }, asio::detached);
   }
+}
+
+bool Server::IoThreadsAnswered() {
+  bool answered = true;
+  for (const auto& last : probe_answered_) answered &= last.load(std::memory_order_acquire) == probe_posted_;
+  const uint64_t probe = ++probe_posted_;
+  for (size_t i = 0; i < contexts_.size(); ++i) {
+    asio::post(*contexts_[i], [this, i, probe] { probe_answered_[i].store(probe, std::memory_order_release); });
+  }
+  return answered;
 }
 
 void Server::Forget(ConnectionId id) {
@@ -209,7 +280,7 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.connections_accepted", load(accepted_));
   {
     std::lock_guard lock(mu_);
-    v.Visit("server.connections_open", static_cast<int64_t>(connections_.size()));
+    v.VisitGauge("server.connections_open", static_cast<int64_t>(connections_.size()));
   }
   v.Visit("server.requests", load(connection_counters_.requests));
   v.Visit("server.oversized_frames", load(connection_counters_.oversized_frames));

@@ -12,6 +12,7 @@
 #include <asio/local/stream_protocol.hpp>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,14 +31,24 @@ struct ServerOptions {
   uint32_t drain_timeout_ms = 5000;
   uint32_t spin_wait_us = 50;  // see RunPolling in server.cc
   DevicePoolOffer device_pool;
+  // The running configuration as TOML, for `kvtier config get`; may be empty.
+  std::function<std::string()> running_config;
+  uint32_t socket_mode = 0660;  // permission bits of the socket file
+  std::string socket_group;     // group name or numeric gid; empty: the daemon's egid
 };
 
 class Server {
  public:
   // Binds the socket (creating its directory; replacing a stale socket file
   // nobody listens on) and starts the io threads. `engine` and `host` are
-  // borrowed and must outlive the Server. Errors: InvalidArgument (path),
-  // Busy (another daemon listens there), IoError.
+  // borrowed and must outlive the Server. Errors: InvalidArgument (path,
+  // unknown socket_group), Busy (another daemon listens there), IoError.
+  //
+  // Permissions: a missing socket directory is created with mode 0750 and
+  // given to socket_group; the socket is bound under a umask that leaves at
+  // most socket_mode (the process umask is changed only around bind(2), so
+  // there is no moment the socket is more open than configured), then given
+  // to socket_group before it listens.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Engine& engine,
                                                HostTier& host);
   ~Server();  // Shutdown() + Wait()
@@ -48,6 +59,13 @@ class Server {
   // Blocks until every connection ended, or the drain timeout after Shutdown
   // passed (then remaining connections are cut). Removes the socket file.
   void Wait();
+
+  // The watchdog's health probe. True when every io thread has run the
+  // probe posted by the previous call (the first call: true); then posts a
+  // new one to each. Never blocks. An io thread stuck in a request (a
+  // wedged engine lock, a blocking call) fails the next call. Call from one
+  // thread at a time, before Shutdown.
+  bool IoThreadsAnswered();
 
   const std::string& socket_path() const { return options_.socket_path; }
   void VisitCounters(CounterVisitor& v) const;
@@ -75,6 +93,9 @@ class Server {
   bool waited_ = false;                                              // guarded by mu_
   ConnectionId next_connection_ = 1;                                       // guarded by mu_
   std::atomic<int64_t> accepted_{0};
+  // IoThreadsAnswered: the last probe each context ran, and the last posted.
+  std::vector<std::atomic<uint64_t>> probe_answered_;
+  uint64_t probe_posted_ = 0;  // only touched by IoThreadsAnswered's caller
 };
 
 }  // namespace kvtier

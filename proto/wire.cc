@@ -241,6 +241,34 @@ v1::Request MakeStats() {
   return r;
 }
 
+v1::Request MakeListNamespaces() {
+  v1::Request r;
+  r.mutable_list_namespaces();
+  return r;
+}
+
+v1::Request MakeDrop(std::span<const BlockKey> fingerprints, std::string_view model_id,
+                     std::string_view model_revision) {
+  v1::Request r;
+  auto* body = r.mutable_drop();
+  AddKeys(fingerprints, body->mutable_fingerprints());
+  body->set_model_id(std::string(model_id));
+  body->set_model_revision(std::string(model_revision));
+  return r;
+}
+
+v1::Request MakeConfig() {
+  v1::Request r;
+  r.mutable_config();
+  return r;
+}
+
+v1::Request MakeHealth() {
+  v1::Request r;
+  r.mutable_health();
+  return r;
+}
+
 namespace {
 
 v1::Request QueueHintOf(v1::QueueHint::Kind kind, uint64_t request, uint64_t session) {

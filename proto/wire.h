@@ -69,6 +69,12 @@ PreloadPlan FromProto(const v1::PreloadPlanResponse& p);
 v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
                             uint32_t layers, double recompute_us_per_layer);
 v1::Request MakeStats();
+// Operations: kvtier ls / drop / config get / health.
+v1::Request MakeListNamespaces();
+v1::Request MakeDrop(std::span<const BlockKey> fingerprints, std::string_view model_id,
+                     std::string_view model_revision);
+v1::Request MakeConfig();
+v1::Request MakeHealth();
 // A layer-wise load (compute_us_per_layer > 0 asks for its preload plan),
 // and its end.
 v1::Request MakeBeginLoad(uint32_t ns, std::span<const BlockKey> keys, double compute_us_per_layer);

@@ -63,6 +63,7 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
            << "[server]\nsocket_path = " << TomlString(server.socket_path) << "\n"
            << "[host]\ncapacity_bytes = " << arena_bytes << "\nlock_memory = \"best_effort\"\n"
            << "[log]\nlevel = \"warn\"\n"
+           << "[metrics]\nport = 0\n"  // any free port: never collides with a serving daemon
            << extra_toml;
     if (!config) return IoError("cannot write " + config_path);
   }

@@ -1,5 +1,5 @@
 // kvtier: the command-line tool.
-//   kvtier stats [--socket PATH]          every counter of a running kvtierd
+//   kvtier stats|ls|drop|config get|health   operations on a running kvtierd (admin_cli.h)
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kvtier/client.h"
+#include "tools/admin_cli.h"
 #include "tools/bench_host.h"
 #include "tools/bench_layers.h"
 #include "tools/bench_nvme.h"
@@ -18,35 +19,13 @@
 #include "tools/replay_cli.h"
 #include "tools/trace_gen.h"
 
-namespace {
-
-int Stats(const std::string& socket_path) {
-  kvtier::ClientOptions options;
-  options.socket_path = socket_path;
-  options.client_name = "kvtier-stats";
-  auto client = kvtier::Client::Connect(options);
-  if (!client.ok()) {
-    std::fprintf(stderr, "kvtier stats: %s\n", client.status().ToString().c_str());
-    return 1;
-  }
-  auto counters = (*client)->Stats();
-  if (!counters.ok()) {
-    std::fprintf(stderr, "kvtier stats: %s\n", counters.status().ToString().c_str());
-    return 1;
-  }
-  for (const auto& c : *counters) std::printf("%-40s %lld\n", c.name.c_str(), static_cast<long long>(c.value));
-  return 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvtier: tools for the kvtier KV-cache daemon"};
   app.require_subcommand(1);
-  std::string socket_path = kvtier::ClientOptions().socket_path;
 
-  auto* stats = app.add_subcommand("stats", "Print every counter of a running kvtierd");
-  stats->add_option("--socket", socket_path, "kvtierd socket")->capture_default_str();
+  kvtier::tools::AdminOptions admin_options;
+  const kvtier::tools::AdminCommands admin = kvtier::tools::AddAdminCommands(app, admin_options);
 
   auto* bench = app.add_subcommand("bench", "Benchmarks (each figure beside its ceiling)");
   bench->require_subcommand(1);
@@ -81,13 +60,20 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    // replay's and trace's contract: bad input exits 2 (help stays 0).
-    const bool exits_2 = argc > 1 && (std::strcmp(argv[1], "replay") == 0 || std::strcmp(argv[1], "trace") == 0);
+    // replay's, trace's and the admin commands' contract: bad input exits 2 (help stays 0).
+    const bool exits_2 = argc > 1 && (std::strcmp(argv[1], "replay") == 0 || std::strcmp(argv[1], "trace") == 0 ||
+                                      std::strcmp(argv[1], "ls") == 0 || std::strcmp(argv[1], "drop") == 0 ||
+                                      std::strcmp(argv[1], "config") == 0 || std::strcmp(argv[1], "health") == 0 ||
+                                      std::strcmp(argv[1], "stats") == 0);
     return exits_2 && code != 0 ? 2 : code;
   }
   if (replay->parsed()) return kvtier::tools::RunReplay(replay_options);
   if (multi_round_qa->parsed()) return kvtier::tools::RunMultiRoundQa(multi_round_qa_options);
-  if (stats->parsed()) return Stats(socket_path);
+  if (admin.stats->parsed()) return kvtier::tools::RunStats(admin_options);
+  if (admin.ls->parsed()) return kvtier::tools::RunLs(admin_options);
+  if (admin.drop->parsed()) return kvtier::tools::RunDrop(admin_options);
+  if (admin.config_get->parsed()) return kvtier::tools::RunConfigGet(admin_options);
+  if (admin.health->parsed()) return kvtier::tools::RunHealth(admin_options);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
   if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);

@@ -113,6 +113,30 @@ struct Counter {
   int64_t value = 0;
 };
 
+// A namespace as the daemon holds it (Client::ListNamespaces).
+struct NamespaceTierUse {
+  std::string tier;  // "hbm", "host", "nvme", ...: the stack, top first
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;  // payload bytes
+};
+struct NamespaceInfo {
+  NamespaceFingerprint fingerprint;
+  // Known when a client registered the namespace since the daemon started
+  // (a namespace found only on a persistent tier after a restart is not).
+  std::optional<NamespaceDescriptor> descriptor;
+  std::vector<NamespaceTierUse> tiers;
+};
+
+// Client::Health: healthy unless `problems` says why not.
+struct HealthReport {
+  bool healthy = false;
+  std::vector<std::string> problems;  // one line each
+  std::vector<std::string> warnings;  // healthy, but worth a look
+  std::string version;                // of kvtierd
+  uint64_t uptime_s = 0;
+  std::vector<std::string> tiers;     // the stack, top first
+};
+
 namespace internal {
 class Connection;
 class DeviceLoadCopier;
@@ -536,6 +560,22 @@ class Client {
 
   // Every counter of the daemon (the same registry the admin tools read).
   Result<std::vector<Counter>> Stats();
+
+  // Operations (the `kvtier` admin commands; client_lib/admin.cc).
+  // Every namespace with a block in some tier or registered since the
+  // daemon started, with its blocks and bytes per tier.
+  Result<std::vector<NamespaceInfo>> ListNamespaces();
+  // Removes namespaces from every tier (the NVMe index included): those in
+  // `fingerprints`, plus every registered namespace of `model_id` (of
+  // `model_revision`, or of all its revisions when that is empty). Returns
+  // what each held per tier. InvalidArgument when nothing is named.
+  Result<std::vector<NamespaceInfo>> DropNamespaces(std::span<const NamespaceFingerprint> fingerprints,
+                                                    std::string_view model_id = {},
+                                                    std::string_view model_revision = {});
+  // The daemon's running configuration as TOML (every option).
+  Result<std::string> RunningConfig();
+  // Whether the daemon serves normally, and why not.
+  Result<HealthReport> Health();
 
   // Queue hints from the inference engine's scheduler, so the daemon keeps
   // what queued requests need (eviction `queue_aware`) and knows which

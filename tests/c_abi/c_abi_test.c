@@ -148,7 +148,7 @@ static int WriteConfig(Daemon* d) {
     return 0;
   }
   fprintf(f, "[server]\nsocket_path = \"%s\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
-             "lock_memory = \"off\"\n", d->socket);
+             "lock_memory = \"off\"\n[metrics]\nport = 0\n", d->socket);
   return fclose(f) == 0;
 }
 

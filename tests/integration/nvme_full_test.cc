@@ -75,6 +75,12 @@ TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume)
   EXPECT_GE(s["nvme.enospc"], 1) << "the file system never filled up";
   EXPECT_EQ(s["nvme.full"], 1);
   EXPECT_GT(s["nvme.blocks"], 0) << "some blocks fit before the disk filled";
+  // `kvtier health` says so: unhealthy, and why.
+  auto health = client->Health();
+  ASSERT_TRUE(health.ok()) << health.status().ToString();
+  EXPECT_FALSE(health->healthy);
+  ASSERT_EQ(health->problems.size(), 1u);
+  EXPECT_NE(health->problems[0].find("the nvme tier is full"), std::string::npos) << health->problems[0];
 
   // The host tier serves (the newest block is in DRAM); every block is a
   // miss or exact.
@@ -100,6 +106,9 @@ TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume)
   daemon.engine().WaitForIdle();
   s = Stats(*client);
   EXPECT_EQ(s["nvme.full"], 0) << "writes did not resume after space returned";
+  health = client->Health();
+  ASSERT_TRUE(health.ok());
+  EXPECT_TRUE(health->healthy) << (health->problems.empty() ? "" : health->problems[0]);
   EXPECT_GT(s["nvme.writes"], writes_before);
   for (const auto& k : more) {
     auto got = client->Get(0, k, dst);

@@ -38,7 +38,7 @@ class Daemon:
         self.config.write_text(
             f'[server]\nsocket_path = "{self.socket_path}"\n'
             f'[host]\ncapacity_bytes = {host_bytes}\nlock_memory = "off"\n'
-            f'[hbm]\nenabled = "off"\n' + nvme + extra)
+            f'[hbm]\nenabled = "off"\n[metrics]\nport = 0\n' + nvme + extra)
         self.proc = None
         self.log = directory / "kvtierd.log"
         self.start()

@@ -59,8 +59,12 @@ DaemonProcess::DaemonProcess(const std::string& kvtierd_path, const std::string&
   socket_path_ = dir_ + "/kvtierd.sock";
   log_path_ = dir_ + "/kvtierd.log";
   const std::string config_path = dir_ + "/kvtierd.toml";
+  // Any free port for the metrics endpoint unless the test says otherwise:
+  // tests run side by side.
+  const bool metrics = extra_toml.find("[metrics]") != std::string::npos;
   std::ofstream(config_path) << "[server]\nsocket_path = \"" << socket_path_ << "\"\n"
-                             << server_keys << "\n" << extra_toml << "\n";
+                             << server_keys << "\n" << extra_toml << "\n"
+                             << (metrics ? "" : "[metrics]\nport = 0\n");
   int fd = ::open(log_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
   pid_ = Spawn({kvtierd_path, "--config", config_path}, fd);
   ::close(fd);

@@ -38,6 +38,15 @@ NamespaceDescriptor TestNamespace(const std::string& revision) {
   return ns;
 }
 
+NamespaceDescriptor ModelNamespace(const std::string& model, const std::string& revision,
+                                   const std::string& adapter) {
+  NamespaceDescriptor ns = TestNamespace(revision);
+  ns.model_id = model;
+  ns.adapter_id = adapter;
+  ns.adapter_revision = adapter.empty() ? "" : "a1";
+  return ns;
+}
+
 std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots) {
   HostArenaOptions arena;
   arena.capacity_bytes = capacity_bytes;

@@ -61,6 +61,10 @@ struct TestDaemonOptions {
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.
 NamespaceDescriptor TestNamespace(const std::string& revision = "rev-1");
+// TestNamespace's layout (64 KiB blocks) for another model, revision and
+// adapter (empty: none; else adapter revision "a1").
+NamespaceDescriptor ModelNamespace(const std::string& model, const std::string& revision,
+                                   const std::string& adapter = "");
 
 class TestDaemon {
  public:

@@ -149,6 +149,36 @@ TEST(ConfigTest, DefaultTomlRoundTrips) {
   ExpectSameConfig(*from_text, *empty);
 }
 
+// What `kvtier config get` shows reads back as the same configuration,
+// strings with quotes and backslashes included.
+TEST(ConfigTest, TheRunningConfigAsTomlReadsBackTheSame) {
+  auto config = ParseConfig(R"(
+[server]
+socket_path = "/tmp/a \"quoted\" \\ path.sock"
+max_frame_bytes = "4MiB"
+[host]
+lock_memory = "off"
+[nvme]
+path = "/tmp/n.dat"
+dwpd = 0.5
+[engine]
+eviction = "arc"
+)",
+                            "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const std::string toml = ConfigToml(*config);
+  auto again = ParseConfig(toml, "running.toml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << toml;
+  ExpectSameConfig(*config, *again);
+  EXPECT_EQ(again->socket_path, "/tmp/a \"quoted\" \\ path.sock");
+  EXPECT_NE(toml.find("max_frame_bytes = 4194304\n"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("dwpd = 0.5\n"), std::string::npos) << toml;
+  for (const OptionSpec& spec : ConfigOptions()) {
+    const std::string_view key = spec.name.substr(spec.name.find('.') + 1);
+    EXPECT_NE(toml.find("\n" + std::string(key) + " = "), std::string::npos) << spec.name << " missing";
+  }
+}
+
 TEST(ConfigTest, ValuesOverrideDefaults) {
   auto config = ParseConfig(R"(
 [server]

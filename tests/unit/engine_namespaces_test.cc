@@ -23,19 +23,7 @@ using ::kvtier::testing::FakeClock;
 
 constexpr uint64_t kBlockBytes = 64 << 10;
 
-NamespaceDescriptor Descriptor(const std::string& model, const std::string& revision, const std::string& adapter = "") {
-  NamespaceDescriptor d;
-  d.model_id = model;
-  d.model_revision = revision;
-  d.adapter_id = adapter;
-  d.adapter_revision = adapter.empty() ? "" : "a1";
-  d.kv_dtype = "bf16";
-  d.block_tokens = 16;
-  d.layer_count = 4;
-  d.kv_layout = "layer_major_kv";
-  d.bytes_per_token_per_layer = kBlockBytes / (16 * 4);
-  return d;
-}
+using ::kvtier::testing::ModelNamespace;
 
 class EngineNamespacesTest : public ::testing::Test {
  protected:
@@ -80,8 +68,8 @@ class EngineNamespacesTest : public ::testing::Test {
 };
 
 TEST_F(EngineNamespacesTest, ListsEachNamespacesBlocksAndBytesPerTierAndWhatItIs) {
-  const NamespaceDescriptor a = Descriptor("org/model", "rev-1");
-  const NamespaceDescriptor b = Descriptor("org/model", "rev-1", "lora-x");
+  const NamespaceDescriptor a = ModelNamespace("org/model", "rev-1");
+  const NamespaceDescriptor b = ModelNamespace("org/model", "rev-1", "lora-x");
   const NamespaceFingerprint fa = FingerprintNamespace(a), fb = FingerprintNamespace(b);
   engine_->RegisterNamespace(fa, a);
   engine_->RegisterNamespace(fb, b);
@@ -115,10 +103,10 @@ TEST_F(EngineNamespacesTest, ListsEachNamespacesBlocksAndBytesPerTierAndWhatItIs
 }
 
 TEST_F(EngineNamespacesTest, AModelRevisionNamesItsNamespacesAcrossAdapters) {
-  const NamespaceDescriptor r1 = Descriptor("org/model", "rev-1");
-  const NamespaceDescriptor r1_lora = Descriptor("org/model", "rev-1", "lora-x");
-  const NamespaceDescriptor r2 = Descriptor("org/model", "rev-2");
-  const NamespaceDescriptor other = Descriptor("org/other", "rev-1");
+  const NamespaceDescriptor r1 = ModelNamespace("org/model", "rev-1");
+  const NamespaceDescriptor r1_lora = ModelNamespace("org/model", "rev-1", "lora-x");
+  const NamespaceDescriptor r2 = ModelNamespace("org/model", "rev-2");
+  const NamespaceDescriptor other = ModelNamespace("org/other", "rev-1");
   for (const auto* d : {&r1, &r1_lora, &r2, &other}) engine_->RegisterNamespace(FingerprintNamespace(*d), *d);
   auto of_r1 = engine_->NamespacesOfModel("org/model", "rev-1");
   std::sort(of_r1.begin(), of_r1.end());
@@ -130,8 +118,8 @@ TEST_F(EngineNamespacesTest, AModelRevisionNamesItsNamespacesAcrossAdapters) {
 }
 
 TEST_F(EngineNamespacesTest, DropRemovesANamespaceFromEveryTierAndTheNvmeIndexLeavingOthers) {
-  const NamespaceDescriptor a = Descriptor("org/model", "rev-1");
-  const NamespaceDescriptor b = Descriptor("org/model", "rev-2");
+  const NamespaceDescriptor a = ModelNamespace("org/model", "rev-1");
+  const NamespaceDescriptor b = ModelNamespace("org/model", "rev-2");
   const NamespaceFingerprint fa = FingerprintNamespace(a), fb = FingerprintNamespace(b);
   engine_->RegisterNamespace(fa, a);
   engine_->RegisterNamespace(fb, b);

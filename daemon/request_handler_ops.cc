@@ -1,0 +1,113 @@
+// The operations requests (`kvtier ls`, `drop`, `config get`, `health`):
+// answered from the engine and the server's context, never touching a
+// client's blocks except Drop.
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "daemon/request_handler.h"
+#include "proto/wire.h"
+
+namespace kvtier {
+namespace {
+
+void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
+
+void ToProto(const Engine::NamespaceUse& use, v1::NamespaceUse* out) {
+  wire::ToProto(use.ns, out->mutable_fingerprint());
+  if (use.descriptor) wire::ToProto(*use.descriptor, out->mutable_namespace_descriptor());
+  for (const Engine::TierUse& t : use.tiers) {
+    auto* tier = out->add_tiers();
+    tier->set_tier(t.tier);
+    tier->set_blocks(t.blocks);
+    tier->set_bytes(t.bytes);
+  }
+}
+
+}  // namespace
+
+void RequestHandler::HandleListNamespaces(v1::Response& response) {
+  auto* body = response.mutable_list_namespaces();
+  for (const Engine::NamespaceUse& use : context_.engine->NamespaceUses()) ToProto(use, body->add_namespaces());
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleDrop(const v1::DropRequest& r, v1::Response& response) {
+  std::vector<NamespaceFingerprint> targets = wire::FromProto(r.fingerprints());
+  if (!r.model_id().empty()) {
+    for (const auto& ns : context_.engine->NamespacesOfModel(r.model_id(), r.model_revision())) targets.push_back(ns);
+  } else if (!r.model_revision().empty()) {
+    SetStatus(response, InvalidArgument("a model revision to drop needs its model id"));
+    return;
+  }
+  if (r.fingerprints_size() == 0 && r.model_id().empty()) {
+    SetStatus(response, InvalidArgument("name a namespace or a model to drop"));
+    return;
+  }
+  std::map<NamespaceFingerprint, std::optional<NamespaceDescriptor>> descriptors;
+  for (const auto& use : context_.engine->NamespaceUses()) descriptors[use.ns] = use.descriptor;
+  auto* body = response.mutable_drop();
+  std::sort(targets.begin(), targets.end());
+  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+  for (const NamespaceFingerprint& ns : targets) {
+    Engine::NamespaceUse dropped{ns, descriptors[ns], context_.engine->DropNamespace(ns)};
+    ToProto(dropped, body->add_dropped());
+  }
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleConfig(v1::Response& response) {
+  if (!context_.running_config) {
+    SetStatus(response, Unimplemented("this kvtierd has no configuration to show (an embedded test daemon)"));
+    return;
+  }
+  response.mutable_config()->set_toml(context_.running_config());
+  SetStatus(response, Status::Ok());
+}
+
+// Healthy unless a tier is failing; the warnings are what an operator
+// should look at before it becomes a problem. Read from the one counter
+// registry, as the metrics are.
+void RequestHandler::HandleHealth(v1::Response& response) {
+  CounterCollector collected;
+  context_.engine->VisitCounters(collected);
+  std::map<std::string, int64_t, std::less<>> c(collected.counters().begin(), collected.counters().end());
+  auto at = [&c](std::string_view name) {
+    auto it = c.find(name);
+    return it == c.end() ? int64_t{0} : it->second;
+  };
+  auto* body = response.mutable_health();
+  auto problem = [body](std::string line) { body->add_problems(std::move(line)); };
+  auto warning = [body](std::string line) { body->add_warnings(std::move(line)); };
+  const auto tiers = context_.engine->TierNames();
+  const bool nvme = std::find(tiers.begin(), tiers.end(), "nvme") != tiers.end();
+  if (nvme && at("nvme.full") != 0) {
+    problem("the nvme tier is full: its file system has no room (nvme.enospc " + std::to_string(at("nvme.enospc")) +
+            "); the host tier keeps serving, nothing more is written to NVMe until space is freed");
+  }
+  if (nvme && at("nvme.index_failures") != 0) {
+    problem("the nvme tier's index failed " + std::to_string(at("nvme.index_failures")) +
+            " writes: blocks written since may not survive a restart (see the log)");
+  }
+  if (nvme && at("nvme.device.errors") != 0) {
+    warning("the nvme device reported " + std::to_string(at("nvme.device.errors")) + " I/O errors");
+  }
+  if (at("host.arena.locked") == 0) {
+    warning("the host arena is not locked in memory (RLIMIT_MEMLOCK): the kernel may swap it");
+  }
+  if (nvme && at("nvme.admission.rejected_no_budget") != 0) {
+    warning("the DWPD budget refused " + std::to_string(at("nvme.admission.rejected_no_budget")) +
+            " writes to NVMe (nvme.admission.rejected_no_budget)");
+  }
+  for (const char* name : {"engine.promotion_failures", "engine.demotion_failures"}) {
+    if (at(name) != 0) warning(std::string(name) + " = " + std::to_string(at(name)) + " (see the log)");
+  }
+  body->set_healthy(body->problems_size() == 0);
+  body->set_version(KVTIER_VERSION);
+  body->set_uptime_s(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - context_.started).count()));
+  for (const auto& t : tiers) body->add_tiers(t);
+  SetStatus(response, Status::Ok());
+}
+
+}  // namespace kvtier

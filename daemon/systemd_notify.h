@@ -1,0 +1,83 @@
+// The systemd service notification protocol (sd_notify(3)), without
+// libsystemd: one datagram of "KEY=VALUE\n" lines to the unix socket named
+// by $NOTIFY_SOCKET (a path, or an abstract name when it starts with '@').
+//
+// kvtierd sends READY=1 once its socket listens, RELOADING=1 / READY=1
+// around a SIGHUP reload, STOPPING=1 when a stop signal arrives, and
+// WATCHDOG=1 from a WatchdogPinger while the daemon is healthy.
+//
+// Without $NOTIFY_SOCKET (not started by systemd with Type=notify) every
+// call is a no-op that returns Ok. Errors are returned, never thrown; a
+// failed notification is worth a log line, not a stop.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+// Thread-safe: Notify may be called from any thread (each call opens,
+// sends on and closes its own socket).
+class SystemdNotifier {
+ public:
+  // Reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID once. The watchdog
+  // is requested only when WATCHDOG_USEC is a positive number and
+  // WATCHDOG_PID is unset or names this process.
+  static SystemdNotifier FromEnvironment();
+  // A notifier sending to `socket_path` (same syntax as $NOTIFY_SOCKET;
+  // empty: disabled) with the given watchdog interval (0: none).
+  SystemdNotifier(std::string socket_path, uint64_t watchdog_usec)
+      : socket_path_(std::move(socket_path)), watchdog_usec_(watchdog_usec) {}
+
+  bool enabled() const { return !socket_path_.empty(); }
+  // The interval systemd expects a WATCHDOG=1 within; 0: no watchdog.
+  uint64_t watchdog_usec() const { return enabled() ? watchdog_usec_ : 0; }
+
+  // Sends `state`, e.g. "READY=1\nSTATUS=listening on /run/kvtier/kvtierd.sock".
+  // Ok when disabled. InvalidArgument for a socket path that does not fit
+  // sockaddr_un; IoError when the socket cannot be created or the send fails.
+  Status Notify(std::string_view state) const;
+
+ private:
+  std::string socket_path_;
+  uint64_t watchdog_usec_ = 0;
+};
+
+// Sends WATCHDOG=1 every half watchdog interval from its own thread, but
+// only when `healthy()` returns true at that moment, so that a wedged
+// daemon misses its pings and systemd restarts it. `healthy` runs on the
+// pinger's thread and should return promptly (Stop waits for a probe in
+// progress). With a
+// notifier whose watchdog_usec() is 0 it starts no thread.
+// `notifier` is borrowed and must outlive the pinger.
+//
+// Thread-safe: Stop may be called from any thread; the destructor stops.
+class WatchdogPinger {
+ public:
+  WatchdogPinger(const SystemdNotifier& notifier, std::function<bool()> healthy);
+  ~WatchdogPinger();
+  WatchdogPinger(const WatchdogPinger&) = delete;
+  WatchdogPinger& operator=(const WatchdogPinger&) = delete;
+
+  // Ends the pinging and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Run(uint64_t interval_us);
+
+  const SystemdNotifier& notifier_;
+  std::function<bool()> healthy_;
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,47 @@
+// The operator's commands of `kvtier` against a running kvtierd:
+//   kvtier stats [--json]                     every counter, a table or one JSON object
+//   kvtier ls [--json]                        namespaces: model, revision, adapter, blocks and bytes per tier
+//   kvtier drop --ns FP... | --model ID [--revision REV]
+//                                             remove namespaces from every tier (the NVMe index too)
+//   kvtier config get [KEY]                   the running configuration, or one option's value
+//   kvtier health [--json]                    healthy or not, and why
+// Exit codes, the same for each (scripts rely on them): 0 done (healthy);
+// 1 the daemon refused or failed the request, or reports itself unhealthy,
+// or a drop matched nothing; 2 bad usage (unknown option, a bad
+// fingerprint, an unknown KEY); 3 the daemon cannot be reached. Errors go
+// to stderr as one line "kvtier <command>: <why>"; results to stdout.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace kvtier::tools {
+
+struct AdminOptions {
+  std::string socket_path;
+  bool json = false;
+  std::vector<std::string> namespaces;  // drop --ns
+  std::string model_id, model_revision;  // drop --model / --revision
+  std::string key;                       // config get KEY
+};
+
+// Adds stats, ls, drop, config get and health to `app`, all filling
+// `options`; returns the subcommands so main can tell which was parsed.
+struct AdminCommands {
+  CLI::App* stats = nullptr;
+  CLI::App* ls = nullptr;
+  CLI::App* drop = nullptr;
+  CLI::App* config_get = nullptr;
+  CLI::App* health = nullptr;
+};
+AdminCommands AddAdminCommands(CLI::App& app, AdminOptions& options);
+
+// Runs the parsed one; returns the exit code.
+int RunStats(const AdminOptions& options);
+int RunLs(const AdminOptions& options);
+int RunDrop(const AdminOptions& options);
+int RunConfigGet(const AdminOptions& options);
+int RunHealth(const AdminOptions& options);
+
+}  // namespace kvtier::tools
