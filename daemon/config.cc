@@ -37,9 +37,10 @@ constexpr OptionSpec kOptions[] = {
     {"server.socket_group", OptionType::kString, "\"\"", 0, 0, "", false,
      "Group that owns the socket (a name or numeric gid); its members may connect. Empty: the daemon's own group.",
      nullptr, &DaemonConfig::socket_group, /*may_be_empty=*/true},
-    {"host.capacity_bytes", OptionType::kBytes, "\"1GiB\"", 1 * kMiB, 16 * kTiB, "", false,
-     "Size of the shared-memory arena (the host tier).",
-     &DaemonConfig::host_capacity_bytes, nullptr},
+    {"host.capacity_bytes", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
+     "Size of the shared-memory arena (the host tier); 0: fit it to this machine, a quarter of its memory and "
+     "at most half of what is available now, between 256 MiB and 64 GiB (logged at start).",
+     &DaemonConfig::host_capacity_bytes, nullptr, false, nullptr, 0, 0, /*zero_is_auto=*/true},
     {"host.lock_memory", OptionType::kChoice, "\"best_effort\"", 0, 0, "required|best_effort|off",
      false,
      "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
@@ -245,7 +246,7 @@ Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_v
       break;
   }
   if ((spec.type == OptionType::kInt || spec.type == OptionType::kBytes) &&
-      (number < spec.min || number > spec.max)) {
+      (number < spec.min || number > spec.max) && !(spec.zero_is_auto && number == 0)) {
     return InvalidArgument(where + ": " + name + " = " + std::to_string(number) +
                            " is outside [" + std::to_string(spec.min) + ", " +
                            std::to_string(spec.max) + "]");
@@ -437,7 +438,7 @@ std::string OptionsHelp() {
     out << "  " << spec.name << " = " << spec.default_value;
     if (spec.type == OptionType::kChoice) out << "  (" << spec.choices << ")";
     if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes) {
-      out << "  [" << spec.min << ".." << spec.max << "]";
+      out << "  [" << spec.min << ".." << spec.max << "]" << (spec.zero_is_auto ? " or 0 (auto)" : "");
     }
     if (spec.type == OptionType::kReal) out << "  [" << spec.real_min << ".." << spec.real_max << "]";
     if (spec.runtime_changeable) out << "  (run-time)";

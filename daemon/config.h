@@ -91,6 +91,9 @@ struct OptionSpec {
   double DaemonConfig::*real_field = nullptr;
   double real_min = 0;  // kReal bounds (inclusive)
   double real_max = 0;
+  // kInt / kBytes: 0 is also accepted, outside the bounds, and means "size
+  // it to this machine" (the daemon resolves it at start and logs what).
+  bool zero_is_auto = false;
 };
 
 // The table itself, in documentation order.

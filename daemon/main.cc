@@ -21,6 +21,7 @@
 #include <pthread.h>
 
 #include "common/logging.h"
+#include "daemon/auto_size.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/hbm_setup.h"
@@ -34,16 +35,22 @@ namespace {
 
 using namespace kvtier;
 
-// What the command line sets over the config file; kept across reloads.
+// What the command line sets over the config file, and the machine's
+// memory as measured at start; kept across reloads (so auto sizes resolve
+// to the same values on SIGHUP).
 struct CommandLine {
   std::string config_path;          // empty: embedded defaults, nothing to reload
   std::string socket_override;      // empty: server.socket_path
   std::string log_format_override;  // empty: log.format
+  MachineMemory machine;
 };
 
-void ApplyOverrides(const CommandLine& command_line, DaemonConfig& config) {
+// The command line's overrides, then auto (0) sizes resolved; returns the
+// log lines saying what auto chose.
+std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonConfig& config) {
   if (!command_line.socket_override.empty()) config.socket_path = command_line.socket_override;
   if (!command_line.log_format_override.empty()) config.log_format = command_line.log_format_override;
+  return ResolveAutoSizes(config, command_line.machine);
 }
 
 // The one line a daemon that cannot start writes to stderr (a JSON record
@@ -272,8 +279,14 @@ int main(int argc, char** argv) {
     failed.log_format = command_line.log_format_override;
     return StartFailure(failed, config.status().ToString(), 2);
   }
-  ApplyOverrides(command_line, *config);
+  if (config->host_capacity_bytes == 0) {
+    auto machine = ReadMachineMemory(MeminfoPath());
+    if (!machine.ok()) return StartFailure(*config, machine.status().ToString());
+    command_line.machine = *machine;
+  }
+  const std::vector<std::string> chosen = ApplyOverrides(command_line, *config);
   ApplyLogOptions(*config);
+  for (const std::string& line : chosen) spdlog::info("{}", line);
   const int exit_code = Serve(command_line, *config);
   if (exit_code == 0) spdlog::info("kvtierd stopped");
   return exit_code;

@@ -27,7 +27,7 @@ TEST(KvtierdProcess, HelpListsEveryOption) {
 TEST(KvtierdProcess, PrintDefaultConfigIsAValidConfig) {
   CommandResult r = RunCommand({KVTIERD_PATH, "--print-default-config"});
   ASSERT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("capacity_bytes = \"1GiB\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("capacity_bytes = 0\n"), std::string::npos) << r.output;
 }
 
 TEST(KvtierdProcess, BadConfigFailsWithTheKeyAndLine) {
@@ -43,6 +43,28 @@ TEST(KvtierdProcess, BadConfigFailsWithTheKeyAndLine) {
   CommandResult missing = RunCommand({KVTIERD_PATH, "--config", dir + "/nope.toml"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.output.find("nope.toml"), std::string::npos) << missing.output;
+  RemoveTree(dir);
+}
+
+// The embedded default host.capacity_bytes (0) sizes the arena to the
+// machine (here a 1 GiB one with 800 MiB available, through
+// $KVTIER_MEMINFO), says so in its log, and `kvtier config get` shows it.
+TEST(KvtierdProcess, TheDefaultHostTierIsSizedToTheMachine) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/meminfo") << "MemTotal:        1048576 kB\nMemAvailable:     819200 kB\n";
+  ::setenv("KVTIER_MEMINFO", (dir + "/meminfo").c_str(), 1);  // inherited by the child
+  DaemonProcess daemon(KVTIERD_PATH, "", "[host]\nlock_memory = \"off\"\n");
+  ::unsetenv("KVTIER_MEMINFO");
+  ASSERT_TRUE(daemon.running());
+  std::ifstream in(daemon.log_path());
+  std::stringstream log;
+  log << in.rdbuf();
+  EXPECT_NE(log.str().find("host.capacity_bytes = 0 (auto): 256 MiB of this machine's 1024 MiB (800 MiB available)"),
+            std::string::npos) << log.str();
+  CommandResult got = RunCommand({KVTIER_TOOL_PATH, "config", "get", "host.capacity_bytes", "--socket",
+                                  daemon.socket_path()});
+  ASSERT_EQ(got.exit_code, 0) << got.output;
+  EXPECT_EQ(got.output, std::to_string(256 << 20) + "\n");
   RemoveTree(dir);
 }
 

@@ -1,0 +1,55 @@
+// host.capacity_bytes = 0 sizes the host arena to the machine: a quarter
+// of its memory, at most half of what is available, within 64 MiB..64 GiB.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "daemon/auto_size.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+TEST(AutoSizeTest, AQuarterOfMemoryAtMostHalfOfWhatIsAvailableWithinBounds) {
+  EXPECT_EQ(AutoHostCapacity({16 * kGiB, 12 * kGiB}), 4 * kGiB);
+  EXPECT_EQ(AutoHostCapacity({16 * kGiB, 2 * kGiB}), 1 * kGiB) << "a busy machine: half of what is available";
+  EXPECT_EQ(AutoHostCapacity({2048 * kGiB, 2000 * kGiB}), 64 * kGiB) << "a large node: the cap";
+  EXPECT_EQ(AutoHostCapacity({128 * kMiB, 100 * kMiB}), 64 * kMiB) << "a tiny one: the floor";
+  EXPECT_EQ(AutoHostCapacity({10 * kGiB + 3 * kMiB, 10 * kGiB}) % (2 * kMiB), 0u);
+}
+
+TEST(AutoSizeTest, ReadsProcMeminfoAndResolvesOnlyWhatIsLeftAtZero) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string path = dir + "/meminfo";
+  std::ofstream(path) << "MemTotal:       32768000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+  auto memory = ReadMachineMemory(path);
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  EXPECT_EQ(memory->total_bytes, 32768000ull * 1024);
+  EXPECT_EQ(memory->available_bytes, 20000000ull * 1024);
+  EXPECT_EQ(ReadMachineMemory(dir + "/none").status().code(), StatusCode::kIoError);
+  std::ofstream(path) << "nothing useful\n";
+  EXPECT_FALSE(ReadMachineMemory(path).ok());
+  testing::RemoveTree(dir);
+
+  DaemonConfig config;
+  config.host_capacity_bytes = 0;
+  const auto lines = ResolveAutoSizes(config, *memory);
+  EXPECT_EQ(config.host_capacity_bytes, static_cast<int64_t>(AutoHostCapacity(*memory)));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("host.capacity_bytes = 0 (auto): 8000 MiB"), std::string::npos) << lines[0];
+  config.host_capacity_bytes = 123 * kMiB;
+  EXPECT_TRUE(ResolveAutoSizes(config, *memory).empty());
+  EXPECT_EQ(config.host_capacity_bytes, static_cast<int64_t>(123 * kMiB)) << "a size given is kept";
+  // The real machine: something within the bounds.
+  auto here = ReadMachineMemory();
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  const uint64_t mine = AutoHostCapacity(*here);
+  EXPECT_GE(mine, 64 * kMiB);
+  EXPECT_LE(mine, 64 * kGiB);
+}
+
+}  // namespace
+}  // namespace kvtier
