@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kvtier
@@ -125,3 +126,15 @@ def test_namespace(revision="rev-1", block_tokens=16, layer_count=4, bytes_per_t
 
 
 test_namespace.__test__ = False  # a helper, not a test
+
+
+def block_bytes(ns, seed):
+    """One block of `ns` of random bytes (a numpy uint8 array), reproducible by `seed`."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, ns.block_bytes, dtype=np.uint8)
+
+
+def keys_of(ns, n_blocks, first_token=0):
+    """The chain keys of `n_blocks` blocks of consecutive token ids from `first_token`."""
+    tokens = np.arange(first_token, first_token + n_blocks * ns.block_tokens, dtype=np.uint32)
+    return kvtier.ChainHasher(ns).keys(tokens)

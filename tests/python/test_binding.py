@@ -11,17 +11,7 @@ import pytest
 import torch
 
 import kvtier
-from conftest import test_namespace
-
-
-def block_bytes(ns, seed):
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, ns.block_bytes, dtype=np.uint8)
-
-
-def keys_of(ns, n_blocks, first_token=0):
-    tokens = np.arange(first_token, first_token + n_blocks * ns.block_tokens, dtype=np.uint32)
-    return kvtier.ChainHasher(ns).keys(tokens)
+from conftest import block_bytes, keys_of, test_namespace
 
 
 def test_key_hex_round_trip_and_errors_carry_the_status_name():
