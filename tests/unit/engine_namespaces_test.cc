@@ -96,7 +96,8 @@ TEST_F(EngineNamespacesTest, ListsEachNamespacesBlocksAndBytesPerTierAndWhatItIs
   // A namespace nobody registered since start is listed by its blocks alone.
   const NamespaceFingerprint unknown{0x77, 0x77};
   Put(unknown, 1);
-  const auto* uu = Use(engine_->NamespaceUses(), unknown);
+  const auto listed = engine_->NamespaceUses();  // kept: Use points into it
+  const auto* uu = Use(listed, unknown);
   ASSERT_NE(uu, nullptr);
   EXPECT_FALSE(uu->descriptor.has_value());
   EXPECT_EQ(uu->tiers[0].blocks, 1u);
@@ -139,7 +140,8 @@ TEST_F(EngineNamespacesTest, DropRemovesANamespaceFromEveryTierAndTheNvmeIndexLe
   for (uint64_t i = 0; i < 10; ++i) {
     EXPECT_NE(::kvtier::testing::LookupTier(*engine_, fb, BlockKey{fb.lo, i}), Tier::kNone) << i;
   }
-  const auto* ua = Use(engine_->NamespaceUses(), fa);
+  const auto after_drop = engine_->NamespaceUses();  // kept: Use points into it
+  const auto* ua = Use(after_drop, fa);
   ASSERT_NE(ua, nullptr) << "still registered";
   EXPECT_EQ(ua->tiers[0].blocks + ua->tiers[1].blocks, 0u);
   // A restart reads the NVMe tier back from its index: nothing of a's.
