@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "common/counters.h"
 #include "kvtier/block_key.h"
@@ -86,6 +87,17 @@ class BlockTier {
   // the tier's own lock: `visit` must not call the tier.
   using BlockVisitor = std::function<void(const BlockKey& key, const BlockInfo& info)>;
   virtual void ForEachBlock(const BlockVisitor& visit) const = 0;
+  // Calls `visit` once per namespace with blocks readable now, with the sum
+  // of their payload bytes (what per-tenant quotas count,
+  // daemon/tenant_tier.h). The default is one ForEachBlock pass,
+  // O(blocks); a tier that keeps the sums (NvmeTier) answers in
+  // O(namespaces). Same locking rule as ForEachBlock.
+  using NamespaceBytesVisitor = std::function<void(const NamespaceFingerprint& ns, uint64_t payload_bytes)>;
+  virtual void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
+    std::unordered_map<NamespaceFingerprint, uint64_t> sums;
+    ForEachBlock([&sums](const BlockKey&, const BlockInfo& info) { sums[info.ns] += info.payload_bytes; });
+    for (const auto& [ns, bytes] : sums) visit(ns, bytes);
+  }
   // Forgets `key`; NotFound if it is neither stored nor being written. A
   // write of it in flight is cancelled and leaves nothing visible.
   virtual Status Erase(const BlockKey& key) = 0;

@@ -49,7 +49,7 @@ Status NvmeTier::Recover() {
     }
     entries_.emplace(key, entry);
     region_keys_[entry.region].insert(key);
-    counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
+    Account(entry, +1);
     ++recovery_.entries_loaded;
     kept.push_back({{log_rank[entry.region], entry.offset}, key});
   }

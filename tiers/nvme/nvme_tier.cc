@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/check.h"
 #include "common/logging.h"
 
 namespace kvtier {
@@ -103,7 +104,7 @@ void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
                 [this](const BlockKey& a, const BlockKey& b) { return entries_[a].offset < entries_[b].offset; });
       counters_.reclaim_dropped += static_cast<int64_t>(dropped.size());
       for (const BlockKey& k : dropped) {
-        counters_.stored_bytes -= static_cast<int64_t>(entries_[k].payload_bytes);
+        Account(entries_[k], -1);
         entries_.erase(k);
         // A block whose reinsertion is in flight (the only writes of a key
         // the tier holds) stays in the policy: the copy may land (a failed
@@ -309,7 +310,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
           // Reads that ended during the move were reads of the copy.
           if (current->second.hits > replaces->hits) entry.hits = current->second.hits - replaces->hits;
           region_keys_[current->second.region].erase(key);
-          counters_.stored_bytes -= static_cast<int64_t>(current->second.payload_bytes);
+          Account(current->second, -1);
           entries_.erase(current);
         }
         ++counters_.reinserted;
@@ -318,7 +319,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
       if (outcome.ok()) {
         entries_[key] = entry;
         region_keys_[entry.region].insert(key);
-        counters_.stored_bytes += static_cast<int64_t>(entry.payload_bytes);
+        Account(entry, +1);
         if (!replaces) {
           ++counters_.writes;  // a reinsertion counts as such
           reclaim_.OnWritten(key, clock_.NowUs());  // a moved block keeps its place in the policy
@@ -515,7 +516,7 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
       it->second.region_generation != entry.region_generation) {
     return;
   }
-  counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
+  Account(entry, -1);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
   reclaim_.OnDropped(key);
@@ -528,6 +529,24 @@ std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return BlockInfo{it->second.ns, it->second.payload_bytes, it->second.layer_count, it->second.payload_checksum};
+}
+
+void NvmeTier::Account(const IndexEntry& entry, int sign) {
+  counters_.stored_bytes += sign * static_cast<int64_t>(entry.payload_bytes);
+  if (sign > 0) {
+    namespace_bytes_[entry.ns] += entry.payload_bytes;
+    return;
+  }
+  auto it = namespace_bytes_.find(entry.ns);
+  KVTIER_CHECK(it != namespace_bytes_.end() && it->second >= entry.payload_bytes,
+               "nvme: a namespace's stored bytes went negative");
+  it->second -= entry.payload_bytes;
+  if (it->second == 0) namespace_bytes_.erase(it);
+}
+
+void NvmeTier::ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [ns, bytes] : namespace_bytes_) visit(ns, bytes);
 }
 
 void NvmeTier::ForEachBlock(const BlockVisitor& visit) const {
@@ -548,7 +567,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
   // Gone from memory at once; the index writer deletes the persistent
   // entry before any later write of the key indexes it again.
   PostIndex([this, key] { return index_->Delete(key); });
-  counters_.stored_bytes -= static_cast<int64_t>(entry.payload_bytes);
+  Account(entry, -1);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
   reclaim_.OnDropped(key);

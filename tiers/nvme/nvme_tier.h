@@ -126,6 +126,7 @@ class NvmeTier final : public BlockTier {
 
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
   void ForEachBlock(const BlockVisitor& visit) const override;
+  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
   Status Erase(const BlockKey& key) override;
 
   // For the queue_aware reclaim order (policy/reclaim_policy.h).
@@ -196,6 +197,12 @@ class NvmeTier final : public BlockTier {
   mutable std::condition_variable idle_cv_;
   RegionManager regions_;                                            // guarded by mu_
   std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
+  // Payload bytes of entries_ per namespace (ForEachNamespaceBytes);
+  // changed only through Account, with counters_.stored_bytes.
+  std::unordered_map<NamespaceFingerprint, uint64_t> namespace_bytes_;  // guarded by mu_
+  // Adds (`sign` +1) or removes (-1) `entry` from stored_bytes and
+  // namespace_bytes_, where entries_ gains or loses it. Caller holds mu_.
+  void Account(const IndexEntry& entry, int sign);
   std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
   std::unordered_set<BlockKey> writing_;                             // guarded by mu_
   std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
