@@ -45,6 +45,24 @@ class CounterCollector final : public CounterVisitor {
   std::vector<std::pair<std::string, int64_t>> counters_;
 };
 
+// Forwards every visit to `inner` with one more label on each name:
+// "x" -> "x{tenant=\"a\"}", "x{tier=\"nvme\"}" -> "x{tier=\"nvme\",tenant=\"a\"}".
+// `label` is `key="value"` (the value already escaped); both borrowed.
+class LabellingVisitor final : public CounterVisitor {
+ public:
+  LabellingVisitor(CounterVisitor& inner, std::string_view label) : inner_(inner), label_(label) {}
+  void Visit(std::string_view name, int64_t value) override { inner_.Visit(Labelled(name), value); }
+  void VisitGauge(std::string_view name, int64_t value) override { inner_.VisitGauge(Labelled(name), value); }
+  void VisitHistogram(std::string_view name, const HistogramSnapshot& h) override {
+    inner_.VisitHistogram(Labelled(name), h);
+  }
+
+ private:
+  std::string Labelled(std::string_view name) const;
+  CounterVisitor& inner_;
+  std::string_view label_;
+};
+
 // "family{labels}" split at the brace: {"family", "{labels}"} (labels empty
 // when there are none).
 std::pair<std::string_view, std::string_view> SplitMetricLabels(std::string_view name);

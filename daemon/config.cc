@@ -6,6 +6,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "daemon/tenant_config.h"
+
 namespace kvtier {
 namespace {
 
@@ -37,6 +39,11 @@ constexpr OptionSpec kOptions[] = {
     {"server.socket_group", OptionType::kString, "\"\"", 0, 0, "", false,
      "Group that owns the socket (a name or numeric gid); its members may connect. Empty: the daemon's own group.",
      nullptr, &DaemonConfig::socket_group, /*may_be_empty=*/true},
+    {"server.tenant_key_file", OptionType::kString, "\"\"", 0, 0, "", false,
+     "With [[tenant]] tables: the file of the secret that scopes each tenant's keys in the shared tiers (created "
+     "0600 on first start). Empty: nvme.index_path, else nvme.path, + \".tenant-key\"; without an NVMe tier a "
+     "fresh key each start.",
+     nullptr, &DaemonConfig::tenant_key_file, true},
     {"host.capacity_bytes", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
      "Size of the shared-memory arena (the host tier); 0: fit it to this machine, a quarter of its memory and "
      "at most half of what is available now, between 256 MiB and 64 GiB (logged at start).",
@@ -267,6 +274,11 @@ const OptionSpec* FindOption(std::string_view name) {
 // Applies every key of `table` (two levels: section.key); unknown keys fail.
 Status ApplyTable(const toml::table& table, std::string_view origin, DaemonConfig& config) {
   for (const auto& [section, section_node] : table) {
+    if (section.str() == "tenant") {
+      Status s = ApplyTenants(section_node, origin, config.tenants);
+      if (!s.ok()) return s;
+      continue;
+    }
     const auto* section_table = section_node.as_table();
     if (section_table == nullptr) {
       return InvalidArgument(Where(origin, section_node) + ": unknown option '" +
@@ -362,7 +374,7 @@ std::string ConfigToml(const DaemonConfig& config) {
     }
     out += std::string(spec.name.substr(dot + 1)) + " = " + TomlValue(spec, config) + "\n";
   }
-  return out;
+  return out + TenantsToml(config.tenants);
 }
 
 Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {

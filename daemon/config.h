@@ -14,6 +14,21 @@
 
 namespace kvtier {
 
+// One [[tenant]] table (daemon/tenant_config.h parses and checks them; the
+// daemon maps callers to tenants with daemon/tenants.h). Not changeable at
+// run time.
+struct TenantConfig {
+  std::string name;            // [A-Za-z0-9_.-], 1..64 characters, unique
+  std::vector<uint32_t> uids;  // callers with one of these uids are this tenant's
+  std::vector<uint32_t> gids;  // ... or with one of these as primary or supplementary group
+  int64_t host_bytes = 0;      // its arena; 0: an equal share of what the others leave
+  int64_t hbm_bytes = 0;       // its HBM pool; 0: an equal share of hbm.capacity_bytes
+  int64_t nvme_bytes = 0;      // payload bytes it may keep in each tier below; 0: no quota
+  std::vector<std::string> models;  // model ids it may register; empty: any
+
+  friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
+};
+
 struct DaemonConfig {
   // [server]
   std::string socket_path;
@@ -23,6 +38,7 @@ struct DaemonConfig {
   int64_t spin_wait_us = 0;
   std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
   std::string socket_group;  // name or gid; empty: the daemon's group
+  std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"
@@ -69,6 +85,8 @@ struct DaemonConfig {
   // [log]
   std::string log_level;
   std::string log_format;  // "text" | "json"
+  // [[tenant]]: none means one tenant, everyone the socket admits.
+  std::vector<TenantConfig> tenants;
 };
 
 // kBool lands in an int field as 0/1; kReal in a double field, bounded by
