@@ -15,6 +15,7 @@ std::vector<NamespaceInfo> FromProto(const google::protobuf::RepeatedPtrField<v1
     info.fingerprint = wire::FromProto(u.fingerprint());
     if (u.has_namespace_descriptor()) info.descriptor = wire::FromProto(u.namespace_descriptor());
     for (const v1::TierUse& t : u.tiers()) info.tiers.push_back({t.tier(), t.blocks(), t.bytes()});
+    info.tenant = u.tenant();
     out.push_back(std::move(info));
   }
   return out;
@@ -34,6 +35,40 @@ Result<std::vector<NamespaceInfo>> Client::DropNamespaces(std::span<const Namesp
   auto r = Current()->CallSync(wire::MakeDrop(fingerprints, model_id, model_revision));
   if (!r.ok()) return r.status();
   return FromProto(r->drop().dropped());
+}
+
+Result<std::vector<HoldOutcome>> Client::Hold(const NamespaceFingerprint& fingerprint, std::span<const BlockKey> keys,
+                                              std::chrono::milliseconds ttl) {
+  if (keys.empty()) return InvalidArgument("name at least one key to hold");
+  if (ttl.count() <= 0) return InvalidArgument("a hold's TTL must be positive");
+  auto r = Current()->CallSync(wire::MakeHold(fingerprint, keys, static_cast<uint64_t>(ttl.count())));
+  if (!r.ok()) return r.status();
+  const v1::HoldResponse& h = r->hold();
+  if (static_cast<size_t>(h.statuses_size()) != keys.size()) {
+    return ProtocolError("a hold of " + std::to_string(keys.size()) + " keys was answered with " +
+                         std::to_string(h.statuses_size()) + " outcomes");
+  }
+  std::vector<HoldOutcome> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out[i].status = wire::FromProto(h.statuses(static_cast<int>(i)));
+    out[i].pending = static_cast<int>(i) < h.pending_size() && h.pending(static_cast<int>(i));
+  }
+  return out;
+}
+
+Result<std::vector<Status>> Client::Unhold(const NamespaceFingerprint& fingerprint, std::span<const BlockKey> keys) {
+  if (keys.empty()) return InvalidArgument("name at least one key to unhold");
+  auto r = Current()->CallSync(wire::MakeUnhold(fingerprint, keys));
+  if (!r.ok()) return r.status();
+  const v1::UnholdResponse& u = r->unhold();
+  if (static_cast<size_t>(u.statuses_size()) != keys.size()) {
+    return ProtocolError("an unhold of " + std::to_string(keys.size()) + " keys was answered with " +
+                         std::to_string(u.statuses_size()) + " outcomes");
+  }
+  std::vector<Status> out;
+  out.reserve(keys.size());
+  for (const v1::Status& s : u.statuses()) out.push_back(wire::FromProto(s));
+  return out;
 }
 
 Result<std::string> Client::RunningConfig() {

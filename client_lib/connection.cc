@@ -108,7 +108,8 @@ struct HelloFds {
 // Reads the Hello response from `fd` by `deadline` into `response` and
 // `fds`. The frame length is checked against `max_frame_bytes` before
 // anything is allocated for the body. Ok only for a parsed, ok response
-// that brought an arena fd. TimedOut (nothing, or not all, came by the
+// that brought an arena fd, or announced no arena (an operator's
+// connection). TimedOut (nothing, or not all, came by the
 // deadline), Unavailable (the daemon hung up), ProtocolError (a frame over
 // the cap, unparsable, no arena fd), or the daemon's own refusal
 // (VersionMismatch, InvalidArgument).
@@ -139,7 +140,11 @@ Status ReadHelloResponse(int fd, uint32_t max_frame_bytes, const ClientOptions& 
   if (!s.ok()) return Unavailable("no whole Hello response from kvtierd: " + s.message());
   if (!response.ParseFromString(body)) return ProtocolError("unparsable Hello response");
   if (s = wire::FromProto(response.status()); !s.ok()) return s;
-  if (fds.arena < 0) return ProtocolError("kvtierd sent no arena fd with its Hello response");
+  // No arena is an operator's connection to a kvtierd with tenants: admin
+  // requests only (arena_bytes 0).
+  if (fds.arena < 0 && response.hello().arena_bytes() > 0) {
+    return ProtocolError("kvtierd sent no arena fd with its Hello response");
+  }
   return Status::Ok();
 }
 
@@ -185,17 +190,19 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   if (fds.directory >= 0 && use_directory_ && body_hello.directory_bytes() > 0) {
     AttachDirectory(fds.directory, body_hello.directory_bytes());  // a mapping keeps the memfd alive
   }
-  struct stat st {};
-  if (::fstat(fds.arena, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
-    return ProtocolError("the arena fd is smaller than the announced arena");
+  if (body_hello.arena_bytes() > 0) {
+    struct stat st {};
+    if (::fstat(fds.arena, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
+      return ProtocolError("the arena fd is smaller than the announced arena");
+    }
+    // MAP_POPULATE: fault every page in now, so no get or put pays a page
+    // fault on the hot path (DESIGN.md: nothing maps on the hot path).
+    void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                        fds.arena, 0);
+    if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
+    arena_ = static_cast<std::byte*>(base);
+    arena_bytes_ = body_hello.arena_bytes();
   }
-  // MAP_POPULATE: fault every page in now, so no get or put pays a page
-  // fault on the hot path (DESIGN.md: nothing maps on the hot path).
-  void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      fds.arena, 0);
-  if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
-  arena_ = static_cast<std::byte*>(base);
-  arena_bytes_ = body_hello.arena_bytes();
   max_frame_bytes_ = std::min(max_frame_bytes_, body_hello.max_frame_bytes());
   for (const auto& k : body_hello.namespace_fingerprints()) namespaces_.push_back(wire::FromProto(k));
   for (const auto& ns : options.namespaces) layouts_.emplace_back(ns.layer_count, ns.BlockBytes());

@@ -537,6 +537,7 @@ void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_block
 void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  EndHolds(ns, keys);  // an erased block is held no longer (engine_holds.cc)
   size_t erased = 0;
   for (const BlockKey& key : keys) {
     EngineShard& shard = ShardFor(key);

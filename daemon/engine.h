@@ -54,6 +54,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,6 +82,9 @@ using LeaseId = uint64_t;
 // The connection the host tier's BlockTier face (HostBlockTier) reserves
 // and pins under; the server numbers its connections from 1 upwards.
 constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};
+// The connection operator holds (Engine::Hold, `kvtier pin`) pin under; no
+// client connection ever gets it.
+constexpr ConnectionId kHoldConnection = ~ConnectionId{0} - 1;
 
 struct EngineOptions {
   uint32_t shards = 8;          // 1..256
@@ -225,6 +229,14 @@ class Engine {
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
   // The names of the stack's tiers, top first ("hbm", "host", "nvme").
   std::vector<std::string> TierNames() const;
+  // Use per namespace as gauges (part of VisitCounters): payload bytes per
+  // tier, `namespace.bytes{ns="<16 hex>",model=...,revision=...,
+  // adapter=...,tier="host"}` (model, revision, adapter when registered
+  // since start). At most kMaxNamespaceSeries namespaces, the largest; the
+  // rest summed under ns="other". O(namespaces) for tiers that keep
+  // per-namespace sums (NVMe), O(blocks) for the others.
+  static constexpr size_t kMaxNamespaceSeries = 256;
+  void VisitNamespaceUse(CounterVisitor& v) const;
 
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.
@@ -356,6 +368,39 @@ class Engine {
   // Frees every reservation and lease of `connection`, and drops its queued
   // requests. Idempotent.
   void CloseConnection(ConnectionId connection);
+
+  // Operator holds (engine_holds.cc; `kvtier pin` / `unpin`): blocks of a
+  // namespace kept in the host tier, never evicted, until Unhold, until
+  // their TTL passes, until their namespace is dropped (DropNamespace) or
+  // until they are erased (Erase). A hold is one pin under kHoldConnection.
+  // Expiry is lazy: expired holds are released at every Hold and Unhold
+  // call and whenever an allocation in the host tier finds no room (before
+  // it evicts anything), so an expired hold never keeps a block from
+  // eviction; until then it stays pinned (engine.pinned_blocks) but no
+  // longer counts in engine.holds. Holds live in memory: a restart forgets
+  // them.
+  struct HoldResult {
+    // ok (held, or pending), NotFound (cached in no tier, or its namespace
+    // was dropped meanwhile), NoSpace (no host room to read it into),
+    // Busy (the tier below stayed busy), InvalidArgument (bad TTL).
+    Status status;
+    // ok but not yet held: the block is on its way into the host tier
+    // (read from a tier below, or its demotion ends first); it is held from
+    // when it lands, unless that read fails (engine.hold_failures).
+    bool pending = false;
+  };
+  static constexpr uint64_t kMaxHoldTtlUs = 30ull * 24 * 3600 * 1'000'000;  // 30 days
+  // Holds `keys` of `ns` for `ttl_us` from now (1..kMaxHoldTtlUs, else
+  // InvalidArgument for every key). A key this namespace holds already
+  // gets the new expiry, now + ttl_us, and stays one pin. A hold is a use
+  // (recency, hits), as a pin is. Never waits for I/O.
+  std::vector<HoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us);
+  // Ends the holds of `keys` of `ns`: per key ok, or NotFound (not held:
+  // never, expired, or still pending).
+  std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  // Releases every hold whose expiry has come (the clock's now >= expiry);
+  // returns how many. Cheap when none has (one atomic load).
+  size_t ReleaseExpiredHolds();
 
   // Queue hints (engine_queue.cc) from an inference engine's scheduler on
   // connection `connection`; request ids are the connection's own. Enqueue:
@@ -532,6 +577,22 @@ class Engine {
   // Marks `key` recently used above, if it is there.
   void TouchAbove(const BlockKey& key);
 
+  // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
+  // as a hold until `expires_us`, unless the key is held already (the
+  // later expiry stays, the extra pin goes) or `ns` was dropped since the
+  // hold began (drop epoch `epoch`: the pin goes, NotFound). EndHolds ends
+  // the holds of `keys` of `ns`; EndNamespaceHolds every hold of `ns`,
+  // failing the holds of it still pending. Call with no lock held.
+  Status HoldLanded(const NamespaceFingerprint& ns, const BlockKey& key, const PinGrant& grant, uint64_t expires_us,
+                    uint64_t epoch);
+  size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  void EndNamespaceHolds(const NamespaceFingerprint& ns);
+  // Sets `key`'s expiry (holds_mu_ held).
+  void SetHoldExpiry(const BlockKey& key, uint64_t expires_us);
+  // Removes `key`'s hold record, if any, and returns its lease (0: none)
+  // (holds_mu_ held).
+  LeaseId TakeHold(const BlockKey& key);
+
   // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
   // Takes its shard's lock: call with none held.
   bool HeldAnywhere(const BlockKey& key);
@@ -646,6 +707,21 @@ class Engine {
   std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_;  // guarded by loads_mu_
   uint64_t next_load_ = 1;  // guarded by loads_mu_
   std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
+  // Operator holds by key (engine_holds.cc), their expiries in order, and
+  // how often each namespace was dropped (a hold landing after a drop of
+  // its namespace that began after the hold is undone).
+  struct HoldRecord {
+    NamespaceFingerprint ns;
+    LeaseId lease = 0;
+    uint64_t bytes = 0;
+    uint64_t expires_us = 0;
+  };
+  mutable std::mutex holds_mu_;  // a leaf: nothing else is taken under it
+  std::unordered_map<BlockKey, HoldRecord> holds_;                    // guarded by holds_mu_
+  std::set<std::pair<uint64_t, BlockKey>> hold_expiries_;             // guarded by holds_mu_
+  std::unordered_map<NamespaceFingerprint, uint64_t> hold_drops_;     // guarded by holds_mu_
+  // The earliest expiry in hold_expiries_ (max: none), read without the lock.
+  std::atomic<uint64_t> next_hold_expiry_us_{std::numeric_limits<uint64_t>::max()};
 
   // Monotonic event counters (gauges are computed from the shards).
   struct Counters {
@@ -677,6 +753,9 @@ class Engine {
     std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent
     std::atomic<int64_t> loads{0}, load_blocks{0}, load_streamed_blocks{0}, load_layer_reads{0};
     std::atomic<int64_t> load_failed_blocks{0}, load_busy_retries{0};
+    // Holds released at their expiry, ended (Unhold, drop, erase), and
+    // pending ones that never landed (read failed, namespace dropped).
+    std::atomic<int64_t> holds_expired{0}, holds_ended{0}, hold_failures{0};
   };
   mutable Counters counters_;
 

@@ -125,6 +125,23 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.load_layer_reads", load(counters_.load_layer_reads));
   v.Visit("engine.load_failed_blocks", load(counters_.load_failed_blocks));
   v.Visit("engine.load_busy_retries", load(counters_.load_busy_retries));
+  // Operator holds in force (expired ones not yet released excluded) and
+  // their bytes; holds released at expiry, ended otherwise, never landed.
+  {
+    const uint64_t now = clock_.NowUs();
+    int64_t holds = 0, held_bytes = 0;
+    std::lock_guard lock(holds_mu_);
+    for (const auto& [key, hold] : holds_) {
+      if (hold.expires_us <= now) continue;
+      ++holds;
+      held_bytes += static_cast<int64_t>(hold.bytes);
+    }
+    v.VisitGauge("engine.holds", holds);
+    v.VisitGauge("engine.held_bytes", held_bytes);
+  }
+  v.Visit("engine.holds_expired", load(counters_.holds_expired));
+  v.Visit("engine.holds_ended", load(counters_.holds_ended));
+  v.Visit("engine.hold_failures", load(counters_.hold_failures));
   {
     std::lock_guard lock(loads_mu_);
     int64_t open = 0;
@@ -179,6 +196,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     b->tier->VisitCounters(v);
     b->admission->VisitCounters(v);
   }
+  VisitNamespaceUse(v);
 }
 
 }  // namespace kvtier

@@ -26,6 +26,9 @@ Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
   for (int attempt = 0; attempt < kMaxEvictionsPerAllocation; ++attempt) {
     Result<HostTier::Extent> extent = host_.Allocate(bytes);
     if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
+    // Expired operator holds are released before anything is evicted, so
+    // they never keep a block from eviction (engine_holds.cc).
+    ReleaseExpiredHolds();
     if (victims >= kMinVictimsPerAllocation && evicted_bytes >= evict_at_most) {
       Bump(counters_.eviction_bound_hits);
       return NoSpace(extent.status().message() + "; " + std::to_string(victims) + " blocks (" +

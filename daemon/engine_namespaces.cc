@@ -1,6 +1,7 @@
 // Namespaces as an operator sees them: which exist, what they are, where
 // their blocks are (`kvtier ls`), and dropping one from every tier
 // (`kvtier drop`).
+#include <algorithm>
 #include <map>
 
 #include "daemon/engine.h"
@@ -56,6 +57,62 @@ std::vector<Engine::NamespaceUse> Engine::NamespaceUses() const {
   return out;
 }
 
+namespace {
+
+// A label value as the registry takes it (common/counters.h): characters
+// that would end or break the label become '_'.
+std::string PlainLabelValue(std::string_view text) {
+  std::string out(text.substr(0, 128));
+  for (char& c : out) {
+    if (c == '"' || c == '\\' || c == '{' || c == '}' || c == ',' || static_cast<unsigned char>(c) < 0x20) c = '_';
+  }
+  return out;
+}
+
+}  // namespace
+
+void Engine::VisitNamespaceUse(CounterVisitor& v) const {
+  const std::vector<const BlockTier*> tiers = StackTop();
+  std::map<NamespaceFingerprint, std::vector<uint64_t>> bytes;
+  for (size_t level = 0; level < tiers.size(); ++level) {
+    tiers[level]->ForEachNamespaceBytes([&](const NamespaceFingerprint& ns, uint64_t payload) {
+      auto& row = bytes[ns];
+      row.resize(tiers.size());
+      row[level] += payload;
+    });
+  }
+  std::vector<std::pair<uint64_t, NamespaceFingerprint>> largest;
+  for (const auto& [ns, row] : bytes) {
+    uint64_t total = 0;
+    for (uint64_t b : row) total += b;
+    largest.emplace_back(total, ns);
+  }
+  std::sort(largest.begin(), largest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<uint64_t> other(tiers.size(), 0);
+  for (size_t i = kMaxNamespaceSeries; i < largest.size(); ++i) {
+    const auto& row = bytes[largest[i].second];
+    for (size_t level = 0; level < tiers.size(); ++level) other[level] += row[level];
+  }
+  largest.resize(std::min(largest.size(), kMaxNamespaceSeries));
+  const auto visit = [&](const std::string& labels, const std::vector<uint64_t>& row) {
+    for (size_t level = 0; level < tiers.size(); ++level) {
+      v.VisitGauge("namespace.bytes{" + labels + ",tier=\"" + std::string(tiers[level]->name()) + "\"}",
+                   static_cast<int64_t>(row[level]));
+    }
+  };
+  std::lock_guard lock(namespaces_mu_);
+  for (const auto& [total, ns] : largest) {
+    std::string labels = "ns=\"" + ns.ToHex().substr(0, 16) + "\"";
+    if (auto it = descriptors_.find(ns); it != descriptors_.end()) {
+      labels += ",model=\"" + PlainLabelValue(it->second.model_id) + "\",revision=\"" +
+                PlainLabelValue(it->second.model_revision) + "\",adapter=\"" +
+                PlainLabelValue(it->second.adapter_id) + "\"";
+    }
+    visit(labels, bytes[ns]);
+  }
+  if (bytes.size() > kMaxNamespaceSeries) visit("ns=\"other\"", other);
+}
+
 std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view model_id,
                                                             std::string_view model_revision) const {
   std::vector<NamespaceFingerprint> out;
@@ -67,6 +124,7 @@ std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view mod
 }
 
 std::vector<Engine::TierUse> Engine::DropNamespace(const NamespaceFingerprint& ns) {
+  EndNamespaceHolds(ns);  // its operator holds end (engine_holds.cc)
   const std::vector<const BlockTier*> tiers = StackTop();
   std::vector<TierUse> dropped;
   std::vector<BlockKey> keys;

@@ -28,6 +28,8 @@
 #include "daemon/metrics_format.h"
 #include "daemon/metrics_server.h"
 #include "daemon/server.h"
+#include "daemon/tenant_config.h"
+#include "daemon/tenant_engines.h"
 #include "daemon/systemd_notify.h"
 #include "daemon/tier_stack.h"
 
@@ -53,6 +55,12 @@ std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonC
   return ResolveAutoSizes(config, command_line.machine);
 }
 
+// Gives every tenant without a size its share of the host (and HBM) tier.
+Status ResolveShares(DaemonConfig& config) {
+  return ResolveTenantShares(config.host_capacity_bytes,
+                             config.hbm_enabled == "off" ? 0 : config.hbm_capacity_bytes, config.tenants);
+}
+
 // The one line a daemon that cannot start writes to stderr (a JSON record
 // in the json log format); returns `exit_code` for main to return.
 int StartFailure(const DaemonConfig& config, const std::string& why, int exit_code = 1) {
@@ -65,19 +73,6 @@ int StartFailure(const DaemonConfig& config, const std::string& why, int exit_co
     std::fprintf(stderr, "kvtierd: cannot start: %s\n", line.c_str());
   }
   return exit_code;
-}
-
-HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
-  if (mode == "required") return HostArenaOptions::LockMode::kRequired;
-  if (mode == "off") return HostArenaOptions::LockMode::kOff;
-  return HostArenaOptions::LockMode::kBestEffort;
-}
-
-// Slots of the host tier's block directory; 0 when it is off.
-uint32_t DirectorySlots(const DaemonConfig& config) {
-  if (config.host_directory == 0) return 0;
-  if (config.host_directory_slots == 0) return HostDirectory::DefaultSlots(static_cast<uint64_t>(config.host_capacity_bytes));
-  return std::bit_ceil(static_cast<uint32_t>(std::max<int64_t>(config.host_directory_slots, 2)));
 }
 
 // The value of `spec` in `config`, as it would be written in TOML.
@@ -130,6 +125,11 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
     spdlog::error("SIGHUP: reload failed, the running configuration stays: {}", loaded.status().ToString());
   } else {
     ApplyOverrides(command_line, *loaded);
+    Status shares = ResolveShares(*loaded);
+    if (!shares.ok() || loaded->tenants != running.tenants) {
+      spdlog::warn("SIGHUP: the [[tenant]] tables changed in {}; they need a restart{}", command_line.config_path,
+                   shares.ok() ? "" : " (and the new ones are wrong: " + shares.message() + ")");
+    }
     int applied = 0;
     for (const OptionSpec* spec : ChangedOptions(running, *loaded)) {
       if (!spec->runtime_changeable) {
@@ -186,59 +186,47 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  HostArenaOptions arena;
-  arena.capacity_bytes = static_cast<uint64_t>(config.host_capacity_bytes);
-  arena.lock = ParseLockMode(config.host_lock_memory);
-  auto host = HostTier::Open(arena, DirectorySlots(config));
-  if (!host.ok()) return StartFailure(config, "host tier: " + host.status().ToString());
   SystemClock clock;
-  // Destroyed after the engine: closing the NVMe tier closes its RocksDB index.
+  // Destroyed after the engines: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
   if (!stack.ok()) return StartFailure(config, stack.status().ToString());
-  auto hbm = OpenHbmTier(config);
-  if (!hbm.ok()) return StartFailure(config, hbm.status().ToString());
-  if (!hbm->why_not.empty()) spdlog::warn("{}", hbm->why_not);
-  EngineOptions engine_options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
-  engine_options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
-  engine_options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
-  engine_options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);
-  engine_options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
-  engine_options.verify_commits = config.host_verify_commits != 0;
-  auto engine = Engine::Create(engine_options, **host, clock, stack->lower, hbm->tier.get());
-  if (!engine.ok()) return StartFailure(config, "engine: " + engine.status().ToString());
+  auto engines = DaemonEngines::Open(config, *stack, clock);
+  if (!engines.ok()) return StartFailure(config, engines.status().ToString());
   ServerOptions server_options{config.socket_path, static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
                                static_cast<uint32_t>(config.drain_timeout_ms),
-                               static_cast<uint32_t>(config.spin_wait_us), hbm->offer};
+                               static_cast<uint32_t>(config.spin_wait_us), {}};
   server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
   server_options.socket_group = config.socket_group;
   server_options.running_config = [running = running_config] { return running->Get(); };
-  auto server = Server::Start(server_options, **engine, **host);
+  server_options.visit_shared_counters = [&engines = **engines](CounterVisitor& v) { engines.VisitSharedCounters(v); };
+  auto server = Server::Start(server_options, (*engines)->Served(), TenantTable(config.tenants, ::geteuid()));
   if (!server.ok()) return StartFailure(config, server.status().ToString());
-  // Declared after the server and the engine: it stops serving before they go.
+  // Declared after the server and the engines: it stops serving before they go.
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_enabled != 0) {
     MetricsOptions metrics_options{config.metrics_address, static_cast<uint16_t>(config.metrics_port)};
-    auto started = MetricsServer::Start(metrics_options, [&server = **server, &engine = **engine] {
+    auto started = MetricsServer::Start(metrics_options, [&server = **server, &engines = **engines] {
       PrometheusWriter writer;
       writer.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
       server.VisitCounters(writer);
-      engine.VisitCounters(writer);
+      engines.VisitCounters(writer);
       return writer.Text();
     });
     if (!started.ok()) return StartFailure(config, started.status().ToString());
     metrics = std::move(*started);
   }
   spdlog::info("kvtierd {} listening on {}", KVTIER_VERSION, (*server)->socket_path());
-  spdlog::info("tier host: {} bytes shared-memory arena ({}), eviction {}, block directory {}",
-               config.host_capacity_bytes, (*host)->locked() ? "locked in memory" : "NOT locked",
-               config.engine_eviction,
-               (*host)->directory() != nullptr
-                   ? std::to_string((*host)->directory()->bytes()) + " bytes"
-                   : std::string("off"));
-  if (hbm->tier != nullptr) spdlog::info("tier hbm: {}", hbm->description);
+  const DaemonEngines::Tenant& first = (*engines)->tenants().front();
+  spdlog::info("tier host: {} bytes shared-memory arena{} ({}), eviction {}, block directory {}",
+               config.host_capacity_bytes, (*engines)->has_tenants() ? ", split among the tenants" : "",
+               first.host->locked() ? "locked in memory" : "NOT locked", config.engine_eviction,
+               first.host->directory() != nullptr ? std::to_string(first.host->directory()->bytes()) + " bytes"
+                                                  : std::string("off"));
+  if (first.hbm.tier != nullptr) spdlog::info("tier hbm: {}", first.hbm.description);
+  if (!first.hbm.why_not.empty()) spdlog::warn("{}", first.hbm.why_not);
   if (metrics != nullptr) spdlog::info("metrics: {}", metrics->url());
-  std::string tiers = hbm->tier != nullptr ? "hbm host" : "host";
+  std::string tiers = first.hbm.tier != nullptr ? "hbm host" : "host";
   for (const auto& tier : stack->tiers) tiers += " " + std::string(tier->name());
   if (config.log_format == "json") {
     spdlog::info("socket: {}; tiers: {}", (*server)->socket_path(), tiers);
@@ -285,6 +273,8 @@ int main(int argc, char** argv) {
     command_line.machine = *machine;
   }
   const std::vector<std::string> chosen = ApplyOverrides(command_line, *config);
+  Status shares = ResolveShares(*config);
+  if (!shares.ok()) return StartFailure(*config, shares.ToString(), 2);
   ApplyLogOptions(*config);
   for (const std::string& line : chosen) spdlog::info("{}", line);
   const int exit_code = Serve(command_line, *config);

@@ -1,7 +1,9 @@
 #include "daemon/request_handler.h"
 
+#include <algorithm>
 #include <future>
 
+#include "daemon/tenant_scope.h"
 #include "proto/wire.h"
 
 namespace kvtier {
@@ -15,6 +17,10 @@ void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, respo
 
 RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::Response& response) {
   response.set_id(request.id());
+  if (!refusal_.ok()) {
+    SetStatus(response, refusal_);
+    return {.close_after = true};
+  }
   if (request.body_case() == v1::Request::kHello) return HandleHello(request.hello(), response);
   if (request.body_case() == v1::Request::BODY_NOT_SET) {
     SetStatus(response, Unimplemented("unknown or empty request type (is the client newer than kvtierd?)"));
@@ -22,6 +28,11 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
   }
   if (!hello_done_) {
     SetStatus(response, FailedPrecondition("send Hello before any other request"));
+    return {};
+  }
+  if (context_.engine == nullptr && !AdminRequest(request)) {
+    SetStatus(response, PermissionDenied("this caller is an operator of kvtierd but no tenant's: it may run admin "
+                                         "requests (stats, ls, drop, pin, unpin, config, health) only"));
     return {};
   }
   switch (request.body_case()) {
@@ -54,6 +65,8 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kDrop: HandleDrop(request.drop(), response); break;
     case v1::Request::kConfig: HandleConfig(response); break;
     case v1::Request::kHealth: HandleHealth(response); break;
+    case v1::Request::kHold: HandleHold(request.hold(), response); break;
+    case v1::Request::kUnhold: HandleUnhold(request.unhold(), response); break;
     case v1::Request::kQueue: HandleQueueHint(request.queue(), response); break;
     default:
       SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +
@@ -79,7 +92,13 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
                                         " namespaces per connection"));
     return {.close_after = true};
   }
+  if (context_.engine == nullptr && hello.namespaces_size() > 0) {
+    SetStatus(response, PermissionDenied("this caller is an operator of kvtierd but no tenant's: it can register "
+                                         "no namespace (list its uid or group in a [[tenant]] table)"));
+    return {.close_after = true};
+  }
   std::vector<NamespaceFingerprint> fingerprints;
+  std::vector<NamespaceDescriptor> descriptors;
   for (int i = 0; i < hello.namespaces_size(); ++i) {
     NamespaceDescriptor d = wire::FromProto(hello.namespaces(i));
     Status valid = d.Validate();
@@ -87,9 +106,19 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
       SetStatus(response, InvalidArgument("namespace " + std::to_string(i) + ": " + valid.message()));
       return {.close_after = true};
     }
-    fingerprints.push_back(FingerprintNamespace(d));
-    context_.engine->RegisterNamespace(fingerprints.back(), d);
+    if (!context_.models.empty() &&
+        std::find(context_.models.begin(), context_.models.end(), d.model_id) == context_.models.end()) {
+      SetStatus(response, PermissionDenied("namespace " + std::to_string(i) + ": tenant " + context_.tenant +
+                                           " may not cache model " + d.model_id));
+      return {.close_after = true};
+    }
+    // A tenant's namespaces are its own: the same descriptor in another
+    // tenant is another namespace (daemon/tenant_scope.h).
+    const NamespaceFingerprint plain = FingerprintNamespace(d);
+    fingerprints.push_back(context_.scope != nullptr ? context_.scope->ScopeNamespace(plain) : plain);
+    descriptors.push_back(std::move(d));
   }
+  for (size_t i = 0; i < fingerprints.size(); ++i) context_.engine->RegisterNamespace(fingerprints[i], descriptors[i]);
   namespaces_ = std::move(fingerprints);
   hello_done_ = true;
   auto* body = response.mutable_hello();
@@ -99,6 +128,7 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
   body->set_max_frame_bytes(context_.max_frame_bytes);
   body->set_daemon_version(KVTIER_VERSION);
   body->set_directory_bytes(context_.directory_fd >= 0 ? context_.directory_bytes : 0);
+  body->set_tenant(context_.tenant);
   if (!context_.device_pool.ipc_handle.empty()) {
     auto* pool = body->mutable_device_pool();
     pool->set_ipc_handle(context_.device_pool.ipc_handle);
@@ -106,7 +136,36 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
     pool->set_pci_bus_id(context_.device_pool.pci_bus_id);
   }
   SetStatus(response, Status::Ok());
-  return {.attach_arena_fd = true};
+  // An operator's connection has no arena (arena_bytes 0): no fd travels.
+  return {.attach_arena_fd = context_.engine != nullptr};
+}
+
+bool RequestHandler::AdminRequest(const v1::Request& request) {
+  switch (request.body_case()) {
+    case v1::Request::kStats:
+    case v1::Request::kListNamespaces:
+    case v1::Request::kDrop:
+    case v1::Request::kConfig:
+    case v1::Request::kHealth:
+    case v1::Request::kHold:
+    case v1::Request::kUnhold:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::vector<TenantView> RequestHandler::AdminEngines() const {
+  if (context_.engine != nullptr) return {TenantView{context_.tenant, context_.engine, context_.scope}};
+  return context_.operator_view;
+}
+
+Engine* RequestHandler::EngineFor(const NamespaceFingerprint& ns) const {
+  if (context_.engine != nullptr) return context_.engine;
+  for (const TenantView& view : context_.operator_view) {
+    if (view.scope == nullptr || view.scope->Owns(ns)) return view.engine;
+  }
+  return nullptr;
 }
 
 Result<NamespaceFingerprint> RequestHandler::Namespace(uint32_t ns) const {
@@ -346,7 +405,16 @@ class StatsWriter final : public CounterVisitor {
 void RequestHandler::HandleStats(v1::Response& response) {
   StatsWriter writer(response.mutable_stats());
   if (context_.visit_server_counters) context_.visit_server_counters(writer);
-  context_.engine->VisitCounters(writer);
+  for (const TenantView& view : AdminEngines()) {
+    if (view.name.empty()) {
+      view.engine->VisitCounters(writer);
+      continue;
+    }
+    const std::string label = "tenant=\"" + view.name + "\"";  // names are [A-Za-z0-9_.-]
+    LabellingVisitor labelled(writer, label);
+    view.engine->VisitCounters(labelled);
+  }
+  if (context_.engine == nullptr && context_.visit_shared_counters) context_.visit_shared_counters(writer);
   SetStatus(response, Status::Ok());
 }
 

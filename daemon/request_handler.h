@@ -27,8 +27,31 @@ struct DevicePoolOffer {
   std::string pci_bus_id;
 };
 
+class TenantScope;
+
+// One tenant's engine as an operator's connection sees it.
+struct TenantView {
+  std::string name;
+  Engine* engine = nullptr;            // borrowed
+  const TenantScope* scope = nullptr;  // borrowed; null without tenants
+};
+
+// What one kind of connection is served with: a tenant's (its engine and
+// arena; without tenants, the one engine), or an operator's (no engine:
+// admin requests over every tenant in `operator_view`).
 struct HandlerContext {
-  Engine* engine = nullptr;             // borrowed
+  Engine* engine = nullptr;             // borrowed; null for an operator's connection
+  // With tenants: the tenant's name, the scope its namespace fingerprints
+  // get (borrowed; null without tenants) and the model ids it may register
+  // (empty: any).
+  std::string tenant;
+  const TenantScope* scope = nullptr;
+  std::vector<std::string> models;
+  // An operator's connection: every tenant (with tenants configured).
+  std::vector<TenantView> operator_view;
+  // Counters of the tiers the tenants share, visited once (Stats of an
+  // operator's connection); may be empty.
+  std::function<void(CounterVisitor&)> visit_shared_counters;
   uint64_t arena_bytes = 0;
   uint32_t max_frame_bytes = 0;
   // The memfds a successful Hello passes (not owned): the arena, and the
@@ -47,9 +70,11 @@ struct HandlerContext {
 
 class RequestHandler {
  public:
-  // `context` is borrowed and must outlive the handler.
-  RequestHandler(const HandlerContext& context, ConnectionId connection)
-      : context_(context), connection_(connection) {}
+  // `context` is borrowed and must outlive the handler. A `refusal` (not
+  // ok: the caller is no tenant's) answers the first request with it and
+  // closes the connection.
+  RequestHandler(const HandlerContext& context, ConnectionId connection, Status refusal = Status::Ok())
+      : context_(context), connection_(connection), refusal_(std::move(refusal)) {}
 
   struct Outcome {
     bool attach_arena_fd = false;  // send the arena (and directory) memfds with this response
@@ -68,6 +93,11 @@ class RequestHandler {
   void HandlePinAsync(const v1::Request& request, std::function<void(v1::Response)> done);
 
   bool hello_done() const { return hello_done_; }
+  // Whether a Pin may go to HandlePinAsync: the caller was admitted, said
+  // Hello, and is a tenant's (an operator's connection has no engine). When
+  // not, the Pin goes to Handle, which answers why (and closes a refused
+  // connection).
+  bool ServesPins() const { return refusal_.ok() && hello_done_ && context_.engine != nullptr; }
 
  private:
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
@@ -89,6 +119,20 @@ class RequestHandler {
   void HandleDrop(const v1::DropRequest& r, v1::Response& response);
   void HandleConfig(v1::Response& response);
   void HandleHealth(v1::Response& response);
+  // Operator holds (request_handler_holds.cc): `kvtier pin` / `unpin`.
+  void HandleHold(const v1::HoldRequest& r, v1::Response& response);
+  void HandleUnhold(const v1::UnholdRequest& r, v1::Response& response);
+  // The engines an admin request covers: the connection's own, or every
+  // tenant's for an operator's connection.
+  std::vector<TenantView> AdminEngines() const;
+  // The engine an admin request about namespace `ns` goes to: the
+  // connection's own, or for an operator's the tenant whose scope owns
+  // `ns` (null: no tenant's).
+  Engine* EngineFor(const NamespaceFingerprint& ns) const;
+  // EngineFor the namespace a Hold or Unhold names; NotFound for none.
+  Result<Engine*> HoldEngine(const v1::Key& fingerprint) const;
+  // Whether `request` may run on an operator's connection (admin only).
+  static bool AdminRequest(const v1::Request& request);
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.
   void HandleUsageReport(const v1::UsageReport& r);
@@ -96,6 +140,7 @@ class RequestHandler {
 
   const HandlerContext& context_;
   const ConnectionId connection_;
+  const Status refusal_;
   bool hello_done_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
 };

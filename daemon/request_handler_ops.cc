@@ -28,15 +28,22 @@ void ToProto(const Engine::NamespaceUse& use, v1::NamespaceUse* out) {
 
 void RequestHandler::HandleListNamespaces(v1::Response& response) {
   auto* body = response.mutable_list_namespaces();
-  for (const Engine::NamespaceUse& use : context_.engine->NamespaceUses()) ToProto(use, body->add_namespaces());
+  for (const TenantView& view : AdminEngines()) {
+    for (const Engine::NamespaceUse& use : view.engine->NamespaceUses()) {
+      auto* out = body->add_namespaces();
+      ToProto(use, out);
+      out->set_tenant(view.name);
+    }
+  }
   SetStatus(response, Status::Ok());
 }
 
+// With tenants, an operator's Drop reaches every tenant's engine and a
+// tenant's only its own: a namespace of another tenant is not in its
+// engine's view (its tiers hold nothing of it, daemon/tenant_tier.h), so
+// nothing of it is dropped and the answer lists it with no blocks.
 void RequestHandler::HandleDrop(const v1::DropRequest& r, v1::Response& response) {
-  std::vector<NamespaceFingerprint> targets = wire::FromProto(r.fingerprints());
-  if (!r.model_id().empty()) {
-    for (const auto& ns : context_.engine->NamespacesOfModel(r.model_id(), r.model_revision())) targets.push_back(ns);
-  } else if (!r.model_revision().empty()) {
+  if (r.model_id().empty() && !r.model_revision().empty()) {
     SetStatus(response, InvalidArgument("a model revision to drop needs its model id"));
     return;
   }
@@ -44,14 +51,31 @@ void RequestHandler::HandleDrop(const v1::DropRequest& r, v1::Response& response
     SetStatus(response, InvalidArgument("name a namespace or a model to drop"));
     return;
   }
-  std::map<NamespaceFingerprint, std::optional<NamespaceDescriptor>> descriptors;
-  for (const auto& use : context_.engine->NamespaceUses()) descriptors[use.ns] = use.descriptor;
+  const std::vector<NamespaceFingerprint> named = wire::FromProto(r.fingerprints());
   auto* body = response.mutable_drop();
-  std::sort(targets.begin(), targets.end());
-  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
-  for (const NamespaceFingerprint& ns : targets) {
-    Engine::NamespaceUse dropped{ns, descriptors[ns], context_.engine->DropNamespace(ns)};
-    ToProto(dropped, body->add_dropped());
+  std::vector<NamespaceFingerprint> found;
+  for (const TenantView& view : AdminEngines()) {
+    std::map<NamespaceFingerprint, std::optional<NamespaceDescriptor>> descriptors;
+    for (const auto& use : view.engine->NamespaceUses()) descriptors[use.ns] = use.descriptor;
+    std::vector<NamespaceFingerprint> targets;
+    for (const NamespaceFingerprint& ns : named) {
+      if (descriptors.count(ns) != 0) targets.push_back(ns);
+    }
+    if (!r.model_id().empty()) {
+      for (const auto& ns : view.engine->NamespacesOfModel(r.model_id(), r.model_revision())) targets.push_back(ns);
+    }
+    std::sort(targets.begin(), targets.end());
+    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+    for (const NamespaceFingerprint& ns : targets) {
+      Engine::NamespaceUse dropped{ns, descriptors[ns], view.engine->DropNamespace(ns)};
+      auto* out = body->add_dropped();
+      ToProto(dropped, out);
+      out->set_tenant(view.name);
+      found.push_back(ns);
+    }
+  }
+  for (const NamespaceFingerprint& ns : named) {  // named, but in no engine's view: nothing to drop
+    if (std::find(found.begin(), found.end(), ns) == found.end()) ToProto(Engine::NamespaceUse{ns, {}, {}}, body->add_dropped());
   }
   SetStatus(response, Status::Ok());
 }
@@ -65,21 +89,24 @@ void RequestHandler::HandleConfig(v1::Response& response) {
   SetStatus(response, Status::Ok());
 }
 
+namespace {
+
 // Healthy unless a tier is failing; the warnings are what an operator
 // should look at before it becomes a problem. Read from the one counter
-// registry, as the metrics are.
-void RequestHandler::HandleHealth(v1::Response& response) {
+// registry, as the metrics are. Adds `engine`'s problems and warnings to
+// `body`, each line prefixed with `whose`.
+void CheckHealth(Engine& engine, const std::string& whose, v1::HealthResponse& out) {
   CounterCollector collected;
-  context_.engine->VisitCounters(collected);
+  engine.VisitCounters(collected);
   std::map<std::string, int64_t, std::less<>> c(collected.counters().begin(), collected.counters().end());
   auto at = [&c](std::string_view name) {
     auto it = c.find(name);
     return it == c.end() ? int64_t{0} : it->second;
   };
-  auto* body = response.mutable_health();
-  auto problem = [body](std::string line) { body->add_problems(std::move(line)); };
-  auto warning = [body](std::string line) { body->add_warnings(std::move(line)); };
-  const auto tiers = context_.engine->TierNames();
+  v1::HealthResponse* body = &out;
+  auto problem = [body, &whose](std::string line) { body->add_problems(whose + line); };
+  auto warning = [body, &whose](std::string line) { body->add_warnings(whose + line); };
+  const auto tiers = engine.TierNames();
   const bool nvme = std::find(tiers.begin(), tiers.end(), "nvme") != tiers.end();
   if (nvme && at("nvme.full") != 0) {
     problem("the nvme tier is full: its file system has no room (nvme.enospc " + std::to_string(at("nvme.enospc")) +
@@ -101,6 +128,20 @@ void RequestHandler::HandleHealth(v1::Response& response) {
   }
   for (const char* name : {"engine.promotion_failures", "engine.demotion_failures"}) {
     if (at(name) != 0) warning(std::string(name) + " = " + std::to_string(at(name)) + " (see the log)");
+  }
+}
+
+}  // namespace
+
+void RequestHandler::HandleHealth(v1::Response& response) {
+  auto* body = response.mutable_health();
+  std::vector<std::string> tiers;
+  for (const TenantView& view : AdminEngines()) {
+    const std::string whose = view.name.empty() ? std::string() : "tenant " + view.name + ": ";
+    CheckHealth(*view.engine, whose, *body);
+    for (std::string& t : view.engine->TierNames()) {
+      if (std::find(tiers.begin(), tiers.end(), t) == tiers.end()) tiers.push_back(std::move(t));
+    }
   }
   body->set_healthy(body->problems_size() == 0);
   body->set_version(KVTIER_VERSION);

@@ -127,29 +127,52 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 
 }  // namespace
 
-Server::Server(const ServerOptions& options, Engine& engine, HostTier& host)
-    : options_(options), host_(host), contexts_(MakeContexts(options.io_threads)),
-      acceptor_(*contexts_[0]), probe_answered_(contexts_.size()) {
-  context_.engine = &engine;
-  context_.arena_bytes = host.capacity_bytes();
-  context_.arena_fd = host.memfd();
-  if (host.directory() != nullptr) {
-    context_.directory_fd = host.directory()->fd();
-    context_.directory_bytes = host.directory()->bytes();
+Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table)
+    : options_(options), tenants_(std::move(tenants)), table_(std::move(table)),
+      contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]), probe_answered_(contexts_.size()) {
+  const auto common = [this](HandlerContext& context) {
+    context.max_frame_bytes = options_.max_frame_bytes;
+    context.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
+    context.running_config = options_.running_config;
+  };
+  for (const ServedTenant& tenant : tenants_) {
+    auto context = std::make_unique<HandlerContext>();
+    common(*context);
+    context->engine = tenant.engine;
+    context->tenant = tenant.name;
+    context->scope = tenant.scope;
+    context->models = tenant.models;
+    context->arena_bytes = tenant.host->capacity_bytes();
+    context->arena_fd = tenant.host->memfd();
+    if (tenant.host->directory() != nullptr) {
+      context->directory_fd = tenant.host->directory()->fd();
+      context->directory_bytes = tenant.host->directory()->bytes();
+    }
+    context->device_pool = tenant.device_pool;
+    tenant_contexts_.push_back(std::move(context));
+    operator_context_.operator_view.push_back(TenantView{tenant.name, tenant.engine, tenant.scope});
   }
-  context_.max_frame_bytes = options.max_frame_bytes;
-  context_.device_pool = options.device_pool;
-  context_.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
-  context_.running_config = options.running_config;
+  common(operator_context_);
+  operator_context_.visit_shared_counters = options_.visit_shared_counters;
 }
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Engine& engine, HostTier& host) {
+  ServedTenant whole{"", &engine, &host, nullptr, {}, options.device_pool};
+  return Start(options, {whole}, TenantTable({}, ::geteuid()));
+}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, std::vector<ServedTenant> tenants,
+                                              TenantTable table) {
   if (options.io_threads == 0) return InvalidArgument("server.io_threads must be at least 1");
+  if (tenants.empty() || (table.empty() && tenants.size() != 1) ||
+      (!table.empty() && tenants.size() != table.tenants().size())) {
+    return InvalidArgument("the server needs one engine per tenant (or one without tenants)");
+  }
   auto gid = ResolveGroup(options.socket_group);
   if (!gid.ok()) return gid.status();
   Status prepared = PrepareSocketPath(options.socket_path, *gid);
   if (!prepared.ok()) return prepared;
-  std::unique_ptr<Server> server(new Server(options, engine, host));
+  std::unique_ptr<Server> server(new Server(options, std::move(tenants), std::move(table)));
   asio::error_code ec;
   asio::local::stream_protocol::endpoint endpoint(options.socket_path);
   server->acceptor_.open(endpoint.protocol(), ec);
@@ -197,12 +220,14 @@ asio::awaitable<void> Server::AcceptLoop() {
       spdlog::warn("accept failed: {}", ec.message());
       continue;
     }
+    auto [context, refusal] = ContextFor(socket.native_handle());
     std::shared_ptr<ServerConnection> connection;
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
       ConnectionId id = next_connection_++;
-      connection = std::make_shared<ServerConnection>(std::move(socket), id, context_, connection_counters_);
+      connection = std::make_shared<ServerConnection>(std::move(socket), id, *context, connection_counters_,
+                                                      std::move(refusal));
       connections_.emplace(id, connection);
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
@@ -212,6 +237,19 @@ asio::awaitable<void> Server::AcceptLoop() {
                      Forget(connection->id());
                    }, asio::detached);
   }
+}
+
+std::pair<const HandlerContext*, Status> Server::ContextFor(int fd) {
+  if (table_.empty()) return {tenant_contexts_[0].get(), Status::Ok()};
+  Result<PeerCredentials> peer = ReadPeerCredentials(fd);
+  Result<Caller> caller = peer.ok() ? table_.Resolve(*peer) : Result<Caller>(peer.status());
+  if (!caller.ok()) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("refused a connection: {}", caller.status().message());
+    return {&operator_context_, caller.status()};
+  }
+  if (caller->tenant == Caller::kNoTenant) return {&operator_context_, Status::Ok()};
+  return {tenant_contexts_[caller->tenant].get(), Status::Ok()};
 }
 
 bool Server::IoThreadsAnswered() {
@@ -271,13 +309,14 @@ void Server::Wait() {
   joiner.join();
   // Promotions finishing now post to these (stopped) executors: let them
   // all land before the executors can be destroyed.
-  context_.engine->WaitForIdle();
+  for (const ServedTenant& tenant : tenants_) tenant.engine->WaitForIdle();
   ::unlink(options_.socket_path.c_str());
 }
 
 void Server::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
   v.Visit("server.connections_accepted", load(accepted_));
+  v.Visit("server.connections_refused", load(refused_));
   {
     std::lock_guard lock(mu_);
     v.VisitGauge("server.connections_open", static_cast<int64_t>(connections_.size()));

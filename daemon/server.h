@@ -21,8 +21,20 @@
 #include <vector>
 
 #include "daemon/server_connection.h"
+#include "daemon/tenants.h"
 
 namespace kvtier {
+
+// One tenant as the server serves it: its engine and arena (and HBM pool).
+// Without [[tenant]] tables the whole daemon is one, unnamed.
+struct ServedTenant {
+  std::string name;                  // empty without tenants
+  Engine* engine = nullptr;          // borrowed; outlives the Server
+  HostTier* host = nullptr;          // borrowed; outlives the Server
+  const TenantScope* scope = nullptr;  // borrowed; null without tenants
+  std::vector<std::string> models;   // model ids it may register; empty: any
+  DevicePoolOffer device_pool;       // its HBM pool, offered at Hello (empty: none)
+};
 
 struct ServerOptions {
   std::string socket_path;
@@ -35,6 +47,9 @@ struct ServerOptions {
   std::function<std::string()> running_config;
   uint32_t socket_mode = 0660;  // permission bits of the socket file
   std::string socket_group;     // group name or numeric gid; empty: the daemon's egid
+  // With tenants: the counters of the tiers they share, visited once by an
+  // operator's Stats (each tenant's engine reports its own use of them).
+  std::function<void(CounterVisitor&)> visit_shared_counters;
 };
 
 class Server {
@@ -51,6 +66,15 @@ class Server {
   // to socket_group before it listens.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Engine& engine,
                                                HostTier& host);
+  // The same for a daemon with tenants: `table` maps each caller (its
+  // SO_PEERCRED credentials, read at accept) to one of `tenants` (in the
+  // table's order) or to the operator's view; a caller it refuses gets
+  // that refusal as the answer to its first request, then the connection
+  // closes (server.connections_refused). An operator's connection may run
+  // admin requests only, over every tenant. With an empty table there must
+  // be exactly one tenant, serving every caller the socket admits.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, std::vector<ServedTenant> tenants,
+                                               TenantTable table);
   ~Server();  // Shutdown() + Wait()
 
   // Stops accepting and stops reading new requests; requests already read
@@ -71,13 +95,20 @@ class Server {
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  Server(const ServerOptions& options, Engine& engine, HostTier& host);
+  Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table);
   asio::awaitable<void> AcceptLoop();
+  // The context a new connection on `fd` is served with, and a refusal
+  // (not ok) for a caller that is no one's.
+  std::pair<const HandlerContext*, Status> ContextFor(int fd);
   void Forget(ConnectionId id);
 
   const ServerOptions options_;
-  HostTier& host_;
-  HandlerContext context_;
+  const std::vector<ServedTenant> tenants_;
+  const TenantTable table_;
+  // One per tenant (by index), and the operator's (no engine, every tenant).
+  // Connections borrow them.
+  std::vector<std::unique_ptr<HandlerContext>> tenant_contexts_;
+  HandlerContext operator_context_;
   ConnectionCounters connection_counters_;
   // One io_context per io thread; contexts_[0] also runs the acceptor.
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
@@ -93,6 +124,7 @@ class Server {
   bool waited_ = false;                                              // guarded by mu_
   ConnectionId next_connection_ = 1;                                       // guarded by mu_
   std::atomic<int64_t> accepted_{0};
+  std::atomic<int64_t> refused_{0};
   // IoThreadsAnswered: the last probe each context ran, and the last posted.
   std::vector<std::atomic<uint64_t>> probe_answered_;
   uint64_t probe_posted_ = 0;  // only touched by IoThreadsAnswered's caller

@@ -14,12 +14,13 @@
 
 namespace kvtier {
 
-ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters)
+ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context,
+                                   ConnectionCounters& counters, Status refusal)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
       counters_(counters),
-      handler_(context, id) {}
+      handler_(context, id, std::move(refusal)) {}
 
 void ServerConnection::StopReading() {
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
@@ -74,7 +75,7 @@ asio::awaitable<void> ServerConnection::Run() {
       counters_.requests.fetch_add(1, std::memory_order_relaxed);
       v1::Response response;
       RequestHandler::Outcome outcome;
-      if (request.body_case() == v1::Request::kPin) {
+      if (request.body_case() == v1::Request::kPin && handler_.ServesPins()) {
         response = co_await AnswerPin(request);  // may wait for NVMe reads
       } else {
         outcome = handler_.Handle(request, response);
@@ -147,7 +148,7 @@ asio::awaitable<void> ServerConnection::Close() {
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);
-  context_.engine->CloseConnection(id_);
+  if (context_.engine != nullptr) context_.engine->CloseConnection(id_);  // an operator's holds nothing
   co_return;
 }
 

@@ -257,6 +257,23 @@ v1::Request MakeDrop(std::span<const BlockKey> fingerprints, std::string_view mo
   return r;
 }
 
+v1::Request MakeHold(const BlockKey& fingerprint, std::span<const BlockKey> keys, uint64_t ttl_ms) {
+  v1::Request r;
+  auto* body = r.mutable_hold();
+  ToProto(fingerprint, body->mutable_fingerprint());
+  AddKeys(keys, body->mutable_keys());
+  body->set_ttl_ms(ttl_ms);
+  return r;
+}
+
+v1::Request MakeUnhold(const BlockKey& fingerprint, std::span<const BlockKey> keys) {
+  v1::Request r;
+  auto* body = r.mutable_unhold();
+  ToProto(fingerprint, body->mutable_fingerprint());
+  AddKeys(keys, body->mutable_keys());
+  return r;
+}
+
 v1::Request MakeConfig() {
   v1::Request r;
   r.mutable_config();

@@ -73,6 +73,9 @@ v1::Request MakeStats();
 v1::Request MakeListNamespaces();
 v1::Request MakeDrop(std::span<const BlockKey> fingerprints, std::string_view model_id,
                      std::string_view model_revision);
+// Operator holds of `keys` of namespace `fingerprint` (kvtier pin / unpin).
+v1::Request MakeHold(const BlockKey& fingerprint, std::span<const BlockKey> keys, uint64_t ttl_ms);
+v1::Request MakeUnhold(const BlockKey& fingerprint, std::span<const BlockKey> keys);
 v1::Request MakeConfig();
 v1::Request MakeHealth();
 // A layer-wise load (compute_us_per_layer > 0 asks for its preload plan),

@@ -1,8 +1,13 @@
 #include "tools/admin_cli.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "common/logging.h"
 #include "kvtier/client.h"
@@ -25,6 +30,12 @@ Result<std::unique_ptr<Client>> Connect(const AdminOptions& options) {
   o.use_directory = false;
   o.reconnect = false;
   return Client::Connect(o);
+}
+
+// A refused caller (PermissionDenied: no tenant of this kvtierd) is
+// refused, not unreachable.
+int ConnectExit(const Status& status) {
+  return status.code() == StatusCode::kPermissionDenied ? kFailed : kUnreachable;
 }
 
 std::string Quoted(std::string_view text) {
@@ -50,6 +61,7 @@ std::string HumanBytes(uint64_t bytes) {
 
 std::string NamespaceJson(const NamespaceInfo& n) {
   std::string out = "{\"fingerprint\":" + Quoted(n.fingerprint.ToHex());
+  if (!n.tenant.empty()) out += ",\"tenant\":" + Quoted(n.tenant);
   if (n.descriptor) {
     const NamespaceDescriptor& d = *n.descriptor;
     out += ",\"model_id\":" + Quoted(d.model_id) + ",\"model_revision\":" + Quoted(d.model_revision) +
@@ -71,6 +83,9 @@ std::string NamespaceJson(const NamespaceInfo& n) {
 // One row per namespace: fingerprint (16 hex), model, revision, adapter,
 // then blocks and bytes per tier.
 void PrintNamespaces(const std::vector<NamespaceInfo>& namespaces) {
+  const bool tenants = std::any_of(namespaces.begin(), namespaces.end(),
+                                  [](const NamespaceInfo& n) { return !n.tenant.empty(); });
+  if (tenants) std::printf("%-16s  ", "TENANT");
   std::printf("%-16s  %-32s %-12s %-16s", "NAMESPACE", "MODEL", "REVISION", "ADAPTER");
   if (!namespaces.empty()) {
     for (const auto& t : namespaces.front().tiers) std::printf("  %22s", (t.tier + " blocks/bytes").c_str());
@@ -85,6 +100,7 @@ void PrintNamespaces(const std::vector<NamespaceInfo>& namespaces) {
                  std::to_string(n.descriptor->tp_size) + " pp" + std::to_string(n.descriptor->pp_rank) + "/" +
                  std::to_string(n.descriptor->pp_size);
     }
+    if (tenants) std::printf("%-16s  ", Dash(n.tenant).c_str());
     std::printf("%-16s  %-32s %-12s %-16s", n.fingerprint.ToHex().substr(0, 16).c_str(), model.c_str(),
                 Dash(revision).c_str(), Dash(adapter).c_str());
     for (const auto& t : n.tiers) {
@@ -92,6 +108,189 @@ void PrintNamespaces(const std::vector<NamespaceInfo>& namespaces) {
     }
     std::printf("\n");
   }
+}
+
+// A namespace named on the command line.
+struct NamedNamespace {
+  NamespaceFingerprint fingerprint;
+  std::optional<NamespaceDescriptor> descriptor;  // known when `ls` lists it with one
+};
+
+// Resolves `--ns TEXT`: 32 hex digits, or a unique prefix of 8 or more of a
+// namespace `ls` lists (`listed` is fetched on first need and kept). With
+// `describe` a full fingerprint is looked up in the listing too, for its
+// descriptor. Returns kDone with `out` set, or the exit code after saying why.
+int ResolveNamespace(const char* command, Client& client, const std::string& text, bool describe,
+                     std::vector<NamespaceInfo>& listed, NamedNamespace& out) {
+  if (text.size() == 32) {
+    auto key = BlockKey::FromHex(text);
+    if (!key.ok()) return Fail(command, kUsage, "--ns " + text + ": " + key.status().message());
+    out.fingerprint = *key;
+    if (!describe) return kDone;
+  } else if (text.size() < 8) {
+    return Fail(command, kUsage, "--ns " + text + ": give at least 8 hex digits");
+  }
+  if (listed.empty()) {
+    auto all = client.ListNamespaces();
+    if (!all.ok()) return Fail(command, kFailed, all.status().ToString());
+    listed = std::move(*all);
+  }
+  std::vector<const NamespaceInfo*> matches;
+  for (const auto& n : listed) {
+    if (n.fingerprint.ToHex().starts_with(text)) matches.push_back(&n);
+  }
+  if (text.size() == 32 && matches.empty()) return kDone;  // not listed: no descriptor known
+  if (matches.size() != 1) {
+    return Fail(command, matches.empty() ? kFailed : kUsage,
+                "--ns " + text + (matches.empty() ? ": no such namespace" : ": more than one namespace starts so"));
+  }
+  out.fingerprint = matches.front()->fingerprint;
+  out.descriptor = matches.front()->descriptor;
+  return kDone;
+}
+
+// `--ttl`: a whole number of s, m, h or d (90s, 10m, 2h, 1d), at most 30 days.
+std::optional<std::chrono::milliseconds> ParseTtl(const std::string& text) {
+  if (text.size() < 2) return std::nullopt;
+  const std::string digits = text.substr(0, text.size() - 1);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  const uint64_t n = std::stoull(digits);
+  uint64_t seconds = 0;
+  switch (text.back()) {
+    case 's': seconds = n; break;
+    case 'm': seconds = n * 60; break;
+    case 'h': seconds = n * 3600; break;
+    case 'd': seconds = n * 86400; break;
+    default: return std::nullopt;
+  }
+  if (seconds == 0 || seconds > 30ull * 86400) return std::nullopt;
+  return std::chrono::milliseconds(seconds * 1000);
+}
+
+// Whitespace-separated token ids (unsigned 32-bit) from `path`.
+Result<std::vector<uint32_t>> ReadTokens(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument("cannot read " + path);
+  std::vector<uint32_t> tokens;
+  for (std::string word; in >> word;) {
+    if (word.size() > 10 || word.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoull(word) > UINT32_MAX) {
+      return InvalidArgument(path + ": '" + word + "' is not a token id (a whole number below 2^32)");
+    }
+    tokens.push_back(static_cast<uint32_t>(std::stoull(word)));
+  }
+  return tokens;
+}
+
+// Keys per Hold / Unhold request: well within the default frame cap.
+constexpr size_t kKeysPerRequest = 4096;
+// How long `pin` waits for blocks being read into the host tier to land.
+constexpr int kPendingPolls = 50;
+constexpr auto kPendingPoll = std::chrono::milliseconds(20);
+
+// pin and unpin: the namespace and its blocks from the command line (keys,
+// or a token file chained with the namespace's descriptor), then one
+// request per batch of keys. One line per key, then a summary.
+int RunHoldCommand(const AdminOptions& options, bool pin) {
+  const char* command = pin ? "pin" : "unpin";
+  if (options.ns.empty()) return Fail(command, kUsage, "name the namespace: --ns FINGERPRINT");
+  if (options.block_keys.empty() == options.tokens_file.empty()) {
+    return Fail(command, kUsage, "name the blocks: --key HEX (repeatable) or --tokens FILE, one of them");
+  }
+  std::vector<BlockKey> keys;
+  for (const std::string& text : options.block_keys) {
+    auto key = BlockKey::FromHex(text);
+    if (!key.ok()) return Fail(command, kUsage, "--key " + text + ": " + key.status().message());
+    keys.push_back(*key);
+  }
+  std::vector<uint32_t> tokens;
+  if (!options.tokens_file.empty()) {
+    auto read = ReadTokens(options.tokens_file);
+    if (!read.ok()) return Fail(command, kUsage, "--tokens: " + read.status().message());
+    tokens = std::move(*read);
+  }
+  std::chrono::milliseconds ttl{0};
+  if (pin) {
+    if (options.ttl.empty()) return Fail(command, kUsage, "say how long to hold them: --ttl 90s|10m|2h|1d");
+    auto parsed = ParseTtl(options.ttl);
+    if (!parsed) return Fail(command, kUsage, "--ttl " + options.ttl + ": give 1s to 30d as 90s, 10m, 2h or 1d");
+    ttl = *parsed;
+  }
+  auto client = Connect(options);
+  if (!client.ok()) return Fail(command, ConnectExit(client.status()), client.status().ToString());
+  std::vector<NamespaceInfo> listed;
+  NamedNamespace ns;
+  if (int code = ResolveNamespace(command, **client, options.ns, !options.tokens_file.empty(), listed, ns);
+      code != kDone) {
+    return code;
+  }
+  if (!options.tokens_file.empty()) {
+    if (!ns.descriptor) {
+      return Fail(command, kFailed, "namespace " + ns.fingerprint.ToHex() +
+                                        " has no known descriptor (no engine registered it since kvtierd started): "
+                                        "name its blocks with --key");
+    }
+    auto hasher = ChainHasher::Create(*ns.descriptor);
+    if (!hasher.ok()) return Fail(command, kFailed, hasher.status().ToString());
+    keys = hasher->Keys(tokens);
+    if (keys.empty()) {
+      return Fail(command, kUsage, "--tokens " + options.tokens_file + ": " + std::to_string(tokens.size()) +
+                                       " tokens, not one full block of " + std::to_string(hasher->block_tokens()));
+    }
+  }
+  // Per key: its outcome so far.
+  std::vector<HoldOutcome> outcomes(keys.size());
+  auto send = [&](const std::vector<size_t>& which) -> Status {
+    for (size_t first = 0; first < which.size(); first += kKeysPerRequest) {
+      std::vector<BlockKey> batch;
+      for (size_t i = first; i < std::min(which.size(), first + kKeysPerRequest); ++i) batch.push_back(keys[which[i]]);
+      if (pin) {
+        auto held = (*client)->Hold(ns.fingerprint, batch, ttl);
+        if (!held.ok()) return held.status();
+        for (size_t i = 0; i < batch.size(); ++i) outcomes[which[first + i]] = (*held)[i];
+      } else {
+        auto released = (*client)->Unhold(ns.fingerprint, batch);
+        if (!released.ok()) return released.status();
+        for (size_t i = 0; i < batch.size(); ++i) outcomes[which[first + i]] = HoldOutcome{(*released)[i], false};
+      }
+    }
+    return Status::Ok();
+  };
+  std::vector<size_t> all(keys.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  if (Status s = send(all); !s.ok()) return Fail(command, kFailed, s.ToString());
+  // Blocks read in from a tier below are held once they land: ask again
+  // (a hold of a held key only renews its expiry) until none is pending.
+  for (int poll = 0; pin && poll < kPendingPolls; ++poll) {
+    std::vector<size_t> pending;
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      if (outcomes[i].status.ok() && outcomes[i].pending) pending.push_back(i);
+    }
+    if (pending.empty()) break;
+    std::this_thread::sleep_for(kPendingPoll);
+    if (Status s = send(pending); !s.ok()) return Fail(command, kFailed, s.ToString());
+  }
+  size_t done = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const HoldOutcome& o = outcomes[i];
+    if (o.status.ok() && !o.pending) {
+      ++done;
+      std::printf("%s %s\n", pin ? "held" : "unpinned", keys[i].ToHex().c_str());
+    } else if (o.status.ok()) {
+      std::printf("pending %s: still being read into the host tier; held once it lands\n", keys[i].ToHex().c_str());
+    } else {
+      std::printf("not held %s: %s\n", keys[i].ToHex().c_str(), o.status.ToString().c_str());
+    }
+  }
+  if (pin) {
+    std::printf("pinned %zu of %zu blocks of %s for %s\n", done, keys.size(), ns.fingerprint.ToHex().c_str(),
+                options.ttl.c_str());
+  } else {
+    std::printf("unpinned %zu of %zu blocks of %s\n", done, keys.size(), ns.fingerprint.ToHex().c_str());
+  }
+  return done == keys.size() ? kDone : kFailed;
 }
 
 }  // namespace
@@ -113,6 +312,19 @@ AdminCommands AddAdminCommands(CLI::App& app, AdminOptions& options) {
   c.drop->add_option("--ns", options.namespaces, "Namespace fingerprint (32 hex, or a unique prefix of 8+ from `ls`)");
   auto* model = c.drop->add_option("--model", options.model_id, "Every registered namespace of this model id");
   c.drop->add_option("--revision", options.model_revision, "Only this revision of --model")->needs(model);
+  for (bool pin : {true, false}) {
+    CLI::App* sub = pin ? app.add_subcommand("pin", "Hold blocks of a namespace in the host tier until unpinned or "
+                                                    "the TTL passes")
+                        : app.add_subcommand("unpin", "End holds that pin took");
+    socket(sub);
+    sub->add_option("--ns", options.ns, "Namespace fingerprint (32 hex, or a unique prefix of 8+ from `ls`)");
+    sub->add_option("--key", options.block_keys, "A block key (32 hex); repeatable");
+    sub->add_option("--tokens", options.tokens_file,
+                    "A file of whitespace-separated token ids: the blocks of its prefix chain (the namespace's "
+                    "descriptor must be known to `ls`)");
+    if (pin) sub->add_option("--ttl", options.ttl, "How long to hold them: 90s, 10m, 2h, 1d (at most 30d)");
+    (pin ? c.pin : c.unpin) = sub;
+  }
   auto* config = app.add_subcommand("config", "The running configuration");
   config->require_subcommand(1);
   c.config_get = config->add_subcommand("get", "Print the running configuration, or one option (section.key)");
@@ -126,7 +338,7 @@ AdminCommands AddAdminCommands(CLI::App& app, AdminOptions& options) {
 
 int RunStats(const AdminOptions& options) {
   auto client = Connect(options);
-  if (!client.ok()) return Fail("stats", kUnreachable, client.status().ToString());
+  if (!client.ok()) return Fail("stats", ConnectExit(client.status()), client.status().ToString());
   auto counters = (*client)->Stats();
   if (!counters.ok()) return Fail("stats", kFailed, counters.status().ToString());
   if (options.json) {
@@ -143,7 +355,7 @@ int RunStats(const AdminOptions& options) {
 
 int RunLs(const AdminOptions& options) {
   auto client = Connect(options);
-  if (!client.ok()) return Fail("ls", kUnreachable, client.status().ToString());
+  if (!client.ok()) return Fail("ls", ConnectExit(client.status()), client.status().ToString());
   auto namespaces = (*client)->ListNamespaces();
   if (!namespaces.ok()) return Fail("ls", kFailed, namespaces.status().ToString());
   if (options.json) {
@@ -161,32 +373,14 @@ int RunDrop(const AdminOptions& options) {
     return Fail("drop", kUsage, "name what to drop: --ns FINGERPRINT or --model ID [--revision REV]");
   }
   auto client = Connect(options);
-  if (!client.ok()) return Fail("drop", kUnreachable, client.status().ToString());
+  if (!client.ok()) return Fail("drop", ConnectExit(client.status()), client.status().ToString());
   // Fingerprints in full, or prefixes resolved against what the daemon lists.
   std::vector<NamespaceFingerprint> targets;
   std::vector<NamespaceInfo> listed;
   for (const std::string& text : options.namespaces) {
-    if (text.size() == 32) {
-      auto key = BlockKey::FromHex(text);
-      if (!key.ok()) return Fail("drop", kUsage, "--ns " + text + ": " + key.status().message());
-      targets.push_back(*key);
-      continue;
-    }
-    if (text.size() < 8) return Fail("drop", kUsage, "--ns " + text + ": give at least 8 hex digits");
-    if (listed.empty()) {
-      auto all = (*client)->ListNamespaces();
-      if (!all.ok()) return Fail("drop", kFailed, all.status().ToString());
-      listed = std::move(*all);
-    }
-    std::vector<NamespaceFingerprint> matches;
-    for (const auto& n : listed) {
-      if (n.fingerprint.ToHex().starts_with(text)) matches.push_back(n.fingerprint);
-    }
-    if (matches.size() != 1) {
-      return Fail("drop", matches.empty() ? kFailed : kUsage,
-                  "--ns " + text + (matches.empty() ? ": no such namespace" : ": more than one namespace starts so"));
-    }
-    targets.push_back(matches.front());
+    NamedNamespace ns;
+    if (int code = ResolveNamespace("drop", **client, text, false, listed, ns); code != kDone) return code;
+    targets.push_back(ns.fingerprint);
   }
   auto dropped = (*client)->DropNamespaces(targets, options.model_id, options.model_revision);
   if (!dropped.ok()) return Fail("drop", kFailed, dropped.status().ToString());
@@ -201,9 +395,13 @@ int RunDrop(const AdminOptions& options) {
   return kDone;
 }
 
+int RunPin(const AdminOptions& options) { return RunHoldCommand(options, true); }
+
+int RunUnpin(const AdminOptions& options) { return RunHoldCommand(options, false); }
+
 int RunConfigGet(const AdminOptions& options) {
   auto client = Connect(options);
-  if (!client.ok()) return Fail("config get", kUnreachable, client.status().ToString());
+  if (!client.ok()) return Fail("config get", ConnectExit(client.status()), client.status().ToString());
   auto toml = (*client)->RunningConfig();
   if (!toml.ok()) return Fail("config get", kFailed, toml.status().ToString());
   if (options.key.empty()) {
@@ -229,7 +427,7 @@ int RunConfigGet(const AdminOptions& options) {
 
 int RunHealth(const AdminOptions& options) {
   auto client = Connect(options);
-  if (!client.ok()) return Fail("health", kUnreachable, client.status().ToString());
+  if (!client.ok()) return Fail("health", ConnectExit(client.status()), client.status().ToString());
   auto health = (*client)->Health();
   if (!health.ok()) return Fail("health", kFailed, health.status().ToString());
   if (options.json) {

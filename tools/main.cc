@@ -1,5 +1,5 @@
 // kvtier: the command-line tool.
-//   kvtier stats|ls|drop|config get|health   operations on a running kvtierd (admin_cli.h)
+//   kvtier stats|ls|drop|pin|unpin|config get|health   operations on a running kvtierd (admin_cli.h)
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     // replay's, trace's and the admin commands' contract: bad input exits 2 (help stays 0).
     const bool exits_2 = argc > 1 && (std::strcmp(argv[1], "replay") == 0 || std::strcmp(argv[1], "trace") == 0 ||
                                       std::strcmp(argv[1], "ls") == 0 || std::strcmp(argv[1], "drop") == 0 ||
+                                      std::strcmp(argv[1], "pin") == 0 || std::strcmp(argv[1], "unpin") == 0 ||
                                       std::strcmp(argv[1], "config") == 0 || std::strcmp(argv[1], "health") == 0 ||
                                       std::strcmp(argv[1], "stats") == 0);
     return exits_2 && code != 0 ? 2 : code;
@@ -72,6 +73,8 @@ int main(int argc, char** argv) {
   if (admin.stats->parsed()) return kvtier::tools::RunStats(admin_options);
   if (admin.ls->parsed()) return kvtier::tools::RunLs(admin_options);
   if (admin.drop->parsed()) return kvtier::tools::RunDrop(admin_options);
+  if (admin.pin->parsed()) return kvtier::tools::RunPin(admin_options);
+  if (admin.unpin->parsed()) return kvtier::tools::RunUnpin(admin_options);
   if (admin.config_get->parsed()) return kvtier::tools::RunConfigGet(admin_options);
   if (admin.health->parsed()) return kvtier::tools::RunHealth(admin_options);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);

@@ -125,6 +125,13 @@ struct NamespaceInfo {
   // (a namespace found only on a persistent tier after a restart is not).
   std::optional<NamespaceDescriptor> descriptor;
   std::vector<NamespaceTierUse> tiers;
+  std::string tenant;  // whose it is, when kvtierd has tenants configured
+};
+
+// Client::Hold: one key's outcome.
+struct HoldOutcome {
+  Status status;
+  bool pending = false;  // ok, but held only once the block lands in the host tier
 };
 
 // Client::Health: healthy unless `problems` says why not.
@@ -572,6 +579,17 @@ class Client {
   Result<std::vector<NamespaceInfo>> DropNamespaces(std::span<const NamespaceFingerprint> fingerprints,
                                                     std::string_view model_id = {},
                                                     std::string_view model_revision = {});
+  // Operator holds (`kvtier pin` / `unpin`): keeps `keys` of namespace
+  // `fingerprint` in the daemon's host tier, never evicted, for `ttl` from
+  // now (1 ms to 30 days), reading blocks held only below it into it
+  // first. Holding a held key again gives it the new expiry. Per key, in
+  // order: ok (held, or `pending`: on its way into the host tier and held
+  // once it lands), NotFound (cached in no tier), NoSpace, Busy. The call
+  // fails with InvalidArgument for no keys or a TTL out of range.
+  // Unhold ends holds: per key ok, or NotFound (not held, or expired).
+  Result<std::vector<HoldOutcome>> Hold(const NamespaceFingerprint& fingerprint, std::span<const BlockKey> keys,
+                                        std::chrono::milliseconds ttl);
+  Result<std::vector<Status>> Unhold(const NamespaceFingerprint& fingerprint, std::span<const BlockKey> keys);
   // The daemon's running configuration as TOML (every option).
   Result<std::string> RunningConfig();
   // Whether the daemon serves normally, and why not.

@@ -1,11 +1,13 @@
 // The operator's `kvtier` commands against a kvtierd process: stats as a
 // table and JSON, ls, drop (by model revision and by fingerprint, the NVMe
-// tier included), config get, health, and the exit codes scripts rely on
+// tier included), pin and unpin (by keys and by a token file's prefix
+// chain), config get, health, and the exit codes scripts rely on
 // (0 done, 1 refused or unhealthy, 2 bad usage, 3 unreachable).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -152,6 +154,110 @@ TEST_F(AdminCliTest, DropRemovesAModelRevisionFromEveryTierOrOneNamespaceByFinge
   CommandResult none = Kvtier({"drop", "--model", "org/nothing"});
   EXPECT_EQ(none.exit_code, 1) << none.output;
   EXPECT_NE(none.output.find("kvtier drop: "), std::string::npos) << none.output;
+}
+
+TEST_F(AdminCliTest, PinHoldsAPrefixInTheHostTierUntilUnpin) {
+  const auto r1 = ModelNamespace("org/model", "rev-1");
+  const NamespaceFingerprint fp = FingerprintNamespace(r1);
+  auto client = Connect({r1});
+  ASSERT_NE(client, nullptr);
+  // A prompt of three full blocks and a partial one, as a token file, and
+  // its prefix chain put by the engine.
+  std::vector<uint32_t> tokens;
+  for (uint32_t t = 0; t < 3 * r1.block_tokens + 5; ++t) tokens.push_back(1000 + 7 * t);
+  const std::string tokens_file = dir_ + "/prompt.tokens";
+  {
+    std::ofstream out(tokens_file);
+    for (uint32_t t : tokens) out << t << (t % 5 == 0 ? "\n" : " ");
+  }
+  auto hasher = ChainHasher::Create(r1);
+  ASSERT_TRUE(hasher.ok());
+  const std::vector<BlockKey> chain = hasher->Keys(tokens);
+  ASSERT_EQ(chain.size(), 3u);
+  std::vector<std::byte> bytes(r1.BlockBytes());
+  for (const BlockKey& key : chain) {
+    FillBlockBytes(key, 0, bytes);
+    ASSERT_TRUE(client->Put(0, key, bytes).ok());
+  }
+  PutBlocks(*client, 0, 0xa, 2);
+  const BlockKey single{0xa, 0};
+
+  const std::string prefix = fp.ToHex().substr(0, 12);
+  CommandResult pin = Kvtier({"pin", "--ns", prefix, "--tokens", tokens_file, "--ttl", "10m"});
+  EXPECT_EQ(pin.exit_code, 0) << pin.output;
+  for (const BlockKey& key : chain) {
+    EXPECT_NE(pin.output.find("held " + key.ToHex() + "\n"), std::string::npos) << pin.output;
+  }
+  EXPECT_NE(pin.output.find("pinned 3 of 3 blocks of " + fp.ToHex() + " for 10m\n"), std::string::npos) << pin.output;
+  CommandResult by_key = Kvtier({"pin", "--ns", fp.ToHex(), "--key", single.ToHex(), "--ttl", "2h"});
+  EXPECT_EQ(by_key.exit_code, 0) << by_key.output;
+  EXPECT_EQ(StatsCounter(*client, "engine.holds"), 4);
+  // Pinning again renews: still four holds, one pin each.
+  EXPECT_EQ(Kvtier({"pin", "--ns", prefix, "--tokens", tokens_file, "--ttl", "1d"}).exit_code, 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.holds"), 4);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 4);
+
+  // Twice the host tier's worth of other blocks: the held ones stay.
+  PutBlocks(*client, 0, 0xb, 128);
+  EXPECT_GT(StatsCounter(*client, "engine.evictions"), 0);
+  auto found = client->Lookup(0, chain);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, 3u);
+  for (Tier t : found->tiers) EXPECT_EQ(t, Tier::kHost);
+  auto single_found = client->Lookup(0, {&single, 1});
+  ASSERT_TRUE(single_found.ok());
+  ASSERT_EQ(single_found->prefix_blocks, 1u);
+  EXPECT_EQ(single_found->tiers[0], Tier::kHost);
+  for (const BlockKey& key : chain) {
+    std::vector<std::byte> got(bytes.size());
+    ASSERT_TRUE(client->Get(0, key, got).ok());
+    EXPECT_TRUE(CheckBlockBytes(key, 0, got));
+  }
+
+  CommandResult unpin = Kvtier({"unpin", "--ns", prefix, "--tokens", tokens_file});
+  EXPECT_EQ(unpin.exit_code, 0) << unpin.output;
+  EXPECT_NE(unpin.output.find("unpinned 3 of 3 blocks of " + fp.ToHex() + "\n"), std::string::npos) << unpin.output;
+  EXPECT_EQ(StatsCounter(*client, "engine.holds"), 1);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 1) << "only the --key hold pins a block now";
+  CommandResult again = Kvtier({"unpin", "--ns", prefix, "--key", chain[0].ToHex()});
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("not held " + chain[0].ToHex()), std::string::npos) << again.output;
+  EXPECT_EQ(Kvtier({"unpin", "--ns", prefix, "--key", single.ToHex()}).exit_code, 0);
+  EXPECT_EQ(StatsCounter(*client, "engine.pinned_blocks"), 0);
+
+  // Refused or failed: a key cached nowhere; a token file for a namespace
+  // whose descriptor the daemon does not know.
+  CommandResult missing = Kvtier({"pin", "--ns", prefix, "--key", BlockKey{0xdead, 1}.ToHex(), "--ttl", "90s"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find("pinned 0 of 1 blocks"), std::string::npos) << missing.output;
+  CommandResult unknown = Kvtier({"pin", "--ns", std::string(32, 'f'), "--tokens", tokens_file, "--ttl", "90s"});
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_NE(unknown.output.find("kvtier pin: namespace " + std::string(32, 'f') + " has no known descriptor"),
+            std::string::npos) << unknown.output;
+  // Bad usage exits 2.
+  const std::string key = single.ToHex();
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"pin", "--key", key, "--ttl", "10m"},                                   // no namespace
+           {"pin", "--ns", prefix, "--ttl", "10m"},                                 // no blocks
+           {"pin", "--ns", prefix, "--key", key},                                   // no TTL
+           {"pin", "--ns", prefix, "--key", key, "--ttl", "10x"},                   // a bad TTL
+           {"pin", "--ns", prefix, "--key", key, "--ttl", "0s"},
+           {"pin", "--ns", prefix, "--key", key, "--ttl", "31d"},                   // over 30 days
+           {"pin", "--ns", prefix, "--key", "zz", "--ttl", "10m"},                  // a bad key
+           {"pin", "--ns", prefix, "--key", key, "--tokens", tokens_file, "--ttl", "10m"},  // both
+           {"pin", "--ns", "abc", "--key", key, "--ttl", "10m"},                    // a short prefix
+           {"pin", "--ns", prefix, "--tokens", dir_ + "/none", "--ttl", "10m"},     // no such file
+           {"unpin", "--ns", prefix, "--key", key, "--ttl", "10m"},                 // unpin takes no TTL
+           {"unpin", "--ns", prefix},
+       }) {
+    CommandResult r = Kvtier(args);
+    EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << ": " << r.output;
+  }
+  CommandResult unreachable =
+      RunCommand({KVTIER_TOOL_PATH, "pin", "--ns", prefix, "--key", key, "--ttl", "10m", "--socket",
+                  daemon_->socket_path() + ".none"});
+  EXPECT_EQ(unreachable.exit_code, 3) << unreachable.output;
+  EXPECT_EQ(unreachable.output.rfind("kvtier pin: ", 0), 0u) << unreachable.output;
 }
 
 TEST_F(AdminCliTest, ConfigGetPrintsTheRunningConfigurationOrOneOption) {

@@ -483,7 +483,8 @@ TEST_F(RequestHandlerTest, StatsReportsEngineCounters) {
   EXPECT_EQ(stats["tier.written_bytes{tier=\"host\"}"], 4096) << "the tier families the engine reports";
   EXPECT_EQ(stats["tier.hits{tier=\"host\"}"], 1);
   for (const auto& [name, value] : stats) {
-    EXPECT_TRUE(name.rfind("engine.", 0) == 0 || name.rfind("host.", 0) == 0 || name.rfind("tier.", 0) == 0) << name;
+    EXPECT_TRUE(name.rfind("engine.", 0) == 0 || name.rfind("host.", 0) == 0 || name.rfind("tier.", 0) == 0 ||
+                name.rfind("namespace.", 0) == 0) << name;
   }
 }
 

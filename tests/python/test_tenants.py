@@ -1,0 +1,235 @@
+"""Tenants end to end: a kvtierd with [[tenant]] tables, and clients that
+run as other uids (setpriv), each with its own arena, keys and quotas.
+
+Every client here is a child process under `setpriv --reuid/--regid`, so
+the daemon sees the uid the kernel gives it (SO_PEERCRED), as it would an
+inference engine running as its own service user. Needs root (to become
+other uids); skipped otherwise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kvtier
+from conftest import test_namespace
+from test_metrics import metrics_url, scrape
+
+KVTIER_TOOL = os.environ.get("KVTIER_TOOL", "")
+SOCKET_GID = 4242          # the socket's group: every tenant's user is in it
+ALPHA, BETA, STRANGER = 1101, 1102, 1103
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run clients as other uids (setpriv)")
+
+# A client run as another uid: does what argv[2] says and prints one JSON
+# object. Blocks are 4 KiB; block i of pattern p is a SHA-256 of (p, i),
+# repeated.
+CHILD = textwrap.dedent('''
+    import ctypes, hashlib, json, sys
+    import kvtier
+    socket_path, action, model, pattern, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    ns = kvtier.Namespace(model_id=model, model_revision="rev-1", kv_dtype="fp32", block_tokens=16,
+                          layer_count=4, bytes_per_token_per_layer=64)
+    keys = kvtier.ChainHasher(ns).keys(list(range(n * 16)))
+    def block(i, p):
+        return (hashlib.sha256(b"%d:%d" % (p, i)).digest() * (ns.block_bytes // 32 + 1))[:ns.block_bytes]
+    def arena_holds(needle):
+        """Whether any kvtier arena this process maps holds `needle`."""
+        for line in open("/proc/self/maps"):
+            if "kvtier-arena" not in line:
+                continue
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if ctypes.string_at(lo, hi - lo).find(needle) >= 0:
+                return True
+        return False
+    out = {}
+    try:
+        with kvtier.Client(socket_path, [ns]) as c:
+            out["arena_bytes"] = c.arena_bytes
+            out["fingerprint"] = c.fingerprints[0].hex()
+            out["keys"] = [k.hex() for k in keys[:2]]
+            if action == "put":
+                for i, k in enumerate(keys):
+                    c.put(0, k, block(i, pattern))
+            elif action == "erase":
+                out["erased"] = c.erase(0, keys)
+            hit = c.lookup(0, keys)
+            out["prefix"] = hit.prefix_blocks
+            out["tiers"] = [str(t) for t in hit.tiers]
+            exact = 0
+            buf = bytearray(ns.block_bytes)
+            for i, k in enumerate(keys):
+                try:
+                    c.get(0, k, buf)
+                    exact += bytes(buf) == block(i, pattern)
+                except kvtier.NotFoundError:
+                    pass
+            out["exact"] = exact
+            out["sees_alpha_block"] = arena_holds(block(0, 1))
+    except kvtier.Error as e:
+        out["error"] = type(e).__name__ + ": " + str(e)
+    print(json.dumps(out))
+''')
+
+
+def tenants_config():
+    return textwrap.dedent(f'''
+        [[tenant]]
+        name = "alpha"
+        uids = [{ALPHA}]
+        host_bytes = "16MiB"
+        nvme_bytes = "2MiB"
+
+        [[tenant]]
+        name = "beta"
+        uids = [{BETA}]
+        host_bytes = "24MiB"
+        models = ["test/model"]
+    ''')
+
+
+@pytest.fixture
+def tenancy(make_daemon):
+    d = make_daemon(host_bytes=64 * MiB, nvme_bytes=64 * MiB,
+                    extra=tenants_config())
+    # The other uids must reach the socket: its directory and the test's root.
+    for path in (d.directory, d.directory.parent):
+        os.chmod(path, 0o755)
+    os.chown(d.socket_path, -1, SOCKET_GID)
+    os.chmod(d.socket_path, 0o660)
+    child = d.directory / "child.py"
+    child.write_text(CHILD)
+    os.chmod(child, 0o644)
+    return d
+
+
+def run_as(uid, argv, groups=(SOCKET_GID,)):
+    """`argv` as `uid` (primary group the same number), with `groups`."""
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}",
+           "--groups=" + ",".join(str(g) for g in groups) if groups else "--clear-groups", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+
+
+def client(d, uid, action, model="test/model", pattern=1, n=8):
+    r = run_as(uid, [sys.executable, str(d.directory / "child.py"), d.socket_path, action, model,
+                     str(pattern), str(n)])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def cli(d, uid, *args):
+    if not KVTIER_TOOL:
+        pytest.skip("KVTIER_TOOL is not set: run the suite through ctest")
+    return run_as(uid, [KVTIER_TOOL, *args, "--socket", d.socket_path]) if uid is not None else \
+        subprocess.run([KVTIER_TOOL, *args, "--socket", d.socket_path], capture_output=True, text=True, timeout=60)
+
+
+def test_each_tenant_has_its_own_arena_blocks_and_fingerprints(tenancy):
+    d = tenancy
+    a = client(d, ALPHA, "put", pattern=1)
+    assert "error" not in a, a
+    assert a["arena_bytes"] == 16 * MiB and a["prefix"] == 8 and a["exact"] == 8
+    assert a["sees_alpha_block"], "the positive control: alpha's own arena holds its block"
+
+    # Same namespace, same keys: beta sees nothing of alpha's, cannot read it
+    # and its mapping does not hold it.
+    b = client(d, BETA, "get", pattern=1)
+    assert "error" not in b, b
+    assert b["arena_bytes"] == 24 * MiB
+    assert b["prefix"] == 0 and b["exact"] == 0
+    assert not b["sees_alpha_block"], "beta's arena must not hold alpha's bytes"
+    assert b["fingerprint"] != a["fingerprint"], "the namespace is scoped by the tenant"
+
+    # Beta writes the same keys: its own blocks, alpha's stay as they were.
+    b = client(d, BETA, "put", pattern=2)
+    assert b["prefix"] == 8 and b["exact"] == 8
+    a = client(d, ALPHA, "get", pattern=1)
+    assert a["prefix"] == 8 and a["exact"] == 8, "beta's put must not overwrite alpha's blocks"
+
+    # Beta erases the keys: its own go, alpha's stay.
+    b = client(d, BETA, "erase", pattern=2)
+    assert b["erased"] == 8 and b["prefix"] == 0
+    a = client(d, ALPHA, "get", pattern=1)
+    assert a["exact"] == 8, "beta's erase must not reach alpha's blocks"
+
+
+def test_strangers_are_refused_and_models_are_enforced(tenancy):
+    d = tenancy
+    s = client(d, STRANGER, "get")
+    assert s.get("error", "").startswith("PermissionDeniedError"), s
+    assert "no tenant" in s["error"]
+    r = cli(d, STRANGER, "stats")
+    assert r.returncode != 0 and "no tenant" in (r.stdout + r.stderr), r
+    b = client(d, BETA, "get", model="other/model")
+    assert b.get("error", "").startswith("PermissionDeniedError") and "may not cache model" in b["error"], b
+    # The daemon kept serving the others.
+    assert "error" not in client(d, ALPHA, "get")
+
+
+def test_a_tenant_cannot_list_or_drop_another_tenants_namespace(tenancy):
+    d = tenancy
+    a = client(d, ALPHA, "put", pattern=1)
+    client(d, BETA, "put", pattern=2)
+
+    mine = cli(d, BETA, "ls", "--json")
+    assert mine.returncode == 0, mine.stderr
+    listed = json.loads(mine.stdout)
+    fingerprints = {n["fingerprint"] for n in listed["namespaces"]} if isinstance(listed, dict) else \
+        {n["fingerprint"] for n in listed}
+    assert a["fingerprint"] not in fingerprints and len(fingerprints) == 1
+
+    r = cli(d, BETA, "drop", "--ns", a["fingerprint"])
+    assert client(d, ALPHA, "get", pattern=1)["exact"] == 8, "beta's drop must not reach alpha's namespace"
+
+    # Pins: beta cannot hold alpha's blocks; the operator can.
+    pin = ["pin", "--ns", a["fingerprint"], "--key", a["keys"][0], "--ttl", "10m"]
+    r = cli(d, BETA, *pin)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    r = cli(d, None, *pin)
+    assert r.returncode == 0 and "held" in r.stdout, (r.stdout, r.stderr)
+    r = cli(d, None, "unpin", "--ns", a["fingerprint"], "--key", a["keys"][0])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+
+    # The operator (root: the daemon's uid, no tenant's) sees and drops both.
+    everyone = cli(d, None, "ls", "--json")
+    assert everyone.returncode == 0, everyone.stderr
+    assert a["fingerprint"] in everyone.stdout and '"alpha"' in everyone.stdout and '"beta"' in everyone.stdout
+    r = cli(d, None, "drop", "--model", "test/model")
+    assert r.returncode == 0, r.stderr
+    assert client(d, ALPHA, "get", pattern=1)["prefix"] == 0
+    assert client(d, BETA, "get", pattern=2)["prefix"] == 0
+
+
+def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(tenancy):
+    d = tenancy
+    # 5000 blocks of 4 KiB (about 20 MiB) through alpha's 16 MiB arena: the
+    # oldest go down to the shared NVMe tier, more than its 2 MiB quota.
+    a = client(d, ALPHA, "put", pattern=1, n=5000)
+    assert "error" not in a, a
+    b = client(d, BETA, "get", pattern=1, n=5000)
+    assert b["prefix"] == 0 and b["exact"] == 0, "beta must not see alpha's blocks on the shared tier either"
+
+    _, samples = scrape(metrics_url(d))
+
+    def sample(name, **labels):
+        return samples.get((name, frozenset(labels.items())))
+
+    assert sample("kvtier_tier_used_bytes", tier="host", tenant="alpha") > 0
+    assert sample("kvtier_tier_used_bytes", tier="host", tenant="beta") == 0
+    assert sample("kvtier_nvme_quota_bytes", tenant="alpha") == 2 * MiB
+    assert sample("kvtier_nvme_quota_refusals_total", tenant="alpha") > 0, \
+        "20 MiB through a 16 MiB arena must push alpha past its 2 MiB NVMe quota"
+    assert sample("kvtier_server_connections_refused_total") is not None
+    # Use per namespace, within its tenant.
+    alpha_ns = {labels: v for (name, labels), v in samples.items()
+                if name == "kvtier_namespace_bytes" and ("ns", a["fingerprint"][:16]) in labels}
+    assert alpha_ns, "no namespace.bytes series for alpha's namespace"
+    host = [v for labels, v in alpha_ns.items() if ("tier", "host") in labels]
+    assert host and host[0] > 0
+    assert all(("tenant", "alpha") in labels and ("model", "test/model") in labels for labels in alpha_ns)
