@@ -327,17 +327,16 @@ std::string DefaultConfigToml() {
   return out;
 }
 
-namespace {
-
 std::string TomlQuoted(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
     if (c == '"' || c == '\\') {
       out += '\\';
       out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
+    } else if (byte < 0x20 || byte == 0x7f) {
       char buffer[8];
-      std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(c));
+      std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(byte));
       out += buffer;
     } else {
       out += c;
@@ -345,6 +344,8 @@ std::string TomlQuoted(std::string_view text) {
   }
   return out + "\"";
 }
+
+namespace {
 
 std::string TomlValue(const OptionSpec& spec, const DaemonConfig& config) {
   if (spec.string_field != nullptr) return TomlQuoted(config.*spec.string_field);

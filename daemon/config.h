@@ -125,6 +125,10 @@ std::string DefaultConfigToml();
 // get` shows of a running daemon.
 std::string ConfigToml(const DaemonConfig& config);
 
+// `text` as a TOML basic string: quoted, with quotes, backslashes and
+// control characters (DEL included) escaped, so any text reads back as it was.
+std::string TomlQuoted(std::string_view text);
+
 // Parses a TOML document on top of the defaults. Unknown keys, wrong types,
 // values out of bounds and bad choices are InvalidArgument naming the key
 // (and `origin`, e.g. the file name, plus the line where toml++ knows it).

@@ -129,8 +129,16 @@ class RequestHandler {
   // connection's own, or for an operator's the tenant whose scope owns
   // `ns` (null: no tenant's).
   Engine* EngineFor(const NamespaceFingerprint& ns) const;
-  // EngineFor the namespace a Hold or Unhold names; NotFound for none.
-  Result<Engine*> HoldEngine(const v1::Key& fingerprint) const;
+  // What a Hold or Unhold names: EngineFor its namespace, and its keys.
+  // InvalidArgument (no fingerprint, bad or no keys; `verb` says which
+  // request), NotFound (the namespace is no tenant's).
+  struct HoldTarget {
+    Engine* engine;
+    NamespaceFingerprint ns;
+    std::vector<BlockKey> keys;
+  };
+  Result<HoldTarget> HoldTargetOf(bool has_fingerprint, const v1::Key& fingerprint,
+                                  const google::protobuf::RepeatedField<uint64_t>& words, std::string_view verb) const;
   // Whether `request` may run on an operator's connection (admin only).
   static bool AdminRequest(const v1::Request& request);
   // Feeds a client's report of directory reads and local lookups to the

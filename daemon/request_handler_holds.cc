@@ -13,29 +13,28 @@ void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, respo
 
 }  // namespace
 
-// The engine a hold of `fingerprint` goes to: the connection's own, or
-// for an operator's the tenant's whose namespace it is.
-Result<Engine*> RequestHandler::HoldEngine(const v1::Key& fingerprint) const {
-  Engine* engine = EngineFor(wire::FromProto(fingerprint));
-  if (engine == nullptr) return NotFound("namespace " + wire::FromProto(fingerprint).ToHex() + " is no tenant's");
-  return engine;
+Result<RequestHandler::HoldTarget> RequestHandler::HoldTargetOf(
+    bool has_fingerprint, const v1::Key& fingerprint, const google::protobuf::RepeatedField<uint64_t>& words,
+    std::string_view verb) const {
+  if (!has_fingerprint) return InvalidArgument("name the namespace to " + std::string(verb) + " (fingerprint)");
+  const NamespaceFingerprint ns = wire::FromProto(fingerprint);
+  Engine* engine = EngineFor(ns);
+  if (engine == nullptr) return NotFound("namespace " + ns.ToHex() + " is no tenant's");
+  auto keys = wire::KeysFromProto(words);
+  if (!keys.ok()) return keys.status();
+  if (keys->empty()) return InvalidArgument("name at least one key to " + std::string(verb));
+  return HoldTarget{engine, ns, std::move(*keys)};
 }
 
 void RequestHandler::HandleHold(const v1::HoldRequest& r, v1::Response& response) {
-  if (!r.has_fingerprint()) return SetStatus(response, InvalidArgument("name the namespace to hold (fingerprint)"));
-  auto engine = HoldEngine(r.fingerprint());
-  if (!engine.ok()) return SetStatus(response, engine.status());
-  auto keys = wire::KeysFromProto(r.keys());
-  if (!keys.ok()) return SetStatus(response, keys.status());
-  if (keys->empty()) return SetStatus(response, InvalidArgument("name at least one key to hold"));
+  auto target = HoldTargetOf(r.has_fingerprint(), r.fingerprint(), r.keys(), "hold");
+  if (!target.ok()) return SetStatus(response, target.status());
   if (r.ttl_ms() == 0 || r.ttl_ms() > Engine::kMaxHoldTtlUs / 1000) {
     return SetStatus(response, InvalidArgument("a hold's TTL must be 1 ms to 30 days, got " +
                                                std::to_string(r.ttl_ms()) + " ms"));
   }
-  const std::vector<Engine::HoldResult> held =
-      (*engine)->Hold(wire::FromProto(r.fingerprint()), *keys, r.ttl_ms() * 1000);
   auto* body = response.mutable_hold();
-  for (const Engine::HoldResult& h : held) {
+  for (const Engine::HoldResult& h : target->engine->Hold(target->ns, target->keys, r.ttl_ms() * 1000)) {
     wire::ToProto(h.status, body->add_statuses());
     body->add_pending(h.pending);
   }
@@ -43,16 +42,10 @@ void RequestHandler::HandleHold(const v1::HoldRequest& r, v1::Response& response
 }
 
 void RequestHandler::HandleUnhold(const v1::UnholdRequest& r, v1::Response& response) {
-  if (!r.has_fingerprint()) return SetStatus(response, InvalidArgument("name the namespace to unhold (fingerprint)"));
-  auto engine = HoldEngine(r.fingerprint());
-  if (!engine.ok()) return SetStatus(response, engine.status());
-  auto keys = wire::KeysFromProto(r.keys());
-  if (!keys.ok()) return SetStatus(response, keys.status());
-  if (keys->empty()) return SetStatus(response, InvalidArgument("name at least one key to unhold"));
+  auto target = HoldTargetOf(r.has_fingerprint(), r.fingerprint(), r.keys(), "unhold");
+  if (!target.ok()) return SetStatus(response, target.status());
   auto* body = response.mutable_unhold();
-  for (const Status& s : (*engine)->Unhold(wire::FromProto(r.fingerprint()), *keys)) {
-    wire::ToProto(s, body->add_statuses());
-  }
+  for (const Status& s : target->engine->Unhold(target->ns, target->keys)) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
 }
 

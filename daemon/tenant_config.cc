@@ -117,24 +117,6 @@ Status CheckDistinct(const std::vector<TenantConfig>& tenants) {
 // A TOML basic string: quotes and backslashes escaped, and control
 // characters too (toml++ unescapes "\n" in a model id into a newline, which
 // a basic string may not hold raw).
-std::string TomlString(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (byte < 0x20 || byte == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(byte));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 template <typename T, typename Format>
 std::string TomlArray(const std::vector<T>& items, Format format) {
   std::string out = "[";
@@ -195,13 +177,13 @@ std::string TenantsToml(const std::vector<TenantConfig>& tenants) {
   std::string out;
   const auto number = [](uint32_t id) { return std::to_string(id); };
   for (const TenantConfig& t : tenants) {
-    out += "\n[[tenant]]\nname = " + TomlString(t.name) + "\n";
+    out += "\n[[tenant]]\nname = " + TomlQuoted(t.name) + "\n";
     out += "uids = " + TomlArray(t.uids, number) + "\n";
     out += "gids = " + TomlArray(t.gids, number) + "\n";
     out += "host_bytes = " + std::to_string(t.host_bytes) + "\n";
     out += "hbm_bytes = " + std::to_string(t.hbm_bytes) + "\n";
     out += "nvme_bytes = " + std::to_string(t.nvme_bytes) + "\n";
-    out += "models = " + TomlArray(t.models, [](const std::string& m) { return TomlString(m); }) + "\n";
+    out += "models = " + TomlArray(t.models, [](const std::string& m) { return TomlQuoted(m); }) + "\n";
   }
   return out;
 }

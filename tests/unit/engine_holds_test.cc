@@ -10,9 +10,8 @@
 #include <vector>
 
 #include "daemon/engine.h"
+#include "tests/testing/engine_stack.h"
 #include "tests/testing/fake_clock.h"
-#include "tests/testing/memory_device.h"
-#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -29,23 +28,9 @@ constexpr int kHostBlocks = 8;
 class EngineHoldsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::kvtier::testing::MakeTempDir();
-    memory_ = std::make_unique<::kvtier::testing::MemoryDevice>(16 << 20);
-    host_ = ::kvtier::testing::OpenTestHostTier(kHostBlocks * kBlockBytes);
-    ASSERT_NE(host_, nullptr);
-    auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
-    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-    nvme_ = std::move(*tier);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    engine_ = std::move(*engine);
+    ASSERT_NE(engine_, nullptr);
     engine_->RegisterNamespace(a_, ModelNamespace("org/model", "rev-1"));
     engine_->RegisterNamespace(b_, ModelNamespace("org/model", "rev-2"));
-  }
-  void TearDown() override {
-    engine_.reset();
-    nvme_.reset();
-    ::kvtier::testing::RemoveTree(dir_);
   }
   static BlockKey Key(const NamespaceFingerprint& ns, uint64_t i) { return BlockKey{ns.lo, i}; }
   void Put(const NamespaceFingerprint& ns, uint64_t i) {
@@ -81,12 +66,11 @@ class EngineHoldsTest : public ::testing::Test {
     EXPECT_TRUE(engine_->Release(7, {&grants[0].lease, 1})[0].ok());
   }
 
-  std::string dir_;
-  FakeClock clock_;
-  std::unique_ptr<::kvtier::testing::MemoryDevice> memory_;
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<NvmeTier> nvme_;
-  std::unique_ptr<Engine> engine_;
+  ::kvtier::testing::EngineStack stack_{kHostBlocks * kBlockBytes};
+  FakeClock& clock_ = stack_.clock;
+  HostTier* host_ = stack_.host.get();
+  NvmeTier* nvme_ = stack_.nvme.get();
+  Engine* engine_ = stack_.engine.get();
   const NamespaceFingerprint a_ = FingerprintNamespace(ModelNamespace("org/model", "rev-1"));
   const NamespaceFingerprint b_ = FingerprintNamespace(ModelNamespace("org/model", "rev-2"));
   uint64_t next_b_ = 0;

@@ -11,9 +11,8 @@
 
 #include "common/checksum.h"
 #include "daemon/engine.h"
+#include "tests/testing/engine_stack.h"
 #include "tests/testing/fake_clock.h"
-#include "tests/testing/memory_device.h"
-#include "tests/testing/memory_nvme.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -30,24 +29,7 @@ BlockKey Key(uint64_t i) { return BlockKey{0x4057b, i}; }
 
 class HostBlockTierTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = ::kvtier::testing::MakeTempDir();
-    memory_ = std::make_unique<::kvtier::testing::MemoryDevice>(16 << 20);
-    host_ = ::kvtier::testing::OpenTestHostTier(kHostBlocks * kBlockBytes);
-    ASSERT_NE(host_, nullptr);
-    auto nvme = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
-    ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
-    nvme_ = std::move(*nvme);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    engine_ = std::move(*engine);
-    tier_ = &engine_->host_tier();
-  }
-  void TearDown() override {
-    engine_.reset();
-    nvme_.reset();
-    ::kvtier::testing::RemoveTree(dir_);
-  }
+  void SetUp() override { ASSERT_NE(engine_, nullptr); }
 
   Status Write(uint64_t i) {
     std::vector<std::byte> payload(kBlockBytes);
@@ -67,13 +49,12 @@ class HostBlockTierTest : public ::testing::Test {
   }
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
-  ::kvtier::testing::FakeClock clock_;
-  std::string dir_;
-  std::unique_ptr<::kvtier::testing::MemoryDevice> memory_;
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<NvmeTier> nvme_;
-  std::unique_ptr<Engine> engine_;
-  BlockTier* tier_ = nullptr;
+  ::kvtier::testing::EngineStack stack_{kHostBlocks * kBlockBytes};
+  ::kvtier::testing::FakeClock& clock_ = stack_.clock;
+  HostTier* host_ = stack_.host.get();
+  NvmeTier* nvme_ = stack_.nvme.get();
+  Engine* engine_ = stack_.engine.get();
+  BlockTier* tier_ = engine_ != nullptr ? &engine_->host_tier() : nullptr;
 };
 
 TEST_F(HostBlockTierTest, WrittenBlocksAreClientBlocksEvictedAndDemotedLikeAnyOther) {
