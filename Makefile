@@ -31,7 +31,7 @@ bench: build
 asan-test: deps
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
-	cd build/asan && ASAN_OPTIONS=detect_leaks=1:alloc_dealloc_mismatch=0 ctest --output-on-failure -j $(JOBS)
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
 clean:
 	rm -rf build
