@@ -4,6 +4,7 @@
 #include <future>
 #include <limits>
 #include <optional>
+#include <random>
 
 #include "common/checksum.h"
 #include "common/check.h"
@@ -33,8 +34,13 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
       host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
+  // A random start below 2^55 (never 0, and 2^55 grants before the shift
+  // overflows): lease numbers do not repeat across daemon starts.
+  std::random_device entropy;
+  const uint64_t first_lease = ((uint64_t{entropy()} << 32 | entropy()) & ((uint64_t{1} << 55) - 1)) | 1;
   for (uint32_t i = 0; i < options.shards; ++i) {
-    shards_.push_back(std::make_unique<EngineShard>(shards_.size(), MakeEvictionPolicy(options.eviction)));
+    shards_.push_back(
+        std::make_unique<EngineShard>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction)));
   }
 }
 

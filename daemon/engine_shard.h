@@ -47,7 +47,9 @@ struct PromotionWaiter {
 
 
 struct EngineShard {
-  EngineShard(size_t shard_index, std::unique_ptr<EvictionPolicy> p) : leases(shard_index), policy(std::move(p)) {}
+  // `first_lease` starts the shard's lease numbers (LeaseTable).
+  EngineShard(size_t shard_index, uint64_t first_lease, std::unique_ptr<EvictionPolicy> p)
+      : leases(shard_index, first_lease), policy(std::move(p)) {}
 
   std::mutex mu;
   // All members below are guarded by mu.

@@ -36,7 +36,11 @@ struct LeaseRecord {
 
 class LeaseTable {
  public:
-  explicit LeaseTable(size_t shard_index) : shard_index_(shard_index) {}
+  // Lease numbers count up from `first_sequence` (>= 1), shifted above the
+  // shard bits. The engine starts every daemon's tables at a random point,
+  // so a number from before a restart (a client's stale raw Release) names
+  // no lease of the new daemon.
+  LeaseTable(size_t shard_index, uint64_t first_sequence) : shard_index_(shard_index), next_(first_sequence) {}
 
   // A new lease of `connection` on the block `key` with `handle`.
   LeaseId Grant(ConnectionId connection, const BlockKey& key, BlockHandle handle);
@@ -51,7 +55,7 @@ class LeaseTable {
 
  private:
   size_t shard_index_;
-  uint64_t next_ = 1;
+  uint64_t next_;
   std::unordered_map<LeaseId, LeaseRecord> leases_;
   std::unordered_map<ConnectionId, std::unordered_set<LeaseId>> by_connection_;
 };

@@ -558,7 +558,9 @@ class Client {
   // Low-level unpin of a lease from Pin. NotFound if unknown or already
   // released; PermissionDenied if another connection holds it. Goes to the
   // current connection: a lease taken before a reconnect (reconnects()
-  // changed since) must not be passed here; BlockView::Release ends it.
+  // changed since) names nothing there (kvtierd starts its lease numbers
+  // at a random point each start) and is NotFound; BlockView::Release
+  // ends it with its own connection.
   Status Release(uint64_t lease);
 
   // Removes blocks; returns how many were cached. Pinned blocks disappear

@@ -301,6 +301,38 @@ TEST(Reconnect, HandlesFromBeforeARestartStaySafe) {
   EXPECT_TRUE(fresh[0]->Release().ok());
 }
 
+// The raw Release(lease) goes to the current connection: a lease number
+// from the old daemon, handed to the new one, must end nothing there, even
+// when the new daemon pinned the same block for this client (same shard,
+// and with lease numbers counted from the same start, the same number).
+TEST(Reconnect, ARawLeaseFromBeforeARestartEndsNothing) {
+  RestartableKvtierd daemon;
+  ASSERT_TRUE(daemon.running());
+  auto connected = Client::Connect(ReconnectingOptions(daemon));
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Client& client = **connected;
+  constexpr NamespaceId kNs = 1;
+  const auto keys = TestKeys(TestNamespace(), 1, 8);
+  ASSERT_TRUE(client.Put(kNs, keys[0], Block(keys[0], kBlockBytes, 1)).ok());
+  auto old_pin = client.Pin(kNs, keys);
+  ASSERT_TRUE(old_pin[0].ok()) << old_pin[0].status().ToString();
+  const uint64_t old_lease = old_pin[0]->lease();
+
+  daemon.Kill();
+  daemon.Start();
+  ASSERT_TRUE(daemon.running());
+  ASSERT_TRUE(StatsEventually(client).ok());
+  ASSERT_TRUE(client.Put(kNs, keys[0], Block(keys[0], kBlockBytes, 2)).ok());
+  auto fresh = client.Pin(kNs, keys);
+  ASSERT_TRUE(fresh[0].ok()) << fresh[0].status().ToString();
+  EXPECT_NE(fresh[0]->lease(), old_lease) << "lease numbers must not repeat across daemon starts";
+  EXPECT_EQ(client.Release(old_lease).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Counters(client).at("engine.leases"), 1) << "the old number ended the new daemon's pin";
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 2, fresh[0]->data()));
+  EXPECT_TRUE(fresh[0]->Release().ok());
+  old_pin.clear();  // its release went with the old connection
+}
+
 // With reconnect off the Client stays failed after the restart, as
 // before: Unavailable at once, every time; a new Client works.
 TEST(Reconnect, OffKeepsTheClientFailed) {

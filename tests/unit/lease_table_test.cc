@@ -13,7 +13,7 @@ namespace {
 BlockKey Key(uint64_t i) { return BlockKey{0x1ea5e, i}; }
 
 TEST(LeaseTableTest, IdsAreDistinctAndNameTheirShard) {
-  LeaseTable table(37);
+  LeaseTable table(37, 1);
   std::set<LeaseId> ids;
   for (uint64_t i = 0; i < 100; ++i) {
     const LeaseId lease = table.Grant(1, Key(i % 3), i);
@@ -26,7 +26,7 @@ TEST(LeaseTableTest, IdsAreDistinctAndNameTheirShard) {
 }
 
 TEST(LeaseTableTest, OnlyTheHolderReleasesAndOnlyOnce) {
-  LeaseTable table(0);
+  LeaseTable table(0, 1);
   const LeaseId lease = table.Grant(7, Key(1), 11);
   Result<LeaseRecord> foreign = table.Take(8, lease);
   EXPECT_EQ(foreign.status().code(), StatusCode::kPermissionDenied);
@@ -42,7 +42,7 @@ TEST(LeaseTableTest, OnlyTheHolderReleasesAndOnlyOnce) {
 }
 
 TEST(LeaseTableTest, TakeAllEndsOneConnectionsLeasesAndNoOthers) {
-  LeaseTable table(2);
+  LeaseTable table(2, 1);
   const LeaseId a = table.Grant(1, Key(1), 1);
   const LeaseId b = table.Grant(1, Key(2), 2);
   const LeaseId other = table.Grant(2, Key(1), 1);
@@ -54,6 +54,15 @@ TEST(LeaseTableTest, TakeAllEndsOneConnectionsLeasesAndNoOthers) {
   EXPECT_TRUE(table.TakeAll(1).empty());
   EXPECT_EQ(table.size(), 1u);
   EXPECT_TRUE(table.Take(2, other).ok());
+}
+
+TEST(LeaseTableTest, NumbersCountFromTheirFirstSequence) {
+  LeaseTable first(5, 1), second(5, 1000);
+  const LeaseId a = first.Grant(1, Key(1), 1);
+  const LeaseId b = second.Grant(1, Key(1), 1);
+  EXPECT_EQ(a >> kLeaseShardBits, 1u);
+  EXPECT_EQ(b >> kLeaseShardBits, 1000u);
+  EXPECT_EQ(first.Take(1, b).status().code(), StatusCode::kNotFound) << "another table's number names nothing here";
 }
 
 }  // namespace
