@@ -9,6 +9,7 @@ other uids); skipped otherwise.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -94,6 +95,29 @@ def tenants_config():
     ''')
 
 
+def stage_for_other_users(stage):
+    """Copies what the other uids run (the package, the libraries it loads
+    from the build tree, the kvtier tool) to `stage`, readable by all: the
+    build tree may sit where only root can read (a clone under /root)."""
+    package = Path(kvtier.__file__).resolve().parent
+    shutil.copytree(package, stage / "python" / "kvtier")
+    (stage / "lib").mkdir()
+    extension = next(package.glob("_kvtier*.so"))
+    for line in subprocess.run(["ldd", str(extension)], capture_output=True, text=True, check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>" and not parts[2].startswith(("/lib", "/usr")):
+            shutil.copy(parts[2], stage / "lib" / parts[0])
+    if KVTIER_TOOL:
+        (stage / "bin").mkdir()
+        shutil.copy(KVTIER_TOOL, stage / "bin" / "kvtier")
+    for path in [stage, *stage.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    env = os.environ.copy()
+    env["PYTHONPATH"] = str(stage / "python")
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(stage / "lib"), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
 @pytest.fixture
 def tenancy(make_daemon):
     d = make_daemon(host_bytes=64 * MiB, nvme_bytes=64 * MiB,
@@ -106,19 +130,20 @@ def tenancy(make_daemon):
     child = d.directory / "child.py"
     child.write_text(CHILD)
     os.chmod(child, 0o644)
+    d.child_env = stage_for_other_users(d.directory / "stage")
     return d
 
 
-def run_as(uid, argv, groups=(SOCKET_GID,)):
+def run_as(d, uid, argv, groups=(SOCKET_GID,)):
     """`argv` as `uid` (primary group the same number), with `groups`."""
     cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}",
            "--groups=" + ",".join(str(g) for g in groups) if groups else "--clear-groups", *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=d.child_env)
 
 
 def client(d, uid, action, model="test/model", pattern=1, n=8):
-    r = run_as(uid, [sys.executable, str(d.directory / "child.py"), d.socket_path, action, model,
-                     str(pattern), str(n)])
+    r = run_as(d, uid, [sys.executable, str(d.directory / "child.py"), d.socket_path, action, model,
+                        str(pattern), str(n)])
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -126,8 +151,10 @@ def client(d, uid, action, model="test/model", pattern=1, n=8):
 def cli(d, uid, *args):
     if not KVTIER_TOOL:
         pytest.skip("KVTIER_TOOL is not set: run the suite through ctest")
-    return run_as(uid, [KVTIER_TOOL, *args, "--socket", d.socket_path]) if uid is not None else \
-        subprocess.run([KVTIER_TOOL, *args, "--socket", d.socket_path], capture_output=True, text=True, timeout=60)
+    if uid is None:  # root: the operator
+        return subprocess.run([KVTIER_TOOL, *args, "--socket", d.socket_path], capture_output=True, text=True,
+                              timeout=60)
+    return run_as(d, uid, [str(d.directory / "stage" / "bin" / "kvtier"), *args, "--socket", d.socket_path])
 
 
 def test_each_tenant_has_its_own_arena_blocks_and_fingerprints(tenancy):
