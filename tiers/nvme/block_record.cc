@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/checksum.h"
+#include "common/little_endian.h"
 
 namespace kvtier {
 namespace {
@@ -14,23 +15,6 @@ constexpr size_t kLayerChecksumsAt = 96;
 
 // xxh3-64 of the header with its own checksum field read as zero.
 uint64_t HeaderChecksum(std::span<const std::byte> header);
-
-void Put64(std::byte* at, uint64_t v) {
-  for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
-}
-void Put32(std::byte* at, uint32_t v) {
-  for (int i = 0; i < 4; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t Get64(const std::byte* at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(at[i]) << (8 * i);
-  return v;
-}
-uint32_t Get32(const std::byte* at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(at[i]) << (8 * i);
-  return v;
-}
 
 uint64_t HeaderChecksum(std::span<const std::byte> header) {
   std::byte copy[kRecordHeaderBytes];
@@ -44,20 +28,20 @@ uint64_t HeaderChecksum(std::span<const std::byte> header) {
 void EncodeRecordHeader(const RecordHeader& h, std::span<std::byte> out) {
   std::memset(out.data(), 0, out.size());
   std::byte* p = out.data();
-  Put64(p + 0, kMagic);
-  Put32(p + 8, kRecordFormatVersion);
-  Put32(p + 12, kRecordHeaderBytes);
-  Put64(p + 16, h.ns.hi);
-  Put64(p + 24, h.ns.lo);
-  Put64(p + 32, h.key.hi);
-  Put64(p + 40, h.key.lo);
-  Put64(p + 48, h.payload_bytes);
-  Put32(p + 56, h.layer_count);
-  Put64(p + 64, h.layer_bytes);
-  Put64(p + 72, h.payload_checksum);
-  Put64(p + 80, h.region_generation);
-  for (size_t i = 0; i < h.layer_checksums.size(); ++i) Put64(p + kLayerChecksumsAt + 8 * i, h.layer_checksums[i]);
-  Put64(p + kHeaderChecksumAt, HeaderChecksum(out.first(kRecordHeaderBytes)));
+  StoreLe64(p + 0, kMagic);
+  StoreLe32(p + 8, kRecordFormatVersion);
+  StoreLe32(p + 12, kRecordHeaderBytes);
+  StoreLe64(p + 16, h.ns.hi);
+  StoreLe64(p + 24, h.ns.lo);
+  StoreLe64(p + 32, h.key.hi);
+  StoreLe64(p + 40, h.key.lo);
+  StoreLe64(p + 48, h.payload_bytes);
+  StoreLe32(p + 56, h.layer_count);
+  StoreLe64(p + 64, h.layer_bytes);
+  StoreLe64(p + 72, h.payload_checksum);
+  StoreLe64(p + 80, h.region_generation);
+  for (size_t i = 0; i < h.layer_checksums.size(); ++i) StoreLe64(p + kLayerChecksumsAt + 8 * i, h.layer_checksums[i]);
+  StoreLe64(p + kHeaderChecksumAt, HeaderChecksum(out.first(kRecordHeaderBytes)));
 }
 
 Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
@@ -66,23 +50,23 @@ Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
                       std::to_string(in.size()));
   }
   const std::byte* p = in.data();
-  if (Get64(p) != kMagic) return Corruption("no record header here (bad magic)");
-  if (Get32(p + 8) != kRecordFormatVersion) {
-    return Corruption("record format version " + std::to_string(Get32(p + 8)) + " is not " +
+  if (LoadLe64(p) != kMagic) return Corruption("no record header here (bad magic)");
+  if (LoadLe32(p + 8) != kRecordFormatVersion) {
+    return Corruption("record format version " + std::to_string(LoadLe32(p + 8)) + " is not " +
                       std::to_string(kRecordFormatVersion));
   }
-  if (Get32(p + 12) != kRecordHeaderBytes) return Corruption("record header size field is wrong");
-  if (Get64(p + kHeaderChecksumAt) != HeaderChecksum(in.first(kRecordHeaderBytes))) {
+  if (LoadLe32(p + 12) != kRecordHeaderBytes) return Corruption("record header size field is wrong");
+  if (LoadLe64(p + kHeaderChecksumAt) != HeaderChecksum(in.first(kRecordHeaderBytes))) {
     return Corruption("record header checksum mismatch (torn or overwritten)");
   }
   RecordHeader h;
-  h.ns = BlockKey{Get64(p + 16), Get64(p + 24)};
-  h.key = BlockKey{Get64(p + 32), Get64(p + 40)};
-  h.payload_bytes = Get64(p + 48);
-  h.layer_count = Get32(p + 56);
-  h.layer_bytes = Get64(p + 64);
-  h.payload_checksum = Get64(p + 72);
-  h.region_generation = Get64(p + 80);
+  h.ns = BlockKey{LoadLe64(p + 16), LoadLe64(p + 24)};
+  h.key = BlockKey{LoadLe64(p + 32), LoadLe64(p + 40)};
+  h.payload_bytes = LoadLe64(p + 48);
+  h.layer_count = LoadLe32(p + 56);
+  h.layer_bytes = LoadLe64(p + 64);
+  h.payload_checksum = LoadLe64(p + 72);
+  h.region_generation = LoadLe64(p + 80);
   if (h.layer_count == 0 || h.layer_bytes == 0 || h.payload_bytes / h.layer_count != h.layer_bytes ||
       h.payload_bytes % h.layer_count != 0) {
     return Corruption("record layer geometry (" + std::to_string(h.layer_count) + " x " +
@@ -91,7 +75,7 @@ Result<RecordHeader> DecodeRecordHeader(std::span<const std::byte> in) {
   }
   if (h.layer_count <= kMaxLayerChecksums) {
     h.layer_checksums.resize(h.layer_count);
-    for (uint32_t i = 0; i < h.layer_count; ++i) h.layer_checksums[i] = Get64(p + kLayerChecksumsAt + 8 * i);
+    for (uint32_t i = 0; i < h.layer_count; ++i) h.layer_checksums[i] = LoadLe64(p + kLayerChecksumsAt + 8 * i);
   }
   return h;
 }

@@ -3,28 +3,12 @@
 #include <cstring>
 
 #include "common/checksum.h"
+#include "common/little_endian.h"
 
 namespace kvtier {
 namespace {
 
 constexpr char kMagicBytes[8] = {'K', 'V', 'T', 'R', 'E', 'M', '0', '1'};
-
-void Put64(std::byte* at, uint64_t v) {
-  for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
-}
-void Put32(std::byte* at, uint32_t v) {
-  for (int i = 0; i < 4; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t Get64(const std::byte* at) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(at[i]);
-  return v;
-}
-uint32_t Get32(const std::byte* at) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(at[i]);
-  return v;
-}
 
 }  // namespace
 
@@ -36,15 +20,15 @@ void EncodeRemoteHeader(const RemoteBlock& block, uint64_t payload_bytes,
                         std::span<std::byte, kRemoteHeaderBytes> out) {
   std::byte* h = out.data();
   std::memcpy(h, kMagicBytes, 8);
-  Put32(h + 8, kRemoteFormatVersion);
-  Put32(h + 12, block.layer_count);
-  Put64(h + 16, block.ns.hi);
-  Put64(h + 24, block.ns.lo);
-  Put64(h + 32, block.key.hi);
-  Put64(h + 40, block.key.lo);
-  Put64(h + 48, payload_bytes);
-  Put64(h + 56, block.payload_checksum);
-  Put64(h + 64, BlockChecksum(std::span<const std::byte>(h, 64)));
+  StoreLe32(h + 8, kRemoteFormatVersion);
+  StoreLe32(h + 12, block.layer_count);
+  StoreLe64(h + 16, block.ns.hi);
+  StoreLe64(h + 24, block.ns.lo);
+  StoreLe64(h + 32, block.key.hi);
+  StoreLe64(h + 40, block.key.lo);
+  StoreLe64(h + 48, payload_bytes);
+  StoreLe64(h + 56, block.payload_checksum);
+  StoreLe64(h + 64, BlockChecksum(std::span<const std::byte>(h, 64)));
 }
 
 std::string EncodeRemoteValue(const RemoteBlock& block, std::span<const std::byte> payload) {
@@ -64,27 +48,27 @@ Result<std::span<const std::byte>> DecodeRemoteValue(std::span<const std::byte> 
   }
   const std::byte* h = value.data();
   if (std::memcmp(h, kMagicBytes, 8) != 0) return Corruption("remote value is not a kvtier block (magic)");
-  if (Get64(h + 64) != BlockChecksum(value.first(64))) return Corruption("remote value header fails its checksum");
-  if (Get32(h + 8) != kRemoteFormatVersion) {
-    return Corruption("remote value has format version " + std::to_string(Get32(h + 8)));
+  if (LoadLe64(h + 64) != BlockChecksum(value.first(64))) return Corruption("remote value header fails its checksum");
+  if (LoadLe32(h + 8) != kRemoteFormatVersion) {
+    return Corruption("remote value has format version " + std::to_string(LoadLe32(h + 8)));
   }
-  const NamespaceFingerprint stored_ns{Get64(h + 16), Get64(h + 24)};
-  const BlockKey stored_key{Get64(h + 32), Get64(h + 40)};
+  const NamespaceFingerprint stored_ns{LoadLe64(h + 16), LoadLe64(h + 24)};
+  const BlockKey stored_key{LoadLe64(h + 32), LoadLe64(h + 40)};
   if (stored_ns != ns || stored_key != key) {
     return FailedPrecondition("remote value belongs to " + stored_ns.ToHex() + "/" + stored_key.ToHex());
   }
-  const uint64_t payload_bytes = Get64(h + 48);
+  const uint64_t payload_bytes = LoadLe64(h + 48);
   if (payload_bytes != value.size() - kRemoteHeaderBytes) {
     return Corruption("remote value holds " + std::to_string(value.size() - kRemoteHeaderBytes) +
                       " payload bytes, its header says " + std::to_string(payload_bytes));
   }
-  const uint32_t layers = Get32(h + 12);
+  const uint32_t layers = LoadLe32(h + 12);
   if (layers == 0 || payload_bytes % layers != 0) {
     return Corruption("remote value has " + std::to_string(layers) + " layers over " + std::to_string(payload_bytes) +
                       " bytes");
   }
   const std::span<const std::byte> payload = value.subspan(kRemoteHeaderBytes);
-  if (BlockChecksum(payload) != Get64(h + 56)) return Corruption("remote value payload fails its checksum");
+  if (BlockChecksum(payload) != LoadLe64(h + 56)) return Corruption("remote value payload fails its checksum");
   if (layer_count != nullptr) *layer_count = layers;
   return payload;
 }
