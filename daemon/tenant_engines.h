@@ -61,7 +61,7 @@ class DaemonEngines {
   static Result<std::unique_ptr<DaemonEngines>> Open(const DaemonConfig& config, TierStack& stack, Clock& clock);
   ~DaemonEngines();
 
-  bool has_tenants() const { return !shared_.empty() || tenants_.front().scope != nullptr; }
+  bool has_tenants() const { return tenants_.front().scope != nullptr; }
   const std::vector<Tenant>& tenants() const { return tenants_; }
 
   // What the server serves: one entry per tenant, in configuration order.

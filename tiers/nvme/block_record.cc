@@ -14,8 +14,6 @@ constexpr size_t kHeaderChecksumAt = 88;
 constexpr size_t kLayerChecksumsAt = 96;
 
 // xxh3-64 of the header with its own checksum field read as zero.
-uint64_t HeaderChecksum(std::span<const std::byte> header);
-
 uint64_t HeaderChecksum(std::span<const std::byte> header) {
   std::byte copy[kRecordHeaderBytes];
   std::memcpy(copy, header.data(), kRecordHeaderBytes);
