@@ -6,13 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <netinet/in.h>
 #include <random>
 #include <sstream>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/remote/hash_slot.h"
 #include "tiers/remote/remote_value.h"
@@ -20,22 +19,9 @@
 namespace kvtier::testing {
 namespace {
 
-// A loopback TCP port nobody listens on now.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof addr;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length), 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST(HashSlotRedis, EveryKeyLandsWhereRedisServerPutsIt) {
   const std::string dir = MakeTempDir();
-  const std::string port = std::to_string(FreePort());
+  const std::string port = std::to_string(FreeLoopbackPort());
   const CommandResult started = RunCommand(
       {"/usr/bin/redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
        "--cluster-config-file", dir + "/nodes.conf", "--dir", dir, "--save", "", "--appendonly", "no",
