@@ -41,14 +41,14 @@ std::string EncodeRemoteValue(const RemoteBlock& block, std::span<const std::byt
   return value;
 }
 
-Result<std::span<const std::byte>> DecodeRemoteValue(std::span<const std::byte> value, const NamespaceFingerprint& ns,
-                                                     const BlockKey& key, uint32_t* layer_count) {
-  if (value.size() < kRemoteHeaderBytes) {
-    return Corruption("remote value of " + std::to_string(value.size()) + " bytes is shorter than its header");
+Result<RemoteHeader> DecodeRemoteHeader(std::span<const std::byte> header, const NamespaceFingerprint& ns,
+                                        const BlockKey& key) {
+  if (header.size() < kRemoteHeaderBytes) {
+    return Corruption("remote value of " + std::to_string(header.size()) + " bytes is shorter than its header");
   }
-  const std::byte* h = value.data();
+  const std::byte* h = header.data();
   if (std::memcmp(h, kMagicBytes, 8) != 0) return Corruption("remote value is not a kvtier block (magic)");
-  if (LoadLe64(h + 64) != BlockChecksum(value.first(64))) return Corruption("remote value header fails its checksum");
+  if (LoadLe64(h + 64) != BlockChecksum(header.first(64))) return Corruption("remote value header fails its checksum");
   if (LoadLe32(h + 8) != kRemoteFormatVersion) {
     return Corruption("remote value has format version " + std::to_string(LoadLe32(h + 8)));
   }
@@ -57,19 +57,28 @@ Result<std::span<const std::byte>> DecodeRemoteValue(std::span<const std::byte> 
   if (stored_ns != ns || stored_key != key) {
     return FailedPrecondition("remote value belongs to " + stored_ns.ToHex() + "/" + stored_key.ToHex());
   }
-  const uint64_t payload_bytes = LoadLe64(h + 48);
-  if (payload_bytes != value.size() - kRemoteHeaderBytes) {
-    return Corruption("remote value holds " + std::to_string(value.size() - kRemoteHeaderBytes) +
-                      " payload bytes, its header says " + std::to_string(payload_bytes));
+  RemoteHeader out;
+  out.layer_count = LoadLe32(h + 12);
+  out.payload_bytes = LoadLe64(h + 48);
+  out.payload_checksum = LoadLe64(h + 56);
+  if (out.layer_count == 0 || out.payload_bytes % out.layer_count != 0) {
+    return Corruption("remote value has " + std::to_string(out.layer_count) + " layers over " +
+                      std::to_string(out.payload_bytes) + " bytes");
   }
-  const uint32_t layers = LoadLe32(h + 12);
-  if (layers == 0 || payload_bytes % layers != 0) {
-    return Corruption("remote value has " + std::to_string(layers) + " layers over " + std::to_string(payload_bytes) +
-                      " bytes");
+  return out;
+}
+
+Result<std::span<const std::byte>> DecodeRemoteValue(std::span<const std::byte> value, const NamespaceFingerprint& ns,
+                                                     const BlockKey& key, uint32_t* layer_count) {
+  Result<RemoteHeader> header = DecodeRemoteHeader(value, ns, key);
+  if (!header.ok()) return header.status();
+  if (header->payload_bytes != value.size() - kRemoteHeaderBytes) {
+    return Corruption("remote value holds " + std::to_string(value.size() - kRemoteHeaderBytes) +
+                      " payload bytes, its header says " + std::to_string(header->payload_bytes));
   }
   const std::span<const std::byte> payload = value.subspan(kRemoteHeaderBytes);
-  if (BlockChecksum(payload) != LoadLe64(h + 56)) return Corruption("remote value payload fails its checksum");
-  if (layer_count != nullptr) *layer_count = layers;
+  if (BlockChecksum(payload) != header->payload_checksum) return Corruption("remote value payload fails its checksum");
+  if (layer_count != nullptr) *layer_count = header->layer_count;
   return payload;
 }
 

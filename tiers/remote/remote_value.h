@@ -48,6 +48,20 @@ void EncodeRemoteHeader(const RemoteBlock& block, uint64_t payload_bytes,
 // a SET sends when the payload is not sent from where it lies.
 std::string EncodeRemoteValue(const RemoteBlock& block, std::span<const std::byte> payload);
 
+// What a value's header says, once it verified (DecodeRemoteHeader).
+struct RemoteHeader {
+  uint32_t layer_count = 1;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_checksum = 0;
+};
+
+// The header at the start of a value of (`ns`, `key`): what a probe reads
+// (GETRANGE of the first kRemoteHeaderBytes) before any payload moves, and
+// what a read checks before it trusts the length. Errors as
+// DecodeRemoteValue, except that the payload is not looked at.
+Result<RemoteHeader> DecodeRemoteHeader(std::span<const std::byte> header, const NamespaceFingerprint& ns,
+                                        const BlockKey& key);
+
 // The payload of `value` if it is a whole, intact value of (`ns`, `key`);
 // its layer count in `*layer_count` when not null. Errors, each a miss:
 //   Corruption         not a value of this format (magic, version, header

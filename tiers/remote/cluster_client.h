@@ -1,0 +1,122 @@
+// ClusterClient: commands on keys, sent to the Redis Cluster master that
+// owns each key's slot (hash_slot.h), over pooled RedisConnections.
+//
+// Routing: a slot map (slot -> node) read with CLUSTER SLOTS from the
+// first node that answers (the configured seeds, then every node learned).
+//   MOVED slot addr   the slot lives elsewhere now: the map's entry is
+//                     corrected and the command goes there (counted)
+//   ASK slot addr     the slot is being migrated and this key already left:
+//                     the command goes there once, after ASKING; the map
+//                     is unchanged
+//   TRYAGAIN          a multi-key operation mid-migration: retried shortly
+//   CLUSTERDOWN       Unavailable
+// A node that does not answer (refused, reset, closed) is skipped for
+// `node_retry`, and makes the client
+// read the map again from another node (after a failover a replica owns
+// the slot) and retry, until `max_redirects` attempts or the deadline.
+// A server without cluster support ("cluster support disabled") is one
+// node owning every slot, so a plain Redis works as well.
+//
+// Errors: Unavailable (no node reachable, cluster down), TimedOut (the
+// deadline passed: the DeadlineExceeded), ProtocolError; a Redis
+// error reply other than the routing ones comes back as a kError reply.
+//
+// Thread-safe: any thread may run commands; each takes a connection of
+// its own from the node's pool for the duration.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/counters.h"
+#include "kvtier/result.h"
+#include "tiers/remote/hash_slot.h"
+#include "tiers/remote/redis_connection.h"
+
+namespace kvtier {
+
+struct ClusterOptions {
+  std::vector<std::string> seeds;  // "host:port" of some nodes (one is enough)
+  std::chrono::milliseconds connect_timeout{250};
+  size_t idle_connections_per_node = 16;  // kept open between commands
+  int max_attempts = 6;                   // redirects and retries of one command
+  // After a node refused or did not answer a connect, it is skipped (a
+  // command for it fails at once with Unavailable) for this long, so a
+  // dead node costs each command nothing once it is known dead.
+  std::chrono::milliseconds node_retry{500};
+};
+
+class ClusterClient {
+ public:
+  // Checks the seed addresses; connects to nothing yet (the first command
+  // or Refresh does). InvalidArgument for an empty list or a bad address.
+  static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options);
+  ~ClusterClient();
+
+  // Reads the slot map again from the first node that answers.
+  Status Refresh(RedisDeadline deadline);
+
+  // One command on `key`: `run` appends it to the connection, flushes and
+  // reads its reply (it may be called again on another node after a
+  // redirect, so it must not consume anything of its own on the way).
+  using Command = std::function<Result<RespReply>(RedisConnection& connection)>;
+  Result<RespReply> Run(std::string_view key, const Command& run, RedisDeadline deadline);
+
+  // One command per key, pipelined: the keys of one node go out in one
+  // flush and their replies are read in order. `append(i, c)` appends key
+  // i's command, `read(i, c)` reads its reply; a key redirected on the way
+  // is run again alone (Run). One result per key, in order.
+  using Append = std::function<void(size_t index, RedisConnection& connection)>;
+  using Read = std::function<Result<RespReply>(size_t index, RedisConnection& connection)>;
+  std::vector<Result<RespReply>> RunPipelined(std::span<const std::string> keys, const Append& append,
+                                              const Read& read, RedisDeadline deadline);
+
+  // Whether some node answered lately: the last map refresh, or a command
+  // since, succeeded. False once a refresh found no node answering (the
+  // whole cluster down, or this host cut off), as opposed to one node
+  // failing, which only its keys feel.
+  bool reachable() const { return reachable_.load(std::memory_order_relaxed); }
+
+  // The node addresses known now, masters and replicas alike.
+  std::vector<std::string> Nodes() const;
+
+  // remote.cluster.*: redirects, refreshes, connections.
+  void VisitCounters(CounterVisitor& v) const;
+
+ private:
+  struct Node;
+  explicit ClusterClient(const ClusterOptions& options);
+
+  // The node index for `address`, added if new.
+  size_t NodeFor(const std::string& host, int port);
+  // The node owning `slot`, or any known node while the map has none.
+  size_t NodeForSlot(uint16_t slot);
+  Result<std::unique_ptr<RedisConnection>> Acquire(size_t node, RedisDeadline deadline);
+  void Release(size_t node, std::unique_ptr<RedisConnection> connection);
+  // Reads CLUSTER SLOTS from `node` into the map.
+  Status RefreshFrom(size_t node, RedisDeadline deadline);
+  // A routing error reply's target ("MOVED 3999 127.0.0.1:6381"), sent by
+  // node `from` (whose host an empty one, "MOVED 3999 :6381", stands for).
+  // ProtocolError when it is not one.
+  Result<size_t> RedirectTarget(const std::string& error, size_t from, uint16_t* slot);
+
+  const ClusterOptions options_;
+  mutable std::shared_mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_ (append only)
+  std::array<int32_t, kClusterSlots> slot_owner_{};   // guarded by mu_; -1: unknown
+  std::mutex refresh_mu_;                             // one refresh at a time
+  std::atomic<bool> reachable_{true};
+
+  std::atomic<int64_t> moved_{0}, asked_{0}, try_again_{0}, refreshes_{0}, refresh_failures_{0};
+  std::atomic<int64_t> connects_{0}, connect_failures_{0}, retries_{0};
+};
+
+}  // namespace kvtier
