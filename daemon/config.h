@@ -71,6 +71,18 @@ struct DaemonConfig {
   double nvme_dwpd_planned_years = 0;
   double nvme_dwpd_share = 0;
   int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
+  // [remote]
+  std::string remote_nodes;       // "host:port,host:port"; empty: no remote tier
+  int64_t remote_capacity_bytes = 0;
+  std::string remote_admission;   // "all" | "second_hit" | "rate"
+  int64_t remote_write_rate = 0;  // bytes/s (rate admission)
+  int64_t remote_timeout_ms = 0;
+  int64_t remote_probe_timeout_ms = 0;
+  int64_t remote_retry_ms = 0;
+  int64_t remote_threads = 0;
+  int64_t remote_staging_bytes = 0;
+  int64_t remote_connections_per_node = 0;
+  int64_t remote_ttl_s = 0;
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"

@@ -77,7 +77,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   std::unique_ptr<Engine> engine(new Engine(options, host, clock));
   for (const LowerTier& lower : below) {
     if (lower.tier == nullptr) return InvalidArgument("a tier of the stack is missing");
-    auto made = TierAdmission::Create(lower.admission, lower.dwpd, *lower.tier, clock);
+    auto made = TierAdmission::Create(lower.admission, lower.dwpd, lower.rate_bytes_per_second, *lower.tier, clock);
     if (!made.ok()) {
       return InvalidArgument(std::string(lower.tier->name()) + " admission: " + made.status().message());
     }
@@ -85,6 +85,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     level->measured = std::make_unique<MeasuredTier>(*lower.tier);
     level->tier = level->measured.get();
     level->admission = std::move(made).value();
+    if (level->tier->probes()) engine->probing_ = true;
     engine->below_.push_back(std::move(level));
   }
   if (host.directory() != nullptr) host.directory()->SetLowerTiers(!below.empty() || above != nullptr);
@@ -159,32 +160,45 @@ void Engine::WaitForIdle() {
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   LookupOutcome out;
   out.tiers.reserve(keys.size());
-  for (const BlockKey& key : keys) {
+  // Where `key` is, from what the tiers know now (no I/O).
+  auto place = [&](const BlockKey& key) -> std::optional<Tier> {
     if (above_ != nullptr) {
       std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
       if (info && info->ns == ns) {
-        out.tiers.push_back(above_->source.tier->kind());
         Bump(above_->source.lookup_hits);
-        continue;
+        return above_->source.tier->kind();
       }
     }
     EngineShard& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
-      out.tiers.push_back(Tier::kHost);
       Bump(counters_.host_lookup_hits);
-      continue;
+      return Tier::kHost;
     }
     std::optional<Located> below = FindBelow(key, ns);
     if (!below) {
       // Being demoted: in that tier as soon as its write ends.
       auto demoting = shard.demoting.find(key);
-      if (demoting == shard.demoting.end() || demoting->second.ns != ns) break;
+      if (demoting == shard.demoting.end() || demoting->second.ns != ns) return std::nullopt;
       below = Located{demoting->second.level, {}};
     }
-    out.tiers.push_back(below_[below->level]->tier->kind());
     Bump(below_[below->level]->lookup_hits);
+    return below_[below->level]->tier->kind();
+  };
+  bool probed = false;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::optional<Tier> tier = place(keys[i]);
+    if (!tier && !probed && !below_.empty()) {
+      // The rest of the chain is not known here: tiers that others write
+      // too (the remote tier) learn about it now, with no lock held, in
+      // one round trip for all of it.
+      probed = true;
+      for (const auto& b : below_) b->tier->Probe(ns, keys.subspan(i));
+      tier = place(keys[i]);
+    }
+    if (!tier) break;
+    out.tiers.push_back(*tier);
   }
   out.prefix_blocks = out.tiers.size();
   if (out.prefix_blocks < keys.size()) Bump(counters_.lookup_misses);
@@ -367,6 +381,7 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
   batch->done = std::move(done);
+  ProbeUnknown(ns, keys);
   PinClaims claims = ClaimPins(batch, ns, keys, layers);
   for (const auto& p : claims.promote) Promote(p.key, p.from);
   for (const auto& r : claims.read_layers) ReadLayers(batch, r.index, r.key, r.from, layers);
@@ -374,6 +389,19 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
   // A prefetched block was used: the budget it held may go to the next
   // queued requests.
   if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+}
+
+void Engine::ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  if (!probing_) return;
+  std::vector<BlockKey> unknown;
+  for (const BlockKey& key : keys) {
+    EngineShard& shard = ShardFor(key);
+    std::lock_guard lock(shard.mu);
+    if (shard.index.count(key) != 0 || shard.demoting.count(key) != 0) continue;
+    if (!FindOutside(key, ns)) unknown.push_back(key);
+  }
+  if (unknown.empty()) return;
+  for (const auto& b : below_) b->tier->Probe(ns, unknown);
 }
 
 Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,

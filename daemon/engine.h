@@ -171,9 +171,11 @@ struct LayerSpan {
 struct LowerTier {
   BlockTier* tier = nullptr;  // borrowed; outlives the Engine
   // Which blocks evicted from the tier above it takes: "all" |
-  // "second_hit" | "dwpd" (then `dwpd` must validate).
+  // "second_hit" | "dwpd" (then `dwpd` must validate) | "rate" (then
+  // `rate_bytes_per_second` must be positive).
   std::string admission = "all";
   DwpdOptions dwpd;
+  uint64_t rate_bytes_per_second = 0;
 };
 
 struct EngineShard;
@@ -489,6 +491,10 @@ class Engine {
   // promotion, a demotion or a layer read are counted in
   // batch->outstanding and, when the batch has on_resolve, marked in
   // batch->waiting. Takes one shard lock at a time.
+  // Lets the tiers that probe (BlockTier::Probe) learn about those of
+  // `keys` no tier knows of, before a pin or load claims them. No lock
+  // held; nothing when no tier of the stack probes.
+  void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
   // Layer-wise loads (engine_load.cc): a load's record and board, and the
@@ -627,6 +633,7 @@ class Engine {
     std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
   };
   std::vector<std::unique_ptr<Below>> below_;
+  bool probing_ = false;  // some tier of below_ probes (BlockTier::probes), set at Create
   // The tier above the host: its source record (read meter, lookup hits)
   // and its LRU. Null without one.
   struct Above {

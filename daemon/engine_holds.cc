@@ -98,6 +98,7 @@ std::vector<Engine::HoldResult> Engine::Hold(const NamespaceFingerprint& ns, std
   batch->on_resolve = [this, ns, to_pin, expires_us, epoch](size_t j, const PinGrant& grant) {
     if (!HoldLanded(ns, to_pin[j], grant, expires_us, epoch).ok()) Bump(counters_.hold_failures);
   };
+  ProbeUnknown(ns, to_pin);
   PinClaims claims = ClaimPins(batch, ns, to_pin, LayerSpan{});
   // Settled inline (host hits, misses) before any read starts: nobody else
   // writes these grants.

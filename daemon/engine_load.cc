@@ -198,6 +198,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
     LoadBlockResolved(load, pinned[index], grant);
   };
+  ProbeUnknown(ns, pinned_keys);
   PinClaims claims = ClaimPins(batch, ns, pinned_keys, LayerSpan{});
   for (PinClaim& c : claims.promote) c.index = pinned[c.index];
 

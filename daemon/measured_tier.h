@@ -33,6 +33,8 @@ class MeasuredTier final : public BlockTier {
   uint64_t used_bytes() const override { return inner_.used_bytes(); }
   uint64_t StoredBytes(uint64_t payload_bytes) const override { return inner_.StoredBytes(payload_bytes); }
   std::optional<BlockInfo> Find(const BlockKey& key) const override { return inner_.Find(key); }
+  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override { inner_.Probe(ns, keys); }
+  bool probes() const override { return inner_.probes(); }
   void ForEachBlock(const BlockVisitor& visit) const override { inner_.ForEachBlock(visit); }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,

@@ -139,6 +139,14 @@ std::optional<BlockTier::BlockInfo> TenantTier::Find(const BlockKey& key) const 
   return info;
 }
 
+void TenantTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  if (!scope_.Owns(ns)) return;
+  std::vector<BlockKey> scoped;
+  scoped.reserve(keys.size());
+  for (const BlockKey& key : keys) scoped.push_back(scope_.Scope(key));
+  inner().Probe(ns, scoped);
+}
+
 Status TenantTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                          std::span<const std::byte> payload, WriteDone done,
                          std::optional<uint64_t> payload_checksum) {

@@ -7,7 +7,7 @@
 // TenantTier, for one tenant (its TenantScope, daemon/tenant_scope.h):
 // - stores the tenant's key k as scope.Scope(k), in the tenant's scoped
 //   namespaces only (a Write of another namespace is InvalidArgument);
-// - sees only the tenant's blocks: Find, Read, Erase, HoldInPlace answer
+// - sees only the tenant's blocks: Find, Probe, Read, Erase, HoldInPlace answer
 //   NotFound for a block of another tenant's namespace, ForEachBlock and
 //   ForEachNamespaceBytes skip them and give keys back unscoped;
 // - enforces the tenant's quota: a Write that would take the tenant's
@@ -93,6 +93,8 @@ class TenantTier final : public BlockTier {
   uint64_t used_bytes() const override;
   uint64_t StoredBytes(uint64_t payload_bytes) const override { return inner().StoredBytes(payload_bytes); }
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
+  bool probes() const override { return inner().probes(); }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;

@@ -5,7 +5,8 @@
 namespace kvtier {
 
 Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& name, const DwpdOptions& dwpd,
-                                                              const BlockTier& tier, const Clock& clock) {
+                                                              uint64_t rate_bytes_per_second, const BlockTier& tier,
+                                                              const Clock& clock) {
   std::unique_ptr<AdmissionPolicy> policy;
   if (name == "all") {
     policy = MakeAdmitAllPolicy();
@@ -15,8 +16,12 @@ Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& 
     auto made = MakeDwpdPolicy(dwpd, clock.NowUs());
     if (!made.ok()) return made.status();
     policy = std::move(made).value();
+  } else if (name == "rate") {
+    auto made = MakeRatePolicy(rate_bytes_per_second, clock.NowUs());
+    if (!made.ok()) return made.status();
+    policy = std::move(made).value();
   } else {
-    return InvalidArgument("unknown admission policy '" + name + "' (all, second_hit, dwpd)");
+    return InvalidArgument("unknown admission policy '" + name + "' (all, second_hit, dwpd, rate)");
   }
   return std::unique_ptr<TierAdmission>(new TierAdmission(std::move(policy), tier, clock));
 }

@@ -33,10 +33,12 @@ class BlockTier;
 
 class TierAdmission {
  public:
-  // `name`: "all", "second_hit" or "dwpd" (which needs dwpd to validate).
-  // `tier` and `clock` are borrowed. InvalidArgument naming the problem.
+  // `name`: "all", "second_hit", "dwpd" (which needs dwpd to validate) or
+  // "rate" (which needs a positive `rate_bytes_per_second`). `tier` and
+  // `clock` are borrowed. InvalidArgument naming the problem.
   static Result<std::unique_ptr<TierAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
-                                                       const BlockTier& tier, const Clock& clock);
+                                                       uint64_t rate_bytes_per_second, const BlockTier& tier,
+                                                       const Clock& clock);
 
   // What the engine knows of an evicted block.
   struct Facts {

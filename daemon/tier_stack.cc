@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "daemon/nvme_setup.h"
+#include "daemon/remote_setup.h"
 
 namespace kvtier {
 namespace {
@@ -21,9 +22,16 @@ Result<std::unique_ptr<BlockTier>> OpenNvme(const DaemonConfig& config, Clock& c
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }
 
+Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock&) {
+  auto tier = OpenRemoteTier(config);
+  if (!tier.ok()) return tier.status();
+  return std::unique_ptr<BlockTier>(std::move(*tier));
+}
+
 // The registration table, in stack order.
 constexpr TierRegistration kTiers[] = {
     {"nvme", OpenNvme, NvmeAdmissionFromConfig},
+    {"remote", OpenRemote, RemoteAdmissionFromConfig},
 };
 
 }  // namespace

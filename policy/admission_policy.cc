@@ -1,5 +1,6 @@
 #include "policy/admission_policy.h"
 
+#include <algorithm>
 #include <string>
 
 namespace kvtier {
@@ -170,7 +171,52 @@ class DwpdPolicy final : public AdmissionPolicy {
   DwpdBudget dwpd_;
 };
 
+// second_hit's eligibility, then a token bucket of `rate` bytes/s holding
+// at most one second of it (or one block, when a block is larger).
+class RatePolicy final : public AdmissionPolicy {
+ public:
+  RatePolicy(uint64_t bytes_per_second, uint64_t now_us) : rate_(bytes_per_second), last_us_(now_us) {
+    tokens_ = static_cast<double>(rate_);
+  }
+  AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t now_us) override {
+    AdmissionOutcome o = Eligibility(c);
+    if (o == AdmissionOutcome::kAdmitted && !Take(c.bytes, now_us)) o = AdmissionOutcome::kNoBudget;
+    Count(o, c.bytes);
+    return o;
+  }
+  void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const override {
+    AdmissionPolicy::VisitCounters(prefix, v, now_us);
+    v.VisitGauge(std::string(prefix) + ".rate_bytes_per_second", static_cast<int64_t>(rate_));
+  }
+  std::string_view name() const override { return "rate"; }
+
+ protected:
+  bool TakeForced(uint64_t bytes, uint64_t now_us) override { return Take(bytes, now_us); }
+
+ private:
+  bool Take(uint64_t bytes, uint64_t now_us) {
+    if (now_us > last_us_) {
+      tokens_ += static_cast<double>(rate_) * static_cast<double>(now_us - last_us_) / 1e6;
+      last_us_ = now_us;
+    }
+    const double cap = std::max(static_cast<double>(rate_), static_cast<double>(bytes));
+    tokens_ = std::min(tokens_, cap);
+    if (tokens_ < static_cast<double>(bytes)) return false;
+    tokens_ -= static_cast<double>(bytes);
+    return true;
+  }
+
+  const uint64_t rate_;
+  uint64_t last_us_;
+  double tokens_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<AdmissionPolicy>> MakeRatePolicy(uint64_t bytes_per_second, uint64_t now_us) {
+  if (bytes_per_second == 0) return InvalidArgument("rate admission needs a positive bytes/s cap");
+  return std::unique_ptr<AdmissionPolicy>(std::make_unique<RatePolicy>(bytes_per_second, now_us));
+}
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy() { return std::make_unique<AdmitAllPolicy>(); }
 std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy() { return std::make_unique<SecondHitPolicy>(); }

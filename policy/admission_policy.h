@@ -8,6 +8,9 @@
 //   dwpd        second_hit's rules plus a DWPD write budget (dwpd_budget.h)
 //               and a class cutoff that narrows when the eligible blocks ask
 //               for more than the budget allows
+//   rate        second_hit's rules plus a bytes/s cap (a token bucket
+//               holding one second of it): the remote tier's, whose cost is
+//               network and the shared store's memory, not wear
 //
 // Prefix closure: a block is worth storing only if its prefix can be found
 // too, so second_hit and dwpd refuse a block whose parent is not cached.
@@ -60,7 +63,7 @@ enum class AdmissionOutcome : uint8_t {
   kFirstSighting,  // rejected: class kFirstSighting
   kClosedSession,  // rejected: class kClosedSession
   kBelowCutoff,    // rejected: class below the current cutoff (dwpd)
-  kNoBudget,       // rejected: the write budget's bucket is short (dwpd)
+  kNoBudget,       // rejected: the write budget's bucket is short (dwpd, rate)
   kParentMissing,  // rejected: prefix closure
 };
 inline constexpr size_t kAdmissionOutcomes = 6;
@@ -113,6 +116,8 @@ class AdmissionPolicy {
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy();
 std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy();
+// InvalidArgument for a zero cap. `now_us` is t0.
+Result<std::unique_ptr<AdmissionPolicy>> MakeRatePolicy(uint64_t bytes_per_second, uint64_t now_us);
 // InvalidArgument when the options do not validate. `now_us` is t0.
 Result<std::unique_ptr<AdmissionPolicy>> MakeDwpdPolicy(const DwpdOptions& options, uint64_t now_us);
 

@@ -56,8 +56,19 @@ class BlockTier {
     uint32_t layer_count = 0;
     uint64_t payload_checksum = 0;  // xxh3-64 of the whole payload as stored
   };
-  // The block stored under `key`, if it is readable now.
+  // The block stored under `key`, if it is readable now, as far as this
+  // tier knows without I/O: Find is called under engine locks, so it never
+  // waits for a device or the network.
   virtual std::optional<BlockInfo> Find(const BlockKey& key) const = 0;
+  // Learns which of `keys` (blocks of `ns`) it holds, so that Find answers
+  // for them: for a tier whose contents change behind its back (the remote
+  // tier, which every node writes). May do I/O, bounded by the tier's own
+  // deadline; the engine calls it with no lock held, before it looks the
+  // keys up (a Lookup's keys not found above). Default: nothing to learn.
+  virtual void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {}
+  // Whether Probe can learn anything; the engine skips gathering what to
+  // probe when no tier of its stack does. Default: no.
+  virtual bool probes() const { return false; }
 
   using WriteDone = std::function<void(Status)>;
   // Stores `payload` (layer-major, `layer_count` equal layers) under `key`;

@@ -1,0 +1,57 @@
+#include "daemon/remote_setup.h"
+
+#include "common/logging.h"
+
+namespace kvtier {
+
+RemoteTierOptions RemoteOptionsFromConfig(const DaemonConfig& config) {
+  RemoteTierOptions o;
+  std::string_view nodes = config.remote_nodes;
+  while (!nodes.empty()) {
+    const size_t comma = nodes.find(',');
+    std::string_view node = nodes.substr(0, comma);
+    while (!node.empty() && node.front() == ' ') node.remove_prefix(1);
+    while (!node.empty() && node.back() == ' ') node.remove_suffix(1);
+    if (!node.empty()) o.cluster.seeds.emplace_back(node);
+    nodes = comma == std::string_view::npos ? std::string_view() : nodes.substr(comma + 1);
+  }
+  o.cluster.idle_connections_per_node = static_cast<size_t>(config.remote_connections_per_node);
+  o.capacity_bytes = static_cast<uint64_t>(config.remote_capacity_bytes);
+  o.timeout = std::chrono::milliseconds(config.remote_timeout_ms);
+  o.probe_timeout = std::chrono::milliseconds(config.remote_probe_timeout_ms);
+  o.retry_interval = std::chrono::milliseconds(config.remote_retry_ms);
+  o.threads = static_cast<unsigned>(config.remote_threads);
+  o.staging_bytes = static_cast<uint64_t>(config.remote_staging_bytes);
+  o.ttl_seconds = static_cast<uint32_t>(config.remote_ttl_s);
+  return o;
+}
+
+Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config) {
+  if (config.remote_nodes.empty()) return std::unique_ptr<RemoteTier>();
+  const RemoteTierOptions options = RemoteOptionsFromConfig(config);
+  auto tier = RemoteTier::Open(options);
+  if (!tier.ok()) return tier.status();
+  if ((*tier)->available()) {
+    spdlog::info("tier remote: redis cluster via {} ({} nodes known), share {} bytes", config.remote_nodes,
+                 options.cluster.seeds.size(), options.capacity_bytes);
+  } else {
+    spdlog::warn("tier remote: redis cluster via {} does not answer yet; serving without it, retrying every {} ms",
+                 config.remote_nodes, config.remote_retry_ms);
+  }
+  return tier;
+}
+
+Result<LowerTier> RemoteAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier) {
+  LowerTier lower;
+  lower.tier = &tier;
+  lower.admission = config.remote_admission;
+  lower.rate_bytes_per_second = static_cast<uint64_t>(config.remote_write_rate);
+  if (lower.admission == "rate") {
+    spdlog::info("remote admission: rate, {} bytes/s", lower.rate_bytes_per_second);
+  } else {
+    spdlog::info("remote admission: {}", lower.admission);
+  }
+  return lower;
+}
+
+}  // namespace kvtier

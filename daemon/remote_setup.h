@@ -1,0 +1,24 @@
+// Opens the remote tier a DaemonConfig describes (the [remote] section:
+// tiers/remote/remote_tier.h over a Redis Cluster) and its admission.
+#pragma once
+
+#include <memory>
+
+#include "daemon/config.h"
+#include "daemon/engine.h"
+#include "tiers/remote/remote_tier.h"
+
+namespace kvtier {
+
+// The options [remote] gives (remote.nodes split at commas).
+RemoteTierOptions RemoteOptionsFromConfig(const DaemonConfig& config);
+
+// Null when remote.nodes is empty (no remote tier). InvalidArgument naming
+// a bad node address. A cluster that does not answer yet is not an error:
+// the tier starts unavailable, logged, and keeps trying.
+Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config);
+
+// `tier` with remote.admission (and remote.write_rate for "rate").
+Result<LowerTier> RemoteAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier);
+
+}  // namespace kvtier

@@ -1,0 +1,155 @@
+// kvtierd with a remote tier ([remote] nodes = a real 6-node Redis Cluster,
+// tests/testing/redis_cluster.h), as operators run it: two daemons given
+// the same cluster serve each other's blocks (one puts, its arena pushes
+// them down to the cluster, the other looks them up and gets them from
+// there), and a daemon whose cluster goes down keeps serving its own tiers.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/redis_cluster.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kBlockBytes = 64 << 10;  // TestNamespace()'s whole block
+
+std::string RemoteToml(const std::string& nodes) {
+  return "[host]\ncapacity_bytes = \"8MiB\"\nlock_memory = \"off\"\n"
+         "[remote]\nnodes = \"" + nodes + "\"\nadmission = \"all\"\nretry_ms = 200\nprobe_timeout_ms = 500\n"
+         "[metrics]\nenabled = false\n";
+}
+
+std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {
+  ClientOptions options;
+  options.socket_path = daemon.socket_path();
+  options.namespaces = {TestNamespace()};
+  auto client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+// Polls `name` in `client`'s Stats until it reaches `at_least` (10 s).
+bool WaitForCounter(Client& client, const std::string& name, int64_t at_least) {
+  for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+    if (StatsCounters(client)[name] >= at_least) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+std::string LogOf(const DaemonProcess& daemon) {
+  std::ifstream in(daemon.log_path());
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class RemoteDaemon : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+    auto cluster = RedisCluster::Start(RedisCluster::Options{});
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+  }
+  std::unique_ptr<RedisCluster> cluster_;
+};
+
+TEST_F(RemoteDaemon, TwoDaemonsOnOneClusterServeEachOthersBlocks) {
+  const std::string nodes = cluster_->Seeds().front();
+  DaemonProcess a(KVTIERD_PATH, "", RemoteToml(nodes));
+  DaemonProcess b(KVTIERD_PATH, "", RemoteToml(nodes));
+  ASSERT_TRUE(a.running());
+  ASSERT_TRUE(b.running());
+  auto put = ConnectTo(a);
+  auto get = ConnectTo(b);
+  ASSERT_NE(put, nullptr);
+  ASSERT_NE(get, nullptr);
+  // 300 blocks through an 8 MiB arena: the oldest are pushed down to the
+  // cluster (remote.admission = all).
+  const auto keys = TestKeys(TestNamespace(), 300, 31);
+  for (const auto& k : keys) {
+    Status s = put->Put(0, k, Block(k, kBlockBytes));
+    ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << LogOf(a);
+  }
+  ASSERT_TRUE(WaitForCounter(*put, "remote.writes", 100)) << "daemon a wrote too little to the cluster";
+  const int64_t written = StatsCounters(*put)["remote.writes"];
+
+  // Daemon b has never seen these blocks: its lookup finds them remote.
+  auto found = get->Lookup(0, keys);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_GE(found->prefix_blocks, static_cast<size_t>(written / 2));
+  for (size_t i = 0; i < found->prefix_blocks; ++i) EXPECT_EQ(found->tiers[i], Tier::kRemote) << i;
+  std::vector<std::byte> dst(kBlockBytes);
+  for (size_t i = 0; i < found->prefix_blocks; ++i) {
+    auto got = get->Get(0, keys[i], dst);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().ToString();
+    ASSERT_EQ(*got, kBlockBytes);
+    ASSERT_TRUE(CheckBlockBytes(keys[i], 0, dst)) << "block " << i;
+  }
+  // Promoted into b's host tier: a second lookup of the last one says host
+  // (the first ones left b's 8 MiB arena again, for the cluster they came from).
+  auto again = get->Lookup(0, std::span(keys).subspan(found->prefix_blocks - 1, 1));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tiers.front(), Tier::kHost);
+  auto c = StatsCounters(*get);
+  EXPECT_GE(c["remote.probe_hits"], static_cast<int64_t>(found->prefix_blocks));
+  EXPECT_GE(c["engine.promotions"], static_cast<int64_t>(found->prefix_blocks));
+  EXPECT_EQ(c["remote.corrupt"], 0);
+  EXPECT_EQ(c["remote.writes"], 0) << "b only read";
+}
+
+TEST_F(RemoteDaemon, ADaemonWhoseClusterGoesDownKeepsServingItsOwnTiers) {
+  DaemonProcess daemon(KVTIERD_PATH, "", RemoteToml(cluster_->Seeds().front()));
+  ASSERT_TRUE(daemon.running());
+  auto client = ConnectTo(daemon);
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 200, 32);
+  for (size_t i = 0; i < 150; ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  ASSERT_TRUE(WaitForCounter(*client, "remote.writes", 10));
+  ASSERT_TRUE(cluster_->KillAll().ok());
+  // Everything still goes on: puts (evicting, the demotions now refused),
+  // gets of what the arena holds, lookups that cannot reach the cluster.
+  for (size_t i = 150; i < keys.size(); ++i) ASSERT_TRUE(client->Put(0, keys[i], Block(keys[i], kBlockBytes)).ok());
+  std::vector<std::byte> dst(kBlockBytes);
+  auto got = client->Get(0, keys.back(), dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys.back(), 0, dst));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    auto found = client->Lookup(0, keys);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "lookups wait for a dead cluster";
+  // The early blocks are unreachable now: a miss, never an error or hang.
+  auto early = client->Get(0, keys.front(), dst);
+  EXPECT_FALSE(early.ok());
+  auto c = StatsCounters(*client);
+  EXPECT_EQ(c["remote.available"], 0);
+  EXPECT_GE(c["remote.unavailable_periods"], 1);
+}
+
+TEST(RemoteDaemonStart, ADaemonStartsAndServesWhenItsClusterDoesNotAnswer) {
+  DaemonProcess daemon(KVTIERD_PATH, "", RemoteToml("127.0.0.1:" + std::to_string(FreeLoopbackPort())));
+  ASSERT_TRUE(daemon.running());
+  auto client = ConnectTo(daemon);
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 4, 33);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, kBlockBytes)).ok());
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const auto& k : keys) {
+    auto got = client->Get(0, k, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(CheckBlockBytes(k, 0, dst));
+  }
+  EXPECT_EQ(StatsCounters(*client)["remote.available"], 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,331 @@
+// The remote tier (tiers/remote/remote_tier.h) against a real 6-node Redis
+// Cluster on loopback (3 masters, 3 replicas: tests/testing/redis_cluster.h):
+// put/get, blocks another node wrote found by probing, values that are
+// gone, foreign or corrupt read as misses, a slot moved during the test
+// (MOVED and ASK), a master killed (failover with only misses between),
+// and the whole cluster down (the tier says unavailable, fast).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/redis_cluster.h"
+#include "tests/testing/test_daemon.h"
+#include "tiers/remote/hash_slot.h"
+#include "tiers/remote/remote_tier.h"
+#include "tiers/remote/remote_value.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const NamespaceFingerprint kNs{0x5eed, 0xcafe};
+constexpr uint32_t kLayers = 4;
+constexpr size_t kBlockBytes = 64 << 10;
+
+RemoteTierOptions TierOptions(const RedisCluster& cluster) {
+  RemoteTierOptions o;
+  o.cluster.seeds = {cluster.Seeds().front()};  // the rest are learned
+  o.timeout = 2000ms;
+  o.probe_timeout = 500ms;
+  o.retry_interval = 200ms;
+  o.threads = 2;
+  return o;
+}
+
+std::unique_ptr<RemoteTier> OpenTier(const RemoteTierOptions& options) {
+  auto tier = RemoteTier::Open(options);
+  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  return tier.ok() ? std::move(*tier) : nullptr;
+}
+
+std::vector<BlockKey> Keys(size_t n, uint64_t seed) {
+  std::vector<BlockKey> keys;
+  for (size_t i = 0; i < n; ++i) keys.push_back(BlockKey{seed, 0x1000 + i});
+  return keys;
+}
+
+Status WriteSync(BlockTier& tier, const BlockKey& key, std::span<const std::byte> bytes) {
+  std::promise<Status> done;
+  Status accepted = tier.Write(kNs, key, kLayers, bytes, [&done](Status s) { done.set_value(s); });
+  if (!accepted.ok()) return accepted;
+  return done.get_future().get();
+}
+
+Result<size_t> ReadSync(BlockTier& tier, const BlockKey& key, uint32_t first, uint32_t last, std::span<std::byte> dst) {
+  std::promise<Result<size_t>> done;
+  Status accepted = tier.Read(key, first, last, dst, [&done](Result<size_t> r) { done.set_value(std::move(r)); });
+  if (!accepted.ok()) return accepted;
+  return done.get_future().get();
+}
+
+int64_t Counter(const BlockTier& tier, std::string_view name) {
+  CounterCollector c;
+  tier.VisitCounters(c);
+  return FindCounter(c, name);
+}
+
+class RemoteTierCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+    auto cluster = RedisCluster::Start(RedisCluster::Options{});
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+  }
+
+  // Writes `keys` (FillBlockBytes(key, 0)) through `tier`.
+  void WriteAll(BlockTier& tier, const std::vector<BlockKey>& keys) {
+    for (const BlockKey& key : keys) {
+      const auto bytes = Block(key, kBlockBytes);
+      ASSERT_TRUE(WriteSync(tier, key, bytes).ok()) << key.ToHex();
+    }
+  }
+
+  std::unique_ptr<RedisCluster> cluster_;
+};
+
+TEST_F(RemoteTierCluster, BlocksReadBackWholeAndByLayerFromEveryMaster) {
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  EXPECT_TRUE(tier->available());
+  const auto keys = Keys(48, 1);
+  WriteAll(*tier, keys);
+  std::set<int> masters;
+  for (const BlockKey& key : keys) masters.insert(cluster_->MasterOf(HashSlot(RemoteKeyName(kNs, key))));
+  EXPECT_EQ(masters.size(), 3u) << "the keys should spread over every master";
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : keys) {
+    auto info = tier->Find(key);
+    ASSERT_TRUE(info.has_value());
+    EXPECT_EQ(info->payload_bytes, kBlockBytes);
+    EXPECT_EQ(info->layer_count, kLayers);
+    auto got = ReadSync(*tier, key, 0, kLayers, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(*got, kBlockBytes);
+    ASSERT_TRUE(CheckBlockBytes(key, 0, dst));
+  }
+  // Layers [1, 3): exactly those bytes.
+  const auto whole = Block(keys[5], kBlockBytes);
+  std::vector<std::byte> two(kBlockBytes / 2);
+  auto got = ReadSync(*tier, keys[5], 1, 3, two);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(std::equal(two.begin(), two.end(), whole.begin() + kBlockBytes / 4));
+  EXPECT_EQ(WriteSync(*tier, keys[0], whole).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(Counter(*tier, "remote.writes"), static_cast<int64_t>(keys.size()));
+  EXPECT_EQ(Counter(*tier, "remote.corrupt"), 0);
+}
+
+TEST_F(RemoteTierCluster, AnotherNodesBlocksAreFoundByProbingAndReadExact) {
+  auto writer = OpenTier(TierOptions(*cluster_));
+  auto reader = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  const auto keys = Keys(32, 2);
+  WriteAll(*writer, keys);
+  EXPECT_FALSE(reader->Find(keys[0]).has_value()) << "nothing known before a probe";
+  const auto absent = Keys(4, 99);
+  std::vector<BlockKey> asked = keys;
+  asked.insert(asked.end(), absent.begin(), absent.end());
+  reader->Probe(kNs, asked);
+  for (const BlockKey& key : absent) EXPECT_FALSE(reader->Find(key).has_value());
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : keys) {
+    ASSERT_TRUE(reader->Find(key).has_value()) << key.ToHex();
+    auto got = ReadSync(*reader, key, 0, kLayers, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(key, 0, dst));
+  }
+  EXPECT_EQ(Counter(*reader, "remote.probe_hits"), static_cast<int64_t>(keys.size()));
+  // Another namespace's probe finds nothing under these keys.
+  auto other = OpenTier(TierOptions(*cluster_));
+  other->Probe(NamespaceFingerprint{1, 2}, keys);
+  EXPECT_FALSE(other->Find(keys[0]).has_value());
+}
+
+TEST_F(RemoteTierCluster, GoneForeignAndCorruptValuesAreMissesNeverBytes) {
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  const auto keys = Keys(3, 3);
+  WriteAll(*tier, keys);
+  const std::string gone = RemoteKeyName(kNs, keys[0]);
+  const std::string foreign = RemoteKeyName(kNs, keys[1]);
+  const std::string corrupt = RemoteKeyName(kNs, keys[2]);
+  auto cli = [&](const std::string& key, std::vector<std::string> args) {
+    auto out = cluster_->Cli(cluster_->MasterOf(HashSlot(key)), args);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+  };
+  cli(gone, {"DEL", gone});
+  // keys[0]'s name now holds... nothing; keys[1]'s holds a valid value of
+  // another key (what a stale or colliding name would show); keys[2]'s
+  // holds bytes of the right length that are not a value.
+  std::string other = EncodeRemoteValue(RemoteBlock{kNs, BlockKey{7, 7}, kLayers, 0}, Block(BlockKey{7, 7}, kBlockBytes));
+  const std::string dir = MakeTempDir();
+  {
+    std::ofstream(dir + "/foreign", std::ios::binary) << other;
+    std::ofstream(dir + "/corrupt", std::ios::binary) << std::string(other.size(), 'x');
+  }
+  // redis-cli -x reads the value from stdin.
+  for (auto [key, file] : {std::pair{foreign, dir + "/foreign"}, std::pair{corrupt, dir + "/corrupt"}}) {
+    const CommandResult r = RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " +
+                                                             std::to_string(cluster_->MasterOf(HashSlot(key))) +
+                                                             " -x SET " + key + " < " + file});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  RemoveTree(dir);
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : keys) {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    auto got = ReadSync(*tier, key, 0, kLayers, dst);
+    EXPECT_FALSE(got.ok()) << key.ToHex() << " was served";
+    EXPECT_FALSE(tier->Find(key).has_value()) << "a failed value is forgotten";
+  }
+  EXPECT_EQ(Counter(*tier, "remote.lost"), 1);
+  EXPECT_EQ(Counter(*tier, "remote.foreign"), 1);
+  EXPECT_EQ(Counter(*tier, "remote.corrupt"), 1);
+  // A probe of them learns nothing either.
+  auto fresh = OpenTier(TierOptions(*cluster_));
+  fresh->Probe(kNs, keys);
+  for (const BlockKey& key : keys) EXPECT_FALSE(fresh->Find(key).has_value());
+}
+
+TEST_F(RemoteTierCluster, ASlotMovedDuringTheTestIsFollowedByRedirects) {
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  const auto keys = Keys(24, 4);
+  WriteAll(*tier, keys);
+  const uint16_t slot = HashSlot(RemoteKeyName(kNs, keys[0]));
+  const int from = cluster_->MasterOf(slot);
+  int to = 0;
+  for (int m : cluster_->Masters()) {
+    if (m != from) to = m;
+  }
+  ASSERT_NE(to, 0);
+  // Mid-migration: the key already moved answers ASK at the source.
+  ASSERT_TRUE(cluster_->BeginMove(slot, to).ok());
+  ASSERT_TRUE(cluster_->MoveKeys(slot, 100).ok());
+  std::vector<std::byte> dst(kBlockBytes);
+  auto got = ReadSync(*tier, keys[0], 0, kLayers, dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst));
+  EXPECT_GE(Counter(*tier, "remote.cluster.asked"), 1);
+  ASSERT_TRUE(cluster_->FinishMove(slot).ok());
+  EXPECT_EQ(cluster_->MasterOf(slot), to);
+  // Done: the old owner answers MOVED, once; the map then knows.
+  got = ReadSync(*tier, keys[0], 0, kLayers, dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys[0], 0, dst));
+  const int64_t moved = Counter(*tier, "remote.cluster.moved");
+  EXPECT_GE(moved, 1);
+  got = ReadSync(*tier, keys[0], 0, kLayers, dst);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(Counter(*tier, "remote.cluster.moved"), moved) << "the corrected map routes straight to the new owner";
+  // A new block in that slot is written where the slot is now.
+  for (const BlockKey& key : keys) {
+    got = ReadSync(*tier, key, 0, kLayers, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(key, 0, dst));
+  }
+}
+
+TEST_F(RemoteTierCluster, AKilledMasterFailsOverWithOnlyMissesBetween) {
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  const auto keys = Keys(60, 5);
+  WriteAll(*tier, keys);
+  // Replication is asynchronous: let the replicas catch up (WAIT), so the
+  // test can tell a lost block (a miss) from a wrong one.
+  for (int master : cluster_->Masters()) ASSERT_TRUE(cluster_->Cli(master, {"WAIT", "1", "2000"}).ok());
+  const uint16_t slot = HashSlot(RemoteKeyName(kNs, keys[0]));
+  const int victim = cluster_->MasterOf(slot);
+  std::set<BlockKey> on_victim;
+  for (const BlockKey& key : keys) {
+    if (cluster_->MasterOf(HashSlot(RemoteKeyName(kNs, key))) == victim) on_victim.insert(key);
+  }
+  ASSERT_TRUE(cluster_->Kill(victim).ok());
+  const auto killed_at = std::chrono::steady_clock::now();
+  int64_t served = 0, missed = 0;
+  std::vector<std::byte> dst(kBlockBytes);
+  // Read everything in a loop through the failover: each read is a miss or
+  // the exact bytes.
+  bool recovered = false;
+  while (!recovered && std::chrono::steady_clock::now() - killed_at < 20s) {
+    recovered = true;
+    for (const BlockKey& key : keys) {
+      if (!tier->Find(key).has_value()) tier->Probe(kNs, std::span(&key, 1));
+      std::fill(dst.begin(), dst.end(), std::byte{0});
+      auto got = ReadSync(*tier, key, 0, kLayers, dst);
+      if (got.ok()) {
+        ASSERT_EQ(*got, kBlockBytes);
+        ASSERT_TRUE(CheckBlockBytes(key, 0, dst)) << "wrong bytes served for " << key.ToHex();
+        ++served;
+      } else {
+        ASSERT_EQ(on_victim.count(key), 1u) << "a block of a live master missed: " << got.status().ToString();
+        ++missed;
+        recovered = false;
+      }
+    }
+    if (!recovered) std::this_thread::sleep_for(100ms);
+  }
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_TRUE(recovered) << "every block readable again within 20 s of the kill";
+  EXPECT_LT(took, 15s);
+  EXPECT_GT(missed, 0) << "the dead master's keys should miss for a while";
+  EXPECT_NE(cluster_->MasterOf(slot), victim);
+  EXPECT_TRUE(tier->available()) << "one master down is not the tier down";
+  // Writes land on the new master.
+  const auto after = Keys(8, 55);
+  WriteAll(*tier, after);
+  auto reader = OpenTier(TierOptions(*cluster_));
+  reader->Probe(kNs, after);
+  for (const BlockKey& key : after) {
+    auto got = ReadSync(*reader, key, 0, kLayers, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(key, 0, dst));
+  }
+  std::printf("failover: %lld reads served, %lld missed, every block back after %lld ms\n",
+              static_cast<long long>(served), static_cast<long long>(missed),
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+}
+
+TEST_F(RemoteTierCluster, TheWholeClusterDownMakesTheTierUnavailableAndFast) {
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  const auto keys = Keys(4, 6);
+  WriteAll(*tier, keys);
+  ASSERT_TRUE(cluster_->KillAll().ok());
+  std::vector<std::byte> dst(kBlockBytes);
+  auto got = ReadSync(*tier, keys[0], 0, kLayers, dst);
+  EXPECT_FALSE(got.ok());
+  EXPECT_FALSE(tier->available());
+  EXPECT_FALSE(tier->Find(keys[1]).has_value()) << "an unreachable tier claims no block";
+  const auto bytes = Block(BlockKey{6, 6}, kBlockBytes);
+  const auto start = std::chrono::steady_clock::now();
+  Status refused = WriteSync(*tier, BlockKey{6, 6}, bytes);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  tier->Probe(kNs, keys);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 100ms) << "a known-dead cluster costs nothing per call";
+  EXPECT_EQ(Counter(*tier, "remote.available"), 0);
+  EXPECT_GE(Counter(*tier, "remote.unavailable_periods"), 1);
+}
+
+TEST(RemoteTierOpen, ANodeThatDoesNotAnswerStartsTheTierUnavailable) {
+  RemoteTierOptions o;
+  o.cluster.seeds = {"127.0.0.1:" + std::to_string(FreeLoopbackPort())};
+  o.timeout = 500ms;
+  auto tier = RemoteTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_FALSE((*tier)->available());
+  o.cluster.seeds = {"no-port"};
+  EXPECT_EQ(RemoteTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+  o.cluster.seeds = {};
+  EXPECT_EQ(RemoteTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,418 @@
+#include "tiers/remote/remote_tier.h"
+
+#include <cstring>
+
+#include "common/checksum.h"
+#include "tiers/remote/remote_value.h"
+
+namespace kvtier {
+namespace {
+
+static_assert(kRemoteHeaderBytes == 72);
+
+int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+Status ReplyError(const RespReply& reply, const std::string& what) {
+  return IoError(what + ": redis answered '" + reply.text + "'");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options) {
+  if (options.threads == 0) return InvalidArgument("remote tier: threads must be at least 1");
+  if (options.staging_bytes == 0) return InvalidArgument("remote tier: staging_bytes must be positive");
+  if (options.directory_entries == 0) return InvalidArgument("remote tier: directory_entries must be positive");
+  auto client = ClusterClient::Create(options.cluster);
+  if (!client.ok()) return client.status();
+  std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client)));
+  tier->Observe(tier->client_->Refresh(tier->DeadlineIn(options.timeout)));
+  return tier;
+}
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client)
+    : options_(options), client_(std::move(client)), workers_(options.threads) {}
+
+RemoteTier::~RemoteTier() = default;
+
+// --- availability -----------------------------------------------------------
+
+bool RemoteTier::MayTry() {
+  if (available_.load(std::memory_order_relaxed)) return true;
+  int64_t due = next_try_ns_.load(std::memory_order_relaxed);
+  const int64_t now = NowNs();
+  if (now < due) return false;
+  const int64_t next = now + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.retry_interval).count();
+  return next_try_ns_.compare_exchange_strong(due, next, std::memory_order_relaxed);  // one caller tries
+}
+
+void RemoteTier::Observe(const Status& status) {
+  if (status.code() == StatusCode::kTimedOut) timeouts_.fetch_add(1, std::memory_order_relaxed);
+  // One node failing (its keys miss until a replica takes over) is not the
+  // tier failing: only no node answering at all is.
+  const bool failed = status.code() == StatusCode::kUnavailable || status.code() == StatusCode::kTimedOut;
+  const bool unreachable = failed && !client_->reachable();
+  if (!unreachable) {
+    available_.store(true, std::memory_order_relaxed);
+    return;
+  }
+  if (available_.exchange(false, std::memory_order_relaxed)) {
+    unavailable_.fetch_add(1, std::memory_order_relaxed);
+    next_try_ns_.store(NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.retry_interval).count(),
+                       std::memory_order_relaxed);
+  }
+}
+
+// --- directory --------------------------------------------------------------
+
+void RemoteTier::Remember(const BlockKey& key, const BlockInfo& info) {
+  std::lock_guard lock(mu_);
+  auto it = known_.find(key);
+  if (it != known_.end()) {
+    known_payload_bytes_ -= it->second.info.payload_bytes;
+    it->second.info = info;
+    known_payload_bytes_ += info.payload_bytes;
+    order_.splice(order_.end(), order_, it->second.age);
+    return;
+  }
+  if (known_.size() >= options_.directory_entries) {
+    auto oldest = known_.find(order_.front());
+    known_payload_bytes_ -= oldest->second.info.payload_bytes;
+    known_.erase(oldest);
+    order_.pop_front();
+  }
+  order_.push_back(key);
+  known_.emplace(key, Known{info, std::prev(order_.end())});
+  known_payload_bytes_ += info.payload_bytes;
+}
+
+void RemoteTier::Forget(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = known_.find(key);
+  if (it == known_.end()) return;
+  known_payload_bytes_ -= it->second.info.payload_bytes;
+  order_.erase(it->second.age);
+  known_.erase(it);
+}
+
+void RemoteTier::Drop(const BlockKey& key, const Status& why) {
+  Forget(key);
+  switch (why.code()) {
+    case StatusCode::kNotFound: lost_.fetch_add(1, std::memory_order_relaxed); break;
+    case StatusCode::kFailedPrecondition: foreign_.fetch_add(1, std::memory_order_relaxed); break;
+    default: corrupt_.fetch_add(1, std::memory_order_relaxed); break;
+  }
+}
+
+uint64_t RemoteTier::used_bytes() const {
+  std::lock_guard lock(mu_);
+  return known_payload_bytes_;
+}
+
+std::optional<BlockTier::BlockInfo> RemoteTier::Find(const BlockKey& key) const {
+  if (!available_.load(std::memory_order_relaxed)) return std::nullopt;
+  std::lock_guard lock(mu_);
+  auto it = known_.find(key);
+  if (it == known_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+void RemoteTier::ForEachBlock(const BlockVisitor& visit) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, known] : known_) visit(key, known.info);
+}
+
+// --- probe ------------------------------------------------------------------
+
+void RemoteTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  std::vector<BlockKey> asked;
+  {
+    std::lock_guard lock(mu_);
+    for (const BlockKey& key : keys) {
+      if (known_.count(key) == 0) asked.push_back(key);
+    }
+  }
+  if (asked.empty() || !MayTry()) return;
+  probes_.fetch_add(1, std::memory_order_relaxed);
+  probe_keys_.fetch_add(static_cast<int64_t>(asked.size()), std::memory_order_relaxed);
+  std::vector<std::string> names;
+  names.reserve(asked.size());
+  for (const BlockKey& key : asked) names.push_back(RemoteKeyName(ns, key));
+  static constexpr std::string_view kLastHeaderByte = "71";  // GETRANGE's end is inclusive
+  const RedisDeadline deadline = DeadlineIn(options_.probe_timeout);
+  auto results = client_->RunPipelined(
+      names,
+      [&](size_t i, RedisConnection& c) {
+        const RespArg args[] = {{"GETRANGE"}, {names[i]}, {"0"}, {kLastHeaderByte}};
+        c.Append(args);
+      },
+      [deadline](size_t, RedisConnection& c) { return c.ReadReply(deadline); }, deadline);
+  Status seen = Status::Ok();
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (!results[i].ok()) {
+      seen = results[i].status();
+      probe_failures_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const RespReply& reply = *results[i];
+    if (reply.type != RespReply::Type::kBulk || reply.text.empty()) continue;  // not there
+    auto header = DecodeRemoteHeader(std::as_bytes(std::span(reply.text)), ns, asked[i]);
+    if (!header.ok()) {
+      (header.status().code() == StatusCode::kFailedPrecondition ? foreign_ : corrupt_)
+          .fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    probe_hits_.fetch_add(1, std::memory_order_relaxed);
+    Remember(asked[i], BlockInfo{ns, header->payload_bytes, header->layer_count, header->payload_checksum});
+  }
+  Observe(seen);
+}
+
+// --- write ------------------------------------------------------------------
+
+Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                         std::span<const std::byte> payload, WriteDone done,
+                         std::optional<uint64_t> payload_checksum) {
+  if (payload.empty()) return InvalidArgument("remote tier: empty block");
+  if (layer_count == 0 || payload.size() % layer_count != 0) {
+    return InvalidArgument("remote tier: " + std::to_string(payload.size()) + " bytes do not split into " +
+                           std::to_string(layer_count) + " equal layers");
+  }
+  const uint64_t value_bytes = payload.size() + kRemoteHeaderBytes;
+  if (value_bytes > options_.max_value_bytes) {
+    return InvalidArgument("remote tier: a " + std::to_string(value_bytes) + "-byte value exceeds " +
+                           std::to_string(options_.max_value_bytes) + " bytes");
+  }
+  if (!MayTry()) return Unavailable("remote tier: the cluster did not answer; retrying every " +
+                                    std::to_string(options_.retry_interval.count()) + " ms");
+  {
+    std::lock_guard lock(mu_);
+    if (known_.count(key) != 0 || writing_.count(key) != 0) {
+      return AlreadyExists("block " + key.ToHex() + " is in the remote tier or being written");
+    }
+    uint64_t staged = staged_bytes_.load(std::memory_order_relaxed);
+    if (staged != 0 && staged + value_bytes > options_.staging_bytes) {
+      writes_refused_busy_.fetch_add(1, std::memory_order_relaxed);
+      return Busy("remote tier: " + std::to_string(staged) + " bytes of writes in flight (remote.staging_bytes)");
+    }
+    staged_bytes_.fetch_add(value_bytes, std::memory_order_relaxed);
+    writing_.insert(key);
+  }
+  std::unique_ptr<std::byte[]> value(new std::byte[value_bytes]);
+  const uint64_t checksum =
+      CopyWithChecksum(std::span(value.get() + kRemoteHeaderBytes, payload.size()), payload);
+  if (payload_checksum && *payload_checksum != checksum) {
+    std::lock_guard lock(mu_);
+    writing_.erase(key);
+    staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
+    return Corruption("remote tier: block " + key.ToHex() + " does not match its checksum");
+  }
+  EncodeRemoteHeader(RemoteBlock{ns, key, layer_count, checksum}, payload.size(),
+                     std::span<std::byte, kRemoteHeaderBytes>(value.get(), kRemoteHeaderBytes));
+  auto job = std::make_shared<std::unique_ptr<std::byte[]>>(std::move(value));
+  workers_.Post([this, ns, key, job, value_bytes, done = std::move(done)] {
+    RunWrite(ns, key, std::move(*job), value_bytes, done);
+  });
+  return Status::Ok();
+}
+
+void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, std::unique_ptr<std::byte[]> value,
+                          uint64_t value_bytes, const WriteDone& done) {
+  const std::string name = RemoteKeyName(ns, key);
+  const std::string ttl = std::to_string(options_.ttl_seconds);
+  const std::span<const std::byte> bytes(value.get(), value_bytes);
+  Result<RespReply> reply = client_->Run(
+      name,
+      [&](RedisConnection& c) -> Result<RespReply> {
+        if (options_.ttl_seconds > 0) {
+          const RespArg args[] = {{"SET"}, {name}, {"", bytes}, {"EX"}, {ttl}};
+          c.Append(args);
+        } else {
+          const RespArg args[] = {{"SET"}, {name}, {"", bytes}};
+          c.Append(args);
+        }
+        if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+        return c.ReadReply(DeadlineIn(options_.timeout));
+      },
+      DeadlineIn(options_.timeout));
+  Status status = reply.ok() ? (reply->is_error() ? ReplyError(*reply, "SET " + name) : Status::Ok()) : reply.status();
+  Observe(status);
+  bool erased;
+  {
+    std::lock_guard lock(mu_);
+    writing_.erase(key);
+    erased = erased_while_writing_.erase(key) != 0;
+  }
+  staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
+  if (status.ok() && erased) {
+    // Erased while it was being sent: undo it, and nothing was visible.
+    client_->Run(name, [&](RedisConnection& c) -> Result<RespReply> {
+      const RespArg args[] = {{"DEL"}, {name}};
+      c.Append(args);
+      if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+      return c.ReadReply(DeadlineIn(options_.timeout));
+    }, DeadlineIn(options_.timeout)).status().IgnoreError();
+    status = NotFound("block " + key.ToHex() + " was erased while it was written");
+  }
+  if (status.ok()) {
+    writes_.fetch_add(1, std::memory_order_relaxed);
+    write_bytes_.fetch_add(static_cast<int64_t>(value_bytes), std::memory_order_relaxed);
+    device_bytes_.fetch_add(value_bytes, std::memory_order_relaxed);
+    uint32_t layers = 1;
+    uint64_t checksum = 0;
+    auto decoded = DecodeRemoteHeader(bytes, ns, key);
+    if (decoded.ok()) {
+      layers = decoded->layer_count;
+      checksum = decoded->payload_checksum;
+    }
+    Remember(key, BlockInfo{ns, value_bytes - kRemoteHeaderBytes, layers, checksum});
+  } else {
+    write_failures_.fetch_add(1, std::memory_order_relaxed);
+  }
+  value.reset();
+  done(status);
+}
+
+// --- read -------------------------------------------------------------------
+
+Status RemoteTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                        ReadDone done) {
+  BlockInfo info;
+  {
+    std::lock_guard lock(mu_);
+    auto it = known_.find(key);
+    if (it == known_.end()) return NotFound("block " + key.ToHex() + " is not known in the remote tier");
+    info = it->second.info;
+  }
+  if (first_layer >= last_layer || last_layer > info.layer_count) {
+    return InvalidArgument("remote tier: layers [" + std::to_string(first_layer) + ", " + std::to_string(last_layer) +
+                           ") of a " + std::to_string(info.layer_count) + "-layer block");
+  }
+  const uint64_t bytes = (last_layer - first_layer) * (info.payload_bytes / info.layer_count);
+  if (dst.size() < bytes) return InvalidArgument("remote tier: destination smaller than the layers read");
+  if (!MayTry()) return Unavailable("remote tier: the cluster did not answer a moment ago");
+  workers_.Post([this, key, info, first_layer, last_layer, dst, done = std::move(done)] {
+    Result<size_t> read = RunRead(key, info, first_layer, last_layer, dst);
+    if (read.ok()) {
+      reads_.fetch_add(1, std::memory_order_relaxed);
+      read_bytes_.fetch_add(static_cast<int64_t>(*read), std::memory_order_relaxed);
+    } else {
+      read_failures_.fetch_add(1, std::memory_order_relaxed);
+    }
+    done(std::move(read));
+  });
+  return Status::Ok();
+}
+
+Result<size_t> RemoteTier::RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer,
+                                   uint32_t last_layer, std::span<std::byte> dst) {
+  const std::string name = RemoteKeyName(info.ns, key);
+  const bool whole = first_layer == 0 && last_layer == info.layer_count;
+  std::array<std::byte, kRemoteHeaderBytes> header;
+  std::vector<std::byte> scratch;  // a layer range: the whole payload, to verify it
+  std::span<std::byte> payload = dst.first(info.payload_bytes <= dst.size() && whole ? info.payload_bytes : 0);
+  if (!whole) {
+    scratch.resize(info.payload_bytes);
+    payload = scratch;
+  }
+  Result<RespReply> reply = client_->Run(
+      name,
+      [&](RedisConnection& c) -> Result<RespReply> {
+        const RespArg args[] = {{"GET"}, {name}};
+        c.Append(args);
+        if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+        return c.ReadBulkInto(header, payload, DeadlineIn(options_.timeout));
+      },
+      DeadlineIn(options_.timeout));
+  Observe(reply.status());
+  if (!reply.ok()) return reply.status();
+  if (reply->is_error()) return ReplyError(*reply, "GET " + name);
+  Status miss = Status::Ok();
+  if (reply->type == RespReply::Type::kNil) {
+    miss = NotFound("block " + key.ToHex() + " is no longer in the remote tier");
+  } else if (reply->type != RespReply::Type::kBulk) {
+    miss = Corruption("GET " + name + " answered no string");
+  } else if (static_cast<uint64_t>(reply->integer) != kRemoteHeaderBytes + info.payload_bytes) {
+    miss = Corruption("remote value of block " + key.ToHex() + " has " + std::to_string(reply->integer) +
+                      " bytes, " + std::to_string(kRemoteHeaderBytes + info.payload_bytes) + " expected");
+  } else if (auto h = DecodeRemoteHeader(header, info.ns, key); !h.ok()) {
+    miss = h.status();
+  } else if (h->payload_bytes != info.payload_bytes || h->layer_count != info.layer_count) {
+    miss = Corruption("remote value of block " + key.ToHex() + " changed shape");
+  } else if (BlockChecksum(payload) != h->payload_checksum) {
+    miss = Corruption("remote value of block " + key.ToHex() + " fails its checksum");
+  }
+  if (!miss.ok()) {
+    Drop(key, miss);
+    return miss;
+  }
+  if (!whole) {
+    const uint64_t layer_bytes = info.payload_bytes / info.layer_count;
+    const uint64_t bytes = (last_layer - first_layer) * layer_bytes;
+    std::memcpy(dst.data(), scratch.data() + first_layer * layer_bytes, bytes);
+    return static_cast<size_t>(bytes);
+  }
+  return static_cast<size_t>(info.payload_bytes);
+}
+
+// --- erase ------------------------------------------------------------------
+
+Status RemoteTier::Erase(const BlockKey& key) {
+  NamespaceFingerprint ns;
+  {
+    std::lock_guard lock(mu_);
+    if (writing_.count(key) != 0) {
+      erased_while_writing_.insert(key);
+      return Status::Ok();
+    }
+    auto it = known_.find(key);
+    if (it == known_.end()) return NotFound("block " + key.ToHex() + " is not known in the remote tier");
+    ns = it->second.info.ns;
+  }
+  Forget(key);
+  erases_.fetch_add(1, std::memory_order_relaxed);
+  workers_.Post([this, name = RemoteKeyName(ns, key)] {
+    Result<RespReply> r = client_->Run(name, [&](RedisConnection& c) -> Result<RespReply> {
+      const RespArg args[] = {{"DEL"}, {name}};
+      c.Append(args);
+      if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+      return c.ReadReply(DeadlineIn(options_.timeout));
+    }, DeadlineIn(options_.timeout));
+    Observe(r.status());
+  });
+  return Status::Ok();
+}
+
+BlockTier::WriteTotals RemoteTier::write_totals() const {
+  return WriteTotals{device_bytes_.load(std::memory_order_relaxed), 0};
+}
+
+void RemoteTier::VisitCounters(CounterVisitor& v) const {
+  auto n = [](const std::atomic<int64_t>& a) { return a.load(std::memory_order_relaxed); };
+  v.VisitGauge("remote.available", available() ? 1 : 0);
+  v.Visit("remote.unavailable_periods", n(unavailable_));
+  v.Visit("remote.timeouts", n(timeouts_));
+  v.Visit("remote.writes", n(writes_));
+  v.Visit("remote.write_bytes", n(write_bytes_));
+  v.Visit("remote.write_failures", n(write_failures_));
+  v.Visit("remote.writes_busy", n(writes_refused_busy_));
+  v.Visit("remote.reads", n(reads_));
+  v.Visit("remote.read_bytes", n(read_bytes_));
+  v.Visit("remote.read_failures", n(read_failures_));
+  v.Visit("remote.lost", n(lost_));
+  v.Visit("remote.corrupt", n(corrupt_));
+  v.Visit("remote.foreign", n(foreign_));
+  v.Visit("remote.probes", n(probes_));
+  v.Visit("remote.probe_keys", n(probe_keys_));
+  v.Visit("remote.probe_hits", n(probe_hits_));
+  v.Visit("remote.probe_failures", n(probe_failures_));
+  v.Visit("remote.erases", n(erases_));
+  v.VisitGauge("remote.staged_bytes", static_cast<int64_t>(staged_bytes_.load(std::memory_order_relaxed)));
+  {
+    std::lock_guard lock(mu_);
+    v.VisitGauge("remote.known_blocks", static_cast<int64_t>(known_.size()));
+    v.VisitGauge("remote.known_bytes", static_cast<int64_t>(known_payload_bytes_));
+  }
+  client_->VisitCounters(v);
+}
+
+}  // namespace kvtier

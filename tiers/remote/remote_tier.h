@@ -1,0 +1,144 @@
+// RemoteTier: the bottom tier, blocks stored in a Redis Cluster (or one
+// Redis) that every kvtier node of a deployment shares, through
+// ClusterClient. Values are remote_value.h's self-verifying form.
+//
+// What it knows without I/O (Find): a bounded directory of blocks known to
+// be there, learned from its own writes, from Probe (one pipelined
+// GETRANGE of each value's header: blocks other nodes wrote) and from
+// reads. The store is lossy by design (its maxmemory policy evicts at
+// will) and shared, so the directory can be stale: a read that finds
+// nothing, a foreign value or a value that does not verify is a miss
+// (NotFound / Corruption to the engine), counted, and the entry is
+// forgotten. Never are bytes served that did not verify.
+//
+// Data path: Write copies the block into a staging buffer (its header and
+// payload, bounded by `staging_bytes`; Busy past it) and a worker SETs it
+// with one writev; a whole-block Read GETs the value with its header into
+// a small buffer and its payload straight into the caller's buffer, then
+// verifies both; a layer-range Read reads the value into scratch memory
+// (to verify it whole) and copies the range out.
+//
+// Availability: each command has a deadline (`timeout`; `probe_timeout`
+// for Probe). Errors map to Unavailable (no node reachable, cluster down)
+// and TimedOut (deadline). While the cluster cannot be reached the tier
+// says so (`remote.available` 0, Writes refused with Unavailable), Find
+// answers nothing, and the engine keeps serving from the tiers above;
+// every `retry_interval` one command tries again.
+//
+// Erase and `kvtier drop` delete the value in the store (other nodes then
+// miss it too). ForEachBlock lists the directory: the blocks this node
+// knows of, not the whole store. capacity_bytes is the configured share.
+//
+// Thread-safe; completions run on the tier's worker threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/worker_pool.h"
+#include "tiers/remote/cluster_client.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+struct RemoteTierOptions {
+  ClusterOptions cluster;
+  uint64_t capacity_bytes = uint64_t{64} << 30;  // what this node may count on (reported; the store evicts)
+  std::chrono::milliseconds timeout{2000};       // one read, write or erase
+  std::chrono::milliseconds probe_timeout{50};   // one Probe, all its keys
+  std::chrono::milliseconds retry_interval{1000};  // while unavailable, between tries
+  unsigned threads = 4;                          // workers (each uses its own connections)
+  uint64_t staging_bytes = uint64_t{256} << 20;  // writes accepted and not yet sent
+  size_t directory_entries = size_t{1} << 20;    // blocks known without asking
+  uint64_t max_value_bytes = uint64_t{512} << 20;  // Redis' proto-max-bulk-len
+  uint32_t ttl_seconds = 0;                      // EX on each value; 0: none (the store's eviction decides)
+};
+
+class RemoteTier final : public BlockTier {
+ public:
+  // Checks the options and reads the slot map once. A cluster that does
+  // not answer is not an error: the tier starts unavailable (logged by the
+  // caller from `available()`) and tries again later.
+  static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options);
+  ~RemoteTier() override;  // finishes queued work, then joins
+
+  Tier kind() const override { return Tier::kRemote; }
+  std::string_view name() const override { return "remote"; }
+  bool asynchronous() const override { return true; }
+  uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
+  uint64_t used_bytes() const override;
+  uint64_t StoredBytes(uint64_t payload_bytes) const override { return payload_bytes + kHeaderBytes; }
+  std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
+  bool probes() const override { return true; }
+  Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+               std::span<const std::byte> payload, WriteDone done,
+               std::optional<uint64_t> payload_checksum = std::nullopt) override;
+  Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+              ReadDone done) override;
+  void ForEachBlock(const BlockVisitor& visit) const override;
+  Status Erase(const BlockKey& key) override;
+  WriteTotals write_totals() const override;
+  void VisitCounters(CounterVisitor& visitor) const override;
+
+  // Whether the store answered the last command (or the open).
+  bool available() const { return available_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr uint64_t kHeaderBytes = 72;  // remote_value.h's kRemoteHeaderBytes
+  explicit RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client);
+
+  struct Known {
+    BlockInfo info;
+    std::list<BlockKey>::iterator age;  // in order_, oldest first
+  };
+  // Directory (mu_): adds or refreshes, evicting the oldest past the bound.
+  void Remember(const BlockKey& key, const BlockInfo& info);
+  void Forget(const BlockKey& key);
+  // Whether a command may go out now: always while available; once per
+  // retry_interval otherwise (that one finds out).
+  bool MayTry();
+  // Records a command's outcome for availability.
+  void Observe(const Status& status);
+  RedisDeadline DeadlineIn(std::chrono::milliseconds d) const { return std::chrono::steady_clock::now() + d; }
+
+  void RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, std::unique_ptr<std::byte[]> value,
+                uint64_t value_bytes, const WriteDone& done);
+  Result<size_t> RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer, uint32_t last_layer,
+                         std::span<std::byte> dst);
+  // A value that failed to verify or is gone: forget it, count `why`.
+  void Drop(const BlockKey& key, const Status& why);
+
+  const RemoteTierOptions options_;
+  std::unique_ptr<ClusterClient> client_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Known> known_;  // guarded by mu_
+  std::list<BlockKey> order_;                  // guarded by mu_
+  uint64_t known_payload_bytes_ = 0;           // guarded by mu_
+  std::unordered_set<BlockKey> writing_;       // guarded by mu_: accepted, not done
+  std::unordered_set<BlockKey> erased_while_writing_;  // guarded by mu_
+
+  std::atomic<bool> available_{true};
+  std::atomic<int64_t> next_try_ns_{0};
+  std::atomic<uint64_t> staged_bytes_{0};
+
+  std::atomic<int64_t> writes_{0}, write_bytes_{0}, write_failures_{0}, writes_refused_busy_{0};
+  std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_failures_{0};
+  std::atomic<int64_t> lost_{0}, corrupt_{0}, foreign_{0};
+  std::atomic<int64_t> probes_{0}, probe_keys_{0}, probe_hits_{0}, probe_failures_{0};
+  std::atomic<int64_t> erases_{0}, unavailable_{0}, timeouts_{0};
+  std::atomic<uint64_t> device_bytes_{0};
+
+  WorkerPool workers_;  // last: joined first, while everything above is alive
+};
+
+}  // namespace kvtier
