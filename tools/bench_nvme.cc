@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "tools/bench_process.h"
+#include "tools/bench_window.h"
 
 namespace kvtier::tools {
 namespace {
@@ -33,32 +34,6 @@ std::string Size(uint64_t b) {
   else std::snprintf(out, sizeof(out), "%llu KiB", (unsigned long long)(b >> 10));
   return out;
 }
-
-// At most `depth` operations in flight; Acquire blocks while the window is full.
-class Window {
- public:
-  explicit Window(uint32_t depth) : depth_(depth) {}
-  void Acquire() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return in_flight_ < depth_; });
-    ++in_flight_;
-  }
-  void Release() {
-    std::lock_guard lock(mu_);
-    --in_flight_;
-    cv_.notify_all();
-  }
-  void Drain() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return in_flight_ == 0; });
-  }
-
- private:
-  const uint32_t depth_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t in_flight_ = 0;
-};
 
 // Page-aligned anonymous memory (reads land in it; writes come from it).
 class Buffer {

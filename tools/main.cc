@@ -2,6 +2,7 @@
 //   kvtier stats|ls|drop|pin|unpin|config get|health   operations on a running kvtierd (admin_cli.h)
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
+//   kvtier bench remote [options]         remote tier vs redis-benchmark (bench_remote.cc)
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
@@ -16,6 +17,7 @@
 #include "tools/bench_layers.h"
 #include "tools/bench_nvme.h"
 #include "tools/bench_policy.h"
+#include "tools/bench_remote.h"
 #include "tools/replay_cli.h"
 #include "tools/trace_gen.h"
 
@@ -35,6 +37,9 @@ int main(int argc, char** argv) {
   kvtier::tools::NvmeBenchOptions nvme_options;
   auto* nvme = bench->add_subcommand("nvme", "NVMe tier write/read GB/s and random-read IOPS vs fio");
   kvtier::tools::AddNvmeBenchOptions(*nvme, nvme_options);
+  kvtier::tools::RemoteBenchOptions remote_options;
+  auto* remote = bench->add_subcommand("remote", "Remote tier put/get GB/s vs redis-benchmark SET/GET, same cluster");
+  kvtier::tools::AddRemoteBenchOptions(*remote, remote_options);
   kvtier::tools::LayersBenchOptions layers_options;
   auto* layers = bench->add_subcommand(
       "layers", "Layer-wise load (first layer vs whole, load hidden behind compute) and save vs memcpy");
@@ -79,6 +84,7 @@ int main(int argc, char** argv) {
   if (admin.health->parsed()) return kvtier::tools::RunHealth(admin_options);
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
+  if (remote->parsed()) return kvtier::tools::RunRemoteBench(remote_options);
   if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   return 2;

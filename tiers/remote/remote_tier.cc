@@ -197,29 +197,55 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
     staged_bytes_.fetch_add(value_bytes, std::memory_order_relaxed);
     writing_.insert(key);
   }
-  std::unique_ptr<std::byte[]> value(new std::byte[value_bytes]);
+  Staged value = TakeStaging(value_bytes);
   const uint64_t checksum =
-      CopyWithChecksum(std::span(value.get() + kRemoteHeaderBytes, payload.size()), payload);
+      CopyWithChecksum(std::span(value.bytes.get() + kRemoteHeaderBytes, payload.size()), payload);
   if (payload_checksum && *payload_checksum != checksum) {
+    ReturnStaging(std::move(value));
     std::lock_guard lock(mu_);
     writing_.erase(key);
     staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
     return Corruption("remote tier: block " + key.ToHex() + " does not match its checksum");
   }
   EncodeRemoteHeader(RemoteBlock{ns, key, layer_count, checksum}, payload.size(),
-                     std::span<std::byte, kRemoteHeaderBytes>(value.get(), kRemoteHeaderBytes));
-  auto job = std::make_shared<std::unique_ptr<std::byte[]>>(std::move(value));
+                     std::span<std::byte, kRemoteHeaderBytes>(value.bytes.get(), kRemoteHeaderBytes));
+  auto job = std::make_shared<Staged>(std::move(value));
   workers_.Post([this, ns, key, job, value_bytes, done = std::move(done)] {
     RunWrite(ns, key, std::move(*job), value_bytes, done);
   });
   return Status::Ok();
 }
 
-void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, std::unique_ptr<std::byte[]> value,
-                          uint64_t value_bytes, const WriteDone& done) {
+RemoteTier::Staged RemoteTier::TakeStaging(uint64_t bytes) {
+  {
+    std::lock_guard lock(spare_mu_);
+    size_t best = spare_.size();
+    for (size_t i = 0; i < spare_.size(); ++i) {
+      if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity)) best = i;
+    }
+    if (best != spare_.size()) {
+      Staged out = std::move(spare_[best]);
+      spare_[best] = std::move(spare_.back());
+      spare_.pop_back();
+      spare_bytes_ -= out.capacity;
+      return out;
+    }
+  }
+  return Staged{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};
+}
+
+void RemoteTier::ReturnStaging(Staged staged) {
+  std::lock_guard lock(spare_mu_);
+  if (spare_bytes_ + staged.capacity > options_.staging_bytes) return;  // freed
+  spare_bytes_ += staged.capacity;
+  spare_.push_back(std::move(staged));
+}
+
+void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, Staged value, uint64_t value_bytes,
+                          const WriteDone& done) {
   const std::string name = RemoteKeyName(ns, key);
   const std::string ttl = std::to_string(options_.ttl_seconds);
-  const std::span<const std::byte> bytes(value.get(), value_bytes);
+  const std::span<const std::byte> bytes(value.bytes.get(), value_bytes);
   Result<RespReply> reply = client_->Run(
       name,
       [&](RedisConnection& c) -> Result<RespReply> {
@@ -268,7 +294,7 @@ void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, s
   } else {
     write_failures_.fetch_add(1, std::memory_order_relaxed);
   }
-  value.reset();
+  ReturnStaging(std::move(value));
   done(status);
 }
 

@@ -110,8 +110,17 @@ class RemoteTier final : public BlockTier {
   void Observe(const Status& status);
   RedisDeadline DeadlineIn(std::chrono::milliseconds d) const { return std::chrono::steady_clock::now() + d; }
 
-  void RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, std::unique_ptr<std::byte[]> value,
-                uint64_t value_bytes, const WriteDone& done);
+  // A staging buffer. Recycled (spare_): a fresh multi-MiB allocation is
+  // an mmap whose every page faults on first touch, which costs more than
+  // sending it.
+  struct Staged {
+    std::unique_ptr<std::byte[]> bytes;
+    uint64_t capacity = 0;
+  };
+  Staged TakeStaging(uint64_t bytes);
+  void ReturnStaging(Staged staged);
+  void RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, Staged value, uint64_t value_bytes,
+                const WriteDone& done);
   Result<size_t> RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer, uint32_t last_layer,
                          std::span<std::byte> dst);
   // A value that failed to verify or is gone: forget it, count `why`.
@@ -130,6 +139,9 @@ class RemoteTier final : public BlockTier {
   std::atomic<bool> available_{true};
   std::atomic<int64_t> next_try_ns_{0};
   std::atomic<uint64_t> staged_bytes_{0};
+  std::mutex spare_mu_;
+  std::vector<Staged> spare_;  // guarded by spare_mu_; at most staging_bytes in all
+  uint64_t spare_bytes_ = 0;   // guarded by spare_mu_
 
   std::atomic<int64_t> writes_{0}, write_bytes_{0}, write_failures_{0}, writes_refused_busy_{0};
   std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_failures_{0};
