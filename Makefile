@@ -21,12 +21,14 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# Host tier vs memcpy / redis-benchmark, then the NVMe tier vs fio on the
-# file system of $(BUILD) (BENCH_DIR=... to measure another one).
+# Host tier vs memcpy / redis-benchmark, the NVMe tier vs fio on the file
+# system of $(BUILD) (BENCH_DIR=... to measure another one), then the remote
+# tier vs redis-benchmark on a private loopback Redis Cluster.
 BENCH_DIR ?= $(BUILD)
 bench: build
 	$(BUILD)/tools/kvtier bench host
 	$(BUILD)/tools/kvtier bench nvme --dir $(BENCH_DIR)
+	$(BUILD)/tools/kvtier bench remote
 
 asan-test: deps
 	@cmake --preset asan >/dev/null

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <thread>
 
 #include "tests/testing/daemon_process.h"
@@ -103,6 +104,46 @@ TEST_F(RemoteDaemon, TwoDaemonsOnOneClusterServeEachOthersBlocks) {
   EXPECT_GE(c["engine.promotions"], static_cast<int64_t>(found->prefix_blocks));
   EXPECT_EQ(c["remote.corrupt"], 0);
   EXPECT_EQ(c["remote.writes"], 0) << "b only read";
+}
+
+// host -> NVMe -> remote: what the NVMe tier evicts goes on to the cluster
+// (through remote admission), and another daemon finds it there.
+TEST_F(RemoteDaemon, BlocksTheNvmeTierEvictsGoOnToTheCluster) {
+  const std::string dir = MakeTempDir();
+  const std::string nodes = cluster_->Seeds().front();
+  DaemonProcess a(KVTIERD_PATH, "",
+                  RemoteToml(nodes) + "[nvme]\npath = \"" + dir + "/tier.dat\"\ncapacity_bytes = \"8MiB\"\n"
+                  "region_bytes = \"1MiB\"\nadmission = \"all\"\ndirect_io = false\n");
+  DaemonProcess b(KVTIERD_PATH, "", RemoteToml(nodes));
+  ASSERT_TRUE(a.running()) << LogOf(a);
+  ASSERT_TRUE(b.running());
+  auto put = ConnectTo(a);
+  auto get = ConnectTo(b);
+  ASSERT_NE(put, nullptr);
+  ASSERT_NE(get, nullptr);
+  // 400 blocks (25 MiB) through 8 MiB of arena and 8 MiB of NVMe.
+  const auto keys = TestKeys(TestNamespace(), 400, 34);
+  for (const auto& k : keys) ASSERT_TRUE(put->Put(0, k, Block(k, kBlockBytes)).ok());
+  ASSERT_TRUE(WaitForCounter(*put, "remote.writes", 50)) << LogOf(a);
+  auto c = StatsCounters(*put);
+  EXPECT_GT(c["nvme.writes"], 0);
+  // The cluster's blocks came out of the NVMe tier (its evictions), found
+  // by b from the first key on.
+  auto found = get->Lookup(0, keys);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_GE(found->prefix_blocks, 1u);
+  EXPECT_EQ(found->tiers.front(), Tier::kRemote);
+  std::vector<std::byte> dst(kBlockBytes);
+  auto got = get->Get(0, keys.front(), dst);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(CheckBlockBytes(keys.front(), 0, dst));
+  // a's own lookup falls through host -> nvme -> remote.
+  auto own = put->Lookup(0, keys);
+  ASSERT_TRUE(own.ok());
+  std::set<Tier> seen(own->tiers.begin(), own->tiers.end());
+  EXPECT_TRUE(seen.count(Tier::kRemote) && seen.count(Tier::kNvme) && seen.count(Tier::kHost))
+      << "a's blocks should span all three tiers";
+  RemoveTree(dir);
 }
 
 TEST_F(RemoteDaemon, ADaemonWhoseClusterGoesDownKeepsServingItsOwnTiers) {
