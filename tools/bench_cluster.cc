@@ -43,6 +43,7 @@ Result<std::unique_ptr<BenchCluster>> BenchCluster::Start(const Options& o) {
   if (!dir.ok()) return dir.status();
   std::unique_ptr<BenchCluster> c(new BenchCluster());
   c->dir_ = *dir;
+  c->cli_ = cli;
   std::mt19937 random(static_cast<uint32_t>(::getpid()));
   std::vector<std::string> create = {cli, "--cluster", "create"};
   for (int i = 0; i < o.masters; ++i) {
@@ -92,6 +93,10 @@ Result<std::unique_ptr<BenchCluster>> BenchCluster::Start(const Options& o) {
 BenchCluster::~BenchCluster() {
   for (ChildProcess& node : nodes_) node.Stop(std::chrono::seconds(2));
   if (!dir_.empty()) RemoveTree(dir_);
+}
+
+void BenchCluster::Flush() {
+  for (int port : ports_) RunCommand({cli_, "-p", std::to_string(port), "FLUSHALL"}).status().IgnoreError();
 }
 
 std::vector<std::string> BenchCluster::Seeds() const {

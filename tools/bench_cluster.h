@@ -29,11 +29,13 @@ class BenchCluster {
   ~BenchCluster();
 
   std::vector<std::string> Seeds() const;  // "127.0.0.1:<port>" of every node
+  void Flush();  // FLUSHALL on every node
   int first_port() const { return ports_.front(); }
 
  private:
   BenchCluster() = default;
   std::string dir_;
+  std::string cli_;
   std::vector<int> ports_;
   std::vector<ChildProcess> nodes_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -219,7 +220,10 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
     Row row;
     row.block_bytes = block;
     const uint64_t count = std::max<uint64_t>(uint64_t{o.clients} * 2, o.bytes_per_case / block);
-    const uint64_t keyspace = std::max<uint64_t>(1, count / 4);
+    // redis-benchmark picks keys at random in a space as large as the
+    // tier's fresh keys: its SETs mostly create values too (a store that
+    // grows pays page faults an overwrite does not).
+    const uint64_t keyspace = count;
     for (uint32_t round = 0; round < o.rounds; ++round) {
       auto tier_side = [&]() -> bool {
         auto tier = OpenBenchTier(seeds, o, block);
@@ -240,7 +244,11 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
       auto redis_side = [&]() -> bool {
         if (!redis) return true;
         std::string error;
-        // SET fills the key space (4 writes per key on average); GET then reads it.
+        // A private cluster starts each round empty, as the tier's side does.
+        if (cluster != nullptr) cluster->Flush();
+        // SET fills about 63% of the key space; GET then reads all of it,
+        // and a key SET missed answers nil: GB/s counts the values returned,
+        // the expected share of GETs that find one (uniform random keys).
         const double set = RedisBenchmark(o, seeds.front(), "set", block, count, keyspace, &error);
         const double get = set < 0 ? -1 : RedisBenchmark(o, seeds.front(), "get", block, count, keyspace, &error);
         if (set < 0 || get < 0) {
@@ -248,7 +256,8 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
           return false;
         }
         row.redis_set.push_back(set * double(block) / 1e9);
-        row.redis_get.push_back(get * double(block) / 1e9);
+        const double present = 1.0 - std::pow(1.0 - 1.0 / double(keyspace), double(count));
+        row.redis_get.push_back(get * present * double(block) / 1e9);
         return true;
       };
       const bool tier_first = round % 2 == 0;

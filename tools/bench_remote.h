@@ -10,8 +10,12 @@
 // gets are whole-block Reads of those keys, verified (header, length,
 // xxh3) into a buffer. redis-benchmark runs in --cluster mode with -c and
 // --threads --clients (one thread per connection, as the tier has), -d the
-// block size, over a key space of a quarter as many keys as requests, which
-// its SET run fills before its GET run reads it.
+// block size, over a key space of as many keys as requests (the tier's
+// puts create values; so do most SETs), which its SET run fills (about 63%)
+// before its GET run reads all of it: GET GB/s counts the values returned,
+// GETs/s times the expected share of keys present (1 - (1 - 1/K)^n). A private cluster
+// is flushed before each redis-benchmark round; an existing one (--nodes)
+// keeps redis-benchmark's keys ("key:*") afterwards.
 //
 // Without --nodes the bench starts a private 3-master cluster on loopback
 // (BenchCluster) and stops it at the end. Exit 0 on success, 1 when the
