@@ -172,7 +172,9 @@ class DwpdPolicy final : public AdmissionPolicy {
 };
 
 // second_hit's eligibility, then a token bucket of `rate` bytes/s holding
-// at most one second of it (or one block, when a block is larger).
+// at most one second of it. A block larger than one second is admitted
+// when the bucket is full and leaves it in debt, paid back by refill before
+// anything else passes: the cap holds over time whatever the block sizes.
 class RatePolicy final : public AdmissionPolicy {
  public:
   RatePolicy(uint64_t bytes_per_second, uint64_t now_us) : rate_(bytes_per_second), last_us_(now_us) {
@@ -195,14 +197,13 @@ class RatePolicy final : public AdmissionPolicy {
 
  private:
   bool Take(uint64_t bytes, uint64_t now_us) {
+    const double cap = static_cast<double>(rate_);
     if (now_us > last_us_) {
-      tokens_ += static_cast<double>(rate_) * static_cast<double>(now_us - last_us_) / 1e6;
+      tokens_ = std::min(cap, tokens_ + cap * static_cast<double>(now_us - last_us_) / 1e6);
       last_us_ = now_us;
     }
-    const double cap = std::max(static_cast<double>(rate_), static_cast<double>(bytes));
-    tokens_ = std::min(tokens_, cap);
-    if (tokens_ < static_cast<double>(bytes)) return false;
-    tokens_ -= static_cast<double>(bytes);
+    if (tokens_ < std::min(cap, static_cast<double>(bytes))) return false;
+    tokens_ -= static_cast<double>(bytes);  // below 0 only for a block larger than the cap
     return true;
   }
 

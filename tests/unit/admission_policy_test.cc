@@ -181,5 +181,97 @@ TEST(AdmissionPolicyTest, CatchUpChargesEachReinsertedByteOnce) {
   EXPECT_EQ(Counters(*p, 3600 * kSecondUs)["nvme.admission.written_today_bytes"], 36'000'000'000);
 }
 
+// rate: second_hit's rules, then a token bucket of `rate` bytes/s that
+// holds one second of it (one block, when a block is larger).
+std::unique_ptr<AdmissionPolicy> Rate(uint64_t bytes_per_second) {
+  auto p = MakeRatePolicy(bytes_per_second, 0);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return std::move(p).value();
+}
+
+TEST(AdmissionPolicyTest, RateRejectsAZeroCap) {
+  auto p = MakeRatePolicy(0, 0);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(AdmissionPolicyTest, RateAdmitsOneSecondOfItsRateThenRefuses) {
+  auto p = Rate(10 * kMiB);
+  EXPECT_EQ(p->name(), "rate");
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(p->Decide(Candidate(C::kReused), 0), O::kAdmitted) << i;
+  EXPECT_EQ(p->Decide(Candidate(C::kShared), 0), O::kNoBudget);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, 1), 0), O::kNoBudget) << "not a byte left";
+  auto c = Counters(*p);
+  EXPECT_EQ(c["nvme.admission.admitted"], 10);
+  EXPECT_EQ(c["nvme.admission.admitted_bytes"], int64_t(10 * kMiB));
+  EXPECT_EQ(c["nvme.admission.rejected_no_budget"], 2);
+  EXPECT_EQ(c["nvme.admission.rate_bytes_per_second"], int64_t(10 * kMiB));
+}
+
+TEST(AdmissionPolicyTest, RateRefillsWithTimeUpToOneSecond) {
+  auto p = Rate(10 * kMiB);
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(p->Decide(Candidate(C::kReused), 0), O::kAdmitted) << i;
+  // Half a second pays for half the rate.
+  int admitted = 0;
+  for (int i = 0; i < 8; ++i) admitted += p->Decide(Candidate(C::kReused), kSecondUs / 2) == O::kAdmitted;
+  EXPECT_EQ(admitted, 5);
+  // A long quiet spell fills the bucket to one second, no more.
+  admitted = 0;
+  for (int i = 0; i < 30; ++i) admitted += p->Decide(Candidate(C::kReused), 60 * kSecondUs) == O::kAdmitted;
+  EXPECT_EQ(admitted, 10);
+  // Time going backwards (callers' clocks) refills nothing.
+  EXPECT_EQ(p->Decide(Candidate(C::kReused), 59 * kSecondUs), O::kNoBudget);
+}
+
+TEST(AdmissionPolicyTest, RateAppliesTheSecondHitRulesFirst) {
+  auto p = Rate(2 * kMiB);
+  EXPECT_EQ(p->Decide(Candidate(C::kFirstSighting), 0), O::kFirstSighting);
+  EXPECT_EQ(p->Decide(Candidate(C::kClosedSession), 0), O::kClosedSession);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, kMiB, /*parent_cached=*/false), 0), O::kParentMissing);
+  // The refusals took nothing from the bucket.
+  EXPECT_EQ(p->Decide(Candidate(C::kShared), 0), O::kAdmitted);
+  EXPECT_EQ(p->Decide(Candidate(C::kOpenSessionTail), 0), O::kAdmitted);
+  // With the bucket empty, an ineligible block is still refused for what it is.
+  EXPECT_EQ(p->Decide(Candidate(C::kFirstSighting), 0), O::kFirstSighting);
+  EXPECT_EQ(p->Decide(Candidate(C::kReused, kMiB, false), 0), O::kParentMissing);
+  EXPECT_EQ(p->Decide(Candidate(C::kReused), 0), O::kNoBudget);
+  auto c = Counters(*p);
+  EXPECT_EQ(c["nvme.admission.rejected_first_sighting"], 2);
+  EXPECT_EQ(c["nvme.admission.rejected_closed_session"], 1);
+  EXPECT_EQ(c["nvme.admission.rejected_parent_missing"], 2);
+  EXPECT_EQ(c["nvme.admission.rejected_no_budget"], 1);
+  EXPECT_EQ(c["nvme.admission.admitted"], 2);
+}
+
+TEST(AdmissionPolicyTest, RateAdmitsABlockLargerThanOneSecondFromAFullBucketAndPaysItBack) {
+  auto p = Rate(kMiB);
+  const uint64_t big = 5 * kMiB / 2;  // 2.5 s of the rate
+  // A full bucket (one second) admits any one block...
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, big), 0), O::kAdmitted);
+  // ...and the debt (1.5 s) is paid back before anything else passes.
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, 1024), kSecondUs), O::kNoBudget);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, 1024), 3 * kSecondUs / 2 + 1000), O::kAdmitted);
+  // Waiting long refills one second, never more: one big block, then none.
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, big), 100 * kSecondUs), O::kAdmitted);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared, big), 100 * kSecondUs), O::kNoBudget);
+  // Over 100 s the cap held: 2 big blocks + 1 KiB <= 100 s x 1 MiB/s + the first second.
+  EXPECT_EQ(Counters(*p)["nvme.admission.admitted_bytes"], int64_t(2 * big + 1024));
+}
+
+TEST(AdmissionPolicyTest, RateForceDrawsOnTheSameBucket) {
+  auto p = Rate(10 * kMiB);
+  EXPECT_TRUE(p->Force(4 * kMiB, 0));
+  EXPECT_TRUE(p->Force(4 * kMiB, 0));
+  EXPECT_EQ(p->Decide(Candidate(C::kShared), 0), O::kAdmitted);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared), 0), O::kAdmitted);
+  EXPECT_EQ(p->Decide(Candidate(C::kShared), 0), O::kNoBudget) << "forced writes spent the second";
+  EXPECT_FALSE(p->Force(kMiB, 0)) << "and a forced write gets past no budget";
+  EXPECT_TRUE(p->Force(kMiB, kSecondUs / 10));
+  auto c = Counters(*p, kSecondUs / 10);
+  EXPECT_EQ(c["nvme.admission.forced"], 3);
+  EXPECT_EQ(c["nvme.admission.forced_refused"], 1);
+  EXPECT_EQ(c["nvme.admission.admitted_bytes"], int64_t(11 * kMiB));
+}
+
 }  // namespace
 }  // namespace kvtier

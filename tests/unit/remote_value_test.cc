@@ -92,5 +92,45 @@ TEST(RemoteValueTest, KeyNamesSpreadOverSlotsAndNameTheBlock) {
   EXPECT_EQ(name.find('{'), std::string::npos) << "no hash tag: every block has its own slot";
 }
 
+// DecodeRemoteHeader: what a probe reads (the first kRemoteHeaderBytes of
+// a value) before any payload moves.
+TEST(RemoteValueTest, DecodeRemoteHeaderReportsLayersBytesAndChecksum) {
+  const auto payload = Payload(3 * 1024);
+  const std::string value = EncodeRemoteValue(RemoteBlock{kNs, kKey, 3, 0}, payload);
+  // The header alone, and the whole value: the payload is not looked at.
+  for (size_t size : {kRemoteHeaderBytes, value.size()}) {
+    auto header = DecodeRemoteHeader(Bytes(value.substr(0, size)), kNs, kKey);
+    ASSERT_TRUE(header.ok()) << header.status().ToString();
+    EXPECT_EQ(header->layer_count, 3u);
+    EXPECT_EQ(header->payload_bytes, payload.size());
+    EXPECT_EQ(header->payload_checksum, BlockChecksum(payload));
+  }
+  std::string bad_payload = value;
+  bad_payload.back() = static_cast<char>(bad_payload.back() ^ 1);
+  EXPECT_TRUE(DecodeRemoteHeader(Bytes(bad_payload), kNs, kKey).ok()) << "the payload is the read's to check";
+}
+
+TEST(RemoteValueTest, DecodeRemoteHeaderRefusesFlippedForeignAndShortHeaders) {
+  const std::string value = EncodeRemoteValue(RemoteBlock{kNs, kKey, 2, 0}, Payload(512));
+  const std::string header = value.substr(0, kRemoteHeaderBytes);
+  for (size_t i = 0; i < header.size(); ++i) {
+    std::string bad = header;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    auto decoded = DecodeRemoteHeader(Bytes(bad), kNs, kKey);
+    ASSERT_FALSE(decoded.ok()) << "byte " << i << " flipped and the header still decoded";
+    EXPECT_EQ(decoded.status().code(), StatusCode::kCorruption) << "byte " << i << ": " << decoded.status().ToString();
+  }
+  EXPECT_EQ(DecodeRemoteHeader(Bytes(header), kNs, BlockKey{0xabc, 0xdee}).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(DecodeRemoteHeader(Bytes(header), NamespaceFingerprint{0x1235, 0x5678}, kKey).status().code(),
+            StatusCode::kFailedPrecondition);
+  // Cut views of the whole header: the bytes past the cut are there, and
+  // must not be looked at.
+  for (size_t cut : {size_t{0}, size_t{8}, size_t{64}, kRemoteHeaderBytes - 1}) {
+    EXPECT_EQ(DecodeRemoteHeader(Bytes(header).first(cut), kNs, kKey).status().code(), StatusCode::kCorruption)
+        << "cut at " << cut;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier
