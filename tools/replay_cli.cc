@@ -71,7 +71,51 @@ Status ParseBandwidths(const std::string& option, const std::string& text, std::
   return Status::Ok();
 }
 
-std::string RunJson(const ReplayResult& r) {
+// The hit rates split into local (the serving node's host and NVMe tiers)
+// and shared (the remote tier): block and token rates, as text for the
+// reports.
+struct HitSplit {
+  std::string local_blocks, shared_blocks, local_tokens, shared_tokens;
+};
+HitSplit SplitOf(const ReplayResult& r) {
+  return {Number(r.local_block_hit_rate()), Number(r.shared_block_hit_rate()), Number(r.local_token_hit_rate()),
+          Number(r.shared_token_hit_rate())};
+}
+
+// A run's node fields (given --nodes): the node count, the router, the
+// split hit rates, and per node its measured requests and token hit rates.
+std::string NodesJson(const ReplayResult& r) {
+  const HitSplit split = SplitOf(r);
+  std::ostringstream j;
+  j << ", \"nodes\": " << r.options.nodes << ", \"router\": \"" << RouterName(r.options.router)
+    << "\", \"affinity_blocks\": " << r.options.affinity_blocks << ", \"local_block_hit_rate\": " << split.local_blocks
+    << ", \"shared_block_hit_rate\": " << split.shared_blocks
+    << ", \"local_token_hit_rate\": " << split.local_tokens << ", \"shared_token_hit_rate\": " << split.shared_tokens
+    << ", \"node_requests\": [";
+  for (size_t k = 0; k < r.nodes.size(); ++k) j << (k > 0 ? ", " : "") << r.nodes[k].requests;
+  j << "], \"node_token_hit_rates\": [";
+  for (size_t k = 0; k < r.nodes.size(); ++k) {
+    const NodeResult& n = r.nodes[k];
+    const double tokens = n.tokens == 0 ? 1 : double(n.tokens);
+    j << (k > 0 ? ", " : "") << "{\"local\": " << Number(double(n.local_hit_tokens) / tokens)
+      << ", \"shared\": " << Number(double(n.shared_hit_tokens) / tokens) << "}";
+  }
+  j << "]";
+  return j.str();
+}
+
+// Requests per node, "a/b/c" (the text report) or "a;b;c" (a CSV field).
+std::string NodeRequests(const ReplayResult& r, char sep) {
+  std::string text;
+  for (size_t k = 0; k < r.nodes.size(); ++k) {
+    if (k > 0) text += sep;
+    text += std::to_string(r.nodes[k].requests);
+  }
+  return text;
+}
+
+// `with_nodes`: add the node fields (NodesJson).
+std::string RunJson(const ReplayResult& r, bool with_nodes) {
   const ReplayOptions& o = r.options;
   std::ostringstream j;
   j << "{\"capacities\": {\"host\": \"" << CapacityText(o.host) << "\"";
@@ -107,6 +151,7 @@ std::string RunJson(const ReplayResult& r) {
     j << "{\"p50\": " << Number(*r.ttft_percentile(50)) << ", \"p90\": " << Number(*r.ttft_percentile(90))
       << ", \"p99\": " << Number(*r.ttft_percentile(99)) << "}";
   }
+  if (with_nodes) j << NodesJson(r);
   j << ", \"wall_seconds\": " << Number(r.wall_seconds) << "}";
   return j.str();
 }
@@ -172,6 +217,20 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--write-bandwidth", o.write_bandwidth,
                  "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion waiting over 200 ms is "
                  "dropped");
+  app.add_option("--nodes", o.nodes,
+                 "kvtier nodes (1 to 256), each with its own host and NVMe tiers of the --capacity given; the remote "
+                 "tier is one, shared by all")
+      ->each([&o](const std::string&) { o.nodes_given = true; })
+      ->capture_default_str();
+  app.add_option("--router", o.router,
+                 "How requests spread over --nodes: prefix_affinity (by a hash of the first --affinity-blocks "
+                 "blocks) | round_robin (request i to node i mod N)")
+      ->capture_default_str();
+  app.add_option("--affinity-blocks", o.affinity_blocks,
+                 "prefix_affinity hashes a request's first K blocks (2 tells apart conversations that open with "
+                 "one shared system-prompt block)")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
   app.add_option("--sweep", o.sweep, "Host capacities CAP,CAP,...: one run per value (and policy), in threads");
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
   app.add_option("--json", o.json_path, "Write {\"runs\": [...]} here");
@@ -261,15 +320,117 @@ Result<Trace> LoadTraces(const ReplayCliOptions& o) {
   return trace;
 }
 
+namespace {
+
+// The ceiling of the speed figure, measured here: the trace's block
+// lookups alone in a hash map, as any simulator keyed by block makes; the
+// best of 5 passes, each with a fresh map.
+double LookupCeiling(const Trace& trace) {
+  double ceiling = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unordered_map<BlockKey, uint32_t> ids;
+    uint64_t lookups = 0, sum = 0;
+    for (const TraceRequest& r : trace.requests) {
+      for (const BlockKey& k : r.blocks) sum += ids.try_emplace(k, uint32_t(ids.size())).first->second;
+      lookups += r.blocks.size();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile uint64_t keep = sum;  // the lookups are not optimized away
+    (void)keep;
+    if (seconds > 0) ceiling = std::max(ceiling, double(lookups) / seconds);
+  }
+  return ceiling;
+}
+
+// The printed table, a row per run; given --nodes, a line naming the node
+// count and router first, and per run its token hit rate split into local
+// and shared and its requests per node.
+void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o, double ceiling) {
+  std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
+  if (o.nodes_given) {
+    char affinity[48] = "";
+    if (o.router == "prefix_affinity") std::snprintf(affinity, sizeof affinity, " over %u blocks", o.affinity_blocks);
+    std::printf("nodes: %u, router: %s%s (host and NVMe capacities per node; the remote tier shared)\n\n", o.nodes,
+                o.router.c_str(), affinity);
+  }
+  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s\n", "policy", "host", "requests", "blocks",
+              "block_hit", "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling",
+              o.engines > 0 ? " mean_queue" : "", o.nodes_given ? "  local_tok shared_tok  node_requests" : "");
+  for (const ReplayResult& r : runs) {
+    // Block lookups: every prompt block of every request, warm-up included.
+    const double lookups = double(r.lookups);
+    const double rate = r.wall_seconds > 0 ? lookups / r.wall_seconds : 0;
+    char gap[32] = "-";
+    if (r.gap_closed) std::snprintf(gap, sizeof gap, "%.3f", *r.gap_closed);
+    char queue[32] = "";
+    if (o.engines > 0) std::snprintf(queue, sizeof queue, " %10.1f", r.mean_queue);
+    std::string nodes;
+    if (o.nodes_given) {
+      char split[64];
+      std::snprintf(split, sizeof split, "  %9.4f %10.4f  ", r.local_token_hit_rate(), r.shared_token_hit_rate());
+      nodes = split + NodeRequests(r, '/');
+    }
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s\n", r.options.policy.c_str(),
+                CapacityText(r.options.host).c_str(), static_cast<unsigned long long>(r.requests),
+                static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap,
+                r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str());
+  }
+}
+
+// One row per run; `with_nodes`: the node columns after the others.
+void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes) {
+  out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
+         "host_hits,nvme_hits,"
+         "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds"
+      << (with_nodes ? ",nodes,router,affinity_blocks,local_block_hit_rate,shared_block_hit_rate,local_token_hit_rate,"
+                       "shared_token_hit_rate,node_requests"
+                     : "")
+      << "\n";
+  for (const ReplayResult& x : runs) {
+    const ReplayOptions& p = x.options;
+    out << p.policy << "," << CapacityText(p.host) << "," << (p.nvme ? CapacityText(*p.nvme) : "") << ","
+        << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
+        << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
+        << (x.gap_closed ? Number(*x.gap_closed) : "") << "," << (p.engines > 0 ? Number(x.mean_queue) : "") << ","
+        << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
+        << x.nvme_device_bytes << "," << x.ssd_budget_bytes << "," << (p.nvme ? NvmeEvictionOf(p) : "") << ","
+        << x.nvme_reinserted << "," << x.prefetches << "," << x.prefetch_used << ",";
+    for (double q : {50.0, 90.0, 99.0}) {
+      auto v = x.ttft_percentile(q);
+      out << (v ? Number(*v) : "") << ",";
+    }
+    out << Number(x.wall_seconds);
+    if (with_nodes) {
+      const HitSplit split = SplitOf(x);
+      out << "," << p.nodes << "," << RouterName(p.router) << "," << p.affinity_blocks << "," << split.local_blocks
+          << "," << split.shared_blocks
+          << "," << split.local_tokens << "," << split.shared_tokens << "," << NodeRequests(x, ';');
+    }
+    out << "\n";
+  }
+}
+
+}  // namespace
+
 int RunReplay(const ReplayCliOptions& o) {
   if (o.live) {
+    if (o.nodes != 1) return Fail("--live drives one daemon: --nodes is for sim mode");
     auto trace = LoadTraces(o);
     if (!trace.ok()) return Fail(trace.status().message());
     return RunLive(o, *trace);
   }
   if (o.capacity.empty()) return Fail("--capacity host=CAP is required (sim mode)");
-  // Capacities.
   ReplayOptions base;
+  if (o.nodes < 1 || o.nodes > kMaxNodes) {
+    return Fail("--nodes " + std::to_string(o.nodes) + ": expected 1 to " + std::to_string(kMaxNodes) + " nodes");
+  }
+  const std::optional<Router> router = ParseRouter(o.router);
+  if (!router) return Fail("--router '" + o.router + "': expected round_robin or prefix_affinity");
+  base.nodes = o.nodes;
+  base.router = *router;
+  base.affinity_blocks = o.affinity_blocks;
+  // Capacities.
   bool have_host = false;
   for (const std::string& part : Split(o.capacity, ',')) {
     const size_t eq = part.find('=');
@@ -389,49 +550,14 @@ int RunReplay(const ReplayCliOptions& o) {
   for (const Run& r : runs) {
     if (!r.status.ok()) return Fail(r.status.message());
   }
-  {
-    std::vector<ReplayResult> results;
-    for (const Run& r : runs) results.push_back(r.result);
-    SetGapClosed(results);
-    for (size_t i = 0; i < runs.size(); ++i) runs[i].result.gap_closed = results[i].gap_closed;
-  }
-  // The ceiling of the speed figure, measured here: the trace's block
-  // lookups alone in a hash map, as any simulator keyed by block makes;
-  // the best of 5 passes, each with a fresh map.
-  double ceiling = 0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unordered_map<BlockKey, uint32_t> ids;
-    uint64_t lookups = 0, sum = 0;
-    for (const TraceRequest& r : trace.requests) {
-      for (const BlockKey& k : r.blocks) sum += ids.try_emplace(k, uint32_t(ids.size())).first->second;
-      lookups += r.blocks.size();
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    volatile uint64_t keep = sum;  // the lookups are not optimized away
-    (void)keep;
-    if (seconds > 0) ceiling = std::max(ceiling, double(lookups) / seconds);
-  }
-  std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
-  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s\n", "policy", "host", "requests", "blocks", "block_hit",
-              "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling", o.engines > 0 ? " mean_queue" : "");
-  for (const Run& r : runs) {
-    // Block lookups: every prompt block of every request, warm-up included.
-    const double lookups = double(r.result.lookups);
-    const double rate = r.result.wall_seconds > 0 ? lookups / r.result.wall_seconds : 0;
-    char gap[32] = "-";
-    if (r.result.gap_closed) std::snprintf(gap, sizeof gap, "%.3f", *r.result.gap_closed);
-    char queue[32] = "";
-    if (o.engines > 0) std::snprintf(queue, sizeof queue, " %10.1f", r.result.mean_queue);
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s\n", r.result.options.policy.c_str(),
-                CapacityText(r.result.options.host).c_str(), static_cast<unsigned long long>(r.result.requests),
-                static_cast<unsigned long long>(r.result.blocks), r.result.block_hit_rate(), r.result.token_hit_rate(),
-                gap, r.result.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue);
-  }
+  std::vector<ReplayResult> results;
+  for (const Run& r : runs) results.push_back(r.result);
+  SetGapClosed(results);
+  PrintTable(results, o, LookupCeiling(trace));
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [";
-    for (size_t i = 0; i < runs.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(runs[i].result);
+    for (size_t i = 0; i < results.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(results[i], o.nodes_given);
     out << "\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
@@ -439,8 +565,6 @@ int RunReplay(const ReplayCliOptions& o) {
     }
   }
   if (!o.plot_path.empty()) {
-    std::vector<ReplayResult> results;
-    for (const Run& r : runs) results.push_back(r.result);
     std::ofstream out(o.plot_path);
     out << PlotSvg(results, "kvtier replay: " + trace.path);
     if (!out) {
@@ -450,25 +574,7 @@ int RunReplay(const ReplayCliOptions& o) {
   }
   if (!o.csv_path.empty()) {
     std::ofstream out(o.csv_path);
-    out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
-           "host_hits,nvme_hits,"
-           "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds\n";
-    for (const Run& r : runs) {
-      const ReplayResult& x = r.result;
-      const ReplayOptions& p = x.options;
-      out << p.policy << "," << CapacityText(p.host) << "," << (p.nvme ? CapacityText(*p.nvme) : "") << ","
-          << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
-          << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
-          << (x.gap_closed ? Number(*x.gap_closed) : "") << "," << (p.engines > 0 ? Number(x.mean_queue) : "") << ","
-          << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
-          << x.nvme_device_bytes << "," << x.ssd_budget_bytes << "," << (p.nvme ? NvmeEvictionOf(p) : "") << ","
-          << x.nvme_reinserted << "," << x.prefetches << "," << x.prefetch_used << ",";
-      for (double p : {50.0, 90.0, 99.0}) {
-        auto v = x.ttft_percentile(p);
-        out << (v ? Number(*v) : "") << ",";
-      }
-      out << Number(x.wall_seconds) << "\n";
-    }
+    WriteCsv(out, results, o.nodes_given);
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.csv_path.c_str());
       return 1;

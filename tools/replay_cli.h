@@ -41,6 +41,14 @@ struct ReplayCliOptions {
   double prefill_tps = 0;  // tokens/s per engine
   std::string read_bandwidth;   // host=BW,nvme=BW,remote=BW (bytes/s, e.g. 20GB)
   std::string write_bandwidth;  // the same for demotions into a tier
+  // Several nodes sharing the remote tier (replay_sim.h, Router): host and
+  // NVMe capacities are per node. nodes_given: --nodes was on the command
+  // line; the reports then carry the node fields (for N=1 too), and
+  // without it they are as they were before the option existed.
+  uint32_t nodes = 1;
+  bool nodes_given = false;
+  std::string router = "prefix_affinity";  // round_robin | prefix_affinity
+  uint32_t affinity_blocks = 1;            // prefix_affinity: the leading blocks hashed
   std::string sweep;  // CAP,CAP,... (host capacities)
   unsigned threads = 0;  // sweep threads; 0: one per core
   std::string json_path;

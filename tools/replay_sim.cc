@@ -86,6 +86,47 @@ std::string_view SimTierName(int tier) {
   return "?";
 }
 
+std::string_view RouterName(Router router) {
+  return router == Router::kRoundRobin ? "round_robin" : "prefix_affinity";
+}
+
+std::optional<Router> ParseRouter(std::string_view name) {
+  if (name == "round_robin") return Router::kRoundRobin;
+  if (name == "prefix_affinity") return Router::kPrefixAffinity;
+  return std::nullopt;
+}
+
+namespace {
+
+// SplitMix64's finalizer: a fixed, well-spread hash (the same on every
+// platform, unlike std::hash).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::vector<uint32_t> RouteRequests(const Trace& trace, uint32_t nodes, Router router, uint32_t affinity_blocks) {
+  std::vector<uint32_t> route(trace.requests.size(), 0);
+  if (nodes <= 1) return route;
+  for (size_t r = 0; r < route.size(); ++r) {
+    const std::vector<BlockKey>& blocks = trace.requests[r].blocks;
+    if (router == Router::kRoundRobin) {
+      route[r] = static_cast<uint32_t>(r % nodes);
+    } else if (!blocks.empty()) {
+      uint64_t h = Mix(blocks[0].hi ^ Mix(blocks[0].lo));
+      for (size_t i = 1; i < std::min<size_t>(affinity_blocks, blocks.size()); ++i) {
+        h = Mix(h ^ blocks[i].hi ^ Mix(blocks[i].lo));
+      }
+      route[r] = static_cast<uint32_t>(h % nodes);
+    }
+  }
+  return route;
+}
+
 std::string NvmeEvictionOf(const ReplayOptions& options) {
   if (options.nvme && options.nvme->infinite) return "ideal";
   if (!options.nvme_eviction.empty()) return options.nvme_eviction;
@@ -110,7 +151,8 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
          a.nvme_eviction == b.nvme_eviction && a.nvme_region_bytes == b.nvme_region_bytes &&
          a.nvme_alignment_bytes == b.nvme_alignment_bytes && a.nvme_reinsert_share == b.nvme_reinsert_share &&
          a.lookahead_us == b.lookahead_us && a.prefetch_share == b.prefetch_share &&
-         a.prefetch_min_blocks == b.prefetch_min_blocks;
+         a.prefetch_min_blocks == b.prefetch_min_blocks && a.nodes == b.nodes && a.router == b.router &&
+         a.affinity_blocks == b.affinity_blocks;
 }
 
 void SetGapClosed(std::vector<ReplayResult>& runs) {
@@ -165,9 +207,26 @@ Result<std::optional<SimLogOptions>> NvmeLogOptions(const Trace& trace, const Re
   return std::optional<SimLogOptions>(log);
 }
 
+// The NVMe admission `options` names (one per node: each node's drive has
+// its own budget); InvalidArgument for an unknown one or bad DWPD options.
+Result<std::unique_ptr<AdmissionPolicy>> MakeAdmission(const Trace& trace, const ReplayOptions& options) {
+  if (options.admission == "all") return MakeAdmitAllPolicy();
+  if (options.admission == "second_hit") return MakeSecondHitPolicy();
+  if (options.admission == "dwpd") {
+    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
+    return MakeDwpdPolicy(options.dwpd, t0);
+  }
+  return InvalidArgument("unknown admission '" + options.admission + "' (all, second_hit, dwpd)");
+}
+
 }  // namespace
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
+  if (options.nodes < 1 || options.nodes > kMaxNodes) {
+    return InvalidArgument("nodes must be 1 to " + std::to_string(kMaxNodes) + ", got " +
+                           std::to_string(options.nodes));
+  }
+  if (options.affinity_blocks < 1) return InvalidArgument("prefix affinity must hash at least 1 block");
   if (options.policy != "belady" && MakeEvictionPolicy(options.policy) == nullptr) {
     return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, lru2, s3fifo, arc, queue_aware, belady)");
   }
@@ -186,22 +245,15 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   for (double bw : options.write_bytes_per_s) {
     if (!(bw >= 0)) return InvalidArgument("write bandwidths must be 0 (no limit) or above");
   }
-  std::unique_ptr<AdmissionPolicy> admission;
-  if (options.admission == "all") {
-    admission = MakeAdmitAllPolicy();
-  } else if (options.admission == "second_hit") {
-    admission = MakeSecondHitPolicy();
-  } else if (options.admission == "dwpd") {
-    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
-    auto made = MakeDwpdPolicy(options.dwpd, t0);
+  std::vector<std::unique_ptr<AdmissionPolicy>> admissions;
+  for (uint32_t k = 0; k < options.nodes; ++k) {
+    auto made = MakeAdmission(trace, options);
     if (!made.ok()) return made.status();
-    admission = std::move(made).value();
-  } else {
-    return InvalidArgument("unknown admission '" + options.admission + "' (all, second_hit, dwpd)");
+    admissions.push_back(std::move(made).value());
   }
   auto log = NvmeLogOptions(trace, options);
   if (!log.ok()) return log.status();
-  Simulator sim(trace, options, std::move(admission), *log);
+  Simulator sim(trace, options, std::move(admissions), *log);
   return sim.Run();
 }
 

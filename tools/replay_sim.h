@@ -68,10 +68,45 @@ std::string CapacityText(const Capacity& c);
 enum SimTier : uint8_t { kHostTier = 0, kNvmeTier = 1, kRemoteTier = 2, kSimTiers = 3 };
 std::string_view SimTierName(int tier);
 
+// Several nodes (ReplayOptions::nodes): each kvtier node has its own host
+// and NVMe tiers, placed as above with its own NVMe admission (and drive
+// budget), write channels, engines and queue, and its own view of a block
+// (the requests of its own that found it, the conversations it closed);
+// the remote tier is one, shared. A request is served by one node, chosen
+// by the router, and hits the longest prefix resident in that node's own
+// tiers or the remote tier; blocks it promotes land in that node's host
+// tier, and that node's victims go to its NVMe tier or the shared remote
+// tier, so a block reaches the other nodes only once evicted. With the
+// engine model, requests start in time order across nodes (ties: file
+// order).
+//   round_robin:     request i (file order, from 0) to node i mod N;
+//   prefix_affinity: by a hash of the request's first `affinity_blocks`
+//                    blocks (SplitMix64 over their keys, mod N; fewer
+//                    when the request has fewer), so requests opening with
+//                    the same blocks (a conversation's turns, a common
+//                    system prompt) land on the same node; a request
+//                    without blocks goes to node 0. With one block and a
+//                    system prompt every request opens with (Mooncake's
+//                    conversation trace), every request lands on one node.
+enum class Router : uint8_t { kRoundRobin, kPrefixAffinity };
+std::string_view RouterName(Router router);
+// "round_robin" | "prefix_affinity"; nullopt otherwise.
+std::optional<Router> ParseRouter(std::string_view name);
+// The node (0..nodes-1) serving each request of `trace`, in file order.
+// `nodes` and `affinity_blocks` must be at least 1.
+std::vector<uint32_t> RouteRequests(const Trace& trace, uint32_t nodes, Router router, uint32_t affinity_blocks = 1);
+// The most nodes a run takes: each node keeps about 40 bytes per distinct
+// block of the trace.
+inline constexpr uint32_t kMaxNodes = 256;
+
 struct ReplayOptions {
-  Capacity host;
-  std::optional<Capacity> nvme;    // none: no NVMe tier
-  std::optional<Capacity> remote;  // none: no remote tier
+  Capacity host;                   // per node
+  std::optional<Capacity> nvme;    // per node; none: no NVMe tier
+  std::optional<Capacity> remote;  // shared by all nodes; none: no remote tier
+  // The nodes (1..kMaxNodes) and how requests are spread over them.
+  uint32_t nodes = 1;
+  Router router = Router::kPrefixAffinity;
+  uint32_t affinity_blocks = 1;  // prefix_affinity: the leading blocks hashed (at least 1)
   // lru | fifo | lru2 | s3fifo | arc | queue_aware (the daemon's
   // classes), or belady (the offline rule of tools/replay_belady.h, which
   // reads the trace's future: simulation only)
@@ -127,6 +162,14 @@ struct TierResult {
   uint64_t dropped_busy = 0;   // demotions into it dropped: its write channel was backed up
 };
 
+// One node's share of a run (measured requests only).
+struct NodeResult {
+  uint64_t requests = 0;
+  uint64_t tokens = 0;             // their prompt tokens
+  uint64_t local_hit_tokens = 0;   // hit tokens its own host and NVMe tiers served
+  uint64_t shared_hit_tokens = 0;  // hit tokens the shared remote tier served
+};
+
 struct ReplayResult {
   ReplayOptions options;
   uint64_t requests = 0;  // measured (after warm-up)
@@ -134,10 +177,11 @@ struct ReplayResult {
   uint64_t tokens = 0;    // measured prompt tokens
   uint64_t hit_blocks = 0;
   uint64_t hit_tokens = 0;
-  std::array<TierResult, kSimTiers> tiers{};
+  std::array<TierResult, kSimTiers> tiers{};  // all nodes together
+  std::vector<NodeResult> nodes;              // one per node
   uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
   uint64_t admission_refused = 0;  // victims the NVMe admission refused (the remote tier may still take them)
-  uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day); 0 otherwise
+  uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
   uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
   uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward
   // Bytes written to the NVMe tier, what the drive's write budget counts:
@@ -149,7 +193,7 @@ struct ReplayResult {
   uint64_t prefetch_used = 0;      // of those, blocks a request then found in the host tier
   uint64_t span_us = 0;            // first to last arrival
   uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
-  std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), file order
+  std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), in start order
   // Engine model: requests waiting (arrived, not started) at each measured
   // start, averaged; 0 without it.
   double mean_queue = 0;
@@ -164,6 +208,19 @@ struct ReplayResult {
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
   double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
+  // The hit rates split by where the hit came from: local, the serving
+  // node's own host and NVMe tiers; shared, the remote tier. They add up
+  // to the block and token hit rates.
+  double local_block_hit_rate() const {
+    return blocks == 0 ? 0 : double(tiers[kHostTier].hits + tiers[kNvmeTier].hits) / double(blocks);
+  }
+  double shared_block_hit_rate() const { return blocks == 0 ? 0 : double(tiers[kRemoteTier].hits) / double(blocks); }
+  double local_token_hit_rate() const {
+    return tokens == 0 ? 0 : double(tiers[kHostTier].hit_tokens + tiers[kNvmeTier].hit_tokens) / double(tokens);
+  }
+  double shared_token_hit_rate() const {
+    return tokens == 0 ? 0 : double(tiers[kRemoteTier].hit_tokens) / double(tokens);
+  }
 };
 
 // The p-th percentile (nearest rank) of `samples`; 0 when empty.
@@ -185,7 +242,8 @@ std::string NvmeEvictionOf(const ReplayOptions& options);
 // Whether two runs differ only in their policy.
 bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 
-// Runs `trace` once. InvalidArgument for an unknown policy, admission or
+// Runs `trace` once. InvalidArgument for a node count outside
+// [1, kMaxNodes], affinity_blocks 0, an unknown policy, admission or
 // NVMe eviction, an NVMe geometry the daemon would refuse (fewer than 2
 // regions, a region not a multiple of the alignment), bad DWPD options, a
 // warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes

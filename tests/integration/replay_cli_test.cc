@@ -205,6 +205,106 @@ TEST_F(ReplayCliTest, SweepNumbersDoNotDependOnTheThreadCount) {
   EXPECT_EQ(outputs[0], outputs[1]);
 }
 
+// 15 conversations of 4 turns, turn-major, 4-token blocks: turn t of
+// conversation c sends blocks c*100 .. c*100+t (60 distinct blocks).
+std::string ConversationTrace() {
+  std::string text;
+  for (int t = 0, r = 0; t < 4; ++t) {
+    for (int c = 0; c < 15; ++c, ++r) {
+      std::string ids;
+      for (int b = 0; b <= t; ++b) ids += (b > 0 ? ", " : "") + std::to_string(c * 100 + b);
+      text += "{\"timestamp\": " + std::to_string(r) + ", \"input_length\": " + std::to_string(4 * (t + 1)) +
+              ", \"hash_ids\": [" + ids + "]}\n";
+    }
+  }
+  return text;
+}
+
+// Two nodes, round robin, 30 blocks of DRAM each over a shared remote
+// tier: each conversation's turns alternate between the nodes, so hits
+// split into local and shared; the reports name the nodes and router.
+TEST_F(ReplayCliTest, NodesReportLocalAndSharedHitsAndRequestsPerNode) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
+                                "host=30blk,remote=inf", "--bytes-per-token", "1", "--nodes", "2", "--router",
+                                "round_robin", "--json", dir_ + "/n.json", "--csv", dir_ + "/n.csv"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("nodes: 2, router: round_robin"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("local_tok shared_tok  node_requests"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" 30/30\n"), std::string::npos) << r.output;
+  const std::string json = Read(dir_ + "/n.json");
+  for (const char* field : {"\"nodes\": 2", "\"router\": \"round_robin\"", "\"node_requests\": [30, 30]",
+                            "\"local_block_hit_rate\"", "\"node_token_hit_rates\": [{\"local\": "}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  }
+  const double local = std::stod(Field(json, "local_token_hit_rate"));
+  const double shared = std::stod(Field(json, "shared_token_hit_rate"));
+  EXPECT_GT(local, 0);
+  EXPECT_GT(shared, 0);
+  EXPECT_NEAR(local + shared, std::stod(Field(json, "token_hit_rate")), 1e-5);
+  const std::string csv = Read(dir_ + "/n.csv");
+  EXPECT_NE(csv.find(",wall_seconds,nodes,router,affinity_blocks,local_block_hit_rate,shared_block_hit_rate,"
+                     "local_token_hit_rate,shared_token_hit_rate,node_requests\n"),
+            std::string::npos)
+      << csv;
+  EXPECT_NE(csv.find(",2,round_robin,1,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",30;30\n"), std::string::npos) << csv;
+}
+
+// Without --nodes the reports are those of before the option (no node
+// fields or columns); --nodes 1 adds them and changes no figure.
+TEST_F(ReplayCliTest, WithoutNodesTheReportsAreUnchangedAndOneNodeChangesNoFigure) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  std::string json[2], csv[2], text[2];
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
+                                     "--capacity", "host=20blk,nvme=64KiB,remote=24blk", "--bytes-per-token", "2",
+                                     "--policy", "lru,fifo", "--json", dir_ + "/o" + std::to_string(i) + ".json",
+                                     "--csv", dir_ + "/o" + std::to_string(i) + ".csv"};
+    if (i == 1) argv.insert(argv.end(), {"--nodes", "1", "--router", "round_robin"});
+    CommandResult r = RunCommand(argv);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    text[i] = r.output;
+    json[i] = Read(dir_ + "/o" + std::to_string(i) + ".json");
+    csv[i] = Read(dir_ + "/o" + std::to_string(i) + ".csv");
+  }
+  EXPECT_EQ(json[0].find("\"nodes\""), std::string::npos) << json[0];
+  EXPECT_EQ(json[0].find("router"), std::string::npos) << json[0];
+  EXPECT_EQ(text[0].find("nodes:"), std::string::npos) << text[0];
+  EXPECT_EQ(text[0].find("local_tok"), std::string::npos) << text[0];
+  EXPECT_EQ(csv[0].substr(0, csv[0].find('\n')),
+            "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,"
+            "mean_queue,host_hits,nvme_hits,remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,"
+            "nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds");
+  EXPECT_NE(json[1].find("\"nodes\": 1, \"router\": \"round_robin\""), std::string::npos) << json[1];
+  EXPECT_NE(json[1].find("\"node_requests\": [60]"), std::string::npos) << json[1];
+  EXPECT_NE(text[1].find("nodes: 1, router: round_robin"), std::string::npos) << text[1];
+  // The node fields taken out, the JSON is the same, figure for figure.
+  const std::regex node_fields(", \"nodes\": .*?(?=, \"wall_seconds\")");
+  const std::regex wall("\"wall_seconds\": [0-9.e+-]+");
+  EXPECT_EQ(std::regex_replace(std::regex_replace(json[1], node_fields, ""), wall, ""),
+            std::regex_replace(json[0], wall, ""));
+  EXPECT_NE(json[0].find("\"remote\": {\"hits\": "), std::string::npos) << "the trace reaches every tier";
+}
+
+TEST_F(ReplayCliTest, BadNodeCountsAndRoutersExitTwoNamingTheOption) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  // Each case ends with the bad option and its value.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--nodes", "0"}, {"--nodes", "257"}, {"--nodes", "-2"}, {"--nodes", "two"},
+        {"--nodes", "2", "--router", "random"}, {"--nodes", "2", "--affinity-blocks", "0"}}) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult c = RunCommand(argv);
+    EXPECT_EQ(c.exit_code, 2) << args.back() << ": " << c.output;
+    EXPECT_NE(c.output.find(args[args.size() - 2]), std::string::npos) << c.output;
+  }
+  CommandResult live = RunCommand({KVTIER_TOOL_PATH, "replay", "--live", "--socket", dir_ + "/no.sock", "--trace",
+                                   trace, "--bytes-per-token", "1", "--nodes", "2"});
+  EXPECT_EQ(live.exit_code, 2) << live.output;
+  EXPECT_NE(live.output.find("--nodes"), std::string::npos) << live.output;
+}
+
 TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
   const std::string bad = Write("bad.jsonl", "{\"timestamp\": 0, \"input_length\": 4, \"hash_ids\": [1]}\n"
                                              "{\"timestamp\": 1, \"input_length\": -4, \"hash_ids\": [1]}\n");
