@@ -1,0 +1,72 @@
+// The [remote] section as kvtierd reads it (daemon/remote_setup.h): node
+// lists split and trimmed, every option carried into the tier's options,
+// the admission with its rate, and no tier at all when remote.nodes is
+// empty (the default). No network: opening a real tier is the cluster
+// tests' business (tests/integration/remote_*_test.cc).
+#include "daemon/remote_setup.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/map_tier.h"
+
+namespace kvtier {
+namespace {
+
+DaemonConfig Parse(const std::string& toml) {
+  auto config = ParseConfig(toml, "remote.toml");
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return config.ok() ? *config : DaemonConfig{};
+}
+
+TEST(RemoteSetup, TheDefaultIsNoRemoteTier) {
+  const DaemonConfig config = Parse("");
+  EXPECT_TRUE(config.remote_nodes.empty());
+  auto tier = OpenRemoteTier(config);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ(*tier, nullptr);
+}
+
+TEST(RemoteSetup, EveryOptionReachesTheTier) {
+  const DaemonConfig config = Parse(
+      "[remote]\nnodes = \" 10.0.0.1:7000, 10.0.0.2:7001,,[::1]:7002 \"\ncapacity_bytes = \"2GiB\"\n"
+      "timeout_ms = 1500\nprobe_timeout_ms = 7\nretry_ms = 300\nthreads = 3\nstaging_bytes = \"64MiB\"\n"
+      "connections_per_node = 5\nttl_s = 3600\n");
+  const RemoteTierOptions o = RemoteOptionsFromConfig(config);
+  EXPECT_EQ(o.cluster.seeds, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7001", "[::1]:7002"}));
+  EXPECT_EQ(o.capacity_bytes, 2ull << 30);
+  EXPECT_EQ(o.timeout.count(), 1500);
+  EXPECT_EQ(o.probe_timeout.count(), 7);
+  EXPECT_EQ(o.retry_interval.count(), 300);
+  EXPECT_EQ(o.threads, 3u);
+  EXPECT_EQ(o.staging_bytes, 64ull << 20);
+  EXPECT_EQ(o.cluster.idle_connections_per_node, 5u);
+  EXPECT_EQ(o.ttl_seconds, 3600u);
+}
+
+TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {
+  const DaemonConfig config = Parse("[remote]\nwrite_rate = \"100MiB\"\n");
+  EXPECT_EQ(config.remote_admission, "rate");
+  testing::MapTier tier(1 << 20, Tier::kRemote, "remote");
+  auto lower = RemoteAdmissionFromConfig(config, tier);
+  ASSERT_TRUE(lower.ok());
+  EXPECT_EQ(lower->tier, &tier);
+  EXPECT_EQ(lower->admission, "rate");
+  EXPECT_EQ(lower->rate_bytes_per_second, 100ull << 20);
+}
+
+TEST(RemoteSetup, BadValuesAreRefusedNamingTheKey) {
+  for (const char* toml : {"[remote]\nadmission = \"dwpd\"\n", "[remote]\nthreads = 0\n",
+                           "[remote]\ntimeout_ms = 1\n", "[remote]\nnodes = 7\n", "[remote]\nwrite_rate = \"1KiB\"\n"}) {
+    auto config = ParseConfig(toml, "remote.toml");
+    ASSERT_FALSE(config.ok()) << toml;
+    EXPECT_NE(config.status().message().find("remote."), std::string::npos) << config.status().message();
+  }
+  // A node list that is not host:port is refused when the tier opens.
+  auto tier = OpenRemoteTier(Parse("[remote]\nnodes = \"redis-without-port\"\n"));
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tier.status().message().find("redis-without-port"), std::string::npos) << tier.status().message();
+}
+
+}  // namespace
+}  // namespace kvtier
