@@ -293,6 +293,15 @@ std::vector<Result<RespReply>> ClusterClient::RunPipelined(std::span<const std::
   std::unordered_map<size_t, std::vector<size_t>> by_node;
   for (size_t i = 0; i < keys.size(); ++i) by_node[NodeForSlot(HashSlot(keys[i]))].push_back(i);
   std::vector<size_t> again;  // redirected or failed: run alone
+  // Every node's commands go out before any reply is read: one round trip
+  // for all of them, not one per node.
+  struct Sent {
+    size_t node;
+    const std::vector<size_t>* indexes;
+    std::unique_ptr<RedisConnection> connection;
+    Status status;
+  };
+  std::vector<Sent> sent;
   for (const auto& [node, indexes] : by_node) {
     auto connection = Acquire(node, deadline);
     if (!connection.ok()) {
@@ -300,13 +309,16 @@ std::vector<Result<RespReply>> ClusterClient::RunPipelined(std::span<const std::
       continue;
     }
     for (size_t i : indexes) append(i, **connection);
-    Status sent = (*connection)->Flush(deadline);
-    for (size_t i : indexes) {
-      results[i] = sent.ok() ? read(i, **connection) : Result<RespReply>(sent);
+    Status flushed = (*connection)->Flush(deadline);
+    sent.push_back(Sent{node, &indexes, std::move(*connection), flushed});
+  }
+  for (Sent& s : sent) {
+    for (size_t i : *s.indexes) {
+      results[i] = s.status.ok() ? read(i, *s.connection) : Result<RespReply>(s.status);
       if (!results[i].ok() && results[i].status().code() == StatusCode::kTimedOut) continue;
       if (!results[i].ok() || (results[i]->is_error() && !StartsWith(results[i]->text, "ERR"))) again.push_back(i);
     }
-    Release(node, std::move(*connection));
+    Release(s.node, std::move(s.connection));
   }
   for (size_t i : again) {
     results[i] = Run(keys[i], [&](RedisConnection& c) -> Result<RespReply> {
