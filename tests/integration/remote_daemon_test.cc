@@ -51,16 +51,7 @@ std::string LogOf(const DaemonProcess& daemon) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-class RemoteDaemon : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
-    auto cluster = RedisCluster::Start(RedisCluster::Options{});
-    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
-    cluster_ = std::move(*cluster);
-  }
-  std::unique_ptr<RedisCluster> cluster_;
-};
+using RemoteDaemon = RedisClusterTest;
 
 TEST_F(RemoteDaemon, TwoDaemonsOnOneClusterServeEachOthersBlocks) {
   const std::string nodes = cluster_->Seeds().front();

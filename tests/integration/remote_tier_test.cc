@@ -70,15 +70,8 @@ int64_t Counter(const BlockTier& tier, std::string_view name) {
   return FindCounter(c, name);
 }
 
-class RemoteTierCluster : public ::testing::Test {
+class RemoteTierCluster : public RedisClusterTest {
  protected:
-  void SetUp() override {
-    if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
-    auto cluster = RedisCluster::Start(RedisCluster::Options{});
-    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
-    cluster_ = std::move(*cluster);
-  }
-
   // Writes `keys` (FillBlockBytes(key, 0)) through `tier`.
   void WriteAll(BlockTier& tier, const std::vector<BlockKey>& keys) {
     for (const BlockKey& key : keys) {
@@ -86,8 +79,6 @@ class RemoteTierCluster : public ::testing::Test {
       ASSERT_TRUE(WriteSync(tier, key, bytes).ok()) << key.ToHex();
     }
   }
-
-  std::unique_ptr<RedisCluster> cluster_;
 };
 
 TEST_F(RemoteTierCluster, BlocksReadBackWholeAndByLayerFromEveryMaster) {

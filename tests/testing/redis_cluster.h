@@ -25,6 +25,8 @@
 #include <sys/types.h>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kvtier/result.h"
 
 namespace kvtier::testing {
@@ -176,6 +178,19 @@ class RedisCluster {
   std::string dir_;
   std::vector<Node> nodes_;
   std::map<int, Move> moves_;  // by slot
+};
+
+// A test with its own default cluster (Options{}), started in SetUp;
+// skipped with the reason when Redis is not installed.
+class RedisClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+    auto cluster = RedisCluster::Start(RedisCluster::Options{});
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+  }
+  std::unique_ptr<RedisCluster> cluster_;
 };
 
 }  // namespace kvtier::testing

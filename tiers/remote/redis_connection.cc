@@ -218,17 +218,22 @@ Status RedisConnection::Fill(size_t n, RedisDeadline deadline) {
       begin_ = 0;
     }
     if (buffer_.size() - end_ < std::max(kReadChunk / 2, n)) buffer_.resize(end_ + std::max(kReadChunk, n));
-    const ssize_t got = ::recv(fd_, buffer_.data() + end_, buffer_.size() - end_, 0);
-    if (got > 0) {
-      end_ += static_cast<size_t>(got);
-      continue;
-    }
+    Result<size_t> got = Receive(buffer_.data() + end_, buffer_.size() - end_, deadline);
+    if (!got.ok()) return got.status();
+    end_ += *got;
+  }
+  return Status::Ok();
+}
+
+Result<size_t> RedisConnection::Receive(void* dst, size_t n, RedisDeadline deadline) {
+  for (;;) {
+    const ssize_t got = ::recv(fd_, dst, n, 0);
+    if (got > 0) return static_cast<size_t>(got);
     if (got == 0) return Fail(Unavailable("connection closed by the peer"));
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Fail(ErrnoStatus("recv", errno));
     if (Status s = WaitFor(POLLIN, deadline); !s.ok()) return s;
   }
-  return Status::Ok();
 }
 
 Status RedisConnection::ReadExact(std::span<std::byte> dst, RedisDeadline deadline) {
@@ -237,15 +242,9 @@ Status RedisConnection::ReadExact(std::span<std::byte> dst, RedisDeadline deadli
   begin_ += buffered;
   size_t done = buffered;
   while (done < dst.size()) {
-    const ssize_t got = ::recv(fd_, dst.data() + done, dst.size() - done, 0);
-    if (got > 0) {
-      done += static_cast<size_t>(got);
-      continue;
-    }
-    if (got == 0) return Fail(Unavailable("connection closed by the peer"));
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return Fail(ErrnoStatus("recv", errno));
-    if (Status s = WaitFor(POLLIN, deadline); !s.ok()) return s;
+    Result<size_t> got = Receive(dst.data() + done, dst.size() - done, deadline);
+    if (!got.ok()) return got.status();
+    done += *got;
   }
   return Status::Ok();
 }

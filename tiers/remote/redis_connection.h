@@ -80,6 +80,8 @@ class RedisConnection {
 
  private:
   RedisConnection(int fd, std::string address);
+  // Some bytes (1..n) from the socket into `dst`, waiting until the deadline.
+  Result<size_t> Receive(void* dst, size_t n, RedisDeadline deadline);
   // Makes at least `n` unread bytes available in the buffer.
   Status Fill(size_t n, RedisDeadline deadline);
   // Reads into `dst` directly: buffered bytes first, then the socket.
