@@ -300,7 +300,9 @@ TEST_F(RemoteTierCluster, TheWholeClusterDownMakesTheTierUnavailableAndFast) {
   Status refused = WriteSync(*tier, BlockKey{6, 6}, bytes);
   EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
   tier->Probe(kNs, keys);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 100ms) << "a known-dead cluster costs nothing per call";
+  // Not a speed figure: a tier that tried the dead cluster would wait for
+  // its 2 s timeout here; one that knows it is down answers at once.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << "a known-dead cluster costs nothing per call";
   EXPECT_EQ(Counter(*tier, "remote.available"), 0);
   EXPECT_GE(Counter(*tier, "remote.unavailable_periods"), 1);
 }
