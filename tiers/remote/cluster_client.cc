@@ -9,6 +9,7 @@ namespace kvtier {
 namespace {
 
 constexpr auto kTryAgainPause = std::chrono::milliseconds(10);
+constexpr auto kRefreshInterval = std::chrono::milliseconds(100);
 
 bool StartsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
@@ -127,6 +128,10 @@ void ClusterClient::Release(size_t index, std::unique_ptr<RedisConnection> conne
 
 Status ClusterClient::Refresh(RedisDeadline deadline) {
   std::lock_guard one(refresh_mu_);
+  // Many commands failing at once (a master died) would each read the map:
+  // one read serves every caller within kRefreshInterval.
+  const int64_t now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now_ns - last_refresh_ns_ < std::chrono::nanoseconds(kRefreshInterval).count()) return Status::Ok();
   size_t count;
   {
     std::shared_lock lock(mu_);
@@ -137,6 +142,7 @@ Status ClusterClient::Refresh(RedisDeadline deadline) {
     if (std::chrono::steady_clock::now() >= deadline) break;
     last = RefreshFrom(i, deadline);
     if (last.ok()) {
+      last_refresh_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
       refreshes_.fetch_add(1, std::memory_order_relaxed);
       reachable_.store(true, std::memory_order_relaxed);
       return last;

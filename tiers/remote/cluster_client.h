@@ -61,7 +61,9 @@ class ClusterClient {
   static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options);
   ~ClusterClient();
 
-  // Reads the slot map again from the first node that answers.
+  // Reads the slot map again from the first node that answers; Ok at once
+  // when a read succeeded less than 100 ms ago (a failing master makes
+  // every command of its slots ask for one).
   Status Refresh(RedisDeadline deadline);
 
   // One command on `key`: `run` appends it to the connection, flushes and
@@ -113,6 +115,7 @@ class ClusterClient {
   std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_ (append only)
   std::array<int32_t, kClusterSlots> slot_owner_{};   // guarded by mu_; -1: unknown
   std::mutex refresh_mu_;                             // one refresh at a time
+  int64_t last_refresh_ns_ = 0;                       // guarded by refresh_mu_: the last good one
   std::atomic<bool> reachable_{true};
 
   std::atomic<int64_t> moved_{0}, asked_{0}, try_again_{0}, refreshes_{0}, refresh_failures_{0};
