@@ -114,8 +114,21 @@ std::string NodeRequests(const ReplayResult& r, char sep) {
   return text;
 }
 
-// `with_nodes`: add the node fields (NodesJson).
-std::string RunJson(const ReplayResult& r, bool with_nodes) {
+// A run's remote admission fields (given --remote-admission or
+// --remote-write-rate): the policy, its rate (null unless rate), the
+// blocks it refused.
+std::string RemoteAdmissionJson(const ReplayResult& r) {
+  const ReplayOptions& o = r.options;
+  std::ostringstream j;
+  j << ", \"remote_admission\": \"" << o.remote_admission << "\", \"remote_write_rate\": "
+    << (o.remote_admission == "rate" ? std::to_string(o.remote_write_rate) : "null")
+    << ", \"remote_admission_refused\": " << r.remote_admission_refused;
+  return j.str();
+}
+
+// `with_nodes`: add the node fields (NodesJson); `with_remote_admission`:
+// the remote admission's (RemoteAdmissionJson).
+std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_admission) {
   const ReplayOptions& o = r.options;
   std::ostringstream j;
   j << "{\"capacities\": {\"host\": \"" << CapacityText(o.host) << "\"";
@@ -138,7 +151,9 @@ std::string RunJson(const ReplayResult& r, bool with_nodes) {
     first = false;
   }
   j << "}, \"ssd_bytes_written\": " << r.nvme_device_bytes << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
-    << ", \"admission_refused\": " << r.admission_refused << ", \"not_kept\": " << r.not_kept;
+    << ", \"admission_refused\": " << r.admission_refused;
+  if (with_remote_admission) j << RemoteAdmissionJson(r);
+  j << ", \"not_kept\": " << r.not_kept;
   if (o.nvme) {
     j << ", \"nvme_eviction\": \"" << NvmeEvictionOf(o) << "\", \"nvme_reinserted\": " << r.nvme_reinserted;
   }
@@ -179,6 +194,15 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
       ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
       ->capture_default_str();
+  app.add_option("--remote-admission", o.remote_admission,
+                 "Remote tier admission, each node's own (kvtierd's remote.admission): all | second_hit | rate "
+                 "(second_hit's rules within --remote-write-rate); the replay's default: all")
+      ->each([&o](const std::string&) { o.remote_admission_given = true; })
+      ->capture_default_str();
+  app.add_option("--remote-write-rate", o.remote_write_rate,
+                 "rate remote admission: bytes/s each node may write to the remote tier (remote.write_rate; "
+                 "default 4GiB, kvtierd's)")
+      ->each([&o](const std::string&) { o.remote_admission_given = true; });
   app.add_option("--nvme-eviction", o.nvme_eviction,
                  "NVMe log reclaim order: fifo | lru | lru2 | s3fifo | arc | queue_aware (kvtierd's nvme.eviction); "
                  "default: each run's --policy (belady: a tier that can evict any block, the ideal)")
@@ -354,9 +378,16 @@ void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o
     std::printf("nodes: %u, router: %s%s (host and NVMe capacities per node; the remote tier shared)\n\n", o.nodes,
                 o.router.c_str(), affinity);
   }
-  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s\n", "policy", "host", "requests", "blocks",
+  if (o.remote_admission_given) {
+    const std::string rate = o.remote_admission == "rate" && !runs.empty()
+                                 ? ", " + std::to_string(runs.front().options.remote_write_rate) + " bytes/s per node"
+                                 : "";
+    std::printf("remote admission: %s%s\n\n", o.remote_admission.c_str(), rate.c_str());
+  }
+  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s%s\n", "policy", "host", "requests", "blocks",
               "block_hit", "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling",
-              o.engines > 0 ? " mean_queue" : "", o.nodes_given ? "  local_tok shared_tok  node_requests" : "");
+              o.engines > 0 ? " mean_queue" : "", o.nodes_given ? "  local_tok shared_tok  node_requests" : "",
+              o.remote_admission_given ? "  remote_written remote_refused" : "");
   for (const ReplayResult& r : runs) {
     // Block lookups: every prompt block of every request, warm-up included.
     const double lookups = double(r.lookups);
@@ -371,21 +402,30 @@ void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o
       std::snprintf(split, sizeof split, "  %9.4f %10.4f  ", r.local_token_hit_rate(), r.shared_token_hit_rate());
       nodes = split + NodeRequests(r, '/');
     }
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s\n", r.options.policy.c_str(),
+    char remote[64] = "";
+    if (o.remote_admission_given) {
+      std::snprintf(remote, sizeof remote, "  %14llu %14llu",
+                    static_cast<unsigned long long>(r.tiers[kRemoteTier].bytes_written),
+                    static_cast<unsigned long long>(r.remote_admission_refused));
+    }
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s%s\n", r.options.policy.c_str(),
                 CapacityText(r.options.host).c_str(), static_cast<unsigned long long>(r.requests),
                 static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap,
-                r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str());
+                r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str(), remote);
   }
 }
 
-// One row per run; `with_nodes`: the node columns after the others.
-void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes) {
+// One row per run; `with_nodes`: the node columns after the others;
+// `with_remote_admission`: then the remote admission's.
+void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes, bool with_remote_admission) {
   out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
          "host_hits,nvme_hits,"
          "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds"
       << (with_nodes ? ",nodes,router,affinity_blocks,local_block_hit_rate,shared_block_hit_rate,local_token_hit_rate,"
                        "shared_token_hit_rate,node_requests"
                      : "")
+      << (with_remote_admission ? ",remote_admission,remote_write_rate,remote_admission_refused,remote_bytes_written"
+                                : "")
       << "\n";
   for (const ReplayResult& x : runs) {
     const ReplayOptions& p = x.options;
@@ -407,8 +447,40 @@ void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool wit
           << "," << split.shared_blocks
           << "," << split.local_tokens << "," << split.shared_tokens << "," << NodeRequests(x, ';');
     }
+    if (with_remote_admission) {
+      out << "," << p.remote_admission << "," << (p.remote_admission == "rate" ? std::to_string(p.remote_write_rate) : "")
+          << "," << x.remote_admission_refused << "," << x.tiers[kRemoteTier].bytes_written;
+    }
     out << "\n";
   }
+}
+
+// --remote-admission and --remote-write-rate into `base` (whose tiers and
+// bytes per token are set); InvalidArgument naming the option otherwise.
+Status SetRemoteAdmission(const ReplayCliOptions& o, ReplayOptions& base) {
+  const std::string& name = o.remote_admission;
+  if (name != "all" && name != "second_hit" && name != "rate") {
+    return InvalidArgument("--remote-admission '" + name + "': expected all, second_hit or rate");
+  }
+  if (name != "all" && !base.remote) {
+    return InvalidArgument("--remote-admission " + name + " decides for a remote tier: give remote=CAP");
+  }
+  if (!o.remote_write_rate.empty() && name != "rate") {
+    return InvalidArgument("--remote-write-rate is the rate admission's: give --remote-admission rate");
+  }
+  if (name == "rate" && o.bytes_per_token == 0) {
+    return InvalidArgument("--remote-admission rate counts bytes: give --bytes-per-token");
+  }
+  if (!o.remote_write_rate.empty()) {
+    auto rate = ParseCapacity(o.remote_write_rate, 1);  // bytes: one "token" per byte
+    if (!rate.ok() || rate->infinite || rate->unit != Capacity::Unit::kTokens || rate->amount == 0) {
+      return InvalidArgument("--remote-write-rate '" + o.remote_write_rate +
+                             "': expected bytes per second above 0, e.g. 512MiB");
+    }
+    base.remote_write_rate = rate->amount;
+  }
+  base.remote_admission = name;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -485,6 +557,7 @@ int RunReplay(const ReplayCliOptions& o) {
   base.bytes_per_token = o.bytes_per_token;
   base.warmup = o.warmup;
   if (o.admission != "all" && !base.nvme) return Fail("--admission " + o.admission + " decides for an nvme tier: give nvme=CAP");
+  if (Status s = SetRemoteAdmission(o, base); !s.ok()) return Fail(s.message());
   if (o.admission == "dwpd") {
     base.dwpd.dwpd = o.dwpd;
     base.dwpd.share = o.dwpd_share;
@@ -557,7 +630,7 @@ int RunReplay(const ReplayCliOptions& o) {
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [";
-    for (size_t i = 0; i < results.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(results[i], o.nodes_given);
+    for (size_t i = 0; i < results.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(results[i], o.nodes_given, o.remote_admission_given);
     out << "\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
@@ -574,7 +647,7 @@ int RunReplay(const ReplayCliOptions& o) {
   }
   if (!o.csv_path.empty()) {
     std::ofstream out(o.csv_path);
-    WriteCsv(out, results, o.nodes_given);
+    WriteCsv(out, results, o.nodes_given, o.remote_admission_given);
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.csv_path.c_str());
       return 1;

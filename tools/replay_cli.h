@@ -21,6 +21,13 @@ struct ReplayCliOptions {
   uint64_t bytes_per_token = 0;
   std::vector<std::string> policies = {"lru"};
   std::string admission = "all";
+  // The remote tier's admission per node (kvtierd's remote.admission and
+  // remote.write_rate). remote_admission_given: either option was on the
+  // command line; the reports then carry the remote admission's fields,
+  // and without them they are as they were before the options existed.
+  std::string remote_admission = "all";  // all | second_hit | rate
+  std::string remote_write_rate;         // bytes/s, e.g. 4GiB; empty: 4 GiB (rate only)
+  bool remote_admission_given = false;
   // The NVMe log and the engine's queue-driven moves (kvtierd's nvme.* and
   // engine.* options of the same names).
   std::string nvme_eviction;  // empty: each run's policy

@@ -9,6 +9,7 @@
 
 #include "policy/demotion_target.h"
 #include "policy/prefetch_planner.h"
+#include "tiers/remote/remote_value.h"
 #include "tools/replay_simulator.h"
 
 namespace kvtier::tools {
@@ -69,9 +70,27 @@ bool Simulator::NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now) {
   return false;
 }
 
+bool Simulator::RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now) {
+  // TierAdmission over the remote tier: StoredBytes is the payload and the
+  // value's header. The rate policy keeps no device total, so there is
+  // nothing to catch up. The class is the node's view, as for its NVMe
+  // admission (the daemon classes a block the NVMe log hands down by its
+  // NVMe hits; the replay by the node's finds, its NVMe hits among them).
+  const SimBlock& b = blocks_[id];
+  const uint64_t bytes = Bytes(b) + kRemoteHeaderBytes;
+  if (forced) return n.remote_admission->Force(bytes, now);
+  AdmissionCandidate c;
+  c.bytes = bytes;
+  c.cls = ClassOf(n, id);
+  c.parent_cached = b.parent == kNoParent || Anywhere(n, b.parent);
+  if (n.remote_admission->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
+  ++result_.remote_admission_refused;
+  return false;
+}
+
 void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed) {
   // The daemon's rule (policy/demotion_target.h) over the tiers below
-  // `from`; the remote tier admits everything.
+  // `from`, each through its admission.
   std::array<int, kSimTiers> below{};
   size_t levels = 0;
   for (int t = from + 1; t < kSimTiers; ++t) {
@@ -79,8 +98,8 @@ void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool nee
   }
   const DemotionTarget choice = ChooseDemotionTarget(
       levels, needed, [&](size_t level) { return Tier(n, below[level]).in[id] != 0; },
-      [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(n, id, /*forced=*/true, now); },
-      [&](size_t level) { return below[level] != kNvmeTier || NvmeAdmits(n, id, /*forced=*/false, now); });
+      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/true, now); },
+      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/false, now); });
   if (choice.forced) ++result_.forced_demotions;
   if (choice.level) WriteBelow(n, below[*choice.level], id, now);
 }

@@ -152,7 +152,8 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
          a.nvme_alignment_bytes == b.nvme_alignment_bytes && a.nvme_reinsert_share == b.nvme_reinsert_share &&
          a.lookahead_us == b.lookahead_us && a.prefetch_share == b.prefetch_share &&
          a.prefetch_min_blocks == b.prefetch_min_blocks && a.nodes == b.nodes && a.router == b.router &&
-         a.affinity_blocks == b.affinity_blocks;
+         a.affinity_blocks == b.affinity_blocks && a.remote_admission == b.remote_admission &&
+         a.remote_write_rate == b.remote_write_rate;
 }
 
 void SetGapClosed(std::vector<ReplayResult>& runs) {
@@ -219,6 +220,20 @@ Result<std::unique_ptr<AdmissionPolicy>> MakeAdmission(const Trace& trace, const
   return InvalidArgument("unknown admission '" + options.admission + "' (all, second_hit, dwpd)");
 }
 
+// A node's remote admission (each kvtierd has its own, and its own write
+// rate); InvalidArgument for an unknown one or a zero rate.
+Result<std::unique_ptr<AdmissionPolicy>> MakeRemoteAdmission(const Trace& trace, const ReplayOptions& options) {
+  if (options.remote_admission == "all") return MakeAdmitAllPolicy();
+  if (options.remote_admission == "second_hit") return MakeSecondHitPolicy();
+  if (options.remote_admission == "rate") {
+    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
+    auto made = MakeRatePolicy(options.remote_write_rate, t0);
+    if (!made.ok()) return InvalidArgument("remote admission rate: " + made.status().message());
+    return made;
+  }
+  return InvalidArgument("unknown remote admission '" + options.remote_admission + "' (all, second_hit, rate)");
+}
+
 }  // namespace
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
@@ -251,9 +266,18 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
     if (!made.ok()) return made.status();
     admissions.push_back(std::move(made).value());
   }
+  if (options.remote_admission != "all" && !options.remote) {
+    return InvalidArgument("remote admission '" + options.remote_admission + "' decides for a remote tier: there is none");
+  }
+  std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions;
+  for (uint32_t k = 0; options.remote && k < options.nodes; ++k) {
+    auto made = MakeRemoteAdmission(trace, options);
+    if (!made.ok()) return made.status();
+    remote_admissions.push_back(std::move(made).value());
+  }
   auto log = NvmeLogOptions(trace, options);
   if (!log.ok()) return log.status();
-  Simulator sim(trace, options, std::move(admissions), *log);
+  Simulator sim(trace, options, std::move(admissions), std::move(remote_admissions), *log);
   return sim.Run();
 }
 

@@ -52,13 +52,16 @@ std::string CapacityText(const Capacity& c);
 //   sizes); with policy belady, or an infinite capacity, it is a tier that
 //   can evict any block instead (Belady's order: the ideal a log cannot
 //   reach);
-// - the remote tier runs the eviction policy and admits everything;
+// - the remote tier runs the eviction policy; each node writes to it
+//   through its own admission (`remote_admission`, kvtierd's
+//   remote.admission; the replay's default `all` admits everything);
 // - a host victim goes to the first tier below that holds it (no write)
 //   or takes it: one a queued request needs within lookahead_us is forced
 //   into the first tier when its budget can pay (queue_aware), any other
 //   passes each tier's admission in turn (the NVMe tier's: `admission`,
-//   charged the record bytes); a block the NVMe log evicts is offered to
-//   the remote tier;
+//   charged the record bytes; the remote tier's: `remote_admission`,
+//   charged the payload and the remote value's header); a block the NVMe
+//   log evicts is offered to the remote tier, through its admission;
 // - a request's blocks held only below are promoted into the host tier
 //   (the slower copy kept) and pinned with its resident ones, root first,
 //   before room is made for its new blocks;
@@ -112,6 +115,13 @@ struct ReplayOptions {
   // reads the trace's future: simulation only)
   std::string policy = "lru";
   std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
+  // The remote tier's admission, each node's own (kvtierd's
+  // remote.admission and remote.write_rate): all | second_hit | rate
+  // (second_hit's rules within remote_write_rate bytes/s per node, a
+  // one-second token bucket). kvtierd defaults to rate; the replay to all,
+  // so runs that do not ask keep their figures.
+  std::string remote_admission = "all";
+  uint64_t remote_write_rate = 4ull << 30;  // bytes/s per node (rate): kvtierd's remote.write_rate default
   // The NVMe log (kvtierd's nvme.* options). nvme_eviction: the reclaim
   // order (fifo | lru | lru2 | s3fifo | arc | queue_aware); empty: the
   // policy's name. nvme_region_bytes 0: 64 MiB (kvtierd's default), or a
@@ -181,6 +191,7 @@ struct ReplayResult {
   std::vector<NodeResult> nodes;              // one per node
   uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
   uint64_t admission_refused = 0;  // victims the NVMe admission refused (the remote tier may still take them)
+  uint64_t remote_admission_refused = 0;  // blocks the nodes' remote admissions refused (dropped)
   uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
   uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
   uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward
@@ -243,8 +254,9 @@ std::string NvmeEvictionOf(const ReplayOptions& options);
 bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 
 // Runs `trace` once. InvalidArgument for a node count outside
-// [1, kMaxNodes], affinity_blocks 0, an unknown policy, admission or
-// NVMe eviction, an NVMe geometry the daemon would refuse (fewer than 2
+// [1, kMaxNodes], affinity_blocks 0, an unknown policy, admission, remote
+// admission or NVMe eviction, a remote admission other than all without a
+// remote tier, rate with a zero remote_write_rate, an NVMe geometry the daemon would refuse (fewer than 2
 // regions, a region not a multiple of the alignment), bad DWPD options, a
 // warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes
 // per token, engines without a positive prefill rate or a read bandwidth

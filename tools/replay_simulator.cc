@@ -12,15 +12,18 @@ namespace kvtier::tools {
 
 Simulator::Simulator(const Trace& trace, const ReplayOptions& options,
                      std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
+                     std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions,
                      const std::optional<SimLogOptions>& log)
     : trace_(trace),
       options_(options),
       route_(RouteRequests(trace, options.nodes, options.router, options.affinity_blocks)),
       nodes_(options.nodes) {
   KVTIER_CHECK(admissions.size() == nodes_.size(), "one NVMe admission per node");
+  KVTIER_CHECK(remote_admissions.size() == (options.remote ? nodes_.size() : 0), "one remote admission per node");
   for (size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].index = static_cast<uint32_t>(k);
     nodes_[k].admission = std::move(admissions[k]);
+    if (options.remote) nodes_[k].remote_admission = std::move(remote_admissions[k]);
     MakeTiers(nodes_[k], log);
     for (uint32_t e = 0; e < options_.engines; ++e) nodes_[k].free_at.push(0);
   }

@@ -63,6 +63,7 @@ struct SimNode {
   SimTierState host, nvme;
   std::unique_ptr<SimLog> log;                         // the NVMe tier, when it is a log
   std::unique_ptr<AdmissionPolicy> admission;          // its NVMe tier's
+  std::unique_ptr<AdmissionPolicy> remote_admission;   // its writes into the shared remote tier (when there is one)
   std::array<uint64_t, kSimTiers> write_busy_until{};  // its write channels (into its NVMe tier, the remote tier)
   uint64_t nvme_bytes_written = 0;                     // payload bytes into its NVMe tier
   uint64_t still_prefetched = 0;                       // bytes of its blocks with `prefetched`
@@ -88,11 +89,13 @@ struct SimNode {
 
 class Simulator {
  public:
-  // `admissions`: one NVMe admission per node (options.nodes of them).
-  // `log`: the NVMe log's options when the NVMe tier is one (validated by
-  // the caller), nullopt otherwise.
+  // `admissions`: one NVMe admission per node (options.nodes of them);
+  // `remote_admissions`: one remote admission per node with a remote
+  // tier, none without. `log`: the NVMe log's options when the NVMe tier
+  // is one (validated by the caller), nullopt otherwise.
   Simulator(const Trace& trace, const ReplayOptions& options,
-            std::vector<std::unique_ptr<AdmissionPolicy>> admissions, const std::optional<SimLogOptions>& log);
+            std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
+            std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions, const std::optional<SimLogOptions>& log);
   ReplayResult Run();
 
  private:
@@ -140,6 +143,13 @@ class Simulator {
   // `n`'s NVMe admission's answer for `id`: Force (`forced`: a queued
   // request needs it) or Decide (a refusal is counted).
   bool NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  // The same for `n`'s remote admission (TierAdmission over the remote
+  // tier: the candidate costs its payload and the remote value's header).
+  bool RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  // Tier `tier`'s admission (NVMe or remote) as `n` asks it.
+  bool Admits(SimNode& n, int tier, uint32_t id, bool forced, uint64_t now) {
+    return tier == kNvmeTier ? NvmeAdmits(n, id, forced, now) : RemoteAdmits(n, id, forced, now);
+  }
   // A victim of `n`'s tier `from`; `needed`: a queued request needs it
   // within the lookahead.
   void Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed);

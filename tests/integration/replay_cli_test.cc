@@ -305,6 +305,104 @@ TEST_F(ReplayCliTest, BadNodeCountsAndRoutersExitTwoNamingTheOption) {
   EXPECT_NE(live.output.find("--nodes"), std::string::npos) << live.output;
 }
 
+// --remote-admission: each node's writes into the shared remote tier go
+// through it. Two nodes, round robin, so each conversation's next turn is
+// on the other node: second_hit refuses the blocks a node never found
+// again (first sightings), writes less and loses shared hits; the reports
+// name the admission, its rate and its refusals.
+TEST_F(ReplayCliTest, RemoteAdmissionIsHonouredAndReported) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  std::string json[3];
+  const char* admissions[3] = {"all", "second_hit", "rate"};
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
+                                     "--capacity", "host=10blk,remote=inf", "--bytes-per-token", "1", "--nodes", "2",
+                                     "--router", "round_robin", "--remote-admission", admissions[i],
+                                     "--json", dir_ + "/r.json", "--csv", dir_ + "/r.csv"};
+    if (i == 2) argv.insert(argv.end(), {"--remote-write-rate", "1KiB"});
+    CommandResult r = RunCommand(argv);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("remote admission: ") + admissions[i]), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("remote_written remote_refused"), std::string::npos) << r.output;
+    json[i] = Read(dir_ + "/r.json");
+    EXPECT_NE(json[i].find(std::string("\"remote_admission\": \"") + admissions[i] + "\""), std::string::npos)
+        << json[i];
+    const std::string csv = Read(dir_ + "/r.csv");
+    EXPECT_NE(csv.find(",node_requests,remote_admission,remote_write_rate,remote_admission_refused,"
+                       "remote_bytes_written\n"),
+              std::string::npos)
+        << csv;
+  }
+  EXPECT_EQ(Field(json[0], "remote_admission_refused"), "0");
+  EXPECT_EQ(Field(json[0], "remote_write_rate"), "null");
+  EXPECT_GT(std::stoull(Field(json[1], "remote_admission_refused")), 0u) << json[1];
+  EXPECT_LT(std::stod(Field(json[1], "shared_token_hit_rate")), std::stod(Field(json[0], "shared_token_hit_rate")))
+      << "the other node needed what a first node never found again";
+  // The remote tier's bytes_written is the first in the JSON after "remote": {.
+  auto remote_written = [](const std::string& j) {
+    const std::string tier = j.substr(j.find("\"remote\": {\"hits\""));
+    return std::stoull(Field(tier, "bytes_written"));
+  };
+  EXPECT_LT(remote_written(json[1]), remote_written(json[0]));
+  EXPECT_EQ(Field(json[2], "remote_write_rate"), "1024");
+  EXPECT_LE(remote_written(json[2]), remote_written(json[1])) << "rate: second_hit's rules within a cap";
+}
+
+// Without the remote admission options the reports are those of before
+// them; --remote-admission all (the replay's default) changes no figure.
+TEST_F(ReplayCliTest, WithoutRemoteAdmissionTheReportsAreUnchanged) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  std::string json[2], text[2];
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
+                                     "--capacity", "host=10blk,nvme=64KiB,remote=24blk", "--bytes-per-token", "2",
+                                     "--nodes", "2", "--router", "round_robin",
+                                     "--json", dir_ + "/d" + std::to_string(i) + ".json"};
+    if (i == 1) argv.insert(argv.end(), {"--remote-admission", "all"});
+    CommandResult r = RunCommand(argv);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    text[i] = r.output;
+    json[i] = Read(dir_ + "/d" + std::to_string(i) + ".json");
+  }
+  EXPECT_EQ(json[0].find("remote_admission"), std::string::npos) << json[0];
+  EXPECT_EQ(text[0].find("remote admission"), std::string::npos) << text[0];
+  EXPECT_EQ(text[0].find("remote_written"), std::string::npos) << text[0];
+  const std::regex fields(", \"remote_admission\": .*?(?=, \"not_kept\")");
+  const std::regex wall("\"wall_seconds\": [0-9.e+-]+");
+  EXPECT_EQ(std::regex_replace(std::regex_replace(json[1], fields, ""), wall, ""),
+            std::regex_replace(json[0], wall, ""));
+  EXPECT_NE(json[0].find("\"remote\": {\"hits\": "), std::string::npos);
+}
+
+TEST_F(ReplayCliTest, BadRemoteAdmissionsExitTwoNamingTheOption) {
+  const std::string trace = Write("c.jsonl", ConversationTrace());
+  struct Case {
+    std::vector<std::string> args;
+    std::string named;
+  };
+  const std::vector<Case> cases = {
+      {{"--capacity", "host=4blk,remote=inf", "--bytes-per-token", "1", "--remote-admission", "lru"},
+       "--remote-admission 'lru'"},
+      {{"--capacity", "host=4blk", "--remote-admission", "second_hit"}, "give remote=CAP"},
+      {{"--capacity", "host=4blk,remote=inf", "--remote-admission", "rate"}, "--bytes-per-token"},
+      {{"--capacity", "host=4blk,remote=inf", "--bytes-per-token", "1", "--remote-admission", "rate",
+        "--remote-write-rate", "0"},
+       "--remote-write-rate '0'"},
+      {{"--capacity", "host=4blk,remote=inf", "--bytes-per-token", "1", "--remote-admission", "rate",
+        "--remote-write-rate", "fast"},
+       "--remote-write-rate 'fast'"},
+      {{"--capacity", "host=4blk,remote=inf", "--bytes-per-token", "1", "--remote-write-rate", "1GiB"},
+       "give --remote-admission rate"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    CommandResult r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 2) << c.named << ": " << r.output;
+    EXPECT_NE(r.output.find(c.named), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
   const std::string bad = Write("bad.jsonl", "{\"timestamp\": 0, \"input_length\": 4, \"hash_ids\": [1]}\n"
                                              "{\"timestamp\": 1, \"input_length\": -4, \"hash_ids\": [1]}\n");
