@@ -153,7 +153,7 @@ constexpr OptionSpec kOptions[] = {
      "Which blocks leaving the tier above (NVMe, or the host tier when NVMe refuses them) are written to the "
      "remote tier: rate = blocks with evidence of reuse whose prefix is held, within remote.write_rate.",
      nullptr, &DaemonConfig::remote_admission},
-    {"remote.write_rate", OptionType::kBytes, "\"512MiB\"", 1 * kMiB, 1024 * kGiB, "", false,
+    {"remote.write_rate", OptionType::kBytes, "\"4GiB\"", 1 * kMiB, 1024 * kGiB, "", false,
      "rate admission: bytes per second this node may write to the cluster (a one-second bucket).",
      &DaemonConfig::remote_write_rate, nullptr},
     {"remote.timeout_ms", OptionType::kInt, "2000", 10, 600000, "", false,
