@@ -178,6 +178,13 @@ constexpr OptionSpec kOptions[] = {
     {"remote.ttl_s", OptionType::kInt, "0", 0, 365 * 86400, "", false,
      "Expiry set on each value written (EX); 0: none, the store's eviction policy decides.",
      &DaemonConfig::remote_ttl_s, nullptr},
+    {"remote.user", OptionType::kString, "\"\"", 0, 0, "", false,
+     "ACL user to AUTH as on every cluster connection (with remote.password_file); empty: the default user.",
+     nullptr, &DaemonConfig::remote_user, /*may_be_empty=*/true},
+    {"remote.password_file", OptionType::kString, "\"\"", 0, 0, "", false,
+     "File holding the cluster's password (requirepass or the ACL user's; one trailing newline ignored), read "
+     "at start; empty: no AUTH. A refused password stops the start.",
+     nullptr, &DaemonConfig::remote_password_file, /*may_be_empty=*/true},
     {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},

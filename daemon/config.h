@@ -83,6 +83,8 @@ struct DaemonConfig {
   int64_t remote_staging_bytes = 0;
   int64_t remote_connections_per_node = 0;
   int64_t remote_ttl_s = 0;
+  std::string remote_user;           // empty: AUTH without a user name
+  std::string remote_password_file;  // empty: no AUTH
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"

@@ -1,11 +1,29 @@
 #include "daemon/remote_setup.h"
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
 #include "common/logging.h"
 
 namespace kvtier {
 
-RemoteTierOptions RemoteOptionsFromConfig(const DaemonConfig& config) {
+Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   RemoteTierOptions o;
+  o.cluster.username = config.remote_user;
+  if (!config.remote_password_file.empty()) {
+    std::ifstream in(config.remote_password_file, std::ios::binary);
+    if (!in) {
+      return IoError("remote.password_file: cannot read '" + config.remote_password_file + "': " +
+                     std::strerror(errno));
+    }
+    std::string password((std::istreambuf_iterator<char>(in)), {});
+    if (!password.empty() && password.back() == '\n') password.pop_back();
+    if (!password.empty() && password.back() == '\r') password.pop_back();
+    if (password.empty()) return InvalidArgument("remote.password_file: '" + config.remote_password_file + "' is empty");
+    o.cluster.password = std::move(password);
+  }
   std::string_view nodes = config.remote_nodes;
   while (!nodes.empty()) {
     const size_t comma = nodes.find(',');
@@ -28,7 +46,9 @@ RemoteTierOptions RemoteOptionsFromConfig(const DaemonConfig& config) {
 
 Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config) {
   if (config.remote_nodes.empty()) return std::unique_ptr<RemoteTier>();
-  const RemoteTierOptions options = RemoteOptionsFromConfig(config);
+  auto made = RemoteOptionsFromConfig(config);
+  if (!made.ok()) return made.status();
+  const RemoteTierOptions& options = *made;
   auto tier = RemoteTier::Open(options);
   if (!tier.ok()) return tier.status();
   if ((*tier)->available()) {

@@ -10,12 +10,16 @@
 
 namespace kvtier {
 
-// The options [remote] gives (remote.nodes split at commas).
-RemoteTierOptions RemoteOptionsFromConfig(const DaemonConfig& config);
+// The options [remote] gives (remote.nodes split at commas), the password
+// read from remote.password_file. IoError naming the option when that file
+// cannot be read.
+Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config);
 
 // Null when remote.nodes is empty (no remote tier). InvalidArgument naming
-// a bad node address. A cluster that does not answer yet is not an error:
-// the tier starts unavailable, logged, and keeps trying.
+// a bad node address, IoError for an unreadable password file,
+// PermissionDenied when a node refuses the password (or wants one). A
+// cluster that does not answer yet is not an error: the tier starts
+// unavailable, logged, and keeps trying.
 Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config);
 
 // `tier` with remote.admission (and remote.write_rate for "rate").

@@ -7,7 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "tests/testing/map_tier.h"
+#include "tests/testing/test_daemon.h"
 
 namespace kvtier {
 namespace {
@@ -31,7 +34,9 @@ TEST(RemoteSetup, EveryOptionReachesTheTier) {
       "[remote]\nnodes = \" 10.0.0.1:7000, 10.0.0.2:7001,,[::1]:7002 \"\ncapacity_bytes = \"2GiB\"\n"
       "timeout_ms = 1500\nprobe_timeout_ms = 7\nretry_ms = 300\nthreads = 3\nstaging_bytes = \"64MiB\"\n"
       "connections_per_node = 5\nttl_s = 3600\n");
-  const RemoteTierOptions o = RemoteOptionsFromConfig(config);
+  auto made = RemoteOptionsFromConfig(config);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const RemoteTierOptions& o = *made;
   EXPECT_EQ(o.cluster.seeds, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7001", "[::1]:7002"}));
   EXPECT_EQ(o.capacity_bytes, 2ull << 30);
   EXPECT_EQ(o.timeout.count(), 1500);
@@ -41,6 +46,26 @@ TEST(RemoteSetup, EveryOptionReachesTheTier) {
   EXPECT_EQ(o.staging_bytes, 64ull << 20);
   EXPECT_EQ(o.cluster.idle_connections_per_node, 5u);
   EXPECT_EQ(o.ttl_seconds, 3600u);
+  EXPECT_TRUE(o.cluster.password.empty()) << "no password file: no AUTH";
+}
+
+TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
+  const std::string dir = testing::MakeTempDir();
+  std::ofstream(dir + "/pw") << "s3cret pass\n";
+  auto made = RemoteOptionsFromConfig(
+      Parse("[remote]\nuser = \"kv\"\npassword_file = \"" + dir + "/pw\"\n"));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ(made->cluster.username, "kv");
+  EXPECT_EQ(made->cluster.password, "s3cret pass");
+  // Missing and empty files are refused, naming the option and the path.
+  auto missing = RemoteOptionsFromConfig(Parse("[remote]\npassword_file = \"" + dir + "/none\"\n"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("remote.password_file"), std::string::npos);
+  EXPECT_NE(missing.status().message().find(dir + "/none"), std::string::npos);
+  std::ofstream(dir + "/empty") << "\n";
+  auto empty = RemoteOptionsFromConfig(Parse("[remote]\npassword_file = \"" + dir + "/empty\"\n"));
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  testing::RemoveTree(dir);
 }
 
 TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {

@@ -101,6 +101,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
   if (connection.ok()) {
     connects_.fetch_add(1, std::memory_order_relaxed);
     node->down_until_ns.store(0, std::memory_order_relaxed);
+    if (Status s = Authenticate(**connection, deadline); !s.ok()) return s;
   } else {
     connect_failures_.fetch_add(1, std::memory_order_relaxed);
     node->down_until_ns.store(
@@ -113,6 +114,25 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
     }
   }
   return connection;
+}
+
+Status ClusterClient::Authenticate(RedisConnection& connection, RedisDeadline deadline) {
+  if (options_.password.empty()) return Status::Ok();
+  if (options_.username.empty()) {
+    const RespArg args[] = {{"AUTH"}, {options_.password}};
+    connection.Append(args);
+  } else {
+    const RespArg args[] = {{"AUTH"}, {options_.username}, {options_.password}};
+    connection.Append(args);
+  }
+  if (Status s = connection.Flush(deadline); !s.ok()) return s;
+  Result<RespReply> reply = connection.ReadReply(deadline);
+  if (!reply.ok()) return reply.status();
+  if (reply->is_error()) {
+    // The reply names no secret; the password is never quoted.
+    return PermissionDenied("redis node " + connection.address() + " refused AUTH: " + reply->text);
+  }
+  return Status::Ok();
 }
 
 void ClusterClient::Release(size_t index, std::unique_ptr<RedisConnection> connection) {
@@ -160,16 +180,20 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   (*connection)->Append(args);
   Status sent = (*connection)->Flush(deadline);
   Result<RespReply> reply = sent.ok() ? (*connection)->ReadReply(deadline) : Result<RespReply>(sent);
-  std::string asked_host;
+  std::string asked_host, asked_address;
   {
     std::shared_lock lock(mu_);
     asked_host = nodes_[index]->host;
+    asked_address = nodes_[index]->address;
   }
   Release(index, std::move(*connection));
   if (!reply.ok()) return reply.status();
   std::array<int32_t, kClusterSlots> owners;
   owners.fill(-1);
   if (reply->is_error()) {
+    if (StartsWith(reply->text, "NOAUTH") || StartsWith(reply->text, "WRONGPASS")) {
+      return PermissionDenied("redis node " + asked_address + " wants a password: " + reply->text);
+    }
     if (reply->text.find("cluster support disabled") == std::string::npos) {
       return Unavailable("CLUSTER SLOTS answered: " + reply->text);
     }

@@ -17,7 +17,8 @@
 // A server without cluster support ("cluster support disabled") is one
 // node owning every slot, so a plain Redis works as well.
 //
-// Errors: Unavailable (no node reachable, cluster down), TimedOut (the
+// Errors: PermissionDenied (a node refused AUTH, or wants a password and
+// none is configured), Unavailable (no node reachable, cluster down), TimedOut (the
 // deadline passed: the DeadlineExceeded), ProtocolError; a Redis
 // error reply other than the routing ones comes back as a kError reply.
 //
@@ -52,6 +53,10 @@ struct ClusterOptions {
   // command for it fails at once with Unavailable) for this long, so a
   // dead node costs each command nothing once it is known dead.
   std::chrono::milliseconds node_retry{500};
+  // AUTH on every new connection when `password` is not empty (with
+  // `username` too when that is not empty: Redis 6 ACL users).
+  std::string username;
+  std::string password;
 };
 
 class ClusterClient {
@@ -102,6 +107,8 @@ class ClusterClient {
   // The node owning `slot`, or any known node while the map has none.
   size_t NodeForSlot(uint16_t slot);
   Result<std::unique_ptr<RedisConnection>> Acquire(size_t node, RedisDeadline deadline);
+  // AUTH on a new connection, when a password is configured.
+  Status Authenticate(RedisConnection& connection, RedisDeadline deadline);
   void Release(size_t node, std::unique_ptr<RedisConnection> connection);
   // Reads CLUSTER SLOTS from `node` into the map.
   Status RefreshFrom(size_t node, RedisDeadline deadline);

@@ -25,7 +25,10 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   auto client = ClusterClient::Create(options.cluster);
   if (!client.ok()) return client.status();
   std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client)));
-  tier->Observe(tier->client_->Refresh(tier->DeadlineIn(options.timeout)));
+  Status first = tier->client_->Refresh(tier->DeadlineIn(options.timeout));
+  // A refused password is a configuration error, not an outage.
+  if (first.code() == StatusCode::kPermissionDenied) return first;
+  tier->Observe(first);
   return tier;
 }
 

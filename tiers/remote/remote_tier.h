@@ -66,7 +66,8 @@ class RemoteTier final : public BlockTier {
  public:
   // Checks the options and reads the slot map once. A cluster that does
   // not answer is not an error: the tier starts unavailable (logged by the
-  // caller from `available()`) and tries again later.
+  // caller from `available()`) and tries again later. A node that refuses
+  // the password (or wants one) is PermissionDenied.
   static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options);
   ~RemoteTier() override;  // finishes queued work, then joins
 
