@@ -9,7 +9,6 @@ namespace kvtier {
 namespace {
 
 constexpr auto kTryAgainPause = std::chrono::milliseconds(10);
-constexpr auto kRefreshInterval = std::chrono::milliseconds(100);
 
 bool StartsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
@@ -146,12 +145,21 @@ void ClusterClient::Release(size_t index, std::unique_ptr<RedisConnection> conne
   if (node->idle.size() < options_.idle_connections_per_node) node->idle.push_back(std::move(connection));
 }
 
-Status ClusterClient::Refresh(RedisDeadline deadline) {
+int64_t ClusterClient::NowNs() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+Status ClusterClient::Refresh(RedisDeadline deadline) { return RefreshAfter(NowNs(), deadline); }
+
+Status ClusterClient::RefreshAfter(int64_t since_ns, RedisDeadline deadline) {
   std::lock_guard one(refresh_mu_);
   // Many commands failing at once (a master died) would each read the map:
-  // one read serves every caller within kRefreshInterval.
-  const int64_t now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
-  if (now_ns - last_refresh_ns_ < std::chrono::nanoseconds(kRefreshInterval).count()) return Status::Ok();
+  // a read begun after a caller saw its failure answers for it too.
+  if (last_refresh_start_ns_ >= since_ns) return last_refresh_status_;
+  last_refresh_start_ns_ = NowNs();
+  last_refresh_status_ = ReadMap(deadline);
+  return last_refresh_status_;
+}
+
+Status ClusterClient::ReadMap(RedisDeadline deadline) {
   size_t count;
   {
     std::shared_lock lock(mu_);
@@ -162,7 +170,6 @@ Status ClusterClient::Refresh(RedisDeadline deadline) {
     if (std::chrono::steady_clock::now() >= deadline) break;
     last = RefreshFrom(i, deadline);
     if (last.ok()) {
-      last_refresh_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
       refreshes_.fetch_add(1, std::memory_order_relaxed);
       reachable_.store(true, std::memory_order_relaxed);
       return last;
@@ -279,7 +286,8 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
       // The node is gone or broke the stream: the slot may have moved to a
       // replica. Read the map again (from any node) and retry.
       last = reply.status();
-      if (Refresh(deadline).ok()) node = NodeForSlot(slot);
+      const int64_t failed_at = NowNs();
+      if (RefreshAfter(failed_at, deadline).ok()) node = NodeForSlot(slot);
       asking = false;
       continue;
     }

@@ -66,9 +66,7 @@ class ClusterClient {
   static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options);
   ~ClusterClient();
 
-  // Reads the slot map again from the first node that answers; Ok at once
-  // when a read succeeded less than 100 ms ago (a failing master makes
-  // every command of its slots ask for one).
+  // Reads the slot map again from the first node that answers.
   Status Refresh(RedisDeadline deadline);
 
   // One command on `key`: `run` appends it to the connection, flushes and
@@ -110,6 +108,13 @@ class ClusterClient {
   // AUTH on a new connection, when a password is configured.
   Status Authenticate(RedisConnection& connection, RedisDeadline deadline);
   void Release(size_t node, std::unique_ptr<RedisConnection> connection);
+  // Refresh for a caller that saw a node fail at `since_ns` (steady
+  // clock): a read begun since answers for it too, so commands failing
+  // together (a master died) cause one read, not one each.
+  Status RefreshAfter(int64_t since_ns, RedisDeadline deadline);
+  // The first node's map that answers, into the map; reachable_ follows.
+  Status ReadMap(RedisDeadline deadline);
+  static int64_t NowNs();
   // Reads CLUSTER SLOTS from `node` into the map.
   Status RefreshFrom(size_t node, RedisDeadline deadline);
   // A routing error reply's target ("MOVED 3999 127.0.0.1:6381"), sent by
@@ -122,7 +127,8 @@ class ClusterClient {
   std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_ (append only)
   std::array<int32_t, kClusterSlots> slot_owner_{};   // guarded by mu_; -1: unknown
   std::mutex refresh_mu_;                             // one refresh at a time
-  int64_t last_refresh_ns_ = 0;                       // guarded by refresh_mu_: the last good one
+  int64_t last_refresh_start_ns_ = 0;                 // guarded by refresh_mu_
+  Status last_refresh_status_;                        // guarded by refresh_mu_: that read's outcome
   std::atomic<bool> reachable_{true};
 
   std::atomic<int64_t> moved_{0}, asked_{0}, try_again_{0}, refreshes_{0}, refresh_failures_{0};
