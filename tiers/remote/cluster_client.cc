@@ -291,7 +291,8 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
       asking = false;
       continue;
     }
-    reachable_.store(true, std::memory_order_relaxed);
+    // Read first: a store on every command would bounce the line between threads.
+    if (!reachable_.load(std::memory_order_relaxed)) reachable_.store(true, std::memory_order_relaxed);
     if (!reply->is_error()) return reply;
     const std::string& error = reply->text;
     if (StartsWith(error, "MOVED ") || StartsWith(error, "ASK ")) {

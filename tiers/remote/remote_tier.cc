@@ -8,8 +8,6 @@
 namespace kvtier {
 namespace {
 
-static_assert(kRemoteHeaderBytes == 72);
-
 int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 
 Status ReplyError(const RespReply& reply, const std::string& what) {
@@ -213,9 +211,8 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
   EncodeRemoteHeader(RemoteBlock{ns, key, layer_count, checksum}, payload.size(),
                      std::span<std::byte, kRemoteHeaderBytes>(value.bytes.get(), kRemoteHeaderBytes));
   auto job = std::make_shared<Staged>(std::move(value));
-  workers_.Post([this, ns, key, job, value_bytes, done = std::move(done)] {
-    RunWrite(ns, key, std::move(*job), value_bytes, done);
-  });
+  const BlockInfo info{ns, payload.size(), layer_count, checksum};
+  workers_.Post([this, key, info, job, done = std::move(done)] { RunWrite(key, info, std::move(*job), done); });
   return Status::Ok();
 }
 
@@ -244,9 +241,9 @@ void RemoteTier::ReturnStaging(Staged staged) {
   spare_.push_back(std::move(staged));
 }
 
-void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, Staged value, uint64_t value_bytes,
-                          const WriteDone& done) {
-  const std::string name = RemoteKeyName(ns, key);
+void RemoteTier::RunWrite(const BlockKey& key, const BlockInfo& info, Staged value, const WriteDone& done) {
+  const uint64_t value_bytes = kRemoteHeaderBytes + info.payload_bytes;
+  const std::string name = RemoteKeyName(info.ns, key);
   const std::string ttl = std::to_string(options_.ttl_seconds);
   const std::span<const std::byte> bytes(value.bytes.get(), value_bytes);
   Result<RespReply> reply = client_->Run(
@@ -286,14 +283,7 @@ void RemoteTier::RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, S
     writes_.fetch_add(1, std::memory_order_relaxed);
     write_bytes_.fetch_add(static_cast<int64_t>(value_bytes), std::memory_order_relaxed);
     device_bytes_.fetch_add(value_bytes, std::memory_order_relaxed);
-    uint32_t layers = 1;
-    uint64_t checksum = 0;
-    auto decoded = DecodeRemoteHeader(bytes, ns, key);
-    if (decoded.ok()) {
-      layers = decoded->layer_count;
-      checksum = decoded->payload_checksum;
-    }
-    Remember(key, BlockInfo{ns, value_bytes - kRemoteHeaderBytes, layers, checksum});
+    Remember(key, info);
   } else {
     write_failures_.fetch_add(1, std::memory_order_relaxed);
   }

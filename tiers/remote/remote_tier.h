@@ -45,6 +45,7 @@
 
 #include "common/worker_pool.h"
 #include "tiers/remote/cluster_client.h"
+#include "tiers/remote/remote_value.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -76,7 +77,7 @@ class RemoteTier final : public BlockTier {
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
   uint64_t used_bytes() const override;
-  uint64_t StoredBytes(uint64_t payload_bytes) const override { return payload_bytes + kHeaderBytes; }
+  uint64_t StoredBytes(uint64_t payload_bytes) const override { return payload_bytes + kRemoteHeaderBytes; }
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
   void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
   bool probes() const override { return true; }
@@ -94,7 +95,6 @@ class RemoteTier final : public BlockTier {
   bool available() const { return available_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr uint64_t kHeaderBytes = 72;  // remote_value.h's kRemoteHeaderBytes
   explicit RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client);
 
   struct Known {
@@ -120,8 +120,8 @@ class RemoteTier final : public BlockTier {
   };
   Staged TakeStaging(uint64_t bytes);
   void ReturnStaging(Staged staged);
-  void RunWrite(const NamespaceFingerprint& ns, const BlockKey& key, Staged value, uint64_t value_bytes,
-                const WriteDone& done);
+  // Sends a staged value: header and payload of the block `info` describes.
+  void RunWrite(const BlockKey& key, const BlockInfo& info, Staged value, const WriteDone& done);
   Result<size_t> RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer, uint32_t last_layer,
                          std::span<std::byte> dst);
   // A value that failed to verify or is gone: forget it, count `why`.
