@@ -30,7 +30,11 @@ Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprin
   }
   std::lock_guard queue_lock(queue_mu_);
   ConnectionQueue& mine = queued_per_connection_[connection];
-  auto [it, inserted] = queued_.try_emplace({connection, request});
+  // Not a structured binding: the lambda below captures both, which clang
+  // before 16 refuses (the fuzz build's clang 14).
+  const auto emplaced = queued_.try_emplace({connection, request});
+  const auto it = emplaced.first;
+  const bool inserted = emplaced.second;
   const size_t keys_after = mine.keys - it->second.chain.size() + chain.size();
   const auto refuse = [&](Status busy) {
     if (inserted) queued_.erase(it);
