@@ -177,6 +177,9 @@ class LineParser {
   size_t pos_ = 0;
 };
 
+// Sessions are namespaced per file above this (trace_index << 48).
+constexpr uint64_t kMaxSession = uint64_t{1} << 48;
+
 }  // namespace
 
 Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, uint64_t trace_index,
@@ -206,14 +209,24 @@ Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, 
     if (require_session && !f.session) {
       return InvalidArgument(where + "missing field \"session\" (the converted ShareGPT form names each conversation)");
     }
+    // 0 is "no conversation" (TraceRequest::session), which a line of the
+    // converted form cannot mean; past 2^48 the file's index (bits 48 and
+    // up) could no longer keep conversations of different files apart.
+    if (require_session && *f.session == 0) {
+      return InvalidArgument(where + "\"session\" must be at least 1 (the converted ShareGPT form numbers them from 1)");
+    }
+    if (f.session.value_or(0) >= kMaxSession) {
+      return InvalidArgument(where + "\"session\" is too large (at most 2^48 - 1)");
+    }
     TraceRequest r;
     if (*f.timestamp > UINT64_MAX / 1000) return InvalidArgument(where + "\"timestamp\" is too large");
     r.arrival_us = *f.timestamp * 1000;
     r.input_tokens = *f.input_length;
     r.output_tokens = f.output_length.value_or(0);
     // Conversations are namespaced per file like the blocks.
-    r.session = f.session.value_or(0) == 0 ? 0 : (trace_index << 48) ^ *f.session;
-    const uint64_t covered = (r.input_tokens + block_tokens - 1) / block_tokens;
+    r.session = f.session.value_or(0) == 0 ? 0 : (trace_index << 48) | *f.session;
+    // Rounded up without the overflow of (n + b - 1) / b near 2^64.
+    const uint64_t covered = r.input_tokens / block_tokens + (r.input_tokens % block_tokens != 0 ? 1 : 0);
     if (f.hash_ids->size() > covered) {
       return InvalidArgument(where + std::to_string(f.hash_ids->size()) + " hash_ids but input_length " +
                              std::to_string(r.input_tokens) + " fills only " + std::to_string(covered) +

@@ -7,7 +7,8 @@
 // Reading checks every line and stops at the first bad one with an error
 // "FILE:LINE: what" (InvalidArgument): malformed JSON, a missing or
 // mistyped field, a negative or fractional number, more hash_ids than
-// input_length covers.
+// input_length covers, a "session" of 2^48 or more (or of 0 in the
+// converted ShareGPT form, where every line names its conversation).
 #pragma once
 
 #include <cstdint>
