@@ -4,7 +4,7 @@ BUILD  := build/$(PRESET)
 JOBS   ?= $(shell nproc)
 CONFIG ?=
 
-.PHONY: deps build run test bench asan-test clean
+.PHONY: deps build run test bench asan-test fuzz clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -34,6 +34,13 @@ asan-test: deps
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
 	cd build/asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+# The libFuzzer targets of tests/fuzz (the `fuzz` preset, clang), each for
+# FUZZ_SECONDS on a copy of its seed corpus; fails on a crash, leak,
+# timeout or OOM and names the input (scripts/run-fuzz.sh).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	bash scripts/run-fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build
