@@ -129,6 +129,18 @@ std::string ChildProcess::Stop(std::chrono::milliseconds grace) {
   return DescribeWaitStatus(status) + " (did not stop within the grace period)";
 }
 
+std::string ChildProcess::Kill() {
+  if (pid_ <= 0) return "";
+  std::string how;
+  if (Exited(&how)) return how;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+  return DescribeWaitStatus(status);
+}
+
 Result<CommandOutput> RunCommand(const std::vector<std::string>& argv) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return IoError(Errno("pipe2", errno));

@@ -40,6 +40,10 @@ class ChildProcess {
   // Exited), or "" if it was not running.
   std::string Stop(std::chrono::milliseconds grace = std::chrono::seconds(10));
 
+  // SIGKILL (a crash: no handler runs) and reap. Returns how it ended, or
+  // "" if it was not running.
+  std::string Kill();
+
  private:
   pid_t pid_ = -1;
 };

@@ -7,6 +7,7 @@
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
 //   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (trace_gen.cc)
+//   kvtier stress --socket PATH|--spawn   checked mixed load, and kill -9 loops (stress.cc)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "tools/bench_policy.h"
 #include "tools/bench_remote.h"
 #include "tools/replay_cli.h"
+#include "tools/stress.h"
 #include "tools/trace_gen.h"
 
 
@@ -61,6 +63,11 @@ int main(int argc, char** argv) {
       "multi-round-qa", "Users asking questions over rounds, each prompt its whole history (LMCache's benchmark)");
   kvtier::tools::AddMultiRoundQaOptions(*multi_round_qa, multi_round_qa_options);
 
+  kvtier::tools::StressOptions stress_options;
+  auto* stress = app.add_subcommand(
+      "stress", "Mixed load from N clients, every read checked (a miss or byte-exact); --crash-loop: kill -9 cycles");
+  kvtier::tools::AddStressOptions(*stress, stress_options);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -70,10 +77,11 @@ int main(int argc, char** argv) {
                                       std::strcmp(argv[1], "ls") == 0 || std::strcmp(argv[1], "drop") == 0 ||
                                       std::strcmp(argv[1], "pin") == 0 || std::strcmp(argv[1], "unpin") == 0 ||
                                       std::strcmp(argv[1], "config") == 0 || std::strcmp(argv[1], "health") == 0 ||
-                                      std::strcmp(argv[1], "stats") == 0);
+                                      std::strcmp(argv[1], "stats") == 0 || std::strcmp(argv[1], "stress") == 0);
     return exits_2 && code != 0 ? 2 : code;
   }
   if (replay->parsed()) return kvtier::tools::RunReplay(replay_options);
+  if (stress->parsed()) return kvtier::tools::RunStress(stress_options);
   if (multi_round_qa->parsed()) return kvtier::tools::RunMultiRoundQa(multi_round_qa_options);
   if (admin.stats->parsed()) return kvtier::tools::RunStats(admin_options);
   if (admin.ls->parsed()) return kvtier::tools::RunLs(admin_options);
