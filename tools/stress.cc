@@ -120,6 +120,7 @@ std::string DaemonToml(const StressOptions& o, const std::string& dir) {
             "\nregion_bytes = " + std::to_string(o.region_bytes) +
             "\nstaging_bytes = \"16MiB\"\nadmission = \"all\"\nsync_index = " + (o.sync_index ? "true" : "false") +
             "\n";
+    if (o.reinsert_percent >= 0) toml += "reinsert_percent = " + std::to_string(o.reinsert_percent) + "\n";
   }
   if (!o.redis.empty()) toml += "[remote]\nnodes = " + TomlString(o.redis) + "\nadmission = \"all\"\n";
   return toml;
@@ -175,6 +176,8 @@ void AddStressOptions(CLI::App& app, StressOptions& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_flag("--sync-index", o.sync_index, "--spawn: nvme.sync_index (fsync the index on every update)");
+  app.add_option("--reinsert-percent", o.reinsert_percent, "--spawn: nvme.reinsert_percent (default: the daemon's)")
+      ->check(CLI::Range(0, 100));
   app.add_option("--redis", o.redis, "--spawn: host:port of a Redis (Cluster) for the remote tier");
   app.add_option("--clients", o.clients, "Client threads, each with its own connection")->capture_default_str();
   app.add_option("--seconds", o.seconds, "Seconds of load")->capture_default_str();

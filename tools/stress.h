@@ -36,6 +36,7 @@ struct StressOptions {
   uint64_t nvme_bytes = 128ull << 20;  // 0: no NVMe tier
   uint64_t region_bytes = 2ull << 20;
   bool sync_index = false;  // nvme.sync_index
+  int reinsert_percent = -1;  // nvme.reinsert_percent; < 0: the daemon's default
   std::string redis;        // host:port of a Redis (Cluster) for the remote tier; empty: none
   uint32_t clients = 4;
   double seconds = 10;
