@@ -44,13 +44,9 @@ TEST(CrashLoop, KillNineUnderMixedLoadNeverServesAWrongByteNorLosesAnAcknowledge
   const CommandResult run =
       RunCommand({KVTIER_TOOL_PATH, "stress", "--spawn", "--kvtierd", KVTIERD_PATH, "--crash-loop",
                   std::to_string(cycles), "--clients", "4", "--cycle-seconds", "1",
-                  // Smaller than the key space, so regions are reclaimed between kills.
-                  "--nvme-bytes", "24MiB",
-                  // Reinsertion off until the NVMe tier keeps the index entry of a copy
-                  // whose source region is reclaimed before the copy is indexed
-                  // (tests/unit/nvme_reinsert_reclaim_race_test.cc, disabled while the
-                  // bug stands): about one kill in 100 loses such a block here.
-                  "--reinsert-percent", "0", "--json", json_path});
+                  // Smaller than the key space, so regions are reclaimed between kills,
+                  // racing reinsertion's copies forward (at the daemon's default share).
+                  "--nvme-bytes", "24MiB", "--json", json_path});
   const std::string json = ReadFile(json_path);
   ASSERT_FALSE(json.empty()) << run.output;
   const size_t crash = json.find("\"crash_loop\"");

@@ -113,6 +113,61 @@ TEST_F(NvmeIndexTest, ResetRegionDropsItsEntriesAndBumpsItInOneWrite) {
   EXPECT_EQ(regions[0].generation, 12u);
 }
 
+// The index is keyed by block: by the time a reclaim's reset is applied, a
+// key it names may already describe a newer record of the block (a
+// reinsertion's copy in another region, or a record in the region's new
+// generation). Those stay; only the region's old records go.
+TEST_F(NvmeIndexTest, ResetRegionKeepsEntriesThatMovedOnSinceTheResetWasDecided) {
+  const BlockKey old_record{1, 1}, copied_away{1, 2}, rewritten_here{1, 3}, absent{1, 4};
+  IndexEntry copy = Entry(6, 6 << 20);
+  IndexEntry new_generation = Entry(4, 4 << 20);
+  new_generation.region_generation = 12;
+  {
+    auto index = Open();
+    ASSERT_NE(index, nullptr);
+    ASSERT_TRUE(index->Put(old_record, Entry(4, 0)).ok());  // generation 11
+    ASSERT_TRUE(index->Put(copied_away, copy).ok());
+    ASSERT_TRUE(index->Put(rewritten_here, new_generation).ok());
+    const std::vector<BlockKey> keys = {old_record, copied_away, rewritten_here, absent};
+    ASSERT_TRUE(index->ResetRegion(RegionState{4, 12, RegionStatus::kOpen, 0}, keys).ok());
+    ASSERT_TRUE(index->ResetRegion(RegionState{5, 3, RegionStatus::kOpen, 0}, {}).ok()) << "no keys";
+  }
+  auto index = Open();
+  ASSERT_NE(index, nullptr);
+  EXPECT_EQ(index->Get(old_record).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(index->Get(absent).status().code(), StatusCode::kNotFound);
+  auto kept = index->Get(copied_away);
+  ASSERT_TRUE(kept.ok()) << "the copy in region 6 was deleted for region 4's reset";
+  EXPECT_EQ(*kept, copy);
+  auto rewritten = index->Get(rewritten_here);
+  ASSERT_TRUE(rewritten.ok()) << "a record of region 4's new generation was deleted by its reset";
+  EXPECT_EQ(*rewritten, new_generation);
+  std::vector<RegionState> regions;
+  ASSERT_TRUE(index->ForEachRegion([&](const RegionState& r) { regions.push_back(r); }).ok());
+  ASSERT_EQ(regions.size(), 2u);
+  EXPECT_EQ(regions[0], (RegionState{4, 12, RegionStatus::kOpen, 0}));
+  EXPECT_EQ(regions[1], (RegionState{5, 3, RegionStatus::kOpen, 0}));
+}
+
+TEST_F(NvmeIndexTest, DeleteIfCurrentDeletesOnlyTheRecordItNames) {
+  auto index = Open();
+  ASSERT_NE(index, nullptr);
+  const BlockKey k{3, 3}, absent{3, 4};
+  const IndexEntry old_record = Entry(2, 2 << 20);
+  const IndexEntry copy = Entry(5, 5 << 20);
+  ASSERT_TRUE(index->Put(k, copy).ok());  // the block moved on since the delete was decided
+  ASSERT_TRUE(index->DeleteIfCurrent(k, old_record).ok());
+  ASSERT_TRUE(index->Get(k).ok()) << "another record's entry was deleted";
+  EXPECT_EQ(*index->Get(k), copy);
+  IndexEntry other_generation = copy;
+  other_generation.region_generation += 1;
+  ASSERT_TRUE(index->DeleteIfCurrent(k, other_generation).ok());
+  EXPECT_TRUE(index->Get(k).ok()) << "same place, another life of the region";
+  ASSERT_TRUE(index->DeleteIfCurrent(k, copy).ok());
+  EXPECT_EQ(index->Get(k).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(index->DeleteIfCurrent(absent, copy).ok()) << "deleting an absent key is not an error";
+}
+
 TEST_F(NvmeIndexTest, SecondOpenOfTheSameIndexIsRefused) {
   auto first = Open();
   ASSERT_NE(first, nullptr);

@@ -5,6 +5,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <cstring>
+#include <vector>
 
 namespace kvtier {
 namespace {
@@ -135,6 +136,17 @@ Result<RegionState> DecodeRegion(uint32_t region, const rocksdb::Slice& value) {
   return s;
 }
 
+// `a` and `b` describe the same record (the same place in the same life of
+// its region).
+bool SameRecord(const IndexEntry& a, const IndexEntry& b) {
+  return a.region == b.region && a.region_generation == b.region_generation && a.offset == b.offset;
+}
+
+// `entry` describes a record of an earlier generation of `region`'s region.
+bool InRegionBefore(const IndexEntry& entry, const RegionState& region) {
+  return entry.region == region.region && entry.region_generation < region.generation;
+}
+
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
   if (s.IsNotFound()) return NotFound(what + ": not found");
@@ -179,6 +191,20 @@ Status NvmeIndex::Delete(const BlockKey& key) {
   return FromRocks(db_->Delete(Writes(sync_writes_), EntryKey(key)), "nvme index delete");
 }
 
+Status NvmeIndex::DeleteIfCurrent(const BlockKey& key, const IndexEntry& entry) {
+  BeforeMutation();
+  const std::string entry_key = EntryKey(key);
+  std::string value;
+  rocksdb::Status read = db_->Get(rocksdb::ReadOptions(), entry_key, &value);
+  if (read.IsNotFound()) return Status::Ok();
+  if (!read.ok()) return FromRocks(read, "nvme index conditional delete (read)");
+  // A value that does not decode cannot be shown to be another record's:
+  // it goes, as asked (kept, it would stop every start-up's scan).
+  auto stored = DecodeEntry(value);
+  if (stored.ok() && !SameRecord(*stored, entry)) return Status::Ok();
+  return FromRocks(db_->Delete(Writes(sync_writes_), entry_key), "nvme index conditional delete");
+}
+
 Result<IndexEntry> NvmeIndex::Get(const BlockKey& key) const {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), EntryKey(key), &value);
@@ -194,8 +220,30 @@ Status NvmeIndex::PutRegion(const RegionState& region) {
 
 Status NvmeIndex::ResetRegion(const RegionState& region, std::span<const BlockKey> keys) {
   BeforeMutation();
+  // The index is keyed by block, not by record: by the time the reset is
+  // applied, a key may already name a newer record of the block elsewhere
+  // (a reinsertion's copy, indexed after the reclaim was decided). Only
+  // the entries still in an earlier generation of this region go.
+  std::vector<std::string> entry_keys;
+  entry_keys.reserve(keys.size());
+  for (const auto& k : keys) entry_keys.push_back(EntryKey(k));
+  std::vector<rocksdb::Slice> slices(entry_keys.begin(), entry_keys.end());
+  std::vector<rocksdb::PinnableSlice> values(slices.size());
+  std::vector<rocksdb::Status> statuses(slices.size());
+  if (!slices.empty()) {
+    db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), slices.size(), slices.data(), values.data(),
+                  statuses.data());
+  }
   rocksdb::WriteBatch batch;
-  for (const auto& k : keys) batch.Delete(EntryKey(k));
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (statuses[i].IsNotFound()) continue;
+    if (!statuses[i].ok()) return FromRocks(statuses[i], "nvme index region reset (read)");
+    auto stored = DecodeEntry(values[i]);
+    // A value that does not decode cannot be shown to be another record's:
+    // it goes, as asked (kept, it would stop every start-up's scan).
+    if (stored.ok() && !InRegionBefore(*stored, region)) continue;
+    batch.Delete(slices[i]);
+  }
   batch.Put(RegionKey(region.region), EncodeRegion(region));
   return FromRocks(db_->Write(Writes(sync_writes_), &batch), "nvme index region reset");
 }

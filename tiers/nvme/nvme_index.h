@@ -11,7 +11,8 @@
 // against the record header before serving it, so a stale entry is a miss,
 // never wrong bytes.
 //
-// Thread-safe (RocksDB is).
+// Thread-safe (RocksDB is), except that DeleteIfCurrent and ResetRegion
+// read before they write (see ResetRegion).
 #pragma once
 
 #include <cstdint>
@@ -64,18 +65,33 @@ class NvmeIndex {
   ~NvmeIndex();
 
   // Fault-injection seam for tests: runs on the calling thread before every
-  // mutation (Put, Delete, PutRegion, ResetRegion), so a hook that blocks
-  // stalls that mutation the way a slow RocksDB write would. Set it before
-  // the index is in use; empty (the default): none.
+  // mutation (Put, Delete, DeleteIfCurrent, PutRegion, ResetRegion), so a
+  // hook that blocks stalls that mutation the way a slow RocksDB write
+  // would. Set it before the index is in use; empty (the default): none.
   void SetMutationHook(std::function<void()> hook) { mutation_hook_ = std::move(hook); }
 
   Status Put(const BlockKey& key, const IndexEntry& entry);
   Status Delete(const BlockKey& key);
+  // Deletes `key`'s entry only if it still describes the record `entry`
+  // does (same region, generation and offset; one whose value does not
+  // decode goes too): a newer record's entry (a reinsertion's copy indexed
+  // after the delete was decided) stays. Absent is no error. Reads, then
+  // writes, as ResetRegion does (see there).
+  Status DeleteIfCurrent(const BlockKey& key, const IndexEntry& entry);
   // NotFound if absent.
   Result<IndexEntry> Get(const BlockKey& key) const;
   Status PutRegion(const RegionState& region);
-  // In one atomic write: deletes `keys` and records `region` (a region
-  // reclaimed or reopened with its entries gone).
+  // In one atomic write: deletes the entries of `keys` that still describe a
+  // record in an earlier generation of `region` (entry.region equal,
+  // entry.region_generation lower; one whose value does not decode goes
+  // too) and records `region` (a region reclaimed or reopened with its
+  // entries gone). An entry of `keys` that has moved on meanwhile (a
+  // reinsertion's copy in another region, indexed after the reset was
+  // decided but before it is applied) is kept: the index never drops the
+  // live record of a block for the region it left. Absent keys are no error.
+  // It reads the entries, then writes: a Put of one of `keys` running
+  // concurrently may still be deleted, so the caller serializes mutations
+  // (the tier applies all of them on its one index writer thread).
   Status ResetRegion(const RegionState& region, std::span<const BlockKey> keys);
 
   // Visits every entry / region in key order. Corruption if a stored value

@@ -520,8 +520,10 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
   region_keys_[entry.region].erase(key);
   entries_.erase(it);
   reclaim_.OnDropped(key);
-  // If it stays (a failed write), the next start-up or read drops it again.
-  PostIndex([this, key] { return index_->Delete(key); });
+  // Only this record's entry: a reinsertion's copy of the block, indexed
+  // behind this delete, takes over in memory and must keep its entry. If
+  // it stays (a failed write), the next start-up or read drops it again.
+  PostIndex([this, key, entry] { return index_->DeleteIfCurrent(key, entry); });
 }
 
 std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
