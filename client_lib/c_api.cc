@@ -2,6 +2,7 @@
 // thread's error message, runs its body inside Guard (no exception crosses
 // the ABI) and turns a Status into its code, keeping the message.
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -236,13 +237,39 @@ int kvtier_key_to_hex(kvtier_key key, char out[33]) {
   });
 }
 
+void kvtier_client_options_init(kvtier_client_options* options) {
+  Guard([&] {
+    if (options == nullptr) return KVTIER_OK;
+    *options = kvtier_client_options{};
+    options->size = sizeof(kvtier_client_options);
+    options->verify_checksums = kvtier::ClientOptions{}.verify_checksums ? 1 : 0;
+    return KVTIER_OK;
+  });
+}
+
 int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
                    size_t n_namespaces, kvtier_client** out) {
+  return kvtier_connect_with_options(socket_path, namespaces, n_namespaces, nullptr, out);
+}
+
+int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces,
+                                size_t n_namespaces, const kvtier_client_options* c_options,
+                                kvtier_client** out) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
     if (namespaces == nullptr && n_namespaces > 0) return Missing("namespaces");
     kvtier::ClientOptions options;
+    if (c_options != nullptr) {
+      // Fields past the caller's `size` (an older header) keep their defaults.
+      constexpr size_t kFirstVersion = offsetof(kvtier_client_options, verify_checksums) + sizeof(int);
+      if (c_options->size < kFirstVersion) {
+        return Report(kvtier::InvalidArgument(
+            "kvtier_client_options.size is " + std::to_string(c_options->size) +
+            ": initialise the options with kvtier_client_options_init"));
+      }
+      options.verify_checksums = c_options->verify_checksums != 0;
+    }
     if (socket_path != nullptr) options.socket_path = socket_path;
     options.client_name = "kvtier-c-client";
     for (size_t i = 0; i < n_namespaces; ++i) {

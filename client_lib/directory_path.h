@@ -44,7 +44,9 @@ struct LayerPick {
 //                                      the layers are not in the block;
 //   nullopt                            the directory cannot settle it (a miss
 //                                      that may be cached below, a table that
-//                                      kept changing): ask the daemon.
+//                                      kept changing, or a verified read of
+//                                      part of a block: the table has no
+//                                      layer checksums): ask the daemon.
 // `dst` may hold partial bytes after nullopt.
 std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std::span<const std::byte> arena,
                                                 const NamespaceFingerprint& ns, const BlockKey& key,

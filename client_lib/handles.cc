@@ -61,7 +61,8 @@ std::vector<Status> Reservation::Commit() {
   }
   done_ = true;
   v1::Request request;
-  if (!internal::BuildCommit(ns_, blocks_, request)) {
+  const auto [layer_count, block_bytes] = conn_->layout(ns_);
+  if (!internal::BuildCommit(ns_, blocks_, request, layer_count, block_bytes)) {
     return internal::MergeCommit(blocks_, v1::Response(), /*already_is_ok=*/false);
   }
   return internal::MergeCommit(blocks_, conn_->CallSync(std::move(request)), /*already_is_ok=*/false);

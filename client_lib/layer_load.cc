@@ -8,6 +8,7 @@
 #include "client_lib/board_view.h"
 #include "client_lib/connection.h"
 #include "client_lib/device_copy.h"
+#include "client_lib/verify.h"
 #include "common/load_board.h"
 #include "kvtier/client.h"
 #include "proto/wire.h"
@@ -66,6 +67,8 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   }
   v1::Request request = wire::MakeBeginLoad(ns, keys, options.compute_us_per_layer);
   if (device_pool != nullptr) request.mutable_begin_load()->set_device_pool(true);
+  const bool verify = conn->verify_checksums();
+  if (verify) request.mutable_begin_load()->set_verify(true);
   auto r = conn->CallSync(std::move(request));
   if (!r.ok()) return r.status();
   const v1::BeginLoadResponse& body = r->begin_load();
@@ -76,13 +79,22 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   // Checked before anything is read through them: the answer names arena
   // memory this process will touch.
   auto board = conn->Slot(body.board_offset(), body.board_bytes());
-  const bool board_ok = board.ok() && body.board_bytes() == LoadBoardBytes(static_cast<uint32_t>(keys.size())) &&
+  const auto blocks = static_cast<uint32_t>(keys.size());
+  // A load that verifies has the board's layer checksum table; a kvtierd
+  // that ignored `verify` answers a board without one.
+  const bool plain_board = body.board_bytes() == LoadBoardBytes(blocks);
+  const bool board_ok = board.ok() && body.board_bytes() == LoadBoardBytes(blocks, verify ? layer_count : 0) &&
                         body.board_offset() % alignof(LoadBoardHeader) == 0;
-  if (!board_ok || static_cast<size_t>(body.blocks_size()) != keys.size() || body.layers() != layer_count ||
+  const bool sums_ok = body.layer_checksums_size() == 0 || static_cast<size_t>(body.layer_checksums_size()) == keys.size();
+  if (!board_ok || !sums_ok || static_cast<size_t>(body.blocks_size()) != keys.size() || body.layers() != layer_count ||
       uint64_t{body.layers()} * body.layer_bytes() != block_bytes) {
     load.ended_ = true;  // nothing of it is usable; end it on the daemon
     load.conn_->Call(wire::MakeEndLoad(load.id_), [](Result<v1::Response>) {},
                      internal::Connection::Reader::kDetached);
+    if (verify && plain_board) {
+      return Unimplemented("kvtierd does not verify layer-wise loads (no layer checksums); connect with "
+                           "verify_checksums off or upgrade kvtierd");
+    }
     return ProtocolError("kvtierd answered BeginLoad with a board or layout that does not fit");
   }
   load.board_ = board->data();
@@ -95,6 +107,24 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   load.device_copier_ = std::move(device_copier);
   load.device_pool_ = device_pool;
   load.copied_.assign(load.layers_, false);
+  load.verify_ = verify;
+  if (verify) {
+    load.ns_ = ns;
+    load.keys_.assign(keys.begin(), keys.end());
+    load.layer_checksums_.resize(keys.size());
+    load.block_checksums_.resize(keys.size());
+    load.block_checked_.assign(keys.size(), false);
+    for (int i = 0; i < body.layer_checksums_size(); ++i) {
+      const auto& sums = body.layer_checksums(i).layers();
+      if (static_cast<uint32_t>(sums.size()) == load.layers_) {
+        load.layer_checksums_[i].assign(sums.begin(), sums.end());
+      } else if (sums.empty() && body.layer_checksums(i).settled() && load.initial_[i].ok()) {
+        load.block_checksums_[i] = body.layer_checksums(i).block();  // checked whole
+      }
+    }
+    load.verdicts_.assign(keys.size(), Status::Ok());
+    load.verified_.assign(load.layers_, false);
+  }
   if (body.has_plan()) load.plan_ = wire::FromProto(body.plan());
   if (options.wait_for_depth && load.plan_ && load.plan_->layers_to_preload > 0) {
     const uint32_t depth = std::min(load.plan_->layers_to_preload, load.layers_);
@@ -123,6 +153,14 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
   source_ = other.source_;
   plan_ = std::move(other.plan_);
   ended_ = std::exchange(other.ended_, true);
+  verify_ = other.verify_;
+  ns_ = other.ns_;
+  keys_ = std::move(other.keys_);
+  layer_checksums_ = std::move(other.layer_checksums_);
+  block_checksums_ = std::move(other.block_checksums_);
+  block_checked_ = std::move(other.block_checked_);
+  verdicts_ = std::move(other.verdicts_);
+  verified_ = std::move(other.verified_);
   return *this;
 }
 
@@ -144,6 +182,7 @@ Status LayerLoad::status(size_t block) const {
   if (block >= size()) return InvalidArgument("block " + std::to_string(block) + " is not in this load");
   if (!initial_[block].ok()) return initial_[block];
   if (board_ == nullptr) return FailedPrecondition("the load has ended");
+  if (verify_ && !verdicts_[block].ok()) return verdicts_[block];
   return internal::BoardBlockStatus(LoadBoardReader(board_, static_cast<uint32_t>(size())),
                                     static_cast<uint32_t>(block), device_pool_ != nullptr);
 }
@@ -175,17 +214,55 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
       return TimedOut("layer " + std::to_string(layer) + " was not in place within call_timeout");
     }
   }
-  if (device_copier_) return EnqueueDeviceCopies(layer);
-  if (dst_.empty()) return Status::Ok();
+  if (device_copier_) {
+    if (verify_) VerifyLayers(layer);  // in the arena, before the copies read it
+    return EnqueueDeviceCopies(layer);
+  }
+  if (dst_.empty()) {
+    if (verify_) VerifyLayers(layer);
+    return Status::Ok();
+  }
   for (uint32_t l = 0; l <= layer; ++l) {
     if (copied_[l]) continue;
     for (size_t i = 0; i < size(); ++i) {
-      std::span<const std::byte> src = LayerSpan(i, l);
-      if (!src.empty()) std::memcpy(dst_[i].data() + uint64_t{l} * layer_bytes_, src.data(), src.size());
+      auto src = ArenaLayer(i, l);
+      if (src.ok()) std::memcpy(dst_[i].data() + uint64_t{l} * layer_bytes_, src->data(), src->size());
     }
     copied_[l] = true;
   }
+  if (verify_) VerifyLayers(layer);  // the copies: what the engine reads
   return Status::Ok();
+}
+
+void LayerLoad::VerifyLayers(uint32_t layer) {
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()), layers_);
+  for (uint32_t l = 0; l <= layer; ++l) {
+    if (verified_[l]) continue;
+    for (size_t i = 0; i < size(); ++i) {
+      if (!verdicts_[i].ok()) continue;
+      auto src = ArenaLayer(i, l);
+      if (!src.ok()) continue;  // failed, or in device memory (not in the arena: not checked here)
+      Status verified;
+      if (block_checksums_[i]) {
+        // A host hit whose writer sent no layer checksums: every layer is
+        // in place from the start; the whole block is checked once.
+        if (block_checked_[i]) continue;
+        block_checked_[i] = true;
+        const std::byte* first = src->data() - uint64_t{l} * layer_bytes_;
+        verified = internal::VerifyBlock({first, uint64_t{layers_} * layer_bytes_}, *block_checksums_[i], keys_[i]);
+      } else {
+        std::span<const std::byte> bytes = *src;
+        if (!dst_.empty()) bytes = dst_[i].subspan(uint64_t{l} * layer_bytes_, layer_bytes_);
+        const uint64_t expected = layer_checksums_[i].empty() ? board.layer_checksum(static_cast<uint32_t>(i), l)
+                                                              : layer_checksums_[i][l];
+        verified = internal::VerifyLayers(bytes, {&expected, 1}, l, keys_[i]);
+      }
+      if (verified.ok()) continue;
+      verdicts_[i] = verified;
+      internal::ReportCorrupt(*conn_, ns_, keys_[i]);  // before End releases its pin
+    }
+    verified_[l] = true;
+  }
 }
 
 Status LayerLoad::EnqueueDeviceCopies(uint32_t layer) {
@@ -198,7 +275,7 @@ Status LayerLoad::EnqueueDeviceCopies(uint32_t layer) {
     if (copied_[l]) continue;
     pieces.clear();
     for (size_t i = 0; i < size(); ++i) {
-      if (!initial_[i].ok()) continue;
+      if (!initial_[i].ok() || (verify_ && !verdicts_[i].ok())) continue;
       auto place = internal::BoardLayerPlace(board, static_cast<uint32_t>(i), l, device_pool_ != nullptr);
       if (!place.ok()) continue;  // failed: its bytes are not used (status(i) says why)
       void* dst = static_cast<std::byte*>(device_dst_[i]) + uint64_t{l} * layer_bytes_;
@@ -229,6 +306,18 @@ std::span<const std::byte> LayerLoad::LayerSpan(size_t block, uint32_t layer) co
 }
 
 Result<std::span<const std::byte>> LayerLoad::TryLayerSpan(size_t block, uint32_t layer) const {
+  if (verify_ && block < size() && layer < layers_) {
+    if (!verdicts_[block].ok()) return NotFound("block " + std::to_string(block) + " failed verification: " +
+                                                verdicts_[block].ToString());
+    if (!verified_[layer]) {
+      return NotFound("layer " + std::to_string(layer) + " is not verified yet (WaitLayer(" + std::to_string(layer) +
+                      ") first)");
+    }
+  }
+  return ArenaLayer(block, layer);
+}
+
+Result<std::span<const std::byte>> LayerLoad::ArenaLayer(size_t block, uint32_t layer) const {
   if (ended_ || board_ == nullptr) return FailedPrecondition("the load has ended");
   if (block >= size() || layer >= layers_) {
     return InvalidArgument("layer " + std::to_string(layer) + " of block " + std::to_string(block) +

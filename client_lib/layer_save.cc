@@ -4,6 +4,7 @@
 #include <string>
 
 #include "client_lib/connection.h"
+#include "common/checksum.h"
 #include "kvtier/client.h"
 
 namespace kvtier {
@@ -23,6 +24,12 @@ Result<LayerSave> Client::BeginSave(NamespaceId ns, std::span<const BlockKey> ke
   save.layers_ = layer_count;
   save.layer_bytes_ = block_bytes / layer_count;
   save.saved_.assign(layer_count, false);
+  save.layer_sums_ = conn->verify_checksums() && layer_count > 1;
+  if (save.layer_sums_) {
+    for (WritableBlock& b : save.reservation_.blocks()) {
+      if (b.status.ok()) b.layer_checksums.assign(layer_count, 0);
+    }
+  }
   return save;
 }
 
@@ -55,7 +62,12 @@ Status LayerSave::SaveLayer(uint32_t layer, std::span<const std::span<const std:
   }
   for (size_t i = 0; i < blocks_; ++i) {
     std::span<std::byte> dst = LayerSpan(i, layer);
-    if (!dst.empty()) std::memcpy(dst.data(), src[i].data(), dst.size());
+    if (dst.empty()) continue;
+    if (layer_sums_) {
+      reservation_.blocks()[i].layer_checksums[layer] = CopyWithChecksum(dst, src[i].first(dst.size()));
+    } else {
+      std::memcpy(dst.data(), src[i].data(), dst.size());
+    }
   }
   saved_[layer] = true;
   return Status::Ok();
@@ -65,6 +77,10 @@ Status LayerSave::LayerWritten(uint32_t layer) {
   if (ended_) return FailedPrecondition("the save was finished or aborted");
   if (layer >= layers_) {
     return InvalidArgument("layer " + std::to_string(layer) + " of a " + std::to_string(layers_) + "-layer block");
+  }
+  for (size_t i = 0; layer_sums_ && i < blocks_; ++i) {
+    std::span<std::byte> bytes = LayerSpan(i, layer);
+    if (!bytes.empty()) reservation_.blocks()[i].layer_checksums[layer] = BlockChecksum(bytes);
   }
   saved_[layer] = true;
   return Status::Ok();

@@ -23,18 +23,28 @@ std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const Bl
   return blocks;
 }
 
-bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request) {
+bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request,
+                 uint32_t layer_count, uint64_t block_bytes) {
   auto* body = request.mutable_commit();
   body->set_ns(ns);
   bool all_checksums = true;
-  for (const auto& b : blocks) {
+  bool all_layers = true;
+  for (const WritableBlock& b : blocks) {
     if (!b.status.ok()) continue;
     wire::AppendKey(b.key, body->mutable_keys());
     body->add_sizes(b.data.size());
     if (b.checksum.has_value()) body->add_checksums(*b.checksum); else all_checksums = false;
+    // Only blocks of several layers carry them (in key order).
+    if (layer_count <= 1 || b.data.size() != block_bytes) continue;
+    if (b.layer_checksums.size() != layer_count) {
+      all_layers = false;
+      continue;
+    }
+    body->mutable_layer_checksums()->Add(b.layer_checksums.begin(), b.layer_checksums.end());
   }
   // The wire takes one checksum per key or none: the daemon hashes them all.
   if (!all_checksums) body->clear_checksums();
+  if (!all_layers) body->clear_layer_checksums();
   return body->keys_size() > 0;
 }
 

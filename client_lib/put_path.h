@@ -14,8 +14,12 @@ std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const Bl
                                       const v1::Response& response);
 
 // Builds the Commit of every ok block, with their checksums when every ok
-// block has one (else with none); false if there is none to commit.
-bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request);
+// block has one (else with none); false if there is none to commit. With
+// the namespace's layout (`layer_count` layers in blocks of `block_bytes`),
+// also the layer checksums when every ok block of several layers has one
+// per layer (else none: those blocks then have no layer checksums).
+bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request,
+                 uint32_t layer_count = 1, uint64_t block_bytes = 0);
 
 // The Abort of every ok block.
 v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks);

@@ -59,4 +59,39 @@ uint64_t CopyWithChecksumAvx2(void* dst, const void* src, size_t length) {
   return XXH3_64bits_digest(&state);
 }
 
+uint64_t PiecesChecksumAvx2(std::span<const std::span<const std::byte>> pieces) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (const auto& piece : pieces) XXH3_64bits_update(&state, piece.data(), piece.size());
+  return XXH3_64bits_digest(&state);
+}
+
+uint64_t LayerChecksumsAvx2(void* dst, const void* src, size_t length, uint64_t* layers, size_t layer_count) {
+  XXH3_state_t block, layer;
+  XXH3_64bits_reset(&block);
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  const bool streaming = d != nullptr && length >= kStreamingCopyBytes;
+  const size_t layer_bytes = length / layer_count;
+  for (size_t l = 0; l < layer_count; ++l) {
+    XXH3_64bits_reset(&layer);
+    const size_t begin = l * layer_bytes;
+    for (size_t done = 0; done < layer_bytes;) {
+      const size_t n = std::min(kCopyChunkBytes, layer_bytes - done);
+      const size_t at = begin + done;
+      XXH3_64bits_update(&block, s + at, n);  // brings the chunk into the cache
+      XXH3_64bits_update(&layer, s + at, n);
+      if (streaming) {
+        StreamingCopy(d + at, s + at, n);
+      } else if (d != nullptr) {
+        std::memcpy(d + at, s + at, n);
+      }
+      done += n;
+    }
+    layers[l] = XXH3_64bits_digest(&layer);
+  }
+  if (streaming) _mm_sfence();
+  return XXH3_64bits_digest(&block);
+}
+
 }  // namespace kvtier::internal

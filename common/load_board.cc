@@ -27,15 +27,27 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 
 }  // namespace
 
-LoadBoardWriter::LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes) {
+LoadBoardWriter::LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes,
+                                 bool checksums) {
   header_ = new (memory) LoadBoardHeader;
-  header_->version = kLoadBoardVersion;
+  header_->version = checksums ? kLoadBoardChecksumsVersion : kLoadBoardVersion;
   header_->blocks = blocks;
   header_->layers = layers;
   header_->layer_bytes = layer_bytes;
   blocks_ = reinterpret_cast<LoadBoardBlock*>(memory + sizeof(LoadBoardHeader));
   for (uint32_t i = 0; i < blocks; ++i) new (&blocks_[i]) LoadBoardBlock;
+  if (checksums) {
+    layers_ = layers;
+    checksums_ = reinterpret_cast<std::atomic<uint64_t>*>(memory + LoadBoardBytes(blocks));
+    for (size_t i = 0; i < size_t{blocks} * layers; ++i) new (&checksums_[i]) std::atomic<uint64_t>(0);
+  }
   std::atomic_thread_fence(std::memory_order_release);
+}
+
+void LoadBoardWriter::SetLayerChecksum(uint32_t block, uint32_t layer, uint64_t checksum) {
+  // Published by the release store that makes the layer count (layers_ready
+  // or the block's state).
+  checksums_[size_t{block} * layers_ + layer].store(checksum, std::memory_order_relaxed);
 }
 
 void LoadBoardWriter::SetOffset(uint32_t block, uint64_t offset) {
@@ -64,9 +76,12 @@ void LoadBoardWriter::PublishLayers(uint32_t layers) {
   if (header_->sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&header_->layers_ready);
 }
 
-LoadBoardReader::LoadBoardReader(std::byte* memory, uint32_t blocks)
+LoadBoardReader::LoadBoardReader(std::byte* memory, uint32_t blocks, uint32_t checksum_layers)
     : header_(reinterpret_cast<LoadBoardHeader*>(memory)),
-      blocks_(reinterpret_cast<const LoadBoardBlock*>(memory + sizeof(LoadBoardHeader))) {}
+      blocks_(reinterpret_cast<const LoadBoardBlock*>(memory + sizeof(LoadBoardHeader))),
+      layers_(checksum_layers) {
+  if (checksum_layers > 0) checksums_ = reinterpret_cast<const std::atomic<uint64_t>*>(memory + LoadBoardBytes(blocks));
+}
 
 bool LoadBoardReader::WaitBeyond(uint32_t layer, std::chrono::steady_clock::time_point deadline,
                                  std::chrono::microseconds spin, std::chrono::microseconds slice) const {

@@ -7,6 +7,9 @@
 // LoadBoardBlock (16 bytes each), in an extent of the host arena that the
 // daemon allocates per load and frees once the client ended the load and no
 // read of it is in flight (the client stops reading it at EndLoad).
+// Version 3 (a load that verifies, BeginLoadRequest.verify) appends the
+// layer checksum table: `blocks` x `layers` u64, block-major, the xxh3-64
+// of layer l of block i at [i * layers + l].
 //
 // Protocol:
 // - Block i's bytes are the arena range [offset, offset + layers *
@@ -27,6 +30,9 @@
 //   IPC), whole, at `offset` there; it is final like kLoaded and counts as
 //   every layer in place. Only loads that asked for it (the client mapped
 //   the pool) see it; the daemon holds the range until the load ends.
+// - Version 3: the daemon writes the checksum of layer l of block i before
+//   that layer counts as in place (so layers_ready's release covers it),
+//   and before a block's kLoaded state.
 // - `resolved` counts blocks in a final state; when it equals `blocks`
 //   (and layers_ready == layers, or every block failed) the load is over.
 // - Wake-ups: `layers_ready` is a futex word (FUTEX_WAIT on the shared
@@ -37,6 +43,9 @@
 //
 // The client can write its arena mapping, so it can scribble on its own
 // board: the daemon never reads the board back (it keeps its own state).
+// For the same reason the checksum table guards a block's bytes against
+// stray or hostile writes to them, not against a writer that rewrites the
+// table too.
 #pragma once
 
 #include <atomic>
@@ -49,6 +58,7 @@
 namespace kvtier {
 
 inline constexpr uint32_t kLoadBoardVersion = 2;
+inline constexpr uint32_t kLoadBoardChecksumsVersion = 3;  // with the layer checksum table
 
 struct LoadBoardHeader {
   std::atomic<uint32_t> layers_ready{0};  // the futex word
@@ -72,8 +82,10 @@ struct LoadBoardBlock {
 static_assert(sizeof(LoadBoardBlock) == 16);
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
 
-constexpr size_t LoadBoardBytes(uint32_t blocks) {
-  return sizeof(LoadBoardHeader) + size_t{blocks} * sizeof(LoadBoardBlock);
+// `checksum_layers` > 0: with the checksum table of that many layers a block.
+constexpr size_t LoadBoardBytes(uint32_t blocks, uint32_t checksum_layers = 0) {
+  return sizeof(LoadBoardHeader) + size_t{blocks} * sizeof(LoadBoardBlock) +
+         size_t{blocks} * checksum_layers * sizeof(uint64_t);
 }
 
 // The daemon's side. `memory` is the board's extent (at least
@@ -82,9 +94,14 @@ constexpr size_t LoadBoardBytes(uint32_t blocks) {
 class LoadBoardWriter {
  public:
   LoadBoardWriter() = default;
-  // Formats the board: nothing loaded, nothing ready.
-  LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes);
+  // Formats the board: nothing loaded, nothing ready; with `checksums`,
+  // version 3 with its table (LoadBoardBytes(blocks, layers) bytes).
+  LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes,
+                  bool checksums = false);
 
+  bool has_checksums() const { return checksums_ != nullptr; }
+  // Version 3: the checksum of `layer` of `block` (before it counts).
+  void SetLayerChecksum(uint32_t block, uint32_t layer, uint64_t checksum);
   void SetOffset(uint32_t block, uint64_t offset);
   void SetLoaded(uint32_t block);
   // The block is whole in the device pool at `offset` (resolved).
@@ -96,6 +113,8 @@ class LoadBoardWriter {
  private:
   LoadBoardHeader* header_ = nullptr;
   LoadBoardBlock* blocks_ = nullptr;
+  std::atomic<uint64_t>* checksums_ = nullptr;  // version 3's table
+  uint32_t layers_ = 0;
 };
 
 // The client's side, over its own arena mapping of the board. Checks the
@@ -104,7 +123,8 @@ class LoadBoardWriter {
 class LoadBoardReader {
  public:
   LoadBoardReader() = default;
-  LoadBoardReader(std::byte* memory, uint32_t blocks);
+  // `checksum_layers` > 0: the board has the checksum table (version 3).
+  LoadBoardReader(std::byte* memory, uint32_t blocks, uint32_t checksum_layers = 0);
 
   uint32_t layers_ready() const { return header()->layers_ready.load(std::memory_order_acquire); }
   uint32_t resolved() const { return header()->resolved.load(std::memory_order_acquire); }
@@ -115,6 +135,11 @@ class LoadBoardReader {
     return static_cast<StatusCode>(blocks_[block].code.load(std::memory_order_acquire));
   }
   uint64_t offset(uint32_t block) const { return blocks_[block].offset.load(std::memory_order_acquire); }
+  // Version 3: the checksum of `layer` of `block`, valid once the layer is
+  // in place (layers_ready > layer, or the block kLoaded).
+  uint64_t layer_checksum(uint32_t block, uint32_t layer) const {
+    return checksums_[size_t{block} * layers_ + layer].load(std::memory_order_relaxed);
+  }
 
   // Waits until layers_ready > `layer` or `deadline` passes (false then):
   // spins for `spin` first, then sleeps on the futex in slices of at most
@@ -127,6 +152,8 @@ class LoadBoardReader {
   LoadBoardHeader* header() const { return header_; }
   LoadBoardHeader* header_ = nullptr;  // mutable words in shared memory
   const LoadBoardBlock* blocks_ = nullptr;
+  const std::atomic<uint64_t>* checksums_ = nullptr;
+  uint32_t layers_ = 0;
 };
 
 }  // namespace kvtier

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
@@ -50,6 +51,10 @@ struct BlockEntry {
   HostTier::Extent extent;  // valid when allocated
   uint64_t size = 0;        // bytes the writer reserved (<= extent.length)
   uint64_t checksum = 0;    // xxh3-64, set at commit
+  // xxh3-64 of each layer (set at commit or promotion) of a block of its
+  // namespace's block size with layer_count > 1; empty for a block of one
+  // layer (its one layer's checksum is `checksum`).
+  std::vector<uint64_t> layer_checksums;
   ConnectionId writer = 0;  // the reserving connection while kReserved
   bool allocated = false;   // `extent` is this block's (a reservation gets it after claiming the key)
   bool published = false;   // in the host tier's block directory (visible states only)

@@ -32,6 +32,31 @@ constexpr OptionSpec kOptions[] = {
     {"server.spin_wait_us", OptionType::kInt, "50", 0, 100000, "", false,
      "After its last request, how long an io thread keeps polling before it sleeps (CPU for latency).",
      &DaemonConfig::spin_wait_us, nullptr},
+    {"server.max_connections", OptionType::kInt, "4096", 1, 1000000, "", false,
+     "Open client connections at most; one past it is answered Busy and closed at once.",
+     &DaemonConfig::max_connections, nullptr},
+    {"server.max_leases_per_connection", OptionType::kInt, "65536", 1, 100000000, "", false,
+     "Blocks one connection may hold pinned (leases) at once; pins past it are refused Busy.",
+     &DaemonConfig::max_leases_per_connection, nullptr},
+    {"server.max_reserved_bytes_per_connection", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
+     "Arena bytes one connection may hold reserved (written, not yet committed); reservations past it are "
+     "refused Busy (one block is always allowed while it holds none). 0: half the arena (of its tenant's arena "
+     "with tenants), at least 64 MiB.",
+     &DaemonConfig::max_reserved_bytes_per_connection, nullptr, false, nullptr, 0, 0, /*zero_is_auto=*/true},
+    {"server.reservation_timeout_s", OptionType::kInt, "60", 1, 86400, "", false,
+     "A reservation not committed or aborted within this long is dropped and its key is free again.",
+     &DaemonConfig::reservation_timeout_s, nullptr},
+    {"server.idle_timeout_s", OptionType::kInt, "600", 0, 604800, "", false,
+     "A connection that sent no request for this long and holds no leases or reservations is closed "
+     "(clients reconnect on their next call). 0: never.",
+     &DaemonConfig::idle_timeout_s, nullptr},
+    {"server.frame_timeout_ms", OptionType::kInt, "10000", 100, 3600000, "", false,
+     "A request frame must arrive whole within this long of its first byte, else the connection is closed.",
+     &DaemonConfig::frame_timeout_ms, nullptr},
+    {"server.partial_frame_bytes", OptionType::kBytes, "\"256MiB\"", 1 * kMiB, 64 * kGiB, "", false,
+     "Memory all connections together may hold for frames still arriving (beyond 4 KiB each); a connection "
+     "whose frame would need more is closed.",
+     &DaemonConfig::partial_frame_bytes, nullptr},
     {"server.socket_mode", OptionType::kString, "\"0660\"", 0, 0, "", false,
      "Permissions of the socket, an octal string (\"0660\": owner and group connect); the socket is bound under "
      "a umask that never makes it more open than this, in a directory created 0750 when missing.",

@@ -36,6 +36,13 @@ struct DaemonConfig {
   int64_t max_frame_bytes = 0;
   int64_t drain_timeout_ms = 0;
   int64_t spin_wait_us = 0;
+  int64_t max_connections = 0;
+  int64_t max_leases_per_connection = 0;
+  int64_t max_reserved_bytes_per_connection = 0;  // 0: AutoMaxReservedBytes
+  int64_t reservation_timeout_s = 0;
+  int64_t idle_timeout_s = 0;                     // 0: never
+  int64_t frame_timeout_ms = 0;
+  int64_t partial_frame_bytes = 0;
   std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
   std::string socket_group;  // name or gid; empty: the daemon's group
   std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe

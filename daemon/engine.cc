@@ -264,14 +264,36 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
   return grants;
 }
 
+namespace {
+
+// How many layer checksums a Commit carries for a block of `layers` layers
+// (none for a block of one layer: its checksum is the block's).
+size_t SentLayers(uint32_t layers) { return layers > 1 ? layers : 0; }
+
+}  // namespace
+
 std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
-                                   std::span<const uint64_t> checksums) {
+                                   std::span<const uint64_t> checksums, std::span<const uint64_t> layer_checksums) {
   KVTIER_CHECK(keys.size() == sizes.size(), "Commit: keys and sizes differ in length");
   KVTIER_CHECK(checksums.empty() || checksums.size() == keys.size(), "Commit: keys and checksums differ in length");
+  // The layer split of each block, and whether the client sent every
+  // layer checksum (anything else is ignored: the engine hashes them).
+  std::vector<uint32_t> layer_counts(keys.size());
+  size_t expected_layers = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    layer_counts[i] = LayoutOf(ns, sizes[i]).layer_count;
+    expected_layers += SentLayers(layer_counts[i]);
+  }
+  const bool layers_sent = !layer_checksums.empty() && layer_checksums.size() == expected_layers;
+  size_t next_sent = 0;  // index into layer_checksums of keys[i]'s first
   std::vector<Status> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
+    const uint32_t layers = layer_counts[i];
+    const std::span<const uint64_t> sent_layers =
+        layers_sent ? layer_checksums.subspan(next_sent, SentLayers(layers)) : std::span<const uint64_t>();
+    next_sent += SentLayers(layers);
     EngineShard& shard = ShardFor(key);
     HostTier::Extent extent;
     uint64_t size = 0;
@@ -297,21 +319,36 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
       size = it->second.size;
     }
     // Hash outside the lock: only this connection may touch its reservation.
+    const std::span<const std::byte> bytes = host_.Bytes(extent).first(size);
     const bool hash = checksums.empty() || verify_commits_;
-    const uint64_t checksum = hash ? BlockChecksum(host_.Bytes(extent).first(size)) : checksums[i];
+    // Layer checksums as sent (never hashed here unless verify_commits
+    // checks them: a block without them costs nothing more).
+    std::vector<uint64_t> layer_sums(sent_layers.begin(), sent_layers.end());
+    uint64_t checksum = hash ? 0 : checksums[i];
+    bool layers_differ = false;
+    if (hash && verify_commits_ && !sent_layers.empty()) {
+      std::vector<uint64_t> hashed(layers);
+      checksum = ChecksumWithLayers(bytes, hashed);  // one pass for both
+      layers_differ = hashed != layer_sums;
+    } else if (hash) {
+      checksum = BlockChecksum(bytes);
+    }
+    const bool whole_differs = hash && !checksums.empty() && checksum != checksums[i];
     const uint64_t now = clock_.NowUs();
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
-    if (!checksums.empty() && checksum != checksums[i]) {
-      out[i] = Corruption("block " + key.ToHex() + ": its bytes do not match the checksum the client sent; the "
-                          "reservation is dropped");
+    if (whole_differs || layers_differ) {
+      out[i] = Corruption("block " + key.ToHex() + ": its bytes do not match the " +
+                          (whole_differs ? "checksum" : "layer checksums") +
+                          " the client sent; the reservation is dropped");
       DropReservation(shard, host_, connection, key);
       Bump(counters_.commit_failures);
       continue;
     }
     BlockEntry& entry = it->second;
     entry.checksum = checksum;
+    entry.layer_checksums = std::move(layer_sums);
     entry.state = BlockState::kCommitted;
     entry.writer = 0;
     entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
@@ -340,7 +377,7 @@ size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
 }
 
 PinGrant Engine::PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key,
-                           uint64_t now_us) {
+                           uint64_t now_us, bool with_layers) {
   BlockEntry& entry = shard.index.at(key);
   if (entry.pins++ == 0) {
     shard.policy->OnPin(entry.handle);
@@ -355,7 +392,21 @@ PinGrant Engine::PinLocked(EngineShard& shard, ConnectionId connection, const Bl
   const LeaseId lease = shard.leases.Grant(connection, key, entry.handle);
   Bump(counters_.pins);
   Bump(counters_.host_pinned_bytes, static_cast<int64_t>(entry.size));
-  return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum};
+  PinGrant grant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum, 0, 0, {}};
+  if (with_layers) {
+    const uint32_t layers = LayoutOf(entry.ns, entry.size).layer_count;
+    grant.layer_checksums = LayerChecksumsOf(entry, layers, 0, layers);
+  }
+  return grant;
+}
+
+std::vector<uint64_t> Engine::LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
+                                               uint32_t last) {
+  if (layer_count <= 1) return {entry.checksum};
+  // Every committed block of several layers has them (Commit, promotion);
+  // none here only for a layout registered after the block was committed.
+  if (entry.layer_checksums.size() != layer_count || first >= last || last > layer_count) return {};
+  return std::vector<uint64_t>(entry.layer_checksums.begin() + first, entry.layer_checksums.begin() + last);
 }
 
 NamespaceLayout Engine::LayoutOf(const NamespaceFingerprint& ns, uint64_t size) {
@@ -381,6 +432,11 @@ void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, s
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
   batch->done = std::move(done);
+  RunPins(batch, ns, keys, layers);
+}
+
+void Engine::RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
+                     std::span<const BlockKey> keys, LayerSpan layers) {
   ProbeUnknown(ns, keys);
   PinClaims claims = ClaimPins(batch, ns, keys, layers);
   for (const auto& p : claims.promote) Promote(p.key, p.from);
@@ -424,7 +480,7 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       if (layers.whole()) {
-        batch->grants[i] = PinLocked(shard, connection, key, now);
+        batch->grants[i] = PinLocked(shard, connection, key, now, batch->with_layers);
         continue;
       }
       const NamespaceLayout layout = LayoutOf(ns, it->second.size);
@@ -436,7 +492,9 @@ Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, cons
       PinGrant grant = PinLocked(shard, connection, key, now);
       grant.offset += layers.first * layer_bytes;
       grant.length = (layers.last - layers.first) * layer_bytes;
-      grant.checksum = 0;
+      grant.block_offset = it->second.extent.offset;  // `checksum` stays the whole block's
+      grant.block_length = it->second.size;
+      grant.layer_checksums = LayerChecksumsOf(it->second, layout.layer_count, layers.first, layers.last);
       batch->grants[i] = grant;
       continue;
     }
@@ -508,8 +566,11 @@ std::vector<PinGrant> Engine::Pin(ConnectionId connection, const NamespaceFinger
 
 void Engine::RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                       const NamespaceFingerprint& ns, LayerSpan layers) {
-  PinAsync(batch->connection, ns, {key},
-           [batch, index](std::vector<PinGrant> grants) { Resolve(batch, index, std::move(grants[0])); }, layers);
+  auto retry = std::make_shared<PinBatch>();
+  retry->connection = batch->connection;
+  retry->with_layers = batch->with_layers;
+  retry->done = [batch, index](std::vector<PinGrant> grants) { Resolve(batch, index, std::move(grants[0])); };
+  RunPins(retry, ns, {&key, 1}, layers);
 }
 
 std::vector<Status> Engine::Release(ConnectionId connection, std::span<const LeaseId> leases) {

@@ -144,7 +144,18 @@ struct PinGrant {
   uint64_t offset = 0;
   uint64_t length = 0;
   LeaseId lease = 0;
+  // The block's xxh3-64; for a layer range of a host block the whole
+  // block's, which lies at [block_offset, block_offset + block_length) in
+  // the arena (so a reader can verify the range within it); 0 for a layer
+  // range read from below (only its layers are in the arena).
   uint64_t checksum = 0;
+  uint64_t block_offset = 0;
+  uint64_t block_length = 0;
+  // The xxh3-64 of each layer granted: for a layer range, its layers (as
+  // committed, or as the tier below verified them); for a whole block,
+  // every layer's, only when the pin asked for them (a verifying load),
+  // else empty. A block of one layer has its whole checksum as layer 0's.
+  std::vector<uint64_t> layer_checksums;
 };
 
 struct LookupOutcome {
@@ -180,6 +191,7 @@ struct LowerTier {
 
 struct EngineShard;
 struct PinBatch;
+struct BlockEntry;
 class HostBlockTier;
 
 class Engine {
@@ -258,15 +270,24 @@ class Engine {
   // reserved size, recording each block's xxh3-64: checksums[i] as the
   // client computed it, or the engine's own hash of the bytes when
   // `checksums` is empty. With EngineOptions::verify_commits the engine
-  // hashes every block and compares. Per key: ok, FailedPrecondition (no
-  // reservation by this connection), InvalidArgument (size mismatch),
-  // Corruption (verify_commits and the bytes do not match checksums[i]); on
-  // the last two the reservation is dropped and its space returns.
+  // hashes every block and compares.
+  // A block of its namespace's block size with layer_count > 1 also
+  // records the checksum of each layer (common/checksum.h) when the writer
+  // sent them in `layer_checksums` (every such block's layers in key
+  // order; ignored unless it holds exactly that many), as sent, or checked
+  // against the bytes with verify_commits (in the same pass as the block).
+  // The engine never hashes layers otherwise: a block committed without
+  // them has none (readers that verify check such a block whole). Per key:
+  // ok, FailedPrecondition (no reservation by this connection),
+  // InvalidArgument (size mismatch), Corruption (verify_commits and the
+  // bytes do not match a checksum sent); on the last two the reservation
+  // is dropped and its space returns.
   // Precondition: keys.size() == sizes.size(), and checksums is empty or
   // as long.
   std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                              std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
-                             std::span<const uint64_t> checksums = {});
+                             std::span<const uint64_t> checksums = {},
+                             std::span<const uint64_t> layer_checksums = {});
 
   // Drops this connection's reservations of `keys`; returns how many existed.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
@@ -282,9 +303,12 @@ class Engine {
   // With a layer span (not whole), each grant covers only those layers: a
   // host block's bytes in place; for a block found only below, only those
   // layers are read, into transient arena space owned by the lease (freed at
-  // Release; the block is not promoted). Such grants carry checksum 0
-  // (checksums cover whole blocks). Also InvalidArgument per key when the
-  // span is not within the block's layers.
+  // Release; the block is not promoted). Such grants carry the checksums of
+  // their layers (PinGrant::layer_checksums) when they are known (a block
+  // read from below: always; a host block: when its writer sent them or it
+  // was promoted), and for a host block the whole block's checksum and
+  // place. Also InvalidArgument per key when the span is not within the
+  // block's layers.
   void PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                 LayerSpan layers = {});
   // PinAsync, waiting for the outcome.
@@ -344,6 +368,15 @@ class Engine {
     // hit), and the bytes a layer reads from the tiers below.
     Tier source = Tier::kHost;
     uint64_t below_bytes_per_layer = 0;
+    // With `verify`: per key settled at once (a host hit), its checksum and
+    // its layers' (empty when its writer sent none: the reader checks it
+    // whole); empty for the others (on the board when they land).
+    struct BlockChecksums {
+      bool settled = false;  // the block was settled at once; else nothing here
+      uint64_t block = 0;
+      std::vector<uint64_t> layers;
+    };
+    std::vector<BlockChecksums> layer_checksums;
   };
   static constexpr size_t kMaxLoadsPerConnection = 64;
   static constexpr size_t kMaxLoadBlocks = size_t{1} << 16;
@@ -356,8 +389,16 @@ class Engine {
   // InvalidArgument (no keys, too many, a namespace without a layout),
   // Busy (the connection holds kMaxLoadsPerConnection loads), NoSpace (no
   // room for the board).
+  //
+  // With `verify` (the client checks every layer it reads) the board has
+  // the layer checksum table (common/load_board.h, LoadBoardBytes with
+  // layers): the layer checksums of each block that lands later are
+  // written there before any of its layers counts as in place (a block
+  // read from below always has them; one that lands without fails with
+  // Unimplemented), and LoadStart::layer_checksums has those of the
+  // blocks settled at once.
   Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                              bool in_place = false);
+                              bool in_place = false, bool verify = false);
   // Ends a load: its pins go, and its board once no read of it is in
   // flight (the client must not read the board afterwards). NotFound for a
   // load this connection does not hold. CloseConnection ends them all.
@@ -461,15 +502,21 @@ class Engine {
 
   EngineShard& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
-  // Pins the committed `entry` of `key` for `connection`. Caller holds the shard lock.
-  PinGrant PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us);
+  // Pins the committed `entry` of `key` for `connection`, with every
+  // layer's checksum when `with_layers`. Caller holds the shard lock.
+  PinGrant PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
+                     bool with_layers = false);
   // Reads `key` from the tier it was found in into new arena space, then
   // pins it for its waiters. Runs without locks. A tier out of read
   // staging (Busy) is tried again on the reader until `deadline`, then the
   // waiters get Busy; the first overload allows kPromotionBusyWait.
   void Promote(const BlockKey& key, const Located& from);
   void Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline);
-  void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum);
+  // `layer_checksums`: of the layers the tier verified (BlockTier::
+  // ReadWithLayerChecksums), recorded when they fit the namespace's
+  // layout, else hashed from the landed bytes.
+  void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
+                       std::vector<uint64_t> layer_checksums = {});
   // Reads `layers` of `key` from the tier it was found in into transient
   // arena space and resolves slot `index` of `batch` with a lease on it.
   // Runs without locks.
@@ -503,14 +550,24 @@ class Engine {
   struct LayerStream;
   // A block of `load` resolved (pinned for it, or failed): the board
   // says so, and a pin that came after EndLoad is released.
-  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant);
+  // `at_once`: settled in BeginLoad itself (its checksums go in the answer).
+  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
+                         bool at_once = false);
   // Streams `claims` (claimed promotions of whole blocks) for `load`.
   void StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims);
   // Submits the stream's next layer reads in order until the tier is busy.
   void PumpStream(const std::shared_ptr<LayerStream>& stream);
-  void StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer, Result<size_t> read);
+  void StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
+                      Result<BlockTier::LayerRead> read);
   // Frees a load's board once it ended and no read of it is in flight.
   void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
+  // PinAsync once its batch is made (RetryPin reuses it for one key).
+  void RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+               LayerSpan layers);
+  // The checksums of layers [first, last) of `entry`, a block of
+  // `layer_count` layers (for one layer: its whole checksum).
+  static std::vector<uint64_t> LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
+                                                uint32_t last);
   // Pins `key` again for slot `index` of `batch` (its demotion ended).
   void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                 const NamespaceFingerprint& ns, LayerSpan layers);

@@ -38,6 +38,7 @@ struct Engine::LoadRecord {
   HostTier::Extent board_extent;
   uint32_t layers = 1;
   uint64_t layer_bytes = 0;
+  bool verify = false;  // the board has the layer checksum table
 
   std::mutex mu;  // a leaf: nothing else is taken under it
   // All below guarded by mu.
@@ -81,6 +82,8 @@ struct Engine::LayerStream {
     size_t level = 0;  // the tier below it is read from
     HostTier::Extent extent;
     uint64_t checksum = 0;
+    std::vector<uint64_t> layer_checksums;  // per layer, as each lands (verified by the tier)
+    bool all_sums = true;                   // every layer landed with its checksum
     uint32_t landed = 0;
     uint32_t in_flight = 0;
     bool failed = false;
@@ -110,7 +113,7 @@ struct Engine::LayerStream {
 };
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
-                                            std::span<const BlockKey> keys, bool in_place) {
+                                            std::span<const BlockKey> keys, bool in_place, bool verify) {
   if (keys.empty()) return InvalidArgument("a load needs at least one key");
   if (keys.size() > kMaxLoadBlocks) {
     return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
@@ -130,6 +133,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   load->layers = layout.layer_count;
   load->layer_bytes = layout.block_bytes / layout.layer_count;
   load->in_place = in_place && above_ != nullptr;
+  load->verify = verify;
   if (load->in_place) {
     load->ns = ns;
     load->keys.assign(keys.begin(), keys.end());
@@ -144,7 +148,8 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     open.emplace(load->id, nullptr);  // the slot, filled below
   }
   const size_t n = keys.size();
-  Result<HostTier::Extent> board = AllocateWithEviction(LoadBoardBytes(static_cast<uint32_t>(n)));
+  const size_t board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
+  Result<HostTier::Extent> board = AllocateWithEviction(board_bytes);
   if (!board.ok()) {
     std::lock_guard lock(loads_mu_);
     loads_[connection].erase(load->id);
@@ -154,7 +159,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   {
     std::lock_guard lock(load->mu);
     load->board = LoadBoardWriter(host_.Bytes(*board).data(), static_cast<uint32_t>(n), load->layers,
-                                  load->layer_bytes);
+                                  load->layer_bytes, verify);
     load->pending.assign(load->layers, static_cast<uint32_t>(n));
     load->counted.assign(n * load->layers, 0);
     load->leases.assign(n, 0);
@@ -194,6 +199,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
 
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
+  batch->with_layers = verify;  // every layer's checksum, for the board
   batch->done = [](std::vector<PinGrant>) {};
   batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
     LoadBlockResolved(load, pinned[index], grant);
@@ -205,7 +211,8 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   LoadStart out;
   out.load = load->id;
   out.board_offset = board->offset;
-  out.board_bytes = LoadBoardBytes(static_cast<uint32_t>(n));
+  out.board_bytes = board_bytes;
+  if (verify) out.layer_checksums.resize(n);
   out.layers = load->layers;
   out.layer_bytes = load->layer_bytes;
   out.blocks.assign(n, Status::Ok());
@@ -219,8 +226,9 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
                                       std::to_string(layout.block_bytes) + ")");
     } else {
       out.blocks[i] = grant.status;
+      if (verify && grant.status.ok()) out.layer_checksums[i] = {true, grant.checksum, grant.layer_checksums};
     }
-    LoadBlockResolved(load, i, grant);
+    LoadBlockResolved(load, i, grant, /*at_once=*/true);
   }
   std::vector<PinClaim> streamed;
   for (const PinClaim& c : claims.promote) {
@@ -238,13 +246,23 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   return out;
 }
 
-void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant) {
+void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
+                               bool at_once) {
   LeaseId release = 0;
   bool offer = false;
   {
     std::lock_guard lock(load->mu);
     const bool whole = grant.length == uint64_t{load->layers} * load->layer_bytes;
-    if (grant.status.ok() && whole) {
+    // A load that verifies gets every layer's checksum (PinBatch::
+    // with_layers) onto the board. A block settled at once without them
+    // (its writer sent none) is checked whole by the client, from the
+    // answer; one that lands later without them cannot be: it fails.
+    const bool has_sums = grant.layer_checksums.size() == load->layers;
+    const bool sums = !load->board.has_checksums() || has_sums || at_once;
+    if (grant.status.ok() && whole && sums) {
+      for (uint32_t l = 0; l < load->layers && load->board.has_checksums() && has_sums; ++l) {
+        load->board.SetLayerChecksum(static_cast<uint32_t>(index), l, grant.layer_checksums[l]);
+      }
       load->board.SetOffset(static_cast<uint32_t>(index), grant.offset);
       load->board.SetLoaded(static_cast<uint32_t>(index));
       offer = load->in_place;
@@ -255,7 +273,9 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
       }
     } else {
       if (grant.status.ok()) release = grant.lease;  // pinned, but not a whole block of the layout
-      const StatusCode code = grant.status.ok() ? StatusCode::kInvalidArgument : grant.status.code();
+      const StatusCode code = !grant.status.ok() ? grant.status.code()
+                              : whole             ? StatusCode::kUnimplemented  // no layer checksums to verify
+                                                  : StatusCode::kInvalidArgument;
       load->board.SetFailed(static_cast<uint32_t>(index), code);
       Bump(counters_.load_failed_blocks);
     }
@@ -334,6 +354,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
     b.level = c.from.level;
     b.extent = *extent;
     b.checksum = c.from.info.payload_checksum;
+    b.layer_checksums.assign(stream->layers, 0);
     stream->blocks.push_back(std::move(b));
   }
   Bump(counters_.load_streamed_blocks, static_cast<int64_t>(stream->blocks.size()));
@@ -346,7 +367,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
     Status status;
     HostTier::Extent extent;
     uint64_t checksum;
-  };
+  };  // failures only: no layer checksums
   std::vector<Finish> finish;
   bool retry_later = false;
   std::unique_lock lock(stream->mu);
@@ -381,9 +402,18 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       Below& below = SourceAt(b.level);
       lock.unlock();
       ReadStarted(below);
-      Status started = tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
-        StreamReadDone(stream, block, layer, std::move(r));
-      });
+      // The layer's checksum from a tier that keeps them, or hashed when the
+      // load verifies (its board needs it); else a plain read.
+      Status started =
+          tier.keeps_layer_checksums() || stream->load->verify
+              ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
+                                            [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
+                                              StreamReadDone(stream, block, layer, std::move(r));
+                                            })
+              : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
+                  if (!r.ok()) return StreamReadDone(stream, block, layer, r.status());
+                  StreamReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
+                });
       if (!started.ok()) ReadEnded(below, 0);
       lock.lock();
       if (started.ok()) {
@@ -442,8 +472,9 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
 }
 
 void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
-                            Result<size_t> read) {
-  ReadEnded(SourceAt(stream->blocks[block].level), read.ok() ? *read : 0);
+                            Result<BlockTier::LayerRead> read) {
+  ReadEnded(SourceAt(stream->blocks[block].level), read.ok() ? read->bytes : 0);
+  uint64_t layer_checksum = 0;
   bool landed = false;
   bool finish = false;
   Status outcome = Status::Ok();
@@ -454,14 +485,20 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
     --b.in_flight;
     --stream->in_flight;
     stream->last_progress = std::chrono::steady_clock::now();
-    if (read.ok() && *read == stream->layer_bytes && !b.failed) {
+    const bool with_sum = read.ok() && read->layer_checksums.size() == 1;
+    if (read.ok() && read->bytes == stream->layer_bytes && (with_sum || !stream->load->verify) && !b.failed) {
       landed = true;
+      if (with_sum) layer_checksum = b.layer_checksums[layer] = read->layer_checksums[0];
+      b.all_sums = b.all_sums && with_sum;
       if (++b.landed == stream->layers) {
         b.finished = true;
         finish = true;
       }
     } else {
-      Status why = !read.ok() ? read.status() : b.failed ? b.failure : IoError("short layer read");
+      Status why = !read.ok()                       ? read.status()
+                   : b.failed                       ? b.failure
+                   : read->bytes != stream->layer_bytes ? IoError("short layer read")
+                                                        : Internal("the tier gave no layer checksum");
       finish = stream->Fail(b, std::move(why));
     }
     if (finish) {
@@ -476,10 +513,15 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
   if (landed && !finish) {
     LoadRecord& load = *stream->load;
     std::lock_guard lock(load.mu);
-    load.Count(stream->blocks[block].index, layer);
+    const size_t index = stream->blocks[block].index;
+    if (load.board.has_checksums()) load.board.SetLayerChecksum(static_cast<uint32_t>(index), layer, layer_checksum);
+    load.Count(index, layer);
     load.Advance();
   }
-  if (finish) FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum);
+  if (finish) {
+    if (!snapshot.all_sums) snapshot.layer_checksums.clear();
+    FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum, std::move(snapshot.layer_checksums));
+  }
   PumpStream(stream);
 }
 

@@ -33,6 +33,8 @@ struct PinBatch {
   // resolves through Resolve. Empty otherwise.
   std::vector<bool> waiting;
   std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
+  // Whole-block grants carry every layer's checksum (a load that verifies).
+  bool with_layers = false;
   Engine::PinDone done;
   // Runs as each waiting key resolves, before `done` (a layer-wise load
   // follows its blocks one by one). Called with no shard lock held.

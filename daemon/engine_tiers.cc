@@ -28,7 +28,8 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
                         const Located& from, LayerSpan layers) {
   IoStarted();
   const uint64_t bytes = (layers.last - layers.first) * (from.info.payload_bytes / from.info.layer_count);
-  auto finish = [this, batch, index, key, bytes](Status status, HostTier::Extent extent) {
+  auto finish = [this, batch, index, key, bytes](Status status, HostTier::Extent extent,
+                                                 std::vector<uint64_t> layer_checksums) {
     PinGrant grant;
     if (status.ok()) {
       // The transient extent lives as an invisible (zombie) entry held by
@@ -44,7 +45,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       const LeaseId lease = shard.leases.Grant(batch->connection, key, entry.handle);
       shard.zombies.emplace(entry.handle, std::move(entry));
-      grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0};
+      grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0, 0, 0, std::move(layer_checksums)};
       Bump(counters_.pins);
       Bump(counters_.layer_reads);
     } else {
@@ -67,18 +68,26 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     return IoFinished();
   }
   Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
-  if (!extent.ok()) return finish(extent.status(), {});
+  if (!extent.ok()) return finish(extent.status(), {}, {});
   Below& below = SourceAt(from.level);
   ReadStarted(below);
-  Status started = below.tier->Read(key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
-                                    [this, &below, finish, extent = *extent, bytes](Result<size_t> r) {
-                                      ReadEnded(below, r.ok() ? *r : 0);
-                                      if (r.ok() && *r != bytes) return finish(IoError("short layer read"), extent);
-                                      finish(r.ok() ? Status::Ok() : r.status(), extent);
-                                    });
+  // The tier's own checksums of the layers it verified travel with the
+  // grant, so that a client that verifies checks the bytes it reads.
+  Status started = below.tier->ReadWithLayerChecksums(
+      key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
+      [this, &below, finish, extent = *extent, bytes, count = layers.last - layers.first](
+          Result<BlockTier::LayerRead> r) {
+        ReadEnded(below, r.ok() ? r->bytes : 0);
+        if (!r.ok()) return finish(r.status(), extent, {});
+        if (r->bytes != bytes) return finish(IoError("short layer read"), extent, {});
+        if (r->layer_checksums.size() != count) {
+          return finish(Internal("the tier gave no checksum per layer read"), extent, {});
+        }
+        finish(Status::Ok(), extent, std::move(r->layer_checksums));
+      });
   if (!started.ok()) {
     ReadEnded(below, 0);
-    finish(started, *extent);
+    finish(started, *extent, {});
   }
 }
 
@@ -93,11 +102,24 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
   Below& below = SourceAt(from.level);
   ReadStarted(below);
-  Status started = below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                                    [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
-                                      ReadEnded(below, r.ok() ? *r : 0);
-                                      FinishPromotion(key, r.status(), extent, checksum);
-                                    });
+  // With the layers' checksums, which the host entry records, from a tier
+  // that keeps them (no extra pass); else a plain read (the block then has
+  // none, as a block whose writer sent none).
+  Status started =
+      from.info.layer_count > 1 && below.tier->keeps_layer_checksums()
+          ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
+                                               [this, &below, key, extent = *extent, checksum](
+                                                   Result<BlockTier::LayerRead> r) {
+                                                 ReadEnded(below, r.ok() ? r->bytes : 0);
+                                                 if (!r.ok()) return FinishPromotion(key, r.status(), extent, checksum);
+                                                 FinishPromotion(key, Status::Ok(), extent, checksum,
+                                                                 std::move(r->layer_checksums));
+                                               })
+          : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
+                             [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
+                               ReadEnded(below, r.ok() ? *r : 0);
+                               FinishPromotion(key, r.status(), extent, checksum);
+                             });
   if (started.ok()) return;
   ReadEnded(below, 0);
   host_.Free(*extent);
@@ -117,9 +139,26 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   FinishPromotion(key, started, {}, checksum);
 }
 
-void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum) {
+void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
+                             std::vector<uint64_t> layer_checksums) {
   EngineShard& shard = ShardFor(key);
   const uint64_t now = clock_.NowUs();
+  if (status.ok() && !layer_checksums.empty()) {
+    // The host entry keeps the layer checksums the tier verified when they
+    // fit the namespace's layout (always, for blocks the engine demoted).
+    NamespaceFingerprint ns;
+    uint64_t size = 0;
+    {
+      std::lock_guard lock(shard.mu);
+      auto it = shard.index.find(key);
+      if (it != shard.index.end()) {
+        ns = it->second.ns;
+        size = it->second.size;
+      }
+    }
+    const uint32_t layers = size == 0 ? 1 : LayoutOf(ns, size).layer_count;
+    if (layers <= 1 || layer_checksums.size() != layers) layer_checksums.clear();
+  }
   std::vector<PromotionWaiter> waiters;
   std::vector<PinGrant> grants;
   bool prefetched = false;
@@ -139,13 +178,16 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
       entry.extent = extent;
       entry.allocated = true;
       entry.checksum = checksum;
+      entry.layer_checksums = std::move(layer_checksums);
       entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
       entry.last_use_us = now;
       shard.committed.emplace(entry.handle, key);
       shard.policy->OnInsertKeyed(entry.handle, key, now);
       shard.stored_bytes += entry.size;
       Publish(host_, key, entry);
-      for (const auto& w : waiters) grants.push_back(PinLocked(shard, w.batch->connection, key, now));
+      for (const auto& w : waiters) {
+        grants.push_back(PinLocked(shard, w.batch->connection, key, now, w.batch->with_layers));
+      }
       Bump(counters_.promotions);
     } else {
       EndPrefetched(shard, entry);

@@ -66,13 +66,15 @@ Status HostBlockTier::Write(const NamespaceFingerprint& ns, const BlockKey& key,
   const SlotGrant grant = engine_.Reserve(self, ns, {&key, 1}, {&size, 1})[0];
   if (!grant.status.ok()) return refuse(grant.status);
   std::span<std::byte> slot = engine_.host_.Bytes(HostTier::Extent{grant.offset, size});
-  std::memcpy(slot.data(), payload.data(), size);
-  const uint64_t checksum = BlockChecksum(slot);
+  // The block's and its layers' checksums as it is copied (one pass).
+  std::vector<uint64_t> layer_sums(layers);
+  const uint64_t checksum = CopyWithLayerChecksums(slot, payload, layer_sums);
   if (payload_checksum && *payload_checksum != checksum) {
     engine_.Abort(self, {&key, 1});
     return refuse(Corruption("host tier: block " + key.ToHex() + " does not hash to the checksum it came with"));
   }
-  const Status committed = engine_.Commit(self, ns, {&key, 1}, {&size, 1}, {&checksum, 1})[0];
+  if (layers == 1) layer_sums.clear();  // a block of one layer sends none
+  const Status committed = engine_.Commit(self, ns, {&key, 1}, {&size, 1}, {&checksum, 1}, layer_sums)[0];
   if (!committed.ok()) return refuse(committed);
   written_bytes_.fetch_add(size, std::memory_order_relaxed);
   writes_.fetch_add(1, std::memory_order_relaxed);
@@ -86,10 +88,23 @@ Status HostBlockTier::Write(const NamespaceFingerprint& ns, const BlockKey& key,
 
 Status HostBlockTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                            ReadDone done) {
+  return StartRead(key, first_layer, last_layer, dst, [done = std::move(done)](Result<LayerRead> read) {
+    done(read.ok() ? Result<size_t>(read->bytes) : Result<size_t>(read.status()));
+  });
+}
+
+Status HostBlockTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                             std::span<std::byte> dst, LayerReadDone done) {
+  return StartRead(key, first_layer, last_layer, dst, std::move(done));
+}
+
+Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) {
   Mover& io = *engine_.host_io_;
   EngineShard& shard = engine_.ShardFor(key);
   PinGrant pin;
   uint64_t first_byte = 0, bytes = 0;
+  std::vector<uint64_t> sums;  // of the layers read
   {
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
@@ -109,19 +124,32 @@ Status HostBlockTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t l
       return InvalidArgument("host tier: " + std::to_string(dst.size()) + " bytes cannot hold the " +
                              std::to_string(bytes) + " asked for");
     }
+    sums = Engine::LayerChecksumsOf(it->second, layers, first_layer, last_layer);
     if (!io.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
     pin = engine_.PinLocked(shard, kHostTierConnection, key, engine_.clock_.NowUs());
   }
   reads_.fetch_add(1, std::memory_order_relaxed);
   engine_.IoStarted();
-  io.Submit(0, [this, key, pin, first_byte, bytes, dst, done = std::move(done)] {
+  io.Submit(0, [this, key, pin, first_byte, bytes, dst, count = last_layer - first_layer, sums = std::move(sums),
+                done = std::move(done)]() mutable {
     const std::span<const std::byte> block = engine_.host_.Bytes(HostTier::Extent{pin.offset, pin.length});
-    const bool intact = BlockChecksum(block) == pin.checksum;
-    if (intact) std::memcpy(dst.data(), block.data() + first_byte, bytes);
+    // The copy is what gets checked: the layers against their own
+    // checksums (no layer checksums recorded: the whole block, then copy).
+    bool intact;
+    if (!sums.empty()) {
+      std::memcpy(dst.data(), block.data() + first_byte, bytes);
+      intact = FirstBadLayer(dst.first(bytes), sums) == sums.size();
+    } else {
+      intact = BlockChecksum(block) == pin.checksum;
+      if (intact) std::memcpy(dst.data(), block.data() + first_byte, bytes);
+      for (uint32_t i = 0; intact && i < count; ++i) {
+        sums.push_back(BlockChecksum(dst.subspan(i * (bytes / count), bytes / count)));
+      }
+    }
     engine_.Release(kHostTierConnection, {&pin.lease, 1});
     if (intact) {
       read_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-      done(bytes);
+      done(LayerRead{bytes, std::move(sums)});
     } else {
       corrupt_reads_.fetch_add(1, std::memory_order_relaxed);
       Erase(key).IgnoreError();  // later reads miss

@@ -10,11 +10,14 @@
 //          namespace's registered layout.
 //   Write  Reserve + copy + Commit under kHostTierConnection, in the
 //          caller's thread (the bytes are copied before it returns); the
-//          checksum recorded is the one of the bytes stored. Making room
+//          checksums recorded (the block's and its layers') are those of
+//          the bytes stored, hashed as they are copied. Making room
 //          evicts (and demotes) like a client's put.
-//   Read   pins the block, then on a mover thread hashes all of it against
-//          its recorded checksum, copies the asked layers and releases the
-//          pin. A mismatch drops the block (Corruption).
+//   Read   pins the block, then on a mover thread copies the asked layers
+//          and checks the copy against their recorded checksums (the
+//          block's checksum for a block of one layer), releases the pin.
+//          A mismatch drops the block (Corruption).
+//          ReadWithLayerChecksums hands out those recorded checksums.
 //   Erase  this tier only; the tiers below keep their copies.
 // Completions run on the engine's host-I/O mover (one thread), never
 // inline; when its queue is full, Write and Read answer Busy.
@@ -44,6 +47,10 @@ class HostBlockTier final : public BlockTier {
                std::optional<uint64_t> payload_checksum = std::nullopt) override;
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override;
+  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) override;
+  // Only for blocks that have them (else they are hashed from the copy).
+  bool keeps_layer_checksums() const override { return false; }
   Status Erase(const BlockKey& key) override;
   WriteTotals write_totals() const override;
   // host.tier_* : writes, reads, read bytes, corrupt reads, erases through
@@ -51,6 +58,9 @@ class HostBlockTier final : public BlockTier {
   void VisitCounters(CounterVisitor& visitor) const override;
 
  private:
+  // Read and ReadWithLayerChecksums (`done` gets the layers' checksums).
+  Status StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                   LayerReadDone done);
   Engine& engine_;
   std::atomic<uint64_t> written_bytes_{0};
   std::atomic<int64_t> writes_{0}, reads_{0}, read_bytes_{0}, corrupt_reads_{0}, erases_{0};

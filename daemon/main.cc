@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "common/logging.h"
 #include "daemon/auto_size.h"
@@ -27,6 +28,7 @@
 #include "daemon/hbm_setup.h"
 #include "daemon/metrics_format.h"
 #include "daemon/metrics_server.h"
+#include "daemon/protobuf_logging.h"
 #include "daemon/server.h"
 #include "daemon/tenant_config.h"
 #include "daemon/tenant_engines.h"
@@ -53,6 +55,30 @@ std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonC
   if (!command_line.socket_override.empty()) config.socket_path = command_line.socket_override;
   if (!command_line.log_format_override.empty()) config.log_format = command_line.log_format_override;
   return ResolveAutoSizes(config, command_line.machine);
+}
+
+// Raises the soft open-file limit to the hard one: each client connection
+// takes a descriptor, and the shell's default soft limit (1024) is below
+// server.max_connections. Warns when even the hard limit is below it
+// (accepts then fail with EMFILE and back off; see Server::BackOffAfter).
+void RaiseOpenFileLimit(int64_t max_connections) {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      spdlog::info("raised the open-file limit from {} to {}", before, limit.rlim_cur);
+    } else {
+      limit.rlim_cur = before;
+    }
+  }
+  constexpr rlim_t kOwnDescriptors = 256;  // tiers, index, epoll, metrics, log
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(max_connections) + kOwnDescriptors) {
+    spdlog::warn("the open-file limit ({}) is below server.max_connections ({}) plus {} for the daemon itself: "
+                 "connections past it wait until others close (raise LimitNOFILE / ulimit -n)",
+                 limit.rlim_cur, max_connections, kOwnDescriptors);
+  }
 }
 
 // Gives every tenant without a size its share of the host (and HBM) tier.
@@ -187,6 +213,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   SystemClock clock;
+  RaiseOpenFileLimit(config.max_connections);
   // Destroyed after the engines: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
   if (!stack.ok()) return StartFailure(config, stack.status().ToString());
@@ -196,6 +223,14 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
                                static_cast<uint32_t>(config.max_frame_bytes),
                                static_cast<uint32_t>(config.drain_timeout_ms),
                                static_cast<uint32_t>(config.spin_wait_us), {}};
+  server_options.limits = ConnectionLimits{
+      .max_connections = static_cast<uint32_t>(config.max_connections),
+      .max_leases = static_cast<uint64_t>(config.max_leases_per_connection),
+      .max_reserved_bytes = static_cast<uint64_t>(config.max_reserved_bytes_per_connection),
+      .reservation_timeout = std::chrono::seconds(config.reservation_timeout_s),
+      .idle_timeout = std::chrono::seconds(config.idle_timeout_s),
+      .frame_timeout = std::chrono::milliseconds(config.frame_timeout_ms),
+      .partial_frame_bytes = static_cast<uint64_t>(config.partial_frame_bytes)};
   server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
   server_options.socket_group = config.socket_group;
   server_options.running_config = [running = running_config] { return running->Get(); };
@@ -255,6 +290,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}));
   app.add_flag("--print-default-config", print_default, "Print the embedded default config and exit");
   CLI11_PARSE(app, argc, argv);
+  kvtier::RouteProtobufLogging();  // a peer's bad message must not fill stderr
 
   if (print_default) {
     std::cout << kvtier::DefaultConfigToml();

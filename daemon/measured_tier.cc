@@ -46,6 +46,22 @@ Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t la
   return inner_.Read(key, first_layer, last_layer, dst, std::move(measured));
 }
 
+Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                            std::span<std::byte> dst, LayerReadDone done) {
+  const auto start = SteadyClock::now();
+  LayerReadDone measured = [this, start, done = std::move(done)](Result<LayerRead> read) {
+    read_latency_.Record(SteadyClock::now() - start);
+    if (read.ok()) {
+      reads_.fetch_add(1, std::memory_order_relaxed);
+      read_bytes_.fetch_add(static_cast<int64_t>(read->bytes), std::memory_order_relaxed);
+    } else {
+      read_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    done(std::move(read));
+  };
+  return inner_.ReadWithLayerChecksums(key, first_layer, last_layer, dst, std::move(measured));
+}
+
 void MeasuredTier::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
   v.VisitGauge("tier.capacity_bytes" + label_, static_cast<int64_t>(inner_.capacity_bytes()));

@@ -41,6 +41,9 @@ class MeasuredTier final : public BlockTier {
                std::optional<uint64_t> payload_checksum = std::nullopt) override;
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override;
+  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) override;
+  bool keeps_layer_checksums() const override { return inner_.keeps_layer_checksums(); }
   Status Erase(const BlockKey& key) override { return inner_.Erase(key); }
   WriteTotals write_totals() const override { return inner_.write_totals(); }
   void SetNeededHint(NeededHint needed) override { inner_.SetNeededHint(std::move(needed)); }

@@ -54,7 +54,11 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kPreloadPlan: HandlePreloadPlan(request.preload_plan(), response); break;
     case v1::Request::kBeginLoad: HandleBeginLoad(request.begin_load(), response); break;
     case v1::Request::kEndLoad:
-      SetStatus(response, context_.engine->EndLoad(connection_, request.end_load().load_id()));
+    {
+      Status ended = context_.engine->EndLoad(connection_, request.end_load().load_id());
+      if (ended.ok()) usage_.LoadEnded(request.end_load().load_id());
+      SetStatus(response, ended);
+    }
       response.mutable_end_load();
       break;
     case v1::Request::kUsage:
@@ -245,7 +249,31 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
     return SetStatus(response, InvalidArgument("Reserve's parent must be one key (two words) with chain set, got " +
                                                std::to_string(r.parent_size()) + " words"));
   }
-  auto grants = context_.engine->Reserve(connection_, *ns, *keys, sizes, links);
+  // The longest run of keys within the connection's reserved-bytes limit
+  // goes to the engine; the rest are refused (a chain's tail, typically).
+  // One block is always let through while the connection holds none, so a
+  // limit below the block size cannot lock a client out; sizes the engine
+  // refuses as invalid (0, past the arena) hold nothing and do not count.
+  const uint64_t arena = context_.engine->host_tier().capacity_bytes();
+  size_t fits = 0;
+  for (uint64_t pending = 0; fits < sizes.size(); ++fits) {
+    const uint64_t size = sizes[fits];
+    if (size == 0 || size > arena) continue;
+    const bool holds_none = pending == 0 && usage_.reserved_bytes() == 0;
+    if (!holds_none && !usage_.ReserveFits(pending + size)) break;
+    pending += size;
+  }
+  auto grants = context_.engine->Reserve(connection_, *ns, std::span(*keys).first(fits),
+                                         std::span(sizes).first(fits), links);
+  const auto now = ConnectionUsage::Clock::now();
+  for (size_t i = 0; i < grants.size(); ++i) {
+    if (grants[i].status.ok()) usage_.Reserved((*keys)[i], grants[i].length, now);
+  }
+  for (size_t i = fits; i < keys->size(); ++i) {
+    grants.push_back(SlotGrant{Busy("this connection holds " + std::to_string(usage_.reserved_bytes()) +
+                                    " reserved bytes; server.max_reserved_bytes_per_connection is " +
+                                    std::to_string(usage_.max_reserved_bytes()) + ": commit or abort first")});
+  }
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
     auto* slot = body->add_slots();
@@ -272,7 +300,9 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
   std::vector<uint64_t> sizes(r.sizes().begin(), r.sizes().end());
   // Empty: the engine hashes every block itself (clients before checksums).
   std::span<const uint64_t> checksums(r.checksums().data(), static_cast<size_t>(r.checksums_size()));
-  auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes, checksums);
+  std::span<const uint64_t> layer_checksums(r.layer_checksums().data(), static_cast<size_t>(r.layer_checksums_size()));
+  auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes, checksums, layer_checksums);
+  for (const BlockKey& key : *keys) usage_.Ended(key);  // committed, refused or never ours: not reserved now
   auto* body = response.mutable_commit();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
@@ -284,6 +314,7 @@ void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& respon
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   size_t aborted = context_.engine->Abort(connection_, *keys);
+  for (const BlockKey& key : *keys) usage_.Ended(key);
   response.mutable_abort()->set_aborted(static_cast<uint32_t>(aborted));
   SetStatus(response, Status::Ok());
 }
@@ -312,8 +343,18 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                                         std::to_string(layers.last) + ") is empty"));
     return done(std::move(response));
   }
+  // Keys past the connection's lease limit are refused; the rest are pinned.
+  const size_t refused = keys->size() - std::min<uint64_t>(keys->size(), usage_.LeaseRoom());
+  keys->resize(keys->size() - refused);
   context_.engine->PinAsync(connection_, *ns, std::move(*keys),
-                            [response = std::move(response), done = std::move(done)](std::vector<PinGrant> grants) mutable {
+                            [this, refused, response = std::move(response),
+                             done = std::move(done)](std::vector<PinGrant> grants) mutable {
+                              for (const PinGrant& g : grants) usage_.Leased(g.status.ok() ? 1 : 0);
+                              for (size_t i = 0; i < refused; ++i) {
+                                grants.push_back(PinGrant{Busy(
+                                    "this connection holds " + std::to_string(usage_.leases()) +
+                                    " leases, server.max_leases_per_connection: release some first")});
+                              }
                               auto* body = response.mutable_pin();
                               for (const PinGrant& g : grants) {
                                 auto* block = body->add_blocks();
@@ -322,15 +363,26 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                                 block->set_length(g.length);
                                 block->set_lease(g.lease);
                                 block->set_checksum(g.checksum);
+                                for (uint64_t c : g.layer_checksums) block->add_layer_checksums(c);
+                                block->set_block_offset(g.block_offset);
+                                block->set_block_length(g.block_length);
                               }
                               SetStatus(response, Status::Ok());
                               done(std::move(response));
                             }, layers);
 }
 
+size_t RequestHandler::AbortExpiredReservations(ConnectionUsage::Clock::time_point now) {
+  std::vector<BlockKey> expired = usage_.TakeExpired(now);
+  if (expired.empty() || context_.engine == nullptr) return 0;
+  return context_.engine->Abort(connection_, expired);
+}
+
 void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {
   std::vector<LeaseId> leases(r.leases().begin(), r.leases().end());
   auto statuses = context_.engine->Release(connection_, leases);
+  usage_.Released(static_cast<uint64_t>(std::count_if(statuses.begin(), statuses.end(),
+                                                      [](const Status& s) { return s.ok(); })));
   auto* body = response.mutable_release();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
@@ -365,8 +417,14 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
   if (!(compute_us >= 0) || compute_us > 1e12) {
     return SetStatus(response, InvalidArgument("compute_us_per_layer must be a time >= 0"));
   }
-  auto started = context_.engine->BeginLoad(connection_, *ns, *keys, r.device_pool());
+  if (keys->size() > usage_.LeaseRoom()) {
+    return SetStatus(response, Busy("a load of " + std::to_string(keys->size()) + " blocks would pass " +
+                                    "server.max_leases_per_connection (" + std::to_string(usage_.max_leases()) +
+                                    ", " + std::to_string(usage_.leases()) + " held): end loads or release first"));
+  }
+  auto started = context_.engine->BeginLoad(connection_, *ns, *keys, r.device_pool(), r.verify());
   if (!started.ok()) return SetStatus(response, started.status());
+  usage_.LoadBegun(started->load, keys->size());
   auto* body = response.mutable_begin_load();
   body->set_load_id(started->load);
   body->set_board_offset(started->board_offset);
@@ -375,6 +433,12 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
   body->set_layer_bytes(started->layer_bytes);
   for (const Status& s : started->blocks) wire::ToProto(s, body->add_blocks());
   body->set_source_tier(static_cast<uint32_t>(started->source));
+  for (const auto& sums : started->layer_checksums) {
+    auto* block = body->add_layer_checksums();
+    block->mutable_layers()->Add(sums.layers.begin(), sums.layers.end());
+    block->set_block(sums.block);
+    block->set_settled(sums.settled);
+  }
   if (compute_us > 0) {
     // The host's bytes are in place already; below, what a layer reads.
     const uint64_t bytes = started->source == Tier::kHost ? started->layer_bytes * keys->size()

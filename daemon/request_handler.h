@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/connection_usage.h"
 #include "daemon/engine.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -54,6 +55,8 @@ struct HandlerContext {
   std::function<void(CounterVisitor&)> visit_shared_counters;
   uint64_t arena_bytes = 0;
   uint32_t max_frame_bytes = 0;
+  // Per-connection limits; max_reserved_bytes is resolved (never 0 here).
+  ConnectionLimits limits;
   // The memfds a successful Hello passes (not owned): the arena, and the
   // block directory (-1 and 0 bytes: none).
   int arena_fd = -1;
@@ -74,7 +77,8 @@ class RequestHandler {
   // ok: the caller is no tenant's) answers the first request with it and
   // closes the connection.
   RequestHandler(const HandlerContext& context, ConnectionId connection, Status refusal = Status::Ok())
-      : context_(context), connection_(connection), refusal_(std::move(refusal)) {}
+      : context_(context), connection_(connection), refusal_(std::move(refusal)),
+        usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout) {}
 
   struct Outcome {
     bool attach_arena_fd = false;  // send the arena (and directory) memfds with this response
@@ -97,6 +101,13 @@ class RequestHandler {
   // Hello, and is a tenant's (an operator's connection has no engine). When
   // not, the Pin goes to Handle, which answers why (and closes a refused
   // connection).
+  // Aborts this connection's reservations older than
+  // limits.reservation_timeout at `now` (their keys are free again); returns
+  // how many. When the next one expires: usage().NextExpiry().
+  size_t AbortExpiredReservations(ConnectionUsage::Clock::time_point now);
+  // What the connection holds (leases, reservations) against its limits.
+  ConnectionUsage& usage() { return usage_; }
+
   bool ServesPins() const { return refusal_.ok() && hello_done_ && context_.engine != nullptr; }
 
  private:
@@ -151,6 +162,7 @@ class RequestHandler {
   const Status refusal_;
   bool hello_done_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
+  ConnectionUsage usage_;
 };
 
 }  // namespace kvtier

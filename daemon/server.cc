@@ -5,6 +5,7 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 #include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
 #include <charconv>
@@ -16,12 +17,15 @@
 #include <future>
 #include <grp.h>
 #include <string>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <vector>
 #include <unistd.h>
 
+#include "common/framing.h"
 #include "common/logging.h"
 #include "common/unix_socket.h"
+#include "proto/wire.h"
 
 namespace kvtier {
 namespace {
@@ -129,9 +133,12 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 
 Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table)
     : options_(options), tenants_(std::move(tenants)), table_(std::move(table)),
+      frame_budget_(options.limits.partial_frame_bytes),
       contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]), probe_answered_(contexts_.size()) {
+  connection_counters_.frame_budget = &frame_budget_;
   const auto common = [this](HandlerContext& context) {
     context.max_frame_bytes = options_.max_frame_bytes;
+    context.limits = options_.limits;
     context.visit_server_counters = [this](CounterVisitor& v) { VisitCounters(v); };
     context.running_config = options_.running_config;
   };
@@ -143,6 +150,9 @@ Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, 
     context->scope = tenant.scope;
     context->models = tenant.models;
     context->arena_bytes = tenant.host->capacity_bytes();
+    if (context->limits.max_reserved_bytes == 0) {
+      context->limits.max_reserved_bytes = AutoMaxReservedBytes(context->arena_bytes);
+    }
     context->arena_fd = tenant.host->memfd();
     if (tenant.host->directory() != nullptr) {
       context->directory_fd = tenant.host->directory()->fd();
@@ -211,20 +221,26 @@ Server::~Server() {
 }
 
 asio::awaitable<void> Server::AcceptLoop() {
+  uint32_t failures = 0;
   for (;;) {
     asio::error_code ec;
     asio::io_context& target = *contexts_[next_context_++ % contexts_.size()];
     auto socket = co_await acceptor_.async_accept(target, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
-      spdlog::warn("accept failed: {}", ec.message());
+      co_await BackOffAfter(ec, ++failures);
       continue;
     }
+    failures = 0;
     auto [context, refusal] = ContextFor(socket.native_handle());
     std::shared_ptr<ServerConnection> connection;
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
+      if (connections_.size() >= options_.limits.max_connections) {
+        RefuseOverLimit(std::move(socket));
+        continue;
+      }
       ConnectionId id = next_connection_++;
       connection = std::make_shared<ServerConnection>(std::move(socket), id, *context, connection_counters_,
                                                       std::move(refusal));
@@ -237,6 +253,40 @@ asio::awaitable<void> Server::AcceptLoop() {
                      Forget(connection->id());
                    }, asio::detached);
   }
+}
+
+asio::awaitable<void> Server::BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures) {
+  accept_errors_.fetch_add(1, std::memory_order_relaxed);
+  const auto wait = std::chrono::milliseconds(int64_t{1} << std::min<uint32_t>(consecutive_failures - 1, 10));
+  uint64_t suppressed = 0;
+  if (accept_log_limiter_.Allow(suppressed)) {
+    spdlog::warn("accept failed: {}; waiting {} ms before the next accept{} (connections open stay served)",
+                 error.message(), wait.count(),
+                 suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
+  }
+  asio::steady_timer timer(acceptor_.get_executor(), wait);
+  asio::error_code ignored;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+}
+
+void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket) {
+  over_limit_.fetch_add(1, std::memory_order_relaxed);
+  v1::Response response;
+  wire::ToProto(Busy("kvtierd serves server.max_connections (" + std::to_string(options_.limits.max_connections) +
+                     ") connections already; try again later"),
+                response.mutable_status());
+  std::string frame(kFrameHeaderBytes + response.ByteSizeLong(), '\0');
+  EncodeFrameHeader(static_cast<uint32_t>(frame.size() - kFrameHeaderBytes), reinterpret_cast<uint8_t*>(frame.data()));
+  response.SerializeToArray(frame.data() + kFrameHeaderBytes, static_cast<int>(frame.size() - kFrameHeaderBytes));
+  // Best effort, never blocking: a fresh socket's buffer takes a small frame.
+  [[maybe_unused]] ssize_t sent = ::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  uint64_t suppressed = 0;
+  if (accept_log_limiter_.Allow(suppressed)) {
+    spdlog::warn("refused a connection: server.max_connections ({}) are open{}", options_.limits.max_connections,
+                 suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
+  }
+  asio::error_code ignored;
+  socket.close(ignored);
 }
 
 std::pair<const HandlerContext*, Status> Server::ContextFor(int fd) {
@@ -325,6 +375,13 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.oversized_frames", load(connection_counters_.oversized_frames));
   v.Visit("server.truncated_frames", load(connection_counters_.truncated_frames));
   v.Visit("server.unparsable_frames", load(connection_counters_.unparsable_frames));
+  v.Visit("server.connections_over_limit", load(over_limit_));
+  v.Visit("server.accept_errors", load(accept_errors_));
+  v.Visit("server.frame_timeouts", load(connection_counters_.frame_timeouts));
+  v.Visit("server.idle_closed", load(connection_counters_.idle_closed));
+  v.Visit("server.frame_memory_refused", load(connection_counters_.frame_memory_refused));
+  v.Visit("server.reservations_expired", load(connection_counters_.reservations_expired));
+  v.VisitGauge("server.partial_frame_bytes", static_cast<int64_t>(frame_budget_.used_bytes()));
 }
 
 }  // namespace kvtier

@@ -42,6 +42,9 @@ struct ServerOptions {
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t drain_timeout_ms = 5000;
   uint32_t spin_wait_us = 50;  // see RunPolling in server.cc
+  // Per-connection limits and timeouts; max_connections caps the open
+  // connections (one past it is answered Busy and closed at once).
+  ConnectionLimits limits;
   DevicePoolOffer device_pool;
   // The running configuration as TOML, for `kvtier config get`; may be empty.
   std::function<std::string()> running_config;
@@ -97,6 +100,13 @@ class Server {
  private:
   Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table);
   asio::awaitable<void> AcceptLoop();
+  // After a failed accept: logs it (rate-limited) and waits, doubling the
+  // wait per consecutive failure from 1 ms to 1 s, so running out of
+  // descriptors (EMFILE, ENFILE) does not spin a core while connections
+  // already open keep being served.
+  asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
+  // Answers a connection past server.max_connections with Busy and closes it.
+  void RefuseOverLimit(asio::local::stream_protocol::socket socket);
   // The context a new connection on `fd` is served with, and a refusal
   // (not ok) for a caller that is no one's.
   std::pair<const HandlerContext*, Status> ContextFor(int fd);
@@ -109,6 +119,7 @@ class Server {
   // Connections borrow them.
   std::vector<std::unique_ptr<HandlerContext>> tenant_contexts_;
   HandlerContext operator_context_;
+  FrameBudget frame_budget_;
   ConnectionCounters connection_counters_;
   // One io_context per io thread; contexts_[0] also runs the acceptor.
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
@@ -125,6 +136,9 @@ class Server {
   ConnectionId next_connection_ = 1;                                       // guarded by mu_
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> over_limit_{0};      // refused: server.max_connections open
+  std::atomic<int64_t> accept_errors_{0};   // accept(2) failures (EMFILE, ENFILE, ...)
+  LogRateLimiter accept_log_limiter_{5, std::chrono::seconds(10)};
   // IoThreadsAnswered: the last probe each context ran, and the last posted.
   std::vector<std::atomic<uint64_t>> probe_answered_;
   uint64_t probe_posted_ = 0;  // only touched by IoThreadsAnswered's caller

@@ -1,5 +1,7 @@
 #include "daemon/server_connection.h"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/read.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/use_awaitable.hpp>
@@ -20,7 +22,10 @@ ServerConnection::ServerConnection(Socket socket, ConnectionId id, const Handler
       id_(id),
       context_(context),
       counters_(counters),
-      handler_(context, id, std::move(refusal)) {}
+      handler_(context, id, std::move(refusal)),
+      reader_(context.max_frame_bytes, counters.frame_budget),
+      watch_timer_(socket_.get_executor()),
+      last_request_(std::chrono::steady_clock::now()) {}
 
 void ServerConnection::StopReading() {
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
@@ -47,25 +52,26 @@ asio::awaitable<void> ServerConnection::Run() {
   // Reads whatever the socket has, answers every complete frame in it and
   // writes all the answers at once: pipelined requests cost one read and one
   // write per batch, a lone request one of each.
-  std::string in(64 * 1024, '\0');
-  size_t begin = 0, end = 0;
+  asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Watch(); }, asio::detached);
   for (;;) {
     write_buffer_.clear();
     bool close_after = false;
-    while (end - begin >= kFrameHeaderBytes && !close_after) {
-      const uint32_t length = DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data() + begin));
-      if (length > context_.max_frame_bytes) {
+    std::span<const uint8_t> body;
+    FrameReader::State state;
+    while (!close_after && (state = reader_.Next(body)) != FrameReader::State::kNeedMore) {
+      if (state == FrameReader::State::kOversized) {
         counters_.oversized_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError(
-            "frame of " + std::to_string(length) + " bytes exceeds the cap of " +
+            "frame of " + std::to_string(reader_.announced_bytes()) + " bytes exceeds the cap of " +
             std::to_string(context_.max_frame_bytes) + " bytes; closing the connection")), write_buffer_);
         close_after = true;
         break;
       }
-      if (end - begin - kFrameHeaderBytes < length) break;  // body not complete yet
       v1::Request request;
-      const bool parsed = request.ParseFromArray(in.data() + begin + kFrameHeaderBytes, static_cast<int>(length));
-      begin += kFrameHeaderBytes + length;
+      const bool parsed = request.ParseFromArray(body.data(), static_cast<int>(body.size()));
+      const size_t length = body.size();
+      reader_.Consume();
+      last_request_ = std::chrono::steady_clock::now();
       if (!parsed) {
         counters_.unparsable_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError("frame of " + std::to_string(length) +
@@ -88,34 +94,41 @@ asio::awaitable<void> ServerConnection::Run() {
       }
       close_after = outcome.close_after;
     }
+    frame_started_.reset();
+    if (reader_.buffered_bytes() > 0) frame_started_ = std::chrono::steady_clock::now();
+    RearmWatch();
     if (!co_await Flush() || close_after) break;
+    if (write_buffer_.capacity() > FrameReader::kInitialBytes * 16) std::string().swap(write_buffer_);
 
-    // Keep the unparsed tail at the front and make room for a whole frame.
-    in.erase(0, begin);
-    end -= begin;
-    begin = 0;
-    size_t want = 64 * 1024;
-    if (end >= kFrameHeaderBytes) {
-      want = std::max<size_t>(want, kFrameHeaderBytes + DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data())));
+    std::span<uint8_t> space = reader_.ReadSpace();
+    if (space.empty()) {
+      counters_.frame_memory_refused.fetch_add(1, std::memory_order_relaxed);
+      LogPeerTriggered("connection " + std::to_string(id_) + ": its frame of " +
+                       std::to_string(reader_.announced_bytes()) +
+                       " bytes would pass server.partial_frame_bytes; closing the connection");
+      write_buffer_.clear();
+      AppendFrame(ErrorResponse(Busy("kvtierd holds too much memory for partial frames "
+                                     "(server.partial_frame_bytes); closing the connection")), write_buffer_);
+      co_await Flush();
+      break;
     }
-    if (in.size() < want) in.resize(want);
     asio::error_code ec;
-    size_t n = co_await socket_.async_read_some(asio::buffer(in.data() + end, in.size() - end),
+    size_t n = co_await socket_.async_read_some(asio::buffer(space.data(), space.size()),
                                                 asio::redirect_error(asio::use_awaitable, ec));
-    end += n;
+    reader_.Received(n);
+    if (n > 0 && !frame_started_) frame_started_ = std::chrono::steady_clock::now();
     if (!ec) continue;
-    if (end > begin) {  // EOF inside a frame
+    if (reader_.buffered_bytes() > 0 && !timed_out_) {  // EOF inside a frame
       counters_.truncated_frames.fetch_add(1, std::memory_order_relaxed);
       std::string what;
-      if (end >= kFrameHeaderBytes) {
-        const uint32_t length = DecodeFrameHeader(reinterpret_cast<const uint8_t*>(in.data()));
-        what = "truncated frame: got " + std::to_string(end - kFrameHeaderBytes) + " of " +
-               std::to_string(length) + " bytes";
+      if (reader_.buffered_bytes() >= kFrameHeaderBytes) {
+        what = "truncated frame: got " + std::to_string(reader_.buffered_bytes() - kFrameHeaderBytes) + " of " +
+               std::to_string(reader_.announced_bytes()) + " bytes";
       } else {
-        what = "truncated frame header: got " + std::to_string(end) + " of " +
+        what = "truncated frame header: got " + std::to_string(reader_.buffered_bytes()) + " of " +
                std::to_string(kFrameHeaderBytes) + " bytes";
       }
-      spdlog::warn("connection {}: {} ({})", id_, what, ec.message());
+      LogPeerTriggered("connection " + std::to_string(id_) + ": " + what + " (" + ec.message() + ")");
       write_buffer_.clear();
       AppendFrame(ErrorResponse(ProtocolError(what)), write_buffer_);
       co_await Flush();
@@ -123,6 +136,67 @@ asio::awaitable<void> ServerConnection::Run() {
     break;  // EOF between frames is a normal close
   }
   co_await Close();
+}
+
+std::chrono::steady_clock::time_point ServerConnection::NextDeadline() {
+  const ConnectionLimits& limits = context_.limits;
+  auto next = std::chrono::steady_clock::time_point::max();
+  if (frame_started_) next = std::min(next, *frame_started_ + limits.frame_timeout);
+  if (limits.idle_timeout.count() > 0) next = std::min(next, last_request_ + limits.idle_timeout);
+  if (auto expiry = handler_.usage().NextExpiry()) next = std::min(next, *expiry);
+  return next;
+}
+
+void ServerConnection::RearmWatch() {
+  if (!closed_ && NextDeadline() < watch_timer_.expiry()) watch_timer_.cancel();
+}
+
+asio::awaitable<void> ServerConnection::Watch() {
+  auto self = shared_from_this();  // the connection outlives its watchdog
+  while (!closed_) {
+    watch_timer_.expires_at(NextDeadline());
+    asio::error_code ec;
+    co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (closed_) break;
+    const auto now = std::chrono::steady_clock::now();
+    const size_t expired = handler_.AbortExpiredReservations(now);
+    if (expired > 0) {
+      counters_.reservations_expired.fetch_add(static_cast<int64_t>(expired), std::memory_order_relaxed);
+      LogPeerTriggered("connection " + std::to_string(id_) + ": aborted " + std::to_string(expired) +
+                       " reservations older than server.reservation_timeout_s");
+    }
+    const ConnectionLimits& limits = context_.limits;
+    if (frame_started_ && now - *frame_started_ >= limits.frame_timeout) {
+      counters_.frame_timeouts.fetch_add(1, std::memory_order_relaxed);
+      TimeOut("a frame did not arrive whole within server.frame_timeout_ms (" +
+              std::to_string(reader_.buffered_bytes()) + " bytes came)");
+    } else if (limits.idle_timeout.count() > 0 && now - last_request_ >= limits.idle_timeout &&
+               !handler_.usage().holds_anything()) {
+      counters_.idle_closed.fetch_add(1, std::memory_order_relaxed);
+      TimeOut("idle for server.idle_timeout_s, holding nothing");
+    } else if (limits.idle_timeout.count() > 0 && now - last_request_ >= limits.idle_timeout) {
+      last_request_ = now;  // holds leases or reservations: look again a timeout later
+    }
+  }
+}
+
+void ServerConnection::TimeOut(const std::string& reason) {
+  if (timed_out_) return;
+  timed_out_ = true;
+  LogPeerTriggered("connection " + std::to_string(id_) + ": closing: " + reason);
+  asio::error_code ignored;
+  socket_.shutdown(Socket::shutdown_both, ignored);  // the pending read sees EOF, a write fails
+  socket_.cancel(ignored);
+}
+
+void ServerConnection::LogPeerTriggered(const std::string& line) {
+  uint64_t suppressed = 0;
+  if (!counters_.log_limiter.Allow(suppressed)) return;
+  if (suppressed > 0) {
+    spdlog::warn("{} ({} similar lines suppressed)", line, suppressed);
+  } else {
+    spdlog::warn("{}", line);
+  }
 }
 
 asio::awaitable<v1::Response> ServerConnection::AnswerPin(const v1::Request& request) {
@@ -145,6 +219,8 @@ v1::Response ServerConnection::ErrorResponse(const Status& status) {
 }
 
 asio::awaitable<void> ServerConnection::Close() {
+  closed_ = true;
+  watch_timer_.cancel();
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);

@@ -1,16 +1,26 @@
-// ServerConnection: one client connection. Reads frames, checks the cap before
-// reading a payload, lets its RequestHandler answer, and writes responses in
-// request order. Runs as one coroutine on its io thread's context. Closing the
-// connection (EOF, error, drain) closes the engine connection: its
-// reservations and leases die with it.
+// ServerConnection: one client connection. Reads frames (FrameReader: memory
+// follows the bytes that arrived, under the server's FrameBudget), checks the
+// cap before reading a payload, lets its RequestHandler answer, and writes
+// responses in request order. Runs as one coroutine on its io thread's
+// context, beside a watchdog coroutine on the same context that enforces
+// the connection's timeouts (ConnectionLimits): a frame that does not
+// arrive whole within frame_timeout, an idle connection holding nothing,
+// and reservations older than reservation_timeout (aborted, the connection
+// stays). Closing the connection (EOF, error, timeout, drain) closes the
+// engine connection: its reservations and leases die with it.
 #pragma once
 
 #include <asio/awaitable.hpp>
 #include <asio/local/stream_protocol.hpp>
+#include <asio/steady_timer.hpp>
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "common/frame_reader.h"
+#include "common/log_rate_limiter.h"
 #include "daemon/request_handler.h"
 
 namespace kvtier {
@@ -21,6 +31,14 @@ struct ConnectionCounters {
   std::atomic<int64_t> oversized_frames{0};
   std::atomic<int64_t> truncated_frames{0};
   std::atomic<int64_t> unparsable_frames{0};
+  std::atomic<int64_t> frame_timeouts{0};        // closed: a frame did not arrive whole in time
+  std::atomic<int64_t> idle_closed{0};           // closed: idle past server.idle_timeout_s
+  std::atomic<int64_t> frame_memory_refused{0};  // closed: its frame would pass partial_frame_bytes
+  std::atomic<int64_t> reservations_expired{0};  // aborted after server.reservation_timeout_s
+  // The memory partial frames of all connections hold (beyond 4 KiB each).
+  FrameBudget* frame_budget = nullptr;  // borrowed; null: unbounded
+  // The log lines peers can trigger (timeouts, truncated frames).
+  LogRateLimiter log_limiter{10, std::chrono::seconds(10)};
 };
 
 class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
@@ -35,8 +53,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   ConnectionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
 
-  // Serves the connection until EOF, a fatal frame error or drain; then
-  // closes the engine connection.
+  // Serves the connection until EOF, a fatal frame error, a timeout or
+  // drain; then closes the engine connection.
   asio::awaitable<void> Run();
 
   // Stops reading new requests; buffered ones are still answered. Safe from
@@ -55,13 +73,33 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   asio::awaitable<bool> SendWithArenaFd(const v1::Response& response);
   // Closes the socket and the engine connection.
   asio::awaitable<void> Close();
+  // The watchdog: wakes at the next deadline (NextDeadline) until the
+  // connection closes, aborts expired reservations, and cuts the
+  // connection (TimeOut) when a frame or the idle time runs out.
+  asio::awaitable<void> Watch();
+  // The earliest time the watchdog has something to check.
+  std::chrono::steady_clock::time_point NextDeadline();
+  // Wakes the watchdog if NextDeadline moved before its timer.
+  void RearmWatch();
+  // Ends the connection for `reason` (logged, rate-limited): the pending
+  // read and write complete with an error.
+  void TimeOut(const std::string& reason);
+  // Logs a line a peer can trigger, through the counters' rate limiter.
+  void LogPeerTriggered(const std::string& line);
 
   Socket socket_;
   const ConnectionId id_;
   const HandlerContext& context_;
   ConnectionCounters& counters_;
   RequestHandler handler_;
+  FrameReader reader_;
   std::string write_buffer_;
+  asio::steady_timer watch_timer_;
+  bool closed_ = false;
+  bool timed_out_ = false;
+  std::chrono::steady_clock::time_point last_request_;
+  // When the first byte of the frame in progress arrived; nullopt between frames.
+  std::optional<std::chrono::steady_clock::time_point> frame_started_;
 };
 
 }  // namespace kvtier

@@ -181,6 +181,13 @@ Status TenantTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last
   return inner().Read(scoped, first_layer, last_layer, dst, std::move(done));
 }
 
+Status TenantTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                          std::span<std::byte> dst, LayerReadDone done) {
+  const BlockKey scoped = scope_.Scope(key);
+  if (!Mine(scoped)) return NotFound("block is not in the " + std::string(name()) + " tier");
+  return inner().ReadWithLayerChecksums(scoped, first_layer, last_layer, dst, std::move(done));
+}
+
 void TenantTier::ForEachBlock(const BlockVisitor& visit) const {
   inner().ForEachBlock([this, &visit](const BlockKey& scoped, const BlockInfo& info) {
     if (scope_.Owns(info.ns)) visit(scope_.Unscope(scoped), info);

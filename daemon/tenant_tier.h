@@ -100,6 +100,9 @@ class TenantTier final : public BlockTier {
                std::optional<uint64_t> payload_checksum = std::nullopt) override;
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override;
+  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) override;
+  bool keeps_layer_checksums() const override { return inner().keeps_layer_checksums(); }
   void ForEachBlock(const BlockVisitor& visit) const override;
   void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
   Status Erase(const BlockKey& key) override;

@@ -24,7 +24,9 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
+#include "common/checksum.h"
 #include "common/counters.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
@@ -92,6 +94,39 @@ class BlockTier {
   // (did not verify: the block is dropped, later reads miss), IoError.
   virtual Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                       ReadDone done) = 0;
+
+  // Read that also hands `done` the xxh3-64 of each layer it returned
+  // (last_layer - first_layer of them, first_layer first), as the tier
+  // verified the bytes: what a reader checks them against later (the
+  // engine records them for promoted blocks and hands them to clients
+  // with layer reads). Same rejections and outcomes as Read. The default
+  // calls Read and hashes the layers of `dst` once they are in (one more
+  // pass over them, on the tier's thread); a tier that stores per-layer
+  // checksums (NVMe) hands out its own at no cost.
+  struct LayerRead {
+    size_t bytes = 0;
+    std::vector<uint64_t> layer_checksums;
+  };
+  // Whether the tier stores per-layer checksums, so that
+  // ReadWithLayerChecksums costs no more than Read (the engine asks for
+  // them only then, or when a reader that verifies needs them).
+  virtual bool keeps_layer_checksums() const { return false; }
+  using LayerReadDone = std::function<void(Result<LayerRead>)>;
+  virtual Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                        std::span<std::byte> dst, LayerReadDone done) {
+    const uint32_t layers = last_layer > first_layer ? last_layer - first_layer : 0;
+    return Read(key, first_layer, last_layer, dst, [dst, layers, done = std::move(done)](Result<size_t> read) {
+      if (!read.ok()) return done(read.status());
+      LayerRead out{*read, {}};
+      if (layers > 0 && *read % layers == 0 && *read <= dst.size()) {
+        const size_t layer_bytes = *read / layers;
+        for (uint32_t i = 0; i < layers; ++i) {
+          out.layer_checksums.push_back(BlockChecksum(dst.subspan(i * layer_bytes, layer_bytes)));
+        }
+      }
+      done(std::move(out));
+    });
+  }
 
   // Calls `visit` for every block readable now, in no particular order
   // (what `kvtier ls` counts and `kvtier drop` erases). O(blocks), under

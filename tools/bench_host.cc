@@ -52,6 +52,7 @@ struct Report {
   double seconds_per_case = 0;
   size_t chain_blocks = 0;
   bool use_directory = true;
+  bool verify_checksums = false;
   std::string redis;  // version line, or why there is none
   std::vector<CopyRow> copies;
   std::vector<LookupRow> lookups;
@@ -219,6 +220,7 @@ Status WriteJson(const std::string& path, const Report& r) {
       << ",\n  \"arena_bytes\": " << r.arena_bytes << ",\n  \"working_set_bytes\": " << r.working_set_bytes
       << ",\n  \"seconds_per_case\": " << r.seconds_per_case << ",\n  \"lookup_chain_blocks\": " << r.chain_blocks
       << ",\n  \"use_directory\": " << (r.use_directory ? "true" : "false")
+      << ",\n  \"verify_checksums\": " << (r.verify_checksums ? "true" : "false")
       << ",\n  \"redis\": " << JsonString(r.redis) << ",\n";
   WriteJsonCopies(out, r);
   WriteJsonLookups(out, r);
@@ -271,6 +273,7 @@ Status Measure(const HostBenchOptions& o, const std::string& dir, Report& report
   client_options.client_name = "kvtier-bench-host";
   client_options.namespaces = {BenchNamespace(salt)};
   client_options.use_directory = o.use_directory;
+  client_options.verify_checksums = o.verify_checksums;
   auto client = Client::Connect(client_options);
   if (!client.ok()) return client.status();
   report.arena_bytes = (*client)->arena().size();
@@ -308,6 +311,7 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
   report.seconds_per_case = o.seconds_per_case;
   report.chain_blocks = o.lookup_chain_blocks;
   report.use_directory = o.use_directory;
+  report.verify_checksums = o.verify_checksums;
   std::optional<StartedServer> daemon;
   if (o.socket_path.empty()) {
     const std::string path = o.kvtierd_path.empty() ? DefaultKvtierdPath() : o.kvtierd_path;
@@ -335,9 +339,10 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
     if (daemon) std::fprintf(stderr, "kvtierd log:\n%s\n", FileTail(daemon->log_path).c_str());
     return 1;
   }
-  std::printf("kvtier bench host: kvtierd %s, arena %s, working set %s per block size, %.1f s per case\n",
+  std::printf("kvtier bench host: kvtierd %s, arena %s, working set %s per block size, %.1f s per case, "
+              "checksum verification %s\n",
               report.daemon.c_str(), Bytes(report.arena_bytes).c_str(), Bytes(report.working_set_bytes).c_str(),
-              report.seconds_per_case);
+              report.seconds_per_case, report.verify_checksums ? "on" : "off");
   PrintCopies(report);
   PrintLookups(report);
   PrintGoals(report);
@@ -375,6 +380,8 @@ void AddHostBenchOptions(CLI::App& app, HostBenchOptions& o) {
   app.add_option("--redis-server", o.redis_server, "redis-server binary")->capture_default_str();
   app.add_option("--redis-benchmark", o.redis_benchmark, "redis-benchmark binary")->capture_default_str();
   app.add_option("--json", o.json_path, "Also write the results to this file as JSON");
+  app.add_flag("--verify-checksums", o.verify_checksums,
+               "Gets and pins check the bytes against their checksums (ClientOptions::verify_checksums)");
   app.add_flag("!--no-directory", o.use_directory,
                "Clients do not use the block directory: every get and lookup is a socket round trip");
 }

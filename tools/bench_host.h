@@ -36,6 +36,9 @@ struct HostBenchOptions {
   // Clients use the daemon's block directory (ClientOptions::use_directory);
   // --no-directory measures the socket path (every get a Pin round trip).
   bool use_directory = true;
+  // ClientOptions::verify_checksums of the bench client: gets and pins
+  // check the bytes they read (--verify-checksums).
+  bool verify_checksums = false;
 };
 
 void AddHostBenchOptions(CLI::App& app, HostBenchOptions& options);

@@ -634,6 +634,7 @@ Status MeasureOn(const LayersBenchOptions& o, const std::string& socket_path, pi
   options.socket_path = socket_path;
   options.client_name = "kvtier-bench-layers";
   options.namespaces = {BenchNamespace(o, salt)};
+  options.verify_checksums = o.verify_checksums;
   auto client = Client::Connect(options);
   if (!client.ok()) return client.status();
   r.arena_bytes = (*client)->arena().size();
@@ -723,6 +724,8 @@ void AddLayersBenchOptions(CLI::App& app, LayersBenchOptions& o) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_flag("--skip-nvme", o.skip_nvme, "No NVMe tier (host tier only)");
+  app.add_flag("--verify-checksums", o.verify_checksums,
+               "Loads check every layer against its checksum (ClientOptions::verify_checksums)");
   app.add_option("--json", o.json_path, "Also write the results to this file as JSON");
 }
 
@@ -735,6 +738,7 @@ int RunLayersBench(const LayersBenchOptions& o) {
   report.block_bytes = report.layer_bytes * o.layers;
   report.prefix_bytes = report.block_bytes * o.blocks;
   report.trials = o.trials;
+  report.verify_checksums = o.verify_checksums;
   auto dir = MakeTempDir("kvtier-bench-");
   if (!dir.ok()) return Fail(dir.status().ToString());
   const int rc = RunInDir(o, *dir, report);

@@ -51,6 +51,9 @@ struct LayersBenchOptions {
   double seconds = 2.0;  // timed seconds per save op, on average over the three (at least `trials` ops each)
   std::vector<double> compute_factors = {1.5, 1.0, 0.5};  // t_comp / t_read
   bool skip_nvme = false;
+  // ClientOptions::verify_checksums of the bench client: every layer a
+  // load hands out is checked (--verify-checksums).
+  bool verify_checksums = false;
   std::string json_path;  // empty: no JSON copy
 };
 

@@ -227,9 +227,10 @@ void WriteJsonOverlaps(std::ostream& out, const Report& r) {
 
 void PrintLayersReport(const Report& r) {
   std::printf("kvtier bench layers: kvtierd %s, arena %s; prefix %u blocks x %u layers, %s a block layer,\n"
-              "%s a block, %s the prefix, %s a layer across the blocks\n",
+              "%s a block, %s the prefix, %s a layer across the blocks; checksum verification %s\n",
               r.daemon.c_str(), Mib(r.arena_bytes).c_str(), r.blocks, r.layers, Mib(r.layer_bytes).c_str(),
-              Mib(r.block_bytes).c_str(), Mib(r.prefix_bytes).c_str(), Mib(r.prefix_bytes / r.layers).c_str());
+              Mib(r.block_bytes).c_str(), Mib(r.prefix_bytes).c_str(), Mib(r.prefix_bytes / r.layers).c_str(),
+              r.verify_checksums ? "on" : "off");
   PrintLoads(r);
   PrintOverlaps(r);
   PrintSaves(r);

@@ -72,6 +72,7 @@ struct Report {
   double memcpy_gbps = 0;
   uint64_t setup_retries = 0;
   double nvme_plan_bps_before_pins = 0, nvme_plan_bps_after_pins = 0;
+  bool verify_checksums = false;  // the bench client's ClientOptions::verify_checksums
 };
 
 // The formula's prediction with the plan's stall (the daemon's t_read: a

@@ -77,8 +77,18 @@ struct ClientOptions {
   // *Async calls have no deadline of their own: they complete when the
   // answer comes or the connection fails. 0 = no deadline.
   std::chrono::milliseconds call_timeout{30000};
-  // Recompute the xxh3-64 of every block read by Get/GetBatch and fail with
-  // Corruption on a mismatch. Costs one extra pass over the bytes.
+  // Check every byte a read hands out against the checksums kvtierd
+  // recorded when the block was committed (xxh3-64, common/checksum.h):
+  // the copies of Get/GetBatch (the whole block), the views of Pin
+  // (checked in place before the view is handed out), the copies of
+  // GetLayers (each layer against its own checksum, so a range verifies
+  // alone) and every layer of a LayerLoad (at WaitLayer, before it is
+  // handed out). A mismatch is Corruption, never the bytes: the lease is
+  // released and the block reported to kvtierd (an Erase, so it leaves
+  // every tier and later reads miss). Costs one hash of the bytes read
+  // (about a copy's time again); off, reads cost nothing extra. Bytes that
+  // change after the check (a zero-copy view is shared memory) are not
+  // caught: the check is of the bytes as they were when handed out.
   bool verify_checksums = false;
   // How long a thread waiting for a response polls the socket (yielding the
   // core between polls) before it sleeps. Trades client CPU for latency: a
@@ -223,6 +233,14 @@ struct WritableBlock {
   // kept with it, and readers that verify checksums, and NVMe demotion,
   // treat the block as corrupt (a miss).
   std::optional<uint64_t> checksum;
+  // Optional: the xxh3-64 of each layer of a whole block of the namespace
+  // (layer_count > 1: layer l is data[l * layer_bytes, (l + 1) *
+  // layer_bytes)), recorded as sent so that verifying layer reads check
+  // each layer alone. Sent when every ok block of several layers has them
+  // (layer_count each), else none; a wrong value makes verifying layer
+  // reads of that layer fail (Corruption). Copying puts and layer-wise
+  // saves of a client with verify_checksums fill them.
+  std::vector<uint64_t> layer_checksums;
 };
 
 // Arena spans reserved for a batch of blocks. Nothing is visible to readers
@@ -283,7 +301,10 @@ class LayerSave {
   // or Abort; empty for a block that is not Ok or an index out of range.
   std::span<std::byte> LayerSpan(size_t block, uint32_t layer);
   // Copies src[i] into layer `layer` of every Ok block i (src has size()
-  // spans of layer_bytes(); those of blocks not Ok are not read).
+  // spans of layer_bytes(); those of blocks not Ok are not read). With
+  // verify_checksums the copy also takes each layer's checksum, and
+  // LayerWritten hashes the layer in place; FinishSave sends them (so
+  // verifying layer reads check each layer alone).
   // InvalidArgument for a layer out of range or a span of another size;
   // FailedPrecondition once finished or aborted.
   Status SaveLayer(uint32_t layer, std::span<const std::span<const std::byte>> src);
@@ -307,6 +328,9 @@ class LayerSave {
   uint64_t layer_bytes_ = 0;
   std::vector<bool> saved_;
   bool ended_ = false;
+  // ClientOptions::verify_checksums: each layer's checksum is taken as it
+  // is saved (WritableBlock::layer_checksums).
+  bool layer_sums_ = false;
 };
 
 // How a layer-wise load hands its layers over (Client::BeginLoad).
@@ -355,7 +379,13 @@ struct LoadOptions {
 // the daemon wakes, never a round trip.
 //
 // A block that fails (a miss, a read error, a checksum mismatch) fails
-// alone; the others keep loading. The engine recomputes the failed ones;
+// alone; the others keep loading. With ClientOptions::verify_checksums,
+// WaitLayer(l) also checks layer l of every block against its checksum
+// (in the destination buffer in copy mode, in the arena otherwise, before
+// a device copy reads it): a block that does not match fails with
+// Corruption (reported to kvtierd, later reads miss), and LayerSpan hands
+// out only layers so checked. Blocks the daemon hands over in its device
+// memory (LoadOptions::device_dst from the HBM tier) are not checked. The engine recomputes the failed ones;
 // the prefix is usable as cached KV up to its first failed block
 // (usable_prefix()). Bytes of a failed block must not be used, including
 // layers it had before it failed.
@@ -384,7 +414,9 @@ class LayerLoad {
   uint32_t layers_ready() const;
   // Block i: Ok while it loads and once loaded; else why it failed
   // (NotFound, IoError, Corruption, NoSpace, InvalidArgument: not a whole
-  // block of the namespace). A block the daemon hands over in its device
+  // block of the namespace; with verify_checksums also Corruption once a
+  // layer did not match, Unimplemented when kvtierd had no layer checksums
+  // for it). A block the daemon hands over in its device
   // memory (LoadOptions::device_dst) is Ok: whole at once. ProtocolError
   // when the board contradicts the load (the block is not used).
   // InvalidArgument for an index out of range.
@@ -412,7 +444,8 @@ class LayerLoad {
   std::span<const std::byte> LayerSpan(size_t block, uint32_t layer) const;
   // LayerSpan with the reason when there is no span: InvalidArgument
   // (indices out of range), NotFound (the block failed, or the layer is
-  // not in place yet), FailedPrecondition (after End; or the block is in
+  // not in place yet, or with verify_checksums not yet checked by a
+  // WaitLayer), FailedPrecondition (after End; or the block is in
   // the daemon's device memory, a load with device_dst from the HBM tier:
   // its bytes reach the device buffers only), ProtocolError (the board
   // names memory outside the arena).
@@ -428,6 +461,12 @@ class LayerLoad {
   // Enqueues the device copies of the layers up to `layer` not yet
   // enqueued, then makes the caller's stream wait for `layer`.
   Status EnqueueDeviceCopies(uint32_t layer);
+  // verify_: checks layers up to `layer` not yet checked in every block
+  // that has not failed (in dst_ in copy mode, else in the arena).
+  void VerifyLayers(uint32_t layer);
+  // TryLayerSpan without the verification state (what WaitLayer copies
+  // and checks).
+  Result<std::span<const std::byte>> ArenaLayer(size_t block, uint32_t layer) const;
   std::shared_ptr<internal::Connection> conn_;
   uint64_t id_ = 0;
   std::byte* board_ = nullptr;  // the load board in the arena mapping
@@ -445,6 +484,19 @@ class LayerLoad {
   Tier source_ = Tier::kNone;
   std::optional<PreloadPlan> plan_;
   bool ended_ = false;
+  // ClientOptions::verify_checksums: every layer is checked before it is
+  // handed out (WaitLayer), against the checksums of the answer (blocks
+  // settled at once) or of the board's table (the others).
+  bool verify_ = false;
+  NamespaceId ns_ = 0;
+  std::vector<BlockKey> keys_;                          // with verify_: to report a bad block
+  std::vector<std::vector<uint64_t>> layer_checksums_;  // per block from the answer; empty: the board's
+  // Per block settled at once without layer checksums: its checksum, and
+  // whether the whole block was checked (at the first WaitLayer).
+  std::vector<std::optional<uint64_t>> block_checksums_;
+  std::vector<bool> block_checked_;
+  std::vector<Status> verdicts_;                        // per block: Corruption once a layer did not match
+  std::vector<bool> verified_;                          // per layer: checked in every block
 };
 
 class Client {
@@ -534,7 +586,9 @@ class Client {
   // round trip (the pin is released like a destroyed BlockView's, and an
   // NVMe-resident block is promoted to the host tier). NotFound on a miss;
   // InvalidArgument if `dst` is smaller than the block; Corruption if
-  // verify_checksums is on and the bytes do not match.
+  // verify_checksums is on and the bytes do not match (`dst` then holds
+  // bytes that must not be used; the block is reported, later reads miss).
+  // Without verify_checksums the bytes are copied as they are.
   Result<size_t> Get(NamespaceId ns, const BlockKey& key, std::span<std::byte> dst);
   std::vector<Result<size_t>> GetBatch(NamespaceId ns, std::span<const BlockKey> keys,
                                        std::span<const std::span<std::byte>> dst);
@@ -548,12 +602,21 @@ class Client {
   // any other size is one layer. Only those bytes move: from the arena for
   // host blocks, and only those layers are read from NVMe (the block is not
   // promoted). Per key: the bytes copied; NotFound; InvalidArgument (empty
-  // range, layers outside the block, `dst[i]` too small). verify_checksums
-  // does not apply (checksums cover whole blocks).
+  // range, layers outside the block, `dst[i]` too small). With
+  // verify_checksums each layer copied is checked against its own
+  // checksum (recorded at commit, or by the NVMe tier for a block read
+  // from it): Corruption when one does not match (reported, later reads
+  // miss), Unimplemented when kvtierd sent no layer checksums (an older
+  // one). A verified read of part of a block goes to the daemon even when
+  // the block directory holds it (the directory has whole-block checksums
+  // only).
   std::vector<Result<size_t>> GetLayers(NamespaceId ns, std::span<const BlockKey> keys, uint32_t first_layer,
                                         uint32_t last_layer, std::span<const std::span<std::byte>> dst);
 
   // Zero-copy get: one view per key, or the per-key error (NotFound...).
+  // With verify_checksums a view's bytes are checked against its checksum
+  // before it is handed out: Corruption for a block that does not match
+  // (its pin is released and it is reported: later reads miss).
   std::vector<Result<BlockView>> Pin(NamespaceId ns, std::span<const BlockKey> keys);
   // Low-level unpin of a lease from Pin. NotFound if unknown or already
   // released; PermissionDenied if another connection holds it. Goes to the

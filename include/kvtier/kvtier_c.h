@@ -111,6 +111,21 @@ typedef struct {
                                     e.g. "recurrent_state" */
 } kvtier_namespace;
 
+/* Options of kvtier_connect_with_options (a subset of kvtier::ClientOptions).
+ * Initialise it with kvtier_client_options_init, which sets `size` and every
+ * default, then change fields: later versions may append fields, and the
+ * library reads only the first `size` bytes (a field past them keeps its
+ * default). */
+typedef struct {
+  size_t size;           /* sizeof(kvtier_client_options) as the caller compiled it */
+  int verify_checksums;  /* != 0: every read checks the bytes it hands out
+                            against the checksums recorded at commit
+                            (kvtier::ClientOptions::verify_checksums): a
+                            mismatch is KVTIER_CORRUPTION, never the bytes,
+                            and the block is reported so later reads miss.
+                            Costs a hash of the bytes read. Default 0. */
+} kvtier_client_options;
+
 /* A preload plan (kvtier::PreloadPlan, kvtier/preload.h). */
 typedef struct {
   uint32_t layers_to_preload;  /* n_pre, in [1, layers] */
@@ -182,6 +197,17 @@ int kvtier_key_to_hex(kvtier_key key, char out[33]);
 int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
                    size_t n_namespaces, kvtier_client** out);
 
+// Sets `*options` to the defaults kvtier_connect uses, and its `size` to
+// sizeof(kvtier_client_options). NULL is a no-op.
+void kvtier_client_options_init(kvtier_client_options* options);
+
+// kvtier_connect with `options` (NULL: the defaults, as kvtier_connect).
+// KVTIER_INVALID_ARGUMENT also when options->size is smaller than the
+// struct's first version (sizeof(size_t) + sizeof(int), padded).
+int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces,
+                                size_t n_namespaces, const kvtier_client_options* options,
+                                kvtier_client** out);
+
 // Frees `client`. NULL is a no-op. Must not race with other calls on
 // `client`. The connection closes at once if no view pinned through
 // `client` is alive, else when the last of them is released: until then
@@ -225,7 +251,10 @@ int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
 // Copies the block into `dst` (capacity bytes) and sets `*len` to its length.
 // KVTIER_NOT_FOUND on a miss; KVTIER_INVALID_ARGUMENT if the block is larger
 // than `capacity` (`*len` is then 0); KVTIER_CORRUPTION on a checksum
-// mismatch when checksum verification is on.
+// mismatch when checksum verification is on (kvtier_client_options.
+// verify_checksums): `*len` is 0, the bytes in `dst` must not be used, and
+// the block is reported to the daemon so later reads miss. Without
+// verification the bytes are copied as they are in the arena.
 int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity,
                size_t* len);
 
@@ -242,7 +271,10 @@ int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
 // kvtier_close (the view keeps the connection, and so the pin, alive) and
 // after a failure of the connection (then, as for kvtier::BlockView, the
 // bytes are unchanged after a timeout, but may change once the daemon itself
-// closed the connection). KVTIER_NOT_FOUND on a miss; on failure *out is
+// closed the connection). KVTIER_NOT_FOUND on a miss; with checksum
+// verification on, KVTIER_CORRUPTION when the pinned bytes do not match
+// their checksum (checked before the view is handed out: the pin is
+// released and the block reported, later reads miss); on failure *out is
 // NULL.
 int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
                const void** data, size_t* len);
@@ -369,7 +401,9 @@ int kvtier_wait_layer(kvtier_layer_load* load, uint32_t layer);
 // Layers in place in every block that has not failed (a memory read).
 uint32_t kvtier_layers_ready(const kvtier_layer_load* load);
 // Block `block`'s code: KVTIER_OK while loading and once loaded, else why it
-// failed (recompute it). The usable prefix: the blocks before the first
+// failed (recompute it): with checksum verification on, KVTIER_CORRUPTION
+// once one of its layers did not match its checksum in kvtier_wait_layer
+// (reported; its bytes must not be used). The usable prefix: the blocks before the first
 // failed one, usable as cached KV (final once the last layer was waited
 // for).
 int kvtier_load_block_status(const kvtier_layer_load* load, size_t block);

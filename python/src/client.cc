@@ -124,7 +124,12 @@ void BindClient(py::module_& m) {
 
   py::class_<PyClient>(m, "Client",
                        "A connection to kvtierd. Namespaces are registered at connect; namespace id "
-                       "i is namespaces[i]. Errors raise kvtier.Error subclasses.")
+                       "i is namespaces[i]. Errors raise kvtier.Error subclasses. "
+                       "verify_checksums=True: every read (get, get_batch, get_layers, pin, "
+                       "begin_load's layers) checks the bytes it hands out against the checksums "
+                       "recorded when the block was stored (per layer for layer reads); a mismatch is "
+                       "CorruptionError (or that key's status), never the bytes, and the block is "
+                       "dropped so later reads miss. Costs one hash of the bytes read.")
       .def(py::init([](std::string socket_path, std::vector<NamespaceDescriptor> namespaces,
                        std::string client_name, double connect_timeout_s, double call_timeout_s,
                        bool verify_checksums, bool use_directory, uint32_t max_frame_bytes) {

@@ -114,18 +114,28 @@ TEST(PutChecksum, ReservationChecksumsAreRecordedAsSent) {
     b.checksum = BlockChecksum(b.data);
   }
   // The second one is wrong: with verify_commits off (the default) the
-  // daemon keeps what it was sent, and a reader that verifies sees a
-  // corrupt block.
+  // daemon keeps what it was sent (a client that does not verify sees it),
+  // and a reader that verifies sees a corrupt block: its pin and get are
+  // Corruption, and it reports the block, which then misses.
   const uint64_t wrong = *reservation->blocks()[1].checksum ^ 1;
   reservation->blocks()[1].checksum = wrong;
   for (const Status& s : reservation->Commit()) ASSERT_TRUE(s.ok()) << s.ToString();
-  auto views = client->Pin(0, keys);
+  ClientOptions plain_options = daemon.Options();
+  plain_options.verify_checksums = false;
+  auto plain = Client::Connect(plain_options);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  auto views = (*plain)->Pin(0, keys);
   ASSERT_TRUE(views[0].ok() && views[1].ok());
   EXPECT_EQ(views[0]->checksum(), BlockChecksum(views[0]->data()));
   EXPECT_EQ(views[1]->checksum(), wrong);
   views.clear();
+  auto checked = client->Pin(0, keys);
+  EXPECT_TRUE(checked[0].ok());
+  EXPECT_EQ(checked[1].status().code(), StatusCode::kCorruption);
+  checked.clear();
+  ASSERT_TRUE(client->Stats().ok());  // a round trip after the report
   std::vector<std::byte> dst(70000);
-  EXPECT_EQ(client->Get(0, keys[1], dst).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(client->Get(0, keys[1], dst).status().code(), StatusCode::kNotFound) << "reported by the pin";
   EXPECT_TRUE(client->Get(0, keys[0], dst).ok());
 }
 

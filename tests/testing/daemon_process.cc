@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -15,7 +16,7 @@
 namespace kvtier::testing {
 namespace {
 
-pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd, uint64_t max_open_files = 0) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -23,6 +24,10 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
   if (pid == 0) {
     ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(out_fd, STDERR_FILENO);
+    if (max_open_files > 0) {
+      const struct rlimit limit{max_open_files, max_open_files};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+    }
     ::execv(args[0], args.data());
     ::_exit(127);
   }
@@ -54,7 +59,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
 }
 
 DaemonProcess::DaemonProcess(const std::string& kvtierd_path, const std::string& server_keys,
-                             const std::string& extra_toml) {
+                             const std::string& extra_toml, uint64_t max_open_files) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";
   log_path_ = dir_ + "/kvtierd.log";
@@ -66,7 +71,7 @@ DaemonProcess::DaemonProcess(const std::string& kvtierd_path, const std::string&
                              << server_keys << "\n" << extra_toml << "\n"
                              << (metrics ? "" : "[metrics]\nport = 0\n");
   int fd = ::open(log_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-  pid_ = Spawn({kvtierd_path, "--config", config_path}, fd);
+  pid_ = Spawn({kvtierd_path, "--config", config_path}, fd, max_open_files);
   ::close(fd);
   for (int i = 0; i < 200; ++i) {
     auto probe = ConnectUnix(socket_path_);

@@ -2,6 +2,7 @@
 // what only a process shows (signals, exit codes, command line, config files).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -22,8 +23,10 @@ class DaemonProcess {
   // starts `kvtierd_path --config FILE`; waits (up to 10 s) until the socket
   // accepts connections. `extra_toml` must not contain a [server] section
   // header of its own (append server keys via `server_keys`).
+  // `max_open_files` > 0: the daemon's RLIMIT_NOFILE, soft and hard (so it
+  // cannot raise it); 0: the test's own.
   DaemonProcess(const std::string& kvtierd_path, const std::string& server_keys,
-                const std::string& extra_toml);
+                const std::string& extra_toml, uint64_t max_open_files = 0);
   ~DaemonProcess();  // SIGKILLs if still running, removes the temp dir
 
   bool running() const { return pid_ > 0; }

@@ -32,6 +32,8 @@ struct TestDaemonOptions {
   uint32_t shards = 4;
   uint32_t io_threads = 2;
   uint32_t max_frame_bytes = 1u << 20;
+  // The server's per-connection limits (kvtierd's defaults).
+  ConnectionLimits limits;
   std::string eviction = "lru";
   // Non-empty: an NVMe tier in this file (index beside it), which survives
   // the TestDaemon so a second one can reopen it.

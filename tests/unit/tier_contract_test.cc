@@ -174,6 +174,30 @@ TEST_P(TierContractTest, ALayerRangeReadCopiesExactlyThoseLayers) {
   EXPECT_EQ(0, std::memcmp(out.data(), payload.data() + kLayerBytes, 2 * kLayerBytes));
 }
 
+TEST_P(TierContractTest, AReadWithLayerChecksumsHandsOutEachLayersChecksum) {
+  ASSERT_TRUE(WriteAndWait(5).ok());
+  const std::vector<std::byte> payload = Payload(5);
+  for (auto [first, last] : {std::pair<uint32_t, uint32_t>{0, kLayers}, {1, 3}, {3, 4}}) {
+    SCOPED_TRACE(std::to_string(first) + ".." + std::to_string(last));
+    std::vector<std::byte> out((last - first) * kLayerBytes);
+    auto done = std::make_shared<Completion<Result<BlockTier::LayerRead>>>();
+    Status accepted = tier_->ReadWithLayerChecksums(Key(5), first, last, out, [done](Result<BlockTier::LayerRead> r) {
+      done->Set(std::move(r));
+    });
+    ASSERT_TRUE(accepted.ok()) << accepted.ToString();
+    auto [read, on] = done->Get();
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_NE(on, std::this_thread::get_id()) << "a completion ran inline";
+    EXPECT_EQ(read->bytes, out.size());
+    EXPECT_EQ(0, std::memcmp(out.data(), payload.data() + first * kLayerBytes, out.size()));
+    ASSERT_EQ(read->layer_checksums.size(), last - first);
+    for (uint32_t l = first; l < last; ++l) {
+      EXPECT_EQ(read->layer_checksums[l - first],
+                BlockChecksum(std::span(payload).subspan(l * kLayerBytes, kLayerBytes))) << l;
+    }
+  }
+}
+
 TEST_P(TierContractTest, BytesChangedAfterWriteReturnsAreNotWhatIsStored) {
   std::vector<std::byte> payload = Payload(4);
   const std::vector<std::byte> original = payload;

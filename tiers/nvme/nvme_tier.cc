@@ -37,6 +37,8 @@ struct NvmeTier::ReadOp {
   bool direct = false;         // the payload is read straight into `dst`
   std::span<std::byte> dst;
   ReadDone done;
+  LayerReadDone layer_done;  // instead of `done`: ReadWithLayerChecksums
+  std::vector<uint64_t> layer_checksums;  // for layer_done, once verified
   std::mutex mu;
   int pending = 0;             // I/Os not yet completed
   Status failure;              // first I/O failure
@@ -340,6 +342,16 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
 
 Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                       ReadDone done) {
+  return StartRead(key, first_layer, last_layer, dst, std::move(done), nullptr);
+}
+
+Status NvmeTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                        std::span<std::byte> dst, LayerReadDone done) {
+  return StartRead(key, first_layer, last_layer, dst, nullptr, std::move(done));
+}
+
+Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                           ReadDone done, LayerReadDone layer_done) {
   auto op = std::make_shared<ReadOp>();
   const uint64_t align = device_->alignment_bytes();
   {
@@ -368,6 +380,7 @@ Status NvmeTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_l
   op->range = *range;
   op->dst = dst;
   op->done = std::move(done);
+  op->layer_done = std::move(layer_done);
   op->cover_offset = AlignDown(range->offset, align);
   const uint64_t cover_bytes = AlignUp(range->offset + range->length, align) - op->cover_offset;
   // A cached header leaves only the payload cover to read (one I/O).
@@ -450,6 +463,16 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
       // layer): keep its header for the next ones.
       const bool partial = op->first != 0 || op->last != header->layer_count;
       if (outcome.ok() && partial && !op->header) CacheHeader(op->key, op->entry, *header);
+      if (outcome.ok() && op->layer_done) {
+        if (!header->layer_checksums.empty()) {
+          op->layer_checksums.assign(header->layer_checksums.begin() + op->first,
+                                     header->layer_checksums.begin() + op->last);
+        } else {  // too many layers for the header: hash the verified bytes
+          for (uint32_t i = 0; i < op->last - op->first; ++i) {
+            op->layer_checksums.push_back(BlockChecksum(layers.subspan(i * header->layer_bytes, header->layer_bytes)));
+          }
+        }
+      }
       if (outcome.code() == StatusCode::kFailedPrecondition) {
         // No per-layer checksums (very many layers): the range cannot be
         // verified alone. Reported as corruption-free failure: read it whole.
@@ -495,7 +518,15 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
     std::lock_guard lock(mu_);
     staged_for_reads_ -= op->staging.size();
   }
-  op->done(std::move(result));
+  if (op->layer_done) {
+    if (result.ok()) {
+      op->layer_done(LayerRead{*result, std::move(op->layer_checksums)});
+    } else {
+      op->layer_done(result.status());
+    }
+  } else {
+    op->done(std::move(result));
+  }
   EndIo();
 }
 

@@ -123,6 +123,13 @@ class NvmeTier final : public BlockTier {
   // IoError keeps the entry.
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override;
+  // Read, with the per-layer checksums of the record header the bytes were
+  // verified against (no extra pass; hashed from the verified bytes only
+  // for a block of more than kMaxLayerChecksums layers, whose header has
+  // none).
+  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) override;
+  bool keeps_layer_checksums() const override { return true; }
 
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
   void ForEachBlock(const BlockVisitor& visit) const override;
@@ -146,6 +153,9 @@ class NvmeTier final : public BlockTier {
 
  private:
   struct ReadOp;
+  // Read and ReadWithLayerChecksums: exactly one of `done`, `layer_done` is set.
+  Status StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                   ReadDone done, LayerReadDone layer_done);
   NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index, std::unique_ptr<StagingPool> staging,
            const NvmeTierOptions& options, Clock& clock);
   Status Recover();

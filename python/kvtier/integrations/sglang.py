@@ -23,6 +23,10 @@ Settings, read from ``storage_config.extra_config`` (the whole JSON above):
   and e5m2 caches of one model would share keys).
 - ``model_id``: overrides ``storage_config.model_name``.
 - ``connect_timeout_s`` (2), ``call_timeout_s`` (10): kvtier.Client limits.
+- ``verify_checksums`` (false): every object read is checked against the
+  checksum recorded when it was stored (kvtier.Client's
+  ``verify_checksums``); one that does not match reads as missing and the
+  daemon drops it.
 - ``reconnect_interval_s`` (5): after the daemon went away, the least time
   between two connection attempts (calls meanwhile miss).
 - ``clear_record_objects`` (131072): how many stored objects clear() can
@@ -124,6 +128,7 @@ class KvtierStorage(_Base):
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         self._connect_timeout_s = float(extra.get("connect_timeout_s", 2.0))
         self._call_timeout_s = float(extra.get("call_timeout_s", 10.0))
+        self._verify_checksums = bool(extra.get("verify_checksums", False))
         self._reconnect_interval_s = float(extra.get("reconnect_interval_s", 5.0))
         self._record_limit = int(extra.get("clear_record_objects", 131072))
         self._writes = not (self.is_mla and self.tp_rank != 0)  # MLA: rank 0 writes for all
@@ -464,7 +469,8 @@ class KvtierStorage(_Base):
                 self._next_connect = time.monotonic() + self._reconnect_interval_s
                 self._client = kvtier.Client(
                     self.socket_path, [self.namespace], client_name=f"sglang-tp{self.tp_rank}-pp{self.pp_rank}",
-                    connect_timeout=self._connect_timeout_s, call_timeout=self._call_timeout_s)
+                    connect_timeout=self._connect_timeout_s, call_timeout=self._call_timeout_s,
+                    verify_checksums=self._verify_checksums)
             return self._client
         except Exception as e:  # noqa: BLE001
             self._failed(f"connecting to kvtierd at {self.socket_path}", e)

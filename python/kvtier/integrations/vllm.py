@@ -14,7 +14,11 @@ multiple of vLLM's block size; default 256 rounded to one); ``kv_layout``
 (``kv_first``, vLLM FlashAttention's ``[2, blocks, block_size, heads,
 head_size]``, or ``blocks_first``); ``call_timeout`` (seconds);
 ``use_directory`` (default true: lookups of host-resident blocks read the
-daemon's shared-memory directory without a round trip).
+daemon's shared-memory directory without a round trip);
+``verify_checksums`` (default false: every block or layer the connector
+reads is checked against the checksums recorded when it was stored; one
+that does not match is a load error, reported to vLLM like a miss, and the
+daemon drops it).
 
 Scheduler side: keys come from the token ids (never vLLM's block hashes,
 which start from a random seed per process) in one namespace per tensor-
@@ -119,6 +123,7 @@ class _Geometry:
         self.socket_path = extra.get("socket_path", "/run/kvtier/kvtierd.sock")
         self.call_timeout = float(extra.get("call_timeout", 30.0))
         self.use_directory = bool(extra.get("use_directory", True))
+        self.verify_checksums = bool(extra.get("verify_checksums", False))
 
     def namespace(self, tp_rank, pp_rank, adapter=None):
         """One rank's namespace; `adapter` is a LoRA's (name, path), or None."""
@@ -189,7 +194,8 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         try:
             return kvtier.Client(self._geometry.socket_path, namespaces, client_name="vllm",
                                  call_timeout=self._geometry.call_timeout,
-                                 use_directory=self._geometry.use_directory)
+                                 use_directory=self._geometry.use_directory,
+                                 verify_checksums=self._geometry.verify_checksums)
         except kvtier.Error as e:
             logger.warning("kvtier: no cache (%s); serving without it", e)
             return None
