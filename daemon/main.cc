@@ -26,6 +26,7 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/hbm_setup.h"
+#include "daemon/memory_limit.h"
 #include "daemon/metrics_format.h"
 #include "daemon/metrics_server.h"
 #include "daemon/protobuf_logging.h"
@@ -303,15 +304,25 @@ int main(int argc, char** argv) {
     failed.log_format = command_line.log_format_override;
     return StartFailure(failed, config.status().ToString(), 2);
   }
+  // In a memory cgroup, /proc/meminfo is the machine's, not kvtierd's.
+  const std::optional<kvtier::CgroupMemory> cgroup = kvtier::ReadCgroupMemory();
   if (config->host_capacity_bytes == 0) {
     auto machine = ReadMachineMemory(MeminfoPath());
     if (!machine.ok()) return StartFailure(*config, machine.status().ToString());
-    command_line.machine = *machine;
+    command_line.machine = cgroup ? kvtier::UnderLimit(*machine, *cgroup) : *machine;
   }
   const std::vector<std::string> chosen = ApplyOverrides(command_line, *config);
   Status shares = ResolveShares(*config);
   if (!shares.ok()) return StartFailure(*config, shares.ToString(), 2);
+  if (cgroup) {
+    Status fits = kvtier::CheckFitsUnderLimit(*config, *cgroup);
+    if (!fits.ok()) return StartFailure(*config, fits.ToString(), 2);
+  }
   ApplyLogOptions(*config);
+  if (cgroup) {
+    spdlog::info("memory limit {} bytes ({}); the configuration holds {} bytes of it", cgroup->limit_bytes,
+                 cgroup->limit_file, kvtier::ConfiguredMemoryBytes(*config));
+  }
   for (const std::string& line : chosen) spdlog::info("{}", line);
   const int exit_code = Serve(command_line, *config);
   if (exit_code == 0) spdlog::info("kvtierd stopped");
