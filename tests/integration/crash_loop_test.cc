@@ -18,20 +18,6 @@
 namespace kvtier::testing {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-int64_t JsonInt(const std::string& json, const std::string& name, size_t from = 0) {
-  const std::string needle = "\"" + name + "\": ";
-  const size_t at = json.find(needle, from);
-  if (at == std::string::npos) return -1;
-  return std::stoll(json.substr(at + needle.size(), 24));
-}
-
 int Cycles() {
   const char* env = std::getenv("KVTIER_CRASH_LOOP_CYCLES");
   return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 20;

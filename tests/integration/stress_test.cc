@@ -20,21 +20,6 @@ using tools::KeySpace;
 using tools::OpKind;
 using tools::StressWorker;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The integer after `"name": ` at or after `from` in `json`; -1 if absent.
-int64_t JsonInt(const std::string& json, const std::string& name, size_t from = 0) {
-  const std::string needle = "\"" + name + "\": ";
-  const size_t at = json.find(needle, from);
-  if (at == std::string::npos) return -1;
-  return std::stoll(json.substr(at + needle.size(), 24));
-}
-
 TEST(StressTool, SpawnedDaemonEveryKindRunsAndNoReadIsWrong) {
   const std::string dir = MakeTempDir();
   const std::string json_path = dir + "/stress.json";

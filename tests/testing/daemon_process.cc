@@ -36,12 +36,19 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd, uint64_t max_open_
 
 int ExitCode(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 
+}  // namespace
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-}  // namespace
+int64_t JsonInt(const std::string& json, const std::string& name, size_t from) {
+  const std::string needle = "\"" + name + "\": ";
+  const size_t at = json.find(needle, from);
+  if (at == std::string::npos) return -1;
+  return std::stoll(json.substr(at + needle.size(), 24));
+}
 
 CommandResult RunCommand(const std::vector<std::string>& argv) {
   std::string dir = MakeTempDir();

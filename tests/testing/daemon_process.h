@@ -14,6 +14,12 @@ struct CommandResult {
   std::string output;   // stdout and stderr together
 };
 
+// The whole file at `path`; empty if unreadable.
+std::string ReadFile(const std::string& path);
+// The integer after `"name": ` at or after `from` in `json` (the reports of
+// `kvtier stress --json` and the like); -1 if absent.
+int64_t JsonInt(const std::string& json, const std::string& name, size_t from = 0);
+
 // Runs `argv` to completion, capturing its output. Fails the test on spawn errors.
 CommandResult RunCommand(const std::vector<std::string>& argv);
 

@@ -121,11 +121,6 @@ bool Exited(pid_t pid) {
   return ::waitpid(pid, &status, WNOHANG) != 0;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // The last `lines` lines of `text`.
 std::string LastLines(const std::string& text, int lines) {
   size_t start = text.size() - (text.ends_with('\n') ? 1 : 0);
