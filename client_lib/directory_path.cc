@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/checksum.h"
+#include "common/sanitizers.h"
 
 namespace kvtier::internal {
 namespace {
@@ -17,7 +18,7 @@ constexpr int kCopyAttempts = 3;
 // is validated afterwards and discarded if it raced). ThreadSanitizer
 // cannot see that protocol, so under it the racy read is a plain byte loop
 // excluded from instrumentation.
-#if defined(__SANITIZE_THREAD__)
+#if KVTIER_TSAN
 __attribute__((no_sanitize("thread"))) void CopyMaybeRacing(std::byte* dst, const std::byte* src, size_t n) {
   const volatile std::byte* from = src;
   for (size_t i = 0; i < n; ++i) dst[i] = from[i];

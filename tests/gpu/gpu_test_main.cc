@@ -4,11 +4,13 @@
 
 #include <cstring>
 
+#include "common/sanitizers.h"
+
 namespace kvtier::gpu {
 int RunIpcChild(int argc, char** argv);
 }  // namespace kvtier::gpu
 
-#if defined(__SANITIZE_ADDRESS__)
+#if KVTIER_ASAN
 // The CUDA driver maps memory where ASan keeps its protected shadow gap;
 // without this, the first CUDA call on a machine with a GPU fails (out of
 // memory). ASAN_OPTIONS from the environment still apply on top.

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sanitizers.h"
 #include "daemon/memory_limit.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
@@ -40,13 +41,6 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 // (docs/RELIABILITY.md): its socket buffers' accounting, the connection's
 // state, its first frame buffer and its share of the write path.
 constexpr uint64_t kPerConnectionBytes = 64 * 1024;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 bool WriteText(const std::string& path, const std::string& text) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
@@ -78,7 +72,7 @@ class MemoryCgroup {
       return std::nullopt;
     }
     MemoryCgroup cg;
-    const std::string procs = ReadText("/proc/self/cgroup");
+    const std::string procs = ReadFile("/proc/self/cgroup");
     std::istringstream lines(procs);
     std::string line, v1_path, v2_path;
     while (std::getline(lines, line)) {
@@ -92,7 +86,7 @@ class MemoryCgroup {
     if (!v1_path.empty() && ::access("/sys/fs/cgroup/memory/memory.limit_in_bytes", F_OK) == 0) {
       cg.v2_ = false;
       cg.dir_ = "/sys/fs/cgroup/memory" + (v1_path == "/" ? "" : v1_path) + name;
-    } else if (ReadText("/sys/fs/cgroup/cgroup.controllers").find("memory") != std::string::npos) {
+    } else if (ReadFile("/sys/fs/cgroup/cgroup.controllers").find("memory") != std::string::npos) {
       cg.v2_ = true;
       cg.dir_ = "/sys/fs/cgroup" + (v2_path == "/" ? "" : v2_path) + name;
     } else {
@@ -133,7 +127,7 @@ class MemoryCgroup {
     return path;
   }
   int64_t OomKills() const {
-    return Field(ReadText(File(v2_ ? "memory.events" : "memory.oom_control")), "oom_kill");
+    return Field(ReadFile(File(v2_ ? "memory.events" : "memory.oom_control")), "oom_kill");
   }
 
  private:
@@ -145,7 +139,7 @@ class MemoryCgroup {
 // The peak resident memory of `pid` (VmHWM; the arena counts, as it is
 // mapped and pre-faulted), in bytes; 0 if unreadable.
 uint64_t PeakResidentBytes(pid_t pid) {
-  const std::string status = ReadText("/proc/" + std::to_string(pid) + "/status");
+  const std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
   const size_t at = status.find("VmHWM:");
   if (at == std::string::npos) return 0;
   return std::stoull(status.substr(at + 6)) * 1024;
@@ -190,13 +184,17 @@ TEST(MemoryPressure, SizesPastTheCgroupLimitAreAStartupErrorNotAnOomKill) {
     DaemonProcess daemon(cgroup->Wrapper(dir, KVTIERD_PATH), "", "[host]\ncapacity_bytes = 0\n");
     ASSERT_TRUE(daemon.running());
     EXPECT_LE(PeakResidentBytes(daemon.pid()), 256 * kMiB);
-    EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 10000), 0) << ReadText(daemon.log_path());
+    EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 10000), 0) << ReadFile(daemon.log_path());
   }
   EXPECT_EQ(cgroup->OomKills(), 0);
   RemoveTree(dir);
 }
 
 TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded) {
+  if (KVTIER_ASAN || KVTIER_TSAN) {
+    GTEST_SKIP() << "under a sanitizer the daemon's memory is mostly the sanitizer's (shadow, quarantine): "
+                    "the bound is checked by the release suite";
+  }
   // The tiers' memory: a 64 MiB arena and 16 MiB of NVMe staging (on a
   // 128 MiB file, which the load overflows too); partial frames bounded
   // at 16 MiB. Everything else is the base and the connections.
@@ -230,7 +228,7 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
   const CommandResult stress = RunCommand({KVTIER_TOOL_PATH, "stress", "--socket", daemon.socket_path(), "--clients",
                                            std::to_string(kClients), "--seconds", "4", "--chains", "16",
                                            "--chain-blocks", "64", "--json", json_path});
-  const std::string json = ReadText(json_path);
+  const std::string json = ReadFile(json_path);
   ASSERT_FALSE(json.empty()) << stress.output;
   EXPECT_EQ(stress.exit_code, 0) << stress.output << json;
   const size_t totals = json.find("\"operations\"");
@@ -239,7 +237,7 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
 
   for (int fd : parked) ::close(fd);
   int status = 0;
-  ASSERT_EQ(::waitpid(daemon.pid(), &status, WNOHANG), 0) << "kvtierd died: " << ReadText(daemon.log_path());
+  ASSERT_EQ(::waitpid(daemon.pid(), &status, WNOHANG), 0) << "kvtierd died: " << ReadFile(daemon.log_path());
   const uint64_t peak = PeakResidentBytes(daemon.pid());
   EXPECT_EQ(cgroup->OomKills(), 0);
   EXPECT_LE(peak, bound) << "peak resident " << peak / kMiB << " MiB over the bound of " << bound / kMiB << " MiB";
@@ -248,7 +246,7 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
               static_cast<double>(peak) / kMiB, static_cast<double>(bound) / kMiB,
               static_cast<unsigned long long>(kArena / kMiB), static_cast<unsigned long long>(connections),
               static_cast<long long>(cgroup->OomKills()));
-  EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 20000), 0) << ReadText(daemon.log_path());
+  EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 20000), 0) << ReadFile(daemon.log_path());
   RemoveTree(dir);
 }
 

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/sanitizers.h"
+
 namespace kvtier {
 namespace {
 
@@ -238,17 +240,7 @@ TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
 // The sanitizers (ASan and TSan share sanitizer_common's interceptor)
 // make mlock a no-op that returns 0, so the lock tests can only run in
 // builds without them; the release suite runs them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMlockIsReal = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kMlockIsReal = false;
-#else
-constexpr bool kMlockIsReal = true;
-#endif
-#else
-constexpr bool kMlockIsReal = true;
-#endif
+constexpr bool kMlockIsReal = !KVTIER_ASAN && !KVTIER_TSAN;
 constexpr const char* kNoMlockUnderAsan =
     "ASan/TSan turn mlock into a no-op; this runs in the release suite";
 
