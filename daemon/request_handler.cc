@@ -302,7 +302,12 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
   std::span<const uint64_t> checksums(r.checksums().data(), static_cast<size_t>(r.checksums_size()));
   std::span<const uint64_t> layer_checksums(r.layer_checksums().data(), static_cast<size_t>(r.layer_checksums_size()));
   auto statuses = context_.engine->Commit(connection_, *ns, *keys, sizes, checksums, layer_checksums);
-  for (const BlockKey& key : *keys) usage_.Ended(key);  // committed, refused or never ours: not reserved now
+  // Committed or dropped (size or checksum mismatch): not reserved now. A
+  // FailedPrecondition leaves a reservation of the key where it was (in
+  // another namespace, say): it stays counted, and expires as it would.
+  for (size_t i = 0; i < keys->size() && i < statuses.size(); ++i) {
+    if (statuses[i].code() != StatusCode::kFailedPrecondition) usage_.Ended((*keys)[i]);
+  }
   auto* body = response.mutable_commit();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());

@@ -353,6 +353,22 @@ TEST_F(RequestHandlerTest, AbortRoundTrip) {
             StatusCode::kFailedPrecondition);
 }
 
+// Found by request_handler_fuzz: a commit in another namespace than the
+// reservation's is refused (FailedPrecondition) and leaves the reservation
+// in place, so the connection must keep counting it and let it expire;
+// forgetting it left the engine holding it until the connection closed.
+TEST_F(RequestHandlerTest, AReservationCommittedInAnotherNamespaceStillExpires) {
+  HelloOk(*handler_);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1)}, {4096}))), StatusCode::kOk);
+  v1::Response commit = Send(*handler_, Commit(3, 1, {Key(1)}, {4096}));
+  ASSERT_EQ(static_cast<StatusCode>(commit.commit().statuses(0).code()), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(handler_->usage().reservations(), 1u);
+  const auto later = std::chrono::steady_clock::now() + context_.limits.reservation_timeout + std::chrono::hours(1);
+  EXPECT_EQ(handler_->AbortExpiredReservations(later), 1u);
+  EXPECT_EQ(handler_->usage().reservations(), 0u);
+  EXPECT_EQ(host_->used_bytes(), 0u) << "the engine still holds the reservation";
+}
+
 TEST_F(RequestHandlerTest, MismatchedKeysAndSizesAreInvalidArgument) {
   HelloOk(*handler_);
   EXPECT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1), Key(2)}, {4096}))), StatusCode::kInvalidArgument);
