@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from tiny_model import TinyDecoder, make_deterministic
+from tiny_model import TinyDecoder, TinyMLA, make_deterministic
 
 
 @pytest.fixture(autouse=True)
@@ -16,6 +16,13 @@ def deterministic():
 def model():
     make_deterministic()
     return TinyDecoder(seed=0)
+
+
+@pytest.fixture(scope="module")
+def mla_model():
+    """The MLA toy (one cached latent per token and layer, replicated over TP ranks)."""
+    make_deterministic()
+    return TinyMLA(seed=0)
 
 
 def prompt(seed, n, vocab=101):

@@ -17,9 +17,10 @@ torch = pytest.importorskip("torch")
 import mini_vllm as mv  # noqa: E402
 from mini_vllm import (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, MiniEngine,  # noqa: E402
                        make_kv_cache_config, make_vllm_config, run_request, yield_req_data)
-from tiny_model import KVCache, SeqInput, TinyDecoder, TinyHybrid, greedy_generate  # noqa: E402
+from mini_vllm import KVCacheLayout  # noqa: E402
+from tiny_model import KVCache, KVShard, SeqInput, TinyDecoder, TinyHybrid, greedy_generate  # noqa: E402
 
-from model_fixtures import deterministic, model, prompt  # noqa: E402,F401 (fixtures)
+from model_fixtures import deterministic, mla_model, model, prompt  # noqa: E402,F401 (fixtures)
 
 BS = 4
 L = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
@@ -330,7 +331,7 @@ def test_call_order_of_one_request(model):
     engine.add_request(p, 2, "a")
     engine.run_until_done()
     expected = [
-        ("W0", "register_kv_caches", {n: (2, 64, BS, 2, 8) for n in L}),
+        ("W0", "register_kv_caches", {n: (64, 2, BS, 16) for n in L}),  # [B, H, N, K|V] views
         ("S", "bind_kv_cache_manager"),
         ("S", "on_new_request", "a"),
         # step 1: prefill of 10 tokens into blocks 1, 2, 3
@@ -486,8 +487,8 @@ def test_delayed_free_needs_finished_sending_from_both_tp_workers(model):
     log = []
     script = Script(delay_free={"a"}, send_delay_steps={1: 2})
     engine, _ = recording_engine(model, log, script, num_workers=2)
-    assert ("W0", "register_kv_caches", {n: (2, 64, BS, 1, 8) for n in L}) in log
-    assert ("W1", "register_kv_caches", {n: (2, 64, BS, 1, 8) for n in L}) in log
+    assert ("W0", "register_kv_caches", {n: (64, 1, BS, 16) for n in L}) in log
+    assert ("W1", "register_kv_caches", {n: (64, 1, BS, 16) for n in L}) in log
     p = prompt(27, 9)
     engine.add_request(p, 2, "a")
     engine.step()
@@ -569,6 +570,7 @@ class InMemoryConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         self.store, self.async_load, self.fail = store, async_load, fail_first_load_block
         self.bs = vllm_config.cache_config.block_size
+        self.num_blocks = kv_cache_config.num_blocks
         self.rank = vllm_config.parallel_config.rank
         self.world = vllm_config.parallel_config.tensor_parallel_size
         self.local_hit, self.loads, self.reqs, self.block_ids, self.stored = {}, {}, {}, {}, {}
@@ -626,6 +628,10 @@ class InMemoryConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches):
         self.kv_caches = kv_caches
 
+    def blocks(self, kv):
+        """A layer's 4-D view with manager blocks as dim 0 (current vLLM's views)."""
+        return mv.group_kernel_blocks(kv, self.num_blocks)
+
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
         layers = {n: l.kv_cache for n, l in forward_context.no_compile_layers.items() if hasattr(l, "kv_cache")}
@@ -633,9 +639,9 @@ class InMemoryConnector(KVConnectorBase_V1):
             for i, (bid, key) in enumerate(zip(t.block_ids, t.keys)):
                 for name, kv in layers.items():
                     if self.fail is not None and i == self.fail:
-                        kv[:, bid] = float("nan")  # the "failed" load leaves garbage behind
+                        self.blocks(kv)[bid] = float("nan")  # the "failed" load leaves garbage behind
                     else:
-                        kv[:, bid] = self.store[(self.rank, key, name)]
+                        self.blocks(kv)[bid] = self.store[(self.rank, key, name)]
                 if self.fail is not None and i == self.fail:
                     self.errors.add(bid)
                     self.failed_reqs.add(t.req_id)
@@ -655,7 +661,7 @@ class InMemoryConnector(KVConnectorBase_V1):
                 continue  # never store blocks computed over a failed load
             for bid, key in zip(t.block_ids, t.keys):
                 for name, kv in self.kv_caches.items():
-                    self.store[(self.rank, key, name)] = kv[:, bid].clone()
+                    self.store[(self.rank, key, name)] = self.blocks(kv)[bid].clone()
                 self.store[("done", self.rank, key)] = True
         self.failed_reqs.clear()
 
@@ -668,9 +674,11 @@ class InMemoryConnector(KVConnectorBase_V1):
         return errors
 
 
-def mem_engine(model, store, num_workers=1, **kw):
-    vcfg = make_vllm_config(model, tensor_parallel_size=num_workers)
-    return MiniEngine(model, vcfg, make_kv_cache_config(model, 64, num_workers),
+def mem_engine(model, store, num_workers=1, kv_load_failure_policy="fail", layout=None, kernel_block_size=None,
+               **kw):
+    vcfg = make_vllm_config(model, tensor_parallel_size=num_workers, kv_load_failure_policy=kv_load_failure_policy,
+                            kv_cache_layout=layout, kernel_block_size=kernel_block_size)
+    return MiniEngine(model, vcfg, make_kv_cache_config(model, 64, num_workers, layout=layout),
                       lambda c, role, kvc: InMemoryConnector(c, role, kvc, store, **kw), num_workers=num_workers)
 
 
@@ -701,7 +709,7 @@ def test_failed_block_is_recomputed(model, async_load):
     store = {}
     shared = prompt(33, 16)
     run_request(mem_engine(model, store), shared + [1, 2], 1, "r1")
-    b = mem_engine(model, store, async_load=async_load, fail_first_load_block=1)
+    b = mem_engine(model, store, async_load=async_load, fail_first_load_block=1, kv_load_failure_policy="recompute")
     p2 = shared + [7, 8, 9]
     toks, logits = run_request(b, p2, 3, "r2")
     assert toks == greedy_generate(model, p2, 3)
@@ -739,7 +747,11 @@ def test_connector_module_path_and_vllm_import_paths(model, tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     with mv.install_as_vllm():
         from vllm.forward_context import get_forward_context
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec, create_kv_cache_views
+        from vllm.v1.kv_cache_layout import KVCacheLayout as VllmKVCacheLayout
         assert get_forward_context is mv.get_forward_context
+        assert (MLAAttentionSpec, create_kv_cache_views) == (mv.MLAAttentionSpec, mv.create_kv_cache_views)
+        assert VllmKVCacheLayout is KVCacheLayout
         cfg = make_vllm_config(model, kv_connector="MyConnector", kv_connector_module_path="my_kv_connector")
         engine = MiniEngine(model, cfg, make_kv_cache_config(model, 32, 2), num_workers=2)
         toks, _ = run_request(engine, prompt(34, 6), 2)
@@ -802,3 +814,350 @@ def test_hybrid_needs_the_state_of_that_exact_boundary():
         assert not torch.equal(again.logits, full.logits[16:])
     with pytest.raises(AssertionError):
         m.forward(p[16:], list(range(16, 24)), table, cache)  # a resume without a state is refused
+
+
+# ---------------------------------------------------------------------------
+# KV cache forms: current vLLM's 4-D views (every KVCacheLayout, kernel block
+# splitting, padded pages), older vLLM's 5-D tensors; the same numerics in all
+# ---------------------------------------------------------------------------
+
+NB = 8  # blocks of the small engines below
+PAGE = BS * 2 * 16  # TinyDecoder's page in floats: N x H x (K|V = 16 floats), 512 bytes
+
+# Per layout, by hand (floats): the 4-D view's strides [B, H, N, C] and the distance between two
+# consecutive layers' views, for TinyDecoder (3 layers, 2 KV heads, 8 + 8 floats a cell) and NB blocks.
+HAND_STRIDES = {
+    KVCacheLayout.LBHNC: ((PAGE, 64, 16, 1), PAGE * NB),
+    KVCacheLayout.LBNHC: ((PAGE, 16, 32, 1), PAGE * NB),
+    KVCacheLayout.LHBNC: ((64, 64 * NB, 16, 1), PAGE * NB),
+    KVCacheLayout.BLHNC: ((3 * PAGE, 64, 16, 1), PAGE),
+    KVCacheLayout.BLNHC: ((3 * PAGE, 16, 32, 1), PAGE),
+    KVCacheLayout.BHLNC: ((3 * PAGE, 3 * 64, 16, 1), 64),
+}
+
+
+def test_kv_cache_layout_enum_and_resolution():
+    assert {m.name: m.value for m in KVCacheLayout} == {
+        "LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1, 3, 4),
+        "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4)}
+    assert [m.is_layer_compact for m in KVCacheLayout] == [True, True, True, False, False, False]
+    assert [m.is_block_compact for m in KVCacheLayout] == [True, True, False, True, True, False]
+    assert KVCacheLayout.BLNHC.layer_view_order == (0, 2, 1, 3)
+    assert mv.CacheConfig().get_resolved_kv_cache_layout() is KVCacheLayout.LBNHC  # FlashAttention's NHD
+    assert mv.CacheConfig(kv_cache_layout="BHLNC").get_resolved_kv_cache_layout() is KVCacheLayout.BHLNC
+    assert mv.resolve_kv_cache_layout("HND") is KVCacheLayout.LBHNC
+    with pytest.raises(ValueError):
+        mv.resolve_kv_cache_layout("NHCB")
+
+
+def test_specs_are_kw_only_and_size_pages_like_vllm():
+    with pytest.raises(TypeError):
+        mv.FullAttentionSpec(4, 2, 8, torch.float32)
+    full = mv.FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float32)
+    assert (full.head_size_v, full.num_heads, full.state_content_size_bytes, full.num_states) == (8, 2, 64, 4)
+    assert full.page_size_bytes == full.real_page_size_bytes == 512 and full.kv_quant_mode == mv.KVQuantMode.NONE
+    assert mv.FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, head_size_v=4,
+                                dtype=torch.float32).page_size_bytes == 2 * 4 * 12 * 4
+    padded = mv.FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float32,
+                                  page_size_padded=576)
+    assert (padded.page_size_bytes, padded.real_page_size_bytes) == (576, 512)
+    mla = mv.MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=16, dtype=torch.float32)
+    assert (mla.head_size_v, mla.page_size_bytes) == (0, 4 * 16 * 4)
+    assert mv.MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=16, dtype=torch.float32,
+                               alignment=384).page_size_bytes == 384
+    assert [int(m) for m in (mv.KVQuantMode.FP8_PER_TENSOR, mv.KVQuantMode.FP8_PER_TOKEN_HEAD)] == [1, 3]
+    assert mv.compute_layer_kv_cache_shape_bytes(full, NB) == (NB, 2, 4, 64)
+    assert mv.compute_layer_kv_cache_shape_bytes(full, NB, kernel_block_size=2) == (2 * NB, 2, 2, 64)
+    assert mv.KVTransferConfig().kv_load_failure_policy == "fail"
+
+
+def mirror_views(kv_cache_config, layout, kernel_block_size=None):
+    """What vLLM's create_kv_cache_views (mirrored in kv_cache_interface) gives for this config."""
+    (tensor,) = kv_cache_config.kv_cache_tensors
+    raw = torch.zeros(tensor.size, dtype=torch.int8)
+    spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    return raw, mv.create_kv_cache_views(raw, spec, kv_cache_config.num_blocks, layout, tensor, kernel_block_size)
+
+
+@pytest.mark.parametrize("layout", list(KVCacheLayout), ids=lambda m: m.name)
+def test_engine_registers_vllm_views_for_every_layout(model, layout):
+    kvc = make_kv_cache_config(model, NB, layout=layout)
+    (tensor,) = kvc.kv_cache_tensors
+    assert tensor.layers == L and tensor.size == 3 * NB * 512 and tensor.offset == 0
+    strides, layer_distance = HAND_STRIDES[layout]
+    assert (tensor.layer_stride, tensor.block_stride) == (4 * layer_distance, 4 * strides[0])
+    log = []
+    engine = MiniEngine(model, make_vllm_config(model, kv_cache_layout=layout.name), kvc,
+                        lambda c, r, k: RecordingConnector(c, r, k, log, Script()))
+    caches = engine.kv_caches
+    assert log[0] == ("W0", "register_kv_caches", {n: (NB, 2, BS, 16) for n in L})
+    raw, ref = mirror_views(kvc, layout)
+    base = caches[L[0]].data_ptr()
+    for i, (name, view) in enumerate(caches.items()):
+        assert view.dtype == torch.float32 and view.shape == ref[i].shape == (NB, 2, BS, 16)
+        assert view.stride() == ref[i].stride() == strides
+        assert view.is_contiguous() == ref[i].is_contiguous() == (layout is KVCacheLayout.LBHNC)
+        assert view.data_ptr() - base == ref[i].data_ptr() - raw.data_ptr() == 4 * i * layer_distance
+        assert engine.runner.ranks[0].vllm_config.compilation_config.static_forward_context[name].kv_cache is view
+    # The model wrote through the views: a cell holds K (the first head_size floats) then V, the
+    # very values older vLLM's [2, blocks, tokens, heads, head_size] tensor holds at [0] and [1].
+    legacy = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_format="legacy_kv_first"))
+    for e in (engine, legacy):
+        assert run_request(e, prompt(50, 6), 1)[0] == greedy_generate(model, prompt(50, 6), 1)
+    block = engine.finished_block_ids["req-0"][1]  # token 5 is token 1 of the request's second block
+    assert block == legacy.finished_block_ids["req-0"][1]
+    for name in L:
+        assert torch.equal(caches[name][block, :, 1, :8], legacy.kv_caches[name][0, block, 1])
+        assert torch.equal(caches[name][block, :, 1, 8:], legacy.kv_caches[name][1, block, 1])
+
+
+def test_tp_ranks_get_views_of_their_own_heads(model):
+    engine = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_layout="BLNHC"),
+                        make_kv_cache_config(model, NB, 2, layout="BLNHC"), num_workers=2)
+    for caches in engine.worker_kv_caches:
+        assert all(t.shape == (NB, 1, BS, 16) and t.stride() == (3 * BS * 16, 16, 16, 1) for t in caches.values())
+    assert engine.worker_kv_caches[0][L[0]].data_ptr() != engine.worker_kv_caches[1][L[0]].data_ptr()
+
+
+@pytest.mark.parametrize("layout,strides", [(KVCacheLayout.LBNHC, (64, 16, 32, 1)),
+                                            (KVCacheLayout.LBHNC, (64, 32, 16, 1))], ids=["LBNHC", "LBHNC"])
+def test_kernel_block_split_views(model, layout, strides):
+    kvc = make_kv_cache_config(model, NB, layout=layout)
+    engine = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_layout=layout.name,
+                                                kernel_block_size=2), kvc)
+    raw, ref = mirror_views(kvc, layout, kernel_block_size=2)
+    for view, mirror in zip(engine.kv_caches.values(), ref):
+        assert view.shape == mirror.shape == (2 * NB, 2, 2, 16)  # dim 0 counts kernel blocks
+        assert view.stride() == mirror.stride() == strides
+        grouped = mv.group_kernel_blocks(view, NB)
+        assert grouped.shape == (NB, 2, 2, 2, 16)
+        assert grouped[3, 1].data_ptr() == view[7].data_ptr()  # block b = kernel blocks 2b, 2b + 1
+    assert mv.group_kernel_blocks(engine.kv_caches[L[0]][:NB], NB).shape == (NB, 2, 2, 16)
+
+
+@pytest.mark.parametrize("layout", [m for m in KVCacheLayout if m.name not in ("LBNHC", "LBHNC")],
+                         ids=lambda m: m.name)
+def test_kernel_split_needs_blocks_that_are_dense_pages(model, layout):
+    cfg = make_vllm_config(model, kv_connector=None, kv_cache_layout=layout.name, kernel_block_size=2)
+    with pytest.raises(ValueError, match="layer-compact"):
+        MiniEngine(model, cfg, make_kv_cache_config(model, NB, layout=layout))
+    padded = make_kv_cache_config(model, NB, layout="LBNHC", page_size_padded=576)
+    with pytest.raises(ValueError, match="dense page"):
+        MiniEngine(model, make_vllm_config(model, kv_connector=None, kernel_block_size=2), padded)
+
+
+def test_a_kv_cache_config_of_another_layout_is_refused(model):
+    with pytest.raises(ValueError, match="layout BLNHC"):
+        MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_layout="BLNHC"),
+                   make_kv_cache_config(model, NB))
+
+
+def test_padded_pages_raise_the_page_stride(model):
+    for layout, block_floats, layer_floats in [("LBNHC", 144, 144 * NB), ("BLNHC", 3 * 144, 144)]:
+        engine = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_layout=layout),
+                            make_kv_cache_config(model, NB, layout=layout, page_size_padded=576))
+        views = list(engine.kv_caches.values())
+        assert views[0].stride() == (block_floats, 16, 32, 1)
+        assert views[1].data_ptr() - views[0].data_ptr() == 4 * layer_floats
+    with pytest.raises(ValueError, match="pad"):
+        make_kv_cache_config(model, NB, layout="LHBNC", page_size_padded=576)
+
+
+def test_legacy_forms_are_older_vllms_5d_tensors(model):
+    for fmt, shape in [("legacy_kv_first", (2, NB, BS, 2, 8)), ("legacy_blocks_first", (NB, 2, BS, 2, 8))]:
+        engine = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_format=fmt),
+                            make_kv_cache_config(model, NB))
+        assert all(t.shape == shape and t.is_contiguous() for t in engine.kv_caches.values())
+    split = MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_format="legacy_kv_first",
+                                               kernel_block_size=2), make_kv_cache_config(model, NB))
+    assert split.kv_caches[L[0]].shape == (2, 2 * NB, 2, 2, 8)
+    with pytest.raises(ValueError):
+        MiniEngine(model, make_vllm_config(model, kv_connector=None, kv_cache_format="5d"))
+
+
+CACHE_FORMS = {  # id -> (num_workers, make_vllm_config kwargs, make_kv_cache_config kwargs)
+    **{m.name: (1, dict(kv_cache_layout=m.name), dict(layout=m)) for m in KVCacheLayout},
+    "LBNHC-kernel2": (1, dict(kernel_block_size=2), {}),
+    "LBHNC-kernel1": (1, dict(kv_cache_layout="LBHNC", kernel_block_size=1), dict(layout="LBHNC")),
+    "BLNHC-padded": (1, dict(kv_cache_layout="BLNHC"), dict(layout="BLNHC", page_size_padded=576)),
+    "legacy_kv_first": (1, dict(kv_cache_format="legacy_kv_first"), {}),
+    "legacy_blocks_first-kernel2": (1, dict(kv_cache_format="legacy_blocks_first", kernel_block_size=2), {}),
+    "tp2-LBNHC": (2, {}, {}),
+    "tp2-BHLNC": (2, dict(kv_cache_layout="BHLNC"), dict(layout="BHLNC")),
+    "tp2-legacy_blocks_first": (2, dict(kv_cache_format="legacy_blocks_first"), {}),
+}
+
+
+def run_two_sharing_a_prefix(model, num_workers=1, cfg=None, kvc=None):
+    """Two requests sharing 3 blocks (the second reads the first's retained blocks), chunked by 8."""
+    engine = MiniEngine(model, make_vllm_config(model, kv_connector=None, max_num_batched_tokens=8,
+                                                tensor_parallel_size=num_workers, **(cfg or {})),
+                        make_kv_cache_config(model, 24, num_workers, **(kvc or {})), num_workers=num_workers)
+    shared = prompt(51, 12)
+    p1, p2 = shared + prompt(52, 3), shared + prompt(53, 5)
+    out = [run_request(engine, p, 3, rid) for p, rid in ((p1, "a"), (p2, "b"))]
+    assert next(h.scheduler_output for h in engine.history
+                if "b" in h.scheduler_output.num_scheduled_tokens).scheduled_new_reqs[0].num_computed_tokens == 12
+    return engine, (p1, p2), out
+
+
+@pytest.fixture(scope="module")
+def reference_run(model):
+    """The default form (one worker, LBNHC views) and a full recompute of each prompt."""
+    engine, prompts, out = run_two_sharing_a_prefix(model)
+    full = [greedy_generate(model, p, 3, return_logits=True) for p in prompts]
+    return engine, prompts, out, full
+
+
+@pytest.mark.parametrize("form", list(CACHE_FORMS))
+def test_outputs_are_bit_identical_in_every_cache_form(model, reference_run, form):
+    num_workers, cfg, kvc = CACHE_FORMS[form]
+    ref_engine, prompts, ref_out, full = reference_run
+    engine, _, out = run_two_sharing_a_prefix(model, num_workers, cfg, kvc)
+    for (toks, logits), (ref_toks, ref_logits), (full_toks, full_logits) in zip(out, ref_out, full):
+        assert toks == ref_toks == full_toks
+        assert all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
+        assert all(torch.equal(a[-1], b) for a, b in zip(logits[-3:], full_logits))  # the sampling steps
+    for rid, p in zip("ab", prompts):  # the same float values, read back through each form
+        assert torch.equal(engine.request_kv(rid, len(p)), ref_engine.request_kv(rid, len(p)))
+
+
+@pytest.mark.parametrize("form", [dict(), dict(kv_format="legacy_blocks_first"),
+                                  dict(kv_format="views", layout="BHLNC"),
+                                  dict(kv_format="views", layout="LBHNC", kernel_block_size=2)],
+                         ids=["legacy_kv_first", "legacy_blocks_first", "views-BHLNC", "views-LBHNC-kernel2"])
+def test_model_reads_and_writes_every_form_and_the_helpers_follow(model, form):
+    p, table = prompt(54, 19), [5, 2, 7, 1, 3]
+    ref_caches = KVCache.allocate(model, 9)
+    ref = model(p, list(range(19)), table, 0, ref_caches)
+    caches = KVCache.allocate(model, 9, **form)
+    kv_format = form.get("kv_format", "legacy_kv_first")
+    parts = [model(p[s:e], list(range(s, e)), table, s, KVShard(caches, 0, 2, kv_format=kv_format))
+             for s, e in [(0, 6), (6, 19)]]
+    assert torch.equal(torch.cat(parts), ref)
+    gathered = KVCache.gather_tokens(caches, table, 19, BS, head_size=8, kv_format=kv_format)
+    assert torch.equal(gathered, KVCache.gather_tokens(ref_caches, table, 19, BS))
+    # Restore the first 4 blocks into a poisoned cache of the same form and resume at token 16.
+    fresh = KVCache.allocate(model, 9, fill=float("nan"), **form)
+    KVCache.copy_blocks(caches, fresh, table[:4], table[:4], block_size=BS, kv_format=kv_format)
+    again = model(p[16:], [16, 17, 18], table, 16, KVShard(fresh, 0, 2, kv_format=kv_format))
+    assert torch.equal(again, ref[16:])
+    shards = KVCache.shards(model, 9, 2, **form)
+    assert torch.equal(model.forward_batch([SeqInput(p, list(range(19)), table)], shards)[0], ref)
+
+
+def test_head_size_v_may_differ_from_head_size_in_views(model):
+    m = TinyDecoder(seed=2, head_size_v=4)
+    spec = make_kv_cache_config(m, NB).kv_cache_groups[0].kv_cache_spec
+    assert (spec.head_size, spec.head_size_v, spec.page_size_bytes) == (8, 4, BS * 2 * 12 * 4)
+    engine = MiniEngine(m, make_vllm_config(m, kv_connector=None, max_num_batched_tokens=8))
+    assert engine.kv_caches[L[0]].shape == (64, 2, BS, 12)
+    p = prompt(55, 13)
+    toks, logits = run_request(engine, p, 3)
+    ref_toks, ref_logits = greedy_generate(m, p, 3, return_logits=True)
+    assert toks == ref_toks and all(torch.equal(a[-1], b) for a, b in zip(logits[-3:], ref_logits))
+    with pytest.raises(ValueError, match="head_size_v"):
+        MiniEngine(m, make_vllm_config(m, kv_connector=None, kv_cache_format="legacy_kv_first"))
+
+
+# ---------------------------------------------------------------------------
+# The MLA toy model
+# ---------------------------------------------------------------------------
+
+ML = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
+
+
+def test_mla_caches_one_replicated_latent(mla_model):
+    m = mla_model
+    spec = make_kv_cache_config(m, NB, 2).kv_cache_groups[0].kv_cache_spec
+    assert isinstance(spec, mv.MLAAttentionSpec)
+    assert (spec.num_kv_heads, spec.head_size, spec.head_size_v, spec.page_size_bytes) == (1, 16, 0, BS * 16 * 4)
+    cfg = make_vllm_config(m, kv_connector=None, tensor_parallel_size=2)
+    assert cfg.model_config.use_mla and cfg.model_config.get_num_kv_heads(cfg.parallel_config) == 1
+    engine = MiniEngine(m, cfg, make_kv_cache_config(m, NB, 2), num_workers=2)
+    assert [(r.kv_head_start, r.kv_head_end) for r in engine.runner.ranks] == [(0, 2), (2, 4)]  # query heads
+    for caches in engine.worker_kv_caches:
+        assert list(caches) == ML and all(t.shape == (NB, 1, BS, 16) for t in caches.values())
+    legacy = MiniEngine(m, make_vllm_config(m, kv_connector=None, kv_cache_format="legacy_blocks_first"))
+    assert legacy.kv_caches[ML[0]].shape == (64, BS, 16)
+
+
+def test_mla_is_bit_exact_and_reads_every_cached_byte(mla_model):
+    m = mla_model
+    p, q, table = prompt(56, 17), prompt(57, 6), [4, 1, 6, 2, 5]
+    ref_caches = KVCache.allocate(m, 10)
+    ref = m(p, list(range(17)), table, 0, ref_caches)
+    chunked = KVCache.allocate(m, 10, kv_format="views", layout="BHLNC")
+    parts = [m(p[s:e], list(range(s, e)), table, s, chunked) for s, e in [(0, 1), (1, 9), (9, 17)]]
+    assert torch.equal(torch.cat(parts), ref)
+    shards = KVCache.shards(m, 10, 2, kv_format="views")
+    out = m.forward_batch([SeqInput(q, list(range(6)), [7, 8]), SeqInput(p, list(range(17)), table)], shards)
+    assert torch.equal(out[1], ref)
+    latents = KVCache.gather_tokens(ref_caches, table, 17, BS)
+    assert latents.shape == (2, 1, 17, 1, 16)
+    for shard in shards:  # every rank holds the whole latent
+        assert torch.equal(KVCache.gather_tokens(shard.kv_caches, table, 17, BS, head_size=16), latents)
+    for part in (slice(0, 8), slice(8, 16)):  # the compressed KV and the rotary key both matter
+        caches = KVCache.allocate(m, 10)
+        m(p[:16], list(range(16)), table, 0, caches)
+        caches[ML[1]][table[1], 2, part] += 0.5  # position 6 of layer 1
+        assert not torch.equal(m([p[16]], [16], table, 16, caches)[-1], ref[-1])
+
+
+MLA_FORMS = {
+    "LBNHC": (1, {}, {}),
+    "tp2-LBNHC": (2, {}, {}),
+    "tp2-BLNHC": (2, dict(kv_cache_layout="BLNHC"), dict(layout="BLNHC")),
+    "kernel2": (1, dict(kernel_block_size=2), {}),
+    "legacy": (1, dict(kv_cache_format="legacy_kv_first"), {}),
+}
+
+
+@pytest.mark.parametrize("form", list(MLA_FORMS))
+def test_mla_in_the_engine_equals_a_full_recompute(mla_model, form):
+    num_workers, cfg, kvc = MLA_FORMS[form]
+    engine, prompts, out = run_two_sharing_a_prefix(mla_model, num_workers, cfg, kvc)
+    for p, (toks, logits) in zip(prompts, out):
+        ref_toks, ref_logits = greedy_generate(mla_model, p, 3, return_logits=True)
+        assert toks == ref_toks and all(torch.equal(a[-1], b) for a, b in zip(logits[-3:], ref_logits))
+    if num_workers == 2:
+        r0, r1 = engine.worker_kv_caches
+        assert all(torch.equal(r0[n], r1[n]) for n in ML)  # replicas
+
+
+def test_mla_store_then_load_over_two_ranks_is_bit_exact(mla_model):
+    store = {}
+    shared = prompt(58, 13)
+    run_request(mem_engine(mla_model, store, 2), shared + prompt(59, 2), 1, "r1")
+    b = mem_engine(mla_model, store, 2, async_load=True)
+    p2 = shared + prompt(60, 4)
+    toks, logits = run_request(b, p2, 3, "r2")
+    first = next(h.scheduler_output for h in b.history if h.scheduler_output.num_scheduled_tokens)
+    assert first.scheduled_new_reqs[0].num_computed_tokens == 12
+    ref_toks, ref_logits = greedy_generate(mla_model, p2, 3, return_logits=True)
+    assert toks == ref_toks and all(torch.equal(a[-1], c) for a, c in zip(logits[-3:], ref_logits))
+
+
+# ---------------------------------------------------------------------------
+# kv_load_failure_policy: vLLM's default "fail"
+# ---------------------------------------------------------------------------
+
+def test_default_failure_policy_is_fail(model):
+    cfg = make_vllm_config(model)
+    assert cfg.kv_transfer_config.kv_load_failure_policy == mv.KVTransferConfig().kv_load_failure_policy == "fail"
+    assert not mem_engine(model, {}).scheduler.recompute_kv_load_failures  # read with a connector, as in vLLM
+    assert mem_engine(model, {}, kv_load_failure_policy="recompute").scheduler.recompute_kv_load_failures
+
+
+@pytest.mark.parametrize("async_load", [False, True])
+def test_failed_load_under_fail_finishes_the_request_with_an_error(model, async_load):
+    store = {}
+    shared = prompt(33, 16)
+    run_request(mem_engine(model, store), shared + [1, 2], 1, "r1")
+    b = mem_engine(model, store, async_load=async_load, fail_first_load_block=1)  # default policy
+    p2 = shared + [7, 8, 9]
+    toks, logits = run_request(b, p2, 3, "r2")
+    assert b.finish_reasons["r2"] == "error" and toks == [] and logits == []
+    assert any("r2" in h.discarded_req_ids for h in b.history)
+    assert not b.has_requests() and b.block_pool.get_num_free_blocks() == 63  # its blocks were freed
+    assert run_request(b, p2, 2, "again")[0] == greedy_generate(model, p2, 2)  # the engine goes on

@@ -4,20 +4,29 @@ Test doubles for the kvtier vLLM connector: a connector moves the bytes of
 these caches, so the models must be real (outputs depend on every cached
 byte and on positions) and bit-reproducible.
 
-What mirrors vLLM (vllm/v1/attention/backends/flash_attn.py @5704f34f, and the
-kv_transfer_utils.py decorator @2b9269b2 for the hooks):
-  * per attention layer one tensor `[2, num_blocks, block_size, num_kv_heads,
-    head_size]`, the FlashAttention `get_kv_cache_shape` layout (K/V-major,
-    NHD; vllm/v1/attention/backends/flash_attn.py @5704f34f);
-  * layer names `"model.layers.{i}.self_attn.attn"` (keys of the dict vLLM
-    passes to `register_kv_caches`);
-  * slot of position p = block_table[p // block_size] * block_size
-    + p % block_size (the slot mapping vLLM's attention metadata carries);
-  * per layer, `hooks.wait_for_layer_load(layer_name)` before the layer reads
-    the cache and `hooks.save_kv_layer(layer_name, kv_cache, attn_metadata)`
-    after it wrote this step's K/V: the order of vLLM's
-    `maybe_transfer_kv_layer` decorator
-    (vllm/model_executor/layers/attention/kv_transfer_utils.py @2b9269b2).
+Cache forms the models read and write (one tensor per attention layer, the
+values of the dict vLLM passes to `register_kv_caches`, keyed by layer names
+`"model.layers.{i}.self_attn.attn"`):
+  * "views" (current vLLM, since vllm#51718, see mini_vllm/kv_cache_interface.py):
+    a 4-D view [B, H, N, C] of one flat allocation, any KVCacheLayout, so in
+    general non-contiguous; C packs K (the first head_size elements) then V;
+    for MLA H = 1 and C is the latent. Dim 0 may count kernel blocks of
+    N < block_size tokens (manager block b = kernel blocks b*r .. b*r+r-1).
+  * "legacy_kv_first" (older vLLM FlashAttention, vllm/v1/attention/backends/
+    flash_attn.py @5704f34f): [2, num_blocks, block_size, heads, head_size];
+  * "legacy_blocks_first" (older FlashInfer): [num_blocks, 2, block_size,
+    heads, head_size]; older MLA: [num_blocks, block_size, head_size] for both.
+A slot p (vLLM's slot mapping: block_table[p // block_size] * block_size +
+p % block_size) is token p % n of block p // n where n = the cache's tokens
+per (kernel) block. The models write through views of the tensor they were
+handed (never a reshaped copy), so every form holds the same float values
+and the numerics do not depend on the form.
+
+Hooks (the kv_transfer_utils.py decorator @2b9269b2): per layer,
+`hooks.wait_for_layer_load(layer_name)` before the layer reads the cache and
+`hooks.save_kv_layer(layer_name, kv_cache, attn_metadata)` after it wrote
+this step's K/V: the order of vLLM's `maybe_transfer_kv_layer` decorator
+(vllm/model_executor/layers/attention/kv_transfer_utils.py @2b9269b2).
 
 Bit-exactness, by construction: every per-token operation runs on tensors of
 one fixed shape (`[1, width]`) whatever the batch, the chunking or the number
@@ -30,26 +39,31 @@ slower than batched matmuls (a Python loop per token and layer) and that is
 the point: no BLAS blocking or reduction order can depend on the batch.
 Call `make_deterministic()` once per process (the tests' fixtures do).
 
-Tensor parallelism: the model always computes all heads; a `KVShard` says
-which KV heads a rank's cache holds (`[kv_head_start, kv_head_end)`), and the
-model writes/reads each head in the shard that owns it, calling each shard's
-hooks. Head h's attention reads only its own cache, as in vLLM, so results
-are bit-identical for 1 or 2 shards.
+Tensor parallelism: the model always computes all heads; a `KVShard` is one
+rank's caches and the heads `[kv_head_start, kv_head_end)` tensor parallelism
+gives it (`model.num_tp_heads` of them in all): KV heads for TinyDecoder and
+TinyHybrid (the rank's cache holds exactly those), query heads for TinyMLA
+(every rank's cache holds the whole latent, replicated, as vLLM's MLA does).
+The model writes each shard's share, reads each head from the cache of the
+shard that owns it and calls each shard's hooks, so results are
+bit-identical for 1 or 2 shards.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyHybrid",
-    "greedy_generate", "make_deterministic", "slot_mapping",
+    "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyHybrid", "TinyMLA",
+    "greedy_generate", "kv_planes", "make_deterministic", "slot_mapping", "tp_head_range",
 ]
+
+KV_FORMATS = ("views", "legacy_kv_first", "legacy_blocks_first")
 
 
 def make_deterministic() -> None:
@@ -62,6 +76,64 @@ def slot_mapping(block_table: Sequence[int], positions: Sequence[int], block_siz
     """vLLM's slot mapping: block_table[p // block_size] * block_size + p % block_size (int64)."""
     return torch.tensor([int(block_table[p // block_size]) * block_size + p % block_size for p in positions],
                         dtype=torch.int64)
+
+
+def tp_head_range(model, rank: int, tp_size: int) -> tuple:
+    """The heads tensor parallelism gives `rank` of `tp_size`: an equal share of model.num_tp_heads."""
+    assert model.num_tp_heads % tp_size == 0, "heads must divide evenly over ranks"
+    per = model.num_tp_heads // tp_size
+    return rank * per, (rank + 1) * per
+
+
+# --------------------------------------------------------------------------
+# Reading and writing any cache form.
+# --------------------------------------------------------------------------
+
+def infer_kv_format(cache: torch.Tensor) -> str:
+    """The form of a layer cache from its shape: 4-D views, 3-D older MLA ("legacy_kv_first"), 5-D
+    older attention: kv_first when dim 0 is 2, else blocks_first ([2, 2, ...] is taken as kv_first:
+    pass the format explicitly for a 2-block blocks_first cache)."""
+    if cache.dim() == 4:
+        return "views"
+    if cache.dim() == 3:
+        return "legacy_kv_first"
+    assert cache.dim() == 5, f"not a paged KV cache: shape {tuple(cache.shape)}"
+    return "legacy_kv_first" if cache.shape[0] == 2 else "legacy_blocks_first"
+
+
+def kv_planes(cache: torch.Tensor, head_size: Optional[int] = None, kv_format: Optional[str] = None) -> list:
+    """Views [blocks, tokens, heads, width] of one layer's cache, sharing its storage, indexed by
+    (kernel) block and token in block: [K, V] for attention; [latent] (heads = 1) for MLA caches
+    (3-D, or 4-D with head_size = C). head_size splits a 4-D view's C (None: C / 2)."""
+    fmt = kv_format or infer_kv_format(cache)
+    assert fmt in KV_FORMATS, f"unknown KV cache format {fmt!r}"
+    if cache.dim() == 3:
+        return [cache.unsqueeze(2)]
+    if fmt == "views":
+        cells = cache.transpose(1, 2)  # [B, N, H, C]
+        k_width = cells.shape[-1] // 2 if head_size is None else head_size
+        if k_width == cells.shape[-1]:
+            return [cells]
+        return [cells[..., :k_width], cells[..., k_width:]]
+    if fmt == "legacy_kv_first":
+        return [cache[0], cache[1]]
+    return [cache[:, 0], cache[:, 1]]
+
+
+def _block_and_offset(slots, tokens_per_block: int):
+    return slots // tokens_per_block, slots % tokens_per_block
+
+
+def _read_slots(plane: torch.Tensor, slots: torch.Tensor, head: int) -> torch.Tensor:
+    """Rows [len(slots), width] of one head of a plane (a new contiguous tensor)."""
+    block, offset = _block_and_offset(slots, plane.shape[1])
+    return plane[:, :, head][block, offset].contiguous()
+
+
+def _write_slot(plane: torch.Tensor, slot: int, rows: torch.Tensor) -> None:
+    """Writes rows [heads, width] to one slot of a plane, in place."""
+    block, offset = _block_and_offset(slot, plane.shape[1])
+    plane[block, offset] = rows
 
 
 @dataclass
@@ -84,16 +156,19 @@ class SeqInput:
 
 @dataclass
 class KVShard:
-    """The paged caches of one tensor-parallel rank: `kv_caches[layer_name]` has shape
-    [2, num_blocks, block_size, kv_head_end - kv_head_start, head_size].
-    `hooks` (optional) gets wait_for_layer_load/save_kv_layer calls for this rank;
-    `attn_metadata` is what save_kv_layer receives: one object, or a dict layer_name->object
-    (vLLM's forward_context.attn_metadata); None builds an AttnMetadata with the slot mapping."""
+    """The paged caches of one tensor-parallel rank and the heads [kv_head_start, kv_head_end)
+    tensor parallelism gives it (see the module docstring: KV heads, or MLA query heads).
+    `kv_caches[layer_name]` is in any form of the module docstring; `kv_format` names it (None:
+    inferred from the shape). `hooks` (optional) gets wait_for_layer_load/save_kv_layer calls for
+    this rank; `attn_metadata` is what save_kv_layer receives: one object, or a dict
+    layer_name->object (vLLM's forward_context.attn_metadata); None builds an AttnMetadata with
+    the slot mapping."""
     kv_caches: dict
     kv_head_start: int
     kv_head_end: int
     hooks: Any = None
     attn_metadata: Any = None
+    kv_format: Optional[str] = None
 
     def metadata_for(self, layer_name: str, default: Any) -> Any:
         if self.attn_metadata is None:
@@ -102,59 +177,104 @@ class KVShard:
             return self.attn_metadata[layer_name]
         return self.attn_metadata
 
+    def planes(self, layer_name: str, head_size: int) -> list:
+        return kv_planes(self.kv_caches[layer_name], head_size, self.kv_format)
+
 
 def _as_shards(model, kv_caches, hooks=None, attn_metadata=None) -> list:
-    """Accepts a dict (one cache set with all KV heads), a KVShard or a list of KVShards."""
+    """Accepts a dict (one cache set with all heads), a KVShard or a list of KVShards."""
     if isinstance(kv_caches, KVShard):
         return [kv_caches]
     if isinstance(kv_caches, (list, tuple)):
         return list(kv_caches)
-    return [KVShard(kv_caches, 0, model.n_kv_heads, hooks, attn_metadata)]
+    return [KVShard(kv_caches, 0, model.num_tp_heads, hooks, attn_metadata)]
 
 
 class KVCache:
-    """Allocation and inspection of vLLM FlashAttention-layout paged caches."""
+    """Allocation and inspection of paged caches in any form (see the module docstring).
+    kv_format defaults to "legacy_kv_first" here (the form these helpers always had); the mini
+    engine allocates "views" by default."""
 
     @staticmethod
-    def shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple:
+    def shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+              kv_format: str = "legacy_kv_first") -> tuple:
+        """One layer's shape for an attention model (K and V of head_size each)."""
+        if kv_format == "views":
+            return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+        if kv_format == "legacy_blocks_first":
+            return (num_blocks, 2, block_size, num_kv_heads, head_size)
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod
     def allocate(model, num_blocks: int, kv_head_range: Optional[tuple] = None, fill: float = 0.0,
-                 dtype: torch.dtype = torch.float32) -> dict:
-        """dict layer_name -> zero (or `fill`) tensor [2, num_blocks, block_size, heads, head_size]
-        for the model's attention layers; `kv_head_range=(start, end)` allocates one TP rank's heads.
-        This dict is what vLLM passes to `KVConnectorBase_V1.register_kv_caches`."""
-        start, end = kv_head_range if kv_head_range is not None else (0, model.n_kv_heads)
-        shape = KVCache.shape(num_blocks, model.block_size, end - start, model.head_size)
-        return {name: torch.full(shape, fill, dtype=dtype) for name in model.attention_layer_names}
+                 dtype: torch.dtype = torch.float32, *, kv_format: str = "legacy_kv_first", layout=None,
+                 kernel_block_size: Optional[int] = None, page_size_padded: Optional[int] = None) -> dict:
+        """dict layer_name -> zero (or `fill`) cache of the model's attention layers, as a worker
+        allocates it (mini_vllm.kv_cache_interface.allocate_kv_caches): `kv_format`, `layout` (a
+        KVCacheLayout or its name, views only; None = LBNHC), `kernel_block_size`, `page_size_padded`.
+        `kv_head_range=(start, end)` allocates one TP rank's KV heads (ignored by MLA: every rank
+        holds the whole latent). This dict is what vLLM passes to `register_kv_caches`."""
+        from mini_vllm.kv_cache_interface import (KVCacheConfig, KVCacheGroupSpec, allocate_kv_caches,
+                                                  kv_cache_spec_for, kv_cache_tensor_for)
+        start, end = kv_head_range if kv_head_range is not None else (0, getattr(model, "n_kv_heads", 1))
+        spec = replace(kv_cache_spec_for(model, num_kv_heads=end - start, page_size_padded=page_size_padded),
+                       dtype=dtype)
+        names = list(model.attention_layer_names)
+        config = KVCacheConfig(num_blocks, [kv_cache_tensor_for(spec, names, num_blocks, layout)],
+                               [KVCacheGroupSpec(names, spec)])
+        caches = allocate_kv_caches(config, kv_cache_format=kv_format, layout=layout,
+                                    kernel_block_size=kernel_block_size)
+        if fill != 0.0:
+            for cache in caches.values():
+                cache.fill_(fill)
+        return caches
 
     @staticmethod
-    def shards(model, num_blocks: int, tp_size: int, fill: float = 0.0) -> list:
-        """One KVShard per rank, rank r holding KV heads [r*h/tp, (r+1)*h/tp)."""
-        assert model.n_kv_heads % tp_size == 0, "KV heads must divide evenly over ranks"
-        per = model.n_kv_heads // tp_size
-        return [KVShard(KVCache.allocate(model, num_blocks, (r * per, (r + 1) * per), fill), r * per, (r + 1) * per)
-                for r in range(tp_size)]
+    def shards(model, num_blocks: int, tp_size: int, fill: float = 0.0, **allocate_kwargs) -> list:
+        """One KVShard per rank, rank r holding heads tp_head_range(model, r, tp_size) (MLA: the
+        whole latent); allocate_kwargs as for allocate (kv_format, layout, ...)."""
+        shards = []
+        for r in range(tp_size):
+            start, end = tp_head_range(model, r, tp_size)
+            caches = KVCache.allocate(model, num_blocks, (start, end), fill, **allocate_kwargs)
+            shards.append(KVShard(caches, start, end, kv_format=allocate_kwargs.get("kv_format", "legacy_kv_first")))
+        return shards
 
     @staticmethod
-    def gather_tokens(kv_caches: dict, block_table: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
-        """K/V of positions [0, num_tokens) read through a block table:
-        [num_layers, 2, num_tokens, heads, head_size] (layers in dict order)."""
+    def gather_tokens(kv_caches: dict, block_table: Sequence[int], num_tokens: int, block_size: int, *,
+                      head_size: Optional[int] = None, kv_format: Optional[str] = None) -> torch.Tensor:
+        """K/V of positions [0, num_tokens) read through a block table, whatever the form:
+        [num_layers, 2, num_tokens, heads, head_size] (layers in dict order; K and V must have one
+        width). An MLA cache (3-D, or 4-D with head_size = C) gives its latent as the one plane:
+        [num_layers, 1, num_tokens, 1, latent width]. head_size as for kv_planes."""
         slots = slot_mapping(block_table, range(num_tokens), block_size)
         out = []
-        for t in kv_caches.values():
-            flat = t.reshape(2, -1, t.shape[3], t.shape[4])
-            out.append(flat[:, slots])
+        for cache in kv_caches.values():
+            planes = kv_planes(cache, head_size, kv_format)
+            rows = [p[_block_and_offset(slots, p.shape[1])] for p in planes]
+            if len({r.shape for r in rows}) != 1:
+                raise ValueError("gather_tokens: K and V have different widths")
+            out.append(torch.stack(rows))
         return torch.stack(out)
 
     @staticmethod
-    def copy_blocks(src: dict, dst: dict, src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> None:
-        """Copies whole blocks (all layers, K and V) between two cache dicts of the same heads."""
-        s = torch.tensor(list(src_block_ids), dtype=torch.int64)
-        d = torch.tensor(list(dst_block_ids), dtype=torch.int64)
-        for name, t in src.items():
-            dst[name][:, d] = t[:, s]
+    def copy_blocks(src: dict, dst: dict, src_block_ids: Sequence[int], dst_block_ids: Sequence[int], *,
+                    block_size: Optional[int] = None, kv_format: Optional[str] = None) -> None:
+        """Copies whole blocks (all layers, K and V) between two cache dicts of one form and the
+        same heads. block_size: tokens per manager block, needed when the caches count kernel
+        blocks (a manager block is then block_size // kernel tokens of them); None: no split."""
+        for name, s in src.items():
+            d = dst[name]
+            fmt = kv_format or infer_kv_format(s)
+            dim = 1 if (fmt == "legacy_kv_first" and s.dim() == 5) else 0
+            tokens = s.shape[1] if s.dim() == 3 else s.shape[2]
+            ratio = (block_size // tokens) if block_size else 1
+            s_ids = torch.tensor([b * ratio + i for b in src_block_ids for i in range(ratio)], dtype=torch.int64)
+            d_ids = torch.tensor([b * ratio + i for b in dst_block_ids for i in range(ratio)], dtype=torch.int64)
+            if dim == 0:
+                d[d_ids] = s[s_ids]
+            else:
+                d[:, d_ids] = s[:, s_ids]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -189,27 +309,30 @@ class _Weights:
 
 
 class _PagedAttentionMixin:
-    """Shared paged-attention mechanics of TinyDecoder and TinyHybrid (per token, per KV head)."""
+    """Shared paged-attention mechanics of TinyDecoder, TinyHybrid and TinyMLA (per token)."""
+
+    @property
+    def num_tp_heads(self) -> int:
+        """The heads tensor parallelism splits over ranks: the KV heads (each rank caches its share)."""
+        return self.n_kv_heads
 
     def _write_kv(self, shards, layer_name: str, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         for shard in shards:
-            cache = shard.kv_caches[layer_name]
-            flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
-            flat[0, slot] = k[shard.kv_head_start:shard.kv_head_end]
-            flat[1, slot] = v[shard.kv_head_start:shard.kv_head_end]
+            k_plane, v_plane = shard.planes(layer_name, self.head_size)
+            _write_slot(k_plane, slot, k[shard.kv_head_start:shard.kv_head_end])
+            _write_slot(v_plane, slot, v[shard.kv_head_start:shard.kv_head_end])
 
     def _attend(self, shards, layer_name: str, q: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """q [n_heads, head_size] attends to `slots` (the cached positions it may see, in order);
-        returns [1, n_heads * head_size]. One matmul pair per KV head, whatever the sharding."""
+        returns [1, n_heads * head_size_v]. One matmul pair per KV head, whatever the sharding."""
         group = self.n_heads // self.n_kv_heads
         outs = []
         for h in range(self.n_kv_heads):
             shard = next(s for s in shards if s.kv_head_start <= h < s.kv_head_end)
-            cache = shard.kv_caches[layer_name]
-            flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
+            k_plane, v_plane = shard.planes(layer_name, self.head_size)
             local = h - shard.kv_head_start
-            keys = flat[0, slots, local]      # [L, head_size]
-            values = flat[1, slots, local]    # [L, head_size]
+            keys = _read_slots(k_plane, slots, local)      # [L, head_size]
+            values = _read_slots(v_plane, slots, local)    # [L, head_size_v]
             qh = q[h * group:(h + 1) * group]  # [group, head_size]
             probs = torch.softmax((qh @ keys.T) * self.scale, dim=-1)
             outs.append(probs @ values)
@@ -229,8 +352,8 @@ class _PagedAttentionMixin:
 
     def _check_inputs(self, seqs, shards) -> None:
         heads = sorted((s.kv_head_start, s.kv_head_end) for s in shards)
-        assert heads[0][0] == 0 and heads[-1][1] == self.n_kv_heads and all(
-            a[1] == b[0] for a, b in zip(heads, heads[1:])), f"shards must tile the KV heads: {heads}"
+        assert heads[0][0] == 0 and heads[-1][1] == self.num_tp_heads and all(
+            a[1] == b[0] for a, b in zip(heads, heads[1:])), f"shards must tile the heads: {heads}"
         for seq in seqs:
             assert len(seq.token_ids) == len(seq.positions) > 0
             p0 = int(seq.positions[0])
@@ -239,43 +362,10 @@ class _PagedAttentionMixin:
             assert int(seq.positions[-1]) < self.max_positions
 
 
-class TinyDecoder(_PagedAttentionMixin, torch.nn.Module):
-    """Decoder-only transformer (RMSNorm, RoPE, GQA attention, SwiGLU MLP, separate LM head), fp32, CPU.
-
-    Construction is seeded: two `TinyDecoder(seed=s)` have identical weights.
-    Widths are multiples of 16 floats by default so every row view is 64-byte aligned.
-    """
-
-    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_layers: int = 3, n_heads: int = 4,
-                 n_kv_heads: int = 2, head_size: int = 8, block_size: int = 4, d_ff: int = 64,
-                 max_positions: int = 1024):
-        super().__init__()
-        assert n_heads % n_kv_heads == 0 and head_size % 2 == 0
-        self.seed, self.vocab, self.d_model, self.n_layers = seed, vocab, d_model, n_layers
-        self.n_heads, self.n_kv_heads, self.head_size, self.block_size = n_heads, n_kv_heads, head_size, block_size
-        self.d_ff, self.max_positions = d_ff, max_positions
-        self.scale = 1.0 / math.sqrt(head_size)
-        w = _Weights(seed)
-        self.embed = w.normal(vocab, d_model, scale=1.0)
-        self.layers = torch.nn.ModuleList()
-        for _ in range(n_layers):
-            layer = torch.nn.Module()
-            layer.attn_norm = w.norm(d_model)
-            layer.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
-            layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
-            layer.wv = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
-            layer.wo = w.normal(d_model, n_heads * head_size, scale=(n_heads * head_size) ** -0.5)
-            layer.mlp_norm = w.norm(d_model)
-            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
-            self.layers.append(layer)
-        self.final_norm = w.norm(d_model)
-        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
-        cos, sin = _rope_tables(max_positions, head_size)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+class _PagedDecoder(_PagedAttentionMixin):
+    """forward/forward_batch of a decoder whose layers are attention + SwiGLU MLP. A subclass
+    gives `_project(layer, h, pos) -> (query, cache_entry)`, `_store(shards, name, slot, entry)`
+    and `_attention(shards, name, layer, query, slots) -> [1, width of layer.wo's input]`."""
 
     @torch.no_grad()
     def forward(self, token_ids: Sequence[int], positions: Sequence[int], block_table: Sequence[int],
@@ -304,18 +394,13 @@ class TinyDecoder(_PagedAttentionMixin, torch.nn.Module):
             for seq, xs, slots in zip(seqs, hidden, all_slots):
                 qs = []
                 for x, pos in zip(xs, seq.positions):
-                    pos = int(pos)
-                    h = _rms_norm(x, layer.attn_norm)
-                    cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-                    q = _apply_rope(F.linear(h, layer.wq).view(self.n_heads, self.head_size), cos, sin)
-                    k = _apply_rope(F.linear(h, layer.wk).view(self.n_kv_heads, self.head_size), cos, sin)
-                    v = F.linear(h, layer.wv).view(self.n_kv_heads, self.head_size)
-                    self._write_kv(shards, name, int(slots[pos]), k, v)
-                    qs.append(q)
+                    query, entry = self._project(layer, _rms_norm(x, layer.attn_norm), int(pos))
+                    self._store(shards, name, int(slots[int(pos)]), entry)
+                    qs.append(query)
                 queries.append(qs)
             for seq, xs, slots, qs in zip(seqs, hidden, all_slots, queries):
                 for i, (pos, q) in enumerate(zip(seq.positions, qs)):
-                    attn = self._attend(shards, name, q, slots[:int(pos) + 1])
+                    attn = self._attention(shards, name, layer, q, slots[:int(pos) + 1])
                     x = xs[i] + F.linear(attn, layer.wo)
                     h = _rms_norm(x, layer.mlp_norm)
                     xs[i] = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
@@ -323,15 +408,165 @@ class TinyDecoder(_PagedAttentionMixin, torch.nn.Module):
         return [torch.cat([F.linear(_rms_norm(x, self.final_norm), self.lm_head) for x in xs]) for xs in hidden]
 
 
-def greedy_generate(model: TinyDecoder, prompt: Sequence[int], max_new_tokens: int, return_logits: bool = False):
+class TinyDecoder(_PagedDecoder, torch.nn.Module):
+    """Decoder-only transformer (RMSNorm, RoPE, GQA attention, SwiGLU MLP, separate LM head), fp32, CPU.
+
+    Construction is seeded: two `TinyDecoder(seed=s)` have identical weights.
+    Widths are multiples of 16 floats by default so every row view is 64-byte aligned.
+    head_size_v (default head_size) is V's width: vLLM's spec allows it to differ from K's
+    (then only the "views" cache form can hold it).
+    """
+
+    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_layers: int = 3, n_heads: int = 4,
+                 n_kv_heads: int = 2, head_size: int = 8, block_size: int = 4, d_ff: int = 64,
+                 max_positions: int = 1024, head_size_v: Optional[int] = None):
+        super().__init__()
+        assert n_heads % n_kv_heads == 0 and head_size % 2 == 0
+        head_size_v = head_size if head_size_v is None else head_size_v
+        self.seed, self.vocab, self.d_model, self.n_layers = seed, vocab, d_model, n_layers
+        self.n_heads, self.n_kv_heads, self.head_size, self.block_size = n_heads, n_kv_heads, head_size, block_size
+        self.head_size_v = head_size_v
+        self.d_ff, self.max_positions = d_ff, max_positions
+        self.scale = 1.0 / math.sqrt(head_size)
+        w = _Weights(seed)
+        self.embed = w.normal(vocab, d_model, scale=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(n_layers):
+            layer = torch.nn.Module()
+            layer.attn_norm = w.norm(d_model)
+            layer.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
+            layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+            layer.wv = w.normal(n_kv_heads * head_size_v, d_model, scale=d_model ** -0.5)
+            layer.wo = w.normal(d_model, n_heads * head_size_v, scale=(n_heads * head_size_v) ** -0.5)
+            layer.mlp_norm = w.norm(d_model)
+            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+            self.layers.append(layer)
+        self.final_norm = w.norm(d_model)
+        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
+        cos, sin = _rope_tables(max_positions, head_size)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+
+    def _project(self, layer, h: torch.Tensor, pos: int) -> tuple:
+        """(q [n_heads, head_size], (k, v)) of one token: RoPE'd q and k, plain v."""
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        q = _apply_rope(F.linear(h, layer.wq).view(self.n_heads, self.head_size), cos, sin)
+        k = _apply_rope(F.linear(h, layer.wk).view(self.n_kv_heads, self.head_size), cos, sin)
+        v = F.linear(h, layer.wv).view(self.n_kv_heads, self.head_size_v)
+        return q, (k, v)
+
+    def _store(self, shards, layer_name: str, slot: int, entry: tuple) -> None:
+        self._write_kv(shards, layer_name, slot, *entry)
+
+    def _attention(self, shards, layer_name: str, layer, q: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return self._attend(shards, layer_name, q, slots)
+
+
+class TinyMLA(_PagedDecoder, torch.nn.Module):
+    """Decoder with multi-head latent attention (DeepSeek-V2 style, the role of vLLM's MLA), fp32, CPU.
+
+    Per layer and token only one latent vector is cached: [c | k_pe], head_size =
+    kv_lora_rank + qk_rope_head_dim wide, with c = RMSNorm(W_dkv h) (the compressed KV) and
+    k_pe = RoPE(W_kr h) (one rotary key shared by all heads). At attention time each query head i
+    derives its keys and values from the cached latents: K_i = [W_uk_i c | k_pe], V_i = W_uv_i c;
+    its query is [W_q_nope_i h | RoPE(W_q_rope_i h)]. So the cache has one "head" and no V
+    (MLAAttentionSpec: num_kv_heads = 1, head_size_v = 0), and under tensor parallelism the query
+    heads are split (num_tp_heads = n_heads) while every rank's cache holds the whole latent; head i
+    reads the cache of the shard that owns it. Seeded and bit-exact like TinyDecoder.
+    """
+
+    use_mla = True
+    n_kv_heads = 1  # what vLLM's ModelConfig reports for MLA
+    head_size_v = 0
+
+    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
+                 kv_lora_rank: int = 8, qk_rope_head_dim: int = 8, qk_nope_head_dim: int = 8, v_head_dim: int = 8,
+                 block_size: int = 4, d_ff: int = 64, max_positions: int = 1024):
+        super().__init__()
+        assert qk_rope_head_dim % 2 == 0
+        self.seed, self.vocab, self.d_model, self.n_layers, self.n_heads = seed, vocab, d_model, n_layers, n_heads
+        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
+        self.qk_nope_head_dim, self.v_head_dim = qk_nope_head_dim, v_head_dim
+        self.head_size = kv_lora_rank + qk_rope_head_dim  # the cached latent's width
+        self.block_size, self.d_ff, self.max_positions = block_size, d_ff, max_positions
+        self.scale = 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)
+        w = _Weights(seed)
+        self.embed = w.normal(vocab, d_model, scale=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(n_layers):
+            layer = torch.nn.Module()
+            layer.attn_norm = w.norm(d_model)
+            layer.w_dkv = w.normal(kv_lora_rank, d_model, scale=d_model ** -0.5)
+            layer.kv_norm = w.norm(kv_lora_rank)
+            layer.w_kr = w.normal(qk_rope_head_dim, d_model, scale=d_model ** -0.5)
+            layer.wq_nope = w.normal(n_heads * qk_nope_head_dim, d_model, scale=d_model ** -0.5)
+            layer.wq_rope = w.normal(n_heads * qk_rope_head_dim, d_model, scale=d_model ** -0.5)
+            layer.w_uk = w.normal(n_heads * qk_nope_head_dim, kv_lora_rank, scale=kv_lora_rank ** -0.5)
+            layer.w_uv = w.normal(n_heads * v_head_dim, kv_lora_rank, scale=kv_lora_rank ** -0.5)
+            layer.wo = w.normal(d_model, n_heads * v_head_dim, scale=(n_heads * v_head_dim) ** -0.5)
+            layer.mlp_norm = w.norm(d_model)
+            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+            self.layers.append(layer)
+        self.final_norm = w.norm(d_model)
+        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
+        cos, sin = _rope_tables(max_positions, qk_rope_head_dim)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+
+    @property
+    def num_tp_heads(self) -> int:
+        """Query heads: tensor parallelism splits them; the latent cache is replicated."""
+        return self.n_heads
+
+    def _project(self, layer, h: torch.Tensor, pos: int) -> tuple:
+        """((q_nope [n_heads, nope], q_pe [n_heads, rope]), latent [1, head_size]) of one token."""
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        c = _rms_norm(F.linear(h, layer.w_dkv), layer.kv_norm)
+        k_pe = _apply_rope(F.linear(h, layer.w_kr), cos, sin)
+        q_nope = F.linear(h, layer.wq_nope).view(self.n_heads, self.qk_nope_head_dim)
+        q_pe = _apply_rope(F.linear(h, layer.wq_rope).view(self.n_heads, self.qk_rope_head_dim), cos, sin)
+        return (q_nope, q_pe), torch.cat((c, k_pe), dim=-1)
+
+    def _store(self, shards, layer_name: str, slot: int, latent: torch.Tensor) -> None:
+        """Every rank caches the whole latent."""
+        for shard in shards:
+            (plane,) = shard.planes(layer_name, self.head_size)
+            _write_slot(plane, slot, latent)
+
+    def _attention(self, shards, layer_name: str, layer, q: tuple, slots: torch.Tensor) -> torch.Tensor:
+        """[1, n_heads * v_head_dim]: head i reads the latents of `slots` from its own shard's cache."""
+        q_nope, q_pe = q
+        r, dn, dv = self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
+        outs = []
+        for i in range(self.n_heads):
+            shard = next(s for s in shards if s.kv_head_start <= i < s.kv_head_end)
+            (plane,) = shard.planes(layer_name, self.head_size)
+            latents = _read_slots(plane, slots, 0)  # [L, head_size]
+            c, k_pe = latents[:, :r], latents[:, r:]
+            k_nope = F.linear(c, layer.w_uk[i * dn:(i + 1) * dn])  # [L, nope]
+            values = F.linear(c, layer.w_uv[i * dv:(i + 1) * dv])  # [L, v_head_dim]
+            scores = (q_nope[i:i + 1] @ k_nope.T + q_pe[i:i + 1] @ k_pe.T) * self.scale
+            outs.append(torch.softmax(scores, dim=-1) @ values)
+        return torch.cat(outs, dim=0).reshape(1, -1)
+
+
+def greedy_generate(model, prompt: Sequence[int], max_new_tokens: int, return_logits: bool = False,
+                    kv_format: str = "views", **allocate_kwargs):
     """Reference without any cache reuse: every new token recomputes the whole sequence from
-    scratch in a fresh cache and takes the argmax of the last position's logits.
+    scratch in a fresh cache (KVCache.allocate(kv_format=..., **allocate_kwargs); the form does not
+    change the numerics) and takes the argmax of the last position's logits.
     Returns the generated tokens (and, with return_logits, each step's last-position logits)."""
     tokens = list(prompt)
     out, logits_seen = [], []
     for _ in range(max_new_tokens):
         num_blocks = (len(tokens) + model.block_size - 1) // model.block_size
-        caches = KVCache.allocate(model, num_blocks + 1)
+        caches = KVCache.allocate(model, num_blocks + 1, kv_format=kv_format, **allocate_kwargs)
         table = list(range(1, num_blocks + 1))  # block 0 left unused, like vLLM's null block
         logits = model(tokens, list(range(len(tokens))), table, 0, caches)[-1]
         nxt = int(torch.argmax(logits))

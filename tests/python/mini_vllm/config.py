@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import torch
 
+from .kv_cache_layout import KVCacheLayout, resolve_kv_cache_layout
+
 
 # --------------------------------------------------------------------------
 # Configs (vllm/config). Only the fields a connector or this engine reads.
@@ -20,7 +22,8 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32
     max_model_len: int = 512
     use_mla: bool = False
-    # Shape facts vLLM derives from hf_config; here copied from the tiny model.
+    # Shape facts vLLM derives from hf_config; here copied from the tiny model (MLA: one KV "head",
+    # head_size = the latent's width).
     num_layers: int = 3
     total_num_kv_heads: int = 2
     head_size: int = 8
@@ -28,10 +31,16 @@ class ModelConfig:
     def get_num_layers(self, parallel_config: "ParallelConfig" = None) -> int:
         return self.num_layers
 
+    def get_total_num_hidden_layers(self) -> int:
+        """All decoder layers of the model, whatever the pipeline split (vllm/config/model.py)."""
+        return self.num_layers
+
     def get_total_num_kv_heads(self) -> int:
-        return self.total_num_kv_heads
+        return 1 if self.use_mla else self.total_num_kv_heads
 
     def get_num_kv_heads(self, parallel_config: "ParallelConfig") -> int:
+        if self.use_mla:
+            return 1  # the latent is replicated on every rank
         return max(1, self.total_num_kv_heads // parallel_config.tensor_parallel_size)
 
     def get_head_size(self) -> int:
@@ -40,11 +49,23 @@ class ModelConfig:
 
 @dataclass
 class CacheConfig:
+    """vllm/config/cache.py, the fields read here. kv_cache_layout: a KVCacheLayout name (or "NHD"/
+    "HND"), None = resolved by the engine (CUDA FlashAttention: NHD = LBNHC), as after vllm#51718.
+    Harness-only (real vLLM has no such fields): kernel_block_size, the attention kernel's tokens
+    per block (real vLLM takes it from the backend; None = block_size), and kv_cache_format, what
+    the workers allocate: "views" (current vLLM) or "legacy_kv_first"/"legacy_blocks_first"
+    (older vLLM's per-layer tensors, see kv_cache_interface.py)."""
     block_size: int = 4
     cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     num_gpu_blocks: Optional[int] = None
     prefix_caching_hash_algo: str = "sha256"
+    kv_cache_layout: Optional[str] = None
+    kernel_block_size: Optional[int] = None
+    kv_cache_format: str = "views"
+
+    def get_resolved_kv_cache_layout(self) -> KVCacheLayout:
+        return resolve_kv_cache_layout(self.kv_cache_layout)
 
 
 @dataclass
@@ -76,7 +97,9 @@ _KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
 @dataclass
 class KVTransferConfig:
-    """vllm/config/kv_transfer.py @007c643b, plus kv_load_failure_policy read by the scheduler @00f4240e."""
+    """vllm/config/kv_transfer.py @007c643b, plus kv_load_failure_policy (read by the scheduler @00f4240e):
+    "fail", vLLM's default, finishes a request whose blocks failed to load with FINISHED_ERROR;
+    "recompute" recomputes from the first failed block."""
     kv_connector: Optional[str] = None
     engine_id: Optional[str] = None
     kv_buffer_device: str = "cpu"
@@ -88,7 +111,7 @@ class KVTransferConfig:
     kv_port: int = 14579
     kv_connector_extra_config: dict = field(default_factory=dict)
     kv_connector_module_path: Optional[str] = None
-    kv_load_failure_policy: str = "recompute"  # "recompute" or anything else (= fail the request)
+    kv_load_failure_policy: str = "fail"  # Literal["recompute", "fail"]
 
     def __post_init__(self):
         if self.engine_id is None:
@@ -131,24 +154,29 @@ class VllmConfig:
 
 def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTest", kv_role: str = "kv_both",
                      kv_connector_module_path: Optional[str] = None, kv_connector_extra_config: Optional[dict] = None,
-                     kv_load_failure_policy: str = "recompute", tensor_parallel_size: int = 1,
+                     kv_load_failure_policy: str = "fail", tensor_parallel_size: int = 1,
                      enable_prefix_caching: bool = True, max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
                      long_prefill_token_threshold: int = 0, enable_chunked_prefill: bool = True,
                      max_model_len: Optional[int] = None, model_name: str = "kvtier-test/tiny-decoder",
-                     revision: Optional[str] = None) -> VllmConfig:
-    """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector)."""
+                     revision: Optional[str] = None, kv_cache_layout: Optional[str] = None,
+                     kernel_block_size: Optional[int] = None, kv_cache_format: str = "views") -> VllmConfig:
+    """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector).
+    kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there)."""
     ktc = None
     if kv_connector is not None:
         ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
                                kv_connector_module_path=kv_connector_module_path,
                                kv_connector_extra_config=dict(kv_connector_extra_config or {}),
                                kv_load_failure_policy=kv_load_failure_policy)
+    use_mla = bool(getattr(model, "use_mla", False))
     return VllmConfig(
         model_config=ModelConfig(model=model_name, revision=revision or f"seed-{getattr(model, 'seed', 0)}",
                                  dtype=torch.float32, max_model_len=max_model_len or model.max_positions,
-                                 num_layers=len(model.attention_layer_names), total_num_kv_heads=model.n_kv_heads,
-                                 head_size=model.head_size),
-        cache_config=CacheConfig(block_size=model.block_size, enable_prefix_caching=enable_prefix_caching),
+                                 use_mla=use_mla, num_layers=len(model.attention_layer_names),
+                                 total_num_kv_heads=model.n_kv_heads, head_size=model.head_size),
+        cache_config=CacheConfig(block_size=model.block_size, enable_prefix_caching=enable_prefix_caching,
+                                 kv_cache_layout=kv_cache_layout, kernel_block_size=kernel_block_size,
+                                 kv_cache_format=kv_cache_format),
         parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                          enable_chunked_prefill=enable_chunked_prefill,

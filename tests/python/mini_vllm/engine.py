@@ -12,7 +12,8 @@ from tiny_model import KVCache  # on sys.path: see the package __init__
 from .config import VllmConfig, make_vllm_config
 from .connector_api import KVConnectorRole, create_connector
 from .kv_cache import BlockPool
-from .kv_cache_interface import KVCacheConfig, make_kv_cache_config
+from .kv_cache_interface import (KV_CACHE_FORMATS, KVCacheConfig, MLAAttentionSpec, check_kv_cache_config_layout,
+                                 make_kv_cache_config)
 from .request import Request, RequestStatus, SamplingParams, get_request_block_hasher, init_none_hash, sha256_hash
 from .runner import KVOutputAggregator, MiniModelRunner
 from .scheduler import ModelRunnerOutput, Scheduler
@@ -38,23 +39,35 @@ class MiniEngine:
     the class named by kv_connector in kv_connector_module_path), a connector class, or a callable
     (vllm_config, role, kv_cache_config) -> connector. One scheduler-side instance and one
     worker-side instance per rank are created, as vLLM does.
-    kv_cache_config: the per-worker config (see make_kv_cache_config(model, n, num_workers)); default
-    64 blocks. start_load_kv_before_forward: None = vLLM @00f4240e (before the forward only when the
-    step has sync loads, else after it), True = older vLLM (always before).
+    kv_cache_config: the per-worker config (see make_kv_cache_config(model, n, num_workers, layout=...));
+    default 64 blocks in the engine's layout. start_load_kv_before_forward: None = vLLM @00f4240e
+    (before the forward only when the step has sync loads, else after it), True = older vLLM
+    (always before).
+    KV cache form (vllm_config.cache_config, see CacheConfig; the keyword arguments, when not None,
+    override it): kv_cache_layout (a KVCacheLayout or its name; None = LBNHC), kernel_block_size
+    (None = the block size; must divide it) and kv_cache_format ("views", current vLLM, or
+    "legacy_kv_first"/"legacy_blocks_first", older vLLM's per-layer tensors).
     """
 
     def __init__(self, model, vllm_config: Optional[VllmConfig] = None, kv_cache_config: Optional[KVCacheConfig] = None,
                  connector_factory: Any = None, num_workers: int = 1, *, none_hash: Optional[bytes] = None,
-                 serialize_scheduler_output: bool = True, start_load_kv_before_forward: Optional[bool] = None):
+                 serialize_scheduler_output: bool = True, start_load_kv_before_forward: Optional[bool] = None,
+                 kv_cache_layout: Any = None, kernel_block_size: Optional[int] = None,
+                 kv_cache_format: Optional[str] = None):
         if vllm_config is None:
             vllm_config = make_vllm_config(model, kv_connector=None, tensor_parallel_size=num_workers)
         vllm_config.parallel_config.tensor_parallel_size = num_workers
+        cache = vllm_config.cache_config
+        if kv_cache_layout is not None:
+            cache.kv_cache_layout = getattr(kv_cache_layout, "name", kv_cache_layout)
+        if kernel_block_size is not None:
+            cache.kernel_block_size = kernel_block_size
+        if kv_cache_format is not None:
+            cache.kv_cache_format = kv_cache_format
         if kv_cache_config is None:
-            kv_cache_config = make_kv_cache_config(model, 64, num_workers)
-        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
-        assert spec.block_size == model.block_size == vllm_config.cache_config.block_size
-        vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+            kv_cache_config = make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout())
+        self._check_kv_cache_config(model, cache, kv_cache_config, num_workers)
+        cache.num_gpu_blocks = kv_cache_config.num_blocks
         self.model = model
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
@@ -78,6 +91,21 @@ class MiniEngine:
         self.kv_transfer_params: dict = {}
         self.finished_block_ids: dict = {}  # req_id -> block ids when it finished (blocks may be retained)
         self._next_id = 0
+
+    @staticmethod
+    def _check_kv_cache_config(model, cache, kv_cache_config: KVCacheConfig, num_workers: int) -> None:
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        if isinstance(spec, MLAAttentionSpec):
+            assert spec.num_kv_heads == 1 and model.num_tp_heads % num_workers == 0, "MLA: one latent per rank"
+        else:
+            assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
+        assert spec.block_size == model.block_size == cache.block_size
+        kbs = cache.kernel_block_size
+        assert kbs is None or (kbs > 0 and spec.block_size % kbs == 0), "kernel block size must divide the block size"
+        if cache.kv_cache_format not in KV_CACHE_FORMATS:
+            raise ValueError(f"kv_cache_format {cache.kv_cache_format!r} is not one of {KV_CACHE_FORMATS}")
+        if cache.kv_cache_format == "views":
+            check_kv_cache_config_layout(kv_cache_config, cache.get_resolved_kv_cache_layout())
 
     # ---- accessors ----
     @property
@@ -111,10 +139,12 @@ class MiniEngine:
         return list(self.finished_block_ids.get(req_id, []))
 
     def token_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
-        """K/V of positions [0, num_tokens) through `block_table`, all ranks' heads concatenated:
-        [num_layers, 2, num_tokens, num_kv_heads, head_size]."""
-        parts = [KVCache.gather_tokens(r.kv_caches, block_table, num_tokens, self.block_size)
-                 for r in self.runner.ranks]
+        """K/V of positions [0, num_tokens) through `block_table`, whatever the cache form, all ranks'
+        heads concatenated: [num_layers, 2, num_tokens, num_kv_heads, head_size]. MLA: rank 0's
+        latents (every rank holds a replica): [num_layers, 1, num_tokens, 1, head_size]."""
+        ranks = self.runner.ranks[:1] if getattr(self.model, "use_mla", False) else self.runner.ranks
+        parts = [KVCache.gather_tokens(r.kv_caches, block_table, num_tokens, self.block_size,
+                                       head_size=self.model.head_size, kv_format=r.kv_format) for r in ranks]
         return torch.cat(parts, dim=3)
 
     def request_kv(self, req_id: str, num_tokens: Optional[int] = None) -> torch.Tensor:

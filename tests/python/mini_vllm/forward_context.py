@@ -19,7 +19,8 @@ from .config import VllmConfig
 
 class Attention(torch.nn.Module):
     """Stand-in for a vLLM attention layer in static_forward_context: `.kv_cache` is the layer's
-    paged tensor [2, num_blocks, block_size, num_kv_heads(rank), head_size]."""
+    cache, the very tensor register_kv_caches received (current vLLM: the 4-D [B, H, N, C] view;
+    older vLLM: [2, num_blocks, block_size, num_kv_heads(rank), head_size] or its FlashInfer/MLA forms)."""
 
     def __init__(self, layer_name: str, kv_cache: torch.Tensor, num_kv_heads: int, head_size: int):
         super().__init__()

@@ -1,73 +1,198 @@
-"""KV cache specs and the per-worker KVCacheConfig (vllm/v1/kv_cache_interface.py @001cabc1)."""
+"""KV cache specs, KVCacheTensor/KVCacheConfig and the per-layer cache views a worker allocates.
+
+Mirrors, rewritten here, vllm/v1/kv_cache_interface.py after vllm#51718 "Standardize KV cache
+layout" (vLLM v0.28/v0.29; the stored version holding create_kv_cache_views), with the layout enum
+of vllm/v1/kv_cache_layout.py @14f7a27c776bd0c423bbc155b25ce21ee5a839da (kv_cache_layout.py here)
+and the KVCacheTensor placement of get_kv_cache_config_from_groups (vllm/v1/core/kv_cache_utils.py,
+same vLLM version). What current vLLM hands a connector's register_kv_caches, per layer, is a 4-D
+view [B, H, N, C] (C in elements of spec.dtype, K then V packed in C; for MLA the latent) of one
+flat int8 allocation shared by all layers of a group, non-contiguous in general.
+
+Older vLLM (before #51718) allocated one 5-D tensor per layer instead: FlashAttention
+[2, num_blocks, block_size, heads, head_size] ("legacy_kv_first"), FlashInfer
+[num_blocks, 2, block_size, heads, head_size] ("legacy_blocks_first"), MLA
+[num_blocks, block_size, head_size]; allocate_kv_caches builds those too.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
+from math import prod
 from typing import Optional
 
 import torch
 
+from .kv_cache_layout import DIM_B, DIM_L, KVCacheLayout, resolve_kv_cache_layout
 
-# --------------------------------------------------------------------------
-# KV cache specs (vllm/v1/kv_cache_interface.py @001cabc1). One spec and one
-# KVCacheConfig per worker: num_kv_heads is the rank's share under TP.
-# --------------------------------------------------------------------------
+# What a worker may allocate: current vLLM's views, or older vLLM's per-layer tensors.
+KV_CACHE_FORMATS = ("views", "legacy_kv_first", "legacy_blocks_first")
+
 
 def _dtype_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+class KVQuantMode(enum.IntEnum):
+    """How the KV cache is quantized (the harness only carries the value; it quantizes nothing)."""
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+    NVFP4 = 5
+
+    @property
+    def is_per_token_head(self) -> bool:
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                        KVQuantMode.INT4_PER_TOKEN_HEAD)
+
+
+# --------------------------------------------------------------------------
+# Specs. One spec and one KVCacheConfig per worker: num_kv_heads is the rank's share under TP
+# (MLA: 1, the latent, replicated on every rank).
+# --------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class KVCacheSpec:
+    """The KV cache format of one layer; block_size = tokens per (manager) block."""
     block_size: int
 
     @property
     def page_size_bytes(self) -> int:
         raise NotImplementedError
 
+    def get_num_kernel_states(self, kernel_block_size: int) -> int:
+        """Stored states (the N axis) in a block of `kernel_block_size` tokens."""
+        per_state = self.tokens_per_state
+        return kernel_block_size // per_state if per_state > 0 else 1
 
-@dataclass(frozen=True)
+    @property
+    def num_states(self) -> int:
+        return self.get_num_kernel_states(self.block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttentionSpec(KVCacheSpec):
+    """An attention layer's page: H head slots x N states x C content bytes.
+
+    head_size_v None means head_size (set in __post_init__); num_head_slots None means one slot per
+    KV head; state_content_bytes None means dense K then V: (head_size + head_size_v) * dtype size;
+    tokens_per_state > 1 packs several tokens into one state; page_size_padded pads each page."""
     num_kv_heads: int
     head_size: int
     dtype: torch.dtype
+    head_size_v: Optional[int] = None
+    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
+    page_size_padded: Optional[int] = None
+    num_head_slots: Optional[int] = None
+    state_content_bytes: Optional[int] = None
+    tokens_per_state: int = 1
+
+    def __post_init__(self):
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
 
     @property
-    def real_page_size_bytes(self) -> int:
-        # 2 (K and V) * block_size * num_kv_heads * head_size * dtype size; MLA would drop the 2.
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * _dtype_size(self.dtype)
+    def num_heads(self) -> int:
+        """H of the page."""
+        return self.num_head_slots if self.num_head_slots is not None else self.num_kv_heads
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        """C of the page, in bytes."""
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * _dtype_size(self.dtype)
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.num_heads * self.num_states * self.state_content_size_bytes
 
     @property
     def page_size_bytes(self) -> int:
-        return self.real_page_size_bytes
+        if self.page_size_padded is not None:
+            assert self.page_size_padded >= self.unpadded_page_size_bytes
+            return self.page_size_padded
+        return self.unpadded_page_size_bytes
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        return self.unpadded_page_size_bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FullAttentionSpec(AttentionSpec):
     sliding_window: Optional[int] = None
     attention_chunk_size: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one latent vector of head_size elements per token and no V
+    (head_size_v = 0), num_kv_heads = 1. `alignment` rounds the page up (sets page_size_padded)."""
+    cache_dtype_str: Optional[str] = None
+    alignment: Optional[int] = None
+    head_size_v: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.alignment is not None:
+            padded = _round_up(self.unpadded_page_size_bytes, self.alignment)
+            if padded != self.unpadded_page_size_bytes:
+                object.__setattr__(self, "page_size_padded", padded)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SlidingWindowSpec(AttentionSpec):
-    sliding_window: int = 0
+    sliding_window: int
 
 
 @dataclass(frozen=True)
 class MambaSpec(KVCacheSpec):
     shapes: tuple = ()
     dtypes: tuple = ()
+    page_size_padded: Optional[int] = None
     mamba_type: str = "mamba2"
+    num_heads: int = 1
+    tokens_per_state: int = -1  # one state per block
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        return sum(int(torch.Size(s).numel()) * _dtype_size(d) for s, d in zip(self.shapes, self.dtypes))
 
     @property
     def page_size_bytes(self) -> int:
-        return sum(int(torch.Size(s).numel()) * _dtype_size(d) for s, d in zip(self.shapes, self.dtypes))
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.state_content_size_bytes
 
+
+# --------------------------------------------------------------------------
+# Placement of a group's layers in one allocation, and the config.
+# --------------------------------------------------------------------------
 
 @dataclass
 class KVCacheTensor:
+    """One backing allocation of `size` bytes for same-shaped layers: the page of block b of
+    layer layers[l] starts at byte offset + l * layer_stride + b * block_stride.
+    Layer-outermost layouts: layer_stride = page * num_blocks, block_stride = page (LBHNC, LBNHC;
+    LHBNC puts the heads outside the blocks, so its block stride is one head's share of a page).
+    Block-outermost layouts: block_stride = page * num_layers, layer_stride = page (BLHNC,
+    BLNHC; BHLNC: one head's share). Older vLLM had (size, shared_by); `shared_by` reads `layers`."""
     size: int
-    shared_by: list
+    layers: list
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+
+    @property
+    def shared_by(self) -> list:
+        return self.layers
 
 
 @dataclass
@@ -80,15 +205,196 @@ class KVCacheGroupSpec:
 class KVCacheConfig:
     num_blocks: int
     kv_cache_tensors: list
-    kv_cache_groups: list
+    kv_cache_groups: list = field(default_factory=list)
+
+    def spec_of(self, layer_name: str) -> KVCacheSpec:
+        return next(g.kv_cache_spec for g in self.kv_cache_groups if layer_name in g.layer_names)
 
 
-def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1) -> KVCacheConfig:
-    """The per-worker KVCacheConfig of `model`'s attention layers (one group, FullAttentionSpec)."""
-    assert model.n_kv_heads % tensor_parallel_size == 0
-    spec = FullAttentionSpec(block_size=model.block_size, num_kv_heads=model.n_kv_heads // tensor_parallel_size,
-                             head_size=model.head_size, dtype=torch.float32)
+# --------------------------------------------------------------------------
+# Shapes, strides and views (create_kv_cache_views and its helpers).
+# --------------------------------------------------------------------------
+
+def compute_layer_kv_cache_shape_bytes(spec: KVCacheSpec, num_blocks: int,
+                                       kernel_block_size: Optional[int] = None) -> tuple:
+    """One layer's logical shape (B, H, N, C_bytes). With a kernel block size kbs dividing the
+    block size, B counts kernel blocks (num_blocks * block_size // kbs) and N = kbs // tokens_per_state."""
+    kbs = kernel_block_size if kernel_block_size is not None else spec.block_size
+    if kbs <= 0 or spec.block_size % kbs:
+        raise ValueError(f"kernel block size {kbs} does not divide the KV cache block size {spec.block_size}")
+    return (num_blocks * (spec.block_size // kbs), spec.num_heads, spec.get_num_kernel_states(kbs),
+            spec.state_content_size_bytes)
+
+
+def _page_axis(spec: KVCacheSpec, shape: tuple, layout: KVCacheLayout, kernel_block_size: Optional[int]):
+    """The physical position where a padded page ends (the inner of L and B), or None if unpadded.
+    Padding needs every axis outside it to be L, B or of size 1, and no kernel split."""
+    if getattr(spec, "page_size_padded", None) is None:
+        return None
+    if kernel_block_size not in (None, spec.block_size):
+        raise ValueError("padded KV cache pages cannot be split into kernel blocks")
+    order = layout.stride_order
+    axis = max(order.index(DIM_L), order.index(DIM_B))
+    if prod(shape[d] for d in order[:axis + 1]) != shape[DIM_L] * shape[DIM_B]:
+        raise ValueError(f"layout {layout.name} cannot pad pages: an axis of size > 1 lies outside the page")
+    return axis
+
+
+def compute_layout_strides(spec: KVCacheSpec, num_blocks: int, num_layers: int, layout: KVCacheLayout,
+                           kernel_block_size: Optional[int] = None,
+                           fixed_strides: tuple = (None,) * 5) -> tuple:
+    """Byte strides of the logical axes [L, B, H, N, C] (returned in that order).
+
+    Walking the physical axes from the innermost (stride 1) outwards, each axis's stride is the
+    previous axis's stride times its size; at the page boundary of a padded spec the running stride
+    is raised to page_size_padded; a non-None fixed_strides[axis] replaces that axis's stride (and
+    the walk continues from it)."""
+    assert len(fixed_strides) == 5 and all(s is None or s > 0 for s in fixed_strides)
+    layout = resolve_kv_cache_layout(layout)
+    shape = (num_layers, *compute_layer_kv_cache_shape_bytes(spec, num_blocks, kernel_block_size))
+    page_axis = _page_axis(spec, shape, layout, kernel_block_size)
+    strides = [0] * 5
+    running = 1
+    for position in reversed(range(5)):
+        axis = layout.stride_order[position]
+        if position == page_axis:
+            running = max(running, spec.page_size_padded)
+            assert running % spec.page_size_padded == 0
+        strides[axis] = fixed_strides[axis] or running
+        running = strides[axis] * shape[axis]
+    return tuple(strides)
+
+
+def create_kv_cache_views(raw: torch.Tensor, spec: KVCacheSpec, num_blocks: int, layout: KVCacheLayout,
+                          kv_cache_tensor: KVCacheTensor, kernel_block_size: Optional[int] = None) -> list:
+    """One 4-D [B', H, N', C] view of the flat int8 buffer `raw` per layer of kv_cache_tensor, in
+    its `layers` order (C in elements of spec.dtype). With a kernel block size, B' = num_blocks *
+    ratio and manager block b is kernel blocks b*ratio .. b*ratio+ratio-1: that needs each block to
+    be one dense unpadded page (block_stride == the page), else ValueError."""
+    layout = resolve_kv_cache_layout(layout)
+    num_layers = len(kv_cache_tensor.layers)
+    shape = compute_layer_kv_cache_shape_bytes(spec, num_blocks, kernel_block_size)
+    ratio = shape[0] // num_blocks
+    block_stride = kv_cache_tensor.block_stride
+    if ratio > 1:
+        dense_page = prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])
+        if block_stride != dense_page:
+            raise ValueError(
+                f"KV cache layout {layout.name} does not keep a block as one dense page (block stride "
+                f"{block_stride}, page {dense_page} bytes): a block of {spec.block_size} tokens cannot be "
+                f"split into {ratio} kernel blocks of {kernel_block_size}. Use a block size of "
+                f"{kernel_block_size}, or a layer-compact layout such as LBNHC.")
+        assert block_stride % ratio == 0
+        block_stride //= ratio
+    strides = compute_layout_strides(spec, num_blocks, num_layers, layout, kernel_block_size,
+                                     (kv_cache_tensor.layer_stride, block_stride, None, None, None))
+    all_layers = torch.as_strided(raw, (num_layers, *shape), strides,
+                                  raw.storage_offset() + kv_cache_tensor.offset)
+    dtype = getattr(spec, "dtype", None)
+    return [all_layers[i].view(dtype) if dtype is not None else all_layers[i] for i in range(num_layers)]
+
+
+def group_kernel_blocks(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """A layer's view with manager blocks as dim 0: [num_blocks, ratio, H, N', C] when dim 0 counts
+    kernel blocks, the view itself when it already counts manager blocks."""
+    if cache.shape[0] == num_blocks:
+        return cache
+    assert cache.shape[0] % num_blocks == 0, "dim 0 is not a multiple of the number of blocks"
+    return cache.unflatten(0, (num_blocks, cache.shape[0] // num_blocks))
+
+
+# --------------------------------------------------------------------------
+# The harness's configs and allocation.
+# --------------------------------------------------------------------------
+
+def kv_cache_spec_for(model, tensor_parallel_size: int = 1, *, num_kv_heads: Optional[int] = None,
+                      page_size_padded: Optional[int] = None) -> AttentionSpec:
+    """One worker's spec of `model`'s attention layers: MLAAttentionSpec (one latent of
+    model.head_size, replicated on every rank) when model.use_mla, else FullAttentionSpec with the
+    rank's share of the KV heads (or `num_kv_heads`) and head_size_v = model.head_size_v if any."""
+    dtype = getattr(model, "kv_dtype", torch.float32)
+    if getattr(model, "use_mla", False):
+        return MLAAttentionSpec(block_size=model.block_size, num_kv_heads=1, head_size=model.head_size,
+                                dtype=dtype, page_size_padded=page_size_padded)
+    if num_kv_heads is None:
+        assert model.n_kv_heads % tensor_parallel_size == 0, "KV heads must divide evenly over ranks"
+        num_kv_heads = model.n_kv_heads // tensor_parallel_size
+    return FullAttentionSpec(block_size=model.block_size, num_kv_heads=num_kv_heads, head_size=model.head_size,
+                             head_size_v=getattr(model, "head_size_v", model.head_size), dtype=dtype,
+                             page_size_padded=page_size_padded)
+
+
+def kv_cache_tensor_for(spec: KVCacheSpec, layer_names: list, num_blocks: int, layout) -> KVCacheTensor:
+    """The KVCacheTensor of one group of same-shaped layers under `layout`, as vLLM's
+    get_kv_cache_config_from_groups places a single group: strides from compute_layout_strides, the
+    block stride of block-outermost layouts fixed to all layers' pages, offset 0."""
+    layout = resolve_kv_cache_layout(layout)
+    per_block = len(layer_names) * spec.page_size_bytes
+    fixed_block = per_block if layout.is_block_outermost else None
+    layer_stride, block_stride = compute_layout_strides(spec, num_blocks, len(layer_names), layout,
+                                                        fixed_strides=(None, fixed_block, None, None, None))[:2]
+    return KVCacheTensor(size=per_block * num_blocks, layers=list(layer_names), layer_stride=layer_stride,
+                         block_stride=block_stride)
+
+
+def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, *,
+                         layout=KVCacheLayout.LBNHC, page_size_padded: Optional[int] = None) -> KVCacheConfig:
+    """The per-worker KVCacheConfig of `model`'s attention layers: one group (kv_cache_spec_for) and
+    one KVCacheTensor for all its layers, placed for `layout` (a KVCacheLayout or its name)."""
+    spec = kv_cache_spec_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
     names = list(model.attention_layer_names)
-    return KVCacheConfig(num_blocks=num_blocks,
-                         kv_cache_tensors=[KVCacheTensor(spec.page_size_bytes * num_blocks, [n]) for n in names],
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[kv_cache_tensor_for(spec, names, num_blocks, layout)],
                          kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+
+
+def check_kv_cache_config_layout(kv_cache_config: KVCacheConfig, layout) -> None:
+    """Raises ValueError if a KVCacheTensor of the config is not placed as `layout` places it."""
+    layout = resolve_kv_cache_layout(layout)
+    for tensor in kv_cache_config.kv_cache_tensors:
+        spec = kv_cache_config.spec_of(tensor.layers[0])
+        want = kv_cache_tensor_for(spec, tensor.layers, kv_cache_config.num_blocks, layout)
+        if (tensor.layer_stride, tensor.block_stride) != (want.layer_stride, want.block_stride) or \
+                tensor.size < want.size:
+            raise ValueError(f"kv_cache_config places {tensor.layers[0]} with layer/block strides "
+                             f"{tensor.layer_stride}/{tensor.block_stride}, layout {layout.name} needs "
+                             f"{want.layer_stride}/{want.block_stride} (make_kv_cache_config(..., layout=...))")
+
+
+def legacy_kv_cache_shape(spec: AttentionSpec, num_blocks: int, kv_cache_format: str,
+                          kernel_block_size: Optional[int] = None) -> tuple:
+    """Older vLLM's per-layer tensor shape (kernel blocks counted like the views: num_blocks * ratio
+    blocks of kernel_block_size tokens). MLA: [blocks, tokens, head_size] for either legacy format."""
+    kbs = kernel_block_size or spec.block_size
+    blocks = compute_layer_kv_cache_shape_bytes(spec, num_blocks, kbs)[0]
+    if isinstance(spec, MLAAttentionSpec):
+        return (blocks, kbs, spec.head_size)
+    if spec.head_size_v != spec.head_size or spec.page_size_padded is not None:
+        raise ValueError("older vLLM's 5-D caches need head_size_v == head_size and unpadded pages")
+    if kv_cache_format == "legacy_kv_first":
+        return (2, blocks, kbs, spec.num_kv_heads, spec.head_size)
+    if kv_cache_format == "legacy_blocks_first":
+        return (blocks, 2, kbs, spec.num_kv_heads, spec.head_size)
+    raise ValueError(f"not a legacy KV cache format: {kv_cache_format!r}")
+
+
+def allocate_kv_caches(kv_cache_config: KVCacheConfig, *, kv_cache_format: str = "views", layout=None,
+                       kernel_block_size: Optional[int] = None) -> dict:
+    """What a worker passes to register_kv_caches: dict layer_name -> zeroed cache, in the groups'
+    layer order. "views": one torch.zeros(size, int8) per KVCacheTensor and create_kv_cache_views
+    (current vLLM); "legacy_*": one zeroed tensor of spec.dtype per layer (older vLLM)."""
+    if kv_cache_format not in KV_CACHE_FORMATS:
+        raise ValueError(f"kv_cache_format {kv_cache_format!r} is not one of {KV_CACHE_FORMATS}")
+    caches = {}
+    if kv_cache_format == "views":
+        for tensor in kv_cache_config.kv_cache_tensors:
+            raw = torch.zeros(tensor.size, dtype=torch.int8)
+            spec = kv_cache_config.spec_of(tensor.layers[0])
+            views = create_kv_cache_views(raw, spec, kv_cache_config.num_blocks, layout, tensor, kernel_block_size)
+            caches.update(zip(tensor.layers, views))
+    else:
+        for group in kv_cache_config.kv_cache_groups:
+            shape = legacy_kv_cache_shape(group.kv_cache_spec, kv_cache_config.num_blocks, kv_cache_format,
+                                          kernel_block_size)
+            caches.update((name, torch.zeros(shape, dtype=group.kv_cache_spec.dtype)) for name in group.layer_names)
+    order = [name for group in kv_cache_config.kv_cache_groups for name in group.layer_names]
+    return {name: caches[name] for name in order if name in caches}

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from tiny_model import KVCache, KVShard, SeqInput  # on sys.path: see the package __init__
+from tiny_model import KVShard, SeqInput, tp_head_range  # on sys.path: see the package __init__
 
 from .config import VllmConfig
 from .connector_api import KVConnectorOutput, KVConnectorRole, KVConnectorTransferResults, create_connector
 from .forward_context import Attention, FlashAttentionMetadata, get_forward_context, set_forward_context
-from .kv_cache_interface import KVCacheConfig
+from .kv_cache_interface import KVCacheConfig, allocate_kv_caches
 from .parallel_state import _as_rank
 from .scheduler import ModelRunnerOutput
 from .scheduler_output import SchedulerOutput
@@ -120,20 +120,28 @@ class _LayerHooks:
 
 
 class _WorkerRank:
-    """One tensor-parallel worker: its VllmConfig copy (parallel_config.rank), KV caches holding KV heads
-    [kv_head_start, kv_head_end), attention layers and worker-side connector."""
+    """One tensor-parallel worker: its VllmConfig copy (parallel_config.rank), KV caches, attention
+    layers and worker-side connector. The caches are allocated as cache_config says
+    (kv_cache_format, the resolved kv_cache_layout, kernel_block_size; see allocate_kv_caches):
+    current vLLM's 4-D views of one zeroed int8 buffer per KVCacheTensor by default. The rank owns
+    heads [kv_head_start, kv_head_end) (tiny_model.tp_head_range: its KV heads, or for MLA its query
+    heads, the latent being replicated)."""
 
     def __init__(self, rank: int, world_size: int, model, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig):
         self.rank, self.world_size = rank, world_size
         self.vllm_config = copy.deepcopy(vllm_config)
         self.vllm_config.parallel_config.rank = rank
         self.kv_cache_config = kv_cache_config
-        per = model.n_kv_heads // world_size
-        self.kv_head_start, self.kv_head_end = rank * per, (rank + 1) * per
-        self.kv_caches = KVCache.allocate(model, kv_cache_config.num_blocks, (self.kv_head_start, self.kv_head_end))
+        self.kv_head_start, self.kv_head_end = tp_head_range(model, rank, world_size)
+        cache = self.vllm_config.cache_config
+        self.kv_format = cache.kv_cache_format
+        self.kv_caches = allocate_kv_caches(kv_cache_config, kv_cache_format=cache.kv_cache_format,
+                                            layout=cache.get_resolved_kv_cache_layout(),
+                                            kernel_block_size=cache.kernel_block_size)
         layers = self.vllm_config.compilation_config.static_forward_context
         for name, t in self.kv_caches.items():
-            layers[name] = Attention(name, t, per, model.head_size)
+            spec = kv_cache_config.spec_of(name)
+            layers[name] = Attention(name, t, spec.num_kv_heads, spec.head_size)
         self.connector = None
 
     @contextlib.contextmanager
@@ -274,7 +282,8 @@ class MiniModelRunner:
         layer_names = list(self.ranks[0].kv_caches)
         attn = [{name: meta for name in layer_names} for meta in (self._attn_metadata(batch) for _ in self.ranks)]
         shards = [KVShard(rank.kv_caches, rank.kv_head_start, rank.kv_head_end,
-                          _LayerHooks(rank, attn[i]) if rank.connector is not None else None, attn[i])
+                          _LayerHooks(rank, attn[i]) if rank.connector is not None else None, attn[i],
+                          rank.kv_format)
                   for i, rank in enumerate(self.ranks)]
         kv_outputs = None
         if self.has_connector:
