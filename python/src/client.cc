@@ -289,6 +289,25 @@ void BindClient(py::module_& m) {
              return ValueOrThrow(Unlocked([&] { return cl->Erase(ns, k); }));
            },
            py::arg("ns"), py::arg("keys"), "Removes blocks; returns how many were cached.")
+      .def("drop_namespaces",
+           [](const PyClient& c, const std::vector<NamespaceId>& ids) {
+             auto cl = c.Get();
+             const auto& registered = cl->namespaces();
+             std::vector<NamespaceFingerprint> fingerprints;
+             for (NamespaceId ns : ids) {
+               if (ns >= registered.size()) throw py::index_error("no namespace " + std::to_string(ns));
+               fingerprints.push_back(registered[ns]);
+             }
+             auto dropped = ValueOrThrow(Unlocked([&] { return cl->DropNamespaces(fingerprints); }));
+             uint64_t blocks = 0;
+             for (const NamespaceInfo& info : dropped) {
+               for (const NamespaceTierUse& use : info.tiers) blocks += use.blocks;
+             }
+             return blocks;
+           },
+           py::arg("namespaces"),
+           "Removes every block of the registered namespaces `namespaces` (indices) from every tier; returns "
+           "how many blocks they held. The namespaces stay registered.")
       .def("stats",
            [](const PyClient& c) {
              auto cl = c.Get();

@@ -111,6 +111,7 @@ def test_connectors_pass_verify_checksums_through(daemon, monkeypatch):
     connector = vllm.KvtierConnector.__new__(vllm.KvtierConnector)
     connector._geometry = _Geometry()
     connector._geometry.socket_path = daemon.socket_path
+    connector._unreachable = False
     client = connector._connect([test_namespace()])
     assert client is not None and made[-1]["verify_checksums"] is True
     client.close()

@@ -122,3 +122,26 @@ def test_against_the_real_engine_when_installed(engine):
             assert params_of(getattr(cls, method))[0] == params_of(getattr(base, method))[0], method
     abstract = getattr(base, "__abstractmethods__", frozenset())
     assert not (abstract - set(own_methods(cls))), "abstract methods left unimplemented"
+
+
+def test_the_vllm_harness_builds_what_the_manifest_says_vllm_builds():
+    """The mini vLLM engine follows the contracts recorded per version:
+    the KV tensors' dimensions, KVCacheTensor's fields and the default
+    kv_load_failure_policy."""
+    import dataclasses
+
+    import mini_vllm
+    from mini_vllm.kv_cache_interface import allocate_kv_caches
+    from tiny_model import TinyDecoder
+    current = MANIFEST["vllm_contracts"]["versions"]["0.28+"]
+    model = TinyDecoder(seed=0)
+    config = mini_vllm.make_kv_cache_config(model, 8)
+    assert [f.name for f in dataclasses.fields(config.kv_cache_tensors[0])][:5] == current["kv_cache_tensor_fields"]
+    assert mini_vllm.KVTransferConfig().kv_load_failure_policy == current["kv_load_failure_policy_default"]
+    for layout in current["kv_tensor"]["layouts"]:
+        caches = allocate_kv_caches(mini_vllm.make_kv_cache_config(model, 8, layout=layout), layout=layout)
+        for tensor in caches.values():
+            assert tensor.dim() == current["kv_tensor"]["dims"] and not tensor.is_contiguous() or layout == "LBHNC"
+    older = MANIFEST["vllm_contracts"]["versions"]["before 0.28"]
+    legacy = allocate_kv_caches(config, kv_cache_format="legacy_kv_first")
+    assert all(t.dim() == older["kv_tensor"]["dims"] for t in legacy.values())

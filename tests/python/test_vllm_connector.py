@@ -2,6 +2,8 @@
 (mini_vllm.py mirrors vLLM's scheduler and worker at the commits named in
 engine_interfaces.json) against a real kvtierd, with the tiny model."""
 
+import time
+
 import pytest
 import torch
 
@@ -114,7 +116,7 @@ def test_abort_mid_load_leaves_no_pins_or_loads(model, daemon):
     with quiet_client(daemon, []) as c:
         stats = c.stats()
     assert stats["engine.loads_open"] == 0 and stats["engine.pinned_blocks"] == 0
-    assert "r2" not in b.scheduler_connector._requests
+    assert "r2" not in b.scheduler_connector._scheduler._requests
 
 
 def test_preemption_and_resume(model, daemon):
@@ -155,6 +157,7 @@ def test_saves_keep_blocks_until_committed_and_queue_hints_reach_the_daemon(mode
     with quiet_client(daemon, []) as c:
         before = c.stats()["engine.enqueues"]
         request = a.add_request(p, 1, "r1")
+        assert a.scheduler_connector.flush_hints(10)  # hints go out from a background thread
         assert c.stats()["engine.enqueues"] == before + 1
         delayed = a.scheduler_connector.request_finished
         seen = []
@@ -166,8 +169,11 @@ def test_saves_keep_blocks_until_committed_and_queue_hints_reach_the_daemon(mode
 
 
 def test_a_model_revision_is_required(model, daemon):
-    with pytest.raises(ValueError, match="model_revision"):
-        kvtier_engine(model, daemon, revision="")
+    engine = kvtier_engine(model, daemon, revision="")  # serves, without the cache
+    assert "model_revision" in engine.scheduler_connector.disabled_reason
+    assert all("model_revision" in w.disabled_reason for w in engine.worker_connectors)
+    p = prompt(15, 9)
+    assert run_request(engine, p, 2, "r1")[0] == greedy_generate(model, p, 2)
 
 
 def test_a_cache_salt_isolates_and_multimodal_inputs_are_part_of_the_key(model, daemon):
@@ -233,3 +239,57 @@ def test_lora_adapters_have_their_own_namespaces(model, daemon):
     assert hit() == 0  # the base model never reads the adapter's KV
     assert hit(lora_request=LoRARequest("sql-lora", 1, "/adapters/sql/v4")) == 0  # another version
     a.shutdown()
+
+
+def test_hints_come_from_every_rank_and_never_hold_the_scheduler(model, daemon):
+    a = kvtier_engine(model, daemon, num_workers=2, call_timeout=30.0)
+    with quiet_client(daemon, []) as c:
+        before = c.stats()["engine.enqueues"]
+        daemon.pause()  # no hint can be answered
+        try:
+            started = time.monotonic()
+            for i in range(3):
+                a.add_request(prompt(30 + i, 17), 1, f"r{i}")
+            assert time.monotonic() - started < 2.0, "the scheduler waited for kvtierd"  # call_timeout is 30 s
+        finally:
+            daemon.resume()
+        assert a.scheduler_connector.flush_hints(30)
+        assert c.stats()["engine.enqueues"] == before + 3 * 2  # one per request and TP rank namespace
+    a.run_until_done()
+    a.shutdown()
+
+
+@pytest.mark.parametrize("saver,loader", [
+    (dict(layout="LBNHC"), dict(layout="BLHNC")),                          # current vLLM, two physical orders
+    (dict(layout="LBHNC", kernel_block_size=2), dict(layout="BHLNC")),     # kernel blocks of 2 tokens
+    (dict(layout="LHBNC"), dict(layout="LBNHC", kernel_block_size=2)),
+    (dict(kv_cache_format="legacy_kv_first"), dict(kv_cache_format="legacy_kv_first")),  # vLLM before 0.28
+    (dict(kv_cache_format="legacy_blocks_first", kv_layout="blocks_first"),
+     dict(kv_cache_format="legacy_blocks_first", kv_layout="blocks_first")),
+])
+def test_every_kv_tensor_form_vllm_hands_out_round_trips_bit_exact(model, daemon, saver, loader):
+    p = prompt(40, 19)
+    a = kvtier_engine(model, daemon, **saver)
+    run_request(a, p, 1, "r1")
+    drain_commits(a)
+    assert a.worker_connectors[0].disabled_reason is None
+    b = kvtier_engine(model, daemon, **loader)
+    p2 = p + [5, 6]
+    toks, logits = run_request(b, p2, 2, "r2")
+    assert computed_at_start(b, "r2") == 16
+    ref = reference_engine(model)
+    ref_toks, ref_logits = run_request(ref, p2, 2, "r2")
+    assert toks == ref_toks and torch.equal(logits[0], ref_logits[0][16:])
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+    a.shutdown()
+    b.shutdown()
+
+
+def test_the_older_and_current_forms_never_share_blocks(model, daemon):
+    p = prompt(41, 19)
+    a = kvtier_engine(model, daemon, kv_cache_format="legacy_kv_first")
+    run_request(a, p, 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon)  # current vLLM's views: another byte form, another namespace
+    run_request(b, p + [1], 1, "r2")
+    assert computed_at_start(b, "r2") == 0

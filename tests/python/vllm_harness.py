@@ -1,6 +1,8 @@
 """Shared set-up of the vLLM connector tests: the mini vLLM engine
 (mini_vllm.py) with kvtier's KvtierConnector against a kvtierd child."""
 
+from dataclasses import dataclass
+
 import kvtier
 from kvtier.integrations.vllm import KvtierConnector
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config, run_request  # noqa: F401
@@ -11,15 +13,31 @@ BLOCK_TOKENS = 8  # two engine blocks of 4 tokens per kvtier block
 
 
 def kvtier_engine(model, daemon, num_workers=1, num_blocks=64, revision=None, connector=KvtierConnector,
-                  prefix_caching=True, **extra):
+                  prefix_caching=True, policy="recompute", layout=None, kernel_block_size=None, kv_cache_format="views",
+                  socket_path=None, **extra):
+    """An engine with the kvtier connector, configured as docs/INTEGRATIONS.md's command line does
+    (kv_load_failure_policy "recompute"); layout / kernel_block_size / kv_cache_format choose the KV
+    tensors the workers get (current vLLM's views by default)."""
     cfg = make_vllm_config(model, kv_connector="KvtierConnector", kv_connector_module_path="kvtier.integrations.vllm",
-                           kv_connector_extra_config=dict(socket_path=daemon.socket_path, block_tokens=BLOCK_TOKENS,
-                                                          **extra),
-                           tensor_parallel_size=num_workers, enable_prefix_caching=prefix_caching, revision=revision)
+                           kv_connector_extra_config=dict(socket_path=socket_path or daemon.socket_path,
+                                                          block_tokens=BLOCK_TOKENS, **extra),
+                           tensor_parallel_size=num_workers, enable_prefix_caching=prefix_caching, revision=revision,
+                           kv_load_failure_policy=policy, kv_cache_layout=layout, kernel_block_size=kernel_block_size,
+                           kv_cache_format=kv_cache_format)
     if revision == "":
         cfg.model_config.revision = None  # no revision anywhere
-    return MiniEngine(model, cfg, make_kv_cache_config(model, num_blocks, num_workers), connector,
-                      num_workers=num_workers)
+    kv_config = make_kv_cache_config(model, num_blocks, num_workers, **({"layout": layout} if layout else {}))
+    if kv_cache_format != "views":  # older vLLM: KVCacheTensor(size, shared_by), no layer strides
+        kv_config.kv_cache_tensors = [LegacyKVCacheTensor(t.size // len(t.layers), [n])
+                                      for t in kv_config.kv_cache_tensors for n in t.layers]
+    return MiniEngine(model, cfg, kv_config, connector, num_workers=num_workers)
+
+
+@dataclass
+class LegacyKVCacheTensor:
+    """vLLM's KVCacheTensor before #51718 (vllm/v1/kv_cache_interface.py @001cabc1)."""
+    size: int
+    shared_by: list
 
 
 def reference_engine(model, num_workers=1):
@@ -41,8 +59,8 @@ def computed_at_start(engine, req_id):
 
 def rank_keys(engine, tokens):
     """kvtier keys of `tokens` in every rank's namespace, as the connector computes them."""
-    c = engine.scheduler_connector
-    return [h.keys(tokens) for h in c._hashers], c._namespaces
+    scope = engine.scheduler_connector._scheduler.base_scope
+    return [h.keys(tokens) for h in scope.hashers], scope.namespaces
 
 
 def quiet_client(daemon, namespaces):
@@ -51,4 +69,4 @@ def quiet_client(daemon, namespaces):
 
 def drain_commits(engine):
     for w in engine.worker_connectors:
-        w._committer.submit(lambda: None).result(10)
+        w._worker.committer.submit(lambda: None).result(10)

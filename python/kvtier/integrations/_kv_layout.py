@@ -1,41 +1,79 @@
-"""Moving one layer of a kvtier block between an engine's paged KV tensor
-and the arena.
+"""Moving one layer of a kvtier block between vLLM's paged KV tensors and
+the arena, for every tensor form vLLM has handed connectors.
 
-A kvtier block of B tokens is `B / block_size` consecutive engine blocks of
-one request. Its bytes are layer-major (docs/KEYS.md, `layer_count` equal
-layers); within a layer the bytes are exactly the engine tensor's slice for
-those engine blocks, in the tensor's own dimension order:
+A kvtier block of B tokens is ``f = B / block_size`` consecutive engine
+(manager) blocks of one request. Its bytes are layer-major (docs/KEYS.md,
+``layer_count`` equal layers); a layer's bytes are one of these forms, named
+in the namespace's ``kv_layout`` so that forms never share blocks:
 
-- ``kv_first``: vLLM FlashAttention's ``[2, num_blocks, block_size, heads,
-  head_size]`` -> a layer is ``[2, f, block_size, heads, head_size]``;
-- ``blocks_first``: ``[num_blocks, 2, block_size, heads, head_size]`` -> a
-  layer is ``[f, 2, block_size, heads, head_size]``.
+- ``nhc`` (vLLM 0.28 and later, and older MLA): per engine block the
+  tokens in order, each token all its head slots, each slot its packed
+  content (K then V, or MLA's one latent vector): ``[f, block_size, H, C]``.
+  It does not depend on the engine's physical ``KVCacheLayout`` (LBHNC,
+  LBNHC, BLHNC, ...), on kernel block splitting or on page padding, so
+  changing those keeps the cache. Current vLLM hands each layer a 4-D
+  view ``[B', H, N', C]`` of a flat allocation (``create_kv_cache_views``,
+  vllm/v1/kv_cache_interface.py; axis order from vllm/v1/kv_cache_layout.py
+  @14f7a27c), where ``B' = num_blocks * r`` counts kernel blocks of
+  ``N' = block_size / r`` tokens; older vLLM's MLA cache is the 3-D
+  ``[num_blocks, block_size, C]``.
+- ``kv_first`` (vLLM before 0.28, FlashAttention): the 5-D
+  ``[2, num_blocks, block_size, heads, head_size]``; a layer is
+  ``[2, f, block_size, heads, head_size]``.
+- ``blocks_first`` (vLLM before 0.28, FlashInfer): the 5-D
+  ``[num_blocks, 2, block_size, heads, head_size]``; a layer is
+  ``[f, 2, block_size, heads, head_size]``.
 
-The layout is part of the namespace (``kv_layout``), so engines laying out
-their caches differently never share blocks.
+Copies are strided views of the engine's own tensor: nothing here
+reshapes the engine tensor into a copy.
 """
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-LAYOUTS = ("kv_first", "blocks_first")
+FORMS = ("nhc", "kv_first", "blocks_first")
 
 
-def detect_layout(tensor, num_blocks):
-    """The layout of a per-layer paged KV tensor, or ValueError."""
-    if tensor.dim() == 5 and tensor.shape[0] == 2 and tensor.shape[1] == num_blocks:
-        return "kv_first"
-    if tensor.dim() == 5 and tensor.shape[0] == num_blocks and tensor.shape[1] == 2:
-        return "blocks_first"
-    raise ValueError(f"unsupported KV cache tensor shape {tuple(tensor.shape)} for {num_blocks} blocks: "
-                     f"expected [2, num_blocks, block_size, heads, head_size] or "
-                     f"[num_blocks, 2, block_size, heads, head_size]")
+class Unsupported(Exception):
+    """A KV cache kvtier cannot store faithfully; the message names why.
+    The connector serves without the cache when it sees one."""
 
 
-def bytes_per_token(tensor):
-    """K and V bytes of one token of one layer."""
-    return 2 * tensor.shape[3] * tensor.shape[4] * tensor.element_size()
+@dataclass(frozen=True)
+class LayerForm:
+    """How one layer's tensor maps to kvtier bytes: the form's name and the
+    bytes of one engine block of one layer."""
+    name: str
+    block_bytes: int
+
+
+def describe(tensor, num_blocks, block_size, page_bytes):
+    """The LayerForm of a per-layer paged KV tensor of `num_blocks` engine
+    blocks of `block_size` tokens whose unpadded page is `page_bytes`, or
+    Unsupported naming what does not fit."""
+    shape = tuple(tensor.shape)
+    if tensor.dim() == 4:  # [B', H, N', C] views
+        kernel_blocks, _, kernel_tokens, _ = shape
+        if kernel_blocks % num_blocks or kernel_tokens * (kernel_blocks // num_blocks) != block_size:
+            raise Unsupported(f"a KV view of shape {shape} does not split {num_blocks} blocks of {block_size} "
+                              f"tokens into kernel blocks")
+        form = "nhc"
+    elif tensor.dim() == 3 and shape[0] == num_blocks and shape[1] == block_size:  # older MLA
+        form = "nhc"
+    elif tensor.dim() == 5 and shape[0] == 2 and shape[1] == num_blocks:
+        form = "kv_first"
+    elif tensor.dim() == 5 and shape[0] == num_blocks and shape[1] == 2:
+        form = "blocks_first"
+    else:
+        raise Unsupported(f"a KV cache tensor of shape {shape} for {num_blocks} blocks is none of the forms "
+                          f"kvtier knows ([B, H, N, C] views, [2, B, N, H, D], [B, 2, N, H, D], [B, N, C])")
+    block_bytes = tensor.numel() // num_blocks * tensor.element_size()
+    if block_bytes != page_bytes:
+        raise Unsupported(f"a KV cache block of this tensor holds {block_bytes} bytes, the KV cache spec's page "
+                          f"{page_bytes}: some bytes would not be stored")
+    return LayerForm(form, block_bytes)
 
 
 def _span_tensor(span, dtype):
@@ -47,35 +85,48 @@ def _span_tensor(span, dtype):
         return torch.frombuffer(span, dtype=torch.uint8).view(dtype)
 
 
-def gather(tensor, layout, block_ids, span):
+def _nhc_view(tensor, num_blocks):
+    """A view [num_blocks, r, N', H, C] of a 4-D [B', H, N', C] or 3-D
+    [B, N, C] cache: manager block, kernel block, token, slot, content.
+    Flattening its last four axes of one manager block gives the nhc bytes."""
+    if tensor.dim() == 3:
+        return tensor.unsqueeze(1).unsqueeze(3)
+    return tensor.permute(0, 2, 1, 3).unflatten(0, (num_blocks, -1))
+
+
+def gather(tensor, form, block_ids, span, num_blocks):
     """Copies the layer slice of engine blocks `block_ids` into `span`: for a
-    CPU tensor in one pass straight into the arena, for a device tensor
-    through one device-side gather and one copy to the host."""
+    CPU tensor in one strided pass straight into the arena, for a device
+    tensor through one device-side gather and one copy to the host."""
     index = torch.as_tensor(block_ids, dtype=torch.long, device=tensor.device)
-    dim = 1 if layout == "kv_first" else 0
-    shape = list(tensor.shape)
+    if form == "nhc":
+        src = _nhc_view(tensor, num_blocks)
+        dim = 0
+    else:
+        src, dim = tensor, (1 if form == "kv_first" else 0)
+    shape = list(src.shape)
     shape[dim] = len(block_ids)
     dst = _span_tensor(span, tensor.dtype).view(shape)
     if tensor.device.type == "cpu":
-        torch.index_select(tensor, dim, index, out=dst)
+        torch.index_select(src, dim, index, out=dst)
     else:
-        dst.copy_(torch.index_select(tensor, dim, index))
+        dst.copy_(torch.index_select(src, dim, index))
     del dst  # the span's memoryview must be free before the commit
 
 
-def scatter(tensor, layout, block_ids, skip, span):
+def scatter(tensor, form, block_ids, skip, span, num_blocks):
     """Copies a layer slice from `span` into engine blocks `block_ids`,
     leaving out the first `skip` of them (already computed locally)."""
     if skip >= len(block_ids):
         return
     f = len(block_ids)
+    index = torch.as_tensor(block_ids[skip:], dtype=torch.long, device=tensor.device)
     src = _span_tensor(span, tensor.dtype)
-    if layout == "kv_first":
-        src = src.view(2, f, *tensor.shape[2:])[:, skip:]
-        index = torch.as_tensor(block_ids[skip:], dtype=torch.long, device=tensor.device)
-        tensor[:, index] = src.to(tensor.device)
+    if form == "nhc":
+        dst = _nhc_view(tensor, num_blocks)
+        dst.index_copy_(0, index, src.view(f, *dst.shape[1:])[skip:].to(tensor.device))
+    elif form == "kv_first":
+        tensor.index_copy_(1, index, src.view(2, f, *tensor.shape[2:])[:, skip:].to(tensor.device))
     else:
-        src = src.view(f, *tensor.shape[1:])[skip:]
-        index = torch.as_tensor(block_ids[skip:], dtype=torch.long, device=tensor.device)
-        tensor[index] = src.to(tensor.device)
+        tensor.index_copy_(0, index, src.view(f, *tensor.shape[1:])[skip:].to(tensor.device))
     del src

@@ -63,6 +63,12 @@ class RequestState:
     saves_planned: bool = False
     started: bool = False
     adapter: tuple = None  # the LoRA's (name, path), or None: which namespaces
+    may_load: bool = True  # the request's opt-out (kv_transfer_params, skip_reading_prefix_cache)
+    may_save: bool = True
+    engine_hashes: list = None  # vLLM's block hashes of the request (for KV events), when it has them
+    lora_id: int = None
+    pending_since: float = 0.0  # when the lookup in flight was sent (time.monotonic)
+    stored_pending: list = field(default_factory=list)  # (first, end) kvtier blocks saved, not yet reported
 
 
 def engine_blocks(state, first, end, per_block):

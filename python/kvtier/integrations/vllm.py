@@ -4,48 +4,62 @@ Load it with::
 
     vllm serve <model> --kv-transfer-config '{"kv_connector": "KvtierConnector",
         "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket_path": "/run/kvtier/kvtierd.sock",
                                       "model_revision": "<the weights commit>"}}'
+
+``kv_load_failure_policy: "recompute"`` matters: vLLM's default, "fail",
+ends a user's request with an error whenever a block the cache promised is
+gone by the time it loads (the connector warns at start when it sees
+"fail").
 
 Extra config keys: ``socket_path``; ``model_revision`` (required unless
 vLLM's model_config.revision is set: a cache without a revision would serve
 stale KV after a model update); ``block_tokens`` (tokens per kvtier block, a
 multiple of vLLM's block size; default 256 rounded to one); ``kv_layout``
-(``kv_first``, vLLM FlashAttention's ``[2, blocks, block_size, heads,
-head_size]``, or ``blocks_first``); ``call_timeout`` (seconds);
-``use_directory`` (default true: lookups of host-resident blocks read the
-daemon's shared-memory directory without a round trip);
-``verify_checksums`` (default false: every block or layer the connector
-reads is checked against the checksums recorded when it was stored; one
-that does not match is a load error, reported to vLLM like a miss, and the
-daemon drops it).
+(vLLM before 0.28 only: ``kv_first`` for FlashAttention's 5-D cache, the
+default, or ``blocks_first`` for FlashInfer's; newer vLLM's 4-D views are
+recognised by themselves); ``layerwise`` (default true: loads and saves
+run layer by layer inside the forward pass, which needs piecewise CUDA
+graphs; false moves whole blocks before and after the forward pass and
+allows full CUDA graphs); ``pp_layer_counts`` (KV layers per pipeline stage
+when vLLM's even split does not apply); ``call_timeout``, ``lookup_timeout``
+(a lookup still unanswered after it counts as a miss, default 2 s) and
+``reconnect_interval`` (seconds between tries to reach a kvtierd that is
+down, default 5); ``use_directory`` (default true: lookups of host-resident
+blocks read the daemon's shared-memory directory without a round trip);
+``verify_checksums`` (default false); ``event_medium`` (the medium of the
+KV events, default "CPU").
 
-Scheduler side: keys come from the token ids (never vLLM's block hashes,
-which start from a random seed per process) in one namespace per tensor-
-and pipeline-parallel rank and LoRA adapter (an adapter's namespaces get
-their own connection on first use). A lookup is asynchronous: get_num_new_matched_
-tokens answers None ("ask again") until every rank's answer is in, then the
-number of tokens all ranks hold as whole kvtier blocks, leaving at least one
-prompt token to compute. Loads are synchronous with the forward pass, layer
-by layer; saves copy each layer as vLLM computes it and commit after the
-pass, off the engine's thread; request_finished keeps a request's blocks
-until its saves are committed (get_finished reports them). Queue hints tell
-kvtierd which prefixes waiting requests need.
+Per request, ``kv_transfer_params`` ``{"kvtier": false}`` opts out of the
+cache, ``{"kvtier": {"load": false}}`` or ``{"save": false}`` of one half;
+vLLM's ``skip_reading_prefix_cache`` stops loads.
 
-Worker side: one client per worker; register_kv_caches checks that the
-tensors match the namespace. A block that fails to load is reported by
-get_block_ids_with_load_errors together with every later block of that
-request, so vLLM recomputes from there.
+The connector never raises out of an engine hook: an unsupported model
+kind or KV layout, a failing daemon or a bug makes it log one warning with
+the reason and serve without the cache (loads it had promised are
+reported as load errors, so vLLM recomputes them).
+
+Scheduler side (_vllm_scheduler.py): keys come from the token ids (never
+vLLM's block hashes, which start from a random seed per process) in one
+namespace per tensor- and pipeline-parallel rank and LoRA adapter (MLA: one
+namespace for all TP ranks, saved by rank 0, loaded by all). Worker side
+(_vllm_worker.py): one client per worker; register_kv_caches checks that
+the tensors match the namespace.
 """
 
-import concurrent.futures
 import enum
-import itertools
+import functools
 import logging
 
+from kvtier.integrations._kv_layout import Unsupported
+from kvtier.integrations._vllm_geometry import Geometry, extra_config, layerwise
+from kvtier.integrations._vllm_plan import KvtierConnectorMetadata
+from kvtier.integrations._vllm_scheduler import SchedulerSide
+from kvtier.integrations._vllm_stats import KvtierConnectorStats, KvtierPromMetrics, StatsRecorder
+from kvtier.integrations._vllm_worker import WorkerSide
+
 import kvtier
-from kvtier.integrations import _kv_layout
-from kvtier.integrations._vllm_plan import KvtierConnectorMetadata, RequestState, plan_load, plan_save
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
@@ -66,139 +80,109 @@ except ImportError:  # vLLM is not installed: a stand-in with the same surface
 
 logger = logging.getLogger("kvtier.vllm")
 
-__all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats"]
 
 
 def _role_name(role):
     return role.name if isinstance(role, enum.Enum) else str(role)
 
 
-def _extra(vllm_config):
-    config = vllm_config.kv_transfer_config
-    return dict(getattr(config, "kv_connector_extra_config", None) or {})
-
-
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
-
-
-def _element_size(dtype):
-    import torch
-    return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else int(dtype)
-
-
-class _Geometry:
-    """Everything both sides derive from the configuration alone, so that the
-    scheduler's keys and the workers' namespaces agree."""
-
-    def __init__(self, vllm_config, kv_cache_config):
-        extra = _extra(vllm_config)
-        model = vllm_config.model_config
-        self.revision = extra.get("model_revision") or getattr(model, "revision", None)
-        if not self.revision:
-            raise ValueError("kvtier: set kv_connector_extra_config.model_revision (or --revision): "
-                             "without it a model update would be served stale KV")
-        groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise ValueError(f"kvtier: {len(groups)} KV cache groups; this connector handles one "
-                             f"(run vLLM with --disable-hybrid-kv-cache-manager)")
-        spec = groups[0].kv_cache_spec
-        self.layer_names = list(groups[0].layer_names)
-        self.engine_block = spec.block_size
-        default_tokens = max(1, 256 // spec.block_size) * spec.block_size
-        self.block_tokens = int(extra.get("block_tokens", default_tokens))
-        if self.block_tokens <= 0 or self.block_tokens % spec.block_size:
-            raise ValueError(f"kvtier: block_tokens {self.block_tokens} is not a multiple of vLLM's "
-                             f"block size {spec.block_size}")
-        self.per_block = self.block_tokens // spec.block_size
-        self.bytes_per_token = 2 * spec.num_kv_heads * spec.head_size * _element_size(spec.dtype)
-        self.layout = extra.get("kv_layout", "kv_first")
-        if self.layout not in _kv_layout.LAYOUTS:
-            raise ValueError(f"kvtier: kv_layout {self.layout!r} is not one of {_kv_layout.LAYOUTS}")
-        parallel = vllm_config.parallel_config
-        self.tp_size = getattr(parallel, "tensor_parallel_size", 1)
-        self.pp_size = getattr(parallel, "pipeline_parallel_size", 1)
-        self.model_id = model.model
-        self.dtype = _dtype_name(spec.dtype)
-        self.socket_path = extra.get("socket_path", "/run/kvtier/kvtierd.sock")
-        self.call_timeout = float(extra.get("call_timeout", 30.0))
-        self.use_directory = bool(extra.get("use_directory", True))
-        self.verify_checksums = bool(extra.get("verify_checksums", False))
-
-    def namespace(self, tp_rank, pp_rank, adapter=None):
-        """One rank's namespace; `adapter` is a LoRA's (name, path), or None."""
-        ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=self.dtype,
-                              block_tokens=self.block_tokens, layer_count=len(self.layer_names),
-                              bytes_per_token_per_layer=self.bytes_per_token,
-                              kv_layout=f"vllm_{self.layout}", tp_rank=tp_rank, tp_size=self.tp_size,
-                              adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "")
-        if hasattr(ns, "pp_size"):
-            ns.pp_rank, ns.pp_size = pp_rank, self.pp_size
-        elif self.pp_size > 1:
-            ns.kv_layout += f"_pp{pp_rank}of{self.pp_size}"
-        return ns
-
-    def ranks(self):
-        """(tp_rank, pp_rank) of every worker, in namespace-id order."""
-        return [(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
-
-
-def _worker_rank(vllm_config, geometry):
+def _worker_rank(vllm_config, tp_size):
     try:
-        from vllm.distributed.parallel_state import (get_pp_group, get_tensor_model_parallel_rank)
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
         return get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-    except Exception:  # no vLLM, or its groups are not set up: the config's global rank
+    except Exception:  # noqa: BLE001 - no vLLM, or its groups are not set up: the config's global rank
         rank = getattr(vllm_config.parallel_config, "rank", 0)
-        return rank % geometry.tp_size, rank // geometry.tp_size
+        return rank % tp_size, rank // tp_size
+
+
+def _fail_open(fallback, last_resort=None):
+    """An engine hook that never raises: an exception disables the
+    connector (one warning naming the hook and the error) and the hook
+    answers fallback(self, *args) instead, or `last_resort` should that
+    raise too."""
+    def wrap(method):
+        @functools.wraps(method)
+        def hook(self, *args, **kwargs):
+            if self._disabled is None:
+                try:
+                    return method(self, *args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - fail open: never crash the engine
+                    self._disable(f"{method.__name__} failed: {e!r}")
+            try:
+                return fallback(self, *args, **kwargs)
+            except Exception:  # noqa: BLE001 - the fallback of the fallback
+                logger.debug("kvtier: fallback of %s failed", method.__name__, exc_info=True)
+                return last_resort
+        return hook
+    return wrap
+
+
+def _nothing(self, *args, **kwargs):
+    return None
 
 
 class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not object else [])):
     """vLLM KV connector v1 over kvtierd. One instance per process and role.
     It declares SupportsHMA so vLLM accepts it with the hybrid KV cache
-    manager on; a configuration with more than one KV cache group is then
-    refused with a clear error (one group is supported)."""
+    manager on; a configuration with more than one KV cache group then
+    serves without the cache (one warning)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
-        if kv_cache_config is None:
-            raise ValueError("kvtier: needs vLLM's kv_cache_config (KV connector v1 with KVCacheConfig)")
-        self._geometry = _Geometry(vllm_config, kv_cache_config)
+        self._disabled = None
+        self._unreachable = False
         self._is_scheduler = _role_name(role) == "SCHEDULER"
         self._metadata = None
-        g = self._geometry
-        if self._is_scheduler:
-            self._scopes = {}  # adapter -> _Scope
-            scope = self._scope(None)
-            self._namespaces, self._hashers, self._client = scope.namespaces, scope.hashers, scope.client
-            self._requests = {}
-            self._hint_ids = itertools.count(1)
-        else:
-            self._tp_rank, self._pp_rank = _worker_rank(vllm_config, g)
-            self._rank_index = self._pp_rank * g.tp_size + self._tp_rank
-            self._namespace = g.namespace(self._tp_rank, self._pp_rank)
-            self._client = None
-            self._adapter_clients = {}       # adapter -> kvtier.Client of this rank's namespace
-            self._kv_caches = {}
-            self._layer_index = {}
-            self._loads = []                 # _ActiveLoad of this step
-            self._saves = {}                 # req_id -> kvtier.LayerSave of this step
-            self._commits = {}               # req_id -> [Future] of committing saves
-            self._with_saves = set()         # requests whose saves get_finished must report
-            self._finished = set()           # finished by the scheduler, saves maybe in flight
-            self._load_errors = set()
-            self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
+        self._stats = StatsRecorder()
+        self._scheduler = self._worker = None
+        try:
+            if kv_cache_config is None:
+                raise Unsupported("vLLM gave no kv_cache_config (KV connector v1 with KVCacheConfig is needed)")
+            if self._is_scheduler:
+                self._geometry = Geometry(vllm_config, kv_cache_config)
+                self._scheduler = SchedulerSide(self._geometry, self._connect, self._stats)
+                self._scheduler.set_event_medium(extra_config(vllm_config).get("event_medium", "CPU"))
+                policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "recompute")
+                if policy != "recompute":
+                    logger.warning("kvtier: kv_load_failure_policy is %r: a block evicted between lookup and load "
+                                   "fails the user's request; set \"kv_load_failure_policy\": \"recompute\"",
+                                   policy)
+            else:
+                tp_rank, pp_rank = _worker_rank(vllm_config, getattr(vllm_config.parallel_config,
+                                                                     "tensor_parallel_size", 1))
+                self._geometry = Geometry(vllm_config, kv_cache_config, pp_rank)
+                self._worker = WorkerSide(self._geometry, self._connect, self._stats, tp_rank, pp_rank)
+        except Exception as e:  # noqa: BLE001 - fail open at start too
+            self._disable(str(e) if isinstance(e, Unsupported) else f"start failed: {e!r}")
 
-    # ---- common ----
+    def _disable(self, reason):
+        if self._disabled is None:
+            self._disabled = reason
+            logger.warning("kvtier: serving without the cache: %s", reason)
+            if self._worker is not None:
+                self._worker.disable(reason)
 
     def _connect(self, namespaces):
+        g = self._geometry
         try:
-            return kvtier.Client(self._geometry.socket_path, namespaces, client_name="vllm",
-                                 call_timeout=self._geometry.call_timeout,
-                                 use_directory=self._geometry.use_directory,
-                                 verify_checksums=self._geometry.verify_checksums)
+            client = kvtier.Client(g.socket_path, namespaces, client_name="vllm", call_timeout=g.call_timeout,
+                                   use_directory=g.use_directory, verify_checksums=g.verify_checksums)
         except kvtier.Error as e:
-            logger.warning("kvtier: no cache (%s); serving without it", e)
+            if not self._unreachable:
+                logger.warning("kvtier: kvtierd not reachable (%s); serving without the cache, retrying every "
+                               "%.0f s", e, g.reconnect_s)
+            self._unreachable = True
             return None
+        if self._unreachable:
+            logger.warning("kvtier: kvtierd reached again at %s", g.socket_path)
+            self._unreachable = False
+        return client
+
+    @property
+    def disabled_reason(self):
+        """Why the connector serves without the cache, or None."""
+        return self._disabled
 
     @property
     def requires_kv_delivery(self):
@@ -207,18 +191,30 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config):
-        return True  # wait_for_layer_load / save_kv_layer run per layer
+        return layerwise(extra_config or {})  # only the per-layer hooks need piecewise graphs
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         return None
 
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KvtierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def get_kv_connector_stats(self):
+        return self._stats.take()
+
     def bind_connector_metadata(self, connector_metadata):
         self._metadata = connector_metadata
-        if not self._is_scheduler and connector_metadata is not None:
-            # The scheduler holds these requests' blocks until get_finished
-            # reports them, whether or not their saves ever start.
-            self._with_saves.update(spec.req_id for spec in connector_metadata.saves)
+        if self._worker is not None and connector_metadata is not None:
+            try:
+                self._worker.bind(connector_metadata)
+            except Exception as e:  # noqa: BLE001 - fail open
+                self._disable(f"bind_connector_metadata failed: {e!r}")
 
     def clear_connector_metadata(self):
         self._metadata = None
@@ -230,356 +226,105 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         return self._metadata
 
     def shutdown(self):
-        if not self._is_scheduler:
-            self._committer.shutdown(wait=True)
-        clients = ([s.client for s in self._scopes.values()] if self._is_scheduler
-                   else [self._client, *self._adapter_clients.values()])
-        for client in clients:
-            if client is not None:
-                client.close()
-        self._client = None
+        for side in (self._scheduler, self._worker):
+            if side is not None:
+                try:
+                    side.close()
+                except Exception:  # noqa: BLE001 - shutting down
+                    logger.debug("kvtier: close failed", exc_info=True)
 
     # ---- scheduler side ----
 
-    def _state(self, request):
-        state = self._requests.get(request.request_id)
-        if state is None:
-            tokens = list(request.prompt_token_ids or [])
-            adapter = _adapter_of(request)
-            scope = self._scope(adapter)
-            salt, extras = _key_extras(request, len(tokens), self._geometry.block_tokens)
-            state = RequestState(request.request_id, next(self._hint_ids), tokens,
-                                 [h.keys(tokens, cache_salt=salt, extras=extras) for h in scope.hashers],
-                                 adapter=adapter)
-            self._requests[request.request_id] = state
-            self._hint(lambda c: c.enqueue(state.hint_id, 0, state.keys[0]), state)
-        return state
-
-    def _scope(self, adapter):
-        """The namespaces, hashers and client of the base model (None) or of
-        one LoRA adapter: namespaces are registered at connect, so each
-        adapter gets its own connection on first use."""
-        scope = self._scopes.get(adapter)
-        if scope is None:
-            g = self._geometry
-            namespaces = [g.namespace(t, p, adapter) for t, p in g.ranks()]
-            scope = _Scope(namespaces, [kvtier.ChainHasher(ns) for ns in namespaces], self._connect(namespaces))
-            self._scopes[adapter] = scope
-        return scope
-
-    def _hint(self, call, state):
-        client = self._scope(state.adapter).client
-        if client is None or not state.keys[0]:
-            return
-        try:
-            call(client)
-        except kvtier.NotFoundError:
-            pass  # the request was no longer queued
-        except kvtier.Error as e:
-            logger.debug("kvtier: queue hint failed: %s", e)
-
+    @_fail_open(_nothing)
     def on_new_request(self, request):
         """The request entered the waiting queue: tell kvtierd its prefix."""
-        self._state(request)
+        self._scheduler.on_new_request(request)
 
+    @_fail_open(lambda self, *a: (0, False), (0, False))
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        g = self._geometry
-        state = self._state(request)
-        usable = (len(state.tokens) - 1) // g.block_tokens  # leave a token to compute
-        client = self._scope(state.adapter).client
-        if client is None or usable * g.block_tokens <= num_computed_tokens:
-            return 0, False
-        if state.hits is None:
-            if state.pending is None:
-                state.pending = [client.lookup_async(i, keys[:usable]) for i, keys in enumerate(state.keys)]
-            if not all(p.done() for p in state.pending):
-                return None, False  # ask again next step
-            try:
-                state.hits = min(p.result().prefix_blocks for p in state.pending)
-            except kvtier.Error as e:
-                logger.warning("kvtier: lookup failed: %s", e)
-                state.hits = 0
-            state.pending = None
-        matched = min(state.hits, usable) * g.block_tokens
-        return max(0, matched - num_computed_tokens), False
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    @_fail_open(_nothing)
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        state = self._requests.get(request.request_id)
-        if state is None or not num_external_tokens or state.hits is None:
-            return
-        g = self._geometry
-        end = min(state.hits, (len(state.tokens) - 1) // g.block_tokens)
-        local = end * g.block_tokens - num_external_tokens
-        state.block_ids = list(blocks.get_block_ids()[0])
-        state.load = (local // g.block_tokens, end, (local % g.block_tokens) // g.engine_block)
-        state.saved = max(state.saved, end)
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output):
-        g = self._geometry
+    def _meta_when_disabled(self, scheduler_output):
+        # Loads already promised to vLLM still go out: the workers load
+        # them or report them failed, and vLLM recomputes.
         meta = KvtierConnectorMetadata()
-        scheduled = scheduler_output.num_scheduled_tokens
-        for req in scheduler_output.scheduled_new_reqs:
-            state = self._requests.get(req.req_id)
-            if state is None:
-                continue  # never looked up (no prompt ids)
-            state.block_ids = list(req.block_ids[0])
-            self._plan(state, req.num_computed_tokens + scheduled.get(req.req_id, 0), meta)
-        cached = scheduler_output.scheduled_cached_reqs
-        resumed = getattr(cached, "resumed_req_ids", set()) or set()
-        for i, req_id in enumerate(cached.req_ids):
-            state = self._requests.get(req_id)
-            if state is None:
-                continue
-            new_ids = cached.new_block_ids[i]
-            if req_id in resumed:
-                state.block_ids = list(new_ids[0]) if new_ids else []
-            elif new_ids:
-                state.block_ids.extend(new_ids[0])
-            self._plan(state, cached.num_computed_tokens[i] + scheduled.get(req_id, 0), meta)
-        for req_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
-            state = self._requests.get(req_id)
-            if state is not None:  # its blocks are gone; it is looked up again on resume
-                state.hits, state.pending, state.load, state.block_ids = None, None, None, []
+        if self._scheduler is not None:
+            meta.loads = self._scheduler.promised_loads(scheduler_output)
         return meta
 
-    def _plan(self, state, computed_tokens, meta):
-        g = self._geometry
-        if not state.started:
-            state.started = True
-            self._hint(lambda c: c.started(state.hint_id), state)
-        load = plan_load(state, g.per_block)
-        if load is not None:
-            meta.loads.append(load)
-        save = plan_save(state, computed_tokens, g.per_block, g.block_tokens)
-        if save is not None:
-            meta.saves.append(save)
+    @_fail_open(_meta_when_disabled, KvtierConnectorMetadata())
+    def build_connector_meta(self, scheduler_output):
+        return self._scheduler.build_connector_meta(scheduler_output)
 
+    @_fail_open(_nothing)
     def update_connector_output(self, connector_output):
-        pass  # finished saves free blocks in vLLM itself
+        self._scheduler.update_connector_output(connector_output)
 
+    def _finished_when_disabled(self, request, block_ids):
+        # A request whose saves were planned is still reported by the
+        # workers: vLLM must keep waiting for exactly those.
+        return self._scheduler.forget(request) if self._scheduler is not None else (False, None)
+
+    @_fail_open(_finished_when_disabled, (False, None))
     def request_finished(self, request, block_ids):
-        state = self._requests.pop(request.request_id, None)
-        if state is None:
-            return False, None
-        if not state.started:
-            self._hint(lambda c: c.finished(state.hint_id), state)
-        # Blocks wait for the commit of any save planned for the request.
-        return state.saves_planned, None
+        return self._scheduler.request_finished(request, block_ids)
 
     def request_finished_all_groups(self, request, block_ids):
         return self.request_finished(request, block_ids[0])
 
+    @_fail_open(lambda self: (), ())
+    def take_events(self):
+        return self._scheduler.take_events()
+
+    @_fail_open(lambda self: False)
+    def reset_cache(self):
+        """After a weight update (reset_prefix_cache(reset_connector=True)):
+        kvtierd drops every namespace of this connector, so nothing stored
+        before is served. True when every drop succeeded."""
+        return self._scheduler.reset_cache()
+
+    def flush_hints(self, timeout=10.0):
+        """Waits until queued hints reached kvtierd (tests, shutdown)."""
+        return self._scheduler.flush_hints(timeout) if self._scheduler is not None else True
+
     # ---- worker side ----
 
+    @_fail_open(_nothing)
     def register_kv_caches(self, kv_caches):
-        g = self._geometry
-        names = [n for n in g.layer_names if n in kv_caches]
-        if len(names) != len(kv_caches):
-            names = list(kv_caches)  # the worker's own order (one pipeline stage)
-        for i, name in enumerate(names):
-            tensor = kv_caches[name]
-            layout = _kv_layout.detect_layout(tensor, tensor.shape[1] if tensor.shape[0] == 2 else tensor.shape[0])
-            if layout != g.layout:
-                raise ValueError(f"kvtier: layer {name} is laid out {layout}, the namespace says {g.layout} "
-                                 f"(set kv_connector_extra_config.kv_layout)")
-            if _kv_layout.bytes_per_token(tensor) != g.bytes_per_token:
-                raise ValueError(f"kvtier: layer {name} holds {_kv_layout.bytes_per_token(tensor)} bytes a token, "
-                                 f"the KV cache spec says {g.bytes_per_token}")
-            self._layer_index[name] = i
-        self._kv_caches = {n: kv_caches[n] for n in names}
-        self._names = names
-        if len(names) != self._namespace.layer_count:
-            self._namespace.layer_count = len(names)
-        self._client = self._connect([self._namespace])
+        self._worker.register_kv_caches(kv_caches)
 
+    @_fail_open(_nothing)
     def start_load_kv(self, forward_context, **kwargs):
-        meta = self._metadata
-        if meta is None:
-            return
-        for spec in meta.loads:
-            self._loads.append(_ActiveLoad(self, spec))
+        if self._metadata is not None:
+            self._worker.start_load_kv(self._metadata)
 
+    @_fail_open(_nothing)
     def wait_for_layer_load(self, layer_name):
-        layer = self._layer_index.get(layer_name)
-        if layer is None:
-            return
-        for load in self._loads:
-            load.layer(layer, self._kv_caches[layer_name])
-        if layer == len(self._names) - 1:
-            self._end_loads()
+        self._worker.wait_for_layer_load(layer_name)
 
-    def _end_loads(self):
-        for load in self._loads:
-            self._load_errors.update(load.end())
-        self._loads = []
-
+    @_fail_open(_nothing)
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        meta, layer = self._metadata, self._layer_index.get(layer_name)
-        if meta is None or layer is None or self._client is None:
-            return
-        for spec in meta.saves:
-            save = self._saves.get(spec.req_id)
-            if save is None:
-                if layer != 0:
-                    continue  # its save could not start at layer 0
-                client = self._client_for(spec.adapter)
-                if client is None:
-                    continue
-                try:
-                    save = client.begin_save(0, spec.keys[self._rank_index], chain=True,
-                                             parent=spec.parents[self._rank_index])
-                except kvtier.Error as e:
-                    logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
-                    continue
-                self._saves[spec.req_id] = save
-            try:
-                for b, ids in enumerate(spec.block_ids):
-                    if save.status(b).ok:
-                        _kv_layout.gather(kv_layer, self._geometry.layout, ids, save.layer_span(b, layer))
-                save.layer_written(layer)
-            except kvtier.Error as e:
-                logger.warning("kvtier: save of %s dropped: %s", spec.req_id, e)
-                save.abort()
-                del self._saves[spec.req_id]
+        if self._metadata is not None:
+            self._worker.save_kv_layer(self._metadata, layer_name, kv_layer)
 
-    def _client_for(self, adapter):
-        """This rank's client for the base model (None) or a LoRA adapter."""
-        if adapter is None or self._client is None:
-            return self._client
-        client = self._adapter_clients.get(adapter)
-        if client is None:
-            ns = self._geometry.namespace(self._tp_rank, self._pp_rank, adapter)
-            ns.layer_count = self._namespace.layer_count
-            client = self._adapter_clients[adapter] = self._connect([ns])
-        return client
-
+    @_fail_open(_nothing)
     def wait_for_save(self):
-        if self._loads:  # layers the forward pass never asked for
-            self._end_loads()
-        for req_id, save in self._saves.items():
-            if save.layers_saved != save.layer_count:
-                save.abort()  # some layer never came: nothing is published
-                continue
-            self._commits.setdefault(req_id, []).append(self._committer.submit(_finish, save, req_id))
-        self._saves = {}
+        self._worker.wait_for_save(self._metadata)
 
+    def _finished_fallback(self, finished_req_ids):
+        return self._worker.get_finished(finished_req_ids) if self._worker is not None else (None, None)
+
+    @_fail_open(_finished_fallback, (None, None))
     def get_finished(self, finished_req_ids):
-        self._finished.update(r for r in finished_req_ids if r in self._with_saves)
-        done = set()
-        for req_id in list(self._finished):
-            futures = self._commits.get(req_id, [])
-            if all(f.done() for f in futures):
-                done.add(req_id)
-                self._commits.pop(req_id, None)
-        self._finished -= done
-        self._with_saves -= done
-        return (done or None), None
+        return self._worker.get_finished(finished_req_ids)
 
+    def _errors_fallback(self):
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    @_fail_open(_errors_fallback, set())
     def get_block_ids_with_load_errors(self):
-        errors, self._load_errors = self._load_errors, set()
-        return errors
-
-
-def _key_extras(request, num_tokens, block_tokens):
-    """The request's cache salt and per-block extra keys (docs/KEYS.md), as
-    vLLM's own block hashes take them: the salt on block 0; each multimodal
-    input's identifier, with its offset within the block, on every block it
-    overlaps; a digest of the prompt embeddings of each block."""
-    import hashlib
-
-    import torch
-    salt = getattr(request, "cache_salt", None) or None
-    blocks = num_tokens // block_tokens
-    extras = [[] for _ in range(blocks)]
-    for feature in getattr(request, "mm_features", None) or []:
-        start, length = feature.mm_position.offset, feature.mm_position.length
-        for b in range(start // block_tokens, min(blocks, -(-(start + length) // block_tokens))):
-            extras[b].append((kvtier.ExtraKind.MULTIMODAL, f"{feature.identifier}@{start - b * block_tokens}"))
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is not None:
-        for b in range(blocks):
-            rows = embeds[b * block_tokens:(b + 1) * block_tokens].detach().cpu().contiguous()
-            digest = hashlib.sha256(rows.view(-1).view(torch.uint8).numpy().tobytes()).digest()
-            extras[b].append((kvtier.ExtraKind.PROMPT_EMBEDS, digest))
-    return salt, (extras if any(extras) else None)
-
-
-class _Scope:
-    """The base model's or one adapter's namespaces (one per rank), hashers
-    and scheduler-side client."""
-
-    def __init__(self, namespaces, hashers, client):
-        self.namespaces, self.hashers, self.client = namespaces, hashers, client
-
-
-def _adapter_of(request):
-    """A LoRA request's (name, path): its place in the namespace (adapter_id,
-    adapter_revision). Give each version of an adapter its own name or path."""
-    lora = getattr(request, "lora_request", None)
-    if lora is None:
-        return None
-    return (str(lora.lora_name), str(getattr(lora, "lora_path", "") or f"id-{lora.lora_int_id}"))
-
-
-def _finish(save, req_id):
-    try:
-        statuses = save.finish()
-    except kvtier.Error as e:
-        logger.warning("kvtier: commit of %s failed: %s", req_id, e)
-        return
-    failed = [s for s in statuses if not s.ok and s.code != "already_exists"]
-    if failed:
-        logger.info("kvtier: %d blocks of %s not saved (%s)", len(failed), req_id, failed[0])
-
-
-class _ActiveLoad:
-    """One request's layer-wise load during a forward pass."""
-
-    def __init__(self, connector, spec):
-        self._spec = spec
-        self._layout = connector._geometry.layout
-        self._failed_from = len(spec.block_ids)  # kvtier blocks from here on are not usable
-        self._load = None
-        client = connector._client_for(spec.adapter)
-        if client is None:
-            self._failed_from = 0
-            return
-        try:
-            self._load = client.begin_load(0, spec.keys[connector._rank_index])
-        except kvtier.Error as e:
-            logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
-            self._failed_from = 0
-
-    def layer(self, layer, tensor):
-        if self._load is None or self._failed_from == 0:
-            return
-        try:
-            self._load.wait_layer(layer)
-        except kvtier.Error as e:
-            logger.warning("kvtier: load of %s failed at layer %d: %s", self._spec.req_id, layer, e)
-            self._failed_from = 0
-            return
-        for b in range(self._failed_from):
-            if not self._load.status(b).ok:
-                self._failed_from = b
-                break
-            skip = self._spec.skip if b == 0 else 0
-            _kv_layout.scatter(tensor, self._layout, self._spec.block_ids[b], skip, self._load.layer_span(b, layer))
-
-    def end(self):
-        """Ends the load; returns the engine block ids that did not load."""
-        if self._load is not None:
-            for b in range(self._failed_from):  # a block may fail at its last layer
-                if not self._load.status(b).ok:
-                    self._failed_from = b
-                    break
-            try:
-                self._load.end()
-            except kvtier.Error:
-                pass  # the pins ended with the connection
-            self._load = None
-        failed = set()
-        for b in range(self._failed_from, len(self._spec.block_ids)):
-            ids = self._spec.block_ids[b]
-            failed.update(ids[self._spec.skip:] if b == 0 else ids)
-        return failed
+        return self._worker.take_load_errors()

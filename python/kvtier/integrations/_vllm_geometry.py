@@ -1,0 +1,226 @@
+"""What the scheduler side and every worker of the kvtier vLLM connector
+derive from vLLM's configuration alone, so that the scheduler's keys and
+the workers' namespaces agree without talking to each other.
+
+Geometry raises Unsupported (a reason in words) for a configuration kvtier
+cannot cache faithfully; the connector then serves without the cache.
+Read against vllm-project/vllm: vllm/v1/kv_cache_interface.py (the newest
+stored version: AttentionSpec with head_size_v, kv_quant_mode,
+page_size_padded, tokens_per_state; MLAAttentionSpec with head_size_v = 0;
+KVCacheTensor with layer_stride / block_stride), vllm/config/kv_transfer.py
+and vllm/distributed/utils.py (get_pp_indices).
+"""
+
+import os
+
+import kvtier
+from kvtier.integrations._kv_layout import Unsupported
+
+# kv_quant_mode values whose cache holds every byte a load needs: none, and
+# fp8 with one scale per tensor (a layer constant, kept in the weights).
+_STORABLE_QUANT_MODES = (0, 1)
+
+
+def extra_config(vllm_config):
+    config = vllm_config.kv_transfer_config
+    return dict(getattr(config, "kv_connector_extra_config", None) or {})
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _element_size(dtype):
+    import torch
+    return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else int(dtype)
+
+
+def _is_a(spec, class_name):
+    return any(c.__name__ == class_name for c in type(spec).__mro__)
+
+
+def unpadded_page_bytes(spec):
+    """Bytes of one block of one layer, without page padding: from the spec
+    as each vLLM version computes it (real_page_size_bytes where it exists)."""
+    page = getattr(spec, "real_page_size_bytes", None)
+    return int(page if page is not None else spec.page_size_bytes)
+
+
+def _transferred_groups(kv_cache_config):
+    return [g for g in kv_cache_config.kv_cache_groups if getattr(g, "enable_kv_transfer", True)]
+
+
+def _layer_spec(spec):
+    """The per-layer spec of a group (UniformTypeKVCacheSpecs wraps several
+    equal ones), or Unsupported."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if inner is None:
+        return spec
+    specs = list(inner.values())
+    if any(s != specs[0] for s in specs[1:]):
+        raise Unsupported("the KV cache group mixes layer specs")
+    return specs[0]
+
+
+def pp_partition(total_layers, pp_size):
+    """Decoder layers of each pipeline stage as vLLM splits them: vLLM's own
+    get_pp_indices when vLLM is importable, else its rule (an even split;
+    the remainder goes one layer each to the stages before the last,
+    starting from the second to last; VLLM_PP_LAYER_PARTITION overrides)."""
+    try:
+        from vllm.distributed.utils import get_pp_indices
+        return [(lambda r: r[1] - r[0])(get_pp_indices(total_layers, p, pp_size)) for p in range(pp_size)]
+    except ImportError:
+        pass
+    explicit = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    if explicit:
+        parts = [int(x) for x in explicit.split(",")]
+        if len(parts) != pp_size or sum(parts) != total_layers:
+            raise Unsupported(f"VLLM_PP_LAYER_PARTITION={explicit!r} does not split {total_layers} layers "
+                              f"into {pp_size} stages")
+        return parts
+    parts = [total_layers // pp_size] * pp_size
+    for i in range(2, total_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
+
+
+class Geometry:
+    """Everything both sides derive from the configuration alone. Raises
+    Unsupported (one reason) for what kvtier cannot store faithfully:
+    more than one KV cache group (hybrid models), a spec that is not
+    attention or MLA, quantized KV with scales outside the cache, decode or
+    prefill context parallelism, compressed states, or no model revision."""
+
+    def __init__(self, vllm_config, kv_cache_config, pp_rank=0):
+        """`kv_cache_config` is that of pipeline stage `pp_rank` (the
+        scheduler's is stage 0's)."""
+        extra = extra_config(vllm_config)
+        model = vllm_config.model_config
+        parallel = vllm_config.parallel_config
+        self.revision = extra.get("model_revision") or getattr(model, "revision", None)
+        if not self.revision:
+            raise Unsupported("no model revision (set kv_connector_extra_config.model_revision or --revision): "
+                              "a model update would be served stale KV")
+        groups = _transferred_groups(kv_cache_config)
+        if len(groups) != 1:
+            raise Unsupported(f"{len(groups)} KV cache groups (a hybrid model): this kvtier connector stores "
+                              f"one group; run vLLM with --disable-hybrid-kv-cache-manager where the model allows")
+        spec = _layer_spec(groups[0].kv_cache_spec)
+        if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
+            raise Unsupported(f"a {type(spec).__name__} KV cache (only attention and MLA caches are stored)")
+        for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+            if getattr(parallel, name, 1) > 1:
+                raise Unsupported(f"{name} = {getattr(parallel, name)} (context-parallel KV shards are not stored)")
+        quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
+        if quant not in _STORABLE_QUANT_MODES:
+            raise Unsupported(f"KV quantization mode {quant} keeps scales kvtier does not store")
+        if getattr(vllm_config.cache_config, "calculate_kv_scales", False):
+            raise Unsupported("calculate_kv_scales: KV scales computed per run would not match stored blocks")
+        if getattr(spec, "tokens_per_state", 1) != 1:
+            raise Unsupported(f"{spec.tokens_per_state} tokens per stored state (compressed KV)")
+        self.mla = _is_a(spec, "MLAAttentionSpec") or bool(getattr(model, "use_mla", False))
+        self.layer_names = list(groups[0].layer_names)
+        self.engine_block = spec.block_size
+        self.num_blocks = kv_cache_config.num_blocks
+        default_tokens = max(1, 256 // spec.block_size) * spec.block_size
+        self.block_tokens = int(extra.get("block_tokens", default_tokens))
+        if self.block_tokens <= 0 or self.block_tokens % spec.block_size:
+            raise Unsupported(f"block_tokens {self.block_tokens} is not a multiple of vLLM's block size "
+                              f"{spec.block_size}")
+        self.per_block = self.block_tokens // spec.block_size
+        self.page_bytes = unpadded_page_bytes(spec)
+        if self.page_bytes % spec.block_size:
+            raise Unsupported(f"a page of {self.page_bytes} bytes is no whole number of bytes per token")
+        self.bytes_per_token = self.page_bytes // spec.block_size
+        self.form = self._form(kv_cache_config, extra)
+        self.tp_size = getattr(parallel, "tensor_parallel_size", 1)
+        self.pp_size = getattr(parallel, "pipeline_parallel_size", 1)
+        self.stage_layers = self._stage_layer_counts(vllm_config, extra, pp_rank)
+        self.model_id = model.model
+        self.dtype = _dtype_name(spec.dtype)
+        self.socket_path = extra.get("socket_path", "/run/kvtier/kvtierd.sock")
+        self.call_timeout = float(extra.get("call_timeout", 30.0))
+        self.lookup_timeout = float(extra.get("lookup_timeout", 2.0))
+        self.reconnect_s = float(extra.get("reconnect_interval", 5.0))
+        self.use_directory = bool(extra.get("use_directory", True))
+        self.verify_checksums = bool(extra.get("verify_checksums", False))
+        self.layerwise = layerwise(extra)
+
+    def _form(self, kv_cache_config, extra):
+        """The byte form of the tensors this vLLM hands the workers: current
+        vLLM's KVCacheTensor has a layer stride and gives 4-D views (nhc);
+        older vLLM gives 5-D tensors (kv_layout says which, FlashAttention's
+        kv_first by default) or, for MLA, the 3-D form (nhc)."""
+        tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
+        if self.mla or (tensors and hasattr(tensors[0], "layer_stride")):
+            return "nhc"
+        form = extra.get("kv_layout", "kv_first")
+        if form not in ("kv_first", "blocks_first"):
+            raise Unsupported(f"kv_layout {form!r} is not kv_first or blocks_first")
+        return form
+
+    def _stage_layer_counts(self, vllm_config, extra, own_stage):
+        """KV layers of each pipeline stage. The scheduler's KV cache config
+        is stage 0's, so other stages' counts come from vLLM's split of the
+        decoder layers, with as many KV layers per decoder layer as this
+        stage has (or from kv_connector_extra_config.pp_layer_counts)."""
+        if self.pp_size == 1:
+            return [len(self.layer_names)]
+        explicit = extra.get("pp_layer_counts")
+        if explicit is not None:
+            counts = [int(c) for c in explicit]
+            if len(counts) != self.pp_size or min(counts) <= 0:
+                raise Unsupported(f"pp_layer_counts {explicit!r} does not give {self.pp_size} stages")
+            return counts
+        model = vllm_config.model_config
+        total = (model.get_total_num_hidden_layers() if hasattr(model, "get_total_num_hidden_layers")
+                 else getattr(getattr(model, "hf_text_config", None), "num_hidden_layers", None))
+        if not total:
+            raise Unsupported("the model's layer count is unknown: set pp_layer_counts")
+        parts = pp_partition(int(total), self.pp_size)
+        per_layer, rest = divmod(len(self.layer_names), parts[own_stage])
+        if rest or not per_layer:
+            raise Unsupported(f"stage {own_stage} has {len(self.layer_names)} KV layers over {parts[own_stage]} "
+                              f"decoder layers: set pp_layer_counts")
+        return [per_layer * p for p in parts]
+
+    def namespace(self, tp_rank, pp_rank, adapter=None):
+        """One rank's namespace; `adapter` is a LoRA's (name, path), or None.
+        MLA's latent cache is the same on every TP rank: one namespace for
+        all of them."""
+        if self.mla:
+            tp_rank, tp_size = 0, 1
+        else:
+            tp_size = self.tp_size
+        ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=self.dtype,
+                              block_tokens=self.block_tokens, layer_count=self.stage_layers[pp_rank],
+                              bytes_per_token_per_layer=self.bytes_per_token,
+                              kv_layout=f"vllm_{self.form}", tp_rank=tp_rank, tp_size=tp_size,
+                              adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "")
+        ns.pp_rank, ns.pp_size = pp_rank, self.pp_size
+        return ns
+
+    def ranks(self):
+        """(tp_rank, pp_rank) of every distinct namespace, in index order."""
+        tps = 1 if self.mla else self.tp_size
+        return [(t, p) for p in range(self.pp_size) for t in range(tps)]
+
+    def rank_index(self, tp_rank, pp_rank):
+        """The index into ranks() of a worker's namespace."""
+        return pp_rank * (1 if self.mla else self.tp_size) + (0 if self.mla else tp_rank)
+
+    def saves_on(self, tp_rank):
+        """Whether the worker of `tp_rank` saves: every rank has its own KV
+        heads, but MLA's one latent copy is saved by TP rank 0 only."""
+        return not self.mla or tp_rank == 0
+
+
+def layerwise(extra):
+    """Whether loads and saves run per layer inside the forward pass
+    (kv_connector_extra_config.layerwise, default true); false moves whole
+    blocks in start_load_kv and wait_for_save, which full CUDA graphs allow."""
+    value = extra.get("layerwise", True)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return bool(value)
