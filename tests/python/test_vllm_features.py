@@ -240,3 +240,16 @@ def test_mla_stores_one_latent_copy_and_every_rank_loads_it(mla_model, daemon, n
                 assert torch.equal(cache_b[name][ids_b[i]], cache_ref[name][ids_ref[i]])
     a.shutdown()
     b.shutdown()
+
+
+def test_events_fall_back_to_their_stand_ins_when_vllms_need_more_fields(monkeypatch):
+    from kvtier.integrations import _vllm_events
+
+    class Strict:
+        __struct_fields__ = ("block_hashes", "medium", "lora_name")
+
+        def __init__(self, block_hashes, medium, lora_name):  # lora_name has no default
+            pass
+    monkeypatch.setattr(_vllm_events, "_vllm_events", type("events", (), {"BlockRemoved": Strict}))
+    event = _vllm_events.BlockRemoved(block_hashes=[b"h"], medium="CPU")
+    assert event.block_hashes == [b"h"] and event.medium == "CPU"

@@ -43,9 +43,14 @@ def _fields(cls):
 
 def _make(name, fallback, **values):
     cls = getattr(_vllm_events, name, None) if _vllm_events is not None else None
-    cls = cls or fallback
-    accepted = _fields(cls)
-    return cls(**{k: v for k, v in values.items() if k in accepted})
+    if cls is not None:
+        accepted = _fields(cls)
+        try:
+            return cls(**{k: v for k, v in values.items() if k in accepted})
+        except TypeError:  # a vLLM whose event needs a field kvtier does not know: the stand-in
+            pass
+    accepted = _fields(fallback)
+    return fallback(**{k: v for k, v in values.items() if k in accepted})
 
 
 def BlockStored(**values):  # noqa: N802 - vLLM's event name
