@@ -90,7 +90,7 @@ def test_a_block_lost_before_the_load_is_reported_and_recomputed(model, daemon):
     keys, namespaces = rank_keys(b, p2)
     with quiet_client(daemon, namespaces) as c:
         assert c.erase(0, [keys[0][1]]) == 1  # evicted between the lookup and the load
-    failed = {i for blocks in so.kv_connector_metadata.loads[0].block_ids[1:] for i in blocks}
+    failed = {i for blocks in so.kv_connector_metadata.loads[0].groups[0].block_ids[1:] for i in blocks}
     b.update_from_output(so, b.execute_model(so))
     assert b.worker_connectors[0].get_block_ids_with_load_errors() == set()  # reported once, then cleared
     assert failed <= set(b.history[-1].model_runner_output.kv_connector_output.invalid_block_ids)

@@ -29,10 +29,16 @@ def _replace_spec(kv_config, **changes):
     group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, **changes)
 
 
-def two_groups(cfg, kv_config):
+def with_a_mamba_group(cfg, kv_config):
     spec = kv_config.kv_cache_groups[0].kv_cache_spec
-    window = SlidingWindowSpec(block_size=spec.block_size, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
-                               dtype=spec.dtype, sliding_window=8)
+    state = MambaSpec(block_size=spec.block_size, shapes=((4, 4),), dtypes=(spec.dtype,))
+    kv_config.kv_cache_groups.append(KVCacheGroupSpec(["model.layers.9.mixer"], state))
+
+
+def groups_of_two_block_sizes(cfg, kv_config):
+    spec = kv_config.kv_cache_groups[0].kv_cache_spec
+    window = SlidingWindowSpec(block_size=spec.block_size * 2, num_kv_heads=spec.num_kv_heads,
+                               head_size=spec.head_size, dtype=spec.dtype, sliding_window=8)
     kv_config.kv_cache_groups.append(KVCacheGroupSpec(["model.layers.9.self_attn.attn"], window))
 
 
@@ -59,7 +65,8 @@ def mamba_only(cfg, kv_config):
 
 
 UNSUPPORTED = {
-    "hybrid model, two KV cache groups": (two_groups, "2 KV cache groups"),
+    "hybrid model with a Mamba group": (with_a_mamba_group, "recurrent state"),
+    "groups of two block sizes": (groups_of_two_block_sizes, "block sizes"),
     "KV quantized with per-token-head scales": (per_token_head_scales, "quantization mode 2"),
     "decode context parallelism": (decode_context_parallel, "decode_context_parallel_size"),
     "no model revision": (no_revision, "model revision"),

@@ -154,8 +154,8 @@ def test_a_request_preempted_and_resumed_in_one_step_keeps_its_block_table(model
     # Preempted (reset_prefix_cache) and resumed within one schedule() call.
     so = SchedulerOutput([], cached, {"r1": 19}, 19, {}, {}, [], set(), [], preempted_req_ids={"r1"})
     meta = sched.build_connector_meta(so)
-    assert state.block_ids == [5, 6, 7, 8, 9]
-    assert [s.req_id for s in meta.saves] == ["r1"] and meta.saves[0].block_ids == [[5, 6], [7, 8]]
+    assert state.block_ids == [[5, 6, 7, 8, 9]]  # one table per KV cache group
+    assert [s.req_id for s in meta.saves] == ["r1"] and meta.saves[0].groups[0].block_ids == [[5, 6], [7, 8]]
     a.shutdown()
 
 
@@ -198,9 +198,18 @@ def test_pipeline_stages_of_uneven_size_key_the_same_on_both_sides(model, daemon
     worker.register_kv_caches({n: caches[n] for n in names[2:]})
     assert worker.disabled_reason is None
     assert worker._worker.client.fingerprints == [scheduler._scheduler.base_scope.client.fingerprints[1]]
-    # A stage whose layer count differs from the scheduler's expectation is refused, not silently missed.
-    wrong = KvtierConnector(cfg1, KVConnectorRole.WORKER, stage1)
+    # A stage whose layer count differs from the scheduler's expectation (a model whose stages are not
+    # alike) is refused at the first step's metadata, not silently missed.
+    from mini_vllm import CachedRequestData, SchedulerOutput
+    empty = SchedulerOutput([], CachedRequestData.make_empty(), {}, 0, {}, {}, [], set(), [])
+    meta = scheduler.build_connector_meta(empty)
+    worker.bind_connector_metadata(meta)
+    assert worker.disabled_reason is None
+    unlike = make_kv_cache_config(model, 32)
+    unlike.kv_cache_groups[0].layer_names = names[1:]
+    wrong = KvtierConnector(cfg1, KVConnectorRole.WORKER, unlike)
     wrong.register_kv_caches({n: caches[n] for n in names[1:]})
+    wrong.bind_connector_metadata(meta)
     assert "pp_layer_counts" in wrong.disabled_reason
     explicit = KvtierConnector(_pp_config(model, daemon, 2, pp_layer_counts=[1, 2]), KVConnectorRole.SCHEDULER,
                                stage0)

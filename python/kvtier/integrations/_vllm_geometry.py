@@ -12,6 +12,7 @@ and vllm/distributed/utils.py (get_pp_indices).
 """
 
 import os
+from dataclasses import dataclass
 
 import kvtier
 from kvtier.integrations._kv_layout import Unsupported
@@ -85,12 +86,51 @@ def pp_partition(total_layers, pp_size):
     return parts
 
 
+@dataclass
+class GroupGeometry:
+    """One KV cache group of vLLM's (hybrid) KV cache manager: its layers,
+    page, and the window of its attention (None: full attention)."""
+    index: int
+    layer_names: list
+    page_bytes: int
+    bytes_per_token: int
+    dtype: str
+    mla: bool
+    window_tokens: int = None
+    stage_layers: list = None  # KV layers of this group in each pipeline stage
+
+
+def _group(index, group, cache_config):
+    """The GroupGeometry of one transferred group, or Unsupported."""
+    spec = _layer_spec(group.kv_cache_spec)
+    if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
+        raise Unsupported(f"a {type(spec).__name__} KV cache group (recurrent state such as Mamba/GDN is not "
+                          f"stored by this connector yet; attention and MLA caches are)")
+    quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
+    if quant not in _STORABLE_QUANT_MODES:
+        raise Unsupported(f"KV quantization mode {quant} keeps scales kvtier does not store")
+    if getattr(cache_config, "calculate_kv_scales", False):
+        raise Unsupported("calculate_kv_scales: KV scales computed per run would not match stored blocks")
+    if getattr(spec, "tokens_per_state", 1) != 1:
+        raise Unsupported(f"{spec.tokens_per_state} tokens per stored state (compressed KV)")
+    if getattr(spec, "attention_chunk_size", None):
+        raise Unsupported("chunked local attention")
+    page = unpadded_page_bytes(spec)
+    if page % spec.block_size:
+        raise Unsupported(f"a page of {page} bytes is no whole number of bytes per token")
+    window = getattr(spec, "sliding_window", None) if _is_a(spec, "SlidingWindowSpec") else None
+    return GroupGeometry(index, list(group.layer_names), page, page // spec.block_size, _dtype_name(spec.dtype),
+                         _is_a(spec, "MLAAttentionSpec"), window), spec
+
+
 class Geometry:
     """Everything both sides derive from the configuration alone. Raises
-    Unsupported (one reason) for what kvtier cannot store faithfully:
-    more than one KV cache group (hybrid models), a spec that is not
-    attention or MLA, quantized KV with scales outside the cache, decode or
-    prefill context parallelism, compressed states, or no model revision."""
+    Unsupported (one reason) for what kvtier cannot store faithfully: a
+    group that is not attention or MLA (Mamba/GDN state), quantized KV with
+    scales outside the cache, decode or prefill context parallelism,
+    compressed states, chunked local attention, groups of different block
+    sizes, or no model revision. Several groups (vLLM's hybrid KV cache
+    manager: full attention and sliding window) get one namespace each."""
 
     def __init__(self, vllm_config, kv_cache_config, pp_rank=0):
         """`kv_cache_config` is that of pipeline stage `pp_rank` (the
@@ -102,43 +142,33 @@ class Geometry:
         if not self.revision:
             raise Unsupported("no model revision (set kv_connector_extra_config.model_revision or --revision): "
                               "a model update would be served stale KV")
-        groups = _transferred_groups(kv_cache_config)
-        if len(groups) != 1:
-            raise Unsupported(f"{len(groups)} KV cache groups (a hybrid model): this kvtier connector stores "
-                              f"one group; run vLLM with --disable-hybrid-kv-cache-manager where the model allows")
-        spec = _layer_spec(groups[0].kv_cache_spec)
-        if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
-            raise Unsupported(f"a {type(spec).__name__} KV cache (only attention and MLA caches are stored)")
         for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
             if getattr(parallel, name, 1) > 1:
                 raise Unsupported(f"{name} = {getattr(parallel, name)} (context-parallel KV shards are not stored)")
-        quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
-        if quant not in _STORABLE_QUANT_MODES:
-            raise Unsupported(f"KV quantization mode {quant} keeps scales kvtier does not store")
-        if getattr(vllm_config.cache_config, "calculate_kv_scales", False):
-            raise Unsupported("calculate_kv_scales: KV scales computed per run would not match stored blocks")
-        if getattr(spec, "tokens_per_state", 1) != 1:
-            raise Unsupported(f"{spec.tokens_per_state} tokens per stored state (compressed KV)")
-        self.mla = _is_a(spec, "MLAAttentionSpec") or bool(getattr(model, "use_mla", False))
-        self.layer_names = list(groups[0].layer_names)
-        self.engine_block = spec.block_size
+        transferred = _transferred_groups(kv_cache_config)
+        if not transferred:
+            raise Unsupported("no KV cache group to transfer")
+        made = [_group(i, g, vllm_config.cache_config) for i, g in enumerate(transferred)]
+        self.groups = [g for g, _ in made]
+        specs = [spec for _, spec in made]
+        if len({s.block_size for s in specs}) != 1:
+            raise Unsupported(f"KV cache groups of block sizes {sorted({s.block_size for s in specs})}")
+        if len({g.mla for g in self.groups}) != 1:
+            raise Unsupported("MLA and non-MLA KV cache groups together")
+        self.mla = self.groups[0].mla or bool(getattr(model, "use_mla", False))
+        self.engine_block = specs[0].block_size
         self.num_blocks = kv_cache_config.num_blocks
-        default_tokens = max(1, 256 // spec.block_size) * spec.block_size
+        default_tokens = max(1, 256 // self.engine_block) * self.engine_block
         self.block_tokens = int(extra.get("block_tokens", default_tokens))
-        if self.block_tokens <= 0 or self.block_tokens % spec.block_size:
+        if self.block_tokens <= 0 or self.block_tokens % self.engine_block:
             raise Unsupported(f"block_tokens {self.block_tokens} is not a multiple of vLLM's block size "
-                              f"{spec.block_size}")
-        self.per_block = self.block_tokens // spec.block_size
-        self.page_bytes = unpadded_page_bytes(spec)
-        if self.page_bytes % spec.block_size:
-            raise Unsupported(f"a page of {self.page_bytes} bytes is no whole number of bytes per token")
-        self.bytes_per_token = self.page_bytes // spec.block_size
+                              f"{self.engine_block}")
+        self.per_block = self.block_tokens // self.engine_block
         self.form = self._form(kv_cache_config, extra)
         self.tp_size = getattr(parallel, "tensor_parallel_size", 1)
         self.pp_size = getattr(parallel, "pipeline_parallel_size", 1)
-        self.stage_layers = self._stage_layer_counts(vllm_config, extra, pp_rank)
+        self._stage_layer_counts(vllm_config, extra, pp_rank)
         self.model_id = model.model
-        self.dtype = _dtype_name(spec.dtype)
         self.socket_path = extra.get("socket_path", "/run/kvtier/kvtierd.sock")
         self.call_timeout = float(extra.get("call_timeout", 30.0))
         self.lookup_timeout = float(extra.get("lookup_timeout", 2.0))
@@ -146,6 +176,11 @@ class Geometry:
         self.use_directory = bool(extra.get("use_directory", True))
         self.verify_checksums = bool(extra.get("verify_checksums", False))
         self.layerwise = layerwise(extra)
+
+    @property
+    def layer_names(self):
+        """Every transferred layer, group by group."""
+        return [name for g in self.groups for name in g.layer_names]
 
     def _form(self, kv_cache_config, extra):
         """The byte form of the tensors this vLLM hands the workers: current
@@ -161,54 +196,85 @@ class Geometry:
         return form
 
     def _stage_layer_counts(self, vllm_config, extra, own_stage):
-        """KV layers of each pipeline stage. The scheduler's KV cache config
-        is stage 0's, so other stages' counts come from vLLM's split of the
-        decoder layers, with as many KV layers per decoder layer as this
-        stage has (or from kv_connector_extra_config.pp_layer_counts)."""
+        """Each group's KV layers in each pipeline stage. The scheduler's KV
+        cache config is stage 0's, so other stages' counts come from vLLM's
+        split of the decoder layers, with as many of the group's layers per
+        decoder layer as this stage has (or from pp_layer_counts, one count
+        per stage, for a model of one group)."""
         if self.pp_size == 1:
-            return [len(self.layer_names)]
+            for g in self.groups:
+                g.stage_layers = [len(g.layer_names)]
+            return
         explicit = extra.get("pp_layer_counts")
         if explicit is not None:
             counts = [int(c) for c in explicit]
-            if len(counts) != self.pp_size or min(counts) <= 0:
-                raise Unsupported(f"pp_layer_counts {explicit!r} does not give {self.pp_size} stages")
-            return counts
+            if len(counts) != self.pp_size or min(counts) <= 0 or len(self.groups) != 1:
+                raise Unsupported(f"pp_layer_counts {explicit!r} does not give {self.pp_size} stages of one group")
+            self.groups[0].stage_layers = counts
+            return
         model = vllm_config.model_config
         total = (model.get_total_num_hidden_layers() if hasattr(model, "get_total_num_hidden_layers")
                  else getattr(getattr(model, "hf_text_config", None), "num_hidden_layers", None))
         if not total:
             raise Unsupported("the model's layer count is unknown: set pp_layer_counts")
         parts = pp_partition(int(total), self.pp_size)
-        per_layer, rest = divmod(len(self.layer_names), parts[own_stage])
-        if rest or not per_layer:
-            raise Unsupported(f"stage {own_stage} has {len(self.layer_names)} KV layers over {parts[own_stage]} "
-                              f"decoder layers: set pp_layer_counts")
-        return [per_layer * p for p in parts]
+        for g in self.groups:
+            per_layer, rest = divmod(len(g.layer_names), parts[own_stage])
+            if rest or not per_layer:
+                raise Unsupported(f"stage {own_stage} has {len(g.layer_names)} KV layers of group {g.index} over "
+                                  f"{parts[own_stage]} decoder layers: set pp_layer_counts")
+            g.stage_layers = [per_layer * p for p in parts]
 
-    def namespace(self, tp_rank, pp_rank, adapter=None):
-        """One rank's namespace; `adapter` is a LoRA's (name, path), or None.
-        MLA's latent cache is the same on every TP rank: one namespace for
-        all of them."""
+    @property
+    def stage_layers(self):
+        """KV layers of each pipeline stage, all groups together."""
+        return [sum(g.stage_layers[p] for g in self.groups) for p in range(self.pp_size)]
+
+    def namespace(self, tp_rank, pp_rank, adapter=None, group=0):
+        """One rank's namespace of one group; `adapter` is a LoRA's (name,
+        path), or None. MLA's latent cache is the same on every TP rank: one
+        namespace for all of them. A model of several groups tags each
+        group's namespace with its index."""
         if self.mla:
             tp_rank, tp_size = 0, 1
         else:
             tp_size = self.tp_size
-        ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=self.dtype,
-                              block_tokens=self.block_tokens, layer_count=self.stage_layers[pp_rank],
-                              bytes_per_token_per_layer=self.bytes_per_token,
-                              kv_layout=f"vllm_{self.form}", tp_rank=tp_rank, tp_size=tp_size,
+        g = self.groups[group]
+        layout = f"vllm_{self.form}" if len(self.groups) == 1 else f"vllm_{self.form}_g{group}of{len(self.groups)}"
+        ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=g.dtype,
+                              block_tokens=self.block_tokens, layer_count=g.stage_layers[pp_rank],
+                              bytes_per_token_per_layer=g.bytes_per_token,
+                              kv_layout=layout, tp_rank=tp_rank, tp_size=tp_size,
                               adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "")
         ns.pp_rank, ns.pp_size = pp_rank, self.pp_size
         return ns
 
+    def rank_namespaces(self, tp_rank, pp_rank, adapter=None):
+        """One rank's namespaces, one per group, in group order."""
+        return [self.namespace(tp_rank, pp_rank, adapter, g) for g in range(len(self.groups))]
+
     def ranks(self):
-        """(tp_rank, pp_rank) of every distinct namespace, in index order."""
+        """(tp_rank, pp_rank) of every distinct rank namespace set, in index order."""
         tps = 1 if self.mla else self.tp_size
         return [(t, p) for p in range(self.pp_size) for t in range(tps)]
 
     def rank_index(self, tp_rank, pp_rank):
-        """The index into ranks() of a worker's namespace."""
+        """The index into ranks() of a worker's namespaces."""
         return pp_rank * (1 if self.mla else self.tp_size) + (0 if self.mla else tp_rank)
+
+    def ns_index(self, rank_index, group):
+        """The index of one rank's namespace of one group in the scheduler's
+        namespace list (ranks() order, groups within a rank)."""
+        return rank_index * len(self.groups) + group
+
+    def first_read(self, group, end):
+        """The first kvtier block the layers of `group` read when computing
+        resumes after kvtier block `end`: 0 for full attention, the window's
+        first block for sliding-window attention."""
+        window = self.groups[group].window_tokens
+        if not window:
+            return 0
+        return max(0, end * self.block_tokens - window + 1) // self.block_tokens
 
     def saves_on(self, tp_rank):
         """Whether the worker of `tp_rank` saves: every rank has its own KV

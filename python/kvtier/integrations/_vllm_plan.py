@@ -4,6 +4,14 @@ per-step plan it sends to the workers (KvtierConnectorMetadata).
 Token positions are grouped into kvtier blocks of B tokens, each `f = B /
 block_size` engine blocks. Only whole kvtier blocks are keyed, looked up,
 loaded and saved; a partial kvtier block is never stored.
+
+A model may have several KV cache groups (vLLM's hybrid KV cache manager:
+full-attention and sliding-window layers), each with its own block table
+and one kvtier namespace per rank. Namespaces are indexed rank by rank,
+groups within a rank (Geometry.ns_index). A sliding-window group loads only
+the blocks its window reads, and saves only blocks whose engine blocks are
+all still allocated: vLLM puts the null block (id 0) where it freed blocks
+that fell out of the window.
 """
 
 from dataclasses import dataclass, field
@@ -14,38 +22,62 @@ except ImportError:  # pragma: no cover - exercised where vLLM is absent
     class KVConnectorMetadata:  # noqa: D401 - mirrors vLLM's empty marker
         """vLLM's empty metadata marker (base.py), for running without vLLM."""
 
+NULL_BLOCK = 0  # vLLM's null block: the block pool's first, never handed to a request
+
+
+@dataclass
+class GroupSpan:
+    """One group's part of a load or save: kvtier blocks [first, first +
+    len(block_ids)), block_ids[i] the f engine blocks of kvtier block
+    first + i; for a load, the first `skip` engine blocks of the first one
+    were computed locally and are not written."""
+    first: int
+    block_ids: list
+    skip: int = 0
+
 
 @dataclass
 class LoadSpec:
-    """Load kvtier blocks [first, first + len(keys[r])) of a request into its
-    engine blocks. block_ids[i] are the engine blocks of kvtier block
-    first + i; the first `skip` engine blocks of the first one were computed
-    locally and are not written."""
+    """Load a request's kvtier blocks into its engine blocks: groups[g] says
+    which for group g; keys[j] are the keys of namespace j for exactly
+    those blocks (the group of namespace j)."""
     req_id: str
     first: int
-    keys: list          # per rank namespace: list[kvtier.Key]
-    block_ids: list     # list[list[int]], one list of f engine blocks per kvtier block
-    skip: int = 0
+    keys: list          # per namespace: list[kvtier.Key]
+    groups: list        # per group: GroupSpan
     adapter: tuple = None  # the LoRA's (name, path), or None
+
+    def engine_block_ids(self, group=None):
+        """Every engine block this load writes (of one group, or all)."""
+        spans = self.groups if group is None else [self.groups[group]]
+        ids = set()
+        for span in spans:
+            for b, block in enumerate(span.block_ids):
+                ids.update(i for i in (block[span.skip:] if b == 0 else block) if i != NULL_BLOCK)
+        return ids
 
 
 @dataclass
 class SaveSpec:
-    """Save kvtier blocks [first, first + len(keys[r])) of a request from its
-    engine blocks, layer by layer during this step's forward pass."""
+    """Save a request's kvtier blocks from its engine blocks, layer by layer
+    during this step's forward pass: groups[g] (None: nothing for group g),
+    keys[j] / parents[j] per namespace."""
     req_id: str
     first: int
-    keys: list          # per rank namespace: list[kvtier.Key]
-    parents: list       # per rank namespace: the key before keys[r][0], or None
-    block_ids: list     # list[list[int]]
+    keys: list          # per namespace: list[kvtier.Key]
+    parents: list       # per namespace: the key before keys[j][0], or None
+    groups: list        # per group: GroupSpan or None
     adapter: tuple = None  # the LoRA's (name, path), or None
 
 
 @dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
-    """One step's plan for every worker (picklable)."""
+    """One step's plan for every worker (picklable). layer_counts: the
+    layer count of each namespace as the scheduler keys it, which every
+    worker checks against its own."""
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
+    layer_counts: list = None
 
 
 @dataclass
@@ -54,11 +86,14 @@ class RequestState:
     req_id: str
     hint_id: int
     tokens: list          # the prompt's token ids
-    keys: list            # per rank namespace: keys of every whole kvtier block of the prompt
-    pending: list = None  # kvtier.PendingLookup per rank while a lookup is in flight
-    hits: int = None      # kvtier blocks every rank holds, once looked up
+    keys: list            # per namespace: keys of every whole kvtier block of the prompt
+    pending: dict = None  # namespace -> kvtier.PendingLookup while a lookup is in flight
+    phase: int = 0        # 1: full-attention prefixes asked, 2: sliding windows asked
+    candidate: int = 0    # the hit the window lookups check
+    window_first: dict = field(default_factory=dict)  # namespace -> first block its window lookup asked
+    hits: int = None      # kvtier blocks every rank and group holds, once looked up
     load: tuple = None    # (first kvtier block, end, engine skip) after allocation
-    block_ids: list = field(default_factory=list)  # the engine block table (group 0)
+    block_ids: list = field(default_factory=list)  # per group: the engine block table
     saved: int = 0        # kvtier blocks saved or known cached
     saves_planned: bool = False
     started: bool = False
@@ -67,41 +102,65 @@ class RequestState:
     may_save: bool = True
     engine_hashes: list = None  # vLLM's block hashes of the request (for KV events), when it has them
     lora_id: int = None
-    pending_since: float = 0.0  # when the lookup in flight was sent (time.monotonic)
+    pending_since: float = 0.0  # when the lookups in flight were sent (time.monotonic)
     stored_pending: list = field(default_factory=list)  # (first, end) kvtier blocks saved, not yet reported
 
 
-def engine_blocks(state, first, end, per_block):
-    """Engine block ids of kvtier blocks [first, end), or None when the
-    block table does not reach that far."""
-    if len(state.block_ids) < end * per_block:
+def engine_blocks(table, first, end, per_block):
+    """Engine block ids of kvtier blocks [first, end) from one group's block
+    table, or None when the table does not reach that far."""
+    if len(table) < end * per_block:
         return None
-    return [state.block_ids[i * per_block:(i + 1) * per_block] for i in range(first, end)]
+    return [table[i * per_block:(i + 1) * per_block] for i in range(first, end)]
 
 
-def plan_save(state, computed_tokens, per_block, block_tokens):
-    """The SaveSpec for kvtier blocks the step completes, or None."""
-    full = min(computed_tokens, len(state.tokens)) // block_tokens
-    if full <= state.saved:
+def _group_of(geometry, j):
+    return j % len(geometry.groups)
+
+
+def plan_save(state, computed_tokens, geometry):
+    """The SaveSpec for kvtier blocks the step completes, or None. A group
+    whose oldest blocks were freed (out of a sliding window) saves the
+    blocks after them."""
+    full = min(computed_tokens, len(state.tokens)) // geometry.block_tokens
+    if full <= state.saved or len(state.block_ids) != len(geometry.groups):
         return None
-    ids = engine_blocks(state, state.saved, full, per_block)
-    if ids is None:
-        return None
-    first = state.saved
-    spec = SaveSpec(state.req_id, first, [k[first:full] for k in state.keys],
-                    [k[first - 1] if first > 0 else None for k in state.keys], ids, state.adapter)
+    spans = []
+    for table in state.block_ids:
+        ids = engine_blocks(table, state.saved, full, geometry.per_block)
+        if ids is None:
+            return None
+        start = 0
+        for b, block in enumerate(ids):
+            if NULL_BLOCK in block:
+                start = b + 1
+        spans.append(GroupSpan(state.saved + start, ids[start:]) if start < len(ids) else None)
+    firsts = [span.first if span is not None else full for span in spans]
+    keys = [k[firsts[_group_of(geometry, j)]:full] for j, k in enumerate(state.keys)]
+    parents = [k[firsts[_group_of(geometry, j)] - 1] if firsts[_group_of(geometry, j)] > 0 else None
+               for j, k in enumerate(state.keys)]
+    spec = SaveSpec(state.req_id, state.saved, keys, parents, spans, state.adapter)
+    state.stored_pending.append((state.saved, full))
     state.saved = full
     state.saves_planned = True
     return spec
 
 
-def plan_load(state, per_block):
-    """The LoadSpec decided at allocation, or None."""
+def plan_load(state, geometry):
+    """The LoadSpec decided at allocation, or None. A sliding-window group
+    loads only the blocks its window reads at the end of the load."""
     if state.load is None:
         return None
     first, end, skip = state.load
     state.load = None
-    ids = engine_blocks(state, first, end, per_block)
-    if ids is None or end <= first:
+    if end <= first or len(state.block_ids) != len(geometry.groups):
         return None
-    return LoadSpec(state.req_id, first, [k[first:end] for k in state.keys], ids, skip, state.adapter)
+    spans = []
+    for g, table in enumerate(state.block_ids):
+        start = max(first, geometry.first_read(g, end))
+        ids = engine_blocks(table, start, end, geometry.per_block)
+        if ids is None:
+            return None
+        spans.append(GroupSpan(start, ids, skip if start == first else 0))
+    keys = [k[spans[_group_of(geometry, j)].first:end] for j, k in enumerate(state.keys)]
+    return LoadSpec(state.req_id, first, keys, spans, state.adapter)

@@ -132,7 +132,7 @@ class SchedulerSide:
         adapter gets its own connection on first use."""
         scope = self._scopes.get(adapter)
         if scope is None:
-            namespaces = [self._g.namespace(t, p, adapter) for t, p in self._g.ranks()]
+            namespaces = [ns for t, p in self._g.ranks() for ns in self._g.rank_namespaces(t, p, adapter)]
             scope = _Scope(namespaces, [kvtier.ChainHasher(ns) for ns in namespaces])
             self._scopes[adapter] = scope
         if scope.client is None and time.monotonic() >= scope.next_connect:
@@ -179,24 +179,54 @@ class SchedulerSide:
         if client is None or not state.may_load or usable * g.block_tokens <= num_computed_tokens:
             return 0, False
         if state.hits is None:
-            if state.pending is None:
-                state.pending = [client.lookup_async(i, keys[:usable]) for i, keys in enumerate(state.keys)]
-                state.pending_since = time.monotonic()
-                self._stats.add("lookups", 1)
-            if not all(p.done() for p in state.pending):
-                if time.monotonic() - state.pending_since < g.lookup_timeout:
-                    return None, False  # ask again next step
-                logger.warning("kvtier: a lookup took over %.1f s; counted as a miss", g.lookup_timeout)
-                state.hits = 0
-            else:
-                try:
-                    state.hits = min(p.result().prefix_blocks for p in state.pending)
-                except kvtier.Error as e:
-                    logger.warning("kvtier: lookup failed: %s", e)
-                    state.hits = 0
-            state.pending = None
+            state.hits = self._lookup(state, client, usable)
+            if state.hits is None:
+                return None, False  # ask again next step
         matched = min(state.hits, usable) * g.block_tokens
         return max(0, matched - num_computed_tokens), False
+
+    def _lookup(self, state, client, usable):
+        """The kvtier blocks every rank and group holds, or None while an
+        answer is out. Phase 1 asks each full-attention namespace for its
+        prefix from block 0; phase 2 asks each sliding-window namespace for
+        the blocks its window reads at the hit phase 1 found. An answer
+        later than lookup_timeout counts as a miss."""
+        if state.pending is None:
+            state.phase, state.candidate = 1, usable
+            self._send(state, client, {j: 0 for j in range(len(state.keys))
+                                       if not self._g.groups[j % len(self._g.groups)].window_tokens}, usable)
+            self._stats.add("lookups", 1)
+        if not all(p.done() for p in state.pending.values()):
+            if time.monotonic() - state.pending_since < self._g.lookup_timeout:
+                return None
+            logger.warning("kvtier: a lookup took over %.1f s; counted as a miss", self._g.lookup_timeout)
+            state.pending = None
+            return 0
+        try:
+            answers = {j: p.result().prefix_blocks for j, p in state.pending.items()}
+        except kvtier.Error as e:
+            logger.warning("kvtier: lookup failed: %s", e)
+            state.pending = None
+            return 0
+        state.pending = None
+        n = min([state.candidate] + [state.window_first[j] + a for j, a in answers.items()])
+        if state.phase == 2:
+            # Every window must hold the blocks read at n.
+            ok = all(self._g.first_read(j % len(self._g.groups), n) >= state.window_first[j] for j in answers)
+            return n if ok else 0
+        windows = {j: self._g.first_read(j % len(self._g.groups), n) for j in range(len(state.keys))
+                   if self._g.groups[j % len(self._g.groups)].window_tokens}
+        if n == 0 or not windows:
+            return n
+        state.phase, state.candidate = 2, n
+        self._send(state, client, windows, n)
+        return self._lookup(state, client, usable)
+
+    def _send(self, state, client, firsts, end):
+        """Asynchronous lookups of keys[j][firsts[j]:end] for each namespace j."""
+        state.window_first = dict(firsts)
+        state.pending = {j: client.lookup_async(j, state.keys[j][first:end]) for j, first in firsts.items()}
+        state.pending_since = time.monotonic()
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         state = self._requests.get(request.request_id)
@@ -205,19 +235,19 @@ class SchedulerSide:
         g = self._g
         end = min(state.hits, (len(state.tokens) - 1) // g.block_tokens)
         local = end * g.block_tokens - num_external_tokens
-        state.block_ids = list(blocks.get_block_ids()[0])
+        state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
         state.load = (local // g.block_tokens, end, (local % g.block_tokens) // g.engine_block)
         state.saved = max(state.saved, end)
         self._stats.add("hit_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
-        meta = KvtierConnectorMetadata()
+        meta = KvtierConnectorMetadata(layer_counts=[ns.layer_count for ns in self.base_scope.namespaces])
         scheduled = scheduler_output.num_scheduled_tokens
         for req in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(req.req_id)
             if state is None:
                 continue  # never looked up (no prompt ids)
-            state.block_ids = list(req.block_ids[0])
+            state.block_ids = [list(ids) for ids in req.block_ids]
             self._plan(state, req.num_computed_tokens + scheduled.get(req.req_id, 0), meta)
         cached = scheduler_output.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", set()) or set()
@@ -227,9 +257,10 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in resumed:
-                state.block_ids = list(new_ids[0]) if new_ids else []
+                state.block_ids = [list(ids) for ids in new_ids] if new_ids else []
             elif new_ids:
-                state.block_ids.extend(new_ids[0])
+                for table, ids in zip(state.block_ids, new_ids):
+                    table.extend(ids)
             self._plan(state, cached.num_computed_tokens[i] + scheduled.get(req_id, 0), meta)
         for req_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
             state = self._requests.get(req_id)
@@ -245,15 +276,14 @@ class SchedulerSide:
         if not state.started:
             state.started = True
             self._hint_all(state, lambda c, i, keys: c.started(_hint_id(state, i)))
-        load = plan_load(state, g.per_block)
+        load = plan_load(state, g)
         if load is not None:
             meta.loads.append(load)
         if not state.may_save:
             return
-        save = plan_save(state, computed_tokens, g.per_block, g.block_tokens)
+        save = plan_save(state, computed_tokens, g)
         if save is not None:
             meta.saves.append(save)
-            state.stored_pending.append((save.first, save.first + len(save.keys[0])))
 
     def promised_loads(self, scheduler_output):
         """The loads vLLM was already promised for this step's requests
@@ -265,7 +295,7 @@ class SchedulerSide:
         for req_id in ids:
             state = self._requests.get(req_id)
             if state is not None and state.load is not None:
-                load = plan_load(state, self._g.per_block)
+                load = plan_load(state, self._g)
                 if load is not None:
                     loads.append(load)
         return loads
@@ -285,6 +315,7 @@ class SchedulerSide:
                 self._emit_stored(state)
 
     def request_finished(self, request, block_ids):
+        """block_ids: group 0's, or one list per group (SupportsHMA)."""
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return False, None

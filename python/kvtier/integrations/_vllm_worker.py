@@ -21,12 +21,14 @@ import time
 import kvtier
 from kvtier.integrations import _kv_layout
 from kvtier.integrations._kv_layout import Unsupported
+from kvtier.integrations._vllm_plan import NULL_BLOCK
 
 logger = logging.getLogger("kvtier.vllm")
 
 
 class WorkerSide:
-    """What the connector does in one vLLM worker process."""
+    """What the connector does in one vLLM worker process. Its client
+    registers one namespace per KV cache group (namespace id = group)."""
 
     def __init__(self, geometry, connect, stats, tp_rank, pp_rank):
         self._g = geometry
@@ -35,50 +37,56 @@ class WorkerSide:
         self.tp_rank, self.pp_rank = tp_rank, pp_rank
         self.rank_index = geometry.rank_index(tp_rank, pp_rank)
         self._saves_here = geometry.saves_on(tp_rank)
-        self.namespace = geometry.namespace(tp_rank, pp_rank)
+        self.namespaces = geometry.rank_namespaces(tp_rank, pp_rank)
         self.client = None
         self._next_connect = 0.0
-        self._adapter_clients = {}       # adapter -> kvtier.Client of this rank's namespace
+        self._adapter_clients = {}       # adapter -> kvtier.Client of this rank's namespaces
         self.kv_caches = {}
-        self._names = []
-        self._layer_index = {}
-        self._loads = []                 # _ActiveLoad of this step
-        self._saves = {}                 # req_id -> (kvtier.LayerSave, SaveSpec) of this step
+        self._layer_of = {}              # layer name -> (group, index in the group)
+        self._last_layer = {}            # group -> index of its last layer
+        self._loads = []                 # _ActiveLoad of this step, one per request and group
+        self._saves = {}                 # (req_id, group) -> (kvtier.LayerSave, blocks) of this step
         self._commits = {}               # req_id -> [Future] of committing saves
         self._with_saves = set()         # requests whose saves get_finished must report
         self._finished = set()           # finished by the scheduler, saves maybe in flight
         self._load_errors = set()
         self._bound_loads = []           # LoadSpec of the step's metadata
+        self._checked = False            # the scheduler's namespaces were compared with ours
         self.committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
         self.disabled = None             # the reason, once the worker serves without the cache
+
+    @property
+    def namespace(self):
+        """The namespace of group 0 (the only one of most models)."""
+        return self.namespaces[0]
 
     # ---- set-up ----
 
     def register_kv_caches(self, kv_caches):
-        """Checks every layer's tensor against the namespace (Unsupported
-        when kvtier cannot store it faithfully) and connects."""
+        """Checks every transferred layer's tensor against its group's
+        namespace (Unsupported when kvtier cannot store it faithfully) and
+        connects. Layers of groups vLLM does not transfer are left alone."""
         g = self._g
-        names = [n for n in g.layer_names if n in kv_caches]
-        if len(names) != len(kv_caches):
-            names = list(kv_caches)  # the worker's own order (one pipeline stage)
-        for i, name in enumerate(names):
-            form = _kv_layout.describe(kv_caches[name], g.num_blocks, g.engine_block, g.page_bytes)
-            if form.name != g.form:
-                raise Unsupported(f"layer {name} is laid out {form.name}, the namespace says {g.form} "
-                                  f"(set kv_connector_extra_config.kv_layout)")
-            self._layer_index[name] = i
-        if len(names) != self.namespace.layer_count:
-            raise Unsupported(f"pipeline stage {self.pp_rank} has {len(names)} KV layers, the scheduler expects "
-                              f"{self.namespace.layer_count} (set kv_connector_extra_config.pp_layer_counts)")
-        self.kv_caches = {n: kv_caches[n] for n in names}
-        self._names = names
+        for group in g.groups:
+            missing = [n for n in group.layer_names if n not in kv_caches]
+            if missing:
+                raise Unsupported(f"vLLM registered no KV cache for {missing[0]} (group {group.index})")
+            for i, name in enumerate(group.layer_names):
+                form = _kv_layout.describe(kv_caches[name], g.num_blocks, g.engine_block, group.page_bytes)
+                if form.name != g.form:
+                    raise Unsupported(f"layer {name} is laid out {form.name}, the namespace says {g.form} "
+                                      f"(set kv_connector_extra_config.kv_layout)")
+                self._layer_of[name] = (group.index, i)
+                self.kv_caches[name] = kv_caches[name]
+            self._last_layer[group.index] = len(group.layer_names) - 1
+            self.namespaces[group.index].layer_count = len(group.layer_names)
         self._ensure_client()
 
     def _ensure_client(self):
         """The client, connecting again every reconnect interval while
         kvtierd cannot be reached."""
         if self.client is None and time.monotonic() >= self._next_connect:
-            self.client = self._connect([self.namespace])
+            self.client = self._connect(self.namespaces)
             self._next_connect = time.monotonic() + self._g.reconnect_s
         return self.client
 
@@ -88,9 +96,15 @@ class WorkerSide:
             return self.client
         client = self._adapter_clients.get(adapter)
         if client is None:
-            ns = self._g.namespace(self.tp_rank, self.pp_rank, adapter)
-            client = self._adapter_clients[adapter] = self._connect([ns])
+            namespaces = self._g.rank_namespaces(self.tp_rank, self.pp_rank, adapter)
+            for ns, own in zip(namespaces, self.namespaces):
+                ns.layer_count = own.layer_count
+            client = self._adapter_clients[adapter] = self._connect(namespaces)
         return client
+
+    def _ns(self, group):
+        """The scheduler's index of this rank's namespace of `group`."""
+        return self._g.ns_index(self.rank_index, group)
 
     # ---- every step ----
 
@@ -99,83 +113,116 @@ class WorkerSide:
         # reports them, whether or not their saves ever start.
         self._with_saves.update(spec.req_id for spec in meta.saves)
         self._bound_loads = list(meta.loads)
+        if self.disabled is None and not self._checked and meta.layer_counts:
+            self._check_layer_counts(meta.layer_counts)
         if self.disabled is None:
             self._ensure_client()
         else:
             for spec in meta.loads:
-                self._load_errors.update(_all_block_ids(spec))
+                self._load_errors.update(spec.engine_block_ids())
+
+    def _check_layer_counts(self, expected):
+        """The scheduler keys this rank's blocks with its own idea of each
+        group's layer count (it sees only stage 0's config): a difference
+        would make every lookup miss, so it is refused, loudly."""
+        self._checked = True
+        for group, ns in enumerate(self.namespaces):
+            want = expected[self._ns(group)]
+            if want != ns.layer_count:
+                raise Unsupported(f"pipeline stage {self.pp_rank} has {ns.layer_count} KV layers in group {group}, "
+                                  f"the scheduler expects {want} (set kv_connector_extra_config.pp_layer_counts)")
 
     def start_load_kv(self, meta):
         if self.disabled is not None:
             return
         for spec in meta.loads:
-            self._loads.append(_ActiveLoad(self, spec))
+            for group in range(len(self._g.groups)):
+                self._loads.append(_ActiveLoad(self, spec, group))
         if not self._g.layerwise:
-            for name, i in self._layer_index.items():
-                for load in self._loads:
-                    load.layer(i, self.kv_caches[name])
+            for name in self.kv_caches:
+                self._load_layer(name)
             self.end_loads()
 
     def wait_for_layer_load(self, layer_name):
-        layer = self._layer_index.get(layer_name)
-        if layer is None or not self._loads:
-            return
-        for load in self._loads:
-            load.layer(layer, self.kv_caches[layer_name])
-        if layer == len(self._names) - 1:
-            self.end_loads()
+        if self._loads:
+            self._load_layer(layer_name)
 
-    def end_loads(self):
+    def _load_layer(self, layer_name):
+        where = self._layer_of.get(layer_name)
+        if where is None:
+            return
+        group, layer = where
         for load in self._loads:
-            self._load_errors.update(load.end())
-        self._loads = []
+            if load.group == group:
+                load.layer(layer, self.kv_caches[layer_name])
+        if layer == self._last_layer[group]:
+            self.end_loads(group)
+
+    def end_loads(self, group=None):
+        """Ends this step's loads (of one group): their failed engine blocks
+        become load errors. With several groups a request that failed in any
+        group is reported whole, so vLLM recomputes every group from the
+        same token."""
+        keep = []
+        for load in self._loads:
+            if group is not None and load.group != group:
+                keep.append(load)
+                continue
+            failed = load.end()
+            if failed and len(self._g.groups) > 1:
+                failed = load.spec.engine_block_ids()
+            self._load_errors.update(failed)
+        self._loads = keep
 
     def save_kv_layer(self, meta, layer_name, kv_layer):
-        layer = self._layer_index.get(layer_name)
-        if layer is None or self.disabled is not None or not self._saves_here:
+        where = self._layer_of.get(layer_name)
+        if where is None or self.disabled is not None or not self._saves_here:
             return
         for spec in meta.saves:
-            self._save_layer(spec, layer, kv_layer)
+            self._save_layer(spec, where[0], where[1], kv_layer)
 
-    def _save_layer(self, spec, layer, kv_layer):
-        entry = self._saves.get(spec.req_id)
+    def _save_layer(self, spec, group, layer, kv_layer):
+        span = spec.groups[group]
+        if span is None:
+            return
+        entry = self._saves.get((spec.req_id, group))
         if entry is None:
             if layer != 0:
-                return  # its save could not start at layer 0
+                return  # its save could not start at the group's first layer
             client = self.client_for(spec.adapter)
             if client is None:
                 return
             try:
-                save = client.begin_save(0, spec.keys[self.rank_index], chain=True,
-                                         parent=spec.parents[self.rank_index])
+                save = client.begin_save(group, spec.keys[self._ns(group)], chain=True,
+                                         parent=spec.parents[self._ns(group)])
             except kvtier.Error as e:
                 logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
                 return
-            entry = self._saves[spec.req_id] = (save, spec)
+            entry = self._saves[(spec.req_id, group)] = (save, span)
         save = entry[0]
         try:
-            for b, ids in enumerate(spec.block_ids):
+            for b, ids in enumerate(span.block_ids):
                 if save.status(b).ok:
                     _kv_layout.gather(kv_layer, self._g.form, ids, save.layer_span(b, layer), self._g.num_blocks)
             save.layer_written(layer)
         except kvtier.Error as e:
             logger.warning("kvtier: save of %s dropped: %s", spec.req_id, e)
             save.abort()
-            del self._saves[spec.req_id]
+            del self._saves[(spec.req_id, group)]
 
     def wait_for_save(self, meta):
         if self._loads:  # layers the forward pass never asked for
             self.end_loads()
         if meta is not None and not self._g.layerwise and self.disabled is None and self._saves_here:
-            for name, i in self._layer_index.items():
+            for name, (group, layer) in self._layer_of.items():
                 for spec in meta.saves:
-                    self._save_layer(spec, i, self.kv_caches[name])
-        for req_id, (save, spec) in self._saves.items():
+                    self._save_layer(spec, group, layer, self.kv_caches[name])
+        for (req_id, group), (save, span) in self._saves.items():
             if save.layers_saved != save.layer_count:
                 save.abort()  # some layer never came: nothing is published
                 continue
-            self._stats.add("save_blocks", len(spec.block_ids))
-            self._stats.add("save_bytes", len(spec.block_ids) * self.namespace.block_bytes)
+            self._stats.add("save_blocks", len(span.block_ids))
+            self._stats.add("save_bytes", len(span.block_ids) * self.namespaces[group].block_bytes)
             self._commits.setdefault(req_id, []).append(self.committer.submit(_finish, save, req_id))
         self._saves = {}
 
@@ -200,11 +247,11 @@ class WorkerSide:
         return errors
 
     def disable(self, reason):
-        """Serves without the cache from now on: pending loads become load
-        errors (vLLM recomputes them), saves in flight are dropped."""
+        """Serves without the cache from now on: this step's loads become
+        load errors (vLLM recomputes them), saves in flight are dropped."""
         self.disabled = reason
-        for spec in self._bound_loads:  # this step's loads, finished or not: vLLM recomputes them
-            self._load_errors.update(_all_block_ids(spec))
+        for spec in self._bound_loads:  # finished or not: vLLM recomputes them
+            self._load_errors.update(spec.engine_block_ids())
         self._loads = []
         for save, _ in self._saves.values():
             try:
@@ -221,13 +268,6 @@ class WorkerSide:
         self.client = None
 
 
-def _all_block_ids(spec):
-    ids = set()
-    for b, block in enumerate(spec.block_ids):
-        ids.update(block[spec.skip:] if b == 0 else block)
-    return ids
-
-
 def _finish(save, req_id):
     try:
         statuses = save.finish()
@@ -240,20 +280,23 @@ def _finish(save, req_id):
 
 
 class _ActiveLoad:
-    """One request's load during a forward pass, layer by layer."""
+    """One request's load of one group during a forward pass, layer by layer."""
 
-    def __init__(self, worker, spec):
-        self.spec = spec
+    def __init__(self, worker, spec, group):
+        self.spec, self.group = spec, group
+        self._span = spec.groups[group]
         self._worker = worker
-        self._failed_from = len(spec.block_ids)  # kvtier blocks from here on are not usable
+        self._failed_from = len(self._span.block_ids)  # kvtier blocks from here on are not usable
         self._load = None
         self._started = time.monotonic()
+        if not self._span.block_ids:
+            return
         client = worker.client_for(spec.adapter)
         if client is None:
             self._failed_from = 0
             return
         try:
-            self._load = client.begin_load(0, spec.keys[worker.rank_index])
+            self._load = client.begin_load(group, spec.keys[worker._ns(group)])
         except kvtier.Error as e:
             logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
             self._failed_from = 0
@@ -272,8 +315,8 @@ class _ActiveLoad:
             if not self._load.status(b).ok:
                 self._failed_from = b
                 break
-            skip = self.spec.skip if b == 0 else 0
-            _kv_layout.scatter(tensor, g.form, self.spec.block_ids[b], skip, self._load.layer_span(b, layer),
+            skip = self._span.skip if b == 0 else 0
+            _kv_layout.scatter(tensor, g.form, self._span.block_ids[b], skip, self._load.layer_span(b, layer),
                                g.num_blocks)
 
     def end(self):
@@ -290,10 +333,10 @@ class _ActiveLoad:
             self._load = None
         stats = self._worker._stats
         stats.add("load_blocks", self._failed_from)
-        stats.add("load_bytes", self._failed_from * self._worker.namespace.block_bytes)
+        stats.add("load_bytes", self._failed_from * self._worker.namespaces[self.group].block_bytes)
         stats.add("load_ms", 1e3 * (time.monotonic() - self._started))
         failed = set()
-        for b in range(self._failed_from, len(self.spec.block_ids)):
-            ids = self.spec.block_ids[b]
-            failed.update(ids[self.spec.skip:] if b == 0 else ids)
+        for b in range(self._failed_from, len(self._span.block_ids)):
+            ids = self._span.block_ids[b]
+            failed.update(i for i in (ids[self._span.skip:] if b == 0 else ids) if i != NULL_BLOCK)
         return failed
