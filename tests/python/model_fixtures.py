@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from tiny_model import TinyDecoder, TinyMLA, make_deterministic
+from tiny_model import TinyDecoder, TinyGemma, TinyMLA, make_deterministic
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +23,13 @@ def mla_model():
     """The MLA toy (one cached latent per token and layer, replicated over TP ranks)."""
     make_deterministic()
     return TinyMLA(seed=0)
+
+
+@pytest.fixture(scope="module")
+def gemma_model():
+    """The hybrid toy: layer 0 full attention, layer 1 a sliding window of 8 tokens (block size 4)."""
+    make_deterministic()
+    return TinyGemma(seed=0)
 
 
 def prompt(seed, n, vocab=101):

@@ -3,7 +3,10 @@
 The mini engine is the stand-in for vLLM when testing the kvtier connector, so
 these tests pin the properties the connector tests rely on: bit-exact model
 outputs, vLLM's call order (scheduler.py and the worker mixin @00f4240e, see mini_vllm/__init__.py), and a
-working store/load round trip through a reference in-memory connector.
+working store/load round trip through a reference in-memory connector; and, for the hybrid
+toy TinyGemma (full attention + sliding window), vLLM's hybrid KV cache manager: per-group
+block tables, out-of-window blocks nulled, local prefix hits every group accepts, HMA on and
+off bit-identical, and a round trip of every group's blocks through the SupportsHMA path.
 """
 
 import hashlib
@@ -18,9 +21,9 @@ import mini_vllm as mv  # noqa: E402
 from mini_vllm import (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, MiniEngine,  # noqa: E402
                        make_kv_cache_config, make_vllm_config, run_request, yield_req_data)
 from mini_vllm import KVCacheLayout  # noqa: E402
-from tiny_model import KVCache, KVShard, SeqInput, TinyDecoder, TinyHybrid, greedy_generate  # noqa: E402
+from tiny_model import KVCache, KVShard, SeqInput, TinyDecoder, TinyGemma, TinyHybrid, greedy_generate  # noqa: E402
 
-from model_fixtures import deterministic, mla_model, model, prompt  # noqa: E402,F401 (fixtures)
+from model_fixtures import deterministic, gemma_model, mla_model, model, prompt  # noqa: E402,F401 (fixtures)
 
 BS = 4
 L = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
@@ -276,7 +279,7 @@ class RecordingConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
         self.rec("start_load_kv", forward_context.attn_metadata is None)
-        assert all(forward_context.no_compile_layers[n].kv_cache is self.kv_caches[n] for n in L)
+        assert all(forward_context.no_compile_layers[n].kv_cache is self.kv_caches[n] for n in self.kv_caches)
         self.recv_now |= {r for r in meta.loads if r not in meta.new_req_ids + meta.cached_req_ids}
 
     def wait_for_layer_load(self, layer_name):
@@ -1161,3 +1164,373 @@ def test_failed_load_under_fail_finishes_the_request_with_an_error(model, async_
     assert any("r2" in h.discarded_req_ids for h in b.history)
     assert not b.has_requests() and b.block_pool.get_num_free_blocks() == 63  # its blocks were freed
     assert run_request(b, p2, 2, "again")[0] == greedy_generate(model, p2, 2)  # the engine goes on
+
+
+# ---------------------------------------------------------------------------
+# The hybrid KV cache manager (HMA): TinyGemma's full-attention group and
+# sliding-window group, one block pool, per-group block tables (see kv_cache.py)
+# ---------------------------------------------------------------------------
+
+GL = [f"model.layers.{i}.self_attn.attn" for i in range(2)]  # layer 0 full, layer 1 window 8
+W = 8
+
+
+def gemma_engine(m, hma=True, num_blocks=32, connector=None, num_workers=1, **cfg):
+    vcfg = make_vllm_config(m, kv_connector=None if connector is None else "KVConnectorUnderTest",
+                            disable_hybrid_kv_cache_manager=not hma, tensor_parallel_size=num_workers, **cfg)
+    kvc = make_kv_cache_config(m, num_blocks, num_workers, disable_hybrid_kv_cache_manager=not hma,
+                               layout=cfg.get("kv_cache_layout") or KVCacheLayout.LBNHC)
+    return MiniEngine(m, vcfg, kvc, connector, num_workers=num_workers)
+
+
+def first_new(engine, req_id):
+    return next(h.scheduler_output.scheduled_new_reqs[0] for h in engine.history
+                if any(r.req_id == req_id for r in h.scheduler_output.scheduled_new_reqs))
+
+
+def test_tiny_gemma_reads_only_the_window(gemma_model):
+    m = gemma_model
+    assert m.sliding_window_layers == {1: W} and m.attention_layer_names == GL
+    p, table = prompt(70, 21), [5, 2, 7, 1, 3, 6]
+    ref_caches = KVCache.allocate(m, 9)
+    ref = m(p, list(range(21)), table, 0, ref_caches)
+    parts_caches = KVCache.allocate(m, 9, kv_format="views")
+    parts = [m(p[s:e], list(range(s, e)), table, s, parts_caches) for s, e in [(0, 3), (3, 12), (12, 21)]]
+    assert torch.equal(torch.cat(parts), ref)
+    assert m.blocks_needed_to_resume(1, 20) == range(3, 5) and m.blocks_needed_to_resume(0, 20) == range(0, 5)
+    # Token 20 reads positions 13..20 in layer 1: poison the rest of layer 1 (and nothing of layer 0).
+    for poison, same in [(range(0, 13), True), (range(13, 14), False)]:
+        caches = KVCache.allocate(m, 9)
+        m(p[:20], list(range(20)), table, 0, caches)
+        for pos in poison:
+            caches[GL[1]][:, table[pos // BS], pos % BS] = float("nan")
+        assert torch.equal(m([p[20]], [20], table, 20, caches), ref[20:]) == same
+    # Resuming at 20 with the window layer's own block table (null blocks before the window, its
+    # window's K/V in other blocks; the null block poisoned) gives the same bits.
+    caches = KVCache.allocate(m, 10)
+    m(p[:20], list(range(20)), table, 0, caches)
+    other = [0, 0, 0, 8, 4, 9]
+    KVCache.copy_blocks({GL[1]: caches[GL[1]]}, {GL[1]: caches[GL[1]]}, table[3:5], other[3:5])
+    caches[GL[1]][:, 0] = float("nan")
+    out = m.forward_batch([SeqInput([p[20]], [20], table, {GL[1]: other})], caches)[0]
+    assert torch.equal(out, ref[20:])
+
+
+def test_hybrid_kv_cache_config_groups_and_overlay(gemma_model):
+    m = gemma_model
+    kvc = make_kv_cache_config(m, NB)
+    (full, sw) = kvc.kv_cache_groups
+    assert (full.layer_names, sw.layer_names) == ([GL[0]], [GL[1]])
+    assert type(full.kv_cache_spec) is mv.FullAttentionSpec and full.kv_cache_spec.sliding_window is None
+    assert isinstance(sw.kv_cache_spec, mv.SlidingWindowSpec) and sw.kv_cache_spec.sliding_window == W
+    assert [t.layers for t in kvc.kv_cache_tensors] == [[GL[0]], [GL[1]]]
+    assert len({(t.size, t.offset, t.layer_stride, t.block_stride) for t in kvc.kv_cache_tensors}) == 1
+    # One backing allocation: layer 0 of both groups on the same bytes (a block id has one owner).
+    engine = MiniEngine(m, make_vllm_config(m, kv_connector=None), kvc)
+    a, b = engine.kv_caches[GL[0]], engine.kv_caches[GL[1]]
+    assert a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
+    a[3].fill_(7.0)
+    assert bool((b[3] == 7.0).all()) and not bool((b[2] == 7.0).any())
+    # HMA off: one group, the window recorded in a FullAttentionSpec; layers side by side.
+    off = make_kv_cache_config(m, NB, disable_hybrid_kv_cache_manager=True)
+    (group,) = off.kv_cache_groups
+    assert group.layer_names == GL and type(group.kv_cache_spec) is mv.FullAttentionSpec
+    assert group.kv_cache_spec.sliding_window == W
+    # Block-outermost layouts: the block stride is one slot's page (one layer per group).
+    blnhc = make_kv_cache_config(m, NB, layout="BLNHC")
+    assert {t.block_stride for t in blnhc.kv_cache_tensors} == {PAGE * 4}
+    legacy = MiniEngine(m, make_vllm_config(m, kv_connector=None, kv_cache_format="legacy_kv_first"), kvc)
+    assert legacy.kv_caches[GL[0]] is legacy.kv_caches[GL[1]]
+    with pytest.raises(ValueError, match="hybrid KV cache manager is disabled"):
+        MiniEngine(m, make_vllm_config(m, kv_connector=None, disable_hybrid_kv_cache_manager=True), kvc)
+    # 1 full + 2 sliding layers: group_size 1, three groups (two of one spec, looked up together),
+    # all three overlaid on one layer slot.
+    m3 = TinyGemma(seed=3, n_layers=3, sliding_window_layers={1: W, 2: W})
+    kvc3 = make_kv_cache_config(m3, 24)
+    assert [g.layer_names for g in kvc3.kv_cache_groups] == [[f"model.layers.{i}.self_attn.attn"] for i in range(3)]
+    engine = MiniEngine(m3, make_vllm_config(m3, kv_connector=None, max_num_batched_tokens=8), kvc3)
+    assert len({t.data_ptr() for t in engine.kv_caches.values()}) == 1
+    shared = prompt(81, 13)
+    for i, rid in enumerate("ab"):
+        p = shared + prompt(82 + i, 3)
+        assert run_request(engine, p, 3, rid)[0] == greedy_generate(m3, p, 3)
+    assert hybrid_hit(engine, "b") == 12
+
+
+def test_hybrid_per_group_block_tables_and_out_of_window_nulls(gemma_model):
+    m = gemma_model
+    p = prompt(71, 22)
+    engine = gemma_engine(m, max_num_batched_tokens=8)
+    toks, logits = run_request(engine, p, 4, "a")
+    ref_toks, ref_logits = greedy_generate(m, p, 4, return_logits=True)
+    assert toks == ref_toks and all(torch.equal(x[-1], y) for x, y in zip(logits[-4:], ref_logits))
+    sos = [h.scheduler_output for h in engine.history]
+    assert sos[0].scheduled_new_reqs[0].block_ids == ([1, 2], [3, 4])  # one list per group
+    assert [so.scheduled_cached_reqs.new_block_ids for so in sos[1:3]] == [[([5, 6], [7, 8])],
+                                                                          [([9, 10], [11, 12])]]
+    assert list(yield_req_data(sos[1])) == [("a", ([5, 6], [7, 8]), False)]
+    # Step 3 starts at 16 computed tokens: the window of token 16 is 9..16, so the SW group's
+    # blocks of tokens 0..7 went back to the pool (before step 3 allocated) and the null block
+    # took their place; in the last step (24 computed: window 17..24) the first four.
+    assert [h.scheduler_output.scheduled_cached_reqs.num_computed_tokens for h in engine.history[2:3]] == [[16]]
+    held = engine.finished_group_block_ids["a"]
+    assert held == ([1, 2, 5, 6, 9, 10, 13], [0, 0, 0, 0, 11, 12, 14])
+    assert engine.block_pool.blocks[3].ref_cnt == 0 and engine.block_pool.blocks[3].block_hash is not None
+    assert engine.block_pool.get_num_free_blocks() == 31 and not engine.has_requests()
+
+
+def test_hybrid_chunked_and_hma_off_give_identical_bits(gemma_model):
+    m = gemma_model
+    p = prompt(72, 27)
+    runs = {}
+    for hma in (True, False):
+        for chunk in (2048, 8, 5):
+            engine = gemma_engine(m, hma=hma, max_num_batched_tokens=chunk)
+            runs[hma, chunk] = run_request(engine, p, 4, "a")
+            if not hma:  # all blocks of both layers kept: one block table
+                assert engine.kv_cache_config.kv_cache_groups[0].layer_names == GL
+    ref_toks, ref_logits = runs[True, 2048]
+    assert ref_toks == greedy_generate(m, p, 4)
+    for (hma, chunk), (toks, logits) in runs.items():
+        assert toks == ref_toks
+        assert torch.equal(torch.cat(logits[:-3]), ref_logits[0]) and all(
+            torch.equal(x, y) for x, y in zip(logits[-3:], ref_logits[1:]))
+
+
+def hybrid_hit(engine, req_id):
+    return first_new(engine, req_id).num_computed_tokens
+
+
+@pytest.mark.parametrize("hma", [True, False])
+def test_hybrid_local_prefix_hit_needs_every_group(gemma_model, hma):
+    m = gemma_model
+    shared = prompt(73, 18)
+    p1, p2 = shared + prompt(74, 3), shared + prompt(75, 6)
+
+    def run(evict=None):
+        engine = gemma_engine(m, hma=hma)
+        run_request(engine, p1, 2, "r1")
+        groups = engine.finished_group_block_ids["r1"]
+        if evict is not None:
+            group, index = evict
+            engine.scheduler.kv_cache_manager.evict_blocks([groups[group][index]])
+        toks, logits = run_request(engine, p2, 3, "r2")
+        assert toks == greedy_generate(m, p2, 3)
+        return hybrid_hit(engine, "r2"), engine
+
+    hit, engine = run()
+    assert hit == 16  # 4 full blocks of the shared prefix in every group
+    new = first_new(engine, "r2")
+    if hma:
+        assert new.block_ids[1][:2] == [0, 0] and 0 not in new.block_ids[1][2:]  # window of token 16: 9..15
+        assert run(evict=(1, 3))[0] == 12  # a block of the window before 16 gone: the hit shrinks
+        assert run(evict=(1, 1))[0] == 16  # the window before 16 starts at block 2: not needed
+        assert run(evict=(0, 1))[0] == 4   # full attention needs every block
+    else:
+        assert run(evict=(0, 3))[0] == 12 and run(evict=(0, 1))[0] == 4
+
+
+def test_hybrid_hma_needs_supports_hma_and_is_settled_like_vllm(gemma_model):
+    m = gemma_model
+
+    class HMAConnector(RecordingConnector, mv.SupportsHMA):
+        def request_finished_all_groups(self, request, block_ids):
+            self.rec("request_finished_all_groups", request.request_id, tuple(list(g) for g in block_ids))
+            return False, None
+
+    log = []
+    plain = lambda c, r, k: RecordingConnector(c, r, k, log, Script())  # noqa: E731
+    with pytest.raises(ValueError, match="HMA"):  # a callable factory: its connector is checked
+        gemma_engine(m, connector=plain)
+    with pytest.raises(ValueError, match="HMA"):
+        gemma_engine(m, connector=InMemoryConnector)
+    # Unset (None): HMA on without a connector, off with one that is not SupportsHMA (a class, or
+    # any callable), on with a SupportsHMA class.
+    assert len(MiniEngine(m).kv_cache_config.kv_cache_groups) == 2
+    auto = MiniEngine(m, make_vllm_config(m), None, plain)
+    assert auto.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is True
+    assert len(auto.kv_cache_config.kv_cache_groups) == 1
+    cls = type("HMAClass", (HMAConnector,), {"__init__": lambda self, c, r, kv_cache_config: HMAConnector.__init__(
+        self, c, r, kv_cache_config, log, Script())})
+    on = MiniEngine(m, make_vllm_config(m), None, cls)
+    assert on.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    del log[:]
+    run_request(on, prompt(76, 13), 2, "a")
+    alloc = next(e for e in log if e[1] == "update_state_after_alloc")
+    assert alloc[3] == ([1, 2, 3, 4], [5, 6, 7, 8])  # KVCacheBlocks.get_block_ids(): one list per group
+    (finished,) = [e for e in log if e[1] == "request_finished_all_groups"]
+    full_ids, sw_ids = finished[3]
+    # 14 computed tokens: the window of token 14 is 7..14, block 0 of the SW group was freed.
+    assert len(full_ids) == len(sw_ids) == 4 and sw_ids[0] == 0 and 0 not in full_ids + sw_ids[1:]
+    assert not any(e[1] == "request_finished" for e in log)
+
+
+# A stand-in connector of every group's blocks through the HMA path: it saves each group's
+# non-null blocks under (group, chain key) and, for a hit at n tokens, loads each group's blocks
+# at or after the local hit that vLLM allocated real blocks for (the window's only, for the
+# sliding-window group), never writing the null block.
+
+@dataclass
+class GroupTransfer:
+    req_id: str
+    items: list  # (group, block id, key)
+
+
+class HMAInMemoryConnector(KVConnectorBase_V1, mv.SupportsHMA):
+    def __init__(self, vllm_config, role, kv_cache_config, store, async_load=False, log=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.store, self.async_load, self.log = store, async_load, log if log is not None else []
+        self.bs = vllm_config.cache_config.block_size
+        self.num_blocks = kv_cache_config.num_blocks
+        self.rank = vllm_config.parallel_config.rank
+        self.world = vllm_config.parallel_config.tensor_parallel_size
+        self.groups = kv_cache_config.kv_cache_groups
+        self.windows = [getattr(g.kv_cache_spec, "sliding_window", None)
+                        if isinstance(g.kv_cache_spec, mv.SlidingWindowSpec) else None for g in self.groups]
+        self.local_hit, self.loads, self.reqs, self.block_ids, self.stored = {}, {}, {}, {}, {}
+        self.kv_caches, self.received = None, set()
+
+    def _done(self, group, key):
+        return all(("done", r, group, key) in self.store for r in range(self.world))
+
+    def _first_needed(self, group, n):
+        """The first block index group `group` holds real blocks for at a hit of n tokens."""
+        window = self.windows[group]
+        return 0 if window is None else max(0, n - window + 1) // self.bs
+
+    # scheduler side
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        max_blocks = (request.num_tokens - 1) // self.bs
+        keys = chain_keys(request.all_token_ids, self.bs, max_blocks)
+        local = num_computed_tokens // self.bs
+        self.local_hit[request.request_id] = num_computed_tokens
+        for k in range(max_blocks, local, -1):
+            n = k * self.bs
+            if all(self._done(g, keys[i]) for g in range(len(self.groups))
+                   for i in range(max(local, self._first_needed(g, n)), k)):
+                return n - num_computed_tokens, self.async_load
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        rid = request.request_id
+        self.reqs[rid] = request
+        ids = blocks.get_block_ids()
+        assert len(ids) == len(self.groups)
+        self.block_ids[rid] = [list(g) for g in ids]
+        self.stored[rid] = 0
+        if num_external_tokens > 0:
+            first, last = self.local_hit[rid] // self.bs, (self.local_hit[rid] + num_external_tokens) // self.bs
+            keys = chain_keys(request.all_token_ids, self.bs, last)
+            items = [(g, ids[g][i], keys[i]) for g in range(len(self.groups)) for i in range(first, last)
+                     if ids[g][i] != 0]
+            for g in range(len(self.groups)):  # exactly the blocks vLLM gave real ids
+                assert all(ids[g][i] != 0 for i in range(max(first, self._first_needed(g, last * self.bs)), last))
+            self.loads[rid] = GroupTransfer(rid, items)
+            self.log.append(("load", rid, [(g, i) for g in range(len(self.groups)) for i in range(first, last)
+                                          if ids[g][i] != 0]))
+
+    def build_connector_meta(self, scheduler_output):
+        new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+        for rid, groups, resumed in yield_req_data(scheduler_output):
+            if rid in self.reqs and groups is not None:
+                if resumed or rid in new_ids:
+                    self.block_ids[rid] = [list(g) for g in groups]
+                else:
+                    for mine, more in zip(self.block_ids[rid], groups):
+                        mine.extend(more)
+        stores = []
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self.reqs[rid]
+            full = min(req.num_computed_tokens + n, req.num_tokens) // self.bs
+            keys = chain_keys(req.all_token_ids, self.bs, full)
+            items = [(g, self.block_ids[rid][g][i], keys[i]) for i in range(self.stored[rid], full)
+                     for g in range(len(self.groups)) if not self._done(g, keys[i])]
+            assert all(bid != 0 for _, bid, _ in items), "a newly full block is never out of the window"
+            if items:
+                stores.append(GroupTransfer(rid, items))
+            self.stored[rid] = full
+        meta = MemMeta(list(self.loads.values()), stores, self.async_load)
+        self.loads.clear()
+        return meta
+
+    def request_finished_all_groups(self, request, block_ids):
+        self.log.append(("finished", request.request_id, tuple(list(g) for g in block_ids)))
+        for d in (self.reqs, self.block_ids, self.stored, self.local_hit):
+            d.pop(request.request_id, None)
+        return False, None
+
+    # worker side
+    def register_kv_caches(self, kv_caches):
+        self.kv_caches = kv_caches
+
+    def _layers(self, group):
+        return self.groups[group].layer_names
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        for t in meta.loads:
+            for g, bid, key in t.items:
+                assert bid != 0, "never write the null block"
+                for name in self._layers(g):
+                    mv.group_kernel_blocks(self.kv_caches[name], self.num_blocks)[bid] = \
+                        self.store[(self.rank, g, key, name)]
+            if meta.async_loads:
+                self.received.add(t.req_id)
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        for t in self._get_connector_metadata().stores:
+            for g, bid, key in t.items:
+                for name in self._layers(g):
+                    self.store[(self.rank, g, key, name)] = mv.group_kernel_blocks(
+                        self.kv_caches[name], self.num_blocks)[bid].clone()
+                self.store[("done", self.rank, g, key)] = True
+
+    def get_finished(self, finished_req_ids):
+        received, self.received = self.received, set()
+        return None, received or None
+
+
+def hma_mem_engine(m, store, num_workers=1, log=None, **kw):
+    return gemma_engine(m, num_workers=num_workers,
+                        connector=lambda c, r, k: HMAInMemoryConnector(c, r, k, store, log=log, **kw))
+
+
+@pytest.mark.parametrize("async_load,num_workers,local", [(False, 1, False), (True, 1, True), (False, 2, False)],
+                         ids=["sync", "async-after-local-hit", "sync-tp2"])
+def test_hma_connector_round_trip_of_every_group_is_bit_exact(gemma_model, async_load, num_workers, local):
+    m = gemma_model
+    store, log = {}, []
+    shared = prompt(77, 21)
+    p1, p2 = shared + prompt(78, 2), shared + prompt(79, 5)
+    a = hma_mem_engine(m, store, num_workers, log)
+    assert a.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    run_request(a, p1, 2, "r1")
+    assert {k[2] for k in store if k[0] == "done"} == {0, 1}  # both groups' blocks saved
+    (finished,) = [e for e in log if e[0] == "finished"]
+    assert finished[2][1][:3] == [0, 0, 0]  # the SW group's blocks before the window: null
+
+    b = hma_mem_engine(m, store, num_workers, log, async_load=async_load)
+    if local:  # b holds the first 2 blocks of the prefix in both groups: a local hit of 8 tokens
+        run_request(b, shared[:9] + prompt(80, 3), 1, "local")
+    toks, logits = run_request(b, p2, 3, "r2")
+    assert hybrid_hit(b, "r2") == 20  # 5 blocks computed, those after the local hit loaded
+    (load,) = [e for e in log if e[0] == "load" and e[1] == "r2"]
+    # Token 20's window is 13..20: of the SW group only blocks 3 and 4 are real (and loaded); its
+    # local hit blocks 0 and 1 are before the window, so not even taken (null blocks instead).
+    first = 2 if local else 0
+    assert load[2] == [(0, i) for i in range(first, 5)] + [(1, 3), (1, 4)]
+    assert first_new(b, "r2").block_ids[1][:3] == [0, 0, 0]
+    ref_toks, ref_logits = greedy_generate(m, p2, 3, return_logits=True)
+    assert toks == ref_toks and all(torch.equal(x[-1], y) for x, y in zip(logits[-3:], ref_logits))
+    ref = gemma_engine(m, enable_prefix_caching=False, num_workers=num_workers)
+    assert torch.equal(logits[0], run_request(ref, p2, 3, "r2")[1][0][20:])
+    # 28 tokens computed, the last at 27 (window 20..27): both groups' K/V, read through their tables.
+    assert b.finished_group_block_ids["r2"][1][:5] == [0] * 5
+    assert torch.equal(b.group_kv("r2", 1, range(20, 28)), ref.group_kv("r2", 1, range(20, 28)))
+    assert torch.equal(b.group_kv("r2", 0, range(28)), ref.group_kv("r2", 0, range(28)))

@@ -39,6 +39,12 @@ slower than batched matmuls (a Python loop per token and layer) and that is
 the point: no BLAS blocking or reduction order can depend on the batch.
 Call `make_deterministic()` once per process (the tests' fixtures do).
 
+Sliding window (TinyGemma): a layer in `model.sliding_window_layers` ({layer index: W})
+reads only positions [p - W + 1, p] for the token at p (vLLM's sliding_window semantics).
+With vLLM's hybrid KV cache manager each layer has the block table of its KV cache group
+(SeqInput.layer_block_tables); a sliding-window group's table holds the null block (0)
+before the window, which the layer never reads nor writes.
+
 Tensor parallelism: the model always computes all heads; a `KVShard` is one
 rank's caches and the heads `[kv_head_start, kv_head_end)` tensor parallelism
 gives it (`model.num_tp_heads` of them in all): KV heads for TinyDecoder and
@@ -59,7 +65,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyHybrid", "TinyMLA",
+    "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyGemma", "TinyHybrid",
+    "TinyMLA",
     "greedy_generate", "kv_planes", "make_deterministic", "slot_mapping", "tp_head_range",
 ]
 
@@ -148,10 +155,18 @@ class AttnMetadata:
 class SeqInput:
     """One request's share of a forward pass: the tokens computed now, their positions
     (consecutive, starting at the request's num_computed_tokens) and the request's block
-    table (group 0, covering every position up to the last one)."""
+    table (group 0, covering every position up to the last one). layer_block_tables (optional,
+    vLLM's hybrid KV cache manager): layer name -> the block table of that layer's KV cache
+    group; a sliding-window group's table has the null block (0) for blocks before the window."""
     token_ids: Sequence[int]
     positions: Sequence[int]
     block_table: Sequence[int]
+    layer_block_tables: Optional[dict] = None
+
+    def table_for(self, layer_name: str) -> Sequence[int]:
+        if self.layer_block_tables is not None and layer_name in self.layer_block_tables:
+            return self.layer_block_tables[layer_name]
+        return self.block_table
 
 
 @dataclass
@@ -358,8 +373,21 @@ class _PagedAttentionMixin:
             assert len(seq.token_ids) == len(seq.positions) > 0
             p0 = int(seq.positions[0])
             assert list(seq.positions) == list(range(p0, p0 + len(seq.positions))), "positions must be consecutive"
-            assert (int(seq.positions[-1]) // self.block_size) < len(seq.block_table), "block table too short"
+            last_block = int(seq.positions[-1]) // self.block_size
+            assert last_block < len(seq.block_table), "block table too short"
+            for table in (seq.layer_block_tables or {}).values():
+                assert last_block < len(table), "block table too short"
             assert int(seq.positions[-1]) < self.max_positions
+
+    def layer_window(self, layer_index: int) -> Optional[int]:
+        """The sliding window (tokens, the current one included) of a layer, None for full attention."""
+        return (getattr(self, "sliding_window_layers", None) or {}).get(layer_index)
+
+    def attended_positions(self, layer_index: int, pos: int) -> range:
+        """The cached positions the token at `pos` reads in layer `layer_index`: [pos - W + 1, pos]
+        for a sliding-window layer (vLLM's sliding_window semantics), [0, pos] otherwise."""
+        window = self.layer_window(layer_index)
+        return range(0 if window is None else max(0, pos - window + 1), pos + 1)
 
 
 class _PagedDecoder(_PagedAttentionMixin):
@@ -386,9 +414,18 @@ class _PagedDecoder(_PagedAttentionMixin):
         shards = _as_shards(self, kv_caches)
         self._check_inputs(seqs, shards)
         hidden = [[self.embed[int(t)].reshape(1, -1) for t in seq.token_ids] for seq in seqs]
-        all_slots = [slot_mapping(seq.block_table, range(int(seq.positions[-1]) + 1), self.block_size) for seq in seqs]
-        default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
-        for layer, name in zip(self.layers, self.attention_layer_names):
+        slot_cache: dict = {}
+
+        def slots_of(seq, name):  # every position's slot through the layer's block table
+            table = seq.table_for(name)
+            key = (id(seq), id(table))
+            if key not in slot_cache:
+                slot_cache[key] = slot_mapping(table, range(int(seq.positions[-1]) + 1), self.block_size)
+            return slot_cache[key]
+
+        for li, (layer, name) in enumerate(zip(self.layers, self.attention_layer_names)):
+            all_slots = [slots_of(seq, name) for seq in seqs]
+            default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
             self._call_wait(shards, name)
             queries = []
             for seq, xs, slots in zip(seqs, hidden, all_slots):
@@ -400,7 +437,8 @@ class _PagedDecoder(_PagedAttentionMixin):
                 queries.append(qs)
             for seq, xs, slots, qs in zip(seqs, hidden, all_slots, queries):
                 for i, (pos, q) in enumerate(zip(seq.positions, qs)):
-                    attn = self._attention(shards, name, layer, q, slots[:int(pos) + 1])
+                    seen = self.attended_positions(li, int(pos))
+                    attn = self._attention(shards, name, layer, q, slots[seen.start:seen.stop])
                     x = xs[i] + F.linear(attn, layer.wo)
                     h = _rms_norm(x, layer.mlp_norm)
                     xs[i] = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
@@ -463,6 +501,42 @@ class TinyDecoder(_PagedDecoder, torch.nn.Module):
 
     def _attention(self, shards, layer_name: str, layer, q: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return self._attend(shards, layer_name, q, slots)
+
+
+class TinyGemma(TinyDecoder):
+    """TinyDecoder with sliding-window layers (the role of Gemma 2/3's or gpt-oss's local
+    attention next to global attention): by default 2 layers, layer 0 full attention and layer 1
+    sliding window of `sliding_window` tokens including the current one (vLLM's sliding_window:
+    the token at position p reads positions [p - W + 1, p]). Same weights as TinyDecoder(seed,
+    n_layers=...), same machinery, so it is as bit-exact and deterministic; the sliding-window
+    layer reads only the window, through its own block table when the engine runs it with the
+    hybrid KV cache manager (SeqInput.layer_block_tables), through the one table otherwise.
+
+    sliding_window_layers: {layer index: window} (what make_kv_cache_config reads to build a
+    FullAttentionSpec group and a SlidingWindowSpec group). Layer names
+    "model.layers.{i}.self_attn.attn"."""
+
+    def __init__(self, seed: int = 0, n_layers: int = 2, sliding_window: int = 8,
+                 sliding_window_layers: Optional[dict] = None, block_size: int = 4, **kwargs):
+        super().__init__(seed=seed, n_layers=n_layers, block_size=block_size, **kwargs)
+        if sliding_window_layers is None:
+            sliding_window_layers = {i: sliding_window for i in range(1, n_layers, 2)}  # odd layers local
+        assert all(0 <= i < n_layers and w >= 1 for i, w in sliding_window_layers.items())
+        self.sliding_window_layers = dict(sliding_window_layers)
+
+    @property
+    def sliding_window_layer_names(self) -> dict:
+        """{layer name: window} of the sliding-window layers."""
+        return {self.attention_layer_names[i]: w for i, w in self.sliding_window_layers.items()}
+
+    def blocks_needed_to_resume(self, layer_index: int, num_computed_tokens: int) -> range:
+        """Indices (into the block table) of the blocks of layer `layer_index` a resume at
+        `num_computed_tokens` reads: all for full attention, the window's for a sliding layer."""
+        n = num_computed_tokens
+        if n == 0:
+            return range(0)
+        first = self.attended_positions(layer_index, n).start
+        return range(first // self.block_size, (n - 1) // self.block_size + 1)
 
 
 class TinyMLA(_PagedDecoder, torch.nn.Module):

@@ -29,7 +29,9 @@ below and transcribed in python/kvtier/integrations/engine_interfaces.json. Sour
                  (size, layers, layer_stride, block_stride, offset); compute_layer_kv_cache_shape_bytes,
                  compute_layout_strides, create_kv_cache_views, group_kernel_blocks) and the single-group
                  placement of get_kv_cache_config_from_groups (vllm/v1/core/kv_cache_utils.py, same
-                 version). Each worker allocates one zeroed int8 buffer per KVCacheTensor and hands
+                 version). Each worker allocates one zeroed int8 backing buffer, which every KVCacheTensor
+                 places its layers in (as vllm/v1/worker/utils.py allocate_kv_cache does; one
+                 buffer per tensor only for hand-made configs whose tensor sizes differ), and hands
                  register_kv_caches one 4-D [B, H, N, C] view per layer (non-contiguous in general,
                  K then V packed in C, dim 0 in kernel blocks when the kernel block size is smaller).
                  CacheConfig.kv_cache_layout / get_resolved_kv_cache_layout(): None resolves to LBNHC
@@ -37,22 +39,77 @@ below and transcribed in python/kvtier/integrations/engine_interfaces.json. Sour
                  kv_cache_format "legacy_kv_first" ([2, blocks, tokens, heads, head_size], FlashAttention)
                  and "legacy_blocks_first" ([blocks, 2, ...], FlashInfer); MLA: [blocks, tokens, head_size].
 
+The hybrid KV cache manager ("HMA", on by default in vLLM), for full-attention and sliding-window
+groups (kv_cache.py, kv_cache_interface.py; file@commit in their docstrings):
+  block_pool.py        vllm/v1/core/block_pool.py @c59cb7941357443da7c5eef75cfa8697d683d228
+                       (one BlockPool for all groups, prefix cache keyed by (hash, group id),
+                       get_cached_block over a list of groups, null blocks never cached)
+  managers             vllm/v1/core/single_type_kv_cache_manager.py
+                       @129ab7c60cbb8eb11e875373e67f7e521b74aa30 (FullAttentionManager,
+                       SlidingWindowManager: get_num_skipped_tokens, get_num_blocks_to_allocate,
+                       allocate_new_computed_blocks, remove_skipped_blocks, find_longest_cache_hit)
+  coordinator          vllm/v1/core/kv_cache_coordinator.py @00b08dc44519a82cbdd9061d92d1226985094622
+                       (unitary / hybrid; the hybrid hit: full attention first, each group type
+                       shortens the length until all accept it; two-phase allocation of hit and
+                       external blocks)
+  manager              vllm/v1/core/kv_cache_manager.py @ace980e6de0540f49b0c63248437a1a7807590c1
+                       (allocate_slots calls remove_skipped_blocks(total computed tokens) before
+                       counting and allocating; KVCacheBlocks and get_block_ids: one list per group)
+  scheduler            _connector_finished @00f4240e: remove_skipped_blocks then
+                       get_block_ids_for_computed_tokens, request_finished_all_groups for
+                       SupportsHMA connectors, request_finished(block_ids[0]) otherwise (vLLM
+                       @b4622cf924bc72504aed99e486062d6633fde39e: the same, on request.num_tokens)
+  grouping             vllm/v1/core/kv_cache_utils.py @bbf906a88ba1a39104884c88c9811a4f968e4659
+                       (get_kv_cache_config: unify_hybrid_kv_cache_specs when HMA is off, i.e.
+                       SlidingWindowSpec -> FullAttentionSpec(sliding_window=W) in one group;
+                       _get_kv_cache_config_uniform_page_size when on: groups by layer type of
+                       group_size = the fewest layers of a type)
+  placement            current vLLM (after #51718, as stored; read by id, the index names no
+                       commit): vllm/v1/worker/utils.py allocate_kv_cache allocates ONE backing
+                       buffer of the size every KVCacheTensor has and views each tensor's layers in
+                       it; KVCacheTensor's docstring (vllm/v1/kv_cache_interface.py): "cache groups
+                       overlay each other". Here one KVCacheTensor per group, placed for group_size
+                       layer slots at offset 0, so layer i of every group shares the bytes of slot i
+                       (vLLM @bbf906a8 had one KVCacheTensor(size, shared_by) per slot, shared by
+                       layer i of every group: the same bytes per slot and block). The legacy 5-D
+                       forms share one tensor per slot likewise.
+  HMA switch           SchedulerConfig.disable_hybrid_kv_cache_manager: False = on, True = off, None
+                       (default) = settled by MiniEngine as current vLLM's VllmConfig.__post_init__
+                       does (vllm/config/vllm.py, the version asking KVConnectorFactory.
+                       supports_hma_config; read by id): on, unless a connector is configured whose
+                       class is not SupportsHMA (a callable factory counts as not SupportsHMA). On,
+                       create_connector refuses a connector that is not SupportsHMA (factory.py
+                       @a4cd9d0d; a callable factory's connector is checked once made).
+  A connector sees groups as vLLM shows them: NewRequestData.block_ids, CachedRequestData.
+  new_block_ids and KVCacheBlocks.get_block_ids() are tuples of one list per group (group order
+  of kv_cache_config.kv_cache_groups); a sliding-window group's entries before the window are 0,
+  the null block, for local hits, for connector-loaded tokens (vLLM allocates real blocks only for
+  the in-window part of num_external_computed_tokens) and after remove_skipped_blocks; the worker
+  is not told when a running request's blocks are nulled (its tables keep the old ids, which the
+  sliding-window layer never reads). request_finished_all_groups(request, block_ids) gets one
+  list per group, clipped to the computed tokens.
+
 What is simplified (and therefore NOT a guarantee that real vLLM behaves the same):
-one KV-cache group (full attention or MLA) and one KVCacheTensor for it, hash_block_size ==
-block_size, FCFS only, no speculative decoding, no multimodal encoder, no async scheduling or
-pipeline parallelism, greedy sampling, one process (workers run one after the other in
-the calling thread; their scheduler outputs are pickled per worker, as a
-multi-process executor would), CPU fp32 caches. The layout is not negotiated with attention
-backends (cache_config.kv_cache_layout, default LBNHC) and the kernel block size is a harness
-setting (cache_config.kernel_block_size), not a backend's choice; kv_quant_mode is carried but
-nothing is quantized; no mixed page sizes or packed hybrid groups. `layer.kv_cache` is the tensor
-itself (newer vLLM); older vLLM had a list indexed by virtual engine. The models are the toys
-of tiny_model.py (TinyDecoder, TinyMLA).
+hash_block_size == block_size for every group (one block size, no fine-grained partial hits),
+attention groups only (full attention, MLA, sliding window; no Mamba, chunked-local, cross-attention
+or R-SWA groups), one page size for all groups, FCFS only, no speculative decoding or EAGLE, no
+multimodal encoder, no async scheduling or pipeline parallelism, greedy sampling, one process
+(workers run one after the other in the calling thread; their scheduler outputs are pickled per
+worker, as a multi-process executor would), CPU fp32 caches. The layout is not negotiated with
+attention backends (cache_config.kv_cache_layout, default LBNHC) and the kernel block size is a
+harness setting (cache_config.kernel_block_size), not a backend's choice; kv_quant_mode is carried
+but nothing is quantized; no mixed page sizes or packed (cross-layer) groups. KV-load failures of
+a hybrid request are truncated at the first failed block index of any group (vLLM reads only one
+group there); recomputing after it needs the window before that point, which a sliding-window
+group may have freed. `layer.kv_cache` is the tensor itself (newer vLLM); older vLLM had a list
+indexed by virtual engine. The models are the toys of tiny_model.py (TinyDecoder, TinyMLA,
+TinyGemma: full attention + sliding window).
 
 Layout of this package, one submodule per part (the single-file module it replaces is
 re-exported here under the same names): parallel_state, config, kv_cache_layout (KVCacheLayout),
 kv_cache_interface (KV cache specs, views and allocation), connector_api (connector API fakes),
-request (Request and block hashing), kv_cache (block pool and KV cache manager), scheduler_output,
+request (Request and block hashing), kv_cache (block pool, per-group managers, coordinator, KV cache
+manager), scheduler_output,
 forward_context, scheduler, runner (worker: model runner, output aggregation), engine (MiniEngine,
 run_request), vllm_paths (install_as_vllm). Module-level state lives in one submodule each: the current
 TP rank in parallel_state, the current forward context in forward_context.
@@ -65,25 +122,29 @@ import sys
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-from tiny_model import KVCache, KVShard, SeqInput  # noqa: E402,F401
+from tiny_model import KVCache, KVShard, SeqInput, TinyGemma  # noqa: E402,F401
 
 from . import forward_context as _forward_context_module  # noqa: E402
 from .config import (CacheConfig, CompilationConfig, KVTransferConfig, ModelConfig, ParallelConfig,  # noqa: E402,F401
                      SchedulerConfig, VllmConfig, _KV_ROLES, make_vllm_config)
 from .connector_api import (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorOutput,  # noqa: E402,F401
                             KVConnectorRole, KVConnectorTransferResults, KVConnectorWorkerMetadata, SupportsHMA,
-                            create_connector, supports_hma)
+                            connector_class_of, create_connector, resolve_hybrid_kv_cache_manager, supports_hma)
 from .engine import MiniEngine, StepRecord, run_request  # noqa: E402,F401
 from .forward_context import (Attention, FlashAttentionMetadata, ForwardContext, get_forward_context,  # noqa: E402,F401
                               is_forward_context_available, set_forward_context)
-from .kv_cache import BlockPool, KVCacheBlock, KVCacheBlocks, KVCacheManager, cdiv  # noqa: E402,F401
+from .kv_cache import (BlockPool, FullAttentionManager, KVCacheBlock, KVCacheBlocks,  # noqa: E402,F401
+                       KVCacheCoordinator, KVCacheManager, SingleTypeKVCacheManager, SlidingWindowManager, cdiv,
+                       manager_class_for)
 from .kv_cache_interface import (KV_CACHE_FORMATS, AttentionSpec, FullAttentionSpec, KVCacheConfig,  # noqa: E402,F401
                                  KVCacheGroupSpec, KVCacheSpec, KVCacheTensor, KVQuantMode, MambaSpec,
                                  MLAAttentionSpec, SlidingWindowSpec, _dtype_size, allocate_kv_caches,
                                  check_kv_cache_config_layout, compute_layer_kv_cache_shape_bytes,
-                                 compute_layout_strides, create_kv_cache_views, group_kernel_blocks,
-                                 kv_cache_spec_for, kv_cache_tensor_for, legacy_kv_cache_shape,
-                                 make_kv_cache_config)
+                                 compute_layout_strides, create_kv_cache_views, get_kv_cache_groups,
+                                 group_kernel_blocks, kv_cache_config_from_groups, kv_cache_spec_for,
+                                 kv_cache_specs_for, kv_cache_tensor_for, legacy_kv_cache_shape,
+                                 make_kv_cache_config, merge_full_attention_specs, sliding_window_layers_of,
+                                 unify_hybrid_kv_cache_specs)
 from .kv_cache_layout import DEFAULT_KV_CACHE_LAYOUT, KVCacheLayout, resolve_kv_cache_layout  # noqa: E402,F401
 from .parallel_state import (_PARALLEL, _ParallelState, _as_rank, get_tensor_model_parallel_rank,  # noqa: E402,F401
                              get_tensor_model_parallel_world_size)

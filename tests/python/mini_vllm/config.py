@@ -87,8 +87,12 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    # The connector factory refuses non-SupportsHMA connectors when this is False (factory.py @a4cd9d0d).
-    disable_hybrid_kv_cache_manager: bool = True
+    # The hybrid KV cache manager (HMA): False = on (several KV cache groups for a hybrid model),
+    # True = off (one group, sliding-window layers as full attention), None = decided when the
+    # engine starts (current vLLM's VllmConfig.__post_init__: on, unless a connector is configured
+    # whose class is not SupportsHMA; see connector_api.resolve_hybrid_kv_cache_manager). With it
+    # on, the connector factory refuses non-SupportsHMA connectors (factory.py @a4cd9d0d).
+    disable_hybrid_kv_cache_manager: Optional[bool] = None
     policy: str = "fcfs"
 
 
@@ -159,9 +163,11 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                      long_prefill_token_threshold: int = 0, enable_chunked_prefill: bool = True,
                      max_model_len: Optional[int] = None, model_name: str = "kvtier-test/tiny-decoder",
                      revision: Optional[str] = None, kv_cache_layout: Optional[str] = None,
-                     kernel_block_size: Optional[int] = None, kv_cache_format: str = "views") -> VllmConfig:
+                     kernel_block_size: Optional[int] = None, kv_cache_format: str = "views",
+                     disable_hybrid_kv_cache_manager: Optional[bool] = None) -> VllmConfig:
     """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector).
-    kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there)."""
+    kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there),
+    disable_hybrid_kv_cache_manager to SchedulerConfig (None: decided by MiniEngine, as vLLM does)."""
     ktc = None
     if kv_connector is not None:
         ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
@@ -180,5 +186,6 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
         parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                          enable_chunked_prefill=enable_chunked_prefill,
-                                         long_prefill_token_threshold=long_prefill_token_threshold),
+                                         long_prefill_token_threshold=long_prefill_token_threshold,
+                                         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager),
         kv_transfer_config=ktc)

@@ -263,23 +263,58 @@ class KVConnectorBase_V1(ABC):
         return None
 
 
+def connector_class_of(factory: Any, config: VllmConfig) -> Optional[type]:
+    """The connector class a factory stands for: the class itself, the class named by
+    kv_transfer_config (kv_connector in kv_connector_module_path) when factory is None, else None
+    (a callable: its class is known only once it is called)."""
+    if isinstance(factory, type):
+        return factory
+    ktc = config.kv_transfer_config
+    if factory is None and ktc is not None and ktc.kv_connector_module_path:
+        return getattr(importlib.import_module(ktc.kv_connector_module_path), ktc.kv_connector)
+    return None
+
+
+def resolve_hybrid_kv_cache_manager(config: VllmConfig, factory: Any = None) -> bool:
+    """Settles scheduler_config.disable_hybrid_kv_cache_manager when it is None, as current vLLM's
+    VllmConfig.__post_init__ does (vllm/config/vllm.py, the version that asks
+    KVConnectorFactory.supports_hma_config): the hybrid KV cache manager stays on unless a connector
+    is configured whose class is not SupportsHMA. A callable factory (no class to ask) counts as not
+    SupportsHMA: pass disable_hybrid_kv_cache_manager=False to run its connector under HMA (the
+    factory then checks the connector it made). Returns the settled value."""
+    sched = config.scheduler_config
+    if sched.disable_hybrid_kv_cache_manager is None:
+        disable = False
+        if config.kv_transfer_config is not None:
+            cls = connector_class_of(factory, config)
+            disable = cls is None or not supports_hma(cls)
+        sched.disable_hybrid_kv_cache_manager = disable
+    return sched.disable_hybrid_kv_cache_manager
+
+
+def _refuse_without_hma(config: VllmConfig, connector: Any, name: str) -> None:
+    # None: not settled yet, so HMA would be turned off for a connector without SupportsHMA.
+    if config.scheduler_config.disable_hybrid_kv_cache_manager is False and not supports_hma(connector):
+        raise ValueError(f"Connector {name} does not support HMA but HMA is enabled. "
+                         "Please set `--disable-hybrid-kv-cache-manager`.")
+
+
 def create_connector(factory: Any, config: VllmConfig, role: KVConnectorRole,
                      kv_cache_config: KVCacheConfig) -> Any:
     """vLLM's KVConnectorFactory.create_connector (factory.py @a4cd9d0d): `factory` None resolves
     kv_transfer_config.kv_connector in kv_connector_module_path; a class is checked for SupportsHMA when
     the hybrid KV cache manager is on and called as (config, role, kv_cache_config), or (config, role)
     when its __init__ has no kv_cache_config parameter; any other callable is called as
-    (config, role, kv_cache_config)."""
-    ktc = config.kv_transfer_config
+    (config, role, kv_cache_config) and the connector it returns is checked for SupportsHMA."""
     if factory is None:
-        if ktc is None or not ktc.kv_connector_module_path:
+        factory = connector_class_of(None, config)
+        if factory is None:
             raise ValueError("no connector factory and no kv_connector_module_path")
-        factory = getattr(importlib.import_module(ktc.kv_connector_module_path), ktc.kv_connector)
     if isinstance(factory, type):
-        if not config.scheduler_config.disable_hybrid_kv_cache_manager and not supports_hma(factory):
-            raise ValueError(f"Connector {factory.__name__} does not support HMA but HMA is enabled. "
-                             "Please set `--disable-hybrid-kv-cache-manager`.")
+        _refuse_without_hma(config, factory, factory.__name__)
         if "kv_cache_config" not in inspect.signature(factory.__init__).parameters:
             warnings.warn(f"Connector {factory.__name__} uses the deprecated signature (config, role)")
             return factory(config, role)
-    return factory(config, role, kv_cache_config)
+    connector = factory(config, role, kv_cache_config)
+    _refuse_without_hma(config, connector, type(connector).__name__)
+    return connector

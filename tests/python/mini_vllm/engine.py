@@ -10,7 +10,7 @@ import torch
 from tiny_model import KVCache  # on sys.path: see the package __init__
 
 from .config import VllmConfig, make_vllm_config
-from .connector_api import KVConnectorRole, create_connector
+from .connector_api import KVConnectorRole, create_connector, resolve_hybrid_kv_cache_manager
 from .kv_cache import BlockPool
 from .kv_cache_interface import (KV_CACHE_FORMATS, KVCacheConfig, MLAAttentionSpec, check_kv_cache_config_layout,
                                  make_kv_cache_config)
@@ -43,6 +43,10 @@ class MiniEngine:
     default 64 blocks in the engine's layout. start_load_kv_before_forward: None = vLLM @00f4240e
     (before the forward only when the step has sync loads, else after it), True = older vLLM
     (always before).
+    KV cache groups: a hybrid model (model.sliding_window_layers) gets one group per layer type
+    with the hybrid KV cache manager on (vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+    False; None is settled here as vLLM does, see connector_api.resolve_hybrid_kv_cache_manager), one
+    group of FullAttentionSpec(sliding_window=W) with it off.
     KV cache form (vllm_config.cache_config, see CacheConfig; the keyword arguments, when not None,
     override it): kv_cache_layout (a KVCacheLayout or its name; None = LBNHC), kernel_block_size
     (None = the block size; must divide it) and kv_cache_format ("views", current vLLM, or
@@ -64,8 +68,14 @@ class MiniEngine:
             cache.kernel_block_size = kernel_block_size
         if kv_cache_format is not None:
             cache.kv_cache_format = kv_cache_format
+        disable_hma = resolve_hybrid_kv_cache_manager(vllm_config, connector_factory)
         if kv_cache_config is None:
-            kv_cache_config = make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout())
+            kv_cache_config = make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout(),
+                                                   disable_hybrid_kv_cache_manager=disable_hma)
+        if disable_hma and len(kv_cache_config.kv_cache_groups) > 1:
+            raise ValueError(f"kv_cache_config has {len(kv_cache_config.kv_cache_groups)} KV cache groups but the "
+                             "hybrid KV cache manager is disabled (make_kv_cache_config(..., "
+                             "disable_hybrid_kv_cache_manager=True) gives one group)")
         self._check_kv_cache_config(model, cache, kv_cache_config, num_workers)
         cache.num_gpu_blocks = kv_cache_config.num_blocks
         self.model = model
@@ -89,17 +99,21 @@ class MiniEngine:
         self.logits: dict = defaultdict(list)  # req_id -> [logits [n_new, vocab]] of accepted steps
         self.finish_reasons: dict = {}
         self.kv_transfer_params: dict = {}
-        self.finished_block_ids: dict = {}  # req_id -> block ids when it finished (blocks may be retained)
+        self.finished_block_ids: dict = {}  # req_id -> group-0 block ids when it finished (may be retained)
+        self.finished_group_block_ids: dict = {}  # req_id -> one list per group when it finished
         self._next_id = 0
 
     @staticmethod
     def _check_kv_cache_config(model, cache, kv_cache_config: KVCacheConfig, num_workers: int) -> None:
-        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        if isinstance(spec, MLAAttentionSpec):
-            assert spec.num_kv_heads == 1 and model.num_tp_heads % num_workers == 0, "MLA: one latent per rank"
-        else:
-            assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
-        assert spec.block_size == model.block_size == cache.block_size
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            if isinstance(spec, MLAAttentionSpec):
+                assert spec.num_kv_heads == 1 and model.num_tp_heads % num_workers == 0, "MLA: one latent per rank"
+            else:
+                assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
+            assert spec.block_size == model.block_size == cache.block_size
+        names = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
+        assert sorted(names) == sorted(model.attention_layer_names), "every attention layer in exactly one group"
         kbs = cache.kernel_block_size
         assert kbs is None or (kbs > 0 and spec.block_size % kbs == 0), "kernel block size must divide the block size"
         if cache.kv_cache_format not in KV_CACHE_FORMATS:
@@ -134,9 +148,18 @@ class MiniEngine:
 
     def block_ids(self, req_id: str) -> list:
         """Group-0 block ids of a live request, or those it held when it finished."""
-        if req_id in self.scheduler.kv_cache_manager.req_to_blocks:
-            return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
-        return list(self.finished_block_ids.get(req_id, []))
+        return list(self.group_block_ids(req_id)[0])
+
+    def group_block_ids(self, req_id: str) -> tuple:
+        """One list of block ids per KV cache group (0 = the null block) of a live request, or those
+        it held in its last step when it finished."""
+        kvm = self.scheduler.kv_cache_manager
+        if kvm.has_blocks(req_id):
+            return tuple(list(ids) for ids in kvm.get_block_ids(req_id))
+        held = self.finished_group_block_ids.get(req_id)
+        if held is None:
+            return tuple([] for _ in range(kvm.num_kv_cache_groups))
+        return tuple(list(ids) for ids in held)
 
     def token_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
         """K/V of positions [0, num_tokens) through `block_table`, whatever the cache form, all ranks'
@@ -148,8 +171,25 @@ class MiniEngine:
         return torch.cat(parts, dim=3)
 
     def request_kv(self, req_id: str, num_tokens: Optional[int] = None) -> torch.Tensor:
+        """token_kv through the request's group-0 block table, for every layer (one group; for a
+        hybrid config's other groups use group_kv)."""
         ids = self.block_ids(req_id)
         return self.token_kv(ids, num_tokens if num_tokens is not None else len(ids) * self.block_size)
+
+    def group_kv(self, req_id: str, group: int, positions: Sequence[int]) -> torch.Tensor:
+        """K/V of `positions` of group `group`'s layers read through that group's block table,
+        all ranks' heads concatenated: [group's layers, 2, len(positions), heads, head_size]."""
+        table = self.group_block_ids(req_id)[group]
+        names = self.kv_cache_config.kv_cache_groups[group].layer_names
+        positions = list(positions)
+        assert all(table[p // self.block_size] != 0 for p in positions), "a position in a null block"
+        parts = []
+        for r in self.runner.ranks:
+            caches = {n: r.kv_caches[n] for n in names}
+            kv = KVCache.gather_tokens(caches, table, max(positions) + 1, self.block_size,
+                                       head_size=self.model.head_size, kv_format=r.kv_format)
+            parts.append(kv[:, :, positions])
+        return torch.cat(parts, dim=3)
 
     # ---- requests ----
     def make_request(self, prompt: Sequence[int], max_tokens: int = 8, request_id: Optional[str] = None,
@@ -173,10 +213,11 @@ class MiniEngine:
 
     def abort(self, req_id: str) -> None:
         """EngineCore.abort_requests: allowed at any time, also between schedule() and execute_model()."""
-        blocks = self.block_ids(req_id)
+        blocks = self.group_block_ids(req_id)
         for request in self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED):
             self.finish_reasons[request.request_id] = request.get_finished_reason()
-            self.finished_block_ids[request.request_id] = blocks
+            self.finished_block_ids[request.request_id] = list(blocks[0])
+            self.finished_group_block_ids[request.request_id] = blocks
 
     def preempt(self, req_id: str) -> None:
         """Preempts a RUNNING request between steps: its blocks are freed and it restarts from 0
@@ -200,7 +241,7 @@ class MiniEngine:
 
     def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> StepRecord:
         # Capture block ids of requests that may finish in this update.
-        live_blocks = {r: list(self.scheduler.kv_cache_manager.get_block_ids(r)[0]) for r in self.scheduler.requests}
+        live_blocks = {r: self.group_block_ids(r) for r in self.scheduler.requests}
         outputs, discarded = self.scheduler.update_from_output(so, out)
         for req_id, logits in out.logits.items():
             if req_id not in discarded:
@@ -210,7 +251,9 @@ class MiniEngine:
             if o.finish_reason is not None:
                 self.finish_reasons[o.request_id] = o.finish_reason
                 self.kv_transfer_params[o.request_id] = o.kv_transfer_params
-                self.finished_block_ids[o.request_id] = live_blocks.get(o.request_id, [])
+                held = live_blocks.get(o.request_id, ())
+                self.finished_block_ids[o.request_id] = list(held[0]) if held else []
+                self.finished_group_block_ids[o.request_id] = held
         record = StepRecord(so, out, outputs, discarded)
         self.history.append(record)
         return record

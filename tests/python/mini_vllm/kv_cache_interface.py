@@ -6,7 +6,8 @@ of vllm/v1/kv_cache_layout.py @14f7a27c776bd0c423bbc155b25ce21ee5a839da (kv_cach
 and the KVCacheTensor placement of get_kv_cache_config_from_groups (vllm/v1/core/kv_cache_utils.py,
 same vLLM version). What current vLLM hands a connector's register_kv_caches, per layer, is a 4-D
 view [B, H, N, C] (C in elements of spec.dtype, K then V packed in C; for MLA the latent) of one
-flat int8 allocation shared by all layers of a group, non-contiguous in general.
+flat int8 allocation shared by all layers (the KV cache groups of a hybrid model overlay each other
+in it: layer i of every group on the same bytes), non-contiguous in general.
 
 Older vLLM (before #51718) allocated one 5-D tensor per layer instead: FlashAttention
 [2, num_blocks, block_size, heads, head_size] ("legacy_kv_first"), FlashInfer
@@ -324,35 +325,166 @@ def kv_cache_spec_for(model, tensor_parallel_size: int = 1, *, num_kv_heads: Opt
                              page_size_padded=page_size_padded)
 
 
-def kv_cache_tensor_for(spec: KVCacheSpec, layer_names: list, num_blocks: int, layout) -> KVCacheTensor:
+def kv_cache_tensor_for(spec: KVCacheSpec, layer_names: list, num_blocks: int, layout,
+                        num_slots: Optional[int] = None) -> KVCacheTensor:
     """The KVCacheTensor of one group of same-shaped layers under `layout`, as vLLM's
     get_kv_cache_config_from_groups places a single group: strides from compute_layout_strides, the
-    block stride of block-outermost layouts fixed to all layers' pages, offset 0."""
+    block stride of block-outermost layouts fixed to all layers' pages, offset 0.
+    num_slots (default len(layer_names)): the layer slots the backing allocation has. A hybrid
+    config gives every group the same slots (the largest group's size), so layer i of every group
+    lands on the same bytes (see make_kv_cache_config)."""
     layout = resolve_kv_cache_layout(layout)
-    per_block = len(layer_names) * spec.page_size_bytes
+    num_slots = len(layer_names) if num_slots is None else num_slots
+    assert num_slots >= len(layer_names)
+    per_block = num_slots * spec.page_size_bytes
     fixed_block = per_block if layout.is_block_outermost else None
-    layer_stride, block_stride = compute_layout_strides(spec, num_blocks, len(layer_names), layout,
+    layer_stride, block_stride = compute_layout_strides(spec, num_blocks, num_slots, layout,
                                                         fixed_strides=(None, fixed_block, None, None, None))[:2]
     return KVCacheTensor(size=per_block * num_blocks, layers=list(layer_names), layer_stride=layer_stride,
                          block_stride=block_stride)
 
 
+def sliding_window_layers_of(model) -> dict:
+    """model.sliding_window_layers ({layer index: window in tokens}), {} for a model without any."""
+    return dict(getattr(model, "sliding_window_layers", None) or {})
+
+
+def kv_cache_specs_for(model, tensor_parallel_size: int = 1, *, page_size_padded: Optional[int] = None) -> dict:
+    """Per attention layer (name -> spec), as a model's layers report them to vLLM's
+    get_kv_cache_spec: kv_cache_spec_for's FullAttentionSpec (or MLAAttentionSpec), and
+    SlidingWindowSpec(sliding_window=W) for the layers in model.sliding_window_layers."""
+    base = kv_cache_spec_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
+    windows = sliding_window_layers_of(model)
+    if windows and isinstance(base, MLAAttentionSpec):
+        raise ValueError("sliding-window MLA layers are not modelled by the mini engine")
+    specs = {}
+    for i, name in enumerate(model.attention_layer_names):
+        if i in windows:
+            specs[name] = SlidingWindowSpec(block_size=base.block_size, num_kv_heads=base.num_kv_heads,
+                                            head_size=base.head_size, head_size_v=base.head_size_v,
+                                            dtype=base.dtype, page_size_padded=base.page_size_padded,
+                                            sliding_window=windows[i])
+        else:
+            specs[name] = base
+    return specs
+
+
+def unify_hybrid_kv_cache_specs(specs: dict) -> dict:
+    """The hybrid KV cache manager off (vllm/v1/core/kv_cache_utils.py
+    @bbf906a88ba1a39104884c88c9811a4f968e4659, unify_hybrid_kv_cache_specs): with both full and
+    sliding-window layers, every SlidingWindowSpec becomes a FullAttentionSpec that records its
+    window (blocks are allocated for all tokens; the layer still computes over its window only)."""
+    has_full = any(type(s) is FullAttentionSpec for s in specs.values())
+    has_sw = any(isinstance(s, SlidingWindowSpec) for s in specs.values())
+    if not (has_full and has_sw):
+        return dict(specs)
+    out = {}
+    for name, s in specs.items():
+        if isinstance(s, SlidingWindowSpec):
+            s = FullAttentionSpec(block_size=s.block_size, num_kv_heads=s.num_kv_heads, head_size=s.head_size,
+                                  head_size_v=s.head_size_v, dtype=s.dtype, kv_quant_mode=s.kv_quant_mode,
+                                  page_size_padded=s.page_size_padded, sliding_window=s.sliding_window)
+        out[name] = s
+    return out
+
+
+def merge_full_attention_specs(specs: list) -> FullAttentionSpec:
+    """FullAttentionSpec.merge (vllm/v1/kv_cache_interface.py, the stored version with
+    create_kv_cache_views): one spec for a group whose layers differ only in their recorded window;
+    the group records the one window its layers have (two different windows: ValueError)."""
+    windows = {s.sliding_window for s in specs if s.sliding_window is not None}
+    if len(windows) > 1:
+        raise ValueError("All attention layers in the same KV cache group must have the same window size.")
+    first = specs[0]
+    merged = FullAttentionSpec(block_size=first.block_size, num_kv_heads=first.num_kv_heads,
+                               head_size=first.head_size, head_size_v=first.head_size_v, dtype=first.dtype,
+                               kv_quant_mode=first.kv_quant_mode, page_size_padded=first.page_size_padded,
+                               sliding_window=windows.pop() if windows else None)
+    for s in specs:
+        if (s.block_size, s.num_kv_heads, s.head_size, s.head_size_v, s.dtype, s.page_size_padded) != (
+                merged.block_size, merged.num_kv_heads, merged.head_size, merged.head_size_v, merged.dtype,
+                merged.page_size_padded):
+            raise ValueError("All attention layers in the same KV cache group must have the same attention spec.")
+    return merged
+
+
+def get_kv_cache_groups(specs: dict) -> list:
+    """The KV cache groups of per-layer specs (vllm/v1/core/kv_cache_utils.py
+    @bbf906a88ba1a39104884c88c9811a4f968e4659, get_kv_cache_config's grouping): one group when
+    every layer has one spec type (after unify_hybrid_kv_cache_specs, a FullAttentionSpec that
+    records the window); otherwise (_get_kv_cache_config_uniform_page_size) the layers of each type,
+    in the order the types first appear, are cut into groups of `group_size` layers, group_size being
+    the smallest number of layers of any type (the "1" of an n:1 pattern), the last group of a type
+    short (padding) if needed. Every group's spec must have the same page size."""
+    if not specs:
+        return []
+    if all(type(s) is FullAttentionSpec for s in specs.values()) or all(
+            isinstance(s, MLAAttentionSpec) for s in specs.values()):
+        names = list(specs)
+        spec = specs[names[0]]
+        if any(s != spec for s in specs.values()):
+            if type(spec) is not FullAttentionSpec:
+                raise ValueError("all layers of one KV cache group must have one spec")
+            spec = merge_full_attention_specs(list(specs.values()))
+        return [KVCacheGroupSpec(names, spec)]
+    same_type: dict = {}
+    for name, s in specs.items():
+        same_type.setdefault(s, []).append(name)
+    if len({s.page_size_bytes for s in same_type}) != 1:
+        raise NotImplementedError("hybrid KV cache groups need one page size (vLLM: uniform page size)")
+    group_size = min(len(names) for names in same_type.values())
+    groups = []
+    for s, names in same_type.items():
+        for i in range(0, len(names), group_size):
+            groups.append(KVCacheGroupSpec(names[i:i + group_size], s))
+    return groups
+
+
+def kv_cache_config_from_groups(groups: list, num_blocks: int, layout=KVCacheLayout.LBNHC) -> KVCacheConfig:
+    """KVCacheConfig of `groups` with one backing allocation for all (current vLLM's
+    vllm/v1/worker/utils.py allocate_kv_cache: every KVCacheTensor has the one backing size and
+    places its layers in it; "cache groups overlay each other", KVCacheTensor's docstring in
+    vllm/v1/kv_cache_interface.py). One KVCacheTensor per group, layers = the group's layers,
+    placed for `group_size` layer slots (the largest group) at offset 0: layer i of every group
+    shares the bytes of slot i, which is sound because a block id belongs to one group at a time
+    (all groups allocate from one BlockPool). A single group: one tensor for all its layers, the
+    placement this harness always had. Older vLLM (before #51718) had one KVCacheTensor(size,
+    shared_by) per slot, shared by layer i of every group: the same bytes per (slot, block)."""
+    if not groups:
+        return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[])
+    group_size = max(len(g.layer_names) for g in groups)
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    if len(pages) != 1:
+        raise NotImplementedError("the mini engine overlays groups of one page size only")
+    tensors = [kv_cache_tensor_for(g.kv_cache_spec, g.layer_names, num_blocks, layout, num_slots=group_size)
+               for g in groups]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=list(groups))
+
+
 def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, *,
-                         layout=KVCacheLayout.LBNHC, page_size_padded: Optional[int] = None) -> KVCacheConfig:
-    """The per-worker KVCacheConfig of `model`'s attention layers: one group (kv_cache_spec_for) and
-    one KVCacheTensor for all its layers, placed for `layout` (a KVCacheLayout or its name)."""
-    spec = kv_cache_spec_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
-    names = list(model.attention_layer_names)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[kv_cache_tensor_for(spec, names, num_blocks, layout)],
-                         kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+                         layout=KVCacheLayout.LBNHC, page_size_padded: Optional[int] = None,
+                         disable_hybrid_kv_cache_manager: bool = False) -> KVCacheConfig:
+    """The per-worker KVCacheConfig of `model`'s attention layers, placed for `layout` (a
+    KVCacheLayout or its name). A model with one kind of layer: one group (kv_cache_spec_for) and one
+    KVCacheTensor for all its layers. A hybrid model (model.sliding_window_layers = {layer index:
+    window}): with the hybrid KV cache manager on (disable_hybrid_kv_cache_manager=False, vLLM's
+    default) one group per layer type and group_size layers (FullAttentionSpec groups first when the
+    model's first layer is full attention, then SlidingWindowSpec groups; see get_kv_cache_groups),
+    overlaid in one backing allocation (kv_cache_config_from_groups); with it off, one group of
+    FullAttentionSpec(sliding_window=W) for all layers (unify_hybrid_kv_cache_specs)."""
+    specs = kv_cache_specs_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
+    if disable_hybrid_kv_cache_manager:
+        specs = unify_hybrid_kv_cache_specs(specs)
+    return kv_cache_config_from_groups(get_kv_cache_groups(specs), num_blocks, layout)
 
 
 def check_kv_cache_config_layout(kv_cache_config: KVCacheConfig, layout) -> None:
     """Raises ValueError if a KVCacheTensor of the config is not placed as `layout` places it."""
     layout = resolve_kv_cache_layout(layout)
+    num_slots = max((len(t.layers) for t in kv_cache_config.kv_cache_tensors), default=0)
     for tensor in kv_cache_config.kv_cache_tensors:
         spec = kv_cache_config.spec_of(tensor.layers[0])
-        want = kv_cache_tensor_for(spec, tensor.layers, kv_cache_config.num_blocks, layout)
+        want = kv_cache_tensor_for(spec, tensor.layers, kv_cache_config.num_blocks, layout, num_slots=num_slots)
         if (tensor.layer_stride, tensor.block_stride) != (want.layer_stride, want.block_stride) or \
                 tensor.size < want.size:
             raise ValueError(f"kv_cache_config places {tensor.layers[0]} with layer/block strides "
@@ -380,21 +512,34 @@ def legacy_kv_cache_shape(spec: AttentionSpec, num_blocks: int, kv_cache_format:
 def allocate_kv_caches(kv_cache_config: KVCacheConfig, *, kv_cache_format: str = "views", layout=None,
                        kernel_block_size: Optional[int] = None) -> dict:
     """What a worker passes to register_kv_caches: dict layer_name -> zeroed cache, in the groups'
-    layer order. "views": one torch.zeros(size, int8) per KVCacheTensor and create_kv_cache_views
-    (current vLLM); "legacy_*": one zeroed tensor of spec.dtype per layer (older vLLM)."""
+    layer order. "views": current vLLM (vllm/v1/worker/utils.py allocate_kv_cache): when every
+    KVCacheTensor has the same size, ONE zeroed int8 backing buffer of that size that every tensor
+    places its layers in (so the groups of a hybrid config overlay each other), then
+    create_kv_cache_views; tensors of different sizes (configs built by hand) get one buffer each.
+    "legacy_*": older vLLM, one zeroed tensor of spec.dtype per layer slot, shared by layer i of every
+    group (a single group: one tensor per layer)."""
     if kv_cache_format not in KV_CACHE_FORMATS:
         raise ValueError(f"kv_cache_format {kv_cache_format!r} is not one of {KV_CACHE_FORMATS}")
     caches = {}
     if kv_cache_format == "views":
-        for tensor in kv_cache_config.kv_cache_tensors:
-            raw = torch.zeros(tensor.size, dtype=torch.int8)
+        tensors = kv_cache_config.kv_cache_tensors
+        shared = None
+        if len(tensors) > 1 and len({t.size for t in tensors}) == 1:
+            shared = torch.zeros(tensors[0].size, dtype=torch.int8)
+        for tensor in tensors:
+            raw = shared if shared is not None else torch.zeros(tensor.size, dtype=torch.int8)
             spec = kv_cache_config.spec_of(tensor.layers[0])
             views = create_kv_cache_views(raw, spec, kv_cache_config.num_blocks, layout, tensor, kernel_block_size)
             caches.update(zip(tensor.layers, views))
     else:
-        for group in kv_cache_config.kv_cache_groups:
-            shape = legacy_kv_cache_shape(group.kv_cache_spec, kv_cache_config.num_blocks, kv_cache_format,
-                                          kernel_block_size)
-            caches.update((name, torch.zeros(shape, dtype=group.kv_cache_spec.dtype)) for name in group.layer_names)
+        groups = kv_cache_config.kv_cache_groups
+        for slot in range(max((len(g.layer_names) for g in groups), default=0)):
+            owners = [g for g in groups if slot < len(g.layer_names)]
+            shapes = {legacy_kv_cache_shape(g.kv_cache_spec, kv_cache_config.num_blocks, kv_cache_format,
+                                            kernel_block_size) for g in owners}
+            dtypes = {g.kv_cache_spec.dtype for g in owners}
+            assert len(shapes) == 1 and len(dtypes) == 1, "overlaid groups need one tensor shape"
+            t = torch.zeros(shapes.pop(), dtype=dtypes.pop())
+            caches.update((g.layer_names[slot], t) for g in owners)
     order = [name for group in kv_cache_config.kv_cache_groups for name in group.layer_names]
     return {name: caches[name] for name in order if name in caches}

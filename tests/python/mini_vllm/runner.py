@@ -197,14 +197,16 @@ class MiniModelRunner:
                 # Output discarded by the scheduler after a sync KV-load failure: align.
                 del state.output_token_ids[cached.num_output_tokens[i]:]
 
-    def _attn_metadata(self, batch: list) -> FlashAttentionMetadata:
+    def _attn_metadata(self, batch: list, group: int = 0) -> FlashAttentionMetadata:
+        """The step's metadata of one KV cache group: its block tables and slot mapping (vLLM builds
+        one per group and gives every layer of the group the same object)."""
         qsl, seq_lens, slots, tables = [0], [], [], []
         for req_id, n in batch:
             st = self.requests[req_id]
             start = st.num_computed_tokens
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
-            table = st.block_ids[0]
+            table = st.block_ids[group]
             tables.append(table)
             slots += [table[p // self.block_size] * self.block_size + p % self.block_size
                       for p in range(start, start + n)]
@@ -273,14 +275,20 @@ class MiniModelRunner:
             outs = [self._end(rank, rso, None) for rank, rso in zip(self.ranks, per_rank_so)]
             return out, [None if o.is_empty() else o for o in outs]
 
+        groups = self.ranks[0].kv_cache_config.kv_cache_groups
         seqs = []
         for req_id, n in batch:
             st = self.requests[req_id]
             positions = list(range(st.num_computed_tokens, st.num_computed_tokens + n))
-            seqs.append(SeqInput([st.token(p) for p in positions], positions, st.block_ids[0]))
+            layer_tables = None
+            if len(groups) > 1:  # each layer reads and writes through its group's block table
+                layer_tables = {name: st.block_ids[g] for g, group in enumerate(groups) for name in group.layer_names}
+            seqs.append(SeqInput([st.token(p) for p in positions], positions, st.block_ids[0], layer_tables))
             out.positions[req_id] = positions
-        layer_names = list(self.ranks[0].kv_caches)
-        attn = [{name: meta for name in layer_names} for meta in (self._attn_metadata(batch) for _ in self.ranks)]
+        attn = []
+        for _ in self.ranks:
+            metas = [self._attn_metadata(batch, g) for g in range(len(groups))]
+            attn.append({name: metas[g] for g, group in enumerate(groups) for name in group.layer_names})
         shards = [KVShard(rank.kv_caches, rank.kv_head_start, rank.kv_head_end,
                           _LayerHooks(rank, attn[i]) if rank.connector is not None else None, attn[i],
                           rank.kv_format)

@@ -1,4 +1,4 @@
-"""The scheduler (scheduler.py @00f4240e, one KV-cache group, FCFS) and its per-step outputs."""
+"""The scheduler (scheduler.py @00f4240e, FCFS, one or several KV cache groups) and its per-step outputs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
 # --------------------------------------------------------------------------
-# Scheduler (scheduler.py @00f4240e, reduced to one group, FCFS).
+# Scheduler (scheduler.py @00f4240e, FCFS; block ids are one list per KV cache group).
 # --------------------------------------------------------------------------
 
 @dataclass
@@ -408,21 +408,25 @@ class Scheduler:
         affected, marked, to_evict = set(), set(), set()
         for request in requests:
             is_affected = marked_here = False
-            (req_block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
+            # vLLM @00f4240e reads one group ("TODO: add support for hybrid memory allocator"); here a
+            # block index fails when its block fails in any group (null blocks never do).
+            group_ids = self.kv_cache_manager.get_block_ids(request.request_id)
             req_num_computed = request.num_computed_tokens - num_scheduled_tokens.get(request.request_id, 0)
-            for idx, block_id in zip(range(cdiv(req_num_computed, self.block_size)), req_block_ids):
-                if block_id not in invalid_block_ids:
+            for idx in range(cdiv(req_num_computed, self.block_size)):
+                failed = [ids[idx] for ids in group_ids if idx < len(ids) and ids[idx] != 0
+                          and ids[idx] in invalid_block_ids]
+                if not failed:
                     continue
                 is_affected = True
-                if block_id in marked:
+                if all(bid in marked for bid in failed):
                     continue
-                marked.add(block_id)
+                marked.update(failed)
                 if marked_here:
                     continue
                 marked_here = True
                 request.num_computed_tokens = idx * self.block_size  # truncate at the first failed block
                 if evict_blocks:
-                    to_evict.update(req_block_ids[idx:])
+                    to_evict.update(bid for ids in group_ids for bid in ids[idx:] if bid != 0)
             if is_affected:
                 if not marked_here:
                     request.num_computed_tokens = req_num_computed
