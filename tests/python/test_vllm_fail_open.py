@@ -189,3 +189,23 @@ def test_the_fail_policy_is_warned_about_at_start(model, daemon, caplog):
     caplog.clear()
     kvtier_engine(model, daemon, policy="recompute").shutdown()
     assert not any("kv_load_failure_policy" in r.getMessage() for r in caplog.records)
+
+
+def test_a_copy_that_raises_on_the_loader_thread_recomputes(model, daemon, caplog, monkeypatch):
+    caplog.set_level(logging.WARNING, logger="kvtier.vllm")
+    from kvtier.integrations import _vllm_worker
+    shared = prompt(6, 18)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon)
+
+    def broken(self, layer, tensor):
+        raise RuntimeError("copy failed")
+    monkeypatch.setattr(_vllm_worker._ActiveLoad, "layer", broken)
+    p2 = shared + [2, 3]
+    toks, _ = run_request(b, p2, 2, "r2")
+    assert toks == greedy_generate(model, p2, 2)
+    assert "copy failed" in b.worker_connectors[0].disabled_reason
+    a.shutdown()
+    b.shutdown()

@@ -1,21 +1,26 @@
 """The worker side of the kvtier vLLM connector: one client per worker,
 loads into and saves from vLLM's paged KV tensors.
 
-Layer-wise (the default): loads start in start_load_kv and each layer is
-copied in when wait_for_layer_load asks for it; saves copy each layer in
-save_kv_layer. Whole-block mode (kv_connector_extra_config.layerwise =
+Layer-wise (the default): loads start in start_load_kv, a loader thread
+copies them in layer by layer while the forward pass runs, and
+wait_for_layer_load waits only for its own layer; saves copy each layer
+from save_kv_layer on. Whole-block mode (kv_connector_extra_config.layerwise =
 false, which full CUDA graphs allow): start_load_kv copies every layer
 before the forward pass, wait_for_save copies every layer after it.
-Commits run on a committer thread, off the forward pass. A block that
+Layer copies of a save run on a gather thread while the forward pass goes
+on, and wait_for_save waits for them; commits run on a committer thread. A block that
 fails to load is reported, with every later block of its request, by
 get_block_ids_with_load_errors, so vLLM recomputes from there.
 
-Thread: vLLM's worker thread calls every method; the committer thread
+Thread: vLLM's worker thread calls every method; the loader thread only
+copies loaded layers into engine blocks of this step's loads; the gather thread only
+copies engine blocks into arena spans it was handed; the committer thread
 only commits saves whose bytes are already in the arena.
 """
 
 import concurrent.futures
 import logging
+import threading
 import time
 
 import kvtier
@@ -43,9 +48,8 @@ class WorkerSide:
         self._adapter_clients = {}       # adapter -> kvtier.Client of this rank's namespaces
         self.kv_caches = {}
         self._layer_of = {}              # layer name -> (group, index in the group)
-        self._last_layer = {}            # group -> index of its last layer
         self._loads = []                 # _ActiveLoad of this step, one per request and group
-        self._saves = {}                 # (req_id, group) -> (kvtier.LayerSave, blocks) of this step
+        self._saves = {}                 # (req_id, group) -> _Save of this step
         self._commits = {}               # req_id -> [Future] of committing saves
         self._with_saves = set()         # requests whose saves get_finished must report
         self._finished = set()           # finished by the scheduler, saves maybe in flight
@@ -53,6 +57,11 @@ class WorkerSide:
         self._bound_loads = []           # LoadSpec of the step's metadata
         self._checked = False            # the scheduler's namespaces were compared with ours
         self.committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
+        self._gatherer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-gather")
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-load")
+        self._loading = None             # Future of the loader thread's work this step
+        self._layer_ready = {}           # layer name -> threading.Event, this step's layer-wise loads
+        self._load_order = []            # transferred layers in the order vLLM registered them
         self.disabled = None             # the reason, once the worker serves without the cache
 
     @property
@@ -78,8 +87,8 @@ class WorkerSide:
                                       f"(set kv_connector_extra_config.kv_layout)")
                 self._layer_of[name] = (group.index, i)
                 self.kv_caches[name] = kv_caches[name]
-            self._last_layer[group.index] = len(group.layer_names) - 1
             self.namespaces[group.index].layer_count = len(group.layer_names)
+        self._load_order = [name for name in kv_caches if name in self._layer_of]
         self._ensure_client()
 
     def _ensure_client(self):
@@ -133,30 +142,47 @@ class WorkerSide:
                                   f"the scheduler expects {want} (set kv_connector_extra_config.pp_layer_counts)")
 
     def start_load_kv(self, meta):
-        if self.disabled is not None:
+        """Begins this step's loads. Layer-wise, the loader thread copies
+        layer after layer in the model's order while the forward pass
+        computes, and wait_for_layer_load waits only for its layer; in
+        whole-block mode every layer is copied before returning."""
+        if self.disabled is not None or not meta.loads:
             return
-        for spec in meta.loads:
-            for group in range(len(self._g.groups)):
-                self._loads.append(_ActiveLoad(self, spec, group))
+        self._loads = [_ActiveLoad(self, spec, group) for spec in meta.loads for group in range(len(self._g.groups))]
         if not self._g.layerwise:
-            for name in self.kv_caches:
-                self._load_layer(name)
+            self._load_layers(self._loads, {})
             self.end_loads()
+            return
+        self._layer_ready = {name: threading.Event() for name in self._load_order}
+        self._loading = self._loader.submit(self._load_layers, self._loads, self._layer_ready)
+
+    def _load_layers(self, loads, ready):
+        """Copies every layer of `loads` in the model's order, marking each
+        layer ready; every mark is set even when a copy raises."""
+        try:
+            for name in self._load_order:
+                group, layer = self._layer_of[name]
+                for load in loads:
+                    if load.group == group:
+                        load.layer(layer, self.kv_caches[name])
+                if name in ready:
+                    ready[name].set()
+        finally:
+            for event in ready.values():
+                event.set()
 
     def wait_for_layer_load(self, layer_name):
-        if self._loads:
-            self._load_layer(layer_name)
+        event = self._layer_ready.get(layer_name)
+        if event is not None:
+            event.wait()
 
-    def _load_layer(self, layer_name):
-        where = self._layer_of.get(layer_name)
-        if where is None:
-            return
-        group, layer = where
-        for load in self._loads:
-            if load.group == group:
-                load.layer(layer, self.kv_caches[layer_name])
-        if layer == self._last_layer[group]:
-            self.end_loads(group)
+    def _finish_loading(self):
+        """Waits for the loader thread and ends the step's loads."""
+        if self._loading is not None:
+            loading, self._loading, self._layer_ready = self._loading, None, {}
+            loading.result()  # a copy that raised fails the connector open
+        if self._loads:
+            self.end_loads()
 
     def end_loads(self, group=None):
         """Ends this step's loads (of one group): their failed engine blocks
@@ -176,12 +202,16 @@ class WorkerSide:
 
     def save_kv_layer(self, meta, layer_name, kv_layer):
         where = self._layer_of.get(layer_name)
-        if where is None or self.disabled is not None or not self._saves_here:
-            return
+        if where is None or self.disabled is not None or not self._saves_here or not self._g.layerwise:
+            return  # whole-block mode saves in wait_for_save
         for spec in meta.saves:
             self._save_layer(spec, where[0], where[1], kv_layer)
 
     def _save_layer(self, spec, group, layer, kv_layer):
+        """Starts the copy of one layer of one group's blocks into the arena
+        on the gather thread, so it overlaps the forward pass's next layers;
+        wait_for_save waits for it. The engine blocks stay untouched until
+        then: they belong to this step's request and the step has not ended."""
         span = spec.groups[group]
         if span is None:
             return
@@ -198,33 +228,53 @@ class WorkerSide:
             except kvtier.Error as e:
                 logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
                 return
-            entry = self._saves[(spec.req_id, group)] = (save, span)
-        save = entry[0]
+            ok = [b for b in range(len(span.block_ids)) if save.status(b).ok]
+            entry = self._saves[(spec.req_id, group)] = _Save(save, span, ok, [
+                _kv_layout.block_index(kv_layer, span.block_ids[b]) for b in ok])
         try:
-            for b, ids in enumerate(span.block_ids):
-                if save.status(b).ok:
-                    _kv_layout.gather(kv_layer, self._g.form, ids, save.layer_span(b, layer), self._g.num_blocks)
-            save.layer_written(layer)
+            spans = [entry.save.layer_span(b, layer) for b in entry.ok]
         except kvtier.Error as e:
             logger.warning("kvtier: save of %s dropped: %s", spec.req_id, e)
-            save.abort()
-            del self._saves[(spec.req_id, group)]
+            entry.failed = True
+            return
+        ready = _device_ready(kv_layer)
+        entry.layers.append((layer, self._gatherer.submit(self._gather_layer, kv_layer, entry, spans, ready)))
+
+    def _gather_layer(self, kv_layer, entry, spans, ready):
+        """On the gather thread: one layer of one save into its arena spans."""
+        if ready is not None:
+            ready.synchronize()  # the forward pass wrote this layer
+        g = self._g
+        for b, dst, index in zip(entry.ok, spans, entry.index):
+            _kv_layout.gather(kv_layer, g.form, entry.span.block_ids[b], dst, g.num_blocks, index)
 
     def wait_for_save(self, meta):
-        if self._loads:  # layers the forward pass never asked for
-            self.end_loads()
+        self._finish_loading()
         if meta is not None and not self._g.layerwise and self.disabled is None and self._saves_here:
             for name, (group, layer) in self._layer_of.items():
                 for spec in meta.saves:
                     self._save_layer(spec, group, layer, self.kv_caches[name])
-        for (req_id, group), (save, span) in self._saves.items():
-            if save.layers_saved != save.layer_count:
-                save.abort()  # some layer never came: nothing is published
+        for (req_id, group), entry in self._saves.items():
+            if not self._gathered(req_id, entry):
+                entry.save.abort()  # a layer never came or failed: nothing is published
                 continue
-            self._stats.add("save_blocks", len(span.block_ids))
-            self._stats.add("save_bytes", len(span.block_ids) * self.namespaces[group].block_bytes)
-            self._commits.setdefault(req_id, []).append(self.committer.submit(_finish, save, req_id))
+            self._stats.add("save_blocks", len(entry.span.block_ids))
+            self._stats.add("save_bytes", len(entry.span.block_ids) * self.namespaces[group].block_bytes)
+            self._commits.setdefault(req_id, []).append(self.committer.submit(_finish, entry.save, req_id))
         self._saves = {}
+
+    def _gathered(self, req_id, entry):
+        """Waits for a save's layer copies and declares them written; False
+        when one failed or a layer is missing."""
+        try:
+            for layer, future in entry.layers:
+                future.result()
+                if not entry.failed:
+                    entry.save.layer_written(layer)
+        except Exception as e:  # noqa: BLE001 - a failed copy drops the save, never the step
+            logger.warning("kvtier: save of %s dropped: %s", req_id, e)
+            return False
+        return not entry.failed and entry.save.layers_saved == entry.save.layer_count
 
     def get_finished(self, finished_req_ids):
         """Requests whose blocks may be freed: finished ones whose commits
@@ -250,22 +300,51 @@ class WorkerSide:
         """Serves without the cache from now on: this step's loads become
         load errors (vLLM recomputes them), saves in flight are dropped."""
         self.disabled = reason
+        if self._loading is not None:
+            self._loading.exception()  # the loader thread no longer writes
+            self._loading, self._layer_ready = None, {}
         for spec in self._bound_loads:  # finished or not: vLLM recomputes them
             self._load_errors.update(spec.engine_block_ids())
         self._loads = []
-        for save, _ in self._saves.values():
+        for entry in self._saves.values():
             try:
-                save.abort()
+                for _, future in entry.layers:
+                    future.result()  # nothing may still write into the arena
+                entry.save.abort()
             except Exception:  # noqa: BLE001 - already failing
                 pass
         self._saves = {}
 
     def close(self):
+        self._loader.shutdown(wait=True)
+        self._gatherer.shutdown(wait=True)
         self.committer.shutdown(wait=True)
         for client in [self.client, *self._adapter_clients.values()]:
             if client is not None:
                 client.close()
         self.client = None
+
+
+class _Save:
+    """One request's save of one group this step: the kvtier LayerSave, its
+    blocks (`ok`: those with a reserved slot, and their index tensors) and
+    the layer copies in flight on the gather thread."""
+
+    def __init__(self, save, span, ok, index):
+        self.save, self.span, self.ok, self.index = save, span, ok, index
+        self.layers = []      # (layer, Future) in the order they were started
+        self.failed = False
+
+
+def _device_ready(tensor):
+    """A CUDA event recorded after the work queued so far on the current
+    stream (the forward pass's writes of this layer), or None on CPU."""
+    if tensor.device.type != "cuda":
+        return None
+    import torch
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def _finish(save, req_id):
