@@ -293,3 +293,46 @@ def test_the_older_and_current_forms_never_share_blocks(model, daemon):
     b = kvtier_engine(model, daemon)  # current vLLM's views: another byte form, another namespace
     run_request(b, p + [1], 1, "r2")
     assert computed_at_start(b, "r2") == 0
+
+
+def test_a_local_hit_ending_inside_a_kvtier_block(model, daemon):
+    """vLLM's own prefix cache holds 3 engine blocks (12 tokens), kvtier
+    blocks are 8 tokens: the load starts inside kvtier block 1 and leaves
+    its first engine block, computed locally, untouched."""
+    shared = prompt(50, 27)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon)
+    run_request(b, shared[:13], 1, "local")  # b's prefix cache: the 3 full engine blocks of 13 tokens
+    p2 = shared + [2, 3]
+    so_seen = []
+    build = b.scheduler_connector.build_connector_meta
+    b.scheduler_connector.build_connector_meta = lambda so: so_seen.append(build(so)) or so_seen[-1]
+    toks, logits = run_request(b, p2, 2, "r2")
+    loads = [load for meta in so_seen for load in meta.loads if load.req_id == "r2"]
+    assert len(loads) == 1 and loads[0].first == 1 and loads[0].groups[0].skip == 1
+    assert computed_at_start(b, "r2") == 24
+    ref = reference_engine(model)
+    ref_toks, ref_logits = run_request(ref, p2, 2, "r2")
+    assert toks == ref_toks and torch.equal(logits[0], ref_logits[0][24:])
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+
+
+def test_under_vllms_default_fail_policy_a_lost_block_fails_the_request(model, daemon):
+    """Why the documented command line sets "recompute": with vLLM's
+    default a block evicted between lookup and load ends the request with
+    an error."""
+    shared = prompt(51, 17)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    b = kvtier_engine(model, daemon, policy="fail")
+    b.add_request(shared + [4, 5, 6], 3, "r2")
+    so = b.schedule()
+    keys, namespaces = rank_keys(b, shared)
+    with quiet_client(daemon, namespaces) as c:
+        assert c.erase(0, [keys[0][1]]) == 1
+    b.update_from_output(so, b.execute_model(so))
+    b.run_until_done()
+    assert b.finish_reasons["r2"] == "error"
