@@ -151,7 +151,10 @@ def test_tensor_parallel_hit_is_what_every_rank_holds(model, daemon):
     assert toks == greedy_generate(model, p2, 2)
 
 
-def test_saves_keep_blocks_until_committed_and_queue_hints_reach_the_daemon(model, daemon):
+def test_a_finished_requests_blocks_are_freed_at_once_and_queue_hints_reach_the_daemon(model, daemon):
+    """Every copy out of engine blocks ends in the step that reads them, so
+    request_finished never delays the free, and the saved blocks are in
+    kvtierd once committed."""
     p = prompt(11, 21)
     a = kvtier_engine(model, daemon)
     with quiet_client(daemon, []) as c:
@@ -159,13 +162,18 @@ def test_saves_keep_blocks_until_committed_and_queue_hints_reach_the_daemon(mode
         request = a.add_request(p, 1, "r1")
         assert a.scheduler_connector.flush_hints(10)  # hints go out from a background thread
         assert c.stats()["engine.enqueues"] == before + 1
-        delayed = a.scheduler_connector.request_finished
+        finished = a.scheduler_connector.request_finished
         seen = []
-        a.scheduler_connector.request_finished = lambda req, ids: seen.append(delayed(req, ids)) or seen[-1]
+        a.scheduler_connector.request_finished = lambda req, ids: seen.append(finished(req, ids)) or seen[-1]
         a.run_until_done()
-        assert seen == [(True, None)]  # blocks held until get_finished reported the commit
+        assert seen == [(False, None)]  # freed with the step that finished it
         assert request.request_id not in a.scheduler.requests
+        assert a.block_pool.get_num_free_blocks() == a.block_pool.num_gpu_blocks - 1
+        drain_commits(a)
         assert c.stats()["engine.commits"] >= 2
+    keys, namespaces = rank_keys(a, p)
+    with quiet_client(daemon, namespaces) as c:
+        assert c.lookup(0, keys[0]).prefix_blocks == 2
 
 
 def test_a_model_revision_is_required(model, daemon):

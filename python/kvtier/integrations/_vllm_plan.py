@@ -95,7 +95,6 @@ class RequestState:
     load: tuple = None    # (first kvtier block, end, engine skip) after allocation
     block_ids: list = field(default_factory=list)  # per group: the engine block table
     saved: int = 0        # kvtier blocks saved or known cached
-    saves_planned: bool = False
     started: bool = False
     adapter: tuple = None  # the LoRA's (name, path), or None: which namespaces
     may_load: bool = True  # the request's opt-out (kv_transfer_params, skip_reading_prefix_cache)
@@ -103,7 +102,7 @@ class RequestState:
     engine_hashes: list = None  # vLLM's block hashes of the request (for KV events), when it has them
     lora_id: int = None
     pending_since: float = 0.0  # when the lookups in flight were sent (time.monotonic)
-    stored_pending: list = field(default_factory=list)  # (first, end) kvtier blocks saved, not yet reported
+    stored_pending: list = field(default_factory=list)  # (first, end, step) kvtier blocks saved, not yet in events
 
 
 def engine_blocks(table, first, end, per_block):
@@ -140,9 +139,7 @@ def plan_save(state, computed_tokens, geometry):
     parents = [k[firsts[_group_of(geometry, j)] - 1] if firsts[_group_of(geometry, j)] > 0 else None
                for j, k in enumerate(state.keys)]
     spec = SaveSpec(state.req_id, state.saved, keys, parents, spans, state.adapter)
-    state.stored_pending.append((state.saved, full))
     state.saved = full
-    state.saves_planned = True
     return spec
 
 

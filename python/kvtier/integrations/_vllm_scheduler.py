@@ -17,7 +17,7 @@ import threading
 import time
 
 import kvtier
-from kvtier.integrations._vllm_events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvtier.integrations._vllm_events import AllBlocksCleared, BlockStored
 from kvtier.integrations._vllm_plan import KvtierConnectorMetadata, RequestState, plan_load, plan_save
 
 logger = logging.getLogger("kvtier.vllm")
@@ -116,7 +116,7 @@ class SchedulerSide:
         self._hints = HintSender()
         self._events = []
         self._medium = "CPU"
-        self._done_saving = {}  # req_id -> RequestState whose saves finish_sending will confirm
+        self._step = 0  # build_connector_meta calls so far
         self._scope(None)
 
     @property
@@ -241,6 +241,7 @@ class SchedulerSide:
         self._stats.add("hit_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
+        self._step += 1
         meta = KvtierConnectorMetadata(layer_counts=[ns.layer_count for ns in self.base_scope.namespaces])
         scheduled = scheduler_output.num_scheduled_tokens
         for req in scheduler_output.scheduled_new_reqs:
@@ -284,6 +285,7 @@ class SchedulerSide:
         save = plan_save(state, computed_tokens, g)
         if save is not None:
             meta.saves.append(save)
+            state.stored_pending.append((save.first, state.saved, self._step))
 
     def promised_loads(self, scheduler_output):
         """The loads vLLM was already promised for this step's requests
@@ -301,38 +303,40 @@ class SchedulerSide:
         return loads
 
     def forget(self, request):
-        """request_finished of a disabled connector: (whether the workers
-        will report the request's planned saves, None)."""
-        state = self._requests.pop(request.request_id, None)
-        return (state is not None and state.saves_planned), None
+        """request_finished of a disabled connector."""
+        self._requests.pop(request.request_id, None)
+        return False, None
 
     def update_connector_output(self, connector_output):
-        """Finished saves become BlockStored events; blocks that failed to
-        load become BlockRemoved (kvtier lost them)."""
-        for req_id in getattr(connector_output, "finished_sending", None) or ():
-            state = self._done_saving.pop(req_id, None)
-            if state is not None:
-                self._emit_stored(state)
+        """After a step ran: the saves planned in earlier steps are in the
+        arena (committing), so they become BlockStored events."""
+        for state in self._requests.values():
+            self._emit_stored(state, before_step=self._step)
 
     def request_finished(self, request, block_ids):
-        """block_ids: group 0's, or one list per group (SupportsHMA)."""
+        """block_ids: group 0's, or one list per group (SupportsHMA).
+        Never delays the free: every copy out of a request's engine blocks
+        ends in the step that reads them (wait_for_save waits for it)."""
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return False, None
         if not state.started:
             self._hint_all(state, lambda c, i, keys: c.finished(_hint_id(state, i)))
-        if state.saves_planned:
-            self._done_saving[request.request_id] = state
-        # Blocks wait for the commit of any save planned for the request.
-        return state.saves_planned, None
+        self._emit_stored(state)
+        return False, None
 
-    def _emit_stored(self, state):
-        """BlockStored per engine block of the kvtier blocks planned for
-        saving, with vLLM's own block hashes (what vLLM's KV-aware routers
-        index) when the request carries them."""
+    def _emit_stored(self, state, before_step=None):
+        """BlockStored per engine block of the kvtier blocks whose saves ran
+        (planned before step `before_step`, or all), with vLLM's own block
+        hashes (what vLLM's KV-aware routers index) when the request has
+        them."""
         hashes = state.engine_hashes or []
         b = self._g.engine_block
-        for first, end in state.stored_pending:
+        left = []
+        for first, end, step in state.stored_pending:
+            if before_step is not None and step >= before_step:
+                left.append((first, end, step))
+                continue
             lo, hi = first * self._g.per_block, end * self._g.per_block
             if len(hashes) < hi:
                 continue
@@ -340,12 +344,7 @@ class SchedulerSide:
                 block_hashes=list(hashes[lo:hi]), parent_block_hash=hashes[lo - 1] if lo > 0 else None,
                 token_ids=list(state.tokens[lo * b:hi * b]), block_size=b, lora_id=state.lora_id,
                 medium=self._medium))
-        state.stored_pending = []
-
-    def note_load_errors(self, req_hashes):
-        """Engine block hashes kvtier no longer holds (BlockRemoved)."""
-        if req_hashes:
-            self._events.append(BlockRemoved(block_hashes=list(req_hashes), medium=self._medium))
+        state.stored_pending = left
 
     def take_events(self):
         events, self._events = self._events, []

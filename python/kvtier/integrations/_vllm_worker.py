@@ -50,9 +50,6 @@ class WorkerSide:
         self._layer_of = {}              # layer name -> (group, index in the group)
         self._loads = []                 # _ActiveLoad of this step, one per request and group
         self._saves = {}                 # (req_id, group) -> _Save of this step
-        self._commits = {}               # req_id -> [Future] of committing saves
-        self._with_saves = set()         # requests whose saves get_finished must report
-        self._finished = set()           # finished by the scheduler, saves maybe in flight
         self._load_errors = set()
         self._bound_loads = []           # LoadSpec of the step's metadata
         self._checked = False            # the scheduler's namespaces were compared with ours
@@ -118,9 +115,6 @@ class WorkerSide:
     # ---- every step ----
 
     def bind(self, meta):
-        # The scheduler holds these requests' blocks until get_finished
-        # reports them, whether or not their saves ever start.
-        self._with_saves.update(spec.req_id for spec in meta.saves)
         self._bound_loads = list(meta.loads)
         if self.disabled is None and not self._checked and meta.layer_counts:
             self._check_layer_counts(meta.layer_counts)
@@ -260,7 +254,7 @@ class WorkerSide:
                 continue
             self._stats.add("save_blocks", len(entry.span.block_ids))
             self._stats.add("save_bytes", len(entry.span.block_ids) * self.namespaces[group].block_bytes)
-            self._commits.setdefault(req_id, []).append(self.committer.submit(_finish, entry.save, req_id))
+            self.committer.submit(_finish, entry.save, req_id)
         self._saves = {}
 
     def _gathered(self, req_id, entry):
@@ -277,18 +271,9 @@ class WorkerSide:
         return not entry.failed and entry.save.layers_saved == entry.save.layer_count
 
     def get_finished(self, finished_req_ids):
-        """Requests whose blocks may be freed: finished ones whose commits
-        are done (all of them once the worker serves without the cache)."""
-        self._finished.update(r for r in finished_req_ids if r in self._with_saves)
-        done = set()
-        for req_id in list(self._finished):
-            futures = self._commits.get(req_id, [])
-            if self.disabled is not None or all(f.done() for f in futures):
-                done.add(req_id)
-                self._commits.pop(req_id, None)
-        self._finished -= done
-        self._with_saves -= done
-        return (done or None), None
+        """Nothing to report: kvtier never holds a request's engine blocks
+        past its step, so vLLM frees them at once (request_finished)."""
+        return None, None
 
     def take_load_errors(self):
         errors, self._load_errors = self._load_errors, set()
