@@ -94,6 +94,7 @@ class _Geometry:
     """What the vLLM connector's _connect reads."""
     socket_path = None
     call_timeout = 5.0
+    connect_timeout = 5.0
     use_directory = True
     verify_checksums = True
 

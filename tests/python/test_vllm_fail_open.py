@@ -209,3 +209,27 @@ def test_a_copy_that_raises_on_the_loader_thread_recomputes(model, daemon, caplo
     assert "copy failed" in b.worker_connectors[0].disabled_reason
     a.shutdown()
     b.shutdown()
+
+
+def test_a_hung_daemon_holds_a_reconnect_for_a_fraction_of_a_second(model, make_daemon):
+    """vLLM starts while kvtierd is down, then kvtierd comes back hung
+    (stopped): the retries on the scheduler's and the forward's threads
+    wait at most RETRY_CONNECT_S each, not connect_timeout."""
+    from kvtier.integrations import vllm as connector_module
+    daemon = make_daemon()
+    daemon.stop()
+    a = kvtier_engine(model, daemon, reconnect_interval=0.0, connect_timeout=5.0)
+    daemon.start()
+    daemon.pause()
+    try:
+        started = time.monotonic()
+        p = prompt(7, 19)
+        toks, _ = run_request(a, p, 1, "r1")
+        elapsed = time.monotonic() - started
+    finally:
+        daemon.resume()
+    assert toks == greedy_generate(model, p, 1)
+    steps = len(a.history)
+    # one scheduler and one worker retry per step at most, each bounded
+    assert elapsed < 2 * steps * connector_module.RETRY_CONNECT_S + 2.0
+    a.shutdown()

@@ -171,6 +171,7 @@ class Geometry:
         self.model_id = model.model
         self.socket_path = extra.get("socket_path", "/run/kvtier/kvtierd.sock")
         self.call_timeout = float(extra.get("call_timeout", 30.0))
+        self.connect_timeout = float(extra.get("connect_timeout", 5.0))
         self.lookup_timeout = float(extra.get("lookup_timeout", 2.0))
         self.reconnect_s = float(extra.get("reconnect_interval", 5.0))
         self.use_directory = bool(extra.get("use_directory", True))

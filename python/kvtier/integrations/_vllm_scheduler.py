@@ -136,7 +136,7 @@ class SchedulerSide:
             scope = _Scope(namespaces, [kvtier.ChainHasher(ns) for ns in namespaces])
             self._scopes[adapter] = scope
         if scope.client is None and time.monotonic() >= scope.next_connect:
-            scope.client = self._connect(scope.namespaces)
+            scope.client = self._connect(scope.namespaces, retry=scope.next_connect > 0)
             scope.next_connect = time.monotonic() + self._g.reconnect_s
         return scope
 

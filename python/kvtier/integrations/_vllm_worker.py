@@ -92,7 +92,7 @@ class WorkerSide:
         """The client, connecting again every reconnect interval while
         kvtierd cannot be reached."""
         if self.client is None and time.monotonic() >= self._next_connect:
-            self.client = self._connect(self.namespaces)
+            self.client = self._connect(self.namespaces, retry=self._next_connect > 0)
             self._next_connect = time.monotonic() + self._g.reconnect_s
         return self.client
 
@@ -105,7 +105,7 @@ class WorkerSide:
             namespaces = self._g.rank_namespaces(self.tp_rank, self.pp_rank, adapter)
             for ns, own in zip(namespaces, self.namespaces):
                 ns.layer_count = own.layer_count
-            client = self._adapter_clients[adapter] = self._connect(namespaces)
+            client = self._adapter_clients[adapter] = self._connect(namespaces, retry=True)
         return client
 
     def _ns(self, group):

@@ -80,6 +80,10 @@ except ImportError:  # vLLM is not installed: a stand-in with the same surface
 
 logger = logging.getLogger("kvtier.vllm")
 
+# The handshake bound of a reconnect attempt made on vLLM's scheduler or
+# forward thread (the first connect, at start, may take connect_timeout).
+RETRY_CONNECT_S = 0.25
+
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats"]
 
 
@@ -163,10 +167,14 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
             if self._worker is not None:
                 self._worker.disable(reason)
 
-    def _connect(self, namespaces):
+    def _connect(self, namespaces, retry=False):
+        """A client of `namespaces`, or None (one warning per outage). A
+        retry, from an engine thread while kvtierd was down, waits at most
+        RETRY_CONNECT_S for the handshake."""
         g = self._geometry
         try:
             client = kvtier.Client(g.socket_path, namespaces, client_name="vllm", call_timeout=g.call_timeout,
+                                   connect_timeout=RETRY_CONNECT_S if retry else g.connect_timeout,
                                    use_directory=g.use_directory, verify_checksums=g.verify_checksums)
         except kvtier.Error as e:
             if not self._unreachable:
