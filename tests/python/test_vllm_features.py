@@ -95,9 +95,22 @@ def test_stats_count_loads_saves_and_hits_and_feed_prometheus(model, daemon):
                     counter.values[values] = counter.values.get(values, 0) + n
             return Child()
 
-    prom = KvtierConnector.build_prom_metrics(b.vllm_config, {Counter: Counter}, ["engine"], {0: ["0"]})
+    class Histogram:
+        made = {}
+
+        def __init__(self, name, documentation, buckets, labelnames):
+            self.samples = []
+            Histogram.made[name] = self
+
+        def labels(self, *values):
+            return type("Child", (), {"observe": lambda _, v, h=self: h.samples.append(v)})()
+
+    assert len(total.data["load_seconds"]) == 1 and total.reduce()["load_seconds_max"] >= 0
+    prom = KvtierConnector.build_prom_metrics(b.vllm_config, {Counter: Counter, Histogram: Histogram}, ["engine"],
+                                              {0: ["0"]})
     prom.observe(total.data, 0)
     assert Counter.made["vllm:kvtier_load_blocks"].values[("0",)] == 2
+    assert Histogram.made["vllm:kvtier_load_seconds"].samples == total.data["load_seconds"]
     a.shutdown()
     b.shutdown()
 

@@ -22,7 +22,8 @@ except ImportError:  # vLLM is not installed: stand-ins with the same surface
 
     class KVConnectorPromMetrics:  # noqa: D101 - vLLM's name
         def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-            self._counter_cls = next(cls for key, cls in metric_types.items() if key.__name__ == "Counter")
+            by_name = {key.__name__: cls for key, cls in metric_types.items()}
+            self._counter_cls, self._histogram_cls = by_name.get("Counter"), by_name.get("Histogram")
             self._labelnames = labelnames
             self.per_engine_labelvalues = per_engine_labelvalues
 
@@ -38,6 +39,12 @@ COUNTERS = {
     "save_bytes": "bytes saved from vLLM's KV cache",
 }
 
+# Every series of observations: name -> (what one observation is, buckets).
+SERIES = {
+    "load_seconds": ("seconds from the start of one request's load of one group to its end",
+                     (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)),
+}
+
 
 @dataclass
 class KvtierConnectorStats(KVConnectorStats):
@@ -49,17 +56,25 @@ class KvtierConnectorStats(KVConnectorStats):
 
     def aggregate(self, other):
         for key, value in (other.data if other is not None else {}).items():
-            self.data[key] = self.data.get(key, 0) + value
+            if isinstance(value, list):
+                self.data[key] = self.data.get(key, []) + value
+            else:
+                self.data[key] = self.data.get(key, 0) + value
         return self
 
     def reduce(self):
-        out = dict(self.data)
+        out = {k: v for k, v in self.data.items() if not isinstance(v, list)}
         if out.get("load_blocks"):
             out["avg_load_ms_per_block"] = round(out.get("load_ms", 0) / out["load_blocks"], 3)
+        for key, values in self.data.items():
+            if isinstance(values, list) and values:
+                ordered = sorted(values)
+                out[f"{key}_p50"] = ordered[len(ordered) // 2]
+                out[f"{key}_max"] = ordered[-1]
         return out
 
     def is_empty(self):
-        return not any(self.data.values())
+        return not any(self.data.values())  # sums and series alike
 
 
 class StatsRecorder:
@@ -74,27 +89,44 @@ class StatsRecorder:
         with self._lock:
             self._data[key] = self._data.get(key, 0) + value
 
+    def observe(self, key, value):
+        """One observation of a SERIES entry."""
+        with self._lock:
+            self._data.setdefault(key, []).append(value)
+
     def take(self):
         with self._lock:
             data, self._data = self._data, {}
-        return KvtierConnectorStats(data) if any(data.values()) else None
+        return KvtierConnectorStats(data) if any(data.values()) else None  # a list counts when not empty
 
 
 class KvtierPromMetrics(KVConnectorPromMetrics):
-    """One Prometheus counter per entry of COUNTERS, named
-    vllm:kvtier_<name>_total, per engine."""
+    """Per engine: one Prometheus counter per entry of COUNTERS
+    (vllm:kvtier_<name>, exported as ..._total) and one histogram per
+    entry of SERIES (vllm:kvtier_<name>)."""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters = {}
+        self._counters, self._histograms = {}, {}
         for name, help_text in COUNTERS.items():
             counter = self._counter_cls(name=f"vllm:kvtier_{name}", documentation=f"kvtier: {help_text}",
                                         labelnames=labelnames)
-            self._counters[name] = {engine: counter.labels(*values)
-                                    for engine, values in per_engine_labelvalues.items()}
+            self._counters[name] = self._per_engine(counter, per_engine_labelvalues)
+        for name, (help_text, buckets) in SERIES.items():
+            if self._histogram_cls is None:
+                continue
+            histogram = self._histogram_cls(name=f"vllm:kvtier_{name}", documentation=f"kvtier: {help_text}",
+                                            buckets=list(buckets), labelnames=labelnames)
+            self._histograms[name] = self._per_engine(histogram, per_engine_labelvalues)
+
+    @staticmethod
+    def _per_engine(metric, per_engine_labelvalues):
+        return {engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data, engine_idx=0):
         for name, value in (transfer_stats_data or {}).items():
-            per_engine = self._counters.get(name)
-            if per_engine is not None and engine_idx in per_engine and value:
-                per_engine[engine_idx].inc(value)
+            if name in self._histograms and engine_idx in self._histograms[name]:
+                for sample in value:
+                    self._histograms[name][engine_idx].observe(sample)
+            elif name in self._counters and engine_idx in self._counters[name] and value:
+                self._counters[name][engine_idx].inc(value)

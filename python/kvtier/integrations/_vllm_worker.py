@@ -398,7 +398,10 @@ class _ActiveLoad:
         stats = self._worker._stats
         stats.add("load_blocks", self._failed_from)
         stats.add("load_bytes", self._failed_from * self._worker.namespaces[self.group].block_bytes)
-        stats.add("load_ms", 1e3 * (time.monotonic() - self._started))
+        elapsed = time.monotonic() - self._started
+        stats.add("load_ms", 1e3 * elapsed)
+        if self._span.block_ids:
+            stats.observe("load_seconds", elapsed)
         failed = set()
         for b in range(self._failed_from, len(self._span.block_ids)):
             ids = self._span.block_ids[b]
