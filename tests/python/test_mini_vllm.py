@@ -6,7 +6,11 @@ outputs, vLLM's call order (scheduler.py and the worker mixin @00f4240e, see min
 working store/load round trip through a reference in-memory connector; and, for the hybrid
 toy TinyGemma (full attention + sliding window), vLLM's hybrid KV cache manager: per-group
 block tables, out-of-window blocks nulled, local prefix hits every group accepts, HMA on and
-off bit-identical, and a round trip of every group's blocks through the SupportsHMA path.
+off bit-identical, and a round trip of every group's blocks through the SupportsHMA path; and vLLM's
+async scheduling (a batch queue of two steps, the AsyncScheduler's placeholders): the tokens and
+logits of sync scheduling, with several requests, chunked prefill and preemptions, and the
+connector call order it changes (build_connector_meta of step N+1 before update_connector_output
+of step N).
 """
 
 import hashlib
@@ -307,11 +311,12 @@ class RecordingConnector(KVConnectorBase_V1):
         return set()
 
 
-def recording_engine(model, log, script=None, num_workers=1, num_blocks=64, **cfg):
+def recording_engine(model, log, script=None, num_workers=1, num_blocks=64, ahead=False, **cfg):
     script = script or Script()
     vcfg = make_vllm_config(model, tensor_parallel_size=num_workers, **cfg)
     engine = MiniEngine(model, vcfg, make_kv_cache_config(model, num_blocks, num_workers),
-                        lambda c, role, kvc: RecordingConnector(c, role, kvc, log, script), num_workers=num_workers)
+                        lambda c, role, kvc: RecordingConnector(c, role, kvc, log, script), num_workers=num_workers,
+                        worker_runs_ahead=ahead)
     return engine, script
 
 
@@ -678,11 +683,13 @@ class InMemoryConnector(KVConnectorBase_V1):
 
 
 def mem_engine(model, store, num_workers=1, kv_load_failure_policy="fail", layout=None, kernel_block_size=None,
-               **kw):
+               async_scheduling=False, ahead=False, **kw):
     vcfg = make_vllm_config(model, tensor_parallel_size=num_workers, kv_load_failure_policy=kv_load_failure_policy,
-                            kv_cache_layout=layout, kernel_block_size=kernel_block_size)
+                            kv_cache_layout=layout, kernel_block_size=kernel_block_size,
+                            async_scheduling=async_scheduling)
     return MiniEngine(model, vcfg, make_kv_cache_config(model, 64, num_workers, layout=layout),
-                      lambda c, role, kvc: InMemoryConnector(c, role, kvc, store, **kw), num_workers=num_workers)
+                      lambda c, role, kvc: InMemoryConnector(c, role, kvc, store, **kw), num_workers=num_workers,
+                      worker_runs_ahead=ahead)
 
 
 @pytest.mark.parametrize("async_load", [False, True])
@@ -1534,3 +1541,317 @@ def test_hma_connector_round_trip_of_every_group_is_bit_exact(gemma_model, async
     assert b.finished_group_block_ids["r2"][1][:5] == [0] * 5
     assert torch.equal(b.group_kv("r2", 1, range(20, 28)), ref.group_kv("r2", 1, range(20, 28)))
     assert torch.equal(b.group_kv("r2", 0, range(28)), ref.group_kv("r2", 0, range(28)))
+
+
+# ---------------------------------------------------------------------------
+# Async scheduling (vLLM's --async-scheduling): EngineCore's batch queue of two
+# steps and the AsyncScheduler's placeholders (see mini_vllm/__init__.py)
+# ---------------------------------------------------------------------------
+
+AHEAD = pytest.mark.parametrize("ahead", [False, True], ids=["workers-after-next-schedule", "workers-run-ahead"])
+
+
+def engine_of(model, async_scheduling, ahead=False, num_blocks=64, num_workers=1, **cfg):
+    vcfg = make_vllm_config(model, kv_connector=None, async_scheduling=async_scheduling,
+                            tensor_parallel_size=num_workers, **cfg)
+    return MiniEngine(model, vcfg, make_kv_cache_config(model, num_blocks, num_workers), num_workers=num_workers,
+                      worker_runs_ahead=ahead)
+
+
+def token_rows(engine, req_id):
+    """The logits row each of the request's output tokens was sampled from (whatever the chunking)."""
+    return [h.model_runner_output.logits[req_id][-1] for h in engine.history
+            for o in h.outputs if o.request_id == req_id and o.new_token_ids]
+
+
+def steps_of(engine, req_id):
+    return sum(1 for h in engine.history if req_id in h.scheduler_output.num_scheduled_tokens)
+
+
+def same_tensors(xs, ys):
+    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
+def test_async_scheduling_is_off_by_default_and_schedules_a_step_ahead(model):
+    sync = MiniEngine(model)
+    assert type(sync.scheduler) is mv.Scheduler and sync.batch_queue is None
+    assert sync.vllm_config.scheduler_config.async_scheduling is False and sync.vllm_config.max_concurrent_batches == 1
+    cfg = make_vllm_config(model, kv_connector=None, async_scheduling=True)
+    assert cfg.scheduler_config.get_scheduler_cls() is mv.AsyncScheduler and cfg.max_concurrent_batches == 2
+    engine = MiniEngine(model, cfg)
+    assert isinstance(engine.scheduler, mv.AsyncScheduler) and engine.batch_queue_size == 2
+    p = prompt(90, 6)
+    engine.add_request(p, 3, "a")
+    assert engine.step() is None and len(engine.in_flight) == 1  # step 1 queued, no output taken
+    record = engine.step()  # step 2 scheduled, then step 1's output taken
+    assert record.scheduler_output.num_scheduled_tokens == {"a": 6} and len(engine.outputs["a"]) == 1
+    (step2,) = engine.in_flight
+    # Step 2 decodes the token step 1 was sampling: a placeholder when it was scheduled.
+    assert step2.num_scheduled_tokens == {"a": 1}
+    cached = step2.scheduled_cached_reqs
+    assert (cached.num_computed_tokens, cached.num_output_tokens, cached.all_token_ids) == ([6], [1], {})
+    request = engine.request("a")
+    assert (request.num_output_tokens, request.num_output_placeholders, request.num_computed_tokens) == (1, 1, 7)
+    engine.step()  # step 3 scheduled (the third token), step 2 taken
+    assert engine.in_flight[0].num_scheduled_tokens == {"a": 1}
+    engine.step()  # step 3 in flight reaches max_tokens: step 4 schedules nothing for "a"
+    assert engine.in_flight[0].num_scheduled_tokens == {} and engine.finish_reasons == {"a": "length"}
+    engine.run_until_done()
+    assert engine.outputs["a"] == greedy_generate(model, p, 3) and steps_of(engine, "a") == 3
+    assert not engine.has_requests() and not engine.in_flight and request.num_output_placeholders == 0
+    assert engine.block_pool.get_num_free_blocks() == 63
+
+
+@AHEAD
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_async_scheduling_gives_the_tokens_and_logits_of_sync_scheduling(model, ahead, num_workers):
+    prompts = {f"r{i}": prompt(91 + i, n) for i, n in enumerate([5, 13, 22, 9])}
+    max_tokens = {"r0": 6, "r1": 1, "r2": 4, "r3": 7}
+    stop = greedy_generate(model, prompts["r3"], 7)[2]  # r3 stops at its third token
+    runs = {}
+    for async_scheduling in (False, True):
+        engine = engine_of(model, async_scheduling, ahead, num_workers=num_workers)
+        for rid, p in prompts.items():
+            engine.add_request(p, max_tokens[rid], rid, stop_token_ids=[stop] if rid == "r3" else None)
+        engine.run_until_done()
+        runs[async_scheduling] = engine
+    s, a = runs[False], runs[True]
+    assert a.outputs == s.outputs and a.finish_reasons == s.finish_reasons
+    assert s.finish_reasons["r3"] == "stop" and len(s.outputs["r3"]) == 3
+    for rid, p in prompts.items():
+        ref, ref_logits = greedy_generate(model, p, max_tokens[rid], return_logits=True)
+        assert s.outputs[rid] == ref[:len(s.outputs[rid])]
+        assert same_tensors(a.logits[rid], s.logits[rid])  # every accepted step, bit for bit
+        assert same_tensors(token_rows(a, rid), ref_logits[:len(ref)][:len(s.outputs[rid])])
+    # No step past max_tokens; r3's stop arrives while its next step is in flight, whose output is ignored.
+    assert all(steps_of(a, r) == steps_of(s, r) == max_tokens[r] for r in ("r0", "r1", "r2"))
+    assert steps_of(a, "r3") == steps_of(s, "r3") + 1
+    assert [h.ignored_req_ids for h in a.history if h.ignored_req_ids] == [{"r3"}]
+    assert a.block_pool.get_num_free_blocks() == s.block_pool.get_num_free_blocks() == 63
+    assert not a.has_requests() and all(r.num_output_placeholders == 0 for r in a.scheduler.requests.values())
+
+
+@AHEAD
+def test_async_scheduling_with_chunked_prefill_is_bit_exact(model, ahead):
+    prompts = {"a": prompt(95, 19), "b": prompt(96, 10), "c": prompt(97, 5)}
+    runs = {}
+    for async_scheduling in (False, True):
+        engine = engine_of(model, async_scheduling, ahead, max_num_batched_tokens=8)
+        for rid, p in prompts.items():
+            engine.add_request(p, 4, rid)
+        engine.run_until_done()
+        runs[async_scheduling] = engine
+    s, a = runs[False], runs[True]
+    # The same chunks in the same steps (async adds only empty steps at the end).
+    chunks = [[h.scheduler_output.num_scheduled_tokens for h in e.history if h.scheduler_output.num_scheduled_tokens]
+              for e in (s, a)]
+    assert chunks[0] == chunks[1] and chunks[0][:3] == [{"a": 8}, {"a": 8}, {"a": 3, "b": 5}]
+    # A partial prefill samples nothing: no placeholder until the step that ends the prefill.
+    seen = [(c.num_computed_tokens[i], c.num_output_tokens[i]) for h in a.history
+            for c in [h.scheduler_output.scheduled_cached_reqs] for i, r in enumerate(c.req_ids) if r == "a"]
+    assert seen[:3] == [(8, 0), (16, 0), (19, 1)]
+    full = MiniEngine(model)
+    for rid, p in prompts.items():
+        toks, logits = run_request(full, p, 4, rid)
+        assert a.outputs[rid] == s.outputs[rid] == toks == greedy_generate(model, p, 4)
+        assert same_tensors(a.logits[rid], s.logits[rid])
+        assert torch.equal(torch.cat(a.logits[rid]), torch.cat(logits))
+
+
+@AHEAD
+def test_async_scheduling_with_preemption_is_bit_exact(model, ahead):
+    # 6 usable blocks for two requests: preemptions. One of them, "b", is preempted by the schedule
+    # of step N+1 while its last step N is in flight: step N's token comes back to a waiting
+    # request, which stops there (vLLM's stopped_preempted_reqs).
+    prompts, max_tokens = {"a": prompt(17, 5), "b": prompt(18, 10)}, {"a": 5, "b": 4}
+    runs = {}
+    for async_scheduling in (False, True):
+        engine = engine_of(model, async_scheduling, ahead, num_blocks=7)
+        for rid, p in prompts.items():
+            engine.add_request(p, max_tokens[rid], rid)
+        engine.run_until_done()
+        runs[async_scheduling] = engine
+    s, a = runs[False], runs[True]
+    assert any(h.scheduler_output.preempted_req_ids for h in a.history)
+    h = a.history
+    stopped_waiting = [o.request_id for i in range(len(h) - 1) for o in h[i].outputs
+                       if o.finish_reason and o.request_id in (h[i + 1].scheduler_output.preempted_req_ids or ())]
+    assert stopped_waiting == ["b"]
+    for rid, p in prompts.items():
+        ref, ref_logits = greedy_generate(model, p, max_tokens[rid], return_logits=True)
+        assert a.outputs[rid] == s.outputs[rid] == ref
+        assert same_tensors(token_rows(a, rid), ref_logits) and same_tensors(token_rows(s, rid), ref_logits)
+    assert a.block_pool.get_num_free_blocks() == 6 and not a.scheduler.waiting and not a.has_requests()
+
+
+@AHEAD
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preempt_with_a_step_in_flight_discards_its_output(model, ahead, prefix_caching):
+    """MiniEngine.preempt between steps: with async scheduling a step is in flight and the next
+    schedule() resumes the request at once, as reset_prefix_cache(reset_running_requests=True)
+    does in vLLM: the in-flight frame is dropped and the resumed request recomputes it."""
+    p = prompt(25, 9)
+    runs = {}
+    for async_scheduling in (False, True):
+        engine = engine_of(model, async_scheduling, ahead, enable_prefix_caching=prefix_caching)
+        engine.add_request(p, 6, "a")
+        while len(engine.outputs["a"]) < 2:
+            engine.step()
+        if async_scheduling:
+            assert "a" in engine.in_flight[0].num_scheduled_tokens  # its third token is in flight
+        engine.preempt("a")
+        if async_scheduling:
+            request = engine.request("a")
+            assert (request.async_tokens_to_discard, request.num_output_placeholders) == (1, 0)
+        engine.run_until_done()
+        runs[async_scheduling] = engine
+    s, a = runs[False], runs[True]
+    ref, ref_logits = greedy_generate(model, p, 6, return_logits=True)
+    assert a.outputs["a"] == s.outputs["a"] == ref
+    assert [h.ignored_req_ids for h in a.history if h.ignored_req_ids] == [{"a"}]
+    (resumed,) = [h.scheduler_output for h in a.history if h.scheduler_output.scheduled_cached_reqs.resumed_req_ids]
+    assert resumed.scheduled_cached_reqs.all_token_ids["a"] == p + ref[:2]
+    assert same_tensors(token_rows(a, "a"), ref_logits)
+    if not prefix_caching:  # the resume recomputes from 0 in both: the same steps
+        assert same_tensors(a.logits["a"], s.logits["a"])
+
+
+def test_async_scheduling_call_order_of_one_request(model):
+    """test_call_order_of_one_request under async scheduling: step N+1 is scheduled (and its
+    metadata built) before step N's output reaches update_connector_output; the workers run
+    step N after that schedule (default) or as soon as N is scheduled (worker_runs_ahead)."""
+    p = prompt(20, 10)
+    head = [("W0", "register_kv_caches", {n: (64, 2, BS, 16) for n in L}), ("S", "bind_kv_cache_manager"),
+            ("S", "on_new_request", "a"),
+            ("S", "get_num_new_matched_tokens", "a", 0), ("S", "update_state_after_alloc", "a", ([1, 2, 3],), 0)]
+    w1, w2 = worker_pass("W0", slots=tuple(range(4, 14))), worker_pass("W0", slots=(14,))
+    w3, w4 = worker_pass("W0", layers=False), worker_pass("W0", layers=False, finished={"a"})
+    done = [("S", "request_finished", "a", [1, 2, 3]), ("S", "update_connector_output", set(), set())]
+    meta, out = ("S", "build_connector_meta"), ("S", "update_connector_output", set(), set())
+    expected = {
+        False: head + [meta,                      # step 1: the prefill
+                       meta, *w1, out,            # step 2 (the decode of step 1's token), then step 1 runs
+                       meta, *w2, *done,          # step 3: nothing ("a" reaches max_tokens in step 2)
+                       meta, *w3,                 # step 4 tells the workers "a" finished; step 3 empty
+                       *w4],                      # nothing left to schedule: step 4 runs
+        True: head + [meta, *w1,
+                      meta, *w2, out,
+                      meta, *w3, *done,
+                      meta, *w4],
+    }
+    for ahead, want in expected.items():
+        log = []
+        engine, _ = recording_engine(model, log, ahead=ahead, async_scheduling=True)
+        engine.add_request(p, 2, "a")
+        engine.run_until_done()
+        assert log == want, ahead
+        assert engine.outputs["a"] == greedy_generate(model, p, 2)
+    # Sync scheduling builds step N+1's metadata only after step N's update_connector_output.
+    sync_log = []
+    sync, _ = recording_engine(model, sync_log)
+    sync.add_request(p, 2, "a")
+    sync.run_until_done()
+    first_update = sync_log.index(out)
+    assert sync_log.index(meta) < first_update and sync_log[first_update + 1] == meta
+
+
+@AHEAD
+def test_abort_with_its_step_in_flight(model, ahead):
+    log = []
+    engine, _ = recording_engine(model, log, ahead=ahead, async_scheduling=True)
+    pa, pb = prompt(26, 7), prompt(27, 6)
+    engine.add_request(pa, 4, "a")
+    engine.add_request(pb, 3, "b")
+    engine.step()
+    engine.step()  # step 1's output taken; step 2 (both decodes) in flight
+    assert engine.outputs["a"] and set(engine.in_flight[0].num_scheduled_tokens) == {"a", "b"}
+    engine.abort("a")
+    # The blocks step 2 writes into are the request's: counted in num_computed_tokens already.
+    assert log[-1] == ("S", "request_finished", "a", [1, 2])
+    engine.run_until_done()
+    assert engine.history[1].ignored_req_ids == {"a"}  # step 2 ran, its output for "a" ignored
+    assert engine.outputs["a"] == greedy_generate(model, pa, 1) and engine.finish_reasons["a"] == "abort"
+    assert len(engine.logits["a"]) == 1
+    assert engine.outputs["b"] == greedy_generate(model, pb, 3)
+    assert [e for e in log if e[:2] == ("W0", "get_finished") and e[2]] == [("W0", "get_finished", {"a"}),
+                                                                            ("W0", "get_finished", {"b"})]
+    assert engine.block_pool.get_num_free_blocks() == 63 and not engine.has_requests()
+
+
+@AHEAD
+@pytest.mark.parametrize("async_load", [False, True])
+def test_store_then_load_under_async_scheduling_is_bit_exact(model, ahead, async_load):
+    store = {}
+    shared = prompt(30, 14)
+    p1, p2 = shared + prompt(31, 3), shared + prompt(32, 6)
+    run_request(mem_engine(model, store, async_scheduling=True, ahead=ahead), p1, 2, "r1")
+    assert sum(1 for k in store if k[0] == "done") == 4
+    b = mem_engine(model, store, async_scheduling=True, ahead=ahead, async_load=async_load)
+    toks, logits = run_request(b, p2, 3, "r2")
+    first = next(h.scheduler_output for h in b.history if h.scheduler_output.num_scheduled_tokens)
+    assert first.scheduled_new_reqs[0].num_computed_tokens == 12 and first.has_sync_kv_loads == (not async_load)
+    ref = MiniEngine(model, make_vllm_config(model, kv_connector=None, enable_prefix_caching=False))
+    ref_toks, ref_logits = run_request(ref, p2, 3, "r2")
+    assert toks == ref_toks == greedy_generate(model, p2, 3)
+    assert torch.equal(logits[0], ref_logits[0][12:]) and same_tensors(logits[1:], ref_logits[1:])
+    assert torch.equal(b.request_kv("r2", len(p2)), ref.request_kv("r2", len(p2)))
+
+
+def test_async_scheduling_of_the_hybrid_model_is_bit_exact(gemma_model):
+    m = gemma_model
+    shared = prompt(98, 13)
+    prompts = {"a": shared + prompt(99, 9), "b": shared + prompt(100, 4)}
+    runs = {}
+    for async_scheduling in (False, True):
+        engine = gemma_engine(m, max_num_batched_tokens=8, async_scheduling=async_scheduling)
+        for rid, p in prompts.items():
+            engine.add_request(p, 5, rid)
+        engine.run_until_done()
+        runs[async_scheduling] = engine
+    s, a = runs[False], runs[True]
+    assert isinstance(a.scheduler, mv.AsyncScheduler) and len(a.kv_cache_config.kv_cache_groups) == 2
+    for rid, p in prompts.items():
+        ref, ref_logits = greedy_generate(m, p, 5, return_logits=True)
+        assert a.outputs[rid] == s.outputs[rid] == ref
+        assert same_tensors(token_rows(a, rid), ref_logits) and same_tensors(a.logits[rid], s.logits[rid])
+    assert a.block_pool.get_num_free_blocks() == s.block_pool.get_num_free_blocks() == 31
+
+
+def test_blocks_filled_by_generated_tokens_are_cached_when_the_tokens_come_back(model):
+    """allocate_slots cannot hash a block whose tokens are still placeholders; the AsyncScheduler
+    caches it once the tokens are back, so a later request hits it as under sync scheduling."""
+    pa = prompt(101, 6)
+    hits = {}
+    for async_scheduling in (False, True):
+        engine = engine_of(model, async_scheduling)
+        out = run_request(engine, pa, 7, "a")[0]
+        pb = pa + out[:6] + [5]  # positions 0..11 computed by "a" (its 7th token never was)
+        toks, logits = run_request(engine, pb, 2, "b")
+        first = next(h.scheduler_output for h in engine.history if "b" in h.scheduler_output.num_scheduled_tokens)
+        hits[async_scheduling] = first.scheduled_new_reqs[0].num_computed_tokens
+        ref, ref_logits = greedy_generate(model, pb, 2, return_logits=True)
+        assert toks == ref and same_tensors(token_rows(engine, "b"), ref_logits)
+    assert hits == {False: 12, True: 12}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_queued_abort_lands_before_the_update_of_the_step_that_ran(model, async_scheduling):
+    """EngineCore's aborts queue: an abort that came while step N ran is applied after its forward,
+    right before update_from_output(N); with async scheduling step N+1 is then in flight."""
+    log = []
+    engine, _ = recording_engine(model, log, async_scheduling=async_scheduling)
+    p = prompt(28, 7)
+    engine.add_request(p, 4, "a")
+    engine.step()
+    engine.queue_abort("a")
+    del log[:]
+    engine.step()
+    finished = log.index(("S", "request_finished", "a", [1, 2]))
+    assert log[finished - 1] == ("W0", "clear_connector_metadata") and log[finished + 1][1] == "update_connector_output"
+    engine.run_until_done()
+    assert engine.finish_reasons["a"] == "abort" and engine.block_pool.get_num_free_blocks() == 63
+    if async_scheduling:  # step 1 was taken after step 2 was scheduled: the abort ignores both outputs
+        assert log[0] == ("S", "build_connector_meta") and engine.outputs["a"] == []
+        assert [h.ignored_req_ids for h in engine.history[:2]] == [{"a"}, {"a"}]
+    else:
+        assert engine.outputs["a"] == greedy_generate(model, p, 1) and engine.history[1].ignored_req_ids == {"a"}

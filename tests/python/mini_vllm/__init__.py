@@ -89,11 +89,37 @@ groups (kv_cache.py, kv_cache_interface.py; file@commit in their docstrings):
   sliding-window layer never reads). request_finished_all_groups(request, block_ids) gets one
   list per group, clipped to the computed tokens.
 
+Async scheduling (vLLM's --async-scheduling; SchedulerConfig.async_scheduling, make_vllm_config(
+async_scheduling=True); off by default, and then none of this applies):
+  config               vllm/config/scheduler.py @01230b40 (async_scheduling, get_scheduler_cls: the
+                       AsyncScheduler), vllm/config/vllm.py @000fc94b (max_concurrent_batches: 2 with
+                       async scheduling and no pipeline parallelism, V1 model runner)
+  engine core          vllm/v1/engine/core.py @00080ee1 (step_with_batch_queue: schedule into the batch
+                       queue while it has room and returns at once unless it is full or nothing is left
+                       to schedule, then blocks on the oldest step and runs update_from_output; has_work
+                       counts the queue). MiniEngine.step does the same; the workers run the steps in
+                       schedule order, step N when its output is taken (after step N+1 was scheduled),
+                       or each as soon as scheduled with MiniEngine(worker_runs_ahead=True).
+                       MiniEngine.queue_abort is the aborts queue, applied right before
+                       update_from_output (after the step's forward, the next step in flight).
+  scheduler            vllm/v1/core/sched/async_scheduler.py @014b2350 (AsyncScheduler:
+                       _update_after_schedule adds a placeholder per step that samples,
+                       _update_request_with_output removes them, caches the blocks of the tokens then
+                       known for running requests, and drops async_tokens_to_discard stale frames) and
+                       scheduler.py @00024d31 (running requests scheduled for tokens + placeholders -
+                       computed; none past a step in flight that reaches max_tokens; an output for a
+                       request finished meanwhile is ignored; a request preempted while its step was in
+                       flight takes that step's token and may stop from the waiting queue;
+                       reset_prefix_cache's forced preemption drops placeholders and discards the frames
+                       in flight, which MiniEngine.preempt, a step being in flight, does too).
+  Not covered: speculative decoding, structured output (deferred sampling), pipeline parallelism;
+  KV-load failures under async scheduling are not tested.
+
 What is simplified (and therefore NOT a guarantee that real vLLM behaves the same):
 hash_block_size == block_size for every group (one block size, no fine-grained partial hits),
 attention groups only (full attention, MLA, sliding window; no Mamba, chunked-local, cross-attention
 or R-SWA groups), one page size for all groups, FCFS only, no speculative decoding or EAGLE, no
-multimodal encoder, no async scheduling or pipeline parallelism, greedy sampling, one process
+multimodal encoder, no pipeline parallelism, greedy sampling, one process
 (workers run one after the other in the calling thread; their scheduler outputs are pickled per
 worker, as a multi-process executor would), CPU fp32 caches. The layout is not negotiated with
 attention backends (cache_config.kv_cache_layout, default LBNHC) and the kernel block size is a
@@ -153,7 +179,7 @@ from .request import (_FINISH_REASON, BlockHash, ConstantList, LoRARequest, Mult
                       get_request_block_hasher, hash_block_tokens, init_none_hash, sha256_hash)
 from .runner import (CachedRequestState, KVOutputAggregator, MiniModelRunner, _LayerHooks,  # noqa: E402,F401
                      _WorkerRank)
-from .scheduler import EngineCoreOutput, ModelRunnerOutput, Scheduler, check_stop  # noqa: E402,F401
+from .scheduler import AsyncScheduler, EngineCoreOutput, ModelRunnerOutput, Scheduler, check_stop  # noqa: E402,F401
 from .scheduler_output import (CachedRequestData, NewRequestData, SchedulerOutput,  # noqa: E402,F401
                                yield_req_data)
 from .vllm_paths import _VLLM_MODULES, install_as_vllm  # noqa: E402,F401

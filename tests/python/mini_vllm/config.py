@@ -94,6 +94,16 @@ class SchedulerConfig:
     # on, the connector factory refuses non-SupportsHMA connectors (factory.py @a4cd9d0d).
     disable_hybrid_kv_cache_manager: Optional[bool] = None
     policy: str = "fcfs"
+    # vLLM's --async-scheduling (vllm/config/scheduler.py @01230b40): the engine core schedules step
+    # N+1 before step N's output is back, through a batch queue of max_concurrent_batches (2) and
+    # the AsyncScheduler, which counts the in-flight steps' tokens as placeholders. False (the
+    # default) = one step at a time, Scheduler.
+    async_scheduling: bool = False
+
+    def get_scheduler_cls(self) -> type:
+        """The scheduler class, as SchedulerConfig.get_scheduler_cls picks it (no custom classes)."""
+        from .scheduler import AsyncScheduler, Scheduler
+        return AsyncScheduler if self.async_scheduling else Scheduler
 
 
 _KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -155,6 +165,15 @@ class VllmConfig:
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     additional_config: dict = field(default_factory=dict)
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Steps in flight at once (vllm/config/vllm.py @000fc94b, V1 model runner): 2 with async
+        scheduling and no pipeline parallelism, else the pipeline depth (1 here)."""
+        pp_size = self.parallel_config.pipeline_parallel_size
+        if self.scheduler_config.async_scheduling and pp_size <= 1:
+            return 2
+        return pp_size
+
 
 def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTest", kv_role: str = "kv_both",
                      kv_connector_module_path: Optional[str] = None, kv_connector_extra_config: Optional[dict] = None,
@@ -164,10 +183,12 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                      max_model_len: Optional[int] = None, model_name: str = "kvtier-test/tiny-decoder",
                      revision: Optional[str] = None, kv_cache_layout: Optional[str] = None,
                      kernel_block_size: Optional[int] = None, kv_cache_format: str = "views",
-                     disable_hybrid_kv_cache_manager: Optional[bool] = None) -> VllmConfig:
+                     disable_hybrid_kv_cache_manager: Optional[bool] = None,
+                     async_scheduling: bool = False) -> VllmConfig:
     """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector).
     kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there),
-    disable_hybrid_kv_cache_manager to SchedulerConfig (None: decided by MiniEngine, as vLLM does)."""
+    disable_hybrid_kv_cache_manager to SchedulerConfig (None: decided by MiniEngine, as vLLM does),
+    async_scheduling too (vLLM's --async-scheduling; False: one step at a time)."""
     ktc = None
     if kv_connector is not None:
         ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
@@ -187,5 +208,6 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                          enable_chunked_prefill=enable_chunked_prefill,
                                          long_prefill_token_threshold=long_prefill_token_threshold,
-                                         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager),
+                                         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+                                         async_scheduling=async_scheduling),
         kv_transfer_config=ktc)

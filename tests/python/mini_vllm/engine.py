@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -16,7 +16,7 @@ from .kv_cache_interface import (KV_CACHE_FORMATS, KVCacheConfig, MLAAttentionSp
                                  make_kv_cache_config)
 from .request import Request, RequestStatus, SamplingParams, get_request_block_hasher, init_none_hash, sha256_hash
 from .runner import KVOutputAggregator, MiniModelRunner
-from .scheduler import ModelRunnerOutput, Scheduler
+from .scheduler import ModelRunnerOutput
 from .scheduler_output import SchedulerOutput
 
 
@@ -30,6 +30,18 @@ class StepRecord:
     model_runner_output: ModelRunnerOutput
     outputs: list
     discarded_req_ids: set
+    # Requests scheduled in the step whose output the scheduler ignored: finished before it came back
+    # (an abort; with async scheduling also a stop in the step before), or a stale async frame.
+    ignored_req_ids: set = field(default_factory=set)
+
+
+class _Batch:
+    """A scheduled step in the batch queue: its scheduler output and, once the workers ran it,
+    its ModelRunnerOutput (the future of vLLM's non-blocking execute_model)."""
+
+    def __init__(self, scheduler_output: SchedulerOutput):
+        self.scheduler_output = scheduler_output
+        self.output: Optional[ModelRunnerOutput] = None
 
 
 class MiniEngine:
@@ -51,13 +63,25 @@ class MiniEngine:
     override it): kv_cache_layout (a KVCacheLayout or its name; None = LBNHC), kernel_block_size
     (None = the block size; must divide it) and kv_cache_format ("views", current vLLM, or
     "legacy_kv_first"/"legacy_blocks_first", older vLLM's per-layer tensors).
+    Async scheduling (vllm_config.scheduler_config.async_scheduling, vLLM's --async-scheduling):
+    step() is EngineCore.step_with_batch_queue (vllm/v1/engine/core.py @00080ee1) over a batch
+    queue of vllm_config.max_concurrent_batches (2) steps, with the AsyncScheduler. Each call
+    schedules a step (while the queue has room and there is work) and, once the queue is full or
+    nothing is left to schedule, takes the oldest step's output and hands it to
+    update_from_output: the scheduler and its connector see schedule() / build_connector_meta of
+    step N+1 before update_from_output / update_connector_output of step N. The workers run the
+    steps one after the other in schedule order, as vLLM's workers do; when is the harness's
+    choice: worker_runs_ahead False (default) runs step N when its output is taken, i.e. after
+    step N+1 was scheduled; True runs each step as soon as it is scheduled (so the workers have
+    run step N+1 before the scheduler sees step N's output). Both are orders real vLLM can show.
+    abort() and preempt() between step() calls then act while a step is in flight.
     """
 
     def __init__(self, model, vllm_config: Optional[VllmConfig] = None, kv_cache_config: Optional[KVCacheConfig] = None,
                  connector_factory: Any = None, num_workers: int = 1, *, none_hash: Optional[bytes] = None,
                  serialize_scheduler_output: bool = True, start_load_kv_before_forward: Optional[bool] = None,
                  kv_cache_layout: Any = None, kernel_block_size: Optional[int] = None,
-                 kv_cache_format: Optional[str] = None):
+                 kv_cache_format: Optional[str] = None, worker_runs_ahead: bool = False):
         if vllm_config is None:
             vllm_config = make_vllm_config(model, kv_connector=None, tensor_parallel_size=num_workers)
         vllm_config.parallel_config.tensor_parallel_size = num_workers
@@ -91,7 +115,15 @@ class MiniEngine:
                                                    kv_cache_config)
         self.runner = MiniModelRunner(model, vllm_config, [kv_cache_config] * num_workers, connector_factory,
                                       serialize_scheduler_output, start_load_kv_before_forward)
-        self.scheduler = Scheduler(vllm_config, kv_cache_config, scheduler_connector)
+        self.scheduler = vllm_config.scheduler_config.get_scheduler_cls()(vllm_config, kv_cache_config,
+                                                                          scheduler_connector)
+        self.async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
+        self.batch_queue_size = vllm_config.max_concurrent_batches
+        # EngineCore: a batch queue only when more than one step may be in flight; newest on the left.
+        self.batch_queue: Optional[deque] = deque() if self.batch_queue_size > 1 else None
+        self._not_run: deque = deque()  # queued steps the workers have not run yet, oldest first
+        self._aborts_queue: list = []  # EngineCore.aborts_queue: see queue_abort
+        self.worker_runs_ahead = worker_runs_ahead
         self.aggregator = (KVOutputAggregator.from_connector(scheduler_connector, num_workers)
                            if scheduler_connector is not None else None)
         self.history: list = []
@@ -219,6 +251,17 @@ class MiniEngine:
             self.finished_block_ids[request.request_id] = list(blocks[0])
             self.finished_group_block_ids[request.request_id] = blocks
 
+    def queue_abort(self, req_id: str) -> None:
+        """EngineCore's aborts queue (core.py @00080ee1): an abort that arrives while a step executes
+        is applied (as abort()) right before that step's update_from_output, after its forward.
+        With async scheduling the next step is in flight then."""
+        self._aborts_queue.append(req_id)
+
+    def _process_aborts_queue(self) -> None:
+        aborts, self._aborts_queue = self._aborts_queue, []
+        for req_id in aborts:
+            self.abort(req_id)
+
     def preempt(self, req_id: str) -> None:
         """Preempts a RUNNING request between steps: its blocks are freed and it restarts from 0
         (a later schedule resumes it through resumed_req_ids with its full block list)."""
@@ -226,7 +269,13 @@ class MiniEngine:
 
     # ---- one step = schedule, execute_model, update_from_output ----
     def has_requests(self) -> bool:
-        return self.scheduler.has_requests()
+        """EngineCore.has_work: the scheduler has requests, or steps are in flight."""
+        return self.scheduler.has_requests() or bool(self.batch_queue)
+
+    @property
+    def in_flight(self) -> list:
+        """Scheduler outputs of the steps in the batch queue whose output was not taken, oldest first."""
+        return [b.scheduler_output for b in reversed(self.batch_queue or ())]
 
     def schedule(self) -> SchedulerOutput:
         return self.scheduler.schedule()
@@ -243,8 +292,11 @@ class MiniEngine:
         # Capture block ids of requests that may finish in this update.
         live_blocks = {r: self.group_block_ids(r) for r in self.scheduler.requests}
         outputs, discarded = self.scheduler.update_from_output(so, out)
+        # Async scheduling: a step's output for a request that finished meanwhile, or a frame
+        # dropped after a forced preemption, is not the request's (sync keeps its old bookkeeping).
+        ignored = self.scheduler.ignored_req_ids if self.async_scheduling else set()
         for req_id, logits in out.logits.items():
-            if req_id not in discarded:
+            if req_id not in discarded and req_id not in ignored:
                 self.logits[req_id].append(logits)
         for o in outputs:
             self.outputs[o.request_id].extend(o.new_token_ids)
@@ -254,15 +306,50 @@ class MiniEngine:
                 held = live_blocks.get(o.request_id, ())
                 self.finished_block_ids[o.request_id] = list(held[0]) if held else []
                 self.finished_group_block_ids[o.request_id] = held
-        record = StepRecord(so, out, outputs, discarded)
+        record = StepRecord(so, out, outputs, discarded, set(self.scheduler.ignored_req_ids))
         self.history.append(record)
         return record
 
     def step(self) -> Optional[StepRecord]:
+        """One engine step: EngineCore.step (schedule, execute, update), or with async scheduling
+        step_with_batch_queue. Returns the record of the update it made, or None (nothing to do, or
+        async scheduling filled the queue without taking an output)."""
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
         if not self.has_requests():
             return None
         so = self.schedule()
-        return self.update_from_output(so, self.execute_model(so))
+        out = self.execute_model(so)
+        self._process_aborts_queue()
+        return self.update_from_output(so, out)
+
+    def step_with_batch_queue(self) -> Optional[StepRecord]:
+        """EngineCore.step_with_batch_queue (core.py @00080ee1): schedule into the queue while it
+        has room (returning at once unless it is now full or nothing is left to schedule), then
+        block on the oldest step and update the scheduler from its output."""
+        queue = self.batch_queue
+        assert queue is not None and len(queue) < self.batch_queue_size
+        if self.scheduler.has_requests():
+            batch = _Batch(self.schedule())
+            self._not_run.append(batch)
+            if self.worker_runs_ahead:
+                self._run_workers(batch)
+            queue.appendleft(batch)
+            model_executed = batch.scheduler_output.total_num_scheduled_tokens > 0
+            if len(queue) < self.batch_queue_size and (model_executed or self.scheduler.has_requests()):
+                return None
+        elif not queue:
+            return None
+        batch = queue.pop()
+        self._run_workers(batch)
+        self._process_aborts_queue()
+        return self.update_from_output(batch.scheduler_output, batch.output)
+
+    def _run_workers(self, batch: _Batch) -> None:
+        """The workers run queued steps in schedule order, up to and including `batch`."""
+        while batch.output is None:
+            first = self._not_run.popleft()
+            first.output = self.execute_model(first.scheduler_output)
 
     def run_until_done(self, max_steps: int = 10000) -> int:
         steps = 0

@@ -187,7 +187,12 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self._output_token_ids: list = []
         self._all_token_ids: list = list(self.prompt_token_ids)
+        # Async scheduling (vllm/v1/request.py, as AsyncScheduler @014b2350 reads it): output tokens of
+        # steps in flight, and in-flight outputs to drop (after a forced preemption); whether the
+        # last scheduled step was a partial prefill (no token sampled).
         self.num_output_placeholders = 0
+        self.async_tokens_to_discard = 0
+        self.is_prefill_chunk = False
         self.spec_token_ids: list = []
         self.num_computed_tokens = 0
         self.cache_salt = cache_salt

@@ -1,4 +1,6 @@
-"""The scheduler (scheduler.py @00f4240e, FCFS, one or several KV cache groups) and its per-step outputs."""
+"""The scheduler (scheduler.py @00f4240e, FCFS, one or several KV cache groups), its async-scheduling
+subclass (AsyncScheduler: vllm/v1/core/sched/async_scheduler.py @014b2350, the placeholder handling of
+scheduler.py @00024d31) and its per-step outputs."""
 
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ class Scheduler:
         self.prev_step_scheduled_req_ids: set = set()
         self.finished_recving_kv_req_ids: set = set()
         self.failed_recving_kv_req_ids: set = set()
+        # Mini-engine bookkeeping (not in vLLM): the scheduled requests whose output the last
+        # update_from_output ignored (finished before it came back, or a stale async frame).
+        self.ignored_req_ids: set = set()
         self.kv_cache_manager = KVCacheManager(kv_cache_config, self.max_model_len,
                                                vllm_config.cache_config.enable_prefix_caching)
         if connector is not None:
@@ -175,7 +180,14 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new = request.num_tokens_with_spec - request.num_computed_tokens
+            # Async scheduling (placeholders are 0 otherwise): a request whose step in flight already
+            # brings it to max_tokens gets no further step (scheduler.py @00024d31).
+            if (request.num_output_placeholders > 0 and request.num_computed_tokens + 2
+                    - request.num_output_placeholders >= request.num_prompt_tokens + request.max_tokens):
+                req_index += 1
+                continue
+            # The tokens of steps in flight count as known: their KV is computed by those steps.
+            num_new = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, token_budget, self.max_model_len - request.num_computed_tokens - 1)
@@ -340,31 +352,35 @@ class Scheduler:
         if kv_out and kv_out.invalid_block_ids:
             failed |= self._handle_invalid_blocks(kv_out.invalid_block_ids, so.num_scheduled_tokens)
         outputs = []
-        stopped = set()
+        stopped_running, stopped_preempted = set(), set()
+        self.ignored_req_ids = set()
         for req_id, n in so.num_scheduled_tokens.items():
             assert n > 0
             request = self.requests.get(req_id)
             if req_id in failed:
                 continue
             if request is None or request.is_finished():
-                continue  # e.g. aborted between schedule() and the worker pass
+                # Aborted between schedule() and the worker pass, or (async scheduling) finished
+                # by the output of the step before this one.
+                self.ignored_req_ids.add(req_id)
+                continue
             new_token_ids = list(out.sampled_token_ids[out.req_id_to_index[req_id]])
             kv_transfer_params, is_stopped = None, False
+            status_before = request.status
             if new_token_ids:
-                for i, tok in enumerate(new_token_ids, 1):
-                    request.append_output_token_ids(tok)
-                    if check_stop(request, self.max_model_len):
-                        del new_token_ids[i:]
-                        is_stopped = True
-                        break
+                new_token_ids, is_stopped = self._update_request_with_output(request, new_token_ids)
             if is_stopped:
                 kv_transfer_params = self._free_request(request)
-                stopped.add(request)
+                # Async scheduling: a request preempted while this step was in flight stops from
+                # the waiting queue.
+                (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
             if new_token_ids or is_stopped:
                 outputs.append(EngineCoreOutput(req_id, new_token_ids, request.get_finished_reason(),
                                                 kv_transfer_params))
-        if stopped:
-            self.running = [r for r in self.running if r not in stopped]
+        if stopped_running:
+            self.running = [r for r in self.running if r not in stopped_running]
+        if stopped_preempted:
+            self.waiting = deque(r for r in self.waiting if r not in stopped_preempted)
         if failed and not self.recompute_kv_load_failures:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
                 outputs.append(EngineCoreOutput(request.request_id, [], request.get_finished_reason()))
@@ -391,6 +407,15 @@ class Scheduler:
         for req_id in kv_out.finished_sending or ():
             assert req_id in self.requests, f"finished_sending for unknown request {req_id}"
             self._free_blocks(self.requests[req_id])
+
+    def _update_request_with_output(self, request: Request, new_token_ids: list) -> tuple:
+        """Appends the sampled tokens up to the first stop; returns (tokens kept, stopped)."""
+        for i, tok in enumerate(new_token_ids, 1):
+            request.append_output_token_ids(tok)
+            if check_stop(request, self.max_model_len):
+                del new_token_ids[i:]
+                return new_token_ids, True
+        return new_token_ids, False
 
     def _handle_failed_recving(self, failed_req_ids: set) -> set:
         affected = set()
@@ -460,3 +485,46 @@ class Scheduler:
     def has_requests(self) -> bool:
         return bool(self.get_num_unfinished_requests() or self.has_finished_requests() or (
             self.connector is not None and getattr(self.connector, "has_pending_push_work", lambda: False)()))
+
+
+class AsyncScheduler(Scheduler):
+    """vLLM's AsyncScheduler (vllm/v1/core/sched/async_scheduler.py @014b2350, no speculative
+    decoding or pipeline parallelism): schedule() for step N+1 runs before update_from_output of
+    step N, so a request's sampled token of a step in flight is a placeholder
+    (num_output_placeholders) until its output comes back. Each scheduled step that ends a
+    prefill or decodes adds one; each token that comes back removes one. The KV of the tokens
+    known when the output arrives is cached then (allocate_slots could not hash the blocks that
+    held placeholders)."""
+
+    def _update_after_schedule(self, so: SchedulerOutput) -> None:
+        super()._update_after_schedule(so)
+        for req_id in so.num_scheduled_tokens:
+            request = self.requests[req_id]
+            request.is_prefill_chunk = request.num_computed_tokens < (request.num_tokens
+                                                                      + request.num_output_placeholders)
+            if not request.is_prefill_chunk:
+                request.num_output_placeholders += 1  # one sampled token per step, no spec tokens
+
+    def _update_request_with_output(self, request: Request, new_token_ids: list) -> tuple:
+        if request.async_tokens_to_discard > 0:
+            # A frame computed before a forced preemption: dropped (the resumed request recomputes it).
+            request.async_tokens_to_discard -= 1
+            self.ignored_req_ids.add(request.request_id)
+            return [], False
+        status_before = request.status
+        new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids)
+        request.num_output_placeholders -= len(new_token_ids)
+        assert request.num_output_placeholders >= 0
+        if status_before == RequestStatus.RUNNING:  # a preempted request's blocks are gone
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
+        return new_token_ids, stopped
+
+    def preempt_request(self, req_id: str) -> None:
+        """The test hook, between engine steps, so with a step in flight: the request may be resumed
+        by the very next schedule(), before that step's output is back. As vLLM's
+        reset_prefix_cache(reset_running_requests=True) does for the same case (scheduler.py
+        @00024d31), its placeholders are dropped and the in-flight outputs discarded when they come."""
+        request = self.requests[req_id]
+        super().preempt_request(req_id)
+        request.async_tokens_to_discard += request.num_output_placeholders
+        request.num_output_placeholders = 0
