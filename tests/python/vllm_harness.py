@@ -14,17 +14,20 @@ BLOCK_TOKENS = 8  # two engine blocks of 4 tokens per kvtier block
 
 def kvtier_engine(model, daemon, num_workers=1, num_blocks=64, revision=None, connector=KvtierConnector,
                   prefix_caching=True, policy="recompute", layout=None, kernel_block_size=None, kv_cache_format="views",
-                  socket_path=None, hma=False, max_num_batched_tokens=2048, **extra):
+                  socket_path=None, hma=False, max_num_batched_tokens=2048, async_scheduling=False,
+                  worker_runs_ahead=False, **extra):
     """An engine with the kvtier connector, configured as docs/INTEGRATIONS.md's command line does
     (kv_load_failure_policy "recompute"); layout / kernel_block_size / kv_cache_format choose the KV
     tensors the workers get (current vLLM's views by default); hma turns vLLM's hybrid KV cache
-    manager on (one KV cache group per layer type; the connector must then be SupportsHMA)."""
+    manager on (one KV cache group per layer type; the connector must then be SupportsHMA);
+    async_scheduling is vLLM's --async-scheduling (worker_runs_ahead: see MiniEngine)."""
     cfg = make_vllm_config(model, kv_connector="KvtierConnector", kv_connector_module_path="kvtier.integrations.vllm",
                            kv_connector_extra_config=dict(socket_path=socket_path or daemon.socket_path,
                                                           block_tokens=BLOCK_TOKENS, **extra),
                            tensor_parallel_size=num_workers, enable_prefix_caching=prefix_caching, revision=revision,
                            kv_load_failure_policy=policy, kv_cache_layout=layout, kernel_block_size=kernel_block_size,
-                           kv_cache_format=kv_cache_format, max_num_batched_tokens=max_num_batched_tokens)
+                           kv_cache_format=kv_cache_format, max_num_batched_tokens=max_num_batched_tokens,
+                           async_scheduling=async_scheduling)
     if revision == "":
         cfg.model_config.revision = None  # no revision anywhere
     cfg.scheduler_config.disable_hybrid_kv_cache_manager = not hma  # hma: vLLM's default, needs SupportsHMA
@@ -33,7 +36,7 @@ def kvtier_engine(model, daemon, num_workers=1, num_blocks=64, revision=None, co
     if kv_cache_format != "views":  # older vLLM: KVCacheTensor(size, shared_by), no layer strides
         kv_config.kv_cache_tensors = [LegacyKVCacheTensor(t.size // len(t.layers), [n])
                                       for t in kv_config.kv_cache_tensors for n in t.layers]
-    return MiniEngine(model, cfg, kv_config, connector, num_workers=num_workers)
+    return MiniEngine(model, cfg, kv_config, connector, num_workers=num_workers, worker_runs_ahead=worker_runs_ahead)
 
 
 @dataclass

@@ -177,6 +177,9 @@ class Geometry:
         self.use_directory = bool(extra.get("use_directory", True))
         self.verify_checksums = bool(extra.get("verify_checksums", False))
         self.layerwise = layerwise(extra)
+        scheduler = getattr(vllm_config, "scheduler_config", None)
+        concurrent = max(self.pp_size, 2 if getattr(scheduler, "async_scheduling", False) else 1)
+        self.steps_ahead = concurrent - 1  # steps vLLM may schedule before it processes one's output
 
     @property
     def layer_names(self):

@@ -117,6 +117,8 @@ class SchedulerSide:
         self._events = []
         self._medium = "CPU"
         self._step = 0  # build_connector_meta calls so far
+        self._steps_ahead = geometry.steps_ahead
+        self._finishing = {}  # req_id -> finished RequestState with saves of steps still in flight
         self._scope(None)
 
     @property
@@ -241,6 +243,7 @@ class SchedulerSide:
         self._stats.add("hit_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
+        self._flush_events()
         self._step += 1
         meta = KvtierConnectorMetadata(layer_counts=[ns.layer_count for ns in self.base_scope.namespaces])
         scheduled = scheduler_output.num_scheduled_tokens
@@ -307,11 +310,24 @@ class SchedulerSide:
         self._requests.pop(request.request_id, None)
         return False, None
 
+    def _executed_through(self):
+        """The last step whose saves have surely run: vLLM processes a
+        step's output with up to `steps_ahead` later steps already
+        scheduled (async scheduling, pipeline stages)."""
+        return self._step - self._steps_ahead
+
+    def _flush_events(self):
+        """BlockStored for every save that has run, of live requests and of
+        finished ones whose last saves were still in flight."""
+        done = self._executed_through()
+        for state in list(self._requests.values()) + list(self._finishing.values()):
+            self._emit_stored(state, through_step=done)
+        self._finishing = {r: st for r, st in self._finishing.items() if st.stored_pending}
+
     def update_connector_output(self, connector_output):
-        """After a step ran: the saves planned in earlier steps are in the
-        arena (committing), so they become BlockStored events."""
-        for state in self._requests.values():
-            self._emit_stored(state, before_step=self._step)
+        """After a step ran: the saves that have run are in the arena
+        (committing), so they become BlockStored events."""
+        self._flush_events()
 
     def request_finished(self, request, block_ids):
         """block_ids: group 0's, or one list per group (SupportsHMA).
@@ -322,19 +338,21 @@ class SchedulerSide:
             return False, None
         if not state.started:
             self._hint_all(state, lambda c, i, keys: c.finished(_hint_id(state, i)))
-        self._emit_stored(state)
+        self._emit_stored(state, through_step=self._executed_through())
+        if state.stored_pending:  # a save of a step still in flight: its event waits for it
+            self._finishing[request.request_id] = state
         return False, None
 
-    def _emit_stored(self, state, before_step=None):
+    def _emit_stored(self, state, through_step):
         """BlockStored per engine block of the kvtier blocks whose saves ran
-        (planned before step `before_step`, or all), with vLLM's own block
+        (planned in steps up to `through_step`), with vLLM's own block
         hashes (what vLLM's KV-aware routers index) when the request has
         them."""
         hashes = state.engine_hashes or []
         b = self._g.engine_block
         left = []
         for first, end, step in state.stored_pending:
-            if before_step is not None and step >= before_step:
+            if step > through_step:
                 left.append((first, end, step))
                 continue
             lo, hi = first * self._g.per_block, end * self._g.per_block
