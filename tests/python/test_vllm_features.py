@@ -275,3 +275,29 @@ def test_events_fall_back_to_their_stand_ins_when_vllms_need_more_fields(monkeyp
     monkeypatch.setattr(_vllm_events, "_vllm_events", type("events", (), {"BlockRemoved": Strict}))
     event = _vllm_events.BlockRemoved(block_hashes=[b"h"], medium="CPU")
     assert event.block_hashes == [b"h"] and event.medium == "CPU"
+
+
+def test_mla_fails_under_a_changed_byte_and_another_revision(mla_model, daemon):
+    p = prompt(8, 19)
+    a = kvtier_engine(mla_model, daemon, num_workers=2)
+    run_request(a, p, 1, "r1")
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, p)
+    ns = namespaces[0]
+    with quiet_client(daemon, [ns]) as c:
+        data = bytearray(ns.block_bytes)
+        assert c.get(0, keys[0][1], data) == ns.block_bytes
+        assert c.erase(0, [keys[0][1]]) == 1
+        data[-1] ^= 0x40  # the exponent of the last token's last latent float
+        c.put(0, keys[0][1], data)
+    p2 = p + [3, 4]
+    b = kvtier_engine(mla_model, daemon, num_workers=2)
+    _, logits = run_request(b, p2, 1, "r2")
+    assert computed_at_start(b, "r2") == 16
+    ref_logits = run_request(reference_engine(mla_model, 2), p2, 1, "r2")[1]
+    assert not torch.equal(logits[0], ref_logits[0][16:])  # the loaded latent is what attention used
+    c2 = kvtier_engine(mla_model, daemon, num_workers=2, revision="another")
+    run_request(c2, p2, 1, "r3")
+    assert computed_at_start(c2, "r3") == 0
+    for e in (a, b, c2):
+        e.shutdown()
