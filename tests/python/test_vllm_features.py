@@ -301,3 +301,23 @@ def test_mla_fails_under_a_changed_byte_and_another_revision(mla_model, daemon):
     assert computed_at_start(c2, "r3") == 0
     for e in (a, b, c2):
         e.shutdown()
+
+
+def test_a_streaming_input_session_keys_its_longer_prompt(model, daemon):
+    """vLLM's streaming input reuses one request for the next chunk with the
+    prompt grown (earlier input + output + new input): the connector keys
+    the new prompt, keeps what it saved of the old one, and looks up again."""
+    a = kvtier_engine(model, daemon)
+    sched = a.scheduler_connector
+    first = prompt(9, 10)
+    request = a.make_request(first, 1, "s1")
+    sched.get_num_new_matched_tokens(request, 0)
+    state = sched._scheduler._requests["s1"]
+    assert len(state.keys[0]) == 1
+    state.saved = 1  # its first kvtier block was saved
+    request.prompt_token_ids.extend(prompt(10, 9))  # the next chunk of the session
+    sched.get_num_new_matched_tokens(request, 0)
+    assert len(state.tokens) == 19 and len(state.keys[0]) == 2 and state.saved == 1
+    grown = rank_keys(a, list(request.prompt_token_ids))[0][0]
+    assert state.keys[0] == grown
+    a.shutdown()

@@ -144,6 +144,8 @@ class SchedulerSide:
 
     def _state(self, request):
         state = self._requests.get(request.request_id)
+        if state is not None and len(request.prompt_token_ids or ()) != len(state.tokens):
+            self._prompt_changed(state, request)
         if state is None:
             tokens = list(request.prompt_token_ids or [])
             adapter = _adapter_of(request)
@@ -158,6 +160,21 @@ class SchedulerSide:
             self._requests[request.request_id] = state
             self._hint_all(state, lambda c, i, keys: c.enqueue(_hint_id(state, i), i, keys))
         return state
+
+    def _prompt_changed(self, state, request):
+        """vLLM's streaming input (resumable sessions) reuses a request for
+        the next input chunk with a longer prompt: key the new prompt, keep
+        what was saved while the old prompt is its prefix, look up again."""
+        tokens = list(request.prompt_token_ids or [])
+        scope = self._scope(state.adapter)
+        salt, extras = key_extras(request, len(tokens), self._g.block_tokens)
+        keys = [h.keys(tokens, cache_salt=salt, extras=extras) for h in scope.hashers]
+        kept = 0
+        while kept < min(state.saved, len(keys[0])) and all(k[kept] == old[kept] for k, old in zip(keys, state.keys)):
+            kept += 1
+        state.tokens, state.keys, state.saved = tokens, keys, kept
+        state.hits, state.pending, state.load = None, None, None
+        state.engine_hashes = getattr(request, "block_hashes", None)
 
     def _hint_all(self, state, call):
         """One hint per rank's namespace, sent in the background."""
