@@ -1855,3 +1855,109 @@ def test_a_queued_abort_lands_before_the_update_of_the_step_that_ran(model, asyn
         assert [h.ignored_req_ids for h in engine.history[:2]] == [{"a"}, {"a"}]
     else:
         assert engine.outputs["a"] == greedy_generate(model, p, 1) and engine.history[1].ignored_req_ids == {"a"}
+
+
+# ---------------------------------------------------------------------------
+# Pipeline parallelism
+# ---------------------------------------------------------------------------
+
+def test_pp_stages_split_the_layers_as_vllm_get_pp_indices(model, monkeypatch):
+    assert [mv.get_pp_indices(3, p, 2) for p in range(2)] == [(0, 2), (2, 3)]  # remainder to the second to last
+    assert [mv.get_pp_indices(7, p, 3) for p in range(3)] == [(0, 2), (2, 5), (5, 7)]
+    assert [mv.get_pp_indices(8, p, 3) for p in range(3)] == [(0, 3), (3, 6), (6, 8)]
+    assert [mv.get_pp_indices(4, p, 2) for p in range(2)] == [(0, 2), (2, 4)]
+    assert mv.pp_stage_layer_names(model, 2) == [L[:2], L[2:]]
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,2")
+    assert mv.pp_stage_layer_names(model, 2) == [L[:1], L[1:]]
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION")
+    config = make_kv_cache_config(model, 16, 2, layer_names=L[2:])
+    assert config.kv_cache_groups[0].layer_names == L[2:] and [t.layers for t in config.kv_cache_tensors] == [L[2:]]
+    with pytest.raises(ValueError, match="one KVCacheConfig per stage"):
+        MiniEngine(model, kv_cache_config=make_kv_cache_config(model, 16), pipeline_parallel_size=2)
+
+
+def _pp_run(model, tp, pp, prompts, max_tokens, **cfg):
+    vcfg = make_vllm_config(model, kv_connector=None, tensor_parallel_size=tp, pipeline_parallel_size=pp, **cfg)
+    engine = MiniEngine(model, vcfg, None, num_workers=tp)
+    reqs = [engine.add_request(p, max_tokens) for p in prompts]
+    engine.run_until_done()
+    return engine, [(engine.outputs[r.request_id], engine.logits[r.request_id]) for r in reqs]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pp_outputs_and_kv_are_bit_identical_to_one_stage(model, tp):
+    prompts = [prompt(91, 23), prompt(92, 9), prompt(93, 14)]
+    ref_engine, ref = _pp_run(model, 1, 1, prompts, 6, max_num_batched_tokens=16)  # chunked and batched
+    engine, got = _pp_run(model, tp, 2, prompts, 6, max_num_batched_tokens=16)
+    assert engine.world_size == 2 * tp and engine.pipeline_parallel_size == 2
+    for (toks, logits), (ref_toks, ref_logits) in zip(got, ref):
+        assert toks == ref_toks == greedy_generate(model, prompts[got.index((toks, logits))], 6)
+        assert len(logits) == len(ref_logits) and all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
+    # Each worker holds its stage's layers and its TP rank's heads; parallel_config.rank is global.
+    ranks = engine.runner.ranks
+    assert [r.vllm_config.parallel_config.rank for r in ranks] == list(range(2 * tp))
+    assert [(r.pp_rank, r.rank) for r in ranks] == [(p, t) for p in range(2) for t in range(tp)]
+    assert [sorted(c) for c in engine.worker_kv_caches] == [L[:2]] * tp + [L[2:]] * tp
+    assert engine.scheduler.kv_cache_config is engine.stage_kv_cache_configs[0]
+    # The same K/V as one stage, read through the same block table (the same blocks were allocated).
+    e1, _ = _pp_run(model, 1, 1, prompts[:1], 1)
+    e2, _ = _pp_run(model, tp, 2, prompts[:1], 1)
+    assert e1.finished_block_ids["req-0"] == e2.finished_block_ids["req-0"]
+    table = e1.finished_block_ids["req-0"]
+    assert torch.equal(e2.token_kv(table, 23), e1.token_kv(table, 23))
+
+
+class PPRecordingConnector(RecordingConnector):
+    def rec(self, *entry):
+        if self.role == KVConnectorRole.WORKER:  # the TP rank of global rank pp_rank * tp + tp_rank
+            tp = self._vllm_config.parallel_config.tensor_parallel_size
+            assert mv.get_tensor_model_parallel_rank() == self.rank % tp
+        self.log.append((self.who,) + entry)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pp_workers_get_their_stage_and_call_the_connector_stage_by_stage(model, tp):
+    log = []
+    script = Script(delay_free={"a"}, send_delay_steps={2 * tp - 1: 1})  # the last worker reports late
+    vcfg = make_vllm_config(model, tensor_parallel_size=tp, pipeline_parallel_size=2)
+    configs = [make_kv_cache_config(model, 32, tp, layer_names=names) for names in mv.pp_stage_layer_names(model, 2)]
+    engine = MiniEngine(model, vcfg, configs, lambda c, role, kvc: PPRecordingConnector(c, role, kvc, log, script),
+                        num_workers=tp)
+    workers = [f"W{r}" for r in range(2 * tp)]
+    heads = 2 // tp
+    stage_layers = [L[:2]] * tp + [L[2:]] * tp
+    for w, names in zip(workers, stage_layers):
+        assert (w, "register_kv_caches", {n: (32, heads, BS, 16) for n in names}) in log
+    assert [c._kv_cache_config for c in engine.worker_connectors] == [configs[0]] * tp + [configs[1]] * tp
+    assert engine.scheduler_connector._kv_cache_config is configs[0]
+    assert engine.aggregator._expected_finished_count == 2 * tp
+    p = prompt(94, 9)
+    engine.add_request(p, 2, "a")
+    del log[:]
+    engine.run_until_done()
+    assert engine.outputs["a"] == greedy_generate(model, p, 2)
+    # The first (prefill) step: stage 0's workers run their whole pass on layers 0 and 1, then
+    # stage 1's on layer 2 (it gets the intermediate tensors after stage 0's execute_model).
+    first = log[:log.index(("S", "update_connector_output", None, None))]
+    worker_calls = [e for e in first if e[0] != "S"]
+    stage_of = {w: i // tp for i, w in enumerate(workers)}
+    assert [stage_of[e[0]] for e in worker_calls if e[1] != "handle_preemptions"] == sorted(
+        stage_of[e[0]] for e in worker_calls if e[1] != "handle_preemptions")
+    for w, names in zip(workers, stage_layers):
+        mine = [e[1:] for e in worker_calls if e[0] == w]
+        assert [e[1] for e in mine if e[0] in ("wait_for_layer_load", "save_kv_layer")] == [
+            n for n in names for _ in range(2)]
+        assert [e[0] for e in mine if e[0] not in ("wait_for_layer_load", "save_kv_layer")] == [
+            "handle_preemptions", "bind_connector_metadata", "start_load_kv", "wait_for_save", "get_finished",
+            "get_block_ids_with_load_errors", "clear_connector_metadata"]
+    # Every worker (all stages, all TP ranks) runs every step, forward or not.
+    binds = {w: sum(1 for e in log if e[:2] == (w, "bind_connector_metadata")) for w in workers}
+    assert len(set(binds.values())) == 1
+    # The delayed free waits for finished_sending from all 2 * tp workers: the last one is late.
+    # The workers are told of "a"'s finish in one step: all but the last report finished_sending
+    # then, the last one a step later, and only then is "a" finished_sending for the scheduler.
+    told = [i for i, e in enumerate(log) if e[:2] == (workers[-1], "get_finished") and e[2] == {"a"}]
+    assert len(told) == 1
+    updates = [e[2] for e in log[told[0]:] if e[:2] == ("S", "update_connector_output")]
+    assert updates[:2] == [None, {"a"}] and all(u is None for u in updates[2:])
+    assert engine.block_pool.get_num_free_blocks() == 31

@@ -184,6 +184,13 @@ class KVShard:
     hooks: Any = None
     attn_metadata: Any = None
     kv_format: Optional[str] = None
+    # The layers whose caches this shard holds (pipeline parallelism: one stage's layers); None =
+    # every attention layer of the model. The model reads, writes and calls the hooks of a layer
+    # only through the shards that own it.
+    layers: Optional[frozenset] = None
+
+    def owns(self, layer_name: str) -> bool:
+        return self.layers is None or layer_name in self.layers
 
     def metadata_for(self, layer_name: str, default: Any) -> Any:
         if self.attn_metadata is None:
@@ -194,6 +201,11 @@ class KVShard:
 
     def planes(self, layer_name: str, head_size: int) -> list:
         return kv_planes(self.kv_caches[layer_name], head_size, self.kv_format)
+
+
+def _owning(shards, layer_name: str) -> list:
+    """The shards that hold `layer_name` (KVShard.layers; pipeline parallelism)."""
+    return [s for s in shards if s.owns(layer_name)]
 
 
 def _as_shards(model, kv_caches, hooks=None, attn_metadata=None) -> list:
@@ -332,7 +344,7 @@ class _PagedAttentionMixin:
         return self.n_kv_heads
 
     def _write_kv(self, shards, layer_name: str, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        for shard in shards:
+        for shard in _owning(shards, layer_name):
             k_plane, v_plane = shard.planes(layer_name, self.head_size)
             _write_slot(k_plane, slot, k[shard.kv_head_start:shard.kv_head_end])
             _write_slot(v_plane, slot, v[shard.kv_head_start:shard.kv_head_end])
@@ -342,8 +354,9 @@ class _PagedAttentionMixin:
         returns [1, n_heads * head_size_v]. One matmul pair per KV head, whatever the sharding."""
         group = self.n_heads // self.n_kv_heads
         outs = []
+        owners = _owning(shards, layer_name)
         for h in range(self.n_kv_heads):
-            shard = next(s for s in shards if s.kv_head_start <= h < s.kv_head_end)
+            shard = next(s for s in owners if s.kv_head_start <= h < s.kv_head_end)
             k_plane, v_plane = shard.planes(layer_name, self.head_size)
             local = h - shard.kv_head_start
             keys = _read_slots(k_plane, slots, local)      # [L, head_size]
@@ -355,20 +368,21 @@ class _PagedAttentionMixin:
 
     @staticmethod
     def _call_wait(shards, layer_name: str) -> None:
-        for shard in shards:
+        for shard in _owning(shards, layer_name):
             if shard.hooks is not None:
                 shard.hooks.wait_for_layer_load(layer_name)
 
     def _call_save(self, shards, layer_name: str, default_meta) -> None:
-        for shard in shards:
+        for shard in _owning(shards, layer_name):
             if shard.hooks is not None:
                 shard.hooks.save_kv_layer(layer_name, shard.kv_caches[layer_name],
                                           shard.metadata_for(layer_name, default_meta))
 
     def _check_inputs(self, seqs, shards) -> None:
-        heads = sorted((s.kv_head_start, s.kv_head_end) for s in shards)
-        assert heads[0][0] == 0 and heads[-1][1] == self.num_tp_heads and all(
-            a[1] == b[0] for a, b in zip(heads, heads[1:])), f"shards must tile the heads: {heads}"
+        for name in self.attention_layer_names:  # every layer's owning shards tile the heads
+            heads = sorted((s.kv_head_start, s.kv_head_end) for s in _owning(shards, name))
+            assert heads and heads[0][0] == 0 and heads[-1][1] == self.num_tp_heads and all(
+                a[1] == b[0] for a, b in zip(heads, heads[1:])), f"shards must tile the heads of {name}: {heads}"
         for seq in seqs:
             assert len(seq.token_ids) == len(seq.positions) > 0
             p0 = int(seq.positions[0])
@@ -407,10 +421,12 @@ class _PagedDecoder(_PagedAttentionMixin):
         return self.forward_batch([SeqInput(token_ids, positions, block_table)], shards)[0]
 
     @torch.no_grad()
-    def forward_batch(self, seqs: Sequence[SeqInput], kv_caches) -> list:
+    def forward_batch(self, seqs: Sequence[SeqInput], kv_caches, before_layer: Any = None) -> list:
         """Several requests in one pass, layer-major like vLLM: for each layer, the hooks'
         wait_for_layer_load once, K/V of all new tokens written, attention per token, then
-        save_kv_layer once. Returns one logits tensor [n_new, vocab] per request."""
+        save_kv_layer once. Returns one logits tensor [n_new, vocab] per request.
+        before_layer (optional): called as before_layer(layer_index, layer_name) before each layer
+        (the mini engine's pipeline stages hand over there)."""
         shards = _as_shards(self, kv_caches)
         self._check_inputs(seqs, shards)
         hidden = [[self.embed[int(t)].reshape(1, -1) for t in seq.token_ids] for seq in seqs]
@@ -426,6 +442,8 @@ class _PagedDecoder(_PagedAttentionMixin):
         for li, (layer, name) in enumerate(zip(self.layers, self.attention_layer_names)):
             all_slots = [slots_of(seq, name) for seq in seqs]
             default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
+            if before_layer is not None:
+                before_layer(li, name)
             self._call_wait(shards, name)
             queries = []
             for seq, xs, slots in zip(seqs, hidden, all_slots):
@@ -609,7 +627,7 @@ class TinyMLA(_PagedDecoder, torch.nn.Module):
 
     def _store(self, shards, layer_name: str, slot: int, latent: torch.Tensor) -> None:
         """Every rank caches the whole latent."""
-        for shard in shards:
+        for shard in _owning(shards, layer_name):
             (plane,) = shard.planes(layer_name, self.head_size)
             _write_slot(plane, slot, latent)
 
@@ -618,8 +636,9 @@ class TinyMLA(_PagedDecoder, torch.nn.Module):
         q_nope, q_pe = q
         r, dn, dv = self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
         outs = []
+        owners = _owning(shards, layer_name)
         for i in range(self.n_heads):
-            shard = next(s for s in shards if s.kv_head_start <= i < s.kv_head_end)
+            shard = next(s for s in owners if s.kv_head_start <= i < s.kv_head_end)
             (plane,) = shard.planes(layer_name, self.head_size)
             latents = _read_slots(plane, slots, 0)  # [L, head_size]
             c, k_pe = latents[:, :r], latents[:, r:]

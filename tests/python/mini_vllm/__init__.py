@@ -119,7 +119,8 @@ What is simplified (and therefore NOT a guarantee that real vLLM behaves the sam
 hash_block_size == block_size for every group (one block size, no fine-grained partial hits),
 attention groups only (full attention, MLA, sliding window; no Mamba, chunked-local, cross-attention
 or R-SWA groups), one page size for all groups, FCFS only, no speculative decoding or EAGLE, no
-multimodal encoder, no pipeline parallelism, greedy sampling, one process
+multimodal encoder, pipeline parallelism in one process (stages run one after the other, see
+MiniEngine; no intermediate-tensor transfer), greedy sampling, one process
 (workers run one after the other in the calling thread; their scheduler outputs are pickled per
 worker, as a multi-process executor would), CPU fp32 caches. The layout is not negotiated with
 attention backends (cache_config.kv_cache_layout, default LBNHC) and the kernel block size is a
@@ -169,7 +170,8 @@ from .kv_cache_interface import (KV_CACHE_FORMATS, AttentionSpec, FullAttentionS
                                  compute_layout_strides, create_kv_cache_views, get_kv_cache_groups,
                                  group_kernel_blocks, kv_cache_config_from_groups, kv_cache_spec_for,
                                  kv_cache_specs_for, kv_cache_tensor_for, legacy_kv_cache_shape,
-                                 make_kv_cache_config, merge_full_attention_specs, sliding_window_layers_of,
+                                 make_kv_cache_config, merge_full_attention_specs, get_pp_indices,
+                                 pp_stage_layer_names, sliding_window_layers_of,
                                  unify_hybrid_kv_cache_specs)
 from .kv_cache_layout import DEFAULT_KV_CACHE_LAYOUT, KVCacheLayout, resolve_kv_cache_layout  # noqa: E402,F401
 from .parallel_state import (_PARALLEL, _ParallelState, _as_rank, get_tensor_model_parallel_rank,  # noqa: E402,F401

@@ -184,11 +184,13 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                      revision: Optional[str] = None, kv_cache_layout: Optional[str] = None,
                      kernel_block_size: Optional[int] = None, kv_cache_format: str = "views",
                      disable_hybrid_kv_cache_manager: Optional[bool] = None,
-                     async_scheduling: bool = False) -> VllmConfig:
+                     async_scheduling: bool = False, pipeline_parallel_size: int = 1) -> VllmConfig:
     """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector).
     kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there),
     disable_hybrid_kv_cache_manager to SchedulerConfig (None: decided by MiniEngine, as vLLM does),
-    async_scheduling too (vLLM's --async-scheduling; False: one step at a time)."""
+    async_scheduling too (vLLM's --async-scheduling; False: one step at a time);
+    pipeline_parallel_size to ParallelConfig (the decoder layers split into that many stages, see
+    MiniEngine)."""
     ktc = None
     if kv_connector is not None:
         ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
@@ -204,7 +206,8 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
         cache_config=CacheConfig(block_size=model.block_size, enable_prefix_caching=enable_prefix_caching,
                                  kv_cache_layout=kv_cache_layout, kernel_block_size=kernel_block_size,
                                  kv_cache_format=kv_cache_format),
-        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size,
+                                       pipeline_parallel_size=pipeline_parallel_size),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                          enable_chunked_prefill=enable_chunked_prefill,
                                          long_prefill_token_threshold=long_prefill_token_threshold,

@@ -13,7 +13,7 @@ from .config import VllmConfig, make_vllm_config
 from .connector_api import KVConnectorRole, create_connector, resolve_hybrid_kv_cache_manager
 from .kv_cache import BlockPool
 from .kv_cache_interface import (KV_CACHE_FORMATS, KVCacheConfig, MLAAttentionSpec, check_kv_cache_config_layout,
-                                 make_kv_cache_config)
+                                 make_kv_cache_config, pp_stage_layer_names)
 from .request import Request, RequestStatus, SamplingParams, get_request_block_hasher, init_none_hash, sha256_hash
 from .runner import KVOutputAggregator, MiniModelRunner
 from .scheduler import ModelRunnerOutput
@@ -45,7 +45,21 @@ class _Batch:
 
 
 class MiniEngine:
-    """EngineCore in one process: Scheduler + `num_workers` tensor-parallel workers.
+    """EngineCore in one process: Scheduler + `num_workers` tensor-parallel workers per pipeline stage.
+
+    Pipeline parallelism (pipeline_parallel_size, or vllm_config.parallel_config.
+    pipeline_parallel_size; default 1): the attention layers are split into P contiguous stages as
+    vLLM's get_pp_indices splits decoder layers (pp_stage_layer_names); worker global rank
+    pp_rank * num_workers + tp_rank holds only its stage's layers (its own KVCacheConfig, its
+    register_kv_caches gets only those layers) and the TP rank's heads. kv_cache_config is then a
+    list of one config per stage (make_kv_cache_config(..., layer_names=stage's layers)); the
+    scheduler (and its connector) gets stage 0's. A step runs stage by stage as vLLM's workers do
+    (a later stage receives the intermediate tensors after the earlier stage's execute_model):
+    each stage's workers bind the metadata (and start_load_kv when before the forward), the
+    stage's layers run (its workers' wait_for_layer_load / save_kv_layer), then its workers'
+    wait_for_save / get_finished, then the next stage. KVOutputAggregator expects finished counts
+    from all P * num_workers workers. The batch queue is max_concurrent_batches (P) deep, as in
+    vLLM (the scheduler schedules the next step while one is in flight).
 
     connector_factory: None (no connector when vllm_config.kv_transfer_config is None, otherwise
     the class named by kv_connector in kv_connector_module_path), a connector class, or a callable
@@ -81,10 +95,16 @@ class MiniEngine:
                  connector_factory: Any = None, num_workers: int = 1, *, none_hash: Optional[bytes] = None,
                  serialize_scheduler_output: bool = True, start_load_kv_before_forward: Optional[bool] = None,
                  kv_cache_layout: Any = None, kernel_block_size: Optional[int] = None,
-                 kv_cache_format: Optional[str] = None, worker_runs_ahead: bool = False):
+                 kv_cache_format: Optional[str] = None, worker_runs_ahead: bool = False,
+                 pipeline_parallel_size: Optional[int] = None):
         if vllm_config is None:
-            vllm_config = make_vllm_config(model, kv_connector=None, tensor_parallel_size=num_workers)
+            vllm_config = make_vllm_config(model, kv_connector=None, tensor_parallel_size=num_workers,
+                                           pipeline_parallel_size=pipeline_parallel_size or 1)
         vllm_config.parallel_config.tensor_parallel_size = num_workers
+        if pipeline_parallel_size is not None:
+            vllm_config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
+        pp_size = vllm_config.parallel_config.pipeline_parallel_size
+        assert pp_size >= 1 and len(model.attention_layer_names) >= pp_size, "a pipeline stage without layers"
         cache = vllm_config.cache_config
         if kv_cache_layout is not None:
             cache.kv_cache_layout = getattr(kv_cache_layout, "name", kv_cache_layout)
@@ -93,19 +113,35 @@ class MiniEngine:
         if kv_cache_format is not None:
             cache.kv_cache_format = kv_cache_format
         disable_hma = resolve_hybrid_kv_cache_manager(vllm_config, connector_factory)
+        self.stage_layer_names = pp_stage_layer_names(model, pp_size)
         if kv_cache_config is None:
-            kv_cache_config = make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout(),
-                                                   disable_hybrid_kv_cache_manager=disable_hma)
-        if disable_hma and len(kv_cache_config.kv_cache_groups) > 1:
-            raise ValueError(f"kv_cache_config has {len(kv_cache_config.kv_cache_groups)} KV cache groups but the "
-                             "hybrid KV cache manager is disabled (make_kv_cache_config(..., "
-                             "disable_hybrid_kv_cache_manager=True) gives one group)")
-        self._check_kv_cache_config(model, cache, kv_cache_config, num_workers)
+            kv_cache_config = [make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout(),
+                                                    disable_hybrid_kv_cache_manager=disable_hma,
+                                                    layer_names=names if pp_size > 1 else None)
+                               for names in self.stage_layer_names]
+        stage_configs = list(kv_cache_config) if isinstance(kv_cache_config, (list, tuple)) else [kv_cache_config]
+        if len(stage_configs) != pp_size:
+            raise ValueError(f"pipeline_parallel_size {pp_size} needs one KVCacheConfig per stage, got "
+                             f"{len(stage_configs)} (make_kv_cache_config(..., layer_names=stage's layers), "
+                             "see pp_stage_layer_names)")
+        for stage, (config, names) in enumerate(zip(stage_configs, self.stage_layer_names)):
+            if disable_hma and len(config.kv_cache_groups) > 1:
+                raise ValueError(f"kv_cache_config has {len(config.kv_cache_groups)} KV cache groups but the "
+                                 "hybrid KV cache manager is disabled (make_kv_cache_config(..., "
+                                 "disable_hybrid_kv_cache_manager=True) gives one group)")
+            self._check_kv_cache_config(model, cache, config, num_workers, names)
+            assert config.num_blocks == stage_configs[0].num_blocks, "every stage has the scheduler's block count"
+            assert len(config.kv_cache_groups) == len(stage_configs[0].kv_cache_groups), \
+                f"stage {stage} has other KV cache groups than stage 0"
+        kv_cache_config = stage_configs[0]  # the scheduler's: stage 0's (worker 0's)
         cache.num_gpu_blocks = kv_cache_config.num_blocks
         self.model = model
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
-        self.num_workers = num_workers
+        self.stage_kv_cache_configs = stage_configs
+        self.num_workers = num_workers  # tensor-parallel size
+        self.pipeline_parallel_size = pp_size
+        self.world_size = num_workers * pp_size
         self.block_size = model.block_size
         self.none_hash = none_hash if none_hash is not None else init_none_hash()
         self._block_hasher = get_request_block_hasher(self.block_size, sha256_hash, self.none_hash)
@@ -113,7 +149,9 @@ class MiniEngine:
         if vllm_config.kv_transfer_config is not None:
             scheduler_connector = create_connector(connector_factory, vllm_config, KVConnectorRole.SCHEDULER,
                                                    kv_cache_config)
-        self.runner = MiniModelRunner(model, vllm_config, [kv_cache_config] * num_workers, connector_factory,
+        # Global rank = pp_rank * tp_size + tp_rank; each worker gets its stage's config.
+        self.runner = MiniModelRunner(model, vllm_config, [stage_configs[r // num_workers]
+                                                           for r in range(self.world_size)], connector_factory,
                                       serialize_scheduler_output, start_load_kv_before_forward)
         self.scheduler = vllm_config.scheduler_config.get_scheduler_cls()(vllm_config, kv_cache_config,
                                                                           scheduler_connector)
@@ -124,7 +162,7 @@ class MiniEngine:
         self._not_run: deque = deque()  # queued steps the workers have not run yet, oldest first
         self._aborts_queue: list = []  # EngineCore.aborts_queue: see queue_abort
         self.worker_runs_ahead = worker_runs_ahead
-        self.aggregator = (KVOutputAggregator.from_connector(scheduler_connector, num_workers)
+        self.aggregator = (KVOutputAggregator.from_connector(scheduler_connector, self.world_size)
                            if scheduler_connector is not None else None)
         self.history: list = []
         self.outputs: dict = defaultdict(list)  # req_id -> generated tokens
@@ -136,7 +174,8 @@ class MiniEngine:
         self._next_id = 0
 
     @staticmethod
-    def _check_kv_cache_config(model, cache, kv_cache_config: KVCacheConfig, num_workers: int) -> None:
+    def _check_kv_cache_config(model, cache, kv_cache_config: KVCacheConfig, num_workers: int,
+                               layer_names: Optional[list] = None) -> None:
         for group in kv_cache_config.kv_cache_groups:
             spec = group.kv_cache_spec
             if isinstance(spec, MLAAttentionSpec):
@@ -145,7 +184,8 @@ class MiniEngine:
                 assert spec.num_kv_heads * num_workers == model.n_kv_heads, "kv_cache_config must be per worker"
             assert spec.block_size == model.block_size == cache.block_size
         names = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
-        assert sorted(names) == sorted(model.attention_layer_names), "every attention layer in exactly one group"
+        want = model.attention_layer_names if layer_names is None else layer_names
+        assert sorted(names) == sorted(want), "every attention layer (of the stage) in exactly one group"
         kbs = cache.kernel_block_size
         assert kbs is None or (kbs > 0 and spec.block_size % kbs == 0), "kernel block size must divide the block size"
         if cache.kv_cache_format not in KV_CACHE_FORMATS:
@@ -197,10 +237,19 @@ class MiniEngine:
         """K/V of positions [0, num_tokens) through `block_table`, whatever the cache form, all ranks'
         heads concatenated: [num_layers, 2, num_tokens, num_kv_heads, head_size]. MLA: rank 0's
         latents (every rank holds a replica): [num_layers, 1, num_tokens, 1, head_size]."""
-        ranks = self.runner.ranks[:1] if getattr(self.model, "use_mla", False) else self.runner.ranks
-        parts = [KVCache.gather_tokens(r.kv_caches, block_table, num_tokens, self.block_size,
-                                       head_size=self.model.head_size, kv_format=r.kv_format) for r in ranks]
-        return torch.cat(parts, dim=3)
+        stages = []
+        for ranks in self._stage_ranks():
+            parts = [KVCache.gather_tokens(r.kv_caches, block_table, num_tokens, self.block_size,
+                                           head_size=self.model.head_size, kv_format=r.kv_format) for r in ranks]
+            stages.append(torch.cat(parts, dim=3))
+        return torch.cat(stages, dim=0)  # pipeline stages' layers in model order
+
+    def _stage_ranks(self) -> list:
+        """Per pipeline stage, its TP ranks (MLA: the first only, every rank holding the latent)."""
+        mla = getattr(self.model, "use_mla", False)
+        ranks = self.runner.ranks
+        tp = self.num_workers
+        return [ranks[p * tp:p * tp + (1 if mla else tp)] for p in range(self.pipeline_parallel_size)]
 
     def request_kv(self, req_id: str, num_tokens: Optional[int] = None) -> torch.Tensor:
         """token_kv through the request's group-0 block table, for every layer (one group; for a
@@ -212,16 +261,19 @@ class MiniEngine:
         """K/V of `positions` of group `group`'s layers read through that group's block table,
         all ranks' heads concatenated: [group's layers, 2, len(positions), heads, head_size]."""
         table = self.group_block_ids(req_id)[group]
-        names = self.kv_cache_config.kv_cache_groups[group].layer_names
         positions = list(positions)
         assert all(table[p // self.block_size] != 0 for p in positions), "a position in a null block"
-        parts = []
-        for r in self.runner.ranks:
-            caches = {n: r.kv_caches[n] for n in names}
-            kv = KVCache.gather_tokens(caches, table, max(positions) + 1, self.block_size,
-                                       head_size=self.model.head_size, kv_format=r.kv_format)
-            parts.append(kv[:, :, positions])
-        return torch.cat(parts, dim=3)
+        stages = []
+        for p in range(self.pipeline_parallel_size):
+            names = self.stage_kv_cache_configs[p].kv_cache_groups[group].layer_names
+            parts = []
+            for r in self.runner.ranks[p * self.num_workers:(p + 1) * self.num_workers]:
+                caches = {n: r.kv_caches[n] for n in names}
+                kv = KVCache.gather_tokens(caches, table, max(positions) + 1, self.block_size,
+                                           head_size=self.model.head_size, kv_format=r.kv_format)
+                parts.append(kv[:, :, positions])
+            stages.append(torch.cat(parts, dim=3))
+        return torch.cat(stages, dim=0)
 
     # ---- requests ----
     def make_request(self, prompt: Sequence[int], max_tokens: int = 8, request_id: Optional[str] = None,
@@ -285,7 +337,7 @@ class MiniEngine:
         if kv_outputs is not None:
             # One worker: its output passes through (UniProcExecutor); several: KVOutputAggregator,
             # which always returns a KVConnectorOutput (MultiprocExecutor).
-            out.kv_connector_output = kv_outputs[0] if self.num_workers == 1 else self.aggregator.aggregate(kv_outputs)
+            out.kv_connector_output = kv_outputs[0] if self.world_size == 1 else self.aggregator.aggregate(kv_outputs)
         return out
 
     def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput) -> StepRecord:

@@ -18,9 +18,10 @@ Older vLLM (before #51718) allocated one 5-D tensor per layer instead: FlashAtte
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from math import prod
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -461,9 +462,39 @@ def kv_cache_config_from_groups(groups: list, num_blocks: int, layout=KVCacheLay
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=list(groups))
 
 
+def get_pp_indices(num_hidden_layers: int, pp_rank: int, pp_size: int) -> tuple:
+    """(start, end) of pipeline stage `pp_rank`'s decoder layers (vllm/distributed/utils.py
+    get_pp_indices): an even split, the remainder going one layer each to the stages before the
+    last, starting from the second to last; VLLM_PP_LAYER_PARTITION (comma-separated layer counts)
+    overrides."""
+    explicit = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    if explicit:
+        partitions = [int(x) for x in explicit.split(",")]
+        if len(partitions) != pp_size or sum(partitions) != num_hidden_layers:
+            raise ValueError(f"VLLM_PP_LAYER_PARTITION={explicit!r} does not split {num_hidden_layers} layers "
+                             f"into {pp_size} stages")
+    else:
+        partitions = [num_hidden_layers // pp_size] * pp_size
+        for i in range(2, num_hidden_layers % pp_size + 2):
+            partitions[-i] += 1
+    start = sum(partitions[:pp_rank])
+    return start, start + partitions[pp_rank]
+
+
+def pp_stage_layer_names(model, pipeline_parallel_size: int = 1) -> list:
+    """The attention layer names of each pipeline stage (get_pp_indices over the model's layers)."""
+    names = list(model.attention_layer_names)
+    out = []
+    for p in range(pipeline_parallel_size):
+        start, end = get_pp_indices(len(names), p, pipeline_parallel_size)
+        out.append(names[start:end])
+    return out
+
+
 def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, *,
                          layout=KVCacheLayout.LBNHC, page_size_padded: Optional[int] = None,
-                         disable_hybrid_kv_cache_manager: bool = False) -> KVCacheConfig:
+                         disable_hybrid_kv_cache_manager: bool = False,
+                         layer_names: Optional[Sequence[str]] = None) -> KVCacheConfig:
     """The per-worker KVCacheConfig of `model`'s attention layers, placed for `layout` (a
     KVCacheLayout or its name). A model with one kind of layer: one group (kv_cache_spec_for) and one
     KVCacheTensor for all its layers. A hybrid model (model.sliding_window_layers = {layer index:
@@ -471,8 +502,14 @@ def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, 
     default) one group per layer type and group_size layers (FullAttentionSpec groups first when the
     model's first layer is full attention, then SlidingWindowSpec groups; see get_kv_cache_groups),
     overlaid in one backing allocation (kv_cache_config_from_groups); with it off, one group of
-    FullAttentionSpec(sliding_window=W) for all layers (unify_hybrid_kv_cache_specs)."""
+    FullAttentionSpec(sliding_window=W) for all layers (unify_hybrid_kv_cache_specs).
+    layer_names (default: all): only these layers, e.g. one pipeline stage's
+    (pp_stage_layer_names), as each vLLM worker's KVCacheConfig lists only its own layers."""
     specs = kv_cache_specs_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
+    if layer_names is not None:
+        unknown = set(layer_names) - set(specs)
+        assert not unknown, f"not attention layers of the model: {sorted(unknown)}"
+        specs = {n: s for n, s in specs.items() if n in set(layer_names)}
     if disable_hybrid_kv_cache_manager:
         specs = unify_hybrid_kv_cache_specs(specs)
     return kv_cache_config_from_groups(get_kv_cache_groups(specs), num_blocks, layout)

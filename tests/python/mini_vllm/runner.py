@@ -127,11 +127,16 @@ class _WorkerRank:
     heads [kv_head_start, kv_head_end) (tiny_model.tp_head_range: its KV heads, or for MLA its query
     heads, the latent being replicated)."""
 
-    def __init__(self, rank: int, world_size: int, model, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig):
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, model, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
+                 pp_rank: int = 0):
+        """`rank`, `world_size`: the tensor-parallel rank and size; `pp_rank`: the pipeline stage.
+        parallel_config.rank is the global rank, pp_rank * world_size + rank, as in vLLM."""
+        self.rank, self.world_size, self.pp_rank = rank, world_size, pp_rank
+        self.global_rank = pp_rank * world_size + rank
         self.vllm_config = copy.deepcopy(vllm_config)
-        self.vllm_config.parallel_config.rank = rank
+        self.vllm_config.parallel_config.rank = self.global_rank
         self.kv_cache_config = kv_cache_config
+        self.layer_names = frozenset(n for g in kv_cache_config.kv_cache_groups for n in g.layer_names)
         self.kv_head_start, self.kv_head_end = tp_head_range(model, rank, world_size)
         cache = self.vllm_config.cache_config
         self.kv_format = cache.kv_cache_format
@@ -157,8 +162,11 @@ class MiniModelRunner:
     def __init__(self, model, vllm_config: VllmConfig, kv_cache_configs: list, connector_factory: Any,
                  serialize_scheduler_output: bool, start_load_kv_before_forward: Optional[bool]):
         self.model = model
-        world = len(kv_cache_configs)
-        self.ranks = [_WorkerRank(r, world, model, vllm_config, kv_cache_configs[r]) for r in range(world)]
+        world = len(kv_cache_configs)  # all workers: pp_rank * tp_size + tp_rank
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        self.pp_size = vllm_config.parallel_config.pipeline_parallel_size
+        assert world == tp * self.pp_size, f"{world} KV cache configs for TP {tp} x PP {self.pp_size} workers"
+        self.ranks = [_WorkerRank(r % tp, tp, model, vllm_config, kv_cache_configs[r], r // tp) for r in range(world)]
         self.block_size = vllm_config.cache_config.block_size
         self.serialize = serialize_scheduler_output
         self.start_before = start_load_kv_before_forward
@@ -275,33 +283,72 @@ class MiniModelRunner:
             outs = [self._end(rank, rso, None) for rank, rso in zip(self.ranks, per_rank_so)]
             return out, [None if o.is_empty() else o for o in outs]
 
-        groups = self.ranks[0].kv_cache_config.kv_cache_groups
+        # Group g of every stage reads and writes through the scheduler's block table g.
+        num_groups = len(self.ranks[0].kv_cache_config.kv_cache_groups)
+        layer_group = {name: g for rank in self.ranks for g, group in enumerate(rank.kv_cache_config.kv_cache_groups)
+                       for name in group.layer_names}
         seqs = []
         for req_id, n in batch:
             st = self.requests[req_id]
             positions = list(range(st.num_computed_tokens, st.num_computed_tokens + n))
             layer_tables = None
-            if len(groups) > 1:  # each layer reads and writes through its group's block table
-                layer_tables = {name: st.block_ids[g] for g, group in enumerate(groups) for name in group.layer_names}
+            if num_groups > 1:  # each layer reads and writes through its group's block table
+                layer_tables = {name: st.block_ids[g] for name, g in layer_group.items()}
             seqs.append(SeqInput([st.token(p) for p in positions], positions, st.block_ids[0], layer_tables))
             out.positions[req_id] = positions
         attn = []
-        for _ in self.ranks:
+        for rank in self.ranks:
+            groups = rank.kv_cache_config.kv_cache_groups
             metas = [self._attn_metadata(batch, g) for g in range(len(groups))]
             attn.append({name: metas[g] for g, group in enumerate(groups) for name in group.layer_names})
         shards = [KVShard(rank.kv_caches, rank.kv_head_start, rank.kv_head_end,
                           _LayerHooks(rank, attn[i]) if rank.connector is not None else None, attn[i],
-                          rank.kv_format)
+                          rank.kv_format, rank.layer_names if self.pp_size > 1 else None)
                   for i, rank in enumerate(self.ranks)]
         kv_outputs = None
-        if self.has_connector:
-            for rank, rso, a in zip(self.ranks, per_rank_so, attn):
-                self._begin(rank, rso, a)
+        workers = list(zip(self.ranks, per_rank_so, attn))
+        # Pipeline stages run one after the other (vLLM: a later stage's worker starts its
+        # execute_model once it has received the earlier stage's intermediate tensors): each stage's
+        # workers begin right before its first layer and end right after its last.
+        outputs: dict = {}
+        stage_of = {name: rank.pp_rank for rank in self.ranks for name in rank.layer_names}
+        current = [None]
+
+        def end_stage() -> None:
+            if current[0] is not None:
+                for i, (rank, rso, a) in enumerate(workers):
+                    if rank.pp_rank == current[0]:
+                        outputs[i] = self._end(rank, rso, a)
+                current[0] = None
+
+        def begin_stage(stage: int) -> None:
+            end_stage()
+            current[0] = stage
+            for rank, rso, a in workers:
+                if rank.pp_rank == stage:
+                    self._begin(rank, rso, a)
+
+        def before_layer(_index: int, name: str) -> None:
+            if stage_of[name] != current[0]:
+                begin_stage(stage_of[name])
+
         try:
-            logits = self.model.forward_batch(seqs, shards)
+            if self.pp_size > 1:
+                logits = self.model.forward_batch(seqs, shards, before_layer=before_layer if self.has_connector
+                                                  else None)
+            else:
+                if self.has_connector:
+                    begin_stage(0)
+                logits = self.model.forward_batch(seqs, shards)
         finally:
             if self.has_connector:
-                kv_outputs = [self._end(rank, rso, a) for rank, rso, a in zip(self.ranks, per_rank_so, attn)]
+                end_stage()
+                # A stage the forward never reached (an exception before it) still ends its step.
+                for stage in range(self.pp_size):
+                    if not any(i in outputs for i, (rank, _, _) in enumerate(workers) if rank.pp_rank == stage):
+                        begin_stage(stage)
+                        end_stage()
+                kv_outputs = [outputs.get(i) for i in range(len(workers))]
         for i, (req_id, n) in enumerate(batch):
             st = self.requests[req_id]
             out.logits[req_id] = logits[i]
