@@ -6,6 +6,7 @@ namespace."""
 import pytest
 import torch
 
+from model_fixtures import mla_model  # noqa: F401 (fixture)
 from vllm_harness import (deterministic, model,  # noqa: F401 (fixtures)
                           BLOCK_TOKENS, computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt,
                           quiet_client, rank_keys, reference_engine, run_request)
@@ -69,3 +70,25 @@ def test_each_stage_loads_its_own_layers(model, daemon):
     assert list(stage1.kv_caches) == L[2:] and list(b.runner.ranks[0].kv_caches) == L[:2]
     b.shutdown()
     a.shutdown()
+
+
+def test_mla_over_two_stages_and_two_tp_ranks(mla_model, daemon):
+    """MLA under PP x TP: one namespace per stage (not per TP rank), TP rank
+    0 of each stage saves, every rank loads; bit-exact."""
+    p = prompt(70, 19)
+    a = kvtier_engine(mla_model, daemon, num_workers=2, pipeline_parallel_size=2)
+    run_request(a, p, 1, "r1")
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, p)
+    assert [(ns.tp_size, ns.pp_rank, ns.layer_count) for ns in namespaces] == [(1, 0, 1), (1, 1, 1)]
+    with quiet_client(daemon, namespaces) as c:
+        assert [c.lookup(i, keys[i]).prefix_blocks for i in range(2)] == [2, 2]
+    b = kvtier_engine(mla_model, daemon, num_workers=2, pipeline_parallel_size=2)
+    p2 = p + [3, 4]
+    toks, logits = run_request(b, p2, 2, "r2")
+    assert computed_at_start(b, "r2") == 16
+    assert all(w.disabled_reason is None for w in b.worker_connectors)
+    ref_toks, ref_logits = run_request(reference_engine(mla_model, 2), p2, 2, "r2")
+    assert toks == ref_toks and torch.equal(logits[0], ref_logits[0][16:])
+    a.shutdown()
+    b.shutdown()
