@@ -335,6 +335,25 @@ class _Weights:
         return torch.nn.Parameter(1.0 + 0.1 * torch.randn(dim, generator=self.gen), requires_grad=False)
 
 
+def _add_swiglu_mlp(layer, w, d_model: int, d_ff: int) -> None:
+    """A decoder layer's norm and SwiGLU MLP weights, drawn in this order from `w`."""
+    layer.mlp_norm = w.norm(d_model)
+    layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+    layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
+    layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+
+
+def _final_norm_and_head(w, vocab: int, d_model: int) -> tuple:
+    """The final norm and the LM head, drawn in this order from `w`."""
+    return w.norm(d_model), w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
+
+
+def _register_rope(module: torch.nn.Module, max_positions: int, rotary_dim: int) -> None:
+    cos, sin = _rope_tables(max_positions, rotary_dim)
+    module.register_buffer("rope_cos", cos, persistent=False)
+    module.register_buffer("rope_sin", sin, persistent=False)
+
+
 class _PagedAttentionMixin:
     """Shared paged-attention mechanics of TinyDecoder, TinyHybrid and TinyMLA (per token)."""
 
@@ -494,16 +513,10 @@ class TinyDecoder(_PagedDecoder, torch.nn.Module):
             layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
             layer.wv = w.normal(n_kv_heads * head_size_v, d_model, scale=d_model ** -0.5)
             layer.wo = w.normal(d_model, n_heads * head_size_v, scale=(n_heads * head_size_v) ** -0.5)
-            layer.mlp_norm = w.norm(d_model)
-            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+            _add_swiglu_mlp(layer, w, d_model, d_ff)
             self.layers.append(layer)
-        self.final_norm = w.norm(d_model)
-        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
-        cos, sin = _rope_tables(max_positions, head_size)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.final_norm, self.lm_head = _final_norm_and_head(w, vocab, d_model)
+        _register_rope(self, max_positions, head_size)
         self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
 
     def _project(self, layer, h: torch.Tensor, pos: int) -> tuple:
@@ -599,16 +612,10 @@ class TinyMLA(_PagedDecoder, torch.nn.Module):
             layer.w_uk = w.normal(n_heads * qk_nope_head_dim, kv_lora_rank, scale=kv_lora_rank ** -0.5)
             layer.w_uv = w.normal(n_heads * v_head_dim, kv_lora_rank, scale=kv_lora_rank ** -0.5)
             layer.wo = w.normal(d_model, n_heads * v_head_dim, scale=(n_heads * v_head_dim) ** -0.5)
-            layer.mlp_norm = w.norm(d_model)
-            layer.w_gate = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_up = w.normal(d_ff, d_model, scale=d_model ** -0.5)
-            layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
+            _add_swiglu_mlp(layer, w, d_model, d_ff)
             self.layers.append(layer)
-        self.final_norm = w.norm(d_model)
-        self.lm_head = w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
-        cos, sin = _rope_tables(max_positions, qk_rope_head_dim)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.final_norm, self.lm_head = _final_norm_and_head(w, vocab, d_model)
+        _register_rope(self, max_positions, qk_rope_head_dim)
         self.attention_layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
 
     @property
