@@ -118,7 +118,7 @@ class SchedulerSide:
         self._medium = "CPU"
         self._step = 0  # build_connector_meta calls so far
         self._steps_ahead = geometry.steps_ahead
-        self._finishing = {}  # req_id -> finished RequestState with saves of steps still in flight
+        self._unreported = {}  # req_id -> RequestState (live or finished) with saves not yet in events
         self._scope(None)
 
     @property
@@ -306,6 +306,7 @@ class SchedulerSide:
         if save is not None:
             meta.saves.append(save)
             state.stored_pending.append((save.first, state.saved, self._step))
+            self._unreported[state.req_id] = state
 
     def promised_loads(self, scheduler_output):
         """The loads vLLM was already promised for this step's requests
@@ -325,6 +326,7 @@ class SchedulerSide:
     def forget(self, request):
         """request_finished of a disabled connector."""
         self._requests.pop(request.request_id, None)
+        self._unreported.pop(request.request_id, None)
         return False, None
 
     def _executed_through(self):
@@ -337,9 +339,9 @@ class SchedulerSide:
         """BlockStored for every save that has run, of live requests and of
         finished ones whose last saves were still in flight."""
         done = self._executed_through()
-        for state in list(self._requests.values()) + list(self._finishing.values()):
+        for state in self._unreported.values():
             self._emit_stored(state, through_step=done)
-        self._finishing = {r: st for r, st in self._finishing.items() if st.stored_pending}
+        self._unreported = {r: st for r, st in self._unreported.items() if st.stored_pending}
 
     def update_connector_output(self, connector_output):
         """After a step ran: the saves that have run are in the arena
@@ -356,8 +358,8 @@ class SchedulerSide:
         if not state.started:
             self._hint_all(state, lambda c, i, keys: c.finished(_hint_id(state, i)))
         self._emit_stored(state, through_step=self._executed_through())
-        if state.stored_pending:  # a save of a step still in flight: its event waits for it
-            self._finishing[request.request_id] = state
+        if not state.stored_pending:  # else a save of a step still in flight: its event waits for it
+            self._unreported.pop(request.request_id, None)
         return False, None
 
     def _emit_stored(self, state, through_step):
