@@ -98,14 +98,46 @@ class GroupGeometry:
     mla: bool
     window_tokens: int = None
     stage_layers: list = None  # KV layers of this group in each pipeline stage
+    vllm_index: int = None     # the group's index among all of vLLM's KV cache groups
+    state: bool = False        # recurrent state (Mamba/GDN): one state per block boundary, not per token
+
+    @property
+    def object_kind(self):
+        return "recurrent_state" if self.state else "kv"
 
 
-def _group(index, group, cache_config):
+def state_bytes(spec):
+    """Bytes of one recurrent state of one layer (a MambaSpec's shapes and
+    dtypes; its page may be padded beyond them)."""
+    import torch
+    return sum(int(torch.Size(shape).numel()) * _element_size(dtype) for shape, dtype in zip(spec.shapes, spec.dtypes))
+
+
+def _state_group(index, group, spec, cache_config, block_tokens):
+    """The GroupGeometry of a recurrent-state (Mamba/GDN) group. Only vLLM's
+    "align" prefix-caching mode keeps a state at block boundaries and offers
+    it to connectors; any other mode is Unsupported."""
+    mode = getattr(cache_config, "mamba_cache_mode", None)
+    if mode != "align":
+        raise Unsupported(f"a {type(spec).__name__} KV cache group (recurrent state) needs vLLM's mamba_cache_mode "
+                          f"'align' (prefix caching on), not {mode!r}")
+    size = state_bytes(spec)
+    if size <= 0:
+        raise Unsupported(f"a {type(spec).__name__} KV cache group of no state bytes")
+    dtype = "_".join(_dtype_name(d) for d in spec.dtypes)
+    # One state per kvtier block, stored as the namespace's per-layer span
+    # (block_tokens * bytes_per_token bytes, the state first, zeros after).
+    return GroupGeometry(index, list(group.layer_names), size, -(-size // block_tokens), dtype, False, state=True)
+
+
+def _group(index, group, cache_config, block_tokens):
     """The GroupGeometry of one transferred group, or Unsupported."""
     spec = _layer_spec(group.kv_cache_spec)
+    if _is_a(spec, "MambaSpec"):
+        return _state_group(index, group, spec, cache_config, block_tokens), spec
     if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
-        raise Unsupported(f"a {type(spec).__name__} KV cache group (recurrent state such as Mamba/GDN is not "
-                          f"stored by this connector yet; attention and MLA caches are)")
+        raise Unsupported(f"a {type(spec).__name__} KV cache group (only attention, MLA and Mamba-style "
+                          f"recurrent state are stored)")
     quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
     if quant not in _STORABLE_QUANT_MODES:
         raise Unsupported(f"KV quantization mode {quant} keeps scales kvtier does not store")
@@ -126,11 +158,14 @@ def _group(index, group, cache_config):
 class Geometry:
     """Everything both sides derive from the configuration alone. Raises
     Unsupported (one reason) for what kvtier cannot store faithfully: a
-    group that is not attention or MLA (Mamba/GDN state), quantized KV with
-    scales outside the cache, decode or prefill context parallelism,
-    compressed states, chunked local attention, groups of different block
-    sizes, or no model revision. Several groups (vLLM's hybrid KV cache
-    manager: full attention and sliding window) get one namespace each."""
+    group that is not attention, MLA or Mamba-style recurrent state,
+    recurrent state outside vLLM's "align" mode, quantized KV with scales
+    outside the cache, decode or prefill context parallelism, compressed
+    states, chunked local attention, groups of different block sizes, or
+    no model revision. Several groups (vLLM's hybrid KV cache manager: full
+    attention, sliding window, recurrent state) get one namespace each; a
+    recurrent-state group's namespace has object_kind "recurrent_state" and
+    holds one state per kvtier block, the state after that block."""
 
     def __init__(self, vllm_config, kv_cache_config, pp_rank=0):
         """`kv_cache_config` is that of pipeline stage `pp_rank` (the
@@ -148,14 +183,9 @@ class Geometry:
         transferred = _transferred_groups(kv_cache_config)
         if not transferred:
             raise Unsupported("no KV cache group to transfer")
-        made = [_group(i, g, vllm_config.cache_config) for i, g in enumerate(transferred)]
-        self.groups = [g for g, _ in made]
-        specs = [spec for _, spec in made]
+        specs = [_layer_spec(g.kv_cache_spec) for g in transferred]
         if len({s.block_size for s in specs}) != 1:
             raise Unsupported(f"KV cache groups of block sizes {sorted({s.block_size for s in specs})}")
-        if len({g.mla for g in self.groups}) != 1:
-            raise Unsupported("MLA and non-MLA KV cache groups together")
-        self.mla = self.groups[0].mla or bool(getattr(model, "use_mla", False))
         self.engine_block = specs[0].block_size
         self.num_blocks = kv_cache_config.num_blocks
         default_tokens = max(1, 256 // self.engine_block) * self.engine_block
@@ -164,6 +194,14 @@ class Geometry:
             raise Unsupported(f"block_tokens {self.block_tokens} is not a multiple of vLLM's block size "
                               f"{self.engine_block}")
         self.per_block = self.block_tokens // self.engine_block
+        self.groups = [_group(i, g, vllm_config.cache_config, self.block_tokens)[0] for i, g in enumerate(transferred)]
+        all_groups = list(kv_cache_config.kv_cache_groups)
+        for g, group in zip(self.groups, transferred):
+            g.vllm_index = next(i for i, other in enumerate(all_groups) if other is group)
+        attention = [g for g in self.groups if not g.state]
+        if len({g.mla for g in attention}) > 1:
+            raise Unsupported("MLA and non-MLA KV cache groups together")
+        self.mla = any(g.mla for g in attention) or bool(getattr(model, "use_mla", False))
         self.form = self._form(kv_cache_config, extra)
         self.tp_size = getattr(parallel, "tensor_parallel_size", 1)
         self.pp_size = getattr(parallel, "pipeline_parallel_size", 1)
@@ -244,12 +282,14 @@ class Geometry:
         else:
             tp_size = self.tp_size
         g = self.groups[group]
-        layout = f"vllm_{self.form}" if len(self.groups) == 1 else f"vllm_{self.form}_g{group}of{len(self.groups)}"
+        form = "state" if g.state else self.form
+        layout = f"vllm_{form}" if len(self.groups) == 1 else f"vllm_{form}_g{group}of{len(self.groups)}"
         ns = kvtier.Namespace(model_id=self.model_id, model_revision=self.revision, kv_dtype=g.dtype,
                               block_tokens=self.block_tokens, layer_count=g.stage_layers[pp_rank],
                               bytes_per_token_per_layer=g.bytes_per_token,
                               kv_layout=layout, tp_rank=tp_rank, tp_size=tp_size,
-                              adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "")
+                              adapter_id=adapter[0] if adapter else "", adapter_revision=adapter[1] if adapter else "",
+                              object_kind=g.object_kind)
         ns.pp_rank, ns.pp_size = pp_rank, self.pp_size
         return ns
 
@@ -274,11 +314,24 @@ class Geometry:
     def first_read(self, group, end):
         """The first kvtier block the layers of `group` read when computing
         resumes after kvtier block `end`: 0 for full attention, the window's
-        first block for sliding-window attention."""
+        first block for sliding-window attention, and for recurrent state the
+        state stored with block end - 1 (the state after `end` blocks)."""
+        if self.groups[group].state:
+            return max(0, end - 1)
         window = self.groups[group].window_tokens
         if not window:
             return 0
         return max(0, end * self.block_tokens - window + 1) // self.block_tokens
+
+    @property
+    def state_groups(self):
+        """Indices of the recurrent-state groups."""
+        return [g.index for g in self.groups if g.state]
+
+    def group_of_vllm(self, vllm_index):
+        """The index of the transferred group that is vLLM's group
+        `vllm_index`, or None."""
+        return next((g.index for g in self.groups if g.vllm_index == vllm_index), None)
 
     def saves_on(self, tp_rank):
         """Whether the worker of `tp_rank` saves: every rank has its own KV

@@ -71,12 +71,28 @@ class SaveSpec:
 
 
 @dataclass
+class StateSave:
+    """Save the recurrent state of group `group` held in engine block
+    `block_id` as the state after kvtier block `boundary` - 1 (its first
+    `boundary` blocks): keys[j] is [the key] for each namespace j of that
+    group, [] for the others. Saved after the step's forward pass, which
+    may be the one that writes it."""
+    req_id: str
+    group: int
+    block_id: int
+    boundary: int
+    keys: list
+    adapter: tuple = None
+
+
+@dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """One step's plan for every worker (picklable). layer_counts: the
     layer count of each namespace as the scheduler keys it, which every
     worker checks against its own."""
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
+    state_saves: list = field(default_factory=list)
     layer_counts: list = None
 
 
@@ -87,10 +103,10 @@ class RequestState:
     hint_id: int
     tokens: list          # the prompt's token ids
     keys: list            # per namespace: keys of every whole kvtier block of the prompt
-    pending: dict = None  # namespace -> kvtier.PendingLookup while a lookup is in flight
-    phase: int = 0        # 1: full-attention prefixes asked, 2: sliding windows asked
-    candidate: int = 0    # the hit the window lookups check
-    window_first: dict = field(default_factory=dict)  # namespace -> first block its window lookup asked
+    pending: dict = None  # namespace j, or (j, boundary) for a state -> kvtier.PendingLookup in flight
+    phase: int = 0        # 1: full-attention prefixes asked, 2: windows and states asked, 3: windows again
+    candidate: int = 0    # the hit the phase's lookups check
+    asked: dict = field(default_factory=dict)  # lookup in flight -> (first, end) kvtier blocks it asked
     hits: int = None      # kvtier blocks every rank and group holds, once looked up
     load: tuple = None    # (first kvtier block, end, engine skip) after allocation
     block_ids: list = field(default_factory=list)  # per group: the engine block table
@@ -125,7 +141,10 @@ def plan_save(state, computed_tokens, geometry):
     if full <= state.saved or len(state.block_ids) != len(geometry.groups):
         return None
     spans = []
-    for table in state.block_ids:
+    for g, table in enumerate(state.block_ids):
+        if geometry.groups[g].state:
+            spans.append(None)  # states are saved from vLLM's offers (plan_state_saves), never from the table
+            continue
         ids = engine_blocks(table, state.saved, full, geometry.per_block)
         if ids is None:
             return None
@@ -134,6 +153,9 @@ def plan_save(state, computed_tokens, geometry):
             if NULL_BLOCK in block:
                 start = b + 1
         spans.append(GroupSpan(state.saved + start, ids[start:]) if start < len(ids) else None)
+    if all(span is None for span in spans):
+        state.saved = full
+        return None
     firsts = [span.first if span is not None else full for span in spans]
     keys = [k[firsts[_group_of(geometry, j)]:full] for j, k in enumerate(state.keys)]
     parents = [k[firsts[_group_of(geometry, j)] - 1] if firsts[_group_of(geometry, j)] > 0 else None
@@ -158,6 +180,42 @@ def plan_load(state, geometry):
         ids = engine_blocks(table, start, end, geometry.per_block)
         if ids is None:
             return None
+        if geometry.groups[g].state:
+            # The state after `end` blocks goes into the last engine block of
+            # the hit; vLLM allocates the null block for the others.
+            ids = [[NULL_BLOCK] * (len(ids[-1]) - 1) + [ids[-1][-1]]]
+            spans.append(GroupSpan(end - 1, ids))
+            continue
         spans.append(GroupSpan(start, ids, skip if start == first else 0))
     keys = [k[spans[_group_of(geometry, j)].first:end] for j, k in enumerate(state.keys)]
     return LoadSpec(state.req_id, first, keys, spans, state.adapter)
+
+
+def step_offers(scheduler_output):
+    """vLLM's boundary-state hand-offs of this step, {req_id: [(vLLM group
+    id, block id, boundary tokens), ...]}: the engine blocks that hold a
+    recurrent state committed at a block boundary (Mamba "align" mode).
+    vLLM 0.29 puts them in kv_connector_block_state.boundary_state_offloads,
+    0.28 in partial_tail_offloads; either spelling is read."""
+    block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+    offers = getattr(block_state, "boundary_state_offloads", None) if block_state is not None else None
+    if offers is None:
+        offers = getattr(scheduler_output, "partial_tail_offloads", None)
+    return offers or {}
+
+
+def plan_state_saves(state, offers, geometry):
+    """The StateSaves of one request's offers: only states at a whole kvtier
+    block boundary inside the keyed prompt, of a recurrent-state group, in a
+    real (non-null) block."""
+    saves = []
+    for vllm_group, block_id, boundary_tokens in offers:
+        group = geometry.group_of_vllm(vllm_group)
+        if group is None or not geometry.groups[group].state or block_id == NULL_BLOCK or block_id < 0:
+            continue
+        boundary, rest = divmod(int(boundary_tokens), geometry.block_tokens)
+        if rest or not 1 <= boundary <= len(state.keys[0]):
+            continue
+        keys = [k[boundary - 1:boundary] if _group_of(geometry, j) == group else [] for j, k in enumerate(state.keys)]
+        saves.append(StateSave(state.req_id, group, int(block_id), boundary, keys, state.adapter))
+    return saves

@@ -18,7 +18,8 @@ import time
 
 import kvtier
 from kvtier.integrations._vllm_events import AllBlocksCleared, BlockStored
-from kvtier.integrations._vllm_plan import KvtierConnectorMetadata, RequestState, plan_load, plan_save
+from kvtier.integrations._vllm_plan import (KvtierConnectorMetadata, RequestState, plan_load, plan_save,
+                                            plan_state_saves, step_offers)
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -177,11 +178,14 @@ class SchedulerSide:
         state.engine_hashes = getattr(request, "block_hashes", None)
 
     def _hint_all(self, state, call):
-        """One hint per rank's namespace, sent in the background."""
+        """One hint per rank's KV namespace (recurrent states, stored at a
+        few boundaries only, are not hinted), sent in the background."""
         scope = self._scope(state.adapter)
         if scope.client is None or not state.keys[0]:
             return
         for i, keys in enumerate(state.keys):
+            if self._kind(i) == "state":
+                continue
             self._hints.submit(scope.client, lambda c, i=i, keys=keys: call(c, i, keys))
 
     def flush_hints(self, timeout=10.0):
@@ -207,44 +211,91 @@ class SchedulerSide:
     def _lookup(self, state, client, usable):
         """The kvtier blocks every rank and group holds, or None while an
         answer is out. Phase 1 asks each full-attention namespace for its
-        prefix from block 0; phase 2 asks each sliding-window namespace for
-        the blocks its window reads at the hit phase 1 found. An answer
-        later than lookup_timeout counts as a miss."""
+        prefix from block 0 (up to `usable`), giving a candidate n. Phase 2
+        asks each sliding-window namespace for the blocks its window reads
+        at n, and each recurrent-state namespace for the state after every
+        block up to n (one key each). The hit is the largest m <= n whose
+        state is stored in every state group and whose windows were seen
+        stored; when the states end below the checked windows, phase 3 asks
+        the windows at that m. An answer later than lookup_timeout counts as
+        a miss."""
+        g = self._g
         if state.pending is None:
             state.phase, state.candidate = 1, usable
-            self._send(state, client, {j: 0 for j in range(len(state.keys))
-                                       if not self._g.groups[j % len(self._g.groups)].window_tokens}, usable)
+            full = [j for j in range(len(state.keys)) if self._kind(j) == "full"]
+            self._send(state, client, {j: (0, usable) for j in full})  # none: every block is a candidate
             self._stats.add("lookups", 1)
+        answers = self._answers(state)
+        if answers is None:
+            return None
+        if answers is False:
+            return 0
+        asked = state.asked
+        state.pending = None
+        if state.phase == 1:
+            n = min([state.candidate] + [asked[j][0] + a for j, a in answers.items()])
+            windows = [j for j in range(len(state.keys)) if self._kind(j) == "window"]
+            states = [j for j in range(len(state.keys)) if self._kind(j) == "state"]
+            if n == 0 or not (windows or states):
+                return n
+            state.phase, state.candidate = 2, n
+            requests = {j: (g.first_read(j % len(g.groups), n), n) for j in windows}
+            requests.update({(j, m): (m - 1, m) for j in states for m in range(1, n + 1)})
+            self._send(state, client, requests)
+            return self._lookup(state, client, usable)
+        windows = {j: (asked[j][0], asked[j][0] + a) for j, a in answers.items() if not isinstance(j, tuple)}
+        if state.phase == 2:
+            states = {j for j in answers if isinstance(j, tuple)}
+            namespaces = {j for j, _ in states}
+            stored = [m for m in range(state.candidate, 0, -1)
+                      if all(answers.get((j, m), 0) == 1 for j in namespaces)]
+            for m in stored:
+                if self._windows_hold(windows, m):
+                    return m
+            if not stored or not windows or stored[0] == state.candidate:
+                return 0  # conservative: no point below a failed window was checked
+            # The states end below the checked windows: ask the windows there.
+            m = stored[0]
+            state.phase, state.candidate = 3, m
+            self._send(state, client, {j: (g.first_read(j % len(g.groups), m), m) for j in windows})
+            return self._lookup(state, client, usable)
+        return state.candidate if self._windows_hold(windows, state.candidate) else 0
+
+    def _kind(self, j):
+        """"full", "window" or "state": the kind of namespace j's group."""
+        group = self._g.groups[j % len(self._g.groups)]
+        return "state" if group.state else ("window" if group.window_tokens else "full")
+
+    def _windows_hold(self, windows, m):
+        """Whether every window group's stored run [first, end) covers what
+        its window reads at m."""
+        g = self._g
+        return all(first <= g.first_read(j % len(g.groups), m) and m <= end for j, (first, end) in windows.items())
+
+    def _answers(self, state):
+        """{request: prefix blocks} once every lookup in flight answered,
+        False when one failed or they took longer than lookup_timeout (a
+        miss), None while they are out."""
         if not all(p.done() for p in state.pending.values()):
             if time.monotonic() - state.pending_since < self._g.lookup_timeout:
                 return None
             logger.warning("kvtier: a lookup took over %.1f s; counted as a miss", self._g.lookup_timeout)
             state.pending = None
-            return 0
+            return False
         try:
-            answers = {j: p.result().prefix_blocks for j, p in state.pending.items()}
+            return {j: p.result().prefix_blocks for j, p in state.pending.items()}
         except kvtier.Error as e:
             logger.warning("kvtier: lookup failed: %s", e)
             state.pending = None
-            return 0
-        state.pending = None
-        n = min([state.candidate] + [state.window_first[j] + a for j, a in answers.items()])
-        if state.phase == 2:
-            # Every window must hold the blocks read at n.
-            ok = all(self._g.first_read(j % len(self._g.groups), n) >= state.window_first[j] for j in answers)
-            return n if ok else 0
-        windows = {j: self._g.first_read(j % len(self._g.groups), n) for j in range(len(state.keys))
-                   if self._g.groups[j % len(self._g.groups)].window_tokens}
-        if n == 0 or not windows:
-            return n
-        state.phase, state.candidate = 2, n
-        self._send(state, client, windows, n)
-        return self._lookup(state, client, usable)
+            return False
 
-    def _send(self, state, client, firsts, end):
-        """Asynchronous lookups of keys[j][firsts[j]:end] for each namespace j."""
-        state.window_first = dict(firsts)
-        state.pending = {j: client.lookup_async(j, state.keys[j][first:end]) for j, first in firsts.items()}
+    def _send(self, state, client, requests):
+        """Asynchronous lookups: request r -> (first, end) asks namespace j
+        (r itself, or r[0] for a state lookup) for keys[j][first:end]."""
+        state.asked = dict(requests)
+        state.pending = {r: client.lookup_async(r[0] if isinstance(r, tuple) else r,
+                                                state.keys[r[0] if isinstance(r, tuple) else r][first:end])
+                         for r, (first, end) in requests.items()}
         state.pending_since = time.monotonic()
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -290,6 +341,10 @@ class SchedulerSide:
             # again on resume.
             if state is not None and req_id not in scheduled:
                 state.hits, state.pending, state.load, state.block_ids = None, None, None, []
+        for req_id, offers in step_offers(scheduler_output).items():
+            state = self._requests.get(req_id)
+            if state is not None and state.may_save:
+                meta.state_saves.extend(plan_state_saves(state, offers, self._g))
         return meta
 
     def _plan(self, state, computed_tokens, meta):

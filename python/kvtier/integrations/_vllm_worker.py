@@ -11,6 +11,9 @@ Layer copies of a save run on a gather thread while the forward pass goes
 on, and wait_for_save waits for them; commits run on a committer thread. A block that
 fails to load is reported, with every later block of its request, by
 get_block_ids_with_load_errors, so vLLM recomputes from there.
+Recurrent-state groups (Mamba "align" mode) are moved by _vllm_state's
+StateMover: loads whole in start_load_kv, saves of vLLM's offered states in
+wait_for_save.
 
 Thread: vLLM's worker thread calls every method; the loader thread only
 copies loaded layers into engine blocks of this step's loads; the gather thread only
@@ -27,6 +30,7 @@ import kvtier
 from kvtier.integrations import _kv_layout
 from kvtier.integrations._kv_layout import Unsupported
 from kvtier.integrations._vllm_plan import NULL_BLOCK
+from kvtier.integrations._vllm_state import StateMover
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -58,7 +62,8 @@ class WorkerSide:
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-load")
         self._loading = None             # Future of the loader thread's work this step
         self._layer_ready = {}           # layer name -> threading.Event, this step's layer-wise loads
-        self._load_order = []            # transferred layers in the order vLLM registered them
+        self._load_order = []            # transferred attention layers in the order vLLM registered them
+        self._states = StateMover(self)  # the recurrent-state groups' layers
         self.disabled = None             # the reason, once the worker serves without the cache
 
     @property
@@ -77,6 +82,10 @@ class WorkerSide:
             missing = [n for n in group.layer_names if n not in kv_caches]
             if missing:
                 raise Unsupported(f"vLLM registered no KV cache for {missing[0]} (group {group.index})")
+            self.namespaces[group.index].layer_count = len(group.layer_names)
+            if group.state:
+                self._states.register(group, kv_caches, g.num_blocks)
+                continue
             for i, name in enumerate(group.layer_names):
                 form = _kv_layout.describe(kv_caches[name], g.num_blocks, g.engine_block, group.page_bytes)
                 if form.name != g.form:
@@ -84,7 +93,6 @@ class WorkerSide:
                                       f"(set kv_connector_extra_config.kv_layout)")
                 self._layer_of[name] = (group.index, i)
                 self.kv_caches[name] = kv_caches[name]
-            self.namespaces[group.index].layer_count = len(group.layer_names)
         self._load_order = [name for name in kv_caches if name in self._layer_of]
         self._ensure_client()
 
@@ -142,7 +150,10 @@ class WorkerSide:
         whole-block mode every layer is copied before returning."""
         if self.disabled is not None or not meta.loads:
             return
-        self._loads = [_ActiveLoad(self, spec, group) for spec in meta.loads for group in range(len(self._g.groups))]
+        for spec in self._states.load(meta.loads):
+            self._load_errors.update(spec.engine_block_ids())  # vLLM recomputes the whole load
+        self._loads = [_ActiveLoad(self, spec, group) for spec in meta.loads for group in range(len(self._g.groups))
+                       if not self._g.groups[group].state]
         if not self._g.layerwise:
             self._load_layers(self._loads, {})
             self.end_loads()
@@ -252,10 +263,21 @@ class WorkerSide:
             if not self._gathered(req_id, entry):
                 entry.save.abort()  # a layer never came or failed: nothing is published
                 continue
-            self._stats.add("save_blocks", len(entry.span.block_ids))
-            self._stats.add("save_bytes", len(entry.span.block_ids) * self.namespaces[group].block_bytes)
+            self.account_save(group, len(entry.span.block_ids))
             self.committer.submit(_finish, entry.save, req_id)
         self._saves = {}
+        if meta is not None and self.disabled is None and self._saves_here and meta.state_saves:
+            self._states.save(meta.state_saves)
+
+    def account_save(self, group, blocks):
+        """Counts `blocks` kvtier blocks of `group` handed to the committer."""
+        self._stats.add("save_blocks", blocks)
+        self._stats.add("save_bytes", blocks * self.namespaces[group].block_bytes)
+
+    def account_load(self, group, blocks):
+        """Counts `blocks` kvtier blocks of `group` loaded."""
+        self._stats.add("load_blocks", blocks)
+        self._stats.add("load_bytes", blocks * self.namespaces[group].block_bytes)
 
     def _gathered(self, req_id, entry):
         """Waits for a save's layer copies and declares them written; False
