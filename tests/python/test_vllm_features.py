@@ -4,6 +4,8 @@ update, KV events, stats and Prometheus counters, the per-request
 opt-out, whole-block mode for full CUDA graphs, a request preempted and
 resumed in one step, and pipeline stages of uneven size."""
 
+import time
+
 import pytest
 import torch
 
@@ -320,4 +322,33 @@ def test_a_streaming_input_session_keys_its_longer_prompt(model, daemon):
     assert len(state.tokens) == 19 and len(state.keys[0]) == 2 and state.saved == 1
     grown = rank_keys(a, list(request.prompt_token_ids))[0][0]
     assert state.keys[0] == grown
+    a.shutdown()
+
+
+def test_a_resumed_streaming_session_saves_its_next_chunk(model, daemon):
+    """vLLM parks a finished chunk of a streaming-input session (no
+    request_finished, blocks kept) and, with the next chunk, grows the same
+    Request's prompt and schedules it as a new request with its computed
+    tokens and no lookup. The connector must key the grown prompt there, or
+    nothing after the first chunk is ever saved."""
+    from mini_vllm.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+    a = kvtier_engine(model, daemon)
+    sched = a.scheduler_connector
+    first = prompt(11, 13)  # one whole kvtier block (8 tokens)
+    request = a.make_request(first, 1, "s1")
+    while sched.get_num_new_matched_tokens(request, 0)[0] is None:
+        time.sleep(0.005)
+
+    def step(computed, scheduled, table):
+        out = SchedulerOutput([NewRequestData("s1", list(request.prompt_token_ids), [], None, None, (table,),
+                                              computed, None)],
+                              CachedRequestData.make_empty(), {"s1": scheduled}, scheduled, {}, {}, [0], set(), [])
+        return sched.build_connector_meta(out)
+    meta = step(0, 13, [1, 2, 3, 4])
+    assert [(s.first, len(s.keys[0])) for s in meta.saves] == [(0, 1)]
+    # The session's next chunk: the computed output token and 12 new tokens.
+    request.prompt_token_ids.extend([7] + prompt(12, 12))
+    meta = step(14, 12, [1, 2, 3, 4, 5, 6, 7])
+    grown = rank_keys(a, list(request.prompt_token_ids))[0][0]
+    assert [(s.first, s.keys[0]) for s in meta.saves] == [(1, grown[1:3])]
     a.shutdown()

@@ -119,6 +119,7 @@ class RequestState:
     lora_id: int = None
     pending_since: float = 0.0  # when the lookups in flight were sent (time.monotonic)
     stored_pending: list = field(default_factory=list)  # (first, end, step) kvtier blocks saved, not yet in events
+    request: object = None  # vLLM's Request (a streaming-input session grows its prompt in place)
 
 
 def engine_blocks(table, first, end, per_block):

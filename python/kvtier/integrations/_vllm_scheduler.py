@@ -157,7 +157,8 @@ class SchedulerSide:
                                  [h.keys(tokens, cache_salt=salt, extras=extras) for h in scope.hashers],
                                  adapter=adapter, may_load=load, may_save=save,
                                  engine_hashes=getattr(request, "block_hashes", None),
-                                 lora_id=getattr(getattr(request, "lora_request", None), "lora_int_id", None))
+                                 lora_id=getattr(getattr(request, "lora_request", None), "lora_int_id", None),
+                                 request=request)
             self._requests[request.request_id] = state
             self._hint_all(state, lambda c, i, keys: c.enqueue(_hint_id(state, i), i, keys))
         return state
@@ -319,6 +320,10 @@ class SchedulerSide:
             state = self._requests.get(req.req_id)
             if state is None:
                 continue  # never looked up (no prompt ids)
+            if state.request is not None and len(state.request.prompt_token_ids or ()) != len(state.tokens):
+                # A streaming-input session resumed with its next chunk: vLLM
+                # schedules it as new, holding its blocks, without a lookup.
+                self._prompt_changed(state, state.request)
             state.block_ids = [list(ids) for ids in req.block_ids]
             self._plan(state, req.num_computed_tokens + scheduled.get(req.req_id, 0), meta)
         cached = scheduler_output.scheduled_cached_reqs
