@@ -45,6 +45,12 @@ With vLLM's hybrid KV cache manager each layer has the block table of its KV cac
 (SeqInput.layer_block_tables); a sliding-window group's table holds the null block (0)
 before the window, which the layer never reads nor writes.
 
+Recurrent state (TinyHybridRecurrent): a sliding-window attention layer and a recurrent layer
+whose state lives in the layer's Mamba pages ([num_blocks, 1, 1, state bytes] int8 views, the
+state's fp32 bytes first), read and written through the layer's block table as vLLM's recurrent
+kernels do: the initial state from entry cdiv(n, bs) - 1 (none when n = 0), the final state to
+entry cdiv(n + new, bs) - 1, bs being the Mamba group's block size.
+
 Tensor parallelism: the model always computes all heads; a `KVShard` is one
 rank's caches and the heads `[kv_head_start, kv_head_end)` tensor parallelism
 gives it (`model.num_tp_heads` of them in all): KV heads for TinyDecoder and
@@ -66,7 +72,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "AttnMetadata", "HybridOutput", "KVCache", "KVShard", "SeqInput", "TinyDecoder", "TinyGemma", "TinyHybrid",
-    "TinyMLA",
+    "TinyHybridRecurrent", "TinyMLA",
     "greedy_generate", "kv_planes", "make_deterministic", "slot_mapping", "tp_head_range",
 ]
 
@@ -157,16 +163,24 @@ class SeqInput:
     (consecutive, starting at the request's num_computed_tokens) and the request's block
     table (group 0, covering every position up to the last one). layer_block_tables (optional,
     vLLM's hybrid KV cache manager): layer name -> the block table of that layer's KV cache
-    group; a sliding-window group's table has the null block (0) for blocks before the window."""
+    group; a sliding-window group's table has the null block (0) for blocks before the window.
+    layer_block_sizes (optional): layer name -> tokens per block of that layer's group, when it
+    is not the model's block size (a Mamba group in "none" mode: one block of max_model_len)."""
     token_ids: Sequence[int]
     positions: Sequence[int]
     block_table: Sequence[int]
     layer_block_tables: Optional[dict] = None
+    layer_block_sizes: Optional[dict] = None
 
     def table_for(self, layer_name: str) -> Sequence[int]:
         if self.layer_block_tables is not None and layer_name in self.layer_block_tables:
             return self.layer_block_tables[layer_name]
         return self.block_table
+
+    def block_size_for(self, layer_name: str, default: int) -> int:
+        if self.layer_block_sizes is not None and layer_name in self.layer_block_sizes:
+            return self.layer_block_sizes[layer_name]
+        return default
 
 
 @dataclass
@@ -343,6 +357,12 @@ def _add_swiglu_mlp(layer, w, d_model: int, d_ff: int) -> None:
     layer.w_down = w.normal(d_model, d_ff, scale=d_ff ** -0.5)
 
 
+def _swiglu_mlp(layer, x: torch.Tensor) -> torch.Tensor:
+    """x + the layer's SwiGLU MLP of RMSNorm(x) (weights of _add_swiglu_mlp)."""
+    h = _rms_norm(x, layer.mlp_norm)
+    return x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
+
+
 def _final_norm_and_head(w, vocab: int, d_model: int) -> tuple:
     """The final norm and the LM head, drawn in this order from `w`."""
     return w.norm(d_model), w.normal(vocab, d_model, scale=2.0 * d_model ** -0.5)
@@ -406,10 +426,10 @@ class _PagedAttentionMixin:
             assert len(seq.token_ids) == len(seq.positions) > 0
             p0 = int(seq.positions[0])
             assert list(seq.positions) == list(range(p0, p0 + len(seq.positions))), "positions must be consecutive"
-            last_block = int(seq.positions[-1]) // self.block_size
-            assert last_block < len(seq.block_table), "block table too short"
-            for table in (seq.layer_block_tables or {}).values():
-                assert last_block < len(table), "block table too short"
+            last_pos = int(seq.positions[-1])
+            assert last_pos // self.block_size < len(seq.block_table), "block table too short"
+            for name, table in (seq.layer_block_tables or {}).items():
+                assert last_pos // seq.block_size_for(name, self.block_size) < len(table), "block table too short"
             assert int(seq.positions[-1]) < self.max_positions
 
     def layer_window(self, layer_index: int) -> Optional[int]:
@@ -459,28 +479,33 @@ class _PagedDecoder(_PagedAttentionMixin):
             return slot_cache[key]
 
         for li, (layer, name) in enumerate(zip(self.layers, self.attention_layer_names)):
-            all_slots = [slots_of(seq, name) for seq in seqs]
-            default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
-            if before_layer is not None:
-                before_layer(li, name)
-            self._call_wait(shards, name)
-            queries = []
-            for seq, xs, slots in zip(seqs, hidden, all_slots):
-                qs = []
-                for x, pos in zip(xs, seq.positions):
-                    query, entry = self._project(layer, _rms_norm(x, layer.attn_norm), int(pos))
-                    self._store(shards, name, int(slots[int(pos)]), entry)
-                    qs.append(query)
-                queries.append(qs)
-            for seq, xs, slots, qs in zip(seqs, hidden, all_slots, queries):
-                for i, (pos, q) in enumerate(zip(seq.positions, qs)):
-                    seen = self.attended_positions(li, int(pos))
-                    attn = self._attention(shards, name, layer, q, slots[seen.start:seen.stop])
-                    x = xs[i] + F.linear(attn, layer.wo)
-                    h = _rms_norm(x, layer.mlp_norm)
-                    xs[i] = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
-            self._call_save(shards, name, default_meta)
+            self._attention_layer(li, layer, name, seqs, hidden, shards, slots_of, before_layer)
         return [torch.cat([F.linear(_rms_norm(x, self.final_norm), self.lm_head) for x in xs]) for xs in hidden]
+
+    def _attention_layer(self, li: int, layer, name: str, seqs, hidden: list, shards, slots_of,
+                         before_layer: Any = None) -> None:
+        """Layer `li` (attention + SwiGLU MLP) over every request, updating `hidden` in place:
+        wait_for_layer_load, K/V of all new tokens written, attention per token, save_kv_layer."""
+        all_slots = [slots_of(seq, name) for seq in seqs]
+        default_meta = AttnMetadata(torch.cat([s[int(seq.positions[0]):] for s, seq in zip(all_slots, seqs)]))
+        if before_layer is not None:
+            before_layer(li, name)
+        self._call_wait(shards, name)
+        queries = []
+        for seq, xs, slots in zip(seqs, hidden, all_slots):
+            qs = []
+            for x, pos in zip(xs, seq.positions):
+                query, entry = self._project(layer, _rms_norm(x, layer.attn_norm), int(pos))
+                self._store(shards, name, int(slots[int(pos)]), entry)
+                qs.append(query)
+            queries.append(qs)
+        for seq, xs, slots, qs in zip(seqs, hidden, all_slots, queries):
+            for i, (pos, q) in enumerate(zip(seq.positions, qs)):
+                seen = self.attended_positions(li, int(pos))
+                attn = self._attention(shards, name, layer, q, slots[seen.start:seen.stop])
+                x = xs[i] + F.linear(attn, layer.wo)
+                xs[i] = _swiglu_mlp(layer, x)
+        self._call_save(shards, name, default_meta)
 
 
 class TinyDecoder(_PagedDecoder, torch.nn.Module):
@@ -660,13 +685,18 @@ def greedy_generate(model, prompt: Sequence[int], max_new_tokens: int, return_lo
                     kv_format: str = "views", **allocate_kwargs):
     """Reference without any cache reuse: every new token recomputes the whole sequence from
     scratch in a fresh cache (KVCache.allocate(kv_format=..., **allocate_kwargs); the form does not
-    change the numerics) and takes the argmax of the last position's logits.
+    change the numerics; a model with its own allocate_caches, TinyHybridRecurrent, uses that)
+    and takes the argmax of the last position's logits.
     Returns the generated tokens (and, with return_logits, each step's last-position logits)."""
     tokens = list(prompt)
     out, logits_seen = [], []
+    own_allocate = getattr(model, "allocate_caches", None)
     for _ in range(max_new_tokens):
         num_blocks = (len(tokens) + model.block_size - 1) // model.block_size
-        caches = KVCache.allocate(model, num_blocks + 1, kv_format=kv_format, **allocate_kwargs)
+        if own_allocate is not None:
+            caches = own_allocate(num_blocks + 1)
+        else:
+            caches = KVCache.allocate(model, num_blocks + 1, kv_format=kv_format, **allocate_kwargs)
         table = list(range(1, num_blocks + 1))  # block 0 left unused, like vLLM's null block
         logits = model(tokens, list(range(len(tokens))), table, 0, caches)[-1]
         nxt = int(torch.argmax(logits))
@@ -803,3 +833,183 @@ class TinyHybrid(_PagedAttentionMixin, torch.nn.Module):
         blocks = (num_tokens + self.block_size - 1) // self.block_size
         caches = KVCache.allocate(self, blocks)
         return self.forward(list(token_ids[:num_tokens]), list(range(num_tokens)), list(range(blocks)), caches).state
+
+
+class TinyHybridRecurrent(_PagedDecoder, torch.nn.Module):
+    """A hybrid model with a recurrent layer, as vLLM runs Jamba, Nemotron-H, Granite 4 or Qwen3-Next
+    with the hybrid KV cache manager: layer 0 sliding-window attention ("model.layers.0.self_attn.attn",
+    window `sliding_window` tokens, the current one included), layer 1 a recurrent mixer
+    ("model.layers.1.mixer", the role of a Mamba/GDN layer), each followed by a SwiGLU MLP (the
+    helpers and conventions of TinyDecoder/TinyGemma; its own weights, seeded).
+
+    The mixer is a diagonal linear recurrence, fp32, scanned token by token:
+        u_t = W_u x_t  [d_inner]     b_t = W_b x_t, c_t = W_c x_t  [d_state]
+        H_t = A * H_{t-1} + u_t b_t^T          y_t = H_t c_t          x_t += W_out y_t
+    with A in (0, 1) elementwise (fixed, sigmoid of seeded values) and H [d_inner, d_state] the
+    state (640 bytes by default). Every step is one fixed-shape operation per token, so any
+    chunking, batching or resume from a stored state gives bit-identical logits and states; the
+    state after n tokens is not recoverable from a later one, so resuming at n needs exactly it.
+
+    KV cache: a SlidingWindowSpec group and a MambaSpec group under vLLM's hybrid KV cache
+    manager (sliding_window_layers = {0: W}, mamba_layer_indices = (1,), mamba_state_shapes,
+    mamba_state_dtypes, read by mini_vllm's kv_cache_specs_for). The block size is raised as vLLM
+    raises it (align_hybrid_block_size: the smallest multiple of kernel_block_alignment_size whose
+    attention page holds a state, at least `block_size`; 8 tokens by default, an attention page of
+    1024 bytes, the state's page padded from 640 to it). The state sits in the mixer's page of a
+    block: the bytes of its [num_blocks, 1, 1, state bytes] int8 view, fp32 row-major; the model
+    reads the initial state of a step from table entry cdiv(n, bs) - 1 (none when n = 0) and writes
+    the final one to entry cdiv(n + new, bs) - 1, bs the Mamba group's block size
+    (SeqInput.block_size_for; in vLLM's "align" mode the attention block size). Tensor parallelism
+    shards the state's rows with the KV heads (d_inner / n_kv_heads rows per head): each rank's page
+    holds its rows. The mixer calls no connector hooks (vLLM's maybe_transfer_kv_layer wraps
+    attention only)."""
+
+    def __init__(self, seed: int = 0, vocab: int = 101, d_model: int = 32, n_heads: int = 4, n_kv_heads: int = 2,
+                 head_size: int = 8, sliding_window: int = 12, d_inner: int = 16, d_state: int = 10,
+                 d_ff: int = 64, block_size: int = 4, kernel_block_alignment_size: int = 4,
+                 max_positions: int = 1024):
+        super().__init__()
+        from mini_vllm.kv_cache_interface import align_hybrid_block_size
+        assert n_heads % n_kv_heads == 0 and head_size % 2 == 0 and d_inner % n_kv_heads == 0
+        self.seed, self.vocab, self.d_model, self.n_layers = seed, vocab, d_model, 2
+        self.n_heads, self.n_kv_heads, self.head_size, self.head_size_v = n_heads, n_kv_heads, head_size, head_size
+        self.d_inner, self.d_state, self.d_ff, self.max_positions = d_inner, d_state, d_ff, max_positions
+        self.scale = 1.0 / math.sqrt(head_size)
+        attn_page_size_1_token = n_kv_heads * 2 * head_size * 4  # fp32 K and V
+        self.block_size, _ = align_hybrid_block_size(attn_page_size_1_token, self.state_bytes, block_size,
+                                                     kernel_block_alignment_size)
+        w = _Weights(seed)
+        self.embed = w.normal(vocab, d_model, scale=1.0)
+        attn = torch.nn.Module()
+        attn.attn_norm = w.norm(d_model)
+        attn.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
+        attn.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+        attn.wv = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+        attn.wo = w.normal(d_model, n_heads * head_size, scale=(n_heads * head_size) ** -0.5)
+        _add_swiglu_mlp(attn, w, d_model, d_ff)
+        mixer = torch.nn.Module()
+        mixer.mix_norm = w.norm(d_model)
+        mixer.w_u = w.normal(d_inner, d_model, scale=d_model ** -0.5)
+        mixer.w_b = w.normal(d_state, d_model, scale=d_model ** -0.5)
+        mixer.w_c = w.normal(d_state, d_model, scale=d_model ** -0.5)
+        mixer.decay = torch.nn.Parameter(torch.sigmoid(w.normal(d_inner, d_state, scale=1.0) + 1.5),
+                                         requires_grad=False)
+        mixer.w_out = w.normal(d_model, d_inner, scale=d_inner ** -0.5)
+        _add_swiglu_mlp(mixer, w, d_model, d_ff)
+        self.layers = torch.nn.ModuleList([attn, mixer])
+        self.final_norm, self.lm_head = _final_norm_and_head(w, vocab, d_model)
+        _register_rope(self, max_positions, head_size)
+        self.attention_layer_names = ["model.layers.0.self_attn.attn", "model.layers.1.mixer"]
+        self.sliding_window_layers = {0: sliding_window}
+        self.mamba_layer_indices = (1,)
+
+    # What mini_vllm's kv_cache_specs_for reads.
+    mamba_state_dtypes = (torch.float32,)
+
+    def mamba_state_shapes(self, tensor_parallel_size: int = 1) -> tuple:
+        """The state tensors of one rank: its share of the rows."""
+        assert self.d_inner % tensor_parallel_size == 0
+        return ((self.d_inner // tensor_parallel_size, self.d_state),)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.d_inner * self.d_state * 4
+
+    @property
+    def mixer_layer_name(self) -> str:
+        return self.attention_layer_names[1]
+
+    _project = TinyDecoder._project
+    _store = TinyDecoder._store
+    _attention = TinyDecoder._attention
+
+    @torch.no_grad()
+    def forward_batch(self, seqs: Sequence[SeqInput], kv_caches, before_layer: Any = None) -> list:
+        """As _PagedDecoder.forward_batch, layer 1 being the recurrent mixer (no hooks)."""
+        shards = _as_shards(self, kv_caches)
+        self._check_inputs(seqs, shards)
+        hidden = [[self.embed[int(t)].reshape(1, -1) for t in seq.token_ids] for seq in seqs]
+        slot_cache: dict = {}
+
+        def slots_of(seq, name):
+            table = seq.table_for(name)
+            if id(table) not in slot_cache:
+                slot_cache[id(table)] = slot_mapping(table, range(int(seq.positions[-1]) + 1), self.block_size)
+            return slot_cache[id(table)]
+
+        for li, (layer, name) in enumerate(zip(self.layers, self.attention_layer_names)):
+            if li in self.mamba_layer_indices:
+                if before_layer is not None:
+                    before_layer(li, name)
+                self._recurrent_layer(layer, name, seqs, hidden, shards)
+            else:
+                self._attention_layer(li, layer, name, seqs, hidden, shards, slots_of, before_layer)
+        return [torch.cat([F.linear(_rms_norm(x, self.final_norm), self.lm_head) for x in xs]) for xs in hidden]
+
+    def _recurrent_layer(self, layer, name: str, seqs, hidden: list, shards) -> None:
+        """The mixer + MLP over every request: each request's state read from its table, scanned
+        over its new tokens, written back to its table."""
+        owners = _owning(shards, name)
+        for seq, xs in zip(seqs, hidden):
+            table, bs = seq.table_for(name), seq.block_size_for(name, self.block_size)
+            start, end = int(seq.positions[0]), int(seq.positions[-1]) + 1
+            state = self.read_state(owners, name, table, start, bs)
+            for i, x in enumerate(xs):
+                h = _rms_norm(x, layer.mix_norm)
+                u = F.linear(h, layer.w_u).reshape(-1, 1)  # [d_inner, 1]
+                state = layer.decay * state + u * F.linear(h, layer.w_b)  # [d_inner, d_state]
+                y = (state @ F.linear(h, layer.w_c).reshape(-1, 1)).reshape(1, -1)  # [1, d_inner]
+                xs[i] = _swiglu_mlp(layer, x + F.linear(y, layer.w_out))
+            self.write_state(owners, name, table, end, bs, state)
+
+    def _state_rows(self, shard: KVShard) -> range:
+        per_head = self.d_inner // self.n_kv_heads
+        return range(shard.kv_head_start * per_head, shard.kv_head_end * per_head)
+
+    def _state_view(self, shard: KVShard, name: str, block_id: int) -> torch.Tensor:
+        """The fp32 state rows a shard's page of `block_id` holds (a view into the cache)."""
+        rows = self._state_rows(shard)
+        page = shard.kv_caches[name][block_id].reshape(-1)  # [state bytes] of the [B, 1, 1, C] view
+        return page[:len(rows) * self.d_state * 4].view(torch.float32).view(len(rows), self.d_state)
+
+    def read_state(self, shards, name: str, block_table: Sequence[int], num_computed_tokens: int,
+                   block_size: int) -> torch.Tensor:
+        """The state after `num_computed_tokens` tokens [d_inner, d_state]: zeros for 0, else the
+        shards' rows of block table entry cdiv(n, block_size) - 1 (never the null block)."""
+        if num_computed_tokens == 0:
+            return torch.zeros(self.d_inner, self.d_state)
+        block_id = int(block_table[-(-num_computed_tokens // block_size) - 1])
+        assert block_id != 0, f"the state after {num_computed_tokens} tokens would be read from the null block"
+        return torch.cat([self._state_view(s, name, block_id).clone() for s in shards])
+
+    def write_state(self, shards, name: str, block_table: Sequence[int], num_tokens: int, block_size: int,
+                    state: torch.Tensor) -> None:
+        """Writes the state after `num_tokens` tokens to table entry cdiv(n, block_size) - 1."""
+        block_id = int(block_table[-(-num_tokens // block_size) - 1])
+        assert block_id != 0, "a recurrent state written to the null block"
+        for s in shards:
+            rows = self._state_rows(s)
+            self._state_view(s, name, block_id).copy_(state[rows.start:rows.stop])
+
+    def allocate_caches(self, num_blocks: int, layout=None, tensor_parallel_size: int = 1) -> dict:
+        """dict layer name -> a zeroed "views" cache of its own (not overlaid, so one block table can
+        serve both layers, as greedy_generate uses it), as mini_vllm's workers shape them."""
+        from mini_vllm.kv_cache_interface import (KVCacheConfig, KVCacheGroupSpec, allocate_kv_caches,
+                                                  kv_cache_specs_for, kv_cache_tensor_for)
+        caches = {}
+        for name, spec in kv_cache_specs_for(self, tensor_parallel_size).items():
+            config = KVCacheConfig(num_blocks, [kv_cache_tensor_for(spec, [name], num_blocks, layout)],
+                                   [KVCacheGroupSpec([name], spec)])
+            caches.update(allocate_kv_caches(config, layout=layout))
+        return caches
+
+    def state_at(self, token_ids: Sequence[int], num_tokens: int) -> torch.Tensor:
+        """The recurrent state [d_inner, d_state] after the first `num_tokens` tokens, computed from
+        scratch (the reference for a stored or loaded state)."""
+        if num_tokens == 0:
+            return torch.zeros(self.d_inner, self.d_state)
+        blocks = -(-num_tokens // self.block_size)
+        caches = self.allocate_caches(blocks + 1)
+        table = list(range(1, blocks + 1))
+        self.forward(list(token_ids[:num_tokens]), list(range(num_tokens)), table, 0, caches)
+        return self.read_state(_as_shards(self, caches), self.mixer_layer_name, table, num_tokens, self.block_size)

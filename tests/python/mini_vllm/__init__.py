@@ -115,10 +115,35 @@ async_scheduling=True); off by default, and then none of this applies):
   Not covered: speculative decoding, structured output (deferred sampling), pipeline parallelism;
   KV-load failures under async scheduling are not tested.
 
+Recurrent-state (Mamba/GDN) groups, vLLM's Mamba "align" prefix-caching mode (kv_cache.py
+MambaManager, scheduler.py, scheduler_output.py, kv_cache_interface.py; file@commit there):
+  config      CacheConfig.mamba_cache_mode "none" (vLLM's default) becomes "align" when MiniEngine
+              starts a model with recurrent layers (model.mamba_layer_indices) with prefix
+              caching, as vLLM's config does for models without "all" support; the hybrid KV cache
+              manager is then required and "align" requires chunked prefill.
+  specs       MambaSpec(shapes, dtypes, page_size_padded, mamba_cache_mode): the attention block
+              size raised until an attention page holds a state (align_hybrid_block_size), the
+              Mamba page padded to it; block_size the attention block size ("align") or
+              max_model_len ("none").
+  views       a Mamba layer's cache is [num_blocks, 1, 1, state bytes] int8 (block stride the
+              padded page), "views" format only; no kernel block split.
+  tables      one entry per block of tokens, null except the state block(s): the state after
+              k * block_size tokens in entry k - 1; kernels read entry cdiv(n, bs) - 1 and write
+              entry cdiv(n + new, bs) - 1; the previous state block is freed one step later.
+  scheduler   chunks cut at block boundaries (but the prompt's last); local hits need the state
+              at the hit's end (the last cached Mamba block, intersected with the attention
+              groups' hits); connector hits get nulls and one block at the hit's end; offers of
+              boundary states to a producer connector, spelled per VllmConfig.vllm_version
+              ("0.29": kv_connector_block_state.boundary_state_offloads, scheduler-local, None in
+              the workers' copies; "0.28": partial_tail_offloads); a failed load of a request with
+              a Mamba group recomputes it from token 0 (see Scheduler._restart_for_recurrent_state).
+  model       TinyHybridRecurrent (tiny_model.py): sliding-window attention + a recurrent mixer.
+
 What is simplified (and therefore NOT a guarantee that real vLLM behaves the same):
 hash_block_size == block_size for every group (one block size, no fine-grained partial hits),
-attention groups only (full attention, MLA, sliding window; no Mamba, chunked-local, cross-attention
-or R-SWA groups), one page size for all groups, FCFS only, no speculative decoding or EAGLE, no
+attention groups (full attention, MLA, sliding window) and Mamba groups in "align"/"none" mode (no
+"all" mode, speculative Mamba blocks or copy-on-write, no chunked-local, cross-attention or R-SWA
+groups), one page size for all groups, FCFS only, no speculative decoding or EAGLE, no
 multimodal encoder, pipeline parallelism in one process (stages run one after the other, see
 MiniEngine; no intermediate-tensor transfer), greedy sampling, one process
 (workers run one after the other in the calling thread; their scheduler outputs are pickled per
@@ -130,7 +155,7 @@ a hybrid request are truncated at the first failed block index of any group (vLL
 group there); recomputing after it needs the window before that point, which a sliding-window
 group may have freed. `layer.kv_cache` is the tensor itself (newer vLLM); older vLLM had a list
 indexed by virtual engine. The models are the toys of tiny_model.py (TinyDecoder, TinyMLA,
-TinyGemma: full attention + sliding window).
+TinyGemma: full attention + sliding window, TinyHybridRecurrent: sliding window + recurrent state).
 
 Layout of this package, one submodule per part (the single-file module it replaces is
 re-exported here under the same names): parallel_state, config, kv_cache_layout (KVCacheLayout),
@@ -149,7 +174,7 @@ import sys
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-from tiny_model import KVCache, KVShard, SeqInput, TinyGemma  # noqa: E402,F401
+from tiny_model import KVCache, KVShard, SeqInput, TinyGemma, TinyHybridRecurrent  # noqa: E402,F401
 
 from . import forward_context as _forward_context_module  # noqa: E402
 from .config import (CacheConfig, CompilationConfig, KVTransferConfig, ModelConfig, ParallelConfig,  # noqa: E402,F401
@@ -158,20 +183,20 @@ from .connector_api import (KVConnectorBase_V1, KVConnectorMetadata, KVConnector
                             KVConnectorRole, KVConnectorTransferResults, KVConnectorWorkerMetadata, SupportsHMA,
                             connector_class_of, create_connector, resolve_hybrid_kv_cache_manager, supports_hma)
 from .engine import MiniEngine, StepRecord, run_request  # noqa: E402,F401
-from .forward_context import (Attention, FlashAttentionMetadata, ForwardContext, get_forward_context,  # noqa: E402,F401
-                              is_forward_context_available, set_forward_context)
+from .forward_context import (Attention, FlashAttentionMetadata, ForwardContext, MambaMetadata,  # noqa: E402,F401
+                              MambaMixer, get_forward_context, is_forward_context_available, set_forward_context)
 from .kv_cache import (BlockPool, FullAttentionManager, KVCacheBlock, KVCacheBlocks,  # noqa: E402,F401
-                       KVCacheCoordinator, KVCacheManager, SingleTypeKVCacheManager, SlidingWindowManager, cdiv,
-                       manager_class_for)
-from .kv_cache_interface import (KV_CACHE_FORMATS, AttentionSpec, FullAttentionSpec, KVCacheConfig,  # noqa: E402,F401
-                                 KVCacheGroupSpec, KVCacheSpec, KVCacheTensor, KVQuantMode, MambaSpec,
-                                 MLAAttentionSpec, SlidingWindowSpec, _dtype_size, allocate_kv_caches,
-                                 check_kv_cache_config_layout, compute_layer_kv_cache_shape_bytes,
-                                 compute_layout_strides, create_kv_cache_views, get_kv_cache_groups,
-                                 group_kernel_blocks, kv_cache_config_from_groups, kv_cache_spec_for,
-                                 kv_cache_specs_for, kv_cache_tensor_for, legacy_kv_cache_shape,
-                                 make_kv_cache_config, merge_full_attention_specs, get_pp_indices,
-                                 pp_stage_layer_names, sliding_window_layers_of,
+                       KVCacheCoordinator, KVCacheManager, MambaManager, SingleTypeKVCacheManager,
+                       SlidingWindowManager, cdiv, manager_class_for)
+from .kv_cache_interface import (KV_CACHE_FORMATS, MAMBA_CACHE_MODES, AttentionSpec,  # noqa: E402,F401
+                                 FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec, KVCacheTensor,
+                                 KVQuantMode, MambaSpec, MLAAttentionSpec, SlidingWindowSpec, _dtype_size,
+                                 align_hybrid_block_size, allocate_kv_caches, check_kv_cache_config_layout,
+                                 compute_layer_kv_cache_shape_bytes, compute_layout_strides, create_kv_cache_views,
+                                 get_kv_cache_groups, group_kernel_blocks, kv_cache_config_from_groups,
+                                 kv_cache_spec_for, kv_cache_specs_for, kv_cache_tensor_for, legacy_kv_cache_shape,
+                                 make_kv_cache_config, mamba_layers_of, mamba_spec_for, merge_full_attention_specs,
+                                 get_pp_indices, pp_stage_layer_names, sliding_window_layers_of,
                                  unify_hybrid_kv_cache_specs)
 from .kv_cache_layout import DEFAULT_KV_CACHE_LAYOUT, KVCacheLayout, resolve_kv_cache_layout  # noqa: E402,F401
 from .parallel_state import (_PARALLEL, _ParallelState, _as_rank, get_tensor_model_parallel_rank,  # noqa: E402,F401
@@ -182,8 +207,9 @@ from .request import (_FINISH_REASON, BlockHash, ConstantList, LoRARequest, Mult
 from .runner import (CachedRequestState, KVOutputAggregator, MiniModelRunner, _LayerHooks,  # noqa: E402,F401
                      _WorkerRank)
 from .scheduler import AsyncScheduler, EngineCoreOutput, ModelRunnerOutput, Scheduler, check_stop  # noqa: E402,F401
-from .scheduler_output import (CachedRequestData, NewRequestData, SchedulerOutput,  # noqa: E402,F401
-                               yield_req_data)
+from .scheduler_output import (VLLM_VERSIONS, CachedRequestData, KVConnectorBlockState,  # noqa: E402,F401
+                               NewRequestData, SchedulerOutput, SchedulerOutputV028, SchedulerOutputV029,
+                               scheduler_output_class, yield_req_data)
 from .vllm_paths import _VLLM_MODULES, install_as_vllm  # noqa: E402,F401
 
 

@@ -63,6 +63,13 @@ class CacheConfig:
     kv_cache_layout: Optional[str] = None
     kernel_block_size: Optional[int] = None
     kv_cache_format: str = "views"
+    # Recurrent (Mamba/GDN) layers: "none" (vLLM's default: one running state per request),
+    # "align" (a state kept at block boundaries; what vLLM sets when prefix caching is on, and
+    # MiniEngine settles likewise), "all" (not modelled). mamba_block_size and
+    # mamba_page_size_padded are set by MiniEngine from the KV cache config, as vLLM sets them.
+    mamba_cache_mode: str = "none"
+    mamba_block_size: Optional[int] = None
+    mamba_page_size_padded: Optional[int] = None
 
     def get_resolved_kv_cache_layout(self) -> KVCacheLayout:
         return resolve_kv_cache_layout(self.kv_cache_layout)
@@ -164,6 +171,10 @@ class VllmConfig:
     kv_transfer_config: Optional[KVTransferConfig] = None
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     additional_config: dict = field(default_factory=dict)
+    # Harness-only: the vLLM version whose SchedulerOutput spelling of the Mamba boundary-state
+    # offers the scheduler produces: "0.29" (kv_connector_block_state.boundary_state_offloads) or
+    # "0.28" (partial_tail_offloads); see scheduler_output.py. Nothing else switches on it.
+    vllm_version: str = "0.29"
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -184,13 +195,16 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                      revision: Optional[str] = None, kv_cache_layout: Optional[str] = None,
                      kernel_block_size: Optional[int] = None, kv_cache_format: str = "views",
                      disable_hybrid_kv_cache_manager: Optional[bool] = None,
-                     async_scheduling: bool = False, pipeline_parallel_size: int = 1) -> VllmConfig:
+                     async_scheduling: bool = False, pipeline_parallel_size: int = 1,
+                     mamba_cache_mode: str = "none", vllm_version: str = "0.29") -> VllmConfig:
     """A VllmConfig for `model`. kv_connector=None gives kv_transfer_config=None (no connector).
     kv_cache_layout, kernel_block_size and kv_cache_format go to CacheConfig (see there),
     disable_hybrid_kv_cache_manager to SchedulerConfig (None: decided by MiniEngine, as vLLM does),
     async_scheduling too (vLLM's --async-scheduling; False: one step at a time);
     pipeline_parallel_size to ParallelConfig (the decoder layers split into that many stages, see
-    MiniEngine)."""
+    MiniEngine); mamba_cache_mode to CacheConfig ("none", vLLM's default, becomes "align" with
+    prefix caching when MiniEngine starts a model with recurrent layers); vllm_version to
+    VllmConfig (the spelling of the boundary-state offers)."""
     ktc = None
     if kv_connector is not None:
         ktc = KVTransferConfig(kv_connector=kv_connector, kv_role=kv_role,
@@ -205,7 +219,7 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                                  total_num_kv_heads=model.n_kv_heads, head_size=model.head_size),
         cache_config=CacheConfig(block_size=model.block_size, enable_prefix_caching=enable_prefix_caching,
                                  kv_cache_layout=kv_cache_layout, kernel_block_size=kernel_block_size,
-                                 kv_cache_format=kv_cache_format),
+                                 kv_cache_format=kv_cache_format, mamba_cache_mode=mamba_cache_mode),
         parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size,
                                        pipeline_parallel_size=pipeline_parallel_size),
         scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -213,4 +227,4 @@ def make_vllm_config(model, *, kv_connector: Optional[str] = "KVConnectorUnderTe
                                          long_prefill_token_threshold=long_prefill_token_threshold,
                                          disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
                                          async_scheduling=async_scheduling),
-        kv_transfer_config=ktc)
+        kv_transfer_config=ktc, vllm_version=vllm_version)

@@ -12,8 +12,9 @@ from tiny_model import KVCache  # on sys.path: see the package __init__
 from .config import VllmConfig, make_vllm_config
 from .connector_api import KVConnectorRole, create_connector, resolve_hybrid_kv_cache_manager
 from .kv_cache import BlockPool
-from .kv_cache_interface import (KV_CACHE_FORMATS, KVCacheConfig, MLAAttentionSpec, check_kv_cache_config_layout,
-                                 make_kv_cache_config, pp_stage_layer_names)
+from .kv_cache_interface import (KV_CACHE_FORMATS, MAMBA_CACHE_MODES, KVCacheConfig, MambaSpec, MLAAttentionSpec,
+                                 _dtype_size, check_kv_cache_config_layout, make_kv_cache_config, mamba_layers_of,
+                                 pp_stage_layer_names)
 from .request import Request, RequestStatus, SamplingParams, get_request_block_hasher, init_none_hash, sha256_hash
 from .runner import KVOutputAggregator, MiniModelRunner
 from .scheduler import ModelRunnerOutput
@@ -77,6 +78,12 @@ class MiniEngine:
     override it): kv_cache_layout (a KVCacheLayout or its name; None = LBNHC), kernel_block_size
     (None = the block size; must divide it) and kv_cache_format ("views", current vLLM, or
     "legacy_kv_first"/"legacy_blocks_first", older vLLM's per-layer tensors).
+    Recurrent layers (model.mamba_layer_indices, e.g. TinyHybridRecurrent): a MambaSpec group
+    beside the attention groups, which needs the hybrid KV cache manager (ValueError when it is
+    off), the "views" format, one pipeline stage. cache_config.mamba_cache_mode is settled as vLLM
+    settles it: "none" becomes "align" with prefix caching (the model does not support "all");
+    "align" needs chunked prefill. cache_config.mamba_block_size / mamba_page_size_padded are then
+    the Mamba group's. See kv_cache.MambaManager and the scheduler for what "align" does.
     Async scheduling (vllm_config.scheduler_config.async_scheduling, vLLM's --async-scheduling):
     step() is EngineCore.step_with_batch_queue (vllm/v1/engine/core.py @00080ee1) over a batch
     queue of vllm_config.max_concurrent_batches (2) steps, with the AsyncScheduler. Each call
@@ -113,11 +120,15 @@ class MiniEngine:
         if kv_cache_format is not None:
             cache.kv_cache_format = kv_cache_format
         disable_hma = resolve_hybrid_kv_cache_manager(vllm_config, connector_factory)
+        if mamba_layers_of(model):
+            self._settle_mamba_cache_mode(vllm_config, disable_hma)
         self.stage_layer_names = pp_stage_layer_names(model, pp_size)
         if kv_cache_config is None:
             kv_cache_config = [make_kv_cache_config(model, 64, num_workers, layout=cache.get_resolved_kv_cache_layout(),
                                                     disable_hybrid_kv_cache_manager=disable_hma,
-                                                    layer_names=names if pp_size > 1 else None)
+                                                    layer_names=names if pp_size > 1 else None,
+                                                    mamba_cache_mode=cache.mamba_cache_mode,
+                                                    max_model_len=vllm_config.model_config.max_model_len)
                                for names in self.stage_layer_names]
         stage_configs = list(kv_cache_config) if isinstance(kv_cache_config, (list, tuple)) else [kv_cache_config]
         if len(stage_configs) != pp_size:
@@ -129,12 +140,16 @@ class MiniEngine:
                 raise ValueError(f"kv_cache_config has {len(config.kv_cache_groups)} KV cache groups but the "
                                  "hybrid KV cache manager is disabled (make_kv_cache_config(..., "
                                  "disable_hybrid_kv_cache_manager=True) gives one group)")
-            self._check_kv_cache_config(model, cache, config, num_workers, names)
+            self._check_kv_cache_config(model, cache, config, num_workers, names, vllm_config.model_config.max_model_len)
             assert config.num_blocks == stage_configs[0].num_blocks, "every stage has the scheduler's block count"
             assert len(config.kv_cache_groups) == len(stage_configs[0].kv_cache_groups), \
                 f"stage {stage} has other KV cache groups than stage 0"
         kv_cache_config = stage_configs[0]  # the scheduler's: stage 0's (worker 0's)
         cache.num_gpu_blocks = kv_cache_config.num_blocks
+        for group in kv_cache_config.kv_cache_groups:
+            if isinstance(group.kv_cache_spec, MambaSpec):
+                cache.mamba_block_size = group.kv_cache_spec.block_size
+                cache.mamba_page_size_padded = group.kv_cache_spec.page_size_padded
         self.model = model
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
@@ -174,10 +189,37 @@ class MiniEngine:
         self._next_id = 0
 
     @staticmethod
+    def _settle_mamba_cache_mode(vllm_config: VllmConfig, disable_hma: bool) -> None:
+        """A model with recurrent layers, as vLLM's config checks take it (vllm/config/vllm.py as
+        stored, read by id: "none" becomes "all" or, for models that do not support it, "align"
+        when prefix caching is on; "align" asserts chunked prefill)."""
+        cache = vllm_config.cache_config
+        if disable_hma:
+            raise ValueError("a model with recurrent (Mamba) layers needs the hybrid KV cache manager: vLLM cannot "
+                             "unify its KV cache specs (a connector must be SupportsHMA)")
+        if vllm_config.parallel_config.pipeline_parallel_size > 1:
+            raise NotImplementedError("pipeline parallelism of a model with recurrent layers is not modelled")
+        if cache.kv_cache_format != "views":
+            raise ValueError(f"kv_cache_format {cache.kv_cache_format!r} has no form for recurrent layers")
+        if cache.mamba_cache_mode == "none" and cache.enable_prefix_caching:
+            cache.mamba_cache_mode = "align"
+        if cache.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise NotImplementedError(f"mamba_cache_mode {cache.mamba_cache_mode!r} is not modelled")
+        if cache.mamba_cache_mode == "align" and not vllm_config.scheduler_config.enable_chunked_prefill:
+            raise ValueError("Chunked prefill is required for mamba cache mode 'align'.")
+
+    @staticmethod
     def _check_kv_cache_config(model, cache, kv_cache_config: KVCacheConfig, num_workers: int,
-                               layer_names: Optional[list] = None) -> None:
+                               layer_names: Optional[list] = None, max_model_len: Optional[int] = None) -> None:
         for group in kv_cache_config.kv_cache_groups:
             spec = group.kv_cache_spec
+            if isinstance(spec, MambaSpec):
+                assert spec.mamba_cache_mode == cache.mamba_cache_mode, \
+                    f"the Mamba group's mamba_cache_mode {spec.mamba_cache_mode!r} is not the engine's " \
+                    f"{cache.mamba_cache_mode!r} (make_kv_cache_config(..., mamba_cache_mode=...))"
+                want = model.block_size if spec.mamba_cache_mode == "align" else max_model_len
+                assert spec.block_size == want, f"a {spec.mamba_cache_mode!r} Mamba group has blocks of {want} tokens"
+                continue
             if isinstance(spec, MLAAttentionSpec):
                 assert spec.num_kv_heads == 1 and model.num_tp_heads % num_workers == 0, "MLA: one latent per rank"
             else:
@@ -187,7 +229,7 @@ class MiniEngine:
         want = model.attention_layer_names if layer_names is None else layer_names
         assert sorted(names) == sorted(want), "every attention layer (of the stage) in exactly one group"
         kbs = cache.kernel_block_size
-        assert kbs is None or (kbs > 0 and spec.block_size % kbs == 0), "kernel block size must divide the block size"
+        assert kbs is None or (kbs > 0 and model.block_size % kbs == 0), "kernel block size must divide the block size"
         if cache.kv_cache_format not in KV_CACHE_FORMATS:
             raise ValueError(f"kv_cache_format {cache.kv_cache_format!r} is not one of {KV_CACHE_FORMATS}")
         if cache.kv_cache_format == "views":
@@ -274,6 +316,43 @@ class MiniEngine:
                 parts.append(kv[:, :, positions])
             stages.append(torch.cat(parts, dim=3))
         return torch.cat(stages, dim=0)
+
+    @property
+    def mamba_group_ids(self) -> list:
+        """Indices of the Mamba (recurrent-state) KV cache groups."""
+        return [g for g, group in enumerate(self.kv_cache_config.kv_cache_groups)
+                if isinstance(group.kv_cache_spec, MambaSpec)]
+
+    def block_state(self, block_id: int, layer_name: Optional[str] = None) -> tuple:
+        """The recurrent state held by block `block_id` of a Mamba layer (default: the first Mamba
+        group's first layer): one tensor per MambaSpec shape, decoded from the bytes of the
+        layer's [num_blocks, 1, 1, state bytes] view (padding left out), every TP rank's shard
+        concatenated along dim 0. Copies; whatever the block holds now."""
+        if layer_name is None:
+            layer_name = self.kv_cache_config.kv_cache_groups[self.mamba_group_ids[0]].layer_names[0]
+        parts = []
+        for rank in self.runner.ranks:
+            spec = rank.kv_cache_config.spec_of(layer_name)
+            raw = rank.kv_caches[layer_name][block_id].reshape(-1)
+            offset, tensors = 0, []
+            for shape, dtype in zip(spec.shapes, spec.dtypes):
+                n = int(torch.Size(shape).numel()) * _dtype_size(dtype)
+                tensors.append(raw[offset:offset + n].clone().view(dtype).reshape(shape))
+                offset += n
+            parts.append(tensors)
+        return tuple(torch.cat(shards, dim=0) for shards in zip(*parts))
+
+    def mamba_state(self, req_id: str, num_tokens: int, layer_name: Optional[str] = None) -> tuple:
+        """block_state of the block a live request's Mamba table holds the state after
+        `num_tokens` tokens in (entry cdiv(num_tokens, block_size) - 1: in "align" mode a block
+        boundary the request's chunks ended on and not yet freed, or its running state)."""
+        group = self.mamba_group_ids[0]
+        if layer_name is not None:
+            group = next(g for g, grp in enumerate(self.kv_cache_config.kv_cache_groups) if layer_name in grp.layer_names)
+        bs = self.kv_cache_config.kv_cache_groups[group].kv_cache_spec.block_size
+        block_id = self.group_block_ids(req_id)[group][-(-num_tokens // bs) - 1]
+        assert block_id != 0, f"{req_id} holds no state after {num_tokens} tokens (a null block)"
+        return self.block_state(block_id, layer_name or self.kv_cache_config.kv_cache_groups[group].layer_names[0])
 
     # ---- requests ----
     def make_request(self, prompt: Sequence[int], max_tokens: int = 8, request_id: Optional[str] = None,

@@ -31,6 +31,37 @@ class Attention(torch.nn.Module):
         self.kv_cache_dtype = "auto"
 
 
+class MambaMixer(torch.nn.Module):
+    """Stand-in for a vLLM recurrent layer (MambaBase: Mamba/GDN mixers) in static_forward_context:
+    `.kv_cache` is the layer's [num_blocks, 1, 1, state bytes] int8 view, the tensor
+    register_kv_caches received. vLLM's maybe_transfer_kv_layer wraps attention ops only, so no
+    wait_for_layer_load / save_kv_layer is called for such a layer."""
+
+    def __init__(self, layer_name: str, kv_cache: torch.Tensor, mamba_type: str = "mamba2"):
+        super().__init__()
+        self.layer_name = layer_name
+        self.kv_cache = kv_cache
+        self.mamba_type = mamba_type
+
+
+@dataclass
+class MambaMetadata:
+    """The step's metadata of a Mamba group (the role of vLLM's Mamba2AttentionMetadata in "align"
+    mode, its fields named after it): per request, the group's block table row
+    (state_indices_tensor, padded with 0) and the table entries the recurrent kernel reads its
+    initial state from (block_idx_last_computed_token: cdiv(num_computed, block_size) - 1, -1 when
+    there is none) and writes its final state to (block_idx_last_scheduled_token:
+    cdiv(num_computed + num_scheduled, block_size) - 1)."""
+    num_actual_tokens: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_reqs]
+    block_size: int
+    state_indices_tensor: torch.Tensor  # int32 [num_reqs, max_blocks]
+    has_initial_states: torch.Tensor  # bool [num_reqs]
+    block_idx_last_computed_token: torch.Tensor  # int32 [num_reqs]
+    block_idx_last_scheduled_token: torch.Tensor  # int32 [num_reqs]
+
+
 @dataclass
 class FlashAttentionMetadata:
     """The fields of vLLM's FlashAttentionMetadata a connector may read; one object per step and

@@ -1,5 +1,6 @@
 """Block pool, per-group managers, the coordinator and the KV cache manager, several KV cache
-groups (vLLM's hybrid KV cache manager, "HMA") for full-attention and sliding-window groups.
+groups (vLLM's hybrid KV cache manager, "HMA") for full-attention, sliding-window and
+recurrent-state (Mamba, "align" or "none" mode) groups.
 
 Mirrored, rewritten here, from vLLM (vllm-project/vllm):
   vllm/v1/core/block_pool.py @c59cb7941357443da7c5eef75cfa8697d683d228
@@ -15,7 +16,11 @@ Mirrored, rewritten here, from vLLM (vllm-project/vllm):
       remove_skipped_blocks (frees out-of-window blocks, null block in their place),
       find_longest_cache_hit (full: left to right; sliding window: right to left, the first run
       of cdiv(W - 1, block_size) cached blocks, nulls before it; a run that reaches block 0 is a
-      hit even when shorter).
+      hit even when shorter); MambaManager (get_num_skipped_tokens = n - 1; in mamba_cache_mode
+      "align": find_longest_cache_hit right to left, the last cached block with nulls before it;
+      get_num_blocks_to_allocate / allocate_new_blocks: nulls up to the step's last block and one
+      new block there; remove_skipped_blocks also frees last_state_block_idx; no speculative
+      blocks, so num_tokens_main_model == num_tokens).
   vllm/v1/core/kv_cache_coordinator.py @00b08dc44519a82cbdd9061d92d1226985094622
       no-prefix-cache / unitary / hybrid coordinators; HybridKVCacheCoordinator's
       find_longest_cache_hit: full-attention groups first, each group type shortens the
@@ -30,9 +35,10 @@ Mirrored, rewritten here, from vLLM (vllm-project/vllm):
       remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens) signature
       and get_block_ids_for_computed_tokens as the scheduler @00f4240e calls them.
 Simplified: hash_block_size == block_size == the scheduler block size for every group (no
-mixed block sizes, no fine-grained partial hits), no EAGLE, no DCP/PCP, no cascade-attention
-common prefix, no retention interval, no KV events, no Mamba / chunked-local / cross-attention
-managers. Freed blocks keep their hash ("retained") until evicted by a new allocation, LRU
+mixed block sizes but a "none"-mode Mamba group's, no fine-grained partial hits), no EAGLE, no
+DCP/PCP, no cascade-attention common prefix, no retention interval, no KV events, no
+chunked-local / cross-attention managers, no Mamba "all" mode, copy-on-write or partial-tail
+pins (the boundary-state offers are the scheduler's, see scheduler.py). Freed blocks keep their hash ("retained") until evicted by a new allocation, LRU
 first; a request's blocks are freed tail first so they evict first.
 """
 
@@ -42,7 +48,7 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from .kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
+from .kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from .request import Request
 
 
@@ -379,20 +385,118 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return computed, len(computed[0]) * bs
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """A recurrent-state (Mamba/GDN) group (single_type_kv_cache_manager.py @129ab7c6 MambaManager,
+    no speculative blocks). The table is position-indexed like an attention group's, but only the
+    block(s) holding live state are real: the state after tokens [0, k * block_size) lives in entry
+    k - 1. The recurrent kernel reads the state of a step from entry cdiv(num_computed, block_size)
+    - 1 (none when num_computed is 0) and writes it to entry cdiv(num_computed + num_scheduled,
+    block_size) - 1.
+
+    "align" mode (block_size = the attention block size): a step that enters a new block gets one
+    new block there, nulls before it (allocate_new_blocks); the state block of the step before is
+    freed one step later (remove_skipped_blocks: everything before the entry the next step reads,
+    plus last_state_block_idx, which a chunk spanning several blocks leaves behind), so it is
+    intact while the step that reads it runs. A local hit of n blocks needs the state at n *
+    block_size cached: find_longest_cache_hit takes, right to left, the last cached block, nulls
+    before it. External (connector) tokens get nulls up to the last block of the hit and one new
+    block there, which the connector fills (SingleTypeKVCacheManager's allocation with
+    get_num_skipped_tokens = num_computed - 1).
+    "none" mode (block_size = max_model_len, prefix caching off): one block per request, read
+    and written in place."""
+
+    def __init__(self, kv_cache_spec: MambaSpec, *args, **kwargs):
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
+        assert kv_cache_spec.num_speculative_blocks == 0, "speculative Mamba blocks are not modelled"
+        # Align mode: the table index of the state block allocated the step before, freed once the
+        # request has computed past it; and the requests whose first allocation is done.
+        self.last_state_block_idx: dict = {}
+        self._allocated_block_reqs: set = set()
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # Only the state after the last computed token is needed.
+        return num_computed_tokens - 1
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec):
+        bs = kv_cache_spec.block_size
+        computed = tuple([] for _ in kv_cache_group_ids)
+        for i in range(max_length // bs - 1, -1, -1):  # right to left: the last boundary with a state
+            hit = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if hit is not None:
+                for blocks, blk in zip(computed, hit):
+                    blocks.extend([block_pool.null_block] * i)
+                    blocks.append(blk)
+                break
+        return computed, len(computed[0]) * bs
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        super().remove_skipped_blocks(request_id, total_computed_tokens)
+        if self.mamba_cache_mode != "align":
+            return
+        last = self.last_state_block_idx.get(request_id)
+        if last is not None and last < cdiv(total_computed_tokens, self.block_size) - 1:
+            blocks = self.req_to_blocks[request_id]
+            if blocks[last] is not self._null_block:
+                self.block_pool.free_blocks([blocks[last]])
+                blocks[last] = self._null_block
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Sequence,
+                                   total_computed_tokens: int) -> int:
+        if self.mamba_cache_mode != "align":
+            return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
+                                                      total_computed_tokens)
+        num_new = cdiv(num_tokens, self.block_size) - len(new_computed_blocks) - len(
+            self.req_to_blocks.get(request_id, ()))
+        num_new = min(num_new, 1)  # at most one new state block per step
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return max(num_new, 0) + evictable
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list:
+        if self.mamba_cache_mode != "align":
+            return super().allocate_new_blocks(request_id, num_tokens)
+        req_blocks = self.req_to_blocks[request_id]
+        num_required = cdiv(num_tokens, self.block_size)
+        if num_required == len(req_blocks):
+            return []
+        assert num_required > len(req_blocks), f"{num_required} blocks required, the table has {len(req_blocks)}"
+        prev_len = len(req_blocks)
+        if prev_len > 0:  # the running state's block, or the state of a (local or external) hit
+            self.last_state_block_idx[request_id] = prev_len - 1
+        req_blocks.extend([self._null_block] * max(0, num_required - 1 - prev_len))
+        new_blocks = self.block_pool.get_new_blocks(num_required - len(req_blocks))
+        assert len(new_blocks) == 1
+        req_blocks.extend(new_blocks)
+        self._allocated_block_reqs.add(request_id)
+        return req_blocks[prev_len:]
+
+    def free(self, request_id: str) -> None:
+        self._allocated_block_reqs.discard(request_id)
+        self.last_state_block_idx.pop(request_id, None)
+        super().free(request_id)
+
+
 def manager_class_for(spec: KVCacheSpec) -> type:
     """spec_manager_map: FullAttentionSpec (MLA, and sliding-window layers under a disabled hybrid
     manager, which record their window in the spec) -> FullAttentionManager; SlidingWindowSpec ->
-    SlidingWindowManager."""
+    SlidingWindowManager; MambaSpec -> MambaManager."""
     if isinstance(spec, SlidingWindowSpec):
         return SlidingWindowManager
     if isinstance(spec, FullAttentionSpec):
         return FullAttentionManager
+    if isinstance(spec, MambaSpec):
+        return MambaManager
     raise NotImplementedError(f"the mini engine has no manager for {type(spec).__name__}")
 
 
 # --------------------------------------------------------------------------
 # The coordinator (vllm/v1/core/kv_cache_coordinator.py @00b08dc4).
 # --------------------------------------------------------------------------
+
+def _is_unaligned_mamba(spec: KVCacheSpec) -> bool:
+    return isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align"
+
 
 class KVCacheCoordinator:
     """One manager per group over one BlockPool. find_longest_cache_hit: no prefix caching -> no
@@ -405,9 +509,13 @@ class KVCacheCoordinator:
         self.enable_caching = enable_caching
         groups = kv_cache_config.kv_cache_groups
         assert groups, "the mini engine needs at least one KV cache group"
-        sizes = {g.kv_cache_spec.block_size for g in groups}
-        assert len(sizes) == 1, "the mini engine has one block size for all groups"
-        self.block_size = sizes.pop()
+        # One block size for all groups, but for Mamba groups in "none" mode (one block of
+        # max_model_len tokens), which vLLM allows only without prefix caching.
+        sizes = {g.kv_cache_spec.block_size for g in groups if not _is_unaligned_mamba(g.kv_cache_spec)}
+        assert len(sizes) <= 1, "the mini engine has one block size for all groups"
+        self.block_size = sizes.pop() if sizes else groups[0].kv_cache_spec.block_size
+        assert not (enable_caching and any(_is_unaligned_mamba(g.kv_cache_spec) for g in groups)), \
+            "Mamba groups with prefix caching need mamba_cache_mode 'align'"
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching)
         self.single_type_managers = tuple(
             manager_class_for(g.kv_cache_spec)(g.kv_cache_spec, self.block_pool, i, enable_caching)

@@ -156,10 +156,18 @@ class SlidingWindowSpec(AttentionSpec):
 
 @dataclass(frozen=True)
 class MambaSpec(KVCacheSpec):
+    """A recurrent (Mamba/GDN) layer's page: one state of `shapes`/`dtypes` per block, the page
+    padded to page_size_padded (vLLM pads it to the attention page). mamba_cache_mode as
+    CacheConfig.mamba_cache_mode: "align" keeps the state after each block boundary a chunk ended
+    on (block_size = the attention block size), "none" one running state per request (block_size
+    = max_model_len). The view a worker gets is [num_blocks, 1, 1, state bytes] of int8
+    (num_heads 1, one state per block, no dtype: the layer splits the bytes into its tensors)."""
     shapes: tuple = ()
     dtypes: tuple = ()
     page_size_padded: Optional[int] = None
     mamba_type: str = "mamba2"
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
     num_heads: int = 1
     tokens_per_state: int = -1  # one state per block
 
@@ -170,8 +178,28 @@ class MambaSpec(KVCacheSpec):
     @property
     def page_size_bytes(self) -> int:
         if self.page_size_padded is not None:
+            assert self.page_size_padded >= self.state_content_size_bytes
             return self.page_size_padded
         return self.state_content_size_bytes
+
+
+MAMBA_CACHE_MODES = ("none", "align")  # vLLM's "all" (a state per block, all kept) is not modelled
+
+
+def align_hybrid_block_size(attn_page_size_1_token: int, mamba_page_size: int, block_size: int,
+                            kernel_block_alignment_size: int) -> tuple:
+    """(attention block size, Mamba page_size_padded or None) of a hybrid attention + Mamba model,
+    as vLLM sets them (HybridAttentionMambaModelConfig.verify_and_update_config, later
+    Platform._align_hybrid_block_size; read through stored copies, no upstream commit named): the
+    smallest multiple of the kernel block alignment whose attention page holds a Mamba page,
+    unless `block_size` (the configured one) is already larger; the Mamba page is then padded to
+    exactly the attention page (None when they are equal)."""
+    aligned = kernel_block_alignment_size * -(-mamba_page_size // (kernel_block_alignment_size
+                                                                    * attn_page_size_1_token))
+    block_size = max(block_size, aligned)
+    attn_page_size = block_size * attn_page_size_1_token
+    assert attn_page_size >= mamba_page_size
+    return block_size, (attn_page_size if attn_page_size != mamba_page_size else None)
 
 
 # --------------------------------------------------------------------------
@@ -350,17 +378,52 @@ def sliding_window_layers_of(model) -> dict:
     return dict(getattr(model, "sliding_window_layers", None) or {})
 
 
-def kv_cache_specs_for(model, tensor_parallel_size: int = 1, *, page_size_padded: Optional[int] = None) -> dict:
-    """Per attention layer (name -> spec), as a model's layers report them to vLLM's
-    get_kv_cache_spec: kv_cache_spec_for's FullAttentionSpec (or MLAAttentionSpec), and
-    SlidingWindowSpec(sliding_window=W) for the layers in model.sliding_window_layers."""
+def mamba_layers_of(model) -> tuple:
+    """model.mamba_layer_indices (the layers whose KV cache entry is a recurrent state), () for a
+    model without any."""
+    return tuple(getattr(model, "mamba_layer_indices", None) or ())
+
+
+def mamba_spec_for(model, attention_spec: AttentionSpec, tensor_parallel_size: int = 1, *,
+                   mamba_cache_mode: str = "align", max_model_len: Optional[int] = None) -> MambaSpec:
+    """One worker's MambaSpec of `model`'s recurrent layers: its state tensors
+    (model.mamba_state_shapes(tp), model.mamba_state_dtypes), the page padded to the attention
+    page as vLLM pads it (the model's block size must already be raised so that the attention page
+    holds a state: align_hybrid_block_size); block_size the attention block size in "align" mode,
+    max_model_len (default model.max_positions) in "none" mode, as vLLM sets mamba_block_size."""
+    if mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise NotImplementedError(f"mamba_cache_mode {mamba_cache_mode!r} is not modelled (one of {MAMBA_CACHE_MODES})")
+    shapes = tuple(tuple(s) for s in model.mamba_state_shapes(tensor_parallel_size))
+    dtypes = tuple(model.mamba_state_dtypes)
+    state_bytes = sum(int(torch.Size(s).numel()) * _dtype_size(d) for s, d in zip(shapes, dtypes))
+    attn_page = attention_spec.page_size_bytes
+    if state_bytes > attn_page:
+        raise ValueError(f"a recurrent state of {state_bytes} bytes does not fit the attention page of {attn_page} "
+                         "bytes: raise the block size as vLLM does (align_hybrid_block_size)")
+    block_size = attention_spec.block_size if mamba_cache_mode == "align" else (max_model_len or model.max_positions)
+    return MambaSpec(block_size=block_size, shapes=shapes, dtypes=dtypes,
+                     page_size_padded=attn_page if attn_page != state_bytes else None,
+                     mamba_cache_mode=mamba_cache_mode)
+
+
+def kv_cache_specs_for(model, tensor_parallel_size: int = 1, *, page_size_padded: Optional[int] = None,
+                       mamba_cache_mode: str = "align", max_model_len: Optional[int] = None) -> dict:
+    """Per KV cache layer (name -> spec), as a model's layers report them to vLLM's
+    get_kv_cache_spec: kv_cache_spec_for's FullAttentionSpec (or MLAAttentionSpec),
+    SlidingWindowSpec(sliding_window=W) for the layers in model.sliding_window_layers, and
+    mamba_spec_for's MambaSpec (mamba_cache_mode, max_model_len) for model.mamba_layer_indices."""
     base = kv_cache_spec_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
     windows = sliding_window_layers_of(model)
     if windows and isinstance(base, MLAAttentionSpec):
         raise ValueError("sliding-window MLA layers are not modelled by the mini engine")
+    mamba = mamba_layers_of(model)
+    state = (mamba_spec_for(model, base, tensor_parallel_size, mamba_cache_mode=mamba_cache_mode,
+                            max_model_len=max_model_len) if mamba else None)
     specs = {}
     for i, name in enumerate(model.attention_layer_names):
-        if i in windows:
+        if i in mamba:
+            specs[name] = state
+        elif i in windows:
             specs[name] = SlidingWindowSpec(block_size=base.block_size, num_kv_heads=base.num_kv_heads,
                                             head_size=base.head_size, head_size_v=base.head_size_v,
                                             dtype=base.dtype, page_size_padded=base.page_size_padded,
@@ -375,6 +438,10 @@ def unify_hybrid_kv_cache_specs(specs: dict) -> dict:
     @bbf906a88ba1a39104884c88c9811a4f968e4659, unify_hybrid_kv_cache_specs): with both full and
     sliding-window layers, every SlidingWindowSpec becomes a FullAttentionSpec that records its
     window (blocks are allocated for all tokens; the layer still computes over its window only)."""
+    if any(isinstance(s, MambaSpec) for s in specs.values()) and len({type(s) for s in specs.values()}) > 1:
+        # vLLM cannot unify a Mamba layer with attention layers: such models need the hybrid manager.
+        raise ValueError("Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one "
+                         "unified type (a recurrent-state layer beside attention layers)")
     has_full = any(type(s) is FullAttentionSpec for s in specs.values())
     has_sw = any(isinstance(s, SlidingWindowSpec) for s in specs.values())
     if not (has_full and has_sw):
@@ -494,7 +561,8 @@ def pp_stage_layer_names(model, pipeline_parallel_size: int = 1) -> list:
 def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, *,
                          layout=KVCacheLayout.LBNHC, page_size_padded: Optional[int] = None,
                          disable_hybrid_kv_cache_manager: bool = False,
-                         layer_names: Optional[Sequence[str]] = None) -> KVCacheConfig:
+                         layer_names: Optional[Sequence[str]] = None, mamba_cache_mode: str = "align",
+                         max_model_len: Optional[int] = None) -> KVCacheConfig:
     """The per-worker KVCacheConfig of `model`'s attention layers, placed for `layout` (a
     KVCacheLayout or its name). A model with one kind of layer: one group (kv_cache_spec_for) and one
     KVCacheTensor for all its layers. A hybrid model (model.sliding_window_layers = {layer index:
@@ -504,8 +572,16 @@ def make_kv_cache_config(model, num_blocks: int, tensor_parallel_size: int = 1, 
     overlaid in one backing allocation (kv_cache_config_from_groups); with it off, one group of
     FullAttentionSpec(sliding_window=W) for all layers (unify_hybrid_kv_cache_specs).
     layer_names (default: all): only these layers, e.g. one pipeline stage's
-    (pp_stage_layer_names), as each vLLM worker's KVCacheConfig lists only its own layers."""
-    specs = kv_cache_specs_for(model, tensor_parallel_size, page_size_padded=page_size_padded)
+    (pp_stage_layer_names), as each vLLM worker's KVCacheConfig lists only its own layers.
+    A model with recurrent layers (model.mamba_layer_indices) gets a MambaSpec group per
+    mamba_spec_for (mamba_cache_mode: "align", vLLM's with prefix caching, or "none";
+    max_model_len: the "none" mode's block size); it needs the hybrid manager on and a
+    block-compact layout (LBHNC, LBNHC, BLHNC, BLNHC), since its pages overlay the attention pages."""
+    specs = kv_cache_specs_for(model, tensor_parallel_size, page_size_padded=page_size_padded,
+                               mamba_cache_mode=mamba_cache_mode, max_model_len=max_model_len)
+    if any(isinstance(s, MambaSpec) for s in specs.values()) and not resolve_kv_cache_layout(layout).is_block_compact:
+        raise ValueError(f"layout {resolve_kv_cache_layout(layout).name} spreads a block over the heads: a Mamba "
+                         "group's pages, overlaid on the attention pages, need a block-compact layout")
     if layer_names is not None:
         unknown = set(layer_names) - set(specs)
         assert not unknown, f"not attention layers of the model: {sorted(unknown)}"
@@ -566,9 +642,14 @@ def allocate_kv_caches(kv_cache_config: KVCacheConfig, *, kv_cache_format: str =
         for tensor in tensors:
             raw = shared if shared is not None else torch.zeros(tensor.size, dtype=torch.int8)
             spec = kv_cache_config.spec_of(tensor.layers[0])
-            views = create_kv_cache_views(raw, spec, kv_cache_config.num_blocks, layout, tensor, kernel_block_size)
+            # The kernel block split is the attention backend's; a Mamba group keeps one state per block.
+            kbs = None if isinstance(spec, MambaSpec) else kernel_block_size
+            views = create_kv_cache_views(raw, spec, kv_cache_config.num_blocks, layout, tensor, kbs)
             caches.update(zip(tensor.layers, views))
     else:
+        if any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups):
+            raise ValueError(f"kv_cache_format {kv_cache_format!r} (older vLLM) has no form for recurrent-state "
+                             "layers: use \"views\"")
         groups = kv_cache_config.kv_cache_groups
         for slot in range(max((len(g.layer_names) for g in groups), default=0)):
             owners = [g for g in groups if slot < len(g.layer_names)]

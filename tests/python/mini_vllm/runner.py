@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import pickle
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -14,8 +15,9 @@ from tiny_model import KVShard, SeqInput, tp_head_range  # on sys.path: see the 
 
 from .config import VllmConfig
 from .connector_api import KVConnectorOutput, KVConnectorRole, KVConnectorTransferResults, create_connector
-from .forward_context import Attention, FlashAttentionMetadata, get_forward_context, set_forward_context
-from .kv_cache_interface import KVCacheConfig, allocate_kv_caches
+from .forward_context import (Attention, FlashAttentionMetadata, MambaMetadata, MambaMixer, get_forward_context,
+                              set_forward_context)
+from .kv_cache_interface import KVCacheConfig, MambaSpec, allocate_kv_caches
 from .parallel_state import _as_rank
 from .scheduler import ModelRunnerOutput
 from .scheduler_output import SchedulerOutput
@@ -146,7 +148,10 @@ class _WorkerRank:
         layers = self.vllm_config.compilation_config.static_forward_context
         for name, t in self.kv_caches.items():
             spec = kv_cache_config.spec_of(name)
-            layers[name] = Attention(name, t, spec.num_kv_heads, spec.head_size)
+            if isinstance(spec, MambaSpec):
+                layers[name] = MambaMixer(name, t, spec.mamba_type)
+            else:
+                layers[name] = Attention(name, t, spec.num_kv_heads, spec.head_size)
         self.connector = None
 
     @contextlib.contextmanager
@@ -204,6 +209,26 @@ class MiniModelRunner:
             elif cached.num_output_tokens[i] < len(state.output_token_ids):
                 # Output discarded by the scheduler after a sync KV-load failure: align.
                 del state.output_token_ids[cached.num_output_tokens[i]:]
+
+    def _mamba_metadata(self, batch: list, group: int, block_size: int) -> MambaMetadata:
+        """The step's metadata of a Mamba group (see MambaMetadata)."""
+        qsl, seq_lens, tables, read, write = [0], [], [], [], []
+        for req_id, n in batch:
+            st = self.requests[req_id]
+            start = st.num_computed_tokens
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(st.block_ids[group])
+            read.append(-(-start // block_size) - 1)
+            write.append(-(-(start + n) // block_size) - 1)
+        width = max(len(t) for t in tables)
+        return MambaMetadata(
+            num_actual_tokens=qsl[-1], query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_size=block_size,
+            state_indices_tensor=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            has_initial_states=torch.tensor([r >= 0 for r in read], dtype=torch.bool),
+            block_idx_last_computed_token=torch.tensor(read, dtype=torch.int32),
+            block_idx_last_scheduled_token=torch.tensor(write, dtype=torch.int32))
 
     def _attn_metadata(self, batch: list, group: int = 0) -> FlashAttentionMetadata:
         """The step's metadata of one KV cache group: its block tables and slot mapping (vLLM builds
@@ -265,6 +290,9 @@ class MiniModelRunner:
     def execute_model(self, so: SchedulerOutput) -> tuple:
         """Returns (ModelRunnerOutput with the logits extension, list of per-rank KVConnectorOutput or None)."""
         per_rank_so = [pickle.loads(pickle.dumps(so)) if self.serialize else so for _ in self.ranks]
+        if getattr(so, "kv_connector_block_state", None) is not None:
+            # vLLM 0.29: scheduler-local, None by the time the output reaches a worker.
+            per_rank_so = [dataclasses.replace(rso, kv_connector_block_state=None) for rso in per_rank_so]
         if self.has_connector:
             for rank, rso in zip(self.ranks, per_rank_so):
                 if rso.kv_connector_metadata is not None and hasattr(rank.connector, "handle_preemptions"):
@@ -287,19 +315,25 @@ class MiniModelRunner:
         num_groups = len(self.ranks[0].kv_cache_config.kv_cache_groups)
         layer_group = {name: g for rank in self.ranks for g, group in enumerate(rank.kv_cache_config.kv_cache_groups)
                        for name in group.layer_names}
+        layer_block_size = {name: group.kv_cache_spec.block_size for rank in self.ranks
+                            for group in rank.kv_cache_config.kv_cache_groups for name in group.layer_names}
         seqs = []
         for req_id, n in batch:
             st = self.requests[req_id]
             positions = list(range(st.num_computed_tokens, st.num_computed_tokens + n))
-            layer_tables = None
+            layer_tables = layer_sizes = None
             if num_groups > 1:  # each layer reads and writes through its group's block table
                 layer_tables = {name: st.block_ids[g] for name, g in layer_group.items()}
-            seqs.append(SeqInput([st.token(p) for p in positions], positions, st.block_ids[0], layer_tables))
+                layer_sizes = layer_block_size
+            seqs.append(SeqInput([st.token(p) for p in positions], positions, st.block_ids[0], layer_tables,
+                                 layer_sizes))
             out.positions[req_id] = positions
         attn = []
         for rank in self.ranks:
             groups = rank.kv_cache_config.kv_cache_groups
-            metas = [self._attn_metadata(batch, g) for g in range(len(groups))]
+            metas = [self._mamba_metadata(batch, g, group.kv_cache_spec.block_size)
+                     if isinstance(group.kv_cache_spec, MambaSpec) else self._attn_metadata(batch, g)
+                     for g, group in enumerate(groups)]
             attn.append({name: metas[g] for g, group in enumerate(groups) for name in group.layer_names})
         shards = [KVShard(rank.kv_caches, rank.kv_head_start, rank.kv_head_end,
                           _LayerHooks(rank, attn[i]) if rank.connector is not None else None, attn[i],

@@ -1,6 +1,23 @@
 """The scheduler (scheduler.py @00f4240e, FCFS, one or several KV cache groups), its async-scheduling
 subclass (AsyncScheduler: vllm/v1/core/sched/async_scheduler.py @014b2350, the placeholder handling of
-scheduler.py @00024d31) and its per-step outputs."""
+scheduler.py @00024d31) and its per-step outputs.
+
+Recurrent-state (Mamba) groups in mamba_cache_mode "align" (scheduler.py as stored in copies of
+vLLM 0.28/0.29; the upstream file at b4622cf9 predates it, so no upstream commit is named):
+  _mamba_block_aligned_split  a prefill chunk ends on a block boundary (a multiple of the block
+      size, or the last boundary of the request) unless it is the prompt's last chunk; a chunk
+      cut to 0 tokens is not scheduled (running: the next request; waiting: the loop stops).
+  boundary-state offers  in each step, a request whose scheduled tokens end on a block boundary
+      (num_computed + num_scheduled a multiple of the block size) offers the block holding that
+      state as (group_id, block_id, boundary_tokens), per Mamba group, to a producer-side
+      connector (kv_transfer_config.is_kv_producer, as vLLM drains its hand-offs only for one),
+      spelled per VllmConfig.vllm_version (scheduler_output.py). The offered block is pinned
+      (ref count) until update_from_output of that step, so it stays allocated through the step's
+      forward and wait_for_save whatever happens to the request meanwhile (vLLM pins its
+      hand-offs too, until the request's blocks are freed). Simplified: vLLM 0.28 hands off only
+      producers' prompt-tail boundaries through copy-on-write blocks; here every boundary a step
+      ends on is offered, from the block table itself.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +28,10 @@ from typing import Any, Iterable, Optional
 from .config import VllmConfig
 from .connector_api import KVConnectorOutput, supports_hma
 from .kv_cache import KVCacheManager, cdiv
-from .kv_cache_interface import KVCacheConfig
+from .kv_cache_interface import KVCacheConfig, MambaSpec
 from .request import Request, RequestStatus
-from .scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from .scheduler_output import (CachedRequestData, KVConnectorBlockState, NewRequestData, SchedulerOutput,
+                               SchedulerOutputV028, scheduler_output_class)
 
 
 # --------------------------------------------------------------------------
@@ -83,6 +101,14 @@ class Scheduler:
         self.ignored_req_ids: set = set()
         self.kv_cache_manager = KVCacheManager(kv_cache_config, self.max_model_len,
                                                vllm_config.cache_config.enable_prefix_caching)
+        # Mamba groups in "align" mode: chunks split at block boundaries, boundary states offered.
+        self.mamba_align_group_ids = [i for i, g in enumerate(kv_cache_config.kv_cache_groups)
+                                      if isinstance(g.kv_cache_spec, MambaSpec)
+                                      and g.kv_cache_spec.mamba_cache_mode == "align"]
+        self.need_mamba_block_aligned_split = bool(self.mamba_align_group_ids)
+        self.offers_boundary_states = connector is not None and vllm_config.kv_transfer_config.is_kv_producer
+        self.scheduler_output_class = scheduler_output_class(vllm_config.vllm_version)
+        self._boundary_state_pins: dict = {}  # id(scheduler output) -> offered blocks pinned until its update
         if connector is not None:
             if hasattr(connector, "bind_kv_cache_manager"):
                 connector.bind_kv_cache_manager(self.kv_cache_manager)
@@ -191,6 +217,8 @@ class Scheduler:
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, token_budget, self.max_model_len - request.num_computed_tokens - 1)
+            if self.need_mamba_block_aligned_split:
+                num_new = self._mamba_block_aligned_split(request, num_new)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -258,6 +286,10 @@ class Scheduler:
                     if not self.scheduler_config.enable_chunked_prefill and num_new > token_budget:
                         break
                     num_new = min(num_new, token_budget)
+                    if self.need_mamba_block_aligned_split:
+                        num_new = self._mamba_block_aligned_split(request, num_new, num_local, num_external)
+                        if num_new == 0:
+                            break  # not enough budget for a block-aligned chunk
                     # A sync hit must leave at least one token to compute (vLLM asserts the same).
                     assert num_new > 0
 
@@ -294,19 +326,75 @@ class Scheduler:
 
         total = sum(num_scheduled.values())
         assert total <= self.max_num_scheduled_tokens and token_budget >= 0
-        so = SchedulerOutput(
+        offers, pins = self._take_boundary_state_offers(num_scheduled)
+        so = self.scheduler_output_class(
             scheduled_new_reqs=[NewRequestData.from_request(r, req_to_new_blocks[r.request_id].get_block_ids())
                                 for r in scheduled_new],
             scheduled_cached_reqs=self._make_cached_request_data(scheduled_running, scheduled_resumed,
                                                                  req_to_new_blocks),
             num_scheduled_tokens=num_scheduled, total_num_scheduled_tokens=total, scheduled_spec_decode_tokens={},
             scheduled_encoder_inputs={}, num_common_prefix_blocks=[0], preempted_req_ids=self.reset_preempted_req_ids,
-            finished_req_ids=self.finished_req_ids, free_encoder_mm_hashes=[], has_sync_kv_loads=has_sync_kv_loads)
+            finished_req_ids=self.finished_req_ids, free_encoder_mm_hashes=[], has_sync_kv_loads=has_sync_kv_loads,
+            **self._offer_fields(offers, num_scheduled))
+        if pins:
+            self._boundary_state_pins[id(so)] = pins
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         if self.connector is not None:
             so.kv_connector_metadata = self.connector.build_connector_meta(so)
         self._update_after_schedule(so)
         return so
+
+    def _mamba_block_aligned_split(self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+                                   num_external_computed_tokens: int = 0) -> int:
+        """vLLM's split in "align" mode: while the request prefills (its prompt, or the tokens a
+        resumed request recomputes), a chunk that ends before the request's last block boundary is
+        cut to whole blocks (possibly 0), one that crosses that boundary ends on it, and the tail
+        after it is scheduled as is."""
+        num_computed = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        if num_computed < max(request.num_prompt_tokens, request.num_tokens - 1):
+            bs = self.block_size
+            last_cache_position = request.num_tokens - request.num_tokens % bs
+            after = num_computed + num_new_tokens
+            if after < last_cache_position:
+                num_new_tokens = num_new_tokens // bs * bs
+            elif num_computed < last_cache_position < after:
+                num_new_tokens = last_cache_position - num_computed
+        return num_new_tokens
+
+    def _take_boundary_state_offers(self, num_scheduled: dict) -> tuple:
+        """({req_id: [(group_id, block_id, boundary_tokens)]}, the offered blocks, pinned): for a
+        producer-side connector, the state block of every Mamba "align" group of each request
+        whose scheduled tokens end on a block boundary. Called before _update_after_schedule
+        (request.num_computed_tokens is the step's start)."""
+        offers, pins = {}, []
+        if not (self.offers_boundary_states and self.mamba_align_group_ids):
+            return offers, pins
+        kvm = self.kv_cache_manager
+        for req_id, n in num_scheduled.items():
+            end = self.requests[req_id].num_computed_tokens + n
+            if end % self.block_size:
+                continue
+            tables = kvm.get_blocks(req_id).blocks
+            for g in self.mamba_align_group_ids:
+                block = tables[g][end // self.block_size - 1]
+                assert not block.is_null, f"{req_id}: no state block at boundary {end} of group {g}"
+                offers.setdefault(req_id, []).append((g, block.block_id, end))
+                pins.append(block)
+        kvm.block_pool.touch(pins)
+        return offers, pins
+
+    def _offer_fields(self, offers: dict, num_scheduled: dict) -> dict:
+        """The SchedulerOutput fields that carry the offers in this vLLM version (none without a
+        producer-side connector): 0.28 partial_tail_offloads (None when empty), 0.29
+        kv_connector_block_state (with snapshots of the tables of the scheduled and offering
+        requests)."""
+        if not self.offers_boundary_states:
+            return {}
+        if issubclass(self.scheduler_output_class, SchedulerOutputV028):
+            return {"partial_tail_offloads": offers or None}
+        kvm = self.kv_cache_manager
+        block_ids = {req_id: kvm.get_block_ids(req_id) for req_id in list(num_scheduled) + list(offers)}
+        return {"kv_connector_block_state": KVConnectorBlockState(block_ids=block_ids, boundary_state_offloads=offers)}
 
     def _make_cached_request_data(self, running_reqs: list, resumed_reqs: list, req_to_new_blocks: dict):
         data = CachedRequestData.make_empty()
@@ -339,7 +427,13 @@ class Scheduler:
         else:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
         if request.num_computed_tokens == request.num_tokens:
-            request.num_computed_tokens = request.num_tokens - 1
+            if self.mamba_align_group_ids:
+                # Resuming one token earlier needs the state before the last block, which an align
+                # table does not hold: recompute from token 0 (connectors leave a token to compute).
+                self.kv_cache_manager.free(request)
+                request.num_computed_tokens = 0
+            else:
+                request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(request.request_id)
 
     # ---- outputs ----
@@ -391,6 +485,9 @@ class Scheduler:
                 self.connector.get_kv_connector_stats()
             if hasattr(self.connector, "take_events"):
                 list(self.connector.take_events() or ())
+        pins = self._boundary_state_pins.pop(id(so), None)
+        if pins:  # the step's forward and wait_for_save have run: the offered blocks may go
+            self.kv_cache_manager.block_pool.free_blocks(pins)
         return outputs, failed
 
     def _update_from_kv_xfer_finished(self, kv_out: KVConnectorOutput) -> None:
@@ -455,6 +552,12 @@ class Scheduler:
             if is_affected:
                 if not marked_here:
                     request.num_computed_tokens = req_num_computed
+                if self.mamba_align_group_ids:
+                    # A Mamba "align" table holds no state before the hit's last block (nulls), so no
+                    # point before the failed block can be resumed from: recompute from token 0
+                    # (or from a local prefix hit holding its state, once the request is restarted;
+                    # see _restart_for_recurrent_state). This applies to a failed block of any group.
+                    request.num_computed_tokens = 0
                 affected.add(request.request_id)
         return affected, to_evict
 
@@ -471,7 +574,24 @@ class Scheduler:
         if not self.recompute_kv_load_failures:
             return async_failed | sync_failed
         self.failed_recving_kv_req_ids |= async_failed
+        if self.mamba_align_group_ids and sync_failed:
+            # The restarted requests' blocks from the failed one on were cached at schedule time and
+            # are not rewritten in place: they leave the prefix cache.
+            self.kv_cache_manager.evict_blocks(to_evict)
+            for req_id in sync_failed:
+                self._restart_for_recurrent_state(req_id)
         return sync_failed
+
+    def _restart_for_recurrent_state(self, req_id: str) -> None:
+        """A running request with Mamba "align" groups whose loaded blocks failed recomputes from
+        token 0: the attention groups keep their blocks when vLLM truncates num_computed_tokens
+        (the recompute rewrites them), but a Mamba table cannot go back (MambaManager allocates
+        forward only, and the sliding-window nulls before the hit would have to be real blocks
+        again), so the request is restarted as a preemption restarts it: its blocks freed, back at
+        the front of the waiting queue, resumed with a new table (and a new local-cache lookup and
+        get_num_new_matched_tokens). Harness choice: vLLM @00f4240e reads one group here ("TODO:
+        add support for hybrid memory allocator") and does not handle this case."""
+        self.preempt_request(req_id)
 
     # ---- liveness ----
     def get_num_unfinished_requests(self) -> int:

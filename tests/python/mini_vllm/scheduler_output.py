@@ -1,8 +1,21 @@
-"""Scheduler output (vllm/v1/core/sched/output.py @00e8f1fd) and yield_req_data."""
+"""Scheduler output (vllm/v1/core/sched/output.py @00e8f1fd) and yield_req_data.
+
+The Mamba "align" boundary-state offers ({req_id: [(group_id, block_id, boundary_tokens)]}, see
+Scheduler) have two spellings, one per vLLM version (VllmConfig.vllm_version):
+  0.28  SchedulerOutput.partial_tail_offloads (None when there are none), a plain field;
+  0.29  SchedulerOutput.kv_connector_block_state: KVConnectorBlockState(block_ids,
+        boundary_state_offloads), "Scheduler-local; always None by the time this reaches a
+        worker".
+Read from stored copies of vllm/v1/core/sched/output.py of those versions (the store names no
+upstream commit for either; 0.29's KVConnectorBlockState is stored in two forms, block_ids as a
+dict of snapshots or resolved on access through get_block_ids: this one has both). Each version's
+SchedulerOutput has only its own field (SchedulerOutputV028, SchedulerOutputV029), so a connector
+that probes for one spelling sees what that vLLM has.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from .connector_api import KVConnectorMetadata
@@ -69,6 +82,43 @@ class SchedulerOutput:
     has_structured_output_requests: bool = False
     new_block_ids_to_zero: Optional[list] = None
     kv_connector_metadata: Optional[KVConnectorMetadata] = None
+
+
+@dataclass
+class KVConnectorBlockState:
+    """Scheduler-local block state offered to a producer-side KV connector (vLLM 0.29):
+    block_ids, snapshots of the current block tables (one list per group) of the requests
+    scheduled in the step and of those with an offer; boundary_state_offloads, the exact Mamba
+    "align" boundary-state hand-offs {req_id: [(group_id, block_id, boundary_tokens)]}."""
+    block_ids: dict = field(default_factory=dict)
+    boundary_state_offloads: dict = field(default_factory=dict)
+
+    def get_block_ids(self, req_id: str) -> Optional[tuple]:
+        return self.block_ids.get(req_id)
+
+
+@dataclass
+class SchedulerOutputV028(SchedulerOutput):
+    """vLLM 0.28: the boundary-state offers as partial_tail_offloads."""
+    partial_tail_offloads: Optional[dict] = None
+
+
+@dataclass
+class SchedulerOutputV029(SchedulerOutput):
+    """vLLM 0.29: the offers (and table snapshots) in the scheduler-local kv_connector_block_state."""
+    kv_connector_block_state: Optional[KVConnectorBlockState] = None
+
+
+VLLM_VERSIONS = ("0.28", "0.29")
+
+
+def scheduler_output_class(vllm_version: str) -> type:
+    """The SchedulerOutput class of a vLLM version of VLLM_VERSIONS."""
+    if vllm_version == "0.28":
+        return SchedulerOutputV028
+    if vllm_version == "0.29":
+        return SchedulerOutputV029
+    raise ValueError(f"vllm_version {vllm_version!r} is not one of {VLLM_VERSIONS}")
 
 
 def yield_req_data(scheduler_output: SchedulerOutput) -> Iterator[tuple]:
