@@ -145,3 +145,69 @@ def test_the_vllm_harness_builds_what_the_manifest_says_vllm_builds():
     older = MANIFEST["vllm_contracts"]["versions"]["before 0.28"]
     legacy = allocate_kv_caches(config, kv_cache_format="legacy_kv_first")
     assert all(t.dim() == older["kv_tensor"]["dims"] for t in legacy.values())
+
+
+def test_the_vllm_harness_runs_recurrent_layers_as_the_manifest_says():
+    """The Mamba contracts of the manifest, in the mini vLLM engine: the
+    hybrid manager required, mamba_cache_mode "align" with prefix caching,
+    the [num_blocks, 1, 1, state bytes] int8 view, and the boundary-state
+    offers under each version's field (only that version's)."""
+    import mini_vllm
+    from tiny_model import TinyHybridRecurrent, make_deterministic
+    mamba = MANIFEST["vllm_contracts"]["versions"]["0.28+"]["mamba"]
+    make_deterministic()
+    model = TinyHybridRecurrent(seed=0)
+    assert mini_vllm.CacheConfig().mamba_cache_mode == mamba["mamba_cache_mode_default"]
+    engine = mini_vllm.MiniEngine(model)
+    assert engine.vllm_config.cache_config.mamba_cache_mode == mamba["mamba_cache_mode_with_prefix_caching"].split()[0]
+    (view,) = [engine.kv_caches[n] for n in engine.kv_caches if n.endswith("mixer")]
+    assert view.dim() == mamba["kv_tensor"]["dims"] and str(view.dtype) == "torch." + mamba["kv_tensor"]["dtype"].split()[0]
+    assert tuple(view.shape[1:]) == (1, 1, model.state_bytes)
+    with pytest.raises(ValueError):  # the hybrid manager is required
+        mini_vllm.MiniEngine(model, mini_vllm.make_vllm_config(model, kv_connector=None,
+                                                               disable_hybrid_kv_cache_manager=True))
+
+    class Producer(mini_vllm.KVConnectorBase_V1, mini_vllm.SupportsHMA):
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            return 0, False
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            pass
+
+        def build_connector_meta(self, scheduler_output):
+            return mini_vllm.KVConnectorMetadata()
+
+        def request_finished_all_groups(self, request, block_ids):
+            return False, None
+
+        def start_load_kv(self, forward_context, **kwargs):
+            pass
+
+        def wait_for_layer_load(self, layer_name):
+            pass
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            pass
+
+        def wait_for_save(self):
+            pass
+
+    fields = mamba["boundary_state_offers"]["field"]
+    for version, path in fields.items():
+        cfg = mini_vllm.make_vllm_config(model, vllm_version=version)
+        engine = mini_vllm.MiniEngine(model, cfg, None, Producer)
+        mini_vllm.run_request(engine, list(range(1, 20)), 1, "r")
+        offers = []
+        for record in engine.history:
+            value = record.scheduler_output
+            for part in path.split("."):
+                value = getattr(value, part) if value is not None else None
+            offers.append(value)
+            for other in fields.values():
+                if other != path:
+                    assert not hasattr(record.scheduler_output, other.split(".")[0])
+        # 19 prompt tokens: a first chunk of 16 ends on the boundary, the offer names its state block.
+        first = engine.history[0].scheduler_output
+        assert first.num_scheduled_tokens == {"r": 16}
+        assert offers[0] == {"r": [(1, first.scheduled_new_reqs[0].block_ids[1][-1], 16)]}
+        assert not any(offers[1:])
