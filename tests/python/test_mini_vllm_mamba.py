@@ -114,6 +114,12 @@ def test_layouts_without_compact_blocks_and_older_formats_refuse_a_mamba_group(h
         mv.allocate_kv_caches(kvc, kv_cache_format="legacy_kv_first")
     with pytest.raises(ValueError, match="hybrid KV cache manager"):
         MiniEngine(hybrid, make_vllm_config(hybrid, kv_connector=None, disable_hybrid_kv_cache_manager=True))
+    # A config made for "align" runs in "align" mode without prefix caching too; "none" needs it off.
+    e = MiniEngine(hybrid, make_vllm_config(hybrid, kv_connector=None, enable_prefix_caching=False), kvc)
+    assert e.vllm_config.cache_config.mamba_cache_mode == "align"
+    with pytest.raises(AssertionError, match="align"):
+        MiniEngine(hybrid, make_vllm_config(hybrid, kv_connector=None), make_kv_cache_config(hybrid, 16,
+                                                                                             mamba_cache_mode="none"))
 
 
 def test_chunking_and_a_resume_from_a_stored_state_are_bit_exact(hybrid):

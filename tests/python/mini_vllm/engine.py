@@ -82,8 +82,10 @@ class MiniEngine:
     beside the attention groups, which needs the hybrid KV cache manager (ValueError when it is
     off), the "views" format, one pipeline stage. cache_config.mamba_cache_mode is settled as vLLM
     settles it: "none" becomes "align" with prefix caching (the model does not support "all");
-    "align" needs chunked prefill. cache_config.mamba_block_size / mamba_page_size_padded are then
-    the Mamba group's. See kv_cache.MambaManager and the scheduler for what "align" does.
+    "align" needs chunked prefill. A kv_cache_config of "align" Mamba groups given to an engine
+    without prefix caching runs in "align" mode (make_kv_cache_config's default; vLLM would use
+    "none", whose tokens and logits are the same). cache_config.mamba_block_size /
+    mamba_page_size_padded are then the Mamba group's. See kv_cache.MambaManager and the scheduler for what "align" does.
     Async scheduling (vllm_config.scheduler_config.async_scheduling, vLLM's --async-scheduling):
     step() is EngineCore.step_with_batch_queue (vllm/v1/engine/core.py @00080ee1) over a batch
     queue of vllm_config.max_concurrent_batches (2) steps, with the AsyncScheduler. Each call
@@ -131,6 +133,15 @@ class MiniEngine:
                                                     max_model_len=vllm_config.model_config.max_model_len)
                                for names in self.stage_layer_names]
         stage_configs = list(kv_cache_config) if isinstance(kv_cache_config, (list, tuple)) else [kv_cache_config]
+        given_modes = {g.kv_cache_spec.mamba_cache_mode for c in stage_configs for g in c.kv_cache_groups
+                       if isinstance(g.kv_cache_spec, MambaSpec)}
+        if len(given_modes) == 1 and given_modes != {cache.mamba_cache_mode}:
+            # A config made for another mode is taken as asked for, e.g. make_kv_cache_config's default
+            # "align" in an engine without prefix caching ("align" without caching works the same,
+            # bit for bit); "none" with prefix caching stays refused (_check_kv_cache_config).
+            cache.mamba_cache_mode = given_modes.pop()
+            if cache.mamba_cache_mode == "align":
+                self._settle_mamba_cache_mode(vllm_config, disable_hma)
         if len(stage_configs) != pp_size:
             raise ValueError(f"pipeline_parallel_size {pp_size} needs one KVCacheConfig per stage, got "
                              f"{len(stage_configs)} (make_kv_cache_config(..., layer_names=stage's layers), "
