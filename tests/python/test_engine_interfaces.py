@@ -161,7 +161,8 @@ def test_the_vllm_harness_runs_recurrent_layers_as_the_manifest_says():
     engine = mini_vllm.MiniEngine(model)
     assert engine.vllm_config.cache_config.mamba_cache_mode == mamba["mamba_cache_mode_with_prefix_caching"].split()[0]
     (view,) = [engine.kv_caches[n] for n in engine.kv_caches if n.endswith("mixer")]
-    assert view.dim() == mamba["kv_tensor"]["dims"] and str(view.dtype) == "torch." + mamba["kv_tensor"]["dtype"].split()[0]
+    assert view.dim() == mamba["kv_tensor"]["dims"]
+    assert str(view.dtype) == "torch." + mamba["kv_tensor"]["dtype"].split()[0]
     assert tuple(view.shape[1:]) == (1, 1, model.state_bytes)
     with pytest.raises(ValueError):  # the hybrid manager is required
         mini_vllm.MiniEngine(model, mini_vllm.make_vllm_config(model, kv_connector=None,

@@ -462,3 +462,24 @@ def test_async_scheduling_of_the_hybrid_model_is_bit_exact(hybrid):
     e.add_request(p2, 5, "b")
     e.run_until_done()
     assert e.outputs["a"] == greedy_generate(hybrid, p1, 5) and e.outputs["b"] == greedy_generate(hybrid, p2, 5)
+
+
+def test_two_tp_ranks_hold_their_rows_of_the_state_bit_exact(hybrid):
+    p = prompt(15, 29)
+    e = MiniEngine(hybrid, make_vllm_config(hybrid, kv_connector=None, tensor_parallel_size=2,
+                                            max_num_batched_tokens=16),
+                   make_kv_cache_config(hybrid, 48, 2), num_workers=2)
+    assert [tuple(r.kv_caches[MIXER].shape) for r in e.runner.ranks] == [(48, 1, 1, 320)] * 2
+    e.add_request(p, 3, "a")
+    checked = False
+    while e.has_requests():
+        so = e.schedule()
+        out = e.execute_model(so)
+        if e.request("a") is not None and e.request("a").num_computed_tokens == 24:
+            state = e.mamba_state("a", 24)[0]  # both ranks' rows
+            rank1 = e.runner.ranks[1].kv_caches[MIXER][e.group_block_ids("a")[MAMBA][2]].reshape(-1)
+            assert torch.equal(state, hybrid.state_at(p, 24))
+            assert torch.equal(rank1.clone().view(torch.float32).view(8, 10), state[8:])
+            checked = True
+        e.update_from_output(so, out)
+    assert checked and e.outputs["a"] == greedy_generate(hybrid, p, 3)

@@ -85,7 +85,8 @@ class MiniEngine:
     "align" needs chunked prefill. A kv_cache_config of "align" Mamba groups given to an engine
     without prefix caching runs in "align" mode (make_kv_cache_config's default; vLLM would use
     "none", whose tokens and logits are the same). cache_config.mamba_block_size /
-    mamba_page_size_padded are then the Mamba group's. See kv_cache.MambaManager and the scheduler for what "align" does.
+    mamba_page_size_padded are then the Mamba group's. See kv_cache.MambaManager and the scheduler
+    for what "align" does.
     Async scheduling (vllm_config.scheduler_config.async_scheduling, vLLM's --async-scheduling):
     step() is EngineCore.step_with_batch_queue (vllm/v1/engine/core.py @00080ee1) over a batch
     queue of vllm_config.max_concurrent_batches (2) steps, with the AsyncScheduler. Each call
@@ -151,7 +152,8 @@ class MiniEngine:
                 raise ValueError(f"kv_cache_config has {len(config.kv_cache_groups)} KV cache groups but the "
                                  "hybrid KV cache manager is disabled (make_kv_cache_config(..., "
                                  "disable_hybrid_kv_cache_manager=True) gives one group)")
-            self._check_kv_cache_config(model, cache, config, num_workers, names, vllm_config.model_config.max_model_len)
+            self._check_kv_cache_config(model, cache, config, num_workers, names,
+                                        vllm_config.model_config.max_model_len)
             assert config.num_blocks == stage_configs[0].num_blocks, "every stage has the scheduler's block count"
             assert len(config.kv_cache_groups) == len(stage_configs[0].kv_cache_groups), \
                 f"stage {stage} has other KV cache groups than stage 0"
@@ -359,7 +361,8 @@ class MiniEngine:
         boundary the request's chunks ended on and not yet freed, or its running state)."""
         group = self.mamba_group_ids[0]
         if layer_name is not None:
-            group = next(g for g, grp in enumerate(self.kv_cache_config.kv_cache_groups) if layer_name in grp.layer_names)
+            group = next(g for g, grp in enumerate(self.kv_cache_config.kv_cache_groups)
+                         if layer_name in grp.layer_names)
         bs = self.kv_cache_config.kv_cache_groups[group].kv_cache_spec.block_size
         block_id = self.group_block_ids(req_id)[group][-(-num_tokens // bs) - 1]
         assert block_id != 0, f"{req_id} holds no state after {num_tokens} tokens (a null block)"

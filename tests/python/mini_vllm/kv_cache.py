@@ -38,8 +38,9 @@ Simplified: hash_block_size == block_size == the scheduler block size for every 
 mixed block sizes but a "none"-mode Mamba group's, no fine-grained partial hits), no EAGLE, no
 DCP/PCP, no cascade-attention common prefix, no retention interval, no KV events, no
 chunked-local / cross-attention managers, no Mamba "all" mode, copy-on-write or partial-tail
-pins (the boundary-state offers are the scheduler's, see scheduler.py). Freed blocks keep their hash ("retained") until evicted by a new allocation, LRU
-first; a request's blocks are freed tail first so they evict first.
+pins (the boundary-state offers are the scheduler's, see scheduler.py). Freed blocks keep their
+hash ("retained") until evicted by a new allocation, LRU first; a request's blocks are freed
+tail first so they evict first.
 """
 
 from __future__ import annotations
