@@ -156,6 +156,14 @@ void BindClient(py::module_& m) {
       })
       .def_property_readonly("fingerprints", [](const PyClient& c) { return c.Get()->namespaces(); })
       .def_property_readonly("arena_bytes", [](const PyClient& c) { return c.Get()->arena().size(); })
+      .def_property_readonly(
+          "arena_address", [](const PyClient& c) { return reinterpret_cast<uintptr_t>(c.Get()->arena().data()); },
+          "Base address of the arena mapping (arena_bytes long), e.g. for one cudaHostRegister of it. After a "
+          "reconnect (reconnects changed) it is the new daemon's arena; the old one stays mapped only while "
+          "views, saves and loads from before use it.")
+      .def_property_readonly(
+          "reconnects", [](const PyClient& c) { return c.Get()->reconnects(); },
+          "How many times this client reconnected after kvtierd closed the connection; 0 until the first.")
       .def("lookup",
            [](const PyClient& c, NamespaceId ns, const py::object& keys) {
              auto k = ToKeys(keys);

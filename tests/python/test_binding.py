@@ -299,3 +299,41 @@ def test_a_closed_client_raises_and_a_missing_daemon_is_unavailable(daemon, tmp_
     with pytest.raises(kvtier.UnavailableError) as e:
         kvtier.Client(str(tmp_path / "nobody.sock"), [ns], connect_timeout=1.0)
     assert e.value.code == "unavailable" and isinstance(e.value, ConnectionError)
+
+
+def test_the_arena_address_spans_every_view_and_follows_a_reconnect(daemon):
+    """arena_address and arena_bytes name the whole mapping (what the vLLM connector registers with
+    CUDA); after kvtierd restarts, reconnects counts the reconnect and they name the new arena."""
+    ns = test_namespace()
+    keys = keys_of(ns, 2)
+
+    def inside(c, view):
+        address = np.frombuffer(view.data, dtype=np.uint8).ctypes.data
+        return c.arena_address <= address and address + ns.block_bytes <= c.arena_address + c.arena_bytes
+
+    c = kvtier.Client(daemon.socket_path, [ns], call_timeout=30.0)
+    assert c.arena_address != 0 and c.arena_bytes > 0 and c.reconnects == 0
+    c.put(0, keys[0], block_bytes(ns, 0))
+    view = c.pin(0, keys[:1])[0]
+    assert inside(c, view)
+    view.release()
+
+    daemon.proc.kill()
+    daemon.proc.wait()
+    daemon.start()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            c.stats()
+            break
+        except kvtier.UnavailableError:
+            assert time.monotonic() < deadline, "the client did not reconnect"
+            time.sleep(0.01)
+    assert c.reconnects == 1
+    c.put(0, keys[1], block_bytes(ns, 1))
+    view = c.pin(0, keys[1:])[0]
+    assert inside(c, view)
+    view.release()
+    c.close()
+    with pytest.raises(kvtier.FailedPreconditionError):
+        c.arena_address
