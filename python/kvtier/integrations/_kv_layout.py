@@ -95,15 +95,21 @@ def _nhc_view(tensor, num_blocks):
 
 
 def block_index(tensor, block_ids):
-    """The index tensor gather() takes for `block_ids` (build it once per
-    save, not per layer)."""
-    return torch.as_tensor(block_ids, dtype=torch.long, device=tensor.device)
+    """The index tensor gather() and scatter() take for `block_ids` (build it
+    once per save or load, not per layer). For a device tensor it is queued
+    on the current stream through page-locked memory: a plain copy to the
+    device would make the calling thread wait for that stream."""
+    if tensor.device.type == "cpu":
+        return torch.as_tensor(block_ids, dtype=torch.long)
+    return torch.tensor(block_ids, dtype=torch.long).pin_memory().to(tensor.device, non_blocking=True)
 
 
 def gather(tensor, form, block_ids, span, num_blocks, index=None):
     """Copies the layer slice of engine blocks `block_ids` into `span`: for a
     CPU tensor in one strided pass straight into the arena, for a device
-    tensor through one device-side gather and one copy to the host.
+    tensor through one gather on the device and one copy to the host, both
+    queued on the current stream (asynchronous when the span is page-locked:
+    the caller waits for the stream before the span's bytes count).
     `index`: block_index(tensor, block_ids), when the caller has it."""
     if index is None:
         index = block_index(tensor, block_ids)
@@ -118,26 +124,35 @@ def gather(tensor, form, block_ids, span, num_blocks, index=None):
     if tensor.device.type == "cpu":
         torch.index_select(src, dim, index, out=dst)
     else:
-        dst.copy_(torch.index_select(src, dim, index))
+        if index.device.type == "cuda":  # made on another stream (the forward pass's): not reused before ours ran
+            index.record_stream(torch.cuda.current_stream(index.device))
+        dst.copy_(torch.index_select(src, dim, index), non_blocking=True)
     del dst  # the span's memoryview must be free before the commit
 
 
-def scatter(tensor, form, block_ids, skip, span, num_blocks):
+def scatter(tensor, form, block_ids, skip, span, num_blocks, index=None):
     """Copies a layer slice from `span` into engine blocks `block_ids`,
-    leaving out the first `skip` of them (already computed locally)."""
+    leaving out the first `skip` of them (already computed locally). For a
+    device tensor the span goes to the device in one copy (asynchronous when
+    it is page-locked), then into the blocks, both queued on the current
+    stream: the span must stay as it is until that stream ran them.
+    `index`: block_index(tensor, block_ids[skip:]), when the caller has it."""
     if skip >= len(block_ids):
         return
     f = len(block_ids)
     src = _span_tensor(span, tensor.dtype)
+    if tensor.device.type != "cpu":
+        src = src.to(tensor.device, non_blocking=True)  # all of it: slicing on the host would copy there first
     # index_put_ (view[ids] = rows): faster than index_copy_ into these
     # strided views, and one call per block group (measured in
     # tests/python/bench_vllm_step.py).
-    index = torch.as_tensor(block_ids[skip:], dtype=torch.long, device=tensor.device)
+    if index is None:
+        index = torch.as_tensor(block_ids[skip:], dtype=torch.long, device=tensor.device)
     if form == "nhc":
         dst = _nhc_view(tensor, num_blocks)
-        dst[index] = src.view(f, *dst.shape[1:])[skip:].to(tensor.device)
+        dst[index] = src.view(f, *dst.shape[1:])[skip:]
     elif form == "kv_first":
-        tensor[:, index] = src.view(2, f, *tensor.shape[2:])[:, skip:].to(tensor.device)
+        tensor[:, index] = src.view(2, f, *tensor.shape[2:])[:, skip:]
     else:
-        tensor[index] = src.view(f, *tensor.shape[1:])[skip:].to(tensor.device)
+        tensor[index] = src.view(f, *tensor.shape[1:])[skip:]
     del src

@@ -22,12 +22,13 @@ only commits saves whose bytes are already in the arena.
 """
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 
 import kvtier
-from kvtier.integrations import _kv_layout
+from kvtier.integrations import _kv_layout, _vllm_cuda
 from kvtier.integrations._kv_layout import Unsupported
 from kvtier.integrations._vllm_plan import NULL_BLOCK
 from kvtier.integrations._vllm_state import StateMover
@@ -154,29 +155,46 @@ class WorkerSide:
             self._load_errors.update(spec.engine_block_ids())  # vLLM recomputes the whole load
         self._loads = [_ActiveLoad(self, spec, group) for spec in meta.loads for group in range(len(self._g.groups))
                        if not self._g.groups[group].state]
+        # CUDA tensors: the step's copies go on a load stream, behind what the
+        # forward stream queued so far (recorded here, on the forward thread).
+        copies = _vllm_cuda.load_copies(self.kv_caches.values(), (self.client, *self._adapter_clients.values()))
         if not self._g.layerwise:
-            self._load_layers(self._loads, {})
+            self._load_layers(self._loads, {}, copies)
             self.end_loads()
             return
-        self._layer_ready = {name: threading.Event() for name in self._load_order}
-        self._loading = self._loader.submit(self._load_layers, self._loads, self._layer_ready)
+        self._layer_ready = {name: _vllm_cuda.layer_ready(copies) for name in self._load_order}
+        self._loading = self._loader.submit(self._load_layers, self._loads, self._layer_ready, copies)
 
-    def _load_layers(self, loads, ready):
+    def _load_layers(self, loads, ready, copies=None):
         """Copies every layer of `loads` in the model's order, marking each
-        layer ready; every mark is set even when a copy raises."""
+        layer ready; every mark is set even when a copy raises. With CUDA
+        tensors (`copies`, a _vllm_cuda.LoadCopies) each layer's copies are
+        queued on the load stream once the daemon has its bytes, its mark
+        carries the event behind them, and this returns only after the load
+        stream ran them all: the loads end (their arena pins go) after it."""
         try:
-            for name in self._load_order:
-                group, layer = self._layer_of[name]
-                for load in loads:
-                    if load.group == group:
-                        load.layer(layer, self.kv_caches[name])
-                if name in ready:
-                    ready[name].set()
+            with copies.issuing() if copies is not None else contextlib.nullcontext():
+                for name in self._load_order:
+                    group, layer = self._layer_of[name]
+                    for load in loads:
+                        if load.group != group:
+                            continue
+                        if copies is None:  # the CPU call as it always was (tests stub layer(self, layer, tensor))
+                            load.layer(layer, self.kv_caches[name])
+                        else:
+                            load.layer(layer, self.kv_caches[name], copies)
+                    if name in ready:
+                        if copies is not None:
+                            ready[name].event = copies.layer_event()
+                        ready[name].set()
         finally:
             for event in ready.values():
                 event.set()
 
     def wait_for_layer_load(self, layer_name):
+        """Waits for the layer's loads: on CPU until they are copied; on CUDA
+        (a _vllm_cuda.LayerReady) until they are queued, and then the current
+        stream waits for them on the GPU."""
         event = self._layer_ready.get(layer_name)
         if event is not None:
             event.wait()
@@ -246,12 +264,15 @@ class WorkerSide:
         entry.layers.append((layer, self._gatherer.submit(self._gather_layer, kv_layer, entry, spans, ready)))
 
     def _gather_layer(self, kv_layer, entry, spans, ready):
-        """On the gather thread: one layer of one save into its arena spans."""
-        if ready is not None:
-            ready.synchronize()  # the forward pass wrote this layer
+        """On the gather thread: one layer of one save into its arena spans.
+        With CUDA tensors the copies are queued on the save stream, which
+        waits on the GPU for `ready` (the forward pass wrote this layer), and
+        this returns once they are in the arena (a host wait here, on the
+        gather thread)."""
         g = self._g
-        for b, dst, index in zip(entry.ok, spans, entry.index):
-            _kv_layout.gather(kv_layer, g.form, entry.span.block_ids[b], dst, g.num_blocks, index)
+        with _vllm_cuda.gathering(kv_layer, ready, (self.client, *self._adapter_clients.values())):
+            for b, dst, index in zip(entry.ok, spans, entry.index):
+                _kv_layout.gather(kv_layer, g.form, entry.span.block_ids[b], dst, g.num_blocks, index)
 
     def wait_for_save(self, meta):
         self._finish_loading()
@@ -281,7 +302,8 @@ class WorkerSide:
 
     def _gathered(self, req_id, entry):
         """Waits for a save's layer copies and declares them written; False
-        when one failed or a layer is missing."""
+        when one failed or a layer is missing. A layer the gather thread
+        finished is in the arena, on CUDA too (see _gather_layer)."""
         try:
             for layer, future in entry.layers:
                 future.result()
@@ -344,14 +366,10 @@ class _Save:
 
 
 def _device_ready(tensor):
-    """A CUDA event recorded after the work queued so far on the current
-    stream (the forward pass's writes of this layer), or None on CPU."""
-    if tensor.device.type != "cuda":
-        return None
-    import torch
-    event = torch.cuda.Event()
-    event.record()
-    return event
+    """On the forward thread, after the forward pass queued its writes of
+    this layer: a CUDA event recorded behind them on the current stream of
+    the tensor's device (the gather's stream waits for it), or None on CPU."""
+    return _vllm_cuda.record_ready(tensor)
 
 
 def _finish(save, req_id):
@@ -387,7 +405,11 @@ class _ActiveLoad:
             logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
             self._failed_from = 0
 
-    def layer(self, layer, tensor):
+    def layer(self, layer, tensor, copies=None):
+        """On the copying thread: waits until kvtierd has `layer` of the
+        load's blocks in the arena and copies it into `tensor`; with CUDA
+        tensors (`copies`) the copies are queued on the load stream, which
+        must run them before the load ends."""
         if self._load is None or self._failed_from == 0:
             return
         try:
@@ -402,8 +424,10 @@ class _ActiveLoad:
                 self._failed_from = b
                 break
             skip = self._span.skip if b == 0 else 0
-            _kv_layout.scatter(tensor, g.form, self._span.block_ids[b], skip, self._load.layer_span(b, layer),
-                               g.num_blocks)
+            ids = self._span.block_ids[b]
+            index = None if copies is None else copies.index(
+                (id(self), b), lambda: _kv_layout.block_index(tensor, ids[skip:]))  # one per block, every layer
+            _kv_layout.scatter(tensor, g.form, ids, skip, self._load.layer_span(b, layer), g.num_blocks, index)
 
     def end(self):
         """Ends the load; returns the engine block ids that did not load."""
