@@ -58,7 +58,7 @@ class Node:
                                  make_kv_cache_config(model, NUM_BLOCKS))
         self.kv_caches = dict(self.engine.kv_caches)
         state_bytes = sum(torch.Size(s).numel() * 4 for s in STATE_SHAPES)
-        self.kv_caches[MIXER] = torch.zeros(NUM_BLOCKS, 1, 1, state_bytes, dtype=torch.uint8)
+        self.kv_caches[MIXER] = torch.zeros(NUM_BLOCKS, 1, 1, state_bytes, dtype=torch.int8)  # vLLM: int8 views
         self.worker.register_kv_caches(self.kv_caches)
         assert self.scheduler.disabled_reason is None and self.worker.disabled_reason is None
 
@@ -112,7 +112,7 @@ def fill(node, tables, seed):
     state = node.kv_caches[MIXER]
     for block in tables[1]:
         if block:
-            state[block].copy_(torch.randint(0, 256, state[block].shape, generator=g, dtype=torch.uint8))
+            state[block].copy_(torch.randint(-128, 128, state[block].shape, generator=g, dtype=torch.int8))
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_only_offered_states_at_kvtier_boundaries_are_saved(nodes, daemon, spell
         assert c.lookup(1, state_keys[0:1]).prefix_blocks == 0  # block 7 (after 8 tokens) was never offered
         got = bytearray(namespaces[1].block_bytes)
         c.get(1, state_keys[1], got)
-    stored = node.kv_caches[MIXER][9].reshape(-1)
+    stored = node.kv_caches[MIXER][9].reshape(-1).view(torch.uint8)
     assert bytes(got[:stored.numel()]) == bytes(stored.numpy())
     assert not any(got[stored.numel():])  # the rest of the span is zeros
 

@@ -117,7 +117,7 @@ def _state_group(index, group, spec, cache_config, block_tokens):
     """The GroupGeometry of a recurrent-state (Mamba/GDN) group. Only vLLM's
     "align" prefix-caching mode keeps a state at block boundaries and offers
     it to connectors; any other mode is Unsupported."""
-    mode = getattr(cache_config, "mamba_cache_mode", None)
+    mode = getattr(cache_config, "mamba_cache_mode", None) or getattr(spec, "mamba_cache_mode", None)
     if mode != "align":
         raise Unsupported(f"a {type(spec).__name__} KV cache group (recurrent state) needs vLLM's mamba_cache_mode "
                           f"'align' (prefix caching on), not {mode!r}")

@@ -309,6 +309,10 @@ class SchedulerSide:
         state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
         state.load = (local // g.block_tokens, end, (local % g.block_tokens) // g.engine_block)
         state.saved = max(state.saved, end)
+        # The answer is used: should vLLM ask again (the load failed and it
+        # recomputes, a preemption), look up afresh rather than promise
+        # blocks that may be gone.
+        state.hits = None
         self._stats.add("hit_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
