@@ -1961,3 +1961,36 @@ def test_pp_workers_get_their_stage_and_call_the_connector_stage_by_stage(model,
     updates = [e[2] for e in log[told[0]:] if e[:2] == ("S", "update_connector_output")]
     assert updates[:2] == [None, {"a"}] and all(u is None for u in updates[2:])
     assert engine.block_pool.get_num_free_blocks() == 31
+
+
+def test_a_streaming_input_session_keeps_its_blocks_between_chunks(model):
+    """Streaming input (scheduler.py @6cf7b26b): a resumable request parks
+    after each chunk with its blocks and computed tokens; a chunk sent while
+    it runs waits in its queue; the next chunk joins the computed output to
+    the prompt (the last sampled token is dropped) and the request is
+    scheduled as new, from its computed tokens, without a prefix lookup; an
+    empty request ends the session."""
+    e = MiniEngine(model, make_vllm_config(model, kv_connector=None), make_kv_cache_config(model, 32))
+    first, second, third = prompt(41, 10), prompt(42, 7), prompt(43, 5)
+    e.add_request(e.make_request(first, 2, "s", resumable=True))
+    e.step()  # the prompt: one token sampled
+    e.add_request(e.make_request(second, 2, "s", resumable=True))  # arrives while the first chunk runs
+    e.run_until_done()
+    s = e.request("s")
+    out1 = e.outputs["s"][:2]
+    assert s.prompt_token_ids == first + out1[:1] + second and s.num_computed_tokens == 19
+    blocks = e.block_ids("s")
+    assert s.status.name == "WAITING_FOR_STREAMING_REQ" and len(e.outputs["s"]) == 4
+    assert e.outputs["s"][2:] == greedy_generate(model, first + out1[:1] + second, 2)
+    assert not e.scheduler.has_requests() and e.block_ids("s") == blocks  # parked, holding its blocks
+    e.add_request(e.make_request(third, 2, "s", resumable=True))
+    so = e.schedule()
+    new = so.scheduled_new_reqs[0]
+    session = first + out1[:1] + second + e.outputs["s"][2:3] + third
+    assert new.req_id == "s" and new.num_computed_tokens == 19 and new.prompt_token_ids == session
+    assert new.block_ids[0][:len(blocks)] == blocks
+    e.update_from_output(so, e.execute_model(so))
+    e.run_until_done()
+    assert e.outputs["s"][4:] == greedy_generate(model, session, 2)
+    e.add_request(mv.Request("s", []))  # the end of the session
+    assert e.request("s") is None and e.scheduler.get_num_unfinished_requests() == 0

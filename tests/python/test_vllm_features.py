@@ -352,3 +352,33 @@ def test_a_resumed_streaming_session_saves_its_next_chunk(model, daemon):
     grown = rank_keys(a, list(request.prompt_token_ids))[0][0]
     assert [(s.first, s.keys[0]) for s in meta.saves] == [(1, grown[1:3])]
     a.shutdown()
+
+
+def test_a_streaming_input_session_is_saved_across_its_chunks_and_loads_bit_exact(model, daemon):
+    """vLLM's streaming input in the engine's order: a resumable request
+    runs its first chunk, parks with its blocks, takes its next chunk as a
+    longer prompt (the computed output token kept, the last sampled one
+    dropped) and is scheduled again without a lookup. The connector saves
+    the grown prompt's blocks; another engine loads them bit-exact."""
+    a = kvtier_engine(model, daemon)
+    first, second = prompt(13, 13), prompt(14, 12)
+    a.add_request(a.make_request(first, 2, "s1", resumable=True))
+    a.run_until_done()
+    assert a.request("s1").status.name == "WAITING_FOR_STREAMING_REQ" and len(a.outputs["s1"]) == 2
+    a.add_request(a.make_request(second, 3, "s1"))  # the last chunk (not resumable)
+    a.run_until_done()
+    assert a.request("s1") is None and a.finish_reasons["s1"] == "length"
+    session = first + a.outputs["s1"][:1] + second  # 26 tokens: the first output's KV was computed
+    assert a.outputs["s1"][2:] == greedy_generate(model, session, 3)
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, session)
+    with quiet_client(daemon, namespaces) as c:
+        assert c.lookup(0, keys[0]).prefix_blocks == 3  # every whole block of the grown prompt
+    b = kvtier_engine(model, daemon)
+    p2 = session + [5, 9]
+    toks, logits = run_request(b, p2, 2, "r2")
+    assert computed_at_start(b, "r2") == 24
+    ref_toks, ref_logits = run_request(reference_engine(model), p2, 2, "r2")
+    assert toks == ref_toks and torch.equal(logits[0], ref_logits[0][24:])
+    a.shutdown()
+    b.shutdown()

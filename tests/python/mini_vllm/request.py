@@ -20,6 +20,7 @@ class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()  # a streaming-input session parked between input chunks
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after PREEMPTED is a finished state.
@@ -36,7 +37,7 @@ class RequestStatus(enum.IntEnum):
 
 _FINISH_REASON = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH_CAPPED: "length",
                   RequestStatus.FINISHED_ABORTED: "abort", RequestStatus.FINISHED_IGNORED: "length",
-                  RequestStatus.FINISHED_ERROR: "error"}
+                  RequestStatus.FINISHED_ERROR: "error", RequestStatus.WAITING_FOR_STREAMING_REQ: "stop"}
 
 
 class ConstantList(Sequence):
@@ -166,8 +167,12 @@ class Request:
                  sampling_params: Optional[SamplingParams] = None, *, cache_salt: Optional[str] = None,
                  lora_request: Optional[LoRARequest] = None, mm_features: Optional[list] = None,
                  block_hasher: Optional[Callable] = None, priority: int = 0, arrival_time: float = 0.0,
-                 eos_token_id: Optional[int] = None, client_index: int = 0):
+                 eos_token_id: Optional[int] = None, client_index: int = 0, resumable: bool = False):
         self.request_id = request_id
+        # Streaming input: a resumable request takes further input chunks under its id
+        # (Scheduler.add_request); streaming_queue holds those that came while it ran.
+        self.resumable = resumable
+        self.streaming_queue = None
         self.client_index = client_index
         self.priority = priority
         self.arrival_time = arrival_time
@@ -244,3 +249,21 @@ class Request:
 
     def __repr__(self):
         return f"Request({self.request_id!r}, status={self.status.name}, computed={self.num_computed_tokens})"
+
+
+@dataclass
+class StreamingUpdate:
+    """The next input chunk of a streaming-input session (vllm/v1/request.py): a request sent
+    again under the session's id. None stands for the end of the session. Simplified: the chunk's
+    `resumable` says whether more chunks follow (vLLM closes a session with a final sentinel)."""
+    prompt_token_ids: list
+    mm_features: list
+    sampling_params: SamplingParams
+    resumable: bool
+
+    @classmethod
+    def from_request(cls, request: "Request") -> Optional["StreamingUpdate"]:
+        if not request.prompt_token_ids:
+            return None
+        return cls(list(request.prompt_token_ids), list(request.mm_features), request.sampling_params,
+                   request.resumable)

@@ -29,7 +29,7 @@ from .config import VllmConfig
 from .connector_api import KVConnectorOutput, supports_hma
 from .kv_cache import KVCacheManager, cdiv
 from .kv_cache_interface import KVCacheConfig, MambaSpec
-from .request import Request, RequestStatus
+from .request import PlaceholderRange, Request, RequestStatus, StreamingUpdate
 from .scheduler_output import (CachedRequestData, KVConnectorBlockState, NewRequestData, SchedulerOutput,
                                SchedulerOutputV028, scheduler_output_class)
 
@@ -109,6 +109,7 @@ class Scheduler:
         self.offers_boundary_states = connector is not None and vllm_config.kv_transfer_config.is_kv_producer
         self.scheduler_output_class = scheduler_output_class(vllm_config.vllm_version)
         self._boundary_state_pins: dict = {}  # id(scheduler output) -> offered blocks pinned until its update
+        self.num_waiting_for_streaming_input = 0  # sessions parked in `waiting` until their next chunk
         if connector is not None:
             if hasattr(connector, "bind_kv_cache_manager"):
                 connector.bind_kv_cache_manager(self.kv_cache_manager)
@@ -117,7 +118,19 @@ class Scheduler:
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
-        assert request.request_id not in self.requests, "duplicate request id"
+        existing = self.requests.get(request.request_id)
+        if existing is not None:  # streaming input: the next chunk of a session (scheduler.py @6cf7b26b)
+            update = StreamingUpdate.from_request(request)
+            if existing.status != RequestStatus.WAITING_FOR_STREAMING_REQ:
+                assert existing.streaming_queue is not None, "duplicate request id"
+                existing.streaming_queue.append(update)  # taken when the running chunk stops
+            elif update is not None:
+                self._update_request_as_session(existing, update)
+            else:
+                self.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+            return
+        if request.resumable:
+            request.streaming_queue = deque()
         self.waiting.append(request)
         self.requests[request.request_id] = request
         if self.connector is not None and hasattr(self.connector, "on_new_request"):
@@ -144,9 +157,55 @@ class Scheduler:
                 delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
                 self.finished_recving_kv_req_ids.discard(request.request_id)
                 self.failed_recving_kv_req_ids.discard(request.request_id)
+            if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self.num_waiting_for_streaming_input -= 1
             request.status = finished_status
             self._free_request(request, delay_free_blocks=delay_free_blocks)
         return valid
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        """True if the stopped request is finished. A resumable one (streaming input) is not: it
+        takes its next queued chunk, or parks as WAITING_FOR_STREAMING_REQ, keeping its blocks and
+        computed tokens, and the caller puts it back in the waiting queue (scheduler.py @6cf7b26b)."""
+        if not request.resumable:
+            return True
+        assert request.num_output_placeholders == 0, "streaming input under async scheduling is not modelled"
+        if request.streaming_queue:
+            update = request.streaming_queue.popleft()
+            if update is None:
+                return True
+            self._update_request_as_session(request, update)
+        else:
+            request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+            self.num_waiting_for_streaming_input += 1
+        return False
+
+    def _update_request_as_session(self, session: Request, update: StreamingUpdate) -> None:
+        """The session's next chunk (scheduler.py @6cf7b26b): the output tokens whose KV was computed
+        join the prompt, the last sampled one (never computed) is dropped, the new input follows;
+        the request keeps its blocks and num_computed_tokens and waits to be scheduled again, as a
+        new request without a prefix lookup."""
+        computed = session.num_computed_tokens
+        kept = session._all_token_ids[session.num_prompt_tokens:computed]
+        del session._all_token_ids[computed:]
+        del session.block_hashes[computed // self.block_size:]  # a hashed block held the dropped token
+        session._output_token_ids.clear()
+        session.prompt_token_ids.extend(kept)
+        if update.mm_features:
+            base = len(session._all_token_ids)
+            for f in update.mm_features:
+                f.mm_position = PlaceholderRange(f.mm_position.offset + base, f.mm_position.length)
+            session.mm_features.extend(update.mm_features)
+        session._all_token_ids.extend(update.prompt_token_ids)
+        session.prompt_token_ids.extend(update.prompt_token_ids)
+        session.update_block_hashes()
+        session.num_prompt_tokens = len(session.prompt_token_ids)
+        session.sampling_params = update.sampling_params
+        session.max_tokens = update.sampling_params.max_tokens
+        session.resumable = update.resumable
+        if session.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            self.num_waiting_for_streaming_input -= 1
+        session.status = RequestStatus.WAITING
 
     def preempt_request(self, req_id: str) -> None:
         """Forces the preemption the scheduler does when allocation fails (test hook, between steps)."""
@@ -248,6 +307,9 @@ class Scheduler:
                 if len(self.running) >= self.max_num_running_reqs:
                     break
                 request = self.waiting[0]
+                if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    skipped.append(self.waiting.popleft())  # parked until its next input chunk
+                    continue
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if request.request_id not in self.finished_recving_kv_req_ids:
                         skipped.append(self.waiting.popleft())
@@ -463,14 +525,18 @@ class Scheduler:
             status_before = request.status
             if new_token_ids:
                 new_token_ids, is_stopped = self._update_request_with_output(request, new_token_ids)
+            finish_reason = request.get_finished_reason()
             if is_stopped:
-                kv_transfer_params = self._free_request(request)
-                # Async scheduling: a request preempted while this step was in flight stops from
-                # the waiting queue.
-                (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
+                if self._handle_stopped_request(request):
+                    kv_transfer_params = self._free_request(request)
+                    # Async scheduling: a request preempted while this step was in flight stops from
+                    # the waiting queue.
+                    (stopped_running if status_before == RequestStatus.RUNNING else stopped_preempted).add(request)
+                elif status_before == RequestStatus.RUNNING:  # a streaming session: back to waiting
+                    stopped_running.add(request)
+                    self.waiting.append(request)
             if new_token_ids or is_stopped:
-                outputs.append(EngineCoreOutput(req_id, new_token_ids, request.get_finished_reason(),
-                                                kv_transfer_params))
+                outputs.append(EngineCoreOutput(req_id, new_token_ids, finish_reason, kv_transfer_params))
         if stopped_running:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
@@ -595,7 +661,7 @@ class Scheduler:
 
     # ---- liveness ----
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) - self.num_waiting_for_streaming_input
 
     def has_finished_requests(self) -> bool:
         if self.finished_req_ids:
