@@ -24,7 +24,6 @@ only commits saves whose bytes are already in the arena.
 import concurrent.futures
 import contextlib
 import logging
-import threading
 import time
 
 import kvtier
@@ -62,7 +61,7 @@ class WorkerSide:
         self._gatherer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-gather")
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-load")
         self._loading = None             # Future of the loader thread's work this step
-        self._layer_ready = {}           # layer name -> threading.Event, this step's layer-wise loads
+        self._layer_ready = {}           # layer name -> ready mark (_vllm_cuda.layer_ready), this step's loads
         self._load_order = []            # transferred attention layers in the order vLLM registered them
         self._states = StateMover(self)  # the recurrent-state groups' layers
         self.disabled = None             # the reason, once the worker serves without the cache
@@ -96,6 +95,7 @@ class WorkerSide:
                 self.kv_caches[name] = kv_caches[name]
         self._load_order = [name for name in kv_caches if name in self._layer_of]
         self._ensure_client()
+        self._pin_arena()
 
     def _ensure_client(self):
         """The client, connecting again every reconnect interval while
@@ -348,10 +348,22 @@ class WorkerSide:
         self._loader.shutdown(wait=True)
         self._gatherer.shutdown(wait=True)
         self.committer.shutdown(wait=True)
+        on_cuda = any(_vllm_cuda.on_cuda(t) for t in self.kv_caches.values())
         for client in [self.client, *self._adapter_clients.values()]:
             if client is not None:
+                if on_cuda:
+                    _vllm_cuda.state().pins.forget(client)  # its arena's registration goes with it
                 client.close()
         self.client = None
+
+    def _pin_arena(self):
+        """With KV tensors on a GPU, registers the client's arena with CUDA
+        now, at start-up (it can take seconds for a large arena), not at the
+        first copy of a request."""
+        tensor = next(iter(self.kv_caches.values()), None)
+        if self.client is not None and tensor is not None and _vllm_cuda.on_cuda(tensor):
+            cuda = _vllm_cuda.state()
+            cuda.pins.hold([self.client], cuda.device_of(tensor)).release()
 
 
 class _Save:
