@@ -305,6 +305,37 @@ def test_mla_fails_under_a_changed_byte_and_another_revision(mla_model, daemon):
         e.shutdown()
 
 
+def test_mla_fails_under_a_changed_layer_order(mla_model, daemon):
+    """Layer l of a stored MLA block is the latent layer l of the model
+    attends to: with two stored layers swapped, the hit is served and the
+    logits differ from a recompute, while the untouched copy equals it."""
+    p = prompt(15, 19)
+    a = kvtier_engine(mla_model, daemon)
+    run_request(a, p, 1, "r1")
+    drain_commits(a)
+    keys, namespaces = rank_keys(a, p)
+    ns = namespaces[0]
+    assert ns.layer_count >= 2
+    p2 = p + [3, 4]
+    ref_logits = run_request(reference_engine(mla_model), p2, 1, "r2")[1]
+    b = kvtier_engine(mla_model, daemon)
+    _, logits = run_request(b, p2, 1, "r2")
+    assert computed_at_start(b, "r2") == 16 and torch.equal(logits[0], ref_logits[0][16:])
+    with quiet_client(daemon, [ns]) as c:
+        data = bytearray(ns.block_bytes)
+        assert c.get(0, keys[0][1], data) == ns.block_bytes
+        assert c.erase(0, [keys[0][1]]) == 1
+        n = ns.block_bytes // ns.layer_count
+        data[0:n], data[n:2 * n] = data[n:2 * n], data[0:n]
+        c.put(0, keys[0][1], data)
+    c2 = kvtier_engine(mla_model, daemon)
+    _, logits = run_request(c2, p2, 1, "r3")
+    assert computed_at_start(c2, "r3") == 16
+    assert not torch.equal(logits[0], ref_logits[0][16:])
+    for e in (a, b, c2):
+        e.shutdown()
+
+
 def test_a_streaming_input_session_keys_its_longer_prompt(model, daemon):
     """vLLM's streaming input reuses one request for the next chunk with the
     prompt grown (earlier input + output + new input): the connector keys

@@ -9,6 +9,7 @@ recompute does. A changed stored byte, another revision or a state gone
 before the load never yields wrong tokens."""
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -176,8 +177,8 @@ def test_a_state_gone_before_the_load_is_recomputed(hybrid, daemon, connector, p
     p2 = shared + [6, 2]
     request = b.make_request(p2, 3, "r2")
     sched = b.scheduler_connector
-    while sched.get_num_new_matched_tokens(request, 0)[0] is None:
-        pass
+    while sched.get_num_new_matched_tokens(request, 0)[0] is None:  # counts as a miss after lookup_timeout
+        time.sleep(0.005)
     assert sched.get_num_new_matched_tokens(request, 0) == (32, False)  # the lookup is done and kept
     with quiet_client(daemon, namespaces) as c:
         assert c.erase(1, keys[1][3:4]) == 1
