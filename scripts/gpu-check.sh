@@ -32,6 +32,22 @@ fail() {
 }
 step() { echo "== [${SECONDS}s] $*"; }
 
+# run_without_skips LABEL SKIP_MARK CMD...: runs CMD, its output also in
+# $log; fails when it fails or when its output shows SKIP_MARK (on a machine
+# with a GPU every test must run).
+run_without_skips() {
+  local label=$1 skip_mark=$2 rc
+  shift 2
+  set +e
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  [[ $rc -eq 0 ]] || fail "$label (exit $rc)"
+  if grep -qF "$skip_mark" "$log"; then
+    fail "$label: skipped on a machine with a GPU"
+  fi
+}
+
 step "probing the GPU"
 command -v nvidia-smi > /dev/null || fail "no nvidia-smi: this machine has no NVIDIA driver (no GPU to check)"
 nvidia-smi -L || fail "nvidia-smi sees no GPU"
@@ -51,14 +67,8 @@ step "probing the device through CUDA"
 "$build_dir/gpu/bench/kvtier_gpu_bench" --probe || fail "CUDA cannot use the GPU (the line above says why)"
 
 step "ctest -L gpu"
-set +e
-timeout 180 ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 120 2>&1 | tee "$log"
-ctest_rc=${PIPESTATUS[0]}
-set -e
-[[ $ctest_rc -eq 0 ]] || fail "ctest -L gpu (exit $ctest_rc)"
-if grep -q '(Skipped)' "$log"; then
-  fail "GPU tests were skipped on a machine with a GPU (run one with --gtest_filter to see its reason)"
-fi
+run_without_skips "ctest -L gpu (run one with --gtest_filter to see a skip's reason)" '(Skipped)' \
+  timeout 180 ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 120
 
 step "the tier contract cases on the HBM tier (device double and GPU)"
 timeout 120 "$build_dir/tests/kvtier_unit_tests" --gtest_filter='EveryTier/TierContractTest.*/hbm*' 2>&1 | tee "$log" ||
@@ -88,15 +98,9 @@ python_env=(PYTHONPATH="$build_dir/python:tests/python" KVTIERD="$build_dir/daem
             KVTIER_TOOL="$build_dir/tools/kvtier" KVTIER_SOURCE_DIR="$PWD" OMP_NUM_THREADS=1)
 
 step "pytest tests/python/test_vllm_cuda_path.py"
-set +e
-timeout 300 env "${python_env[@]}" "$py" -m pytest -q -rs -p no:cacheprovider --rootdir=tests/python \
-  tests/python/test_vllm_cuda_path.py 2>&1 | tee "$log"
-pytest_rc=${PIPESTATUS[0]}
-set -e
-[[ $pytest_rc -eq 0 ]] || fail "the connector's CUDA tests (exit $pytest_rc)"
-if grep -q 'SKIPPED' "$log"; then
-  fail "the connector's CUDA tests were skipped on a machine with a GPU (the reasons are above)"
-fi
+run_without_skips "the connector's CUDA tests (the reasons of skips are above)" 'SKIPPED' \
+  timeout 300 env "${python_env[@]}" "$py" -m pytest -q -rs -p no:cacheprovider --rootdir=tests/python \
+  tests/python/test_vllm_cuda_path.py
 
 step "bench_vllm_step.py --device cuda"
 timeout 300 env "${python_env[@]}" "$py" tests/python/bench_vllm_step.py --device cuda ||

@@ -191,18 +191,25 @@ def test_the_module_imports_here_and_cpu_tensors_take_the_cpu_path():
     assert isinstance(_vllm_cuda.gathering(t, None, [None]), contextlib.nullcontext)
 
 
-@pytest.mark.parametrize("layerwise", [True, False])
-def test_a_cpu_connector_never_reaches_the_cuda_path(model, daemon, monkeypatch, layerwise):
-    def no_cuda():
-        raise AssertionError("CPU tensors reached the CUDA path")
-    monkeypatch.setattr(_vllm_cuda, "state", no_cuda)  # a call would fail the connector open
+def round_trip(model, daemon, layerwise, max_tokens):
+    """Engine a saves a prompt of 18 tokens, engine b loads its 16 and
+    continues; returns a, b, b's prompt and its tokens and logits."""
     shared = prompt(1, 18)
     a = kvtier_engine(model, daemon, layerwise=layerwise)
     run_request(a, shared + [1], 1, "r1")
     drain_commits(a)
     b = kvtier_engine(model, daemon, layerwise=layerwise)
     p2 = shared + prompt(3, 6)
-    toks, _ = run_request(b, p2, 2, "r2")
+    toks, logits = run_request(b, p2, max_tokens, "r2")
+    return a, b, p2, toks, logits
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_a_cpu_connector_never_reaches_the_cuda_path(model, daemon, monkeypatch, layerwise):
+    def no_cuda():
+        raise AssertionError("CPU tensors reached the CUDA path")
+    monkeypatch.setattr(_vllm_cuda, "state", no_cuda)  # a call would fail the connector open
+    a, b, p2, toks, _ = round_trip(model, daemon, layerwise, 2)
     assert computed_at_start(b, "r2") == 16
     assert toks == greedy_generate(model, p2, 2)
     assert [w.disabled_reason for w in a.worker_connectors + b.worker_connectors] == [None, None]
@@ -215,13 +222,7 @@ def test_a_cpu_connector_never_reaches_the_cuda_path(model, daemon, monkeypatch,
 @pytest.mark.parametrize("layerwise", [True, False])
 def test_the_cuda_path_fences_every_copy_and_round_trips(model, daemon, fake_cuda, layerwise):
     runtime, state = fake_cuda
-    shared = prompt(1, 18)
-    a = kvtier_engine(model, daemon, layerwise=layerwise)
-    run_request(a, shared + [1], 1, "r1")
-    drain_commits(a)
-    b = kvtier_engine(model, daemon, layerwise=layerwise)
-    p2 = shared + prompt(3, 6)
-    toks, logits = run_request(b, p2, 3, "r2")
+    a, b, p2, toks, logits = round_trip(model, daemon, layerwise, 3)
     drain_commits(b)
     assert [w.disabled_reason for w in a.worker_connectors + b.worker_connectors] == [None, None]
     assert computed_at_start(b, "r2") == 16

@@ -6,17 +6,15 @@ keeps one namespace per group, hits only where every group's blocks are
 stored (all of them for full attention, the window for sliding window),
 and loads and saves bit-exact through each group's table."""
 
-import importlib
 
 import pytest
 import torch
 
-import kvtier.integrations.vllm as connector_module
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config
 from tiny_model import TinyGemma
 from vllm_harness import (deterministic,  # noqa: F401 (fixture)
-                          computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt, quiet_client,
-                          rank_keys, run_request)
+                          computed_at_start, drain_commits, greedy_generate, hma_connector, kvtier_engine, prompt,
+                          quiet_client, rank_keys, run_request)
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +24,8 @@ def gemma():
 
 @pytest.fixture
 def connector():
-    """KvtierConnector subclassing the harness's vLLM classes, so it is
-    SupportsHMA as it is under a real vLLM (vLLM refuses other connectors
-    with the hybrid manager on)."""
-    import mini_vllm as mv
-    try:
-        with mv.install_as_vllm():
-            importlib.reload(connector_module)
-            yield connector_module.KvtierConnector
-    finally:
-        importlib.reload(connector_module)
+    with hma_connector() as cls:
+        yield cls
 
 
 def engine(gemma, daemon, connector, **kwargs):

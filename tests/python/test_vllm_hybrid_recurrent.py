@@ -8,17 +8,16 @@ state after the last stored boundary and continues bit for bit as a full
 recompute does. A changed stored byte, another revision or a state gone
 before the load never yields wrong tokens."""
 
-import importlib
 import time
 
 import pytest
 import torch
 
-import kvtier.integrations.vllm as connector_module
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config
 from model_fixtures import deterministic, prompt  # noqa: F401 (fixtures)
 from tiny_model import TinyHybridRecurrent, greedy_generate, make_deterministic
-from vllm_harness import BLOCK_TOKENS, computed_at_start, drain_commits, quiet_client, rank_keys, run_request
+from vllm_harness import (BLOCK_TOKENS, computed_at_start, drain_commits, hma_connector, quiet_client, rank_keys,
+                          run_request)
 
 SW, MAMBA = 0, 1  # the KV cache groups
 BS = 8            # TinyHybridRecurrent's block size, raised as vLLM raises it; one kvtier block
@@ -32,15 +31,8 @@ def hybrid():
 
 @pytest.fixture
 def connector():
-    """KvtierConnector subclassing the harness's vLLM classes (SupportsHMA,
-    as under a real vLLM, which refuses other connectors with HMA on)."""
-    import mini_vllm as mv
-    try:
-        with mv.install_as_vllm():
-            importlib.reload(connector_module)
-            yield connector_module.KvtierConnector
-    finally:
-        importlib.reload(connector_module)
+    with hma_connector() as cls:
+        yield cls
 
 
 def engine(m, daemon, connector, num_workers=1, revision=None, chunk=2048, policy="recompute", vllm_version="0.29",
@@ -60,6 +52,16 @@ def engine(m, daemon, connector, num_workers=1, revision=None, chunk=2048, polic
     e = MiniEngine(m, cfg, kv_config, connector, num_workers=num_workers)
     assert e.vllm_config.cache_config.mamba_cache_mode == "align"
     return e
+
+
+def saved(m, daemon, connector, tokens, max_tokens=1, **kwargs):
+    """An engine that ran `tokens` as request r1 with its saves committed,
+    and the keys and namespaces of `tokens` as its connector computes them."""
+    e = engine(m, daemon, connector, **kwargs)
+    run_request(e, tokens, max_tokens, "r1")
+    drain_commits(e)
+    keys, namespaces = rank_keys(e, tokens)
+    return e, keys, namespaces
 
 
 def reference(m, p, n):
@@ -129,10 +131,7 @@ def test_a_hit_ends_at_the_last_stored_state_not_at_the_attention_chain(hybrid, 
 def test_a_changed_stored_state_byte_changes_the_logits(hybrid, daemon, connector):
     """What the model reads after a hit is the stored state itself."""
     shared = prompt(9, 34)
-    a = engine(hybrid, daemon, connector)
-    run_request(a, shared, 1, "r1")
-    drain_commits(a)
-    keys, namespaces = rank_keys(a, shared)
+    a, keys, namespaces = saved(hybrid, daemon, connector, shared)
     with quiet_client(daemon, namespaces) as c:
         state = bytearray(namespaces[1].block_bytes)
         c.get(1, keys[1][3], state)
@@ -151,9 +150,7 @@ def test_a_changed_stored_state_byte_changes_the_logits(hybrid, daemon, connecto
 
 def test_another_revision_never_hits(hybrid, daemon, connector):
     shared = prompt(10, 34)
-    a = engine(hybrid, daemon, connector)
-    run_request(a, shared, 1, "r1")
-    drain_commits(a)
+    a, keys, namespaces = saved(hybrid, daemon, connector, shared)
     b = engine(hybrid, daemon, connector, revision="another")
     toks, logits = run_request(b, shared + [4], 2, "r2")
     assert computed_at_start(b, "r2") == 0
@@ -169,10 +166,7 @@ def test_a_state_gone_before_the_load_is_recomputed(hybrid, daemon, connector, p
     tokens are right ("recompute"), or the request ends with an error
     ("fail"), never with wrong tokens."""
     shared = prompt(11, 34)
-    a = engine(hybrid, daemon, connector)
-    run_request(a, shared, 1, "r1")
-    drain_commits(a)
-    keys, namespaces = rank_keys(a, shared)
+    a, keys, namespaces = saved(hybrid, daemon, connector, shared)
     b = engine(hybrid, daemon, connector, policy=policy)
     p2 = shared + [6, 2]
     request = b.make_request(p2, 3, "r2")
@@ -194,10 +188,7 @@ def test_a_state_gone_before_the_load_is_recomputed(hybrid, daemon, connector, p
 
 def test_two_tp_ranks_each_save_and_load_their_rows_of_the_state(hybrid, daemon, connector):
     shared = prompt(12, 34)
-    a = engine(hybrid, daemon, connector, num_workers=2)
-    run_request(a, shared, 1, "r1")
-    drain_commits(a)
-    keys, namespaces = rank_keys(a, shared)
+    a, keys, namespaces = saved(hybrid, daemon, connector, shared, num_workers=2)
     assert [(ns.tp_rank, ns.object_kind) for ns in namespaces] == [
         (0, "kv"), (0, "recurrent_state"), (1, "kv"), (1, "recurrent_state")]
     with quiet_client(daemon, namespaces) as c:
@@ -221,9 +212,7 @@ def test_async_scheduling_saves_and_loads_states_bit_exact(hybrid, daemon, conne
     output is processed; a state offered in step N is still saved from
     the block that step wrote."""
     shared = prompt(14, 30)
-    a = engine(hybrid, daemon, connector, chunk=8, async_scheduling=True)
-    run_request(a, shared, 2, "r1")
-    drain_commits(a)
+    a, keys, namespaces = saved(hybrid, daemon, connector, shared, 2, chunk=8, async_scheduling=True)
     b = engine(hybrid, daemon, connector, async_scheduling=True)
     p2 = shared[:27] + prompt(15, 4)
     toks, logits = run_request(b, p2, 3, "r2")

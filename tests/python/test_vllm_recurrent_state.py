@@ -139,6 +139,16 @@ def save_prompt(node, tokens, offers, spelling="0.29", req_id="r1"):
     return tables
 
 
+def saved_elsewhere(nodes, seed, offers):
+    """Node a saves a prompt of 20 tokens with `offers`; returns a, a fresh
+    node b, the tokens and b's request for them."""
+    a = nodes()
+    tokens = prompt(seed, 20)
+    save_prompt(a, tokens, offers)
+    b = nodes()
+    return a, b, tokens, b.engine.make_request(tokens, 1, "r2")
+
+
 def test_a_state_group_gets_a_recurrent_state_namespace(nodes):
     node = nodes()
     namespaces = node.scheduler._scheduler.base_scope.namespaces
@@ -173,11 +183,7 @@ def test_only_offered_states_at_kvtier_boundaries_are_saved(nodes, daemon, spell
 
 
 def test_a_hit_loads_the_state_into_the_block_vllm_allocated(nodes):
-    a = nodes()
-    tokens = prompt(2, 20)
-    save_prompt(a, tokens, [(1, 9, 16)])
-    b = nodes()
-    request = b.engine.make_request(tokens, 1, "r2")
+    a, b, tokens, request = saved_elsewhere(nodes, 2, [(1, 9, 16)])
     assert b.matched(request) == (16, False)
     tables = ([11, 12, 13, 14, 15], [0, 0, 0, 21, 0])  # vLLM: nulls, then one block for the loaded state
     b.scheduler.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: tables), 16)
@@ -194,27 +200,17 @@ def test_a_hit_loads_the_state_into_the_block_vllm_allocated(nodes):
 def test_a_hit_ends_at_the_last_stored_state(nodes):
     """The attention blocks of 16 tokens are stored but only the state
     after 8: the hit is 8 tokens, never 16 from the attention chain alone."""
-    a = nodes()
-    tokens = prompt(3, 20)
-    save_prompt(a, tokens, [(1, 7, 8)])
-    b = nodes()
-    assert b.matched(b.engine.make_request(tokens, 1, "r2")) == (8, False)
+    a, b, tokens, request = saved_elsewhere(nodes, 3, [(1, 7, 8)])
+    assert b.matched(request) == (8, False)
 
 
 def test_no_stored_state_is_no_hit(nodes):
-    a = nodes()
-    tokens = prompt(4, 20)
-    save_prompt(a, tokens, [])
-    b = nodes()
-    assert b.matched(b.engine.make_request(tokens, 1, "r2")) == (0, False)
+    a, b, tokens, request = saved_elsewhere(nodes, 4, [])
+    assert b.matched(request) == (0, False)
 
 
 def test_a_state_gone_before_the_load_is_recomputed(nodes, daemon):
-    a = nodes()
-    tokens = prompt(5, 20)
-    save_prompt(a, tokens, [(1, 9, 16)])
-    b = nodes()
-    request = b.engine.make_request(tokens, 1, "r2")
+    a, b, tokens, request = saved_elsewhere(nodes, 5, [(1, 9, 16)])
     assert b.matched(request) == (16, False)
     namespaces = b.scheduler._scheduler.base_scope.namespaces
     state_keys = b.scheduler._scheduler.base_scope.hashers[1].keys(tokens)

@@ -349,6 +349,15 @@ class _Weights:
         return torch.nn.Parameter(1.0 + 0.1 * torch.randn(dim, generator=self.gen), requires_grad=False)
 
 
+def _add_attention(layer, w, d_model: int, n_heads: int, n_kv_heads: int, head_size: int, head_size_v: int) -> None:
+    """A decoder layer's attention norm and Q, K, V, O weights, drawn in this order from `w`."""
+    layer.attn_norm = w.norm(d_model)
+    layer.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
+    layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
+    layer.wv = w.normal(n_kv_heads * head_size_v, d_model, scale=d_model ** -0.5)
+    layer.wo = w.normal(d_model, n_heads * head_size_v, scale=(n_heads * head_size_v) ** -0.5)
+
+
 def _add_swiglu_mlp(layer, w, d_model: int, d_ff: int) -> None:
     """A decoder layer's norm and SwiGLU MLP weights, drawn in this order from `w`."""
     layer.mlp_norm = w.norm(d_model)
@@ -533,11 +542,7 @@ class TinyDecoder(_PagedDecoder, torch.nn.Module):
         self.layers = torch.nn.ModuleList()
         for _ in range(n_layers):
             layer = torch.nn.Module()
-            layer.attn_norm = w.norm(d_model)
-            layer.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
-            layer.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
-            layer.wv = w.normal(n_kv_heads * head_size_v, d_model, scale=d_model ** -0.5)
-            layer.wo = w.normal(d_model, n_heads * head_size_v, scale=(n_heads * head_size_v) ** -0.5)
+            _add_attention(layer, w, d_model, n_heads, n_kv_heads, head_size, head_size_v)
             _add_swiglu_mlp(layer, w, d_model, d_ff)
             self.layers.append(layer)
         self.final_norm, self.lm_head = _final_norm_and_head(w, vocab, d_model)
@@ -881,11 +886,7 @@ class TinyHybridRecurrent(_PagedDecoder, torch.nn.Module):
         w = _Weights(seed)
         self.embed = w.normal(vocab, d_model, scale=1.0)
         attn = torch.nn.Module()
-        attn.attn_norm = w.norm(d_model)
-        attn.wq = w.normal(n_heads * head_size, d_model, scale=d_model ** -0.5)
-        attn.wk = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
-        attn.wv = w.normal(n_kv_heads * head_size, d_model, scale=d_model ** -0.5)
-        attn.wo = w.normal(d_model, n_heads * head_size, scale=(n_heads * head_size) ** -0.5)
+        _add_attention(attn, w, d_model, n_heads, n_kv_heads, head_size, head_size)
         _add_swiglu_mlp(attn, w, d_model, d_ff)
         mixer = torch.nn.Module()
         mixer.mix_norm = w.norm(d_model)

@@ -1,6 +1,8 @@
 """Shared set-up of the vLLM connector tests: the mini vLLM engine
 (mini_vllm.py) with kvtier's KvtierConnector against a kvtierd child."""
 
+import contextlib
+import importlib
 from dataclasses import dataclass
 
 import kvtier
@@ -88,3 +90,18 @@ def quiet_client(daemon, namespaces):
 def drain_commits(engine):
     for w in engine.worker_connectors:
         w._worker.committer.submit(lambda: None).result(10)
+
+
+@contextlib.contextmanager
+def hma_connector():
+    """KvtierConnector subclassing the harness's vLLM classes while the
+    block runs, so that it is SupportsHMA as under a real vLLM (which
+    refuses other connectors with the hybrid KV cache manager on)."""
+    import mini_vllm as mv
+    import kvtier.integrations.vllm as connector_module
+    try:
+        with mv.install_as_vllm():
+            importlib.reload(connector_module)
+            yield connector_module.KvtierConnector
+    finally:
+        importlib.reload(connector_module)

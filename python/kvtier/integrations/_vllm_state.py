@@ -117,14 +117,13 @@ class StateMover:
                 save.abort()
                 continue
             w.account_save(spec.group, 1)
-            w.committer.submit(_commit, save, spec.req_id)
+            w.commit(save, spec.req_id)
 
     def load(self, loads):
         """Copies the state after each load's last block into the engine
         block vLLM allocated for it, before the forward pass. Returns the
         loads that failed (their every engine block is to be recomputed)."""
         failed = []
-        w = self._worker
         for spec in loads:
             for group, tensors in self._layers.items():
                 span = spec.groups[group]
@@ -166,13 +165,3 @@ class StateMover:
             w.account_load(group, 1)
         return ok
 
-
-def _commit(save, req_id):
-    try:
-        statuses = save.finish()
-    except kvtier.Error as e:
-        logger.warning("kvtier: state commit of %s failed: %s", req_id, e)
-        return
-    failed = [s for s in statuses if not s.ok and s.code != "already_exists"]
-    if failed:
-        logger.info("kvtier: state of %s not saved (%s)", req_id, failed[0])

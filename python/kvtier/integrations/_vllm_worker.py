@@ -285,10 +285,15 @@ class WorkerSide:
                 entry.save.abort()  # a layer never came or failed: nothing is published
                 continue
             self.account_save(group, len(entry.span.block_ids))
-            self.committer.submit(_finish, entry.save, req_id)
+            self.commit(entry.save, req_id)
         self._saves = {}
         if meta is not None and self.disabled is None and self._saves_here and meta.state_saves:
             self._states.save(meta.state_saves)
+
+    def commit(self, save, req_id):
+        """Hands a save whose bytes are all in the arena to the committer
+        thread, which publishes it (a failure there is a later miss)."""
+        self.committer.submit(_finish, save, req_id)
 
     def account_save(self, group, blocks):
         """Counts `blocks` kvtier blocks of `group` handed to the committer."""
