@@ -57,7 +57,7 @@ QWEN3_8B_PREFILL_MS_PER_TOKEN = 856.0 / 8192   # the design brief: 856 ms per 8K
 QWEN3_8B_KV_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--rounds", type=int, default=4)
@@ -69,7 +69,7 @@ def parse_args():
                    help="engine blocks of 4 tokens in each engine's GPU cache (default: about 1.5 conversations)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def generate_trace(args, path):
@@ -164,8 +164,9 @@ def figures(name, requests, served, gbps):
     }
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    """Runs the bench; returns its rows (one dict per engine)."""
+    args = parse_args(argv)
     make_deterministic()
     model = TinyDecoder(seed=0)
     root = Path(tempfile.mkdtemp(prefix="kvtier-bench-engine-"))
@@ -194,6 +195,7 @@ def main():
         report(args, rows, gbps)
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "memcpy_gbps": gbps, "rows": rows}, indent=1))
+        return rows
     finally:
         for d in daemons:
             d.stop()
