@@ -1,8 +1,12 @@
 """Stand-ins for the parts of SGLang a HiCache storage backend touches,
 mirroring the shapes in SGLang's sources (hicache_storage.py @00fe477f,
 storage/backend_factory.py @001067ff, pool_host/mha.py @0047d999,
-pool_host/mla.py @01c0ede3): the config, the HiCacheStorage ABC, the
-dynamic factory path, MHA/MLA host pools and the page-key chain."""
+pool_host/mla.py @01c0ede3, pool_host/mamba.py @02f0c2a0,
+hybrid_cache/hybrid_cache_controller.py @00343773,
+hi_mamba_radix_cache.py @00df707e): the config, the HiCacheStorage ABC
+with its v2 types, the dynamic factory path, MHA/MLA/Mamba host pools
+(named as SGLang names them: the backend checks the class), the hybrid
+controller's call order and the page-key chain."""
 
 import abc
 import ctypes
@@ -11,8 +15,9 @@ import importlib
 import random
 import sys
 import types
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, List, Optional
 
 import torch
 
@@ -49,11 +54,73 @@ class StorageMetrics:  # sglang.srt.metrics.collector
     backup_bandwidth: List[float] = field(default_factory=list)
 
 
+class PoolName(str, Enum):
+    KV = "kv"
+    MAMBA = "mamba"
+    SWA = "swa"
+    INDEXER = "indexer"
+    DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+    DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+    DEEPSEEK_V4_C4_INDEXER_SCALE = "deepseek_v4_c4_indexer_scale"
+    DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+    DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+    DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+    DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
+    DRAFT = "draft"
+    DRAFT_INDEXER = "draft_indexer"
+    DRAFT_SWA = "draft_swa"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PoolHitPolicy(str, Enum):
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+
+@dataclass
+class PoolTransfer:
+    name: PoolName
+    host_indices: Optional[torch.Tensor] = None
+    device_indices: Optional[torch.Tensor] = None
+    keys: Optional[List[str]] = None
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+    nodes_to_load: Optional[List[Any]] = None
+    indices_from_pool: Optional[PoolName] = None
+
+
+@dataclass
+class PoolTransferResult:
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict
+    restorable_prefix_pages: Optional[List[int]] = None
+
+
+def count_pool_hits(results):
+    return {name: (rs.index(False) if False in rs else len(rs)) for name, rs in results.items()}
+
+
 class HiCacheStorage(abc.ABC):
-    """The ABC: five abstract methods, the rest with SGLang's defaults."""
+    """The ABC: five abstract methods, the rest with SGLang's defaults (the
+    v2 methods raise NotImplementedError, as SGLang's do)."""
 
     def register_mem_pool_host(self, mem_pool_host):
         self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        if not hasattr(self, "registered_pools"):
+            self.registered_pools = {}
+        self.registered_pools[host_pool_name] = host_pool
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        raise NotImplementedError()
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        raise NotImplementedError()
 
     @abc.abstractmethod
     def get(self, key, target_location=None, target_sizes=None): ...
@@ -96,7 +163,8 @@ def install_fake_sglang(monkeypatch):
         "sglang": {}, "sglang.srt": {}, "sglang.srt.mem_cache": {}, "sglang.srt.metrics": {},
         "sglang.srt.mem_cache.hicache_storage": dict(
             HiCacheStorage=HiCacheStorage, HiCacheStorageConfig=HiCacheStorageConfig,
-            HiCacheStorageExtraInfo=HiCacheStorageExtraInfo),
+            HiCacheStorageExtraInfo=HiCacheStorageExtraInfo, PoolName=PoolName, PoolHitPolicy=PoolHitPolicy,
+            PoolTransfer=PoolTransfer, PoolTransferResult=PoolTransferResult, count_pool_hits=count_pool_hits),
         "sglang.srt.metrics.collector": dict(StorageMetrics=StorageMetrics),
     }
     for name, attrs in modules.items():
@@ -176,7 +244,7 @@ class _HostPool:
         target.copy_(data_page.reshape(target.shape))
 
 
-class MHAHostPool(_HostPool):
+class MHATokenToKVPoolHost(_HostPool):
     """MHATokenToKVPoolHost: kv_buffer dims by layout, V half after the K half."""
 
     def __init__(self, layout="page_first", page_num=8, page_size=4, layer_num=3, head_num=2, head_dim=8,
@@ -223,7 +291,7 @@ class MHAHostPool(_HostPool):
         return ptr_list, [element_size] * len(ptr_list)
 
 
-class MLAHostPool(_HostPool):
+class MLATokenToKVPoolHost(_HostPool):
     """MLATokenToKVPoolHost in page_first: one latent buffer per page."""
 
     def __init__(self, page_num=8, page_size=4, layer_num=3, kv_lora_rank=12, qk_rope_head_dim=4,
@@ -247,3 +315,145 @@ class MLAHostPool(_HostPool):
         ptrs = [self.kv_buffer.data_ptr() + indices[i] * self.layer_num * self.kv_cache_dim * item
                 for i in range(0, len(indices), self.page_size)]
         return ptrs, [self.layer_num * self.page_size * self.kv_cache_dim * item] * len(ptrs)
+
+
+MHAHostPool, MLAHostPool = MHATokenToKVPoolHost, MLATokenToKVPoolHost  # the names the older tests use
+
+
+def _itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()  # dtype.itemsize is newer than this torch
+
+
+class MambaPoolHost:
+    """MambaPoolHost (pool_host/mamba.py @02f0c2a0) in page_first: page_size
+    1 (a slot is one state), temporal_buffer [size, layers, 1, *temporal]
+    and conv_buffer[i] [size, layers, 1, *conv_i]; get_page_buffer_meta
+    gives per slot the temporal pointer (dropped when the temporal state is
+    empty: conv-only models), then conv_0..conv_n."""
+
+    def __init__(self, size=6, layers=2, temporal_shape=(2, 3), conv_shapes=((4, 2), (3,)),
+                 temporal_dtype=torch.float32, conv_dtype=torch.bfloat16, layout="page_first"):
+        assert layout in ("page_first", "page_first_direct")
+        self.layout, self.page_size, self.size, self.num_mamba_layers = layout, 1, size, layers
+        self.temporal_state_shape, self.conv_state_shapes = tuple(temporal_shape), [tuple(c) for c in conv_shapes]
+        self.temporal_state_elem_size = int(torch.Size(self.temporal_state_shape).numel())
+        self.conv_state_elem_sizes = [int(torch.Size(c).numel()) for c in self.conv_state_shapes]
+        self.temporal_dtype, self.conv_dtype = temporal_dtype, conv_dtype
+        self.dtype = conv_dtype
+        self.temporal_buffer = torch.zeros((size, layers, 1) + self.temporal_state_shape, dtype=temporal_dtype)
+        self.conv_buffer = [torch.zeros((size, layers, 1) + c, dtype=conv_dtype) for c in self.conv_state_shapes]
+
+    def get_size_per_token(self):
+        conv = sum(n * _itemsize(self.conv_dtype) for n in self.conv_state_elem_sizes)
+        return (conv + self.temporal_state_elem_size * _itemsize(self.temporal_dtype)) * self.num_mamba_layers
+
+    def _tensors(self):
+        return [self.temporal_buffer, *self.conv_buffer]
+
+    def fill_random(self, seed):
+        rng = random.Random(seed)
+        for t in self._tensors():
+            n = t.numel() * t.element_size()
+            ctypes.memmove(t.data_ptr(), rng.randbytes(n), n)
+
+    def state_bytes(self, slot) -> bytes:
+        return b"".join(ctypes.string_at(t[slot].data_ptr(), t[slot].numel() * t.element_size())
+                        for t in self._tensors())
+
+    def get_page_buffer_meta(self, indices):
+        indices = indices.tolist()
+        ptr_list, size_list = [], []
+        t_item = self.temporal_state_elem_size * _itemsize(self.temporal_dtype) * self.num_mamba_layers
+        c_items = [n * _itemsize(self.conv_dtype) * self.num_mamba_layers for n in self.conv_state_elem_sizes]
+        for i in range(0, len(indices), self.page_size):
+            if self.temporal_state_elem_size > 0:
+                ptr_list.append(self.temporal_buffer.data_ptr() + indices[i] * t_item)
+                size_list.append(self.page_size * t_item)
+            for buf, item in zip(self.conv_buffer, c_items):
+                ptr_list.append(buf.data_ptr() + indices[i] * item)
+                size_list.append(self.page_size * item)
+        return ptr_list, size_list
+
+
+class MHATokenToKVPoolFP4Host(MHATokenToKVPoolHost):
+    """pool_host/mha_fp4.py: packed-FP4 KV with separate block-scale buffers
+    (a subclass of the MHA pool whose pages are more than K and V)."""
+
+
+class _Entry:
+    def __init__(self, name, host_pool, is_primary_index_anchor=False):
+        self.name, self.host_pool, self.is_primary_index_anchor = name, host_pool, is_primary_index_anchor
+
+
+class HybridController:
+    """The storage calls of HybridCacheController (hybrid_cache_controller.py
+    @00343773) and of its base class for the KV pages, in their order, with
+    the zero-copy KV path (interface_v1) and one Mamba sidecar whose
+    transfers are built as hi_mamba_radix_cache.py @00df707e builds them
+    (one state slot, keys = [the node's last page hash], TRAILING_PAGES)."""
+
+    STORAGE_BATCH_SIZE = 128
+
+    def __init__(self, backend, kv_pool, sidecars=(), tp_rank=0, is_mla=False):
+        self.backend, self.kv_pool, self.page_size = backend, kv_pool, kv_pool.page_size
+        self.entries = [_Entry(PoolName.KV, kv_pool, True)] + [_Entry(n, p) for n, p in sidecars]
+        self.entry_map = {e.name: e for e in self.entries}
+        self.backup_skip = is_mla and tp_rank != 0
+
+    def attach(self):
+        """attach_storage_backend: the base registration, then every entry."""
+        self.backend.register_mem_pool_host(self.kv_pool)
+        for entry in self.entries:
+            self.backend.register_mem_host_pool_v2(entry.host_pool, entry.name)
+
+    def backup(self, hashes, kv_slots, mamba_slot=None):
+        """_page_backup: the sidecar transfers (batch_set_v2; on an MLA rank >
+        0 only the TP-sharded Mamba pool), then the KV pages in batches
+        (skipped on an MLA rank > 0). Returns (pool hits, KV pages stored)."""
+        transfers = []
+        if mamba_slot is not None:
+            transfers.append(PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([mamba_slot]),
+                                          keys=[hashes[-1]], hit_policy=PoolHitPolicy.TRAILING_PAGES))
+        hits = count_pool_hits(self.backend.batch_set_v2(transfers)) if transfers else {}
+        stored = 0
+        if not self.backup_skip:
+            idx = host_indices(kv_slots, self.page_size)
+            for i in range(0, len(hashes), self.STORAGE_BATCH_SIZE):
+                batch = hashes[i:i + self.STORAGE_BATCH_SIZE]
+                if not all(self.backend.batch_set_v1(
+                        batch, idx[i * self.page_size:(i + len(batch)) * self.page_size],
+                        HiCacheStorageExtraInfo())):
+                    break
+                stored += len(batch)
+        return hits, stored
+
+    def prefetch(self, hashes, kv_slots, mamba_slot=None):
+        """_storage_hit_query (batch_exists_v2 with the placeholder transfer),
+        the KV batches (batch_get_v1), _sync_trailing_keys, then
+        batch_get_v2 for the sidecar. Returns (exists result, KV pages read,
+        sidecar hits)."""
+        transfers = []
+        if mamba_slot is not None:
+            transfers.append(PoolTransfer(name=PoolName.MAMBA, host_indices=torch.tensor([mamba_slot]),
+                                          keys=["__placeholder__"], hit_policy=PoolHitPolicy.TRAILING_PAGES))
+        extra = HiCacheStorageExtraInfo()
+        if transfers:
+            result = self.backend.batch_exists_v2(hashes, transfers, extra)
+        else:
+            result = PoolTransferResult(self.backend.batch_exists(hashes, extra), {})
+        hit = hashes[:result.kv_hit_pages]
+        idx = host_indices(kv_slots[:len(hit)], self.page_size)
+        done = 0
+        for i in range(0, len(hit), self.STORAGE_BATCH_SIZE):
+            batch = hit[i:i + self.STORAGE_BATCH_SIZE]
+            got = self.backend.batch_get_v1(batch, idx[i * self.page_size:(i + len(batch)) * self.page_size], extra)
+            n = next((j for j, ok in enumerate(got) if not ok), len(batch))
+            done += n
+            if n != len(batch):
+                break
+        pool_hits = {}
+        if transfers and hit and done == len(hit):
+            for t in transfers:
+                t.keys = hit[max(0, done - len(t.keys)):done]
+            pool_hits = count_pool_hits(self.backend.batch_get_v2([replace(t) for t in transfers]))
+        return result, done, pool_hits

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import kvtier
-from sglang_fakes import (MHAHostPool, MLAHostPool, host_indices, install_fake_sglang, load_dynamic_backend,
-                          page_keys, storage_config)
+from sglang_fakes import (HybridController, MambaPoolHost, MHAHostPool, MHATokenToKVPoolFP4Host, MLAHostPool,
+                          PoolHitPolicy, PoolName, PoolTransfer, host_indices, install_fake_sglang,
+                          load_dynamic_backend, page_keys, storage_config)
 
 MODULE = "kvtier.integrations.sglang"
 INTERFACES = Path(__file__).resolve().parents[2] / "python/kvtier/integrations/engine_interfaces.json"
@@ -218,3 +219,189 @@ def test_module_imports_without_sglang_and_without_torch():
             "assert 'torch' not in sys.modules and 'sglang' not in sys.modules; "
             "assert m.KvtierStorage.__mro__[1] is object")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+# ---- v2: HostPoolGroup pools (batch_exists_v2 / batch_get_v2 / batch_set_v2) ----
+
+
+def hybrid(daemon, kv_pool, mamba_pool, *, tp_rank=0, tp_size=1, is_mla=False, **kw):
+    """A backend attached the way HybridCacheController attaches it."""
+    e = extra(daemon, **kw)
+    store = adapter_class()(storage_config(e, tp_rank, tp_size, is_mla, kv_pool.layout), {})
+    controller = HybridController(store, kv_pool, [(PoolName.MAMBA, mamba_pool)], tp_rank=tp_rank, is_mla=is_mla)
+    controller.attach()
+    return store, controller
+
+
+@pytest.mark.parametrize("kv_kind", ["mha", "mla"])
+def test_v2_backup_then_prefetch_into_another_pool_set_copies_kv_and_mamba_state(daemon, sglang, kv_kind):
+    new_kv = MLAHostPool if kv_kind == "mla" else MHAHostPool
+    kv_a, kv_b, m_a, m_b = new_kv(), new_kv(), MambaPoolHost(), MambaPoolHost()
+    kv_a.fill_random(seed=11)
+    m_a.fill_random(seed=12)
+    keys = keys_for(3)
+    _, writer = hybrid(daemon, kv_a, m_a, is_mla=kv_kind == "mla")
+    assert writer.backup(keys, [4, 0, 6], mamba_slot=2) == ({PoolName.MAMBA: 1}, 3)
+
+    _, reader = hybrid(daemon, kv_b, m_b, is_mla=kv_kind == "mla")
+    result, done, pool_hits = reader.prefetch(keys, [1, 7, 2], mamba_slot=5)
+    assert (result.kv_hit_pages, done, pool_hits) == (3, 3, {PoolName.MAMBA: 1})
+    assert result.restorable_prefix_pages == [3] and result.extra_pool_hit_pages[PoolName.MAMBA] == 3
+    for s, d in zip([4, 0, 6], [1, 7, 2]):
+        assert kv_b.page_bytes(d) == kv_a.page_bytes(s)
+    assert m_b.state_bytes(5) == m_a.state_bytes(2)
+    assert all(m_b.state_bytes(slot) == bytes(len(m_b.state_bytes(slot))) for slot in range(6) if slot != 5)
+
+
+def test_v2_exists_needs_the_state_at_the_end_of_the_prefix(daemon, sglang):
+    kv, mamba = MHAHostPool(), MambaPoolHost()
+    kv.fill_random(seed=13)
+    mamba.fill_random(seed=14)
+    store, controller = hybrid(daemon, kv, mamba)
+    keys = keys_for(5)
+    placeholder = [PoolTransfer(PoolName.MAMBA, keys=["__placeholder__"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    assert controller.backup(keys[:4], [0, 1, 2, 3]) == ({}, 4)  # KV only: no state anywhere
+    assert store.batch_exists(keys) == 4
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages == 0  # KV alone is no hybrid hit
+    assert controller.backup(keys[:2], [0, 1], mamba_slot=0)[0] == {PoolName.MAMBA: 1}  # state after page 2
+    got = store.batch_exists_v2(keys, placeholder)
+    assert (got.kv_hit_pages, got.extra_pool_hit_pages) == (2, {PoolName.KV: 4, PoolName.MAMBA: 2})
+    assert controller.backup(keys[:4], [0, 1, 2, 3], mamba_slot=1)[0] == {PoolName.MAMBA: 1}
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages == 4  # the longest prefix with its state
+    window = [PoolTransfer(PoolName.MAMBA, keys=["a", "b"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    assert store.batch_exists_v2(keys, window).kv_hit_pages == 0  # states after pages 3 and 4: only 4 stored
+    all_pages = [PoolTransfer(PoolName.MAMBA, hit_policy=PoolHitPolicy.ALL_PAGES)]
+    assert store.batch_exists_v2(keys, all_pages).kv_hit_pages == 0  # page 1 has no state
+    assert store.batch_exists_v2(keys, []).kv_hit_pages == 4
+    # A state whose KV pages are gone is no hit either.
+    ns = documented_namespace()
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        assert c.erase(0, [kvtier.external_key(ns.fingerprint(), keys[2] + "_k")]) == 1
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages == 2
+    # What the controller then reads: the KV prefix and the state of its last page.
+    result, done, pool_hits = controller.prefetch(keys, [4, 5, 6, 7, 0], mamba_slot=3)
+    assert (result.kv_hit_pages, done, pool_hits) == (2, 2, {PoolName.MAMBA: 1})
+    assert mamba.state_bytes(3) == mamba.state_bytes(0)
+
+
+def test_v2_a_state_of_another_tp_rank_or_revision_is_no_hit(daemon, sglang):
+    kv, mamba = MHAHostPool(), MambaPoolHost()
+    kv.fill_random(seed=15)
+    mamba.fill_random(seed=16)
+    keys = keys_for(2)
+    placeholder = [PoolTransfer(PoolName.MAMBA, keys=["x"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    _, rank0 = hybrid(daemon, kv, mamba, tp_rank=0, tp_size=2)
+    assert rank0.backup(keys, [0, 1], mamba_slot=4) == ({PoolName.MAMBA: 1}, 2)
+    control, _ = hybrid(daemon, MHAHostPool(), MambaPoolHost(), tp_rank=0, tp_size=2)
+    assert control.batch_exists_v2(keys, placeholder).kv_hit_pages == 2
+    rank1, _ = hybrid(daemon, MHAHostPool(), MambaPoolHost(), tp_rank=1, tp_size=2)
+    assert rank1.batch_exists_v2(keys, placeholder).kv_hit_pages == 0
+    states = [PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([0]), keys=keys[-1:])]
+    assert rank1.batch_get_v2(states) == {PoolName.MAMBA: [False]}
+    other, _ = hybrid(daemon, MHAHostPool(), MambaPoolHost(), tp_rank=0, tp_size=2, revision="rev-2")
+    assert other.batch_exists_v2(keys, placeholder).kv_hit_pages == 0
+    # The state is not in the KV namespace either: a hit needs both.
+    assert control.batch_exists_v2(keys_for(2, first_token=100), placeholder).kv_hit_pages == 0
+
+
+def test_v2_mla_kv_is_written_by_rank_0_only_and_the_mamba_state_by_every_rank(daemon, sglang):
+    kv, m0, m1 = MLAHostPool(), MambaPoolHost(), MambaPoolHost()
+    kv.fill_random(seed=17)
+    m0.fill_random(seed=18)
+    m1.fill_random(seed=19)
+    keys = keys_for(2)
+    placeholder = [PoolTransfer(PoolName.MAMBA, keys=["x"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    s1, rank1 = hybrid(daemon, kv, m1, tp_rank=1, tp_size=2, is_mla=True)
+    assert rank1.backup(keys, [0, 1], mamba_slot=1) == ({PoolName.MAMBA: 1}, 0)  # the MLA KV is skipped
+    assert s1.batch_exists(keys) == 0 and s1.batch_exists_v2(keys, placeholder).kv_hit_pages == 0
+    s0, rank0 = hybrid(daemon, kv, m0, tp_rank=0, tp_size=2, is_mla=True)
+    assert rank0.backup(keys, [0, 1], mamba_slot=3) == ({PoolName.MAMBA: 1}, 2)
+    assert s1.batch_exists_v2(keys, placeholder).kv_hit_pages == 2  # rank 0's KV, rank 1's own state
+    reader_kv, reader_m = MLAHostPool(), MambaPoolHost()
+    _, reader = hybrid(daemon, reader_kv, reader_m, tp_rank=1, tp_size=2, is_mla=True)
+    assert reader.prefetch(keys, [5, 6], mamba_slot=0)[1:] == (2, {PoolName.MAMBA: 1})
+    assert reader_kv.page_bytes(5) == kv.page_bytes(0) and reader_m.state_bytes(0) == m1.state_bytes(1)
+    # An MLA-class sidecar pool (a draft pool) is replicated too: rank 1 reports it stored without writing.
+    draft0, draft1 = MLAHostPool(), MLAHostPool()
+    draft0.fill_random(seed=20)
+    draft1.fill_random(seed=20)
+    s1.register_mem_host_pool_v2(draft1, PoolName.DRAFT)
+    s0.register_mem_host_pool_v2(draft0, PoolName.DRAFT)
+    t = PoolTransfer(PoolName.DRAFT, host_indices=host_indices([2], 4), keys=keys[:1])
+    assert s1.batch_set_v2([t]) == {PoolName.DRAFT: [True]} and s1.get_stats()["pages_set_skipped"] >= 1
+    assert s0.batch_exists_v2(keys[:1], [PoolTransfer(PoolName.DRAFT)]).kv_hit_pages == 0
+    assert s0.batch_set_v2([t]) == {PoolName.DRAFT: [True]}
+    assert s1.batch_exists_v2(keys[:1], [PoolTransfer(PoolName.DRAFT)]).kv_hit_pages == 1
+    back = PoolTransfer(PoolName.DRAFT, host_indices=host_indices([7], 4), keys=keys[:1])
+    assert s1.batch_get_v2([back]) == {PoolName.DRAFT: [True]} and draft1.page_bytes(7) == draft0.page_bytes(2)
+    # The draft pages are not the target's: the KV namespace does not see them, nor they the KV pages.
+    assert s1.batch_exists_v2(keys_for(1, first_token=50), [PoolTransfer(PoolName.DRAFT)]).kv_hit_pages == 0
+
+
+def test_v2_an_unsupported_pool_is_refused_at_registration(daemon, sglang):
+    e = extra(daemon)
+    store = adapter_class()(storage_config(e), {})
+    with pytest.raises(ValueError, match="MHATokenToKVPoolFP4Host is not supported"):
+        store.register_mem_pool_host(MHATokenToKVPoolFP4Host())
+    store = backend(daemon, MHAHostPool())
+    with pytest.raises(ValueError, match="MHATokenToKVPoolFP4Host is not supported"):
+        store.register_mem_host_pool_v2(MHATokenToKVPoolFP4Host(), PoolName.SWA)
+    with pytest.raises(ValueError, match="is not supported"):
+        store.register_mem_host_pool_v2(object(), PoolName.INDEXER)
+    with pytest.raises(ValueError, match="layout 'layer_first'"):
+        store.register_mem_host_pool_v2(MHAHostPool("layer_first"), PoolName.SWA)
+    with pytest.raises(ValueError, match="is_mla_model"):
+        backend(daemon, MLAHostPool(), is_mla=False)
+    with pytest.raises(ValueError, match="not the one"):
+        store.register_mem_host_pool_v2(MHAHostPool(), PoolName.KV)
+    # A transfer for a pool never registered is a miss, not an exception.
+    t = PoolTransfer(PoolName.INDEXER, host_indices=host_indices([0], 4), keys=keys_for(1))
+    assert store.batch_get_v2([t]) == {PoolName.INDEXER: [False]}
+    assert store.batch_set_v2([t]) == {PoolName.INDEXER: [False]}
+    assert store.batch_exists_v2(keys_for(1), [t]).kv_hit_pages == 0
+
+
+def test_v2_methods_answer_in_shape_before_registration_and_while_the_daemon_is_down(daemon, sglang):
+    keys = keys_for(3)
+    placeholder = [PoolTransfer(PoolName.MAMBA, keys=["x"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    state = PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([0]), keys=keys[-1:])
+    kv_t = PoolTransfer(PoolName.KV, host_indices=host_indices([0, 1, 2], 4), keys=keys)
+    early = adapter_class()(storage_config(extra(daemon)), {})
+    assert early.batch_exists_v2(keys, placeholder).kv_hit_pages == 0
+    assert early.batch_get_v2([state, kv_t]) == {PoolName.MAMBA: [False], PoolName.KV: [False] * 3}
+    assert early.batch_set_v2([state]) == {PoolName.MAMBA: [False]}
+
+    kv, mamba = MHAHostPool(), MambaPoolHost()
+    kv.fill_random(seed=21)
+    mamba.fill_random(seed=22)
+    store, controller = hybrid(daemon, kv, mamba)
+    assert store.batch_set_v2([state, kv_t]) == {PoolName.MAMBA: [True], PoolName.KV: [True] * 3}
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages == 3
+    bad = PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([0, 1]), keys=keys[-1:])  # 2 slots, 1 key
+    assert store.batch_set_v2([bad]) == {PoolName.MAMBA: [False]}
+    daemon.stop()
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages in (0, 3)  # the block directory may answer
+    assert store.batch_get_v2([state, kv_t]) == {PoolName.MAMBA: [False], PoolName.KV: [False] * 3}
+    assert store.batch_set_v2([state]) == {PoolName.MAMBA: [False]}
+    assert controller.prefetch(keys, [3, 4, 5], mamba_slot=2)[1:] == (0, {})
+    daemon.start()
+    assert store.batch_set_v2([state]) == {PoolName.MAMBA: [True]}
+    assert store.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([4]), keys=keys[-1:])]) == {
+        PoolName.MAMBA: [True]}
+    assert mamba.state_bytes(4) == mamba.state_bytes(0)
+
+
+def test_v2_conv_only_mamba_pool_stores_its_conv_states(daemon, sglang):
+    kv, a, b = MHAHostPool(), MambaPoolHost(temporal_shape=(0,)), MambaPoolHost(temporal_shape=(0,))
+    a.fill_random(seed=23)
+    store, _ = hybrid(daemon, kv, a)
+    keys = keys_for(1)
+    assert store.batch_set_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([1]), keys=keys)]) == {
+        PoolName.MAMBA: [True]}
+    reader, _ = hybrid(daemon, MHAHostPool(), b)
+    assert reader.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([3]), keys=keys)]) == {
+        PoolName.MAMBA: [True]}
+    assert b.state_bytes(3) == a.state_bytes(1) and len(a.state_bytes(1)) > 0
+    store.clear()  # erases the objects it stored, in every namespace
+    assert reader.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([2]), keys=keys)]) == {
+        PoolName.MAMBA: [False]}

@@ -51,8 +51,18 @@ A page exists only when all its objects do. The objects are parts of a
 page in SGLang's byte order, not layer-major kvtier blocks: kvtierd keeps
 them as opaque objects (plain get/put, no layer-wise loads). The two paths
 store different objects, so batch_exists/exists answer for the path this
-backend uses. Not supported: hybrid pools (the v2 methods), the K-only MHA
-pool (one buffer per page: its calls fail and log), split heads.
+backend uses. Not supported: the K-only MHA pool (one buffer per page: its
+calls fail and log), split heads, and host pool classes other than
+MHATokenToKVPoolHost / MLATokenToKVPoolHost (refused at registration).
+
+Hybrid models (v2). The hybrid controller registers every pool of its
+HostPoolGroup with ``register_mem_host_pool_v2`` and calls
+``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` with PoolTransfers
+(read at sgl-project/sglang hicache_storage.py @00fe477f and
+hybrid_cache_controller.py @00343773). The KV anchor keeps the objects
+above; Mamba state pools and MHA/MLA sidecar pools (SWA, draft) get a
+namespace each, and other pool kinds are refused at registration, where
+SGLang lets the error stop the start. Details in ``_sglang_v2.py``.
 
 Layouts. page_first, page_first_direct and page_head are zero-copy: each
 object is one contiguous buffer of the pinned host pool, read and written
@@ -80,6 +90,7 @@ import time
 from typing import List
 
 import kvtier
+from kvtier.integrations import _sglang_v2
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +157,10 @@ class KvtierStorage(_Base):
         self._stats_lock = threading.Lock()
         self._counters = collections.Counter()
         self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
-        self._written = collections.OrderedDict()  # kvtier.Key -> None, oldest first
+        self._written = collections.OrderedDict()  # (namespace index, kvtier.Key) -> None, oldest first
+        self._namespaces = []  # what the client registers: the KV namespace, then the sidecar pools'
+        self._sidecars = _sglang_v2.SidecarPools(self)
+        self.registered_pools = {}  # pool name -> host pool, as HiCacheStorage's default keeps them
         self._next_warning = 0.0
         self._stats_class = None
 
@@ -154,9 +168,16 @@ class KvtierStorage(_Base):
 
     def register_mem_pool_host(self, mem_pool_host):
         """Derives the namespace from the pool and connects. Raises ValueError
-        for a pool this backend cannot store (unknown layout, split heads, no
-        get_size_per_token); a daemon that cannot be reached is only logged
-        (calls miss until a later attempt connects)."""
+        for a pool this backend cannot store (a class other than
+        MHATokenToKVPoolHost / MLATokenToKVPoolHost or one that disagrees with
+        is_mla_model, unknown layout, split heads, no get_size_per_token); a
+        daemon that cannot be reached is only logged (calls miss until a
+        later attempt connects). SGLang calls this outside any try: the
+        error stops the start (or the attach) before a request is served."""
+        kind = _sglang_v2.pool_kind(mem_pool_host)
+        if kind != ("mla" if self.is_mla else "mha"):
+            raise ValueError(f"kvtier: KV host pool {type(mem_pool_host).__name__} does not match is_mla_model="
+                             f"{self.is_mla} (a rank-replicated pool kvtier does not serve?)")
         layout = getattr(mem_pool_host, "layout", None)
         if layout not in ZERO_COPY_LAYOUTS + GATHER_LAYOUTS:
             raise ValueError(f"kvtier: host pool layout {layout!r} is not supported "
@@ -176,19 +197,73 @@ class KvtierStorage(_Base):
         self.fingerprint = ns.fingerprint()  # validates: InvalidArgumentError is a ValueError
         self.mem_pool_host, self.namespace, self._layout = mem_pool_host, ns, layout
         self._page_size, self._layers = page_size, layers
+        self._namespaces = [ns]
         self._get_client()
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        """Registers one HostPoolGroup entry (the hybrid controller calls this
+        for each, the KV anchor included, after register_mem_pool_host). A
+        pool kvtier does not serve raises ValueError here, never later: SGLang
+        does not catch it, so the server does not start with a pool whose
+        pages this backend would drop (see _sglang_v2 for the kinds served).
+        A new sidecar namespace makes the next call reconnect with it."""
+        spec = self._sidecars.register(host_pool, host_pool_name)
+        self.registered_pools[_sglang_v2.pool_name(host_pool_name)] = host_pool
+        if spec is None:
+            return
+        with self._connect_lock:
+            spec.ns_index = len(self._namespaces)
+            self._namespaces = self._namespaces + [spec.namespace]
+            client, self._client, self._next_connect = self._client, None, 0.0
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001  (the new connection replaces it either way)
+                pass
+        self._get_client()
+
+    # ---- v2: pools of a HostPoolGroup (_sglang_v2.SidecarPools) ----
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """PoolTransferResult: kv_hit_pages = the longest prefix of `keys`
+        whose KV pages and every transfer's pool pages (by its hit policy)
+        are stored. A failure answers 0 pages."""
+        return self._sidecars.exists(keys, pool_transfers, extra_info)
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        """{transfer.name: [bool per key]}: pages read into the pool slots
+        transfer.host_indices (len(keys) * the pool's page_size slots)."""
+        return self._sidecars.transfer(transfers, is_set=False)
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        """{transfer.name: [bool per key]}: pages stored (already cached, or
+        skipped because TP rank 0 writes a replicated pool, count as True)."""
+        return self._sidecars.transfer(transfers, is_set=True)
 
     def _kv_dtype(self, pool) -> str:
         if self.kv_dtype_override:
             return str(self.kv_dtype_override)
-        name = str(pool.dtype).replace("torch.", "")
-        if name == "uint8":
+        if str(pool.dtype).replace("torch.", "") == "uint8":
             logger.warning("kvtier: the host pool holds uint8 (an fp8 KV cache?): set extra_config "
                            "'kv_dtype' (e.g. fp8_e4m3) so caches of different fp8 formats never mix")
+        return self.dtype_name(pool.dtype)
+
+    @staticmethod
+    def dtype_name(dtype) -> str:
+        """kvtier's name of a torch dtype (bf16, fp16, ...; others as torch names them)."""
+        name = str(dtype).replace("torch.", "")
         return _DTYPE_NAMES.get(name, name)
 
+    def page_tokens(self) -> int:
+        """Tokens per page (key) of the KV pool; 0 before registration."""
+        return self._page_size
+
     def _kv_layout(self, layout: str) -> str:
-        out = f"sglang_{layout}_{'mla' if self.is_mla else 'kv'}"
+        return self.layout_name(f"sglang_{layout}_{'mla' if self.is_mla else 'kv'}")
+
+    def layout_name(self, base: str) -> str:
+        """`base` + the pp/cp parts every namespace of this backend carries."""
+        out = base
         if self.pp_size > 1 and not hasattr(kvtier.Namespace, "pp_rank"):
             out += f"_pp{self.pp_rank}of{self.pp_size}"
         if self.cp_size > 1:
@@ -263,7 +338,7 @@ class KvtierStorage(_Base):
         else:
             done = [s.ok for s in self._checked(client.put_batch(0, okeys, [pieces[0] for pieces in objects]))]
         pages = self._per_page(done, len(keys))
-        self._remember([k for k, ok in zip(okeys, done) if ok])
+        self._remember([k for k, ok in zip(okeys, done) if ok], 0)
         self._count_transfer("backup", pages, done, objects, time.monotonic() - start)
         return pages
 
@@ -376,7 +451,7 @@ class KvtierStorage(_Base):
                     for i, t in enumerate(sources)]
             okeys = self._object_keys(keys, (FLAT_SUFFIX,))
             done = [s.ok for s in self._checked(client.put_batch(0, okeys, [b for b, _, _ in outs]))]
-            self._remember([k for k, ok in zip(okeys, done) if ok])
+            self._remember([k for k, ok in zip(okeys, done) if ok], 0)
             self._count_transfer("backup", done, done, [[(0, n)] for _, n, _ in outs], time.monotonic() - start)
             return all(done)
         except Exception as e:  # noqa: BLE001
@@ -401,7 +476,11 @@ class KvtierStorage(_Base):
             client = self._get_client()
             if client is None or not written:
                 return
-            erased = sum(client.erase(0, written[i:i + 4096]) for i in range(0, len(written), 4096))
+            by_ns = collections.defaultdict(list)
+            for ns, key in written:
+                by_ns[ns].append(key)
+            erased = sum(client.erase(ns, keys[i:i + 4096]) for ns, keys in by_ns.items()
+                         for i in range(0, len(keys), 4096))
             logger.info("kvtier: clear() erased %d of the %d objects this backend stored", erased, len(written))
         except Exception as e:  # noqa: BLE001
             self._failed("clear", e)
@@ -468,7 +547,7 @@ class KvtierStorage(_Base):
             if self._client is None:
                 self._next_connect = time.monotonic() + self._reconnect_interval_s
                 self._client = kvtier.Client(
-                    self.socket_path, [self.namespace], client_name=f"sglang-tp{self.tp_rank}-pp{self.pp_rank}",
+                    self.socket_path, list(self._namespaces), client_name=f"sglang-tp{self.tp_rank}-pp{self.pp_rank}",
                     connect_timeout=self._connect_timeout_s, call_timeout=self._call_timeout_s,
                     verify_checksums=self._verify_checksums)
             return self._client
@@ -518,13 +597,13 @@ class KvtierStorage(_Base):
                 self._samples[kind + "_pgs"].append(good)
                 self._samples[kind + "_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
 
-    def _remember(self, okeys):
+    def _remember(self, okeys, ns: int):
         if self._record_limit <= 0:
             return
         with self._stats_lock:
             for k in okeys:
-                self._written[k] = None
-                self._written.move_to_end(k)
+                self._written[(ns, k)] = None
+                self._written.move_to_end((ns, k))
             while len(self._written) > self._record_limit:
                 self._written.popitem(last=False)
 
