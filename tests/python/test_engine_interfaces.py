@@ -20,7 +20,9 @@ REQUIRED = {
              "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
              "get_finished", "get_block_ids_with_load_errors"],
     "sglang": ["get", "set", "exists", "batch_get", "batch_set", "batch_exists", "batch_get_v1", "batch_set_v1",
-               "register_mem_pool_host"],
+               "register_mem_pool_host",
+               # issue 34: the hybrid controller's v2 calls
+               "register_mem_host_pool_v2", "batch_exists_v2", "batch_get_v2", "batch_set_v2"],
 }
 ADAPTERS = {
     "vllm": ("kvtier.integrations.vllm", "KvtierConnector"),
@@ -212,3 +214,33 @@ def test_the_vllm_harness_runs_recurrent_layers_as_the_manifest_says():
         assert first.num_scheduled_tokens == {"r": 16}
         assert offers[0] == {"r": [(1, first.scheduled_new_reqs[0].block_ids[1][-1], 16)]}
         assert not any(offers[1:])
+
+
+def test_the_sglang_stand_in_has_the_v2_types_and_pools_the_manifest_records():
+    """sglang_fakes.py builds what SGLang builds: PoolTransfer and
+    PoolTransferResult with SGLang's fields, PoolName/PoolHitPolicy members,
+    a MambaPoolHost with page_size 1 and [size, layers, 1, *shape] buffers
+    whose page meta lists temporal then conv_i, and v2 defaults that raise."""
+    import dataclasses
+
+    import sglang_fakes as fakes
+    import torch
+    spec = MANIFEST["sglang"]
+    types_ = spec["related_types"]
+    for name in ("PoolTransfer", "PoolTransferResult"):
+        want = [f["name"] for f in types_[name]["fields"]]
+        assert [f.name for f in dataclasses.fields(getattr(fakes, name))] == want, name
+    assert {m.name: m.value for m in fakes.PoolName} == types_["PoolName"]["members"]
+    assert {m.name: m.value for m in fakes.PoolHitPolicy} == types_["PoolHitPolicy"]["members"]
+    for method in ("batch_exists_v2", "batch_get_v2", "batch_set_v2"):
+        assert spec["methods"][method]["default_behavior"] == "raise NotImplementedError()"
+        assert params_of(getattr(fakes.HiCacheStorage, method))[0] == spec["methods"][method]["params"]
+    mamba = spec["host_pools"]["kinds"]["MambaPoolHost"]
+    pool = fakes.MambaPoolHost(size=4, layers=2, temporal_shape=(3,), conv_shapes=((2, 2),))
+    assert pool.page_size == mamba["page_size"] and pool.layout in mamba["layouts"]
+    assert tuple(pool.temporal_buffer.shape) == (4, 2, 1, 3) and tuple(pool.conv_buffer[0].shape) == (4, 2, 1, 2, 2)
+    ptrs, sizes = pool.get_page_buffer_meta(torch.tensor([3]))
+    assert ptrs == [pool.temporal_buffer[3].data_ptr(), pool.conv_buffer[0][3].data_ptr()]
+    assert sizes == [t[3].numel() * t.element_size() for t in (pool.temporal_buffer, pool.conv_buffer[0])]
+    conv_only = fakes.MambaPoolHost(temporal_shape=(0,))
+    assert len(conv_only.get_page_buffer_meta(torch.tensor([0]))[0]) == len(conv_only.conv_buffer)
