@@ -405,3 +405,20 @@ def test_v2_conv_only_mamba_pool_stores_its_conv_states(daemon, sglang):
     store.clear()  # erases the objects it stored, in every namespace
     assert reader.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([2]), keys=keys)]) == {
         PoolName.MAMBA: [False]}
+
+
+def test_v2_exists_finds_a_state_far_below_the_kv_prefix(daemon, sglang):
+    """More stop points than one scan chunk: the state after page 3 of 70."""
+    kv, mamba = MHAHostPool(page_num=72), MambaPoolHost()
+    kv.fill_random(seed=24)
+    mamba.fill_random(seed=25)
+    store, controller = hybrid(daemon, kv, mamba)
+    keys = keys_for(70)
+    assert controller.backup(keys, list(range(70))) == ({}, 70)
+    assert controller.backup(keys[:3], [0, 1, 2], mamba_slot=1)[0] == {PoolName.MAMBA: 1}
+    placeholder = [PoolTransfer(PoolName.MAMBA, keys=["x"], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+    for _ in range(2):  # the lookups left in flight by the first answer do not disturb the next
+        got = store.batch_exists_v2(keys, placeholder)
+        assert (got.kv_hit_pages, got.restorable_prefix_pages) == (3, [3])
+    assert controller.backup(keys[:67], list(range(67)), mamba_slot=2)[0] == {PoolName.MAMBA: 1}
+    assert store.batch_exists_v2(keys, placeholder).kv_hit_pages == 67

@@ -71,6 +71,7 @@ SERVED_CLASSES = (MHA_CLASS, MLA_CLASS, MAMBA_CLASS)
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 MAMBA_LAYOUTS = ("page_first", "page_first_direct")
 TRAILING_PAGES = "trailing_pages"
+_SCAN_CHUNK = 64  # TRAILING_PAGES stop points whose lookups are in flight at once
 
 
 def pool_name(name) -> str:
@@ -202,10 +203,8 @@ class SidecarPools:
                 stored = self._stored_prefix(spec, keys[:bound])
                 hits[t.name] = stored
                 bound = min(bound, stored)
-            final = bound
+            final = self._longest_with_windows(keys, bound, trailing) if trailing else bound
             if trailing:
-                final = next((p for p in range(bound, 0, -1) if all(
-                    self._stored_prefix(spec, keys[max(0, p - n):p]) == min(n, p) for _, spec, n in trailing)), 0)
                 for t, _, _ in trailing:
                     if final:
                         hits[t.name] = final
@@ -236,6 +235,23 @@ class SidecarPools:
         return out
 
     # ---- helpers ----
+
+    def _longest_with_windows(self, keys, bound: int, trailing) -> int:
+        """The largest p <= bound for which every (transfer, spec, n) in
+        `trailing` has its n pages ending at p stored; 0 if none. Checks the
+        candidates from the longest down, _SCAN_CHUNK at a time with their
+        lookups in flight together (one round trip per chunk, not per page)."""
+        client = self._storage._get_client()
+        if client is None:
+            return 0
+        for top in range(bound, 0, -_SCAN_CHUNK):
+            candidates = range(top, max(0, top - _SCAN_CHUNK), -1)
+            pending = [[(client.lookup_async(spec.ns_index, self._object_keys(spec, keys[max(0, p - n):p])),
+                         min(n, p) * len(spec.suffixes)) for _, spec, n in trailing] for p in candidates]
+            for p, windows in zip(candidates, pending):
+                if all(w.result(self._storage._call_timeout_s).prefix_blocks == want for w, want in windows):
+                    return p
+        return 0
 
     def _stored_prefix(self, spec, keys) -> int:
         """How many of `keys` from the first on have all their objects in
