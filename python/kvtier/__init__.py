@@ -19,6 +19,10 @@ item instead. Every call that waits for the daemon releases the GIL.
 See docs/INTEGRATIONS.md.
 """
 
+# The package version, the same as the CMake project version (the build
+# backend checks that).
+__version__ = "0.1.0"
+
 from kvtier._kvtier import *  # noqa: F401,F403
 from kvtier._kvtier import (  # noqa: F401  (names the star import leaves out)
     Error, Status, Key, Namespace, ChainHasher, Tier, Client, BlockView, Reservation,

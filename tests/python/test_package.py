@@ -1,0 +1,129 @@
+"""The installable package: `pip install --no-index <repo>/python` into a
+fresh venv of another CPython than the one the suite runs on builds kvtier
+for that interpreter with the in-tree backend (python/_build_backend), and
+the installed package works against a real kvtierd without PYTHONPATH or
+LD_LIBRARY_PATH.
+
+The build goes to $KVTIER_PACKAGE_BUILD_DIR (ctest: a folder of the build
+tree, kept, so a rerun only relinks) or else a temporary folder; the venv is
+always temporary and removed.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SOURCE_DIR
+
+# The interpreters tried, in order; the first that exists and is not the
+# suite's own is used.
+CANDIDATES = [f"/root/.pyenv/versions/{v}/bin/python" for v in ("3.12.1", "3.10.13", "3.13.0")]
+
+
+def other_interpreter():
+    """(path, "X.Y") of an interpreter other than this one, or None."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for path in CANDIDATES:
+        if not os.access(path, os.X_OK):
+            continue
+        version = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        if version != ours:
+            return path, version
+    return None
+
+
+def clean_env(**extra):
+    """The environment of a venv child: nothing that would point it at the
+    build tree's package or libraries, and no bytecode in the source tree."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env.update(extra)
+    return env
+
+
+def project_version():
+    return re.search(r"project\(kvtier VERSION ([0-9.]+)", (SOURCE_DIR / "CMakeLists.txt").read_text()).group(1)
+
+
+@pytest.fixture(scope="module")
+def venv():
+    found = other_interpreter()
+    if found is None:
+        pytest.skip(f"no interpreter other than Python {sys.version_info[0]}.{sys.version_info[1]} "
+                    f"among {', '.join(CANDIDATES)}")
+    interpreter, version = found
+    root = Path(tempfile.mkdtemp(prefix="kvtier-pkg-"))
+    try:
+        subprocess.run([interpreter, "-m", "venv", str(root / "venv")], check=True, env=clean_env())
+        python = root / "venv" / "bin" / "python"
+        build_dir = os.environ.get("KVTIER_PACKAGE_BUILD_DIR") or str(root / "build")
+        started = time.monotonic()
+        pip = subprocess.run([str(python), "-m", "pip", "install", "--no-index", str(SOURCE_DIR / "python")],
+                             capture_output=True, text=True, cwd=root,
+                             env=clean_env(KVTIER_BUILD_DIR=build_dir))
+        seconds = time.monotonic() - started
+        assert pip.returncode == 0, f"pip install failed:\n{pip.stdout}\n{pip.stderr}"
+        print(f"pip install into a Python {version} venv took {seconds:.0f} s (build in {build_dir})")
+        yield python, version
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_in(python, code, *args):
+    return subprocess.run([str(python), "-c", textwrap.dedent(code), *map(str, args)],
+                          capture_output=True, text=True, env=clean_env(), timeout=120)
+
+
+def test_installed_package_round_trips_a_block(venv, daemon):
+    python, version = venv
+    out = run_in(python, """
+        import os, sys
+        import kvtier
+        ns = kvtier.Namespace(model_id="test/model", model_revision="rev-1", kv_dtype="fp32",
+                              block_tokens=16, layer_count=4, bytes_per_token_per_layer=64)
+        keys = kvtier.ChainHasher(ns).keys(list(range(32)))
+        data = bytes((i * 7 + 3) % 256 for i in range(ns.block_bytes))
+        with kvtier.Client(sys.argv[1], [ns]) as client:
+            client.put(0, keys[0], data)
+            out = bytearray(ns.block_bytes)
+            assert client.get(0, keys[0], out) == ns.block_bytes
+            assert bytes(out) == data, "the block came back different"
+            assert client.lookup(0, keys).prefix_blocks == 1
+        print("version", kvtier.__version__)
+        print("python", "%d.%d" % sys.version_info[:2])
+        print("file", kvtier.__file__)
+        """, daemon.socket_path)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["version"] == project_version()
+    assert lines["python"] == version
+    assert Path(lines["file"]).is_relative_to(python.parents[1]), "kvtier was not imported from the venv"
+
+
+def test_installed_package_carries_its_libraries(venv):
+    """The extension finds libkvtier_client beside itself ($ORIGIN), not in
+    the build tree."""
+    python, _ = venv
+    out = run_in(python, """
+        import kvtier, kvtier._kvtier
+        maps = open("/proc/self/maps").read()
+        print("\\n".join(sorted({l.split()[-1] for l in maps.splitlines() if "libkvtier" in l})))
+        """)
+    assert out.returncode == 0, out.stderr
+    package = python.parents[1]
+    libraries = out.stdout.split()
+    assert any("libkvtier_client" in lib for lib in libraries), libraries
+    for lib in libraries:
+        assert Path(lib).is_relative_to(package), f"{lib} was loaded from outside the venv"
