@@ -127,3 +127,57 @@ def test_installed_package_carries_its_libraries(venv):
     assert any("libkvtier_client" in lib for lib in libraries), libraries
     for lib in libraries:
         assert Path(lib).is_relative_to(package), f"{lib} was loaded from outside the venv"
+
+
+def doctor(python, *args, **env):
+    return subprocess.run([str(python), "-m", "kvtier", "doctor", *map(str, args)],
+                          capture_output=True, text=True, env=clean_env(**env), timeout=120)
+
+
+def test_doctor_all_well(venv, daemon, tmp_path):
+    python, version = venv
+    # Engines as importlib.metadata sees them, without installing them.
+    for name, engine_version in (("vllm", "0.27.1"), ("sglang", "0.5.3")):
+        info = tmp_path / f"{name}-{engine_version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {engine_version}\n")
+    out = doctor(python, "--socket", daemon.socket_path, PYTHONPATH=str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"kvtier {project_version()} at {python.parents[1]}"), lines[0]
+    assert f"Python {version}." in lines[0]
+    assert f"kvtierd: {daemon.socket_path}" in lines
+    if os.environ.get("KVTIER_TOOL"):  # the daemon's version, through `kvtier health`
+        assert any(re.fullmatch(rf"  version: {re.escape(project_version())}, up \d+ s, healthy", l) for l in lines), lines
+    else:
+        assert any(l.startswith("  version: unknown (") for l in lines), lines
+    assert "  tier host: 0 B used of 64.0 MiB" in lines
+    assert any(l.startswith("vLLM: 0.27.1, supported: 5-D KV caches") for l in lines), lines
+    assert any(l.startswith("SGLang: 0.5.3, supported: ") for l in lines), lines
+    assert not any(l.startswith("problem:") for l in lines), lines
+    assert lines[-1] == "all well"
+
+
+def test_doctor_without_engines_or_daemon(venv, tmp_path):
+    """A socket file with no daemon behind it: exit 1, one line saying so;
+    engines that are not installed are no problem."""
+    python, _ = venv
+    path = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))  # closed without listening: connecting is refused
+    out = doctor(python, "--socket", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "vLLM: not installed" in lines and "SGLang: not installed" in lines
+    problems = [l for l in lines if l.startswith("problem:")]
+    assert len(problems) == 1 and problems[0].startswith(f"problem: kvtierd unreachable at {path}: unavailable: "), lines
+    assert lines[-1] == "1 problem(s)"
+
+
+def test_doctor_engine_versions():
+    """The support table, in the suite's own interpreter."""
+    from kvtier import doctor as d
+    assert d.engine_support("vllm", "0.29.0") == (True, d.ENGINE_SUPPORT["vllm"][0][1])
+    assert d.engine_support("vllm", "0.28.0rc1")[0] and "4-D" in d.engine_support("vllm", "0.28.0rc1")[1]
+    assert "kv_layout" in d.engine_support("vllm", "0.10.1.1")[1]
+    assert d.engine_support("sglang", "0.5.3")[0]
