@@ -115,8 +115,20 @@ def _build_dir(source):
     if not root:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
         root = os.path.join(cache, "kvtier", "build")
-    key = hashlib.sha256(f"{sys.base_prefix}\0{sys.version}\0{source}".encode()).hexdigest()[:12]
+    # Other CMake arguments configure another build (a kept folder is not
+    # configured again).
+    extra = os.environ.get("KVTIER_CMAKE_ARGS", "")
+    key = hashlib.sha256(f"{sys.base_prefix}\0{sys.version}\0{source}".encode() +
+                         (f"\0{extra}".encode() if extra else b"")).hexdigest()[:12]
     return Path(root) / f"{sys.implementation.cache_tag}-{key}"
+
+
+def _base_interpreter():
+    """The interpreter a venv was made from (same headers and ABI): the kept
+    build folder is shared by its venvs and must not name one that may be
+    deleted."""
+    candidate = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    return str(candidate) if os.access(candidate, os.X_OK) else sys.executable
 
 
 def _run(command, cwd=None):
@@ -133,9 +145,11 @@ def _cmake_build(source):
     build.mkdir(parents=True, exist_ok=True)
     with open(build / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per folder at a time
-        if not (build / "CMakeCache.txt").is_file():
+        python = _base_interpreter()
+        cache = build / "CMakeCache.txt"
+        if not cache.is_file() or f"KVTIER_PYTHON:FILEPATH={python}\n" not in cache.read_text():
             configure = [cmake, "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-                         "-DBUILD_TESTING=OFF", f"-DKVTIER_PYTHON={sys.executable}",
+                         "-DBUILD_TESTING=OFF", f"-DKVTIER_PYTHON={python}",
                          "-DKVTIER_PYTHON_MODULE=ON",
                          # Every library finds its neighbours beside itself, and
                          # system ones where it was linked against them.
@@ -149,7 +163,7 @@ def _cmake_build(source):
             try:
                 _run(configure)
             except subprocess.CalledProcessError:
-                (build / "CMakeCache.txt").unlink(missing_ok=True)  # configure again next time
+                cache.unlink(missing_ok=True)  # configure again next time
                 raise
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
         started = time.monotonic()
