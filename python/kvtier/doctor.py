@@ -82,8 +82,8 @@ def tiers_of(stats):
 def daemon_health(client, socket_path):
     """The daemon's own health report as a dict (healthy, problems, warnings,
     version, uptime_s, tiers), or (None, why not). Asks the binding's
-    Client.health when it has one, else the `kvtier` tool ($KVTIER_TOOL or
-    on PATH), which asks the daemon the same."""
+    Client.health, or with a binding older than it, the `kvtier` tool
+    ($KVTIER_TOOL or on PATH), which asks the daemon the same."""
     health = getattr(client, "health", None)
     if callable(health):
         report = health()

@@ -325,6 +325,20 @@ void BindClient(py::module_& m) {
              return out;
            },
            "Every counter of the daemon, by name.")
+      .def("health",
+           [](const PyClient& c) {
+             auto cl = c.Get();
+             auto report = ValueOrThrow(Unlocked([&] { return cl->Health(); }));
+             py::dict out;
+             out["healthy"] = report.healthy;
+             out["problems"] = report.problems;
+             out["warnings"] = report.warnings;
+             out["version"] = report.version;
+             out["uptime_s"] = report.uptime_s;
+             out["tiers"] = report.tiers;
+             return out;
+           },
+           "The daemon's health: {healthy, problems, warnings, version, uptime_s, tiers (top first)}.")
       .def("enqueue",
            [](const PyClient& c, uint64_t request, NamespaceId ns, const py::object& keys, double start_in_s,
               uint64_t session) {

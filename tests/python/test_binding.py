@@ -337,3 +337,11 @@ def test_the_arena_address_spans_every_view_and_follows_a_reconnect(daemon):
     c.close()
     with pytest.raises(kvtier.FailedPreconditionError):
         c.arena_address
+
+
+def test_health_reports_the_daemon_its_version_and_tiers(daemon):
+    with kvtier.Client(daemon.socket_path, []) as c:
+        report = c.health()
+    assert report["healthy"] is True and report["problems"] == []
+    assert report["version"] and report["uptime_s"] >= 0
+    assert "host" in report["tiers"]

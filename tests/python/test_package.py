@@ -147,10 +147,8 @@ def test_doctor_all_well(venv, daemon, tmp_path):
     assert lines[0].startswith(f"kvtier {project_version()} at {python.parents[1]}"), lines[0]
     assert f"Python {version}." in lines[0]
     assert f"kvtierd: {daemon.socket_path}" in lines
-    if os.environ.get("KVTIER_TOOL"):  # the daemon's version, through `kvtier health`
-        assert any(re.fullmatch(rf"  version: {re.escape(project_version())}, up \d+ s, healthy", l) for l in lines), lines
-    else:
-        assert any(l.startswith("  version: unknown (") for l in lines), lines
+    # The daemon's version and health, through the binding's Client.health.
+    assert any(re.fullmatch(rf"  version: {re.escape(project_version())}, up \d+ s, healthy", l) for l in lines), lines
     assert "  tier host: 0 B used of 64.0 MiB" in lines
     assert any(l.startswith("vLLM: 0.27.1, supported: 5-D KV caches") for l in lines), lines
     assert any(l.startswith("SGLang: 0.5.3, supported: ") for l in lines), lines
