@@ -2,7 +2,10 @@
 
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <string>
+#include <tuple>
+#include <vector>
 #include <utility>
 
 #include "python/src/bind.h"
@@ -257,6 +260,20 @@ void ContextManager(py::class_<T>& c, void (T::*end)()) {
 
 void BindHandles(py::module_& m) {
   BindExports(m);
+
+  // For adapters that gather many small pieces (SGLang's layer_first host
+  // pools): one call, one C++ loop, the GIL released while it copies.
+  m.def(
+      "_copy_pieces",
+      [](const std::vector<std::tuple<uintptr_t, uintptr_t, size_t>>& moves) {
+        py::gil_scoped_release unlocked;
+        for (const auto& [dst, src, nbytes] : moves) {
+          std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+        }
+      },
+      py::arg("moves"),
+      "Copies each (dst, src, nbytes) of raw addresses, in order, with the GIL released. Internal: the caller "
+      "keeps every range valid and writable (dst) for the call.");
 
   py::class_<PyBlockView> view(m, "BlockView",
                                "A block pinned in the daemon's arena (Client.pin). `data` is a read-only "

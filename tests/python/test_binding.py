@@ -345,3 +345,13 @@ def test_health_reports_the_daemon_its_version_and_tiers(daemon):
     assert report["healthy"] is True and report["problems"] == []
     assert report["version"] and report["uptime_s"] >= 0
     assert "host" in report["tiers"]
+
+
+def test_copy_pieces_moves_each_range_in_order():
+    from kvtier._kvtier import _copy_pieces
+    src = np.arange(64, dtype=np.uint8)
+    dst = np.zeros(64, dtype=np.uint8)
+    s, d = src.ctypes.data, dst.ctypes.data
+    _copy_pieces([(d, s + 10, 4), (d + 4, s, 2), (d + 6, s + 60, 4)])
+    assert list(dst[:10]) == [10, 11, 12, 13, 0, 1, 60, 61, 62, 63] and not dst[10:].any()
+    _copy_pieces([])  # nothing to do

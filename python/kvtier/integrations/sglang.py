@@ -90,6 +90,7 @@ import time
 from typing import List
 
 import kvtier
+from kvtier._kvtier import _copy_pieces
 from kvtier.integrations import _sglang_v2
 
 logger = logging.getLogger(__name__)
@@ -363,36 +364,42 @@ class KvtierStorage(_Base):
                 for page in range(len(keys)) for comp in range(ncomp)]
 
     def _put_gathered(self, client, okeys, objects) -> List[bool]:
-        """Gathers each object's pieces into reserved arena space, commits."""
+        """Gathers each object's pieces into reserved arena space (one copy
+        call for all of them, the GIL released), commits."""
         with client.reserve(0, okeys, [sum(n for _, n in pieces) for pieces in objects]) as res:
+            moves, windows, window, view = [], [], None, None
             for i, pieces in enumerate(objects):
                 if not res.status(i).ok:
                     continue  # already cached (a success) or failed: commit reports it
                 view = res.data(i)
                 window = (ctypes.c_char * view.nbytes).from_buffer(view)
+                windows.append((window, view))
                 dst = ctypes.addressof(window)
                 for ptr, n in pieces:
-                    ctypes.memmove(dst, ptr, n)
+                    moves.append((dst, ptr, n))
                     dst += n
-                del window, view  # commit refuses while an export is alive
+            _copy_pieces(moves)
+            del windows, window, view  # commit refuses while an export is alive
             return [s.ok or s.code == "already_exists" for s in self._checked(res.commit())]
 
     def _get_scattered(self, client, okeys, objects) -> List[bool]:
-        """Reads every object into one staging buffer, scatters the whole ones."""
+        """Reads every object into one staging buffer, scatters the whole
+        ones (one copy call, the GIL released)."""
         sizes = [sum(n for _, n in pieces) for pieces in objects]
         staging = ctypes.create_string_buffer(max(1, sum(sizes)))
         outs, at = [], ctypes.addressof(staging)
         for n in sizes:
             outs.append((at, n))
             at += n
-        done = []
+        done, moves = [], []
         for st, (src, n), pieces in zip(self._checked(client.get_batch(0, okeys, outs)), outs, objects):
             ok = st.ok and st.value == n
             if ok:
                 for ptr, size in pieces:
-                    ctypes.memmove(ptr, src, size)
+                    moves.append((ptr, src, size))
                     src += size
             done.append(ok)
+        _copy_pieces(moves)
         return done
 
     # ---- generic path: one "_flat" object per page ----
