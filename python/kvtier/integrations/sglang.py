@@ -64,13 +64,14 @@ above; Mamba state pools and MHA/MLA sidecar pools (SWA, draft) get a
 namespace each, and other pool kinds are refused at registration, where
 SGLang lets the error stop the start. Details in ``_sglang_v2.py``.
 
-Layouts. page_first, page_first_direct and page_head are zero-copy: each
-object is one contiguous buffer of the pinned host pool, read and written
-in place by get_batch/put_batch. layer_first gives one buffer per layer
-and component: a set gathers them straight into reserved arena space
-(reserve + memmove + commit, no extra copy); a get copies the objects
-into a staging buffer with one get_batch and scatters them (one extra
-host copy, but one round trip instead of a pin release per object).
+Layouts. page_first, page_first_direct and page_head: each object is one
+contiguous buffer of the host pool, copied once between it and kvtier's
+arena by put_batch/get_batch (no staging). layer_first gives one buffer
+per layer and component: a set gathers them straight into reserved arena
+space (reserve, one copy, commit); a get copies the objects into a staging
+buffer with one get_batch and scatters them (one extra host copy, but one
+round trip instead of a pin release per object). Gathers and scatters are
+one C++ loop with the GIL released (kvtier._kvtier._copy_pieces).
 
 Threads. SGLang calls from its prefetch, prefetch-I/O and backup threads
 at once; the kvtier Client is thread-safe, counters and reconnection take
