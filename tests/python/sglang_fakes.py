@@ -156,6 +156,20 @@ class HiCacheStorage(abc.ABC):
         return None
 
 
+def fresh_adapter(monkeypatch, module="kvtier.integrations.sglang"):
+    """A generator for a pytest fixture: fake SGLang modules installed and
+    the adapter imported afresh, so it subclasses the fake HiCacheStorage
+    ABC; sys.modules is restored afterwards."""
+    install_fake_sglang(monkeypatch)
+    package = importlib.import_module("kvtier.integrations")
+    saved = sys.modules.pop(module, None)
+    monkeypatch.setattr(package, "sglang", saved, raising=False)
+    yield
+    sys.modules.pop(module, None)
+    if saved is not None:
+        sys.modules[module] = saved
+
+
 def install_fake_sglang(monkeypatch):
     """Puts sglang.srt.mem_cache.hicache_storage and sglang.srt.metrics.collector
     (these classes) into sys.modules for the test's duration."""

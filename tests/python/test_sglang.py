@@ -16,7 +16,7 @@ import torch
 
 import kvtier
 from sglang_fakes import (HybridController, MambaPoolHost, MHAHostPool, MHATokenToKVPoolFP4Host, MLAHostPool,
-                          PoolHitPolicy, PoolName, PoolTransfer, host_indices, install_fake_sglang,
+                          PoolHitPolicy, PoolName, PoolTransfer, fresh_adapter, host_indices,
                           load_dynamic_backend, page_keys, storage_config)
 
 MODULE = "kvtier.integrations.sglang"
@@ -27,14 +27,7 @@ INTERFACES = Path(__file__).resolve().parents[2] / "python/kvtier/integrations/e
 def sglang(monkeypatch):
     """Fake SGLang modules; the adapter is imported afresh so it subclasses
     the fake HiCacheStorage ABC. Restores sys.modules afterwards."""
-    install_fake_sglang(monkeypatch)
-    package = importlib.import_module("kvtier.integrations")
-    saved = sys.modules.pop(MODULE, None)
-    monkeypatch.setattr(package, "sglang", saved, raising=False)
-    yield
-    sys.modules.pop(MODULE, None)
-    if saved is not None:
-        sys.modules[MODULE] = saved
+    yield from fresh_adapter(monkeypatch, MODULE)
 
 
 def adapter_class():

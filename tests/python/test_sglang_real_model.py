@@ -13,16 +13,13 @@ request 2 from its own device pages (its radix-tree hit), and its greedy
 tokens a full recompute; a changed stored byte must break that, and
 another model revision must never hit."""
 
-import importlib
-import sys
-
 import pytest
 import torch
 
 import kvtier
 from mini_sglang import MiniSGLang
 from model_fixtures import deterministic, mla_model, model, prompt  # noqa: F401 (fixtures)
-from sglang_fakes import install_fake_sglang, load_dynamic_backend, page_keys, storage_config
+from sglang_fakes import fresh_adapter, load_dynamic_backend, page_keys, storage_config
 from tiny_model import KVCache, greedy_generate
 
 MODULE = "kvtier.integrations.sglang"
@@ -37,14 +34,7 @@ PREFIX_TOKENS = 16
 def sglang(monkeypatch):
     """Fake SGLang modules; the adapter is imported afresh so it subclasses
     the fake HiCacheStorage ABC (as test_sglang.py does)."""
-    install_fake_sglang(monkeypatch)
-    package = importlib.import_module("kvtier.integrations")
-    saved = sys.modules.pop(MODULE, None)
-    monkeypatch.setattr(package, "sglang", saved, raising=False)
-    yield
-    sys.modules.pop(MODULE, None)
-    if saved is not None:
-        sys.modules[MODULE] = saved
+    yield from fresh_adapter(monkeypatch, MODULE)
 
 
 @pytest.fixture(params=["mha", "mla"])
