@@ -6,6 +6,7 @@ layer-wise load, and later reads miss; a client that does not verify gets
 the bytes as they are. The connectors pass the option through."""
 
 import ctypes
+import sys
 
 import numpy as np
 import pytest
@@ -117,20 +118,18 @@ def test_connectors_pass_verify_checksums_through(daemon, monkeypatch):
     assert client is not None and made[-1]["verify_checksums"] is True
     client.close()
 
-    from kvtier.integrations import sglang
-    assert "verify_checksums" in sglang.__doc__
-    storage = sglang.KvtierStorage.__new__(sglang.KvtierStorage)
-    storage._verify_checksums = True
-    storage._client = None
-    storage.namespace = test_namespace()
-    storage.socket_path = daemon.socket_path
-    storage.tp_rank = storage.pp_rank = 0
-    storage._next_connect = 0.0
-    storage._reconnect_interval_s = 5.0
-    storage._connect_timeout_s = 2.0
-    storage._call_timeout_s = 5.0
-    import threading
-    storage._connect_lock = threading.Lock()
-    client = storage._get_client()
-    assert client is not None and made[-1]["verify_checksums"] is True
-    client.close()
+    # SGLang's backend, made as SGLang's dynamic factory makes it (the fake
+    # SGLang of sglang_fakes), with verify_checksums in its extra config.
+    from sglang_fakes import MHAHostPool, fresh_adapter, load_dynamic_backend, storage_config
+    adapter = fresh_adapter(monkeypatch)
+    next(adapter)
+    try:
+        config = dict(backend_name="kvtier", module_path="kvtier.integrations.sglang", class_name="KvtierStorage",
+                      interface_v1=1, socket_path=daemon.socket_path, model_revision="rev-1", verify_checksums=True)
+        made.clear()
+        storage = load_dynamic_backend(config, storage_config(config), MHAHostPool())
+        assert "verify_checksums" in sys.modules[type(storage).__module__].__doc__  # documented
+        assert storage._get_client() is not None
+        assert made and all(k["verify_checksums"] is True for k in made)
+    finally:
+        next(adapter, None)
