@@ -344,3 +344,32 @@ def test_under_vllms_default_fail_policy_a_lost_block_fails_the_request(model, d
     b.update_from_output(so, b.execute_model(so))
     b.run_until_done()
     assert b.finish_reasons["r2"] == "error"
+
+
+def test_a_load_makes_one_index_per_block_for_all_layers(model, daemon, monkeypatch):
+    """The engine-block index of a loaded kvtier block is built once and used
+    by every layer's scatter (on a GPU it is a device tensor queued on the
+    load stream: one per block, not one per block and layer)."""
+    from kvtier.integrations import _kv_layout
+    shared = prompt(31, 18)
+    a = kvtier_engine(model, daemon)
+    run_request(a, shared + [1], 1, "r1")
+    drain_commits(a)
+    made, real = [], _kv_layout.block_index
+    monkeypatch.setattr(_kv_layout, "block_index", lambda tensor, ids: made.append(list(ids)) or real(tensor, ids))
+    scattered, real_scatter = [], _kv_layout.scatter
+
+    def scatter(tensor, form, block_ids, skip, span, num_blocks, index=None):
+        scattered.append(index)
+        return real_scatter(tensor, form, block_ids, skip, span, num_blocks, index)
+    monkeypatch.setattr(_kv_layout, "scatter", scatter)
+    b = kvtier_engine(model, daemon)
+    p2 = shared + prompt(32, 6)
+    toks, _ = run_request(b, p2, 2, "r2", kv_transfer_params={"kvtier": {"save": False}})  # loads only
+    assert computed_at_start(b, "r2") == 16 and toks == greedy_generate(model, p2, 2)
+    loaded_blocks = 16 // BLOCK_TOKENS
+    assert len(made) == loaded_blocks                                   # one index per kvtier block...
+    assert len(scattered) == loaded_blocks * model.n_layers             # ...for every layer's scatter
+    assert all(i is not None for i in scattered)
+    a.shutdown()
+    b.shutdown()

@@ -398,8 +398,8 @@ class CudaState:
 
 class LoadCopies:
     """One step's load copies on one device. Made on the forward thread
-    (start_load_kv), whose current stream it records `start` on. issuing(),
-    index() and layer_event() belong to the one thread that copies (the
+    (start_load_kv), whose current stream it records `start` on. issuing()
+    and layer_event() belong to the one thread that copies (the
     loader thread, or the forward thread in whole-block mode); layer_ready()
     marks go to wait_for_layer_load on the forward thread."""
 
@@ -410,7 +410,6 @@ class LoadCopies:
         self._clients = [c for c in clients if c is not None]
         self._start = self._runtime.new_event()
         self._start.record(self._runtime.current_stream(device))
-        self._indexes = {}
 
     def layer_ready(self):
         return LayerReady(self._runtime, self.device)
@@ -420,14 +419,6 @@ class LoadCopies:
         waits for `start`; when this ends every copy has finished (see
         CudaState.on_side_stream)."""
         return self._state.on_side_stream(self.device, self._stream, self._start, self._clients)
-
-    def index(self, key, make):
-        """The device index tensor of one kvtier block of a load, made by
-        make() on the load stream at its first layer and kept for the step."""
-        index = self._indexes.get(key)
-        if index is None:
-            index = self._indexes[key] = make()
-        return index
 
     def layer_event(self):
         """An event on the load stream behind the copies queued so far."""

@@ -177,12 +177,8 @@ class WorkerSide:
                 for name in self._load_order:
                     group, layer = self._layer_of[name]
                     for load in loads:
-                        if load.group != group:
-                            continue
-                        if copies is None:  # the CPU call as it always was (tests stub layer(self, layer, tensor))
+                        if load.group == group:
                             load.layer(layer, self.kv_caches[name])
-                        else:
-                            load.layer(layer, self.kv_caches[name], copies)
                     if name in ready:
                         if copies is not None:
                             ready[name].event = copies.layer_event()
@@ -409,6 +405,7 @@ class _ActiveLoad:
         self._worker = worker
         self._failed_from = len(self._span.block_ids)  # kvtier blocks from here on are not usable
         self._load = None
+        self._index = {}  # kvtier block -> index tensor of its engine blocks, made at its first layer
         self._started = time.monotonic()
         if not self._span.block_ids:
             return
@@ -422,11 +419,12 @@ class _ActiveLoad:
             logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
             self._failed_from = 0
 
-    def layer(self, layer, tensor, copies=None):
+    def layer(self, layer, tensor):
         """On the copying thread: waits until kvtierd has `layer` of the
         load's blocks in the arena and copies it into `tensor`; with CUDA
-        tensors (`copies`) the copies are queued on the load stream, which
-        must run them before the load ends."""
+        tensors the copies are queued on the thread's current stream (the
+        load stream, see _load_layers), which must run them before the load
+        ends."""
         if self._load is None or self._failed_from == 0:
             return
         try:
@@ -442,8 +440,9 @@ class _ActiveLoad:
                 break
             skip = self._span.skip if b == 0 else 0
             ids = self._span.block_ids[b]
-            index = None if copies is None else copies.index(
-                (id(self), b), lambda: _kv_layout.block_index(tensor, ids[skip:]))  # one per block, every layer
+            index = self._index.get(b)
+            if index is None:  # one per block for every layer (on CUDA made on the load stream)
+                index = self._index[b] = _kv_layout.block_index(tensor, ids[skip:])
             _kv_layout.scatter(tensor, g.form, ids, skip, self._load.layer_span(b, layer), g.num_blocks, index)
 
     def end(self):
