@@ -292,11 +292,13 @@ class SchedulerSide:
 
     def _send(self, state, client, requests):
         """Asynchronous lookups: request r -> (first, end) asks namespace j
-        (r itself, or r[0] for a state lookup) for keys[j][first:end]."""
+        (r itself, or r[0] for a state lookup (j, boundary)) for
+        keys[j][first:end]."""
         state.asked = dict(requests)
-        state.pending = {r: client.lookup_async(r[0] if isinstance(r, tuple) else r,
-                                                state.keys[r[0] if isinstance(r, tuple) else r][first:end])
-                         for r, (first, end) in requests.items()}
+        state.pending = {}
+        for r, (first, end) in requests.items():
+            j = r[0] if isinstance(r, tuple) else r
+            state.pending[r] = client.lookup_async(j, state.keys[j][first:end])
         state.pending_since = time.monotonic()
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -324,10 +326,11 @@ class SchedulerSide:
             state = self._requests.get(req.req_id)
             if state is None:
                 continue  # never looked up (no prompt ids)
-            if state.request is not None and len(state.request.prompt_token_ids or ()) != len(state.tokens):
-                # A streaming-input session resumed with its next chunk: vLLM
-                # schedules it as new, holding its blocks, without a lookup.
-                self._prompt_changed(state, state.request)
+            if state.request is not None:
+                # A streaming-input session resumed with its next chunk is
+                # scheduled as new, holding its blocks, without a lookup:
+                # _state keys its grown prompt.
+                state = self._state(state.request)
             state.block_ids = [list(ids) for ids in req.block_ids]
             self._plan(state, req.num_computed_tokens + scheduled.get(req.req_id, 0), meta)
         cached = scheduler_output.scheduled_cached_reqs
