@@ -70,6 +70,11 @@ py::object PyBlockView::Data() {
   return ExportView(state_, state_->view.data(), /*readonly=*/true);
 }
 
+uintptr_t PyBlockView::Address() const {
+  if (!state_) ThrowReleased("view");
+  return reinterpret_cast<uintptr_t>(state_->view.data().data());
+}
+
 void PyBlockView::Release() {
   if (!state_) return;
   EndNowOrDefer(state_, [](PinState& s) { return s.view.Release(); });
@@ -286,6 +291,8 @@ void BindHandles(py::module_& m) {
       .def_property_readonly("checksum", &PyBlockView::checksum)
       .def_property_readonly("released", &PyBlockView::released)
       .def_property_readonly("data", &PyBlockView::Data)
+      .def_property_readonly("_address", &PyBlockView::Address,
+                             "Internal: the pinned bytes' address, valid while this view is unreleased.")
       .def("__len__", &PyBlockView::size)
       .def("release", &PyBlockView::Release,
            "Unpins the block (waits for the daemon) unless a memoryview taken from `data` (or an array "

@@ -33,6 +33,10 @@ class PyBlockView {
  public:
   explicit PyBlockView(BlockView view);
   pybind11::object Data();
+  // The address of the pinned bytes, for the binding's internal copy calls
+  // (_copy_pieces): valid while this view is unreleased; the caller keeps it
+  // alive for as long as it uses the address. FailedPrecondition once released.
+  uintptr_t Address() const;
   void Release();
   const BlockKey& key() const { return key_; }
   uint64_t lease() const { return lease_; }

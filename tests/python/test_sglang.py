@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,9 @@ def test_backup_then_prefetch_into_an_empty_pool_copies_the_bytes(daemon, sglang
     assert stats.prefetch_pgs == [3] and reader.get_stats().prefetch_pgs == []  # samples reset per call
 
 
-def test_exists_stops_at_the_first_missing_page_and_a_missing_v_is_a_miss(daemon, sglang):
-    pool = MHAHostPool()
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_exists_stops_at_the_first_missing_page_and_a_missing_v_is_a_miss(daemon, sglang, layout):
+    pool = MHAHostPool(layout)
     pool.fill_random(seed=2)
     store = backend(daemon, pool)
     keys = keys_for(4)
@@ -98,17 +100,24 @@ def test_exists_stops_at_the_first_missing_page_and_a_missing_v_is_a_miss(daemon
     assert store.batch_exists(keys) == 2
     assert store.exists(keys[3]) and not store.exists(keys[2])
 
-    ns = documented_namespace()
+    ns = documented_namespace(layout)
     v1 = kvtier.external_key(ns.fingerprint(), keys[1] + "_v")
     with kvtier.Client(daemon.socket_path, [ns]) as c:
         assert c.erase(0, [v1]) == 1
         assert store.batch_exists(keys) == 1
         c.put(0, v1, b"short")  # a V object of the wrong size is no page either
 
-    before = pool.page_bytes(6)
-    assert store.batch_get_v1(keys, host_indices([4, 5, 6, 7], 4)) == [True, False, False, True]
-    assert pool.page_bytes(4) == pool.page_bytes(0) and pool.page_bytes(7) == pool.page_bytes(3)
-    assert pool.page_bytes(6) == before  # a missing page writes nothing
+        before = pool.page_bytes(6)
+        assert store.batch_get_v1(keys, host_indices([4, 5, 6, 7], 4)) == [True, False, False, True]
+        assert pool.page_bytes(4) == pool.page_bytes(0) and pool.page_bytes(7) == pool.page_bytes(3)
+        assert pool.page_bytes(6) == before  # a missing page writes nothing
+        # layer_first reads by pinning: no pin outlives the get (the unpins
+        # go out with the connection's next request, or within about 1 ms)
+        store.batch_exists(keys)
+        deadline = time.monotonic() + 5
+        while c.stats()["engine.pinned_blocks"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.stats()["engine.pinned_blocks"] == 0
 
 
 def test_tp_ranks_revisions_and_layouts_do_not_share_pages(daemon, sglang):

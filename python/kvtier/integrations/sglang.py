@@ -68,9 +68,9 @@ Layouts. page_first, page_first_direct and page_head: each object is one
 contiguous buffer of the host pool, copied once between it and kvtier's
 arena by put_batch/get_batch (no staging). layer_first gives one buffer
 per layer and component: a set gathers them straight into reserved arena
-space (reserve, one copy, commit); a get copies the objects into a staging
-buffer with one get_batch and scatters them (one extra host copy, but one
-round trip instead of a pin release per object). Gathers and scatters are
+space (reserve, one copy, commit); a get pins the objects with one request
+and scatters them straight from the arena (one copy; the pins end together
+with the next request, not one round trip each). Gathers and scatters are
 one C++ loop with the GIL released (kvtier._kvtier._copy_pieces).
 
 Threads. SGLang calls from its prefetch, prefetch-I/O and backup threads
@@ -384,24 +384,26 @@ class KvtierStorage(_Base):
             return [s.ok or s.code == "already_exists" for s in self._checked(res.commit())]
 
     def _get_scattered(self, client, okeys, objects) -> List[bool]:
-        """Reads every object into one staging buffer, scatters the whole
-        ones (one copy call, the GIL released)."""
-        sizes = [sum(n for _, n in pieces) for pieces in objects]
-        staging = ctypes.create_string_buffer(max(1, sum(sizes)))
-        outs, at = [], ctypes.addressof(staging)
-        for n in sizes:
-            outs.append((at, n))
-            at += n
-        done, moves = [], []
-        for st, (src, n), pieces in zip(self._checked(client.get_batch(0, okeys, outs)), outs, objects):
-            ok = st.ok and st.value == n
-            if ok:
-                for ptr, size in pieces:
-                    moves.append((ptr, src, size))
-                    src += size
-            done.append(ok)
-        _copy_pieces(moves)
-        return done
+        """Pins every object and scatters the whole ones straight from the
+        arena into the pool's pieces (one copy, one call with the GIL
+        released). The views are dropped, not released one by one: their
+        unpins go out together with the connection's next request."""
+        views = client.pin(0, okeys)
+        self._checked([v for v in views if not v.ok])  # the misses are Statuses
+        try:
+            done, moves = [], []
+            for view, pieces in zip(views, objects):
+                ok = view.ok and len(view) == sum(n for _, n in pieces)
+                if ok:
+                    src = view._address
+                    for ptr, size in pieces:
+                        moves.append((ptr, src, size))
+                        src += size
+                done.append(ok)
+            _copy_pieces(moves)
+            return done
+        finally:
+            del views
 
     # ---- generic path: one "_flat" object per page ----
 
