@@ -19,8 +19,11 @@ build: deps
 run: build
 	$(BUILD)/daemon/kvtierd $(if $(CONFIG),--config $(CONFIG),)
 
+# In two stages, the whole suite either way: the unit tests (about 10 s)
+# first, so a broken change fails within minutes of the build, then the rest.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE unit
 
 # Host tier vs memcpy / redis-benchmark, the NVMe tier vs fio on the file
 # system of $(BUILD) (BENCH_DIR=... to measure another one), then the remote
