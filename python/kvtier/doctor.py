@@ -21,12 +21,17 @@ from pathlib import Path
 DEFAULT_SOCKET = "/run/kvtier/kvtierd.sock"
 
 # The engine versions the adapters serve, newest first (docs/INTEGRATIONS.md
-# "Versions"; the interfaces they were written against are in
-# integrations/engine_interfaces.json): (first version of the row, or None
-# for every older one, what those versions need). A version that no row
-# covers is unsupported. No lower bound is recorded for either engine: the
-# vLLM connector itself serves without the cache, and says why at start,
-# when vLLM gives it no KVCacheConfig (KV connector v1 before that).
+# "Versions" and "SGLang versions"; the interfaces they were written against
+# are in integrations/engine_interfaces.json): (first version of the row, or
+# None for every older one, what those versions get). A version older than
+# every row is unsupported, for the reason in ENGINE_UNSUPPORTED. vLLM has no
+# lower bound: the connector itself serves without the cache, and says why at
+# start, when vLLM gives it no KVCacheConfig (KV connector v1 before that).
+# SGLang's bounds are the first releases after the pull requests that added
+# what KvtierStorage needs (read from the PRs and release dates, not from a
+# run: see INTEGRATIONS.md): 0.5.6 the dynamic backend's interface_v1 switch
+# (sgl-project/sglang#13140; the dynamic backend itself is #10551), 0.5.10
+# the HybridCacheController and the v2 interface (#20457).
 ENGINE_SUPPORT = {
     "vllm": [
         ("0.28", "KV connector v1 with 4-D KV views; nothing to set"),
@@ -34,9 +39,17 @@ ENGINE_SUPPORT = {
                "(kv_first for FlashAttention, blocks_first for FlashInfer)"),
     ],
     "sglang": [
-        (None, "HiCache storage backend as of sglang 00fe477f; no release number is "
-               "recorded, so the version is not checked"),
+        ("0.5.10", "v1 + v2 hybrid: KV pages through batch_get_v1/batch_set_v1 (dynamic backend, "
+                   "interface_v1 1) and, with the hybrid cache controller, Mamba/SWA/draft pools "
+                   "through the v2 calls"),
+        ("0.5.6", "v1 only: KV pages through batch_get_v1/batch_set_v1 (dynamic backend, interface_v1 1); "
+                  "no hybrid cache controller, so kvtier's v2 half is never called"),
     ],
+}
+ENGINE_UNSUPPORTED = {
+    "vllm": "no adapter for this version",
+    "sglang": "before 0.5.6 the dynamic HiCache backend has no interface_v1 switch (sglang#13140), "
+              "so batch_get_v1/batch_set_v1 are never called; upgrade to 0.5.6 or later",
 }
 
 
@@ -49,7 +62,7 @@ def engine_support(name, version):
     for first, note in ENGINE_SUPPORT[name]:
         if first is None or _version_tuple(version) >= _version_tuple(first):
             return True, note
-    return False, "no adapter for this version"
+    return False, ENGINE_UNSUPPORTED[name]
 
 
 def installed_version(distribution):

@@ -129,6 +129,15 @@ def test_installed_package_carries_its_libraries(venv):
         assert Path(lib).is_relative_to(package), f"{lib} was loaded from outside the venv"
 
 
+def fake_engines(folder, **versions):
+    """Engines as importlib.metadata sees them (a dist-info each in
+    `folder`, to put on PYTHONPATH), without installing them."""
+    for name, engine_version in versions.items():
+        info = folder / f"{name}-{engine_version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {engine_version}\n")
+
+
 def doctor(python, *args, **env):
     return subprocess.run([str(python), "-m", "kvtier", "doctor", *map(str, args)],
                           capture_output=True, text=True, env=clean_env(**env), timeout=120)
@@ -136,11 +145,7 @@ def doctor(python, *args, **env):
 
 def test_doctor_all_well(venv, daemon, tmp_path):
     python, version = venv
-    # Engines as importlib.metadata sees them, without installing them.
-    for name, engine_version in (("vllm", "0.27.1"), ("sglang", "0.5.3")):
-        info = tmp_path / f"{name}-{engine_version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {engine_version}\n")
+    fake_engines(tmp_path, vllm="0.27.1", sglang="0.5.10")
     out = doctor(python, "--socket", daemon.socket_path, PYTHONPATH=str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
@@ -151,7 +156,7 @@ def test_doctor_all_well(venv, daemon, tmp_path):
     assert any(re.fullmatch(rf"  version: {re.escape(project_version())}, up \d+ s, healthy", l) for l in lines), lines
     assert "  tier host: 0 B used of 64.0 MiB" in lines
     assert any(l.startswith("vLLM: 0.27.1, supported: 5-D KV caches") for l in lines), lines
-    assert any(l.startswith("SGLang: 0.5.3, supported: ") for l in lines), lines
+    assert any(l.startswith("SGLang: 0.5.10, supported: v1 + v2 hybrid") for l in lines), lines
     assert not any(l.startswith("problem:") for l in lines), lines
     assert lines[-1] == "all well"
 
@@ -178,4 +183,40 @@ def test_doctor_engine_versions():
     assert d.engine_support("vllm", "0.29.0") == (True, d.ENGINE_SUPPORT["vllm"][0][1])
     assert d.engine_support("vllm", "0.28.0rc1")[0] and "4-D" in d.engine_support("vllm", "0.28.0rc1")[1]
     assert "kv_layout" in d.engine_support("vllm", "0.10.1.1")[1]
-    assert d.engine_support("sglang", "0.5.3")[0]
+    # SGLang: 0.5.6 (the dynamic backend's interface_v1 switch) is the least
+    # release served, v1 only; 0.5.10 (the hybrid cache controller) adds v2.
+    for version in ("0.4.9", "0.5.3", "0.5.5", "0.5.5.post3"):
+        supported, note = d.engine_support("sglang", version)
+        assert not supported and "0.5.6" in note, (version, note)
+    for version in ("0.5.6", "0.5.6.post2", "0.5.9"):
+        assert d.engine_support("sglang", version) == (True, d.ENGINE_SUPPORT["sglang"][1][1]), version
+        assert d.engine_support("sglang", version)[1].startswith("v1 only")
+    for version in ("0.5.10rc0", "0.5.10", "0.5.19", "0.6.0"):
+        assert d.engine_support("sglang", version) == (True, d.ENGINE_SUPPORT["sglang"][0][1]), version
+        assert d.engine_support("sglang", version)[1].startswith("v1 + v2")
+
+
+@pytest.mark.parametrize("sglang, supported", [("0.5.5.post3", False), ("0.5.6", True)])
+def test_doctor_sglang_version_sets_exit_code(daemon, tmp_path, sglang, supported):
+    """An SGLang below the least release served is a problem (exit 1); one
+    in range is not (exit 0). The suite's own interpreter and build, with a
+    healthy daemon, so the SGLang version is the only thing that differs."""
+    fake_engines(tmp_path, sglang=sglang)
+    pythonpath = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, "-m", "kvtier", "doctor", "--socket", daemon.socket_path],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1"})
+    lines = out.stdout.splitlines()
+    if supported:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"SGLang: {sglang}, supported: v1 only: KV pages through batch_get_v1/batch_set_v1 " \
+               "(dynamic backend, interface_v1 1); no hybrid cache controller, so kvtier's v2 half is never called" \
+               in lines, lines
+        assert lines[-1] == "all well"
+    else:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert any(l.startswith(f"SGLang: {sglang}, NOT supported: before 0.5.6") for l in lines), lines
+        from kvtier import doctor as d
+        problems = [l for l in lines if l.startswith("problem:")]
+        assert problems == [f"problem: SGLang {sglang} is not supported: {d.ENGINE_UNSUPPORTED['sglang']}"], lines
+        assert lines[-1] == "1 problem(s)"
