@@ -15,6 +15,7 @@ packages=(
   # The Python binding (python/) and its tests, for Debian's /usr/bin/python3;
   # torch (CPU) runs the real-model test of the engine connectors.
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-xxhash python3-torch
+  python3-build  # `python3 -m build --no-isolation` writes the wheel and sdist (docs/INTEGRATIONS.md)
 )
 
 missing=()

@@ -58,24 +58,44 @@ def project_version():
 
 
 @pytest.fixture(scope="module")
-def venv():
+def interpreter():
+    """(path, "X.Y") of the other interpreter, or skip."""
     found = other_interpreter()
     if found is None:
         pytest.skip(f"no interpreter other than Python {sys.version_info[0]}.{sys.version_info[1]} "
                     f"among {', '.join(CANDIDATES)}")
-    interpreter, version = found
+    return found
+
+
+@pytest.fixture(scope="module")
+def package_build_dir():
+    """The backend's build folder ($KVTIER_BUILD_DIR) for this module's
+    builds: one folder, so the second build of the same interpreter only
+    relinks."""
+    if os.environ.get("KVTIER_PACKAGE_BUILD_DIR"):
+        yield os.environ["KVTIER_PACKAGE_BUILD_DIR"]
+        return
+    root = tempfile.mkdtemp(prefix="kvtier-pkg-build-")
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def venv(interpreter, package_build_dir):
+    interpreter, version = interpreter
     root = Path(tempfile.mkdtemp(prefix="kvtier-pkg-"))
     try:
         subprocess.run([interpreter, "-m", "venv", str(root / "venv")], check=True, env=clean_env())
         python = root / "venv" / "bin" / "python"
-        build_dir = os.environ.get("KVTIER_PACKAGE_BUILD_DIR") or str(root / "build")
         started = time.monotonic()
         pip = subprocess.run([str(python), "-m", "pip", "install", "--no-index", str(SOURCE_DIR / "python")],
                              capture_output=True, text=True, cwd=root,
-                             env=clean_env(KVTIER_BUILD_DIR=build_dir))
+                             env=clean_env(KVTIER_BUILD_DIR=package_build_dir))
         seconds = time.monotonic() - started
         assert pip.returncode == 0, f"pip install failed:\n{pip.stdout}\n{pip.stderr}"
-        print(f"pip install into a Python {version} venv took {seconds:.0f} s (build in {build_dir})")
+        print(f"pip install into a Python {version} venv took {seconds:.0f} s (build in {package_build_dir})")
         yield python, version
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -136,6 +156,62 @@ def fake_engines(folder, **versions):
         info = folder / f"{name}-{engine_version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {engine_version}\n")
+
+
+# Debian's python3-build (0.9.0) and what it imports, all pure Python.
+BUILD_FRONTEND = ("build", "pep517", "packaging", "tomli")
+DEBIAN_SITE = Path("/usr/lib/python3/dist-packages")
+
+
+def test_build_frontend_wheel_installs(interpreter, package_build_dir, tmp_path):
+    """`python3 -m build --no-isolation --wheel` (PEP 517 frontend, Debian's
+    python3-build) writes a wheel with the in-tree backend, and that wheel
+    installs offline into a fresh venv and runs. The frontend runs under
+    the other interpreter (a wheel is for the interpreter that built it):
+    it is Debian's package, put on that interpreter's path, as a venv with
+    `pip install build` would have it. Shares the venv test's build folder,
+    so after it only a relink."""
+    python, version = interpreter
+    missing = [m for m in BUILD_FRONTEND if not (DEBIAN_SITE / m).is_dir()]
+    if missing:
+        pytest.skip(f"python3-build is not installed (no {', '.join(missing)} in {DEBIAN_SITE}; "
+                    "scripts/install-deps.sh installs it)")
+    frontend = tmp_path / "frontend"
+    frontend.mkdir()
+    for module in BUILD_FRONTEND:
+        (frontend / module).symlink_to(DEBIAN_SITE / module)
+    dist = tmp_path / "dist"
+    started = time.monotonic()
+    built = subprocess.run([python, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(dist),
+                            str(SOURCE_DIR / "python")], capture_output=True, text=True, cwd=tmp_path,
+                           env=clean_env(PYTHONPATH=str(frontend), KVTIER_BUILD_DIR=package_build_dir),
+                           timeout=600)
+    assert built.returncode == 0, f"python -m build failed:\n{built.stdout}\n{built.stderr}"
+    print(f"python -m build --wheel (Python {version}) took {time.monotonic() - started:.0f} s")
+    tag = "cp" + version.replace(".", "")
+    wheels = sorted(dist.glob("*.whl"))
+    assert [w.name for w in wheels] == [f"kvtier-{project_version()}-{tag}-{tag}-linux_{os.uname().machine}.whl"]
+    assert not (SOURCE_DIR / "python" / "build").exists(), "the build left a build/ folder in python/"
+
+    subprocess.run([python, "-m", "venv", str(tmp_path / "venv")], check=True, env=clean_env())
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    pip = subprocess.run([str(venv_python), "-m", "pip", "install", "--no-index", str(wheels[0])],
+                         capture_output=True, text=True, cwd=tmp_path, env=clean_env(), timeout=300)
+    assert pip.returncode == 0, f"pip install of the wheel failed:\n{pip.stdout}\n{pip.stderr}"
+    out = run_in(venv_python, """
+        import sys, kvtier, kvtier._kvtier
+        print(kvtier.__version__, "%d.%d" % sys.version_info[:2], kvtier.__file__)
+        """)
+    assert out.returncode == 0, out.stderr
+    got_version, got_python, got_file = out.stdout.split()
+    assert (got_version, got_python) == (project_version(), version)
+    assert Path(got_file).is_relative_to(tmp_path / "venv"), "kvtier was not imported from the venv"
+    help_ = subprocess.run([str(venv_python), "-m", "kvtier", "--help"], capture_output=True, text=True,
+                           env=clean_env(), timeout=60)
+    assert help_.returncode == 0 and "doctor" in help_.stdout, help_.stdout + help_.stderr
+    # No daemon at that socket: the doctor runs, says so and exits 1.
+    out = doctor(venv_python, "--socket", tmp_path / "none.sock")
+    assert out.returncode == 1 and out.stdout.splitlines()[-1] == "1 problem(s)", out.stdout + out.stderr
 
 
 def doctor(python, *args, **env):
