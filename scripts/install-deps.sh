@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache  # every build compiles through it (CMakeLists.txt); a fresh clone reuses ~/.cache/ccache
   liburing-dev librocksdb-dev libxxhash-dev xxhash libasio-dev
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
