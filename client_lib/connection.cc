@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client_lib/daemon_identity.h"
 #include "common/framing.h"
 #include "proto/wire.h"
 
@@ -161,10 +163,14 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
   conn->spin_wait_us_ = options.spin_wait_us;
   conn->use_directory_ = options.use_directory;
   conn->call_timeout_ = std::max(options.call_timeout, std::chrono::milliseconds(0));
+  auto trusted = TrustedDaemonUids(options, std::getenv("KVTIER_TRUSTED_DAEMON_UIDS"));
+  if (!trusted.ok()) return trusted.status();
   const Deadline deadline = DeadlineAfter(options.connect_timeout);
   Result<int> fd = ConnectUnixBefore(options.socket_path, deadline);
   if (!fd.ok()) return fd.status();
   conn->fd_ = *fd;
+  Status peer = CheckDaemonPeer(conn->fd_, options.socket_path, *trusted);
+  if (!peer.ok()) return peer;
   Status hello = conn->Hello(options, deadline);
   if (!hello.ok()) return hello;
   conn->response_frame_limit_ = ResponseFrameLimit(conn->max_frame_bytes_);
@@ -196,7 +202,7 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
       return ProtocolError("the arena fd is smaller than the announced arena");
     }
     // MAP_POPULATE: fault every page in now, so no get or put pays a page
-    // fault on the hot path (DESIGN.md: nothing maps on the hot path).
+    // fault on the hot path (nothing maps there).
     void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                         fds.arena, 0);
     if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));

@@ -66,6 +66,14 @@ struct ClientOptions {
   std::vector<NamespaceDescriptor> namespaces;
   // Largest frame the client sends or accepts; must not exceed the daemon's.
   uint32_t max_frame_bytes = 1u << 20;
+  // The uids this client accepts as its kvtierd. Connect reads the
+  // listening peer's credentials (SO_PEERCRED) before it sends anything and
+  // refuses any other uid with PermissionDenied, so a listener someone
+  // swapped in at socket_path never sees a namespace or a byte. Empty: the
+  // list in the environment variable KVTIER_TRUSTED_DAEMON_UIDS (uids or
+  // user names, comma-separated) when it is set, else root, this process's
+  // own uid and the user "kvtier" (the packaged service's) when it exists.
+  std::vector<uint32_t> trusted_daemon_uids;
   // Longest Connect waits for the socket and the daemon's Hello answer
   // together; then it fails with TimedOut. 0 = no deadline.
   std::chrono::milliseconds connect_timeout{5000};
