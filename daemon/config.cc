@@ -69,6 +69,11 @@ constexpr OptionSpec kOptions[] = {
      "0600 on first start). Empty: nvme.index_path, else nvme.path, + \".tenant-key\"; without an NVMe tier a "
      "fresh key each start.",
      nullptr, &DaemonConfig::tenant_key_file, true},
+    {"server.trust_shared_directories", OptionType::kBool, "false", 0, 1, "", false,
+     "Start even when the directory of the socket, the NVMe file, its index or the tenant key can be written by "
+     "someone other than root and kvtierd's user (they could swap the socket for their own listener or plant "
+     "symlinks). false: such a directory stops the start with the reason.",
+     &DaemonConfig::trust_shared_directories, nullptr},
     {"host.capacity_bytes", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
      "Size of the shared-memory arena (the host tier); 0: fit it to this machine, a quarter of its memory and "
      "at most half of what is available now, between 256 MiB and 64 GiB (logged at start).",

@@ -46,6 +46,7 @@ struct DaemonConfig {
   std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
   std::string socket_group;  // name or gid; empty: the daemon's group
   std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe
+  int64_t trust_shared_directories = 0;  // 1: skip CheckStateDirectories (directory_trust.h)
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"

@@ -24,6 +24,7 @@
 #include "common/logging.h"
 #include "daemon/auto_size.h"
 #include "daemon/config.h"
+#include "daemon/directory_trust.h"
 #include "daemon/engine.h"
 #include "daemon/hbm_setup.h"
 #include "daemon/memory_limit.h"
@@ -215,6 +216,8 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
 
   SystemClock clock;
   RaiseOpenFileLimit(config.max_connections);
+  Status directories = CheckStateDirectories(config, ::geteuid());
+  if (!directories.ok()) return StartFailure(config, directories.ToString());
   // Destroyed after the engines: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
   if (!stack.ok()) return StartFailure(config, stack.status().ToString());

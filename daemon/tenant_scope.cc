@@ -89,7 +89,10 @@ Result<std::string> ReadKey(const std::string& path, int fd) {
 
 Status WriteKey(const std::string& path, const std::string& key) {
   const std::string temporary = path + ".tmp";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A leftover from a crash is removed (a symlink planted there goes, not
+  // its target); O_EXCL | O_NOFOLLOW then create a file of our own only.
+  ::unlink(temporary.c_str());
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return IoError("cannot create the tenant key " + temporary + ": " + std::strerror(errno));
   const bool written = ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size()) && ::fsync(fd) == 0;
   const int saved = errno;
@@ -105,12 +108,19 @@ Status WriteKey(const std::string& path, const std::string& key) {
 
 Result<std::string> LoadTenantKey(const std::string& path) {
   if (path.empty()) return RandomKey();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
+      ::close(fd);
+      return PermissionDenied("the tenant key " + path + " must be a regular file that only its owner may read "
+                              "(mode 0600)");
+    }
     auto key = ReadKey(path, fd);
     ::close(fd);
     return key;
   }
+  if (errno == ELOOP) return PermissionDenied("the tenant key " + path + " is a symlink; kvtierd does not follow it");
   if (errno != ENOENT) return IoError("cannot open the tenant key " + path + ": " + std::strerror(errno));
   auto key = RandomKey();
   if (!key.ok()) return key.status();

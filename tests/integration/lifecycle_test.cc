@@ -491,10 +491,10 @@ TEST(Lifecycle, StartUpFailuresSayWhyInOneLine) {
                             full + "/tier.dat\"\ncapacity_bytes = \"64MiB\"\nregion_bytes = \"4MiB\"\n"
                             "direct_io = false\nindex_path = \"" + dir + "/index\"\n");
     CommandResult can_mount = RunCommand({"/usr/bin/unshare", "--mount", "/bin/sh", "-c",
-                                          "mount -t tmpfs -o size=16m tmpfs " + full});
+                                          "mount -t tmpfs -o size=16m,mode=0755 tmpfs " + full});
     if (can_mount.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << can_mount.output;
     Child child(dir, {"/usr/bin/unshare", "--mount", "/bin/sh", "-c",
-                      "mount -t tmpfs -o size=16m tmpfs " + full + " && exec " + KVTIERD_PATH + " --config " +
+                      "mount -t tmpfs -o size=16m,mode=0755 tmpfs " + full + " && exec " + KVTIERD_PATH + " --config " +
                           no_space});
     ExpectOneLineFailure(child, "No space left on device");
   }

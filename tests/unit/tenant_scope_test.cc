@@ -132,6 +132,7 @@ TEST_F(TenantKeyFileTest, ShortFileIsInvalidArgument) {
     std::ofstream out(path_, std::ios::binary);
     out << std::string(kTenantKeyBytes - 1, 'x');
   }
+  ::chmod(path_.c_str(), 0600);  // a key's own mode: what is wrong here is only its length
   auto key = LoadTenantKey(path_);
   ASSERT_FALSE(key.ok());
   EXPECT_EQ(key.status().code(), StatusCode::kInvalidArgument);
@@ -151,6 +152,7 @@ TEST_F(TenantKeyFileTest, ReadsAnExistingKey) {
     std::ofstream out(path_, std::ios::binary);
     out << bytes;
   }
+  ::chmod(path_.c_str(), 0600);
   auto key = LoadTenantKey(path_);
   ASSERT_TRUE(key.ok()) << key.status().ToString();
   EXPECT_EQ(*key, bytes);

@@ -44,7 +44,17 @@ Result<DeviceFile> DeviceFile::Open(const BlockDeviceOptions& options) {
   file.path_ = options.path;
   if (options.path.empty()) return InvalidArgument("nvme device path is empty");
   const int flags = O_RDWR | O_CREAT | O_CLOEXEC | (options.direct_io ? O_DIRECT : 0);
-  file.fd_ = ::open(options.path.c_str(), flags, 0600);
+  // A symlink is followed only to a block device (/dev/disk/by-id/...): one
+  // to a regular file may have been planted to make kvtierd write over it.
+  file.fd_ = ::open(options.path.c_str(), flags | O_NOFOLLOW, 0600);
+  if (file.fd_ < 0 && errno == ELOOP) {
+    struct stat target {};
+    if (::stat(options.path.c_str(), &target) != 0 || !S_ISBLK(target.st_mode)) {
+      return InvalidArgument("nvme.path " + options.path +
+                             " is a symlink to something other than a block device; give the file's own path");
+    }
+    file.fd_ = ::open(options.path.c_str(), flags & ~O_CREAT);
+  }
   if (file.fd_ < 0) {
     const int error = errno;
     if (error == EINVAL && options.direct_io) {
