@@ -67,8 +67,13 @@ TEST(RemoteValueTest, TheHeaderAloneMatchesTheWholeValue) {
   std::array<std::byte, kRemoteHeaderBytes> header{};
   EncodeRemoteHeader(TheMac(), RemoteBlock{kNs, kKey, 2, BlockChecksum(payload)}, payload, header);
   const std::string whole = Encode(RemoteBlock{kNs, kKey, 2, 0}, payload);
-  EXPECT_EQ(std::memcmp(header.data(), whole.data(), kRemoteHeaderBytes), 0)
-      << "a header sent before a payload that is not copied must be the same bytes";
+  // The same fields (the tags differ: each carries its own nonce), and the
+  // header sent before a payload that is not copied makes a whole value.
+  EXPECT_EQ(std::memcmp(header.data(), whole.data(), kRemoteMacOffset), 0)
+      << "a header sent before a payload that is not copied must name the same block";
+  std::string joined(reinterpret_cast<const char*>(header.data()), header.size());
+  joined += whole.substr(kRemoteHeaderBytes);
+  EXPECT_TRUE(Decode(joined, kNs, kKey).ok());
 }
 
 TEST(RemoteValueTest, EveryFlippedByteIsCorruptionOrUnauthenticated) {
@@ -212,6 +217,22 @@ TEST(RemoteValueAuthTest, AValueMovedToAnotherKeyOrNamespaceFails) {
   StoreLe64(h + 24, other_ns.lo);
   other_namespace = Reseal(other_namespace);
   EXPECT_EQ(Decode(other_namespace, other_ns, kKey).status().code(), StatusCode::kPermissionDenied);
+}
+
+TEST(RemoteValueAuthTest, EveryValueGetsAFreshTagAndEachVerifies) {
+  // Poly1305 needs a key per message: the tag's nonce makes one per value,
+  // so the same bytes written twice carry two different tags.
+  const auto payload = Payload(4096);
+  const std::string a = Encode(RemoteBlock{kNs, kKey, 1, 0}, payload);
+  const std::string b = Encode(RemoteBlock{kNs, kKey, 1, 0}, payload);
+  EXPECT_NE(a.substr(kRemoteMacOffset, kValueMacBytes), b.substr(kRemoteMacOffset, kValueMacBytes));
+  EXPECT_TRUE(Decode(a, kNs, kKey).ok());
+  EXPECT_TRUE(Decode(b, kNs, kKey).ok());
+  // One value's tag on the other's bytes still verifies (same bytes), but
+  // a tag never verifies other bytes: swap payload bytes under a's tag.
+  std::string c = a;
+  c[kRemoteHeaderBytes] = static_cast<char>(c[kRemoteHeaderBytes] ^ 1);
+  EXPECT_FALSE(Decode(c, kNs, kKey).ok());
 }
 
 TEST(RemoteValueAuthTest, AnotherClusterSecretDoesNotAuthenticate) {

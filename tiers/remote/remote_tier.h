@@ -18,7 +18,8 @@
 // verifies both; a layer-range Read reads the value into scratch memory
 // (to verify it whole) and copies the range out.
 //
-// Authentication: every value carries an HMAC-SHA256 under the cluster
+// Authentication: every value carries a MAC (Poly1305 under a per-value
+// key derived from the cluster secret; value_mac.h) under the cluster
 // secret (`cluster_secret`, the same on every node; remote_value.h). Write
 // computes it right after the staging copy, over the staged bytes; Read
 // checks it over the bytes received before anything is served. A value

@@ -11,7 +11,7 @@
 //    0 u64 magic "KVTREM01"       40 u64 key lo
 //    8 u32 format version (2)     48 u64 payload_bytes
 //   12 u32 layer_count            56 u64 xxh3-64 of the payload
-//   16 u64 namespace fp hi        64 32 bytes HMAC-SHA256 (value_mac.h) of
+//   16 u64 namespace fp hi        64 32 bytes nonce + Poly1305 (value_mac.h) of
 //   24 u64 namespace fp lo               bytes [0, 64) then the payload
 //   32 u64 key hi                 96 u64 xxh3-64 of bytes [0, 96)
 //

@@ -4,6 +4,9 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <openssl/rand.h>
+
+#include <cstring>
 
 #include "common/check.h"
 
@@ -56,19 +59,52 @@ Result<std::unique_ptr<ValueMac>> ValueMac::Create(std::string_view secret) {
   EVP_MAC_CTX_free(from_secret);
   EVP_MAC_CTX* keyed = KeyedHmac(reinterpret_cast<const unsigned char*>(mac_key.data()), mac_key.size());
   if (keyed == nullptr) return Internal("OpenSSL provides no HMAC-SHA256");
-  return std::unique_ptr<ValueMac>(new ValueMac(keyed));
+  EVP_MAC* poly1305 = EVP_MAC_fetch(nullptr, "POLY1305", nullptr);
+  if (poly1305 == nullptr) {
+    EVP_MAC_CTX_free(keyed);
+    return Internal("OpenSSL provides no Poly1305");
+  }
+  return std::unique_ptr<ValueMac>(new ValueMac(keyed, poly1305));
 }
 
-ValueMac::~ValueMac() { EVP_MAC_CTX_free(keyed_); }
+ValueMac::~ValueMac() {
+  EVP_MAC_CTX_free(keyed_);
+  EVP_MAC_free(poly1305_);
+}
+
+std::array<std::byte, 16> ValueMac::Poly1305Tag(std::span<const std::byte, 16> nonce,
+                                                std::span<const std::byte> first,
+                                                std::span<const std::byte> second) const {
+  const ValueMacTag one_time_key = Run(keyed_, nonce, {});  // 32 bytes: Poly1305's r and s
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(poly1305_);
+  KVTIER_CHECK(ctx != nullptr, "EVP_MAC_CTX_new failed (out of memory)");
+  std::array<std::byte, 16> tag{};
+  size_t written = 0;
+  const bool ok =
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(one_time_key.data()), one_time_key.size(), nullptr) ==
+          1 &&
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(first.data()), first.size()) == 1 &&
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(second.data()), second.size()) == 1 &&
+      EVP_MAC_final(ctx, reinterpret_cast<unsigned char*>(tag.data()), &written, tag.size()) == 1;
+  EVP_MAC_CTX_free(ctx);
+  KVTIER_CHECK(ok && written == tag.size(), "Poly1305 failed on a one-time key");
+  return tag;
+}
 
 ValueMacTag ValueMac::Compute(std::span<const std::byte> first, std::span<const std::byte> second) const {
-  return Run(keyed_, first, second);
+  ValueMacTag tag{};
+  KVTIER_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(tag.data()), 16) == 1,
+               "OpenSSL's random generator failed");
+  const auto nonce = std::span<const std::byte, 16>(tag.data(), 16);
+  const std::array<std::byte, 16> poly = Poly1305Tag(nonce, first, second);
+  std::memcpy(tag.data() + 16, poly.data(), poly.size());
+  return tag;
 }
 
 bool ValueMac::Verify(std::span<const std::byte> first, std::span<const std::byte> second,
                       std::span<const std::byte, kValueMacBytes> tag) const {
-  const ValueMacTag expected = Run(keyed_, first, second);
-  return CRYPTO_memcmp(expected.data(), tag.data(), kValueMacBytes) == 0;
+  const std::array<std::byte, 16> expected = Poly1305Tag(tag.first<16>(), first, second);
+  return CRYPTO_memcmp(expected.data(), tag.data() + 16, expected.size()) == 0;
 }
 
 }  // namespace kvtier
