@@ -215,6 +215,10 @@ constexpr OptionSpec kOptions[] = {
      "File holding the cluster's password (requirepass or the ACL user's; one trailing newline ignored), read "
      "at start; empty: no AUTH. A refused password stops the start.",
      nullptr, &DaemonConfig::remote_password_file, /*may_be_empty=*/true},
+    {"remote.key_file", OptionType::kString, "\"/var/lib/kvtier/remote.key\"", 0, 0, "", false,
+     "The cluster secret (32 bytes, mode 0600) that authenticates every remote value; every node of the cluster "
+     "needs the same copy. Created when missing; refused when group/other may read it or its size is wrong.",
+     nullptr, &DaemonConfig::remote_key_file},
     {"engine.shards", OptionType::kInt, "8", 1, 256, "", false,
      "Index shards, each with its own lock and policy instances.",
      &DaemonConfig::engine_shards, nullptr},

@@ -93,6 +93,7 @@ struct DaemonConfig {
   int64_t remote_ttl_s = 0;
   std::string remote_user;           // empty: AUTH without a user name
   std::string remote_password_file;  // empty: no AUTH
+  std::string remote_key_file;       // the cluster secret (daemon/remote_key_file.h)
   // [engine]
   int64_t engine_shards = 0;
   std::string engine_eviction;   // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"

@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "common/logging.h"
+#include "daemon/remote_key_file.h"
 
 namespace kvtier {
 
@@ -44,10 +45,18 @@ Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   return o;
 }
 
+Status LoadClusterSecret(const DaemonConfig& config, RemoteTierOptions& options) {
+  auto secret = LoadRemoteKey(config.remote_key_file);
+  if (!secret.ok()) return Status(secret.status().code(), "remote.key_file: " + secret.status().message());
+  options.cluster_secret = std::move(*secret);
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config) {
   if (config.remote_nodes.empty()) return std::unique_ptr<RemoteTier>();
   auto made = RemoteOptionsFromConfig(config);
   if (!made.ok()) return made.status();
+  if (Status loaded = LoadClusterSecret(config, *made); !loaded.ok()) return loaded;
   const RemoteTierOptions& options = *made;
   auto tier = RemoteTier::Open(options);
   if (!tier.ok()) return tier.status();

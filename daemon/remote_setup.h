@@ -15,9 +15,14 @@ namespace kvtier {
 // cannot be read.
 Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config);
 
+// The cluster secret from remote.key_file (created when missing) into
+// `options.cluster_secret`: LoadRemoteKey's errors, naming the option.
+Status LoadClusterSecret(const DaemonConfig& config, RemoteTierOptions& options);
+
 // Null when remote.nodes is empty (no remote tier). InvalidArgument naming
 // a bad node address, IoError for an unreadable password file,
-// PermissionDenied when a node refuses the password (or wants one). A
+// PermissionDenied when a node refuses the password (or wants one),
+// LoadClusterSecret's errors for remote.key_file. A
 // cluster that does not answer yet is not an error: the tier starts
 // unavailable, logged, and keeps trying.
 Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config);

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   ccache  # every build compiles through it (CMakeLists.txt); a fresh clone reuses ~/.cache/ccache
   liburing-dev librocksdb-dev libxxhash-dev xxhash libasio-dev
+  libssl-dev  # libcrypto's HMAC-SHA256 authenticates remote-tier values
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libcli11-dev libspdlog-dev

@@ -54,6 +54,7 @@ Result<std::unique_ptr<RemoteTier>> OpenBenchTier(const std::vector<std::string>
                                                   uint64_t block_bytes) {
   RemoteTierOptions options;
   options.cluster.seeds = seeds;
+  options.cluster_secret = std::string(kClusterSecretBytes, 'b');  // values are MACed as kvtierd's are
   options.threads = o.clients;
   options.staging_bytes = uint64_t{o.clients} * (block_bytes + 4096) * 2;
   options.timeout = std::chrono::seconds(30);

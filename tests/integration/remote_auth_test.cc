@@ -44,6 +44,7 @@ class PasswordRedis : public ::testing::Test {
   }
   RemoteTierOptions Options(const std::string& password) const {
     RemoteTierOptions o;
+    o.cluster_secret = std::string(kClusterSecretBytes, 'a');
     o.cluster.seeds = {"127.0.0.1:" + port_};
     o.cluster.password = password;
     o.timeout = std::chrono::milliseconds(2000);

@@ -21,10 +21,17 @@ using namespace std::chrono_literals;
 
 constexpr size_t kBlockBytes = 64 << 10;  // TestNamespace()'s whole block
 
-std::string RemoteToml(const std::string& nodes) {
+// The cluster secret file every daemon of a test shares (the first to
+// start creates it), as every node of a deployment has the same copy.
+std::string KeyFile() {
+  static const std::string dir = MakeTempDir();
+  return dir + "/remote.key";
+}
+
+std::string RemoteToml(const std::string& nodes, const std::string& key_file = KeyFile()) {
   return "[host]\ncapacity_bytes = \"8MiB\"\nlock_memory = \"off\"\n"
          "[remote]\nnodes = \"" + nodes + "\"\nadmission = \"all\"\nretry_ms = 200\nprobe_timeout_ms = 500\n"
-         "[metrics]\nenabled = false\n";
+         "key_file = \"" + key_file + "\"\n[metrics]\nenabled = false\n";
 }
 
 std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {

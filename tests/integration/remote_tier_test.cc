@@ -2,7 +2,8 @@
 // Cluster on loopback (3 masters, 3 replicas: tests/testing/redis_cluster.h):
 // put/get, blocks another node wrote found by probing, values that are
 // gone, foreign or corrupt read as misses, a slot moved during the test
-// (MOVED and ASK), a master killed (failover with only misses between),
+// (MOVED and ASK), values forged by a party with write access (valid
+// checksums, no cluster secret) read as counted misses, a master killed (failover with only misses between),
 // and the whole cluster down (the tier says unavailable, fast).
 #include <gtest/gtest.h>
 
@@ -15,6 +16,8 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
+#include "common/checksum.h"
+#include "common/little_endian.h"
 #include "tiers/remote/hash_slot.h"
 #include "tiers/remote/remote_tier.h"
 #include "tiers/remote/remote_value.h"
@@ -28,8 +31,12 @@ const NamespaceFingerprint kNs{0x5eed, 0xcafe};
 constexpr uint32_t kLayers = 4;
 constexpr size_t kBlockBytes = 64 << 10;
 
+// Every tier of these tests is a node of one cluster: the same secret.
+const std::string kClusterSecret(kClusterSecretBytes, 'c');
+
 RemoteTierOptions TierOptions(const RedisCluster& cluster) {
   RemoteTierOptions o;
+  o.cluster_secret = kClusterSecret;
   o.cluster.seeds = {cluster.Seeds().front()};  // the rest are learned
   o.timeout = 2000ms;
   o.probe_timeout = 500ms;
@@ -155,7 +162,10 @@ TEST_F(RemoteTierCluster, GoneForeignAndCorruptValuesAreMissesNeverBytes) {
   // keys[0]'s name now holds... nothing; keys[1]'s holds a valid value of
   // another key (what a stale or colliding name would show); keys[2]'s
   // holds bytes of the right length that are not a value.
-  std::string other = EncodeRemoteValue(RemoteBlock{kNs, BlockKey{7, 7}, kLayers, 0}, Block(BlockKey{7, 7}, kBlockBytes));
+  auto mac = ValueMac::Create(kClusterSecret);
+  ASSERT_TRUE(mac.ok());
+  std::string other =
+      EncodeRemoteValue(**mac, RemoteBlock{kNs, BlockKey{7, 7}, kLayers, 0}, Block(BlockKey{7, 7}, kBlockBytes));
   const std::string dir = MakeTempDir();
   {
     std::ofstream(dir + "/foreign", std::ios::binary) << other;
@@ -183,6 +193,78 @@ TEST_F(RemoteTierCluster, GoneForeignAndCorruptValuesAreMissesNeverBytes) {
   auto fresh = OpenTier(TierOptions(*cluster_));
   fresh->Probe(kNs, keys);
   for (const BlockKey& key : keys) EXPECT_FALSE(fresh->Find(key).has_value());
+}
+
+// The attack the value MAC is for: a party that can write to the cluster
+// (another node, anyone with its password) but holds no cluster secret
+// replaces each value with its own payload under the same header, and
+// recomputes every checksum the format has (the payload's xxh3, the
+// header's). A second node finds them by probing (the header is all a
+// probe sees) and reads each as a miss, counted, never served.
+TEST_F(RemoteTierCluster, ValuesForgedWithValidChecksumsAreCountedMissesNeverBytes) {
+  auto writer = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(writer, nullptr);
+  const auto keys = Keys(8, 4);
+  WriteAll(*writer, keys);
+  auto mac = ValueMac::Create(kClusterSecret);
+  ASSERT_TRUE(mac.ok());
+  const std::string dir = MakeTempDir();
+  for (const BlockKey& key : keys) {
+    // What GET returns the attacker: the value as the writer stored it.
+    std::string value = EncodeRemoteValue(**mac, RemoteBlock{kNs, key, kLayers, 0}, Block(key, kBlockBytes));
+    auto* h = reinterpret_cast<std::byte*>(value.data());
+    const auto evil = Block(BlockKey{0xbad, key.lo}, kBlockBytes);
+    std::memcpy(h + kRemoteHeaderBytes, evil.data(), evil.size());
+    StoreLe64(h + 56, BlockChecksum(evil));
+    StoreLe64(h + 96, BlockChecksum(std::span<const std::byte>(h, 96)));
+    ASSERT_TRUE(DecodeRemoteHeader(std::as_bytes(std::span(value)), kNs, key).ok()) << "a well-formed forgery";
+    const std::string name = RemoteKeyName(kNs, key);
+    std::ofstream(dir + "/forged", std::ios::binary | std::ios::trunc) << value;
+    const CommandResult r = RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " +
+                                                             std::to_string(cluster_->MasterOf(HashSlot(name))) +
+                                                             " -x SET " + name + " < " + dir + "/forged"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  RemoveTree(dir);
+  auto reader = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(reader, nullptr);
+  reader->Probe(kNs, keys);
+  std::vector<std::byte> dst(kBlockBytes);
+  for (BlockTier* tier : {static_cast<BlockTier*>(reader.get()), static_cast<BlockTier*>(writer.get())}) {
+    for (const BlockKey& key : keys) {
+      ASSERT_TRUE(tier->Find(key).has_value()) << "the forged header passes a probe; the read must catch it";
+      std::fill(dst.begin(), dst.end(), std::byte{0});
+      auto got = ReadSync(*tier, key, 0, kLayers, dst);
+      ASSERT_FALSE(got.ok()) << key.ToHex() << ": a forged value was served";
+      EXPECT_EQ(got.status().code(), StatusCode::kCorruption) << "a miss to the engine: " << got.status().ToString();
+      EXPECT_FALSE(tier->Find(key).has_value()) << "a value that does not authenticate is forgotten";
+    }
+    EXPECT_EQ(Counter(*tier, "remote.auth_failures"), static_cast<int64_t>(keys.size()));
+    EXPECT_EQ(Counter(*tier, "remote.reads"), 0);
+  }
+  // A layer range is verified whole too.
+  auto third = OpenTier(TierOptions(*cluster_));
+  third->Probe(kNs, keys);
+  std::vector<std::byte> two(kBlockBytes / 2);
+  EXPECT_FALSE(ReadSync(*third, keys[0], 1, 3, two).ok());
+  EXPECT_EQ(Counter(*third, "remote.auth_failures"), 1);
+}
+
+// A node with another cluster secret (a misconfigured copy of the key
+// file) reads its peers' values as misses, counted: never as bytes.
+TEST_F(RemoteTierCluster, ANodeWithAnotherSecretMissesItsPeersValues) {
+  auto writer = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(writer, nullptr);
+  const auto keys = Keys(4, 5);
+  WriteAll(*writer, keys);
+  RemoteTierOptions options = TierOptions(*cluster_);
+  options.cluster_secret = std::string(kClusterSecretBytes, 'x');
+  auto stranger = OpenTier(options);
+  ASSERT_NE(stranger, nullptr);
+  stranger->Probe(kNs, keys);
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : keys) EXPECT_FALSE(ReadSync(*stranger, key, 0, kLayers, dst).ok());
+  EXPECT_EQ(Counter(*stranger, "remote.auth_failures"), static_cast<int64_t>(keys.size()));
 }
 
 TEST_F(RemoteTierCluster, ASlotMovedDuringTheTestIsFollowedByRedirects) {
@@ -309,6 +391,7 @@ TEST_F(RemoteTierCluster, TheWholeClusterDownMakesTheTierUnavailableAndFast) {
 
 TEST(RemoteTierOpen, ANodeThatDoesNotAnswerStartsTheTierUnavailable) {
   RemoteTierOptions o;
+  o.cluster_secret = kClusterSecret;
   o.cluster.seeds = {"127.0.0.1:" + std::to_string(FreeLoopbackPort())};
   o.timeout = 500ms;
   auto tier = RemoteTier::Open(o);

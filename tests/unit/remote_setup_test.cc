@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sys/stat.h>
 
 #include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"
@@ -87,10 +88,28 @@ TEST(RemoteSetup, BadValuesAreRefusedNamingTheKey) {
     EXPECT_NE(config.status().message().find("remote."), std::string::npos) << config.status().message();
   }
   // A node list that is not host:port is refused when the tier opens.
-  auto tier = OpenRemoteTier(Parse("[remote]\nnodes = \"redis-without-port\"\n"));
+  const std::string dir = testing::MakeTempDir();
+  auto tier = OpenRemoteTier(
+      Parse("[remote]\nnodes = \"redis-without-port\"\nkey_file = \"" + dir + "/remote.key\"\n"));
   ASSERT_FALSE(tier.ok());
   EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(tier.status().message().find("redis-without-port"), std::string::npos) << tier.status().message();
+  testing::RemoveTree(dir);
+}
+
+TEST(RemoteSetup, TheClusterSecretComesFromRemoteKeyFile) {
+  EXPECT_EQ(Parse("").remote_key_file, "/var/lib/kvtier/remote.key") << "beside the other state by default";
+  const std::string dir = testing::MakeTempDir();
+  RemoteTierOptions options;
+  ASSERT_TRUE(LoadClusterSecret(Parse("[remote]\nkey_file = \"" + dir + "/k\"\n"), options).ok());
+  EXPECT_EQ(options.cluster_secret.size(), 32u);
+  // A bad file stops the tier, naming the option.
+  std::ofstream(dir + "/short") << "too short";
+  ::chmod((dir + "/short").c_str(), 0600);
+  Status bad = LoadClusterSecret(Parse("[remote]\nkey_file = \"" + dir + "/short\"\n"), options);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("remote.key_file"), std::string::npos) << bad.message();
+  testing::RemoveTree(dir);
 }
 
 }  // namespace

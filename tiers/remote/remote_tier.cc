@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "common/checksum.h"
 #include "tiers/remote/remote_value.h"
 
@@ -20,9 +22,11 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   if (options.threads == 0) return InvalidArgument("remote tier: threads must be at least 1");
   if (options.staging_bytes == 0) return InvalidArgument("remote tier: staging_bytes must be positive");
   if (options.directory_entries == 0) return InvalidArgument("remote tier: directory_entries must be positive");
+  auto mac = ValueMac::Create(options.cluster_secret);
+  if (!mac.ok()) return Status(mac.status().code(), "remote tier: " + mac.status().message());
   auto client = ClusterClient::Create(options.cluster);
   if (!client.ok()) return client.status();
-  std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client)));
+  std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client), std::move(*mac)));
   Status first = tier->client_->Refresh(tier->DeadlineIn(options.timeout));
   // A refused password is a configuration error, not an outage.
   if (first.code() == StatusCode::kPermissionDenied) return first;
@@ -30,8 +34,9 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   return tier;
 }
 
-RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client)
-    : options_(options), client_(std::move(client)), workers_(options.threads) {}
+RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client,
+                       std::unique_ptr<ValueMac> mac)
+    : options_(options), client_(std::move(client)), mac_(std::move(mac)), workers_(options.threads) {}
 
 RemoteTier::~RemoteTier() = default;
 
@@ -100,8 +105,19 @@ void RemoteTier::Drop(const BlockKey& key, const Status& why) {
   switch (why.code()) {
     case StatusCode::kNotFound: lost_.fetch_add(1, std::memory_order_relaxed); break;
     case StatusCode::kFailedPrecondition: foreign_.fetch_add(1, std::memory_order_relaxed); break;
+    case StatusCode::kPermissionDenied: CountAuthFailure(key, why); break;
     default: corrupt_.fetch_add(1, std::memory_order_relaxed); break;
   }
+}
+
+void RemoteTier::CountAuthFailure(const BlockKey& key, const Status& why) {
+  auth_failures_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  if (!auth_log_limiter_.Allow(suppressed)) return;
+  spdlog::warn("remote tier: block {}: {} (a miss; written by a node with another remote.key_file, by an older "
+               "kvtierd, or forged){}",
+               key.ToHex(), why.message(),
+               suppressed == 0 ? std::string() : "; " + std::to_string(suppressed) + " such lines suppressed");
 }
 
 uint64_t RemoteTier::used_bytes() const {
@@ -138,7 +154,7 @@ void RemoteTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey>
   std::vector<std::string> names;
   names.reserve(asked.size());
   for (const BlockKey& key : asked) names.push_back(RemoteKeyName(ns, key));
-  static constexpr std::string_view kLastHeaderByte = "71";  // GETRANGE's end is inclusive
+  static const std::string kLastHeaderByte = std::to_string(kRemoteHeaderBytes - 1);  // GETRANGE's end is inclusive
   const RedisDeadline deadline = DeadlineIn(options_.probe_timeout);
   auto results = client_->RunPipelined(
       names,
@@ -158,8 +174,12 @@ void RemoteTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey>
     if (reply.type != RespReply::Type::kBulk || reply.text.empty()) continue;  // not there
     auto header = DecodeRemoteHeader(std::as_bytes(std::span(reply.text)), ns, asked[i]);
     if (!header.ok()) {
-      (header.status().code() == StatusCode::kFailedPrecondition ? foreign_ : corrupt_)
-          .fetch_add(1, std::memory_order_relaxed);
+      if (header.status().code() == StatusCode::kPermissionDenied) {
+        CountAuthFailure(asked[i], header.status());
+      } else {
+        (header.status().code() == StatusCode::kFailedPrecondition ? foreign_ : corrupt_)
+            .fetch_add(1, std::memory_order_relaxed);
+      }
       continue;
     }
     probe_hits_.fetch_add(1, std::memory_order_relaxed);
@@ -208,7 +228,9 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
     staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
     return Corruption("remote tier: block " + key.ToHex() + " does not match its checksum");
   }
-  EncodeRemoteHeader(RemoteBlock{ns, key, layer_count, checksum}, payload.size(),
+  // The MAC right after the copy, over the staged payload (no second copy).
+  EncodeRemoteHeader(*mac_, RemoteBlock{ns, key, layer_count, checksum},
+                     std::span<const std::byte>(value.bytes.get() + kRemoteHeaderBytes, payload.size()),
                      std::span<std::byte, kRemoteHeaderBytes>(value.bytes.get(), kRemoteHeaderBytes));
   auto job = std::make_shared<Staged>(std::move(value));
   const BlockInfo info{ns, payload.size(), layer_count, checksum};
@@ -357,11 +379,13 @@ Result<size_t> RemoteTier::RunRead(const BlockKey& key, const BlockInfo& info, u
     miss = h.status();
   } else if (h->payload_bytes != info.payload_bytes || h->layer_count != info.layer_count) {
     miss = Corruption("remote value of block " + key.ToHex() + " changed shape");
-  } else if (BlockChecksum(payload) != h->payload_checksum) {
-    miss = Corruption("remote value of block " + key.ToHex() + " fails its checksum");
+  } else if (Status verified = VerifyRemotePayload(*mac_, header, payload); !verified.ok()) {
+    miss = Status(verified.code(), "remote value of block " + key.ToHex() + ": " + verified.message());
   }
   if (!miss.ok()) {
     Drop(key, miss);
+    // To the engine a value that does not authenticate is a corrupt one: a miss.
+    if (miss.code() == StatusCode::kPermissionDenied) return Corruption(miss.message());
     return miss;
   }
   if (!whole) {
@@ -420,6 +444,7 @@ void RemoteTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("remote.lost", n(lost_));
   v.Visit("remote.corrupt", n(corrupt_));
   v.Visit("remote.foreign", n(foreign_));
+  v.Visit("remote.auth_failures", n(auth_failures_));
   v.Visit("remote.probes", n(probes_));
   v.Visit("remote.probe_keys", n(probe_keys_));
   v.Visit("remote.probe_hits", n(probe_hits_));

@@ -18,6 +18,15 @@
 // verifies both; a layer-range Read reads the value into scratch memory
 // (to verify it whole) and copies the range out.
 //
+// Authentication: every value carries a MAC (Poly1305 under a per-value
+// key derived from the cluster secret; value_mac.h) under the cluster
+// secret (`cluster_secret`, the same on every node; remote_value.h). Write
+// computes it right after the staging copy, over the staged bytes; Read
+// checks it over the bytes received before anything is served. A value
+// that does not authenticate (a forgery, an old-format value, another
+// cluster secret) is a miss like a corrupt one, counted in
+// `remote.auth_failures` and logged (rate-limited).
+//
 // Availability: each command has a deadline (`timeout`; `probe_timeout`
 // for Probe). Errors map to Unavailable (no node reachable, cluster down)
 // and TimedOut (deadline). While the cluster cannot be reached the tier
@@ -43,9 +52,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/log_rate_limiter.h"
 #include "common/worker_pool.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/remote_value.h"
+#include "tiers/remote/value_mac.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -61,6 +72,7 @@ struct RemoteTierOptions {
   size_t directory_entries = size_t{1} << 20;    // blocks known without asking
   uint64_t max_value_bytes = uint64_t{512} << 20;  // Redis' proto-max-bulk-len
   uint32_t ttl_seconds = 0;                      // EX on each value; 0: none (the store's eviction decides)
+  std::string cluster_secret;  // kClusterSecretBytes shared by every node (daemon/remote_key_file.h); required
 };
 
 class RemoteTier final : public BlockTier {
@@ -68,7 +80,8 @@ class RemoteTier final : public BlockTier {
   // Checks the options and reads the slot map once. A cluster that does
   // not answer is not an error: the tier starts unavailable (logged by the
   // caller from `available()`) and tries again later. A node that refuses
-  // the password (or wants one) is PermissionDenied.
+  // the password (or wants one) is PermissionDenied; a cluster secret of
+  // the wrong size InvalidArgument.
   static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options);
   ~RemoteTier() override;  // finishes queued work, then joins
 
@@ -95,7 +108,7 @@ class RemoteTier final : public BlockTier {
   bool available() const { return available_.load(std::memory_order_relaxed); }
 
  private:
-  explicit RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client);
+  RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client, std::unique_ptr<ValueMac> mac);
 
   struct Known {
     BlockInfo info;
@@ -124,11 +137,15 @@ class RemoteTier final : public BlockTier {
   void RunWrite(const BlockKey& key, const BlockInfo& info, Staged value, const WriteDone& done);
   Result<size_t> RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer, uint32_t last_layer,
                          std::span<std::byte> dst);
-  // A value that failed to verify or is gone: forget it, count `why`.
+  // A value that failed to verify or is gone: forget it, count `why`
+  // (PermissionDenied: it did not authenticate, also logged).
   void Drop(const BlockKey& key, const Status& why);
+  void CountAuthFailure(const BlockKey& key, const Status& why);
 
   const RemoteTierOptions options_;
   std::unique_ptr<ClusterClient> client_;
+  std::unique_ptr<ValueMac> mac_;
+  LogRateLimiter auth_log_limiter_{5, std::chrono::seconds(10)};
 
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, Known> known_;  // guarded by mu_
@@ -146,7 +163,7 @@ class RemoteTier final : public BlockTier {
 
   std::atomic<int64_t> writes_{0}, write_bytes_{0}, write_failures_{0}, writes_refused_busy_{0};
   std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_failures_{0};
-  std::atomic<int64_t> lost_{0}, corrupt_{0}, foreign_{0};
+  std::atomic<int64_t> lost_{0}, corrupt_{0}, foreign_{0}, auth_failures_{0};
   std::atomic<int64_t> probes_{0}, probe_keys_{0}, probe_hits_{0}, probe_failures_{0};
   std::atomic<int64_t> erases_{0}, unavailable_{0}, timeouts_{0};
   std::atomic<uint64_t> device_bytes_{0};
