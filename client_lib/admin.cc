@@ -1,5 +1,8 @@
 // The operations calls of Client (include/kvtier/client.h): what the
 // `kvtier` admin commands ask the daemon. Each is one round trip.
+#include <iterator>
+#include <string>
+
 #include "client_lib/connection.h"
 #include "kvtier/client.h"
 #include "proto/wire.h"
@@ -23,10 +26,22 @@ std::vector<NamespaceInfo> FromProto(const google::protobuf::RepeatedPtrField<v1
 
 }  // namespace
 
+// Page by page (the daemon bounds each response), so any number of
+// namespaces lists; stops with ProtocolError if the daemon's tokens never
+// end.
 Result<std::vector<NamespaceInfo>> Client::ListNamespaces() {
-  auto r = Current()->CallSync(wire::MakeListNamespaces());
-  if (!r.ok()) return r.status();
-  return FromProto(r->list_namespaces().namespaces());
+  constexpr size_t kMaxPages = size_t{1} << 20;
+  std::vector<NamespaceInfo> out;
+  std::string token;
+  for (size_t page = 0; page < kMaxPages; ++page) {
+    auto r = Current()->CallSync(wire::MakeListNamespaces(token));
+    if (!r.ok()) return r.status();
+    std::vector<NamespaceInfo> got = FromProto(r->list_namespaces().namespaces());
+    out.insert(out.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
+    token = r->list_namespaces().next_page_token();
+    if (token.empty()) return out;
+  }
+  return ProtocolError("the namespace listing did not end after " + std::to_string(kMaxPages) + " pages");
 }
 
 Result<std::vector<NamespaceInfo>> Client::DropNamespaces(std::span<const NamespaceFingerprint> fingerprints,

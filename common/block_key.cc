@@ -13,9 +13,11 @@
 
 #include <cstddef>
 #include <limits>
+#include <utility>
 #include <string_view>
 
 #include "common/check.h"
+#include "common/utf8.h"
 
 namespace kvtier {
 namespace {
@@ -144,10 +146,37 @@ Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
 // ---------------------------------------------------------------------------
 // NamespaceDescriptor
 
+namespace {
+
+// InvalidArgument naming `field` when `value` is over `max_bytes` or not
+// valid UTF-8: refused, never cut.
+Status CheckDescriptorString(std::string_view field, const std::string& value, size_t max_bytes) {
+  if (value.size() > max_bytes) {
+    return InvalidArgument(std::string(field) + " is " + std::to_string(value.size()) + " bytes, over the limit of " +
+                           std::to_string(max_bytes) + " bytes");
+  }
+  if (!IsValidUtf8(value)) return InvalidArgument(std::string(field) + " is not valid UTF-8");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status NamespaceDescriptor::Validate() const {
   // Checked in declaration order so that the message names the first bad
   // field; tp_size (pp_size) is checked before tp_rank (pp_rank) because
   // "tp_rank < tp_size" is meaningless when tp_size is 0.
+  const std::pair<std::string_view, std::pair<const std::string*, size_t>> strings[] = {
+      {"model_id", {&model_id, kMaxDescriptorIdBytes}},
+      {"model_revision", {&model_revision, kMaxDescriptorRevisionBytes}},
+      {"adapter_id", {&adapter_id, kMaxDescriptorIdBytes}},
+      {"adapter_revision", {&adapter_revision, kMaxDescriptorRevisionBytes}},
+      {"kv_dtype", {&kv_dtype, kMaxDescriptorFormatBytes}},
+      {"kv_layout", {&kv_layout, kMaxDescriptorFormatBytes}},
+  };
+  for (const auto& [field, value] : strings) {
+    Status s = CheckDescriptorString(field, *value.first, value.second);
+    if (!s.ok()) return s;
+  }
   if (model_id.empty()) return InvalidArgument("model_id must not be empty");
   if (model_revision.empty()) {
     return InvalidArgument("model_revision must not be empty");

@@ -7,8 +7,9 @@
 // Kinds: Visit reports a counter (a count of events since start; only
 // grows), VisitGauge a level that goes up and down (bytes in use, blocks
 // held), VisitHistogram a distribution (latency). A name may end in
-// Prometheus-style labels, `tier.hits{tier="nvme"}`: label values are plain
-// (no quotes, backslashes or newlines inside). Visitors that only want
+// Prometheus-style labels, `tier.hits{tier="nvme"}`: label values are valid
+// UTF-8, escaped as the Prometheus text format requires (a value from a
+// client goes through PrometheusLabelValue, common/utf8.h). Visitors that only want
 // numbers (the Stats request) keep every kind through Visit.
 #pragma once
 

@@ -114,6 +114,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
 void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
   std::lock_guard lock(namespaces_mu_);
   namespaces_[ns] = layout;
+  kept_namespaces_.insert(ns);
 }
 
 size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey>{}(key) % shards_.size(); }
@@ -697,6 +698,7 @@ void Engine::CloseConnection(ConnectionId connection) {
     }
     for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(Unpin(shard, host_, record, now));
   }
+  if (ReleaseNamespaces(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }
 

@@ -214,8 +214,24 @@ class Engine {
   // layers addressable (a block of another size is stored as one layer).
   void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout);
   // The same, remembering what `ns` is (for `kvtier ls` and dropping a
-  // model revision); a client's Hello calls this one.
+  // model revision). Kept until the engine ends.
   void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor);
+  // What a client's Hello calls: registers `namespaces[i]` as
+  // `descriptors[i]` and marks them used by `connection` until
+  // CloseConnection. A namespace no connection uses and no tier holds a
+  // block of is forgotten (its layout and descriptor dropped) by
+  // ForgetUnusedNamespaces; one registered by RegisterNamespace never is.
+  void UseNamespaces(ConnectionId connection, std::span<const NamespaceFingerprint> namespaces,
+                     std::span<const NamespaceDescriptor> descriptors);
+  // Forgets every namespace that no connection uses, that has no block in
+  // any tier (the NVMe index included: a namespace with blocks stays) and
+  // that RegisterNamespace did not keep. O(blocks of the host and above
+  // tiers + namespaces of NVMe). Returns how many were forgotten. Also run
+  // by CloseConnection once enough unused namespaces have built up.
+  size_t ForgetUnusedNamespaces();
+  // Registered namespaces (kept, or used by a connection, or unused with
+  // blocks), for tests and the namespace gauge.
+  size_t RegisteredNamespaces() const;
 
   // Namespaces and where their blocks are (engine_namespaces.cc): every
   // namespace with a block in some tier, plus those registered since
@@ -722,6 +738,21 @@ class Engine {
   mutable std::mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
   std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_;  // guarded by namespaces_mu_
+  // Reference tracking (engine_namespaces.cc), guarded by namespaces_mu_:
+  // the namespaces each connection's Hello registered, how many
+  // connections use each, those RegisterNamespace keeps for good, and
+  // those no connection uses any more (forgotten once they hold no block).
+  // After a sweep, unused_namespaces_ holds only namespaces with blocks;
+  // the next sweep runs when it doubles (plus kUnusedNamespacesSweep).
+  static constexpr size_t kUnusedNamespacesSweep = 64;
+  std::unordered_map<ConnectionId, std::vector<NamespaceFingerprint>> connection_namespaces_;
+  std::unordered_map<NamespaceFingerprint, uint32_t> namespace_users_;
+  std::unordered_set<NamespaceFingerprint> kept_namespaces_;
+  std::unordered_set<NamespaceFingerprint> unused_namespaces_;
+  size_t unused_after_sweep_ = 0;
+  // Ends `connection`'s use of its namespaces (CloseConnection); true when
+  // enough unused ones built up that a sweep is due.
+  bool ReleaseNamespaces(ConnectionId connection);
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
   std::mutex io_mu_;

@@ -5,6 +5,8 @@
 #include <map>
 
 #include "daemon/engine.h"
+#include "common/check.h"
+#include "common/utf8.h"
 #include "daemon/host_block_tier.h"
 
 namespace kvtier {
@@ -13,6 +15,69 @@ void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDe
   RegisterNamespace(ns, NamespaceLayout{descriptor.layer_count, descriptor.BlockBytes()});
   std::lock_guard lock(namespaces_mu_);
   descriptors_.insert_or_assign(ns, descriptor);
+}
+
+void Engine::UseNamespaces(ConnectionId connection, std::span<const NamespaceFingerprint> namespaces,
+                           std::span<const NamespaceDescriptor> descriptors) {
+  KVTIER_CHECK(namespaces.size() == descriptors.size(), "one descriptor per namespace");
+  std::lock_guard lock(namespaces_mu_);
+  auto& used = connection_namespaces_[connection];
+  for (size_t i = 0; i < namespaces.size(); ++i) {
+    const NamespaceFingerprint& ns = namespaces[i];
+    namespaces_[ns] = NamespaceLayout{descriptors[i].layer_count, descriptors[i].BlockBytes()};
+    descriptors_.insert_or_assign(ns, descriptors[i]);
+    if (std::find(used.begin(), used.end(), ns) != used.end()) continue;  // listed twice in one Hello: one use
+    used.push_back(ns);
+    ++namespace_users_[ns];
+    unused_namespaces_.erase(ns);
+  }
+}
+
+bool Engine::ReleaseNamespaces(ConnectionId connection) {
+  std::lock_guard lock(namespaces_mu_);
+  auto node = connection_namespaces_.extract(connection);
+  if (node.empty()) return false;
+  for (const NamespaceFingerprint& ns : node.mapped()) {
+    auto it = namespace_users_.find(ns);
+    if (it == namespace_users_.end() || --it->second > 0) continue;
+    namespace_users_.erase(it);
+    if (kept_namespaces_.count(ns) == 0) unused_namespaces_.insert(ns);
+  }
+  return unused_namespaces_.size() >= 2 * unused_after_sweep_ + kUnusedNamespacesSweep;
+}
+
+size_t Engine::ForgetUnusedNamespaces() {
+  {
+    std::lock_guard lock(namespaces_mu_);
+    if (unused_namespaces_.empty()) return 0;
+  }
+  // Which namespaces hold blocks, gathered without namespaces_mu_ (the
+  // tiers take their own locks). A namespace no connection uses gains no
+  // block meanwhile: nothing can commit into it.
+  std::unordered_set<NamespaceFingerprint> with_blocks;
+  for (const BlockTier* t : StackTop()) {
+    t->ForEachNamespaceBytes([&](const NamespaceFingerprint& ns, uint64_t) { with_blocks.insert(ns); });
+  }
+  std::lock_guard lock(namespaces_mu_);
+  size_t forgotten = 0;
+  for (auto it = unused_namespaces_.begin(); it != unused_namespaces_.end();) {
+    const NamespaceFingerprint ns = *it;
+    if (with_blocks.count(ns) != 0 || namespace_users_.count(ns) != 0 || kept_namespaces_.count(ns) != 0) {
+      ++it;
+      continue;
+    }
+    namespaces_.erase(ns);
+    descriptors_.erase(ns);
+    it = unused_namespaces_.erase(it);
+    ++forgotten;
+  }
+  unused_after_sweep_ = unused_namespaces_.size();
+  return forgotten;
+}
+
+size_t Engine::RegisteredNamespaces() const {
+  std::lock_guard lock(namespaces_mu_);
+  return descriptors_.size();
 }
 
 std::vector<const BlockTier*> Engine::StackTop() const {
@@ -59,15 +124,9 @@ std::vector<Engine::NamespaceUse> Engine::NamespaceUses() const {
 
 namespace {
 
-// A label value as the registry takes it (common/counters.h): characters
-// that would end or break the label become '_'.
-std::string PlainLabelValue(std::string_view text) {
-  std::string out(text.substr(0, 128));
-  for (char& c : out) {
-    if (c == '"' || c == '\\' || c == '{' || c == '}' || c == ',' || static_cast<unsigned char>(c) < 0x20) c = '_';
-  }
-  return out;
-}
+// A descriptor string as a label value: at most 128 bytes, cut on a
+// character boundary, escaped as the Prometheus text format requires.
+std::string PlainLabelValue(std::string_view text) { return PrometheusLabelValue(text, 128); }
 
 }  // namespace
 

@@ -3,13 +3,17 @@
 #include <algorithm>
 #include <future>
 
+#include "common/utf8.h"
 #include "daemon/tenant_scope.h"
 #include "proto/wire.h"
 
 namespace kvtier {
 namespace {
 
+// A connection registers namespaces in its Hello only, so this bounds both
+// one Hello and one connection (docs/RELIABILITY.md).
 constexpr int kMaxNamespacesPerConnection = 64;
+constexpr size_t kMaxClientNameBytes = 256;
 
 void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
 
@@ -65,7 +69,7 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       HandleUsageReport(request.usage());
       return {.no_response = true};
     case v1::Request::kStats: HandleStats(response); break;
-    case v1::Request::kListNamespaces: HandleListNamespaces(response); break;
+    case v1::Request::kListNamespaces: HandleListNamespaces(request.list_namespaces(), response); break;
     case v1::Request::kDrop: HandleDrop(request.drop(), response); break;
     case v1::Request::kConfig: HandleConfig(response); break;
     case v1::Request::kHealth: HandleHealth(response); break;
@@ -96,6 +100,12 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
                                         " namespaces per connection"));
     return {.close_after = true};
   }
+  if (hello.client_name().size() > kMaxClientNameBytes || !IsValidUtf8(hello.client_name())) {
+    SetStatus(response, InvalidArgument("client_name must be valid UTF-8 of at most " +
+                                        std::to_string(kMaxClientNameBytes) + " bytes (it is " +
+                                        std::to_string(hello.client_name().size()) + ")"));
+    return {.close_after = true};
+  }
   if (context_.engine == nullptr && hello.namespaces_size() > 0) {
     SetStatus(response, PermissionDenied("this caller is an operator of kvtierd but no tenant's: it can register "
                                          "no namespace (list its uid or group in a [[tenant]] table)"));
@@ -122,7 +132,9 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
     fingerprints.push_back(context_.scope != nullptr ? context_.scope->ScopeNamespace(plain) : plain);
     descriptors.push_back(std::move(d));
   }
-  for (size_t i = 0; i < fingerprints.size(); ++i) context_.engine->RegisterNamespace(fingerprints[i], descriptors[i]);
+  // Every namespace passed (a refused one leaves nothing behind); they stay
+  // registered while this connection or a block uses them.
+  if (!fingerprints.empty()) context_.engine->UseNamespaces(connection_, fingerprints, descriptors);
   namespaces_ = std::move(fingerprints);
   hello_done_ = true;
   auto* body = response.mutable_hello();

@@ -108,6 +108,9 @@ class RequestHandler {
   // What the connection holds (leases, reservations) against its limits.
   ConnectionUsage& usage() { return usage_; }
 
+  // The most namespaces one ListNamespaces page holds (and its default).
+  static constexpr uint32_t kMaxListPageNamespaces = 256;
+
   bool ServesPins() const { return refusal_.ok() && hello_done_ && context_.engine != nullptr; }
 
  private:
@@ -126,7 +129,9 @@ class RequestHandler {
   void HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response);
   void HandleStats(v1::Response& response);
   // Operations (request_handler_ops.cc).
-  void HandleListNamespaces(v1::Response& response);
+  // One page of the listing (proto ListNamespacesRequest); first forgets
+  // each engine's unused registrations (Engine::ForgetUnusedNamespaces).
+  void HandleListNamespaces(const v1::ListNamespacesRequest& r, v1::Response& response);
   void HandleDrop(const v1::DropRequest& r, v1::Response& response);
   void HandleConfig(v1::Response& response);
   void HandleHealth(v1::Response& response);

@@ -24,15 +24,57 @@ void ToProto(const Engine::NamespaceUse& use, v1::NamespaceUse* out) {
   }
 }
 
+// Where a listing page starts: after fingerprint `after` of tenant view
+// `view` (no `after`: at the view's start).
+struct ListPosition {
+  size_t view = 0;
+  std::optional<NamespaceFingerprint> after;
+};
+
+// "<view index>:<32 hex digits>" (HandleListNamespaces), or nullopt.
+std::optional<ListPosition> ParsePageToken(std::string_view token) {
+  const size_t colon = token.find(':');
+  if (colon == 0 || colon > 6 || colon == std::string_view::npos) return std::nullopt;
+  const std::string_view digits = token.substr(0, colon);
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  auto fingerprint = BlockKey::FromHex(token.substr(colon + 1));
+  if (!fingerprint.ok()) return std::nullopt;
+  return ListPosition{std::stoul(std::string(digits)), *fingerprint};
+}
+
 }  // namespace
 
-void RequestHandler::HandleListNamespaces(v1::Response& response) {
+// The listing's order is (tenant view index, fingerprint); a page token
+// is "<view index>:<32 hex digits of the last fingerprint listed>" and the
+// next page starts after it.
+void RequestHandler::HandleListNamespaces(const v1::ListNamespacesRequest& r, v1::Response& response) {
+  if (r.page_size() > kMaxListPageNamespaces) {
+    return SetStatus(response, InvalidArgument("page_size " + std::to_string(r.page_size()) + " is over the limit of " +
+                                               std::to_string(kMaxListPageNamespaces)));
+  }
+  const size_t page_size = r.page_size() == 0 ? kMaxListPageNamespaces : r.page_size();
+  ListPosition from;  // the first page: before everything
+  if (!r.page_token().empty()) {
+    std::optional<ListPosition> parsed = ParsePageToken(r.page_token());
+    if (!parsed) return SetStatus(response, InvalidArgument("page_token does not come from a listing of this kvtierd"));
+    from = *parsed;
+  }
   auto* body = response.mutable_list_namespaces();
-  for (const TenantView& view : AdminEngines()) {
+  const std::vector<TenantView> views = AdminEngines();
+  ListPosition last;
+  for (size_t v = from.view; v < views.size(); ++v) {
+    const TenantView& view = views[v];
+    view.engine->ForgetUnusedNamespaces();
     for (const Engine::NamespaceUse& use : view.engine->NamespaceUses()) {
+      if (v == from.view && from.after && !(*from.after < use.ns)) continue;
+      if (static_cast<size_t>(body->namespaces_size()) == page_size) {  // more to come: resume after `last`
+        body->set_next_page_token(std::to_string(last.view) + ":" + last.after->ToHex());
+        return SetStatus(response, Status::Ok());
+      }
       auto* out = body->add_namespaces();
       ToProto(use, out);
       out->set_tenant(view.name);
+      last = ListPosition{v, use.ns};
     }
   }
   SetStatus(response, Status::Ok());

@@ -241,9 +241,11 @@ v1::Request MakeStats() {
   return r;
 }
 
-v1::Request MakeListNamespaces() {
+v1::Request MakeListNamespaces(std::string_view page_token, uint32_t page_size) {
   v1::Request r;
-  r.mutable_list_namespaces();
+  auto* body = r.mutable_list_namespaces();
+  body->set_page_token(std::string(page_token));
+  body->set_page_size(page_size);
   return r;
 }
 

@@ -70,7 +70,9 @@ v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, doub
                             uint32_t layers, double recompute_us_per_layer);
 v1::Request MakeStats();
 // Operations: kvtier ls / drop / config get / health.
-v1::Request MakeListNamespaces();
+// One page of the namespace listing (empty token: the first; page_size 0:
+// the daemon's default).
+v1::Request MakeListNamespaces(std::string_view page_token = {}, uint32_t page_size = 0);
 v1::Request MakeDrop(std::span<const BlockKey> fingerprints, std::string_view model_id,
                      std::string_view model_revision);
 // Operator holds of `keys` of namespace `fingerprint` (kvtier pin / unpin).

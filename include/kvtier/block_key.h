@@ -59,7 +59,9 @@ struct NamespaceDescriptor {
   // block boundary. 1 to 64 bytes of [a-z0-9_].
   std::string object_kind = "kv";
 
-  // Ok, or InvalidArgument whose message starts with the first bad field.
+  // Ok, or InvalidArgument whose message starts with the first bad field:
+  // every string must be valid UTF-8 and within its byte limit below
+  // (kMaxDescriptorIdBytes ...), and the rules in the comments above hold.
   Status Validate() const;
   // Bytes of one whole block object payload: block_tokens * layer_count *
   // bytes_per_token_per_layer.
@@ -67,6 +69,12 @@ struct NamespaceDescriptor {
   // Bytes of one layer of one block: block_tokens * bytes_per_token_per_layer.
   uint64_t LayerBytes() const;
 };
+
+// Byte limits of NamespaceDescriptor's strings (Validate; kvtierd refuses a
+// Hello that passes one, docs/RELIABILITY.md).
+inline constexpr size_t kMaxDescriptorIdBytes = 512;        // model_id, adapter_id
+inline constexpr size_t kMaxDescriptorRevisionBytes = 256;  // model_revision, adapter_revision
+inline constexpr size_t kMaxDescriptorFormatBytes = 64;     // kv_dtype, kv_layout (object_kind: 64 too)
 
 // The canonical bytes hashed into the fingerprint (docs/KEYS.md).
 std::vector<uint8_t> CanonicalNamespaceBytes(const NamespaceDescriptor& ns);
