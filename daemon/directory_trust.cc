@@ -74,6 +74,9 @@ Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
     places.push_back({index, "nvme.index_path"});
   }
   if (!config.tenant_key_file.empty()) places.push_back({DirectoryOf(config.tenant_key_file), "server.tenant_key_file's directory"});
+  if (!config.remote_nodes.empty() && !config.remote_key_file.empty()) {
+    places.push_back({DirectoryOf(config.remote_key_file), "remote.key_file's directory"});
+  }
   for (const Place& p : places) {
     Status trusted = CheckTrustedDirectory(p.dir, p.what, self);
     if (!trusted.ok()) return trusted;

@@ -26,7 +26,8 @@ Status CheckTrustedDirectory(const std::string& dir, std::string_view what, uid_
 
 // CheckTrustedDirectory on the directory of every path the configuration
 // names: server.socket_path, nvme.path (unless a block device),
-// nvme.index_path (or its default), server.tenant_key_file. Ok at once when
+// nvme.index_path (or its default), server.tenant_key_file, remote.key_file
+// (with a remote tier). Ok at once when
 // config.trust_shared_directories is set.
 Status CheckStateDirectories(const DaemonConfig& config, uid_t self);
 
