@@ -73,11 +73,10 @@ struct HandlerContext {
 
 class RequestHandler {
  public:
-  // `context` is borrowed and must outlive the handler. A `refusal` (not
-  // ok: the caller is no tenant's) answers the first request with it and
-  // closes the connection.
-  RequestHandler(const HandlerContext& context, ConnectionId connection, Status refusal = Status::Ok())
-      : context_(context), connection_(connection), refusal_(std::move(refusal)),
+  // `context` is borrowed and must outlive the handler. (A caller that is
+  // no tenant's never gets a handler: the Server refuses it at accept.)
+  RequestHandler(const HandlerContext& context, ConnectionId connection)
+      : context_(context), connection_(connection),
         usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout) {}
 
   struct Outcome {
@@ -97,10 +96,6 @@ class RequestHandler {
   void HandlePinAsync(const v1::Request& request, std::function<void(v1::Response)> done);
 
   bool hello_done() const { return hello_done_; }
-  // Whether a Pin may go to HandlePinAsync: the caller was admitted, said
-  // Hello, and is a tenant's (an operator's connection has no engine). When
-  // not, the Pin goes to Handle, which answers why (and closes a refused
-  // connection).
   // Aborts this connection's reservations older than
   // limits.reservation_timeout at `now` (their keys are free again); returns
   // how many. When the next one expires: usage().NextExpiry().
@@ -108,7 +103,10 @@ class RequestHandler {
   // What the connection holds (leases, reservations) against its limits.
   ConnectionUsage& usage() { return usage_; }
 
-  bool ServesPins() const { return refusal_.ok() && hello_done_ && context_.engine != nullptr; }
+  // Whether a Pin may go to HandlePinAsync: the caller said Hello and is a
+  // tenant's (an operator's connection has no engine). When not, the Pin
+  // goes to Handle, which answers why.
+  bool ServesPins() const { return hello_done_ && context_.engine != nullptr; }
 
  private:
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
@@ -159,7 +157,6 @@ class RequestHandler {
 
   const HandlerContext& context_;
   const ConnectionId connection_;
-  const Status refusal_;
   bool hello_done_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
   ConnectionUsage usage_;

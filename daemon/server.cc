@@ -232,7 +232,13 @@ asio::awaitable<void> Server::AcceptLoop() {
       continue;
     }
     failures = 0;
-    auto [context, refusal] = ContextFor(socket.native_handle());
+    Result<const HandlerContext*> context = ContextFor(socket.native_handle());
+    if (!context.ok()) {  // no one's: answered and closed before it holds a slot
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      LogPeerTriggered("refused a connection: " + context.status().message());
+      Refuse(std::move(socket), context.status());
+      continue;
+    }
     std::shared_ptr<ServerConnection> connection;
     {
       std::lock_guard lock(mu_);
@@ -242,8 +248,7 @@ asio::awaitable<void> Server::AcceptLoop() {
         continue;
       }
       ConnectionId id = next_connection_++;
-      connection = std::make_shared<ServerConnection>(std::move(socket), id, *context, connection_counters_,
-                                                      std::move(refusal));
+      connection = std::make_shared<ServerConnection>(std::move(socket), id, **context, connection_counters_);
       connections_.emplace(id, connection);
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
@@ -271,35 +276,39 @@ asio::awaitable<void> Server::BackOffAfter(const asio::error_code& error, uint32
 
 void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket) {
   over_limit_.fetch_add(1, std::memory_order_relaxed);
+  LogPeerTriggered("refused a connection: server.max_connections (" +
+                   std::to_string(options_.limits.max_connections) + ") are open");
+  Refuse(std::move(socket), Busy("kvtierd serves server.max_connections (" +
+                                 std::to_string(options_.limits.max_connections) +
+                                 ") connections already; try again later"));
+}
+
+void Server::Refuse(asio::local::stream_protocol::socket socket, const Status& why) {
   v1::Response response;
-  wire::ToProto(Busy("kvtierd serves server.max_connections (" + std::to_string(options_.limits.max_connections) +
-                     ") connections already; try again later"),
-                response.mutable_status());
+  wire::ToProto(why, response.mutable_status());
   std::string frame(kFrameHeaderBytes + response.ByteSizeLong(), '\0');
   EncodeFrameHeader(static_cast<uint32_t>(frame.size() - kFrameHeaderBytes), reinterpret_cast<uint8_t*>(frame.data()));
   response.SerializeToArray(frame.data() + kFrameHeaderBytes, static_cast<int>(frame.size() - kFrameHeaderBytes));
   // Best effort, never blocking: a fresh socket's buffer takes a small frame.
   [[maybe_unused]] ssize_t sent = ::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  uint64_t suppressed = 0;
-  if (accept_log_limiter_.Allow(suppressed)) {
-    spdlog::warn("refused a connection: server.max_connections ({}) are open{}", options_.limits.max_connections,
-                 suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
-  }
   asio::error_code ignored;
   socket.close(ignored);
 }
 
-std::pair<const HandlerContext*, Status> Server::ContextFor(int fd) {
-  if (table_.empty()) return {tenant_contexts_[0].get(), Status::Ok()};
+void Server::LogPeerTriggered(const std::string& line) {
+  uint64_t suppressed = 0;
+  if (!accept_log_limiter_.Allow(suppressed)) return;
+  spdlog::warn("{}{}", line,
+               suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
+}
+
+Result<const HandlerContext*> Server::ContextFor(int fd) {
+  if (table_.empty()) return tenant_contexts_[0].get();
   Result<PeerCredentials> peer = ReadPeerCredentials(fd);
   Result<Caller> caller = peer.ok() ? table_.Resolve(*peer) : Result<Caller>(peer.status());
-  if (!caller.ok()) {
-    refused_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("refused a connection: {}", caller.status().message());
-    return {&operator_context_, caller.status()};
-  }
-  if (caller->tenant == Caller::kNoTenant) return {&operator_context_, Status::Ok()};
-  return {tenant_contexts_[caller->tenant].get(), Status::Ok()};
+  if (!caller.ok()) return caller.status();
+  if (caller->tenant == Caller::kNoTenant) return &operator_context_;
+  return tenant_contexts_[caller->tenant].get();
 }
 
 bool Server::IoThreadsAnswered() {

@@ -71,9 +71,10 @@ class Server {
                                                HostTier& host);
   // The same for a daemon with tenants: `table` maps each caller (its
   // SO_PEERCRED credentials, read at accept) to one of `tenants` (in the
-  // table's order) or to the operator's view; a caller it refuses gets
-  // that refusal as the answer to its first request, then the connection
-  // closes (server.connections_refused). An operator's connection may run
+  // table's order) or to the operator's view; a caller it refuses is
+  // answered with that refusal (PermissionDenied) in one frame and closed
+  // at accept, before it holds a connection slot
+  // (server.connections_refused). An operator's connection may run
   // admin requests only, over every tenant. With an empty table there must
   // be exactly one tenant, serving every caller the socket admits.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, std::vector<ServedTenant> tenants,
@@ -107,9 +108,14 @@ class Server {
   asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
   // Answers a connection past server.max_connections with Busy and closes it.
   void RefuseOverLimit(asio::local::stream_protocol::socket socket);
-  // The context a new connection on `fd` is served with, and a refusal
-  // (not ok) for a caller that is no one's.
-  std::pair<const HandlerContext*, Status> ContextFor(int fd);
+  // Sends `why` as one error frame (best effort: never blocks, a full
+  // buffer drops it) and closes `socket`.
+  void Refuse(asio::local::stream_protocol::socket socket, const Status& why);
+  // Logs a line a peer can trigger (a refusal), rate-limited.
+  void LogPeerTriggered(const std::string& line);
+  // The context a new connection on `fd` is served with; PermissionDenied
+  // (or IoError without peer credentials) for a caller that is no one's.
+  Result<const HandlerContext*> ContextFor(int fd);
   void Forget(ConnectionId id);
 
   const ServerOptions options_;

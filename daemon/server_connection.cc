@@ -17,12 +17,12 @@
 namespace kvtier {
 
 ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context,
-                                   ConnectionCounters& counters, Status refusal)
+                                   ConnectionCounters& counters)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
       counters_(counters),
-      handler_(context, id, std::move(refusal)),
+      handler_(context, id),
       reader_(context.max_frame_bytes, counters.frame_budget),
       watch_timer_(socket_.get_executor()),
       last_request_(std::chrono::steady_clock::now()) {}

@@ -45,10 +45,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = asio::local::stream_protocol::socket;
 
-  // `context`, `counters` are borrowed. A `refusal` (not ok) is the answer
-  // to the first request, then the connection closes (RequestHandler).
-  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters,
-                   Status refusal = Status::Ok());
+  // `context`, `counters` are borrowed.
+  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters);
 
   ConnectionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
