@@ -37,6 +37,8 @@ struct DaemonConfig {
   int64_t drain_timeout_ms = 0;
   int64_t spin_wait_us = 0;
   int64_t max_connections = 0;
+  int64_t reserved_connections_percent = 0;
+  int64_t first_request_timeout_ms = 0;
   int64_t max_leases_per_connection = 0;
   int64_t max_reserved_bytes_per_connection = 0;  // 0: AutoMaxReservedBytes
   int64_t reservation_timeout_s = 0;

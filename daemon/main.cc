@@ -226,6 +226,8 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
                                static_cast<uint32_t>(config.spin_wait_us), {}};
   server_options.limits = ConnectionLimits{
       .max_connections = static_cast<uint32_t>(config.max_connections),
+      .reserved_connections_percent = static_cast<uint32_t>(config.reserved_connections_percent),
+      .first_request_timeout = std::chrono::milliseconds(config.first_request_timeout_ms),
       .max_leases = static_cast<uint64_t>(config.max_leases_per_connection),
       .max_reserved_bytes = static_cast<uint64_t>(config.max_reserved_bytes_per_connection),
       .reservation_timeout = std::chrono::seconds(config.reservation_timeout_s),

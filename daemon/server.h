@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/connection_slots.h"
 #include "daemon/server_connection.h"
 #include "daemon/tenants.h"
 
@@ -43,7 +44,9 @@ struct ServerOptions {
   uint32_t drain_timeout_ms = 5000;
   uint32_t spin_wait_us = 50;  // see RunPolling in server.cc
   // Per-connection limits and timeouts; max_connections caps the open
-  // connections (one past it is answered Busy and closed at once).
+  // connections (one past it is answered Busy and closed at once), with
+  // tenants shared among them by reserved_connections_percent
+  // (ConnectionSlots: a tenant at its limit is refused, the others not).
   ConnectionLimits limits;
   DevicePoolOffer device_pool;
   // The running configuration as TOML, for `kvtier config get`; may be empty.
@@ -106,16 +109,27 @@ class Server {
   // descriptors (EMFILE, ENFILE) does not spin a core while connections
   // already open keep being served.
   asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
-  // Answers a connection past server.max_connections with Busy and closes it.
-  void RefuseOverLimit(asio::local::stream_protocol::socket socket);
+  // Who a new connection is: the context it is served with, and the party
+  // (ConnectionSlots) whose slot it takes: the tenant's index, the
+  // operator's tenants_.size(); 0 without tenants.
+  struct Admission {
+    const HandlerContext* context;
+    size_t party;
+  };
+  struct OpenConnection {
+    std::weak_ptr<ServerConnection> connection;
+    size_t party;
+  };
+  // Answers a connection `party` has no slot for with Busy and closes it.
+  void RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party);
   // Sends `why` as one error frame (best effort: never blocks, a full
   // buffer drops it) and closes `socket`.
   void Refuse(asio::local::stream_protocol::socket socket, const Status& why);
   // Logs a line a peer can trigger (a refusal), rate-limited.
   void LogPeerTriggered(const std::string& line);
-  // The context a new connection on `fd` is served with; PermissionDenied
-  // (or IoError without peer credentials) for a caller that is no one's.
-  Result<const HandlerContext*> ContextFor(int fd);
+  // Who the caller of a new connection on `fd` is; PermissionDenied (or
+  // IoError without peer credentials) for a caller that is no one's.
+  Result<Admission> ContextFor(int fd);
   void Forget(ConnectionId id);
 
   const ServerOptions options_;
@@ -136,7 +150,8 @@ class Server {
   size_t next_context_ = 0;  // only touched by the accept loop
 
   mutable std::mutex mu_;
-  std::unordered_map<ConnectionId, std::weak_ptr<ServerConnection>> connections_;  // guarded by mu_
+  std::unordered_map<ConnectionId, OpenConnection> connections_;  // guarded by mu_
+  ConnectionSlots slots_;                                           // guarded by mu_
   bool shutting_down_ = false;                                       // guarded by mu_
   bool waited_ = false;                                              // guarded by mu_
   ConnectionId next_connection_ = 1;                                       // guarded by mu_

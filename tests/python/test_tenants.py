@@ -317,6 +317,18 @@ def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(tenancy):
     assert all(("tenant", "alpha") in labels and ("model", "test/model") in labels for labels in alpha_ns)
 
 
+def test_a_tenant_at_its_limit_cannot_keep_another_from_connecting(make_daemon):
+    # 16 slots, half kept in parts of 2 for alpha, beta and the operator, 10 shared.
+    d = make_tenancy(make_daemon, server_extra="max_connections = 16\nfirst_request_timeout_ms = 60000\n")
+    alpha = Holder(d, ALPHA, 40)
+    b = client(d, BETA, "get")
+    assert "error" not in b, f"beta must connect while alpha holds all it may: {b}"
+    seen = alpha.seen()
+    assert seen.count("open") == 12, f"alpha holds its part and the shared slots: {seen}"
+    refused = [s for s in seen if s != "open"]
+    assert all("tenant alpha holds its part" in s for s in refused), refused
+
+
 def test_a_strangers_connections_are_refused_at_accept_and_take_no_slot(make_daemon):
     d = make_tenancy(make_daemon, server_extra="max_connections = 16\n")
     stranger = Holder(d, STRANGER, 40)  # more than all the slots, never sending a request
