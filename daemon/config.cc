@@ -456,6 +456,14 @@ std::string ConfigToml(const DaemonConfig& config) {
   return out + TenantsToml(config.tenants);
 }
 
+std::string TenantConfigToml(DaemonConfig config, std::string_view tenant) {
+  std::erase_if(config.tenants, [tenant](const TenantConfig& t) { return t.name != tenant; });
+  config.tenant_key_file.clear();
+  config.remote_password_file.clear();
+  return "# the running configuration as tenant " + std::string(tenant) +
+         " sees it: its own [[tenant]] table only; the secret files' paths are the operator's\n" + ConfigToml(config);
+}
+
 Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {
   DaemonConfig config;
   auto defaults = ParseToml(DefaultConfigToml(), "<embedded defaults>");

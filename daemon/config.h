@@ -148,6 +148,12 @@ std::string DefaultConfigToml();
 // get` shows of a running daemon.
 std::string ConfigToml(const DaemonConfig& config);
 
+// ConfigToml of `config` as tenant `tenant` may see it: its own [[tenant]]
+// table only (not the others' uids, gids, quotas and models), and the paths
+// of the secret files (server.tenant_key_file, remote.password_file)
+// blanked, under a comment saying so.
+std::string TenantConfigToml(DaemonConfig config, std::string_view tenant);
+
 // `text` as a TOML basic string: quoted, with quotes, backslashes and
 // control characters (DEL included) escaped, so any text reads back as it was.
 std::string TomlQuoted(std::string_view text);

@@ -66,8 +66,9 @@ struct HandlerContext {
   DevicePoolOffer device_pool;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
-  // The running configuration as TOML (`kvtier config get`); may be empty.
-  std::function<std::string()> running_config;
+  // The running configuration as TOML (`kvtier config get`) as the tenant
+  // named sees it (empty: all of it); may be empty.
+  std::function<std::string(const std::string& tenant)> running_config;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 

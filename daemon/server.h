@@ -49,8 +49,10 @@ struct ServerOptions {
   // (ConnectionSlots: a tenant at its limit is refused, the others not).
   ConnectionLimits limits;
   DevicePoolOffer device_pool;
-  // The running configuration as TOML, for `kvtier config get`; may be empty.
-  std::function<std::string()> running_config;
+  // The running configuration as TOML, for `kvtier config get`, as the
+  // tenant named sees it (empty: all of it, for the operator or a daemon
+  // without tenants); may be empty.
+  std::function<std::string(const std::string& tenant)> running_config;
   uint32_t socket_mode = 0660;  // permission bits of the socket file
   std::string socket_group;     // group name or numeric gid; empty: the daemon's egid
   // With tenants: the counters of the tiers they share, visited once by an

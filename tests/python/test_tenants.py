@@ -337,3 +337,16 @@ def test_a_strangers_connections_are_refused_at_accept_and_take_no_slot(make_dae
     seen = stranger.seen()
     assert all("no tenant" in s for s in seen), \
         f"each stranger's connection is answered PermissionDenied and closed at once: {seen}"
+
+
+def test_a_tenants_config_get_shows_its_own_tenant_only(tenancy):
+    d = tenancy
+    mine = cli(d, BETA, "config", "get")
+    assert mine.returncode == 0, mine.stderr
+    assert 'name = "beta"' in mine.stdout and f"uids = [{BETA}]" in mine.stdout, mine.stdout
+    assert '"alpha"' not in mine.stdout and str(ALPHA) not in mine.stdout, \
+        f"beta must not see alpha's table: {mine.stdout}"
+    assert ".tenant-key" not in mine.stdout, "the tenant key's path is the operator's"
+    everyone = cli(d, None, "config", "get")
+    assert everyone.returncode == 0, everyone.stderr
+    assert 'name = "alpha"' in everyone.stdout and 'name = "beta"' in everyone.stdout
