@@ -30,7 +30,8 @@ class ConnectionSlots {
 
   uint32_t open() const { return open_total_; }
   uint32_t open_of(size_t party) const { return open_[party]; }
-  // The slots kept for each party.
+  // The slots kept for each party (fixed at construction: safe to read
+  // without the Server's mutex).
   uint32_t part() const { return part_; }
 
  private:

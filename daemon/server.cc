@@ -247,14 +247,16 @@ asio::awaitable<void> Server::AcceptLoop() {
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
-      if (!slots_.TryTake(admission->party)) {
-        RefuseOverLimit(std::move(socket), admission->party);
-        continue;
+      if (slots_.TryTake(admission->party)) {
+        ConnectionId id = next_connection_++;
+        connection = std::make_shared<ServerConnection>(std::move(socket), id, *admission->context,
+                                                        connection_counters_);
+        connections_.emplace(id, OpenConnection{connection, admission->party});
       }
-      ConnectionId id = next_connection_++;
-      connection = std::make_shared<ServerConnection>(std::move(socket), id, *admission->context,
-                                                      connection_counters_);
-      connections_.emplace(id, OpenConnection{connection, admission->party});
+    }
+    if (connection == nullptr) {  // no slot for its caller: refused after the lock (a send and a close)
+      RefuseOverLimit(std::move(socket), admission->party);
+      continue;
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
     asio::co_spawn(connection->executor(),
