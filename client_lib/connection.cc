@@ -186,10 +186,15 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   hello->set_client_name(options.client_name);
   for (const auto& ns : options.namespaces) wire::ToProto(ns, hello->add_namespaces());
   Status s = WriteFrames({}, &request, deadline);
-  if (!s.ok()) return s;
-
   v1::Response response;
   HelloFds fds;
+  if (!s.ok()) {
+    // The daemon refuses a caller at accept (no tenant's, too many
+    // connections) with one frame and closes: that frame says why, better
+    // than the failed write does.
+    Status why = ReadHelloResponse(fd_, max_frame_bytes_, options, deadline, response, fds);
+    return why.ok() || why.code() == StatusCode::kUnavailable || why.code() == StatusCode::kTimedOut ? s : why;
+  }
   s = ReadHelloResponse(fd_, max_frame_bytes_, options, deadline, response, fds);
   if (!s.ok()) return s;
   const auto& body_hello = response.hello();

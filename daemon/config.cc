@@ -35,6 +35,15 @@ constexpr OptionSpec kOptions[] = {
     {"server.max_connections", OptionType::kInt, "4096", 1, 1000000, "", false,
      "Open client connections at most; one past it is answered Busy and closed at once.",
      &DaemonConfig::max_connections, nullptr},
+    {"server.reserved_connections_percent", OptionType::kInt, "50", 0, 100, "", false,
+     "With [[tenant]] tables: this % of server.max_connections is split equally among the tenants and the "
+     "operator, each part kept for its owner; the rest is shared, first come. A tenant past its part when no "
+     "shared slot is free is answered Busy; the others still connect.",
+     &DaemonConfig::reserved_connections_percent, nullptr},
+    {"server.first_request_timeout_ms", OptionType::kInt, "5000", 100, 600000, "", false,
+     "A connection that has sent no whole request this long after it was accepted is closed (clients send "
+     "Hello at once); separate from server.idle_timeout_s, which counts from the last request.",
+     &DaemonConfig::first_request_timeout_ms, nullptr},
     {"server.max_leases_per_connection", OptionType::kInt, "65536", 1, 100000000, "", false,
      "Blocks one connection may hold pinned (leases) at once; pins past it are refused Busy.",
      &DaemonConfig::max_leases_per_connection, nullptr},
@@ -454,6 +463,14 @@ std::string ConfigToml(const DaemonConfig& config) {
     out += std::string(spec.name.substr(dot + 1)) + " = " + TomlValue(spec, config) + "\n";
   }
   return out + TenantsToml(config.tenants);
+}
+
+std::string TenantConfigToml(DaemonConfig config, std::string_view tenant) {
+  std::erase_if(config.tenants, [tenant](const TenantConfig& t) { return t.name != tenant; });
+  config.tenant_key_file.clear();
+  config.remote_password_file.clear();
+  return "# the running configuration as tenant " + std::string(tenant) +
+         " sees it: its own [[tenant]] table only; the secret files' paths are the operator's\n" + ConfigToml(config);
 }
 
 Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {

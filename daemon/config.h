@@ -37,6 +37,8 @@ struct DaemonConfig {
   int64_t drain_timeout_ms = 0;
   int64_t spin_wait_us = 0;
   int64_t max_connections = 0;
+  int64_t reserved_connections_percent = 0;
+  int64_t first_request_timeout_ms = 0;
   int64_t max_leases_per_connection = 0;
   int64_t max_reserved_bytes_per_connection = 0;  // 0: AutoMaxReservedBytes
   int64_t reservation_timeout_s = 0;
@@ -147,6 +149,12 @@ std::string DefaultConfigToml();
 // which ParseConfig reads back to the same values: what `kvtier config
 // get` shows of a running daemon.
 std::string ConfigToml(const DaemonConfig& config);
+
+// ConfigToml of `config` as tenant `tenant` may see it: its own [[tenant]]
+// table only (not the others' uids, gids, quotas and models), and the paths
+// of the secret files (server.tenant_key_file, remote.password_file)
+// blanked, under a comment saying so.
+std::string TenantConfigToml(DaemonConfig config, std::string_view tenant);
 
 // `text` as a TOML basic string: quoted, with quotes, backslashes and
 // control characters (DEL included) escaped, so any text reads back as it was.

@@ -25,6 +25,12 @@ namespace kvtier {
 // The per-connection limits (server.* options). Defaults are kvtierd's.
 struct ConnectionLimits {
   uint32_t max_connections = 4096;
+  // With tenants: the % of max_connections split equally among the tenants
+  // and the operator, each part kept for its owner (ConnectionSlots).
+  uint32_t reserved_connections_percent = 50;
+  // A connection that has sent no whole request this long after accept is
+  // closed (separate from idle_timeout, which starts at the last request).
+  std::chrono::milliseconds first_request_timeout{5000};
   uint64_t max_leases = 65536;
   uint64_t max_reserved_bytes = 0;  // 0: AutoMaxReservedBytes of the (tenant's) arena
   std::chrono::seconds reservation_timeout{60};

@@ -119,19 +119,21 @@ void ApplyLogOptions(const DaemonConfig& config) {
 // threads, replaced after a SIGHUP reload.
 class RunningConfigText {
  public:
-  explicit RunningConfigText(std::string toml) : toml_(std::move(toml)) {}
-  void Set(std::string toml) {
+  explicit RunningConfigText(const DaemonConfig& config) : config_(config) {}
+  void Set(const DaemonConfig& config) {
     std::lock_guard lock(mu_);
-    toml_ = std::move(toml);
+    config_ = config;
   }
-  std::string Get() const {
+  // As TOML, all of it (`tenant` empty: the operator, or no tenants), or as
+  // tenant `tenant` may see it (TenantConfigToml).
+  std::string Get(const std::string& tenant) const {
     std::lock_guard lock(mu_);
-    return toml_;
+    return tenant.empty() ? ConfigToml(config_) : TenantConfigToml(config_, tenant);
   }
 
  private:
   mutable std::mutex mu_;
-  std::string toml_;
+  DaemonConfig config_;  // guarded by mu_
 };
 
 // SIGHUP: re-reads the config file into `running`, applying what may
@@ -172,7 +174,7 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
       ++applied;
     }
     ApplyLogOptions(running);
-    shown.Set(ConfigToml(running));
+    shown.Set(running);
     spdlog::info("SIGHUP: reloaded {}; {} option(s) applied", command_line.config_path, applied);
   }
   notifier.Notify("READY=1\nSTATUS=serving on " + running.socket_path).IgnoreError();  // best effort
@@ -205,7 +207,7 @@ void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, Da
 }
 
 int Serve(const CommandLine& command_line, DaemonConfig& config) {
-  const auto running_config = std::make_shared<RunningConfigText>(ConfigToml(config));
+  const auto running_config = std::make_shared<RunningConfigText>(config);
   // Block the signals in every thread; WaitForSignals takes them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -229,6 +231,8 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
                                static_cast<uint32_t>(config.spin_wait_us), {}};
   server_options.limits = ConnectionLimits{
       .max_connections = static_cast<uint32_t>(config.max_connections),
+      .reserved_connections_percent = static_cast<uint32_t>(config.reserved_connections_percent),
+      .first_request_timeout = std::chrono::milliseconds(config.first_request_timeout_ms),
       .max_leases = static_cast<uint64_t>(config.max_leases_per_connection),
       .max_reserved_bytes = static_cast<uint64_t>(config.max_reserved_bytes_per_connection),
       .reservation_timeout = std::chrono::seconds(config.reservation_timeout_s),
@@ -237,7 +241,9 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
       .partial_frame_bytes = static_cast<uint64_t>(config.partial_frame_bytes)};
   server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
   server_options.socket_group = config.socket_group;
-  server_options.running_config = [running = running_config] { return running->Get(); };
+  server_options.running_config = [running = running_config](const std::string& tenant) {
+    return running->Get(tenant);
+  };
   server_options.visit_shared_counters = [&engines = **engines](CounterVisitor& v) { engines.VisitSharedCounters(v); };
   auto server = Server::Start(server_options, (*engines)->Served(), TenantTable(config.tenants, ::geteuid()));
   if (!server.ok()) return StartFailure(config, server.status().ToString());

@@ -10,8 +10,9 @@
 #include <asio/streambuf.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <atomic>
 #include <chrono>
+#include <list>
+#include <memory>
 #include <thread>
 
 #include "common/logging.h"
@@ -21,7 +22,7 @@ namespace {
 
 constexpr size_t kMaxRequestHead = 8192;
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
-constexpr int kMaxConnections = 32;
+constexpr size_t kMaxConnections = 32;
 
 std::string Response(int code, std::string_view reason, std::string_view content_type, const std::string& body,
                      bool head_only, std::string_view extra_header = {}) {
@@ -38,9 +39,20 @@ std::string Response(int code, std::string_view reason, std::string_view content
 }  // namespace
 
 struct MetricsServer::State {
+  // One open connection. `idle` until its request head is read; `listed`
+  // while it is in `open` (CloseOldestIdle takes it out).
+  struct Open {
+    asio::ip::tcp::socket socket;
+    bool idle = true;
+    bool listed = true;
+  };
+  using OpenList = std::list<std::shared_ptr<Open>>;
+
   MetricsOptions options;
   Render render;
-  std::atomic<int> connections{0};  // before io: coroutines destroyed with io count down
+  // Every open connection, oldest first (only the io thread touches it).
+  // Declared before io: coroutines destroyed with io take themselves out.
+  OpenList open;
   uint16_t port = 0;
   asio::io_context io{1};
   asio::ip::tcp::acceptor acceptor{io};
@@ -72,11 +84,30 @@ struct MetricsServer::State {
     return Response(404, "Not Found", "text/plain", "no such page; try /metrics\n", head_only);
   }
 
-  asio::awaitable<void> Serve(asio::ip::tcp::socket socket) {
-    struct Count {
-      std::atomic<int>& n;
-      ~Count() { n.fetch_sub(1, std::memory_order_relaxed); }
-    } count{connections};
+  // Closes the oldest connection whose request head has not come yet;
+  // false when every open connection is being answered.
+  bool CloseOldestIdle() {
+    for (auto it = open.begin(); it != open.end(); ++it) {
+      if (!(*it)->idle) continue;
+      asio::error_code ignored;
+      (*it)->socket.close(ignored);  // its Serve sees the error and returns
+      (*it)->listed = false;
+      open.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  asio::awaitable<void> Serve(std::shared_ptr<Open> connection, OpenList::iterator at) {
+    struct Unlist {  // on every way out, coroutine destruction included
+      OpenList& open;
+      Open& connection;
+      OpenList::iterator at;
+      ~Unlist() {
+        if (connection.listed) open.erase(at);
+      }
+    } unlist{open, *connection, at};
+    asio::ip::tcp::socket& socket = connection->socket;
     asio::steady_timer deadline(io);
     deadline.expires_after(kRequestTimeout);
     deadline.async_wait([&socket](asio::error_code ec) {
@@ -85,6 +116,7 @@ struct MetricsServer::State {
     asio::streambuf buffer(kMaxRequestHead);
     asio::error_code ec;
     co_await asio::async_read_until(socket, buffer, "\r\n\r\n", asio::redirect_error(asio::use_awaitable, ec));
+    connection->idle = false;
     std::string reply;
     if (ec == asio::error::not_found) {
       reply = Response(431, "Request Header Fields Too Large", "text/plain", "request head over 8 KiB\n", false);
@@ -112,12 +144,13 @@ struct MetricsServer::State {
         co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
-      if (connections.fetch_add(1, std::memory_order_relaxed) >= kMaxConnections) {
-        connections.fetch_sub(1, std::memory_order_relaxed);
-        socket.close(ec);
+      if (open.size() >= kMaxConnections && !CloseOldestIdle()) {
+        socket.close(ec);  // every one of them is being answered: this one waits for nothing
         continue;
       }
-      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+      auto connection = std::make_shared<Open>(Open{std::move(socket)});
+      auto at = open.insert(open.end(), connection);
+      asio::co_spawn(io, Serve(connection, at), asio::detached);
     }
   }
 };

@@ -5,8 +5,10 @@
 //   GET /healthz  "ok" (the process answers; `kvtier health` asks more)
 // anything else 404, a method other than GET/HEAD 405, a request head over
 // 8 KiB 431, one not sent within 5 s is dropped. One request per
-// connection (Connection: close); at most 32 connections at once, more
-// are closed unanswered. Bound to an address (127.0.0.1 by default, so it
+// connection (Connection: close); at most 32 connections at once: a new
+// one past them closes the oldest that has not sent its request yet (so
+// idle connections cannot keep scrapes out), or itself when all 32 are
+// being answered. Bound to an address (127.0.0.1 by default, so it
 // is not exposed beyond the node unless configured).
 //
 // Thread-safety: one thread of its own runs every connection; `render` is

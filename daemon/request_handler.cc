@@ -21,10 +21,6 @@ void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, respo
 
 RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::Response& response) {
   response.set_id(request.id());
-  if (!refusal_.ok()) {
-    SetStatus(response, refusal_);
-    return {.close_after = true};
-  }
   if (request.body_case() == v1::Request::kHello) return HandleHello(request.hello(), response);
   if (request.body_case() == v1::Request::BODY_NOT_SET) {
     SetStatus(response, Unimplemented("unknown or empty request type (is the client newer than kvtierd?)"));

@@ -66,18 +66,18 @@ struct HandlerContext {
   DevicePoolOffer device_pool;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
-  // The running configuration as TOML (`kvtier config get`); may be empty.
-  std::function<std::string()> running_config;
+  // The running configuration as TOML (`kvtier config get`) as the tenant
+  // named sees it (empty: all of it); may be empty.
+  std::function<std::string(const std::string& tenant)> running_config;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 class RequestHandler {
  public:
-  // `context` is borrowed and must outlive the handler. A `refusal` (not
-  // ok: the caller is no tenant's) answers the first request with it and
-  // closes the connection.
-  RequestHandler(const HandlerContext& context, ConnectionId connection, Status refusal = Status::Ok())
-      : context_(context), connection_(connection), refusal_(std::move(refusal)),
+  // `context` is borrowed and must outlive the handler. (A caller that is
+  // no tenant's never gets a handler: the Server refuses it at accept.)
+  RequestHandler(const HandlerContext& context, ConnectionId connection)
+      : context_(context), connection_(connection),
         usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout) {}
 
   struct Outcome {
@@ -97,10 +97,6 @@ class RequestHandler {
   void HandlePinAsync(const v1::Request& request, std::function<void(v1::Response)> done);
 
   bool hello_done() const { return hello_done_; }
-  // Whether a Pin may go to HandlePinAsync: the caller was admitted, said
-  // Hello, and is a tenant's (an operator's connection has no engine). When
-  // not, the Pin goes to Handle, which answers why (and closes a refused
-  // connection).
   // Aborts this connection's reservations older than
   // limits.reservation_timeout at `now` (their keys are free again); returns
   // how many. When the next one expires: usage().NextExpiry().
@@ -111,7 +107,10 @@ class RequestHandler {
   // The most namespaces one ListNamespaces page holds (and its default).
   static constexpr uint32_t kMaxListPageNamespaces = 256;
 
-  bool ServesPins() const { return refusal_.ok() && hello_done_ && context_.engine != nullptr; }
+  // Whether a Pin may go to HandlePinAsync: the caller said Hello and is a
+  // tenant's (an operator's connection has no engine). When not, the Pin
+  // goes to Handle, which answers why.
+  bool ServesPins() const { return hello_done_ && context_.engine != nullptr; }
 
  private:
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
@@ -164,7 +163,6 @@ class RequestHandler {
 
   const HandlerContext& context_;
   const ConnectionId connection_;
-  const Status refusal_;
   bool hello_done_ = false;
   std::vector<NamespaceFingerprint> namespaces_;
   ConnectionUsage usage_;

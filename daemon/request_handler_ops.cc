@@ -127,7 +127,9 @@ void RequestHandler::HandleConfig(v1::Response& response) {
     SetStatus(response, Unimplemented("this kvtierd has no configuration to show (an embedded test daemon)"));
     return;
   }
-  response.mutable_config()->set_toml(context_.running_config());
+  // A tenant's connection sees its own [[tenant]] table only; an
+  // operator's (no tenant name) and a daemon without tenants see all.
+  response.mutable_config()->set_toml(context_.running_config(context_.tenant));
   SetStatus(response, Status::Ok());
 }
 

@@ -134,7 +134,11 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table)
     : options_(options), tenants_(std::move(tenants)), table_(std::move(table)),
       frame_budget_(options.limits.partial_frame_bytes),
-      contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]), probe_answered_(contexts_.size()) {
+
+      contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]),
+      slots_(options.limits.max_connections, table_.empty() ? 1 : tenants_.size() + 1,
+             options.limits.reserved_connections_percent),
+      probe_answered_(contexts_.size()) {
   connection_counters_.frame_budget = &frame_budget_;
   const auto common = [this](HandlerContext& context) {
     context.max_frame_bytes = options_.max_frame_bytes;
@@ -232,19 +236,27 @@ asio::awaitable<void> Server::AcceptLoop() {
       continue;
     }
     failures = 0;
-    auto [context, refusal] = ContextFor(socket.native_handle());
+    Result<Admission> admission = ContextFor(socket.native_handle());
+    if (!admission.ok()) {  // no one's: answered and closed before it holds a slot
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      LogPeerTriggered("refused a connection: " + admission.status().message());
+      Refuse(std::move(socket), admission.status());
+      continue;
+    }
     std::shared_ptr<ServerConnection> connection;
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
-      if (connections_.size() >= options_.limits.max_connections) {
-        RefuseOverLimit(std::move(socket));
-        continue;
+      if (slots_.TryTake(admission->party)) {
+        ConnectionId id = next_connection_++;
+        connection = std::make_shared<ServerConnection>(std::move(socket), id, *admission->context,
+                                                        connection_counters_);
+        connections_.emplace(id, OpenConnection{connection, admission->party});
       }
-      ConnectionId id = next_connection_++;
-      connection = std::make_shared<ServerConnection>(std::move(socket), id, *context, connection_counters_,
-                                                      std::move(refusal));
-      connections_.emplace(id, connection);
+    }
+    if (connection == nullptr) {  // no slot for its caller: refused after the lock (a send and a close)
+      RefuseOverLimit(std::move(socket), admission->party);
+      continue;
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
     asio::co_spawn(connection->executor(),
@@ -269,37 +281,45 @@ asio::awaitable<void> Server::BackOffAfter(const asio::error_code& error, uint32
   co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
 }
 
-void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket) {
+void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party) {
   over_limit_.fetch_add(1, std::memory_order_relaxed);
+  const std::string max = std::to_string(options_.limits.max_connections);
+  std::string why = "kvtierd serves server.max_connections (" + max + ") connections already";
+  if (!table_.empty()) {
+    const std::string who = party < tenants_.size() ? "tenant " + tenants_[party].name : "the operator";
+    why = who + " holds its part (" + std::to_string(slots_.part()) + ", server.reserved_connections_percent) of " +
+          "server.max_connections (" + max + ") and no shared slot is free";
+  }
+  LogPeerTriggered("refused a connection: " + why);
+  Refuse(std::move(socket), Busy(why + "; try again later"));
+}
+
+void Server::Refuse(asio::local::stream_protocol::socket socket, const Status& why) {
   v1::Response response;
-  wire::ToProto(Busy("kvtierd serves server.max_connections (" + std::to_string(options_.limits.max_connections) +
-                     ") connections already; try again later"),
-                response.mutable_status());
+  wire::ToProto(why, response.mutable_status());
   std::string frame(kFrameHeaderBytes + response.ByteSizeLong(), '\0');
   EncodeFrameHeader(static_cast<uint32_t>(frame.size() - kFrameHeaderBytes), reinterpret_cast<uint8_t*>(frame.data()));
   response.SerializeToArray(frame.data() + kFrameHeaderBytes, static_cast<int>(frame.size() - kFrameHeaderBytes));
   // Best effort, never blocking: a fresh socket's buffer takes a small frame.
   [[maybe_unused]] ssize_t sent = ::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  uint64_t suppressed = 0;
-  if (accept_log_limiter_.Allow(suppressed)) {
-    spdlog::warn("refused a connection: server.max_connections ({}) are open{}", options_.limits.max_connections,
-                 suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
-  }
   asio::error_code ignored;
   socket.close(ignored);
 }
 
-std::pair<const HandlerContext*, Status> Server::ContextFor(int fd) {
-  if (table_.empty()) return {tenant_contexts_[0].get(), Status::Ok()};
+void Server::LogPeerTriggered(const std::string& line) {
+  uint64_t suppressed = 0;
+  if (!accept_log_limiter_.Allow(suppressed)) return;
+  spdlog::warn("{}{}", line,
+               suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
+}
+
+Result<Server::Admission> Server::ContextFor(int fd) {
+  if (table_.empty()) return Admission{tenant_contexts_[0].get(), 0};
   Result<PeerCredentials> peer = ReadPeerCredentials(fd);
   Result<Caller> caller = peer.ok() ? table_.Resolve(*peer) : Result<Caller>(peer.status());
-  if (!caller.ok()) {
-    refused_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("refused a connection: {}", caller.status().message());
-    return {&operator_context_, caller.status()};
-  }
-  if (caller->tenant == Caller::kNoTenant) return {&operator_context_, Status::Ok()};
-  return {tenant_contexts_[caller->tenant].get(), Status::Ok()};
+  if (!caller.ok()) return caller.status();
+  if (caller->tenant == Caller::kNoTenant) return Admission{&operator_context_, tenants_.size()};
+  return Admission{tenant_contexts_[caller->tenant].get(), caller->tenant};
 }
 
 bool Server::IoThreadsAnswered() {
@@ -314,7 +334,10 @@ bool Server::IoThreadsAnswered() {
 
 void Server::Forget(ConnectionId id) {
   std::lock_guard lock(mu_);
-  connections_.erase(id);
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  slots_.Give(it->second.party);
+  connections_.erase(it);
 }
 
 void Server::Shutdown() {
@@ -323,8 +346,8 @@ void Server::Shutdown() {
     std::lock_guard lock(mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    for (auto& [id, weak] : connections_) {
-      if (auto s = weak.lock()) live.push_back(std::move(s));
+    for (auto& [id, open] : connections_) {
+      if (auto s = open.connection.lock()) live.push_back(std::move(s));
     }
   }
   asio::post(*contexts_[0], [this] {
@@ -379,6 +402,7 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.accept_errors", load(accept_errors_));
   v.Visit("server.frame_timeouts", load(connection_counters_.frame_timeouts));
   v.Visit("server.idle_closed", load(connection_counters_.idle_closed));
+  v.Visit("server.first_request_timeouts", load(connection_counters_.first_request_timeouts));
   v.Visit("server.frame_memory_refused", load(connection_counters_.frame_memory_refused));
   v.Visit("server.reservations_expired", load(connection_counters_.reservations_expired));
   v.VisitGauge("server.partial_frame_bytes", static_cast<int64_t>(frame_budget_.used_bytes()));

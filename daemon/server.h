@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/connection_slots.h"
 #include "daemon/server_connection.h"
 #include "daemon/tenants.h"
 
@@ -43,11 +44,15 @@ struct ServerOptions {
   uint32_t drain_timeout_ms = 5000;
   uint32_t spin_wait_us = 50;  // see RunPolling in server.cc
   // Per-connection limits and timeouts; max_connections caps the open
-  // connections (one past it is answered Busy and closed at once).
+  // connections (one past it is answered Busy and closed at once), with
+  // tenants shared among them by reserved_connections_percent
+  // (ConnectionSlots: a tenant at its limit is refused, the others not).
   ConnectionLimits limits;
   DevicePoolOffer device_pool;
-  // The running configuration as TOML, for `kvtier config get`; may be empty.
-  std::function<std::string()> running_config;
+  // The running configuration as TOML, for `kvtier config get`, as the
+  // tenant named sees it (empty: all of it, for the operator or a daemon
+  // without tenants); may be empty.
+  std::function<std::string(const std::string& tenant)> running_config;
   uint32_t socket_mode = 0660;  // permission bits of the socket file
   std::string socket_group;     // group name or numeric gid; empty: the daemon's egid
   // With tenants: the counters of the tiers they share, visited once by an
@@ -71,9 +76,10 @@ class Server {
                                                HostTier& host);
   // The same for a daemon with tenants: `table` maps each caller (its
   // SO_PEERCRED credentials, read at accept) to one of `tenants` (in the
-  // table's order) or to the operator's view; a caller it refuses gets
-  // that refusal as the answer to its first request, then the connection
-  // closes (server.connections_refused). An operator's connection may run
+  // table's order) or to the operator's view; a caller it refuses is
+  // answered with that refusal (PermissionDenied) in one frame and closed
+  // at accept, before it holds a connection slot
+  // (server.connections_refused). An operator's connection may run
   // admin requests only, over every tenant. With an empty table there must
   // be exactly one tenant, serving every caller the socket admits.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, std::vector<ServedTenant> tenants,
@@ -105,11 +111,27 @@ class Server {
   // descriptors (EMFILE, ENFILE) does not spin a core while connections
   // already open keep being served.
   asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
-  // Answers a connection past server.max_connections with Busy and closes it.
-  void RefuseOverLimit(asio::local::stream_protocol::socket socket);
-  // The context a new connection on `fd` is served with, and a refusal
-  // (not ok) for a caller that is no one's.
-  std::pair<const HandlerContext*, Status> ContextFor(int fd);
+  // Who a new connection is: the context it is served with, and the party
+  // (ConnectionSlots) whose slot it takes: the tenant's index, the
+  // operator's tenants_.size(); 0 without tenants.
+  struct Admission {
+    const HandlerContext* context;
+    size_t party;
+  };
+  struct OpenConnection {
+    std::weak_ptr<ServerConnection> connection;
+    size_t party;
+  };
+  // Answers a connection `party` has no slot for with Busy and closes it.
+  void RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party);
+  // Sends `why` as one error frame (best effort: never blocks, a full
+  // buffer drops it) and closes `socket`.
+  void Refuse(asio::local::stream_protocol::socket socket, const Status& why);
+  // Logs a line a peer can trigger (a refusal), rate-limited.
+  void LogPeerTriggered(const std::string& line);
+  // Who the caller of a new connection on `fd` is; PermissionDenied (or
+  // IoError without peer credentials) for a caller that is no one's.
+  Result<Admission> ContextFor(int fd);
   void Forget(ConnectionId id);
 
   const ServerOptions options_;
@@ -130,7 +152,8 @@ class Server {
   size_t next_context_ = 0;  // only touched by the accept loop
 
   mutable std::mutex mu_;
-  std::unordered_map<ConnectionId, std::weak_ptr<ServerConnection>> connections_;  // guarded by mu_
+  std::unordered_map<ConnectionId, OpenConnection> connections_;  // guarded by mu_
+  ConnectionSlots slots_;                                           // guarded by mu_
   bool shutting_down_ = false;                                       // guarded by mu_
   bool waited_ = false;                                              // guarded by mu_
   ConnectionId next_connection_ = 1;                                       // guarded by mu_

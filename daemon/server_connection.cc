@@ -17,12 +17,12 @@
 namespace kvtier {
 
 ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context,
-                                   ConnectionCounters& counters, Status refusal)
+                                   ConnectionCounters& counters)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
       counters_(counters),
-      handler_(context, id, std::move(refusal)),
+      handler_(context, id),
       reader_(context.max_frame_bytes, counters.frame_budget),
       watch_timer_(socket_.get_executor()),
       last_request_(std::chrono::steady_clock::now()) {}
@@ -72,6 +72,7 @@ asio::awaitable<void> ServerConnection::Run() {
       const size_t length = body.size();
       reader_.Consume();
       last_request_ = std::chrono::steady_clock::now();
+      got_request_ = true;
       if (!parsed) {
         counters_.unparsable_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError("frame of " + std::to_string(length) +
@@ -142,6 +143,7 @@ std::chrono::steady_clock::time_point ServerConnection::NextDeadline() {
   const ConnectionLimits& limits = context_.limits;
   auto next = std::chrono::steady_clock::time_point::max();
   if (frame_started_) next = std::min(next, *frame_started_ + limits.frame_timeout);
+  if (!got_request_) next = std::min(next, last_request_ + limits.first_request_timeout);
   if (limits.idle_timeout.count() > 0) next = std::min(next, last_request_ + limits.idle_timeout);
   if (auto expiry = handler_.usage().NextExpiry()) next = std::min(next, *expiry);
   return next;
@@ -170,6 +172,9 @@ asio::awaitable<void> ServerConnection::Watch() {
       counters_.frame_timeouts.fetch_add(1, std::memory_order_relaxed);
       TimeOut("a frame did not arrive whole within server.frame_timeout_ms (" +
               std::to_string(reader_.buffered_bytes()) + " bytes came)");
+    } else if (!got_request_ && now - last_request_ >= limits.first_request_timeout) {
+      counters_.first_request_timeouts.fetch_add(1, std::memory_order_relaxed);
+      TimeOut("sent no whole request within server.first_request_timeout_ms of accept");
     } else if (limits.idle_timeout.count() > 0 && now - last_request_ >= limits.idle_timeout &&
                !handler_.usage().holds_anything()) {
       counters_.idle_closed.fetch_add(1, std::memory_order_relaxed);

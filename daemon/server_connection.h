@@ -3,7 +3,8 @@
 // cap before reading a payload, lets its RequestHandler answer, and writes
 // responses in request order. Runs as one coroutine on its io thread's
 // context, beside a watchdog coroutine on the same context that enforces
-// the connection's timeouts (ConnectionLimits): a frame that does not
+// the connection's timeouts (ConnectionLimits): no whole request within
+// first_request_timeout of accept, a frame that does not
 // arrive whole within frame_timeout, an idle connection holding nothing,
 // and reservations older than reservation_timeout (aborted, the connection
 // stays). Closing the connection (EOF, error, timeout, drain) closes the
@@ -33,6 +34,7 @@ struct ConnectionCounters {
   std::atomic<int64_t> unparsable_frames{0};
   std::atomic<int64_t> frame_timeouts{0};        // closed: a frame did not arrive whole in time
   std::atomic<int64_t> idle_closed{0};           // closed: idle past server.idle_timeout_s
+  std::atomic<int64_t> first_request_timeouts{0};  // closed: no request within first_request_timeout_ms
   std::atomic<int64_t> frame_memory_refused{0};  // closed: its frame would pass partial_frame_bytes
   std::atomic<int64_t> reservations_expired{0};  // aborted after server.reservation_timeout_s
   // The memory partial frames of all connections hold (beyond 4 KiB each).
@@ -45,10 +47,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = asio::local::stream_protocol::socket;
 
-  // `context`, `counters` are borrowed. A `refusal` (not ok) is the answer
-  // to the first request, then the connection closes (RequestHandler).
-  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters,
-                   Status refusal = Status::Ok());
+  // `context`, `counters` are borrowed.
+  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters);
 
   ConnectionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
@@ -97,7 +97,9 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   asio::steady_timer watch_timer_;
   bool closed_ = false;
   bool timed_out_ = false;
+  // When the last whole frame arrived; until the first, when accepted.
   std::chrono::steady_clock::time_point last_request_;
+  bool got_request_ = false;  // a whole frame arrived (first_request_timeout no longer applies)
   // When the first byte of the frame in progress arrived; nullopt between frames.
   std::optional<std::chrono::steady_clock::time_point> frame_started_;
 };

@@ -216,7 +216,7 @@ void RunStream(uint8_t flags, std::span<const uint8_t> frames) {
   tenant.limits.max_leases = kMaxLeases;
   tenant.limits.max_reserved_bytes = kArenaBytes / 4;  // what kvtierd resolves 0 to
   if ((flags & kModelAllowList) != 0) tenant.models = {"fuzz/allowed"};
-  tenant.running_config = [] { return std::string("[server]\nio_threads = 2\n"); };
+  tenant.running_config = [](const std::string&) { return std::string("[server]\nio_threads = 2\n"); };
   HandlerContext operator_view;
   operator_view.operator_view = {TenantView{"default", stack.engine.get(), nullptr}};
   operator_view.max_frame_bytes = kMaxFrameBytes;

@@ -117,6 +117,23 @@ TEST(HostileClient, AFrameThatDoesNotArriveInTimeClosesTheConnection) {
   ExpectDaemonServes(daemon);
 }
 
+// A connection that never sends a request is closed after
+// first_request_timeout, long before the idle timeout; one that said Hello
+// is not.
+TEST(HostileClient, AConnectionThatSendsNothingIsClosedAfterTheFirstRequestTimeout) {
+  ConnectionLimits limits;
+  limits.first_request_timeout = milliseconds(300);
+  limits.idle_timeout = seconds(600);
+  TestDaemon daemon(WithLimits(limits));
+  RawConnection silent;
+  ASSERT_TRUE(silent.Connect(daemon.socket_path()).ok());
+  RawConnection spoke = HelloRaw(daemon);
+  EXPECT_TRUE(silent.IsClosedByPeer(seconds(10)));  // a failure bound, not a timing
+  EXPECT_EQ(ServerCounter(daemon, "server.first_request_timeouts"), 1);
+  EXPECT_FALSE(spoke.IsClosedByPeer(milliseconds(600))) << "it sent a request: only the idle timeout applies";
+  ExpectDaemonServes(daemon);
+}
+
 TEST(HostileClient, AnIdleConnectionIsClosedUnlessItHoldsALease) {
   ConnectionLimits limits;
   limits.idle_timeout = seconds(1);

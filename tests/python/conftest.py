@@ -28,7 +28,7 @@ class Daemon:
     """A kvtierd child process. `restart()` stops it and starts a new one on
     the same configuration (the NVMe tier's file and index survive)."""
 
-    def __init__(self, directory: Path, host_bytes: int, nvme_bytes: int, extra: str):
+    def __init__(self, directory: Path, host_bytes: int, nvme_bytes: int, extra: str, server_extra: str = ""):
         self.directory = directory
         self.socket_path = str(directory / "kvtierd.sock")
         self.config = directory / "kvtierd.toml"
@@ -37,7 +37,7 @@ class Daemon:
             nvme = (f'[nvme]\npath = "{directory / "nvme.dat"}"\ncapacity_bytes = {nvme_bytes}\n'
                     f'region_bytes = "4MiB"\nadmission = "all"\n')
         self.config.write_text(
-            f'[server]\nsocket_path = "{self.socket_path}"\n'
+            f'[server]\nsocket_path = "{self.socket_path}"\n{server_extra}'
             f'[host]\ncapacity_bytes = {host_bytes}\nlock_memory = "off"\n'
             f'[hbm]\nenabled = "off"\n[metrics]\nport = 0\n' + nvme + extra)
         self.proc = None
@@ -99,10 +99,11 @@ def make_daemon():
     root = Path(tempfile.mkdtemp(prefix="kvtier-py-"))
     daemons = []
 
-    def make(host_bytes=64 << 20, nvme_bytes=0, extra=""):
+    def make(host_bytes=64 << 20, nvme_bytes=0, extra="", server_extra=""):
+        """`extra`: TOML appended after the sections; `server_extra`: lines of [server]."""
         directory = root / f"d{len(daemons)}"
         directory.mkdir()
-        daemons.append(Daemon(directory, host_bytes, nvme_bytes, extra))
+        daemons.append(Daemon(directory, host_bytes, nvme_bytes, extra, server_extra))
         return daemons[-1]
 
     yield make

@@ -3,6 +3,7 @@ HTTP with a real client (urllib), parsing the text exposition format and
 checking names, types and values against what the test did."""
 
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -212,3 +213,16 @@ def test_metrics_can_be_switched_off(make_daemon):
     with kvtier.Client(d.socket_path, [test_namespace()]) as c:
         assert c.stats()["engine.lookups"] == 0  # serving
     assert d.log.read_text().count("metrics: http") == announced, "no endpoint when switched off"
+
+
+def test_scrapes_are_answered_while_idle_connections_sit_open(daemon):
+    url = metrics_url(daemon)
+    host, port = re.match(r"http://([^:/]+):(\d+)/", url).groups()
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
+    try:
+        for _ in range(40):  # each may close the oldest idle one; the timeout is a failure bound
+            _, samples = scrape(url)
+            assert samples
+    finally:
+        for s in idle:
+            s.close()

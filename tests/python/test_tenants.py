@@ -78,6 +78,39 @@ CHILD = textwrap.dedent('''
     print(json.dumps(out))
 ''')
 
+# Run as another uid: opens argv[2] raw connections (never sending a
+# request), prints {"opened": n} and waits for a line on stdin; then, for
+# each connection, what came within a second: "open" (nothing, still open)
+# or the bytes the daemon sent before closing it (its refusal frame).
+HOLDER = textwrap.dedent('''
+    import json, select, socket, sys, time
+    held = []
+    for _ in range(int(sys.argv[2])):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sys.argv[1])
+        held.append(s)
+    print(json.dumps({"opened": len(held)}), flush=True)
+    sys.stdin.readline()
+    seen = []
+    deadline = time.monotonic() + 1
+    for s in held:
+        got = b""
+        while True:
+            ready, _, _ = select.select([s], [], [], max(0, deadline - time.monotonic()))
+            if not ready:
+                seen.append("open")
+                break
+            try:
+                chunk = s.recv(4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                seen.append(got.decode("utf-8", "replace"))
+                break
+            got += chunk
+    print(json.dumps({"seen": seen}), flush=True)
+''')
+
 
 def tenants_config():
     return textwrap.dedent(f'''
@@ -118,20 +151,42 @@ def stage_for_other_users(stage):
     return env
 
 
-@pytest.fixture
-def tenancy(make_daemon):
+def make_tenancy(make_daemon, server_extra=""):
     d = make_daemon(host_bytes=64 * MiB, nvme_bytes=64 * MiB,
-                    extra=tenants_config())
+                    extra=tenants_config(), server_extra=server_extra)
     # The other uids must reach the socket: its directory and the test's root.
     for path in (d.directory, d.directory.parent):
         os.chmod(path, 0o755)
     os.chown(d.socket_path, -1, SOCKET_GID)
     os.chmod(d.socket_path, 0o660)
-    child = d.directory / "child.py"
-    child.write_text(CHILD)
-    os.chmod(child, 0o644)
+    for name, text in (("child.py", CHILD), ("holder.py", HOLDER)):
+        (d.directory / name).write_text(text)
+        os.chmod(d.directory / name, 0o644)
     d.child_env = stage_for_other_users(d.directory / "stage")
     return d
+
+
+@pytest.fixture
+def tenancy(make_daemon):
+    return make_tenancy(make_daemon)
+
+
+class Holder:
+    """`n` idle connections held open by `uid` (HOLDER) until `seen()`."""
+
+    def __init__(self, d, uid, n):
+        self.proc = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={SOCKET_GID}", sys.executable,
+             str(d.directory / "holder.py"), d.socket_path, str(n)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=d.child_env)
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read()
+        assert json.loads(line)["opened"] == n
+
+    def seen(self):
+        out, err = self.proc.communicate("go\n", timeout=60)
+        assert self.proc.returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])["seen"]
 
 
 def run_as(d, uid, argv, groups=(SOCKET_GID,)):
@@ -260,3 +315,38 @@ def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(tenancy):
     host = [v for labels, v in alpha_ns.items() if ("tier", "host") in labels]
     assert host and host[0] > 0
     assert all(("tenant", "alpha") in labels and ("model", "test/model") in labels for labels in alpha_ns)
+
+
+def test_a_tenant_at_its_limit_cannot_keep_another_from_connecting(make_daemon):
+    # 16 slots, half kept in parts of 2 for alpha, beta and the operator, 10 shared.
+    d = make_tenancy(make_daemon, server_extra="max_connections = 16\nfirst_request_timeout_ms = 60000\n")
+    alpha = Holder(d, ALPHA, 40)
+    b = client(d, BETA, "get")
+    assert "error" not in b, f"beta must connect while alpha holds all it may: {b}"
+    seen = alpha.seen()
+    assert seen.count("open") == 12, f"alpha holds its part and the shared slots: {seen}"
+    refused = [s for s in seen if s != "open"]
+    assert all("tenant alpha holds its part" in s for s in refused), refused
+
+
+def test_a_strangers_connections_are_refused_at_accept_and_take_no_slot(make_daemon):
+    d = make_tenancy(make_daemon, server_extra="max_connections = 16\n")
+    stranger = Holder(d, STRANGER, 40)  # more than all the slots, never sending a request
+    a = client(d, ALPHA, "get")
+    assert "error" not in a, f"a tenant must connect while a stranger holds connections: {a}"
+    seen = stranger.seen()
+    assert all("no tenant" in s for s in seen), \
+        f"each stranger's connection is answered PermissionDenied and closed at once: {seen}"
+
+
+def test_a_tenants_config_get_shows_its_own_tenant_only(tenancy):
+    d = tenancy
+    mine = cli(d, BETA, "config", "get")
+    assert mine.returncode == 0, mine.stderr
+    assert 'name = "beta"' in mine.stdout and f"uids = [{BETA}]" in mine.stdout, mine.stdout
+    assert '"alpha"' not in mine.stdout and str(ALPHA) not in mine.stdout, \
+        f"beta must not see alpha's table: {mine.stdout}"
+    assert ".tenant-key" not in mine.stdout, "the tenant key's path is the operator's"
+    everyone = cli(d, None, "config", "get")
+    assert everyone.returncode == 0, everyone.stderr
+    assert 'name = "alpha"' in everyone.stdout and 'name = "beta"' in everyone.stdout

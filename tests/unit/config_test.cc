@@ -435,3 +435,31 @@ TEST(ConfigTest, HelpMentionsEveryOption) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(ConfigTest, ATenantsViewHoldsItsOwnTenantAndNoSecretPaths) {
+  auto config = ParseConfig("[server]\ntenant_key_file = \"/var/lib/kvtier/key\"\n"
+                            "[remote]\npassword_file = \"/etc/kvtier/redis-pass\"\n"
+                            "[[tenant]]\nname = \"alpha\"\nuids = [1101]\nmodels = [\"a/m\"]\n"
+                            "[[tenant]]\nname = \"beta\"\nuids = [1102]\n",
+                            "test");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const std::string beta = TenantConfigToml(*config, "beta");
+  EXPECT_NE(beta.find("name = \"beta\""), std::string::npos) << beta;
+  EXPECT_EQ(beta.find("alpha"), std::string::npos) << beta;
+  EXPECT_EQ(beta.find("1101"), std::string::npos) << beta;
+  EXPECT_EQ(beta.find("/var/lib/kvtier/key"), std::string::npos) << beta;
+  EXPECT_EQ(beta.find("/etc/kvtier/redis-pass"), std::string::npos) << beta;
+  auto reread = ParseConfig(beta, "beta's view");
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  ASSERT_EQ(reread->tenants.size(), 1u);
+  EXPECT_EQ(reread->tenants[0], config->tenants[1]);
+  const std::string all = ConfigToml(*config);
+  EXPECT_NE(all.find("name = \"alpha\""), std::string::npos);
+  EXPECT_NE(all.find("/var/lib/kvtier/key"), std::string::npos) << "the operator's view is whole";
+}
+
+}  // namespace
+}  // namespace kvtier
