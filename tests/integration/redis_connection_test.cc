@@ -27,6 +27,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -570,6 +571,32 @@ TEST(RedisConnectionTest, ASilentServerTimesOutAtTheDeadlineAndBreaksTheConnecti
   auto bulk = d->ReadBulkInto({}, body, Soon(100ms));
   EXPECT_EQ(bulk.status().code(), StatusCode::kTimedOut) << bulk.status().ToString();
   EXPECT_TRUE(d->broken());
+}
+
+// The process's peak resident memory (VmHWM), in bytes.
+int64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+TEST(RedisConnectionTest, ALengthAnnouncedButNotSentCostsNoMemory) {
+  // A hostile or broken node answers with the largest bulk length and the
+  // most array elements a reply may announce, then sends nothing more: the
+  // read times out, and memory grows with bytes received, not announced.
+  FakeRedis server([](const Command& c) { return Say(c[1] == "bulk" ? "$536870000\r\n" : "*1048576\r\n"); });
+  const int64_t before = PeakResidentBytes();
+  ASSERT_GT(before, 0);
+  for (const char* what : {"bulk", "array", "bulk", "array"}) {
+    auto c = ConnectTo(server);
+    ASSERT_NE(c, nullptr);
+    auto reply = Ask(*c, {"GET", what}, Soon(150ms));
+    EXPECT_EQ(reply.status().code(), StatusCode::kTimedOut) << what << ": " << reply.status().ToString();
+  }
+  EXPECT_LT(PeakResidentBytes() - before, int64_t{32} << 20) << "memory was taken for what was only announced";
 }
 
 TEST(RedisConnectionTest, APeerClosingMidReplyIsUnavailable) {

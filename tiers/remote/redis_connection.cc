@@ -217,7 +217,12 @@ Status RedisConnection::Fill(size_t n, RedisDeadline deadline) {
       end_ -= begin_;
       begin_ = 0;
     }
-    if (buffer_.size() - end_ < std::max(kReadChunk / 2, n)) buffer_.resize(end_ + std::max(kReadChunk, n));
+    // Room grows toward n as bytes arrive, at most doubling what is already
+    // buffered: a node that announces a 512 MiB bulk and sends nothing
+    // costs a read chunk, not 512 MiB.
+    const size_t missing = n - (end_ - begin_);
+    const size_t room = std::min(missing, std::max(kReadChunk, end_ - begin_));
+    if (buffer_.size() - end_ < room) buffer_.resize(end_ + std::max(kReadChunk, room));
     Result<size_t> got = Receive(buffer_.data() + end_, buffer_.size() - end_, deadline);
     if (!got.ok()) return got.status();
     end_ += *got;
@@ -332,7 +337,9 @@ Result<RespReply> RedisConnection::ReadReplyAt(int depth, RedisDeadline deadline
         return Fail(ProtocolError("array of " + std::to_string(*n) + " elements at depth " + std::to_string(depth)));
       }
       reply.type = RespReply::Type::kArray;
-      reply.elements.reserve(static_cast<size_t>(*n));
+      // Reserved for what a real reply holds, not for what was announced:
+      // the elements themselves must arrive before they take memory.
+      reply.elements.reserve(static_cast<size_t>(std::min<int64_t>(*n, 1024)));
       for (int64_t i = 0; i < *n; ++i) {
         Result<RespReply> element = ReadReplyAt(depth + 1, deadline);
         if (!element.ok()) return element.status();
