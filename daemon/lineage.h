@@ -1,5 +1,5 @@
 // Lineage: what queue hints told the engine about keys and conversations,
-// for NVMe admission (DESIGN.md section 5): each key's parent in the chain
+// for NVMe admission (docs/POLICIES.md): each key's parent in the chain
 // that last named it and that chain's conversation, and which conversations
 // are open or closed. A block evicted long after its request ran still
 // finds its parent and conversation here.

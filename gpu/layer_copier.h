@@ -1,4 +1,4 @@
-// LayerCopier: layer-wise loading and saving (DESIGN.md section 1). One
+// LayerCopier: layer-wise loading and saving (docs/POLICIES.md). One
 // dedicated non-blocking stream carries the copies; one event per layer
 // marks "layer l has arrived", so the engine's compute stream waits for
 // exactly the layer it is about to use, on the GPU, without blocking a host

@@ -1,5 +1,5 @@
 // DwpdBudget: how many bytes the NVMe tier may write, so that kvtier stays
-// inside its share of the drive's endurance (DESIGN.md sections 1 and 5).
+// inside its share of the drive's endurance (docs/POLICIES.md).
 //
 //   R    = share * capacity * DWPD * warranty_years / planned_years / 86400
 //          bytes/s: the daily rate the drive can take for the planned years.

@@ -1,6 +1,6 @@
 // ExpertPanel: an eviction order that follows whichever classic policy
 // would be hitting most on the workload seen lately. QueueAwarePolicy uses
-// it for the blocks no hint says anything about (DESIGN.md section 5).
+// it for the blocks no hint says anything about (docs/POLICIES.md).
 //
 // Experts: LRU, LRU-2 and ARC (eviction_policy.h): recency, frequency and
 // an adaptive mix. Each expert runs twice:

@@ -1,4 +1,4 @@
-// Prefetch planning from the engine's request queue (DESIGN.md section 5):
+// Prefetch planning from the engine's request queue (docs/POLICIES.md):
 // which prefix blocks held by the tiers below the host (NVMe, remote, ...)
 // to read into the host tier, in what order, so that queued requests find
 // their prefixes in DRAM when they start.

@@ -1,4 +1,4 @@
-// Preload planning for layer-wise loading (DESIGN.md sections 1 and 5):
+// Preload planning for layer-wise loading (docs/POLICIES.md):
 // how many layers of a cached prefix an engine must hold in hand before it
 // starts computing the new tokens, so that every later layer arrives before
 // the compute reaches it.

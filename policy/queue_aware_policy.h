@@ -1,5 +1,5 @@
 // QueueAwarePolicy: eviction that knows the engine's request queue
-// (DESIGN.md section 5), the daemon's default. The inference engine reports
+// (docs/POLICIES.md), the daemon's default. The inference engine reports
 // queued requests (id, the key chain of their prompt, expected start,
 // conversation) and closed conversations; a block's next use is the
 // earliest expected start among queued requests containing it.

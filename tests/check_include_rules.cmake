@@ -1,4 +1,4 @@
-# Checks the dependency direction of DESIGN.md section 6 by scanning every
+# Checks the dependency direction of docs/ARCHITECTURE.md by scanning every
 # #include of every source folder. Run as: cmake -DSOURCE_DIR=... -P this.
 # A folder may include its own headers, std/system headers and the folders
 # listed for it below; anything else of ours is a violation.

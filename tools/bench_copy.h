@@ -1,6 +1,6 @@
 // Copy throughput of the host tier through the client, each figure beside a
 // single-thread memcpy of the same block size over the same footprint,
-// measured in the same run (DESIGN.md section 8).
+// measured in the same run (docs/BENCHMARKS.md).
 #pragma once
 
 #include <cstdint>

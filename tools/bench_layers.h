@@ -1,7 +1,7 @@
 // `kvtier bench layers`: layer-wise load and save of one prefix through the
 // client (Client::BeginLoad / LayerLoad, Client::BeginSave / LayerSave),
 // each figure beside what it is judged against, measured in the same run
-// (DESIGN.md sections 1 and 8):
+// (docs/POLICIES.md, docs/BENCHMARKS.md):
 //
 //   1. Time to the first layer (BeginLoad .. WaitLayer(0)) against time to
 //      the whole prefix (.. WaitAll), zero-copy, from the host tier and from

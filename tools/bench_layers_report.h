@@ -79,7 +79,7 @@ struct Report {
 // low percentile of its measured bandwidth, plus a margin) against the
 // measured load: 1 - stall / (L t_read), in [0, 1].
 double PredictedHidden(const OverlapRow& r, uint32_t layers);
-// The same formula (DESIGN.md section 1) with the measured t_read:
+// The same formula (docs/POLICIES.md) with the measured t_read:
 // n_pre = 1 if t_read <= t_comp, else ceil(L - (L - 1) t_comp / t_read);
 // hidden = 1 - n_pre / L.
 double FormulaHidden(const OverlapRow& r, uint32_t layers);

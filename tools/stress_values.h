@@ -1,6 +1,6 @@
 // The values and keys of `kvtier stress` (stress.h): the bytes of block
 // (namespace, key) are a function of the two alone, so every read is
-// checked: a miss or byte-exact ("may miss, never wrong", CONVENTIONS.md 11).
+// checked: a miss or byte-exact ("may miss, never wrong").
 //
 // A block is `layer_count` layers of `layer_bytes`, layer-major: the
 // layout GetLayers, layer-wise loads and saves use. Each layer names what

@@ -1,7 +1,7 @@
 // kvtier_gpu_bench: what layer-wise copies through LayerCopier achieve,
 // each figure next to its ceiling measured in the same run (one plain
 // cudaMemcpy of the same bytes), and how much of a layer-wise load hides
-// behind compute compared with DESIGN.md section 1's formula.
+// behind compute compared with the preload formula (docs/POLICIES.md).
 //
 //   kvtier_gpu_bench [--layers=36] [--blocks=32] [--block-mib=32] [--reps=5] [--device=0]
 //   kvtier_gpu_bench --probe     (only says which device it would use, or why none)
@@ -97,7 +97,7 @@ double BestMs(int reps, const std::function<void()>& run) {
 
 double GBps(uint64_t bytes, double ms) { return static_cast<double>(bytes) / (ms * 1e6); }
 
-// DESIGN.md section 1: layers to preload so that compute never stalls.
+// docs/POLICIES.md (preload planning): layers to preload so that compute never stalls.
 uint32_t LayersToPreload(uint32_t layers, double t_read, double t_comp) {
   if (t_read <= t_comp) return 1;
   return static_cast<uint32_t>(std::ceil(layers - (layers - 1) * t_comp / t_read));
@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
   bench::Bench bench(options);
   bench.Setup();
   bench.CopyThroughput();
-  // DESIGN.md's example (30.9 ms of compute against a 48.3 ms read): the
+  // The Qwen3-8B-like example of docs/POLICIES.md (30.9 ms of compute against a 48.3 ms read): the
   // read is slower, so n_pre layers must be in before compute starts.
   bench.HiddenFraction(30.9 / 48.3);
   // Compute slower than the read: all but the first layer's load hides.

@@ -1,5 +1,5 @@
 // Tests for block keys: the published vectors of docs/KEYS.md bit for bit,
-// and the properties DESIGN.md section 2 requires of the chain.
+// and the properties docs/KEYS.md requires of the chain.
 //
 // The expected hex below was produced independently of this code (Python
 // building the bytes, the xxhsum CLI hashing them; see docs/KEYS.md). If a

@@ -27,7 +27,7 @@ TEST(DwpdBudgetTest, DailyRateFollowsTheFormula) {
   o.dwpd = 1;
   o.warranty_years = 5;
   o.planned_years = 5;
-  EXPECT_NEAR(DwpdBudget(o, 0).daily_rate(), 3.84e12 / 86400, 1);  // ~44 MB/s (DESIGN.md section 1)
+  EXPECT_NEAR(DwpdBudget(o, 0).daily_rate(), 3.84e12 / 86400, 1);  // ~44 MB/s: 3.84 TB a day
   o.planned_years = 10;  // lasting twice the warranty halves the rate
   EXPECT_NEAR(DwpdBudget(o, 0).daily_rate(), 3.84e12 / 86400 / 2, 1);
   o.share = 0.25;

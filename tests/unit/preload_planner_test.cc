@@ -1,5 +1,5 @@
 // Tests of PlanPreload (policy/preload_planner.h): the buffer-depth formula
-// on DESIGN.md's example, by hand, and against a brute-force schedule.
+// on a Qwen3-8B-like example, by hand, and against a brute-force schedule.
 #include "policy/preload_planner.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-// DESIGN.md section 1: 36 layers of 32 MiB at 25 GB/s (48.3 ms for the
+// The example: 36 layers of 32 MiB at 25 GB/s (48.3 ms for the
 // whole read) against 30.9 ms of compute for the new tokens.
 PreloadInput DesignExample() {
   PreloadInput in;

@@ -88,12 +88,12 @@ TEST(ReplayPlotTest, CapacitiesAreCompact) {
 }
 
 TEST(ReplayPlotTest, TheTitleNamesTheFileNotItsPath) {
-  EXPECT_EQ(TitleWithoutDirectories("kvtier replay: ../shared/traces/mooncake/conversation_trace.jsonl"),
+  EXPECT_EQ(TitleWithoutDirectories("kvtier replay: ../traces/mooncake/conversation_trace.jsonl"),
             "kvtier replay: conversation_trace.jsonl");
   EXPECT_EQ(TitleWithoutDirectories("kvtier replay: /tmp/a.jsonl,tests/data/replay/b.jsonl"),
             "kvtier replay: a.jsonl, b.jsonl");
   EXPECT_EQ(TitleWithoutDirectories("kvtier replay: plain.jsonl"), "kvtier replay: plain.jsonl");
-  const std::string svg = PlotSvg(Sweep({"lru"}), "kvtier replay: ../shared/traces/x/conversation_trace.jsonl");
+  const std::string svg = PlotSvg(Sweep({"lru"}), "kvtier replay: ../traces/x/conversation_trace.jsonl");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(svg, m, std::regex("<text class=\"title\"[^>]*>([^<]*)</text>")));
   EXPECT_EQ(m[1].str(), "kvtier replay: conversation_trace.jsonl");

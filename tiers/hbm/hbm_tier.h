@@ -1,5 +1,5 @@
-// HbmTier: blocks in spare GPU memory the daemon owns (DESIGN.md section
-// 3), over an HbmDevice (cuda_hbm_device.h on a GPU; a host-memory double
+// HbmTier: blocks in spare GPU memory the daemon owns (docs/ARCHITECTURE.md),
+// over an HbmDevice (cuda_hbm_device.h on a GPU; a host-memory double
 // in tests). Built only with CUDA (KVTIER_HAVE_CUDA).
 //
 // The tier implements BlockTier (tiers/tier.h); what follows adds to that
