@@ -11,15 +11,9 @@
 
 namespace kvtier {
 
-// The secret in `path`. When `path` does not exist it is created: 32 bytes
-// from getrandom, mode 0600, opened O_CREAT|O_EXCL|O_NOFOLLOW (never
-// through a link, never over a file another process made meanwhile),
-// fsynced; logged, since the other nodes need a copy of it. Errors, each
-// naming the file:
-//   InvalidArgument   a link, not a regular file, group or other
-//                     permission bits set (0600 or 0400 expected), a size
-//                     other than 32 bytes;
-//   IoError           cannot be opened, read, created or written.
+// The secret in `path`, loaded or created as LoadOrCreateSecret
+// (secret_file.h) does; a new one is logged with a warning, since the other
+// nodes need a copy of it. Its errors, each naming the file.
 Result<std::string> LoadRemoteKey(const std::string& path);
 
 }  // namespace kvtier

@@ -54,12 +54,10 @@ class TenantScope {
 
 inline constexpr size_t kTenantKeyBytes = 32;
 
-// The daemon's tenant key from `path`: created (kTenantKeyBytes from
-// getrandom, mode 0600, written to a temporary file and renamed, so a crash
-// leaves either no key or a whole one) when missing. IoError if it cannot
-// be read or written; InvalidArgument if the file is shorter than
-// kTenantKeyBytes. An empty `path` gives a fresh random key (nothing
-// persists, so nothing has to match after a restart).
+// The daemon's tenant key from `path`, loaded or created as
+// LoadOrCreateSecret (secret_file.h) does, with its errors. An empty `path`
+// gives a fresh random key (nothing persists, so nothing has to match after
+// a restart).
 Result<std::string> LoadTenantKey(const std::string& path);
 
 }  // namespace kvtier

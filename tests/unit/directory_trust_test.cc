@@ -98,29 +98,38 @@ std::string Contents(const std::string& path) {
 }
 
 TEST_F(DirectoryTrustTest, ATenantKeyIsNeverWrittenOrReadThroughASymlink) {
+  // A dangling symlink planted where the key goes: refused, and its target
+  // is never created.
   const std::string victim = dir_ + "/victim";
-  std::ofstream(victim) << "precious";
-  // A symlink planted where the key's temporary file goes: the key is
-  // written to a file of kvtierd's own, the victim stays as it was.
+  const std::string planted = dir_ + "/planted.tenant-key";
+  ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0);
+  auto through = LoadTenantKey(planted);
+  EXPECT_EQ(through.status().code(), StatusCode::kInvalidArgument) << through.status().ToString();
+  EXPECT_NE(through.status().message().find("symbolic link"), std::string::npos) << through.status().message();
+  EXPECT_FALSE(std::filesystem::exists(victim));
+
+  // A missing key is created as a regular file of mode 0600, no temporary
+  // file left beside it, and read back the same.
   const std::string key_path = dir_ + "/nvme.tenant-key";
-  ASSERT_EQ(::symlink(victim.c_str(), (key_path + ".tmp").c_str()), 0);
   auto key = LoadTenantKey(key_path);
   ASSERT_TRUE(key.ok()) << key.status().ToString();
-  EXPECT_EQ(Contents(victim), "precious");
   struct stat st {};
   ASSERT_EQ(::lstat(key_path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) entries += e.path().string().find(".tmp") == std::string::npos ? 0 : 1;
+  EXPECT_EQ(entries, 0u) << "a temporary key file was left behind";
   auto again = LoadTenantKey(key_path);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *key);
 
-  // The key itself a symlink, or readable by others: refused, not used.
+  // The key itself a symlink to a good key, or readable by others: refused.
   const std::string linked = dir_ + "/linked.tenant-key";
   ASSERT_EQ(::symlink(key_path.c_str(), linked.c_str()), 0);
-  EXPECT_EQ(LoadTenantKey(linked).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(LoadTenantKey(linked).status().code(), StatusCode::kInvalidArgument);
   ASSERT_EQ(::chmod(key_path.c_str(), 0644), 0);
-  EXPECT_EQ(LoadTenantKey(key_path).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(LoadTenantKey(key_path).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(DirectoryTrustTest, TheNvmeFileIsNeverASymlinkToARegularFile) {
