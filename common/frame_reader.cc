@@ -18,7 +18,7 @@ bool FrameBudget::TryTake(size_t bytes) {
   return true;
 }
 
-FrameReader::FrameReader(uint32_t max_frame_bytes, FrameBudget* budget)
+FrameReader::FrameReader(uint32_t max_frame_bytes, FrameMemory* budget)
     : max_frame_bytes_(max_frame_bytes), budget_(budget),
       buffer_(new uint8_t[kInitialBytes]), capacity_(kInitialBytes) {}
 

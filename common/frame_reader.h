@@ -7,8 +7,9 @@
 // frame in it is still incomplete, so it never holds more than twice what
 // the peer sent (and never more than one whole frame's worth above
 // kInitialBytes). Once every buffered frame is consumed the growth is given
-// back. Growth above kInitialBytes is charged to a FrameBudget shared by all
-// connections, which bounds the memory partial frames hold daemon-wide.
+// back. Growth above kInitialBytes is charged to a FrameMemory: a
+// FrameBudget shared by all connections bounds what partial frames hold
+// daemon-wide (kvtierd charges the connection's tenant as well).
 //
 // Use: read into ReadSpace(), tell Received(n), then call Next() until it
 // says kNeedMore, calling Consume() after each frame it returns.
@@ -24,16 +25,24 @@
 
 namespace kvtier {
 
+// What a FrameReader charges the growth of its buffer to.
+class FrameMemory {
+ public:
+  virtual ~FrameMemory() = default;
+  // Takes `bytes` if they fit; false (taking nothing) if not.
+  virtual bool TryTake(size_t bytes) = 0;
+  // Gives back `bytes` taken before.
+  virtual void Give(size_t bytes) = 0;
+};
+
 // The bytes every FrameReader together may hold above its initial buffer.
 // Thread-safe.
-class FrameBudget {
+class FrameBudget final : public FrameMemory {
  public:
   explicit FrameBudget(size_t limit_bytes) : limit_bytes_(limit_bytes) {}
 
-  // Takes `bytes` if they fit under the limit; false (taking nothing) if not.
-  bool TryTake(size_t bytes);
-  // Gives back `bytes` taken before.
-  void Give(size_t bytes) { used_bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
+  bool TryTake(size_t bytes) override;
+  void Give(size_t bytes) override { used_bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
 
   size_t used_bytes() const { return used_bytes_.load(std::memory_order_relaxed); }
   size_t limit_bytes() const { return limit_bytes_; }
@@ -56,9 +65,9 @@ class FrameReader {
     kOversized,  // the next frame announces more than max_frame_bytes
   };
 
-  // `budget` is borrowed (may be null: no daemon-wide bound) and must
-  // outlive the reader.
-  explicit FrameReader(uint32_t max_frame_bytes, FrameBudget* budget = nullptr);
+  // `budget` is borrowed (may be null: no bound) and must outlive the
+  // reader.
+  explicit FrameReader(uint32_t max_frame_bytes, FrameMemory* budget = nullptr);
   ~FrameReader();
   FrameReader(const FrameReader&) = delete;
   FrameReader& operator=(const FrameReader&) = delete;
@@ -92,7 +101,7 @@ class FrameReader {
   bool Resize(size_t capacity);
 
   const uint32_t max_frame_bytes_;
-  FrameBudget* const budget_;
+  FrameMemory* const budget_;
   std::unique_ptr<uint8_t[]> buffer_;
   size_t capacity_ = 0;
   size_t begin_ = 0;  // first unconsumed byte

@@ -44,6 +44,11 @@ uint64_t AutoHostCapacity(const MachineMemory& memory) {
   return bytes / (2 * kMiB) * (2 * kMiB);
 }
 
+uint64_t AutoClientMemory(const MachineMemory& memory) {
+  const uint64_t bytes = std::clamp(memory.total_bytes / 16, 32 * kMiB, 4096 * kMiB);
+  return bytes / kMiB * kMiB;
+}
+
 std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMemory& memory) {
   std::vector<std::string> lines;
   if (config.host_capacity_bytes == 0) {
@@ -53,6 +58,12 @@ std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMem
                     MiB(memory.total_bytes) + " (" + MiB(memory.available_bytes) +
                     " available): a quarter of its memory, at most half of what is available, within "
                     "64 MiB..64 GiB; set host.capacity_bytes to choose");
+  }
+  if (config.client_memory_bytes == 0) {
+    const uint64_t bytes = AutoClientMemory(memory);
+    config.client_memory_bytes = static_cast<int64_t>(bytes);
+    lines.push_back("server.client_memory_bytes = 0 (auto): " + MiB(bytes) + ", a sixteenth of " +
+                    MiB(memory.total_bytes) + " within 32 MiB..4 GiB; set it to choose");
   }
   return lines;
 }

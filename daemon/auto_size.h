@@ -28,6 +28,10 @@ std::string MeminfoPath();
 // locked at start), within [64 MiB, 64 GiB], a multiple of 2 MiB.
 uint64_t AutoHostCapacity(const MachineMemory& memory);
 
+// server.client_memory_bytes = 0: a sixteenth of the memory, within
+// [32 MiB, 4 GiB], a multiple of 1 MiB (what clients' state may take).
+uint64_t AutoClientMemory(const MachineMemory& memory);
+
 // Replaces every auto (0) size in `config` with its value for `memory`;
 // one line per choice, saying what and why, for the log.
 std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMemory& memory);

@@ -66,6 +66,21 @@ constexpr OptionSpec kOptions[] = {
      "Memory all connections together may hold for frames still arriving (beyond 4 KiB each); a connection "
      "whose frame would need more is closed.",
      &DaemonConfig::partial_frame_bytes, nullptr},
+    {"server.client_memory_bytes", OptionType::kBytes, "0", 8 * kMiB, 1 * kTiB, "", false,
+     "Memory all connections together may make kvtierd hold for them: queue hints, leases, reservations, "
+     "namespace registrations, loads, partial frames and answers not yet read. A request past it (or past its "
+     "tenant's part) is answered Busy. 0: a sixteenth of the machine's memory (or of kvtierd's memory cgroup), "
+     "within 32 MiB..4 GiB.",
+     &DaemonConfig::client_memory_bytes, nullptr, false, nullptr, 0, 0, /*zero_is_auto=*/true},
+    {"server.reserved_client_memory_percent", OptionType::kInt, "50", 0, 100, "", false,
+     "With [[tenant]] tables: this % of server.client_memory_bytes is split equally among the tenants and the "
+     "operator, each part kept for its owner; the rest is shared, first come. A tenant past its part when "
+     "nothing shared is left is answered Busy; the others keep their parts.",
+     &DaemonConfig::reserved_client_memory_percent, nullptr},
+    {"server.max_client_memory_per_connection", OptionType::kBytes, "\"64MiB\"", 1 * kMiB, 1 * kTiB, "", false,
+     "Memory one connection may make kvtierd hold for it (as server.client_memory_bytes counts it); past it "
+     "its requests that would add more are answered Busy.",
+     &DaemonConfig::max_client_memory_per_connection, nullptr},
     {"server.socket_mode", OptionType::kString, "\"0660\"", 0, 0, "", false,
      "Permissions of the socket, an octal string (\"0660\": owner and group connect); the socket is bound under "
      "a umask that never makes it more open than this, in a directory created 0750 when missing.",

@@ -45,6 +45,9 @@ struct DaemonConfig {
   int64_t idle_timeout_s = 0;                     // 0: never
   int64_t frame_timeout_ms = 0;
   int64_t partial_frame_bytes = 0;
+  int64_t client_memory_bytes = 0;  // 0: auto (AutoClientMemory)
+  int64_t reserved_client_memory_percent = 0;
+  int64_t max_client_memory_per_connection = 0;
   std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
   std::string socket_group;  // name or gid; empty: the daemon's group
   std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe

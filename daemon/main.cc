@@ -238,7 +238,10 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
       .reservation_timeout = std::chrono::seconds(config.reservation_timeout_s),
       .idle_timeout = std::chrono::seconds(config.idle_timeout_s),
       .frame_timeout = std::chrono::milliseconds(config.frame_timeout_ms),
-      .partial_frame_bytes = static_cast<uint64_t>(config.partial_frame_bytes)};
+      .partial_frame_bytes = static_cast<uint64_t>(config.partial_frame_bytes),
+      .client_memory_bytes = static_cast<uint64_t>(config.client_memory_bytes),
+      .reserved_client_memory_percent = static_cast<uint32_t>(config.reserved_client_memory_percent),
+      .max_client_memory_per_connection = static_cast<uint64_t>(config.max_client_memory_per_connection)};
   server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
   server_options.socket_group = config.socket_group;
   server_options.running_config = [running = running_config](const std::string& tenant) {

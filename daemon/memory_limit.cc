@@ -126,6 +126,7 @@ uint64_t ConfiguredMemoryBytes(const DaemonConfig& config) {
   if (!config.nvme_path.empty()) bytes += static_cast<uint64_t>(config.nvme_staging_bytes);
   if (!config.remote_nodes.empty()) bytes += static_cast<uint64_t>(config.remote_staging_bytes);
   if (config.hbm_enabled == "on") bytes += static_cast<uint64_t>(config.hbm_staging_bytes);
+  bytes += static_cast<uint64_t>(config.client_memory_bytes);  // what connections may make it hold
   return bytes;
 }
 
@@ -135,7 +136,8 @@ Status CheckFitsUnderLimit(const DaemonConfig& config, const CgroupMemory& cgrou
   return InvalidArgument(
       "the configured sizes need " + MiB(needed) + " of memory (host.capacity_bytes " +
       MiB(static_cast<uint64_t>(config.host_capacity_bytes)) + " with its block directory, the staging buffers of "
-      "the tiers below, and " + MiB(kDaemonBaseBytes) + " for the daemon itself), more than the memory limit of "
+      "the tiers below, server.client_memory_bytes " +
+      MiB(static_cast<uint64_t>(config.client_memory_bytes)) + " and " + MiB(kDaemonBaseBytes) + " for the daemon itself), more than the memory limit of "
       "kvtierd's cgroup: " + MiB(cgroup.limit_bytes) + " (" + cgroup.limit_file +
       "); it would be OOM-killed: lower host.capacity_bytes (0 sizes it to the limit) or raise the limit");
 }

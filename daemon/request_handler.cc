@@ -17,6 +17,13 @@ constexpr size_t kMaxClientNameBytes = 256;
 
 void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
 
+// What registering `d` holds in kvtierd, charged to the connection: its
+// record and the bytes of its strings (kept once per registration).
+uint64_t RegistrationBytes(const NamespaceDescriptor& d) {
+  return ClientStateCost::kNamespace + d.model_id.size() + d.model_revision.size() + d.adapter_id.size() +
+         d.adapter_revision.size() + d.kv_dtype.size() + d.kv_layout.size() + d.object_kind.size();
+}
+
 }  // namespace
 
 RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::Response& response) {
@@ -128,8 +135,15 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
     fingerprints.push_back(context_.scope != nullptr ? context_.scope->ScopeNamespace(plain) : plain);
     descriptors.push_back(std::move(d));
   }
-  // Every namespace passed (a refused one leaves nothing behind); they stay
-  // registered while this connection or a block uses them.
+  // Every namespace passed; what registering them holds is charged to the
+  // connection (a refusal leaves nothing behind).
+  uint64_t registration_bytes = 0;
+  for (const NamespaceDescriptor& d : descriptors) registration_bytes += RegistrationBytes(d);
+  if (Status charged = usage_.ChargeNamespaces(registration_bytes); !charged.ok()) {
+    SetStatus(response, charged);
+    return {.close_after = true};
+  }
+  // They stay registered while this connection or a block uses them.
   if (!fingerprints.empty()) context_.engine->UseNamespaces(connection_, fingerprints, descriptors);
   namespaces_ = std::move(fingerprints);
   hello_done_ = true;
@@ -212,11 +226,22 @@ void RequestHandler::HandleQueueHint(const v1::QueueHint& q, v1::Response& respo
       auto keys = wire::KeysFromProto(q.keys());
       if (!keys.ok()) return SetStatus(response, keys.status());
       if (keys->empty()) return SetStatus(response, InvalidArgument("an enqueued request needs at least one key"));
-      return SetStatus(response, engine.Enqueue(connection_, *ns, q.request_id(), *keys, q.start_in_us(), q.session_id()));
+      // Charged first; a request the engine refuses keeps what it held
+      // (a replaced request stays as it was).
+      const uint64_t before = usage_.queued_keys(q.request_id());
+      if (Status charged = usage_.SetQueued(q.request_id(), keys->size()); !charged.ok()) {
+        return SetStatus(response, charged);
+      }
+      Status queued = engine.Enqueue(connection_, *ns, q.request_id(), *keys, q.start_in_us(), q.session_id());
+      if (!queued.ok()) (void)usage_.SetQueued(q.request_id(), before);  // back to what it held: never refused
+      return SetStatus(response, queued);
     }
     case v1::QueueHint::STARTED:
-    case v1::QueueHint::FINISHED:
-      return SetStatus(response, engine.Dequeue(connection_, q.request_id()));
+    case v1::QueueHint::FINISHED: {
+      Status dequeued = engine.Dequeue(connection_, q.request_id());
+      if (dequeued.ok()) (void)usage_.SetQueued(q.request_id(), 0);
+      return SetStatus(response, dequeued);
+    }
     case v1::QueueHint::SESSION_OPEN:
     case v1::QueueHint::SESSION_CLOSE:
       if (q.session_id() == 0) return SetStatus(response, InvalidArgument("session 0 means none; hint a real one"));
@@ -271,16 +296,28 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
     if (!holds_none && !usage_.ReserveFits(pending + size)) break;
     pending += size;
   }
+  // Each reservation's record is client state, charged before the engine
+  // makes it; what the engine refuses gives its room back.
+  const size_t bytes_fit = fits;
+  fits = usage_.TakeReservationRoom(fits);
   auto grants = context_.engine->Reserve(connection_, *ns, std::span(*keys).first(fits),
                                          std::span(sizes).first(fits), links);
   const auto now = ConnectionUsage::Clock::now();
+  uint64_t refused_by_engine = 0;
   for (size_t i = 0; i < grants.size(); ++i) {
-    if (grants[i].status.ok()) usage_.Reserved((*keys)[i], grants[i].length, now);
+    if (grants[i].status.ok()) {
+      usage_.Reserved((*keys)[i], grants[i].length, now);
+    } else {
+      ++refused_by_engine;
+    }
   }
+  usage_.GiveBackReservationRoom(refused_by_engine + (fits - grants.size()));
+  const std::string memory_refusal = fits < bytes_fit ? usage_.MemoryRefusal("more reservations") : std::string();
   for (size_t i = fits; i < keys->size(); ++i) {
-    grants.push_back(SlotGrant{Busy("this connection holds " + std::to_string(usage_.reserved_bytes()) +
-                                    " reserved bytes; server.max_reserved_bytes_per_connection is " +
-                                    std::to_string(usage_.max_reserved_bytes()) + ": commit or abort first")});
+    grants.push_back(SlotGrant{i < bytes_fit ? Busy(memory_refusal)
+                                             : Busy("this connection holds " + std::to_string(usage_.reserved_bytes()) +
+                                                    " reserved bytes; server.max_reserved_bytes_per_connection is " +
+                                                    std::to_string(usage_.max_reserved_bytes()) + ": commit or abort first")});
   }
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
@@ -356,18 +393,25 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                                         std::to_string(layers.last) + ") is empty"));
     return done(std::move(response));
   }
-  // Keys past the connection's lease limit are refused; the rest are pinned.
-  const size_t refused = keys->size() - std::min<uint64_t>(keys->size(), usage_.LeaseRoom());
-  keys->resize(keys->size() - refused);
+  // Keys past the connection's lease limit, or past the memory its leases
+  // may take, are refused; the rest are pinned.
+  const bool count_bound = keys->size() > usage_.LeaseRoom();
+  const uint64_t room = usage_.TakeLeaseRoom(keys->size());
+  const size_t refused = keys->size() - room;
+  std::string why_refused;
+  if (refused > 0) {
+    why_refused = count_bound ? "this connection holds " + std::to_string(usage_.leases()) +
+                                    " leases, server.max_leases_per_connection: release some first"
+                              : usage_.MemoryRefusal("more leases");
+  }
+  keys->resize(room);
   context_.engine->PinAsync(connection_, *ns, std::move(*keys),
-                            [this, refused, response = std::move(response),
+                            [this, refused, room, why_refused = std::move(why_refused), response = std::move(response),
                              done = std::move(done)](std::vector<PinGrant> grants) mutable {
-                              for (const PinGrant& g : grants) usage_.Leased(g.status.ok() ? 1 : 0);
-                              for (size_t i = 0; i < refused; ++i) {
-                                grants.push_back(PinGrant{Busy(
-                                    "this connection holds " + std::to_string(usage_.leases()) +
-                                    " leases, server.max_leases_per_connection: release some first")});
-                              }
+                              const uint64_t granted = static_cast<uint64_t>(std::count_if(
+                                  grants.begin(), grants.end(), [](const PinGrant& g) { return g.status.ok(); }));
+                              usage_.Leased(granted, room);
+                              for (size_t i = 0; i < refused; ++i) grants.push_back(PinGrant{Busy(why_refused)});
                               auto* body = response.mutable_pin();
                               for (const PinGrant& g : grants) {
                                 auto* block = body->add_blocks();
@@ -430,13 +474,12 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
   if (!(compute_us >= 0) || compute_us > 1e12) {
     return SetStatus(response, InvalidArgument("compute_us_per_layer must be a time >= 0"));
   }
-  if (keys->size() > usage_.LeaseRoom()) {
-    return SetStatus(response, Busy("a load of " + std::to_string(keys->size()) + " blocks would pass " +
-                                    "server.max_leases_per_connection (" + std::to_string(usage_.max_leases()) +
-                                    ", " + std::to_string(usage_.leases()) + " held): end loads or release first"));
-  }
+  if (Status room = usage_.TakeLoadRoom(keys->size()); !room.ok()) return SetStatus(response, room);
   auto started = context_.engine->BeginLoad(connection_, *ns, *keys, r.device_pool(), r.verify());
-  if (!started.ok()) return SetStatus(response, started.status());
+  if (!started.ok()) {
+    usage_.LoadRefused(keys->size());
+    return SetStatus(response, started.status());
+  }
   usage_.LoadBegun(started->load, keys->size());
   auto* body = response.mutable_begin_load();
   body->set_load_id(started->load);

@@ -76,9 +76,12 @@ class RequestHandler {
  public:
   // `context` is borrowed and must outlive the handler. (A caller that is
   // no tenant's never gets a handler: the Server refuses it at accept.)
-  RequestHandler(const HandlerContext& context, ConnectionId connection)
+  // `account` is borrowed (null: client memory is not charged) and
+  // outlives the handler.
+  RequestHandler(const HandlerContext& context, ConnectionId connection, ClientMemoryAccount* account = nullptr)
       : context_(context), connection_(connection),
-        usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout) {}
+        usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout,
+               account) {}
 
   struct Outcome {
     bool attach_arena_fd = false;  // send the arena (and directory) memfds with this response

@@ -134,12 +134,15 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table)
     : options_(options), tenants_(std::move(tenants)), table_(std::move(table)),
       frame_budget_(options.limits.partial_frame_bytes),
+      client_memory_(options.limits.client_memory_bytes, table_.empty() ? 1 : tenants_.size() + 1,
+                     options.limits.reserved_client_memory_percent),
 
       contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]),
       slots_(options.limits.max_connections, table_.empty() ? 1 : tenants_.size() + 1,
              options.limits.reserved_connections_percent),
       probe_answered_(contexts_.size()) {
   connection_counters_.frame_budget = &frame_budget_;
+  connection_counters_.client_memory = &client_memory_;
   const auto common = [this](HandlerContext& context) {
     context.max_frame_bytes = options_.max_frame_bytes;
     context.limits = options_.limits;
@@ -247,10 +250,10 @@ asio::awaitable<void> Server::AcceptLoop() {
     {
       std::lock_guard lock(mu_);
       if (shutting_down_) co_return;
-      if (slots_.TryTake(admission->party)) {
+      if (slots_.TryTake(admission->party, 1)) {
         ConnectionId id = next_connection_++;
         connection = std::make_shared<ServerConnection>(std::move(socket), id, *admission->context,
-                                                        connection_counters_);
+                                                        connection_counters_, admission->party);
         connections_.emplace(id, OpenConnection{connection, admission->party});
       }
     }
@@ -336,7 +339,7 @@ void Server::Forget(ConnectionId id) {
   std::lock_guard lock(mu_);
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
-  slots_.Give(it->second.party);
+  slots_.Give(it->second.party, 1);
   connections_.erase(it);
 }
 
@@ -406,6 +409,8 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.frame_memory_refused", load(connection_counters_.frame_memory_refused));
   v.Visit("server.reservations_expired", load(connection_counters_.reservations_expired));
   v.VisitGauge("server.partial_frame_bytes", static_cast<int64_t>(frame_budget_.used_bytes()));
+  v.VisitGauge("server.client_memory_bytes", static_cast<int64_t>(client_memory_.used()));
+  v.Visit("server.client_memory_refusals", client_memory_.refusals());
 }
 
 }  // namespace kvtier

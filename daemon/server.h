@@ -20,7 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/connection_slots.h"
+#include "daemon/client_memory.h"
+#include "daemon/parted_budget.h"
 #include "daemon/server_connection.h"
 #include "daemon/tenants.h"
 
@@ -46,7 +47,7 @@ struct ServerOptions {
   // Per-connection limits and timeouts; max_connections caps the open
   // connections (one past it is answered Busy and closed at once), with
   // tenants shared among them by reserved_connections_percent
-  // (ConnectionSlots: a tenant at its limit is refused, the others not).
+  // (PartedBudget: a tenant at its limit is refused, the others not).
   ConnectionLimits limits;
   DevicePoolOffer device_pool;
   // The running configuration as TOML, for `kvtier config get`, as the
@@ -112,7 +113,7 @@ class Server {
   // already open keep being served.
   asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
   // Who a new connection is: the context it is served with, and the party
-  // (ConnectionSlots) whose slot it takes: the tenant's index, the
+  // (PartedBudget) whose slot it takes: the tenant's index, the
   // operator's tenants_.size(); 0 without tenants.
   struct Admission {
     const HandlerContext* context;
@@ -142,6 +143,9 @@ class Server {
   std::vector<std::unique_ptr<HandlerContext>> tenant_contexts_;
   HandlerContext operator_context_;
   FrameBudget frame_budget_;
+  // What connections' state holds, per tenant and in total (parties as
+  // in slots_).
+  ClientMemory client_memory_;
   ConnectionCounters connection_counters_;
   // One io_context per io thread; contexts_[0] also runs the acceptor.
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
@@ -153,7 +157,7 @@ class Server {
 
   mutable std::mutex mu_;
   std::unordered_map<ConnectionId, OpenConnection> connections_;  // guarded by mu_
-  ConnectionSlots slots_;                                           // guarded by mu_
+  PartedBudget slots_;                                              // guarded by mu_: connections
   bool shutting_down_ = false;                                       // guarded by mu_
   bool waited_ = false;                                              // guarded by mu_
   ConnectionId next_connection_ = 1;                                       // guarded by mu_

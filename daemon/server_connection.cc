@@ -16,14 +16,30 @@
 
 namespace kvtier {
 
+bool ConnectionFrameMemory::TryTake(size_t bytes) {
+  if (shared_ != nullptr && !shared_->TryTake(bytes)) return false;
+  if (account_ != nullptr && account_->ChargeUpTo(1, bytes) == 0) {
+    if (shared_ != nullptr) shared_->Give(bytes);
+    return false;
+  }
+  return true;
+}
+
+void ConnectionFrameMemory::Give(size_t bytes) {
+  if (shared_ != nullptr) shared_->Give(bytes);
+  if (account_ != nullptr) account_->Release(bytes);
+}
+
 ServerConnection::ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context,
-                                   ConnectionCounters& counters)
+                                   ConnectionCounters& counters, size_t party)
     : socket_(std::move(socket)),
       id_(id),
       context_(context),
       counters_(counters),
-      handler_(context, id),
-      reader_(context.max_frame_bytes, counters.frame_budget),
+      memory_(counters.client_memory, party, context.limits.max_client_memory_per_connection),
+      frame_memory_(counters.frame_budget, &memory_),
+      handler_(context, id, &memory_),
+      reader_(context.max_frame_bytes, &frame_memory_),
       watch_timer_(socket_.get_executor()),
       last_request_(std::chrono::steady_clock::now()) {}
 
@@ -56,9 +72,14 @@ asio::awaitable<void> ServerConnection::Run() {
   for (;;) {
     write_buffer_.clear();
     bool close_after = false;
+    // Answers gathered past kFlushAtBytes are sent before the next frame
+    // is handled: a peer that pipelines requests and reads no answers makes
+    // the daemon hold at most that much and one answer more.
+    bool flush_first = false;
     std::span<const uint8_t> body;
     FrameReader::State state;
-    while (!close_after && (state = reader_.Next(body)) != FrameReader::State::kNeedMore) {
+    while (!close_after && write_buffer_.size() < kFlushAtBytes &&
+           (state = reader_.Next(body)) != FrameReader::State::kNeedMore) {
       if (state == FrameReader::State::kOversized) {
         counters_.oversized_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError(
@@ -95,11 +116,13 @@ asio::awaitable<void> ServerConnection::Run() {
       }
       close_after = outcome.close_after;
     }
+    flush_first = !close_after && write_buffer_.size() >= kFlushAtBytes;
     frame_started_.reset();
     if (reader_.buffered_bytes() > 0) frame_started_ = std::chrono::steady_clock::now();
     RearmWatch();
     if (!co_await Flush() || close_after) break;
     if (write_buffer_.capacity() > FrameReader::kInitialBytes * 16) std::string().swap(write_buffer_);
+    if (flush_first) continue;  // frames may still be buffered: answer them before reading more
 
     std::span<uint8_t> space = reader_.ReadSpace();
     if (space.empty()) {
@@ -235,8 +258,14 @@ asio::awaitable<void> ServerConnection::Close() {
 
 asio::awaitable<bool> ServerConnection::Flush() {
   if (write_buffer_.empty()) co_return true;
+  // While the peer reads them, answers beyond the first 4 KiB count as the
+  // connection's client memory (held past the bound: they exist already),
+  // so its other requests and its tenant's see them.
+  const size_t charged = write_buffer_.size() > FrameReader::kInitialBytes ? write_buffer_.size() : 0;
+  if (charged > 0) memory_.ChargeSpent(charged);
   asio::error_code ec;
   co_await asio::async_write(socket_, asio::buffer(write_buffer_), asio::redirect_error(asio::use_awaitable, ec));
+  memory_.Release(charged);
   write_buffer_.clear();
   co_return !ec;
 }

@@ -26,6 +26,21 @@
 
 namespace kvtier {
 
+// A connection's frame memory: charged to the daemon-wide FrameBudget
+// (server.partial_frame_bytes) and to the connection's client-memory
+// account (its own and its tenant's bound). Thread-compatible.
+class ConnectionFrameMemory final : public FrameMemory {
+ public:
+  // Both borrowed; either may be null (not charged there).
+  ConnectionFrameMemory(FrameBudget* shared, ClientMemoryAccount* account) : shared_(shared), account_(account) {}
+  bool TryTake(size_t bytes) override;
+  void Give(size_t bytes) override;
+
+ private:
+  FrameBudget* const shared_;
+  ClientMemoryAccount* const account_;
+};
+
 // Counters shared by every connection of a server.
 struct ConnectionCounters {
   std::atomic<int64_t> requests{0};
@@ -39,6 +54,8 @@ struct ConnectionCounters {
   std::atomic<int64_t> reservations_expired{0};  // aborted after server.reservation_timeout_s
   // The memory partial frames of all connections hold (beyond 4 KiB each).
   FrameBudget* frame_budget = nullptr;  // borrowed; null: unbounded
+  // The client state of all connections, per tenant and in total.
+  ClientMemory* client_memory = nullptr;  // borrowed; null: unbounded
   // The log lines peers can trigger (timeouts, truncated frames).
   LogRateLimiter log_limiter{10, std::chrono::seconds(10)};
 };
@@ -47,8 +64,15 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
   using Socket = asio::local::stream_protocol::socket;
 
-  // `context`, `counters` are borrowed.
-  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters);
+  // `context`, `counters` are borrowed. `party` is whose client memory the
+  // connection's state is charged to (ClientMemory: the tenant's index, or
+  // the operator's).
+  ServerConnection(Socket socket, ConnectionId id, const HandlerContext& context, ConnectionCounters& counters,
+                   size_t party = 0);
+
+  // Answers gathered in one batch before they are sent and the next
+  // frame is handled.
+  static constexpr size_t kFlushAtBytes = 64 * 1024;
 
   ConnectionId id() const { return id_; }
   Socket::executor_type executor() { return socket_.get_executor(); }
@@ -91,6 +115,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   const ConnectionId id_;
   const HandlerContext& context_;
   ConnectionCounters& counters_;
+  // What the connection holds of the daemon's memory; declared before the
+  // handler and the reader, which charge it, so it is given back last.
+  ClientMemoryAccount memory_;
+  ConnectionFrameMemory frame_memory_;
   RequestHandler handler_;
   FrameReader reader_;
   std::string write_buffer_;

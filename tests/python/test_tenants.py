@@ -60,6 +60,9 @@ CHILD = textwrap.dedent('''
                     c.put(0, k, block(i, pattern))
             elif action == "erase":
                 out["erased"] = c.erase(0, keys)
+            elif action == "enqueue":
+                c.enqueue(1, 0, keys)
+                c.finished(1)
             hit = c.lookup(0, keys)
             out["prefix"] = hit.prefix_blocks
             out["tiers"] = [str(t) for t in hit.tiers]

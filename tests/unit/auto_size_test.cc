@@ -21,6 +21,18 @@ TEST(AutoSizeTest, AQuarterOfMemoryAtMostHalfOfWhatIsAvailableWithinBounds) {
   EXPECT_EQ(AutoHostCapacity({10 * kGiB + 3 * kMiB, 10 * kGiB}) % (2 * kMiB), 0u);
 }
 
+TEST(AutoSizeTest, ClientMemoryIsASixteenthOfTheMemoryWithinItsBounds) {
+  EXPECT_EQ(AutoClientMemory(MachineMemory{32ull << 30, 16ull << 30}), 2048 * kMiB);
+  EXPECT_EQ(AutoClientMemory(MachineMemory{256 * kMiB, 200 * kMiB}), 32 * kMiB) << "the floor";
+  EXPECT_EQ(AutoClientMemory(MachineMemory{1ull << 40, 1ull << 39}), 4096 * kMiB) << "the ceiling";
+  DaemonConfig config;
+  config.host_capacity_bytes = 123 * kMiB;
+  const auto lines = ResolveAutoSizes(config, MachineMemory{32ull << 30, 16ull << 30});
+  EXPECT_EQ(config.client_memory_bytes, static_cast<int64_t>(2048 * kMiB));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("server.client_memory_bytes = 0 (auto): 2048 MiB"), std::string::npos) << lines[0];
+}
+
 TEST(AutoSizeTest, ReadsProcMeminfoAndResolvesOnlyWhatIsLeftAtZero) {
   const std::string dir = testing::MakeTempDir();
   const std::string path = dir + "/meminfo";
@@ -36,6 +48,7 @@ TEST(AutoSizeTest, ReadsProcMeminfoAndResolvesOnlyWhatIsLeftAtZero) {
 
   DaemonConfig config;
   config.host_capacity_bytes = 0;
+  config.client_memory_bytes = 64 * kMiB;
   const auto lines = ResolveAutoSizes(config, *memory);
   EXPECT_EQ(config.host_capacity_bytes, static_cast<int64_t>(AutoHostCapacity(*memory)));
   ASSERT_EQ(lines.size(), 1u);

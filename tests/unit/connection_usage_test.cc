@@ -10,9 +10,11 @@ using std::chrono::seconds;
 TEST(ConnectionUsage, LeasesAreCountedAgainstTheLimit) {
   ConnectionUsage usage(10, 1 << 20, seconds(60));
   EXPECT_EQ(usage.LeaseRoom(), 10u);
-  usage.Leased(7);
+  EXPECT_EQ(usage.TakeLeaseRoom(7), 7u);
+  usage.Leased(7, 7);
   EXPECT_EQ(usage.LeaseRoom(), 3u);
-  usage.Leased(3);
+  EXPECT_EQ(usage.TakeLeaseRoom(5), 3u) << "within max_leases";
+  usage.Leased(3, 3);
   EXPECT_EQ(usage.LeaseRoom(), 0u);
   EXPECT_TRUE(usage.holds_anything());
   usage.Released(4);
@@ -82,4 +84,78 @@ TEST(ConnectionUsage, ZeroIsNoLimitForAHandlerGivenNoneResolved) {
   EXPECT_TRUE(usage.ReserveFits(uint64_t{1} << 62));
 }
 
+namespace {
+
+TEST(ConnectionUsage, EveryPieceOfStateIsChargedAndGivenBack) {
+  ClientMemory memory(1 << 20, 1, 50);
+  {
+    ClientMemoryAccount account(&memory, 0, 0);
+    ConnectionUsage usage(100, 1 << 20, seconds(60), &account);
+    // Leases: room taken up front, what the engine did not grant given back.
+    EXPECT_EQ(usage.TakeLeaseRoom(10), 10u);
+    usage.Leased(6, 10);
+    EXPECT_EQ(account.held(), 6 * ClientStateCost::kLease);
+    usage.Released(6);
+    EXPECT_EQ(account.held(), 0u);
+    // Reservations: one record per key, even reserved again.
+    const BlockKey a{1, 1};
+    const auto now = ConnectionUsage::Clock::now();
+    EXPECT_EQ(usage.TakeReservationRoom(2), 2u);
+    usage.Reserved(a, 10, now);
+    usage.Reserved(a, 10, now);
+    EXPECT_EQ(account.held(), ClientStateCost::kReservation);
+    usage.Ended(a);
+    EXPECT_EQ(account.held(), 0u);
+    // Queued requests: charged by their keys, the difference on replace.
+    EXPECT_TRUE(usage.SetQueued(7, 100).ok());
+    EXPECT_EQ(account.held(), ClientStateCost::kQueuedRequest + 100 * ClientStateCost::kQueuedKey);
+    EXPECT_TRUE(usage.SetQueued(7, 10).ok());
+    EXPECT_EQ(account.held(), ClientStateCost::kQueuedRequest + 10 * ClientStateCost::kQueuedKey);
+    EXPECT_TRUE(usage.SetQueued(7, 0).ok());
+    EXPECT_EQ(account.held(), 0u);
+    // Loads: their blocks' leases and state until they end.
+    EXPECT_TRUE(usage.TakeLoadRoom(4).ok());
+    usage.LoadBegun(9, 4);
+    EXPECT_EQ(account.held(), 4 * (ClientStateCost::kLease + ClientStateCost::kLoadBlock));
+    usage.LoadEnded(9);
+    EXPECT_EQ(account.held(), 0u);
+    EXPECT_TRUE(usage.ChargeNamespaces(5000).ok());
+    EXPECT_EQ(memory.used(), 5000u);
+  }
+  EXPECT_EQ(memory.used(), 0u) << "a closed connection gives back all it held";
+}
+
+TEST(ConnectionUsage, StatePastTheMemoryBoundIsRefusedAndChangesNothing) {
+  const uint64_t one_request = ClientStateCost::kQueuedRequest + 1000 * ClientStateCost::kQueuedKey;
+  ClientMemory memory(one_request + one_request / 2, 1, 50);
+  ClientMemoryAccount account(&memory, 0, 0);
+  ConnectionUsage usage(1u << 20, 1 << 20, seconds(60), &account);
+  ASSERT_TRUE(usage.SetQueued(1, 1000).ok());
+  const Status refused = usage.SetQueued(2, 1000);
+  EXPECT_EQ(refused.code(), StatusCode::kBusy);
+  EXPECT_NE(refused.message().find("server.client_memory_bytes"), std::string::npos) << refused.message();
+  EXPECT_EQ(usage.queued_keys(2), 0u);
+  EXPECT_EQ(account.held(), one_request);
+  // A replacement that grows past the bound leaves the request as it was.
+  EXPECT_EQ(usage.SetQueued(1, 5000).code(), StatusCode::kBusy);
+  EXPECT_EQ(usage.queued_keys(1), 1000u);
+  // Leases fit by the room left: as many as the bound allows.
+  const uint64_t left = memory.total() - memory.used();
+  EXPECT_EQ(usage.TakeLeaseRoom(1u << 20), left / ClientStateCost::kLease);
+  EXPECT_EQ(usage.TakeLoadRoom(1).code(), StatusCode::kBusy);
+}
+
+TEST(ConnectionUsage, ReservingAndAbortingInALoopDoesNotPileUpRecords) {
+  ConnectionUsage usage(10, 1 << 20, seconds(60));
+  const auto now = ConnectionUsage::Clock::now();
+  usage.Reserved(BlockKey{9, 9}, 10, now);  // held throughout
+  for (uint64_t i = 0; i < 100000; ++i) {
+    usage.Reserved(BlockKey{i, 0}, 10, now);
+    usage.Ended(BlockKey{i, 0});
+  }
+  EXPECT_EQ(usage.reservations(), 1u);
+  EXPECT_LE(usage.expiry_records(), 2 * usage.reservations() + 65);
+}
+
+}  // namespace
 }  // namespace kvtier
