@@ -404,7 +404,7 @@ TEST(RedisConnectionTest, ALengthAnnouncedButNotSentCostsNoMemory) {
   // A hostile or broken node answers with the largest bulk length and the
   // most array elements a reply may announce, then sends nothing more: the
   // read times out, and memory grows with bytes received, not announced.
-  FakeRedis server([](const Command& c) { return Say(c[1] == "bulk" ? "$536870000\r\n" : "*1048576\r\n"); });
+  FakeRedis server([](const Command& c) { return Say(c[1] == "bulk" ? "$536870000\r\n" : "*65536\r\n"); });
   const int64_t before = PeakResidentBytes();
   ASSERT_GT(before, 0);
   for (const char* what : {"bulk", "array", "bulk", "array"}) {
@@ -465,6 +465,8 @@ TEST(RedisConnectionTest, GarbageRepliesAreProtocolErrors) {
       "$3\r\nabcXY\r\n",              // a bulk not ended by CRLF
       "*2\r\n:1\r\n!x\r\n",           // garbage inside an array
       "+" + std::string(70 * 1024, 'a'),  // a line without end
+      "*65537\r\n",                    // more elements than a reply may hold
+      "*40000\r\n*40000\r\n",           // the same, nested: refused at the second count
   };
   FakeRedis server([&](const Command& c) { return Say(garbage.at(std::stoul(c[1]))); });
   for (size_t i = 0; i < garbage.size(); ++i) {
