@@ -84,7 +84,7 @@ Result<size_t> ClusterClient::NodeFor(const std::string& host, int port, bool se
   }
   if (nodes_.size() >= kMaxKnownNodes) {
     return NoSpace("redis node " + address + " not learned: " + std::to_string(kMaxKnownNodes) +
-                             " nodes known already");
+                   " nodes known already");
   }
   auto node = std::make_unique<Node>();
   node->host = host;
@@ -301,7 +301,8 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   }
   if (!head.ok()) {
     if (head.status().code() == StatusCode::kProtocolError) {
-      CountRefusedMap(ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: " + head.status().message()));
+      CountRefusedMap(
+          ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: " + head.status().message()));
     }
     return head.status();
   }
@@ -319,7 +320,8 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   }
   if (head->type != RespReply::Type::kArray) {
     Release(index, std::move(*connection));
-    Status refused = ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: neither an array nor an error");
+    Status refused =
+        ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: neither an array nor an error");
     CountRefusedMap(refused);
     return refused;
   }

@@ -31,9 +31,12 @@
 // refused the same way (NoSpace).
 //
 // Errors: PermissionDenied (a node refused AUTH, or wants a password and
-// none is configured; a redirect to a node outside `networks`), Unavailable (no node reachable, cluster down), TimedOut (the
-// deadline passed: the DeadlineExceeded), ProtocolError; a Redis
-// error reply other than the routing ones comes back as a kError reply.
+// none is configured; a redirect to a node outside `networks`), NoSpace
+// (a redirect to a new node past kMaxKnownNodes), Unavailable (no node
+// reachable, cluster down), TimedOut (the deadline passed: the issue's
+// DeadlineExceeded), ProtocolError (a malformed reply, redirect or map);
+// a Redis error reply other than the routing ones comes back as a kError
+// reply.
 //
 // Thread-safe: any thread may run commands; each takes a connection of
 // its own from the node's pool for the duration.
