@@ -199,6 +199,11 @@ constexpr OptionSpec kOptions[] = {
      "The remote tier: some nodes of a Redis Cluster (or one Redis), \"host:port\" separated by commas; the rest "
      "are learned from CLUSTER SLOTS. Empty: no remote tier. Every kvtierd given the same cluster shares its blocks.",
      nullptr, &DaemonConfig::remote_nodes, /*may_be_empty=*/true},
+    {"remote.cluster_networks", OptionType::kString, "\"\"", 0, 0, "", false,
+     "Networks (\"10.0.0.0/16,fd00::/64\") where a Redis node that only another node's cluster map or redirect "
+     "names may be connected to (and sent the password); others are refused unconnected. Empty: the /24 (IPv4) or "
+     "/64 (IPv6) of each remote.nodes address. The remote.nodes themselves are always allowed.",
+     nullptr, &DaemonConfig::remote_cluster_networks, /*may_be_empty=*/true},
     {"remote.capacity_bytes", OptionType::kBytes, "\"64GiB\"", 1 * kMiB, 1024 * kTiB, "", false,
      "The share of the cluster's memory this node counts on (reported as the tier's capacity; the store's own "
      "maxmemory policy evicts).",

@@ -86,6 +86,7 @@ struct DaemonConfig {
   int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
   // [remote]
   std::string remote_nodes;       // "host:port,host:port"; empty: no remote tier
+  std::string remote_cluster_networks;  // "cidr,cidr"; empty: the nodes' /24 or /64
   int64_t remote_capacity_bytes = 0;
   std::string remote_admission;   // "all" | "second_hit" | "rate"
   int64_t remote_write_rate = 0;  // bytes/s (rate admission)

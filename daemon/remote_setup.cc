@@ -4,11 +4,31 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <string_view>
+#include <vector>
 
 #include "common/logging.h"
 #include "daemon/remote_key_file.h"
+#include "tiers/remote/cluster_networks.h"
 
 namespace kvtier {
+namespace {
+
+// "a, b,,c " -> {"a", "b", "c"}.
+std::vector<std::string> SplitList(std::string_view list) {
+  std::vector<std::string> out;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace
 
 Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   RemoteTierOptions o;
@@ -25,14 +45,10 @@ Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
     if (password.empty()) return InvalidArgument("remote.password_file: '" + config.remote_password_file + "' is empty");
     o.cluster.password = std::move(password);
   }
-  std::string_view nodes = config.remote_nodes;
-  while (!nodes.empty()) {
-    const size_t comma = nodes.find(',');
-    std::string_view node = nodes.substr(0, comma);
-    while (!node.empty() && node.front() == ' ') node.remove_prefix(1);
-    while (!node.empty() && node.back() == ' ') node.remove_suffix(1);
-    if (!node.empty()) o.cluster.seeds.emplace_back(node);
-    nodes = comma == std::string_view::npos ? std::string_view() : nodes.substr(comma + 1);
+  o.cluster.seeds = SplitList(config.remote_nodes);
+  o.cluster.networks = SplitList(config.remote_cluster_networks);
+  if (auto networks = ClusterNetworks::Parse(o.cluster.networks); !networks.ok()) {
+    return InvalidArgument("remote.cluster_networks: " + networks.status().message());
   }
   o.cluster.idle_connections_per_node = static_cast<size_t>(config.remote_connections_per_node);
   o.capacity_bytes = static_cast<uint64_t>(config.remote_capacity_bytes);

@@ -10,9 +10,10 @@
 
 namespace kvtier {
 
-// The options [remote] gives (remote.nodes split at commas), the password
-// read from remote.password_file. IoError naming the option when that file
-// cannot be read.
+// The options [remote] gives (remote.nodes and remote.cluster_networks
+// split at commas), the password read from remote.password_file. IoError
+// naming the option when that file cannot be read; InvalidArgument naming
+// remote.cluster_networks when it holds something that is no network.
 Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config);
 
 // The cluster secret from remote.key_file (created when missing) into

@@ -7,15 +7,15 @@
 // MOVED, ASK, TRYAGAIN, CLUSTERDOWN, CLUSTER SLOTS, a plain Redis, a dead
 // node.
 //
-// The fake server answers each command the client sends with what the
-// test's handler returns (possibly in pieces with short pauses, possibly
-// then hanging up) and records every byte and command. Deadlines are short
+// The fake server (tests/testing/fake_redis.h) answers each command the
+// client sends with what the test's handler returns (possibly in pieces
+// with short pauses, possibly then hanging up) and records every byte and
+// command. Deadlines are short
 // and only reached by the tests that wait for them.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,7 +25,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -38,6 +37,7 @@
 #include <vector>
 
 #include "common/counters.h"
+#include "tests/testing/fake_redis.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/hash_slot.h"
 #include "tiers/remote/redis_connection.h"
@@ -48,192 +48,9 @@ namespace {
 using namespace std::chrono_literals;
 using namespace std::string_literals;
 using Clock = std::chrono::steady_clock;
-using Command = std::vector<std::string>;
+using Command = FakeRedis::Command;
 
 RedisDeadline Soon(std::chrono::milliseconds ms = 2000ms) { return Clock::now() + ms; }
-
-// Takes one command (an array of bulk strings, as the client sends them)
-// off the front of `in`; nullopt while it is not all there.
-std::optional<Command> TakeCommand(std::string& in) {
-  size_t pos = 0;
-  auto line = [&](std::string* out) {
-    const size_t end = in.find("\r\n", pos);
-    if (end == std::string::npos) return false;
-    *out = in.substr(pos, end - pos);
-    pos = end + 2;
-    return true;
-  };
-  std::string l;
-  if (!line(&l)) return std::nullopt;
-  if (l.size() < 2 || l[0] != '*') {
-    ADD_FAILURE() << "the client sent '" << l << "' where a command should start";
-    in.clear();
-    return std::nullopt;
-  }
-  const int count = std::stoi(l.substr(1));
-  Command command;
-  for (int i = 0; i < count; ++i) {
-    if (!line(&l)) return std::nullopt;
-    if (l.size() < 2 || l[0] != '$') {
-      ADD_FAILURE() << "the client sent '" << l << "' where an argument should start";
-      in.clear();
-      return std::nullopt;
-    }
-    const size_t length = std::stoul(l.substr(1));
-    if (in.size() < pos + length + 2) return std::nullopt;
-    command.push_back(in.substr(pos, length));
-    pos += length + 2;
-  }
-  in.erase(0, pos);
-  return command;
-}
-
-// A loopback TCP server that answers each command with its handler's
-// Reply. Thread-safe; every connection has a thread of its own; the
-// handler runs under the server's lock (one at a time).
-class FakeRedis {
- public:
-  struct Reply {
-    std::vector<std::string> pieces;        // written in turn (none: silence)
-    std::chrono::milliseconds pause{0};     // between two pieces
-    bool hang_up = false;                   // then the server shuts its side
-  };
-  using Handler = std::function<Reply(const Command&)>;
-
-  explicit FakeRedis(Handler handler) : handler_(std::move(handler)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
-    EXPECT_EQ(::listen(listen_fd_, 16), 0) << std::strerror(errno);
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-    stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
-    acceptor_ = std::thread([this] { AcceptLoop(); });
-  }
-
-  ~FakeRedis() {
-    const uint64_t one = 1;
-    EXPECT_EQ(::write(stop_fd_, &one, sizeof one), ssize_t(sizeof one));
-    acceptor_.join();
-    std::vector<std::thread> servers;
-    {
-      std::lock_guard lock(mu_);
-      servers.swap(servers_);
-    }
-    for (auto& t : servers) t.join();
-    ::close(listen_fd_);
-    ::close(stop_fd_);
-  }
-
-  int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
-  // Every byte received, all connections, in arrival order.
-  std::string received() const {
-    std::lock_guard lock(mu_);
-    return received_;
-  }
-  std::vector<Command> commands() const {
-    std::lock_guard lock(mu_);
-    return commands_;
-  }
-  int connections() const {
-    std::lock_guard lock(mu_);
-    return connections_;
-  }
-  // Waits until `n` commands arrived (or a generous while passed).
-  bool WaitForCommands(size_t n) const {
-    std::unique_lock lock(mu_);
-    return arrived_.wait_for(lock, 5s, [&] { return commands_.size() >= n; });
-  }
-
- private:
-  void AcceptLoop() {
-    for (;;) {
-      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) continue;
-      if (p[1].revents != 0) return;
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      std::lock_guard lock(mu_);
-      ++connections_;
-      servers_.emplace_back([this, fd] { Serve(fd); });
-    }
-  }
-
-  // Sends all of `bytes` unless the server is stopping.
-  bool SendAll(int fd, std::string_view bytes) {
-    while (!bytes.empty()) {
-      const ssize_t sent = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (sent > 0) {
-        bytes.remove_prefix(static_cast<size_t>(sent));
-        continue;
-      }
-      if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-      pollfd p[2] = {{fd, POLLOUT, 0}, {stop_fd_, POLLIN, 0}};
-      ::poll(p, 2, -1);
-      if (p[1].revents != 0) return false;
-    }
-    return true;
-  }
-
-  void Serve(int fd) {
-    std::string pending;
-    bool shut = false;
-    for (;;) {
-      pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) continue;
-      if (p[1].revents != 0) break;
-      char chunk[64 * 1024];
-      const ssize_t got = ::recv(fd, chunk, sizeof chunk, 0);
-      if (got <= 0) break;
-      pending.append(chunk, static_cast<size_t>(got));
-      {
-        std::lock_guard lock(mu_);
-        received_.append(chunk, static_cast<size_t>(got));
-      }
-      while (!shut) {
-        std::optional<Command> command = TakeCommand(pending);
-        if (!command) break;
-        Reply reply;
-        {
-          std::lock_guard lock(mu_);
-          commands_.push_back(*command);
-          arrived_.notify_all();
-          reply = handler_(*command);
-        }
-        for (size_t i = 0; i < reply.pieces.size(); ++i) {
-          if (i > 0 && reply.pause > 0ms) std::this_thread::sleep_for(reply.pause);
-          if (!SendAll(fd, reply.pieces[i])) break;
-        }
-        if (reply.hang_up) {
-          ::shutdown(fd, SHUT_WR);  // the client reads EOF; keep reading until it closes
-          shut = true;
-        }
-      }
-    }
-    ::close(fd);
-  }
-
-  Handler handler_;
-  int listen_fd_ = -1;
-  int stop_fd_ = -1;
-  int port_ = 0;
-  std::thread acceptor_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable arrived_;
-  std::vector<std::thread> servers_;  // guarded by mu_
-  std::string received_;              // guarded by mu_
-  std::vector<Command> commands_;     // guarded by mu_
-  int connections_ = 0;               // guarded by mu_
-};
-
-FakeRedis::Reply Say(std::string bytes) { return FakeRedis::Reply{{std::move(bytes)}}; }
 
 // A port nothing listens on: bound (so no one else takes it) but not
 // listening, so a connect is refused.
@@ -587,7 +404,7 @@ TEST(RedisConnectionTest, ALengthAnnouncedButNotSentCostsNoMemory) {
   // A hostile or broken node answers with the largest bulk length and the
   // most array elements a reply may announce, then sends nothing more: the
   // read times out, and memory grows with bytes received, not announced.
-  FakeRedis server([](const Command& c) { return Say(c[1] == "bulk" ? "$536870000\r\n" : "*1048576\r\n"); });
+  FakeRedis server([](const Command& c) { return Say(c[1] == "bulk" ? "$536870000\r\n" : "*65536\r\n"); });
   const int64_t before = PeakResidentBytes();
   ASSERT_GT(before, 0);
   for (const char* what : {"bulk", "array", "bulk", "array"}) {
@@ -648,6 +465,8 @@ TEST(RedisConnectionTest, GarbageRepliesAreProtocolErrors) {
       "$3\r\nabcXY\r\n",              // a bulk not ended by CRLF
       "*2\r\n:1\r\n!x\r\n",           // garbage inside an array
       "+" + std::string(70 * 1024, 'a'),  // a line without end
+      "*65537\r\n",                    // more elements than a reply may hold
+      "*40000\r\n*40000\r\n",           // the same, nested: refused at the second count
   };
   FakeRedis server([&](const Command& c) { return Say(garbage.at(std::stoul(c[1]))); });
   for (size_t i = 0; i < garbage.size(); ++i) {

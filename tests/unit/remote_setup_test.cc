@@ -50,6 +50,20 @@ TEST(RemoteSetup, EveryOptionReachesTheTier) {
   EXPECT_TRUE(o.cluster.password.empty()) << "no password file: no AUTH";
 }
 
+TEST(RemoteSetup, ClusterNetworksAreSplitCheckedAndEmptyByDefault) {
+  auto defaults = RemoteOptionsFromConfig(Parse("[remote]\nnodes = \"10.0.0.1:7000\"\n"));
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  EXPECT_TRUE(defaults->cluster.networks.empty()) << "empty: the seeds' own networks";
+  auto set = RemoteOptionsFromConfig(Parse("[remote]\ncluster_networks = \" 10.0.0.0/16, fd00::/64,\"\n"));
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->cluster.networks, (std::vector<std::string>{"10.0.0.0/16", "fd00::/64"}));
+  auto bad = RemoteOptionsFromConfig(Parse("[remote]\ncluster_networks = \"10.0.0.0/16,10.0.0.0/40\"\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("remote.cluster_networks"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("10.0.0.0/40"), std::string::npos) << bad.status().ToString();
+}
+
 TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
   const std::string dir = testing::MakeTempDir();
   std::ofstream(dir + "/pw") << "s3cret pass\n";

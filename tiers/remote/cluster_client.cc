@@ -1,9 +1,16 @@
 #include "tiers/remote/cluster_client.h"
 
+#include <netdb.h>
+
 #include <algorithm>
 #include <charconv>
+#include <optional>
 #include <thread>
 #include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "tiers/remote/slot_map.h"
 
 namespace kvtier {
 namespace {
@@ -24,6 +31,8 @@ struct ClusterClient::Node {
   std::string host;
   int port = 0;
   std::string address;
+  bool seed = false;                                   // configured: allowed wherever it is
+  std::atomic<bool> outside{false};                    // its addresses were refused lately
   std::mutex mu;
   std::vector<std::unique_ptr<RedisConnection>> idle;  // guarded by mu
   std::atomic<int64_t> down_until_ns{0};               // steady clock; 0: up
@@ -31,20 +40,37 @@ struct ClusterClient::Node {
 
 Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOptions& options) {
   if (options.seeds.empty()) return InvalidArgument("remote tier: no cluster node given (remote.nodes)");
+  auto networks = ClusterNetworks::Parse(options.networks);
+  if (!networks.ok()) return InvalidArgument("cluster networks: " + networks.status().message());
   std::unique_ptr<ClusterClient> client(new ClusterClient(options));
+  client->networks_ = std::move(*networks);
   for (const std::string& seed : options.seeds) {
     auto address = ParseRedisAddress(seed);
     if (!address.ok()) return InvalidArgument("remote.nodes: " + address.status().message());
-    client->NodeFor(address->first, address->second);
+    if (auto added = client->NodeFor(address->first, address->second, /*seed=*/true); !added.ok()) {
+      return InvalidArgument("remote.nodes: " + added.status().message());
+    }
+    if (!client->default_networks_) continue;
+    // A numeric seed's network is known now; a name's once it is connected.
+    addrinfo hints{};
+    hints.ai_flags = AI_NUMERICHOST;
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(address->first.c_str(), nullptr, &hints, &found) == 0) {
+      client->networks_.AddAround(found->ai_addr);
+      ::freeaddrinfo(found);
+    }
   }
   return client;
 }
 
-ClusterClient::ClusterClient(const ClusterOptions& options) : options_(options) { slot_owner_.fill(-1); }
+ClusterClient::ClusterClient(const ClusterOptions& options)
+    : options_(options), default_networks_(options.networks.empty()) {
+  slot_owner_.fill(-1);
+}
 
 ClusterClient::~ClusterClient() = default;
 
-size_t ClusterClient::NodeFor(const std::string& host, int port) {
+Result<size_t> ClusterClient::NodeFor(const std::string& host, int port, bool seed) {
   const std::string address = host + ":" + std::to_string(port);
   {
     std::shared_lock lock(mu_);
@@ -56,12 +82,65 @@ size_t ClusterClient::NodeFor(const std::string& host, int port) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     if (nodes_[i]->address == address) return i;
   }
+  if (nodes_.size() >= kMaxKnownNodes) {
+    return NoSpace("redis node " + address + " not learned: " + std::to_string(kMaxKnownNodes) +
+                   " nodes known already");
+  }
   auto node = std::make_unique<Node>();
   node->host = host;
   node->port = port;
   node->address = address;
+  node->seed = seed;
   nodes_.push_back(std::move(node));
   return nodes_.size() - 1;
+}
+
+Result<size_t> ClusterClient::Admit(const std::string& host, int port, const std::string& named_by) {
+  const std::string address = host + ":" + std::to_string(port);
+  {
+    std::shared_lock lock(mu_);
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i]->address == address) return i;  // a seed, or admitted before (networks only grow)
+    }
+  }
+  std::optional<bool> inside;
+  std::string networks;
+  {
+    std::lock_guard lock(networks_mu_);
+    inside = networks_.ContainsNumeric(host);
+    networks = networks_.ToString();
+  }
+  if (inside.has_value() && !*inside) {
+    Status refused = PermissionDenied("redis node " + address + ", named by " + named_by +
+                                      ", is outside the cluster's networks (" + networks +
+                                      "; remote.cluster_networks): not connecting");
+    CountRefusedNode(refused);
+    return refused;
+  }
+  Result<size_t> node = NodeFor(host, port);
+  if (!node.ok()) CountRefusedNode(node.status());
+  return node;
+}
+
+void ClusterClient::CountRefusedNode(const Status& why) {
+  nodes_refused_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  if (!refusal_log_.Allow(suppressed)) return;
+  spdlog::warn("remote tier: {}{}", why.message(),
+               suppressed == 0 ? std::string() : " (" + std::to_string(suppressed) + " such lines suppressed)");
+}
+
+void ClusterClient::CountRefusedMap(const Status& why) {
+  maps_refused_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  if (!refusal_log_.Allow(suppressed)) return;
+  spdlog::warn("remote tier: {}; the previous map keeps routing{}", why.message(),
+               suppressed == 0 ? std::string() : " (" + std::to_string(suppressed) + " such lines suppressed)");
+}
+
+bool ClusterClient::Outside(size_t index) const {
+  std::shared_lock lock(mu_);
+  return nodes_[index]->outside.load(std::memory_order_relaxed);
 }
 
 size_t ClusterClient::NodeForSlot(uint16_t slot) {
@@ -96,11 +175,35 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
     return Unavailable("redis node " + node->address + " did not answer a moment ago");
   }
   const RedisDeadline connect_by = std::min(deadline, std::chrono::steady_clock::now() + options_.connect_timeout);
-  auto connection = RedisConnection::Connect(node->host, node->port, connect_by);
+  RedisConnection::AddressFilter allow;
+  if (!node->seed) {
+    allow = [this](const sockaddr* address) {
+      std::lock_guard lock(networks_mu_);
+      return networks_.Contains(address);
+    };
+  }
+  auto connection = RedisConnection::Connect(node->host, node->port, connect_by, allow);
   if (connection.ok()) {
     connects_.fetch_add(1, std::memory_order_relaxed);
     node->down_until_ns.store(0, std::memory_order_relaxed);
+    node->outside.store(false, std::memory_order_relaxed);
+    if (node->seed && default_networks_) {
+      std::lock_guard lock(networks_mu_);
+      networks_.AddAround((*connection)->peer());
+    }
     if (Status s = Authenticate(**connection, deadline); !s.ok()) return s;
+  } else if (connection.status().code() == StatusCode::kPermissionDenied) {
+    // Refused before dialling: nothing was sent, the password least of all.
+    node->outside.store(true, std::memory_order_relaxed);
+    std::string networks;
+    {
+      std::lock_guard lock(networks_mu_);
+      networks = networks_.ToString();
+    }
+    Status refused = PermissionDenied(connection.status().message() + ": outside the cluster's networks (" +
+                                      networks + "; remote.cluster_networks), not connecting");
+    CountRefusedNode(refused);
+    return refused;
   } else {
     connect_failures_.fetch_add(1, std::memory_order_relaxed);
     node->down_until_ns.store(
@@ -168,12 +271,14 @@ Status ClusterClient::ReadMap(RedisDeadline deadline) {
   Status last = Unavailable("no cluster node answered");
   for (size_t i = 0; i < count; ++i) {
     if (std::chrono::steady_clock::now() >= deadline) break;
-    last = RefreshFrom(i, deadline);
-    if (last.ok()) {
+    Status read = RefreshFrom(i, deadline);
+    if (read.ok()) {
       refreshes_.fetch_add(1, std::memory_order_relaxed);
       reachable_.store(true, std::memory_order_relaxed);
-      return last;
+      return read;
     }
+    if (Outside(i)) continue;  // refused without connecting: no answer either way
+    last = read;
   }
   refresh_failures_.fetch_add(1, std::memory_order_relaxed);
   if (last.code() == StatusCode::kUnavailable) reachable_.store(false, std::memory_order_relaxed);
@@ -186,47 +291,80 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   const RespArg args[] = {{"CLUSTER"}, {"SLOTS"}};
   (*connection)->Append(args);
   Status sent = (*connection)->Flush(deadline);
-  Result<RespReply> reply = sent.ok() ? (*connection)->ReadReply(deadline) : Result<RespReply>(sent);
+  // Only the reply's head: its ranges are read one at a time, each
+  // within bounds, so an announced size costs nothing until it arrives.
+  Result<RespReply> head = sent.ok() ? (*connection)->ReadReplyHead(deadline) : Result<RespReply>(sent);
+  std::string asked_address;
+  {
+    std::shared_lock lock(mu_);
+    asked_address = nodes_[index]->address;
+  }
+  if (!head.ok()) {
+    if (head.status().code() == StatusCode::kProtocolError) {
+      CountRefusedMap(
+          ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: " + head.status().message()));
+    }
+    return head.status();
+  }
+  if (head->is_error()) {
+    Release(index, std::move(*connection));
+    if (StartsWith(head->text, "NOAUTH") || StartsWith(head->text, "WRONGPASS")) {
+      return PermissionDenied("redis node " + asked_address + " wants a password: " + head->text);
+    }
+    if (head->text.find("cluster support disabled") == std::string::npos) {
+      return Unavailable("CLUSTER SLOTS answered: " + head->text);
+    }
+    std::unique_lock lock(mu_);
+    slot_owner_.fill(static_cast<int32_t>(index));  // a plain Redis: it holds every key
+    return Status::Ok();
+  }
+  if (head->type != RespReply::Type::kArray) {
+    Release(index, std::move(*connection));
+    Status refused =
+        ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: neither an array nor an error");
+    CountRefusedMap(refused);
+    return refused;
+  }
+  Status read = ReadSlotRanges(**connection, head->integer, index, deadline);
+  // A map refused part way leaves the rest of it unread: the connection
+  // is dropped, not pooled.
+  if (read.ok()) Release(index, std::move(*connection));
+  return read;
+}
+
+Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count, size_t index,
+                                     RedisDeadline deadline) {
   std::string asked_host, asked_address;
   {
     std::shared_lock lock(mu_);
     asked_host = nodes_[index]->host;
     asked_address = nodes_[index]->address;
   }
-  Release(index, std::move(*connection));
-  if (!reply.ok()) return reply.status();
+  auto refuse = [&](const Status& why) {
+    Status refused = ProtocolError("CLUSTER SLOTS reply of " + asked_address + " refused: " + why.message());
+    CountRefusedMap(refused);
+    return refused;
+  };
+  if (Status s = SlotMapBuilder::CheckRangeCount(count); !s.ok()) return refuse(s);
+  SlotMapBuilder map(asked_host);
+  for (int64_t i = 0; i < count; ++i) {
+    Result<RespReply> range = connection.ReadReply(deadline, SlotMapBuilder::kRangeLimits);
+    if (!range.ok()) return range.status().code() == StatusCode::kProtocolError ? refuse(range.status())
+                                                                                : range.status();
+    if (Status s = map.Add(*range); !s.ok()) return refuse(s);
+  }
+  // Whole and well formed: the nodes it names are learned (those the
+  // networks allow), and it replaces the map.
+  std::vector<int32_t> learned(map.nodes().size(), -1);
+  for (size_t n = 0; n < map.nodes().size(); ++n) {
+    const SlotMapBuilder::Node& node = map.nodes()[n];
+    auto admitted = Admit(node.host, node.port, "the cluster map of " + asked_address);
+    if (admitted.ok()) learned[n] = static_cast<int32_t>(*admitted);
+  }
   std::array<int32_t, kClusterSlots> owners;
   owners.fill(-1);
-  if (reply->is_error()) {
-    if (StartsWith(reply->text, "NOAUTH") || StartsWith(reply->text, "WRONGPASS")) {
-      return PermissionDenied("redis node " + asked_address + " wants a password: " + reply->text);
-    }
-    if (reply->text.find("cluster support disabled") == std::string::npos) {
-      return Unavailable("CLUSTER SLOTS answered: " + reply->text);
-    }
-    owners.fill(static_cast<int32_t>(index));  // a plain Redis: it holds every key
-  } else if (reply->type == RespReply::Type::kArray) {
-    for (const RespReply& range : reply->elements) {
-      if (range.type != RespReply::Type::kArray || range.elements.size() < 3) continue;
-      const RespReply& master = range.elements[2];
-      if (master.type != RespReply::Type::kArray || master.elements.size() < 2) continue;
-      const int64_t first = range.elements[0].integer, last = range.elements[1].integer;
-      if (first < 0 || last >= kClusterSlots || first > last) continue;
-      std::string host = master.elements[0].text;
-      if (host.empty() || host == "?") host = asked_host;  // the node's preferred endpoint is unknown
-      const size_t owner = NodeFor(host, static_cast<int>(master.elements[1].integer));
-      std::fill(owners.begin() + first, owners.begin() + last + 1, static_cast<int32_t>(owner));
-      // Replicas are learned too: after a failover one of them is whom to ask.
-      for (size_t r = 3; r < range.elements.size(); ++r) {
-        const RespReply& replica = range.elements[r];
-        if (replica.type != RespReply::Type::kArray || replica.elements.size() < 2) continue;
-        std::string replica_host = replica.elements[0].text;
-        if (replica_host.empty() || replica_host == "?") replica_host = asked_host;
-        NodeFor(replica_host, static_cast<int>(replica.elements[1].integer));
-      }
-    }
-  } else {
-    return ProtocolError("CLUSTER SLOTS answered neither an array nor an error");
+  for (const SlotMapBuilder::Range& range : map.ranges()) {
+    std::fill(owners.begin() + range.first, owners.begin() + range.last + 1, learned[range.master]);
   }
   std::unique_lock lock(mu_);
   slot_owner_ = owners;
@@ -254,9 +392,16 @@ Result<size_t> ClusterClient::RedirectTarget(const std::string& error, size_t fr
     endpoint = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + endpoint;
   }
   auto address = ParseRedisAddress(endpoint);
-  if (!address.ok()) return ProtocolError("malformed redirect '" + error + "'");
+  if (!address.ok() || address->first.size() > SlotMapBuilder::kMaxHostBytes) {
+    return ProtocolError("malformed redirect '" + error.substr(0, 64 + SlotMapBuilder::kMaxHostBytes) + "'");
+  }
   *slot = static_cast<uint16_t>(number);
-  return NodeFor(address->first, address->second);
+  std::string from_address;
+  {
+    std::shared_lock lock(mu_);
+    from_address = nodes_[from]->address;
+  }
+  return Admit(address->first, address->second, "a redirect from " + from_address);
 }
 
 Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, RedisDeadline deadline) {
@@ -378,6 +523,8 @@ void ClusterClient::VisitCounters(CounterVisitor& v) const {
   v.Visit("remote.cluster.map_refresh_failures", refresh_failures_.load(std::memory_order_relaxed));
   v.Visit("remote.cluster.connects", connects_.load(std::memory_order_relaxed));
   v.Visit("remote.cluster.connect_failures", connect_failures_.load(std::memory_order_relaxed));
+  v.Visit("remote.cluster.maps_refused", maps_refused_.load(std::memory_order_relaxed));
+  v.Visit("remote.cluster.nodes_refused", nodes_refused_.load(std::memory_order_relaxed));
   std::shared_lock lock(mu_);
   v.VisitGauge("remote.cluster.nodes", static_cast<int64_t>(nodes_.size()));
 }

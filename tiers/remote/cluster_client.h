@@ -17,10 +17,26 @@
 // A server without cluster support ("cluster support disabled") is one
 // node owning every slot, so a plain Redis works as well.
 //
+// A node's word is checked, not trusted (docs/OPERATIONS.md, "Remote
+// tier"): a map is read range by range within SlotMapBuilder's bounds
+// (slot_map.h) and taken whole or not at all: one too big or malformed is
+// a ProtocolError, counted (`maps_refused`), logged (rate-limited), and
+// the previous map keeps routing. A node that only a map or a redirect
+// names, not the seeds, is connected to only at an address inside
+// `networks`: one outside is refused before anything is sent to it (no
+// AUTH, no password), counted (`nodes_refused`), logged (rate-limited);
+// a map entry naming it is left out (its slots go to a seed, which
+// redirects), a command redirected to it fails with PermissionDenied. At
+// most kMaxKnownNodes nodes are ever learned; past that new ones are
+// refused the same way (NoSpace).
+//
 // Errors: PermissionDenied (a node refused AUTH, or wants a password and
-// none is configured), Unavailable (no node reachable, cluster down), TimedOut (the
-// deadline passed: the issue's DeadlineExceeded), ProtocolError; a Redis
-// error reply other than the routing ones comes back as a kError reply.
+// none is configured; a redirect to a node outside `networks`), NoSpace
+// (a redirect to a new node past kMaxKnownNodes), Unavailable (no node
+// reachable, cluster down), TimedOut (the deadline passed: the issue's
+// DeadlineExceeded), ProtocolError (a malformed reply, redirect or map);
+// a Redis error reply other than the routing ones comes back as a kError
+// reply.
 //
 // Thread-safe: any thread may run commands; each takes a connection of
 // its own from the node's pool for the duration.
@@ -38,7 +54,9 @@
 #include <vector>
 
 #include "common/counters.h"
+#include "common/log_rate_limiter.h"
 #include "kvtier/result.h"
+#include "tiers/remote/cluster_networks.h"
 #include "tiers/remote/hash_slot.h"
 #include "tiers/remote/redis_connection.h"
 
@@ -46,6 +64,12 @@ namespace kvtier {
 
 struct ClusterOptions {
   std::vector<std::string> seeds;  // "host:port" of some nodes (one is enough)
+  // Where the nodes that only another node names may be: networks as
+  // ClusterNetworks::Parse takes them ("10.0.0.0/8", "fd00::/64"). Empty:
+  // the /24 (IPv4) or /64 (IPv6) of each seed's address (a seed given by
+  // name: of the address it resolved to when connected). The seeds
+  // themselves are always allowed.
+  std::vector<std::string> networks;
   std::chrono::milliseconds connect_timeout{250};
   size_t idle_connections_per_node = 16;  // kept open between commands
   int max_attempts = 6;                   // redirects and retries of one command
@@ -61,8 +85,12 @@ struct ClusterOptions {
 
 class ClusterClient {
  public:
-  // Checks the seed addresses; connects to nothing yet (the first command
-  // or Refresh does). InvalidArgument for an empty list or a bad address.
+  // Nodes ever learned (seeds included), at most.
+  static constexpr size_t kMaxKnownNodes = 4096;
+
+  // Checks the seed addresses and networks; connects to nothing yet (the
+  // first command or Refresh does). InvalidArgument for an empty list, a
+  // bad address or a bad network.
   static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options);
   ~ClusterClient();
 
@@ -93,15 +121,24 @@ class ClusterClient {
   // The node addresses known now, masters and replicas alike.
   std::vector<std::string> Nodes() const;
 
-  // remote.cluster.*: redirects, refreshes, connections.
+  // remote.cluster.*: redirects, refreshes, connections, refusals.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
   struct Node;
   explicit ClusterClient(const ClusterOptions& options);
 
-  // The node index for `address`, added if new.
-  size_t NodeFor(const std::string& host, int port);
+  // The node index for host:port, added if new (NoSpace past
+  // kMaxKnownNodes). `seed`: a configured node, connected to wherever it is.
+  Result<size_t> NodeFor(const std::string& host, int port, bool seed = false);
+  // NodeFor for a node that `named_by` (a map, a redirect) names: refused
+  // (PermissionDenied, counted and logged) when its numeric address lies
+  // outside the networks; a name is checked when connecting.
+  Result<size_t> Admit(const std::string& host, int port, const std::string& named_by);
+  // Counts and logs (rate-limited) a node or map refused.
+  void CountRefusedNode(const Status& why);
+  void CountRefusedMap(const Status& why);
+  bool Outside(size_t node) const;
   // The node owning `slot`, or any known node while the map has none.
   size_t NodeForSlot(uint16_t slot);
   Result<std::unique_ptr<RedisConnection>> Acquire(size_t node, RedisDeadline deadline);
@@ -117,6 +154,9 @@ class ClusterClient {
   static int64_t NowNs();
   // Reads CLUSTER SLOTS from `node` into the map.
   Status RefreshFrom(size_t node, RedisDeadline deadline);
+  // The rest of a CLUSTER SLOTS reply that announced `count` ranges, into
+  // the map (replacing it) once all of it is read and checked.
+  Status ReadSlotRanges(RedisConnection& connection, int64_t count, size_t node, RedisDeadline deadline);
   // A routing error reply's target ("MOVED 3999 127.0.0.1:6381"), sent by
   // node `from` (whose host an empty one, "MOVED 3999 :6381", stands for).
   // ProtocolError when it is not one.
@@ -130,9 +170,14 @@ class ClusterClient {
   int64_t last_refresh_start_ns_ = 0;                 // guarded by refresh_mu_
   Status last_refresh_status_;                        // guarded by refresh_mu_: that read's outcome
   std::atomic<bool> reachable_{true};
+  const bool default_networks_;                       // options_.networks empty: the seeds' networks
+  mutable std::mutex networks_mu_;
+  ClusterNetworks networks_;                          // guarded by networks_mu_
+  LogRateLimiter refusal_log_{5, std::chrono::seconds(10)};
 
   std::atomic<int64_t> moved_{0}, asked_{0}, try_again_{0}, refreshes_{0}, refresh_failures_{0};
   std::atomic<int64_t> connects_{0}, connect_failures_{0}, retries_{0};
+  std::atomic<int64_t> maps_refused_{0}, nodes_refused_{0};
 };
 
 }  // namespace kvtier

@@ -20,11 +20,9 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 // Nesting of arrays a reply may have (CLUSTER SLOTS has 3 levels).
 constexpr int kMaxDepth = 8;
-// Elements one array reply may announce (CLUSTER SLOTS of a big cluster
-// stays far below).
-constexpr int64_t kMaxElements = 1 << 20;
-// Bytes a bulk reply may announce: Redis' own proto-max-bulk-len cap.
-constexpr int64_t kMaxBulk = int64_t{512} << 20;
+// Bytes a bulk reply may announce to ReadBulkInto: Redis' own
+// proto-max-bulk-len cap (ReadReply takes its RespLimits).
+constexpr int64_t kMaxBulk = RespLimits{}.max_bulk_bytes;
 constexpr int kMaxIov = 512;  // below IOV_MAX (1024)
 
 int MillisLeft(RedisDeadline deadline) {
@@ -69,7 +67,7 @@ Result<std::pair<std::string, int>> ParseRedisAddress(std::string_view text) {
 }
 
 Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const std::string& host, int port,
-                                                                  RedisDeadline deadline) {
+                                                                  RedisDeadline deadline, const AddressFilter& allow) {
   const std::string address = host + ":" + std::to_string(port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -79,7 +77,16 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const std::str
     return Unavailable("cannot resolve redis node " + address + ": " + ::gai_strerror(rc));
   }
   Status last = Unavailable("no address for redis node " + address);
+  bool dialled = false;
+  std::string refused;  // an address `allow` refused, for the message
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (allow && !allow(a->ai_addr)) {
+      char text[NI_MAXHOST] = {};
+      ::getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST);
+      if (refused.empty()) refused = text;
+      continue;
+    }
+    dialled = true;
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       last = ErrnoStatus("socket for redis node " + address, errno);
@@ -107,14 +114,20 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const std::str
       ::close(fd);
       continue;
     }
+    auto connection = std::unique_ptr<RedisConnection>(new RedisConnection(fd, address, a->ai_addr, a->ai_addrlen));
     ::freeaddrinfo(found);
-    return std::unique_ptr<RedisConnection>(new RedisConnection(fd, address));
+    return connection;
   }
   ::freeaddrinfo(found);
+  if (!dialled && !refused.empty()) {
+    return PermissionDenied("redis node " + address + " resolves to " + refused + ", an address not allowed");
+  }
   return last;
 }
 
-RedisConnection::RedisConnection(int fd, std::string address) : fd_(fd), address_(std::move(address)) {
+RedisConnection::RedisConnection(int fd, std::string address, const sockaddr* peer, socklen_t peer_length)
+    : fd_(fd), address_(std::move(address)) {
+  std::memcpy(&peer_, peer, std::min<size_t>(peer_length, sizeof peer_));
   buffer_.resize(kReadChunk);
 }
 
@@ -284,9 +297,18 @@ Result<std::string> RedisConnection::ReadLine(RedisDeadline deadline) {
   }
 }
 
-Result<RespReply> RedisConnection::ReadReply(RedisDeadline deadline) { return ReadReplyAt(0, deadline); }
+Result<RespReply> RedisConnection::ReadReply(RedisDeadline deadline, const RespLimits& limits) {
+  int64_t elements_left = limits.max_elements;
+  return ReadReplyAt(0, elements_left, limits, /*head_only=*/false, deadline);
+}
 
-Result<RespReply> RedisConnection::ReadReplyAt(int depth, RedisDeadline deadline) {
+Result<RespReply> RedisConnection::ReadReplyHead(RedisDeadline deadline, const RespLimits& limits) {
+  int64_t elements_left = limits.max_elements;
+  return ReadReplyAt(0, elements_left, limits, /*head_only=*/true, deadline);
+}
+
+Result<RespReply> RedisConnection::ReadReplyAt(int depth, int64_t& elements_left, const RespLimits& limits,
+                                               bool head_only, RedisDeadline deadline) {
   Result<std::string> line = ReadLine(deadline);
   if (!line.ok()) return line.status();
   if (line->empty()) return Fail(ProtocolError("empty reply line"));
@@ -320,7 +342,10 @@ Result<RespReply> RedisConnection::ReadReplyAt(int depth, RedisDeadline deadline
       Result<int64_t> n = number();
       if (!n.ok()) return n.status();
       if (*n == -1) return reply;  // nil
-      if (*n < 0 || *n > kMaxBulk) return Fail(ProtocolError("bulk length " + std::to_string(*n) + " out of range"));
+      if (*n < 0 || *n > limits.max_bulk_bytes) {
+        return Fail(ProtocolError("bulk length " + std::to_string(*n) + " out of range (at most " +
+                                  std::to_string(limits.max_bulk_bytes) + ")"));
+      }
       if (Status s = Fill(static_cast<size_t>(*n) + 2, deadline); !s.ok()) return s;
       const char* end = buffer_.data() + begin_ + *n;
       if (end[0] != '\r' || end[1] != '\n') return Fail(ProtocolError("bulk not ended by CRLF"));
@@ -333,15 +358,24 @@ Result<RespReply> RedisConnection::ReadReplyAt(int depth, RedisDeadline deadline
       Result<int64_t> n = number();
       if (!n.ok()) return n.status();
       if (*n == -1) return reply;  // nil array
-      if (*n < 0 || *n > kMaxElements || depth >= kMaxDepth) {
+      if (*n < 0 || depth >= kMaxDepth) {
         return Fail(ProtocolError("array of " + std::to_string(*n) + " elements at depth " + std::to_string(depth)));
       }
       reply.type = RespReply::Type::kArray;
+      if (head_only && depth == 0) {
+        reply.integer = *n;
+        return reply;
+      }
+      if (*n > elements_left) {
+        return Fail(ProtocolError("array of " + std::to_string(*n) + " elements exceeds the reply's bound of " +
+                                  std::to_string(limits.max_elements)));
+      }
+      elements_left -= *n;
       // Reserved for what a real reply holds, not for what was announced:
       // the elements themselves must arrive before they take memory.
       reply.elements.reserve(static_cast<size_t>(std::min<int64_t>(*n, 1024)));
       for (int64_t i = 0; i < *n; ++i) {
-        Result<RespReply> element = ReadReplyAt(depth + 1, deadline);
+        Result<RespReply> element = ReadReplyAt(depth + 1, elements_left, limits, head_only, deadline);
         if (!element.ok()) return element.status();
         reply.elements.push_back(std::move(*element));
       }

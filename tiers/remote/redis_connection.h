@@ -19,11 +19,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include "kvtier/result.h"
 
@@ -43,6 +46,18 @@ struct RespReply {
   bool is_error() const { return type == Type::kError; }
 };
 
+// What one reply may hold, checked as each length is announced, before
+// anything is read or allocated for it; past a bound the reply is a
+// ProtocolError and the connection broken.
+struct RespLimits {
+  // Array elements in the whole reply, nested ones included. A reply of
+  // the commands the tier sends holds none but CLUSTER SLOTS', which is
+  // read a range at a time (cluster_client.h).
+  int64_t max_elements = int64_t{1} << 16;
+  // Bytes of one bulk string: Redis' own proto-max-bulk-len cap.
+  int64_t max_bulk_bytes = int64_t{512} << 20;
+};
+
 // One argument of a command: the bytes of `head` then those of `tail`
 // (either may be empty), sent as one bulk string.
 struct RespArg {
@@ -53,8 +68,13 @@ struct RespArg {
 class RedisConnection {
  public:
   // Connects to host:port (a numeric IPv4/IPv6 address or a name) with
-  // TCP_NODELAY. Unavailable or TimedOut naming the address.
-  static Result<std::unique_ptr<RedisConnection>> Connect(const std::string& host, int port, RedisDeadline deadline);
+  // TCP_NODELAY. Unavailable or TimedOut naming the address. `allow`,
+  // when given, sees each address the host resolves to before it is
+  // dialled; those it refuses are skipped, and when it refuses them all
+  // the result is PermissionDenied naming one (nothing was sent).
+  using AddressFilter = std::function<bool(const sockaddr* address)>;
+  static Result<std::unique_ptr<RedisConnection>> Connect(const std::string& host, int port, RedisDeadline deadline,
+                                                          const AddressFilter& allow = nullptr);
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -66,8 +86,13 @@ class RedisConnection {
   // Sends everything appended.
   Status Flush(RedisDeadline deadline);
 
-  // The next reply, whole (nested arrays included).
-  Result<RespReply> ReadReply(RedisDeadline deadline);
+  // The next reply, whole (nested arrays included), within `limits`.
+  Result<RespReply> ReadReply(RedisDeadline deadline, const RespLimits& limits = {});
+  // The next reply, but of an array only its announced length: type
+  // kArray, `integer` the element count, no elements (the caller reads
+  // them with ReadReply, one at a time, and decides how many it takes).
+  // Other replies come back whole, within `limits`.
+  Result<RespReply> ReadReplyHead(RedisDeadline deadline, const RespLimits& limits = {});
   // The next reply, expected to be a bulk string: when its length is
   // exactly head.size() + body.size() its bytes land in `head` then `body`
   // (no intermediate copy); a bulk of any other length is read and
@@ -77,9 +102,11 @@ class RedisConnection {
 
   bool broken() const { return broken_; }
   const std::string& address() const { return address_; }
+  // The address connected to (what the host resolved to).
+  const sockaddr* peer() const { return reinterpret_cast<const sockaddr*>(&peer_); }
 
  private:
-  RedisConnection(int fd, std::string address);
+  RedisConnection(int fd, std::string address, const sockaddr* peer, socklen_t peer_length);
   // Some bytes (1..n) from the socket into `dst`, waiting until the deadline.
   Result<size_t> Receive(void* dst, size_t n, RedisDeadline deadline);
   // Makes at least `n` unread bytes available in the buffer.
@@ -89,12 +116,17 @@ class RedisConnection {
   // Drops `n` bytes of the stream.
   Status Skip(size_t n, RedisDeadline deadline);
   Result<std::string> ReadLine(RedisDeadline deadline);
-  Result<RespReply> ReadReplyAt(int depth, RedisDeadline deadline);
+  // One reply at nesting `depth`; `elements_left` counts down the array
+  // elements the whole reply may still hold. A head only: an array's
+  // elements are left unread.
+  Result<RespReply> ReadReplyAt(int depth, int64_t& elements_left, const RespLimits& limits, bool head_only,
+                                RedisDeadline deadline);
   Status WaitFor(short events, RedisDeadline deadline);
   Status Fail(Status status);
 
   int fd_ = -1;
   std::string address_;
+  sockaddr_storage peer_{};
   bool broken_ = false;
   // Outgoing: framing bytes (RESP lengths) and the pieces to send, as
   // (offset in framing_ or pointer) runs turned into iovecs at Flush.
