@@ -282,6 +282,15 @@ constexpr OptionSpec kOptions[] = {
     {"metrics.port", OptionType::kInt, "9470", 0, 65535, "", false,
      "TCP port of the metrics endpoint; 0 takes any free port (logged, and printed as the 'metrics:' line).",
      &DaemonConfig::metrics_port, nullptr},
+    {"metrics.bearer_token_file", OptionType::kString, "\"\"", 0, 0, "", false,
+     "File of a bearer token (mode 0600; created with a random one when missing) that every scrape of /metrics "
+     "must present (Authorization: Bearer <token>, else 401); such a scrape sees every series. Empty: no token.",
+     nullptr, &DaemonConfig::metrics_bearer_token_file, /*may_be_empty=*/true},
+    {"metrics.tenant_series", OptionType::kBool, "false", 0, 1, "", false,
+     "With [[tenant]] tables and no metrics.bearer_token_file: true shows every series (each tenant's, with its "
+     "model ids) to anyone who can reach the endpoint; false leaves out every series labelled with a tenant or a "
+     "namespace. Without tenants, or with a token, it changes nothing.",
+     &DaemonConfig::metrics_tenant_series, nullptr},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
      true, "Log verbosity.",
      nullptr, &DaemonConfig::log_level},
@@ -489,6 +498,7 @@ std::string TenantConfigToml(DaemonConfig config, std::string_view tenant) {
   std::erase_if(config.tenants, [tenant](const TenantConfig& t) { return t.name != tenant; });
   config.tenant_key_file.clear();
   config.remote_password_file.clear();
+  config.metrics_bearer_token_file.clear();
   return "# the running configuration as tenant " + std::string(tenant) +
          " sees it: its own [[tenant]] table only; the secret files' paths are the operator's\n" + ConfigToml(config);
 }

@@ -111,6 +111,8 @@ struct DaemonConfig {
   int64_t metrics_enabled = 0;  // bool
   std::string metrics_address;
   int64_t metrics_port = 0;
+  std::string metrics_bearer_token_file;  // empty: no token (metrics_server.h)
+  int64_t metrics_tenant_series = 0;      // bool: with tenants and no token, show their series anyway
   // [log]
   std::string log_level;
   std::string log_format;  // "text" | "json"

@@ -74,6 +74,9 @@ Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
     places.push_back({index, "nvme.index_path"});
   }
   if (!config.tenant_key_file.empty()) places.push_back({DirectoryOf(config.tenant_key_file), "server.tenant_key_file's directory"});
+  if (config.metrics_enabled != 0 && !config.metrics_bearer_token_file.empty()) {
+    places.push_back({DirectoryOf(config.metrics_bearer_token_file), "metrics.bearer_token_file's directory"});
+  }
   if (!config.remote_nodes.empty() && !config.remote_key_file.empty()) {
     places.push_back({DirectoryOf(config.remote_key_file), "remote.key_file's directory"});
   }

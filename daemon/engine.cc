@@ -159,8 +159,16 @@ void Engine::WaitForIdle() {
 }
 
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  LookupOutcome out;
-  out.tiers.reserve(keys.size());
+  LookupCursor cursor;
+  LookupSome(ns, keys, cursor, keys.size());
+  return std::move(cursor.out);
+}
+
+void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
+                        size_t max_keys) {
+  if (cursor.done) return;
+  LookupOutcome& out = cursor.out;
+  if (cursor.next == 0) out.tiers.reserve(keys.size());
   // Where `key` is, from what the tiers know now (no I/O).
   auto place = [&](const BlockKey& key) -> std::optional<Tier> {
     if (above_ != nullptr) {
@@ -187,26 +195,33 @@ LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const Blo
     Bump(below_[below->level]->lookup_hits);
     return below_[below->level]->tier->kind();
   };
-  bool probed = false;
-  for (size_t i = 0; i < keys.size(); ++i) {
+  max_keys = std::max<size_t>(max_keys, 1);
+  const size_t end = keys.size() - cursor.next > max_keys ? cursor.next + max_keys : keys.size();
+  bool missed = false;
+  for (; cursor.next < end; ++cursor.next) {
+    const size_t i = cursor.next;
     std::optional<Tier> tier = place(keys[i]);
-    if (!tier && !probed && !below_.empty()) {
+    if (!tier && !cursor.probed && !below_.empty()) {
       // The rest of the chain is not known here: tiers that others write
       // too (the remote tier) learn about it now, with no lock held, in
       // one round trip for all of it.
-      probed = true;
+      cursor.probed = true;
       for (const auto& b : below_) b->tier->Probe(ns, keys.subspan(i));
       tier = place(keys[i]);
     }
-    if (!tier) break;
+    if (!tier) {
+      missed = true;
+      break;
+    }
     out.tiers.push_back(*tier);
   }
+  if (!missed && cursor.next < keys.size()) return;  // more steps to come
+  cursor.done = true;
   out.prefix_blocks = out.tiers.size();
   if (out.prefix_blocks < keys.size()) Bump(counters_.lookup_misses);
   Bump(counters_.lookups);
   Bump(counters_.lookup_keys, static_cast<int64_t>(keys.size()));
   Bump(counters_.lookup_hit_blocks, static_cast<int64_t>(out.prefix_blocks));
-  return out;
 }
 
 std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,

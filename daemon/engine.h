@@ -163,6 +163,15 @@ struct LookupOutcome {
   std::vector<Tier> tiers;
 };
 
+// A Lookup made a few keys at a time (Engine::LookupSome): what it found so
+// far, where it goes on, and whether the tiers below were probed.
+struct LookupCursor {
+  LookupOutcome out;  // prefix_blocks is set once done
+  size_t next = 0;    // the index of the next key to place
+  bool probed = false;
+  bool done = false;  // a key missed, or every key was placed
+};
+
 // How a namespace's blocks split into layers (from its descriptor).
 struct NamespaceLayout {
   uint32_t layer_count = 1;
@@ -271,6 +280,15 @@ class Engine {
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.
   LookupOutcome Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  // The same Lookup in steps: places at most `max_keys` more of `keys`
+  // from `cursor.next` and sets `cursor.done` when a key misses or none is
+  // left (then it counts as one lookup, and `cursor.out` is Lookup's
+  // answer). Each key is placed under its own shard lock, in steps as in
+  // one call, so a caller may do other work between steps; the tiers below
+  // are probed once, for every key from the first unknown one on.
+  // Precondition: `keys` is the same span on every step of a cursor.
+  void LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
+                  size_t max_keys);
 
   // Reserves arena space for each key (sizes[i] bytes). Per key: ok with the
   // slot, AlreadyExists (committed or being written), NoSpace (nothing left

@@ -30,6 +30,7 @@
 #include "daemon/memory_limit.h"
 #include "daemon/metrics_format.h"
 #include "daemon/metrics_server.h"
+#include "daemon/secret_file.h"
 #include "daemon/protobuf_logging.h"
 #include "daemon/server.h"
 #include "daemon/tenant_config.h"
@@ -101,6 +102,23 @@ int StartFailure(const DaemonConfig& config, const std::string& why, int exit_co
     std::fprintf(stderr, "kvtierd: cannot start: %s\n", line.c_str());
   }
   return exit_code;
+}
+
+// The metrics endpoint's options: where it listens, its bearer token (read,
+// or created, from metrics.bearer_token_file) and what a scrape without a
+// token sees: with tenants, daemon-wide series only unless
+// metrics.tenant_series (docs/OPERATIONS.md, "Metrics").
+Result<MetricsOptions> MetricsOptionsOf(const DaemonConfig& config, bool has_tenants) {
+  MetricsOptions options{config.metrics_address, static_cast<uint16_t>(config.metrics_port)};
+  if (!config.metrics_bearer_token_file.empty()) {
+    bool created = false;
+    auto token = LoadOrCreateToken(config.metrics_bearer_token_file, "the metrics bearer token", &created);
+    if (!token.ok()) return Status(token.status().code(), "metrics.bearer_token_file: " + token.status().message());
+    if (created) spdlog::info("metrics: created a bearer token in {}", config.metrics_bearer_token_file);
+    options.bearer_token = std::move(*token);
+  }
+  options.open_view = has_tenants && config.metrics_tenant_series == 0 ? MetricsView::kDaemonWide : MetricsView::kAll;
+  return options;
 }
 
 // The value of `spec` in `config`, as it would be written in TOML.
@@ -253,12 +271,15 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   // Declared after the server and the engines: it stops serving before they go.
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_enabled != 0) {
-    MetricsOptions metrics_options{config.metrics_address, static_cast<uint16_t>(config.metrics_port)};
-    auto started = MetricsServer::Start(metrics_options, [&server = **server, &engines = **engines] {
+    auto metrics_options = MetricsOptionsOf(config, (*engines)->has_tenants());
+    if (!metrics_options.ok()) return StartFailure(config, metrics_options.status().ToString());
+    auto started = MetricsServer::Start(*metrics_options, [&server = **server, &engines = **engines](MetricsView view) {
       PrometheusWriter writer;
-      writer.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
-      server.VisitCounters(writer);
-      engines.VisitCounters(writer);
+      DaemonWideVisitor daemon_wide(writer);
+      CounterVisitor& out = view == MetricsView::kAll ? static_cast<CounterVisitor&>(writer) : daemon_wide;
+      out.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
+      server.VisitCounters(out);
+      engines.VisitCounters(out);
       return writer.Text();
     });
     if (!started.ok()) return StartFailure(config, started.status().ToString());

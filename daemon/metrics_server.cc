@@ -36,7 +36,52 @@ std::string Response(int code, std::string_view reason, std::string_view content
   return out;
 }
 
+char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (Lower(a[i]) != Lower(b[i])) return false;
+  }
+  return true;
+}
+
+std::string_view TrimSpaces(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Equal bytes, in time that depends on `expected`'s length only.
+bool ConstantTimeEquals(std::string_view presented, std::string_view expected) {
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<unsigned char>(p ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
 }  // namespace
+
+bool HasBearerToken(std::string_view head, std::string_view token) {
+  bool found = false;
+  size_t at = head.find("\r\n");
+  while (at != std::string_view::npos) {
+    const size_t start = at + 2;
+    const size_t end = head.find("\r\n", start);
+    const std::string_view line = head.substr(start, end == std::string_view::npos ? end : end - start);
+    at = end;
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos || !EqualsIgnoringCase(line.substr(0, colon), "authorization")) continue;
+    const std::string_view value = TrimSpaces(line.substr(colon + 1));
+    if (value.size() < 7 || !EqualsIgnoringCase(value.substr(0, 7), "bearer ")) return false;
+    if (found) return false;  // two Authorization headers: refused, whatever they say
+    found = ConstantTimeEquals(TrimSpaces(value.substr(7)), token);
+    if (!found) return false;
+  }
+  return found;
+}
 
 struct MetricsServer::State {
   // One open connection. `idle` until its request head is read; `listed`
@@ -75,7 +120,16 @@ struct MetricsServer::State {
       return Response(405, "Method Not Allowed", "text/plain", "only GET and HEAD\n", false, "Allow: GET, HEAD");
     }
     if (target == "/metrics") {
-      return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render(), head_only);
+      MetricsView view = options.open_view;
+      if (!options.bearer_token.empty()) {
+        if (!HasBearerToken(head, options.bearer_token)) {
+          return Response(401, "Unauthorized", "text/plain",
+                          "this endpoint needs Authorization: Bearer <the token in metrics.bearer_token_file>\n",
+                          head_only, "WWW-Authenticate: Bearer realm=\"kvtierd\"");
+        }
+        view = MetricsView::kAll;
+      }
+      return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render(view), head_only);
     }
     if (target == "/healthz") return Response(200, "OK", "text/plain", "ok\n", head_only);
     if (target == "/") {

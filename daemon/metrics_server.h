@@ -11,6 +11,11 @@
 // being answered. Bound to an address (127.0.0.1 by default, so it
 // is not exposed beyond the node unless configured).
 //
+// Who sees what (metrics_scope.h): with a bearer token, a GET or HEAD of
+// /metrics without `Authorization: Bearer <token>` (compared in constant
+// time) is answered 401 and one with it sees every series; without a token
+// every scrape sees `open_view`. /healthz and / need no token.
+//
 // Thread-safety: one thread of its own runs every connection; `render` is
 // called on it and must be thread-safe against the daemon's other work.
 #pragma once
@@ -19,7 +24,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "daemon/metrics_scope.h"
 #include "kvtier/result.h"
 
 namespace kvtier {
@@ -27,11 +34,22 @@ namespace kvtier {
 struct MetricsOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 0;  // 0: any free port (port() says which)
+  // Non-empty: every scrape must present it (metrics.bearer_token_file).
+  std::string bearer_token;
+  // What a scrape sees when there is no token.
+  MetricsView open_view = MetricsView::kAll;
 };
+
+// Whether the request head `head` (request line, header lines, the blank
+// line) carries `Authorization: Bearer <token>` (header name and scheme in
+// any case) with exactly `token`, compared in time that depends on the
+// token's length only. Exposed for tests.
+bool HasBearerToken(std::string_view head, std::string_view token);
 
 class MetricsServer {
  public:
-  using Render = std::function<std::string()>;
+  // The exposition of the series `view` allows.
+  using Render = std::function<std::string(MetricsView view)>;
   // Binds and starts serving. IoError (with the address) when the address
   // cannot be bound (in use, not local), InvalidArgument when it is not an
   // IP address.

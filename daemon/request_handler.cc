@@ -43,7 +43,7 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     return {};
   }
   switch (request.body_case()) {
-    case v1::Request::kLookup: HandleLookup(request.lookup(), response); break;
+    case v1::Request::kLookup: HandleLookup(request, response); break;
     case v1::Request::kReserve: HandleReserve(request.reserve(), response); break;
     case v1::Request::kCommit: HandleCommit(request.commit(), response); break;
     case v1::Request::kAbort: HandleAbort(request.abort(), response); break;
@@ -252,16 +252,49 @@ void RequestHandler::HandleQueueHint(const v1::QueueHint& q, v1::Response& respo
   }
 }
 
-void RequestHandler::HandleLookup(const v1::LookupRequest& r, v1::Response& response) {
-  auto ns = Namespace(r.ns());
-  if (!ns.ok()) return SetStatus(response, ns.status());
-  auto keys = wire::KeysFromProto(r.keys());
-  if (!keys.ok()) return SetStatus(response, keys.status());
-  LookupOutcome out = context_.engine->Lookup(*ns, *keys);
+void RequestHandler::HandleLookup(const v1::Request& request, v1::Response& response) {
+  LookupSteps steps = BeginLookup(request);
+  StepLookup(steps, steps.keys.size(), response);
+}
+
+bool RequestHandler::LookupTakesSteps(const v1::Request& request, size_t chunk_keys) const {
+  return request.body_case() == v1::Request::kLookup && ServesPins() &&
+         static_cast<size_t>(request.lookup().keys_size()) / 2 > chunk_keys;
+}
+
+RequestHandler::LookupSteps RequestHandler::BeginLookup(const v1::Request& request) const {
+  LookupSteps steps;
+  steps.id = request.id();
+  auto ns = Namespace(request.lookup().ns());
+  if (!ns.ok()) {
+    steps.refused = ns.status();
+    return steps;
+  }
+  steps.ns = *ns;
+  auto keys = wire::KeysFromProto(request.lookup().keys());
+  if (!keys.ok()) {
+    steps.refused = keys.status();
+    return steps;
+  }
+  steps.keys = std::move(*keys);
+  return steps;
+}
+
+bool RequestHandler::StepLookup(LookupSteps& steps, size_t chunk_keys, v1::Response& response) {
+  response.set_id(steps.id);
+  if (!steps.refused.ok()) {
+    SetStatus(response, steps.refused);
+    return true;
+  }
+  context_.engine->LookupSome(steps.ns, steps.keys, steps.cursor, chunk_keys);
+  if (!steps.cursor.done) return false;
+  const LookupOutcome& out = steps.cursor.out;
   auto* body = response.mutable_lookup();
   body->set_prefix_blocks(static_cast<uint32_t>(out.prefix_blocks));
+  body->mutable_tiers()->Reserve(static_cast<int>(out.tiers.size()));
   for (Tier t : out.tiers) body->add_tiers(static_cast<uint32_t>(t));
   SetStatus(response, Status::Ok());
+  return true;
 }
 
 void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& response) {

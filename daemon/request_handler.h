@@ -110,6 +110,28 @@ class RequestHandler {
   // The most namespaces one ListNamespaces page holds (and its default).
   static constexpr uint32_t kMaxListPageNamespaces = 256;
 
+  // A Lookup answered in steps of a bounded number of keys, so that the
+  // connection can let its io thread serve other connections between them
+  // (server_connection.cc). The answer is the one Handle gives.
+  struct LookupSteps {
+    uint64_t id = 0;
+    NamespaceFingerprint ns;
+    std::vector<BlockKey> keys;
+    LookupCursor cursor;
+    Status refused = Status::Ok();  // the request is answered with this at the first step
+  };
+  // Whether `request` is a Lookup worth answering in steps of
+  // `chunk_keys`: more keys than that, from a tenant's connection after
+  // Hello. Others go to Handle (which answers any refusal).
+  bool LookupTakesSteps(const v1::Request& request, size_t chunk_keys) const;
+  // Starts `request` (precondition: a Lookup). Cheap: resolves the
+  // namespace and copies the keys; a bad namespace or key list is kept in
+  // `refused`.
+  LookupSteps BeginLookup(const v1::Request& request) const;
+  // Places at most `chunk_keys` more keys; true once the Lookup is
+  // answered, with `response` filled (id, status, body) as Handle would.
+  bool StepLookup(LookupSteps& steps, size_t chunk_keys, v1::Response& response);
+
   // Whether a Pin may go to HandlePinAsync: the caller said Hello and is a
   // tenant's (an operator's connection has no engine). When not, the Pin
   // goes to Handle, which answers why.
@@ -119,7 +141,7 @@ class RequestHandler {
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
   // Resolves a request's namespace index; InvalidArgument if unregistered.
   Result<NamespaceFingerprint> Namespace(uint32_t ns) const;
-  void HandleLookup(const v1::LookupRequest& r, v1::Response& response);
+  void HandleLookup(const v1::Request& request, v1::Response& response);
   void HandleReserve(const v1::ReserveRequest& r, v1::Response& response);
   void HandleCommit(const v1::CommitRequest& r, v1::Response& response);
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);

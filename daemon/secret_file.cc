@@ -22,7 +22,10 @@ struct FdCloser {
   }
 };
 
-Result<std::string> ReadSecret(const std::string& path, int fd, size_t bytes, const std::string& what) {
+// The whole file, of `min_bytes`..`max_bytes` bytes, after the checks
+// LoadOrCreateSecret states.
+Result<std::string> ReadSecret(const std::string& path, int fd, size_t min_bytes, size_t max_bytes,
+                               const std::string& what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return IoError("cannot stat " + what + " " + path + ": " + Errno());
   if (!S_ISREG(st.st_mode)) return InvalidArgument(what + " " + path + " is not a regular file");
@@ -32,11 +35,13 @@ Result<std::string> ReadSecret(const std::string& path, int fd, size_t bytes, co
     return InvalidArgument(what + " " + path + " has mode " + mode +
                            ": group or others may read it; chmod 0600 it (whoever reads it holds the secret)");
   }
-  if (st.st_size != static_cast<off_t>(bytes)) {
-    return InvalidArgument(what + " " + path + " holds " + std::to_string(st.st_size) + " bytes, not " +
-                           std::to_string(bytes));
+  if (st.st_size < static_cast<off_t>(min_bytes) || st.st_size > static_cast<off_t>(max_bytes)) {
+    const std::string wanted = min_bytes == max_bytes
+                                   ? std::to_string(min_bytes)
+                                   : std::to_string(min_bytes) + " to " + std::to_string(max_bytes);
+    return InvalidArgument(what + " " + path + " holds " + std::to_string(st.st_size) + " bytes, not " + wanted);
   }
-  std::string secret(bytes, '\0');
+  std::string secret(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
   while (got < secret.size()) {
     const ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
@@ -90,20 +95,24 @@ Result<std::string> RandomSecret(size_t bytes) {
   return secret;
 }
 
-Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, std::string_view what_view,
-                                       bool* created) {
-  const std::string what(what_view);
+namespace {
+
+// LoadOrCreateSecret's body: reads `path` (min_bytes..max_bytes) or, when
+// it does not exist, publishes `fresh()` there.
+template <typename Fresh>
+Result<std::string> LoadOrCreate(const std::string& path, size_t min_bytes, size_t max_bytes, const std::string& what,
+                                 bool* created, Fresh fresh) {
   if (created != nullptr) *created = false;
   if (path.empty()) return InvalidArgument("no file named for " + what);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
       FdCloser closer{fd};
-      return ReadSecret(path, fd, bytes, what);
+      return ReadSecret(path, fd, min_bytes, max_bytes, what);
     }
     if (errno == ELOOP) return InvalidArgument(what + " " + path + " is a symbolic link; name the file itself");
     if (errno != ENOENT) return IoError("cannot open " + what + " " + path + ": " + Errno());
-    auto secret = RandomSecret(bytes);
+    Result<std::string> secret = fresh();
     if (!secret.ok()) return secret.status();
     Status published = PublishSecret(path, *secret, what);
     if (published.ok()) {
@@ -113,6 +122,50 @@ Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, st
     if (published.code() != StatusCode::kAlreadyExists) return published;
   }
   return IoError(what + " " + path + " appeared and vanished while it was opened");
+}
+
+// A character of RFC 6750's b64token (token68): what a bearer token may hold.
+bool TokenCharacter(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+         c == '_' || c == '~' || c == '+' || c == '/' || c == '=';
+}
+
+}  // namespace
+
+Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, std::string_view what,
+                                       bool* created) {
+  return LoadOrCreate(path, bytes, bytes, std::string(what), created, [bytes] { return RandomSecret(bytes); });
+}
+
+Result<std::string> LoadOrCreateToken(const std::string& path, std::string_view what_view, bool* created) {
+  const std::string what(what_view);
+  auto text = LoadOrCreate(path, kMinTokenBytes, kMaxTokenBytes + 2, what, created, []() -> Result<std::string> {
+    auto random = RandomSecret(kMinTokenBytes);
+    if (!random.ok()) return random.status();
+    std::string hex;
+    for (char c : *random) {
+      char two[3];
+      std::snprintf(two, sizeof two, "%02x", static_cast<unsigned char>(c));
+      hex += two;
+    }
+    return hex + "\n";
+  });
+  if (!text.ok()) return text.status();
+  std::string token = std::move(*text);
+  if (token.ends_with("\n")) token.pop_back();
+  if (token.ends_with("\r")) token.pop_back();
+  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
+    return InvalidArgument(what + " " + path + " holds a token of " + std::to_string(token.size()) + " bytes, not " +
+                           std::to_string(kMinTokenBytes) + " to " + std::to_string(kMaxTokenBytes));
+  }
+  for (char c : token) {
+    if (!TokenCharacter(c)) {
+      return InvalidArgument(what + " " + path +
+                             " holds a character a bearer token may not carry (letters, digits and -._~+/= only; "
+                             "one trailing newline is allowed)");
+    }
+  }
+  return token;
 }
 
 }  // namespace kvtier

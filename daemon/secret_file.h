@@ -1,5 +1,6 @@
 // A secret kept in a file that only kvtierd's user may read: the tenant key
-// (tenant_scope.h) and the remote tier's cluster key (remote_key_file.h).
+// (tenant_scope.h), the remote tier's cluster key (remote_key_file.h) and
+// the metrics endpoint's bearer token (metrics_server.h).
 #pragma once
 
 #include <cstddef>
@@ -27,5 +28,15 @@ Result<std::string> RandomSecret(size_t bytes);
 //   IoError          cannot be opened, read, created or written.
 Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, std::string_view what,
                                        bool* created = nullptr);
+
+// A bearer token (printable text, RFC 6750's token68 characters) of
+// kMinTokenBytes..kMaxTokenBytes bytes in `path`, one trailing newline
+// (LF or CRLF) not part of it; the file is checked, and created when
+// missing (64 hex digits of 32 random bytes and a newline), exactly as
+// LoadOrCreateSecret's. InvalidArgument also for a token of another size or
+// with other characters.
+inline constexpr size_t kMinTokenBytes = 32;
+inline constexpr size_t kMaxTokenBytes = 4096;
+Result<std::string> LoadOrCreateToken(const std::string& path, std::string_view what, bool* created = nullptr);
 
 }  // namespace kvtier

@@ -105,6 +105,8 @@ asio::awaitable<void> ServerConnection::Run() {
       RequestHandler::Outcome outcome;
       if (request.body_case() == v1::Request::kPin && handler_.ServesPins()) {
         response = co_await AnswerPin(request);  // may wait for NVMe reads
+      } else if (handler_.LookupTakesSteps(request, kLookupStepKeys)) {
+        response = co_await AnswerLookupInSteps(request);
       } else {
         outcome = handler_.Handle(request, response);
       }
@@ -237,6 +239,17 @@ asio::awaitable<v1::Response> ServerConnection::AnswerPin(const v1::Request& req
   if (now) co_return std::move(*now);
   co_await pending->Wait(executor);
   co_return pending->Take();
+}
+
+asio::awaitable<v1::Response> ServerConnection::AnswerLookupInSteps(const v1::Request& request) {
+  // Locals at function scope, as in AnswerPin.
+  v1::Response response;
+  RequestHandler::LookupSteps steps = handler_.BeginLookup(request);
+  asio::any_io_executor executor = socket_.get_executor();
+  while (!handler_.StepLookup(steps, kLookupStepKeys, response)) {
+    co_await asio::post(executor, asio::use_awaitable);  // behind every handler ready now
+  }
+  co_return response;
 }
 
 v1::Response ServerConnection::ErrorResponse(const Status& status) {

@@ -62,6 +62,10 @@ struct ConnectionCounters {
 
 class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  public:
+  // The keys of a Lookup placed between two yields of the io thread (about
+  // 0.1 ms of work; docs/BENCHMARKS.md, "A neighbour's huge lookups").
+  static constexpr size_t kLookupStepKeys = 1024;
+
   using Socket = asio::local::stream_protocol::socket;
 
   // `context`, `counters` are borrowed. `party` is whose client memory the
@@ -90,6 +94,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // Answers a Pin; suspends only while blocks are promoted from NVMe, so
   // the io thread serves other connections meanwhile.
   asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
+  // Answers a Lookup of more than kLookupStepKeys keys in steps of that
+  // many, yielding the io thread between them, so one connection's huge
+  // lookups delay the others on its thread by one step at most.
+  asio::awaitable<v1::Response> AnswerLookupInSteps(const v1::Request& request);
   // Writes write_buffer_ (all answers gathered so far) and empties it.
   asio::awaitable<bool> Flush();
   // Writes one framed response with the arena fd (and the directory fd, if

@@ -5,6 +5,7 @@
 //   kvtier bench remote [options]         remote tier vs redis-benchmark (bench_remote.cc)
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
+//   kvtier bench neighbour [options]      a lookup's latency beside huge lookups (bench_neighbour.cc)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (replay_cli.cc)
 //   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (trace_gen.cc)
 //   kvtier stress --socket PATH|--spawn   checked mixed load, and kill -9 loops (stress.cc)
@@ -16,6 +17,7 @@
 #include "tools/admin_cli.h"
 #include "tools/bench_host.h"
 #include "tools/bench_layers.h"
+#include "tools/bench_neighbour.h"
 #include "tools/bench_nvme.h"
 #include "tools/bench_policy.h"
 #include "tools/bench_remote.h"
@@ -49,6 +51,10 @@ int main(int argc, char** argv) {
   kvtier::tools::PolicyBenchOptions policy_options;
   auto* policy = bench->add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
   kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
+  kvtier::tools::NeighbourBenchOptions neighbour_options;
+  auto* neighbour = bench->add_subcommand(
+      "neighbour", "A small Lookup's latency alone and beside connections sending huge Lookups");
+  kvtier::tools::AddNeighbourBenchOptions(*neighbour, neighbour_options);
 
   kvtier::tools::ReplayCliOptions replay_options;
   auto* replay = app.add_subcommand("replay", "Replay a block trace through kvtier's policies (hit rates)");
@@ -95,5 +101,6 @@ int main(int argc, char** argv) {
   if (remote->parsed()) return kvtier::tools::RunRemoteBench(remote_options);
   if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
+  if (neighbour->parsed()) return kvtier::tools::RunNeighbourBench(neighbour_options);
   return 2;
 }

@@ -28,7 +28,8 @@ class Daemon:
     """A kvtierd child process. `restart()` stops it and starts a new one on
     the same configuration (the NVMe tier's file and index survive)."""
 
-    def __init__(self, directory: Path, host_bytes: int, nvme_bytes: int, extra: str, server_extra: str = ""):
+    def __init__(self, directory: Path, host_bytes: int, nvme_bytes: int, extra: str, server_extra: str = "",
+                 metrics_extra: str = ""):
         self.directory = directory
         self.socket_path = str(directory / "kvtierd.sock")
         self.config = directory / "kvtierd.toml"
@@ -39,7 +40,7 @@ class Daemon:
         self.config.write_text(
             f'[server]\nsocket_path = "{self.socket_path}"\n{server_extra}'
             f'[host]\ncapacity_bytes = {host_bytes}\nlock_memory = "off"\n'
-            f'[hbm]\nenabled = "off"\n[metrics]\nport = 0\n' + nvme + extra)
+            f'[hbm]\nenabled = "off"\n[metrics]\nport = 0\n{metrics_extra}' + nvme + extra)
         self.proc = None
         self.log = directory / "kvtierd.log"
         self.start()
@@ -99,11 +100,12 @@ def make_daemon():
     root = Path(tempfile.mkdtemp(prefix="kvtier-py-"))
     daemons = []
 
-    def make(host_bytes=64 << 20, nvme_bytes=0, extra="", server_extra=""):
-        """`extra`: TOML appended after the sections; `server_extra`: lines of [server]."""
+    def make(host_bytes=64 << 20, nvme_bytes=0, extra="", server_extra="", metrics_extra=""):
+        """`extra`: TOML appended after the sections; `server_extra`, `metrics_extra`: lines of
+        [server], [metrics]."""
         directory = root / f"d{len(daemons)}"
         directory.mkdir()
-        daemons.append(Daemon(directory, host_bytes, nvme_bytes, extra, server_extra))
+        daemons.append(Daemon(directory, host_bytes, nvme_bytes, extra, server_extra, metrics_extra))
         return daemons[-1]
 
     yield make

@@ -13,13 +13,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import kvtier
 from conftest import test_namespace
-from test_metrics import metrics_url, scrape
+from test_metrics import metrics_url, parse, scrape
 
 KVTIER_TOOL = os.environ.get("KVTIER_TOOL", "")
 SOCKET_GID = 4242          # the socket's group: every tenant's user is in it
@@ -154,9 +156,9 @@ def stage_for_other_users(stage):
     return env
 
 
-def make_tenancy(make_daemon, server_extra=""):
+def make_tenancy(make_daemon, server_extra="", metrics_extra=""):
     d = make_daemon(host_bytes=64 * MiB, nvme_bytes=64 * MiB,
-                    extra=tenants_config(), server_extra=server_extra)
+                    extra=tenants_config(), server_extra=server_extra, metrics_extra=metrics_extra)
     # The other uids must reach the socket: its directory and the test's root.
     for path in (d.directory, d.directory.parent):
         os.chmod(path, 0o755)
@@ -291,8 +293,9 @@ def test_a_tenant_cannot_list_or_drop_another_tenants_namespace(tenancy):
     assert client(d, BETA, "get", pattern=2)["prefix"] == 0
 
 
-def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(tenancy):
-    d = tenancy
+def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(make_daemon):
+    # tenant_series: the operator opted in to per-tenant series without a token.
+    d = make_tenancy(make_daemon, metrics_extra="tenant_series = true\n")
     # 5000 blocks of 4 KiB (about 20 MiB) through alpha's 16 MiB arena: the
     # oldest go down to the shared NVMe tier, more than its 2 MiB quota.
     a = client(d, ALPHA, "put", pattern=1, n=5000)
@@ -318,6 +321,71 @@ def test_shared_nvme_keeps_tenants_apart_and_counts_quotas_per_tenant(tenancy):
     host = [v for labels, v in alpha_ns.items() if ("tier", "host") in labels]
     assert host and host[0] > 0
     assert all(("tenant", "alpha") in labels and ("model", "test/model") in labels for labels in alpha_ns)
+
+
+# The labels that name a tenant or a namespace, or carry a client's text.
+CLIENT_LABELS = {"tenant", "ns", "model", "revision", "adapter"}
+ALPHA_MODEL = "alpha/private-model"
+
+
+def scrape_text(url, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def put_as_alpha_and_beta(d):
+    """Alpha caches ALPHA_MODEL, beta test/model: each tenant has namespace series."""
+    a = client(d, ALPHA, "put", model=ALPHA_MODEL, pattern=1)
+    b = client(d, BETA, "put", pattern=2)
+    assert "error" not in a and "error" not in b, (a, b)
+    return a, b
+
+
+def client_series(samples):
+    return [k for k in samples if any(label in CLIENT_LABELS for label, _ in k[1])]
+
+
+def test_without_a_token_a_scrape_shows_no_tenants_series_or_model_ids(tenancy):
+    d = tenancy
+    a, b = put_as_alpha_and_beta(d)
+    text = scrape_text(metrics_url(d))
+    _, samples = parse(text)
+    assert ALPHA_MODEL not in text and "test/model" not in text, "a scrape anyone can make names no tenant's model"
+    assert a["fingerprint"][:16] not in text and b["fingerprint"][:16] not in text
+    assert client_series(samples) == [], client_series(samples)[:5]
+    assert ("kvtier_server_connections_open", frozenset()) in samples, "daemon-wide series are still served"
+    assert any(name == "kvtier_build_info" for name, _ in samples)
+    # The operator's stats over the socket still have every tenant's series.
+    r = cli(d, None, "stats")
+    assert r.returncode == 0, r.stderr
+    assert 'tenant="alpha"' in r.stdout and 'tenant="beta"' in r.stdout and ALPHA_MODEL in r.stdout
+
+
+def test_a_bearer_token_guards_the_endpoint_and_shows_every_series(make_daemon, tmp_path):
+    token = "kvtier-metrics-test-token-0123456789abcdef"
+    token_file = tmp_path / "metrics.token"
+    token_file.write_text(token + "\n")
+    os.chmod(token_file, 0o600)
+    d = make_tenancy(make_daemon, metrics_extra=f'bearer_token_file = "{token_file}"\n')
+    a, _ = put_as_alpha_and_beta(d)
+    url = metrics_url(d)
+    for presented in (None, token[:-1], token + "x", ""):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            scrape_text(url, presented)
+        assert e.value.code == 401, presented
+        assert e.value.headers["WWW-Authenticate"].startswith("Bearer")
+        assert ALPHA_MODEL not in e.value.read().decode()
+    with urllib.request.urlopen(url[: -len("/metrics")] + "/healthz", timeout=10) as r:
+        assert r.read() == b"ok\n", "liveness needs no token"
+    text = scrape_text(url, token)
+    _, samples = parse(text)
+    models = {dict(labels).get("model") for name, labels in samples if name == "kvtier_namespace_bytes"}
+    assert {ALPHA_MODEL, "test/model"} <= models, models
+    assert ("kvtier_tier_used_bytes", frozenset({"tier": "host", "tenant": "alpha"}.items())) in samples
+    assert ("kvtier_tier_used_bytes", frozenset({"tier": "host", "tenant": "beta"}.items())) in samples
+    assert any(("ns", a["fingerprint"][:16]) in labels for _, labels in samples)
 
 
 def test_a_tenant_at_its_limit_cannot_keep_another_from_connecting(make_daemon):

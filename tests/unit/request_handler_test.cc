@@ -522,5 +522,76 @@ TEST_F(RequestHandlerTest, StatsIncludesServerCountersWhenHooked) {
   EXPECT_EQ(stats.count("engine.blocks"), 1u);
 }
 
+// The counters of `engine` whose name starts with `prefix`.
+std::map<std::string, int64_t> CountersOf(const Engine& engine, const std::string& prefix) {
+  CounterCollector collector;
+  engine.VisitCounters(collector);
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, value] : collector.counters()) {
+    if (name.starts_with(prefix)) out[name] = value;
+  }
+  return out;
+}
+
+TEST_F(RequestHandlerTest, ALookupInStepsAnswersExactlyAsOneInOneGo) {
+  HelloOk(*handler_);
+  // Keys 1..40 cached, then key 17 erased: a prefix of 16, and cached keys
+  // after the miss that must not count.
+  std::vector<BlockKey> cached;
+  for (uint64_t i = 1; i <= 40; ++i) cached.push_back(Key(i));
+  const std::vector<uint64_t> sizes(cached.size(), 4096);
+  ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, cached, sizes))), StatusCode::kOk);
+  ASSERT_EQ(Code(Send(*handler_, Commit(3, 0, cached, sizes))), StatusCode::kOk);
+  std::vector<BlockKey> all_hit(cached.begin(), cached.end());
+  std::vector<BlockKey> with_tail = all_hit;
+  for (uint64_t i = 100; i < 110; ++i) with_tail.push_back(Key(i));  // never cached
+  uint64_t id = 10;
+  for (const bool erased : {false, true}) {
+    if (erased) {
+      ASSERT_EQ(Send(*handler_, Erase(4, 0, {Key(17)})).erase().erased(), 1u);
+    }
+    for (const auto* keys : {&all_hit, &with_tail}) {
+      const v1::Request request = Lookup(++id, 0, *keys);
+      const auto before = CountersOf(*engine_, "engine.lookup");
+      const v1::Response whole = Send(*handler_, request);
+      ASSERT_EQ(Code(whole), StatusCode::kOk);
+      EXPECT_EQ(whole.lookup().prefix_blocks(), erased ? 16u : 40u);
+      const auto after_whole = CountersOf(*engine_, "engine.lookup");
+      for (const size_t chunk : {size_t{1}, size_t{2}, size_t{5}, size_t{16}, size_t{17}, size_t{40}, size_t{1000}}) {
+        const auto before_steps = CountersOf(*engine_, "engine.lookup");
+        RequestHandler::LookupSteps steps = handler_->BeginLookup(request);
+        v1::Response stepped;
+        size_t step_count = 1;
+        while (!handler_->StepLookup(steps, chunk, stepped)) ++step_count;
+        EXPECT_EQ(stepped.SerializeAsString(), whole.SerializeAsString())
+            << "chunk " << chunk << ": " << stepped.ShortDebugString() << " vs " << whole.ShortDebugString();
+        const size_t placed = std::min(keys->size(), size_t{erased ? 17u : 41u});  // up to the first miss
+        EXPECT_EQ(step_count, std::max<size_t>(1, (placed + chunk - 1) / chunk)) << "chunk " << chunk;
+        // Counted as one lookup of all its keys, as the whole one was.
+        const auto after_steps = CountersOf(*engine_, "engine.lookup");
+        for (const auto& [name, value] : after_steps) {
+          EXPECT_EQ(value - before_steps.at(name), after_whole.at(name) - before.at(name)) << name << " chunk " << chunk;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(RequestHandlerTest, OnlyATenantsBigLookupAfterHelloTakesSteps) {
+  std::vector<BlockKey> many;
+  for (uint64_t i = 0; i < 9; ++i) many.push_back(Key(i));
+  EXPECT_FALSE(handler_->LookupTakesSteps(Lookup(2, 0, many), 8)) << "before Hello: Handle refuses it";
+  HelloOk(*handler_);
+  EXPECT_TRUE(handler_->LookupTakesSteps(Lookup(3, 0, many), 8));
+  EXPECT_FALSE(handler_->LookupTakesSteps(Lookup(4, 0, many), 9));
+  EXPECT_FALSE(handler_->LookupTakesSteps(Pin(5, 0, many), 8));
+  // A bad namespace is answered at the first step, as Handle answers it.
+  const v1::Request bad = Lookup(6, 7, many);
+  RequestHandler::LookupSteps steps = handler_->BeginLookup(bad);
+  v1::Response stepped;
+  EXPECT_TRUE(handler_->StepLookup(steps, 8, stepped));
+  EXPECT_EQ(stepped.SerializeAsString(), Send(*handler_, bad).SerializeAsString());
+}
+
 }  // namespace
 }  // namespace kvtier
