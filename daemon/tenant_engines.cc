@@ -56,6 +56,20 @@ std::string Joined(const std::vector<uint32_t>& ids) {
   return out;
 }
 
+// The tenants' quotas are their protected shares on a tier that protects
+// shares: they must fit what it can protect (BlockTier::shareable_bytes).
+Status CheckSharesFit(const std::vector<TenantConfig>& tenants, const BlockTier& tier) {
+  const uint64_t shareable = tier.shareable_bytes();
+  if (shareable == 0) return Status::Ok();
+  uint64_t quotas = 0;
+  for (const TenantConfig& t : tenants) quotas += static_cast<uint64_t>(t.nvme_bytes);
+  if (quotas <= shareable) return Status::Ok();
+  return InvalidArgument("the tenants' nvme_bytes add up to " + std::to_string(quotas) + " bytes, more than the " +
+                         std::to_string(shareable) + " bytes the " + std::string(tier.name()) +
+                         " tier can keep as protected shares (its " + std::to_string(tier.capacity_bytes()) +
+                         " bytes less 3 regions); lower the quotas or grow the tier");
+}
+
 }  // namespace
 
 EngineOptions EngineOptionsFromConfig(const DaemonConfig& config) {
@@ -89,7 +103,10 @@ Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& c
   auto secret = LoadTenantKey(key_path);
   if (!secret.ok()) return Status(secret.status().code(), "server.tenant_key_file: " + secret.status().message());
   if (key_path.empty()) spdlog::info("tenants: no NVMe tier, so a fresh tenant key for this run");
-  for (const LowerTier& lower : stack.lower) engines->shared_.push_back(std::make_unique<SharedTier>(*lower.tier));
+  for (const LowerTier& lower : stack.lower) {
+    if (Status fits = CheckSharesFit(config.tenants, *lower.tier); !fits.ok()) return fits;
+    engines->shared_.push_back(std::make_unique<SharedTier>(*lower.tier));
+  }
   const double tenant_count = static_cast<double>(config.tenants.size());
   for (const TenantConfig& tenant_config : config.tenants) {
     Tenant& tenant = engines->tenants_.emplace_back();

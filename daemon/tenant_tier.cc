@@ -13,6 +13,7 @@ SharedTier::~SharedTier() {
   std::lock_guard install(install_mu_);
   if (sink_installed_) tier_.SetEvictionSink(nullptr);
   tier_.SetNeededHint(nullptr);
+  tier_.SetShares(nullptr);
 }
 
 size_t SharedTier::tenants() const {
@@ -27,17 +28,63 @@ SharedTier::Tenant* SharedTier::Find(const TenantScope* scope) {
   return nullptr;
 }
 
-void SharedTier::Join(const TenantScope* scope) {
-  std::unique_lock lock(mu_);
-  if (Find(scope) == nullptr) tenants_.push_back(Tenant{scope, nullptr, nullptr});
+void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
+  {
+    std::unique_lock lock(mu_);
+    if (Find(scope) == nullptr) tenants_.push_back(Tenant{scope, nullptr, nullptr, next_owner_++, quota_bytes});
+    ComputeShares();
+  }
+  InstallShares();
 }
 
 void SharedTier::Leave(const TenantScope* scope) {
   {
     std::unique_lock lock(mu_);
     std::erase_if(tenants_, [scope](const Tenant& t) { return t.scope == scope; });
+    ComputeShares();
   }
   Install();
+  InstallShares();
+}
+
+void SharedTier::ComputeShares() {
+  uint64_t quotas = 0;
+  uint64_t unquoted = 0;
+  for (const Tenant& t : tenants_) {
+    quotas += t.quota_bytes;
+    unquoted += t.quota_bytes == 0 ? 1 : 0;
+  }
+  const uint64_t shareable = tier_.shareable_bytes();
+  unquoted_share_ = unquoted == 0 || quotas >= shareable ? 0 : (shareable - quotas) / unquoted;
+}
+
+void SharedTier::InstallShares() {
+  if (tier_.shareable_bytes() == 0) return;  // the tier protects no share
+  std::lock_guard install(install_mu_);
+  bool any = false;
+  {
+    std::shared_lock lock(mu_);
+    any = !tenants_.empty();
+  }
+  if (!any) return tier_.SetShares(nullptr);
+  tier_.SetShares([this](const NamespaceFingerprint& ns) { return OwnerOf(ns); });
+}
+
+ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
+  std::shared_lock lock(mu_);
+  for (const Tenant& t : tenants_) {
+    if (t.scope->Owns(ns)) return ShareOwner{t.owner, t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_};
+  }
+  return ShareOwner{};  // no tenant's: no share
+}
+
+uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
+  if (tier_.shareable_bytes() == 0) return 0;
+  std::shared_lock lock(mu_);
+  for (const Tenant& t : tenants_) {
+    if (t.scope == scope) return t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_;
+  }
+  return 0;
 }
 
 void SharedTier::SetSink(const TenantScope* scope, BlockTier::EvictionSink sink) {
@@ -111,8 +158,9 @@ TenantTier::TenantTier(SharedTier& shared, const TenantScope& scope, uint64_t qu
       scope_(scope),
       quota_bytes_(quota_bytes),
       quota_bytes_name_(std::string(shared.tier().name()) + ".quota_bytes"),
+      share_bytes_name_(std::string(shared.tier().name()) + ".share_bytes"),
       quota_refusals_name_(std::string(shared.tier().name()) + ".quota_refusals") {
-  shared_.Join(&scope_);
+  shared_.Join(&scope_, quota_bytes_);
 }
 
 TenantTier::~TenantTier() { shared_.Leave(&scope_); }
@@ -224,6 +272,7 @@ void TenantTier::ReleaseInPlace(const BlockKey& key, uint64_t offset) {
 
 void TenantTier::VisitCounters(CounterVisitor& visitor) const {
   visitor.VisitGauge(quota_bytes_name_, static_cast<int64_t>(quota_bytes_));
+  visitor.VisitGauge(share_bytes_name_, static_cast<int64_t>(shared_.ShareOf(&scope_)));
   visitor.Visit(quota_refusals_name_, quota_refusals_.load(std::memory_order_relaxed));
 }
 

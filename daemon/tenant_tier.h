@@ -13,6 +13,12 @@
 // - enforces the tenant's quota: a Write that would take the tenant's
 //   payload bytes there (stored, plus writes in flight) past `quota_bytes`
 //   is NoSpace, counted in <tier>.quota_refusals;
+// - has a protected share on a tier that protects shares (shareable_bytes()
+//   above 0: the NVMe tier): its quota, or, without one, an equal part of
+//   what the quotas leave of shareable_bytes(). SharedTier installs them
+//   on the tier (BlockTier::SetShares), whose reclaim then never drops a
+//   block of a tenant within its share (policy/share_guard.h). Blocks of
+//   no registered tenant have no share;
 // - reports, as its write totals, the bytes its own writes sent to the
 //   medium plus an equal share of the tier's reinsertion (which no tenant
 //   decided), so each tenant's DWPD admission charges its own writes.
@@ -50,10 +56,14 @@ class SharedTier {
   // outlives its registration; called by TenantTier.
   void SetSink(const TenantScope* scope, BlockTier::EvictionSink sink);
   void SetHint(const TenantScope* scope, BlockTier::NeededHint hint);
-  // Registers `scope` as one of the tenants (for the reinsertion share);
-  // TenantTier's constructor and destructor call these.
-  void Join(const TenantScope* scope);
+  // Registers `scope` as one of the tenants (for the reinsertion share and
+  // the protected shares), with its quota (0: none); TenantTier's
+  // constructor and destructor call these.
+  void Join(const TenantScope* scope, uint64_t quota_bytes);
   void Leave(const TenantScope* scope);
+  // The protected share of `scope`'s blocks on the tier (0: none, or the
+  // tier protects no share).
+  uint64_t ShareOf(const TenantScope* scope) const;
 
   // The tier's own counters, once for all tenants, then <tier>.unowned_evictions.
   void VisitCounters(CounterVisitor& visitor) const;
@@ -63,6 +73,8 @@ class SharedTier {
     const TenantScope* scope = nullptr;
     BlockTier::EvictionSink sink;
     BlockTier::NeededHint hint;
+    uint32_t owner = 0;        // its id among the tier's share owners (1, 2, ...)
+    uint64_t quota_bytes = 0;  // 0: none; its share is then unquoted_share_
   };
   Tenant* Find(const TenantScope* scope);  // caller holds mu_ uniquely
   // Installs the sink on the tier while some tenant has one, clears it
@@ -70,12 +82,23 @@ class SharedTier {
   void Install();
   void OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload);
   bool Needed(const BlockKey& key) const;
+  // Whose block of `ns` is, and its share (BlockTier::ShareOf).
+  ShareOwner OwnerOf(const NamespaceFingerprint& ns) const;
+  // Recomputes unquoted_share_. Caller holds mu_ uniquely.
+  void ComputeShares();
+  // Installs OwnerOf on the tier while tenants share it (the tier re-reads
+  // every namespace's owner). Caller holds neither lock.
+  void InstallShares();
 
   BlockTier& tier_;
   std::mutex install_mu_;  // taken before the tier's lock, never under it
   bool sink_installed_ = false;  // guarded by install_mu_
   mutable std::shared_mutex mu_;
   std::vector<Tenant> tenants_;  // guarded by mu_
+  uint32_t next_owner_ = 1;      // guarded by mu_
+  // The share of each tenant without a quota: an equal part of what the
+  // quotas leave of the tier's shareable_bytes() (0 when they leave none).
+  uint64_t unquoted_share_ = 0;  // guarded by mu_
   std::atomic<int64_t> unowned_evictions_{0};
 };
 
@@ -111,8 +134,9 @@ class TenantTier final : public BlockTier {
   void SetEvictionSink(EvictionSink sink) override { shared_.SetSink(&scope_, std::move(sink)); }
   Result<InPlace> HoldInPlace(const BlockKey& key) override;
   void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
-  // <tier>.quota_bytes (gauge, 0: none) and <tier>.quota_refusals; the
-  // shared tier's own counters are SharedTier's to report.
+  // <tier>.quota_bytes (gauge, 0: none), <tier>.share_bytes (gauge, its
+  // protected share, 0: none) and <tier>.quota_refusals; the shared tier's
+  // own counters are SharedTier's to report.
   void VisitCounters(CounterVisitor& visitor) const override;
 
  private:
@@ -122,7 +146,7 @@ class TenantTier final : public BlockTier {
   SharedTier& shared_;
   const TenantScope& scope_;
   const uint64_t quota_bytes_;
-  const std::string quota_bytes_name_, quota_refusals_name_;
+  const std::string quota_bytes_name_, share_bytes_name_, quota_refusals_name_;
   // Writes accepted and not yet done: payload bytes (the quota counts
   // them) and, once done well, the stored bytes they sent (write totals).
   std::atomic<uint64_t> pending_payload_bytes_{0};

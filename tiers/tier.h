@@ -31,6 +31,7 @@
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
+#include "policy/share_guard.h"
 
 namespace kvtier {
 
@@ -181,6 +182,24 @@ class BlockTier {
   // victims back); the owner clears it before going away. A tier that
   // cannot offer its victims ignores it.
   virtual void SetEvictionSink(EvictionSink sink) {}
+
+  // Protected shares, for a tier several owners share that reclaims on its
+  // own (the NVMe tier under tenants: daemon/tenant_tier.h,
+  // policy/share_guard.h). `shares` says whose a block of namespace `ns`
+  // is and what that owner's share is; the tier's reclaim then drops a
+  // block only when its owner holds more than its share (the others are
+  // copied forward first), and a write that would need room held by
+  // shares is NoSpace. Called with the tier's lock held: it may take only
+  // leaf locks, and must answer the same for a namespace until it is
+  // installed again (installing re-reads every namespace). Empty clears
+  // it; its owner clears it before going away. Tiers that do not reclaim
+  // on their own ignore it.
+  using ShareOf = std::function<ShareOwner(const NamespaceFingerprint& ns)>;
+  virtual void SetShares(ShareOf shares) {}
+  // The payload bytes the shares may add up to: what the tier can protect
+  // while its reclaim keeps working. 0: it protects no share (it does not
+  // reclaim on its own, or its store evicts by itself: the remote tier).
+  virtual uint64_t shareable_bytes() const { return 0; }
 
   // In-place access, for a tier whose memory clients map themselves (the
   // HBM tier's device pool, exported over CUDA IPC): holds `key` where it

@@ -1,23 +1,54 @@
-// NvmeTier reclaim scan: when the last free region opens, the blocks of the
-// region reclaim takes next are either copied forward (reinsertion, within
-// its budget and in the reclaim policy's order) or read back and offered
-// to the eviction sink, before the region is reused (nvme_tier.h).
+// NvmeTier reclaim scan: when the last free region opens (with shares: the
+// last but the reserve), the blocks of the region reclaim takes next are
+// either copied forward (those within their owners' shares always;
+// reinsertion, within its budget and in the reclaim policy's order) or
+// read back and offered to the eviction sink, before the region is reused
+// (nvme_tier.h).
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
 
+std::vector<BlockKey> NvmeTier::SplitGuarded(const std::vector<BlockKey>& keys, Blocks& guarded) {
+  std::vector<ShareCandidate> owned;
+  owned.reserve(keys.size());
+  const uint32_t align = device_->alignment_bytes();
+  for (const BlockKey& k : keys) {
+    const IndexEntry& entry = entries_.at(k);
+    owned.push_back(ShareCandidate{k, shares_(entry.ns), RecordBytes(entry.payload_bytes, align), entry.offset});
+  }
+  std::unordered_map<uint32_t, uint64_t> held;
+  for (const auto& [owner, bytes] : owner_bytes_) held[owner] = bytes.held.record;
+  ShareSplit split = SplitByShare(std::move(owned), held);
+  for (const ShareCandidate& c : split.protected_) guarded.emplace_back(c.key, entries_.at(c.key));
+  std::vector<BlockKey> rest;
+  rest.reserve(split.may_go.size());
+  for (const ShareCandidate& c : split.may_go) rest.push_back(c.key);
+  return rest;
+}
+
 void NvmeTier::MaybeScanNextVictim() {
-  if ((!reinsert_budget_.enabled() && !eviction_sink_) || reinserting_ || regions_.free_count() > 0) return;
+  if ((!reinsert_budget_.enabled() && !eviction_sink_ && !shares_) || reinserting_ ||
+      regions_.free_count() > regions_.reserve()) {
+    return;
+  }
   auto victim = regions_.NextVictim();
   if (!victim) return;
   const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
   if (scan == reinsert_scanned_) return;  // this region's turn was taken
   reinsert_scanned_ = scan;
+  Turn turn;
+  turn.scan = scan;
+  std::vector<BlockKey> keys;
+  for (const BlockKey& k : region_keys_[*victim]) {
+    if (writing_.count(k) == 0) keys.push_back(k);  // a copy of it is in flight already
+  }
+  // Blocks within their owners' shares are copied whatever the budget;
+  // the reclaim order chooses among the others only.
+  if (shares_) keys = SplitGuarded(keys, turn.guarded);
   std::vector<ReclaimCandidate> candidates;
   const bool ask = options_.reclaim == ReclaimOrder::kQueueAware && needed_;
   const uint32_t align = device_->alignment_bytes();
-  for (const BlockKey& k : region_keys_[*victim]) {
-    if (writing_.count(k) > 0) continue;
+  for (const BlockKey& k : keys) {
     const IndexEntry& entry = entries_.at(k);
     candidates.push_back(
         ReclaimCandidate{k, entry.hits, ask && needed_(k), entry.offset, RecordBytes(entry.payload_bytes, align)});
@@ -25,44 +56,68 @@ void NvmeTier::MaybeScanNextVictim() {
   // The policy's order, while the budget lasts (the decision the replay
   // simulator runs too); the rest leave with the region, offered to the
   // tier below first.
-  ReclaimTurn turn = PlanReclaimTurn(std::move(candidates), reclaim_, reinsert_budget_);
-  counters_.reinsert_over_budget += turn.over_budget;
-  counters_.reinserted_needed += turn.needed;
-  Blocks chosen;
-  for (const ReclaimCandidate& c : turn.reinsert) chosen.emplace_back(c.key, entries_.at(c.key));
-  Blocks evicted;
+  ReclaimTurn planned = PlanReclaimTurn(std::move(candidates), reclaim_, reinsert_budget_);
+  counters_.reinsert_over_budget += planned.over_budget;
+  counters_.reinserted_needed += planned.needed;
+  for (const ReclaimCandidate& c : planned.reinsert) turn.reinsert.emplace_back(c.key, entries_.at(c.key));
   if (eviction_sink_) {
-    for (const ReclaimCandidate& c : turn.evict) evicted.emplace_back(c.key, entries_.at(c.key));
+    for (const ReclaimCandidate& c : planned.evict) turn.evict.emplace_back(c.key, entries_.at(c.key));
   }
-  if (chosen.empty() && evicted.empty()) return;
-  // Nothing leaves unoffered: the region is not reclaimed (writes get
-  // Busy) until the job has handed its blocks down.
-  if (!evicted.empty()) regions_.HoldReclaim(*victim);
+  if (shares_ && turn.guarded.empty()) cleared_ = scan;  // nothing of it needs to stay
+  if (turn.guarded.empty() && turn.reinsert.empty() && turn.evict.empty()) return;
+  // Nothing leaves unoffered or unprotected: the region is not reclaimed
+  // (writes get Busy) until the job has handed its blocks down and copied
+  // the protected ones.
+  if (!turn.evict.empty() || !turn.guarded.empty()) regions_.HoldReclaim(*victim);
   reinserting_ = true;
   BeginIo();
-  verifiers_.Post([this, chosen = std::move(chosen), evicted = std::move(evicted), sink = eviction_sink_]() mutable {
-    ReinsertAndEvict(std::move(chosen), std::move(evicted), std::move(sink));
+  verifiers_.Post([this, turn = std::move(turn), sink = eviction_sink_]() mutable {
+    ReinsertAndEvict(std::move(turn), std::move(sink));
   });
 }
 
-void NvmeTier::ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink) {
-  for (const auto& [key, entry] : reinsert) {
-    const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
-    auto staging = staging_->Allocate(bytes);
-    Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
+Status NvmeTier::CopyForward(const BlockKey& key, const IndexEntry& entry) {
+  const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
+  auto staging = staging_->Allocate(bytes);
+  Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
+  if (s.ok()) {
+    // The payload is copied into the write's own staging before WriteRecord returns.
+    s = WriteRecord(entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes),
+                    [](Status) {}, entry.payload_checksum, &entry);
+  }
+  if (staging) staging_->Free(*staging);
+  return s;
+}
+
+void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
+  bool guarded_copied = true;
+  for (const auto& [key, entry] : turn.guarded) {
+    Status s = CopyForward(key, entry);
+    std::lock_guard lock(mu_);
     if (s.ok()) {
-      // The payload is copied into the write's own staging before WriteRecord returns.
-      s = WriteRecord(entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes),
-                      [](Status) {}, entry.payload_checksum, &entry);
+      ++counters_.share_copies;
+      continue;
     }
-    if (staging) staging_->Free(*staging);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.offset != entry.offset) continue;  // gone meanwhile: nothing to keep
+    if (s.code() == StatusCode::kCorruption || s.code() == StatusCode::kIoError) {
+      // Its record cannot be read back: it is lost whatever reclaim does.
+      ++(s.code() == StatusCode::kCorruption ? counters_.corrupt_reads : counters_.read_failures);
+      DropIfCurrent(key, entry);
+      continue;
+    }
+    ++counters_.share_copy_failures;  // Busy: the region waits for another turn
+    guarded_copied = false;
+  }
+  for (const auto& [key, entry] : turn.reinsert) {
+    Status s = CopyForward(key, entry);
     if (!s.ok()) {
       std::lock_guard lock(mu_);
       ++counters_.reinsert_failures;
     }
-    if (!s.ok() && sink) evict.emplace_back(key, entry);  // it leaves after all: offer it below
+    if (!s.ok() && sink) turn.evict.emplace_back(key, entry);  // it leaves after all: offer it below
   }
-  for (const auto& [key, entry] : evict) {
+  for (const auto& [key, entry] : turn.evict) {
     const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
     uint64_t hits = 0;
     {
@@ -90,6 +145,14 @@ void NvmeTier::ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink
     std::lock_guard lock(mu_);
     reinserting_ = false;
     regions_.HoldReclaim(std::nullopt);
+    regions_.EndCopies();
+    if (shares_ && !turn.guarded.empty()) {
+      if (guarded_copied) {
+        cleared_ = turn.scan;
+      } else {
+        reinsert_scanned_ = {~0u, 0};  // the next write scans it again
+      }
+    }
   }
   EndIo();
 }

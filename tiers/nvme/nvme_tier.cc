@@ -54,6 +54,7 @@ NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeInde
       clock_(clock),
       regions_(device_->capacity_bytes(), options.region_bytes, device_->alignment_bytes()),
       region_keys_(regions_.region_count()),
+      shareable_bytes_(regions_.region_count() > 3 ? (regions_.region_count() - 3) * options.region_bytes : 0),
       reinsert_budget_(options.reinsert_share, options.region_bytes),
       reclaim_(options.reclaim),
       verifiers_(options.verify_threads) {}
@@ -166,6 +167,11 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     if (writing_.count(key) != 0 || (replaces == nullptr && entries_.count(key) != 0)) {
       return reject(AlreadyExists("block is already on the nvme tier"));
     }
+    if (shares_ && replaces == nullptr && !ShareRoomFor(ns, record_bytes)) {
+      ++counters_.share_refusals;
+      return reject(NoSpace("the nvme tier's room is held by the tenants' protected shares (" +
+                            std::to_string(shareable_bytes_) + " bytes on the device); nothing may be evicted"));
+    }
     if (replaces != nullptr) {
       auto current = entries_.find(key);
       if (current == entries_.end() || current->second.offset != replaces->offset ||
@@ -178,9 +184,16 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     const bool over_share = staged_for_writes_ > 0 && staged_for_writes_ + record_bytes > StagingShare();
     auto staged = over_share ? std::nullopt : staging_->Allocate(record_bytes);
     if (!staged) return reject(Busy("no nvme staging memory free for " + std::to_string(record_bytes) + " bytes"));
-    auto allocation = regions_.Allocate(record_bytes);
+    const RegionManager::ReclaimGate gate = Gate();
+    if (shares_ && replaces == nullptr) {
+      // A client write first gives the reserve back its region, if a copy took it.
+      if (auto restored = regions_.RestoreReserve(gate)) PersistRegions(*restored);
+    }
+    auto allocation = regions_.Allocate(
+        record_bytes, replaces == nullptr ? RegionManager::Purpose::kWrite : RegionManager::Purpose::kCopy, gate);
     if (!allocation.ok()) {
       staging_->Free(*staged);
+      if (shares_) MaybeScanNextVictim();  // the next victim may wait for its scan
       return reject(allocation.status());
     }
     PersistRegions(*allocation);
@@ -566,20 +579,77 @@ std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
 
 void NvmeTier::Account(const IndexEntry& entry, int sign) {
   counters_.stored_bytes += sign * static_cast<int64_t>(entry.payload_bytes);
+  const HeldBytes bytes{entry.payload_bytes, RecordBytes(entry.payload_bytes, device_->alignment_bytes())};
+  if (shares_) AccountOwner(entry.ns, bytes, sign);
   if (sign > 0) {
-    namespace_bytes_[entry.ns] += entry.payload_bytes;
+    namespace_bytes_[entry.ns].payload += bytes.payload;
+    namespace_bytes_[entry.ns].record += bytes.record;
     return;
   }
   auto it = namespace_bytes_.find(entry.ns);
-  KVTIER_CHECK(it != namespace_bytes_.end() && it->second >= entry.payload_bytes,
+  KVTIER_CHECK(it != namespace_bytes_.end() && it->second.payload >= bytes.payload &&
+                   it->second.record >= bytes.record,
                "nvme: a namespace's stored bytes went negative");
-  it->second -= entry.payload_bytes;
-  if (it->second == 0) namespace_bytes_.erase(it);
+  it->second.payload -= bytes.payload;
+  it->second.record -= bytes.record;
+  if (it->second.payload == 0) namespace_bytes_.erase(it);
+}
+
+void NvmeTier::AccountOwner(const NamespaceFingerprint& ns, const HeldBytes& bytes, int sign) {
+  const ShareOwner owner = shares_(ns);
+  if (owner.owner == 0) return;
+  OwnerBytes& o = owner_bytes_[owner.owner];
+  o.share_bytes = owner.share_bytes;
+  if (sign > 0) {
+    o.held.payload += bytes.payload;
+    o.held.record += bytes.record;
+    return;
+  }
+  KVTIER_CHECK(o.held.payload >= bytes.payload && o.held.record >= bytes.record,
+               "nvme: a share owner's stored bytes went negative");
+  o.held.payload -= bytes.payload;
+  o.held.record -= bytes.record;
+  if (o.held.payload == 0) owner_bytes_.erase(owner.owner);
+}
+
+void NvmeTier::SetShares(ShareOf shares) {
+  std::lock_guard lock(mu_);
+  shares_ = std::move(shares);
+  owner_bytes_.clear();
+  if (shares_) {
+    for (const auto& [ns, bytes] : namespace_bytes_) AccountOwner(ns, bytes, +1);
+  }
+  regions_.SetReserve(shares_ ? 1 : 0);
+  regions_.EndCopies();
+  cleared_ = {~0u, 0};
+  reinsert_scanned_ = {~0u, 0};  // the next victim is scanned again, with the shares
+}
+
+uint64_t NvmeTier::shareable_bytes() const { return shareable_bytes_; }
+
+bool NvmeTier::ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_bytes) {
+  const ShareOwner owner = shares_(ns);
+  if (owner.owner == 0) return true;  // its block is protected by no share: it may go again
+  auto mine = owner_bytes_.find(owner.owner);
+  const uint64_t held = mine == owner_bytes_.end() ? 0 : mine->second.held.record;
+  if (held + record_bytes > owner.share_bytes) return true;  // over its share: its own blocks make room
+  // O(owners): the bytes on the device that shares protect. With shares
+  // that add up to at most shareable_bytes() (what kvtierd configures)
+  // this always fits; the check keeps the log able to make room whatever
+  // shares are installed.
+  uint64_t guarded = 0;
+  for (const auto& [id, o] : owner_bytes_) guarded += std::min(o.held.record, o.share_bytes);
+  return guarded + record_bytes <= shareable_bytes_;
+}
+
+RegionManager::ReclaimGate NvmeTier::Gate() const {
+  if (!shares_) return {};
+  return [this](uint32_t region) { return cleared_ == std::pair{region, regions_.Generation(region)}; };
 }
 
 void NvmeTier::ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
   std::lock_guard lock(mu_);
-  for (const auto& [ns, bytes] : namespace_bytes_) visit(ns, bytes);
+  for (const auto& [ns, bytes] : namespace_bytes_) visit(ns, bytes.payload);
 }
 
 void NvmeTier::ForEachBlock(const BlockVisitor& visit) const {
@@ -632,6 +702,9 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.enospc", counters_.enospc);
     v.Visit("nvme.reads", counters_.reads);
     v.Visit("nvme.header_cache_hits", counters_.header_cache_hits);
+    v.Visit("nvme.share_copies", counters_.share_copies);
+    v.Visit("nvme.share_copy_failures", counters_.share_copy_failures);
+    v.Visit("nvme.share_refusals", counters_.share_refusals);
     v.Visit("nvme.read_failures", counters_.read_failures);
     v.Visit("nvme.corrupt_reads", counters_.corrupt_reads);
     v.Visit("nvme.reclaimed_reads", counters_.reclaimed_reads);

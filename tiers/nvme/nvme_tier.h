@@ -21,6 +21,18 @@
 // opens, and those reinsertion does not keep are offered to the sink while
 // they are still readable here.
 //
+// With shares installed (SetShares: tenants, daemon/tenant_tier.h) the
+// reclaim protects them (policy/share_guard.h; an owner's bytes are the
+// records of its blocks, headers and padding included, so shares count
+// what blocks take on the device): one region is kept free
+// for copies forward; before a region is reclaimed, the blocks of its
+// owners within their shares are copied forward (outside the reinsertion
+// budget, counted in nvme.share_copies) and the region is reclaimed only
+// once they are; only blocks of owners over their shares (or of none) are
+// dropped. A client write that would add to the protected bytes past
+// shareable_bytes() on the device is NoSpace (nvme.share_refusals): the
+// log could no longer make room without dropping a protected block.
+//
 // Thread-safe. Write/Read return a Status at once: not ok means rejected
 // (`done` never runs); ok means `done` runs exactly once, never inline: a
 // write's on the index writer thread, a read's on a verifier thread
@@ -139,6 +151,11 @@ class NvmeTier final : public BlockTier {
   // For the queue_aware reclaim order (policy/reclaim_policy.h).
   void SetNeededHint(NeededHint needed) override;
   void SetEvictionSink(EvictionSink sink) override;
+  // BlockTier::SetShares; see above. O(namespaces) once.
+  void SetShares(ShareOf shares) override;
+  // The device less 3 regions: the open one, the one kept free for copies
+  // and one for the ends of regions records do not fill.
+  uint64_t shareable_bytes() const override;
 
   // Blocks until no I/O and no background job (reinsertion, eviction scan)
   // of the tier is in flight. Not on a tier thread.
@@ -174,9 +191,30 @@ class NvmeTier final : public BlockTier {
   // allowing) and, with an eviction sink, the others are offered to it.
   void MaybeScanNextVictim();
   using Blocks = std::vector<std::pair<BlockKey, IndexEntry>>;
-  // Copies each of `reinsert` forward and hands each of `evict` to `sink`.
-  // Runs on a verifier thread.
-  void ReinsertAndEvict(Blocks reinsert, Blocks evict, EvictionSink sink);
+  // What one reclaim turn does with the blocks of region `scan`.
+  struct Turn {
+    Blocks guarded;   // within their owners' shares: must be copied forward
+    Blocks reinsert;  // chosen by the reclaim order, within the budget
+    Blocks evict;     // offered to the sink
+    std::pair<uint32_t, uint64_t> scan;  // region, generation
+  };
+  // Copies `turn`'s guarded and reinsert blocks forward and hands each of
+  // its evict blocks to `sink`; then, with shares, marks the region
+  // reclaimable (or to be scanned again, if a guarded copy failed). Runs
+  // on a verifier thread.
+  void ReinsertAndEvict(Turn turn, EvictionSink sink);
+  // Reads `entry`'s record and writes it forward. Not under mu_.
+  Status CopyForward(const BlockKey& key, const IndexEntry& entry);
+  // With shares: the blocks of `keys` (a region's) within their owners'
+  // shares go to `guarded`; the rest are returned. Caller holds mu_.
+  std::vector<BlockKey> SplitGuarded(const std::vector<BlockKey>& keys, Blocks& guarded);
+  // With shares: whether a client write in `ns` of `record_bytes` on the
+  // device leaves the protected bytes within shareable_bytes(). Caller
+  // holds mu_.
+  bool ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_bytes);
+  // What may be reclaimed: with shares, only the region whose protected
+  // blocks have been copied (cleared_); without, any. Caller holds mu_.
+  RegionManager::ReclaimGate Gate() const;
   // Drops a reclaimed region's entries from memory and queues the
   // allocation's region changes for the index writer. Caller holds mu_.
   void PersistRegions(const RegionManager::Allocation& allocation);
@@ -207,13 +245,31 @@ class NvmeTier final : public BlockTier {
   mutable std::condition_variable idle_cv_;
   RegionManager regions_;                                            // guarded by mu_
   std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
-  // Payload bytes of entries_ per namespace (ForEachNamespaceBytes);
-  // changed only through Account, with counters_.stored_bytes.
-  std::unordered_map<NamespaceFingerprint, uint64_t> namespace_bytes_;  // guarded by mu_
+  // Payload bytes (ForEachNamespaceBytes) and record bytes of entries_ per
+  // namespace, and per share owner (with shares); changed only through
+  // Account, with counters_.stored_bytes.
+  struct HeldBytes {
+    uint64_t payload = 0;
+    uint64_t record = 0;
+  };
+  std::unordered_map<NamespaceFingerprint, HeldBytes> namespace_bytes_;  // guarded by mu_
+  struct OwnerBytes {
+    HeldBytes held;
+    uint64_t share_bytes = 0;
+  };
+  std::unordered_map<uint32_t, OwnerBytes> owner_bytes_;  // guarded by mu_
+  // Adds (`sign` +1) or removes (-1) `bytes` of namespace `ns` to its
+  // owner's. Caller holds mu_.
+  void AccountOwner(const NamespaceFingerprint& ns, const HeldBytes& bytes, int sign);
   // Adds (`sign` +1) or removes (-1) `entry` from stored_bytes and
   // namespace_bytes_, where entries_ gains or loses it. Caller holds mu_.
   void Account(const IndexEntry& entry, int sign);
+  ShareOf shares_;                                                   // guarded by mu_
+  // The region (and generation) whose protected blocks have been copied
+  // forward: the only one reclaim may take, with shares.
+  std::pair<uint32_t, uint64_t> cleared_{~0u, 0};                    // guarded by mu_
   std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
+  const uint64_t shareable_bytes_;                                   // see shareable_bytes()
   std::unordered_set<BlockKey> writing_;                             // guarded by mu_
   std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
   bool full_ = false;                                                // guarded by mu_
@@ -250,6 +306,9 @@ class NvmeTier final : public BlockTier {
     int64_t reclaim_dropped = 0;   // blocks dropped by region reclaims (capacity evictions)
     int64_t index_failures = 0;    // index mutations RocksDB refused
     int64_t header_cache_hits = 0;  // layer reads that needed no header I/O
+    int64_t share_copies = 0;          // blocks copied forward to keep an owner's share
+    int64_t share_copy_failures = 0;   // such copies that failed (the region waits for another try)
+    int64_t share_refusals = 0;        // client writes refused: the room is held by shares
     WriteTotals submitted;
   } counters_;  // guarded by mu_
   // Runs OnRead. Declared last: destroyed (joined) first, once the

@@ -63,7 +63,43 @@ void RegionManager::Seal(uint32_t region, std::vector<RegionState>& changed) {
   changed.push_back(StateOf(region));
 }
 
-Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes) {
+Result<uint32_t> RegionManager::ReclaimableVictim(const ReclaimGate& may_reclaim) const {
+  auto it = sealed_.begin();
+  for (; it != sealed_.end() && regions_[*it].writes_in_flight != 0; ++it) {
+    if (held_ == *it) break;
+  }
+  if (it != sealed_.end() && held_ == *it) {
+    return Busy("the next nvme region to reclaim is still being read out to the tier below");
+  }
+  if (it == sealed_.end()) return Busy("every nvme region has writes in flight; none can be reclaimed yet");
+  if (may_reclaim && !may_reclaim(*it)) {
+    return Busy("the protected blocks of the next nvme region to reclaim are being copied forward");
+  }
+  return *it;
+}
+
+void RegionManager::Reclaim(uint32_t region) {
+  sealed_.erase(std::find(sealed_.begin(), sealed_.end(), region));
+  regions_[region].generation += 1;
+  regions_[region].seal_sequence = 0;
+  ++reclaims_;
+}
+
+std::optional<RegionManager::Allocation> RegionManager::RestoreReserve(const ReclaimGate& may_reclaim) {
+  if (free_.size() >= reserve_) return std::nullopt;
+  auto victim = ReclaimableVictim(may_reclaim);
+  if (!victim.ok()) return std::nullopt;
+  Reclaim(*victim);
+  regions_[*victim].status = RegionStatus::kFree;
+  free_.push_back(*victim);
+  Allocation a;
+  a.reclaimed = *victim;
+  a.changed.push_back(StateOf(*victim));
+  return a;
+}
+
+Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes, Purpose purpose,
+                                                          const ReclaimGate& may_reclaim) {
   if (record_bytes == 0 || record_bytes % alignment_bytes_ != 0) {
     return InvalidArgument("record of " + std::to_string(record_bytes) + " bytes is not aligned");
   }
@@ -71,31 +107,29 @@ Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes)
     return InvalidArgument("a record of " + std::to_string(record_bytes) + " bytes does not fit a region of " +
                            std::to_string(region_bytes_) + " bytes (raise nvme.region_bytes)");
   }
+  if (purpose == Purpose::kWrite && copies_only_) {
+    return Busy("protected blocks are being copied forward into the nvme tier's reserve");
+  }
   Allocation a;
   if (!open_ || open_offset_ + record_bytes > region_bytes_) {
+    const size_t keep = purpose == Purpose::kCopy ? 0 : reserve_;
     std::optional<uint32_t> next;
-    if (!free_.empty()) {
+    if (free_.size() > keep) {
       next = free_.front();
       free_.pop_front();
+      if (free_.size() < reserve_) copies_only_ = true;  // only a copy gets here
     } else {
-      auto it = sealed_.begin();
-      for (; it != sealed_.end() && regions_[*it].writes_in_flight != 0; ++it) {
-        if (held_ == *it) break;
-      }
-      if (it != sealed_.end() && held_ == *it) {
-        return Busy("the next nvme region to reclaim is still being read out to the tier below");
-      }
-      if (it == sealed_.end()) return Busy("every nvme region has writes in flight; none can be reclaimed yet");
-      next = *it;
-      sealed_.erase(it);
+      auto victim = ReclaimableVictim(may_reclaim);
+      if (!victim.ok()) return victim.status();
+      next = *victim;
+      Reclaim(*next);
       a.reclaimed = *next;
-      ++reclaims_;
     }
     // Sealed only now, after the choice: the region just filled is never
     // the one reclaimed for the next record.
     if (open_) Seal(*open_, a.changed);
     Region& r = regions_[*next];
-    r.generation += 1;
+    if (!a.reclaimed) r.generation += 1;
     r.status = RegionStatus::kOpen;
     r.seal_sequence = 0;
     a.changed.push_back(StateOf(*next));

@@ -6,11 +6,21 @@
 // dropped) and reopened under a new generation. A record is only valid if
 // its index entry's generation equals its region's current one.
 //
+// Protected shares (NvmeTier with shares, policy/share_guard.h) add a
+// reserve: `reserve` free regions that only copies forward (kCopy) may
+// open, so that the blocks of the next region to reclaim can always be
+// copied out of it; a client write (kWrite) that would need one reclaims
+// instead. A region is then reclaimed only when the caller's gate says so
+// (its protected blocks have been copied), and once a copy has opened a
+// reserve region, client writes are Busy until the copies end (EndCopies),
+// so they never take the room the copies count on.
+//
 // Not thread-safe: NvmeTier calls it under its mutex.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -49,10 +59,28 @@ class RegionManager {
     // drops their index entries in the same index write that opens it.
     std::optional<uint32_t> reclaimed;
   };
+  // Who is writing: a client (kWrite) or a copy forward of a block the
+  // tier already holds (kCopy), which may open the reserve.
+  enum class Purpose : uint8_t { kWrite, kCopy };
+  // Whether a region may be reclaimed now (empty: always).
+  using ReclaimGate = std::function<bool(uint32_t region)>;
   // Places a record of `record_bytes` (a multiple of the alignment).
   // InvalidArgument if it is larger than a region; Busy if no region is
-  // free and every sealed one still has writes in flight.
-  Result<Allocation> Allocate(uint64_t record_bytes);
+  // free and every sealed one still has writes in flight, if the oldest
+  // the gate refuses, or (kWrite) while copies hold the reserve.
+  Result<Allocation> Allocate(uint64_t record_bytes, Purpose purpose = Purpose::kWrite,
+                              const ReclaimGate& may_reclaim = {});
+
+  // Free regions kept for copies (0: none, the default).
+  void SetReserve(uint32_t regions) { reserve_ = regions; }
+  uint32_t reserve() const { return reserve_; }
+  // While fewer than `reserve` regions are free, reclaims the oldest
+  // sealed regions the gate lets go (no writes in flight, not held) into
+  // the free list; returns what to persist (reclaimed set, at most one
+  // region a call; the caller drops its entries).
+  std::optional<Allocation> RestoreReserve(const ReclaimGate& may_reclaim);
+  // The copies that opened a reserve region ended: client writes go on.
+  void EndCopies() { copies_only_ = false; }
 
   // The region the next reclaim would take (the oldest sealed one without
   // writes in flight), or nullopt; and how many regions are free.
@@ -96,6 +124,13 @@ class RegionManager {
   int64_t reclaims_ = 0;
   uint64_t next_seal_sequence_ = 1;
   std::optional<uint32_t> held_;   // see HoldReclaim
+  uint32_t reserve_ = 0;           // see SetReserve
+  bool copies_only_ = false;       // a copy opened a reserve region: kWrite is Busy
+  // The oldest sealed region without writes in flight, if the hold and
+  // the gate let it go; else the reason (Busy).
+  Result<uint32_t> ReclaimableVictim(const ReclaimGate& may_reclaim) const;
+  // Takes `region` out of the sealed list under a new generation.
+  void Reclaim(uint32_t region);
 };
 
 }  // namespace kvtier
