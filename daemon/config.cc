@@ -50,7 +50,7 @@ constexpr OptionSpec kOptions[] = {
     {"server.max_reserved_bytes_per_connection", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
      "Arena bytes one connection may hold reserved (written, not yet committed); reservations past it are "
      "refused Busy (one block is always allowed while it holds none). 0: half the arena (of its tenant's arena "
-     "with tenants), at least 64 MiB.",
+     "with tenants), whatever its size.",
      &DaemonConfig::max_reserved_bytes_per_connection, nullptr, false, nullptr, 0, 0, /*zero_is_auto=*/true},
     {"server.reservation_timeout_s", OptionType::kInt, "60", 1, 86400, "", false,
      "A reservation not committed or aborted within this long is dropped and its key is free again.",
