@@ -2,10 +2,10 @@
 
 #include <charconv>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "daemon/regular_file.h"
 #include "daemon/tenant_config.h"
 
 namespace kvtier {
@@ -490,11 +490,9 @@ Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view or
 }
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return IoError("cannot read config file " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseConfig(buffer.str(), path);
+  auto text = ReadRegularFile(path, kMaxConfigFileBytes, "config file");
+  if (!text.ok()) return text.status();
+  return ParseConfig(*text, path);
 }
 
 Result<int64_t> ParseBytes(std::string_view text) {
