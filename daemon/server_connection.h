@@ -63,9 +63,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
 
  private:
   static v1::Response ErrorResponse(const Status& status);
-  // Answers a Pin; suspends only while blocks are promoted from NVMe, so
-  // the io thread serves other connections meanwhile.
-  asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
+  // Answers a Pin or a corruption report (RequestHandler::AnswersLater);
+  // suspends only while blocks are promoted from NVMe or a report is
+  // checked, so the io thread serves other connections meanwhile.
+  asio::awaitable<v1::Response> AnswerLater(const v1::Request& request);
   // Writes write_buffer_ (all answers gathered so far) and empties it.
   asio::awaitable<bool> Flush();
   // Writes one framed response with the arena fd (and the directory fd, if
