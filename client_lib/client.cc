@@ -58,19 +58,22 @@ Status VerifyLayerGrant(const Connection& conn, const v1::PinnedBlock& b, std::s
   return internal::VerifyRangeInBlock(*block, b.offset() - b.block_offset(), copy, b.checksum(), key);
 }
 
-// Copies pinned blocks into `dst`, then releases them. Runs wherever the Pin
-// response is handled. With verify_checksums each copy is checked against
-// the grant's checksum (whole blocks) or layer checksums (`first_layer` on,
-// for layer ranges); a block that does not match is reported (before its
-// release) and is Corruption.
-std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Response>& pinned, NamespaceId ns,
-                                       std::span<const BlockKey> keys, const std::vector<std::span<std::byte>>& dst,
-                                       bool whole_blocks, uint32_t first_layer) {
+// Copies pinned blocks into `dst`, then releases them, and hands the
+// outcome to `deliver`. Runs wherever the Pin response is handled. With
+// verify_checksums each copy is checked against the grant's checksum
+// (whole blocks) or layer checksums (`first_layer` on, for layer ranges);
+// a block that does not match is Corruption, reported (before its
+// release) and `deliver` runs once kvtierd answered the report (read by
+// `reader`), else at once.
+void CopyPinned(Connection& conn, const Result<v1::Response>& pinned, NamespaceId ns, std::span<const BlockKey> keys,
+                const std::vector<std::span<std::byte>>& dst, bool whole_blocks, uint32_t first_layer,
+                Connection::Reader reader, std::function<void(std::vector<Result<size_t>>)> deliver) {
   std::vector<Result<size_t>> out;
   if (!pinned.ok()) {
     out.assign(dst.size(), pinned.status());
-    return out;
+    return deliver(std::move(out));
   }
+  std::vector<BlockKey> corrupt;
   const auto& blocks = pinned->pin().blocks();
   std::vector<uint64_t> leases;
   for (size_t i = 0; i < dst.size(); ++i) {
@@ -102,7 +105,7 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
       const std::span<const std::byte> copy = dst[i].first(slot->size());
       Status verified = whole_blocks ? internal::VerifyBlock(copy, b.checksum(), keys[i])
                                      : VerifyLayerGrant(conn, b, copy, first_layer, keys[i]);
-      if (verified.code() == StatusCode::kCorruption) internal::ReportCorrupt(conn, ns, keys[i]);
+      if (verified.code() == StatusCode::kCorruption) corrupt.push_back(keys[i]);
       if (!verified.ok()) {
         out.emplace_back(verified);
         continue;
@@ -110,8 +113,9 @@ std::vector<Result<size_t>> CopyPinned(Connection& conn, const Result<v1::Respon
     }
     out.emplace_back(slot->size());
   }
-  conn.ReleaseLater(leases);
-  return out;
+  internal::ReportCorrupt(conn, ns, std::move(corrupt), reader,
+                          [deliver = std::move(deliver), out = std::move(out)]() mutable { deliver(std::move(out)); });
+  conn.ReleaseLater(leases);  // after the report: the daemon checks the bytes this pin still holds
 }
 
 
@@ -227,6 +231,7 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     const auto [layer_count, block_bytes] = conn.layout(ns);
     pick = internal::LayerPick{layers->first, layers->second, layer_count, block_bytes};
   }
+  std::vector<BlockKey> corrupt;  // copied from the directory, not matching
   if (const DirectoryReader* dir = conn.directory()) {
     std::vector<BlockKey> used;
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -237,7 +242,7 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
         continue;
       }
       if (copied->ok()) used.push_back(keys[i]);
-      if (copied->status().code() == StatusCode::kCorruption) internal::ReportCorrupt(conn, ns, keys[i]);
+      if (copied->status().code() == StatusCode::kCorruption) corrupt.push_back(keys[i]);
       out[i] = std::move(*copied);
     }
     conn.NoteDirectoryUses(ns, used);
@@ -245,9 +250,14 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     for (size_t i = 0; i < keys.size(); ++i) ask.push_back(i);
   }
   if (ask.empty()) {
-    promise->set_value(std::move(out));
+    // The result waits for the report's answer: the blocks are gone by then.
+    internal::ReportCorrupt(conn, ns, std::move(corrupt), reader,
+                            [promise, out = std::move(out)]() mutable { promise->set_value(std::move(out)); });
     return future;
   }
+  // Answered before the Pin below (one connection answers in order), so
+  // the Pin's answer comes after the check.
+  internal::ReportCorrupt(conn, ns, std::move(corrupt), Connection::Reader::kDetached, [] {});
   std::vector<BlockKey> ask_keys;
   std::vector<std::span<std::byte>> ask_dst;
   for (size_t i : ask) {
@@ -259,10 +269,13 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
   conn.Call(std::move(pin),
             [c, ns, ask = std::move(ask), ask_keys = std::move(ask_keys), ask_dst = std::move(ask_dst),
              out = std::move(out), promise, whole = !layers.has_value(),
-             first = layers ? layers->first : 0](Result<v1::Response> r) mutable {
-              std::vector<Result<size_t>> pinned = CopyPinned(*c, r, ns, ask_keys, ask_dst, whole, first);
-              for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
-              promise->set_value(std::move(out));
+             first = layers ? layers->first : 0, reader](Result<v1::Response> r) mutable {
+              CopyPinned(*c, r, ns, ask_keys, ask_dst, whole, first, reader,
+                         [ask = std::move(ask), out = std::move(out),
+                          promise](std::vector<Result<size_t>> pinned) mutable {
+                           for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
+                           promise->set_value(std::move(out));
+                         });
             }, reader);
   return future;
 }
@@ -395,7 +408,7 @@ std::vector<Result<BlockView>> Client::Pin(NamespaceId ns, std::span<const Block
       // reported first, then its pin goes.
       Status verified = internal::VerifyBlock(*slot, b.checksum(), keys[i]);
       if (!verified.ok()) {
-        internal::ReportCorrupt(*conn, ns, keys[i]);
+        internal::ReportCorruptAndWait(*conn, ns, keys[i]);  // the block is gone when this returns
         conn->ReleaseLater(std::vector<uint64_t>{b.lease()});
         out.emplace_back(verified);
         continue;

@@ -259,7 +259,7 @@ void LayerLoad::VerifyLayers(uint32_t layer) {
       }
       if (verified.ok()) continue;
       verdicts_[i] = verified;
-      internal::ReportCorrupt(*conn_, ns_, keys_[i]);  // before End releases its pin
+      internal::ReportCorruptAndWait(*conn_, ns_, keys_[i]);  // before End releases its pin
     }
     verified_[l] = true;
   }

@@ -1,5 +1,6 @@
 #include "client_lib/verify.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/checksum.h"
@@ -35,8 +36,24 @@ Status VerifyRangeInBlock(std::span<const std::byte> block, uint64_t range_offse
   return Corruption("block " + key.ToHex() + ": its bytes do not match their checksum; reported, later reads miss");
 }
 
-void ReportCorrupt(Connection& conn, uint32_t ns, const BlockKey& key) {
-  conn.Call(wire::MakeErase(ns, {&key, 1}), [](Result<v1::Response>) {}, Connection::Reader::kDetached);
+void ReportCorrupt(Connection& conn, uint32_t ns, std::vector<BlockKey> keys, Connection::Reader reader,
+                   std::function<void()> then) {
+  if (keys.empty()) return then();
+  const size_t frames = (keys.size() + kReportKeysPerFrame - 1) / kReportKeysPerFrame;
+  // Answers arrive in order on one connection: the last frame's answer
+  // comes after the others'.
+  for (size_t f = 0; f < frames; ++f) {
+    const std::span<const BlockKey> part =
+        std::span<const BlockKey>(keys).subspan(f * kReportKeysPerFrame).first(
+            std::min(kReportKeysPerFrame, keys.size() - f * kReportKeysPerFrame));
+    Connection::Done done = [](Result<v1::Response>) {};  // a failed report leaves the block to the next reader
+    if (f + 1 == frames) done = [then = std::move(then)](Result<v1::Response>) { then(); };
+    conn.Call(wire::MakeCorruptReport(ns, part), std::move(done), f + 1 == frames ? reader : Connection::Reader::kDetached);
+  }
+}
+
+void ReportCorruptAndWait(Connection& conn, uint32_t ns, const BlockKey& key) {
+  conn.CallSync(wire::MakeCorruptReport(ns, {&key, 1})).status().IgnoreError();  // the read fails either way
 }
 
 }  // namespace kvtier::internal

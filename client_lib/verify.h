@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <vector>
 
 #include "client_lib/connection.h"
 #include "kvtier/block_key.h"
@@ -33,12 +35,23 @@ Status VerifyLayers(std::span<const std::byte> bytes, std::span<const uint64_t> 
 Status VerifyRangeInBlock(std::span<const std::byte> block, uint64_t range_offset, std::span<const std::byte> copy,
                           uint64_t checksum, const BlockKey& key);
 
-// Reports `key` of namespace `ns`, whose bytes did not verify, to the
-// daemon: an Erase, not waited for (Connection::Reader::kDetached), so
-// later reads miss. Erase reaches every tier: a good copy below the host
-// tier goes too (a miss, never a wrong read). Call before releasing the
-// lease that pinned the bad bytes (the Erase is then sent first, so no
-// other pin sees the block between the two). Never blocks.
-void ReportCorrupt(Connection& conn, uint32_t ns, const BlockKey& key);
+// Reports `keys` of namespace `ns`, whose bytes did not verify, to the
+// daemon (Erases with `corrupt`, one per kReportKeysPerFrame keys) and runs
+// `then` once kvtierd has answered them all (or the connection failed):
+// kvtierd answers a report after it has hashed its host copy of each block
+// again and dropped it if that does not match either, so a read that
+// returns its Corruption from `then` returns after every later read, by
+// any client, misses (a copy below the host tier that verifies stays and
+// may be promoted again). `reader` reads the answers: the kind of the
+// call being answered. Send before releasing the lease that pinned the
+// bad bytes. Never blocks; `then` runs inline when `keys` is empty.
+void ReportCorrupt(Connection& conn, uint32_t ns, std::vector<BlockKey> keys, Connection::Reader reader,
+                   std::function<void()> then);
+// The same, waiting on this thread for the answers (at most call_timeout);
+// never from a callback.
+void ReportCorruptAndWait(Connection& conn, uint32_t ns, const BlockKey& key);
+
+// Keys per report frame (kvtierd's Engine::kMaxReportedKeys).
+constexpr size_t kReportKeysPerFrame = 64;
 
 }  // namespace kvtier::internal

@@ -2,10 +2,10 @@
 
 #include <charconv>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "daemon/regular_file.h"
 #include "daemon/tenant_config.h"
 
 namespace kvtier {
@@ -50,7 +50,7 @@ constexpr OptionSpec kOptions[] = {
     {"server.max_reserved_bytes_per_connection", OptionType::kBytes, "0", 1 * kMiB, 16 * kTiB, "", false,
      "Arena bytes one connection may hold reserved (written, not yet committed); reservations past it are "
      "refused Busy (one block is always allowed while it holds none). 0: half the arena (of its tenant's arena "
-     "with tenants), at least 64 MiB.",
+     "with tenants), whatever its size.",
      &DaemonConfig::max_reserved_bytes_per_connection, nullptr, false, nullptr, 0, 0, /*zero_is_auto=*/true},
     {"server.reservation_timeout_s", OptionType::kInt, "60", 1, 86400, "", false,
      "A reservation not committed or aborted within this long is dropped and its key is free again.",
@@ -520,11 +520,9 @@ Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view or
 }
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return IoError("cannot read config file " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseConfig(buffer.str(), path);
+  auto text = ReadRegularFile(path, kMaxConfigFileBytes, "config file");
+  if (!text.ok()) return text.status();
+  return ParseConfig(*text, path);
 }
 
 Result<int64_t> ParseBytes(std::string_view text) {

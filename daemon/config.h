@@ -171,7 +171,14 @@ std::string TomlQuoted(std::string_view text);
 // (and `origin`, e.g. the file name, plus the line where toml++ knows it).
 Result<DaemonConfig> ParseConfig(std::string_view toml_text, std::string_view origin);
 
-// Reads and parses a file; IoError if it cannot be read.
+// The largest config file LoadConfigFile reads (a config of many hundred
+// tenants is well under 1 MiB).
+constexpr uint64_t kMaxConfigFileBytes = uint64_t{16} << 20;
+
+// Reads and parses a file (ReadRegularFile: a symbolic link is followed,
+// nothing blocks, so a FIFO at the path cannot stall a SIGHUP reload).
+// IoError if it cannot be read; InvalidArgument if it is not a regular
+// file, is larger than kMaxConfigFileBytes, or does not parse.
 Result<DaemonConfig> LoadConfigFile(const std::string& path);
 
 // Parses sizes like "1GiB", "512MiB", "4096", "64KiB", "2GB". Bytes as int.

@@ -48,13 +48,13 @@ struct ConnectionLimits {
 };
 
 // server.max_reserved_bytes_per_connection = 0 for an arena of
-// `arena_bytes`: half of it, at least 64 MiB (all of a smaller arena). A
-// connection holding one request's blocks reserved stays below it; one
-// that tries to hold the arena leaves the other half to everyone else.
-inline uint64_t AutoMaxReservedBytes(uint64_t arena_bytes) {
-  constexpr uint64_t kFloor = uint64_t{64} << 20;
-  return std::max(arena_bytes / 2, std::min(arena_bytes, kFloor));
-}
+// `arena_bytes`: half of it, whatever its size, so a connection that
+// reserves all it may leaves the other half to everyone else (a fixed
+// floor in bytes would hand one connection the whole of a small arena).
+// The floor is a block, not bytes: a connection holding no reservation may
+// always reserve one block (RequestHandler::HandleReserve), so a block
+// larger than half the arena still goes in. Never 0 (0 means no limit).
+inline uint64_t AutoMaxReservedBytes(uint64_t arena_bytes) { return std::max<uint64_t>(arena_bytes / 2, 1); }
 
 class ConnectionUsage {
  public:

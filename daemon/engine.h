@@ -367,6 +367,22 @@ class Engine {
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
+  // A client's verified read of `keys` (namespace `ns`, at most
+  // kMaxReportedKeys) did not match their checksums (engine_reports.cc).
+  // Each such block the host tier holds is pinned at once, hashed again
+  // off the request thread (on the host_io mover) against the checksums
+  // recorded when it was committed, and removed from the host tier only
+  // if they disagree: a report cannot evict a sound block, and copies in
+  // the tiers below stay (each verifies its own on read). `done` runs
+  // exactly once with the number of blocks dropped: inline when no
+  // reported block is in the host tier, else on the mover's thread.
+  // Busy (nothing checked) when the mover's queue is full; InvalidArgument
+  // for too many keys. Counters engine.corrupt_reports (keys checked),
+  // engine.corrupt_drops, engine.corrupt_reports_refuted (found intact).
+  static constexpr size_t kMaxReportedKeys = 64;
+  void CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                            std::function<void(Result<size_t>)> done);
+
   // Preload planning (policy/preload_planner.h) with `source`'s read
   // bandwidth: for a tier below, the 10th percentile of the rates its
   // read meter sampled (ReadStarted/ReadEnded: bytes over busy time of
@@ -861,6 +877,9 @@ class Engine {
     std::atomic<int64_t> demotion_busy_drops{0};  // dropped: tier busy, demoter full or wait over
     std::atomic<int64_t> promotion_retries{0}, prefetch_plans_busy{0};
     std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
+    // Blocks clients reported as not matching their checksums: checked,
+    // confirmed and dropped, found intact (kept).
+    std::atomic<int64_t> corrupt_reports{0}, corrupt_drops{0}, corrupt_reports_refuted{0};
     std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
     std::atomic<int64_t> chain_links{0};            // keys reserved with their chain links (lineage)
     std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent

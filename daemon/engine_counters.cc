@@ -83,6 +83,9 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.releases", load(counters_.releases));
   v.Visit("engine.release_failures", load(counters_.release_failures));
   v.Visit("engine.erases", load(counters_.erases));
+  v.Visit("engine.corrupt_reports", load(counters_.corrupt_reports));
+  v.Visit("engine.corrupt_drops", load(counters_.corrupt_drops));
+  v.Visit("engine.corrupt_reports_refuted", load(counters_.corrupt_reports_refuted));
   v.Visit("engine.evictions", load(counters_.evictions));
   v.Visit("engine.eviction_failures", load(counters_.eviction_failures));
   v.Visit("engine.connections_closed", load(counters_.connections_closed));

@@ -57,7 +57,16 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kRelease:
       HandleRelease(request.release(), response);
       return {.no_response = request.release().no_reply()};
-    case v1::Request::kErase: HandleErase(request.erase(), response); break;
+    case v1::Request::kErase:
+      if (request.erase().corrupt()) {
+        std::promise<v1::Response> answered;
+        auto future = answered.get_future();
+        HandleCorruptReportAsync(request, [&answered](v1::Response r) { answered.set_value(std::move(r)); });
+        response = future.get();
+        break;
+      }
+      HandleErase(request.erase(), response);
+      break;
     case v1::Request::kPreloadPlan: HandlePreloadPlan(request.preload_plan(), response); break;
     case v1::Request::kBeginLoad: HandleBeginLoad(request.begin_load(), response); break;
     case v1::Request::kEndLoad:
@@ -476,6 +485,29 @@ void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& re
   auto* body = response.mutable_release();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleLater(const v1::Request& request, std::function<void(v1::Response)> done) {
+  if (request.has_erase()) return HandleCorruptReportAsync(request, std::move(done));
+  HandlePinAsync(request, std::move(done));
+}
+
+void RequestHandler::HandleCorruptReportAsync(const v1::Request& request, std::function<void(v1::Response)> done) {
+  v1::Response response;
+  response.set_id(request.id());
+  auto ns = Namespace(request.erase().ns());
+  auto keys = ns.ok() ? wire::KeysFromProto(request.erase().keys()) : Result<std::vector<BlockKey>>(ns.status());
+  if (!keys.ok()) {
+    SetStatus(response, keys.status());
+    return done(std::move(response));
+  }
+  // The tenant's own engine: a report reaches no other tenant's blocks.
+  context_.engine->CheckReportedCorrupt(
+      *ns, *keys, [response = std::move(response), done = std::move(done)](Result<size_t> dropped) mutable {
+        if (dropped.ok()) response.mutable_erase()->set_erased(static_cast<uint32_t>(*dropped));
+        SetStatus(response, dropped.status());
+        done(std::move(response));
+      });
 }
 
 void RequestHandler::HandleErase(const v1::EraseRequest& r, v1::Response& response) {

@@ -137,6 +137,19 @@ class RequestHandler {
   // goes to Handle, which answers why.
   bool ServesPins() const { return hello_done_ && context_.engine != nullptr; }
 
+  // Whether `request` is answered through HandleLater rather than Handle:
+  // a Pin, or a corruption report (an Erase with `corrupt`), once
+  // ServesPins. Both may wait for a tier or mover thread.
+  bool AnswersLater(const v1::Request& request) const {
+    return ServesPins() && (request.has_pin() || (request.has_erase() && request.erase().corrupt()));
+  }
+  // Answers a request AnswersLater accepts through `done`: inline or later
+  // on a tier or mover thread; its outcome is the default Outcome. A
+  // corruption report is answered once the engine has checked the blocks
+  // (Engine::CheckReportedCorrupt), so the reporter's read returns after
+  // a tampered block is gone.
+  void HandleLater(const v1::Request& request, std::function<void(v1::Response)> done);
+
  private:
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
   // Resolves a request's namespace index; InvalidArgument if unregistered.
@@ -147,6 +160,8 @@ class RequestHandler {
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
+  // An Erase with `corrupt` (precondition: ServesPins()), through `done`.
+  void HandleCorruptReportAsync(const v1::Request& request, std::function<void(v1::Response)> done);
   void HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response);
   // Starts a layer-wise load (Engine::BeginLoad), with its preload plan
   // when the request gives a compute time.

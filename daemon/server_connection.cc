@@ -103,8 +103,8 @@ asio::awaitable<void> ServerConnection::Run() {
       counters_.requests.fetch_add(1, std::memory_order_relaxed);
       v1::Response response;
       RequestHandler::Outcome outcome;
-      if (request.body_case() == v1::Request::kPin && handler_.ServesPins()) {
-        response = co_await AnswerPin(request);  // may wait for NVMe reads
+      if (handler_.AnswersLater(request)) {
+        response = co_await AnswerLater(request);  // may wait for NVMe reads or a check
       } else if (handler_.LookupTakesSteps(request, kLookupStepKeys)) {
         response = co_await AnswerLookupInSteps(request);
       } else {
@@ -229,12 +229,12 @@ void ServerConnection::LogPeerTriggered(const std::string& line) {
   }
 }
 
-asio::awaitable<v1::Response> ServerConnection::AnswerPin(const v1::Request& request) {
+asio::awaitable<v1::Response> ServerConnection::AnswerLater(const v1::Request& request) {
   // Its own coroutine, with `pending` at function scope: g++ 12 mishandles
   // the lifetime of block-scoped coroutine locals across a co_await.
   std::shared_ptr<PendingResponse> pending = std::make_shared<PendingResponse>();
   asio::any_io_executor executor = socket_.get_executor();
-  handler_.HandlePinAsync(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
+  handler_.HandleLater(request, [pending](v1::Response r) { pending->Complete(std::move(r)); });
   std::optional<v1::Response> now = pending->TryTake();  // host hits complete inline
   if (now) co_return std::move(*now);
   co_await pending->Wait(executor);
@@ -242,7 +242,7 @@ asio::awaitable<v1::Response> ServerConnection::AnswerPin(const v1::Request& req
 }
 
 asio::awaitable<v1::Response> ServerConnection::AnswerLookupInSteps(const v1::Request& request) {
-  // Locals at function scope, as in AnswerPin.
+  // Locals at function scope, as in AnswerLater.
   v1::Response response;
   RequestHandler::LookupSteps steps = handler_.BeginLookup(request);
   asio::any_io_executor executor = socket_.get_executor();

@@ -91,9 +91,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
 
  private:
   static v1::Response ErrorResponse(const Status& status);
-  // Answers a Pin; suspends only while blocks are promoted from NVMe, so
-  // the io thread serves other connections meanwhile.
-  asio::awaitable<v1::Response> AnswerPin(const v1::Request& request);
+  // Answers a Pin or a corruption report (RequestHandler::AnswersLater);
+  // suspends only while blocks are promoted from NVMe or a report is
+  // checked, so the io thread serves other connections meanwhile.
+  asio::awaitable<v1::Response> AnswerLater(const v1::Request& request);
   // Answers a Lookup of more than kLookupStepKeys keys in steps of that
   // many, yielding the io thread between them, so one connection's huge
   // lookups delay the others on its thread by one step at most.

@@ -188,6 +188,12 @@ v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+v1::Request MakeCorruptReport(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r = MakeErase(ns, keys);
+  r.mutable_erase()->set_corrupt(true);
+  return r;
+}
+
 v1::Request MakeBeginLoad(uint32_t ns, std::span<const BlockKey> keys, double compute_us_per_layer) {
   v1::Request r;
   FillKeyed(r.mutable_begin_load(), ns, keys);

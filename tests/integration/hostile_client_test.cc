@@ -219,6 +219,33 @@ TEST(HostileClient, ReservedBytesPerConnectionAreCapped) {
   ExpectDaemonServes(daemon);
 }
 
+// With the default limit (server.max_reserved_bytes_per_connection = 0) a
+// connection may hold at most half of a small arena reserved, so one that
+// reserves all it may still leaves another room to reserve.
+TEST(HostileClient, OneConnectionCannotReserveAllOfASmallArena) {
+  TestDaemonOptions options;
+  options.arena_bytes = 64ull << 20;
+  TestDaemon daemon(options);
+  constexpr uint64_t kBlock = 1ull << 20;
+  RawConnection greedy = HelloRaw(daemon);
+  const std::vector<BlockKey> hoard = TestKeys(TestNamespace(), 64, 81);
+  auto reserved = RoundTrip(greedy, ReserveReq(2, 0, hoard, std::vector<uint64_t>(hoard.size(), kBlock)));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  ASSERT_EQ(reserved->reserve().slots_size(), 64);
+  int granted = 0;
+  for (const auto& slot : reserved->reserve().slots()) granted += HasCode(slot.status(), StatusCode::kOk) ? 1 : 0;
+  EXPECT_EQ(granted, 32) << "half of the 64 MiB arena";
+  EXPECT_TRUE(HasCode(reserved->reserve().slots(63).status(), StatusCode::kBusy));
+
+  RawConnection other = HelloRaw(daemon);
+  const std::vector<BlockKey> mine = TestKeys(TestNamespace(), 16, 82);
+  auto second = RoundTrip(other, ReserveReq(2, 0, mine, std::vector<uint64_t>(mine.size(), kBlock)));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(second->reserve().slots_size(), 16);
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(HasCode(second->reserve().slots(i).status(), StatusCode::kOk)) << i;
+  ExpectDaemonServes(daemon);
+}
+
 TEST(HostileClient, AnAbandonedReservationExpiresAndItsKeyIsFreeAgain) {
   ConnectionLimits limits;
   limits.reservation_timeout = seconds(1);

@@ -293,6 +293,33 @@ TEST(Lifecycle, SighupReloadsRunTimeOptionsOnly) {
   RemoveTree(dir);
 }
 
+// A config file replaced by a FIFO (or anything not a regular file) must
+// not block the signal thread: the SIGHUP reload refuses it at once with a
+// clear error, the daemon keeps serving and a SIGTERM still stops it. The
+// 20 s bound only tells a stuck daemon from a live one.
+TEST(Lifecycle, AConfigReplacedByAFifoIsRefusedAndSigtermStillStops) {
+  const std::string dir = MakeTempDir();
+  const std::string socket = dir + "/kvtierd.sock";
+  const std::string config = dir + "/kvtierd.toml";
+  WriteFile(config, "[server]\nsocket_path = \"" + socket + "\"\n" + kSmallDaemon);
+  NotifySocket notify(dir + "/notify");
+  Child daemon(dir, {KVTIERD_PATH, "--config", config}, {"NOTIFY_SOCKET=" + notify.path()});
+  ASSERT_TRUE(notify.WaitFor("READY=1", 10000)) << daemon.out() << daemon.err();
+
+  ASSERT_EQ(::unlink(config.c_str()), 0);
+  ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0) << std::strerror(errno);
+  daemon.Signal(SIGHUP);
+  EXPECT_TRUE(notify.WaitFor("READY=1", 20000)) << "the reload never ended: " << daemon.out();
+  const std::string log = daemon.out();
+  EXPECT_NE(log.find("reload failed, the running configuration stays"), std::string::npos) << log;
+  EXPECT_NE(log.find("not a regular file"), std::string::npos) << log;
+  ExpectServes(socket);
+
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(20000), 0) << "SIGTERM did not stop kvtierd: " << daemon.out();
+  RemoveTree(dir);
+}
+
 // Every line kvtierd writes with --log-format json parses as one JSON
 // object with time, level and message, including a reload error that
 // quotes a key made of a quote, a backslash and a control character (and

@@ -5,7 +5,10 @@
 // Corruption for a verifying copying Get (directory and socket paths), a
 // verifying Pin (BlockView), a verifying layer read (whole range and a part
 // holding the changed layer) and a verifying layer-wise load, which never
-// hand out the bytes; the block is reported and later reads miss. Layers
+// hand out the bytes; the block is reported and, by the time the read
+// returns, later reads miss (kvtierd answers the report once it has checked
+// the block itself and dropped it). A report of an intact block, or of a
+// block of another namespace, drops nothing. Layers
 // that did not change verify alone when the block has per-layer checksums
 // (its writer verifies, so its put sent them; or the NVMe tier's, for
 // promoted blocks and layer reads); a block without them is checked whole.
@@ -17,6 +20,9 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "proto/wire.h"
+#include "tests/testing/protocol_checks.h"
+#include "tests/testing/raw_connection.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
@@ -64,9 +70,9 @@ class ReadChecksumTest : public ::testing::Test {
   }
   // Layer 2 of keys_[i] changes (one byte) after its commit.
   void CorruptLayer2(size_t i) { Corrupt(*plain_, keys_[i], 2 * kLayerBytes + 17); }
-  // The verifying client's report (an Erase) has reached the daemon: a
-  // Stats request goes after it on the same connection.
-  void Settle(Client& client) { ASSERT_TRUE(client.Stats().ok()); }
+  // The client's deferred releases have reached the daemon: they ride in
+  // front of its next request (a Stats here).
+  void FlushReleases(Client& client) { ASSERT_TRUE(client.Stats().ok()); }
 
   TestDaemon daemon_;
   std::unique_ptr<Client> plain_, checked_, socket_only_;
@@ -113,7 +119,6 @@ TEST_F(ReadChecksumTest, VerifyingGetFromTheDirectoryIsCorruptionAndLaterReadsMi
   CorruptLayer2(0);
   std::vector<std::byte> dst(kBlock);
   EXPECT_EQ(checked_->Get(0, keys_[0], dst).status().code(), StatusCode::kCorruption);
-  Settle(*checked_);
   EXPECT_FALSE(Cached(*plain_, keys_[0]));
   EXPECT_EQ(plain_->Get(0, keys_[0], dst).status().code(), StatusCode::kNotFound);
 }
@@ -122,8 +127,8 @@ TEST_F(ReadChecksumTest, VerifyingGetThroughTheSocketIsCorruptionAndLaterReadsMi
   CorruptLayer2(1);
   std::vector<std::byte> dst(kBlock);
   EXPECT_EQ(socket_only_->Get(0, keys_[1], dst).status().code(), StatusCode::kCorruption);
-  Settle(*socket_only_);
   EXPECT_FALSE(Cached(*plain_, keys_[1]));
+  FlushReleases(*socket_only_);
   EXPECT_EQ(EngineCounter(daemon_, "engine.leases"), 0) << "the Get's pin was released";
 }
 
@@ -134,10 +139,10 @@ TEST_F(ReadChecksumTest, VerifyingPinIsCorruptionReleasesItsLeaseAndLaterReadsMi
   EXPECT_TRUE(views[0].ok() && views[1].ok() && views[3].ok());
   ASSERT_FALSE(views[2].ok());
   EXPECT_EQ(views[2].status().code(), StatusCode::kCorruption) << views[2].status().ToString();
-  views.clear();
-  Settle(*checked_);
-  EXPECT_EQ(EngineCounter(daemon_, "engine.leases"), 0) << "the bad block's lease went too";
   EXPECT_FALSE(Cached(*plain_, keys_[2]));
+  views.clear();
+  FlushReleases(*checked_);
+  EXPECT_EQ(EngineCounter(daemon_, "engine.leases"), 0) << "the bad block's lease went too";
   EXPECT_TRUE(Cached(*plain_, keys_[3]));
 }
 
@@ -152,9 +157,9 @@ TEST_F(ReadChecksumTest, VerifyingLayerReadsOfTheChangedLayerAreCorruption) {
   EXPECT_EQ(checked_->GetLayers(0, {&keys_[4], 1}, 2, 3, b)[0].status().code(), StatusCode::kCorruption);
   // The socket path's whole range (the grant's layer checksums).
   EXPECT_EQ(socket_only_->GetLayers(0, {&keys_[5], 1}, 0, kLayers, a)[0].status().code(), StatusCode::kCorruption);
-  Settle(*checked_);
-  Settle(*socket_only_);
   for (size_t i : {3, 4, 5}) EXPECT_FALSE(Cached(*plain_, keys_[i])) << i;
+  FlushReleases(*checked_);
+  FlushReleases(*socket_only_);
   EXPECT_EQ(EngineCounter(daemon_, "engine.leases"), 0);
 }
 
@@ -188,7 +193,6 @@ TEST_F(ReadChecksumTest, ABlockWithoutLayerChecksumsIsCheckedWhole) {
   EXPECT_EQ(load->status(0).code(), StatusCode::kCorruption) << "checked whole at the first wait";
   EXPECT_TRUE(load->LayerSpan(0, 0).empty());
   ASSERT_TRUE(load->End().ok());
-  Settle(*checked_);
   for (const auto& k : keys) EXPECT_FALSE(Cached(*plain_, k));
 }
 
@@ -226,9 +230,45 @@ TEST_F(ReadChecksumTest, VerifyingLayerLoadFailsTheChangedBlockAlone) {
     EXPECT_TRUE(load->status(2).ok());
     EXPECT_FALSE(load->LayerSpan(2, 3).empty());
     ASSERT_TRUE(load->End().ok());
-    Settle(*checked_);
     EXPECT_FALSE(Cached(*plain_, keys_[8]));
   }
+}
+
+// A report is checked, not trusted: kvtierd hashes the block again and an
+// intact one stays (a client cannot evict sound blocks by calling them
+// corrupt); a key of another namespace is not the block reported.
+TEST_F(ReadChecksumTest, AReportOfAnIntactBlockIsRefutedAndTheBlockStays) {
+  RawConnection raw = HelloRaw(daemon_);
+  auto answer = RoundTrip(raw, WithId(2, wire::MakeCorruptReport(0, {&keys_[0], 1})));
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  EXPECT_TRUE(HasCode(answer->status(), StatusCode::kOk));
+  EXPECT_EQ(answer->erase().erased(), 0u);
+  EXPECT_EQ(EngineCounter(daemon_, "engine.corrupt_reports"), 1);
+  EXPECT_EQ(EngineCounter(daemon_, "engine.corrupt_reports_refuted"), 1);
+  EXPECT_EQ(EngineCounter(daemon_, "engine.corrupt_drops"), 0);
+  std::vector<std::byte> dst(kBlock);
+  ASSERT_TRUE(plain_->Get(0, keys_[0], dst).ok());
+  EXPECT_TRUE(CheckBlockBytes(keys_[0], 0, dst));
+
+  // A tampered block reported under another namespace of the same client
+  // is not touched; reported under its own, it is dropped.
+  CorruptLayer2(1);
+  RawConnection both;
+  ASSERT_TRUE(both.Connect(daemon_.socket_path()).ok());
+  ASSERT_TRUE(both.Hello({TestNamespace(), TestNamespace("rev-2")}).ok());
+  auto elsewhere = RoundTrip(both, WithId(2, wire::MakeCorruptReport(1, {&keys_[1], 1})));
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_EQ(elsewhere->erase().erased(), 0u);
+  EXPECT_TRUE(Cached(*plain_, keys_[1])) << "not the block of namespace rev-2 under that key";
+  auto unregistered = RoundTrip(both, WithId(3, wire::MakeCorruptReport(2, {&keys_[1], 1})));
+  ASSERT_TRUE(unregistered.ok());
+  EXPECT_TRUE(HasCode(unregistered->status(), StatusCode::kInvalidArgument));
+  EXPECT_TRUE(Cached(*plain_, keys_[1]));
+  auto dropped = RoundTrip(both, WithId(4, wire::MakeCorruptReport(0, {&keys_[1], 1})));
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(dropped->erase().erased(), 1u);
+  EXPECT_FALSE(Cached(*plain_, keys_[1]));
+  EXPECT_EQ(EngineCounter(daemon_, "engine.corrupt_drops"), 1);
 }
 
 // With an NVMe tier: a promoted block keeps the per-layer checksums the

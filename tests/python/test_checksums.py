@@ -7,6 +7,7 @@ the bytes as they are. The connectors pass the option through."""
 
 import ctypes
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -68,6 +69,53 @@ def test_every_verifying_read_reports_corruption_and_later_reads_miss(daemon):
             with pytest.raises(kvtier.NotFoundError):
                 plain.get(0, k, out)
         assert plain.lookup(0, keys).prefix_blocks == 0
+
+
+def test_a_non_verifying_reader_misses_once_a_verifying_reader_flagged_the_block(daemon):
+    """The daemon has checked and dropped a reported block by the time the
+    verifying read returns, so no reader gets the tampered bytes after it,
+    not even one that reads the arena through the block directory without
+    asking kvtierd. While kvtierd is stopped the verifying read cannot
+    return (its report waits for the daemon's verdict); the reads of both
+    clients go through the directory, which answers without kvtierd."""
+    ns = test_namespace()
+    key = keys_of(ns, 1)[0]
+    data = block_bytes(ns, 70)
+    with kvtier.Client(daemon.socket_path, [ns]) as plain, \
+            kvtier.Client(daemon.socket_path, [ns], verify_checksums=True) as checked:
+        checked.put(0, key, data)
+        corrupt(plain, key, 3)
+        outcome = []
+
+        def verified_read():
+            try:
+                checked.get(0, key, bytearray(ns.block_bytes))
+                outcome.append("ok")
+            except kvtier.CorruptionError:
+                outcome.append("corruption")
+
+        daemon.pause()
+        try:
+            reader = threading.Thread(target=verified_read)
+            reader.start()
+            reader.join(timeout=2)
+            if outcome:  # it returned without kvtierd: the block must be gone already
+                out = bytearray(ns.block_bytes)
+                try:
+                    got = plain.get(0, key, out)
+                except kvtier.NotFoundError:
+                    got = 0
+                assert got == 0, "a non-verifying reader got the flagged bytes"
+        finally:
+            daemon.resume()
+        reader.join()
+        assert outcome == ["corruption"]
+        with pytest.raises(kvtier.NotFoundError):
+            plain.get(0, key, bytearray(ns.block_bytes))
+        stats = plain.stats()
+        assert stats["engine.corrupt_reports"] == 1
+        assert stats["engine.corrupt_drops"] == 1
+        assert stats["engine.corrupt_reports_refuted"] == 0
 
 
 def test_verifying_reads_of_intact_blocks_hand_out_the_bytes(daemon):

@@ -5,6 +5,7 @@
 #include "daemon/engine.h"
 #include "policy/reclaim_policy.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -422,6 +423,50 @@ TEST(ConfigTest, LoadConfigFile) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find(path + ":2"), std::string::npos) << bad.status().message();
+  testing::RemoveTree(dir);
+}
+
+// Only a regular file is read: a device, a directory or a FIFO would read
+// forever, read as an empty file (the defaults) or block the reader.
+TEST(ConfigTest, LoadConfigFileRefusesWhatIsNotARegularFile) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string fifo = dir + "/fifo.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string link = dir + "/null.toml";
+  ASSERT_EQ(::symlink("/dev/null", link.c_str()), 0);
+  for (const std::string& path : {std::string("/dev/null"), std::string("/dev/zero"), dir, fifo, link}) {
+    auto loaded = LoadConfigFile(path);
+    ASSERT_FALSE(loaded.ok()) << path;
+    EXPECT_EQ(loaded.status().code(), StatusCode::kInvalidArgument) << path;
+    EXPECT_NE(loaded.status().message().find(path + " is not a regular file"), std::string::npos)
+        << loaded.status().message();
+  }
+  // A symbolic link to a regular file is read (a config management tool's
+  // usual layout); so is an empty file (the defaults).
+  const std::string real = dir + "/real.toml";
+  { std::ofstream(real) << "[engine]\nshards = 4\n"; }
+  const std::string to_real = dir + "/to-real.toml";
+  ASSERT_EQ(::symlink(real.c_str(), to_real.c_str()), 0);
+  auto followed = LoadConfigFile(to_real);
+  ASSERT_TRUE(followed.ok()) << followed.status().ToString();
+  EXPECT_EQ(followed->engine_shards, 4);
+  const std::string empty = dir + "/empty.toml";
+  { std::ofstream out(empty); }
+  EXPECT_TRUE(LoadConfigFile(empty).ok());
+  testing::RemoveTree(dir);
+}
+
+// A regular file far larger than any configuration (kMaxConfigFileBytes) is
+// refused before it is read.
+TEST(ConfigTest, LoadConfigFileRefusesAHugeFile) {
+  const std::string dir = testing::MakeTempDir();
+  const std::string path = dir + "/huge.toml";
+  { std::ofstream(path) << "# a comment\n"; }
+  ASSERT_EQ(::truncate(path.c_str(), 256 * kMiB), 0);  // sparse: no disk
+  auto loaded = LoadConfigFile(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("larger than"), std::string::npos) << loaded.status().message();
   testing::RemoveTree(dir);
 }
 

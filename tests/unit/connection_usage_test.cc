@@ -71,12 +71,14 @@ TEST(ConnectionUsage, AKeyReservedAgainExpiresFromItsLatestReservation) {
 }
 
 }  // namespace
-TEST(ConnectionUsage, TheAutoReservedBytesLimitIsHalfTheArenaAtLeast64MiB) {
+TEST(ConnectionUsage, TheAutoReservedBytesLimitIsHalfTheArenaWhateverItsSize) {
   constexpr uint64_t kMiB = uint64_t{1} << 20;
   EXPECT_EQ(AutoMaxReservedBytes(64ull << 30), 32ull << 30);
   EXPECT_EQ(AutoMaxReservedBytes(256 * kMiB), 128 * kMiB);
-  EXPECT_EQ(AutoMaxReservedBytes(100 * kMiB), 64 * kMiB) << "the floor";
-  EXPECT_EQ(AutoMaxReservedBytes(512 << 10), 512u << 10) << "all of an arena below the floor";
+  EXPECT_EQ(AutoMaxReservedBytes(100 * kMiB), 50 * kMiB) << "no floor in bytes";
+  EXPECT_EQ(AutoMaxReservedBytes(64 * kMiB), 32 * kMiB) << "never the whole of a small arena";
+  EXPECT_EQ(AutoMaxReservedBytes(512 << 10), 256u << 10);
+  EXPECT_EQ(AutoMaxReservedBytes(1), 1u) << "a limit, never 0 (no limit)";
 }
 
 TEST(ConnectionUsage, ZeroIsNoLimitForAHandlerGivenNoneResolved) {

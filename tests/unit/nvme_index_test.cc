@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <vector>
 
@@ -175,6 +180,86 @@ TEST_F(NvmeIndexTest, SecondOpenOfTheSameIndexIsRefused) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kIoError);
   EXPECT_NE(second.status().message().find(dir_ + "/index"), std::string::npos) << second.status().message();
+}
+
+std::string Octal(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 0777));
+  return text;
+}
+
+// The permission bits of every file under `dir` that others (not the owner)
+// could open: "path mode" lines, empty when none. A file is reachable only
+// through directories that let others search them.
+std::string ReachableByOthers(const std::string& dir) {
+  std::string reachable;
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return "cannot stat " + dir;
+  if ((st.st_mode & 0005) == 0 && (st.st_mode & 0050) == 0) return "";  // others and the group cannot enter
+  reachable += dir + " " + Octal(st.st_mode) + "\n";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_directory()) {
+      reachable += ReachableByOthers(entry.path());
+    } else if (::lstat(entry.path().c_str(), &st) == 0 && (st.st_mode & 0044) != 0) {
+      reachable += entry.path().string() + " " + Octal(st.st_mode) + "\n";
+    }
+  }
+  return reachable;
+}
+
+// RocksDB creates its files (WAL, SST, MANIFEST, LOG) 0644 and its
+// directory 0755 under the usual umask; the index keeps others out by its
+// directory, 0700, so no file of it, now or later, is theirs to read.
+TEST_F(NvmeIndexTest, NothingUnderTheIndexIsReadableByOthers) {
+  const mode_t old_umask = ::umask(022);  // the usual umask: RocksDB's own modes show
+  {
+    auto index = Open();
+    ASSERT_NE(index, nullptr);
+    for (uint32_t i = 0; i < 64; ++i) ASSERT_TRUE(index->Put(BlockKey{i, 1}, Entry(1, 4096 * i)).ok());
+  }
+  {
+    auto reopened = Open();  // the WAL becomes an SST, a new MANIFEST and LOG are written
+    ASSERT_NE(reopened, nullptr);
+    ASSERT_TRUE(reopened->Put(BlockKey{99, 1}, Entry(2, 0)).ok());
+    struct stat st {};
+    ASSERT_EQ(::stat((dir_ + "/index").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_EQ(ReachableByOthers(dir_ + "/index"), "");
+  }
+  ::umask(old_umask);
+}
+
+// An index directory that exists open to others (made by an older kvtierd,
+// or by hand) is made private when the index opens.
+TEST_F(NvmeIndexTest, AnIndexDirectoryOpenToOthersIsMadePrivate) {
+  const std::string path = dir_ + "/index";
+  ASSERT_EQ(::mkdir(path.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(path.c_str(), 0755), 0);
+  auto index = Open();
+  ASSERT_NE(index, nullptr);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// The index is opened without following a symbolic link, and what is not a
+// directory is refused with its name.
+TEST_F(NvmeIndexTest, ASymlinkOrAFileAsTheIndexIsRefused) {
+  const std::string target = dir_ + "/elsewhere";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  const std::string link = dir_ + "/index";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  auto through_link = NvmeIndex::Open(link, false);
+  ASSERT_FALSE(through_link.ok());
+  EXPECT_EQ(through_link.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(through_link.status().message().find(link + " is a symbolic link"), std::string::npos)
+      << through_link.status().message();
+  const std::string file = dir_ + "/file";
+  { std::ofstream(file) << "x"; }
+  auto on_file = NvmeIndex::Open(file, false);
+  ASSERT_FALSE(on_file.ok());
+  EXPECT_NE(on_file.status().message().find(file + " is not a directory"), std::string::npos)
+      << on_file.status().message();
 }
 
 TEST_F(NvmeIndexTest, UnwritablePathIsAClearError) {

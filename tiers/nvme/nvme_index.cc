@@ -4,6 +4,11 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -161,7 +166,44 @@ NvmeIndex::NvmeIndex(std::unique_ptr<rocksdb::DB> db, bool sync_writes)
 
 NvmeIndex::~NvmeIndex() = default;
 
+namespace {
+
+// Creates the index directory 0700, or makes an existing one 0700, never
+// through a symbolic link. RocksDB creates its files with modes of its own
+// (0644 under a 022 umask; Env::SetAllowNonOwnerAccess(false) returns OK in
+// Debian 12's 7.8.3 and changes nothing), and the umask is process-wide:
+// the directory is what keeps others from every file in it, present and
+// later.
+Status MakePrivateDirectory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return IoError("cannot create the nvme index directory " + path + ": " + std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {  // O_DIRECTORY|O_NOFOLLOW on a symbolic link: either
+      struct stat link {};
+      if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+        return InvalidArgument("the nvme index " + path + " is a symbolic link; name the directory itself");
+      }
+      return InvalidArgument("the nvme index " + path + " is not a directory");
+    }
+    return IoError("cannot open the nvme index directory " + path + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  Status made = Status::Ok();
+  if (::fstat(fd, &st) != 0) {
+    made = IoError("cannot stat the nvme index directory " + path + ": " + std::strerror(errno));
+  } else if ((st.st_mode & 07777) != 0700 && ::fchmod(fd, 0700) != 0) {
+    made = IoError("cannot make the nvme index directory " + path + " private (mode 0700): " + std::strerror(errno));
+  }
+  ::close(fd);
+  return made;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& path, bool sync_writes) {
+  if (Status s = MakePrivateDirectory(path); !s.ok()) return s;
   rocksdb::Options options;
   options.create_if_missing = true;
   options.paranoid_checks = true;

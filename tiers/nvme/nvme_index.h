@@ -58,9 +58,13 @@ struct RegionState {
 
 class NvmeIndex {
  public:
-  // Opens (creating if missing) the index in directory `path`. Errors:
-  // IoError naming the path and RocksDB's reason (e.g. another kvtierd
-  // holds the LOCK file), Corruption if RocksDB reports it.
+  // Opens (creating if missing) the index in directory `path`, which is
+  // created or made mode 0700 first (never through a symbolic link), so no
+  // file RocksDB writes in it is readable by others whatever its own mode.
+  // Errors: InvalidArgument if `path` is a symbolic link or not a
+  // directory; IoError naming the path and the reason (it cannot be
+  // created or made private, another kvtierd holds the LOCK file);
+  // Corruption if RocksDB reports it.
   static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& path, bool sync_writes);
   ~NvmeIndex();
 
