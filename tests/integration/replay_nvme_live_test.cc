@@ -84,6 +84,9 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
 
   TestDaemonOptions options;
   options.arena_bytes = kHostBlocks * (64 << 10);
+  // The replay's one client reserves a request's blocks at once, as the
+  // simulator admits them: it may hold the whole (tiny) arena.
+  options.limits.max_reserved_bytes = options.arena_bytes;
   options.shards = 1;
   options.eviction = host_policy;
   options.directory_slots = -1;
