@@ -1,13 +1,10 @@
 #include "daemon/remote_setup.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string_view>
 #include <vector>
 
 #include "common/logging.h"
+#include "daemon/regular_file.h"
 #include "daemon/remote_key_file.h"
 #include "tiers/remote/cluster_networks.h"
 
@@ -28,18 +25,20 @@ std::vector<std::string> SplitList(std::string_view list) {
   return out;
 }
 
+// A Redis password is a line; anything larger is not one.
+constexpr uint64_t kMaxPasswordFileBytes = 64 * 1024;
+
 }  // namespace
 
 Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   RemoteTierOptions o;
   o.cluster.username = config.remote_user;
   if (!config.remote_password_file.empty()) {
-    std::ifstream in(config.remote_password_file, std::ios::binary);
-    if (!in) {
-      return IoError("remote.password_file: cannot read '" + config.remote_password_file + "': " +
-                     std::strerror(errno));
-    }
-    std::string password((std::istreambuf_iterator<char>(in)), {});
+    // Never blocks on a FIFO or a device at the path (daemon/regular_file.h).
+    Result<std::string> read = ReadRegularFile(config.remote_password_file, kMaxPasswordFileBytes,
+                                               "remote.password_file");
+    if (!read.ok()) return read.status();
+    std::string password = std::move(*read);
     if (!password.empty() && password.back() == '\n') password.pop_back();
     if (!password.empty() && password.back() == '\r') password.pop_back();
     if (password.empty()) return InvalidArgument("remote.password_file: '" + config.remote_password_file + "' is empty");

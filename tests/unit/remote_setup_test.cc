@@ -80,6 +80,14 @@ TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
   std::ofstream(dir + "/empty") << "\n";
   auto empty = RemoteOptionsFromConfig(Parse("[remote]\npassword_file = \"" + dir + "/empty\"\n"));
   EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  // A FIFO (or a device) at the path is refused at once, never read: it
+  // would block kvtierd's start until someone wrote to it.
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  auto fifo = RemoteOptionsFromConfig(Parse("[remote]\npassword_file = \"" + dir + "/fifo\"\n"));
+  EXPECT_EQ(fifo.status().code(), StatusCode::kInvalidArgument) << fifo.status().ToString();
+  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos) << fifo.status().ToString();
+  auto device = RemoteOptionsFromConfig(Parse("[remote]\npassword_file = \"/dev/zero\"\n"));
+  EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument) << device.status().ToString();
   testing::RemoveTree(dir);
 }
 
