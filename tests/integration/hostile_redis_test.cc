@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/counters.h"
+#include "tests/testing/counter_of.h"
 #include "tests/testing/fake_redis.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/hash_slot.h"
@@ -31,16 +32,6 @@ using Command = FakeRedis::Command;
 constexpr char kPassword[] = "pw-never-outside";
 
 RedisDeadline Soon(std::chrono::milliseconds ms = 2000ms) { return std::chrono::steady_clock::now() + ms; }
-
-int64_t CounterOf(const ClusterClient& client, std::string_view name) {
-  CounterCollector collector;
-  client.VisitCounters(collector);
-  for (const auto& [n, value] : collector.counters()) {
-    if (n == name) return value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
 
 std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::vector<std::string> networks = {}) {
   ClusterOptions options;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "common/counters.h"
+#include "tests/testing/counter_of.h"
 #include "tests/testing/fake_redis.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/hash_slot.h"
@@ -528,16 +529,6 @@ TEST(RedisConnectionTest, ParseRedisAddressTakesHostPortAndBracketedV6) {
 }
 
 // ---------------------------------------------------------------- ClusterClient
-
-int64_t CounterOf(const ClusterClient& client, std::string_view name) {
-  CounterCollector collector;
-  client.VisitCounters(collector);
-  for (const auto& [n, value] : collector.counters()) {
-    if (n == name) return value;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return -1;
-}
 
 std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::chrono::milliseconds node_retry = 500ms) {
   ClusterOptions options;
