@@ -197,6 +197,62 @@ TEST(HostileClient, LeasesPerConnectionAreCapped) {
   ExpectDaemonServes(daemon);
 }
 
+TEST(HostileClient, AnswersAPeerDoesNotReadCountAsItsClientMemory) {
+  // A block of 512 layers committed with its layer checksums: a layer Pin
+  // answer carries all 512, so pinning it 1,000 times is an answer of about
+  // 4.6 MB.
+  NamespaceDescriptor ns = TestNamespace();
+  ns.layer_count = 512;
+  ns.block_tokens = 16;
+  ns.bytes_per_token_per_layer = 8;
+  ConnectionLimits limits;
+  limits.client_memory_bytes = 8 << 20;
+  limits.max_client_memory_per_connection = 8 << 20;
+  limits.max_leases = 1 << 20;
+  TestDaemon daemon(WithLimits(limits));
+  auto client = daemon.Connect({ns});
+  ASSERT_NE(client, nullptr);
+  const BlockKey key = TestKeys(ns, 1, 91)[0];
+  RawConnection writer;
+  ASSERT_TRUE(writer.Connect(daemon.socket_path()).ok());
+  ASSERT_TRUE(writer.Hello({ns}).ok());
+  auto reserved = RoundTrip(writer, ReserveReq(2, 0, std::span(&key, 1), {ns.BlockBytes()}));
+  ASSERT_TRUE(reserved.ok() && HasCode(reserved->reserve().slots(0).status(), StatusCode::kOk));
+  v1::Request commit = CommitReq(3, 0, std::span(&key, 1), {ns.BlockBytes()});
+  commit.mutable_commit()->add_checksums(0x1234);
+  for (uint32_t layer = 0; layer < ns.layer_count; ++layer) commit.mutable_commit()->add_layer_checksums(0xabcdef0123456789 + layer);
+  auto committed = RoundTrip(writer, commit);
+  ASSERT_TRUE(committed.ok() && HasCode(committed->commit().statuses(0), StatusCode::kOk));
+
+  RawConnection greedy;
+  ASSERT_TRUE(greedy.Connect(daemon.socket_path()).ok());
+  ASSERT_TRUE(greedy.Hello({ns}).ok());
+  const std::vector<BlockKey> same(1000, key);
+  v1::Request pin = PinReq(2, 0, same);
+  pin.mutable_pin()->set_last_layer(ns.layer_count);  // a layer read: its answer names each layer's checksum
+  ASSERT_TRUE(greedy.SendFrame(pin).ok());  // never read while we look
+  // The answer waits in kvtierd for the peer to read it, charged to the
+  // connection's party: what it holds passes the answer's size.
+  const int64_t answer_bytes = 1000 * 512 * 8;
+  EXPECT_TRUE(EventuallyTrue([&] { return StatsCounter(*client, "server.client_memory_bytes") > answer_bytes; }))
+      << StatsCounter(*client, "server.client_memory_bytes");
+  // So the rest of the bound is all another connection of the party gets:
+  // a queue hint of 12,000 keys (3.84 MB charged) does not fit now ...
+  std::vector<BlockKey> chain;
+  for (uint64_t i = 0; i < 12000; ++i) chain.push_back(BlockKey{i + 1, 77});
+  const auto soon = std::chrono::steady_clock::now();
+  const Status refused = client->Enqueue(1, 0, chain, soon);
+  EXPECT_EQ(refused.code(), StatusCode::kBusy) << refused.ToString();
+  EXPECT_THAT(refused.message(), HasSubstr("server.client_memory_bytes"));
+  // ... and does once the peer has read its answer.
+  auto answer = greedy.ReadResponse();
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  EXPECT_EQ(answer->pin().blocks_size(), 1000);
+  EXPECT_EQ(answer->pin().blocks(0).layer_checksums_size(), 512) << answer->ByteSizeLong();
+  EXPECT_TRUE(EventuallyTrue([&] { return client->Enqueue(1, 0, chain, soon).ok(); }));
+  ExpectDaemonServes(daemon);
+}
+
 TEST(HostileClient, ReservedBytesPerConnectionAreCapped) {
   ConnectionLimits limits;
   limits.max_reserved_bytes = 64u << 10;
