@@ -13,6 +13,8 @@
 #include <set>
 #include <thread>
 
+#include "daemon/tenant_scope.h"
+#include "daemon/tenant_tier.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
@@ -57,9 +59,10 @@ std::vector<BlockKey> Keys(size_t n, uint64_t seed) {
   return keys;
 }
 
-Status WriteSync(BlockTier& tier, const BlockKey& key, std::span<const std::byte> bytes) {
+Status WriteSync(BlockTier& tier, const BlockKey& key, std::span<const std::byte> bytes,
+                 const NamespaceFingerprint& ns = kNs) {
   std::promise<Status> done;
-  Status accepted = tier.Write(kNs, key, kLayers, bytes, [&done](Status s) { done.set_value(s); });
+  Status accepted = tier.Write(ns, key, kLayers, bytes, [&done](Status s) { done.set_value(s); });
   if (!accepted.ok()) return accepted;
   return done.get_future().get();
 }
@@ -117,6 +120,45 @@ TEST_F(RemoteTierCluster, BlocksReadBackWholeAndByLayerFromEveryMaster) {
   EXPECT_EQ(WriteSync(*tier, keys[0], whole).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(Counter(*tier, "remote.writes"), static_cast<int64_t>(keys.size()));
   EXPECT_EQ(Counter(*tier, "remote.corrupt"), 0);
+}
+
+TEST_F(RemoteTierCluster, UnderNoevictionATenantWithinItsShareKeepsEveryBlock) {
+  // The store configured as docs/OPERATIONS.md asks for tenants' protected
+  // shares: a small maxmemory per master, and nothing evicted at it.
+  for (int port : cluster_->Masters()) {
+    ASSERT_TRUE(cluster_->Cli(port, {"CONFIG", "SET", "maxmemory-policy", "noeviction"}).ok());
+    ASSERT_TRUE(cluster_->Cli(port, {"CONFIG", "SET", "maxmemory", "12mb"}).ok());
+  }
+  auto tier = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(tier, nullptr);
+  SharedTier shared(*tier);
+  const TenantScope alpha_scope(std::string(32, 's'), "alpha"), beta_scope(std::string(32, 's'), "beta");
+  TenantTier alpha(shared, alpha_scope, 4 << 20);
+  TenantTier beta(shared, beta_scope, 0);
+  // Alpha stays within its 4 MiB share.
+  const auto mine = Keys(32, 7);
+  for (const BlockKey& key : mine) {
+    const Status s = WriteSync(alpha, key, Block(key, kBlockBytes), alpha_scope.ScopeNamespace(kNs));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Beta writes far more than the store holds: refused as NoSpace once it
+  // is full, never making room out of alpha's blocks.
+  size_t refused = 0;
+  for (const BlockKey& key : Keys(1000, 8)) {
+    const Status s = WriteSync(beta, key, Block(key, kBlockBytes), beta_scope.ScopeNamespace(kNs));
+    if (s.code() == StatusCode::kNoSpace) ++refused;
+    else ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_GT(refused, 0u) << "36 MB of store cannot take 64 MB";
+  EXPECT_EQ(Counter(*tier, "remote.store_full"), static_cast<int64_t>(refused));
+  EXPECT_EQ(Counter(*tier, "remote.write_failures"), 0) << "a full store is not a failing one";
+  EXPECT_TRUE(tier->available());
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const BlockKey& key : mine) {
+    auto got = ReadSync(alpha, key, 0, kLayers, dst);
+    ASSERT_TRUE(got.ok()) << key.ToHex() << ": " << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(key, 0, dst)) << key.ToHex();
+  }
 }
 
 TEST_F(RemoteTierCluster, AnotherNodesBlocksAreFoundByProbingAndReadExact) {

@@ -13,6 +13,12 @@ namespace {
 int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
 
 Status ReplyError(const RespReply& reply, const std::string& what) {
+  // A store at its maxmemory under `noeviction` refuses writes with OOM:
+  // the tier is full (for this write), not failing.
+  if (reply.text.rfind("OOM", 0) == 0) {
+    return NoSpace(what + ": the store is full and evicts nothing (maxmemory-policy noeviction): redis answered '" +
+                   reply.text + "'");
+  }
   return IoError(what + ": redis answered '" + reply.text + "'");
 }
 
@@ -306,6 +312,8 @@ void RemoteTier::RunWrite(const BlockKey& key, const BlockInfo& info, Staged val
     write_bytes_.fetch_add(static_cast<int64_t>(value_bytes), std::memory_order_relaxed);
     device_bytes_.fetch_add(value_bytes, std::memory_order_relaxed);
     Remember(key, info);
+  } else if (status.code() == StatusCode::kNoSpace) {
+    store_full_.fetch_add(1, std::memory_order_relaxed);
   } else {
     write_failures_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -437,6 +445,7 @@ void RemoteTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("remote.writes", n(writes_));
   v.Visit("remote.write_bytes", n(write_bytes_));
   v.Visit("remote.write_failures", n(write_failures_));
+  v.Visit("remote.store_full", n(store_full_));
   v.Visit("remote.writes_busy", n(writes_refused_busy_));
   v.Visit("remote.reads", n(reads_));
   v.Visit("remote.read_bytes", n(read_bytes_));

@@ -162,6 +162,7 @@ class RemoteTier final : public BlockTier {
   uint64_t spare_bytes_ = 0;   // guarded by spare_mu_
 
   std::atomic<int64_t> writes_{0}, write_bytes_{0}, write_failures_{0}, writes_refused_busy_{0};
+  std::atomic<int64_t> store_full_{0};  // writes the store refused at maxmemory under noeviction (NoSpace)
   std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_failures_{0};
   std::atomic<int64_t> lost_{0}, corrupt_{0}, foreign_{0}, auth_failures_{0};
   std::atomic<int64_t> probes_{0}, probe_keys_{0}, probe_hits_{0}, probe_failures_{0};
