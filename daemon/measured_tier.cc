@@ -10,7 +10,7 @@ using SteadyClock = std::chrono::steady_clock;
 }  // namespace
 
 MeasuredTier::MeasuredTier(BlockTier& inner)
-    : inner_(inner), label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
+    : ForwardingTier(inner), label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
 
 Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                            std::span<const std::byte> payload, WriteDone done,
@@ -27,7 +27,7 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
     }
     done(std::move(status));
   };
-  return inner_.Write(ns, key, layer_count, payload, std::move(measured), payload_checksum);
+  return inner().Write(ns, key, layer_count, payload, std::move(measured), payload_checksum);
 }
 
 Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
@@ -43,7 +43,7 @@ Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t la
     }
     done(std::move(read));
   };
-  return inner_.Read(key, first_layer, last_layer, dst, std::move(measured));
+  return inner().Read(key, first_layer, last_layer, dst, std::move(measured));
 }
 
 Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
@@ -59,13 +59,13 @@ Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_
     }
     done(std::move(read));
   };
-  return inner_.ReadWithLayerChecksums(key, first_layer, last_layer, dst, std::move(measured));
+  return inner().ReadWithLayerChecksums(key, first_layer, last_layer, dst, std::move(measured));
 }
 
 void MeasuredTier::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
-  v.VisitGauge("tier.capacity_bytes" + label_, static_cast<int64_t>(inner_.capacity_bytes()));
-  v.VisitGauge("tier.used_bytes" + label_, static_cast<int64_t>(inner_.used_bytes()));
+  v.VisitGauge("tier.capacity_bytes" + label_, static_cast<int64_t>(inner().capacity_bytes()));
+  v.VisitGauge("tier.used_bytes" + label_, static_cast<int64_t>(inner().used_bytes()));
   v.Visit("tier.reads" + label_, load(reads_));
   v.Visit("tier.read_errors" + label_, load(read_errors_));
   v.Visit("tier.read_bytes" + label_, load(read_bytes_));
@@ -74,7 +74,7 @@ void MeasuredTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("tier.written_bytes" + label_, load(written_bytes_));
   v.VisitHistogram("tier.read_seconds" + label_, read_latency_.Snapshot());
   v.VisitHistogram("tier.write_seconds" + label_, write_latency_.Snapshot());
-  inner_.VisitCounters(v);
+  inner().VisitCounters(v);
 }
 
 }  // namespace kvtier
