@@ -7,32 +7,10 @@
 #include <spdlog/formatter.h>
 #include <spdlog/pattern_formatter.h>
 
+#include "common/utf8.h"
+
 namespace kvtier {
 namespace {
-
-// The length of the valid UTF-8 sequence at the start of `s`, or 0 when it
-// does not start with one (a stray continuation byte, an overlong form, a
-// surrogate, a code point past U+10FFFF, or a truncated sequence).
-size_t Utf8SequenceLength(std::string_view s) {
-  const auto byte = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
-  const auto continuation = [&](size_t i) { return i < s.size() && (byte(i) & 0xC0) == 0x80; };
-  const uint8_t b0 = byte(0);
-  if (b0 < 0x80) return 1;
-  if (b0 >= 0xC2 && b0 <= 0xDF) return continuation(1) ? 2 : 0;
-  if (b0 >= 0xE0 && b0 <= 0xEF) {
-    if (!continuation(1) || !continuation(2)) return 0;
-    if (b0 == 0xE0 && byte(1) < 0xA0) return 0;   // overlong
-    if (b0 == 0xED && byte(1) >= 0xA0) return 0;  // UTF-16 surrogate
-    return 3;
-  }
-  if (b0 >= 0xF0 && b0 <= 0xF4) {
-    if (!continuation(1) || !continuation(2) || !continuation(3)) return 0;
-    if (b0 == 0xF0 && byte(1) < 0x90) return 0;   // overlong
-    if (b0 == 0xF4 && byte(1) >= 0x90) return 0;  // past U+10FFFF
-    return 4;
-  }
-  return 0;
-}
 
 void AppendIsoTime(std::string& out, std::chrono::system_clock::time_point time) {
   const auto since_epoch = time.time_since_epoch();
@@ -84,7 +62,7 @@ void AppendJsonString(std::string& out, std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   out += '"';
   while (!text.empty()) {
-    const size_t length = Utf8SequenceLength(text);
+    const size_t length = Utf8CharBytes(text);
     if (length == 0) {
       out += "\\ufffd";  // not UTF-8: the replacement character
       text.remove_prefix(1);

@@ -3,11 +3,9 @@
 #include <cstdint>
 
 namespace kvtier {
-namespace {
 
-// Bytes of the well-formed character at the start of `text`, or 0 when it
-// does not start with one.
-size_t CharBytes(std::string_view text) {
+size_t Utf8CharBytes(std::string_view text) {
+  if (text.empty()) return 0;
   const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
   const auto continuation = [&](size_t i) { return i < text.size() && (byte(i) & 0xc0) == 0x80; };
   const uint8_t lead = byte(0);
@@ -28,11 +26,9 @@ size_t CharBytes(std::string_view text) {
   return 0;
 }
 
-}  // namespace
-
 bool IsValidUtf8(std::string_view text) {
   while (!text.empty()) {
-    const size_t n = CharBytes(text);
+    const size_t n = Utf8CharBytes(text);
     if (n == 0) return false;
     text.remove_prefix(n);
   }
@@ -42,7 +38,7 @@ bool IsValidUtf8(std::string_view text) {
 std::string_view Utf8Prefix(std::string_view text, size_t max_bytes) {
   size_t end = 0;
   while (end < text.size()) {
-    const size_t n = CharBytes(text.substr(end));
+    const size_t n = Utf8CharBytes(text.substr(end));
     const size_t step = n == 0 ? 1 : n;
     if (end + step > max_bytes) break;
     end += step;
@@ -55,7 +51,7 @@ std::string PrometheusLabelValue(std::string_view text, size_t max_bytes) {
   std::string out;
   size_t kept = 0;  // bytes of `out` before escaping
   while (!text.empty()) {
-    const size_t n = CharBytes(text);
+    const size_t n = Utf8CharBytes(text);
     const std::string_view ch = n == 0 ? kReplacement : text.substr(0, n);
     if (kept + ch.size() > max_bytes) break;
     kept += ch.size();

@@ -9,6 +9,11 @@
 
 namespace kvtier {
 
+// Bytes of the well-formed character at the start of `text`, or 0 when it
+// does not start with one (a stray continuation byte, an overlong form, a
+// surrogate, a code point past U+10FFFF, a truncated sequence, or nothing).
+size_t Utf8CharBytes(std::string_view text);
+
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no
 // surrogates, nothing above U+10FFFF).
 bool IsValidUtf8(std::string_view text);

@@ -39,5 +39,17 @@ TEST(Utf8Test, LabelValueIsCutWholeEscapedAndValid) {
   EXPECT_EQ(PrometheusLabelValue("ok\xff", 128), "ok\xef\xbf\xbd");  // replaced, not passed on
 }
 
+TEST(Utf8, CharBytesIsTheOneDecoderLogsAndLabelsUse) {
+  EXPECT_EQ(Utf8CharBytes(""), 0u);
+  EXPECT_EQ(Utf8CharBytes("a"), 1u);
+  EXPECT_EQ(Utf8CharBytes("\xc3\xa9x"), 2u);
+  EXPECT_EQ(Utf8CharBytes("\xe2\x82\xac"), 3u);
+  EXPECT_EQ(Utf8CharBytes("\xf0\x9f\x98\x80"), 4u);
+  EXPECT_EQ(Utf8CharBytes("\xed\xa0\x80"), 0u) << "a surrogate";
+  EXPECT_EQ(Utf8CharBytes("\xc0\xaf"), 0u) << "overlong";
+  EXPECT_EQ(Utf8CharBytes("\xe2\x82"), 0u) << "truncated";
+  EXPECT_EQ(Utf8CharBytes("\x80"), 0u) << "a stray continuation byte";
+}
+
 }  // namespace
 }  // namespace kvtier
