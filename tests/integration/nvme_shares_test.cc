@@ -12,10 +12,9 @@
 #include <future>
 #include <thread>
 
-#include "daemon/config.h"
-#include "daemon/tenant_config.h"
-#include "daemon/tenant_engines.h"
 #include "daemon/tenant_scope.h"
+#include "tests/testing/counter_of.h"
+#include "tests/testing/tenant_stack.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -30,45 +29,19 @@ constexpr uint32_t kLayers = 4;
 // `beta_extra` in their tables.
 class SharedNvme {
  public:
-  SharedNvme(const std::string& alpha_extra, const std::string& beta_extra) : dir_(MakeTempDir()) {
-    const std::string toml = "[server]\nsocket_path = \"" + dir_ + "/kvtierd.sock\"\n"
-                             "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n[hbm]\nenabled = \"off\"\n"
-                             "[nvme]\npath = \"" + dir_ + "/nvme.dat\"\ncapacity_bytes = \"32MiB\"\n"
-                             "region_bytes = \"4MiB\"\nstaging_bytes = \"8MiB\"\ndirect_io = false\n"
-                             "admission = \"all\"\n"
-                             "[[tenant]]\nname = \"alpha\"\nuids = [54320]\n" + alpha_extra +
-                             "[[tenant]]\nname = \"beta\"\nuids = [54321]\n" + beta_extra;
-    auto config = ParseConfig(toml, "test");
-    EXPECT_TRUE(config.ok()) << config.status().ToString();
-    config_ = *config;
-    EXPECT_TRUE(ResolveTenantShares(config_.host_capacity_bytes, 0, config_.tenants).ok());
-    auto stack = OpenTierStack(config_, clock_);
-    EXPECT_TRUE(stack.ok()) << stack.status().ToString();
-    stack_ = std::move(*stack);
-    auto engines = DaemonEngines::Open(config_, stack_, clock_);
-    opened_ = engines.status();
-    if (engines.ok()) engines_ = std::move(*engines);
-  }
-  ~SharedNvme() {
-    engines_.reset();
-    stack_.tiers.clear();
-    RemoveTree(dir_);
-  }
+  SharedNvme(const std::string& alpha_extra, const std::string& beta_extra)
+      : dir_(MakeTempDir()),
+        built_(dir_, "[[tenant]]\nname = \"alpha\"\nuids = [54320]\n" + alpha_extra +
+                         "[[tenant]]\nname = \"beta\"\nuids = [54321]\n" + beta_extra) {}
+  ~SharedNvme() { RemoveTree(dir_); }  // after built_ closed the engines and tiers
 
-  const Status& opened() const { return opened_; }
-  BlockTier& view(size_t tenant) const { return *engines_->tenants().at(tenant).below.at(0); }
+  const Status& opened() const { return built_.opened(); }
+  BlockTier& view(size_t tenant) const { return *built_.engines->tenants().at(tenant).below.at(0); }
   NamespaceFingerprint ns(size_t tenant) const {
-    return engines_->tenants().at(tenant).scope->ScopeNamespace(FingerprintNamespace(TestNamespace()));
+    return built_.engines->tenants().at(tenant).scope->ScopeNamespace(FingerprintNamespace(TestNamespace()));
   }
-  NvmeTier& nvme() const { return dynamic_cast<NvmeTier&>(*stack_.lower.at(0).tier); }
-  int64_t Counter(std::string_view name) const {
-    CounterCollector counters;
-    nvme().VisitCounters(counters);
-    for (const auto& [n, value] : counters.counters()) {
-      if (n == name) return value;
-    }
-    return -1;
-  }
+  NvmeTier& nvme() const { return dynamic_cast<NvmeTier&>(*built_.stack.lower.at(0).tier); }
+  int64_t Counter(std::string_view name) const { return CounterOf(nvme(), name); }
 
   // Writes through `tenant`'s view and waits: the rejection or the
   // completion. Busy (the tier copying protected blocks forward, or out of
@@ -101,12 +74,8 @@ class SharedNvme {
   }
 
  private:
-  std::string dir_;
-  DaemonConfig config_;
-  SystemClock clock_;
-  TierStack stack_;
-  std::unique_ptr<DaemonEngines> engines_;
-  Status opened_;
+  std::string dir_;  // declared first: removed after built_ is closed
+  TenantStack built_;
 };
 
 // Alpha's 80 blocks (5 MiB, within its 6 MiB share), written first, so

@@ -11,12 +11,10 @@
 #include <thread>
 #include <unistd.h>
 
-#include "daemon/config.h"
-#include "daemon/tenant_config.h"
-#include "daemon/tenant_engines.h"
 #include "daemon/tenant_scope.h"
 #include "proto/wire.h"
 #include "tests/testing/raw_connection.h"
+#include "tests/testing/tenant_stack.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
@@ -32,56 +30,39 @@ class TenantDaemon {
  public:
   explicit TenantDaemon(uint32_t alpha_uid, const std::string& extra_alpha = "", const std::string& dir = "",
                         uint32_t beta_uid = 54321)
-      : dir_(dir.empty() ? MakeTempDir() : dir), owns_dir_(dir.empty()) {
-    const std::string toml = "[server]\nsocket_path = \"" + dir_ + "/kvtierd.sock\"\n"
-                             "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n[hbm]\nenabled = \"off\"\n"
-                             "[nvme]\npath = \"" + dir_ + "/nvme.dat\"\ncapacity_bytes = \"32MiB\"\n"
-                             "region_bytes = \"4MiB\"\nstaging_bytes = \"8MiB\"\ndirect_io = false\n"
-                             "admission = \"all\"\n"
-                             "[[tenant]]\nname = \"alpha\"\nuids = [" + std::to_string(alpha_uid) + "]\n"
-                             "host_bytes = \"24MiB\"\n" + extra_alpha +
-                             "[[tenant]]\nname = \"beta\"\nuids = [" + std::to_string(beta_uid) + "]\n";
-    auto config = ParseConfig(toml, "test");
-    EXPECT_TRUE(config.ok()) << config.status().ToString();
-    config_ = *config;
-    EXPECT_TRUE(ResolveTenantShares(config_.host_capacity_bytes, 0, config_.tenants).ok());
-    auto stack = OpenTierStack(config_, clock_);
-    EXPECT_TRUE(stack.ok()) << stack.status().ToString();
-    stack_ = std::move(*stack);
-    auto engines = DaemonEngines::Open(config_, stack_, clock_);
-    EXPECT_TRUE(engines.ok()) << engines.status().ToString();
-    engines_ = std::move(*engines);
-    ServerOptions options{config_.socket_path, 2, 1u << 20, 5000, 0, {}};
-    options.visit_shared_counters = [this](CounterVisitor& v) { engines_->VisitSharedCounters(v); };
-    auto server = Server::Start(options, engines_->Served(), TenantTable(config_.tenants, ::geteuid()));
+      : dir_(dir.empty() ? MakeTempDir() : dir),
+        owns_dir_(dir.empty()),
+        built_(dir_, "[[tenant]]\nname = \"alpha\"\nuids = [" + std::to_string(alpha_uid) + "]\n"
+                     "host_bytes = \"24MiB\"\n" + extra_alpha +
+                     "[[tenant]]\nname = \"beta\"\nuids = [" + std::to_string(beta_uid) + "]\n") {
+    EXPECT_TRUE(built_.opened().ok()) << built_.opened().ToString();
+    if (!built_.opened().ok()) return;
+    ServerOptions options{built_.config.socket_path, 2, 1u << 20, 5000, 0, {}};
+    options.visit_shared_counters = [this](CounterVisitor& v) { built_.engines->VisitSharedCounters(v); };
+    auto server = Server::Start(options, built_.engines->Served(), TenantTable(built_.config.tenants, ::geteuid()));
     EXPECT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
   }
   ~TenantDaemon() {
-    server_.reset();
-    engines_.reset();
-    stack_.tiers.clear();
+    server_.reset();  // before built_ closes the engines and tiers
     if (owns_dir_) RemoveTree(dir_);
   }
 
   Result<std::unique_ptr<Client>> Connect(std::vector<NamespaceDescriptor> namespaces) const {
     ClientOptions options;
-    options.socket_path = config_.socket_path;
+    options.socket_path = built_.config.socket_path;
     options.namespaces = std::move(namespaces);
     options.reconnect = false;
     return Client::Connect(options);
   }
-  const DaemonEngines& engines() const { return *engines_; }
-  const std::string& socket_path() const { return config_.socket_path; }
+  const DaemonEngines& engines() const { return *built_.engines; }
+  const std::string& socket_path() const { return built_.config.socket_path; }
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   bool owns_dir_;
-  DaemonConfig config_;
-  SystemClock clock_;
-  TierStack stack_;
-  std::unique_ptr<DaemonEngines> engines_;
+  TenantStack built_;
   std::unique_ptr<Server> server_;
 };
 
