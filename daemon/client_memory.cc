@@ -50,16 +50,15 @@ uint64_t ClientMemoryAccount::OwnRoom() const {
 
 uint64_t ClientMemoryAccount::ChargeUpTo(uint64_t units, uint64_t unit_bytes) {
   if (units == 0) return 0;
-  uint64_t fit = unit_bytes == 0 ? units : std::min(units, OwnRoom() / unit_bytes);
+  const uint64_t own_fit = unit_bytes == 0 ? units : std::min(units, OwnRoom() / unit_bytes);
+  uint64_t fit = own_fit;
   if (memory_ != nullptr && fit > 0) fit = memory_->TakeUnits(party_, fit, unit_bytes);
   held_.fetch_add(fit * unit_bytes, std::memory_order_relaxed);
-  if (fit < units && memory_ != nullptr) memory_->CountRefusal();
+  if (fit < units) {
+    own_bound_.store(own_fit < units, std::memory_order_relaxed);
+    if (memory_ != nullptr) memory_->CountRefusal();
+  }
   return fit;
-}
-
-Status ClientMemoryAccount::TryCharge(uint64_t bytes, std::string_view what) {
-  if (ChargeUpTo(1, bytes) == 1) return Status::Ok();
-  return Busy(Refusal(what));
 }
 
 void ClientMemoryAccount::ChargeSpent(uint64_t bytes) {
@@ -77,7 +76,7 @@ void ClientMemoryAccount::Release(uint64_t bytes) {
 
 std::string ClientMemoryAccount::Refusal(std::string_view what) const {
   const std::string held = std::to_string(held_.load(std::memory_order_relaxed));
-  if (OwnRoom() == 0 || memory_ == nullptr) {
+  if (own_bound_.load(std::memory_order_relaxed) || memory_ == nullptr) {
     return "this connection holds " + held + " bytes of client state, its limit " +
            "(server.max_client_memory_per_connection = " + std::to_string(limit_) + "); no room for " +
            std::string(what) + ": release, dequeue or commit first";

@@ -94,10 +94,10 @@ class ClientMemoryAccount {
   ClientMemoryAccount(const ClientMemoryAccount&) = delete;
   ClientMemoryAccount& operator=(const ClientMemoryAccount&) = delete;
 
-  // Charges `bytes` for `what` (a phrase: "42 queued keys") when the
-  // connection, its party and the daemon all have room. Else Busy naming
-  // the bound it would pass; nothing is charged.
-  Status TryCharge(uint64_t bytes, std::string_view what);
+  // Charges `bytes` when the connection, its party and the daemon all have
+  // room; false (nothing charged) when not: the caller answers
+  // Busy(Refusal(what)).
+  bool TryCharge(uint64_t bytes) { return ChargeUpTo(1, bytes) == 1; }
   // Charges as many of `units` pieces of `unit_bytes` each as fit under
   // every bound; returns how many (0..units).
   uint64_t ChargeUpTo(uint64_t units, uint64_t unit_bytes);
@@ -109,7 +109,8 @@ class ClientMemoryAccount {
 
   uint64_t held() const { return held_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
-  // Why a refused charge was refused, for a Busy message: which bound.
+  // Why the last refused charge was refused, for a Busy message: which
+  // bound (the connection's own, or its tenant's or the daemon's).
   std::string Refusal(std::string_view what) const;
 
  private:
@@ -120,6 +121,7 @@ class ClientMemoryAccount {
   const size_t party_;
   const uint64_t limit_;  // UINT64_MAX: none
   std::atomic<uint64_t> held_{0};
+  std::atomic<bool> own_bound_{false};  // the last refusal was the connection's own bound
 };
 
 }  // namespace kvtier

@@ -89,8 +89,8 @@ Status ConnectionUsage::TakeLoadRoom(uint64_t blocks) {
                 std::to_string(max_leases_) + ", " + std::to_string(leases_) + " held): end loads or release first");
   }
   if (account_ == nullptr) return Status::Ok();
-  return account_->TryCharge(blocks * (ClientStateCost::kLease + ClientStateCost::kLoadBlock),
-                             "a load of " + std::to_string(blocks) + " blocks");
+  if (account_->TryCharge(blocks * (ClientStateCost::kLease + ClientStateCost::kLoadBlock))) return Status::Ok();
+  return Busy(account_->Refusal("a load of " + std::to_string(blocks) + " blocks"));
 }
 
 void ConnectionUsage::LoadRefused(uint64_t blocks) {
@@ -122,8 +122,9 @@ Status ConnectionUsage::SetQueued(uint64_t request, uint64_t keys) {
   const uint64_t before = queued_keys(request);
   const uint64_t had = QueuedCost(before), needs = QueuedCost(keys);
   if (needs > had && account_ != nullptr) {
-    Status charged = account_->TryCharge(needs - had, "a queued request of " + std::to_string(keys) + " keys");
-    if (!charged.ok()) return charged;
+    if (!account_->TryCharge(needs - had)) {
+      return Busy(account_->Refusal("a queued request of " + std::to_string(keys) + " keys"));
+    }
   } else if (needs < had && account_ != nullptr) {
     account_->Release(had - needs);
   }
@@ -142,7 +143,8 @@ uint64_t ConnectionUsage::queued_keys(uint64_t request) const {
 
 Status ConnectionUsage::ChargeNamespaces(uint64_t bytes) {
   if (account_ == nullptr || bytes == 0) return Status::Ok();
-  return account_->TryCharge(bytes, "namespace registrations of " + std::to_string(bytes) + " bytes");
+  if (account_->TryCharge(bytes)) return Status::Ok();
+  return Busy(account_->Refusal("namespace registrations of " + std::to_string(bytes) + " bytes"));
 }
 
 }  // namespace kvtier

@@ -18,7 +18,7 @@ namespace kvtier {
 
 bool ConnectionFrameMemory::TryTake(size_t bytes) {
   if (shared_ != nullptr && !shared_->TryTake(bytes)) return false;
-  if (account_ != nullptr && account_->ChargeUpTo(1, bytes) == 0) {
+  if (account_ != nullptr && !account_->TryCharge(bytes)) {
     if (shared_ != nullptr) shared_->Give(bytes);
     return false;
   }

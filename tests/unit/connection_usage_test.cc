@@ -159,5 +159,20 @@ TEST(ConnectionUsage, ReservingAndAbortingInALoopDoesNotPileUpRecords) {
   EXPECT_LE(usage.expiry_records(), 2 * usage.reservations() + 65);
 }
 
+TEST(ConnectionUsage, ARefusalNamesTheBoundThatRefused) {
+  ClientMemory memory(1 << 20, 1, 50);
+  ClientMemoryAccount account(&memory, 0, 4096);
+  ConnectionUsage usage(100, 1 << 20, seconds(60), &account);
+  const Status own = usage.SetQueued(1, 1000);  // past the connection's 4 KiB, with room left in it
+  EXPECT_EQ(own.code(), StatusCode::kBusy);
+  EXPECT_NE(own.message().find("server.max_client_memory_per_connection"), std::string::npos) << own.message();
+  ClientMemory small(4096, 1, 50);
+  ClientMemoryAccount roomy(&small, 0, 1 << 20);
+  ConnectionUsage other(100, 1 << 20, seconds(60), &roomy);
+  const Status total = other.SetQueued(1, 1000);
+  EXPECT_EQ(total.code(), StatusCode::kBusy);
+  EXPECT_NE(total.message().find("server.client_memory_bytes"), std::string::npos) << total.message();
+}
+
 }  // namespace
 }  // namespace kvtier
