@@ -27,7 +27,7 @@ inline constexpr size_t kCopyChunkBytes = 16 << 10;
 inline constexpr size_t kStreamingCopyBytes = 256 << 10;
 
 // Per-layer checksums. A block of L > 1 equal layers (layer-major: its
-// namespace's block size, daemon/engine.h NamespaceLayout) has, besides
+// namespace's block size, daemon/engine/engine.h NamespaceLayout) has, besides
 // the checksum of its whole payload, the BlockChecksum of each layer
 // [i * layer_bytes, (i + 1) * layer_bytes), so that a read of a layer range
 // verifies just those layers. A block of one layer needs none: its one

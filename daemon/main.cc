@@ -5,7 +5,7 @@
 // and applies the options marked run-time changeable (the others are logged
 // as needing a restart; a bad file is logged and the running config kept).
 // Under systemd (Type=notify) it reports READY / RELOADING / STOPPING and
-// pings the watchdog (daemon/systemd_notify.h).
+// pings the watchdog (daemon/server/systemd_notify.h).
 // A daemon that cannot start says why in one line on stderr and exits 1
 // (2 for a bad command line or config file).
 #include <CLI/CLI.hpp>
@@ -22,21 +22,21 @@
 #include <sys/resource.h>
 
 #include "common/logging.h"
-#include "daemon/auto_size.h"
-#include "daemon/config.h"
-#include "daemon/directory_trust.h"
-#include "daemon/engine.h"
-#include "daemon/hbm_setup.h"
-#include "daemon/memory_limit.h"
-#include "daemon/metrics_format.h"
-#include "daemon/metrics_server.h"
-#include "daemon/secret_file.h"
-#include "daemon/protobuf_logging.h"
-#include "daemon/server.h"
-#include "daemon/tenant_config.h"
-#include "daemon/tenant_engines.h"
-#include "daemon/systemd_notify.h"
-#include "daemon/tier_stack.h"
+#include "daemon/setup/auto_size.h"
+#include "daemon/config/config.h"
+#include "daemon/setup/directory_trust.h"
+#include "daemon/engine/engine.h"
+#include "daemon/setup/hbm_setup.h"
+#include "daemon/setup/memory_limit.h"
+#include "daemon/server/metrics_format.h"
+#include "daemon/server/metrics_server.h"
+#include "daemon/config/secret_file.h"
+#include "daemon/server/protobuf_logging.h"
+#include "daemon/server/server.h"
+#include "daemon/config/tenant_config.h"
+#include "daemon/setup/tenant_engines.h"
+#include "daemon/server/systemd_notify.h"
+#include "daemon/setup/tier_stack.h"
 
 namespace {
 

@@ -54,7 +54,7 @@ enum class ConversationState : uint8_t { kUnknown, kOpen, kClosed };
 //   else an open one        -> open-session tail
 //   else 1 use              -> reused
 //   else                    -> first sighting
-// The daemon's engine (daemon/tier_admission.h) and the replay
+// The daemon's engine (daemon/engine/tier_admission.h) and the replay
 // (tools/replay_sim.h) both classify with this.
 AdmissionClass ClassifyBlock(uint64_t uses, ConversationState conversation);
 

@@ -1,5 +1,5 @@
 // Where a block evicted from a tier goes among the tiers below it: the rule
-// the engine's evictor (daemon/engine_eviction.cc) and the replay
+// the engine's evictor (daemon/engine/engine_eviction.cc) and the replay
 // (tools/replay_placement.cc) both run.
 //
 // Walking the tiers below, highest first:

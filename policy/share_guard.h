@@ -1,5 +1,5 @@
 // Protected shares on a tier several owners share (the NVMe tier under
-// tenants: daemon/tenant_tier.h). Each owner (a tenant) has a share: the
+// tenants: daemon/tenants/tenant_tier.h). Each owner (a tenant) has a share: the
 // bytes of its blocks (as the tier counts them: the NVMe tier counts what
 // they take on the drive) that the tier's reclaim never takes while the
 // owner holds no more than that. A block may be evicted only when its

@@ -1,5 +1,5 @@
 // ForwardingTier: a BlockTier that hands every call to the tier it wraps,
-// for wrappers (daemon/measured_tier.h) that change a few calls and must
+// for wrappers (daemon/engine/measured_tier.h) that change a few calls and must
 // keep the rest, as a storage Env wrapper does: a subclass overrides only
 // what it changes, and a method BlockTier gains is forwarded here once
 // instead of silently falling back to its default in every wrapper (a

@@ -1,8 +1,8 @@
 // BlockTier: what every tier offers (host, NVMe, and the remote and test
 // tiers). The engine keeps an ordered stack of them under the host tier and
-// moves blocks between adjacent ones (daemon/engine.h); it never names a
+// moves blocks between adjacent ones (daemon/engine/engine.h); it never names a
 // concrete tier. The host tier, which the engine indexes itself, offers
-// this face through Engine::host_tier() (daemon/host_block_tier.h). A tier stores bytes
+// this face through Engine::host_tier() (daemon/engine/host_block_tier.h). A tier stores bytes
 // and reports usage: it decides nothing (admission and eviction order are
 // policies the engine runs, policy/).
 //
@@ -136,7 +136,7 @@ class BlockTier {
   virtual void ForEachBlock(const BlockVisitor& visit) const = 0;
   // Calls `visit` once per namespace with blocks readable now, with the sum
   // of their payload bytes (what per-tenant quotas count,
-  // daemon/tenant_tier.h). The default is one ForEachBlock pass,
+  // daemon/tenants/tenant_tier.h). The default is one ForEachBlock pass,
   // O(blocks); a tier that keeps the sums (NvmeTier) answers in
   // O(namespaces). Same locking rule as ForEachBlock.
   using NamespaceBytesVisitor = std::function<void(const NamespaceFingerprint& ns, uint64_t payload_bytes)>;
@@ -184,7 +184,7 @@ class BlockTier {
   virtual void SetEvictionSink(EvictionSink sink) {}
 
   // Protected shares, for a tier several owners share that reclaims on its
-  // own (the NVMe tier under tenants: daemon/tenant_tier.h,
+  // own (the NVMe tier under tenants: daemon/tenants/tenant_tier.h,
   // policy/share_guard.h). `shares` says whose a block of namespace `ns`
   // is and what that owner's share is; the tier's reclaim then drops a
   // block only when its owner holds more than its share (the others are

@@ -1,5 +1,5 @@
 // Where the replay's blocks go (replay_simulator.h): host eviction, demotion
-// through the tiers' admission (daemon/engine_eviction.cc's rules),
+// through the tiers' admission (daemon/engine/engine_eviction.cc's rules),
 // promotion, the NVMe log's hooks, and prefetch (Engine::Prefetch's plan).
 // Each runs for one node: its own host and NVMe tiers, the shared remote
 // tier.
@@ -43,7 +43,7 @@ bool Simulator::MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now) {
 }
 
 // The daemon's classes (policy/admission_policy.h's ClassifyBlock, as
-// daemon/tier_admission.h runs it), from what `n` knows: the times it
+// daemon/engine/tier_admission.h runs it), from what `n` knows: the times it
 // found the block again, and whether it closed the block's conversation.
 AdmissionClass Simulator::ClassOf(const SimNode& n, uint32_t id) const {
   const uint64_t session = blocks_[id].session;

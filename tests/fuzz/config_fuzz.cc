@@ -1,4 +1,4 @@
-// Fuzzes kvtierd's configuration parser (daemon/config.h): ParseConfig over
+// Fuzzes kvtierd's configuration parser (daemon/config/config.h): ParseConfig over
 // any text, [[tenant]] tables included. Beyond "no crash, no leak, no UB":
 // - a config that parses writes back (ConfigToml) to TOML that parses to
 //   the same values, tenants included (what `kvtier config get` relies on);
@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/config.h"
-#include "daemon/tenant_config.h"
+#include "daemon/config/config.h"
+#include "daemon/config/tenant_config.h"
 
 namespace kvtier {
 namespace {

@@ -1,4 +1,4 @@
-// Fuzzes every request handler of kvtierd (daemon/request_handler.h): the
+// Fuzzes every request handler of kvtierd (daemon/server/request_handler.h): the
 // input is a stream of framed kvtier.v1.Requests (tests/fuzz/request_stream.h)
 // run through one connection's RequestHandler over a real Engine and a
 // host tier of 32 blocks of 4 KiB, as the server would: Pins through
@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "common/counters.h"
-#include "daemon/engine.h"
-#include "daemon/request_handler.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/request_handler.h"
 #include "proto/wire.h"
 #include "tests/fuzz/request_stream.h"
 #include "tests/testing/fake_clock.h"
@@ -127,7 +127,7 @@ void CheckResponse(const v1::Request& request, const v1::Response& response, con
   if (host.used_bytes() > host.capacity_bytes()) Fail("the host tier is over its capacity", request);
 }
 
-// One connection as the server drives it (daemon/server_connection.cc).
+// One connection as the server drives it (daemon/server/server_connection.cc).
 class Connection {
  public:
   Connection(const HandlerContext& context, ConnectionId id) : handler_(context, id) {}

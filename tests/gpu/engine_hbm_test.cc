@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "common/load_board.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/gpu/fake_hbm_device.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"

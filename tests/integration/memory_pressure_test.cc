@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/sanitizers.h"
-#include "daemon/memory_limit.h"
+#include "daemon/setup/memory_limit.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
 

@@ -12,7 +12,7 @@
 #include <future>
 #include <thread>
 
-#include "daemon/tenant_scope.h"
+#include "daemon/tenants/tenant_scope.h"
 #include "tests/testing/counter_of.h"
 #include "tests/testing/tenant_stack.h"
 #include "tests/testing/test_daemon.h"

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/checksum.h"
-#include "daemon/engine.h"
-#include "daemon/server.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/server.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/host/host_directory.h"
 #include "tiers/host/host_tier.h"

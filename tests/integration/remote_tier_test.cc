@@ -13,8 +13,8 @@
 #include <set>
 #include <thread>
 
-#include "daemon/tenant_scope.h"
-#include "daemon/tenant_tier.h"
+#include "daemon/tenants/tenant_scope.h"
+#include "daemon/tenants/tenant_tier.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"

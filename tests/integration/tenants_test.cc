@@ -11,7 +11,7 @@
 #include <thread>
 #include <unistd.h>
 
-#include "daemon/tenant_scope.h"
+#include "daemon/tenants/tenant_scope.h"
 #include "proto/wire.h"
 #include "tests/testing/raw_connection.h"
 #include "tests/testing/tenant_stack.h"

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tiers/host/host_tier.h"

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/tenant_config.h"
+#include "daemon/config/tenant_config.h"
 
 namespace kvtier::testing {
 

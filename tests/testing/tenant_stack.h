@@ -12,9 +12,9 @@
 #include <string>
 
 #include "common/clock.h"
-#include "daemon/config.h"
-#include "daemon/tenant_engines.h"
-#include "daemon/tier_stack.h"
+#include "daemon/config/config.h"
+#include "daemon/setup/tenant_engines.h"
+#include "daemon/setup/tier_stack.h"
 
 namespace kvtier::testing {
 

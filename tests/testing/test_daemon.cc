@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <gtest/gtest.h>
 
-#include "daemon/nvme_setup.h"
+#include "daemon/setup/nvme_setup.h"
 #include "tests/testing/memory_nvme.h"
 
 namespace kvtier::testing {

@@ -16,8 +16,8 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
-#include "daemon/engine.h"
-#include "daemon/server.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/server.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
 #include "tiers/nvme/nvme_tier.h"

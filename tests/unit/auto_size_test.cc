@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include "daemon/auto_size.h"
+#include "daemon/setup/auto_size.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier {

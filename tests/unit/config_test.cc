@@ -1,8 +1,8 @@
 // Tests of the kvtierd option table: defaults, the embedded default TOML,
 // every kind of bad input (InvalidArgument naming the key and line), size
 // parsing, file loading and --help.
-#include "daemon/config.h"
-#include "daemon/engine.h"
+#include "daemon/config/config.h"
+#include "daemon/engine/engine.h"
 #include "policy/reclaim_policy.h"
 
 #include <sys/stat.h>
@@ -95,7 +95,7 @@ TEST(ConfigTest, TableIsWellFormed) {
       EXPECT_NE(spec.int_field, nullptr);
       EXPECT_LE(spec.min, spec.max);
       const int64_t d = IntDefault(spec);
-      if (spec.zero_is_auto && d == 0) continue;  // auto: resolved at start (daemon/auto_size.h)
+      if (spec.zero_is_auto && d == 0) continue;  // auto: resolved at start (daemon/setup/auto_size.h)
       EXPECT_GE(d, spec.min);
       EXPECT_LE(d, spec.max);
     } else {

@@ -1,4 +1,4 @@
-#include "daemon/connection_usage.h"
+#include "daemon/server/connection_usage.h"
 
 #include <gtest/gtest.h>
 

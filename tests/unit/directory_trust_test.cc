@@ -13,9 +13,9 @@
 #include <fstream>
 #include <string>
 
-#include "daemon/config.h"
-#include "daemon/directory_trust.h"
-#include "daemon/tenant_scope.h"
+#include "daemon/config/config.h"
+#include "daemon/setup/directory_trust.h"
+#include "daemon/tenants/tenant_scope.h"
 #include "tiers/nvme/device_file.h"
 
 namespace kvtier {

@@ -1,4 +1,4 @@
-// The tier above the host (daemon/engine_above.cc), with a MapTier in the
+// The tier above the host (daemon/engine/engine_above.cc), with a MapTier in the
 // HBM tier's role (capacity, in-place holds), so the placement runs on
 // machines without a GPU: loads into GPU memory hold blocks in place,
 // their hits are copied up, Lookup reports the tier, a pin of a block
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/load_board.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"

@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "daemon/config.h"
-#include "daemon/engine.h"
-#include "daemon/lineage.h"
-#include "daemon/tier_admission.h"
-#include "daemon/nvme_setup.h"
+#include "daemon/config/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/lineage.h"
+#include "daemon/engine/tier_admission.h"
+#include "daemon/setup/nvme_setup.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"

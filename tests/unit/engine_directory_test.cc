@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "common/block_directory.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"

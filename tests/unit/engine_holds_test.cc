@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/engine_stack.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"

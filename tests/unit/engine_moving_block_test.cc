@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/memory_nvme.h"

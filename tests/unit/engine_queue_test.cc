@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/engine.h"
-#include "daemon/queued_keys.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/queued_keys.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"

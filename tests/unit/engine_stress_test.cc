@@ -2,7 +2,7 @@
 // commit, pin, release, erase and abort at random on shared and private
 // keys; the space invariant (arena use equals what the index holds) and
 // every pinned block's bytes are checked. KVTIER_TEST_SEED picks the seed.
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Tests of Engine, the block index over the host tier: the Reserve ->
 // Commit -> Pin -> Release life cycle, errors, zombies, eviction order across
 // shards and counters (the concurrent stress is engine_stress_test.cc).
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "daemon/measured_tier.h"
+#include "daemon/engine/measured_tier.h"
 
 namespace kvtier {
 namespace {

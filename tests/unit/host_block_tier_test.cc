@@ -1,4 +1,4 @@
-// The host tier's BlockTier face (daemon/host_block_tier.h), beyond the
+// The host tier's BlockTier face (daemon/engine/host_block_tier.h), beyond the
 // contract every tier meets (tier_contract_test.cc): it reads only what the
 // host tier holds (a read never promotes), its writes are blocks like any
 // client's (visible to pins, evicted and demoted like them), and bytes
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/checksum.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/engine_stack.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"

@@ -13,8 +13,8 @@
 
 #include "common/checksum.h"
 #include "common/load_board.h"
-#include "daemon/engine.h"
-#include "daemon/request_handler.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/request_handler.h"
 #include "proto/wire.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"

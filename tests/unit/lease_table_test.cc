@@ -1,6 +1,6 @@
 // Tests of LeaseTable: ids name their shard, Release checks the holder,
 // and a closing connection takes exactly its own leases.
-#include "daemon/lease_table.h"
+#include "daemon/engine/lease_table.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// kvtierd in a memory cgroup (daemon/memory_limit.h): it finds the limit in
+// kvtierd in a memory cgroup (daemon/setup/memory_limit.h): it finds the limit in
 // cgroup v1 and v2 layouts (fake trees here; the real one in
 // tests/integration/memory_pressure_test.cc), takes the lowest along the
 // path, sizes "auto" under it and refuses sizes that cannot fit.
@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "daemon/config.h"
-#include "daemon/memory_limit.h"
+#include "daemon/config/config.h"
+#include "daemon/setup/memory_limit.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier {

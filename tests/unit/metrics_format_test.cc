@@ -10,7 +10,7 @@
 
 #include "common/counters.h"
 #include "common/histogram.h"
-#include "daemon/metrics_format.h"
+#include "daemon/server/metrics_format.h"
 
 namespace kvtier {
 namespace {

@@ -1,7 +1,7 @@
-// Who sees which series of /metrics (daemon/metrics_scope.h,
-// daemon/metrics_server.h): daemon-wide series by label, the bearer token
-// check of a request head, and the token file (daemon/secret_file.h).
-#include "daemon/metrics_scope.h"
+// Who sees which series of /metrics (daemon/server/metrics_scope.h,
+// daemon/server/metrics_server.h): daemon-wide series by label, the bearer token
+// check of a request head, and the token file (daemon/config/secret_file.h).
+#include "daemon/server/metrics_scope.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <sys/stat.h>
 
-#include "daemon/metrics_format.h"
-#include "daemon/metrics_server.h"
-#include "daemon/secret_file.h"
+#include "daemon/server/metrics_format.h"
+#include "daemon/server/metrics_server.h"
+#include "daemon/config/secret_file.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier {

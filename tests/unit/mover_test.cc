@@ -1,4 +1,4 @@
-// Mover (daemon/mover.h): jobs run in order on the mover's threads, the
+// Mover (daemon/engine/mover.h): jobs run in order on the mover's threads, the
 // queue is bounded in jobs and in buffered bytes (an empty queue still
 // admits one oversized job), and a job's room returns once it has run.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/mover.h"
+#include "daemon/engine/mover.h"
 
 namespace kvtier {
 namespace {

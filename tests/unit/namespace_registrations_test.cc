@@ -1,5 +1,5 @@
-// Namespace registrations a client's Hello makes (daemon/request_handler.cc,
-// daemon/engine_namespaces.cc): over-long or refused descriptors leave
+// Namespace registrations a client's Hello makes (daemon/server/request_handler.cc,
+// daemon/engine/engine_namespaces.cc): over-long or refused descriptors leave
 // nothing behind, a registration no connection uses and no block holds is
 // forgotten, listings are paged, and metric labels of client strings stay
 // valid UTF-8.
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "common/utf8.h"
-#include "daemon/engine.h"
-#include "daemon/metrics_format.h"
-#include "daemon/request_handler.h"
+#include "daemon/engine/engine.h"
+#include "daemon/server/metrics_format.h"
+#include "daemon/server/request_handler.h"
 #include "proto/wire.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 
 namespace kvtier {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/parted_budget.h"
+#include "daemon/server/parted_budget.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay_sim.h"
 #include "tools/replay_trace.h"

@@ -1,8 +1,8 @@
-// The remote tier's cluster secret file (daemon/remote_key_file.h):
+// The remote tier's cluster secret file (daemon/setup/remote_key_file.h):
 // created 0600 with 32 random bytes when missing, read back unchanged, and
 // refused with an error naming the file when others may read it, its size
 // is wrong or it is a link.
-#include "daemon/remote_key_file.h"
+#include "daemon/setup/remote_key_file.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// The [remote] section as kvtierd reads it (daemon/remote_setup.h): node
+// The [remote] section as kvtierd reads it (daemon/setup/remote_setup.h): node
 // lists split and trimmed, every option carried into the tier's options,
 // the admission with its rate, and no tier at all when remote.nodes is
 // empty (the default). No network: opening a real tier is the cluster
 // tests' business (tests/integration/remote_*_test.cc).
-#include "daemon/remote_setup.h"
+#include "daemon/setup/remote_setup.h"
 
 #include <gtest/gtest.h>
 

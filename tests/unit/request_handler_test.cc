@@ -1,7 +1,7 @@
 // Tests of RequestHandler, the per-connection protocol state machine, over a
 // real Engine and HostTier and without sockets: the Hello handshake, every
 // request type's round trip, and request-level errors.
-#include "daemon/request_handler.h"
+#include "daemon/server/request_handler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// Tests of the [[tenant]] tables (daemon/tenant_config.h): parsing through
+// Tests of the [[tenant]] tables (daemon/config/tenant_config.h): parsing through
 // ApplyTenants and ParseConfig, every kind of bad table (InvalidArgument
 // naming the origin), the TenantsToml round trip, and the equal shares
 // ResolveTenantShares hands out.
-#include "daemon/tenant_config.h"
+#include "daemon/config/tenant_config.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 
 namespace kvtier {
 namespace {

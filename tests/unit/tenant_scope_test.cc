@@ -1,7 +1,7 @@
-// Tests of TenantScope (daemon/tenant_scope.h): namespace tags, the keyed
+// Tests of TenantScope (daemon/tenants/tenant_scope.h): namespace tags, the keyed
 // key permutation and its inverse, and the tenant key file LoadTenantKey
 // creates and reads back.
-#include "daemon/tenant_scope.h"
+#include "daemon/tenants/tenant_scope.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Tests of SharedTier and TenantTier (daemon/tenant_tier.h): two tenants on
+// Tests of SharedTier and TenantTier (daemon/tenants/tenant_tier.h): two tenants on
 // one shared tier (a MapTier) see only their own blocks, write only in
 // their own namespaces, stay within their quotas and are charged their own
 // writes; the shared tier's eviction sink and needed-hint reach the tenant
@@ -7,7 +7,7 @@
 // MapTier neither evicts nor asks for hints, so the routing tests put
 // HookTier (below) between it and SharedTier: it records the sink and hint
 // installed on it, evicts on demand, and can hold writes in flight.
-#include "daemon/tenant_tier.h"
+#include "daemon/tenants/tenant_tier.h"
 
 #include <gtest/gtest.h>
 

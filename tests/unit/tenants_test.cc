@@ -1,7 +1,7 @@
-// Tests of caller resolution (daemon/tenants.h): TenantTable::Resolve's
+// Tests of caller resolution (daemon/tenants/tenants.h): TenantTable::Resolve's
 // order (uid, primary gid, the one tenant by supplementary groups,
 // operators, strangers) and ReadPeerCredentials on a real socket pair.
-#include "daemon/tenants.h"
+#include "daemon/tenants/tenants.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

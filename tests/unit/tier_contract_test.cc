@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/checksum.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/memory_device.h"

@@ -15,7 +15,7 @@
 
 #include "common/checksum.h"
 #include "common/worker_pool.h"
-#include "daemon/engine.h"
+#include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/memory_device.h"

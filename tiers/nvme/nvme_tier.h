@@ -21,7 +21,7 @@
 // opens, and those reinsertion does not keep are offered to the sink while
 // they are still readable here.
 //
-// With shares installed (SetShares: tenants, daemon/tenant_tier.h) the
+// With shares installed (SetShares: tenants, daemon/tenants/tenant_tier.h) the
 // reclaim protects them (policy/share_guard.h; an owner's bytes are the
 // records of its blocks, headers and padding included, so shares count
 // what blocks take on the device): one region is kept free

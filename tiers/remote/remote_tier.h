@@ -72,7 +72,7 @@ struct RemoteTierOptions {
   size_t directory_entries = size_t{1} << 20;    // blocks known without asking
   uint64_t max_value_bytes = uint64_t{512} << 20;  // Redis' proto-max-bulk-len
   uint32_t ttl_seconds = 0;                      // EX on each value; 0: none (the store's eviction decides)
-  std::string cluster_secret;  // kClusterSecretBytes shared by every node (daemon/remote_key_file.h); required
+  std::string cluster_secret;  // kClusterSecretBytes shared by every node (daemon/setup/remote_key_file.h); required
 };
 
 class RemoteTier final : public BlockTier {

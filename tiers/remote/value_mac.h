@@ -2,7 +2,7 @@
 // intact. The remote store is writable by every node of the cluster and by
 // anyone holding its password; a checksum anyone can recompute (XXH3) only
 // catches accidents. A value carries a tag under a key derived from the
-// cluster secret (the file every node shares, daemon/remote_key_file.h), so
+// cluster secret (the file every node shares, daemon/setup/remote_key_file.h), so
 // a party without the secret cannot make a value that verifies: not a new
 // one, and not an old one moved to another key or namespace (the MAC covers
 // the header that names them).

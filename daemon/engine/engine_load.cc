@@ -1,0 +1,528 @@
+// Layer-wise loads (Engine::BeginLoad): the load's record and board, and
+// the stream that reads its blocks from the tiers below layer by layer.
+//
+// A load pins every key through ClaimPins, as a Pin does: host hits are
+// pinned at once, blocks being promoted or demoted are waited for, and the
+// blocks found only below are claimed for promotion (kPromoting, so other
+// pins wait for them). Those of the load's layout are streamed: their
+// arena extents are allocated up front, and their layers are read one
+// layer-range read each, in the order (layer 0 of every block, layer 1 of
+// every block, ...), as many at once as the tiers take, a block's later
+// layers once its first one landed. A block whose
+// layers have all landed ends its promotion (FinishPromotion commits and
+// pins it for its waiters, the load among them); a failed read fails only
+// its block. The load record turns all this into the board's words.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/load_board.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/engine_shard.h"
+
+namespace kvtier {
+namespace {
+
+// How long a stream that a busy tier refused, with none of its reads in
+// flight, keeps trying before its remaining blocks fail with Busy.
+constexpr auto kStreamBusyWait = std::chrono::seconds(2);
+constexpr auto kStreamRetryPause = std::chrono::milliseconds(1);
+
+}  // namespace
+
+// One open load: what the board shows, kept on the daemon's side (the
+// board itself is never read back: the client can write it).
+struct Engine::LoadRecord {
+  ConnectionId connection = 0;
+  uint64_t id = 0;
+  HostTier::Extent board_extent;
+  uint32_t layers = 1;
+  uint64_t layer_bytes = 0;
+  bool verify = false;  // the board has the layer checksum table
+
+  std::mutex mu;  // a leaf: nothing else is taken under it
+  // All below guarded by mu.
+  LoadBoardWriter board;
+  std::vector<uint32_t> pending;  // per layer: blocks neither with it in place nor failed
+  std::vector<uint8_t> counted;   // block * layers + layer: taken out of `pending`
+  std::vector<LeaseId> leases;    // per block: the load's pin, 0 for none
+  // In place (BeginLoad's `in_place`): the keys, and the blocks held in
+  // the tier above at their offsets there (released at the end).
+  bool in_place = false;
+  NamespaceFingerprint ns;
+  std::vector<BlockKey> keys;
+  std::vector<std::pair<size_t, uint64_t>> held;
+  size_t unresolved = 0;          // blocks not yet loaded or failed
+  uint32_t ready = 0;             // layers published
+  bool ended = false;
+
+  // Takes layer `layer` of `block` out of `pending` (once) and publishes
+  // the layers now in place everywhere.
+  void Count(size_t block, uint32_t layer) {
+    uint8_t& c = counted[block * layers + layer];
+    if (c != 0) return;
+    c = 1;
+    --pending[layer];
+  }
+  void Advance() {
+    const uint32_t before = ready;
+    while (ready < layers && pending[ready] == 0) ++ready;
+    if (ready != before) board.PublishLayers(ready);
+  }
+};
+
+// The layer reads of a load's streamed blocks, in submission order.
+struct Engine::LayerStream {
+  std::shared_ptr<LoadRecord> load;
+  uint32_t layers = 1;
+  uint64_t layer_bytes = 0;
+  struct Block {
+    size_t index = 0;  // in the load
+    BlockKey key;
+    size_t level = 0;  // the tier below it is read from
+    HostTier::Extent extent;
+    uint64_t checksum = 0;
+    std::vector<uint64_t> layer_checksums;  // per layer, as each lands (verified by the tier)
+    bool all_sums = true;                   // every layer landed with its checksum
+    uint32_t landed = 0;
+    uint32_t in_flight = 0;
+    bool failed = false;
+    bool finished = false;  // FinishPromotion called (or about to be)
+    Status failure;
+  };
+  std::mutex mu;  // a leaf
+  // All below guarded by mu.
+  std::vector<Block> blocks;
+  size_t next = 0;  // next read: layer next / blocks.size(), block next % blocks.size()
+  size_t in_flight = 0;
+  bool pumping = false;  // one thread submits at a time (keeps the order)
+  bool pump_again = false;
+  std::chrono::steady_clock::time_point last_progress;
+
+  // Marks `b` failed; true when its promotion is to be finished now (no
+  // read of it in flight).
+  bool Fail(Block& b, Status why) {
+    if (!b.failed) {
+      b.failed = true;
+      b.failure = std::move(why);
+    }
+    if (b.in_flight != 0 || b.finished) return false;
+    b.finished = true;
+    return true;
+  }
+};
+
+Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
+                                            std::span<const BlockKey> keys, bool in_place, bool verify) {
+  if (keys.empty()) return InvalidArgument("a load needs at least one key");
+  if (keys.size() > kMaxLoadBlocks) {
+    return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
+                           std::to_string(kMaxLoadBlocks));
+  }
+  NamespaceLayout layout;
+  {
+    std::lock_guard lock(namespaces_mu_);
+    auto it = namespaces_.find(ns);
+    if (it == namespaces_.end() || it->second.block_bytes == 0 || it->second.layer_count == 0) {
+      return InvalidArgument("the namespace has no registered block layout to load layer by layer");
+    }
+    layout = it->second;
+  }
+  auto load = std::make_shared<LoadRecord>();
+  load->connection = connection;
+  load->layers = layout.layer_count;
+  load->layer_bytes = layout.block_bytes / layout.layer_count;
+  load->in_place = in_place && above_ != nullptr;
+  load->verify = verify;
+  if (load->in_place) {
+    load->ns = ns;
+    load->keys.assign(keys.begin(), keys.end());
+  }
+  {
+    std::lock_guard lock(loads_mu_);
+    auto& open = loads_[connection];
+    if (open.size() >= kMaxLoadsPerConnection) {
+      return Busy("this connection holds " + std::to_string(open.size()) + " open loads; end some first");
+    }
+    load->id = next_load_++;
+    open.emplace(load->id, nullptr);  // the slot, filled below
+  }
+  const size_t n = keys.size();
+  const size_t board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
+  Result<HostTier::Extent> board = AllocateWithEviction(board_bytes);
+  if (!board.ok()) {
+    std::lock_guard lock(loads_mu_);
+    loads_[connection].erase(load->id);
+    return board.status();
+  }
+  load->board_extent = *board;
+  {
+    std::lock_guard lock(load->mu);
+    load->board = LoadBoardWriter(host_.Bytes(*board).data(), static_cast<uint32_t>(n), load->layers,
+                                  load->layer_bytes, verify);
+    load->pending.assign(load->layers, static_cast<uint32_t>(n));
+    load->counted.assign(n * load->layers, 0);
+    load->leases.assign(n, 0);
+    load->unresolved = n;
+  }
+  {
+    std::lock_guard lock(loads_mu_);
+    loads_[connection][load->id] = load;
+  }
+  Bump(counters_.loads);
+  Bump(counters_.load_blocks, static_cast<int64_t>(n));
+
+  // Blocks held in place above need no pin; the rest (`pinned`, by their
+  // index in the load) go through ClaimPins.
+  std::vector<size_t> pinned;
+  std::vector<BlockKey> pinned_keys;
+  for (size_t i = 0; i < n; ++i) {
+    std::optional<BlockTier::InPlace> held;
+    if (load->in_place) held = AboveHold(ns, keys[i]);
+    if (held && held->info.payload_bytes == layout.block_bytes && held->info.layer_count == layout.layer_count) {
+      std::lock_guard lock(load->mu);
+      load->held.emplace_back(i, held->offset);
+      load->board.SetInDevice(static_cast<uint32_t>(i), held->offset);
+      for (uint32_t l = 0; l < load->layers; ++l) load->Count(i, l);
+      --load->unresolved;
+      Bump(above_->in_place_blocks);
+      continue;
+    }
+    if (held) above_->source.tier->ReleaseInPlace(keys[i], held->offset);  // not of the layout: load it
+    pinned.push_back(i);
+    pinned_keys.push_back(keys[i]);
+  }
+  {
+    std::lock_guard lock(load->mu);
+    load->Advance();
+  }
+
+  auto batch = std::make_shared<PinBatch>();
+  batch->connection = connection;
+  batch->with_layers = verify;  // every layer's checksum, for the board
+  batch->done = [](std::vector<PinGrant>) {};
+  batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
+    LoadBlockResolved(load, pinned[index], grant);
+  };
+  ProbeUnknown(ns, pinned_keys);
+  PinClaims claims = ClaimPins(batch, ns, pinned_keys, LayerSpan{});
+  for (PinClaim& c : claims.promote) c.index = pinned[c.index];
+
+  LoadStart out;
+  out.load = load->id;
+  out.board_offset = board->offset;
+  out.board_bytes = board_bytes;
+  if (verify) out.layer_checksums.resize(n);
+  out.layers = load->layers;
+  out.layer_bytes = load->layer_bytes;
+  out.blocks.assign(n, Status::Ok());
+  for (size_t j = 0; j < pinned.size(); ++j) {
+    if (batch->waiting[j]) continue;
+    const size_t i = pinned[j];
+    const PinGrant& grant = batch->grants[j];
+    if (grant.status.ok() && grant.length != layout.block_bytes) {
+      out.blocks[i] = InvalidArgument("block " + keys[i].ToHex() + " is " + std::to_string(grant.length) +
+                                      " bytes, not a whole block of its namespace (" +
+                                      std::to_string(layout.block_bytes) + ")");
+    } else {
+      out.blocks[i] = grant.status;
+      if (verify && grant.status.ok()) out.layer_checksums[i] = {true, grant.checksum, grant.layer_checksums};
+    }
+    LoadBlockResolved(load, i, grant, /*at_once=*/true);
+  }
+  std::vector<PinClaim> streamed;
+  for (const PinClaim& c : claims.promote) {
+    out.source = std::max(out.source, SourceAt(c.from.level).tier->kind());
+    out.below_bytes_per_layer += c.from.info.payload_bytes / std::max<uint32_t>(1, c.from.info.layer_count);
+    if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
+      streamed.push_back(c);
+    } else {
+      Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
+    }
+  }
+  if (!streamed.empty()) StartStream(load, streamed);
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  return out;
+}
+
+void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
+                               bool at_once) {
+  LeaseId release = 0;
+  bool offer = false;
+  {
+    std::lock_guard lock(load->mu);
+    const bool whole = grant.length == uint64_t{load->layers} * load->layer_bytes;
+    // A load that verifies gets every layer's checksum (PinBatch::
+    // with_layers) onto the board. A block settled at once without them
+    // (its writer sent none) is checked whole by the client, from the
+    // answer; one that lands later without them cannot be: it fails.
+    const bool has_sums = grant.layer_checksums.size() == load->layers;
+    const bool sums = !load->board.has_checksums() || has_sums || at_once;
+    if (grant.status.ok() && whole && sums) {
+      for (uint32_t l = 0; l < load->layers && load->board.has_checksums() && has_sums; ++l) {
+        load->board.SetLayerChecksum(static_cast<uint32_t>(index), l, grant.layer_checksums[l]);
+      }
+      load->board.SetOffset(static_cast<uint32_t>(index), grant.offset);
+      load->board.SetLoaded(static_cast<uint32_t>(index));
+      offer = load->in_place;
+      if (load->ended) {
+        release = grant.lease;
+      } else {
+        load->leases[index] = grant.lease;
+      }
+    } else {
+      if (grant.status.ok()) release = grant.lease;  // pinned, but not a whole block of the layout
+      const StatusCode code = !grant.status.ok() ? grant.status.code()
+                              : whole             ? StatusCode::kUnimplemented  // no layer checksums to verify
+                                                  : StatusCode::kInvalidArgument;
+      load->board.SetFailed(static_cast<uint32_t>(index), code);
+      Bump(counters_.load_failed_blocks);
+    }
+    for (uint32_t l = 0; l < load->layers; ++l) load->Count(index, l);
+    --load->unresolved;
+    load->Advance();
+  }
+  if (release != 0) Release(load->connection, std::span<const LeaseId>(&release, 1));
+  // A hit of a load into GPU memory: worth a copy in the tier above.
+  if (offer) OfferAbove(load->ns, load->keys[index]);
+  EndLoadRecord(load);
+}
+
+void Engine::EndLoadRecord(const std::shared_ptr<LoadRecord>& load) {
+  HostTier::Extent board;
+  {
+    std::lock_guard lock(load->mu);
+    if (!load->ended || load->unresolved != 0 || load->board_extent.length == 0) return;
+    board = load->board_extent;
+    load->board_extent = {};
+  }
+  host_.Free(board);
+}
+
+Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
+  std::shared_ptr<LoadRecord> load;
+  {
+    std::lock_guard lock(loads_mu_);
+    auto conn = loads_.find(connection);
+    if (conn != loads_.end()) {
+      auto it = conn->second.find(id);
+      if (it != conn->second.end() && it->second != nullptr) {
+        load = std::move(it->second);
+        conn->second.erase(it);
+        if (conn->second.empty()) loads_.erase(conn);
+      }
+    }
+  }
+  if (!load) return NotFound("load " + std::to_string(id) + " is not open on this connection");
+  std::vector<LeaseId> leases;
+  std::vector<std::pair<size_t, uint64_t>> held;
+  {
+    std::lock_guard lock(load->mu);
+    load->ended = true;
+    for (LeaseId& lease : load->leases) {
+      if (lease != 0) leases.push_back(std::exchange(lease, 0));
+    }
+    held.swap(load->held);
+  }
+  for (const auto& [index, offset] : held) above_->source.tier->ReleaseInPlace(load->keys[index], offset);
+  if (!leases.empty()) Release(connection, leases);
+  EndLoadRecord(load);
+  return Status::Ok();
+}
+
+void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims) {
+  auto stream = std::make_shared<LayerStream>();
+  stream->load = load;
+  stream->layers = load->layers;
+  stream->layer_bytes = load->layer_bytes;
+  stream->last_progress = std::chrono::steady_clock::now();
+  for (const PinClaim& c : claims) {
+    IoStarted();  // the promotion's; FinishPromotion ends it
+    Result<HostTier::Extent> extent = AllocateWithEviction(c.from.info.payload_bytes);
+    if (!extent.ok()) {
+      FinishPromotion(c.key, extent.status(), {}, c.from.info.payload_checksum);
+      continue;
+    }
+    {
+      std::lock_guard lock(load->mu);
+      load->board.SetOffset(static_cast<uint32_t>(c.index), extent->offset);
+    }
+    LayerStream::Block b;
+    b.index = c.index;
+    b.key = c.key;
+    b.level = c.from.level;
+    b.extent = *extent;
+    b.checksum = c.from.info.payload_checksum;
+    b.layer_checksums.assign(stream->layers, 0);
+    stream->blocks.push_back(std::move(b));
+  }
+  Bump(counters_.load_streamed_blocks, static_cast<int64_t>(stream->blocks.size()));
+  if (!stream->blocks.empty()) PumpStream(stream);
+}
+
+void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
+  struct Finish {
+    BlockKey key;
+    Status status;
+    HostTier::Extent extent;
+    uint64_t checksum;
+  };  // failures only: no layer checksums
+  std::vector<Finish> finish;
+  bool retry_later = false;
+  std::unique_lock lock(stream->mu);
+  if (stream->pumping) {
+    stream->pump_again = true;
+    return;
+  }
+  stream->pumping = true;
+  const size_t n = stream->blocks.size();
+  const size_t total = n * stream->layers;
+  do {
+    stream->pump_again = false;
+    while (stream->next < total) {
+      const size_t item = stream->next;
+      LayerStream::Block& b = stream->blocks[item % n];
+      const uint32_t layer = static_cast<uint32_t>(item / n);
+      if (b.failed) {
+        ++stream->next;
+        continue;
+      }
+      // A block's later layers go once its first landed: the tier then
+      // knows the block's record (the NVMe tier reads its header once),
+      // and a block that fails at once costs one read. The order stays.
+      if (layer > 0 && b.landed == 0) break;
+      ++b.in_flight;
+      ++stream->in_flight;
+      ++stream->next;
+      const size_t block = item % n;
+      BlockTier& tier = *SourceAt(b.level).tier;
+      const BlockKey key = b.key;
+      std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
+      Below& below = SourceAt(b.level);
+      lock.unlock();
+      ReadStarted(below);
+      // The layer's checksum from a tier that keeps them, or hashed when the
+      // load verifies (its board needs it); else a plain read.
+      Status started =
+          tier.keeps_layer_checksums() || stream->load->verify
+              ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
+                                            [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
+                                              StreamReadDone(stream, block, layer, std::move(r));
+                                            })
+              : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
+                  if (!r.ok()) return StreamReadDone(stream, block, layer, r.status());
+                  StreamReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
+                });
+      if (!started.ok()) ReadEnded(below, 0);
+      lock.lock();
+      if (started.ok()) {
+        Bump(counters_.load_layer_reads);
+        continue;
+      }
+      LayerStream::Block& again = stream->blocks[block];
+      --again.in_flight;
+      --stream->in_flight;
+      if (started.code() == StatusCode::kBusy) {
+        stream->next = item;  // this read again, later
+        if (stream->in_flight == 0) {
+          if (std::chrono::steady_clock::now() - stream->last_progress < kStreamBusyWait) {
+            retry_later = true;
+          } else {
+            for (auto& other : stream->blocks) {
+              if (stream->Fail(other, Busy("the tier below stayed busy for the layer-wise load"))) {
+                finish.push_back(Finish{other.key, other.failure, other.extent, other.checksum});
+              }
+            }
+          }
+        }
+        break;
+      }
+      if (stream->Fail(again, started)) {
+        finish.push_back(Finish{again.key, again.failure, again.extent, again.checksum});
+      }
+    }
+  } while (stream->pump_again);
+  stream->pumping = false;
+  lock.unlock();
+  for (Finish& f : finish) FinishPromotion(f.key, f.status, f.extent, f.checksum);
+  if (retry_later) {
+    IoStarted();  // the retry's, ended by the job
+    const bool queued = reader_->TrySubmit([this, stream] {
+      std::this_thread::sleep_for(kStreamRetryPause);
+      Bump(counters_.load_busy_retries);
+      PumpStream(stream);
+      IoFinished();
+    });
+    if (!queued) {
+      // The reader is full: fail what is left rather than spin here.
+      std::vector<Finish> left;
+      {
+        std::lock_guard again(stream->mu);
+        for (auto& b : stream->blocks) {
+          if (stream->Fail(b, Busy("the tier below was busy and the reader queue full"))) {
+            left.push_back(Finish{b.key, b.failure, b.extent, b.checksum});
+          }
+        }
+      }
+      for (Finish& f : left) FinishPromotion(f.key, f.status, f.extent, f.checksum);
+      IoFinished();
+    }
+  }
+}
+
+void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
+                            Result<BlockTier::LayerRead> read) {
+  ReadEnded(SourceAt(stream->blocks[block].level), read.ok() ? read->bytes : 0);
+  uint64_t layer_checksum = 0;
+  bool landed = false;
+  bool finish = false;
+  Status outcome = Status::Ok();
+  LayerStream::Block snapshot;
+  {
+    std::lock_guard lock(stream->mu);
+    LayerStream::Block& b = stream->blocks[block];
+    --b.in_flight;
+    --stream->in_flight;
+    stream->last_progress = std::chrono::steady_clock::now();
+    const bool with_sum = read.ok() && read->layer_checksums.size() == 1;
+    if (read.ok() && read->bytes == stream->layer_bytes && (with_sum || !stream->load->verify) && !b.failed) {
+      landed = true;
+      if (with_sum) layer_checksum = b.layer_checksums[layer] = read->layer_checksums[0];
+      b.all_sums = b.all_sums && with_sum;
+      if (++b.landed == stream->layers) {
+        b.finished = true;
+        finish = true;
+      }
+    } else {
+      Status why = !read.ok()                       ? read.status()
+                   : b.failed                       ? b.failure
+                   : read->bytes != stream->layer_bytes ? IoError("short layer read")
+                                                        : Internal("the tier gave no layer checksum");
+      finish = stream->Fail(b, std::move(why));
+    }
+    if (finish) {
+      outcome = b.failed ? b.failure : Status::Ok();
+      snapshot = b;
+    }
+  }
+  // The block's last layer to land is counted when the block resolves
+  // (LoadBlockResolved, after FinishPromotion verified it): a block can
+  // still fail there, and layers_ready == layers promises every block is
+  // loaded or failed.
+  if (landed && !finish) {
+    LoadRecord& load = *stream->load;
+    std::lock_guard lock(load.mu);
+    const size_t index = stream->blocks[block].index;
+    if (load.board.has_checksums()) load.board.SetLayerChecksum(static_cast<uint32_t>(index), layer, layer_checksum);
+    load.Count(index, layer);
+    load.Advance();
+  }
+  if (finish) {
+    if (!snapshot.all_sums) snapshot.layer_checksums.clear();
+    FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum, std::move(snapshot.layer_checksums));
+  }
+  PumpStream(stream);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,383 @@
+// Engine data movement between the tiers: promotion (and layer reads)
+// from a tier below into the host arena, and demotion to the tiers below,
+// including blocks a lower tier evicts. Choosing the victims is
+// engine_eviction.cc.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/check.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/engine_shard.h"
+
+namespace kvtier {
+namespace {
+
+// How long a demotion a busy tier could not take at once waits in the
+// demoter (a mover thread) for room there before its block is dropped.
+constexpr auto kQueuedDemotionWait = std::chrono::seconds(10);
+// How long a promotion a busy tier refused (out of read staging) is
+// retried, on the reader, before its pins get Busy.
+constexpr auto kPromotionBusyWait = std::chrono::seconds(2);
+constexpr auto kPromotionRetryPause = std::chrono::milliseconds(1);
+
+}  // namespace
+
+void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                        const Located& from, LayerSpan layers) {
+  IoStarted();
+  const uint64_t bytes = (layers.last - layers.first) * (from.info.payload_bytes / from.info.layer_count);
+  auto finish = [this, batch, index, key, bytes](Status status, HostTier::Extent extent,
+                                                 std::vector<uint64_t> layer_checksums) {
+    PinGrant grant;
+    if (status.ok()) {
+      // The transient extent lives as an invisible (zombie) entry held by
+      // one lease: the last Release, or the connection's end, frees it.
+      EngineShard& shard = ShardFor(key);
+      std::lock_guard lock(shard.mu);
+      BlockEntry entry;
+      entry.extent = extent;
+      entry.size = bytes;
+      entry.state = BlockState::kLayerRead;
+      entry.allocated = true;
+      entry.pins = 1;
+      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
+      const LeaseId lease = shard.leases.Grant(batch->connection, key, entry.handle);
+      shard.zombies.emplace(entry.handle, std::move(entry));
+      grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0, 0, 0, std::move(layer_checksums)};
+      Bump(counters_.pins);
+      Bump(counters_.layer_reads);
+    } else {
+      if (extent.length != 0) host_.Free(extent);
+      EndTransient(bytes);
+      grant.status = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
+                         ? status
+                         : NotFound("layers of block " + key.ToHex() + " could not be read from the tier below (" +
+                                    status.ToString() + ")");
+      Bump(counters_.pin_misses);
+    }
+    Resolve(batch, index, std::move(grant));
+    IoFinished();
+  };
+  if (!TakeTransient(bytes)) {
+    Bump(counters_.layer_reads_busy);
+    PinGrant busy{Busy("layer reads in flight hold the whole layer-read pool (" +
+                       std::to_string(layer_read_pool_bytes_) + " bytes, engine.layer_read_share); retry")};
+    Resolve(batch, index, std::move(busy));
+    return IoFinished();
+  }
+  Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
+  if (!extent.ok()) return finish(extent.status(), {}, {});
+  Below& below = SourceAt(from.level);
+  ReadStarted(below);
+  // The tier's own checksums of the layers it verified travel with the
+  // grant, so that a client that verifies checks the bytes it reads.
+  Status started = below.tier->ReadWithLayerChecksums(
+      key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
+      [this, &below, finish, extent = *extent, bytes, count = layers.last - layers.first](
+          Result<BlockTier::LayerRead> r) {
+        ReadEnded(below, r.ok() ? r->bytes : 0);
+        if (!r.ok()) return finish(r.status(), extent, {});
+        if (r->bytes != bytes) return finish(IoError("short layer read"), extent, {});
+        if (r->layer_checksums.size() != count) {
+          return finish(Internal("the tier gave no checksum per layer read"), extent, {});
+        }
+        finish(Status::Ok(), extent, std::move(r->layer_checksums));
+      });
+  if (!started.ok()) {
+    ReadEnded(below, 0);
+    finish(started, *extent, {});
+  }
+}
+
+void Engine::Promote(const BlockKey& key, const Located& from) {
+  Promote(key, from, std::chrono::steady_clock::now() + kPromotionBusyWait);
+}
+
+void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline) {
+  IoStarted();
+  const uint64_t checksum = from.info.payload_checksum;
+  Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
+  if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
+  Below& below = SourceAt(from.level);
+  ReadStarted(below);
+  // With the layers' checksums, which the host entry records, from a tier
+  // that keeps them (no extra pass); else a plain read (the block then has
+  // none, as a block whose writer sent none).
+  Status started =
+      from.info.layer_count > 1 && below.tier->keeps_layer_checksums()
+          ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
+                                               [this, &below, key, extent = *extent, checksum](
+                                                   Result<BlockTier::LayerRead> r) {
+                                                 ReadEnded(below, r.ok() ? r->bytes : 0);
+                                                 if (!r.ok()) return FinishPromotion(key, r.status(), extent, checksum);
+                                                 FinishPromotion(key, Status::Ok(), extent, checksum,
+                                                                 std::move(r->layer_checksums));
+                                               })
+          : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
+                             [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
+                               ReadEnded(below, r.ok() ? *r : 0);
+                               FinishPromotion(key, r.status(), extent, checksum);
+                             });
+  if (started.ok()) return;
+  ReadEnded(below, 0);
+  host_.Free(*extent);
+  // Out of read staging for now: not a miss. The reader tries again a
+  // moment later (the pins keep waiting), until the deadline.
+  if (started.code() == StatusCode::kBusy && std::chrono::steady_clock::now() < deadline) {
+    IoStarted();  // the retry's, ended by the job
+    const bool queued = reader_->TrySubmit([this, key, from, deadline] {
+      std::this_thread::sleep_for(kPromotionRetryPause);
+      Bump(counters_.promotion_retries);
+      Promote(key, from, deadline);
+      IoFinished();
+    });
+    if (queued) return IoFinished();  // this attempt's
+    IoFinished();
+  }
+  FinishPromotion(key, started, {}, checksum);
+}
+
+void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
+                             std::vector<uint64_t> layer_checksums) {
+  EngineShard& shard = ShardFor(key);
+  const uint64_t now = clock_.NowUs();
+  if (status.ok() && !layer_checksums.empty()) {
+    // The host entry keeps the layer checksums the tier verified when they
+    // fit the namespace's layout (always, for blocks the engine demoted).
+    NamespaceFingerprint ns;
+    uint64_t size = 0;
+    {
+      std::lock_guard lock(shard.mu);
+      auto it = shard.index.find(key);
+      if (it != shard.index.end()) {
+        ns = it->second.ns;
+        size = it->second.size;
+      }
+    }
+    const uint32_t layers = size == 0 ? 1 : LayoutOf(ns, size).layer_count;
+    if (layers <= 1 || layer_checksums.size() != layers) layer_checksums.clear();
+  }
+  std::vector<PromotionWaiter> waiters;
+  std::vector<PinGrant> grants;
+  bool prefetched = false;
+  {
+    std::lock_guard lock(shard.mu);
+    auto node = shard.promotion_waiters.extract(key);
+    if (!node.empty()) waiters = std::move(node.mapped());
+    auto it = shard.index.find(key);
+    KVTIER_CHECK(it != shard.index.end() && it->second.promoting(), "promotion lost its entry");
+    BlockEntry& entry = it->second;
+    prefetched = entry.prefetched;
+    if (status.ok() && entry.state == BlockState::kErasedWhilePromoting) {
+      status = NotFound("block " + key.ToHex() + " was erased during its promotion");
+    }
+    if (status.ok()) {
+      entry.state = BlockState::kCommitted;  // kPinned with the waiters' pins below
+      entry.extent = extent;
+      entry.allocated = true;
+      entry.checksum = checksum;
+      entry.layer_checksums = std::move(layer_checksums);
+      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
+      entry.last_use_us = now;
+      shard.committed.emplace(entry.handle, key);
+      shard.policy->OnInsertKeyed(entry.handle, key, now);
+      shard.stored_bytes += entry.size;
+      Publish(host_, key, entry);
+      for (const auto& w : waiters) {
+        grants.push_back(PinLocked(shard, w.batch->connection, key, now, w.batch->with_layers));
+      }
+      Bump(counters_.promotions);
+    } else {
+      EndPrefetched(shard, entry);
+      shard.index.erase(it);
+      if (extent.length != 0) host_.Free(extent);
+      // No room (NoSpace) or a tier still busy after its retries (Busy) is
+      // not a miss: the caller may try again.
+      Status miss = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
+                        ? status
+                        : NotFound("block " + key.ToHex() + " could not be read from the tier below (" +
+                                   status.ToString() + ")");
+      for (size_t i = 0; i < waiters.size(); ++i) grants.push_back(PinGrant{miss});
+      Bump(counters_.promotion_failures);
+      Bump(counters_.pin_misses, static_cast<int64_t>(waiters.size()));
+    }
+  }
+  for (size_t i = 0; i < waiters.size(); ++i) Resolve(waiters[i].batch, waiters[i].index, std::move(grants[i]));
+  // The last read of a prefetch plan landed: plan again with the measured
+  // bandwidth and whatever changed meanwhile. Not after a failure, which a
+  // new plan could only repeat (and a synchronous one would recurse).
+  const bool last_prefetch = prefetched && prefetch_reads_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  if (last_prefetch && status.ok()) SchedulePrefetch();
+  IoFinished();
+}
+
+void Engine::ReadStarted(Below& below) {
+  std::lock_guard lock(bandwidth_mu_);
+  if (below.reads_in_flight++ == 0) {
+    below.busy_since_us = clock_.NowUs();
+    below.busy_bytes = 0;
+  }
+}
+
+void Engine::ReadEnded(Below& below, uint64_t bytes) {
+  std::lock_guard lock(bandwidth_mu_);
+  below.busy_bytes += bytes;
+  const bool idle = --below.reads_in_flight == 0;
+  if (!idle && below.busy_bytes < kBandwidthSampleBytes) return;
+  const uint64_t now = clock_.NowUs();
+  if (below.busy_bytes != 0) below.read_bandwidth.Observe(below.busy_bytes, now - below.busy_since_us);
+  below.busy_since_us = now;
+  below.busy_bytes = 0;
+}
+
+bool Engine::TakeTransient(uint64_t bytes) {
+  uint64_t held = transient_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (held + bytes > layer_read_pool_bytes_) return false;
+  } while (!transient_bytes_.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void Engine::EndTransient(uint64_t bytes) {
+  if (bytes != 0) transient_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+void Engine::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
+                    uint64_t size, uint64_t checksum) {
+  // A whole block keeps its layer split; any other size is one layer.
+  const uint32_t layers = LayoutOf(ns, size).layer_count;
+  IoStarted();
+  WriteToTier(level, ns, key, layers, host_.Bytes(extent).first(size), checksum, [this, key](Status written) {
+    if (written.ok()) Bump(counters_.demotions);
+    CountFailedWrite(written);
+    FinishDemotion(key, written);
+    IoFinished();
+  });
+}
+
+void Engine::CountFailedWrite(const Status& outcome) {
+  switch (outcome.code()) {
+    case StatusCode::kOk:
+    case StatusCode::kAlreadyExists:  // the copy from an earlier demotion is still there
+      return;
+    case StatusCode::kBusy:  // counted as engine.demotion_busy_drops
+      return;
+    case StatusCode::kCorruption:  // the bytes changed after commit: not written
+      Bump(counters_.demotion_corrupt);
+      Bump(counters_.demotion_rejections);
+      return;
+    case StatusCode::kIoError:
+    case StatusCode::kCancelled:
+    case StatusCode::kUnavailable:
+      Bump(counters_.demotion_failures);
+      return;
+    default:  // NoSpace (full), InvalidArgument (does not fit its geometry)
+      Bump(counters_.demotion_rejections);
+      return;
+  }
+}
+
+void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
+                         std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done) {
+  // Every end of a write wakes the demoter's waits for room.
+  BlockTier::WriteDone ended = [this, done = std::move(done)](Status written) {
+    {
+      std::lock_guard lock(io_mu_);
+      ++demotions_finished_;
+    }
+    demotion_finished_.notify_all();
+    done(std::move(written));
+  };
+  BlockTier& tier = *below_[level]->tier;
+  Status accepted = tier.Write(ns, key, layers, payload, ended, checksum);
+  if (accepted.code() != StatusCode::kBusy) {
+    if (!accepted.ok()) ended(accepted);
+    return;
+  }
+  // The tier is out of staging or writable regions for now. Nothing here
+  // waits: a copy of the bytes waits in the demoter for room, or, when the
+  // demoter is full too, the block is dropped (the host tier stays a
+  // working cache even when the tier below stalls).
+  const uint64_t size = payload.size();
+  if (!demoter_->TryReserve(size)) {
+    Bump(counters_.demotion_busy_drops);
+    return ended(Busy("the " + std::string(tier.name()) + " tier and the demoter are both full"));
+  }
+  std::shared_ptr<std::byte[]> copy(new std::byte[size]);
+  std::memcpy(copy.get(), payload.data(), size);
+  Bump(counters_.demotions_queued);
+  demoter_->Submit(size, [this, &tier, ns, key, layers, copy, size, checksum, ended = std::move(ended)] {
+    const std::span<const std::byte> bytes(copy.get(), size);
+    const auto deadline = std::chrono::steady_clock::now() + kQueuedDemotionWait;
+    for (;;) {
+      uint64_t finished_before;
+      {
+        std::lock_guard lock(io_mu_);
+        finished_before = demotions_finished_;
+      }
+      // Erased while it waited: nothing to write. (An Erase from here on
+      // finds the write in the tier, or FinishDemotion undoes it.)
+      if (DemotionErased(key)) return ended(Cancelled("block " + key.ToHex() + " was erased before its demotion"));
+      Status accepted = tier.Write(ns, key, layers, bytes, ended, checksum);
+      if (accepted.code() != StatusCode::kBusy) {
+        if (!accepted.ok()) ended(accepted);
+        return;
+      }
+      // Room comes back when a write in flight ends, or when the tier's own
+      // background work (a region read out to the tier below) does, which
+      // it does not signal: look again every millisecond.
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        Bump(counters_.demotion_busy_drops);
+        return ended(accepted);
+      }
+      std::unique_lock lock(io_mu_);
+      demotion_finished_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(1)),
+                                    [&] { return demotions_finished_ != finished_before; });
+      Bump(counters_.demotion_waits);
+    }
+  });
+}
+
+bool Engine::DemotionErased(const BlockKey& key) {
+  EngineShard& shard = ShardFor(key);
+  std::lock_guard lock(shard.mu);
+  auto it = shard.demoting.find(key);
+  return it != shard.demoting.end() && it->second.state == BlockState::kErasedWhileDemoting;
+}
+
+void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
+  const TierAdmission::Facts facts = GatherFacts(block.key, block.hits);
+  for (size_t level = from + 1; level < below_.size(); ++level) {
+    Below& b = *below_[level];
+    if (b.tier->Find(block.key)) return;  // already there: nothing to write
+    if (!b.admission->Admit(payload.size(), facts)) continue;
+    IoStarted();
+    WriteToTier(level, block.ns, block.key, block.layer_count, payload, block.payload_checksum,
+                [this, &b](Status written) {
+                  if (written.ok()) Bump(b.demotions_in);
+                  CountFailedWrite(written);
+                  IoFinished();
+                });
+    return;
+  }
+  Bump(below_[from]->demotion_drops);
+}
+
+void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
+  EngineShard& shard = ShardFor(key);
+  std::vector<std::function<void()>> waiters;
+  {
+    std::lock_guard lock(shard.mu);
+    auto node = shard.demoting.extract(key);
+    if (!node.empty()) {
+      waiters = std::move(node.mapped().waiters);
+      if (node.mapped().state == BlockState::kErasedWhileDemoting && written.ok()) below_[node.mapped().level]->tier->Erase(key).IgnoreError();
+    }
+  }
+  for (auto& retry : waiters) retry();
+}
+
+}  // namespace kvtier

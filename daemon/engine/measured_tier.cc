@@ -1,0 +1,80 @@
+#include "daemon/engine/measured_tier.h"
+
+#include <chrono>
+
+namespace kvtier {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+}  // namespace
+
+MeasuredTier::MeasuredTier(BlockTier& inner)
+    : ForwardingTier(inner), label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
+
+Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                           std::span<const std::byte> payload, WriteDone done,
+                           std::optional<uint64_t> payload_checksum) {
+  const auto start = SteadyClock::now();
+  const auto bytes = static_cast<int64_t>(payload.size());
+  WriteDone measured = [this, start, bytes, done = std::move(done)](Status status) {
+    write_latency_.Record(SteadyClock::now() - start);
+    if (status.ok()) {
+      writes_.fetch_add(1, std::memory_order_relaxed);
+      written_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    } else {
+      write_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    done(std::move(status));
+  };
+  return inner().Write(ns, key, layer_count, payload, std::move(measured), payload_checksum);
+}
+
+Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+                          ReadDone done) {
+  const auto start = SteadyClock::now();
+  ReadDone measured = [this, start, done = std::move(done)](Result<size_t> read) {
+    read_latency_.Record(SteadyClock::now() - start);
+    if (read.ok()) {
+      reads_.fetch_add(1, std::memory_order_relaxed);
+      read_bytes_.fetch_add(static_cast<int64_t>(*read), std::memory_order_relaxed);
+    } else {
+      read_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    done(std::move(read));
+  };
+  return inner().Read(key, first_layer, last_layer, dst, std::move(measured));
+}
+
+Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                            std::span<std::byte> dst, LayerReadDone done) {
+  const auto start = SteadyClock::now();
+  LayerReadDone measured = [this, start, done = std::move(done)](Result<LayerRead> read) {
+    read_latency_.Record(SteadyClock::now() - start);
+    if (read.ok()) {
+      reads_.fetch_add(1, std::memory_order_relaxed);
+      read_bytes_.fetch_add(static_cast<int64_t>(read->bytes), std::memory_order_relaxed);
+    } else {
+      read_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    done(std::move(read));
+  };
+  return inner().ReadWithLayerChecksums(key, first_layer, last_layer, dst, std::move(measured));
+}
+
+void MeasuredTier::VisitCounters(CounterVisitor& v) const {
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  v.VisitGauge("tier.capacity_bytes" + label_, static_cast<int64_t>(inner().capacity_bytes()));
+  v.VisitGauge("tier.used_bytes" + label_, static_cast<int64_t>(inner().used_bytes()));
+  v.Visit("tier.reads" + label_, load(reads_));
+  v.Visit("tier.read_errors" + label_, load(read_errors_));
+  v.Visit("tier.read_bytes" + label_, load(read_bytes_));
+  v.Visit("tier.writes" + label_, load(writes_));
+  v.Visit("tier.write_errors" + label_, load(write_errors_));
+  v.Visit("tier.written_bytes" + label_, load(written_bytes_));
+  v.VisitHistogram("tier.read_seconds" + label_, read_latency_.Snapshot());
+  v.VisitHistogram("tier.write_seconds" + label_, write_latency_.Snapshot());
+  inner().VisitCounters(v);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,28 @@
+#include "daemon/engine/queued_keys.h"
+
+namespace kvtier {
+
+void QueuedKeys::Add(std::span<const BlockKey> chain) {
+  std::lock_guard lock(mu_);
+  for (const BlockKey& key : chain) ++counts_[key];
+}
+
+void QueuedKeys::Remove(std::span<const BlockKey> chain) {
+  std::lock_guard lock(mu_);
+  for (const BlockKey& key : chain) {
+    auto it = counts_.find(key);
+    if (it != counts_.end() && --it->second == 0) counts_.erase(it);
+  }
+}
+
+bool QueuedKeys::Contains(const BlockKey& key) const {
+  std::lock_guard lock(mu_);
+  return counts_.count(key) > 0;
+}
+
+size_t QueuedKeys::size() const {
+  std::lock_guard lock(mu_);
+  return counts_.size();
+}
+
+}  // namespace kvtier

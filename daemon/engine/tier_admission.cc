@@ -1,0 +1,62 @@
+#include "daemon/engine/tier_admission.h"
+
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& name, const DwpdOptions& dwpd,
+                                                              uint64_t rate_bytes_per_second, const BlockTier& tier,
+                                                              const Clock& clock) {
+  std::unique_ptr<AdmissionPolicy> policy;
+  if (name == "all") {
+    policy = MakeAdmitAllPolicy();
+  } else if (name == "second_hit") {
+    policy = MakeSecondHitPolicy();
+  } else if (name == "dwpd") {
+    auto made = MakeDwpdPolicy(dwpd, clock.NowUs());
+    if (!made.ok()) return made.status();
+    policy = std::move(made).value();
+  } else if (name == "rate") {
+    auto made = MakeRatePolicy(rate_bytes_per_second, clock.NowUs());
+    if (!made.ok()) return made.status();
+    policy = std::move(made).value();
+  } else {
+    return InvalidArgument("unknown admission policy '" + name + "' (all, second_hit, dwpd, rate)");
+  }
+  return std::unique_ptr<TierAdmission>(new TierAdmission(std::move(policy), tier, clock));
+}
+
+TierAdmission::TierAdmission(std::unique_ptr<AdmissionPolicy> policy, const BlockTier& tier, const Clock& clock)
+    : tier_(tier), clock_(clock), policy_(std::move(policy)) {}
+
+AdmissionClass TierAdmission::ClassOf(const Facts& facts) { return ClassifyBlock(facts.uses, facts.conversation); }
+
+void TierAdmission::CatchUp(uint64_t now_us) {
+  const BlockTier::WriteTotals totals = tier_.write_totals();
+  policy_->CatchUp(totals.device_bytes, totals.reinserted_bytes, now_us);
+}
+
+bool TierAdmission::Admit(uint64_t payload_bytes, const Facts& facts) {
+  const uint64_t now = clock_.NowUs();
+  AdmissionCandidate candidate;
+  candidate.bytes = tier_.StoredBytes(payload_bytes);
+  candidate.cls = ClassOf(facts);
+  candidate.parent_cached = facts.parent_held;
+  std::lock_guard lock(mu_);
+  CatchUp(now);
+  return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;
+}
+
+bool TierAdmission::Force(uint64_t payload_bytes) {
+  const uint64_t now = clock_.NowUs();
+  std::lock_guard lock(mu_);
+  CatchUp(now);
+  return policy_->Force(tier_.StoredBytes(payload_bytes), now);
+}
+
+void TierAdmission::VisitCounters(CounterVisitor& v) const {
+  std::lock_guard lock(mu_);
+  policy_->VisitCounters(std::string(tier_.name()) + ".admission", v, clock_.NowUs());
+}
+
+}  // namespace kvtier

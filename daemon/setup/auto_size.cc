@@ -1,0 +1,71 @@
+#include "daemon/setup/auto_size.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+std::string MiB(uint64_t bytes) { return std::to_string(bytes / kMiB) + " MiB"; }
+
+}  // namespace
+
+Result<MachineMemory> ReadMachineMemory(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return IoError("cannot read " + path + " to size the host tier (set host.capacity_bytes)");
+  MachineMemory m;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key, unit;
+    uint64_t kib = 0;
+    if (!(fields >> key >> kib)) continue;
+    if (key == "MemTotal:") m.total_bytes = kib * 1024;
+    if (key == "MemAvailable:") m.available_bytes = kib * 1024;
+  }
+  if (m.total_bytes == 0) return ProtocolError(path + " has no MemTotal (set host.capacity_bytes)");
+  if (m.available_bytes == 0) m.available_bytes = m.total_bytes;  // kernels before 3.14
+  return m;
+}
+
+std::string MeminfoPath() {
+  const char* path = std::getenv("KVTIER_MEMINFO");
+  return path != nullptr && *path != '\0' ? path : "/proc/meminfo";
+}
+
+uint64_t AutoHostCapacity(const MachineMemory& memory) {
+  uint64_t bytes = std::min(memory.total_bytes / 4, memory.available_bytes / 2);
+  bytes = std::clamp(bytes, 64 * kMiB, 64 * kGiB);
+  return bytes / (2 * kMiB) * (2 * kMiB);
+}
+
+uint64_t AutoClientMemory(const MachineMemory& memory) {
+  const uint64_t bytes = std::clamp(memory.total_bytes / 16, 32 * kMiB, 4096 * kMiB);
+  return bytes / kMiB * kMiB;
+}
+
+std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMemory& memory) {
+  std::vector<std::string> lines;
+  if (config.host_capacity_bytes == 0) {
+    const uint64_t bytes = AutoHostCapacity(memory);
+    config.host_capacity_bytes = static_cast<int64_t>(bytes);
+    lines.push_back("host.capacity_bytes = 0 (auto): " + MiB(bytes) + " of this machine's " +
+                    MiB(memory.total_bytes) + " (" + MiB(memory.available_bytes) +
+                    " available): a quarter of its memory, at most half of what is available, within "
+                    "64 MiB..64 GiB; set host.capacity_bytes to choose");
+  }
+  if (config.client_memory_bytes == 0) {
+    const uint64_t bytes = AutoClientMemory(memory);
+    config.client_memory_bytes = static_cast<int64_t>(bytes);
+    lines.push_back("server.client_memory_bytes = 0 (auto): " + MiB(bytes) + ", a sixteenth of " +
+                    MiB(memory.total_bytes) + " within 32 MiB..4 GiB; set it to choose");
+  }
+  return lines;
+}
+
+}  // namespace kvtier

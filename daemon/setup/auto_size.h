@@ -1,0 +1,39 @@
+// Sizes for options left at 0 ("auto": OptionSpec::zero_is_auto), fitted
+// to the machine kvtierd starts on, so that `make run` with the embedded
+// defaults neither wastes a large node nor overcommits a small one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/config/config.h"
+#include "kvtier/result.h"
+
+namespace kvtier {
+
+struct MachineMemory {
+  uint64_t total_bytes = 0;      // MemTotal
+  uint64_t available_bytes = 0;  // MemAvailable: what can be taken without swapping
+};
+
+// From /proc/meminfo (or `path`). IoError / ProtocolError when unreadable.
+Result<MachineMemory> ReadMachineMemory(const std::string& path = "/proc/meminfo");
+// The meminfo kvtierd sizes from: $KVTIER_MEMINFO when set (tests size a
+// daemon for a machine other than the one they run on), else /proc/meminfo.
+std::string MeminfoPath();
+
+// The host arena for host.capacity_bytes = 0: a quarter of the memory and
+// at most half of what is available now (the arena is pre-faulted and
+// locked at start), within [64 MiB, 64 GiB], a multiple of 2 MiB.
+uint64_t AutoHostCapacity(const MachineMemory& memory);
+
+// server.client_memory_bytes = 0: a sixteenth of the memory, within
+// [32 MiB, 4 GiB], a multiple of 1 MiB (what clients' state may take).
+uint64_t AutoClientMemory(const MachineMemory& memory);
+
+// Replaces every auto (0) size in `config` with its value for `memory`;
+// one line per choice, saying what and why, for the log.
+std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMemory& memory);
+
+}  // namespace kvtier

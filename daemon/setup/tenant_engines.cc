@@ -1,0 +1,170 @@
+#include "daemon/setup/tenant_engines.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "common/logging.h"
+
+namespace kvtier {
+namespace {
+
+HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
+  if (mode == "required") return HostArenaOptions::LockMode::kRequired;
+  if (mode == "off") return HostArenaOptions::LockMode::kOff;
+  return HostArenaOptions::LockMode::kBestEffort;
+}
+
+// Slots of a block directory next to an arena of `arena_bytes`; 0 when
+// the directory is off.
+uint32_t DirectorySlots(const DaemonConfig& config, uint64_t arena_bytes) {
+  if (config.host_directory == 0) return 0;
+  if (config.host_directory_slots == 0) return HostDirectory::DefaultSlots(arena_bytes);
+  return std::bit_ceil(static_cast<uint32_t>(std::max<int64_t>(config.host_directory_slots, 2)));
+}
+
+// The arena's memfd is named kvtier-arena, or kvtier-arena-<tenant> with
+// tenants (as /proc/<pid>/maps shows it).
+Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std::string& tenant,
+                                           uint64_t arena_bytes) {
+  HostArenaOptions arena;
+  if (!tenant.empty()) arena.name += "-" + tenant;
+  arena.capacity_bytes = arena_bytes;
+  arena.lock = ParseLockMode(config.host_lock_memory);
+  return HostTier::Open(arena, DirectorySlots(config, arena_bytes));
+}
+
+// Opens `tenant`'s host arena, HBM pool and engine over `below`.
+Status OpenEngine(const DaemonConfig& config, uint64_t host_bytes, const DaemonConfig& hbm_config,
+                  std::vector<LowerTier> below, Clock& clock, DaemonEngines::Tenant& tenant) {
+  const std::string whose = tenant.config.name.empty() ? "" : "tenant " + tenant.config.name + ": ";
+  auto host = OpenHost(config, tenant.config.name, host_bytes);
+  if (!host.ok()) return Status(host.status().code(), whose + "host tier: " + host.status().message());
+  tenant.host = std::move(*host);
+  auto hbm = OpenHbmTier(hbm_config);
+  if (!hbm.ok()) return Status(hbm.status().code(), whose + hbm.status().message());
+  tenant.hbm = std::move(*hbm);
+  auto engine = Engine::Create(EngineOptionsFromConfig(config), *tenant.host, clock, std::move(below),
+                               tenant.hbm.tier.get());
+  if (!engine.ok()) return Status(engine.status().code(), whose + "engine: " + engine.status().message());
+  tenant.engine = std::move(*engine);
+  return Status::Ok();
+}
+
+std::string Joined(const std::vector<uint32_t>& ids) {
+  std::string out;
+  for (uint32_t id : ids) out += (out.empty() ? "" : ", ") + std::to_string(id);
+  return out;
+}
+
+// The tenants' quotas are their protected shares on a tier that protects
+// shares: they must fit what it can protect (BlockTier::shareable_bytes).
+Status CheckSharesFit(const std::vector<TenantConfig>& tenants, const BlockTier& tier) {
+  const uint64_t shareable = tier.shareable_bytes();
+  if (shareable == 0) return Status::Ok();
+  uint64_t quotas = 0;
+  for (const TenantConfig& t : tenants) quotas += static_cast<uint64_t>(t.nvme_bytes);
+  if (quotas <= shareable) return Status::Ok();
+  return InvalidArgument("the tenants' nvme_bytes add up to " + std::to_string(quotas) + " bytes, more than the " +
+                         std::to_string(shareable) + " bytes the " + std::string(tier.name()) +
+                         " tier can keep as protected shares (its " + std::to_string(tier.capacity_bytes()) +
+                         " bytes less 3 regions); lower the quotas or grow the tier");
+}
+
+}  // namespace
+
+EngineOptions EngineOptionsFromConfig(const DaemonConfig& config) {
+  EngineOptions options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
+  options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
+  options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
+  options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);
+  options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
+  options.verify_commits = config.host_verify_commits != 0;
+  return options;
+}
+
+std::string TenantKeyPath(const DaemonConfig& config) {
+  if (!config.tenant_key_file.empty()) return config.tenant_key_file;
+  if (!config.nvme_index_path.empty()) return config.nvme_index_path + ".tenant-key";
+  if (!config.nvme_path.empty()) return config.nvme_path + ".tenant-key";
+  return "";
+}
+
+Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& config, TierStack& stack,
+                                                           Clock& clock) {
+  std::unique_ptr<DaemonEngines> engines(new DaemonEngines());
+  if (config.tenants.empty()) {
+    engines->tenants_.emplace_back();
+    Status opened = OpenEngine(config, static_cast<uint64_t>(config.host_capacity_bytes), config, stack.lower, clock,
+                               engines->tenants_.back());
+    if (!opened.ok()) return opened;
+    return engines;
+  }
+  const std::string key_path = TenantKeyPath(config);
+  auto secret = LoadTenantKey(key_path);
+  if (!secret.ok()) return Status(secret.status().code(), "server.tenant_key_file: " + secret.status().message());
+  if (key_path.empty()) spdlog::info("tenants: no NVMe tier, so a fresh tenant key for this run");
+  for (const LowerTier& lower : stack.lower) {
+    if (Status fits = CheckSharesFit(config.tenants, *lower.tier); !fits.ok()) return fits;
+    engines->shared_.push_back(std::make_unique<SharedTier>(*lower.tier));
+  }
+  const double tenant_count = static_cast<double>(config.tenants.size());
+  for (const TenantConfig& tenant_config : config.tenants) {
+    Tenant& tenant = engines->tenants_.emplace_back();
+    tenant.config = tenant_config;
+    tenant.scope = std::make_unique<TenantScope>(*secret, tenant_config.name);
+    std::vector<LowerTier> below;
+    for (size_t i = 0; i < stack.lower.size(); ++i) {
+      tenant.below.push_back(std::make_unique<TenantTier>(*engines->shared_[i], *tenant.scope,
+                                                          static_cast<uint64_t>(tenant_config.nvme_bytes)));
+      LowerTier view = stack.lower[i];
+      view.tier = tenant.below.back().get();
+      view.dwpd.share /= tenant_count;  // every tenant's writes together stay within the drive's budget
+      below.push_back(view);
+    }
+    DaemonConfig hbm_config = config;
+    hbm_config.hbm_capacity_bytes = tenant_config.hbm_bytes;
+    Status opened = OpenEngine(config, static_cast<uint64_t>(tenant_config.host_bytes), hbm_config,
+                               std::move(below), clock, tenant);
+    if (!opened.ok()) return opened;
+    spdlog::info("tenant {}: host arena {} bytes, hbm {}, quota below the host {}, uids [{}], gids [{}]",
+                 tenant_config.name, tenant_config.host_bytes,
+                 tenant.hbm.tier != nullptr ? std::to_string(tenant_config.hbm_bytes) + " bytes" : "off",
+                 tenant_config.nvme_bytes == 0 ? std::string("none") : std::to_string(tenant_config.nvme_bytes) + " bytes",
+                 Joined(tenant_config.uids), Joined(tenant_config.gids));
+  }
+  return engines;
+}
+
+DaemonEngines::~DaemonEngines() {
+  for (Tenant& tenant : tenants_) tenant.engine.reset();  // every engine before any tier it shares
+  tenants_.clear();
+  shared_.clear();
+}
+
+std::vector<ServedTenant> DaemonEngines::Served() const {
+  std::vector<ServedTenant> served;
+  for (const Tenant& t : tenants_) {
+    served.push_back(ServedTenant{t.config.name, t.engine.get(), t.host.get(), t.scope.get(), t.config.models,
+                                  t.hbm.offer});
+  }
+  return served;
+}
+
+void DaemonEngines::VisitSharedCounters(CounterVisitor& visitor) const {
+  for (const auto& shared : shared_) shared->VisitCounters(visitor);
+}
+
+void DaemonEngines::VisitCounters(CounterVisitor& visitor) const {
+  VisitSharedCounters(visitor);
+  for (const Tenant& t : tenants_) {
+    if (t.scope == nullptr) {
+      t.engine->VisitCounters(visitor);
+      continue;
+    }
+    const std::string label = "tenant=\"" + t.config.name + "\"";  // names are [A-Za-z0-9_.-]
+    LabellingVisitor labelled(visitor, label);
+    t.engine->VisitCounters(labelled);
+  }
+}
+
+}  // namespace kvtier

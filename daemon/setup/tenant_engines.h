@@ -1,0 +1,83 @@
+// DaemonEngines: the engines kvtierd serves, built from its configuration
+// over the tiers below the host (TierStack, owned by the caller).
+//
+// - Without [[tenant]] tables: one engine over one host arena (and the HBM
+//   tier when there is one) and the whole stack, as kvtierd always ran.
+// - With tenants: one engine per tenant, each with its own host arena of
+//   the tenant's host_bytes (so a tenant's mapping holds only its own
+//   blocks), its own HBM pool of hbm_bytes when the HBM tier runs, its own
+//   policies and its own share of the DWPD budget (the drive's budget split
+//   equally, so all tenants together stay inside it). The tiers below are
+//   shared through SharedTier; each engine reaches them through a
+//   TenantTier (its blocks only, its keys scoped with the daemon's tenant
+//   key, its nvme_bytes quota). See daemon/tenants/tenant_tier.h.
+//
+// Destruction: the engines first (they wait for their movers), then the
+// tenants' views of the shared tiers, then the shared tiers; the caller
+// closes the stack after this.
+//
+// Thread-compatible: built and destroyed by the daemon's main thread; the
+// engines it owns are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "daemon/config/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/setup/hbm_setup.h"
+#include "daemon/server/server.h"
+#include "daemon/tenants/tenant_scope.h"
+#include "daemon/tenants/tenant_tier.h"
+#include "daemon/setup/tier_stack.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+
+// The engine options kvtierd's configuration sets ([engine], host.verify_commits).
+EngineOptions EngineOptionsFromConfig(const DaemonConfig& config);
+
+// Where the tenant key lives: server.tenant_key_file, else next to the
+// NVMe tier's index (nvme.index_path, or nvme.path, + ".tenant-key"), else
+// nowhere (a fresh key each start: nothing persists that it must match).
+std::string TenantKeyPath(const DaemonConfig& config);
+
+class DaemonEngines {
+ public:
+  struct Tenant {
+    TenantConfig config;                 // name empty without tenants
+    std::unique_ptr<TenantScope> scope;  // null without tenants
+    std::unique_ptr<HostTier> host;
+    HbmSetup hbm;
+    std::vector<std::unique_ptr<TenantTier>> below;  // its views of the shared tiers
+    std::unique_ptr<Engine> engine;                  // declared last: destroyed first
+  };
+
+  // `config` must have its auto sizes resolved (and, with tenants, their
+  // shares: ResolveTenantShares). `stack` and `clock` are borrowed and
+  // outlive the result. Errors name the tenant and the tier at fault.
+  static Result<std::unique_ptr<DaemonEngines>> Open(const DaemonConfig& config, TierStack& stack, Clock& clock);
+  ~DaemonEngines();
+
+  bool has_tenants() const { return tenants_.front().scope != nullptr; }
+  const std::vector<Tenant>& tenants() const { return tenants_; }
+
+  // What the server serves: one entry per tenant, in configuration order.
+  std::vector<ServedTenant> Served() const;
+
+  // The shared tiers' own counters, once (nothing without tenants).
+  void VisitSharedCounters(CounterVisitor& visitor) const;
+  // Every engine's counters; with tenants each name carries
+  // tenant="<name>", and the shared tiers' counters come first, once.
+  void VisitCounters(CounterVisitor& visitor) const;
+
+ private:
+  DaemonEngines() = default;
+
+  std::vector<std::unique_ptr<SharedTier>> shared_;  // one per tier of the stack, with tenants
+  std::vector<Tenant> tenants_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,157 @@
+// Tiers that several tenants share (the NVMe tier, later the remote tier),
+// when [[tenant]] tables are configured. Each tenant has an Engine of its
+// own (its own arena, index and policies); each such engine reaches a
+// shared tier through a TenantTier, and one SharedTier stands between the
+// tier and all of them.
+//
+// TenantTier, for one tenant (its TenantScope, daemon/tenants/tenant_scope.h):
+// - stores the tenant's key k as scope.Scope(k), in the tenant's scoped
+//   namespaces only (a Write of another namespace is InvalidArgument);
+// - sees only the tenant's blocks: Find, Probe, Read, Erase, HoldInPlace answer
+//   NotFound for a block of another tenant's namespace, ForEachBlock and
+//   ForEachNamespaceBytes skip them and give keys back unscoped;
+// - enforces the tenant's quota: a Write that would take the tenant's
+//   payload bytes there (stored, plus writes in flight) past `quota_bytes`
+//   is NoSpace, counted in <tier>.quota_refusals;
+// - has a protected share on a tier that protects shares (shareable_bytes()
+//   above 0: the NVMe tier): its quota, or, without one, an equal part of
+//   what the quotas leave of shareable_bytes(). SharedTier installs them
+//   on the tier (BlockTier::SetShares), whose reclaim then never drops a
+//   block of a tenant within its share (policy/share_guard.h). Blocks of
+//   no registered tenant have no share;
+// - reports, as its write totals, the bytes its own writes sent to the
+//   medium plus an equal share of the tier's reinsertion (which no tenant
+//   decided), so each tenant's DWPD admission charges its own writes.
+// SharedTier installs one eviction sink and one needed-hint on the tier and
+// hands each call to the tenant whose namespace it concerns (the key
+// unscoped); an evicted block of no registered tenant is dropped
+// (<tier>.unowned_evictions).
+//
+// Thread-safe. Lock order: install_mu_ -> the shared tier's own lock ->
+// SharedTier::mu_ -> the tenants' hints' leaf locks. The tier is never
+// called with mu_ held.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <vector>
+
+#include "daemon/tenants/tenant_scope.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+class SharedTier {
+ public:
+  explicit SharedTier(BlockTier& tier);  // borrowed; outlives this
+  ~SharedTier();                         // clears the sink and hint it installed
+
+  BlockTier& tier() const { return tier_; }
+  size_t tenants() const;
+
+  // A tenant's sink and hint (empty: cleared). `scope` is borrowed and
+  // outlives its registration; called by TenantTier.
+  void SetSink(const TenantScope* scope, BlockTier::EvictionSink sink);
+  void SetHint(const TenantScope* scope, BlockTier::NeededHint hint);
+  // Registers `scope` as one of the tenants (for the reinsertion share and
+  // the protected shares), with its quota (0: none); TenantTier's
+  // constructor and destructor call these.
+  void Join(const TenantScope* scope, uint64_t quota_bytes);
+  void Leave(const TenantScope* scope);
+  // The protected share of `scope`'s blocks on the tier (0: none, or the
+  // tier protects no share).
+  uint64_t ShareOf(const TenantScope* scope) const;
+
+  // The tier's own counters, once for all tenants, then <tier>.unowned_evictions.
+  void VisitCounters(CounterVisitor& visitor) const;
+
+ private:
+  struct Tenant {
+    const TenantScope* scope = nullptr;
+    BlockTier::EvictionSink sink;
+    BlockTier::NeededHint hint;
+    uint32_t owner = 0;        // its id among the tier's share owners (1, 2, ...)
+    uint64_t quota_bytes = 0;  // 0: none; its share is then unquoted_share_
+  };
+  Tenant* Find(const TenantScope* scope);  // caller holds mu_ uniquely
+  // Installs the sink on the tier while some tenant has one, clears it
+  // otherwise. Caller holds neither lock.
+  void Install();
+  void OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload);
+  bool Needed(const BlockKey& key) const;
+  // Whose block of `ns` is, and its share (BlockTier::ShareOf).
+  ShareOwner OwnerOf(const NamespaceFingerprint& ns) const;
+  // Recomputes unquoted_share_. Caller holds mu_ uniquely.
+  void ComputeShares();
+  // Installs OwnerOf on the tier while tenants share it (the tier re-reads
+  // every namespace's owner). Caller holds neither lock.
+  void InstallShares();
+
+  BlockTier& tier_;
+  std::mutex install_mu_;  // taken before the tier's lock, never under it
+  bool sink_installed_ = false;  // guarded by install_mu_
+  mutable std::shared_mutex mu_;
+  std::vector<Tenant> tenants_;  // guarded by mu_
+  uint32_t next_owner_ = 1;      // guarded by mu_
+  // The share of each tenant without a quota: an equal part of what the
+  // quotas leave of the tier's shareable_bytes() (0 when they leave none).
+  uint64_t unquoted_share_ = 0;  // guarded by mu_
+  std::atomic<int64_t> unowned_evictions_{0};
+};
+
+class TenantTier final : public BlockTier {
+ public:
+  // `shared` and `scope` are borrowed and outlive this. `quota_bytes` 0: no
+  // quota beyond the tier's capacity.
+  TenantTier(SharedTier& shared, const TenantScope& scope, uint64_t quota_bytes);
+  ~TenantTier() override;
+
+  Tier kind() const override { return inner().kind(); }
+  std::string_view name() const override { return inner().name(); }
+  bool asynchronous() const override { return inner().asynchronous(); }
+  uint64_t capacity_bytes() const override;
+  uint64_t used_bytes() const override;
+  uint64_t StoredBytes(uint64_t payload_bytes) const override { return inner().StoredBytes(payload_bytes); }
+  std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
+  bool probes() const override { return inner().probes(); }
+  Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+               std::span<const std::byte> payload, WriteDone done,
+               std::optional<uint64_t> payload_checksum = std::nullopt) override;
+  Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
+              ReadDone done) override;
+  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
+                                std::span<std::byte> dst, LayerReadDone done) override;
+  bool keeps_layer_checksums() const override { return inner().keeps_layer_checksums(); }
+  void ForEachBlock(const BlockVisitor& visit) const override;
+  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
+  Status Erase(const BlockKey& key) override;
+  WriteTotals write_totals() const override;
+  void SetNeededHint(NeededHint needed) override { shared_.SetHint(&scope_, std::move(needed)); }
+  void SetEvictionSink(EvictionSink sink) override { shared_.SetSink(&scope_, std::move(sink)); }
+  Result<InPlace> HoldInPlace(const BlockKey& key) override;
+  void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
+  // <tier>.quota_bytes (gauge, 0: none), <tier>.share_bytes (gauge, its
+  // protected share, 0: none) and <tier>.quota_refusals; the shared tier's
+  // own counters are SharedTier's to report.
+  void VisitCounters(CounterVisitor& visitor) const override;
+
+ private:
+  BlockTier& inner() const { return shared_.tier(); }
+  bool Mine(const BlockKey& scoped) const;  // the tier holds `scoped` in one of this tenant's namespaces
+
+  SharedTier& shared_;
+  const TenantScope& scope_;
+  const uint64_t quota_bytes_;
+  const std::string quota_bytes_name_, share_bytes_name_, quota_refusals_name_;
+  // Writes accepted and not yet done: payload bytes (the quota counts
+  // them) and, once done well, the stored bytes they sent (write totals).
+  std::atomic<uint64_t> pending_payload_bytes_{0};
+  std::atomic<uint64_t> written_device_bytes_{0};
+  std::atomic<int64_t> quota_refusals_{0};
+};
+
+}  // namespace kvtier
