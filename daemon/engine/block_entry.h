@@ -1,6 +1,7 @@
 // BlockEntry and BlockState: one block in the engine's index (the host
-// tier's part of it), with the one state it is in. EngineShard
-// (engine_shard.h) holds the entries; Engine moves them between states.
+// tier's part of it), with the one state it is in. BlockIndex
+// (block_index.h) holds the entries and is the only place their state
+// changes, each transition a method that checks this diagram.
 //
 // The life of a block, by the maps of its shard that hold it:
 //
@@ -44,9 +45,12 @@ enum class BlockState : uint8_t {
   kLayerRead,             // a layer-range read's extent, held by one lease
 };
 
-// One block in the host tier: cached, being written, or moving.
+class BlockIndex;
+
+// One block in the host tier: cached, being written, or moving. Its state
+// changes only through BlockIndex (block_index.h); the other fields are
+// the engine's to read and fill in.
 struct BlockEntry {
-  BlockState state = BlockState::kReserved;
   NamespaceFingerprint ns;
   HostTier::Extent extent;  // valid when allocated
   uint64_t size = 0;        // bytes the writer reserved (<= extent.length)
@@ -64,12 +68,17 @@ struct BlockEntry {
   uint64_t last_use_us = 0;
   BlockHandle handle = 0;   // the policy's id, set at commit
 
+  BlockState state() const { return state_; }
   // Visible to lookups and pins: kCommitted or kPinned.
-  bool cached() const { return state == BlockState::kCommitted || state == BlockState::kPinned; }
+  bool cached() const { return state_ == BlockState::kCommitted || state_ == BlockState::kPinned; }
   // Being read in, erased meanwhile or not.
   bool promoting() const {
-    return state == BlockState::kPromoting || state == BlockState::kErasedWhilePromoting;
+    return state_ == BlockState::kPromoting || state_ == BlockState::kErasedWhilePromoting;
   }
+
+ private:
+  friend class BlockIndex;
+  BlockState state_ = BlockState::kReserved;
 };
 
 }  // namespace kvtier

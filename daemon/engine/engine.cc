@@ -1,7 +1,6 @@
 #include "daemon/engine/engine.h"
 
 #include <chrono>
-#include <future>
 #include <limits>
 #include <optional>
 #include <random>
@@ -9,7 +8,7 @@
 #include "common/checksum.h"
 #include "common/check.h"
 #include "common/logging.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 #include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
@@ -40,7 +39,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
   const uint64_t first_lease = ((uint64_t{entropy()} << 32 | entropy()) & ((uint64_t{1} << 55) - 1)) | 1;
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(
-        std::make_unique<EngineShard>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction)));
+        std::make_unique<BlockIndex>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction), host_));
   }
 }
 
@@ -81,7 +80,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     if (!made.ok()) {
       return InvalidArgument(std::string(lower.tier->name()) + " admission: " + made.status().message());
     }
-    auto level = std::make_unique<Below>();
+    auto level = std::make_unique<TierLevel>();
     level->measured = std::make_unique<MeasuredTier>(*lower.tier);
     level->tier = level->measured.get();
     level->admission = std::move(made).value();
@@ -102,7 +101,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     }
   }
   if (above != nullptr) {
-    engine->above_ = std::make_unique<Above>();
+    engine->above_ = std::make_unique<AboveLevel>();
     engine->above_->source.measured = std::make_unique<MeasuredTier>(*above);
     engine->above_->source.tier = engine->above_->source.measured.get();
     engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
@@ -119,7 +118,7 @@ void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLa
 
 size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey>{}(key) % shards_.size(); }
 
-EngineShard& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
+BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
 
 void Engine::IoStarted() {
   std::lock_guard lock(io_mu_);
@@ -131,7 +130,7 @@ void Engine::IoFinished() {
   if (--io_in_flight_ == 0) io_idle_.notify_all();
 }
 
-std::optional<Engine::Located> Engine::FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const {
+std::optional<Located> Engine::FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const {
   for (size_t level = 0; level < below_.size(); ++level) {
     std::optional<BlockTier::BlockInfo> info = below_[level]->tier->Find(key);
     if (info && info->ns == ns) return Located{level, *info};
@@ -139,7 +138,7 @@ std::optional<Engine::Located> Engine::FindBelow(const BlockKey& key, const Name
   return std::nullopt;
 }
 
-std::optional<Engine::Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {
+std::optional<Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {
   if (above_ != nullptr) {
     std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
     if (info && info->ns == ns) return Located{kAboveLevel, *info};
@@ -147,7 +146,7 @@ std::optional<Engine::Located> Engine::FindOutside(const BlockKey& key, const Na
   return FindBelow(key, ns);
 }
 
-Engine::Below& Engine::SourceAt(size_t level) {
+TierLevel& Engine::SourceAt(size_t level) {
   return level == kAboveLevel ? above_->source : *below_[level];
 }
 
@@ -178,7 +177,7 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
         return above_->source.tier->kind();
       }
     }
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
@@ -245,29 +244,21 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
       Bump(counters_.reserve_failures);
       continue;
     }
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     {
       // Claim the key first so that a concurrent writer sees it as taken.
       std::lock_guard lock(shard.mu);
-      auto [it, inserted] = shard.index.try_emplace(key);
-      if (!inserted) {
-        grant.status = AlreadyExists("block " + key.ToHex() + " is " +
-                                     (it->second.cached() ? "cached" : it->second.promoting() ? "being read in"
-                                                                                              : "being written"));
+      if (Status taken = shard.Reserve(key, ns, sizes[i], connection); !taken.ok()) {
+        grant.status = std::move(taken);
         continue;
       }
-      it->second.ns = ns;
-      it->second.size = sizes[i];
-      it->second.writer = connection;
-      shard.reserved[connection].insert(key);
     }
     Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     if (!extent.ok()) {
-      shard.index.erase(it);
-      EndReservation(shard, connection, key);
+      shard.DropReservation(connection, key);
       grant.status = extent.status();
       Bump(counters_.reserve_failures);
       continue;
@@ -310,13 +301,13 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     const std::span<const uint64_t> sent_layers =
         layers_sent ? layer_checksums.subspan(next_sent, SentLayers(layers)) : std::span<const uint64_t>();
     next_sent += SentLayers(layers);
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     HostTier::Extent extent;
     uint64_t size = 0;
     {
       std::lock_guard lock(shard.mu);
       auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection ||
+      if (it == shard.index.end() || it->second.state() != BlockState::kReserved || it->second.writer != connection ||
           it->second.ns != ns) {
         out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
                                     " is not reserved by this connection");
@@ -327,7 +318,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
         out[i] = InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " +
                                  std::to_string(it->second.size) + " bytes, committed " +
                                  std::to_string(sizes[i]) + "; the reservation is dropped");
-        DropReservation(shard, host_, connection, key);
+        shard.DropReservation(connection, key);
         Bump(counters_.commit_failures);
         continue;
       }
@@ -358,22 +349,13 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
       out[i] = Corruption("block " + key.ToHex() + ": its bytes do not match the " +
                           (whole_differs ? "checksum" : "layer checksums") +
                           " the client sent; the reservation is dropped");
-      DropReservation(shard, host_, connection, key);
+      shard.DropReservation(connection, key);
       Bump(counters_.commit_failures);
       continue;
     }
-    BlockEntry& entry = it->second;
-    entry.checksum = checksum;
-    entry.layer_checksums = std::move(layer_sums);
-    entry.state = BlockState::kCommitted;
-    entry.writer = 0;
-    entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
-    entry.last_use_us = now;
-    shard.committed.emplace(entry.handle, key);
-    shard.policy->OnInsertKeyed(entry.handle, key, now);
-    shard.stored_bytes += entry.size;
-    EndReservation(shard, connection, key);
-    Publish(host_, key, entry);
+    shard.CommitReserved(it, connection, checksum, std::move(layer_sums),
+                         next_handle_.fetch_add(1, std::memory_order_relaxed), now);
+    const BlockEntry& entry = it->second;
     Bump(counters_.commits);
     Bump(counters_.host_committed_bytes, static_cast<int64_t>(entry.size));
     if (!checksums.empty()) Bump(counters_.commit_checksums_sent);
@@ -384,257 +366,12 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
 size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   size_t aborted = 0;
   for (const BlockKey& key : keys) {
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
-    if (DropReservation(shard, host_, connection, key)) ++aborted;
+    if (shard.DropReservation(connection, key)) ++aborted;
   }
   Bump(counters_.aborts, static_cast<int64_t>(aborted));
   return aborted;
-}
-
-PinGrant Engine::PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key,
-                           uint64_t now_us, bool with_layers) {
-  BlockEntry& entry = shard.index.at(key);
-  if (entry.pins++ == 0) {
-    shard.policy->OnPin(entry.handle);
-    entry.state = BlockState::kPinned;
-  }
-  entry.hits++;
-  if (EndPrefetched(shard, entry)) {
-    prefetch_budget_freed_.store(true, std::memory_order_relaxed);
-    Bump(counters_.prefetches_on_time);
-  }
-  entry.last_use_us = now_us;
-  const LeaseId lease = shard.leases.Grant(connection, key, entry.handle);
-  Bump(counters_.pins);
-  Bump(counters_.host_pinned_bytes, static_cast<int64_t>(entry.size));
-  PinGrant grant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum, 0, 0, {}};
-  if (with_layers) {
-    const uint32_t layers = LayoutOf(entry.ns, entry.size).layer_count;
-    grant.layer_checksums = LayerChecksumsOf(entry, layers, 0, layers);
-  }
-  return grant;
-}
-
-std::vector<uint64_t> Engine::LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
-                                               uint32_t last) {
-  if (layer_count <= 1) return {entry.checksum};
-  // Every committed block of several layers has them (Commit, promotion);
-  // none here only for a layout registered after the block was committed.
-  if (entry.layer_checksums.size() != layer_count || first >= last || last > layer_count) return {};
-  return std::vector<uint64_t>(entry.layer_checksums.begin() + first, entry.layer_checksums.begin() + last);
-}
-
-NamespaceLayout Engine::LayoutOf(const NamespaceFingerprint& ns, uint64_t size) {
-  std::lock_guard lock(namespaces_mu_);
-  auto it = namespaces_.find(ns);
-  if (it != namespaces_.end() && it->second.block_bytes == size && it->second.layer_count > 0) return it->second;
-  return NamespaceLayout{1, size};
-}
-
-namespace {
-
-// Checks `layers` against a block of `layer_count` layers.
-Status CheckSpan(LayerSpan layers, uint32_t layer_count, const BlockKey& key) {
-  if (layers.first < layers.last && layers.last <= layer_count) return Status::Ok();
-  return InvalidArgument("layer range [" + std::to_string(layers.first) + ", " + std::to_string(layers.last) +
-                         ") is not within the " + std::to_string(layer_count) + " layers of block " + key.ToHex());
-}
-
-}  // namespace
-
-void Engine::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
-                      LayerSpan layers) {
-  auto batch = std::make_shared<PinBatch>();
-  batch->connection = connection;
-  batch->done = std::move(done);
-  RunPins(batch, ns, keys, layers);
-}
-
-void Engine::RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
-                     std::span<const BlockKey> keys, LayerSpan layers) {
-  ProbeUnknown(ns, keys);
-  PinClaims claims = ClaimPins(batch, ns, keys, layers);
-  for (const auto& p : claims.promote) Promote(p.key, p.from);
-  for (const auto& r : claims.read_layers) ReadLayers(batch, r.index, r.key, r.from, layers);
-  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  // A prefetched block was used: the budget it held may go to the next
-  // queued requests.
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
-}
-
-void Engine::ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  if (!probing_) return;
-  std::vector<BlockKey> unknown;
-  for (const BlockKey& key : keys) {
-    EngineShard& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
-    if (shard.index.count(key) != 0 || shard.demoting.count(key) != 0) continue;
-    if (!FindOutside(key, ns)) unknown.push_back(key);
-  }
-  if (unknown.empty()) return;
-  for (const auto& b : below_) b->tier->Probe(ns, unknown);
-}
-
-Engine::PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
-                                    std::span<const BlockKey> keys, LayerSpan layers) {
-  const ConnectionId connection = batch->connection;
-  batch->grants.resize(keys.size());
-  // Only a load (on_resolve) reads which keys waited: a plain Pin does not
-  // pay for the vector.
-  if (batch->on_resolve) batch->waiting.assign(keys.size(), false);
-  const uint64_t now = clock_.NowUs();
-  PinClaims claims;
-  auto wait_for = [&batch](size_t i) {
-    batch->outstanding.fetch_add(1, std::memory_order_relaxed);
-    if (!batch->waiting.empty()) batch->waiting[i] = true;
-  };
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    EngineShard& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
-      if (layers.whole()) {
-        batch->grants[i] = PinLocked(shard, connection, key, now, batch->with_layers);
-        continue;
-      }
-      const NamespaceLayout layout = LayoutOf(ns, it->second.size);
-      if (Status s = CheckSpan(layers, layout.layer_count, key); !s.ok()) {
-        batch->grants[i].status = s;
-        continue;
-      }
-      const uint64_t layer_bytes = it->second.size / layout.layer_count;
-      PinGrant grant = PinLocked(shard, connection, key, now);
-      grant.offset += layers.first * layer_bytes;
-      grant.length = (layers.last - layers.first) * layer_bytes;
-      grant.block_offset = it->second.extent.offset;  // `checksum` stays the whole block's
-      grant.block_length = it->second.size;
-      grant.layer_checksums = LayerChecksumsOf(it->second, layout.layer_count, layers.first, layers.last);
-      batch->grants[i] = grant;
-      continue;
-    }
-    if (it == shard.index.end()) {
-      auto demoting = shard.demoting.find(key);
-      if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
-        // Evicted a moment ago and not yet readable on NVMe: try again
-        // once its write ends (it does, with success or an error).
-        wait_for(i);
-        demoting->second.waiters.push_back([this, batch, i, key, ns, layers] { RetryPin(batch, i, key, ns, layers); });
-        continue;
-      }
-    }
-    if (!layers.whole()) {
-      // Not in the host tier (or still being promoted): read just the
-      // layers from below, which keeps its copy while a promotion runs.
-      std::optional<Located> below = FindOutside(key, ns);
-      if (!below) {
-        batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
-        Bump(counters_.pin_misses);
-        continue;
-      }
-      if (Status s = CheckSpan(layers, below->info.layer_count, key); !s.ok()) {
-        batch->grants[i].status = s;
-        continue;
-      }
-      wait_for(i);
-      claims.read_layers.push_back(PinClaim{i, key, *below});
-      continue;
-    }
-    if (it != shard.index.end() && it->second.state == BlockState::kPromoting && it->second.ns == ns) {
-      // A prefetch still reading when its block is asked for came late;
-      // the block is in use now, no longer held against the prefetch budget.
-      if (EndPrefetched(shard, it->second)) {
-        prefetch_budget_freed_.store(true, std::memory_order_relaxed);
-        Bump(counters_.prefetches_late);
-      }
-      wait_for(i);
-      shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
-      continue;
-    }
-    std::optional<Located> below;
-    if (it == shard.index.end()) below = FindOutside(key, ns);
-    if (!below) {
-      batch->grants[i].status = NotFound("block " + key.ToHex() + " is not cached");
-      Bump(counters_.pin_misses);
-      continue;
-    }
-    // Claim the key: later pins wait for this promotion, writers see it taken.
-    BlockEntry& entry = shard.index[key];
-    entry.ns = ns;
-    entry.size = below->info.payload_bytes;
-    entry.state = BlockState::kPromoting;
-    wait_for(i);
-    shard.promotion_waiters[key].push_back(PromotionWaiter{batch, i});
-    claims.promote.push_back(PinClaim{i, key, *below});
-  }
-  return claims;
-}
-
-std::vector<PinGrant> Engine::Pin(ConnectionId connection, const NamespaceFingerprint& ns,
-                                  std::span<const BlockKey> keys, LayerSpan layers) {
-  std::promise<std::vector<PinGrant>> promise;
-  auto future = promise.get_future();
-  PinAsync(connection, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-           [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); }, layers);
-  return future.get();
-}
-
-void Engine::RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
-                      const NamespaceFingerprint& ns, LayerSpan layers) {
-  auto retry = std::make_shared<PinBatch>();
-  retry->connection = batch->connection;
-  retry->with_layers = batch->with_layers;
-  retry->done = [batch, index](std::vector<PinGrant> grants) { Resolve(batch, index, std::move(grants[0])); };
-  RunPins(retry, ns, {&key, 1}, layers);
-}
-
-std::vector<Status> Engine::Release(ConnectionId connection, std::span<const LeaseId> leases) {
-  std::vector<Status> out(leases.size());
-  const uint64_t now = clock_.NowUs();
-  for (size_t i = 0; i < leases.size(); ++i) {
-    const LeaseId lease = leases[i];
-    const size_t shard_index = LeaseShard(lease);
-    Bump(counters_.releases);
-    if (shard_index >= shards_.size()) {
-      out[i] = NotFound("lease " + std::to_string(lease) + " is not held (unknown or already released)");
-      Bump(counters_.release_failures);
-      continue;
-    }
-    EngineShard& shard = *shards_[shard_index];
-    std::lock_guard lock(shard.mu);
-    Result<LeaseRecord> record = shard.leases.Take(connection, lease);
-    if (!record.ok()) {
-      out[i] = record.status();
-      Bump(counters_.release_failures);
-      continue;
-    }
-    EndTransient(Unpin(shard, host_, *record, now));
-  }
-  return out;
-}
-
-size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  const uint64_t now = clock_.NowUs();
-  size_t counted = 0;
-  for (const BlockKey& key : keys) {
-    EngineShard& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
-    it->second.hits++;
-    if (EndPrefetched(shard, it->second)) {
-      prefetch_budget_freed_.store(true, std::memory_order_relaxed);
-      Bump(counters_.prefetches_on_time);
-    }
-    it->second.last_use_us = now;
-    shard.policy->OnAccess(it->second.handle, now);
-    ++counted;
-  }
-  Bump(counters_.directory_uses, static_cast<int64_t>(counted));
-  Bump(counters_.directory_stale_uses, static_cast<int64_t>(keys.size() - counted));
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
-  return counted;
 }
 
 void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks) {
@@ -651,7 +388,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
   EndHolds(ns, keys);  // an erased block is held no longer (engine_holds.cc)
   size_t erased = 0;
   for (const BlockKey& key : keys) {
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     bool found = false;
@@ -661,17 +398,17 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
     bool moving = false;
     if (it != shard.index.end() && it->second.ns == ns) {
       if (it->second.cached()) {
-        RemoveCommitted(shard, host_, it);
+        shard.RemoveCommitted(it);
         found = true;
       } else if (it->second.promoting()) {
-        it->second.state = BlockState::kErasedWhilePromoting;
+        shard.EraseWhilePromoting(it);
         moving = true;
       }
     }
     auto demoting = shard.demoting.find(key);
     if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
       // A write not started yet never starts, one done is undone.
-      demoting->second.state = BlockState::kErasedWhileDemoting;
+      shard.EraseWhileDemoting(demoting);
       moving = true;
     }
     for (const auto& b : below_) {
@@ -687,31 +424,13 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 
 void Engine::CloseConnection(ConnectionId connection) {
   DropQueuedRequests(connection);
-  std::vector<uint64_t> open_loads;
-  {
-    std::lock_guard lock(loads_mu_);
-    auto it = loads_.find(connection);
-    if (it != loads_.end()) {
-      for (const auto& [id, load] : it->second) open_loads.push_back(id);
-    }
-  }
-  for (uint64_t id : open_loads) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
+  for (uint64_t id : loads_.Ids(connection)) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
-    EngineShard& shard = *shard_ptr;
+    BlockIndex& shard = *shard_ptr;
     std::lock_guard lock(shard.mu);
-    auto node = shard.reserved.extract(connection);
-    if (!node.empty()) {
-      for (const BlockKey& key : node.mapped()) {
-        auto it = shard.index.find(key);
-        if (it == shard.index.end() || it->second.state != BlockState::kReserved || it->second.writer != connection) {
-          continue;
-        }
-        if (it->second.allocated) host_.Free(it->second.extent);
-        shard.index.erase(it);
-      }
-    }
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(Unpin(shard, host_, record, now));
+    shard.DropReservations(connection);
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
   }
   if (ReleaseNamespaces(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);

@@ -61,10 +61,15 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
+#include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/queued_keys.h"
+#include "daemon/engine/engine_counters.h"
+#include "daemon/engine/engine_levels.h"
+#include "daemon/engine/engine_types.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
@@ -77,128 +82,9 @@
 
 namespace kvtier {
 
-using ConnectionId = uint64_t;  // also in daemon/engine/block_entry.h
-using LeaseId = uint64_t;
-// The connection the host tier's BlockTier face (HostBlockTier) reserves
-// and pins under; the server numbers its connections from 1 upwards.
-constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};
-// The connection operator holds (Engine::Hold, `kvtier pin`) pin under; no
-// client connection ever gets it.
-constexpr ConnectionId kHoldConnection = ~ConnectionId{0} - 1;
 
-struct EngineOptions {
-  uint32_t shards = 8;          // 1..256
-  std::string eviction = "lru"; // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
-  // For Create with one tier below the host: which evicted blocks it gets,
-  // "all" | "second_hit" | "dwpd" (then `dwpd` must validate).
-  std::string admission = "all";
-  DwpdOptions dwpd;
-  // queue_aware: a victim some queued request needs within this window is
-  // demoted to the first tier below whatever its class, as long as that
-  // tier's write budget (if any) can pay for it; past the budget it goes
-  // through admission like any other block.
-  uint64_t lookahead_us = 2'000'000;
-  // Prefetch (queue hints + a tier below): lower-tier prefix blocks of
-  // queued requests are read into the host tier before their start, at
-  // most this share of the host capacity per plan, skipping hits shorter
-  // than prefetch_min_blocks. 0 turns prefetch off.
-  double prefetch_share = 0.25;
-  uint32_t prefetch_min_blocks = 2;
-  // Queue hints one connection may hold at once: requests, and chain keys
-  // over all of them. Past either, that connection's Enqueue is Busy;
-  // other connections are unaffected.
-  // Layer-range reads of blocks below the host tier land in transient arena
-  // space held by their lease: at most this share of the host capacity at
-  // once (more: Busy for that key), so layer reads never push the host
-  // tier's blocks out beyond it.
-  double layer_read_share = 0.125;
-  // Demotions a busy tier below cannot take at once wait, copied out of
-  // the arena, in the demoter (a mover thread) for room there: at most
-  // this many bytes. Past it, such a victim is dropped (counted).
-  uint64_t demotion_buffer_bytes = 256ull << 20;
-  size_t max_queued_requests_per_connection = 8192;
-  size_t max_queued_keys_per_connection = size_t{1} << 20;
-  // Commit hashes every block even when the client sent its checksum, and
-  // fails a block whose bytes do not match (host.verify_commits). Off: a
-  // client's checksum is recorded as sent (one pass less over the bytes);
-  // demotion and verifying readers still check the bytes against it.
-  bool verify_commits = false;
-};
-
-// What a Reserve says of its keys' chain: with `chain` they are consecutive
-// blocks of one prefix chain, root first (keys[i - 1] is keys[i]'s parent),
-// and `parent`, if any, is keys[0]'s parent.
-struct ReserveChain {
-  bool chain = false;
-  std::optional<BlockKey> parent;
-};
-
-struct SlotGrant {
-  Status status;  // ok, AlreadyExists, NoSpace, InvalidArgument
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
-
-struct PinGrant {
-  Status status;  // ok or NotFound
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  LeaseId lease = 0;
-  // The block's xxh3-64; for a layer range of a host block the whole
-  // block's, which lies at [block_offset, block_offset + block_length) in
-  // the arena (so a reader can verify the range within it); 0 for a layer
-  // range read from below (only its layers are in the arena).
-  uint64_t checksum = 0;
-  uint64_t block_offset = 0;
-  uint64_t block_length = 0;
-  // The xxh3-64 of each layer granted: for a layer range, its layers (as
-  // committed, or as the tier below verified them); for a whole block,
-  // every layer's, only when the pin asked for them (a verifying load),
-  // else empty. A block of one layer has its whole checksum as layer 0's.
-  std::vector<uint64_t> layer_checksums;
-};
-
-struct LookupOutcome {
-  size_t prefix_blocks = 0;
-  std::vector<Tier> tiers;
-};
-
-// A Lookup made a few keys at a time (Engine::LookupSome): what it found so
-// far, where it goes on, and whether the tiers below were probed.
-struct LookupCursor {
-  LookupOutcome out;  // prefix_blocks is set once done
-  size_t next = 0;    // the index of the next key to place
-  bool probed = false;
-  bool done = false;  // a key missed, or every key was placed
-};
-
-// How a namespace's blocks split into layers (from its descriptor).
-struct NamespaceLayout {
-  uint32_t layer_count = 1;
-  uint64_t block_bytes = 0;  // bytes of a whole block
-};
-
-// Layers [first, last) of a block; {0, 0} means the whole block. A block is
-// layer-major with its namespace's layer_count equal layers when it has the
-// namespace's block size, else it is one layer.
-struct LayerSpan {
-  uint32_t first = 0;
-  uint32_t last = 0;
-  bool whole() const { return first == 0 && last == 0; }
-};
-
-// One tier under the host tier, as the engine's stack is built.
-struct LowerTier {
-  BlockTier* tier = nullptr;  // borrowed; outlives the Engine
-  // Which blocks evicted from the tier above it takes: "all" |
-  // "second_hit" | "dwpd" (then `dwpd` must validate) | "rate" (then
-  // `rate_bytes_per_second` must be positive).
-  std::string admission = "all";
-  DwpdOptions dwpd;
-  uint64_t rate_bytes_per_second = 0;
-};
-
-struct EngineShard;
+class BlockIndex;
+struct LoadRecord;
 struct PinBatch;
 struct BlockEntry;
 class HostBlockTier;
@@ -245,18 +131,8 @@ class Engine {
   // Namespaces and where their blocks are (engine_namespaces.cc): every
   // namespace with a block in some tier, plus those registered since
   // start. O(blocks of every tier).
-  struct TierUse {
-    std::string tier;  // "hbm", "host", "nvme", ...: the stack, top first
-    uint64_t blocks = 0;
-    uint64_t bytes = 0;  // payload bytes
-  };
-  struct NamespaceUse {
-    NamespaceFingerprint ns;
-    // Known when a client registered the namespace since this daemon
-    // started (a namespace found only in a persistent tier is not).
-    std::optional<NamespaceDescriptor> descriptor;
-    std::vector<TierUse> tiers;  // one per tier of the stack, top first
-  };
+  using TierUse = EngineTierUse;
+  using NamespaceUse = EngineNamespaceUse;
   std::vector<NamespaceUse> NamespaceUses() const;
   // Registered namespaces of `model_id` (and of `model_revision`, unless
   // it is empty).
@@ -405,29 +281,7 @@ class Engine {
   // layer lands it is committed in the host tier (and later pins wait for
   // it meanwhile). Blocks are whole blocks of the namespace's registered
   // layout.
-  struct LoadStart {
-    uint64_t load = 0;  // for EndLoad
-    uint64_t board_offset = 0;
-    uint64_t board_bytes = 0;
-    uint32_t layers = 1;
-    uint64_t layer_bytes = 0;
-    // Per key: Ok (loading or loaded: see the board), or why it will not
-    // load (NotFound, InvalidArgument: not a whole block, NoSpace...).
-    std::vector<Status> blocks;
-    // The slowest tier a block is read from (kHost: every block was a host
-    // hit), and the bytes a layer reads from the tiers below.
-    Tier source = Tier::kHost;
-    uint64_t below_bytes_per_layer = 0;
-    // With `verify`: per key settled at once (a host hit), its checksum and
-    // its layers' (empty when its writer sent none: the reader checks it
-    // whole); empty for the others (on the board when they land).
-    struct BlockChecksums {
-      bool settled = false;  // the block was settled at once; else nothing here
-      uint64_t block = 0;
-      std::vector<uint64_t> layers;
-    };
-    std::vector<BlockChecksums> layer_checksums;
-  };
+  using LoadStart = EngineLoadStart;
   static constexpr size_t kMaxLoadsPerConnection = 64;
   static constexpr size_t kMaxLoadBlocks = size_t{1} << 16;
   //
@@ -472,16 +326,7 @@ class Engine {
   // eviction; until then it stays pinned (engine.pinned_blocks) but no
   // longer counts in engine.holds. Holds live in memory: a restart forgets
   // them.
-  struct HoldResult {
-    // ok (held, or pending), NotFound (cached in no tier, or its namespace
-    // was dropped meanwhile), NoSpace (no host room to read it into),
-    // Busy (the tier below stayed busy), InvalidArgument (bad TTL).
-    Status status;
-    // ok but not yet held: the block is on its way into the host tier
-    // (read from a tier below, or its demotion ends first); it is held from
-    // when it lands, unless that read fails (engine.hold_failures).
-    bool pending = false;
-  };
+  using HoldResult = EngineHoldResult;
   static constexpr uint64_t kMaxHoldTtlUs = 30ull * 24 * 3600 * 1'000'000;  // 30 days
   // Holds `keys` of `ns` for `ttl_us` from now (1..kMaxHoldTtlUs, else
   // InvalidArgument for every key). A key this namespace holds already
@@ -534,27 +379,22 @@ class Engine {
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
-  // A block found outside the host tier: the tier holding it.
+  // Located::level of the tier above the host.
   static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();
-  struct Located {
-    size_t level = 0;  // index into below_, or kAboveLevel
-    BlockTier::BlockInfo info;
-  };
   // The highest tier below the host holding `key` under `ns`. Takes only
   // the tiers' leaf locks (callable under a shard lock).
   std::optional<Located> FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const;
   // Where a pin of `key` missing from the host tier reads it from: the
   // tier above (the fastest) if it holds it, else FindBelow.
   std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const;
-  struct Below;
   // The record of the tier a Located names.
-  Below& SourceAt(size_t level);
+  TierLevel& SourceAt(size_t level);
 
-  EngineShard& ShardFor(const BlockKey& key);
+  BlockIndex& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
   // Pins the committed `entry` of `key` for `connection`, with every
   // layer's checksum when `with_layers`. Caller holds the shard lock.
-  PinGrant PinLocked(EngineShard& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
+  PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers = false);
   // Reads `key` from the tier it was found in into new arena space, then
   // pins it for its waiters. Runs without locks. A tier out of read
@@ -572,17 +412,6 @@ class Engine {
   // Runs without locks.
   void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
                   LayerSpan layers);
-  // What ClaimPins left to start: blocks it claimed for promotion (a
-  // kPromoting entry with `batch`'s slot among its waiters) and blocks
-  // whose layer range is to be read from below.
-  struct PinClaim {
-    size_t index = 0;
-    BlockKey key;
-    Located from;
-  };
-  struct PinClaims {
-    std::vector<PinClaim> promote, read_layers;
-  };
   // PinAsync's first half: settles every key it can inline (host hits,
   // misses, bad spans) in batch->grants; the keys that wait for a
   // promotion, a demotion or a layer read are counted in
@@ -596,7 +425,6 @@ class Engine {
                       std::span<const BlockKey> keys, LayerSpan layers);
   // Layer-wise loads (engine_load.cc): a load's record and board, and the
   // stream of layer reads of the blocks it promotes.
-  struct LoadRecord;
   struct LayerStream;
   // A block of `load` resolved (pinned for it, or failed): the board
   // says so, and a pin that came after EndLoad is released.
@@ -657,8 +485,8 @@ class Engine {
   // (reads in flight together each take longer than the tier's rate
   // says). Every read started calls ReadEnded once (0 bytes: failed).
   static constexpr uint64_t kBandwidthSampleBytes = 64ull << 20;
-  void ReadStarted(Below& below);
-  void ReadEnded(Below& below, uint64_t bytes);
+  void ReadStarted(TierLevel& below);
+  void ReadEnded(TierLevel& below, uint64_t bytes);
   // Allocates `bytes`, evicting least-valuable unpinned blocks as needed,
   // but never more than kEvictionBytesFactor times the allocation's size
   // class (and at least kMinVictimsPerAllocation blocks): past that, NoSpace
@@ -700,11 +528,6 @@ class Engine {
                     uint64_t epoch);
   size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   void EndNamespaceHolds(const NamespaceFingerprint& ns);
-  // Sets `key`'s expiry (holds_mu_ held).
-  void SetHoldExpiry(const BlockKey& key, uint64_t expires_us);
-  // Removes `key`'s hold record, if any, and returns its lease (0: none)
-  // (holds_mu_ held).
-  LeaseId TakeHold(const BlockKey& key);
 
   // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
   // Takes its shard's lock: call with none held.
@@ -724,41 +547,10 @@ class Engine {
   HostTier& host_;
   const Clock& clock_;
   // The tiers below the host, highest first.
-  struct Below {
-    // The tier as the engine calls it: through its MeasuredTier (latency,
-    // bytes), which forwards to the tier it was given.
-    BlockTier* tier = nullptr;
-    std::unique_ptr<MeasuredTier> measured;
-    std::unique_ptr<TierAdmission> admission;
-    BandwidthEstimate read_bandwidth{1e9};  // guarded by bandwidth_mu_; 1 GB/s until measured
-    // The read meter (ReadStarted/ReadEnded), guarded by bandwidth_mu_.
-    int64_t reads_in_flight = 0;
-    uint64_t busy_since_us = 0;  // the current busy period's start (or last sample)
-    uint64_t busy_bytes = 0;     // read since then
-    std::atomic<int64_t> lookup_hits{0};
-    std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
-    std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
-  };
-  std::vector<std::unique_ptr<Below>> below_;
+  std::vector<std::unique_ptr<TierLevel>> below_;
   bool probing_ = false;  // some tier of below_ probes (BlockTier::probes), set at Create
-  // The tier above the host: its source record (read meter, lookup hits)
-  // and its LRU. Null without one.
-  struct Above {
-    Below source;
-    std::mutex mu;  // a leaf
-    std::list<BlockKey> lru;  // guarded by mu: most recently used first
-    struct Resident {
-      NamespaceFingerprint ns;
-      std::list<BlockKey>::iterator at;
-    };
-    std::unordered_map<BlockKey, Resident> resident;  // guarded by mu
-    std::unordered_set<BlockKey> offered;    // guarded by mu: copies up queued, running or being written
-    std::unordered_set<BlockKey> cancelled;  // guarded by mu: offered keys erased meanwhile
-    std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
-    std::atomic<int64_t> copies_up{0}, copy_up_skips{0}, copy_up_failures{0}, offers_dropped{0};
-    std::atomic<int64_t> evictions{0}, demotions_to_host{0}, demotion_failures{0}, in_place_blocks{0};
-  };
-  std::unique_ptr<Above> above_;
+  // The tier above the host (engine_levels.h); null without one.
+  std::unique_ptr<AboveLevel> above_;
   std::once_flag host_copy_measured_;
   double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
   const uint64_t lookahead_us_;
@@ -794,7 +586,7 @@ class Engine {
   int64_t io_in_flight_ = 0;  // guarded by io_mu_: promotions and demotions
   std::condition_variable demotion_finished_;
   uint64_t demotions_finished_ = 0;  // guarded by io_mu_
-  std::vector<std::unique_ptr<EngineShard>> shards_;
+  std::vector<std::unique_ptr<BlockIndex>> shards_;
   // Queued requests by (connection, request id): the shards holding a
   // part of their chain, under the engine-wide id the policies know.
   struct QueuedRequest {
@@ -831,65 +623,14 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
-  mutable std::mutex loads_mu_;
-  // Each connection's open loads by id.
-  std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_;  // guarded by loads_mu_
-  uint64_t next_load_ = 1;  // guarded by loads_mu_
+  // Each connection's open loads (load_table.h).
+  LoadTable loads_{kMaxLoadsPerConnection};
   std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
-  // Operator holds by key (engine_holds.cc), their expiries in order, and
-  // how often each namespace was dropped (a hold landing after a drop of
-  // its namespace that began after the hold is undone).
-  struct HoldRecord {
-    NamespaceFingerprint ns;
-    LeaseId lease = 0;
-    uint64_t bytes = 0;
-    uint64_t expires_us = 0;
-  };
-  mutable std::mutex holds_mu_;  // a leaf: nothing else is taken under it
-  std::unordered_map<BlockKey, HoldRecord> holds_;                    // guarded by holds_mu_
-  std::set<std::pair<uint64_t, BlockKey>> hold_expiries_;             // guarded by holds_mu_
-  std::unordered_map<NamespaceFingerprint, uint64_t> hold_drops_;     // guarded by holds_mu_
-  // The earliest expiry in hold_expiries_ (max: none), read without the lock.
-  std::atomic<uint64_t> next_hold_expiry_us_{std::numeric_limits<uint64_t>::max()};
+  // Operator holds (engine_holds.cc, hold_table.h).
+  HoldTable holds_;
 
-  // Monotonic event counters (gauges are computed from the shards).
-  struct Counters {
-    std::atomic<int64_t> lookups{0}, lookup_keys{0}, lookup_hit_blocks{0};
-    // Per-tier views: lookups that ended before their last key (the key
-    // missed in every tier), keys the host tier answered, bytes committed
-    // into and pinned from the host tier.
-    std::atomic<int64_t> lookup_misses{0}, host_lookup_hits{0}, host_committed_bytes{0}, host_pinned_bytes{0};
-    // Prefetched blocks first used after their read ended (on time), while
-    // it was still running (late), or evicted never used (unused).
-    std::atomic<int64_t> prefetches_on_time{0}, prefetches_late{0}, prefetches_unused{0};
-    std::atomic<int64_t> reserves{0}, reserve_failures{0};
-    std::atomic<int64_t> commits{0}, commit_failures{0}, aborts{0};
-    std::atomic<int64_t> pins{0}, pin_misses{0}, releases{0}, release_failures{0};
-    std::atomic<int64_t> erases{0}, evictions{0}, eviction_failures{0};
-    std::atomic<int64_t> connections_closed{0};
-    std::atomic<int64_t> promotions{0}, promotion_failures{0}, demotions{0}, demotion_rejections{0};
-    std::atomic<int64_t> demotion_failures{0}, admission_drops{0};
-    std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
-    std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
-    std::atomic<int64_t> layer_reads{0}, layer_reads_busy{0}, eviction_bound_hits{0};
-    std::atomic<int64_t> demotion_waits{0};   // demoter waits for a busy tier below
-    std::atomic<int64_t> demotions_queued{0};  // demotions a busy tier left to the demoter
-    std::atomic<int64_t> demotion_busy_drops{0};  // dropped: tier busy, demoter full or wait over
-    std::atomic<int64_t> promotion_retries{0}, prefetch_plans_busy{0};
-    std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
-    // Blocks clients reported as not matching their checksums: checked,
-    // confirmed and dropped, found intact (kept).
-    std::atomic<int64_t> corrupt_reports{0}, corrupt_drops{0}, corrupt_reports_refuted{0};
-    std::atomic<int64_t> directory_uses{0}, directory_stale_uses{0}, local_lookups{0}, bad_usage_reports{0};
-    std::atomic<int64_t> chain_links{0};            // keys reserved with their chain links (lineage)
-    std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent
-    std::atomic<int64_t> loads{0}, load_blocks{0}, load_streamed_blocks{0}, load_layer_reads{0};
-    std::atomic<int64_t> load_failed_blocks{0}, load_busy_retries{0};
-    // Holds released at their expiry, ended (Unhold, drop, erase), and
-    // pending ones that never landed (read failed, namespace dropped).
-    std::atomic<int64_t> holds_expired{0}, holds_ended{0}, hold_failures{0};
-  };
-  mutable Counters counters_;
+  // Monotonic event counters (engine_counters.h).
+  mutable EngineCounters counters_;
 
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter

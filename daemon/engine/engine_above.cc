@@ -22,7 +22,7 @@
 
 #include "common/logging.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 #include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
@@ -128,7 +128,7 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
         erased = above_->cancelled.erase(key) != 0;
         if (s.ok() && !erased && above_->resident.count(key) == 0) {
           above_->lru.push_front(key);
-          above_->resident.emplace(key, Above::Resident{ns, above_->lru.begin()});
+          above_->resident.emplace(key, AboveLevel::Resident{ns, above_->lru.begin()});
         }
       }
       if (s.ok() && erased) tier.Erase(key).IgnoreError();

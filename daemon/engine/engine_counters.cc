@@ -2,7 +2,7 @@
 // and the gauges computed from the shards, then every component below the
 // engine (host tier, movers, each tier and its admission).
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 #include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
@@ -54,8 +54,8 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     stored += static_cast<int64_t>(shard_ptr->stored_bytes);
     demoting += static_cast<int64_t>(shard_ptr->demoting.size());
     for (const auto& [key, entry] : shard_ptr->index) {
-      if (entry.state == BlockState::kReserved) ++reserved;
-      if (entry.state == BlockState::kPinned) ++pinned;
+      if (entry.state() == BlockState::kReserved) ++reserved;
+      if (entry.state() == BlockState::kPinned) ++pinned;
       if (entry.promoting()) ++promoting;
     }
   }
@@ -131,26 +131,14 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   // Operator holds in force (expired ones not yet released excluded) and
   // their bytes; holds released at expiry, ended otherwise, never landed.
   {
-    const uint64_t now = clock_.NowUs();
-    int64_t holds = 0, held_bytes = 0;
-    std::lock_guard lock(holds_mu_);
-    for (const auto& [key, hold] : holds_) {
-      if (hold.expires_us <= now) continue;
-      ++holds;
-      held_bytes += static_cast<int64_t>(hold.bytes);
-    }
-    v.VisitGauge("engine.holds", holds);
-    v.VisitGauge("engine.held_bytes", held_bytes);
+    const HoldTable::InForce held = holds_.CountInForce(clock_.NowUs());
+    v.VisitGauge("engine.holds", held.holds);
+    v.VisitGauge("engine.held_bytes", held.bytes);
   }
   v.Visit("engine.holds_expired", load(counters_.holds_expired));
   v.Visit("engine.holds_ended", load(counters_.holds_ended));
   v.Visit("engine.hold_failures", load(counters_.hold_failures));
-  {
-    std::lock_guard lock(loads_mu_);
-    int64_t open = 0;
-    for (const auto& [connection, loads] : loads_) open += static_cast<int64_t>(loads.size());
-    v.VisitGauge("engine.loads_open", open);
-  }
+  v.VisitGauge("engine.loads_open", loads_.OpenCount());
   VisitTierFamilies(v);
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);

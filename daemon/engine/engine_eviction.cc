@@ -7,7 +7,7 @@
 
 #include "common/check.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 #include "policy/demotion_target.h"
 
 namespace kvtier {
@@ -83,14 +83,14 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   // live in another shard. Uses are filled in under the lock.
   TierAdmission::Facts facts;
   if (!below_.empty()) facts = GatherFacts(best_key, 0);
-  EngineShard& shard = *shards_[best];
+  BlockIndex& shard = *shards_[best];
   std::unique_lock lock(shard.mu);
   auto candidate = shard.policy->Victim();
   if (!candidate || candidate->handle != best_handle) return true;  // raced with a pin or a use; the caller retries
   auto key = shard.committed.find(candidate->handle);
   KVTIER_CHECK(key != shard.committed.end(), "policy names an unknown block");
   auto it = shard.index.find(key->second);
-  KVTIER_CHECK(it != shard.index.end() && it->second.state == BlockState::kCommitted, "victim is pinned or missing");
+  KVTIER_CHECK(it != shard.index.end() && it->second.state() == BlockState::kCommitted, "victim is pinned or missing");
   facts.uses = it->second.hits;
   Bump(counters_.evictions);
   if (it->second.prefetched) Bump(counters_.prefetches_unused);  // read in for a request that never used it
@@ -111,34 +111,22 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   const bool held_below = choice.held_below;
   if (!target) {
     if (!below_.empty() && !held_below) Bump(counters_.admission_drops);
-    RemoveCommitted(shard, host_, it);
+    shard.RemoveCommitted(it);
     return true;
   }
   // Take it out of the index but keep its bytes until the tier has copied
   // them (Demote copies before it returns), outside the shard lock.
   const BlockKey victim = it->first;
-  const NamespaceFingerprint ns = it->second.ns;
-  const HostTier::Extent extent = it->second.extent;
-  const uint64_t size = it->second.size;
-  const uint64_t checksum = it->second.checksum;
-  EndPrefetched(shard, it->second);
-  Withdraw(host_, victim, it->second);
-  shard.policy->OnRemove(it->second.handle);
-  shard.committed.erase(it->second.handle);
-  shard.stored_bytes -= size;
-  shard.index.erase(it);
-  EngineShard::Demoting& demoting = shard.demoting[victim];
-  demoting.ns = ns;
-  demoting.level = *target;
+  const BlockEntry entry = shard.BeginDemotion(it, *target);
   lock.unlock();
-  Demote(*target, ns, victim, extent, size, checksum);
-  host_.Free(extent);
+  Demote(*target, entry.ns, victim, entry.extent, entry.size, entry.checksum);
+  host_.Free(entry.extent);
   return true;
 }
 
 bool Engine::HeldAnywhere(const BlockKey& key) {
   {
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     if (shard.index.count(key) > 0 || shard.demoting.count(key) > 0) return true;
   }

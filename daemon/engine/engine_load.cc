@@ -18,7 +18,8 @@
 
 #include "common/load_board.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
+#include "daemon/engine/load_table.h"
 
 namespace kvtier {
 namespace {
@@ -29,47 +30,6 @@ constexpr auto kStreamBusyWait = std::chrono::seconds(2);
 constexpr auto kStreamRetryPause = std::chrono::milliseconds(1);
 
 }  // namespace
-
-// One open load: what the board shows, kept on the daemon's side (the
-// board itself is never read back: the client can write it).
-struct Engine::LoadRecord {
-  ConnectionId connection = 0;
-  uint64_t id = 0;
-  HostTier::Extent board_extent;
-  uint32_t layers = 1;
-  uint64_t layer_bytes = 0;
-  bool verify = false;  // the board has the layer checksum table
-
-  std::mutex mu;  // a leaf: nothing else is taken under it
-  // All below guarded by mu.
-  LoadBoardWriter board;
-  std::vector<uint32_t> pending;  // per layer: blocks neither with it in place nor failed
-  std::vector<uint8_t> counted;   // block * layers + layer: taken out of `pending`
-  std::vector<LeaseId> leases;    // per block: the load's pin, 0 for none
-  // In place (BeginLoad's `in_place`): the keys, and the blocks held in
-  // the tier above at their offsets there (released at the end).
-  bool in_place = false;
-  NamespaceFingerprint ns;
-  std::vector<BlockKey> keys;
-  std::vector<std::pair<size_t, uint64_t>> held;
-  size_t unresolved = 0;          // blocks not yet loaded or failed
-  uint32_t ready = 0;             // layers published
-  bool ended = false;
-
-  // Takes layer `layer` of `block` out of `pending` (once) and publishes
-  // the layers now in place everywhere.
-  void Count(size_t block, uint32_t layer) {
-    uint8_t& c = counted[block * layers + layer];
-    if (c != 0) return;
-    c = 1;
-    --pending[layer];
-  }
-  void Advance() {
-    const uint32_t before = ready;
-    while (ready < layers && pending[ready] == 0) ++ready;
-    if (ready != before) board.PublishLayers(ready);
-  }
-};
 
 // The layer reads of a load's streamed blocks, in submission order.
 struct Engine::LayerStream {
@@ -138,21 +98,14 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     load->ns = ns;
     load->keys.assign(keys.begin(), keys.end());
   }
-  {
-    std::lock_guard lock(loads_mu_);
-    auto& open = loads_[connection];
-    if (open.size() >= kMaxLoadsPerConnection) {
-      return Busy("this connection holds " + std::to_string(open.size()) + " open loads; end some first");
-    }
-    load->id = next_load_++;
-    open.emplace(load->id, nullptr);  // the slot, filled below
-  }
+  Result<uint64_t> id = loads_.Open(connection);  // the slot, filled below
+  if (!id.ok()) return id.status();
+  load->id = *id;
   const size_t n = keys.size();
   const size_t board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
   Result<HostTier::Extent> board = AllocateWithEviction(board_bytes);
   if (!board.ok()) {
-    std::lock_guard lock(loads_mu_);
-    loads_[connection].erase(load->id);
+    loads_.Abandon(connection, load->id);
     return board.status();
   }
   load->board_extent = *board;
@@ -165,10 +118,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     load->leases.assign(n, 0);
     load->unresolved = n;
   }
-  {
-    std::lock_guard lock(loads_mu_);
-    loads_[connection][load->id] = load;
-  }
+  loads_.Fill(connection, load->id, load);
   Bump(counters_.loads);
   Bump(counters_.load_blocks, static_cast<int64_t>(n));
 
@@ -301,19 +251,7 @@ void Engine::EndLoadRecord(const std::shared_ptr<LoadRecord>& load) {
 }
 
 Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
-  std::shared_ptr<LoadRecord> load;
-  {
-    std::lock_guard lock(loads_mu_);
-    auto conn = loads_.find(connection);
-    if (conn != loads_.end()) {
-      auto it = conn->second.find(id);
-      if (it != conn->second.end() && it->second != nullptr) {
-        load = std::move(it->second);
-        conn->second.erase(it);
-        if (conn->second.empty()) loads_.erase(conn);
-      }
-    }
-  }
+  std::shared_ptr<LoadRecord> load = loads_.Take(connection, id);
   if (!load) return NotFound("load " + std::to_string(id) + " is not open on this connection");
   std::vector<LeaseId> leases;
   std::vector<std::pair<size_t, uint64_t>> held;
@@ -399,7 +337,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       BlockTier& tier = *SourceAt(b.level).tier;
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
-      Below& below = SourceAt(b.level);
+      TierLevel& below = SourceAt(b.level);
       lock.unlock();
       ReadStarted(below);
       // The layer's checksum from a tier that keeps them, or hashed when the

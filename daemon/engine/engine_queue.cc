@@ -5,7 +5,7 @@
 #include <unordered_map>
 
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 
 namespace kvtier {
 
@@ -166,7 +166,7 @@ size_t Engine::Prefetch() {
     for (const BlockKey& key : q.chain) {
       PrefetchBlock b{key, 0, BlockPlace::kNowhere};
       {
-        EngineShard& shard = ShardFor(key);
+        BlockIndex& shard = ShardFor(key);
         std::lock_guard lock(shard.mu);
         auto it = shard.index.find(key);
         if (it != shard.index.end() && it->second.ns == q.ns && (it->second.cached() || it->second.promoting())) {
@@ -209,15 +209,10 @@ size_t Engine::Prefetch() {
     if (!below) continue;  // evicted meanwhile
     {
       // Claim the key as a Pin's promotion does: pins wait for this read.
-      EngineShard& shard = ShardFor(a.key);
+      BlockIndex& shard = ShardFor(a.key);
       std::lock_guard lock(shard.mu);
       if (shard.index.count(a.key) != 0) continue;  // cached or being written meanwhile
-      BlockEntry& entry = shard.index[a.key];
-      entry.ns = ns;
-      entry.size = below->info.payload_bytes;
-      entry.state = BlockState::kPromoting;
-      entry.prefetched = true;
-      shard.prefetched_bytes += entry.size;
+      shard.BeginPromotion(a.key, ns, below->info.payload_bytes, /*prefetched=*/true);
     }
     prefetch_reads_.fetch_add(1, std::memory_order_acq_rel);
     Promote(a.key, *below);

@@ -9,7 +9,7 @@
 
 #include "common/checksum.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 
 namespace kvtier {
 namespace {
@@ -44,7 +44,7 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
   std::vector<ReportedBlock> held;
   const uint64_t now_us = clock_.NowUs();
   for (const BlockKey& key : keys) {
-    EngineShard& shard = ShardFor(key);
+    BlockIndex& shard = ShardFor(key);
     std::lock_guard lock(shard.mu);
     auto it = shard.index.find(key);
     // Only the host tier's copy was read; another namespace's block under
@@ -66,14 +66,14 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
       if (intact) {
         Bump(counters_.corrupt_reports_refuted);
       } else {
-        EngineShard& shard = ShardFor(r.key);
+        BlockIndex& shard = ShardFor(r.key);
         std::lock_guard lock(shard.mu);
         auto it = shard.index.find(r.key);
         // Still the block that was hashed (our pin kept its extent); a
         // pinned block becomes a zombie its last release frees.
         if (it != shard.index.end() && it->second.cached() && it->second.ns == ns &&
             it->second.extent.offset == r.pin.offset && it->second.checksum == r.pin.checksum) {
-          RemoveCommitted(shard, host_, it);
+          shard.RemoveCommitted(it);
           Bump(counters_.corrupt_drops);
           ++dropped;
         }

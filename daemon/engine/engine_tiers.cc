@@ -9,7 +9,7 @@
 
 #include "common/check.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 
 namespace kvtier {
 namespace {
@@ -34,17 +34,10 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     if (status.ok()) {
       // The transient extent lives as an invisible (zombie) entry held by
       // one lease: the last Release, or the connection's end, frees it.
-      EngineShard& shard = ShardFor(key);
+      BlockIndex& shard = ShardFor(key);
       std::lock_guard lock(shard.mu);
-      BlockEntry entry;
-      entry.extent = extent;
-      entry.size = bytes;
-      entry.state = BlockState::kLayerRead;
-      entry.allocated = true;
-      entry.pins = 1;
-      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
-      const LeaseId lease = shard.leases.Grant(batch->connection, key, entry.handle);
-      shard.zombies.emplace(entry.handle, std::move(entry));
+      const LeaseId lease = shard.AddLayerRead(key, extent, bytes, next_handle_.fetch_add(1, std::memory_order_relaxed),
+                                               batch->connection);
       grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0, 0, 0, std::move(layer_checksums)};
       Bump(counters_.pins);
       Bump(counters_.layer_reads);
@@ -69,7 +62,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
   }
   Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
   if (!extent.ok()) return finish(extent.status(), {}, {});
-  Below& below = SourceAt(from.level);
+  TierLevel& below = SourceAt(from.level);
   ReadStarted(below);
   // The tier's own checksums of the layers it verified travel with the
   // grant, so that a client that verifies checks the bytes it reads.
@@ -100,7 +93,7 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   const uint64_t checksum = from.info.payload_checksum;
   Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
-  Below& below = SourceAt(from.level);
+  TierLevel& below = SourceAt(from.level);
   ReadStarted(below);
   // With the layers' checksums, which the host entry records, from a tier
   // that keeps them (no extra pass); else a plain read (the block then has
@@ -141,7 +134,7 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
 
 void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
                              std::vector<uint64_t> layer_checksums) {
-  EngineShard& shard = ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   const uint64_t now = clock_.NowUs();
   if (status.ok() && !layer_checksums.empty()) {
     // The host entry keeps the layer checksums the tier verified when they
@@ -170,29 +163,19 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
     KVTIER_CHECK(it != shard.index.end() && it->second.promoting(), "promotion lost its entry");
     BlockEntry& entry = it->second;
     prefetched = entry.prefetched;
-    if (status.ok() && entry.state == BlockState::kErasedWhilePromoting) {
+    if (status.ok() && entry.state() == BlockState::kErasedWhilePromoting) {
       status = NotFound("block " + key.ToHex() + " was erased during its promotion");
     }
     if (status.ok()) {
-      entry.state = BlockState::kCommitted;  // kPinned with the waiters' pins below
-      entry.extent = extent;
-      entry.allocated = true;
-      entry.checksum = checksum;
-      entry.layer_checksums = std::move(layer_checksums);
-      entry.handle = next_handle_.fetch_add(1, std::memory_order_relaxed);
-      entry.last_use_us = now;
-      shard.committed.emplace(entry.handle, key);
-      shard.policy->OnInsertKeyed(entry.handle, key, now);
-      shard.stored_bytes += entry.size;
-      Publish(host_, key, entry);
+      // kCommitted, then kPinned with the waiters' pins below.
+      shard.CommitPromoted(it, extent, checksum, std::move(layer_checksums),
+                           next_handle_.fetch_add(1, std::memory_order_relaxed), now);
       for (const auto& w : waiters) {
         grants.push_back(PinLocked(shard, w.batch->connection, key, now, w.batch->with_layers));
       }
       Bump(counters_.promotions);
     } else {
-      EndPrefetched(shard, entry);
-      shard.index.erase(it);
-      if (extent.length != 0) host_.Free(extent);
+      shard.FailPromotion(it, extent);
       // No room (NoSpace) or a tier still busy after its retries (Busy) is
       // not a miss: the caller may try again.
       Status miss = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
@@ -213,7 +196,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   IoFinished();
 }
 
-void Engine::ReadStarted(Below& below) {
+void Engine::ReadStarted(TierLevel& below) {
   std::lock_guard lock(bandwidth_mu_);
   if (below.reads_in_flight++ == 0) {
     below.busy_since_us = clock_.NowUs();
@@ -221,7 +204,7 @@ void Engine::ReadStarted(Below& below) {
   }
 }
 
-void Engine::ReadEnded(Below& below, uint64_t bytes) {
+void Engine::ReadEnded(TierLevel& below, uint64_t bytes) {
   std::lock_guard lock(bandwidth_mu_);
   below.busy_bytes += bytes;
   const bool idle = --below.reads_in_flight == 0;
@@ -342,16 +325,16 @@ void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Blo
 }
 
 bool Engine::DemotionErased(const BlockKey& key) {
-  EngineShard& shard = ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.demoting.find(key);
-  return it != shard.demoting.end() && it->second.state == BlockState::kErasedWhileDemoting;
+  return it != shard.demoting.end() && it->second.state() == BlockState::kErasedWhileDemoting;
 }
 
 void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
   const TierAdmission::Facts facts = GatherFacts(block.key, block.hits);
   for (size_t level = from + 1; level < below_.size(); ++level) {
-    Below& b = *below_[level];
+    TierLevel& b = *below_[level];
     if (b.tier->Find(block.key)) return;  // already there: nothing to write
     if (!b.admission->Admit(payload.size(), facts)) continue;
     IoStarted();
@@ -367,14 +350,15 @@ void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span
 }
 
 void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
-  EngineShard& shard = ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   std::vector<std::function<void()>> waiters;
   {
     std::lock_guard lock(shard.mu);
-    auto node = shard.demoting.extract(key);
-    if (!node.empty()) {
-      waiters = std::move(node.mapped().waiters);
-      if (node.mapped().state == BlockState::kErasedWhileDemoting && written.ok()) below_[node.mapped().level]->tier->Erase(key).IgnoreError();
+    if (std::optional<BlockIndex::Demoting> ended = shard.EndDemotion(key)) {
+      waiters = std::move(ended->waiters);
+      if (ended->state() == BlockState::kErasedWhileDemoting && written.ok()) {
+        below_[ended->level]->tier->Erase(key).IgnoreError();
+      }
     }
   }
   for (auto& retry : waiters) retry();

@@ -5,7 +5,7 @@
 
 #include "common/checksum.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/engine_shard.h"
+#include "daemon/engine/block_index.h"
 
 namespace kvtier {
 
@@ -13,7 +13,7 @@ uint64_t HostBlockTier::capacity_bytes() const { return engine_.host_.capacity_b
 uint64_t HostBlockTier::used_bytes() const { return engine_.host_.used_bytes(); }
 
 std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) const {
-  EngineShard& shard = engine_.ShardFor(key);
+  BlockIndex& shard = engine_.ShardFor(key);
   NamespaceFingerprint ns;
   uint64_t size = 0, checksum = 0;
   {
@@ -101,7 +101,7 @@ Status HostBlockTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first
 Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                 std::span<std::byte> dst, LayerReadDone done) {
   Mover& io = *engine_.host_io_;
-  EngineShard& shard = engine_.ShardFor(key);
+  BlockIndex& shard = engine_.ShardFor(key);
   PinGrant pin;
   uint64_t first_byte = 0, bytes = 0;
   std::vector<uint64_t> sums;  // of the layers read
@@ -161,13 +161,13 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
 }
 
 Status HostBlockTier::Erase(const BlockKey& key) {
-  EngineShard& shard = engine_.ShardFor(key);
+  BlockIndex& shard = engine_.ShardFor(key);
   std::lock_guard lock(shard.mu);
   auto it = shard.index.find(key);
   if (it == shard.index.end() || !it->second.cached()) {
     return NotFound("host tier: block " + key.ToHex() + " is not cached");
   }
-  RemoveCommitted(shard, engine_.host_, it);
+  shard.RemoveCommitted(it);
   erases_.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
 }

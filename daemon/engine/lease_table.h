@@ -6,7 +6,7 @@
 // Lease ids carry their shard in the low kLeaseShardBits bits, so Release
 // goes straight to the one shard (and the one table) that holds it.
 //
-// Not thread-safe: the shard's mutex guards it (daemon/engine/engine_shard.h).
+// Not thread-safe: the shard's mutex guards it (daemon/engine/block_index.h).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,80 @@
+// The engine's records of the levels of its stack and of where a block
+// was found: a tier below the host (TierLevel: the tier as the engine
+// calls it, its admission, read meter and counters), the tier above the
+// host (AboveLevel: its LRU and the copies up in flight), a block's place
+// outside the host tier (Located), and what a pin claimed (PinClaim).
+// Internal to daemon/engine; Engine owns every instance.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "daemon/engine/measured_tier.h"
+#include "daemon/engine/tier_admission.h"
+#include "kvtier/block_key.h"
+#include "policy/prefetch_planner.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+// One tier below the host, highest first in Engine::below_.
+struct TierLevel {
+  // The tier as the engine calls it: through its MeasuredTier (latency,
+  // bytes), which forwards to the tier it was given.
+  BlockTier* tier = nullptr;
+  std::unique_ptr<MeasuredTier> measured;
+  std::unique_ptr<TierAdmission> admission;
+  BandwidthEstimate read_bandwidth{1e9};  // guarded by Engine::bandwidth_mu_; 1 GB/s until measured
+  // The read meter (ReadStarted/ReadEnded), guarded by Engine::bandwidth_mu_.
+  int64_t reads_in_flight = 0;
+  uint64_t busy_since_us = 0;  // the current busy period's start (or last sample)
+  uint64_t busy_bytes = 0;     // read since then
+  std::atomic<int64_t> lookup_hits{0};
+  std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
+  std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
+};
+
+// The tier above the host: its source record (read meter, lookup hits)
+// and its LRU.
+struct AboveLevel {
+  TierLevel source;
+  std::mutex mu;  // a leaf
+  std::list<BlockKey> lru;  // guarded by mu: most recently used first
+  struct Resident {
+    NamespaceFingerprint ns;
+    std::list<BlockKey>::iterator at;
+  };
+  std::unordered_map<BlockKey, Resident> resident;  // guarded by mu
+  std::unordered_set<BlockKey> offered;    // guarded by mu: copies up queued, running or being written
+  std::unordered_set<BlockKey> cancelled;  // guarded by mu: offered keys erased meanwhile
+  std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
+  std::atomic<int64_t> copies_up{0}, copy_up_skips{0}, copy_up_failures{0}, offers_dropped{0};
+  std::atomic<int64_t> evictions{0}, demotions_to_host{0}, demotion_failures{0}, in_place_blocks{0};
+};
+
+// A block found outside the host tier: the tier holding it.
+struct Located {
+  size_t level = 0;  // index into below_, or kAboveLevel
+  BlockTier::BlockInfo info;
+};
+
+// What Engine::ClaimPins left to start: blocks it claimed for promotion (a
+// kPromoting entry with the batch's slot among its waiters) and blocks
+// whose layer range is to be read from below.
+struct PinClaim {
+  size_t index = 0;
+  BlockKey key;
+  Located from;
+};
+struct PinClaims {
+  std::vector<PinClaim> promote, read_layers;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,87 @@
+// LoadRecord and LoadTable: the layer-wise loads (Engine::BeginLoad) open
+// on each connection.
+//
+// A LoadRecord is one open load as the daemon sees it: what its board in
+// the arena shows (kept here, never read back: the client can write the
+// board), its pins, and the blocks it holds in place in the tier above.
+// LoadTable numbers the loads and finds them by (connection, id); at most
+// a set number are open per connection.
+//
+// Thread-safe. LoadTable's mutex and each record's mutex are leaves;
+// nothing else is taken under either.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/load_board.h"
+#include "daemon/engine/block_entry.h"
+#include "kvtier/block_key.h"
+#include "kvtier/result.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+
+struct LoadRecord {
+  using LeaseId = uint64_t;
+
+  ConnectionId connection = 0;
+  uint64_t id = 0;
+  HostTier::Extent board_extent;
+  uint32_t layers = 1;
+  uint64_t layer_bytes = 0;
+  bool verify = false;  // the board has the layer checksum table
+
+  std::mutex mu;
+  // All below guarded by mu.
+  LoadBoardWriter board;
+  std::vector<uint32_t> pending;  // per layer: blocks neither with it in place nor failed
+  std::vector<uint8_t> counted;   // block * layers + layer: taken out of `pending`
+  std::vector<LeaseId> leases;    // per block: the load's pin, 0 for none
+  // In place (BeginLoad's `in_place`): the keys, and the blocks held in
+  // the tier above at their offsets there (released at the end).
+  bool in_place = false;
+  NamespaceFingerprint ns;
+  std::vector<BlockKey> keys;
+  std::vector<std::pair<size_t, uint64_t>> held;
+  size_t unresolved = 0;  // blocks not yet loaded or failed
+  uint32_t ready = 0;     // layers published
+  bool ended = false;
+
+  // Takes layer `layer` of `block` out of `pending` (once). mu held.
+  void Count(size_t block, uint32_t layer);
+  // Publishes on the board the layers now in place in every block. mu held.
+  void Advance();
+};
+
+class LoadTable {
+ public:
+  explicit LoadTable(size_t max_per_connection) : max_per_connection_(max_per_connection) {}
+
+  // Takes a load slot on `connection` and numbers it; Busy when the
+  // connection holds max_per_connection loads (open or opening). The slot
+  // is empty (Find misses it) until Fill, or freed by Abandon.
+  Result<uint64_t> Open(ConnectionId connection);
+  void Fill(ConnectionId connection, uint64_t id, std::shared_ptr<LoadRecord> load);
+  void Abandon(ConnectionId connection, uint64_t id);
+  // Removes and returns the filled load `id` of `connection`; null when
+  // there is none (unknown, still opening, or taken already).
+  std::shared_ptr<LoadRecord> Take(ConnectionId connection, uint64_t id);
+  // The ids of `connection`'s loads (to end them all).
+  std::vector<uint64_t> Ids(ConnectionId connection) const;
+  // Loads open (or opening) on every connection.
+  int64_t OpenCount() const;
+
+ private:
+  const size_t max_per_connection_;
+  mutable std::mutex mu_;
+  // Each connection's loads by id; null while opening.
+  std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_;  // guarded by mu_
+  uint64_t next_id_ = 1;  // guarded by mu_
+};
+
+}  // namespace kvtier
