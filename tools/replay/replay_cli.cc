@@ -332,8 +332,9 @@ Result<Trace> LoadTraces(const ReplayCliOptions& o) {
     if (!raw.ok()) return raw.status();
     if (*raw) {
       return InvalidArgument(o.traces[i] +
-                             ": raw ShareGPT JSON has no tokens: convert it first with tools/sharegpt_convert "
-                             "(node convert.mjs --in FILE --out FILE.jsonl --block-tokens N; docs/REPLAY.md)");
+                             ": raw ShareGPT JSON has no tokens: convert it first with "
+                             "tools/trace/sharegpt_convert (node convert.mjs --in FILE --out FILE.jsonl "
+                             "--block-tokens N; docs/REPLAY.md)");
     }
     // sharegpt: the converted form, every line naming its conversation.
     auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i, o.format == "sharegpt");

@@ -2,7 +2,7 @@
 // (one request per line: timestamp in ms, input_length and output_length in
 // tokens, hash_ids of prefix-chained blocks, the last one partial; an
 // optional "session", the conversation). Other sources (ShareGPT) are
-// converted into this form first (tools/sharegpt_convert).
+// converted into this form first (tools/trace/sharegpt_convert).
 //
 // Reading checks every line and stops at the first bad one with an error
 // "FILE:LINE: what" (InvalidArgument): malformed JSON, a missing or

@@ -86,7 +86,7 @@ struct GeneratedTrace {
 // the highest rate they allow).
 Result<GeneratedTrace> GenerateMultiRoundQa(const MultiRoundQaOptions& options);
 
-// The JSONL line of `r` (no newline), the form tools/sharegpt_convert writes:
+// The JSONL line of `r` (no newline), the form tools/trace/sharegpt_convert writes:
 // {"timestamp":..,"input_length":..,"output_length":..,"hash_ids":[..],"session":..,"turn":..}
 std::string TraceJsonLine(const GeneratedRequest& r);
 
