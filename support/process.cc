@@ -14,6 +14,10 @@
 #include <thread>
 #include <unistd.h>
 
+#ifndef KVTIER_SUPPORT_BINDIR
+#define KVTIER_SUPPORT_BINDIR "../../bin"
+#endif
+
 namespace kvtier::support {
 namespace {
 
@@ -199,9 +203,14 @@ std::string FindProgram(const std::string& program) {
 
 std::string DefaultKvtierdPath() {
   std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "kvtierd";
-  return (self.parent_path() / ".." / "daemon" / "kvtierd").lexically_normal().string();
+  for (const std::filesystem::path& candidate :
+       {self.parent_path() / ".." / "daemon" / "kvtierd", self.parent_path() / KVTIER_SUPPORT_BINDIR / "kvtierd"}) {
+    const std::string path = candidate.lexically_normal().string();
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "kvtierd";
 }
 
 std::string FileTail(const std::string& path, size_t max_bytes) {

@@ -85,7 +85,12 @@ Result<CommandOutput> RunCommand(const std::vector<std::string>& argv);
 // executable); empty if not found.
 std::string FindProgram(const std::string& program);
 
-// `<directory of /proc/self/exe>/../daemon/kvtierd`, normalized.
+// The kvtierd of the running tool's build or install: `<directory of
+// /proc/self/exe>/../daemon/kvtierd` (normalized) when it exists (the build
+// tree, where every tool sits in build/tools/); else the installed one,
+// `<that directory>/KVTIER_SUPPORT_BINDIR/kvtierd` (bindir relative to
+// libexec/kvtier, where the installed tools sit) when it exists; else
+// "kvtierd", for Spawn to look up in PATH.
 std::string DefaultKvtierdPath();
 
 // The last `max_bytes` of a file (for error messages quoting a child's log).

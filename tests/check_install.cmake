@@ -63,5 +63,13 @@ foreach(command bench replay stress trace)
     fail("installed `kvtier ${command} --help` failed (${rc}):\n${out}\n${err}")
   endif()
 endforeach()
+# And an installed tool starts the installed kvtierd by default (stress
+# --spawn without --kvtierd: libexec/kvtier/../../bin/kvtierd).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${root}/${LIBDIR}" "PATH=/usr/bin:/bin"
+                        "${root}/${BINDIR}/kvtier" stress --spawn --seconds 1 --clients 1
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "${root}/${BINDIR}/kvtierd")
+  fail("installed `kvtier stress --spawn` did not run the installed kvtierd (${rc}):\n${out}\n${err}")
+endif()
 file(REMOVE_RECURSE "${destdir}")
 message(STATUS "install tree complete under ${PREFIX}; the installed kvtier runs its siblings")

@@ -360,7 +360,7 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
 
 void AddHostBenchOptions(CLI::App& app, HostBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: <kvtier dir>/../daemon/kvtierd)");
+  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
   app.add_option("--arena-bytes", o.arena_bytes, "Arena of the private kvtierd (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

@@ -704,7 +704,7 @@ int RunInDir(const LayersBenchOptions& o, const std::string& dir, Report& report
 
 void AddLayersBenchOptions(CLI::App& app, LayersBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: <kvtier dir>/../daemon/kvtierd)");
+  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
   app.add_option("--dir", o.dir, "Directory of the private kvtierd's NVMe file (removed after)")
       ->capture_default_str();
   app.add_option("--arena-bytes", o.arena_bytes, "Host tier of the private kvtierd")

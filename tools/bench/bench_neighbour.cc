@@ -168,7 +168,7 @@ Status Measure(const NeighbourBenchOptions& o, const std::string& socket) {
 
 void AddNeighbourBenchOptions(CLI::App& app, NeighbourBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: <kvtier dir>/../daemon/kvtierd)");
+  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
   app.add_option("--huge-keys", o.huge_keys, "Keys per hog Lookup (all cached; one request each)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -165,7 +165,7 @@ int RunSpawned(const StressOptions& o, const KeySpace& space, const WorkloadMix&
 void AddStressOptions(CLI::App& app, StressOptions& o) {
   app.add_option("--socket", o.socket_path, "Stress the kvtierd listening here");
   app.add_flag("--spawn", o.spawn, "Start a private kvtierd (small arena, NVMe file in a temporary directory)");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary for --spawn (default: <kvtier dir>/../daemon/kvtierd)");
+  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary for --spawn (default: the kvtierd of this build or install)");
   app.add_option("--dir", o.dir, "Where --spawn makes its temporary directory (default: $TMPDIR or /tmp)");
   app.add_option("--arena-bytes", o.arena_bytes, "--spawn: host tier")
       ->transform(CLI::AsSizeValue(false))
