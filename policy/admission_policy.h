@@ -55,7 +55,7 @@ enum class ConversationState : uint8_t { kUnknown, kOpen, kClosed };
 //   else 1 use              -> reused
 //   else                    -> first sighting
 // The daemon's engine (daemon/engine/tier_admission.h) and the replay
-// (tools/replay_sim.h) both classify with this.
+// (tools/replay/replay_sim.h) both classify with this.
 AdmissionClass ClassifyBlock(uint64_t uses, ConversationState conversation);
 
 enum class AdmissionOutcome : uint8_t {

@@ -1,6 +1,6 @@
 // Where a block evicted from a tier goes among the tiers below it: the rule
 // the engine's evictor (daemon/engine/engine_eviction.cc) and the replay
-// (tools/replay_placement.cc) both run.
+// (tools/replay/replay_placement.cc) both run.
 //
 // Walking the tiers below, highest first:
 //   - a tier that holds the block already ends the walk: no write (it was

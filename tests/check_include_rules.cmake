@@ -2,7 +2,7 @@
 # #include of every source folder. Run as: cmake -DSOURCE_DIR=... -P this.
 # A folder may include its own headers, std/system headers and the folders
 # listed for it below; anything else of ours is a violation.
-set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;tools/;tests/;python/")
+set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;support/;tools/;tests/;python/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
 set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
 set(allowed_common "kvtier/;common/")
@@ -19,7 +19,17 @@ set(allowed_daemon_server "kvtier/;common/;policy/;tiers/;proto/;daemon/engine/;
 set(allowed_daemon_setup "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/")
 set(allowed_daemon "kvtier/;common/;daemon/")
 set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
-set(allowed_tools "kvtier/;common/;policy/;tiers/;tools/")
+# support/ (process, temp-dir, port and server helpers) is for tools/ and
+# tests/ only: no product folder may include it.
+set(allowed_support "kvtier/;common/;support/")
+# The tools, one folder a product (tools_x is tools/x). The admin front end
+# (cli) sees only the public API and common/, and none of RocksDB, liburing
+# or Google Benchmark; the others include the libraries they run.
+set(allowed_tools_cli "kvtier/;common/;tools/cli/")
+set(allowed_tools_trace "kvtier/;common/;tools/trace/")
+set(allowed_tools_replay "kvtier/;common/;policy/;tiers/;tools/replay/")
+set(allowed_tools_stress "kvtier/;common/;support/;tools/stress/")
+set(allowed_tools_bench "kvtier/;common/;policy/;tiers/;support/;tools/bench/")
 set(allowed_python "kvtier/;python/")  # the binding sees only the public API
 # Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
 # CUDA headers stay out of the public API, common/ and policy/).
@@ -31,16 +41,19 @@ set(banned_common "asio;google/protobuf;cuda")
 set(banned_gpu "asio;google/protobuf;spdlog;toml")
 set(banned_include_kvtier "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_python "asio;google/protobuf;spdlog;toml;cuda")
+set(banned_tools_cli "rocksdb/;liburing.h;benchmark/")
 
 set(violations "")
-# A folder written daemon_x is daemon/x; daemon itself is only its own files
-# (main.cc), not its parts'.
+# A folder written daemon_x is daemon/x (tools_x: tools/x); daemon itself is
+# only its own files (main.cc), not its parts'.
 foreach(folder include_kvtier common policy gpu tiers proto daemon daemon_config daemon_engine
-        daemon_tenants daemon_server daemon_setup client_lib tools python)
+        daemon_tenants daemon_server daemon_setup client_lib support tools_cli tools_bench tools_replay
+        tools_stress tools_trace python)
   if(folder STREQUAL "include_kvtier")
     set(dir "${SOURCE_DIR}/include/kvtier")
   else()
     string(REPLACE "daemon_" "daemon/" subdir "${folder}")
+    string(REPLACE "tools_" "tools/" subdir "${subdir}")
     set(dir "${SOURCE_DIR}/${subdir}")
   endif()
   if(folder STREQUAL "daemon")

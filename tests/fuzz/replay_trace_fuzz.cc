@@ -1,4 +1,4 @@
-// Fuzzes the replay's trace reader (tools/replay_trace.h): Mooncake-form
+// Fuzzes the replay's trace reader (tools/replay/replay_trace.h): Mooncake-form
 // JSONL, plain or in the converted ShareGPT form (every line names its
 // "session"). The input's first byte picks the block size and the form;
 // the rest is the file, handed to ReadMooncakeTrace through a memfd
@@ -18,7 +18,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_trace.h"
 
 namespace {
 

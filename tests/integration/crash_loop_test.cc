@@ -1,5 +1,5 @@
 // kill -9 of kvtierd under mixed load, cycle after cycle on the same NVMe
-// file and index (`kvtier stress --crash-loop`, tools/stress_crash.h):
+// file and index (`kvtier stress --crash-loop`, tools/stress/stress_crash.h):
 // every restart opens the index without dropping entries, no read ever
 // returns a wrong byte, and every block acknowledged durable on NVMe
 // before a kill is there afterwards or reported missing (always there when

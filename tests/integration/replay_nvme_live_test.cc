@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "tests/testing/test_daemon.h"
-#include "tools/replay_live.h"
-#include "tools/replay_sim.h"
+#include "tools/replay/replay_live.h"
+#include "tools/replay/replay_sim.h"
 
 namespace kvtier::tools {
 namespace {

@@ -1,4 +1,4 @@
-// `kvtier stress` (tools/stress.h): the tool against a private kvtierd runs
+// `kvtier stress` (tools/stress/stress.h): the tool against a private kvtierd runs
 // every kind of operation with no violation; and its workload's oracle
 // fails when a daemon serves wrong bytes (an in-process daemon given wrong
 // bytes for a key, which it serves as a broken daemon would).
@@ -11,7 +11,7 @@
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
-#include "tools/stress_workload.h"
+#include "tools/stress/stress_workload.h"
 
 namespace kvtier::testing {
 namespace {

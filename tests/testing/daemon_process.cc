@@ -11,27 +11,22 @@
 #include <unistd.h>
 
 #include "common/unix_socket.h"
+#include "support/process.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
 namespace {
 
-pid_t Spawn(const std::vector<std::string>& argv, int out_fd, uint64_t max_open_files = 0) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out_fd, STDOUT_FILENO);
-    ::dup2(out_fd, STDERR_FILENO);
-    if (max_open_files > 0) {
-      const struct rlimit limit{max_open_files, max_open_files};
-      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
-    }
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
+// Forks and execs `argv` (no PATH lookup) with stdout and stderr on `out_fd`,
+// the test's stdin and signal mask inherited; support::Spawn's errors.
+Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, uint64_t max_open_files = 0) {
+  support::SpawnOptions options;
+  options.search_path = false;
+  options.parent_death_signal = 0;
+  options.stdin_null = false;
+  options.reset_signal_mask = false;
+  options.max_open_files = max_open_files;
+  return support::Spawn(argv, out_fd, options);
 }
 
 int ExitCode(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
@@ -54,12 +49,13 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   std::string dir = MakeTempDir();
   std::string out_path = dir + "/out";
   int fd = ::open(out_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-  pid_t pid = Spawn(argv, fd);
+  Result<pid_t> pid = Spawn(argv, fd);
   ::close(fd);
   CommandResult result;
   int status = 0;
-  if (pid > 0 && ::waitpid(pid, &status, 0) == pid) result.exit_code = ExitCode(status);
-  else ADD_FAILURE() << "cannot run " << argv[0];
+  if (!pid.ok() && pid.status().code() == StatusCode::kNotFound) result.exit_code = 127;  // as a shell says
+  else if (pid.ok() && ::waitpid(*pid, &status, 0) == *pid) result.exit_code = ExitCode(status);
+  else ADD_FAILURE() << "cannot run " << argv[0] << ": " << pid.status().ToString();
   result.output = ReadFile(out_path);
   RemoveTree(dir);
   return result;
@@ -78,8 +74,13 @@ DaemonProcess::DaemonProcess(const std::string& kvtierd_path, const std::string&
                              << server_keys << "\n" << extra_toml << "\n"
                              << (metrics ? "" : "[metrics]\nport = 0\n");
   int fd = ::open(log_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-  pid_ = Spawn({kvtierd_path, "--config", config_path}, fd, max_open_files);
+  Result<pid_t> pid = Spawn({kvtierd_path, "--config", config_path}, fd, max_open_files);
   ::close(fd);
+  if (!pid.ok()) {
+    ADD_FAILURE() << "cannot start kvtierd: " << pid.status().ToString();
+    return;
+  }
+  pid_ = *pid;
   for (int i = 0; i < 200; ++i) {
     auto probe = ConnectUnix(socket_path_);
     if (probe.ok()) {

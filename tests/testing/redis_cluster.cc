@@ -8,15 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <random>
 #include <sstream>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 
+#include "support/ports.h"
+#include "support/process.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
 
@@ -55,40 +53,11 @@ constexpr int kStartAttempts = 5;  // per node, when its port was taken under it
 constexpr std::chrono::milliseconds kPoll{50};
 constexpr std::chrono::seconds kProbeTimeout{3};  // one redis-cli run while polling
 
-// A socket bound to 127.0.0.1:`port`, or -1 if taken.
-int BindLoopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // `count` distinct ports from [kLowestPort, kHighestPort] whose port and bus
-// port were both free a moment ago (held bound until all are chosen, so they
-// differ). Fewer when the range is crowded.
+// port were both free a moment ago (support::ReserveLoopbackPorts). Fewer
+// when the range is crowded.
 std::vector<int> ReserveNodePorts(int count) {
-  static thread_local std::mt19937 random{std::random_device{}()};
-  std::uniform_int_distribution<int> pick(kLowestPort, kHighestPort);
-  std::vector<int> ports, held;
-  for (int attempt = 0; attempt < 1000 && static_cast<int>(ports.size()) < count; ++attempt) {
-    const int port = pick(random);
-    const int fd = BindLoopback(port);
-    if (fd < 0) continue;
-    held.push_back(fd);
-    const int bus_fd = BindLoopback(port + kBusPortOffset);
-    if (bus_fd < 0) continue;
-    held.push_back(bus_fd);
-    ports.push_back(port);
-  }
-  for (int fd : held) ::close(fd);
-  return ports;
+  return support::ReserveLoopbackPorts(count, kLowestPort, kHighestPort, kBusPortOffset);
 }
 
 // Forks and execs `argv` with stdout and stderr appended to `log_path`. The
@@ -97,21 +66,14 @@ std::vector<int> ReserveNodePorts(int count) {
 pid_t SpawnChild(const std::vector<std::string>& argv, const std::string& log_path) {
   const int fd = ::open(log_path.c_str(), O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the parent died before prctl
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
+  support::SpawnOptions options;
+  options.search_path = false;
+  options.parent_death_signal = SIGKILL;
+  options.stdin_null = false;
+  options.reset_signal_mask = false;
+  const Result<pid_t> pid = support::Spawn(argv, fd, options);
   ::close(fd);
-  return pid;
+  return pid.ok() ? *pid : -1;
 }
 
 // True once the child `pid` has exited (reaped now) or is not ours to wait

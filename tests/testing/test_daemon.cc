@@ -6,25 +6,21 @@
 #include <gtest/gtest.h>
 
 #include "daemon/setup/nvme_setup.h"
+#include "support/temp_dir.h"
 #include "tests/testing/memory_nvme.h"
 
 namespace kvtier::testing {
 
 std::string MakeTempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/kvtier-test-XXXXXX";
-  char* made = ::mkdtemp(pattern.data());
-  if (made == nullptr) {
-    ADD_FAILURE() << "mkdtemp failed: " << std::strerror(errno);
+  Result<std::string> dir = support::MakeTempDir("kvtier-test-");
+  if (!dir.ok()) {
+    ADD_FAILURE() << dir.status().ToString();
     return "/tmp";
   }
-  return pattern;
+  return *dir;
 }
 
-void RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-}
+void RemoveTree(const std::string& path) { support::RemoveTree(path); }
 
 NamespaceDescriptor TestNamespace(const std::string& revision) {
   NamespaceDescriptor ns;

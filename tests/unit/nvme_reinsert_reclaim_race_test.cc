@@ -2,7 +2,7 @@
 // while the copy's index entry waits in the index writer's queue, must
 // survive a restart: the tier keeps serving it, so its index must keep it.
 //
-// Found by `kvtier stress --crash-loop` (tools/stress_crash.h): after a
+// Found by `kvtier stress --crash-loop` (tools/stress/stress_crash.h): after a
 // kill -9 that followed a quiet checkpoint, the NVMe tier loaded one entry
 // fewer than it held, and a block it had shown in the NVMe tier was gone.
 // The sequence below makes that interleaving deterministic:

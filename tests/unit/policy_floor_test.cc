@@ -2,7 +2,7 @@
 // its grid, without and with queue hints (the replay's engine model), the
 // daemon's default eviction policy is never more than 0.002 below LRU in
 // token hit rate. It runs in the replay, which drives the daemon's policy
-// objects (tools/replay_sim.h).
+// objects (tools/replay/replay_sim.h).
 //
 // Traces: conversation_trace and mooncake_trace_1000 (Mooncake's, from
 // tests/data/replay/mooncake_traces.tar.xz, extracted by CMake into the
@@ -17,9 +17,9 @@
 
 #include "daemon/config/config.h"
 #include "tests/testing/test_daemon.h"
-#include "tools/replay_sim.h"
-#include "tools/replay_trace.h"
-#include "tools/trace_gen.h"
+#include "tools/replay/replay_sim.h"
+#include "tools/replay/replay_trace.h"
+#include "tools/trace/trace_gen.h"
 
 namespace kvtier::tools {
 namespace {

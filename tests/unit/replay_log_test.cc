@@ -1,6 +1,6 @@
-// Tests of the replay's NVMe log (tools/replay_log.h): the daemon's region
+// Tests of the replay's NVMe log (tools/replay/replay_log.h): the daemon's region
 // placement, reclaim turns and copies forward, hand-computed.
-#include "tools/replay_log.h"
+#include "tools/replay/replay_log.h"
 
 #include <gtest/gtest.h>
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/replay_sim.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_sim.h"
+#include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {

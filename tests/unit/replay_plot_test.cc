@@ -1,7 +1,7 @@
-// kvtier replay --plot (tools/replay_plot.h): compact capacity labels, the
+// kvtier replay --plot (tools/replay/replay_plot.h): compact capacity labels, the
 // title without directories, the ceiling policy dashed, and a layout where
 // the legends, the charts and the rotated run labels do not overlap.
-#include "tools/replay_plot.h"
+#include "tools/replay/replay_plot.h"
 
 #include <gtest/gtest.h>
 

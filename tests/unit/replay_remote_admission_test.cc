@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "tiers/remote/remote_value.h"
-#include "tools/replay_sim.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_sim.h"
+#include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "tests/testing/test_daemon.h"
-#include "tools/replay_sim.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_sim.h"
+#include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {

@@ -1,5 +1,5 @@
 // What tests/fuzz/replay_trace_fuzz found in the trace reader
-// (tools/replay_trace.h), kept as regression tests:
+// (tools/replay/replay_trace.h), kept as regression tests:
 // - a ShareGPT-form line with "session": 0 was read as "no conversation"
 //   although that form names every line's conversation;
 // - a session of 2^48 or more left the file's namespace (bits 48 and up),
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "tests/testing/test_daemon.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {

@@ -1,4 +1,4 @@
-// The oracle of `kvtier stress` (tools/stress_values.h): exact bytes pass,
+// The oracle of `kvtier stress` (tools/stress/stress_values.h): exact bytes pass,
 // and each way a read can be wrong is flagged and named, so the checker
 // can fail. Also the key space and the latency histogram.
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <random>
 #include <unordered_set>
 
-#include "tools/stress_tally.h"
-#include "tools/stress_values.h"
+#include "tools/stress/stress_tally.h"
+#include "tools/stress/stress_values.h"
 
 namespace kvtier::tools {
 namespace {

@@ -1,7 +1,7 @@
-// kvtier trace gen multi-round-qa (tools/trace_gen.h): the trace's shape,
+// kvtier trace gen multi-round-qa (tools/trace/trace_gen.h): the trace's shape,
 // block sharing checked against an independent model of the token content,
 // the arrival process, reproducibility, errors, and that replay reads it.
-#include "tools/trace_gen.h"
+#include "tools/trace/trace_gen.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "tests/testing/test_daemon.h"
-#include "tools/replay_trace.h"
+#include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {

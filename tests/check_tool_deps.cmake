@@ -1,0 +1,56 @@
+# Checks that the admin front end (ADMIN, the kvtier binary) neither loads nor
+# contains RocksDB, liburing or Google Benchmark: its NEEDED entries
+# (readelf -d) and the whole closure the loader maps (ldd) name none of them,
+# and its own symbols (nm) include none of theirs, so a static copy is caught
+# too. CONTROL (kvtier-bench, which uses all three) must trip the same
+# checks, or they prove nothing. Run as:
+#   cmake -DADMIN=... -DCONTROL=... -P check_tool_deps.cmake
+cmake_minimum_required(VERSION 3.25)
+set(libraries "librocksdb;liburing;libbenchmark")
+set(symbols "rocksdb::;io_uring_;benchmark::")
+
+# Sets `out` to what the three checks find of `libraries` and `symbols` in `binary`.
+function(find_heavy_deps binary out)
+  set(found "")
+  execute_process(COMMAND readelf -d ${binary} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${binary} failed")
+  endif()
+  execute_process(COMMAND ldd ${binary} OUTPUT_VARIABLE closure RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "ldd ${binary} failed")
+  endif()
+  foreach(library ${libraries})
+    string(REGEX MATCH "NEEDED[^\n]*\\[${library}[^\n]*" needed "${dynamic}")
+    if(needed)
+      list(APPEND found "NEEDED ${library}")
+    endif()
+    string(FIND "${closure}" "${library}" at)
+    if(NOT at EQUAL -1)
+      list(APPEND found "loads ${library}")
+    endif()
+  endforeach()
+  execute_process(COMMAND nm -C ${binary} OUTPUT_VARIABLE names RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "nm -C ${binary} failed")
+  endif()
+  foreach(symbol ${symbols})
+    string(FIND "${names}" "${symbol}" at)
+    if(NOT at EQUAL -1)
+      list(APPEND found "symbol ${symbol}")
+    endif()
+  endforeach()
+  set(${out} "${found}" PARENT_SCOPE)
+endfunction()
+
+find_heavy_deps(${ADMIN} admin_found)
+if(admin_found)
+  message(FATAL_ERROR "${ADMIN} must not depend on RocksDB, liburing or Google Benchmark; found: ${admin_found}")
+endif()
+find_heavy_deps(${CONTROL} control_found)
+foreach(expected "loads librocksdb" "loads liburing" "symbol benchmark::")
+  if(NOT expected IN_LIST control_found)
+    message(FATAL_ERROR "the check misses what ${CONTROL} uses: expected \"${expected}\" in: ${control_found}")
+  endif()
+endforeach()
+message(STATUS "kvtier links none of RocksDB, liburing, Google Benchmark (control: ${control_found})")

@@ -1,0 +1,52 @@
+// kvtier-bench: the benchmarks, each figure beside its ceiling. Run as
+// `kvtier bench ...` (tools/cli runs this binary with the arguments after
+// "bench"), or directly.
+//   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
+//   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
+//   kvtier bench remote [options]         remote tier vs redis-benchmark (bench_remote.cc)
+//   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
+//   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
+//   kvtier bench neighbour [options]      a lookup's latency beside huge lookups (bench_neighbour.cc)
+#include <CLI/CLI.hpp>
+
+#include "tools/bench/bench_host.h"
+#include "tools/bench/bench_layers.h"
+#include "tools/bench/bench_neighbour.h"
+#include "tools/bench/bench_nvme.h"
+#include "tools/bench/bench_policy.h"
+#include "tools/bench/bench_remote.h"
+
+int main(int argc, char** argv) {
+  CLI::App bench{"Benchmarks (each figure beside its ceiling)", "kvtier bench"};
+  bench.require_subcommand(1);
+  kvtier::tools::HostBenchOptions host_options;
+  auto* host = bench.add_subcommand("host", "Put/get GB/s vs memcpy; Lookup ops/s vs redis-benchmark");
+  kvtier::tools::AddHostBenchOptions(*host, host_options);
+  kvtier::tools::NvmeBenchOptions nvme_options;
+  auto* nvme = bench.add_subcommand("nvme", "NVMe tier write/read GB/s and random-read IOPS vs fio");
+  kvtier::tools::AddNvmeBenchOptions(*nvme, nvme_options);
+  kvtier::tools::RemoteBenchOptions remote_options;
+  auto* remote = bench.add_subcommand("remote", "Remote tier put/get GB/s vs redis-benchmark SET/GET, same cluster");
+  kvtier::tools::AddRemoteBenchOptions(*remote, remote_options);
+  kvtier::tools::LayersBenchOptions layers_options;
+  auto* layers = bench.add_subcommand(
+      "layers", "Layer-wise load (first layer vs whole, load hidden behind compute) and save vs memcpy");
+  kvtier::tools::AddLayersBenchOptions(*layers, layers_options);
+  kvtier::tools::PolicyBenchOptions policy_options;
+  auto* policy = bench.add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
+  kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
+  kvtier::tools::NeighbourBenchOptions neighbour_options;
+  auto* neighbour = bench.add_subcommand(
+      "neighbour", "A small Lookup's latency alone and beside connections sending huge Lookups");
+  kvtier::tools::AddNeighbourBenchOptions(*neighbour, neighbour_options);
+
+  // Bad input exits with CLI11's code, as it always has for `kvtier bench`.
+  CLI11_PARSE(bench, argc, argv);
+  if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
+  if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
+  if (remote->parsed()) return kvtier::tools::RunRemoteBench(remote_options);
+  if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
+  if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
+  if (neighbour->parsed()) return kvtier::tools::RunNeighbourBench(neighbour_options);
+  return 2;
+}

@@ -1,0 +1,266 @@
+// The replay simulator: a block trace through kvtier's own eviction policy
+// classes (policy/eviction_policy.h, the objects the daemon's engine runs),
+// with the semantics of docs/REPLAY.md:
+// - requests in file order, ties kept;
+// - a request hits the longest prefix of resident blocks (the first miss
+//   ends it);
+// - afterwards all its blocks are resident and most recently used, parents
+//   more recent than children (a chain loses its tail first): the blocks
+//   are touched leaf first at the request's arrival time, and new ones are
+//   inserted leaf first, the request's own blocks pinned meanwhile so
+//   making room never evicts them;
+// - a request larger than the tier keeps the longest prefix that fits
+//   (room is made root first; the first block that does not fit ends it:
+//   a tail without its prefix could never hit);
+// - output tokens create no blocks;
+// - metrics skip the first `warmup` fraction of requests.
+//
+// Not thread-safe; runs are independent objects, so a sweep runs them on
+// separate threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/result.h"
+#include "policy/dwpd_budget.h"
+#include "tools/replay/replay_trace.h"
+
+namespace kvtier::tools {
+
+// A tier's capacity: in tokens (bytes convert through bytes per token) or
+// in blocks; unlimited when `infinite`.
+struct Capacity {
+  enum class Unit : uint8_t { kTokens, kBlocks } unit = Unit::kTokens;
+  uint64_t amount = 0;
+  bool infinite = false;
+};
+
+// "1e6tok", "50000blk", "64GiB" (bytes: needs bytes_per_token > 0),
+// "inf". InvalidArgument naming the text otherwise.
+Result<Capacity> ParseCapacity(const std::string& text, uint64_t bytes_per_token);
+std::string CapacityText(const Capacity& c);
+
+// The tiers, fastest first, placed as kvtierd places them:
+// - the host tier runs the eviction policy;
+// - the NVMe tier is the daemon's log (tools/replay/replay_log.h: RegionManager,
+//   the reclaim order nvme_eviction with reinsertion, the daemon's record
+//   sizes); with policy belady, or an infinite capacity, it is a tier that
+//   can evict any block instead (Belady's order: the ideal a log cannot
+//   reach);
+// - the remote tier runs the eviction policy; each node writes to it
+//   through its own admission (`remote_admission`, kvtierd's
+//   remote.admission; the replay's default `all` admits everything);
+// - a host victim goes to the first tier below that holds it (no write)
+//   or takes it: one a queued request needs within lookahead_us is forced
+//   into the first tier when its budget can pay (queue_aware), any other
+//   passes each tier's admission in turn (the NVMe tier's: `admission`,
+//   charged the record bytes; the remote tier's: `remote_admission`,
+//   charged the payload and the remote value's header); a block the NVMe
+//   log evicts is offered to the remote tier, through its admission;
+// - a request's blocks held only below are promoted into the host tier
+//   (the slower copy kept) and pinned with its resident ones, root first,
+//   before room is made for its new blocks;
+// - with the engine model and a tier below, the prefetch planner
+//   (policy/prefetch_planner.h) reads queued requests' prefixes into the
+//   host tier after every start, as Engine::Prefetch does.
+enum SimTier : uint8_t { kHostTier = 0, kNvmeTier = 1, kRemoteTier = 2, kSimTiers = 3 };
+std::string_view SimTierName(int tier);
+
+// Several nodes (ReplayOptions::nodes): each kvtier node has its own host
+// and NVMe tiers, placed as above with its own NVMe admission (and drive
+// budget), write channels, engines and queue, and its own view of a block
+// (the requests of its own that found it, the conversations it closed);
+// the remote tier is one, shared. A request is served by one node, chosen
+// by the router, and hits the longest prefix resident in that node's own
+// tiers or the remote tier; blocks it promotes land in that node's host
+// tier, and that node's victims go to its NVMe tier or the shared remote
+// tier, so a block reaches the other nodes only once evicted. With the
+// engine model, requests start in time order across nodes (ties: file
+// order).
+//   round_robin:     request i (file order, from 0) to node i mod N;
+//   prefix_affinity: by a hash of the request's first `affinity_blocks`
+//                    blocks (SplitMix64 over their keys, mod N; fewer
+//                    when the request has fewer), so requests opening with
+//                    the same blocks (a conversation's turns, a common
+//                    system prompt) land on the same node; a request
+//                    without blocks goes to node 0. With one block and a
+//                    system prompt every request opens with (Mooncake's
+//                    conversation trace), every request lands on one node.
+enum class Router : uint8_t { kRoundRobin, kPrefixAffinity };
+std::string_view RouterName(Router router);
+// "round_robin" | "prefix_affinity"; nullopt otherwise.
+std::optional<Router> ParseRouter(std::string_view name);
+// The node (0..nodes-1) serving each request of `trace`, in file order.
+// `nodes` and `affinity_blocks` must be at least 1.
+std::vector<uint32_t> RouteRequests(const Trace& trace, uint32_t nodes, Router router, uint32_t affinity_blocks = 1);
+// The most nodes a run takes: each node keeps about 40 bytes per distinct
+// block of the trace.
+inline constexpr uint32_t kMaxNodes = 256;
+
+struct ReplayOptions {
+  Capacity host;                   // per node
+  std::optional<Capacity> nvme;    // per node; none: no NVMe tier
+  std::optional<Capacity> remote;  // shared by all nodes; none: no remote tier
+  // The nodes (1..kMaxNodes) and how requests are spread over them.
+  uint32_t nodes = 1;
+  Router router = Router::kPrefixAffinity;
+  uint32_t affinity_blocks = 1;  // prefix_affinity: the leading blocks hashed (at least 1)
+  // lru | fifo | lru2 | s3fifo | arc | queue_aware (the daemon's
+  // classes), or belady (the offline rule of tools/replay/replay_belady.h, which
+  // reads the trace's future: simulation only)
+  std::string policy = "lru";
+  std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
+  // The remote tier's admission, each node's own (kvtierd's
+  // remote.admission and remote.write_rate): all | second_hit | rate
+  // (second_hit's rules within remote_write_rate bytes/s per node, a
+  // one-second token bucket). kvtierd defaults to rate; the replay to all,
+  // so runs that do not ask keep their figures.
+  std::string remote_admission = "all";
+  uint64_t remote_write_rate = 4ull << 30;  // bytes/s per node (rate): kvtierd's remote.write_rate default
+  // The NVMe log (kvtierd's nvme.* options). nvme_eviction: the reclaim
+  // order (fifo | lru | lru2 | s3fifo | arc | queue_aware); empty: the
+  // policy's name. nvme_region_bytes 0: 64 MiB (kvtierd's default), or a
+  // sixteenth of the device when that is smaller (so a small simulated
+  // drive still has regions), rounded down to the alignment.
+  std::string nvme_eviction;
+  uint64_t nvme_region_bytes = 0;
+  uint32_t nvme_alignment_bytes = 4096;
+  double nvme_reinsert_share = 0.1;  // nvme.reinsert_percent / 100
+  // A host victim a queued request needs within this is forced into the
+  // first tier below (engine.lookahead_ms).
+  uint64_t lookahead_us = 2'000'000;
+  // Prefetch (engine model, a tier below and bytes per token): each plan
+  // reads into at most this share of the host tier (engine.prefetch_percent
+  // / 100; 0: off), skipping prefixes shorter than prefetch_min_blocks.
+  double prefetch_share = 0.25;
+  uint32_t prefetch_min_blocks = 2;
+  DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
+  uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
+  double warmup = 0;               // [0, 1): the fraction of requests not measured
+  // The engine model, on when engines > 0: that many engine instances,
+  // each prefilling prefill_tps tokens/s. A request waits (in arrival
+  // order) for a free engine, then holds it for its KV load (hit bytes at
+  // each tier's read bandwidth; 0 without bytes per token) plus the
+  // prefill of its missed tokens; decode is not modelled. TTFT = wait +
+  // load + prefill. The hit is found at the start; the request's blocks
+  // become resident when its prefill ends (requests starting meanwhile do
+  // not see them). The requests waiting at a start are the queue the
+  // policies see (Enqueue hints, each expected a mean service per engine
+  // after the one before it).
+  uint32_t engines = 0;
+  double prefill_tps = 0;
+  std::array<double, kSimTiers> read_bytes_per_s = {20e9, 5e9, 1e9};
+  // Writes into the NVMe and remote tiers (demotions) go through one
+  // channel per tier at this rate; a demotion that would wait longer than
+  // max_write_backlog_us behind earlier ones is dropped (the daemon's
+  // demotion gives up after 200 ms of a busy tier). 0 for a tier: no limit.
+  std::array<double, kSimTiers> write_bytes_per_s = {0, 2e9, 1e9};
+  uint64_t max_write_backlog_us = 200'000;
+};
+
+struct TierResult {
+  uint64_t hits = 0;           // measured prompt blocks served from this tier
+  uint64_t hit_tokens = 0;
+  uint64_t bytes_read = 0;     // measured hit bytes it served
+  uint64_t bytes_written = 0;  // bytes written into it, warm-up included
+  uint64_t evictions = 0;
+  uint64_t dropped_busy = 0;   // demotions into it dropped: its write channel was backed up
+};
+
+// One node's share of a run (measured requests only).
+struct NodeResult {
+  uint64_t requests = 0;
+  uint64_t tokens = 0;             // their prompt tokens
+  uint64_t local_hit_tokens = 0;   // hit tokens its own host and NVMe tiers served
+  uint64_t shared_hit_tokens = 0;  // hit tokens the shared remote tier served
+};
+
+struct ReplayResult {
+  ReplayOptions options;
+  uint64_t requests = 0;  // measured (after warm-up)
+  uint64_t blocks = 0;    // measured prompt blocks
+  uint64_t tokens = 0;    // measured prompt tokens
+  uint64_t hit_blocks = 0;
+  uint64_t hit_tokens = 0;
+  std::array<TierResult, kSimTiers> tiers{};  // all nodes together
+  std::vector<NodeResult> nodes;              // one per node
+  uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
+  uint64_t admission_refused = 0;  // victims the NVMe admission refused (the remote tier may still take them)
+  uint64_t remote_admission_refused = 0;  // blocks the nodes' remote admissions refused (dropped)
+  uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
+  uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
+  uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward
+  // Bytes written to the NVMe tier, what the drive's write budget counts:
+  // the log's records, copies forward included (payload bytes when the
+  // tier is not a log).
+  uint64_t nvme_device_bytes = 0;
+  uint64_t prefetches = 0;         // blocks the prefetch plans read into the host tier
+  uint64_t prefetch_bytes = 0;
+  uint64_t prefetch_used = 0;      // of those, blocks a request then found in the host tier
+  uint64_t span_us = 0;            // first to last arrival
+  uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
+  std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), in start order
+  // Engine model: requests waiting (arrived, not started) at each measured
+  // start, averaged; 0 without it.
+  double mean_queue = 0;
+  // The share of the LRU-to-Belady gap in token hit rate this run closes,
+  // (this - lru) / (belady - lru), set by SetGapClosed; nullopt when the
+  // two reference runs are missing or Belady is less than kMinGap above
+  // LRU (a ratio over a gap that small says nothing).
+  std::optional<double> gap_closed;
+  double wall_seconds = 0;
+  // The p-th percentile of ttft_ms (Percentile); nullopt when empty.
+  std::optional<double> ttft_percentile(double p) const;
+  double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
+  double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
+  double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
+  // The hit rates split by where the hit came from: local, the serving
+  // node's own host and NVMe tiers; shared, the remote tier. They add up
+  // to the block and token hit rates.
+  double local_block_hit_rate() const {
+    return blocks == 0 ? 0 : double(tiers[kHostTier].hits + tiers[kNvmeTier].hits) / double(blocks);
+  }
+  double shared_block_hit_rate() const { return blocks == 0 ? 0 : double(tiers[kRemoteTier].hits) / double(blocks); }
+  double local_token_hit_rate() const {
+    return tokens == 0 ? 0 : double(tiers[kHostTier].hit_tokens + tiers[kNvmeTier].hit_tokens) / double(tokens);
+  }
+  double shared_token_hit_rate() const {
+    return tokens == 0 ? 0 : double(tiers[kRemoteTier].hit_tokens) / double(tokens);
+  }
+};
+
+// The p-th percentile (nearest rank) of `samples`; 0 when empty.
+double Percentile(std::vector<double> samples, double p);
+
+// The smallest LRU-to-Belady gap in token hit rate that gap_closed is
+// reported for: a tenth of a point.
+inline constexpr double kMinGap = 0.001;
+
+// Sets `gap_closed` of every run for which `runs` holds an "lru" and a
+// "belady" run with the same options but the policy (the same capacities,
+// engine model, admission, bandwidths and warm-up).
+void SetGapClosed(std::vector<ReplayResult>& runs);
+
+// The NVMe tier's reclaim order a run uses ("ideal" when it is not a log:
+// belady, or an infinite tier).
+std::string NvmeEvictionOf(const ReplayOptions& options);
+
+// Whether two runs differ only in their policy.
+bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
+
+// Runs `trace` once. InvalidArgument for a node count outside
+// [1, kMaxNodes], affinity_blocks 0, an unknown policy, admission, remote
+// admission or NVMe eviction, a remote admission other than all without a
+// remote tier, rate with a zero remote_write_rate, an NVMe geometry the daemon would refuse (fewer than 2
+// regions, a region not a multiple of the alignment), bad DWPD options, a
+// warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes
+// per token, engines without a positive prefill rate or a read bandwidth
+// not above 0.
+Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
+
+}  // namespace kvtier::tools

@@ -1,0 +1,382 @@
+// The replay's request loop (replay_simulator.h): routing, the engine
+// model, queue hints, lookups, and each request's pins, promotions and new
+// blocks.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/check.h"
+#include "tools/replay/replay_simulator.h"
+
+namespace kvtier::tools {
+
+Simulator::Simulator(const Trace& trace, const ReplayOptions& options,
+                     std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
+                     std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions,
+                     const std::optional<SimLogOptions>& log)
+    : trace_(trace),
+      options_(options),
+      route_(RouteRequests(trace, options.nodes, options.router, options.affinity_blocks)),
+      nodes_(options.nodes) {
+  KVTIER_CHECK(admissions.size() == nodes_.size(), "one NVMe admission per node");
+  KVTIER_CHECK(remote_admissions.size() == (options.remote ? nodes_.size() : 0), "one remote admission per node");
+  for (size_t k = 0; k < nodes_.size(); ++k) {
+    nodes_[k].index = static_cast<uint32_t>(k);
+    nodes_[k].admission = std::move(admissions[k]);
+    if (options.remote) nodes_[k].remote_admission = std::move(remote_admissions[k]);
+    MakeTiers(nodes_[k], log);
+    for (uint32_t e = 0; e < options_.engines; ++e) nodes_[k].free_at.push(0);
+  }
+  for (size_t r = 0; r < route_.size(); ++r) nodes_[route_[r]].requests.push_back(r);
+  if (options_.remote) {
+    remote_.capacity = &*options_.remote;
+    if (options_.policy == "belady") {
+      auto belady = std::make_unique<BeladyPolicy>(next_use_, depth_);
+      remote_belady_ = belady.get();
+      remote_.policy = std::move(belady);
+    } else {
+      remote_.policy = MakeEvictionPolicy(options_.policy);
+    }
+  }
+  result_.nodes.resize(nodes_.size());
+  if (options_.policy == "belady") IndexFuture();
+}
+
+// `n`'s host and NVMe tiers: the NVMe log when the NVMe tier is one, each
+// other tier run by the policy (belady: Belady's rule over the node's own
+// future).
+void Simulator::MakeTiers(SimNode& n, const std::optional<SimLogOptions>& log) {
+  n.host.capacity = &options_.host;
+  n.nvme.capacity = options_.nvme ? &*options_.nvme : nullptr;
+  for (int t : {kHostTier, kNvmeTier}) {
+    SimTierState& tier = Tier(n, t);
+    if (tier.capacity == nullptr) continue;
+    if (t == kNvmeTier && log) {
+      auto made = SimLog::Create(*log, LogHooks(n));
+      KVTIER_CHECK(made.ok(), "the NVMe log's options were validated");
+      n.log = std::move(made).value();
+    } else if (options_.policy == "belady") {
+      auto belady = std::make_unique<BeladyPolicy>(n.next_use, depth_);
+      n.belady[t] = belady.get();
+      tier.policy = std::move(belady);
+    } else {
+      tier.policy = MakeEvictionPolicy(options_.policy);
+    }
+  }
+}
+
+ReplayResult Simulator::Run() {
+  const auto started = std::chrono::steady_clock::now();
+  const size_t n = trace_.requests.size();
+  const auto warm = static_cast<size_t>(std::floor(options_.warmup * double(n)));
+  for (size_t r = 0; r < n; ++r) {
+    if (trace_.requests[r].session != 0) last_turn_[trace_.requests[r].session] = r;
+  }
+  PendingQueue pending;   // prefills running
+  double queue_sum = 0;   // measured starts' waiting requests
+  while (SimNode* node = NextToStart()) Start(*node, pending, warm, queue_sum);
+  while (!pending.empty()) CommitNext(pending);
+  if (result_.requests > 0 && options_.engines > 0) result_.mean_queue = queue_sum / double(result_.requests);
+  Finish();
+  result_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result_;
+}
+
+// The run's totals over the nodes: the span, the DWPD budget (one drive
+// per node), the NVMe tiers' writes.
+void Simulator::Finish() {
+  result_.options = options_;
+  if (!trace_.requests.empty()) {
+    result_.span_us = trace_.requests.back().arrival_us - trace_.requests.front().arrival_us;
+  }
+  if (options_.admission == "dwpd") {
+    const DwpdOptions& d = options_.dwpd;
+    const double per_day = d.share * double(d.drive_capacity_bytes) * d.dwpd * d.warranty_years / d.planned_years;
+    const double days = std::max(1.0, double(result_.span_us) / 86'400e6);
+    result_.ssd_budget_bytes = static_cast<uint64_t>(per_day * days) * nodes_.size();
+  }
+  for (const SimNode& node : nodes_) {
+    result_.nvme_device_bytes += node.log ? node.log->device_bytes_written() : node.nvme_bytes_written;
+    if (node.log) result_.nvme_reinserted += node.log->reinserted();
+  }
+}
+
+uint64_t Simulator::StartOf(const SimNode& n) const {
+  const uint64_t arrival = trace_.requests[n.requests[n.next]].arrival_us;
+  return options_.engines > 0 ? std::max(arrival, n.free_at.top()) : arrival;
+}
+
+SimNode* Simulator::NextToStart() {
+  SimNode* best = nullptr;
+  uint64_t best_start = 0;
+  for (SimNode& n : nodes_) {
+    if (n.next == n.requests.size()) continue;
+    const uint64_t start = options_.engines > 0 ? StartOf(n) : 0;
+    // Equal starts (always, without the engine model): file order.
+    if (best == nullptr || start < best_start ||
+        (start == best_start && n.requests[n.next] < best->requests[best->next])) {
+      best = &n;
+      best_start = start;
+    }
+  }
+  return best;
+}
+
+void Simulator::Start(SimNode& n, PendingQueue& pending, size_t warm, double& queue_sum) {
+  const size_t at = n.next++;  // the request's position among n's
+  const size_t r = n.requests[at];
+  const TraceRequest& req = trace_.requests[r];
+  std::vector<uint32_t>& ids = scratch_ids_;
+  ids.clear();
+  for (size_t i = 0; i < req.blocks.size(); ++i) {
+    const uint32_t id = IdOf(req.blocks[i]);
+    blocks_[id].tokens = BlockTokens(req, i, trace_.block_tokens);
+    blocks_[id].parent = i > 0 ? ids.back() : kNoParent;
+    blocks_[id].session = req.session;
+    ids.push_back(id);
+  }
+  uint64_t start = req.arrival_us;
+  if (options_.engines > 0) {
+    start = std::max(start, n.free_at.top());
+    // n's requests that arrived while this one waited are queued now;
+    // each is expected after the ones before it, a mean service per
+    // engine apart.
+    n.next_queued = std::max(n.next_queued, at + 1);
+    for (; n.next_queued < n.requests.size() && trace_.requests[n.requests[n.next_queued]].arrival_us <= start;
+         ++n.next_queued) {
+      const double ahead = double(n.next_queued - at) * n.mean_service_us / options_.engines;
+      Hint(n, n.requests[n.next_queued], start + static_cast<uint64_t>(ahead));
+    }
+    Unhint(n, r);
+  }
+  // Prefills (on any node) that ended by this start have made their blocks resident.
+  while (!pending.empty() && pending.top().done_us <= start) CommitNext(pending);
+  // The queue this start sees: arrived at n, not started.
+  if (options_.engines > 0 && r >= warm) queue_sum += double(n.next_queued - (at + 1));
+  now_us_ = start;
+  const double service_us = Lookup(n, r, ids, start, r >= warm);
+  if (options_.engines == 0) {
+    Commit(n, ids, r + 1, start);
+    return;
+  }
+  Prefetch(n, start);
+  const uint64_t done = start + static_cast<uint64_t>(std::ceil(service_us));
+  n.free_at.pop();
+  n.free_at.push(done);
+  pending.push(Pending{done, r, ids});
+  n.mean_service_us += (service_us - n.mean_service_us) / double(at + 1);
+  if (r >= warm) result_.ttft_ms.push_back((double(start - req.arrival_us) + service_us) / 1000.0);
+}
+
+uint32_t Simulator::IdOf(const BlockKey& key) {
+  auto [it, fresh] = index_.try_emplace(key, static_cast<uint32_t>(blocks_.size()));
+  if (fresh) {
+    blocks_.push_back(SimBlock{key});
+    next_use_.push_back(BeladyPolicy::kNever);
+    depth_.push_back(0);
+    remote_.in.push_back(0);
+    remote_.held.push_back(0);
+    for (SimNode& n : nodes_) {
+      for (SimTierState* t : {&n.host, &n.nvme}) {
+        t->in.push_back(0);
+        t->held.push_back(0);
+      }
+      n.blocks.emplace_back();
+      if (!future_.empty()) n.next_use.push_back(BeladyPolicy::kNever);
+    }
+  }
+  return it->second;
+}
+
+// Belady: the next request naming each block of each request (flattened
+// in request order; kNever when none), on any node and on the request's
+// own node, from one backward pass.
+void Simulator::IndexFuture() {
+  const auto& reqs = trace_.requests;
+  future_begin_.resize(reqs.size() + 1, 0);
+  for (size_t r = 0; r < reqs.size(); ++r) future_begin_[r + 1] = future_begin_[r] + reqs[r].blocks.size();
+  future_.assign(future_begin_.back(), BeladyPolicy::kNever);
+  node_future_.assign(future_begin_.back(), BeladyPolicy::kNever);
+  // key -> the earliest request after the pass's position: on any node, on each node
+  std::unordered_map<BlockKey, uint64_t> later;
+  std::vector<std::unordered_map<BlockKey, uint64_t>> later_on(nodes_.size());
+  for (size_t r = reqs.size(); r-- > 0;) {
+    for (size_t i = 0; i < reqs[r].blocks.size(); ++i) {
+      for (auto [map, out] : {std::pair{&later, &future_}, std::pair{&later_on[route_[r]], &node_future_}}) {
+        auto [it, fresh] = map->try_emplace(reqs[r].blocks[i], r);
+        if (!fresh) {
+          (*out)[future_begin_[r] + i] = it->second;
+          it->second = r;
+        }
+      }
+    }
+  }
+}
+
+void Simulator::CommitNext(PendingQueue& pending) {
+  const Pending& p = pending.top();
+  now_us_ = p.done_us;
+  Commit(nodes_[route_[p.request]], p.ids, p.request + 1, p.done_us);
+  pending.pop();
+}
+
+// Queue hints for request `r` (its blocks, depth = position) queued at
+// `n`, to the policies of `n`'s tiers and of the remote tier (only
+// queue_aware acts on them), and the queued keys `n`'s NVMe log's
+// queue_aware order asks about.
+void Simulator::Hint(SimNode& n, size_t r, uint64_t expected_start_us) {
+  const TraceRequest& req = trace_.requests[r];
+  hint_chain_.resize(req.blocks.size());  // reused across hints
+  std::vector<uint32_t>& ids = n.queued[r];
+  for (size_t i = 0; i < hint_chain_.size(); ++i) {
+    hint_chain_[i] = QueuedBlock{req.blocks[i], static_cast<uint32_t>(i)};
+    const uint32_t id = IdOf(req.blocks[i]);
+    ids.push_back(id);
+    ++n.queued_count[id];
+  }
+  n.expected_start[r] = expected_start_us;
+  for (SimTierState* t : {&n.host, &n.nvme, &remote_}) {
+    if (t->policy) t->policy->OnEnqueue(r, hint_chain_, expected_start_us, req.session);
+  }
+}
+
+void Simulator::Unhint(SimNode& n, size_t r) {
+  for (SimTierState* t : {&n.host, &n.nvme, &remote_}) {
+    if (t->policy) t->policy->OnDequeue(r);
+  }
+  auto it = n.queued.find(r);
+  if (it == n.queued.end()) return;
+  for (uint32_t id : it->second) {
+    auto c = n.queued_count.find(id);
+    if (--c->second == 0) n.queued_count.erase(c);
+  }
+  n.queued.erase(it);
+  n.expected_start.erase(r);
+}
+
+// The start of `req` on `n` at `start`: finds its hit in the tiers `n`
+// sees and counts it; returns its engine time in us (KV load of the hit, a
+// wait for prefetch reads still landing included, plus prefill of the
+// rest; 0 without the engine model).
+double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured) {
+  const TraceRequest& req = trace_.requests[r];
+  NodeResult& node_result = result_.nodes[n.index];
+  result_.lookups += ids.size();
+  size_t hit = 0;
+  uint64_t hit_tokens = 0;
+  double load_us = 0;
+  uint64_t landing_us = start;  // the last prefetch read the hit waits for
+  while (hit < ids.size() && Anywhere(n, ids[hit])) {
+    const uint32_t id = ids[hit];
+    const SimBlock& b = blocks_[id];
+    NodeBlock& nb = n.blocks[id];
+    const int from = n.host.in[id] ? kHostTier : n.nvme.in[id] ? kNvmeTier : kRemoteTier;
+    hit_tokens += b.tokens;
+    load_us += double(Bytes(b)) / options_.read_bytes_per_s[from] * 1e6;
+    if (nb.prefetched && from == kHostTier) {
+      landing_us = std::max(landing_us, nb.arrives_us);
+      ++result_.prefetch_used;
+      EndPrefetched(n, id);
+    }
+    if (measured) {
+      TierResult& t = result_.tiers[from];
+      ++t.hits;
+      t.hit_tokens += b.tokens;
+      t.bytes_read += Bytes(b);
+      result_.hit_tokens += b.tokens;
+      (from == kRemoteTier ? node_result.shared_hit_tokens : node_result.local_hit_tokens) += b.tokens;
+    }
+    ++hit;
+  }
+  if (measured) {
+    ++result_.requests;
+    result_.blocks += ids.size();
+    result_.tokens += req.input_tokens;
+    result_.hit_blocks += hit;
+    ++node_result.requests;
+    node_result.tokens += req.input_tokens;
+  }
+  for (uint32_t id : ids) {
+    if (Anywhere(n, id)) ++n.blocks[id].uses;
+  }
+  if (!future_.empty()) {
+    // Belady: this lookup was each block's next use; the one after is
+    // next, on any node (the remote tier's) and on n (n's tiers').
+    for (size_t i = 0; i < ids.size(); ++i) {
+      next_use_[ids[i]] = future_[future_begin_[r] + i];
+      n.next_use[ids[i]] = node_future_[future_begin_[r] + i];
+      depth_[ids[i]] = static_cast<uint32_t>(i);
+      for (BeladyPolicy* b : n.belady) {
+        if (b != nullptr) b->Reorder(ids[i]);
+      }
+      if (remote_belady_ != nullptr) remote_belady_->Reorder(ids[i]);
+    }
+  }
+  if (options_.engines == 0) return 0;
+  const uint64_t missed = req.input_tokens > hit_tokens ? req.input_tokens - hit_tokens : 0;
+  return double(landing_us - start) + load_us + double(missed) / options_.prefill_tps * 1e6;
+}
+
+// The end of request `request`'s prefill on `n` at `now`: all its blocks
+// are resident in `n`'s host tier. After a conversation's last turn, the
+// conversation is closed for `n` (what its engine's scheduler would hint:
+// to its tiers and the remote tier; other nodes are not told).
+void Simulator::Commit(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
+  CommitBlocks(n, ids, request, now);
+  const uint64_t session = trace_.requests[request - 1].session;
+  auto last = last_turn_.find(session);
+  if (session == 0 || last == last_turn_.end() || last->second != request - 1) return;
+  n.closed.insert(session);
+  for (SimTierState* t : {&n.host, &n.nvme, &remote_}) {
+    if (t->policy) t->policy->OnSessionClosed(session);
+  }
+}
+
+void Simulator::CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now) {
+  // In the host tier, as a client drives the daemon (tools/replay/replay_live.h):
+  // root first, each block is pinned: a resident one at once, one held
+  // only below once promoted (room made, read, inserted), as the daemon
+  // answers a Pin; room is made root first for the others, so a request
+  // larger than the tier keeps its prefix; they are inserted leaf first;
+  // then the pins end leaf first (each a use), so the root is the most
+  // recent.
+  SimTierState& host_tier = n.host;
+  EvictionPolicy& host = *host_tier.policy;
+  std::vector<size_t>& pinned = scratch_pinned_;
+  pinned.clear();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    SimBlock& b = blocks_[ids[i]];
+    if (b.pinned_by == request) continue;
+    if (!host_tier.in[ids[i]] && !Promote(n, ids[i], now)) continue;
+    host.OnPin(ids[i]);
+    b.pinned_by = request;
+    pinned.push_back(i);
+  }
+  size_t kept = 0;
+  for (; kept < ids.size(); ++kept) {
+    SimBlock& b = blocks_[ids[kept]];
+    if (host_tier.in[ids[kept]] || b.pinned_by == request) continue;
+    const uint64_t cost = Cost(host_tier, b);
+    if (!MakeRoom(n, kHostTier, cost, now)) break;
+    host_tier.held[ids[kept]] = cost;
+    b.pinned_by = request;  // reserved: not resident yet
+    host_tier.used += cost;
+  }
+  for (size_t i = kept; i < ids.size(); ++i) {
+    if (!host_tier.in[ids[i]] && blocks_[ids[i]].pinned_by != request) ++result_.not_kept;
+  }
+  for (size_t i = kept; i-- > 0;) {
+    SimBlock& b = blocks_[ids[i]];
+    if (host_tier.in[ids[i]] || b.pinned_by != request) continue;
+    host.OnInsertKeyed(ids[i], b.key, now);
+    host_tier.in[ids[i]] = 1;
+    b.pinned_by = 0;
+    result_.tiers[kHostTier].bytes_written += Bytes(b);
+  }
+  for (size_t k = pinned.size(); k-- > 0;) {
+    host.OnUnpin(ids[pinned[k]], now);
+    blocks_[ids[pinned[k]]].pinned_by = 0;
+  }
+}
+
+}  // namespace kvtier::tools

@@ -1,0 +1,192 @@
+// The replay simulator's machinery (tools/replay/replay_sim.h is its interface):
+// one Simulator runs one trace under one ReplayOptions, over one node or
+// several (options.nodes) sharing the remote tier.
+//   replay_simulator.cc  the request loop: routing, engine model, queue
+//                        hints, lookups, a request's pins and new blocks
+//   replay_placement.cc  where blocks go: eviction, demotion through
+//                        admission, promotion, the NVMe log's hooks, prefetch
+// Internal to tools/; not thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "policy/admission_policy.h"
+#include "policy/eviction_policy.h"
+#include "tools/replay/replay_belady.h"
+#include "tools/replay/replay_log.h"
+#include "tools/replay/replay_sim.h"
+
+namespace kvtier::tools {
+
+inline constexpr uint32_t kNoParent = UINT32_MAX;
+
+// What every node sees alike of a block.
+struct SimBlock {
+  BlockKey key;
+  uint64_t tokens = 0;          // from the latest request naming it
+  uint64_t pinned_by = 0;       // the request (1-based) pinning it in its node's host tier, 0: none
+  uint32_t parent = kNoParent;  // the block before it in the latest chain
+  uint64_t session = 0;         // the conversation of the latest request naming it
+};
+
+// What one node knows of a block besides where it is.
+struct NodeBlock {
+  uint64_t uses = 0;        // this node's requests that found it resident (its admission class)
+  bool prefetched = false;  // read into this node's host tier by a prefetch plan and not used since
+  uint64_t arrives_us = 0;  // prefetched: when its read lands
+};
+
+// A tier: run by an eviction policy over a capacity (host, remote, and the
+// NVMe tier when it is not a log), or the NVMe log (no policy; its node's
+// `log`). Residency is the tier's own: a node's tiers are its alone, the
+// remote tier is one object every node reads and writes. `in` and `held`
+// are indexed by block id and grow with the block table.
+struct SimTierState {
+  const Capacity* capacity = nullptr;  // null: the tier is absent
+  std::unique_ptr<EvictionPolicy> policy;
+  uint64_t used = 0;
+  std::vector<uint8_t> in;     // resident here
+  std::vector<uint64_t> held;  // what it takes of this (policy-run) tier's capacity
+};
+
+// One kvtier node: its host and NVMe tiers (of the per-node capacities),
+// its NVMe admission and write channels, its view of each block, its
+// requests and engines, and the requests queued on them.
+struct SimNode {
+  uint32_t index = 0;
+  SimTierState host, nvme;
+  std::unique_ptr<SimLog> log;                         // the NVMe tier, when it is a log
+  std::unique_ptr<AdmissionPolicy> admission;          // its NVMe tier's
+  std::unique_ptr<AdmissionPolicy> remote_admission;   // its writes into the shared remote tier (when there is one)
+  std::array<uint64_t, kSimTiers> write_busy_until{};  // its write channels (into its NVMe tier, the remote tier)
+  uint64_t nvme_bytes_written = 0;                     // payload bytes into its NVMe tier
+  uint64_t still_prefetched = 0;                       // bytes of its blocks with `prefetched`
+  std::vector<NodeBlock> blocks;                       // by block id
+  std::unordered_set<uint64_t> closed;                 // conversations whose last turn it served
+  // Belady only: per block, the next request of this node naming it (its
+  // own tiers' future), and the instances in its tiers.
+  std::vector<uint64_t> next_use;
+  std::array<BeladyPolicy*, kSimTiers> belady{};
+  // Its requests (file order), the position of the next to start and of
+  // the next to hint, and its engines (when each is free next).
+  std::vector<size_t> requests;
+  size_t next = 0;
+  size_t next_queued = 0;
+  std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> free_at;
+  double mean_service_us = 0;
+  // Queued requests (hinted, not started): their blocks, expected starts,
+  // and each block's count of queued chains naming it.
+  std::unordered_map<size_t, std::vector<uint32_t>> queued;
+  std::unordered_map<size_t, uint64_t> expected_start;
+  std::unordered_map<uint32_t, uint32_t> queued_count;
+};
+
+class Simulator {
+ public:
+  // `admissions`: one NVMe admission per node (options.nodes of them);
+  // `remote_admissions`: one remote admission per node with a remote
+  // tier, none without. `log`: the NVMe log's options when the NVMe tier
+  // is one (validated by the caller), nullopt otherwise.
+  Simulator(const Trace& trace, const ReplayOptions& options,
+            std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
+            std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions, const std::optional<SimLogOptions>& log);
+  ReplayResult Run();
+
+ private:
+  // A running prefill: its blocks become resident when it ends.
+  struct Pending {
+    uint64_t done_us;
+    size_t request;
+    std::vector<uint32_t> ids;
+    bool operator>(const Pending& o) const {
+      return done_us != o.done_us ? done_us > o.done_us : request > o.request;
+    }
+  };
+  using PendingQueue = std::priority_queue<Pending, std::vector<Pending>, std::greater<>>;
+
+  // replay_simulator.cc
+  void MakeTiers(SimNode& n, const std::optional<SimLogOptions>& log);
+  uint32_t IdOf(const BlockKey& key);
+  void IndexFuture();
+  // The node whose next request starts first (the engine model's time,
+  // then file order; file order alone without it); null when all started.
+  SimNode* NextToStart();
+  uint64_t StartOf(const SimNode& n) const;
+  // Starts `n`'s next request (its queue hints, the prefills ended by
+  // then, its lookup), and commits it or sets its prefill running.
+  void Start(SimNode& n, PendingQueue& pending, size_t warm, double& queue_sum);
+  void CommitNext(PendingQueue& pending);
+  void Hint(SimNode& n, size_t r, uint64_t expected_start_us);
+  void Unhint(SimNode& n, size_t r);
+  double Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured);
+  void Commit(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
+  void CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
+  void Finish();
+
+  // replay_placement.cc
+  // Node `n`'s view of tier `tier`: its own host or NVMe tier, or the
+  // shared remote tier.
+  SimTierState& Tier(SimNode& n, int tier) { return tier == kHostTier ? n.host : tier == kNvmeTier ? n.nvme : remote_; }
+  bool Present(SimNode& n, int tier) { return Tier(n, tier).capacity != nullptr; }
+  // Whether `id` is resident in any tier `n` sees.
+  bool Anywhere(const SimNode& n, uint32_t id) const { return n.host.in[id] || n.nvme.in[id] || remote_.in[id]; }
+  uint64_t Cost(const SimTierState& t, const SimBlock& b) const;
+  uint64_t Bytes(const SimBlock& b) const { return b.tokens * options_.bytes_per_token; }
+  bool MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now);
+  AdmissionClass ClassOf(const SimNode& n, uint32_t id) const;
+  // `n`'s NVMe admission's answer for `id`: Force (`forced`: a queued
+  // request needs it) or Decide (a refusal is counted).
+  bool NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  // The same for `n`'s remote admission (TierAdmission over the remote
+  // tier: the candidate costs its payload and the remote value's header).
+  bool RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  // Tier `tier`'s admission (NVMe or remote) as `n` asks it.
+  bool Admits(SimNode& n, int tier, uint32_t id, bool forced, uint64_t now) {
+    return tier == kNvmeTier ? NvmeAdmits(n, id, forced, now) : RemoteAdmits(n, id, forced, now);
+  }
+  // A victim of `n`'s tier `from`; `needed`: a queued request needs it
+  // within the lookahead.
+  void Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed);
+  // Writes `id` into tier `to` (`n`'s write channel, then the tier's
+  // room); false when it did not land.
+  bool WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now);
+  // Reads `id` from the highest tier below `n`'s host tier holding it into
+  // the host tier (room made first); false when it is held nowhere below
+  // (any more) or does not fit.
+  bool Promote(SimNode& n, uint32_t id, uint64_t now);
+  void EndPrefetched(SimNode& n, uint32_t id);
+  // One prefetch plan over `n`'s queued requests, at `now`.
+  void Prefetch(SimNode& n, uint64_t now);
+  SimLog::Hooks LogHooks(SimNode& n);
+
+  const Trace& trace_;
+  const ReplayOptions& options_;
+  std::vector<uint32_t> route_;  // per request, the node serving it
+  std::vector<SimNode> nodes_;   // never resized after construction (the log hooks hold pointers)
+  SimTierState remote_;          // shared by all nodes
+  uint64_t now_us_ = 0;          // the time of the event in progress (the log's hooks)
+  std::unordered_map<BlockKey, uint32_t> index_;
+  std::vector<SimBlock> blocks_;
+  std::unordered_map<uint64_t, size_t> last_turn_;  // conversation -> its last request
+  std::vector<QueuedBlock> hint_chain_;             // Hint's scratch
+  std::vector<size_t> scratch_pinned_;              // CommitBlocks' scratch
+  std::vector<uint32_t> scratch_ids_;               // Start's scratch
+  // Belady only: per block, its next use by any node (the remote tier's
+  // future; a request index) and its depth; per request block, the request
+  // after it naming the block, on any node and on the same node.
+  std::vector<uint64_t> next_use_;
+  std::vector<uint32_t> depth_;
+  std::vector<uint64_t> future_;
+  std::vector<uint64_t> node_future_;
+  std::vector<size_t> future_begin_;
+  BeladyPolicy* remote_belady_ = nullptr;
+  ReplayResult result_;
+};
+
+}  // namespace kvtier::tools
