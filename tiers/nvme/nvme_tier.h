@@ -48,6 +48,7 @@
 // each take at most 3/4 of the staging pool, so neither starves the other.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -317,6 +318,9 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
     int64_t share_refusals = 0;        // client writes refused: the room is held by shares
     WriteTotals submitted;
   } counters_;  // guarded by mu_
+  // Entries ForEachBlock handed out one by one (nvme.blocks_listed): what
+  // `kvtier ls` and drops walk; the namespace sums never add to it.
+  mutable std::atomic<int64_t> blocks_listed_{0};
   // Runs OnRead. Declared last: destroyed (joined) first, once the
   // destructor has seen io_in_flight_ reach 0.
   WorkerPool verifiers_;
