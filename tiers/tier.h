@@ -10,6 +10,17 @@
 // layer-major under (namespace, key), with the xxh3-64 of its payload
 // (common/checksum.h) recorded from the bytes the tier actually stored.
 //
+// The core below is what every tier offers and the engine uses on every
+// level. What only some tiers offer is an optional capability, a small
+// interface of its own (after BlockTier): probes (Prober), in-place holds
+// (InPlaceHolds), reclaim hooks (ReclaimHooks: eviction sink and needed
+// hint), protected shares (ReclaimShares) and kept per-namespace sums
+// (NamespaceSums). A caller reaches one through its accessor on the core
+// (prober(), ...), which answers nullptr for a tier that lacks it; a tier
+// that has one answers the same non-null pointer for its whole life
+// (usually itself), valid as long as the tier. Wrappers forward them all
+// (tiers/forwarding_tier.h).
+//
 // Thread-safety: implementations are thread-safe; every method may be
 // called from any thread. Completions (`WriteDone`, `ReadDone`) run exactly
 // once, never inline, on a thread of the tier's own; they must not wait
@@ -34,6 +45,12 @@
 #include "policy/share_guard.h"
 
 namespace kvtier {
+
+class Prober;
+class InPlaceHolds;
+class ReclaimHooks;
+class ReclaimShares;
+class NamespaceSums;
 
 class BlockTier {
  public:
@@ -63,16 +80,6 @@ class BlockTier {
   // tier knows without I/O: Find is called under engine locks, so it never
   // waits for a device or the network.
   virtual std::optional<BlockInfo> Find(const BlockKey& key) const = 0;
-  // Learns which of `keys` (blocks of `ns`) it holds, so that Find answers
-  // for them: for a tier whose contents change behind its back (the remote
-  // tier, which every node writes). May do I/O, bounded by the tier's own
-  // deadline; the engine calls it with no lock held, before it looks the
-  // keys up (a Lookup's keys not found above). Default: nothing to learn.
-  virtual void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {}
-  // Whether Probe can learn anything; the engine skips gathering what to
-  // probe when no tier of its stack does. Default: no.
-  virtual bool probes() const { return false; }
-
   using WriteDone = std::function<void(Status)>;
   // Stores `payload` (layer-major, `layer_count` equal layers) under `key`;
   // the bytes are copied before Write returns. The tier records the
@@ -134,17 +141,8 @@ class BlockTier {
   // the tier's own lock: `visit` must not call the tier.
   using BlockVisitor = std::function<void(const BlockKey& key, const BlockInfo& info)>;
   virtual void ForEachBlock(const BlockVisitor& visit) const = 0;
-  // Calls `visit` once per namespace with blocks readable now, with the sum
-  // of their payload bytes (what per-tenant quotas count,
-  // daemon/tenants/tenant_tier.h). The default is one ForEachBlock pass,
-  // O(blocks); a tier that keeps the sums (NvmeTier) answers in
-  // O(namespaces). Same locking rule as ForEachBlock.
+  // What NamespaceSums and VisitNamespaceBytes (below) hand out.
   using NamespaceBytesVisitor = std::function<void(const NamespaceFingerprint& ns, uint64_t payload_bytes)>;
-  virtual void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
-    std::unordered_map<NamespaceFingerprint, uint64_t> sums;
-    ForEachBlock([&sums](const BlockKey&, const BlockInfo& info) { sums[info.ns] += info.payload_bytes; });
-    for (const auto& [ns, bytes] : sums) visit(ns, bytes);
-  }
   // Forgets `key`; NotFound if it is neither stored nor being written. A
   // write of it in flight is cancelled and leaves nothing visible.
   virtual Status Erase(const BlockKey& key) = 0;
@@ -158,16 +156,13 @@ class BlockTier {
   };
   virtual WriteTotals write_totals() const = 0;
 
-  // Whether a queued request needs `key` (the engine's queue hints), for a
-  // tier that orders its own reclaim. Called with the tier's lock held: it
-  // may take only leaf locks. Empty clears it; its owner clears it before
-  // going away. Tiers without an eviction order of their own ignore it.
-  using NeededHint = std::function<bool(const BlockKey&)>;
-  virtual void SetNeededHint(NeededHint needed) {}
-
+  // Types the capabilities below use, kept here so that callers name them
+  // as they always have (BlockTier::Evicted, ...).
+  using NeededHint = std::function<bool(const BlockKey&)>;  // ReclaimHooks::SetNeededHint
   // A block this tier is about to drop to make room, offered to the tier
-  // below it. `payload` is valid only during the call and has been
-  // verified; `hits` counts reads since the block was written here.
+  // below it (ReclaimHooks::SetEvictionSink). `payload` is valid only
+  // during the call and has been verified; `hits` counts reads since the
+  // block was written here.
   struct Evicted {
     NamespaceFingerprint ns;
     BlockKey key;
@@ -176,50 +171,128 @@ class BlockTier {
     uint64_t hits = 0;
   };
   using EvictionSink = std::function<void(const Evicted& block, std::span<const std::byte> payload)>;
-  // Installs where evicted blocks go (the engine, for the next tier down).
-  // Called on a thread of the tier's own with no tier lock held; it must
-  // not wait for this tier. Empty clears it (and the tier stops reading its
-  // victims back); the owner clears it before going away. A tier that
-  // cannot offer its victims ignores it.
-  virtual void SetEvictionSink(EvictionSink sink) {}
-
-  // Protected shares, for a tier several owners share that reclaims on its
-  // own (the NVMe tier under tenants: daemon/tenants/tenant_tier.h,
-  // policy/share_guard.h). `shares` says whose a block of namespace `ns`
-  // is and what that owner's share is; the tier's reclaim then drops a
-  // block only when its owner holds more than its share (the others are
-  // copied forward first), and a write that would need room held by
-  // shares is NoSpace. Called with the tier's lock held: it may take only
-  // leaf locks, and must answer the same for a namespace until it is
-  // installed again (installing re-reads every namespace). Empty clears
-  // it; its owner clears it before going away. Tiers that do not reclaim
-  // on their own ignore it.
-  using ShareOf = std::function<ShareOwner(const NamespaceFingerprint& ns)>;
-  virtual void SetShares(ShareOf shares) {}
-  // The payload bytes the shares may add up to: what the tier can protect
-  // while its reclaim keeps working. 0: it protects no share (it does not
-  // reclaim on its own, or its store evicts by itself: the remote tier).
-  virtual uint64_t shareable_bytes() const { return 0; }
-
-  // In-place access, for a tier whose memory clients map themselves (the
-  // HBM tier's device pool, exported over CUDA IPC): holds `key` where it
-  // is and says where. Its bytes stay there, unchanged, until the matching
-  // ReleaseInPlace, even when the block is erased or dropped meanwhile
-  // (the range is reused only after the last release). Holds nest. Not
-  // counted as a read. NotFound when the block is not readable now;
-  // Unimplemented for tiers clients cannot map (the default).
+  using ShareOf = std::function<ShareOwner(const NamespaceFingerprint& ns)>;  // ReclaimShares::SetShares
+  // Where InPlaceHolds::HoldInPlace holds a block.
   struct InPlace {
     uint64_t offset = 0;  // of the payload, layer-major, in the tier's exported memory
     BlockInfo info;
   };
-  virtual Result<InPlace> HoldInPlace(const BlockKey& key) {
-    return Unimplemented(std::string(name()) + " tier blocks cannot be held in place");
-  }
-  // Ends one HoldInPlace of `key` that answered `offset`.
-  virtual void ReleaseInPlace(const BlockKey& key, uint64_t offset) {}
+
+  // The optional capabilities (see the top of this file): nullptr when the
+  // tier lacks one, else the same pointer for the tier's whole life. Any
+  // thread; no lock, no I/O.
+  virtual Prober* prober() { return nullptr; }
+  virtual InPlaceHolds* in_place_holds() { return nullptr; }
+  virtual ReclaimHooks* reclaim_hooks() { return nullptr; }
+  virtual ReclaimShares* reclaim_shares() { return nullptr; }
+  virtual const NamespaceSums* namespace_sums() const { return nullptr; }
 
   // <name>.* counters.
   virtual void VisitCounters(CounterVisitor& visitor) const = 0;
 };
+
+// Probes: for a tier whose contents change behind its back (the remote
+// tier, which every node writes).
+class Prober {
+ public:
+  // Learns which of `keys` (blocks of `ns`) the tier holds, so that its
+  // Find answers for them. May do I/O, bounded by the tier's own deadline;
+  // the engine calls it with no lock held, before it looks the keys up (a
+  // Lookup's keys not found above). Any thread; returns nothing: a key it
+  // could not learn about stays unknown (Find misses it).
+  virtual void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) = 0;
+
+ protected:
+  ~Prober() = default;  // not owned through this interface
+};
+
+// In-place holds: for a tier whose memory clients map themselves (the HBM
+// tier's device pool, exported over CUDA IPC).
+class InPlaceHolds {
+ public:
+  // Holds `key` where it is and says where. Its bytes stay there,
+  // unchanged, until the matching ReleaseInPlace, even when the block is
+  // erased or dropped meanwhile (the range is reused only after the last
+  // release). Holds nest. Not counted as a read. Any thread, no I/O.
+  // NotFound when the block is not readable now.
+  virtual Result<BlockTier::InPlace> HoldInPlace(const BlockKey& key) = 0;
+  // Ends one HoldInPlace of `key` that answered `offset`; a release that
+  // matches no hold is ignored. Any thread.
+  virtual void ReleaseInPlace(const BlockKey& key, uint64_t offset) = 0;
+
+ protected:
+  ~InPlaceHolds() = default;
+};
+
+// Reclaim hooks: for a tier that makes room on its own (the NVMe tier's
+// region reclaim), so that its owner says where the blocks it drops go and
+// which blocks it should keep.
+class ReclaimHooks {
+ public:
+  // Installs where evicted blocks go (the engine, for the next tier down).
+  // The sink is called on a thread of the tier's own with no tier lock
+  // held; it must not wait for this tier. Empty clears it (and the tier
+  // stops reading its victims back); the owner clears it before going
+  // away. Any thread.
+  virtual void SetEvictionSink(BlockTier::EvictionSink sink) = 0;
+  // Installs whether a queued request needs `key` (the engine's queue
+  // hints), for the tier's reclaim order. The hint is called with the
+  // tier's lock held: it may take only leaf locks. Empty clears it; its
+  // owner clears it before going away. Any thread.
+  virtual void SetNeededHint(BlockTier::NeededHint needed) = 0;
+
+ protected:
+  ~ReclaimHooks() = default;
+};
+
+// Protected shares: for a tier several owners share that reclaims on its
+// own (the NVMe tier under tenants: daemon/tenants/tenant_tier.h,
+// policy/share_guard.h). Shares change the tier for every owner: only the
+// one that owns the tier as a whole (SharedTier) installs them, never a
+// view of one owner.
+class ReclaimShares {
+ public:
+  // `shares` says whose a block of namespace `ns` is and what that owner's
+  // share is; the tier's reclaim then drops a block only when its owner
+  // holds more than its share (the others are copied forward first), and a
+  // write that would need room held by shares is NoSpace. `shares` is
+  // called with the tier's lock held: it may take only leaf locks, and must
+  // answer the same for a namespace until it is installed again
+  // (installing re-reads every namespace). Empty clears it; its owner
+  // clears it before going away. Any thread.
+  virtual void SetShares(BlockTier::ShareOf shares) = 0;
+  // The payload bytes the shares may add up to: what the tier can protect
+  // while its reclaim keeps working (0: nothing). Any thread.
+  virtual uint64_t shareable_bytes() const = 0;
+
+ protected:
+  ~ReclaimShares() = default;
+};
+
+// Kept per-namespace sums: for a tier that keeps, per namespace, the sum
+// of its blocks' payload bytes, so that what scrapes read (Engine stats,
+// metrics, per-tenant quotas) costs O(namespaces), not O(blocks).
+class NamespaceSums {
+ public:
+  // Calls `visit` once per namespace with blocks readable now, with the
+  // sum of their payload bytes, from the kept sums: it never walks the
+  // blocks. Under the tier's own lock: `visit` must not call the tier.
+  virtual void ForEachNamespaceBytes(const BlockTier::NamespaceBytesVisitor& visit) const = 0;
+
+ protected:
+  ~NamespaceSums() = default;
+};
+
+// Calls `visit` once per namespace with blocks readable in `tier` now,
+// with the sum of their payload bytes (what per-tenant quotas count,
+// daemon/tenants/tenant_tier.h): the tier's NamespaceSums when it has
+// them, O(namespaces); else one ForEachBlock pass, O(blocks). Same locking
+// rule as ForEachBlock: `visit` must not call the tier.
+inline void VisitNamespaceBytes(const BlockTier& tier, const BlockTier::NamespaceBytesVisitor& visit) {
+  if (const NamespaceSums* sums = tier.namespace_sums()) return sums->ForEachNamespaceBytes(visit);
+  std::unordered_map<NamespaceFingerprint, uint64_t> walked;
+  tier.ForEachBlock([&walked](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
+  for (const auto& [ns, bytes] : walked) visit(ns, bytes);
+}
 
 }  // namespace kvtier

@@ -45,8 +45,10 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
 
 Engine::~Engine() {
   for (auto& below : below_) {
-    below->tier->SetNeededHint(nullptr);
-    below->tier->SetEvictionSink(nullptr);
+    if (ReclaimHooks* hooks = below->tier->reclaim_hooks()) {
+      hooks->SetNeededHint(nullptr);
+      hooks->SetEvictionSink(nullptr);
+    }
   }
   // A tier thread may be inside the sink right now: wait for it, and make
   // any later call a no-op.
@@ -84,16 +86,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     level->measured = std::make_unique<MeasuredTier>(*lower.tier);
     level->tier = level->measured.get();
     level->admission = std::move(made).value();
-    if (level->tier->probes()) engine->probing_ = true;
+    if (level->tier->prober() != nullptr) engine->probing_ = true;
     engine->below_.push_back(std::move(level));
   }
   if (host.directory() != nullptr) host.directory()->SetLowerTiers(!below.empty() || above != nullptr);
   for (size_t level = 0; level < engine->below_.size(); ++level) {
-    BlockTier& tier = *engine->below_[level]->tier;
+    ReclaimHooks* tier = engine->below_[level]->tier->reclaim_hooks();
+    if (tier == nullptr) continue;  // the tier does not reclaim on its own
     // The tier asks from under its own lock; QueuedKeys' lock is a leaf.
-    tier.SetNeededHint([queued = &engine->queued_keys_](const BlockKey& key) { return queued->Contains(key); });
+    tier->SetNeededHint([queued = &engine->queued_keys_](const BlockKey& key) { return queued->Contains(key); });
     if (level + 1 < engine->below_.size()) {
-      tier.SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
+      tier->SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
                                                               std::span<const std::byte> payload) {
         std::shared_lock lock(gate->mu);
         if (gate->engine != nullptr) gate->engine->DemoteBelow(level, block, payload);
@@ -205,7 +208,9 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
       // too (the remote tier) learn about it now, with no lock held, in
       // one round trip for all of it.
       cursor.probed = true;
-      for (const auto& b : below_) b->tier->Probe(ns, keys.subspan(i));
+      for (const auto& b : below_) {
+        if (Prober* prober = b->tier->prober()) prober->Probe(ns, keys.subspan(i));
+      }
       tier = place(keys[i]);
     }
     if (!tier) {

@@ -21,7 +21,7 @@
 // A tier above the host (the HBM tier, engine_above.cc), when there is
 // one: blocks that layer-wise loads into GPU memory read (a hit: reuse
 // evidence) are copied up on the `engine.above_io` mover, and such loads
-// get them in place (BlockTier::HoldInPlace: the client copies device to
+// get them in place (InPlaceHolds::HoldInPlace: the client copies device to
 // device). It is an LRU of its own; a victim no other tier holds is
 // demoted into the host tier first (the HBM tier's evictions demote to
 // host). Lookup reports it first; a pin of a block held only there reads
@@ -32,7 +32,7 @@
 //   admission takes it (copied into the tier's staging, then written;
 //   visible there once written), else it is dropped. A block a tier below
 //   already holds costs no write. A block a lower tier evicts is offered
-//   (BlockTier::SetEvictionSink) to the tiers under it the same way.
+//   (ReclaimHooks::SetEvictionSink) to the tiers under it the same way.
 // - Promotion: a Pin of a block found only below reads it from the
 //   highest tier holding it into new arena space (verified), then commits
 //   and pins it like any host block; the copy below stays (inclusive).
@@ -417,7 +417,7 @@ class Engine {
   // promotion, a demotion or a layer read are counted in
   // batch->outstanding and, when the batch has on_resolve, marked in
   // batch->waiting. Takes one shard lock at a time.
-  // Lets the tiers that probe (BlockTier::Probe) learn about those of
+  // Lets the tiers that probe (Prober::Probe) learn about those of
   // `keys` no tier knows of, before a pin or load claims them. No lock
   // held; nothing when no tier of the stack probes.
   void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
@@ -548,7 +548,7 @@ class Engine {
   const Clock& clock_;
   // The tiers below the host, highest first.
   std::vector<std::unique_ptr<TierLevel>> below_;
-  bool probing_ = false;  // some tier of below_ probes (BlockTier::probes), set at Create
+  bool probing_ = false;  // some tier of below_ has a prober (BlockTier::prober), set at Create
   // The tier above the host (engine_levels.h); null without one.
   std::unique_ptr<AboveLevel> above_;
   std::once_flag host_copy_measured_;

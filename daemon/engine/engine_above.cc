@@ -9,7 +9,7 @@
 //   the host tier meanwhile is skipped.
 // - In place: AboveHold holds a block where it is for a load (the client
 //   copies device to device); a held range outlives an eviction or an
-//   Erase until the load ends (BlockTier::HoldInPlace).
+//   Erase until the load ends (InPlaceHolds::HoldInPlace).
 // - Down: EvictAboveOne takes the least recently used block; unless the
 //   host tier or a tier below holds it, it is read back and written into
 //   the host tier (whose own eviction demotes further as usual), then
@@ -49,10 +49,12 @@ Result<size_t> ReadAndWait(Start&& start) {
 }  // namespace
 
 std::optional<BlockTier::InPlace> Engine::AboveHold(const NamespaceFingerprint& ns, const BlockKey& key) {
-  Result<BlockTier::InPlace> held = above_->source.tier->HoldInPlace(key);
+  InPlaceHolds* holds = above_->source.tier->in_place_holds();
+  if (holds == nullptr) return std::nullopt;  // clients cannot map the tier
+  Result<BlockTier::InPlace> held = holds->HoldInPlace(key);
   if (!held.ok()) return std::nullopt;
   if (held->info.ns != ns) {
-    above_->source.tier->ReleaseInPlace(key, held->offset);
+    holds->ReleaseInPlace(key, held->offset);
     return std::nullopt;
   }
   TouchAbove(key);

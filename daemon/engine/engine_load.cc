@@ -138,7 +138,8 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
       Bump(above_->in_place_blocks);
       continue;
     }
-    if (held) above_->source.tier->ReleaseInPlace(keys[i], held->offset);  // not of the layout: load it
+    // Not of the layout: load it.
+    if (held) above_->source.tier->in_place_holds()->ReleaseInPlace(keys[i], held->offset);
     pinned.push_back(i);
     pinned_keys.push_back(keys[i]);
   }
@@ -263,7 +264,9 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
     }
     held.swap(load->held);
   }
-  for (const auto& [index, offset] : held) above_->source.tier->ReleaseInPlace(load->keys[index], offset);
+  for (const auto& [index, offset] : held) {
+    above_->source.tier->in_place_holds()->ReleaseInPlace(load->keys[index], offset);
+  }
   if (!leases.empty()) Release(connection, leases);
   EndLoadRecord(load);
   return Status::Ok();

@@ -56,7 +56,7 @@ size_t Engine::ForgetUnusedNamespaces() {
   // block meanwhile: nothing can commit into it.
   std::unordered_set<NamespaceFingerprint> with_blocks;
   for (const BlockTier* t : StackTop()) {
-    t->ForEachNamespaceBytes([&](const NamespaceFingerprint& ns, uint64_t) { with_blocks.insert(ns); });
+    VisitNamespaceBytes(*t, [&](const NamespaceFingerprint& ns, uint64_t) { with_blocks.insert(ns); });
   }
   std::lock_guard lock(namespaces_mu_);
   size_t forgotten = 0;
@@ -134,7 +134,7 @@ void Engine::VisitNamespaceUse(CounterVisitor& v) const {
   const std::vector<const BlockTier*> tiers = StackTop();
   std::map<NamespaceFingerprint, std::vector<uint64_t>> bytes;
   for (size_t level = 0; level < tiers.size(); ++level) {
-    tiers[level]->ForEachNamespaceBytes([&](const NamespaceFingerprint& ns, uint64_t payload) {
+    VisitNamespaceBytes(*tiers[level], [&](const NamespaceFingerprint& ns, uint64_t payload) {
       auto& row = bytes[ns];
       row.resize(tiers.size());
       row[level] += payload;

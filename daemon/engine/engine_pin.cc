@@ -87,7 +87,9 @@ void Engine::ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockK
     if (!FindOutside(key, ns)) unknown.push_back(key);
   }
   if (unknown.empty()) return;
-  for (const auto& b : below_) b->tier->Probe(ns, unknown);
+  for (const auto& b : below_) {
+    if (Prober* prober = b->tier->prober()) prober->Probe(ns, unknown);
+  }
 }
 
 PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,

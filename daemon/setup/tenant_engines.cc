@@ -57,9 +57,9 @@ std::string Joined(const std::vector<uint32_t>& ids) {
 }
 
 // The tenants' quotas are their protected shares on a tier that protects
-// shares: they must fit what it can protect (BlockTier::shareable_bytes).
-Status CheckSharesFit(const std::vector<TenantConfig>& tenants, const BlockTier& tier) {
-  const uint64_t shareable = tier.shareable_bytes();
+// shares: they must fit what it can protect (ReclaimShares::shareable_bytes).
+Status CheckSharesFit(const std::vector<TenantConfig>& tenants, BlockTier& tier) {
+  const uint64_t shareable = tier.reclaim_shares() != nullptr ? tier.reclaim_shares()->shareable_bytes() : 0;
   if (shareable == 0) return Status::Ok();
   uint64_t quotas = 0;
   for (const TenantConfig& t : tenants) quotas += static_cast<uint64_t>(t.nvme_bytes);

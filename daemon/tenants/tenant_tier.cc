@@ -5,15 +5,24 @@
 
 namespace kvtier {
 
+uint64_t SharedTier::ShareableBytes() const {
+  const ReclaimShares* shares = tier_.reclaim_shares();
+  return shares != nullptr ? shares->shareable_bytes() : 0;
+}
+
 SharedTier::SharedTier(BlockTier& tier) : tier_(tier) {
-  tier_.SetNeededHint([this](const BlockKey& key) { return Needed(key); });
+  if (ReclaimHooks* hooks = tier_.reclaim_hooks()) {
+    hooks->SetNeededHint([this](const BlockKey& key) { return Needed(key); });
+  }
 }
 
 SharedTier::~SharedTier() {
   std::lock_guard install(install_mu_);
-  if (sink_installed_) tier_.SetEvictionSink(nullptr);
-  tier_.SetNeededHint(nullptr);
-  tier_.SetShares(nullptr);
+  if (ReclaimHooks* hooks = tier_.reclaim_hooks()) {
+    if (sink_installed_) hooks->SetEvictionSink(nullptr);
+    hooks->SetNeededHint(nullptr);
+  }
+  if (ReclaimShares* shares = tier_.reclaim_shares()) shares->SetShares(nullptr);
 }
 
 size_t SharedTier::tenants() const {
@@ -54,20 +63,21 @@ void SharedTier::ComputeShares() {
     quotas += t.quota_bytes;
     unquoted += t.quota_bytes == 0 ? 1 : 0;
   }
-  const uint64_t shareable = tier_.shareable_bytes();
+  const uint64_t shareable = ShareableBytes();
   unquoted_share_ = unquoted == 0 || quotas >= shareable ? 0 : (shareable - quotas) / unquoted;
 }
 
 void SharedTier::InstallShares() {
-  if (tier_.shareable_bytes() == 0) return;  // the tier protects no share
+  ReclaimShares* shares = tier_.reclaim_shares();
+  if (ShareableBytes() == 0) return;  // the tier protects no share
   std::lock_guard install(install_mu_);
   bool any = false;
   {
     std::shared_lock lock(mu_);
     any = !tenants_.empty();
   }
-  if (!any) return tier_.SetShares(nullptr);
-  tier_.SetShares([this](const NamespaceFingerprint& ns) { return OwnerOf(ns); });
+  if (!any) return shares->SetShares(nullptr);
+  shares->SetShares([this](const NamespaceFingerprint& ns) { return OwnerOf(ns); });
 }
 
 ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
@@ -79,7 +89,7 @@ ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
 }
 
 uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
-  if (tier_.shareable_bytes() == 0) return 0;
+  if (ShareableBytes() == 0) return 0;
   std::shared_lock lock(mu_);
   for (const Tenant& t : tenants_) {
     if (t.scope == scope) return t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_;
@@ -110,13 +120,14 @@ void SharedTier::Install() {
     std::shared_lock lock(mu_);
     want_sink = std::any_of(tenants_.begin(), tenants_.end(), [](const Tenant& t) { return bool(t.sink); });
   }
-  if (want_sink == sink_installed_) return;
+  ReclaimHooks* hooks = tier_.reclaim_hooks();
+  if (hooks == nullptr || want_sink == sink_installed_) return;
   sink_installed_ = want_sink;
   if (!want_sink) {
-    tier_.SetEvictionSink(nullptr);  // the tier stops reading its victims back
+    hooks->SetEvictionSink(nullptr);  // the tier stops reading its victims back
     return;
   }
-  tier_.SetEvictionSink([this](const BlockTier::Evicted& block, std::span<const std::byte> payload) {
+  hooks->SetEvictionSink([this](const BlockTier::Evicted& block, std::span<const std::byte> payload) {
     OnEvicted(block, payload);
   });
 }
@@ -154,7 +165,8 @@ void SharedTier::VisitCounters(CounterVisitor& visitor) const {
 }
 
 TenantTier::TenantTier(SharedTier& shared, const TenantScope& scope, uint64_t quota_bytes)
-    : shared_(shared),
+    : ForwardingTier(shared.tier()),
+      shared_(shared),
       scope_(scope),
       quota_bytes_(quota_bytes),
       quota_bytes_name_(std::string(shared.tier().name()) + ".quota_bytes"),
@@ -188,11 +200,12 @@ std::optional<BlockTier::BlockInfo> TenantTier::Find(const BlockKey& key) const 
 }
 
 void TenantTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  if (!scope_.Owns(ns)) return;
+  Prober* tier_prober = inner().prober();
+  if (tier_prober == nullptr || !scope_.Owns(ns)) return;
   std::vector<BlockKey> scoped;
   scoped.reserve(keys.size());
   for (const BlockKey& key : keys) scoped.push_back(scope_.Scope(key));
-  inner().Probe(ns, scoped);
+  tier_prober->Probe(ns, scoped);
 }
 
 Status TenantTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
@@ -243,7 +256,9 @@ void TenantTier::ForEachBlock(const BlockVisitor& visit) const {
 }
 
 void TenantTier::ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
-  inner().ForEachNamespaceBytes([this, &visit](const NamespaceFingerprint& ns, uint64_t bytes) {
+  // The tier's kept sums where it has them (namespace_sums() offers this
+  // only then); a walk of its blocks otherwise.
+  VisitNamespaceBytes(inner(), [this, &visit](const NamespaceFingerprint& ns, uint64_t bytes) {
     if (scope_.Owns(ns)) visit(ns, bytes);
   });
 }
@@ -261,13 +276,16 @@ BlockTier::WriteTotals TenantTier::write_totals() const {
 }
 
 Result<BlockTier::InPlace> TenantTier::HoldInPlace(const BlockKey& key) {
+  InPlaceHolds* holds = inner().in_place_holds();
+  if (holds == nullptr) return Unimplemented(std::string(name()) + " tier blocks cannot be held in place");
   const BlockKey scoped = scope_.Scope(key);
   if (!Mine(scoped)) return NotFound("block is not in the " + std::string(name()) + " tier");
-  return inner().HoldInPlace(scoped);
+  return holds->HoldInPlace(scoped);
 }
 
 void TenantTier::ReleaseInPlace(const BlockKey& key, uint64_t offset) {
-  inner().ReleaseInPlace(scope_.Scope(key), offset);
+  InPlaceHolds* holds = inner().in_place_holds();
+  if (holds != nullptr) holds->ReleaseInPlace(scope_.Scope(key), offset);
 }
 
 void TenantTier::VisitCounters(CounterVisitor& visitor) const {

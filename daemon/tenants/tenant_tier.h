@@ -16,7 +16,7 @@
 // - has a protected share on a tier that protects shares (shareable_bytes()
 //   above 0: the NVMe tier): its quota, or, without one, an equal part of
 //   what the quotas leave of shareable_bytes(). SharedTier installs them
-//   on the tier (BlockTier::SetShares), whose reclaim then never drops a
+//   on the tier (ReclaimShares::SetShares), whose reclaim then never drops a
 //   block of a tenant within its share (policy/share_guard.h). Blocks of
 //   no registered tenant have no share;
 // - reports, as its write totals, the bytes its own writes sent to the
@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "daemon/tenants/tenant_scope.h"
+#include "tiers/forwarding_tier.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -84,6 +85,8 @@ class SharedTier {
   bool Needed(const BlockKey& key) const;
   // Whose block of `ns` is, and its share (BlockTier::ShareOf).
   ShareOwner OwnerOf(const NamespaceFingerprint& ns) const;
+  // The tier's ReclaimShares::shareable_bytes (0: it protects no share).
+  uint64_t ShareableBytes() const;
   // Recomputes unquoted_share_. Caller holds mu_ uniquely.
   void ComputeShares();
   // Installs OwnerOf on the tier while tenants share it (the tier re-reads
@@ -102,22 +105,26 @@ class SharedTier {
   std::atomic<int64_t> unowned_evictions_{0};
 };
 
-class TenantTier final : public BlockTier {
+// A ForwardingTier over the shared tier: kind, name, asynchronous,
+// StoredBytes and keeps_layer_checksums are the tier's. Of the tier's
+// capabilities it keeps probes, in-place holds, reclaim hooks and namespace
+// sums, each scoped to the tenant as above (answered only where the tier
+// has them); it never has ReclaimShares, whatever the tier: shares change
+// the tier for every tenant, and only SharedTier installs them.
+class TenantTier final : public ForwardingTier,
+                         public Prober,
+                         public InPlaceHolds,
+                         public ReclaimHooks,
+                         public NamespaceSums {
  public:
   // `shared` and `scope` are borrowed and outlive this. `quota_bytes` 0: no
   // quota beyond the tier's capacity.
   TenantTier(SharedTier& shared, const TenantScope& scope, uint64_t quota_bytes);
   ~TenantTier() override;
 
-  Tier kind() const override { return inner().kind(); }
-  std::string_view name() const override { return inner().name(); }
-  bool asynchronous() const override { return inner().asynchronous(); }
   uint64_t capacity_bytes() const override;
   uint64_t used_bytes() const override;
-  uint64_t StoredBytes(uint64_t payload_bytes) const override { return inner().StoredBytes(payload_bytes); }
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
-  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
-  bool probes() const override { return inner().probes(); }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;
@@ -125,22 +132,33 @@ class TenantTier final : public BlockTier {
               ReadDone done) override;
   Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                 std::span<std::byte> dst, LayerReadDone done) override;
-  bool keeps_layer_checksums() const override { return inner().keeps_layer_checksums(); }
   void ForEachBlock(const BlockVisitor& visit) const override;
-  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
   Status Erase(const BlockKey& key) override;
   WriteTotals write_totals() const override;
-  void SetNeededHint(NeededHint needed) override { shared_.SetHint(&scope_, std::move(needed)); }
-  void SetEvictionSink(EvictionSink sink) override { shared_.SetSink(&scope_, std::move(sink)); }
-  Result<InPlace> HoldInPlace(const BlockKey& key) override;
-  void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
   // <tier>.quota_bytes (gauge, 0: none), <tier>.share_bytes (gauge, its
   // protected share, 0: none) and <tier>.quota_refusals; the shared tier's
   // own counters are SharedTier's to report.
   void VisitCounters(CounterVisitor& visitor) const override;
 
+  // The capabilities: this, where the shared tier has them.
+  Prober* prober() override { return inner().prober() != nullptr ? this : nullptr; }
+  InPlaceHolds* in_place_holds() override { return inner().in_place_holds() != nullptr ? this : nullptr; }
+  ReclaimHooks* reclaim_hooks() override { return inner().reclaim_hooks() != nullptr ? this : nullptr; }
+  const NamespaceSums* namespace_sums() const override {
+    return inner().namespace_sums() != nullptr ? this : nullptr;
+  }
+  // Never: see above.
+  ReclaimShares* reclaim_shares() override { return nullptr; }
+
+  void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
+  Result<InPlace> HoldInPlace(const BlockKey& key) override;
+  void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
+  // To SharedTier, which hands the tier's calls to the tenant they concern.
+  void SetNeededHint(NeededHint needed) override { shared_.SetHint(&scope_, std::move(needed)); }
+  void SetEvictionSink(EvictionSink sink) override { shared_.SetSink(&scope_, std::move(sink)); }
+  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
+
  private:
-  BlockTier& inner() const { return shared_.tier(); }
   bool Mine(const BlockKey& scoped) const;  // the tier holds `scoped` in one of this tenant's namespaces
 
   SharedTier& shared_;

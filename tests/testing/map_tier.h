@@ -6,7 +6,7 @@
 //
 // It can also stand for a tier above the host (the HBM tier's role, for
 // engine tests on machines without a GPU): a capacity (NoSpace past it),
-// its own kind and name, and in-place holds (BlockTier::HoldInPlace) with
+// its own kind and name, and in-place holds (the InPlaceHolds capability) with
 // offsets into its own "memory": each stored block gets a fresh offset,
 // and a held block that is erased keeps its bytes and its charge until
 // the last release (InPlaceBytes reads them as a client would).
@@ -24,7 +24,7 @@
 
 namespace kvtier::testing {
 
-class MapTier final : public BlockTier {
+class MapTier final : public BlockTier, public InPlaceHolds {
  public:
   MapTier() = default;
   MapTier(uint64_t capacity_bytes, Tier kind, std::string name)
@@ -110,6 +110,7 @@ class MapTier final : public BlockTier {
     return Status::Ok();
   }
 
+  InPlaceHolds* in_place_holds() override { return this; }
   Result<InPlace> HoldInPlace(const BlockKey& key) override {
     std::lock_guard lock(mu_);
     auto it = blocks_.find(key);

@@ -1,7 +1,9 @@
 // ForwardingTier and its users: every BlockTier method called through a
 // wrapper reaches the wrapped tier, so no wrapper silently falls back to a
-// default (a MeasuredTier that did not forward ForEachNamespaceBytes made
-// every scrape walk each NVMe entry under the NVMe lock).
+// default (a MeasuredTier that did not forward the namespace sums made
+// every scrape walk each NVMe entry under the NVMe lock); and each optional
+// capability (tiers/tier.h) a wrapped tier has, the wrapper has too, while
+// one it lacks, the wrapper lacks.
 #include "tiers/forwarding_tier.h"
 
 #include <gtest/gtest.h>
@@ -10,95 +12,19 @@
 #include <string>
 
 #include "daemon/engine/measured_tier.h"
+#include "tests/testing/recording_tier.h"
 
 namespace kvtier {
 namespace {
 
-// Records which of its methods ran.
-class RecordingTier final : public BlockTier {
- public:
-  mutable std::multiset<std::string> calls;
-
-  Tier kind() const override { return Record("kind"), Tier::kNvme; }
-  std::string_view name() const override { return Record("name"), "recording"; }
-  bool asynchronous() const override { return Record("asynchronous"), true; }
-  uint64_t capacity_bytes() const override { return Record("capacity_bytes"), 7; }
-  uint64_t used_bytes() const override { return Record("used_bytes"), 3; }
-  uint64_t StoredBytes(uint64_t payload_bytes) const override { return Record("StoredBytes"), payload_bytes + 1; }
-  std::optional<BlockInfo> Find(const BlockKey&) const override { return Record("Find"), std::nullopt; }
-  void Probe(const NamespaceFingerprint&, std::span<const BlockKey>) override { Record("Probe"); }
-  bool probes() const override { return Record("probes"), true; }
-  Status Write(const NamespaceFingerprint&, const BlockKey&, uint32_t, std::span<const std::byte>, WriteDone done,
-               std::optional<uint64_t>) override {
-    Record("Write");
-    done(Status::Ok());
-    return Status::Ok();
-  }
-  Status Read(const BlockKey&, uint32_t, uint32_t, std::span<std::byte> dst, ReadDone done) override {
-    Record("Read");
-    done(dst.size());
-    return Status::Ok();
-  }
-  bool keeps_layer_checksums() const override { return Record("keeps_layer_checksums"), true; }
-  Status ReadWithLayerChecksums(const BlockKey&, uint32_t, uint32_t, std::span<std::byte> dst,
-                                LayerReadDone done) override {
-    Record("ReadWithLayerChecksums");
-    done(LayerRead{dst.size(), {}});
-    return Status::Ok();
-  }
-  void ForEachBlock(const BlockVisitor&) const override { Record("ForEachBlock"); }
-  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override {
-    Record("ForEachNamespaceBytes");
-    visit(NamespaceFingerprint{1, 2}, 42);
-  }
-  Status Erase(const BlockKey&) override { return Record("Erase"), Status::Ok(); }
-  WriteTotals write_totals() const override { return Record("write_totals"), WriteTotals{5, 6}; }
-  void SetNeededHint(NeededHint) override { Record("SetNeededHint"); }
-  void SetEvictionSink(EvictionSink) override { Record("SetEvictionSink"); }
-  void SetShares(ShareOf) override { Record("SetShares"); }
-  uint64_t shareable_bytes() const override { return Record("shareable_bytes"), 9; }
-  Result<InPlace> HoldInPlace(const BlockKey&) override { return Record("HoldInPlace"), InPlace{}; }
-  void ReleaseInPlace(const BlockKey&, uint64_t) override { Record("ReleaseInPlace"); }
-  void VisitCounters(CounterVisitor&) const override { Record("VisitCounters"); }
-
- private:
-  void Record(const std::string& what) const { calls.insert(what); }
-};
-
-// Calls every BlockTier method once through `tier`.
-void CallEverything(BlockTier& tier) {
-  const BlockKey key{1, 1};
-  const NamespaceFingerprint ns{1, 2};
-  std::vector<std::byte> bytes(16);
-  (void)tier.kind();
-  (void)tier.name();
-  (void)tier.asynchronous();
-  (void)tier.capacity_bytes();
-  (void)tier.used_bytes();
-  (void)tier.StoredBytes(1);
-  (void)tier.Find(key);
-  tier.Probe(ns, std::span(&key, 1));
-  (void)tier.probes();
-  (void)tier.Write(ns, key, 1, bytes, [](Status) {});
-  (void)tier.Read(key, 0, 1, bytes, [](Result<size_t>) {});
-  (void)tier.keeps_layer_checksums();
-  (void)tier.ReadWithLayerChecksums(key, 0, 1, bytes, [](Result<BlockTier::LayerRead>) {});
-  tier.ForEachBlock([](const BlockKey&, const BlockTier::BlockInfo&) {});
-  tier.ForEachNamespaceBytes([](const NamespaceFingerprint&, uint64_t) {});
-  (void)tier.Erase(key);
-  (void)tier.write_totals();
-  tier.SetNeededHint(nullptr);
-  tier.SetEvictionSink(nullptr);
-  tier.SetShares(nullptr);
-  (void)tier.shareable_bytes();
-  (void)tier.HoldInPlace(key);
-  tier.ReleaseInPlace(key, 0);
-  CounterCollector counters;
-  tier.VisitCounters(counters);
-}
+using ::kvtier::testing::CallEverything;
+using ::kvtier::testing::Capabilities;
+using ::kvtier::testing::CapabilitiesOf;
+using ::kvtier::testing::kEveryCapability;
+using ::kvtier::testing::RecordingTier;
 
 const std::set<std::string> kEveryMethod = {
-    "kind", "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe", "probes",
+    "kind", "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe",
     "Write", "Read", "keeps_layer_checksums", "ReadWithLayerChecksums", "ForEachBlock", "ForEachNamespaceBytes",
     "Erase", "write_totals", "SetNeededHint", "SetEvictionSink", "SetShares", "shareable_bytes", "HoldInPlace",
     "ReleaseInPlace", "VisitCounters"};
@@ -119,15 +45,60 @@ TEST(ForwardingTier, TheMeasuredTierForwardsWhatItDoesNotMeasure) {
   for (const std::string& method : kEveryMethod) EXPECT_TRUE(inner.calls.count(method) > 0) << method;
 }
 
+void ExpectSame(const Capabilities& got, const Capabilities& want, const std::string& what) {
+  EXPECT_EQ(got.prober, want.prober) << what << ": prober";
+  EXPECT_EQ(got.in_place_holds, want.in_place_holds) << what << ": in_place_holds";
+  EXPECT_EQ(got.reclaim_hooks, want.reclaim_hooks) << what << ": reclaim_hooks";
+  EXPECT_EQ(got.reclaim_shares, want.reclaim_shares) << what << ": reclaim_shares";
+  EXPECT_EQ(got.namespace_sums, want.namespace_sums) << what << ": namespace_sums";
+}
+
+// Each capability alone, none, and all: a wrapper (and a wrapper of a
+// wrapper) has exactly the wrapped tier's.
+TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
+  const std::vector<Capabilities> cases = {
+      {}, kEveryCapability, {.prober = true}, {.in_place_holds = true}, {.reclaim_hooks = true}, {.reclaim_shares = true},
+      {.namespace_sums = true}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    RecordingTier inner(cases[i]);
+    ForwardingTier forwarding(inner);
+    MeasuredTier measured(inner);
+    MeasuredTier measured_forwarding(forwarding);
+    ExpectSame(CapabilitiesOf(inner), cases[i], "case " + std::to_string(i) + " itself");
+    ExpectSame(CapabilitiesOf(forwarding), cases[i], "case " + std::to_string(i) + " ForwardingTier");
+    ExpectSame(CapabilitiesOf(measured), cases[i], "case " + std::to_string(i) + " MeasuredTier");
+    ExpectSame(CapabilitiesOf(measured_forwarding), cases[i], "case " + std::to_string(i) + " two wrappers");
+  }
+}
+
+TEST(ForwardingTier, ACapabilityThroughAWrapperIsTheWrappedTiers) {
+  RecordingTier inner;
+  MeasuredTier measured(inner);
+  EXPECT_EQ(measured.prober(), inner.prober());
+  EXPECT_EQ(measured.in_place_holds(), inner.in_place_holds());
+  EXPECT_EQ(measured.reclaim_hooks(), inner.reclaim_hooks());
+  EXPECT_EQ(measured.reclaim_shares(), inner.reclaim_shares());
+  EXPECT_EQ(measured.namespace_sums(), inner.namespace_sums());
+}
+
 TEST(ForwardingTier, AScrapeThroughTheMeasuredTierSumsPerNamespaceNeverPerBlock) {
   RecordingTier inner;
   MeasuredTier measured(inner);
   inner.calls.clear();
   uint64_t summed = 0;
-  measured.ForEachNamespaceBytes([&summed](const NamespaceFingerprint&, uint64_t bytes) { summed += bytes; });
+  VisitNamespaceBytes(measured, [&summed](const NamespaceFingerprint&, uint64_t bytes) { summed += bytes; });
   EXPECT_EQ(summed, 42u);
   EXPECT_EQ(inner.calls.count("ForEachNamespaceBytes"), 1u);
   EXPECT_EQ(inner.calls.count("ForEachBlock"), 0u) << "the wrapped tier's sums, not a walk of its blocks";
+}
+
+TEST(ForwardingTier, WithoutKeptSumsTheSumsWalkTheBlocks) {
+  RecordingTier inner(Capabilities{});
+  MeasuredTier measured(inner);
+  inner.calls.clear();
+  VisitNamespaceBytes(measured, [](const NamespaceFingerprint&, uint64_t) {});
+  EXPECT_EQ(inner.calls.count("ForEachNamespaceBytes"), 0u);
+  EXPECT_EQ(inner.calls.count("ForEachBlock"), 1u);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ std::map<BlockKey, NamespaceFingerprint> Blocks(const BlockTier& tier) {
 
 std::map<NamespaceFingerprint, uint64_t> NamespaceBytes(const BlockTier& tier) {
   std::map<NamespaceFingerprint, uint64_t> sums;
-  tier.ForEachNamespaceBytes([&sums](const NamespaceFingerprint& ns, uint64_t bytes) {
+  VisitNamespaceBytes(tier, [&sums](const NamespaceFingerprint& ns, uint64_t bytes) {
     EXPECT_TRUE(sums.emplace(ns, bytes).second) << ns.ToHex();
   });
   return sums;
@@ -100,7 +100,7 @@ std::map<NamespaceFingerprint, uint64_t> NamespaceBytes(const BlockTier& tier) {
 // hint installed on it, evicts a block when told (calling the sink as a
 // tier would), can hold writes in flight until told to finish them, and
 // reports a settable reinsertion total.
-class HookTier final : public BlockTier {
+class HookTier final : public BlockTier, public ReclaimHooks, public InPlaceHolds {
  public:
   explicit HookTier(MapTier& map) : map_(map) {}
 
@@ -133,6 +133,8 @@ class HookTier final : public BlockTier {
     std::lock_guard lock(mu_);
     return WriteTotals{map_.write_totals().device_bytes + reinserted_bytes_, reinserted_bytes_};
   }
+  ReclaimHooks* reclaim_hooks() override { return this; }
+  InPlaceHolds* in_place_holds() override { return this; }
   void SetNeededHint(NeededHint needed) override {
     std::lock_guard lock(mu_);
     hint_ = std::move(needed);

@@ -282,6 +282,25 @@ TEST_P(TierContractTest, UseAndWriteTotalsCountWhatWasStored) {
   EXPECT_GE(tier_->StoredBytes(kBlockBytes), kBlockBytes);
 }
 
+// The per-namespace sums (VisitNamespaceBytes: the tier's kept sums where
+// it has them, a walk of its blocks where not) agree with its blocks, and
+// each capability accessor answers the same every time.
+TEST_P(TierContractTest, NamespaceSumsAgreeWithTheBlocksAndCapabilitiesStayPut) {
+  for (uint64_t i = 30; i < 33; ++i) ASSERT_TRUE(WriteAndWait(i).ok());
+  std::map<NamespaceFingerprint, uint64_t> walked, summed;
+  tier_->ForEachBlock([&](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
+  VisitNamespaceBytes(*tier_, [&](const NamespaceFingerprint& ns, uint64_t bytes) {
+    EXPECT_TRUE(summed.emplace(ns, bytes).second) << "one visit per namespace";
+  });
+  EXPECT_EQ(summed, walked);
+  EXPECT_GE(summed[kNs], 3 * kBlockBytes);
+  EXPECT_EQ(tier_->prober(), tier_->prober());
+  EXPECT_EQ(tier_->in_place_holds(), tier_->in_place_holds());
+  EXPECT_EQ(tier_->reclaim_hooks(), tier_->reclaim_hooks());
+  EXPECT_EQ(tier_->reclaim_shares(), tier_->reclaim_shares());
+  EXPECT_EQ(tier_->namespace_sums(), tier_->namespace_sums());
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryTier, TierContractTest,
                          ::testing::Values("host", "nvme", "map"
 #ifdef KVTIER_HAVE_CUDA

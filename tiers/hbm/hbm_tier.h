@@ -2,8 +2,8 @@
 // over an HbmDevice (cuda_hbm_device.h on a GPU; a host-memory double
 // in tests). Built only with CUDA (KVTIER_HAVE_CUDA).
 //
-// The tier implements BlockTier (tiers/tier.h); what follows adds to that
-// contract.
+// The tier implements BlockTier (tiers/tier.h) with its InPlaceHolds
+// capability; what follows adds to that contract.
 // - Write copies the payload into pinned staging before it returns (each
 //   layer checksummed as it is copied; the payload checksum is a second
 //   pass over the staged copy, unless the block is one layer), enqueues
@@ -56,7 +56,7 @@
 
 namespace kvtier {
 
-class HbmTier final : public BlockTier {
+class HbmTier final : public BlockTier, public InPlaceHolds {
  public:
   // Takes the device. A block larger than 3/4 of the device's staging can
   // never be written (InvalidArgument). Errors: InvalidArgument (no device,
@@ -81,6 +81,7 @@ class HbmTier final : public BlockTier {
               ReadDone done) override;
   Status Erase(const BlockKey& key) override;
   // NotFound unless `key` is stored (readable now).
+  InPlaceHolds* in_place_holds() override { return this; }
   Result<InPlace> HoldInPlace(const BlockKey& key) override;
   void ReleaseInPlace(const BlockKey& key, uint64_t offset) override;
   WriteTotals write_totals() const override;

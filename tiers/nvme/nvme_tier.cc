@@ -655,6 +655,7 @@ void NvmeTier::ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
 void NvmeTier::ForEachBlock(const BlockVisitor& visit) const {
   std::lock_guard lock(mu_);
   for (const auto& [key, e] : entries_) visit(key, BlockInfo{e.ns, e.payload_bytes, e.layer_count, e.payload_checksum});
+  blocks_listed_.fetch_add(static_cast<int64_t>(entries_.size()), std::memory_order_relaxed);
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
@@ -702,6 +703,7 @@ void NvmeTier::VisitCounters(CounterVisitor& v) const {
     v.Visit("nvme.enospc", counters_.enospc);
     v.Visit("nvme.reads", counters_.reads);
     v.Visit("nvme.header_cache_hits", counters_.header_cache_hits);
+    v.Visit("nvme.blocks_listed", blocks_listed_.load(std::memory_order_relaxed));
     v.Visit("nvme.share_copies", counters_.share_copies);
     v.Visit("nvme.share_copy_failures", counters_.share_copy_failures);
     v.Visit("nvme.share_refusals", counters_.share_refusals);

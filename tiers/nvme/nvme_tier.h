@@ -15,8 +15,10 @@
 // - ENOSPC marks the tier full: writes fail fast with NoSpace for
 //   full_retry, then one write probes again; success clears it.
 //
-// The tier implements BlockTier (tiers/tier.h); what follows adds to that
-// contract. With an eviction sink installed, the blocks of the region that
+// The tier implements BlockTier (tiers/tier.h) with three of its
+// capabilities: ReclaimHooks, ReclaimShares and NamespaceSums (kept per
+// namespace as entries come and go, so a scrape is O(namespaces) and takes
+// the tier's lock once); what follows adds to that contract. With an eviction sink installed, the blocks of the region that
 // reclaim takes next are read back (verified) when the last free region
 // opens, and those reinsertion does not keep are offered to the sink while
 // they are still readable here.
@@ -46,6 +48,7 @@
 // each take at most 3/4 of the staging pool, so neither starves the other.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -102,7 +105,7 @@ struct NvmeRecovery {
   int64_t regions_resealed = 0;
 };
 
-class NvmeTier final : public BlockTier {
+class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShares, public NamespaceSums {
  public:
   // Takes the device and the index; recovers as described above. `clock` is
   // borrowed. Errors: InvalidArgument (geometry), NoSpace (staging memory),
@@ -145,13 +148,17 @@ class NvmeTier final : public BlockTier {
 
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
   void ForEachBlock(const BlockVisitor& visit) const override;
-  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
   Status Erase(const BlockKey& key) override;
 
+  ReclaimHooks* reclaim_hooks() override { return this; }
+  ReclaimShares* reclaim_shares() override { return this; }
+  const NamespaceSums* namespace_sums() const override { return this; }
+  // NamespaceSums: from namespace_bytes_, under mu_ once.
+  void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
   // For the queue_aware reclaim order (policy/reclaim_policy.h).
   void SetNeededHint(NeededHint needed) override;
   void SetEvictionSink(EvictionSink sink) override;
-  // BlockTier::SetShares; see above. O(namespaces) once.
+  // ReclaimShares::SetShares; see above. O(namespaces) once.
   void SetShares(ShareOf shares) override;
   // The device less 3 regions: the open one, the one kept free for copies
   // and one for the ends of regions records do not fill.
@@ -311,6 +318,9 @@ class NvmeTier final : public BlockTier {
     int64_t share_refusals = 0;        // client writes refused: the room is held by shares
     WriteTotals submitted;
   } counters_;  // guarded by mu_
+  // Entries ForEachBlock handed out one by one (nvme.blocks_listed): what
+  // `kvtier ls` and drops walk; the namespace sums never add to it.
+  mutable std::atomic<int64_t> blocks_listed_{0};
   // Runs OnRead. Declared last: destroyed (joined) first, once the
   // destructor has seen io_in_flight_ reach 0.
   WorkerPool verifiers_;

@@ -75,7 +75,7 @@ struct RemoteTierOptions {
   std::string cluster_secret;  // kClusterSecretBytes shared by every node (daemon/setup/remote_key_file.h); required
 };
 
-class RemoteTier final : public BlockTier {
+class RemoteTier final : public BlockTier, public Prober {
  public:
   // Checks the options and reads the slot map once. A cluster that does
   // not answer is not an error: the tier starts unavailable (logged by the
@@ -92,8 +92,8 @@ class RemoteTier final : public BlockTier {
   uint64_t used_bytes() const override;
   uint64_t StoredBytes(uint64_t payload_bytes) const override { return payload_bytes + kRemoteHeaderBytes; }
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  Prober* prober() override { return this; }
   void Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
-  bool probes() const override { return true; }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                std::span<const std::byte> payload, WriteDone done,
                std::optional<uint64_t> payload_checksum = std::nullopt) override;
