@@ -51,7 +51,9 @@ TEST(PolicyRegistryTest, ChoiceStringsAreTheRowsNames) {
   EXPECT_EQ(kRemoteAdmissionChoices, "all|second_hit|rate");
   EXPECT_EQ(ListChoices(kNvmeAdmissionChoices), "all, second_hit, dwpd");
   std::string joined;
-  for (const EvictionPolicyEntry& row : kEvictionPolicies) joined += (joined.empty() ? "" : "|") + std::string(row.name);
+  for (const EvictionPolicyEntry& row : kEvictionPolicies) {
+    joined += (joined.empty() ? "" : "|") + std::string(row.name);
+  }
   EXPECT_EQ(kEvictionPolicyChoices, joined);
 }
 
@@ -63,7 +65,9 @@ TEST(PolicyRegistryTest, AdmissionPoliciesParseForTheirTiersOnly) {
     for (uint8_t use : {uint8_t{kAdmissionForNvme}, uint8_t{kAdmissionForRemote}}) {
       auto id = ParseAdmissionPolicy(row.name, use);
       EXPECT_EQ(id.ok(), (row.uses & use) != 0);
-      if (id.ok()) EXPECT_EQ(*id, row.id);
+      if (id.ok()) {
+        EXPECT_EQ(*id, row.id);
+      }
     }
   }
   auto rate = ParseAdmissionPolicy("rate", kAdmissionForNvme);
