@@ -117,16 +117,12 @@ Result<MetricsOptions> MetricsOptionsOf(const DaemonConfig& config, bool has_ten
     if (created) spdlog::info("metrics: created a bearer token in {}", config.metrics_bearer_token_file);
     options.bearer_token = std::move(*token);
   }
-  options.open_view = has_tenants && config.metrics_tenant_series == 0 ? MetricsView::kDaemonWide : MetricsView::kAll;
+  options.open_view = has_tenants && !config.metrics_tenant_series ? MetricsView::kDaemonWide : MetricsView::kAll;
   return options;
 }
 
 // The value of `spec` in `config`, as it would be written in TOML.
-std::string OptionValue(const OptionSpec& spec, const DaemonConfig& config) {
-  if (spec.int_field != nullptr) return std::to_string(config.*spec.int_field);
-  if (spec.real_field != nullptr) return std::to_string(config.*spec.real_field);
-  return "\"" + config.*spec.string_field + "\"";
-}
+std::string OptionToml(const OptionSpec& spec, const DaemonConfig& config) { return spec.field.toml(spec, config); }
 
 void ApplyLogOptions(const DaemonConfig& config) {
   SetLogLevel(config.log_level);
@@ -182,13 +178,11 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
     for (const OptionSpec* spec : ChangedOptions(running, *loaded)) {
       if (!spec->runtime_changeable) {
         spdlog::warn("SIGHUP: {} changed to {} in {}; it needs a restart (still {})", spec->name,
-                     OptionValue(*spec, *loaded), command_line.config_path, OptionValue(*spec, running));
+                     OptionToml(*spec, *loaded), command_line.config_path, OptionToml(*spec, running));
         continue;
       }
-      spdlog::info("SIGHUP: {} = {} (was {})", spec->name, OptionValue(*spec, *loaded), OptionValue(*spec, running));
-      if (spec->int_field != nullptr) running.*spec->int_field = (*loaded).*spec->int_field;
-      if (spec->string_field != nullptr) running.*spec->string_field = (*loaded).*spec->string_field;
-      if (spec->real_field != nullptr) running.*spec->real_field = (*loaded).*spec->real_field;
+      spdlog::info("SIGHUP: {} = {} (was {})", spec->name, OptionToml(*spec, *loaded), OptionToml(*spec, running));
+      spec->field.copy(*loaded, running);
       ++applied;
     }
     ApplyLogOptions(running);
@@ -270,7 +264,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   if (!server.ok()) return StartFailure(config, server.status().ToString());
   // Declared after the server and the engines: it stops serving before they go.
   std::unique_ptr<MetricsServer> metrics;
-  if (config.metrics_enabled != 0) {
+  if (config.metrics_enabled) {
     auto metrics_options = MetricsOptionsOf(config, (*engines)->has_tenants());
     if (!metrics_options.ok()) return StartFailure(config, metrics_options.status().ToString());
     auto started = MetricsServer::Start(*metrics_options, [&server = **server, &engines = **engines](MetricsView view) {
@@ -289,7 +283,8 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   const DaemonEngines::Tenant& first = (*engines)->tenants().front();
   spdlog::info("tier host: {} bytes shared-memory arena{} ({}), eviction {}, block directory {}",
                config.host_capacity_bytes, (*engines)->has_tenants() ? ", split among the tenants" : "",
-               first.host->locked() ? "locked in memory" : "NOT locked", config.engine_eviction,
+               first.host->locked() ? "locked in memory" : "NOT locked",
+               EvictionPolicyName(config.engine_eviction),
                first.host->directory() != nullptr ? std::to_string(first.host->directory()->bytes()) + " bytes"
                                                   : std::string("off"));
   if (first.hbm.tier != nullptr) spdlog::info("tier hbm: {}", first.hbm.description);

@@ -31,15 +31,16 @@
 #include <cstdint>
 
 #include "kvtier/result.h"
+#include "policy/option_defaults.h"
 
 namespace kvtier {
 
 struct DwpdOptions {
   uint64_t drive_capacity_bytes = 0;  // required: the drive's (not the tier's) capacity
-  double dwpd = 1.0;                  // rated drive writes per day
-  double warranty_years = 5.0;        // the years the DWPD rating covers
-  double planned_years = 5.0;         // the years the operator wants the drive to last
-  double share = 1.0;                 // the part of the drive's writes kvtier may use, (0, 1]
+  double dwpd = defaults::kDwpd;                          // rated drive writes per day
+  double warranty_years = defaults::kDwpdWarrantyYears;  // the years the DWPD rating covers
+  double planned_years = defaults::kDwpdPlannedYears;    // the years the operator wants the drive to last
+  double share = defaults::kDwpdShare;                   // the part of the drive's writes kvtier may use, (0, 1]
   // R_max in bytes/s; 0: 2 * R (catching up after idle time at most twice
   // the daily rate).
   double max_write_rate = 0;

@@ -112,8 +112,8 @@ std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
 // T1 victims below (1 << 63), T2 victims (1 << 63) | time. Every
 // operation O(1).
 std::unique_ptr<EvictionPolicy> MakeArcPolicy();
-// "lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware"
-// (queue_aware_policy.h); null for other names.
+// The policy of that name in the registry (policy_registry.h, which
+// defines this); null for a name not in it.
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name);
 
 }  // namespace kvtier

@@ -7,7 +7,6 @@
 #include <unordered_map>
 
 #include "policy/eviction_policy.h"
-#include "policy/queue_aware_policy.h"
 
 namespace kvtier {
 namespace {
@@ -124,15 +123,5 @@ class FifoPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> MakeLruPolicy() { return std::make_unique<LruPolicy>(); }
 std::unique_ptr<EvictionPolicy> MakeFifoPolicy() { return std::make_unique<FifoPolicy>(); }
-
-std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(std::string_view name) {
-  if (name == "lru") return MakeLruPolicy();
-  if (name == "fifo") return MakeFifoPolicy();
-  if (name == "lru2") return MakeLru2Policy();
-  if (name == "s3fifo") return MakeS3FifoPolicy();
-  if (name == "arc") return MakeArcPolicy();
-  if (name == "queue_aware") return MakeQueueAwarePolicy();
-  return nullptr;
-}
 
 }  // namespace kvtier

@@ -3,15 +3,27 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "policy/policy_registry.h"
+
 namespace kvtier {
 
 std::optional<ReclaimOrder> ParseReclaimOrder(std::string_view name) {
-  if (name == "fifo") return ReclaimOrder::kFifo;
-  if (name == "lru") return ReclaimOrder::kLru;
-  if (name == "queue_aware") return ReclaimOrder::kQueueAware;
-  if (name == "lru2") return ReclaimOrder::kLru2;
-  if (name == "s3fifo") return ReclaimOrder::kS3Fifo;
-  if (name == "arc") return ReclaimOrder::kArc;
+  auto id = ParseEvictionPolicy(name);
+  if (!id.ok()) return std::nullopt;
+  switch (*id) {
+    case EvictionPolicyId::kFifo:
+      return ReclaimOrder::kFifo;
+    case EvictionPolicyId::kLru:
+      return ReclaimOrder::kLru;
+    case EvictionPolicyId::kQueueAware:
+      return ReclaimOrder::kQueueAware;
+    case EvictionPolicyId::kLru2:
+      return ReclaimOrder::kLru2;
+    case EvictionPolicyId::kS3Fifo:
+      return ReclaimOrder::kS3Fifo;
+    case EvictionPolicyId::kArc:
+      return ReclaimOrder::kArc;
+  }
   return std::nullopt;
 }
 
@@ -33,7 +45,7 @@ std::string_view ReclaimOrderName(ReclaimOrder order) {
   return "?";
 }
 
-std::string_view ReclaimOrderChoices() { return "fifo|lru|lru2|s3fifo|arc|queue_aware"; }
+std::string_view ReclaimOrderChoices() { return kEvictionPolicyChoices; }
 
 std::vector<ReclaimCandidate> ChooseReinsertions(std::vector<ReclaimCandidate> candidates, ReclaimOrder order) {
   if (order != ReclaimOrder::kLru && order != ReclaimOrder::kQueueAware) return {};

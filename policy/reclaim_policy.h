@@ -42,8 +42,8 @@ namespace kvtier {
 
 enum class ReclaimOrder : uint8_t { kFifo, kLru, kQueueAware, kLru2, kS3Fifo, kArc };
 
-// "fifo", "lru", "queue_aware", "lru2", "s3fifo", "arc"; nullopt for
-// anything else.
+// The order of each eviction policy in the registry (policy_registry.h);
+// nullopt for any other name.
 std::optional<ReclaimOrder> ParseReclaimOrder(std::string_view name);
 std::string_view ReclaimOrderName(ReclaimOrder order);
 // The names ParseReclaimOrder accepts, "|"-separated (for messages).

@@ -10,9 +10,9 @@ set(allowed_policy "kvtier/;common/;policy/")
 set(allowed_gpu "kvtier/;gpu/")  # the CUDA building blocks: public headers and their own
 set(allowed_tiers "kvtier/;common/;policy/;tiers/;gpu/")
 set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
-# The daemon's parts, one way: config and engine are leaves, tenants over
+# The daemon's parts, one way: config (over policy/'s registry) and engine are leaves, tenants over
 # config, server over engine and tenants, setup over all, main.cc over setup.
-set(allowed_daemon_config "kvtier/;common/;daemon/config/")
+set(allowed_daemon_config "kvtier/;common/;policy/;daemon/config/")  # policy/: its name registry
 set(allowed_daemon_engine "kvtier/;common/;policy/;tiers/;daemon/engine/")
 set(allowed_daemon_tenants "kvtier/;common/;tiers/;daemon/config/;daemon/tenants/")
 set(allowed_daemon_server "kvtier/;common/;policy/;tiers/;proto/;daemon/engine/;daemon/tenants/;daemon/server/")

@@ -1,6 +1,7 @@
 // kvtierd configuration: every option is declared once, in kOptions
-// (config.cc), with its name, default, bounds, run-time changeability and a
-// doc line. The TOML parser, `kvtierd --help`, the embedded default config
+// (config_options.cc), with its name, type, default, bounds, run-time
+// changeability, a doc line and its typed field (the parser that checks a
+// value and stores it, option_field.h). The TOML parser, `kvtierd --help`, the embedded default config
 // and docs/OPERATIONS.md all come from that table.
 #pragma once
 
@@ -8,9 +9,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "kvtier/result.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier {
 
@@ -29,6 +32,8 @@ struct TenantConfig {
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
 };
 
+// The options' values. A DaemonConfig{} holds zeros, not defaults: the
+// defaults are kOptions', which ParseConfig applies first.
 struct DaemonConfig {
   // [server]
   std::string socket_path;
@@ -51,13 +56,13 @@ struct DaemonConfig {
   std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
   std::string socket_group;  // name or gid; empty: the daemon's group
   std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe
-  int64_t trust_shared_directories = 0;  // 1: skip CheckStateDirectories (directory_trust.h)
+  bool trust_shared_directories = false;  // skip CheckStateDirectories (directory_trust.h)
   // [host]
   int64_t host_capacity_bytes = 0;
   std::string host_lock_memory;  // "required" | "best_effort" | "off"
-  int64_t host_directory = 0;        // bool
+  bool host_directory = false;
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
-  int64_t host_verify_commits = 0;   // bool
+  bool host_verify_commits = false;
   // [hbm]
   std::string hbm_enabled;        // "auto" | "on" | "off"
   int64_t hbm_device = 0;
@@ -69,15 +74,15 @@ struct DaemonConfig {
   int64_t nvme_region_bytes = 0;
   int64_t nvme_queue_depth = 0;
   int64_t nvme_io_threads = 0;
-  int64_t nvme_direct_io = 0;     // bool
-  int64_t nvme_preallocate = 0;   // bool
+  bool nvme_direct_io = false;
+  bool nvme_preallocate = false;
   std::string nvme_io_engine;     // "auto" | "io_uring" | "threads"
   std::string nvme_index_path;    // empty: <nvme.path>.index
   int64_t nvme_staging_bytes = 0;
-  int64_t nvme_sync_index = 0;    // bool
+  bool nvme_sync_index = false;
   int64_t nvme_reinsert_percent = 0;
-  std::string nvme_eviction;      // "fifo" | "lru" | "lru2" | "s3fifo" | "arc" | "queue_aware"
-  std::string nvme_admission;     // "all" | "second_hit" | "dwpd"
+  EvictionPolicyId nvme_eviction{};  // the reclaim order of that name
+  AdmissionPolicyId nvme_admission{};  // all | second_hit | dwpd
   int64_t nvme_dwpd_drive_bytes = 0;  // 0: the file system holding nvme.path
   double nvme_dwpd = 0;
   double nvme_dwpd_warranty_years = 0;
@@ -88,7 +93,7 @@ struct DaemonConfig {
   std::string remote_nodes;       // "host:port,host:port"; empty: no remote tier
   std::string remote_cluster_networks;  // "cidr,cidr"; empty: the nodes' /24 or /64
   int64_t remote_capacity_bytes = 0;
-  std::string remote_admission;   // "all" | "second_hit" | "rate"
+  AdmissionPolicyId remote_admission{};  // all | second_hit | rate
   int64_t remote_write_rate = 0;  // bytes/s (rate admission)
   int64_t remote_timeout_ms = 0;
   int64_t remote_probe_timeout_ms = 0;
@@ -102,17 +107,17 @@ struct DaemonConfig {
   std::string remote_key_file;       // the cluster secret (daemon/setup/remote_key_file.h)
   // [engine]
   int64_t engine_shards = 0;
-  std::string engine_eviction;   // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
+  EvictionPolicyId engine_eviction{};  // the host tier's
   int64_t engine_lookahead_ms = 0;
   int64_t engine_prefetch_percent = 0;
   int64_t engine_demotion_buffer_bytes = 0;
   int64_t engine_prefetch_min_blocks = 0;
   // [metrics]
-  int64_t metrics_enabled = 0;  // bool
+  bool metrics_enabled = false;
   std::string metrics_address;
   int64_t metrics_port = 0;
   std::string metrics_bearer_token_file;  // empty: no token (metrics_server.h)
-  int64_t metrics_tenant_series = 0;      // bool: with tenants and no token, show their series anyway
+  bool metrics_tenant_series = false;      // with tenants and no token, show their series anyway
   // [log]
   std::string log_level;
   std::string log_format;  // "text" | "json"
@@ -120,9 +125,35 @@ struct DaemonConfig {
   std::vector<TenantConfig> tenants;
 };
 
-// kBool lands in an int field as 0/1; kReal in a double field, bounded by
-// real_min/real_max.
+// How a row's value is written in TOML and checked: kInt and kBytes (a
+// size like "64MiB" or an integer) land in an int64_t field bounded by
+// min/max; kBool in a bool; kReal in a double bounded by real_min/real_max;
+// kString in a std::string; kChoice in a std::string or a registry id
+// (policy_registry.h), one of `choices`.
 enum class OptionType { kInt, kBytes, kString, kChoice, kBool, kReal };
+
+// A TOML value as read, before its row's parser checks it (monostate: an
+// array, a table, a date or a time).
+using OptionValue = std::variant<std::monostate, bool, int64_t, double, std::string>;
+
+struct OptionSpec;
+
+// A row's typed access to its DaemonConfig field (OptionFieldOf in
+// option_field.h makes one for each field type). Plain functions: callable
+// from any thread on configs the caller owns.
+struct OptionField {
+  // Checks `value` against `spec` (its type, bounds and choices) and stores
+  // it in `config`. InvalidArgument otherwise, whose message is the text
+  // that follows "<where>: <name>" in the error, e.g. " must be true or
+  // false" or " = 7 is outside [1, 4]".
+  Status (*parse)(const OptionSpec& spec, const OptionValue& value, DaemonConfig& config) = nullptr;
+  // The field's value as TOML (what ConfigToml writes).
+  std::string (*toml)(const OptionSpec& spec, const DaemonConfig& config) = nullptr;
+  // Whether `a` and `b` hold the same value.
+  bool (*same)(const DaemonConfig& a, const DaemonConfig& b) = nullptr;
+  // Copies the value from `from` into `to` (a SIGHUP reload).
+  void (*copy)(const DaemonConfig& from, DaemonConfig& to) = nullptr;
+};
 
 struct OptionSpec {
   std::string_view name;           // "section.key" as written in TOML
@@ -133,11 +164,8 @@ struct OptionSpec {
   std::string_view choices;        // kChoice: "a|b|c"
   bool runtime_changeable = false;
   std::string_view doc;
-  // Where the value lands: exactly one of the three is set.
-  int64_t DaemonConfig::*int_field = nullptr;
-  std::string DaemonConfig::*string_field = nullptr;
+  OptionField field;               // where and how the value lands
   bool may_be_empty = false;  // kString: "" is a valid value (e.g. "feature off")
-  double DaemonConfig::*real_field = nullptr;
   double real_min = 0;  // kReal bounds (inclusive)
   double real_max = 0;
   // kInt / kBytes: 0 is also accepted, outside the bounds, and means "size

@@ -14,6 +14,7 @@
 #include "kvtier/client.h"
 #include "kvtier/status.h"
 #include "policy/dwpd_budget.h"
+#include "policy/option_defaults.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -28,7 +29,7 @@ constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};
 constexpr ConnectionId kHoldConnection = ~ConnectionId{0} - 1;
 
 struct EngineOptions {
-  uint32_t shards = 8;          // 1..256
+  uint32_t shards = defaults::kEngineShards;  // 1..256
   std::string eviction = "lru"; // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
   // For Create with one tier below the host: which evicted blocks it gets,
   // "all" | "second_hit" | "dwpd" (then `dwpd` must validate).
@@ -38,13 +39,13 @@ struct EngineOptions {
   // demoted to the first tier below whatever its class, as long as that
   // tier's write budget (if any) can pay for it; past the budget it goes
   // through admission like any other block.
-  uint64_t lookahead_us = 2'000'000;
+  uint64_t lookahead_us = defaults::kLookaheadMs * 1000;
   // Prefetch (queue hints + a tier below): lower-tier prefix blocks of
   // queued requests are read into the host tier before their start, at
   // most this share of the host capacity per plan, skipping hits shorter
   // than prefetch_min_blocks. 0 turns prefetch off.
-  double prefetch_share = 0.25;
-  uint32_t prefetch_min_blocks = 2;
+  double prefetch_share = defaults::kPrefetchPercent / 100.0;
+  uint32_t prefetch_min_blocks = defaults::kPrefetchMinBlocks;
   // Queue hints one connection may hold at once: requests, and chain keys
   // over all of them. Past either, that connection's Enqueue is Busy;
   // other connections are unaffected.
@@ -56,14 +57,14 @@ struct EngineOptions {
   // Demotions a busy tier below cannot take at once wait, copied out of
   // the arena, in the demoter (a mover thread) for room there: at most
   // this many bytes. Past it, such a victim is dropped (counted).
-  uint64_t demotion_buffer_bytes = 256ull << 20;
+  uint64_t demotion_buffer_bytes = defaults::kDemotionBufferBytes;
   size_t max_queued_requests_per_connection = 8192;
   size_t max_queued_keys_per_connection = size_t{1} << 20;
   // Commit hashes every block even when the client sent its checksum, and
   // fails a block whose bytes do not match (host.verify_commits). Off: a
   // client's checksum is recorded as sent (one pass less over the bytes);
   // demotion and verifying readers still check the bytes against it.
-  bool verify_commits = false;
+  bool verify_commits = defaults::kVerifyCommits;
 };
 
 // What a Reserve says of its keys' chain: with `chain` they are consecutive

@@ -58,7 +58,7 @@ Status CheckTrustedDirectory(const std::string& dir, std::string_view what, uid_
 }
 
 Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
-  if (config.trust_shared_directories != 0) return Status::Ok();
+  if (config.trust_shared_directories) return Status::Ok();
   struct Place {
     std::string dir;
     const char* what;
@@ -74,7 +74,7 @@ Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
     places.push_back({index, "nvme.index_path"});
   }
   if (!config.tenant_key_file.empty()) places.push_back({DirectoryOf(config.tenant_key_file), "server.tenant_key_file's directory"});
-  if (config.metrics_enabled != 0 && !config.metrics_bearer_token_file.empty()) {
+  if (config.metrics_enabled && !config.metrics_bearer_token_file.empty()) {
     places.push_back({DirectoryOf(config.metrics_bearer_token_file), "metrics.bearer_token_file's directory"});
   }
   if (!config.remote_nodes.empty() && !config.remote_key_file.empty()) {

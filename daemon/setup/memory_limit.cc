@@ -117,7 +117,7 @@ MachineMemory UnderLimit(MachineMemory machine, const CgroupMemory& cgroup) {
 
 uint64_t ConfiguredMemoryBytes(const DaemonConfig& config) {
   uint64_t bytes = kDaemonBaseBytes + static_cast<uint64_t>(config.host_capacity_bytes);
-  if (config.host_directory != 0) {
+  if (config.host_directory) {
     const uint32_t slots = config.host_directory_slots > 0
                                ? static_cast<uint32_t>(config.host_directory_slots)
                                : HostDirectory::DefaultSlots(static_cast<uint64_t>(config.host_capacity_bytes));

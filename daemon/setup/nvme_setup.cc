@@ -12,31 +12,43 @@
 #include <filesystem>
 
 #include "common/logging.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier {
 
-Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock& clock) {
-  if (config.nvme_path.empty()) return std::unique_ptr<NvmeTier>();
+Result<BlockDeviceOptions> BlockDeviceOptionsFromConfig(const DaemonConfig& config) {
   BlockDeviceOptions device_options;
   device_options.path = config.nvme_path;
   device_options.capacity_bytes = static_cast<uint64_t>(config.nvme_capacity_bytes);
-  device_options.direct_io = config.nvme_direct_io != 0;
-  device_options.preallocate = config.nvme_preallocate != 0;
+  device_options.direct_io = config.nvme_direct_io;
+  device_options.preallocate = config.nvme_preallocate;
   device_options.queue_depth = static_cast<uint32_t>(config.nvme_queue_depth);
   device_options.io_threads = static_cast<uint32_t>(config.nvme_io_threads);
   auto engine = ParseIoEngine(config.nvme_io_engine);
   if (!engine.ok()) return engine.status();
   device_options.engine = *engine;
-  auto device = OpenBlockDevice(device_options);
-  if (!device.ok()) return device.status();
-  const std::string index_path = config.nvme_index_path.empty() ? config.nvme_path + ".index" : config.nvme_index_path;
-  auto index = NvmeIndex::Open(index_path, config.nvme_sync_index != 0);
-  if (!index.ok()) return index.status();
+  return device_options;
+}
+
+NvmeTierOptions NvmeTierOptionsFromConfig(const DaemonConfig& config) {
   NvmeTierOptions options;
   options.region_bytes = static_cast<uint64_t>(config.nvme_region_bytes);
   options.staging_bytes = static_cast<uint64_t>(config.nvme_staging_bytes);
   options.reinsert_share = static_cast<double>(config.nvme_reinsert_percent) / 100.0;
-  options.reclaim = ParseReclaimOrder(config.nvme_eviction).value_or(ReclaimOrder::kQueueAware);  // validated by Config
+  options.reclaim = *ParseReclaimOrder(EvictionPolicyName(config.nvme_eviction));  // every registry name has an order
+  return options;
+}
+
+Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock& clock) {
+  if (config.nvme_path.empty()) return std::unique_ptr<NvmeTier>();
+  auto device_options = BlockDeviceOptionsFromConfig(config);
+  if (!device_options.ok()) return device_options.status();
+  auto device = OpenBlockDevice(*device_options);
+  if (!device.ok()) return device.status();
+  const std::string index_path = config.nvme_index_path.empty() ? config.nvme_path + ".index" : config.nvme_index_path;
+  auto index = NvmeIndex::Open(index_path, config.nvme_sync_index);
+  if (!index.ok()) return index.status();
+  const NvmeTierOptions options = NvmeTierOptionsFromConfig(config);
   const std::string kind(device->get()->kind());
   auto tier = NvmeTier::Open(std::move(*device), std::move(*index), options, clock);
   if (!tier.ok()) return tier.status();
@@ -103,14 +115,14 @@ Result<DwpdOptions> DwpdFromConfig(const DaemonConfig& config) {
 Result<LowerTier> NvmeAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier) {
   auto dwpd = DwpdFromConfig(config);
   if (!dwpd.ok()) return dwpd.status();
-  if (config.nvme_admission == "dwpd") {
+  if (config.nvme_admission == AdmissionPolicyId::kDwpd) {
     const DwpdBudget budget(*dwpd, 0);
     spdlog::info("nvme admission: dwpd, drive {} bytes x {} DWPD, budget {} bytes/day ({:.1f} MB/s)",
                  dwpd->drive_capacity_bytes, dwpd->dwpd, budget.budget_bytes_per_day(), budget.daily_rate() / 1e6);
   } else {
-    spdlog::info("nvme admission: {}", config.nvme_admission);
+    spdlog::info("nvme admission: {}", AdmissionPolicyName(config.nvme_admission));
   }
-  return LowerTier{&tier, config.nvme_admission, *dwpd};
+  return LowerTier{&tier, std::string(AdmissionPolicyName(config.nvme_admission)), *dwpd};
 }
 
 }  // namespace kvtier

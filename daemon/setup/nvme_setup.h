@@ -9,9 +9,19 @@
 #include "daemon/config/config.h"
 #include "daemon/engine/engine.h"
 #include "policy/dwpd_budget.h"
+#include "tiers/nvme/block_device.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
+
+// The nvme.* options of the device (path, capacity, direct_io,
+// preallocate, queue_depth, io_threads, io_engine). InvalidArgument for an
+// io_engine the device does not know.
+Result<BlockDeviceOptions> BlockDeviceOptionsFromConfig(const DaemonConfig& config);
+
+// The nvme.* options of the tier (region_bytes, staging_bytes,
+// reinsert_percent, eviction as its reclaim order).
+NvmeTierOptions NvmeTierOptionsFromConfig(const DaemonConfig& config);
 
 // Null when config.nvme_path is empty (no NVMe tier). Errors name the
 // option or path at fault. `clock` is borrowed for the tier's lifetime.

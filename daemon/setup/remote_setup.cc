@@ -7,6 +7,7 @@
 #include "daemon/config/regular_file.h"
 #include "daemon/setup/remote_key_file.h"
 #include "tiers/remote/cluster_networks.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier {
 namespace {
@@ -88,7 +89,7 @@ Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config) {
 Result<LowerTier> RemoteAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier) {
   LowerTier lower;
   lower.tier = &tier;
-  lower.admission = config.remote_admission;
+  lower.admission = std::string(AdmissionPolicyName(config.remote_admission));
   lower.rate_bytes_per_second = static_cast<uint64_t>(config.remote_write_rate);
   if (lower.admission == "rate") {
     spdlog::info("remote admission: rate, {} bytes/s", lower.rate_bytes_per_second);

@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "common/logging.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier {
 namespace {
@@ -17,7 +18,7 @@ HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
 // Slots of a block directory next to an arena of `arena_bytes`; 0 when
 // the directory is off.
 uint32_t DirectorySlots(const DaemonConfig& config, uint64_t arena_bytes) {
-  if (config.host_directory == 0) return 0;
+  if (!config.host_directory) return 0;
   if (config.host_directory_slots == 0) return HostDirectory::DefaultSlots(arena_bytes);
   return std::bit_ceil(static_cast<uint32_t>(std::max<int64_t>(config.host_directory_slots, 2)));
 }
@@ -73,12 +74,13 @@ Status CheckSharesFit(const std::vector<TenantConfig>& tenants, BlockTier& tier)
 }  // namespace
 
 EngineOptions EngineOptionsFromConfig(const DaemonConfig& config) {
-  EngineOptions options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
+  EngineOptions options{static_cast<uint32_t>(config.engine_shards),
+                        std::string(EvictionPolicyName(config.engine_eviction))};
   options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
   options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);
   options.prefetch_min_blocks = static_cast<uint32_t>(config.engine_prefetch_min_blocks);
-  options.verify_commits = config.host_verify_commits != 0;
+  options.verify_commits = config.host_verify_commits;
   return options;
 }
 

@@ -24,6 +24,7 @@
 #include "common/framing.h"
 #include "kvtier/block_key.h"
 #include "kvtier/v1/kvtier.pb.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier::fuzz {
 
@@ -36,14 +37,15 @@ enum RequestStreamFlags : uint8_t {
   kOperatorConnection = 1 << 1,
   // The tenant may register only model "fuzz/allowed" (not the Hello's).
   kModelAllowList = 1 << 2,
-  // Bits 3..5: the engine's eviction policy, kEvictionPolicies[bits % 6].
+  // Bits 3..5: the engine's eviction policy, the registry's
+  // (policy/policy_registry.h) row bits % 6.
   kEvictionShift = 3,
 };
 
-inline constexpr const char* kEvictionPolicies[] = {"lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware"};
-
 inline const char* EvictionPolicy(uint8_t flags) {
-  return kEvictionPolicies[((flags >> kEvictionShift) & 7) % std::size(kEvictionPolicies)];
+  // A row's name is a string literal: NUL-terminated.
+  return ::kvtier::kEvictionPolicies[((flags >> kEvictionShift) & 7) % std::size(::kvtier::kEvictionPolicies)]
+      .name.data();
 }
 
 // The namespaces of the Hello the fuzzer sends first (indices 0 and 1):

@@ -95,11 +95,11 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
     config->nvme_capacity_bytes = static_cast<int64_t>(options.nvme_bytes);
     config->nvme_region_bytes = static_cast<int64_t>(options.nvme_region_bytes);
     config->nvme_staging_bytes = 16 << 20;
-    config->nvme_preallocate = options.nvme_preallocate ? 1 : 0;
+    config->nvme_preallocate = options.nvme_preallocate;
     config->nvme_index_path = options.nvme_index_path;
     auto nvme = OpenNvmeTier(*config, clock_);
     if (!nvme.ok() && nvme.status().code() == StatusCode::kInvalidArgument) {
-      config->nvme_direct_io = 0;  // a TMPDIR without O_DIRECT (tmpfs)
+      config->nvme_direct_io = false;  // a TMPDIR without O_DIRECT (tmpfs)
       nvme = OpenNvmeTier(*config, clock_);
     }
     if (!nvme.ok()) {

@@ -235,10 +235,10 @@ TEST(ClientCommitBuilder, SendsChecksumsOnlyWhenEveryOkBlockHasOne) {
 TEST(VerifyCommitsOption, DefaultsToOffAndParses) {
   auto defaults = ParseConfig("", "test.toml");
   ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
-  EXPECT_EQ(defaults->host_verify_commits, 0);
+  EXPECT_FALSE(defaults->host_verify_commits);
   auto on = ParseConfig("[host]\nverify_commits = true\n", "test.toml");
   ASSERT_TRUE(on.ok()) << on.status().ToString();
-  EXPECT_EQ(on->host_verify_commits, 1);
+  EXPECT_TRUE(on->host_verify_commits);
   EXPECT_FALSE(ParseConfig("[host]\nverify_commits = 1\n", "test.toml").ok());
 }
 

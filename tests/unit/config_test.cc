@@ -3,6 +3,7 @@
 // parsing, file loading and --help.
 #include "daemon/config/config.h"
 #include "daemon/engine/engine.h"
+#include "policy/policy_registry.h"
 #include "policy/reclaim_policy.h"
 
 #include <sys/stat.h>
@@ -52,16 +53,27 @@ std::string StringDefault(const OptionSpec& spec) {
 
 void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   for (const OptionSpec& spec : ConfigOptions()) {
-    if (spec.int_field != nullptr) {
-      EXPECT_EQ(a.*spec.int_field, b.*spec.int_field) << spec.name;
-    }
-    if (spec.string_field != nullptr) {
-      EXPECT_EQ(a.*spec.string_field, b.*spec.string_field) << spec.name;
-    }
-    if (spec.real_field != nullptr) {
-      EXPECT_EQ(a.*spec.real_field, b.*spec.real_field) << spec.name;
-    }
+    EXPECT_TRUE(spec.field.same(a, b)) << spec.name << ": " << spec.field.toml(spec, a) << " vs "
+                                       << spec.field.toml(spec, b);
   }
+}
+
+// The TOML ConfigToml should write for `spec`'s default, worked out from its
+// default text alone (not through the row's parser).
+std::string ExpectedDefaultToml(const OptionSpec& spec) {
+  switch (spec.type) {
+    case OptionType::kBool:
+      return std::string(spec.default_value);
+    case OptionType::kInt:
+    case OptionType::kBytes:
+      return std::to_string(IntDefault(spec));
+    case OptionType::kReal:
+      return std::string(spec.default_value);  // the defaults are written as %.17g would
+    case OptionType::kString:
+    case OptionType::kChoice:
+      return TomlQuoted(StringDefault(spec));
+  }
+  return "?";
 }
 
 // Parses `toml` as origin "test.toml" and expects InvalidArgument whose
@@ -83,23 +95,21 @@ TEST(ConfigTest, TableIsWellFormed) {
     SCOPED_TRACE(std::string(spec.name));
     EXPECT_NE(spec.name.find('.'), std::string_view::npos);
     EXPECT_FALSE(spec.doc.empty());
-    EXPECT_EQ((spec.int_field != nullptr) + (spec.string_field != nullptr) + (spec.real_field != nullptr), 1)
-        << "exactly one field";
+    EXPECT_NE(spec.field.parse, nullptr) << "every row has its parser";
+    EXPECT_NE(spec.field.toml, nullptr);
+    EXPECT_NE(spec.field.same, nullptr);
+    EXPECT_NE(spec.field.copy, nullptr);
     if (spec.type == OptionType::kReal) {
-      EXPECT_NE(spec.real_field, nullptr);
       EXPECT_LE(spec.real_min, spec.real_max);
       const double d = std::stod(std::string(spec.default_value));
       EXPECT_GE(d, spec.real_min);
       EXPECT_LE(d, spec.real_max);
     } else if (spec.type == OptionType::kInt || spec.type == OptionType::kBytes || spec.type == OptionType::kBool) {
-      EXPECT_NE(spec.int_field, nullptr);
       EXPECT_LE(spec.min, spec.max);
       const int64_t d = IntDefault(spec);
       if (spec.zero_is_auto && d == 0) continue;  // auto: resolved at start (daemon/setup/auto_size.h)
       EXPECT_GE(d, spec.min);
       EXPECT_LE(d, spec.max);
-    } else {
-      EXPECT_NE(spec.string_field, nullptr);
     }
     if (spec.type == OptionType::kChoice) {
       EXPECT_FALSE(spec.choices.empty());
@@ -112,15 +122,7 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   for (const OptionSpec& spec : ConfigOptions()) {
     SCOPED_TRACE(std::string(spec.name));
-    if (spec.int_field != nullptr) {
-      EXPECT_EQ((*config).*spec.int_field, IntDefault(spec));
-    }
-    if (spec.string_field != nullptr) {
-      EXPECT_EQ((*config).*spec.string_field, StringDefault(spec));
-    }
-    if (spec.real_field != nullptr) {
-      EXPECT_EQ((*config).*spec.real_field, std::stod(std::string(spec.default_value)));
-    }
+    EXPECT_EQ(spec.field.toml(spec, *config), ExpectedDefaultToml(spec));
   }
   // Spot checks against the documented values.
   EXPECT_EQ(config->socket_path, "/run/kvtier/kvtierd.sock");
@@ -130,7 +132,7 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
   EXPECT_EQ(config->host_capacity_bytes, 0) << "auto: sized to the machine at start";
   EXPECT_EQ(config->host_lock_memory, "best_effort");
   EXPECT_EQ(config->engine_shards, 8);
-  EXPECT_EQ(config->engine_eviction, "queue_aware");
+  EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kQueueAware);
   EXPECT_EQ(config->engine_lookahead_ms, 2000);
   EXPECT_EQ(config->engine_demotion_buffer_bytes, 256 * kMiB);
   EXPECT_EQ(static_cast<uint64_t>(config->engine_demotion_buffer_bytes), EngineOptions{}.demotion_buffer_bytes);
@@ -205,7 +207,7 @@ level = "debug"
   EXPECT_EQ(config->host_capacity_bytes, 2 * kGiB);
   EXPECT_EQ(config->host_lock_memory, "off");
   EXPECT_EQ(config->engine_shards, 256);
-  EXPECT_EQ(config->engine_eviction, "fifo");
+  EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kFifo);
   EXPECT_EQ(config->log_level, "debug");
 }
 
@@ -254,7 +256,7 @@ TEST(ConfigTest, BadChoiceIsRejected) {
 TEST(ConfigTest, NvmeEvictionTakesEveryReclaimOrder) {
   auto defaults = ParseConfig("", "empty.toml");
   ASSERT_TRUE(defaults.ok());
-  EXPECT_EQ(defaults->nvme_eviction, "queue_aware");
+  EXPECT_EQ(defaults->nvme_eviction, EvictionPolicyId::kQueueAware);
   for (const OptionSpec& spec : ConfigOptions()) {
     if (std::string_view(spec.name) == "nvme.eviction") {
       EXPECT_EQ(spec.choices, ReclaimOrderChoices());
@@ -264,13 +266,13 @@ TEST(ConfigTest, NvmeEvictionTakesEveryReclaimOrder) {
     SCOPED_TRACE(std::string(name));
     auto config = ParseConfig("[nvme]\neviction = \"" + std::string(name) + "\"\n", "test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
-    EXPECT_EQ(config->nvme_eviction, name);
-    auto order = ParseReclaimOrder(config->nvme_eviction);
+    EXPECT_EQ(EvictionPolicyName(config->nvme_eviction), name);
+    auto order = ParseReclaimOrder(EvictionPolicyName(config->nvme_eviction));
     ASSERT_TRUE(order.has_value());
     EXPECT_EQ(ReclaimOrderName(*order), name);
   }
   ExpectInvalid("[nvme]\neviction = \"clock\"\n",
-                {"test.toml:2", "nvme.eviction", "clock", "fifo|lru|lru2|s3fifo|arc|queue_aware"});
+                {"test.toml:2", "nvme.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalid("[nvme]\neviction = \"LRU2\"\n", {"test.toml:2", "nvme.eviction", "LRU2"});
 }
 
@@ -283,8 +285,8 @@ TEST(ConfigTest, NvmeSectionParsesBooleansAndMayLeavePathsEmpty) {
   auto defaults = ParseConfig("", "empty.toml");
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->nvme_path, "") << "no NVMe tier by default";
-  EXPECT_EQ(defaults->nvme_direct_io, 1);
-  EXPECT_EQ(defaults->nvme_sync_index, 0);
+  EXPECT_TRUE(defaults->nvme_direct_io);
+  EXPECT_FALSE(defaults->nvme_sync_index);
   EXPECT_EQ(defaults->nvme_region_bytes, 64 * kMiB);
   auto config = ParseConfig(R"(
 [nvme]
@@ -299,8 +301,8 @@ index_path = ""
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->nvme_path, "/var/lib/kvtier/tier.dat");
   EXPECT_EQ(config->nvme_capacity_bytes, 2 * kTiB);
-  EXPECT_EQ(config->nvme_direct_io, 0);
-  EXPECT_EQ(config->nvme_sync_index, 1);
+  EXPECT_FALSE(config->nvme_direct_io);
+  EXPECT_TRUE(config->nvme_sync_index);
   EXPECT_EQ(config->nvme_io_engine, "threads");
   ExpectInvalid("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
   ExpectInvalid("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
@@ -310,7 +312,7 @@ index_path = ""
 TEST(ConfigTest, AdmissionAndDwpdOptions) {
   auto defaults = ParseConfig("", "empty.toml");
   ASSERT_TRUE(defaults.ok());
-  EXPECT_EQ(defaults->nvme_admission, "dwpd");
+  EXPECT_EQ(defaults->nvme_admission, AdmissionPolicyId::kDwpd);
   EXPECT_EQ(defaults->nvme_dwpd_drive_bytes, 0) << "0: the file system's size";
   EXPECT_EQ(defaults->nvme_dwpd, 1.0);
   EXPECT_EQ(defaults->nvme_dwpd_warranty_years, 5.0);
@@ -329,7 +331,7 @@ dwpd_max_write_rate = "200MB"
 )",
                             "test.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  EXPECT_EQ(config->nvme_admission, "second_hit");
+  EXPECT_EQ(config->nvme_admission, AdmissionPolicyId::kSecondHit);
   EXPECT_EQ(config->nvme_dwpd_drive_bytes, 3'840'000'000'000);
   EXPECT_DOUBLE_EQ(config->nvme_dwpd, 0.3);
   EXPECT_DOUBLE_EQ(config->nvme_dwpd_warranty_years, 5.0);  // an integer is a number too

@@ -85,9 +85,9 @@ TEST_F(DirectoryTrustTest, TheConfigurationsDirectoriesAreCheckedUnlessTheOperat
   Status s = CheckStateDirectories(config, ::geteuid());
   EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
   EXPECT_NE(s.message().find("nvme.path"), std::string::npos) << s.message();
-  config.trust_shared_directories = 1;
+  config.trust_shared_directories = true;
   EXPECT_TRUE(CheckStateDirectories(config, ::geteuid()).ok());
-  config.trust_shared_directories = 0;
+  config.trust_shared_directories = false;
   ASSERT_EQ(::chmod((dir_ + "/state").c_str(), 0755), 0);
   EXPECT_TRUE(CheckStateDirectories(config, ::geteuid()).ok());
 }

@@ -91,7 +91,7 @@ double TokenHitRate(const Trace& trace, const std::string& policy, uint64_t capa
 TEST(PolicyFloorTest, TheDefaultPolicyNeverFallsBelowLru) {
   auto defaults = ParseConfig("", "empty.toml");
   ASSERT_TRUE(defaults.ok());
-  const std::string policy = defaults->engine_eviction;
+  const std::string policy(EvictionPolicyName(defaults->engine_eviction));
   const std::string dir = ::kvtier::testing::MakeTempDir();
   for (const GridTrace& g : Grid(dir)) {
     ASSERT_FALSE(g.trace.requests.empty()) << g.name;

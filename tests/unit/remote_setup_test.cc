@@ -93,7 +93,7 @@ TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
 
 TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {
   const DaemonConfig config = Parse("[remote]\nwrite_rate = \"100MiB\"\n");
-  EXPECT_EQ(config.remote_admission, "rate");
+  EXPECT_EQ(config.remote_admission, AdmissionPolicyId::kRate);
   testing::MapTier tier(1 << 20, Tier::kRemote, "remote");
   auto lower = RemoteAdmissionFromConfig(config, tier);
   ASSERT_TRUE(lower.ok());

@@ -11,16 +11,17 @@
 
 #include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
+#include "policy/policy_registry.h"
 #include "policy/queue_aware_policy.h"
 
 namespace kvtier::tools {
 namespace {
 
-using PolicyFactory = std::unique_ptr<EvictionPolicy> (*)();
+using PolicyFactory = EvictionPolicyId;  // built with MakeEvictionPolicy
 
 // A policy tracking handles [0, n), inserted at times 0..n-1.
 std::unique_ptr<EvictionPolicy> Filled(PolicyFactory make, uint64_t n) {
-  auto p = make();
+  auto p = MakeEvictionPolicy(make);
   for (uint64_t h = 0; h < n; ++h) p->OnInsert(h, h);
   return p;
 }
@@ -146,14 +147,9 @@ void KeyLookups128(benchmark::State& state, uint64_t n) {
 // sighting, one in ten with its parent missing); dwpd with a budget large
 // enough that the bucket rarely runs dry.
 void Admission(benchmark::State& state, const std::string& name) {
-  std::unique_ptr<AdmissionPolicy> p;
-  if (name == "all") p = MakeAdmitAllPolicy();
-  if (name == "second_hit") p = MakeSecondHitPolicy();
-  if (name == "dwpd") {
-    DwpdOptions o;
-    o.drive_capacity_bytes = 4'000'000'000'000;
-    p = std::move(MakeDwpdPolicy(o, 0).value());
-  }
+  AdmissionParams params;
+  params.dwpd.drive_capacity_bytes = 4'000'000'000'000;
+  std::unique_ptr<AdmissionPolicy> p = std::move(MakeAdmissionPolicy(*ParseAdmissionPolicy(name, kAdmissionForNvme), params, 0).value());
   std::vector<AdmissionCandidate> mix(1000);
   for (size_t i = 0; i < mix.size(); ++i) {
     mix[i].bytes = 64 << 10;
@@ -192,11 +188,10 @@ void AddPolicyBenchOptions(CLI::App& app, PolicyBenchOptions& o) {
 
 int RunPolicyBench(const PolicyBenchOptions& o) {
   const uint64_t n = o.blocks;
-  for (auto [name, make] : {std::pair<std::string, PolicyFactory>{"lru", &MakeLruPolicy},
-                            std::pair<std::string, PolicyFactory>{"fifo", &MakeFifoPolicy},
-                            std::pair<std::string, PolicyFactory>{"lru2", &MakeLru2Policy},
-                            std::pair<std::string, PolicyFactory>{"s3fifo", &MakeS3FifoPolicy},
-                            std::pair<std::string, PolicyFactory>{"arc", &MakeArcPolicy}}) {
+  for (const EvictionPolicyEntry& row : kEvictionPolicies) {
+    if (row.id == EvictionPolicyId::kQueueAware) continue;  // its own cases below, with queued requests
+    const std::string name(row.name);
+    const PolicyFactory make = row.id;
     benchmark::RegisterBenchmark(("eviction/" + name + "/insert").c_str(), Insert, make, n)->MinTime(o.min_seconds);
     benchmark::RegisterBenchmark(("eviction/" + name + "/access").c_str(), Access, make, n)->MinTime(o.min_seconds);
     benchmark::RegisterBenchmark(("eviction/" + name + "/victim").c_str(), Victim, make, n)->MinTime(o.min_seconds);
@@ -206,7 +201,9 @@ int RunPolicyBench(const PolicyBenchOptions& o) {
   benchmark::RegisterBenchmark("eviction/queue_aware/victim", QueueAwareVictim, n)->MinTime(o.min_seconds);
   benchmark::RegisterBenchmark("eviction/queue_aware/enqueue64", QueueAwareEnqueue, n)->MinTime(o.min_seconds);
   benchmark::RegisterBenchmark("floor/key_lookups128", KeyLookups128, n)->MinTime(o.min_seconds);
-  for (const std::string name : {"all", "second_hit", "dwpd"}) {
+  for (const AdmissionPolicyEntry& row : kAdmissionPolicies) {
+    if ((row.uses & kAdmissionForNvme) == 0) continue;
+    const std::string name(row.name);
     benchmark::RegisterBenchmark(("admission/" + name + "/decide").c_str(), Admission, name)->MinTime(o.min_seconds);
   }
   std::vector<std::string> args = {"kvtier-bench-policy"};

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "policy/policy_registry.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_plot.h"
 #include "tools/replay/replay_sim.h"
@@ -18,6 +19,25 @@
 
 namespace kvtier::tools {
 namespace {
+
+// A registry's choices ("a|b", policy/policy_registry.h) as help text
+// ("a | b"), and as the list a flag accepts (plus `extra`, if any).
+std::string ChoiceText(std::string_view choices) {
+  std::string out;
+  for (char c : choices) out += c == '|' ? std::string(" | ") : std::string(1, c);
+  return out;
+}
+
+std::vector<std::string> ChoiceList(std::string_view choices, std::string_view extra = {}) {
+  std::vector<std::string> out;
+  while (!choices.empty()) {
+    const size_t bar = choices.find('|');
+    out.emplace_back(choices.substr(0, bar));
+    choices.remove_prefix(bar == std::string_view::npos ? choices.size() : bar + 1);
+  }
+  if (!extra.empty()) out.emplace_back(extra);
+  return out;
+}
 
 constexpr int kBadInput = 2;
 
@@ -186,16 +206,18 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
                  "host=CAP[,nvme=CAP][,remote=CAP]; CAP: 1e6tok, 50000blk, 64GiB, inf (sim mode: required)");
   app.add_option("--bytes-per-token", o.bytes_per_token, "KV bytes per token (for byte capacities and byte counts)");
   app.add_option("--policy", o.policies,
-                 "Eviction: lru | fifo | lru2 | s3fifo | arc | queue_aware | belady (the offline optimum; comma-separated: "
-                 "one run each; lru and belady always run, for the gap-closed column)")
+                 "Eviction: " + ChoiceText(kEvictionPolicyChoices) +
+                     " | belady (the offline optimum; comma-separated: one run each; lru and belady always run, for "
+                     "the gap-closed column)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"lru", "fifo", "lru2", "s3fifo", "arc", "queue_aware", "belady"}))
+      ->check(CLI::IsMember(ChoiceList(kEvictionPolicyChoices, "belady")))
       ->capture_default_str();
-  app.add_option("--admission", o.admission, "NVMe admission: all | second_hit | dwpd")
-      ->check(CLI::IsMember({"all", "second_hit", "dwpd"}))
+  app.add_option("--admission", o.admission, "NVMe admission: " + ChoiceText(kNvmeAdmissionChoices))
+      ->check(CLI::IsMember(ChoiceList(kNvmeAdmissionChoices)))
       ->capture_default_str();
   app.add_option("--remote-admission", o.remote_admission,
-                 "Remote tier admission, each node's own (kvtierd's remote.admission): all | second_hit | rate "
+                 "Remote tier admission, each node's own (kvtierd's remote.admission): " +
+                     ChoiceText(kRemoteAdmissionChoices) + " "
                  "(second_hit's rules within --remote-write-rate); the replay's default: all")
       ->each([&o](const std::string&) { o.remote_admission_given = true; })
       ->capture_default_str();
@@ -204,9 +226,10 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
                  "default 4GiB, kvtierd's)")
       ->each([&o](const std::string&) { o.remote_admission_given = true; });
   app.add_option("--nvme-eviction", o.nvme_eviction,
-                 "NVMe log reclaim order: fifo | lru | lru2 | s3fifo | arc | queue_aware (kvtierd's nvme.eviction); "
-                 "default: each run's --policy (belady: a tier that can evict any block, the ideal)")
-      ->check(CLI::IsMember({"fifo", "lru", "lru2", "s3fifo", "arc", "queue_aware"}));
+                 "NVMe log reclaim order: " + ChoiceText(kEvictionPolicyChoices) +
+                     " (kvtierd's nvme.eviction); default: each run's --policy (belady: a tier that can evict any "
+                     "block, the ideal)")
+      ->check(CLI::IsMember(ChoiceList(kEvictionPolicyChoices)));
   app.add_option("--nvme-region", o.nvme_region,
                  "NVMe region size in bytes (nvme.region_bytes); default 64MiB, or a 16th of a smaller device");
   app.add_option("--reinsert-percent", o.reinsert_percent,
@@ -460,8 +483,8 @@ void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool wit
 // bytes per token are set); InvalidArgument naming the option otherwise.
 Status SetRemoteAdmission(const ReplayCliOptions& o, ReplayOptions& base) {
   const std::string& name = o.remote_admission;
-  if (name != "all" && name != "second_hit" && name != "rate") {
-    return InvalidArgument("--remote-admission '" + name + "': expected all, second_hit or rate");
+  if (!ParseAdmissionPolicy(name, kAdmissionForRemote).ok()) {
+    return InvalidArgument("--remote-admission '" + name + "': expected " + ListChoices(kRemoteAdmissionChoices));
   }
   if (name != "all" && !base.remote) {
     return InvalidArgument("--remote-admission " + name + " decides for a remote tier: give remote=CAP");

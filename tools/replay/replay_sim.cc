@@ -6,6 +6,7 @@
 
 #include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
+#include "policy/policy_registry.h"
 #include "tiers/nvme/block_record.h"
 #include "tools/replay/replay_simulator.h"
 
@@ -211,27 +212,26 @@ Result<std::optional<SimLogOptions>> NvmeLogOptions(const Trace& trace, const Re
 // The NVMe admission `options` names (one per node: each node's drive has
 // its own budget); InvalidArgument for an unknown one or bad DWPD options.
 Result<std::unique_ptr<AdmissionPolicy>> MakeAdmission(const Trace& trace, const ReplayOptions& options) {
-  if (options.admission == "all") return MakeAdmitAllPolicy();
-  if (options.admission == "second_hit") return MakeSecondHitPolicy();
-  if (options.admission == "dwpd") {
-    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
-    return MakeDwpdPolicy(options.dwpd, t0);
+  auto id = ParseAdmissionPolicy(options.admission, kAdmissionForNvme);
+  if (!id.ok()) {
+    return InvalidArgument("unknown admission '" + options.admission + "' (" + ListChoices(kNvmeAdmissionChoices) + ")");
   }
-  return InvalidArgument("unknown admission '" + options.admission + "' (all, second_hit, dwpd)");
+  const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
+  return MakeAdmissionPolicy(*id, AdmissionParams{options.dwpd, 0}, t0);
 }
 
 // A node's remote admission (each kvtierd has its own, and its own write
 // rate); InvalidArgument for an unknown one or a zero rate.
 Result<std::unique_ptr<AdmissionPolicy>> MakeRemoteAdmission(const Trace& trace, const ReplayOptions& options) {
-  if (options.remote_admission == "all") return MakeAdmitAllPolicy();
-  if (options.remote_admission == "second_hit") return MakeSecondHitPolicy();
-  if (options.remote_admission == "rate") {
-    const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
-    auto made = MakeRatePolicy(options.remote_write_rate, t0);
-    if (!made.ok()) return InvalidArgument("remote admission rate: " + made.status().message());
-    return made;
+  auto id = ParseAdmissionPolicy(options.remote_admission, kAdmissionForRemote);
+  if (!id.ok()) {
+    return InvalidArgument("unknown remote admission '" + options.remote_admission + "' (" +
+                           ListChoices(kRemoteAdmissionChoices) + ")");
   }
-  return InvalidArgument("unknown remote admission '" + options.remote_admission + "' (all, second_hit, rate)");
+  const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
+  auto made = MakeAdmissionPolicy(*id, AdmissionParams{{}, options.remote_write_rate}, t0);
+  if (!made.ok()) return InvalidArgument("remote admission " + options.remote_admission + ": " + made.status().message());
+  return made;
 }
 
 }  // namespace
@@ -242,8 +242,9 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
                            std::to_string(options.nodes));
   }
   if (options.affinity_blocks < 1) return InvalidArgument("prefix affinity must hash at least 1 block");
-  if (options.policy != "belady" && MakeEvictionPolicy(options.policy) == nullptr) {
-    return InvalidArgument("unknown policy '" + options.policy + "' (lru, fifo, lru2, s3fifo, arc, queue_aware, belady)");
+  if (options.policy != "belady" && !ParseEvictionPolicy(options.policy).ok()) {
+    return InvalidArgument("unknown policy '" + options.policy + "' (" + ListChoices(kEvictionPolicyChoices) +
+                           ", belady)");
   }
   if (!(options.warmup >= 0 && options.warmup < 1)) {
     return InvalidArgument("warm-up fraction must be in [0, 1), got " + std::to_string(options.warmup));

@@ -1,0 +1,51 @@
+// The defaults of the knobs that kvtierd's option table (daemon/config/
+// config_options.cc) and a library's option struct both carry, each named
+// once here: the table's default text is made from the constant
+// (DefaultInt, DefaultBytes, DefaultBool, DefaultReal in
+// daemon/config/option_field.h), and EngineOptions and DwpdOptions
+// initialize their members with it. BlockDeviceOptions, NvmeTierOptions
+// and RemoteTierOptions still write their own literals;
+// tests/unit/config_defaults_test.cc checks, for every option that maps
+// onto any of these structs, that a daemon given no option builds the
+// struct's default. Constants only: no code, no state.
+#pragma once
+
+#include <cstdint>
+
+namespace kvtier::defaults {
+
+// [engine] -> EngineOptions (daemon/engine/engine.h)
+inline constexpr uint32_t kEngineShards = 8;
+inline constexpr uint64_t kLookaheadMs = 2000;
+inline constexpr uint32_t kPrefetchPercent = 25;  // EngineOptions::prefetch_share = this / 100
+inline constexpr uint32_t kPrefetchMinBlocks = 2;
+inline constexpr uint64_t kDemotionBufferBytes = uint64_t{256} << 20;
+// [host] -> EngineOptions
+inline constexpr bool kVerifyCommits = false;
+
+// [nvme] -> BlockDeviceOptions (tiers/nvme/block_device.h) and
+// NvmeTierOptions (tiers/nvme/nvme_tier.h), equal by test
+inline constexpr bool kNvmeDirectIo = true;
+inline constexpr bool kNvmePreallocate = true;
+inline constexpr uint32_t kNvmeQueueDepth = 32;
+inline constexpr uint32_t kNvmeIoThreads = 1;
+inline constexpr uint64_t kNvmeRegionBytes = uint64_t{64} << 20;
+inline constexpr uint64_t kNvmeStagingBytes = uint64_t{256} << 20;
+inline constexpr uint32_t kNvmeReinsertPercent = 10;  // NvmeTierOptions::reinsert_share = this / 100
+
+// [nvme] dwpd_* -> DwpdOptions (policy/dwpd_budget.h)
+inline constexpr double kDwpd = 1.0;
+inline constexpr double kDwpdWarrantyYears = 5.0;
+inline constexpr double kDwpdPlannedYears = 5.0;
+inline constexpr double kDwpdShare = 1.0;
+
+// [remote] -> RemoteTierOptions (tiers/remote/remote_tier.h), equal by test
+inline constexpr uint64_t kRemoteCapacityBytes = uint64_t{64} << 30;
+inline constexpr int64_t kRemoteTimeoutMs = 2000;
+inline constexpr int64_t kRemoteProbeTimeoutMs = 50;
+inline constexpr int64_t kRemoteRetryMs = 1000;
+inline constexpr uint32_t kRemoteThreads = 4;
+inline constexpr uint64_t kRemoteStagingBytes = uint64_t{256} << 20;
+inline constexpr uint32_t kRemoteTtlSeconds = 0;
+
+}  // namespace kvtier::defaults

@@ -1,0 +1,131 @@
+// Tests of the typed option rows (daemon/config/option_field.h): every row
+// has a parser of its field's type, bools take only true and false, the
+// policy options take the registry's names (policy/policy_registry.h) and
+// hold its ids, and each row copies and compares its own field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "daemon/config/config.h"
+#include "policy/policy_registry.h"
+
+namespace kvtier {
+namespace {
+
+// Parses `toml` as origin "test.toml" and expects InvalidArgument whose
+// message contains every one of `needles`.
+void ExpectInvalid(std::string_view toml, std::initializer_list<std::string_view> needles) {
+  SCOPED_TRACE(std::string(toml));
+  auto config = ParseConfig(toml, "test.toml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status().ToString();
+  for (std::string_view needle : needles) {
+    EXPECT_NE(config.status().message().find(needle), std::string::npos)
+        << "'" << needle << "' not in: " << config.status().message();
+  }
+}
+
+// Every bool option takes TOML's true and false and nothing else: not 1, 2
+// or the strings "yes" and "true".
+TEST(ConfigTest, BoolsTakeOnlyTrueOrFalse) {
+  int bools = 0;
+  for (const OptionSpec& spec : ConfigOptions()) {
+    if (spec.type != OptionType::kBool) continue;
+    ++bools;
+    SCOPED_TRACE(std::string(spec.name));
+    const size_t dot = spec.name.find('.');
+    const std::string head = "[" + std::string(spec.name.substr(0, dot)) + "]\n" +
+                             std::string(spec.name.substr(dot + 1)) + " = ";
+    for (const char* bad : {"2", "1", "0", "\"yes\"", "\"true\"", "1.0"}) {
+      const std::string message = std::string(spec.name) + " = " + bad + " must be true or false";
+      ExpectInvalid(head + bad + "\n", {"test.toml:2", message});
+    }
+    for (const char* good : {"true", "false"}) {
+      auto config = ParseConfig(head + good + "\n", "test.toml");
+      ASSERT_TRUE(config.ok()) << config.status().ToString();
+      EXPECT_EQ(spec.field.toml(spec, *config), good);
+    }
+  }
+  EXPECT_EQ(bools, 8);
+}
+
+// The policy options list the registry's names, in its order, and hold the
+// registry's ids: each name parses to its id and writes back as itself.
+TEST(ConfigTest, PolicyOptionsTakeTheRegistrysNames) {
+  struct Row {
+    std::string_view option;
+    std::string_view choices;
+  };
+  const Row rows[] = {{"engine.eviction", kEvictionPolicyChoices},
+                      {"nvme.eviction", kEvictionPolicyChoices},
+                      {"nvme.admission", kNvmeAdmissionChoices},
+                      {"remote.admission", kRemoteAdmissionChoices}};
+  for (const Row& row : rows) {
+    SCOPED_TRACE(std::string(row.option));
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& s : ConfigOptions()) {
+      if (s.name == row.option) spec = &s;
+    }
+    ASSERT_NE(spec, nullptr);
+    EXPECT_EQ(spec->type, OptionType::kChoice);
+    EXPECT_EQ(spec->choices, row.choices);
+    const size_t dot = row.option.find('.');
+    const std::string head =
+        "[" + std::string(row.option.substr(0, dot)) + "]\n" + std::string(row.option.substr(dot + 1)) + " = ";
+    std::string_view rest = row.choices;
+    while (!rest.empty()) {
+      const std::string name(rest.substr(0, rest.find('|')));
+      rest.remove_prefix(std::min(rest.size(), name.size() + 1));
+      auto config = ParseConfig(head + TomlQuoted(name) + "\n", "test.toml");
+      ASSERT_TRUE(config.ok()) << config.status().ToString();
+      EXPECT_EQ(spec->field.toml(*spec, *config), TomlQuoted(name));
+    }
+    ExpectInvalid(head + "\"clock\"\n", {"test.toml:2", row.option, "\"clock\" is not one of", row.choices});
+  }
+  auto config = ParseConfig("[engine]\neviction = \"lru2\"\n[remote]\nadmission = \"second_hit\"\n", "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kLru2);
+  EXPECT_EQ(config->remote_admission, AdmissionPolicyId::kSecondHit);
+  ExpectInvalid("[nvme]\nadmission = \"rate\"\n", {"nvme.admission", "all|second_hit|dwpd"});
+  ExpectInvalid("[remote]\nadmission = \"dwpd\"\n", {"remote.admission", "all|second_hit|rate"});
+}
+
+// Each row's copy carries exactly its own field (what a SIGHUP reload
+// applies), and ChangedOptions sees exactly that row change.
+TEST(ConfigTest, EveryRowCopiesAndComparesItsOwnField) {
+  auto defaults = ParseConfig("", "empty.toml");
+  ASSERT_TRUE(defaults.ok());
+  DaemonConfig zero;
+  for (const OptionSpec& spec : ConfigOptions()) {
+    SCOPED_TRACE(std::string(spec.name));
+    DaemonConfig copy = zero;
+    spec.field.copy(*defaults, copy);
+    EXPECT_TRUE(spec.field.same(copy, *defaults));
+    auto changed = ChangedOptions(zero, copy);
+    if (spec.field.same(zero, *defaults)) {
+      EXPECT_TRUE(changed.empty());
+    } else {
+      ASSERT_EQ(changed.size(), 1u);
+      EXPECT_EQ(changed[0]->name, spec.name);
+    }
+  }
+}
+
+// A value of the wrong type is refused naming the option, the value given
+// and what the option takes.
+TEST(ConfigTest, WrongTypesNameTheValueAndWhatIsAllowed) {
+  ExpectInvalid("[server]\nio_threads = \"2\"\n",
+                {"test.toml:2", "server.io_threads = \"2\" must be an integer in [1, 256]"});
+  ExpectInvalid("[host]\ncapacity_bytes = true\n",
+                {"host.capacity_bytes = true must be a size like \"64MiB\" or an integer", "or 0 (auto)"});
+  ExpectInvalid("[nvme]\ndwpd = \"lots\"\n", {"nvme.dwpd = \"lots\" must be a number in [0.01, 100]"});
+  ExpectInvalid("[engine]\neviction = 3\n",
+                {"engine.eviction = 3 must be a string, one of lru|fifo|lru2|s3fifo|arc|queue_aware"});
+  ExpectInvalid("[server]\nsocket_path = [1]\n", {"server.socket_path must be a string"});
+}
+
+}  // namespace
+}  // namespace kvtier
