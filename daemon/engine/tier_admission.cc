@@ -1,5 +1,6 @@
 #include "daemon/engine/tier_admission.h"
 
+#include "policy/policy_registry.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -7,23 +8,14 @@ namespace kvtier {
 Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& name, const DwpdOptions& dwpd,
                                                               uint64_t rate_bytes_per_second, const BlockTier& tier,
                                                               const Clock& clock) {
-  std::unique_ptr<AdmissionPolicy> policy;
-  if (name == "all") {
-    policy = MakeAdmitAllPolicy();
-  } else if (name == "second_hit") {
-    policy = MakeSecondHitPolicy();
-  } else if (name == "dwpd") {
-    auto made = MakeDwpdPolicy(dwpd, clock.NowUs());
-    if (!made.ok()) return made.status();
-    policy = std::move(made).value();
-  } else if (name == "rate") {
-    auto made = MakeRatePolicy(rate_bytes_per_second, clock.NowUs());
-    if (!made.ok()) return made.status();
-    policy = std::move(made).value();
-  } else {
-    return InvalidArgument("unknown admission policy '" + name + "' (all, second_hit, dwpd, rate)");
-  }
-  return std::unique_ptr<TierAdmission>(new TierAdmission(std::move(policy), tier, clock));
+  // Any admission may guard any level of the engine's stack; which ones an
+  // operator may name per tier is the config's business.
+  Result<AdmissionPolicyId> id = ParseAdmissionPolicy(name, kAdmissionForNvme | kAdmissionForRemote);
+  if (!id.ok()) return id.status();
+  Result<std::unique_ptr<AdmissionPolicy>> policy =
+      MakeAdmissionPolicy(*id, AdmissionParams{dwpd, rate_bytes_per_second}, clock.NowUs());
+  if (!policy.ok()) return policy.status();
+  return std::unique_ptr<TierAdmission>(new TierAdmission(std::move(policy).value(), tier, clock));
 }
 
 TierAdmission::TierAdmission(std::unique_ptr<AdmissionPolicy> policy, const BlockTier& tier, const Clock& clock)
