@@ -1,7 +1,6 @@
 #include "daemon/tenants/tenant_tier.h"
 
 #include <algorithm>
-#include <mutex>
 
 namespace kvtier {
 
@@ -10,14 +9,14 @@ SharedTier::SharedTier(BlockTier& tier) : tier_(tier) {
 }
 
 SharedTier::~SharedTier() {
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   if (sink_installed_) tier_.SetEvictionSink(nullptr);
   tier_.SetNeededHint(nullptr);
   tier_.SetShares(nullptr);
 }
 
 size_t SharedTier::tenants() const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   return tenants_.size();
 }
 
@@ -30,7 +29,7 @@ SharedTier::Tenant* SharedTier::Find(const TenantScope* scope) {
 
 void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     if (Find(scope) == nullptr) tenants_.push_back(Tenant{scope, nullptr, nullptr, next_owner_++, quota_bytes});
     ComputeShares();
   }
@@ -39,7 +38,7 @@ void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
 
 void SharedTier::Leave(const TenantScope* scope) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     std::erase_if(tenants_, [scope](const Tenant& t) { return t.scope == scope; });
     ComputeShares();
   }
@@ -60,10 +59,10 @@ void SharedTier::ComputeShares() {
 
 void SharedTier::InstallShares() {
   if (tier_.shareable_bytes() == 0) return;  // the tier protects no share
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   bool any = false;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     any = !tenants_.empty();
   }
   if (!any) return tier_.SetShares(nullptr);
@@ -71,7 +70,7 @@ void SharedTier::InstallShares() {
 }
 
 ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   for (const Tenant& t : tenants_) {
     if (t.scope->Owns(ns)) return ShareOwner{t.owner, t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_};
   }
@@ -80,7 +79,7 @@ ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
 
 uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
   if (tier_.shareable_bytes() == 0) return 0;
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   for (const Tenant& t : tenants_) {
     if (t.scope == scope) return t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_;
   }
@@ -89,14 +88,14 @@ uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
 
 void SharedTier::SetSink(const TenantScope* scope, BlockTier::EvictionSink sink) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     if (Tenant* t = Find(scope)) t->sink = std::move(sink);
   }
   Install();
 }
 
 void SharedTier::SetHint(const TenantScope* scope, BlockTier::NeededHint hint) {
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   if (Tenant* t = Find(scope)) t->hint = std::move(hint);
 }
 
@@ -104,10 +103,10 @@ void SharedTier::SetHint(const TenantScope* scope, BlockTier::NeededHint hint) {
 // hint with it held or from its threads, which take mu_: so the tier is
 // never called with mu_ held (install_mu_ orders the callers instead).
 void SharedTier::Install() {
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   bool want_sink = false;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     want_sink = std::any_of(tenants_.begin(), tenants_.end(), [](const Tenant& t) { return bool(t.sink); });
   }
   if (want_sink == sink_installed_) return;
@@ -125,7 +124,7 @@ void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std:
   BlockTier::EvictionSink sink;
   BlockTier::Evicted mine = block;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     for (const Tenant& t : tenants_) {
       if (t.scope->Owns(block.ns)) {
         sink = t.sink;
@@ -142,7 +141,7 @@ void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std:
 }
 
 bool SharedTier::Needed(const BlockKey& key) const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   return std::any_of(tenants_.begin(), tenants_.end(),
                      [&key](const Tenant& t) { return t.hint && t.hint(t.scope->Unscope(key)); });
 }
