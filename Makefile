@@ -5,7 +5,7 @@ BUILD  := build/$(PRESET)
 JOBS   ?= $(shell echo $$(( $$(nproc) + 1 )))
 CONFIG ?=
 
-.PHONY: deps build run test bench asan-test tsan-stress fuzz clean
+.PHONY: deps build run test bench asan-test tsan-stress thread-safety fuzz clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -56,6 +56,15 @@ tsan-stress: deps
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  build/tsan/tools/kvtier stress --spawn --kvtierd build/tsan/daemon/kvtierd \
 	  --seconds $(STRESS_SECONDS) --clients 4
+
+# The libraries and executables built by clang with its thread-safety
+# analysis as errors (the thread-safety preset: -Wthread-safety -Werror,
+# no sanitizer, tests not built): fails on a GUARDED_BY member touched
+# without its lock or a REQUIRES function called without it
+# (common/thread_annotations.h). Nothing runs.
+thread-safety: deps
+	@cmake --preset thread-safety >/dev/null
+	@cmake --build --preset thread-safety -j $(JOBS)
 
 # The libFuzzer targets of tests/fuzz (the `fuzz` preset, clang), each for
 # FUZZ_SECONDS on a copy of its seed corpus; fails on a crash, leak,

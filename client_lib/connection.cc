@@ -180,7 +180,10 @@ Result<std::shared_ptr<Connection>> Connection::Open(const ClientOptions& option
 
 Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   v1::Request request;
-  request.set_id(next_id_++);  // no other thread exists yet
+  {
+    MutexLock lock(mu_);  // no other thread exists yet; taken for the analysis
+    request.set_id(next_id_++);
+  }
   auto* hello = request.mutable_hello();
   hello->set_protocol_version(wire::kProtocolVersion);
   hello->set_client_name(options.client_name);
@@ -268,7 +271,7 @@ bool Connection::PeerClosed() const {
 }
 
 Status Connection::RegisterArenaForGpu() {
-  std::lock_guard lock(gpu_mu_);
+  MutexLock lock(gpu_mu_);
   if (gpu_registration_) return Status::Ok();
   auto registration = ArenaRegistration::Register(arena());
   if (!registration.ok()) return registration.status();
@@ -278,7 +281,7 @@ Status Connection::RegisterArenaForGpu() {
 
 const DevicePoolMapping* Connection::DevicePoolOn(int ordinal) {
   if (!device_pool_offer_) return nullptr;
-  std::lock_guard lock(gpu_mu_);
+  MutexLock lock(gpu_mu_);
   if (device_pool_state_ == PoolMapping::kUnresolved) {
     Result<int> pool_ordinal = DevicePoolMapping::OrdinalOf(*device_pool_offer_);
     device_pool_state_ = pool_ordinal.ok() ? PoolMapping::kResolved : PoolMapping::kFailed;
@@ -308,8 +311,8 @@ Connection::~Connection() {
 
 void Connection::Close() {
   {
-    std::unique_lock lock(mu_);
-    if (!closed_ && !deferred_.empty()) FlushDeferred(lock);  // best effort
+    MutexLock lock(mu_);
+    if (!closed_ && !deferred_.empty()) FlushDeferred();  // best effort
   }
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // wakes a reader blocked in recv
   Fail(Unavailable("the client closed the connection"));
@@ -325,7 +328,7 @@ void Connection::Close() {
 void Connection::Track(Reader reader, int delta) {
   if (reader == Reader::kBackground) background_pending_ += delta;
   if (reader == Reader::kDetached) detached_pending_ += delta;
-  if (delta > 0 && BackgroundHasWork()) bg_cv_.notify_one();
+  if (delta > 0 && BackgroundHasWork()) bg_cv_.NotifyOne();
 }
 
 bool Connection::BackgroundHasWork() const {
@@ -336,10 +339,10 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
   uint64_t id = 0;
   Deferred deferred;  // deferred frames ride along
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) {
       Status reason = close_reason_;
-      lock.unlock();
+      lock.Unlock();
       done(reason);
       return;
     }
@@ -353,7 +356,7 @@ void Connection::Call(v1::Request request, Done done, Reader reader) {
   if (s.ok()) return;
   Done failed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = pending_.find(id);
     if (it == pending_.end()) return;  // already failed by Fail()
     failed = std::move(it->second.done);
@@ -374,10 +377,10 @@ std::chrono::steady_clock::time_point Connection::Deferred::Due() const {
 Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline) {
   Status framed, written;
   {
-    std::lock_guard lock(write_mu_);
+    MutexLock lock(write_mu_);
     {
       // A failed write may have left part of a frame: nothing may follow it.
-      std::lock_guard state(mu_);
+      MutexLock state(mu_);
       if (closed_) return close_reason_;
     }
     write_buffer_.clear();
@@ -394,8 +397,8 @@ Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* requ
     if (!write_buffer_.empty()) written = SendAllBefore(fd_, write_buffer_.data(), write_buffer_.size(), deadline);
   }
   if (written.code() == StatusCode::kTimedOut) {
-    std::unique_lock lock(mu_);
-    return FailTimedOut(lock, "sending a request timed out: " + written.message());
+    MutexLock lock(mu_);
+    return FailTimedOut("sending a request timed out: " + written.message());
   }
   if (!written.ok()) Fail(written);
   return framed.ok() ? written : framed;
@@ -403,15 +406,15 @@ Status Connection::WriteFrames(const Deferred& deferred, const v1::Request* requ
 
 template <typename AddFn>
 void Connection::Defer(AddFn&& add) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return;  // the daemon released everything with the connection
   const bool was_empty = deferred_.empty();
   const auto due_before = deferred_.Due();
   deferred_last_ = std::chrono::steady_clock::now();
   const bool flush_now = add(deferred_, deferred_last_);
   // A timed wait wakes by itself, unless the new note is due sooner.
-  if (background_timed_wait_ ? deferred_.Due() < due_before : was_empty) bg_cv_.notify_one();
-  if (flush_now) FlushDeferred(lock);
+  if (background_timed_wait_ ? deferred_.Due() < due_before : was_empty) bg_cv_.NotifyOne();
+  if (flush_now) FlushDeferred();
 }
 
 void Connection::ReleaseLater(std::span<const uint64_t> leases) {
@@ -443,13 +446,13 @@ void Connection::NoteLocalLookups(uint64_t lookups, uint64_t keys, uint64_t hits
   });
 }
 
-void Connection::FlushDeferred(std::unique_lock<std::mutex>& lock) {
+void Connection::FlushDeferred() {
   Deferred deferred;
   std::swap(deferred, deferred_);
-  lock.unlock();
+  mu_.Unlock();
   // A failed write fails the connection; the leases end with it.
   WriteFrames(deferred, nullptr, DeadlineAfter(call_timeout_)).IgnoreError();
-  lock.lock();
+  mu_.Lock();
 }
 
 Result<v1::Response> Connection::CallSync(v1::Request request) {
@@ -462,36 +465,36 @@ Result<v1::Response> Connection::CallSync(v1::Request request) {
 
 void Connection::Drive(const std::function<bool()>& ready) {
   const Deadline deadline = DeadlineAfter(call_timeout_);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   // `ready` is checked under mu_: a reader sets results before it retakes
   // mu_ to hand the role on, so a result that arrived is always seen here
   // before this thread would block in recv for it, or give up on it.
   while (!ready()) {
     if (closed_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(10));  // results are being failed
+      cv_.WaitFor(mu_, std::chrono::milliseconds(10));  // results are being failed
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       // The pending calls, this one included, carry the TimedOut.
-      FailTimedOut(lock, "no answer from kvtierd within call_timeout (" + std::to_string(call_timeout_.count()) +
+      FailTimedOut("no answer from kvtierd within call_timeout (" + std::to_string(call_timeout_.count()) +
                              " ms)").IgnoreError();
       continue;
     }
     if (reading_) {
       ++role_waiters_;
-      if (deadline == kNoDeadline) cv_.wait(lock); else cv_.wait_until(lock, deadline);
+      if (deadline == kNoDeadline) cv_.Wait(mu_); else cv_.WaitUntil(mu_, deadline);
       --role_waiters_;
       continue;
     }
-    ReadAsLeader(lock, deadline);
+    ReadAsLeader(deadline);
   }
 }
 
 void Connection::BackgroundLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!closed_) {
     if (BackgroundHasWork()) {
-      ReadAsLeader(lock, kNoDeadline);  // reads for calls nobody waits on
+      ReadAsLeader(kNoDeadline);  // reads for calls nobody waits on
       continue;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -500,33 +503,33 @@ void Connection::BackgroundLoop() {
       // sleeping until notified: a wake-up per copying get would cost more
       // than the get's own round trip.
       if (now - deferred_last_ > kReleaseTickLinger) {
-        bg_cv_.wait(lock);
+        bg_cv_.Wait(mu_);
         continue;
       }
       background_timed_wait_ = true;
-      bg_cv_.wait_until(lock, now + kReleaseDelay);
+      bg_cv_.WaitUntil(mu_, now + kReleaseDelay);
       background_timed_wait_ = false;
       continue;
     }
     const auto due = deferred_.Due();
     if (now >= due) {
-      FlushDeferred(lock);
+      FlushDeferred();
       continue;
     }
     background_timed_wait_ = true;
-    bg_cv_.wait_until(lock, due);
+    bg_cv_.WaitUntil(mu_, due);
     background_timed_wait_ = false;
   }
 }
 
-void Connection::ReadAsLeader(std::unique_lock<std::mutex>& lock, Deadline deadline) {
+void Connection::ReadAsLeader(Deadline deadline) {
   reading_ = true;
-  lock.unlock();
+  mu_.Unlock();
   ReadAndDispatch(deadline);
-  lock.lock();
+  mu_.Lock();
   reading_ = false;
-  if (role_waiters_ > 0) cv_.notify_all();
-  if (BackgroundHasWork()) bg_cv_.notify_one();
+  if (role_waiters_ > 0) cv_.NotifyAll();
+  if (BackgroundHasWork()) bg_cv_.NotifyOne();
 }
 
 void Connection::ReadAndDispatch(Deadline deadline) {
@@ -579,7 +582,7 @@ void Connection::Dispatch(v1::Response response) {
   }
   Done done;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = pending_.find(response.id());
     if (it == pending_.end()) return;  // failed locally already
     done = std::move(it->second.done);
@@ -591,12 +594,11 @@ void Connection::Dispatch(v1::Response response) {
 }
 
 void Connection::Fail(const Status& reason) {
-  std::unique_lock lock(mu_);
-  FailLocked(lock, reason, reason);
+  MutexLock lock(mu_);
+  FailLocked(reason, reason);
 }
 
-void Connection::FailLocked(std::unique_lock<std::mutex>& lock, const Status& pending_reason,
-                            const Status& later_reason) {
+void Connection::FailLocked(const Status& pending_reason, const Status& later_reason) {
   Status final_reason = pending_reason;
   if (!closed_) {
     closed_ = true;
@@ -609,18 +611,18 @@ void Connection::FailLocked(std::unique_lock<std::mutex>& lock, const Status& pe
   failed.swap(pending_);
   background_pending_ = 0;
   detached_pending_ = 0;
-  cv_.notify_all();
-  bg_cv_.notify_all();
-  lock.unlock();
+  cv_.NotifyAll();
+  bg_cv_.NotifyAll();
+  mu_.Unlock();
   for (auto& [id, pending] : failed) pending.done(final_reason);
-  lock.lock();
+  mu_.Lock();
 }
 
-Status Connection::FailTimedOut(std::unique_lock<std::mutex>& lock, const std::string& what) {
+Status Connection::FailTimedOut(const std::string& what) {
   Status timed_out = TimedOut(what + "; the connection is not used any more");
   // The fd stays open until the Connection goes (~Connection): the daemon
   // keeps the leases of BlockViews still alive.
-  FailLocked(lock, timed_out, Unavailable("the connection to kvtierd failed earlier: " + what));
+  FailLocked(timed_out, Unavailable("the connection to kvtierd failed earlier: " + what));
   return timed_out;
 }
 

@@ -34,13 +34,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -51,6 +49,7 @@
 #include "client_lib/deadline_io.h"
 #include "client_lib/device_copy.h"
 #include "common/block_directory.h"
+#include "common/mutex.h"
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -183,17 +182,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // release before it sleeps until notified.
   static constexpr std::chrono::milliseconds kReleaseTickLinger{50};
 
-  void Track(Reader reader, int delta);  // caller holds mu_
+  void Track(Reader reader, int delta) REQUIRES(mu_);
   // True when the background reader should take the reader role now.
-  bool BackgroundHasWork() const;  // caller holds mu_
+  bool BackgroundHasWork() const REQUIRES(mu_);
 
   Connection() = default;
   // Sends Hello and maps what the answer brings; all before `deadline`.
   Status Hello(const ClientOptions& options, Deadline deadline);
   // Reads (or waits for the reader) until `ready`, failing the connection
   // if call_timeout passes first. `ready` is called under mu_.
-  void Drive(const std::function<bool()>& ready);
-  void BackgroundLoop();
+  void Drive(const std::function<bool()>& ready) EXCLUDES(mu_);
+  void BackgroundLoop() EXCLUDES(mu_);
   // Frames `deferred` (a Release{no_reply} and a UsageReport, each only if
   // needed) and then `request` (if not null) into one write, which must
   // finish by `deadline`. Takes write_mu_; caller must not hold mu_. A
@@ -201,39 +200,42 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // frames still go. A failed write (TimedOut, Unavailable, IoError) may
   // have sent part of a frame: it fails the connection. On a connection
   // already failed, returns its reason and writes nothing.
-  Status WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline);
-  // Sends everything deferred now; `lock` holds mu_ (released meanwhile).
-  void FlushDeferred(std::unique_lock<std::mutex>& lock);
+  Status WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline)
+      EXCLUDES(write_mu_, mu_);
+  // Sends everything deferred now; mu_ is held on entry and exit and
+  // released meanwhile.
+  void FlushDeferred() REQUIRES(mu_);
   // Adds a note under mu_ through `add` (called with deferred_ and the time;
   // returns true to send everything now), then wakes the background thread
   // if it would not wake in time by itself. Nothing on a closed connection.
   // A template (defined in connection.cc, its only user): a copying get
   // passes through here, and a std::function could allocate.
   template <typename AddFn>
-  void Defer(AddFn&& add);
+  void Defer(AddFn&& add) EXCLUDES(mu_);
   // Maps the directory memfd read-only; on any failure the client simply
   // runs without a directory (logged nowhere: the socket path is complete).
   void AttachDirectory(int fd, uint64_t bytes);
-  // Takes the reader role (precondition: nobody holds it; `lock` holds mu_),
-  // reads and dispatches without mu_, hands the role back and wakes waiters.
-  void ReadAsLeader(std::unique_lock<std::mutex>& lock, Deadline deadline);
+  // Takes the reader role (precondition: nobody holds it; mu_ held on entry
+  // and exit), reads and dispatches without mu_, hands the role back and
+  // wakes waiters.
+  void ReadAsLeader(Deadline deadline) REQUIRES(mu_);
   // Reads at least one whole frame (blocking until `deadline` at most) and
   // dispatches every complete frame buffered; returns having dispatched
   // nothing if `deadline` passes first (a partial frame stays buffered).
   // Caller holds the reader role (reading_ == true), not mu_.
-  void ReadAndDispatch(Deadline deadline);
-  void Dispatch(v1::Response response);
+  void ReadAndDispatch(Deadline deadline) EXCLUDES(mu_);
+  void Dispatch(v1::Response response) EXCLUDES(mu_);
   // Marks the connection closed and fails every pending call with
   // `reason`; later calls fail with it too. If it was closed already, the
   // first reason stays and pending calls get that one.
-  void Fail(const Status& reason);
-  // The same, under `lock` (on mu_; released while callbacks run): pending
-  // calls get `pending_reason`, later calls `later_reason`.
-  void FailLocked(std::unique_lock<std::mutex>& lock, const Status& pending_reason, const Status& later_reason);
+  void Fail(const Status& reason) EXCLUDES(mu_);
+  // The same, with mu_ held on entry and exit (released while callbacks
+  // run): pending calls get `pending_reason`, later calls `later_reason`.
+  void FailLocked(const Status& pending_reason, const Status& later_reason) REQUIRES(mu_);
   // Fails the connection after a call or a write got nowhere within its
   // deadline (`what` says which): pending calls get the TimedOut returned,
-  // later ones Unavailable. `lock` as for FailLocked.
-  Status FailTimedOut(std::unique_lock<std::mutex>& lock, const std::string& what);
+  // later ones Unavailable. mu_ as for FailLocked.
+  Status FailTimedOut(const std::string& what) REQUIRES(mu_);
 
   int fd_ = -1;
   std::byte* arena_ = nullptr;
@@ -251,8 +253,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<DirectoryReader> directory_;
   std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
   std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
-  std::mutex gpu_mu_;
-  std::unique_ptr<ArenaRegistration> gpu_registration_;  // guarded by gpu_mu_; released before the unmap
+  Mutex gpu_mu_;
+  std::unique_ptr<ArenaRegistration> gpu_registration_ GUARDED_BY(gpu_mu_);  // released before the unmap
   std::optional<DevicePoolOffer> device_pool_offer_;     // set by Hello only (before any other thread)
   // The pool's mapping, opened on first use (DevicePoolOn).
   enum class PoolMapping {
@@ -261,32 +263,32 @@ class Connection : public std::enable_shared_from_this<Connection> {
     kOpen,        // device_pool_ is the mapping
     kFailed,      // the lookup or the mapping failed: loads go through the arena
   };
-  PoolMapping device_pool_state_ = PoolMapping::kUnresolved;  // guarded by gpu_mu_
-  int device_pool_ordinal_ = -1;                              // guarded by gpu_mu_
-  std::unique_ptr<DevicePoolMapping> device_pool_;            // guarded by gpu_mu_; closed first by ~Connection
+  PoolMapping device_pool_state_ GUARDED_BY(gpu_mu_) = PoolMapping::kUnresolved;
+  int device_pool_ordinal_ GUARDED_BY(gpu_mu_) = -1;
+  std::unique_ptr<DevicePoolMapping> device_pool_ GUARDED_BY(gpu_mu_);  // closed first by ~Connection
 
   // Lock order: write_mu_, then mu_ (WriteFrames checks closed_ while
   // writing); nothing takes write_mu_ while holding mu_.
-  std::mutex write_mu_;       // serializes frames on the socket
-  std::string write_buffer_;  // guarded by write_mu_ (Hello runs before any other thread)
+  Mutex write_mu_ ACQUIRED_BEFORE(mu_);  // serializes frames on the socket
+  std::string write_buffer_ GUARDED_BY(write_mu_);
 
-  std::mutex mu_;
+  Mutex mu_;
   // Two condition variables so that a synchronous call, the common case,
   // wakes nobody: cv_ is only notified when a caller is blocked on it
   // (role_waiters_ > 0), bg_cv_ only when the background reader has work.
-  std::condition_variable cv_;                    // reader role freed, or closed
-  std::condition_variable bg_cv_;                 // background reader may have work, or closed
-  int role_waiters_ = 0;                           // guarded by mu_: callers blocked on cv_
-  Deferred deferred_;                               // guarded by mu_
-  std::chrono::steady_clock::time_point deferred_last_;  // guarded by mu_: when something was last deferred
-  bool background_timed_wait_ = false;  // guarded by mu_: the background thread will wake by itself
-  std::unordered_map<uint64_t, Pending> pending_;  // guarded by mu_
-  int background_pending_ = 0;                     // guarded by mu_
-  int detached_pending_ = 0;                       // guarded by mu_
-  bool reading_ = false;                           // guarded by mu_: someone holds the reader role
-  bool closed_ = false;                            // guarded by mu_
-  Status close_reason_;                            // guarded by mu_
-  uint64_t next_id_ = 1;                           // guarded by mu_
+  CondVar cv_;     // reader role freed, or closed
+  CondVar bg_cv_;  // background reader may have work, or closed
+  int role_waiters_ GUARDED_BY(mu_) = 0;  // callers blocked on cv_
+  Deferred deferred_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point deferred_last_ GUARDED_BY(mu_);  // when something was last deferred
+  bool background_timed_wait_ GUARDED_BY(mu_) = false;  // the background thread will wake by itself
+  std::unordered_map<uint64_t, Pending> pending_ GUARDED_BY(mu_);
+  int background_pending_ GUARDED_BY(mu_) = 0;
+  int detached_pending_ GUARDED_BY(mu_) = 0;
+  bool reading_ GUARDED_BY(mu_) = false;  // someone holds the reader role
+  bool closed_ GUARDED_BY(mu_) = false;
+  Status close_reason_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
 
   // Only touched by the reader-role holder:
   std::string read_buffer_;

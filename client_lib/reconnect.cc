@@ -14,7 +14,7 @@ Reconnector::Reconnector(const ClientOptions& options, std::shared_ptr<Connectio
           std::chrono::steady_clock::now().time_since_epoch().count())) {}
 
 std::shared_ptr<Connection> Reconnector::Peek() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return conn_;
 }
 
@@ -24,7 +24,7 @@ std::shared_ptr<Connection> Reconnector::Current() {
   // Failed by this client while the daemon still holds the socket: stays failed.
   if (!conn->PeerClosed()) return conn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (conn_ != conn) return conn_;  // another thread reconnected meanwhile
     if (attempting_ || std::chrono::steady_clock::now() < next_attempt_) return conn;
     attempting_ = true;
@@ -33,7 +33,7 @@ std::shared_ptr<Connection> Reconnector::Current() {
   // on its socket any more (its deferred releases are dropped).
   conn->Abandon(Unavailable("kvtierd closed the connection; the client reconnects"));
   Result<std::shared_ptr<Connection>> fresh = Reopen();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   attempting_ = false;
   if (!fresh.ok()) {
     ++failures_;

@@ -27,11 +27,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <vector>
 
 #include "client_lib/connection.h"
+#include "common/mutex.h"
 #include "kvtier/client.h"
 
 namespace kvtier::internal {
@@ -43,9 +43,9 @@ class Reconnector {
 
   // The connection a call uses now; may reconnect first (see above), so it
   // may take up to connect_timeout. Never null.
-  std::shared_ptr<Connection> Current();
+  std::shared_ptr<Connection> Current() EXCLUDES(mu_);
   // The current connection without any reconnect attempt. Never null.
-  std::shared_ptr<Connection> Peek() const;
+  std::shared_ptr<Connection> Peek() const EXCLUDES(mu_);
   // Successful reconnects so far.
   uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
   // The namespaces registered at Connect (the same after every reconnect).
@@ -55,16 +55,16 @@ class Reconnector {
   // Opens a connection and checks it registered the same namespaces.
   Result<std::shared_ptr<Connection>> Reopen() const;
   // The wait before the next attempt after `failures_` failed ones (>= 1).
-  std::chrono::milliseconds Backoff();  // caller holds mu_
+  std::chrono::milliseconds Backoff() REQUIRES(mu_);
 
   const ClientOptions options_;
   const std::vector<NamespaceFingerprint> namespaces_;
-  mutable std::mutex mu_;
-  std::shared_ptr<Connection> conn_;                     // guarded by mu_
-  bool attempting_ = false;                              // guarded by mu_: a thread is in Reopen
-  uint32_t failures_ = 0;                                // guarded by mu_: failed attempts in a row
-  std::chrono::steady_clock::time_point next_attempt_;  // guarded by mu_
-  std::minstd_rand jitter_;                              // guarded by mu_
+  mutable Mutex mu_;
+  std::shared_ptr<Connection> conn_ GUARDED_BY(mu_);
+  bool attempting_ GUARDED_BY(mu_) = false;  // a thread is in Reopen
+  uint32_t failures_ GUARDED_BY(mu_) = 0;    // failed attempts in a row
+  std::chrono::steady_clock::time_point next_attempt_ GUARDED_BY(mu_);
+  std::minstd_rand jitter_ GUARDED_BY(mu_);
   std::atomic<uint64_t> reconnects_{0};
 };
 

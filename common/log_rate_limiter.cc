@@ -3,7 +3,7 @@
 namespace kvtier {
 
 bool LogRateLimiter::Allow(Clock::time_point now, uint64_t& suppressed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (lines_in_period_ == 0 || now - period_start_ >= period_) {
     period_start_ = now;
     lines_in_period_ = 0;
@@ -20,7 +20,7 @@ bool LogRateLimiter::Allow(Clock::time_point now, uint64_t& suppressed) {
 }
 
 uint64_t LogRateLimiter::total_suppressed() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return total_suppressed_;
 }
 

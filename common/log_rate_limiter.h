@@ -8,7 +8,8 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace kvtier {
 
@@ -22,20 +23,20 @@ class LogRateLimiter {
   // Whether a line may be written at `now`. When true, `suppressed` is the
   // number of lines refused since the last one allowed (0: none), to be
   // mentioned in this one.
-  bool Allow(Clock::time_point now, uint64_t& suppressed);
+  bool Allow(Clock::time_point now, uint64_t& suppressed) EXCLUDES(mu_);
   bool Allow(uint64_t& suppressed) { return Allow(Clock::now(), suppressed); }
 
   // Lines refused so far in all.
-  uint64_t total_suppressed() const;
+  uint64_t total_suppressed() const EXCLUDES(mu_);
 
  private:
   const uint32_t lines_per_period_;
   const std::chrono::milliseconds period_;
-  mutable std::mutex mu_;
-  Clock::time_point period_start_{};  // guarded by mu_
-  uint32_t lines_in_period_ = 0;      // guarded by mu_
-  uint64_t suppressed_since_line_ = 0;  // guarded by mu_
-  uint64_t total_suppressed_ = 0;     // guarded by mu_
+  mutable Mutex mu_;
+  Clock::time_point period_start_ GUARDED_BY(mu_){};
+  uint32_t lines_in_period_ GUARDED_BY(mu_) = 0;
+  uint64_t suppressed_since_line_ GUARDED_BY(mu_) = 0;
+  uint64_t total_suppressed_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

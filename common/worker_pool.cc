@@ -10,28 +10,28 @@ WorkerPool::WorkerPool(unsigned threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
 void WorkerPool::Post(std::function<void()> task) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KVTIER_CHECK(!stopping_, "task posted to a WorkerPool being destroyed");
   tasks_.push_back(std::move(task));
   // Notified under the lock: the task may be what lets the owner destroy
   // this pool, which must not happen while Post still touches cv_.
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void WorkerPool::Loop() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && tasks_.empty()) cv_.Wait(mu_);
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -17,7 +17,6 @@
 #include <ctime>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <pthread.h>
 #include <sys/resource.h>
 
@@ -134,20 +133,20 @@ void ApplyLogOptions(const DaemonConfig& config) {
 class RunningConfigText {
  public:
   explicit RunningConfigText(const DaemonConfig& config) : config_(config) {}
-  void Set(const DaemonConfig& config) {
-    std::lock_guard lock(mu_);
+  void Set(const DaemonConfig& config) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     config_ = config;
   }
   // As TOML, all of it (`tenant` empty: the operator, or no tenants), or as
   // tenant `tenant` may see it (TenantConfigToml).
-  std::string Get(const std::string& tenant) const {
-    std::lock_guard lock(mu_);
+  std::string Get(const std::string& tenant) const EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return tenant.empty() ? ConfigToml(config_) : TenantConfigToml(config_, tenant);
   }
 
  private:
-  mutable std::mutex mu_;
-  DaemonConfig config_;  // guarded by mu_
+  mutable Mutex mu_;
+  DaemonConfig config_ GUARDED_BY(mu_);
 };
 
 // SIGHUP: re-reads the config file into `running`, applying what may

@@ -10,29 +10,29 @@ ClientMemory::ClientMemory(uint64_t total_bytes, size_t parties, uint32_t reserv
       budget_(total_bytes, parties, reserved_percent) {}
 
 uint64_t ClientMemory::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return budget_.used();
 }
 
 uint64_t ClientMemory::used_of(size_t party) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return budget_.used_of(party);
 }
 
 uint64_t ClientMemory::TakeUnits(size_t party, uint64_t want, uint64_t unit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t units = std::min(want, unit == 0 ? want : budget_.Room(party) / unit);
   budget_.Take(party, units * unit);
   return units;
 }
 
 void ClientMemory::TakeSpent(size_t party, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   budget_.Take(party, bytes);
 }
 
 void ClientMemory::Give(size_t party, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   budget_.Give(party, bytes);
 }
 

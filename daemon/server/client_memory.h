@@ -25,10 +25,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "daemon/server/parted_budget.h"
 #include "kvtier/status.h"
 
@@ -62,8 +62,8 @@ class ClientMemory {
   // kept in equal parts (PartedBudget).
   ClientMemory(uint64_t total_bytes, size_t parties, uint32_t reserved_percent);
 
-  uint64_t used() const;
-  uint64_t used_of(size_t party) const;
+  uint64_t used() const EXCLUDES(mu_);
+  uint64_t used_of(size_t party) const EXCLUDES(mu_);
   uint64_t total() const { return total_; }
   uint64_t part() const { return part_; }
   // Charges refused so far (at any of the three bounds).
@@ -73,15 +73,15 @@ class ClientMemory {
   friend class ClientMemoryAccount;
   // Takes up to `want` whole units of `unit` bytes for `party`, as many
   // as its room allows; returns how many.
-  uint64_t TakeUnits(size_t party, uint64_t want, uint64_t unit);
-  void TakeSpent(size_t party, uint64_t bytes);
-  void Give(size_t party, uint64_t bytes);
+  uint64_t TakeUnits(size_t party, uint64_t want, uint64_t unit) EXCLUDES(mu_);
+  void TakeSpent(size_t party, uint64_t bytes) EXCLUDES(mu_);
+  void Give(size_t party, uint64_t bytes) EXCLUDES(mu_);
   void CountRefusal() { refusals_.fetch_add(1, std::memory_order_relaxed); }
 
   const uint64_t total_;
   const uint64_t part_;
-  mutable std::mutex mu_;
-  PartedBudget budget_;  // guarded by mu_
+  mutable Mutex mu_;
+  PartedBudget budget_ GUARDED_BY(mu_);
   std::atomic<int64_t> refusals_{0};
 };
 

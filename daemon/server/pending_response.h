@@ -18,19 +18,19 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier {
 
 class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
  public:
-  void Complete(v1::Response response) {
+  void Complete(v1::Response response) EXCLUDES(mu_) {
     std::function<void()> resume;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       response_ = std::move(response);
       resume = std::move(resume_);
     }
@@ -46,9 +46,9 @@ class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
           // The handler is move-only; std::function needs a copyable target.
           auto shared = std::make_shared<decltype(handler)>(std::move(handler));
           auto resume = [shared, executor] { asio::post(executor, [shared]() mutable { (*shared)(); }); };
-          std::unique_lock lock(self->mu_);
+          MutexLock lock(self->mu_);
           if (self->response_) {
-            lock.unlock();
+            lock.Unlock();
             resume();
             return;
           }
@@ -59,22 +59,22 @@ class PendingResponse : public std::enable_shared_from_this<PendingResponse> {
 
   // The response if Complete has already run (inline completion: no need
   // to Wait), else nothing.
-  std::optional<v1::Response> TryTake() {
-    std::lock_guard lock(mu_);
+  std::optional<v1::Response> TryTake() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (!response_) return std::nullopt;
     return std::move(*response_);
   }
 
   // The response. Precondition: Complete has run (Wait finished).
-  v1::Response Take() {
-    std::lock_guard lock(mu_);
+  v1::Response Take() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return std::move(*response_);
   }
 
  private:
-  std::mutex mu_;
-  std::optional<v1::Response> response_;  // guarded by mu_
-  std::function<void()> resume_;          // guarded by mu_
+  Mutex mu_;
+  std::optional<v1::Response> response_ GUARDED_BY(mu_);
+  std::function<void()> resume_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

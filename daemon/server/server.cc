@@ -248,7 +248,7 @@ asio::awaitable<void> Server::AcceptLoop() {
     }
     std::shared_ptr<ServerConnection> connection;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (shutting_down_) co_return;
       if (slots_.TryTake(admission->party, 1)) {
         ConnectionId id = next_connection_++;
@@ -290,7 +290,12 @@ void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t
   std::string why = "kvtierd serves server.max_connections (" + max + ") connections already";
   if (!table_.empty()) {
     const std::string who = party < tenants_.size() ? "tenant " + tenants_[party].name : "the operator";
-    why = who + " holds its part (" + std::to_string(slots_.part()) + ", server.reserved_connections_percent) of " +
+    uint64_t part = 0;
+    {
+      MutexLock lock(mu_);
+      part = slots_.part();
+    }
+    why = who + " holds its part (" + std::to_string(part) + ", server.reserved_connections_percent) of " +
           "server.max_connections (" + max + ") and no shared slot is free";
   }
   LogPeerTriggered("refused a connection: " + why);
@@ -336,7 +341,7 @@ bool Server::IoThreadsAnswered() {
 }
 
 void Server::Forget(ConnectionId id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
   slots_.Give(it->second.party, 1);
@@ -346,7 +351,7 @@ void Server::Forget(ConnectionId id) {
 void Server::Shutdown() {
   std::vector<std::shared_ptr<ServerConnection>> live;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
     for (auto& [id, open] : connections_) {
@@ -366,7 +371,7 @@ void Server::Shutdown() {
 
 void Server::Wait() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (waited_) return;
     waited_ = true;
   }
@@ -394,7 +399,7 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.Visit("server.connections_accepted", load(accepted_));
   v.Visit("server.connections_refused", load(refused_));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     v.VisitGauge("server.connections_open", static_cast<int64_t>(connections_.size()));
   }
   v.Visit("server.requests", load(connection_counters_.requests));

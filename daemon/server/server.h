@@ -14,12 +14,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/server/client_memory.h"
 #include "daemon/server/parted_budget.h"
 #include "daemon/server/server_connection.h"
@@ -89,10 +89,10 @@ class Server {
 
   // Stops accepting and stops reading new requests; requests already read
   // are answered. Idempotent.
-  void Shutdown();
+  void Shutdown() EXCLUDES(mu_);
   // Blocks until every connection ended, or the drain timeout after Shutdown
   // passed (then remaining connections are cut). Removes the socket file.
-  void Wait();
+  void Wait() EXCLUDES(mu_);
 
   // The watchdog's health probe. True when every io thread has run the
   // probe posted by the previous call (the first call: true); then posts a
@@ -124,7 +124,7 @@ class Server {
     size_t party;
   };
   // Answers a connection `party` has no slot for with Busy and closes it.
-  void RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party);
+  void RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party) EXCLUDES(mu_);
   // Sends `why` as one error frame (best effort: never blocks, a full
   // buffer drops it) and closes `socket`.
   void Refuse(asio::local::stream_protocol::socket socket, const Status& why);
@@ -133,7 +133,7 @@ class Server {
   // Who the caller of a new connection on `fd` is; PermissionDenied (or
   // IoError without peer credentials) for a caller that is no one's.
   Result<Admission> ContextFor(int fd);
-  void Forget(ConnectionId id);
+  void Forget(ConnectionId id) EXCLUDES(mu_);
 
   const ServerOptions options_;
   const std::vector<ServedTenant> tenants_;
@@ -155,12 +155,12 @@ class Server {
   std::vector<std::thread> threads_;
   size_t next_context_ = 0;  // only touched by the accept loop
 
-  mutable std::mutex mu_;
-  std::unordered_map<ConnectionId, OpenConnection> connections_;  // guarded by mu_
-  PartedBudget slots_;                                              // guarded by mu_: connections
-  bool shutting_down_ = false;                                       // guarded by mu_
-  bool waited_ = false;                                              // guarded by mu_
-  ConnectionId next_connection_ = 1;                                       // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<ConnectionId, OpenConnection> connections_ GUARDED_BY(mu_);
+  PartedBudget slots_ GUARDED_BY(mu_);  // connections
+  bool shutting_down_ GUARDED_BY(mu_) = false;
+  bool waited_ GUARDED_BY(mu_) = false;
+  ConnectionId next_connection_ GUARDED_BY(mu_) = 1;
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};
   std::atomic<int64_t> over_limit_{0};      // refused: server.max_connections open

@@ -77,10 +77,10 @@ WatchdogPinger::~WatchdogPinger() { Stop(); }
 
 void WatchdogPinger::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -88,8 +88,11 @@ void WatchdogPinger::Run(uint64_t interval_us) {
   bool was_healthy = true;
   for (;;) {
     {
-      std::unique_lock lock(mu_);
-      if (stop_cv_.wait_for(lock, std::chrono::microseconds(interval_us), [this] { return stopping_; })) return;
+      MutexLock lock(mu_);
+      const auto wake = std::chrono::steady_clock::now() + std::chrono::microseconds(interval_us);
+      while (!stopping_ && stop_cv_.WaitUntil(mu_, wake)) {
+      }
+      if (stopping_) return;
     }
     // Outside the lock: the probe may take a while (or never return).
     const bool healthy = healthy_();

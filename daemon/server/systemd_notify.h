@@ -11,14 +11,13 @@
 // failed notification is worth a log line, not a stop.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "common/mutex.h"
 #include "kvtier/status.h"
 
 namespace kvtier {
@@ -67,16 +66,16 @@ class WatchdogPinger {
   WatchdogPinger& operator=(const WatchdogPinger&) = delete;
 
   // Ends the pinging and joins the thread. Idempotent.
-  void Stop();
+  void Stop() EXCLUDES(mu_);
 
  private:
-  void Run(uint64_t interval_us);
+  void Run(uint64_t interval_us) EXCLUDES(mu_);
 
   const SystemdNotifier& notifier_;
   std::function<bool()> healthy_;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar stop_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

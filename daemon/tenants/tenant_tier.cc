@@ -1,7 +1,6 @@
 #include "daemon/tenants/tenant_tier.h"
 
 #include <algorithm>
-#include <mutex>
 
 namespace kvtier {
 
@@ -17,7 +16,7 @@ SharedTier::SharedTier(BlockTier& tier) : tier_(tier) {
 }
 
 SharedTier::~SharedTier() {
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   if (ReclaimHooks* hooks = tier_.reclaim_hooks()) {
     if (sink_installed_) hooks->SetEvictionSink(nullptr);
     hooks->SetNeededHint(nullptr);
@@ -26,7 +25,7 @@ SharedTier::~SharedTier() {
 }
 
 size_t SharedTier::tenants() const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   return tenants_.size();
 }
 
@@ -39,7 +38,7 @@ SharedTier::Tenant* SharedTier::Find(const TenantScope* scope) {
 
 void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     if (Find(scope) == nullptr) tenants_.push_back(Tenant{scope, nullptr, nullptr, next_owner_++, quota_bytes});
     ComputeShares();
   }
@@ -48,7 +47,7 @@ void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
 
 void SharedTier::Leave(const TenantScope* scope) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     std::erase_if(tenants_, [scope](const Tenant& t) { return t.scope == scope; });
     ComputeShares();
   }
@@ -70,10 +69,10 @@ void SharedTier::ComputeShares() {
 void SharedTier::InstallShares() {
   ReclaimShares* shares = tier_.reclaim_shares();
   if (ShareableBytes() == 0) return;  // the tier protects no share
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   bool any = false;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     any = !tenants_.empty();
   }
   if (!any) return shares->SetShares(nullptr);
@@ -81,7 +80,7 @@ void SharedTier::InstallShares() {
 }
 
 ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   for (const Tenant& t : tenants_) {
     if (t.scope->Owns(ns)) return ShareOwner{t.owner, t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_};
   }
@@ -90,7 +89,7 @@ ShareOwner SharedTier::OwnerOf(const NamespaceFingerprint& ns) const {
 
 uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
   if (ShareableBytes() == 0) return 0;
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   for (const Tenant& t : tenants_) {
     if (t.scope == scope) return t.quota_bytes != 0 ? t.quota_bytes : unquoted_share_;
   }
@@ -99,14 +98,14 @@ uint64_t SharedTier::ShareOf(const TenantScope* scope) const {
 
 void SharedTier::SetSink(const TenantScope* scope, BlockTier::EvictionSink sink) {
   {
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     if (Tenant* t = Find(scope)) t->sink = std::move(sink);
   }
   Install();
 }
 
 void SharedTier::SetHint(const TenantScope* scope, BlockTier::NeededHint hint) {
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   if (Tenant* t = Find(scope)) t->hint = std::move(hint);
 }
 
@@ -114,10 +113,10 @@ void SharedTier::SetHint(const TenantScope* scope, BlockTier::NeededHint hint) {
 // hint with it held or from its threads, which take mu_: so the tier is
 // never called with mu_ held (install_mu_ orders the callers instead).
 void SharedTier::Install() {
-  std::lock_guard install(install_mu_);
+  MutexLock install(install_mu_);
   bool want_sink = false;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     want_sink = std::any_of(tenants_.begin(), tenants_.end(), [](const Tenant& t) { return bool(t.sink); });
   }
   ReclaimHooks* hooks = tier_.reclaim_hooks();
@@ -136,7 +135,7 @@ void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std:
   BlockTier::EvictionSink sink;
   BlockTier::Evicted mine = block;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     for (const Tenant& t : tenants_) {
       if (t.scope->Owns(block.ns)) {
         sink = t.sink;
@@ -153,7 +152,7 @@ void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std:
 }
 
 bool SharedTier::Needed(const BlockKey& key) const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   return std::any_of(tenants_.begin(), tenants_.end(),
                      [&key](const Tenant& t) { return t.hint && t.hint(t.scope->Unscope(key)); });
 }

@@ -35,10 +35,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/tenants/tenant_scope.h"
 #include "tiers/forwarding_tier.h"
 #include "tiers/tier.h"
@@ -51,20 +50,20 @@ class SharedTier {
   ~SharedTier();                         // clears the sink and hint it installed
 
   BlockTier& tier() const { return tier_; }
-  size_t tenants() const;
+  size_t tenants() const EXCLUDES(mu_);
 
   // A tenant's sink and hint (empty: cleared). `scope` is borrowed and
   // outlives its registration; called by TenantTier.
-  void SetSink(const TenantScope* scope, BlockTier::EvictionSink sink);
-  void SetHint(const TenantScope* scope, BlockTier::NeededHint hint);
+  void SetSink(const TenantScope* scope, BlockTier::EvictionSink sink) EXCLUDES(install_mu_, mu_);
+  void SetHint(const TenantScope* scope, BlockTier::NeededHint hint) EXCLUDES(mu_);
   // Registers `scope` as one of the tenants (for the reinsertion share and
   // the protected shares), with its quota (0: none); TenantTier's
   // constructor and destructor call these.
-  void Join(const TenantScope* scope, uint64_t quota_bytes);
-  void Leave(const TenantScope* scope);
+  void Join(const TenantScope* scope, uint64_t quota_bytes) EXCLUDES(install_mu_, mu_);
+  void Leave(const TenantScope* scope) EXCLUDES(install_mu_, mu_);
   // The protected share of `scope`'s blocks on the tier (0: none, or the
   // tier protects no share).
-  uint64_t ShareOf(const TenantScope* scope) const;
+  uint64_t ShareOf(const TenantScope* scope) const EXCLUDES(mu_);
 
   // The tier's own counters, once for all tenants, then <tier>.unowned_evictions.
   void VisitCounters(CounterVisitor& visitor) const;
@@ -77,31 +76,31 @@ class SharedTier {
     uint32_t owner = 0;        // its id among the tier's share owners (1, 2, ...)
     uint64_t quota_bytes = 0;  // 0: none; its share is then unquoted_share_
   };
-  Tenant* Find(const TenantScope* scope);  // caller holds mu_ uniquely
+  Tenant* Find(const TenantScope* scope) REQUIRES(mu_);
   // Installs the sink on the tier while some tenant has one, clears it
   // otherwise. Caller holds neither lock.
-  void Install();
-  void OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload);
-  bool Needed(const BlockKey& key) const;
+  void Install() EXCLUDES(install_mu_, mu_);
+  void OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload) EXCLUDES(mu_);
+  bool Needed(const BlockKey& key) const EXCLUDES(mu_);
   // Whose block of `ns` is, and its share (BlockTier::ShareOf).
-  ShareOwner OwnerOf(const NamespaceFingerprint& ns) const;
+  ShareOwner OwnerOf(const NamespaceFingerprint& ns) const EXCLUDES(mu_);
   // The tier's ReclaimShares::shareable_bytes (0: it protects no share).
   uint64_t ShareableBytes() const;
   // Recomputes unquoted_share_. Caller holds mu_ uniquely.
-  void ComputeShares();
+  void ComputeShares() REQUIRES(mu_);
   // Installs OwnerOf on the tier while tenants share it (the tier re-reads
   // every namespace's owner). Caller holds neither lock.
-  void InstallShares();
+  void InstallShares() EXCLUDES(install_mu_, mu_);
 
   BlockTier& tier_;
-  std::mutex install_mu_;  // taken before the tier's lock, never under it
-  bool sink_installed_ = false;  // guarded by install_mu_
-  mutable std::shared_mutex mu_;
-  std::vector<Tenant> tenants_;  // guarded by mu_
-  uint32_t next_owner_ = 1;      // guarded by mu_
+  Mutex install_mu_ ACQUIRED_BEFORE(mu_);  // taken before the tier's lock, never under it
+  bool sink_installed_ GUARDED_BY(install_mu_) = false;
+  mutable SharedMutex mu_;
+  std::vector<Tenant> tenants_ GUARDED_BY(mu_);
+  uint32_t next_owner_ GUARDED_BY(mu_) = 1;
   // The share of each tenant without a quota: an equal part of what the
   // quotas leave of the tier's shareable_bytes() (0 when they leave none).
-  uint64_t unquoted_share_ = 0;  // guarded by mu_
+  uint64_t unquoted_share_ GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> unowned_evictions_{0};
 };
 

@@ -85,7 +85,7 @@ HbmTier::HbmTier(std::unique_ptr<HbmDevice> device)
 HbmTier::~HbmTier() = default;  // completions_ goes first and runs what is queued
 
 uint64_t HbmTier::used_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return used_bytes_;
 }
 
@@ -94,14 +94,14 @@ uint64_t HbmTier::StoredBytes(uint64_t payload_bytes) const {
 }
 
 std::optional<BlockTier::BlockInfo> HbmTier::Find(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.state != Entry::State::kStored) return std::nullopt;
   return it->second.info;
 }
 
 void HbmTier::ForEachBlock(const BlockVisitor& visit) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, e] : entries_) {
     if (e.state == Entry::State::kStored) visit(key, e.info);
   }
@@ -130,7 +130,7 @@ Status HbmTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint3
   }
   const uint64_t checksum = layer_count == 1 ? layer_checksums[0] : BlockChecksum(stage);
   if (payload_checksum && *payload_checksum != checksum) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++counters_.write_checksum_mismatches;
     Unreserve(*op);
     return Corruption("hbm write: the payload does not match the checksum the caller expects");
@@ -141,7 +141,7 @@ Status HbmTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint3
 Status HbmTier::Reserve(const BlockInfo& info, WriteOp& op) {
   Entry entry;
   entry.info = info;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (entries_.count(op.key) != 0) {
     ++counters_.write_rejections;
     return AlreadyExists("block is stored or being written in the hbm tier");
@@ -176,7 +176,7 @@ void HbmTier::Unreserve(const WriteOp& op) {
 
 Status HbmTier::Submit(const std::shared_ptr<WriteOp>& op, std::span<const std::byte> stage, uint64_t checksum,
                        std::vector<uint64_t> layer_checksums) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(op->key);
   if (it == entries_.end() || it->second.generation != op->generation) {
     // Erased before its copy was enqueued: accepted, and cancelled.
@@ -202,7 +202,7 @@ Status HbmTier::Submit(const std::shared_ptr<WriteOp>& op, std::span<const std::
 void HbmTier::FinishWrite(const std::shared_ptr<WriteOp>& op, Status copied) {
   Status outcome;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     staging_.Free(op->staging_offset).IgnoreError();  // ours: cannot fail
     staging_write_bytes_ -= op->staging_length;
     auto it = entries_.find(op->key);
@@ -229,7 +229,7 @@ Status HbmTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_la
   op->dst = dst;
   op->first_layer = first_layer;
   op->done = std::move(done);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.state != Entry::State::kStored) return NotFound("not in the hbm tier");
   const Entry& entry = it->second;
@@ -288,7 +288,7 @@ void HbmTier::FinishRead(const std::shared_ptr<ReadOp>& op, Status copied) {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!op->direct) {
       staging_.Free(op->staging_offset).IgnoreError();  // ours: cannot fail
       staging_read_bytes_ -= op->staging_length;
@@ -311,7 +311,7 @@ void HbmTier::FinishRead(const std::shared_ptr<ReadOp>& op, Status copied) {
 }
 
 Status HbmTier::Erase(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return NotFound("not in the hbm tier");
   ++counters_.erases;
@@ -341,7 +341,7 @@ void HbmTier::FreeRangeLocked(uint64_t device_offset, uint64_t device_length) {
 }
 
 Result<BlockTier::InPlace> HbmTier::HoldInPlace(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.state != Entry::State::kStored) return NotFound("not in the hbm tier");
   ++it->second.holds;
@@ -350,7 +350,7 @@ Result<BlockTier::InPlace> HbmTier::HoldInPlace(const BlockKey& key) {
 }
 
 void HbmTier::ReleaseInPlace(const BlockKey& key, uint64_t offset) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // A held range is never freed, so at most one of the two matches: the
   // block still stored there, or the range it left behind.
   auto it = entries_.find(key);
@@ -370,12 +370,12 @@ void HbmTier::ReleaseInPlace(const BlockKey& key, uint64_t offset) {
 }
 
 BlockTier::WriteTotals HbmTier::write_totals() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return WriteTotals{counters_.device_bytes, 0};
 }
 
 void HbmTier::VisitCounters(CounterVisitor& v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   int64_t blocks = 0, held_blocks = static_cast<int64_t>(dropped_holds_.size());
   for (const auto& [key, entry] : entries_) {
     blocks += entry.state == Entry::State::kStored ? 1 : 0;

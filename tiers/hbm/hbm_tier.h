@@ -45,10 +45,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/worker_pool.h"
 #include "gpu/range_allocator.h"
 #include "tiers/hbm/hbm_device.h"
@@ -118,36 +118,36 @@ class HbmTier final : public BlockTier, public InPlaceHolds {
   // being written (under mu_); give them back (mu_ held); enqueue the copy
   // from staging unless an Erase came first.
   Status Reserve(const BlockInfo& info, WriteOp& op);
-  void Unreserve(const WriteOp& op);
+  void Unreserve(const WriteOp& op) REQUIRES(mu_);
   Status Submit(const std::shared_ptr<WriteOp>& op, std::span<const std::byte> stage, uint64_t checksum,
                 std::vector<uint64_t> layer_checksums);
   void FinishWrite(const std::shared_ptr<WriteOp>& op, Status copied);
   void FinishRead(const std::shared_ptr<ReadOp>& op, Status copied);
   // Forgets `key` if it is still generation `generation`; under mu_. A
   // held range moves to dropped_holds_ instead of being freed.
-  void DropLocked(const BlockKey& key, uint64_t generation);
+  void DropLocked(const BlockKey& key, uint64_t generation) REQUIRES(mu_);
   // Gives a range back to the device and uncharges it; under mu_.
-  void FreeRangeLocked(uint64_t device_offset, uint64_t device_length);
+  void FreeRangeLocked(uint64_t device_offset, uint64_t device_length) REQUIRES(mu_);
 
   std::unique_ptr<HbmDevice> device_;
   const uint64_t staging_share_bytes_;  // each of writes and reads may use this much
 
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry> entries_;  // guarded by mu_
-  gpu::RangeAllocator staging_;                  // guarded by mu_
-  uint64_t staging_write_bytes_ = 0;             // guarded by mu_
-  uint64_t staging_read_bytes_ = 0;              // guarded by mu_
-  uint64_t used_bytes_ = 0;                      // guarded by mu_: device ranges held
-  uint64_t next_generation_ = 0;                 // guarded by mu_
-  // Held ranges of erased or dropped blocks, by device offset; guarded by mu_.
-  std::unordered_map<uint64_t, DroppedHold> dropped_holds_;
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, Entry> entries_ GUARDED_BY(mu_);
+  gpu::RangeAllocator staging_ GUARDED_BY(mu_);
+  uint64_t staging_write_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t staging_read_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t used_bytes_ GUARDED_BY(mu_) = 0;  // device ranges held
+  uint64_t next_generation_ GUARDED_BY(mu_) = 0;
+  // Held ranges of erased or dropped blocks, by device offset.
+  std::unordered_map<uint64_t, DroppedHold> dropped_holds_ GUARDED_BY(mu_);
   struct Counters {
     int64_t writes = 0, write_rejections = 0, write_failures = 0, write_checksum_mismatches = 0;
     int64_t cancelled_writes = 0, reads = 0, read_failures = 0, corrupt_reads = 0, direct_reads = 0;
     int64_t erases = 0, busy = 0, no_space = 0;
     int64_t in_place_holds = 0, bad_in_place_releases = 0;
     uint64_t device_bytes = 0;
-  } counters_;  // guarded by mu_
+  } counters_ GUARDED_BY(mu_);
 
   WorkerPool completions_{1};  // declared last: drained first, while the rest still exists
 };

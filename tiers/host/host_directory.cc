@@ -61,27 +61,27 @@ HostDirectory::~HostDirectory() {
 
 bool HostDirectory::Publish(const NamespaceFingerprint& ns, const BlockKey& key, uint64_t offset, uint64_t length,
                             uint64_t checksum) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return writer_.Publish(ns, key, offset, length, checksum);
 }
 
 void HostDirectory::Withdraw(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   writer_.Withdraw(key);
 }
 
 void HostDirectory::ForgetUnpublished() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   writer_.ForgetUnpublished();
 }
 
 void HostDirectory::SetLowerTiers(bool present) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   writer_.SetLowerTiers(present);
 }
 
 void HostDirectory::VisitCounters(CounterVisitor& v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   v.VisitGauge("host.directory.slots", writer_.slot_count());
   v.VisitGauge("host.directory.entries", static_cast<int64_t>(writer_.entries()));
   v.VisitGauge("host.directory.unpublished", static_cast<int64_t>(writer_.unpublished()));

@@ -7,10 +7,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "common/block_directory.h"
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "kvtier/result.h"
 
 namespace kvtier {
@@ -56,8 +56,8 @@ class HostDirectory {
   const int fd_;
   std::byte* const base_;
   const uint64_t bytes_;
-  mutable std::mutex mu_;
-  DirectoryWriter writer_;  // guarded by mu_
+  mutable Mutex mu_;
+  DirectoryWriter writer_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

@@ -42,7 +42,7 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto extent = allocator_.Allocate(bytes)) return *extent;
     free_bytes = allocator_.free_bytes();
     largest_free_bytes = allocator_.largest_free_bytes();
@@ -61,7 +61,7 @@ bool HostTier::CanEverHold(uint64_t bytes) const {
 }
 
 void HostTier::Free(const Extent& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   allocator_.Free(e);
 }
 
@@ -73,14 +73,14 @@ std::span<std::byte> HostTier::Bytes(const Extent& e) const {
 }
 
 uint64_t HostTier::used_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return allocator_.used_bytes();
 }
 
 void HostTier::VisitCounters(CounterVisitor& v) const {
   arena_->VisitCounters(v);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     allocator_.VisitCounters(v);
   }
   if (directory_ != nullptr) directory_->VisitCounters(v);

@@ -7,10 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "kvtier/result.h"
 #include "tiers/host/arena_allocator.h"
 #include "tiers/host/host_arena.h"
@@ -72,8 +72,8 @@ class HostTier {
   const std::unique_ptr<HostArena> arena_;  // immutable after construction
   const std::unique_ptr<HostDirectory> directory_;  // may be null; thread-safe itself
   const uint64_t capacity_bytes_;           // the allocator's (rounded) capacity
-  mutable std::mutex mu_;
-  ArenaAllocator allocator_;  // guarded by mu_
+  mutable Mutex mu_;
+  ArenaAllocator allocator_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

@@ -93,7 +93,7 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
   bool guarded_copied = true;
   for (const auto& [key, entry] : turn.guarded) {
     Status s = CopyForward(key, entry);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (s.ok()) {
       ++counters_.share_copies;
       continue;
@@ -112,7 +112,7 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
   for (const auto& [key, entry] : turn.reinsert) {
     Status s = CopyForward(key, entry);
     if (!s.ok()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++counters_.reinsert_failures;
     }
     if (!s.ok() && sink) turn.evict.emplace_back(key, entry);  // it leaves after all: offer it below
@@ -121,7 +121,7 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
     const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
     uint64_t hits = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = entries_.find(key);
       // Erased, replaced or already reclaimed: nothing to hand down.
       if (it == entries_.end() || it->second.offset != entry.offset ||
@@ -138,11 +138,11 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
            staging->subspan(kRecordHeaderBytes, entry.payload_bytes));
     }
     if (staging) staging_->Free(*staging);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++(s.ok() ? counters_.evictions_offered : counters_.eviction_read_failures);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     reinserting_ = false;
     regions_.HoldReclaim(std::nullopt);
     regions_.EndCopies();

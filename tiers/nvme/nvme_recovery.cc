@@ -10,6 +10,9 @@
 namespace kvtier {
 
 Status NvmeTier::Recover() {
+  // No other thread uses the tier yet (Open has not returned it): held so
+  // that the analysis sees every guarded member under its lock.
+  MutexLock lock(mu_);
   std::vector<RegionState> persisted;
   if (Status s = index_->ForEachRegion([&](const RegionState& r) { persisted.push_back(r); }); !s.ok()) return s;
   std::unordered_set<uint32_t> was_open;

@@ -75,15 +75,15 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> de
 NvmeTier::~NvmeTier() { WaitForIdle(); }
 
 void NvmeTier::WaitForIdle() const {
-  std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [this] { return io_in_flight_ == 0; });
+  MutexLock lock(mu_);
+  while (io_in_flight_ != 0) idle_cv_.Wait(mu_);
 }
 
 void NvmeTier::BeginIo() { ++io_in_flight_; }  // caller holds mu_
 
 void NvmeTier::EndIo() {
-  std::lock_guard lock(mu_);
-  if (--io_in_flight_ == 0) idle_cv_.notify_all();
+  MutexLock lock(mu_);
+  if (--io_in_flight_ == 0) idle_cv_.NotifyAll();
 }
 
 Status NvmeTier::ReadRecordSync(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging) {
@@ -100,11 +100,15 @@ Status NvmeTier::ReadRecordSync(const BlockKey& key, const IndexEntry& entry, st
 void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
   for (const RegionState& state : a.changed) {
     if (a.reclaimed && state.region == *a.reclaimed) {
-      std::vector<BlockKey> dropped(region_keys_[state.region].begin(), region_keys_[state.region].end());
       // In log order: the policy's state after the drops does not depend on
       // a hash set's order (the replay drops them in the same order).
-      std::sort(dropped.begin(), dropped.end(),
-                [this](const BlockKey& a, const BlockKey& b) { return entries_[a].offset < entries_[b].offset; });
+      std::vector<std::pair<uint64_t, BlockKey>> by_offset;
+      by_offset.reserve(region_keys_[state.region].size());
+      for (const BlockKey& k : region_keys_[state.region]) by_offset.emplace_back(entries_[k].offset, k);
+      std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<BlockKey> dropped;
+      dropped.reserve(by_offset.size());
+      for (const auto& [offset, k] : by_offset) dropped.push_back(k);
       counters_.reclaim_dropped += static_cast<int64_t>(dropped.size());
       for (const BlockKey& k : dropped) {
         Account(entries_[k], -1);
@@ -132,7 +136,7 @@ void NvmeTier::PostIndex(std::function<Status()> mutation) {
       // the record) or miss a region's state (its entries then load as
       // stale): a restart may lose blocks, never serve wrong ones.
       spdlog::warn("nvme index write failed: {}", s.ToString());
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++counters_.index_failures;
     }
     EndIo();
@@ -156,8 +160,9 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
   std::span<std::byte> staging;
   IndexEntry entry;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto reject = [this](Status s) {
+      mu_.AssertHeld();  // called only below, under `lock`
       ++counters_.write_rejections;
       return s;
     };
@@ -231,7 +236,7 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
     // and the region space taken stays dead until the region is reclaimed.
     staging_->Free(staging);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       staged_for_writes_ -= staging.size();
       regions_.WriteFinished(entry.region);
       writing_.erase(key);
@@ -262,17 +267,17 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
 }
 
 void NvmeTier::SetNeededHint(NeededHint needed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   needed_ = std::move(needed);
 }
 
 void NvmeTier::SetEvictionSink(EvictionSink sink) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   eviction_sink_ = std::move(sink);
 }
 
 uint64_t NvmeTier::used_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<uint64_t>(counters_.stored_bytes);
 }
 
@@ -280,7 +285,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
                          Result<size_t> result, const WriteDone& done, std::optional<IndexEntry> replaces) {
   staging_->Free(staging);
   Status outcome = result.status();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   staged_for_writes_ -= staging.size();
   if (cancelled_.count(key) != 0 && outcome.ok()) outcome = Cancelled("block was erased while being written");
   if (outcome.code() == StatusCode::kNoSpace) {
@@ -312,7 +317,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
     if (outcome.ok()) outcome = index_->Put(key, entry);
     bool undo = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       regions_.WriteFinished(entry.region);
       writing_.erase(key);
       if (cancelled_.erase(key) != 0 && outcome.ok()) {
@@ -368,7 +373,7 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
   auto op = std::make_shared<ReadOp>();
   const uint64_t align = device_->alignment_bytes();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return NotFound("block is not on the nvme tier");
     op->key = key;
@@ -406,7 +411,7 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
   const uint64_t staged_bytes = op->payload_at + (op->direct ? 0 : cover_bytes);
   {
     // Reads take at most their share of the staging pool (see WriteRecord).
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const bool over_share = staged_for_reads_ > 0 && staged_for_reads_ + staged_bytes > StagingShare();
     auto staged = over_share ? std::nullopt : staging_->Allocate(staged_bytes);
     if (!staged) return Busy("no nvme staging memory free for a read");
@@ -496,7 +501,7 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
   Result<size_t> result = size_t{0};
   if (outcome.ok() && !op->direct) std::memcpy(op->dst.data(), layers.data(), layers.size());  // outside mu_
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!outcome.ok()) result = outcome;
     if (outcome.ok()) {
       result = layers.size();
@@ -528,7 +533,7 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
   }
   staging_->Free(op->staging);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     staged_for_reads_ -= op->staging.size();
   }
   if (op->layer_done) {
@@ -544,7 +549,7 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
 }
 
 void NvmeTier::CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto [it, inserted] = header_cache_.insert_or_assign(key, CachedHeader{entry.offset, entry.region_generation, header});
   if (!inserted) return;
   header_cache_order_.push_back(key);
@@ -571,7 +576,7 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
 }
 
 std::optional<NvmeTier::BlockInfo> NvmeTier::Find(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return BlockInfo{it->second.ns, it->second.payload_bytes, it->second.layer_count, it->second.payload_checksum};
@@ -613,7 +618,7 @@ void NvmeTier::AccountOwner(const NamespaceFingerprint& ns, const HeldBytes& byt
 }
 
 void NvmeTier::SetShares(ShareOf shares) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   shares_ = std::move(shares);
   owner_bytes_.clear();
   if (shares_) {
@@ -644,22 +649,26 @@ bool NvmeTier::ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_byte
 
 RegionManager::ReclaimGate NvmeTier::Gate() const {
   if (!shares_) return {};
-  return [this](uint32_t region) { return cleared_ == std::pair{region, regions_.Generation(region)}; };
+  // Called by regions_, whose every use is under mu_.
+  return [this](uint32_t region) {
+    mu_.AssertHeld();
+    return cleared_ == std::pair{region, regions_.Generation(region)};
+  };
 }
 
 void NvmeTier::ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [ns, bytes] : namespace_bytes_) visit(ns, bytes.payload);
 }
 
 void NvmeTier::ForEachBlock(const BlockVisitor& visit) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, e] : entries_) visit(key, BlockInfo{e.ns, e.payload_bytes, e.layer_count, e.payload_checksum});
   blocks_listed_.fetch_add(static_cast<int64_t>(entries_.size()), std::memory_order_relaxed);
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key);
   if (writing_.count(key) != 0) cancelled_.insert(key);  // a write or reinsertion in flight leaves nothing
   if (it == entries_.end() && writing_.count(key) != 0) {
@@ -680,18 +689,18 @@ Status NvmeTier::Erase(const BlockKey& key) {
 }
 
 NvmeTier::WriteTotals NvmeTier::write_totals() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counters_.submitted;
 }
 
 bool NvmeTier::full() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return full_;
 }
 
 void NvmeTier::VisitCounters(CounterVisitor& v) const {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     v.VisitGauge("nvme.blocks", static_cast<int64_t>(entries_.size()));
     v.VisitGauge("nvme.stored_bytes", counters_.stored_bytes);
     v.VisitGauge("nvme.capacity_bytes", static_cast<int64_t>(device_->capacity_bytes()));

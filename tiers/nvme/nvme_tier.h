@@ -50,12 +50,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -64,6 +62,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "common/worker_pool.h"
 #include "kvtier/block_key.h"
 #include "policy/reclaim_policy.h"
@@ -182,7 +181,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
                    ReadDone done, LayerReadDone layer_done);
   NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index, std::unique_ptr<StagingPool> staging,
            const NvmeTierOptions& options, Clock& clock);
-  Status Recover();
+  Status Recover() EXCLUDES(mu_);
   // Sync check of one record (start-up): header and payload checksum.
   Status VerifyRecord(const BlockKey& key, const IndexEntry& entry);
   // Reads `entry`'s whole record into `staging` (RecordBytes long) and
@@ -196,7 +195,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   // Caller holds mu_, after an allocation: when no region is free, takes
   // the next victim region's turn: its hit blocks are reinserted (budget
   // allowing) and, with an eviction sink, the others are offered to it.
-  void MaybeScanNextVictim();
+  void MaybeScanNextVictim() REQUIRES(mu_);
   using Blocks = std::vector<std::pair<BlockKey, IndexEntry>>;
   // What one reclaim turn does with the blocks of region `scan`.
   struct Turn {
@@ -214,32 +213,32 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   Status CopyForward(const BlockKey& key, const IndexEntry& entry);
   // With shares: the blocks of `keys` (a region's) within their owners'
   // shares go to `guarded`; the rest are returned. Caller holds mu_.
-  std::vector<BlockKey> SplitGuarded(const std::vector<BlockKey>& keys, Blocks& guarded);
+  std::vector<BlockKey> SplitGuarded(const std::vector<BlockKey>& keys, Blocks& guarded) REQUIRES(mu_);
   // With shares: whether a client write in `ns` of `record_bytes` on the
   // device leaves the protected bytes within shareable_bytes(). Caller
   // holds mu_.
-  bool ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_bytes);
+  bool ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_bytes) REQUIRES(mu_);
   // What may be reclaimed: with shares, only the region whose protected
   // blocks have been copied (cleared_); without, any. Caller holds mu_.
-  RegionManager::ReclaimGate Gate() const;
+  RegionManager::ReclaimGate Gate() const REQUIRES(mu_);
   // Drops a reclaimed region's entries from memory and queues the
   // allocation's region changes for the index writer. Caller holds mu_.
-  void PersistRegions(const RegionManager::Allocation& allocation);
+  void PersistRegions(const RegionManager::Allocation& allocation) REQUIRES(mu_);
   // Queues one index mutation behind those queued before (counts as I/O in
   // flight; a failure is logged and counted). Caller holds mu_.
-  void PostIndex(std::function<Status()> mutation);
+  void PostIndex(std::function<Status()> mutation) REQUIRES(mu_);
   // The most staging bytes writes (or reads) may hold at once.
   uint64_t StagingShare() const { return options_.staging_bytes / 4 * 3; }
   void OnWritten(const BlockKey& key, const IndexEntry& entry, std::span<std::byte> staging, Result<size_t> result,
                  const WriteDone& done, std::optional<IndexEntry> replaces);
   void OnRead(std::shared_ptr<ReadOp> op);
   // Drops `key` if its entry is still `entry` (memory and index). Caller holds mu_.
-  void DropIfCurrent(const BlockKey& key, const IndexEntry& entry);
+  void DropIfCurrent(const BlockKey& key, const IndexEntry& entry) REQUIRES(mu_);
   // Keeps `header`, read and verified from `entry`'s record, in the header
   // cache (the oldest entry leaves when it is full). Takes mu_.
-  void CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header);
-  void BeginIo();
-  void EndIo();
+  void CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header) EXCLUDES(mu_);
+  void BeginIo() REQUIRES(mu_);
+  void EndIo() EXCLUDES(mu_);
 
   std::unique_ptr<BlockDevice> device_;
   std::unique_ptr<NvmeIndex> index_;
@@ -248,10 +247,10 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   Clock& clock_;
   NvmeRecovery recovery_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable idle_cv_;
-  RegionManager regions_;                                            // guarded by mu_
-  std::unordered_map<BlockKey, IndexEntry> entries_;                 // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar idle_cv_;
+  RegionManager regions_ GUARDED_BY(mu_);
+  std::unordered_map<BlockKey, IndexEntry> entries_ GUARDED_BY(mu_);
   // Payload bytes (ForEachNamespaceBytes) and record bytes of entries_ per
   // namespace, and per share owner (with shares); changed only through
   // Account, with counters_.stored_bytes.
@@ -259,37 +258,37 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
     uint64_t payload = 0;
     uint64_t record = 0;
   };
-  std::unordered_map<NamespaceFingerprint, HeldBytes> namespace_bytes_;  // guarded by mu_
+  std::unordered_map<NamespaceFingerprint, HeldBytes> namespace_bytes_ GUARDED_BY(mu_);
   struct OwnerBytes {
     HeldBytes held;
     uint64_t share_bytes = 0;
   };
-  std::unordered_map<uint32_t, OwnerBytes> owner_bytes_;  // guarded by mu_
+  std::unordered_map<uint32_t, OwnerBytes> owner_bytes_ GUARDED_BY(mu_);
   // Adds (`sign` +1) or removes (-1) `bytes` of namespace `ns` to its
   // owner's. Caller holds mu_.
-  void AccountOwner(const NamespaceFingerprint& ns, const HeldBytes& bytes, int sign);
+  void AccountOwner(const NamespaceFingerprint& ns, const HeldBytes& bytes, int sign) REQUIRES(mu_);
   // Adds (`sign` +1) or removes (-1) `entry` from stored_bytes and
   // namespace_bytes_, where entries_ gains or loses it. Caller holds mu_.
-  void Account(const IndexEntry& entry, int sign);
-  ShareOf shares_;                                                   // guarded by mu_
+  void Account(const IndexEntry& entry, int sign) REQUIRES(mu_);
+  ShareOf shares_ GUARDED_BY(mu_);
   // The region (and generation) whose protected blocks have been copied
   // forward: the only one reclaim may take, with shares.
-  std::pair<uint32_t, uint64_t> cleared_{~0u, 0};                    // guarded by mu_
-  std::vector<std::unordered_set<BlockKey>> region_keys_;            // guarded by mu_
+  std::pair<uint32_t, uint64_t> cleared_ GUARDED_BY(mu_){~0u, 0};
+  std::vector<std::unordered_set<BlockKey>> region_keys_ GUARDED_BY(mu_);
   const uint64_t shareable_bytes_;                                   // see shareable_bytes()
-  std::unordered_set<BlockKey> writing_;                             // guarded by mu_
-  std::unordered_set<BlockKey> cancelled_;                           // guarded by mu_: erased while writing
-  bool full_ = false;                                                // guarded by mu_
-  ReinsertBudget reinsert_budget_;                                   // guarded by mu_
-  bool reinserting_ = false;                                         // guarded by mu_: a scan job runs
-  NeededHint needed_;                                                // guarded by mu_
-  ReclaimPolicy reclaim_;                                            // guarded by mu_: sees every block's life
-  EvictionSink eviction_sink_;                                       // guarded by mu_
-  std::pair<uint32_t, uint64_t> reinsert_scanned_{~0u, 0};           // guarded by mu_: region, generation
-  int64_t full_until_us_ = 0;                                        // guarded by mu_
-  int64_t io_in_flight_ = 0;                                         // guarded by mu_
-  uint64_t staged_for_writes_ = 0;                                   // guarded by mu_
-  uint64_t staged_for_reads_ = 0;                                    // guarded by mu_
+  std::unordered_set<BlockKey> writing_ GUARDED_BY(mu_);
+  std::unordered_set<BlockKey> cancelled_ GUARDED_BY(mu_);  // erased while writing
+  bool full_ GUARDED_BY(mu_) = false;
+  ReinsertBudget reinsert_budget_ GUARDED_BY(mu_);
+  bool reinserting_ GUARDED_BY(mu_) = false;  // a scan job runs
+  NeededHint needed_ GUARDED_BY(mu_);
+  ReclaimPolicy reclaim_ GUARDED_BY(mu_);  // sees every block's life
+  EvictionSink eviction_sink_ GUARDED_BY(mu_);
+  std::pair<uint32_t, uint64_t> reinsert_scanned_ GUARDED_BY(mu_){~0u, 0};  // region, generation
+  int64_t full_until_us_ GUARDED_BY(mu_) = 0;
+  int64_t io_in_flight_ GUARDED_BY(mu_) = 0;
+  uint64_t staged_for_writes_ GUARDED_BY(mu_) = 0;
+  uint64_t staged_for_reads_ GUARDED_BY(mu_) = 0;
   // Record headers of recent layer-range reads (their per-layer
   // checksums), so that reading a block layer by layer costs one I/O a
   // layer, not two. An entry is used only for the record it was read
@@ -301,8 +300,8 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
     uint64_t region_generation = 0;
     RecordHeader header;
   };
-  std::unordered_map<BlockKey, CachedHeader> header_cache_;          // guarded by mu_
-  std::deque<BlockKey> header_cache_order_;                          // guarded by mu_: insertion order
+  std::unordered_map<BlockKey, CachedHeader> header_cache_ GUARDED_BY(mu_);
+  std::deque<BlockKey> header_cache_order_ GUARDED_BY(mu_);  // insertion order
   struct Counters {
     int64_t writes = 0, write_failures = 0, write_rejections = 0, reads = 0, read_failures = 0;
     int64_t corrupt_reads = 0, reclaimed_reads = 0, erases = 0, stored_bytes = 0, enospc = 0;
@@ -317,7 +316,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
     int64_t share_copy_failures = 0;   // such copies that failed (the region waits for another try)
     int64_t share_refusals = 0;        // client writes refused: the room is held by shares
     WriteTotals submitted;
-  } counters_;  // guarded by mu_
+  } counters_ GUARDED_BY(mu_);
   // Entries ForEachBlock handed out one by one (nvme.blocks_listed): what
   // `kvtier ls` and drops walk; the namespace sums never add to it.
   mutable std::atomic<int64_t> blocks_listed_{0};

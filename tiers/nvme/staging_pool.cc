@@ -34,7 +34,7 @@ Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, BlockDe
 StagingPool::~StagingPool() { ::munmap(base_, bytes_); }
 
 std::optional<std::span<std::byte>> StagingPool::Allocate(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto extent = allocator_.Allocate(bytes);
   if (!extent) {
     ++exhausted_;
@@ -44,12 +44,12 @@ std::optional<std::span<std::byte>> StagingPool::Allocate(uint64_t bytes) {
 }
 
 void StagingPool::Free(std::span<std::byte> span) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   allocator_.Free(ArenaAllocator::Extent{static_cast<uint64_t>(span.data() - base_), span.size()});
 }
 
 void StagingPool::VisitCounters(CounterVisitor& v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   v.VisitGauge("nvme.staging_used_bytes", static_cast<int64_t>(allocator_.used_bytes()));
   v.Visit("nvme.staging_exhausted", exhausted_);
 }

@@ -10,10 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 
+#include "common/mutex.h"
 #include "tiers/host/arena_allocator.h"
 #include "tiers/nvme/block_device.h"
 
@@ -42,9 +42,9 @@ class StagingPool {
 
   std::byte* const base_;
   const uint64_t bytes_;
-  mutable std::mutex mu_;
-  ArenaAllocator allocator_;  // guarded by mu_
-  int64_t exhausted_ = 0;     // guarded by mu_
+  mutable Mutex mu_;
+  ArenaAllocator allocator_ GUARDED_BY(mu_);
+  int64_t exhausted_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

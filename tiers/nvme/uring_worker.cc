@@ -48,7 +48,7 @@ Result<std::unique_ptr<UringWorker>> UringWorker::Create(int fd, uint32_t queue_
 UringWorker::~UringWorker() {
   if (thread_.joinable()) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     Wake();
@@ -59,7 +59,7 @@ UringWorker::~UringWorker() {
 }
 
 void UringWorker::Submit(std::unique_ptr<Op> op) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KVTIER_CHECK(!stopping_, "I/O submitted to a UringDevice being destroyed");
   const bool was_empty = queue_.empty();
   queue_.push_back(std::move(op));
@@ -79,7 +79,7 @@ Status UringWorker::RegisterBuffers(const std::vector<iovec>& buffers) {
   std::promise<Status> outcome;
   auto future = outcome.get_future();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (command_) return FailedPrecondition("a buffer registration is already pending");
     command_ = [this, &buffers, &outcome] {
       if (!fixed_.empty()) {
@@ -111,7 +111,7 @@ bool UringWorker::TakeQueued() {
   std::function<void()> command;
   bool stopping = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     while (!queue_.empty()) {
       LaneOf(*queue_.front()).push_back(std::move(queue_.front()));
       queue_.pop_front();

@@ -16,14 +16,13 @@
 
 #include <liburing.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "tiers/nvme/block_device.h"
 
 namespace kvtier {
@@ -69,10 +68,10 @@ class UringWorker {
   bool ring_ready_ = false;
   int event_fd_ = -1;
 
-  std::mutex mu_;
-  std::deque<std::unique_ptr<Op>> queue_;  // guarded by mu_
-  std::function<void()> command_;          // guarded by mu_: runs on the thread (buffer registration)
-  bool stopping_ = false;                  // guarded by mu_
+  Mutex mu_;
+  std::deque<std::unique_ptr<Op>> queue_ GUARDED_BY(mu_);
+  std::function<void()> command_ GUARDED_BY(mu_);  // runs on the thread (buffer registration)
+  bool stopping_ GUARDED_BY(mu_) = false;
 
   // Thread-only state:
   // Taken from queue_, not yet in the ring: reads, and writes with flushes.

@@ -33,8 +33,8 @@ struct ClusterClient::Node {
   std::string address;
   bool seed = false;                                   // configured: allowed wherever it is
   std::atomic<bool> outside{false};                    // its addresses were refused lately
-  std::mutex mu;
-  std::vector<std::unique_ptr<RedisConnection>> idle;  // guarded by mu
+  Mutex mu;
+  std::vector<std::unique_ptr<RedisConnection>> idle GUARDED_BY(mu);
   std::atomic<int64_t> down_until_ns{0};               // steady clock; 0: up
 };
 
@@ -43,7 +43,10 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOption
   auto networks = ClusterNetworks::Parse(options.networks);
   if (!networks.ok()) return InvalidArgument("cluster networks: " + networks.status().message());
   std::unique_ptr<ClusterClient> client(new ClusterClient(options));
-  client->networks_ = std::move(*networks);
+  {
+    MutexLock lock(client->networks_mu_);  // no other thread has `client` yet
+    client->networks_ = std::move(*networks);
+  }
   for (const std::string& seed : options.seeds) {
     auto address = ParseRedisAddress(seed);
     if (!address.ok()) return InvalidArgument("remote.nodes: " + address.status().message());
@@ -56,7 +59,10 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOption
     hints.ai_flags = AI_NUMERICHOST;
     addrinfo* found = nullptr;
     if (::getaddrinfo(address->first.c_str(), nullptr, &hints, &found) == 0) {
-      client->networks_.AddAround(found->ai_addr);
+      {
+        MutexLock lock(client->networks_mu_);
+        client->networks_.AddAround(found->ai_addr);
+      }
       ::freeaddrinfo(found);
     }
   }
@@ -73,12 +79,12 @@ ClusterClient::~ClusterClient() = default;
 Result<size_t> ClusterClient::NodeFor(const std::string& host, int port, bool seed) {
   const std::string address = host + ":" + std::to_string(port);
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     for (size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i]->address == address) return i;
     }
   }
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     if (nodes_[i]->address == address) return i;
   }
@@ -98,7 +104,7 @@ Result<size_t> ClusterClient::NodeFor(const std::string& host, int port, bool se
 Result<size_t> ClusterClient::Admit(const std::string& host, int port, const std::string& named_by) {
   const std::string address = host + ":" + std::to_string(port);
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     for (size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i]->address == address) return i;  // a seed, or admitted before (networks only grow)
     }
@@ -106,7 +112,7 @@ Result<size_t> ClusterClient::Admit(const std::string& host, int port, const std
   std::optional<bool> inside;
   std::string networks;
   {
-    std::lock_guard lock(networks_mu_);
+    MutexLock lock(networks_mu_);
     inside = networks_.ContainsNumeric(host);
     networks = networks_.ToString();
   }
@@ -139,18 +145,18 @@ void ClusterClient::CountRefusedMap(const Status& why) {
 }
 
 bool ClusterClient::Outside(size_t index) const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   return nodes_[index]->outside.load(std::memory_order_relaxed);
 }
 
 size_t ClusterClient::NodeForSlot(uint16_t slot) {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   const int32_t owner = slot_owner_[slot];
   return owner >= 0 ? static_cast<size_t>(owner) : 0;
 }
 
 std::vector<std::string> ClusterClient::Nodes() const {
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& n : nodes_) out.push_back(n->address);
   return out;
@@ -159,11 +165,11 @@ std::vector<std::string> ClusterClient::Nodes() const {
 Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, RedisDeadline deadline) {
   Node* node;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     node = nodes_[index].get();
   }
   {
-    std::lock_guard lock(node->mu);
+    MutexLock lock(node->mu);
     if (!node->idle.empty()) {
       auto connection = std::move(node->idle.back());
       node->idle.pop_back();
@@ -178,7 +184,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
   RedisConnection::AddressFilter allow;
   if (!node->seed) {
     allow = [this](const sockaddr* address) {
-      std::lock_guard lock(networks_mu_);
+      MutexLock lock(networks_mu_);
       return networks_.Contains(address);
     };
   }
@@ -188,7 +194,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
     node->down_until_ns.store(0, std::memory_order_relaxed);
     node->outside.store(false, std::memory_order_relaxed);
     if (node->seed && default_networks_) {
-      std::lock_guard lock(networks_mu_);
+      MutexLock lock(networks_mu_);
       networks_.AddAround((*connection)->peer());
     }
     if (Status s = Authenticate(**connection, deadline); !s.ok()) return s;
@@ -197,7 +203,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
     node->outside.store(true, std::memory_order_relaxed);
     std::string networks;
     {
-      std::lock_guard lock(networks_mu_);
+      MutexLock lock(networks_mu_);
       networks = networks_.ToString();
     }
     Status refused = PermissionDenied(connection.status().message() + ": outside the cluster's networks (" +
@@ -241,10 +247,10 @@ void ClusterClient::Release(size_t index, std::unique_ptr<RedisConnection> conne
   if (connection == nullptr || connection->broken()) return;
   Node* node;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     node = nodes_[index].get();
   }
-  std::lock_guard lock(node->mu);
+  MutexLock lock(node->mu);
   if (node->idle.size() < options_.idle_connections_per_node) node->idle.push_back(std::move(connection));
 }
 
@@ -253,7 +259,7 @@ int64_t ClusterClient::NowNs() { return std::chrono::steady_clock::now().time_si
 Status ClusterClient::Refresh(RedisDeadline deadline) { return RefreshAfter(NowNs(), deadline); }
 
 Status ClusterClient::RefreshAfter(int64_t since_ns, RedisDeadline deadline) {
-  std::lock_guard one(refresh_mu_);
+  MutexLock one(refresh_mu_);
   // Many commands failing at once (a master died) would each read the map:
   // a read begun after a caller saw its failure answers for it too.
   if (last_refresh_start_ns_ >= since_ns) return last_refresh_status_;
@@ -265,7 +271,7 @@ Status ClusterClient::RefreshAfter(int64_t since_ns, RedisDeadline deadline) {
 Status ClusterClient::ReadMap(RedisDeadline deadline) {
   size_t count;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     count = nodes_.size();
   }
   Status last = Unavailable("no cluster node answered");
@@ -296,7 +302,7 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   Result<RespReply> head = sent.ok() ? (*connection)->ReadReplyHead(deadline) : Result<RespReply>(sent);
   std::string asked_address;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     asked_address = nodes_[index]->address;
   }
   if (!head.ok()) {
@@ -314,7 +320,7 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
     if (head->text.find("cluster support disabled") == std::string::npos) {
       return Unavailable("CLUSTER SLOTS answered: " + head->text);
     }
-    std::unique_lock lock(mu_);
+    WriterMutexLock lock(mu_);
     slot_owner_.fill(static_cast<int32_t>(index));  // a plain Redis: it holds every key
     return Status::Ok();
   }
@@ -336,7 +342,7 @@ Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count,
                                      RedisDeadline deadline) {
   std::string asked_host, asked_address;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     asked_host = nodes_[index]->host;
     asked_address = nodes_[index]->address;
   }
@@ -366,7 +372,7 @@ Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count,
   for (const SlotMapBuilder::Range& range : map.ranges()) {
     std::fill(owners.begin() + range.first, owners.begin() + range.last + 1, learned[range.master]);
   }
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(mu_);
   slot_owner_ = owners;
   return Status::Ok();
 }
@@ -387,7 +393,7 @@ Result<size_t> ClusterClient::RedirectTarget(const std::string& error, size_t fr
   }
   std::string endpoint = error.substr(second + 1);
   if (!endpoint.empty() && endpoint.front() == ':') {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     const std::string& host = nodes_[from]->host;
     endpoint = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + endpoint;
   }
@@ -398,7 +404,7 @@ Result<size_t> ClusterClient::RedirectTarget(const std::string& error, size_t fr
   *slot = static_cast<uint16_t>(number);
   std::string from_address;
   {
-    std::shared_lock lock(mu_);
+    ReaderMutexLock lock(mu_);
     from_address = nodes_[from]->address;
   }
   return Admit(address->first, address->second, "a redirect from " + from_address);
@@ -447,7 +453,7 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
       if (!target.ok()) return target.status();
       (moved ? moved_ : asked_).fetch_add(1, std::memory_order_relaxed);
       if (moved) {
-        std::unique_lock lock(mu_);
+        WriterMutexLock lock(mu_);
         slot_owner_[redirected_slot] = static_cast<int32_t>(*target);
       }
       node = *target;
@@ -525,7 +531,7 @@ void ClusterClient::VisitCounters(CounterVisitor& v) const {
   v.Visit("remote.cluster.connect_failures", connect_failures_.load(std::memory_order_relaxed));
   v.Visit("remote.cluster.maps_refused", maps_refused_.load(std::memory_order_relaxed));
   v.Visit("remote.cluster.nodes_refused", nodes_refused_.load(std::memory_order_relaxed));
-  std::shared_lock lock(mu_);
+  ReaderMutexLock lock(mu_);
   v.VisitGauge("remote.cluster.nodes", static_cast<int64_t>(nodes_.size()));
 }
 

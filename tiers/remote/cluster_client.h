@@ -47,14 +47,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/counters.h"
 #include "common/log_rate_limiter.h"
+#include "common/mutex.h"
 #include "kvtier/result.h"
 #include "tiers/remote/cluster_networks.h"
 #include "tiers/remote/hash_slot.h"
@@ -163,16 +162,16 @@ class ClusterClient {
   Result<size_t> RedirectTarget(const std::string& error, size_t from, uint16_t* slot);
 
   const ClusterOptions options_;
-  mutable std::shared_mutex mu_;
-  std::vector<std::unique_ptr<Node>> nodes_;          // guarded by mu_ (append only)
-  std::array<int32_t, kClusterSlots> slot_owner_{};   // guarded by mu_; -1: unknown
-  std::mutex refresh_mu_;                             // one refresh at a time
-  int64_t last_refresh_start_ns_ = 0;                 // guarded by refresh_mu_
-  Status last_refresh_status_;                        // guarded by refresh_mu_: that read's outcome
+  mutable SharedMutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_ GUARDED_BY(mu_);  // append only
+  std::array<int32_t, kClusterSlots> slot_owner_ GUARDED_BY(mu_){};  // -1: unknown
+  Mutex refresh_mu_ ACQUIRED_BEFORE(mu_);  // one refresh at a time
+  int64_t last_refresh_start_ns_ GUARDED_BY(refresh_mu_) = 0;
+  Status last_refresh_status_ GUARDED_BY(refresh_mu_);  // that read's outcome
   std::atomic<bool> reachable_{true};
   const bool default_networks_;                       // options_.networks empty: the seeds' networks
-  mutable std::mutex networks_mu_;
-  ClusterNetworks networks_;                          // guarded by networks_mu_
+  mutable Mutex networks_mu_;
+  ClusterNetworks networks_ GUARDED_BY(networks_mu_);
   LogRateLimiter refusal_log_{5, std::chrono::seconds(10)};
 
   std::atomic<int64_t> moved_{0}, asked_{0}, try_again_{0}, refreshes_{0}, refresh_failures_{0};

@@ -77,7 +77,7 @@ void RemoteTier::Observe(const Status& status) {
 // --- directory --------------------------------------------------------------
 
 void RemoteTier::Remember(const BlockKey& key, const BlockInfo& info) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = known_.find(key);
   if (it != known_.end()) {
     known_payload_bytes_ -= it->second.info.payload_bytes;
@@ -98,7 +98,7 @@ void RemoteTier::Remember(const BlockKey& key, const BlockInfo& info) {
 }
 
 void RemoteTier::Forget(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = known_.find(key);
   if (it == known_.end()) return;
   known_payload_bytes_ -= it->second.info.payload_bytes;
@@ -127,20 +127,20 @@ void RemoteTier::CountAuthFailure(const BlockKey& key, const Status& why) {
 }
 
 uint64_t RemoteTier::used_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return known_payload_bytes_;
 }
 
 std::optional<BlockTier::BlockInfo> RemoteTier::Find(const BlockKey& key) const {
   if (!available_.load(std::memory_order_relaxed)) return std::nullopt;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = known_.find(key);
   if (it == known_.end()) return std::nullopt;
   return it->second.info;
 }
 
 void RemoteTier::ForEachBlock(const BlockVisitor& visit) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, known] : known_) visit(key, known.info);
 }
 
@@ -149,7 +149,7 @@ void RemoteTier::ForEachBlock(const BlockVisitor& visit) const {
 void RemoteTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   std::vector<BlockKey> asked;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const BlockKey& key : keys) {
       if (known_.count(key) == 0) asked.push_back(key);
     }
@@ -212,7 +212,7 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
   if (!MayTry()) return Unavailable("remote tier: the cluster did not answer; retrying every " +
                                     std::to_string(options_.retry_interval.count()) + " ms");
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (known_.count(key) != 0 || writing_.count(key) != 0) {
       return AlreadyExists("block " + key.ToHex() + " is in the remote tier or being written");
     }
@@ -229,7 +229,7 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
       CopyWithChecksum(std::span(value.bytes.get() + kRemoteHeaderBytes, payload.size()), payload);
   if (payload_checksum && *payload_checksum != checksum) {
     ReturnStaging(std::move(value));
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     writing_.erase(key);
     staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
     return Corruption("remote tier: block " + key.ToHex() + " does not match its checksum");
@@ -246,7 +246,7 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
 
 RemoteTier::Staged RemoteTier::TakeStaging(uint64_t bytes) {
   {
-    std::lock_guard lock(spare_mu_);
+    MutexLock lock(spare_mu_);
     size_t best = spare_.size();
     for (size_t i = 0; i < spare_.size(); ++i) {
       if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity)) best = i;
@@ -263,7 +263,7 @@ RemoteTier::Staged RemoteTier::TakeStaging(uint64_t bytes) {
 }
 
 void RemoteTier::ReturnStaging(Staged staged) {
-  std::lock_guard lock(spare_mu_);
+  MutexLock lock(spare_mu_);
   if (spare_bytes_ + staged.capacity > options_.staging_bytes) return;  // freed
   spare_bytes_ += staged.capacity;
   spare_.push_back(std::move(staged));
@@ -292,7 +292,7 @@ void RemoteTier::RunWrite(const BlockKey& key, const BlockInfo& info, Staged val
   Observe(status);
   bool erased;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     writing_.erase(key);
     erased = erased_while_writing_.erase(key) != 0;
   }
@@ -327,7 +327,7 @@ Status RemoteTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last
                         ReadDone done) {
   BlockInfo info;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = known_.find(key);
     if (it == known_.end()) return NotFound("block " + key.ToHex() + " is not known in the remote tier");
     info = it->second.info;
@@ -410,7 +410,7 @@ Result<size_t> RemoteTier::RunRead(const BlockKey& key, const BlockInfo& info, u
 Status RemoteTier::Erase(const BlockKey& key) {
   NamespaceFingerprint ns;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (writing_.count(key) != 0) {
       erased_while_writing_.insert(key);
       return Status::Ok();
@@ -461,7 +461,7 @@ void RemoteTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("remote.erases", n(erases_));
   v.VisitGauge("remote.staged_bytes", static_cast<int64_t>(staged_bytes_.load(std::memory_order_relaxed)));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     v.VisitGauge("remote.known_blocks", static_cast<int64_t>(known_.size()));
     v.VisitGauge("remote.known_bytes", static_cast<int64_t>(known_payload_bytes_));
   }

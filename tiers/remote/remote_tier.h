@@ -46,13 +46,13 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "common/log_rate_limiter.h"
+#include "common/mutex.h"
 #include "common/worker_pool.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/remote_value.h"
@@ -147,19 +147,19 @@ class RemoteTier final : public BlockTier, public Prober {
   std::unique_ptr<ValueMac> mac_;
   LogRateLimiter auth_log_limiter_{5, std::chrono::seconds(10)};
 
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Known> known_;  // guarded by mu_
-  std::list<BlockKey> order_;                  // guarded by mu_
-  uint64_t known_payload_bytes_ = 0;           // guarded by mu_
-  std::unordered_set<BlockKey> writing_;       // guarded by mu_: accepted, not done
-  std::unordered_set<BlockKey> erased_while_writing_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, Known> known_ GUARDED_BY(mu_);
+  std::list<BlockKey> order_ GUARDED_BY(mu_);
+  uint64_t known_payload_bytes_ GUARDED_BY(mu_) = 0;
+  std::unordered_set<BlockKey> writing_ GUARDED_BY(mu_);  // accepted, not done
+  std::unordered_set<BlockKey> erased_while_writing_ GUARDED_BY(mu_);
 
   std::atomic<bool> available_{true};
   std::atomic<int64_t> next_try_ns_{0};
   std::atomic<uint64_t> staged_bytes_{0};
-  std::mutex spare_mu_;
-  std::vector<Staged> spare_;  // guarded by spare_mu_; at most staging_bytes in all
-  uint64_t spare_bytes_ = 0;   // guarded by spare_mu_
+  Mutex spare_mu_;
+  std::vector<Staged> spare_ GUARDED_BY(spare_mu_);  // at most staging_bytes in all
+  uint64_t spare_bytes_ GUARDED_BY(spare_mu_) = 0;
 
   std::atomic<int64_t> writes_{0}, write_bytes_{0}, write_failures_{0}, writes_refused_busy_{0};
   std::atomic<int64_t> store_full_{0};  // writes the store refused at maxmemory under noeviction (NoSpace)

@@ -4,35 +4,35 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace kvtier::tools {
 
 class Window {
  public:
   explicit Window(uint32_t depth) : depth_(depth) {}
-  void Acquire() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return in_flight_ < depth_; });
+  void Acquire() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    while (in_flight_ >= depth_) cv_.Wait(mu_);
     ++in_flight_;
   }
-  void Release() {
-    std::lock_guard lock(mu_);
+  void Release() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     --in_flight_;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
-  void Drain() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return in_flight_ == 0; });
+  void Drain() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    while (in_flight_ != 0) cv_.Wait(mu_);
   }
 
  private:
   const uint32_t depth_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t in_flight_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  uint32_t in_flight_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier::tools
