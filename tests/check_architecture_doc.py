@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that docs/ARCHITECTURE.md names only things that exist.
+"""Checks that docs/ARCHITECTURE.md and docs/INTERNALS.md name only things
+that exist.
 
 Every `code span` of the document that looks like a path (it has a slash
 or a source file's extension) must name a file or folder of the
@@ -9,8 +10,10 @@ file name anywhere in it; `{a,b}` expands and `*` globs. Every span that
 looks like a C++ name (CamelCase, or `Type::Member`) must occur as a word
 in the sources (C++, protobuf, Python), so that a renamed class or method
 shows up here instead of drifting. Run as: check_architecture_doc.py ROOT
-[DOC]. Exits 1 and lists what it did not find.
+[DOC...] (default: both documents). Exits 1 and lists what it did not
+find.
 """
+import fnmatch
 import glob
 import itertools
 import os
@@ -59,7 +62,9 @@ def looks_like_path(span):
 def path_exists(root, span, basenames, folders):
     for candidate in expand_braces(span.rstrip("/")):
         if "*" in candidate:
-            if glob.glob(os.path.join(root, candidate)):
+            if "/" in candidate and glob.glob(os.path.join(root, candidate)):
+                continue
+            if "/" not in candidate and fnmatch.filter(basenames, candidate):
                 continue
             return False
         if "/" in candidate:
@@ -74,7 +79,7 @@ def path_exists(root, span, basenames, folders):
 
 def main():
     root = sys.argv[1]
-    doc = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "docs", "ARCHITECTURE.md")
+    docs = sys.argv[2:] or [os.path.join(root, "docs", name) for name in ("ARCHITECTURE.md", "INTERNALS.md")]
     global TOP_LEVEL
     TOP_LEVEL = {e for e in os.listdir(root) if e not in SKIP_DIRS}
     files = repo_files(root)
@@ -85,27 +90,30 @@ def main():
         if f.endswith(CODE_SUFFIXES):
             with open(os.path.join(root, f), encoding="utf-8", errors="replace") as src:
                 words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src.read()))
-    with open(doc, encoding="utf-8") as d:
-        text = d.read()
-    # Fenced blocks are diagrams; only inline spans are names.
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
-    missing = []
-    for span in re.findall(r"`([^`\n]+)`", text):
-        span = span.strip()
-        if looks_like_path(span):
-            if not path_exists(root, span, basenames, folders):
-                missing.append(f"no file or folder {span}")
-        elif NAME_RE.match(span):
-            for part in span.rstrip("()").split("::"):
-                if part not in words:
-                    missing.append(f"no name {part} (in `{span}`) in the sources")
-    if missing:
-        print(f"{doc} names what the repository does not have:")
-        for m in sorted(set(missing)):
-            print("  " + m)
-        return 1
-    print(f"{doc}: every file and name it gives exists")
-    return 0
+    failed = False
+    for doc in docs:
+        with open(doc, encoding="utf-8") as d:
+            text = d.read()
+        # Fenced blocks are diagrams; only inline spans are names.
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        missing = []
+        for span in re.findall(r"`([^`\n]+)`", text):
+            span = span.strip()
+            if looks_like_path(span):
+                if not path_exists(root, span, basenames, folders):
+                    missing.append(f"no file or folder {span}")
+            elif NAME_RE.match(span):
+                for part in span.rstrip("()").split("::"):
+                    if part not in words:
+                        missing.append(f"no name {part} (in `{span}`) in the sources")
+        if missing:
+            failed = True
+            print(f"{doc} names what the repository does not have:")
+            for m in sorted(set(missing)):
+                print("  " + m)
+        else:
+            print(f"{doc}: every file and name it gives exists")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/lease_table.h"
@@ -69,18 +70,18 @@ class BlockIndex {
   BlockIndex(size_t shard_index, uint64_t first_lease, std::unique_ptr<EvictionPolicy> p, HostTier& host)
       : leases(shard_index, first_lease), policy(std::move(p)), host_(host) {}
 
-  std::mutex mu;
-  // All members below are guarded by mu.
-  Entries index;
+  Mutex mu;
+  // The members below are guarded by mu, and every method needs it held.
+  Entries index GUARDED_BY(mu);
   // Blocks erased while pinned: invisible, freed when the last lease goes.
-  std::unordered_map<BlockHandle, BlockEntry> zombies;
+  std::unordered_map<BlockHandle, BlockEntry> zombies GUARDED_BY(mu);
   // Committed blocks by handle (what the policy names as victims).
-  std::unordered_map<BlockHandle, BlockKey> committed;
-  LeaseTable leases;
+  std::unordered_map<BlockHandle, BlockKey> committed GUARDED_BY(mu);
+  LeaseTable leases GUARDED_BY(mu);
   // Each connection's reservations (kReserved entries it wrote).
-  std::unordered_map<ConnectionId, std::unordered_set<BlockKey>> reserved;
+  std::unordered_map<ConnectionId, std::unordered_set<BlockKey>> reserved GUARDED_BY(mu);
   // Pins waiting per block being promoted.
-  std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters;
+  std::unordered_map<BlockKey, std::vector<PromotionWaiter>> promotion_waiters GUARDED_BY(mu);
   // Blocks evicted to a tier below whose write is still in flight (in
   // neither tier's index meanwhile); pins of them wait and retry when it
   // ends.
@@ -96,82 +97,82 @@ class BlockIndex {
     friend class BlockIndex;
     BlockState state_ = BlockState::kDemoting;
   };
-  std::unordered_map<BlockKey, Demoting> demoting;
-  std::unique_ptr<EvictionPolicy> policy;  // tracks committed blocks; pins via OnPin/OnUnpin
-  uint64_t stored_bytes = 0;               // sizes of committed blocks
-  uint64_t prefetched_bytes = 0;           // sizes of entries with `prefetched` (being read or resident)
+  std::unordered_map<BlockKey, Demoting> demoting GUARDED_BY(mu);
+  std::unique_ptr<EvictionPolicy> policy GUARDED_BY(mu) PT_GUARDED_BY(mu);  // tracks committed blocks; pins via OnPin/OnUnpin
+  uint64_t stored_bytes GUARDED_BY(mu) = 0;               // sizes of committed blocks
+  uint64_t prefetched_bytes GUARDED_BY(mu) = 0;           // sizes of entries with `prefetched` (being read or resident)
 
   // --- Transitions (block_entry.h's diagram), each with mu held. ---
 
   // (none) -> kReserved: claims `key` for `connection`'s write of `size`
   // bytes under `ns` (no extent yet). AlreadyExists, saying what holds
   // the key, when the index has it in any state.
-  Status Reserve(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, ConnectionId connection);
+  Status Reserve(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, ConnectionId connection) REQUIRES(mu);
   // kReserved -> (none): drops `connection`'s reservation of `key`, freeing
   // its extent if it has one. False when there is no such reservation.
-  bool DropReservation(ConnectionId connection, const BlockKey& key);
+  bool DropReservation(ConnectionId connection, const BlockKey& key) REQUIRES(mu);
   // Every reservation of `connection` -> (none) (its connection closed).
-  void DropReservations(ConnectionId connection);
+  void DropReservations(ConnectionId connection) REQUIRES(mu);
   // kReserved -> kCommitted: publishes `connection`'s written block `it`
   // with its checksums under policy handle `handle`.
   void CommitReserved(Entries::iterator it, ConnectionId connection, uint64_t checksum,
-                      std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us);
+                      std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us) REQUIRES(mu);
   // kCommitted | kPinned -> kPinned: one more pin of `entry` of `key` for
   // `connection`, a use (hits, recency). Returns the lease; *was_prefetched
   // says the pin was the first use of a prefetched block.
   LeaseId Pin(const BlockKey& key, BlockEntry& entry, ConnectionId connection, uint64_t now_us,
-              bool* was_prefetched);
+              bool* was_prefetched) REQUIRES(mu);
   // kPinned -> kCommitted at its last pin, or a zombie's pin dropped (freed
   // at its last): one pin of the block `lease` refers to. The caller has
   // removed the lease record. Returns the bytes of a transient layer read
   // it freed (to return to the engine's pool), else 0.
-  uint64_t Unpin(const LeaseRecord& lease, uint64_t now_us);
+  uint64_t Unpin(const LeaseRecord& lease, uint64_t now_us) REQUIRES(mu);
   // (none) -> kPromoting: claims `key` for a read of its `size` bytes from
   // a tier below (a pin's promotion, or a prefetch when `prefetched`).
   // Precondition: the index has no entry of `key`.
-  BlockEntry& BeginPromotion(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, bool prefetched);
+  BlockEntry& BeginPromotion(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, bool prefetched) REQUIRES(mu);
   // kPromoting -> kCommitted: the read landed in `extent`, verified.
   void CommitPromoted(Entries::iterator it, HostTier::Extent extent, uint64_t checksum,
-                      std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us);
+                      std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us) REQUIRES(mu);
   // kPromoting | kErasedWhilePromoting -> (none): the read failed or the
   // block was erased meanwhile; `extent` (if allocated) is freed.
-  void FailPromotion(Entries::iterator it, HostTier::Extent extent);
+  void FailPromotion(Entries::iterator it, HostTier::Extent extent) REQUIRES(mu);
   // kPromoting -> kErasedWhilePromoting (an Erase during the read).
-  void EraseWhilePromoting(Entries::iterator it);
+  void EraseWhilePromoting(Entries::iterator it) REQUIRES(mu);
   // kCommitted | kPinned -> (none), or kErasedWhilePinned when pinned:
   // the block `it` is evicted or erased; its extent is freed unless pinned.
-  void RemoveCommitted(Entries::iterator it);
+  void RemoveCommitted(Entries::iterator it) REQUIRES(mu);
   // kCommitted -> kDemoting: the victim `it` leaves the index for tier
   // `level` below; its entry is returned so the caller can copy its bytes
   // out before freeing its extent (the caller frees it).
-  BlockEntry BeginDemotion(Entries::iterator it, size_t level);
+  BlockEntry BeginDemotion(Entries::iterator it, size_t level) REQUIRES(mu);
   // kDemoting -> kErasedWhileDemoting (an Erase during the write).
-  void EraseWhileDemoting(std::unordered_map<BlockKey, Demoting>::iterator it);
+  void EraseWhileDemoting(std::unordered_map<BlockKey, Demoting>::iterator it) REQUIRES(mu);
   // kDemoting | kErasedWhileDemoting -> (none): the write ended; returns
   // the record (its waiters, whether it was erased), if there was one.
-  std::optional<Demoting> EndDemotion(const BlockKey& key);
+  std::optional<Demoting> EndDemotion(const BlockKey& key) REQUIRES(mu);
   // (none) -> kLayerRead: a layer-range read of `key` landed in `extent`
   // (`bytes` long); held by one lease of `connection`, returned.
   LeaseId AddLayerRead(const BlockKey& key, HostTier::Extent extent, uint64_t bytes, BlockHandle handle,
-                       ConnectionId connection);
+                       ConnectionId connection) REQUIRES(mu);
 
   // A prefetched block was used or leaves: its bytes stop counting against
   // the prefetch budget. Returns whether it was prefetched.
-  bool EndPrefetched(BlockEntry& entry);
+  bool EndPrefetched(BlockEntry& entry) REQUIRES(mu);
 
  private:
   // Forgets `key` among `connection`'s reservations (committed or dropped).
-  void EndReservation(ConnectionId connection, const BlockKey& key);
+  void EndReservation(ConnectionId connection, const BlockKey& key) REQUIRES(mu);
   // `entry` of `key` becomes kCommitted under `handle`: the policy, the
   // committed map and the byte count learn of it and the directory shows
   // it. The one way into kCommitted (CommitReserved, CommitPromoted).
-  void Insert(const BlockKey& key, BlockEntry& entry, BlockHandle handle, uint64_t now_us);
+  void Insert(const BlockKey& key, BlockEntry& entry, BlockHandle handle, uint64_t now_us) REQUIRES(mu);
   // Makes the just-committed `entry` of `key` visible to clients' directory
   // reads (when the host tier has a directory).
-  void Publish(const BlockKey& key, BlockEntry& entry);
+  void Publish(const BlockKey& key, BlockEntry& entry) REQUIRES(mu);
   // Takes the committed `entry` of `key` out of the directory. Must run
   // before its extent is freed or can be reused.
-  void Withdraw(const BlockKey& key, BlockEntry& entry);
+  void Withdraw(const BlockKey& key, BlockEntry& entry) REQUIRES(mu);
 
   HostTier& host_;
 };

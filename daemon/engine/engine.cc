@@ -53,7 +53,7 @@ Engine::~Engine() {
   // A tier thread may be inside the sink right now: wait for it, and make
   // any later call a no-op.
   {
-    std::unique_lock lock(sink_gate_->mu);
+    WriterMutexLock lock(sink_gate_->mu);
     sink_gate_->engine = nullptr;
   }
   WaitForIdle();
@@ -98,7 +98,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     if (level + 1 < engine->below_.size()) {
       tier->SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
                                                               std::span<const std::byte> payload) {
-        std::shared_lock lock(gate->mu);
+        ReaderMutexLock lock(gate->mu);
         if (gate->engine != nullptr) gate->engine->DemoteBelow(level, block, payload);
       });
     }
@@ -109,12 +109,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->above_->source.tier = engine->above_->source.measured.get();
     engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
   }
-  engine->sink_gate_->engine = engine.get();
+  {
+    WriterMutexLock gate(engine->sink_gate_->mu);
+    engine->sink_gate_->engine = engine.get();
+  }
   return engine;
 }
 
 void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   namespaces_[ns] = layout;
   kept_namespaces_.insert(ns);
 }
@@ -124,13 +127,13 @@ size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey
 BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
 
 void Engine::IoStarted() {
-  std::lock_guard lock(io_mu_);
+  MutexLock lock(io_mu_);
   ++io_in_flight_;
 }
 
 void Engine::IoFinished() {
-  std::lock_guard lock(io_mu_);
-  if (--io_in_flight_ == 0) io_idle_.notify_all();
+  MutexLock lock(io_mu_);
+  if (--io_in_flight_ == 0) io_idle_.NotifyAll();
 }
 
 std::optional<Located> Engine::FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const {
@@ -156,8 +159,8 @@ TierLevel& Engine::SourceAt(size_t level) {
 BlockTier& Engine::host_tier() { return *host_block_tier_; }
 
 void Engine::WaitForIdle() {
-  std::unique_lock lock(io_mu_);
-  io_idle_.wait(lock, [this] { return io_in_flight_ == 0; });
+  MutexLock lock(io_mu_);
+  while (io_in_flight_ != 0) io_idle_.Wait(io_mu_);
 }
 
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
@@ -181,7 +184,7 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
       }
     }
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       Bump(counters_.host_lookup_hits);
@@ -252,14 +255,14 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
     BlockIndex& shard = ShardFor(key);
     {
       // Claim the key first so that a concurrent writer sees it as taken.
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       if (Status taken = shard.Reserve(key, ns, sizes[i], connection); !taken.ok()) {
         grant.status = std::move(taken);
         continue;
       }
     }
     Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     if (!extent.ok()) {
@@ -310,7 +313,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     HostTier::Extent extent;
     uint64_t size = 0;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       auto it = shard.index.find(key);
       if (it == shard.index.end() || it->second.state() != BlockState::kReserved || it->second.writer != connection ||
           it->second.ns != ns) {
@@ -347,7 +350,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
     }
     const bool whole_differs = hash && !checksums.empty() && checksum != checksums[i];
     const uint64_t now = clock_.NowUs();
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
     if (whole_differs || layers_differ) {
@@ -372,7 +375,7 @@ size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   size_t aborted = 0;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     if (shard.DropReservation(connection, key)) ++aborted;
   }
   Bump(counters_.aborts, static_cast<int64_t>(aborted));
@@ -394,7 +397,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
   size_t erased = 0;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     bool found = false;
     // A block on its way between tiers is erased in both: a promotion ends
@@ -433,7 +436,7 @@ void Engine::CloseConnection(ConnectionId connection) {
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
     BlockIndex& shard = *shard_ptr;
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     shard.DropReservations(connection);
     for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
   }

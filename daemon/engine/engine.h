@@ -61,6 +61,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
@@ -393,7 +394,8 @@ class Engine {
   BlockIndex& ShardFor(const BlockKey& key);
   size_t ShardIndex(const BlockKey& key) const;
   // Pins the committed `entry` of `key` for `connection`, with every
-  // layer's checksum when `with_layers`. Caller holds the shard lock.
+  // layer's checksum when `with_layers`. Caller holds the shard lock
+  // (checked at run time: engine.h sees BlockIndex only declared).
   PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers = false);
   // Reads `key` from the tier it was found in into new arena space, then
@@ -561,9 +563,9 @@ class Engine {
   QueuedKeys queued_keys_;
   std::atomic<int64_t> prefetch_reads_{0};  // prefetch reads in flight
   std::atomic<bool> prefetch_budget_freed_{false};  // a prefetched block was used since the last plan
-  mutable std::mutex namespaces_mu_;
-  std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_;  // guarded by namespaces_mu_
-  std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_;  // guarded by namespaces_mu_
+  mutable Mutex namespaces_mu_;
+  std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_ GUARDED_BY(namespaces_mu_);
+  std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_ GUARDED_BY(namespaces_mu_);
   // Reference tracking (engine_namespaces.cc), guarded by namespaces_mu_:
   // the namespaces each connection's Hello registered, how many
   // connections use each, those RegisterNamespace keeps for good, and
@@ -571,21 +573,21 @@ class Engine {
   // After a sweep, unused_namespaces_ holds only namespaces with blocks;
   // the next sweep runs when it doubles (plus kUnusedNamespacesSweep).
   static constexpr size_t kUnusedNamespacesSweep = 64;
-  std::unordered_map<ConnectionId, std::vector<NamespaceFingerprint>> connection_namespaces_;
-  std::unordered_map<NamespaceFingerprint, uint32_t> namespace_users_;
-  std::unordered_set<NamespaceFingerprint> kept_namespaces_;
-  std::unordered_set<NamespaceFingerprint> unused_namespaces_;
-  size_t unused_after_sweep_ = 0;
+  std::unordered_map<ConnectionId, std::vector<NamespaceFingerprint>> connection_namespaces_ GUARDED_BY(namespaces_mu_);
+  std::unordered_map<NamespaceFingerprint, uint32_t> namespace_users_ GUARDED_BY(namespaces_mu_);
+  std::unordered_set<NamespaceFingerprint> kept_namespaces_ GUARDED_BY(namespaces_mu_);
+  std::unordered_set<NamespaceFingerprint> unused_namespaces_ GUARDED_BY(namespaces_mu_);
+  size_t unused_after_sweep_ GUARDED_BY(namespaces_mu_) = 0;
   // Ends `connection`'s use of its namespaces (CloseConnection); true when
   // enough unused ones built up that a sweep is due.
   bool ReleaseNamespaces(ConnectionId connection);
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
-  std::mutex io_mu_;
-  std::condition_variable io_idle_;
-  int64_t io_in_flight_ = 0;  // guarded by io_mu_: promotions and demotions
-  std::condition_variable demotion_finished_;
-  uint64_t demotions_finished_ = 0;  // guarded by io_mu_
+  Mutex io_mu_;
+  CondVar io_idle_;
+  int64_t io_in_flight_ GUARDED_BY(io_mu_) = 0;  // promotions and demotions
+  CondVar demotion_finished_;
+  uint64_t demotions_finished_ GUARDED_BY(io_mu_) = 0;
   std::vector<std::unique_ptr<BlockIndex>> shards_;
   // Queued requests by (connection, request id): the shards holding a
   // part of their chain, under the engine-wide id the policies know.
@@ -596,30 +598,30 @@ class Engine {
     std::vector<BlockKey> chain;
     uint64_t start_us = 0;
   };
-  std::mutex queue_mu_;
-  std::map<std::pair<ConnectionId, uint64_t>, QueuedRequest> queued_;  // guarded by queue_mu_
+  Mutex queue_mu_;
+  std::map<std::pair<ConnectionId, uint64_t>, QueuedRequest> queued_ GUARDED_BY(queue_mu_);
   // What each connection holds in queued_: requests and chain keys.
   struct ConnectionQueue {
     size_t requests = 0;
     size_t keys = 0;
   };
-  std::unordered_map<ConnectionId, ConnectionQueue> queued_per_connection_;  // guarded by queue_mu_
+  std::unordered_map<ConnectionId, ConnectionQueue> queued_per_connection_ GUARDED_BY(queue_mu_);
   const uint64_t layer_read_pool_bytes_;
   std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const size_t max_queued_requests_per_connection_;
   const size_t max_queued_keys_per_connection_;
-  uint64_t next_queue_id_ = 1;                                      // guarded by queue_mu_
+  uint64_t next_queue_id_ GUARDED_BY(queue_mu_) = 1;
   // Promotion reads' measured throughput (prefetch plans with it).
   const double prefetch_share_;
   const uint32_t prefetch_min_blocks_;
   const bool verify_commits_;  // EngineOptions::verify_commits
-  mutable std::mutex bandwidth_mu_;
+  mutable Mutex bandwidth_mu_;
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
   // never reaches a destroyed Engine.
   struct SinkGate {
-    std::shared_mutex mu;
-    Engine* engine = nullptr;  // guarded by mu
+    SharedMutex mu;
+    Engine* engine GUARDED_BY(mu) = nullptr;
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};

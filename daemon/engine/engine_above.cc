@@ -62,7 +62,7 @@ std::optional<BlockTier::InPlace> Engine::AboveHold(const NamespaceFingerprint& 
 }
 
 void Engine::TouchAbove(const BlockKey& key) {
-  std::lock_guard lock(above_->mu);
+  MutexLock lock(above_->mu);
   auto it = above_->resident.find(key);
   if (it != above_->resident.end()) above_->lru.splice(above_->lru.begin(), above_->lru, it->second.at);
 }
@@ -70,13 +70,13 @@ void Engine::TouchAbove(const BlockKey& key) {
 void Engine::OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key) {
   if (above_ == nullptr) return;
   {
-    std::lock_guard lock(above_->mu);
+    MutexLock lock(above_->mu);
     if (above_->resident.count(key) != 0 || !above_->offered.insert(key).second) return;
   }
   IoStarted();
   const bool queued = above_io_->TrySubmit([this, ns, key] {
     if (!CopyUp(ns, key)) {  // else the write's completion ends the offer
-      std::lock_guard lock(above_->mu);
+      MutexLock lock(above_->mu);
       above_->offered.erase(key);
       above_->cancelled.erase(key);
     }
@@ -85,7 +85,7 @@ void Engine::OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key) {
   if (queued) return;
   Bump(above_->offers_dropped);
   {
-    std::lock_guard lock(above_->mu);
+    MutexLock lock(above_->mu);
     above_->offered.erase(key);
   }
   IoFinished();
@@ -116,7 +116,7 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
       if (!EvictAboveOne()) break;
     }
     {
-      std::lock_guard lock(above_->mu);
+      MutexLock lock(above_->mu);
       if (above_->cancelled.count(key) != 0) return false;  // erased since it was read
     }
     // Runs on the tier's thread; ends the offer. An Erase that came while
@@ -125,7 +125,7 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
     auto written = [this, &tier, ns, key](Status s) {
       bool erased = false;
       {
-        std::lock_guard lock(above_->mu);
+        MutexLock lock(above_->mu);
         above_->offered.erase(key);
         erased = above_->cancelled.erase(key) != 0;
         if (s.ok() && !erased && above_->resident.count(key) == 0) {
@@ -157,7 +157,7 @@ bool Engine::EvictAboveOne() {
   BlockKey key;
   NamespaceFingerprint ns;
   {
-    std::lock_guard lock(above_->mu);
+    MutexLock lock(above_->mu);
     if (above_->lru.empty()) return false;
     key = above_->lru.back();
     auto it = above_->resident.find(key);
@@ -197,13 +197,13 @@ bool Engine::EraseAbove(const NamespaceFingerprint& ns, const BlockKey& key, boo
   bool offered = false;
   {
     // A copy up queued or in flight must not bring it back.
-    std::lock_guard lock(above_->mu);
+    MutexLock lock(above_->mu);
     offered = above_->offered.count(key) != 0;
     if (offered) above_->cancelled.insert(key);
   }
   std::optional<BlockTier::BlockInfo> info = tier.Find(key);
   const bool erased = (moving || offered || (info && info->ns == ns)) && tier.Erase(key).ok();
-  std::lock_guard lock(above_->mu);
+  MutexLock lock(above_->mu);
   auto it = above_->resident.find(key);
   if (it != above_->resident.end() && (erased || it->second.ns == ns)) {
     above_->lru.erase(it->second.at);

@@ -47,7 +47,7 @@ void Engine::VisitTierFamilies(CounterVisitor& v) const {
 void Engine::VisitCounters(CounterVisitor& v) const {
   int64_t blocks = 0, pinned = 0, reserved = 0, promoting = 0, demoting = 0, zombies = 0, leases = 0, stored = 0;
   for (const auto& shard_ptr : shards_) {
-    std::lock_guard lock(shard_ptr->mu);
+    MutexLock lock(shard_ptr->mu);
     blocks += static_cast<int64_t>(shard_ptr->committed.size());
     zombies += static_cast<int64_t>(shard_ptr->zombies.size());
     leases += static_cast<int64_t>(shard_ptr->leases.size());
@@ -150,7 +150,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   for (const auto& b : below_) {
     const std::string name(b->tier->name());
     {
-      std::lock_guard lock(bandwidth_mu_);
+      MutexLock lock(bandwidth_mu_);
       v.VisitGauge("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_bandwidth.bytes_per_s()));
     }
     v.Visit("engine." + name + "_lookup_hits", load(b->lookup_hits));
@@ -176,7 +176,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     v.Visit(name + "_in_place_blocks", load(above_->in_place_blocks));
     v.Visit(name + "_lookup_hits", load(above_->source.lookup_hits));
     {
-      std::lock_guard lock(bandwidth_mu_);
+      MutexLock lock(bandwidth_mu_);
       v.VisitGauge(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_bandwidth.bytes_per_s()));
     }
     above_io_->VisitCounters(v);

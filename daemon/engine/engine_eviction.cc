@@ -69,7 +69,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   BlockHandle best_handle = 0;
   BlockKey best_key{};
   for (size_t i = 0; i < shards_.size(); ++i) {
-    std::lock_guard lock(shards_[i]->mu);
+    MutexLock lock(shards_[i]->mu);
     auto candidate = shards_[i]->policy->Victim();
     if (candidate && (best == shards_.size() || candidate->rank < best_rank)) {
       best = i;
@@ -84,7 +84,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   TierAdmission::Facts facts;
   if (!below_.empty()) facts = GatherFacts(best_key, 0);
   BlockIndex& shard = *shards_[best];
-  std::unique_lock lock(shard.mu);
+  MutexLock lock(shard.mu);
   auto candidate = shard.policy->Victim();
   if (!candidate || candidate->handle != best_handle) return true;  // raced with a pin or a use; the caller retries
   auto key = shard.committed.find(candidate->handle);
@@ -118,7 +118,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   // them (Demote copies before it returns), outside the shard lock.
   const BlockKey victim = it->first;
   const BlockEntry entry = shard.BeginDemotion(it, *target);
-  lock.unlock();
+  lock.Unlock();
   Demote(*target, entry.ns, victim, entry.extent, entry.size, entry.checksum);
   host_.Free(entry.extent);
   return true;
@@ -127,7 +127,7 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
 bool Engine::HeldAnywhere(const BlockKey& key) {
   {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     if (shard.index.count(key) > 0 || shard.demoting.count(key) > 0) return true;
   }
   for (const auto& b : below_) {

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
@@ -45,15 +46,15 @@ struct TierLevel {
 // and its LRU.
 struct AboveLevel {
   TierLevel source;
-  std::mutex mu;  // a leaf
-  std::list<BlockKey> lru;  // guarded by mu: most recently used first
+  Mutex mu;  // a leaf
+  std::list<BlockKey> lru GUARDED_BY(mu);  // most recently used first
   struct Resident {
     NamespaceFingerprint ns;
     std::list<BlockKey>::iterator at;
   };
-  std::unordered_map<BlockKey, Resident> resident;  // guarded by mu
-  std::unordered_set<BlockKey> offered;    // guarded by mu: copies up queued, running or being written
-  std::unordered_set<BlockKey> cancelled;  // guarded by mu: offered keys erased meanwhile
+  std::unordered_map<BlockKey, Resident> resident GUARDED_BY(mu);
+  std::unordered_set<BlockKey> offered GUARDED_BY(mu);  // copies up queued, running or being written
+  std::unordered_set<BlockKey> cancelled GUARDED_BY(mu);  // offered keys erased meanwhile
   std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
   std::atomic<int64_t> copies_up{0}, copy_up_skips{0}, copy_up_failures{0}, offers_dropped{0};
   std::atomic<int64_t> evictions{0}, demotions_to_host{0}, demotion_failures{0}, in_place_blocks{0};

@@ -50,14 +50,16 @@ struct Engine::LayerStream {
     bool finished = false;  // FinishPromotion called (or about to be)
     Status failure;
   };
-  std::mutex mu;  // a leaf
-  // All below guarded by mu.
+  Mutex mu;  // a leaf
+  // Filled by StartStream before the stream is shared; after, each Block's
+  // index, key, level and extent are read-only and its other fields are
+  // guarded by mu.
   std::vector<Block> blocks;
-  size_t next = 0;  // next read: layer next / blocks.size(), block next % blocks.size()
-  size_t in_flight = 0;
-  bool pumping = false;  // one thread submits at a time (keeps the order)
-  bool pump_again = false;
-  std::chrono::steady_clock::time_point last_progress;
+  size_t next GUARDED_BY(mu) = 0;  // next read: layer next / blocks.size(), block next % blocks.size()
+  size_t in_flight GUARDED_BY(mu) = 0;
+  bool pumping GUARDED_BY(mu) = false;  // one thread submits at a time (keeps the order)
+  bool pump_again GUARDED_BY(mu) = false;
+  std::chrono::steady_clock::time_point last_progress GUARDED_BY(mu);
 
   // Marks `b` failed; true when its promotion is to be finished now (no
   // read of it in flight).
@@ -81,7 +83,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   }
   NamespaceLayout layout;
   {
-    std::lock_guard lock(namespaces_mu_);
+    MutexLock lock(namespaces_mu_);
     auto it = namespaces_.find(ns);
     if (it == namespaces_.end() || it->second.block_bytes == 0 || it->second.layer_count == 0) {
       return InvalidArgument("the namespace has no registered block layout to load layer by layer");
@@ -110,7 +112,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   }
   load->board_extent = *board;
   {
-    std::lock_guard lock(load->mu);
+    MutexLock lock(load->mu);
     load->board = LoadBoardWriter(host_.Bytes(*board).data(), static_cast<uint32_t>(n), load->layers,
                                   load->layer_bytes, verify);
     load->pending.assign(load->layers, static_cast<uint32_t>(n));
@@ -130,7 +132,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     std::optional<BlockTier::InPlace> held;
     if (load->in_place) held = AboveHold(ns, keys[i]);
     if (held && held->info.payload_bytes == layout.block_bytes && held->info.layer_count == layout.layer_count) {
-      std::lock_guard lock(load->mu);
+      MutexLock lock(load->mu);
       load->held.emplace_back(i, held->offset);
       load->board.SetInDevice(static_cast<uint32_t>(i), held->offset);
       for (uint32_t l = 0; l < load->layers; ++l) load->Count(i, l);
@@ -144,7 +146,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     pinned_keys.push_back(keys[i]);
   }
   {
-    std::lock_guard lock(load->mu);
+    MutexLock lock(load->mu);
     load->Advance();
   }
 
@@ -202,7 +204,7 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
   LeaseId release = 0;
   bool offer = false;
   {
-    std::lock_guard lock(load->mu);
+    MutexLock lock(load->mu);
     const bool whole = grant.length == uint64_t{load->layers} * load->layer_bytes;
     // A load that verifies gets every layer's checksum (PinBatch::
     // with_layers) onto the board. A block settled at once without them
@@ -243,7 +245,7 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
 void Engine::EndLoadRecord(const std::shared_ptr<LoadRecord>& load) {
   HostTier::Extent board;
   {
-    std::lock_guard lock(load->mu);
+    MutexLock lock(load->mu);
     if (!load->ended || load->unresolved != 0 || load->board_extent.length == 0) return;
     board = load->board_extent;
     load->board_extent = {};
@@ -257,7 +259,7 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
   std::vector<LeaseId> leases;
   std::vector<std::pair<size_t, uint64_t>> held;
   {
-    std::lock_guard lock(load->mu);
+    MutexLock lock(load->mu);
     load->ended = true;
     for (LeaseId& lease : load->leases) {
       if (lease != 0) leases.push_back(std::exchange(lease, 0));
@@ -277,7 +279,10 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
   stream->load = load;
   stream->layers = load->layers;
   stream->layer_bytes = load->layer_bytes;
-  stream->last_progress = std::chrono::steady_clock::now();
+  {
+    MutexLock lock(stream->mu);  // no other thread has the stream yet
+    stream->last_progress = std::chrono::steady_clock::now();
+  }
   for (const PinClaim& c : claims) {
     IoStarted();  // the promotion's; FinishPromotion ends it
     Result<HostTier::Extent> extent = AllocateWithEviction(c.from.info.payload_bytes);
@@ -286,7 +291,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
       continue;
     }
     {
-      std::lock_guard lock(load->mu);
+      MutexLock lock(load->mu);
       load->board.SetOffset(static_cast<uint32_t>(c.index), extent->offset);
     }
     LayerStream::Block b;
@@ -311,7 +316,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
   };  // failures only: no layer checksums
   std::vector<Finish> finish;
   bool retry_later = false;
-  std::unique_lock lock(stream->mu);
+  MutexLock lock(stream->mu);
   if (stream->pumping) {
     stream->pump_again = true;
     return;
@@ -341,7 +346,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
       TierLevel& below = SourceAt(b.level);
-      lock.unlock();
+      lock.Unlock();
       ReadStarted(below);
       // The layer's checksum from a tier that keeps them, or hashed when the
       // load verifies (its board needs it); else a plain read.
@@ -356,7 +361,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
                   StreamReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
                 });
       if (!started.ok()) ReadEnded(below, 0);
-      lock.lock();
+      lock.Lock();
       if (started.ok()) {
         Bump(counters_.load_layer_reads);
         continue;
@@ -385,7 +390,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
     }
   } while (stream->pump_again);
   stream->pumping = false;
-  lock.unlock();
+  lock.Unlock();
   for (Finish& f : finish) FinishPromotion(f.key, f.status, f.extent, f.checksum);
   if (retry_later) {
     IoStarted();  // the retry's, ended by the job
@@ -399,7 +404,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       // The reader is full: fail what is left rather than spin here.
       std::vector<Finish> left;
       {
-        std::lock_guard again(stream->mu);
+        MutexLock again(stream->mu);
         for (auto& b : stream->blocks) {
           if (stream->Fail(b, Busy("the tier below was busy and the reader queue full"))) {
             left.push_back(Finish{b.key, b.failure, b.extent, b.checksum});
@@ -421,7 +426,7 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
   Status outcome = Status::Ok();
   LayerStream::Block snapshot;
   {
-    std::lock_guard lock(stream->mu);
+    MutexLock lock(stream->mu);
     LayerStream::Block& b = stream->blocks[block];
     --b.in_flight;
     --stream->in_flight;
@@ -453,7 +458,7 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
   // loaded or failed.
   if (landed && !finish) {
     LoadRecord& load = *stream->load;
-    std::lock_guard lock(load.mu);
+    MutexLock lock(load.mu);
     const size_t index = stream->blocks[block].index;
     if (load.board.has_checksums()) load.board.SetLayerChecksum(static_cast<uint32_t>(index), layer, layer_checksum);
     load.Count(index, layer);

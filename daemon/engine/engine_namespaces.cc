@@ -13,14 +13,14 @@ namespace kvtier {
 
 void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor) {
   RegisterNamespace(ns, NamespaceLayout{descriptor.layer_count, descriptor.BlockBytes()});
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   descriptors_.insert_or_assign(ns, descriptor);
 }
 
 void Engine::UseNamespaces(ConnectionId connection, std::span<const NamespaceFingerprint> namespaces,
                            std::span<const NamespaceDescriptor> descriptors) {
   KVTIER_CHECK(namespaces.size() == descriptors.size(), "one descriptor per namespace");
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   auto& used = connection_namespaces_[connection];
   for (size_t i = 0; i < namespaces.size(); ++i) {
     const NamespaceFingerprint& ns = namespaces[i];
@@ -34,7 +34,7 @@ void Engine::UseNamespaces(ConnectionId connection, std::span<const NamespaceFin
 }
 
 bool Engine::ReleaseNamespaces(ConnectionId connection) {
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   auto node = connection_namespaces_.extract(connection);
   if (node.empty()) return false;
   for (const NamespaceFingerprint& ns : node.mapped()) {
@@ -48,7 +48,7 @@ bool Engine::ReleaseNamespaces(ConnectionId connection) {
 
 size_t Engine::ForgetUnusedNamespaces() {
   {
-    std::lock_guard lock(namespaces_mu_);
+    MutexLock lock(namespaces_mu_);
     if (unused_namespaces_.empty()) return 0;
   }
   // Which namespaces hold blocks, gathered without namespaces_mu_ (the
@@ -58,7 +58,7 @@ size_t Engine::ForgetUnusedNamespaces() {
   for (const BlockTier* t : StackTop()) {
     VisitNamespaceBytes(*t, [&](const NamespaceFingerprint& ns, uint64_t) { with_blocks.insert(ns); });
   }
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   size_t forgotten = 0;
   for (auto it = unused_namespaces_.begin(); it != unused_namespaces_.end();) {
     const NamespaceFingerprint ns = *it;
@@ -76,7 +76,7 @@ size_t Engine::ForgetUnusedNamespaces() {
 }
 
 size_t Engine::RegisteredNamespaces() const {
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   return descriptors_.size();
 }
 
@@ -113,7 +113,7 @@ std::vector<Engine::NamespaceUse> Engine::NamespaceUses() const {
     });
   }
   {
-    std::lock_guard lock(namespaces_mu_);
+    MutexLock lock(namespaces_mu_);
     for (const auto& [ns, descriptor] : descriptors_) use_of(ns).descriptor = descriptor;
   }
   std::vector<NamespaceUse> out;
@@ -159,7 +159,7 @@ void Engine::VisitNamespaceUse(CounterVisitor& v) const {
                    static_cast<int64_t>(row[level]));
     }
   };
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   for (const auto& [total, ns] : largest) {
     std::string labels = "ns=\"" + ns.ToHex().substr(0, 16) + "\"";
     if (auto it = descriptors_.find(ns); it != descriptors_.end()) {
@@ -175,7 +175,7 @@ void Engine::VisitNamespaceUse(CounterVisitor& v) const {
 std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view model_id,
                                                             std::string_view model_revision) const {
   std::vector<NamespaceFingerprint> out;
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   for (const auto& [ns, d] : descriptors_) {
     if (d.model_id == model_id && (model_revision.empty() || d.model_revision == model_revision)) out.push_back(ns);
   }

@@ -13,6 +13,7 @@ namespace kvtier {
 
 PinGrant Engine::PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key,
                            uint64_t now_us, bool with_layers) {
+  shard.mu.AssertHeld();
   BlockEntry& entry = shard.index.at(key);
   bool was_prefetched = false;
   const LeaseId lease = shard.Pin(key, entry, connection, now_us, &was_prefetched);
@@ -40,7 +41,7 @@ std::vector<uint64_t> Engine::LayerChecksumsOf(const BlockEntry& entry, uint32_t
 }
 
 NamespaceLayout Engine::LayoutOf(const NamespaceFingerprint& ns, uint64_t size) {
-  std::lock_guard lock(namespaces_mu_);
+  MutexLock lock(namespaces_mu_);
   auto it = namespaces_.find(ns);
   if (it != namespaces_.end() && it->second.block_bytes == size && it->second.layer_count > 0) return it->second;
   return NamespaceLayout{1, size};
@@ -82,7 +83,7 @@ void Engine::ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockK
   std::vector<BlockKey> unknown;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     if (shard.index.count(key) != 0 || shard.demoting.count(key) != 0) continue;
     if (!FindOutside(key, ns)) unknown.push_back(key);
   }
@@ -108,7 +109,7 @@ PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const Namesp
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
       if (layers.whole()) {
@@ -215,7 +216,7 @@ std::vector<Status> Engine::Release(ConnectionId connection, std::span<const Lea
       continue;
     }
     BlockIndex& shard = *shards_[shard_index];
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     Result<LeaseRecord> record = shard.leases.Take(connection, lease);
     if (!record.ok()) {
       out[i] = record.status();
@@ -232,7 +233,7 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
   size_t counted = 0;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
     it->second.hits++;

@@ -54,7 +54,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
       return NotFound("no " + std::string(TierName(source)) + " tier to plan a preload from");
     }
     {
-      std::lock_guard lock(bandwidth_mu_);
+      MutexLock lock(bandwidth_mu_);
       in.read_bytes_per_s = (*it)->read_bandwidth.Percentile(10);
     }
     in.overhead_us_per_layer = kBelowLayerOverheadUs;

@@ -28,7 +28,7 @@ Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprin
   for (size_t i = 0; i < chain.size(); ++i) {
     parts[ShardIndex(chain[i])].push_back(QueuedBlock{chain[i], static_cast<uint32_t>(i)});
   }
-  std::lock_guard queue_lock(queue_mu_);
+  MutexLock queue_lock(queue_mu_);
   ConnectionQueue& mine = queued_per_connection_[connection];
   // Not a structured binding: the lambda below captures both, which clang
   // before 16 refuses (the fuzz build's clang 14).
@@ -37,6 +37,7 @@ Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprin
   const bool inserted = emplaced.second;
   const size_t keys_after = mine.keys - it->second.chain.size() + chain.size();
   const auto refuse = [&](Status busy) {
+    queue_mu_.AssertHeld();  // runs only here, under queue_lock
     if (inserted) queued_.erase(it);
     if (mine.requests == 0) queued_per_connection_.erase(connection);
     return busy;
@@ -60,13 +61,13 @@ Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprin
   // A replaced request leaves the shards its old chain touched.
   for (size_t s : q.shards) {
     if (!parts[s].empty()) continue;
-    std::lock_guard lock(shards_[s]->mu);
+    MutexLock lock(shards_[s]->mu);
     shards_[s]->policy->OnDequeue(q.id);
   }
   q.shards.clear();
   for (size_t s = 0; s < parts.size(); ++s) {
     if (parts[s].empty()) continue;
-    std::lock_guard lock(shards_[s]->mu);
+    MutexLock lock(shards_[s]->mu);
     shards_[s]->policy->OnEnqueue(q.id, parts[s], start_us, conversation);
     q.shards.push_back(s);
   }
@@ -80,11 +81,11 @@ Status Engine::RegisterQueued(ConnectionId connection, const NamespaceFingerprin
 
 Status Engine::Dequeue(ConnectionId connection, uint64_t request) {
   {
-    std::lock_guard queue_lock(queue_mu_);
+    MutexLock queue_lock(queue_mu_);
     auto it = queued_.find({connection, request});
     if (it == queued_.end()) return NotFound("request " + std::to_string(request) + " is not queued");
     for (size_t s : it->second.shards) {
-      std::lock_guard lock(shards_[s]->mu);
+      MutexLock lock(shards_[s]->mu);
       shards_[s]->policy->OnDequeue(it->second.id);
     }
     queued_keys_.Remove(it->second.chain);
@@ -101,11 +102,11 @@ Status Engine::Dequeue(ConnectionId connection, uint64_t request) {
 }
 
 void Engine::DropQueuedRequests(ConnectionId connection) {
-  std::lock_guard queue_lock(queue_mu_);
+  MutexLock queue_lock(queue_mu_);
   auto it = queued_.lower_bound({connection, 0});
   while (it != queued_.end() && it->first.first == connection) {
     for (size_t s : it->second.shards) {
-      std::lock_guard lock(shards_[s]->mu);
+      MutexLock lock(shards_[s]->mu);
       shards_[s]->policy->OnDequeue(it->second.id);
     }
     queued_keys_.Remove(it->second.chain);
@@ -142,7 +143,7 @@ size_t Engine::Prefetch() {
   std::vector<Queued> queued;
   {
     // Copy only the chains of the earliest kPrefetchPlanRequests.
-    std::lock_guard lock(queue_mu_);
+    MutexLock lock(queue_mu_);
     std::vector<const QueuedRequest*> earliest;
     earliest.reserve(queued_.size());
     for (const auto& [who, q] : queued_) earliest.push_back(&q);
@@ -167,7 +168,7 @@ size_t Engine::Prefetch() {
       PrefetchBlock b{key, 0, BlockPlace::kNowhere};
       {
         BlockIndex& shard = ShardFor(key);
-        std::lock_guard lock(shard.mu);
+        MutexLock lock(shard.mu);
         auto it = shard.index.find(key);
         if (it != shard.index.end() && it->second.ns == q.ns && (it->second.cached() || it->second.promoting())) {
           b.place = BlockPlace::kHost;
@@ -188,13 +189,13 @@ size_t Engine::Prefetch() {
   }
   std::vector<BandwidthEstimate> bandwidths;  // one read channel per tier below
   {
-    std::lock_guard lock(bandwidth_mu_);
+    MutexLock lock(bandwidth_mu_);
     for (const auto& b : below_) bandwidths.push_back(b->read_bandwidth);
   }
   // The budget holds what earlier plans read in and nobody used yet.
   uint64_t still_prefetched = 0;
   for (auto& shard : shards_) {
-    std::lock_guard lock(shard->mu);
+    MutexLock lock(shard->mu);
     still_prefetched += shard->prefetched_bytes;
   }
   const PrefetchOptions options{PrefetchBudget(prefetch_share_, host_.capacity_bytes(), still_prefetched),
@@ -210,7 +211,7 @@ size_t Engine::Prefetch() {
     {
       // Claim the key as a Pin's promotion does: pins wait for this read.
       BlockIndex& shard = ShardFor(a.key);
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       if (shard.index.count(a.key) != 0) continue;  // cached or being written meanwhile
       shard.BeginPromotion(a.key, ns, below->info.payload_bytes, /*prefetched=*/true);
     }
@@ -226,7 +227,7 @@ size_t Engine::Prefetch() {
 void Engine::ConversationHint(uint64_t conversation, bool open) {
   lineage_.SetConversation(conversation, open);
   for (auto& shard : shards_) {
-    std::lock_guard lock(shard->mu);
+    MutexLock lock(shard->mu);
     if (open) {
       shard->policy->OnSessionOpened(conversation);
     } else {

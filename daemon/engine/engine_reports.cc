@@ -45,7 +45,7 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
   const uint64_t now_us = clock_.NowUs();
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     // Only the host tier's copy was read; another namespace's block under
     // the same key is not the one reported.
@@ -67,7 +67,7 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
         Bump(counters_.corrupt_reports_refuted);
       } else {
         BlockIndex& shard = ShardFor(r.key);
-        std::lock_guard lock(shard.mu);
+        MutexLock lock(shard.mu);
         auto it = shard.index.find(r.key);
         // Still the block that was hashed (our pin kept its extent); a
         // pinned block becomes a zombie its last release frees.

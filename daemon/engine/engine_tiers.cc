@@ -35,7 +35,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
       // The transient extent lives as an invisible (zombie) entry held by
       // one lease: the last Release, or the connection's end, frees it.
       BlockIndex& shard = ShardFor(key);
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       const LeaseId lease = shard.AddLayerRead(key, extent, bytes, next_handle_.fetch_add(1, std::memory_order_relaxed),
                                                batch->connection);
       grant = PinGrant{Status::Ok(), extent.offset, bytes, lease, 0, 0, 0, std::move(layer_checksums)};
@@ -142,7 +142,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
     NamespaceFingerprint ns;
     uint64_t size = 0;
     {
-      std::lock_guard lock(shard.mu);
+      MutexLock lock(shard.mu);
       auto it = shard.index.find(key);
       if (it != shard.index.end()) {
         ns = it->second.ns;
@@ -156,7 +156,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   std::vector<PinGrant> grants;
   bool prefetched = false;
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto node = shard.promotion_waiters.extract(key);
     if (!node.empty()) waiters = std::move(node.mapped());
     auto it = shard.index.find(key);
@@ -197,7 +197,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
 }
 
 void Engine::ReadStarted(TierLevel& below) {
-  std::lock_guard lock(bandwidth_mu_);
+  MutexLock lock(bandwidth_mu_);
   if (below.reads_in_flight++ == 0) {
     below.busy_since_us = clock_.NowUs();
     below.busy_bytes = 0;
@@ -205,7 +205,7 @@ void Engine::ReadStarted(TierLevel& below) {
 }
 
 void Engine::ReadEnded(TierLevel& below, uint64_t bytes) {
-  std::lock_guard lock(bandwidth_mu_);
+  MutexLock lock(bandwidth_mu_);
   below.busy_bytes += bytes;
   const bool idle = --below.reads_in_flight == 0;
   if (!idle && below.busy_bytes < kBandwidthSampleBytes) return;
@@ -267,10 +267,10 @@ void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Blo
   // Every end of a write wakes the demoter's waits for room.
   BlockTier::WriteDone ended = [this, done = std::move(done)](Status written) {
     {
-      std::lock_guard lock(io_mu_);
+      MutexLock lock(io_mu_);
       ++demotions_finished_;
     }
-    demotion_finished_.notify_all();
+    demotion_finished_.NotifyAll();
     done(std::move(written));
   };
   BlockTier& tier = *below_[level]->tier;
@@ -297,7 +297,7 @@ void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Blo
     for (;;) {
       uint64_t finished_before;
       {
-        std::lock_guard lock(io_mu_);
+        MutexLock lock(io_mu_);
         finished_before = demotions_finished_;
       }
       // Erased while it waited: nothing to write. (An Erase from here on
@@ -316,9 +316,10 @@ void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Blo
         Bump(counters_.demotion_busy_drops);
         return ended(accepted);
       }
-      std::unique_lock lock(io_mu_);
-      demotion_finished_.wait_until(lock, std::min(deadline, now + std::chrono::milliseconds(1)),
-                                    [&] { return demotions_finished_ != finished_before; });
+      MutexLock lock(io_mu_);
+      const auto until = std::min(deadline, now + std::chrono::milliseconds(1));
+      while (demotions_finished_ == finished_before && demotion_finished_.WaitUntil(io_mu_, until)) {
+      }
       Bump(counters_.demotion_waits);
     }
   });
@@ -326,7 +327,7 @@ void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Blo
 
 bool Engine::DemotionErased(const BlockKey& key) {
   BlockIndex& shard = ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(shard.mu);
   auto it = shard.demoting.find(key);
   return it != shard.demoting.end() && it->second.state() == BlockState::kErasedWhileDemoting;
 }
@@ -353,7 +354,7 @@ void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
   BlockIndex& shard = ShardFor(key);
   std::vector<std::function<void()>> waiters;
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     if (std::optional<BlockIndex::Demoting> ended = shard.EndDemotion(key)) {
       waiters = std::move(ended->waiters);
       if (ended->state() == BlockState::kErasedWhileDemoting && written.ok()) {

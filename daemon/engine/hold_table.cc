@@ -3,7 +3,7 @@
 namespace kvtier {
 
 uint64_t HoldTable::DropEpoch(const NamespaceFingerprint& ns) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto d = drops_.find(ns);
   return d == drops_.end() ? 0 : d->second;
 }
@@ -11,7 +11,7 @@ uint64_t HoldTable::DropEpoch(const NamespaceFingerprint& ns) const {
 std::vector<size_t> HoldTable::ExtendHeld(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
                                           uint64_t expires_us) {
   std::vector<size_t> not_held;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = holds_.find(keys[i]);
     if (it != holds_.end() && it->second.ns == ns) {
@@ -25,7 +25,7 @@ std::vector<size_t> HoldTable::ExtendHeld(const NamespaceFingerprint& ns, std::s
 
 HoldTable::Landing HoldTable::Record(const NamespaceFingerprint& ns, const BlockKey& key, LeaseId lease,
                                      uint64_t bytes, uint64_t expires_us, uint64_t epoch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto d = drops_.find(ns);
   if ((d == drops_.end() ? 0 : d->second) != epoch) return Landing::kNamespaceDropped;
   if (auto it = holds_.find(key); it != holds_.end()) {
@@ -43,7 +43,7 @@ HoldTable::Landing HoldTable::Record(const NamespaceFingerprint& ns, const Block
 std::vector<HoldTable::LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
   std::vector<LeaseId> leases;
   if (now_us < earliest_us_.load(std::memory_order_relaxed)) return leases;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   while (!expiries_.empty() && expiries_.begin()->first <= now_us) {
     leases.push_back(Remove(expiries_.begin()->second));
   }
@@ -52,7 +52,7 @@ std::vector<HoldTable::LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
 
 std::vector<HoldTable::LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   std::vector<LeaseId> leases(keys.size(), 0);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (holds_.empty()) return leases;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = holds_.find(keys[i]);
@@ -63,7 +63,7 @@ std::vector<HoldTable::LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, 
 
 std::vector<HoldTable::LeaseId> HoldTable::TakeNamespace(const NamespaceFingerprint& ns) {
   std::vector<LeaseId> leases;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++drops_[ns];
   std::vector<BlockKey> keys;
   for (const auto& [key, hold] : holds_) {
@@ -75,7 +75,7 @@ std::vector<HoldTable::LeaseId> HoldTable::TakeNamespace(const NamespaceFingerpr
 
 HoldTable::InForce HoldTable::CountInForce(uint64_t now_us) const {
   InForce out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, hold] : holds_) {
     if (hold.expires_us <= now_us) continue;
     ++out.holds;

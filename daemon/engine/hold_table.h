@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
 #include "kvtier/block_key.h"
 
@@ -79,16 +80,16 @@ class HoldTable {
     uint64_t expires_us = 0;
   };
   // Sets `key`'s expiry; mu_ held.
-  void SetExpiry(const BlockKey& key, uint64_t expires_us);
+  void SetExpiry(const BlockKey& key, uint64_t expires_us) REQUIRES(mu_);
   // Removes `key`'s hold and returns its lease (0: none); mu_ held.
-  LeaseId Remove(const BlockKey& key);
+  LeaseId Remove(const BlockKey& key) REQUIRES(mu_);
   // Caches the earliest expiry for TakeExpired's check; mu_ held.
-  void NoteEarliest();
+  void NoteEarliest() REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Held> holds_;                // guarded by mu_
-  std::set<std::pair<uint64_t, BlockKey>> expiries_;           // guarded by mu_
-  std::unordered_map<NamespaceFingerprint, uint64_t> drops_;   // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, Held> holds_ GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, BlockKey>> expiries_ GUARDED_BY(mu_);
+  std::unordered_map<NamespaceFingerprint, uint64_t> drops_ GUARDED_BY(mu_);
   // The earliest expiry in expiries_ (max: none), read without the lock.
   std::atomic<uint64_t> earliest_us_{std::numeric_limits<uint64_t>::max()};
 };

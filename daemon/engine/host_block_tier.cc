@@ -17,7 +17,7 @@ std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) con
   NamespaceFingerprint ns;
   uint64_t size = 0, checksum = 0;
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     if (it == shard.index.end() || !it->second.cached()) return std::nullopt;
     ns = it->second.ns;
@@ -32,7 +32,7 @@ void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
   for (const auto& shard : engine_.shards_) {
     blocks.clear();
     {
-      std::lock_guard lock(shard->mu);
+      MutexLock lock(shard->mu);
       for (const auto& [key, entry] : shard->index) {
         if (entry.cached()) blocks.emplace_back(key, BlockInfo{entry.ns, entry.size, 1, entry.checksum});
       }
@@ -106,7 +106,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
   uint64_t first_byte = 0, bytes = 0;
   std::vector<uint64_t> sums;  // of the layers read
   {
-    std::lock_guard lock(shard.mu);
+    MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     if (it == shard.index.end() || !it->second.cached()) {
       return NotFound("host tier: block " + key.ToHex() + " is not cached");
@@ -162,7 +162,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
 
 Status HostBlockTier::Erase(const BlockKey& key) {
   BlockIndex& shard = engine_.ShardFor(key);
-  std::lock_guard lock(shard.mu);
+  MutexLock lock(shard.mu);
   auto it = shard.index.find(key);
   if (it == shard.index.end() || !it->second.cached()) {
     return NotFound("host tier: block " + key.ToHex() + " is not cached");

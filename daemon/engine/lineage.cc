@@ -3,7 +3,7 @@
 namespace kvtier {
 
 void Lineage::Record(std::span<const BlockKey> chain, uint64_t conversation) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < chain.size(); ++i) {
     Info info;
     if (i > 0) info.parent = chain[i - 1];
@@ -14,7 +14,7 @@ void Lineage::Record(std::span<const BlockKey> chain, uint64_t conversation) {
 }
 
 void Lineage::RecordLinks(std::span<const BlockKey> chain, const std::optional<BlockKey>& parent) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < chain.size(); ++i) {
     std::optional<BlockKey> parent_of = i > 0 ? std::optional<BlockKey>(chain[i - 1]) : parent;
     if (!parent_of) continue;
@@ -37,7 +37,7 @@ void Lineage::Set(const BlockKey& key, const Info& info) {
 }
 
 std::optional<Lineage::Info> Lineage::Find(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = keys_.find(key);
   if (it == keys_.end()) return std::nullopt;
   return it->second;
@@ -45,18 +45,18 @@ std::optional<Lineage::Info> Lineage::Find(const BlockKey& key) const {
 
 void Lineage::SetConversation(uint64_t conversation, bool open) {
   if (conversation == 0) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Remember(conversation, open ? State::kOpen : State::kClosed);
 }
 
 Lineage::State Lineage::ConversationState(uint64_t conversation) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = conversations_.find(conversation);
   return it == conversations_.end() ? State::kUnknown : it->second;
 }
 
 size_t Lineage::keys() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return keys_.size();
 }
 

@@ -16,6 +16,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "kvtier/block_key.h"
 #include "policy/admission_policy.h"
 
@@ -48,16 +49,16 @@ class Lineage {
 
  private:
   // Caller holds mu_.
-  void Remember(uint64_t conversation, State state);
+  void Remember(uint64_t conversation, State state) REQUIRES(mu_);
   // Caller holds mu_: sets `key`'s record, forgetting the oldest past capacity.
-  void Set(const BlockKey& key, const Info& info);
+  void Set(const BlockKey& key, const Info& info) REQUIRES(mu_);
 
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Info> keys_;              // guarded by mu_
-  std::deque<BlockKey> key_order_;                       // guarded by mu_: first recorded first
-  std::unordered_map<uint64_t, State> conversations_;    // guarded by mu_
-  std::deque<uint64_t> conversation_order_;              // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, Info> keys_ GUARDED_BY(mu_);
+  std::deque<BlockKey> key_order_ GUARDED_BY(mu_);  // first recorded first
+  std::unordered_map<uint64_t, State> conversations_ GUARDED_BY(mu_);
+  std::deque<uint64_t> conversation_order_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

@@ -18,7 +18,7 @@ void LoadRecord::Advance() {
 }
 
 Result<uint64_t> LoadTable::Open(ConnectionId connection) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto& open = loads_[connection];
   if (open.size() >= max_per_connection_) {
     return Busy("this connection holds " + std::to_string(open.size()) + " open loads; end some first");
@@ -29,12 +29,12 @@ Result<uint64_t> LoadTable::Open(ConnectionId connection) {
 }
 
 void LoadTable::Fill(ConnectionId connection, uint64_t id, std::shared_ptr<LoadRecord> load) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   loads_[connection][id] = std::move(load);
 }
 
 void LoadTable::Abandon(ConnectionId connection, uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto conn = loads_.find(connection);
   if (conn == loads_.end()) return;
   conn->second.erase(id);
@@ -42,7 +42,7 @@ void LoadTable::Abandon(ConnectionId connection, uint64_t id) {
 }
 
 std::shared_ptr<LoadRecord> LoadTable::Take(ConnectionId connection, uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto conn = loads_.find(connection);
   if (conn == loads_.end()) return nullptr;
   auto it = conn->second.find(id);
@@ -55,7 +55,7 @@ std::shared_ptr<LoadRecord> LoadTable::Take(ConnectionId connection, uint64_t id
 
 std::vector<uint64_t> LoadTable::Ids(ConnectionId connection) const {
   std::vector<uint64_t> ids;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = loads_.find(connection);
   if (it != loads_.end()) {
     for (const auto& [id, load] : it->second) ids.push_back(id);
@@ -64,7 +64,7 @@ std::vector<uint64_t> LoadTable::Ids(ConnectionId connection) const {
 }
 
 int64_t LoadTable::OpenCount() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   int64_t open = 0;
   for (const auto& [connection, loads] : loads_) open += static_cast<int64_t>(loads.size());
   return open;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/load_board.h"
+#include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
 #include "kvtier/block_key.h"
 #include "kvtier/result.h"
@@ -36,26 +37,27 @@ struct LoadRecord {
   uint64_t layer_bytes = 0;
   bool verify = false;  // the board has the layer checksum table
 
-  std::mutex mu;
-  // All below guarded by mu.
-  LoadBoardWriter board;
-  std::vector<uint32_t> pending;  // per layer: blocks neither with it in place nor failed
-  std::vector<uint8_t> counted;   // block * layers + layer: taken out of `pending`
-  std::vector<LeaseId> leases;    // per block: the load's pin, 0 for none
+  Mutex mu;
+  // Guarded by mu, but for in_place, ns and keys: set before the load is
+  // shared, read-only after.
+  LoadBoardWriter board GUARDED_BY(mu);
+  std::vector<uint32_t> pending GUARDED_BY(mu);  // per layer: blocks neither with it in place nor failed
+  std::vector<uint8_t> counted GUARDED_BY(mu);   // block * layers + layer: taken out of `pending`
+  std::vector<LeaseId> leases GUARDED_BY(mu);    // per block: the load's pin, 0 for none
   // In place (BeginLoad's `in_place`): the keys, and the blocks held in
   // the tier above at their offsets there (released at the end).
   bool in_place = false;
   NamespaceFingerprint ns;
   std::vector<BlockKey> keys;
-  std::vector<std::pair<size_t, uint64_t>> held;
-  size_t unresolved = 0;  // blocks not yet loaded or failed
-  uint32_t ready = 0;     // layers published
-  bool ended = false;
+  std::vector<std::pair<size_t, uint64_t>> held GUARDED_BY(mu);
+  size_t unresolved GUARDED_BY(mu) = 0;  // blocks not yet loaded or failed
+  uint32_t ready GUARDED_BY(mu) = 0;     // layers published
+  bool ended GUARDED_BY(mu) = false;
 
   // Takes layer `layer` of `block` out of `pending` (once). mu held.
-  void Count(size_t block, uint32_t layer);
+  void Count(size_t block, uint32_t layer) REQUIRES(mu);
   // Publishes on the board the layers now in place in every block. mu held.
-  void Advance();
+  void Advance() REQUIRES(mu);
 };
 
 class LoadTable {
@@ -78,10 +80,10 @@ class LoadTable {
 
  private:
   const size_t max_per_connection_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // Each connection's loads by id; null while opening.
-  std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_;  // guarded by mu_
-  uint64_t next_id_ = 1;  // guarded by mu_
+  std::unordered_map<ConnectionId, std::unordered_map<uint64_t, std::shared_ptr<LoadRecord>>> loads_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace kvtier

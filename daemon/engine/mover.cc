@@ -13,15 +13,15 @@ Mover::Mover(std::string name, unsigned threads, uint64_t max_bytes, size_t max_
 
 Mover::~Mover() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
 bool Mover::TryReserve(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (jobs_ >= max_jobs_ || (bytes > 0 && jobs_ > 0 && bytes_ + bytes > max_bytes_)) {
     ++refused_;
     return false;
@@ -32,18 +32,18 @@ bool Mover::TryReserve(uint64_t bytes) {
 }
 
 void Mover::Unreserve(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   --jobs_;
   bytes_ -= bytes;
 }
 
 void Mover::Submit(uint64_t bytes, std::function<void()> job) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     KVTIER_CHECK(!stopping_, "job submitted to a mover being destroyed");
     queue_.push_back(Job{bytes, std::move(job)});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 bool Mover::TrySubmit(std::function<void()> job) {
@@ -56,15 +56,15 @@ void Mover::Loop() {
   for (;;) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(mu_);
       if (queue_.empty()) return;  // stopping, and every queued job ran
       job = std::move(queue_.front());
       queue_.pop_front();
     }
     job.run();
     job.run = nullptr;  // whatever it captured goes before its room returns
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --jobs_;
     bytes_ -= job.bytes;
     ++jobs_run_;
@@ -72,7 +72,7 @@ void Mover::Loop() {
 }
 
 void Mover::VisitCounters(CounterVisitor& v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   v.VisitGauge(name_ + ".jobs_queued", static_cast<int64_t>(jobs_));
   v.VisitGauge(name_ + ".bytes_queued", static_cast<int64_t>(bytes_));
   v.Visit(name_ + ".jobs_run", jobs_run_);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/counters.h"
+#include "common/mutex.h"
 
 namespace kvtier {
 
@@ -55,14 +56,14 @@ class Mover {
   const std::string name_;
   const uint64_t max_bytes_;
   const size_t max_jobs_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;     // guarded by mu_
-  size_t jobs_ = 0;           // guarded by mu_: admitted and not yet run
-  uint64_t bytes_ = 0;        // guarded by mu_: their buffered bytes
-  int64_t jobs_run_ = 0;      // guarded by mu_
-  int64_t refused_ = 0;       // guarded by mu_
-  bool stopping_ = false;     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ GUARDED_BY(mu_);
+  size_t jobs_ GUARDED_BY(mu_) = 0;  // admitted and not yet run
+  uint64_t bytes_ GUARDED_BY(mu_) = 0;  // their buffered bytes
+  int64_t jobs_run_ GUARDED_BY(mu_) = 0;
+  int64_t refused_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -3,12 +3,12 @@
 namespace kvtier {
 
 void QueuedKeys::Add(std::span<const BlockKey> chain) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const BlockKey& key : chain) ++counts_[key];
 }
 
 void QueuedKeys::Remove(std::span<const BlockKey> chain) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const BlockKey& key : chain) {
     auto it = counts_.find(key);
     if (it != counts_.end() && --it->second == 0) counts_.erase(it);
@@ -16,12 +16,12 @@ void QueuedKeys::Remove(std::span<const BlockKey> chain) {
 }
 
 bool QueuedKeys::Contains(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counts_.count(key) > 0;
 }
 
 size_t QueuedKeys::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counts_.size();
 }
 

@@ -9,6 +9,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "kvtier/block_key.h"
 
 namespace kvtier {
@@ -22,8 +23,8 @@ class QueuedKeys {
   size_t size() const;
 
  private:
-  mutable std::mutex mu_;
-  std::unordered_map<BlockKey, uint32_t> counts_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, uint32_t> counts_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

@@ -34,20 +34,20 @@ bool TierAdmission::Admit(uint64_t payload_bytes, const Facts& facts) {
   candidate.bytes = tier_.StoredBytes(payload_bytes);
   candidate.cls = ClassOf(facts);
   candidate.parent_cached = facts.parent_held;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CatchUp(now);
   return policy_->Decide(candidate, now) == AdmissionOutcome::kAdmitted;
 }
 
 bool TierAdmission::Force(uint64_t payload_bytes) {
   const uint64_t now = clock_.NowUs();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CatchUp(now);
   return policy_->Force(tier_.StoredBytes(payload_bytes), now);
 }
 
 void TierAdmission::VisitCounters(CounterVisitor& v) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   policy_->VisitCounters(std::string(tier_.name()) + ".admission", v, clock_.NowUs());
 }
 

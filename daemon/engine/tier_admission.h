@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/mutex.h"
 #include "daemon/engine/lineage.h"
 #include "kvtier/result.h"
 #include "policy/admission_policy.h"
@@ -64,12 +65,12 @@ class TierAdmission {
   // Reports the tier's device bytes and charges new reinsertion bytes.
   // Caller holds mu_ (the tier's own lock is taken inside, briefly: it is
   // a leaf).
-  void CatchUp(uint64_t now_us);
+  void CatchUp(uint64_t now_us) REQUIRES(mu_);
 
   const BlockTier& tier_;
   const Clock& clock_;
-  mutable std::mutex mu_;
-  std::unique_ptr<AdmissionPolicy> policy_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unique_ptr<AdmissionPolicy> policy_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier
