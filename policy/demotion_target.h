@@ -1,6 +1,8 @@
 // Where a block evicted from a tier goes among the tiers below it: the rule
-// the engine's evictor (daemon/engine/engine_eviction.cc) and the replay
-// (tools/replay/replay_placement.cc) both run.
+// the engine's evictor (daemon/engine/engine_eviction.cc), its eviction
+// sink for blocks a lower tier evicts (Engine::DemoteBelow,
+// daemon/engine/engine_tiers.cc) and the replay
+// (tools/replay/replay_placement.cc) all run.
 //
 // Walking the tiers below, highest first:
 //   - a tier that holds the block already ends the walk: no write (it was

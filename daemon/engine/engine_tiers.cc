@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/block_index.h"
+#include "policy/demotion_target.h"
 
 namespace kvtier {
 namespace {
@@ -334,20 +335,28 @@ bool Engine::DemotionErased(const BlockKey& key) {
 
 void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
   const TierAdmission::Facts facts = GatherFacts(block.key, block.hits);
-  for (size_t level = from + 1; level < below_.size(); ++level) {
-    TierLevel& b = *below_[level];
-    if (b.tier->Find(block.key)) return;  // already there: nothing to write
-    if (!b.admission->Admit(payload.size(), facts)) continue;
-    IoStarted();
-    WriteToTier(level, block.ns, block.key, block.layer_count, payload, block.payload_checksum,
-                [this, &b](Status written) {
-                  if (written.ok()) Bump(b.demotions_in);
-                  CountFailedWrite(written);
-                  IoFinished();
-                });
+  // The evictor's walk (ChooseDemotionTarget) over the tiers under `from`;
+  // a block a lower tier evicts is never forced (no queue lookahead there).
+  const size_t first = from + 1;
+  const DemotionTarget choice = ChooseDemotionTarget(
+      below_.size() - first, /*needed=*/false,
+      [&](size_t level) { return below_[first + level]->tier->Find(block.key).has_value(); },
+      [](size_t) { return false; },
+      [&](size_t level) { return below_[first + level]->admission->Admit(payload.size(), facts); });
+  if (choice.held_below) return;  // already there: nothing to write
+  if (!choice.level) {
+    Bump(below_[from]->demotion_drops);
     return;
   }
-  Bump(below_[from]->demotion_drops);
+  const size_t level = first + *choice.level;
+  TierLevel& b = *below_[level];
+  IoStarted();
+  WriteToTier(level, block.ns, block.key, block.layer_count, payload, block.payload_checksum,
+              [this, &b](Status written) {
+                if (written.ok()) Bump(b.demotions_in);
+                CountFailedWrite(written);
+                IoFinished();
+              });
 }
 
 void Engine::FinishDemotion(const BlockKey& key, const Status& written) {

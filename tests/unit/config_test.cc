@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "tests/testing/test_daemon.h"
+#include "tests/testing/config_checks.h"
 
 namespace kvtier {
 namespace {
@@ -76,18 +77,7 @@ std::string ExpectedDefaultToml(const OptionSpec& spec) {
   return "?";
 }
 
-// Parses `toml` as origin "test.toml" and expects InvalidArgument whose
-// message contains every one of `needles`.
-void ExpectInvalid(std::string_view toml, std::initializer_list<std::string_view> needles) {
-  SCOPED_TRACE(std::string(toml));
-  auto config = ParseConfig(toml, "test.toml");
-  ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status().ToString();
-  for (std::string_view needle : needles) {
-    EXPECT_NE(config.status().message().find(needle), std::string::npos)
-        << "'" << needle << "' not in: " << config.status().message();
-  }
-}
+using ::kvtier::testing::ExpectInvalidConfig;
 
 TEST(ConfigTest, TableIsWellFormed) {
   ASSERT_FALSE(ConfigOptions().empty());
@@ -223,32 +213,32 @@ TEST(ConfigTest, BoundsAreInclusive) {
 }
 
 TEST(ConfigTest, UnknownSectionOrKeyIsRejected) {
-  ExpectInvalid("[server]\nio_threads = 2\n[nope]\nfoo = 1\n", {"test.toml:4", "nope.foo"});
-  ExpectInvalid("[server]\n\nio_thread = 2\n", {"test.toml:3", "server.io_thread"});
-  ExpectInvalid("io_threads = 2\n", {"test.toml:1", "io_threads"});
+  ExpectInvalidConfig("[server]\nio_threads = 2\n[nope]\nfoo = 1\n", {"test.toml:4", "nope.foo"});
+  ExpectInvalidConfig("[server]\n\nio_thread = 2\n", {"test.toml:3", "server.io_thread"});
+  ExpectInvalidConfig("io_threads = 2\n", {"test.toml:1", "io_threads"});
 }
 
 TEST(ConfigTest, WrongTypeIsRejected) {
-  ExpectInvalid("[server]\nio_threads = \"2\"\n", {"test.toml:2", "server.io_threads", "integer"});
-  ExpectInvalid("[engine]\nshards = 1.5\n", {"test.toml:2", "engine.shards"});
-  ExpectInvalid("[server]\n\n\nsocket_path = 5\n", {"test.toml:4", "server.socket_path", "string"});
-  ExpectInvalid("[engine]\neviction = true\n", {"test.toml:2", "engine.eviction"});
-  ExpectInvalid("[host]\ncapacity_bytes = [1]\n", {"test.toml:2", "host.capacity_bytes"});
+  ExpectInvalidConfig("[server]\nio_threads = \"2\"\n", {"test.toml:2", "server.io_threads", "integer"});
+  ExpectInvalidConfig("[engine]\nshards = 1.5\n", {"test.toml:2", "engine.shards"});
+  ExpectInvalidConfig("[server]\n\n\nsocket_path = 5\n", {"test.toml:4", "server.socket_path", "string"});
+  ExpectInvalidConfig("[engine]\neviction = true\n", {"test.toml:2", "engine.eviction"});
+  ExpectInvalidConfig("[host]\ncapacity_bytes = [1]\n", {"test.toml:2", "host.capacity_bytes"});
 }
 
 TEST(ConfigTest, OutOfRangeIntIsRejected) {
-  ExpectInvalid("[server]\nio_threads = 0\n", {"test.toml:2", "server.io_threads", "[1, 256]"});
-  ExpectInvalid("[server]\nio_threads = 257\n", {"test.toml:2", "server.io_threads"});
-  ExpectInvalid("[engine]\nshards = -1\n", {"test.toml:2", "engine.shards"});
-  ExpectInvalid("[server]\ndrain_timeout_ms = 600001\n", {"test.toml:2", "server.drain_timeout_ms"});
-  ExpectInvalid("[server]\nmax_frame_bytes = \"1KiB\"\n", {"test.toml:2", "server.max_frame_bytes"});
-  ExpectInvalid("[host]\ncapacity_bytes = 1000\n", {"test.toml:2", "host.capacity_bytes"});
+  ExpectInvalidConfig("[server]\nio_threads = 0\n", {"test.toml:2", "server.io_threads", "[1, 256]"});
+  ExpectInvalidConfig("[server]\nio_threads = 257\n", {"test.toml:2", "server.io_threads"});
+  ExpectInvalidConfig("[engine]\nshards = -1\n", {"test.toml:2", "engine.shards"});
+  ExpectInvalidConfig("[server]\ndrain_timeout_ms = 600001\n", {"test.toml:2", "server.drain_timeout_ms"});
+  ExpectInvalidConfig("[server]\nmax_frame_bytes = \"1KiB\"\n", {"test.toml:2", "server.max_frame_bytes"});
+  ExpectInvalidConfig("[host]\ncapacity_bytes = 1000\n", {"test.toml:2", "host.capacity_bytes"});
 }
 
 TEST(ConfigTest, BadChoiceIsRejected) {
-  ExpectInvalid("[engine]\neviction = \"clock\"\n", {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
-  ExpectInvalid("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
-  ExpectInvalid("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
+  ExpectInvalidConfig("[engine]\neviction = \"clock\"\n", {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
+  ExpectInvalidConfig("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
+  ExpectInvalidConfig("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
 }
 
 // nvme.eviction takes every reclaim order the NVMe tier knows
@@ -271,14 +261,14 @@ TEST(ConfigTest, NvmeEvictionTakesEveryReclaimOrder) {
     ASSERT_TRUE(order.has_value());
     EXPECT_EQ(ReclaimOrderName(*order), name);
   }
-  ExpectInvalid("[nvme]\neviction = \"clock\"\n",
+  ExpectInvalidConfig("[nvme]\neviction = \"clock\"\n",
                 {"test.toml:2", "nvme.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
-  ExpectInvalid("[nvme]\neviction = \"LRU2\"\n", {"test.toml:2", "nvme.eviction", "LRU2"});
+  ExpectInvalidConfig("[nvme]\neviction = \"LRU2\"\n", {"test.toml:2", "nvme.eviction", "LRU2"});
 }
 
 TEST(ConfigTest, BadSizeUnitIsRejected) {
-  ExpectInvalid("[host]\ncapacity_bytes = \"1XB\"\n", {"test.toml:2", "host.capacity_bytes", "unit"});
-  ExpectInvalid("[host]\ncapacity_bytes = \"lots\"\n", {"test.toml:2", "host.capacity_bytes"});
+  ExpectInvalidConfig("[host]\ncapacity_bytes = \"1XB\"\n", {"test.toml:2", "host.capacity_bytes", "unit"});
+  ExpectInvalidConfig("[host]\ncapacity_bytes = \"lots\"\n", {"test.toml:2", "host.capacity_bytes"});
 }
 
 TEST(ConfigTest, NvmeSectionParsesBooleansAndMayLeavePathsEmpty) {
@@ -304,9 +294,9 @@ index_path = ""
   EXPECT_FALSE(config->nvme_direct_io);
   EXPECT_TRUE(config->nvme_sync_index);
   EXPECT_EQ(config->nvme_io_engine, "threads");
-  ExpectInvalid("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
-  ExpectInvalid("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
-  ExpectInvalid("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
+  ExpectInvalidConfig("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
+  ExpectInvalidConfig("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
+  ExpectInvalidConfig("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
 }
 
 TEST(ConfigTest, AdmissionAndDwpdOptions) {
@@ -338,11 +328,11 @@ dwpd_max_write_rate = "200MB"
   EXPECT_DOUBLE_EQ(config->nvme_dwpd_planned_years, 7.5);
   EXPECT_DOUBLE_EQ(config->nvme_dwpd_share, 0.25);
   EXPECT_EQ(config->nvme_dwpd_max_write_rate, 200'000'000);
-  ExpectInvalid("[nvme]\nadmission = \"lru\"\n", {"test.toml:2", "nvme.admission", "all|second_hit|dwpd"});
-  ExpectInvalid("[nvme]\ndwpd_share = 1.5\n", {"test.toml:2", "nvme.dwpd_share", "outside", "1]"});
-  ExpectInvalid("[nvme]\ndwpd_share = 0\n", {"test.toml:2", "nvme.dwpd_share"});
-  ExpectInvalid("[nvme]\ndwpd = \"one\"\n", {"test.toml:2", "nvme.dwpd", "number"});
-  ExpectInvalid("[nvme]\ndwpd_planned_years = -5\n", {"test.toml:2", "nvme.dwpd_planned_years"});
+  ExpectInvalidConfig("[nvme]\nadmission = \"lru\"\n", {"test.toml:2", "nvme.admission", "all|second_hit|dwpd"});
+  ExpectInvalidConfig("[nvme]\ndwpd_share = 1.5\n", {"test.toml:2", "nvme.dwpd_share", "outside", "1]"});
+  ExpectInvalidConfig("[nvme]\ndwpd_share = 0\n", {"test.toml:2", "nvme.dwpd_share"});
+  ExpectInvalidConfig("[nvme]\ndwpd = \"one\"\n", {"test.toml:2", "nvme.dwpd", "number"});
+  ExpectInvalidConfig("[nvme]\ndwpd_planned_years = -5\n", {"test.toml:2", "nvme.dwpd_planned_years"});
 }
 
 TEST(ConfigTest, PackagedSampleConfigIsValid) {
@@ -353,13 +343,13 @@ TEST(ConfigTest, PackagedSampleConfigIsValid) {
 }
 
 TEST(ConfigTest, EmptySocketPathIsRejected) {
-  ExpectInvalid("[server]\nsocket_path = \"\"\n", {"test.toml:2", "server.socket_path", "empty"});
+  ExpectInvalidConfig("[server]\nsocket_path = \"\"\n", {"test.toml:2", "server.socket_path", "empty"});
 }
 
 TEST(ConfigTest, MalformedTomlIsRejected) {
-  ExpectInvalid("[server\nio_threads = 2\n", {"test.toml:1"});
-  ExpectInvalid("[server]\nio_threads = \n", {"test.toml:2"});
-  ExpectInvalid("[server]\nio_threads = 2\nio_threads = 3\n", {"test.toml:3"});
+  ExpectInvalidConfig("[server\nio_threads = 2\n", {"test.toml:1"});
+  ExpectInvalidConfig("[server]\nio_threads = \n", {"test.toml:2"});
+  ExpectInvalidConfig("[server]\nio_threads = 2\nio_threads = 3\n", {"test.toml:3"});
 }
 
 TEST(ParseBytesTest, Units) {

@@ -11,22 +11,12 @@
 
 #include "daemon/config/config.h"
 #include "policy/policy_registry.h"
+#include "tests/testing/config_checks.h"
 
 namespace kvtier {
 namespace {
 
-// Parses `toml` as origin "test.toml" and expects InvalidArgument whose
-// message contains every one of `needles`.
-void ExpectInvalid(std::string_view toml, std::initializer_list<std::string_view> needles) {
-  SCOPED_TRACE(std::string(toml));
-  auto config = ParseConfig(toml, "test.toml");
-  ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status().ToString();
-  for (std::string_view needle : needles) {
-    EXPECT_NE(config.status().message().find(needle), std::string::npos)
-        << "'" << needle << "' not in: " << config.status().message();
-  }
-}
+using ::kvtier::testing::ExpectInvalidConfig;
 
 // Every bool option takes TOML's true and false and nothing else: not 1, 2
 // or the strings "yes" and "true".
@@ -41,7 +31,7 @@ TEST(ConfigTest, BoolsTakeOnlyTrueOrFalse) {
                              std::string(spec.name.substr(dot + 1)) + " = ";
     for (const char* bad : {"2", "1", "0", "\"yes\"", "\"true\"", "1.0"}) {
       const std::string message = std::string(spec.name) + " = " + bad + " must be true or false";
-      ExpectInvalid(head + bad + "\n", {"test.toml:2", message});
+      ExpectInvalidConfig(head + bad + "\n", {"test.toml:2", message});
     }
     for (const char* good : {"true", "false"}) {
       auto config = ParseConfig(head + good + "\n", "test.toml");
@@ -83,14 +73,14 @@ TEST(ConfigTest, PolicyOptionsTakeTheRegistrysNames) {
       ASSERT_TRUE(config.ok()) << config.status().ToString();
       EXPECT_EQ(spec->field.toml(*spec, *config), TomlQuoted(name));
     }
-    ExpectInvalid(head + "\"clock\"\n", {"test.toml:2", row.option, "\"clock\" is not one of", row.choices});
+    ExpectInvalidConfig(head + "\"clock\"\n", {"test.toml:2", row.option, "\"clock\" is not one of", row.choices});
   }
   auto config = ParseConfig("[engine]\neviction = \"lru2\"\n[remote]\nadmission = \"second_hit\"\n", "test.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kLru2);
   EXPECT_EQ(config->remote_admission, AdmissionPolicyId::kSecondHit);
-  ExpectInvalid("[nvme]\nadmission = \"rate\"\n", {"nvme.admission", "all|second_hit|dwpd"});
-  ExpectInvalid("[remote]\nadmission = \"dwpd\"\n", {"remote.admission", "all|second_hit|rate"});
+  ExpectInvalidConfig("[nvme]\nadmission = \"rate\"\n", {"nvme.admission", "all|second_hit|dwpd"});
+  ExpectInvalidConfig("[remote]\nadmission = \"dwpd\"\n", {"remote.admission", "all|second_hit|rate"});
 }
 
 // Each row's copy carries exactly its own field (what a SIGHUP reload
@@ -117,14 +107,14 @@ TEST(ConfigTest, EveryRowCopiesAndComparesItsOwnField) {
 // A value of the wrong type is refused naming the option, the value given
 // and what the option takes.
 TEST(ConfigTest, WrongTypesNameTheValueAndWhatIsAllowed) {
-  ExpectInvalid("[server]\nio_threads = \"2\"\n",
+  ExpectInvalidConfig("[server]\nio_threads = \"2\"\n",
                 {"test.toml:2", "server.io_threads = \"2\" must be an integer in [1, 256]"});
-  ExpectInvalid("[host]\ncapacity_bytes = true\n",
+  ExpectInvalidConfig("[host]\ncapacity_bytes = true\n",
                 {"host.capacity_bytes = true must be a size like \"64MiB\" or an integer", "or 0 (auto)"});
-  ExpectInvalid("[nvme]\ndwpd = \"lots\"\n", {"nvme.dwpd = \"lots\" must be a number in [0.01, 100]"});
-  ExpectInvalid("[engine]\neviction = 3\n",
+  ExpectInvalidConfig("[nvme]\ndwpd = \"lots\"\n", {"nvme.dwpd = \"lots\" must be a number in [0.01, 100]"});
+  ExpectInvalidConfig("[engine]\neviction = 3\n",
                 {"engine.eviction = 3 must be a string, one of lru|fifo|lru2|s3fifo|arc|queue_aware"});
-  ExpectInvalid("[server]\nsocket_path = [1]\n", {"server.socket_path must be a string"});
+  ExpectInvalidConfig("[server]\nsocket_path = [1]\n", {"server.socket_path must be a string"});
 }
 
 }  // namespace
