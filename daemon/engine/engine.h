@@ -7,10 +7,11 @@
 // it, each with its own admission (tier_admission.h). No engine code names
 // a tier below the host: placement is generic over adjacent tiers.
 //
-// Thread-safe. The index is split into shards by key hash; each shard has its
-// own mutex and its own eviction policy instance. No shard lock is held while
-// another shard is locked, and none across I/O. Lock order: shard -> host
-// tier (the tier's own mutex is a leaf).
+// Thread-safe. The index is split into shards by key hash (BlockIndex,
+// block_index.h): each has its own mutex and its own eviction policy
+// instance. No shard lock is held while another shard is locked, and none
+// across I/O. The lock order is docs/ARCHITECTURE.md's ("One lock order");
+// members carry GUARDED_BY, checked by `make thread-safety`.
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
