@@ -26,6 +26,22 @@
 
 namespace kvtier {
 
+namespace mutex_internal {
+
+// Which thread holds a lock's exclusive side, for AssertHeld. Relaxed:
+// only the holder's own thread ever compares equal, and it wrote the id.
+class Owner {
+ public:
+  void Took() { id_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  void Gave() { id_.store(std::thread::id(), std::memory_order_relaxed); }
+  bool IsCaller() const { return id_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+
+ private:
+  std::atomic<std::thread::id> id_{};
+};
+
+}  // namespace mutex_internal
+
 // An exclusive, non-recursive lock. Thread-safe.
 class CAPABILITY("mutex") Mutex {
  public:
@@ -37,26 +53,25 @@ class CAPABILITY("mutex") Mutex {
   // thread is a deadlock (a bug).
   void Lock() ACQUIRE() {
     mu_.lock();
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.Took();
   }
   // Gives the lock back; the calling thread must hold it.
   void Unlock() RELEASE() {
-    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    owner_.Gave();
     mu_.unlock();
   }
   // Takes the lock if it is free and returns true; false, without
   // blocking, otherwise.
   bool TryLock() TRY_ACQUIRE(true) {
     if (!mu_.try_lock()) return false;
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.Took();
     return true;
   }
   // Aborts unless the calling thread holds the lock; afterwards the
   // analysis treats it as held (for code it cannot follow, e.g. a callback
   // documented to run under the lock).
   void AssertHeld() const ASSERT_CAPABILITY(this) {
-    KVTIER_CHECK(owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(),
-                 "mutex not held by this thread");
+    KVTIER_CHECK(owner_.IsCaller(), "mutex not held by this thread");
   }
 
   // For std algorithms that want a BasicLockable (std::scoped_lock over
@@ -69,8 +84,7 @@ class CAPABILITY("mutex") Mutex {
   friend class CondVar;
 
   std::mutex mu_;
-  // The holder, for AssertHeld; only its own thread compares equal to it.
-  std::atomic<std::thread::id> owner_{};
+  mutex_internal::Owner owner_;  // for AssertHeld
 };
 
 // A reader/writer lock: many readers or one writer. Thread-safe.
@@ -83,15 +97,15 @@ class CAPABILITY("shared_mutex") SharedMutex {
   // Exclusive (writer) side.
   void Lock() ACQUIRE() {
     mu_.lock();
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.Took();
   }
   void Unlock() RELEASE() {
-    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    owner_.Gave();
     mu_.unlock();
   }
   bool TryLock() TRY_ACQUIRE(true) {
     if (!mu_.try_lock()) return false;
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.Took();
     return true;
   }
   // Shared (reader) side.
@@ -100,13 +114,12 @@ class CAPABILITY("shared_mutex") SharedMutex {
   bool ReaderTryLock() TRY_ACQUIRE_SHARED(true) { return mu_.try_lock_shared(); }
   // Aborts unless the calling thread holds the writer side.
   void AssertHeld() const ASSERT_CAPABILITY(this) {
-    KVTIER_CHECK(owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(),
-                 "shared mutex not held exclusively by this thread");
+    KVTIER_CHECK(owner_.IsCaller(), "shared mutex not held exclusively by this thread");
   }
 
  private:
   std::shared_mutex mu_;
-  std::atomic<std::thread::id> owner_{};
+  mutex_internal::Owner owner_;  // for AssertHeld (the writer side)
 };
 
 // Holds a Mutex from construction to destruction (as std::unique_lock).
@@ -197,12 +210,12 @@ class CondVar {
   // Hands the held std::mutex to a unique_lock for the wait (clearing the
   // owner, since the wait gives it back) and takes it back after.
   static std::unique_lock<std::mutex> Release(Mutex& mu) {
-    mu.owner_.store(std::thread::id(), std::memory_order_relaxed);
+    mu.owner_.Gave();
     return std::unique_lock<std::mutex>(mu.mu_, std::adopt_lock);
   }
   static void Reacquire(Mutex& mu, std::unique_lock<std::mutex>& lock) {
     lock.release();
-    mu.owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    mu.owner_.Took();
   }
 
   std::condition_variable cv_;

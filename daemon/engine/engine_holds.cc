@@ -92,7 +92,7 @@ std::vector<Status> Engine::Unhold(const NamespaceFingerprint& ns, std::span<con
   std::vector<LeaseId> leases;
   const std::vector<LeaseId> taken = holds_.Take(ns, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (taken[i] == 0) {
+    if (taken.empty() || taken[i] == 0) {
       out[i] = NotFound("block " + keys[i].ToHex() + " is not held");
     } else {
       leases.push_back(taken[i]);
@@ -108,6 +108,7 @@ size_t Engine::EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey
   for (LeaseId lease : holds_.Take(ns, keys)) {
     if (lease != 0) leases.push_back(lease);
   }
+  if (leases.empty()) return 0;  // every Erase comes here: no holds, no work
   for (const Status& s : Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
   Bump(counters_.holds_ended, static_cast<int64_t>(leases.size()));
   return leases.size();

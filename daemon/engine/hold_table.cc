@@ -51,9 +51,10 @@ std::vector<HoldTable::LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
 }
 
 std::vector<HoldTable::LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  std::vector<LeaseId> leases(keys.size(), 0);
+  std::vector<LeaseId> leases;
   MutexLock lock(mu_);
   if (holds_.empty()) return leases;
+  leases.assign(keys.size(), 0);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = holds_.find(keys[i]);
     if (it != holds_.end() && it->second.ns == ns) leases[i] = Remove(keys[i]);

@@ -58,7 +58,9 @@ class HoldTable {
   // their leases. One atomic load when none has expired.
   std::vector<LeaseId> TakeExpired(uint64_t now_us);
   // Removes the holds of `keys` under `ns`: per key its lease, or 0 when
-  // it was not held under `ns`.
+  // it was not held under `ns`; empty (no allocation) when nothing at all
+  // is held, which is what every Erase meets unless an operator holds
+  // blocks.
   std::vector<LeaseId> Take(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   // Removes every hold of `ns` and advances its drop epoch (holds of it
   // still pending are refused when they land); returns their leases.

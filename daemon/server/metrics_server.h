@@ -1,6 +1,6 @@
 // MetricsServer: kvtierd's HTTP endpoint for Prometheus (and for people
 // with curl). Plain HTTP/1.1 on Asio, the library the daemon already
-// serves its socket with (docs/ARCHITECTURE.md says why not another one):
+// serves its socket with (docs/INTERNALS.md says why not another one):
 //   GET /metrics  the registry in the Prometheus text format (version 0.0.4)
 //   GET /healthz  "ok" (the process answers; `kvtier health` asks more)
 // anything else 404, a method other than GET/HEAD 405, a request head over

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "common/counters.h"
 
 #include "tiers/tier.h"
@@ -28,6 +30,15 @@ struct Capabilities {
 };
 
 constexpr Capabilities kEveryCapability{true, true, true, true, true};
+
+// Expects `got` to be `want`, capability by capability; `what` names the case.
+inline void ExpectSameCapabilities(const Capabilities& got, const Capabilities& want, const std::string& what) {
+  EXPECT_EQ(got.prober, want.prober) << what << ": prober";
+  EXPECT_EQ(got.in_place_holds, want.in_place_holds) << what << ": in_place_holds";
+  EXPECT_EQ(got.reclaim_hooks, want.reclaim_hooks) << what << ": reclaim_hooks";
+  EXPECT_EQ(got.reclaim_shares, want.reclaim_shares) << what << ": reclaim_shares";
+  EXPECT_EQ(got.namespace_sums, want.namespace_sums) << what << ": namespace_sums";
+}
 
 // Records which of its methods ran; has the capabilities it is given.
 class RecordingTier final : public BlockTier,

@@ -20,6 +20,7 @@ namespace {
 using ::kvtier::testing::CallEverything;
 using ::kvtier::testing::Capabilities;
 using ::kvtier::testing::CapabilitiesOf;
+using ::kvtier::testing::ExpectSameCapabilities;
 using ::kvtier::testing::kEveryCapability;
 using ::kvtier::testing::RecordingTier;
 
@@ -45,14 +46,6 @@ TEST(ForwardingTier, TheMeasuredTierForwardsWhatItDoesNotMeasure) {
   for (const std::string& method : kEveryMethod) EXPECT_TRUE(inner.calls.count(method) > 0) << method;
 }
 
-void ExpectSame(const Capabilities& got, const Capabilities& want, const std::string& what) {
-  EXPECT_EQ(got.prober, want.prober) << what << ": prober";
-  EXPECT_EQ(got.in_place_holds, want.in_place_holds) << what << ": in_place_holds";
-  EXPECT_EQ(got.reclaim_hooks, want.reclaim_hooks) << what << ": reclaim_hooks";
-  EXPECT_EQ(got.reclaim_shares, want.reclaim_shares) << what << ": reclaim_shares";
-  EXPECT_EQ(got.namespace_sums, want.namespace_sums) << what << ": namespace_sums";
-}
-
 // Each capability alone, none, and all: a wrapper (and a wrapper of a
 // wrapper) has exactly the wrapped tier's.
 TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
@@ -64,10 +57,10 @@ TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
     ForwardingTier forwarding(inner);
     MeasuredTier measured(inner);
     MeasuredTier measured_forwarding(forwarding);
-    ExpectSame(CapabilitiesOf(inner), cases[i], "case " + std::to_string(i) + " itself");
-    ExpectSame(CapabilitiesOf(forwarding), cases[i], "case " + std::to_string(i) + " ForwardingTier");
-    ExpectSame(CapabilitiesOf(measured), cases[i], "case " + std::to_string(i) + " MeasuredTier");
-    ExpectSame(CapabilitiesOf(measured_forwarding), cases[i], "case " + std::to_string(i) + " two wrappers");
+    ExpectSameCapabilities(CapabilitiesOf(inner), cases[i], "case " + std::to_string(i) + " itself");
+    ExpectSameCapabilities(CapabilitiesOf(forwarding), cases[i], "case " + std::to_string(i) + " ForwardingTier");
+    ExpectSameCapabilities(CapabilitiesOf(measured), cases[i], "case " + std::to_string(i) + " MeasuredTier");
+    ExpectSameCapabilities(CapabilitiesOf(measured_forwarding), cases[i], "case " + std::to_string(i) + " two wrappers");
   }
 }
 

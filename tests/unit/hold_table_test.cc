@@ -65,8 +65,9 @@ TEST(HoldTableTest, TakeHandsBackOnlyKeysHeldUnderTheNamespace) {
   ASSERT_EQ(table.Record(kOtherNs, Key(2), 12, 100, 100, 0), Landing::kRecorded);
   const std::vector<BlockKey> keys{Key(1), Key(2), Key(3)};
   EXPECT_EQ(table.Take(kNs, keys), (std::vector<uint64_t>{11, 0, 0}));
-  EXPECT_EQ(table.Take(kNs, keys), (std::vector<uint64_t>{0, 0, 0}));
+  EXPECT_EQ(table.Take(kNs, keys), (std::vector<uint64_t>{0, 0, 0})) << "Key(2) is still held, by another namespace";
   EXPECT_EQ(table.TakeExpired(100), (std::vector<uint64_t>{12}));
+  EXPECT_TRUE(table.Take(kNs, keys).empty()) << "nothing held at all: nothing to hand back";
 }
 
 TEST(HoldTableTest, TheGaugeCountsHoldsInForceAndTheirBytes) {

@@ -19,19 +19,12 @@ namespace {
 using ::kvtier::testing::CallEverything;
 using ::kvtier::testing::Capabilities;
 using ::kvtier::testing::CapabilitiesOf;
+using ::kvtier::testing::ExpectSameCapabilities;
 using ::kvtier::testing::kEveryCapability;
 using ::kvtier::testing::RecordingTier;
 
 const std::string kSecret(kTenantKeyBytes, 's');
 const NamespaceFingerprint kModel{0x1234567800abcdefULL, 0x0fedcba987654321ULL};
-
-void ExpectSame(const Capabilities& got, const Capabilities& want, const std::string& what) {
-  EXPECT_EQ(got.prober, want.prober) << what << ": prober";
-  EXPECT_EQ(got.in_place_holds, want.in_place_holds) << what << ": in_place_holds";
-  EXPECT_EQ(got.reclaim_hooks, want.reclaim_hooks) << what << ": reclaim_hooks";
-  EXPECT_EQ(got.reclaim_shares, want.reclaim_shares) << what << ": reclaim_shares";
-  EXPECT_EQ(got.namespace_sums, want.namespace_sums) << what << ": namespace_sums";
-}
 
 TEST(TenantTierCapabilities, AViewHasTheSharedTiersCapabilitiesButNeverItsShares) {
   const TenantScope scope(kSecret, "team-a");
@@ -45,8 +38,8 @@ TEST(TenantTierCapabilities, AViewHasTheSharedTiersCapabilitiesButNeverItsShares
     MeasuredTier measured(view);  // as the engine wraps every tier of its stack
     Capabilities want = cases[i];
     want.reclaim_shares = false;
-    ExpectSame(CapabilitiesOf(view), want, "case " + std::to_string(i) + " TenantTier");
-    ExpectSame(CapabilitiesOf(measured), want, "case " + std::to_string(i) + " MeasuredTier over it");
+    ExpectSameCapabilities(CapabilitiesOf(view), want, "case " + std::to_string(i) + " TenantTier");
+    ExpectSameCapabilities(CapabilitiesOf(measured), want, "case " + std::to_string(i) + " MeasuredTier over it");
   }
 }
 

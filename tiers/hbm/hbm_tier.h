@@ -1,4 +1,4 @@
-// HbmTier: blocks in spare GPU memory the daemon owns (docs/ARCHITECTURE.md),
+// HbmTier: blocks in spare GPU memory the daemon owns (docs/INTERNALS.md, "The GPU parts"),
 // over an HbmDevice (cuda_hbm_device.h on a GPU; a host-memory double
 // in tests). Built only with CUDA (KVTIER_HAVE_CUDA).
 //

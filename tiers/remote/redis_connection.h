@@ -1,6 +1,6 @@
 // One TCP connection to one Redis node, speaking RESP2, with a deadline on
 // every step. The remote tier's own client (no hiredis: see
-// docs/ARCHITECTURE.md, "Remote tier"): commands go out with one writev
+// docs/INTERNALS.md, "Remote tier"): commands go out with one writev
 // from where their bytes lie (a value's header and payload are two pieces,
 // never joined), and a bulk reply can land straight in the caller's
 // buffers, so a block crosses the socket with no copy of its own.
