@@ -48,6 +48,9 @@ struct PromotionWaiter {
 };
 
 
+// The shard of `shard_count` that holds `key`.
+inline size_t ShardIndexOf(const BlockKey& key, size_t shard_count) { return std::hash<BlockKey>{}(key) % shard_count; }
+
 // One shard of the host tier's block index: its blocks (BlockEntry) by key,
 // its leases, reservations, promotions' waiters and demotions in flight,
 // and the eviction policy instance that ranks its committed blocks.

@@ -23,9 +23,9 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
     : host_(host),
       clock_(clock),
       lookahead_us_(options.lookahead_us),
+      queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
+                                           options.max_queued_keys_per_connection}),
       layer_read_pool_bytes_(static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes()))),
-      max_queued_requests_per_connection_(options.max_queued_requests_per_connection),
-      max_queued_keys_per_connection_(options.max_queued_keys_per_connection),
       prefetch_share_(options.prefetch_share),
       prefetch_min_blocks_(options.prefetch_min_blocks),
       verify_commits_(options.verify_commits),
@@ -94,7 +94,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     ReclaimHooks* tier = engine->below_[level]->tier->reclaim_hooks();
     if (tier == nullptr) continue;  // the tier does not reclaim on its own
     // The tier asks from under its own lock; QueuedKeys' lock is a leaf.
-    tier->SetNeededHint([queued = &engine->queued_keys_](const BlockKey& key) { return queued->Contains(key); });
+    tier->SetNeededHint([queue = &engine->queue_](const BlockKey& key) { return queue->Needs(key); });
     if (level + 1 < engine->below_.size()) {
       tier->SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
                                                               std::span<const std::byte> payload) {
@@ -103,6 +103,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       });
     }
   }
+  const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : engine->prefetch_share_,
+                                     engine->prefetch_min_blocks_, host.capacity_bytes()};
+  engine->prefetcher_ =
+      std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveLevel>();
     engine->above_->source.measured = std::make_unique<MeasuredTier>(*above);
@@ -122,9 +126,7 @@ void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLa
   kept_namespaces_.insert(ns);
 }
 
-size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey>{}(key) % shards_.size(); }
-
-BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
+BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndexOf(key, shards_.size())]; }
 
 void Engine::IoStarted() {
   MutexLock lock(io_mu_);
@@ -431,7 +433,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 }
 
 void Engine::CloseConnection(ConnectionId connection) {
-  DropQueuedRequests(connection);
+  queue_.DropConnection(connection);
   for (uint64_t id : loads_.Ids(connection)) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {

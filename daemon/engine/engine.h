@@ -68,7 +68,8 @@
 #include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
-#include "daemon/engine/queued_keys.h"
+#include "daemon/engine/prefetcher.h"
+#include "daemon/engine/request_queue.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/engine_types.h"
@@ -393,7 +394,6 @@ class Engine {
   TierLevel& SourceAt(size_t level);
 
   BlockIndex& ShardFor(const BlockKey& key);
-  size_t ShardIndex(const BlockKey& key) const;
   // Pins the committed `entry` of `key` for `connection`, with every
   // layer's checksum when `with_layers`. Caller holds the shard lock
   // (checked at run time: engine.h sees BlockIndex only declared).
@@ -540,12 +540,8 @@ class Engine {
   // already waiting sees this change too). Request threads call this,
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
-  // Drops every queued request of `connection` (its connection closed).
-  void DropQueuedRequests(ConnectionId connection);
-  // Enqueue's bookkeeping: the request under (connection, request), its chain
-  // handed to the shards' policies. Busy past kMaxQueuedRequests.
-  Status RegisterQueued(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
-                        std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation);
+  // The prefetcher's hooks into the stack (engine_queue.cc).
+  Prefetcher::Stack PrefetchStack();
 
   HostTier& host_;
   const Clock& clock_;
@@ -560,10 +556,6 @@ class Engine {
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
-  // The keys queued chains name (for lower tiers' queue_aware reclaim).
-  QueuedKeys queued_keys_;
-  std::atomic<int64_t> prefetch_reads_{0};  // prefetch reads in flight
-  std::atomic<bool> prefetch_budget_freed_{false};  // a prefetched block was used since the last plan
   mutable Mutex namespaces_mu_;
   std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_ GUARDED_BY(namespaces_mu_);
   std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_ GUARDED_BY(namespaces_mu_);
@@ -590,29 +582,12 @@ class Engine {
   CondVar demotion_finished_;
   uint64_t demotions_finished_ GUARDED_BY(io_mu_) = 0;
   std::vector<std::unique_ptr<BlockIndex>> shards_;
-  // Queued requests by (connection, request id): the shards holding a
-  // part of their chain, under the engine-wide id the policies know.
-  struct QueuedRequest {
-    uint64_t id = 0;
-    std::vector<size_t> shards;
-    NamespaceFingerprint ns;
-    std::vector<BlockKey> chain;
-    uint64_t start_us = 0;
-  };
-  Mutex queue_mu_;
-  std::map<std::pair<ConnectionId, uint64_t>, QueuedRequest> queued_ GUARDED_BY(queue_mu_);
-  // What each connection holds in queued_: requests and chain keys.
-  struct ConnectionQueue {
-    size_t requests = 0;
-    size_t keys = 0;
-  };
-  std::unordered_map<ConnectionId, ConnectionQueue> queued_per_connection_ GUARDED_BY(queue_mu_);
+  // Queue hints (request_queue.h), handed to the shards' policies.
+  RequestQueue queue_;
+  // Prefetch of queued requests' prefixes (prefetcher.h); made by Create.
+  std::unique_ptr<Prefetcher> prefetcher_;
   const uint64_t layer_read_pool_bytes_;
   std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
-  const size_t max_queued_requests_per_connection_;
-  const size_t max_queued_keys_per_connection_;
-  uint64_t next_queue_id_ GUARDED_BY(queue_mu_) = 1;
-  // Promotion reads' measured throughput (prefetch plans with it).
   const double prefetch_share_;
   const uint32_t prefetch_min_blocks_;
   const bool verify_commits_;  // EngineOptions::verify_commits
@@ -628,7 +603,6 @@ class Engine {
   std::atomic<uint64_t> next_handle_{1};
   // Each connection's open loads (load_table.h).
   LoadTable loads_{kMaxLoadsPerConnection};
-  std::atomic<bool> prefetch_scheduled_{false};  // a plan waits on the reader
   // Operator holds (engine_holds.cc, hold_table.h).
   HoldTable holds_;
 

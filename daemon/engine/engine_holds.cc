@@ -71,7 +71,7 @@ std::vector<Engine::HoldResult> Engine::Hold(const NamespaceFingerprint& ns, std
   }
   for (const PinClaim& c : claims.promote) Promote(c.key, c.from);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  if (prefetcher_->TakeUse()) SchedulePrefetch();
   return out;
 }
 

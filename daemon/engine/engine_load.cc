@@ -195,7 +195,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   }
   if (!streamed.empty()) StartStream(load, streamed);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  if (prefetcher_->TakeUse()) SchedulePrefetch();
   return out;
 }
 

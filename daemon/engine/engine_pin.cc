@@ -18,7 +18,7 @@ PinGrant Engine::PinLocked(BlockIndex& shard, ConnectionId connection, const Blo
   bool was_prefetched = false;
   const LeaseId lease = shard.Pin(key, entry, connection, now_us, &was_prefetched);
   if (was_prefetched) {
-    prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+    prefetcher_->NoteUse();
     Bump(counters_.prefetches_on_time);
   }
   Bump(counters_.pins);
@@ -75,7 +75,7 @@ void Engine::RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFing
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
   // A prefetched block was used: the budget it held may go to the next
   // queued requests.
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  if (prefetcher_->TakeUse()) SchedulePrefetch();
 }
 
 void Engine::ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
@@ -162,7 +162,7 @@ PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const Namesp
       // A prefetch still reading when its block is asked for came late;
       // the block is in use now, no longer held against the prefetch budget.
       if (shard.EndPrefetched(it->second)) {
-        prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+        prefetcher_->NoteUse();
         Bump(counters_.prefetches_late);
       }
       wait_for(i);
@@ -238,7 +238,7 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
     if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
     it->second.hits++;
     if (shard.EndPrefetched(it->second)) {
-      prefetch_budget_freed_.store(true, std::memory_order_relaxed);
+      prefetcher_->NoteUse();
       Bump(counters_.prefetches_on_time);
     }
     it->second.last_use_us = now;
@@ -247,7 +247,7 @@ size_t Engine::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockK
   }
   Bump(counters_.directory_uses, static_cast<int64_t>(counted));
   Bump(counters_.directory_stale_uses, static_cast<int64_t>(keys.size() - counted));
-  if (prefetch_budget_freed_.exchange(false, std::memory_order_relaxed)) SchedulePrefetch();
+  if (prefetcher_->TakeUse()) SchedulePrefetch();
   return counted;
 }
 

@@ -192,7 +192,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   // The last read of a prefetch plan landed: plan again with the measured
   // bandwidth and whatever changed meanwhile. Not after a failure, which a
   // new plan could only repeat (and a synchronous one would recurse).
-  const bool last_prefetch = prefetched && prefetch_reads_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  const bool last_prefetch = prefetched && prefetcher_->ReadLanded();
   if (last_prefetch && status.ok()) SchedulePrefetch();
   IoFinished();
 }
