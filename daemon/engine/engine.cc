@@ -103,6 +103,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       });
     }
   }
+  Evictor::Hooks evictor_hooks;
+  evictor_hooks.release_expired_holds = [e = engine.get()] { e->ReleaseExpiredHolds(); };
+  evictor_hooks.demote = [e = engine.get()](size_t level, const NamespaceFingerprint& ns, const BlockKey& key,
+                                            HostTier::Extent extent, uint64_t size, uint64_t checksum) {
+    e->Demote(level, ns, key, extent, size, checksum);
+  };
+  engine->evictor_ = std::make_unique<Evictor>(engine->shards_, host, engine->below_, engine->lineage_, clock,
+                                               engine->lookahead_us_, engine->counters_, std::move(evictor_hooks));
   const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : engine->prefetch_share_,
                                      engine->prefetch_min_blocks_, host.capacity_bytes()};
   engine->prefetcher_ =
@@ -263,7 +271,7 @@ std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceF
         continue;
       }
     }
-    Result<HostTier::Extent> extent = AllocateWithEviction(sizes[i]);
+    Result<HostTier::Extent> extent = evictor_->Allocate(sizes[i]);
     MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");

@@ -73,6 +73,7 @@
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/engine_types.h"
+#include "daemon/engine/evictor.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
@@ -477,9 +478,6 @@ class Engine {
   // tier under it that admits it, unless one already holds it. Runs on a
   // thread of tier `from`; never waits (WriteToTier).
   void DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload);
-  // Admission's facts on `key` (lineage, parent held). Takes shard locks:
-  // call with none held.
-  TierAdmission::Facts GatherFacts(const BlockKey& key, uint64_t uses);
   void IoStarted();
   void IoFinished();
   // The read meter of a tier below: its bandwidth is what it delivers
@@ -490,17 +488,6 @@ class Engine {
   static constexpr uint64_t kBandwidthSampleBytes = 64ull << 20;
   void ReadStarted(TierLevel& below);
   void ReadEnded(TierLevel& below, uint64_t bytes);
-  // Allocates `bytes`, evicting least-valuable unpinned blocks as needed,
-  // but never more than kEvictionBytesFactor times the allocation's size
-  // class (and at least kMinVictimsPerAllocation blocks): past that, NoSpace
-  // (a fragmented arena), so one allocation never flushes the host tier.
-  static constexpr uint64_t kEvictionBytesFactor = 4;
-  static constexpr int kMinVictimsPerAllocation = 8;
-  Result<HostTier::Extent> AllocateWithEviction(uint64_t bytes);
-  // Evicts the globally oldest victim among the shards' policies; false when
-  // nothing is evictable. *evicted_bytes: the victim's size (0 when it
-  // raced with a use and nothing was evicted).
-  bool EvictOne(uint64_t* evicted_bytes = nullptr);
   // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
   bool TakeTransient(uint64_t bytes);
   void EndTransient(uint64_t bytes);
@@ -532,9 +519,6 @@ class Engine {
   size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   void EndNamespaceHolds(const NamespaceFingerprint& ns);
 
-  // Whether `key` is in DRAM (or being written or demoted) or in a tier below.
-  // Takes its shard's lock: call with none held.
-  bool HeldAnywhere(const BlockKey& key);
 
   // Runs Prefetch on the reader soon (one plan pending at most: a plan
   // already waiting sees this change too). Request threads call this,
@@ -586,6 +570,8 @@ class Engine {
   RequestQueue queue_;
   // Prefetch of queued requests' prefixes (prefetcher.h); made by Create.
   std::unique_ptr<Prefetcher> prefetcher_;
+  // Room in the arena and where victims go (evictor.h); made by Create.
+  std::unique_ptr<Evictor> evictor_;
   const uint64_t layer_read_pool_bytes_;
   std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const double prefetch_share_;

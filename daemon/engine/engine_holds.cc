@@ -11,7 +11,7 @@
 // held key's lease and expiry.
 //
 // Expiry is lazy, with no sweeper thread: ReleaseExpiredHolds runs at every
-// Hold and Unhold call and in AllocateWithEviction whenever the arena has
+// Hold and Unhold call and in Evictor::Allocate whenever the arena has
 // no room, before anything is evicted. An expired hold therefore never
 // keeps a block from eviction: the only thing a pin keeps a block from.
 //

@@ -105,7 +105,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   load->id = *id;
   const size_t n = keys.size();
   const size_t board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
-  Result<HostTier::Extent> board = AllocateWithEviction(board_bytes);
+  Result<HostTier::Extent> board = evictor_->Allocate(board_bytes);
   if (!board.ok()) {
     loads_.Abandon(connection, load->id);
     return board.status();
@@ -285,7 +285,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
   }
   for (const PinClaim& c : claims) {
     IoStarted();  // the promotion's; FinishPromotion ends it
-    Result<HostTier::Extent> extent = AllocateWithEviction(c.from.info.payload_bytes);
+    Result<HostTier::Extent> extent = evictor_->Allocate(c.from.info.payload_bytes);
     if (!extent.ok()) {
       FinishPromotion(c.key, extent.status(), {}, c.from.info.payload_checksum);
       continue;

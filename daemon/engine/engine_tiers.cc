@@ -1,7 +1,7 @@
 // Engine data movement between the tiers: promotion (and layer reads)
 // from a tier below into the host arena, and demotion to the tiers below,
-// including blocks a lower tier evicts. Choosing the victims is
-// engine_eviction.cc.
+// including blocks a lower tier evicts. Choosing the victims is the
+// Evictor's (evictor.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -61,7 +61,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
     Resolve(batch, index, std::move(busy));
     return IoFinished();
   }
-  Result<HostTier::Extent> extent = AllocateWithEviction(bytes);
+  Result<HostTier::Extent> extent = evictor_->Allocate(bytes);
   if (!extent.ok()) return finish(extent.status(), {}, {});
   TierLevel& below = SourceAt(from.level);
   ReadStarted(below);
@@ -92,7 +92,7 @@ void Engine::Promote(const BlockKey& key, const Located& from) {
 void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline) {
   IoStarted();
   const uint64_t checksum = from.info.payload_checksum;
-  Result<HostTier::Extent> extent = AllocateWithEviction(from.info.payload_bytes);
+  Result<HostTier::Extent> extent = evictor_->Allocate(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
   TierLevel& below = SourceAt(from.level);
   ReadStarted(below);
@@ -334,7 +334,7 @@ bool Engine::DemotionErased(const BlockKey& key) {
 }
 
 void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
-  const TierAdmission::Facts facts = GatherFacts(block.key, block.hits);
+  const TierAdmission::Facts facts = evictor_->GatherFacts(block.key, block.hits);
   // The evictor's walk (ChooseDemotionTarget) over the tiers under `from`;
   // a block a lower tier evicts is never forced (no queue lookahead there).
   const size_t first = from + 1;

@@ -1,5 +1,5 @@
 // Where the replay's blocks go (replay_simulator.h): host eviction, demotion
-// through the tiers' admission (daemon/engine/engine_eviction.cc's rules),
+// through the tiers' admission (daemon/engine/evictor.cc's rules),
 // promotion, the NVMe log's hooks, and prefetch (Engine::Prefetch's plan).
 // Each runs for one node: its own host and NVMe tiers, the shared remote
 // tier.
@@ -29,7 +29,7 @@ bool Simulator::MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now) {
     auto victim = t.policy->Victim();
     if (!victim) return false;
     const auto id = static_cast<uint32_t>(victim->handle);
-    // Asked before the victim leaves, as EvictOne does.
+    // Asked before the victim leaves, as Evictor::EvictOne does.
     const bool needed = tier == kHostTier && t.policy->NeededWithin(id, now, options_.lookahead_us);
     t.policy->OnRemove(id);
     t.in[id] = 0;

@@ -1,12 +1,9 @@
-// The engine's evictor: making room in the host arena. An allocation
-// evicts the block the shards' policies rank lowest, one at a time and
-// within a bound (kEvictionBytesFactor, kMinVictimsPerAllocation), and
-// each victim goes to the first tier below whose admission takes it, or
-// is dropped. The write itself is the demotion path (engine_tiers.cc).
+#include "daemon/engine/evictor.h"
+
 #include <limits>
+#include <string>
 
 #include "common/check.h"
-#include "daemon/engine/engine.h"
 #include "daemon/engine/block_index.h"
 #include "policy/demotion_target.h"
 
@@ -19,7 +16,19 @@ constexpr int kMaxEvictionsPerAllocation = 1 << 16;
 
 }  // namespace
 
-Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
+Evictor::Evictor(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier& host,
+                 const std::vector<std::unique_ptr<TierLevel>>& below, const Lineage& lineage, const Clock& clock,
+                 uint64_t lookahead_us, EngineCounters& counters, Hooks hooks)
+    : shards_(shards),
+      host_(host),
+      below_(below),
+      lineage_(lineage),
+      clock_(clock),
+      lookahead_us_(lookahead_us),
+      counters_(counters),
+      hooks_(std::move(hooks)) {}
+
+Result<HostTier::Extent> Evictor::Allocate(uint64_t bytes) {
   const uint64_t evict_at_most = kEvictionBytesFactor * ArenaAllocator::ClassSize(bytes);
   uint64_t evicted_bytes = 0;
   int victims = 0;
@@ -28,7 +37,7 @@ Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
     if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
     // Expired operator holds are released before anything is evicted, so
     // they never keep a block from eviction (engine_holds.cc).
-    ReleaseExpiredHolds();
+    hooks_.release_expired_holds();
     if (victims >= kMinVictimsPerAllocation && evicted_bytes >= evict_at_most) {
       Bump(counters_.eviction_bound_hits);
       return NoSpace(extent.status().message() + "; " + std::to_string(victims) + " blocks (" +
@@ -52,7 +61,7 @@ Result<HostTier::Extent> Engine::AllocateWithEviction(uint64_t bytes) {
                  std::to_string(kMaxEvictionsPerAllocation) + " evictions");
 }
 
-TierAdmission::Facts Engine::GatherFacts(const BlockKey& key, uint64_t uses) {
+TierAdmission::Facts Evictor::GatherFacts(const BlockKey& key, uint64_t uses) const {
   TierAdmission::Facts facts;
   facts.uses = uses;
   if (std::optional<Lineage::Info> info = lineage_.Find(key)) {
@@ -62,7 +71,7 @@ TierAdmission::Facts Engine::GatherFacts(const BlockKey& key, uint64_t uses) {
   return facts;
 }
 
-bool Engine::EvictOne(uint64_t* evicted_bytes) {
+bool Evictor::EvictOne(uint64_t* evicted_bytes) {
   // Find the shard whose policy ranks its victim lowest, one lock at a time.
   size_t best = shards_.size();
   uint64_t best_rank = std::numeric_limits<uint64_t>::max();
@@ -119,14 +128,14 @@ bool Engine::EvictOne(uint64_t* evicted_bytes) {
   const BlockKey victim = it->first;
   const BlockEntry entry = shard.BeginDemotion(it, *target);
   lock.Unlock();
-  Demote(*target, entry.ns, victim, entry.extent, entry.size, entry.checksum);
+  hooks_.demote(*target, entry.ns, victim, entry.extent, entry.size, entry.checksum);
   host_.Free(entry.extent);
   return true;
 }
 
-bool Engine::HeldAnywhere(const BlockKey& key) {
+bool Evictor::HeldAnywhere(const BlockKey& key) const {
   {
-    BlockIndex& shard = ShardFor(key);
+    BlockIndex& shard = *shards_[ShardIndexOf(key, shards_.size())];
     MutexLock lock(shard.mu);
     if (shard.index.count(key) > 0 || shard.demoting.count(key) > 0) return true;
   }
