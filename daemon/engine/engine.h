@@ -23,7 +23,8 @@
 // one: blocks that layer-wise loads into GPU memory read (a hit: reuse
 // evidence) are copied up on the `engine.above_io` mover, and such loads
 // get them in place (InPlaceHolds::HoldInPlace: the client copies device to
-// device). It is an LRU of its own; a victim no other tier holds is
+// device). Its blocks are ranked by an eviction policy (ResidentOrder,
+// resident_order.h: LRU); a victim no other tier holds is
 // demoted into the host tier first (the HBM tier's evictions demote to
 // host). Lookup reports it first; a pin of a block held only there reads
 // it back into the host tier like a promotion from below.
@@ -492,7 +493,7 @@ class Engine {
   bool TakeTransient(uint64_t bytes);
   void EndTransient(uint64_t bytes);
   // The tier above the host (engine_above.cc). AboveHold holds `key` in
-  // place there for a load (use: LRU), if it is stored under `ns`.
+  // place there for a load (a use in its order), if it is stored under `ns`.
   std::optional<BlockTier::InPlace> AboveHold(const NamespaceFingerprint& ns, const BlockKey& key);
   // Queues a copy of host block `key` up (once; skipped when the queue is
   // full). CopyUp and EvictAboveOne run on above_io_ only; CopyUp says

@@ -5,12 +5,13 @@
 //   offered once it is loaded (OfferAbove); the copy runs on above_io_
 //   (one thread): read from the host tier through its BlockTier face
 //   (verified), room made, written above (the tier stages it; its write
-//   completes on the tier's thread and enters the LRU). A block that left
+//   completes on the tier's thread and enters its eviction order). A block that left
 //   the host tier meanwhile is skipped.
 // - In place: AboveHold holds a block where it is for a load (the client
 //   copies device to device); a held range outlives an eviction or an
 //   Erase until the load ends (InPlaceHolds::HoldInPlace).
-// - Down: EvictAboveOne takes the least recently used block; unless the
+// - Down: EvictAboveOne takes the block its order (ResidentOrder, an LRU
+//   policy from policy/) ranks first; unless the
 //   host tier or a tier below holds it, it is read back and written into
 //   the host tier (whose own eviction demotes further as usual), then
 //   erased above.
@@ -63,15 +64,14 @@ std::optional<BlockTier::InPlace> Engine::AboveHold(const NamespaceFingerprint& 
 
 void Engine::TouchAbove(const BlockKey& key) {
   MutexLock lock(above_->mu);
-  auto it = above_->resident.find(key);
-  if (it != above_->resident.end()) above_->lru.splice(above_->lru.begin(), above_->lru, it->second.at);
+  above_->resident.Touch(key, clock_.NowUs());
 }
 
 void Engine::OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key) {
   if (above_ == nullptr) return;
   {
     MutexLock lock(above_->mu);
-    if (above_->resident.count(key) != 0 || !above_->offered.insert(key).second) return;
+    if (above_->resident.Contains(key) || !above_->offered.insert(key).second) return;
   }
   IoStarted();
   const bool queued = above_io_->TrySubmit([this, ns, key] {
@@ -128,10 +128,7 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
         MutexLock lock(above_->mu);
         above_->offered.erase(key);
         erased = above_->cancelled.erase(key) != 0;
-        if (s.ok() && !erased && above_->resident.count(key) == 0) {
-          above_->lru.push_front(key);
-          above_->resident.emplace(key, AboveLevel::Resident{ns, above_->lru.begin()});
-        }
+        if (s.ok() && !erased) above_->resident.Insert(key, ns, clock_.NowUs());
       }
       if (s.ok() && erased) tier.Erase(key).IgnoreError();
       if (s.ok()) Bump(above_->copies_up);
@@ -154,17 +151,14 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
 }
 
 bool Engine::EvictAboveOne() {
-  BlockKey key;
-  NamespaceFingerprint ns;
+  std::optional<ResidentOrder::Victim> victim;
   {
     MutexLock lock(above_->mu);
-    if (above_->lru.empty()) return false;
-    key = above_->lru.back();
-    auto it = above_->resident.find(key);
-    ns = it->second.ns;
-    above_->lru.pop_back();
-    above_->resident.erase(it);
+    victim = above_->resident.PopVictim();
   }
+  if (!victim) return false;
+  const BlockKey key = victim->key;
+  const NamespaceFingerprint ns = victim->ns;
   BlockTier& tier = *above_->source.tier;
   std::optional<BlockTier::BlockInfo> info = tier.Find(key);
   if (!info || info->ns != ns) return true;  // erased meanwhile: its room is back already
@@ -204,11 +198,7 @@ bool Engine::EraseAbove(const NamespaceFingerprint& ns, const BlockKey& key, boo
   std::optional<BlockTier::BlockInfo> info = tier.Find(key);
   const bool erased = (moving || offered || (info && info->ns == ns)) && tier.Erase(key).ok();
   MutexLock lock(above_->mu);
-  auto it = above_->resident.find(key);
-  if (it != above_->resident.end() && (erased || it->second.ns == ns)) {
-    above_->lru.erase(it->second.at);
-    above_->resident.erase(it);
-  }
+  above_->resident.Remove(key, erased ? nullptr : &ns);
   return erased && info.has_value();
 }
 

@@ -1,7 +1,7 @@
 // The engine's records of the levels of its stack and of where a block
 // was found: a tier below the host (TierLevel: the tier as the engine
 // calls it, its admission, read meter and counters), the tier above the
-// host (AboveLevel: its LRU and the copies up in flight), a block's place
+// host (AboveLevel: its eviction order and the copies up in flight), a block's place
 // outside the host tier (Located), and what a pin claimed (PinClaim).
 // Internal to daemon/engine; Engine owns every instance.
 #pragma once
@@ -18,8 +18,10 @@
 
 #include "common/mutex.h"
 #include "daemon/engine/measured_tier.h"
+#include "daemon/engine/resident_order.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
+#include "policy/policy_registry.h"
 #include "policy/prefetch_planner.h"
 #include "tiers/tier.h"
 
@@ -43,16 +45,11 @@ struct TierLevel {
 };
 
 // The tier above the host: its source record (read meter, lookup hits)
-// and its LRU.
+// and the blocks it holds in its eviction policy's order (LRU).
 struct AboveLevel {
   TierLevel source;
   Mutex mu;  // a leaf
-  std::list<BlockKey> lru GUARDED_BY(mu);  // most recently used first
-  struct Resident {
-    NamespaceFingerprint ns;
-    std::list<BlockKey>::iterator at;
-  };
-  std::unordered_map<BlockKey, Resident> resident GUARDED_BY(mu);
+  ResidentOrder resident GUARDED_BY(mu){MakeEvictionPolicy(EvictionPolicyId::kLru)};
   std::unordered_set<BlockKey> offered GUARDED_BY(mu);  // copies up queued, running or being written
   std::unordered_set<BlockKey> cancelled GUARDED_BY(mu);  // offered keys erased meanwhile
   std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
