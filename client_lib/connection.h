@@ -208,7 +208,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Adds a note under mu_ through `add` (called with deferred_ and the time;
   // returns true to send everything now), then wakes the background thread
   // if it would not wake in time by itself. Nothing on a closed connection.
-  // A template (defined in connection.cc, its only user): a copying get
+  // A template (defined in connection_calls.cc, beside its only users): a copying get
   // passes through here, and a std::function could allocate.
   template <typename AddFn>
   void Defer(AddFn&& add) EXCLUDES(mu_);

@@ -8,14 +8,27 @@ set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;k
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
 set(allowed_gpu "kvtier/;gpu/")  # the CUDA building blocks: public headers and their own
-set(allowed_tiers "kvtier/;common/;policy/;tiers/;gpu/")
+# The tiers, one folder a target (tiers_x is tiers/x; tiers itself is only
+# tier.h and forwarding_tier.h, the core every tier implements). A tier
+# folder includes the core and its own headers, never another tier's, with
+# one edge: nvme/'s staging pool carves its memory with host/'s
+# ArenaAllocator. Each bans the libraries of the others.
+set(tier_core "tiers/tier.h;tiers/forwarding_tier.h")
+set(allowed_tiers "kvtier/;common/;policy/;${tier_core}")
+set(allowed_tiers_host "kvtier/;common/;${tier_core};tiers/host/")
+set(allowed_tiers_nvme "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/host/arena_allocator.h")
+set(allowed_tiers_remote "kvtier/;common/;${tier_core};tiers/remote/")
+set(allowed_tiers_hbm "kvtier/;common/;gpu/;${tier_core};tiers/hbm/")
 set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
 # The daemon's parts, one way: config (over policy/'s registry) and engine are leaves, tenants over
 # config, server over engine and tenants, setup over all, main.cc over setup.
 set(allowed_daemon_config "kvtier/;common/;policy/;daemon/config/")  # policy/: its name registry
-set(allowed_daemon_engine "kvtier/;common/;policy/;tiers/;daemon/engine/")
-set(allowed_daemon_tenants "kvtier/;common/;tiers/;daemon/config/;daemon/tenants/")
-set(allowed_daemon_server "kvtier/;common/;policy/;tiers/;proto/;daemon/engine/;daemon/tenants/;daemon/server/")
+# The engine links the host tier and the core (the tiers below and above
+# come to it as BlockTiers); tenants the core.
+set(allowed_daemon_engine "kvtier/;common/;policy/;${tier_core};tiers/host/;daemon/engine/")
+set(allowed_daemon_tenants "kvtier/;common/;${tier_core};daemon/config/;daemon/tenants/")
+set(allowed_daemon_server
+    "kvtier/;common/;policy/;${tier_core};tiers/host/;proto/;daemon/engine/;daemon/tenants/;daemon/server/")
 set(allowed_daemon_setup "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/")
 set(allowed_daemon "kvtier/;common/;daemon/")
 set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
@@ -27,14 +40,18 @@ set(allowed_support "kvtier/;common/;support/")
 # or Google Benchmark; the others include the libraries they run.
 set(allowed_tools_cli "kvtier/;common/;tools/cli/")
 set(allowed_tools_trace "kvtier/;common/;tools/trace/")
-set(allowed_tools_replay "kvtier/;common/;policy/;tiers/;tools/replay/")
+set(allowed_tools_replay "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tools/replay/")
 set(allowed_tools_stress "kvtier/;common/;support/;tools/stress/")
-set(allowed_tools_bench "kvtier/;common/;policy/;tiers/;support/;tools/bench/")
+set(allowed_tools_bench "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;support/;tools/bench/")
 set(allowed_python "kvtier/;python/")  # the binding sees only the public API
 # Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
 # CUDA headers stay out of the public API, common/ and policy/).
 set(banned_policy "asio;thread;mutex;sys/;unistd.h;liburing.h;rocksdb/;google/protobuf;cuda")
-set(banned_tiers "asio;google/protobuf")
+set(banned_tiers "asio;google/protobuf;rocksdb/;liburing.h;openssl/;cuda")
+set(banned_tiers_host "asio;google/protobuf;rocksdb/;liburing.h;openssl/;cuda")
+set(banned_tiers_nvme "asio;google/protobuf;openssl/;cuda")
+set(banned_tiers_remote "asio;google/protobuf;rocksdb/;liburing.h;cuda")
+set(banned_tiers_hbm "asio;google/protobuf;rocksdb/;liburing.h;openssl/")
 set(banned_daemon_engine "asio;google/protobuf;proto/;toml")
 set(banned_daemon_config "asio;google/protobuf")
 set(banned_common "asio;google/protobuf;cuda")
@@ -44,19 +61,21 @@ set(banned_python "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_tools_cli "rocksdb/;liburing.h;benchmark/")
 
 set(violations "")
-# A folder written daemon_x is daemon/x (tools_x: tools/x); daemon itself is
-# only its own files (main.cc), not its parts'.
-foreach(folder include_kvtier common policy gpu tiers proto daemon daemon_config daemon_engine
-        daemon_tenants daemon_server daemon_setup client_lib support tools_cli tools_bench tools_replay
-        tools_stress tools_trace python)
+# A folder written daemon_x is daemon/x (tools_x: tools/x, tiers_x:
+# tiers/x); daemon and tiers themselves are only their own files (main.cc;
+# tier.h, forwarding_tier.h), not their parts'.
+foreach(folder include_kvtier common policy gpu tiers tiers_host tiers_nvme tiers_remote tiers_hbm proto daemon
+        daemon_config daemon_engine daemon_tenants daemon_server daemon_setup client_lib support tools_cli
+        tools_bench tools_replay tools_stress tools_trace python)
   if(folder STREQUAL "include_kvtier")
     set(dir "${SOURCE_DIR}/include/kvtier")
   else()
     string(REPLACE "daemon_" "daemon/" subdir "${folder}")
     string(REPLACE "tools_" "tools/" subdir "${subdir}")
+    string(REPLACE "tiers_" "tiers/" subdir "${subdir}")
     set(dir "${SOURCE_DIR}/${subdir}")
   endif()
-  if(folder STREQUAL "daemon")
+  if(folder STREQUAL "daemon" OR folder STREQUAL "tiers")
     file(GLOB files "${dir}/*.h" "${dir}/*.cc")
   else()
     file(GLOB_RECURSE files "${dir}/*.h" "${dir}/*.cc" "${dir}/*.c" "${dir}/*.cu" "${dir}/*.cuh")

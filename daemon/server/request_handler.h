@@ -154,20 +154,23 @@ class RequestHandler {
   Outcome HandleHello(const v1::HelloRequest& hello, v1::Response& response);
   // Resolves a request's namespace index; InvalidArgument if unregistered.
   Result<NamespaceFingerprint> Namespace(uint32_t ns) const;
-  void HandleLookup(const v1::Request& request, v1::Response& response);
+  // The put path (request_handler_puts.cc).
   void HandleReserve(const v1::ReserveRequest& r, v1::Response& response);
   void HandleCommit(const v1::CommitRequest& r, v1::Response& response);
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
+  // The read path (request_handler_gets.cc).
+  void HandleLookup(const v1::Request& request, v1::Response& response);
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
   void HandleErase(const v1::EraseRequest& r, v1::Response& response);
   // An Erase with `corrupt` (precondition: ServesPins()), through `done`.
   void HandleCorruptReportAsync(const v1::Request& request, std::function<void(v1::Response)> done);
+  // The work ahead (request_handler_loads.cc).
   void HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response);
   // Starts a layer-wise load (Engine::BeginLoad), with its preload plan
   // when the request gives a compute time.
   void HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response);
-  void HandleStats(v1::Response& response);
   // Operations (request_handler_ops.cc).
+  void HandleStats(v1::Response& response);
   // One page of the listing (proto ListNamespacesRequest); first forgets
   // each engine's unused registrations (Engine::ForgetUnusedNamespaces).
   void HandleListNamespaces(const v1::ListNamespacesRequest& r, v1::Response& response);
@@ -199,6 +202,7 @@ class RequestHandler {
   // Feeds a client's report of directory reads and local lookups to the
   // engine. Never answered; a malformed report is dropped and counted.
   void HandleUsageReport(const v1::UsageReport& r);
+  // Queue hints of the engine's scheduler (request_handler_loads.cc).
   void HandleQueueHint(const v1::QueueHint& q, v1::Response& response);
 
   const HandlerContext& context_;

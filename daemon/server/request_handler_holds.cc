@@ -4,14 +4,10 @@
 // (Engine::Hold, daemon/engine/engine_holds.cc). Neither request waits for I/O: a
 // block being read into the host tier is answered pending.
 #include "daemon/server/request_handler.h"
+#include "daemon/server/response_status.h"
 #include "proto/wire.h"
 
 namespace kvtier {
-namespace {
-
-void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
-
-}  // namespace
 
 Result<RequestHandler::HoldTarget> RequestHandler::HoldTargetOf(
     bool has_fingerprint, const v1::Key& fingerprint, const google::protobuf::RepeatedField<uint64_t>& words,

@@ -1,17 +1,16 @@
-// The operations requests (`kvtier ls`, `drop`, `config get`, `health`):
-// answered from the engine and the server's context, never touching a
-// client's blocks except Drop.
+// The operations requests (`kvtier stats`, `ls`, `drop`, `config get`,
+// `health`): answered from the engine and the server's context, never
+// touching a client's blocks except Drop.
 #include <algorithm>
 #include <map>
 #include <optional>
 
 #include "daemon/server/request_handler.h"
+#include "daemon/server/response_status.h"
 #include "proto/wire.h"
 
 namespace kvtier {
 namespace {
-
-void SetStatus(v1::Response& response, const Status& s) { wire::ToProto(s, response.mutable_status()); }
 
 void ToProto(const Engine::NamespaceUse& use, v1::NamespaceUse* out) {
   wire::ToProto(use.ns, out->mutable_fingerprint());
@@ -192,6 +191,39 @@ void RequestHandler::HandleHealth(v1::Response& response) {
   body->set_uptime_s(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - context_.started).count()));
   for (const auto& t : tiers) body->add_tiers(t);
+  SetStatus(response, Status::Ok());
+}
+
+namespace {
+
+class StatsWriter final : public CounterVisitor {
+ public:
+  explicit StatsWriter(v1::StatsResponse* out) : out_(out) {}
+  void Visit(std::string_view name, int64_t value) override {
+    auto* c = out_->add_counters();
+    c->set_name(std::string(name));
+    c->set_value(value);
+  }
+
+ private:
+  v1::StatsResponse* out_;
+};
+
+}  // namespace
+
+void RequestHandler::HandleStats(v1::Response& response) {
+  StatsWriter writer(response.mutable_stats());
+  if (context_.visit_server_counters) context_.visit_server_counters(writer);
+  for (const TenantView& view : AdminEngines()) {
+    if (view.name.empty()) {
+      view.engine->VisitCounters(writer);
+      continue;
+    }
+    const std::string label = "tenant=\"" + view.name + "\"";  // names are [A-Za-z0-9_.-]
+    LabellingVisitor labelled(writer, label);
+    view.engine->VisitCounters(labelled);
+  }
+  if (context_.engine == nullptr && context_.visit_shared_counters) context_.visit_shared_counters(writer);
   SetStatus(response, Status::Ok());
 }
 

@@ -1,4 +1,4 @@
-// The figures of `kvtier bench layers` (bench_layers.cc): what each
+// The figures of `kvtier bench layers` (bench_layers*.cc): what each
 // section measured, the formula's predictions beside them, and their
 // printed tables and JSON copy. Thread-compatible plain data.
 #pragma once

@@ -3,21 +3,34 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
-#include <unordered_map>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "policy/policy_registry.h"
-#include "tools/replay/replay_live.h"
+#include "tools/replay/replay_cli_parts.h"
 #include "tools/replay/replay_plot.h"
 #include "tools/replay/replay_sim.h"
 #include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
+namespace replay_cli {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvtier replay: %s\n", message.c_str());
+  return kBadInput;
+}
+
+}  // namespace replay_cli
+
+using replay_cli::Fail;
+using replay_cli::LookupCeiling;
+using replay_cli::PrintTable;
+using replay_cli::RunJson;
+using replay_cli::RunLive;
+using replay_cli::WriteCsv;
+
 namespace {
 
 // A registry's choices ("a|b", policy/policy_registry.h) as help text
@@ -37,13 +50,6 @@ std::vector<std::string> ChoiceList(std::string_view choices, std::string_view e
   }
   if (!extra.empty()) out.emplace_back(extra);
   return out;
-}
-
-constexpr int kBadInput = 2;
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "kvtier replay: %s\n", message.c_str());
-  return kBadInput;
 }
 
 std::vector<std::string> Split(const std::string& text, char sep) {
@@ -68,12 +74,6 @@ Result<bool> IsRawJsonArray(const std::string& path) {
   return InvalidArgument(path + ":1: neither a block trace (JSON objects, one per line) nor ShareGPT JSON (an array)");
 }
 
-std::string Number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
 // "host=20GB,nvme=5GB": bytes per second per tier into `out` (tiers not
 // named keep their value). InvalidArgument naming the option otherwise.
 Status ParseBandwidths(const std::string& option, const std::string& text, std::array<double, kSimTiers>& out) {
@@ -91,104 +91,54 @@ Status ParseBandwidths(const std::string& option, const std::string& text, std::
   return Status::Ok();
 }
 
-// The hit rates split into local (the serving node's host and NVMe tiers)
-// and shared (the remote tier): block and token rates, as text for the
-// reports.
-struct HitSplit {
-  std::string local_blocks, shared_blocks, local_tokens, shared_tokens;
-};
-HitSplit SplitOf(const ReplayResult& r) {
-  return {Number(r.local_block_hit_rate()), Number(r.shared_block_hit_rate()), Number(r.local_token_hit_rate()),
-          Number(r.shared_token_hit_rate())};
+// Reads every --trace file, concatenated in the order given.
+Result<Trace> LoadTraces(const ReplayCliOptions& o) {
+  Trace trace;
+  trace.block_tokens = o.block_tokens;
+  for (size_t i = 0; i < o.traces.size(); ++i) {
+    auto raw = IsRawJsonArray(o.traces[i]);
+    if (!raw.ok()) return raw.status();
+    if (*raw) {
+      return InvalidArgument(o.traces[i] +
+                             ": raw ShareGPT JSON has no tokens: convert it first with "
+                             "tools/trace/sharegpt_convert (node convert.mjs --in FILE --out FILE.jsonl "
+                             "--block-tokens N; docs/REPLAY.md)");
+    }
+    // sharegpt: the converted form, every line naming its conversation.
+    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i, o.format == "sharegpt");
+    if (!read.ok()) return read.status();
+    trace.path += (i > 0 ? "," : "") + o.traces[i];
+    for (auto& r : read->requests) trace.requests.push_back(std::move(r));
+  }
+  return trace;
 }
 
-// A run's node fields (given --nodes): the node count, the router, the
-// split hit rates, and per node its measured requests and token hit rates.
-std::string NodesJson(const ReplayResult& r) {
-  const HitSplit split = SplitOf(r);
-  std::ostringstream j;
-  j << ", \"nodes\": " << r.options.nodes << ", \"router\": \"" << RouterName(r.options.router)
-    << "\", \"affinity_blocks\": " << r.options.affinity_blocks << ", \"local_block_hit_rate\": " << split.local_blocks
-    << ", \"shared_block_hit_rate\": " << split.shared_blocks
-    << ", \"local_token_hit_rate\": " << split.local_tokens << ", \"shared_token_hit_rate\": " << split.shared_tokens
-    << ", \"node_requests\": [";
-  for (size_t k = 0; k < r.nodes.size(); ++k) j << (k > 0 ? ", " : "") << r.nodes[k].requests;
-  j << "], \"node_token_hit_rates\": [";
-  for (size_t k = 0; k < r.nodes.size(); ++k) {
-    const NodeResult& n = r.nodes[k];
-    const double tokens = n.tokens == 0 ? 1 : double(n.tokens);
-    j << (k > 0 ? ", " : "") << "{\"local\": " << Number(double(n.local_hit_tokens) / tokens)
-      << ", \"shared\": " << Number(double(n.shared_hit_tokens) / tokens) << "}";
+// --remote-admission and --remote-write-rate into `base` (whose tiers and
+// bytes per token are set); InvalidArgument naming the option otherwise.
+Status SetRemoteAdmission(const ReplayCliOptions& o, ReplayOptions& base) {
+  const std::string& name = o.remote_admission;
+  if (!ParseAdmissionPolicy(name, kAdmissionForRemote).ok()) {
+    return InvalidArgument("--remote-admission '" + name + "': expected " + ListChoices(kRemoteAdmissionChoices));
   }
-  j << "]";
-  return j.str();
-}
-
-// Requests per node, "a/b/c" (the text report) or "a;b;c" (a CSV field).
-std::string NodeRequests(const ReplayResult& r, char sep) {
-  std::string text;
-  for (size_t k = 0; k < r.nodes.size(); ++k) {
-    if (k > 0) text += sep;
-    text += std::to_string(r.nodes[k].requests);
+  if (name != "all" && !base.remote) {
+    return InvalidArgument("--remote-admission " + name + " decides for a remote tier: give remote=CAP");
   }
-  return text;
-}
-
-// A run's remote admission fields (given --remote-admission or
-// --remote-write-rate): the policy, its rate (null unless rate), the
-// blocks it refused.
-std::string RemoteAdmissionJson(const ReplayResult& r) {
-  const ReplayOptions& o = r.options;
-  std::ostringstream j;
-  j << ", \"remote_admission\": \"" << o.remote_admission << "\", \"remote_write_rate\": "
-    << (o.remote_admission == "rate" ? std::to_string(o.remote_write_rate) : "null")
-    << ", \"remote_admission_refused\": " << r.remote_admission_refused;
-  return j.str();
-}
-
-// `with_nodes`: add the node fields (NodesJson); `with_remote_admission`:
-// the remote admission's (RemoteAdmissionJson).
-std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_admission) {
-  const ReplayOptions& o = r.options;
-  std::ostringstream j;
-  j << "{\"capacities\": {\"host\": \"" << CapacityText(o.host) << "\"";
-  if (o.nvme) j << ", \"nvme\": \"" << CapacityText(*o.nvme) << "\"";
-  if (o.remote) j << ", \"remote\": \"" << CapacityText(*o.remote) << "\"";
-  j << "}, \"policy\": \"" << o.policy << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests
-    << ", \"blocks\": " << r.blocks << ", \"tokens\": " << r.tokens
-    << ", \"block_hit_rate\": " << Number(r.block_hit_rate()) << ", \"token_hit_rate\": " << Number(r.token_hit_rate())
-    << ", \"gap_closed\": " << (r.gap_closed ? Number(*r.gap_closed) : "null") << ", \"mean_queue\": "
-    << (o.engines > 0 ? Number(r.mean_queue) : "null") << ", \"tiers\": {";
-  bool first = true;
-  for (int t = 0; t < kSimTiers; ++t) {
-    if (t == kNvmeTier && !o.nvme) continue;
-    if (t == kRemoteTier && !o.remote) continue;
-    const TierResult& x = r.tiers[t];
-    j << (first ? "" : ", ") << "\"" << SimTierName(t) << "\": {\"hits\": " << x.hits
-      << ", \"hit_share\": " << Number(r.hit_share(t)) << ", \"bytes_read\": " << x.bytes_read
-      << ", \"bytes_written\": " << x.bytes_written << ", \"evictions\": " << x.evictions
-      << ", \"dropped_busy\": " << x.dropped_busy << "}";
-    first = false;
+  if (!o.remote_write_rate.empty() && name != "rate") {
+    return InvalidArgument("--remote-write-rate is the rate admission's: give --remote-admission rate");
   }
-  j << "}, \"ssd_bytes_written\": " << r.nvme_device_bytes << ", \"ssd_budget_bytes\": " << r.ssd_budget_bytes
-    << ", \"admission_refused\": " << r.admission_refused;
-  if (with_remote_admission) j << RemoteAdmissionJson(r);
-  j << ", \"not_kept\": " << r.not_kept;
-  if (o.nvme) {
-    j << ", \"nvme_eviction\": \"" << NvmeEvictionOf(o) << "\", \"nvme_reinserted\": " << r.nvme_reinserted;
+  if (name == "rate" && o.bytes_per_token == 0) {
+    return InvalidArgument("--remote-admission rate counts bytes: give --bytes-per-token");
   }
-  j << ", \"forced_demotions\": " << r.forced_demotions << ", \"prefetches\": " << r.prefetches
-    << ", \"prefetch_bytes\": " << r.prefetch_bytes << ", \"prefetch_used\": " << r.prefetch_used
-    << ", \"ttft_ms\": ";
-  if (r.ttft_ms.empty()) {
-    j << "null";
-  } else {
-    j << "{\"p50\": " << Number(*r.ttft_percentile(50)) << ", \"p90\": " << Number(*r.ttft_percentile(90))
-      << ", \"p99\": " << Number(*r.ttft_percentile(99)) << "}";
+  if (!o.remote_write_rate.empty()) {
+    auto rate = ParseCapacity(o.remote_write_rate, 1);  // bytes: one "token" per byte
+    if (!rate.ok() || rate->infinite || rate->unit != Capacity::Unit::kTokens || rate->amount == 0) {
+      return InvalidArgument("--remote-write-rate '" + o.remote_write_rate +
+                             "': expected bytes per second above 0, e.g. 512MiB");
+    }
+    base.remote_write_rate = rate->amount;
   }
-  if (with_nodes) j << NodesJson(r);
-  j << ", \"wall_seconds\": " << Number(r.wall_seconds) << "}";
-  return j.str();
+  base.remote_admission = name;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -286,228 +236,6 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--socket", o.socket_path, "--live: the daemon's socket");
   app.add_option("--plot", o.plot_path, "Write an SVG here: hit rate vs host capacity per policy, hits by tier");
 }
-
-// Live mode: the trace against a running daemon (its own capacity and
-// policy), one JSON run with the measured figures.
-int RunLive(const ReplayCliOptions& o, const Trace& trace) {
-  if (o.socket_path.empty()) return Fail("--live needs --socket PATH");
-  if (!o.sweep.empty() || o.engines > 0 || !o.plot_path.empty()) {
-    return Fail("--live takes no --sweep, --engines or --plot: the daemon has one configuration");
-  }
-  auto r = ReplayLive(trace, LiveOptions{o.socket_path, o.bytes_per_token, o.warmup, nullptr});
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
-    return r.status().code() == StatusCode::kInvalidArgument ? kBadInput : 1;
-  }
-  const double rps = r->seconds > 0 ? double(trace.requests.size()) / r->seconds : 0;
-  const double put_gbps = r->seconds > 0 ? double(r->put_bytes) / r->seconds / 1e9 : 0;
-  // The ceiling of the put figure, measured now: memcpy of blocks of the
-  // trace's average size from one 256 MiB buffer to another (out of cache,
-  // like payloads into the arena), the better of two passes.
-  double memcpy_gbps = 0;
-  if (r->put_blocks > 0) {
-    const size_t block = std::max<size_t>(4096, r->put_bytes / r->put_blocks);
-    const size_t total = (size_t{256} << 20) / block * block;
-    std::vector<std::byte> from(total, std::byte{1}), to(total, std::byte{0});
-    for (int pass = 0; pass < 2; ++pass) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (size_t at = 0; at + block <= total; at += block) std::memcpy(to.data() + at, from.data() + at, block);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      volatile std::byte keep = to[total / 2];
-      (void)keep;
-      if (s > 0) memcpy_gbps = std::max(memcpy_gbps, double(total) / s / 1e9);
-    }
-  }
-  std::printf("live %s: %llu requests measured, block hit rate %.4f, token hit rate %.4f\n", o.socket_path.c_str(),
-              static_cast<unsigned long long>(r->requests), r->block_hit_rate(), r->token_hit_rate());
-  std::printf("  %.0f requests/s; put %.3f GB/s (%llu blocks), %.3fx memcpy's %.2f GB/s in this run\n", rps, put_gbps,
-              static_cast<unsigned long long>(r->put_blocks), memcpy_gbps > 0 ? put_gbps / memcpy_gbps : 0,
-              memcpy_gbps);
-  std::printf("  lookup p50 %.0f us, p99 %.0f us; whole request p50 %.0f us, p99 %.0f us\n", Percentile(r->lookup_us, 50),
-              Percentile(r->lookup_us, 99), Percentile(r->request_us, 50), Percentile(r->request_us, 99));
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << "{\"trace\": \"" << trace.path << "\", \"runs\": [\n  {\"mode\": \"live\", \"socket\": \"" << o.socket_path
-        << "\", \"requests\": " << r->requests << ", \"blocks\": " << r->blocks << ", \"tokens\": " << r->tokens
-        << ", \"block_hit_rate\": " << Number(r->block_hit_rate()) << ", \"token_hit_rate\": " << Number(r->token_hit_rate())
-        << ", \"hits_by_tier\": {\"host\": " << r->tier_hits[kHostTier] << ", \"nvme\": " << r->tier_hits[kNvmeTier]
-        << ", \"remote\": " << r->tier_hits[kRemoteTier] << "}, \"put_blocks\": " << r->put_blocks
-        << ", \"put_bytes\": " << r->put_bytes
-        << ", \"put_gbps\": " << Number(put_gbps) << ", \"memcpy_gbps\": " << Number(memcpy_gbps) << ", \"not_kept\": "
-        << r->not_kept << ", \"requests_per_s\": " << Number(rps) << ", \"lookup_us\": {\"p50\": "
-        << Number(Percentile(r->lookup_us, 50)) << ", \"p99\": " << Number(Percentile(r->lookup_us, 99))
-        << "}, \"request_us\": {\"p50\": " << Number(Percentile(r->request_us, 50)) << ", \"p99\": "
-        << Number(Percentile(r->request_us, 99)) << "}, \"wall_seconds\": " << Number(r->seconds) << "}\n]}\n";
-    if (!out) {
-      std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
-      return 1;
-    }
-  }
-  return 0;
-}
-
-// Reads every --trace file, concatenated in the order given.
-Result<Trace> LoadTraces(const ReplayCliOptions& o) {
-  Trace trace;
-  trace.block_tokens = o.block_tokens;
-  for (size_t i = 0; i < o.traces.size(); ++i) {
-    auto raw = IsRawJsonArray(o.traces[i]);
-    if (!raw.ok()) return raw.status();
-    if (*raw) {
-      return InvalidArgument(o.traces[i] +
-                             ": raw ShareGPT JSON has no tokens: convert it first with "
-                             "tools/trace/sharegpt_convert (node convert.mjs --in FILE --out FILE.jsonl "
-                             "--block-tokens N; docs/REPLAY.md)");
-    }
-    // sharegpt: the converted form, every line naming its conversation.
-    auto read = ReadMooncakeTrace(o.traces[i], o.block_tokens, i, o.format == "sharegpt");
-    if (!read.ok()) return read.status();
-    trace.path += (i > 0 ? "," : "") + o.traces[i];
-    for (auto& r : read->requests) trace.requests.push_back(std::move(r));
-  }
-  return trace;
-}
-
-namespace {
-
-// The ceiling of the speed figure, measured here: the trace's block
-// lookups alone in a hash map, as any simulator keyed by block makes; the
-// best of 5 passes, each with a fresh map.
-double LookupCeiling(const Trace& trace) {
-  double ceiling = 0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unordered_map<BlockKey, uint32_t> ids;
-    uint64_t lookups = 0, sum = 0;
-    for (const TraceRequest& r : trace.requests) {
-      for (const BlockKey& k : r.blocks) sum += ids.try_emplace(k, uint32_t(ids.size())).first->second;
-      lookups += r.blocks.size();
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    volatile uint64_t keep = sum;  // the lookups are not optimized away
-    (void)keep;
-    if (seconds > 0) ceiling = std::max(ceiling, double(lookups) / seconds);
-  }
-  return ceiling;
-}
-
-// The printed table, a row per run; given --nodes, a line naming the node
-// count and router first, and per run its token hit rate split into local
-// and shared and its requests per node.
-void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o, double ceiling) {
-  std::printf("ceiling: %.0f block lookups/s (the trace's keys alone in a hash map)\n\n", ceiling);
-  if (o.nodes_given) {
-    char affinity[48] = "";
-    if (o.router == "prefix_affinity") std::snprintf(affinity, sizeof affinity, " over %u blocks", o.affinity_blocks);
-    std::printf("nodes: %u, router: %s%s (host and NVMe capacities per node; the remote tier shared)\n\n", o.nodes,
-                o.router.c_str(), affinity);
-  }
-  if (o.remote_admission_given) {
-    const std::string rate = o.remote_admission == "rate" && !runs.empty()
-                                 ? ", " + std::to_string(runs.front().options.remote_write_rate) + " bytes/s per node"
-                                 : "";
-    std::printf("remote admission: %s%s\n\n", o.remote_admission.c_str(), rate.c_str());
-  }
-  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s%s\n", "policy", "host", "requests", "blocks",
-              "block_hit", "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling",
-              o.engines > 0 ? " mean_queue" : "", o.nodes_given ? "  local_tok shared_tok  node_requests" : "",
-              o.remote_admission_given ? "  remote_written remote_refused" : "");
-  for (const ReplayResult& r : runs) {
-    // Block lookups: every prompt block of every request, warm-up included.
-    const double lookups = double(r.lookups);
-    const double rate = r.wall_seconds > 0 ? lookups / r.wall_seconds : 0;
-    char gap[32] = "-";
-    if (r.gap_closed) std::snprintf(gap, sizeof gap, "%.3f", *r.gap_closed);
-    char queue[32] = "";
-    if (o.engines > 0) std::snprintf(queue, sizeof queue, " %10.1f", r.mean_queue);
-    std::string nodes;
-    if (o.nodes_given) {
-      char split[64];
-      std::snprintf(split, sizeof split, "  %9.4f %10.4f  ", r.local_token_hit_rate(), r.shared_token_hit_rate());
-      nodes = split + NodeRequests(r, '/');
-    }
-    char remote[64] = "";
-    if (o.remote_admission_given) {
-      std::snprintf(remote, sizeof remote, "  %14llu %14llu",
-                    static_cast<unsigned long long>(r.tiers[kRemoteTier].bytes_written),
-                    static_cast<unsigned long long>(r.remote_admission_refused));
-    }
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s%s\n", r.options.policy.c_str(),
-                CapacityText(r.options.host).c_str(), static_cast<unsigned long long>(r.requests),
-                static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap,
-                r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str(), remote);
-  }
-}
-
-// One row per run; `with_nodes`: the node columns after the others;
-// `with_remote_admission`: then the remote admission's.
-void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes, bool with_remote_admission) {
-  out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
-         "host_hits,nvme_hits,"
-         "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds"
-      << (with_nodes ? ",nodes,router,affinity_blocks,local_block_hit_rate,shared_block_hit_rate,local_token_hit_rate,"
-                       "shared_token_hit_rate,node_requests"
-                     : "")
-      << (with_remote_admission ? ",remote_admission,remote_write_rate,remote_admission_refused,remote_bytes_written"
-                                : "")
-      << "\n";
-  for (const ReplayResult& x : runs) {
-    const ReplayOptions& p = x.options;
-    out << p.policy << "," << CapacityText(p.host) << "," << (p.nvme ? CapacityText(*p.nvme) : "") << ","
-        << (p.remote ? CapacityText(*p.remote) : "") << "," << p.admission << "," << x.requests << "," << x.blocks
-        << "," << x.tokens << "," << Number(x.block_hit_rate()) << "," << Number(x.token_hit_rate()) << ","
-        << (x.gap_closed ? Number(*x.gap_closed) : "") << "," << (p.engines > 0 ? Number(x.mean_queue) : "") << ","
-        << x.tiers[kHostTier].hits << "," << x.tiers[kNvmeTier].hits << "," << x.tiers[kRemoteTier].hits << ","
-        << x.nvme_device_bytes << "," << x.ssd_budget_bytes << "," << (p.nvme ? NvmeEvictionOf(p) : "") << ","
-        << x.nvme_reinserted << "," << x.prefetches << "," << x.prefetch_used << ",";
-    for (double q : {50.0, 90.0, 99.0}) {
-      auto v = x.ttft_percentile(q);
-      out << (v ? Number(*v) : "") << ",";
-    }
-    out << Number(x.wall_seconds);
-    if (with_nodes) {
-      const HitSplit split = SplitOf(x);
-      out << "," << p.nodes << "," << RouterName(p.router) << "," << p.affinity_blocks << "," << split.local_blocks
-          << "," << split.shared_blocks
-          << "," << split.local_tokens << "," << split.shared_tokens << "," << NodeRequests(x, ';');
-    }
-    if (with_remote_admission) {
-      out << "," << p.remote_admission << "," << (p.remote_admission == "rate" ? std::to_string(p.remote_write_rate) : "")
-          << "," << x.remote_admission_refused << "," << x.tiers[kRemoteTier].bytes_written;
-    }
-    out << "\n";
-  }
-}
-
-// --remote-admission and --remote-write-rate into `base` (whose tiers and
-// bytes per token are set); InvalidArgument naming the option otherwise.
-Status SetRemoteAdmission(const ReplayCliOptions& o, ReplayOptions& base) {
-  const std::string& name = o.remote_admission;
-  if (!ParseAdmissionPolicy(name, kAdmissionForRemote).ok()) {
-    return InvalidArgument("--remote-admission '" + name + "': expected " + ListChoices(kRemoteAdmissionChoices));
-  }
-  if (name != "all" && !base.remote) {
-    return InvalidArgument("--remote-admission " + name + " decides for a remote tier: give remote=CAP");
-  }
-  if (!o.remote_write_rate.empty() && name != "rate") {
-    return InvalidArgument("--remote-write-rate is the rate admission's: give --remote-admission rate");
-  }
-  if (name == "rate" && o.bytes_per_token == 0) {
-    return InvalidArgument("--remote-admission rate counts bytes: give --bytes-per-token");
-  }
-  if (!o.remote_write_rate.empty()) {
-    auto rate = ParseCapacity(o.remote_write_rate, 1);  // bytes: one "token" per byte
-    if (!rate.ok() || rate->infinite || rate->unit != Capacity::Unit::kTokens || rate->amount == 0) {
-      return InvalidArgument("--remote-write-rate '" + o.remote_write_rate +
-                             "': expected bytes per second above 0, e.g. 512MiB");
-    }
-    base.remote_write_rate = rate->amount;
-  }
-  base.remote_admission = name;
-  return Status::Ok();
-}
-
-}  // namespace
 
 int RunReplay(const ReplayCliOptions& o) {
   if (o.live) {

@@ -45,7 +45,7 @@ bool SimLog::Place(uint32_t id, const BlockKey& key, uint64_t payload_bytes, uin
   if (allocation->reclaimed) {
     // As the tier's PersistRegions: the region's blocks are gone. A block
     // being copied forward out of it is dropped for its policy too, but
-    // its copy lands: it stays (nvme_tier.cc's OnWritten).
+    // its copy lands: it stays (nvme_write.cc's OnWritten).
     const uint32_t region = *allocation->reclaimed;
     std::vector<uint32_t> gone_ids(region_ids_[region].begin(), region_ids_[region].end());
     std::sort(gone_ids.begin(), gone_ids.end(),

@@ -289,13 +289,13 @@ class SidecarPools:
         statuses = s._checked(client.get_batch(spec.ns_index, self._object_keys(spec, keys), buffers))
         done = [st.ok and st.value == n for st, (_, n) in zip(statuses, buffers)]
         pages = s._per_page(done, len(keys))
-        s._count_transfer("prefetch", pages, done, [[b] for b in buffers], time.monotonic() - start)
+        s._stats.count_transfer("prefetch", pages, done, [[b] for b in buffers], time.monotonic() - start)
         return pages
 
     def _put(self, spec, keys, host_indices) -> List[bool]:
         s = self._storage
         if not spec.writes:
-            s._count(pages_set_skipped=len(keys))
+            s._stats.count(pages_set_skipped=len(keys))
             return [True] * len(keys)
         client = s._get_client()
         if client is None or not keys:
@@ -304,9 +304,9 @@ class SidecarPools:
         buffers = self._buffers(spec, keys, host_indices)
         okeys = self._object_keys(spec, keys)
         done = [st.ok for st in s._checked(client.put_batch(spec.ns_index, okeys, buffers))]
-        s._remember([k for k, ok in zip(okeys, done) if ok], spec.ns_index)
+        s._stats.remember([k for k, ok in zip(okeys, done) if ok], spec.ns_index)
         pages = s._per_page(done, len(keys))
-        s._count_transfer("backup", pages, done, [[b] for b in buffers], time.monotonic() - start)
+        s._stats.count_transfer("backup", pages, done, [[b] for b in buffers], time.monotonic() - start)
         return pages
 
 

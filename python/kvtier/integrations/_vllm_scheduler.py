@@ -3,44 +3,26 @@ lookups, the per-step plan for the workers, queue hints, events.
 
 Nothing here waits on kvtierd beyond a small bound: a lookup is answered
 None ("ask again") while it is in flight and counts as a miss after
-`lookup_timeout`; queue hints go out from a background thread in batches
-(fire and forget, for every rank's namespace); a daemon that is down is
-retried every `reconnect_interval` seconds. Thread: vLLM's scheduler
-thread calls every method; the hint thread only sends.
+`lookup_timeout` (_vllm_lookup.py); queue hints go out from a background
+thread in batches (_vllm_hints.py: fire and forget, for every rank's
+namespace); a daemon that is down is retried every `reconnect_interval`
+seconds. Keys come from the token ids and what _vllm_keys.py adds. Thread:
+vLLM's scheduler thread calls every method; the hint thread only sends.
 """
 
-import collections
-import hashlib
 import itertools
 import logging
-import threading
 import time
 
 import kvtier
 from kvtier.integrations._vllm_events import AllBlocksCleared, BlockStored
+from kvtier.integrations._vllm_hints import HintSender, hint_id
+from kvtier.integrations._vllm_keys import adapter_of, key_extras, opt_out
+from kvtier.integrations._vllm_lookup import PrefixLookup
 from kvtier.integrations._vllm_plan import (KvtierConnectorMetadata, RequestState, plan_load, plan_save,
                                             plan_state_saves, step_offers)
 
 logger = logging.getLogger("kvtier.vllm")
-
-# Hints waiting for the sender thread; beyond this the oldest are dropped
-# (counted): a hint is advice, and the scheduler must never wait for it.
-MAX_PENDING_HINTS = 4096
-
-
-def opt_out(request):
-    """(load, save) a request allows: vLLM's skip_reading_prefix_cache stops
-    loads; kv_transfer_params {"kvtier": false} stops both and
-    {"kvtier": {"load": false, "save": false}} either."""
-    params = getattr(request, "kv_transfer_params", None) or {}
-    choice = params.get("kvtier", True) if isinstance(params, dict) else True
-    if isinstance(choice, dict):
-        load, save = bool(choice.get("load", True)), bool(choice.get("save", True))
-    else:
-        load = save = bool(choice)
-    if getattr(request, "skip_reading_prefix_cache", False):
-        load = False
-    return load, save
 
 
 class _Scope:
@@ -50,58 +32,6 @@ class _Scope:
     def __init__(self, namespaces, hashers):
         self.namespaces, self.hashers, self.client = namespaces, hashers, None
         self.next_connect = 0.0
-
-
-class HintSender:
-    """Sends queue hints (enqueue / started / finished) from its own thread,
-    oldest first, a batch per wake-up; never blocks the caller. Thread-safe."""
-
-    def __init__(self):
-        self._pending = collections.deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = False
-        self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name="kvtier-hints", daemon=True)
-        self._thread.start()
-
-    def submit(self, client, call):
-        with self._lock:
-            if len(self._pending) >= MAX_PENDING_HINTS:
-                self._pending.popleft()
-                self.dropped += 1
-            self._pending.append((client, call))
-            self._idle.clear()
-        self._wake.set()
-
-    def flush(self, timeout=10.0):
-        """Waits until every submitted hint was sent (tests and shutdown)."""
-        return self._idle.wait(timeout)
-
-    def close(self):
-        self.flush(2.0)
-        self._stop = True
-        self._wake.set()
-        self._thread.join(2.0)
-
-    def _run(self):
-        while not self._stop:
-            self._wake.wait()
-            self._wake.clear()
-            while True:
-                with self._lock:
-                    if not self._pending:
-                        self._idle.set()
-                        break
-                    client, call = self._pending.popleft()
-                try:
-                    call(client)
-                except kvtier.NotFoundError:
-                    pass  # the request was no longer queued
-                except Exception as e:  # noqa: BLE001 - a hint never fails the engine
-                    logger.debug("kvtier: queue hint failed: %s", e)
 
 
 class SchedulerSide:
@@ -115,6 +45,7 @@ class SchedulerSide:
         self._requests = {}
         self._hint_ids = itertools.count(1)
         self._hints = HintSender()
+        self._lookups = PrefixLookup(geometry, stats)
         self._events = []
         self._medium = "CPU"
         self._step = 0  # build_connector_meta calls so far
@@ -149,7 +80,7 @@ class SchedulerSide:
             self._prompt_changed(state, request)
         if state is None:
             tokens = list(request.prompt_token_ids or [])
-            adapter = _adapter_of(request)
+            adapter = adapter_of(request)
             scope = self._scope(adapter)
             salt, extras = key_extras(request, len(tokens), self._g.block_tokens)
             load, save = opt_out(request)
@@ -160,7 +91,7 @@ class SchedulerSide:
                                  lora_id=getattr(getattr(request, "lora_request", None), "lora_int_id", None),
                                  request=request)
             self._requests[request.request_id] = state
-            self._hint_all(state, lambda c, i, keys: c.enqueue(_hint_id(state, i), i, keys))
+            self._hint_all(state, lambda c, i, keys: c.enqueue(hint_id(state, i), i, keys))
         return state
 
     def _prompt_changed(self, state, request):
@@ -185,7 +116,7 @@ class SchedulerSide:
         if scope.client is None or not state.keys[0]:
             return
         for i, keys in enumerate(state.keys):
-            if self._kind(i) == "state":
+            if self._lookups.kind(i) == "state":
                 continue
             self._hints.submit(scope.client, lambda c, i=i, keys=keys: call(c, i, keys))
 
@@ -203,103 +134,11 @@ class SchedulerSide:
         if client is None or not state.may_load or usable * g.block_tokens <= num_computed_tokens:
             return 0, False
         if state.hits is None:
-            state.hits = self._lookup(state, client, usable)
+            state.hits = self._lookups.lookup(state, client, usable)
             if state.hits is None:
                 return None, False  # ask again next step
         matched = min(state.hits, usable) * g.block_tokens
         return max(0, matched - num_computed_tokens), False
-
-    def _lookup(self, state, client, usable):
-        """The kvtier blocks every rank and group holds, or None while an
-        answer is out. Phase 1 asks each full-attention namespace for its
-        prefix from block 0 (up to `usable`), giving a candidate n. Phase 2
-        asks each sliding-window namespace for the blocks its window reads
-        at n, and each recurrent-state namespace for the state after every
-        block up to n (one key each). The hit is the largest m <= n whose
-        state is stored in every state group and whose windows were seen
-        stored; when the states end below the checked windows, phase 3 asks
-        the windows at that m. An answer later than lookup_timeout counts as
-        a miss."""
-        g = self._g
-        if state.pending is None:
-            state.phase, state.candidate = 1, usable
-            full = [j for j in range(len(state.keys)) if self._kind(j) == "full"]
-            self._send(state, client, {j: (0, usable) for j in full})  # none: every block is a candidate
-            self._stats.add("lookups", 1)
-        answers = self._answers(state)
-        if answers is None:
-            return None
-        if answers is False:
-            return 0
-        asked = state.asked
-        state.pending = None
-        if state.phase == 1:
-            n = min([state.candidate] + [asked[j][0] + a for j, a in answers.items()])
-            windows = [j for j in range(len(state.keys)) if self._kind(j) == "window"]
-            states = [j for j in range(len(state.keys)) if self._kind(j) == "state"]
-            if n == 0 or not (windows or states):
-                return n
-            state.phase, state.candidate = 2, n
-            requests = {j: (g.first_read(j % len(g.groups), n), n) for j in windows}
-            requests.update({(j, m): (m - 1, m) for j in states for m in range(1, n + 1)})
-            self._send(state, client, requests)
-            return self._lookup(state, client, usable)
-        windows = {j: (asked[j][0], asked[j][0] + a) for j, a in answers.items() if not isinstance(j, tuple)}
-        if state.phase == 2:
-            states = {j for j in answers if isinstance(j, tuple)}
-            namespaces = {j for j, _ in states}
-            stored = [m for m in range(state.candidate, 0, -1)
-                      if all(answers.get((j, m), 0) == 1 for j in namespaces)]
-            for m in stored:
-                if self._windows_hold(windows, m):
-                    return m
-            if not stored or not windows or stored[0] == state.candidate:
-                return 0  # conservative: no point below a failed window was checked
-            # The states end below the checked windows: ask the windows there.
-            m = stored[0]
-            state.phase, state.candidate = 3, m
-            self._send(state, client, {j: (g.first_read(j % len(g.groups), m), m) for j in windows})
-            return self._lookup(state, client, usable)
-        return state.candidate if self._windows_hold(windows, state.candidate) else 0
-
-    def _kind(self, j):
-        """"full", "window" or "state": the kind of namespace j's group."""
-        group = self._g.groups[j % len(self._g.groups)]
-        return "state" if group.state else ("window" if group.window_tokens else "full")
-
-    def _windows_hold(self, windows, m):
-        """Whether every window group's stored run [first, end) covers what
-        its window reads at m."""
-        g = self._g
-        return all(first <= g.first_read(j % len(g.groups), m) and m <= end for j, (first, end) in windows.items())
-
-    def _answers(self, state):
-        """{request: prefix blocks} once every lookup in flight answered,
-        False when one failed or they took longer than lookup_timeout (a
-        miss), None while they are out."""
-        if not all(p.done() for p in state.pending.values()):
-            if time.monotonic() - state.pending_since < self._g.lookup_timeout:
-                return None
-            logger.warning("kvtier: a lookup took over %.1f s; counted as a miss", self._g.lookup_timeout)
-            state.pending = None
-            return False
-        try:
-            return {j: p.result().prefix_blocks for j, p in state.pending.items()}
-        except kvtier.Error as e:
-            logger.warning("kvtier: lookup failed: %s", e)
-            state.pending = None
-            return False
-
-    def _send(self, state, client, requests):
-        """Asynchronous lookups: request r -> (first, end) asks namespace j
-        (r itself, or r[0] for a state lookup (j, boundary)) for
-        keys[j][first:end]."""
-        state.asked = dict(requests)
-        state.pending = {}
-        for r, (first, end) in requests.items():
-            j = r[0] if isinstance(r, tuple) else r
-            state.pending[r] = client.lookup_async(j, state.keys[j][first:end])
-        state.pending_since = time.monotonic()
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         state = self._requests.get(request.request_id)
@@ -363,7 +202,7 @@ class SchedulerSide:
         g = self._g
         if not state.started:
             state.started = True
-            self._hint_all(state, lambda c, i, keys: c.started(_hint_id(state, i)))
+            self._hint_all(state, lambda c, i, keys: c.started(hint_id(state, i)))
         load = plan_load(state, g)
         if load is not None:
             meta.loads.append(load)
@@ -423,7 +262,7 @@ class SchedulerSide:
         if state is None:
             return False, None
         if not state.started:
-            self._hint_all(state, lambda c, i, keys: c.finished(_hint_id(state, i)))
+            self._hint_all(state, lambda c, i, keys: c.finished(hint_id(state, i)))
         self._emit_stored(state, through_step=self._executed_through())
         if not state.stored_pending:  # else a save of a step still in flight: its event waits for it
             self._unreported.pop(request.request_id, None)
@@ -479,39 +318,3 @@ class SchedulerSide:
             if scope.client is not None:
                 scope.client.close()
                 scope.client = None
-
-
-def _hint_id(state, rank_index):
-    """The queue-hint request id of one rank's namespace of a request."""
-    return state.hint_id * len(state.keys) + rank_index
-
-
-def key_extras(request, num_tokens, block_tokens):
-    """The request's cache salt and per-block extra keys (docs/KEYS.md), as
-    vLLM's own block hashes take them: the salt on block 0; each multimodal
-    input's identifier, with its offset within the block, on every block it
-    overlaps; a digest of the prompt embeddings of each block."""
-    import torch
-    salt = getattr(request, "cache_salt", None) or None
-    blocks = num_tokens // block_tokens
-    extras = [[] for _ in range(blocks)]
-    for feature in getattr(request, "mm_features", None) or []:
-        start, length = feature.mm_position.offset, feature.mm_position.length
-        for b in range(start // block_tokens, min(blocks, -(-(start + length) // block_tokens))):
-            extras[b].append((kvtier.ExtraKind.MULTIMODAL, f"{feature.identifier}@{start - b * block_tokens}"))
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is not None:
-        for b in range(blocks):
-            rows = embeds[b * block_tokens:(b + 1) * block_tokens].detach().cpu().contiguous()
-            digest = hashlib.sha256(rows.view(-1).view(torch.uint8).numpy().tobytes()).digest()
-            extras[b].append((kvtier.ExtraKind.PROMPT_EMBEDS, digest))
-    return salt, (extras if any(extras) else None)
-
-
-def _adapter_of(request):
-    """A LoRA request's (name, path): its place in the namespace (adapter_id,
-    adapter_revision). Give each version of an adapter its own name or path."""
-    lora = getattr(request, "lora_request", None)
-    if lora is None:
-        return None
-    return (str(lora.lora_name), str(getattr(lora, "lora_path", "") or f"id-{lora.lora_int_id}"))

@@ -55,14 +55,10 @@ backend uses. Not supported: the K-only MHA pool (one buffer per page: its
 calls fail and log), split heads, and host pool classes other than
 MHATokenToKVPoolHost / MLATokenToKVPoolHost (refused at registration).
 
-Hybrid models (v2). The hybrid controller registers every pool of its
-HostPoolGroup with ``register_mem_host_pool_v2`` and calls
-``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` with PoolTransfers
-(read at sgl-project/sglang hicache_storage.py @00fe477f and
-hybrid_cache_controller.py @00343773). The KV anchor keeps the objects
-above; Mamba state pools and MHA/MLA sidecar pools (SWA, draft) get a
-namespace each, and other pool kinds are refused at registration, where
-SGLang lets the error stop the start. Details in ``_sglang_v2.py``.
+Hybrid models (v2): every pool of a HostPoolGroup registered with
+``register_mem_host_pool_v2`` and the ``batch_*_v2`` calls on them; the KV
+anchor keeps the objects above, other served pools get a namespace each
+(``_sglang_v2.py``).
 
 Layouts. page_first, page_first_direct and page_head: each object is one
 contiguous buffer of the host pool, copied once between it and kvtier's
@@ -74,25 +70,25 @@ with the next request, not one round trip each). Gathers and scatters are
 one C++ loop with the GIL released (kvtier._kvtier._copy_pieces).
 
 Threads. SGLang calls from its prefetch, prefetch-I/O and backup threads
-at once; the kvtier Client is thread-safe, counters and reconnection take
-their own locks. Failures: no data-path method raises; every one logs a
-warning (at most one per 10 s) and answers "missed / not stored" in the
-shape SGLang expects.
+at once; the kvtier Client is thread-safe, counters (``_sglang_stats.py``)
+and reconnection (``_sglang_link.py``) take their own locks. Failures: no
+data-path method raises; every one logs a warning (at most one per 10 s)
+and answers "missed / not stored" in the shape SGLang expects. The
+generic path is in ``_sglang_flat.py``.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
-import importlib
 import logging
-import threading
 import time
 from typing import List
 
 import kvtier
 from kvtier._kvtier import _copy_pieces
-from kvtier.integrations import _sglang_v2
+from kvtier.integrations import _sglang_flat, _sglang_link, _sglang_stats, _sglang_v2
+from kvtier.integrations._sglang_flat import FLAT_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +100,8 @@ except Exception:  # noqa: BLE001  (not installed, or broken: still usable stand
 DEFAULT_SOCKET_PATH = "/run/kvtier/kvtierd.sock"
 ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 GATHER_LAYOUTS = ("layer_first",)
-FLAT_SUFFIX = "_flat"
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
                 "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
-_DEAD_CONNECTION = ("unavailable", "cancelled")
-_WARN_EVERY_S = 10.0
-_METRICS_MODULES = ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector")
 
 
 class KvtierStorage(_Base):
@@ -139,11 +131,11 @@ class KvtierStorage(_Base):
         self.socket_path = str(extra.get("socket_path") or DEFAULT_SOCKET_PATH)
         self.kv_dtype_override = extra.get("kv_dtype")
         self.interface_v1 = bool(extra.get("interface_v1", 0))
-        self._connect_timeout_s = float(extra.get("connect_timeout_s", 2.0))
+        connect_timeout_s = float(extra.get("connect_timeout_s", 2.0))
         self._call_timeout_s = float(extra.get("call_timeout_s", 10.0))
-        self._verify_checksums = bool(extra.get("verify_checksums", False))
-        self._reconnect_interval_s = float(extra.get("reconnect_interval_s", 5.0))
-        self._record_limit = int(extra.get("clear_record_objects", 131072))
+        verify_checksums = bool(extra.get("verify_checksums", False))
+        reconnect_interval_s = float(extra.get("reconnect_interval_s", 5.0))
+        record_limit = int(extra.get("clear_record_objects", 131072))
         self._writes = not (self.is_mla and self.tp_rank != 0)  # MLA: rank 0 writes for all
 
         self.mem_pool_host = None
@@ -153,18 +145,12 @@ class KvtierStorage(_Base):
         self._components = ("_kv",) if self.is_mla else ("_k", "_v")
         self._page_size = 0
         self._layers = 0
-        self._client = None
-        self._next_connect = 0.0
-        self._connect_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._counters = collections.Counter()
-        self._samples = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
-        self._written = collections.OrderedDict()  # (namespace index, kvtier.Key) -> None, oldest first
-        self._namespaces = []  # what the client registers: the KV namespace, then the sidecar pools'
+        self._stats = _sglang_stats.BackendStats(record_limit)
+        self._link = _sglang_link.DaemonLink(  # registers the KV namespace, then the sidecar pools'
+            self.socket_path, f"sglang-tp{self.tp_rank}-pp{self.pp_rank}", connect_timeout_s, self._call_timeout_s,
+            verify_checksums, reconnect_interval_s, self._stats)
         self._sidecars = _sglang_v2.SidecarPools(self)
         self.registered_pools = {}  # pool name -> host pool, as HiCacheStorage's default keeps them
-        self._next_warning = 0.0
-        self._stats_class = None
 
     # ---- registration ----
 
@@ -199,7 +185,7 @@ class KvtierStorage(_Base):
         self.fingerprint = ns.fingerprint()  # validates: InvalidArgumentError is a ValueError
         self.mem_pool_host, self.namespace, self._layout = mem_pool_host, ns, layout
         self._page_size, self._layers = page_size, layers
-        self._namespaces = [ns]
+        self._link.namespaces = [ns]
         self._get_client()
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
@@ -213,15 +199,7 @@ class KvtierStorage(_Base):
         self.registered_pools[_sglang_v2.pool_name(host_pool_name)] = host_pool
         if spec is None:
             return
-        with self._connect_lock:
-            spec.ns_index = len(self._namespaces)
-            self._namespaces = self._namespaces + [spec.namespace]
-            client, self._client, self._next_connect = self._client, None, 0.0
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001  (the new connection replaces it either way)
-                pass
+        spec.ns_index = self._link.add_namespace(spec.namespace)
         self._get_client()
 
     # ---- v2: pools of a HostPoolGroup (_sglang_v2.SidecarPools) ----
@@ -322,12 +300,12 @@ class KvtierStorage(_Base):
             statuses = self._checked(client.get_batch(0, okeys, [pieces[0] for pieces in objects]))
             done = [s.ok and s.value == pieces[0][1] for s, pieces in zip(statuses, objects)]
         pages = self._per_page(done, len(keys))
-        self._count_transfer("prefetch", pages, done, objects, time.monotonic() - start)
+        self._stats.count_transfer("prefetch", pages, done, objects, time.monotonic() - start)
         return pages
 
     def _set_v1(self, keys, host_indices) -> List[bool]:
         if not self._writes:
-            self._count(pages_set_skipped=len(keys))
+            self._stats.count(pages_set_skipped=len(keys))
             return [True] * len(keys)
         client = self._get_client()
         if client is None or not keys:
@@ -340,8 +318,8 @@ class KvtierStorage(_Base):
         else:
             done = [s.ok for s in self._checked(client.put_batch(0, okeys, [pieces[0] for pieces in objects]))]
         pages = self._per_page(done, len(keys))
-        self._remember([k for k, ok in zip(okeys, done) if ok], 0)
-        self._count_transfer("backup", pages, done, objects, time.monotonic() - start)
+        self._stats.remember([k for k, ok in zip(okeys, done) if ok], 0)
+        self._stats.count_transfer("backup", pages, done, objects, time.monotonic() - start)
         return pages
 
     def _pool_objects(self, keys, host_indices):
@@ -418,23 +396,7 @@ class KvtierStorage(_Base):
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """List of len(keys): target_locations[i] filled with page i, or None."""
-        try:
-            client = self._get_client()
-            if client is None or not keys:
-                return [None] * len(keys)
-            start = time.monotonic()
-            if target_locations is None:
-                target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
-            outs = [_span(t, None if target_sizes is None else target_sizes[i], writable=True)
-                    for i, t in enumerate(target_locations)]
-            statuses = self._checked(client.get_batch(0, self._object_keys(keys, (FLAT_SUFFIX,)),
-                                                      [b for b, _, _ in outs]))
-            done = [s.ok and s.value == n for s, (_, n, _) in zip(statuses, outs)]
-            self._count_transfer("prefetch", done, done, [[(0, n)] for _, n, _ in outs], time.monotonic() - start)
-            return [t if ok else None for t, ok in zip(target_locations, done)]
-        except Exception as e:  # noqa: BLE001
-            self._failed("batch_get", e)
-            return [None] * len(keys)
+        return _sglang_flat.get_pages(self, keys, target_locations, target_sizes)
 
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
         """Stores page `key` from `value` (or `target_location`): a flat CPU
@@ -446,27 +408,7 @@ class KvtierStorage(_Base):
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         """True iff every page was stored (already cached counts)."""
-        try:
-            if not self._writes:
-                self._count(pages_set_skipped=len(keys))
-                return True
-            client = self._get_client()
-            if client is None:
-                return False
-            if not keys:
-                return True
-            start = time.monotonic()
-            sources = values if values is not None else target_locations
-            outs = [_span(t, None if target_sizes is None else target_sizes[i], writable=False)
-                    for i, t in enumerate(sources)]
-            okeys = self._object_keys(keys, (FLAT_SUFFIX,))
-            done = [s.ok for s in self._checked(client.put_batch(0, okeys, [b for b, _, _ in outs]))]
-            self._remember([k for k, ok in zip(okeys, done) if ok], 0)
-            self._count_transfer("backup", done, done, [[(0, n)] for _, n, _ in outs], time.monotonic() - start)
-            return all(done)
-        except Exception as e:  # noqa: BLE001
-            self._failed("batch_set", e)
-            return False
+        return _sglang_flat.set_pages(self, keys, values, target_locations, target_sizes)
 
     def exists(self, key) -> bool:
         """Whether page `key` is stored for this backend's path."""
@@ -480,8 +422,7 @@ class KvtierStorage(_Base):
         engines, ranks and models, so nothing else is dropped; a page another
         backend stored too becomes a miss for it as well (a miss, never wrong
         bytes). Failures are logged."""
-        with self._stats_lock:
-            written, self._written = list(self._written), collections.OrderedDict()
+        written = self._stats.take_written()
         try:
             client = self._get_client()
             if client is None or not written:
@@ -502,35 +443,7 @@ class KvtierStorage(_Base):
         the dict is also a StorageMetrics carrying the per-call page counts
         and GB/s since the previous get_stats (what --enable-storage-metrics
         logs; its collector asserts that type)."""
-        with self._stats_lock:
-            counters = {k: int(self._counters[k]) for k in (
-                "pages_get", "pages_hit", "pages_miss", "pages_set", "pages_set_failed",
-                "pages_set_skipped", "bytes_read", "bytes_written", "errors")}
-            samples = {k: list(v) for k, v in self._samples.items()}
-            for v in self._samples.values():
-                v.clear()
-        cls = self._storage_metrics_class()
-        return cls(counters, samples) if cls is not None else counters
-
-    def _storage_metrics_class(self):
-        if self._stats_class is None:
-            self._stats_class = False
-            for name in _METRICS_MODULES:
-                try:
-                    metrics = getattr(importlib.import_module(name), "StorageMetrics")
-                except Exception:  # noqa: BLE001  (no SGLang, or another version)
-                    continue
-
-                fields = getattr(metrics, "__dataclass_fields__", {})
-
-                class KvtierStats(dict, metrics):
-                    def __init__(self, counters, samples):
-                        dict.__init__(self, counters)
-                        metrics.__init__(self, **{k: v for k, v in samples.items() if k in fields})
-
-                self._stats_class = KvtierStats
-                break
-        return self._stats_class or None
+        return self._stats.snapshot()
 
     # ---- helpers ----
 
@@ -548,95 +461,18 @@ class KvtierStorage(_Base):
     def _get_client(self):
         """The connection, or None (no pool yet, or the daemon unreachable and
         the next attempt not due). Never waits for another thread's attempt."""
-        client = self._client
-        if client is not None or self.namespace is None:
-            return client
-        if time.monotonic() < self._next_connect or not self._connect_lock.acquire(blocking=False):
-            return None
-        try:
-            if self._client is None:
-                self._next_connect = time.monotonic() + self._reconnect_interval_s
-                self._client = kvtier.Client(
-                    self.socket_path, list(self._namespaces), client_name=f"sglang-tp{self.tp_rank}-pp{self.pp_rank}",
-                    connect_timeout=self._connect_timeout_s, call_timeout=self._call_timeout_s,
-                    verify_checksums=self._verify_checksums)
-            return self._client
-        except Exception as e:  # noqa: BLE001
-            self._failed(f"connecting to kvtierd at {self.socket_path}", e)
-            return None
-        finally:
-            self._connect_lock.release()
+        return self._link.client(registered=self.namespace is not None)
 
     def _checked(self, statuses):
         """`statuses`, after dropping the connection if one says it died."""
-        dead = next((s for s in statuses if s.code in _DEAD_CONNECTION), None)
-        if dead is not None:
-            self._failed("a kvtierd call", kvtier.Error(f"connection lost: {dead.message}"), dead.code)
-        return statuses
+        return self._link.checked(statuses)
 
     def _failed(self, what, error, code=None):
         """Counts and (rate-limited) logs a failure; drops a dead connection."""
-        self._count(errors=1)
-        client = self._client
-        if client is not None and (code or getattr(error, "code", None)) in _DEAD_CONNECTION:
-            self._client = None
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001  (closing a dead connection)
-                pass
-        now = time.monotonic()
-        if now >= self._next_warning:
-            self._next_warning = now + _WARN_EVERY_S
-            logger.warning("kvtier: %s failed: %s (counted as missed/not stored; further failures within %.0f s "
-                           "are not logged)", what, error, _WARN_EVERY_S)
-
-    def _count(self, **deltas):
-        with self._stats_lock:
-            self._counters.update(deltas)
-
-    def _count_transfer(self, kind, pages, done, objects, seconds):
-        nbytes = sum(sum(n for _, n in pieces) for ok, pieces in zip(done, objects) if ok)
-        good = sum(pages)
-        with self._stats_lock:
-            if kind == "prefetch":
-                self._counters.update(pages_get=len(pages), pages_hit=good, pages_miss=len(pages) - good,
-                                      bytes_read=nbytes)
-            else:
-                self._counters.update(pages_set=good, pages_set_failed=len(pages) - good, bytes_written=nbytes)
-            if len(self._samples[kind + "_pgs"]) < 4096:
-                self._samples[kind + "_pgs"].append(good)
-                self._samples[kind + "_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
-
-    def _remember(self, okeys, ns: int):
-        if self._record_limit <= 0:
-            return
-        with self._stats_lock:
-            for k in okeys:
-                self._written[(ns, k)] = None
-                self._written.move_to_end((ns, k))
-            while len(self._written) > self._record_limit:
-                self._written.popitem(last=False)
+        self._link.failed(what, error, code)
 
 
 def _engine_key(page_key, suffix: str):
     if isinstance(page_key, (bytes, bytearray)):
         return bytes(page_key) + suffix.encode()
     return str(page_key) + suffix
-
-
-def _span(obj, size, writable: bool):
-    """(what the binding gets, nbytes, keep-alive) for one page buffer: a CPU
-    tensor becomes its raw (data_ptr, nbytes), any dtype (bf16 included); an
-    int address needs `size`; anything else goes to the binding as a buffer."""
-    if isinstance(obj, int):
-        return (obj, int(size)), int(size), None
-    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
-        if getattr(obj.device, "type", "cpu") != "cpu":
-            raise ValueError(f"kvtier: expected a CPU tensor, got one on {obj.device}")
-        if not obj.is_contiguous():
-            if writable:
-                raise ValueError("kvtier: target tensor is not contiguous")
-            obj = obj.contiguous()
-        nbytes = obj.numel() * obj.element_size()
-        return (obj.data_ptr(), nbytes), nbytes, obj
-    return obj, memoryview(obj).nbytes, obj
