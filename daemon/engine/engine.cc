@@ -116,12 +116,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   return engine;
 }
 
-void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
-  MutexLock lock(namespaces_mu_);
-  namespaces_[ns] = layout;
-  kept_namespaces_.insert(ns);
-}
-
 size_t Engine::ShardIndex(const BlockKey& key) const { return std::hash<BlockKey>{}(key) % shards_.size(); }
 
 BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndex(key)]; }
@@ -297,7 +291,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
   std::vector<uint32_t> layer_counts(keys.size());
   size_t expected_layers = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    layer_counts[i] = LayoutOf(ns, sizes[i]).layer_count;
+    layer_counts[i] = namespaces_.LayoutOf(ns, sizes[i]).layer_count;
     expected_layers += SentLayers(layer_counts[i]);
   }
   const bool layers_sent = !layer_checksums.empty() && layer_checksums.size() == expected_layers;
@@ -440,7 +434,7 @@ void Engine::CloseConnection(ConnectionId connection) {
     shard.DropReservations(connection);
     for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
   }
-  if (ReleaseNamespaces(connection)) ForgetUnusedNamespaces();
+  if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }
 
