@@ -62,6 +62,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "common/mutex.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
@@ -372,6 +373,11 @@ class Engine {
   BlockTier& host_tier();
 
   void VisitCounters(CounterVisitor& v) const;
+  // Adds what is wrong to `out`: each tier's own report (BlockTier::
+  // CheckHealth), top first, each tier below followed by its admission's
+  // (TierAdmission::CheckHealth), then the engine's warnings of failed
+  // promotions and demotions (engine_counters.cc).
+  void CheckHealth(HealthFindings& out) const;
 
  private:
   void VisitTierFamilies(CounterVisitor& v) const;

@@ -176,6 +176,8 @@ BlockTier::WriteTotals HostBlockTier::write_totals() const {
   return WriteTotals{written_bytes_.load(std::memory_order_relaxed), 0};
 }
 
+void HostBlockTier::CheckHealth(HealthFindings& out) const { engine_.host_.CheckHealth(out); }
+
 void HostBlockTier::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
   v.Visit("host.tier_writes", load(writes_));
