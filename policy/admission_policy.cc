@@ -146,6 +146,15 @@ class DwpdPolicy final : public AdmissionPolicy {
     v.VisitGauge(p + ".projected_life_days", static_cast<int64_t>(dwpd_.projected_life_years(now_us) * 365.0));
   }
 
+  // The budget's refusals: the drive's write budget, not the blocks, kept
+  // them off NVMe.
+  void CheckHealth(std::string_view prefix, HealthFindings& out) const override {
+    const int64_t refused = decisions(AdmissionOutcome::kNoBudget);
+    if (refused == 0) return;
+    out.AddWarning("the DWPD budget refused " + std::to_string(refused) + " writes to NVMe (" + std::string(prefix) +
+                   ".rejected_no_budget)");
+  }
+
   std::string_view name() const override { return "dwpd"; }
 
  private:

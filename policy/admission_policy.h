@@ -29,6 +29,7 @@
 #include <string_view>
 
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "kvtier/result.h"
 #include "policy/dwpd_budget.h"
 
@@ -100,10 +101,16 @@ class AdmissionPolicy {
   // Counters under `prefix` (e.g. "nvme.admission"): decisions by outcome
   // and, for dwpd, the budget's state.
   virtual void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const;
+  // Adds what an operator should know of the policy's decisions to `out`,
+  // naming its counters under `prefix`: for dwpd, a warning once its
+  // budget refused a write. The others add nothing.
+  virtual void CheckHealth(std::string_view prefix, HealthFindings& out) const {}
   virtual std::string_view name() const = 0;
 
  protected:
   void Count(AdmissionOutcome o, uint64_t bytes);
+  // The decisions counted with outcome `o` so far.
+  int64_t decisions(AdmissionOutcome o) const { return decisions_[static_cast<size_t>(o)]; }
   // Force's budget: whether `bytes` can be paid now (and are taken).
   virtual bool TakeForced(uint64_t bytes, uint64_t now_us) { return true; }
 

@@ -59,6 +59,7 @@ class ForwardingTier : public BlockTier {
   ReclaimShares* reclaim_shares() override { return inner_.reclaim_shares(); }
   const NamespaceSums* namespace_sums() const override { return inner_.namespace_sums(); }
   void VisitCounters(CounterVisitor& visitor) const override { inner_.VisitCounters(visitor); }
+  void CheckHealth(HealthFindings& out) const override { inner_.CheckHealth(out); }
 
  private:
   BlockTier& inner_;

@@ -39,6 +39,7 @@
 
 #include "common/checksum.h"
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/result.h"
@@ -189,6 +190,11 @@ class BlockTier {
 
   // <name>.* counters.
   virtual void VisitCounters(CounterVisitor& visitor) const = 0;
+  // Adds what is wrong with the tier to `out` (common/health_findings.h):
+  // problems (it is failing: the daemon is not healthy) and warnings.
+  // Any thread; its own lock at most, briefly, no I/O. A tier with
+  // nothing to report keeps this default, which adds nothing.
+  virtual void CheckHealth(HealthFindings& out) const {}
 };
 
 // Probes: for a tier whose contents change behind its back (the remote

@@ -128,12 +128,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   return engine;
 }
 
-void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
-  MutexLock lock(namespaces_mu_);
-  namespaces_[ns] = layout;
-  kept_namespaces_.insert(ns);
-}
-
 BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndexOf(key, shards_.size())]; }
 
 void Engine::IoStarted() {
@@ -307,7 +301,7 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
   std::vector<uint32_t> layer_counts(keys.size());
   size_t expected_layers = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    layer_counts[i] = LayoutOf(ns, sizes[i]).layer_count;
+    layer_counts[i] = namespaces_.LayoutOf(ns, sizes[i]).layer_count;
     expected_layers += SentLayers(layer_counts[i]);
   }
   const bool layers_sent = !layer_checksums.empty() && layer_checksums.size() == expected_layers;
@@ -450,7 +444,7 @@ void Engine::CloseConnection(ConnectionId connection) {
     shard.DropReservations(connection);
     for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
   }
-  if (ReleaseNamespaces(connection)) ForgetUnusedNamespaces();
+  if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }
 

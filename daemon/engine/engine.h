@@ -63,12 +63,14 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "common/mutex.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
+#include "daemon/engine/namespace_registry.h"
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/engine_counters.h"
@@ -110,17 +112,14 @@ class Engine {
                                                 const Clock& clock, BlockTier* below = nullptr);
   ~Engine();  // waits for promotions and demotions in flight
 
-  // Records the layer split of `ns`'s blocks so a demoted block keeps its
-  // layers addressable (a block of another size is stored as one layer).
+  // Namespaces: registered, used by connections and forgotten as
+  // NamespaceRegistry (namespace_registry.h) says. The layer split of a
+  // namespace's blocks keeps a demoted block's layers addressable (a block
+  // of another size is stored as one layer). RegisterNamespace keeps `ns`
+  // until the engine ends; UseNamespaces (a client's Hello) marks them
+  // used by `connection` until CloseConnection.
   void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout);
-  // The same, remembering what `ns` is (for `kvtier ls` and dropping a
-  // model revision). Kept until the engine ends.
   void RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor);
-  // What a client's Hello calls: registers `namespaces[i]` as
-  // `descriptors[i]` and marks them used by `connection` until
-  // CloseConnection. A namespace no connection uses and no tier holds a
-  // block of is forgotten (its layout and descriptor dropped) by
-  // ForgetUnusedNamespaces; one registered by RegisterNamespace never is.
   void UseNamespaces(ConnectionId connection, std::span<const NamespaceFingerprint> namespaces,
                      std::span<const NamespaceDescriptor> descriptors);
   // Forgets every namespace that no connection uses, that has no block in
@@ -377,6 +376,11 @@ class Engine {
   BlockTier& host_tier();
 
   void VisitCounters(CounterVisitor& v) const;
+  // Adds what is wrong to `out`: each tier's own report (BlockTier::
+  // CheckHealth), top first, each tier below followed by its admission's
+  // (TierAdmission::CheckHealth), then the engine's warnings of failed
+  // promotions and demotions (engine_counters.cc).
+  void CheckHealth(HealthFindings& out) const;
 
  private:
   void VisitTierFamilies(CounterVisitor& v) const;
@@ -460,8 +464,6 @@ class Engine {
   void FinishDemotion(const BlockKey& key, const Status& written);
   // Whether `key`'s demotion in flight was erased (false for none).
   bool DemotionErased(const BlockKey& key);
-  // The layer split of a block of `size` bytes in namespace `ns`.
-  NamespaceLayout LayoutOf(const NamespaceFingerprint& ns, uint64_t size);
   // Writes an evicted host block to tier `level`; its bytes are copied
   // before this returns, so the caller may free the extent right after.
   void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
@@ -541,24 +543,8 @@ class Engine {
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
-  mutable Mutex namespaces_mu_;
-  std::unordered_map<NamespaceFingerprint, NamespaceLayout> namespaces_ GUARDED_BY(namespaces_mu_);
-  std::unordered_map<NamespaceFingerprint, NamespaceDescriptor> descriptors_ GUARDED_BY(namespaces_mu_);
-  // Reference tracking (engine_namespaces.cc), guarded by namespaces_mu_:
-  // the namespaces each connection's Hello registered, how many
-  // connections use each, those RegisterNamespace keeps for good, and
-  // those no connection uses any more (forgotten once they hold no block).
-  // After a sweep, unused_namespaces_ holds only namespaces with blocks;
-  // the next sweep runs when it doubles (plus kUnusedNamespacesSweep).
-  static constexpr size_t kUnusedNamespacesSweep = 64;
-  std::unordered_map<ConnectionId, std::vector<NamespaceFingerprint>> connection_namespaces_ GUARDED_BY(namespaces_mu_);
-  std::unordered_map<NamespaceFingerprint, uint32_t> namespace_users_ GUARDED_BY(namespaces_mu_);
-  std::unordered_set<NamespaceFingerprint> kept_namespaces_ GUARDED_BY(namespaces_mu_);
-  std::unordered_set<NamespaceFingerprint> unused_namespaces_ GUARDED_BY(namespaces_mu_);
-  size_t unused_after_sweep_ GUARDED_BY(namespaces_mu_) = 0;
-  // Ends `connection`'s use of its namespaces (CloseConnection); true when
-  // enough unused ones built up that a sweep is due.
-  bool ReleaseNamespaces(ConnectionId connection);
+  // Registered namespaces, their layouts and users (namespace_registry.h).
+  NamespaceRegistry namespaces_;
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
   Mutex io_mu_;

@@ -1,6 +1,10 @@
 // Engine counters: the events counted as they happen (Engine::Counters)
 // and the gauges computed from the shards, then every component below the
-// engine (host tier, movers, each tier and its admission).
+// engine (host tier, movers, each tier and its admission); and the
+// health the stack and the engine report (Engine::CheckHealth).
+#include <string>
+#include <utility>
+
 #include "daemon/engine/engine.h"
 #include "daemon/engine/block_index.h"
 #include "daemon/engine/host_block_tier.h"
@@ -188,6 +192,20 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     b->admission->VisitCounters(v);
   }
   VisitNamespaceUse(v);
+}
+
+void Engine::CheckHealth(HealthFindings& out) const {
+  if (above_ != nullptr) above_->source.tier->CheckHealth(out);
+  host_block_tier_->CheckHealth(out);
+  for (const auto& b : below_) {
+    b->tier->CheckHealth(out);
+    b->admission->CheckHealth(out);
+  }
+  const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
+  for (const auto& [name, failures] : {std::pair{"engine.promotion_failures", load(counters_.promotion_failures)},
+                                       std::pair{"engine.demotion_failures", load(counters_.demotion_failures)}}) {
+    if (failures != 0) out.AddWarning(std::string(name) + " = " + std::to_string(failures) + " (see the log)");
+  }
 }
 
 }  // namespace kvtier

@@ -81,15 +81,11 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
                            std::to_string(kMaxLoadBlocks));
   }
-  NamespaceLayout layout;
-  {
-    MutexLock lock(namespaces_mu_);
-    auto it = namespaces_.find(ns);
-    if (it == namespaces_.end() || it->second.block_bytes == 0 || it->second.layer_count == 0) {
-      return InvalidArgument("the namespace has no registered block layout to load layer by layer");
-    }
-    layout = it->second;
+  const std::optional<NamespaceLayout> registered = namespaces_.Layout(ns);
+  if (!registered || registered->block_bytes == 0 || registered->layer_count == 0) {
+    return InvalidArgument("the namespace has no registered block layout to load layer by layer");
   }
+  const NamespaceLayout layout = *registered;
   auto load = std::make_shared<LoadRecord>();
   load->connection = connection;
   load->layers = layout.layer_count;

@@ -3,82 +3,41 @@
 // (`kvtier drop`).
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <unordered_set>
 
 #include "daemon/engine/engine.h"
-#include "common/check.h"
 #include "common/utf8.h"
 #include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
 
+void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceLayout& layout) {
+  namespaces_.Keep(ns, layout);
+}
+
 void Engine::RegisterNamespace(const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor) {
-  RegisterNamespace(ns, NamespaceLayout{descriptor.layer_count, descriptor.BlockBytes()});
-  MutexLock lock(namespaces_mu_);
-  descriptors_.insert_or_assign(ns, descriptor);
+  namespaces_.Keep(ns, descriptor);
 }
 
 void Engine::UseNamespaces(ConnectionId connection, std::span<const NamespaceFingerprint> namespaces,
                            std::span<const NamespaceDescriptor> descriptors) {
-  KVTIER_CHECK(namespaces.size() == descriptors.size(), "one descriptor per namespace");
-  MutexLock lock(namespaces_mu_);
-  auto& used = connection_namespaces_[connection];
-  for (size_t i = 0; i < namespaces.size(); ++i) {
-    const NamespaceFingerprint& ns = namespaces[i];
-    namespaces_[ns] = NamespaceLayout{descriptors[i].layer_count, descriptors[i].BlockBytes()};
-    descriptors_.insert_or_assign(ns, descriptors[i]);
-    if (std::find(used.begin(), used.end(), ns) != used.end()) continue;  // listed twice in one Hello: one use
-    used.push_back(ns);
-    ++namespace_users_[ns];
-    unused_namespaces_.erase(ns);
-  }
-}
-
-bool Engine::ReleaseNamespaces(ConnectionId connection) {
-  MutexLock lock(namespaces_mu_);
-  auto node = connection_namespaces_.extract(connection);
-  if (node.empty()) return false;
-  for (const NamespaceFingerprint& ns : node.mapped()) {
-    auto it = namespace_users_.find(ns);
-    if (it == namespace_users_.end() || --it->second > 0) continue;
-    namespace_users_.erase(it);
-    if (kept_namespaces_.count(ns) == 0) unused_namespaces_.insert(ns);
-  }
-  return unused_namespaces_.size() >= 2 * unused_after_sweep_ + kUnusedNamespacesSweep;
+  namespaces_.Use(connection, namespaces, descriptors);
 }
 
 size_t Engine::ForgetUnusedNamespaces() {
-  {
-    MutexLock lock(namespaces_mu_);
-    if (unused_namespaces_.empty()) return 0;
-  }
-  // Which namespaces hold blocks, gathered without namespaces_mu_ (the
-  // tiers take their own locks). A namespace no connection uses gains no
-  // block meanwhile: nothing can commit into it.
+  if (!namespaces_.HasUnused()) return 0;
+  // Which namespaces hold blocks, gathered without the registry's lock
+  // (the tiers take their own locks). A namespace no connection uses
+  // gains no block meanwhile: nothing can commit into it.
   std::unordered_set<NamespaceFingerprint> with_blocks;
   for (const BlockTier* t : StackTop()) {
     VisitNamespaceBytes(*t, [&](const NamespaceFingerprint& ns, uint64_t) { with_blocks.insert(ns); });
   }
-  MutexLock lock(namespaces_mu_);
-  size_t forgotten = 0;
-  for (auto it = unused_namespaces_.begin(); it != unused_namespaces_.end();) {
-    const NamespaceFingerprint ns = *it;
-    if (with_blocks.count(ns) != 0 || namespace_users_.count(ns) != 0 || kept_namespaces_.count(ns) != 0) {
-      ++it;
-      continue;
-    }
-    namespaces_.erase(ns);
-    descriptors_.erase(ns);
-    it = unused_namespaces_.erase(it);
-    ++forgotten;
-  }
-  unused_after_sweep_ = unused_namespaces_.size();
-  return forgotten;
+  return namespaces_.ForgetUnused(with_blocks);
 }
 
-size_t Engine::RegisteredNamespaces() const {
-  MutexLock lock(namespaces_mu_);
-  return descriptors_.size();
-}
+size_t Engine::RegisteredNamespaces() const { return namespaces_.described(); }
 
 std::vector<const BlockTier*> Engine::StackTop() const {
   std::vector<const BlockTier*> tiers;
@@ -112,10 +71,8 @@ std::vector<Engine::NamespaceUse> Engine::NamespaceUses() const {
       t.bytes += info.payload_bytes;
     });
   }
-  {
-    MutexLock lock(namespaces_mu_);
-    for (const auto& [ns, descriptor] : descriptors_) use_of(ns).descriptor = descriptor;
-  }
+  namespaces_.ForEachDescriptor(
+      [&](const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor) { use_of(ns).descriptor = descriptor; });
   std::vector<NamespaceUse> out;
   out.reserve(uses.size());
   for (auto& [ns, use] : uses) out.push_back(std::move(use));
@@ -159,13 +116,11 @@ void Engine::VisitNamespaceUse(CounterVisitor& v) const {
                    static_cast<int64_t>(row[level]));
     }
   };
-  MutexLock lock(namespaces_mu_);
   for (const auto& [total, ns] : largest) {
     std::string labels = "ns=\"" + ns.ToHex().substr(0, 16) + "\"";
-    if (auto it = descriptors_.find(ns); it != descriptors_.end()) {
-      labels += ",model=\"" + PlainLabelValue(it->second.model_id) + "\",revision=\"" +
-                PlainLabelValue(it->second.model_revision) + "\",adapter=\"" +
-                PlainLabelValue(it->second.adapter_id) + "\"";
+    if (const std::optional<NamespaceDescriptor> d = namespaces_.DescriptorOf(ns)) {
+      labels += ",model=\"" + PlainLabelValue(d->model_id) + "\",revision=\"" + PlainLabelValue(d->model_revision) +
+                "\",adapter=\"" + PlainLabelValue(d->adapter_id) + "\"";
     }
     visit(labels, bytes[ns]);
   }
@@ -174,12 +129,7 @@ void Engine::VisitNamespaceUse(CounterVisitor& v) const {
 
 std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view model_id,
                                                             std::string_view model_revision) const {
-  std::vector<NamespaceFingerprint> out;
-  MutexLock lock(namespaces_mu_);
-  for (const auto& [ns, d] : descriptors_) {
-    if (d.model_id == model_id && (model_revision.empty() || d.model_revision == model_revision)) out.push_back(ns);
-  }
-  return out;
+  return namespaces_.OfModel(model_id, model_revision);
 }
 
 std::vector<Engine::TierUse> Engine::DropNamespace(const NamespaceFingerprint& ns) {

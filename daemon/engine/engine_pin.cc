@@ -25,7 +25,7 @@ PinGrant Engine::PinLocked(BlockIndex& shard, ConnectionId connection, const Blo
   Bump(counters_.host_pinned_bytes, static_cast<int64_t>(entry.size));
   PinGrant grant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum, 0, 0, {}};
   if (with_layers) {
-    const uint32_t layers = LayoutOf(entry.ns, entry.size).layer_count;
+    const uint32_t layers = namespaces_.LayoutOf(entry.ns, entry.size).layer_count;
     grant.layer_checksums = LayerChecksumsOf(entry, layers, 0, layers);
   }
   return grant;
@@ -38,13 +38,6 @@ std::vector<uint64_t> Engine::LayerChecksumsOf(const BlockEntry& entry, uint32_t
   // none here only for a layout registered after the block was committed.
   if (entry.layer_checksums.size() != layer_count || first >= last || last > layer_count) return {};
   return std::vector<uint64_t>(entry.layer_checksums.begin() + first, entry.layer_checksums.begin() + last);
-}
-
-NamespaceLayout Engine::LayoutOf(const NamespaceFingerprint& ns, uint64_t size) {
-  MutexLock lock(namespaces_mu_);
-  auto it = namespaces_.find(ns);
-  if (it != namespaces_.end() && it->second.block_bytes == size && it->second.layer_count > 0) return it->second;
-  return NamespaceLayout{1, size};
 }
 
 namespace {
@@ -116,7 +109,7 @@ PinClaims Engine::ClaimPins(const std::shared_ptr<PinBatch>& batch, const Namesp
         batch->grants[i] = PinLocked(shard, connection, key, now, batch->with_layers);
         continue;
       }
-      const NamespaceLayout layout = LayoutOf(ns, it->second.size);
+      const NamespaceLayout layout = namespaces_.LayoutOf(ns, it->second.size);
       if (Status s = CheckSpan(layers, layout.layer_count, key); !s.ok()) {
         batch->grants[i].status = s;
         continue;

@@ -150,7 +150,7 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
         size = it->second.size;
       }
     }
-    const uint32_t layers = size == 0 ? 1 : LayoutOf(ns, size).layer_count;
+    const uint32_t layers = size == 0 ? 1 : namespaces_.LayoutOf(ns, size).layer_count;
     if (layers <= 1 || layer_checksums.size() != layers) layer_checksums.clear();
   }
   std::vector<PromotionWaiter> waiters;
@@ -231,7 +231,7 @@ void Engine::EndTransient(uint64_t bytes) {
 void Engine::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
                     uint64_t size, uint64_t checksum) {
   // A whole block keeps its layer split; any other size is one layer.
-  const uint32_t layers = LayoutOf(ns, size).layer_count;
+  const uint32_t layers = namespaces_.LayoutOf(ns, size).layer_count;
   IoStarted();
   WriteToTier(level, ns, key, layers, host_.Bytes(extent).first(size), checksum, [this, key](Status written) {
     if (written.ok()) Bump(counters_.demotions);

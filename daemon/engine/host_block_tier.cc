@@ -24,7 +24,7 @@ std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) con
     size = it->second.size;
     checksum = it->second.checksum;
   }
-  return BlockInfo{ns, size, engine_.LayoutOf(ns, size).layer_count, checksum};
+  return BlockInfo{ns, size, engine_.namespaces_.LayoutOf(ns, size).layer_count, checksum};
 }
 
 void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
@@ -39,7 +39,7 @@ void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
     }
     // The layer split as Find gives it, with no shard lock held.
     for (auto& [key, info] : blocks) {
-      info.layer_count = engine_.LayoutOf(info.ns, info.payload_bytes).layer_count;
+      info.layer_count = engine_.namespaces_.LayoutOf(info.ns, info.payload_bytes).layer_count;
       visit(key, info);
     }
   }
@@ -50,7 +50,7 @@ Status HostBlockTier::Write(const NamespaceFingerprint& ns, const BlockKey& key,
                             std::optional<uint64_t> payload_checksum) {
   const uint64_t size = payload.size();
   if (size == 0) return InvalidArgument("host tier: an empty block");
-  const uint32_t layers = engine_.LayoutOf(ns, size).layer_count;
+  const uint32_t layers = engine_.namespaces_.LayoutOf(ns, size).layer_count;
   if (layer_count != layers) {
     return InvalidArgument("host tier: block " + key.ToHex() + " of " + std::to_string(size) + " bytes has " +
                            std::to_string(layers) + " layers in its namespace's layout, not " +
@@ -111,7 +111,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
     if (it == shard.index.end() || !it->second.cached()) {
       return NotFound("host tier: block " + key.ToHex() + " is not cached");
     }
-    const uint32_t layers = engine_.LayoutOf(it->second.ns, it->second.size).layer_count;
+    const uint32_t layers = engine_.namespaces_.LayoutOf(it->second.ns, it->second.size).layer_count;
     if (first_layer >= last_layer || last_layer > layers) {
       return InvalidArgument("host tier: layers [" + std::to_string(first_layer) + ", " +
                              std::to_string(last_layer) + ") are not within the " + std::to_string(layers) +
@@ -175,6 +175,8 @@ Status HostBlockTier::Erase(const BlockKey& key) {
 BlockTier::WriteTotals HostBlockTier::write_totals() const {
   return WriteTotals{written_bytes_.load(std::memory_order_relaxed), 0};
 }
+
+void HostBlockTier::CheckHealth(HealthFindings& out) const { engine_.host_.CheckHealth(out); }
 
 void HostBlockTier::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };

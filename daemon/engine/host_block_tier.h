@@ -56,6 +56,8 @@ class HostBlockTier final : public BlockTier {
   // host.tier_* : writes, reads, read bytes, corrupt reads, erases through
   // this interface.
   void VisitCounters(CounterVisitor& visitor) const override;
+  // The host tier's own (HostTier::CheckHealth: its arena).
+  void CheckHealth(HealthFindings& out) const override;
 
  private:
   // Read and ReadWithLayerChecksums (`done` gets the layers' checksums).

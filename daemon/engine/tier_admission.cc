@@ -51,4 +51,9 @@ void TierAdmission::VisitCounters(CounterVisitor& v) const {
   policy_->VisitCounters(std::string(tier_.name()) + ".admission", v, clock_.NowUs());
 }
 
+void TierAdmission::CheckHealth(HealthFindings& out) const {
+  MutexLock lock(mu_);
+  policy_->CheckHealth(std::string(tier_.name()) + ".admission", out);
+}
+
 }  // namespace kvtier

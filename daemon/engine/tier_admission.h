@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "common/mutex.h"
 #include "daemon/engine/lineage.h"
 #include "kvtier/result.h"
@@ -59,6 +60,9 @@ class TierAdmission {
   bool Force(uint64_t payload_bytes);
   // <tier name>.admission.*: the policy's counters.
   void VisitCounters(CounterVisitor& v) const;
+  // The policy's health (AdmissionPolicy::CheckHealth) under the same
+  // names: a DWPD budget's refusals are a warning.
+  void CheckHealth(HealthFindings& out) const;
 
  private:
   TierAdmission(std::unique_ptr<AdmissionPolicy> policy, const BlockTier& tier, const Clock& clock);

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "common/health_findings.h"
 #include "daemon/server/request_handler.h"
 #include "daemon/server/response_status.h"
 #include "proto/wire.h"
@@ -135,43 +136,14 @@ void RequestHandler::HandleConfig(v1::Response& response) {
 namespace {
 
 // Healthy unless a tier is failing; the warnings are what an operator
-// should look at before it becomes a problem. Read from the one counter
-// registry, as the metrics are. Adds `engine`'s problems and warnings to
-// `body`, each line prefixed with `whose`.
-void CheckHealth(Engine& engine, const std::string& whose, v1::HealthResponse& out) {
-  CounterCollector collected;
-  engine.VisitCounters(collected);
-  std::map<std::string, int64_t, std::less<>> c(collected.counters().begin(), collected.counters().end());
-  auto at = [&c](std::string_view name) {
-    auto it = c.find(name);
-    return it == c.end() ? int64_t{0} : it->second;
-  };
-  v1::HealthResponse* body = &out;
-  auto problem = [body, &whose](std::string line) { body->add_problems(whose + line); };
-  auto warning = [body, &whose](std::string line) { body->add_warnings(whose + line); };
-  const auto tiers = engine.TierNames();
-  const bool nvme = std::find(tiers.begin(), tiers.end(), "nvme") != tiers.end();
-  if (nvme && at("nvme.full") != 0) {
-    problem("the nvme tier is full: its file system has no room (nvme.enospc " + std::to_string(at("nvme.enospc")) +
-            "); the host tier keeps serving, nothing more is written to NVMe until space is freed");
-  }
-  if (nvme && at("nvme.index_failures") != 0) {
-    problem("the nvme tier's index failed " + std::to_string(at("nvme.index_failures")) +
-            " writes: blocks written since may not survive a restart (see the log)");
-  }
-  if (nvme && at("nvme.device.errors") != 0) {
-    warning("the nvme device reported " + std::to_string(at("nvme.device.errors")) + " I/O errors");
-  }
-  if (at("host.arena.locked") == 0) {
-    warning("the host arena is not locked in memory (RLIMIT_MEMLOCK): the kernel may swap it");
-  }
-  if (nvme && at("nvme.admission.rejected_no_budget") != 0) {
-    warning("the DWPD budget refused " + std::to_string(at("nvme.admission.rejected_no_budget")) +
-            " writes to NVMe (nvme.admission.rejected_no_budget)");
-  }
-  for (const char* name : {"engine.promotion_failures", "engine.demotion_failures"}) {
-    if (at(name) != 0) warning(std::string(name) + " = " + std::to_string(at(name)) + " (see the log)");
-  }
+// should look at before it becomes a problem. Each tier of `engine`'s
+// stack and the engine itself say what is wrong (Engine::CheckHealth);
+// each line goes to `out` prefixed with `whose`.
+void CheckHealth(const Engine& engine, const std::string& whose, v1::HealthResponse& out) {
+  HealthFindings report;
+  engine.CheckHealth(report);
+  for (const std::string& line : report.problems) out.add_problems(whose + line);
+  for (const std::string& line : report.warnings) out.add_warnings(whose + line);
 }
 
 }  // namespace

@@ -105,7 +105,8 @@ class SharedTier {
 };
 
 // A ForwardingTier over the shared tier: kind, name, asynchronous,
-// StoredBytes and keeps_layer_checksums are the tier's. Of the tier's
+// StoredBytes and keeps_layer_checksums are the tier's, and so is its
+// health (CheckHealth: each tenant hears that the tier it shares fails). Of the tier's
 // capabilities it keeps probes, in-place holds, reclaim hooks and namespace
 // sums, each scoped to the tenant as above (answered only where the tier
 // has them); it never has ReclaimShares, whatever the tier: shares change

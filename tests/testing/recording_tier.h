@@ -2,7 +2,8 @@
 // MeasuredTier, TenantTier) that records which of its methods ran and has
 // the optional capabilities (tiers/tier.h) it is given. It stores nothing:
 // Find misses, Write and Read complete at once (inline, unlike a real
-// tier), and its kept namespace sums are one namespace of 42 bytes.
+// tier), its kept namespace sums are one namespace of 42 bytes, and its
+// health report (when given one) is kRecordingProblem and kRecordingWarning.
 // Not thread-safe. CapabilitiesOf and CallEverything (below) ask and call
 // through any tier.
 #pragma once
@@ -15,21 +16,29 @@
 #include <gtest/gtest.h>
 
 #include "common/counters.h"
+#include "common/health_findings.h"
 
 #include "tiers/tier.h"
 
 namespace kvtier::testing {
 
-// Which optional capabilities a RecordingTier has.
+// Which optional capabilities a RecordingTier has, and whether its
+// CheckHealth reports anything (a wrapper must pass that on too, and never
+// report what the tier does not).
 struct Capabilities {
   bool prober = false;
   bool in_place_holds = false;
   bool reclaim_hooks = false;
   bool reclaim_shares = false;
   bool namespace_sums = false;
+  bool health = false;
 };
 
-constexpr Capabilities kEveryCapability{true, true, true, true, true};
+constexpr Capabilities kEveryCapability{true, true, true, true, true, true};
+
+// What a RecordingTier with `health` reports.
+inline constexpr char kRecordingProblem[] = "the recording tier is failing";
+inline constexpr char kRecordingWarning[] = "the recording tier wants a look";
 
 // Expects `got` to be `want`, capability by capability; `what` names the case.
 inline void ExpectSameCapabilities(const Capabilities& got, const Capabilities& want, const std::string& what) {
@@ -38,6 +47,7 @@ inline void ExpectSameCapabilities(const Capabilities& got, const Capabilities& 
   EXPECT_EQ(got.reclaim_hooks, want.reclaim_hooks) << what << ": reclaim_hooks";
   EXPECT_EQ(got.reclaim_shares, want.reclaim_shares) << what << ": reclaim_shares";
   EXPECT_EQ(got.namespace_sums, want.namespace_sums) << what << ": namespace_sums";
+  EXPECT_EQ(got.health, want.health) << what << ": health";
 }
 
 // Records which of its methods ran; has the capabilities it is given.
@@ -82,6 +92,12 @@ class RecordingTier final : public BlockTier,
   Status Erase(const BlockKey&) override { return Record("Erase"), Status::Ok(); }
   WriteTotals write_totals() const override { return Record("write_totals"), WriteTotals{5, 6}; }
   void VisitCounters(CounterVisitor&) const override { Record("VisitCounters"); }
+  void CheckHealth(HealthFindings& out) const override {
+    Record("CheckHealth");
+    if (!has_.health) return;
+    out.AddProblem(kRecordingProblem);
+    out.AddWarning(kRecordingWarning);
+  }
 
   Prober* prober() override { return has_.prober ? this : nullptr; }
   InPlaceHolds* in_place_holds() override { return has_.in_place_holds ? this : nullptr; }
@@ -109,10 +125,14 @@ class RecordingTier final : public BlockTier,
   const Capabilities has_;
 };
 
-// What `tier` answers for each capability: whether it has it.
+// What `tier` answers for each capability: whether it has it; and
+// whether its health report has any line.
 inline Capabilities CapabilitiesOf(BlockTier& tier) {
-  return Capabilities{tier.prober() != nullptr, tier.in_place_holds() != nullptr, tier.reclaim_hooks() != nullptr,
-                      tier.reclaim_shares() != nullptr, tier.namespace_sums() != nullptr};
+  HealthFindings health;
+  tier.CheckHealth(health);
+  return Capabilities{tier.prober() != nullptr,         tier.in_place_holds() != nullptr,
+                      tier.reclaim_hooks() != nullptr,  tier.reclaim_shares() != nullptr,
+                      tier.namespace_sums() != nullptr, !health.problems.empty() || !health.warnings.empty()};
 }
 
 // Calls every core method and every capability `tier` has once through it.
@@ -136,6 +156,8 @@ inline void CallEverything(BlockTier& tier) {
   (void)tier.write_totals();
   CounterCollector counters;
   tier.VisitCounters(counters);
+  HealthFindings health;
+  tier.CheckHealth(health);
   if (Prober* prober = tier.prober()) prober->Probe(ns, std::span(&key, 1));
   if (InPlaceHolds* holds = tier.in_place_holds()) {
     (void)holds->HoldInPlace(key);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace kvtier {
 namespace {
@@ -271,6 +272,35 @@ TEST(AdmissionPolicyTest, RateForceDrawsOnTheSameBucket) {
   EXPECT_EQ(c["nvme.admission.forced"], 3);
   EXPECT_EQ(c["nvme.admission.forced_refused"], 1);
   EXPECT_EQ(c["nvme.admission.admitted_bytes"], int64_t(11 * kMiB));
+}
+
+// The DWPD budget's refusals are a warning (`kvtier health`), named by the
+// counter under the prefix it is given; a rate cap refusing writes is
+// doing its job, and the other policies refuse for the block's class.
+TEST(AdmissionPolicyTest, OnlyTheDwpdBudgetsRefusalsAreAWarning) {
+  auto dwpd = Dwpd(Drive(16 * kMiB));
+  HealthFindings fresh;
+  dwpd->CheckHealth("nvme.admission", fresh);
+  EXPECT_TRUE(fresh.warnings.empty());
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(dwpd->Decide(Candidate(C::kShared), 0), O::kAdmitted) << i;
+  ASSERT_EQ(dwpd->Decide(Candidate(C::kShared), 0), O::kNoBudget);
+  ASSERT_EQ(dwpd->Decide(Candidate(C::kShared), 0), O::kNoBudget);
+  HealthFindings refused;
+  dwpd->CheckHealth("nvme.admission", refused);
+  EXPECT_TRUE(refused.problems.empty());
+  EXPECT_EQ(refused.warnings,
+            std::vector<std::string>{"the DWPD budget refused 2 writes to NVMe (nvme.admission.rejected_no_budget)"});
+
+  auto rate = Rate(kMiB);
+  ASSERT_EQ(rate->Decide(Candidate(C::kShared), 0), O::kAdmitted);
+  ASSERT_EQ(rate->Decide(Candidate(C::kShared), 0), O::kNoBudget);
+  auto second_hit = MakeSecondHitPolicy();
+  ASSERT_EQ(second_hit->Decide(Candidate(C::kFirstSighting), 0), O::kFirstSighting);
+  HealthFindings others;
+  rate->CheckHealth("remote.admission", others);
+  second_hit->CheckHealth("nvme.admission", others);
+  EXPECT_TRUE(others.problems.empty());
+  EXPECT_TRUE(others.warnings.empty());
 }
 
 }  // namespace

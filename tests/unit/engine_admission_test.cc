@@ -1,11 +1,13 @@
 // The engine's NVMe admission: second_hit drops blocks never read, dwpd
-// stops demotions when its budget is spent and resumes as it refills, a
-// block already on NVMe costs nothing, the budget sees the device's bytes,
-// and bad policy options fail Engine::Create. Also DwpdFromConfig.
+// stops demotions when its budget is spent (a warning in the engine's
+// health) and resumes as it refills, a block already on NVMe costs
+// nothing, the budget sees the device's bytes, and bad policy options fail
+// Engine::Create. Also DwpdFromConfig.
 #include <gtest/gtest.h>
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -280,6 +282,22 @@ TEST_F(EngineAdmissionTest, DwpdStopsDemotionsWhenTheBudgetIsSpentAndResumesAsIt
   EXPECT_EQ(c["engine.demotions"], 4);
   EXPECT_EQ(c["nvme.admission.written_today_bytes"], int64_t(3 * kRecordBytes));
   EXPECT_TRUE(nvme_->Find(Key(8)));
+}
+
+// The budget's refusals reach `kvtier health` through the engine: each
+// tier below is followed by its admission's findings.
+TEST_F(EngineAdmissionTest, TheDwpdBudgetsRefusalsAreAWarningInTheEnginesHealth) {
+  ASSERT_TRUE(Open("dwpd", TinyBudget()).ok());
+  for (uint64_t i = 0; i < 8; ++i) Put(i);
+  for (uint64_t i = 0; i < 8; ++i) Use(i);
+  for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 0..7, all read once: 3 fit the budget
+  engine_->WaitForIdle();
+  HealthFindings health;
+  engine_->CheckHealth(health);
+  EXPECT_TRUE(health.problems.empty());
+  const std::string refused = "the DWPD budget refused 5 writes to NVMe (nvme.admission.rejected_no_budget)";
+  EXPECT_NE(std::find(health.warnings.begin(), health.warnings.end(), refused), health.warnings.end())
+      << ::testing::PrintToString(health.warnings);
 }
 
 TEST_F(EngineAdmissionTest, ABlockAlreadyOnNvmeCostsNoBudget) {

@@ -28,7 +28,7 @@ const std::set<std::string> kEveryMethod = {
     "kind", "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe",
     "Write", "Read", "keeps_layer_checksums", "ReadWithLayerChecksums", "ForEachBlock", "ForEachNamespaceBytes",
     "Erase", "write_totals", "SetNeededHint", "SetEvictionSink", "SetShares", "shareable_bytes", "HoldInPlace",
-    "ReleaseInPlace", "VisitCounters"};
+    "ReleaseInPlace", "VisitCounters", "CheckHealth"};
 
 TEST(ForwardingTier, EveryMethodReachesTheWrappedTier) {
   RecordingTier inner;
@@ -51,7 +51,7 @@ TEST(ForwardingTier, TheMeasuredTierForwardsWhatItDoesNotMeasure) {
 TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
   const std::vector<Capabilities> cases = {
       {}, kEveryCapability, {.prober = true}, {.in_place_holds = true}, {.reclaim_hooks = true}, {.reclaim_shares = true},
-      {.namespace_sums = true}};
+      {.namespace_sums = true}, {.health = true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     RecordingTier inner(cases[i]);
     ForwardingTier forwarding(inner);

@@ -608,5 +608,35 @@ TEST_F(NvmeTierTest, NoSpaceMarksTheTierFullUntilAProbeSucceeds) {
   EXPECT_EQ(Counter("nvme.enospc"), 1);
 }
 
+// The tier's health (nvme_health.cc): full is a problem while it lasts,
+// and I/O errors its device counted are a warning.
+TEST_F(NvmeTierTest, ItsHealthSaysWhileItIsFullAndOnceItsDeviceFailed) {
+  FaultOptions faults;
+  faults.no_space_rate = 1;
+  Open(faults);
+  HealthFindings fresh;
+  tier_->CheckHealth(fresh);
+  EXPECT_TRUE(fresh.problems.empty());
+  EXPECT_TRUE(fresh.warnings.empty());
+
+  ASSERT_EQ(WriteBlock(1, 8192).code(), StatusCode::kNoSpace);
+  std::vector<std::byte> misaligned(100);
+  ASSERT_FALSE(ReadSync(*memory_, 1, misaligned).ok()) << "the device refuses it, and counts an error";
+  HealthFindings failing;
+  tier_->CheckHealth(failing);
+  EXPECT_EQ(failing.problems,
+            std::vector<std::string>{"the nvme tier is full: its file system has no room (nvme.enospc 1); the host "
+                                     "tier keeps serving, nothing more is written to NVMe until space is freed"});
+  EXPECT_EQ(failing.warnings, std::vector<std::string>{"the nvme device reported 1 I/O errors"});
+
+  faulty_->SetOptions(FaultOptions{});  // space came back
+  clock_.AdvanceUs(2'000'000);
+  ASSERT_TRUE(WriteBlock(2, 8192).ok());
+  HealthFindings recovered;
+  tier_->CheckHealth(recovered);
+  EXPECT_TRUE(recovered.problems.empty()) << "no longer full";
+  EXPECT_EQ(recovered.warnings.size(), 1u) << "the device's errors stay counted";
+}
+
 }  // namespace
 }  // namespace kvtier

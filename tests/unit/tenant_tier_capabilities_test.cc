@@ -1,9 +1,10 @@
 // TenantTier's capabilities (daemon/tenants/tenant_tier.h, tiers/tier.h): a
 // tenant's view of a shared tier has the probes, in-place holds, reclaim
 // hooks and namespace sums of that tier (and none it lacks), scoped to the
-// tenant, and never its protected shares: installing shares changes the
-// tier for every tenant, so only SharedTier does it, and nothing a tenant's
-// view is asked (nor the engine's MeasuredTier around it) reaches them.
+// tenant, and its health report, and never its protected shares:
+// installing shares changes the tier for every tenant, so only SharedTier
+// does it, and nothing a tenant's view is asked (nor the engine's
+// MeasuredTier around it) reaches them.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -30,7 +31,7 @@ TEST(TenantTierCapabilities, AViewHasTheSharedTiersCapabilitiesButNeverItsShares
   const TenantScope scope(kSecret, "team-a");
   const std::vector<Capabilities> cases = {
       {}, kEveryCapability, {.prober = true}, {.in_place_holds = true}, {.reclaim_hooks = true},
-      {.reclaim_shares = true}, {.namespace_sums = true}};
+      {.reclaim_shares = true}, {.namespace_sums = true}, {.health = true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     RecordingTier inner(cases[i]);
     SharedTier shared(inner);

@@ -86,4 +86,8 @@ void HostTier::VisitCounters(CounterVisitor& v) const {
   if (directory_ != nullptr) directory_->VisitCounters(v);
 }
 
+void HostTier::CheckHealth(HealthFindings& out) const {
+  if (!locked()) out.AddWarning("the host arena is not locked in memory (RLIMIT_MEMLOCK): the kernel may swap it");
+}
+
 }  // namespace kvtier

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "common/counters.h"
+#include "common/health_findings.h"
 #include "common/mutex.h"
 #include "kvtier/result.h"
 #include "tiers/host/arena_allocator.h"
@@ -65,6 +66,8 @@ class HostTier {
 
   // host.arena.*, host.alloc.*, then host.directory.* if there is one.
   void VisitCounters(CounterVisitor& v) const;
+  // A warning when the arena is not locked in memory (it may be swapped).
+  void CheckHealth(HealthFindings& out) const;
 
  private:
   HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory);

@@ -173,6 +173,10 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   const BlockDevice& device() const { return *device_; }
   // nvme.* counters, the device's and the staging pool's included.
   void VisitCounters(CounterVisitor& visitor) const override;
+  // Problems: the tier is full (its file system has no room) or its index
+  // failed writes; a warning: the device reported I/O errors
+  // (nvme_health.cc).
+  void CheckHealth(HealthFindings& out) const override;
 
  private:
   struct ReadOp;
