@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <charconv>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
@@ -15,7 +14,7 @@
 namespace kvtier {
 namespace {
 
-constexpr auto kTryAgainPause = std::chrono::milliseconds(10);
+constexpr uint64_t kTryAgainPauseUs = 10'000;
 
 bool StartsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
@@ -38,11 +37,11 @@ struct ClusterClient::Node {
   std::atomic<int64_t> down_until_ns{0};               // steady clock; 0: up
 };
 
-Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOptions& options) {
+Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOptions& options, const Clock& clock) {
   if (options.seeds.empty()) return InvalidArgument("remote tier: no cluster node given (remote.nodes)");
   auto networks = ClusterNetworks::Parse(options.networks);
   if (!networks.ok()) return InvalidArgument("cluster networks: " + networks.status().message());
-  std::unique_ptr<ClusterClient> client(new ClusterClient(options));
+  std::unique_ptr<ClusterClient> client(new ClusterClient(options, clock));
   {
     MutexLock lock(client->networks_mu_);  // no other thread has `client` yet
     client->networks_ = std::move(*networks);
@@ -69,8 +68,8 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOption
   return client;
 }
 
-ClusterClient::ClusterClient(const ClusterOptions& options)
-    : options_(options), default_networks_(options.networks.empty()) {
+ClusterClient::ClusterClient(const ClusterOptions& options, const Clock& clock)
+    : options_(options), clock_(clock), default_networks_(options.networks.empty()) {
   slot_owner_.fill(-1);
 }
 
@@ -463,7 +462,7 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
     }
     if (StartsWith(error, "TRYAGAIN")) {
       try_again_.fetch_add(1, std::memory_order_relaxed);
-      std::this_thread::sleep_for(kTryAgainPause);
+      SleepUntilUs(clock_, clock_.NowUs() + kTryAgainPauseUs);
       last = Unavailable(error);
       continue;
     }
