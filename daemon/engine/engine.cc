@@ -14,7 +14,7 @@
 namespace kvtier {
 namespace {
 
-// Jobs either mover may hold queued at once.
+// Jobs a mover, or the retry scheduler, may hold queued at once.
 constexpr size_t kMoverJobs = 1 << 16;
 
 }  // namespace
@@ -29,6 +29,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       prefetch_share_(options.prefetch_share),
       prefetch_min_blocks_(options.prefetch_min_blocks),
       verify_commits_(options.verify_commits),
+      retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
       demoter_(std::make_unique<Mover>("engine.demoter", 1, options.demotion_buffer_bytes, kMoverJobs)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
@@ -56,6 +57,9 @@ Engine::~Engine() {
     WriterMutexLock lock(sink_gate_->mu);
     sink_gate_->engine = nullptr;
   }
+  // Retries waiting for their time run now (a fake clock may never get
+  // there); any they would schedule fails instead. Then nothing waits.
+  retries_->Stop();
   WaitForIdle();
 }
 

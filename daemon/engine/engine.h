@@ -65,6 +65,7 @@
 #include "common/counters.h"
 #include "common/health_findings.h"
 #include "common/mutex.h"
+#include "common/retry_scheduler.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
@@ -110,7 +111,10 @@ class Engine {
   // with options.admission and options.dwpd.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
                                                 const Clock& clock, BlockTier* below = nullptr);
-  ~Engine();  // waits for promotions and demotions in flight
+  // Waits for promotions and demotions in flight; retries still waiting
+  // for their time run at once (RetryScheduler::Stop), so it returns on a
+  // clock that nobody moves too.
+  ~Engine();
 
   // Namespaces: registered, used by connections and forgotten as
   // NamespaceRegistry (namespace_registry.h) says. The layer split of a
@@ -313,7 +317,8 @@ class Engine {
   Status EndLoad(ConnectionId connection, uint64_t load);
 
   // Blocks until no promotion or demotion is in flight (shutdown: after the
-  // server stopped, before its executors go away).
+  // server stopped, before its executors go away). A retry waiting for its
+  // time counts: on a FakeClock the test moves the clock to it.
   void WaitForIdle();
 
   // Frees every reservation and lease of `connection`, and drops its queued
@@ -407,10 +412,11 @@ class Engine {
                      bool with_layers = false);
   // Reads `key` from the tier it was found in into new arena space, then
   // pins it for its waiters. Runs without locks. A tier out of read
-  // staging (Busy) is tried again on the reader until `deadline`, then the
-  // waiters get Busy; the first overload allows kPromotionBusyWait.
+  // staging (Busy) is tried again a moment later (retries_) until
+  // `deadline_us` on clock_, then the waiters get Busy; the first overload
+  // allows kPromotionBusyWaitUs.
   void Promote(const BlockKey& key, const Located& from);
-  void Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline);
+  void Promote(const BlockKey& key, const Located& from, uint64_t deadline_us);
   // `layer_checksums`: of the layers the tier verified (BlockTier::
   // ReadWithLayerChecksums), recorded when they fit the namespace's
   // layout, else hashed from the landed bytes.
@@ -499,9 +505,25 @@ class Engine {
   std::optional<BlockTier::InPlace> AboveHold(const NamespaceFingerprint& ns, const BlockKey& key);
   // Queues a copy of host block `key` up (once; skipped when the queue is
   // full). CopyUp and EvictAboveOne run on above_io_ only; CopyUp says
-  // whether it started a write (whose completion then ends the offer).
+  // whether the offer goes on: a write started (its completion ends the
+  // offer) or, the tier above being Busy, a retry waits (retries_, until
+  // the deadline on clock_) with the bytes read.
   void OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key);
-  bool CopyUp(const NamespaceFingerprint& ns, const BlockKey& key);
+  // A copy up the tier above refused as Busy: what its retry writes.
+  struct CopyUpRetry {
+    BlockTier::BlockInfo info;
+    std::shared_ptr<const std::vector<std::byte>> bytes;  // null: a first try (read from the host tier)
+    uint64_t deadline_us = 0;
+  };
+  // Queues CopyUp(ns, key, retry) on above_io_ (as I/O in flight); a full
+  // queue ends the offer (counted: an offer dropped, a retry failed).
+  void QueueCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry);
+  bool CopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry);
+  // CopyUp's first step: host block `key` of `ns` into above_->up_buffer,
+  // and `first`'s info and deadline. False when it is above already, or
+  // (counted as a skip) not of `ns`, too big for the tier, gone or
+  // unverified.
+  bool ReadForCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry& first);
   // Makes room above: the least recently used block goes, demoted into the
   // host tier first unless another tier holds it. False: nothing to evict.
   bool EvictAboveOne();
@@ -582,11 +604,15 @@ class Engine {
   // Monotonic event counters (engine_counters.h).
   mutable EngineCounters counters_;
 
+  // Retries of what a busy tier refused (promotions, layer-wise loads'
+  // reads, copies up), each at its time on clock_ (retry_scheduler.h).
+  // Each waiting retry counts as I/O in flight; ~Engine stops it (running
+  // those still waiting at once) before it waits for idle.
+  std::unique_ptr<RetryScheduler> retries_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter
   // writes the demotions a busy tier could not take at once; the reader
-  // retries busy promotions and runs prefetch plans. Request threads only
-  // queue work for them.
+  // runs prefetch plans. Request threads only queue work for them.
   std::unique_ptr<Mover> demoter_;
   std::unique_ptr<Mover> reader_;
   // The host tier's BlockTier face (host_block_tier.h) and the mover its

@@ -6,7 +6,9 @@
 //   (one thread): read from the host tier through its BlockTier face
 //   (verified), room made, written above (the tier stages it; its write
 //   completes on the tier's thread and enters its eviction order). A block that left
-//   the host tier meanwhile is skipped.
+//   the host tier meanwhile is skipped. A write the tier refuses as Busy
+//   is queued on above_io_ again a moment later (the engine's retry
+//   scheduler), with the bytes read, until a deadline.
 // - In place: AboveHold holds a block where it is for a load (the client
 //   copies device to device); a held range outlives an eviction or an
 //   Erase until the load ends (InPlaceHolds::HoldInPlace).
@@ -17,9 +19,7 @@
 //   erased above.
 // The mover's jobs and the writes up count as I/O in flight (WaitForIdle
 // waits for them).
-#include <chrono>
 #include <future>
-#include <thread>
 
 #include "common/logging.h"
 #include "daemon/engine/engine.h"
@@ -30,9 +30,10 @@ namespace kvtier {
 namespace {
 
 // A write the tier above refuses as Busy (staging or copy fences in use)
-// is retried this long, in pauses, before the copy up is given up.
-constexpr auto kBusyWait = std::chrono::seconds(2);
-constexpr auto kBusyPause = std::chrono::milliseconds(1);
+// is retried this long, a pause apart on the engine's clock, before the
+// copy up is given up.
+constexpr uint64_t kBusyWaitUs = 2'000'000;
+constexpr uint64_t kBusyPauseUs = 1'000;
 // Evictions one copy up may cause when the tier answers NoSpace with
 // bytes free (a fragmented pool), before it gives up.
 constexpr int kMaxFragmentedEvictions = 8;
@@ -73,9 +74,14 @@ void Engine::OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key) {
     MutexLock lock(above_->mu);
     if (above_->resident.Contains(key) || !above_->offered.insert(key).second) return;
   }
+  QueueCopyUp(ns, key, CopyUpRetry{});
+}
+
+void Engine::QueueCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry) {
+  const bool retrying = retry.bytes != nullptr;
   IoStarted();
-  const bool queued = above_io_->TrySubmit([this, ns, key] {
-    if (!CopyUp(ns, key)) {  // else the write's completion ends the offer
+  const bool queued = above_io_->TrySubmit([this, ns, key, retry] {
+    if (!CopyUp(ns, key, retry)) {  // else the write's completion, or its retry, ends the offer
       MutexLock lock(above_->mu);
       above_->offered.erase(key);
       above_->cancelled.erase(key);
@@ -83,20 +89,20 @@ void Engine::OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key) {
     IoFinished();
   });
   if (queued) return;
-  Bump(above_->offers_dropped);
+  Bump(retrying ? above_->copy_up_failures : above_->offers_dropped);
   {
     MutexLock lock(above_->mu);
     above_->offered.erase(key);
+    above_->cancelled.erase(key);
   }
   IoFinished();
 }
 
-bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
+bool Engine::ReadForCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry& first) {
   BlockTier& tier = *above_->source.tier;
   if (tier.Find(key).has_value()) return false;  // already there (written by an earlier offer)
   std::optional<BlockTier::BlockInfo> info = host_block_tier_->Find(key);
-  const uint64_t stored = info ? tier.StoredBytes(info->payload_bytes) : 0;
-  if (!info || info->ns != ns || stored > tier.capacity_bytes()) {
+  if (!info || info->ns != ns || tier.StoredBytes(info->payload_bytes) > tier.capacity_bytes()) {
     Bump(above_->copy_up_skips);
     return false;
   }
@@ -109,7 +115,17 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
     Bump(above_->copy_up_skips);
     return false;
   }
-  const auto deadline = std::chrono::steady_clock::now() + kBusyWait;
+  first.info = *info;
+  first.deadline_us = clock_.NowUs() + kBusyWaitUs;
+  return true;
+}
+
+bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry) {
+  if (retry.bytes == nullptr && !ReadForCopyUp(ns, key, retry)) return false;
+  BlockTier& tier = *above_->source.tier;
+  const std::span<const std::byte> bytes = retry.bytes != nullptr ? *retry.bytes : above_->up_buffer;
+  const BlockTier::BlockInfo& info = retry.info;
+  const uint64_t stored = tier.StoredBytes(info.payload_bytes);
   int fragmented = 0;
   for (;;) {
     while (tier.used_bytes() + stored > tier.capacity_bytes()) {
@@ -136,13 +152,23 @@ bool Engine::CopyUp(const NamespaceFingerprint& ns, const BlockKey& key) {
       IoFinished();
     };
     IoStarted();  // the write's: WaitForIdle and ~Engine wait for its completion
-    Status s = tier.Write(ns, key, info->layer_count, buffer, written, info->payload_checksum);
+    Status s = tier.Write(ns, key, info.layer_count, bytes, written, info.payload_checksum);
     if (s.ok()) return true;
     IoFinished();
     if (s.code() == StatusCode::kAlreadyExists) return false;
-    if (s.code() == StatusCode::kBusy && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(kBusyPause);
-      continue;
+    if (s.code() == StatusCode::kBusy && clock_.NowUs() < retry.deadline_us) {
+      // Queued again a moment later with its own copy of the bytes (the
+      // buffer is this thread's, for the next copy up meanwhile).
+      if (retry.bytes == nullptr) {
+        retry.bytes = std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end());
+      }
+      IoStarted();  // the retry's, ended by the job
+      const bool scheduled = retries_->RunAfter(kBusyPauseUs, [this, ns, key, retry] {
+        QueueCopyUp(ns, key, retry);
+        IoFinished();
+      });
+      if (scheduled) return true;
+      IoFinished();
     }
     if (s.code() == StatusCode::kNoSpace && fragmented++ < kMaxFragmentedEvictions && EvictAboveOne()) continue;
     Bump(above_->copy_up_failures);

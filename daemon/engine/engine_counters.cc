@@ -146,6 +146,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   VisitTierFamilies(v);
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);
+  retries_->VisitCounters(v);
   host_io_->VisitCounters(v);
   host_block_tier_->VisitCounters(v);
   // Per tier below: engine.<tier>_read_bytes_per_s (promotion reads, a

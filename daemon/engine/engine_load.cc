@@ -13,8 +13,6 @@
 // pins it for its waiters, the load among them); a failed read fails only
 // its block. The load record turns all this into the board's words.
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "common/load_board.h"
 #include "daemon/engine/engine.h"
@@ -25,9 +23,10 @@ namespace kvtier {
 namespace {
 
 // How long a stream that a busy tier refused, with none of its reads in
-// flight, keeps trying before its remaining blocks fail with Busy.
-constexpr auto kStreamBusyWait = std::chrono::seconds(2);
-constexpr auto kStreamRetryPause = std::chrono::milliseconds(1);
+// flight, keeps trying (a pause apart, on the engine's clock) before its
+// remaining blocks fail with Busy.
+constexpr uint64_t kStreamBusyWaitUs = 2'000'000;
+constexpr uint64_t kStreamRetryPauseUs = 1'000;
 
 }  // namespace
 
@@ -59,7 +58,7 @@ struct Engine::LayerStream {
   size_t in_flight GUARDED_BY(mu) = 0;
   bool pumping GUARDED_BY(mu) = false;  // one thread submits at a time (keeps the order)
   bool pump_again GUARDED_BY(mu) = false;
-  std::chrono::steady_clock::time_point last_progress GUARDED_BY(mu);
+  uint64_t last_progress_us GUARDED_BY(mu) = 0;  // on the engine's clock
 
   // Marks `b` failed; true when its promotion is to be finished now (no
   // read of it in flight).
@@ -277,7 +276,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
   stream->layer_bytes = load->layer_bytes;
   {
     MutexLock lock(stream->mu);  // no other thread has the stream yet
-    stream->last_progress = std::chrono::steady_clock::now();
+    stream->last_progress_us = clock_.NowUs();
   }
   for (const PinClaim& c : claims) {
     IoStarted();  // the promotion's; FinishPromotion ends it
@@ -368,7 +367,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       if (started.code() == StatusCode::kBusy) {
         stream->next = item;  // this read again, later
         if (stream->in_flight == 0) {
-          if (std::chrono::steady_clock::now() - stream->last_progress < kStreamBusyWait) {
+          if (clock_.NowUs() < stream->last_progress_us + kStreamBusyWaitUs) {
             retry_later = true;
           } else {
             for (auto& other : stream->blocks) {
@@ -390,19 +389,18 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
   for (Finish& f : finish) FinishPromotion(f.key, f.status, f.extent, f.checksum);
   if (retry_later) {
     IoStarted();  // the retry's, ended by the job
-    const bool queued = reader_->TrySubmit([this, stream] {
-      std::this_thread::sleep_for(kStreamRetryPause);
+    const bool queued = retries_->RunAfter(kStreamRetryPauseUs, [this, stream] {
       Bump(counters_.load_busy_retries);
       PumpStream(stream);
       IoFinished();
     });
     if (!queued) {
-      // The reader is full: fail what is left rather than spin here.
+      // The retry queue is full: fail what is left rather than spin here.
       std::vector<Finish> left;
       {
         MutexLock again(stream->mu);
         for (auto& b : stream->blocks) {
-          if (stream->Fail(b, Busy("the tier below was busy and the reader queue full"))) {
+          if (stream->Fail(b, Busy("the tier below was busy and the retry queue full"))) {
             left.push_back(Finish{b.key, b.failure, b.extent, b.checksum});
           }
         }
@@ -426,7 +424,7 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
     LayerStream::Block& b = stream->blocks[block];
     --b.in_flight;
     --stream->in_flight;
-    stream->last_progress = std::chrono::steady_clock::now();
+    stream->last_progress_us = clock_.NowUs();
     const bool with_sum = read.ok() && read->layer_checksums.size() == 1;
     if (read.ok() && read->bytes == stream->layer_bytes && (with_sum || !stream->load->verify) && !b.failed) {
       landed = true;

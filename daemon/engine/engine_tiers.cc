@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "common/check.h"
 #include "daemon/engine/engine.h"
@@ -19,9 +18,9 @@ namespace {
 // demoter (a mover thread) for room there before its block is dropped.
 constexpr auto kQueuedDemotionWait = std::chrono::seconds(10);
 // How long a promotion a busy tier refused (out of read staging) is
-// retried, on the reader, before its pins get Busy.
-constexpr auto kPromotionBusyWait = std::chrono::seconds(2);
-constexpr auto kPromotionRetryPause = std::chrono::milliseconds(1);
+// retried, a pause apart on the engine's clock, before its pins get Busy.
+constexpr uint64_t kPromotionBusyWaitUs = 2'000'000;
+constexpr uint64_t kPromotionRetryPauseUs = 1'000;
 
 }  // namespace
 
@@ -86,10 +85,10 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
 }
 
 void Engine::Promote(const BlockKey& key, const Located& from) {
-  Promote(key, from, std::chrono::steady_clock::now() + kPromotionBusyWait);
+  Promote(key, from, clock_.NowUs() + kPromotionBusyWaitUs);
 }
 
-void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::steady_clock::time_point deadline) {
+void Engine::Promote(const BlockKey& key, const Located& from, uint64_t deadline_us) {
   IoStarted();
   const uint64_t checksum = from.info.payload_checksum;
   Result<HostTier::Extent> extent = evictor_->Allocate(from.info.payload_bytes);
@@ -117,14 +116,14 @@ void Engine::Promote(const BlockKey& key, const Located& from, std::chrono::stea
   if (started.ok()) return;
   ReadEnded(below, 0);
   host_.Free(*extent);
-  // Out of read staging for now: not a miss. The reader tries again a
-  // moment later (the pins keep waiting), until the deadline.
-  if (started.code() == StatusCode::kBusy && std::chrono::steady_clock::now() < deadline) {
+  // Out of read staging for now: not a miss. It is tried again a moment
+  // later (the pins keep waiting), until the deadline; a full retry queue
+  // fails it now.
+  if (started.code() == StatusCode::kBusy && clock_.NowUs() < deadline_us) {
     IoStarted();  // the retry's, ended by the job
-    const bool queued = reader_->TrySubmit([this, key, from, deadline] {
-      std::this_thread::sleep_for(kPromotionRetryPause);
+    const bool queued = retries_->RunAfter(kPromotionRetryPauseUs, [this, key, from, deadline_us] {
       Bump(counters_.promotion_retries);
-      Promote(key, from, deadline);
+      Promote(key, from, deadline_us);
       IoFinished();
     });
     if (queued) return IoFinished();  // this attempt's

@@ -68,13 +68,13 @@ Status LoadClusterSecret(const DaemonConfig& config, RemoteTierOptions& options)
   return Status::Ok();
 }
 
-Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config) {
+Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config, const Clock& clock) {
   if (config.remote_nodes.empty()) return std::unique_ptr<RemoteTier>();
   auto made = RemoteOptionsFromConfig(config);
   if (!made.ok()) return made.status();
   if (Status loaded = LoadClusterSecret(config, *made); !loaded.ok()) return loaded;
   const RemoteTierOptions& options = *made;
-  auto tier = RemoteTier::Open(options);
+  auto tier = RemoteTier::Open(options, clock);
   if (!tier.ok()) return tier.status();
   if ((*tier)->available()) {
     spdlog::info("tier remote: redis cluster via {} ({} nodes known), share {} bytes", config.remote_nodes,

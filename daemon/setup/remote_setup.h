@@ -25,8 +25,9 @@ Status LoadClusterSecret(const DaemonConfig& config, RemoteTierOptions& options)
 // PermissionDenied when a node refuses the password (or wants one),
 // LoadClusterSecret's errors for remote.key_file. A
 // cluster that does not answer yet is not an error: the tier starts
-// unavailable, logged, and keeps trying.
-Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config);
+// unavailable, logged, and keeps trying. `clock` is borrowed and must
+// outlive the tier.
+Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config, const Clock& clock);
 
 // `tier` with remote.admission (and remote.write_rate for "rate").
 Result<LowerTier> RemoteAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier);

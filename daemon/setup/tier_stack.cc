@@ -22,8 +22,8 @@ Result<std::unique_ptr<BlockTier>> OpenNvme(const DaemonConfig& config, Clock& c
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }
 
-Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock&) {
-  auto tier = OpenRemoteTier(config);
+Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock& clock) {
+  auto tier = OpenRemoteTier(config, clock);
   if (!tier.ok()) return tier.status();
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }

@@ -33,13 +33,16 @@ constexpr char kPassword[] = "pw-never-outside";
 
 RedisDeadline Soon(std::chrono::milliseconds ms = 2000ms) { return std::chrono::steady_clock::now() + ms; }
 
+// The clients' clock: stateless, shared by every test.
+const SystemClock kClock{};
+
 std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::vector<std::string> networks = {}) {
   ClusterOptions options;
   options.seeds = std::move(seeds);
   options.networks = std::move(networks);
   options.connect_timeout = 500ms;
   options.password = kPassword;
-  auto client = ClusterClient::Create(options);
+  auto client = ClusterClient::Create(options, kClock);
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(*client) : nullptr;
 }
@@ -311,7 +314,7 @@ TEST(HostileRedisTest, NetworksMustBeNetworks) {
     ClusterOptions options;
     options.seeds = {"127.0.0.1:7000"};
     options.networks = {bad};
-    auto client = ClusterClient::Create(options);
+    auto client = ClusterClient::Create(options, kClock);
     ASSERT_FALSE(client.ok()) << bad;
     EXPECT_EQ(client.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(client.status().message().find(bad), std::string::npos) << client.status().ToString();
@@ -319,7 +322,7 @@ TEST(HostileRedisTest, NetworksMustBeNetworks) {
   ClusterOptions options;
   options.seeds = {"127.0.0.1:7000"};
   options.networks = {"10.0.0.0/8", "192.168.1.7", "fd00::/64", "::1", "0.0.0.0/0"};
-  EXPECT_TRUE(ClusterClient::Create(options).ok());
+  EXPECT_TRUE(ClusterClient::Create(options, kClock).ok());
 }
 
 }  // namespace

@@ -1,15 +1,16 @@
 // ENOSPC from a real, full file system (a size-capped tmpfs, so this needs
 // root; skipped with a message otherwise): the NVMe tier marks itself full,
-// the host tier keeps serving, and writes resume once space returns.
+// the host tier keeps serving, and writes resume once space returns and
+// the tier's retry interval passed on the daemon's (fake) clock.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sys/stat.h>
-#include <thread>
 #include <unistd.h>
 
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
@@ -60,16 +61,27 @@ TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume)
   options.nvme_region_bytes = 1 << 20;
   options.nvme_preallocate = false;
   options.nvme_index_path = dir_ + "/index";  // the index needs a file system with room
+  FakeClock clock;
+  options.clock = &clock;
   TestDaemon daemon(options);
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
 
-  auto keys = TestKeys(TestNamespace(), 200, 31);  // 12.5 MiB through a 2 MiB arena
+  // The daemon's clock moves 1 us a request (the host tier's LRU orders by
+  // it), and by the tier's retry interval where the test says so.
   std::vector<std::byte> block(kBlockBytes), dst(kBlockBytes);
-  for (const auto& k : keys) {
+  auto put = [&](const BlockKey& k) {
+    clock.AdvanceUs(1);
     FillBlockBytes(k, 0, block);
-    ASSERT_TRUE(client->Put(0, k, block).ok()) << "the host tier must keep accepting writes";
-  }
+    return client->Put(0, k, block);
+  };
+  auto get = [&](const BlockKey& k) {
+    clock.AdvanceUs(1);
+    return client->Get(0, k, dst);
+  };
+
+  auto keys = TestKeys(TestNamespace(), 200, 31);  // 12.5 MiB through a 2 MiB arena
+  for (const auto& k : keys) ASSERT_TRUE(put(k).ok()) << "the host tier must keep accepting writes";
   daemon.engine().WaitForIdle();
   auto s = Stats(*client);
   EXPECT_GE(s["nvme.enospc"], 1) << "the file system never filled up";
@@ -84,25 +96,30 @@ TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume)
 
   // The host tier serves (the newest block is in DRAM); every block is a
   // miss or exact.
-  auto tail = client->Get(0, keys.back(), dst);
+  auto tail = get(keys.back());
   ASSERT_TRUE(tail.ok()) << tail.status().ToString();
   EXPECT_TRUE(CheckBlockBytes(keys.back(), 0, dst));
   for (const auto& k : keys) {
-    auto got = client->Get(0, k, dst);
+    auto got = get(k);
     if (got.ok()) {
       ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
     }
   }
 
-  // Space returns; after the retry interval demotions are written again.
+  // Space returns, but the tier tries again only once its retry interval
+  // passed on its clock: until then a write is refused unwritten.
   ASSERT_EQ(::unlink(filler.c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  const BlockKey probe = TestKeys(TestNamespace(), 1, 33)[0];
+  FillBlockBytes(probe, 0, block);
+  const Status refused = daemon.nvme()->Write(FingerprintNamespace(TestNamespace()), probe, 1, block, [](Status) {});
+  EXPECT_EQ(refused.code(), StatusCode::kNoSpace) << "the tier tried again before its retry interval passed";
+  EXPECT_EQ(Stats(*client)["nvme.full"], 1);
+  // After the retry interval demotions are written again.
+  clock.AdvanceUs(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(NvmeTierOptions{}.full_retry).count()));
   const int64_t writes_before = Stats(*client)["nvme.writes"];
   auto more = TestKeys(TestNamespace(), 100, 32);
-  for (const auto& k : more) {
-    FillBlockBytes(k, 0, block);
-    ASSERT_TRUE(client->Put(0, k, block).ok());
-  }
+  for (const auto& k : more) ASSERT_TRUE(put(k).ok());
   daemon.engine().WaitForIdle();
   s = Stats(*client);
   EXPECT_EQ(s["nvme.full"], 0) << "writes did not resume after space returned";
@@ -111,7 +128,7 @@ TEST_F(NvmeFullTest, FullFileSystemMarksTheTierFullHostKeepsServingWritesResume)
   EXPECT_TRUE(health->healthy) << (health->problems.empty() ? "" : health->problems[0]);
   EXPECT_GT(s["nvme.writes"], writes_before);
   for (const auto& k : more) {
-    auto got = client->Get(0, k, dst);
+    auto got = get(k);
     if (got.ok()) {
       ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
     }

@@ -38,6 +38,7 @@
 
 #include "common/counters.h"
 #include "tests/testing/counter_of.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_redis.h"
 #include "tiers/remote/cluster_client.h"
 #include "tiers/remote/hash_slot.h"
@@ -530,12 +531,17 @@ TEST(RedisConnectionTest, ParseRedisAddressTakesHostPortAndBracketedV6) {
 
 // ---------------------------------------------------------------- ClusterClient
 
-std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::chrono::milliseconds node_retry = 500ms) {
+// The clients' clock (their pauses before TRYAGAIN's retries): stateless,
+// shared by the tests that do not drive a FakeClock.
+const SystemClock kClock{};
+
+std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::chrono::milliseconds node_retry = 500ms,
+                                       const kvtier::Clock& clock = kClock) {
   ClusterOptions options;
   options.seeds = std::move(seeds);
   options.connect_timeout = 500ms;
   options.node_retry = node_retry;
-  auto client = ClusterClient::Create(options);
+  auto client = ClusterClient::Create(options, clock);
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(*client) : nullptr;
 }
@@ -571,10 +577,10 @@ std::vector<std::string> GetsSeen(const FakeRedis& server) {
 }
 
 TEST(ClusterClientTest, CreateWantsSeedsThatAreAddresses) {
-  EXPECT_EQ(ClusterClient::Create(ClusterOptions{}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ClusterClient::Create(ClusterOptions{}, kClock).status().code(), StatusCode::kInvalidArgument);
   ClusterOptions options;
   options.seeds = {"127.0.0.1:7000", "no-port"};
-  EXPECT_EQ(ClusterClient::Create(options).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ClusterClient::Create(options, kClock).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(ClusterClientTest, MovedSendsTheCommandToTheNamedNodeAndLaterOnesStraightThere) {
@@ -665,6 +671,32 @@ TEST(ClusterClientTest, TryAgainIsRetriedOnTheSameNode) {
   EXPECT_EQ(GetsSeen(seed).size(), 3u);
   EXPECT_EQ(CounterOf(*client, "remote.cluster.try_again"), 2);
   EXPECT_EQ(CounterOf(*client, "remote.cluster.retries"), 2);
+}
+
+// The pause before TRYAGAIN's retry is a wait on the client's clock: the
+// command goes out again once that clock reaches the pause's end, not
+// before.
+TEST(ClusterClientTest, TryAgainWaitsOnTheClientsClock) {
+  FakeClock clock;
+  std::atomic<int> gets{0};
+  FakeRedis seed([&](const Command&) {
+    if (gets++ == 0) return Say("-TRYAGAIN Multiple keys request during rehashing of slot\r\n");
+    return Say("+OK\r\n");
+  });
+  auto client = Cluster({seed.address()}, 500ms, clock);
+  ASSERT_NE(client, nullptr);
+  const uint64_t started_us = clock.NowUs();
+  Result<RespReply> reply = Unavailable("not run");
+  std::thread run([&] { reply = RunGet(*client, "k"); });
+  const uint64_t retry_at = clock.AwaitWaiter();  // the command waits for its retry's time
+  EXPECT_EQ(retry_at, started_us + 10'000);
+  EXPECT_EQ(gets.load(), 1) << "sent again before the pause ended";
+  clock.SetUs(retry_at);
+  run.join();
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->text, "OK");
+  EXPECT_EQ(GetsSeen(seed).size(), 2u);
+  EXPECT_EQ(CounterOf(*client, "remote.cluster.try_again"), 1);
 }
 
 TEST(ClusterClientTest, ClusterDownIsUnavailableAtOnceAndOtherErrorsAreReplies) {

@@ -51,10 +51,11 @@ class PasswordRedis : public ::testing::Test {
     return o;
   }
   std::string dir_, port_;
+  SystemClock clock_;  // the tiers'
 };
 
 TEST_F(PasswordRedis, TheRightPasswordStoresAndServesBlocks) {
-  auto tier = RemoteTier::Open(Options(kPassword));
+  auto tier = RemoteTier::Open(Options(kPassword), clock_);
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
   ASSERT_TRUE((*tier)->available());
   const NamespaceFingerprint ns{3, 4};
@@ -64,7 +65,7 @@ TEST_F(PasswordRedis, TheRightPasswordStoresAndServesBlocks) {
   ASSERT_TRUE((*tier)->Write(ns, key, 2, bytes, [&](Status s) { wrote.set_value(s); }).ok());
   ASSERT_TRUE(wrote.get_future().get().ok());
   // Another tier (another node) finds it by probing, and reads it back.
-  auto other = RemoteTier::Open(Options(kPassword));
+  auto other = RemoteTier::Open(Options(kPassword), clock_);
   ASSERT_TRUE(other.ok());
   (*other)->Probe(ns, std::span(&key, 1));
   ASSERT_TRUE((*other)->Find(key).has_value());
@@ -77,11 +78,11 @@ TEST_F(PasswordRedis, TheRightPasswordStoresAndServesBlocks) {
 }
 
 TEST_F(PasswordRedis, AWrongOrMissingPasswordStopsTheTierWithoutQuotingIt) {
-  auto wrong = RemoteTier::Open(Options("not-the-password"));
+  auto wrong = RemoteTier::Open(Options("not-the-password"), clock_);
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status().ToString();
   EXPECT_EQ(wrong.status().message().find("not-the-password"), std::string::npos) << wrong.status().message();
-  auto none = RemoteTier::Open(Options(""));
+  auto none = RemoteTier::Open(Options(""), clock_);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kPermissionDenied) << none.status().ToString();
   EXPECT_NE(none.status().message().find("password"), std::string::npos) << none.status().message();

@@ -47,8 +47,11 @@ RemoteTierOptions TierOptions(const RedisCluster& cluster) {
   return o;
 }
 
+// The tiers' clock (ClusterClient's pauses): stateless, shared by every test.
+const SystemClock kClock{};
+
 std::unique_ptr<RemoteTier> OpenTier(const RemoteTierOptions& options) {
-  auto tier = RemoteTier::Open(options);
+  auto tier = RemoteTier::Open(options, kClock);
   EXPECT_TRUE(tier.ok()) << tier.status().ToString();
   return tier.ok() ? std::move(*tier) : nullptr;
 }
@@ -436,13 +439,13 @@ TEST(RemoteTierOpen, ANodeThatDoesNotAnswerStartsTheTierUnavailable) {
   o.cluster_secret = kClusterSecret;
   o.cluster.seeds = {"127.0.0.1:" + std::to_string(FreeLoopbackPort())};
   o.timeout = 500ms;
-  auto tier = RemoteTier::Open(o);
+  auto tier = RemoteTier::Open(o, kClock);
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
   EXPECT_FALSE((*tier)->available());
   o.cluster.seeds = {"no-port"};
-  EXPECT_EQ(RemoteTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoteTier::Open(o, kClock).status().code(), StatusCode::kInvalidArgument);
   o.cluster.seeds = {};
-  EXPECT_EQ(RemoteTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoteTier::Open(o, kClock).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

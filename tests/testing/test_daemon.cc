@@ -79,7 +79,8 @@ Tier LookupTier(Engine& engine, const NamespaceFingerprint& ns, const BlockKey& 
   return found.prefix_blocks == 1 ? found.tiers[0] : Tier::kNone;
 }
 
-TestDaemon::TestDaemon(const TestDaemonOptions& options) {
+TestDaemon::TestDaemon(const TestDaemonOptions& options)
+    : clock_(options.clock != nullptr ? *options.clock : system_clock_) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";
   const uint32_t directory_slots =

@@ -59,6 +59,10 @@ struct TestDaemonOptions {
   // A tier stacked above the host (the HBM tier's place; a MapTier in
   // tests without a GPU), borrowed: it must outlive the TestDaemon.
   BlockTier* above = nullptr;
+  // The daemon's clock (the engine's and the NVMe tier's), borrowed: it
+  // must outlive the TestDaemon. Null: the system clock. A FakeClock here
+  // holds every retry and retry interval until the test moves it.
+  Clock* clock = nullptr;
 };
 
 // A valid namespace (16-token blocks); `revision` varies the model revision.
@@ -92,7 +96,8 @@ class TestDaemon {
   std::unique_ptr<Client> ConnectWith(const ClientOptions& options) const;
   std::string dir_;
   std::string socket_path_;
-  SystemClock clock_;
+  SystemClock system_clock_;
+  Clock& clock_;  // options.clock, or system_clock_
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<MemoryDevice> nvme_memory_;
   FaultInjectingDevice* nvme_device_ = nullptr;  // owned by nvme_

@@ -361,15 +361,50 @@ TEST_F(EngineLayerLoadTest, ABusyTierIsRetriedUntilItTakesTheReads) {
   tier_.SetBusy(5);
   auto start = engine_->BeginLoad(kConn, kNs, keys);
   ASSERT_TRUE(start.ok());
+  // Each refusal is tried again a pause later on the engine's clock: the
+  // test moves the clock to each retry as it waits.
+  for (int refused = 0; refused < 5; ++refused) {
+    const uint64_t retry_at = clock_.AwaitWaiter();
+    EXPECT_EQ(Counter("engine.load_busy_retries"), refused);
+    clock_.SetUs(retry_at);
+  }
   Settle();
   LoadBoardReader board = Board(*start);
   EXPECT_EQ(board.layers_ready(), kLayers);
   EXPECT_EQ(board.state(0), BoardBlockState::kLoaded);
   EXPECT_EQ(board.state(1), BoardBlockState::kLoaded);
-  EXPECT_GE(Counter("engine.load_busy_retries"), 1);
+  EXPECT_EQ(Counter("engine.load_busy_retries"), 5);
   const auto order = tier_.order();
   ASSERT_EQ(order.size(), 2 * kLayers);
   for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i].second, i / 2) << "order kept across retries";
+  ASSERT_TRUE(engine_->EndLoad(kConn, start->load).ok());
+}
+
+// A tier that stays busy, with none of the stream's reads in flight, fails
+// the blocks left with Busy once 2 s passed on the engine's clock since
+// the stream last progressed, not before.
+TEST_F(EngineLayerLoadTest, ATierThatStaysBusyFailsTheLoadAfterItsWaitOnTheEnginesClock) {
+  std::vector<BlockKey> keys{Key(45), Key(46)};
+  for (const auto& k : keys) tier_.Store(k, kLayers, kBlockBytes);
+  tier_.SetBusy(1'000'000);
+  const uint64_t started_us = clock_.NowUs();
+  auto start = engine_->BeginLoad(kConn, kNs, keys);
+  ASSERT_TRUE(start.ok());
+  LoadBoardReader board = Board(*start);
+  EXPECT_EQ(clock_.AwaitWaiter(), started_us + 1'000) << "a pause";
+  clock_.SetUs(started_us + 2'000'000 - 1);  // the retry is due; the wait not yet over
+  const uint64_t last_retry = clock_.AwaitWaiter();
+  EXPECT_EQ(last_retry, started_us + 2'000'000 - 1 + 1'000);
+  EXPECT_EQ(board.resolved(), 0u) << "still trying";
+  clock_.SetUs(last_retry);
+  Settle();
+  EXPECT_EQ(Counter("engine.load_busy_retries"), 2);
+  EXPECT_EQ(board.resolved(), keys.size());
+  for (uint32_t b = 0; b < keys.size(); ++b) {
+    EXPECT_EQ(board.state(b), BoardBlockState::kFailed) << b;
+    EXPECT_EQ(board.code(b), StatusCode::kBusy) << b;
+  }
+  EXPECT_TRUE(tier_.order().empty()) << "the tier took no read";
   ASSERT_TRUE(engine_->EndLoad(kConn, start->load).ok());
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fault_injecting_device.h"
@@ -180,9 +181,40 @@ TEST_F(EngineMovingBlockTest, BytesChangedAfterCommitAreNeverPersistedAsValid) {
   EXPECT_EQ(c["nvme.writes"], 0);
 }
 
+// The answers of one-key PinAsync calls, by slot, as they come (on a tier's
+// thread or the engine's retry scheduler's).
+class Answers {
+ public:
+  explicit Answers(size_t n) : grants_(n) {}
+  Engine::PinDone Callback(size_t slot) {
+    return [this, slot](std::vector<PinGrant> g) {
+      MutexLock lock(mu_);
+      grants_[slot] = std::move(g.at(0));
+      ++answered_;
+      cv_.NotifyAll();
+    };
+  }
+  size_t answered() {
+    MutexLock lock(mu_);
+    return answered_;
+  }
+  // Blocks until `n` are answered; every slot's grant (default-made when unanswered).
+  std::vector<PinGrant> WaitFor(size_t n) {
+    MutexLock lock(mu_);
+    while (answered_ < n) cv_.Wait(mu_);
+    return grants_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<PinGrant> grants_ GUARDED_BY(mu_);
+  size_t answered_ GUARDED_BY(mu_) = 0;
+};
+
 // A tier out of read staging (Busy) is not a miss (issue 12, item 4.5):
-// the promotion is retried off the calling thread and the pin is served
-// once the reads ahead of it end.
+// the promotion is retried off the calling thread, a pause later on the
+// engine's clock, and the pin is served once the reads ahead of it end.
 class EngineBusyReadTest : public EngineMovingBlockTest {
  protected:
   NvmeTierOptions TierOptions() override {
@@ -200,14 +232,35 @@ TEST_F(EngineBusyReadTest, APromotionTheTierIsTooBusyForWaitsInsteadOfMissing) {
     keys.push_back(Key(i));
     ASSERT_EQ(::kvtier::testing::LookupTier(*engine_, kNs, Key(i)), Tier::kNvme) << i;
   }
+  // Room in the host tier for the four: no promotion evicts, so no
+  // demotion write takes NVMe staging at a moment the test does not choose.
+  std::vector<BlockKey> newest;
+  for (uint64_t i = kHostBlocks; i < kHostBlocks + 4; ++i) newest.push_back(Key(i));
+  ASSERT_EQ(engine_->Erase(kNs, newest), newest.size());
   device_->HoldReads();
-  std::promise<std::vector<PinGrant>> pinned;
-  auto grants_future = pinned.get_future();
-  engine_->PinAsync(3, kNs, keys, [&pinned](std::vector<PinGrant> g) { pinned.set_value(std::move(g)); });
+  Answers answers(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) engine_->PinAsync(3, kNs, {keys[i]}, answers.Callback(i));
   EXPECT_GT(device_->held_reads(), 0u);
   EXPECT_LT(device_->held_reads(), 2 * keys.size()) << "the read staging share holds only some of the reads";
+  // The promotions the tier had no staging for wait for their retry.
+  const uint64_t first_retry = clock_.AwaitWaiter();
+  const int64_t busy = Counters()["engine.retries.waiting"];
+  ASSERT_GT(busy, 0);
+  ASSERT_LE(busy, 2) << "the staging holds two reads: the retries fit once those end";
+  // Their time comes while the reads ahead are held: busy again, they
+  // wait a pause more, and no pin is answered meanwhile.
+  clock_.SetUs(first_retry);
+  const uint64_t second_retry = clock_.AwaitWaiter();
+  EXPECT_GT(second_retry, first_retry);
+  EXPECT_EQ(Counters()["engine.promotion_retries"], busy);
+  EXPECT_EQ(answers.answered(), 0u);
+  // The reads ahead end and their pins are served; the others once their
+  // retry's time comes (the staging free then).
   device_->ReleaseReads();
-  std::vector<PinGrant> grants = grants_future.get();
+  answers.WaitFor(keys.size() - static_cast<size_t>(busy));
+  EXPECT_EQ(Counters()["engine.promotion_retries"], busy) << "no retry before its time";
+  clock_.SetUs(second_retry);
+  std::vector<PinGrant> grants = answers.WaitFor(keys.size());
   engine_->WaitForIdle();
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(grants[i].status.ok()) << i << ": " << grants[i].status.ToString();
@@ -217,7 +270,7 @@ TEST_F(EngineBusyReadTest, APromotionTheTierIsTooBusyForWaitsInsteadOfMissing) {
     EXPECT_TRUE(engine_->Release(3, {&grants[i].lease, 1})[0].ok());
   }
   auto c = Counters();
-  EXPECT_GT(c["engine.promotion_retries"], 0);
+  EXPECT_EQ(c["engine.promotion_retries"], 2 * busy);
   EXPECT_EQ(c["engine.promotions"], 4);
   EXPECT_EQ(c["engine.pin_misses"], 0);
 }

@@ -25,7 +25,8 @@ DaemonConfig Parse(const std::string& toml) {
 TEST(RemoteSetup, TheDefaultIsNoRemoteTier) {
   const DaemonConfig config = Parse("");
   EXPECT_TRUE(config.remote_nodes.empty());
-  auto tier = OpenRemoteTier(config);
+  SystemClock clock;
+  auto tier = OpenRemoteTier(config, clock);
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
   EXPECT_EQ(*tier, nullptr);
 }
@@ -111,8 +112,9 @@ TEST(RemoteSetup, BadValuesAreRefusedNamingTheKey) {
   }
   // A node list that is not host:port is refused when the tier opens.
   const std::string dir = testing::MakeTempDir();
+  SystemClock clock;
   auto tier = OpenRemoteTier(
-      Parse("[remote]\nnodes = \"redis-without-port\"\nkey_file = \"" + dir + "/remote.key\"\n"));
+      Parse("[remote]\nnodes = \"redis-without-port\"\nkey_file = \"" + dir + "/remote.key\"\n"), clock);
   ASSERT_FALSE(tier.ok());
   EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(tier.status().message().find("redis-without-port"), std::string::npos) << tier.status().message();

@@ -6,7 +6,6 @@
 
 #include <netdb.h>
 
-#include <thread>
 #include <unordered_map>
 
 #include "tiers/remote/cluster_client_node.h"
@@ -14,7 +13,7 @@
 namespace kvtier {
 namespace {
 
-constexpr auto kTryAgainPause = std::chrono::milliseconds(10);
+constexpr uint64_t kTryAgainPauseUs = 10'000;
 
 bool StartsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
@@ -26,11 +25,11 @@ bool NodeFailure(const Status& s) {
 
 }  // namespace
 
-Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOptions& options) {
+Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOptions& options, const Clock& clock) {
   if (options.seeds.empty()) return InvalidArgument("remote tier: no cluster node given (remote.nodes)");
   auto networks = ClusterNetworks::Parse(options.networks);
   if (!networks.ok()) return InvalidArgument("cluster networks: " + networks.status().message());
-  std::unique_ptr<ClusterClient> client(new ClusterClient(options));
+  std::unique_ptr<ClusterClient> client(new ClusterClient(options, clock));
   {
     MutexLock lock(client->networks_mu_);  // no other thread has `client` yet
     client->networks_ = std::move(*networks);
@@ -57,8 +56,8 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::Create(const ClusterOption
   return client;
 }
 
-ClusterClient::ClusterClient(const ClusterOptions& options)
-    : options_(options), default_networks_(options.networks.empty()) {
+ClusterClient::ClusterClient(const ClusterOptions& options, const Clock& clock)
+    : options_(options), clock_(clock), default_networks_(options.networks.empty()) {
   slot_owner_.fill(-1);
 }
 
@@ -117,7 +116,7 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
     }
     if (StartsWith(error, "TRYAGAIN")) {
       try_again_.fetch_add(1, std::memory_order_relaxed);
-      std::this_thread::sleep_for(kTryAgainPause);
+      SleepUntilUs(clock_, clock_.NowUs() + kTryAgainPauseUs);
       last = Unavailable(error);
       continue;
     }

@@ -9,6 +9,7 @@
 //                     the command goes there once, after ASKING; the map
 //                     is unchanged
 //   TRYAGAIN          a multi-key operation mid-migration: retried shortly
+//                     (a pause on the injected clock)
 //   CLUSTERDOWN       Unavailable
 // A node that does not answer (refused, reset, closed) is skipped for
 // `node_retry`, and makes the client
@@ -51,6 +52,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/counters.h"
 #include "common/log_rate_limiter.h"
 #include "common/mutex.h"
@@ -89,8 +91,9 @@ class ClusterClient {
 
   // Checks the seed addresses and networks; connects to nothing yet (the
   // first command or Refresh does). InvalidArgument for an empty list, a
-  // bad address or a bad network.
-  static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options);
+  // bad address or a bad network. `clock` (the pauses before retries) is
+  // borrowed and must outlive the client.
+  static Result<std::unique_ptr<ClusterClient>> Create(const ClusterOptions& options, const Clock& clock);
   ~ClusterClient();
 
   // Reads the slot map again from the first node that answers.
@@ -125,7 +128,7 @@ class ClusterClient {
 
  private:
   struct Node;
-  explicit ClusterClient(const ClusterOptions& options);
+  ClusterClient(const ClusterOptions& options, const Clock& clock);
 
   // The node index for host:port, added if new (NoSpace past
   // kMaxKnownNodes). `seed`: a configured node, connected to wherever it is.
@@ -162,6 +165,7 @@ class ClusterClient {
   Result<size_t> RedirectTarget(const std::string& error, size_t from, uint16_t* slot);
 
   const ClusterOptions options_;
+  const Clock& clock_;
   mutable SharedMutex mu_;
   std::vector<std::unique_ptr<Node>> nodes_ GUARDED_BY(mu_);  // append only
   std::array<int32_t, kClusterSlots> slot_owner_ GUARDED_BY(mu_){};  // -1: unknown

@@ -24,13 +24,13 @@ Status ReplyError(const RespReply& reply, const std::string& what) {
 
 }  // namespace
 
-Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options) {
+Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options, const Clock& clock) {
   if (options.threads == 0) return InvalidArgument("remote tier: threads must be at least 1");
   if (options.staging_bytes == 0) return InvalidArgument("remote tier: staging_bytes must be positive");
   if (options.directory_entries == 0) return InvalidArgument("remote tier: directory_entries must be positive");
   auto mac = ValueMac::Create(options.cluster_secret);
   if (!mac.ok()) return Status(mac.status().code(), "remote tier: " + mac.status().message());
-  auto client = ClusterClient::Create(options.cluster);
+  auto client = ClusterClient::Create(options.cluster, clock);
   if (!client.ok()) return client.status();
   std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client), std::move(*mac)));
   Status first = tier->client_->Refresh(tier->DeadlineIn(options.timeout));

@@ -51,6 +51,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log_rate_limiter.h"
 #include "common/mutex.h"
 #include "common/worker_pool.h"
@@ -81,8 +82,9 @@ class RemoteTier final : public BlockTier, public Prober {
   // not answer is not an error: the tier starts unavailable (logged by the
   // caller from `available()`) and tries again later. A node that refuses
   // the password (or wants one) is PermissionDenied; a cluster secret of
-  // the wrong size InvalidArgument.
-  static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options);
+  // the wrong size InvalidArgument. `clock` (ClusterClient's pauses) is
+  // borrowed and must outlive the tier.
+  static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options, const Clock& clock);
   ~RemoteTier() override;  // finishes queued work, then joins
 
   Tier kind() const override { return Tier::kRemote; }

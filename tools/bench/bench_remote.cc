@@ -51,7 +51,7 @@ std::string Ratio(double ours, const std::vector<double>& ceiling) {
 }
 
 Result<std::unique_ptr<RemoteTier>> OpenBenchTier(const std::vector<std::string>& seeds, const RemoteBenchOptions& o,
-                                                  uint64_t block_bytes) {
+                                                  uint64_t block_bytes, const Clock& clock) {
   RemoteTierOptions options;
   options.cluster.seeds = seeds;
   options.cluster_secret = std::string(kClusterSecretBytes, 'b');  // values are MACed as kvtierd's are
@@ -59,7 +59,7 @@ Result<std::unique_ptr<RemoteTier>> OpenBenchTier(const std::vector<std::string>
   options.staging_bytes = uint64_t{o.clients} * (block_bytes + 4096) * 2;
   options.timeout = std::chrono::seconds(30);
   options.probe_timeout = std::chrono::seconds(5);
-  auto tier = RemoteTier::Open(options);
+  auto tier = RemoteTier::Open(options, clock);
   if (tier.ok() && !(*tier)->available()) return Unavailable("the cluster at " + seeds.front() + " does not answer");
   return tier;
 }
@@ -216,6 +216,7 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
   std::printf("%-8s %12s %12s %7s %12s %12s %7s\n", "block", "put GB/s", "SET GB/s", "ratio", "get GB/s", "GET GB/s",
               "ratio");
   std::vector<Row> rows;
+  SystemClock clock;  // outlives every tier opened below
   uint64_t next_key = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   for (uint64_t block : o.block_bytes) {
     Row row;
@@ -227,7 +228,7 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
     const uint64_t keyspace = count;
     for (uint32_t round = 0; round < o.rounds; ++round) {
       auto tier_side = [&]() -> bool {
-        auto tier = OpenBenchTier(seeds, o, block);
+        auto tier = OpenBenchTier(seeds, o, block, clock);
         if (!tier.ok()) {
           std::fprintf(stderr, "kvtier bench remote: %s\n", tier.status().ToString().c_str());
           return false;
