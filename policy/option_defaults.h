@@ -2,9 +2,9 @@
 // config_options.cc) and a library's option struct both carry, each named
 // once here: the table's default text is made from the constant
 // (DefaultInt, DefaultBytes, DefaultBool, DefaultReal in
-// daemon/config/option_field.h), and EngineOptions and DwpdOptions
-// initialize their members with it. BlockDeviceOptions, NvmeTierOptions
-// and RemoteTierOptions still write their own literals;
+// daemon/config/option_field.h), and EngineOptions, DwpdOptions,
+// BlockDeviceOptions, NvmeTierOptions, RemoteTierOptions and `kvtier
+// replay`'s options initialize their members with it;
 // tests/unit/config_defaults_test.cc checks, for every option that maps
 // onto any of these structs, that a daemon given no option builds the
 // struct's default. Constants only: no code, no state.

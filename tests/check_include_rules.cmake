@@ -17,7 +17,7 @@ set(tier_core "tiers/tier.h;tiers/forwarding_tier.h")
 set(allowed_tiers "kvtier/;common/;policy/;${tier_core}")
 set(allowed_tiers_host "kvtier/;common/;${tier_core};tiers/host/")
 set(allowed_tiers_nvme "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/host/arena_allocator.h")
-set(allowed_tiers_remote "kvtier/;common/;${tier_core};tiers/remote/")
+set(allowed_tiers_remote "kvtier/;common/;policy/option_defaults.h;${tier_core};tiers/remote/")
 set(allowed_tiers_hbm "kvtier/;common/;gpu/;${tier_core};tiers/hbm/")
 set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
 # The daemon's parts, one way: config (over policy/'s registry) and engine are leaves, tenants over

@@ -22,6 +22,7 @@
 
 #include "common/counters.h"
 #include "kvtier/result.h"
+#include "policy/option_defaults.h"
 
 namespace kvtier {
 
@@ -106,13 +107,13 @@ Result<IoEngine> ParseIoEngine(std::string_view name);
 struct BlockDeviceOptions {
   std::string path;             // a regular file (created and preallocated) or a block device
   uint64_t capacity_bytes = 0;  // regular file: its size; block device: 0 = the whole device
-  bool direct_io = true;        // O_DIRECT: bypass the page cache
+  bool direct_io = defaults::kNvmeDirectIo;  // O_DIRECT: bypass the page cache
   // Regular file: allocate every byte at open (fallocate), so a full file
   // system fails the open, never a write. false: a sparse file whose
   // writes may hit ENOSPC later (the tier then reports itself full).
-  bool preallocate = true;
-  uint32_t queue_depth = 32;    // in-flight I/Os per I/O thread
-  uint32_t io_threads = 1;      // threads (and io_uring rings) doing I/O
+  bool preallocate = defaults::kNvmePreallocate;
+  uint32_t queue_depth = defaults::kNvmeQueueDepth;  // in-flight I/Os per I/O thread
+  uint32_t io_threads = defaults::kNvmeIoThreads;  // threads (and io_uring rings) doing I/O
   IoEngine engine = IoEngine::kAuto;
 };
 

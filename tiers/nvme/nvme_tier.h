@@ -65,6 +65,7 @@
 #include "common/mutex.h"
 #include "common/worker_pool.h"
 #include "kvtier/block_key.h"
+#include "policy/option_defaults.h"
 #include "policy/reclaim_policy.h"
 #include "tiers/nvme/block_device.h"
 #include "tiers/nvme/block_record.h"
@@ -76,8 +77,8 @@
 namespace kvtier {
 
 struct NvmeTierOptions {
-  uint64_t region_bytes = 64ull << 20;
-  uint64_t staging_bytes = 256ull << 20;  // aligned I/O memory; bounds the bytes in flight
+  uint64_t region_bytes = defaults::kNvmeRegionBytes;
+  uint64_t staging_bytes = defaults::kNvmeStagingBytes;  // aligned I/O memory; bounds the bytes in flight
   std::chrono::milliseconds full_retry{1000};
   // Threads verifying read records (checksums) off the I/O threads; they
   // also run reinsertion.
@@ -87,7 +88,7 @@ struct NvmeTierOptions {
   // copied forward into the open region, so reclaim drops only cold blocks.
   // The bytes rewritten are capped at this share of the bytes written by
   // Write (a token bucket holding at most one region). 0 turns it off.
-  double reinsert_share = 0.1;
+  double reinsert_share = defaults::kNvmeReinsertPercent / 100.0;
   // Which blocks reinsertion copies (policy/reclaim_policy.h): fifo none,
   // lru those read since written, queue_aware those a queued request needs
   // (SetNeededHint) and then lru's; lru2, s3fifo and arc those the eviction

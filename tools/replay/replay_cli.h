@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "policy/option_defaults.h"
+
 namespace kvtier::tools {
 
 struct ReplayCliOptions {
@@ -32,17 +34,17 @@ struct ReplayCliOptions {
   // engine.* options of the same names).
   std::string nvme_eviction;  // empty: each run's policy
   std::string nvme_region;    // bytes, e.g. 64MiB; empty: 64 MiB or a 16th of the device
-  int reinsert_percent = 10;
-  int prefetch_percent = 25;
-  uint32_t prefetch_min_blocks = 2;
-  uint64_t lookahead_ms = 2000;
+  int reinsert_percent = defaults::kNvmeReinsertPercent;
+  int prefetch_percent = defaults::kPrefetchPercent;
+  uint32_t prefetch_min_blocks = defaults::kPrefetchMinBlocks;
+  uint64_t lookahead_ms = defaults::kLookaheadMs;
   // DWPD (with --admission dwpd): the drive's bytes (default: the NVMe
   // tier's capacity in bytes), its rating, and the share kvtier may use.
   std::string drive_bytes;
-  double dwpd = 1.0;
-  double dwpd_share = 1.0;
-  double warranty_years = 5.0;
-  double planned_years = 5.0;
+  double dwpd = defaults::kDwpd;
+  double dwpd_share = defaults::kDwpdShare;
+  double warranty_years = defaults::kDwpdWarrantyYears;
+  double planned_years = defaults::kDwpdPlannedYears;
   double warmup = 0;
   uint32_t engines = 0;    // the engine model: off at 0
   double prefill_tps = 0;  // tokens/s per engine
