@@ -30,7 +30,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       prefetch_min_blocks_(options.prefetch_min_blocks),
       verify_commits_(options.verify_commits),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
-      demoter_(std::make_unique<Mover>("engine.demoter", 1, options.demotion_buffer_bytes, kMoverJobs)),
+      demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
       host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
@@ -103,7 +103,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       tier->SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
                                                               std::span<const std::byte> payload) {
         ReaderMutexLock lock(gate->mu);
-        if (gate->engine != nullptr) gate->engine->DemoteBelow(level, block, payload);
+        if (gate->engine != nullptr) gate->engine->demoter_->DemoteBelow(level, block, payload);
       });
     }
   }
@@ -130,6 +130,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->sink_gate_->engine = engine.get();
   }
   return engine;
+}
+
+Demoter::Hooks Engine::DemoterHooks() {
+  Demoter::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.erased = [this](const BlockKey& key) { return DemotionErased(key); };
+  hooks.finished = [this](const BlockKey& key, const Status& written) { FinishDemotion(key, written); };
+  hooks.facts = [this](const BlockKey& key, uint64_t uses) { return evictor_->GatherFacts(key, uses); };
+  return hooks;
 }
 
 BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndexOf(key, shards_.size())]; }

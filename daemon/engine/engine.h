@@ -76,6 +76,7 @@
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
+#include "daemon/engine/demoter.h"
 #include "daemon/engine/engine_types.h"
 #include "daemon/engine/evictor.h"
 #include "daemon/engine/tier_admission.h"
@@ -470,23 +471,10 @@ class Engine {
   void FinishDemotion(const BlockKey& key, const Status& written);
   // Whether `key`'s demotion in flight was erased (false for none).
   bool DemotionErased(const BlockKey& key);
-  // Writes an evicted host block to tier `level`; its bytes are copied
-  // before this returns, so the caller may free the extent right after.
+  // Writes an evicted host block to tier `level` (demoter.h); its bytes
+  // are copied before this returns, so the caller may free the extent.
   void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
               uint64_t size, uint64_t checksum);
-  // Writes `payload` of `key` to tier `level` without waiting: at once when
-  // the tier takes it, else (Busy) a copy waits in the demoter for room, or
-  // is dropped when the demoter is full too (engine.demotion_busy_drops).
-  // `done` runs exactly once with the outcome; the caller may reuse
-  // `payload` as soon as this returns.
-  void WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
-                   std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done);
-  // Counts a demotion write that did not succeed by its cause.
-  void CountFailedWrite(const Status& outcome);
-  // A block tier `from` evicts (its eviction sink): written to the first
-  // tier under it that admits it, unless one already holds it. Runs on a
-  // thread of tier `from`; never waits (WriteToTier).
-  void DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload);
   void IoStarted();
   void IoFinished();
   // The read meter of a tier below: its bandwidth is what it delivers
@@ -549,8 +537,10 @@ class Engine {
   // already waiting sees this change too). Request threads call this,
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
-  // The prefetcher's hooks into the stack (engine_queue.cc).
+  // The prefetcher's hooks into the stack (engine_queue.cc), and the
+  // demoter's into the engine (engine.cc).
   Prefetcher::Stack PrefetchStack();
+  Demoter::Hooks DemoterHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -572,8 +562,6 @@ class Engine {
   Mutex io_mu_;
   CondVar io_idle_;
   int64_t io_in_flight_ GUARDED_BY(io_mu_) = 0;  // promotions and demotions
-  CondVar demotion_finished_;
-  uint64_t demotions_finished_ GUARDED_BY(io_mu_) = 0;
   std::vector<std::unique_ptr<BlockIndex>> shards_;
   // Queue hints (request_queue.h), handed to the shards' policies.
   RequestQueue queue_;
@@ -611,9 +599,10 @@ class Engine {
   std::unique_ptr<RetryScheduler> retries_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter
-  // writes the demotions a busy tier could not take at once; the reader
-  // runs prefetch plans. Request threads only queue work for them.
-  std::unique_ptr<Mover> demoter_;
+  // (demoter.h) writes blocks down the stack, holding those a busy tier
+  // could not take at once; the reader runs prefetch plans. Request
+  // threads only queue work for them.
+  std::unique_ptr<Demoter> demoter_;
   std::unique_ptr<Mover> reader_;
   // The host tier's BlockTier face (host_block_tier.h) and the mover its
   // completions run on (destroyed, so joined, before the face).

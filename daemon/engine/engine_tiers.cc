@@ -14,9 +14,6 @@
 namespace kvtier {
 namespace {
 
-// How long a demotion a busy tier could not take at once waits in the
-// demoter (a mover thread) for room there before its block is dropped.
-constexpr auto kQueuedDemotionWait = std::chrono::seconds(10);
 // How long a promotion a busy tier refused (out of read staging) is
 // retried, a pause apart on the engine's clock, before its pins get Busy.
 constexpr uint64_t kPromotionBusyWaitUs = 2'000'000;
@@ -231,98 +228,7 @@ void Engine::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey
                     uint64_t size, uint64_t checksum) {
   // A whole block keeps its layer split; any other size is one layer.
   const uint32_t layers = namespaces_.LayoutOf(ns, size).layer_count;
-  IoStarted();
-  WriteToTier(level, ns, key, layers, host_.Bytes(extent).first(size), checksum, [this, key](Status written) {
-    if (written.ok()) Bump(counters_.demotions);
-    CountFailedWrite(written);
-    FinishDemotion(key, written);
-    IoFinished();
-  });
-}
-
-void Engine::CountFailedWrite(const Status& outcome) {
-  switch (outcome.code()) {
-    case StatusCode::kOk:
-    case StatusCode::kAlreadyExists:  // the copy from an earlier demotion is still there
-      return;
-    case StatusCode::kBusy:  // counted as engine.demotion_busy_drops
-      return;
-    case StatusCode::kCorruption:  // the bytes changed after commit: not written
-      Bump(counters_.demotion_corrupt);
-      Bump(counters_.demotion_rejections);
-      return;
-    case StatusCode::kIoError:
-    case StatusCode::kCancelled:
-    case StatusCode::kUnavailable:
-      Bump(counters_.demotion_failures);
-      return;
-    default:  // NoSpace (full), InvalidArgument (does not fit its geometry)
-      Bump(counters_.demotion_rejections);
-      return;
-  }
-}
-
-void Engine::WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
-                         std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done) {
-  // Every end of a write wakes the demoter's waits for room.
-  BlockTier::WriteDone ended = [this, done = std::move(done)](Status written) {
-    {
-      MutexLock lock(io_mu_);
-      ++demotions_finished_;
-    }
-    demotion_finished_.NotifyAll();
-    done(std::move(written));
-  };
-  BlockTier& tier = *below_[level]->tier;
-  Status accepted = tier.Write(ns, key, layers, payload, ended, checksum);
-  if (accepted.code() != StatusCode::kBusy) {
-    if (!accepted.ok()) ended(accepted);
-    return;
-  }
-  // The tier is out of staging or writable regions for now. Nothing here
-  // waits: a copy of the bytes waits in the demoter for room, or, when the
-  // demoter is full too, the block is dropped (the host tier stays a
-  // working cache even when the tier below stalls).
-  const uint64_t size = payload.size();
-  if (!demoter_->TryReserve(size)) {
-    Bump(counters_.demotion_busy_drops);
-    return ended(Busy("the " + std::string(tier.name()) + " tier and the demoter are both full"));
-  }
-  std::shared_ptr<std::byte[]> copy(new std::byte[size]);
-  std::memcpy(copy.get(), payload.data(), size);
-  Bump(counters_.demotions_queued);
-  demoter_->Submit(size, [this, &tier, ns, key, layers, copy, size, checksum, ended = std::move(ended)] {
-    const std::span<const std::byte> bytes(copy.get(), size);
-    const auto deadline = std::chrono::steady_clock::now() + kQueuedDemotionWait;
-    for (;;) {
-      uint64_t finished_before;
-      {
-        MutexLock lock(io_mu_);
-        finished_before = demotions_finished_;
-      }
-      // Erased while it waited: nothing to write. (An Erase from here on
-      // finds the write in the tier, or FinishDemotion undoes it.)
-      if (DemotionErased(key)) return ended(Cancelled("block " + key.ToHex() + " was erased before its demotion"));
-      Status accepted = tier.Write(ns, key, layers, bytes, ended, checksum);
-      if (accepted.code() != StatusCode::kBusy) {
-        if (!accepted.ok()) ended(accepted);
-        return;
-      }
-      // Room comes back when a write in flight ends, or when the tier's own
-      // background work (a region read out to the tier below) does, which
-      // it does not signal: look again every millisecond.
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        Bump(counters_.demotion_busy_drops);
-        return ended(accepted);
-      }
-      MutexLock lock(io_mu_);
-      const auto until = std::min(deadline, now + std::chrono::milliseconds(1));
-      while (demotions_finished_ == finished_before && demotion_finished_.WaitUntil(io_mu_, until)) {
-      }
-      Bump(counters_.demotion_waits);
-    }
-  });
+  demoter_->Demote(level, ns, key, layers, host_.Bytes(extent).first(size), checksum);
 }
 
 bool Engine::DemotionErased(const BlockKey& key) {
@@ -330,32 +236,6 @@ bool Engine::DemotionErased(const BlockKey& key) {
   MutexLock lock(shard.mu);
   auto it = shard.demoting.find(key);
   return it != shard.demoting.end() && it->second.state() == BlockState::kErasedWhileDemoting;
-}
-
-void Engine::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {
-  const TierAdmission::Facts facts = evictor_->GatherFacts(block.key, block.hits);
-  // The evictor's walk (ChooseDemotionTarget) over the tiers under `from`;
-  // a block a lower tier evicts is never forced (no queue lookahead there).
-  const size_t first = from + 1;
-  const DemotionTarget choice = ChooseDemotionTarget(
-      below_.size() - first, /*needed=*/false,
-      [&](size_t level) { return below_[first + level]->tier->Find(block.key).has_value(); },
-      [](size_t) { return false; },
-      [&](size_t level) { return below_[first + level]->admission->Admit(payload.size(), facts); });
-  if (choice.held_below) return;  // already there: nothing to write
-  if (!choice.level) {
-    Bump(below_[from]->demotion_drops);
-    return;
-  }
-  const size_t level = first + *choice.level;
-  TierLevel& b = *below_[level];
-  IoStarted();
-  WriteToTier(level, block.ns, block.key, block.layer_count, payload, block.payload_checksum,
-              [this, &b](Status written) {
-                if (written.ok()) Bump(b.demotions_in);
-                CountFailedWrite(written);
-                IoFinished();
-              });
 }
 
 void Engine::FinishDemotion(const BlockKey& key, const Status& written) {
