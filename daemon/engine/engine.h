@@ -270,7 +270,7 @@ class Engine {
 
   // Preload planning (policy/preload_planner.h) with `source`'s read
   // bandwidth: for a tier below, the 10th percentile of the rates its
-  // read meter sampled (ReadStarted/ReadEnded: bytes over busy time of
+  // read meter sampled (ReadMeter, read_meter.h: bytes over busy time of
   // promotions, layer reads and loads; its initial estimate before any)
   // plus kBelowLayerOverheadUs
   // a layer (one read's submission and completion); for the host tier,
@@ -477,14 +477,6 @@ class Engine {
               uint64_t size, uint64_t checksum);
   void IoStarted();
   void IoFinished();
-  // The read meter of a tier below: its bandwidth is what it delivers
-  // while busy (bytes over time with a read in flight), sampled when it
-  // goes idle or every kBandwidthSampleBytes, not each read's own rate
-  // (reads in flight together each take longer than the tier's rate
-  // says). Every read started calls ReadEnded once (0 bytes: failed).
-  static constexpr uint64_t kBandwidthSampleBytes = 64ull << 20;
-  void ReadStarted(TierLevel& below);
-  void ReadEnded(TierLevel& below, uint64_t bytes);
   // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
   bool TakeTransient(uint64_t bytes);
   void EndTransient(uint64_t bytes);
@@ -574,7 +566,6 @@ class Engine {
   const double prefetch_share_;
   const uint32_t prefetch_min_blocks_;
   const bool verify_commits_;  // EngineOptions::verify_commits
-  mutable Mutex bandwidth_mu_;
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
   // never reaches a destroyed Engine.

@@ -154,10 +154,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   // a lower tier's evictions, and its evicted blocks no tier took.
   for (const auto& b : below_) {
     const std::string name(b->tier->name());
-    {
-      MutexLock lock(bandwidth_mu_);
-      v.VisitGauge("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_bandwidth.bytes_per_s()));
-    }
+    v.VisitGauge("engine." + name + "_read_bytes_per_s", static_cast<int64_t>(b->read_meter.estimate().bytes_per_s()));
     v.Visit("engine." + name + "_lookup_hits", load(b->lookup_hits));
     v.Visit("engine." + name + "_demotions_in", load(b->demotions_in));
     v.Visit("engine." + name + "_evictions_dropped", load(b->demotion_drops));
@@ -180,10 +177,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     v.Visit(name + "_demotion_failures", load(above_->demotion_failures));
     v.Visit(name + "_in_place_blocks", load(above_->in_place_blocks));
     v.Visit(name + "_lookup_hits", load(above_->source.lookup_hits));
-    {
-      MutexLock lock(bandwidth_mu_);
-      v.VisitGauge(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_bandwidth.bytes_per_s()));
-    }
+    v.VisitGauge(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_meter.estimate().bytes_per_s()));
     above_io_->VisitCounters(v);
     above_->source.tier->VisitCounters(v);
   }

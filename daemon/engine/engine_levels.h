@@ -18,6 +18,7 @@
 
 #include "common/mutex.h"
 #include "daemon/engine/measured_tier.h"
+#include "daemon/engine/read_meter.h"
 #include "daemon/engine/resident_order.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
@@ -34,11 +35,7 @@ struct TierLevel {
   BlockTier* tier = nullptr;
   std::unique_ptr<MeasuredTier> measured;
   std::unique_ptr<TierAdmission> admission;
-  BandwidthEstimate read_bandwidth{1e9};  // guarded by Engine::bandwidth_mu_; 1 GB/s until measured
-  // The read meter (ReadStarted/ReadEnded), guarded by Engine::bandwidth_mu_.
-  int64_t reads_in_flight = 0;
-  uint64_t busy_since_us = 0;  // the current busy period's start (or last sample)
-  uint64_t busy_bytes = 0;     // read since then
+  ReadMeter read_meter{1e9};  // promotions', layer reads' and loads' reads; 1 GB/s until measured
   std::atomic<int64_t> lookup_hits{0};
   std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
   std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took

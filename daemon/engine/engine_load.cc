@@ -342,7 +342,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
       TierLevel& below = SourceAt(b.level);
       lock.Unlock();
-      ReadStarted(below);
+      below.read_meter.Started(clock_.NowUs());
       // The layer's checksum from a tier that keeps them, or hashed when the
       // load verifies (its board needs it); else a plain read.
       Status started =
@@ -355,7 +355,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
                   if (!r.ok()) return StreamReadDone(stream, block, layer, r.status());
                   StreamReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
                 });
-      if (!started.ok()) ReadEnded(below, 0);
+      if (!started.ok()) below.read_meter.Ended(0, clock_.NowUs());
       lock.Lock();
       if (started.ok()) {
         Bump(counters_.load_layer_reads);
@@ -413,7 +413,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
 
 void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
                             Result<BlockTier::LayerRead> read) {
-  ReadEnded(SourceAt(stream->blocks[block].level), read.ok() ? read->bytes : 0);
+  SourceAt(stream->blocks[block].level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
   uint64_t layer_checksum = 0;
   bool landed = false;
   bool finish = false;

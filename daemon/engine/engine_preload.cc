@@ -53,10 +53,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
     if (it == below_.end()) {
       return NotFound("no " + std::string(TierName(source)) + " tier to plan a preload from");
     }
-    {
-      MutexLock lock(bandwidth_mu_);
-      in.read_bytes_per_s = (*it)->read_bandwidth.Percentile(10);
-    }
+    in.read_bytes_per_s = (*it)->read_meter.estimate().Percentile(10);
     in.overhead_us_per_layer = kBelowLayerOverheadUs;
   }
   return ::kvtier::PlanPreload(in);

@@ -78,8 +78,7 @@ Prefetcher::Stack Engine::PrefetchStack() {
   };
   stack.read_bandwidths = [this] {
     std::vector<BandwidthEstimate> bandwidths;  // one read channel per tier below
-    MutexLock lock(bandwidth_mu_);
-    for (const auto& b : below_) bandwidths.push_back(b->read_bandwidth);
+    for (const auto& b : below_) bandwidths.push_back(b->read_meter.estimate());
     return bandwidths;
   };
   stack.unused_prefetched_bytes = [this] {

@@ -60,14 +60,14 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
   Result<HostTier::Extent> extent = evictor_->Allocate(bytes);
   if (!extent.ok()) return finish(extent.status(), {}, {});
   TierLevel& below = SourceAt(from.level);
-  ReadStarted(below);
+  below.read_meter.Started(clock_.NowUs());
   // The tier's own checksums of the layers it verified travel with the
   // grant, so that a client that verifies checks the bytes it reads.
   Status started = below.tier->ReadWithLayerChecksums(
       key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
       [this, &below, finish, extent = *extent, bytes, count = layers.last - layers.first](
           Result<BlockTier::LayerRead> r) {
-        ReadEnded(below, r.ok() ? r->bytes : 0);
+        below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
         if (!r.ok()) return finish(r.status(), extent, {});
         if (r->bytes != bytes) return finish(IoError("short layer read"), extent, {});
         if (r->layer_checksums.size() != count) {
@@ -76,7 +76,7 @@ void Engine::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, co
         finish(Status::Ok(), extent, std::move(r->layer_checksums));
       });
   if (!started.ok()) {
-    ReadEnded(below, 0);
+    below.read_meter.Ended(0, clock_.NowUs());
     finish(started, *extent, {});
   }
 }
@@ -91,7 +91,7 @@ void Engine::Promote(const BlockKey& key, const Located& from, uint64_t deadline
   Result<HostTier::Extent> extent = evictor_->Allocate(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
   TierLevel& below = SourceAt(from.level);
-  ReadStarted(below);
+  below.read_meter.Started(clock_.NowUs());
   // With the layers' checksums, which the host entry records, from a tier
   // that keeps them (no extra pass); else a plain read (the block then has
   // none, as a block whose writer sent none).
@@ -100,18 +100,18 @@ void Engine::Promote(const BlockKey& key, const Located& from, uint64_t deadline
           ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
                                                [this, &below, key, extent = *extent, checksum](
                                                    Result<BlockTier::LayerRead> r) {
-                                                 ReadEnded(below, r.ok() ? r->bytes : 0);
+                                                 below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
                                                  if (!r.ok()) return FinishPromotion(key, r.status(), extent, checksum);
                                                  FinishPromotion(key, Status::Ok(), extent, checksum,
                                                                  std::move(r->layer_checksums));
                                                })
           : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
                              [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
-                               ReadEnded(below, r.ok() ? *r : 0);
+                               below.read_meter.Ended(r.ok() ? *r : 0, clock_.NowUs());
                                FinishPromotion(key, r.status(), extent, checksum);
                              });
   if (started.ok()) return;
-  ReadEnded(below, 0);
+  below.read_meter.Ended(0, clock_.NowUs());
   host_.Free(*extent);
   // Out of read staging for now: not a miss. It is tried again a moment
   // later (the pins keep waiting), until the deadline; a full retry queue
@@ -191,25 +191,6 @@ void Engine::FinishPromotion(const BlockKey& key, Status status, HostTier::Exten
   const bool last_prefetch = prefetched && prefetcher_->ReadLanded();
   if (last_prefetch && status.ok()) SchedulePrefetch();
   IoFinished();
-}
-
-void Engine::ReadStarted(TierLevel& below) {
-  MutexLock lock(bandwidth_mu_);
-  if (below.reads_in_flight++ == 0) {
-    below.busy_since_us = clock_.NowUs();
-    below.busy_bytes = 0;
-  }
-}
-
-void Engine::ReadEnded(TierLevel& below, uint64_t bytes) {
-  MutexLock lock(bandwidth_mu_);
-  below.busy_bytes += bytes;
-  const bool idle = --below.reads_in_flight == 0;
-  if (!idle && below.busy_bytes < kBandwidthSampleBytes) return;
-  const uint64_t now = clock_.NowUs();
-  if (below.busy_bytes != 0) below.read_bandwidth.Observe(below.busy_bytes, now - below.busy_since_us);
-  below.busy_since_us = now;
-  below.busy_bytes = 0;
 }
 
 bool Engine::TakeTransient(uint64_t bytes) {

@@ -1,0 +1,39 @@
+// ReadMeter: the read bandwidth a tier delivers while it is busy. A
+// tier's bandwidth is bytes over the time it had a read in flight, not
+// each read's own rate (reads in flight together each take longer than
+// the tier's rate says): one sample per busy period, taken when the tier
+// goes idle or every kSampleBytes of a long one, into a BandwidthEstimate
+// (policy/prefetch_planner.h) whose mean the prefetcher and whose low
+// percentile the preload planner use.
+//
+// Every read started calls Ended once (0 bytes: it failed). Thread-safe:
+// one mutex, a leaf.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mutex.h"
+#include "policy/prefetch_planner.h"
+
+namespace kvtier {
+
+class ReadMeter {
+ public:
+  static constexpr uint64_t kSampleBytes = 64ull << 20;
+  // The estimate until the first sample.
+  explicit ReadMeter(double initial_bytes_per_s) : estimate_(initial_bytes_per_s) {}
+
+  void Started(uint64_t now_us) EXCLUDES(mu_);
+  void Ended(uint64_t bytes, uint64_t now_us) EXCLUDES(mu_);
+  // The estimate now (a copy).
+  BandwidthEstimate estimate() const EXCLUDES(mu_);
+
+ private:
+  mutable Mutex mu_;
+  BandwidthEstimate estimate_ GUARDED_BY(mu_);
+  int64_t reads_in_flight_ GUARDED_BY(mu_) = 0;
+  uint64_t busy_since_us_ GUARDED_BY(mu_) = 0;  // the busy period's start (or last sample)
+  uint64_t busy_bytes_ GUARDED_BY(mu_) = 0;     // read since then
+};
+
+}  // namespace kvtier
