@@ -22,12 +22,9 @@ constexpr size_t kMoverJobs = 1 << 16;
 Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
     : host_(host),
       clock_(clock),
-      lookahead_us_(options.lookahead_us),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
       layer_read_pool_bytes_(static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes()))),
-      prefetch_share_(options.prefetch_share),
-      prefetch_min_blocks_(options.prefetch_min_blocks),
       verify_commits_(options.verify_commits),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
@@ -114,9 +111,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     e->Demote(level, ns, key, extent, size, checksum);
   };
   engine->evictor_ = std::make_unique<Evictor>(engine->shards_, host, engine->below_, engine->lineage_, clock,
-                                               engine->lookahead_us_, engine->counters_, std::move(evictor_hooks));
-  const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : engine->prefetch_share_,
-                                     engine->prefetch_min_blocks_, host.capacity_bytes()};
+                                               options.lookahead_us, engine->counters_, std::move(evictor_hooks));
+  const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : options.prefetch_share,
+                                     options.prefetch_min_blocks, host.capacity_bytes()};
   engine->prefetcher_ =
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
   if (above != nullptr) {

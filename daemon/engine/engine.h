@@ -543,7 +543,6 @@ class Engine {
   std::unique_ptr<AboveLevel> above_;
   std::once_flag host_copy_measured_;
   double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
-  const uint64_t lookahead_us_;
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
@@ -563,8 +562,6 @@ class Engine {
   std::unique_ptr<Evictor> evictor_;
   const uint64_t layer_read_pool_bytes_;
   std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
-  const double prefetch_share_;
-  const uint32_t prefetch_min_blocks_;
   const bool verify_commits_;  // EngineOptions::verify_commits
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
