@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,12 +73,22 @@ ReplayOptions SimOptions(const std::string& nvme_eviction, double reinsert_share
 // The trace through the simulator and through an in-process daemon with
 // the same host policy, NVMe geometry, reclaim order and reinsertion
 // share; the sim's result once both agree on every hit.
-ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::string& host_policy) {
+// The NVMe tier's admission of a run: its name, and for dwpd the drive
+// budget both sides run.
+struct Admission {
+  std::string name = "all";
+  std::optional<DwpdOptions> dwpd;
+};
+
+ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::string& host_policy,
+                             const Admission& admission = {}) {
   const std::string nvme_eviction(ReclaimOrderName(order));
-  SCOPED_TRACE("nvme " + nvme_eviction + ", host " + host_policy);
+  SCOPED_TRACE("nvme " + nvme_eviction + ", host " + host_policy + ", admission " + admission.name);
   const double share = 0.5;
   ReplayOptions sim_options = SimOptions(nvme_eviction, share);
   sim_options.policy = host_policy;
+  sim_options.admission = admission.name;
+  if (admission.dwpd) sim_options.dwpd = *admission.dwpd;
   auto sim = Replay(trace, sim_options);
   EXPECT_TRUE(sim.ok()) << sim.status().ToString();
   if (!sim.ok()) return {};
@@ -95,6 +106,8 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   options.nvme_region_bytes = kRegionBytes;
   options.nvme_eviction = order;
   options.nvme_reinsert_share = share;
+  options.nvme_admission = admission.name;
+  options.nvme_dwpd = admission.dwpd;
   TestDaemon daemon(options);
   LiveOptions live_options;
   live_options.socket_path = daemon.socket_path();
@@ -113,6 +126,9 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   EXPECT_EQ(live->tier_hits[kHostTier], sim->tiers[kHostTier].hits);
   EXPECT_EQ(live->tier_hits[kNvmeTier], sim->tiers[kNvmeTier].hits);
   EXPECT_EQ(EngineCounter(daemon, "nvme.reinserted"), static_cast<int64_t>(sim->nvme_reinserted));
+  // The same victims refused: the NVMe admission decided as the sim's did
+  // (no tier under it, so each refusal is a drop).
+  EXPECT_EQ(EngineCounter(daemon, "engine.admission_drops"), static_cast<int64_t>(sim->admission_refused));
   // The trace exercises what it should: both tiers hit and the log wraps.
   EXPECT_GT(sim->tiers[kHostTier].hits, 0u);
   EXPECT_GT(sim->tiers[kNvmeTier].hits, 0u);
@@ -132,6 +148,29 @@ TEST(ReplayNvmeLiveTest, SimAndLiveHitTheSameBlocksInEachTier) {
       const ReplayResult r = SimAndLiveAgree(trace, order, host_policy);
       EXPECT_GT(r.nvme_reinserted, 0u) << ReclaimOrderName(order) << " copies blocks forward";
     }
+  }
+}
+
+// The NVMe admissions decide as the sim's do: second_hit (a victim goes
+// down on its second eviction) and dwpd (second_hit's rules within the
+// drive's write budget; the reinsertions charged to it too), with a bucket
+// of 40 records: more than the log holds, so it wraps, and less than the
+// trace asks for, so the budget refuses on both sides. The budget's refill
+// over the run (a drive of this size earns about 20 bytes a second) is far
+// below the half record of margin the bucket leaves, on the sim's clock
+// and on the wall's alike. Admission classes victims by their uses since
+// they last entered the host tier, on both sides.
+TEST(ReplayNvmeLiveTest, SimAndLiveAdmitTheSameVictims) {
+  const Trace trace = MixedTrace();
+  const ReplayResult second_hit = SimAndLiveAgree(trace, ReclaimOrder::kLru, "lru", Admission{"second_hit", {}});
+  EXPECT_GT(second_hit.admission_refused, 0u) << "second_hit refuses first evictions";
+
+  DwpdOptions budget;
+  budget.drive_capacity_bytes = kNvmeBytes;
+  budget.bucket_bytes = 40 * kRecordBytes + kRecordBytes / 2;
+  for (const std::string host_policy : {"lru", "queue_aware"}) {
+    const ReplayResult dwpd = SimAndLiveAgree(trace, ReclaimOrder::kLru, host_policy, Admission{"dwpd", budget});
+    EXPECT_GT(dwpd.admission_refused, second_hit.admission_refused) << "the budget refuses more than second_hit";
   }
 }
 

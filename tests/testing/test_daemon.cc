@@ -126,6 +126,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
       std::abort();
     }
     nvme_ = std::move(*nvme);
+    if (options.nvme_dwpd) dwpd = *options.nvme_dwpd;
   }
   EngineOptions engine_options{options.shards, options.eviction};
   engine_options.demotion_buffer_bytes = options.demotion_buffer_bytes;

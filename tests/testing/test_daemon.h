@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,6 +46,10 @@ struct TestDaemonOptions {
   // Which evicted blocks the NVMe tier gets ("all" here, so tests of the
   // tier see every eviction; kvtierd defaults to "dwpd").
   std::string nvme_admission = "all";
+  // The drive budget of the dwpd admission of the in-memory tier (with
+  // nvme_path it comes from the config's defaults); unset: the defaults,
+  // which need a drive size.
+  std::optional<DwpdOptions> nvme_dwpd;
   // With nvme_path empty: an NVMe tier on an in-memory device (nvme_bytes)
   // behind a FaultInjectingDevice (nvme_device()), whose index runs
   // nvme_index_hook (when set) before every mutation: the latches of the

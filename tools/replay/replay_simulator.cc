@@ -296,8 +296,14 @@ double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids,
     ++node_result.requests;
     node_result.tokens += req.input_tokens;
   }
+  // Each block's uses as the daemon's host entry counts them
+  // (BlockEntry::hits, what its admission classes a victim by): one more
+  // for a block found in the host tier; one for a block found only below,
+  // whose promotion makes a new entry that this request's pin uses; none
+  // for a block found nowhere, which the request puts anew.
   for (uint32_t id : ids) {
-    if (Anywhere(n, id)) ++n.blocks[id].uses;
+    NodeBlock& nb = n.blocks[id];
+    nb.uses = n.host.in[id] ? nb.uses + 1 : Anywhere(n, id) ? 1 : 0;
   }
   if (!future_.empty()) {
     // Belady: this lookup was each block's next use; the one after is

@@ -37,7 +37,9 @@ struct SimBlock {
 
 // What one node knows of a block besides where it is.
 struct NodeBlock {
-  uint64_t uses = 0;        // this node's requests that found it resident (its admission class)
+  // This node's requests that used it since it last entered the node's
+  // host tier (its admission class, as the daemon's BlockEntry::hits).
+  uint64_t uses = 0;
   bool prefetched = false;  // read into this node's host tier by a prefetch plan and not used since
   uint64_t arrives_us = 0;  // prefetched: when its read lands
 };
