@@ -29,7 +29,6 @@ class ForwardingTier : public BlockTier {
 
   BlockTier& inner() const { return inner_; }
 
-  Tier kind() const override { return inner_.kind(); }
   std::string_view name() const override { return inner_.name(); }
   bool asynchronous() const override { return inner_.asynchronous(); }
   uint64_t capacity_bytes() const override { return inner_.capacity_bytes(); }

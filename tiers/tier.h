@@ -41,7 +41,6 @@
 #include "common/counters.h"
 #include "common/health_findings.h"
 #include "kvtier/block_key.h"
-#include "kvtier/client.h"
 #include "kvtier/result.h"
 #include "policy/share_guard.h"
 
@@ -57,8 +56,6 @@ class BlockTier {
  public:
   virtual ~BlockTier() = default;
 
-  // What Lookup reports for a block found here (include/kvtier/client.h).
-  virtual Tier kind() const = 0;
   // The prefix of this tier's counters and log lines ("nvme").
   virtual std::string_view name() const = 0;
   // Whether Write and Read complete on another thread after returning

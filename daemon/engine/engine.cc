@@ -63,7 +63,7 @@ Engine::~Engine() {
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host, const Clock& clock,
                                                BlockTier* below) {
   std::vector<LowerTier> stack;
-  if (below != nullptr) stack.push_back(LowerTier{below, options.admission, options.dwpd});
+  if (below != nullptr) stack.push_back(LowerTier{below, options.admission, options.dwpd, 0, Tier::kNvme});
   return Create(options, host, clock, std::move(stack));
 }
 
@@ -79,6 +79,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   std::unique_ptr<Engine> engine(new Engine(options, host, clock));
   for (const LowerTier& lower : below) {
     if (lower.tier == nullptr) return InvalidArgument("a tier of the stack is missing");
+    if (lower.reported != Tier::kNvme && lower.reported != Tier::kRemote) {
+      return InvalidArgument(std::string(lower.tier->name()) + " is below the host: Lookup reports it as nvme or remote, not " +
+                             std::string(TierName(lower.reported)));
+    }
     auto made = TierAdmission::Create(lower.admission, lower.dwpd, lower.rate_bytes_per_second, *lower.tier, clock);
     if (!made.ok()) {
       return InvalidArgument(std::string(lower.tier->name()) + " admission: " + made.status().message());
@@ -87,6 +91,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     level->measured = std::make_unique<MeasuredTier>(*lower.tier);
     level->tier = level->measured.get();
     level->admission = std::move(made).value();
+    level->reported = lower.reported;
     if (level->tier->prober() != nullptr) engine->probing_ = true;
     engine->below_.push_back(std::move(level));
   }
@@ -120,6 +125,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->above_ = std::make_unique<AboveLevel>();
     engine->above_->source.measured = std::make_unique<MeasuredTier>(*above);
     engine->above_->source.tier = engine->above_->source.measured.get();
+    engine->above_->source.reported = Tier::kHbm;
     engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
   }
   {
@@ -195,7 +201,7 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
       std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
       if (info && info->ns == ns) {
         Bump(above_->source.lookup_hits);
-        return above_->source.tier->kind();
+        return above_->source.reported;
       }
     }
     BlockIndex& shard = ShardFor(key);
@@ -213,7 +219,7 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
       below = Located{demoting->second.level, {}};
     }
     Bump(below_[below->level]->lookup_hits);
-    return below_[below->level]->tier->kind();
+    return below_[below->level]->reported;
   };
   max_keys = std::max<size_t>(max_keys, 1);
   const size_t end = keys.size() - cursor.next > max_keys ? cursor.next + max_keys : keys.size();

@@ -22,6 +22,7 @@
 #include "daemon/engine/resident_order.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
+#include "kvtier/client.h"
 #include "policy/policy_registry.h"
 #include "policy/prefetch_planner.h"
 #include "tiers/tier.h"
@@ -34,6 +35,9 @@ struct TierLevel {
   // bytes), which forwards to the tier it was given.
   BlockTier* tier = nullptr;
   std::unique_ptr<MeasuredTier> measured;
+  // How Lookup names this place to clients (LowerTier::reported; kHbm for
+  // the tier above the host).
+  Tier reported = Tier::kNone;
   std::unique_ptr<TierAdmission> admission;
   ReadMeter read_meter{1e9};  // promotions', layer reads' and loads' reads; 1 GB/s until measured
   std::atomic<int64_t> lookup_hits{0};

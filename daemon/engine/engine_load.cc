@@ -180,7 +180,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   }
   std::vector<PinClaim> streamed;
   for (const PinClaim& c : claims.promote) {
-    out.source = std::max(out.source, SourceAt(c.from.level).tier->kind());
+    out.source = std::max(out.source, SourceAt(c.from.level).reported);
     out.below_bytes_per_layer += c.from.info.payload_bytes / std::max<uint32_t>(1, c.from.info.layer_count);
     if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
       streamed.push_back(c);

@@ -49,7 +49,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
     in.read_bytes_per_s = host_copy_bytes_per_s_;
   } else {
     const auto it = std::find_if(below_.begin(), below_.end(),
-                                 [source](const std::unique_ptr<TierLevel>& b) { return b->tier->kind() == source; });
+                                 [source](const std::unique_ptr<TierLevel>& b) { return b->reported == source; });
     if (it == below_.end()) {
       return NotFound("no " + std::string(TierName(source)) + " tier to plan a preload from");
     }

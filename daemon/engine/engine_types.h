@@ -138,6 +138,11 @@ struct LowerTier {
   std::string admission = "all";
   DwpdOptions dwpd;
   uint64_t rate_bytes_per_second = 0;
+  // How Lookup, loads and preload plans name this place to clients
+  // (include/kvtier/client.h's Tier): kNvme or kRemote. Tiers are known to
+  // the engine by their place in the stack only; this is the answer's word
+  // for it, which the registration (daemon/setup/tier_stack.cc) chooses.
+  Tier reported = Tier::kNone;
 };
 
 // Namespaces and where their blocks are (Engine::NamespaceUses).

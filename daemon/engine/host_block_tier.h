@@ -35,7 +35,6 @@ class HostBlockTier final : public BlockTier {
  public:
   explicit HostBlockTier(Engine& engine) : engine_(engine) {}
 
-  Tier kind() const override { return Tier::kHost; }
   std::string_view name() const override { return "host"; }
   bool asynchronous() const override { return false; }
   uint64_t capacity_bytes() const override;

@@ -10,6 +10,8 @@ namespace {
 // One tier kvtierd can put below the host tier.
 struct TierRegistration {
   const char* name;
+  // How clients hear of a block found there (LowerTier::reported).
+  Tier reported;
   // The tier the configuration asks for; null when it is off.
   Result<std::unique_ptr<BlockTier>> (*open)(const DaemonConfig& config, Clock& clock);
   // Its admission (policy name and budget) from the configuration.
@@ -30,8 +32,8 @@ Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock&
 
 // The registration table, in stack order.
 constexpr TierRegistration kTiers[] = {
-    {"nvme", OpenNvme, NvmeAdmissionFromConfig},
-    {"remote", OpenRemote, RemoteAdmissionFromConfig},
+    {"nvme", Tier::kNvme, OpenNvme, NvmeAdmissionFromConfig},
+    {"remote", Tier::kRemote, OpenRemote, RemoteAdmissionFromConfig},
 };
 
 }  // namespace
@@ -46,6 +48,7 @@ Result<TierStack> OpenTierStack(const DaemonConfig& config, Clock& clock) {
     if (!lower.ok()) {
       return Status(lower.status().code(), std::string(r.name) + " admission: " + lower.status().message());
     }
+    lower->reported = r.reported;
     stack.lower.push_back(*lower);
     stack.tiers.push_back(std::move(*tier));
   }

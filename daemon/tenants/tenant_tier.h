@@ -104,7 +104,7 @@ class SharedTier {
   std::atomic<int64_t> unowned_evictions_{0};
 };
 
-// A ForwardingTier over the shared tier: kind, name, asynchronous,
+// A ForwardingTier over the shared tier: name, asynchronous,
 // StoredBytes and keeps_layer_checksums are the tier's, and so is its
 // health (CheckHealth: each tenant hears that the tier it shares fails). Of the tier's
 // capabilities it keeps probes, in-place holds, reclaim hooks and namespace

@@ -40,7 +40,7 @@ class AboveTierTest : public ::testing::Test {
   }
 
   NamespaceDescriptor descriptor_ = TestNamespace();
-  MapTier above_{64ull << 20, Tier::kHbm, "hbm"};  // outlives the daemon
+  MapTier above_{64ull << 20, "hbm"};  // outlives the daemon
   std::unique_ptr<TestDaemon> daemon_;
   std::unique_ptr<Client> client_;
 };

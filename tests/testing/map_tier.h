@@ -27,10 +27,8 @@ namespace kvtier::testing {
 class MapTier final : public BlockTier, public InPlaceHolds {
  public:
   MapTier() = default;
-  MapTier(uint64_t capacity_bytes, Tier kind, std::string name)
-      : capacity_(capacity_bytes), kind_(kind), name_(std::move(name)) {}
+  MapTier(uint64_t capacity_bytes, std::string name) : capacity_(capacity_bytes), name_(std::move(name)) {}
 
-  Tier kind() const override { return kind_; }
   std::string_view name() const override { return name_; }
   bool asynchronous() const override { return false; }
   uint64_t capacity_bytes() const override { return capacity_; }
@@ -183,7 +181,6 @@ class MapTier final : public BlockTier, public InPlaceHolds {
     int64_t holds = 0;
   };
   const uint64_t capacity_ = 1ull << 40;
-  const Tier kind_ = Tier::kRemote;
   const std::string name_ = "maptier";
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, Stored> blocks_;      // guarded by mu_

@@ -63,7 +63,6 @@ class RecordingTier final : public BlockTier,
   mutable std::multiset<std::string> calls;
   ShareOf installed_shares;  // the last SetShares
 
-  Tier kind() const override { return Record("kind"), Tier::kNvme; }
   std::string_view name() const override { return Record("name"), "recording"; }
   bool asynchronous() const override { return Record("asynchronous"), true; }
   uint64_t capacity_bytes() const override { return Record("capacity_bytes"), 7; }
@@ -140,7 +139,6 @@ inline void CallEverything(BlockTier& tier) {
   const BlockKey key{1, 1};
   const NamespaceFingerprint ns{1, 2};
   std::vector<std::byte> bytes(16);
-  (void)tier.kind();
   (void)tier.name();
   (void)tier.asynchronous();
   (void)tier.capacity_bytes();

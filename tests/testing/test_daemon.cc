@@ -133,7 +133,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
   engine_options.admission = options.nvme_admission;
   engine_options.dwpd = dwpd;
   std::vector<LowerTier> below;
-  if (nvme_ != nullptr) below.push_back(LowerTier{nvme_.get(), options.nvme_admission, dwpd});
+  if (nvme_ != nullptr) below.push_back(LowerTier{nvme_.get(), options.nvme_admission, dwpd, 0, Tier::kNvme});
   auto engine = Engine::Create(engine_options, *host_, clock_, std::move(below), options.above);
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();

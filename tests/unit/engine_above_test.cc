@@ -38,7 +38,7 @@ class EngineAboveTest : public ::testing::Test {
 
   void Open(uint64_t above_bytes) {
     engine_.reset();
-    above_ = std::make_unique<MapTier>(above_bytes, Tier::kHbm, "hbm");
+    above_ = std::make_unique<MapTier>(above_bytes, "hbm");
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, {}, above_.get());

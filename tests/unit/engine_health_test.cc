@@ -41,7 +41,7 @@ class EngineHealthTest : public ::testing::Test {
   // An engine over host_, `below` (may be null) and `above` (may be null).
   std::unique_ptr<Engine> Open(BlockTier* below, BlockTier* above = nullptr) {
     std::vector<LowerTier> lower;
-    if (below != nullptr) lower.push_back(LowerTier{below});
+    if (below != nullptr) lower.push_back(LowerTier{.tier = below, .reported = Tier::kNvme});
     auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, std::move(lower), above);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     return engine.ok() ? std::move(*engine) : nullptr;

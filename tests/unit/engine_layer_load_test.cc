@@ -49,7 +49,6 @@ BlockKey Key(uint64_t i) { return BlockKey{0x1a7e, i}; }
 // at once (more: Busy).
 class ScriptedTier final : public BlockTier {
  public:
-  Tier kind() const override { return Tier::kNvme; }
   std::string_view name() const override { return "scripted"; }
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return 1ull << 30; }
@@ -200,7 +199,7 @@ class EngineLayerLoadTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    std::vector<LowerTier> stack{LowerTier{&tier_, "all", {}}};
+    std::vector<LowerTier> stack{LowerTier{&tier_, "all", {}, 0, Tier::kNvme}};
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);

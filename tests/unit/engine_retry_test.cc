@@ -107,7 +107,7 @@ class EngineRetryTest : public ::testing::Test {
   void Open(bool above) {
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    std::vector<LowerTier> stack{LowerTier{&below_, "all", {}}};
+    std::vector<LowerTier> stack{LowerTier{&below_, "all", {}, 0, Tier::kRemote}};
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack),
                                  above ? &above_ : nullptr);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
@@ -132,7 +132,7 @@ class EngineRetryTest : public ::testing::Test {
   FakeClock clock_;
   MapTier below_map_;
   BusyTier below_{below_map_};
-  MapTier above_map_{4 * kBlockBytes, Tier::kHbm, "hbm"};
+  MapTier above_map_{4 * kBlockBytes, "hbm"};
   BusyTier above_{above_map_};
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<Engine> engine_;

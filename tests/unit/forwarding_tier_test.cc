@@ -25,7 +25,7 @@ using ::kvtier::testing::kEveryCapability;
 using ::kvtier::testing::RecordingTier;
 
 const std::set<std::string> kEveryMethod = {
-    "kind", "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe",
+    "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe",
     "Write", "Read", "keeps_layer_checksums", "ReadWithLayerChecksums", "ForEachBlock", "ForEachNamespaceBytes",
     "Erase", "write_totals", "SetNeededHint", "SetEvictionSink", "SetShares", "shareable_bytes", "HoldInPlace",
     "ReleaseInPlace", "VisitCounters", "CheckHealth"};

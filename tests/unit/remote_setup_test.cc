@@ -95,7 +95,7 @@ TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
 TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {
   const DaemonConfig config = Parse("[remote]\nwrite_rate = \"100MiB\"\n");
   EXPECT_EQ(config.remote_admission, AdmissionPolicyId::kRate);
-  testing::MapTier tier(1 << 20, Tier::kRemote, "remote");
+  testing::MapTier tier(1 << 20, "remote");
   auto lower = RemoteAdmissionFromConfig(config, tier);
   ASSERT_TRUE(lower.ok());
   EXPECT_EQ(lower->tier, &tier);

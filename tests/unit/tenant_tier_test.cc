@@ -104,7 +104,6 @@ class HookTier final : public BlockTier, public ReclaimHooks, public InPlaceHold
  public:
   explicit HookTier(MapTier& map) : map_(map) {}
 
-  Tier kind() const override { return map_.kind(); }
   std::string_view name() const override { return map_.name(); }
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return map_.capacity_bytes(); }
@@ -287,7 +286,7 @@ class TenantTierTest : public ::testing::Test {
     return counters;
   }
 
-  MapTier map_{uint64_t{1} << 40, Tier::kNvme, "nvme"};
+  MapTier map_{uint64_t{1} << 40, "nvme"};
   HookTier hook_{map_};
   const TenantScope scope_a_, scope_b_, scope_x_;
   std::unique_ptr<SharedTier> shared_;
@@ -524,7 +523,6 @@ TEST_F(TenantTierTest, HoldInPlaceOfOwnBlock) {
 
 TEST_F(TenantTierTest, DelegatesTheTiersFace) {
   Open(map_);
-  EXPECT_EQ(a_->kind(), Tier::kNvme);
   EXPECT_EQ(a_->name(), "nvme");
   EXPECT_EQ(a_->asynchronous(), map_.asynchronous());
   EXPECT_EQ(a_->StoredBytes(1000), map_.StoredBytes(1000));

@@ -52,7 +52,8 @@ class TierStackTest : public ::testing::Test {
     auto nvme = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, nvme_options);
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
     nvme_ = std::move(*nvme);
-    std::vector<LowerTier> stack{LowerTier{nvme_.get(), nvme_admission, {}}, LowerTier{&map_, "all", {}}};
+    std::vector<LowerTier> stack{LowerTier{nvme_.get(), nvme_admission, {}, 0, Tier::kNvme},
+                                 LowerTier{&map_, "all", {}, 0, Tier::kRemote}};
     auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
@@ -113,7 +114,7 @@ TEST_F(TierStackTest, BlocksDemoteToTheThirdTierAndComeBackByteExact) {
   for (Tier t : found.tiers) ++per_tier[t];
   EXPECT_GT(per_tier[Tier::kHost], 0);
   EXPECT_GT(per_tier[Tier::kNvme], 0);
-  EXPECT_GT(per_tier[Tier::kRemote], 0) << "the map tier reports its own kind";
+  EXPECT_GT(per_tier[Tier::kRemote], 0) << "the third level reports as its registration says";
   // The oldest blocks left the NVMe tier: only the third tier has them.
   EXPECT_EQ(found.tiers[0], Tier::kRemote);
   EXPECT_FALSE(nvme_->Find(Key(0)).has_value());
@@ -178,6 +179,36 @@ TEST_F(TierStackTest, EraseReachesEveryTier) {
     EXPECT_EQ(engine_->Lookup(kNs, std::span(&key, 1)).prefix_blocks, 0u);
     EXPECT_FALSE(map_.Find(key).has_value());
     EXPECT_FALSE(nvme_->Find(key).has_value());
+  }
+}
+
+// A level below the host is named to clients only as its registration
+// says (LowerTier::reported): the same tier reports as nvme or as remote,
+// and a place that is not below the host is refused.
+TEST(TierStackPlaces, ALevelReportsAsItsRegistrationSaysAndOnlyAsAPlaceBelowTheHost) {
+  FakeClock clock;
+  for (Tier reported : {Tier::kNvme, Tier::kRemote}) {
+    std::unique_ptr<HostTier> host = ::kvtier::testing::OpenTestHostTier(kBlockBytes);
+    ASSERT_NE(host, nullptr);
+    MapTier below;
+    auto engine = Engine::Create(EngineOptions{1, "lru"}, *host, clock,
+                                 {LowerTier{.tier = &below, .reported = reported}});
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    (*engine)->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});
+    ASSERT_TRUE(::kvtier::testing::PutFilledBlock(**engine, *host, 1, kNs, Key(0), kBlockBytes).ok());
+    ASSERT_TRUE(::kvtier::testing::PutFilledBlock(**engine, *host, 1, kNs, Key(1), kBlockBytes).ok());
+    (*engine)->WaitForIdle();
+    ASSERT_TRUE(below.Find(Key(0)).has_value()) << "the first block was demoted";
+    EXPECT_EQ(::kvtier::testing::LookupTier(**engine, kNs, Key(0)), reported);
+  }
+  for (Tier wrong : {Tier::kNone, Tier::kHbm, Tier::kHost}) {
+    std::unique_ptr<HostTier> host = ::kvtier::testing::OpenTestHostTier(kBlockBytes);
+    ASSERT_NE(host, nullptr);
+    MapTier below;
+    auto engine = Engine::Create(EngineOptions{1, "lru"}, *host, clock, {LowerTier{.tier = &below, .reported = wrong}});
+    ASSERT_FALSE(engine.ok()) << TierName(wrong);
+    EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(engine.status().message().find("nvme or remote"), std::string::npos) << engine.status().message();
   }
 }
 

@@ -64,7 +64,6 @@ class HbmTier final : public BlockTier, public InPlaceHolds {
   static Result<std::unique_ptr<HbmTier>> Create(std::unique_ptr<HbmDevice> device);
   ~HbmTier() override;
 
-  Tier kind() const override { return Tier::kHbm; }
   std::string_view name() const override { return "hbm"; }
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return device_->capacity_bytes(); }

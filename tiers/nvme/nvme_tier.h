@@ -114,7 +114,6 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
                                                 const NvmeTierOptions& options, Clock& clock);
   ~NvmeTier() override;
 
-  Tier kind() const override { return Tier::kNvme; }
   std::string_view name() const override { return "nvme"; }
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return device_->capacity_bytes(); }

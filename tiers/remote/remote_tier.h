@@ -88,7 +88,6 @@ class RemoteTier final : public BlockTier, public Prober {
   static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options, const Clock& clock);
   ~RemoteTier() override;  // finishes queued work, then joins
 
-  Tier kind() const override { return Tier::kRemote; }
   std::string_view name() const override { return "remote"; }
   bool asynchronous() const override { return true; }
   uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
