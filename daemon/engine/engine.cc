@@ -122,11 +122,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   engine->prefetcher_ =
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
   if (above != nullptr) {
-    engine->above_ = std::make_unique<AboveLevel>();
-    engine->above_->source.measured = std::make_unique<MeasuredTier>(*above);
-    engine->above_->source.tier = engine->above_->source.measured.get();
-    engine->above_->source.reported = Tier::kHbm;
-    engine->above_io_ = std::make_unique<Mover>("engine.above_io", 1, 0, kMoverJobs);
+    engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
+                                                  kMoverJobs, engine->AboveHooks());
   }
   {
     WriterMutexLock gate(engine->sink_gate_->mu);
@@ -142,6 +139,16 @@ Demoter::Hooks Engine::DemoterHooks() {
   hooks.erased = [this](const BlockKey& key) { return DemotionErased(key); };
   hooks.finished = [this](const BlockKey& key, const Status& written) { FinishDemotion(key, written); };
   hooks.facts = [this](const BlockKey& key, uint64_t uses) { return evictor_->GatherFacts(key, uses); };
+  return hooks;
+}
+
+AboveMover::Hooks Engine::AboveHooks() {
+  AboveMover::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.held_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) {
+    return FindBelow(key, ns).has_value();
+  };
   return hooks;
 }
 
@@ -167,14 +174,14 @@ std::optional<Located> Engine::FindBelow(const BlockKey& key, const NamespaceFin
 
 std::optional<Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {
   if (above_ != nullptr) {
-    std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
+    std::optional<BlockTier::BlockInfo> info = above_->source().tier->Find(key);
     if (info && info->ns == ns) return Located{kAboveLevel, *info};
   }
   return FindBelow(key, ns);
 }
 
 TierLevel& Engine::SourceAt(size_t level) {
-  return level == kAboveLevel ? above_->source : *below_[level];
+  return level == kAboveLevel ? above_->source() : *below_[level];
 }
 
 BlockTier& Engine::host_tier() { return *host_block_tier_; }
@@ -198,10 +205,11 @@ void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey
   // Where `key` is, from what the tiers know now (no I/O).
   auto place = [&](const BlockKey& key) -> std::optional<Tier> {
     if (above_ != nullptr) {
-      std::optional<BlockTier::BlockInfo> info = above_->source.tier->Find(key);
+      TierLevel& above = above_->source();
+      std::optional<BlockTier::BlockInfo> info = above.tier->Find(key);
       if (info && info->ns == ns) {
-        Bump(above_->source.lookup_hits);
-        return above_->source.reported;
+        Bump(above.lookup_hits);
+        return above.reported;
       }
     }
     BlockIndex& shard = ShardFor(key);
@@ -444,7 +452,7 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
       auto info = b->tier->Find(key);
       if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
     }
-    if (above_ != nullptr && EraseAbove(ns, key, moving)) found = true;
+    if (above_ != nullptr && above_->Erase(ns, key, moving)) found = true;
     if (found || moving) ++erased;
   }
   Bump(counters_.erases, static_cast<int64_t>(erased));

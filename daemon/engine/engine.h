@@ -19,15 +19,19 @@
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
 // A connection's uncommitted reservations and leases die with CloseConnection.
 //
-// A tier above the host (the HBM tier, engine_above.cc), when there is
-// one: blocks that layer-wise loads into GPU memory read (a hit: reuse
-// evidence) are copied up on the `engine.above_io` mover, and such loads
-// get them in place (InPlaceHolds::HoldInPlace: the client copies device to
-// device). Its blocks are ranked by an eviction policy (ResidentOrder,
-// resident_order.h: LRU); a victim no other tier holds is
-// demoted into the host tier first (the HBM tier's evictions demote to
-// host). Lookup reports it first; a pin of a block held only there reads
-// it back into the host tier like a promotion from below.
+// A tier above the host (the HBM tier), when there is one, is moved by
+// the AboveMover (above_mover.h; above_, null without one): blocks that
+// layer-wise loads into GPU memory read (a hit: reuse evidence) are
+// offered to it and copied up on its `engine.above_io` mover, and such
+// loads get them in place (AboveMover::Hold: the client copies device to
+// device). It ranks its blocks by an eviction policy (ResidentOrder,
+// resident_order.h: LRU); a victim no other tier holds is demoted into
+// the host tier first (the HBM tier's evictions demote to host). The
+// engine reaches it only through its methods and gives it hooks
+// (AboveHooks: I/O in flight, whether a tier below holds a key). Lookup
+// reports it first; a pin of a block held only there reads it back into
+// the host tier like a promotion from below (Located::level kAboveLevel,
+// its TierLevel AboveMover::source()).
 //
 // Placement with tiers below the host:
 // - Demotion: an evicted host block goes to the first tier below whose
@@ -66,6 +70,7 @@
 #include "common/health_findings.h"
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
+#include "daemon/engine/above_mover.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
@@ -480,39 +485,6 @@ class Engine {
   // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
   bool TakeTransient(uint64_t bytes);
   void EndTransient(uint64_t bytes);
-  // The tier above the host (engine_above.cc). AboveHold holds `key` in
-  // place there for a load (a use in its order), if it is stored under `ns`.
-  std::optional<BlockTier::InPlace> AboveHold(const NamespaceFingerprint& ns, const BlockKey& key);
-  // Queues a copy of host block `key` up (once; skipped when the queue is
-  // full). CopyUp and EvictAboveOne run on above_io_ only; CopyUp says
-  // whether the offer goes on: a write started (its completion ends the
-  // offer) or, the tier above being Busy, a retry waits (retries_, until
-  // the deadline on clock_) with the bytes read.
-  void OfferAbove(const NamespaceFingerprint& ns, const BlockKey& key);
-  // A copy up the tier above refused as Busy: what its retry writes.
-  struct CopyUpRetry {
-    BlockTier::BlockInfo info;
-    std::shared_ptr<const std::vector<std::byte>> bytes;  // null: a first try (read from the host tier)
-    uint64_t deadline_us = 0;
-  };
-  // Queues CopyUp(ns, key, retry) on above_io_ (as I/O in flight); a full
-  // queue ends the offer (counted: an offer dropped, a retry failed).
-  void QueueCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry);
-  bool CopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry retry);
-  // CopyUp's first step: host block `key` of `ns` into above_->up_buffer,
-  // and `first`'s info and deadline. False when it is above already, or
-  // (counted as a skip) not of `ns`, too big for the tier, gone or
-  // unverified.
-  bool ReadForCopyUp(const NamespaceFingerprint& ns, const BlockKey& key, CopyUpRetry& first);
-  // Makes room above: the least recently used block goes, demoted into the
-  // host tier first unless another tier holds it. False: nothing to evict.
-  bool EvictAboveOne();
-  // Forgets `key` above (Erase), cancelling a copy up of it; true when a
-  // stored block went. Takes only leaf locks.
-  bool EraseAbove(const NamespaceFingerprint& ns, const BlockKey& key, bool moving);
-  // Marks `key` recently used above, if it is there.
-  void TouchAbove(const BlockKey& key);
-
   // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
   // as a hold until `expires_us`, unless the key is held already (the
   // later expiry stays, the extra pin goes) or `ns` was dropped since the
@@ -530,17 +502,16 @@ class Engine {
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
   // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // demoter's into the engine (engine.cc).
+  // demoter's and the above mover's into the engine (engine.cc).
   Prefetcher::Stack PrefetchStack();
   Demoter::Hooks DemoterHooks();
+  AboveMover::Hooks AboveHooks();
 
   HostTier& host_;
   const Clock& clock_;
   // The tiers below the host, highest first.
   std::vector<std::unique_ptr<TierLevel>> below_;
   bool probing_ = false;  // some tier of below_ has a prober (BlockTier::prober), set at Create
-  // The tier above the host (engine_levels.h); null without one.
-  std::unique_ptr<AboveLevel> above_;
   std::once_flag host_copy_measured_;
   double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
   // Parents and conversations from queue hints, for admission.
@@ -596,9 +567,9 @@ class Engine {
   // completions run on (destroyed, so joined, before the face).
   std::unique_ptr<HostBlockTier> host_block_tier_;
   std::unique_ptr<Mover> host_io_;
-  // Copies up and evictions of the tier above (when there is one); first
-  // to go (joined before the rest is destroyed).
-  std::unique_ptr<Mover> above_io_;
+  // The tier above the host and its mover (above_mover.h); null without
+  // one. First to go (its mover joined before the rest is destroyed).
+  std::unique_ptr<AboveMover> above_;
 };
 
 }  // namespace kvtier

@@ -22,7 +22,7 @@ void Engine::VisitTierFamilies(CounterVisitor& v) const {
   // one holds it: a key is a miss in every tier above the one that held
   // it, and in every tier when none did (then the lookup ends).
   std::vector<std::pair<std::string, int64_t>> hits;
-  if (above_ != nullptr) hits.emplace_back(above_->source.tier->name(), load(above_->source.lookup_hits));
+  if (above_ != nullptr) hits.emplace_back(above_->source().tier->name(), load(above_->source().lookup_hits));
   hits.emplace_back("host", load(counters_.host_lookup_hits));
   for (const auto& b : below_) hits.emplace_back(b->tier->name(), load(b->lookup_hits));
   int64_t missed_here = load(counters_.lookup_misses);
@@ -43,8 +43,8 @@ void Engine::VisitTierFamilies(CounterVisitor& v) const {
   v.Visit("tier.evictions{tier=\"host\",reason=\"capacity\"}", load(counters_.evictions));
   v.Visit("tier.evictions{tier=\"host\",reason=\"erased\"}", load(counters_.erases));
   if (above_ != nullptr) {
-    v.Visit("tier.evictions{tier=\"" + std::string(above_->source.tier->name()) + "\",reason=\"capacity\"}",
-            load(above_->evictions));
+    v.Visit("tier.evictions{tier=\"" + std::string(above_->source().tier->name()) + "\",reason=\"capacity\"}",
+            above_->evictions());
   }
 }
 
@@ -159,27 +159,11 @@ void Engine::VisitCounters(CounterVisitor& v) const {
     v.Visit("engine." + name + "_demotions_in", load(b->demotions_in));
     v.Visit("engine." + name + "_evictions_dropped", load(b->demotion_drops));
   }
-  // The tier above: engine.<tier>_copies_up (blocks copied up from the
-  // host tier after a load into GPU memory hit them), _copy_up_skips
-  // (left the host tier first), _copy_up_failures, _offers_dropped (its
-  // mover's queue was full), _evictions, _demotions_to_host (evicted
-  // blocks no other tier held, written into the host tier),
-  // _demotion_failures, _in_place_blocks (load blocks handed out in place),
-  // _lookup_hits.
+  // The tier above: engine.<tier>_* and engine.above_io.* (AboveMover::
+  // VisitCounters), then the tier's own.
   if (above_ != nullptr) {
-    const std::string name = "engine." + std::string(above_->source.tier->name());
-    v.Visit(name + "_copies_up", load(above_->copies_up));
-    v.Visit(name + "_copy_up_skips", load(above_->copy_up_skips));
-    v.Visit(name + "_copy_up_failures", load(above_->copy_up_failures));
-    v.Visit(name + "_offers_dropped", load(above_->offers_dropped));
-    v.Visit(name + "_evictions", load(above_->evictions));
-    v.Visit(name + "_demotions_to_host", load(above_->demotions_to_host));
-    v.Visit(name + "_demotion_failures", load(above_->demotion_failures));
-    v.Visit(name + "_in_place_blocks", load(above_->in_place_blocks));
-    v.Visit(name + "_lookup_hits", load(above_->source.lookup_hits));
-    v.VisitGauge(name + "_read_bytes_per_s", static_cast<int64_t>(above_->source.read_meter.estimate().bytes_per_s()));
-    above_io_->VisitCounters(v);
-    above_->source.tier->VisitCounters(v);
+    above_->VisitCounters(v);
+    above_->source().tier->VisitCounters(v);
   }
   host_.VisitCounters(v);
   for (const auto& b : below_) {
@@ -190,7 +174,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
 }
 
 void Engine::CheckHealth(HealthFindings& out) const {
-  if (above_ != nullptr) above_->source.tier->CheckHealth(out);
+  if (above_ != nullptr) above_->source().tier->CheckHealth(out);
   host_block_tier_->CheckHealth(out);
   for (const auto& b : below_) {
     b->tier->CheckHealth(out);

@@ -1,9 +1,10 @@
 // The engine's records of the levels of its stack and of where a block
 // was found: a tier below the host (TierLevel: the tier as the engine
-// calls it, its admission, read meter and counters), the tier above the
-// host (AboveLevel: its eviction order and the copies up in flight), a block's place
-// outside the host tier (Located), and what a pin claimed (PinClaim).
-// Internal to daemon/engine; Engine owns every instance.
+// calls it, its admission, read meter and counters; the tier above the
+// host is one too, AboveMover::source()), a block's place outside the
+// host tier (Located), and what a pin claimed (PinClaim).
+// Internal to daemon/engine; the Engine owns every instance (the tier
+// above's TierLevel through its AboveMover).
 #pragma once
 
 #include <atomic>
@@ -19,7 +20,6 @@
 #include "common/mutex.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/read_meter.h"
-#include "daemon/engine/resident_order.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
@@ -45,22 +45,9 @@ struct TierLevel {
   std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
 };
 
-// The tier above the host: its source record (read meter, lookup hits)
-// and the blocks it holds in its eviction policy's order (LRU).
-struct AboveLevel {
-  TierLevel source;
-  Mutex mu;  // a leaf
-  ResidentOrder resident GUARDED_BY(mu){MakeEvictionPolicy(EvictionPolicyId::kLru)};
-  std::unordered_set<BlockKey> offered GUARDED_BY(mu);  // copies up queued, running or being written
-  std::unordered_set<BlockKey> cancelled GUARDED_BY(mu);  // offered keys erased meanwhile
-  std::vector<std::byte> up_buffer, down_buffer;    // above_io_'s own
-  std::atomic<int64_t> copies_up{0}, copy_up_skips{0}, copy_up_failures{0}, offers_dropped{0};
-  std::atomic<int64_t> evictions{0}, demotions_to_host{0}, demotion_failures{0}, in_place_blocks{0};
-};
-
 // A block found outside the host tier: the tier holding it.
 struct Located {
-  size_t level = 0;  // index into below_, or kAboveLevel
+  size_t level = 0;  // index into below_, or Engine::kAboveLevel (AboveMover::source())
   BlockTier::BlockInfo info;
 };
 

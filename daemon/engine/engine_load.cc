@@ -125,18 +125,16 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   std::vector<BlockKey> pinned_keys;
   for (size_t i = 0; i < n; ++i) {
     std::optional<BlockTier::InPlace> held;
-    if (load->in_place) held = AboveHold(ns, keys[i]);
-    if (held && held->info.payload_bytes == layout.block_bytes && held->info.layer_count == layout.layer_count) {
+    if (load->in_place) held = above_->Hold(ns, keys[i], layout.layer_count, layout.block_bytes);
+    if (held) {
       MutexLock lock(load->mu);
       load->held.emplace_back(i, held->offset);
       load->board.SetInDevice(static_cast<uint32_t>(i), held->offset);
       for (uint32_t l = 0; l < load->layers; ++l) load->Count(i, l);
       --load->unresolved;
-      Bump(above_->in_place_blocks);
       continue;
     }
-    // Not of the layout: load it.
-    if (held) above_->source.tier->in_place_holds()->ReleaseInPlace(keys[i], held->offset);
+    // Not above, or not of the layout: load it.
     pinned.push_back(i);
     pinned_keys.push_back(keys[i]);
   }
@@ -233,7 +231,7 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
   }
   if (release != 0) Release(load->connection, std::span<const LeaseId>(&release, 1));
   // A hit of a load into GPU memory: worth a copy in the tier above.
-  if (offer) OfferAbove(load->ns, load->keys[index]);
+  if (offer) above_->Offer(load->ns, load->keys[index]);
   EndLoadRecord(load);
 }
 
@@ -262,7 +260,7 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
     held.swap(load->held);
   }
   for (const auto& [index, offset] : held) {
-    above_->source.tier->in_place_holds()->ReleaseInPlace(load->keys[index], offset);
+    above_->ReleaseHold(load->keys[index], offset);
   }
   if (!leases.empty()) Release(connection, leases);
   EndLoadRecord(load);

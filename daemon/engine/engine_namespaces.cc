@@ -41,7 +41,7 @@ size_t Engine::RegisteredNamespaces() const { return namespaces_.described(); }
 
 std::vector<const BlockTier*> Engine::StackTop() const {
   std::vector<const BlockTier*> tiers;
-  if (above_ != nullptr) tiers.push_back(above_->source.tier);
+  if (above_ != nullptr) tiers.push_back(above_->source().tier);
   tiers.push_back(host_block_tier_.get());
   for (const auto& b : below_) tiers.push_back(b->tier);
   return tiers;

@@ -4,7 +4,7 @@
 // here, so its eviction order is a policy object like the host tier's,
 // not a list of its own.
 //
-// Not thread-safe: the owner serialises every call (AboveLevel::mu).
+// Not thread-safe: the owner serialises every call (AboveMover's lock).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The tier above the host (daemon/engine/engine_above.cc), with a MapTier in the
+// The tier above the host (daemon/engine/above_mover.h), with a MapTier in the
 // HBM tier's role (capacity, in-place holds), so the placement runs on
 // machines without a GPU: loads into GPU memory hold blocks in place,
 // their hits are copied up, Lookup reports the tier, a pin of a block
