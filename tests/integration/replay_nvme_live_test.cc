@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "policy/policy_registry.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_sim.h"
@@ -88,7 +89,7 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   // simulator admits them: it may hold the whole (tiny) arena.
   options.limits.max_reserved_bytes = options.arena_bytes;
   options.shards = 1;
-  options.eviction = host_policy;
+  options.eviction = *ParseEvictionPolicy(host_policy);
   options.directory_slots = -1;
   options.nvme_in_memory = true;
   options.nvme_bytes = kNvmeBytes;

@@ -34,7 +34,7 @@ struct TestDaemonOptions {
   uint32_t max_frame_bytes = 1u << 20;
   // The server's per-connection limits (kvtierd's defaults).
   ConnectionLimits limits;
-  std::string eviction = "lru";
+  EvictionPolicyId eviction = EvictionPolicyId::kLru;
   // Non-empty: an NVMe tier in this file (index beside it), which survives
   // the TestDaemon so a second one can reopen it.
   std::string nvme_path;
@@ -42,9 +42,9 @@ struct TestDaemonOptions {
   uint64_t nvme_region_bytes = 4ull << 20;
   bool nvme_preallocate = true;
   std::string nvme_index_path;  // empty: nvme_path + ".index"
-  // Which evicted blocks the NVMe tier gets ("all" here, so tests of the
-  // tier see every eviction; kvtierd defaults to "dwpd").
-  std::string nvme_admission = "all";
+  // Which evicted blocks the NVMe tier gets (all here, so tests of the
+  // tier see every eviction; kvtierd defaults to dwpd).
+  AdmissionPolicyId nvme_admission = AdmissionPolicyId::kAll;
   // With nvme_path empty: an NVMe tier on an in-memory device (nvme_bytes)
   // behind a FaultInjectingDevice (nvme_device()), whose index runs
   // nvme_index_hook (when set) before every mutation: the latches of the

@@ -83,6 +83,69 @@ TEST(ConfigTest, PolicyOptionsTakeTheRegistrysNames) {
   ExpectInvalidConfig("[remote]\nadmission = \"dwpd\"\n", {"remote.admission", "all|second_hit|rate"});
 }
 
+// The choice options that are not policies keep exactly the names they
+// always took, and hold them as enums.
+TEST(ConfigTest, ChoiceOptionsTakeTheirNamesAsEnums) {
+  struct Row {
+    std::string_view option;
+    std::string_view choices;
+  };
+  const Row rows[] = {{"host.lock_memory", "required|best_effort|off"},
+                      {"hbm.enabled", "auto|on|off"},
+                      {"nvme.io_engine", "auto|io_uring|threads"},
+                      {"log.level", "trace|debug|info|warn|error|critical|off"},
+                      {"log.format", "text|json"}};
+  for (const Row& row : rows) {
+    SCOPED_TRACE(std::string(row.option));
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& s : ConfigOptions()) {
+      if (s.name == row.option) spec = &s;
+    }
+    ASSERT_NE(spec, nullptr);
+    EXPECT_EQ(spec->type, OptionType::kChoice);
+    EXPECT_EQ(spec->choices, row.choices);
+  }
+  auto config = ParseConfig(
+      "[host]\nlock_memory = \"required\"\n[hbm]\nenabled = \"on\"\n[nvme]\nio_engine = \"io_uring\"\n"
+      "[log]\nlevel = \"warn\"\nformat = \"json\"\n",
+      "test.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->host_lock_memory, LockMemory::kRequired);
+  EXPECT_EQ(config->hbm_enabled, HbmEnabled::kOn);
+  EXPECT_EQ(config->nvme_io_engine, NvmeIoEngine::kIoUring);
+  EXPECT_EQ(config->log_level, LogLevel::kWarn);
+  EXPECT_EQ(config->log_format, LogFormat::kJson);
+  ExpectInvalidConfig("[hbm]\nenabled = \"yes\"\n", {"test.toml:2", "hbm.enabled = \"yes\" is not one of auto|on|off"});
+  ExpectInvalidConfig("[hbm]\nenabled = true\n", {"hbm.enabled = true must be a string, one of auto|on|off"});
+  ExpectInvalidConfig("[log]\nformat = \"JSON\"\n", {"log.format = \"JSON\" is not one of text|json"});
+  ExpectInvalidConfig("[log]\nlevel = \"warning\"\n", {"log.level", "trace|debug|info|warn|error|critical|off"});
+}
+
+// Every choice row, policies and the others alike: each of its names
+// parses and writes back as itself, and another name is refused listing
+// them all.
+TEST(ConfigTest, EveryChoiceRowRoundTripsItsNames) {
+  int choice_rows = 0;
+  for (const OptionSpec& spec : ConfigOptions()) {
+    if (spec.type != OptionType::kChoice) continue;
+    ++choice_rows;
+    SCOPED_TRACE(std::string(spec.name));
+    const size_t dot = spec.name.find('.');
+    const std::string head =
+        "[" + std::string(spec.name.substr(0, dot)) + "]\n" + std::string(spec.name.substr(dot + 1)) + " = ";
+    std::string_view rest = spec.choices;
+    while (!rest.empty()) {
+      const std::string name(rest.substr(0, rest.find('|')));
+      rest.remove_prefix(std::min(rest.size(), name.size() + 1));
+      auto config = ParseConfig(head + TomlQuoted(name) + "\n", "test.toml");
+      ASSERT_TRUE(config.ok()) << config.status().ToString();
+      EXPECT_EQ(spec.field.toml(spec, *config), TomlQuoted(name));
+    }
+    ExpectInvalidConfig(head + "\"nope\"\n", {"test.toml:2", "\"nope\" is not one of", spec.choices});
+  }
+  EXPECT_EQ(choice_rows, 9);
+}
+
 // Each row's copy carries exactly its own field (what a SIGHUP reload
 // applies), and ChangedOptions sees exactly that row change.
 TEST(ConfigTest, EveryRowCopiesAndComparesItsOwnField) {
