@@ -39,23 +39,32 @@ class JsonFormatter final : public spdlog::formatter {
 
 }  // namespace
 
-bool SetLogLevel(std::string_view level) {
-  auto parsed = spdlog::level::from_str(std::string(level));
-  if (parsed == spdlog::level::off && level != "off") return false;
-  spdlog::set_level(parsed);
-  return true;
+void SetLogLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return spdlog::set_level(spdlog::level::trace);
+    case LogLevel::kDebug:
+      return spdlog::set_level(spdlog::level::debug);
+    case LogLevel::kInfo:
+      return spdlog::set_level(spdlog::level::info);
+    case LogLevel::kWarn:
+      return spdlog::set_level(spdlog::level::warn);
+    case LogLevel::kError:
+      return spdlog::set_level(spdlog::level::err);
+    case LogLevel::kCritical:
+      return spdlog::set_level(spdlog::level::critical);
+    case LogLevel::kOff:
+      return spdlog::set_level(spdlog::level::off);
+  }
 }
 
-bool SetLogFormat(std::string_view format) {
-  if (format == "text") {
-    spdlog::set_formatter(std::make_unique<spdlog::pattern_formatter>());  // spdlog's default pattern
-    return true;
+void SetLogFormat(LogFormat format) {
+  switch (format) {
+    case LogFormat::kText:
+      return spdlog::set_formatter(std::make_unique<spdlog::pattern_formatter>());  // spdlog's default pattern
+    case LogFormat::kJson:
+      return spdlog::set_formatter(std::make_unique<JsonFormatter>());
   }
-  if (format == "json") {
-    spdlog::set_formatter(std::make_unique<JsonFormatter>());
-    return true;
-  }
-  return false;
 }
 
 void AppendJsonString(std::string& out, std::string_view text) {

@@ -10,20 +10,24 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <spdlog/spdlog.h>
 #include <string>
 #include <string_view>
 
 namespace kvtier {
 
-// Sets the default logger's level from a name ("trace".."off"). Returns false
-// for an unknown name and leaves the level unchanged.
-bool SetLogLevel(std::string_view level);
+// The levels and formats kvtierd's log.level and log.format choose
+// (daemon/config/option_choices.h names them).
+enum class LogLevel : uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };
+enum class LogFormat : uint8_t { kText, kJson };
 
-// Sets the default logger's format: "text" or "json". Returns false for
-// another name and leaves the format unchanged. Thread-safe (spdlog's sinks
-// lock), so it may change while other threads log.
-bool SetLogFormat(std::string_view format);
+// Sets the default logger's level.
+void SetLogLevel(LogLevel level);
+
+// Sets the default logger's format. Thread-safe (spdlog's sinks lock), so
+// it may change while other threads log.
+void SetLogFormat(LogFormat format);
 
 // Appends `text` to `out` as a JSON string (with its quotes), escaped as
 // described above.

@@ -17,6 +17,7 @@
 #include <ctime>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <pthread.h>
 #include <sys/resource.h>
 
@@ -47,7 +48,7 @@ using namespace kvtier;
 struct CommandLine {
   std::string config_path;          // empty: embedded defaults, nothing to reload
   std::string socket_override;      // empty: server.socket_path
-  std::string log_format_override;  // empty: log.format
+  std::optional<LogFormat> log_format_override;  // none: log.format
   MachineMemory machine;
 };
 
@@ -55,7 +56,7 @@ struct CommandLine {
 // log lines saying what auto chose.
 std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonConfig& config) {
   if (!command_line.socket_override.empty()) config.socket_path = command_line.socket_override;
-  if (!command_line.log_format_override.empty()) config.log_format = command_line.log_format_override;
+  if (command_line.log_format_override) config.log_format = *command_line.log_format_override;
   return ResolveAutoSizes(config, command_line.machine);
 }
 
@@ -86,7 +87,7 @@ void RaiseOpenFileLimit(int64_t max_connections) {
 // Gives every tenant without a size its share of the host (and HBM) tier.
 Status ResolveShares(DaemonConfig& config) {
   return ResolveTenantShares(config.host_capacity_bytes,
-                             config.hbm_enabled == "off" ? 0 : config.hbm_capacity_bytes, config.tenants);
+                             config.hbm_enabled == HbmEnabled::kOff ? 0 : config.hbm_capacity_bytes, config.tenants);
 }
 
 // The one line a daemon that cannot start writes to stderr (a JSON record
@@ -94,7 +95,7 @@ Status ResolveShares(DaemonConfig& config) {
 int StartFailure(const DaemonConfig& config, const std::string& why, int exit_code = 1) {
   std::string line = why;
   std::replace(line.begin(), line.end(), '\n', ' ');  // one line, whatever the status said
-  if (config.log_format == "json") {
+  if (config.log_format == LogFormat::kJson) {
     std::fputs(JsonLogRecord(spdlog::level::critical, "kvtierd cannot start: " + line,
                              std::chrono::system_clock::now(), 0).c_str(), stderr);
   } else {
@@ -291,7 +292,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   if (metrics != nullptr) spdlog::info("metrics: {}", metrics->url());
   std::string tiers = first.hbm.tier != nullptr ? "hbm host" : "host";
   for (const auto& tier : stack->tiers) tiers += " " + std::string(tier->name());
-  if (config.log_format == "json") {
+  if (config.log_format == LogFormat::kJson) {
     spdlog::info("socket: {}; tiers: {}", (*server)->socket_path(), tiers);
   } else {
     std::printf("socket: %s\ntiers: %s\n", (*server)->socket_path().c_str(), tiers.c_str());
@@ -314,8 +315,17 @@ int main(int argc, char** argv) {
   bool print_default = false;
   app.add_option("--config", command_line.config_path, "TOML configuration file (defaults are embedded)");
   app.add_option("--socket", command_line.socket_override, "Override server.socket_path");
-  app.add_option("--log-format", command_line.log_format_override, "Override log.format: text or json")
-      ->check(CLI::IsMember({"text", "json"}));
+  app.add_option_function<std::string>(
+         "--log-format",
+         [&command_line](const std::string& name) {
+           command_line.log_format_override = kvtier::FindChoice<kvtier::LogFormat>(name);
+         },
+         "Override log.format: " + kvtier::ListChoices(kvtier::kChoiceNames<kvtier::LogFormat>))
+      ->check([](const std::string& name) {
+        return kvtier::FindChoice<kvtier::LogFormat>(name)
+                   ? std::string()
+                   : name + " is not one of " + std::string(kvtier::kChoiceNames<kvtier::LogFormat>);
+      });
   app.add_flag("--print-default-config", print_default, "Print the embedded default config and exit");
   CLI11_PARSE(app, argc, argv);
   kvtier::RouteProtobufLogging();  // a peer's bad message must not fill stderr
@@ -328,7 +338,7 @@ int main(int argc, char** argv) {
                                                  : kvtier::LoadConfigFile(command_line.config_path);
   if (!config.ok()) {
     kvtier::DaemonConfig failed;
-    failed.log_format = command_line.log_format_override;
+    failed.log_format = command_line.log_format_override.value_or(kvtier::LogFormat::kText);
     return StartFailure(failed, config.status().ToString(), 2);
   }
   // In a memory cgroup, /proc/meminfo is the machine's, not kvtierd's.

@@ -28,8 +28,12 @@ Status ValidateDwpdOptions(const DwpdOptions& o) {
   return Status::Ok();
 }
 
+double DwpdBytesPerDay(const DwpdOptions& o) {
+  return o.share * double(o.drive_capacity_bytes) * o.dwpd * o.warranty_years / o.planned_years;
+}
+
 DwpdBudget::DwpdBudget(const DwpdOptions& o, uint64_t start_us) : options_(o), start_us_(start_us) {
-  daily_rate_ = o.share * double(o.drive_capacity_bytes) * o.dwpd * o.warranty_years / o.planned_years / kDaySeconds;
+  daily_rate_ = DwpdBytesPerDay(o) / kDaySeconds;
   max_rate_ = o.max_write_rate > 0 ? o.max_write_rate : 2 * daily_rate_;
   const double interval_s = double(o.update_interval_us) / 1e6;
   bucket_bytes_ = o.bucket_bytes != 0 ? o.bucket_bytes

@@ -53,6 +53,11 @@ struct DwpdOptions {
 // InvalidArgument naming the option when `o` cannot describe a budget.
 Status ValidateDwpdOptions(const DwpdOptions& o);
 
+// The bytes a day `o` allows kvtier to write (R * 86400: the drive's
+// capacity x DWPD x share, scaled by warranty / planned years). `o` must
+// validate.
+double DwpdBytesPerDay(const DwpdOptions& o);
+
 class DwpdBudget {
  public:
   static constexpr uint64_t kDayUs = 86'400'000'000;

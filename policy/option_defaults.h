@@ -4,7 +4,8 @@
 // (DefaultInt, DefaultBytes, DefaultBool, DefaultReal in
 // daemon/config/option_field.h), and EngineOptions, DwpdOptions,
 // BlockDeviceOptions, NvmeTierOptions, RemoteTierOptions and `kvtier
-// replay`'s options initialize their members with it;
+// replay`'s options initialize their members with it (and the one rule
+// below that is no option, but which the daemon and the replay share);
 // tests/unit/config_defaults_test.cc checks, for every option that maps
 // onto any of these structs, that a daemon given no option builds the
 // struct's default. Constants only: no code, no state.
@@ -20,6 +21,11 @@ inline constexpr uint64_t kLookaheadMs = 2000;
 inline constexpr uint32_t kPrefetchPercent = 25;  // EngineOptions::prefetch_share = this / 100
 inline constexpr uint32_t kPrefetchMinBlocks = 2;
 inline constexpr uint64_t kDemotionBufferBytes = uint64_t{256} << 20;
+// Not an option: how long a demotion a busy tier below refused waits (in
+// the demotion buffer) for room before it is dropped. The daemon's
+// Demoter::kQueuedDemotionWait and `kvtier replay`'s write channels
+// (ReplayOptions::max_write_backlog_us) both give up after it.
+inline constexpr uint64_t kQueuedDemotionWaitMs = 10'000;
 // [host] -> EngineOptions
 inline constexpr bool kVerifyCommits = false;
 

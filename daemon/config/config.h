@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/config/option_choices.h"
 #include "kvtier/result.h"
 #include "policy/policy_registry.h"
 
@@ -59,12 +60,12 @@ struct DaemonConfig {
   bool trust_shared_directories = false;  // skip CheckStateDirectories (directory_trust.h)
   // [host]
   int64_t host_capacity_bytes = 0;
-  std::string host_lock_memory;  // "required" | "best_effort" | "off"
+  LockMemory host_lock_memory{};
   bool host_directory = false;
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
   bool host_verify_commits = false;
   // [hbm]
-  std::string hbm_enabled;        // "auto" | "on" | "off"
+  HbmEnabled hbm_enabled{};
   int64_t hbm_device = 0;
   int64_t hbm_capacity_bytes = 0;
   int64_t hbm_staging_bytes = 0;
@@ -76,7 +77,7 @@ struct DaemonConfig {
   int64_t nvme_io_threads = 0;
   bool nvme_direct_io = false;
   bool nvme_preallocate = false;
-  std::string nvme_io_engine;     // "auto" | "io_uring" | "threads"
+  NvmeIoEngine nvme_io_engine{};
   std::string nvme_index_path;    // empty: <nvme.path>.index
   int64_t nvme_staging_bytes = 0;
   bool nvme_sync_index = false;
@@ -119,8 +120,8 @@ struct DaemonConfig {
   std::string metrics_bearer_token_file;  // empty: no token (metrics_server.h)
   bool metrics_tenant_series = false;      // with tenants and no token, show their series anyway
   // [log]
-  std::string log_level;
-  std::string log_format;  // "text" | "json"
+  LogLevel log_level{};
+  LogFormat log_format{};
   // [[tenant]]: none means one tenant, everyone the socket admits.
   std::vector<TenantConfig> tenants;
 };
@@ -128,8 +129,8 @@ struct DaemonConfig {
 // How a row's value is written in TOML and checked: kInt and kBytes (a
 // size like "64MiB" or an integer) land in an int64_t field bounded by
 // min/max; kBool in a bool; kReal in a double bounded by real_min/real_max;
-// kString in a std::string; kChoice in a std::string or a registry id
-// (policy_registry.h), one of `choices`.
+// kString in a std::string; kChoice in a registry id (policy_registry.h)
+// or an enum of option_choices.h, one of `choices`.
 enum class OptionType { kInt, kBytes, kString, kChoice, kBool, kReal };
 
 // A TOML value as read, before its row's parser checks it (monostate: an

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "daemon/config/config.h"
+#include "daemon/config/option_choices.h"
 #include "daemon/config/option_field.h"
 #include "policy/option_defaults.h"
 #include "policy/policy_registry.h"
@@ -108,7 +109,7 @@ constexpr OptionSpec kOptions[] = {
      "Size of the shared-memory arena (the host tier); 0: fit it to this machine, a quarter of its memory and "
      "at most half of what is available now, between 256 MiB and 64 GiB (logged at start).",
      OptionFieldOf<&DaemonConfig::host_capacity_bytes>(), false, 0, 0, /*zero_is_auto=*/true},
-    {"host.lock_memory", OptionType::kChoice, "\"best_effort\"", 0, 0, "required|best_effort|off",
+    {"host.lock_memory", OptionType::kChoice, "\"best_effort\"", 0, 0, kChoiceNames<LockMemory>,
      false,
      "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
      "warning and continues unlocked.",
@@ -123,7 +124,7 @@ constexpr OptionSpec kOptions[] = {
      "Hash every committed block even when the client sent its checksum, failing a mismatch (one more pass over "
      "the bytes per put); false trusts the client's checksum, which demotion and verifying readers still check.",
      OptionFieldOf<&DaemonConfig::host_verify_commits>()},
-    {"hbm.enabled", OptionType::kChoice, "\"auto\"", 0, 0, "auto|on|off", false,
+    {"hbm.enabled", OptionType::kChoice, "\"auto\"", 0, 0, kChoiceNames<HbmEnabled>, false,
      "The HBM tier (spare GPU memory above the host tier): auto runs it when the daemon is built with CUDA and "
      "the GPU is there (else it logs why and runs without); on fails start-up instead; off never uses a GPU.",
      OptionFieldOf<&DaemonConfig::hbm_enabled>()},
@@ -159,7 +160,7 @@ constexpr OptionSpec kOptions[] = {
     {"nvme.preallocate", OptionType::kBool, DefaultBool(defaults::kNvmePreallocate), 0, 1, "", false,
      "Allocate the whole NVMe file at start (a full disk fails start-up, never a write); false: sparse, may fill up later.",
      OptionFieldOf<&DaemonConfig::nvme_preallocate>()},
-    {"nvme.io_engine", OptionType::kChoice, "\"auto\"", 0, 0, "auto|io_uring|threads", false,
+    {"nvme.io_engine", OptionType::kChoice, "\"auto\"", 0, 0, kChoiceNames<NvmeIoEngine>, false,
      "auto: io_uring, else a pread/pwrite thread pool (logged).",
      OptionFieldOf<&DaemonConfig::nvme_io_engine>()},
     {"nvme.index_path", OptionType::kString, "\"\"", 0, 0, "", false,
@@ -301,10 +302,10 @@ constexpr OptionSpec kOptions[] = {
      "model ids) to anyone who can reach the endpoint; false leaves out every series labelled with a tenant or a "
      "namespace. Without tenants, or with a token, it changes nothing.",
      OptionFieldOf<&DaemonConfig::metrics_tenant_series>()},
-    {"log.level", OptionType::kChoice, "\"info\"", 0, 0, "trace|debug|info|warn|error|critical|off",
+    {"log.level", OptionType::kChoice, "\"info\"", 0, 0, kChoiceNames<LogLevel>,
      true, "Log verbosity.",
      OptionFieldOf<&DaemonConfig::log_level>()},
-    {"log.format", OptionType::kChoice, "\"text\"", 0, 0, "text|json", true,
+    {"log.format", OptionType::kChoice, "\"text\"", 0, 0, kChoiceNames<LogFormat>, true,
      "text: spdlog's lines; json: one JSON object per line (time, level, thread, message). --log-format overrides.",
      OptionFieldOf<&DaemonConfig::log_format>()},
 };

@@ -1,16 +1,19 @@
 // The typed parsers of the option table: OptionFieldOf<&DaemonConfig::x>()
 // is the OptionField of field x, chosen by the field's type (int64_t, bool,
-// double, std::string, EvictionPolicyId, AdmissionPolicyId). Private to
+// double, std::string, an enum of option_choices.h, EvictionPolicyId,
+// AdmissionPolicyId). Private to
 // daemon/config (config_options.cc builds kOptions with it).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "daemon/config/config.h"
+#include "daemon/config/option_choices.h"
 #include "policy/policy_registry.h"
 
 namespace kvtier::config_internal {
@@ -130,6 +133,10 @@ Result<T> ParseTyped(const OptionSpec& spec, const OptionValue& value) {
     if (!text.ok()) return text.status();
     if constexpr (std::is_same_v<T, std::string>) {
       return std::move(text).value();
+    } else if constexpr (ChoiceEnum<T>) {
+      const std::optional<T> choice = FindChoice<T>(*text);  // in spec.choices: never fails
+      if (!choice) return InvalidArgument(" = \"" + *text + "\" is not one of " + std::string(kChoiceNames<T>));
+      return *choice;
     } else if constexpr (std::is_same_v<T, EvictionPolicyId>) {
       auto id = ParseEvictionPolicy(*text);  // in spec.choices: never fails
       if (!id.ok()) return InvalidArgument(": " + id.status().message());
@@ -153,6 +160,8 @@ std::string TomlOf(const OptionSpec& spec, const T& v) {
     return RealToml(v);
   } else if constexpr (std::is_same_v<T, std::string>) {
     return TomlQuoted(v);
+  } else if constexpr (ChoiceEnum<T>) {
+    return TomlQuoted(ChoiceName(v));
   } else if constexpr (std::is_same_v<T, EvictionPolicyId>) {
     return TomlQuoted(EvictionPolicyName(v));
   } else {

@@ -35,6 +35,7 @@
 #include "daemon/engine/mover.h"
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
+#include "policy/option_defaults.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -52,7 +53,7 @@ class Demoter {
     // Admission's facts on a block a tier below evicted.
     std::function<TierAdmission::Facts(const BlockKey& key, uint64_t uses)> facts;
   };
-  static constexpr auto kQueuedDemotionWait = std::chrono::seconds(10);
+  static constexpr auto kQueuedDemotionWait = std::chrono::milliseconds(defaults::kQueuedDemotionWaitMs);
 
   // `below` (the levels under the host, highest first) and `counters` are
   // borrowed and outlive the demoter.

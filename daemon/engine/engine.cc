@@ -73,9 +73,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
     return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
   }
-  if (MakeEvictionPolicy(options.eviction) == nullptr) {
-    return InvalidArgument("unknown eviction policy '" + options.eviction + "' (lru, fifo, lru2, s3fifo, arc, queue_aware)");
-  }
   std::unique_ptr<Engine> engine(new Engine(options, host, clock));
   for (const LowerTier& lower : below) {
     if (lower.tier == nullptr) return InvalidArgument("a tier of the stack is missing");

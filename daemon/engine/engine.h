@@ -107,7 +107,7 @@ class Engine {
  public:
   // `host`, `clock` and every tier of `below` (highest first) are borrowed
   // and must outlive the Engine. InvalidArgument for a bad shard count or
-  // policy name.
+  // an admission whose budget does not validate.
   // `above`, if not null, is the tier stacked above the host (borrowed
   // likewise).
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,

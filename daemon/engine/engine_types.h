@@ -15,6 +15,7 @@
 #include "kvtier/status.h"
 #include "policy/dwpd_budget.h"
 #include "policy/option_defaults.h"
+#include "policy/policy_registry.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -30,10 +31,11 @@ constexpr ConnectionId kHoldConnection = ~ConnectionId{0} - 1;
 
 struct EngineOptions {
   uint32_t shards = defaults::kEngineShards;  // 1..256
-  std::string eviction = "lru"; // "lru" | "fifo" | "lru2" | "s3fifo" | "arc" | "queue_aware"
-  // For Create with one tier below the host: which evicted blocks it gets,
-  // "all" | "second_hit" | "dwpd" (then `dwpd` must validate).
-  std::string admission = "all";
+  // The host tier's eviction policy (kvtierd: engine.eviction).
+  EvictionPolicyId eviction = EvictionPolicyId::kLru;
+  // For Create with one tier below the host: which evicted blocks it gets
+  // (kDwpd: then `dwpd` must validate).
+  AdmissionPolicyId admission = AdmissionPolicyId::kAll;
   DwpdOptions dwpd;
   // queue_aware: a victim some queued request needs within this window is
   // demoted to the first tier below whatever its class, as long as that
@@ -132,10 +134,9 @@ struct LayerSpan {
 // One tier under the host tier, as the engine's stack is built.
 struct LowerTier {
   BlockTier* tier = nullptr;  // borrowed; outlives the Engine
-  // Which blocks evicted from the tier above it takes: "all" |
-  // "second_hit" | "dwpd" (then `dwpd` must validate) | "rate" (then
-  // `rate_bytes_per_second` must be positive).
-  std::string admission = "all";
+  // Which blocks evicted from the tier above it takes (kDwpd: then `dwpd`
+  // must validate; kRate: then `rate_bytes_per_second` must be positive).
+  AdmissionPolicyId admission = AdmissionPolicyId::kAll;
   DwpdOptions dwpd;
   uint64_t rate_bytes_per_second = 0;
   // How Lookup, loads and preload plans name this place to clients

@@ -5,15 +5,13 @@
 
 namespace kvtier {
 
-Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(const std::string& name, const DwpdOptions& dwpd,
+Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(AdmissionPolicyId id, const DwpdOptions& dwpd,
                                                               uint64_t rate_bytes_per_second, const BlockTier& tier,
                                                               const Clock& clock) {
   // Any admission may guard any level of the engine's stack; which ones an
   // operator may name per tier is the config's business.
-  Result<AdmissionPolicyId> id = ParseAdmissionPolicy(name, kAdmissionForNvme | kAdmissionForRemote);
-  if (!id.ok()) return id.status();
   Result<std::unique_ptr<AdmissionPolicy>> policy =
-      MakeAdmissionPolicy(*id, AdmissionParams{dwpd, rate_bytes_per_second}, clock.NowUs());
+      MakeAdmissionPolicy(id, AdmissionParams{dwpd, rate_bytes_per_second}, clock.NowUs());
   if (!policy.ok()) return policy.status();
   return std::unique_ptr<TierAdmission>(new TierAdmission(std::move(policy).value(), tier, clock));
 }

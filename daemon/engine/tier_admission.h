@@ -28,6 +28,7 @@
 #include "daemon/engine/lineage.h"
 #include "kvtier/result.h"
 #include "policy/admission_policy.h"
+#include "policy/policy_registry.h"
 
 namespace kvtier {
 
@@ -35,10 +36,10 @@ class BlockTier;
 
 class TierAdmission {
  public:
-  // `name`: "all", "second_hit", "dwpd" (which needs dwpd to validate) or
-  // "rate" (which needs a positive `rate_bytes_per_second`). `tier` and
-  // `clock` are borrowed. InvalidArgument naming the problem.
-  static Result<std::unique_ptr<TierAdmission>> Create(const std::string& name, const DwpdOptions& dwpd,
+  // Policy `id` (kDwpd needs dwpd to validate, kRate a positive
+  // `rate_bytes_per_second`). `tier` and `clock` are borrowed.
+  // InvalidArgument naming the problem.
+  static Result<std::unique_ptr<TierAdmission>> Create(AdmissionPolicyId id, const DwpdOptions& dwpd,
                                                        uint64_t rate_bytes_per_second, const BlockTier& tier,
                                                        const Clock& clock);
 

@@ -125,7 +125,7 @@ uint64_t ConfiguredMemoryBytes(const DaemonConfig& config) {
   }
   if (!config.nvme_path.empty()) bytes += static_cast<uint64_t>(config.nvme_staging_bytes);
   if (!config.remote_nodes.empty()) bytes += static_cast<uint64_t>(config.remote_staging_bytes);
-  if (config.hbm_enabled == "on") bytes += static_cast<uint64_t>(config.hbm_staging_bytes);
+  if (config.hbm_enabled == HbmEnabled::kOn) bytes += static_cast<uint64_t>(config.hbm_staging_bytes);
   bytes += static_cast<uint64_t>(config.client_memory_bytes);  // what connections may make it hold
   return bytes;
 }

@@ -15,8 +15,24 @@
 #include "policy/policy_registry.h"
 
 namespace kvtier {
+namespace {
 
-Result<BlockDeviceOptions> BlockDeviceOptionsFromConfig(const DaemonConfig& config) {
+IoEngine IoEngineOf(NvmeIoEngine engine) {
+  switch (engine) {
+    case NvmeIoEngine::kAuto:
+      return IoEngine::kAuto;
+    case NvmeIoEngine::kIoUring:
+      return IoEngine::kIoUring;
+    case NvmeIoEngine::kThreads:
+      return IoEngine::kThreads;
+  }
+  KVTIER_CHECK(false, "an nvme.io_engine outside its table");
+  return IoEngine::kAuto;
+}
+
+}  // namespace
+
+BlockDeviceOptions BlockDeviceOptionsFromConfig(const DaemonConfig& config) {
   BlockDeviceOptions device_options;
   device_options.path = config.nvme_path;
   device_options.capacity_bytes = static_cast<uint64_t>(config.nvme_capacity_bytes);
@@ -24,9 +40,7 @@ Result<BlockDeviceOptions> BlockDeviceOptionsFromConfig(const DaemonConfig& conf
   device_options.preallocate = config.nvme_preallocate;
   device_options.queue_depth = static_cast<uint32_t>(config.nvme_queue_depth);
   device_options.io_threads = static_cast<uint32_t>(config.nvme_io_threads);
-  auto engine = ParseIoEngine(config.nvme_io_engine);
-  if (!engine.ok()) return engine.status();
-  device_options.engine = *engine;
+  device_options.engine = IoEngineOf(config.nvme_io_engine);
   return device_options;
 }
 
@@ -41,9 +55,7 @@ NvmeTierOptions NvmeTierOptionsFromConfig(const DaemonConfig& config) {
 
 Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock& clock) {
   if (config.nvme_path.empty()) return std::unique_ptr<NvmeTier>();
-  auto device_options = BlockDeviceOptionsFromConfig(config);
-  if (!device_options.ok()) return device_options.status();
-  auto device = OpenBlockDevice(*device_options);
+  auto device = OpenBlockDevice(BlockDeviceOptionsFromConfig(config));
   if (!device.ok()) return device.status();
   const std::string index_path = config.nvme_index_path.empty() ? config.nvme_path + ".index" : config.nvme_index_path;
   auto index = NvmeIndex::Open(index_path, config.nvme_sync_index);
@@ -122,7 +134,7 @@ Result<LowerTier> NvmeAdmissionFromConfig(const DaemonConfig& config, BlockTier&
   } else {
     spdlog::info("nvme admission: {}", AdmissionPolicyName(config.nvme_admission));
   }
-  return LowerTier{&tier, std::string(AdmissionPolicyName(config.nvme_admission)), *dwpd};
+  return LowerTier{&tier, config.nvme_admission, *dwpd};
 }
 
 }  // namespace kvtier

@@ -15,9 +15,8 @@
 namespace kvtier {
 
 // The nvme.* options of the device (path, capacity, direct_io,
-// preallocate, queue_depth, io_threads, io_engine). InvalidArgument for an
-// io_engine the device does not know.
-Result<BlockDeviceOptions> BlockDeviceOptionsFromConfig(const DaemonConfig& config);
+// preallocate, queue_depth, io_threads, io_engine).
+BlockDeviceOptions BlockDeviceOptionsFromConfig(const DaemonConfig& config);
 
 // The nvme.* options of the tier (region_bytes, staging_bytes,
 // reinsert_percent, eviction as its reclaim order).

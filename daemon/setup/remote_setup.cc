@@ -89,12 +89,12 @@ Result<std::unique_ptr<RemoteTier>> OpenRemoteTier(const DaemonConfig& config, c
 Result<LowerTier> RemoteAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier) {
   LowerTier lower;
   lower.tier = &tier;
-  lower.admission = std::string(AdmissionPolicyName(config.remote_admission));
+  lower.admission = config.remote_admission;
   lower.rate_bytes_per_second = static_cast<uint64_t>(config.remote_write_rate);
-  if (lower.admission == "rate") {
+  if (lower.admission == AdmissionPolicyId::kRate) {
     spdlog::info("remote admission: rate, {} bytes/s", lower.rate_bytes_per_second);
   } else {
-    spdlog::info("remote admission: {}", lower.admission);
+    spdlog::info("remote admission: {}", AdmissionPolicyName(lower.admission));
   }
   return lower;
 }

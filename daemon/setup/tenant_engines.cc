@@ -9,9 +9,16 @@
 namespace kvtier {
 namespace {
 
-HostArenaOptions::LockMode ParseLockMode(const std::string& mode) {
-  if (mode == "required") return HostArenaOptions::LockMode::kRequired;
-  if (mode == "off") return HostArenaOptions::LockMode::kOff;
+HostArenaOptions::LockMode LockModeOf(LockMemory lock) {
+  switch (lock) {
+    case LockMemory::kRequired:
+      return HostArenaOptions::LockMode::kRequired;
+    case LockMemory::kBestEffort:
+      return HostArenaOptions::LockMode::kBestEffort;
+    case LockMemory::kOff:
+      return HostArenaOptions::LockMode::kOff;
+  }
+  KVTIER_CHECK(false, "a host.lock_memory outside its table");
   return HostArenaOptions::LockMode::kBestEffort;
 }
 
@@ -30,7 +37,7 @@ Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std
   HostArenaOptions arena;
   if (!tenant.empty()) arena.name += "-" + tenant;
   arena.capacity_bytes = arena_bytes;
-  arena.lock = ParseLockMode(config.host_lock_memory);
+  arena.lock = LockModeOf(config.host_lock_memory);
   return HostTier::Open(arena, DirectorySlots(config, arena_bytes));
 }
 
@@ -74,8 +81,7 @@ Status CheckSharesFit(const std::vector<TenantConfig>& tenants, BlockTier& tier)
 }  // namespace
 
 EngineOptions EngineOptionsFromConfig(const DaemonConfig& config) {
-  EngineOptions options{static_cast<uint32_t>(config.engine_shards),
-                        std::string(EvictionPolicyName(config.engine_eviction))};
+  EngineOptions options{static_cast<uint32_t>(config.engine_shards), config.engine_eviction};
   options.lookahead_us = static_cast<uint64_t>(config.engine_lookahead_ms) * 1000;
   options.prefetch_share = static_cast<double>(config.engine_prefetch_percent) / 100.0;
   options.demotion_buffer_bytes = static_cast<uint64_t>(config.engine_demotion_buffer_bytes);

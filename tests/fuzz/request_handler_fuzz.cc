@@ -64,7 +64,7 @@ struct Stack {
   std::unique_ptr<HostTier> host;
   std::unique_ptr<Engine> engine;
 
-  explicit Stack(const char* eviction) {
+  explicit Stack(EvictionPolicyId eviction) {
     HostArenaOptions arena;
     arena.capacity_bytes = kArenaBytes;
     arena.lock = HostArenaOptions::LockMode::kOff;

@@ -42,10 +42,8 @@ enum RequestStreamFlags : uint8_t {
   kEvictionShift = 3,
 };
 
-inline const char* EvictionPolicy(uint8_t flags) {
-  // A row's name is a string literal: NUL-terminated.
-  return ::kvtier::kEvictionPolicies[((flags >> kEvictionShift) & 7) % std::size(::kvtier::kEvictionPolicies)]
-      .name.data();
+inline ::kvtier::EvictionPolicyId EvictionPolicy(uint8_t flags) {
+  return ::kvtier::kEvictionPolicies[((flags >> kEvictionShift) & 7) % std::size(::kvtier::kEvictionPolicies)].id;
 }
 
 // The namespaces of the Hello the fuzzer sends first (indices 0 and 1):

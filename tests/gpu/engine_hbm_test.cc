@@ -39,7 +39,7 @@ class EngineHbmTest : public ::testing::Test {
     hbm_ = std::move(*tier);
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, {}, hbm_.get());
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_, {}, hbm_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});

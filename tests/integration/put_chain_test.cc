@@ -19,7 +19,7 @@ TEST(PutChain, ABlockWhosePrefixIsCachedNowhereIsNotWrittenToNvme) {
   o.nvme_in_memory = true;
   o.nvme_bytes = 32 << 20;
   o.nvme_region_bytes = 1 << 20;
-  o.nvme_admission = "second_hit";  // a block read once qualifies, if its prefix can be found
+  o.nvme_admission = AdmissionPolicyId::kSecondHit;  // a block read once qualifies, if its prefix can be found
   TestDaemon daemon(o);
   auto client = daemon.ConnectSocketOnly();
   ASSERT_NE(client, nullptr);

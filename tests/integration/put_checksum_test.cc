@@ -38,7 +38,7 @@ class VerifyingDaemon {
     dir_ = MakeTempDir();
     const uint64_t arena_bytes = 64ull << 20;
     host_ = OpenTestHostTier(arena_bytes, HostDirectory::DefaultSlots(arena_bytes));
-    EngineOptions options{4, "lru"};
+    EngineOptions options{4, EvictionPolicyId::kLru};
     options.verify_commits = true;
     auto engine = Engine::Create(options, *host_, clock_);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();

@@ -14,7 +14,7 @@ namespace {
 
 constexpr size_t kBlock = 1 << 20;
 
-TestDaemonOptions EightBlockArena(const std::string& eviction) {
+TestDaemonOptions EightBlockArena(EvictionPolicyId eviction) {
   TestDaemonOptions o;
   o.arena_bytes = 8 * kBlock;
   o.eviction = eviction;
@@ -22,7 +22,7 @@ TestDaemonOptions EightBlockArena(const std::string& eviction) {
 }
 
 TEST(QueueHints, AQueuedPrefixStaysCachedUnderPressure) {
-  TestDaemon daemon(EightBlockArena("queue_aware"));
+  TestDaemon daemon(EightBlockArena(EvictionPolicyId::kQueueAware));
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
   auto keys = TestKeys(TestNamespace(), 24, 11);
@@ -52,7 +52,7 @@ TEST(QueueHints, AQueuedPrefixStaysCachedUnderPressure) {
 }
 
 TEST(QueueHints, LruDaemonAcceptsHintsAndIgnoresThem) {
-  TestDaemon daemon(EightBlockArena("lru"));
+  TestDaemon daemon(EightBlockArena(EvictionPolicyId::kLru));
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
   auto keys = TestKeys(TestNamespace(), 24, 12);
@@ -67,7 +67,7 @@ TEST(QueueHints, LruDaemonAcceptsHintsAndIgnoresThem) {
 }
 
 TEST(QueueHints, BadHintsAreClearErrorsAndTheConnectionGoesOn) {
-  TestDaemon daemon(EightBlockArena("queue_aware"));
+  TestDaemon daemon(EightBlockArena(EvictionPolicyId::kQueueAware));
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
   auto keys = TestKeys(TestNamespace(), 2, 13);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "policy/policy_registry.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
 
@@ -165,7 +166,7 @@ TEST_F(ReplayCliTest, LiveModeHitsWhatSimModeHitsOnTheSameCapacityAndPolicy) {
     TestDaemonOptions options;
     options.arena_bytes = 8 * (64 << 10);
     options.shards = 1;
-    options.eviction = policy;
+    options.eviction = *ParseEvictionPolicy(policy);
     options.directory_slots = -1;
     TestDaemon daemon(options);
     const std::string live_json = dir_ + "/live_" + policy + ".json";

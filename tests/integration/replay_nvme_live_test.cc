@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "policy/policy_registry.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_sim.h"
@@ -99,14 +100,14 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   // simulator admits them: it may hold the whole (tiny) arena.
   options.limits.max_reserved_bytes = options.arena_bytes;
   options.shards = 1;
-  options.eviction = host_policy;
+  options.eviction = *ParseEvictionPolicy(host_policy);
   options.directory_slots = -1;
   options.nvme_in_memory = true;
   options.nvme_bytes = kNvmeBytes;
   options.nvme_region_bytes = kRegionBytes;
   options.nvme_eviction = order;
   options.nvme_reinsert_share = share;
-  options.nvme_admission = admission.name;
+  options.nvme_admission = *ParseAdmissionPolicy(admission.name, kAdmissionForNvme);
   options.nvme_dwpd = admission.dwpd;
   TestDaemon daemon(options);
   LiveOptions live_options;

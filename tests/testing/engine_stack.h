@@ -23,7 +23,7 @@ class EngineStack {
   // A host tier of `host_bytes` (no directory) over a 16 MiB in-memory
   // NVMe tier. On an error the test fails (ADD_FAILURE) and `engine` is
   // null.
-  explicit EngineStack(uint64_t host_bytes, const EngineOptions& options = EngineOptions{2, "lru"});
+  explicit EngineStack(uint64_t host_bytes, const EngineOptions& options = EngineOptions{2, EvictionPolicyId::kLru});
   ~EngineStack();
   EngineStack(const EngineStack&) = delete;
   EngineStack& operator=(const EngineStack&) = delete;

@@ -35,7 +35,7 @@ struct TestDaemonOptions {
   uint32_t max_frame_bytes = 1u << 20;
   // The server's per-connection limits (kvtierd's defaults).
   ConnectionLimits limits;
-  std::string eviction = "lru";
+  EvictionPolicyId eviction = EvictionPolicyId::kLru;
   // Non-empty: an NVMe tier in this file (index beside it), which survives
   // the TestDaemon so a second one can reopen it.
   std::string nvme_path;
@@ -43,9 +43,9 @@ struct TestDaemonOptions {
   uint64_t nvme_region_bytes = 4ull << 20;
   bool nvme_preallocate = true;
   std::string nvme_index_path;  // empty: nvme_path + ".index"
-  // Which evicted blocks the NVMe tier gets ("all" here, so tests of the
-  // tier see every eviction; kvtierd defaults to "dwpd").
-  std::string nvme_admission = "all";
+  // Which evicted blocks the NVMe tier gets (all here, so tests of the
+  // tier see every eviction; kvtierd defaults to dwpd).
+  AdmissionPolicyId nvme_admission = AdmissionPolicyId::kAll;
   // The drive budget of the dwpd admission of the in-memory tier (with
   // nvme_path it comes from the config's defaults); unset: the defaults,
   // which need a drive size.

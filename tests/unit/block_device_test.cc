@@ -327,15 +327,6 @@ TEST(OpenBlockDevice, BadOptionsAreClearErrors) {
   RemoveTree(dir);
 }
 
-TEST(OpenBlockDevice, ParsesEngineNames) {
-  EXPECT_EQ(*ParseIoEngine("auto"), IoEngine::kAuto);
-  EXPECT_EQ(*ParseIoEngine("io_uring"), IoEngine::kIoUring);
-  EXPECT_EQ(*ParseIoEngine("threads"), IoEngine::kThreads);
-  auto bad = ParseIoEngine("spdk");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-}
-
 TEST(DeviceFile, MapsErrnoToStatus) {
   EXPECT_EQ(ErrnoStatus(ENOSPC, "x").code(), StatusCode::kNoSpace);
   EXPECT_EQ(ErrnoStatus(EDQUOT, "x").code(), StatusCode::kNoSpace);

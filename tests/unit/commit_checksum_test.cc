@@ -44,7 +44,7 @@ class CommitChecksumTest : public ::testing::Test {
     engine_.reset();
     host_ = ::kvtier::testing::OpenTestHostTier(kArenaBytes);
     ASSERT_NE(host_, nullptr);
-    EngineOptions options{2, "lru"};
+    EngineOptions options{2, EvictionPolicyId::kLru};
     options.verify_commits = verify_commits;
     auto engine = Engine::Create(options, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();

@@ -6,6 +6,9 @@
 // listed here, each with its reason.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "daemon/config/config.h"
 #include "daemon/config/option_field.h"
 #include "daemon/engine/engine.h"
@@ -50,20 +53,19 @@ TEST(ConfigDefaultsTest, AnEmptyConfigGivesTheEngineItsOwnDefaults) {
   EXPECT_EQ(from_config.verify_commits, plain.verify_commits);
   // On purpose: kvtierd evicts queue_aware; a bare EngineOptions (the
   // engine's own tests, the benches) keeps the plain LRU.
-  EXPECT_EQ(from_config.eviction, "queue_aware");
-  EXPECT_EQ(plain.eviction, "lru");
+  EXPECT_EQ(from_config.eviction, EvictionPolicyId::kQueueAware);
+  EXPECT_EQ(plain.eviction, EvictionPolicyId::kLru);
 }
 
 TEST(ConfigDefaultsTest, AnEmptyConfigGivesTheNvmeTierItsOwnDefaults) {
   const DaemonConfig config = Defaults();
-  auto device = BlockDeviceOptionsFromConfig(config);
-  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  const BlockDeviceOptions device = BlockDeviceOptionsFromConfig(config);
   const BlockDeviceOptions plain_device;
-  EXPECT_EQ(device->direct_io, plain_device.direct_io);
-  EXPECT_EQ(device->preallocate, plain_device.preallocate);
-  EXPECT_EQ(device->queue_depth, plain_device.queue_depth);
-  EXPECT_EQ(device->io_threads, plain_device.io_threads);
-  EXPECT_EQ(device->engine, plain_device.engine);
+  EXPECT_EQ(device.direct_io, plain_device.direct_io);
+  EXPECT_EQ(device.preallocate, plain_device.preallocate);
+  EXPECT_EQ(device.queue_depth, plain_device.queue_depth);
+  EXPECT_EQ(device.io_threads, plain_device.io_threads);
+  EXPECT_EQ(device.engine, plain_device.engine);
   // On purpose: the option is the file's size to create (16GiB); the
   // struct's 0 means a block device's whole size.
   EXPECT_EQ(plain_device.capacity_bytes, 0u);
@@ -76,6 +78,17 @@ TEST(ConfigDefaultsTest, AnEmptyConfigGivesTheNvmeTierItsOwnDefaults) {
   // On purpose: kvtierd reclaims queue_aware; a bare tier lru.
   EXPECT_EQ(tier.reclaim, ReclaimOrder::kQueueAware);
   EXPECT_EQ(plain_tier.reclaim, ReclaimOrder::kLru);
+}
+
+// nvme.io_engine's names reach the device as its engines.
+TEST(ConfigDefaultsTest, EachIoEngineNameGivesTheDeviceThatEngine) {
+  const std::pair<const char*, IoEngine> rows[] = {
+      {"auto", IoEngine::kAuto}, {"io_uring", IoEngine::kIoUring}, {"threads", IoEngine::kThreads}};
+  for (const auto& [name, engine] : rows) {
+    auto config = ParseConfig("[nvme]\nio_engine = \"" + std::string(name) + "\"\n", "test.toml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    EXPECT_EQ(BlockDeviceOptionsFromConfig(*config).engine, engine) << name;
+  }
 }
 
 TEST(ConfigDefaultsTest, AnEmptyConfigGivesTheRemoteTierItsOwnDefaults) {

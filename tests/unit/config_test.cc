@@ -120,13 +120,13 @@ TEST(ConfigTest, EmptyDocumentGivesTheTableDefaults) {
   EXPECT_EQ(config->max_frame_bytes, 1 * kMiB);
   EXPECT_EQ(config->drain_timeout_ms, 5000);
   EXPECT_EQ(config->host_capacity_bytes, 0) << "auto: sized to the machine at start";
-  EXPECT_EQ(config->host_lock_memory, "best_effort");
+  EXPECT_EQ(config->host_lock_memory, LockMemory::kBestEffort);
   EXPECT_EQ(config->engine_shards, 8);
   EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kQueueAware);
   EXPECT_EQ(config->engine_lookahead_ms, 2000);
   EXPECT_EQ(config->engine_demotion_buffer_bytes, 256 * kMiB);
   EXPECT_EQ(static_cast<uint64_t>(config->engine_demotion_buffer_bytes), EngineOptions{}.demotion_buffer_bytes);
-  EXPECT_EQ(config->log_level, "info");
+  EXPECT_EQ(config->log_level, LogLevel::kInfo);
 }
 
 TEST(ConfigTest, DefaultTomlRoundTrips) {
@@ -195,10 +195,10 @@ level = "debug"
   EXPECT_EQ(config->max_frame_bytes, 4 * kMiB);
   EXPECT_EQ(config->drain_timeout_ms, 5000);  // untouched
   EXPECT_EQ(config->host_capacity_bytes, 2 * kGiB);
-  EXPECT_EQ(config->host_lock_memory, "off");
+  EXPECT_EQ(config->host_lock_memory, LockMemory::kOff);
   EXPECT_EQ(config->engine_shards, 256);
   EXPECT_EQ(config->engine_eviction, EvictionPolicyId::kFifo);
-  EXPECT_EQ(config->log_level, "debug");
+  EXPECT_EQ(config->log_level, LogLevel::kDebug);
 }
 
 TEST(ConfigTest, BoundsAreInclusive) {
@@ -293,7 +293,7 @@ index_path = ""
   EXPECT_EQ(config->nvme_capacity_bytes, 2 * kTiB);
   EXPECT_FALSE(config->nvme_direct_io);
   EXPECT_TRUE(config->nvme_sync_index);
-  EXPECT_EQ(config->nvme_io_engine, "threads");
+  EXPECT_EQ(config->nvme_io_engine, NvmeIoEngine::kThreads);
   ExpectInvalidConfig("[nvme]\ndirect_io = \"yes\"\n", {"test.toml:2", "nvme.direct_io", "true or false"});
   ExpectInvalidConfig("[nvme]\nio_engine = \"spdk\"\n", {"test.toml:2", "nvme.io_engine"});
   ExpectInvalidConfig("[nvme]\nregion_bytes = \"512KiB\"\n", {"test.toml:2", "nvme.region_bytes"});
@@ -338,7 +338,7 @@ dwpd_max_write_rate = "200MB"
 TEST(ConfigTest, PackagedSampleConfigIsValid) {
   auto sample = LoadConfigFile(std::string(KVTIER_SOURCE_DIR) + "/packaging/kvtierd.toml");
   ASSERT_TRUE(sample.ok()) << sample.status().ToString();
-  EXPECT_EQ(sample->host_lock_memory, "required");
+  EXPECT_EQ(sample->host_lock_memory, LockMemory::kRequired);
   EXPECT_EQ(sample->nvme_path, "/var/lib/kvtier/nvme-tier.dat");
 }
 

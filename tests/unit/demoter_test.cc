@@ -50,7 +50,7 @@ class BusyTier final : public ForwardingTier {
 class DemoterTest : public ::testing::Test {
  protected:
   // Adds a level under the host admitting by `admission`, busy-able.
-  void AddLevel(const std::string& admission) {
+  void AddLevel(AdmissionPolicyId admission) {
     maps_.push_back(std::make_unique<MapTier>());
     busy_.push_back(std::make_unique<BusyTier>(*maps_.back()));
     auto level = std::make_unique<TierLevel>();
@@ -113,8 +113,8 @@ class DemoterTest : public ::testing::Test {
 };
 
 TEST_F(DemoterTest, AVictimIsWrittenToTheLevelChosenForIt) {
-  AddLevel("all");
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kAll);
+  AddLevel(AdmissionPolicyId::kAll);
   Make();
   std::future<Status> done = Expect(Key(1));
   const std::vector<std::byte> bytes = Bytes(1);
@@ -129,7 +129,7 @@ TEST_F(DemoterTest, AVictimIsWrittenToTheLevelChosenForIt) {
 }
 
 TEST_F(DemoterTest, ABusyTierGetsACopyThatWaitsForRoom) {
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kAll);
   Make();
   busy_[0]->busy = true;
   std::future<Status> done = Expect(Key(1));
@@ -148,7 +148,7 @@ TEST_F(DemoterTest, ABusyTierGetsACopyThatWaitsForRoom) {
 }
 
 TEST_F(DemoterTest, AQueuedDemotionOfAnErasedBlockIsNotWritten) {
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kAll);
   Make();
   busy_[0]->busy = true;
   std::future<Status> done = Expect(Key(1));
@@ -161,7 +161,7 @@ TEST_F(DemoterTest, AQueuedDemotionOfAnErasedBlockIsNotWritten) {
 }
 
 TEST_F(DemoterTest, WithTheDemoterFullTooTheBlockIsDropped) {
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kAll);
   Make(/*buffer_bytes=*/kBlockBytes);
   busy_[0]->busy = true;
   std::future<Status> first = Expect(Key(1));
@@ -177,7 +177,7 @@ TEST_F(DemoterTest, WithTheDemoterFullTooTheBlockIsDropped) {
 }
 
 TEST_F(DemoterTest, AWriteThatFailsIsCountedByItsCause) {
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kAll);
   Make();
   std::future<Status> done = Expect(Key(1));
   Demote(0, Key(1), Bytes(1), /*checksum=*/12345);  // the bytes changed after their checksum was taken
@@ -188,9 +188,9 @@ TEST_F(DemoterTest, AWriteThatFailsIsCountedByItsCause) {
 }
 
 TEST_F(DemoterTest, ABlockATierBelowEvictsGoesToTheFirstTierUnderItThatTakesIt) {
-  AddLevel("all");         // 0: the tier that evicts
-  AddLevel("second_hit");  // 1
-  AddLevel("all");         // 2
+  AddLevel(AdmissionPolicyId::kAll);        // 0: the tier that evicts
+  AddLevel(AdmissionPolicyId::kSecondHit);  // 1
+  AddLevel(AdmissionPolicyId::kAll);        // 2
   Demoter& demoter = Make();
   const std::vector<std::byte> bytes = Bytes(5);
   auto evicted = [&](uint64_t i, uint64_t hits) {
@@ -217,8 +217,8 @@ TEST_F(DemoterTest, ABlockATierBelowEvictsGoesToTheFirstTierUnderItThatTakesIt) 
 }
 
 TEST_F(DemoterTest, ABlockNoTierUnderItTakesIsDroppedAndCounted) {
-  AddLevel("all");
-  AddLevel("second_hit");
+  AddLevel(AdmissionPolicyId::kAll);
+  AddLevel(AdmissionPolicyId::kSecondHit);
   Demoter& demoter = Make();
   const std::vector<std::byte> bytes = Bytes(9);
   demoter.DemoteBelow(0, BlockTier::Evicted{kNs, Key(1), 1, BlockChecksum(bytes), 0}, bytes);

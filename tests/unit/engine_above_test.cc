@@ -41,7 +41,7 @@ class EngineAboveTest : public ::testing::Test {
     above_ = std::make_unique<MapTier>(above_bytes, "hbm");
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, {}, above_.get());
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, {}, above_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});

@@ -47,7 +47,8 @@ class EngineAdmissionTest : public ::testing::Test {
   }
 
   // An engine over 8 host blocks and a memory-backed NVMe tier.
-  Status Open(const std::string& admission, const DwpdOptions& dwpd = {}, const std::string& eviction = "lru") {
+  Status Open(AdmissionPolicyId admission, const DwpdOptions& dwpd = {},
+              EvictionPolicyId eviction = EvictionPolicyId::kLru) {
     memory_ = std::make_unique<MemoryDevice>(16 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
     auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
@@ -141,7 +142,7 @@ TEST(LineageTest, ParentsConversationsAndTheBound) {
 }
 
 TEST_F(EngineAdmissionTest, SecondHitDemotesBlocksReadAndDropsTheOthers) {
-  ASSERT_TRUE(Open("second_hit").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kSecondHit).ok());
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   for (uint64_t i = 0; i < 4; ++i) Use(i);
   for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 4..7 (never read), then 0..3
@@ -161,7 +162,7 @@ TEST_F(EngineAdmissionTest, SecondHitDemotesBlocksReadAndDropsTheOthers) {
 }
 
 TEST_F(EngineAdmissionTest, AnOpenConversationsBlocksAreAdmittedUnread) {
-  ASSERT_TRUE(Open("second_hit").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kSecondHit).ok());
   const BlockKey chain[] = {Key(0), Key(1), Key(2), Key(3)};
   ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, chain, 0, /*conversation=*/5).ok());
   ASSERT_TRUE(engine_->Dequeue(1, 1).ok());
@@ -176,7 +177,7 @@ TEST_F(EngineAdmissionTest, AnOpenConversationsBlocksAreAdmittedUnread) {
 }
 
 TEST_F(EngineAdmissionTest, AClosedConversationsBlocksAreDroppedEvenIfReadOnce) {
-  ASSERT_TRUE(Open("second_hit").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kSecondHit).ok());
   const BlockKey chain[] = {Key(0), Key(1)};
   ASSERT_TRUE(engine_->Enqueue(1, kNs, 1, chain, 0, /*conversation=*/5).ok());
   ASSERT_TRUE(engine_->Dequeue(1, 1).ok());
@@ -194,7 +195,7 @@ TEST_F(EngineAdmissionTest, AClosedConversationsBlocksAreDroppedEvenIfReadOnce) 
 }
 
 TEST_F(EngineAdmissionTest, ABlockWhoseParentIsHeldNowhereIsRefused) {
-  ASSERT_TRUE(Open("second_hit").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kSecondHit).ok());
   // Key(100) heads both chains but is never cached: 1 and 2 can never hit.
   // Key(3)'s parent, Key(4), is cached (and demoted before it).
   const BlockKey orphans[] = {Key(100), Key(1), Key(2)};
@@ -209,7 +210,7 @@ TEST_F(EngineAdmissionTest, ABlockWhoseParentIsHeldNowhereIsRefused) {
 // its blocks as one chain (and the block before it) tells the engine their
 // parents, so a block whose prefix is cached nowhere is refused.
 TEST_F(EngineAdmissionTest, PutChainsGiveParentsWithoutQueueHints) {
-  ASSERT_TRUE(Open("second_hit").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kSecondHit).ok());
   // Chain A: 100 (never cached), 1, 2. Chain B: 4, 3 (4 is 3's parent).
   const BlockKey chain_a[] = {Key(1), Key(2)};
   const BlockKey chain_b[] = {Key(4), Key(3)};
@@ -243,7 +244,7 @@ TEST(LineageTest, LinksFromPutsKeepAQueueHintsConversation) {
 }
 
 TEST_F(EngineAdmissionTest, AllDemotesEveryEviction) {
-  ASSERT_TRUE(Open("all").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kAll).ok());
   for (uint64_t i = 0; i < 16; ++i) Put(i);
   engine_->WaitForIdle();
   auto c = Counters();
@@ -260,7 +261,7 @@ DwpdOptions TinyBudget() {
 }
 
 TEST_F(EngineAdmissionTest, DwpdStopsDemotionsWhenTheBudgetIsSpentAndResumesAsItRefills) {
-  ASSERT_TRUE(Open("dwpd", TinyBudget()).ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kDwpd, TinyBudget()).ok());
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   for (uint64_t i = 0; i < 8; ++i) Use(i);
   for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 0..7, all read once
@@ -287,7 +288,7 @@ TEST_F(EngineAdmissionTest, DwpdStopsDemotionsWhenTheBudgetIsSpentAndResumesAsIt
 // The budget's refusals reach `kvtier health` through the engine: each
 // tier below is followed by its admission's findings.
 TEST_F(EngineAdmissionTest, TheDwpdBudgetsRefusalsAreAWarningInTheEnginesHealth) {
-  ASSERT_TRUE(Open("dwpd", TinyBudget()).ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kDwpd, TinyBudget()).ok());
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   for (uint64_t i = 0; i < 8; ++i) Use(i);
   for (uint64_t i = 8; i < 16; ++i) Put(i);  // evicts 0..7, all read once: 3 fit the budget
@@ -303,7 +304,7 @@ TEST_F(EngineAdmissionTest, TheDwpdBudgetsRefusalsAreAWarningInTheEnginesHealth)
 TEST_F(EngineAdmissionTest, ABlockAlreadyOnNvmeCostsNoBudget) {
   DwpdOptions o = TinyBudget();
   o.bucket_bytes = 8 * kRecordBytes;
-  ASSERT_TRUE(Open("dwpd", o).ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kDwpd, o).ok());
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   Use(0);
   for (uint64_t i = 8; i < 16; ++i) Put(i);  // 1..7 dropped (never read), then 0 demoted
@@ -328,7 +329,7 @@ TEST_F(EngineAdmissionTest, ForcedDemotionsStayWithinTheDailyBudget) {
   DwpdOptions o;
   o.drive_capacity_bytes = 86'400'000;  // R = 1 KB/s: 86.4 MB a day, ~1240 records
   o.bucket_bytes = 3 * kRecordBytes;
-  ASSERT_TRUE(Open("dwpd", o, "queue_aware").ok());
+  ASSERT_TRUE(Open(AdmissionPolicyId::kDwpd, o, EvictionPolicyId::kQueueAware).ok());
   constexpr uint64_t kPuts = 3000;
   constexpr uint64_t kStepUs = DwpdBudget::kDayUs / kPuts;
   // Every cached block is needed within the window (a request each), the
@@ -361,14 +362,11 @@ TEST_F(EngineAdmissionTest, ForcedDemotionsStayWithinTheDailyBudget) {
   EXPECT_EQ(c["engine.forced_demotions"], c["nvme.admission.forced"]);
 }
 
-TEST_F(EngineAdmissionTest, BadPolicyOptionsFailCreate) {
-  Status s = Open("lfu");
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("lfu"), std::string::npos) << s.message();
-  TearDown();
-  SetUp();
+// (A bad policy name is the config's error: config_test's
+// AdmissionAndDwpdOptions.)
+TEST_F(EngineAdmissionTest, BadDwpdOptionsFailCreate) {
   DwpdOptions o;  // no drive capacity
-  s = Open("dwpd", o);
+  Status s = Open(AdmissionPolicyId::kDwpd, o);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("capacity"), std::string::npos) << s.message();
 }

@@ -41,7 +41,7 @@ class EngineAllocationTest : public ::testing::Test {
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
     }
-    EngineOptions options{1, "lru"};
+    EngineOptions options{1, EvictionPolicyId::kLru};
     options.layer_read_share = layer_read_share;
     auto engine = Engine::Create(options, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();

@@ -50,7 +50,7 @@ class EngineDirectoryTest : public ::testing::Test {
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       nvme_ = std::move(*tier);
     }
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok());
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{1, kBlockBytes});

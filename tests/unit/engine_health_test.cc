@@ -42,7 +42,7 @@ class EngineHealthTest : public ::testing::Test {
   std::unique_ptr<Engine> Open(BlockTier* below, BlockTier* above = nullptr) {
     std::vector<LowerTier> lower;
     if (below != nullptr) lower.push_back(LowerTier{.tier = below, .reported = Tier::kNvme});
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, std::move(lower), above);
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_, std::move(lower), above);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
     return engine.ok() ? std::move(*engine) : nullptr;
   }

@@ -199,8 +199,8 @@ class EngineLayerLoadTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    std::vector<LowerTier> stack{LowerTier{&tier_, "all", {}, 0, Tier::kNvme}};
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack));
+    std::vector<LowerTier> stack{LowerTier{&tier_, AdmissionPolicyId::kAll, {}, 0, Tier::kNvme}};
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, std::move(stack));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});

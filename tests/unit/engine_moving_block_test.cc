@@ -42,7 +42,7 @@ class EngineMovingBlockTest : public ::testing::Test {
     auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_, TierOptions(), {}, &device_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     nvme_ = std::move(*tier);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok());
     engine_ = std::move(*engine);
   }

@@ -43,7 +43,7 @@ class EngineNamespacesTest : public ::testing::Test {
     auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     nvme_ = std::move(*tier);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_, nvme_.get());
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
   }

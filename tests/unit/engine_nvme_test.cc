@@ -45,7 +45,7 @@ class EngineNvmeTest : public ::testing::Test {
     auto tier = ::kvtier::testing::OpenMemoryNvmeTier(*memory_, dir_, clock_);
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     nvme_ = std::move(*tier);
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, nvme_.get());
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, nvme_.get());
     ASSERT_TRUE(engine.ok());
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});

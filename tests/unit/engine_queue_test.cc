@@ -42,7 +42,7 @@ class EngineQueueTest : public ::testing::Test {
   }
 
   // 8 host blocks; with `nvme`, a memory-backed NVMe tier under `admission`.
-  void Open(const std::string& eviction, bool nvme = false, const std::string& admission = "all",
+  void Open(EvictionPolicyId eviction, bool nvme = false, AdmissionPolicyId admission = AdmissionPolicyId::kAll,
             ReclaimOrder reclaim = ReclaimOrder::kLru, double prefetch_share = 0.5) {
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
@@ -92,7 +92,7 @@ class EngineQueueTest : public ::testing::Test {
 };
 
 TEST_F(EngineQueueTest, ANeededBlockSurvivesPressureThatEvictsEverythingElse) {
-  Open("queue_aware");
+  Open(EvictionPolicyId::kQueueAware);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   ASSERT_TRUE(Enqueue(1, {2, 5}, 1'000'000).ok());
   for (uint64_t i = 8; i < 24; ++i) Put(i);  // two arenas' worth of new blocks
@@ -110,7 +110,7 @@ TEST_F(EngineQueueTest, ANeededBlockSurvivesPressureThatEvictsEverythingElse) {
 }
 
 TEST_F(EngineQueueTest, LruIgnoresTheQueue) {
-  Open("lru");
+  Open(EvictionPolicyId::kLru);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   ASSERT_TRUE(Enqueue(1, {2, 5}, 1'000'000).ok()) << "accepted, and ignored";
   for (uint64_t i = 8; i < 24; ++i) Put(i);
@@ -121,7 +121,8 @@ TEST_F(EngineQueueTest, LruIgnoresTheQueue) {
 TEST_F(EngineQueueTest, ANeededVictimInsideTheWindowIsDemotedWhateverAdmissionSays) {
   // No prefetch: a plan on the reader thread would read 0..3 back as soon
   // as they reach NVMe and evict more needed blocks, racing the counts.
-  Open("queue_aware", /*nvme=*/true, "second_hit", ReclaimOrder::kLru, /*prefetch_share=*/0);
+  Open(EvictionPolicyId::kQueueAware, /*nvme=*/true, AdmissionPolicyId::kSecondHit, ReclaimOrder::kLru,
+       /*prefetch_share=*/0);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   // Every cached block is needed: 0..3 within the window, 4..7 long after it.
   ASSERT_TRUE(Enqueue(1, {0, 1, 2, 3}, 1'000'000).ok());
@@ -140,7 +141,7 @@ TEST_F(EngineQueueTest, ANeededVictimInsideTheWindowIsDemotedWhateverAdmissionSa
 }
 
 TEST_F(EngineQueueTest, AQueuedRequestsNvmePrefixIsInTheHostTierBeforeItStarts) {
-  Open("queue_aware", /*nvme=*/true, "all");
+  Open(EvictionPolicyId::kQueueAware, /*nvme=*/true, AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted to NVMe
   engine_->WaitForIdle();
   for (uint64_t i = 0; i < 8; ++i) ASSERT_EQ(Where(i), Tier::kNvme) << i;
@@ -160,7 +161,7 @@ TEST_F(EngineQueueTest, AQueuedRequestsNvmePrefixIsInTheHostTierBeforeItStarts) 
 }
 
 TEST_F(EngineQueueTest, PrefetchSkipsShortHitsLateBlocksAndWhatTheBudgetCannotHold) {
-  Open("queue_aware", /*nvme=*/true, "all");
+  Open(EvictionPolicyId::kQueueAware, /*nvme=*/true, AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 16; ++i) Put(i);
   engine_->WaitForIdle();
   // One usable block (99 is cached nowhere): below prefetch_min_blocks (2).
@@ -184,7 +185,7 @@ TEST_F(EngineQueueTest, PrefetchSkipsShortHitsLateBlocksAndWhatTheBudgetCannotHo
 // plans read in and nobody used: a second request gets nothing until the
 // first one's blocks are used; each use plans again.
 TEST_F(EngineQueueTest, PrefetchedBlocksHoldTheBudgetUntilUsed) {
-  Open("queue_aware", /*nvme=*/true, "all");
+  Open(EvictionPolicyId::kQueueAware, /*nvme=*/true, AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 16; ++i) Put(i);
   engine_->WaitForIdle();
   ASSERT_TRUE(Enqueue(1, {0, 1, 2, 3}, 1'000'000).ok());
@@ -216,7 +217,7 @@ TEST_F(EngineQueueTest, PrefetchedBlocksHoldTheBudgetUntilUsed) {
 // still running was late (the request waited on it); one evicted before
 // any use was read for nothing.
 TEST_F(EngineQueueTest, PrefetchesAreCountedOnTimeLateOrUnused) {
-  Open("queue_aware", /*nvme=*/true, "all");
+  Open(EvictionPolicyId::kQueueAware, /*nvme=*/true, AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted to NVMe
   engine_->WaitForIdle();
   ASSERT_NE(device_, nullptr);
@@ -255,7 +256,7 @@ TEST_F(EngineQueueTest, PrefetchesAreCountedOnTimeLateOrUnused) {
 }
 
 TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
-  Open("queue_aware");
+  Open(EvictionPolicyId::kQueueAware);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   EXPECT_EQ(engine_->Dequeue(kScheduler, 77).code(), StatusCode::kNotFound);
   ASSERT_TRUE(Enqueue(1, {3}, 1'000'000).ok());
@@ -273,7 +274,7 @@ TEST_F(EngineQueueTest, DequeueAndConnectionClose) {
 }
 
 TEST_F(EngineQueueTest, TheQueueIsBounded) {
-  Open("queue_aware");
+  Open(EvictionPolicyId::kQueueAware);
   // The whole queue is bounded across connections (each within its share).
   const size_t per_connection = EngineOptions{}.max_queued_requests_per_connection;
   const auto enqueue = [&](uint64_t r) {
@@ -293,7 +294,7 @@ TEST_F(EngineQueueTest, TheQueueIsBounded) {
 TEST_F(EngineQueueTest, EachConnectionHasItsOwnShareOfTheQueue) {
   host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
   ASSERT_NE(host_, nullptr);
-  EngineOptions options{2, "queue_aware"};
+  EngineOptions options{2, EvictionPolicyId::kQueueAware};
   options.max_queued_requests_per_connection = 10;
   options.max_queued_keys_per_connection = 25;
   auto engine = Engine::Create(options, *host_, clock_);
@@ -324,7 +325,7 @@ TEST_F(EngineQueueTest, EachConnectionHasItsOwnShareOfTheQueue) {
 // into "needed now": among blocks all needed, it is the furthest next use
 // and goes first.
 TEST_F(EngineQueueTest, AFarStartIsClampedNotWrapped) {
-  Open("queue_aware");
+  Open(EvictionPolicyId::kQueueAware);
   for (uint64_t i = 0; i < 8; ++i) Put(i);
   ASSERT_TRUE(Enqueue(1, {0}, UINT64_MAX).ok());
   ASSERT_TRUE(Enqueue(2, {1, 2, 3, 4, 5, 6, 7}, 1'000'000).ok());
@@ -359,7 +360,8 @@ TEST_F(EngineQueueTest, NvmeReclaimKeepsWhatAQueuedRequestNeeds) {
     engine_.reset();
     nvme_.reset();
     if (!dir_.empty()) ::kvtier::testing::RemoveTree(dir_);
-    Open("lru", /*nvme=*/true, "all", order, /*prefetch_share=*/0);  // no prefetch: Key(0) stays on NVMe
+    // No prefetch: Key(0) stays on NVMe.
+    Open(EvictionPolicyId::kLru, /*nvme=*/true, AdmissionPolicyId::kAll, order, /*prefetch_share=*/0);
     for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted
     engine_->WaitForIdle();
     ASSERT_EQ(Where(0), Tier::kNvme);

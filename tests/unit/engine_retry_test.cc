@@ -107,8 +107,8 @@ class EngineRetryTest : public ::testing::Test {
   void Open(bool above) {
     host_ = ::kvtier::testing::OpenTestHostTier(64 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    std::vector<LowerTier> stack{LowerTier{&below_, "all", {}, 0, Tier::kRemote}};
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack),
+    std::vector<LowerTier> stack{LowerTier{&below_, AdmissionPolicyId::kAll, {}, 0, Tier::kRemote}};
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, std::move(stack),
                                  above ? &above_ : nullptr);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);

@@ -46,7 +46,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
   FakeClock clock;
   auto host = ::kvtier::testing::OpenTestHostTier(48 * kBlockBytes);
   ASSERT_NE(host, nullptr);
-  auto created = Engine::Create(EngineOptions{8, "lru"}, *host, clock);
+  auto created = Engine::Create(EngineOptions{8, EvictionPolicyId::kLru}, *host, clock);
   ASSERT_TRUE(created.ok());
   Engine& engine = **created;
   const NamespaceFingerprint ns = FingerprintNamespace(TestNamespace());

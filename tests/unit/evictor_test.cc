@@ -44,7 +44,7 @@ class EvictorTest : public ::testing::Test {
   }
 
   // Adds a tier below (after those added before) admitting by `admission`.
-  ::kvtier::testing::MapTier& AddLevel(const std::string& admission) {
+  ::kvtier::testing::MapTier& AddLevel(AdmissionPolicyId admission) {
     tiers_.push_back(std::make_unique<::kvtier::testing::MapTier>());
     auto level = std::make_unique<TierLevel>();
     level->tier = tiers_.back().get();
@@ -123,8 +123,8 @@ TEST_F(EvictorTest, AnAllocationEvictsTheLowestRankedBlockOfEveryShard) {
 }
 
 TEST_F(EvictorTest, AVictimGoesToTheFirstTierBelowThatTakesIt) {
-  AddLevel("second_hit");
-  AddLevel("all");
+  AddLevel(AdmissionPolicyId::kSecondHit);
+  AddLevel(AdmissionPolicyId::kAll);
   Commit(Key(0), 1, /*hits=*/0);  // no evidence of reuse: the first tier refuses it
   Commit(Key(1), 2, /*hits=*/1);
   for (uint64_t i = 2; i < kBlocks; ++i) Commit(Key(i), i + 1, 1);
@@ -144,7 +144,7 @@ TEST_F(EvictorTest, AVictimGoesToTheFirstTierBelowThatTakesIt) {
 }
 
 TEST_F(EvictorTest, AVictimNoTierTakesIsDroppedAndCounted) {
-  AddLevel("second_hit");
+  AddLevel(AdmissionPolicyId::kSecondHit);
   Fill(/*hits=*/0);
   Evictor& evictor = Make();
   ASSERT_TRUE(evictor.Allocate(kBlockBytes).ok());
@@ -154,7 +154,7 @@ TEST_F(EvictorTest, AVictimNoTierTakesIsDroppedAndCounted) {
 }
 
 TEST_F(EvictorTest, AVictimATierBelowHoldsCostsNoWrite) {
-  ::kvtier::testing::MapTier& nvme = AddLevel("all");
+  ::kvtier::testing::MapTier& nvme = AddLevel(AdmissionPolicyId::kAll);
   Fill();
   std::vector<std::byte> bytes(kBlockBytes, std::byte{7});
   ASSERT_TRUE(nvme.Write(kNs, Key(0), 1, bytes, [](Status) {}, std::nullopt).ok());
@@ -184,7 +184,7 @@ TEST_F(EvictorTest, NothingEvictableIsNoSpace) {
 }
 
 TEST_F(EvictorTest, AdmissionFactsComeFromTheLineageAndEveryTier) {
-  ::kvtier::testing::MapTier& nvme = AddLevel("all");
+  ::kvtier::testing::MapTier& nvme = AddLevel(AdmissionPolicyId::kAll);
   Evictor& evictor = Make();
   // Key(2)'s parent is Key(1), in conversation 9.
   const std::vector<BlockKey> chain{Key(1), Key(2)};

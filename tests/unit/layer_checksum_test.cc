@@ -111,7 +111,7 @@ class CommitLayerChecksumTest : public ::testing::Test {
     engine_.reset();
     host_ = ::kvtier::testing::OpenTestHostTier(32 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    EngineOptions options{2, "lru"};
+    EngineOptions options{2, EvictionPolicyId::kLru};
     options.verify_commits = verify_commits;
     auto engine = Engine::Create(options, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();

@@ -31,7 +31,7 @@ class NamespaceRegistrationsTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(4 * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_);
+    auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     context_.engine = engine_.get();

@@ -99,7 +99,7 @@ TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {
   auto lower = RemoteAdmissionFromConfig(config, tier);
   ASSERT_TRUE(lower.ok());
   EXPECT_EQ(lower->tier, &tier);
-  EXPECT_EQ(lower->admission, "rate");
+  EXPECT_EQ(lower->admission, AdmissionPolicyId::kRate);
   EXPECT_EQ(lower->rate_bytes_per_second, 100ull << 20);
 }
 

@@ -3,34 +3,19 @@
 // parsing.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "tests/testing/test_daemon.h"
+#include "tests/testing/replay_trace_files.h"
 #include "tools/replay/replay_sim.h"
 #include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
 namespace {
 
-class ReplayTest : public ::testing::Test {
+class ReplayTest : public ::kvtier::testing::ReplayTraceFiles {
  protected:
-  void SetUp() override { dir_ = ::kvtier::testing::MakeTempDir(); }
-  void TearDown() override { ::kvtier::testing::RemoveTree(dir_); }
-
-  std::string Write(const std::vector<std::string>& lines) {
-    const std::string path = dir_ + "/t" + std::to_string(files_++) + ".jsonl";
-    std::ofstream out(path);
-    for (const auto& l : lines) out << l << "\n";
-    return path;
-  }
-  // A line of `input` tokens over `ids`.
-  static std::string Line(uint64_t ms, uint64_t input, const std::string& ids) {
-    return "{\"timestamp\": " + std::to_string(ms) + ", \"input_length\": " + std::to_string(input) +
-           ", \"output_length\": 7, \"hash_ids\": [" + ids + "]}";
-  }
   ReplayResult Run(const std::vector<std::string>& lines, const std::string& capacity, const std::string& policy = "lru",
                    double warmup = 0, uint32_t block_tokens = 4) {
     auto trace = ReadMooncakeTrace(Write(lines), block_tokens, 0);
@@ -45,9 +30,6 @@ class ReplayTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return *r;
   }
-
-  std::string dir_;
-  int files_ = 0;
 };
 
 TEST_F(ReplayTest, TheLongestResidentPrefixHitsAndTheLastBlockIsPartial) {
@@ -128,26 +110,6 @@ TEST_F(ReplayTest, HostVictimsAreDemotedAndNvmeHitsPromotedKeepingTheNvmeCopy) {
   // 1 and 2 are written once each: the last demotion of 1 finds its copy.
   EXPECT_EQ(r->tiers[kNvmeTier].bytes_written, 8u);
   EXPECT_EQ(r->tiers[kHostTier].bytes_written, 16u) << "2 new + 2 promoted";
-}
-
-TEST_F(ReplayTest, ADemotionThatWouldWaitTooLongForTheWriteChannelIsDropped) {
-  // 4-byte blocks into an NVMe tier writing 4 bytes/s: a demotion takes 1 s.
-  // [2] demotes 1 at 0; [3] at 0 would wait 1 s (> 200 ms): 2 is dropped;
-  // [4] at 5 s demotes 3; then [1] (an NVMe hit) at 5.001 s and [3] at
-  // 5.003 s each demote a block into a channel busy until 6 s: dropped.
-  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(0, 4, "2"), Line(0, 4, "3"), Line(5000, 4, "4"),
-                                        Line(5001, 4, "1"), Line(5002, 4, "2"), Line(5003, 4, "3")}),
-                                 4, 0);
-  ASSERT_TRUE(trace.ok());
-  ReplayOptions o = TwoTiers("all");
-  o.nvme = Capacity{Capacity::Unit::kBlocks, 10, false};
-  o.write_bytes_per_s[kNvmeTier] = 4;
-  auto r = Replay(*trace, o);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->tiers[kNvmeTier].dropped_busy, 3u);
-  EXPECT_EQ(r->tiers[kNvmeTier].hits, 2u) << "1 and 3; 2 was dropped";
-  o.write_bytes_per_s[kNvmeTier] = 0;  // no limit
-  EXPECT_EQ(Replay(*trace, o)->tiers[kNvmeTier].hits, 3u);
 }
 
 TEST_F(ReplayTest, SecondHitAdmitsOnlyBlocksFoundAgain) {

@@ -35,7 +35,7 @@ class RequestHandlerTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(kArenaBytes);
     ASSERT_NE(host_, nullptr);
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_);
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     context_.engine = engine_.get();

@@ -61,7 +61,7 @@ class TierContractTest : public ::testing::TestWithParam<std::string> {
     if (which == "host") {
       host_ = ::kvtier::testing::OpenTestHostTier(16 * kBlockBytes);
       ASSERT_NE(host_, nullptr);
-      auto engine = Engine::Create(EngineOptions{2, "lru"}, *host_, clock_);
+      auto engine = Engine::Create(EngineOptions{2, EvictionPolicyId::kLru}, *host_, clock_);
       ASSERT_TRUE(engine.ok()) << engine.status().ToString();
       engine_ = std::move(*engine);
       engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});

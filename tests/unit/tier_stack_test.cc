@@ -42,7 +42,7 @@ class TierStackTest : public ::testing::Test {
  protected:
   // host: 8 blocks; NVMe: 4 regions of 1 MiB (about 60 records, fewer
   // once reclaim keeps a region ahead); below it the map tier.
-  void Build(const std::string& nvme_admission) {
+  void Build(AdmissionPolicyId nvme_admission) {
     dir_ = ::kvtier::testing::MakeTempDir();
     memory_ = std::make_unique<MemoryDevice>(4 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
@@ -53,8 +53,8 @@ class TierStackTest : public ::testing::Test {
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
     nvme_ = std::move(*nvme);
     std::vector<LowerTier> stack{LowerTier{nvme_.get(), nvme_admission, {}, 0, Tier::kNvme},
-                                 LowerTier{&map_, "all", {}, 0, Tier::kRemote}};
-    auto engine = Engine::Create(EngineOptions{4, "lru"}, *host_, clock_, std::move(stack));
+                                 LowerTier{&map_, AdmissionPolicyId::kAll, {}, 0, Tier::kRemote}};
+    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, std::move(stack));
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});
@@ -102,7 +102,7 @@ class TierStackTest : public ::testing::Test {
 };
 
 TEST_F(TierStackTest, BlocksDemoteToTheThirdTierAndComeBackByteExact) {
-  Build("all");
+  Build(AdmissionPolicyId::kAll);
   constexpr uint64_t kBlocks = 160;  // more than host and NVMe hold together
   for (uint64_t i = 0; i < kBlocks; ++i) PutAndSettle(i);
 
@@ -142,7 +142,7 @@ TEST_F(TierStackTest, BlocksDemoteToTheThirdTierAndComeBackByteExact) {
 }
 
 TEST_F(TierStackTest, LayerReadsComeFromTheThirdTier) {
-  Build("all");
+  Build(AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 160; ++i) PutAndSettle(i);
   const BlockKey key = Key(1);
   ASSERT_TRUE(map_.Find(key).has_value());
@@ -158,7 +158,7 @@ TEST_F(TierStackTest, LayerReadsComeFromTheThirdTier) {
 TEST_F(TierStackTest, ABlockTheNvmeAdmissionRefusesGoesToTheTierBelowIt) {
   // second_hit refuses first sightings: the map tier (admitting all) takes
   // them straight from the host tier.
-  Build("second_hit");
+  Build(AdmissionPolicyId::kSecondHit);
   for (uint64_t i = 0; i < 20; ++i) PutAndSettle(i);
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 20; ++i) keys.push_back(Key(i));
@@ -171,7 +171,7 @@ TEST_F(TierStackTest, ABlockTheNvmeAdmissionRefusesGoesToTheTierBelowIt) {
 }
 
 TEST_F(TierStackTest, EraseReachesEveryTier) {
-  Build("all");
+  Build(AdmissionPolicyId::kAll);
   for (uint64_t i = 0; i < 160; ++i) PutAndSettle(i);
   std::vector<BlockKey> keys{Key(0), Key(100), Key(159)};  // map tier, NVMe, host
   EXPECT_EQ(engine_->Erase(kNs, keys), 3u);
@@ -191,7 +191,7 @@ TEST(TierStackPlaces, ALevelReportsAsItsRegistrationSaysAndOnlyAsAPlaceBelowTheH
     std::unique_ptr<HostTier> host = ::kvtier::testing::OpenTestHostTier(kBlockBytes);
     ASSERT_NE(host, nullptr);
     MapTier below;
-    auto engine = Engine::Create(EngineOptions{1, "lru"}, *host, clock,
+    auto engine = Engine::Create(EngineOptions{1, EvictionPolicyId::kLru}, *host, clock,
                                  {LowerTier{.tier = &below, .reported = reported}});
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     (*engine)->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});
@@ -205,7 +205,7 @@ TEST(TierStackPlaces, ALevelReportsAsItsRegistrationSaysAndOnlyAsAPlaceBelowTheH
     std::unique_ptr<HostTier> host = ::kvtier::testing::OpenTestHostTier(kBlockBytes);
     ASSERT_NE(host, nullptr);
     MapTier below;
-    auto engine = Engine::Create(EngineOptions{1, "lru"}, *host, clock, {LowerTier{.tier = &below, .reported = wrong}});
+    auto engine = Engine::Create(EngineOptions{1, EvictionPolicyId::kLru}, *host, clock, {LowerTier{.tier = &below, .reported = wrong}});
     ASSERT_FALSE(engine.ok()) << TierName(wrong);
     EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(engine.status().message().find("nvme or remote"), std::string::npos) << engine.status().message();

@@ -76,13 +76,6 @@ Status FlushSync(BlockDevice& device) {
   return Wait([&](IoDone done) { device.Flush(std::move(done)); }).status();
 }
 
-Result<IoEngine> ParseIoEngine(std::string_view name) {
-  if (name == "auto") return IoEngine::kAuto;
-  if (name == "io_uring") return IoEngine::kIoUring;
-  if (name == "threads") return IoEngine::kThreads;
-  return InvalidArgument("unknown I/O engine \"" + std::string(name) + "\" (auto, io_uring, threads)");
-}
-
 Result<std::unique_ptr<BlockDevice>> OpenBlockDevice(const BlockDeviceOptions& options) {
   if (options.queue_depth == 0 || options.queue_depth > 4096) {
     return InvalidArgument("nvme queue depth must be in [1, 4096], got " + std::to_string(options.queue_depth));

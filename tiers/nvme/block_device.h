@@ -101,8 +101,7 @@ enum class IoEngine {
   kIoUring,   // io_uring or fail
   kThreads,   // pread/pwrite thread pool
 };
-// "auto", "io_uring", "threads"; InvalidArgument otherwise.
-Result<IoEngine> ParseIoEngine(std::string_view name);
+// (kvtierd's nvme.io_engine names them: daemon/config/option_choices.h.)
 
 struct BlockDeviceOptions {
   std::string path;             // a regular file (created and preallocated) or a block device

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "policy/option_defaults.h"
 #include "policy/policy_registry.h"
 #include "tools/replay/replay_cli_parts.h"
 #include "tools/replay/replay_plot.h"
@@ -212,8 +213,10 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--read-bandwidth", o.read_bandwidth,
                  "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults)");
   app.add_option("--write-bandwidth", o.write_bandwidth,
-                 "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion waiting over 200 ms is "
-                 "dropped");
+                 "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion is dropped as the "
+                 "daemon's demoter drops it: past " + std::to_string(defaults::kQueuedDemotionWaitMs) +
+                     " ms of waiting, or when the bytes queued ahead pass engine.demotion_buffer_bytes (" +
+                     std::to_string(defaults::kDemotionBufferBytes >> 20) + " MiB)");
   app.add_option("--nodes", o.nodes,
                  "kvtier nodes (1 to 256), each with its own host and NVMe tiers of the --capacity given; the remote "
                  "tier is one, shared by all")

@@ -107,12 +107,16 @@ void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool nee
 bool Simulator::WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now) {
   const SimBlock& b = blocks_[id];
   // The node's write channel into the tier: a demotion waits behind
-  // earlier ones, and one that would wait too long is dropped.
+  // earlier ones, held as the daemon's demoter holds it, and one that would
+  // wait too long, or would not fit the demotion buffer, is dropped.
   const double rate = options_.write_bytes_per_s[to];
   if (rate > 0) {
     uint64_t& busy = n.write_busy_until[to];
     const uint64_t start = std::max(now, busy);
-    if (start - now > options_.max_write_backlog_us) {
+    const uint64_t wait_us = start - now;
+    const double queued_bytes = double(wait_us) * rate / 1e6 + double(Bytes(b));
+    if (wait_us > 0 &&
+        (wait_us > options_.max_write_backlog_us || queued_bytes > double(options_.demotion_buffer_bytes))) {
       ++result_.tiers[to].dropped_busy;
       return false;
     }

@@ -149,6 +149,7 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
          a.bytes_per_token == b.bytes_per_token && a.warmup == b.warmup && a.engines == b.engines &&
          a.prefill_tps == b.prefill_tps && a.read_bytes_per_s == b.read_bytes_per_s &&
          a.write_bytes_per_s == b.write_bytes_per_s && a.max_write_backlog_us == b.max_write_backlog_us &&
+         a.demotion_buffer_bytes == b.demotion_buffer_bytes &&
          a.nvme_eviction == b.nvme_eviction && a.nvme_region_bytes == b.nvme_region_bytes &&
          a.nvme_alignment_bytes == b.nvme_alignment_bytes && a.nvme_reinsert_share == b.nvme_reinsert_share &&
          a.lookahead_us == b.lookahead_us && a.prefetch_share == b.prefetch_share &&

@@ -28,6 +28,7 @@
 
 #include "kvtier/result.h"
 #include "policy/dwpd_budget.h"
+#include "policy/option_defaults.h"
 #include "tools/replay/replay_trace.h"
 
 namespace kvtier::tools {
@@ -156,11 +157,16 @@ struct ReplayOptions {
   double prefill_tps = 0;
   std::array<double, kSimTiers> read_bytes_per_s = {20e9, 5e9, 1e9};
   // Writes into the NVMe and remote tiers (demotions) go through one
-  // channel per tier at this rate; a demotion that would wait longer than
-  // max_write_backlog_us behind earlier ones is dropped (the daemon's
-  // demotion gives up after 200 ms of a busy tier). 0 for a tier: no limit.
+  // channel per tier at this rate. A demotion that must wait behind
+  // earlier ones waits as the daemon's demoter holds it: it is dropped
+  // when it would wait longer than max_write_backlog_us (the daemon's
+  // Demoter::kQueuedDemotionWait), or when the bytes queued in the channel
+  // ahead of it and its own pass demotion_buffer_bytes (the daemon's
+  // engine.demotion_buffer_bytes; 0: a demotion that must wait is dropped).
+  // 0 for a tier: no limit.
   std::array<double, kSimTiers> write_bytes_per_s = {0, 2e9, 1e9};
-  uint64_t max_write_backlog_us = 200'000;
+  uint64_t max_write_backlog_us = defaults::kQueuedDemotionWaitMs * 1000;
+  uint64_t demotion_buffer_bytes = defaults::kDemotionBufferBytes;
 };
 
 struct TierResult {

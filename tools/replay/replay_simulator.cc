@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "policy/dwpd_budget.h"
 #include "tools/replay/replay_simulator.h"
 
 namespace kvtier::tools {
@@ -90,8 +91,7 @@ void Simulator::Finish() {
     result_.span_us = trace_.requests.back().arrival_us - trace_.requests.front().arrival_us;
   }
   if (options_.admission == "dwpd") {
-    const DwpdOptions& d = options_.dwpd;
-    const double per_day = d.share * double(d.drive_capacity_bytes) * d.dwpd * d.warranty_years / d.planned_years;
+    const double per_day = DwpdBytesPerDay(options_.dwpd);  // the daemon's budget's
     const double days = std::max(1.0, double(result_.span_us) / 86'400e6);
     result_.ssd_budget_bytes = static_cast<uint64_t>(per_day * days) * nodes_.size();
   }
