@@ -24,9 +24,12 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       clock_(clock),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
-      layer_read_pool_bytes_(static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes()))),
       verify_commits_(options.verify_commits),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
+      promoter_(std::make_unique<Promoter>(
+          shards_, host, clock, *retries_,
+          static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_,
+          PromoterHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
@@ -136,6 +139,27 @@ Demoter::Hooks Engine::DemoterHooks() {
   hooks.erased = [this](const BlockKey& key) { return DemotionErased(key); };
   hooks.finished = [this](const BlockKey& key, const Status& written) { FinishDemotion(key, written); };
   hooks.facts = [this](const BlockKey& key, uint64_t uses) { return evictor_->GatherFacts(key, uses); };
+  return hooks;
+}
+
+Promoter::Hooks Engine::PromoterHooks() {
+  Promoter::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
+                     bool with_layers) { return PinLocked(shard, connection, key, now_us, with_layers); };
+  hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  };
+  hooks.next_handle = [this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); };
+  // The last read of a prefetch plan landed: plan again with the measured
+  // bandwidth and whatever changed meanwhile. Not after a failure, which a
+  // new plan could only repeat (and a synchronous one would recurse).
+  hooks.prefetch_read_ended = [this](bool landed) {
+    if (prefetcher_->ReadLanded() && landed) SchedulePrefetch();
+  };
   return hooks;
 }
 
@@ -453,7 +477,7 @@ void Engine::CloseConnection(ConnectionId connection) {
     BlockIndex& shard = *shard_ptr;
     MutexLock lock(shard.mu);
     shard.DropReservations(connection);
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) promoter_->EndTransient(shard.Unpin(record, now));
   }
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);

@@ -73,6 +73,7 @@
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
 #include "daemon/engine/prefetcher.h"
+#include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
@@ -411,23 +412,6 @@ class Engine {
   // (checked at run time: engine.h sees BlockIndex only declared).
   PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers = false);
-  // Reads `key` from the tier it was found in into new arena space, then
-  // pins it for its waiters. Runs without locks. A tier out of read
-  // staging (Busy) is tried again a moment later (retries_) until
-  // `deadline_us` on clock_, then the waiters get Busy; the first overload
-  // allows kPromotionBusyWaitUs.
-  void Promote(const BlockKey& key, const Located& from);
-  void Promote(const BlockKey& key, const Located& from, uint64_t deadline_us);
-  // `layer_checksums`: of the layers the tier verified (BlockTier::
-  // ReadWithLayerChecksums), recorded when they fit the namespace's
-  // layout, else hashed from the landed bytes.
-  void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
-                       std::vector<uint64_t> layer_checksums = {});
-  // Reads `layers` of `key` from the tier it was found in into transient
-  // arena space and resolves slot `index` of `batch` with a lease on it.
-  // Runs without locks.
-  void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
-                  LayerSpan layers);
   // PinAsync's first half: settles every key it can inline (host hits,
   // misses, bad spans) in batch->grants; the keys that wait for a
   // promotion, a demotion or a layer read are counted in
@@ -477,9 +461,6 @@ class Engine {
               uint64_t size, uint64_t checksum);
   void IoStarted();
   void IoFinished();
-  // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
-  bool TakeTransient(uint64_t bytes);
-  void EndTransient(uint64_t bytes);
   // The tier above the host (engine_above.cc). AboveHold holds `key` in
   // place there for a load (a use in its order), if it is stored under `ns`.
   std::optional<BlockTier::InPlace> AboveHold(const NamespaceFingerprint& ns, const BlockKey& key);
@@ -530,9 +511,10 @@ class Engine {
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
   // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // demoter's into the engine (engine.cc).
+  // demoter's and the promoter's into the engine (engine.cc).
   Prefetcher::Stack PrefetchStack();
   Demoter::Hooks DemoterHooks();
+  Promoter::Hooks PromoterHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -560,8 +542,6 @@ class Engine {
   std::unique_ptr<Prefetcher> prefetcher_;
   // Room in the arena and where victims go (evictor.h); made by Create.
   std::unique_ptr<Evictor> evictor_;
-  const uint64_t layer_read_pool_bytes_;
-  std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const bool verify_commits_;  // EngineOptions::verify_commits
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
@@ -585,6 +565,9 @@ class Engine {
   // Each waiting retry counts as I/O in flight; ~Engine stops it (running
   // those still waiting at once) before it waits for idle.
   std::unique_ptr<RetryScheduler> retries_;
+  // Promotions and layer reads into the arena, and the transient pool of
+  // layer reads (promoter.h); no thread of its own.
+  std::unique_ptr<Promoter> promoter_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter
   // (demoter.h) writes blocks down the stack, holding those a busy tier

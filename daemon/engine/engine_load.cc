@@ -185,7 +185,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
       streamed.push_back(c);
     } else {
-      Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
+      promoter_->Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
     }
   }
   if (!streamed.empty()) StartStream(load, streamed);
@@ -282,7 +282,7 @@ void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<cons
     IoStarted();  // the promotion's; FinishPromotion ends it
     Result<HostTier::Extent> extent = evictor_->Allocate(c.from.info.payload_bytes);
     if (!extent.ok()) {
-      FinishPromotion(c.key, extent.status(), {}, c.from.info.payload_checksum);
+      promoter_->FinishPromotion(c.key, extent.status(), {}, c.from.info.payload_checksum);
       continue;
     }
     {
@@ -386,7 +386,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
   } while (stream->pump_again);
   stream->pumping = false;
   lock.Unlock();
-  for (Finish& f : finish) FinishPromotion(f.key, f.status, f.extent, f.checksum);
+  for (Finish& f : finish) promoter_->FinishPromotion(f.key, f.status, f.extent, f.checksum);
   if (retry_later) {
     IoStarted();  // the retry's, ended by the job
     const bool queued = retries_->RunAfter(kStreamRetryPauseUs, [this, stream] {
@@ -405,7 +405,7 @@ void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
           }
         }
       }
-      for (Finish& f : left) FinishPromotion(f.key, f.status, f.extent, f.checksum);
+      for (Finish& f : left) promoter_->FinishPromotion(f.key, f.status, f.extent, f.checksum);
       IoFinished();
     }
   }
@@ -460,7 +460,8 @@ void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t b
   }
   if (finish) {
     if (!snapshot.all_sums) snapshot.layer_checksums.clear();
-    FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum, std::move(snapshot.layer_checksums));
+    promoter_->FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum,
+                               std::move(snapshot.layer_checksums));
   }
   PumpStream(stream);
 }
