@@ -30,6 +30,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
           shards_, host, clock, *retries_,
           static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_,
           PromoterHooks())),
+      streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
@@ -160,6 +161,15 @@ Promoter::Hooks Engine::PromoterHooks() {
   hooks.prefetch_read_ended = [this](bool landed) {
     if (prefetcher_->ReadLanded() && landed) SchedulePrefetch();
   };
+  return hooks;
+}
+
+LayerStreamer::Hooks Engine::StreamerHooks() {
+  LayerStreamer::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
   return hooks;
 }
 

@@ -67,6 +67,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/hold_table.h"
+#include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
@@ -423,20 +424,13 @@ class Engine {
   void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
-  // Layer-wise loads (engine_load.cc): a load's record and board, and the
-  // stream of layer reads of the blocks it promotes.
-  struct LayerStream;
+  // Layer-wise loads (engine_load.cc): a load's record and board; the
+  // stream of layer reads of the blocks it promotes is streamer_'s.
   // A block of `load` resolved (pinned for it, or failed): the board
   // says so, and a pin that came after EndLoad is released.
   // `at_once`: settled in BeginLoad itself (its checksums go in the answer).
   void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
                          bool at_once = false);
-  // Streams `claims` (claimed promotions of whole blocks) for `load`.
-  void StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims);
-  // Submits the stream's next layer reads in order until the tier is busy.
-  void PumpStream(const std::shared_ptr<LayerStream>& stream);
-  void StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
-                      Result<BlockTier::LayerRead> read);
   // Frees a load's board once it ended and no read of it is in flight.
   void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
   // PinAsync once its batch is made (RetryPin reuses it for one key).
@@ -511,10 +505,12 @@ class Engine {
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
   // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // demoter's and the promoter's into the engine (engine.cc).
+  // demoter's, the promoter's and the layer streamer's into the engine
+  // (engine.cc).
   Prefetcher::Stack PrefetchStack();
   Demoter::Hooks DemoterHooks();
   Promoter::Hooks PromoterHooks();
+  LayerStreamer::Hooks StreamerHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -568,6 +564,9 @@ class Engine {
   // Promotions and layer reads into the arena, and the transient pool of
   // layer reads (promoter.h); no thread of its own.
   std::unique_ptr<Promoter> promoter_;
+  // Layer-wise loads' reads of the blocks they promote, layer by layer
+  // (layer_streamer.h); no thread of its own.
+  std::unique_ptr<LayerStreamer> streamer_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter
   // (demoter.h) writes blocks down the stack, holding those a busy tier
