@@ -18,8 +18,9 @@
 // A tier out of read staging (Busy) with none of the stream's reads in
 // flight is tried again kStreamRetryPauseUs later on the retry scheduler,
 // on the injected clock (engine.load_busy_retries each), until
-// kStreamBusyWaitUs passed without a layer landing; then, or when the
-// retry queue is full, every block left fails with Busy.
+// kStreamBusyWaitUs passed since Start or the last read that ended
+// (landed or failed); then, or when the retry queue is full, every block
+// left fails with Busy.
 //
 // Each streamed block counts as I/O in flight from Start until its
 // promotion ends (Hooks::io_started here, the Promoter's io_finished), and

@@ -25,7 +25,7 @@
 // Thread-safe, and no thread of its own: it runs on the caller's thread,
 // the tiers' completion threads and the retry scheduler's. It takes one
 // shard lock at a time and never holds one across I/O or a hook other
-// than `pin`; the transient pool is an atomic.
+// than `pin` and `next_handle`; the transient pool is an atomic.
 #pragma once
 
 #include <atomic>
@@ -68,9 +68,11 @@ class Promoter {
                            bool with_layers)>
         pin;
     // How many layers a block of `size` bytes of `ns` has (its namespace's
-    // layout; 1 for another size). Takes only leaf locks.
+    // layout; 1 for another size). Called with no lock held.
     std::function<uint32_t(const NamespaceFingerprint& ns, uint64_t size)> layer_count;
-    // A fresh policy handle for a block entering the index.
+    // A fresh handle for a block entering the index (a policy handle, or a
+    // layer read's zombie entry); called with a shard's lock held, so it
+    // takes no lock.
     std::function<BlockHandle()> next_handle;
     // The read of a prefetched block ended (`landed`: committed); called
     // with no lock held.
