@@ -1,7 +1,7 @@
 // Where a block evicted from a tier goes among the tiers below it: the rule
 // the engine's evictor (daemon/engine/evictor.cc), its eviction
-// sink for blocks a lower tier evicts (Engine::DemoteBelow,
-// daemon/engine/engine_tiers.cc) and the replay
+// sink for blocks a lower tier evicts (Demoter::DemoteBelow,
+// daemon/engine/demoter.cc) and the replay
 // (tools/replay/replay_placement.cc) all run.
 //
 // Walking the tiers below, highest first:

@@ -24,9 +24,13 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       clock_(clock),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
-      layer_read_pool_bytes_(static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes()))),
       verify_commits_(options.verify_commits),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
+      promoter_(std::make_unique<Promoter>(
+          shards_, host, clock, *retries_,
+          static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_,
+          PromoterHooks())),
+      streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
@@ -127,26 +131,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->sink_gate_->engine = engine.get();
   }
   return engine;
-}
-
-Demoter::Hooks Engine::DemoterHooks() {
-  Demoter::Hooks hooks;
-  hooks.io_started = [this] { IoStarted(); };
-  hooks.io_finished = [this] { IoFinished(); };
-  hooks.erased = [this](const BlockKey& key) { return DemotionErased(key); };
-  hooks.finished = [this](const BlockKey& key, const Status& written) { FinishDemotion(key, written); };
-  hooks.facts = [this](const BlockKey& key, uint64_t uses) { return evictor_->GatherFacts(key, uses); };
-  return hooks;
-}
-
-AboveMover::Hooks Engine::AboveHooks() {
-  AboveMover::Hooks hooks;
-  hooks.io_started = [this] { IoStarted(); };
-  hooks.io_finished = [this] { IoFinished(); };
-  hooks.held_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) {
-    return FindBelow(key, ns).has_value();
-  };
-  return hooks;
 }
 
 BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndexOf(key, shards_.size())]; }
@@ -464,7 +448,7 @@ void Engine::CloseConnection(ConnectionId connection) {
     BlockIndex& shard = *shard_ptr;
     MutexLock lock(shard.mu);
     shard.DropReservations(connection);
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) EndTransient(shard.Unpin(record, now));
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) promoter_->EndTransient(shard.Unpin(record, now));
   }
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);

@@ -72,12 +72,14 @@
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
 #include "daemon/engine/hold_table.h"
+#include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
 #include "daemon/engine/prefetcher.h"
+#include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
@@ -416,23 +418,6 @@ class Engine {
   // (checked at run time: engine.h sees BlockIndex only declared).
   PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers = false);
-  // Reads `key` from the tier it was found in into new arena space, then
-  // pins it for its waiters. Runs without locks. A tier out of read
-  // staging (Busy) is tried again a moment later (retries_) until
-  // `deadline_us` on clock_, then the waiters get Busy; the first overload
-  // allows kPromotionBusyWaitUs.
-  void Promote(const BlockKey& key, const Located& from);
-  void Promote(const BlockKey& key, const Located& from, uint64_t deadline_us);
-  // `layer_checksums`: of the layers the tier verified (BlockTier::
-  // ReadWithLayerChecksums), recorded when they fit the namespace's
-  // layout, else hashed from the landed bytes.
-  void FinishPromotion(const BlockKey& key, Status status, HostTier::Extent extent, uint64_t checksum,
-                       std::vector<uint64_t> layer_checksums = {});
-  // Reads `layers` of `key` from the tier it was found in into transient
-  // arena space and resolves slot `index` of `batch` with a lease on it.
-  // Runs without locks.
-  void ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
-                  LayerSpan layers);
   // PinAsync's first half: settles every key it can inline (host hits,
   // misses, bad spans) in batch->grants; the keys that wait for a
   // promotion, a demotion or a layer read are counted in
@@ -444,20 +429,13 @@ class Engine {
   void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
-  // Layer-wise loads (engine_load.cc): a load's record and board, and the
-  // stream of layer reads of the blocks it promotes.
-  struct LayerStream;
+  // Layer-wise loads (engine_load.cc): a load's record and board; the
+  // stream of layer reads of the blocks it promotes is streamer_'s.
   // A block of `load` resolved (pinned for it, or failed): the board
   // says so, and a pin that came after EndLoad is released.
   // `at_once`: settled in BeginLoad itself (its checksums go in the answer).
   void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
                          bool at_once = false);
-  // Streams `claims` (claimed promotions of whole blocks) for `load`.
-  void StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims);
-  // Submits the stream's next layer reads in order until the tier is busy.
-  void PumpStream(const std::shared_ptr<LayerStream>& stream);
-  void StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
-                      Result<BlockTier::LayerRead> read);
   // Frees a load's board once it ended and no read of it is in flight.
   void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
   // PinAsync once its batch is made (RetryPin reuses it for one key).
@@ -482,9 +460,6 @@ class Engine {
               uint64_t size, uint64_t checksum);
   void IoStarted();
   void IoFinished();
-  // Layer-read pool: takes `bytes` (false: the pool is full), gives back.
-  bool TakeTransient(uint64_t bytes);
-  void EndTransient(uint64_t bytes);
   // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
   // as a hold until `expires_us`, unless the key is held already (the
   // later expiry stays, the extra pin goes) or `ns` was dropped since the
@@ -502,10 +477,13 @@ class Engine {
   // never Prefetch: a plan scans the queue.
   void SchedulePrefetch();
   // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // demoter's and the above mover's into the engine (engine.cc).
+  // demoter's, the above mover's, the promoter's and the layer streamer's
+  // into the engine (engine_hooks.cc).
   Prefetcher::Stack PrefetchStack();
   Demoter::Hooks DemoterHooks();
   AboveMover::Hooks AboveHooks();
+  Promoter::Hooks PromoterHooks();
+  LayerStreamer::Hooks StreamerHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -531,8 +509,6 @@ class Engine {
   std::unique_ptr<Prefetcher> prefetcher_;
   // Room in the arena and where victims go (evictor.h); made by Create.
   std::unique_ptr<Evictor> evictor_;
-  const uint64_t layer_read_pool_bytes_;
-  std::atomic<uint64_t> transient_bytes_{0};  // layer reads' arena bytes held now
   const bool verify_commits_;  // EngineOptions::verify_commits
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
@@ -556,6 +532,12 @@ class Engine {
   // Each waiting retry counts as I/O in flight; ~Engine stops it (running
   // those still waiting at once) before it waits for idle.
   std::unique_ptr<RetryScheduler> retries_;
+  // Promotions and layer reads into the arena, and the transient pool of
+  // layer reads (promoter.h); no thread of its own.
+  std::unique_ptr<Promoter> promoter_;
+  // Layer-wise loads' reads of the blocks they promote, layer by layer
+  // (layer_streamer.h); no thread of its own.
+  std::unique_ptr<LayerStreamer> streamer_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight). The demoter
   // (demoter.h) writes blocks down the stack, holding those a busy tier

@@ -118,7 +118,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.bad_usage_reports", load(counters_.bad_usage_reports));
   v.Visit("engine.demotion_corrupt", load(counters_.demotion_corrupt));
   v.Visit("engine.layer_reads_busy", load(counters_.layer_reads_busy));
-  v.VisitGauge("engine.layer_read_pool_bytes", static_cast<int64_t>(transient_bytes_.load(std::memory_order_relaxed)));
+  v.VisitGauge("engine.layer_read_pool_bytes", static_cast<int64_t>(promoter_->transient_bytes()));
   v.Visit("engine.eviction_bound_hits", load(counters_.eviction_bound_hits));
   v.Visit("engine.demotions_queued", load(counters_.demotions_queued));
   v.Visit("engine.demotion_busy_drops", load(counters_.demotion_busy_drops));

@@ -69,7 +69,7 @@ std::vector<Engine::HoldResult> Engine::Hold(const NamespaceFingerprint& ns, std
     }
     r.status = HoldLanded(ns, to_pin[j], batch->grants[j], expires_us, epoch);
   }
-  for (const PinClaim& c : claims.promote) Promote(c.key, c.from);
+  for (const PinClaim& c : claims.promote) promoter_->Promote(c.key, c.from);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
   if (prefetcher_->TakeUse()) SchedulePrefetch();
   return out;

@@ -1,5 +1,6 @@
-// Layer-wise loads (Engine::BeginLoad): the load's record and board, and
-// the stream that reads its blocks from the tiers below layer by layer.
+// Layer-wise loads (Engine::BeginLoad): the load's record and board; the
+// LayerStreamer (layer_streamer.h) reads its blocks from the tiers below
+// layer by layer.
 //
 // A load pins every key through ClaimPins, as a Pin does: host hits are
 // pinned at once, blocks being promoted or demoted are waited for, and the
@@ -9,8 +10,8 @@
 // layer-range read each, in the order (layer 0 of every block, layer 1 of
 // every block, ...), as many at once as the tiers take, a block's later
 // layers once its first one landed. A block whose
-// layers have all landed ends its promotion (FinishPromotion commits and
-// pins it for its waiters, the load among them); a failed read fails only
+// layers have all landed ends its promotion (Promoter::FinishPromotion
+// commits and pins it for its waiters, the load among them); a failed read fails only
 // its block. The load record turns all this into the board's words.
 #include <algorithm>
 
@@ -20,58 +21,6 @@
 #include "daemon/engine/load_table.h"
 
 namespace kvtier {
-namespace {
-
-// How long a stream that a busy tier refused, with none of its reads in
-// flight, keeps trying (a pause apart, on the engine's clock) before its
-// remaining blocks fail with Busy.
-constexpr uint64_t kStreamBusyWaitUs = 2'000'000;
-constexpr uint64_t kStreamRetryPauseUs = 1'000;
-
-}  // namespace
-
-// The layer reads of a load's streamed blocks, in submission order.
-struct Engine::LayerStream {
-  std::shared_ptr<LoadRecord> load;
-  uint32_t layers = 1;
-  uint64_t layer_bytes = 0;
-  struct Block {
-    size_t index = 0;  // in the load
-    BlockKey key;
-    size_t level = 0;  // the tier below it is read from
-    HostTier::Extent extent;
-    uint64_t checksum = 0;
-    std::vector<uint64_t> layer_checksums;  // per layer, as each lands (verified by the tier)
-    bool all_sums = true;                   // every layer landed with its checksum
-    uint32_t landed = 0;
-    uint32_t in_flight = 0;
-    bool failed = false;
-    bool finished = false;  // FinishPromotion called (or about to be)
-    Status failure;
-  };
-  Mutex mu;  // a leaf
-  // Filled by StartStream before the stream is shared; after, each Block's
-  // index, key, level and extent are read-only and its other fields are
-  // guarded by mu.
-  std::vector<Block> blocks;
-  size_t next GUARDED_BY(mu) = 0;  // next read: layer next / blocks.size(), block next % blocks.size()
-  size_t in_flight GUARDED_BY(mu) = 0;
-  bool pumping GUARDED_BY(mu) = false;  // one thread submits at a time (keeps the order)
-  bool pump_again GUARDED_BY(mu) = false;
-  uint64_t last_progress_us GUARDED_BY(mu) = 0;  // on the engine's clock
-
-  // Marks `b` failed; true when its promotion is to be finished now (no
-  // read of it in flight).
-  bool Fail(Block& b, Status why) {
-    if (!b.failed) {
-      b.failed = true;
-      b.failure = std::move(why);
-    }
-    if (b.in_flight != 0 || b.finished) return false;
-    b.finished = true;
-    return true;
-  }
-};
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
                                             std::span<const BlockKey> keys, bool in_place, bool verify) {
@@ -183,10 +132,10 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
       streamed.push_back(c);
     } else {
-      Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
+      promoter_->Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
     }
   }
-  if (!streamed.empty()) StartStream(load, streamed);
+  if (!streamed.empty()) streamer_->Start(load, streamed);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
   if (prefetcher_->TakeUse()) SchedulePrefetch();
   return out;
@@ -265,202 +214,6 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
   if (!leases.empty()) Release(connection, leases);
   EndLoadRecord(load);
   return Status::Ok();
-}
-
-void Engine::StartStream(const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims) {
-  auto stream = std::make_shared<LayerStream>();
-  stream->load = load;
-  stream->layers = load->layers;
-  stream->layer_bytes = load->layer_bytes;
-  {
-    MutexLock lock(stream->mu);  // no other thread has the stream yet
-    stream->last_progress_us = clock_.NowUs();
-  }
-  for (const PinClaim& c : claims) {
-    IoStarted();  // the promotion's; FinishPromotion ends it
-    Result<HostTier::Extent> extent = evictor_->Allocate(c.from.info.payload_bytes);
-    if (!extent.ok()) {
-      FinishPromotion(c.key, extent.status(), {}, c.from.info.payload_checksum);
-      continue;
-    }
-    {
-      MutexLock lock(load->mu);
-      load->board.SetOffset(static_cast<uint32_t>(c.index), extent->offset);
-    }
-    LayerStream::Block b;
-    b.index = c.index;
-    b.key = c.key;
-    b.level = c.from.level;
-    b.extent = *extent;
-    b.checksum = c.from.info.payload_checksum;
-    b.layer_checksums.assign(stream->layers, 0);
-    stream->blocks.push_back(std::move(b));
-  }
-  Bump(counters_.load_streamed_blocks, static_cast<int64_t>(stream->blocks.size()));
-  if (!stream->blocks.empty()) PumpStream(stream);
-}
-
-void Engine::PumpStream(const std::shared_ptr<LayerStream>& stream) {
-  struct Finish {
-    BlockKey key;
-    Status status;
-    HostTier::Extent extent;
-    uint64_t checksum;
-  };  // failures only: no layer checksums
-  std::vector<Finish> finish;
-  bool retry_later = false;
-  MutexLock lock(stream->mu);
-  if (stream->pumping) {
-    stream->pump_again = true;
-    return;
-  }
-  stream->pumping = true;
-  const size_t n = stream->blocks.size();
-  const size_t total = n * stream->layers;
-  do {
-    stream->pump_again = false;
-    while (stream->next < total) {
-      const size_t item = stream->next;
-      LayerStream::Block& b = stream->blocks[item % n];
-      const uint32_t layer = static_cast<uint32_t>(item / n);
-      if (b.failed) {
-        ++stream->next;
-        continue;
-      }
-      // A block's later layers go once its first landed: the tier then
-      // knows the block's record (the NVMe tier reads its header once),
-      // and a block that fails at once costs one read. The order stays.
-      if (layer > 0 && b.landed == 0) break;
-      ++b.in_flight;
-      ++stream->in_flight;
-      ++stream->next;
-      const size_t block = item % n;
-      BlockTier& tier = *SourceAt(b.level).tier;
-      const BlockKey key = b.key;
-      std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
-      TierLevel& below = SourceAt(b.level);
-      lock.Unlock();
-      below.read_meter.Started(clock_.NowUs());
-      // The layer's checksum from a tier that keeps them, or hashed when the
-      // load verifies (its board needs it); else a plain read.
-      Status started =
-          tier.keeps_layer_checksums() || stream->load->verify
-              ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
-                                            [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
-                                              StreamReadDone(stream, block, layer, std::move(r));
-                                            })
-              : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
-                  if (!r.ok()) return StreamReadDone(stream, block, layer, r.status());
-                  StreamReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
-                });
-      if (!started.ok()) below.read_meter.Ended(0, clock_.NowUs());
-      lock.Lock();
-      if (started.ok()) {
-        Bump(counters_.load_layer_reads);
-        continue;
-      }
-      LayerStream::Block& again = stream->blocks[block];
-      --again.in_flight;
-      --stream->in_flight;
-      if (started.code() == StatusCode::kBusy) {
-        stream->next = item;  // this read again, later
-        if (stream->in_flight == 0) {
-          if (clock_.NowUs() < stream->last_progress_us + kStreamBusyWaitUs) {
-            retry_later = true;
-          } else {
-            for (auto& other : stream->blocks) {
-              if (stream->Fail(other, Busy("the tier below stayed busy for the layer-wise load"))) {
-                finish.push_back(Finish{other.key, other.failure, other.extent, other.checksum});
-              }
-            }
-          }
-        }
-        break;
-      }
-      if (stream->Fail(again, started)) {
-        finish.push_back(Finish{again.key, again.failure, again.extent, again.checksum});
-      }
-    }
-  } while (stream->pump_again);
-  stream->pumping = false;
-  lock.Unlock();
-  for (Finish& f : finish) FinishPromotion(f.key, f.status, f.extent, f.checksum);
-  if (retry_later) {
-    IoStarted();  // the retry's, ended by the job
-    const bool queued = retries_->RunAfter(kStreamRetryPauseUs, [this, stream] {
-      Bump(counters_.load_busy_retries);
-      PumpStream(stream);
-      IoFinished();
-    });
-    if (!queued) {
-      // The retry queue is full: fail what is left rather than spin here.
-      std::vector<Finish> left;
-      {
-        MutexLock again(stream->mu);
-        for (auto& b : stream->blocks) {
-          if (stream->Fail(b, Busy("the tier below was busy and the retry queue full"))) {
-            left.push_back(Finish{b.key, b.failure, b.extent, b.checksum});
-          }
-        }
-      }
-      for (Finish& f : left) FinishPromotion(f.key, f.status, f.extent, f.checksum);
-      IoFinished();
-    }
-  }
-}
-
-void Engine::StreamReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
-                            Result<BlockTier::LayerRead> read) {
-  SourceAt(stream->blocks[block].level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
-  uint64_t layer_checksum = 0;
-  bool landed = false;
-  bool finish = false;
-  Status outcome = Status::Ok();
-  LayerStream::Block snapshot;
-  {
-    MutexLock lock(stream->mu);
-    LayerStream::Block& b = stream->blocks[block];
-    --b.in_flight;
-    --stream->in_flight;
-    stream->last_progress_us = clock_.NowUs();
-    const bool with_sum = read.ok() && read->layer_checksums.size() == 1;
-    if (read.ok() && read->bytes == stream->layer_bytes && (with_sum || !stream->load->verify) && !b.failed) {
-      landed = true;
-      if (with_sum) layer_checksum = b.layer_checksums[layer] = read->layer_checksums[0];
-      b.all_sums = b.all_sums && with_sum;
-      if (++b.landed == stream->layers) {
-        b.finished = true;
-        finish = true;
-      }
-    } else {
-      Status why = !read.ok()                       ? read.status()
-                   : b.failed                       ? b.failure
-                   : read->bytes != stream->layer_bytes ? IoError("short layer read")
-                                                        : Internal("the tier gave no layer checksum");
-      finish = stream->Fail(b, std::move(why));
-    }
-    if (finish) {
-      outcome = b.failed ? b.failure : Status::Ok();
-      snapshot = b;
-    }
-  }
-  // The block's last layer to land is counted when the block resolves
-  // (LoadBlockResolved, after FinishPromotion verified it): a block can
-  // still fail there, and layers_ready == layers promises every block is
-  // loaded or failed.
-  if (landed && !finish) {
-    LoadRecord& load = *stream->load;
-    MutexLock lock(load.mu);
-    const size_t index = stream->blocks[block].index;
-    if (load.board.has_checksums()) load.board.SetLayerChecksum(static_cast<uint32_t>(index), layer, layer_checksum);
-    load.Count(index, layer);
-    load.Advance();
-  }
-  if (finish) {
-    if (!snapshot.all_sums) snapshot.layer_checksums.clear();
-    FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum, std::move(snapshot.layer_checksums));
-  }
-  PumpStream(stream);
 }
 
 }  // namespace kvtier

@@ -1,6 +1,6 @@
 // Engine pins: a Pin or a load claims its keys (ClaimPins), settling host
 // hits at once and waiting for blocks being promoted or demoted; blocks
-// found only below are promoted (engine_tiers.cc) or, for a layer range,
+// found only below are promoted (the Promoter, promoter.h) or, for a layer range,
 // read into transient space. Releases and the uses clients report after
 // the fact (directory reads) are here too.
 #include <future>
@@ -63,8 +63,8 @@ void Engine::RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFing
                      std::span<const BlockKey> keys, LayerSpan layers) {
   ProbeUnknown(ns, keys);
   PinClaims claims = ClaimPins(batch, ns, keys, layers);
-  for (const auto& p : claims.promote) Promote(p.key, p.from);
-  for (const auto& r : claims.read_layers) ReadLayers(batch, r.index, r.key, r.from, layers);
+  for (const auto& p : claims.promote) promoter_->Promote(p.key, p.from);
+  for (const auto& r : claims.read_layers) promoter_->ReadLayers(batch, r.index, r.key, r.from, layers);
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
   // A prefetched block was used: the budget it held may go to the next
   // queued requests.
@@ -216,7 +216,7 @@ std::vector<Status> Engine::Release(ConnectionId connection, std::span<const Lea
       Bump(counters_.release_failures);
       continue;
     }
-    EndTransient(shard.Unpin(*record, now));
+    promoter_->EndTransient(shard.Unpin(*record, now));
   }
   return out;
 }

@@ -100,7 +100,7 @@ Prefetcher::Stack Engine::PrefetchStack() {
       shard.BeginPromotion(key, ns, below->info.payload_bytes, /*prefetched=*/true);
     }
     prefetcher_->ReadStarted();
-    Promote(key, *below);
+    promoter_->Promote(key, *below);
     return below->info.payload_bytes;
   };
   return stack;

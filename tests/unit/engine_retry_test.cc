@@ -1,5 +1,5 @@
 // What the engine does when a tier answers Busy (daemon/engine/
-// engine_tiers.cc, above_mover.cc): it tries again a moment later on its
+// promoter.cc, layer_streamer.cc, above_mover.cc): it tries again a moment later on its
 // retry scheduler, on its own clock, until a deadline on that clock. The
 // clock here is a FakeClock the test moves: FakeClock::AwaitWaiter says a
 // retry waits for its time (and when), so each step is taken in order and

@@ -140,7 +140,7 @@ bool Simulator::WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now) {
 
 bool Simulator::Promote(SimNode& n, uint32_t id, uint64_t now) {
   if (!n.nvme.in[id] && !remote_.in[id]) return false;
-  // Room first (Engine::Promote allocates, then reads): making it may
+  // Room first (Promoter::Promote allocates, then reads): making it may
   // push the block out below, and then the read misses.
   const SimBlock& b = blocks_[id];
   const uint64_t cost = Cost(n.host, b);

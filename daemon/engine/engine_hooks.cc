@@ -1,0 +1,61 @@
+// The parts' hooks into the engine: what the demoter, the above mover, the
+// promoter and the layer streamer may ask of it (each part's header says
+// what each hook must do). Built once, in Create; each hook calls back into
+// this Engine, which outlives the parts (they are destroyed first).
+#include "daemon/engine/engine.h"
+
+#include "daemon/engine/block_index.h"
+
+namespace kvtier {
+
+Demoter::Hooks Engine::DemoterHooks() {
+  Demoter::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.erased = [this](const BlockKey& key) { return DemotionErased(key); };
+  hooks.finished = [this](const BlockKey& key, const Status& written) { FinishDemotion(key, written); };
+  hooks.facts = [this](const BlockKey& key, uint64_t uses) { return evictor_->GatherFacts(key, uses); };
+  return hooks;
+}
+
+AboveMover::Hooks Engine::AboveHooks() {
+  AboveMover::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.held_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) {
+    return FindBelow(key, ns).has_value();
+  };
+  return hooks;
+}
+
+Promoter::Hooks Engine::PromoterHooks() {
+  Promoter::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
+                     bool with_layers) { return PinLocked(shard, connection, key, now_us, with_layers); };
+  hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  };
+  hooks.next_handle = [this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); };
+  // The last read of a prefetch plan landed: plan again with the measured
+  // bandwidth and whatever changed meanwhile. Not after a failure, which a
+  // new plan could only repeat (and a synchronous one would recurse).
+  hooks.prefetch_read_ended = [this](bool landed) {
+    if (prefetcher_->ReadLanded() && landed) SchedulePrefetch();
+  };
+  return hooks;
+}
+
+LayerStreamer::Hooks Engine::StreamerHooks() {
+  LayerStreamer::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  return hooks;
+}
+
+}  // namespace kvtier
