@@ -185,8 +185,9 @@ TEST_F(DemoterTest, WithTheDemoterFullTooTheBlockIsDropped) {
   Demote(0, Key(2), Bytes(2));
   EXPECT_EQ(second.get().code(), StatusCode::kBusy) << "no room in the demoter for a second copy";
   EXPECT_EQ(counters_.demotion_busy_drops.load(), 1);
+  const uint64_t look_us = clock_.AwaitWaiter();  // the first waits for room
   busy_[0]->busy = false;
-  NextLook();
+  clock_.SetUs(look_us);
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(maps_[0]->Find(Key(1)).has_value());
   EXPECT_FALSE(maps_[0]->Find(Key(2)).has_value());
