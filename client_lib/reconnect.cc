@@ -7,11 +7,15 @@
 namespace kvtier::internal {
 
 Reconnector::Reconnector(const ClientOptions& options, std::shared_ptr<Connection> first)
-    : options_(options),
+    : Reconnector(options, std::move(first), system_clock_) {}
+
+Reconnector::Reconnector(const ClientOptions& options, std::shared_ptr<Connection> first, const Clock& clock)
+    : clock_(clock),
+      options_(options),
       namespaces_(first->namespaces()),
       conn_(std::move(first)),
       jitter_(static_cast<std::minstd_rand::result_type>(
-          std::chrono::steady_clock::now().time_since_epoch().count())) {}
+          std::chrono::steady_clock::now().time_since_epoch().count())) {}  // a seed, not a time
 
 std::shared_ptr<Connection> Reconnector::Peek() const {
   MutexLock lock(mu_);
@@ -26,7 +30,7 @@ std::shared_ptr<Connection> Reconnector::Current() {
   {
     MutexLock lock(mu_);
     if (conn_ != conn) return conn_;  // another thread reconnected meanwhile
-    if (attempting_ || std::chrono::steady_clock::now() < next_attempt_) return conn;
+    if (attempting_ || clock_.NowUs() < next_attempt_us_) return conn;
     attempting_ = true;
   }
   // Whatever still waits on the old daemon ends now, and nothing is sent
@@ -37,11 +41,11 @@ std::shared_ptr<Connection> Reconnector::Current() {
   attempting_ = false;
   if (!fresh.ok()) {
     ++failures_;
-    next_attempt_ = std::chrono::steady_clock::now() + Backoff();
+    next_attempt_us_ = clock_.NowUs() + BackoffUs();
     return conn;  // its calls fail at once with Unavailable
   }
   failures_ = 0;
-  next_attempt_ = {};
+  next_attempt_us_ = 0;
   conn_ = *fresh;
   reconnects_.fetch_add(1, std::memory_order_relaxed);
   return conn_;  // `conn` (the old one) goes once its handles are gone, after the lock
@@ -57,14 +61,14 @@ Result<std::shared_ptr<Connection>> Reconnector::Reopen() const {
   return fresh;
 }
 
-std::chrono::milliseconds Reconnector::Backoff() {
+uint64_t Reconnector::BackoffUs() {
   const int64_t min_ms = std::max<int64_t>(options_.reconnect_min_backoff.count(), 1);
   const int64_t max_ms = std::max<int64_t>(options_.reconnect_max_backoff.count(), min_ms);
   int64_t wait_ms = min_ms;
   for (uint32_t i = 1; i < failures_ && wait_ms < max_ms; ++i) wait_ms *= 2;
   wait_ms = std::min(wait_ms, max_ms);
   std::uniform_int_distribution<int64_t> draw(wait_ms / 2, wait_ms);
-  return std::chrono::milliseconds(draw(jitter_));
+  return static_cast<uint64_t>(draw(jitter_)) * 1000;
 }
 
 }  // namespace kvtier::internal

@@ -10,7 +10,8 @@
 // calls while another thread attempts, get the dead connection, which fails
 // them at once with Unavailable. A failed attempt backs off exponentially
 // from reconnect_min_backoff to reconnect_max_backoff, with jitter (each
-// wait is drawn from [d/2, d]). A connection this client failed itself (a
+// wait is drawn from [d/2, d]), on the injected Clock (the process's steady
+// clock unless a test passes its own). A connection this client failed itself (a
 // call timed out) while the daemon still holds the socket stays failed, as
 // without reconnect: the daemon is there, just not answering, and it still
 // holds that socket's pins.
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "client_lib/connection.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "kvtier/client.h"
 
@@ -39,7 +41,10 @@ namespace kvtier::internal {
 class Reconnector {
  public:
   // `first` is the connection Client::Connect opened with `options`.
+  // Backoffs are on the process's steady clock.
   Reconnector(const ClientOptions& options, std::shared_ptr<Connection> first);
+  // The same with backoffs on `clock`, borrowed: it outlives the Reconnector.
+  Reconnector(const ClientOptions& options, std::shared_ptr<Connection> first, const Clock& clock);
 
   // The connection a call uses now; may reconnect first (see above), so it
   // may take up to connect_timeout. Never null.
@@ -55,15 +60,17 @@ class Reconnector {
   // Opens a connection and checks it registered the same namespaces.
   Result<std::shared_ptr<Connection>> Reopen() const;
   // The wait before the next attempt after `failures_` failed ones (>= 1).
-  std::chrono::milliseconds Backoff() REQUIRES(mu_);
+  uint64_t BackoffUs() REQUIRES(mu_);
 
+  const SystemClock system_clock_;
+  const Clock& clock_;  // system_clock_ or the caller's
   const ClientOptions options_;
   const std::vector<NamespaceFingerprint> namespaces_;
   mutable Mutex mu_;
   std::shared_ptr<Connection> conn_ GUARDED_BY(mu_);
   bool attempting_ GUARDED_BY(mu_) = false;  // a thread is in Reopen
   uint32_t failures_ GUARDED_BY(mu_) = 0;    // failed attempts in a row
-  std::chrono::steady_clock::time_point next_attempt_ GUARDED_BY(mu_);
+  uint64_t next_attempt_us_ GUARDED_BY(mu_) = 0;  // on clock_
   std::minstd_rand jitter_ GUARDED_BY(mu_);
   std::atomic<uint64_t> reconnects_{0};
 };

@@ -40,7 +40,7 @@ CopyStream::~CopyStream() {
 }
 
 Result<uint32_t> CopyStream::Submit(void* dst, const void* src, uint64_t bytes, CopyKind kind) {
-  std::lock_guard lock(mu_);  // the copy and its fence are one unit in stream order
+  MutexLock lock(mu_);  // the copy and its fence are one unit in stream order
   const uint32_t fence = next_;
   if (busy_[fence]) return Busy("all " + std::to_string(events_.size()) + " copy fences are in flight");
   if (Status s = CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"); !s.ok()) return s;
@@ -63,7 +63,7 @@ Status CopyStream::Wait(uint32_t fence) {
   if (fence >= events_.size()) return InvalidArgument("no fence " + std::to_string(fence));
   (void)cudaSetDevice(ordinal_);  // this thread may never have used the device
   Status outcome = CudaStatus(cudaEventSynchronize(events_[fence]), "copy on the tier's stream");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (busy_[fence]) {
     busy_[fence] = false;
     --in_flight_;
@@ -72,7 +72,7 @@ Status CopyStream::Wait(uint32_t fence) {
 }
 
 uint32_t CopyStream::fences_in_flight() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return in_flight_;
 }
 

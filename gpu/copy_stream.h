@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "gpu/cuda_handles.h"
 #include "kvtier/result.h"
 
@@ -32,13 +32,13 @@ class CopyStream {
   // for Wait. Host memory must be pinned for the copy to be asynchronous.
   // Errors: Busy (every fence is in flight: Wait for some first),
   // InvalidArgument, IoError. On error nothing was enqueued.
-  Result<uint32_t> Submit(void* dst, const void* src, uint64_t bytes, CopyKind kind);
+  Result<uint32_t> Submit(void* dst, const void* src, uint64_t bytes, CopyKind kind) EXCLUDES(mu_);
   // Blocks the calling thread until `fence`'s copy is done, then frees the
   // fence. Each fence Submit returned is waited for exactly once. Returns
   // the copy's error, if any (IoError for a device fault).
-  Status Wait(uint32_t fence);
+  Status Wait(uint32_t fence) EXCLUDES(mu_);
 
-  uint32_t fences_in_flight() const;
+  uint32_t fences_in_flight() const EXCLUDES(mu_);
   int ordinal() const { return ordinal_; }
 
  private:
@@ -48,10 +48,10 @@ class CopyStream {
   const StreamHandle stream_;
   const std::vector<EventHandle> events_;
   const int ordinal_;
-  mutable std::mutex mu_;
-  std::vector<bool> busy_;  // guarded by mu_
-  uint32_t next_ = 0;       // guarded by mu_: the fence the next Submit takes
-  uint32_t in_flight_ = 0;  // guarded by mu_
+  mutable Mutex mu_;  // a leaf; Submit holds it across its enqueues (not I/O: they do not wait)
+  std::vector<bool> busy_ GUARDED_BY(mu_);
+  uint32_t next_ GUARDED_BY(mu_) = 0;  // the fence the next Submit takes
+  uint32_t in_flight_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier::gpu

@@ -31,14 +31,14 @@ DevicePool::~DevicePool() {
 }
 
 Result<DeviceRange> DevicePool::Allocate(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Result<uint64_t> offset = allocator_.Allocate(bytes);
   if (!offset.ok()) return offset.status();
   return DeviceRange{*offset, allocator_.LengthAt(*offset)};
 }
 
 Status DevicePool::Free(uint64_t offset) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return allocator_.Free(offset);
 }
 
@@ -52,7 +52,7 @@ Result<IpcMemHandle> DevicePool::Export() const {
 }
 
 DevicePool::Usage DevicePool::usage() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return Usage{allocator_.used_bytes(), allocator_.largest_free_bytes(), allocator_.free_ranges(),
                allocator_.live_ranges()};
 }

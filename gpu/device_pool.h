@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "gpu/ipc_handle.h"
 #include "gpu/range_allocator.h"
 #include "kvtier/result.h"
@@ -39,12 +39,12 @@ class DevicePool {
 
   // A range of at least `bytes`. Errors as RangeAllocator::Allocate:
   // InvalidArgument (0 or more than the pool), NoSpace (no room now).
-  Result<DeviceRange> Allocate(uint64_t bytes);
+  Result<DeviceRange> Allocate(uint64_t bytes) EXCLUDES(mu_);
   // Returns a range handed out by Allocate. The caller makes sure no copy
   // still in flight touches it (copies on one stream are ordered: a range
   // freed after enqueueing its last copy may be reused by a copy enqueued
   // later on that same stream). InvalidArgument for an unknown offset.
-  Status Free(uint64_t offset);
+  Status Free(uint64_t offset) EXCLUDES(mu_);
 
   // The cudaIpcMemHandle_t of the whole allocation, for other processes
   // (offsets are relative to the allocation's start, base()). Errors:
@@ -65,7 +65,7 @@ class DevicePool {
     size_t free_ranges = 0;
     size_t live_ranges = 0;
   };
-  Usage usage() const;
+  Usage usage() const EXCLUDES(mu_);
 
  private:
   DevicePool(void* base, uint64_t capacity, int ordinal)
@@ -74,8 +74,8 @@ class DevicePool {
   void* const base_;
   const uint64_t capacity_;
   const int ordinal_;
-  mutable std::mutex mu_;
-  RangeAllocator allocator_;  // guarded by mu_
+  mutable Mutex mu_;  // a leaf
+  RangeAllocator allocator_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::gpu

@@ -23,7 +23,7 @@ inline constexpr uint32_t kPrefetchMinBlocks = 2;
 inline constexpr uint64_t kDemotionBufferBytes = uint64_t{256} << 20;
 // Not an option: how long a demotion a busy tier below refused waits (in
 // the demotion buffer) for room before it is dropped. The daemon's
-// Demoter::kQueuedDemotionWait and `kvtier replay`'s write channels
+// Demoter::kQueuedDemotionWaitUs and `kvtier replay`'s write channels
 // (ReplayOptions::max_write_backlog_us) both give up after it.
 inline constexpr uint64_t kQueuedDemotionWaitMs = 10'000;
 // [host] -> EngineOptions

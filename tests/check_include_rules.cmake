@@ -7,7 +7,9 @@ set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;support
 set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
-set(allowed_gpu "kvtier/;gpu/")  # the CUDA building blocks: public headers and their own
+# The CUDA building blocks: public headers and their own, and the annotated
+# Mutex (their locks are checked like every other).
+set(allowed_gpu "kvtier/;gpu/;common/mutex.h")
 # The tiers, one folder a target (tiers_x is tiers/x; tiers itself is only
 # tier.h and forwarding_tier.h, the core every tier implements). A tier
 # folder includes the core and its own headers, never another tier's, with

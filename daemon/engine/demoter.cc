@@ -16,10 +16,11 @@ constexpr size_t kDemoterJobs = 1 << 16;
 }  // namespace
 
 Demoter::Demoter(const std::vector<std::unique_ptr<TierLevel>>& below, uint64_t buffer_bytes,
-                 EngineCounters& counters, Hooks hooks)
+                 EngineCounters& counters, Hooks hooks, const Clock& clock)
     : below_(below),
       counters_(counters),
       hooks_(std::move(hooks)),
+      clock_(clock),
       mover_("engine.demoter", 1, buffer_bytes, kDemoterJobs) {}
 
 void Demoter::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
@@ -31,6 +32,12 @@ void Demoter::Demote(size_t level, const NamespaceFingerprint& ns, const BlockKe
     hooks_.finished(key, written);
     hooks_.io_finished();
   });
+}
+
+void Demoter::Stop() {
+  MutexLock lock(mu_);
+  stopping_ = true;
+  write_ended_.NotifyAll();
 }
 
 void Demoter::CountFailedWrite(const Status& outcome) {
@@ -85,37 +92,46 @@ void Demoter::WriteToTier(size_t level, const NamespaceFingerprint& ns, const Bl
   std::memcpy(copy.get(), payload.data(), size);
   Bump(counters_.demotions_queued);
   mover_.Submit(size, [this, &tier, ns, key, layers, copy, size, checksum, ended = std::move(ended)] {
-    const std::span<const std::byte> bytes(copy.get(), size);
-    const auto deadline = std::chrono::steady_clock::now() + kQueuedDemotionWait;
-    for (;;) {
-      uint64_t finished_before;
-      {
-        MutexLock lock(mu_);
-        finished_before = writes_ended_;
-      }
-      // Erased while it waited: nothing to write. (An Erase from here on
-      // finds the write in the tier, or FinishDemotion undoes it.)
-      if (hooks_.erased(key)) return ended(Cancelled("block " + key.ToHex() + " was erased before its demotion"));
-      Status accepted = tier.Write(ns, key, layers, bytes, ended, checksum);
-      if (accepted.code() != StatusCode::kBusy) {
-        if (!accepted.ok()) ended(accepted);
-        return;
-      }
-      // Room comes back when a write in flight ends, or when the tier's own
-      // background work (a region read out to the tier below) does, which
-      // it does not signal: look again every millisecond.
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        Bump(counters_.demotion_busy_drops);
-        return ended(accepted);
-      }
-      MutexLock lock(mu_);
-      const auto until = std::min(deadline, now + std::chrono::milliseconds(1));
-      while (writes_ended_ == finished_before && write_ended_.WaitUntil(mu_, until)) {
-      }
-      Bump(counters_.demotion_waits);
-    }
+    WriteQueued(tier, ns, key, layers, std::span<const std::byte>(copy.get(), size), checksum, ended);
   });
+}
+
+void Demoter::WriteQueued(BlockTier& tier, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
+                          std::span<const std::byte> bytes, uint64_t checksum, const BlockTier::WriteDone& ended) {
+  const uint64_t deadline_us = clock_.NowUs() + kQueuedDemotionWaitUs;
+  for (;;) {
+    uint64_t finished_before;
+    {
+      MutexLock lock(mu_);
+      finished_before = writes_ended_;
+    }
+    // Erased while it waited: nothing to write. (An Erase from here on
+    // finds the write in the tier, or FinishDemotion undoes it.)
+    if (hooks_.erased(key)) return ended(Cancelled("block " + key.ToHex() + " was erased before its demotion"));
+    Status accepted = tier.Write(ns, key, layers, bytes, ended, checksum);
+    if (accepted.code() != StatusCode::kBusy) {
+      if (!accepted.ok()) ended(accepted);
+      return;
+    }
+    // Room comes back when a write in flight ends, or when the tier's own
+    // background work (a region read out to the tier below) does, which
+    // it does not signal: look again every kQueuedDemotionPollUs.
+    bool give_up;
+    {
+      MutexLock lock(mu_);
+      const uint64_t now_us = clock_.NowUs();
+      give_up = stopping_ || now_us >= deadline_us;
+      const uint64_t until_us = std::min(deadline_us, now_us + kQueuedDemotionPollUs);
+      while (!give_up && writes_ended_ == finished_before && !stopping_ && clock_.NowUs() < until_us) {
+        clock_.WaitUntilUs(mu_, write_ended_, until_us);
+      }
+    }
+    if (give_up) {
+      Bump(counters_.demotion_busy_drops);
+      return ended(accepted);
+    }
+    Bump(counters_.demotion_waits);
+  }
 }
 
 void Demoter::DemoteBelow(size_t from, const BlockTier::Evicted& block, std::span<const std::byte> payload) {

@@ -31,7 +31,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
           static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_,
           PromoterHooks())),
       streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
-      demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks())),
+      demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks(), clock)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
       host_block_tier_(std::make_unique<HostBlockTier>(*this)),
       host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
@@ -59,8 +59,10 @@ Engine::~Engine() {
     sink_gate_->engine = nullptr;
   }
   // Retries waiting for their time run now (a fake clock may never get
-  // there); any they would schedule fails instead. Then nothing waits.
+  // there); any they would schedule fails instead, and so do demotions
+  // waiting for room. Then nothing waits.
   retries_->Stop();
+  demoter_->Stop();
   WaitForIdle();
 }
 

@@ -138,6 +138,8 @@ Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, 
                      options.limits.reserved_client_memory_percent),
 
       contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]),
+      accept_backoff_(std::make_unique<RetryScheduler>(
+          "server.accept_backoff", options.clock != nullptr ? *options.clock : system_clock_, 1)),
       slots_(options.limits.max_connections, table_.empty() ? 1 : tenants_.size() + 1,
              options.limits.reserved_connections_percent),
       probe_answered_(contexts_.size()) {
@@ -279,9 +281,16 @@ asio::awaitable<void> Server::BackOffAfter(const asio::error_code& error, uint32
                  error.message(), wait.count(),
                  suppressed > 0 ? " (" + std::to_string(suppressed) + " similar lines suppressed)" : std::string());
   }
-  asio::steady_timer timer(acceptor_.get_executor(), wait);
+  // A timer that only the backoff's job ends (cancels), on this loop's own
+  // thread, so it cannot end before the loop waits on it. Refused (Shutdown
+  // began): no wait, the loop finds the acceptor closed.
+  auto woken = std::make_shared<asio::steady_timer>(acceptor_.get_executor(), asio::steady_timer::time_point::max());
+  const uint64_t wait_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(wait).count());
+  if (!accept_backoff_->RunAfter(wait_us, [woken] { asio::post(woken->get_executor(), [woken] { woken->cancel(); }); })) {
+    co_return;
+  }
   asio::error_code ignored;
-  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  co_await woken->async_wait(asio::redirect_error(asio::use_awaitable, ignored));
 }
 
 void Server::RefuseOverLimit(asio::local::stream_protocol::socket socket, size_t party) {
@@ -362,6 +371,7 @@ void Server::Shutdown() {
     asio::error_code ignored;
     acceptor_.close(ignored);
   });
+  accept_backoff_->Stop();  // a backoff waiting now ends (after the close above)
   for (auto& s : live) s->StopReading();
   // Posted last: each context ends once its connections (and the acceptor) end.
   for (size_t i = 0; i < contexts_.size(); ++i) {

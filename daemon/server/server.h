@@ -19,7 +19,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
+#include "common/retry_scheduler.h"
 #include "daemon/server/client_memory.h"
 #include "daemon/server/parted_budget.h"
 #include "daemon/server/server_connection.h"
@@ -56,6 +58,9 @@ struct ServerOptions {
   std::function<std::string(const std::string& tenant)> running_config;
   uint32_t socket_mode = 0660;  // permission bits of the socket file
   std::string socket_group;     // group name or numeric gid; empty: the daemon's egid
+  // The clock of the accept backoff, borrowed (outlives the Server); null:
+  // the process's steady clock.
+  const Clock* clock = nullptr;
   // With tenants: the counters of the tiers they share, visited once by an
   // operator's Stats (each tenant's engine reports its own use of them).
   std::function<void(CounterVisitor&)> visit_shared_counters;
@@ -110,7 +115,8 @@ class Server {
   // After a failed accept: logs it (rate-limited) and waits, doubling the
   // wait per consecutive failure from 1 ms to 1 s, so running out of
   // descriptors (EMFILE, ENFILE) does not spin a core while connections
-  // already open keep being served.
+  // already open keep being served. The wait is a job on accept_backoff_
+  // (the injected clock) that wakes the loop; Shutdown ends it at once.
   asio::awaitable<void> BackOffAfter(const asio::error_code& error, uint32_t consecutive_failures);
   // Who a new connection is: the context it is served with, and the party
   // (PartedBudget) whose slot it takes: the tenant's index, the
@@ -150,6 +156,9 @@ class Server {
   // One io_context per io thread; contexts_[0] also runs the acceptor.
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   asio::local::stream_protocol::acceptor acceptor_;
+  const SystemClock system_clock_;  // options_.clock when that is null
+  // The accept loop's one wait at a time: stopped by Shutdown, gone before contexts_.
+  std::unique_ptr<RetryScheduler> accept_backoff_;
   // One per context; each is reset on its own context at Shutdown.
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
   std::vector<std::thread> threads_;

@@ -1,4 +1,4 @@
-// The RedisCluster harness (tests/testing/redis_cluster.h) itself, against
+// The RedisCluster harness (support/redis_cluster.h) itself, against
 // real redis-server processes: it forms a 3-master, 3-replica cluster, moves
 // a slot with its keys (whole and step by step), survives a master crash by
 // failover, and goes down cleanly. Skipped where Redis is not installed.

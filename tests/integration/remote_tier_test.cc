@@ -16,6 +16,7 @@
 #include "daemon/tenants/tenant_scope.h"
 #include "daemon/tenants/tenant_tier.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
 #include "common/checksum.h"
@@ -446,6 +447,41 @@ TEST(RemoteTierOpen, ANodeThatDoesNotAnswerStartsTheTierUnavailable) {
   EXPECT_EQ(RemoteTier::Open(o, kClock).status().code(), StatusCode::kInvalidArgument);
   o.cluster.seeds = {};
   EXPECT_EQ(RemoteTier::Open(o, kClock).status().code(), StatusCode::kInvalidArgument);
+}
+
+// While unavailable the tier tries the cluster once per retry_interval of
+// its clock: before that a write is refused at once, without a connect;
+// once the clock passed it, one write goes out (and finds it still down).
+TEST(RemoteTierOpen, AnUnavailableTierTriesAgainOncePerRetryIntervalOnItsClock) {
+  RemoteTierOptions o;
+  o.cluster_secret = kClusterSecret;
+  o.cluster.seeds = {"127.0.0.1:" + std::to_string(FreeLoopbackPort())};
+  o.cluster.node_retry = 0ms;  // every try dials: connect_failures counts the tries
+  o.timeout = 500ms;
+  o.retry_interval = 200ms;
+  FakeClock clock;
+  auto opened = RemoteTier::Open(o, clock);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  RemoteTier& tier = **opened;
+  ASSERT_FALSE(tier.available());
+  const int64_t dialled = Counter(tier, "remote.cluster.connect_failures");
+  const auto bytes = Block(BlockKey{7, 7}, kBlockBytes);
+  auto write = [&] {
+    std::promise<Status> done;
+    Status accepted = tier.Write(kNs, BlockKey{7, 7}, kLayers, bytes, [&done](Status s) { done.set_value(s); });
+    if (accepted.ok()) accepted = done.get_future().get();
+    return accepted;
+  };
+  clock.AdvanceUs(200'000 - 1);
+  EXPECT_EQ(write().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Counter(tier, "remote.cluster.connect_failures"), dialled) << "refused without trying";
+  clock.AdvanceUs(1);
+  EXPECT_EQ(write().code(), StatusCode::kUnavailable);
+  EXPECT_GT(Counter(tier, "remote.cluster.connect_failures"), dialled) << "one try once retry_interval passed";
+  const int64_t tried = Counter(tier, "remote.cluster.connect_failures");
+  EXPECT_EQ(write().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Counter(tier, "remote.cluster.connect_failures"), tried) << "and the next waits another interval";
+  EXPECT_FALSE(tier.available());
 }
 
 }  // namespace

@@ -51,9 +51,14 @@ bool SendWithArena(int fd, const std::string& bytes) {
 
 }  // namespace
 
-FakeDaemon::FakeDaemon(Behavior behavior) : behavior_(behavior) {
-  dir_ = MakeTempDir();
-  socket_path_ = dir_ + "/fake-kvtierd.sock";
+FakeDaemon::FakeDaemon(Behavior behavior) : FakeDaemon(behavior, "") {}
+
+FakeDaemon::FakeDaemon(Behavior behavior, std::string socket_path)
+    : behavior_(behavior), socket_path_(std::move(socket_path)) {
+  if (socket_path_.empty()) {
+    dir_ = MakeTempDir();
+    socket_path_ = dir_ + "/fake-kvtierd.sock";
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path_.c_str(), sizeof(addr.sun_path) - 1);
@@ -73,7 +78,8 @@ FakeDaemon::~FakeDaemon() {
   for (int fd : {listen_fd_, stop_pipe_[0], stop_pipe_[1]}) {
     if (fd >= 0) ::close(fd);
   }
-  RemoveTree(dir_);
+  ::unlink(socket_path_.c_str());
+  if (!dir_.empty()) RemoveTree(dir_);
 }
 
 ClientOptions FakeDaemon::Options() const {

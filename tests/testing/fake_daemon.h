@@ -35,7 +35,10 @@ class FakeDaemon {
   // Listens on a fresh socket in a temporary directory. Fails the test
   // (ADD_FAILURE) if it cannot.
   explicit FakeDaemon(Behavior behavior);
-  ~FakeDaemon();  // closes every socket, joins the thread, removes the directory
+  // The same at `socket_path` (its directory is the caller's), as a daemon
+  // restarted where the last one listened.
+  FakeDaemon(Behavior behavior, std::string socket_path);
+  ~FakeDaemon();  // closes every socket, joins the thread, removes the socket and its own directory
   FakeDaemon(const FakeDaemon&) = delete;
   FakeDaemon& operator=(const FakeDaemon&) = delete;
 
@@ -54,7 +57,7 @@ class FakeDaemon {
   bool AnswerHello(int fd, const std::string& body);
 
   const Behavior behavior_;
-  std::string dir_;
+  std::string dir_;  // its own temporary directory; empty when given a path
   std::string socket_path_;
   int listen_fd_ = -1;
   int stop_pipe_[2] = {-1, -1};  // written by the destructor to stop Serve

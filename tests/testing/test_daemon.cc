@@ -142,6 +142,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
   engine_ = std::move(*engine);
   ServerOptions server_options{socket_path_, options.io_threads, options.max_frame_bytes, 5000};
   server_options.limits = options.limits;
+  server_options.clock = &clock_;  // the accept backoff's
   auto server = Server::Start(server_options, *engine_, *host_);
   if (!server.ok()) {
     ADD_FAILURE() << "Server::Start: " << server.status().ToString();

@@ -1,8 +1,9 @@
 // Tests of the Demoter, which writes blocks down the stack: a victim goes
 // to the level chosen for it and is counted; a busy tier gets a copy that
 // waits in the demoter until the tier has room (the caller's bytes are
-// free at once), is not written once its block was erased, and is dropped
-// when the demoter is full too; a block a tier below evicts goes to the
+// free at once), looking again on the fake clock's time, is not written
+// once its block was erased, and is dropped when the demoter is full too,
+// when its wait ends on that clock or once the demoter stops; a block a tier below evicts goes to the
 // first tier under it that holds or admits it; failures count by cause.
 #include "daemon/engine/demoter.h"
 
@@ -80,7 +81,7 @@ class DemoterTest : public ::testing::Test {
       facts.uses = uses;
       return facts;
     };
-    demoter_ = std::make_unique<Demoter>(below_, buffer_bytes, counters_, std::move(hooks));
+    demoter_ = std::make_unique<Demoter>(below_, buffer_bytes, counters_, std::move(hooks), clock_);
     return *demoter_;
   }
 
@@ -94,6 +95,19 @@ class DemoterTest : public ::testing::Test {
     std::lock_guard lock(mu_);
     return outcomes_[key].get_future();
   }
+  // One level that answers Busy, and a demotion of Key(1) to it queued in
+  // the demoter for room: its outcome, once it has one.
+  std::future<Status> QueueForABusyLevel() {
+    AddLevel(AdmissionPolicyId::kAll);
+    Make();
+    busy_[0]->busy = true;
+    std::future<Status> done = Expect(Key(1));
+    Demote(0, Key(1), Bytes(1));
+    return done;
+  }
+  // Moves the clock to the time a queued demotion waits for, once one
+  // does: it looks at the tier again.
+  void NextLook() { clock_.SetUs(clock_.AwaitWaiter()); }
   void Demote(size_t level, const BlockKey& key, std::span<const std::byte> bytes,
               std::optional<uint64_t> checksum = std::nullopt) {
     demoter_->Demote(level, kNs, key, 1, bytes, checksum.value_or(BlockChecksum(bytes)));
@@ -138,8 +152,11 @@ TEST_F(DemoterTest, ABusyTierGetsACopyThatWaitsForRoom) {
   Demote(0, Key(1), bytes);
   std::fill(bytes.begin(), bytes.end(), std::byte{0});  // the caller's bytes are free once Demote returns
   EXPECT_EQ(counters_.demotions_queued.load(), 1);
-  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout) << "it waits for room";
-  busy_[0]->busy = false;
+  const uint64_t look_us = clock_.AwaitWaiter();
+  EXPECT_EQ(look_us, clock_.NowUs() + Demoter::kQueuedDemotionPollUs) << "it looks again a poll later";
+  EXPECT_EQ(done.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "it waits for room";
+  busy_[0]->busy = false;  // room, which the tier does not signal: the next look finds it
+  clock_.SetUs(look_us);
   ASSERT_TRUE(done.get().ok());
   ASSERT_TRUE(maps_[0]->Find(Key(1)).has_value());
   EXPECT_EQ(maps_[0]->Find(Key(1))->payload_checksum, checksum) << "the copy, not the caller's reused buffer";
@@ -148,13 +165,11 @@ TEST_F(DemoterTest, ABusyTierGetsACopyThatWaitsForRoom) {
 }
 
 TEST_F(DemoterTest, AQueuedDemotionOfAnErasedBlockIsNotWritten) {
-  AddLevel(AdmissionPolicyId::kAll);
-  Make();
-  busy_[0]->busy = true;
-  std::future<Status> done = Expect(Key(1));
-  Demote(0, Key(1), Bytes(3));
+  std::future<Status> done = QueueForABusyLevel();
+  clock_.AwaitWaiter();
   erased_.insert(Key(1));  // an Erase while it waited
   busy_[0]->busy = false;
+  NextLook();
   EXPECT_EQ(done.get().code(), StatusCode::kCancelled);
   EXPECT_FALSE(maps_[0]->Find(Key(1)).has_value());
   EXPECT_EQ(counters_.demotions.load(), 0);
@@ -170,10 +185,37 @@ TEST_F(DemoterTest, WithTheDemoterFullTooTheBlockIsDropped) {
   Demote(0, Key(2), Bytes(2));
   EXPECT_EQ(second.get().code(), StatusCode::kBusy) << "no room in the demoter for a second copy";
   EXPECT_EQ(counters_.demotion_busy_drops.load(), 1);
+  const uint64_t look_us = clock_.AwaitWaiter();  // the first waits for room
   busy_[0]->busy = false;
+  clock_.SetUs(look_us);
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(maps_[0]->Find(Key(1)).has_value());
   EXPECT_FALSE(maps_[0]->Find(Key(2)).has_value());
+}
+
+TEST_F(DemoterTest, AQueuedDemotionIsDroppedWhenItsWaitOnTheClockEnds) {
+  std::future<Status> done = QueueForABusyLevel();
+  const uint64_t queued_us = clock_.AwaitWaiter() - Demoter::kQueuedDemotionPollUs;
+  clock_.SetUs(queued_us + Demoter::kQueuedDemotionWaitUs - 1);
+  EXPECT_EQ(clock_.AwaitWaiter(), queued_us + Demoter::kQueuedDemotionWaitUs)
+      << "a moment before its wait ends it still waits, and looks last at its end";
+  EXPECT_EQ(done.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  EXPECT_EQ(counters_.demotion_busy_drops.load(), 0);
+  clock_.AdvanceUs(1);
+  EXPECT_EQ(done.get().code(), StatusCode::kBusy) << "given up once the tier stayed busy for its wait";
+  EXPECT_EQ(counters_.demotion_busy_drops.load(), 1);
+  EXPECT_FALSE(maps_[0]->Find(Key(1)).has_value());
+}
+
+TEST_F(DemoterTest, StopGivesUpAQueuedDemotionOnAClockNobodyMoves) {
+  std::future<Status> done = QueueForABusyLevel();
+  clock_.AwaitWaiter();
+  demoter_->Stop();
+  EXPECT_EQ(done.get().code(), StatusCode::kBusy);
+  EXPECT_EQ(counters_.demotion_busy_drops.load(), 1);
+  std::future<Status> later = Expect(Key(2));
+  Demote(0, Key(2), Bytes(2));
+  EXPECT_EQ(later.get().code(), StatusCode::kBusy) << "one queued after Stop does not wait either";
 }
 
 TEST_F(DemoterTest, AWriteThatFailsIsCountedByItsCause) {

@@ -56,7 +56,7 @@ TEST_F(ReplayWriteChannelTest, ADemotionThatWouldWaitTooLongForTheWriteChannelIs
 // dropped, as kvtierd drops it.
 TEST_F(ReplayWriteChannelTest, AQueuedDemotionWaitsAsLongAsTheDaemonsDemoterWaits) {
   EXPECT_EQ(std::chrono::microseconds(ReplayOptions{}.max_write_backlog_us),
-            std::chrono::microseconds(Demoter::kQueuedDemotionWait));
+            std::chrono::microseconds(Demoter::kQueuedDemotionWaitUs));
   EXPECT_EQ(ReplayOptions{}.demotion_buffer_bytes, EngineOptions{}.demotion_buffer_bytes);
   // 4-byte blocks at 4 bytes/s: [3] at 0 waits 1 s behind the demotion of
   // 1 to demote 2, more than the 200 ms the replay once gave up after.

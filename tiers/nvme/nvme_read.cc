@@ -5,9 +5,9 @@
 // of start-up and of the reclaim scan, and the cache of record headers
 // that makes a layer-by-layer read one I/O a layer.
 #include <cstring>
-#include <mutex>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
@@ -43,9 +43,20 @@ struct NvmeTier::ReadOp {
   ReadDone done;
   LayerReadDone layer_done;  // instead of `done`: ReadWithLayerChecksums
   std::vector<uint64_t> layer_checksums;  // for layer_done, once verified
-  std::mutex mu;
-  int pending = 0;             // I/Os not yet completed
-  Status failure;              // first I/O failure
+  Mutex mu;                    // a leaf: the I/Os' completions count down under it
+  int pending GUARDED_BY(mu) = 0;  // I/Os not yet completed
+  Status failure GUARDED_BY(mu);   // first I/O failure
+
+  // Before the I/Os go out: how many will complete.
+  void Expect(int ios) EXCLUDES(mu) {
+    MutexLock lock(mu);
+    pending = ios;
+  }
+  // The first I/O failure, once the last one completed.
+  Status Failure() EXCLUDES(mu) {
+    MutexLock lock(mu);
+    return failure;
+  }
   std::optional<RecordHeader> header;  // from the header cache: no header I/O
 };
 
@@ -125,7 +136,7 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
   auto on_io = [this, op](Result<size_t> r, size_t want) {
     bool last;
     {
-      std::lock_guard lock(op->mu);
+      MutexLock lock(op->mu);
       if (op->failure.ok()) {
         if (!r.ok()) op->failure = r.status();
         else if (*r != want) op->failure = IoError("short read: " + std::to_string(*r) + " of " + std::to_string(want));
@@ -135,27 +146,27 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
     if (last) verifiers_.Post([this, op] { OnRead(op); });
   };
   if (op->header && op->direct) {
-    op->pending = 1;
+    op->Expect(1);
     device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
       on_io(r, cover_bytes);
     });
   } else if (op->header) {
-    op->pending = 1;
+    op->Expect(1);
     device_->Read(payload_device_offset + op->cover_offset, op->staging.first(cover_bytes),
                   [on_io, cover_bytes](Result<size_t> r) { on_io(r, cover_bytes); });
   } else if (op->direct) {
-    op->pending = 2;
+    op->Expect(2);
     device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
                   [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
     device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
       on_io(r, cover_bytes);
     });
   } else if (op->cover_offset == 0) {  // header and payload cover are contiguous: one I/O
-    op->pending = 1;
+    op->Expect(1);
     const size_t bytes = kRecordHeaderBytes + cover_bytes;
     device_->Read(op->entry.offset, op->staging.first(bytes), [on_io, bytes](Result<size_t> r) { on_io(r, bytes); });
   } else {
-    op->pending = 2;
+    op->Expect(2);
     device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
                   [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
     device_->Read(payload_device_offset + op->cover_offset, op->staging.subspan(kRecordHeaderBytes, cover_bytes),
@@ -165,7 +176,7 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
 }
 
 void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
-  Status outcome = op->failure;
+  Status outcome = op->Failure();
   std::span<const std::byte> layers;
   if (outcome.ok()) {
     Result<RecordHeader> header = op->header ? Result<RecordHeader>(*op->header)

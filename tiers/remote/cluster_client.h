@@ -12,7 +12,7 @@
 //                     (a pause on the injected clock)
 //   CLUSTERDOWN       Unavailable
 // A node that does not answer (refused, reset, closed) is skipped for
-// `node_retry`, and makes the client
+// `node_retry` (on the injected clock), and makes the client
 // read the map again from another node (after a failover a replica owns
 // the slot) and retry, until `max_redirects` attempts or the deadline.
 // A server without cluster support ("cluster support disabled") is one

@@ -23,7 +23,7 @@ struct ClusterClient::Node {
   std::atomic<bool> outside{false};                    // its addresses were refused lately
   Mutex mu;
   std::vector<std::unique_ptr<RedisConnection>> idle GUARDED_BY(mu);
-  std::atomic<int64_t> down_until_ns{0};               // steady clock; 0: up
+  std::atomic<uint64_t> down_until_us{0};              // on the client's Clock; 0: up
 };
 
 }  // namespace kvtier

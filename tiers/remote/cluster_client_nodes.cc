@@ -97,8 +97,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
       return connection;
     }
   }
-  const int64_t now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
-  if (now_ns < node->down_until_ns.load(std::memory_order_relaxed)) {
+  if (clock_.NowUs() < node->down_until_us.load(std::memory_order_relaxed)) {
     return Unavailable("redis node " + node->address + " did not answer a moment ago");
   }
   const RedisDeadline connect_by = std::min(deadline, std::chrono::steady_clock::now() + options_.connect_timeout);
@@ -112,7 +111,7 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
   auto connection = RedisConnection::Connect(node->host, node->port, connect_by, allow);
   if (connection.ok()) {
     connects_.fetch_add(1, std::memory_order_relaxed);
-    node->down_until_ns.store(0, std::memory_order_relaxed);
+    node->down_until_us.store(0, std::memory_order_relaxed);
     node->outside.store(false, std::memory_order_relaxed);
     if (node->seed && default_networks_) {
       MutexLock lock(networks_mu_);
@@ -133,9 +132,8 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
     return refused;
   } else {
     connect_failures_.fetch_add(1, std::memory_order_relaxed);
-    node->down_until_ns.store(
-        (std::chrono::steady_clock::now() + options_.node_retry).time_since_epoch().count(),
-        std::memory_order_relaxed);
+    const auto skip = std::chrono::duration_cast<std::chrono::microseconds>(options_.node_retry);
+    node->down_until_us.store(clock_.NowUs() + static_cast<uint64_t>(skip.count()), std::memory_order_relaxed);
     // A connect that timed out says the node is unreachable, not that
     // the caller's whole deadline passed (unless it did).
     if (connection.status().code() == StatusCode::kTimedOut && std::chrono::steady_clock::now() < deadline) {

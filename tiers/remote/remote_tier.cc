@@ -10,8 +10,6 @@
 namespace kvtier {
 namespace {
 
-int64_t NowNs() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
-
 Status ReplyError(const RespReply& reply, const std::string& what) {
   // A store at its maxmemory under `noeviction` refuses writes with OOM:
   // the tier is full (for this write), not failing.
@@ -32,7 +30,7 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   if (!mac.ok()) return Status(mac.status().code(), "remote tier: " + mac.status().message());
   auto client = ClusterClient::Create(options.cluster, clock);
   if (!client.ok()) return client.status();
-  std::unique_ptr<RemoteTier> tier(new RemoteTier(options, std::move(*client), std::move(*mac)));
+  std::unique_ptr<RemoteTier> tier(new RemoteTier(options, clock, std::move(*client), std::move(*mac)));
   Status first = tier->client_->Refresh(tier->DeadlineIn(options.timeout));
   // A refused password is a configuration error, not an outage.
   if (first.code() == StatusCode::kPermissionDenied) return first;
@@ -40,9 +38,13 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   return tier;
 }
 
-RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client,
+RemoteTier::RemoteTier(const RemoteTierOptions& options, const Clock& clock, std::unique_ptr<ClusterClient> client,
                        std::unique_ptr<ValueMac> mac)
-    : options_(options), client_(std::move(client)), mac_(std::move(mac)), workers_(options.threads) {}
+    : options_(options), clock_(clock), client_(std::move(client)), mac_(std::move(mac)), workers_(options.threads) {}
+
+uint64_t RemoteTier::RetryIntervalUs() const {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(options_.retry_interval).count());
+}
 
 RemoteTier::~RemoteTier() = default;
 
@@ -50,11 +52,10 @@ RemoteTier::~RemoteTier() = default;
 
 bool RemoteTier::MayTry() {
   if (available_.load(std::memory_order_relaxed)) return true;
-  int64_t due = next_try_ns_.load(std::memory_order_relaxed);
-  const int64_t now = NowNs();
+  uint64_t due = next_try_us_.load(std::memory_order_relaxed);
+  const uint64_t now = clock_.NowUs();
   if (now < due) return false;
-  const int64_t next = now + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.retry_interval).count();
-  return next_try_ns_.compare_exchange_strong(due, next, std::memory_order_relaxed);  // one caller tries
+  return next_try_us_.compare_exchange_strong(due, now + RetryIntervalUs(), std::memory_order_relaxed);  // one tries
 }
 
 void RemoteTier::Observe(const Status& status) {
@@ -69,8 +70,7 @@ void RemoteTier::Observe(const Status& status) {
   }
   if (available_.exchange(false, std::memory_order_relaxed)) {
     unavailable_.fetch_add(1, std::memory_order_relaxed);
-    next_try_ns_.store(NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.retry_interval).count(),
-                       std::memory_order_relaxed);
+    next_try_us_.store(clock_.NowUs() + RetryIntervalUs(), std::memory_order_relaxed);
   }
 }
 

@@ -32,7 +32,8 @@
 // and TimedOut (deadline). While the cluster cannot be reached the tier
 // says so (`remote.available` 0, Writes refused with Unavailable), Find
 // answers nothing, and the engine keeps serving from the tiers above;
-// every `retry_interval` one command tries again.
+// every `retry_interval` (on the injected Clock) one command tries again.
+// Command deadlines are socket timeouts, on the steady clock.
 //
 // Erase and `kvtier drop` delete the value in the store (other nodes then
 // miss it too). ForEachBlock lists the directory: the blocks this node
@@ -83,8 +84,9 @@ class RemoteTier final : public BlockTier, public Prober {
   // not answer is not an error: the tier starts unavailable (logged by the
   // caller from `available()`) and tries again later. A node that refuses
   // the password (or wants one) is PermissionDenied; a cluster secret of
-  // the wrong size InvalidArgument. `clock` (ClusterClient's pauses) is
-  // borrowed and must outlive the tier.
+  // the wrong size InvalidArgument. `clock` (the retry_interval while
+  // unavailable, ClusterClient's pauses and node skips) is borrowed and
+  // must outlive the tier.
   static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options, const Clock& clock);
   ~RemoteTier() override;  // finishes queued work, then joins
 
@@ -110,7 +112,8 @@ class RemoteTier final : public BlockTier, public Prober {
   bool available() const { return available_.load(std::memory_order_relaxed); }
 
  private:
-  RemoteTier(const RemoteTierOptions& options, std::unique_ptr<ClusterClient> client, std::unique_ptr<ValueMac> mac);
+  RemoteTier(const RemoteTierOptions& options, const Clock& clock, std::unique_ptr<ClusterClient> client,
+             std::unique_ptr<ValueMac> mac);
 
   struct Known {
     BlockInfo info;
@@ -124,6 +127,7 @@ class RemoteTier final : public BlockTier, public Prober {
   bool MayTry();
   // Records a command's outcome for availability.
   void Observe(const Status& status);
+  uint64_t RetryIntervalUs() const;
   RedisDeadline DeadlineIn(std::chrono::milliseconds d) const { return std::chrono::steady_clock::now() + d; }
 
   // A staging buffer. Recycled (spare_): a fresh multi-MiB allocation is
@@ -145,6 +149,7 @@ class RemoteTier final : public BlockTier, public Prober {
   void CountAuthFailure(const BlockKey& key, const Status& why);
 
   const RemoteTierOptions options_;
+  const Clock& clock_;
   std::unique_ptr<ClusterClient> client_;
   std::unique_ptr<ValueMac> mac_;
   LogRateLimiter auth_log_limiter_{5, std::chrono::seconds(10)};
@@ -157,7 +162,7 @@ class RemoteTier final : public BlockTier, public Prober {
   std::unordered_set<BlockKey> erased_while_writing_ GUARDED_BY(mu_);
 
   std::atomic<bool> available_{true};
-  std::atomic<int64_t> next_try_ns_{0};
+  std::atomic<uint64_t> next_try_us_{0};  // on clock_: while unavailable, when one command tries
   std::atomic<uint64_t> staged_bytes_{0};
   Mutex spare_mu_;
   std::vector<Staged> spare_ GUARDED_BY(spare_mu_);  // at most staging_bytes in all

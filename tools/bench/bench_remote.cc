@@ -11,8 +11,8 @@
 
 #include "common/checksum.h"
 #include "support/process.h"
+#include "support/redis_cluster.h"
 #include "tiers/remote/remote_tier.h"
-#include "tools/bench/bench_cluster.h"
 #include "tools/bench/bench_window.h"
 
 namespace kvtier::tools {
@@ -35,6 +35,12 @@ struct Row {
   std::vector<double> tier_put, tier_get, redis_set, redis_get;
   uint64_t errors = 0;
 };
+
+// FLUSHALL on every node of a private cluster (best effort: a round on a
+// node that kept keys only reads more of them).
+void FlushAll(const support::RedisCluster& cluster) {
+  for (int port : cluster.Ports()) cluster.Cli(port, {"FLUSHALL"}).status().IgnoreError();
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -191,11 +197,15 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
     std::fprintf(stderr, "kvtier bench remote: --clients and --rounds must be positive\n");
     return 1;
   }
-  std::unique_ptr<BenchCluster> cluster;
+  std::unique_ptr<support::RedisCluster> cluster;
   std::vector<std::string> seeds;
   std::string where = o.nodes;
   if (o.nodes.empty()) {
-    auto started = BenchCluster::Start(BenchCluster::Options{o.masters, o.node_memory});
+    support::RedisCluster::Options options;
+    options.masters = o.masters;
+    options.replicas_per_master = 0;
+    options.maxmemory = o.node_memory;
+    auto started = support::RedisCluster::Start(options);
     if (!started.ok()) {
       std::fprintf(stderr, "kvtier bench remote: %s\n", started.status().ToString().c_str());
       return 1;
@@ -247,7 +257,7 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
         if (!redis) return true;
         std::string error;
         // A private cluster starts each round empty, as the tier's side does.
-        if (cluster != nullptr) cluster->Flush();
+        if (cluster != nullptr) FlushAll(*cluster);
         // SET fills about 63% of the key space; GET then reads all of it,
         // and a key SET missed answers nil: GB/s counts the values returned,
         // the expected share of GETs that find one (uniform random keys).

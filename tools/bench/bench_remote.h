@@ -18,7 +18,7 @@
 // keeps redis-benchmark's keys ("key:*") afterwards.
 //
 // Without --nodes the bench starts a private 3-master cluster on loopback
-// (BenchCluster) and stops it at the end. Exit 0 on success, 1 when the
+// (support::RedisCluster, no replicas) and stops it at the end. Exit 0 on success, 1 when the
 // cluster cannot be reached or an operation fails.
 #pragma once
 

@@ -160,7 +160,7 @@ struct ReplayOptions {
   // channel per tier at this rate. A demotion that must wait behind
   // earlier ones waits as the daemon's demoter holds it: it is dropped
   // when it would wait longer than max_write_backlog_us (the daemon's
-  // Demoter::kQueuedDemotionWait), or when the bytes queued in the channel
+  // Demoter::kQueuedDemotionWaitUs), or when the bytes queued in the channel
   // ahead of it and its own pass demotion_buffer_bytes (the daemon's
   // engine.demotion_buffer_bytes; 0: a demotion that must wait is dropped).
   // 0 for a tier: no limit.

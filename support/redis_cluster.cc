@@ -1,4 +1,4 @@
-#include "tests/testing/redis_cluster.h"
+#include "support/redis_cluster.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
-#include <gtest/gtest.h>
 #include <sstream>
 #include <sys/wait.h>
 #include <thread>
@@ -15,29 +14,19 @@
 
 #include "support/ports.h"
 #include "support/process.h"
-#include "tests/testing/daemon_process.h"
-#include "tests/testing/test_daemon.h"
+#include "support/redis_cluster_nodes.h"
+#include "support/temp_dir.h"
 
-namespace kvtier::testing {
+namespace kvtier::support {
 namespace {
 
-// One line of CLUSTER NODES: "<id> <ip:port@bus[,host]> <flags> <master-id|->
-// <ping> <pong> <config-epoch> <link> <slot ranges...>".
-struct NodeLine {
-  std::string id;
-  int port = -1;
-  bool myself = false;
-  bool master = false;
-  bool failing = false;      // flagged fail or fail?
-  std::string master_id;     // "-" for a master
-  int64_t config_epoch = 0;
-  std::vector<std::pair<int, int>> slots;  // served ranges, inclusive; open (importing/migrating) ones left out
-
-  bool Holds(int slot) const {
-    return std::any_of(slots.begin(), slots.end(),
-                       [slot](const auto& r) { return r.first <= slot && slot <= r.second; });
-  }
-};
+using redis_cluster_internal::Canonical;
+using redis_cluster_internal::LastLines;
+using redis_cluster_internal::Myself;
+using redis_cluster_internal::NodeLine;
+using redis_cluster_internal::ParseNodeLine;
+using redis_cluster_internal::Split;
+using redis_cluster_internal::ToInt;
 
 constexpr const char* kRedisServer = "/usr/bin/redis-server";
 constexpr const char* kRedisCli = "/usr/bin/redis-cli";
@@ -76,6 +65,20 @@ pid_t SpawnChild(const std::vector<std::string>& argv, const std::string& log_pa
   return pid.ok() ? *pid : -1;
 }
 
+// RunCommand's output; a command that could not run is exit -1 with why.
+CommandOutput Run(const std::vector<std::string>& argv) {
+  Result<CommandOutput> run = RunCommand(argv);
+  return run.ok() ? *run : CommandOutput{-1, run.status().ToString()};
+}
+
+// The whole of the file at `path` ("" if it cannot be read).
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // True once the child `pid` has exited (reaped now) or is not ours to wait
 // for any more; the caller must forget `pid` then.
 bool Exited(pid_t pid) {
@@ -83,33 +86,8 @@ bool Exited(pid_t pid) {
   return ::waitpid(pid, &status, WNOHANG) != 0;
 }
 
-// The last `lines` lines of `text`.
-std::string LastLines(const std::string& text, int lines) {
-  size_t start = text.size() - (text.ends_with('\n') ? 1 : 0);
-  for (int n = 0; n < lines && start != std::string::npos && start > 0; ++n) start = text.rfind('\n', start - 1);
-  return start == std::string::npos ? text : text.substr(start == 0 ? 0 : start + 1);
-}
-
-std::vector<std::string> Split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(text);
-  while (std::getline(in, part, separator)) {
-    if (!part.empty() && part.back() == '\r') part.pop_back();
-    if (!part.empty()) parts.push_back(part);
-  }
-  return parts;
-}
-
-// `text` as a whole decimal number, or `fallback`.
-int64_t ToInt(std::string_view text, int64_t fallback = -1) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return error == std::errc() && end == text.data() + text.size() ? value : fallback;
-}
-
 // What a finished redis-cli run (under timeout(1)) amounts to; see Cli().
-Result<std::string> CliOutcome(const CommandResult& run, const std::string& where) {
+Result<std::string> CliOutcome(const CommandOutput& run, const std::string& where) {
   std::string output = run.output;
   if (!output.empty() && output.back() == '\n') output.pop_back();
   if (run.exit_code == 0) return output;
@@ -123,55 +101,6 @@ std::vector<std::string> CliArgv(int port, std::chrono::seconds timeout, bool fo
                                    "-h", "127.0.0.1", "-p", std::to_string(port), "-e", "--raw"};
   if (follow_redirects) argv.push_back("-c");
   return argv;
-}
-
-NodeLine ParseNodeLine(const std::string& line) {
-  const std::vector<std::string> fields = Split(line, ' ');
-  NodeLine node;
-  if (fields.size() < 8) return node;
-  node.id = fields[0];
-  const size_t colon = fields[1].rfind(':', fields[1].find('@'));
-  if (colon != std::string::npos) {
-    node.port = static_cast<int>(ToInt(fields[1].substr(colon + 1, fields[1].find('@') - colon - 1)));
-  }
-  for (const auto& flag : Split(fields[2], ',')) {
-    node.myself |= flag == "myself";
-    node.master |= flag == "master";
-    node.failing |= flag == "fail" || flag == "fail?";
-  }
-  node.master_id = fields[3];
-  node.config_epoch = ToInt(fields[6], 0);
-  for (size_t i = 8; i < fields.size(); ++i) {
-    if (fields[i].front() == '[') continue;
-    const size_t dash = fields[i].find('-');
-    const int first = static_cast<int>(ToInt(fields[i].substr(0, dash)));
-    const int last = dash == std::string::npos ? first : static_cast<int>(ToInt(fields[i].substr(dash + 1)));
-    node.slots.emplace_back(first, last);
-  }
-  return node;
-}
-
-// A node's view reduced to what all nodes must agree on: who is there, who
-// replicates whom, who serves which slots.
-std::string Canonical(const std::vector<NodeLine>& lines) {
-  std::vector<std::string> rows;
-  for (const auto& n : lines) {
-    std::string row = n.id + (n.master ? " master" : " replica of " + n.master_id);
-    for (const auto& [first, last] : n.slots) row += " " + std::to_string(first) + "-" + std::to_string(last);
-    if (n.failing) row += " failing";
-    rows.push_back(row);
-  }
-  std::sort(rows.begin(), rows.end());
-  std::string text;
-  for (const auto& row : rows) text += row + "\n";
-  return text;
-}
-
-const NodeLine* Myself(const std::vector<NodeLine>& lines) {
-  for (const auto& n : lines) {
-    if (n.myself) return &n;
-  }
-  return nullptr;
 }
 
 // `port`'s CLUSTER NODES, parsed.
@@ -198,22 +127,18 @@ Result<std::map<std::string, std::string>> InfoFields(const RedisCluster& cluste
 
 }  // namespace
 
-int FreeLoopbackPort() {
+int FreeRedisPort() {
   const std::vector<int> port = ReserveNodePorts(1);
-  if (port.empty()) {
-    ADD_FAILURE() << "no free loopback port in [" << kLowestPort << ", " << kHighestPort << "]";
-    return -1;
-  }
-  return port[0];
+  return port.empty() ? -1 : port[0];
 }
 
 std::string RedisCluster::Unavailable() {
   for (const char* path : {kRedisServer, kRedisCli, kTimeout}) {
     if (::access(path, X_OK) != 0) return std::string(path) + " is not installed";
   }
-  const CommandResult server = RunCommand({kRedisServer, "--version"});
+  const CommandOutput server = Run({kRedisServer, "--version"});
   if (server.exit_code != 0) return "redis-server --version failed: " + server.output;
-  const CommandResult cli = RunCommand({kRedisCli, "--version"});
+  const CommandOutput cli = Run({kRedisCli, "--version"});
   // "redis-cli 7.0.15": -e (exit status on an error reply) came in 7.0.
   const size_t space = cli.output.find(' ');
   const int64_t major =
@@ -222,14 +147,16 @@ std::string RedisCluster::Unavailable() {
   return "";
 }
 
-RedisCluster::RedisCluster(const Options& options) : options_(options), dir_(MakeTempDir()) {}
+RedisCluster::RedisCluster(const Options& options, std::string dir) : options_(options), dir_(std::move(dir)) {}
 
 Result<std::unique_ptr<RedisCluster>> RedisCluster::Start(const Options& options) {
   if (std::string why = Unavailable(); !why.empty()) return FailedPrecondition(why);
   if (options.masters < 3 || options.replicas_per_master < 0 || options.node_timeout_ms <= 0) {
     return InvalidArgument("RedisCluster needs 3 masters or more, replicas >= 0, node timeout > 0");
   }
-  std::unique_ptr<RedisCluster> cluster(new RedisCluster(options));
+  Result<std::string> dir = MakeTempDir("kvtier-redis-cluster-");
+  if (!dir.ok()) return dir.status();
+  std::unique_ptr<RedisCluster> cluster(new RedisCluster(options, std::move(*dir)));
   if (Status s = cluster->StartNodes(); !s.ok()) return s;
   if (Status s = cluster->CreateCluster(); !s.ok()) return s;
   if (Status s = cluster->AwaitFormed(std::chrono::seconds(30)); !s.ok()) return s;
@@ -322,7 +249,7 @@ Status RedisCluster::CreateCluster() {
   std::vector<std::string> argv = {kTimeout, "-k", "5", "60", kRedisCli, "--cluster", "create"};
   for (const auto& seed : Seeds()) argv.push_back(seed);
   argv.insert(argv.end(), {"--cluster-replicas", std::to_string(options_.replicas_per_master), "--cluster-yes"});
-  const CommandResult created = RunCommand(argv);
+  const CommandOutput created = Run(argv);
   std::ofstream(dir_ + "/cluster-create.log") << created.output;
   if (created.exit_code != 0) {
     return IoError("redis-cli --cluster create failed (exit " + std::to_string(created.exit_code) + "):\n" +
@@ -407,7 +334,7 @@ Result<std::string> RedisCluster::Cli(int port, const std::vector<std::string>& 
                                       std::chrono::seconds timeout) const {
   std::vector<std::string> argv = CliArgv(port, timeout, /*follow_redirects=*/false);
   argv.insert(argv.end(), args.begin(), args.end());
-  return CliOutcome(RunCommand(argv), Seed(port) + " " + (args.empty() ? "" : args[0]));
+  return CliOutcome(Run(argv), Seed(port) + " " + (args.empty() ? "" : args[0]));
 }
 
 Result<std::string> RedisCluster::ClusterCli(const std::vector<std::string>& args) const {
@@ -415,7 +342,7 @@ Result<std::string> RedisCluster::ClusterCli(const std::vector<std::string>& arg
     if (!Cli(port, {"PING"}, kProbeTimeout).ok()) continue;
     std::vector<std::string> argv = CliArgv(port, kCliTimeout, /*follow_redirects=*/true);
     argv.insert(argv.end(), args.begin(), args.end());
-    return CliOutcome(RunCommand(argv), "cluster via " + Seed(port) + " " + (args.empty() ? "" : args[0]));
+    return CliOutcome(Run(argv), "cluster via " + Seed(port) + " " + (args.empty() ? "" : args[0]));
   }
   return kvtier::Unavailable("no node of the cluster answers");
 }
@@ -513,86 +440,6 @@ Status RedisCluster::CheckSlotRouted(int slot, int owner_port, bool require_stat
   return Status::Ok();
 }
 
-Status RedisCluster::BeginMove(int slot, int to_port) {
-  if (slot < 0 || slot >= kSlots) return InvalidArgument("no slot " + std::to_string(slot));
-  if (moves_.count(slot) != 0) return FailedPrecondition("slot " + std::to_string(slot) + " is already moving");
-  const int source = MasterOf(slot);
-  if (source < 0) return kvtier::Unavailable("no live master serves slot " + std::to_string(slot));
-  const std::vector<int> masters = Masters();
-  if (to_port == source || std::find(masters.begin(), masters.end(), to_port) == masters.end()) {
-    return InvalidArgument(Seed(to_port) + " is not a live master other than " + Seed(source));
-  }
-  const auto source_id = Cli(source, {"CLUSTER", "MYID"});
-  if (!source_id.ok()) return source_id.status();
-  const auto target_id = Cli(to_port, {"CLUSTER", "MYID"});
-  if (!target_id.ok()) return target_id.status();
-  const std::string slot_text = std::to_string(slot);
-  const auto importing = Cli(to_port, {"CLUSTER", "SETSLOT", slot_text, "IMPORTING", *source_id});
-  if (!importing.ok()) return importing.status();
-  const auto migrating = Cli(source, {"CLUSTER", "SETSLOT", slot_text, "MIGRATING", *target_id});
-  if (!migrating.ok()) {
-    Cli(to_port, {"CLUSTER", "SETSLOT", slot_text, "STABLE"}).status().IgnoreError();  // best-effort undo
-    return migrating.status();
-  }
-  moves_[slot] = Move{source, to_port, *target_id};
-  return Status::Ok();
-}
-
-Result<int> RedisCluster::MoveKeys(int slot, int count) {
-  const auto move = moves_.find(slot);
-  if (move == moves_.end()) return FailedPrecondition("slot " + std::to_string(slot) + " is not moving");
-  const Move& m = move->second;
-  int moved = 0;
-  while (moved < count) {
-    const int batch = std::min(kMigrateBatchKeys, count - moved);
-    const auto listed = Cli(m.source_port, {"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), std::to_string(batch)});
-    if (!listed.ok()) return listed.status();
-    const std::vector<std::string> keys = Split(*listed, '\n');
-    if (keys.empty()) break;
-    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(m.target_port), "", "0",
-                                        std::to_string(kMigrateTimeout.count()), "REPLACE", "KEYS"};
-    migrate.insert(migrate.end(), keys.begin(), keys.end());
-    const auto sent = Cli(m.source_port, migrate,
-                          std::chrono::duration_cast<std::chrono::seconds>(kMigrateTimeout) + std::chrono::seconds(30));
-    if (!sent.ok()) return sent.status();
-    moved += static_cast<int>(keys.size());
-  }
-  return moved;
-}
-
-Status RedisCluster::FinishMove(int slot) {
-  const auto move = moves_.find(slot);
-  if (move == moves_.end()) return FailedPrecondition("slot " + std::to_string(slot) + " is not moving");
-  const Move m = move->second;
-  if (const auto rest = MoveKeys(slot, INT_MAX); !rest.ok()) return rest.status();
-  // The target first, then the source, then the other masters (CLUSTER
-  // SETSLOT's documented order); replicas refuse SETSLOT and learn by gossip.
-  std::vector<int> order = {m.target_port, m.source_port};
-  for (int port : Masters()) {
-    if (port != m.target_port && port != m.source_port) order.push_back(port);
-  }
-  for (int port : order) {
-    const auto set = Cli(port, {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", m.target_id});
-    if (!set.ok()) return set.status();
-  }
-  moves_.erase(move);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (true) {
-    int culprit_port = -1;
-    const Status routed = CheckSlotRouted(slot, m.target_port, /*require_state_ok=*/false, &culprit_port);
-    if (routed.ok()) return routed;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return TimedOut("slot " + std::to_string(slot) + " moved, but not every node knows: " + routed.message());
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
-}
-
-Status RedisCluster::MoveSlot(int slot, int to_port) {
-  if (Status s = BeginMove(slot, to_port); !s.ok()) return s;
-  return FinishMove(slot);
-}
-
 std::string RedisCluster::LogTail(int port, int lines) const {
   for (const Node& node : nodes_) {
     if (node.port == port) return LastLines(ReadFile(node.dir + "/redis.log"), lines);
@@ -617,4 +464,4 @@ RedisCluster::Node* RedisCluster::FindNode(int port) {
 
 std::string RedisCluster::Seed(int port) const { return "127.0.0.1:" + std::to_string(port); }
 
-}  // namespace kvtier::testing
+}  // namespace kvtier::support
