@@ -2,65 +2,44 @@
 // decide what stays. It is the daemon's only stateful core; the wire
 // adapters (server_connection.cc) translate requests into these calls.
 //
-// The stack: the host tier (the shared arena clients read and write in
-// place) on top, then an ordered list of BlockTiers (tiers/tier.h) below
-// it, each with its own admission (tier_admission.h). No engine code names
-// a tier below the host: placement is generic over adjacent tiers.
+// The stack: an optional tier above the host (the HBM tier), the host tier
+// (the shared arena clients read and write in place), then an ordered list
+// of BlockTiers (tiers/tier.h) below it, each with its own admission
+// (tier_admission.h). Tiers are known only by their place; no engine code
+// names one.
 //
-// Thread-safe. The index is split into shards by key hash (BlockIndex,
-// block_index.h): each has its own mutex and its own eviction policy
-// instance. No shard lock is held while another shard is locked, and none
-// across I/O. The lock order is docs/ARCHITECTURE.md's ("One lock order");
-// members carry GUARDED_BY, checked by `make thread-safety`.
+// A facade over named parts, each with its contract in its header: the
+// index shards (block_index.h, where a block changes state), the evictor
+// (evictor.h, where a demotion is decided), the demoter (demoter.h: down
+// the stack), the promoter and layer streamer (promoter.h,
+// layer_streamer.h: up into the arena, whole or layer by layer), the
+// above mover (above_mover.h: the tier above the host), queue hints and
+// prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
+// hold_table.h). The parts reach the engine only through the hooks it
+// gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
 //   committed + Pin -> [pinned: never evicted] -> Release -> committed
 //   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
-// A connection's uncommitted reservations and leases die with CloseConnection.
+// A connection's uncommitted reservations and leases die with
+// CloseConnection. Blocks below are inclusive copies: a promotion leaves
+// the copy below; Erase reaches every tier, writes in flight included.
 //
-// A tier above the host (the HBM tier), when there is one, is moved by
-// the AboveMover (above_mover.h; above_, null without one): blocks that
-// layer-wise loads into GPU memory read (a hit: reuse evidence) are
-// offered to it and copied up on its `engine.above_io` mover, and such
-// loads get them in place (AboveMover::Hold: the client copies device to
-// device). It ranks its blocks by an eviction policy (ResidentOrder,
-// resident_order.h: LRU); a victim no other tier holds is demoted into
-// the host tier first (the HBM tier's evictions demote to host). The
-// engine reaches it only through its methods and gives it hooks
-// (AboveHooks: I/O in flight, whether a tier below holds a key). Lookup
-// reports it first; a pin of a block held only there reads it back into
-// the host tier like a promotion from below (Located::level kAboveLevel,
-// its TierLevel AboveMover::source()).
-//
-// Placement with tiers below the host:
-// - Demotion: an evicted host block goes to the first tier below whose
-//   admission takes it (copied into the tier's staging, then written;
-//   visible there once written), else it is dropped. A block a tier below
-//   already holds costs no write. A block a lower tier evicts is offered
-//   (ReclaimHooks::SetEvictionSink) to the tiers under it the same way.
-// - Promotion: a Pin of a block found only below reads it from the
-//   highest tier holding it into new arena space (verified), then commits
-//   and pins it like any host block; the copy below stays (inclusive).
-//   Concurrent pins of a block being promoted wait for the one read.
-// - Erase reaches every tier, writes in flight included.
+// Thread-safe. The index is split into shards by key hash, each with its
+// own mutex and eviction policy instance. No shard lock is held while
+// another shard is locked, and none across I/O. The lock order is
+// docs/ARCHITECTURE.md's ("One lock order"); members carry GUARDED_BY,
+// checked by `make thread-safety`.
 #pragma once
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <limits>
-#include <list>
-#include <map>
-#include <unordered_map>
-#include <unordered_set>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -98,7 +77,6 @@
 
 namespace kvtier {
 
-
 class BlockIndex;
 struct LoadRecord;
 struct PinBatch;
@@ -107,11 +85,10 @@ class HostBlockTier;
 
 class Engine {
  public:
-  // `host`, `clock` and every tier of `below` (highest first) are borrowed
-  // and must outlive the Engine. InvalidArgument for a bad shard count or
-  // an admission whose budget does not validate.
-  // `above`, if not null, is the tier stacked above the host (borrowed
-  // likewise).
+  // `host`, `clock`, every tier of `below` (highest first) and `above` (the
+  // tier stacked above the host, if any) are borrowed and must outlive the
+  // Engine. InvalidArgument for a bad shard count, an admission whose budget
+  // does not validate, or a level below reported as other than nvme/remote.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
                                                 const Clock& clock, std::vector<LowerTier> below,
                                                 BlockTier* above = nullptr);
@@ -120,8 +97,7 @@ class Engine {
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
                                                 const Clock& clock, BlockTier* below = nullptr);
   // Waits for promotions and demotions in flight; retries still waiting
-  // for their time run at once (RetryScheduler::Stop), so it returns on a
-  // clock that nobody moves too.
+  // run at once (RetryScheduler::Stop), so it returns on a stopped clock.
   ~Engine();
 
   // Namespaces: registered, used by connections and forgotten as
@@ -140,26 +116,22 @@ class Engine {
   // tiers + namespaces of NVMe). Returns how many were forgotten. Also run
   // by CloseConnection once enough unused namespaces have built up.
   size_t ForgetUnusedNamespaces();
-  // Registered namespaces (kept, or used by a connection, or unused with
-  // blocks), for tests and the namespace gauge.
+  // Registered namespaces (kept, used, or unused with blocks): the gauge.
   size_t RegisteredNamespaces() const;
 
-  // Namespaces and where their blocks are (engine_namespaces.cc): every
-  // namespace with a block in some tier, plus those registered since
-  // start. O(blocks of every tier).
+  // Every namespace with a block in some tier, plus those registered since
+  // start, and where (engine_namespaces.cc). O(blocks of every tier).
   using TierUse = EngineTierUse;
   using NamespaceUse = EngineNamespaceUse;
   std::vector<NamespaceUse> NamespaceUses() const;
-  // Registered namespaces of `model_id` (and of `model_revision`, unless
-  // it is empty).
+  // Registered namespaces of `model_id` (and `model_revision` unless empty).
   std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id,
                                                       std::string_view model_revision) const;
   // Erases every block of `ns` from every tier (Erase's semantics: the
   // NVMe index included, blocks moving between tiers too). Per tier, top
   // first: the blocks it held.
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
-  // The names of the stack's tiers, top first ("hbm", "host", "nvme").
-  std::vector<std::string> TierNames() const;
+  std::vector<std::string> TierNames() const;  // the stack's, top first ("hbm", "host", "nvme")
   // Use per namespace as gauges (part of VisitCounters): payload bytes per
   // tier, `namespace.bytes{ns="<16 hex>",model=...,revision=...,
   // adapter=...,tier="host"}` (model, revision, adapter when registered
@@ -215,7 +187,7 @@ class Engine {
                              std::span<const uint64_t> checksums = {},
                              std::span<const uint64_t> layer_checksums = {});
 
-  // Drops this connection's reservations of `keys`; returns how many existed.
+  // Drops this connection's reservations of `keys`; returns how many were.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
   using PinDone = std::function<void(std::vector<PinGrant>)>;
@@ -250,11 +222,9 @@ class Engine {
   // still committed under `ns` counts a use (recency, hits), the others
   // (evicted or erased since) are skipped. Returns how many counted.
   size_t RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  // Lookups clients answered from the block directory: added to the lookup
-  // counters (and to engine.local_lookups).
+  // Lookups clients answered from the block directory: counted, also in engine.local_lookups.
   void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
-  // A usage report named an unregistered namespace or carried bad keys.
-  void RecordBadUsageReport();
+  void RecordBadUsageReport();  // a usage report with an unknown namespace or bad keys
 
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
@@ -324,25 +294,19 @@ class Engine {
   // load this connection does not hold. CloseConnection ends them all.
   Status EndLoad(ConnectionId connection, uint64_t load);
 
-  // Blocks until no promotion or demotion is in flight (shutdown: after the
-  // server stopped, before its executors go away). A retry waiting for its
-  // time counts: on a FakeClock the test moves the clock to it.
+  // Blocks until no promotion or demotion is in flight (shutdown), a retry
+  // waiting for its time included (on a FakeClock the test moves to it).
   void WaitForIdle();
 
-  // Frees every reservation and lease of `connection`, and drops its queued
-  // requests. Idempotent.
+  // Frees `connection`'s reservations and leases, drops its queued requests.
   void CloseConnection(ConnectionId connection);
 
-  // Operator holds (engine_holds.cc; `kvtier pin` / `unpin`): blocks of a
-  // namespace kept in the host tier, never evicted, until Unhold, until
-  // their TTL passes, until their namespace is dropped (DropNamespace) or
-  // until they are erased (Erase). A hold is one pin under kHoldConnection.
-  // Expiry is lazy: expired holds are released at every Hold and Unhold
-  // call and whenever an allocation in the host tier finds no room (before
-  // it evicts anything), so an expired hold never keeps a block from
-  // eviction; until then it stays pinned (engine.pinned_blocks) but no
-  // longer counts in engine.holds. Holds live in memory: a restart forgets
-  // them.
+  // Operator holds (engine_holds.cc, hold_table.h; `kvtier pin` / `unpin`):
+  // blocks kept in the host tier, one pin each under kHoldConnection, until
+  // Unhold, their TTL, DropNamespace or Erase. Expired holds are released at
+  // every Hold and Unhold and before an allocation evicts anything, so one
+  // never keeps a block from eviction (until then it stays pinned but is no
+  // longer in engine.holds). In memory only: a restart forgets them.
   using HoldResult = EngineHoldResult;
   static constexpr uint64_t kMaxHoldTtlUs = 30ull * 24 * 3600 * 1'000'000;  // 30 days
   // Holds `keys` of `ns` for `ttl_us` from now (1..kMaxHoldTtlUs, else
@@ -384,8 +348,8 @@ class Engine {
   // started.
   size_t Prefetch();
 
-  // The host tier through the BlockTier interface (daemon/engine/host_block_tier.h):
-  // for a tier stacked above it, tools and the tier contract tests.
+  // The host tier's BlockTier face (host_block_tier.h): for the tier above
+  // it, tools and the tier contract tests.
   BlockTier& host_tier();
 
   void VisitCounters(CounterVisitor& v) const;
@@ -401,65 +365,63 @@ class Engine {
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
-  // Located::level of the tier above the host.
-  static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();
+  static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();  // Located::level above the host
   // The highest tier below the host holding `key` under `ns`. Takes only
   // the tiers' leaf locks (callable under a shard lock).
   std::optional<Located> FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const;
   // Where a pin of `key` missing from the host tier reads it from: the
   // tier above (the fastest) if it holds it, else FindBelow.
   std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const;
-  // The record of the tier a Located names.
-  TierLevel& SourceAt(size_t level);
-
+  TierLevel& SourceAt(size_t level);  // the record of the tier a Located names
   BlockIndex& ShardFor(const BlockKey& key);
-  // Pins the committed `entry` of `key` for `connection`, with every
-  // layer's checksum when `with_layers`. Caller holds the shard lock
-  // (checked at run time: engine.h sees BlockIndex only declared).
+  // The tiers of the stack, top first, for enumeration (above, host, below).
+  std::vector<const BlockTier*> StackTop() const;
+
+  // Pins (engine_pin.cc). PinLocked pins the committed entry of `key` for
+  // `connection`, with every layer's checksum when `with_layers`; the
+  // caller holds the shard lock (checked at run time: engine.h sees
+  // BlockIndex only declared). ProbeUnknown lets the tiers that probe
+  // (Prober::Probe) learn of the keys no tier knows, before a pin or load
+  // claims them (no lock held). ClaimPins settles every key it can inline
+  // (host hits, misses, bad spans) and counts those that wait for a
+  // promotion, a demotion or a layer read; one shard lock at a time.
+  // RunPins is PinAsync once its batch is made; RetryPin pins one key
+  // again once its demotion ended.
   PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers = false);
-  // PinAsync's first half: settles every key it can inline (host hits,
-  // misses, bad spans) in batch->grants; the keys that wait for a
-  // promotion, a demotion or a layer read are counted in
-  // batch->outstanding and, when the batch has on_resolve, marked in
-  // batch->waiting. Takes one shard lock at a time.
-  // Lets the tiers that probe (Prober::Probe) learn about those of
-  // `keys` no tier knows of, before a pin or load claims them. No lock
-  // held; nothing when no tier of the stack probes.
   void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
-  // Layer-wise loads (engine_load.cc): a load's record and board; the
-  // stream of layer reads of the blocks it promotes is streamer_'s.
-  // A block of `load` resolved (pinned for it, or failed): the board
-  // says so, and a pin that came after EndLoad is released.
-  // `at_once`: settled in BeginLoad itself (its checksums go in the answer).
-  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
-                         bool at_once = false);
-  // Frees a load's board once it ended and no read of it is in flight.
-  void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
-  // PinAsync once its batch is made (RetryPin reuses it for one key).
   void RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
                LayerSpan layers);
+  void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                const NamespaceFingerprint& ns, LayerSpan layers);
   // The checksums of layers [first, last) of `entry`, a block of
   // `layer_count` layers (for one layer: its whole checksum).
   static std::vector<uint64_t> LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
                                                 uint32_t last);
-  // Pins `key` again for slot `index` of `batch` (its demotion ended).
-  void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
-                const NamespaceFingerprint& ns, LayerSpan layers);
-  // The demotion of `key` ended (`written`: ok, failed or refused): runs
-  // the pins that waited for it. One erased meanwhile and written anyway
-  // (the Erase came before the write started) is erased from its tier.
-  void FinishDemotion(const BlockKey& key, const Status& written);
-  // Whether `key`'s demotion in flight was erased (false for none).
-  bool DemotionErased(const BlockKey& key);
-  // Writes an evicted host block to tier `level` (demoter.h); its bytes
-  // are copied before this returns, so the caller may free the extent.
+
+  // Layer-wise loads (engine_load.cc). A block of `load` resolved (pinned
+  // for it, or failed): the board says so, and a pin that came after
+  // EndLoad is released; `at_once`: settled in BeginLoad itself (its
+  // checksums go in the answer). EndLoadRecord frees a load's board once
+  // it ended and no read of it is in flight.
+  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
+                         bool at_once = false);
+  void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
+
+  // Demotions (engine_tiers.cc). Demote writes an evicted host block to
+  // tier `level` (demoter.h), its bytes copied before it returns.
+  // FinishDemotion runs the pins that waited for `key` (`written`: ok,
+  // failed or refused) and erases from its tier a block erased meanwhile
+  // and written anyway; DemotionErased says whether that happened.
   void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
               uint64_t size, uint64_t checksum);
+  void FinishDemotion(const BlockKey& key, const Status& written);
+  bool DemotionErased(const BlockKey& key);
   void IoStarted();
   void IoFinished();
+
   // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
   // as a hold until `expires_us`, unless the key is held already (the
   // later expiry stays, the extra pin goes) or `ns` was dropped since the
@@ -471,14 +433,11 @@ class Engine {
   size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   void EndNamespaceHolds(const NamespaceFingerprint& ns);
 
-
-  // Runs Prefetch on the reader soon (one plan pending at most: a plan
-  // already waiting sees this change too). Request threads call this,
-  // never Prefetch: a plan scans the queue.
+  // Runs Prefetch on the reader soon (one plan pending at most): request
+  // threads call this, never Prefetch (a plan scans the queue).
   void SchedulePrefetch();
   // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // demoter's, the above mover's, the promoter's and the layer streamer's
-  // into the engine (engine_hooks.cc).
+  // other parts' into the engine (engine_hooks.cc).
   Prefetcher::Stack PrefetchStack();
   Demoter::Hooks DemoterHooks();
   AboveMover::Hooks AboveHooks();
@@ -487,28 +446,21 @@ class Engine {
 
   HostTier& host_;
   const Clock& clock_;
-  // The tiers below the host, highest first.
-  std::vector<std::unique_ptr<TierLevel>> below_;
+  std::vector<std::unique_ptr<TierLevel>> below_;  // the tiers below the host, highest first
   bool probing_ = false;  // some tier of below_ has a prober (BlockTier::prober), set at Create
   std::once_flag host_copy_measured_;
   double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
-  // Registered namespaces, their layouts and users (namespace_registry.h).
-  NamespaceRegistry namespaces_;
-  // The tiers of the stack, top first, for enumeration (above, host, below).
-  std::vector<const BlockTier*> StackTop() const;
+  NamespaceRegistry namespaces_;  // layouts and users of namespaces (namespace_registry.h)
   Mutex io_mu_;
   CondVar io_idle_;
-  int64_t io_in_flight_ GUARDED_BY(io_mu_) = 0;  // promotions and demotions
+  int64_t io_in_flight_ GUARDED_BY(io_mu_) = 0;  // promotions, demotions, waiting retries
   std::vector<std::unique_ptr<BlockIndex>> shards_;
-  // Queue hints (request_queue.h), handed to the shards' policies.
-  RequestQueue queue_;
-  // Prefetch of queued requests' prefixes (prefetcher.h); made by Create.
-  std::unique_ptr<Prefetcher> prefetcher_;
-  // Room in the arena and where victims go (evictor.h); made by Create.
-  std::unique_ptr<Evictor> evictor_;
+  RequestQueue queue_;  // queue hints, handed to the shards' policies (request_queue.h)
+  std::unique_ptr<Prefetcher> prefetcher_;  // made by Create (prefetcher.h)
+  std::unique_ptr<Evictor> evictor_;  // room in the arena, where victims go; made by Create (evictor.h)
   const bool verify_commits_;  // EngineOptions::verify_commits
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
@@ -519,38 +471,29 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
-  // Each connection's open loads (load_table.h).
-  LoadTable loads_{kMaxLoadsPerConnection};
-  // Operator holds (engine_holds.cc, hold_table.h).
-  HoldTable holds_;
-
-  // Monotonic event counters (engine_counters.h).
-  mutable EngineCounters counters_;
+  LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
+  HoldTable holds_;  // operator holds (hold_table.h)
+  mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
   // reads, copies up), each at its time on clock_ (retry_scheduler.h).
   // Each waiting retry counts as I/O in flight; ~Engine stops it (running
   // those still waiting at once) before it waits for idle.
   std::unique_ptr<RetryScheduler> retries_;
-  // Promotions and layer reads into the arena, and the transient pool of
-  // layer reads (promoter.h); no thread of its own.
+  // Reads up into the arena, whole or layer by layer (promoter.h,
+  // layer_streamer.h); no threads of their own.
   std::unique_ptr<Promoter> promoter_;
-  // Layer-wise loads' reads of the blocks they promote, layer by layer
-  // (layer_streamer.h); no thread of its own.
   std::unique_ptr<LayerStreamer> streamer_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
-  // waited for their jobs (each counts as I/O in flight). The demoter
-  // (demoter.h) writes blocks down the stack, holding those a busy tier
-  // could not take at once; the reader runs prefetch plans. Request
+  // waited for their jobs (each counts as I/O in flight): the demoter's
+  // (demoter.h), the reader (prefetch plans), the host tier face's
+  // completions (host_block_tier.h; joined before the face goes) and the
+  // tier above's (above_mover.h; null without one, first to go). Request
   // threads only queue work for them.
   std::unique_ptr<Demoter> demoter_;
   std::unique_ptr<Mover> reader_;
-  // The host tier's BlockTier face (host_block_tier.h) and the mover its
-  // completions run on (destroyed, so joined, before the face).
   std::unique_ptr<HostBlockTier> host_block_tier_;
   std::unique_ptr<Mover> host_io_;
-  // The tier above the host and its mover (above_mover.h); null without
-  // one. First to go (its mover joined before the rest is destroyed).
   std::unique_ptr<AboveMover> above_;
 };
 
