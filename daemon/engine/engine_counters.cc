@@ -123,6 +123,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.demotions_queued", load(counters_.demotions_queued));
   v.Visit("engine.demotion_busy_drops", load(counters_.demotion_busy_drops));
   v.Visit("engine.promotion_retries", load(counters_.promotion_retries));
+  v.Visit("engine.promotions_followed_down", load(counters_.promotions_followed_down));
   v.Visit("engine.prefetch_plans_busy", load(counters_.prefetch_plans_busy));
   // Layer-wise loads: started, their blocks, those streamed from below
   // layer by layer, the layer reads, blocks that failed, busy retries.

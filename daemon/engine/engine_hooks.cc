@@ -34,6 +34,7 @@ Promoter::Hooks Engine::PromoterHooks() {
   hooks.io_finished = [this] { IoFinished(); };
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
   hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                      bool with_layers) { return PinLocked(shard, connection, key, now_us, with_layers); };
   hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {

@@ -96,21 +96,22 @@ void Promoter::Promote(const BlockKey& key, const Located& from, uint64_t deadli
   Status started =
       from.info.layer_count > 1 && below.tier->keeps_layer_checksums()
           ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                                               [this, &below, key, extent = *extent, checksum](
+                                               [this, &below, key, from, deadline_us, extent = *extent, checksum](
                                                    Result<BlockTier::LayerRead> r) {
                                                  below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
-                                                 if (!r.ok()) return FinishPromotion(key, r.status(), extent, checksum);
+                                                 if (!r.ok()) return EndRead(key, from, deadline_us, r.status(), extent);
                                                  FinishPromotion(key, Status::Ok(), extent, checksum,
                                                                  std::move(r->layer_checksums));
                                                })
           : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                             [this, &below, key, extent = *extent, checksum](Result<size_t> r) {
+                             [this, &below, key, from, deadline_us, extent = *extent](Result<size_t> r) {
                                below.read_meter.Ended(r.ok() ? *r : 0, clock_.NowUs());
-                               FinishPromotion(key, r.status(), extent, checksum);
+                               EndRead(key, from, deadline_us, r.status(), extent);
                              });
   if (started.ok()) return;
   below.read_meter.Ended(0, clock_.NowUs());
   host_.Free(*extent);
+  if (started.code() == StatusCode::kNotFound && FollowDown(key, from, deadline_us)) return hooks_.io_finished();
   // Out of read staging for now: not a miss. It is tried again a moment
   // later (the pins keep waiting), until the deadline; a full retry queue
   // fails it now.
@@ -125,6 +126,31 @@ void Promoter::Promote(const BlockKey& key, const Located& from, uint64_t deadli
     hooks_.io_finished();
   }
   FinishPromotion(key, started, {}, checksum);
+}
+
+void Promoter::EndRead(const BlockKey& key, const Located& from, uint64_t deadline_us, Status status,
+                       HostTier::Extent extent) {
+  if (status.code() == StatusCode::kNotFound) {
+    host_.Free(extent);
+    if (FollowDown(key, from, deadline_us)) return hooks_.io_finished();  // this attempt's
+    return FinishPromotion(key, std::move(status), {}, from.info.payload_checksum);
+  }
+  FinishPromotion(key, std::move(status), extent, from.info.payload_checksum);
+}
+
+bool Promoter::FollowDown(const BlockKey& key, const Located& from, uint64_t deadline_us) {
+  std::optional<Located> again = hooks_.find_below(key, from.info.ns);
+  // Only further down (so a block moves at most the stack's depth), and
+  // never from the tier above, whose evictions go to the host tier.
+  if (!again || again->level <= from.level) return false;
+  Bump(counters_.promotions_followed_down);
+  hooks_.io_started();  // the job's, which it ends
+  const bool queued = retries_.RunAfter(0, [this, key, again = *again, deadline_us] {
+    Promote(key, again, deadline_us);
+    hooks_.io_finished();
+  });
+  if (!queued) hooks_.io_finished();
+  return queued;
 }
 
 std::vector<uint64_t> Promoter::FittingLayerChecksums(const BlockKey& key, std::vector<uint64_t> layer_checksums) {

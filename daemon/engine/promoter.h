@@ -10,7 +10,12 @@
 // The tier reading a block verifies it (BlockTier::Read's contract): a
 // read that does not verify (Corruption), or fails otherwise, is a miss
 // for the waiters (NotFound, saying why); NoSpace (no arena room) and
-// Busy are not misses and pass as they are. A tier out of read staging
+// Busy are not misses and pass as they are. A read the tier answers
+// NotFound (it no longer holds the block: its reclaim handed the block to
+// the tier under it between the pin's find and the read) is followed
+// down: when a lower tier holds the block now, the promotion reads it
+// from there instead (engine.promotions_followed_down), on the retry
+// scheduler, never on the tier's completion thread. A tier out of read staging
 // (a Busy start) is tried again kPromotionRetryPauseUs later on the
 // retry scheduler, on the injected clock, until kPromotionBusyWaitUs from
 // the first try (engine.promotion_retries each); then, or when the retry
@@ -32,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/clock.h"
@@ -61,6 +67,9 @@ class Promoter {
     // The record of the level a Located names (a tier below, or the tier
     // above the host); it outlives the Promoter.
     std::function<TierLevel&(size_t level)> source;
+    // The highest tier below the host holding `key` under `ns`, now
+    // (Engine::FindBelow); called with no lock held.
+    std::function<std::optional<Located>(const BlockKey& key, const NamespaceFingerprint& ns)> find_below;
     // Pins the committed block `key` of `shard` for `connection` (every
     // layer's checksum when `with_layers`), as any pin of a host block;
     // called with the shard's lock held (Engine::PinLocked).
@@ -126,6 +135,14 @@ class Promoter {
   // The layer checksums of a promotion of `key` to record: kept when they
   // are one per layer of its namespace's layout, else none.
   std::vector<uint64_t> FittingLayerChecksums(const BlockKey& key, std::vector<uint64_t> layer_checksums);
+  // A whole-block read from `from` ended with a failure `status` (its
+  // arena space `extent`): a NotFound is followed down, anything else (or
+  // a block no lower tier holds) ends the promotion.
+  void EndRead(const BlockKey& key, const Located& from, uint64_t deadline_us, Status status,
+               HostTier::Extent extent);
+  // Starts a promotion of `key` from a tier under `from` that holds it
+  // now; false when none does (or the retry queue is full).
+  bool FollowDown(const BlockKey& key, const Located& from, uint64_t deadline_us);
 
   const std::vector<std::unique_ptr<BlockIndex>>& shards_;
   HostTier& host_;

@@ -84,6 +84,7 @@ class PromoterTest : public ::testing::Test {
       shards_.push_back(std::make_unique<BlockIndex>(s, 1, MakeEvictionPolicy("lru"), *host_));
     }
     level_.tier = &below_;
+    lower_level_.tier = &lower_map_;
   }
   void TearDown() override {
     retries_.Stop();
@@ -96,8 +97,15 @@ class PromoterTest : public ::testing::Test {
     hooks.io_finished = [this] { ++io_finished_; };
     hooks.allocate = [this](uint64_t bytes) { return host_->Allocate(bytes); };
     hooks.source = [this](size_t level) -> TierLevel& {
-      EXPECT_EQ(level, 0u);
-      return level_;
+      EXPECT_LE(level, 1u);
+      return level == 0 ? level_ : lower_level_;
+    };
+    hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) -> std::optional<Located> {
+      for (size_t level = 0; level < 2; ++level) {
+        std::optional<BlockTier::BlockInfo> info = (level == 0 ? level_ : lower_level_).tier->Find(key);
+        if (info && info->ns == ns) return Located{level, *info};
+      }
+      return std::nullopt;
     };
     hooks.pin = [](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                    bool with_layers) {
@@ -172,6 +180,8 @@ class PromoterTest : public ::testing::Test {
   MapTier map_;
   ScriptedTier below_{map_};
   TierLevel level_;
+  MapTier lower_map_;  // the tier under it (level 1)
+  TierLevel lower_level_;
   RetryScheduler retries_{"test.retries", clock_, 64};
   std::atomic<int> io_started_{0}, io_finished_{0}, prefetch_reads_ended_{0};
   std::atomic<BlockHandle> next_handle_{1};
@@ -358,6 +368,34 @@ TEST_F(PromoterTest, AFailedLayerReadGivesBackItsPoolShareAndSpace) {
   EXPECT_EQ(host_->used_bytes(), 0u);
   EXPECT_EQ(counters_.pin_misses.load(), 1);
   EXPECT_EQ(counters_.layer_reads.load(), 0);
+  WaitIdle();
+}
+
+// The tier a pin found a block in handed it to the tier under it before
+// the read (its reclaim): the promotion follows it down and reads it from
+// there; a block no lower tier holds is a miss.
+TEST_F(PromoterTest, ABlockHandedDownBeforeTheReadIsReadFromTheTierUnderIt) {
+  Promoter& promoter = Make();
+  const Located from = Store(7);
+  const std::vector<std::byte> bytes = BlockBytes(7);
+  ASSERT_TRUE(lower_map_.Write(kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
+  ASSERT_TRUE(map_.Erase(Key(7)).ok());  // handed down between the find and the read
+  std::promise<PinGrant> landed;
+  std::future<PinGrant> grant = Claim(Key(7), landed);
+  promoter.Promote(Key(7), from);
+  const PinGrant g = grant.get();
+  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  EXPECT_EQ(Arena(g.offset, g.length), bytes);
+  EXPECT_EQ(counters_.promotions_followed_down.load(), 1);
+  EXPECT_EQ(counters_.promotions.load(), 1);
+
+  const Located gone = Store(8);
+  ASSERT_TRUE(map_.Erase(Key(8)).ok());  // and no tier under it has it
+  std::promise<PinGrant> missed;
+  std::future<PinGrant> miss = Claim(Key(8), missed);
+  promoter.Promote(Key(8), gone);
+  EXPECT_EQ(miss.get().status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(counters_.promotions_followed_down.load(), 1) << "nothing under it to follow";
   WaitIdle();
 }
 
