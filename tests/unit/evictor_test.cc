@@ -12,6 +12,7 @@
 
 #include "daemon/engine/block_index.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/index_shards.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"
 
@@ -38,9 +39,7 @@ class EvictorTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(kBlocks * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    for (size_t s = 0; s < kShards; ++s) {
-      shards_.push_back(std::make_unique<BlockIndex>(s, 1, MakeEvictionPolicy("lru"), *host_));
-    }
+    shards_ = ::kvtier::testing::MakeShards(*host_, kShards);
   }
 
   // Adds a tier below (after those added before) admitting by `admission`.

@@ -23,6 +23,7 @@
 #include "daemon/engine/block_index.h"
 #include "daemon/engine/load_table.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/index_shards.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/forwarding_tier.h"
@@ -43,11 +44,7 @@ constexpr size_t kShards = 2;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x57e, i}; }
 
-std::vector<std::byte> BlockBytes(uint64_t i) {
-  std::vector<std::byte> bytes(kBlockBytes);
-  for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = std::byte(static_cast<uint8_t>(i * 13 + b / kLayerBytes * 5 + b));
-  return bytes;
-}
+std::vector<std::byte> BlockBytes(uint64_t i) { return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes); }
 
 // The tier below: records each read started (key, first layer) in order,
 // fails every read of a key in `failing` (IoError, on its thread), and
@@ -90,22 +87,14 @@ class LayerStreamerTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(kArenaBlocks * kBlockBytes + (64 << 10));
     ASSERT_NE(host_, nullptr);
-    for (size_t s = 0; s < kShards; ++s) {
-      shards_.push_back(std::make_unique<BlockIndex>(s, 1, MakeEvictionPolicy("lru"), *host_));
-    }
+    shards_ = ::kvtier::testing::MakeShards(*host_, kShards);
     level_.tier = &below_;
     Promoter::Hooks hooks;
     hooks.io_started = [this] { ++io_started_; };
     hooks.io_finished = [this] { ++io_finished_; };
     hooks.allocate = [this](uint64_t bytes) { return host_->Allocate(bytes); };
     hooks.source = [this](size_t) -> TierLevel& { return level_; };
-    hooks.pin = [](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us, bool) {
-      shard.mu.AssertHeld();
-      BlockEntry& entry = shard.index.at(key);
-      bool prefetched = false;
-      const LeaseId lease = shard.Pin(key, entry, connection, now_us, &prefetched);
-      return PinGrant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum, 0, 0, {}};
-    };
+    hooks.pin = ::kvtier::testing::PinCommitted;
     hooks.layer_count = [](const NamespaceFingerprint&, uint64_t size) { return size == kBlockBytes ? kLayers : 1u; };
     hooks.next_handle = [this] { return next_handle_++; };
     hooks.prefetch_read_ended = [](bool) {};

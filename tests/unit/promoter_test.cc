@@ -20,6 +20,7 @@
 #include "common/checksum.h"
 #include "daemon/engine/block_index.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/index_shards.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"
 #include "tiers/forwarding_tier.h"
@@ -40,12 +41,7 @@ constexpr size_t kShards = 2;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x960, i}; }
 
-// Bytes that say which block and layer they are.
-std::vector<std::byte> BlockBytes(uint64_t i) {
-  std::vector<std::byte> bytes(kBlockBytes);
-  for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = std::byte(static_cast<uint8_t>(i * 31 + b / kLayerBytes * 7 + b));
-  return bytes;
-}
+std::vector<std::byte> BlockBytes(uint64_t i) { return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes); }
 
 // The tier below as the test scripts it: Busy to every read while `busy`,
 // Corruption for every read that completes while `rot` (as a tier whose
@@ -80,9 +76,7 @@ class PromoterTest : public ::testing::Test {
   void SetUp() override {
     host_ = ::kvtier::testing::OpenTestHostTier(kBlocks * kBlockBytes);
     ASSERT_NE(host_, nullptr);
-    for (size_t s = 0; s < kShards; ++s) {
-      shards_.push_back(std::make_unique<BlockIndex>(s, 1, MakeEvictionPolicy("lru"), *host_));
-    }
+    shards_ = ::kvtier::testing::MakeShards(*host_, kShards);
     level_.tier = &below_;
     lower_level_.tier = &lower_map_;
   }
@@ -107,16 +101,7 @@ class PromoterTest : public ::testing::Test {
       }
       return std::nullopt;
     };
-    hooks.pin = [](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                   bool with_layers) {
-      shard.mu.AssertHeld();
-      BlockEntry& entry = shard.index.at(key);
-      bool prefetched = false;
-      const LeaseId lease = shard.Pin(key, entry, connection, now_us, &prefetched);
-      PinGrant grant{Status::Ok(), entry.extent.offset, entry.size, lease, entry.checksum, 0, 0, {}};
-      if (with_layers) grant.layer_checksums = entry.layer_checksums;
-      return grant;
-    };
+    hooks.pin = ::kvtier::testing::PinCommitted;
     hooks.layer_count = [](const NamespaceFingerprint& ns, uint64_t size) {
       EXPECT_EQ(ns, kNs);
       return size == kBlockBytes ? kLayers : 1u;
