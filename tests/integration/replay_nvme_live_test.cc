@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "policy/policy_registry.h"
+#include "tests/testing/map_tier.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_sim.h"
@@ -79,17 +80,40 @@ ReplayOptions SimOptions(const std::string& nvme_eviction, double reinsert_share
 struct Admission {
   std::string name = "all";
   std::optional<DwpdOptions> dwpd;
+  // With a remote tier below the NVMe tier (the daemon's: a MapTier that
+  // Lookup reports as remote), taking what this admission admits: the NVMe
+  // admission's refusals and the NVMe log's evictions go there. It never
+  // fills (the sim's never evicts either): the store's own eviction is
+  // Redis's, which no sim models.
+  std::optional<std::string> remote;
 };
+
+constexpr uint64_t kRemoteBytes = uint64_t{1} << 30;
+
+// The blocks `tier`'s admission refused, of every class.
+int64_t Refusals(TestDaemon& daemon, const std::string& tier) {
+  int64_t refused = 0;
+  const std::string family = "admission.refusals{tier=\"" + tier + "\"";
+  for (const auto& [name, value] : testing::EngineCounters(daemon.engine())) {
+    if (name.starts_with(family)) refused += value;
+  }
+  return refused;
+}
 
 ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::string& host_policy,
                              const Admission& admission = {}) {
   const std::string nvme_eviction(ReclaimOrderName(order));
-  SCOPED_TRACE("nvme " + nvme_eviction + ", host " + host_policy + ", admission " + admission.name);
+  SCOPED_TRACE("nvme " + nvme_eviction + ", host " + host_policy + ", admission " + admission.name +
+               (admission.remote ? ", remote " + *admission.remote : std::string()));
   const double share = 0.5;
   ReplayOptions sim_options = SimOptions(nvme_eviction, share);
   sim_options.policy = host_policy;
   sim_options.admission = admission.name;
   if (admission.dwpd) sim_options.dwpd = *admission.dwpd;
+  if (admission.remote) {
+    sim_options.remote = Capacity{Capacity::Unit::kTokens, kRemoteBytes / kBytesPerToken, false};
+    sim_options.remote_admission = *admission.remote;
+  }
   auto sim = Replay(trace, sim_options);
   EXPECT_TRUE(sim.ok()) << sim.status().ToString();
   if (!sim.ok()) return {};
@@ -109,6 +133,11 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   options.nvme_reinsert_share = share;
   options.nvme_admission = *ParseAdmissionPolicy(admission.name, kAdmissionForNvme);
   options.nvme_dwpd = admission.dwpd;
+  testing::MapTier remote(kRemoteBytes, "remote");
+  if (admission.remote) {
+    options.remote = &remote;
+    options.remote_admission = *ParseAdmissionPolicy(*admission.remote, kAdmissionForRemote);
+  }
   TestDaemon daemon(options);
   LiveOptions live_options;
   live_options.socket_path = daemon.socket_path();
@@ -126,10 +155,17 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
   EXPECT_EQ(live->hit_blocks, sim->hit_blocks);
   EXPECT_EQ(live->tier_hits[kHostTier], sim->tiers[kHostTier].hits);
   EXPECT_EQ(live->tier_hits[kNvmeTier], sim->tiers[kNvmeTier].hits);
+  EXPECT_EQ(live->tier_hits[kRemoteTier], sim->tiers[kRemoteTier].hits);
   EXPECT_EQ(EngineCounter(daemon, "nvme.reinserted"), static_cast<int64_t>(sim->nvme_reinserted));
-  // The same victims refused: the NVMe admission decided as the sim's did
-  // (no tier under it, so each refusal is a drop).
-  EXPECT_EQ(EngineCounter(daemon, "engine.admission_drops"), static_cast<int64_t>(sim->admission_refused));
+  if (!admission.remote) {
+    // The same victims refused: the NVMe admission decided as the sim's did
+    // (no tier under it, so each refusal is a drop).
+    EXPECT_EQ(EngineCounter(daemon, "engine.admission_drops"), static_cast<int64_t>(sim->admission_refused));
+  } else {
+    // Each tier's admission refused what the sim's did.
+    EXPECT_EQ(Refusals(daemon, "nvme"), static_cast<int64_t>(sim->admission_refused));
+    EXPECT_EQ(Refusals(daemon, "remote"), static_cast<int64_t>(sim->remote_admission_refused));
+  }
   // The trace exercises what it should: both tiers hit and the log wraps.
   EXPECT_GT(sim->tiers[kHostTier].hits, 0u);
   EXPECT_GT(sim->tiers[kNvmeTier].hits, 0u);
@@ -172,6 +208,23 @@ TEST(ReplayNvmeLiveTest, SimAndLiveAdmitTheSameVictims) {
   for (const std::string host_policy : {"lru", "queue_aware"}) {
     const ReplayResult dwpd = SimAndLiveAgree(trace, ReclaimOrder::kLru, host_policy, Admission{"dwpd", budget});
     EXPECT_GT(dwpd.admission_refused, second_hit.admission_refused) << "the budget refuses more than second_hit";
+  }
+}
+
+// With a remote tier under the NVMe tier, the same hits in each of the
+// three: the remote tier gets what the NVMe admission refuses and what the
+// NVMe log evicts (ChooseDemotionTarget and the NVMe tier's eviction sink
+// on the daemon's side), through its own admission, and a remote hit is
+// promoted into the host tier as an NVMe hit is.
+TEST(ReplayNvmeLiveTest, SimAndLiveAgreeWithARemoteTierBelow) {
+  const Trace trace = MixedTrace();
+  for (const std::string nvme_admission : {"all", "second_hit"}) {
+    for (const std::string remote_admission : {"all", "second_hit"}) {
+      const ReplayResult r =
+          SimAndLiveAgree(trace, ReclaimOrder::kLru, "lru", Admission{nvme_admission, {}, remote_admission});
+      EXPECT_GT(r.tiers[kRemoteTier].hits, 0u) << "the remote tier serves hits";
+      if (remote_admission == "second_hit") EXPECT_GT(r.remote_admission_refused, 0u);
+    }
   }
 }
 

@@ -134,6 +134,13 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
   engine_options.dwpd = dwpd;
   std::vector<LowerTier> below;
   if (nvme_ != nullptr) below.push_back(LowerTier{nvme_.get(), options.nvme_admission, dwpd, 0, Tier::kNvme});
+  if (options.remote != nullptr) {
+    LowerTier remote;
+    remote.tier = options.remote;
+    remote.admission = options.remote_admission;
+    remote.reported = Tier::kRemote;
+    below.push_back(remote);
+  }
   auto engine = Engine::Create(engine_options, *host_, clock_, std::move(below), options.above);
   if (!engine.ok()) {
     ADD_FAILURE() << "Engine::Create: " << engine.status().ToString();

@@ -64,6 +64,12 @@ struct TestDaemonOptions {
   // A tier stacked above the host (the HBM tier's place; a MapTier in
   // tests without a GPU), borrowed: it must outlive the TestDaemon.
   BlockTier* above = nullptr;
+  // A tier stacked below the NVMe tier (or the host, without one) that
+  // Lookup reports as remote, with this admission (a MapTier in tests of
+  // the engine's glue with a remote tier), borrowed: it must outlive the
+  // TestDaemon.
+  BlockTier* remote = nullptr;
+  AdmissionPolicyId remote_admission = AdmissionPolicyId::kAll;
   // The daemon's clock (the engine's and the NVMe tier's), borrowed: it
   // must outlive the TestDaemon. Null: the system clock. A FakeClock here
   // holds every retry and retry interval until the test moves it.

@@ -18,6 +18,7 @@ constexpr uint64_t kRecord = 8192;
 
 struct LogEvents {
   std::vector<uint32_t> dropped, offered;
+  std::vector<uint64_t> offered_hits;  // each offered block's reads since written
   std::vector<uint32_t> needed;
 };
 
@@ -30,7 +31,10 @@ std::unique_ptr<SimLog> MakeLog(ReclaimOrder order, double share, bool has_below
   o.reinsert_share = share;
   SimLog::Hooks hooks;
   hooks.dropped = [&events](uint32_t id) { events.dropped.push_back(id); };
-  hooks.offered = [&events](uint32_t id) { events.offered.push_back(id); };
+  hooks.offered = [&events](uint32_t id, uint64_t hits) {
+    events.offered.push_back(id);
+    events.offered_hits.push_back(hits);
+  };
   hooks.needed = [&events](uint32_t id) {
     return std::find(events.needed.begin(), events.needed.end(), id) != events.needed.end();
   };
@@ -79,6 +83,8 @@ TEST(SimLogTest, ReclaimTakesTheOldestRegionAndLruCopiesItsReadBlocksForward) {
     ASSERT_TRUE(Write(*log, 5));
     const std::vector<uint32_t> first_offers = lru ? std::vector<uint32_t>{2} : std::vector<uint32_t>{1, 2};
     EXPECT_EQ(events.offered, first_offers) << "log order";
+    // What the tier below's admission weighs: 1 was read once here.
+    EXPECT_EQ(events.offered_hits, (lru ? std::vector<uint64_t>{0} : std::vector<uint64_t>{1, 0}));
     EXPECT_EQ(log->reinserted(), lru ? 1u : 0u);
     EXPECT_EQ(log->reinserted_bytes(), lru ? kRecord : 0u);
     EXPECT_TRUE(events.dropped.empty()) << "offered blocks stay readable until their region goes";

@@ -119,7 +119,6 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
   }
   for (const auto& [key, entry] : turn.evict) {
     const uint64_t bytes = RecordBytes(entry.payload_bytes, device_->alignment_bytes());
-    uint64_t hits = 0;
     {
       MutexLock lock(mu_);
       auto it = entries_.find(key);
@@ -129,8 +128,13 @@ void NvmeTier::ReinsertAndEvict(Turn turn, EvictionSink sink) {
         if (regions_.Generation(entry.region) != entry.region_generation) ++counters_.evictions_missed;
         continue;
       }
-      hits = it->second.hits;
     }
+    // The reads it had when the turn was taken (`entry`, as the reclaim
+    // order weighed them), not those that ended since: the tier below's
+    // admission sees what decided the block's going, whichever of this job
+    // and a read racing it runs first (a read that lands meanwhile is a
+    // promotion: the block is in the host tier then).
+    const uint64_t hits = entry.hits;
     auto staging = staging_->Allocate(bytes);
     Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
     if (s.ok()) {

@@ -115,7 +115,7 @@ void SimLog::MaybeTakeTurn(uint64_t now_us) {
     if (!copied && hooks_.has_below) offer.push_back(id);  // it leaves after all: offered below
   }
   for (uint32_t id : offer) {
-    if (current(id) && hooks_.offered) hooks_.offered(id);
+    if (current(id) && hooks_.offered) hooks_.offered(id, entries_.at(id).hits);
   }
   in_turn_ = false;
   regions_.HoldReclaim(std::nullopt);

@@ -46,12 +46,13 @@ struct SimLogOptions {
 class SimLog {
  public:
   // What the log tells the replay. `dropped`: the block left (its region
-  // was reclaimed). `offered`: a turn evicts it; with `has_below`, it is
-  // offered to the tier below (and stays here until its region goes).
+  // was reclaimed). `offered`: a turn evicts it, read `hits` times since
+  // written here; with `has_below`, it is offered to the tier below (and
+  // stays here until its region goes).
   // `needed`: whether a queued request names it (queue_aware order).
   struct Hooks {
     std::function<void(uint32_t id)> dropped;
-    std::function<void(uint32_t id)> offered;
+    std::function<void(uint32_t id, uint64_t hits)> offered;
     std::function<bool(uint32_t id)> needed;
     bool has_below = false;
   };

@@ -45,15 +45,15 @@ bool Simulator::MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now) {
 // The daemon's classes (policy/admission_policy.h's ClassifyBlock, as
 // daemon/engine/tier_admission.h runs it), from what `n` knows: the times it
 // found the block again, and whether it closed the block's conversation.
-AdmissionClass Simulator::ClassOf(const SimNode& n, uint32_t id) const {
+AdmissionClass Simulator::ClassOf(const SimNode& n, uint32_t id, uint64_t uses) const {
   const uint64_t session = blocks_[id].session;
   const ConversationState conversation = session == 0                  ? ConversationState::kUnknown
                                          : n.closed.count(session) > 0 ? ConversationState::kClosed
                                                                        : ConversationState::kOpen;
-  return ClassifyBlock(n.blocks[id].uses, conversation);
+  return ClassifyBlock(uses, conversation);
 }
 
-bool Simulator::NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now) {
+bool Simulator::NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now, uint64_t uses) {
   // TierAdmission: the device's bytes written and what copies forward
   // wrote are reported first; the candidate costs its record bytes.
   const SimBlock& b = blocks_[id];
@@ -63,32 +63,33 @@ bool Simulator::NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now) {
   if (forced) return n.admission->Force(bytes, now);
   AdmissionCandidate c;
   c.bytes = bytes;
-  c.cls = ClassOf(n, id);
+  c.cls = ClassOf(n, id, uses);
   c.parent_cached = b.parent == kNoParent || Anywhere(n, b.parent);
   if (n.admission->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
   ++result_.admission_refused;
   return false;
 }
 
-bool Simulator::RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now) {
+bool Simulator::RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now, uint64_t uses) {
   // TierAdmission over the remote tier: StoredBytes is the payload and the
   // value's header. The rate policy keeps no device total, so there is
-  // nothing to catch up. The class is the node's view, as for its NVMe
-  // admission (the daemon classes a block the NVMe log hands down by its
-  // NVMe hits; the replay by the node's finds, its NVMe hits among them).
+  // nothing to catch up. The class is by the uses Demote was given: the
+  // NVMe log's reads since written for a block it hands down, as the
+  // daemon's eviction sink weighs them.
   const SimBlock& b = blocks_[id];
   const uint64_t bytes = Bytes(b) + kRemoteHeaderBytes;
   if (forced) return n.remote_admission->Force(bytes, now);
   AdmissionCandidate c;
   c.bytes = bytes;
-  c.cls = ClassOf(n, id);
+  c.cls = ClassOf(n, id, uses);
   c.parent_cached = b.parent == kNoParent || Anywhere(n, b.parent);
   if (n.remote_admission->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
   ++result_.remote_admission_refused;
   return false;
 }
 
-void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed) {
+void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed, std::optional<uint64_t> uses) {
+  const uint64_t counted = uses ? *uses : n.blocks[id].uses;
   // The daemon's rule (policy/demotion_target.h) over the tiers below
   // `from`, each through its admission.
   std::array<int, kSimTiers> below{};
@@ -98,8 +99,8 @@ void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool nee
   }
   const DemotionTarget choice = ChooseDemotionTarget(
       levels, needed, [&](size_t level) { return Tier(n, below[level]).in[id] != 0; },
-      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/true, now); },
-      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/false, now); });
+      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/true, now, counted); },
+      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/false, now, counted); });
   if (choice.forced) ++result_.forced_demotions;
   if (choice.level) WriteBelow(n, below[*choice.level], id, now);
 }
@@ -231,7 +232,7 @@ SimLog::Hooks Simulator::LogHooks(SimNode& n) {
     node->nvme.in[id] = 0;
     ++result_.tiers[kNvmeTier].evictions;
   };
-  hooks.offered = [this, node](uint32_t id) { Demote(*node, kNvmeTier, id, now_us_, false); };
+  hooks.offered = [this, node](uint32_t id, uint64_t hits) { Demote(*node, kNvmeTier, id, now_us_, false, hits); };
   hooks.needed = [node](uint32_t id) { return node->queued_count.count(id) > 0; };
   hooks.has_below = options_.remote.has_value();
   return hooks;

@@ -296,15 +296,6 @@ double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids,
     ++node_result.requests;
     node_result.tokens += req.input_tokens;
   }
-  // Each block's uses as the daemon's host entry counts them
-  // (BlockEntry::hits, what its admission classes a victim by): one more
-  // for a block found in the host tier; one for a block found only below,
-  // whose promotion makes a new entry that this request's pin uses; none
-  // for a block found nowhere, which the request puts anew.
-  for (uint32_t id : ids) {
-    NodeBlock& nb = n.blocks[id];
-    nb.uses = n.host.in[id] ? nb.uses + 1 : Anywhere(n, id) ? 1 : 0;
-  }
   if (!future_.empty()) {
     // Belady: this lookup was each block's next use; the one after is
     // next, on any node (the remote tier's) and on n (n's tiers').
@@ -350,10 +341,25 @@ void Simulator::CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint6
   EvictionPolicy& host = *host_tier.policy;
   std::vector<size_t>& pinned = scratch_pinned_;
   pinned.clear();
+  //
+  // Each block's uses are counted as the daemon's host entry counts them
+  // (BlockEntry::hits, what its admission classes a victim by), when its
+  // pin lands: one more for a block in the host tier; one for a block
+  // promoted (a new entry that this pin uses); none for a block put anew,
+  // also one that the lookup found below and the room made for the blocks
+  // before it pushed out.
   for (size_t i = 0; i < ids.size(); ++i) {
     SimBlock& b = blocks_[ids[i]];
     if (b.pinned_by == request) continue;
-    if (!host_tier.in[ids[i]] && !Promote(n, ids[i], now)) continue;
+    uint64_t& uses = n.blocks[ids[i]].uses;
+    if (host_tier.in[ids[i]]) {
+      ++uses;
+    } else if (Promote(n, ids[i], now)) {
+      uses = 1;
+    } else {
+      uses = 0;
+      continue;
+    }
     host.OnPin(ids[i]);
     b.pinned_by = request;
     pinned.push_back(i);

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -141,20 +142,25 @@ class Simulator {
   uint64_t Cost(const SimTierState& t, const SimBlock& b) const;
   uint64_t Bytes(const SimBlock& b) const { return b.tokens * options_.bytes_per_token; }
   bool MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now);
-  AdmissionClass ClassOf(const SimNode& n, uint32_t id) const;
-  // `n`'s NVMe admission's answer for `id`: Force (`forced`: a queued
-  // request needs it) or Decide (a refusal is counted).
-  bool NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  // The class of `id` as admission sees it, by `uses` (the uses the tier
+  // it leaves counted) and `n`'s view of its conversation.
+  AdmissionClass ClassOf(const SimNode& n, uint32_t id, uint64_t uses) const;
+  // `n`'s NVMe admission's answer for `id`, used `uses` times: Force
+  // (`forced`: a queued request needs it) or Decide (a refusal is counted).
+  bool NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now, uint64_t uses);
   // The same for `n`'s remote admission (TierAdmission over the remote
   // tier: the candidate costs its payload and the remote value's header).
-  bool RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now);
+  bool RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now, uint64_t uses);
   // Tier `tier`'s admission (NVMe or remote) as `n` asks it.
-  bool Admits(SimNode& n, int tier, uint32_t id, bool forced, uint64_t now) {
-    return tier == kNvmeTier ? NvmeAdmits(n, id, forced, now) : RemoteAdmits(n, id, forced, now);
+  bool Admits(SimNode& n, int tier, uint32_t id, bool forced, uint64_t now, uint64_t uses) {
+    return tier == kNvmeTier ? NvmeAdmits(n, id, forced, now, uses) : RemoteAdmits(n, id, forced, now, uses);
   }
   // A victim of `n`'s tier `from`; `needed`: a queued request needs it
-  // within the lookahead.
-  void Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed);
+  // within the lookahead. `uses`: the uses the tier it leaves counted, as
+  // the daemon's admission weighs them (the NVMe log's reads since the
+  // block was written there, BlockTier::Evicted::hits); unset, `n`'s uses
+  // since the block last entered its host tier (BlockEntry::hits).
+  void Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed, std::optional<uint64_t> uses = {});
   // Writes `id` into tier `to` (`n`'s write channel, then the tier's
   // room); false when it did not land.
   bool WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now);
