@@ -1,9 +1,11 @@
 // The tier stack (tiers/tier.h, Engine over LowerTiers): a three-tier
 // stack, host -> NVMe (memory device) -> a tier defined only in the tests
-// (tests/testing/map_tier.h).
+// (tests/testing/map_tier.h), and the same with a fourth level above the
+// host (another map tier, in the HBM tier's place).
 // Blocks demote down to the third tier and come back up byte-exact, with
 // no production code written for that tier; each tier's admission decides
-// where an evicted block goes.
+// where an evicted block goes; a block loaded into GPU memory goes up to
+// the level above and back down from it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/load_board.h"
 #include "common/worker_pool.h"
 #include "daemon/engine/engine.h"
 #include "tests/testing/fake_clock.h"
@@ -42,7 +45,8 @@ class TierStackTest : public ::testing::Test {
  protected:
   // host: 8 blocks; NVMe: 4 regions of 1 MiB (about 60 records, fewer
   // once reclaim keeps a region ahead); below it the map tier.
-  void Build(AdmissionPolicyId nvme_admission) {
+  // With `above`, a map tier of 4 blocks stacked above the host.
+  void Build(AdmissionPolicyId nvme_admission, bool above = false) {
     dir_ = ::kvtier::testing::MakeTempDir();
     memory_ = std::make_unique<MemoryDevice>(4 << 20);
     host_ = ::kvtier::testing::OpenTestHostTier(8 * kBlockBytes);
@@ -54,7 +58,9 @@ class TierStackTest : public ::testing::Test {
     nvme_ = std::move(*nvme);
     std::vector<LowerTier> stack{LowerTier{nvme_.get(), nvme_admission, {}, 0, Tier::kNvme},
                                  LowerTier{&map_, AdmissionPolicyId::kAll, {}, 0, Tier::kRemote}};
-    auto engine = Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, std::move(stack));
+    if (above) above_ = std::make_unique<MapTier>(4 * kBlockBytes, "hbm");
+    auto engine =
+        Engine::Create(EngineOptions{4, EvictionPolicyId::kLru}, *host_, clock_, std::move(stack), above_.get());
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     engine_->RegisterNamespace(kNs, NamespaceLayout{kLayers, kBlockBytes});
@@ -92,12 +98,29 @@ class TierStackTest : public ::testing::Test {
 
   std::map<std::string, int64_t> Counters() { return ::kvtier::testing::EngineCounters(*engine_); }
 
+  // A load of block i into GPU memory (in place), ended once settled: the
+  // state the board gave it.
+  BoardBlockState LoadInPlace(uint64_t i) {
+    const BlockKey key = Key(i);
+    auto start = engine_->BeginLoad(1, kNs, {&key, 1}, /*in_place=*/true);
+    EXPECT_TRUE(start.ok()) << start.status().ToString();
+    if (!start.ok()) return BoardBlockState::kFailed;
+    Settle();
+    const BoardBlockState state =
+        LoadBoardReader(SlotBytes(*host_, start->board_offset, start->board_bytes).data(), 1).state(0);
+    EXPECT_TRUE(engine_->EndLoad(1, start->load).ok());
+    Settle();
+    return state;
+  }
+  Tier TierOf(uint64_t i) { return ::kvtier::testing::LookupTier(*engine_, kNs, Key(i)); }
+
   std::string dir_;
   FakeClock clock_;
   std::unique_ptr<MemoryDevice> memory_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<NvmeTier> nvme_;
   MapTier map_;
+  std::unique_ptr<MapTier> above_;  // declared before engine_: outlives it
   std::unique_ptr<Engine> engine_;
 };
 
@@ -180,6 +203,67 @@ TEST_F(TierStackTest, EraseReachesEveryTier) {
     EXPECT_FALSE(map_.Find(key).has_value());
     EXPECT_FALSE(nvme_->Find(key).has_value());
   }
+}
+
+// Four levels: a tier above the host (the HBM tier's place) is a level of
+// the same stack. A load into GPU memory of a block from any level below
+// takes it up there; Lookup names each level; a pin reads from wherever
+// the block is, byte-exact; what the level above evicts goes back down
+// (to the host tier, unless a level below holds it); Erase reaches it.
+TEST_F(TierStackTest, ALevelAboveTheHostIsOneMoreLevelOfTheSameStack) {
+  Build(AdmissionPolicyId::kAll, /*above=*/true);
+  constexpr uint64_t kBlocks = 160;
+  for (uint64_t i = 0; i < kBlocks; ++i) PutAndSettle(i);
+  ASSERT_EQ(TierOf(0), Tier::kRemote);
+  ASSERT_EQ(TierOf(1), Tier::kRemote);
+  const uint64_t in_nvme = 120;
+  ASSERT_EQ(TierOf(in_nvme), Tier::kNvme);
+  ASSERT_EQ(TierOf(kBlocks - 1), Tier::kHost);
+
+  // Up from each level below: the third, NVMe and the host tier.
+  for (uint64_t i : {uint64_t{0}, in_nvme, kBlocks - 1}) {
+    EXPECT_EQ(LoadInPlace(i), BoardBlockState::kLoaded) << i;
+    EXPECT_TRUE(above_->Find(Key(i)).has_value()) << i;
+    EXPECT_EQ(TierOf(i), Tier::kHbm) << i;
+  }
+  EXPECT_EQ(Counters()["engine.hbm_copies_up"], 3);
+  // Held there, the next load into GPU memory gets it in place.
+  EXPECT_EQ(LoadInPlace(in_nvme), BoardBlockState::kInDevice);
+
+  // The whole stack, top first, in one lookup.
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < kBlocks; ++i) keys.push_back(Key(i));
+  const LookupOutcome found = engine_->Lookup(kNs, keys);
+  ASSERT_EQ(found.prefix_blocks, kBlocks);
+  std::map<Tier, int> per_tier;
+  for (Tier t : found.tiers) ++per_tier[t];
+  EXPECT_EQ(per_tier[Tier::kHbm], 3);
+  EXPECT_GT(per_tier[Tier::kHost], 0);
+  EXPECT_GT(per_tier[Tier::kNvme], 0);
+  EXPECT_GT(per_tier[Tier::kRemote], 0);
+
+  // A block held only above is read back from there, byte-exact.
+  ASSERT_TRUE(engine_->host_tier().Erase(Key(kBlocks - 1)).ok());
+  ASSERT_EQ(TierOf(kBlocks - 1), Tier::kHbm);
+  ExpectByteExact(kBlocks - 1);
+  EXPECT_TRUE(engine_->host_tier().Find(Key(kBlocks - 1)).has_value()) << "promoted from above";
+
+  // Filling the level above (4 blocks) evicts its least recent, block 0:
+  // the third tier still holds it, so nothing is written down.
+  const int64_t demoted_before = Counters()["engine.hbm_demotions_to_host"];
+  for (uint64_t i : {uint64_t{1}, uint64_t{2}}) EXPECT_EQ(LoadInPlace(i), BoardBlockState::kLoaded) << i;
+  EXPECT_FALSE(above_->Find(Key(0)).has_value());
+  EXPECT_NE(TierOf(0), Tier::kHbm);
+  EXPECT_GE(Counters()["engine.hbm_evictions"], 1);
+  EXPECT_EQ(Counters()["engine.hbm_demotions_to_host"], demoted_before);
+  ExpectByteExact(0);
+
+  // Erase reaches the level above too.
+  ASSERT_TRUE(above_->Find(Key(in_nvme)).has_value());
+  EXPECT_EQ(engine_->Erase(kNs, std::span(&keys[in_nvme], 1)), 1u);
+  EXPECT_FALSE(above_->Find(Key(in_nvme)).has_value());
+  EXPECT_EQ(TierOf(in_nvme), Tier::kNone);
+  for (uint64_t i : {uint64_t{1}, uint64_t{2}, kBlocks - 1}) ExpectByteExact(i);
 }
 
 // A level below the host is named to clients only as its registration
