@@ -58,7 +58,7 @@ tsan-stress: deps
 	  --seconds $(STRESS_SECONDS) --clients 4
 
 # The libraries and executables built by clang with its thread-safety
-# analysis as errors (the thread-safety preset: -Wthread-safety -Werror,
+# analysis as errors (the thread-safety preset: -Wthread-safety -Wthread-safety-beta -Werror,
 # no sanitizer, tests not built): fails on a GUARDED_BY member touched
 # without its lock or a REQUIRES function called without it
 # (common/thread_annotations.h). Nothing runs.

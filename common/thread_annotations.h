@@ -7,7 +7,8 @@
 //
 // The std lock types carry no attributes in libstdc++, so annotated code
 // locks through the wrappers of common/mutex.h. The `thread-safety` preset
-// builds everything with clang and -Wthread-safety -Werror.
+// builds everything with clang and -Wthread-safety -Wthread-safety-beta
+// -Werror: the beta analysis is the one that checks ACQUIRED_BEFORE.
 #pragma once
 
 #if defined(__clang__) && !defined(SWIG)
