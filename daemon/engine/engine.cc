@@ -124,6 +124,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
                                      options.prefetch_min_blocks, host.capacity_bytes()};
   engine->prefetcher_ =
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
+  engine->pinner_ = std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_,
+                                             engine->PinnerHooks());
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());

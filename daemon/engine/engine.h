@@ -11,12 +11,12 @@
 // A facade over named parts, each with its contract in its header: the
 // index shards (block_index.h, where a block changes state), the evictor
 // (evictor.h, where a demotion is decided), the demoter (demoter.h: down
-// the stack), the promoter and layer streamer (promoter.h,
-// layer_streamer.h: up into the arena, whole or layer by layer), the
-// above mover (above_mover.h: the tier above the host), queue hints and
-// prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
-// hold_table.h). The parts reach the engine only through the hooks it
-// gives them (engine_hooks.cc).
+// the stack), the pinner (pinner.h: pins, releases, reported uses), the
+// promoter and layer streamer (promoter.h, layer_streamer.h: up into the
+// arena, whole or layer by layer), the above mover (above_mover.h: the
+// tier above the host), queue hints and prefetch (request_queue.h,
+// prefetcher.h), loads and holds (load_table.h, hold_table.h). The parts
+// reach the engine only through the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -57,6 +57,7 @@
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
+#include "daemon/engine/pinner.h"
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
@@ -80,7 +81,6 @@ namespace kvtier {
 class BlockIndex;
 struct LoadRecord;
 struct PinBatch;
-struct BlockEntry;
 class HostBlockTier;
 
 class Engine {
@@ -190,37 +190,14 @@ class Engine {
   // Drops this connection's reservations of `keys`; returns how many were.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
-  using PinDone = std::function<void(std::vector<PinGrant>)>;
-  // Pins committed blocks and hands out one lease per block, promoting
-  // blocks found only below the host tier into it first. Per key: ok,
-  // NotFound (a miss, also when a promotion read fails or does not
-  // verify), NoSpace (no arena room for a promotion). A pin is a use
-  // (recency, hits). `done` runs exactly once: inline when no key needed
-  // I/O, else on a thread of the tier that completed the last read.
-  //
-  // With a layer span (not whole), each grant covers only those layers: a
-  // host block's bytes in place; for a block found only below, only those
-  // layers are read, into transient arena space owned by the lease (freed at
-  // Release; the block is not promoted). Such grants carry the checksums of
-  // their layers (PinGrant::layer_checksums) when they are known (a block
-  // read from below: always; a host block: when its writer sent them or it
-  // was promoted), and for a host block the whole block's checksum and
-  // place. Also InvalidArgument per key when the span is not within the
-  // block's layers.
+  // Pins, releases and reported uses: the Pinner's (pinner.h, where their
+  // contracts are), forwarded.
+  using PinDone = Pinner::PinDone;
   void PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                 LayerSpan layers = {});
-  // PinAsync, waiting for the outcome.
   std::vector<PinGrant> Pin(ConnectionId connection, const NamespaceFingerprint& ns,
                             std::span<const BlockKey> keys, LayerSpan layers = {});
-
-  // Per lease: ok, NotFound (unknown or already released), PermissionDenied
-  // (held by another connection).
   std::vector<Status> Release(ConnectionId connection, std::span<const LeaseId> leases);
-
-  // Uses clients made of host blocks through the block directory (copying
-  // gets that needed no Pin), reported after the fact: each block of `keys`
-  // still committed under `ns` counts a use (recency, hits), the others
-  // (evicted or erased since) are skipped. Returns how many counted.
   size_t RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   // Lookups clients answered from the block directory: counted, also in engine.local_lookups.
   void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
@@ -377,30 +354,6 @@ class Engine {
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
 
-  // Pins (engine_pin.cc). PinLocked pins the committed entry of `key` for
-  // `connection`, with every layer's checksum when `with_layers`; the
-  // caller holds the shard lock (checked at run time: engine.h sees
-  // BlockIndex only declared). ProbeUnknown lets the tiers that probe
-  // (Prober::Probe) learn of the keys no tier knows, before a pin or load
-  // claims them (no lock held). ClaimPins settles every key it can inline
-  // (host hits, misses, bad spans) and counts those that wait for a
-  // promotion, a demotion or a layer read; one shard lock at a time.
-  // RunPins is PinAsync once its batch is made; RetryPin pins one key
-  // again once its demotion ended.
-  PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                     bool with_layers = false);
-  void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
-                      std::span<const BlockKey> keys, LayerSpan layers);
-  void RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-               LayerSpan layers);
-  void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
-                const NamespaceFingerprint& ns, LayerSpan layers);
-  // The checksums of layers [first, last) of `entry`, a block of
-  // `layer_count` layers (for one layer: its whole checksum).
-  static std::vector<uint64_t> LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
-                                                uint32_t last);
-
   // Layer-wise loads (engine_load.cc). A block of `load` resolved (pinned
   // for it, or failed): the board says so, and a pin that came after
   // EndLoad is released; `at_once`: settled in BeginLoad itself (its
@@ -443,6 +396,7 @@ class Engine {
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
+  Pinner::Hooks PinnerHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -484,6 +438,8 @@ class Engine {
   // layer_streamer.h); no threads of their own.
   std::unique_ptr<Promoter> promoter_;
   std::unique_ptr<LayerStreamer> streamer_;
+  // Pins, releases and reported uses (pinner.h); made by Create.
+  std::unique_ptr<Pinner> pinner_;
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's

@@ -2,7 +2,7 @@
 // operator keeps in the host tier for a while, whatever the eviction
 // policy says.
 //
-// A hold is an ordinary pin (Engine::ClaimPins, the path a client's Pin
+// A hold is an ordinary pin (Pinner::ClaimPins, the path a client's Pin
 // takes) under kHoldConnection, which no client connection ever gets, so a
 // held block is kPinned and never an eviction candidate, and a block found
 // only below the host tier is promoted into it first. Hold never waits:
@@ -28,7 +28,7 @@ size_t Engine::ReleaseExpiredHolds() {
   std::vector<LeaseId> leases = holds_.TakeExpired(clock_.NowUs());
   if (leases.empty()) return 0;
   // Only this file releases kHoldConnection's leases, each once.
-  for (const Status& s : Release(kHoldConnection, leases)) s.IgnoreError();
+  for (const Status& s : pinner_->Release(kHoldConnection, leases)) s.IgnoreError();
   Bump(counters_.holds_expired, static_cast<int64_t>(leases.size()));
   return leases.size();
 }
@@ -57,8 +57,8 @@ std::vector<Engine::HoldResult> Engine::Hold(const NamespaceFingerprint& ns, std
   batch->on_resolve = [this, ns, to_pin, expires_us, epoch](size_t j, const PinGrant& grant) {
     if (!HoldLanded(ns, to_pin[j], grant, expires_us, epoch).ok()) Bump(counters_.hold_failures);
   };
-  ProbeUnknown(ns, to_pin);
-  PinClaims claims = ClaimPins(batch, ns, to_pin, LayerSpan{});
+  pinner_->ProbeUnknown(ns, to_pin);
+  PinClaims claims = pinner_->ClaimPins(batch, ns, to_pin, LayerSpan{});
   // Settled inline (host hits, misses) before any read starts: nobody else
   // writes these grants.
   for (size_t j = 0; j < to_pin.size(); ++j) {
@@ -81,7 +81,7 @@ Status Engine::HoldLanded(const NamespaceFingerprint& ns, const BlockKey& key, c
   const HoldTable::Landing landing = holds_.Record(ns, key, grant.lease, grant.length, expires_us, epoch);
   if (landing == HoldTable::Landing::kRecorded) return Status::Ok();
   // Our own lease, granted just now: releasing it cannot fail.
-  for (const Status& s : Release(kHoldConnection, {&grant.lease, 1})) s.IgnoreError();
+  for (const Status& s : pinner_->Release(kHoldConnection, {&grant.lease, 1})) s.IgnoreError();
   if (landing == HoldTable::Landing::kAlreadyHeld) return Status::Ok();
   return NotFound("block " + key.ToHex() + ": its namespace was dropped while the hold was taken");
 }
@@ -98,7 +98,7 @@ std::vector<Status> Engine::Unhold(const NamespaceFingerprint& ns, std::span<con
       leases.push_back(taken[i]);
     }
   }
-  for (const Status& s : Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
+  for (const Status& s : pinner_->Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
   Bump(counters_.holds_ended, static_cast<int64_t>(leases.size()));
   return out;
 }
@@ -109,7 +109,7 @@ size_t Engine::EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey
     if (lease != 0) leases.push_back(lease);
   }
   if (leases.empty()) return 0;  // every Erase comes here: no holds, no work
-  for (const Status& s : Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
+  for (const Status& s : pinner_->Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
   Bump(counters_.holds_ended, static_cast<int64_t>(leases.size()));
   return leases.size();
 }
@@ -117,7 +117,7 @@ size_t Engine::EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey
 void Engine::EndNamespaceHolds(const NamespaceFingerprint& ns) {
   // Holds of ns still pending fail when they land.
   const std::vector<LeaseId> leases = holds_.TakeNamespace(ns);
-  for (const Status& s : Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
+  for (const Status& s : pinner_->Release(kHoldConnection, leases)) s.IgnoreError();  // ours, each once
   Bump(counters_.holds_ended, static_cast<int64_t>(leases.size()));
 }
 
