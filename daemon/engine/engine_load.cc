@@ -136,8 +136,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     }
   }
   if (!streamed.empty()) streamer_->Start(load, streamed);
-  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  if (prefetcher_->TakeUse()) SchedulePrefetch();
+  pinner_->EndClaims(batch);
   return out;
 }
 

@@ -76,6 +76,10 @@ void Pinner::RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFing
   PinClaims claims = ClaimPins(batch, ns, keys, layers);
   for (const auto& p : claims.promote) promoter_.Promote(p.key, p.from);
   for (const auto& r : claims.read_layers) promoter_.ReadLayers(batch, r.index, r.key, r.from, layers);
+  EndClaims(batch);
+}
+
+void Pinner::EndClaims(const std::shared_ptr<PinBatch>& batch) {
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
   // A prefetched block was used: the budget it held may go to the next
   // queued requests.

@@ -123,6 +123,10 @@ class Pinner {
   // batch->on_resolve, batch->waiting says which keys wait.
   PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
                       std::span<const BlockKey> keys, LayerSpan layers);
+  // Ends the claiming of `batch`, once the claimed reads started: runs its
+  // `done` unless a key still waits, and lets prefetch plan again if a
+  // prefetched block was used (Hooks::uses_noted). No lock held.
+  void EndClaims(const std::shared_ptr<PinBatch>& batch);
 
   // The checksums of layers [first, last) of `entry`, a block of
   // `layer_count` layers (for one layer: its whole checksum); empty when

@@ -1,7 +1,7 @@
 // Tests of the Pinner, which hands out and ends leases, driven without an
 // Engine: real index shards over a real arena, a real Promoter reading
-// from a MapTier below behind a gate (reads held until the test opens
-// it). A host hit is pinned at once and released; a miss is NotFound and
+// from a MapTier below behind a gate (reads held until the test opens it;
+// tests/testing/pin_parts.h). A host hit is pinned at once and released; a miss is NotFound and
 // probed; a key whose demotion is being written waits and is pinned when
 // it ends; a promotion is claimed once while a second pin waits on it; a
 // layer span outside the block is InvalidArgument; RecordUses counts only
@@ -10,189 +10,28 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <functional>
 #include <future>
-#include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
 #include "daemon/engine/block_index.h"
-#include "tests/testing/fake_clock.h"
-#include "tests/testing/index_shards.h"
-#include "tests/testing/map_tier.h"
-#include "tests/testing/test_daemon.h"
-#include "tiers/forwarding_tier.h"
+#include "tests/testing/pin_parts.h"
 
 namespace kvtier {
 namespace {
 
-using ::kvtier::testing::FakeClock;
-using ::kvtier::testing::MapTier;
-
-constexpr uint32_t kLayers = 4;
-constexpr uint64_t kLayerBytes = 4 << 10;
-constexpr uint64_t kBlockBytes = kLayers * kLayerBytes;
-constexpr size_t kBlocks = 8;
 constexpr NamespaceFingerprint kNs{0x914, 0x7e};
 constexpr NamespaceFingerprint kOtherNs{0x914, 0x7f};
 constexpr ConnectionId kConn = 5;
 constexpr ConnectionId kOtherConn = 6;
-constexpr ConnectionId kWriter = 7;
-constexpr size_t kShards = 2;
 
-BlockKey Key(uint64_t i) { return BlockKey{0x914, i}; }
-
-std::vector<std::byte> BlockBytes(uint64_t i) {
-  return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes);
-}
-
-std::vector<uint64_t> LayerSums(const std::vector<std::byte>& bytes) {
-  std::vector<uint64_t> sums;
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    sums.push_back(BlockChecksum(std::span<const std::byte>(bytes).subspan(l * kLayerBytes, kLayerBytes)));
-  }
-  return sums;
-}
-
-// The tier below, whose reads wait while it is closed (as a slow tier's
-// do): Open starts the reads held meanwhile.
-class GatedTier final : public ForwardingTier {
- public:
-  using ForwardingTier::ForwardingTier;
-  std::atomic<int> reads{0};
-
-  void Close() {
-    std::lock_guard lock(mu_);
-    closed_ = true;
-  }
-  void Open() {
-    std::vector<std::function<void()>> held;
-    {
-      std::lock_guard lock(mu_);
-      closed_ = false;
-      held.swap(held_);
-    }
-    for (auto& start : held) start();
-  }
-  size_t held() {
-    std::lock_guard lock(mu_);
-    return held_.size();
-  }
-
-  Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
-              ReadDone done) override {
-    ++reads;
-    {
-      std::lock_guard lock(mu_);
-      if (closed_) {
-        held_.push_back([this, key, first_layer, last_layer, dst, done = std::move(done)]() mutable {
-          EXPECT_TRUE(ForwardingTier::Read(key, first_layer, last_layer, dst, std::move(done)).ok());
-        });
-        return Status::Ok();
-      }
-    }
-    return ForwardingTier::Read(key, first_layer, last_layer, dst, std::move(done));
-  }
-  // The base class's: Read, then each layer hashed.
-  Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
-                                std::span<std::byte> dst, LayerReadDone done) override {
-    return BlockTier::ReadWithLayerChecksums(key, first_layer, last_layer, dst, std::move(done));
-  }
-
- private:
-  std::mutex mu_;
-  bool closed_ = false;
-  std::vector<std::function<void()>> held_;
-};
-
-class PinnerTest : public ::testing::Test {
+class PinnerTest : public ::testing::Test, protected ::kvtier::testing::PinParts {
  protected:
-  void SetUp() override {
-    host_ = ::kvtier::testing::OpenTestHostTier(kBlocks * kBlockBytes);
-    ASSERT_NE(host_, nullptr);
-    shards_ = ::kvtier::testing::MakeShards(*host_, kShards);
-    level_.tier = &below_;
-
-    Promoter::Hooks hooks;
-    hooks.io_started = [this] { ++io_started_; };
-    hooks.io_finished = [this] { ++io_finished_; };
-    hooks.allocate = [this](uint64_t bytes) { return host_->Allocate(bytes); };
-    hooks.source = [this](size_t level) -> TierLevel& {
-      EXPECT_EQ(level, 0u);
-      return level_;
-    };
-    hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindOutside(key, ns); };
-    hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                       bool with_layers) { return pinner_->PinLocked(shard, connection, key, now_us, with_layers); };
-    hooks.layer_count = LayerCount;
-    hooks.next_handle = [this] { return next_handle_++; };
-    hooks.prefetch_read_ended = [](bool) {};
-    promoter_ = std::make_unique<Promoter>(shards_, *host_, clock_, retries_, kBlocks * kBlockBytes, counters_,
-                                           std::move(hooks));
-
-    Pinner::Hooks pins;
-    pins.find_outside = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindOutside(key, ns); };
-    pins.layer_count = LayerCount;
-    pins.probe = [this](const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-      EXPECT_EQ(ns, kNs);
-      std::lock_guard lock(mu_);
-      probed_.insert(probed_.end(), keys.begin(), keys.end());
-    };
-    pins.note_prefetch_use = [this] { ++prefetch_uses_; };
-    pins.uses_noted = [this] { ++uses_noted_; };
-    pinner_ = std::make_unique<Pinner>(shards_, clock_, *promoter_, counters_, std::move(pins));
-  }
-  void TearDown() override {
-    below_.Open();
-    retries_.Stop();
-    while (io_finished_.load() != io_started_.load()) std::this_thread::yield();
-  }
-
-  static uint32_t LayerCount(const NamespaceFingerprint&, uint64_t size) { return size == kBlockBytes ? kLayers : 1u; }
-  std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) {
-    std::optional<BlockTier::BlockInfo> info = below_.Find(key);
-    if (info && info->ns == ns) return Located{0, *info};
-    return std::nullopt;
-  }
-  BlockIndex& ShardOf(const BlockKey& key) { return *shards_[ShardIndexOf(key, kShards)]; }
-
-  // Block `i` written and committed in the host tier under `ns`, with the
-  // checksum of each layer, as a Reserve and a Commit leave it.
-  void Commit(uint64_t i, const NamespaceFingerprint& ns = kNs) {
-    const std::vector<std::byte> bytes = BlockBytes(i);
-    BlockIndex& shard = ShardOf(Key(i));
-    MutexLock lock(shard.mu);
-    ASSERT_TRUE(shard.Reserve(Key(i), ns, kBlockBytes, kWriter).ok());
-    auto it = shard.index.find(Key(i));
-    Result<HostTier::Extent> extent = host_->Allocate(kBlockBytes);
-    ASSERT_TRUE(extent.ok());
-    it->second.extent = *extent;
-    it->second.allocated = true;
-    std::copy(bytes.begin(), bytes.end(), host_->Bytes(*extent).begin());
-    shard.CommitReserved(it, kWriter, BlockChecksum(bytes), LayerSums(bytes), next_handle_++, clock_.NowUs());
-  }
-  // Block `i` stored in the tier below.
-  void Store(uint64_t i) {
-    const std::vector<std::byte> bytes = BlockBytes(i);
-    ASSERT_TRUE(map_.Write(kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
-  }
-  std::optional<BlockEntry> Entry(const BlockKey& key) {
-    BlockIndex& shard = ShardOf(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it == shard.index.end()) return std::nullopt;
-    return it->second;
-  }
-  std::vector<std::byte> Arena(uint64_t offset, uint64_t length) {
-    std::span<std::byte> bytes = ::kvtier::testing::SlotBytes(*host_, offset, length);
-    return std::vector<std::byte>(bytes.begin(), bytes.end());
-  }
+  void Commit(uint64_t i, const NamespaceFingerprint& ns = kNs) { PinParts::Commit(i, ns); }
+  void Store(uint64_t i) { PinParts::Store(i, kNs); }
   // A PinAsync of `keys` whose grants arrive in the returned future.
   std::future<std::vector<PinGrant>> PinLater(std::promise<std::vector<PinGrant>>& landed,
                                               std::vector<BlockKey> keys, LayerSpan layers = {}) {
@@ -204,21 +43,6 @@ class PinnerTest : public ::testing::Test {
     std::vector<Status> out = pinner_->Release(connection, {&lease, 1});
     return out.at(0);
   }
-
-  FakeClock clock_;
-  EngineCounters counters_;
-  std::unique_ptr<HostTier> host_;
-  std::vector<std::unique_ptr<BlockIndex>> shards_;
-  MapTier map_;
-  GatedTier below_{map_};
-  TierLevel level_;
-  RetryScheduler retries_{"test.retries", clock_, 64};
-  std::atomic<int> io_started_{0}, io_finished_{0}, prefetch_uses_{0}, uses_noted_{0};
-  std::atomic<BlockHandle> next_handle_{1};
-  std::mutex mu_;
-  std::vector<BlockKey> probed_;
-  std::unique_ptr<Promoter> promoter_;
-  std::unique_ptr<Pinner> pinner_;
 };
 
 TEST_F(PinnerTest, AHostHitIsPinnedAtOnceAndReleased) {
@@ -267,12 +91,7 @@ TEST_F(PinnerTest, AMissIsNotFoundAndOnlyUnknownKeysAreProbed) {
 
 TEST_F(PinnerTest, AKeyBeingDemotedWaitsAndIsPinnedWhenItsWriteEnds) {
   Commit(4);
-  BlockIndex& shard = ShardOf(Key(4));
-  {
-    MutexLock lock(shard.mu);
-    const BlockEntry victim = shard.BeginDemotion(shard.index.find(Key(4)), 0);
-    host_->Free(victim.extent);
-  }
+  BeginDemotion(4);
   std::promise<std::vector<PinGrant>> landed;
   std::future<std::vector<PinGrant>> grants = PinLater(landed, {Key(4)});
   EXPECT_EQ(grants.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout)
@@ -280,15 +99,7 @@ TEST_F(PinnerTest, AKeyBeingDemotedWaitsAndIsPinnedWhenItsWriteEnds) {
   EXPECT_EQ(counters_.pin_misses.load(), 0);
   // The write lands below, then the demotion ends and runs its waiters.
   Store(4);
-  std::vector<std::function<void()>> waiters;
-  {
-    MutexLock lock(shard.mu);
-    std::optional<BlockIndex::Demoting> ended = shard.EndDemotion(Key(4));
-    ASSERT_TRUE(ended.has_value());
-    waiters = std::move(ended->waiters);
-  }
-  ASSERT_EQ(waiters.size(), 1u);
-  for (auto& retry : waiters) retry();
+  ASSERT_EQ(EndDemotion(4), 1u);
   const std::vector<PinGrant> g = grants.get();
   ASSERT_TRUE(g[0].status.ok()) << g[0].status.ToString();
   EXPECT_EQ(Arena(g[0].offset, g[0].length), BlockBytes(4)) << "promoted from the tier it was demoted to";
