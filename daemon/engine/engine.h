@@ -15,7 +15,7 @@
 // promoter and layer streamer (promoter.h, layer_streamer.h: up into the
 // arena, whole or layer by layer), the above mover (above_mover.h: the
 // tier above the host), queue hints and prefetch (request_queue.h,
-// prefetcher.h), loads and holds (load_table.h, hold_table.h). The parts
+// prefetcher.h), loads (load_table.h), operator holds (holder.h). The parts
 // reach the engine only through the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
@@ -50,7 +50,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
-#include "daemon/engine/hold_table.h"
+#include "daemon/engine/holder.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
@@ -278,24 +278,14 @@ class Engine {
   // Frees `connection`'s reservations and leases, drops its queued requests.
   void CloseConnection(ConnectionId connection);
 
-  // Operator holds (engine_holds.cc, hold_table.h; `kvtier pin` / `unpin`):
-  // blocks kept in the host tier, one pin each under kHoldConnection, until
-  // Unhold, their TTL, DropNamespace or Erase. Expired holds are released at
-  // every Hold and Unhold and before an allocation evicts anything, so one
-  // never keeps a block from eviction (until then it stays pinned but is no
-  // longer in engine.holds). In memory only: a restart forgets them.
+  // Operator holds (`kvtier pin` / `unpin`): the Holder's (holder.h, where
+  // their contracts are), forwarded. Blocks kept in the host tier, one pin
+  // each under kHoldConnection, until Unhold, their TTL, DropNamespace or
+  // Erase. In memory only: a restart forgets them.
   using HoldResult = EngineHoldResult;
-  static constexpr uint64_t kMaxHoldTtlUs = 30ull * 24 * 3600 * 1'000'000;  // 30 days
-  // Holds `keys` of `ns` for `ttl_us` from now (1..kMaxHoldTtlUs, else
-  // InvalidArgument for every key). A key this namespace holds already
-  // gets the new expiry, now + ttl_us, and stays one pin. A hold is a use
-  // (recency, hits), as a pin is. Never waits for I/O.
+  static constexpr uint64_t kMaxHoldTtlUs = Holder::kMaxHoldTtlUs;
   std::vector<HoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us);
-  // Ends the holds of `keys` of `ns`: per key ok, or NotFound (not held:
-  // never, expired, or still pending).
   std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  // Releases every hold whose expiry has come (the clock's now >= expiry);
-  // returns how many. Cheap when none has (one atomic load).
   size_t ReleaseExpiredHolds();
 
   // Queue hints (engine_queue.cc) from an inference engine's scheduler on
@@ -375,17 +365,6 @@ class Engine {
   void IoStarted();
   void IoFinished();
 
-  // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
-  // as a hold until `expires_us`, unless the key is held already (the
-  // later expiry stays, the extra pin goes) or `ns` was dropped since the
-  // hold began (drop epoch `epoch`: the pin goes, NotFound). EndHolds ends
-  // the holds of `keys` of `ns`; EndNamespaceHolds every hold of `ns`,
-  // failing the holds of it still pending. Call with no lock held.
-  Status HoldLanded(const NamespaceFingerprint& ns, const BlockKey& key, const PinGrant& grant, uint64_t expires_us,
-                    uint64_t epoch);
-  size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  void EndNamespaceHolds(const NamespaceFingerprint& ns);
-
   // Runs Prefetch on the reader soon (one plan pending at most): request
   // threads call this, never Prefetch (a plan scans the queue).
   void SchedulePrefetch();
@@ -426,7 +405,6 @@ class Engine {
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
   LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
-  HoldTable holds_;  // operator holds (hold_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
@@ -440,6 +418,7 @@ class Engine {
   std::unique_ptr<LayerStreamer> streamer_;
   // Pins, releases and reported uses (pinner.h); made by Create.
   std::unique_ptr<Pinner> pinner_;
+  std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's
