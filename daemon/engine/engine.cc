@@ -124,6 +124,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
                                      options.prefetch_min_blocks, host.capacity_bytes()};
   engine->prefetcher_ =
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
+  engine->pinner_ = std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_,
+                                             engine->PinnerHooks());
+  engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());
@@ -405,7 +408,7 @@ void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_block
 void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  EndHolds(ns, keys);  // an erased block is held no longer (engine_holds.cc)
+  holder_->EndHolds(ns, keys);  // an erased block is held no longer (holder.h)
   size_t erased = 0;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardFor(key);

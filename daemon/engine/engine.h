@@ -11,12 +11,12 @@
 // A facade over named parts, each with its contract in its header: the
 // index shards (block_index.h, where a block changes state), the evictor
 // (evictor.h, where a demotion is decided), the demoter (demoter.h: down
-// the stack), the promoter and layer streamer (promoter.h,
-// layer_streamer.h: up into the arena, whole or layer by layer), the
-// above mover (above_mover.h: the tier above the host), queue hints and
-// prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
-// hold_table.h). The parts reach the engine only through the hooks it
-// gives them (engine_hooks.cc).
+// the stack), the pinner (pinner.h: pins, releases, reported uses), the
+// promoter and layer streamer (promoter.h, layer_streamer.h: up into the
+// arena, whole or layer by layer), the above mover (above_mover.h: the
+// tier above the host), queue hints and prefetch (request_queue.h,
+// prefetcher.h), loads (load_table.h), operator holds (holder.h). The parts
+// reach the engine only through the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -50,13 +50,14 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
-#include "daemon/engine/hold_table.h"
+#include "daemon/engine/holder.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
+#include "daemon/engine/pinner.h"
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
@@ -80,7 +81,6 @@ namespace kvtier {
 class BlockIndex;
 struct LoadRecord;
 struct PinBatch;
-struct BlockEntry;
 class HostBlockTier;
 
 class Engine {
@@ -190,37 +190,14 @@ class Engine {
   // Drops this connection's reservations of `keys`; returns how many were.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
-  using PinDone = std::function<void(std::vector<PinGrant>)>;
-  // Pins committed blocks and hands out one lease per block, promoting
-  // blocks found only below the host tier into it first. Per key: ok,
-  // NotFound (a miss, also when a promotion read fails or does not
-  // verify), NoSpace (no arena room for a promotion). A pin is a use
-  // (recency, hits). `done` runs exactly once: inline when no key needed
-  // I/O, else on a thread of the tier that completed the last read.
-  //
-  // With a layer span (not whole), each grant covers only those layers: a
-  // host block's bytes in place; for a block found only below, only those
-  // layers are read, into transient arena space owned by the lease (freed at
-  // Release; the block is not promoted). Such grants carry the checksums of
-  // their layers (PinGrant::layer_checksums) when they are known (a block
-  // read from below: always; a host block: when its writer sent them or it
-  // was promoted), and for a host block the whole block's checksum and
-  // place. Also InvalidArgument per key when the span is not within the
-  // block's layers.
+  // Pins, releases and reported uses: the Pinner's (pinner.h, where their
+  // contracts are), forwarded.
+  using PinDone = Pinner::PinDone;
   void PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                 LayerSpan layers = {});
-  // PinAsync, waiting for the outcome.
   std::vector<PinGrant> Pin(ConnectionId connection, const NamespaceFingerprint& ns,
                             std::span<const BlockKey> keys, LayerSpan layers = {});
-
-  // Per lease: ok, NotFound (unknown or already released), PermissionDenied
-  // (held by another connection).
   std::vector<Status> Release(ConnectionId connection, std::span<const LeaseId> leases);
-
-  // Uses clients made of host blocks through the block directory (copying
-  // gets that needed no Pin), reported after the fact: each block of `keys`
-  // still committed under `ns` counts a use (recency, hits), the others
-  // (evicted or erased since) are skipped. Returns how many counted.
   size_t RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   // Lookups clients answered from the block directory: counted, also in engine.local_lookups.
   void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
@@ -301,24 +278,14 @@ class Engine {
   // Frees `connection`'s reservations and leases, drops its queued requests.
   void CloseConnection(ConnectionId connection);
 
-  // Operator holds (engine_holds.cc, hold_table.h; `kvtier pin` / `unpin`):
-  // blocks kept in the host tier, one pin each under kHoldConnection, until
-  // Unhold, their TTL, DropNamespace or Erase. Expired holds are released at
-  // every Hold and Unhold and before an allocation evicts anything, so one
-  // never keeps a block from eviction (until then it stays pinned but is no
-  // longer in engine.holds). In memory only: a restart forgets them.
+  // Operator holds (`kvtier pin` / `unpin`): the Holder's (holder.h, where
+  // their contracts are), forwarded. Blocks kept in the host tier, one pin
+  // each under kHoldConnection, until Unhold, their TTL, DropNamespace or
+  // Erase. In memory only: a restart forgets them.
   using HoldResult = EngineHoldResult;
-  static constexpr uint64_t kMaxHoldTtlUs = 30ull * 24 * 3600 * 1'000'000;  // 30 days
-  // Holds `keys` of `ns` for `ttl_us` from now (1..kMaxHoldTtlUs, else
-  // InvalidArgument for every key). A key this namespace holds already
-  // gets the new expiry, now + ttl_us, and stays one pin. A hold is a use
-  // (recency, hits), as a pin is. Never waits for I/O.
+  static constexpr uint64_t kMaxHoldTtlUs = Holder::kMaxHoldTtlUs;
   std::vector<HoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us);
-  // Ends the holds of `keys` of `ns`: per key ok, or NotFound (not held:
-  // never, expired, or still pending).
   std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  // Releases every hold whose expiry has come (the clock's now >= expiry);
-  // returns how many. Cheap when none has (one atomic load).
   size_t ReleaseExpiredHolds();
 
   // Queue hints (engine_queue.cc) from an inference engine's scheduler on
@@ -377,30 +344,6 @@ class Engine {
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
 
-  // Pins (engine_pin.cc). PinLocked pins the committed entry of `key` for
-  // `connection`, with every layer's checksum when `with_layers`; the
-  // caller holds the shard lock (checked at run time: engine.h sees
-  // BlockIndex only declared). ProbeUnknown lets the tiers that probe
-  // (Prober::Probe) learn of the keys no tier knows, before a pin or load
-  // claims them (no lock held). ClaimPins settles every key it can inline
-  // (host hits, misses, bad spans) and counts those that wait for a
-  // promotion, a demotion or a layer read; one shard lock at a time.
-  // RunPins is PinAsync once its batch is made; RetryPin pins one key
-  // again once its demotion ended.
-  PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                     bool with_layers = false);
-  void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  PinClaims ClaimPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
-                      std::span<const BlockKey> keys, LayerSpan layers);
-  void RunPins(const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-               LayerSpan layers);
-  void RetryPin(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
-                const NamespaceFingerprint& ns, LayerSpan layers);
-  // The checksums of layers [first, last) of `entry`, a block of
-  // `layer_count` layers (for one layer: its whole checksum).
-  static std::vector<uint64_t> LayerChecksumsOf(const BlockEntry& entry, uint32_t layer_count, uint32_t first,
-                                                uint32_t last);
-
   // Layer-wise loads (engine_load.cc). A block of `load` resolved (pinned
   // for it, or failed): the board says so, and a pin that came after
   // EndLoad is released; `at_once`: settled in BeginLoad itself (its
@@ -422,17 +365,6 @@ class Engine {
   void IoStarted();
   void IoFinished();
 
-  // Holds (engine_holds.cc). HoldLanded records the pin `grant` of `key`
-  // as a hold until `expires_us`, unless the key is held already (the
-  // later expiry stays, the extra pin goes) or `ns` was dropped since the
-  // hold began (drop epoch `epoch`: the pin goes, NotFound). EndHolds ends
-  // the holds of `keys` of `ns`; EndNamespaceHolds every hold of `ns`,
-  // failing the holds of it still pending. Call with no lock held.
-  Status HoldLanded(const NamespaceFingerprint& ns, const BlockKey& key, const PinGrant& grant, uint64_t expires_us,
-                    uint64_t epoch);
-  size_t EndHolds(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  void EndNamespaceHolds(const NamespaceFingerprint& ns);
-
   // Runs Prefetch on the reader soon (one plan pending at most): request
   // threads call this, never Prefetch (a plan scans the queue).
   void SchedulePrefetch();
@@ -443,6 +375,7 @@ class Engine {
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
+  Pinner::Hooks PinnerHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -472,7 +405,6 @@ class Engine {
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
   LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
-  HoldTable holds_;  // operator holds (hold_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
@@ -484,6 +416,9 @@ class Engine {
   // layer_streamer.h); no threads of their own.
   std::unique_ptr<Promoter> promoter_;
   std::unique_ptr<LayerStreamer> streamer_;
+  // Pins, releases and reported uses (pinner.h); made by Create.
+  std::unique_ptr<Pinner> pinner_;
+  std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's

@@ -136,7 +136,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   // Operator holds in force (expired ones not yet released excluded) and
   // their bytes; holds released at expiry, ended otherwise, never landed.
   {
-    const HoldTable::InForce held = holds_.CountInForce(clock_.NowUs());
+    const HoldTable::InForce held = holder_->InForce();
     v.VisitGauge("engine.holds", held.holds);
     v.VisitGauge("engine.held_bytes", held.bytes);
   }

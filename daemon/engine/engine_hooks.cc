@@ -1,5 +1,5 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter and the layer streamer may ask of it (each part's header says
+// promoter, the pinner and the layer streamer may ask of it (each part's header says
 // what each hook must do). Built once, in Create; each hook calls back into
 // this Engine, which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
@@ -36,7 +36,7 @@ Promoter::Hooks Engine::PromoterHooks() {
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
   hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
   hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                     bool with_layers) { return PinLocked(shard, connection, key, now_us, with_layers); };
+                     bool with_layers) { return pinner_->PinLocked(shard, connection, key, now_us, with_layers); };
   hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
     return namespaces_.LayoutOf(ns, size).layer_count;
   };
@@ -46,6 +46,26 @@ Promoter::Hooks Engine::PromoterHooks() {
   // new plan could only repeat (and a synchronous one would recurse).
   hooks.prefetch_read_ended = [this](bool landed) {
     if (prefetcher_->ReadLanded() && landed) SchedulePrefetch();
+  };
+  return hooks;
+}
+
+Pinner::Hooks Engine::PinnerHooks() {
+  Pinner::Hooks hooks;
+  hooks.find_outside = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindOutside(key, ns); };
+  hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  };
+  if (probing_) {
+    hooks.probe = [this](const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+      for (const auto& b : below_) {
+        if (Prober* prober = b->tier->prober()) prober->Probe(ns, keys);
+      }
+    };
+  }
+  hooks.note_prefetch_use = [this] { prefetcher_->NoteUse(); };
+  hooks.uses_noted = [this] {
+    if (prefetcher_->TakeUse()) SchedulePrefetch();
   };
   return hooks;
 }

@@ -51,7 +51,7 @@ struct Located {
   BlockTier::BlockInfo info;
 };
 
-// What Engine::ClaimPins left to start: blocks it claimed for promotion (a
+// What Pinner::ClaimPins left to start: blocks it claimed for promotion (a
 // kPromoting entry with the batch's slot among its waiters) and blocks
 // whose layer range is to be read from below.
 struct PinClaim {

@@ -99,8 +99,8 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
     LoadBlockResolved(load, pinned[index], grant);
   };
-  ProbeUnknown(ns, pinned_keys);
-  PinClaims claims = ClaimPins(batch, ns, pinned_keys, LayerSpan{});
+  pinner_->ProbeUnknown(ns, pinned_keys);
+  PinClaims claims = pinner_->ClaimPins(batch, ns, pinned_keys, LayerSpan{});
   for (PinClaim& c : claims.promote) c.index = pinned[c.index];
 
   LoadStart out;
@@ -136,8 +136,7 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
     }
   }
   if (!streamed.empty()) streamer_->Start(load, streamed);
-  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
-  if (prefetcher_->TakeUse()) SchedulePrefetch();
+  pinner_->EndClaims(batch);
   return out;
 }
 
@@ -178,7 +177,7 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
     --load->unresolved;
     load->Advance();
   }
-  if (release != 0) Release(load->connection, std::span<const LeaseId>(&release, 1));
+  if (release != 0) pinner_->Release(load->connection, std::span<const LeaseId>(&release, 1));
   // A hit of a load into GPU memory: worth a copy in the tier above.
   if (offer) above_->Offer(load->ns, load->keys[index]);
   EndLoadRecord(load);
@@ -211,7 +210,7 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
   for (const auto& [index, offset] : held) {
     above_->ReleaseHold(load->keys[index], offset);
   }
-  if (!leases.empty()) Release(connection, leases);
+  if (!leases.empty()) pinner_->Release(connection, leases);
   EndLoadRecord(load);
   return Status::Ok();
 }

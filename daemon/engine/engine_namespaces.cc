@@ -133,7 +133,7 @@ std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view mod
 }
 
 std::vector<Engine::TierUse> Engine::DropNamespace(const NamespaceFingerprint& ns) {
-  EndNamespaceHolds(ns);  // its operator holds end (engine_holds.cc)
+  holder_->EndNamespaceHolds(ns);  // its operator holds end (holder.h)
   const std::vector<const BlockTier*> tiers = StackTop();
   std::vector<TierUse> dropped;
   std::vector<BlockKey> keys;

@@ -50,7 +50,8 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
     // Only the host tier's copy was read; another namespace's block under
     // the same key is not the one reported.
     if (it == shard.index.end() || !it->second.cached() || it->second.ns != ns) continue;
-    held.push_back(ReportedBlock{key, PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true)});
+    held.push_back(
+        ReportedBlock{key, pinner_->PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true)});
   }
   if (held.empty()) {
     host_io_->Unreserve(0);
@@ -78,7 +79,7 @@ void Engine::CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<cons
           ++dropped;
         }
       }
-      Release(kHostTierConnection, {&r.pin.lease, 1});
+      pinner_->Release(kHostTierConnection, {&r.pin.lease, 1});
     }
     done(dropped);
     IoFinished();

@@ -36,7 +36,7 @@ Result<HostTier::Extent> Evictor::Allocate(uint64_t bytes) {
     Result<HostTier::Extent> extent = host_.Allocate(bytes);
     if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
     // Expired operator holds are released before anything is evicted, so
-    // they never keep a block from eviction (engine_holds.cc).
+    // they never keep a block from eviction (holder.h).
     hooks_.release_expired_holds();
     if (victims >= kMinVictimsPerAllocation && evicted_bytes >= evict_at_most) {
       Bump(counters_.eviction_bound_hits);

@@ -1,7 +1,7 @@
 // HoldTable: the records of operator holds (`kvtier pin` / `unpin`): which
 // key is held, under which namespace and lease, how many bytes, until when.
-// Pure bookkeeping: it never pins or releases anything itself. Engine
-// (engine_holds.cc) takes a pin for each hold and hands the table the
+// Pure bookkeeping: it never pins or releases anything itself. The Holder
+// (holder.h) takes a pin for each hold and hands the table the
 // lease; every lease the table gives back (expired, ended, dropped) the
 // caller releases, once.
 //

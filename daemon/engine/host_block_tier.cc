@@ -124,9 +124,9 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
       return InvalidArgument("host tier: " + std::to_string(dst.size()) + " bytes cannot hold the " +
                              std::to_string(bytes) + " asked for");
     }
-    sums = Engine::LayerChecksumsOf(it->second, layers, first_layer, last_layer);
+    sums = Pinner::LayerChecksumsOf(it->second, layers, first_layer, last_layer);
     if (!io.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
-    pin = engine_.PinLocked(shard, kHostTierConnection, key, engine_.clock_.NowUs());
+    pin = engine_.pinner_->PinLocked(shard, kHostTierConnection, key, engine_.clock_.NowUs());
   }
   reads_.fetch_add(1, std::memory_order_relaxed);
   engine_.IoStarted();

@@ -72,7 +72,7 @@ class Promoter {
     std::function<std::optional<Located>(const BlockKey& key, const NamespaceFingerprint& ns)> find_below;
     // Pins the committed block `key` of `shard` for `connection` (every
     // layer's checksum when `with_layers`), as any pin of a host block;
-    // called with the shard's lock held (Engine::PinLocked).
+    // called with the shard's lock held (Pinner::PinLocked).
     std::function<PinGrant(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                            bool with_layers)>
         pin;

@@ -1,7 +1,7 @@
 // Operator holds (`kvtier pin` / `kvtier unpin`): an admin request names
 // the namespace by fingerprint, as Drop does, not by a Hello index, and
 // the engine keeps the blocks in the host tier until the TTL passes
-// (Engine::Hold, daemon/engine/engine_holds.cc). Neither request waits for I/O: a
+// (Engine::Hold, daemon/engine/holder.h). Neither request waits for I/O: a
 // block being read into the host tier is answered pending.
 #include "daemon/server/request_handler.h"
 #include "daemon/server/response_status.h"

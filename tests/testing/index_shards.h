@@ -1,6 +1,6 @@
 // What the tests of the engine's parts (evictor, promoter, layer streamer)
 // share when they run without an Engine: the index shards over a test
-// arena, a pin of a committed host block as Engine::PinLocked takes it,
+// arena, a pin of a committed host block as Pinner::PinLocked takes it,
 // and block bytes that say which block and layer they are.
 #pragma once
 
