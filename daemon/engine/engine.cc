@@ -23,6 +23,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       clock_(clock),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
+      locator_(std::make_unique<Locator>(shards_, below_, counters_, LocatorHooks())),
       writer_(std::make_unique<Writer>(shards_, host, lineage_, clock, options.verify_commits, counters_,
                                        WriterHooks())),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
@@ -175,72 +176,12 @@ void Engine::WaitForIdle() {
 }
 
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  LookupCursor cursor;
-  LookupSome(ns, keys, cursor, keys.size());
-  return std::move(cursor.out);
+  return locator_->Lookup(ns, keys);
 }
 
 void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
                         size_t max_keys) {
-  if (cursor.done) return;
-  LookupOutcome& out = cursor.out;
-  if (cursor.next == 0) out.tiers.reserve(keys.size());
-  // Where `key` is, from what the tiers know now (no I/O).
-  auto place = [&](const BlockKey& key) -> std::optional<Tier> {
-    if (above_ != nullptr) {
-      TierLevel& above = above_->source();
-      std::optional<BlockTier::BlockInfo> info = above.tier->Find(key);
-      if (info && info->ns == ns) {
-        Bump(above.lookup_hits);
-        return above.reported;
-      }
-    }
-    BlockIndex& shard = ShardFor(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
-      Bump(counters_.host_lookup_hits);
-      return Tier::kHost;
-    }
-    std::optional<Located> below = FindBelow(key, ns);
-    if (!below) {
-      // Being demoted: in that tier as soon as its write ends.
-      auto demoting = shard.demoting.find(key);
-      if (demoting == shard.demoting.end() || demoting->second.ns != ns) return std::nullopt;
-      below = Located{demoting->second.level, {}};
-    }
-    Bump(below_[below->level]->lookup_hits);
-    return below_[below->level]->reported;
-  };
-  max_keys = std::max<size_t>(max_keys, 1);
-  const size_t end = keys.size() - cursor.next > max_keys ? cursor.next + max_keys : keys.size();
-  bool missed = false;
-  for (; cursor.next < end; ++cursor.next) {
-    const size_t i = cursor.next;
-    std::optional<Tier> tier = place(keys[i]);
-    if (!tier && !cursor.probed && !below_.empty()) {
-      // The rest of the chain is not known here: tiers that others write
-      // too (the remote tier) learn about it now, with no lock held, in
-      // one round trip for all of it.
-      cursor.probed = true;
-      for (const auto& b : below_) {
-        if (Prober* prober = b->tier->prober()) prober->Probe(ns, keys.subspan(i));
-      }
-      tier = place(keys[i]);
-    }
-    if (!tier) {
-      missed = true;
-      break;
-    }
-    out.tiers.push_back(*tier);
-  }
-  if (!missed && cursor.next < keys.size()) return;  // more steps to come
-  cursor.done = true;
-  out.prefix_blocks = out.tiers.size();
-  if (out.prefix_blocks < keys.size()) Bump(counters_.lookup_misses);
-  Bump(counters_.lookups);
-  Bump(counters_.lookup_keys, static_cast<int64_t>(keys.size()));
-  Bump(counters_.lookup_hit_blocks, static_cast<int64_t>(out.prefix_blocks));
+  locator_->LookupSome(ns, keys, cursor, max_keys);
 }
 
 std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,

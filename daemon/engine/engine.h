@@ -9,15 +9,15 @@
 // names one.
 //
 // A facade over named parts, each with its contract in its header: the
-// index shards (block_index.h, where a block changes state), the writer
-// (writer.h: a put's reservations and commits), the evictor
-// (evictor.h, where a demotion is decided), the demoter (demoter.h: down
-// the stack), the promoter and layer streamer (promoter.h,
-// layer_streamer.h: up into the arena, whole or layer by layer), the
-// above mover (above_mover.h: the tier above the host), queue hints and
-// prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
-// hold_table.h). The parts reach the engine only through the hooks it
-// gives them (engine_hooks.cc).
+// index shards (block_index.h, where a block changes state), the locator
+// (locator.h: lookups), the writer (writer.h: a put's reservations and
+// commits), the evictor (evictor.h, where a demotion is decided), the
+// demoter (demoter.h: down the stack), the promoter and layer streamer
+// (promoter.h, layer_streamer.h: up into the arena, whole or layer by
+// layer), the above mover (above_mover.h: the tier above the host), queue
+// hints and prefetch (request_queue.h, prefetcher.h), loads and holds
+// (load_table.h, hold_table.h). The parts reach the engine only through
+// the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -55,6 +55,7 @@
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
+#include "daemon/engine/locator.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
@@ -143,16 +144,10 @@ class Engine {
   static constexpr size_t kMaxNamespaceSeries = 256;
   void VisitNamespaceUse(CounterVisitor& v) const;
 
-  // Longest prefix of `keys` committed under namespace `ns`, with tiers.
-  // Does not count as a use for eviction.
+  // Lookups (locator.h, whose contracts these are): the longest prefix
+  // of `keys` committed under `ns`, with tiers, at once or in steps of at
+  // most `max_keys` keys through `cursor`. Not a use for eviction.
   LookupOutcome Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  // The same Lookup in steps: places at most `max_keys` more of `keys`
-  // from `cursor.next` and sets `cursor.done` when a key misses or none is
-  // left (then it counts as one lookup, and `cursor.out` is Lookup's
-  // answer). Each key is placed under its own shard lock, in steps as in
-  // one call, so a caller may do other work between steps; the tiers below
-  // are probed once, for every key from the first unknown one on.
-  // Precondition: `keys` is the same span on every step of a cursor.
   void LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
                   size_t max_keys);
 
@@ -423,6 +418,7 @@ class Engine {
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
+  Locator::Hooks LocatorHooks();
   Writer::Hooks WriterHooks();
 
   HostTier& host_;
@@ -454,7 +450,9 @@ class Engine {
   LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
   HoldTable holds_;  // operator holds (hold_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
-  // The write path: reservations and commits into the arena (writer.h).
+  // Lookups (locator.h) and the write path: reservations and commits
+  // into the arena (writer.h).
+  std::unique_ptr<Locator> locator_;
   std::unique_ptr<Writer> writer_;
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'

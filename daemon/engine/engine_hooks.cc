@@ -1,8 +1,8 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the layer streamer and the writer may ask of it (each part's
-// header says what each hook must do). Built once, at construction or in
-// Create; each hook calls back into this Engine, which outlives the parts
-// (they are destroyed first).
+// promoter, the layer streamer, the locator and the writer may ask of it
+// (each part's header says what each hook must do). Built once, at
+// construction or in Create; each hook calls back into this Engine, which
+// outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
@@ -57,6 +57,13 @@ LayerStreamer::Hooks Engine::StreamerHooks() {
   hooks.io_finished = [this] { IoFinished(); };
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  return hooks;
+}
+
+Locator::Hooks Engine::LocatorHooks() {
+  Locator::Hooks hooks;
+  hooks.above = [this]() -> TierLevel* { return above_ != nullptr ? &above_->source() : nullptr; };
+  hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
   return hooks;
 }
 
