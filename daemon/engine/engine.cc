@@ -5,7 +5,6 @@
 #include <optional>
 #include <random>
 
-#include "common/checksum.h"
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine/block_index.h"
@@ -24,7 +23,9 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       clock_(clock),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
-      verify_commits_(options.verify_commits),
+      locator_(std::make_unique<Locator>(shards_, below_, counters_, LocatorHooks())),
+      writer_(std::make_unique<Writer>(shards_, host, lineage_, clock, options.verify_commits, counters_,
+                                       WriterHooks())),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
       promoter_(std::make_unique<Promoter>(
           shards_, host, clock, *retries_,
@@ -178,223 +179,28 @@ void Engine::WaitForIdle() {
 }
 
 LookupOutcome Engine::Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  LookupCursor cursor;
-  LookupSome(ns, keys, cursor, keys.size());
-  return std::move(cursor.out);
+  return locator_->Lookup(ns, keys);
 }
 
 void Engine::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
                         size_t max_keys) {
-  if (cursor.done) return;
-  LookupOutcome& out = cursor.out;
-  if (cursor.next == 0) out.tiers.reserve(keys.size());
-  // Where `key` is, from what the tiers know now (no I/O).
-  auto place = [&](const BlockKey& key) -> std::optional<Tier> {
-    if (above_ != nullptr) {
-      TierLevel& above = above_->source();
-      std::optional<BlockTier::BlockInfo> info = above.tier->Find(key);
-      if (info && info->ns == ns) {
-        Bump(above.lookup_hits);
-        return above.reported;
-      }
-    }
-    BlockIndex& shard = ShardFor(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
-      Bump(counters_.host_lookup_hits);
-      return Tier::kHost;
-    }
-    std::optional<Located> below = FindBelow(key, ns);
-    if (!below) {
-      // Being demoted: in that tier as soon as its write ends.
-      auto demoting = shard.demoting.find(key);
-      if (demoting == shard.demoting.end() || demoting->second.ns != ns) return std::nullopt;
-      below = Located{demoting->second.level, {}};
-    }
-    Bump(below_[below->level]->lookup_hits);
-    return below_[below->level]->reported;
-  };
-  max_keys = std::max<size_t>(max_keys, 1);
-  const size_t end = keys.size() - cursor.next > max_keys ? cursor.next + max_keys : keys.size();
-  bool missed = false;
-  for (; cursor.next < end; ++cursor.next) {
-    const size_t i = cursor.next;
-    std::optional<Tier> tier = place(keys[i]);
-    if (!tier && !cursor.probed && !below_.empty()) {
-      // The rest of the chain is not known here: tiers that others write
-      // too (the remote tier) learn about it now, with no lock held, in
-      // one round trip for all of it.
-      cursor.probed = true;
-      for (const auto& b : below_) {
-        if (Prober* prober = b->tier->prober()) prober->Probe(ns, keys.subspan(i));
-      }
-      tier = place(keys[i]);
-    }
-    if (!tier) {
-      missed = true;
-      break;
-    }
-    out.tiers.push_back(*tier);
-  }
-  if (!missed && cursor.next < keys.size()) return;  // more steps to come
-  cursor.done = true;
-  out.prefix_blocks = out.tiers.size();
-  if (out.prefix_blocks < keys.size()) Bump(counters_.lookup_misses);
-  Bump(counters_.lookups);
-  Bump(counters_.lookup_keys, static_cast<int64_t>(keys.size()));
-  Bump(counters_.lookup_hit_blocks, static_cast<int64_t>(out.prefix_blocks));
+  locator_->LookupSome(ns, keys, cursor, max_keys);
 }
 
 std::vector<SlotGrant> Engine::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
-                                       std::span<const BlockKey> keys,
-                                       std::span<const uint64_t> sizes, const ReserveChain& links) {
-  KVTIER_CHECK(keys.size() == sizes.size(), "Reserve: keys and sizes differ in length");
-  if (links.chain) {
-    lineage_.RecordLinks(keys, links.parent);
-    Bump(counters_.chain_links, static_cast<int64_t>(keys.size()));
-  }
-  std::vector<SlotGrant> grants(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    SlotGrant& grant = grants[i];
-    Bump(counters_.reserves);
-    if (!host_.CanEverHold(sizes[i])) {
-      grant.status = InvalidArgument("block size " + std::to_string(sizes[i]) +
-                                     " can never fit the host tier (" +
-                                     std::to_string(host_.capacity_bytes()) +
-                                     "-byte arena, sizes rounded up to their class)");
-      Bump(counters_.reserve_failures);
-      continue;
-    }
-    BlockIndex& shard = ShardFor(key);
-    {
-      // Claim the key first so that a concurrent writer sees it as taken.
-      MutexLock lock(shard.mu);
-      if (Status taken = shard.Reserve(key, ns, sizes[i], connection); !taken.ok()) {
-        grant.status = std::move(taken);
-        continue;
-      }
-    }
-    Result<HostTier::Extent> extent = evictor_->Allocate(sizes[i]);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
-    if (!extent.ok()) {
-      shard.DropReservation(connection, key);
-      grant.status = extent.status();
-      Bump(counters_.reserve_failures);
-      continue;
-    }
-    it->second.extent = *extent;
-    it->second.allocated = true;
-    grant.offset = extent->offset;
-    grant.length = sizes[i];
-  }
-  return grants;
+                                       std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                                       const ReserveChain& links) {
+  return writer_->Reserve(connection, ns, keys, sizes, links);
 }
-
-namespace {
-
-// How many layer checksums a Commit carries for a block of `layers` layers
-// (none for a block of one layer: its checksum is the block's).
-size_t SentLayers(uint32_t layers) { return layers > 1 ? layers : 0; }
-
-}  // namespace
 
 std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                    std::span<const uint64_t> checksums, std::span<const uint64_t> layer_checksums) {
-  KVTIER_CHECK(keys.size() == sizes.size(), "Commit: keys and sizes differ in length");
-  KVTIER_CHECK(checksums.empty() || checksums.size() == keys.size(), "Commit: keys and checksums differ in length");
-  // The layer split of each block, and whether the client sent every
-  // layer checksum (anything else is ignored: the engine hashes them).
-  std::vector<uint32_t> layer_counts(keys.size());
-  size_t expected_layers = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    layer_counts[i] = namespaces_.LayoutOf(ns, sizes[i]).layer_count;
-    expected_layers += SentLayers(layer_counts[i]);
-  }
-  const bool layers_sent = !layer_checksums.empty() && layer_checksums.size() == expected_layers;
-  size_t next_sent = 0;  // index into layer_checksums of keys[i]'s first
-  std::vector<Status> out(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    const uint32_t layers = layer_counts[i];
-    const std::span<const uint64_t> sent_layers =
-        layers_sent ? layer_checksums.subspan(next_sent, SentLayers(layers)) : std::span<const uint64_t>();
-    next_sent += SentLayers(layers);
-    BlockIndex& shard = ShardFor(key);
-    HostTier::Extent extent;
-    uint64_t size = 0;
-    {
-      MutexLock lock(shard.mu);
-      auto it = shard.index.find(key);
-      if (it == shard.index.end() || it->second.state() != BlockState::kReserved || it->second.writer != connection ||
-          it->second.ns != ns) {
-        out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
-                                    " is not reserved by this connection");
-        Bump(counters_.commit_failures);
-        continue;
-      }
-      if (sizes[i] != it->second.size) {
-        out[i] = InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " +
-                                 std::to_string(it->second.size) + " bytes, committed " +
-                                 std::to_string(sizes[i]) + "; the reservation is dropped");
-        shard.DropReservation(connection, key);
-        Bump(counters_.commit_failures);
-        continue;
-      }
-      extent = it->second.extent;
-      size = it->second.size;
-    }
-    // Hash outside the lock: only this connection may touch its reservation.
-    const std::span<const std::byte> bytes = host_.Bytes(extent).first(size);
-    const bool hash = checksums.empty() || verify_commits_;
-    // Layer checksums as sent (never hashed here unless verify_commits
-    // checks them: a block without them costs nothing more).
-    std::vector<uint64_t> layer_sums(sent_layers.begin(), sent_layers.end());
-    uint64_t checksum = hash ? 0 : checksums[i];
-    bool layers_differ = false;
-    if (hash && verify_commits_ && !sent_layers.empty()) {
-      std::vector<uint64_t> hashed(layers);
-      checksum = ChecksumWithLayers(bytes, hashed);  // one pass for both
-      layers_differ = hashed != layer_sums;
-    } else if (hash) {
-      checksum = BlockChecksum(bytes);
-    }
-    const bool whole_differs = hash && !checksums.empty() && checksum != checksums[i];
-    const uint64_t now = clock_.NowUs();
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    KVTIER_CHECK(it != shard.index.end() && it->second.writer == connection, "reservation vanished");
-    if (whole_differs || layers_differ) {
-      out[i] = Corruption("block " + key.ToHex() + ": its bytes do not match the " +
-                          (whole_differs ? "checksum" : "layer checksums") +
-                          " the client sent; the reservation is dropped");
-      shard.DropReservation(connection, key);
-      Bump(counters_.commit_failures);
-      continue;
-    }
-    shard.CommitReserved(it, connection, checksum, std::move(layer_sums),
-                         next_handle_.fetch_add(1, std::memory_order_relaxed), now);
-    const BlockEntry& entry = it->second;
-    Bump(counters_.commits);
-    Bump(counters_.host_committed_bytes, static_cast<int64_t>(entry.size));
-    if (!checksums.empty()) Bump(counters_.commit_checksums_sent);
-  }
-  return out;
+  return writer_->Commit(connection, ns, keys, sizes, checksums, layer_checksums);
 }
 
 size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
-  size_t aborted = 0;
-  for (const BlockKey& key : keys) {
-    BlockIndex& shard = ShardFor(key);
-    MutexLock lock(shard.mu);
-    if (shard.DropReservation(connection, key)) ++aborted;
-  }
-  Bump(counters_.aborts, static_cast<int64_t>(aborted));
-  return aborted;
+  return writer_->Abort(connection, keys);
 }
 
 void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks) {
@@ -448,11 +254,11 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 void Engine::CloseConnection(ConnectionId connection) {
   queue_.DropConnection(connection);
   for (uint64_t id : loads_.Ids(connection)) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
+  writer_->DropConnection(connection);
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {
     BlockIndex& shard = *shard_ptr;
     MutexLock lock(shard.mu);
-    shard.DropReservations(connection);
     for (const LeaseRecord& record : shard.leases.TakeAll(connection)) promoter_->EndTransient(shard.Unpin(record, now));
   }
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();

@@ -9,14 +9,16 @@
 // names one.
 //
 // A facade over named parts, each with its contract in its header: the
-// index shards (block_index.h, where a block changes state), the evictor
-// (evictor.h, where a demotion is decided), the demoter (demoter.h: down
-// the stack), the pinner (pinner.h: pins, releases, reported uses), the
-// promoter and layer streamer (promoter.h, layer_streamer.h: up into the
-// arena, whole or layer by layer), the above mover (above_mover.h: the
-// tier above the host), queue hints and prefetch (request_queue.h,
-// prefetcher.h), loads (load_table.h), operator holds (holder.h). The parts
-// reach the engine only through the hooks it gives them (engine_hooks.cc).
+// index shards (block_index.h, where a block changes state), the locator
+// (locator.h: lookups), the writer (writer.h: a put's reservations and
+// commits), the evictor (evictor.h, where a demotion is decided), the
+// demoter (demoter.h: down the stack), the pinner (pinner.h: pins,
+// releases, reported uses), the promoter and layer streamer (promoter.h,
+// layer_streamer.h: up into the arena, whole or layer by layer), the above
+// mover (above_mover.h: the tier above the host), queue hints and prefetch
+// (request_queue.h, prefetcher.h), loads (load_table.h), operator holds
+// (holder.h). The parts reach the engine only through the hooks it gives
+// them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -54,6 +56,7 @@
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/load_table.h"
+#include "daemon/engine/locator.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
 #include "daemon/engine/namespace_registry.h"
@@ -67,6 +70,7 @@
 #include "daemon/engine/engine_types.h"
 #include "daemon/engine/evictor.h"
 #include "daemon/engine/tier_admission.h"
+#include "daemon/engine/writer.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/preload.h"
@@ -141,53 +145,25 @@ class Engine {
   static constexpr size_t kMaxNamespaceSeries = 256;
   void VisitNamespaceUse(CounterVisitor& v) const;
 
-  // Longest prefix of `keys` committed under namespace `ns`, with tiers.
-  // Does not count as a use for eviction.
+  // Lookups (locator.h, whose contracts these are): the longest prefix
+  // of `keys` committed under `ns`, with tiers, at once or in steps of at
+  // most `max_keys` keys through `cursor`. Not a use for eviction.
   LookupOutcome Lookup(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  // The same Lookup in steps: places at most `max_keys` more of `keys`
-  // from `cursor.next` and sets `cursor.done` when a key misses or none is
-  // left (then it counts as one lookup, and `cursor.out` is Lookup's
-  // answer). Each key is placed under its own shard lock, in steps as in
-  // one call, so a caller may do other work between steps; the tiers below
-  // are probed once, for every key from the first unknown one on.
-  // Precondition: `keys` is the same span on every step of a cursor.
   void LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
                   size_t max_keys);
 
-  // Reserves arena space for each key (sizes[i] bytes). Per key: ok with the
-  // slot, AlreadyExists (committed or being written), NoSpace (nothing left
-  // to evict), InvalidArgument (size 0 or larger than the arena).
-  // With `links.chain` the keys' parents are recorded as lineage
-  // (ReserveChain), so admission's prefix closure holds without queue hints.
-  // Precondition: keys.size() == sizes.size().
+  // The write path (writer.h, whose contracts these are): Reserve claims
+  // arena space for each key (with `links.chain`, its lineage), Commit
+  // publishes reserved blocks with their checksums (verified with
+  // EngineOptions::verify_commits), Abort drops this connection's
+  // reservations of `keys` and returns how many were.
   std::vector<SlotGrant> Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                  const ReserveChain& links = {});
-
-  // Publishes reserved blocks after checking that sizes[i] equals the
-  // reserved size, recording each block's xxh3-64: checksums[i] as the
-  // client computed it, or the engine's own hash of the bytes when
-  // `checksums` is empty. With EngineOptions::verify_commits the engine
-  // hashes every block and compares.
-  // A block of its namespace's block size with layer_count > 1 also
-  // records the checksum of each layer (common/checksum.h) when the writer
-  // sent them in `layer_checksums` (every such block's layers in key
-  // order; ignored unless it holds exactly that many), as sent, or checked
-  // against the bytes with verify_commits (in the same pass as the block).
-  // The engine never hashes layers otherwise: a block committed without
-  // them has none (readers that verify check such a block whole). Per key:
-  // ok, FailedPrecondition (no reservation by this connection),
-  // InvalidArgument (size mismatch), Corruption (verify_commits and the
-  // bytes do not match a checksum sent); on the last two the reservation
-  // is dropped and its space returns.
-  // Precondition: keys.size() == sizes.size(), and checksums is empty or
-  // as long.
   std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
                              std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                              std::span<const uint64_t> checksums = {},
                              std::span<const uint64_t> layer_checksums = {});
-
-  // Drops this connection's reservations of `keys`; returns how many were.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
   // Pins, releases and reported uses: the Pinner's (pinner.h, where their
@@ -376,6 +352,8 @@ class Engine {
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
   Pinner::Hooks PinnerHooks();
+  Locator::Hooks LocatorHooks();
+  Writer::Hooks WriterHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -394,7 +372,6 @@ class Engine {
   RequestQueue queue_;  // queue hints, handed to the shards' policies (request_queue.h)
   std::unique_ptr<Prefetcher> prefetcher_;  // made by Create (prefetcher.h)
   std::unique_ptr<Evictor> evictor_;  // room in the arena, where victims go; made by Create (evictor.h)
-  const bool verify_commits_;  // EngineOptions::verify_commits
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
   // never reaches a destroyed Engine.
@@ -406,6 +383,10 @@ class Engine {
   std::atomic<uint64_t> next_handle_{1};
   LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
+  // Lookups (locator.h) and the write path: reservations and commits
+  // into the arena (writer.h).
+  std::unique_ptr<Locator> locator_;
+  std::unique_ptr<Writer> writer_;
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
   // reads, copies up), each at its time on clock_ (retry_scheduler.h).

@@ -1,7 +1,8 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the pinner and the layer streamer may ask of it (each part's header says
-// what each hook must do). Built once, in Create; each hook calls back into
-// this Engine, which outlives the parts (they are destroyed first).
+// promoter, the pinner, the layer streamer, the locator and the writer may
+// ask of it (each part's header says what each hook must do). Built once,
+// at construction or in Create; each hook calls back into this Engine,
+// which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
@@ -76,6 +77,23 @@ LayerStreamer::Hooks Engine::StreamerHooks() {
   hooks.io_finished = [this] { IoFinished(); };
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  return hooks;
+}
+
+Locator::Hooks Engine::LocatorHooks() {
+  Locator::Hooks hooks;
+  hooks.above = [this]() -> TierLevel* { return above_ != nullptr ? &above_->source() : nullptr; };
+  hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
+  return hooks;
+}
+
+Writer::Hooks Engine::WriterHooks() {
+  Writer::Hooks hooks;
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  };
+  hooks.next_handle = [this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); };
   return hooks;
 }
 
