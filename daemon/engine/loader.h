@@ -36,10 +36,10 @@
 //
 // Thread-safe, no thread of its own: Begin and End run on request
 // threads, a block's resolution on whichever thread ended its pin (a
-// tier's completion thread, the retry scheduler's). Its locks are
-// LoadTable's and each LoadRecord's, leaves: no hook runs under either,
-// and Begin, End and a resolution take no shard lock themselves (the
-// claim hook takes one shard lock at a time, with neither held).
+// tier's completion thread, the retry scheduler's), with no shard lock
+// held. Its locks are LoadTable's and each LoadRecord's, leaves: no hook
+// runs under either (the claim and release hooks take shard locks, one
+// at a time; the LayerStreamer takes a record's lock alone).
 #pragma once
 
 #include <cstddef>
