@@ -132,6 +132,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());
   }
+  engine->loader_ = std::make_unique<Loader>(host, engine->counters_, engine->LoaderHooks());  // after above_
   {
     WriterMutexLock gate(engine->sink_gate_->mu);
     engine->sink_gate_->engine = engine.get();
@@ -251,9 +252,16 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
   return erased;
 }
 
+Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
+                                            std::span<const BlockKey> keys, bool in_place, bool verify) {
+  return loader_->Begin(connection, ns, keys, in_place, verify);
+}
+
+Status Engine::EndLoad(ConnectionId connection, uint64_t load) { return loader_->End(connection, load); }
+
 void Engine::CloseConnection(ConnectionId connection) {
   queue_.DropConnection(connection);
-  for (uint64_t id : loads_.Ids(connection)) EndLoad(connection, id).IgnoreError();  // raced with its own EndLoad: gone either way
+  loader_->EndAll(connection);
   writer_->DropConnection(connection);
   const uint64_t now = clock_.NowUs();
   for (auto& shard_ptr : shards_) {

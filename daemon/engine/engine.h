@@ -16,9 +16,9 @@
 // releases, reported uses), the promoter and layer streamer (promoter.h,
 // layer_streamer.h: up into the arena, whole or layer by layer), the above
 // mover (above_mover.h: the tier above the host), queue hints and prefetch
-// (request_queue.h, prefetcher.h), loads (load_table.h), operator holds
-// (holder.h). The parts reach the engine only through the hooks it gives
-// them (engine_hooks.cc).
+// (request_queue.h, prefetcher.h), the loader (loader.h: layer-wise loads
+// and their boards), operator holds (holder.h). The parts reach the engine
+// only through the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -55,7 +55,7 @@
 #include "daemon/engine/holder.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
-#include "daemon/engine/load_table.h"
+#include "daemon/engine/loader.h"
 #include "daemon/engine/locator.h"
 #include "daemon/engine/measured_tier.h"
 #include "daemon/engine/mover.h"
@@ -83,7 +83,6 @@
 namespace kvtier {
 
 class BlockIndex;
-struct LoadRecord;
 struct PinBatch;
 class HostBlockTier;
 
@@ -211,40 +210,13 @@ class Engine {
   Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
                                   uint32_t layers, double recompute_us_per_layer);
 
-  // Layer-wise load (engine_load.cc): pins every key of `keys` for the load
-  // and streams the blocks found only below the host tier into the arena
-  // in layer order across the blocks (layer 0 of every block first), so the
-  // client can compute on early layers while later ones arrive. Progress is
-  // on the load board (common/load_board.h) in the arena, which the client
-  // reads without asking. A streamed block is a promotion: once its last
-  // layer lands it is committed in the host tier (and later pins wait for
-  // it meanwhile). Blocks are whole blocks of the namespace's registered
-  // layout.
+  // Layer-wise loads: the Loader's Begin and End (loader.h says what they
+  // promise); CloseConnection ends a connection's loads.
   using LoadStart = EngineLoadStart;
-  static constexpr size_t kMaxLoadsPerConnection = 64;
-  static constexpr size_t kMaxLoadBlocks = size_t{1} << 16;
-  //
-  // With `in_place` (the client maps the memory of the tier above the
-  // host) a block held there with the namespace's layout is not copied:
-  // the board says kInDevice with its offset in that memory, held until
-  // the load ends; the others load as above and, once loaded, are offered
-  // to the tier above (copied up off the request path).
-  // InvalidArgument (no keys, too many, a namespace without a layout),
-  // Busy (the connection holds kMaxLoadsPerConnection loads), NoSpace (no
-  // room for the board).
-  //
-  // With `verify` (the client checks every layer it reads) the board has
-  // the layer checksum table (common/load_board.h, LoadBoardBytes with
-  // layers): the layer checksums of each block that lands later are
-  // written there before any of its layers counts as in place (a block
-  // read from below always has them; one that lands without fails with
-  // Unimplemented), and LoadStart::layer_checksums has those of the
-  // blocks settled at once.
+  static constexpr size_t kMaxLoadsPerConnection = Loader::kMaxLoadsPerConnection;
+  static constexpr size_t kMaxLoadBlocks = Loader::kMaxLoadBlocks;
   Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
                               bool in_place = false, bool verify = false);
-  // Ends a load: its pins go, and its board once no read of it is in
-  // flight (the client must not read the board afterwards). NotFound for a
-  // load this connection does not hold. CloseConnection ends them all.
   Status EndLoad(ConnectionId connection, uint64_t load);
 
   // Blocks until no promotion or demotion is in flight (shutdown), a retry
@@ -320,14 +292,6 @@ class Engine {
   // The tiers of the stack, top first, for enumeration (above, host, below).
   std::vector<const BlockTier*> StackTop() const;
 
-  // Layer-wise loads (engine_load.cc). A block of `load` resolved (pinned
-  // for it, or failed): the board says so, and a pin that came after
-  // EndLoad is released; `at_once`: settled in BeginLoad itself (its
-  // checksums go in the answer). EndLoadRecord frees a load's board once
-  // it ended and no read of it is in flight.
-  void LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
-                         bool at_once = false);
-  void EndLoadRecord(const std::shared_ptr<LoadRecord>& load);
 
   // Demotions (engine_tiers.cc). Demote writes an evicted host block to
   // tier `level` (demoter.h), its bytes copied before it returns.
@@ -354,6 +318,7 @@ class Engine {
   Pinner::Hooks PinnerHooks();
   Locator::Hooks LocatorHooks();
   Writer::Hooks WriterHooks();
+  Loader::Hooks LoaderHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -381,7 +346,6 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
-  LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
   // Lookups (locator.h) and the write path: reservations and commits
   // into the arena (writer.h).
@@ -400,6 +364,7 @@ class Engine {
   // Pins, releases and reported uses (pinner.h); made by Create.
   std::unique_ptr<Pinner> pinner_;
   std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
+  std::unique_ptr<Loader> loader_;  // layer-wise loads (loader.h); made by Create
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's

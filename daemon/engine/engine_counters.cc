@@ -143,7 +143,7 @@ void Engine::VisitCounters(CounterVisitor& v) const {
   v.Visit("engine.holds_expired", load(counters_.holds_expired));
   v.Visit("engine.holds_ended", load(counters_.holds_ended));
   v.Visit("engine.hold_failures", load(counters_.hold_failures));
-  v.VisitGauge("engine.loads_open", loads_.OpenCount());
+  v.VisitGauge("engine.loads_open", loader_->OpenCount());
   VisitTierFamilies(v);
   demoter_->VisitCounters(v);
   reader_->VisitCounters(v);

@@ -1,8 +1,8 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the pinner, the layer streamer, the locator and the writer may
-// ask of it (each part's header says what each hook must do). Built once,
-// at construction or in Create; each hook calls back into this Engine,
-// which outlives the parts (they are destroyed first).
+// promoter, the pinner, the layer streamer, the locator, the writer and the
+// loader may ask of it (each part's header says what each hook must do).
+// Built once, at construction or in Create; each hook calls back into this
+// Engine, which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
@@ -94,6 +94,36 @@ Writer::Hooks Engine::WriterHooks() {
     return namespaces_.LayoutOf(ns, size).layer_count;
   };
   hooks.next_handle = [this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); };
+  return hooks;
+}
+
+Loader::Hooks Engine::LoaderHooks() {
+  Loader::Hooks hooks;
+  hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
+  hooks.layout = [this](const NamespaceFingerprint& ns) { return namespaces_.Layout(ns); };
+  hooks.claim = [this](const std::shared_ptr<PinBatch>& batch, const NamespaceFingerprint& ns,
+                       std::span<const BlockKey> keys) {
+    pinner_->ProbeUnknown(ns, keys);
+    return pinner_->ClaimPins(batch, ns, keys, LayerSpan{});
+  };
+  hooks.reported = [this](size_t level) { return SourceAt(level).reported; };
+  hooks.promote = [this](const BlockKey& key, const Located& from) { promoter_->Promote(key, from); };
+  hooks.stream = [this](const std::shared_ptr<LoadRecord>& load, std::span<const PinClaim> claims) {
+    streamer_->Start(load, claims);
+  };
+  hooks.release = [this](ConnectionId connection, std::span<const LeaseId> leases) {
+    pinner_->Release(connection, leases);
+  };
+  hooks.pinned = [this] {
+    if (prefetcher_->TakeUse()) SchedulePrefetch();
+  };
+  if (above_ != nullptr) {
+    AboveMover* above = above_.get();
+    hooks.hold_above = [above](const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
+                               uint64_t payload_bytes) { return above->Hold(ns, key, layer_count, payload_bytes); };
+    hooks.release_above = [above](const BlockKey& key, uint64_t offset) { above->ReleaseHold(key, offset); };
+    hooks.offer_above = [above](const NamespaceFingerprint& ns, const BlockKey& key) { above->Offer(ns, key); };
+  }
   return hooks;
 }
 

@@ -237,7 +237,7 @@ void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t 
     }
   }
   // The block's last layer to land is counted when the block resolves
-  // (LoadBlockResolved, after FinishPromotion verified it): a block can
+  // (Loader::Resolved, after FinishPromotion verified it): a block can
   // still fail there, and layers_ready == layers promises every block is
   // loaded or failed.
   if (landed && !finish) {

@@ -1,4 +1,4 @@
-// Engine::BeginLoad (daemon/engine/engine_load.cc): layer-wise loads, driven
+// Engine::BeginLoad (daemon/engine/loader.cc): layer-wise loads, driven
 // against a scripted tier below the host that records the order of its
 // reads and completes them when the test says so. The board
 // (common/load_board.h) is read from the arena as a client reads it.

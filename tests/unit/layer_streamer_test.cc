@@ -4,7 +4,7 @@
 // below behind a scripted wrapper that records the order of the reads,
 // fails the blocks it is told to and answers Busy while told to, and a
 // FakeClock the test moves. The load's pin stands in for the engine's
-// (what Engine::LoadBlockResolved counts on the board).
+// (what the Loader counts on the board as a block resolves).
 #include "daemon/engine/layer_streamer.h"
 
 #include <gtest/gtest.h>
@@ -133,7 +133,7 @@ class LayerStreamerTest : public ::testing::Test {
     batch->grants.resize(n);
     batch->outstanding = static_cast<int>(n);
     batch->done = [this](std::vector<PinGrant> grants) { loaded_.set_value(std::move(grants)); };
-    // What Engine::LoadBlockResolved does with the board: the block's
+    // What the Loader does with the board: the block's
     // layers not yet counted (its last, or all when it failed) count now.
     batch->on_resolve = [load = load_](size_t index, const PinGrant& grant) {
       MutexLock lock(load->mu);

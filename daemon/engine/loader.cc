@@ -1,35 +1,64 @@
-// Layer-wise loads (Engine::BeginLoad): the load's record and board; the
+// Layer-wise loads (loader.h): the load's record and board; the
 // LayerStreamer (layer_streamer.h) reads its blocks from the tiers below
 // layer by layer.
 //
-// A load pins every key through ClaimPins, as a Pin does: host hits are
+// A load pins every key through Hooks::claim, as a Pin does: host hits are
 // pinned at once, blocks being promoted or demoted are waited for, and the
 // blocks found only below are claimed for promotion (kPromoting, so other
 // pins wait for them). Those of the load's layout are streamed: their
 // arena extents are allocated up front, and their layers are read one
 // layer-range read each, in the order (layer 0 of every block, layer 1 of
 // every block, ...), as many at once as the tiers take, a block's later
-// layers once its first one landed. A block whose
-// layers have all landed ends its promotion (Promoter::FinishPromotion
-// commits and pins it for its waiters, the load among them); a failed read fails only
-// its block. The load record turns all this into the board's words.
+// layers once its first one landed. A block whose layers have all landed
+// ends its promotion (Promoter::FinishPromotion commits and pins it for
+// its waiters, the load among them); a failed read fails only its block.
+// The load record turns all this into the board's words.
+#include "daemon/engine/loader.h"
+
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/load_board.h"
-#include "daemon/engine/engine.h"
 #include "daemon/engine/block_index.h"
-#include "daemon/engine/load_table.h"
 
 namespace kvtier {
 
-Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
-                                            std::span<const BlockKey> keys, bool in_place, bool verify) {
+Loader::Loader(HostTier& host, EngineCounters& counters, Hooks hooks)
+    : host_(host), counters_(counters), hooks_(std::move(hooks)) {}
+
+Result<HostTier::Extent> Loader::Open(const std::shared_ptr<LoadRecord>& load, size_t n) {
+  Result<uint64_t> id = loads_.Open(load->connection);  // the slot, filled below
+  if (!id.ok()) return id.status();
+  load->id = *id;
+  const uint32_t blocks = static_cast<uint32_t>(n);
+  Result<HostTier::Extent> board = hooks_.allocate(LoadBoardBytes(blocks, load->verify ? load->layers : 0));
+  if (!board.ok()) {
+    loads_.Abandon(load->connection, load->id);
+    return board.status();
+  }
+  load->board_extent = *board;
+  {
+    MutexLock lock(load->mu);
+    load->board = LoadBoardWriter(host_.Bytes(*board).data(), blocks, load->layers, load->layer_bytes, load->verify);
+    load->pending.assign(load->layers, blocks);
+    load->counted.assign(n * load->layers, 0);
+    load->leases.assign(n, 0);
+    load->unresolved = n;
+  }
+  loads_.Fill(load->connection, load->id, load);
+  return *board;
+}
+
+Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const NamespaceFingerprint& ns,
+                                        std::span<const BlockKey> keys, bool in_place, bool verify) {
   if (keys.empty()) return InvalidArgument("a load needs at least one key");
   if (keys.size() > kMaxLoadBlocks) {
     return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
                            std::to_string(kMaxLoadBlocks));
   }
-  const std::optional<NamespaceLayout> registered = namespaces_.Layout(ns);
+  const std::optional<NamespaceLayout> registered = hooks_.layout(ns);
   if (!registered || registered->block_bytes == 0 || registered->layer_count == 0) {
     return InvalidArgument("the namespace has no registered block layout to load layer by layer");
   }
@@ -38,43 +67,25 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   load->connection = connection;
   load->layers = layout.layer_count;
   load->layer_bytes = layout.block_bytes / layout.layer_count;
-  load->in_place = in_place && above_ != nullptr;
+  load->in_place = in_place && hooks_.hold_above != nullptr;
   load->verify = verify;
   if (load->in_place) {
     load->ns = ns;
     load->keys.assign(keys.begin(), keys.end());
   }
-  Result<uint64_t> id = loads_.Open(connection);  // the slot, filled below
-  if (!id.ok()) return id.status();
-  load->id = *id;
   const size_t n = keys.size();
-  const size_t board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
-  Result<HostTier::Extent> board = evictor_->Allocate(board_bytes);
-  if (!board.ok()) {
-    loads_.Abandon(connection, load->id);
-    return board.status();
-  }
-  load->board_extent = *board;
-  {
-    MutexLock lock(load->mu);
-    load->board = LoadBoardWriter(host_.Bytes(*board).data(), static_cast<uint32_t>(n), load->layers,
-                                  load->layer_bytes, verify);
-    load->pending.assign(load->layers, static_cast<uint32_t>(n));
-    load->counted.assign(n * load->layers, 0);
-    load->leases.assign(n, 0);
-    load->unresolved = n;
-  }
-  loads_.Fill(connection, load->id, load);
+  Result<HostTier::Extent> board = Open(load, n);
+  if (!board.ok()) return board.status();
   Bump(counters_.loads);
   Bump(counters_.load_blocks, static_cast<int64_t>(n));
 
   // Blocks held in place above need no pin; the rest (`pinned`, by their
-  // index in the load) go through ClaimPins.
+  // index in the load) are claimed.
   std::vector<size_t> pinned;
   std::vector<BlockKey> pinned_keys;
   for (size_t i = 0; i < n; ++i) {
     std::optional<BlockTier::InPlace> held;
-    if (load->in_place) held = above_->Hold(ns, keys[i], layout.layer_count, layout.block_bytes);
+    if (load->in_place) held = hooks_.hold_above(ns, keys[i], layout.layer_count, layout.block_bytes);
     if (held) {
       MutexLock lock(load->mu);
       load->held.emplace_back(i, held->offset);
@@ -97,16 +108,15 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
   batch->with_layers = verify;  // every layer's checksum, for the board
   batch->done = [](std::vector<PinGrant>) {};
   batch->on_resolve = [this, load, pinned](size_t index, const PinGrant& grant) {
-    LoadBlockResolved(load, pinned[index], grant);
+    Resolved(load, pinned[index], grant, /*at_once=*/false);
   };
-  pinner_->ProbeUnknown(ns, pinned_keys);
-  PinClaims claims = pinner_->ClaimPins(batch, ns, pinned_keys, LayerSpan{});
+  PinClaims claims = hooks_.claim(batch, ns, pinned_keys);
   for (PinClaim& c : claims.promote) c.index = pinned[c.index];
 
   LoadStart out;
   out.load = load->id;
   out.board_offset = board->offset;
-  out.board_bytes = board_bytes;
+  out.board_bytes = LoadBoardBytes(static_cast<uint32_t>(n), verify ? load->layers : 0);
   if (verify) out.layer_checksums.resize(n);
   out.layers = load->layers;
   out.layer_bytes = load->layer_bytes;
@@ -123,25 +133,26 @@ Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const Names
       out.blocks[i] = grant.status;
       if (verify && grant.status.ok()) out.layer_checksums[i] = {true, grant.checksum, grant.layer_checksums};
     }
-    LoadBlockResolved(load, i, grant, /*at_once=*/true);
+    Resolved(load, i, grant, /*at_once=*/true);
   }
   std::vector<PinClaim> streamed;
   for (const PinClaim& c : claims.promote) {
-    out.source = std::max(out.source, SourceAt(c.from.level).reported);
+    out.source = std::max(out.source, hooks_.reported(c.from.level));
     out.below_bytes_per_layer += c.from.info.payload_bytes / std::max<uint32_t>(1, c.from.info.layer_count);
     if (c.from.info.layer_count == layout.layer_count && c.from.info.payload_bytes == layout.block_bytes) {
       streamed.push_back(c);
     } else {
-      promoter_->Promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
+      hooks_.promote(c.key, c.from);  // not of the layout: whole, and the load says InvalidArgument
     }
   }
-  if (!streamed.empty()) streamer_->Start(load, streamed);
-  pinner_->EndClaims(batch);
+  if (!streamed.empty()) hooks_.stream(load, streamed);
+  if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
+  if (hooks_.pinned) hooks_.pinned();
   return out;
 }
 
-void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
-                               bool at_once) {
+void Loader::Resolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
+                      bool at_once) {
   LeaseId release = 0;
   bool offer = false;
   {
@@ -177,13 +188,13 @@ void Engine::LoadBlockResolved(const std::shared_ptr<LoadRecord>& load, size_t i
     --load->unresolved;
     load->Advance();
   }
-  if (release != 0) pinner_->Release(load->connection, std::span<const LeaseId>(&release, 1));
+  if (release != 0) hooks_.release(load->connection, std::span<const LeaseId>(&release, 1));
   // A hit of a load into GPU memory: worth a copy in the tier above.
-  if (offer) above_->Offer(load->ns, load->keys[index]);
-  EndLoadRecord(load);
+  if (offer) hooks_.offer_above(load->ns, load->keys[index]);
+  FreeBoardIfDone(load);
 }
 
-void Engine::EndLoadRecord(const std::shared_ptr<LoadRecord>& load) {
+void Loader::FreeBoardIfDone(const std::shared_ptr<LoadRecord>& load) {
   HostTier::Extent board;
   {
     MutexLock lock(load->mu);
@@ -194,7 +205,7 @@ void Engine::EndLoadRecord(const std::shared_ptr<LoadRecord>& load) {
   host_.Free(board);
 }
 
-Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
+Status Loader::End(ConnectionId connection, uint64_t id) {
   std::shared_ptr<LoadRecord> load = loads_.Take(connection, id);
   if (!load) return NotFound("load " + std::to_string(id) + " is not open on this connection");
   std::vector<LeaseId> leases;
@@ -207,12 +218,14 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t id) {
     }
     held.swap(load->held);
   }
-  for (const auto& [index, offset] : held) {
-    above_->ReleaseHold(load->keys[index], offset);
-  }
-  if (!leases.empty()) pinner_->Release(connection, leases);
-  EndLoadRecord(load);
+  for (const auto& [index, offset] : held) hooks_.release_above(load->keys[index], offset);
+  if (!leases.empty()) hooks_.release(connection, leases);
+  FreeBoardIfDone(load);
   return Status::Ok();
+}
+
+void Loader::EndAll(ConnectionId connection) {
+  for (uint64_t id : loads_.Ids(connection)) End(connection, id).IgnoreError();  // raced with its own End: gone either way
 }
 
 }  // namespace kvtier
