@@ -128,6 +128,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());
   }
+  engine->report_ = std::make_unique<StackReport>(
+      StackReport::Stack{engine->above_.get(), *engine->host_block_tier_, host, engine->below_}, engine->shards_,
+      engine->counters_, engine->namespaces_, engine->ReportHooks());
   {
     WriterMutexLock gate(engine->sink_gate_->mu);
     engine->sink_gate_->engine = engine.get();

@@ -15,8 +15,9 @@
 // layer_streamer.h: up into the arena, whole or layer by layer), the
 // above mover (above_mover.h: the tier above the host), queue hints and
 // prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
-// hold_table.h). The parts reach the engine only through the hooks it
-// gives them (engine_hooks.cc).
+// hold_table.h), and its reports on the stack (stack_report.h: counters,
+// health, namespace use). The parts reach the engine only through the
+// hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -60,6 +61,7 @@
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
+#include "daemon/engine/stack_report.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/demoter.h"
@@ -119,11 +121,12 @@ class Engine {
   // Registered namespaces (kept, used, or unused with blocks): the gauge.
   size_t RegisteredNamespaces() const;
 
-  // Every namespace with a block in some tier, plus those registered since
-  // start, and where (engine_namespaces.cc). O(blocks of every tier).
+  // Every namespace with a block in some tier, plus those registered
+  // since start, and where. The reports on the stack below are
+  // StackReport's (stack_report.h, with their contracts).
   using TierUse = EngineTierUse;
   using NamespaceUse = EngineNamespaceUse;
-  std::vector<NamespaceUse> NamespaceUses() const;
+  std::vector<NamespaceUse> NamespaceUses() const { return report_->NamespaceUses(); }
   // Registered namespaces of `model_id` (and `model_revision` unless empty).
   std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id,
                                                       std::string_view model_revision) const;
@@ -131,15 +134,11 @@ class Engine {
   // NVMe index included, blocks moving between tiers too). Per tier, top
   // first: the blocks it held.
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
-  std::vector<std::string> TierNames() const;  // the stack's, top first ("hbm", "host", "nvme")
-  // Use per namespace as gauges (part of VisitCounters): payload bytes per
-  // tier, `namespace.bytes{ns="<16 hex>",model=...,revision=...,
-  // adapter=...,tier="host"}` (model, revision, adapter when registered
-  // since start). At most kMaxNamespaceSeries namespaces, the largest; the
-  // rest summed under ns="other". O(namespaces) for tiers that keep
-  // per-namespace sums (NVMe), O(blocks) for the others.
-  static constexpr size_t kMaxNamespaceSeries = 256;
-  void VisitNamespaceUse(CounterVisitor& v) const;
+  std::vector<std::string> TierNames() const { return report_->TierNames(); }  // top first: "hbm", "host", ...
+  // namespace.bytes gauges (part of VisitCounters), at most
+  // kMaxNamespaceSeries namespaces, the rest under ns="other".
+  static constexpr size_t kMaxNamespaceSeries = StackReport::kMaxNamespaceSeries;
+  void VisitNamespaceUse(CounterVisitor& v) const { report_->VisitNamespaceUse(v); }
 
   // Longest prefix of `keys` committed under namespace `ns`, with tiers.
   // Does not count as a use for eviction.
@@ -352,15 +351,12 @@ class Engine {
   // it, tools and the tier contract tests.
   BlockTier& host_tier();
 
-  void VisitCounters(CounterVisitor& v) const;
-  // Adds what is wrong to `out`: each tier's own report (BlockTier::
-  // CheckHealth), top first, each tier below followed by its admission's
-  // (TierAdmission::CheckHealth), then the engine's warnings of failed
-  // promotions and demotions (engine_counters.cc).
-  void CheckHealth(HealthFindings& out) const;
+  // Every counter and gauge of the stack, and what is wrong with it
+  // (StackReport, stack_report.h).
+  void VisitCounters(CounterVisitor& v) const { report_->VisitCounters(v); }
+  void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:
-  void VisitTierFamilies(CounterVisitor& v) const;
   friend class HostBlockTier;  // the host tier's BlockTier face works on the index
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
@@ -374,8 +370,8 @@ class Engine {
   std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const;
   TierLevel& SourceAt(size_t level);  // the record of the tier a Located names
   BlockIndex& ShardFor(const BlockKey& key);
-  // The tiers of the stack, top first, for enumeration (above, host, below).
-  std::vector<const BlockTier*> StackTop() const;
+  // The tiers of the stack, top first (StackReport::StackTop).
+  std::vector<const BlockTier*> StackTop() const { return report_->StackTop(); }
 
   // Pins (engine_pin.cc). PinLocked pins the committed entry of `key` for
   // `connection`, with every layer's checksum when `with_layers`; the
@@ -443,6 +439,7 @@ class Engine {
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
+  StackReport::Hooks ReportHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -474,6 +471,9 @@ class Engine {
   LoadTable loads_{kMaxLoadsPerConnection};  // each connection's open loads (load_table.h)
   HoldTable holds_;  // operator holds (hold_table.h)
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
+  // What the engine reports about its stack (stack_report.h); made by
+  // Create once the stack is complete. No thread of its own.
+  std::unique_ptr<StackReport> report_;
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
   // reads, copies up), each at its time on clock_ (retry_scheduler.h).

@@ -1,5 +1,5 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter and the layer streamer may ask of it (each part's header says
+// promoter, the layer streamer and the stack report may ask of it (each part's header says
 // what each hook must do). Built once, in Create; each hook calls back into
 // this Engine, which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
@@ -56,6 +56,20 @@ LayerStreamer::Hooks Engine::StreamerHooks() {
   hooks.io_finished = [this] { IoFinished(); };
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  return hooks;
+}
+
+StackReport::Hooks Engine::ReportHooks() {
+  StackReport::Hooks hooks;
+  hooks.layer_read_pool_bytes = [this] { return static_cast<int64_t>(promoter_->transient_bytes()); };
+  hooks.holds_in_force = [this] { return holds_.CountInForce(clock_.NowUs()); };
+  hooks.loads_open = [this] { return loads_.OpenCount(); };
+  hooks.visit_movers = [this](CounterVisitor& v) {
+    demoter_->VisitCounters(v);
+    reader_->VisitCounters(v);
+    retries_->VisitCounters(v);
+    host_io_->VisitCounters(v);
+  };
   return hooks;
 }
 
