@@ -15,8 +15,9 @@
 // layer_streamer.h: up into the arena, whole or layer by layer), the
 // above mover (above_mover.h: the tier above the host), queue hints and
 // prefetch (request_queue.h, prefetcher.h), loads and holds (load_table.h,
-// hold_table.h), and its reports on the stack (stack_report.h: counters,
-// health, namespace use). The parts reach the engine only through the
+// hold_table.h), its reports on the stack (stack_report.h: counters,
+// health, namespace use) and the check of corruption reports
+// (corruption_check.h). The parts reach the engine only through the
 // hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
@@ -43,6 +44,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -51,6 +53,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
+#include "daemon/engine/corruption_check.h"
 #include "daemon/engine/hold_table.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
@@ -228,21 +231,15 @@ class Engine {
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
-  // A client's verified read of `keys` (namespace `ns`, at most
-  // kMaxReportedKeys) did not match their checksums (engine_reports.cc).
-  // Each such block the host tier holds is pinned at once, hashed again
-  // off the request thread (on the host_io mover) against the checksums
-  // recorded when it was committed, and removed from the host tier only
-  // if they disagree: a report cannot evict a sound block, and copies in
-  // the tiers below stay (each verifies its own on read). `done` runs
-  // exactly once with the number of blocks dropped: inline when no
-  // reported block is in the host tier, else on the mover's thread.
-  // Busy (nothing checked) when the mover's queue is full; InvalidArgument
-  // for too many keys. Counters engine.corrupt_reports (keys checked),
-  // engine.corrupt_drops, engine.corrupt_reports_refuted (found intact).
-  static constexpr size_t kMaxReportedKeys = 64;
+  // A client's verified read of `keys` of `ns` did not match their
+  // checksums: each such host block is checked again off the request
+  // thread and dropped only if it disagrees with its commit's checksums;
+  // `done` gets the number dropped (CorruptionCheck, corruption_check.h).
+  static constexpr size_t kMaxReportedKeys = CorruptionCheck::kMaxReportedKeys;
   void CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                            std::function<void(Result<size_t>)> done);
+                            std::function<void(Result<size_t>)> done) {
+    corruption_->Check(ns, keys, std::move(done));
+  }
 
   // Preload planning (policy/preload_planner.h) with `source`'s read
   // bandwidth: for a tier below, the 10th percentile of the rates its
@@ -351,8 +348,7 @@ class Engine {
   // it, tools and the tier contract tests.
   BlockTier& host_tier();
 
-  // Every counter and gauge of the stack, and what is wrong with it
-  // (StackReport, stack_report.h).
+  // The stack's counters and what is wrong with it (stack_report.h).
   void VisitCounters(CounterVisitor& v) const { report_->VisitCounters(v); }
   void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
@@ -440,6 +436,7 @@ class Engine {
   Promoter::Hooks PromoterHooks();
   LayerStreamer::Hooks StreamerHooks();
   StackReport::Hooks ReportHooks();
+  CorruptionCheck::Hooks CorruptionHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -474,6 +471,9 @@ class Engine {
   // What the engine reports about its stack (stack_report.h); made by
   // Create once the stack is complete. No thread of its own.
   std::unique_ptr<StackReport> report_;
+  // Corruption reports checked (corruption_check.h), on host_io_, which
+  // is destroyed first; made by Create.
+  std::unique_ptr<CorruptionCheck> corruption_;
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
   // reads, copies up), each at its time on clock_ (retry_scheduler.h).

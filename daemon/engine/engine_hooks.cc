@@ -1,5 +1,6 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the layer streamer and the stack report may ask of it (each part's header says
+// promoter, the layer streamer, the stack report and the corruption check
+// may ask of it (each part's header says
 // what each hook must do). Built once, in Create; each hook calls back into
 // this Engine, which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
@@ -70,6 +71,17 @@ StackReport::Hooks Engine::ReportHooks() {
     retries_->VisitCounters(v);
     host_io_->VisitCounters(v);
   };
+  return hooks;
+}
+
+CorruptionCheck::Hooks Engine::CorruptionHooks() {
+  CorruptionCheck::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.pin = [this](BlockIndex& shard, const BlockKey& key, uint64_t now_us) {
+    return PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true);
+  };
+  hooks.release = [this](LeaseId lease) { Release(kHostTierConnection, {&lease, 1}); };
   return hooks;
 }
 
