@@ -143,6 +143,7 @@ TEST_F(CorruptionCheckTest, AnIntactBlockIsKeptAndTheReportRefuted) {
   EXPECT_EQ(pins_, 1);
   EXPECT_EQ(releases_, 1);
   EXPECT_EQ(io_started_, 1);
+  io_.reset();  // joins the mover: its job has ended (io_finished runs after `done`)
   EXPECT_EQ(io_finished_, 1);
 }
 
