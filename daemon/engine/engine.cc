@@ -133,6 +133,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
                                                   kMoverJobs, engine->AboveHooks());
   }
   engine->loader_ = std::make_unique<Loader>(host, engine->counters_, engine->LoaderHooks());  // after above_
+  engine->report_ = std::make_unique<StackReport>(
+      StackReport::Stack{engine->above_.get(), *engine->host_block_tier_, host, engine->below_}, engine->shards_,
+      engine->counters_, engine->namespaces_, engine->ReportHooks());
+  engine->corruption_ = std::make_unique<CorruptionCheck>(engine->shards_, host, clock, *engine->host_io_,
+                                                          engine->counters_, engine->CorruptionHooks());
   {
     WriterMutexLock gate(engine->sink_gate_->mu);
     engine->sink_gate_->engine = engine.get();

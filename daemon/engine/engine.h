@@ -17,8 +17,10 @@
 // layer_streamer.h: up into the arena, whole or layer by layer), the above
 // mover (above_mover.h: the tier above the host), queue hints and prefetch
 // (request_queue.h, prefetcher.h), the loader (loader.h: layer-wise loads
-// and their boards), operator holds (holder.h). The parts reach the engine
-// only through the hooks it gives them (engine_hooks.cc).
+// and their boards), operator holds (holder.h), its reports on the stack
+// (stack_report.h: counters, health, namespace use) and the check of
+// corruption reports (corruption_check.h). The parts reach the engine only
+// through the hooks it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -44,6 +46,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -52,6 +55,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
+#include "daemon/engine/corruption_check.h"
 #include "daemon/engine/holder.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
@@ -64,6 +68,7 @@
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
+#include "daemon/engine/stack_report.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/demoter.h"
@@ -122,11 +127,12 @@ class Engine {
   // Registered namespaces (kept, used, or unused with blocks): the gauge.
   size_t RegisteredNamespaces() const;
 
-  // Every namespace with a block in some tier, plus those registered since
-  // start, and where (engine_namespaces.cc). O(blocks of every tier).
+  // Every namespace with a block in some tier, plus those registered
+  // since start, and where. The reports on the stack below are
+  // StackReport's (stack_report.h, with their contracts).
   using TierUse = EngineTierUse;
   using NamespaceUse = EngineNamespaceUse;
-  std::vector<NamespaceUse> NamespaceUses() const;
+  std::vector<NamespaceUse> NamespaceUses() const { return report_->NamespaceUses(); }
   // Registered namespaces of `model_id` (and `model_revision` unless empty).
   std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id,
                                                       std::string_view model_revision) const;
@@ -134,15 +140,11 @@ class Engine {
   // NVMe index included, blocks moving between tiers too). Per tier, top
   // first: the blocks it held.
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
-  std::vector<std::string> TierNames() const;  // the stack's, top first ("hbm", "host", "nvme")
-  // Use per namespace as gauges (part of VisitCounters): payload bytes per
-  // tier, `namespace.bytes{ns="<16 hex>",model=...,revision=...,
-  // adapter=...,tier="host"}` (model, revision, adapter when registered
-  // since start). At most kMaxNamespaceSeries namespaces, the largest; the
-  // rest summed under ns="other". O(namespaces) for tiers that keep
-  // per-namespace sums (NVMe), O(blocks) for the others.
-  static constexpr size_t kMaxNamespaceSeries = 256;
-  void VisitNamespaceUse(CounterVisitor& v) const;
+  std::vector<std::string> TierNames() const { return report_->TierNames(); }  // top first: "hbm", "host", ...
+  // namespace.bytes gauges (part of VisitCounters), at most
+  // kMaxNamespaceSeries namespaces, the rest under ns="other".
+  static constexpr size_t kMaxNamespaceSeries = StackReport::kMaxNamespaceSeries;
+  void VisitNamespaceUse(CounterVisitor& v) const { report_->VisitNamespaceUse(v); }
 
   // Lookups (locator.h, whose contracts these are): the longest prefix
   // of `keys` committed under `ns`, with tiers, at once or in steps of at
@@ -181,21 +183,15 @@ class Engine {
   // Removes committed blocks from every tier; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
-  // A client's verified read of `keys` (namespace `ns`, at most
-  // kMaxReportedKeys) did not match their checksums (engine_reports.cc).
-  // Each such block the host tier holds is pinned at once, hashed again
-  // off the request thread (on the host_io mover) against the checksums
-  // recorded when it was committed, and removed from the host tier only
-  // if they disagree: a report cannot evict a sound block, and copies in
-  // the tiers below stay (each verifies its own on read). `done` runs
-  // exactly once with the number of blocks dropped: inline when no
-  // reported block is in the host tier, else on the mover's thread.
-  // Busy (nothing checked) when the mover's queue is full; InvalidArgument
-  // for too many keys. Counters engine.corrupt_reports (keys checked),
-  // engine.corrupt_drops, engine.corrupt_reports_refuted (found intact).
-  static constexpr size_t kMaxReportedKeys = 64;
+  // A client's verified read of `keys` of `ns` did not match their
+  // checksums: each such host block is checked again off the request
+  // thread and dropped only if it disagrees with its commit's checksums;
+  // `done` gets the number dropped (CorruptionCheck, corruption_check.h).
+  static constexpr size_t kMaxReportedKeys = CorruptionCheck::kMaxReportedKeys;
   void CheckReportedCorrupt(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                            std::function<void(Result<size_t>)> done);
+                            std::function<void(Result<size_t>)> done) {
+    corruption_->Check(ns, keys, std::move(done));
+  }
 
   // Preload planning (policy/preload_planner.h) with `source`'s read
   // bandwidth: for a tier below, the 10th percentile of the rates its
@@ -267,15 +263,11 @@ class Engine {
   // it, tools and the tier contract tests.
   BlockTier& host_tier();
 
-  void VisitCounters(CounterVisitor& v) const;
-  // Adds what is wrong to `out`: each tier's own report (BlockTier::
-  // CheckHealth), top first, each tier below followed by its admission's
-  // (TierAdmission::CheckHealth), then the engine's warnings of failed
-  // promotions and demotions (engine_counters.cc).
-  void CheckHealth(HealthFindings& out) const;
+  // The stack's counters and what is wrong with it (stack_report.h).
+  void VisitCounters(CounterVisitor& v) const { report_->VisitCounters(v); }
+  void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:
-  void VisitTierFamilies(CounterVisitor& v) const;
   friend class HostBlockTier;  // the host tier's BlockTier face works on the index
 
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
@@ -289,8 +281,8 @@ class Engine {
   std::optional<Located> FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const;
   TierLevel& SourceAt(size_t level);  // the record of the tier a Located names
   BlockIndex& ShardFor(const BlockKey& key);
-  // The tiers of the stack, top first, for enumeration (above, host, below).
-  std::vector<const BlockTier*> StackTop() const;
+  // The tiers of the stack, top first (StackReport::StackTop).
+  std::vector<const BlockTier*> StackTop() const { return report_->StackTop(); }
 
 
   // Demotions (engine_tiers.cc). Demote writes an evicted host block to
@@ -319,6 +311,8 @@ class Engine {
   Locator::Hooks LocatorHooks();
   Writer::Hooks WriterHooks();
   Loader::Hooks LoaderHooks();
+  StackReport::Hooks ReportHooks();
+  CorruptionCheck::Hooks CorruptionHooks();
 
   HostTier& host_;
   const Clock& clock_;
@@ -351,6 +345,12 @@ class Engine {
   // into the arena (writer.h).
   std::unique_ptr<Locator> locator_;
   std::unique_ptr<Writer> writer_;
+  // What the engine reports about its stack (stack_report.h); made by
+  // Create once the stack is complete. No thread of its own.
+  std::unique_ptr<StackReport> report_;
+  // Corruption reports checked (corruption_check.h), on host_io_, which
+  // is destroyed first; made by Create.
+  std::unique_ptr<CorruptionCheck> corruption_;
 
   // Retries of what a busy tier refused (promotions, layer-wise loads'
   // reads, copies up), each at its time on clock_ (retry_scheduler.h).

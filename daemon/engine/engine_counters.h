@@ -1,5 +1,5 @@
 // EngineCounters: the Engine's monotonic event counters, bumped by its
-// parts and read by Engine::VisitCounters (engine_counters.cc) under the
+// parts and read by StackReport::VisitCounters (stack_report.cc) under the
 // names docs/OPERATIONS.md lists. Gauges are computed from the shards, not
 // kept here. Each counter is a relaxed atomic: no lock guards them.
 #pragma once

@@ -1,8 +1,9 @@
 // The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the pinner, the layer streamer, the locator, the writer and the
-// loader may ask of it (each part's header says what each hook must do).
-// Built once, at construction or in Create; each hook calls back into this
-// Engine, which outlives the parts (they are destroyed first).
+// promoter, the pinner, the layer streamer, the locator, the writer, the
+// loader, the stack report and the corruption check may ask of it (each
+// part's header says what each hook must do). Built once, at construction
+// or in Create; each hook calls back into this Engine, which outlives the
+// parts (they are destroyed first).
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
@@ -124,6 +125,31 @@ Loader::Hooks Engine::LoaderHooks() {
     hooks.release_above = [above](const BlockKey& key, uint64_t offset) { above->ReleaseHold(key, offset); };
     hooks.offer_above = [above](const NamespaceFingerprint& ns, const BlockKey& key) { above->Offer(ns, key); };
   }
+  return hooks;
+}
+
+StackReport::Hooks Engine::ReportHooks() {
+  StackReport::Hooks hooks;
+  hooks.layer_read_pool_bytes = [this] { return static_cast<int64_t>(promoter_->transient_bytes()); };
+  hooks.holds_in_force = [this] { return holder_->InForce(); };
+  hooks.loads_open = [this] { return loader_->OpenCount(); };
+  hooks.visit_movers = [this](CounterVisitor& v) {
+    demoter_->VisitCounters(v);
+    reader_->VisitCounters(v);
+    retries_->VisitCounters(v);
+    host_io_->VisitCounters(v);
+  };
+  return hooks;
+}
+
+CorruptionCheck::Hooks Engine::CorruptionHooks() {
+  CorruptionCheck::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.pin = [this](BlockIndex& shard, const BlockKey& key, uint64_t now_us) {
+    return pinner_->PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true);
+  };
+  hooks.release = [this](LeaseId lease) { pinner_->Release(kHostTierConnection, {&lease, 1}); };
   return hooks;
 }
 
