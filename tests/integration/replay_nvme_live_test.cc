@@ -223,7 +223,9 @@ TEST(ReplayNvmeLiveTest, SimAndLiveAgreeWithARemoteTierBelow) {
       const ReplayResult r =
           SimAndLiveAgree(trace, ReclaimOrder::kLru, "lru", Admission{nvme_admission, {}, remote_admission});
       EXPECT_GT(r.tiers[kRemoteTier].hits, 0u) << "the remote tier serves hits";
-      if (remote_admission == "second_hit") EXPECT_GT(r.remote_admission_refused, 0u);
+      if (remote_admission == "second_hit") {
+        EXPECT_GT(r.remote_admission_refused, 0u);
+      }
     }
   }
 }

@@ -74,11 +74,18 @@ bool NvmeTier::ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_byte
 }
 
 RegionManager::ReclaimGate NvmeTier::Gate() const {
-  if (!shares_) return {};
+  // The scan (NextVictim) and a reclaim each take the oldest sealed region
+  // without writes in flight, but at different times: a region whose
+  // write ended after a younger region's turn would otherwise be
+  // reclaimed with its blocks neither copied forward nor handed down. The
+  // allocation that finds it unscanned is Busy and starts its turn.
+  if (!TakesTurns()) return {};
   // Called by regions_, whose every use is under mu_.
   return [this](uint32_t region) {
     mu_.AssertHeld();
-    return cleared_ == std::pair{region, regions_.Generation(region)};
+    const uint64_t generation = regions_.Generation(region);
+    if (turn_taken_[region] != generation + 1) return false;
+    return !shares_ || cleared_ == std::pair{region, generation};
   };
 }
 

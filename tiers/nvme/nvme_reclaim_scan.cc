@@ -27,8 +27,7 @@ std::vector<BlockKey> NvmeTier::SplitGuarded(const std::vector<BlockKey>& keys, 
 }
 
 void NvmeTier::MaybeScanNextVictim() {
-  if ((!reinsert_budget_.enabled() && !eviction_sink_ && !shares_) || reinserting_ ||
-      regions_.free_count() > regions_.reserve()) {
+  if (!TakesTurns() || reinserting_ || regions_.free_count() > regions_.reserve()) {
     return;
   }
   auto victim = regions_.NextVictim();
@@ -36,6 +35,7 @@ void NvmeTier::MaybeScanNextVictim() {
   const std::pair<uint32_t, uint64_t> scan{*victim, regions_.Generation(*victim)};
   if (scan == reinsert_scanned_) return;  // this region's turn was taken
   reinsert_scanned_ = scan;
+  turn_taken_[*victim] = scan.second + 1;  // Gate lets it go (once its hold ends)
   Turn turn;
   turn.scan = scan;
   std::vector<BlockKey> keys;

@@ -23,6 +23,7 @@ NvmeTier::NvmeTier(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeInde
       shareable_bytes_(regions_.region_count() > 3 ? (regions_.region_count() - 3) * options.region_bytes : 0),
       reinsert_budget_(options.reinsert_share, options.region_bytes),
       reclaim_(options.reclaim),
+      turn_taken_(regions_.region_count(), 0),
       verifiers_(options.verify_threads) {}
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> device, std::unique_ptr<NvmeIndex> index,

@@ -222,9 +222,14 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   // device leaves the protected bytes within shareable_bytes(). Caller
   // holds mu_.
   bool ShareRoomFor(const NamespaceFingerprint& ns, uint64_t record_bytes) REQUIRES(mu_);
-  // What may be reclaimed: with shares, only the region whose protected
-  // blocks have been copied (cleared_); without, any. Caller holds mu_.
+  // What may be reclaimed. A tier that takes turns: only a region whose
+  // turn was taken in its current generation (its blocks copied forward
+  // or handed down), and with shares only the one whose protected blocks
+  // have been copied (cleared_); one that does not: any. Caller holds mu_.
   RegionManager::ReclaimGate Gate() const REQUIRES(mu_);
+  // Whether regions get a turn before their reclaim: with a reinsertion
+  // budget, an eviction sink or shares. Caller holds mu_.
+  bool TakesTurns() const REQUIRES(mu_) { return reinsert_budget_.enabled() || eviction_sink_ || shares_; }
   // Drops a reclaimed region's entries from memory and queues the
   // allocation's region changes for the index writer. Caller holds mu_.
   void PersistRegions(const RegionManager::Allocation& allocation) REQUIRES(mu_);
@@ -289,6 +294,9 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   ReclaimPolicy reclaim_ GUARDED_BY(mu_);  // sees every block's life
   EvictionSink eviction_sink_ GUARDED_BY(mu_);
   std::pair<uint32_t, uint64_t> reinsert_scanned_ GUARDED_BY(mu_){~0u, 0};  // region, generation
+  // Per region: 1 + the generation whose turn was taken (0: none yet). A
+  // tier that takes turns (TakesTurns) reclaims only such a region (Gate).
+  std::vector<uint64_t> turn_taken_ GUARDED_BY(mu_);
   int64_t full_until_us_ GUARDED_BY(mu_) = 0;
   int64_t io_in_flight_ GUARDED_BY(mu_) = 0;
   uint64_t staged_for_writes_ GUARDED_BY(mu_) = 0;

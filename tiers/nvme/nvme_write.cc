@@ -64,7 +64,7 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
         record_bytes, replaces == nullptr ? RegionManager::Purpose::kWrite : RegionManager::Purpose::kCopy, gate);
     if (!allocation.ok()) {
       staging_->Free(*staged);
-      if (shares_) MaybeScanNextVictim();  // the next victim may wait for its scan
+      MaybeScanNextVictim();  // the next victim may wait for its turn (Gate)
       return reject(allocation.status());
     }
     PersistRegions(*allocation);

@@ -73,7 +73,7 @@ Result<uint32_t> RegionManager::ReclaimableVictim(const ReclaimGate& may_reclaim
   }
   if (it == sealed_.end()) return Busy("every nvme region has writes in flight; none can be reclaimed yet");
   if (may_reclaim && !may_reclaim(*it)) {
-    return Busy("the protected blocks of the next nvme region to reclaim are being copied forward");
+    return Busy("the next nvme region to reclaim has not had its turn yet (its blocks copied forward or handed down)");
   }
   return *it;
 }
