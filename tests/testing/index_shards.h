@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "daemon/engine/block_index.h"
@@ -22,6 +23,16 @@ inline std::vector<std::unique_ptr<BlockIndex>> MakeShards(HostTier& host, size_
     shards.push_back(std::make_unique<BlockIndex>(s, 1, MakeEvictionPolicy(EvictionPolicyId::kLru), host));
   }
   return shards;
+}
+
+// The host entry of `key` in `shards` (a copy, taken under its shard's
+// lock), if there is one.
+inline std::optional<BlockEntry> EntryOf(std::vector<std::unique_ptr<BlockIndex>>& shards, const BlockKey& key) {
+  BlockIndex& shard = *shards[ShardIndexOf(key, shards.size())];
+  MutexLock lock(shard.mu);
+  auto it = shard.index.find(key);
+  if (it == shard.index.end()) return std::nullopt;
+  return it->second;
 }
 
 // Pins the committed block `key` of `shard` for `connection`, with its

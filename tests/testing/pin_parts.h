@@ -181,13 +181,7 @@ class PinParts {
     return waiters.size();
   }
   // The host entry of `key`, if there is one.
-  std::optional<BlockEntry> Entry(const BlockKey& key) {
-    BlockIndex& shard = ShardOf(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    if (it == shard.index.end()) return std::nullopt;
-    return it->second;
-  }
+  std::optional<BlockEntry> Entry(const BlockKey& key) { return ::kvtier::testing::EntryOf(shards_, key); }
   std::vector<std::byte> Arena(uint64_t offset, uint64_t length) {
     std::span<std::byte> bytes = SlotBytes(*host_, offset, length);
     return std::vector<std::byte>(bytes.begin(), bytes.end());

@@ -31,6 +31,7 @@
 #include "tests/testing/fault_injecting_device.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/test_daemon.h"
+#include "tests/testing/wait_for.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
@@ -41,6 +42,7 @@ using ::kvtier::testing::FakeClock;
 using ::kvtier::testing::FaultInjectingDevice;
 using ::kvtier::testing::FillBlockBytes;
 using ::kvtier::testing::MemoryDevice;
+using ::kvtier::testing::WaitFor;
 
 constexpr uint64_t kRegion = 1 << 20;
 constexpr uint64_t kDevice = 8 * kRegion;  // 8 regions
@@ -141,15 +143,6 @@ class NvmeReinsertReclaimRaceTest : public ::testing::Test {
       if (n == name) return v;
     }
     return -1;
-  }
-  template <typename Pred>
-  bool WaitFor(Pred pred) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return true;
   }
 
   std::string dir_;

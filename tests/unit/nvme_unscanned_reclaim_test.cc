@@ -26,6 +26,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/memory_device.h"
 #include "tests/testing/test_daemon.h"
+#include "tests/testing/wait_for.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace kvtier {
@@ -34,6 +35,7 @@ namespace {
 using ::kvtier::testing::FakeClock;
 using ::kvtier::testing::FillBlockBytes;
 using ::kvtier::testing::MemoryDevice;
+using ::kvtier::testing::WaitFor;
 
 constexpr uint64_t kRegion = 1 << 20;
 constexpr uint64_t kDevice = 4 * kRegion;  // 4 regions
@@ -141,15 +143,6 @@ class NvmeUnscannedReclaimTest : public ::testing::Test {
   bool WasOffered(uint64_t i) {
     std::lock_guard lock(mu_);
     return offered_.count(Key(i)) != 0;
-  }
-  template <typename Pred>
-  bool WaitFor(Pred pred) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return true;
   }
 
   std::string dir_;
