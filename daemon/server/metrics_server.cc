@@ -4,6 +4,7 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
 #include <asio/read_until.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/steady_timer.hpp>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/retry_scheduler.h"
 
 namespace kvtier {
 namespace {
@@ -23,6 +25,7 @@ namespace {
 constexpr size_t kMaxRequestHead = 8192;
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
 constexpr size_t kMaxConnections = 32;
+constexpr uint64_t kAcceptPauseMs = 100;
 
 std::string Response(int code, std::string_view reason, std::string_view content_type, const std::string& body,
                      bool head_only, std::string_view extra_header = {}) {
@@ -102,6 +105,10 @@ struct MetricsServer::State {
   asio::io_context io{1};
   asio::ip::tcp::acceptor acceptor{io};
   std::thread thread;
+  SystemClock system_clock;
+  // Ends the pause after a failed accept, on the options' clock; declared
+  // after io, so it stops (running a pause still waiting) while io lives.
+  std::unique_ptr<RetryScheduler> pause;
 
   // The answer to one request head (the bytes up to the blank line).
   std::string Answer(std::string_view head) {
@@ -192,10 +199,16 @@ struct MetricsServer::State {
       auto socket = co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) {
-        // Out of descriptors and the like: pause instead of spinning.
-        spdlog::warn("metrics: accept failed: {}", ec.message());
-        asio::steady_timer pause(io, std::chrono::milliseconds(100));
-        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        // Out of descriptors and the like: pause instead of spinning, on
+        // a timer only the pause's job ends (cancels), on this thread.
+        spdlog::warn("metrics: accept failed: {}; pausing {} ms", ec.message(), kAcceptPauseMs);
+        auto woken = std::make_shared<asio::steady_timer>(io, asio::steady_timer::time_point::max());
+        if (!pause->RunAfter(kAcceptPauseMs * 1000, [woken] {
+              asio::post(woken->get_executor(), [woken] { woken->cancel(); });
+            })) {
+          co_return;  // stopping
+        }
+        co_await woken->async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
       if (open.size() >= kMaxConnections && !CloseOldestIdle()) {
@@ -226,6 +239,8 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsOptions
                    ": " + ec.message());
   }
   state->port = state->acceptor.local_endpoint().port();
+  state->pause = std::make_unique<RetryScheduler>(
+      "metrics.accept_pause", options.clock != nullptr ? *options.clock : state->system_clock, 1);
   asio::co_spawn(state->io, state->Accept(), asio::detached);
   State* raw = state.get();
   state->thread = std::thread([raw] { raw->io.run(); });

@@ -8,8 +8,10 @@
 // connection (Connection: close); at most 32 connections at once: a new
 // one past them closes the oldest that has not sent its request yet (so
 // idle connections cannot keep scrapes out), or itself when all 32 are
-// being answered. Bound to an address (127.0.0.1 by default, so it
-// is not exposed beyond the node unless configured).
+// being answered. An accept that fails (out of descriptors) pauses the
+// listener 100 ms of MetricsOptions::clock before the next. Bound to an
+// address (127.0.0.1 by default, so it is not exposed beyond the node
+// unless configured).
 //
 // Who sees what (metrics_scope.h): with a bearer token, a GET or HEAD of
 // /metrics without `Authorization: Bearer <token>` (compared in constant
@@ -26,6 +28,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/clock.h"
 #include "daemon/server/metrics_scope.h"
 #include "kvtier/result.h"
 
@@ -38,6 +41,9 @@ struct MetricsOptions {
   std::string bearer_token;
   // What a scrape sees when there is no token.
   MetricsView open_view = MetricsView::kAll;
+  // The clock the pause after a failed accept waits on (borrowed, outlives
+  // the server); null: the system clock.
+  const Clock* clock = nullptr;
 };
 
 // Whether the request head `head` (request line, header lines, the blank
