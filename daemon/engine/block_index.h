@@ -15,7 +15,7 @@
 
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
-#include "daemon/engine/engine.h"
+#include "daemon/engine/engine_types.h"
 #include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
 #include "policy/eviction_policy.h"
@@ -35,7 +35,7 @@ struct PinBatch {
   std::atomic<int> outstanding{1};  // keys in flight + 1 for the call itself
   // Whole-block grants carry every layer's checksum (a load that verifies).
   bool with_layers = false;
-  Engine::PinDone done;
+  PinDone done;
   // Runs as each waiting key resolves, before `done` (a layer-wise load
   // follows its blocks one by one). Called with no shard lock held.
   std::function<void(size_t index, const PinGrant& grant)> on_resolve;

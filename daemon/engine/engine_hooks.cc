@@ -38,7 +38,10 @@ Promoter::Hooks Engine::PromoterHooks() {
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
   hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
   hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                     bool with_layers) { return pinner_->PinLocked(shard, connection, key, now_us, with_layers); };
+                     bool with_layers) {
+    shard.mu.AssertHeld();  // the promoter calls it under the shard's lock
+    return pinner_->PinLocked(shard, connection, key, now_us, with_layers);
+  };
   hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
     return namespaces_.LayoutOf(ns, size).layer_count;
   };
@@ -147,6 +150,7 @@ CorruptionCheck::Hooks Engine::CorruptionHooks() {
   hooks.io_started = [this] { IoStarted(); };
   hooks.io_finished = [this] { IoFinished(); };
   hooks.pin = [this](BlockIndex& shard, const BlockKey& key, uint64_t now_us) {
+    shard.mu.AssertHeld();  // the check calls it under the shard's lock
     return pinner_->PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true);
   };
   hooks.release = [this](LeaseId lease) { pinner_->Release(kHostTierConnection, {&lease, 1}); };

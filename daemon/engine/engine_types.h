@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -101,6 +102,9 @@ struct PinGrant {
   // else empty. A block of one layer has its whole checksum as layer 0's.
   std::vector<uint64_t> layer_checksums;
 };
+
+// What a pin's caller gets once every key resolved: one grant per key.
+using PinDone = std::function<void(std::vector<PinGrant>)>;
 
 struct LookupOutcome {
   size_t prefix_blocks = 0;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "daemon/engine/block_index.h"
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/engine_types.h"
@@ -38,13 +39,11 @@
 
 namespace kvtier {
 
-class BlockIndex;
 struct BlockEntry;
-struct PinBatch;
 
 class Pinner {
  public:
-  using PinDone = std::function<void(std::vector<PinGrant>)>;
+  using PinDone = ::kvtier::PinDone;
   struct Hooks {
     // Where a key missing from the host tier is read from (the tier above
     // if it holds it, else the highest tier below: Engine::FindOutside).
@@ -109,10 +108,9 @@ class Pinner {
   // corruption check), which start the claimed reads themselves.
   //
   // Pins the committed entry of `key` for `connection`, with every layer's
-  // checksum when `with_layers`. The caller holds `shard.mu` (checked at
-  // run time: this header sees BlockIndex only declared).
+  // checksum when `with_layers`. The caller holds `shard.mu`.
   PinGrant PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                     bool with_layers = false);
+                     bool with_layers = false) REQUIRES(shard.mu);
   // Lets the tiers that probe learn of the keys no tier knows, before a
   // pin claims them. No lock held.
   void ProbeUnknown(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);

@@ -98,7 +98,10 @@ class PinParts {
     hooks.source = [this](size_t) -> TierLevel& { return level_; };
     hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindOutside(key, ns); };
     hooks.pin = [this](BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
-                       bool with_layers) { return pinner_->PinLocked(shard, connection, key, now_us, with_layers); };
+                       bool with_layers) {
+      shard.mu.AssertHeld();  // the promoter calls it under the shard's lock
+      return pinner_->PinLocked(shard, connection, key, now_us, with_layers);
+    };
     hooks.layer_count = LayerCount;
     hooks.next_handle = [this] { return next_handle_++; };
     hooks.prefetch_read_ended = [](bool) {};

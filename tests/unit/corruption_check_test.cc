@@ -1,6 +1,6 @@
 // Tests of the CorruptionCheck (daemon/engine/corruption_check.h) without
 // an Engine: index shards over a test arena, a real mover for the
-// hashing, and the test's own hooks (a pin as Engine::PinLocked takes it,
+// hashing, and the test's own hooks (a pin as Pinner::PinLocked takes it,
 // a release as Engine::Release does). A reported block is hashed again:
 // dropped only when its bytes, whole or a layer, disagree with what its
 // commit recorded; an intact one is kept; a pinned one becomes a zombie;
