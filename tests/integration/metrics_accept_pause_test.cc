@@ -9,24 +9,17 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
 
 #include "daemon/server/metrics_server.h"
+#include "tests/testing/descriptor_limit.h"
 #include "tests/testing/fake_clock.h"
 
 namespace kvtier::testing {
 namespace {
-
-// The lowest descriptor number free now: the next one the process gets.
-int LowestFreeDescriptor() {
-  const int fd = ::dup(STDERR_FILENO);
-  if (fd >= 0) ::close(fd);
-  return fd;
-}
 
 TEST(MetricsAcceptPause, AFailedAcceptPausesTheListenerOnTheDaemonsClock) {
   FakeClock clock;
@@ -35,11 +28,8 @@ TEST(MetricsAcceptPause, AFailedAcceptPausesTheListenerOnTheDaemonsClock) {
   auto server = MetricsServer::Start(options, [](MetricsView) { return std::string("kvtier_up 1\n"); });
   ASSERT_TRUE(server.ok()) << server.status().ToString();
 
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  rlimit tight = saved;
-  tight.rlim_cur = static_cast<rlim_t>(LowestFreeDescriptor() + 1);  // room for the client's socket only
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  TightDescriptorLimit limit(1);  // room for the client's socket only
+  ASSERT_TRUE(limit.ok());
   const int client = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in to{};
   to.sin_family = AF_INET;
@@ -49,7 +39,7 @@ TEST(MetricsAcceptPause, AFailedAcceptPausesTheListenerOnTheDaemonsClock) {
   const bool connected = client >= 0 && ::connect(client, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0;
   const uint64_t failed_at = clock.NowUs();
   const uint64_t pause_end = connected ? clock.AwaitWaiter() : 0;
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(limit.Restore());
   ASSERT_TRUE(connected);
   EXPECT_EQ(pause_end, failed_at + 100'000) << "100 ms of the daemon's clock";
 

@@ -7,23 +7,16 @@
 // nothing else; it is restored before the test ends.)
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/unix_socket.h"
 #include "tests/testing/counter_of.h"
+#include "tests/testing/descriptor_limit.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/test_daemon.h"
 
 namespace kvtier::testing {
 namespace {
-
-// The lowest descriptor number free now: the next one the process gets.
-int LowestFreeDescriptor() {
-  const int fd = ::dup(STDERR_FILENO);
-  if (fd >= 0) ::close(fd);
-  return fd;
-}
 
 TEST(ServerAcceptBackoff, AFailedAcceptWaitsOnTheDaemonsClockDoublingPerFailure) {
   FakeClock clock;
@@ -38,17 +31,11 @@ TEST(ServerAcceptBackoff, AFailedAcceptWaitsOnTheDaemonsClockDoublingPerFailure)
   ASSERT_NE(early, nullptr);
   ASSERT_NE(early_too, nullptr);
 
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  rlimit tight = saved;
-  tight.rlim_cur = static_cast<rlim_t>(LowestFreeDescriptor() + 1);  // room for the client's socket only
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  TightDescriptorLimit limit(1);  // room for the client's socket only
+  ASSERT_TRUE(limit.ok());
   // Queued; its accept finds no descriptor left.
   const Result<int> waiting = ConnectUnix(daemon.socket_path());
-  if (!waiting.ok()) {
-    ::setrlimit(RLIMIT_NOFILE, &saved);
-    FAIL() << waiting.status().ToString();
-  }
+  ASSERT_TRUE(waiting.ok()) << waiting.status().ToString();
   const uint64_t first_failure_us = clock.NowUs();
   const uint64_t first_wait_end = clock.AwaitWaiter();
   EXPECT_EQ(first_wait_end, first_failure_us + 1'000) << "1 ms after the first failure";
@@ -58,7 +45,7 @@ TEST(ServerAcceptBackoff, AFailedAcceptWaitsOnTheDaemonsClockDoublingPerFailure)
   EXPECT_EQ(second_wait_end, first_wait_end + 2'000) << "doubled after the second failure in a row";
   EXPECT_EQ(CounterOf(daemon.server(), "server.accept_errors"), 2);
 
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(limit.Restore());
   clock.SetUs(second_wait_end);
   auto client = daemon.Connect();  // accepted once the wait ended: the queued one first, then this
   ASSERT_NE(client, nullptr);
