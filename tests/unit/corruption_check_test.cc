@@ -45,8 +45,11 @@ class CorruptionCheckTest : public ::testing::Test {
     shards_ = ::kvtier::testing::MakeShards(*arena_, kShards);
   }
   void TearDown() override {
+    // The mover first, as in the engine (host_io_ goes before the check):
+    // it runs what is still queued and joins, and a job ends (io_finished)
+    // after its `done`, which the test may have seen already.
+    io_.reset();
     check_.reset();
-    io_.reset();  // runs what is still queued
   }
 
   CorruptionCheck& Make(size_t max_jobs = 16) {
