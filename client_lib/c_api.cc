@@ -32,14 +32,14 @@ int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out) {
   });
 }
 
-int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
-                      kvtier_key* out, size_t out_capacity, size_t* out_count) {
+int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
+                      size_t out_capacity, size_t* out_count) {
   return kvtier_chain_keys_salted(ns, nullptr, 0, tokens, n_tokens, out, out_capacity, out_count);
 }
 
 int kvtier_chain_keys_salted(const kvtier_namespace* ns, const char* cache_salt, size_t salt_len,
-                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
-                             size_t out_capacity, size_t* out_count) {
+                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out, size_t out_capacity,
+                             size_t* out_count) {
   return Guard([&] {
     if (ns == nullptr) return Missing("ns");
     if (out_count == nullptr) return Missing("out_count");
@@ -53,8 +53,8 @@ int kvtier_chain_keys_salted(const kvtier_namespace* ns, const char* cache_salt,
     const size_t needed = n_tokens / hasher->block_tokens();
     *out_count = needed;
     if (needed > out_capacity) {
-      return Report(kvtier::InvalidArgument("out_capacity " + std::to_string(out_capacity) +
-                                            " < " + std::to_string(needed) + " keys"));
+      return Report(kvtier::InvalidArgument("out_capacity " + std::to_string(out_capacity) + " < " +
+                                            std::to_string(needed) + " keys"));
     }
     if (out == nullptr && needed > 0) return Missing("out");
     auto keys = hasher->Keys(std::span<const uint32_t>(tokens, n_tokens), extras);
@@ -83,14 +83,13 @@ void kvtier_client_options_init(kvtier_client_options* options) {
   });
 }
 
-int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
-                   size_t n_namespaces, kvtier_client** out) {
+int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces, size_t n_namespaces,
+                   kvtier_client** out) {
   return kvtier_connect_with_options(socket_path, namespaces, n_namespaces, nullptr, out);
 }
 
-int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces,
-                                size_t n_namespaces, const kvtier_client_options* c_options,
-                                kvtier_client** out) {
+int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces, size_t n_namespaces,
+                                const kvtier_client_options* c_options, kvtier_client** out) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
@@ -100,9 +99,8 @@ int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace*
       // Fields past the caller's `size` (an older header) keep their defaults.
       constexpr size_t kFirstVersion = offsetof(kvtier_client_options, verify_checksums) + sizeof(int);
       if (c_options->size < kFirstVersion) {
-        return Report(kvtier::InvalidArgument(
-            "kvtier_client_options.size is " + std::to_string(c_options->size) +
-            ": initialise the options with kvtier_client_options_init"));
+        return Report(kvtier::InvalidArgument("kvtier_client_options.size is " + std::to_string(c_options->size) +
+                                              ": initialise the options with kvtier_client_options_init"));
       }
       options.verify_checksums = c_options->verify_checksums != 0;
     }
@@ -125,8 +123,8 @@ void kvtier_close(kvtier_client* client) {
   });
 }
 
-int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                  size_t* prefix_blocks, uint8_t* tiers) {
+int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, size_t* prefix_blocks,
+                  uint8_t* tiers) {
   return Guard([&] {
     if (client == nullptr) return Missing("client");
     if (prefix_blocks == nullptr) return Missing("prefix_blocks");
@@ -135,8 +133,7 @@ int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, si
     if (!r.ok()) return Report(r.status());
     *prefix_blocks = r->prefix_blocks;
     for (size_t i = 0; tiers != nullptr && i < n; ++i) {
-      tiers[i] = i < r->tiers.size() && i < r->prefix_blocks ? static_cast<uint8_t>(r->tiers[i])
-                                                             : KVTIER_TIER_NONE;
+      tiers[i] = i < r->tiers.size() && i < r->prefix_blocks ? static_cast<uint8_t>(r->tiers[i]) : KVTIER_TIER_NONE;
     }
     return KVTIER_OK;
   });

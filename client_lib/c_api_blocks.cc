@@ -24,8 +24,8 @@ int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* d
 namespace {
 
 // kvtier_put_batch and kvtier_put_chain: the batch, with `links`.
-int PutBatch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
-             const size_t* lens, size_t n, int* statuses, const kvtier::ChainLinks& links) {
+int PutBatch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data, const size_t* lens,
+             size_t n, int* statuses, const kvtier::ChainLinks& links) {
   if (client == nullptr) return Missing("client");
   if (n > 0 && (keys == nullptr || data == nullptr || lens == nullptr || statuses == nullptr)) {
     return Missing("keys, data, lens or statuses");
@@ -40,14 +40,13 @@ int PutBatch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const v
 
 }  // namespace
 
-int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     const void* const* data, const size_t* lens, size_t n, int* statuses) {
+int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
+                     const size_t* lens, size_t n, int* statuses) {
   return Guard([&] { return PutBatch(client, ns, keys, data, lens, n, statuses, {}); });
 }
 
-int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     const void* const* data, const size_t* lens, size_t n, const kvtier_key* parent,
-                     int* statuses) {
+int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
+                     const size_t* lens, size_t n, const kvtier_key* parent, int* statuses) {
   return Guard([&] {
     kvtier::ChainLinks links{true, std::nullopt};
     if (parent != nullptr) links.parent = kvtier::c_abi::ToKey(*parent);
@@ -55,8 +54,7 @@ int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
   });
 }
 
-int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity,
-               size_t* len) {
+int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity, size_t* len) {
   return Guard([&] {
     if (client == nullptr) return Missing("client");
     if (len == nullptr) return Missing("len");
@@ -70,13 +68,12 @@ int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, si
   });
 }
 
-int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     void* const* dst, const size_t* capacities, size_t n, size_t* lens,
-                     int* statuses) {
+int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, void* const* dst,
+                     const size_t* capacities, size_t n, size_t* lens, int* statuses) {
   return Guard([&] {
     if (client == nullptr) return Missing("client");
-    if (n > 0 && (keys == nullptr || dst == nullptr || capacities == nullptr || lens == nullptr ||
-                  statuses == nullptr)) {
+    if (n > 0 &&
+        (keys == nullptr || dst == nullptr || capacities == nullptr || lens == nullptr || statuses == nullptr)) {
       return Missing("keys, dst, capacities, lens or statuses");
     }
     if (kvtier::Status s = kvtier::c_abi::CheckNamespace(*client, ns); !s.ok()) return Report(s);
@@ -85,13 +82,12 @@ int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
     auto outcomes = client->client->GetBatch(ns, kvtier::c_abi::ToKeys(keys, n), spans);
     for (size_t i = 0; i < outcomes.size(); ++i) lens[i] = outcomes[i].ok() ? *outcomes[i] : 0;
     kvtier::c_abi::ReportEach(outcomes, statuses,
-                       [](const kvtier::Result<size_t>& r) -> const kvtier::Status& { return r.status(); });
+                              [](const kvtier::Result<size_t>& r) -> const kvtier::Status& { return r.status(); });
     return KVTIER_OK;
   });
 }
 
-int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
-               const void** data, size_t* len) {
+int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out, const void** data, size_t* len) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
@@ -116,8 +112,7 @@ int kvtier_view_release(kvtier_view* view) {
   });
 }
 
-int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                 size_t* erased) {
+int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, size_t* erased) {
   return Guard([&] {
     if (client == nullptr) return Missing("client");
     if (keys == nullptr && n > 0) return Missing("keys");
@@ -144,7 +139,7 @@ int kvtier_reserve(kvtier_client* client, uint32_t ns, const kvtier_key* keys, c
     const auto& blocks = handle->reservation.blocks();
     for (size_t i = 0; i < n; ++i) data[i] = blocks[i].status.ok() ? blocks[i].data.data() : nullptr;
     kvtier::c_abi::ReportEach(blocks, statuses,
-                       [](const kvtier::WritableBlock& b) -> const kvtier::Status& { return b.status; });
+                              [](const kvtier::WritableBlock& b) -> const kvtier::Status& { return b.status; });
     *out = handle.release();
     return KVTIER_OK;
   });

@@ -35,8 +35,8 @@ int BeginLoad(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t
 
 extern "C" {
 
-int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                      const kvtier_key* parent, kvtier_layer_save** out, size_t* layer_bytes, int* statuses) {
+int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, const kvtier_key* parent,
+                      kvtier_layer_save** out, size_t* layer_bytes, int* statuses) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
@@ -110,8 +110,8 @@ void kvtier_save_free(kvtier_layer_save* save) {
 }
 
 int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, void* const* dst,
-                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth,
-                      kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses) {
+                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
+                      uint32_t* layers, size_t* layer_bytes, int* statuses) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
@@ -132,8 +132,8 @@ int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys
 
 int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
                              void* const* device_dst, int device_ordinal, void* cuda_stream,
-                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
-                             uint32_t* layers, size_t* layer_bytes, int* statuses) {
+                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out, uint32_t* layers,
+                             size_t* layer_bytes, int* statuses) {
   return Guard([&] {
     if (out == nullptr) return Missing("out");
     *out = nullptr;
@@ -153,9 +153,7 @@ int kvtier_wait_layer(kvtier_layer_load* load, uint32_t layer) {
   return Guard([&] { return load == nullptr ? Missing("load") : Report(load->load.WaitLayer(layer)); });
 }
 
-uint32_t kvtier_layers_ready(const kvtier_layer_load* load) {
-  return load == nullptr ? 0 : load->load.layers_ready();
-}
+uint32_t kvtier_layers_ready(const kvtier_layer_load* load) { return load == nullptr ? 0 : load->load.layers_ready(); }
 
 int kvtier_load_block_status(const kvtier_layer_load* load, size_t block) {
   return Guard([&] { return load == nullptr ? Missing("load") : Report(load->load.status(block)); });

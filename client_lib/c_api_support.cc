@@ -41,7 +41,7 @@ int Missing(const char* what) { return Report(InvalidArgument(std::string(what) 
 BlockKey ToKey(kvtier_key k) { return BlockKey{k.hi, k.lo}; }
 kvtier_key ToC(const BlockKey& k) { return kvtier_key{k.hi, k.lo}; }
 kvtier_preload_plan ToC(const PreloadPlan& p) {
-  return kvtier_preload_plan{p.layers_to_preload, p.buffer_bytes, p.read_bytes_per_s, p.read_us_per_layer,
+  return kvtier_preload_plan{p.layers_to_preload, p.buffer_bytes, p.read_bytes_per_s,         p.read_us_per_layer,
                              p.stall_us,          p.total_us,     p.recompute_instead ? 1 : 0};
 }
 
@@ -82,8 +82,8 @@ NamespaceDescriptor ToDescriptor(const kvtier_namespace& c) {
 Status CheckNamespace(const kvtier_client& c, uint32_t ns) {
   const size_t registered = c.client->namespaces().size();
   if (ns < registered) return Status::Ok();
-  return InvalidArgument("namespace " + std::to_string(ns) + " out of range (" +
-                         std::to_string(registered) + " registered)");
+  return InvalidArgument("namespace " + std::to_string(ns) + " out of range (" + std::to_string(registered) +
+                         " registered)");
 }
 
 }  // namespace kvtier::c_abi

@@ -41,7 +41,6 @@ Status CheckNamespace(const Connection& conn, NamespaceId ns) {
   return Status::Ok();
 }
 
-
 // Checks `copy`, the layers a layer-range grant `b` handed out: each
 // against its own checksum when the grant has them, else within the whole
 // block (a host block whose writer sent no layer checksums).
@@ -118,13 +117,11 @@ void CopyPinned(Connection& conn, const Result<v1::Response>& pinned, NamespaceI
   conn.ReleaseLater(leases);  // after the report: the daemon checks the bytes this pin still holds
 }
 
-
-
 // The three data operations, started without waiting. Callbacks hold the
 // Connection by reference: it outlives them, since ~Connection (via Close)
 // runs every pending callback before the Connection goes.
-std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
-                                              std::span<const BlockKey> keys, Connection::Reader reader) {
+std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns, std::span<const BlockKey> keys,
+                                              Connection::Reader reader) {
   auto promise = std::make_shared<std::promise<Result<LookupResult>>>();
   auto future = promise->get_future();
   if (Status s = CheckNamespace(conn, ns); !s.ok()) {
@@ -134,7 +131,8 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
   // Host hits from the directory first; the daemon answers from the first
   // key the directory cannot settle (it may be cached in a lower tier).
   internal::LocalLookup local;
-  if (const DirectoryReader* dir = conn.directory()) local = internal::LookupInDirectory(*dir, conn.namespaces()[ns], keys);
+  if (const DirectoryReader* dir = conn.directory())
+    local = internal::LookupInDirectory(*dir, conn.namespaces()[ns], keys);
   if (local.complete) {
     conn.NoteLocalLookups(1, keys.size(), local.hits);
     promise->set_value(LookupResult{local.hits, std::vector<Tier>(local.hits, Tier::kHost)});
@@ -143,14 +141,17 @@ std::future<Result<LookupResult>> StartLookup(Connection& conn, NamespaceId ns,
   // The daemon counts this lookup; the keys the directory settled count here.
   conn.NoteLocalLookups(0, local.hits, local.hits);
   const size_t hits = local.hits;
-  conn.Call(wire::MakeLookup(ns, keys.subspan(hits)), [promise, hits](Result<v1::Response> r) {
-    if (!r.ok()) return promise->set_value(r.status());
-    LookupResult out;
-    out.prefix_blocks = hits + r->lookup().prefix_blocks();
-    out.tiers.assign(hits, Tier::kHost);
-    for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
-    promise->set_value(std::move(out));
-  }, reader);
+  conn.Call(
+      wire::MakeLookup(ns, keys.subspan(hits)),
+      [promise, hits](Result<v1::Response> r) {
+        if (!r.ok()) return promise->set_value(r.status());
+        LookupResult out;
+        out.prefix_blocks = hits + r->lookup().prefix_blocks();
+        out.tiers.assign(hits, Tier::kHost);
+        for (uint32_t t : r->lookup().tiers()) out.tiers.push_back(static_cast<Tier>(t));
+        promise->set_value(std::move(out));
+      },
+      reader);
   return future;
 }
 
@@ -170,49 +171,53 @@ std::future<std::vector<Status>> StartPut(Connection& conn, NamespaceId ns, std:
   for (const auto& d : data) sizes.push_back(d.size());
   auto shared_keys = std::make_shared<std::vector<BlockKey>>(std::move(keys));
   Connection* c = &conn;
-  conn.Call(wire::MakeReserve(ns, *shared_keys, sizes, links.chain, links.parent),
-            [c, ns, shared_keys, data = std::move(data), promise, reader](Result<v1::Response> r) {
-    if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
-    auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
-    const auto [layer_count, block_bytes] = c->layout(ns);
-    // A client that verifies also records each layer's checksum of the
-    // whole blocks it puts (in the same pass, ~20% more hashing), so that
-    // layer reads of them verify per layer; one that does not pays nothing.
-    const bool layer_sums = c->verify_checksums() && layer_count > 1;
-    for (size_t i = 0; i < blocks->size(); ++i) {
-      // The checksum is computed as the bytes pass through the cache, and
-      // spares the daemon a pass over the block at Commit.
-      WritableBlock& b = (*blocks)[i];
-      if (b.status.ok() && b.data.size() != data[i].size()) {
-        // A daemon bug: never copy past the slot. The slot stays reserved
-        // until the connection closes.
-        b.status = ProtocolError("Reserve granted " + std::to_string(b.data.size()) + " bytes for a block of " +
-                                 std::to_string(data[i].size()));
-      }
-      if (!b.status.ok()) continue;
-      if (layer_sums && data[i].size() == block_bytes) {
-        b.layer_checksums.resize(layer_count);
-        b.checksum = CopyWithLayerChecksums(b.data, data[i], b.layer_checksums);
-      } else {
-        b.checksum = CopyWithChecksum(b.data, data[i]);
-      }
-    }
-    v1::Request commit;
-    if (!BuildCommit(ns, *blocks, commit, layer_count, block_bytes)) {
-      // Nothing to publish: every outcome is already decided by Reserve.
-      return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
-    }
-    c->Call(std::move(commit), [blocks, promise](Result<v1::Response> committed) {
-      promise->set_value(MergeCommit(*blocks, committed, true));
-    }, reader);
-  }, reader);
+  conn.Call(
+      wire::MakeReserve(ns, *shared_keys, sizes, links.chain, links.parent),
+      [c, ns, shared_keys, data = std::move(data), promise, reader](Result<v1::Response> r) {
+        if (!r.ok()) return promise->set_value(std::vector<Status>(shared_keys->size(), r.status()));
+        auto blocks = std::make_shared<std::vector<WritableBlock>>(ToWritable(*c, *shared_keys, *r));
+        const auto [layer_count, block_bytes] = c->layout(ns);
+        // A client that verifies also records each layer's checksum of the
+        // whole blocks it puts (in the same pass, ~20% more hashing), so that
+        // layer reads of them verify per layer; one that does not pays nothing.
+        const bool layer_sums = c->verify_checksums() && layer_count > 1;
+        for (size_t i = 0; i < blocks->size(); ++i) {
+          // The checksum is computed as the bytes pass through the cache, and
+          // spares the daemon a pass over the block at Commit.
+          WritableBlock& b = (*blocks)[i];
+          if (b.status.ok() && b.data.size() != data[i].size()) {
+            // A daemon bug: never copy past the slot. The slot stays reserved
+            // until the connection closes.
+            b.status = ProtocolError("Reserve granted " + std::to_string(b.data.size()) + " bytes for a block of " +
+                                     std::to_string(data[i].size()));
+          }
+          if (!b.status.ok()) continue;
+          if (layer_sums && data[i].size() == block_bytes) {
+            b.layer_checksums.resize(layer_count);
+            b.checksum = CopyWithLayerChecksums(b.data, data[i], b.layer_checksums);
+          } else {
+            b.checksum = CopyWithChecksum(b.data, data[i]);
+          }
+        }
+        v1::Request commit;
+        if (!BuildCommit(ns, *blocks, commit, layer_count, block_bytes)) {
+          // Nothing to publish: every outcome is already decided by Reserve.
+          return promise->set_value(MergeCommit(*blocks, v1::Response(), true));
+        }
+        c->Call(
+            std::move(commit),
+            [blocks, promise](Result<v1::Response> committed) {
+              promise->set_value(MergeCommit(*blocks, committed, true));
+            },
+            reader);
+      },
+      reader);
   return future;
 }
 
 // Pin -> copy out of the arena (on the reading thread) -> Release, not
 // waited for; or a directory copy. `layers` (if set) picks [first, last).
-std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId ns,
-                                                  std::span<const BlockKey> keys,
+std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId ns, std::span<const BlockKey> keys,
                                                   std::vector<std::span<std::byte>> dst, Connection::Reader reader,
                                                   std::optional<std::pair<uint32_t, uint32_t>> layers = std::nullopt) {
   auto promise = std::make_shared<std::promise<std::vector<Result<size_t>>>>();
@@ -225,7 +230,7 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
   }
   // Copy what the directory settles; Pin the rest.
   std::vector<Result<size_t>> out(keys.size(), Result<size_t>(size_t{0}));  // every slot is overwritten
-  std::vector<size_t> ask;  // indices left to the daemon
+  std::vector<size_t> ask;                                                  // indices left to the daemon
   std::optional<internal::LayerPick> pick;
   if (layers) {
     const auto [layer_count, block_bytes] = conn.layout(ns);
@@ -265,18 +270,20 @@ std::future<std::vector<Result<size_t>>> StartGet(Connection& conn, NamespaceId 
     ask_dst.push_back(dst[i]);
   }
   Connection* c = &conn;
-  v1::Request pin = layers ? wire::MakePinLayers(ns, ask_keys, layers->first, layers->second) : wire::MakePin(ns, ask_keys);
-  conn.Call(std::move(pin),
-            [c, ns, ask = std::move(ask), ask_keys = std::move(ask_keys), ask_dst = std::move(ask_dst),
-             out = std::move(out), promise, whole = !layers.has_value(),
-             first = layers ? layers->first : 0, reader](Result<v1::Response> r) mutable {
-              CopyPinned(*c, r, ns, ask_keys, ask_dst, whole, first, reader,
-                         [ask = std::move(ask), out = std::move(out),
-                          promise](std::vector<Result<size_t>> pinned) mutable {
-                           for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
-                           promise->set_value(std::move(out));
-                         });
-            }, reader);
+  v1::Request pin =
+      layers ? wire::MakePinLayers(ns, ask_keys, layers->first, layers->second) : wire::MakePin(ns, ask_keys);
+  conn.Call(
+      std::move(pin),
+      [c, ns, ask = std::move(ask), ask_keys = std::move(ask_keys), ask_dst = std::move(ask_dst), out = std::move(out),
+       promise, whole = !layers.has_value(), first = layers ? layers->first : 0,
+       reader](Result<v1::Response> r) mutable {
+        CopyPinned(*c, r, ns, ask_keys, ask_dst, whole, first, reader,
+                   [ask = std::move(ask), out = std::move(out), promise](std::vector<Result<size_t>> pinned) mutable {
+                     for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move(pinned[j]);
+                     promise->set_value(std::move(out));
+                   });
+      },
+      reader);
   return future;
 }
 
@@ -322,19 +329,18 @@ std::vector<Status> Client::PutBatch(NamespaceId ns, std::span<const BlockKey> k
                                      std::span<const std::span<const std::byte>> data, const ChainLinks& links) {
   std::shared_ptr<Connection> conn = Current();
   return conn->Await(StartPut(*conn, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-                               std::vector<std::span<const std::byte>>(data.begin(), data.end()), links,
-                               Connection::Reader::kCaller));
+                              std::vector<std::span<const std::byte>>(data.begin(), data.end()), links,
+                              Connection::Reader::kCaller));
 }
 
 std::future<std::vector<Status>> Client::PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
-                                                       std::vector<std::span<const std::byte>> data,
-                                                       ChainLinks links) {
+                                                       std::vector<std::span<const std::byte>> data, ChainLinks links) {
   std::shared_ptr<Connection> conn = Current();
   return StartPut(*conn, ns, std::move(keys), std::move(data), links, Connection::Reader::kBackground);
 }
 
-Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys,
-                                    std::span<const uint64_t> sizes, const ChainLinks& links) {
+Result<Reservation> Client::Reserve(NamespaceId ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                                    const ChainLinks& links) {
   std::shared_ptr<Connection> conn = Current();
   if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
   if (keys.size() != sizes.size()) return InvalidArgument("Reserve: keys and sizes differ in length");
@@ -356,19 +362,18 @@ std::vector<Result<size_t>> Client::GetBatch(NamespaceId ns, std::span<const Blo
                                              std::span<const std::span<std::byte>> dst) {
   std::shared_ptr<Connection> conn = Current();
   return conn->Await(StartGet(*conn, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
-                               Connection::Reader::kCaller));
+                              Connection::Reader::kCaller));
 }
 
 std::vector<Result<size_t>> Client::GetLayers(NamespaceId ns, std::span<const BlockKey> keys, uint32_t first_layer,
                                               uint32_t last_layer, std::span<const std::span<std::byte>> dst) {
   if (first_layer >= last_layer) {
-    return std::vector<Result<size_t>>(
-        keys.size(), InvalidArgument("layer range [" + std::to_string(first_layer) + ", " +
-                                     std::to_string(last_layer) + ") is empty"));
+    return std::vector<Result<size_t>>(keys.size(), InvalidArgument("layer range [" + std::to_string(first_layer) +
+                                                                    ", " + std::to_string(last_layer) + ") is empty"));
   }
   std::shared_ptr<Connection> conn = Current();
   return conn->Await(StartGet(*conn, ns, keys, std::vector<std::span<std::byte>>(dst.begin(), dst.end()),
-                               Connection::Reader::kCaller, std::make_pair(first_layer, last_layer)));
+                              Connection::Reader::kCaller, std::make_pair(first_layer, last_layer)));
 }
 
 std::future<std::vector<Result<size_t>>> Client::GetBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
@@ -431,7 +436,7 @@ Result<PreloadPlan> Client::PlanPreload(Tier source, uint64_t bytes_per_layer, d
                                         uint32_t layers, double recompute_us_per_layer) {
   std::shared_ptr<Connection> conn = Current();
   auto r = conn->CallSync(wire::MakePreloadPlan(static_cast<uint32_t>(source), bytes_per_layer, compute_us_per_layer,
-                                                 layers, recompute_us_per_layer));
+                                                layers, recompute_us_per_layer));
   if (!r.ok()) return r.status();
   return wire::FromProto(r->preload_plan());
 }
@@ -449,15 +454,20 @@ Status Client::Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKe
   std::shared_ptr<Connection> conn = Current();
   if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
   const auto until = expected_start - std::chrono::steady_clock::now();
-  const int64_t start_in_us = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(until).count());
+  const int64_t start_in_us =
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(until).count());
   return conn->CallSync(wire::MakeEnqueue(ns, request, keys, static_cast<uint64_t>(start_in_us), session)).status();
 }
 
 Status Client::Started(uint64_t request) { return Current()->CallSync(wire::MakeRequestEvent(request, true)).status(); }
 
-Status Client::Finished(uint64_t request) { return Current()->CallSync(wire::MakeRequestEvent(request, false)).status(); }
+Status Client::Finished(uint64_t request) {
+  return Current()->CallSync(wire::MakeRequestEvent(request, false)).status();
+}
 
-Status Client::OpenSession(uint64_t session) { return Current()->CallSync(wire::MakeSessionHint(session, true)).status(); }
+Status Client::OpenSession(uint64_t session) {
+  return Current()->CallSync(wire::MakeSessionHint(session, true)).status();
+}
 
 Status Client::CloseSession(uint64_t session) {
   std::shared_ptr<Connection> conn = Current();

@@ -76,7 +76,12 @@ Status ReadHelloResponse(int fd, uint32_t max_frame_bytes, const ClientOptions& 
   Status s = ReadAllBefore(fd, header, sizeof(header), &passed, deadline);
   // passed[0] is the arena, passed[1] (if any) the block directory.
   for (size_t i = 0; i < passed.size(); ++i) {
-    if (i == 0) fds.arena = passed[i]; else if (i == 1) fds.directory = passed[i]; else ::close(passed[i]);
+    if (i == 0)
+      fds.arena = passed[i];
+    else if (i == 1)
+      fds.directory = passed[i];
+    else
+      ::close(passed[i]);
   }
   if (s.code() == StatusCode::kTimedOut) {
     return TimedOut("kvtierd at " + options.socket_path + " did not answer Hello" + timeout);
@@ -164,8 +169,8 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
     }
     // MAP_POPULATE: fault every page in now, so no get or put pays a page
     // fault on the hot path (nothing maps there).
-    void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                        fds.arena, 0);
+    void* base =
+        ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fds.arena, 0);
     if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
     arena_ = static_cast<std::byte*>(base);
     arena_bytes_ = body_hello.arena_bytes();
@@ -202,8 +207,8 @@ const DirectoryReader* Connection::directory() {
 
 bool Connection::Alive() {
   if (hung_up_.load(std::memory_order_relaxed)) return false;
-  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   int64_t checked_ns = liveness_checked_ns_.load(std::memory_order_relaxed);
   // One thread per interval polls; the others go on.
   if (now_ns - checked_ns >= std::chrono::nanoseconds(kLivenessInterval).count() &&
@@ -280,8 +285,8 @@ void Connection::Close() {
 
 Result<std::span<std::byte>> Connection::Slot(uint64_t offset, uint64_t length) const {
   if (offset > arena_bytes_ || length > arena_bytes_ - offset) {
-    return InvalidArgument("slot [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                           ") lies outside the " + std::to_string(arena_bytes_) + "-byte arena");
+    return InvalidArgument("slot [" + std::to_string(offset) + ", +" + std::to_string(length) + ") lies outside the " +
+                           std::to_string(arena_bytes_) + "-byte arena");
   }
   return std::span<std::byte>(arena_ + offset, length);
 }

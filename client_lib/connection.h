@@ -200,8 +200,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // frames still go. A failed write (TimedOut, Unavailable, IoError) may
   // have sent part of a frame: it fails the connection. On a connection
   // already failed, returns its reason and writes nothing.
-  Status WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline)
-      EXCLUDES(write_mu_, mu_);
+  Status WriteFrames(const Deferred& deferred, const v1::Request* request, Deadline deadline) EXCLUDES(write_mu_, mu_);
   // Sends everything deferred now; mu_ is held on entry and exit and
   // released meanwhile.
   void FlushDeferred() REQUIRES(mu_);
@@ -241,21 +240,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::byte* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   uint32_t max_frame_bytes_ = 0;
-  size_t response_frame_limit_ = 0;  // largest response frame accepted (ResponseFrameLimit)
+  size_t response_frame_limit_ = 0;            // largest response frame accepted (ResponseFrameLimit)
   std::chrono::milliseconds call_timeout_{0};  // 0: no deadline
   bool verify_checksums_ = false;
   uint32_t spin_wait_us_ = 0;
   bool use_directory_ = true;
   std::vector<NamespaceFingerprint> namespaces_;
   std::vector<std::pair<uint32_t, uint64_t>> layouts_;  // per namespace: layer_count, block bytes
-  const std::byte* directory_map_ = nullptr;  // read-only mapping, or null
+  const std::byte* directory_map_ = nullptr;            // read-only mapping, or null
   size_t directory_bytes_ = 0;
   std::optional<DirectoryReader> directory_;
   std::atomic<int64_t> liveness_checked_ns_{0};  // steady clock of the last hang-up check
-  std::atomic<bool> hung_up_{false};  // the daemon hung up, or the connection failed
+  std::atomic<bool> hung_up_{false};             // the daemon hung up, or the connection failed
   Mutex gpu_mu_;
   std::unique_ptr<ArenaRegistration> gpu_registration_ GUARDED_BY(gpu_mu_);  // released before the unmap
-  std::optional<DevicePoolOffer> device_pool_offer_;     // set by Hello only (before any other thread)
+  std::optional<DevicePoolOffer> device_pool_offer_;  // set by Hello only (before any other thread)
   // The pool's mapping, opened on first use (DevicePoolOn).
   enum class PoolMapping {
     kUnresolved,  // the pool's GPU not looked up yet
@@ -276,12 +275,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Two condition variables so that a synchronous call, the common case,
   // wakes nobody: cv_ is only notified when a caller is blocked on it
   // (role_waiters_ > 0), bg_cv_ only when the background reader has work.
-  CondVar cv_;     // reader role freed, or closed
-  CondVar bg_cv_;  // background reader may have work, or closed
+  CondVar cv_;                            // reader role freed, or closed
+  CondVar bg_cv_;                         // background reader may have work, or closed
   int role_waiters_ GUARDED_BY(mu_) = 0;  // callers blocked on cv_
   Deferred deferred_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point deferred_last_ GUARDED_BY(mu_);  // when something was last deferred
-  bool background_timed_wait_ GUARDED_BY(mu_) = false;  // the background thread will wake by itself
+  bool background_timed_wait_ GUARDED_BY(mu_) = false;                   // the background thread will wake by itself
   std::unordered_map<uint64_t, Pending> pending_ GUARDED_BY(mu_);
   int background_pending_ GUARDED_BY(mu_) = 0;
   int detached_pending_ GUARDED_BY(mu_) = 0;

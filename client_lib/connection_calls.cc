@@ -152,8 +152,8 @@ void Connection::FlushDeferred() {
 Result<v1::Response> Connection::CallSync(v1::Request request) {
   std::promise<Result<v1::Response>> promise;
   auto future = promise.get_future();
-  Call(std::move(request), [&promise](Result<v1::Response> r) { promise.set_value(std::move(r)); },
-       Reader::kCaller);
+  Call(
+      std::move(request), [&promise](Result<v1::Response> r) { promise.set_value(std::move(r)); }, Reader::kCaller);
   return Await(std::move(future));
 }
 

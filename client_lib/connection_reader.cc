@@ -76,13 +76,16 @@ void Connection::Drive(const std::function<bool()>& ready) {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       // The pending calls, this one included, carry the TimedOut.
-      FailTimedOut("no answer from kvtierd within call_timeout (" + std::to_string(call_timeout_.count()) +
-                             " ms)").IgnoreError();
+      FailTimedOut("no answer from kvtierd within call_timeout (" + std::to_string(call_timeout_.count()) + " ms)")
+          .IgnoreError();
       continue;
     }
     if (reading_) {
       ++role_waiters_;
-      if (deadline == kNoDeadline) cv_.Wait(mu_); else cv_.WaitUntil(mu_, deadline);
+      if (deadline == kNoDeadline)
+        cv_.Wait(mu_);
+      else
+        cv_.WaitUntil(mu_, deadline);
       --role_waiters_;
       continue;
     }
@@ -159,8 +162,8 @@ void Connection::ReadAndDispatch(Deadline deadline) {
     // take the cores the daemon needs.
     const bool spin = wait_ewma_us_ < static_cast<double>(spin_wait_us_);
     const auto started = std::chrono::steady_clock::now();
-    ssize_t n = RecvSpinningFirst(fd_, read_buffer_.data() + have, read_buffer_.size() - have,
-                                  spin ? spin_wait_us_ : 0, deadline);
+    ssize_t n = RecvSpinningFirst(fd_, read_buffer_.data() + have, read_buffer_.size() - have, spin ? spin_wait_us_ : 0,
+                                  deadline);
     const double waited_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
     wait_ewma_us_ = 0.875 * wait_ewma_us_ + 0.125 * waited_us;
@@ -190,7 +193,10 @@ void Connection::Dispatch(v1::Response response) {
     pending_.erase(it);
   }
   Status top = wire::FromProto(response.status());
-  if (top.ok()) done(std::move(response)); else done(top);
+  if (top.ok())
+    done(std::move(response));
+  else
+    done(top);
 }
 
 void Connection::Fail(const Status& reason) {

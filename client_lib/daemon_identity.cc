@@ -84,9 +84,13 @@ Status CheckDaemonPeer(int fd, const std::string& socket_path, const std::vector
   }
   if (std::find(trusted.begin(), trusted.end(), static_cast<uint32_t>(peer.uid)) != trusted.end()) return Status::Ok();
   return PermissionDenied("the process listening at " + socket_path + " (pid " + std::to_string(peer.pid) +
-                          ") runs as uid " + std::to_string(peer.uid) + ", which this client does not trust as "
-                          "its kvtierd (trusted: " + Join(trusted) + "); if it is yours, name it in "
-                          "ClientOptions::trusted_daemon_uids or " + kEnvironmentVariable);
+                          ") runs as uid " + std::to_string(peer.uid) +
+                          ", which this client does not trust as "
+                          "its kvtierd (trusted: " +
+                          Join(trusted) +
+                          "); if it is yours, name it in "
+                          "ClientOptions::trusted_daemon_uids or " +
+                          kEnvironmentVariable);
 }
 
 }  // namespace kvtier::internal

@@ -41,7 +41,6 @@ void SetSendTimeout(int fd, Deadline deadline) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-
 }  // namespace
 
 Deadline DeadlineAfter(std::chrono::milliseconds timeout) {
@@ -60,8 +59,7 @@ int PollTimeoutMs(Deadline deadline) {
 Result<int> ConnectUnixBefore(const std::string& path, Deadline deadline) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgument("socket path longer than " + std::to_string(sizeof(addr.sun_path) - 1) +
-                           " bytes: " + path);
+    return InvalidArgument("socket path longer than " + std::to_string(sizeof(addr.sun_path) - 1) + " bytes: " + path);
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -112,8 +110,7 @@ Status ReadAllBefore(int fd, void* data, size_t len, std::vector<int>* received,
       continue;
     }
     if (n == 0) {
-      return Unavailable("connection closed after " + std::to_string(got) + " of " + std::to_string(len) +
-                         " bytes");
+      return Unavailable("connection closed after " + std::to_string(got) + " of " + std::to_string(len) + " bytes");
     }
     if (errno == EINTR) continue;
     if (errno == ECONNRESET) return Unavailable(Errno("recvmsg"));

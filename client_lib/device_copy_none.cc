@@ -6,8 +6,9 @@ namespace kvtier::internal {
 namespace {
 
 Status NoCuda() {
-  return Unimplemented("GPU destinations need libkvtier_client built with CUDA (KVTIER_CUDA=AUTO or ON "
-                       "with the CUDA toolkit installed)");
+  return Unimplemented(
+      "GPU destinations need libkvtier_client built with CUDA (KVTIER_CUDA=AUTO or ON "
+      "with the CUDA toolkit installed)");
 }
 
 }  // namespace

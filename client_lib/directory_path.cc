@@ -55,11 +55,13 @@ std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std:
   for (int attempt = 0; attempt < kCopyAttempts; ++attempt) {
     DirectoryEntry entry;
     switch (dir.Find(ns, key, &entry)) {
-      case DirectoryReader::Outcome::kHit: break;
+      case DirectoryReader::Outcome::kHit:
+        break;
       case DirectoryReader::Outcome::kMiss:
         if (dir.MissesAreFinal()) return Result<size_t>(NotFound("block " + key.ToHex() + " is not cached"));
         return std::nullopt;
-      case DirectoryReader::Outcome::kUnknown: return std::nullopt;
+      case DirectoryReader::Outcome::kUnknown:
+        return std::nullopt;
     }
     // Never trusted blindly: an entry outside the arena goes to the daemon.
     if (entry.offset > arena.size() || entry.length > arena.size() - entry.offset) return std::nullopt;

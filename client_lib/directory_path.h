@@ -50,7 +50,6 @@ struct LayerPick {
 // `dst` may hold partial bytes after nullopt.
 std::optional<Result<size_t>> CopyFromDirectory(const DirectoryReader& dir, std::span<const std::byte> arena,
                                                 const NamespaceFingerprint& ns, const BlockKey& key,
-                                                std::span<std::byte> dst, bool verify,
-                                                const LayerPick* pick = nullptr);
+                                                std::span<std::byte> dst, bool verify, const LayerPick* pick = nullptr);
 
 }  // namespace kvtier::internal

@@ -51,8 +51,9 @@ Reservation& Reservation::operator=(Reservation&& other) noexcept {
 
 Reservation::~Reservation() {
   if (done_ || conn_ == nullptr) return;
-  conn_->Call(internal::BuildAbort(ns_, blocks_), [](Result<v1::Response>) {},  // not waited for
-              internal::Connection::Reader::kDetached);
+  conn_->Call(
+      internal::BuildAbort(ns_, blocks_), [](Result<v1::Response>) {},  // not waited for
+      internal::Connection::Reader::kDetached);
 }
 
 std::vector<Status> Reservation::Commit() {

@@ -85,15 +85,17 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   const bool plain_board = body.board_bytes() == LoadBoardBytes(blocks);
   const bool board_ok = board.ok() && body.board_bytes() == LoadBoardBytes(blocks, verify ? layer_count : 0) &&
                         body.board_offset() % alignof(LoadBoardHeader) == 0;
-  const bool sums_ok = body.layer_checksums_size() == 0 || static_cast<size_t>(body.layer_checksums_size()) == keys.size();
+  const bool sums_ok =
+      body.layer_checksums_size() == 0 || static_cast<size_t>(body.layer_checksums_size()) == keys.size();
   if (!board_ok || !sums_ok || static_cast<size_t>(body.blocks_size()) != keys.size() || body.layers() != layer_count ||
       uint64_t{body.layers()} * body.layer_bytes() != block_bytes) {
     load.ended_ = true;  // nothing of it is usable; end it on the daemon
-    load.conn_->Call(wire::MakeEndLoad(load.id_), [](Result<v1::Response>) {},
-                     internal::Connection::Reader::kDetached);
+    load.conn_->Call(
+        wire::MakeEndLoad(load.id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
     if (verify && plain_board) {
-      return Unimplemented("kvtierd does not verify layer-wise loads (no layer checksums); connect with "
-                           "verify_checksums off or upgrade kvtierd");
+      return Unimplemented(
+          "kvtierd does not verify layer-wise loads (no layer checksums); connect with "
+          "verify_checksums off or upgrade kvtierd");
     }
     return ProtocolError("kvtierd answered BeginLoad with a board or layout that does not fit");
   }
@@ -170,7 +172,8 @@ LayerLoad::~LayerLoad() {
   // pins go.
   if (device_copier_) device_copier_->SynchronizeAll().IgnoreError();
   // Not waited for: the answer is read by whoever reads next.
-  conn_->Call(wire::MakeEndLoad(id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
+  conn_->Call(
+      wire::MakeEndLoad(id_), [](Result<v1::Response>) {}, internal::Connection::Reader::kDetached);
 }
 
 uint32_t LayerLoad::layers_ready() const {
@@ -205,8 +208,8 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
   }
   LoadBoardReader board(board_, static_cast<uint32_t>(size()));
   const auto timeout = conn_->call_timeout();
-  const auto deadline = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
-                                            : std::chrono::steady_clock::time_point::max();
+  const auto deadline =
+      timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point::max();
   const std::chrono::microseconds spin(conn_->spin_wait_us());
   while (!board.WaitBeyond(layer, deadline, spin, kWaitSlice)) {
     if (!conn_->Alive()) return Unavailable("the connection to kvtierd is gone; the load's layers will not come");
@@ -253,8 +256,8 @@ void LayerLoad::VerifyLayers(uint32_t layer) {
       } else {
         std::span<const std::byte> bytes = *src;
         if (!dst_.empty()) bytes = dst_[i].subspan(uint64_t{l} * layer_bytes_, layer_bytes_);
-        const uint64_t expected = layer_checksums_[i].empty() ? board.layer_checksum(static_cast<uint32_t>(i), l)
-                                                              : layer_checksums_[i][l];
+        const uint64_t expected =
+            layer_checksums_[i].empty() ? board.layer_checksum(static_cast<uint32_t>(i), l) : layer_checksums_[i][l];
         verified = internal::VerifyLayers(bytes, {&expected, 1}, l, keys_[i]);
       }
       if (verified.ok()) continue;
@@ -307,8 +310,8 @@ std::span<const std::byte> LayerLoad::LayerSpan(size_t block, uint32_t layer) co
 
 Result<std::span<const std::byte>> LayerLoad::TryLayerSpan(size_t block, uint32_t layer) const {
   if (verify_ && block < size() && layer < layers_) {
-    if (!verdicts_[block].ok()) return NotFound("block " + std::to_string(block) + " failed verification: " +
-                                                verdicts_[block].ToString());
+    if (!verdicts_[block].ok())
+      return NotFound("block " + std::to_string(block) + " failed verification: " + verdicts_[block].ToString());
     if (!verified_[layer]) {
       return NotFound("layer " + std::to_string(layer) + " is not verified yet (WaitLayer(" + std::to_string(layer) +
                       ") first)");

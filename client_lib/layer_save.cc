@@ -56,8 +56,8 @@ Status LayerSave::SaveLayer(uint32_t layer, std::span<const std::span<const std:
   }
   for (size_t i = 0; i < blocks_; ++i) {
     if (reservation_.blocks()[i].status.ok() && src[i].size() != layer_bytes_) {
-      return InvalidArgument("SaveLayer: block " + std::to_string(i) + "'s layer is " +
-                             std::to_string(src[i].size()) + " bytes, not " + std::to_string(layer_bytes_));
+      return InvalidArgument("SaveLayer: block " + std::to_string(i) + "'s layer is " + std::to_string(src[i].size()) +
+                             " bytes, not " + std::to_string(layer_bytes_));
     }
   }
   for (size_t i = 0; i < blocks_; ++i) {

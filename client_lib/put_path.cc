@@ -18,13 +18,16 @@ std::vector<WritableBlock> ToWritable(const Connection& conn, std::span<const Bl
     blocks[i].status = wire::FromProto(slot.status());
     if (!blocks[i].status.ok()) continue;
     auto span = conn.Slot(slot.offset(), slot.length());
-    if (!span.ok()) blocks[i].status = span.status(); else blocks[i].data = *span;
+    if (!span.ok())
+      blocks[i].status = span.status();
+    else
+      blocks[i].data = *span;
   }
   return blocks;
 }
 
-bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request,
-                 uint32_t layer_count, uint64_t block_bytes) {
+bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::Request& request, uint32_t layer_count,
+                 uint64_t block_bytes) {
   auto* body = request.mutable_commit();
   body->set_ns(ns);
   bool all_checksums = true;
@@ -33,7 +36,10 @@ bool BuildCommit(NamespaceId ns, const std::vector<WritableBlock>& blocks, v1::R
     if (!b.status.ok()) continue;
     wire::AppendKey(b.key, body->mutable_keys());
     body->add_sizes(b.data.size());
-    if (b.checksum.has_value()) body->add_checksums(*b.checksum); else all_checksums = false;
+    if (b.checksum.has_value())
+      body->add_checksums(*b.checksum);
+    else
+      all_checksums = false;
     // Only blocks of several layers carry them (in key order).
     if (layer_count <= 1 || b.data.size() != block_bytes) continue;
     if (b.layer_checksums.size() != layer_count) {
@@ -57,8 +63,8 @@ v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks)
   return request;
 }
 
-std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
-                                const Result<v1::Response>& committed, bool already_is_ok) {
+std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks, const Result<v1::Response>& committed,
+                                bool already_is_ok) {
   std::vector<Status> out;
   int next = 0;
   for (const auto& b : blocks) {

@@ -27,7 +27,7 @@ v1::Request BuildAbort(NamespaceId ns, const std::vector<WritableBlock>& blocks)
 // One Status per block: Reserve's outcome for blocks that were not ok
 // (AlreadyExists becomes Ok when `already_is_ok`, as for idempotent puts),
 // else the Commit's outcome in order.
-std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks,
-                                const Result<v1::Response>& committed, bool already_is_ok);
+std::vector<Status> MergeCommit(const std::vector<WritableBlock>& blocks, const Result<v1::Response>& committed,
+                                bool already_is_ok);
 
 }  // namespace kvtier::internal

@@ -14,8 +14,8 @@ Reconnector::Reconnector(const ClientOptions& options, std::shared_ptr<Connectio
       options_(options),
       namespaces_(first->namespaces()),
       conn_(std::move(first)),
-      jitter_(static_cast<std::minstd_rand::result_type>(
-          std::chrono::steady_clock::now().time_since_epoch().count())) {}  // a seed, not a time
+      jitter_(static_cast<std::minstd_rand::result_type>(std::chrono::steady_clock::now().time_since_epoch().count())) {
+}  // a seed, not a time
 
 std::shared_ptr<Connection> Reconnector::Peek() const {
   MutexLock lock(mu_);

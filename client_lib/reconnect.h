@@ -68,8 +68,8 @@ class Reconnector {
   const std::vector<NamespaceFingerprint> namespaces_;
   mutable Mutex mu_;
   std::shared_ptr<Connection> conn_ GUARDED_BY(mu_);
-  bool attempting_ GUARDED_BY(mu_) = false;  // a thread is in Reopen
-  uint32_t failures_ GUARDED_BY(mu_) = 0;    // failed attempts in a row
+  bool attempting_ GUARDED_BY(mu_) = false;       // a thread is in Reopen
+  uint32_t failures_ GUARDED_BY(mu_) = 0;         // failed attempts in a row
   uint64_t next_attempt_us_ GUARDED_BY(mu_) = 0;  // on clock_
   std::minstd_rand jitter_ GUARDED_BY(mu_);
   std::atomic<uint64_t> reconnects_{0};

@@ -13,8 +13,8 @@ Status VerifyBlock(std::span<const std::byte> bytes, uint64_t checksum, const Bl
   return Corruption("block " + key.ToHex() + ": its bytes do not match their checksum; reported, later reads miss");
 }
 
-Status VerifyLayers(std::span<const std::byte> bytes, std::span<const uint64_t> layer_checksums,
-                    uint32_t first_layer, const BlockKey& key) {
+Status VerifyLayers(std::span<const std::byte> bytes, std::span<const uint64_t> layer_checksums, uint32_t first_layer,
+                    const BlockKey& key) {
   if (layer_checksums.empty() || bytes.size() % layer_checksums.size() != 0) {
     return Unimplemented("block " + key.ToHex() + ": kvtierd sent no checksum per layer read, so its layers " +
                          "cannot be verified (verify_checksums is on; an older kvtierd?)");
@@ -44,11 +44,13 @@ void ReportCorrupt(Connection& conn, uint32_t ns, std::vector<BlockKey> keys, Co
   // comes after the others'.
   for (size_t f = 0; f < frames; ++f) {
     const std::span<const BlockKey> part =
-        std::span<const BlockKey>(keys).subspan(f * kReportKeysPerFrame).first(
-            std::min(kReportKeysPerFrame, keys.size() - f * kReportKeysPerFrame));
+        std::span<const BlockKey>(keys)
+            .subspan(f * kReportKeysPerFrame)
+            .first(std::min(kReportKeysPerFrame, keys.size() - f * kReportKeysPerFrame));
     Connection::Done done = [](Result<v1::Response>) {};  // a failed report leaves the block to the next reader
     if (f + 1 == frames) done = [then = std::move(then)](Result<v1::Response>) { then(); };
-    conn.Call(wire::MakeCorruptReport(ns, part), std::move(done), f + 1 == frames ? reader : Connection::Reader::kDetached);
+    conn.Call(wire::MakeCorruptReport(ns, part), std::move(done),
+              f + 1 == frames ? reader : Connection::Reader::kDetached);
   }
 }
 

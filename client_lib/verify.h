@@ -25,8 +25,8 @@ Status VerifyBlock(std::span<const std::byte> bytes, uint64_t checksum, const Bl
 // layer that does not; Unimplemented when there is no checksum per layer
 // (a kvtierd that sends none): the bytes cannot be verified, and are not
 // reported.
-Status VerifyLayers(std::span<const std::byte> bytes, std::span<const uint64_t> layer_checksums,
-                    uint32_t first_layer, const BlockKey& key);
+Status VerifyLayers(std::span<const std::byte> bytes, std::span<const uint64_t> layer_checksums, uint32_t first_layer,
+                    const BlockKey& key);
 
 // Ok if `copy`, a copy of the bytes at `range_offset` of `block` (the
 // whole block, in the arena), matches the block's `checksum` together with

@@ -44,13 +44,12 @@ Result<DirectoryReader> DirectoryReader::Attach(const std::byte* base, size_t by
   const auto* header = reinterpret_cast<const DirectoryHeader*>(base);
   if (header->magic != kDirectoryMagic || header->version != kDirectoryVersion) {
     return ProtocolError("block directory has magic " + std::to_string(header->magic) + " version " +
-                         std::to_string(header->version) + ", expected version " +
-                         std::to_string(kDirectoryVersion));
+                         std::to_string(header->version) + ", expected version " + std::to_string(kDirectoryVersion));
   }
   const uint32_t slots = header->slot_count;
   if (slots < 2 || (slots & (slots - 1)) != 0 || DirectoryBytes(slots) > bytes) {
-    return ProtocolError("block directory announces " + std::to_string(slots) + " slots in " +
-                         std::to_string(bytes) + " bytes");
+    return ProtocolError("block directory announces " + std::to_string(slots) + " slots in " + std::to_string(bytes) +
+                         " bytes");
   }
   return DirectoryReader(header, reinterpret_cast<const DirectorySlot*>(base + sizeof(DirectoryHeader)));
 }
@@ -107,8 +106,8 @@ DirectoryWriter::DirectoryWriter(std::byte* base, uint32_t slot_count)
   header_->magic = kDirectoryMagic;
 }
 
-void DirectoryWriter::Store(DirectorySlot& slot, const BlockKey& key, const NamespaceFingerprint& ns,
-                            uint64_t offset, uint64_t length, uint64_t checksum) {
+void DirectoryWriter::Store(DirectorySlot& slot, const BlockKey& key, const NamespaceFingerprint& ns, uint64_t offset,
+                            uint64_t length, uint64_t checksum) {
   const uint64_t seq = slot.seq.load(std::memory_order_relaxed);
   slot.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);  // odd seq before any field changes
@@ -122,8 +121,8 @@ void DirectoryWriter::Store(DirectorySlot& slot, const BlockKey& key, const Name
   slot.seq.store(seq + 2, std::memory_order_release);
 }
 
-bool DirectoryWriter::Publish(const NamespaceFingerprint& ns, const BlockKey& key, uint64_t offset,
-                              uint64_t length, uint64_t checksum) {
+bool DirectoryWriter::Publish(const NamespaceFingerprint& ns, const BlockKey& key, uint64_t offset, uint64_t length,
+                              uint64_t checksum) {
   KVTIER_CHECK(length > 0, "a published block has bytes");
   const uint64_t limit = (uint64_t{mask_} + 1) / 4 * 3;
   if (entries() + 1 > limit) {

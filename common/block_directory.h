@@ -136,8 +136,8 @@ class DirectoryWriter {
 
  private:
   // Writes `slot`'s fields under its seqlock (length 0 empties it).
-  void Store(DirectorySlot& slot, const BlockKey& key, const NamespaceFingerprint& ns, uint64_t offset,
-             uint64_t length, uint64_t checksum);
+  void Store(DirectorySlot& slot, const BlockKey& key, const NamespaceFingerprint& ns, uint64_t offset, uint64_t length,
+             uint64_t checksum);
   uint32_t Home(const BlockKey& key) const { return static_cast<uint32_t>(key.lo) & mask_; }
 
   DirectoryHeader* header_;

@@ -50,8 +50,7 @@ void AppendU64Be(std::vector<uint8_t>& out, uint64_t v) {
 // Appends `s` as a u32 LE byte length followed by its raw bytes (no
 // terminator, no normalisation). Strings of 4 GiB or more are a caller bug.
 void AppendString(std::vector<uint8_t>& out, std::string_view s) {
-  KVTIER_CHECK(s.size() <= std::numeric_limits<uint32_t>::max(),
-               "hashed string longer than 4 GiB");
+  KVTIER_CHECK(s.size() <= std::numeric_limits<uint32_t>::max(), "hashed string longer than 4 GiB");
   AppendU32Le(out, static_cast<uint32_t>(s.size()));
   out.insert(out.end(), s.begin(), s.end());
 }
@@ -74,8 +73,7 @@ void AppendExtraKey(std::vector<uint8_t>& out, ExtraKeyKind kind, std::string_vi
 // `extras`. No extras at all add no bytes. `scratch` is reused across links
 // to avoid an allocation per block.
 BlockKey ChainKeyInto(std::vector<uint8_t>& scratch, const BlockKey& prev, uint32_t position,
-                      std::span<const uint32_t> tokens, std::string_view salt,
-                      std::span<const ExtraKey> extras) {
+                      std::span<const uint32_t> tokens, std::string_view salt, std::span<const ExtraKey> extras) {
   scratch.clear();
   scratch.reserve(kCanonicalKeyBytes + 4 + 4 * tokens.size());
   AppendU64Be(scratch, prev.hi);
@@ -127,15 +125,14 @@ std::string BlockKey::ToHex() const {
 
 Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
   if (hex.size() != 2 * kCanonicalKeyBytes) {
-    return InvalidArgument("block key hex must be 32 lower-case hex digits, got " +
-                           std::to_string(hex.size()) + " characters");
+    return InvalidArgument("block key hex must be 32 lower-case hex digits, got " + std::to_string(hex.size()) +
+                           " characters");
   }
   BlockKey key;
   for (size_t i = 0; i < hex.size(); ++i) {
     const int v = HexDigitValue(hex[i]);
     if (v < 0) {
-      return InvalidArgument("block key hex has a non lower-case hex digit at offset " +
-                             std::to_string(i));
+      return InvalidArgument("block key hex has a non lower-case hex digit at offset " + std::to_string(i));
     }
     uint64_t& half = i < 16 ? key.hi : key.lo;
     half = (half << 4) | static_cast<uint64_t>(v);
@@ -204,13 +201,13 @@ Status NamespaceDescriptor::Validate() const {
   }
   if (tp_size == 0) return InvalidArgument("tp_size must be > 0");
   if (tp_rank >= tp_size) {
-    return InvalidArgument("tp_rank must be < tp_size (tp_rank " + std::to_string(tp_rank) +
-                           ", tp_size " + std::to_string(tp_size) + ")");
+    return InvalidArgument("tp_rank must be < tp_size (tp_rank " + std::to_string(tp_rank) + ", tp_size " +
+                           std::to_string(tp_size) + ")");
   }
   if (pp_size == 0) return InvalidArgument("pp_size must be > 0");
   if (pp_rank >= pp_size) {
-    return InvalidArgument("pp_rank must be < pp_size (pp_rank " + std::to_string(pp_rank) +
-                           ", pp_size " + std::to_string(pp_size) + ")");
+    return InvalidArgument("pp_rank must be < pp_size (pp_rank " + std::to_string(pp_rank) + ", pp_size " +
+                           std::to_string(pp_size) + ")");
   }
   if (kv_format_version == 0) return InvalidArgument("kv_format_version must be > 0");
   if (!IsValidObjectKind(object_kind)) {
@@ -224,17 +221,15 @@ uint64_t NamespaceDescriptor::BlockBytes() const {
   return uint64_t{block_tokens} * layer_count * bytes_per_token_per_layer;
 }
 
-uint64_t NamespaceDescriptor::LayerBytes() const {
-  return uint64_t{block_tokens} * bytes_per_token_per_layer;
-}
+uint64_t NamespaceDescriptor::LayerBytes() const { return uint64_t{block_tokens} * bytes_per_token_per_layer; }
 
 // ---------------------------------------------------------------------------
 // ChainExtras
 
 Status ChainExtras::Validate() const {
   if (cache_salt.size() > kMaxExtraKeyBytes) {
-    return InvalidArgument("cache_salt is " + std::to_string(cache_salt.size()) +
-                           " bytes, at most " + std::to_string(kMaxExtraKeyBytes));
+    return InvalidArgument("cache_salt is " + std::to_string(cache_salt.size()) + " bytes, at most " +
+                           std::to_string(kMaxExtraKeyBytes));
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     const std::string where = "extra keys of block " + std::to_string(i);
@@ -252,8 +247,8 @@ Status ChainExtras::Validate() const {
       }
       if (e.bytes.empty()) return InvalidArgument(entry + ": empty payload");
       if (e.bytes.size() > kMaxExtraKeyBytes) {
-        return InvalidArgument(entry + ": payload is " + std::to_string(e.bytes.size()) +
-                               " bytes, at most " + std::to_string(kMaxExtraKeyBytes));
+        return InvalidArgument(entry + ": payload is " + std::to_string(e.bytes.size()) + " bytes, at most " +
+                               std::to_string(kMaxExtraKeyBytes));
       }
     }
   }
@@ -270,9 +265,8 @@ Status ChainExtras::Validate() const {
 // nothing follows; 1: adapter_id and adapter_revision follow as strings).
 std::vector<uint8_t> CanonicalNamespaceBytes(const NamespaceDescriptor& ns) {
   std::vector<uint8_t> out;
-  out.reserve(kNamespaceMagic.size() + 96 + ns.model_id.size() + ns.model_revision.size() +
-              ns.adapter_id.size() + ns.adapter_revision.size() + ns.kv_dtype.size() +
-              ns.kv_layout.size() + ns.object_kind.size());
+  out.reserve(kNamespaceMagic.size() + 96 + ns.model_id.size() + ns.model_revision.size() + ns.adapter_id.size() +
+              ns.adapter_revision.size() + ns.kv_dtype.size() + ns.kv_layout.size() + ns.object_kind.size());
   out.insert(out.end(), kNamespaceMagic.begin(), kNamespaceMagic.end());
   AppendString(out, ns.model_id);
   AppendString(out, ns.model_revision);
@@ -319,8 +313,7 @@ std::vector<BlockKey> ChainHasher::Keys(std::span<const uint32_t> tokens) const 
   return chain;
 }
 
-Result<std::vector<BlockKey>> ChainHasher::Keys(std::span<const uint32_t> tokens,
-                                                const ChainExtras& extras) const {
+Result<std::vector<BlockKey>> ChainHasher::Keys(std::span<const uint32_t> tokens, const ChainExtras& extras) const {
   std::vector<BlockKey> chain;
   chain.reserve(tokens.size() / block_tokens_);
   if (Status s = Extend(tokens, extras, chain); !s.ok()) return s;
@@ -344,19 +337,17 @@ Status ChainHasher::Extend(std::span<const uint32_t> tokens, const ChainExtras& 
 void ChainHasher::ExtendUnchecked(std::span<const uint32_t> tokens, const ChainExtras& extras,
                                   std::vector<BlockKey>& chain) const {
   const size_t full_blocks = tokens.size() / block_tokens_;
-  KVTIER_CHECK(chain.size() <= full_blocks,
-               "Extend: chain is longer than the full blocks of tokens");
+  KVTIER_CHECK(chain.size() <= full_blocks, "Extend: chain is longer than the full blocks of tokens");
   // Positions are hashed as u32; 2^32 blocks is far beyond any context.
-  KVTIER_CHECK(full_blocks <= uint64_t{std::numeric_limits<uint32_t>::max()} + 1,
-               "Extend: more than 2^32 blocks");
+  KVTIER_CHECK(full_blocks <= uint64_t{std::numeric_limits<uint32_t>::max()} + 1, "Extend: more than 2^32 blocks");
   std::vector<uint8_t> scratch;
   BlockKey prev = chain.empty() ? fingerprint_ : chain.back();
   for (size_t i = chain.size(); i < full_blocks; ++i) {
     const std::string_view salt = i == 0 ? std::string_view(extras.cache_salt) : std::string_view();
     const std::span<const ExtraKey> own =
         i < extras.blocks.size() ? std::span<const ExtraKey>(extras.blocks[i]) : std::span<const ExtraKey>();
-    prev = ChainKeyInto(scratch, prev, static_cast<uint32_t>(i),
-                        tokens.subspan(i * block_tokens_, block_tokens_), salt, own);
+    prev = ChainKeyInto(scratch, prev, static_cast<uint32_t>(i), tokens.subspan(i * block_tokens_, block_tokens_), salt,
+                        own);
     chain.push_back(prev);
   }
 }

@@ -5,11 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define KVTIER_CHECK(cond, msg)                                              \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", __FILE__,       \
-                   __LINE__, #cond, msg);                                    \
-      std::abort();                                                          \
-    }                                                                        \
+#define KVTIER_CHECK(cond, msg)                                                              \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", __FILE__, __LINE__, #cond, msg); \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)

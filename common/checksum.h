@@ -42,8 +42,7 @@ inline constexpr size_t kStreamingCopyBytes = 256 << 10;
 uint64_t ChecksumWithLayers(std::span<const std::byte> block, std::span<uint64_t> layers);
 // CopyWithChecksum that also fills `layers` as ChecksumWithLayers does.
 // Same preconditions as both.
-uint64_t CopyWithLayerChecksums(std::span<std::byte> dst, std::span<const std::byte> src,
-                                std::span<uint64_t> layers);
+uint64_t CopyWithLayerChecksums(std::span<std::byte> dst, std::span<const std::byte> src, std::span<uint64_t> layers);
 // BlockChecksum of the concatenation of `pieces`, without concatenating
 // them: how a reader checks a copied layer range against the whole
 // block's checksum (the bytes before it, the copy, the bytes after it).

@@ -37,9 +37,7 @@ class CounterVisitor {
 // visit order.
 class CounterCollector final : public CounterVisitor {
  public:
-  void Visit(std::string_view name, int64_t value) override {
-    counters_.emplace_back(std::string(name), value);
-  }
+  void Visit(std::string_view name, int64_t value) override { counters_.emplace_back(std::string(name), value); }
   const std::vector<std::pair<std::string, int64_t>>& counters() const { return counters_; }
 
  private:

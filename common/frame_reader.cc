@@ -19,8 +19,10 @@ bool FrameBudget::TryTake(size_t bytes) {
 }
 
 FrameReader::FrameReader(uint32_t max_frame_bytes, FrameMemory* budget)
-    : max_frame_bytes_(max_frame_bytes), budget_(budget),
-      buffer_(new uint8_t[kInitialBytes]), capacity_(kInitialBytes) {}
+    : max_frame_bytes_(max_frame_bytes),
+      budget_(budget),
+      buffer_(new uint8_t[kInitialBytes]),
+      capacity_(kInitialBytes) {}
 
 FrameReader::~FrameReader() {
   if (budget_ != nullptr) budget_->Give(capacity_ - kInitialBytes);

@@ -104,8 +104,8 @@ class FrameReader {
   FrameMemory* const budget_;
   std::unique_ptr<uint8_t[]> buffer_;
   size_t capacity_ = 0;
-  size_t begin_ = 0;  // first unconsumed byte
-  size_t end_ = 0;    // one past the last received byte
+  size_t begin_ = 0;        // first unconsumed byte
+  size_t end_ = 0;          // one past the last received byte
   size_t frame_bytes_ = 0;  // header + body of the frame Next returned; 0: none
 };
 

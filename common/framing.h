@@ -19,8 +19,8 @@ inline void EncodeFrameHeader(uint32_t payload_bytes, uint8_t out[kFrameHeaderBy
 }
 
 inline uint32_t DecodeFrameHeader(const uint8_t in[kFrameHeaderBytes]) {
-  return static_cast<uint32_t>(in[0]) | (static_cast<uint32_t>(in[1]) << 8) |
-         (static_cast<uint32_t>(in[2]) << 16) | (static_cast<uint32_t>(in[3]) << 24);
+  return static_cast<uint32_t>(in[0]) | (static_cast<uint32_t>(in[1]) << 8) | (static_cast<uint32_t>(in[2]) << 16) |
+         (static_cast<uint32_t>(in[3]) << 24);
 }
 
 }  // namespace kvtier

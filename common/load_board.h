@@ -96,8 +96,7 @@ class LoadBoardWriter {
   LoadBoardWriter() = default;
   // Formats the board: nothing loaded, nothing ready; with `checksums`,
   // version 3 with its table (LoadBoardBytes(blocks, layers) bytes).
-  LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes,
-                  bool checksums = false);
+  LoadBoardWriter(std::byte* memory, uint32_t blocks, uint32_t layers, uint64_t layer_bytes, bool checksums = false);
 
   bool has_checksums() const { return checksums_ != nullptr; }
   // Version 3: the checksum of `layer` of `block` (before it counts).

@@ -30,8 +30,8 @@ class JsonFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     const std::string line =
-        JsonLogRecord(msg.level, std::string_view(msg.payload.data(), msg.payload.size()), msg.time,
-                      msg.thread_id, std::string_view(msg.logger_name.data(), msg.logger_name.size()));
+        JsonLogRecord(msg.level, std::string_view(msg.payload.data(), msg.payload.size()), msg.time, msg.thread_id,
+                      std::string_view(msg.logger_name.data(), msg.logger_name.size()));
     dest.append(line.data(), line.data() + line.size());
   }
   std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
@@ -103,8 +103,7 @@ void AppendJsonString(std::string& out, std::string_view text) {
 }
 
 std::string JsonLogRecord(spdlog::level::level_enum level, std::string_view message,
-                          std::chrono::system_clock::time_point time, size_t thread_id,
-                          std::string_view logger_name) {
+                          std::chrono::system_clock::time_point time, size_t thread_id, std::string_view logger_name) {
   std::string out;
   out.reserve(96 + message.size());
   out += "{\"time\":\"";

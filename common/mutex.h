@@ -70,9 +70,7 @@ class CAPABILITY("mutex") Mutex {
   // Aborts unless the calling thread holds the lock; afterwards the
   // analysis treats it as held (for code it cannot follow, e.g. a callback
   // documented to run under the lock).
-  void AssertHeld() const ASSERT_CAPABILITY(this) {
-    KVTIER_CHECK(owner_.IsCaller(), "mutex not held by this thread");
-  }
+  void AssertHeld() const ASSERT_CAPABILITY(this) { KVTIER_CHECK(owner_.IsCaller(), "mutex not held by this thread"); }
 
   // For std algorithms that want a BasicLockable (std::scoped_lock over
   // several mutexes, std::condition_variable_any); the analysis does not

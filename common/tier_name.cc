@@ -6,11 +6,16 @@ namespace kvtier {
 
 std::string_view TierName(Tier tier) {
   switch (tier) {
-    case Tier::kNone: return "none";
-    case Tier::kHbm: return "hbm";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
-    case Tier::kRemote: return "remote";
+    case Tier::kNone:
+      return "none";
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+    case Tier::kRemote:
+      return "remote";
   }
   return "unknown";
 }

@@ -9,17 +9,14 @@
 namespace kvtier {
 namespace {
 
-std::string Errno(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
-}
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 }  // namespace
 
 Result<int> ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgument("socket path longer than " +
-                           std::to_string(sizeof(addr.sun_path) - 1) + " bytes: " + path);
+    return InvalidArgument("socket path longer than " + std::to_string(sizeof(addr.sun_path) - 1) + " bytes: " + path);
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -64,8 +61,7 @@ Status ReadAll(int fd, void* data, size_t len) {
       return IoError(Errno("recv"));
     }
     if (n == 0) {
-      return Unavailable("connection closed after " + std::to_string(got) + " of " +
-                         std::to_string(len) + " bytes");
+      return Unavailable("connection closed after " + std::to_string(got) + " of " + std::to_string(len) + " bytes");
     }
     got += static_cast<size_t>(n);
   }
@@ -125,8 +121,7 @@ Status ReadAllWithFds(int sock, void* data, size_t len, std::vector<int>* receiv
       return IoError(Errno("recvmsg"));
     }
     if (n == 0) {
-      return Unavailable("connection closed after " + std::to_string(got) + " of " +
-                         std::to_string(len) + " bytes");
+      return Unavailable("connection closed after " + std::to_string(got) + " of " + std::to_string(len) + " bytes");
     }
     got += static_cast<size_t>(n);
   }

@@ -46,8 +46,8 @@ using namespace kvtier;
 // memory as measured at start; kept across reloads (so auto sizes resolve
 // to the same values on SIGHUP).
 struct CommandLine {
-  std::string config_path;          // empty: embedded defaults, nothing to reload
-  std::string socket_override;      // empty: server.socket_path
+  std::string config_path;                       // empty: embedded defaults, nothing to reload
+  std::string socket_override;                   // empty: server.socket_path
   std::optional<LogFormat> log_format_override;  // none: log.format
   MachineMemory machine;
 };
@@ -78,9 +78,10 @@ void RaiseOpenFileLimit(int64_t max_connections) {
   }
   constexpr rlim_t kOwnDescriptors = 256;  // tiers, index, epoll, metrics, log
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(max_connections) + kOwnDescriptors) {
-    spdlog::warn("the open-file limit ({}) is below server.max_connections ({}) plus {} for the daemon itself: "
-                 "connections past it wait until others close (raise LimitNOFILE / ulimit -n)",
-                 limit.rlim_cur, max_connections, kOwnDescriptors);
+    spdlog::warn(
+        "the open-file limit ({}) is below server.max_connections ({}) plus {} for the daemon itself: "
+        "connections past it wait until others close (raise LimitNOFILE / ulimit -n)",
+        limit.rlim_cur, max_connections, kOwnDescriptors);
   }
 }
 
@@ -96,8 +97,10 @@ int StartFailure(const DaemonConfig& config, const std::string& why, int exit_co
   std::string line = why;
   std::replace(line.begin(), line.end(), '\n', ' ');  // one line, whatever the status said
   if (config.log_format == LogFormat::kJson) {
-    std::fputs(JsonLogRecord(spdlog::level::critical, "kvtierd cannot start: " + line,
-                             std::chrono::system_clock::now(), 0).c_str(), stderr);
+    std::fputs(
+        JsonLogRecord(spdlog::level::critical, "kvtierd cannot start: " + line, std::chrono::system_clock::now(), 0)
+            .c_str(),
+        stderr);
   } else {
     std::fprintf(stderr, "kvtierd: cannot start: %s\n", line.c_str());
   }
@@ -161,8 +164,9 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
     spdlog::info("SIGHUP: kvtierd runs on its embedded defaults (no --config); nothing to reload");
     return;
   }
-  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now().time_since_epoch()).count();
+  const auto now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
   notifier.Notify("RELOADING=1\nMONOTONIC_USEC=" + std::to_string(now_us)).IgnoreError();  // best effort
   auto loaded = LoadConfigFile(command_line.config_path);
   if (!loaded.ok()) {
@@ -194,15 +198,13 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
 
 // Serves until SIGTERM / SIGINT, reloading on SIGHUP; `server` is running.
 void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, DaemonConfig& config,
-                    RunningConfigText& shown,
-                    Server& server) {
+                    RunningConfigText& shown, Server& server) {
   const SystemdNotifier notifier = SystemdNotifier::FromEnvironment();
   Status ready = notifier.Notify("READY=1\nSTATUS=serving on " + server.socket_path());
   if (!ready.ok()) spdlog::warn("systemd notification: {}", ready.ToString());
   WatchdogPinger watchdog(notifier, [&server] { return server.IoThreadsAnswered(); });
   if (notifier.watchdog_usec() > 0) {
-    spdlog::info("systemd watchdog: pinging every {} ms while the io threads answer",
-                 notifier.watchdog_usec() / 2000);
+    spdlog::info("systemd watchdog: pinging every {} ms while the io threads answer", notifier.watchdog_usec() / 2000);
   }
   for (;;) {
     int signal_number = 0;
@@ -237,10 +239,12 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   if (!stack.ok()) return StartFailure(config, stack.status().ToString());
   auto engines = DaemonEngines::Open(config, *stack, clock);
   if (!engines.ok()) return StartFailure(config, engines.status().ToString());
-  ServerOptions server_options{config.socket_path, static_cast<uint32_t>(config.io_threads),
+  ServerOptions server_options{config.socket_path,
+                               static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
                                static_cast<uint32_t>(config.drain_timeout_ms),
-                               static_cast<uint32_t>(config.spin_wait_us), {}};
+                               static_cast<uint32_t>(config.spin_wait_us),
+                               {}};
   server_options.limits = ConnectionLimits{
       .max_connections = static_cast<uint32_t>(config.max_connections),
       .reserved_connections_percent = static_cast<uint32_t>(config.reserved_connections_percent),
@@ -283,8 +287,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   const DaemonEngines::Tenant& first = (*engines)->tenants().front();
   spdlog::info("tier host: {} bytes shared-memory arena{} ({}), eviction {}, block directory {}",
                config.host_capacity_bytes, (*engines)->has_tenants() ? ", split among the tenants" : "",
-               first.host->locked() ? "locked in memory" : "NOT locked",
-               EvictionPolicyName(config.engine_eviction),
+               first.host->locked() ? "locked in memory" : "NOT locked", EvictionPolicyName(config.engine_eviction),
                first.host->directory() != nullptr ? std::to_string(first.host->directory()->bytes()) + " bytes"
                                                   : std::string("off"));
   if (first.hbm.tier != nullptr) spdlog::info("tier hbm: {}", first.hbm.description);

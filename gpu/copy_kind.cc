@@ -4,10 +4,14 @@ namespace kvtier::gpu {
 
 cudaMemcpyKind ToCuda(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
-    case CopyKind::kDefault: return cudaMemcpyDefault;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+    case CopyKind::kDefault:
+      return cudaMemcpyDefault;
   }
   return cudaMemcpyDefault;
 }

@@ -30,8 +30,8 @@ DeviceMapping::~DeviceMapping() {
 
 Result<void*> DeviceMapping::At(uint64_t offset, uint64_t length) const {
   if (offset > bytes_ || length > bytes_ - offset) {
-    return InvalidArgument("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                           ") is outside the " + std::to_string(bytes_) + "-byte device pool");
+    return InvalidArgument("range [" + std::to_string(offset) + ", +" + std::to_string(length) + ") is outside the " +
+                           std::to_string(bytes_) + "-byte device pool");
   }
   return static_cast<void*>(static_cast<std::byte*>(base_) + offset);
 }

@@ -53,8 +53,7 @@ Result<DeviceInfo> ProbeDevice(int ordinal) {
   }
   info.ipc_events = ipc_events != 0;
   char bus_id[32] = {};  // CUDA writes at most 13 bytes ("0000:3B:00.0")
-  if (Status s = CudaStatus(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), ordinal), "cudaDeviceGetPCIBusId");
-      !s.ok()) {
+  if (Status s = CudaStatus(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), ordinal), "cudaDeviceGetPCIBusId"); !s.ok()) {
     return s;
   }
   Result<std::string> canonical = CanonicalPciBusId(bus_id);
@@ -102,8 +101,8 @@ Result<int> OrdinalOfPciBusId(const std::string& bus_id) {
   const cudaError_t error = cudaDeviceGetByPCIBusId(&ordinal, canonical->c_str());
   if (error == cudaErrorInvalidDevice || error == cudaErrorInvalidValue) {
     (void)cudaGetLastError();  // an answer ("not here"), not a sticky error
-    return NotFound("no GPU at PCI bus id " + *canonical + " is visible to this process (" +
-                    std::to_string(*count) + " visible; CUDA_VISIBLE_DEVICES may hide it)");
+    return NotFound("no GPU at PCI bus id " + *canonical + " is visible to this process (" + std::to_string(*count) +
+                    " visible; CUDA_VISIBLE_DEVICES may hide it)");
   }
   if (Status s = CudaStatus(error, "cudaDeviceGetByPCIBusId(" + *canonical + ")"); !s.ok()) return s;
   return ordinal;

@@ -22,11 +22,11 @@ Result<int> DeviceCount();
 
 struct DeviceInfo {
   int ordinal = 0;
-  std::string name;             // "NVIDIA H200"
-  int compute_major = 0;        // compute capability
+  std::string name;       // "NVIDIA H200"
+  int compute_major = 0;  // compute capability
   int compute_minor = 0;
-  uint64_t total_bytes = 0;     // device memory
-  uint64_t free_bytes = 0;      // free now (cudaMemGetInfo)
+  uint64_t total_bytes = 0;         // device memory
+  uint64_t free_bytes = 0;          // free now (cudaMemGetInfo)
   bool unified_addressing = false;  // CUDA IPC needs it
   bool ipc_events = false;          // cudaIpcGetEventHandle supported
   // The PCI address, canonical (CanonicalPciBusId): "0000:3b:00.0". It

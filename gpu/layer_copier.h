@@ -106,8 +106,7 @@ class LayerCopier {
   int ordinal() const { return options_.ordinal; }
 
  private:
-  LayerCopier(LayerCopierOptions options, StreamHandle stream, std::vector<EventHandle> events,
-              EventHandle reverse)
+  LayerCopier(LayerCopierOptions options, StreamHandle stream, std::vector<EventHandle> events, EventHandle reverse)
       : options_(options), stream_(stream), events_(std::move(events)), reverse_(reverse) {}
   Status CheckLayer(uint32_t layer) const;
 

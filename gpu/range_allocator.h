@@ -59,9 +59,9 @@ class RangeAllocator {
   uint64_t alignment_;
   uint64_t capacity_;
   uint64_t used_ = 0;
-  std::map<uint64_t, uint64_t> free_by_offset_;          // offset -> length
+  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (length, offset)
-  std::map<uint64_t, uint64_t> live_;                    // offset -> length
+  std::map<uint64_t, uint64_t> live_;                     // offset -> length
 };
 
 }  // namespace kvtier::gpu

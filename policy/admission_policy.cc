@@ -15,12 +15,18 @@ AdmissionClass ClassifyBlock(uint64_t uses, ConversationState conversation) {
 
 std::string_view AdmissionOutcomeName(AdmissionOutcome o) {
   switch (o) {
-    case AdmissionOutcome::kAdmitted: return "admitted";
-    case AdmissionOutcome::kFirstSighting: return "first_sighting";
-    case AdmissionOutcome::kClosedSession: return "closed_session";
-    case AdmissionOutcome::kBelowCutoff: return "below_cutoff";
-    case AdmissionOutcome::kNoBudget: return "no_budget";
-    case AdmissionOutcome::kParentMissing: return "parent_missing";
+    case AdmissionOutcome::kAdmitted:
+      return "admitted";
+    case AdmissionOutcome::kFirstSighting:
+      return "first_sighting";
+    case AdmissionOutcome::kClosedSession:
+      return "closed_session";
+    case AdmissionOutcome::kBelowCutoff:
+      return "below_cutoff";
+    case AdmissionOutcome::kNoBudget:
+      return "no_budget";
+    case AdmissionOutcome::kParentMissing:
+      return "parent_missing";
   }
   return "unknown";
 }
@@ -134,7 +140,6 @@ class DwpdPolicy final : public AdmissionPolicy {
   }
 
  public:
-
   void VisitCounters(std::string_view prefix, CounterVisitor& v, uint64_t now_us) const override {
     AdmissionPolicy::VisitCounters(prefix, v, now_us);
     const std::string p(prefix);

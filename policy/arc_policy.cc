@@ -167,10 +167,10 @@ class ArcPolicy final : public EvictionPolicy {
   }
 
   std::unordered_map<BlockHandle, Block> blocks_;
-  std::list<BlockHandle> t1_, t2_;  // unpinned; front = LRU
-  std::list<BlockHandle> parked_;   // pinned, of either list
+  std::list<BlockHandle> t1_, t2_;      // unpinned; front = LRU
+  std::list<BlockHandle> parked_;       // pinned, of either list
   size_t t1_count_ = 0, t2_count_ = 0;  // pinned ones included
-  std::list<BlockKey> b1_, b2_;     // front = LRU
+  std::list<BlockKey> b1_, b2_;         // front = LRU
   std::unordered_map<BlockKey, Ghost> ghosts_;
   size_t p_ = 0;
   bool last_hit_in_b2_ = false;

@@ -20,7 +20,8 @@ Status ValidateDwpdOptions(const DwpdOptions& o) {
   if (!Positive(o.dwpd)) return InvalidArgument("dwpd: the drive's DWPD rating must be > 0");
   if (!Positive(o.warranty_years)) return InvalidArgument("dwpd: warranty years must be > 0");
   if (!Positive(o.planned_years)) return InvalidArgument("dwpd: planned service years must be > 0");
-  if (!Positive(o.share) || o.share > 1) return InvalidArgument("dwpd: the share of the drive's writes must be in (0, 1]");
+  if (!Positive(o.share) || o.share > 1)
+    return InvalidArgument("dwpd: the share of the drive's writes must be in (0, 1]");
   if (!std::isfinite(o.max_write_rate) || o.max_write_rate < 0) {
     return InvalidArgument("dwpd: the maximum write rate must be >= 0 (0: twice the daily rate)");
   }
@@ -36,8 +37,8 @@ DwpdBudget::DwpdBudget(const DwpdOptions& o, uint64_t start_us) : options_(o), s
   daily_rate_ = DwpdBytesPerDay(o) / kDaySeconds;
   max_rate_ = o.max_write_rate > 0 ? o.max_write_rate : 2 * daily_rate_;
   const double interval_s = double(o.update_interval_us) / 1e6;
-  bucket_bytes_ = o.bucket_bytes != 0 ? o.bucket_bytes
-                                      : std::max<uint64_t>(kMinBucketBytes, uint64_t(daily_rate_ * interval_s));
+  bucket_bytes_ =
+      o.bucket_bytes != 0 ? o.bucket_bytes : std::max<uint64_t>(kMinBucketBytes, uint64_t(daily_rate_ * interval_s));
   tokens_ = double(bucket_bytes_);
   refilled_us_ = recomputed_us_ = start_us;
   allowed_rate_ = std::min(daily_rate_, max_rate_);

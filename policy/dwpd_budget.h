@@ -36,8 +36,8 @@
 namespace kvtier {
 
 struct DwpdOptions {
-  uint64_t drive_capacity_bytes = 0;  // required: the drive's (not the tier's) capacity
-  double dwpd = defaults::kDwpd;                          // rated drive writes per day
+  uint64_t drive_capacity_bytes = 0;                     // required: the drive's (not the tier's) capacity
+  double dwpd = defaults::kDwpd;                         // rated drive writes per day
   double warranty_years = defaults::kDwpdWarrantyYears;  // the years the DWPD rating covers
   double planned_years = defaults::kDwpdPlannedYears;    // the years the operator wants the drive to last
   double share = defaults::kDwpdShare;                   // the part of the drive's writes kvtier may use, (0, 1]
@@ -76,11 +76,11 @@ class DwpdBudget {
   // holds TryTake off until refills repay it).
   void Charge(uint64_t bytes, uint64_t now_us);
 
-  double daily_rate() const { return daily_rate_; }          // R, bytes/s
-  double allowed_rate() const { return allowed_rate_; }      // r(t) since the last update, bytes/s
-  double max_rate() const { return max_rate_; }              // R_max, bytes/s
+  double daily_rate() const { return daily_rate_; }      // R, bytes/s
+  double allowed_rate() const { return allowed_rate_; }  // r(t) since the last update, bytes/s
+  double max_rate() const { return max_rate_; }          // R_max, bytes/s
   uint64_t bucket_bytes() const { return bucket_bytes_; }
-  uint64_t budget_bytes_per_day() const;                     // R * 86400
+  uint64_t budget_bytes_per_day() const;  // R * 86400
   // Device bytes written since the start of the current day (days count
   // from t0), as last reported.
   uint64_t written_today(uint64_t now_us) const;
@@ -104,10 +104,10 @@ class DwpdBudget {
   double tokens_ = 0;
   uint64_t refilled_us_ = 0;
   uint64_t recomputed_us_ = 0;
-  uint64_t written_ = 0;          // the device's W(t) as last reported
-  double granted_ = 0;            // bytes taken and charged since t0
-  uint64_t written_at_day_ = 0;   // W at the start of the day it was last reported in
-  uint64_t day_ = 0;              // that day's number since t0
+  uint64_t written_ = 0;         // the device's W(t) as last reported
+  double granted_ = 0;           // bytes taken and charged since t0
+  uint64_t written_at_day_ = 0;  // W at the start of the day it was last reported in
+  uint64_t day_ = 0;             // that day's number since t0
 };
 
 }  // namespace kvtier

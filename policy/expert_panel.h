@@ -54,8 +54,8 @@ class ExpertPanel {
   static constexpr size_t kExperts = 3;
   static constexpr size_t kMaxShadowBlocks = 16384;
   static constexpr uint64_t kMinEpoch = 256;
-  static constexpr double kDecay = 0.75;   // a tally's weight after one more epoch
-  static constexpr double kMinLead = 8;    // hits: a smaller lead never changes the leader
+  static constexpr double kDecay = 0.75;      // a tally's weight after one more epoch
+  static constexpr double kMinLead = 8;       // hits: a smaller lead never changes the leader
   static constexpr uint64_t kWarmEpochs = 4;  // epochs before the leader may change
 
   ExpertPanel();
@@ -115,10 +115,10 @@ class ExpertPanel {
   std::vector<ShadowSlot> slots_;
   std::vector<uint32_t> free_slots_;
   std::unordered_map<BlockKey, uint32_t> slot_of_;  // the keys of slots_ in use
-  size_t leader_ = 0;  // experts_[0] is LRU
-  size_t capacity_ = 0;          // the caller's, in blocks
-  size_t shadow_capacity_ = 0;   // capacity_ scaled by the sampled share; 0 before any note
-  uint64_t sample_threshold_ = 0;  // a key is sampled when its mixed hash is below; 0: all keys
+  size_t leader_ = 0;                               // experts_[0] is LRU
+  size_t capacity_ = 0;                             // the caller's, in blocks
+  size_t shadow_capacity_ = 0;                      // capacity_ scaled by the sampled share; 0 before any note
+  uint64_t sample_threshold_ = 0;                   // a key is sampled when its mixed hash is below; 0: all keys
   uint64_t epoch_refs_ = 0;
   uint64_t epochs_ = 0;
   size_t epoch_capacity_ = 0;  // the most blocks tracked at a NoteCapacity this epoch

@@ -189,11 +189,11 @@ class Lru2Policy final : public EvictionPolicy {
   }
 
   std::unordered_map<BlockHandle, Block> blocks_;
-  std::list<BlockHandle> once_;            // once used, unpinned; front = least recent
-  mutable std::vector<HeapEntry> heap_;    // twice used, unpinned, plus stale entries
-  size_t live_ = 0;                        // live entries in heap_
+  std::list<BlockHandle> once_;          // once used, unpinned; front = least recent
+  mutable std::vector<HeapEntry> heap_;  // twice used, unpinned, plus stale entries
+  size_t live_ = 0;                      // live entries in heap_
   std::unordered_map<BlockKey, Remembered> history_;
-  std::list<BlockKey> history_order_;      // front = removed first
+  std::list<BlockKey> history_order_;  // front = removed first
   uint64_t seq_ = 0;
   uint64_t stamp_ = 0;
 };

@@ -21,8 +21,8 @@ Result<EvictionPolicyId> ParseEvictionPolicy(std::string_view name) {
   for (const auto& row : kEvictionPolicies) {
     if (row.name == name) return row.id;
   }
-  return InvalidArgument("unknown eviction policy '" + std::string(name) + "' (" +
-                         ListChoices(kEvictionPolicyChoices) + ")");
+  return InvalidArgument("unknown eviction policy '" + std::string(name) + "' (" + ListChoices(kEvictionPolicyChoices) +
+                         ")");
 }
 
 std::string_view EvictionPolicyName(EvictionPolicyId id) {

@@ -94,7 +94,7 @@ inline constexpr auto kJoined = JoinNames<table, use>();
 
 // "lru|fifo|lru2|s3fifo|arc|queue_aware": the eviction policies' names.
 inline constexpr std::string_view kEvictionPolicyChoices(registry_internal::kJoined<kEvictionPolicies>.data(),
-                                                          registry_internal::kJoined<kEvictionPolicies>.size());
+                                                         registry_internal::kJoined<kEvictionPolicies>.size());
 // "all|second_hit|dwpd": nvme.admission's names.
 inline constexpr std::string_view kNvmeAdmissionChoices(
     registry_internal::kJoined<kAdmissionPolicies, kAdmissionForNvme>.data(),

@@ -46,7 +46,7 @@ PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requ
                                                               : requests[a].id < requests[b].id;
   });
   std::vector<uint64_t> channel_free(below.size(), now_us);  // per tier below: when its channel is free next
-  std::unordered_map<BlockKey, uint64_t> arriving;   // planned reads: key -> arrival
+  std::unordered_map<BlockKey, uint64_t> arriving;           // planned reads: key -> arrival
   for (size_t index : order) {
     const PrefetchRequest& r = requests[index];
     std::vector<uint64_t> free_at = channel_free;
@@ -55,7 +55,7 @@ PrefetchPlan PlanPrefetch(uint64_t now_us, std::span<const PrefetchRequest> requ
     size_t hit = 0;  // prefix blocks in DRAM by the deadline
     bool late = false, over_budget = false;
     for (const PrefetchBlock& b : r.chain) {
-      if (b.place == BlockPlace::kNowhere) break;  // the usable prefix ends here
+      if (b.place == BlockPlace::kNowhere) break;                           // the usable prefix ends here
       if (b.place == BlockPlace::kBelow && b.level >= below.size()) break;  // no channel: not readable
       if (b.place == BlockPlace::kHost) {
         ++hit;

@@ -67,8 +67,8 @@ struct PrefetchBlock {
 
 struct PrefetchRequest {
   uint64_t id = 0;
-  uint64_t deadline_us = 0;            // when its blocks must be in DRAM (start - preload lead)
-  std::vector<PrefetchBlock> chain;    // root first
+  uint64_t deadline_us = 0;          // when its blocks must be in DRAM (start - preload lead)
+  std::vector<PrefetchBlock> chain;  // root first
 };
 
 // A plan looks at this many queued requests, the earliest first (the
@@ -86,7 +86,7 @@ struct PrefetchOptions {
 };
 
 struct PrefetchAction {
-  uint64_t request = 0;   // the earliest-deadline request that needs it
+  uint64_t request = 0;  // the earliest-deadline request that needs it
   BlockKey key;
   uint64_t bytes = 0;
   uint32_t level = 0;     // the tier below it is read from

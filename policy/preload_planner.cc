@@ -10,8 +10,8 @@ PreloadPlan PlanPreload(const PreloadInput& in) {
   const uint32_t layers = std::max<uint32_t>(in.layers, 1);
   const double bandwidth = in.read_bytes_per_s > 0 ? in.read_bytes_per_s : 1;
   const double margin = std::max(in.margin, 0.0);
-  const double t_read = double(in.bytes_per_layer) / bandwidth * 1e6 * (1 + margin) +
-                        std::max(in.overhead_us_per_layer, 0.0);
+  const double t_read =
+      double(in.bytes_per_layer) / bandwidth * 1e6 * (1 + margin) + std::max(in.overhead_us_per_layer, 0.0);
   const double t_comp = std::max(in.compute_us_per_layer, 0.0);
   uint32_t n_pre = 1;
   if (t_read > t_comp) {

@@ -135,9 +135,7 @@ std::vector<ReclaimCandidate> ReclaimPolicy::Choose(std::vector<ReclaimCandidate
   return candidates;
 }
 
-void ReinsertBudget::OnWrite(uint64_t record_bytes) {
-  bytes_ = std::min(bytes_ + share_ * double(record_bytes), cap_);
-}
+void ReinsertBudget::OnWrite(uint64_t record_bytes) { bytes_ = std::min(bytes_ + share_ * double(record_bytes), cap_); }
 
 bool ReinsertBudget::Take(uint64_t record_bytes) {
   if (double(record_bytes) > bytes_) return false;

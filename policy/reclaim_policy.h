@@ -51,8 +51,8 @@ std::string_view ReclaimOrderChoices();
 
 struct ReclaimCandidate {
   BlockKey key;
-  uint64_t hits = 0;     // reads since it was written
-  bool needed = false;   // a queued request names it (queue_aware only)
+  uint64_t hits = 0;          // reads since it was written
+  bool needed = false;        // a queued request names it (queue_aware only)
   uint64_t offset = 0;        // where its record lies: PlanReclaimTurn breaks ties in log order
   uint64_t record_bytes = 0;  // what copying it forward writes (PlanReclaimTurn's budget)
 };

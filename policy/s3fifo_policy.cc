@@ -78,8 +78,7 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   std::optional<EvictionCandidate> Victim() const override {
     for (;;) {
-      const bool from_small =
-          !small_.empty() && (main_.empty() || 10 * small_count_ >= blocks_.size());
+      const bool from_small = !small_.empty() && (main_.empty() || 10 * small_count_ >= blocks_.size());
       if (from_small) {
         auto head = small_.begin();
         Block& b = blocks_.at(head->second);
@@ -167,8 +166,8 @@ class S3FifoPolicy final : public EvictionPolicy {
   }
 
   mutable std::unordered_map<BlockHandle, Block> blocks_;
-  mutable Fifo small_;          // unpinned blocks of S, begin = oldest
-  mutable Fifo main_;           // unpinned blocks of M, begin = oldest
+  mutable Fifo small_;              // unpinned blocks of S, begin = oldest
+  mutable Fifo main_;               // unpinned blocks of M, begin = oldest
   mutable size_t small_count_ = 0;  // blocks of S, pinned ones included
   std::unordered_map<BlockKey, std::list<BlockKey>::iterator> ghosts_;
   std::list<BlockKey> ghost_order_;  // front = evicted first

@@ -27,13 +27,13 @@ struct ShareOwner {
 struct ShareCandidate {
   BlockKey key;
   ShareOwner owner;
-  uint64_t bytes = 0;    // what it takes on the tier, in the unit of the shares
+  uint64_t bytes = 0;   // what it takes on the tier, in the unit of the shares
   uint64_t offset = 0;  // where its record lies: the oldest goes first
 };
 
 struct ShareSplit {
-  std::vector<ShareCandidate> may_go;     // owner over its share (or none): reclaim may drop them, log order
-  std::vector<ShareCandidate> protected_; // must stay: copied forward before the region goes, log order
+  std::vector<ShareCandidate> may_go;      // owner over its share (or none): reclaim may drop them, log order
+  std::vector<ShareCandidate> protected_;  // must stay: copied forward before the region goes, log order
 };
 
 // Splits the blocks of the region about to be reclaimed. `held` is each

@@ -160,8 +160,8 @@ v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases) {
   return r;
 }
 
-v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
-                            uint64_t lookup_keys, uint64_t lookup_hits) {
+v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups, uint64_t lookup_keys,
+                            uint64_t lookup_hits) {
   v1::Request r;
   auto* report = r.mutable_usage();
   for (const auto& [ns, key] : uses) {

@@ -60,8 +60,8 @@ v1::Request MakeRelease(std::span<const uint64_t> leases);
 v1::Request MakeReleaseNoReply(std::span<const uint64_t> leases);
 // A UsageReport: `uses` (namespace index, key) grouped per namespace in
 // first-seen order, plus the local lookup counts.
-v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups,
-                            uint64_t lookup_keys, uint64_t lookup_hits);
+v1::Request MakeUsageReport(std::span<const std::pair<uint32_t, BlockKey>> uses, uint64_t lookups, uint64_t lookup_keys,
+                            uint64_t lookup_hits);
 v1::Request MakeErase(uint32_t ns, std::span<const BlockKey> keys);
 // An Erase with `corrupt`: `keys` did not match their checksums when read.
 v1::Request MakeCorruptReport(uint32_t ns, std::span<const BlockKey> keys);

@@ -13,6 +13,7 @@ packages=(
   libtomlplusplus-dev libcli11-dev libspdlog-dev
   redis-server redis-tools fio
   clang libclang-rt-14-dev
+  clang-format  # the clang_format test: the sources follow .clang-format
   librsvg2-bin  # rsvg-convert: look at `kvtier replay --plot` SVGs as PNG
   # The Python binding (python/) and its tests, for Debian's /usr/bin/python3;
   # torch (CPU) runs the real-model test of the engine connectors.

@@ -70,7 +70,7 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const Spaw
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
     }
     if (options.max_open_files > 0) {
-      const struct rlimit limit{options.max_open_files, options.max_open_files};
+      const struct rlimit limit { options.max_open_files, options.max_open_files };
       if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
         failure[0] = 1;
         failure[1] = errno;
@@ -78,8 +78,10 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const Spaw
         ::_exit(126);
       }
     }
-    if (options.search_path) ::execvp(args[0], args.data());
-    else ::execv(args[0], args.data());
+    if (options.search_path)
+      ::execvp(args[0], args.data());
+    else
+      ::execv(args[0], args.data());
     failure[1] = errno;
     [[maybe_unused]] ssize_t n = ::write(report[1], failure, sizeof(failure));
     ::_exit(127);

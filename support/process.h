@@ -23,9 +23,9 @@ struct SpawnOptions {
   // Sent to the child when the thread that spawned it dies (PR_SET_PDEATHSIG;
   // if the parent is already gone the child exits at once); 0: none.
   int parent_death_signal = SIGTERM;
-  bool stdin_null = true;          // stdin from /dev/null; false: inherited
-  bool reset_signal_mask = true;   // the child starts with no signal blocked; false: inherited
-  uint64_t max_open_files = 0;     // > 0: the child's RLIMIT_NOFILE, soft and hard
+  bool stdin_null = true;         // stdin from /dev/null; false: inherited
+  bool reset_signal_mask = true;  // the child starts with no signal blocked; false: inherited
+  uint64_t max_open_files = 0;    // > 0: the child's RLIMIT_NOFILE, soft and hard
 };
 
 // Forks and execs `argv` with stdout and stderr on `out_fd` (which the caller

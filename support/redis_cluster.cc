@@ -97,8 +97,9 @@ Result<std::string> CliOutcome(const CommandOutput& run, const std::string& wher
 }
 
 std::vector<std::string> CliArgv(int port, std::chrono::seconds timeout, bool follow_redirects) {
-  std::vector<std::string> argv = {kTimeout, "-k", "1", std::to_string(timeout.count()), kRedisCli,
-                                   "-h", "127.0.0.1", "-p", std::to_string(port), "-e", "--raw"};
+  std::vector<std::string> argv = {
+      kTimeout, "-k",   "1", std::to_string(timeout.count()), kRedisCli, "-h", "127.0.0.1", "-p", std::to_string(port),
+      "-e",     "--raw"};
   if (follow_redirects) argv.push_back("-c");
   return argv;
 }
@@ -217,16 +218,40 @@ Status RedisCluster::StartNodes() {
 }
 
 Status RedisCluster::StartNode(Node& node) {
-  node.pid = SpawnChild(
-      {kRedisServer, "--port", std::to_string(node.port), "--bind", "127.0.0.1", "--dir", node.dir,
-       "--cluster-enabled", "yes", "--cluster-config-file", node.dir + "/nodes.conf",
-       "--cluster-node-timeout", std::to_string(options_.node_timeout_ms),
-       "--cluster-replica-validity-factor", "0",  // a replica always takes over its dead master
-       "--cluster-require-full-coverage", options_.require_full_coverage ? "yes" : "no",
-       "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
-       "--maxmemory", options_.maxmemory, "--maxmemory-policy", options_.maxmemory_policy,
-       "--enable-debug-command", "local", "--daemonize", "no", "--logfile", ""},
-      node.dir + "/redis.log");
+  node.pid = SpawnChild({kRedisServer,
+                         "--port",
+                         std::to_string(node.port),
+                         "--bind",
+                         "127.0.0.1",
+                         "--dir",
+                         node.dir,
+                         "--cluster-enabled",
+                         "yes",
+                         "--cluster-config-file",
+                         node.dir + "/nodes.conf",
+                         "--cluster-node-timeout",
+                         std::to_string(options_.node_timeout_ms),
+                         "--cluster-replica-validity-factor",
+                         "0",  // a replica always takes over its dead master
+                         "--cluster-require-full-coverage",
+                         options_.require_full_coverage ? "yes" : "no",
+                         "--save",
+                         "",
+                         "--appendonly",
+                         "no",
+                         "--repl-diskless-sync-delay",
+                         "0",
+                         "--maxmemory",
+                         options_.maxmemory,
+                         "--maxmemory-policy",
+                         options_.maxmemory_policy,
+                         "--enable-debug-command",
+                         "local",
+                         "--daemonize",
+                         "no",
+                         "--logfile",
+                         ""},
+                        node.dir + "/redis.log");
   if (node.pid < 0) return IoError("cannot start redis-server for " + Seed(node.port));
   return Status::Ok();
 }
@@ -265,8 +290,9 @@ Status RedisCluster::AwaitFormed(std::chrono::milliseconds timeout) {
     const Status formed = CheckFormed(&culprit_port);
     if (formed.ok()) return formed;
     if (std::chrono::steady_clock::now() >= deadline) {
-      return TimedOut("cluster not formed after " + std::to_string(timeout.count()) + " ms: " + formed.message() +
-                      (culprit_port < 0 ? "" : "\n--- log of " + Seed(culprit_port) + " ---\n" + LogTail(culprit_port)));
+      return TimedOut(
+          "cluster not formed after " + std::to_string(timeout.count()) + " ms: " + formed.message() +
+          (culprit_port < 0 ? "" : "\n--- log of " + Seed(culprit_port) + " ---\n" + LogTail(culprit_port)));
     }
     std::this_thread::sleep_for(kPoll);
   }
@@ -286,9 +312,14 @@ Status RedisCluster::CheckFormed(int* culprit_port) {
     }
     const auto info = InfoFields(*this, node.port, {"CLUSTER", "INFO"});
     if (!info.ok()) return info.status();
-    const auto field = [&](const char* name) { auto it = info->find(name); return it == info->end() ? "" : it->second; };
-    if (field("cluster_state") != "ok") return kvtier::Unavailable(who + ": cluster_state is " + field("cluster_state"));
-    if (ToInt(field("cluster_slots_assigned")) != kSlots) return kvtier::Unavailable(who + ": not every slot is assigned");
+    const auto field = [&](const char* name) {
+      auto it = info->find(name);
+      return it == info->end() ? "" : it->second;
+    };
+    if (field("cluster_state") != "ok")
+      return kvtier::Unavailable(who + ": cluster_state is " + field("cluster_state"));
+    if (ToInt(field("cluster_slots_assigned")) != kSlots)
+      return kvtier::Unavailable(who + ": not every slot is assigned");
     if (ToInt(field("cluster_known_nodes")) != static_cast<int64_t>(nodes_.size())) {
       return kvtier::Unavailable(who + " knows " + field("cluster_known_nodes") + " nodes");
     }
@@ -307,7 +338,8 @@ Status RedisCluster::CheckFormed(int* culprit_port) {
       const auto replication = InfoFields(*this, node.port, {"INFO", "replication"});
       if (!replication.ok()) return replication.status();
       const auto link = replication->find("master_link_status");
-      if (link == replication->end() || link->second != "up") return kvtier::Unavailable(who + ": link to its master not up");
+      if (link == replication->end() || link->second != "up")
+        return kvtier::Unavailable(who + ": link to its master not up");
     }
   }
   *culprit_port = -1;
@@ -405,9 +437,10 @@ Result<int> RedisCluster::WaitForSlotServed(int slot, std::chrono::milliseconds 
                                     : CheckSlotRouted(slot, owner, /*require_state_ok=*/true, &culprit_port);
     if (served.ok()) return owner;
     if (std::chrono::steady_clock::now() >= deadline) {
-      return TimedOut("slot " + std::to_string(slot) + " not served after " + std::to_string(timeout.count()) +
-                      " ms: " + served.message() +
-                      (culprit_port < 0 ? "" : "\n--- log of " + Seed(culprit_port) + " ---\n" + LogTail(culprit_port)));
+      return TimedOut(
+          "slot " + std::to_string(slot) + " not served after " + std::to_string(timeout.count()) +
+          " ms: " + served.message() +
+          (culprit_port < 0 ? "" : "\n--- log of " + Seed(culprit_port) + " ---\n" + LogTail(culprit_port)));
     }
     std::this_thread::sleep_for(kPoll);
   }
@@ -428,8 +461,8 @@ Status RedisCluster::CheckSlotRouted(int slot, int owner_port, bool require_stat
     }
     const auto lines = ClusterNodes(*this, port);
     if (!lines.ok()) return lines.status();
-    const auto holder = std::find_if(lines->begin(), lines->end(),
-                                     [slot](const NodeLine& n) { return n.master && n.Holds(slot); });
+    const auto holder =
+        std::find_if(lines->begin(), lines->end(), [slot](const NodeLine& n) { return n.master && n.Holds(slot); });
     if (holder == lines->end() || holder->port != owner_port || holder->failing) {
       return kvtier::Unavailable(who + " routes slot " + std::to_string(slot) + " to " +
                                  (holder == lines->end() ? "nobody" : Seed(holder->port)) + ", not " +

@@ -41,9 +41,9 @@ int FreeRedisPort();
 class RedisCluster {
  public:
   struct Options {
-    int masters = 3;              // at least 3 (redis-cli --cluster create refuses fewer)
-    int replicas_per_master = 1;  // 0 or more
-    int node_timeout_ms = 1000;   // cluster-node-timeout: a crashed master fails over in ~2-3 s
+    int masters = 3;                               // at least 3 (redis-cli --cluster create refuses fewer)
+    int replicas_per_master = 1;                   // 0 or more
+    int node_timeout_ms = 1000;                    // cluster-node-timeout: a crashed master fails over in ~2-3 s
     std::string maxmemory = "256mb";               // each node
     std::string maxmemory_policy = "allkeys-lru";  // lossy cache, as the remote tier expects
     // cluster-require-full-coverage: with "no" (what docs/OPERATIONS.md
@@ -154,7 +154,7 @@ class RedisCluster {
   struct Node {
     std::string dir;  // its nodes.conf and redis.log
     int port = -1;
-    pid_t pid = -1;   // -1 once killed and reaped
+    pid_t pid = -1;  // -1 once killed and reaped
   };
   struct Move {  // a slot between BeginMove and FinishMove
     int source_port = -1;

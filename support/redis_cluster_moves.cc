@@ -54,8 +54,9 @@ Result<int> RedisCluster::MoveKeys(int slot, int count) {
     if (!listed.ok()) return listed.status();
     const std::vector<std::string> keys = Split(*listed, '\n');
     if (keys.empty()) break;
-    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(m.target_port), "", "0",
-                                        std::to_string(kMigrateTimeout.count()), "REPLACE", "KEYS"};
+    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(m.target_port),
+                                        "",        "0",         std::to_string(kMigrateTimeout.count()),
+                                        "REPLACE", "KEYS"};
     migrate.insert(migrate.end(), keys.begin(), keys.end());
     const auto sent = Cli(m.source_port, migrate,
                           std::chrono::duration_cast<std::chrono::seconds>(kMigrateTimeout) + std::chrono::seconds(30));

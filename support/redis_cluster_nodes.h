@@ -18,8 +18,8 @@ struct NodeLine {
   int port = -1;
   bool myself = false;
   bool master = false;
-  bool failing = false;      // flagged fail or fail?
-  std::string master_id;     // "-" for a master
+  bool failing = false;   // flagged fail or fail?
+  std::string master_id;  // "-" for a master
   int64_t config_epoch = 0;
   std::vector<std::pair<int, int>> slots;  // served ranges, inclusive; open (importing/migrating) ones left out
 

@@ -50,9 +50,8 @@ std::string TomlString(const std::string& s) {
   return out + "\"";
 }
 
-Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir,
-                                   uint64_t arena_bytes, std::chrono::milliseconds timeout,
-                                   const std::string& extra_toml) {
+Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
+                                   std::chrono::milliseconds timeout, const std::string& extra_toml) {
   StartedServer server;
   server.socket_path = dir + "/kvtierd.sock";
   server.log_path = dir + "/kvtierd.log";
@@ -87,13 +86,14 @@ Result<StartedServer> StartRedis(const std::string& redis_server_path, const std
   StartedServer server;
   server.socket_path = dir + "/redis.sock";
   server.log_path = dir + "/redis.log";
-  auto child = ChildProcess::Spawn({redis_server_path, "--port", "0", "--unixsocket", server.socket_path,
-                                    "--save", "", "--appendonly", "no", "--daemonize", "no"},
+  auto child = ChildProcess::Spawn({redis_server_path, "--port", "0", "--unixsocket", server.socket_path, "--save", "",
+                                    "--appendonly", "no", "--daemonize", "no"},
                                    server.log_path);
   if (!child.ok()) return child.status();
   server.process = std::move(*child);
-  Status s = WaitUntilReady(server, "redis-server (" + redis_server_path + ")",
-                            [&server] { return SocketAccepts(server.socket_path); }, timeout);
+  Status s = WaitUntilReady(
+      server, "redis-server (" + redis_server_path + ")", [&server] { return SocketAccepts(server.socket_path); },
+      timeout);
   if (!s.ok()) return s;
   return server;
 }

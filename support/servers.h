@@ -30,8 +30,7 @@ std::string TomlString(const std::string& s);
 // ([nvme], [engine]), never [server], [host] or [log] again. NotFound if
 // the binary cannot be run; Unavailable (with the tail of the daemon's log)
 // if it exits or does not answer in `timeout`.
-Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir,
-                                   uint64_t arena_bytes,
+Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
                                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
                                    const std::string& extra_toml = "");
 

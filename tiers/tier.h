@@ -294,7 +294,8 @@ class NamespaceSums {
 inline void VisitNamespaceBytes(const BlockTier& tier, const BlockTier::NamespaceBytesVisitor& visit) {
   if (const NamespaceSums* sums = tier.namespace_sums()) return sums->ForEachNamespaceBytes(visit);
   std::unordered_map<NamespaceFingerprint, uint64_t> walked;
-  tier.ForEachBlock([&walked](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
+  tier.ForEachBlock(
+      [&walked](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
   for (const auto& [ns, bytes] : walked) visit(ns, bytes);
 }
 

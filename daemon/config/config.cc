@@ -44,8 +44,7 @@ OptionValue ValueOf(const toml::node& node) {
 }
 
 // Checks one TOML value with its row's parser and stores it.
-Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_view origin,
-                   DaemonConfig& config) {
+Status ApplyOption(const OptionSpec& spec, const toml::node& node, std::string_view origin, DaemonConfig& config) {
   Status s = spec.field.parse(spec, ValueOf(node), config);
   if (s.ok()) return s;
   return InvalidArgument(Where(origin, node) + ": " + std::string(spec.name) + s.message());
@@ -161,8 +160,8 @@ Status ApplyTable(const toml::table& table, std::string_view origin, DaemonConfi
     }
     const auto* section_table = section_node.as_table();
     if (section_table == nullptr) {
-      return InvalidArgument(Where(origin, section_node) + ": unknown option '" +
-                             std::string(section.str()) + "' (options live in sections, e.g. [host])");
+      return InvalidArgument(Where(origin, section_node) + ": unknown option '" + std::string(section.str()) +
+                             "' (options live in sections, e.g. [host])");
     }
     for (const auto& [key, node] : *section_table) {
       std::string name = std::string(section.str()) + "." + std::string(key.str());
@@ -275,11 +274,20 @@ Result<int64_t> ParseBytes(std::string_view text) {
   if (ec != std::errc() || value < 0) return InvalidArgument("'" + std::string(text) + "' is not a size");
   std::string_view unit(ptr, text.data() + text.size() - ptr);
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
-  struct Unit { std::string_view name; int64_t factor; };
-  static constexpr Unit kUnits[] = {
-      {"", 1}, {"B", 1}, {"KiB", kKiB}, {"MiB", kMiB}, {"GiB", kGiB}, {"TiB", kTiB},
-      {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000LL * 1000 * 1000},
-      {"TB", 1000LL * 1000 * 1000 * 1000}};
+  struct Unit {
+    std::string_view name;
+    int64_t factor;
+  };
+  static constexpr Unit kUnits[] = {{"", 1},
+                                    {"B", 1},
+                                    {"KiB", kKiB},
+                                    {"MiB", kMiB},
+                                    {"GiB", kGiB},
+                                    {"TiB", kTiB},
+                                    {"KB", 1000},
+                                    {"MB", 1000 * 1000},
+                                    {"GB", 1000LL * 1000 * 1000},
+                                    {"TB", 1000LL * 1000 * 1000 * 1000}};
   for (const auto& u : kUnits) {
     if (unit == u.name) {
       if (value > INT64_MAX / u.factor) return InvalidArgument("'" + std::string(text) + "' is too large");

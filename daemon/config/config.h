@@ -22,12 +22,12 @@ namespace kvtier {
 // daemon maps callers to tenants with daemon/tenants/tenants.h). Not changeable at
 // run time.
 struct TenantConfig {
-  std::string name;            // [A-Za-z0-9_.-], 1..64 characters, unique
-  std::vector<uint32_t> uids;  // callers with one of these uids are this tenant's
-  std::vector<uint32_t> gids;  // ... or with one of these as primary or supplementary group
-  int64_t host_bytes = 0;      // its arena; 0: an equal share of what the others leave
-  int64_t hbm_bytes = 0;       // its HBM pool; 0: an equal share of hbm.capacity_bytes
-  int64_t nvme_bytes = 0;      // payload bytes it may keep in each tier below; 0: no quota
+  std::string name;                 // [A-Za-z0-9_.-], 1..64 characters, unique
+  std::vector<uint32_t> uids;       // callers with one of these uids are this tenant's
+  std::vector<uint32_t> gids;       // ... or with one of these as primary or supplementary group
+  int64_t host_bytes = 0;           // its arena; 0: an equal share of what the others leave
+  int64_t hbm_bytes = 0;            // its HBM pool; 0: an equal share of hbm.capacity_bytes
+  int64_t nvme_bytes = 0;           // payload bytes it may keep in each tier below; 0: no quota
   std::vector<std::string> models;  // model ids it may register; empty: any
 
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
@@ -48,15 +48,15 @@ struct DaemonConfig {
   int64_t max_leases_per_connection = 0;
   int64_t max_reserved_bytes_per_connection = 0;  // 0: AutoMaxReservedBytes
   int64_t reservation_timeout_s = 0;
-  int64_t idle_timeout_s = 0;                     // 0: never
+  int64_t idle_timeout_s = 0;  // 0: never
   int64_t frame_timeout_ms = 0;
   int64_t partial_frame_bytes = 0;
   int64_t client_memory_bytes = 0;  // 0: auto (AutoClientMemory)
   int64_t reserved_client_memory_percent = 0;
   int64_t max_client_memory_per_connection = 0;
-  std::string socket_mode;   // octal, e.g. "0660" (ParseFileMode)
-  std::string socket_group;  // name or gid; empty: the daemon's group
-  std::string tenant_key_file;  // empty: <nvme.path>.tenant-key, or a key per start without NVMe
+  std::string socket_mode;                // octal, e.g. "0660" (ParseFileMode)
+  std::string socket_group;               // name or gid; empty: the daemon's group
+  std::string tenant_key_file;            // empty: <nvme.path>.tenant-key, or a key per start without NVMe
   bool trust_shared_directories = false;  // skip CheckStateDirectories (directory_trust.h)
   // [host]
   int64_t host_capacity_bytes = 0;
@@ -70,7 +70,7 @@ struct DaemonConfig {
   int64_t hbm_capacity_bytes = 0;
   int64_t hbm_staging_bytes = 0;
   // [nvme]
-  std::string nvme_path;          // empty: no NVMe tier
+  std::string nvme_path;  // empty: no NVMe tier
   int64_t nvme_capacity_bytes = 0;
   int64_t nvme_region_bytes = 0;
   int64_t nvme_queue_depth = 0;
@@ -78,24 +78,24 @@ struct DaemonConfig {
   bool nvme_direct_io = false;
   bool nvme_preallocate = false;
   NvmeIoEngine nvme_io_engine{};
-  std::string nvme_index_path;    // empty: <nvme.path>.index
+  std::string nvme_index_path;  // empty: <nvme.path>.index
   int64_t nvme_staging_bytes = 0;
   bool nvme_sync_index = false;
   int64_t nvme_reinsert_percent = 0;
-  EvictionPolicyId nvme_eviction{};  // the reclaim order of that name
+  EvictionPolicyId nvme_eviction{};    // the reclaim order of that name
   AdmissionPolicyId nvme_admission{};  // all | second_hit | dwpd
-  int64_t nvme_dwpd_drive_bytes = 0;  // 0: the file system holding nvme.path
+  int64_t nvme_dwpd_drive_bytes = 0;   // 0: the file system holding nvme.path
   double nvme_dwpd = 0;
   double nvme_dwpd_warranty_years = 0;
   double nvme_dwpd_planned_years = 0;
   double nvme_dwpd_share = 0;
   int64_t nvme_dwpd_max_write_rate = 0;  // bytes/s; 0: twice the daily rate
   // [remote]
-  std::string remote_nodes;       // "host:port,host:port"; empty: no remote tier
+  std::string remote_nodes;             // "host:port,host:port"; empty: no remote tier
   std::string remote_cluster_networks;  // "cidr,cidr"; empty: the nodes' /24 or /64
   int64_t remote_capacity_bytes = 0;
   AdmissionPolicyId remote_admission{};  // all | second_hit | rate
-  int64_t remote_write_rate = 0;  // bytes/s (rate admission)
+  int64_t remote_write_rate = 0;         // bytes/s (rate admission)
   int64_t remote_timeout_ms = 0;
   int64_t remote_probe_timeout_ms = 0;
   int64_t remote_retry_ms = 0;
@@ -118,7 +118,7 @@ struct DaemonConfig {
   std::string metrics_address;
   int64_t metrics_port = 0;
   std::string metrics_bearer_token_file;  // empty: no token (metrics_server.h)
-  bool metrics_tenant_series = false;      // with tenants and no token, show their series anyway
+  bool metrics_tenant_series = false;     // with tenants and no token, show their series anyway
   // [log]
   LogLevel log_level{};
   LogFormat log_format{};
@@ -157,17 +157,17 @@ struct OptionField {
 };
 
 struct OptionSpec {
-  std::string_view name;           // "section.key" as written in TOML
+  std::string_view name;  // "section.key" as written in TOML
   OptionType type;
   std::string_view default_value;  // as it would be written in TOML
   int64_t min = 0;                 // kInt / kBytes bounds (inclusive)
   int64_t max = 0;
-  std::string_view choices;        // kChoice: "a|b|c"
+  std::string_view choices;  // kChoice: "a|b|c"
   bool runtime_changeable = false;
   std::string_view doc;
-  OptionField field;               // where and how the value lands
+  OptionField field;          // where and how the value lands
   bool may_be_empty = false;  // kString: "" is a valid value (e.g. "feature off")
-  double real_min = 0;  // kReal bounds (inclusive)
+  double real_min = 0;        // kReal bounds (inclusive)
   double real_max = 0;
   // kInt / kBytes: 0 is also accepted, outside the bounds, and means "size
   // it to this machine" (the daemon resolves it at start and logs what).

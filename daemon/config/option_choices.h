@@ -42,8 +42,7 @@ inline constexpr OptionChoice<LogLevel> kLogLevelChoices[] = {
     {LogLevel::kTrace, "trace"}, {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"},
     {LogLevel::kWarn, "warn"},   {LogLevel::kError, "error"}, {LogLevel::kCritical, "critical"},
     {LogLevel::kOff, "off"}};
-inline constexpr OptionChoice<LogFormat> kLogFormatChoices[] = {{LogFormat::kText, "text"},
-                                                                 {LogFormat::kJson, "json"}};
+inline constexpr OptionChoice<LogFormat> kLogFormatChoices[] = {{LogFormat::kText, "text"}, {LogFormat::kJson, "json"}};
 
 // The table of T's names (a choice option's field type has one).
 template <typename T>
@@ -70,7 +69,9 @@ struct ChoiceTable<LogFormat> {
 };
 
 template <typename T>
-concept ChoiceEnum = requires { ChoiceTable<T>::rows; };
+concept ChoiceEnum = requires {
+  ChoiceTable<T>::rows;
+};
 
 // "a|b|c": T's names, in table order (a row's OptionSpec::choices).
 template <ChoiceEnum T>

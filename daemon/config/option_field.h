@@ -42,8 +42,8 @@ constexpr DefaultText FormatDefault(int64_t value, bool bytes) {
     const char* name;
     int64_t factor;
   };
-  constexpr Unit kUnits[] = {{"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30}, {"MiB", int64_t{1} << 20},
-                             {"KiB", int64_t{1} << 10}};
+  constexpr Unit kUnits[] = {
+      {"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30}, {"MiB", int64_t{1} << 20}, {"KiB", int64_t{1} << 10}};
   const char* unit = "";
   if (bytes && value != 0) {
     for (const Unit& u : kUnits) {

@@ -36,9 +36,8 @@ Result<std::string> ReadSecret(const std::string& path, int fd, size_t min_bytes
                            ": group or others may read it; chmod 0600 it (whoever reads it holds the secret)");
   }
   if (st.st_size < static_cast<off_t>(min_bytes) || st.st_size > static_cast<off_t>(max_bytes)) {
-    const std::string wanted = min_bytes == max_bytes
-                                   ? std::to_string(min_bytes)
-                                   : std::to_string(min_bytes) + " to " + std::to_string(max_bytes);
+    const std::string wanted = min_bytes == max_bytes ? std::to_string(min_bytes)
+                                                      : std::to_string(min_bytes) + " to " + std::to_string(max_bytes);
     return InvalidArgument(what + " " + path + " holds " + std::to_string(st.st_size) + " bytes, not " + wanted);
   }
   std::string secret(static_cast<size_t>(st.st_size), '\0');
@@ -132,8 +131,7 @@ bool TokenCharacter(char c) {
 
 }  // namespace
 
-Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, std::string_view what,
-                                       bool* created) {
+Result<std::string> LoadOrCreateSecret(const std::string& path, size_t bytes, std::string_view what, bool* created) {
   return LoadOrCreate(path, bytes, bytes, std::string(what), created, [bytes] { return RandomSecret(bytes); });
 }
 

@@ -43,7 +43,6 @@ std::string TenantsToml(const std::vector<TenantConfig>& tenants);
 // > 0) left 0 with an equal share of what the sized ones leave of the
 // capacity. InvalidArgument when the sized ones exceed it or a share falls
 // below kMinTenantHostBytes (host). Call after the auto sizes are resolved.
-Status ResolveTenantShares(int64_t host_capacity_bytes, int64_t hbm_capacity_bytes,
-                           std::vector<TenantConfig>& tenants);
+Status ResolveTenantShares(int64_t host_capacity_bytes, int64_t hbm_capacity_bytes, std::vector<TenantConfig>& tenants);
 
 }  // namespace kvtier

@@ -21,8 +21,8 @@ Result<size_t> ReadAndWait(Start&& start) {
 
 }  // namespace
 
-AboveMover::AboveMover(BlockTier& above, BlockTier& host, const Clock& clock, RetryScheduler& retries,
-                       size_t max_jobs, Hooks hooks)
+AboveMover::AboveMover(BlockTier& above, BlockTier& host, const Clock& clock, RetryScheduler& retries, size_t max_jobs,
+                       Hooks hooks)
     : host_(host),
       clock_(clock),
       retries_(retries),
@@ -96,9 +96,8 @@ bool AboveMover::ReadForCopyUp(const NamespaceFingerprint& ns, const BlockKey& k
   }
   std::vector<std::byte>& buffer = up_buffer_;
   buffer.resize(info->payload_bytes);
-  Result<size_t> read = ReadAndWait([&](BlockTier::ReadDone done) {
-    return host_.Read(key, 0, info->layer_count, buffer, std::move(done));
-  });
+  Result<size_t> read = ReadAndWait(
+      [&](BlockTier::ReadDone done) { return host_.Read(key, 0, info->layer_count, buffer, std::move(done)); });
   if (!read.ok() || *read != buffer.size()) {  // left the host tier meanwhile, or did not verify
     Bump(copy_up_skips_);
     return false;
@@ -181,11 +180,10 @@ bool AboveMover::EvictOne() {
   if (!elsewhere) {
     std::vector<std::byte>& buffer = down_buffer_;
     buffer.resize(info->payload_bytes);
-    Result<size_t> read = ReadAndWait([&](BlockTier::ReadDone done) {
-      return tier.Read(key, 0, info->layer_count, buffer, std::move(done));
-    });
-    Status written = read.ok() ? host_.Write(ns, key, info->layer_count, buffer, [](Status) {},
-                                             info->payload_checksum)
+    Result<size_t> read = ReadAndWait(
+        [&](BlockTier::ReadDone done) { return tier.Read(key, 0, info->layer_count, buffer, std::move(done)); });
+    Status written = read.ok() ? host_.Write(
+                                     ns, key, info->layer_count, buffer, [](Status) {}, info->payload_checksum)
                                : read.status();
     if (written.ok() || written.code() == StatusCode::kAlreadyExists) {
       Bump(demotions_to_host_);

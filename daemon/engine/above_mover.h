@@ -160,7 +160,7 @@ class AboveMover {
   ResidentOrder resident_ GUARDED_BY(mu_){MakeEvictionPolicy(EvictionPolicyId::kLru)};
   std::unordered_set<BlockKey> offered_ GUARDED_BY(mu_);    // copies up queued, running or being written
   std::unordered_set<BlockKey> cancelled_ GUARDED_BY(mu_);  // offered keys erased meanwhile
-  std::vector<std::byte> up_buffer_, down_buffer_;  // the mover thread's own
+  std::vector<std::byte> up_buffer_, down_buffer_;          // the mover thread's own
   std::atomic<int64_t> copies_up_{0}, copy_up_skips_{0}, copy_up_failures_{0}, offers_dropped_{0};
   std::atomic<int64_t> evictions_{0}, demotions_to_host_{0}, demotion_failures_{0}, in_place_blocks_{0};
   Mover mover_;  // last: joined first

@@ -66,15 +66,13 @@ struct BlockEntry {
   uint32_t pins = 0;        // live leases; kPinned (or a zombie) while > 0
   uint64_t hits = 0;
   uint64_t last_use_us = 0;
-  BlockHandle handle = 0;   // the policy's id, set at commit
+  BlockHandle handle = 0;  // the policy's id, set at commit
 
   BlockState state() const { return state_; }
   // Visible to lookups and pins: kCommitted or kPinned.
   bool cached() const { return state_ == BlockState::kCommitted || state_ == BlockState::kPinned; }
   // Being read in, erased meanwhile or not.
-  bool promoting() const {
-    return state_ == BlockState::kPromoting || state_ == BlockState::kErasedWhilePromoting;
-  }
+  bool promoting() const { return state_ == BlockState::kPromoting || state_ == BlockState::kErasedWhilePromoting; }
 
  private:
   friend class BlockIndex;

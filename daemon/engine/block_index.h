@@ -47,7 +47,6 @@ struct PromotionWaiter {
   size_t index = 0;
 };
 
-
 // The shard of `shard_count` that holds `key`.
 inline size_t ShardIndexOf(const BlockKey& key, size_t shard_count) { return std::hash<BlockKey>{}(key) % shard_count; }
 
@@ -101,16 +100,18 @@ class BlockIndex {
     BlockState state_ = BlockState::kDemoting;
   };
   std::unordered_map<BlockKey, Demoting> demoting GUARDED_BY(mu);
-  std::unique_ptr<EvictionPolicy> policy GUARDED_BY(mu) PT_GUARDED_BY(mu);  // tracks committed blocks; pins via OnPin/OnUnpin
-  uint64_t stored_bytes GUARDED_BY(mu) = 0;               // sizes of committed blocks
-  uint64_t prefetched_bytes GUARDED_BY(mu) = 0;           // sizes of entries with `prefetched` (being read or resident)
+  std::unique_ptr<EvictionPolicy> policy GUARDED_BY(mu)
+      PT_GUARDED_BY(mu);                         // tracks committed blocks; pins via OnPin/OnUnpin
+  uint64_t stored_bytes GUARDED_BY(mu) = 0;      // sizes of committed blocks
+  uint64_t prefetched_bytes GUARDED_BY(mu) = 0;  // sizes of entries with `prefetched` (being read or resident)
 
   // --- Transitions (block_entry.h's diagram), each with mu held. ---
 
   // (none) -> kReserved: claims `key` for `connection`'s write of `size`
   // bytes under `ns` (no extent yet). AlreadyExists, saying what holds
   // the key, when the index has it in any state.
-  Status Reserve(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, ConnectionId connection) REQUIRES(mu);
+  Status Reserve(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, ConnectionId connection)
+      REQUIRES(mu);
   // kReserved -> (none): drops `connection`'s reservation of `key`, freeing
   // its extent if it has one. False when there is no such reservation.
   bool DropReservation(ConnectionId connection, const BlockKey& key) REQUIRES(mu);
@@ -123,8 +124,8 @@ class BlockIndex {
   // kCommitted | kPinned -> kPinned: one more pin of `entry` of `key` for
   // `connection`, a use (hits, recency). Returns the lease; *was_prefetched
   // says the pin was the first use of a prefetched block.
-  LeaseId Pin(const BlockKey& key, BlockEntry& entry, ConnectionId connection, uint64_t now_us,
-              bool* was_prefetched) REQUIRES(mu);
+  LeaseId Pin(const BlockKey& key, BlockEntry& entry, ConnectionId connection, uint64_t now_us, bool* was_prefetched)
+      REQUIRES(mu);
   // kPinned -> kCommitted at its last pin, or a zombie's pin dropped (freed
   // at its last): one pin of the block `lease` refers to. The caller has
   // removed the lease record. Returns the bytes of a transient layer read
@@ -133,7 +134,8 @@ class BlockIndex {
   // (none) -> kPromoting: claims `key` for a read of its `size` bytes from
   // a tier below (a pin's promotion, or a prefetch when `prefetched`).
   // Precondition: the index has no entry of `key`.
-  BlockEntry& BeginPromotion(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, bool prefetched) REQUIRES(mu);
+  BlockEntry& BeginPromotion(const BlockKey& key, const NamespaceFingerprint& ns, uint64_t size, bool prefetched)
+      REQUIRES(mu);
   // kPromoting -> kCommitted: the read landed in `extent`, verified.
   void CommitPromoted(Entries::iterator it, HostTier::Extent extent, uint64_t checksum,
                       std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us) REQUIRES(mu);
@@ -179,7 +181,6 @@ class BlockIndex {
 
   HostTier& host_;
 };
-
 
 // Resolves one key of a batch; the last one to resolve completes it.
 inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGrant grant) {

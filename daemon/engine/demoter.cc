@@ -15,8 +15,8 @@ constexpr size_t kDemoterJobs = 1 << 16;
 
 }  // namespace
 
-Demoter::Demoter(const std::vector<std::unique_ptr<TierLevel>>& below, uint64_t buffer_bytes,
-                 EngineCounters& counters, Hooks hooks, const Clock& clock)
+Demoter::Demoter(const std::vector<std::unique_ptr<TierLevel>>& below, uint64_t buffer_bytes, EngineCounters& counters,
+                 Hooks hooks, const Clock& clock)
     : below_(below),
       counters_(counters),
       hooks_(std::move(hooks)),
@@ -63,7 +63,7 @@ void Demoter::CountFailedWrite(const Status& outcome) {
 }
 
 void Demoter::WriteToTier(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layers,
-                         std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done) {
+                          std::span<const std::byte> payload, uint64_t checksum, BlockTier::WriteDone done) {
   // Every end of a write wakes the demoter's waits for room.
   BlockTier::WriteDone ended = [this, done = std::move(done)](Status written) {
     {

@@ -106,7 +106,7 @@ class Demoter {
   EngineCounters& counters_;
   const Hooks hooks_;
   const Clock& clock_;
-  Mutex mu_;  // a leaf
+  Mutex mu_;             // a leaf
   CondVar write_ended_;  // a write ended, or Stop
   uint64_t writes_ended_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;

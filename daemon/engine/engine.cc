@@ -24,13 +24,12 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
       locator_(std::make_unique<Locator>(shards_, below_, counters_, LocatorHooks())),
-      writer_(std::make_unique<Writer>(shards_, host, lineage_, clock, options.verify_commits, counters_,
-                                       WriterHooks())),
+      writer_(
+          std::make_unique<Writer>(shards_, host, lineage_, clock, options.verify_commits, counters_, WriterHooks())),
       retries_(std::make_unique<RetryScheduler>("engine.retries", clock, kMoverJobs)),
       promoter_(std::make_unique<Promoter>(
           shards_, host, clock, *retries_,
-          static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_,
-          PromoterHooks())),
+          static_cast<uint64_t>(options.layer_read_share * double(host.capacity_bytes())), counters_, PromoterHooks())),
       streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks(), clock)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
@@ -74,9 +73,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   return Create(options, host, clock, std::move(stack));
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host,
-                                               const Clock& clock, std::vector<LowerTier> below,
-                                               BlockTier* above) {
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, HostTier& host, const Clock& clock,
+                                               std::vector<LowerTier> below, BlockTier* above) {
   if (options.shards < 1 || options.shards > (1u << kLeaseShardBits)) {
     return InvalidArgument("engine.shards must be in [1, 256], got " + std::to_string(options.shards));
   }
@@ -84,7 +82,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   for (const LowerTier& lower : below) {
     if (lower.tier == nullptr) return InvalidArgument("a tier of the stack is missing");
     if (lower.reported != Tier::kNvme && lower.reported != Tier::kRemote) {
-      return InvalidArgument(std::string(lower.tier->name()) + " is below the host: Lookup reports it as nvme or remote, not " +
+      return InvalidArgument(std::string(lower.tier->name()) +
+                             " is below the host: Lookup reports it as nvme or remote, not " +
                              std::string(TierName(lower.reported)));
     }
     auto made = TierAdmission::Create(lower.admission, lower.dwpd, lower.rate_bytes_per_second, *lower.tier, clock);
@@ -106,27 +105,26 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     // The tier asks from under its own lock; QueuedKeys' lock is a leaf.
     tier->SetNeededHint([queue = &engine->queue_](const BlockKey& key) { return queue->Needs(key); });
     if (level + 1 < engine->below_.size()) {
-      tier->SetEvictionSink([gate = engine->sink_gate_, level](const BlockTier::Evicted& block,
-                                                              std::span<const std::byte> payload) {
-        ReaderMutexLock lock(gate->mu);
-        if (gate->engine != nullptr) gate->engine->demoter_->DemoteBelow(level, block, payload);
-      });
+      tier->SetEvictionSink(
+          [gate = engine->sink_gate_, level](const BlockTier::Evicted& block, std::span<const std::byte> payload) {
+            ReaderMutexLock lock(gate->mu);
+            if (gate->engine != nullptr) gate->engine->demoter_->DemoteBelow(level, block, payload);
+          });
     }
   }
   Evictor::Hooks evictor_hooks;
   evictor_hooks.release_expired_holds = [e = engine.get()] { e->ReleaseExpiredHolds(); };
   evictor_hooks.demote = [e = engine.get()](size_t level, const NamespaceFingerprint& ns, const BlockKey& key,
-                                            HostTier::Extent extent, uint64_t size, uint64_t checksum) {
-    e->Demote(level, ns, key, extent, size, checksum);
-  };
+                                            HostTier::Extent extent, uint64_t size,
+                                            uint64_t checksum) { e->Demote(level, ns, key, extent, size, checksum); };
   engine->evictor_ = std::make_unique<Evictor>(engine->shards_, host, engine->below_, engine->lineage_, clock,
                                                options.lookahead_us, engine->counters_, std::move(evictor_hooks));
-  const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : options.prefetch_share,
-                                     options.prefetch_min_blocks, host.capacity_bytes()};
+  const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : options.prefetch_share, options.prefetch_min_blocks,
+                                     host.capacity_bytes()};
   engine->prefetcher_ =
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
-  engine->pinner_ = std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_,
-                                             engine->PinnerHooks());
+  engine->pinner_ =
+      std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_, engine->PinnerHooks());
   engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
@@ -173,9 +171,7 @@ std::optional<Located> Engine::FindOutside(const BlockKey& key, const NamespaceF
   return FindBelow(key, ns);
 }
 
-TierLevel& Engine::SourceAt(size_t level) {
-  return level == kAboveLevel ? above_->source() : *below_[level];
-}
+TierLevel& Engine::SourceAt(size_t level) { return level == kAboveLevel ? above_->source() : *below_[level]; }
 
 BlockTier& Engine::host_tier() { return *host_block_tier_; }
 
@@ -272,11 +268,11 @@ void Engine::CloseConnection(ConnectionId connection) {
   for (auto& shard_ptr : shards_) {
     BlockIndex& shard = *shard_ptr;
     MutexLock lock(shard.mu);
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) promoter_->EndTransient(shard.Unpin(record, now));
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection))
+      promoter_->EndTransient(shard.Unpin(record, now));
   }
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }
-
 
 }  // namespace kvtier

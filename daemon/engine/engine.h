@@ -97,13 +97,12 @@ class Engine {
   // tier stacked above the host, if any) are borrowed and must outlive the
   // Engine. InvalidArgument for a bad shard count, an admission whose budget
   // does not validate, or a level below reported as other than nvme/remote.
-  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
-                                                const Clock& clock, std::vector<LowerTier> below,
-                                                BlockTier* above = nullptr);
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host, const Clock& clock,
+                                                std::vector<LowerTier> below, BlockTier* above = nullptr);
   // Create with at most one tier below the host (null: none), admitting
   // with options.admission and options.dwpd.
-  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host,
-                                                const Clock& clock, BlockTier* below = nullptr);
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host, const Clock& clock,
+                                                BlockTier* below = nullptr);
   // Waits for promotions and demotions in flight; retries still waiting
   // run at once (RetryScheduler::Stop), so it returns on a stopped clock.
   ~Engine();
@@ -134,8 +133,7 @@ class Engine {
   using NamespaceUse = EngineNamespaceUse;
   std::vector<NamespaceUse> NamespaceUses() const { return report_->NamespaceUses(); }
   // Registered namespaces of `model_id` (and `model_revision` unless empty).
-  std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id,
-                                                      std::string_view model_revision) const;
+  std::vector<NamespaceFingerprint> NamespacesOfModel(std::string_view model_id, std::string_view model_revision) const;
   // Erases every block of `ns` from every tier (Erase's semantics: the
   // NVMe index included, blocks moving between tiers too). Per tier, top
   // first: the blocks it held.
@@ -161,9 +159,8 @@ class Engine {
   std::vector<SlotGrant> Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                  std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                  const ReserveChain& links = {});
-  std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
-                             std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
-                             std::span<const uint64_t> checksums = {},
+  std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                             std::span<const uint64_t> sizes, std::span<const uint64_t> checksums = {},
                              std::span<const uint64_t> layer_checksums = {});
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
 
@@ -172,8 +169,8 @@ class Engine {
   using PinDone = Pinner::PinDone;
   void PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
                 LayerSpan layers = {});
-  std::vector<PinGrant> Pin(ConnectionId connection, const NamespaceFingerprint& ns,
-                            std::span<const BlockKey> keys, LayerSpan layers = {});
+  std::vector<PinGrant> Pin(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                            LayerSpan layers = {});
   std::vector<Status> Release(ConnectionId connection, std::span<const LeaseId> leases);
   size_t RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   // Lookups clients answered from the block directory: counted, also in engine.local_lookups.
@@ -203,8 +200,8 @@ class Engine {
   // InvalidArgument for no layers, no bytes or a negative or non-finite
   // time; NotFound when the daemon has no such tier. Engine_preload.cc.
   static constexpr double kBelowLayerOverheadUs = 20;
-  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
-                                  uint32_t layers, double recompute_us_per_layer);
+  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
+                                  double recompute_us_per_layer);
 
   // Layer-wise loads: the Loader's Begin and End (loader.h says what they
   // promise); CloseConnection ends a connection's loads.
@@ -284,14 +281,13 @@ class Engine {
   // The tiers of the stack, top first (StackReport::StackTop).
   std::vector<const BlockTier*> StackTop() const { return report_->StackTop(); }
 
-
   // Demotions (engine_tiers.cc). Demote writes an evicted host block to
   // tier `level` (demoter.h), its bytes copied before it returns.
   // FinishDemotion runs the pins that waited for `key` (`written`: ok,
   // failed or refused) and erases from its tier a block erased meanwhile
   // and written anyway; DemotionErased says whether that happened.
-  void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
-              uint64_t size, uint64_t checksum);
+  void Demote(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent, uint64_t size,
+              uint64_t checksum);
   void FinishDemotion(const BlockKey& key, const Status& written);
   bool DemotionErased(const BlockKey& key);
   void IoStarted();
@@ -328,9 +324,9 @@ class Engine {
   CondVar io_idle_;
   int64_t io_in_flight_ GUARDED_BY(io_mu_) = 0;  // promotions, demotions, waiting retries
   std::vector<std::unique_ptr<BlockIndex>> shards_;
-  RequestQueue queue_;  // queue hints, handed to the shards' policies (request_queue.h)
+  RequestQueue queue_;                      // queue hints, handed to the shards' policies (request_queue.h)
   std::unique_ptr<Prefetcher> prefetcher_;  // made by Create (prefetcher.h)
-  std::unique_ptr<Evictor> evictor_;  // room in the arena, where victims go; made by Create (evictor.h)
+  std::unique_ptr<Evictor> evictor_;        // room in the arena, where victims go; made by Create (evictor.h)
   // What the lower tiers' eviction sinks call: cleared (under the unique
   // lock) before the Engine goes away, so a sink running on a tier thread
   // never reaches a destroyed Engine.

@@ -28,8 +28,8 @@ struct EngineCounters {
   std::atomic<int64_t> enqueues{0}, dequeues{0}, needed_evictions{0}, forced_demotions{0};
   std::atomic<int64_t> prefetch_plans{0}, prefetches{0}, prefetch_bytes{0}, prefetch_skipped_short{0};
   std::atomic<int64_t> layer_reads{0}, layer_reads_busy{0}, eviction_bound_hits{0};
-  std::atomic<int64_t> demotion_waits{0};   // demoter waits for a busy tier below
-  std::atomic<int64_t> demotions_queued{0};  // demotions a busy tier left to the demoter
+  std::atomic<int64_t> demotion_waits{0};       // demoter waits for a busy tier below
+  std::atomic<int64_t> demotions_queued{0};     // demotions a busy tier left to the demoter
   std::atomic<int64_t> demotion_busy_drops{0};  // dropped: tier busy, demoter full or wait over
   std::atomic<int64_t> promotion_retries{0}, promotions_followed_down{0}, prefetch_plans_busy{0};
   std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
@@ -46,8 +46,6 @@ struct EngineCounters {
   std::atomic<int64_t> holds_expired{0}, holds_ended{0}, hold_failures{0};
 };
 
-inline void Bump(std::atomic<int64_t>& counter, int64_t by = 1) {
-  counter.fetch_add(by, std::memory_order_relaxed);
-}
+inline void Bump(std::atomic<int64_t>& counter, int64_t by = 1) { counter.fetch_add(by, std::memory_order_relaxed); }
 
 }  // namespace kvtier

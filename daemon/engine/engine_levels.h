@@ -41,7 +41,7 @@ struct TierLevel {
   std::unique_ptr<TierAdmission> admission;
   ReadMeter read_meter{1e9};  // promotions', layer reads' and loads' reads; 1 GB/s until measured
   std::atomic<int64_t> lookup_hits{0};
-  std::atomic<int64_t> demotions_in{0};   // blocks a tier above evicted, written here
+  std::atomic<int64_t> demotions_in{0};    // blocks a tier above evicted, written here
   std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took
 };
 

@@ -57,8 +57,8 @@ Result<HostTier::Extent> Evictor::Allocate(uint64_t bytes) {
     }
   }
   Bump(counters_.eviction_failures);
-  return NoSpace("no room for " + std::to_string(bytes) + " bytes after " +
-                 std::to_string(kMaxEvictionsPerAllocation) + " evictions");
+  return NoSpace("no room for " + std::to_string(bytes) + " bytes after " + std::to_string(kMaxEvictionsPerAllocation) +
+                 " evictions");
 }
 
 TierAdmission::Facts Evictor::GatherFacts(const BlockKey& key, uint64_t uses) const {

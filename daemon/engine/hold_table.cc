@@ -23,8 +23,8 @@ std::vector<size_t> HoldTable::ExtendHeld(const NamespaceFingerprint& ns, std::s
   return not_held;
 }
 
-HoldTable::Landing HoldTable::Record(const NamespaceFingerprint& ns, const BlockKey& key, LeaseId lease,
-                                     uint64_t bytes, uint64_t expires_us, uint64_t epoch) {
+HoldTable::Landing HoldTable::Record(const NamespaceFingerprint& ns, const BlockKey& key, LeaseId lease, uint64_t bytes,
+                                     uint64_t expires_us, uint64_t epoch) {
   MutexLock lock(mu_);
   auto d = drops_.find(ns);
   if ((d == drops_.end() ? 0 : d->second) != epoch) return Landing::kNamespaceDropped;

@@ -40,8 +40,7 @@ class HoldTable {
   // For each key of `keys` held under `ns`, sets its expiry to
   // `expires_us` (later or earlier). Returns the indices of the keys not
   // held under `ns` (to pin).
-  std::vector<size_t> ExtendHeld(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                                 uint64_t expires_us);
+  std::vector<size_t> ExtendHeld(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t expires_us);
 
   // What Record did with a landed pin.
   enum class Landing {

@@ -65,8 +65,8 @@ std::vector<EngineHoldResult> Holder::Hold(const NamespaceFingerprint& ns, std::
   return out;
 }
 
-Status Holder::Landed(const NamespaceFingerprint& ns, const BlockKey& key, const PinGrant& grant,
-                      uint64_t expires_us, uint64_t epoch) {
+Status Holder::Landed(const NamespaceFingerprint& ns, const BlockKey& key, const PinGrant& grant, uint64_t expires_us,
+                      uint64_t epoch) {
   if (!grant.status.ok()) return grant.status;
   const HoldTable::Landing landing = table_.Record(ns, key, grant.lease, grant.length, expires_us, epoch);
   if (landing == HoldTable::Landing::kRecorded) return Status::Ok();

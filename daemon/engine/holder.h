@@ -51,8 +51,7 @@ class Holder {
   // gets the new expiry, now + ttl_us, and stays one pin. A hold is a use
   // (recency, hits), as a pin is. Never waits for I/O: a key being read
   // in (or whose demotion is still written) is ok and pending.
-  std::vector<EngineHoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                                     uint64_t ttl_us);
+  std::vector<EngineHoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us);
   // Ends the holds of `keys` of `ns`: per key ok, or NotFound (not held:
   // never, expired, or still pending). engine.holds_ended.
   std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);

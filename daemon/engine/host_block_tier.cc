@@ -113,9 +113,8 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
     }
     const uint32_t layers = engine_.namespaces_.LayoutOf(it->second.ns, it->second.size).layer_count;
     if (first_layer >= last_layer || last_layer > layers) {
-      return InvalidArgument("host tier: layers [" + std::to_string(first_layer) + ", " +
-                             std::to_string(last_layer) + ") are not within the " + std::to_string(layers) +
-                             " layers of block " + key.ToHex());
+      return InvalidArgument("host tier: layers [" + std::to_string(first_layer) + ", " + std::to_string(last_layer) +
+                             ") are not within the " + std::to_string(layers) + " layers of block " + key.ToHex());
     }
     const uint64_t layer_bytes = it->second.size / layers;
     first_byte = first_layer * layer_bytes;

@@ -135,16 +135,15 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
       below.read_meter.Started(clock_.NowUs());
       // The layer's checksum from a tier that keeps them, or hashed when the
       // load verifies (its board needs it); else a plain read.
-      Status started =
-          tier.keeps_layer_checksums() || stream->load->verify
-              ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
-                                            [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
-                                              ReadDone(stream, block, layer, std::move(r));
-                                            })
-              : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
-                  if (!r.ok()) return ReadDone(stream, block, layer, r.status());
-                  ReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
-                });
+      Status started = tier.keeps_layer_checksums() || stream->load->verify
+                           ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
+                                                         [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
+                                                           ReadDone(stream, block, layer, std::move(r));
+                                                         })
+                           : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
+                               if (!r.ok()) return ReadDone(stream, block, layer, r.status());
+                               ReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
+                             });
       if (!started.ok()) below.read_meter.Ended(0, clock_.NowUs());
       lock.Lock();
       if (started.ok()) {
@@ -202,7 +201,7 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
 }
 
 void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
-                            Result<BlockTier::LayerRead> read) {
+                             Result<BlockTier::LayerRead> read) {
   hooks_.source(stream->blocks[block].level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
   uint64_t layer_checksum = 0;
   bool landed = false;
@@ -225,8 +224,8 @@ void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t 
         finish = true;
       }
     } else {
-      Status why = !read.ok()                       ? read.status()
-                   : b.failed                       ? b.failure
+      Status why = !read.ok()                           ? read.status()
+                   : b.failed                           ? b.failure
                    : read->bytes != stream->layer_bytes ? IoError("short layer read")
                                                         : Internal("the tier gave no layer checksum");
       finish = stream->Fail(b, std::move(why));
@@ -251,7 +250,7 @@ void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t 
   if (finish) {
     if (!snapshot.all_sums) snapshot.layer_checksums.clear();
     promoter_.FinishPromotion(snapshot.key, outcome, snapshot.extent, snapshot.checksum,
-                               std::move(snapshot.layer_checksums));
+                              std::move(snapshot.layer_checksums));
   }
   Pump(stream);
 }

@@ -126,9 +126,9 @@ Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const Namespace
     const size_t i = pinned[j];
     const PinGrant& grant = batch->grants[j];
     if (grant.status.ok() && grant.length != layout.block_bytes) {
-      out.blocks[i] = InvalidArgument("block " + keys[i].ToHex() + " is " + std::to_string(grant.length) +
-                                      " bytes, not a whole block of its namespace (" +
-                                      std::to_string(layout.block_bytes) + ")");
+      out.blocks[i] =
+          InvalidArgument("block " + keys[i].ToHex() + " is " + std::to_string(grant.length) +
+                          " bytes, not a whole block of its namespace (" + std::to_string(layout.block_bytes) + ")");
     } else {
       out.blocks[i] = grant.status;
       if (verify && grant.status.ok()) out.layer_checksums[i] = {true, grant.checksum, grant.layer_checksums};
@@ -151,8 +151,7 @@ Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const Namespace
   return out;
 }
 
-void Loader::Resolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant,
-                      bool at_once) {
+void Loader::Resolved(const std::shared_ptr<LoadRecord>& load, size_t index, const PinGrant& grant, bool at_once) {
   LeaseId release = 0;
   bool offer = false;
   {
@@ -179,8 +178,8 @@ void Loader::Resolved(const std::shared_ptr<LoadRecord>& load, size_t index, con
     } else {
       if (grant.status.ok()) release = grant.lease;  // pinned, but not a whole block of the layout
       const StatusCode code = !grant.status.ok() ? grant.status.code()
-                              : whole             ? StatusCode::kUnimplemented  // no layer checksums to verify
-                                                  : StatusCode::kInvalidArgument;
+                              : whole            ? StatusCode::kUnimplemented  // no layer checksums to verify
+                                                 : StatusCode::kInvalidArgument;
       load->board.SetFailed(static_cast<uint32_t>(index), code);
       Bump(counters_.load_failed_blocks);
     }
@@ -225,7 +224,8 @@ Status Loader::End(ConnectionId connection, uint64_t id) {
 }
 
 void Loader::EndAll(ConnectionId connection) {
-  for (uint64_t id : loads_.Ids(connection)) End(connection, id).IgnoreError();  // raced with its own End: gone either way
+  for (uint64_t id : loads_.Ids(connection))
+    End(connection, id).IgnoreError();  // raced with its own End: gone either way
 }
 
 }  // namespace kvtier

@@ -50,8 +50,8 @@ class Locator {
   // Every reference is borrowed and outlives the Locator: the shards of
   // the host tier's index, the levels below the host (highest first;
   // Located::level indexes them) and the counters.
-  Locator(const std::vector<std::unique_ptr<BlockIndex>>& shards,
-          const std::vector<std::unique_ptr<TierLevel>>& below, EngineCounters& counters, Hooks hooks);
+  Locator(const std::vector<std::unique_ptr<BlockIndex>>& shards, const std::vector<std::unique_ptr<TierLevel>>& below,
+          EngineCounters& counters, Hooks hooks);
   Locator(const Locator&) = delete;
   Locator& operator=(const Locator&) = delete;
 

@@ -59,7 +59,7 @@ class Mover {
   mutable Mutex mu_;
   CondVar cv_;
   std::deque<Job> queue_ GUARDED_BY(mu_);
-  size_t jobs_ GUARDED_BY(mu_) = 0;  // admitted and not yet run
+  size_t jobs_ GUARDED_BY(mu_) = 0;     // admitted and not yet run
   uint64_t bytes_ GUARDED_BY(mu_) = 0;  // their buffered bytes
   int64_t jobs_run_ GUARDED_BY(mu_) = 0;
   int64_t refused_ GUARDED_BY(mu_) = 0;

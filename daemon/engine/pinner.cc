@@ -53,8 +53,8 @@ std::vector<uint64_t> Pinner::LayerChecksumsOf(const BlockEntry& entry, uint32_t
   return std::vector<uint64_t>(entry.layer_checksums.begin() + first, entry.layer_checksums.begin() + last);
 }
 
-void Pinner::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys,
-                      PinDone done, LayerSpan layers) {
+void Pinner::PinAsync(ConnectionId connection, const NamespaceFingerprint& ns, std::vector<BlockKey> keys, PinDone done,
+                      LayerSpan layers) {
   auto batch = std::make_shared<PinBatch>();
   batch->connection = connection;
   batch->done = std::move(done);
@@ -65,8 +65,9 @@ std::vector<PinGrant> Pinner::Pin(ConnectionId connection, const NamespaceFinger
                                   std::span<const BlockKey> keys, LayerSpan layers) {
   std::promise<std::vector<PinGrant>> promise;
   auto future = promise.get_future();
-  PinAsync(connection, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
-           [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); }, layers);
+  PinAsync(
+      connection, ns, std::vector<BlockKey>(keys.begin(), keys.end()),
+      [&promise](std::vector<PinGrant> grants) { promise.set_value(std::move(grants)); }, layers);
   return future.get();
 }
 

@@ -51,7 +51,7 @@ class Prefetcher {
     std::function<std::optional<uint64_t>(const NamespaceFingerprint& ns, const BlockKey& key)> start_read;
   };
   struct Options {
-    double share = 0;  // of the host tier's capacity; 0: prefetch is off
+    double share = 0;         // of the host tier's capacity; 0: prefetch is off
     uint32_t min_blocks = 0;  // a usable prefix shorter than this is not read
     uint64_t host_capacity_bytes = 0;
   };

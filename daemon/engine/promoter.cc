@@ -63,8 +63,8 @@ void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, 
   // grant, so that a client that verifies checks the bytes it reads.
   Status started = below.tier->ReadWithLayerChecksums(
       key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
-      [this, &below, finish, extent = *extent, bytes, count = layers.last - layers.first](
-          Result<BlockTier::LayerRead> r) {
+      [this, &below, finish, extent = *extent, bytes,
+       count = layers.last - layers.first](Result<BlockTier::LayerRead> r) {
         below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
         if (!r.ok()) return finish(r.status(), extent, {});
         if (r->bytes != bytes) return finish(IoError("short layer read"), extent, {});
@@ -95,14 +95,13 @@ void Promoter::Promote(const BlockKey& key, const Located& from, uint64_t deadli
   // none, as a block whose writer sent none).
   Status started =
       from.info.layer_count > 1 && below.tier->keeps_layer_checksums()
-          ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                                               [this, &below, key, from, deadline_us, extent = *extent, checksum](
-                                                   Result<BlockTier::LayerRead> r) {
-                                                 below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
-                                                 if (!r.ok()) return EndRead(key, from, deadline_us, r.status(), extent);
-                                                 FinishPromotion(key, Status::Ok(), extent, checksum,
-                                                                 std::move(r->layer_checksums));
-                                               })
+          ? below.tier->ReadWithLayerChecksums(
+                key, 0, from.info.layer_count, host_.Bytes(*extent),
+                [this, &below, key, from, deadline_us, extent = *extent, checksum](Result<BlockTier::LayerRead> r) {
+                  below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
+                  if (!r.ok()) return EndRead(key, from, deadline_us, r.status(), extent);
+                  FinishPromotion(key, Status::Ok(), extent, checksum, std::move(r->layer_checksums));
+                })
           : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
                              [this, &below, key, from, deadline_us, extent = *extent](Result<size_t> r) {
                                below.read_meter.Ended(r.ok() ? *r : 0, clock_.NowUs());
@@ -204,10 +203,10 @@ void Promoter::FinishPromotion(const BlockKey& key, Status status, HostTier::Ext
       shard.FailPromotion(it, extent);
       // No room (NoSpace) or a tier still busy after its retries (Busy) is
       // not a miss: the caller may try again.
-      Status miss = status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
-                        ? status
-                        : NotFound("block " + key.ToHex() + " could not be read from the tier below (" +
-                                   status.ToString() + ")");
+      Status miss =
+          status.code() == StatusCode::kNoSpace || status.code() == StatusCode::kBusy
+              ? status
+              : NotFound("block " + key.ToHex() + " could not be read from the tier below (" + status.ToString() + ")");
       for (size_t i = 0; i < waiters.size(); ++i) grants.push_back(PinGrant{miss});
       Bump(counters_.promotion_failures);
       Bump(counters_.pin_misses, static_cast<int64_t>(waiters.size()));

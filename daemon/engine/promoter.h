@@ -138,8 +138,7 @@ class Promoter {
   // A whole-block read from `from` ended with a failure `status` (its
   // arena space `extent`): a NotFound is followed down, anything else (or
   // a block no lower tier holds) ends the promotion.
-  void EndRead(const BlockKey& key, const Located& from, uint64_t deadline_us, Status status,
-               HostTier::Extent extent);
+  void EndRead(const BlockKey& key, const Located& from, uint64_t deadline_us, Status status, HostTier::Extent extent);
   // Starts a promotion of `key` from a tier under `from` that holds it
   // now; false when none does (or the retry queue is full).
   bool FollowDown(const BlockKey& key, const Located& from, uint64_t deadline_us);

@@ -53,8 +53,8 @@ class RequestQueue {
   // (0: none). Again with the same ids replaces it (the shards its old
   // chain touched and the new one does not forget it). Busy past a limit,
   // with what to do in the message.
-  Status Add(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request,
-             std::span<const BlockKey> chain, uint64_t start_us, uint64_t conversation);
+  Status Add(ConnectionId connection, const NamespaceFingerprint& ns, uint64_t request, std::span<const BlockKey> chain,
+             uint64_t start_us, uint64_t conversation);
   // The request left the queue: the shards' policies forget it. NotFound
   // when it is not queued.
   Status Remove(ConnectionId connection, uint64_t request);

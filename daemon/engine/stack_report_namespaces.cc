@@ -50,8 +50,9 @@ std::vector<EngineNamespaceUse> StackReport::NamespaceUses() const {
       t.bytes += info.payload_bytes;
     });
   }
-  namespaces_.ForEachDescriptor(
-      [&](const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor) { use_of(ns).descriptor = descriptor; });
+  namespaces_.ForEachDescriptor([&](const NamespaceFingerprint& ns, const NamespaceDescriptor& descriptor) {
+    use_of(ns).descriptor = descriptor;
+  });
   std::vector<EngineNamespaceUse> out;
   out.reserve(uses.size());
   for (auto& [ns, use] : uses) out.push_back(std::move(use));

@@ -6,8 +6,8 @@
 namespace kvtier {
 
 Result<std::unique_ptr<TierAdmission>> TierAdmission::Create(AdmissionPolicyId id, const DwpdOptions& dwpd,
-                                                              uint64_t rate_bytes_per_second, const BlockTier& tier,
-                                                              const Clock& clock) {
+                                                             uint64_t rate_bytes_per_second, const BlockTier& tier,
+                                                             const Clock& clock) {
   // Any admission may guard any level of the engine's stack; which ones an
   // operator may name per tier is the config's business.
   Result<std::unique_ptr<AdmissionPolicy>> policy =

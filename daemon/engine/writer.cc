@@ -42,9 +42,9 @@ std::vector<SlotGrant> Writer::Reserve(ConnectionId connection, const NamespaceF
     SlotGrant& grant = grants[i];
     Bump(counters_.reserves);
     if (!host_.CanEverHold(sizes[i])) {
-      grant.status = InvalidArgument("block size " + std::to_string(sizes[i]) + " can never fit the host tier (" +
-                                     std::to_string(host_.capacity_bytes()) +
-                                     "-byte arena, sizes rounded up to their class)");
+      grant.status =
+          InvalidArgument("block size " + std::to_string(sizes[i]) + " can never fit the host tier (" +
+                          std::to_string(host_.capacity_bytes()) + "-byte arena, sizes rounded up to their class)");
       Bump(counters_.reserve_failures);
       continue;
     }
@@ -105,15 +105,15 @@ std::vector<Status> Writer::Commit(ConnectionId connection, const NamespaceFinge
       auto it = shard.index.find(key);
       if (it == shard.index.end() || it->second.state() != BlockState::kReserved || it->second.writer != connection ||
           it->second.ns != ns) {
-        out[i] = FailedPrecondition("Commit without Reserve: block " + key.ToHex() +
-                                    " is not reserved by this connection");
+        out[i] =
+            FailedPrecondition("Commit without Reserve: block " + key.ToHex() + " is not reserved by this connection");
         Bump(counters_.commit_failures);
         continue;
       }
       if (sizes[i] != it->second.size) {
-        out[i] = InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " +
-                                 std::to_string(it->second.size) + " bytes, committed " + std::to_string(sizes[i]) +
-                                 "; the reservation is dropped");
+        out[i] =
+            InvalidArgument("size mismatch for block " + key.ToHex() + ": reserved " + std::to_string(it->second.size) +
+                            " bytes, committed " + std::to_string(sizes[i]) + "; the reservation is dropped");
         shard.DropReservation(connection, key);
         Bump(counters_.commit_failures);
         continue;

@@ -55,8 +55,8 @@ class Writer {
   // host tier's index, the arena they hold, the lineage a chained Reserve
   // records its links in, the clock (commit times) and the counters.
   // `verify_commits`: EngineOptions::verify_commits.
-  Writer(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier& host, Lineage& lineage,
-         const Clock& clock, bool verify_commits, EngineCounters& counters, Hooks hooks);
+  Writer(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier& host, Lineage& lineage, const Clock& clock,
+         bool verify_commits, EngineCounters& counters, Hooks hooks);
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
@@ -89,9 +89,8 @@ class Writer {
   // is dropped and its space returns.
   // Precondition: keys.size() == sizes.size(), and checksums is empty or
   // as long.
-  std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns,
-                             std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
-                             std::span<const uint64_t> checksums = {},
+  std::vector<Status> Commit(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                             std::span<const uint64_t> sizes, std::span<const uint64_t> checksums = {},
                              std::span<const uint64_t> layer_checksums = {});
 
   // Drops this connection's reservations of `keys`; returns how many were
@@ -108,8 +107,8 @@ class Writer {
   // Commit for keys[i] once its reservation checked out (`bytes` of it,
   // `sent` its client's checksum, if any, `sent_layers` its layer
   // checksums as sent, `layers` its layer count).
-  Status CommitOne(ConnectionId connection, const BlockKey& key, std::span<const std::byte> bytes,
-                   const uint64_t* sent, std::span<const uint64_t> sent_layers, uint32_t layers);
+  Status CommitOne(ConnectionId connection, const BlockKey& key, std::span<const std::byte> bytes, const uint64_t* sent,
+                   std::span<const uint64_t> sent_layers, uint32_t layers);
 
   const std::vector<std::unique_ptr<BlockIndex>>& shards_;
   HostTier& host_;

@@ -88,7 +88,9 @@ class ConnectionUsage {
   uint64_t TakeReservationRoom(uint64_t wanted);
   void GiveBackReservationRoom(uint64_t count);
   // Whether `bytes` more may be reserved now (within max_reserved_bytes).
-  bool ReserveFits(uint64_t bytes) const { return bytes <= max_reserved_bytes_ - std::min(reserved_bytes_, max_reserved_bytes_); }
+  bool ReserveFits(uint64_t bytes) const {
+    return bytes <= max_reserved_bytes_ - std::min(reserved_bytes_, max_reserved_bytes_);
+  }
   // The engine granted `key` a reservation of `bytes` at `now`, its room
   // taken before (a key reserved again gives back the room it took).
   void Reserved(const BlockKey& key, uint64_t bytes, Clock::time_point now);
@@ -156,7 +158,7 @@ class ConnectionUsage {
   // looks at the oldest only. An entry whose reservation ended, or was made
   // again later, is skipped when it comes up.
   std::deque<std::pair<Clock::time_point, BlockKey>> by_age_;
-  std::unordered_map<uint64_t, uint64_t> loads_;  // load id -> blocks it holds
+  std::unordered_map<uint64_t, uint64_t> loads_;   // load id -> blocks it holds
   std::unordered_map<uint64_t, uint64_t> queued_;  // request id -> keys it names
 };
 

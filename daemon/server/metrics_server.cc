@@ -203,9 +203,8 @@ struct MetricsServer::State {
         // a timer only the pause's job ends (cancels), on this thread.
         spdlog::warn("metrics: accept failed: {}; pausing {} ms", ec.message(), kAcceptPauseMs);
         auto woken = std::make_shared<asio::steady_timer>(io, asio::steady_timer::time_point::max());
-        if (!pause->RunAfter(kAcceptPauseMs * 1000, [woken] {
-              asio::post(woken->get_executor(), [woken] { woken->cancel(); });
-            })) {
+        if (!pause->RunAfter(kAcceptPauseMs * 1000,
+                             [woken] { asio::post(woken->get_executor(), [woken] { woken->cancel(); }); })) {
           co_return;  // stopping
         }
         co_await woken->async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -235,12 +234,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsOptions
   if (!ec) state->acceptor.bind(endpoint, ec);
   if (!ec) state->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return IoError("metrics endpoint: cannot listen on " + options.address + ":" + std::to_string(options.port) +
-                   ": " + ec.message());
+    return IoError("metrics endpoint: cannot listen on " + options.address + ":" + std::to_string(options.port) + ": " +
+                   ec.message());
   }
   state->port = state->acceptor.local_endpoint().port();
-  state->pause = std::make_unique<RetryScheduler>(
-      "metrics.accept_pause", options.clock != nullptr ? *options.clock : state->system_clock, 1);
+  state->pause = std::make_unique<RetryScheduler>("metrics.accept_pause",
+                                                  options.clock != nullptr ? *options.clock : state->system_clock, 1);
   asio::co_spawn(state->io, state->Accept(), asio::detached);
   State* raw = state.get();
   state->thread = std::thread([raw] { raw->io.run(); });

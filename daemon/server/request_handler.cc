@@ -48,10 +48,18 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     return {};
   }
   switch (request.body_case()) {
-    case v1::Request::kLookup: HandleLookup(request, response); break;
-    case v1::Request::kReserve: HandleReserve(request.reserve(), response); break;
-    case v1::Request::kCommit: HandleCommit(request.commit(), response); break;
-    case v1::Request::kAbort: HandleAbort(request.abort(), response); break;
+    case v1::Request::kLookup:
+      HandleLookup(request, response);
+      break;
+    case v1::Request::kReserve:
+      HandleReserve(request.reserve(), response);
+      break;
+    case v1::Request::kCommit:
+      HandleCommit(request.commit(), response);
+      break;
+    case v1::Request::kAbort:
+      HandleAbort(request.abort(), response);
+      break;
     case v1::Request::kPin: {
       std::promise<v1::Response> answered;
       auto future = answered.get_future();
@@ -72,10 +80,13 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       }
       HandleErase(request.erase(), response);
       break;
-    case v1::Request::kPreloadPlan: HandlePreloadPlan(request.preload_plan(), response); break;
-    case v1::Request::kBeginLoad: HandleBeginLoad(request.begin_load(), response); break;
-    case v1::Request::kEndLoad:
-    {
+    case v1::Request::kPreloadPlan:
+      HandlePreloadPlan(request.preload_plan(), response);
+      break;
+    case v1::Request::kBeginLoad:
+      HandleBeginLoad(request.begin_load(), response);
+      break;
+    case v1::Request::kEndLoad: {
       Status ended = context_.engine->EndLoad(connection_, request.end_load().load_id());
       if (ended.ok()) usage_.LoadEnded(request.end_load().load_id());
       SetStatus(response, ended);
@@ -85,14 +96,30 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kUsage:
       HandleUsageReport(request.usage());
       return {.no_response = true};
-    case v1::Request::kStats: HandleStats(response); break;
-    case v1::Request::kListNamespaces: HandleListNamespaces(request.list_namespaces(), response); break;
-    case v1::Request::kDrop: HandleDrop(request.drop(), response); break;
-    case v1::Request::kConfig: HandleConfig(response); break;
-    case v1::Request::kHealth: HandleHealth(response); break;
-    case v1::Request::kHold: HandleHold(request.hold(), response); break;
-    case v1::Request::kUnhold: HandleUnhold(request.unhold(), response); break;
-    case v1::Request::kQueue: HandleQueueHint(request.queue(), response); break;
+    case v1::Request::kStats:
+      HandleStats(response);
+      break;
+    case v1::Request::kListNamespaces:
+      HandleListNamespaces(request.list_namespaces(), response);
+      break;
+    case v1::Request::kDrop:
+      HandleDrop(request.drop(), response);
+      break;
+    case v1::Request::kConfig:
+      HandleConfig(response);
+      break;
+    case v1::Request::kHealth:
+      HandleHealth(response);
+      break;
+    case v1::Request::kHold:
+      HandleHold(request.hold(), response);
+      break;
+    case v1::Request::kUnhold:
+      HandleUnhold(request.unhold(), response);
+      break;
+    case v1::Request::kQueue:
+      HandleQueueHint(request.queue(), response);
+      break;
     default:
       SetStatus(response, Unimplemented("request type " + std::to_string(request.body_case()) +
                                         " is not handled by this kvtierd"));
@@ -100,27 +127,25 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
   return {};
 }
 
-RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hello,
-                                                    v1::Response& response) {
+RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hello, v1::Response& response) {
   if (hello_done_) {
     SetStatus(response, FailedPrecondition("Hello was already sent on this connection"));
     return {};
   }
   if (hello.protocol_version() != wire::kProtocolVersion) {
-    SetStatus(response, VersionMismatch("client speaks protocol " +
-                                        std::to_string(hello.protocol_version()) +
+    SetStatus(response, VersionMismatch("client speaks protocol " + std::to_string(hello.protocol_version()) +
                                         ", kvtierd speaks " + std::to_string(wire::kProtocolVersion)));
     return {.close_after = true};
   }
   if (hello.namespaces_size() > kMaxNamespacesPerConnection) {
-    SetStatus(response, InvalidArgument("at most " + std::to_string(kMaxNamespacesPerConnection) +
-                                        " namespaces per connection"));
+    SetStatus(response,
+              InvalidArgument("at most " + std::to_string(kMaxNamespacesPerConnection) + " namespaces per connection"));
     return {.close_after = true};
   }
   if (hello.client_name().size() > kMaxClientNameBytes || !IsValidUtf8(hello.client_name())) {
-    SetStatus(response, InvalidArgument("client_name must be valid UTF-8 of at most " +
-                                        std::to_string(kMaxClientNameBytes) + " bytes (it is " +
-                                        std::to_string(hello.client_name().size()) + ")"));
+    SetStatus(response,
+              InvalidArgument("client_name must be valid UTF-8 of at most " + std::to_string(kMaxClientNameBytes) +
+                              " bytes (it is " + std::to_string(hello.client_name().size()) + ")"));
     return {.close_after = true};
   }
   if (context_.engine == nullptr && hello.namespaces_size() > 0) {

@@ -41,7 +41,7 @@ struct TenantView {
 // arena; without tenants, the one engine), or an operator's (no engine:
 // admin requests over every tenant in `operator_view`).
 struct HandlerContext {
-  Engine* engine = nullptr;             // borrowed; null for an operator's connection
+  Engine* engine = nullptr;  // borrowed; null for an operator's connection
   // With tenants: the tenant's name, the scope its namespace fingerprints
   // get (borrowed; null without tenants) and the model ids it may register
   // (empty: any).
@@ -79,7 +79,8 @@ class RequestHandler {
   // `account` is borrowed (null: client memory is not charged) and
   // outlives the handler.
   RequestHandler(const HandlerContext& context, ConnectionId connection, ClientMemoryAccount* account = nullptr)
-      : context_(context), connection_(connection),
+      : context_(context),
+        connection_(connection),
         usage_(context.limits.max_leases, context.limits.max_reserved_bytes, context.limits.reservation_timeout,
                account) {}
 

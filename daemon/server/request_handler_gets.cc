@@ -90,35 +90,37 @@ void RequestHandler::HandlePinAsync(const v1::Request& request, std::function<vo
                               : usage_.MemoryRefusal("more leases");
   }
   keys->resize(room);
-  context_.engine->PinAsync(connection_, *ns, std::move(*keys),
-                            [this, refused, room, why_refused = std::move(why_refused), response = std::move(response),
-                             done = std::move(done)](std::vector<PinGrant> grants) mutable {
-                              const uint64_t granted = static_cast<uint64_t>(std::count_if(
-                                  grants.begin(), grants.end(), [](const PinGrant& g) { return g.status.ok(); }));
-                              usage_.Leased(granted, room);
-                              for (size_t i = 0; i < refused; ++i) grants.push_back(PinGrant{Busy(why_refused)});
-                              auto* body = response.mutable_pin();
-                              for (const PinGrant& g : grants) {
-                                auto* block = body->add_blocks();
-                                wire::ToProto(g.status, block->mutable_status());
-                                block->set_offset(g.offset);
-                                block->set_length(g.length);
-                                block->set_lease(g.lease);
-                                block->set_checksum(g.checksum);
-                                for (uint64_t c : g.layer_checksums) block->add_layer_checksums(c);
-                                block->set_block_offset(g.block_offset);
-                                block->set_block_length(g.block_length);
-                              }
-                              SetStatus(response, Status::Ok());
-                              done(std::move(response));
-                            }, layers);
+  context_.engine->PinAsync(
+      connection_, *ns, std::move(*keys),
+      [this, refused, room, why_refused = std::move(why_refused), response = std::move(response),
+       done = std::move(done)](std::vector<PinGrant> grants) mutable {
+        const uint64_t granted = static_cast<uint64_t>(
+            std::count_if(grants.begin(), grants.end(), [](const PinGrant& g) { return g.status.ok(); }));
+        usage_.Leased(granted, room);
+        for (size_t i = 0; i < refused; ++i) grants.push_back(PinGrant{Busy(why_refused)});
+        auto* body = response.mutable_pin();
+        for (const PinGrant& g : grants) {
+          auto* block = body->add_blocks();
+          wire::ToProto(g.status, block->mutable_status());
+          block->set_offset(g.offset);
+          block->set_length(g.length);
+          block->set_lease(g.lease);
+          block->set_checksum(g.checksum);
+          for (uint64_t c : g.layer_checksums) block->add_layer_checksums(c);
+          block->set_block_offset(g.block_offset);
+          block->set_block_length(g.block_length);
+        }
+        SetStatus(response, Status::Ok());
+        done(std::move(response));
+      },
+      layers);
 }
 
 void RequestHandler::HandleRelease(const v1::ReleaseRequest& r, v1::Response& response) {
   std::vector<LeaseId> leases(r.leases().begin(), r.leases().end());
   auto statuses = context_.engine->Release(connection_, leases);
-  usage_.Released(static_cast<uint64_t>(std::count_if(statuses.begin(), statuses.end(),
-                                                      [](const Status& s) { return s.ok(); })));
+  usage_.Released(
+      static_cast<uint64_t>(std::count_if(statuses.begin(), statuses.end(), [](const Status& s) { return s.ok(); })));
   auto* body = response.mutable_release();
   for (const Status& s : statuses) wire::ToProto(s, body->add_statuses());
   SetStatus(response, Status::Ok());

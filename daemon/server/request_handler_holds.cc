@@ -9,9 +9,9 @@
 
 namespace kvtier {
 
-Result<RequestHandler::HoldTarget> RequestHandler::HoldTargetOf(
-    bool has_fingerprint, const v1::Key& fingerprint, const google::protobuf::RepeatedField<uint64_t>& words,
-    std::string_view verb) const {
+Result<RequestHandler::HoldTarget> RequestHandler::HoldTargetOf(bool has_fingerprint, const v1::Key& fingerprint,
+                                                                const google::protobuf::RepeatedField<uint64_t>& words,
+                                                                std::string_view verb) const {
   if (!has_fingerprint) return InvalidArgument("name the namespace to " + std::string(verb) + " (fingerprint)");
   const NamespaceFingerprint ns = wire::FromProto(fingerprint);
   Engine* engine = EngineFor(ns);
@@ -26,8 +26,8 @@ void RequestHandler::HandleHold(const v1::HoldRequest& r, v1::Response& response
   auto target = HoldTargetOf(r.has_fingerprint(), r.fingerprint(), r.keys(), "hold");
   if (!target.ok()) return SetStatus(response, target.status());
   if (r.ttl_ms() == 0 || r.ttl_ms() > Engine::kMaxHoldTtlUs / 1000) {
-    return SetStatus(response, InvalidArgument("a hold's TTL must be 1 ms to 30 days, got " +
-                                               std::to_string(r.ttl_ms()) + " ms"));
+    return SetStatus(
+        response, InvalidArgument("a hold's TTL must be 1 ms to 30 days, got " + std::to_string(r.ttl_ms()) + " ms"));
   }
   auto* body = response.mutable_hold();
   for (const Engine::HoldResult& h : target->engine->Hold(target->ns, target->keys, r.ttl_ms() * 1000)) {

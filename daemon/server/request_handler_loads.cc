@@ -86,8 +86,8 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
   }
   if (compute_us > 0) {
     // The host's bytes are in place already; below, what a layer reads.
-    const uint64_t bytes = started->source == Tier::kHost ? started->layer_bytes * keys->size()
-                                                          : started->below_bytes_per_layer;
+    const uint64_t bytes =
+        started->source == Tier::kHost ? started->layer_bytes * keys->size() : started->below_bytes_per_layer;
     auto plan = context_.engine->PlanPreload(started->source, bytes, compute_us, started->layers, 0);
     if (plan.ok()) wire::ToProto(*plan, body->mutable_plan());
   }

@@ -117,7 +117,8 @@ void RequestHandler::HandleDrop(const v1::DropRequest& r, v1::Response& response
     }
   }
   for (const NamespaceFingerprint& ns : named) {  // named, but in no engine's view: nothing to drop
-    if (std::find(found.begin(), found.end(), ns) == found.end()) ToProto(Engine::NamespaceUse{ns, {}, {}}, body->add_dropped());
+    if (std::find(found.begin(), found.end(), ns) == found.end())
+      ToProto(Engine::NamespaceUse{ns, {}, {}}, body->add_dropped());
   }
   SetStatus(response, Status::Ok());
 }

@@ -11,8 +11,8 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
   if (r.keys_size() != 2 * r.sizes_size()) {
-    return SetStatus(response, InvalidArgument("Reserve has " + std::to_string(r.keys_size() / 2) +
-                                               " keys but " + std::to_string(r.sizes_size()) + " sizes"));
+    return SetStatus(response, InvalidArgument("Reserve has " + std::to_string(r.keys_size() / 2) + " keys but " +
+                                               std::to_string(r.sizes_size()) + " sizes"));
   }
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
@@ -43,8 +43,8 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
   // makes it; what the engine refuses gives its room back.
   const size_t bytes_fit = fits;
   fits = usage_.TakeReservationRoom(fits);
-  auto grants = context_.engine->Reserve(connection_, *ns, std::span(*keys).first(fits),
-                                         std::span(sizes).first(fits), links);
+  auto grants =
+      context_.engine->Reserve(connection_, *ns, std::span(*keys).first(fits), std::span(sizes).first(fits), links);
   const auto now = ConnectionUsage::Clock::now();
   uint64_t refused_by_engine = 0;
   for (size_t i = 0; i < grants.size(); ++i) {
@@ -57,10 +57,11 @@ void RequestHandler::HandleReserve(const v1::ReserveRequest& r, v1::Response& re
   usage_.GiveBackReservationRoom(refused_by_engine + (fits - grants.size()));
   const std::string memory_refusal = fits < bytes_fit ? usage_.MemoryRefusal("more reservations") : std::string();
   for (size_t i = fits; i < keys->size(); ++i) {
-    grants.push_back(SlotGrant{i < bytes_fit ? Busy(memory_refusal)
-                                             : Busy("this connection holds " + std::to_string(usage_.reserved_bytes()) +
-                                                    " reserved bytes; server.max_reserved_bytes_per_connection is " +
-                                                    std::to_string(usage_.max_reserved_bytes()) + ": commit or abort first")});
+    grants.push_back(SlotGrant{i < bytes_fit
+                                   ? Busy(memory_refusal)
+                                   : Busy("this connection holds " + std::to_string(usage_.reserved_bytes()) +
+                                          " reserved bytes; server.max_reserved_bytes_per_connection is " +
+                                          std::to_string(usage_.max_reserved_bytes()) + ": commit or abort first")});
   }
   auto* body = response.mutable_reserve();
   for (const SlotGrant& g : grants) {
@@ -76,12 +77,13 @@ void RequestHandler::HandleCommit(const v1::CommitRequest& r, v1::Response& resp
   auto ns = Namespace(r.ns());
   if (!ns.ok()) return SetStatus(response, ns.status());
   if (r.keys_size() != 2 * r.sizes_size()) {
-    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size() / 2) +
-                                               " keys but " + std::to_string(r.sizes_size()) + " sizes"));
+    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.keys_size() / 2) + " keys but " +
+                                               std::to_string(r.sizes_size()) + " sizes"));
   }
   if (r.checksums_size() != 0 && r.checksums_size() != r.sizes_size()) {
-    return SetStatus(response, InvalidArgument("Commit has " + std::to_string(r.sizes_size()) + " keys but " +
-                                               std::to_string(r.checksums_size()) + " checksums (send none or one per key)"));
+    return SetStatus(response,
+                     InvalidArgument("Commit has " + std::to_string(r.sizes_size()) + " keys but " +
+                                     std::to_string(r.checksums_size()) + " checksums (send none or one per key)"));
   }
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());

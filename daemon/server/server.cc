@@ -132,14 +132,17 @@ void RunPolling(asio::io_context& io, uint32_t spin_us) {
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, TenantTable table)
-    : options_(options), tenants_(std::move(tenants)), table_(std::move(table)),
+    : options_(options),
+      tenants_(std::move(tenants)),
+      table_(std::move(table)),
       frame_budget_(options.limits.partial_frame_bytes),
       client_memory_(options.limits.client_memory_bytes, table_.empty() ? 1 : tenants_.size() + 1,
                      options.limits.reserved_client_memory_percent),
 
-      contexts_(MakeContexts(options.io_threads)), acceptor_(*contexts_[0]),
-      accept_backoff_(std::make_unique<RetryScheduler>(
-          "server.accept_backoff", options.clock != nullptr ? *options.clock : system_clock_, 1)),
+      contexts_(MakeContexts(options.io_threads)),
+      acceptor_(*contexts_[0]),
+      accept_backoff_(std::make_unique<RetryScheduler>("server.accept_backoff",
+                                                       options.clock != nullptr ? *options.clock : system_clock_, 1)),
       slots_(options.limits.max_connections, table_.empty() ? 1 : tenants_.size() + 1,
              options.limits.reserved_connections_percent),
       probe_answered_(contexts_.size()) {
@@ -217,9 +220,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, std:
   for (auto& context : server->contexts_) {
     // The guard keeps an idle context running until Shutdown releases it.
     server->guards_.emplace_back(context->get_executor());
-    server->threads_.emplace_back([io = context.get(), spin_us = options.spin_wait_us] {
-      RunPolling(*io, spin_us);
-    });
+    server->threads_.emplace_back([io = context.get(), spin_us = options.spin_wait_us] { RunPolling(*io, spin_us); });
   }
   return server;
 }
@@ -264,11 +265,13 @@ asio::awaitable<void> Server::AcceptLoop() {
       continue;
     }
     accepted_.fetch_add(1, std::memory_order_relaxed);
-    asio::co_spawn(connection->executor(),
-                   [this, connection]() -> asio::awaitable<void> {
-                     co_await connection->Run();
-                     Forget(connection->id());
-                   }, asio::detached);
+    asio::co_spawn(
+        connection->executor(),
+        [this, connection]() -> asio::awaitable<void> {
+          co_await connection->Run();
+          Forget(connection->id());
+        },
+        asio::detached);
   }
 }
 
@@ -286,7 +289,8 @@ asio::awaitable<void> Server::BackOffAfter(const asio::error_code& error, uint32
   // began): no wait, the loop finds the acceptor closed.
   auto woken = std::make_shared<asio::steady_timer>(acceptor_.get_executor(), asio::steady_timer::time_point::max());
   const uint64_t wait_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(wait).count());
-  if (!accept_backoff_->RunAfter(wait_us, [woken] { asio::post(woken->get_executor(), [woken] { woken->cancel(); }); })) {
+  if (!accept_backoff_->RunAfter(wait_us,
+                                 [woken] { asio::post(woken->get_executor(), [woken] { woken->cancel(); }); })) {
     co_return;
   }
   asio::error_code ignored;
@@ -318,7 +322,8 @@ void Server::Refuse(asio::local::stream_protocol::socket socket, const Status& w
   EncodeFrameHeader(static_cast<uint32_t>(frame.size() - kFrameHeaderBytes), reinterpret_cast<uint8_t*>(frame.data()));
   response.SerializeToArray(frame.data() + kFrameHeaderBytes, static_cast<int>(frame.size() - kFrameHeaderBytes));
   // Best effort, never blocking: a fresh socket's buffer takes a small frame.
-  [[maybe_unused]] ssize_t sent = ::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  [[maybe_unused]] ssize_t sent =
+      ::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   asio::error_code ignored;
   socket.close(ignored);
 }

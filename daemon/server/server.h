@@ -32,12 +32,12 @@ namespace kvtier {
 // One tenant as the server serves it: its engine and arena (and HBM pool).
 // Without [[tenant]] tables the whole daemon is one, unnamed.
 struct ServedTenant {
-  std::string name;                  // empty without tenants
-  Engine* engine = nullptr;          // borrowed; outlives the Server
-  HostTier* host = nullptr;          // borrowed; outlives the Server
+  std::string name;                    // empty without tenants
+  Engine* engine = nullptr;            // borrowed; outlives the Server
+  HostTier* host = nullptr;            // borrowed; outlives the Server
   const TenantScope* scope = nullptr;  // borrowed; null without tenants
-  std::vector<std::string> models;   // model ids it may register; empty: any
-  DevicePoolOffer device_pool;       // its HBM pool, offered at Hello (empty: none)
+  std::vector<std::string> models;     // model ids it may register; empty: any
+  DevicePoolOffer device_pool;         // its HBM pool, offered at Hello (empty: none)
 };
 
 struct ServerOptions {
@@ -78,8 +78,7 @@ class Server {
   // most socket_mode (the process umask is changed only around bind(2), so
   // there is no moment the socket is more open than configured), then given
   // to socket_group before it listens.
-  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Engine& engine,
-                                               HostTier& host);
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Engine& engine, HostTier& host);
   // The same for a daemon with tenants: `table` maps each caller (its
   // SO_PEERCRED credentials, read at accept) to one of `tenants` (in the
   // table's order) or to the operator's view; a caller it refuses is
@@ -172,8 +171,8 @@ class Server {
   ConnectionId next_connection_ GUARDED_BY(mu_) = 1;
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};
-  std::atomic<int64_t> over_limit_{0};      // refused: server.max_connections open
-  std::atomic<int64_t> accept_errors_{0};   // accept(2) failures (EMFILE, ENFILE, ...)
+  std::atomic<int64_t> over_limit_{0};     // refused: server.max_connections open
+  std::atomic<int64_t> accept_errors_{0};  // accept(2) failures (EMFILE, ENFILE, ...)
   LogRateLimiter accept_log_limiter_{5, std::chrono::seconds(10)};
   // IoThreadsAnswered: the last probe each context ran, and the last posted.
   std::vector<std::atomic<uint64_t>> probe_answered_;

@@ -68,7 +68,8 @@ asio::awaitable<void> ServerConnection::Run() {
   // Reads whatever the socket has, answers every complete frame in it and
   // writes all the answers at once: pipelined requests cost one read and one
   // write per batch, a lone request one of each.
-  asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Watch(); }, asio::detached);
+  asio::co_spawn(
+      socket_.get_executor(), [self = shared_from_this()] { return self->Watch(); }, asio::detached);
   for (;;) {
     write_buffer_.clear();
     bool close_after = false;
@@ -83,8 +84,9 @@ asio::awaitable<void> ServerConnection::Run() {
       if (state == FrameReader::State::kOversized) {
         counters_.oversized_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError(
-            "frame of " + std::to_string(reader_.announced_bytes()) + " bytes exceeds the cap of " +
-            std::to_string(context_.max_frame_bytes) + " bytes; closing the connection")), write_buffer_);
+                        "frame of " + std::to_string(reader_.announced_bytes()) + " bytes exceeds the cap of " +
+                        std::to_string(context_.max_frame_bytes) + " bytes; closing the connection")),
+                    write_buffer_);
         close_after = true;
         break;
       }
@@ -97,7 +99,8 @@ asio::awaitable<void> ServerConnection::Run() {
       if (!parsed) {
         counters_.unparsable_frames.fetch_add(1, std::memory_order_relaxed);
         AppendFrame(ErrorResponse(ProtocolError("frame of " + std::to_string(length) +
-                                                " bytes is not a valid kvtier.v1.Request")), write_buffer_);
+                                                " bytes is not a valid kvtier.v1.Request")),
+                    write_buffer_);
         continue;  // frame boundaries are intact: keep serving
       }
       counters_.requests.fetch_add(1, std::memory_order_relaxed);
@@ -134,7 +137,8 @@ asio::awaitable<void> ServerConnection::Run() {
                        " bytes would pass server.partial_frame_bytes; closing the connection");
       write_buffer_.clear();
       AppendFrame(ErrorResponse(Busy("kvtierd holds too much memory for partial frames "
-                                     "(server.partial_frame_bytes); closing the connection")), write_buffer_);
+                                     "(server.partial_frame_bytes); closing the connection")),
+                  write_buffer_);
       co_await Flush();
       break;
     }

@@ -47,11 +47,11 @@ struct ConnectionCounters {
   std::atomic<int64_t> oversized_frames{0};
   std::atomic<int64_t> truncated_frames{0};
   std::atomic<int64_t> unparsable_frames{0};
-  std::atomic<int64_t> frame_timeouts{0};        // closed: a frame did not arrive whole in time
-  std::atomic<int64_t> idle_closed{0};           // closed: idle past server.idle_timeout_s
+  std::atomic<int64_t> frame_timeouts{0};          // closed: a frame did not arrive whole in time
+  std::atomic<int64_t> idle_closed{0};             // closed: idle past server.idle_timeout_s
   std::atomic<int64_t> first_request_timeouts{0};  // closed: no request within first_request_timeout_ms
-  std::atomic<int64_t> frame_memory_refused{0};  // closed: its frame would pass partial_frame_bytes
-  std::atomic<int64_t> reservations_expired{0};  // aborted after server.reservation_timeout_s
+  std::atomic<int64_t> frame_memory_refused{0};    // closed: its frame would pass partial_frame_bytes
+  std::atomic<int64_t> reservations_expired{0};    // aborted after server.reservation_timeout_s
   // The memory partial frames of all connections hold (beyond 4 KiB each).
   FrameBudget* frame_budget = nullptr;  // borrowed; null: unbounded
   // The client state of all connections, per tenant and in total.

@@ -33,8 +33,7 @@ SystemdNotifier SystemdNotifier::FromEnvironment() {
   uint64_t watchdog_usec = EnvNumber("WATCHDOG_USEC");
   // WATCHDOG_PID names the process the watchdog is meant for (a wrapper
   // may have exec'd us, or we may be its child): ping only when it is us.
-  if (std::getenv("WATCHDOG_PID") != nullptr &&
-      EnvNumber("WATCHDOG_PID") != static_cast<uint64_t>(::getpid())) {
+  if (std::getenv("WATCHDOG_PID") != nullptr && EnvNumber("WATCHDOG_PID") != static_cast<uint64_t>(::getpid())) {
     watchdog_usec = 0;
   }
   return SystemdNotifier(socket == nullptr ? std::string() : std::string(socket), watchdog_usec);
@@ -57,8 +56,8 @@ Status SystemdNotifier::Notify(std::string_view state) const {
   }
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(std::string("sd_notify socket: ") + std::strerror(errno));
-  const ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
-                                reinterpret_cast<const sockaddr*>(&address), length);
+  const ssize_t sent =
+      ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&address), length);
   const int error = errno;
   ::close(fd);
   if (sent < 0) return IoError("sd_notify to " + socket_path_ + ": " + std::strerror(error));

@@ -54,8 +54,8 @@ std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMem
   if (config.host_capacity_bytes == 0) {
     const uint64_t bytes = AutoHostCapacity(memory);
     config.host_capacity_bytes = static_cast<int64_t>(bytes);
-    lines.push_back("host.capacity_bytes = 0 (auto): " + MiB(bytes) + " of this machine's " +
-                    MiB(memory.total_bytes) + " (" + MiB(memory.available_bytes) +
+    lines.push_back("host.capacity_bytes = 0 (auto): " + MiB(bytes) + " of this machine's " + MiB(memory.total_bytes) +
+                    " (" + MiB(memory.available_bytes) +
                     " available): a quarter of its memory, at most half of what is available, within "
                     "64 MiB..64 GiB; set host.capacity_bytes to choose");
   }

@@ -64,7 +64,8 @@ Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
     const char* what;
   };
   std::vector<Place> places;
-  if (!config.socket_path.empty()) places.push_back({DirectoryOf(config.socket_path), "server.socket_path's directory"});
+  if (!config.socket_path.empty())
+    places.push_back({DirectoryOf(config.socket_path), "server.socket_path's directory"});
   if (!config.nvme_path.empty()) {
     struct stat st {};
     const bool device = ::stat(config.nvme_path.c_str(), &st) == 0 && S_ISBLK(st.st_mode);
@@ -73,7 +74,8 @@ Status CheckStateDirectories(const DaemonConfig& config, uid_t self) {
     places.push_back({DirectoryOf(index), "nvme.index_path's directory"});
     places.push_back({index, "nvme.index_path"});
   }
-  if (!config.tenant_key_file.empty()) places.push_back({DirectoryOf(config.tenant_key_file), "server.tenant_key_file's directory"});
+  if (!config.tenant_key_file.empty())
+    places.push_back({DirectoryOf(config.tenant_key_file), "server.tenant_key_file's directory"});
   if (config.metrics_enabled && !config.metrics_bearer_token_file.empty()) {
     places.push_back({DirectoryOf(config.metrics_bearer_token_file), "metrics.bearer_token_file's directory"});
   }

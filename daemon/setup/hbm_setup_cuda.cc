@@ -29,10 +29,9 @@ Result<HbmSetup> OpenDeviceTier(const DaemonConfig& config) {
   options.staging_bytes = static_cast<uint64_t>(config.hbm_staging_bytes);
   Result<std::unique_ptr<CudaHbmDevice>> device = CudaHbmDevice::Create(options);
   if (!device.ok()) {
-    return Status(device.status().code(), "hbm.capacity_bytes = " + std::to_string(options.pool_bytes) +
-                                              " on device " + std::to_string(ordinal) + " (" +
-                                              std::to_string(info->free_bytes) + " bytes free): " +
-                                              device.status().message());
+    return Status(device.status().code(), "hbm.capacity_bytes = " + std::to_string(options.pool_bytes) + " on device " +
+                                              std::to_string(ordinal) + " (" + std::to_string(info->free_bytes) +
+                                              " bytes free): " + device.status().message());
   }
   Result<gpu::IpcMemHandle> handle = (*device)->pool().Export();
   if (!handle.ok()) return handle.status();

@@ -4,8 +4,9 @@
 namespace kvtier::internal {
 
 Result<HbmSetup> OpenDeviceTier(const DaemonConfig&) {
-  return Unavailable("this kvtierd is built without CUDA (KVTIER_CUDA=OFF, or no toolkit was found); "
-                     "running without the HBM tier");
+  return Unavailable(
+      "this kvtierd is built without CUDA (KVTIER_CUDA=OFF, or no toolkit was found); "
+      "running without the HBM tier");
 }
 
 }  // namespace kvtier::internal

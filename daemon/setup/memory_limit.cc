@@ -135,10 +135,13 @@ Status CheckFitsUnderLimit(const DaemonConfig& config, const CgroupMemory& cgrou
   if (needed <= cgroup.limit_bytes) return Status::Ok();
   return InvalidArgument(
       "the configured sizes need " + MiB(needed) + " of memory (host.capacity_bytes " +
-      MiB(static_cast<uint64_t>(config.host_capacity_bytes)) + " with its block directory, the staging buffers of "
+      MiB(static_cast<uint64_t>(config.host_capacity_bytes)) +
+      " with its block directory, the staging buffers of "
       "the tiers below, server.client_memory_bytes " +
-      MiB(static_cast<uint64_t>(config.client_memory_bytes)) + " and " + MiB(kDaemonBaseBytes) + " for the daemon itself), more than the memory limit of "
-      "kvtierd's cgroup: " + MiB(cgroup.limit_bytes) + " (" + cgroup.limit_file +
+      MiB(static_cast<uint64_t>(config.client_memory_bytes)) + " and " + MiB(kDaemonBaseBytes) +
+      " for the daemon itself), more than the memory limit of "
+      "kvtierd's cgroup: " +
+      MiB(cgroup.limit_bytes) + " (" + cgroup.limit_file +
       "); it would be OOM-killed: lower host.capacity_bytes (0 sizes it to the limit) or raise the limit");
 }
 

@@ -65,10 +65,11 @@ Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const DaemonConfig& config, Clock
   auto tier = NvmeTier::Open(std::move(*device), std::move(*index), options, clock);
   if (!tier.ok()) return tier.status();
   const NvmeRecovery& r = (*tier)->recovery();
-  spdlog::info("tier nvme: {} ({} bytes, {} I/O, index {}, eviction {}): {} blocks loaded, {} stale and {} corrupt "
-               "dropped",
-               config.nvme_path, (*tier)->device().capacity_bytes(), kind, index_path,
-               ReclaimOrderName(options.reclaim), r.entries_loaded, r.dropped_stale, r.dropped_corrupt);
+  spdlog::info(
+      "tier nvme: {} ({} bytes, {} I/O, index {}, eviction {}): {} blocks loaded, {} stale and {} corrupt "
+      "dropped",
+      config.nvme_path, (*tier)->device().capacity_bytes(), kind, index_path, ReclaimOrderName(options.reclaim),
+      r.entries_loaded, r.dropped_stale, r.dropped_corrupt);
   return tier;
 }
 

@@ -11,9 +11,10 @@ Result<std::string> LoadRemoteKey(const std::string& path) {
   bool created = false;
   auto key = LoadOrCreateSecret(path, kClusterSecretBytes, "the remote key", &created);
   if (key.ok() && created) {
-    spdlog::warn("remote tier: created a new cluster key {}; every node of this cluster needs a copy of it "
-                 "(remote.key_file, mode 0600), else it misses the others' values",
-                 path);
+    spdlog::warn(
+        "remote tier: created a new cluster key {}; every node of this cluster needs a copy of it "
+        "(remote.key_file, mode 0600), else it misses the others' values",
+        path);
   }
   return key;
 }

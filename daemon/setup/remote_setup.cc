@@ -36,13 +36,14 @@ Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   o.cluster.username = config.remote_user;
   if (!config.remote_password_file.empty()) {
     // Never blocks on a FIFO or a device at the path (daemon/config/regular_file.h).
-    Result<std::string> read = ReadRegularFile(config.remote_password_file, kMaxPasswordFileBytes,
-                                               "remote.password_file");
+    Result<std::string> read =
+        ReadRegularFile(config.remote_password_file, kMaxPasswordFileBytes, "remote.password_file");
     if (!read.ok()) return read.status();
     std::string password = std::move(*read);
     if (!password.empty() && password.back() == '\n') password.pop_back();
     if (!password.empty() && password.back() == '\r') password.pop_back();
-    if (password.empty()) return InvalidArgument("remote.password_file: '" + config.remote_password_file + "' is empty");
+    if (password.empty())
+      return InvalidArgument("remote.password_file: '" + config.remote_password_file + "' is empty");
     o.cluster.password = std::move(password);
   }
   o.cluster.seeds = SplitList(config.remote_nodes);

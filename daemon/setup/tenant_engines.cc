@@ -51,8 +51,8 @@ Status OpenEngine(const DaemonConfig& config, uint64_t host_bytes, const DaemonC
   auto hbm = OpenHbmTier(hbm_config);
   if (!hbm.ok()) return Status(hbm.status().code(), whose + hbm.status().message());
   tenant.hbm = std::move(*hbm);
-  auto engine = Engine::Create(EngineOptionsFromConfig(config), *tenant.host, clock, std::move(below),
-                               tenant.hbm.tier.get());
+  auto engine =
+      Engine::Create(EngineOptionsFromConfig(config), *tenant.host, clock, std::move(below), tenant.hbm.tier.get());
   if (!engine.ok()) return Status(engine.status().code(), whose + "engine: " + engine.status().message());
   tenant.engine = std::move(*engine);
   return Status::Ok();
@@ -97,8 +97,7 @@ std::string TenantKeyPath(const DaemonConfig& config) {
   return "";
 }
 
-Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& config, TierStack& stack,
-                                                           Clock& clock) {
+Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& config, TierStack& stack, Clock& clock) {
   std::unique_ptr<DaemonEngines> engines(new DaemonEngines());
   if (config.tenants.empty()) {
     engines->tenants_.emplace_back();
@@ -131,14 +130,15 @@ Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& c
     }
     DaemonConfig hbm_config = config;
     hbm_config.hbm_capacity_bytes = tenant_config.hbm_bytes;
-    Status opened = OpenEngine(config, static_cast<uint64_t>(tenant_config.host_bytes), hbm_config,
-                               std::move(below), clock, tenant);
+    Status opened = OpenEngine(config, static_cast<uint64_t>(tenant_config.host_bytes), hbm_config, std::move(below),
+                               clock, tenant);
     if (!opened.ok()) return opened;
-    spdlog::info("tenant {}: host arena {} bytes, hbm {}, quota below the host {}, uids [{}], gids [{}]",
-                 tenant_config.name, tenant_config.host_bytes,
-                 tenant.hbm.tier != nullptr ? std::to_string(tenant_config.hbm_bytes) + " bytes" : "off",
-                 tenant_config.nvme_bytes == 0 ? std::string("none") : std::to_string(tenant_config.nvme_bytes) + " bytes",
-                 Joined(tenant_config.uids), Joined(tenant_config.gids));
+    spdlog::info(
+        "tenant {}: host arena {} bytes, hbm {}, quota below the host {}, uids [{}], gids [{}]", tenant_config.name,
+        tenant_config.host_bytes,
+        tenant.hbm.tier != nullptr ? std::to_string(tenant_config.hbm_bytes) + " bytes" : "off",
+        tenant_config.nvme_bytes == 0 ? std::string("none") : std::to_string(tenant_config.nvme_bytes) + " bytes",
+        Joined(tenant_config.uids), Joined(tenant_config.gids));
   }
   return engines;
 }
@@ -152,8 +152,8 @@ DaemonEngines::~DaemonEngines() {
 std::vector<ServedTenant> DaemonEngines::Served() const {
   std::vector<ServedTenant> served;
   for (const Tenant& t : tenants_) {
-    served.push_back(ServedTenant{t.config.name, t.engine.get(), t.host.get(), t.scope.get(), t.config.models,
-                                  t.hbm.offer});
+    served.push_back(
+        ServedTenant{t.config.name, t.engine.get(), t.host.get(), t.scope.get(), t.config.models, t.hbm.offer});
   }
   return served;
 }

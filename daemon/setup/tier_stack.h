@@ -20,7 +20,7 @@ namespace kvtier {
 
 struct TierStack {
   std::vector<std::unique_ptr<BlockTier>> tiers;  // highest first
-  std::vector<LowerTier> lower;                    // the same tiers with their admission, for Engine::Create
+  std::vector<LowerTier> lower;                   // the same tiers with their admission, for Engine::Create
 };
 
 // Opens every configured tier in stack order, logging what each found.

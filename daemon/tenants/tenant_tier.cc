@@ -126,9 +126,8 @@ void SharedTier::Install() {
     hooks->SetEvictionSink(nullptr);  // the tier stops reading its victims back
     return;
   }
-  hooks->SetEvictionSink([this](const BlockTier::Evicted& block, std::span<const std::byte> payload) {
-    OnEvicted(block, payload);
-  });
+  hooks->SetEvictionSink(
+      [this](const BlockTier::Evicted& block, std::span<const std::byte> payload) { OnEvicted(block, payload); });
 }
 
 void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload) {
@@ -159,8 +158,7 @@ bool SharedTier::Needed(const BlockKey& key) const {
 
 void SharedTier::VisitCounters(CounterVisitor& visitor) const {
   tier_.VisitCounters(visitor);
-  visitor.Visit(std::string(tier_.name()) + ".unowned_evictions",
-                unowned_evictions_.load(std::memory_order_relaxed));
+  visitor.Visit(std::string(tier_.name()) + ".unowned_evictions", unowned_evictions_.load(std::memory_order_relaxed));
 }
 
 TenantTier::TenantTier(SharedTier& shared, const TenantScope& scope, uint64_t quota_bytes)
@@ -208,8 +206,7 @@ void TenantTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey>
 }
 
 Status TenantTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-                         std::span<const std::byte> payload, WriteDone done,
-                         std::optional<uint64_t> payload_checksum) {
+                         std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) {
   if (!scope_.Owns(ns)) return InvalidArgument("the namespace is not this tenant's");
   const uint64_t bytes = payload.size();
   if (quota_bytes_ > 0) {
@@ -218,8 +215,8 @@ Status TenantTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
     const uint64_t held = used_bytes() + pending_payload_bytes_.load(std::memory_order_relaxed);
     if (held + bytes > quota_bytes_) {
       quota_refusals_.fetch_add(1, std::memory_order_relaxed);
-      return NoSpace("the tenant's quota of " + std::to_string(quota_bytes_) + " bytes in the " +
-                     std::string(name()) + " tier is used");
+      return NoSpace("the tenant's quota of " + std::to_string(quota_bytes_) + " bytes in the " + std::string(name()) +
+                     " tier is used");
     }
   }
   const uint64_t stored = inner().StoredBytes(bytes);

@@ -144,9 +144,7 @@ class TenantTier final : public ForwardingTier,
   Prober* prober() override { return inner().prober() != nullptr ? this : nullptr; }
   InPlaceHolds* in_place_holds() override { return inner().in_place_holds() != nullptr ? this : nullptr; }
   ReclaimHooks* reclaim_hooks() override { return inner().reclaim_hooks() != nullptr ? this : nullptr; }
-  const NamespaceSums* namespace_sums() const override {
-    return inner().namespace_sums() != nullptr ? this : nullptr;
-  }
+  const NamespaceSums* namespace_sums() const override { return inner().namespace_sums() != nullptr ? this : nullptr; }
   // Never: see above.
   ReclaimShares* reclaim_shares() override { return nullptr; }
 

@@ -46,8 +46,8 @@ Result<Caller> TenantTable::Resolve(const PeerCredentials& peer) const {
   }
   size_t found = Caller::kNoTenant;
   for (size_t i = 0; i < tenants_.size(); ++i) {
-    const bool member = std::any_of(peer.groups.begin(), peer.groups.end(),
-                                    [&](gid_t g) { return lists(tenants_[i].gids, g); });
+    const bool member =
+        std::any_of(peer.groups.begin(), peer.groups.end(), [&](gid_t g) { return lists(tenants_[i].gids, g); });
     if (!member) continue;
     if (found != Caller::kNoTenant) {
       return PermissionDenied("uid " + std::to_string(peer.uid) + " is in groups of two tenants (" +

@@ -71,12 +71,18 @@ bool ParseOptions(int argc, char** argv, Options& o) {
     const std::string key = arg.substr(0, eq);
     const long value = std::strtol(arg.c_str() + eq + 1, nullptr, 10);
     if (value <= 0 && key != "--device") return false;
-    if (key == "--layers") o.layers = static_cast<uint32_t>(value);
-    else if (key == "--blocks") o.blocks = static_cast<uint32_t>(value);
-    else if (key == "--block-mib") o.block_mib = static_cast<uint64_t>(value);
-    else if (key == "--reps") o.reps = static_cast<int>(value);
-    else if (key == "--device") o.device = static_cast<int>(value);
-    else return false;
+    if (key == "--layers")
+      o.layers = static_cast<uint32_t>(value);
+    else if (key == "--blocks")
+      o.blocks = static_cast<uint32_t>(value);
+    else if (key == "--block-mib")
+      o.block_mib = static_cast<uint64_t>(value);
+    else if (key == "--reps")
+      o.reps = static_cast<int>(value);
+    else if (key == "--device")
+      o.device = static_cast<int>(value);
+    else
+      return false;
   }
   return true;
 }
@@ -148,8 +154,8 @@ class Bench {
 };
 
 void Bench::Setup() {
-  std::printf("batch: %u blocks x %u layers x %.1f KiB = %.1f MiB per layer, %.2f GiB in all\n", o_.blocks,
-              o_.layers, layer_bytes_ / 1024.0, span_bytes_ / 1048576.0, total_bytes_ / 1073741824.0);
+  std::printf("batch: %u blocks x %u layers x %.1f KiB = %.1f MiB per layer, %.2f GiB in all\n", o_.blocks, o_.layers,
+              layer_bytes_ / 1024.0, span_bytes_ / 1048576.0, total_bytes_ / 1073741824.0);
   auto pool = DevicePool::Create(2 * total_bytes_ + (1 << 20), o_.device);
   Check(pool.status());
   pool_ = std::move(*pool);
@@ -178,9 +184,15 @@ Bench::Pieces Bench::MakePieces(CopyKind kind) {
   for (uint32_t l = 0; l < o_.layers; ++l) {
     for (uint32_t b = 0; b < o_.blocks; ++b) {
       switch (kind) {
-        case CopyKind::kHostToDevice: pieces[l].push_back({Device(kv_, l, b), Host(l, b), layer_bytes_}); break;
-        case CopyKind::kDeviceToHost: pieces[l].push_back({Host(l, b), Device(kv_, l, b), layer_bytes_}); break;
-        default: pieces[l].push_back({Device(kv2_, l, b), Device(kv_, l, b), layer_bytes_}); break;
+        case CopyKind::kHostToDevice:
+          pieces[l].push_back({Device(kv_, l, b), Host(l, b), layer_bytes_});
+          break;
+        case CopyKind::kDeviceToHost:
+          pieces[l].push_back({Host(l, b), Device(kv_, l, b), layer_bytes_});
+          break;
+        default:
+          pieces[l].push_back({Device(kv2_, l, b), Device(kv_, l, b), layer_bytes_});
+          break;
       }
     }
   }
@@ -263,8 +275,8 @@ void Bench::HiddenFraction(double comp_over_read) {
   const double hidden = 1.0 - (pipelined_ms - L * t_comp) / (L * t_read);
   const double hidden_predicted = 1.0 - static_cast<double>(n_pre) / L;
   std::printf("\nhidden fraction, compute set to %.2f x t_read per layer:\n", comp_over_read);
-  std::printf("  t_read %.3f ms/layer, t_comp %.3f ms/layer, %u layers -> n_pre %u (preload buffer %.1f MiB)\n",
-              t_read, t_comp, L, n_pre, n_pre * span_bytes_ / 1048576.0);
+  std::printf("  t_read %.3f ms/layer, t_comp %.3f ms/layer, %u layers -> n_pre %u (preload buffer %.1f MiB)\n", t_read,
+              t_comp, L, n_pre, n_pre * span_bytes_ / 1048576.0);
   std::printf("  load-then-compute %.2f ms | pipelined %.2f ms | predicted %.2f ms (measured/predicted %.3f)\n",
               serial_ms, pipelined_ms, predicted_ms, pipelined_ms / predicted_ms);
   std::printf("  hidden fraction of the load: measured %.3f, predicted %.3f\n", hidden, hidden_predicted);
@@ -277,7 +289,9 @@ int main(int argc, char** argv) {
   using namespace kvtier::gpu;
   bench::Options options;
   if (!bench::ParseOptions(argc, argv, options)) {
-    std::fprintf(stderr, "usage: kvtier_gpu_bench [--layers=N] [--blocks=N] [--block-mib=N] [--reps=N] [--device=N] [--probe]\n");
+    std::fprintf(
+        stderr,
+        "usage: kvtier_gpu_bench [--layers=N] [--blocks=N] [--block-mib=N] [--reps=N] [--device=N] [--probe]\n");
     return 1;
   }
   kvtier::Result<int> devices = DeviceCount();

@@ -38,19 +38,19 @@ using NamespaceFingerprint = BlockKey;
 // blocks only if all fields are equal. The canonical bytes (docs/KEYS.md)
 // take the fields in this order.
 struct NamespaceDescriptor {
-  std::string model_id;            // e.g. "meta-llama/Llama-3.1-8B-Instruct"
-  std::string model_revision;      // e.g. a commit hash; required
-  std::string adapter_id;          // empty: no adapter
-  std::string adapter_revision;    // must be empty when adapter_id is empty
-  std::string kv_dtype;            // e.g. "bf16", "fp8_e4m3"
-  uint32_t block_tokens = 256;     // tokens per block, > 0
-  uint32_t layer_count = 0;        // > 0
-  std::string kv_layout;           // e.g. "layer_major_kv"
+  std::string model_id;                    // e.g. "meta-llama/Llama-3.1-8B-Instruct"
+  std::string model_revision;              // e.g. a commit hash; required
+  std::string adapter_id;                  // empty: no adapter
+  std::string adapter_revision;            // must be empty when adapter_id is empty
+  std::string kv_dtype;                    // e.g. "bf16", "fp8_e4m3"
+  uint32_t block_tokens = 256;             // tokens per block, > 0
+  uint32_t layer_count = 0;                // > 0
+  std::string kv_layout;                   // e.g. "layer_major_kv"
   uint64_t bytes_per_token_per_layer = 0;  // > 0 (K and V together)
-  uint32_t tp_rank = 0;            // < tp_size
-  uint32_t tp_size = 1;            // > 0
-  uint32_t pp_rank = 0;            // pipeline-parallel rank, < pp_size
-  uint32_t pp_size = 1;            // > 0
+  uint32_t tp_rank = 0;                    // < tp_size
+  uint32_t tp_size = 1;                    // > 0
+  uint32_t pp_rank = 0;                    // pipeline-parallel rank, < pp_size
+  uint32_t pp_size = 1;                    // > 0
   // The engine's KV data-format version: bump it when the bytes of a block
   // change for the same model (e.g. a new kernel layout). > 0.
   uint32_t kv_format_version = 1;
@@ -96,12 +96,12 @@ struct ExtraKey {
 };
 
 // Limits checked by ChainExtras::Validate.
-inline constexpr size_t kMaxExtraKeyBytes = 4096;      // salt and each payload
-inline constexpr size_t kMaxExtraKeysPerBlock = 64;    // not counting the salt
+inline constexpr size_t kMaxExtraKeyBytes = 4096;    // salt and each payload
+inline constexpr size_t kMaxExtraKeysPerBlock = 64;  // not counting the salt
 
 // Per-request inputs of a chain besides its tokens.
 struct ChainExtras {
-  std::string cache_salt;                     // empty: none; enters block 0 only
+  std::string cache_salt;  // empty: none; enters block 0 only
   // blocks[i]: block i's extra keys, in the order of their position in the
   // block (order matters). Shorter than the chain: none for the rest; longer:
   // the entries past the full blocks are not used.
@@ -136,8 +136,7 @@ class ChainHasher {
   std::vector<BlockKey> Keys(std::span<const uint32_t> tokens) const;
   // The same with a salt and per-block extra keys; with empty `extras` equal
   // to Keys(tokens). InvalidArgument if extras.Validate() fails.
-  Result<std::vector<BlockKey>> Keys(std::span<const uint32_t> tokens,
-                                     const ChainExtras& extras) const;
+  Result<std::vector<BlockKey>> Keys(std::span<const uint32_t> tokens, const ChainExtras& extras) const;
 
   // Extends `chain` (keys of the first chain.size() blocks of `tokens`) with
   // the keys of the remaining full blocks, without rehashing the prefix.
@@ -146,16 +145,13 @@ class ChainHasher {
   // The same with the extras of the whole sequence (the ones Keys would
   // take); the result equals Keys(tokens, extras). InvalidArgument, with
   // `chain` unchanged, if extras.Validate() fails.
-  Status Extend(std::span<const uint32_t> tokens, const ChainExtras& extras,
-                std::vector<BlockKey>& chain) const;
+  Status Extend(std::span<const uint32_t> tokens, const ChainExtras& extras, std::vector<BlockKey>& chain) const;
 
  private:
-  ChainHasher(NamespaceFingerprint fp, uint32_t block_tokens)
-      : fingerprint_(fp), block_tokens_(block_tokens) {}
+  ChainHasher(NamespaceFingerprint fp, uint32_t block_tokens) : fingerprint_(fp), block_tokens_(block_tokens) {}
 
   // Extend with `extras` already validated.
-  void ExtendUnchecked(std::span<const uint32_t> tokens, const ChainExtras& extras,
-                       std::vector<BlockKey>& chain) const;
+  void ExtendUnchecked(std::span<const uint32_t> tokens, const ChainExtras& extras, std::vector<BlockKey>& chain) const;
 
   NamespaceFingerprint fingerprint_;
   uint32_t block_tokens_;

@@ -159,7 +159,7 @@ struct HealthReport {
   std::vector<std::string> warnings;  // healthy, but worth a look
   std::string version;                // of kvtierd
   uint64_t uptime_s = 0;
-  std::vector<std::string> tiers;     // the stack, top first
+  std::vector<std::string> tiers;  // the stack, top first
 };
 
 namespace internal {
@@ -167,7 +167,7 @@ class Connection;
 class DeviceLoadCopier;
 class DevicePoolMapping;
 class Reconnector;
-}
+}  // namespace internal
 
 // A block pinned in the daemon's arena, readable in place without a copy.
 // Move-only. Released explicitly by Release() (waits for the daemon) or on
@@ -503,8 +503,8 @@ class LayerLoad {
   // whether the whole block was checked (at the first WaitLayer).
   std::vector<std::optional<uint64_t>> block_checksums_;
   std::vector<bool> block_checked_;
-  std::vector<Status> verdicts_;                        // per block: Corruption once a layer did not match
-  std::vector<bool> verified_;                          // per layer: checked in every block
+  std::vector<Status> verdicts_;  // per block: Corruption once a layer did not match
+  std::vector<bool> verified_;    // per layer: checked in every block
 };
 
 class Client {
@@ -560,12 +560,11 @@ class Client {
                                std::span<const std::span<const std::byte>> data, const ChainLinks& links = {});
   // `data` spans are borrowed until the future is ready.
   std::future<std::vector<Status>> PutBatchAsync(NamespaceId ns, std::vector<BlockKey> keys,
-                                                 std::vector<std::span<const std::byte>> data,
-                                                 ChainLinks links = {});
+                                                 std::vector<std::span<const std::byte>> data, ChainLinks links = {});
 
   // Zero-copy put: reserves arena space the caller writes in place.
-  Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys,
-                              std::span<const uint64_t> sizes, const ChainLinks& links = {});
+  Result<Reservation> Reserve(NamespaceId ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
+                              const ChainLinks& links = {});
   // Preload planning for layer-wise loading from `source` (host, nvme,
   // remote): how many layers of a prefix with `bytes_per_layer` per layer
   // (all its blocks) to hold before computing the new tokens, whose
@@ -574,8 +573,8 @@ class Client {
   // percentile). `recompute_us_per_layer` (0: unknown), recomputing the
   // prefix a layer, gives the recompute-instead verdict. InvalidArgument
   // for no layers or bytes or a bad time; NotFound without such a tier.
-  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
-                                  uint32_t layers, double recompute_us_per_layer = 0);
+  Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
+                                  double recompute_us_per_layer = 0);
   // Layer-wise save (LayerSave): reserves a whole block of the namespace
   // for each key, root first. Errors as Reserve; per-block outcomes in the
   // LayerSave.

@@ -93,22 +93,22 @@ typedef struct {
  * default (pp_size 1, kv_format_version 1, object_kind "kv"), so a
  * zero-initialised struct that sets the fields above stays valid. */
 typedef struct {
-  const char* model_id;          /* e.g. "meta-llama/Llama-3.1-8B-Instruct" */
-  const char* model_revision;    /* required */
-  const char* adapter_id;        /* NULL or "": no adapter */
-  const char* adapter_revision;  /* NULL or "" when there is no adapter */
-  const char* kv_dtype;          /* e.g. "bf16" */
-  uint32_t block_tokens;         /* tokens per block, > 0 */
-  uint32_t layer_count;          /* > 0 */
-  const char* kv_layout;         /* e.g. "layer_major_kv" */
-  uint64_t bytes_per_token_per_layer;  /* > 0 (K and V together) */
-  uint32_t tp_rank;              /* < tp_size */
-  uint32_t tp_size;              /* > 0 */
-  uint32_t pp_rank;              /* pipeline-parallel rank, < pp_size */
-  uint32_t pp_size;              /* 0 reads as 1 */
-  uint32_t kv_format_version;    /* engine KV data-format version; 0 reads as 1 */
-  const char* object_kind;       /* NULL reads as "kv"; else 1-64 of [a-z0-9_],
-                                    e.g. "recurrent_state" */
+  const char* model_id;               /* e.g. "meta-llama/Llama-3.1-8B-Instruct" */
+  const char* model_revision;         /* required */
+  const char* adapter_id;             /* NULL or "": no adapter */
+  const char* adapter_revision;       /* NULL or "" when there is no adapter */
+  const char* kv_dtype;               /* e.g. "bf16" */
+  uint32_t block_tokens;              /* tokens per block, > 0 */
+  uint32_t layer_count;               /* > 0 */
+  const char* kv_layout;              /* e.g. "layer_major_kv" */
+  uint64_t bytes_per_token_per_layer; /* > 0 (K and V together) */
+  uint32_t tp_rank;                   /* < tp_size */
+  uint32_t tp_size;                   /* > 0 */
+  uint32_t pp_rank;                   /* pipeline-parallel rank, < pp_size */
+  uint32_t pp_size;                   /* 0 reads as 1 */
+  uint32_t kv_format_version;         /* engine KV data-format version; 0 reads as 1 */
+  const char* object_kind;            /* NULL reads as "kv"; else 1-64 of [a-z0-9_],
+                                         e.g. "recurrent_state" */
 } kvtier_namespace;
 
 /* Options of kvtier_connect_with_options (a subset of kvtier::ClientOptions).
@@ -117,24 +117,24 @@ typedef struct {
  * library reads only the first `size` bytes (a field past them keeps its
  * default). */
 typedef struct {
-  size_t size;           /* sizeof(kvtier_client_options) as the caller compiled it */
-  int verify_checksums;  /* != 0: every read checks the bytes it hands out
-                            against the checksums recorded at commit
-                            (kvtier::ClientOptions::verify_checksums): a
-                            mismatch is KVTIER_CORRUPTION, never the bytes,
-                            and the block is reported so later reads miss.
-                            Costs a hash of the bytes read. Default 0. */
+  size_t size;          /* sizeof(kvtier_client_options) as the caller compiled it */
+  int verify_checksums; /* != 0: every read checks the bytes it hands out
+                           against the checksums recorded at commit
+                           (kvtier::ClientOptions::verify_checksums): a
+                           mismatch is KVTIER_CORRUPTION, never the bytes,
+                           and the block is reported so later reads miss.
+                           Costs a hash of the bytes read. Default 0. */
 } kvtier_client_options;
 
 /* A preload plan (kvtier::PreloadPlan, kvtier/preload.h). */
 typedef struct {
-  uint32_t layers_to_preload;  /* n_pre, in [1, layers] */
-  uint64_t buffer_bytes;       /* n_pre x bytes_per_layer */
-  double read_bytes_per_s;     /* the daemon's measured bandwidth planned with */
-  double read_us_per_layer;    /* t_read, margin and per-layer overhead in */
-  double stall_us;             /* n_pre x t_read */
-  double total_us;             /* stall + layers x compute */
-  int recompute_instead;       /* 1: recomputing the prefix is no slower */
+  uint32_t layers_to_preload; /* n_pre, in [1, layers] */
+  uint64_t buffer_bytes;      /* n_pre x bytes_per_layer */
+  double read_bytes_per_s;    /* the daemon's measured bandwidth planned with */
+  double read_us_per_layer;   /* t_read, margin and per-layer overhead in */
+  double stall_us;            /* n_pre x t_read */
+  double total_us;            /* stall + layers x compute */
+  int recompute_instead;      /* 1: recomputing the prefix is no slower */
 } kvtier_preload_plan;
 
 /* Per-thread error message. */
@@ -160,8 +160,8 @@ int kvtier_namespace_fingerprint(const kvtier_namespace* ns, kvtier_key* out);
 // the number of keys needed even when out_capacity is too small; then nothing
 // is written to `out` and the result is KVTIER_INVALID_ARGUMENT.
 // KVTIER_INVALID_ARGUMENT also for a bad descriptor or NULL pointers.
-int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens,
-                      kvtier_key* out, size_t out_capacity, size_t* out_count);
+int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
+                      size_t out_capacity, size_t* out_count);
 
 // kvtier_chain_keys with a per-request cache salt (tenant / user isolation):
 // cache_salt[0 .. salt_len) enters block 0, so every key differs from the
@@ -170,8 +170,8 @@ int kvtier_chain_keys(const kvtier_namespace* ns, const uint32_t* tokens, size_t
 // NULL cache_salt with salt_len > 0. Per-block extra keys (multimodal,
 // prompt embeds) are C++ only (kvtier::ChainExtras).
 int kvtier_chain_keys_salted(const kvtier_namespace* ns, const char* cache_salt, size_t salt_len,
-                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out,
-                             size_t out_capacity, size_t* out_count);
+                             const uint32_t* tokens, size_t n_tokens, kvtier_key* out, size_t out_capacity,
+                             size_t* out_count);
 
 // Writes the 32 lower-case hex digits of `key` and a NUL to `out`.
 // KVTIER_INVALID_ARGUMENT if `out` is NULL.
@@ -194,8 +194,8 @@ int kvtier_key_to_hex(kvtier_key key, char out[33]);
 // return KVTIER_UNAVAILABLE at once while the client reconnects on its own
 // (kvtier::ClientOptions::reconnect); views, reservations and saves from
 // before stay readable but end with KVTIER_UNAVAILABLE.
-int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces,
-                   size_t n_namespaces, kvtier_client** out);
+int kvtier_connect(const char* socket_path, const kvtier_namespace* namespaces, size_t n_namespaces,
+                   kvtier_client** out);
 
 // Sets `*options` to the defaults kvtier_connect uses, and its `size` to
 // sizeof(kvtier_client_options). NULL is a no-op.
@@ -204,9 +204,8 @@ void kvtier_client_options_init(kvtier_client_options* options);
 // kvtier_connect with `options` (NULL: the defaults, as kvtier_connect).
 // KVTIER_INVALID_ARGUMENT also when options->size is smaller than the
 // struct's first version (sizeof(size_t) + sizeof(int), padded).
-int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces,
-                                size_t n_namespaces, const kvtier_client_options* options,
-                                kvtier_client** out);
+int kvtier_connect_with_options(const char* socket_path, const kvtier_namespace* namespaces, size_t n_namespaces,
+                                const kvtier_client_options* options, kvtier_client** out);
 
 // Frees `client`. NULL is a no-op. Must not race with other calls on
 // `client`. The connection closes at once if no view pinned through
@@ -222,8 +221,8 @@ void kvtier_close(kvtier_client* client);
 // Longest cached prefix of keys[0 .. n): `*prefix_blocks` consecutive hits
 // from keys[0]. If `tiers` is not NULL it receives n entries: the tier of
 // each hit, KVTIER_TIER_NONE from index *prefix_blocks on.
-int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                  size_t* prefix_blocks, uint8_t* tiers);
+int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, size_t* prefix_blocks,
+                  uint8_t* tiers);
 
 // Copies `len` bytes from `data` into the arena and publishes the block.
 // KVTIER_OK also when it was already cached (puts are idempotent);
@@ -236,17 +235,16 @@ int kvtier_put(kvtier_client* client, uint32_t ns, kvtier_key key, const void* d
 // in statuses[i] (all KVTIER_UNAVAILABLE if the connection is lost); the
 // thread's error message is that of the first failed key. Not KVTIER_OK only
 // for bad arguments (NULL arrays, `ns` out of range).
-int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     const void* const* data, const size_t* lens, size_t n, int* statuses);
+int kvtier_put_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
+                     const size_t* lens, size_t n, int* statuses);
 
 // kvtier_put_batch for n consecutive blocks of one prefix chain, root
 // first (keys[i-1] is keys[i]'s parent); `parent`, if not NULL, is the
 // block before keys[0] (the last block of the cached prefix a prefill
 // extended). The daemon keeps these links for its SSD admission, which
 // never writes a block whose prefix is cached nowhere (kvtier::ChainLinks).
-int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     const void* const* data, const size_t* lens, size_t n, const kvtier_key* parent,
-                     int* statuses);
+int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys, const void* const* data,
+                     const size_t* lens, size_t n, const kvtier_key* parent, int* statuses);
 
 // Copies the block into `dst` (capacity bytes) and sets `*len` to its length.
 // KVTIER_NOT_FOUND on a miss; KVTIER_INVALID_ARGUMENT if the block is larger
@@ -255,15 +253,13 @@ int kvtier_put_chain(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
 // verify_checksums): `*len` is 0, the bytes in `dst` must not be used, and
 // the block is reported to the daemon so later reads miss. Without
 // verification the bytes are copied as they are in the arena.
-int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity,
-               size_t* len);
+int kvtier_get(kvtier_client* client, uint32_t ns, kvtier_key key, void* dst, size_t capacity, size_t* len);
 
 // kvtier_get for n blocks in one round trip: keys[i] into dst[i] of
 // capacities[i] bytes, its length in lens[i] (0 on failure), its code in
 // statuses[i]. KVTIER_OK when the call went through, as kvtier_put_batch.
-int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
-                     void* const* dst, const size_t* capacities, size_t n, size_t* lens,
-                     int* statuses);
+int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys, void* const* dst,
+                     const size_t* capacities, size_t n, size_t* lens, int* statuses);
 
 // Zero-copy read: pins the block and points `*data` at its `*len` bytes in
 // the shared arena, read-only. The bytes stay valid and unchanged until
@@ -276,8 +272,7 @@ int kvtier_get_batch(kvtier_client* client, uint32_t ns, const kvtier_key* keys,
 // their checksum (checked before the view is handed out: the pin is
 // released and the block reported, later reads miss); on failure *out is
 // NULL.
-int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out,
-               const void** data, size_t* len);
+int kvtier_pin(kvtier_client* client, uint32_t ns, kvtier_key key, kvtier_view** out, const void** data, size_t* len);
 
 // Unpins the block (waiting for the daemon) and frees `view`; its data
 // pointer is dangling afterwards. NULL is a no-op (KVTIER_OK).
@@ -288,8 +283,7 @@ int kvtier_view_release(kvtier_view* view);
 
 // Removes keys[0 .. n); `*erased` (may be NULL) gets how many were cached.
 // Pinned blocks leave lookups at once and are freed on their last release.
-int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                 size_t* erased);
+int kvtier_erase(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, size_t* erased);
 
 // Queue hints (Client::Enqueue and friends): request `request` (this
 // client's own id) will need keys[0 .. n) of `ns`, root first, expected to
@@ -335,8 +329,8 @@ void kvtier_reservation_free(kvtier_reservation* reservation);
 // before keys[0]). `*layer_bytes` gets one layer's bytes (a block is
 // layer-major: layer l at l * layer_bytes); statuses[i] each block's code
 // as kvtier_reserve. `*out` as kvtier_reserve's, freed by kvtier_save_free.
-int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
-                      const kvtier_key* parent, kvtier_layer_save** out, size_t* layer_bytes, int* statuses);
+int kvtier_begin_save(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, const kvtier_key* parent,
+                      kvtier_layer_save** out, size_t* layer_bytes, int* statuses);
 // Copies src[i] (layer_bytes each; entries of blocks not KVTIER_OK may be
 // NULL) into layer `layer` of every block. KVTIER_INVALID_ARGUMENT for a
 // layer out of range, KVTIER_FAILED_PRECONDITION once finished.
@@ -376,8 +370,8 @@ int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t byt
 // KVTIER_NOT_FOUND...); `*layers` and `*layer_bytes` (each may be NULL) the
 // layout. On failure `*out` is NULL.
 int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n, void* const* dst,
-                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth,
-                      kvtier_layer_load** out, uint32_t* layers, size_t* layer_bytes, int* statuses);
+                      size_t dst_capacity, double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
+                      uint32_t* layers, size_t* layer_bytes, int* statuses);
 // kvtier_begin_load into GPU memory (LoadOptions::device_dst): n device
 // pointers on device `device_ordinal`, each with room for a whole block;
 // kvtier_wait_layer then enqueues the layer's host-to-device copies and
@@ -391,8 +385,8 @@ int kvtier_begin_load(kvtier_client* client, uint32_t ns, const kvtier_key* keys
 // KVTIER_UNAVAILABLE without a usable device.
 int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
                              void* const* device_dst, int device_ordinal, void* cuda_stream,
-                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out,
-                             uint32_t* layers, size_t* layer_bytes, int* statuses);
+                             double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out, uint32_t* layers,
+                             size_t* layer_bytes, int* statuses);
 // Waits until layer `layer` is in place in every block that has not failed
 // (copied into the buffers in copy mode). A layer already in place costs a
 // memory read. KVTIER_TIMED_OUT (the load goes on: wait again),
@@ -429,7 +423,7 @@ int kvtier_end_load(kvtier_layer_load* load);
 int kvtier_stat(kvtier_client* client, const char* name, int64_t* value);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* KVTIER_KVTIER_C_H_ */
+#endif /* KVTIER_KVTIER_C_H_ */

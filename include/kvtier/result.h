@@ -13,8 +13,8 @@ namespace kvtier {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}           // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {    // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     if (status_.ok()) {
       std::fprintf(stderr, "kvtier: Result constructed from an ok Status\n");
       std::abort();
@@ -25,9 +25,18 @@ class [[nodiscard]] Result {
   const Status& status() const { return status_; }
 
   // Precondition: ok(). Aborts otherwise (a broken invariant, not an error).
-  T& value() & { Check(); return *value_; }
-  const T& value() const& { Check(); return *value_; }
-  T&& value() && { Check(); return std::move(*value_); }
+  T& value() & {
+    Check();
+    return *value_;
+  }
+  const T& value() const& {
+    Check();
+    return *value_;
+  }
+  T&& value() && {
+    Check();
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -36,8 +45,7 @@ class [[nodiscard]] Result {
  private:
   void Check() const {
     if (!value_) {
-      std::fprintf(stderr, "kvtier: value() of a failed Result: %s\n",
-                   status_.ToString().c_str());
+      std::fprintf(stderr, "kvtier: value() of a failed Result: %s\n", status_.ToString().c_str());
       std::abort();
     }
   }

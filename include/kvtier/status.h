@@ -12,21 +12,21 @@ namespace kvtier {
 // ABI (KVTIER_* in kvtier_c.h). Append only.
 enum class StatusCode : int32_t {
   kOk = 0,
-  kInvalidArgument = 1,     // the caller sent something malformed
-  kNotFound = 2,            // key, lease or reservation not present
-  kAlreadyExists = 3,       // the block is already cached (or being written)
-  kNoSpace = 4,             // the tier cannot make room (everything pinned)
-  kBusy = 5,                // try again later (resource temporarily held)
-  kIoError = 6,             // a system call failed
-  kCorruption = 7,          // stored bytes failed their checksum
-  kProtocolError = 8,       // framing or message-level violation
-  kVersionMismatch = 9,     // client and daemon speak different protocols
-  kUnavailable = 10,        // not connected / the daemon went away
-  kPermissionDenied = 11,   // e.g. a lease owned by another connection
-  kFailedPrecondition = 12, // call out of order (Commit without Reserve)
-  kUnimplemented = 13,      // unknown request type
-  kInternal = 14,           // a bug: reported, never silently ignored
-  kCancelled = 15,          // shutting down
+  kInvalidArgument = 1,      // the caller sent something malformed
+  kNotFound = 2,             // key, lease or reservation not present
+  kAlreadyExists = 3,        // the block is already cached (or being written)
+  kNoSpace = 4,              // the tier cannot make room (everything pinned)
+  kBusy = 5,                 // try again later (resource temporarily held)
+  kIoError = 6,              // a system call failed
+  kCorruption = 7,           // stored bytes failed their checksum
+  kProtocolError = 8,        // framing or message-level violation
+  kVersionMismatch = 9,      // client and daemon speak different protocols
+  kUnavailable = 10,         // not connected / the daemon went away
+  kPermissionDenied = 11,    // e.g. a lease owned by another connection
+  kFailedPrecondition = 12,  // call out of order (Commit without Reserve)
+  kUnimplemented = 13,       // unknown request type
+  kInternal = 14,            // a bug: reported, never silently ignored
+  kCancelled = 15,           // shutting down
   kTimedOut = 16,
 };
 
@@ -37,8 +37,7 @@ std::string_view StatusCodeName(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
 
@@ -52,9 +51,7 @@ class [[nodiscard]] Status {
   // Marks an error as deliberately dropped; say why at the call site.
   void IgnoreError() const {}
 
-  friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
-  }
+  friend bool operator==(const Status& a, const Status& b) { return a.code_ == b.code_ && a.message_ == b.message_; }
 
  private:
   StatusCode code_ = StatusCode::kOk;

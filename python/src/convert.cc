@@ -25,9 +25,12 @@ std::vector<uint32_t> ToTokens(const py::handle& tokens) {
       const char* p = base + i * info.strides[0];
       int64_t v = 0;
       const std::string& f = info.format;
-      if (f == "I" || f == "=I" || f == "<I") v = *reinterpret_cast<const uint32_t*>(p);
-      else if (f == "i" || f == "=i" || f == "<i") v = *reinterpret_cast<const int32_t*>(p);
-      else if (f == "l" || f == "q" || f == "<q" || f == "=q") v = *reinterpret_cast<const int64_t*>(p);
+      if (f == "I" || f == "=I" || f == "<I")
+        v = *reinterpret_cast<const uint32_t*>(p);
+      else if (f == "i" || f == "=i" || f == "<i")
+        v = *reinterpret_cast<const int32_t*>(p);
+      else if (f == "l" || f == "q" || f == "<q" || f == "=q")
+        v = *reinterpret_cast<const int64_t*>(p);
       else if (f == "L" || f == "Q" || f == "<Q" || f == "=Q") {
         uint64_t u = *reinterpret_cast<const uint64_t*>(p);
         if (u > UINT32_MAX) throw StatusError(InvalidArgument("token id out of the u32 range"));
@@ -83,8 +86,8 @@ HeldBuffer::HeldBuffer(const py::handle& obj, bool writable) {
   if (PyObject_GetBuffer(owner_.ptr(), view, flags) != 0) {
     delete view;
     PyErr_Clear();
-    throw StatusError(InvalidArgument(writable ? "expected a writable C-contiguous buffer"
-                                               : "expected a C-contiguous buffer"));
+    throw StatusError(
+        InvalidArgument(writable ? "expected a writable C-contiguous buffer" : "expected a C-contiguous buffer"));
   }
   info_ = py::buffer_info(view, /*ownview=*/true);
   raw_ = {static_cast<std::byte*>(view->buf), static_cast<size_t>(view->len)};

@@ -12,8 +12,8 @@ namespace {
 
 struct CodeClass {
   StatusCode code;
-  const char* name;   // Python class name
-  PyObject* extra;    // a builtin base besides kvtier.Error, or null
+  const char* name;  // Python class name
+  PyObject* extra;   // a builtin base besides kvtier.Error, or null
 };
 
 // Filled by BindErrors; index = StatusCode value. Module-lifetime objects.
@@ -29,11 +29,10 @@ PyObject* ClassFor(StatusCode code) {
 }  // namespace
 
 void BindErrors(py::module_& m) {
-  g_base = PyErr_NewExceptionWithDoc(
-      "kvtier.Error",
-      "A kvtier call failed. `code` is the stable status name (\"not_found\"), "
-      "`message` says why.",
-      PyExc_RuntimeError, nullptr);
+  g_base = PyErr_NewExceptionWithDoc("kvtier.Error",
+                                     "A kvtier call failed. `code` is the stable status name (\"not_found\"), "
+                                     "`message` says why.",
+                                     PyExc_RuntimeError, nullptr);
   m.add_object("Error", py::handle(g_base));
   const CodeClass classes[] = {
       {StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
@@ -69,8 +68,8 @@ void BindErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       PyObject* cls = ClassFor(e.status().code());
-      py::object exc = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(cls, "s", e.status().ToString().c_str()));
+      py::object exc =
+          py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", e.status().ToString().c_str()));
       if (!exc) return;  // the call set its own error
       exc.attr("code") = py::str(std::string(StatusCodeName(e.status().code())));
       exc.attr("message") = py::str(e.status().message());
@@ -86,8 +85,9 @@ void BindErrors(py::module_& m) {
       .def_property_readonly("message", [](const ItemStatus& s) { return s.status.message(); })
       .def_property_readonly("value", [](const ItemStatus& s) { return s.value; })
       .def("__bool__", [](const ItemStatus& s) { return s.status.ok(); })
-      .def("raise_if_error", [](const ItemStatus& s) { ThrowIfError(s.status); },
-           "Raises the kvtier.Error subclass of a failed item; nothing when ok.")
+      .def(
+          "raise_if_error", [](const ItemStatus& s) { ThrowIfError(s.status); },
+          "Raises the kvtier.Error subclass of a failed item; nothing when ok.")
       .def("__repr__", [](const ItemStatus& s) {
         std::string r = "Status(" + s.status.ToString();
         if (s.value) r += ", value=" + std::to_string(*s.value);

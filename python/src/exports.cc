@@ -4,8 +4,8 @@ namespace kvtier::python {
 namespace py = pybind11;
 
 py::object ExportView(std::shared_ptr<void> owner, std::span<const std::byte> bytes, bool readonly) {
-  py::object buffer = py::cast(ArenaBuffer{std::move(owner), const_cast<std::byte*>(bytes.data()), bytes.size(),
-                                           readonly});
+  py::object buffer =
+      py::cast(ArenaBuffer{std::move(owner), const_cast<std::byte*>(bytes.data()), bytes.size(), readonly});
   py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(buffer.ptr()));
   if (!view) throw py::error_already_set();
   return view;

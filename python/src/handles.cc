@@ -254,11 +254,12 @@ namespace {
 
 template <typename T>
 void ContextManager(py::class_<T>& c, void (T::*end)()) {
-  c.def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [end](T& self, py::handle, py::handle, py::handle) {
-        (self.*end)();
-        return false;
-      });
+  c.def("__enter__", [](py::object self) {
+     return self;
+   }).def("__exit__", [end](T& self, py::handle, py::handle, py::handle) {
+    (self.*end)();
+    return false;
+  });
 }
 
 }  // namespace

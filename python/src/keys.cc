@@ -64,7 +64,8 @@ ChainExtras ToExtras(const py::object& cache_salt, const py::object& extras) {
   ChainExtras e;
   if (!cache_salt.is_none()) e.cache_salt = BytesOf(cache_salt);
   if (!extras.is_none()) {
-    for (py::handle block : extras) e.blocks.push_back(block.is_none() ? std::vector<ExtraKey>{} : ToExtraList(block, false));
+    for (py::handle block : extras)
+      e.blocks.push_back(block.is_none() ? std::vector<ExtraKey>{} : ToExtraList(block, false));
   }
   return e;
 }
@@ -88,12 +89,15 @@ void BindKeys(py::module_& m) {
                        "A 128-bit block key (docs/KEYS.md): `hi` and `lo` are the high and low "
                        "64 bits; hex() is the canonical 32 lower-case hex digits.")
       .def(py::init<>())
-      .def(py::init([](uint64_t hi, uint64_t lo) { return BlockKey{hi, lo}; }), py::arg("hi"), py::arg("lo"))
+      .def(py::init([](uint64_t hi, uint64_t lo) {
+             return BlockKey{hi, lo};
+           }),
+           py::arg("hi"), py::arg("lo"))
       .def_readwrite("hi", &BlockKey::hi)
       .def_readwrite("lo", &BlockKey::lo)
       .def("hex", &BlockKey::ToHex)
-      .def_static("from_hex", [](std::string_view hex) { return ValueOrThrow(BlockKey::FromHex(hex)); },
-                  py::arg("hex"))
+      .def_static(
+          "from_hex", [](std::string_view hex) { return ValueOrThrow(BlockKey::FromHex(hex)); }, py::arg("hex"))
       .def("canonical", &Canonical, "The canonical 16 bytes: hi then lo, each big-endian.")
       .def(py::self == py::self)
       .def(py::self != py::self)
@@ -101,16 +105,17 @@ void BindKeys(py::module_& m) {
       .def("__hash__", [](const BlockKey& k) { return std::hash<BlockKey>{}(k); })
       .def("__repr__", [](const BlockKey& k) { return "Key('" + k.ToHex() + "')"; })
       .def(py::pickle([](const BlockKey& k) { return py::make_tuple(k.hi, k.lo); },
-                      [](const py::tuple& t) { return BlockKey{t[0].cast<uint64_t>(), t[1].cast<uint64_t>()}; }));
+                      [](const py::tuple& t) {
+                        return BlockKey{t[0].cast<uint64_t>(), t[1].cast<uint64_t>()};
+                      }));
 
   py::class_<NamespaceDescriptor>(m, "Namespace",
                                   "Everything that changes the bytes of a KV block (docs/KEYS.md); "
                                   "two engines share blocks only if every field is equal.")
-      .def(py::init([](std::string model_id, std::string model_revision, std::string kv_dtype,
-                       uint32_t block_tokens, uint32_t layer_count, uint64_t bytes_per_token_per_layer,
-                       std::string kv_layout, std::string adapter_id, std::string adapter_revision,
-                       uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank, uint32_t pp_size,
-                       uint32_t kv_format_version, std::string object_kind) {
+      .def(py::init([](std::string model_id, std::string model_revision, std::string kv_dtype, uint32_t block_tokens,
+                       uint32_t layer_count, uint64_t bytes_per_token_per_layer, std::string kv_layout,
+                       std::string adapter_id, std::string adapter_revision, uint32_t tp_rank, uint32_t tp_size,
+                       uint32_t pp_rank, uint32_t pp_size, uint32_t kv_format_version, std::string object_kind) {
              NamespaceDescriptor d;
              d.model_id = std::move(model_id);
              d.model_revision = std::move(model_revision);
@@ -129,11 +134,11 @@ void BindKeys(py::module_& m) {
              d.object_kind = std::move(object_kind);
              return d;
            }),
-           py::kw_only(), py::arg("model_id"), py::arg("model_revision"), py::arg("kv_dtype"),
-           py::arg("block_tokens"), py::arg("layer_count"), py::arg("bytes_per_token_per_layer"),
-           py::arg("kv_layout") = "layer_major_kv", py::arg("adapter_id") = "", py::arg("adapter_revision") = "",
-           py::arg("tp_rank") = 0, py::arg("tp_size") = 1, py::arg("pp_rank") = 0, py::arg("pp_size") = 1,
-           py::arg("kv_format_version") = 1, py::arg("object_kind") = "kv")
+           py::kw_only(), py::arg("model_id"), py::arg("model_revision"), py::arg("kv_dtype"), py::arg("block_tokens"),
+           py::arg("layer_count"), py::arg("bytes_per_token_per_layer"), py::arg("kv_layout") = "layer_major_kv",
+           py::arg("adapter_id") = "", py::arg("adapter_revision") = "", py::arg("tp_rank") = 0, py::arg("tp_size") = 1,
+           py::arg("pp_rank") = 0, py::arg("pp_size") = 1, py::arg("kv_format_version") = 1,
+           py::arg("object_kind") = "kv")
       .def_readwrite("model_id", &NamespaceDescriptor::model_id)
       .def_readwrite("model_revision", &NamespaceDescriptor::model_revision)
       .def_readwrite("adapter_id", &NamespaceDescriptor::adapter_id)
@@ -149,19 +154,22 @@ void BindKeys(py::module_& m) {
       .def_readwrite("pp_size", &NamespaceDescriptor::pp_size)
       .def_readwrite("kv_format_version", &NamespaceDescriptor::kv_format_version)
       .def_readwrite("object_kind", &NamespaceDescriptor::object_kind)
-      .def("validate", [](const NamespaceDescriptor& d) { ThrowIfError(d.Validate()); },
-           "Raises InvalidArgumentError naming the first bad field.")
+      .def(
+          "validate", [](const NamespaceDescriptor& d) { ThrowIfError(d.Validate()); },
+          "Raises InvalidArgumentError naming the first bad field.")
       .def_property_readonly("block_bytes", &NamespaceDescriptor::BlockBytes)
       .def_property_readonly("layer_bytes", &NamespaceDescriptor::LayerBytes)
-      .def("canonical_bytes", [](const NamespaceDescriptor& d) {
-        ThrowIfError(d.Validate());
-        std::vector<uint8_t> b = CanonicalNamespaceBytes(d);
-        return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
-      })
-      .def("fingerprint", [](const NamespaceDescriptor& d) {
-        ThrowIfError(d.Validate());
-        return FingerprintNamespace(d);
-      })
+      .def("canonical_bytes",
+           [](const NamespaceDescriptor& d) {
+             ThrowIfError(d.Validate());
+             std::vector<uint8_t> b = CanonicalNamespaceBytes(d);
+             return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+           })
+      .def("fingerprint",
+           [](const NamespaceDescriptor& d) {
+             ThrowIfError(d.Validate());
+             return FingerprintNamespace(d);
+           })
       .def("__repr__", [](const NamespaceDescriptor& d) {
         return "Namespace(model_id='" + d.model_id + "', model_revision='" + d.model_revision + "', object_kind='" +
                d.object_kind + "', block_tokens=" + std::to_string(d.block_tokens) +
@@ -176,8 +184,7 @@ void BindKeys(py::module_& m) {
       .def_property_readonly("block_tokens", &ChainHasher::block_tokens)
       .def(
           "keys",
-          [](const ChainHasher& h, const py::object& tokens, const py::object& cache_salt,
-             const py::object& extras) {
+          [](const ChainHasher& h, const py::object& tokens, const py::object& cache_salt, const py::object& extras) {
             std::vector<uint32_t> t = ToTokens(tokens);
             ChainExtras e = ToExtras(cache_salt, extras);
             py::gil_scoped_release unlocked;
@@ -211,8 +218,9 @@ void BindKeys(py::module_& m) {
   m.def(
       "external_key",
       [](const BlockKey& fingerprint, const py::object& engine_key) {
-        std::string bytes = py::isinstance<py::str>(engine_key) ? engine_key.cast<std::string>()
-                                                                 : static_cast<std::string>(engine_key.cast<py::bytes>());
+        std::string bytes = py::isinstance<py::str>(engine_key)
+                                ? engine_key.cast<std::string>()
+                                : static_cast<std::string>(engine_key.cast<py::bytes>());
         if (bytes.empty()) throw StatusError(InvalidArgument("empty engine key"));
         return ExternalKey(fingerprint, bytes);
       },
@@ -227,8 +235,8 @@ void BindKeys(py::module_& m) {
         return ChainKey(prev, position, t, e);
       },
       py::arg("prev"), py::arg("position"), py::arg("block_tokens"), py::arg("extras") = py::none(),
-        "One chain link (docs/KEYS.md section 3); `extras` as (ExtraKind, bytes) pairs, the salt "
-        "first for block 0. Not validated (ChainHasher.keys is).");
+      "One chain link (docs/KEYS.md section 3); `extras` as (ExtraKind, bytes) pairs, the salt "
+      "first for block 0. Not validated (ChainHasher.keys is).");
 }
 
 }  // namespace kvtier::python

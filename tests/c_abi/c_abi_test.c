@@ -21,28 +21,27 @@
 static int passed = 0;
 static int failed = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      ++passed;                                                              \
-    } else {                                                                 \
-      ++failed;                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: \"%s\")\n",      \
-              __FILE__, __LINE__, #cond, kvtier_last_error());               \
-    }                                                                        \
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (cond) {                                                                                    \
+      ++passed;                                                                                    \
+    } else {                                                                                       \
+      ++failed;                                                                                    \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: \"%s\")\n", __FILE__, __LINE__, #cond, \
+              kvtier_last_error());                                                                \
+    }                                                                                              \
   } while (0)
 
-#define CHECK_CODE(expr, want)                                               \
-  do {                                                                       \
-    int got_ = (expr);                                                       \
-    if (got_ == (want)) {                                                    \
-      ++passed;                                                              \
-    } else {                                                                 \
-      ++failed;                                                              \
-      fprintf(stderr, "%s:%d: %s returned %s, want %s (last error: \"%s\")\n", \
-              __FILE__, __LINE__, #expr, kvtier_status_name(got_),           \
-              kvtier_status_name(want), kvtier_last_error());                \
-    }                                                                        \
+#define CHECK_CODE(expr, want)                                                                            \
+  do {                                                                                                    \
+    int got_ = (expr);                                                                                    \
+    if (got_ == (want)) {                                                                                 \
+      ++passed;                                                                                           \
+    } else {                                                                                              \
+      ++failed;                                                                                           \
+      fprintf(stderr, "%s:%d: %s returned %s, want %s (last error: \"%s\")\n", __FILE__, __LINE__, #expr, \
+              kvtier_status_name(got_), kvtier_status_name(want), kvtier_last_error());                   \
+    }                                                                                                     \
   } while (0)
 
 enum { kBlockTokens = 16, kBlocks = 4, kBlockBytes = 64 * 1024 };
@@ -84,13 +83,11 @@ static void FillBlock(uint8_t* buf, size_t len, kvtier_key key, uint64_t index) 
 
 /* 1 if `got` (got_len bytes) is exactly the `want_len`-byte block `index` of
  * `key` (want_len <= kMiB). */
-static int SizedBlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index,
-                             size_t want_len) {
+static int SizedBlockMatches(const void* got, size_t got_len, kvtier_key key, uint64_t index, size_t want_len) {
   static uint8_t want[kMiB];
   size_t i;
   if (got_len != want_len) {
-    fprintf(stderr, "block %llu: length %zu, want %zu\n", (unsigned long long)index, got_len,
-            want_len);
+    fprintf(stderr, "block %llu: length %zu, want %zu\n", (unsigned long long)index, got_len, want_len);
     return 0;
   }
   FillBlock(want, want_len, key, index);
@@ -147,8 +144,10 @@ static int WriteConfig(Daemon* d) {
     perror("fopen");
     return 0;
   }
-  fprintf(f, "[server]\nsocket_path = \"%s\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
-             "lock_memory = \"off\"\n[metrics]\nport = 0\n", d->socket);
+  fprintf(f,
+          "[server]\nsocket_path = \"%s\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
+          "lock_memory = \"off\"\n[metrics]\nport = 0\n",
+          d->socket);
   return fclose(f) == 0;
 }
 
@@ -181,8 +180,7 @@ static kvtier_client* ConnectWhenUp(Daemon* d, const kvtier_namespace* ns, size_
     }
     SleepMs(50);
   }
-  fprintf(stderr, "kvtierd not reachable after 10 s: %s: %s\n", kvtier_status_name(rc),
-          kvtier_last_error());
+  fprintf(stderr, "kvtierd not reachable after 10 s: %s: %s\n", kvtier_status_name(rc), kvtier_last_error());
   return NULL;
 }
 
@@ -218,12 +216,10 @@ static void TestKeysOffline(const kvtier_namespace* ns) {
   char hex[33];
   for (i = 0; i < sizeof tokens / sizeof tokens[0]; ++i) tokens[i] = (uint32_t)(1000 + i);
 
-  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, 2, &count),
-             KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, 2, &count), KVTIER_INVALID_ARGUMENT);
   CHECK(count == kBlocks);
   CHECK(strlen(kvtier_last_error()) > 0);
-  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, kBlocks, &count),
-             KVTIER_OK);
+  CHECK_CODE(kvtier_chain_keys(ns, tokens, kBlocks * kBlockTokens + 5, keys, kBlocks, &count), KVTIER_OK);
   CHECK(count == kBlocks);
   CHECK(strcmp(kvtier_last_error(), "") == 0);
 
@@ -272,8 +268,7 @@ static void TestKeysV2(const kvtier_namespace* ns) {
   CHECK(count == 3);
   CHECK_CODE(kvtier_key_to_hex(plain[0], hex), KVTIER_OK);
   CHECK(strcmp(hex, "613a89fd907ba88074b75707c399af33") == 0);
-  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, strlen(kSaltA), kT12, 12, salted, 3, &count),
-             KVTIER_OK);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, strlen(kSaltA), kT12, 12, salted, 3, &count), KVTIER_OK);
   CHECK(count == 3);
   CHECK_CODE(kvtier_key_to_hex(salted[0], hex), KVTIER_OK);
   CHECK(strcmp(hex, "0d22f386e960c8c0281eab673d75dd59") == 0);
@@ -291,15 +286,12 @@ static void TestKeysV2(const kvtier_namespace* ns) {
   CHECK(memcmp(other, plain, sizeof plain) == 0);
   CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, 0, kT12, 12, other, 3, &count), KVTIER_OK);
   CHECK(memcmp(other, plain, sizeof plain) == 0);
-  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, NULL, 3, kT12, 12, other, 3, &count),
-             KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, NULL, 3, kT12, 12, other, 3, &count), KVTIER_INVALID_ARGUMENT);
   memset(big_salt, 's', sizeof big_salt);
   CHECK_CODE(kvtier_chain_keys_salted(&v1ns, big_salt, 4096, kT12, 12, other, 3, &count), KVTIER_OK);
-  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, big_salt, 4097, kT12, 12, other, 3, &count),
-             KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, big_salt, 4097, kT12, 12, other, 3, &count), KVTIER_INVALID_ARGUMENT);
   CHECK(strstr(kvtier_last_error(), "cache_salt") != NULL);
-  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, 8, kT12, 12, other, 2, &count),
-             KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_chain_keys_salted(&v1ns, kSaltA, 8, kT12, 12, other, 2, &count), KVTIER_INVALID_ARGUMENT);
   CHECK(count == 3);
 
   /* `ns` leaves the v2 fields zero: the same as spelling out the defaults. */

@@ -100,15 +100,16 @@ class Connection {
         closed_ = true;
         return;
       }
-      const bool whole = length && *length <= max_frame_bytes_ &&
-                         sent_.size() - consumed_ - kFrameHeaderBytes >= *length;
+      const bool whole =
+          length && *length <= max_frame_bytes_ && sent_.size() - consumed_ - kFrameHeaderBytes >= *length;
       if (state == FrameReader::State::kNeedMore) {
         Check(!whole && !(length && *length > max_frame_bytes_), "kNeedMore with a whole frame or an oversized one");
         return;
       }
       Check(whole, "kFrame without a whole frame sent");
       Check(body.size() == *length, "a frame body of another length than announced");
-      Check(std::equal(body.begin(), body.end(), sent_.begin() + static_cast<std::ptrdiff_t>(consumed_ + kFrameHeaderBytes)),
+      Check(std::equal(body.begin(), body.end(),
+                       sent_.begin() + static_cast<std::ptrdiff_t>(consumed_ + kFrameHeaderBytes)),
             "a frame body differs from the bytes sent");
       // Next again, before Consume, returns the same frame.
       std::span<const uint8_t> again;

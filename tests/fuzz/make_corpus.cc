@@ -80,7 +80,7 @@ void WriteRequestSeeds(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   const std::vector<BlockKey> two = Keys(1, 2);
   const uint64_t leases[] = {0, 1};  // the first two granted (request_stream.h)
-  {  // put, lookup, pin, release, erase, abort, an expired reservation
+  {                                  // put, lookup, pin, release, erase, abort, an expired reservation
     Stream s;
     Put(s, 0, two).Add(wire::MakeLookup(0, two)).Add(wire::MakePin(0, two)).Add(wire::MakeRelease(leases));
     s.Add(wire::MakeReserve(0, Keys(7, 1), std::vector<uint64_t>{kBlockBytes})).Add(wire::MakeAbort(0, Keys(7, 1)));
@@ -191,16 +191,26 @@ void WriteFrameSeeds(const std::filesystem::path& dir) {
   Put(s, 0, Keys(1, 2)).Add(wire::MakeLookup(0, Keys(1, 2))).Add(wire::MakeStats()).Add(v1::Request{});
   const std::string frames = s.Encode(0).substr(1);
   Write(dir, "requests_whole.bin", FrameInput(kDefaultMaxFrameBytes, 0).Chunks(0, frames, 4096).bytes());
-  Write(dir, "requests_split.bin", FrameInput(kDefaultMaxFrameBytes, 0).Chunks(0, frames, 7).Chunks(1, frames, 1).bytes());
+  Write(dir, "requests_split.bin",
+        FrameInput(kDefaultMaxFrameBytes, 0).Chunks(0, frames, 7).Chunks(1, frames, 1).bytes());
   // A frame larger than the initial buffer: it grows (within a budget of
   // 64 units of 512 bytes) and shrinks back after.
   const uint32_t large = 3 * 4096;
   Write(dir, "large_frame.bin",
-        FrameInput(kDefaultMaxFrameBytes, 64).Chunks(0, FrameHeader(large), 4).Run(0, large, 'x').Chunks(0, frames, 64).bytes());
+        FrameInput(kDefaultMaxFrameBytes, 64)
+            .Chunks(0, FrameHeader(large), 4)
+            .Run(0, large, 'x')
+            .Chunks(0, frames, 64)
+            .bytes());
   // Two connections' large frames, the second refused growth past 16 units.
-  Write(dir, "budget_refused.bin", FrameInput(kDefaultMaxFrameBytes, 16)
-                                       .Chunks(0, FrameHeader(large), 4).Run(0, 6000, 'a')
-                                       .Chunks(1, FrameHeader(large), 4).Run(1, large, 'b').Run(0, large, 'a').bytes());
+  Write(dir, "budget_refused.bin",
+        FrameInput(kDefaultMaxFrameBytes, 16)
+            .Chunks(0, FrameHeader(large), 4)
+            .Run(0, 6000, 'a')
+            .Chunks(1, FrameHeader(large), 4)
+            .Run(1, large, 'b')
+            .Run(0, large, 'a')
+            .bytes());
   // A frame over a 100-byte cap, after one under it.
   Write(dir, "oversized.bin",
         FrameInput(100, 0).Chunks(0, FrameHeader(3) + "abc" + FrameHeader(101), 5).Run(0, 101, 'z').bytes());

@@ -46,10 +46,9 @@ TEST(PciBusIdTest, NamesADeviceOfThisProcessOrSaysWhyNot) {
   Result<int> count = gpu::DeviceCount();
   if (!count.ok()) {
     EXPECT_EQ(gpu::OrdinalOfPciBusId("0000:3b:00.0").status().code(), StatusCode::kUnavailable);
-    EXPECT_EQ(DevicePoolMapping::OrdinalOf(DevicePoolOffer{std::string(64, '\0'), 1 << 20, "0000:3b:00.0"})
-                  .status()
-                  .code(),
-              StatusCode::kUnavailable);
+    EXPECT_EQ(
+        DevicePoolMapping::OrdinalOf(DevicePoolOffer{std::string(64, '\0'), 1 << 20, "0000:3b:00.0"}).status().code(),
+        StatusCode::kUnavailable);
     GTEST_SKIP() << count.status().message();
   }
   for (int ordinal = 0; ordinal < *count; ++ordinal) {

@@ -58,9 +58,7 @@ class EngineHbmTest : public ::testing::Test {
     ASSERT_TRUE(engine_->EndLoad(kConn, start.load).ok());
     engine_->WaitForIdle();
   }
-  std::span<const std::byte> DeviceBytes(uint64_t offset) {
-    return device_->memory().subspan(offset, kBlockBytes);
-  }
+  std::span<const std::byte> DeviceBytes(uint64_t offset) { return device_->memory().subspan(offset, kBlockBytes); }
   int64_t Counter(const std::string& name) { return ::kvtier::testing::EngineCounters(*engine_)[name]; }
 
   ::kvtier::testing::FakeClock clock_;

@@ -14,10 +14,10 @@
 #include "gpu/device_probe.h"
 
 // Skips the test (with the probe's reason) when no CUDA device is usable.
-#define KVTIER_SKIP_WITHOUT_DEVICE()                                  \
-  do {                                                                \
-    ::kvtier::Result<int> devices = ::kvtier::gpu::DeviceCount();     \
-    if (!devices.ok()) GTEST_SKIP() << devices.status().message();    \
+#define KVTIER_SKIP_WITHOUT_DEVICE()                               \
+  do {                                                             \
+    ::kvtier::Result<int> devices = ::kvtier::gpu::DeviceCount();  \
+    if (!devices.ok()) GTEST_SKIP() << devices.status().message(); \
   } while (0)
 
 namespace kvtier::testing {

@@ -69,7 +69,8 @@ class HbmTierTest : public ::testing::TestWithParam<std::string> {
   Status WriteAndWait(uint64_t i, std::optional<uint64_t> checksum = std::nullopt) {
     const std::vector<std::byte> payload = Payload(i);
     auto done = std::make_shared<Completion<Status>>();
-    Status accepted = tier_->Write(kNs, Key(i), kLayers, payload, [done](Status s) { done->Set(s); }, checksum);
+    Status accepted = tier_->Write(
+        kNs, Key(i), kLayers, payload, [done](Status s) { done->Set(s); }, checksum);
     if (!accepted.ok()) return accepted;
     return done->Get().first;
   }
@@ -167,8 +168,9 @@ TEST_P(HbmTierTest, CountersCarryTheHbmPrefix) {
   ASSERT_FALSE(c.counters().empty());
   // Its own counters, and the tier-independent families labelled with it.
   for (const auto& [name, value] : c.counters()) {
-    EXPECT_TRUE(name.rfind("hbm.", 0) == 0 || (name.rfind("tier.", 0) == 0 &&
-                                               name.find("{tier=\"hbm\"") != std::string::npos)) << name;
+    EXPECT_TRUE(name.rfind("hbm.", 0) == 0 ||
+                (name.rfind("tier.", 0) == 0 && name.find("{tier=\"hbm\"") != std::string::npos))
+        << name;
   }
   EXPECT_EQ(Counter("hbm.blocks"), 1);
   EXPECT_EQ(Counter("hbm.writes"), 1);

@@ -92,17 +92,20 @@ TEST(IpcTest, AChildOpensThePoolAndALayerEventAndWaitsOnIt) {
   ::kvtier::testing::StreamGate gate;  // after the copier: opens before it synchronizes
   ASSERT_EQ(gate.Close((*copier)->stream()), "");
   // Record first, then tell the other process (here: start it).
-  ASSERT_TRUE((*copier)->CopyLayer(0, (*pool)->At(a->offset), (*src)->span().data(), kIpcBytes,
-                                   CopyKind::kHostToDevice)
-                  .ok());
+  ASSERT_TRUE(
+      (*copier)->CopyLayer(0, (*pool)->At(a->offset), (*src)->span().data(), kIpcBytes, CopyKind::kHostToDevice).ok());
   Result<IpcMemHandle> mem = (*pool)->Export();
   Result<IpcEventHandle> event = (*copier)->ExportLayerEvent(0);
   ASSERT_TRUE(mem.ok()) << mem.status().ToString();
   ASSERT_TRUE(event.ok()) << event.status().ToString();
 
-  std::vector<std::string> args = {"kvtier_gpu_tests", "--ipc-child", HandleToHex(mem->bytes),
-                                   HandleToHex(event->bytes), std::to_string((*pool)->capacity_bytes()),
-                                   std::to_string(a->offset), std::to_string(b->offset)};
+  std::vector<std::string> args = {"kvtier_gpu_tests",
+                                   "--ipc-child",
+                                   HandleToHex(mem->bytes),
+                                   HandleToHex(event->bytes),
+                                   std::to_string((*pool)->capacity_bytes()),
+                                   std::to_string(a->offset),
+                                   std::to_string(b->offset)};
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

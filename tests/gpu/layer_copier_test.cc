@@ -57,9 +57,10 @@ TEST_F(LayerCopierTest, ACallerStreamWaitsOnTheGpuForItsLayer) {
   // enqueues its wait and its read of layer 2.
   ASSERT_EQ(gate_.Close(copier_->stream()), "");
   for (uint32_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(copier_->CopyLayer(l, DeviceLayer(l), src_->span().data() + l * kLayerBytes, kLayerBytes,
-                                   CopyKind::kHostToDevice)
-                    .ok());
+    ASSERT_TRUE(
+        copier_
+            ->CopyLayer(l, DeviceLayer(l), src_->span().data() + l * kLayerBytes, kLayerBytes, CopyKind::kHostToDevice)
+            .ok());
   }
   Result<bool> ready = copier_->LayerReady(2);
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
@@ -114,9 +115,9 @@ TEST_F(LayerCopierTest, WaitForStreamOrdersTheNextBatchAfterTheCallersReads) {
   ASSERT_EQ(cudaMemcpyAsync(dst_->span().data(), DeviceLayer(0), kLayerBytes, cudaMemcpyDeviceToHost, caller_),
             cudaSuccess);
   ASSERT_TRUE(copier_->WaitForStream(caller_).ok());
-  ASSERT_TRUE(copier_->CopyLayer(0, DeviceLayer(0), src_->span().data() + 3 * kLayerBytes, kLayerBytes,
-                                 CopyKind::kHostToDevice)
-                  .ok());
+  ASSERT_TRUE(
+      copier_->CopyLayer(0, DeviceLayer(0), src_->span().data() + 3 * kLayerBytes, kLayerBytes, CopyKind::kHostToDevice)
+          .ok());
   EXPECT_FALSE(*copier_->LayerReady(0));
   gate_.Open();
   ASSERT_TRUE(copier_->Synchronize(0).ok());

@@ -36,8 +36,7 @@ TEST(CudaStatusTest, CarriesTheCudaErrorAndAUsefulCode) {
   EXPECT_TRUE(CudaStatus(cudaSuccess, "anything").ok());
   Status oom = CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(1 TiB)");
   EXPECT_EQ(oom.code(), StatusCode::kNoSpace);
-  EXPECT_NE(oom.message().find("cudaMalloc(1 TiB): cudaErrorMemoryAllocation ("), std::string::npos)
-      << oom.message();
+  EXPECT_NE(oom.message().find("cudaMalloc(1 TiB): cudaErrorMemoryAllocation ("), std::string::npos) << oom.message();
   EXPECT_EQ(CudaStatus(cudaErrorInsufficientDriver, "x").code(), StatusCode::kUnavailable);
   EXPECT_EQ(CudaStatus(cudaErrorNoDevice, "x").code(), StatusCode::kUnavailable);
   EXPECT_EQ(CudaStatus(cudaErrorInvalidValue, "x").code(), StatusCode::kInvalidArgument);

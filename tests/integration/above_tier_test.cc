@@ -35,8 +35,11 @@ class AboveTierTest : public ::testing::Test {
   // Stores `key` in the tier above only, as a copy up would.
   void StoreAbove(const BlockKey& key) {
     std::vector<std::byte> bytes = Block(key, descriptor_.BlockBytes());
-    ASSERT_TRUE(above_.Write(FingerprintNamespace(descriptor_), key, descriptor_.layer_count, bytes, [](Status) {}, std::nullopt)
-                    .ok());
+    ASSERT_TRUE(
+        above_
+            .Write(
+                FingerprintNamespace(descriptor_), key, descriptor_.layer_count, bytes, [](Status) {}, std::nullopt)
+            .ok());
   }
 
   NamespaceDescriptor descriptor_ = TestNamespace();

@@ -94,7 +94,8 @@ TEST_F(AdminCliTest, LsShowsEachNamespaceWithItsBlocksPerTier) {
   EXPECT_EQ(json.exit_code, 0) << json.output;
   const std::string fp = FingerprintNamespace(ModelNamespace("org/model", "rev-1")).ToHex();
   EXPECT_NE(json.output.find("{\"fingerprint\":\"" + fp + "\",\"model_id\":\"org/model\",\"model_revision\":\"rev-1\""),
-            std::string::npos) << json.output;
+            std::string::npos)
+      << json.output;
   EXPECT_NE(json.output.find("\"host\":{\"blocks\":3,\"bytes\":196608}"), std::string::npos) << json.output;
 }
 
@@ -123,8 +124,8 @@ TEST_F(AdminCliTest, DropRemovesAModelRevisionFromEveryTierOrOneNamespaceByFinge
 
   CommandResult drop = Kvtier({"drop", "--model", "org/model", "--revision", "rev-1"});
   EXPECT_EQ(drop.exit_code, 0) << drop.output;
-  EXPECT_NE(drop.output.find("dropped " + FingerprintNamespace(r1).ToHex() + " (org/model rev-1):"),
-            std::string::npos) << drop.output;
+  EXPECT_NE(drop.output.find("dropped " + FingerprintNamespace(r1).ToHex() + " (org/model rev-1):"), std::string::npos)
+      << drop.output;
   EXPECT_NE(drop.output.find("dropped " + FingerprintNamespace(r1_lora).ToHex()), std::string::npos) << drop.output;
   EXPECT_EQ(drop.output.find(FingerprintNamespace(r2).ToHex()), std::string::npos) << "rev-2 stays";
   for (NamespaceId ns : {0u, 1u}) {
@@ -233,29 +234,29 @@ TEST_F(AdminCliTest, PinHoldsAPrefixInTheHostTierUntilUnpin) {
   CommandResult unknown = Kvtier({"pin", "--ns", std::string(32, 'f'), "--tokens", tokens_file, "--ttl", "90s"});
   EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
   EXPECT_NE(unknown.output.find("kvtier pin: namespace " + std::string(32, 'f') + " has no known descriptor"),
-            std::string::npos) << unknown.output;
+            std::string::npos)
+      << unknown.output;
   // Bad usage exits 2.
   const std::string key = single.ToHex();
   for (const auto& args : std::vector<std::vector<std::string>>{
-           {"pin", "--key", key, "--ttl", "10m"},                                   // no namespace
-           {"pin", "--ns", prefix, "--ttl", "10m"},                                 // no blocks
-           {"pin", "--ns", prefix, "--key", key},                                   // no TTL
-           {"pin", "--ns", prefix, "--key", key, "--ttl", "10x"},                   // a bad TTL
+           {"pin", "--key", key, "--ttl", "10m"},                  // no namespace
+           {"pin", "--ns", prefix, "--ttl", "10m"},                // no blocks
+           {"pin", "--ns", prefix, "--key", key},                  // no TTL
+           {"pin", "--ns", prefix, "--key", key, "--ttl", "10x"},  // a bad TTL
            {"pin", "--ns", prefix, "--key", key, "--ttl", "0s"},
-           {"pin", "--ns", prefix, "--key", key, "--ttl", "31d"},                   // over 30 days
-           {"pin", "--ns", prefix, "--key", "zz", "--ttl", "10m"},                  // a bad key
+           {"pin", "--ns", prefix, "--key", key, "--ttl", "31d"},                           // over 30 days
+           {"pin", "--ns", prefix, "--key", "zz", "--ttl", "10m"},                          // a bad key
            {"pin", "--ns", prefix, "--key", key, "--tokens", tokens_file, "--ttl", "10m"},  // both
-           {"pin", "--ns", "abc", "--key", key, "--ttl", "10m"},                    // a short prefix
-           {"pin", "--ns", prefix, "--tokens", dir_ + "/none", "--ttl", "10m"},     // no such file
-           {"unpin", "--ns", prefix, "--key", key, "--ttl", "10m"},                 // unpin takes no TTL
+           {"pin", "--ns", "abc", "--key", key, "--ttl", "10m"},                            // a short prefix
+           {"pin", "--ns", prefix, "--tokens", dir_ + "/none", "--ttl", "10m"},             // no such file
+           {"unpin", "--ns", prefix, "--key", key, "--ttl", "10m"},                         // unpin takes no TTL
            {"unpin", "--ns", prefix},
        }) {
     CommandResult r = Kvtier(args);
     EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << ": " << r.output;
   }
-  CommandResult unreachable =
-      RunCommand({KVTIER_TOOL_PATH, "pin", "--ns", prefix, "--key", key, "--ttl", "10m", "--socket",
-                  daemon_->socket_path() + ".none"});
+  CommandResult unreachable = RunCommand({KVTIER_TOOL_PATH, "pin", "--ns", prefix, "--key", key, "--ttl", "10m",
+                                          "--socket", daemon_->socket_path() + ".none"});
   EXPECT_EQ(unreachable.exit_code, 3) << unreachable.output;
   EXPECT_EQ(unreachable.output.rfind("kvtier pin: ", 0), 0u) << unreachable.output;
 }

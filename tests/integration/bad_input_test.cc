@@ -387,8 +387,8 @@ TEST(BadInput, ReleaseOfForeignLeaseIsPermissionDenied) {
 // Child side of ClientKilledBetweenReserveAndCommit: reserves, writes half
 // of each block, reports on `ready_fd`, then waits on `release_fd` until the
 // parent kills it (or dies itself). Returns an exit code only on failure.
-int ReserveThenHang(const ClientOptions& options, const std::vector<BlockKey>& keys,
-                    uint64_t block_bytes, int ready_fd, int release_fd) {
+int ReserveThenHang(const ClientOptions& options, const std::vector<BlockKey>& keys, uint64_t block_bytes, int ready_fd,
+                    int release_fd) {
   auto client = Client::Connect(options);
   if (!client.ok()) return 2;
   std::vector<uint64_t> sizes(keys.size(), block_bytes);
@@ -420,8 +420,8 @@ const bool kIsReserveChild = [] {
   ClientOptions options;
   options.socket_path = socket_path;
   options.namespaces = {TestNamespace()};
-  ::_exit(ReserveThenHang(options, TestKeys(TestNamespace(), 4, kChildKeySeed), kChildBlockBytes,
-                          ready_fd, release_fd));
+  ::_exit(
+      ReserveThenHang(options, TestKeys(TestNamespace(), 4, kChildKeySeed), kChildBlockBytes, ready_fd, release_fd));
 }();
 
 // Kills and reaps a forked child on every exit path of the test.
@@ -443,8 +443,8 @@ TEST(BadInput, ClientKilledBetweenReserveAndCommitLeavesNothingBehind) {
   int ready[2], release[2];
   ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(release), 0);
-  std::string spec = "KVTIER_TEST_CHILD=reserve:" + std::to_string(ready[1]) + ":" +
-                     std::to_string(release[0]) + ":" + daemon.socket_path();
+  std::string spec = "KVTIER_TEST_CHILD=reserve:" + std::to_string(ready[1]) + ":" + std::to_string(release[0]) + ":" +
+                     daemon.socket_path();
   char* child_argv[] = {const_cast<char*>("kvtier_integration_tests"), nullptr};
   char* child_env[] = {spec.data(), nullptr};
   ChildGuard child;
@@ -478,10 +478,10 @@ TEST(BadInput, ClientKilledBetweenReserveAndCommitLeavesNothingBehind) {
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
 
   EXPECT_TRUE(EventuallyTrue([&] {
-    return EngineCounter(daemon, "engine.reserved_blocks") == 0 &&
-           daemon.host().used_bytes() == used_before;
-  })) << "reserved_blocks " << EngineCounter(daemon, "engine.reserved_blocks") << ", used "
-      << daemon.host().used_bytes() << " (baseline " << used_before << ")";
+    return EngineCounter(daemon, "engine.reserved_blocks") == 0 && daemon.host().used_bytes() == used_before;
+  })) << "reserved_blocks "
+      << EngineCounter(daemon, "engine.reserved_blocks") << ", used " << daemon.host().used_bytes() << " (baseline "
+      << used_before << ")";
 
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
@@ -528,9 +528,7 @@ TEST(BadInput, PutIntoArenaFullOfPinnedBlocksFailsPromptlyWithNoSpace) {
   auto views = client->Pin(0, std::span(keys).first(fit));
   for (auto& v : views) ASSERT_TRUE(v.ok()) << v.status().ToString();
 
-  auto extra = std::async(std::launch::async, [&] {
-    return client->Put(0, keys[fit], Block(keys[fit], kBlockBytes));
-  });
+  auto extra = std::async(std::launch::async, [&] { return client->Put(0, keys[fit], Block(keys[fit], kBlockBytes)); });
   Status full = GetOrDie(extra, std::chrono::seconds(10), "Put into a pinned-full arena");
   EXPECT_TRUE(HasCode(full, StatusCode::kNoSpace));
   EXPECT_THAT(full.message(), HasSubstr("pinned"));

@@ -18,9 +18,9 @@ TEST(BenchRemote, MeasuresTheTierBesideRedisBenchmarkOnAPrivateCluster) {
   if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
   if (::access("/usr/bin/redis-benchmark", X_OK) != 0) GTEST_SKIP() << "redis-benchmark is not installed";
   const std::string dir = MakeTempDir();
-  const CommandResult run = RunCommand({KVTIER_TOOL_PATH, "bench", "remote", "--rounds", "1", "--block-bytes",
-                                        "1048576", "--bytes-per-case", "16777216", "--node-memory", "256mb",
-                                        "--json", dir + "/out.json"});
+  const CommandResult run =
+      RunCommand({KVTIER_TOOL_PATH, "bench", "remote", "--rounds", "1", "--block-bytes", "1048576", "--bytes-per-case",
+                  "16777216", "--node-memory", "256mb", "--json", dir + "/out.json"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("1 MiB"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("n/a"), std::string::npos) << "every ratio measured: " << run.output;

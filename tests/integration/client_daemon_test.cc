@@ -276,7 +276,10 @@ TEST(ClientDaemon, EightConcurrentClientsNeverSeeWrongBytes) {
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
       auto client = Client::Connect(daemon.Options());
-      if (!client.ok()) { failures++; return; }
+      if (!client.ok()) {
+        failures++;
+        return;
+      }
       std::mt19937 rng(seed + c);
       std::vector<std::byte> dst(1 << 20);
       for (int op = 0; op < kOpsPerClient; ++op) {

@@ -136,7 +136,10 @@ size_t LargestBatch(size_t keys, uint32_t max_frame_bytes, RequestBytes request_
   size_t lo = 0, hi = keys;  // request_bytes(lo) fits; find the last that does
   while (lo < hi) {
     const size_t mid = lo + (hi - lo + 1) / 2;
-    if (request_bytes(mid) + 10 <= max_frame_bytes) lo = mid; else hi = mid - 1;
+    if (request_bytes(mid) + 10 <= max_frame_bytes)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }

@@ -118,7 +118,8 @@ TEST(DaemonTrustTest, AnImpostorListenerOfAnotherUserNeverSeesAByte) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listener, 4) != 0) ::_exit(3);
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listener, 4) != 0)
+      ::_exit(3);
     char one = 1;
     (void)!::write(ready[1], &one, 1);
     const int conn = ::accept(listener, nullptr, nullptr);
@@ -155,7 +156,8 @@ TEST(DaemonTrustTest, KvtierdRefusesToStartInADirectoryOthersMayWrite) {
   const std::string dir = pattern;
   ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
   const std::string config = dir + "/kvtierd.toml";
-  std::ofstream(config) << "[server]\nsocket_path = \"" << dir << "/kvtierd.sock\"\n[host]\ncapacity_bytes = \"64MiB\"\n";
+  std::ofstream(config) << "[server]\nsocket_path = \"" << dir
+                        << "/kvtierd.sock\"\n[host]\ncapacity_bytes = \"64MiB\"\n";
   auto result = testing::RunCommand({KVTIERD_PATH, "--config", config});
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("server.trust_shared_directories"), std::string::npos) << result.output;

@@ -324,7 +324,7 @@ TEST(Directory, ConcurrentClientsNeverCopyWrongBytes) {
   const uint32_t seed = static_cast<uint32_t>(std::random_device{}());
   SCOPED_TRACE("seed " + std::to_string(seed));
   const auto keys = TestKeys(TestNamespace(), 64, 108);  // ~15 MiB in all: about twice the arena
-  std::vector<std::vector<std::byte>> expected;             // FillBlockBytes(key, 0) of the key's size
+  std::vector<std::vector<std::byte>> expected;          // FillBlockBytes(key, 0) of the key's size
   for (const auto& k : keys) expected.push_back(Block(k, 4096 + (k.lo % 8) * (64 << 10) + k.hi % 61));
   std::atomic<int> wrong{0}, errors{0}, hits{0};
   auto check = [&](size_t index, const Result<size_t>& r, std::span<const std::byte> dst) {
@@ -420,8 +420,8 @@ void ExpectServesNothingFromADeadDaemon(Client& client, std::span<const BlockKey
     auto r = client.Lookup(0, keys);
     return r.ok() ? Status::Ok() : r.status();
   });
-  EXPECT_EQ(lookup.code(), StatusCode::kUnavailable) << "lookups kept answering from a dead daemon's directory: "
-                                                     << lookup.ToString();
+  EXPECT_EQ(lookup.code(), StatusCode::kUnavailable)
+      << "lookups kept answering from a dead daemon's directory: " << lookup.ToString();
   std::vector<std::byte> dst(size);
   for (int i = 0; i < 3; ++i) {  // and it stays that way
     EXPECT_EQ(client.Lookup(0, keys).status().code(), StatusCode::kUnavailable);
@@ -476,7 +476,7 @@ TEST(Directory, MissesGoToTheDaemonWhenThereIsALowerTier) {
     TestDaemon daemon(options);
     auto client = daemon.Connect();
     ASSERT_NE(client, nullptr);
-    constexpr size_t kBlockBytes = 64 << 10;  // a whole block of TestNamespace()
+    constexpr size_t kBlockBytes = 64 << 10;               // a whole block of TestNamespace()
     const auto keys = TestKeys(TestNamespace(), 80, 111);  // 5 MiB: the first ones are demoted
     for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, kBlockBytes)).ok());
     daemon.engine().WaitForIdle();

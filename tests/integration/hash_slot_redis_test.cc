@@ -22,10 +22,27 @@ namespace {
 TEST(HashSlotRedis, EveryKeyLandsWhereRedisServerPutsIt) {
   const std::string dir = MakeTempDir();
   const std::string port = std::to_string(FreeLoopbackPort());
-  const CommandResult started = RunCommand(
-      {"/usr/bin/redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-       "--cluster-config-file", dir + "/nodes.conf", "--dir", dir, "--save", "", "--appendonly", "no",
-       "--daemonize", "yes", "--pidfile", dir + "/redis.pid", "--logfile", dir + "/redis.log"});
+  const CommandResult started = RunCommand({"/usr/bin/redis-server",
+                                            "--port",
+                                            port,
+                                            "--bind",
+                                            "127.0.0.1",
+                                            "--cluster-enabled",
+                                            "yes",
+                                            "--cluster-config-file",
+                                            dir + "/nodes.conf",
+                                            "--dir",
+                                            dir,
+                                            "--save",
+                                            "",
+                                            "--appendonly",
+                                            "no",
+                                            "--daemonize",
+                                            "yes",
+                                            "--pidfile",
+                                            dir + "/redis.pid",
+                                            "--logfile",
+                                            dir + "/redis.log"});
   ASSERT_EQ(started.exit_code, 0) << started.output;
   bool up = false;
   for (int i = 0; i < 100 && !up; ++i) {
@@ -51,7 +68,8 @@ TEST(HashSlotRedis, EveryKeyLandsWhereRedisServerPutsIt) {
     for (const auto& k : keys) script += "CLUSTER KEYSLOT \"" + k + "\"\n";
     return script;
   }();
-  const CommandResult slots = RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " + port + " < " + dir + "/commands"});
+  const CommandResult slots =
+      RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " + port + " < " + dir + "/commands"});
   RunCommand({"/usr/bin/redis-cli", "-p", port, "shutdown", "nosave"});
   ASSERT_EQ(slots.exit_code, 0) << slots.output;
   std::istringstream answers(slots.output);

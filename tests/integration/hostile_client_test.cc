@@ -183,7 +183,8 @@ TEST(HostileClient, LeasesPerConnectionAreCapped) {
     if (i < 8) leases.push_back(block.lease());
   }
   // Released leases make room again; unheld ones make none.
-  auto released = RoundTrip(greedy, WithId(3, wire::MakeRelease(std::vector<LeaseId>{leases[0], leases[0] + (1u << 20)})));
+  auto released =
+      RoundTrip(greedy, WithId(3, wire::MakeRelease(std::vector<LeaseId>{leases[0], leases[0] + (1u << 20)})));
   ASSERT_TRUE(released.ok());
   EXPECT_TRUE(HasCode(released->release().statuses(0), StatusCode::kOk));
   EXPECT_TRUE(HasCode(released->release().statuses(1), StatusCode::kNotFound));
@@ -220,7 +221,8 @@ TEST(HostileClient, AnswersAPeerDoesNotReadCountAsItsClientMemory) {
   ASSERT_TRUE(reserved.ok() && HasCode(reserved->reserve().slots(0).status(), StatusCode::kOk));
   v1::Request commit = CommitReq(3, 0, std::span(&key, 1), {ns.BlockBytes()});
   commit.mutable_commit()->add_checksums(0x1234);
-  for (uint32_t layer = 0; layer < ns.layer_count; ++layer) commit.mutable_commit()->add_layer_checksums(0xabcdef0123456789 + layer);
+  for (uint32_t layer = 0; layer < ns.layer_count; ++layer)
+    commit.mutable_commit()->add_layer_checksums(0xabcdef0123456789 + layer);
   auto committed = RoundTrip(writer, commit);
   ASSERT_TRUE(committed.ok() && HasCode(committed->commit().statuses(0), StatusCode::kOk));
 
@@ -230,7 +232,7 @@ TEST(HostileClient, AnswersAPeerDoesNotReadCountAsItsClientMemory) {
   const std::vector<BlockKey> same(1000, key);
   v1::Request pin = PinReq(2, 0, same);
   pin.mutable_pin()->set_last_layer(ns.layer_count);  // a layer read: its answer names each layer's checksum
-  ASSERT_TRUE(greedy.SendFrame(pin).ok());  // never read while we look
+  ASSERT_TRUE(greedy.SendFrame(pin).ok());            // never read while we look
   // The answer waits in kvtierd for the peer to read it, charged to the
   // connection's party: what it holds passes the answer's size.
   const int64_t answer_bytes = 1000 * 512 * 8;
@@ -440,7 +442,8 @@ TEST(HostileClient, AcceptAtTheDescriptorLimitBacksOffAndKeepsServing) {
   std::stringstream text;
   text << log.rdbuf();
   size_t lines = 0;
-  for (size_t p = text.str().find("accept failed"); p != std::string::npos; p = text.str().find("accept failed", p + 1)) {
+  for (size_t p = text.str().find("accept failed"); p != std::string::npos;
+       p = text.str().find("accept failed", p + 1)) {
     ++lines;
   }
   EXPECT_GT(lines, 0u);
@@ -515,9 +518,9 @@ TEST(HostileClient, OutOfRangeLayersSizesAndPlansAreRefused) {
     pin.mutable_pin()->set_last_layer(last);
     auto answer = RoundTrip(raw, pin);
     ASSERT_TRUE(answer.ok()) << answer.status().ToString();
-    const bool refused = HasCode(answer->status(), StatusCode::kInvalidArgument) ||
-                         (answer->pin().blocks_size() == 1 &&
-                          HasCode(answer->pin().blocks(0).status(), StatusCode::kInvalidArgument));
+    const bool refused =
+        HasCode(answer->status(), StatusCode::kInvalidArgument) ||
+        (answer->pin().blocks_size() == 1 && HasCode(answer->pin().blocks(0).status(), StatusCode::kInvalidArgument));
     EXPECT_TRUE(refused) << "layers [" << first << ", " << last << "): " << answer->ShortDebugString();
   }
 

@@ -48,12 +48,15 @@ std::unique_ptr<ClusterClient> Cluster(std::vector<std::string> seeds, std::vect
 }
 
 Result<RespReply> RunGet(ClusterClient& client, const std::string& key) {
-  return client.Run(key, [&key](RedisConnection& c) -> Result<RespReply> {
-    const RespArg args[] = {{"GET"}, {key}};
-    c.Append(args);
-    if (Status s = c.Flush(Soon()); !s.ok()) return s;
-    return c.ReadReply(Soon());
-  }, Soon());
+  return client.Run(
+      key,
+      [&key](RedisConnection& c) -> Result<RespReply> {
+        const RespArg args[] = {{"GET"}, {key}};
+        c.Append(args);
+        if (Status s = c.Flush(Soon()); !s.ok()) return s;
+        return c.ReadReply(Soon());
+      },
+      Soon());
 }
 
 // The text of a served GET, or the error's.
@@ -101,8 +104,10 @@ std::string Map(const std::vector<std::string>& ranges) {
 // the seed answers to CLUSTER SLOTS can be changed to a hostile map.
 class TwoNodeCluster {
  public:
-  TwoNodeCluster() { SetMap(Map({Range(0, 8191, {Node("127.0.0.1", low_.port())}),
-                                 Range(8192, 16383, {Node("127.0.0.1", high_.port())})})); }
+  TwoNodeCluster() {
+    SetMap(
+        Map({Range(0, 8191, {Node("127.0.0.1", low_.port())}), Range(8192, 16383, {Node("127.0.0.1", high_.port())})}));
+  }
   void SetMap(std::string reply) {
     std::lock_guard lock(mu_);
     map_ = std::move(reply);
@@ -294,8 +299,8 @@ TEST(HostileRedisTest, AHostNameIsCheckedAtTheAddressItResolvesTo) {
   FakeRedis seed([&](const Command& c) {
     if (c[0] == "AUTH") return Say("+OK\r\n");
     if (c[0] == "CLUSTER") return Say("-ERR This instance has cluster support disabled\r\n");
-    if (c[1] == "away") return Say("-MOVED " + std::to_string(HashSlot(c[1])) + " localhost:" +
-                                   std::to_string(named.port()) + "\r\n");
+    if (c[1] == "away")
+      return Say("-MOVED " + std::to_string(HashSlot(c[1])) + " localhost:" + std::to_string(named.port()) + "\r\n");
     return Say("+seed\r\n");
   });
   auto client = Cluster({seed.address()}, {"10.0.0.0/8"});
@@ -309,8 +314,8 @@ TEST(HostileRedisTest, AHostNameIsCheckedAtTheAddressItResolvesTo) {
 }
 
 TEST(HostileRedisTest, NetworksMustBeNetworks) {
-  for (const char* bad : {"10.0.0.0/33", "fd00::/129", "10.0.0.0/", "/8", "10.0.0/8", "nonsense", "10.0.0.0/8x",
-                          "10.0.0.0/-1"}) {
+  for (const char* bad :
+       {"10.0.0.0/33", "fd00::/129", "10.0.0.0/", "/8", "10.0.0/8", "nonsense", "10.0.0.0/8x", "10.0.0.0/-1"}) {
     ClusterOptions options;
     options.seeds = {"127.0.0.1:7000"};
     options.networks = {bad};

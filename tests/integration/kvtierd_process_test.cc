@@ -18,8 +18,8 @@ constexpr const char* kSmallArena = "[host]\ncapacity_bytes = \"64MiB\"\nlock_me
 TEST(KvtierdProcess, HelpListsEveryOption) {
   CommandResult r = RunCommand({KVTIERD_PATH, "--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* option : {"server.socket_path", "server.max_frame_bytes", "host.capacity_bytes",
-                             "host.lock_memory", "engine.eviction", "log.level", "--config"}) {
+  for (const char* option : {"server.socket_path", "server.max_frame_bytes", "host.capacity_bytes", "host.lock_memory",
+                             "engine.eviction", "log.level", "--config"}) {
     EXPECT_NE(r.output.find(option), std::string::npos) << option << " missing from --help";
   }
 }
@@ -60,9 +60,10 @@ TEST(KvtierdProcess, TheDefaultHostTierIsSizedToTheMachine) {
   std::stringstream log;
   log << in.rdbuf();
   EXPECT_NE(log.str().find("host.capacity_bytes = 0 (auto): 256 MiB of this machine's 1024 MiB (800 MiB available)"),
-            std::string::npos) << log.str();
-  CommandResult got = RunCommand({KVTIER_TOOL_PATH, "config", "get", "host.capacity_bytes", "--socket",
-                                  daemon.socket_path()});
+            std::string::npos)
+      << log.str();
+  CommandResult got =
+      RunCommand({KVTIER_TOOL_PATH, "config", "get", "host.capacity_bytes", "--socket", daemon.socket_path()});
   ASSERT_EQ(got.exit_code, 0) << got.output;
   EXPECT_EQ(got.output, std::to_string(256 << 20) + "\n");
   RemoveTree(dir);

@@ -13,8 +13,8 @@
 namespace kvtier::testing {
 namespace {
 
-constexpr uint32_t kLayers = 4;              // TestNamespace
-constexpr uint64_t kBlock = 64 * 1024;        // its whole block
+constexpr uint32_t kLayers = 4;         // TestNamespace
+constexpr uint64_t kBlock = 64 * 1024;  // its whole block
 constexpr uint64_t kLayerBytes = kBlock / kLayers;
 
 // Layer `layer` of the block Put stored for `key`.

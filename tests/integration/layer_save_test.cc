@@ -15,7 +15,7 @@
 namespace kvtier::testing {
 namespace {
 
-constexpr uint32_t kLayers = 4;            // TestNamespace
+constexpr uint32_t kLayers = 4;              // TestNamespace
 constexpr uint64_t kLayerBytes = 16 * 1024;  // 16 tokens x 1 KiB per token and layer
 
 std::vector<std::byte> LayerBytes(size_t block, uint32_t layer) {

@@ -34,8 +34,7 @@ namespace kvtier::testing {
 namespace {
 
 // Small arena, no locking, metrics on any free port: tests run side by side.
-constexpr const char* kSmallDaemon =
-    "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n[metrics]\nport = 0\n";
+constexpr const char* kSmallDaemon = "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n[metrics]\nport = 0\n";
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -85,8 +84,8 @@ class NotifySocket {
   bool WaitFor(const std::string& needle, int timeout_ms, std::vector<std::string>* seen = nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
-      const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now()).count());
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
       std::string message = Receive(std::max(left, 1));
       if (seen != nullptr && !message.empty()) seen->push_back(message);
       if (message.find(needle) != std::string::npos) return true;
@@ -105,7 +104,8 @@ class Child {
  public:
   Child(const std::string& dir, const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
         const std::function<void()>& before_exec = {})
-      : out_path_(dir + "/stdout." + std::to_string(++started_)), err_path_(dir + "/stderr." + std::to_string(started_)) {
+      : out_path_(dir + "/stdout." + std::to_string(++started_)),
+        err_path_(dir + "/stderr." + std::to_string(started_)) {
     const int out = ::open(out_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
     const int err = ::open(err_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
     std::vector<char*> args;
@@ -214,8 +214,7 @@ TEST(Lifecycle, NotifiesReadyWatchdogReloadAndStopping) {
   WriteFile(config, "[server]\nsocket_path = \"" + socket + "\"\n" + kSmallDaemon);
   NotifySocket notify(dir + "/notify");
   {
-    Child daemon(dir, {KVTIERD_PATH, "--config", config},
-                 {"NOTIFY_SOCKET=" + notify.path(), "WATCHDOG_USEC=200000"});
+    Child daemon(dir, {KVTIERD_PATH, "--config", config}, {"NOTIFY_SOCKET=" + notify.path(), "WATCHDOG_USEC=200000"});
     const std::string first = notify.Receive(10000);
     EXPECT_NE(first.find("READY=1"), std::string::npos) << "first notification: " << first;
     EXPECT_NE(first.find("STATUS="), std::string::npos) << first;
@@ -325,7 +324,9 @@ TEST(Lifecycle, AConfigReplacedByAFifoIsRefusedAndSigtermStillStops) {
 // quotes a key made of a quote, a backslash and a control character (and
 // JsonLogRecord itself: invalid UTF-8 becomes \ufffd).
 TEST(Lifecycle, JsonLogFormatWritesOneObjectPerLine) {
-  std::string record = JsonLogRecord(spdlog::level::warn, "a\"b\\c\nd\x01" "e\xff \xc3\xa9",
+  std::string record = JsonLogRecord(spdlog::level::warn,
+                                     "a\"b\\c\nd\x01"
+                                     "e\xff \xc3\xa9",
                                      std::chrono::system_clock::time_point(std::chrono::seconds(0)), 7);
   EXPECT_EQ(record,
             "{\"time\":\"1970-01-01T00:00:00.000000Z\",\"level\":\"warning\",\"thread\":7,"
@@ -352,19 +353,19 @@ TEST(Lifecycle, JsonLogFormatWritesOneObjectPerLine) {
   const std::string lines_path = dir + "/all.log";
   WriteFile(lines_path, all);
   // Python's json module is the judge; a line that does not parse fails.
-  CommandResult check = RunCommand(
-      {"/usr/bin/python3", "-c",
-       "import json,sys\n"
-       "found = False\n"
-       "for n, line in enumerate(open(sys.argv[1], 'rb').read().split(b'\\n')):\n"
-       "    if not line: continue\n"
-       "    o = json.loads(line.decode('utf-8'))\n"
-       "    assert isinstance(o, dict) and {'time', 'level', 'message'} <= o.keys(), (n, line)\n"
-       "    assert o['time'].endswith('Z') and 'T' in o['time'], o['time']\n"
-       "    found = found or 'q\"b\\\\c\\x01d' in o['message']\n"
-       "assert found, 'the odd key did not come back intact'\n"
-       "print('ok')\n",
-       lines_path});
+  CommandResult check =
+      RunCommand({"/usr/bin/python3", "-c",
+                  "import json,sys\n"
+                  "found = False\n"
+                  "for n, line in enumerate(open(sys.argv[1], 'rb').read().split(b'\\n')):\n"
+                  "    if not line: continue\n"
+                  "    o = json.loads(line.decode('utf-8'))\n"
+                  "    assert isinstance(o, dict) and {'time', 'level', 'message'} <= o.keys(), (n, line)\n"
+                  "    assert o['time'].endswith('Z') and 'T' in o['time'], o['time']\n"
+                  "    found = found or 'q\"b\\\\c\\x01d' in o['message']\n"
+                  "assert found, 'the odd key did not come back intact'\n"
+                  "print('ok')\n",
+                  lines_path});
   EXPECT_EQ(check.exit_code, 0) << check.output << "\n" << all;
   EXPECT_NE(check.output.find("ok"), std::string::npos) << check.output;
   RemoveTree(dir);
@@ -414,7 +415,9 @@ TEST(Lifecycle, SigtermThenRestartKeepsTheNvmeTier) {
   const std::string config = dir + "/kvtierd.toml";
   WriteFile(config, "[server]\nsocket_path = \"" + socket +
                         "\"\n[host]\ncapacity_bytes = \"4MiB\"\nlock_memory = \"off\"\n[metrics]\nport = 0\n"
-                        "[nvme]\npath = \"" + dir + "/tier.dat\"\ncapacity_bytes = \"48MiB\"\n"
+                        "[nvme]\npath = \"" +
+                        dir +
+                        "/tier.dat\"\ncapacity_bytes = \"48MiB\"\n"
                         "region_bytes = \"4MiB\"\nstaging_bytes = \"16MiB\"\ndirect_io = false\nadmission = \"all\"\n");
   const auto keys = TestKeys(TestNamespace(), 200, 31);
   constexpr size_t kBlockBytes = 64 << 10;  // TestNamespace's whole block
@@ -488,8 +491,8 @@ TEST(Lifecycle, StartUpFailuresSayWhyInOneLine) {
   }
   {
     const std::string bad_group = dir + "/bad_group.toml";
-    WriteFile(bad_group, "[server]\nsocket_path = \"" + dir + "/g.sock\"\nsocket_group = \"no-such-group-kvt\"\n" +
-                             kSmallDaemon);
+    WriteFile(bad_group,
+              "[server]\nsocket_path = \"" + dir + "/g.sock\"\nsocket_group = \"no-such-group-kvt\"\n" + kSmallDaemon);
     Child child(dir, {KVTIERD_PATH, "--config", bad_group});
     ExpectOneLineFailure(child, "no group named 'no-such-group-kvt'");
   }
@@ -498,14 +501,15 @@ TEST(Lifecycle, StartUpFailuresSayWhyInOneLine) {
   {
     // Without CAP_IPC_LOCK and with a 1 MiB RLIMIT_MEMLOCK, a required lock of 64 MiB fails.
     const std::string locked = dir + "/locked.toml";
-    WriteFile(locked, "[server]\nsocket_path = \"" + dir + "/l.sock\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
-                      "lock_memory = \"required\"\n[metrics]\nport = 0\n");
-    Child child(dir, {"/usr/bin/setpriv", "--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock", KVTIERD_PATH,
-                      "--config", locked},
-                {}, [] {
-                  rlimit limit{1 << 20, 1 << 20};
-                  ::setrlimit(RLIMIT_MEMLOCK, &limit);
-                });
+    WriteFile(locked, "[server]\nsocket_path = \"" + dir +
+                          "/l.sock\"\n[host]\ncapacity_bytes = \"64MiB\"\n"
+                          "lock_memory = \"required\"\n[metrics]\nport = 0\n");
+    Child child(
+        dir, {"/usr/bin/setpriv", "--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock", KVTIERD_PATH, "--config", locked},
+        {}, [] {
+          rlimit limit{1 << 20, 1 << 20};
+          ::setrlimit(RLIMIT_MEMLOCK, &limit);
+        });
     ExpectOneLineFailure(child, "RLIMIT_MEMLOCK");
   }
 #endif
@@ -514,11 +518,12 @@ TEST(Lifecycle, StartUpFailuresSayWhyInOneLine) {
     const std::string full = dir + "/full";
     ASSERT_EQ(::mkdir(full.c_str(), 0755), 0);
     const std::string no_space = dir + "/no_space.toml";
-    WriteFile(no_space, "[server]\nsocket_path = \"" + dir + "/n.sock\"\n" + kSmallDaemon + "[nvme]\npath = \"" +
-                            full + "/tier.dat\"\ncapacity_bytes = \"64MiB\"\nregion_bytes = \"4MiB\"\n"
-                            "direct_io = false\nindex_path = \"" + dir + "/index\"\n");
-    CommandResult can_mount = RunCommand({"/usr/bin/unshare", "--mount", "/bin/sh", "-c",
-                                          "mount -t tmpfs -o size=16m,mode=0755 tmpfs " + full});
+    WriteFile(no_space, "[server]\nsocket_path = \"" + dir + "/n.sock\"\n" + kSmallDaemon + "[nvme]\npath = \"" + full +
+                            "/tier.dat\"\ncapacity_bytes = \"64MiB\"\nregion_bytes = \"4MiB\"\n"
+                            "direct_io = false\nindex_path = \"" +
+                            dir + "/index\"\n");
+    CommandResult can_mount = RunCommand(
+        {"/usr/bin/unshare", "--mount", "/bin/sh", "-c", "mount -t tmpfs -o size=16m,mode=0755 tmpfs " + full});
     if (can_mount.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here: " << can_mount.output;
     Child child(dir, {"/usr/bin/unshare", "--mount", "/bin/sh", "-c",
                       "mount -t tmpfs -o size=16m,mode=0755 tmpfs " + full + " && exec " + KVTIERD_PATH + " --config " +

@@ -104,8 +104,10 @@ class MemoryCgroup {
       return std::nullopt;
     }
     // No swap to spill into (absent without swap accounting: fine).
-    if (cg.v2_) WriteText(cg.File("memory.swap.max"), "0");
-    else WriteText(cg.File("memory.memsw.limit_in_bytes"), limit);
+    if (cg.v2_)
+      WriteText(cg.File("memory.swap.max"), "0");
+    else
+      WriteText(cg.File("memory.memsw.limit_in_bytes"), limit);
     return cg;
   }
 
@@ -126,9 +128,7 @@ class MemoryCgroup {
     ::chmod(path.c_str(), 0755);
     return path;
   }
-  int64_t OomKills() const {
-    return Field(ReadFile(File(v2_ ? "memory.events" : "memory.oom_control")), "oom_kill");
-  }
+  int64_t OomKills() const { return Field(ReadFile(File(v2_ ? "memory.events" : "memory.oom_control")), "oom_kill"); }
 
  private:
   MemoryCgroup() = default;
@@ -172,7 +172,8 @@ TEST(MemoryPressure, SizesPastTheCgroupLimitAreAStartupErrorNotAnOomKill) {
   if (!cgroup) GTEST_SKIP() << why_not;
   const std::string dir = MakeTempDir();
   const std::string config = dir + "/kvtierd.toml";
-  std::ofstream(config) << "[server]\nsocket_path = \"" << dir << "/kvtierd.sock\"\n[host]\ncapacity_bytes = \"512MiB\"\n"
+  std::ofstream(config) << "[server]\nsocket_path = \"" << dir
+                        << "/kvtierd.sock\"\n[host]\ncapacity_bytes = \"512MiB\"\n"
                         << "[metrics]\nport = 0\n";
   const CommandResult run = RunCommand({cgroup->Wrapper(dir, KVTIERD_PATH), "--config", config});
   EXPECT_EQ(run.exit_code, 2) << run.output;
@@ -210,8 +211,9 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
   const std::string dir = MakeTempDir();
   DaemonProcess daemon(cgroup->Wrapper(dir, KVTIERD_PATH),
                        "partial_frame_bytes = \"16MiB\"\nframe_timeout_ms = 60000\n",
-                       "[host]\ncapacity_bytes = \"64MiB\"\n[nvme]\npath = \"" + dir + "/nvme\"\n"
-                       "capacity_bytes = \"128MiB\"\nregion_bytes = \"8MiB\"\nstaging_bytes = \"16MiB\"\n");
+                       "[host]\ncapacity_bytes = \"64MiB\"\n[nvme]\npath = \"" + dir +
+                           "/nvme\"\n"
+                           "capacity_bytes = \"128MiB\"\nregion_bytes = \"8MiB\"\nstaging_bytes = \"16MiB\"\n");
   ASSERT_TRUE(daemon.running());
 
   // Parked connections, each announcing 1 MiB and sending 64 KiB: together
@@ -225,9 +227,9 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
 
   const std::string json_path = dir + "/stress.json";
   // 16 chains of 64 blocks of 64 KiB-ish values: about 4x the arena.
-  const CommandResult stress = RunCommand({KVTIER_TOOL_PATH, "stress", "--socket", daemon.socket_path(), "--clients",
-                                           std::to_string(kClients), "--seconds", "4", "--chains", "16",
-                                           "--chain-blocks", "64", "--json", json_path});
+  const CommandResult stress =
+      RunCommand({KVTIER_TOOL_PATH, "stress", "--socket", daemon.socket_path(), "--clients", std::to_string(kClients),
+                  "--seconds", "4", "--chains", "16", "--chain-blocks", "64", "--json", json_path});
   const std::string json = ReadFile(json_path);
   ASSERT_FALSE(json.empty()) << stress.output;
   EXPECT_EQ(stress.exit_code, 0) << stress.output << json;
@@ -241,11 +243,12 @@ TEST(MemoryPressure, UnderLoadPutsAreRefusedNothingIsKilledAndMemoryStaysBounded
   const uint64_t peak = PeakResidentBytes(daemon.pid());
   EXPECT_EQ(cgroup->OomKills(), 0);
   EXPECT_LE(peak, bound) << "peak resident " << peak / kMiB << " MiB over the bound of " << bound / kMiB << " MiB";
-  std::printf("memory pressure: peak resident %.1f MiB of the %.1f MiB bound (arena %llu MiB, %llu connections); "
-              "cgroup oom kills %lld\n",
-              static_cast<double>(peak) / kMiB, static_cast<double>(bound) / kMiB,
-              static_cast<unsigned long long>(kArena / kMiB), static_cast<unsigned long long>(connections),
-              static_cast<long long>(cgroup->OomKills()));
+  std::printf(
+      "memory pressure: peak resident %.1f MiB of the %.1f MiB bound (arena %llu MiB, %llu connections); "
+      "cgroup oom kills %lld\n",
+      static_cast<double>(peak) / kMiB, static_cast<double>(bound) / kMiB,
+      static_cast<unsigned long long>(kArena / kMiB), static_cast<unsigned long long>(connections),
+      static_cast<long long>(cgroup->OomKills()));
   EXPECT_EQ(daemon.SignalAndWait(SIGTERM, 20000), 0) << ReadFile(daemon.log_path());
   RemoveTree(dir);
 }

@@ -20,7 +20,9 @@ constexpr size_t kKeysPerCycle = 400;
 
 std::string Config(const std::string& dir) {
   return "[host]\ncapacity_bytes = \"4MiB\"\nlock_memory = \"off\"\n"
-         "[nvme]\npath = \"" + dir + "/tier.dat\"\ncapacity_bytes = \"24MiB\"\nregion_bytes = \"2MiB\"\n"
+         "[nvme]\npath = \"" +
+         dir +
+         "/tier.dat\"\ncapacity_bytes = \"24MiB\"\nregion_bytes = \"2MiB\"\n"
          "admission = \"all\"\n"
          "staging_bytes = \"8MiB\"\n";
 }

@@ -67,7 +67,8 @@ class SharedNvme {
     std::vector<std::byte> out(kBlockBytes);
     auto done = std::make_shared<std::promise<Result<size_t>>>();
     std::future<Result<size_t>> result = done->get_future();
-    Status started = view(tenant).Read(key, 0, kLayers, out, [done](Result<size_t> r) { done->set_value(std::move(r)); });
+    Status started =
+        view(tenant).Read(key, 0, kLayers, out, [done](Result<size_t> r) { done->set_value(std::move(r)); });
     if (!started.ok()) return false;
     Result<size_t> read = result.get();
     return read.ok() && *read == kBlockBytes && CheckBlockBytes(key, salt, out);

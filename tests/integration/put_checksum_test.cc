@@ -190,7 +190,8 @@ TEST(PutChecksum, VerifyingDaemonAcceptsCopyingPuts) {
   auto client = daemon.Connect();
   ASSERT_NE(client, nullptr);
   auto keys = TestKeys(TestNamespace(), 3, 15);
-  std::vector<std::vector<std::byte>> blocks = {Block(keys[0], 3u << 20), Block(keys[1], 777), Block(keys[2], 1u << 20)};
+  std::vector<std::vector<std::byte>> blocks = {Block(keys[0], 3u << 20), Block(keys[1], 777),
+                                                Block(keys[2], 1u << 20)};
   std::vector<std::span<const std::byte>> data(blocks.begin(), blocks.end());
   for (const Status& s : client->PutBatch(0, keys, data)) EXPECT_TRUE(s.ok()) << s.ToString();
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(PinnedChecksum(*client, keys[i]), BlockChecksum(blocks[i]));

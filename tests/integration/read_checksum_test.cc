@@ -28,8 +28,8 @@
 namespace kvtier::testing {
 namespace {
 
-constexpr uint32_t kLayers = 4;          // TestNamespace
-constexpr uint64_t kBlock = 64 * 1024;   // its whole block
+constexpr uint32_t kLayers = 4;         // TestNamespace
+constexpr uint64_t kBlock = 64 * 1024;  // its whole block
 constexpr uint64_t kLayerBytes = kBlock / kLayers;
 
 std::unique_ptr<Client> ConnectWith(const TestDaemon& daemon, bool verify, bool directory) {

@@ -17,9 +17,13 @@ TEST(ReadmeExample, RunsAsWritten) {
   auto kv_bytes = [&](size_t i) { return std::span<const std::byte>(kv[i]); };
 
   // --- as in README.md, with the socket of the test daemon ---
-  kvtier::NamespaceDescriptor ns{.model_id = "meta-llama/Llama-3.1-8B", .model_revision = "0e9e39f",
-      .kv_dtype = "bf16", .block_tokens = 256, .layer_count = 32, .kv_layout = "layer_major_kv",
-      .bytes_per_token_per_layer = 4096};
+  kvtier::NamespaceDescriptor ns{.model_id = "meta-llama/Llama-3.1-8B",
+                                 .model_revision = "0e9e39f",
+                                 .kv_dtype = "bf16",
+                                 .block_tokens = 256,
+                                 .layer_count = 32,
+                                 .kv_layout = "layer_major_kv",
+                                 .bytes_per_token_per_layer = 4096};
   auto hasher = kvtier::ChainHasher::Create(ns).value();
   auto client = kvtier::Client::Connect({.socket_path = daemon.socket_path(), .namespaces = {ns}}).value();
   std::vector<kvtier::BlockKey> keys = hasher.Keys(prompt_tokens);
@@ -31,8 +35,8 @@ TEST(ReadmeExample, RunsAsWritten) {
   const auto expected_start = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   // --- the queue hints, as in README.md ---
   ASSERT_TRUE(client->Enqueue(request_id, 0, keys, expected_start).ok());  // steady_clock time point
-  ASSERT_TRUE(client->Started(request_id).ok());                            // or Finished() if it never ran
-  ASSERT_TRUE(client->CloseSession(conversation_id).ok());                  // its blocks go first from now on
+  ASSERT_TRUE(client->Started(request_id).ok());                           // or Finished() if it never ran
+  ASSERT_TRUE(client->CloseSession(conversation_id).ok());                 // its blocks go first from now on
   // ---
 
   EXPECT_EQ(keys.size(), 3u) << "1000 tokens = 3 full blocks of 256";

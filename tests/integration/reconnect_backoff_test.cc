@@ -62,7 +62,7 @@ TEST_F(ReconnectBackoffTest, AFailedAttemptWaitsItsBackoffOnTheClockThenReconnec
   ASSERT_NE(first, nullptr);
   Reconnector link(options, first, clock_);
   EXPECT_EQ(link.Current(), first) << "the first attempt finds no daemon";
-  StartDaemon();  // back at once: only the backoff keeps the next attempt off
+  StartDaemon();                    // back at once: only the backoff keeps the next attempt off
   clock_.AdvanceUs(500 * kMs - 1);  // the shortest draw of the first backoff, less a microsecond
   EXPECT_EQ(link.Current(), first) << "no attempt before its backoff passed";
   EXPECT_EQ(link.reconnects(), 0u);

@@ -321,9 +321,9 @@ TEST(RedisConnectionTest, ReadBulkIntoSkipsABulkOfAnotherLengthAndStaysInStep) {
   const std::string big = Pattern(200 * 1024);
   FakeRedis server([&](const Command& c) -> FakeRedis::Reply {
     if (c[1] == "short") return Say("$5\r\nhello\r\n");
-    if (c[1] == "big") return FakeRedis::Reply{{"$" + std::to_string(big.size()) + "\r\n" + big.substr(0, 1000),
-                                                big.substr(1000) + "\r\n"},
-                                               3ms};
+    if (c[1] == "big")
+      return FakeRedis::Reply{
+          {"$" + std::to_string(big.size()) + "\r\n" + big.substr(0, 1000), big.substr(1000) + "\r\n"}, 3ms};
     if (c[1] == "nil") return Say("$-1\r\n");
     if (c[1] == "error") return Say("-MOVED 12 127.0.0.1:1\r\n");
     return Say("$3\r\nabc\r\n");
@@ -453,22 +453,22 @@ TEST(RedisConnectionTest, GarbageRepliesAreProtocolErrors) {
   for (int i = 0; i < 100; ++i) too_deep += "*1\r\n";
   too_deep += ":1\r\n";
   const std::vector<std::string> garbage = {
-      "?x\r\n",                       // no such type
-      "\r\n",                         // an empty line
-      ":12x\r\n",                     // a bad integer
-      ":\r\n",                        //
-      "$abc\r\n",                     // a bad length
-      "$-2\r\n",                      //
-      "*1x\r\n",                      //
-      "*-2\r\n",                      //
-      "$536870913\r\n",               // 512 MiB + 1: refused before waiting for it
-      "$99999999999999999999\r\n",    // overflows
-      too_deep,                       // nested past any real reply
-      "$3\r\nabcXY\r\n",              // a bulk not ended by CRLF
-      "*2\r\n:1\r\n!x\r\n",           // garbage inside an array
+      "?x\r\n",                           // no such type
+      "\r\n",                             // an empty line
+      ":12x\r\n",                         // a bad integer
+      ":\r\n",                            //
+      "$abc\r\n",                         // a bad length
+      "$-2\r\n",                          //
+      "*1x\r\n",                          //
+      "*-2\r\n",                          //
+      "$536870913\r\n",                   // 512 MiB + 1: refused before waiting for it
+      "$99999999999999999999\r\n",        // overflows
+      too_deep,                           // nested past any real reply
+      "$3\r\nabcXY\r\n",                  // a bulk not ended by CRLF
+      "*2\r\n:1\r\n!x\r\n",               // garbage inside an array
       "+" + std::string(70 * 1024, 'a'),  // a line without end
-      "*65537\r\n",                    // more elements than a reply may hold
-      "*40000\r\n*40000\r\n",           // the same, nested: refused at the second count
+      "*65537\r\n",                       // more elements than a reply may hold
+      "*40000\r\n*40000\r\n",             // the same, nested: refused at the second count
   };
   FakeRedis server([&](const Command& c) { return Say(garbage.at(std::stoul(c[1]))); });
   for (size_t i = 0; i < garbage.size(); ++i) {
@@ -724,8 +724,9 @@ std::string SlotsReply(int low_port, int high_port, int replica_port) {
            "\r\n$4\r\nnode\r\n";
   };
   return "*2\r\n"
-         "*3\r\n:0\r\n:8191\r\n" + node("127.0.0.1", low_port) +
-         "*4\r\n:8192\r\n:16383\r\n" + node("", high_port) + node("127.0.0.1", replica_port);
+         "*3\r\n:0\r\n:8191\r\n" +
+         node("127.0.0.1", low_port) + "*4\r\n:8192\r\n:16383\r\n" + node("", high_port) +
+         node("127.0.0.1", replica_port);
 }
 
 TEST(ClusterClientTest, ClusterSlotsRoutesEachKeyToItsSlotsMaster) {

@@ -23,10 +23,10 @@ class PasswordRedis : public ::testing::Test {
     if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
     dir_ = MakeTempDir();
     port_ = std::to_string(FreeLoopbackPort());
-    const CommandResult started = RunCommand(
-        {"/usr/bin/redis-server", "--port", port_, "--bind", "127.0.0.1", "--requirepass", kPassword, "--dir", dir_,
-         "--save", "", "--appendonly", "no", "--daemonize", "yes", "--pidfile", dir_ + "/redis.pid", "--logfile",
-         dir_ + "/redis.log"});
+    const CommandResult started =
+        RunCommand({"/usr/bin/redis-server", "--port", port_, "--bind", "127.0.0.1", "--requirepass", kPassword,
+                    "--dir", dir_, "--save", "", "--appendonly", "no", "--daemonize", "yes", "--pidfile",
+                    dir_ + "/redis.pid", "--logfile", dir_ + "/redis.log"});
     ASSERT_EQ(started.exit_code, 0) << started.output;
     bool up = false;
     for (int i = 0; i < 100 && !up; ++i) {

@@ -30,8 +30,11 @@ std::string KeyFile() {
 
 std::string RemoteToml(const std::string& nodes, const std::string& key_file = KeyFile()) {
   return "[host]\ncapacity_bytes = \"8MiB\"\nlock_memory = \"off\"\n"
-         "[remote]\nnodes = \"" + nodes + "\"\nadmission = \"all\"\nretry_ms = 200\nprobe_timeout_ms = 500\n"
-         "key_file = \"" + key_file + "\"\n[metrics]\nenabled = false\n";
+         "[remote]\nnodes = \"" +
+         nodes +
+         "\"\nadmission = \"all\"\nretry_ms = 200\nprobe_timeout_ms = 500\n"
+         "key_file = \"" +
+         key_file + "\"\n[metrics]\nenabled = false\n";
 }
 
 std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {
@@ -109,8 +112,9 @@ TEST_F(RemoteDaemon, BlocksTheNvmeTierEvictsGoOnToTheCluster) {
   const std::string dir = MakeTempDir();
   const std::string nodes = cluster_->Seeds().front();
   DaemonProcess a(KVTIERD_PATH, "",
-                  RemoteToml(nodes) + "[nvme]\npath = \"" + dir + "/tier.dat\"\ncapacity_bytes = \"8MiB\"\n"
-                  "region_bytes = \"1MiB\"\nadmission = \"all\"\ndirect_io = false\n");
+                  RemoteToml(nodes) + "[nvme]\npath = \"" + dir +
+                      "/tier.dat\"\ncapacity_bytes = \"8MiB\"\n"
+                      "region_bytes = \"1MiB\"\nadmission = \"all\"\ndirect_io = false\n");
   DaemonProcess b(KVTIERD_PATH, "", RemoteToml(nodes));
   ASSERT_TRUE(a.running()) << LogOf(a);
   ASSERT_TRUE(b.running());

@@ -150,8 +150,10 @@ TEST_F(RemoteTierCluster, UnderNoevictionATenantWithinItsShareKeepsEveryBlock) {
   size_t refused = 0;
   for (const BlockKey& key : Keys(1000, 8)) {
     const Status s = WriteSync(beta, key, Block(key, kBlockBytes), beta_scope.ScopeNamespace(kNs));
-    if (s.code() == StatusCode::kNoSpace) ++refused;
-    else ASSERT_TRUE(s.ok()) << s.ToString();
+    if (s.code() == StatusCode::kNoSpace)
+      ++refused;
+    else
+      ASSERT_TRUE(s.ok()) << s.ToString();
   }
   EXPECT_GT(refused, 0u) << "36 MB of store cannot take 64 MB";
   EXPECT_EQ(Counter(*tier, "remote.store_full"), static_cast<int64_t>(refused));
@@ -219,9 +221,9 @@ TEST_F(RemoteTierCluster, GoneForeignAndCorruptValuesAreMissesNeverBytes) {
   }
   // redis-cli -x reads the value from stdin.
   for (auto [key, file] : {std::pair{foreign, dir + "/foreign"}, std::pair{corrupt, dir + "/corrupt"}}) {
-    const CommandResult r = RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " +
-                                                             std::to_string(cluster_->MasterOf(HashSlot(key))) +
-                                                             " -x SET " + key + " < " + file});
+    const CommandResult r = RunCommand({"/bin/sh", "-c",
+                                        "/usr/bin/redis-cli -p " + std::to_string(cluster_->MasterOf(HashSlot(key))) +
+                                            " -x SET " + key + " < " + file});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   RemoveTree(dir);
@@ -266,9 +268,9 @@ TEST_F(RemoteTierCluster, ValuesForgedWithValidChecksumsAreCountedMissesNeverByt
     ASSERT_TRUE(DecodeRemoteHeader(std::as_bytes(std::span(value)), kNs, key).ok()) << "a well-formed forgery";
     const std::string name = RemoteKeyName(kNs, key);
     std::ofstream(dir + "/forged", std::ios::binary | std::ios::trunc) << value;
-    const CommandResult r = RunCommand({"/bin/sh", "-c", "/usr/bin/redis-cli -p " +
-                                                             std::to_string(cluster_->MasterOf(HashSlot(name))) +
-                                                             " -x SET " + name + " < " + dir + "/forged"});
+    const CommandResult r = RunCommand({"/bin/sh", "-c",
+                                        "/usr/bin/redis-cli -p " + std::to_string(cluster_->MasterOf(HashSlot(name))) +
+                                            " -x SET " + name + " < " + dir + "/forged"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   RemoveTree(dir);

@@ -45,15 +45,16 @@ std::string SmallTrace() {
 TEST_F(ReplayCliTest, WritesJsonRunsForEachPolicyAndCapacity) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
-                                "host=inf", "--policy", "lru,fifo", "--sweep", "8blk,inf", "--json",
-                                dir_ + "/out.json", "--csv", dir_ + "/out.csv"});
+                                "host=inf", "--policy", "lru,fifo", "--sweep", "8blk,inf", "--json", dir_ + "/out.json",
+                                "--csv", dir_ + "/out.csv"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string json = Read(dir_ + "/out.json");
   // header, 6 runs (lru and fifo as asked, belady always: the gap's ends), footer
   EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 8) << json;
-  for (const char* field : {"\"runs\"", "\"capacities\"", "\"block_hit_rate\"", "\"token_hit_rate\"", "\"requests\": 40",
-                            "\"blocks\": 120", "\"ttft_ms\"", "\"wall_seconds\"", "\"policy\": \"fifo\"",
-                            "\"policy\": \"belady\"", "\"gap_closed\": -1", "\"gap_closed\": null"}) {
+  for (const char* field :
+       {"\"runs\"", "\"capacities\"", "\"block_hit_rate\"", "\"token_hit_rate\"", "\"requests\": 40", "\"blocks\": 120",
+        "\"ttft_ms\"", "\"wall_seconds\"", "\"policy\": \"fifo\"", "\"policy\": \"belady\"", "\"gap_closed\": -1",
+        "\"gap_closed\": null"}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   }
   // Unlimited: every root and middle block after its first sighting hits.
@@ -68,8 +69,8 @@ TEST_F(ReplayCliTest, AnNvmeTierUnderDwpdReportsItsWritesAndBudget) {
   const std::string trace = Write("t.jsonl", SmallTrace());
   const std::string out = dir_ + "/nvme.json";
   CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
-                                "host=4blk,nvme=64KiB", "--bytes-per-token", "2", "--admission", "dwpd", "--drive-bytes",
-                                "1GB", "--json", out});
+                                "host=4blk,nvme=64KiB", "--bytes-per-token", "2", "--admission", "dwpd",
+                                "--drive-bytes", "1GB", "--json", out});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string json = Read(out);
   for (const char* field : {"\"nvme\": \"32768tok\"", "\"nvme\": {\"hits\"", "\"ssd_bytes_written\"",
@@ -102,8 +103,9 @@ TEST_F(ReplayCliTest, TheEngineModelReportsTtftPercentiles) {
   // miss, so the queue grows at first.
   EXPECT_NE(json.find("\"ttft_ms\": {\"p50\": "), std::string::npos) << json;
   EXPECT_NE(json.find("\"p99\": "), std::string::npos) << json;
-  EXPECT_EQ(RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf", "--engines", "2"}).exit_code,
-            2)
+  EXPECT_EQ(
+      RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf", "--engines", "2"}).exit_code,
+      2)
       << "engines need a prefill rate";
   EXPECT_EQ(RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf", "--read-bandwidth",
                         "nvme=fast"})
@@ -170,9 +172,8 @@ TEST_F(ReplayCliTest, LiveModeHitsWhatSimModeHitsOnTheSameCapacityAndPolicy) {
     options.directory_slots = -1;
     TestDaemon daemon(options);
     const std::string live_json = dir_ + "/live_" + policy + ".json";
-    CommandResult live = RunCommand({KVTIER_TOOL_PATH, "replay", "--live", "--socket", daemon.socket_path(),
-                                     "--trace", trace, "--block-tokens", "4", "--bytes-per-token", "16384", "--json",
-                                     live_json});
+    CommandResult live = RunCommand({KVTIER_TOOL_PATH, "replay", "--live", "--socket", daemon.socket_path(), "--trace",
+                                     trace, "--block-tokens", "4", "--bytes-per-token", "16384", "--json", live_json});
     ASSERT_EQ(live.exit_code, 0) << live.output;
     const std::string sim_json = dir_ + "/sim_" + policy + ".json";
     CommandResult sim = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4", "--capacity",
@@ -258,10 +259,22 @@ TEST_F(ReplayCliTest, WithoutNodesTheReportsAreUnchangedAndOneNodeChangesNoFigur
   const std::string trace = Write("c.jsonl", ConversationTrace());
   std::string json[2], csv[2], text[2];
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
-                                     "--capacity", "host=20blk,nvme=64KiB,remote=24blk", "--bytes-per-token", "2",
-                                     "--policy", "lru,fifo", "--json", dir_ + "/o" + std::to_string(i) + ".json",
-                                     "--csv", dir_ + "/o" + std::to_string(i) + ".csv"};
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH,
+                                     "replay",
+                                     "--trace",
+                                     trace,
+                                     "--block-tokens",
+                                     "4",
+                                     "--capacity",
+                                     "host=20blk,nvme=64KiB,remote=24blk",
+                                     "--bytes-per-token",
+                                     "2",
+                                     "--policy",
+                                     "lru,fifo",
+                                     "--json",
+                                     dir_ + "/o" + std::to_string(i) + ".json",
+                                     "--csv",
+                                     dir_ + "/o" + std::to_string(i) + ".csv"};
     if (i == 1) argv.insert(argv.end(), {"--nodes", "1", "--router", "round_robin"});
     CommandResult r = RunCommand(argv);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -291,9 +304,12 @@ TEST_F(ReplayCliTest, WithoutNodesTheReportsAreUnchangedAndOneNodeChangesNoFigur
 TEST_F(ReplayCliTest, BadNodeCountsAndRoutersExitTwoNamingTheOption) {
   const std::string trace = Write("c.jsonl", ConversationTrace());
   // Each case ends with the bad option and its value.
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--nodes", "0"}, {"--nodes", "257"}, {"--nodes", "-2"}, {"--nodes", "two"},
-        {"--nodes", "2", "--router", "random"}, {"--nodes", "2", "--affinity-blocks", "0"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--nodes", "0"},
+                                               {"--nodes", "257"},
+                                               {"--nodes", "-2"},
+                                               {"--nodes", "two"},
+                                               {"--nodes", "2", "--router", "random"},
+                                               {"--nodes", "2", "--affinity-blocks", "0"}}) {
     std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--capacity", "host=inf"};
     argv.insert(argv.end(), args.begin(), args.end());
     CommandResult c = RunCommand(argv);
@@ -316,10 +332,26 @@ TEST_F(ReplayCliTest, RemoteAdmissionIsHonouredAndReported) {
   std::string json[3];
   const char* admissions[3] = {"all", "second_hit", "rate"};
   for (int i = 0; i < 3; ++i) {
-    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
-                                     "--capacity", "host=10blk,remote=inf", "--bytes-per-token", "1", "--nodes", "2",
-                                     "--router", "round_robin", "--remote-admission", admissions[i],
-                                     "--json", dir_ + "/r.json", "--csv", dir_ + "/r.csv"};
+    std::vector<std::string> argv = {KVTIER_TOOL_PATH,
+                                     "replay",
+                                     "--trace",
+                                     trace,
+                                     "--block-tokens",
+                                     "4",
+                                     "--capacity",
+                                     "host=10blk,remote=inf",
+                                     "--bytes-per-token",
+                                     "1",
+                                     "--nodes",
+                                     "2",
+                                     "--router",
+                                     "round_robin",
+                                     "--remote-admission",
+                                     admissions[i],
+                                     "--json",
+                                     dir_ + "/r.json",
+                                     "--csv",
+                                     dir_ + "/r.csv"};
     if (i == 2) argv.insert(argv.end(), {"--remote-write-rate", "1KiB"});
     CommandResult r = RunCommand(argv);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -355,10 +387,11 @@ TEST_F(ReplayCliTest, WithoutRemoteAdmissionTheReportsAreUnchanged) {
   const std::string trace = Write("c.jsonl", ConversationTrace());
   std::string json[2], text[2];
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", trace, "--block-tokens", "4",
-                                     "--capacity", "host=10blk,nvme=64KiB,remote=24blk", "--bytes-per-token", "2",
-                                     "--nodes", "2", "--router", "round_robin",
-                                     "--json", dir_ + "/d" + std::to_string(i) + ".json"};
+    std::vector<std::string> argv = {
+        KVTIER_TOOL_PATH,    "replay",      "--trace",    trace,
+        "--block-tokens",    "4",           "--capacity", "host=10blk,nvme=64KiB,remote=24blk",
+        "--bytes-per-token", "2",           "--nodes",    "2",
+        "--router",          "round_robin", "--json",     dir_ + "/d" + std::to_string(i) + ".json"};
     if (i == 1) argv.insert(argv.end(), {"--remote-admission", "all"});
     CommandResult r = RunCommand(argv);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -405,16 +438,19 @@ TEST_F(ReplayCliTest, BadRemoteAdmissionsExitTwoNamingTheOption) {
 }
 
 TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
-  const std::string bad = Write("bad.jsonl", "{\"timestamp\": 0, \"input_length\": 4, \"hash_ids\": [1]}\n"
-                                             "{\"timestamp\": 1, \"input_length\": -4, \"hash_ids\": [1]}\n");
+  const std::string bad = Write("bad.jsonl",
+                                "{\"timestamp\": 0, \"input_length\": 4, \"hash_ids\": [1]}\n"
+                                "{\"timestamp\": 1, \"input_length\": -4, \"hash_ids\": [1]}\n");
   CommandResult r = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", bad, "--capacity", "host=inf"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find(bad + ":2:"), std::string::npos) << r.output;
   const std::string good = Write("good.jsonl", SmallTrace());
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--capacity", "host=12parsecs"}, {"--capacity", "host=1e6tok", "--bogus"},
-        {"--capacity", "host=1e6tok", "--policy", "arc"}, {"--capacity", "disk=1e6tok"},
-        {"--capacity", "host=64GiB"}, {"--capacity", "host=inf", "--warmup", "1.5"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--capacity", "host=12parsecs"},
+                                               {"--capacity", "host=1e6tok", "--bogus"},
+                                               {"--capacity", "host=1e6tok", "--policy", "arc"},
+                                               {"--capacity", "disk=1e6tok"},
+                                               {"--capacity", "host=64GiB"},
+                                               {"--capacity", "host=inf", "--warmup", "1.5"}}) {
     std::vector<std::string> argv = {KVTIER_TOOL_PATH, "replay", "--trace", good};
     argv.insert(argv.end(), args.begin(), args.end());
     CommandResult c = RunCommand(argv);
@@ -432,10 +468,10 @@ TEST_F(ReplayCliTest, BadInputExitsTwoNamingTheFileAndLine) {
       RunCommand({KVTIER_TOOL_PATH, "replay", "--trace", good, "--format", "sharegpt", "--capacity", "host=inf"});
   EXPECT_EQ(no_session.exit_code, 2);
   EXPECT_NE(no_session.output.find(good + ":1: missing field \"session\""), std::string::npos) << no_session.output;
-  CommandResult converted = RunCommand({KVTIER_TOOL_PATH, "replay", "--trace",
-                                        std::string(KVTIER_SOURCE_DIR) +
-                                            "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl",
-                                        "--format", "sharegpt", "--block-tokens", "64", "--capacity", "host=inf"});
+  CommandResult converted =
+      RunCommand({KVTIER_TOOL_PATH, "replay", "--trace",
+                  std::string(KVTIER_SOURCE_DIR) + "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl", "--format",
+                  "sharegpt", "--block-tokens", "64", "--capacity", "host=inf"});
   EXPECT_EQ(converted.exit_code, 0) << converted.output;
 }
 

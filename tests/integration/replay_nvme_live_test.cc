@@ -25,7 +25,7 @@ using testing::TestDaemon;
 using testing::TestDaemonOptions;
 
 constexpr uint32_t kBlockTokens = 4;
-constexpr uint64_t kBytesPerToken = 16384;          // 64 KiB blocks
+constexpr uint64_t kBytesPerToken = 16384;            // 64 KiB blocks
 constexpr uint64_t kRecordBytes = 4096 + (64 << 10);  // the NVMe record: header + payload
 constexpr uint64_t kRegionBytes = 4 * kRecordBytes;
 constexpr uint64_t kNvmeBytes = 6 * kRegionBytes;

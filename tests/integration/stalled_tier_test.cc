@@ -69,8 +69,8 @@ class StalledTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
     TestDaemonOptions o;
-    o.arena_bytes = 4 << 20;     // about 30 blocks
-    o.io_threads = 1;            // one request thread: if it waits, everyone does
+    o.arena_bytes = 4 << 20;  // about 30 blocks
+    o.io_threads = 1;         // one request thread: if it waits, everyone does
     o.nvme_in_memory = true;
     o.nvme_bytes = 32 << 20;
     o.nvme_region_bytes = 1 << 20;

@@ -32,9 +32,10 @@ class TenantDaemon {
                         uint32_t beta_uid = 54321)
       : dir_(dir.empty() ? MakeTempDir() : dir),
         owns_dir_(dir.empty()),
-        built_(dir_, "[[tenant]]\nname = \"alpha\"\nuids = [" + std::to_string(alpha_uid) + "]\n"
-                     "host_bytes = \"24MiB\"\n" + extra_alpha +
-                     "[[tenant]]\nname = \"beta\"\nuids = [" + std::to_string(beta_uid) + "]\n") {
+        built_(dir_, "[[tenant]]\nname = \"alpha\"\nuids = [" + std::to_string(alpha_uid) +
+                         "]\n"
+                         "host_bytes = \"24MiB\"\n" +
+                         extra_alpha + "[[tenant]]\nname = \"beta\"\nuids = [" + std::to_string(beta_uid) + "]\n") {
     EXPECT_TRUE(built_.opened().ok()) << built_.opened().ToString();
     if (!built_.opened().ok()) return;
     ServerOptions options{built_.config.socket_path, 2, 1u << 20, 5000, 0, {}};
@@ -140,8 +141,9 @@ TEST(Tenants, TheOperatorRunsAdminRequestsOnly) {
     request.set_id(2 + kind);
     if (kind == 0) request.mutable_pin()->add_keys(1), request.mutable_pin()->add_keys(2);
     if (kind == 1) request.mutable_lookup()->add_keys(1), request.mutable_lookup()->add_keys(2);
-    if (kind == 2) request.mutable_reserve()->add_keys(1), request.mutable_reserve()->add_keys(2),
-        request.mutable_reserve()->add_sizes(4096);
+    if (kind == 2)
+      request.mutable_reserve()->add_keys(1), request.mutable_reserve()->add_keys(2),
+          request.mutable_reserve()->add_sizes(4096);
     ASSERT_TRUE(raw.SendFrame(request).ok());
     auto answer = raw.ReadResponse();
     ASSERT_TRUE(answer.ok()) << answer.status().ToString();
@@ -193,9 +195,8 @@ TEST(Tenants, SharedNvmeBlocksStayTheirTenantsAcrossARestart) {
     });
     EXPECT_GE(listed, 100u);
     size_t beta_sees = 0;
-    daemon.engines().tenants()[1].below.at(0)->ForEachBlock([&](const BlockKey&, const BlockTier::BlockInfo&) {
-      ++beta_sees;
-    });
+    daemon.engines().tenants()[1].below.at(0)->ForEachBlock(
+        [&](const BlockKey&, const BlockTier::BlockInfo&) { ++beta_sees; });
     EXPECT_EQ(beta_sees, 0u) << "beta's view of the shared tier holds nothing of alpha's";
   }
   {

@@ -53,9 +53,12 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   ::close(fd);
   CommandResult result;
   int status = 0;
-  if (!pid.ok() && pid.status().code() == StatusCode::kNotFound) result.exit_code = 127;  // as a shell says
-  else if (pid.ok() && ::waitpid(*pid, &status, 0) == *pid) result.exit_code = ExitCode(status);
-  else ADD_FAILURE() << "cannot run " << argv[0] << ": " << pid.status().ToString();
+  if (!pid.ok() && pid.status().code() == StatusCode::kNotFound)
+    result.exit_code = 127;  // as a shell says
+  else if (pid.ok() && ::waitpid(*pid, &status, 0) == *pid)
+    result.exit_code = ExitCode(status);
+  else
+    ADD_FAILURE() << "cannot run " << argv[0] << ": " << pid.status().ToString();
   result.output = ReadFile(out_path);
   RemoveTree(dir);
   return result;
@@ -71,7 +74,8 @@ DaemonProcess::DaemonProcess(const std::string& kvtierd_path, const std::string&
   // tests run side by side.
   const bool metrics = extra_toml.find("[metrics]") != std::string::npos;
   std::ofstream(config_path) << "[server]\nsocket_path = \"" << socket_path_ << "\"\n"
-                             << server_keys << "\n" << extra_toml << "\n"
+                             << server_keys << "\n"
+                             << extra_toml << "\n"
                              << (metrics ? "" : "[metrics]\nport = 0\n");
   int fd = ::open(log_path_.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
   Result<pid_t> pid = Spawn({kvtierd_path, "--config", config_path}, fd, max_open_files);

@@ -10,8 +10,8 @@
 namespace kvtier::testing {
 
 struct CommandResult {
-  int exit_code = -1;   // -1 if killed by a signal
-  std::string output;   // stdout and stderr together
+  int exit_code = -1;  // -1 if killed by a signal
+  std::string output;  // stdout and stderr together
 };
 
 // The whole file at `path`; empty if unreadable.
@@ -31,8 +31,8 @@ class DaemonProcess {
   // header of its own (append server keys via `server_keys`).
   // `max_open_files` > 0: the daemon's RLIMIT_NOFILE, soft and hard (so it
   // cannot raise it); 0: the test's own.
-  DaemonProcess(const std::string& kvtierd_path, const std::string& server_keys,
-                const std::string& extra_toml, uint64_t max_open_files = 0);
+  DaemonProcess(const std::string& kvtierd_path, const std::string& server_keys, const std::string& extra_toml,
+                uint64_t max_open_files = 0);
   ~DaemonProcess();  // SIGKILLs if still running, removes the temp dir
 
   bool running() const { return pid_ > 0; }

@@ -24,10 +24,10 @@ namespace kvtier::testing {
 class FakeDaemon {
  public:
   enum class Behavior {
-    kSilent,             // accepts, reads nothing, answers nothing
-    kHelloThenSilent,    // a valid Hello answer (1 MiB arena, no directory), then no answers
-    kHelloThenHalfFrame, // a valid Hello answer, then half of the answer to the first request
-    kHugeHelloHeader,    // answers Hello with only a frame header announcing kHugeFrameBytes
+    kSilent,              // accepts, reads nothing, answers nothing
+    kHelloThenSilent,     // a valid Hello answer (1 MiB arena, no directory), then no answers
+    kHelloThenHalfFrame,  // a valid Hello answer, then half of the answer to the first request
+    kHugeHelloHeader,     // answers Hello with only a frame header announcing kHugeFrameBytes
   };
   static constexpr uint32_t kHugeFrameBytes = 0xFFFFFFF0u;
   static constexpr uint64_t kArenaBytes = 1u << 20;

@@ -28,9 +28,9 @@ class FakeRedis {
  public:
   using Command = std::vector<std::string>;
   struct Reply {
-    std::vector<std::string> pieces;        // written in turn (none: silence)
-    std::chrono::milliseconds pause{0};     // between two pieces
-    bool hang_up = false;                   // then the server shuts its side
+    std::vector<std::string> pieces;     // written in turn (none: silence)
+    std::chrono::milliseconds pause{0};  // between two pieces
+    bool hang_up = false;                // then the server shuts its side
   };
   using Handler = std::function<Reply(const Command&)>;
 

@@ -104,12 +104,15 @@ void FaultInjectingDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDon
   inner_.Read(offset, dst, [d, dst, done = std::move(done)](Result<size_t> r) {
     if (!r.ok() || d.fault == kNone) return done(std::move(r));
     switch (d.fault) {
-      case kEio: return done(IoError("injected EIO on read"));
-      case kShortRead: return done(d.prefix);
+      case kEio:
+        return done(IoError("injected EIO on read"));
+      case kShortRead:
+        return done(d.prefix);
       case kCorruptRead:
         dst[d.flip_at] ^= std::byte{0x5a};
         return done(std::move(r));
-      default: return done(std::move(r));
+      default:
+        return done(std::move(r));
     }
   });
 }
@@ -124,11 +127,16 @@ void FaultInjectingDevice::Write(uint64_t offset, std::span<const std::byte> src
   inner_.Write(offset, src.first(d.prefix), [d, full, done = std::move(done)](Result<size_t> r) {
     if (!r.ok()) return done(std::move(r));
     switch (d.fault) {
-      case kEio: return done(IoError("injected EIO on write"));
-      case kNoSpace: return done(NoSpace("injected ENOSPC on write"));
-      case kShortWrite: return done(d.prefix);
-      case kTornWrite: return done(full);  // the lie
-      default: return done(std::move(r));
+      case kEio:
+        return done(IoError("injected EIO on write"));
+      case kNoSpace:
+        return done(NoSpace("injected ENOSPC on write"));
+      case kShortWrite:
+        return done(d.prefix);
+      case kTornWrite:
+        return done(full);  // the lie
+      default:
+        return done(std::move(r));
     }
   });
 }
@@ -142,9 +150,13 @@ void FaultInjectingDevice::Flush(IoDone done) {
 
 void FaultInjectingDevice::VisitCounters(CounterVisitor& visitor) const {
   inner_.VisitCounters(visitor);
-  static constexpr const char* kNames[kFaultKinds] = {
-      "", "faults.injected_eio", "faults.injected_short_read", "faults.injected_short_write",
-      "faults.injected_torn_write", "faults.injected_corrupt_read", "faults.injected_no_space"};
+  static constexpr const char* kNames[kFaultKinds] = {"",
+                                                      "faults.injected_eio",
+                                                      "faults.injected_short_read",
+                                                      "faults.injected_short_write",
+                                                      "faults.injected_torn_write",
+                                                      "faults.injected_corrupt_read",
+                                                      "faults.injected_no_space"};
   for (int f = kEio; f < kFaultKinds; ++f) visitor.Visit(kNames[f], injected_[f].load(std::memory_order_relaxed));
 }
 

@@ -82,17 +82,17 @@ class FaultInjectingDevice final : public BlockDevice {
   struct Decision {
     Fault fault = kNone;
     bool delayed = false;
-    size_t prefix = 0;    // aligned bytes kept by short and torn transfers
-    size_t flip_at = 0;   // byte flipped by corrupt_read
+    size_t prefix = 0;   // aligned bytes kept by short and torn transfers
+    size_t flip_at = 0;  // byte flipped by corrupt_read
   };
   Decision Decide(bool is_read, size_t length);
   IoDone Delayed(bool delayed, IoDone done) const;
 
   BlockDevice& inner_;
   mutable std::mutex mu_;
-  FaultOptions options_;   // guarded by mu_
-  std::mt19937_64 rng_;    // guarded by mu_
-  int64_t ops_ = 0;        // guarded by mu_
+  FaultOptions options_;  // guarded by mu_
+  std::mt19937_64 rng_;   // guarded by mu_
+  int64_t ops_ = 0;       // guarded by mu_
   std::atomic<int64_t> injected_[kFaultKinds] = {};
   // A latch: while `holding`, I/Os are parked in `held` (as calls to make).
   struct Latch {

@@ -52,7 +52,8 @@ inline PinGrant PinCommitted(BlockIndex& shard, ConnectionId connection, const B
 // its layer (of `layer_bytes`) and its place: a misplaced layer shows.
 inline std::vector<std::byte> LayeredBlockBytes(uint64_t i, uint64_t block_bytes, uint64_t layer_bytes) {
   std::vector<std::byte> bytes(block_bytes);
-  for (size_t b = 0; b < bytes.size(); ++b) bytes[b] = std::byte(static_cast<uint8_t>(i * 31 + b / layer_bytes * 7 + b));
+  for (size_t b = 0; b < bytes.size(); ++b)
+    bytes[b] = std::byte(static_cast<uint8_t>(i * 31 + b / layer_bytes * 7 + b));
   return bytes;
 }
 

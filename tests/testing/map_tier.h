@@ -49,8 +49,7 @@ class MapTier final : public BlockTier, public InPlaceHolds {
   }
 
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-               std::span<const std::byte> payload, WriteDone done,
-               std::optional<uint64_t> payload_checksum) override {
+               std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) override {
     if (payload.empty() || layer_count == 0 || payload.size() % layer_count != 0) {
       return InvalidArgument("uneven layers");
     }
@@ -183,12 +182,12 @@ class MapTier final : public BlockTier, public InPlaceHolds {
   const uint64_t capacity_ = 1ull << 40;
   const std::string name_ = "maptier";
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Stored> blocks_;      // guarded by mu_
+  std::unordered_map<BlockKey, Stored> blocks_;        // guarded by mu_
   std::unordered_map<uint64_t, Stored> dropped_held_;  // guarded by mu_: erased while held, by offset
-  uint64_t used_ = 0;                                 // guarded by mu_
-  uint64_t next_offset_ = 0;                          // guarded by mu_
+  uint64_t used_ = 0;                                  // guarded by mu_
+  uint64_t next_offset_ = 0;                           // guarded by mu_
   int64_t writes_ = 0, reads_ = 0, bad_releases_ = 0;  // guarded by mu_
-  WorkerPool completions_{1};                     // declared last: drained first
+  WorkerPool completions_{1};                          // declared last: drained first
 };
 
 }  // namespace kvtier::testing

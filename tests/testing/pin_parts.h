@@ -160,7 +160,9 @@ class PinParts {
   // Block `i` stored in the tier below under `ns`.
   void Store(uint64_t i, const NamespaceFingerprint& ns) {
     const std::vector<std::byte> bytes = BlockBytes(i);
-    ASSERT_TRUE(map_.Write(ns, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
+    ASSERT_TRUE(map_.Write(
+                        ns, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                    .ok());
   }
   // Committed block `i` of the host tier leaves the index for the tier
   // below, its write in flight (kDemoting), as an eviction leaves it.

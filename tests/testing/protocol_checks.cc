@@ -14,12 +14,10 @@ using ::testing::HasSubstr;
 
 ::testing::AssertionResult HasCode(StatusCode got, const std::string& message, StatusCode want) {
   if (got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << StatusCodeName(got) << " (\"" << message
-                                       << "\"), want " << StatusCodeName(want);
+  return ::testing::AssertionFailure() << "got " << StatusCodeName(got) << " (\"" << message << "\"), want "
+                                       << StatusCodeName(want);
 }
-::testing::AssertionResult HasCode(const Status& s, StatusCode want) {
-  return HasCode(s.code(), s.message(), want);
-}
+::testing::AssertionResult HasCode(const Status& s, StatusCode want) { return HasCode(s.code(), s.message(), want); }
 ::testing::AssertionResult HasCode(const v1::Status& s, StatusCode want) {
   return HasCode(static_cast<StatusCode>(s.code()), s.message(), want);
 }
@@ -78,12 +76,10 @@ v1::Request WithId(uint64_t id, v1::Request r) {
 v1::Request LookupReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {
   return WithId(id, wire::MakeLookup(ns, keys));
 }
-v1::Request ReserveReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
-                       std::vector<uint64_t> sizes) {
+v1::Request ReserveReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys, std::vector<uint64_t> sizes) {
   return WithId(id, wire::MakeReserve(ns, keys, sizes));
 }
-v1::Request CommitReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys,
-                      std::vector<uint64_t> sizes) {
+v1::Request CommitReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys, std::vector<uint64_t> sizes) {
   return WithId(id, wire::MakeCommit(ns, keys, sizes));
 }
 v1::Request PinReq(uint64_t id, uint32_t ns, std::span<const BlockKey> keys) {

@@ -69,9 +69,7 @@ Status RawConnection::SendFrame(const v1::Request& request) {
   return WriteAll(fd_, frame.data(), frame.size());
 }
 
-Status RawConnection::SendRawBytes(std::span<const uint8_t> bytes) {
-  return WriteAll(fd_, bytes.data(), bytes.size());
-}
+Status RawConnection::SendRawBytes(std::span<const uint8_t> bytes) { return WriteAll(fd_, bytes.data(), bytes.size()); }
 
 Status RawConnection::Read(void* data, size_t len) {
   std::vector<int> passed;

@@ -7,11 +7,15 @@
 namespace kvtier::testing {
 
 TenantStack::TenantStack(const std::string& dir, const std::string& tenant_tables) {
-  const std::string toml = "[server]\nsocket_path = \"" + dir + "/kvtierd.sock\"\n"
+  const std::string toml = "[server]\nsocket_path = \"" + dir +
+                           "/kvtierd.sock\"\n"
                            "[host]\ncapacity_bytes = \"64MiB\"\nlock_memory = \"off\"\n[hbm]\nenabled = \"off\"\n"
-                           "[nvme]\npath = \"" + dir + "/nvme.dat\"\ncapacity_bytes = \"32MiB\"\n"
+                           "[nvme]\npath = \"" +
+                           dir +
+                           "/nvme.dat\"\ncapacity_bytes = \"32MiB\"\n"
                            "region_bytes = \"4MiB\"\nstaging_bytes = \"8MiB\"\ndirect_io = false\n"
-                           "admission = \"all\"\n" + tenant_tables;
+                           "admission = \"all\"\n" +
+                           tenant_tables;
   auto parsed = ParseConfig(toml, "test");
   EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
   if (!parsed.ok()) {

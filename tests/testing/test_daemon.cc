@@ -34,8 +34,7 @@ NamespaceDescriptor TestNamespace(const std::string& revision) {
   return ns;
 }
 
-NamespaceDescriptor ModelNamespace(const std::string& model, const std::string& revision,
-                                   const std::string& adapter) {
+NamespaceDescriptor ModelNamespace(const std::string& model, const std::string& revision, const std::string& adapter) {
   NamespaceDescriptor ns = TestNamespace(revision);
   ns.model_id = model;
   ns.adapter_id = adapter;
@@ -83,10 +82,9 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
     : clock_(options.clock != nullptr ? *options.clock : system_clock_) {
   dir_ = MakeTempDir();
   socket_path_ = dir_ + "/kvtierd.sock";
-  const uint32_t directory_slots =
-      options.directory_slots < 0    ? 0
-      : options.directory_slots == 0 ? HostDirectory::DefaultSlots(options.arena_bytes)
-                                     : static_cast<uint32_t>(options.directory_slots);
+  const uint32_t directory_slots = options.directory_slots < 0    ? 0
+                                   : options.directory_slots == 0 ? HostDirectory::DefaultSlots(options.arena_bytes)
+                                                                  : static_cast<uint32_t>(options.directory_slots);
   host_ = OpenTestHostTier(options.arena_bytes, directory_slots);
   if (host_ == nullptr) std::abort();
   DwpdOptions dwpd;
@@ -119,8 +117,8 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
     nvme_options.staging_bytes = options.nvme_staging_bytes;
     nvme_options.reclaim = options.nvme_eviction;
     nvme_options.reinsert_share = options.nvme_reinsert_share;
-    auto nvme = OpenMemoryNvmeTier(*nvme_memory_, dir_, clock_, nvme_options, {}, &nvme_device_,
-                                   options.nvme_index_hook);
+    auto nvme =
+        OpenMemoryNvmeTier(*nvme_memory_, dir_, clock_, nvme_options, {}, &nvme_device_, options.nvme_index_hook);
     if (!nvme.ok()) {
       ADD_FAILURE() << "OpenMemoryNvmeTier: " << nvme.status().ToString();
       std::abort();

@@ -91,7 +91,7 @@ class TestDaemon {
   const std::string& socket_path() const { return socket_path_; }
   Engine& engine() { return *engine_; }
   HostTier& host() { return *host_; }
-  NvmeTier* nvme() { return nvme_.get(); }  // null without one
+  NvmeTier* nvme() { return nvme_.get(); }                      // null without one
   FaultInjectingDevice* nvme_device() { return nvme_device_; }  // null unless nvme_in_memory
   Server& server() { return *server_; }
 

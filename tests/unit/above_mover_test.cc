@@ -95,11 +95,14 @@ class AboveTier final : public ForwardingTier {
       return ForwardingTier::Write(ns, key, layer_count, payload, std::move(done), payload_checksum);
     }
     auto shared = std::make_shared<WriteDone>(std::move(done));
-    return ForwardingTier::Write(ns, key, layer_count, payload, [this, shared](Status s) {
-      std::lock_guard lock(mu_);
-      parked_.push_back([shared, s] { (*shared)(s); });
-      changed_.notify_all();
-    }, payload_checksum);
+    return ForwardingTier::Write(
+        ns, key, layer_count, payload,
+        [this, shared](Status s) {
+          std::lock_guard lock(mu_);
+          parked_.push_back([shared, s] { (*shared)(s); });
+          changed_.notify_all();
+        },
+        payload_checksum);
   }
   // Waits until a write's completion is parked.
   void AwaitParked() {
@@ -183,7 +186,10 @@ class AboveMoverTest : public ::testing::Test {
   // `key` of `ns` committed in the host tier (its bytes: Block(key)).
   void PutHost(const BlockKey& key, const NamespaceFingerprint& ns = kNs) {
     const std::vector<std::byte> bytes = ::kvtier::testing::Block(key, kBlockBytes);
-    ASSERT_TRUE(host_map_.Write(ns, key, kLayers, bytes, [](Status) {}, std::nullopt).ok());
+    ASSERT_TRUE(host_map_
+                    .Write(
+                        ns, key, kLayers, bytes, [](Status) {}, std::nullopt)
+                    .ok());
   }
   void HeldBelow(const BlockKey& key) {
     std::lock_guard lock(mu_);
@@ -224,8 +230,8 @@ class AboveMoverTest : public ::testing::Test {
   RetryScheduler retries_{"test.retries", clock_, 64};
   std::mutex mu_;
   std::condition_variable idle_;
-  int64_t io_in_flight_ = 0;         // guarded by mu_
-  std::set<BlockKey> held_below_;    // guarded by mu_
+  int64_t io_in_flight_ = 0;           // guarded by mu_
+  std::set<BlockKey> held_below_;      // guarded by mu_
   std::unique_ptr<AboveMover> mover_;  // last: joined first
 };
 

@@ -35,8 +35,7 @@ int64_t Counter(const ArenaAllocator& a, const std::string& name) {
 // Live extents never overlap, stay inside the arena, and the accounting adds
 // up. `live` is the test's own record of what it holds.
 void ExpectConsistent(const ArenaAllocator& a, std::vector<Extent> live) {
-  std::sort(live.begin(), live.end(),
-            [](const Extent& x, const Extent& y) { return x.offset < y.offset; });
+  std::sort(live.begin(), live.end(), [](const Extent& x, const Extent& y) { return x.offset < y.offset; });
   uint64_t used = 0;
   for (size_t i = 0; i < live.size(); ++i) {
     ASSERT_EQ(live[i].offset % kPage, 0u);
@@ -227,16 +226,14 @@ uint64_t TestSeed(uint64_t fixed) {
   const char* env = std::getenv("KVTIER_TEST_SEED");
   const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : fixed;
   std::printf("[ seed     ] %s seed=%llu (KVTIER_TEST_SEED overrides)\n",
-              ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-              static_cast<unsigned long long>(seed));
+              ::testing::UnitTest::GetInstance()->current_test_info()->name(), static_cast<unsigned long long>(seed));
   return seed;
 }
 
 // Random alloc/free of `min_bytes`..`max_bytes` requests, checking the
 // invariants after every step, then that freeing everything coalesces back
 // into one range.
-void RandomStress(uint64_t capacity, uint64_t min_bytes, uint64_t max_bytes,
-                  int steps) {
+void RandomStress(uint64_t capacity, uint64_t min_bytes, uint64_t max_bytes, int steps) {
   const uint64_t seed = TestSeed(20240611);
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -267,13 +264,9 @@ void RandomStress(uint64_t capacity, uint64_t min_bytes, uint64_t max_bytes,
   ASSERT_EQ(a.largest_free_bytes(), a.capacity_bytes());
 }
 
-TEST(ArenaAllocatorTest, RandomStressSmallBlocks) {
-  RandomStress(64 * kMiB, 1, 1 * kMiB, 20000);
-}
+TEST(ArenaAllocatorTest, RandomStressSmallBlocks) { RandomStress(64 * kMiB, 1, 1 * kMiB, 20000); }
 
-TEST(ArenaAllocatorTest, RandomStressMixedKvBlocks) {
-  RandomStress(4 * kGiB, 256 * kKiB, 32 * kMiB, 20000);
-}
+TEST(ArenaAllocatorTest, RandomStressMixedKvBlocks) { RandomStress(4 * kGiB, 256 * kKiB, 32 * kMiB, 20000); }
 
 // Churn with mixed KV block sizes: whenever an allocation fails, record how
 // full the arena was. Size classes + best fit keep that high.
@@ -289,8 +282,7 @@ TEST(ArenaAllocatorTest, MixedSizesFragmentationStaysBounded) {
   for (int round = 0; round < 200; ++round) {
     while (auto e = a.Allocate(size(rng))) live.push_back(*e);
     ++failures;
-    const double utilization =
-        static_cast<double>(a.used_bytes()) / static_cast<double>(a.capacity_bytes());
+    const double utilization = static_cast<double>(a.used_bytes()) / static_cast<double>(a.capacity_bytes());
     worst_utilization = std::min(worst_utilization, utilization);
     ExpectConsistent(a, live);
     std::shuffle(live.begin(), live.end(), rng);
@@ -298,8 +290,10 @@ TEST(ArenaAllocatorTest, MixedSizesFragmentationStaysBounded) {
     for (size_t i = keep; i < live.size(); ++i) a.Free(live[i]);
     live.resize(keep);
   }
-  std::printf("[ info     ] worst utilization at a failed allocation: %.3f "
-              "over %d failures\n", worst_utilization, failures);
+  std::printf(
+      "[ info     ] worst utilization at a failed allocation: %.3f "
+      "over %d failures\n",
+      worst_utilization, failures);
   EXPECT_GE(worst_utilization, 0.80);
 }
 

@@ -53,9 +53,12 @@ void Fill(std::span<std::byte> out, uint64_t seed) {
 enum class Kind { kMemory, kThreads, kIoUring };
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
-    case Kind::kMemory: return "Memory";
-    case Kind::kThreads: return "Threads";
-    case Kind::kIoUring: return "IoUring";
+    case Kind::kMemory:
+      return "Memory";
+    case Kind::kThreads:
+      return "Threads";
+    case Kind::kIoUring:
+      return "IoUring";
   }
   return "Unknown";
 }
@@ -212,8 +215,8 @@ TEST_P(BlockDeviceTest, RegisteredBuffersCarryIo) {
   EXPECT_EQ(c["nvme.device.written_bytes"], 256 << 10);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDevices, BlockDeviceTest,
-                         ::testing::Values(Kind::kMemory, Kind::kThreads, Kind::kIoUring), KindName);
+INSTANTIATE_TEST_SUITE_P(AllDevices, BlockDeviceTest, ::testing::Values(Kind::kMemory, Kind::kThreads, Kind::kIoUring),
+                         KindName);
 
 // A file written through one engine reads back through the other after a
 // close: both address the same bytes of the same file.

@@ -31,10 +31,8 @@ std::vector<uint32_t> Generated7919(size_t n) {
 const std::vector<uint32_t> kT12 = {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256};
 
 // The payloads of the extra keys of V13-V15.
-const std::string kImageA =
-    "image:sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
-const std::string kImageB =
-    "image:sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
+const std::string kImageA = "image:sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const std::string kImageB = "image:sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
 const std::string kEmbeds = "embeds:xxh3:4a1c7e0f2b9d3856";
 
 // The base descriptor of docs/KEYS.md (V1), with `mutate` applied.
@@ -74,8 +72,7 @@ struct Vector {
 };
 
 const std::string kV1Fingerprint = "20af72c79a4ba5d08c2b9e52c0543beb";
-const std::vector<std::string> kV1Keys = {"613a89fd907ba88074b75707c399af33",
-                                          "2c98b337a1b2a0c21960c191e1bf13c9",
+const std::vector<std::string> kV1Keys = {"613a89fd907ba88074b75707c399af33", "2c98b337a1b2a0c21960c191e1bf13c9",
                                           "c3a132abd959537afd1f0fa8f1cc3d12"};
 
 // Exactly the vectors of docs/KEYS.md, section "Test vectors" (and
@@ -85,14 +82,11 @@ const std::vector<Vector>& Vectors() {
   static const std::vector<Vector> vectors = {
       {"V1", BaseNamespace(), kT12, {}, kV1Fingerprint, kV1Keys},
       {"V2",
-       BaseWith([](NamespaceDescriptor& ns) {
-         ns.model_revision = "5206a32e0bd3067aef1ce90f5528ade7d866253f";
-       }),
+       BaseWith([](NamespaceDescriptor& ns) { ns.model_revision = "5206a32e0bd3067aef1ce90f5528ade7d866253f"; }),
        kT12,
        {},
        "ff122e7b5a4c38c699c7f03c951a0cb8",
-       {"c2b6472ee46330e47c0c844b1565c300", "b29f9522f11c0e15cf0e785848b4073c",
-        "01bbf7c950654de8eea97fa1c5d1db42"}},
+       {"c2b6472ee46330e47c0c844b1565c300", "b29f9522f11c0e15cf0e785848b4073c", "01bbf7c950654de8eea97fa1c5d1db42"}},
       {"V3",
        BaseWith([](NamespaceDescriptor& ns) {
          ns.adapter_id = "acme/sql-lora";
@@ -101,8 +95,7 @@ const std::vector<Vector>& Vectors() {
        kT12,
        {},
        "09659bbe15126487c8be2499bc575566",
-       {"8bb9c73e701edc49a1d480fc2c9a335b", "78defe8936b89fe6c985d6aa7bda8480",
-        "abefb884ffd5249aed49578db1836c6d"}},
+       {"8bb9c73e701edc49a1d480fc2c9a335b", "78defe8936b89fe6c985d6aa7bda8480", "abefb884ffd5249aed49578db1836c6d"}},
       {"V4",
        BaseWith([](NamespaceDescriptor& ns) {
          ns.bytes_per_token_per_layer = 2048;
@@ -111,8 +104,7 @@ const std::vector<Vector>& Vectors() {
        kT12,
        {},
        "daa6081f86cce37b68a1d804b8c2eaa8",
-       {"68eeb522ba5bebc67a0e3b877d39748d", "0d719a90e1ae3117b23c3aa9463de809",
-        "cb237163186223afff4fab1b6f7e0369"}},
+       {"68eeb522ba5bebc67a0e3b877d39748d", "0d719a90e1ae3117b23c3aa9463de809", "cb237163186223afff4fab1b6f7e0369"}},
       {"V5",
        BaseWith([](NamespaceDescriptor& ns) {
          ns.bytes_per_token_per_layer = 2048;
@@ -122,8 +114,7 @@ const std::vector<Vector>& Vectors() {
        kT12,
        {},
        "c8eea3ba939773f4bd1da893720ce3be",
-       {"1d3569979e7bc97a270eb83f0d6b1f6a", "7911a30af31532a23285051f6d74cbba",
-        "9f0559649c0923d1e0e2e987c3e7d604"}},
+       {"1d3569979e7bc97a270eb83f0d6b1f6a", "7911a30af31532a23285051f6d74cbba", "9f0559649c0923d1e0e2e987c3e7d604"}},
       {"V6",
        BaseNamespace(),
        {128000, 9906, 11, 1917, 0, 1, 2, 3, 4294967295u, 128255, 65536, 256, 42, 43, 44},
@@ -135,8 +126,7 @@ const std::vector<Vector>& Vectors() {
        Generated7919(868),
        {},
        "beb48394a5276a6d737ac7ef94679a6a",
-       {"c04c799e047d844b8418b7cb907a70e0", "63f8424c157e11d0a3d8c9b1090a0b25",
-        "983cddc8715f51b124ff94c9852031a3"}},
+       {"c04c799e047d844b8418b7cb907a70e0", "63f8424c157e11d0a3d8c9b1090a0b25", "983cddc8715f51b124ff94c9852031a3"}},
       {"V8",
        BaseWith([](NamespaceDescriptor& ns) {
          ns.layer_count = 16;
@@ -146,57 +136,49 @@ const std::vector<Vector>& Vectors() {
        kT12,
        {},
        "41025defc5a30daec85457d130b1ae1a",
-       {"79f366f29512fdf69191a3da6cd01cd9", "61596d4e574ebe3336d4a79a939f9b91",
-        "adf63a15a0a9e3e472bd1fb29c83c4b8"}},
+       {"79f366f29512fdf69191a3da6cd01cd9", "61596d4e574ebe3336d4a79a939f9b91", "adf63a15a0a9e3e472bd1fb29c83c4b8"}},
       {"V9",
        BaseWith([](NamespaceDescriptor& ns) { ns.kv_format_version = 2; }),
        kT12,
        {},
        "8f1b83210f201c1d91df93e241765d45",
-       {"8358c3a10fb76ab69361d1efa1368a71", "022495c0605c4d788da93e98bc471a45",
-        "47f7c23872a5d42f4bf1eacab6a4ddea"}},
+       {"8358c3a10fb76ab69361d1efa1368a71", "022495c0605c4d788da93e98bc471a45", "47f7c23872a5d42f4bf1eacab6a4ddea"}},
       {"V10",
        BaseWith([](NamespaceDescriptor& ns) { ns.object_kind = "recurrent_state"; }),
        kT12,
        {},
        "2dc6be4b5ba84bf720924ae0b01b9548",
-       {"d94241baab7131acec2ffbc092248342", "aa2c7840b24cc7c6c76ab2081e84e463",
-        "aff939f0c644274f782a74bc2f1e7dfb"}},
+       {"d94241baab7131acec2ffbc092248342", "aa2c7840b24cc7c6c76ab2081e84e463", "aff939f0c644274f782a74bc2f1e7dfb"}},
       {"V11",
        BaseNamespace(),
        kT12,
        {.cache_salt = "tenant-a"},
        kV1Fingerprint,
-       {"0d22f386e960c8c0281eab673d75dd59", "3c442cfab1b4fa7dc2fbe3a31cded4a1",
-        "e65660b999559877829be757ad60d7ca"}},
+       {"0d22f386e960c8c0281eab673d75dd59", "3c442cfab1b4fa7dc2fbe3a31cded4a1", "e65660b999559877829be757ad60d7ca"}},
       {"V12",
        BaseNamespace(),
        kT12,
        {.cache_salt = "tenant-b"},
        kV1Fingerprint,
-       {"26c7c0d96548db699286a03c5e65ff6a", "beaacdd8b389e75a63dbebe8360b537d",
-        "a79231ef86e6e3aca00dd2ebb8de83a6"}},
+       {"26c7c0d96548db699286a03c5e65ff6a", "beaacdd8b389e75a63dbebe8360b537d", "a79231ef86e6e3aca00dd2ebb8de83a6"}},
       {"V13",
        BaseNamespace(),
        kT12,
        {.blocks = {{}, {{K::kMultimodal, kImageA}}, {{K::kPromptEmbeds, kEmbeds}}}},
        kV1Fingerprint,
-       {"613a89fd907ba88074b75707c399af33", "f8e6adc5d393fda4ca7c49e112a3be8b",
-        "a53f837d2879ec9996f0f48f4a0757f5"}},
+       {"613a89fd907ba88074b75707c399af33", "f8e6adc5d393fda4ca7c49e112a3be8b", "a53f837d2879ec9996f0f48f4a0757f5"}},
       {"V14",
        BaseNamespace(),
        kT12,
        {.cache_salt = "tenant-a", .blocks = {{{K::kMultimodal, kImageA}, {K::kMultimodal, kImageB}}}},
        kV1Fingerprint,
-       {"ed8859e33fec11f6b0ba08662aa4b224", "8a00f9ca84155580da0e59839795dcb2",
-        "3f9a7ca1e576620f0152bdde94573485"}},
+       {"ed8859e33fec11f6b0ba08662aa4b224", "8a00f9ca84155580da0e59839795dcb2", "3f9a7ca1e576620f0152bdde94573485"}},
       {"V15",
        BaseNamespace(),
        kT12,
        {.cache_salt = "tenant-a", .blocks = {{{K::kMultimodal, kImageB}, {K::kMultimodal, kImageA}}}},
        kV1Fingerprint,
-       {"78a6083bcfc366a3dd92782ea9f6386c", "c86b970c9efe32980e60111b15038c3b",
-        "033292b08e035528987cc3e29057773d"}},
+       {"78a6083bcfc366a3dd92782ea9f6386c", "c86b970c9efe32980e60111b15038c3b", "033292b08e035528987cc3e29057773d"}},
   };
   return vectors;
 }
@@ -288,8 +270,7 @@ TEST(BlockKeyVectorsTest, EveryVectorMatchesBitForBit) {
     const size_t b = v.ns.block_tokens;
     for (size_t i = 0; i < v.key_hex.size(); ++i) {
       const std::vector<ExtraKey> extras = LinkExtras(v.extras, i);
-      prev = ChainKey(prev, static_cast<uint32_t>(i),
-                      std::span<const uint32_t>(v.tokens).subspan(i * b, b), extras);
+      prev = ChainKey(prev, static_cast<uint32_t>(i), std::span<const uint32_t>(v.tokens).subspan(i * b, b), extras);
       EXPECT_EQ(prev.ToHex(), v.key_hex[i]) << "block " << i;
     }
   }
@@ -372,8 +353,7 @@ TEST(ChainHasherTest, EachNamespaceFieldGivesADisjointChain) {
   add("kv_dtype", [](NamespaceDescriptor& ns) { ns.kv_dtype = "fp8_e4m3"; });
   add("kv_layout", [](NamespaceDescriptor& ns) { ns.kv_layout = "token_major_kv"; });
   add("layer_count", [](NamespaceDescriptor& ns) { ns.layer_count = 31; });
-  add("bytes_per_token_per_layer",
-      [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = 2048; });
+  add("bytes_per_token_per_layer", [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = 2048; });
   add("tp_rank", [](NamespaceDescriptor& ns) {
     ns.tp_size = 2;
     ns.tp_rank = 1;
@@ -564,7 +544,9 @@ TEST(BlockKeyTest, FromHexRejectsBadInput) {
       "613a89fd907ba88074b75707c399af3g",  // not hex
       " 613a89fd907ba88074b75707c399af3",  // whitespace
       "613a89fd907ba880-4b75707c399af33",  // separator
-      std::string("613a89fd907ba880\0" "4b75707c399af33", 32),
+      std::string("613a89fd907ba880\0"
+                  "4b75707c399af33",
+                  32),
   };
   for (const std::string& s : bad) {
     Result<BlockKey> r = BlockKey::FromHex(s);
@@ -603,10 +585,8 @@ TEST(NamespaceDescriptorTest, ValidateNamesEachBadField) {
       {"block_tokens", [](NamespaceDescriptor& ns) { ns.block_tokens = 0; }},
       {"layer_count", [](NamespaceDescriptor& ns) { ns.layer_count = 0; }},
       {"kv_layout", [](NamespaceDescriptor& ns) { ns.kv_layout.clear(); }},
-      {"bytes_per_token_per_layer",
-       [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = 0; }},
-      {"bytes_per_token_per_layer",
-       [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = ~0ULL / 64; }},
+      {"bytes_per_token_per_layer", [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = 0; }},
+      {"bytes_per_token_per_layer", [](NamespaceDescriptor& ns) { ns.bytes_per_token_per_layer = ~0ULL / 64; }},
       {"tp_size", [](NamespaceDescriptor& ns) { ns.tp_size = 0; }},
       {"tp_rank", [](NamespaceDescriptor& ns) { ns.tp_rank = 1; }},
       {"tp_rank",
@@ -640,9 +620,7 @@ TEST(NamespaceDescriptorTest, ValidateNamesEachBadField) {
   }
 }
 
-TEST(NamespaceDescriptorTest, DefaultDescriptorIsInvalid) {
-  EXPECT_FALSE(NamespaceDescriptor{}.Validate().ok());
-}
+TEST(NamespaceDescriptorTest, DefaultDescriptorIsInvalid) { EXPECT_FALSE(NamespaceDescriptor{}.Validate().ok()); }
 
 TEST(NamespaceDescriptorTest, KeyV2FieldsHaveTheirDefaults) {
   const NamespaceDescriptor ns;
@@ -707,8 +685,7 @@ TEST(NamespaceDescriptorTest, CanonicalBytesEndWithTheV2Fields) {
   ns.object_kind = "abc";
   const std::vector<uint8_t> bytes = CanonicalNamespaceBytes(ns);
   const std::vector<uint8_t> tail(bytes.end() - 19, bytes.end());
-  const std::vector<uint8_t> want = {4, 3, 2, 1, 8, 7, 6, 5, 0xc, 0xb, 0xa, 9,
-                                     3, 0, 0, 0, 'a', 'b', 'c'};
+  const std::vector<uint8_t> want = {4, 3, 2, 1, 8, 7, 6, 5, 0xc, 0xb, 0xa, 9, 3, 0, 0, 0, 'a', 'b', 'c'};
   EXPECT_EQ(tail, want);
 }
 
@@ -722,7 +699,8 @@ TEST(ChainExtrasTest, ValidateAcceptsTheLimits) {
   ChainExtras e;
   EXPECT_TRUE(e.Validate().ok());
   e.cache_salt = std::string(kMaxExtraKeyBytes, 's');
-  e.blocks = {{}, std::vector<ExtraKey>(kMaxExtraKeysPerBlock, Image("x")),
+  e.blocks = {{},
+              std::vector<ExtraKey>(kMaxExtraKeysPerBlock, Image("x")),
               {Image(std::string(kMaxExtraKeyBytes, 'i')), Embeds("e")}};
   EXPECT_TRUE(e.Validate().ok()) << e.Validate().ToString();
   // Binary payloads and salts are fine: they are opaque bytes.
@@ -856,10 +834,8 @@ TEST(ChainExtrasTest, ExtrasOnABlockChangeThatBlockAndEveryLaterOne) {
 TEST(ChainExtrasTest, OrderOfExtraKeysMatters) {
   const std::vector<uint32_t> tokens = PseudoRandomTokens(4 * 3, /*seed=*/14);
   ChainHasher hasher = MakeHasher(BaseNamespace());
-  Result<std::vector<BlockKey>> ab =
-      hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("a"), Image("b")}}});
-  Result<std::vector<BlockKey>> ba =
-      hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("b"), Image("a")}}});
+  Result<std::vector<BlockKey>> ab = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("a"), Image("b")}}});
+  Result<std::vector<BlockKey>> ba = hasher.Keys(tokens, ChainExtras{.blocks = {{}, {Image("b"), Image("a")}}});
   ASSERT_TRUE(ab.ok() && ba.ok());
   EXPECT_EQ((*ab)[0], (*ba)[0]);
   EXPECT_NE((*ab)[1], (*ba)[1]);

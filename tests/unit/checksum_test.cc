@@ -39,7 +39,8 @@ TEST(Checksum, Avx2AndPortableAgreeOnEveryLengthAndAlignment) {
               internal::BlockChecksumPortable(bytes.data() + offset, length))
         << "length " << length << " offset " << offset;
   }
-  EXPECT_EQ(BlockChecksum(std::as_bytes(std::span(bytes))), internal::BlockChecksumPortable(bytes.data(), bytes.size()));
+  EXPECT_EQ(BlockChecksum(std::as_bytes(std::span(bytes))),
+            internal::BlockChecksumPortable(bytes.data(), bytes.size()));
 }
 
 }  // namespace

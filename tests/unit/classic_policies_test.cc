@@ -63,9 +63,9 @@ TEST(ClassicPoliciesTest, RemoveOfPinnedAndUnknown) {
     p->OnInsertKeyed(1, Key(1), 10);
     p->OnInsertKeyed(2, Key(2), 20);
     p->OnPin(1);
-    p->OnRemove(1);   // pinned: removed
-    p->OnRemove(1);   // again: ignored
-    p->OnRemove(77);  // unknown: ignored
+    p->OnRemove(1);     // pinned: removed
+    p->OnRemove(1);     // again: ignored
+    p->OnRemove(77);    // unknown: ignored
     p->OnUnpin(1, 30);  // no longer tracked: ignored
     p->OnAccess(1, 30);
     p->OnPin(77);
@@ -350,33 +350,45 @@ void ExpectRankOrder(Factory make, const std::function<void(EvictionPolicy&, Evi
 TEST(ClassicPoliciesTest, RankIsComparableAcrossInstances) {
   // All: two once-inserted blocks, the older goes first.
   for (Factory make : kAll) {
-    ExpectRankOrder(make, [](EvictionPolicy& a, EvictionPolicy& b) {
-      a.OnInsert(1, 10);
-      b.OnInsert(2, 20);
-    }, 1);
+    ExpectRankOrder(
+        make,
+        [](EvictionPolicy& a, EvictionPolicy& b) {
+          a.OnInsert(1, 10);
+          b.OnInsert(2, 20);
+        },
+        1);
   }
   // LRU-2 and ARC: a block used twice (older) after one used once (newer).
   for (Factory make : {MakeLru2Policy, MakeArcPolicy}) {
-    ExpectRankOrder(make, [](EvictionPolicy& a, EvictionPolicy& b) {
-      a.OnInsert(1, 10);
-      a.OnAccess(1, 15);
-      b.OnInsert(2, 20);
-    }, 2);
+    ExpectRankOrder(
+        make,
+        [](EvictionPolicy& a, EvictionPolicy& b) {
+          a.OnInsert(1, 10);
+          a.OnAccess(1, 15);
+          b.OnInsert(2, 20);
+        },
+        2);
   }
   // LRU-2: two twice-used blocks by second-to-last use, not last use.
-  ExpectRankOrder(MakeLru2Policy, [](EvictionPolicy& a, EvictionPolicy& b) {
-    a.OnInsert(1, 10);
-    b.OnInsert(2, 20);
-    b.OnAccess(2, 30);
-    a.OnAccess(1, 40);
-  }, 1);
+  ExpectRankOrder(
+      MakeLru2Policy,
+      [](EvictionPolicy& a, EvictionPolicy& b) {
+        a.OnInsert(1, 10);
+        b.OnInsert(2, 20);
+        b.OnAccess(2, 30);
+        a.OnAccess(1, 40);
+      },
+      1);
   // S3-FIFO: a main-queue block after a small-queue one.
-  ExpectRankOrder(MakeS3FifoPolicy, [](EvictionPolicy& a, EvictionPolicy& b) {
-    a.OnInsert(1, 10);
-    a.OnAccess(1, 11);
-    a.OnAccess(1, 12);  // moves to M when named
-    b.OnInsert(2, 20);
-  }, 2);
+  ExpectRankOrder(
+      MakeS3FifoPolicy,
+      [](EvictionPolicy& a, EvictionPolicy& b) {
+        a.OnInsert(1, 10);
+        a.OnAccess(1, 11);
+        a.OnAccess(1, 12);  // moves to M when named
+        b.OnInsert(2, 20);
+      },
+      2);
 }
 
 // ---- Randomized comparison with reference models ----

@@ -67,8 +67,8 @@ TEST(ClusterNetworks, AroundASeedIsItsSlash24OrSlash64) {
 }
 
 TEST(ClusterNetworks, TextThatIsNoNetworkIsRefusedQuoted) {
-  for (const std::string bad : {"10.0.0.0/33", "::/129", "10.0.0.0/", "/8", "10.0.0/8", "host", "10.0.0.0/8 ",
-                                "10.0.0.0/+8", ""}) {
+  for (const std::string bad :
+       {"10.0.0.0/33", "::/129", "10.0.0.0/", "/8", "10.0.0/8", "host", "10.0.0.0/8 ", "10.0.0.0/+8", ""}) {
     auto parsed = ClusterNetworks::Parse(std::vector<std::string>{bad});
     ASSERT_FALSE(parsed.ok()) << "'" << bad << "'";
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);

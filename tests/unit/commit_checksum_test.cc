@@ -175,7 +175,7 @@ TEST_F(CommitChecksumTest, VerifiedBatchFailsOnlyTheMismatchedBlock) {
 TEST_F(CommitChecksumTest, HandlerPassesChecksumsFromTheWire) {
   HelloOk();
   const uint64_t checksum = ReserveAndFill(Key(1));  // reserved by kWriter, the handler's connection
-  const uint64_t sent = checksum ^ 0xff;              // distinguishable from the engine's own hash
+  const uint64_t sent = checksum ^ 0xff;             // distinguishable from the engine's own hash
   v1::Request commit = wire::MakeCommit(0, Keys({Key(1)}), Words({kBlockBytes}), Words({sent}));
   commit.set_id(2);
   v1::Response r = Send(commit);

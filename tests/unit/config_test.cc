@@ -133,8 +133,7 @@ TEST(ConfigTest, DefaultTomlRoundTrips) {
   const std::string toml = DefaultConfigToml();
   for (const OptionSpec& spec : ConfigOptions()) {
     const std::string_view key = spec.name.substr(spec.name.find('.') + 1);
-    EXPECT_NE(toml.find(std::string(key) + " = " + std::string(spec.default_value)), std::string::npos)
-        << spec.name;
+    EXPECT_NE(toml.find(std::string(key) + " = " + std::string(spec.default_value)), std::string::npos) << spec.name;
   }
   auto from_text = ParseConfig(toml, "defaults.toml");
   ASSERT_TRUE(from_text.ok()) << from_text.status().ToString();
@@ -202,9 +201,10 @@ level = "debug"
 }
 
 TEST(ConfigTest, BoundsAreInclusive) {
-  auto config = ParseConfig("[server]\nio_threads = 1\nmax_frame_bytes = \"64MiB\"\n"
-                            "drain_timeout_ms = 0\n[engine]\nshards = 1\n",
-                            "test.toml");
+  auto config = ParseConfig(
+      "[server]\nio_threads = 1\nmax_frame_bytes = \"64MiB\"\n"
+      "drain_timeout_ms = 0\n[engine]\nshards = 1\n",
+      "test.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->io_threads, 1);
   EXPECT_EQ(config->max_frame_bytes, 64 * kMiB);
@@ -236,7 +236,8 @@ TEST(ConfigTest, OutOfRangeIntIsRejected) {
 }
 
 TEST(ConfigTest, BadChoiceIsRejected) {
-  ExpectInvalidConfig("[engine]\neviction = \"clock\"\n", {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
+  ExpectInvalidConfig("[engine]\neviction = \"clock\"\n",
+                      {"test.toml:2", "engine.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalidConfig("[host]\nlock_memory = \"yes\"\n", {"test.toml:2", "host.lock_memory"});
   ExpectInvalidConfig("[log]\nlevel = \"INFO\"\n", {"test.toml:2", "log.level"});
 }
@@ -262,7 +263,7 @@ TEST(ConfigTest, NvmeEvictionTakesEveryReclaimOrder) {
     EXPECT_EQ(ReclaimOrderName(*order), name);
   }
   ExpectInvalidConfig("[nvme]\neviction = \"clock\"\n",
-                {"test.toml:2", "nvme.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
+                      {"test.toml:2", "nvme.eviction", "clock", "lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalidConfig("[nvme]\neviction = \"LRU2\"\n", {"test.toml:2", "nvme.eviction", "LRU2"});
 }
 
@@ -381,9 +382,8 @@ TEST(ParseBytesTest, Units) {
 }
 
 TEST(ParseBytesTest, Rejects) {
-  for (const char* text : {"", "-1", "-1KiB", "abc", "KiB", "1.5GiB", "12abc", "1kib", "1 K",
-                           "9223372036854775808", "8589934592GiB", "16777216TiB",
-                           "99999999999999999999", " 5", "+5", "5MiB "}) {
+  for (const char* text : {"", "-1", "-1KiB", "abc", "KiB", "1.5GiB", "12abc", "1kib", "1 K", "9223372036854775808",
+                           "8589934592GiB", "16777216TiB", "99999999999999999999", " 5", "+5", "5MiB "}) {
     auto parsed = ParseBytes(text);
     EXPECT_FALSE(parsed.ok()) << "'" << text << "' parsed as " << (parsed.ok() ? *parsed : 0);
     if (!parsed.ok()) {
@@ -477,11 +477,12 @@ namespace kvtier {
 namespace {
 
 TEST(ConfigTest, ATenantsViewHoldsItsOwnTenantAndNoSecretPaths) {
-  auto config = ParseConfig("[server]\ntenant_key_file = \"/var/lib/kvtier/key\"\n"
-                            "[remote]\npassword_file = \"/etc/kvtier/redis-pass\"\n"
-                            "[[tenant]]\nname = \"alpha\"\nuids = [1101]\nmodels = [\"a/m\"]\n"
-                            "[[tenant]]\nname = \"beta\"\nuids = [1102]\n",
-                            "test");
+  auto config = ParseConfig(
+      "[server]\ntenant_key_file = \"/var/lib/kvtier/key\"\n"
+      "[remote]\npassword_file = \"/etc/kvtier/redis-pass\"\n"
+      "[[tenant]]\nname = \"alpha\"\nuids = [1101]\nmodels = [\"a/m\"]\n"
+      "[[tenant]]\nname = \"beta\"\nuids = [1102]\n",
+      "test");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   const std::string beta = TenantConfigToml(*config, "beta");
   EXPECT_NE(beta.find("name = \"beta\""), std::string::npos) << beta;

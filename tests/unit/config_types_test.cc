@@ -161,12 +161,12 @@ TEST(ConfigTest, EveryRowCopiesAndComparesItsOwnField) {
 // and what the option takes.
 TEST(ConfigTest, WrongTypesNameTheValueAndWhatIsAllowed) {
   ExpectInvalidConfig("[server]\nio_threads = \"2\"\n",
-                {"test.toml:2", "server.io_threads = \"2\" must be an integer in [1, 256]"});
+                      {"test.toml:2", "server.io_threads = \"2\" must be an integer in [1, 256]"});
   ExpectInvalidConfig("[host]\ncapacity_bytes = true\n",
-                {"host.capacity_bytes = true must be a size like \"64MiB\" or an integer", "or 0 (auto)"});
+                      {"host.capacity_bytes = true must be a size like \"64MiB\" or an integer", "or 0 (auto)"});
   ExpectInvalidConfig("[nvme]\ndwpd = \"lots\"\n", {"nvme.dwpd = \"lots\" must be a number in [0.01, 100]"});
   ExpectInvalidConfig("[engine]\neviction = 3\n",
-                {"engine.eviction = 3 must be a string, one of lru|fifo|lru2|s3fifo|arc|queue_aware"});
+                      {"engine.eviction = 3 must be a string, one of lru|fifo|lru2|s3fifo|arc|queue_aware"});
   ExpectInvalidConfig("[server]\nsocket_path = [1]\n", {"server.socket_path must be a string"});
 }
 

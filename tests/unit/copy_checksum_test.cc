@@ -32,8 +32,8 @@ std::vector<Impl> Implementations() {
 // the bytes, the value, and that nothing around the destination changed.
 void CheckOne(const Impl& impl, const std::vector<unsigned char>& src, size_t src_offset, size_t dst_offset,
               size_t length) {
-  SCOPED_TRACE(std::string(impl.name) + " length " + std::to_string(length) + " src+" +
-               std::to_string(src_offset) + " dst+" + std::to_string(dst_offset));
+  SCOPED_TRACE(std::string(impl.name) + " length " + std::to_string(length) + " src+" + std::to_string(src_offset) +
+               " dst+" + std::to_string(dst_offset));
   std::vector<unsigned char> dst(dst_offset + length + 64, 0xA5);
   const uint64_t got = impl.copy(dst.data() + dst_offset, src.data() + src_offset, length);
   ASSERT_EQ(got, internal::BlockChecksumPortable(src.data() + src_offset, length));

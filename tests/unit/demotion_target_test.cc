@@ -70,7 +70,10 @@ TEST(DemotionTargetTest, ANeededBlockIsForcedIntoTheFirstTierWhenItsBudgetPays) 
   DemotionTarget n = none.Choose(true);
   EXPECT_FALSE(n.level);
   EXPECT_FALSE(n.held_below);
-  const auto never = [](size_t) -> bool { ADD_FAILURE() << "no tier to ask"; return false; };
+  const auto never = [](size_t) -> bool {
+    ADD_FAILURE() << "no tier to ask";
+    return false;
+  };
   EXPECT_FALSE(ChooseDemotionTarget(0, true, never, never, never).level) << "no tier below";
 }
 

@@ -118,7 +118,8 @@ TEST_F(DirectoryTrustTest, ATenantKeyIsNeverWrittenOrReadThroughASymlink) {
   EXPECT_TRUE(S_ISREG(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   size_t entries = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) entries += e.path().string().find(".tmp") == std::string::npos ? 0 : 1;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    entries += e.path().string().find(".tmp") == std::string::npos ? 0 : 1;
   EXPECT_EQ(entries, 0u) << "a temporary key file was left behind";
   auto again = LoadTenantKey(key_path);
   ASSERT_TRUE(again.ok());

@@ -28,7 +28,7 @@ TEST(DwpdBudgetTest, DailyRateFollowsTheFormula) {
   o.warranty_years = 5;
   o.planned_years = 5;
   EXPECT_NEAR(DwpdBudget(o, 0).daily_rate(), 3.84e12 / 86400, 1);  // ~44 MB/s: 3.84 TB a day
-  o.planned_years = 10;  // lasting twice the warranty halves the rate
+  o.planned_years = 10;                                            // lasting twice the warranty halves the rate
   EXPECT_NEAR(DwpdBudget(o, 0).daily_rate(), 3.84e12 / 86400 / 2, 1);
   o.share = 0.25;
   o.dwpd = 3;

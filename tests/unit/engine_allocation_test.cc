@@ -97,7 +97,7 @@ TEST_F(EngineAllocationTest, AnAllocationEvictsABoundedNumberOfBlocks) {
 // Layer reads from NVMe hold transient arena space; at most
 // engine.layer_read_share of the host tier at once.
 TEST_F(EngineAllocationTest, LayerReadsHoldAtMostTheirPool) {
-  Open(8, /*nvme=*/true, 0.125);  // pool: 64 KiB, two 2-layer reads of 32 KiB
+  Open(8, /*nvme=*/true, 0.125);             // pool: 64 KiB, two 2-layer reads of 32 KiB
   for (uint64_t i = 0; i < 16; ++i) Put(i);  // 0..7 demoted to NVMe
   engine_->WaitForIdle();
   const int64_t evictions_before = Counters()["engine.evictions"];

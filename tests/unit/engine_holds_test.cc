@@ -49,9 +49,7 @@ class EngineHoldsTest : public ::testing::Test {
     engine_->WaitForIdle();
   }
   Tier Where(const BlockKey& key) { return ::kvtier::testing::LookupTier(*engine_, a_, key); }
-  int64_t Counter(const std::string& name) {
-    return ::kvtier::testing::EngineCounters(*engine_)[name];
-  }
+  int64_t Counter(const std::string& name) { return ::kvtier::testing::EngineCounters(*engine_)[name]; }
   Engine::HoldResult HoldOne(uint64_t i, uint64_t ttl_us) {
     const BlockKey key = Key(a_, i);
     return engine_->Hold(a_, {&key, 1}, ttl_us)[0];

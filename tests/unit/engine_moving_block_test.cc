@@ -264,9 +264,8 @@ TEST_F(EngineBusyReadTest, APromotionTheTierIsTooBusyForWaitsInsteadOfMissing) {
   engine_->WaitForIdle();
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(grants[i].status.ok()) << i << ": " << grants[i].status.ToString();
-    EXPECT_TRUE(::kvtier::testing::CheckBlockBytes(keys[i], 0,
-                                                   ::kvtier::testing::SlotBytes(*host_, grants[i].offset,
-                                                                                grants[i].length)));
+    EXPECT_TRUE(::kvtier::testing::CheckBlockBytes(
+        keys[i], 0, ::kvtier::testing::SlotBytes(*host_, grants[i].offset, grants[i].length)));
     EXPECT_TRUE(engine_->Release(3, {&grants[i].lease, 1})[0].ok());
   }
   auto c = Counters();

@@ -119,7 +119,10 @@ class EngineRetryTest : public ::testing::Test {
   // `key` stored in the tier below only.
   void StoreBelow(const BlockKey& key) {
     const std::vector<std::byte> bytes = ::kvtier::testing::Block(key, kBlockBytes);
-    ASSERT_TRUE(below_map_.Write(kNs, key, kLayers, bytes, [](Status) {}, std::nullopt).ok());
+    ASSERT_TRUE(below_map_
+                    .Write(
+                        kNs, key, kLayers, bytes, [](Status) {}, std::nullopt)
+                    .ok());
   }
   // A load of `key` into GPU memory, ended at once: a host hit, offered up.
   void LoadInPlace(const BlockKey& key) {

@@ -78,8 +78,7 @@ TEST(EngineStressTest, ConcurrentOpsKeepTheSpaceInvariant) {
           const uint64_t size = kSizes[rng() % 4];
           auto g = engine.Reserve(connection, ns, {&key, 1}, {&size, 1});
           if (!g[0].status.ok()) {
-            if (g[0].status.code() != StatusCode::kAlreadyExists &&
-                g[0].status.code() != StatusCode::kNoSpace) {
+            if (g[0].status.code() != StatusCode::kAlreadyExists && g[0].status.code() != StatusCode::kNoSpace) {
               ++unexpected;
             }
             break;

@@ -60,8 +60,8 @@ class EngineTest : public ::testing::Test {
 
   // Reserve, fill with self-describing bytes (salt), Commit. The clock moves
   // one microsecond first so that every commit has its own time.
-  Status Put(ConnectionId connection, const BlockKey& key, uint64_t size = kBlockBytes,
-             uint64_t salt = 1, const NamespaceFingerprint* ns = nullptr) {
+  Status Put(ConnectionId connection, const BlockKey& key, uint64_t size = kBlockBytes, uint64_t salt = 1,
+             const NamespaceFingerprint* ns = nullptr) {
     const NamespaceFingerprint& fp = ns != nullptr ? *ns : ns_;
     clock_.AdvanceUs(1);
     auto grants = engine_->Reserve(connection, fp, {&key, 1}, {&size, 1});
@@ -70,13 +70,9 @@ class EngineTest : public ::testing::Test {
     return engine_->Commit(connection, fp, {&key, 1}, {&size, 1})[0];
   }
 
-  PinGrant PinOne(ConnectionId connection, const BlockKey& key) {
-    return engine_->Pin(connection, ns_, {&key, 1})[0];
-  }
+  PinGrant PinOne(ConnectionId connection, const BlockKey& key) { return engine_->Pin(connection, ns_, {&key, 1})[0]; }
 
-  Status ReleaseOne(ConnectionId connection, LeaseId lease) {
-    return engine_->Release(connection, {&lease, 1})[0];
-  }
+  Status ReleaseOne(ConnectionId connection, LeaseId lease) { return engine_->Release(connection, {&lease, 1})[0]; }
 
   // A use: pin then release, with the clock moving.
   void Touch(const BlockKey& key) {
@@ -206,8 +202,7 @@ TEST_F(EngineTest, EverythingIsScopedToTheNamespace) {
   const BlockKey other = Key(2);
   const uint64_t size = kBlockBytes;
   ASSERT_TRUE(engine_->Reserve(kWriter, ns_, {&other, 1}, {&size, 1})[0].status.ok());
-  EXPECT_EQ(engine_->Commit(kWriter, ns2_, {&other, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kWriter, ns2_, {&other, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(engine_->Commit(kWriter, ns_, {&other, 1}, {&size, 1})[0].ok());
 }
 
@@ -224,8 +219,7 @@ TEST_F(EngineTest, ReserveOfExistingKeyIsAlreadyExists) {
     EXPECT_NE(g[0].status.message().find("cached"), std::string::npos) << g[0].status.message();
     g = engine_->Reserve(s, ns_, {&writing, 1}, {&size, 1});
     EXPECT_EQ(g[0].status.code(), StatusCode::kAlreadyExists);
-    EXPECT_NE(g[0].status.message().find("being written"), std::string::npos)
-        << g[0].status.message();
+    EXPECT_NE(g[0].status.message().find("being written"), std::string::npos) << g[0].status.message();
   }
   EXPECT_EQ(host_->used_bytes(), used);
   // The failed attempts did not disturb the original reservation.
@@ -264,18 +258,15 @@ TEST_F(EngineTest, ReserveOfBlockWhoseClassExceedsTheArenaEvictsNothing) {
 TEST_F(EngineTest, CommitWithoutReservationIsFailedPrecondition) {
   const BlockKey key = Key(1);
   const uint64_t size = kBlockBytes;
-  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
 
   ASSERT_TRUE(engine_->Reserve(kWriter, ns_, {&key, 1}, {&size, 1})[0].status.ok());
   // Another connection cannot commit it...
-  EXPECT_EQ(engine_->Commit(kOther, ns_, {&key, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kOther, ns_, {&key, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(Cached(key));
   // ...the owner can, once.
   EXPECT_TRUE(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].ok());
-  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Counter("engine.commit_failures"), 3);
   EXPECT_EQ(Counter("engine.commits"), 1);
 }
@@ -292,8 +283,7 @@ TEST_F(EngineTest, CommitSizeMismatchDropsReservationAndFreesSpace) {
   EXPECT_EQ(Counter("engine.reserved_blocks"), 0);
   EXPECT_FALSE(Cached(key));
   // The reservation is gone: committing the right size is now out of order.
-  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&key, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
   // And the key is free to be written again.
   EXPECT_TRUE(Put(kWriter, key).ok());
 }
@@ -336,8 +326,7 @@ TEST_F(EngineTest, CloseConnectionFreesReservationsAndReleasesLeases) {
   EXPECT_EQ(Counter("engine.leases"), 1);           // kOther's
   EXPECT_EQ(Counter("engine.pinned_blocks"), 1);
   EXPECT_EQ(ReleaseOne(kWriter, lease.lease).code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&reserved, 1}, {&size, 1})[0].code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine_->Commit(kWriter, ns_, {&reserved, 1}, {&size, 1})[0].code(), StatusCode::kFailedPrecondition);
   engine_->CloseConnection(kWriter);  // idempotent
   EXPECT_EQ(host_->used_bytes(), 2 * kBlockBytes);
 
@@ -517,8 +506,7 @@ TEST_P(EngineEvictionTest, LruEvictsLeastRecentlyUsedAcrossShards) {
     ASSERT_TRUE(Put(kWriter, Key(next_key++)).ok());
     evicted.insert(expected_order[step]);
     for (uint64_t i = 0; i < 16; ++i) {
-      EXPECT_EQ(Cached(Key(i)), evicted.count(i) == 0)
-          << "key " << i << " after evicting " << step + 1 << " blocks";
+      EXPECT_EQ(Cached(Key(i)), evicted.count(i) == 0) << "key " << i << " after evicting " << step + 1 << " blocks";
     }
   }
   EXPECT_EQ(Counter("engine.evictions"), 16);
@@ -627,9 +615,8 @@ TEST_F(EngineTest, BatchReserveLargerThanArenaFailsTheTail) {
 TEST_F(EngineTest, Counters) {
   Make(4);
   auto c = Counters(*engine_);
-  for (const char* name : {"engine.blocks", "engine.stored_bytes", "engine.pinned_blocks",
-                           "engine.reserved_blocks", "engine.zombie_blocks", "engine.leases",
-                           "engine.evictions", "engine.lookups", "engine.pins",
+  for (const char* name : {"engine.blocks", "engine.stored_bytes", "engine.pinned_blocks", "engine.reserved_blocks",
+                           "engine.zombie_blocks", "engine.leases", "engine.evictions", "engine.lookups", "engine.pins",
                            "host.alloc.used_bytes", "host.arena.capacity_bytes"}) {
     EXPECT_EQ(c.count(name), 1u) << name;
   }

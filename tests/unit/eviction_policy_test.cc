@@ -159,12 +159,10 @@ class ReferencePolicy {
 
  private:
   std::vector<EvictionCandidate>::const_iterator Find(BlockHandle h) const {
-    return std::find_if(order_.begin(), order_.end(),
-                        [h](const EvictionCandidate& c) { return c.handle == h; });
+    return std::find_if(order_.begin(), order_.end(), [h](const EvictionCandidate& c) { return c.handle == h; });
   }
   std::vector<EvictionCandidate>::iterator Find(BlockHandle h) {
-    return std::find_if(order_.begin(), order_.end(),
-                        [h](const EvictionCandidate& c) { return c.handle == h; });
+    return std::find_if(order_.begin(), order_.end(), [h](const EvictionCandidate& c) { return c.handle == h; });
   }
 
   const bool lru_;
@@ -295,8 +293,8 @@ TEST(PinnedPolicyTest, DoublePinAndStrayUnpinAreIgnored) {
     p->OnInsert(2, 2);
     p->OnUnpin(1, 3);  // not pinned: ignored
     p->OnPin(1);
-    p->OnPin(1);       // already pinned: ignored
-    p->OnPin(77);      // untracked: ignored
+    p->OnPin(1);   // already pinned: ignored
+    p->OnPin(77);  // untracked: ignored
     p->OnUnpin(1, 4);
     EXPECT_EQ(Drain(*p).size(), 2u) << p->name();
   }

@@ -156,7 +156,9 @@ TEST_F(EvictorTest, AVictimATierBelowHoldsCostsNoWrite) {
   ::kvtier::testing::MapTier& nvme = AddLevel(AdmissionPolicyId::kAll);
   Fill();
   std::vector<std::byte> bytes(kBlockBytes, std::byte{7});
-  ASSERT_TRUE(nvme.Write(kNs, Key(0), 1, bytes, [](Status) {}, std::nullopt).ok());
+  ASSERT_TRUE(nvme.Write(
+                      kNs, Key(0), 1, bytes, [](Status) {}, std::nullopt)
+                  .ok());
   Evictor& evictor = Make();
   ASSERT_TRUE(evictor.Allocate(kBlockBytes).ok());
   EXPECT_TRUE(demoted_.empty()) << "promoted from there, so still there";
@@ -194,7 +196,9 @@ TEST_F(EvictorTest, AdmissionFactsComeFromTheLineageAndEveryTier) {
   EXPECT_FALSE(facts.parent_held);
   EXPECT_EQ(facts.conversation, Lineage::State::kOpen);
   std::vector<std::byte> bytes(kBlockBytes, std::byte{1});
-  ASSERT_TRUE(nvme.Write(kNs, Key(1), 1, bytes, [](Status) {}, std::nullopt).ok());
+  ASSERT_TRUE(nvme.Write(
+                      kNs, Key(1), 1, bytes, [](Status) {}, std::nullopt)
+                  .ok());
   EXPECT_TRUE(evictor.HeldAnywhere(Key(1))) << "held in a tier below";
   EXPECT_TRUE(evictor.GatherFacts(Key(2), 0).parent_held);
   ASSERT_TRUE(nvme.Erase(Key(1)).ok());

@@ -24,11 +24,29 @@ using ::kvtier::testing::ExpectSameCapabilities;
 using ::kvtier::testing::kEveryCapability;
 using ::kvtier::testing::RecordingTier;
 
-const std::set<std::string> kEveryMethod = {
-    "name", "asynchronous", "capacity_bytes", "used_bytes", "StoredBytes", "Find", "Probe",
-    "Write", "Read", "keeps_layer_checksums", "ReadWithLayerChecksums", "ForEachBlock", "ForEachNamespaceBytes",
-    "Erase", "write_totals", "SetNeededHint", "SetEvictionSink", "SetShares", "shareable_bytes", "HoldInPlace",
-    "ReleaseInPlace", "VisitCounters", "CheckHealth"};
+const std::set<std::string> kEveryMethod = {"name",
+                                            "asynchronous",
+                                            "capacity_bytes",
+                                            "used_bytes",
+                                            "StoredBytes",
+                                            "Find",
+                                            "Probe",
+                                            "Write",
+                                            "Read",
+                                            "keeps_layer_checksums",
+                                            "ReadWithLayerChecksums",
+                                            "ForEachBlock",
+                                            "ForEachNamespaceBytes",
+                                            "Erase",
+                                            "write_totals",
+                                            "SetNeededHint",
+                                            "SetEvictionSink",
+                                            "SetShares",
+                                            "shareable_bytes",
+                                            "HoldInPlace",
+                                            "ReleaseInPlace",
+                                            "VisitCounters",
+                                            "CheckHealth"};
 
 TEST(ForwardingTier, EveryMethodReachesTheWrappedTier) {
   RecordingTier inner;
@@ -49,9 +67,14 @@ TEST(ForwardingTier, TheMeasuredTierForwardsWhatItDoesNotMeasure) {
 // Each capability alone, none, and all: a wrapper (and a wrapper of a
 // wrapper) has exactly the wrapped tier's.
 TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
-  const std::vector<Capabilities> cases = {
-      {}, kEveryCapability, {.prober = true}, {.in_place_holds = true}, {.reclaim_hooks = true}, {.reclaim_shares = true},
-      {.namespace_sums = true}, {.health = true}};
+  const std::vector<Capabilities> cases = {{},
+                                           kEveryCapability,
+                                           {.prober = true},
+                                           {.in_place_holds = true},
+                                           {.reclaim_hooks = true},
+                                           {.reclaim_shares = true},
+                                           {.namespace_sums = true},
+                                           {.health = true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     RecordingTier inner(cases[i]);
     ForwardingTier forwarding(inner);
@@ -60,7 +83,8 @@ TEST(ForwardingTier, AWrapperHasExactlyTheCapabilitiesOfTheTierItWraps) {
     ExpectSameCapabilities(CapabilitiesOf(inner), cases[i], "case " + std::to_string(i) + " itself");
     ExpectSameCapabilities(CapabilitiesOf(forwarding), cases[i], "case " + std::to_string(i) + " ForwardingTier");
     ExpectSameCapabilities(CapabilitiesOf(measured), cases[i], "case " + std::to_string(i) + " MeasuredTier");
-    ExpectSameCapabilities(CapabilitiesOf(measured_forwarding), cases[i], "case " + std::to_string(i) + " two wrappers");
+    ExpectSameCapabilities(CapabilitiesOf(measured_forwarding), cases[i],
+                           "case " + std::to_string(i) + " two wrappers");
   }
 }
 

@@ -39,8 +39,7 @@ HostArenaOptions Options(uint64_t capacity, LockMode lock = LockMode::kBestEffor
   return o;
 }
 
-std::unique_ptr<HostTier> OpenTier(uint64_t capacity,
-                                   LockMode lock = LockMode::kBestEffort) {
+std::unique_ptr<HostTier> OpenTier(uint64_t capacity, LockMode lock = LockMode::kBestEffort) {
   auto tier = HostTier::Open(Options(capacity, lock));
   EXPECT_TRUE(tier.ok()) << tier.status().ToString();
   return tier.ok() ? std::move(*tier) : nullptr;
@@ -71,8 +70,7 @@ TEST(HostArenaTest, LockOffIsUnlockedAndCloexec) {
   CounterCollector c;
   (*arena)->VisitCounters(c);
   ASSERT_EQ(c.counters().size(), 2u);
-  EXPECT_EQ(c.counters()[0], std::make_pair(std::string("host.arena.capacity_bytes"),
-                                            int64_t(4 * kMiB)));
+  EXPECT_EQ(c.counters()[0], std::make_pair(std::string("host.arena.capacity_bytes"), int64_t(4 * kMiB)));
   EXPECT_EQ(c.counters()[1], std::make_pair(std::string("host.arena.locked"), int64_t(0)));
 }
 
@@ -193,8 +191,7 @@ TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
   };
   auto stamped = [&](const Extent& e, int t) {
     auto b = tier->Bytes(e);
-    return b[0] == std::byte(t + 1) && b[63] == std::byte(t + 1) &&
-           b[b.size() - 1] == std::byte(t + 1);
+    return b[0] == std::byte(t + 1) && b[63] == std::byte(t + 1) && b[b.size() - 1] == std::byte(t + 1);
   };
   auto worker = [&](int t) {
     std::mt19937_64 rng(1000 + t);
@@ -223,8 +220,7 @@ TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
     for (const Extent& e : live[t]) EXPECT_TRUE(stamped(e, t));
     all.insert(all.end(), live[t].begin(), live[t].end());
   }
-  std::sort(all.begin(), all.end(),
-            [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  std::sort(all.begin(), all.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
   uint64_t sum = 0;
   for (size_t i = 0; i < all.size(); ++i) {
     if (i > 0) {
@@ -241,8 +237,7 @@ TEST(HostTierTest, ConcurrentAllocateFreeKeepsAccounting) {
 // make mlock a no-op that returns 0, so the lock tests can only run in
 // builds without them; the release suite runs them.
 constexpr bool kMlockIsReal = !KVTIER_ASAN && !KVTIER_TSAN;
-constexpr const char* kNoMlockUnderAsan =
-    "ASan/TSan turn mlock into a no-op; this runs in the release suite";
+constexpr const char* kNoMlockUnderAsan = "ASan/TSan turn mlock into a no-op; this runs in the release suite";
 
 uint64_t LockedKiB() {
   std::ifstream status("/proc/self/status");
@@ -318,9 +313,8 @@ std::string MlockFailsUnderLowLimit() {
     return "FAIL: kRequired Open succeeded under a 64 KiB RLIMIT_MEMLOCK";
   }
   const std::string m = required.status().message();
-  for (const char* needle : {"RLIMIT_MEMLOCK", "soft=65536 hard=65536", "67108864",
-                             "ulimit -l", "LimitMEMLOCK=infinity",
-                             "host.lock_memory = \"best_effort\""}) {
+  for (const char* needle : {"RLIMIT_MEMLOCK", "soft=65536 hard=65536", "67108864", "ulimit -l",
+                             "LimitMEMLOCK=infinity", "host.lock_memory = \"best_effort\""}) {
     if (m.find(needle) == std::string::npos) {
       return std::string("FAIL: message lacks '") + needle + "': " + m;
     }

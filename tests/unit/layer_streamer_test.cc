@@ -44,7 +44,9 @@ constexpr size_t kShards = 2;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x57e, i}; }
 
-std::vector<std::byte> BlockBytes(uint64_t i) { return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes); }
+std::vector<std::byte> BlockBytes(uint64_t i) {
+  return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes);
+}
 
 // The tier below: records each read started (key, first layer) in order,
 // fails every read of a key in `failing` (IoError, on its thread), and
@@ -149,7 +151,9 @@ class LayerStreamerTest : public ::testing::Test {
     std::vector<PinClaim> claims;
     for (size_t i = 0; i < n; ++i) {
       const std::vector<std::byte> bytes = BlockBytes(i);
-      EXPECT_TRUE(map_.Write(kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
+      EXPECT_TRUE(map_.Write(
+                          kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                      .ok());
       BlockIndex& shard = *shards_[ShardIndexOf(Key(i), kShards)];
       MutexLock lock(shard.mu);
       shard.BeginPromotion(Key(i), kNs, kBlockBytes, /*prefetched=*/false);
@@ -161,9 +165,7 @@ class LayerStreamerTest : public ::testing::Test {
     return out;
   }
   // The board as the client reads it.
-  LoadBoardReader Board() {
-    return LoadBoardReader(host_->Bytes(load_->board_extent).data(), blocks_);
-  }
+  LoadBoardReader Board() { return LoadBoardReader(host_->Bytes(load_->board_extent).data(), blocks_); }
   std::vector<std::byte> Arena(uint64_t offset, uint64_t length) {
     std::span<std::byte> bytes = ::kvtier::testing::SlotBytes(*host_, offset, length);
     return std::vector<std::byte>(bytes.begin(), bytes.end());
@@ -197,7 +199,8 @@ TEST_F(LayerStreamerTest, LayerZeroOfEveryBlockIsReadFirstAndEveryBlockLandsByte
   for (size_t b = 0; b < kBlocks; ++b) {
     ASSERT_TRUE(grants[b].status.ok()) << b << ": " << grants[b].status.ToString();
     EXPECT_EQ(Arena(grants[b].offset, grants[b].length), BlockBytes(b)) << b;
-    EXPECT_EQ(Board().offset(static_cast<uint32_t>(b)), grants[b].offset) << "the board says where the block lands, from the start";
+    EXPECT_EQ(Board().offset(static_cast<uint32_t>(b)), grants[b].offset)
+        << "the board says where the block lands, from the start";
   }
   EXPECT_EQ(Board().layers_ready(), kLayers) << "every layer but each block's last was counted by the stream";
   EXPECT_EQ(counters_.load_streamed_blocks.load(), 3);

@@ -106,10 +106,18 @@ class LoaderTest : public ::testing::Test {
         waiting_[n] = {batch, i};
       };
       switch (script_.at(n)) {
-        case Claim::kHit: batch->grants[i] = Grant(n, kBlockBytes, batch->with_layers && sums_at_hit_); break;
-        case Claim::kHitWrongSize: batch->grants[i] = Grant(n, kBlockBytes / 2, false); break;
-        case Claim::kMiss: batch->grants[i].status = NotFound("scripted: not cached"); break;
-        case Claim::kWait: wait(); break;
+        case Claim::kHit:
+          batch->grants[i] = Grant(n, kBlockBytes, batch->with_layers && sums_at_hit_);
+          break;
+        case Claim::kHitWrongSize:
+          batch->grants[i] = Grant(n, kBlockBytes / 2, false);
+          break;
+        case Claim::kMiss:
+          batch->grants[i].status = NotFound("scripted: not cached");
+          break;
+        case Claim::kWait:
+          wait();
+          break;
         case Claim::kBelow:
         case Claim::kBelowOtherSize: {
           wait();
@@ -225,8 +233,8 @@ TEST_F(LoaderTest, ABlockThatResolvesLaterUpdatesTheBoard) {
 }
 
 TEST_F(LoaderTest, AFailedBlockFailsAlone) {
-  Result<Loader::LoadStart> start = Begin(
-      {Claim::kHit, Claim::kMiss, Claim::kWait, Claim::kHitWrongSize, Claim::kBelowOtherSize, Claim::kWait});
+  Result<Loader::LoadStart> start =
+      Begin({Claim::kHit, Claim::kMiss, Claim::kWait, Claim::kHitWrongSize, Claim::kBelowOtherSize, Claim::kWait});
   ASSERT_TRUE(start.ok()) << start.status().ToString();
   EXPECT_TRUE(start->blocks[0].ok());
   EXPECT_EQ(start->blocks[1].code(), StatusCode::kNotFound);

@@ -49,7 +49,9 @@ class ProbingTier final : public ForwardingTier, public Prober {
     for (const BlockKey& key : keys) {
       if (learnable.count(key.lo) == 0) continue;
       const std::vector<std::byte> bytes(kBlockBytes, std::byte{7});
-      EXPECT_TRUE(map_.Write(ns, key, 1, bytes, [](Status) {}, std::nullopt).ok());
+      EXPECT_TRUE(map_.Write(
+                          ns, key, 1, bytes, [](Status) {}, std::nullopt)
+                      .ok());
     }
   }
 
@@ -110,7 +112,9 @@ class LocatorTest : public ::testing::Test {
   }
   void Store(BlockTier& tier, const BlockKey& key) {
     const std::vector<std::byte> bytes(kBlockBytes, std::byte{1});
-    EXPECT_TRUE(tier.Write(kNs, key, 1, bytes, [](Status) {}, std::nullopt).ok());
+    EXPECT_TRUE(tier.Write(
+                        kNs, key, 1, bytes, [](Status) {}, std::nullopt)
+                    .ok());
   }
 
   EngineCounters counters_;

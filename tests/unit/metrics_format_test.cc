@@ -27,11 +27,11 @@ std::vector<std::string> Lines(const std::string& text) {
 
 TEST(LatencyHistogramTest, EachObservationLandsInTheFirstBucketThatHoldsIt) {
   LatencyHistogram h;
-  h.Record(nanoseconds(0));        // <= 1 us
-  h.Record(nanoseconds(1000));     // exactly 1 us
-  h.Record(nanoseconds(1001));     // just above: <= 2 us
-  h.Record(microseconds(3));       // <= 4 us
-  h.Record(microseconds(1 << 23));  // the last bound
+  h.Record(nanoseconds(0));            // <= 1 us
+  h.Record(nanoseconds(1000));         // exactly 1 us
+  h.Record(nanoseconds(1001));         // just above: <= 2 us
+  h.Record(microseconds(3));           // <= 4 us
+  h.Record(microseconds(1 << 23));     // the last bound
   h.Record(std::chrono::seconds(60));  // past every bound
   const HistogramSnapshot s = h.Snapshot();
   EXPECT_EQ(s.counts[0], 2u);

@@ -25,7 +25,8 @@ TEST(MetricsScopeTest, OnlySeriesWithDaemonLabelsAreDaemonWide) {
   EXPECT_TRUE(IsDaemonWideSeries("build_info{version=\"1.2\"}"));
   EXPECT_FALSE(IsDaemonWideSeries("engine.lookups{tenant=\"alpha\"}"));
   EXPECT_FALSE(IsDaemonWideSeries("tier.hits{tier=\"host\",tenant=\"alpha\"}"));
-  EXPECT_FALSE(IsDaemonWideSeries("namespace.bytes{ns=\"0123\",model=\"m\",revision=\"r\",adapter=\"\",tier=\"host\"}"));
+  EXPECT_FALSE(
+      IsDaemonWideSeries("namespace.bytes{ns=\"0123\",model=\"m\",revision=\"r\",adapter=\"\",tier=\"host\"}"));
   EXPECT_FALSE(IsDaemonWideSeries("x{client=\"new label nobody reviewed\"}"));
 }
 
@@ -82,12 +83,10 @@ TEST(BearerTokenTest, AnythingElseIsRefused) {
   EXPECT_FALSE(HasBearerToken(Head("X-Authorization: Bearer " + token + "\r\n"), token));
   EXPECT_FALSE(HasBearerToken("GET /metrics?Authorization:%20Bearer%20" + token + " HTTP/1.1\r\n\r\n", token));
   // Two of them, whatever the order: refused.
-  EXPECT_FALSE(HasBearerToken(
-      Head("Authorization: Bearer " + token + "\r\nAuthorization: Bearer wrong\r\n"), token));
-  EXPECT_FALSE(HasBearerToken(
-      Head("Authorization: Bearer wrong\r\nAuthorization: Bearer " + token + "\r\n"), token));
-  EXPECT_FALSE(HasBearerToken(
-      Head("Authorization: Bearer " + token + "\r\nAuthorization: Bearer " + token + "\r\n"), token));
+  EXPECT_FALSE(HasBearerToken(Head("Authorization: Bearer " + token + "\r\nAuthorization: Bearer wrong\r\n"), token));
+  EXPECT_FALSE(HasBearerToken(Head("Authorization: Bearer wrong\r\nAuthorization: Bearer " + token + "\r\n"), token));
+  EXPECT_FALSE(
+      HasBearerToken(Head("Authorization: Bearer " + token + "\r\nAuthorization: Bearer " + token + "\r\n"), token));
 }
 
 class TokenFileTest : public ::testing::Test {
@@ -132,13 +131,12 @@ TEST_F(TokenFileTest, AnOperatorsTokenIsReadWithoutItsTrailingNewline) {
 
 TEST_F(TokenFileTest, ShortOddOrOpenTokensAreRefused) {
   const std::string good(40, 'T');
-  const std::pair<std::string, mode_t> bad[] = {
-      {std::string(31, 'T'), 0600},       // too short to be a secret
-      {good + " " + good, 0600},          // a space
-      {good + "\n\n", 0600},              // two newlines
-      {good + "\xc3\xa9", 0600},          // not token68
-      {good, 0640},                       // the group may read it
-      {std::string(5000, 'T'), 0600}};    // too long
+  const std::pair<std::string, mode_t> bad[] = {{std::string(31, 'T'), 0600},     // too short to be a secret
+                                                {good + " " + good, 0600},        // a space
+                                                {good + "\n\n", 0600},            // two newlines
+                                                {good + "\xc3\xa9", 0600},        // not token68
+                                                {good, 0640},                     // the group may read it
+                                                {std::string(5000, 'T'), 0600}};  // too long
   int i = 0;
   for (const auto& [text, mode] : bad) {
     const std::string path = Write("bad" + std::to_string(i++), text, mode);

@@ -18,11 +18,13 @@ using namespace std::chrono_literals;
 
 // Whether another thread could take `mu` right now.
 bool FreeElsewhere(Mutex& mu) {
-  return std::async(std::launch::async, [&mu] {
-           if (!mu.TryLock()) return false;
-           mu.Unlock();
-           return true;
-         }).get();
+  return std::async(std::launch::async,
+                    [&mu] {
+                      if (!mu.TryLock()) return false;
+                      mu.Unlock();
+                      return true;
+                    })
+      .get();
 }
 
 TEST(MutexTest, LockExcludesOtherThreads) {
@@ -93,16 +95,18 @@ TEST(MutexDeathTest, AssertHeldAbortsWhenNotHeld) {
 TEST(SharedMutexTest, ReadersShareWritersExclude) {
   SharedMutex mu;
   auto elsewhere = [&mu](bool reader) {
-    return std::async(std::launch::async, [&mu, reader] {
-             if (reader) {
-               if (!mu.ReaderTryLock()) return false;
-               mu.ReaderUnlock();
-               return true;
-             }
-             if (!mu.TryLock()) return false;
-             mu.Unlock();
-             return true;
-           }).get();
+    return std::async(std::launch::async,
+                      [&mu, reader] {
+                        if (reader) {
+                          if (!mu.ReaderTryLock()) return false;
+                          mu.ReaderUnlock();
+                          return true;
+                        }
+                        if (!mu.TryLock()) return false;
+                        mu.Unlock();
+                        return true;
+                      })
+        .get();
   };
   {
     ReaderMutexLock lock(mu);

@@ -100,7 +100,8 @@ TEST_F(NamespaceRegistrationsTest, RegistrationsTheTenantsModelsRefuseLeaveNothi
   for (int i = 0; i < 50; ++i) {
     RequestHandler handler(context_, static_cast<ConnectionId>(i + 1));
     std::vector<NamespaceDescriptor> many;
-    for (int j = 0; j < 8; ++j) many.push_back(::kvtier::testing::ModelNamespace("allowed/model", "r" + std::to_string(j)));
+    for (int j = 0; j < 8; ++j)
+      many.push_back(::kvtier::testing::ModelNamespace("allowed/model", "r" + std::to_string(j)));
     many.push_back(::kvtier::testing::ModelNamespace(std::string(400, 'm'), "rev"));
     EXPECT_EQ(Code(Send(handler, Hello(many))), StatusCode::kPermissionDenied);
     engine_->CloseConnection(static_cast<ConnectionId>(i + 1));

@@ -111,7 +111,7 @@ TEST(NamespaceRegistryTest, ANamespaceUsedOrKeptAgainIsNotForgotten) {
   UseOne(registry, 1, Ns(1), d);
   UseOne(registry, 1, Ns(2), d);
   registry.Release(1);
-  UseOne(registry, 2, Ns(1), d);  // a new connection uses it
+  UseOne(registry, 2, Ns(1), d);                             // a new connection uses it
   registry.Keep(Ns(2), NamespaceLayout{4, d.BlockBytes()});  // an operator keeps it
   EXPECT_EQ(registry.ForgetUnused({}), 0u);
   EXPECT_TRUE(registry.DescriptorOf(Ns(1)).has_value());
@@ -166,8 +166,9 @@ TEST(NamespaceRegistryTest, AModelNamesItsNamespacesOfARevisionOrOfAll) {
   EXPECT_EQ(sorted(registry.OfModel("org/model", "")), (std::vector<NamespaceFingerprint>{Ns(1), Ns(2), Ns(3)}));
   EXPECT_TRUE(registry.OfModel("org/none", "").empty());
   std::map<NamespaceFingerprint, std::string> visited;
-  registry.ForEachDescriptor(
-      [&](const NamespaceFingerprint& ns, const NamespaceDescriptor& d) { visited[ns] = d.model_id + "@" + d.model_revision; });
+  registry.ForEachDescriptor([&](const NamespaceFingerprint& ns, const NamespaceDescriptor& d) {
+    visited[ns] = d.model_id + "@" + d.model_revision;
+  });
   EXPECT_EQ(visited, (std::map<NamespaceFingerprint, std::string>{{Ns(1), "org/model@rev-1"},
                                                                   {Ns(2), "org/model@rev-2"},
                                                                   {Ns(3), "org/model@rev-1"},

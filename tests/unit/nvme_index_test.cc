@@ -87,7 +87,9 @@ TEST_F(NvmeIndexTest, ForEachEntryVisitsAllInKeyOrderAndNoRegions) {
   }
   ASSERT_TRUE(index->PutRegion(RegionState{0, 1, RegionStatus::kOpen, 0}).ok());
   std::vector<std::pair<std::pair<uint64_t, uint64_t>, IndexEntry>> seen;
-  ASSERT_TRUE(index->ForEachEntry([&](const BlockKey& k, const IndexEntry& e) { seen.push_back({{k.hi, k.lo}, e}); })
+  ASSERT_TRUE(index->ForEachEntry([&](const BlockKey& k, const IndexEntry& e) {
+                     seen.push_back({{k.hi, k.lo}, e});
+                   })
                   .ok());
   ASSERT_EQ(seen.size(), want.size());
   auto it = want.begin();

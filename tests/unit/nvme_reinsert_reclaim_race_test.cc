@@ -155,8 +155,8 @@ class NvmeReinsertReclaimRaceTest : public ::testing::Test {
 
 TEST_F(NvmeReinsertReclaimRaceTest, ACopyWhoseSourceRegionIsReclaimedBeforeItIsIndexedSurvivesARestart) {
   Open();
-  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;  // region 0
-  ASSERT_TRUE(ReadBlock(0).ok());  // a hit: reinsertion will copy it forward
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;   // region 0
+  ASSERT_TRUE(ReadBlock(0).ok());                                          // a hit: reinsertion will copy it forward
   for (uint64_t i = 8; i < 56; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;  // regions 1..6
   // 56 opens region 7, the last free one: region 0's turn copies block 0.
   faulty_->HoldWrites();
@@ -190,8 +190,8 @@ TEST_F(NvmeReinsertReclaimRaceTest, ACopyWhoseSourceRegionIsReclaimedBeforeItIsI
 // over in memory; the delete must not take its index entry with it.
 TEST_F(NvmeReinsertReclaimRaceTest, ACopyWhoseSourceIsDroppedAsCorruptBeforeItIsIndexedSurvivesARestart) {
   Open();
-  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;  // region 0
-  ASSERT_TRUE(ReadBlock(0).ok());  // a hit: reinsertion will copy it forward
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;   // region 0
+  ASSERT_TRUE(ReadBlock(0).ok());                                          // a hit: reinsertion will copy it forward
   for (uint64_t i = 8; i < 56; ++i) ASSERT_TRUE(WriteBlock(i).ok()) << i;  // regions 1..6
   faulty_->HoldWrites();
   ASSERT_TRUE(Submit(56).ok());

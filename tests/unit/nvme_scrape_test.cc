@@ -55,8 +55,7 @@ class NvmeScrape : public ::testing::Test {
       for (int busy = 0;; ++busy) {
         auto done = std::make_shared<std::promise<Status>>();
         std::future<Status> result = done->get_future();
-        Status accepted =
-            view(i).Write(ns, key, kLayers, payload, [done](Status s) { done->set_value(std::move(s)); });
+        Status accepted = view(i).Write(ns, key, kLayers, payload, [done](Status s) { done->set_value(std::move(s)); });
         if (accepted.code() == StatusCode::kBusy && busy < 1000) {
           nvme().WaitForIdle();
           continue;

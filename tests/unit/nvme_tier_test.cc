@@ -83,7 +83,8 @@ class NvmeTierTest : public ::testing::Test {
     std::vector<std::byte> dst(info->payload_bytes);
     std::promise<Result<size_t>> done;
     auto future = done.get_future();
-    Status accepted = tier_->Read(Key(i), first, last, dst, [&done](Result<size_t> r) { done.set_value(std::move(r)); });
+    Status accepted =
+        tier_->Read(Key(i), first, last, dst, [&done](Result<size_t> r) { done.set_value(std::move(r)); });
     if (!accepted.ok()) return accepted;
     auto r = future.get();
     if (!r.ok()) return r.status();
@@ -207,8 +208,8 @@ TEST_F(NvmeTierTest, TheReclaimOrderChoosesWhatReinsertionKeeps) {
     ReclaimOrder order;
     std::vector<uint64_t> kept;
   };
-  for (const Case& c : {Case{ReclaimOrder::kFifo, {}}, Case{ReclaimOrder::kLru, {0}},
-                        Case{ReclaimOrder::kQueueAware, {0, 5}}}) {
+  for (const Case& c :
+       {Case{ReclaimOrder::kFifo, {}}, Case{ReclaimOrder::kLru, {0}}, Case{ReclaimOrder::kQueueAware, {0, 5}}}) {
     SCOPED_TRACE(std::string(ReclaimOrderName(c.order)));
     tier_.reset();
     memory_ = std::make_unique<MemoryDevice>(kDevice);
@@ -522,9 +523,9 @@ TEST_F(NvmeTierTest, CorruptionFoundByAReadIsAMissAndDropsTheEntry) {
 // A whole-block read into aligned memory skips the staging copy; it is
 // verified all the same.
 TEST_F(NvmeTierTest, DirectReadsIntoAlignedMemoryAreVerifiedToo) {
-  Open({}, kDevice / 2);  // regions that hold a > 1 MiB record
-  constexpr size_t kBig = (1 << 20) + 1000;        // at least the direct-read threshold
-  constexpr size_t kRoom = (1 << 20) + 4096;       // kBig rounded up to 4 KiB
+  Open({}, kDevice / 2);                      // regions that hold a > 1 MiB record
+  constexpr size_t kBig = (1 << 20) + 1000;   // at least the direct-read threshold
+  constexpr size_t kRoom = (1 << 20) + 4096;  // kBig rounded up to 4 KiB
   ASSERT_TRUE(WriteBlock(1, kBig, 1).ok());
   ASSERT_TRUE(WriteBlock(2, kBig, 1).ok());
   auto* aligned = static_cast<std::byte*>(std::aligned_alloc(4096, kRoom));

@@ -33,10 +33,11 @@ class PinnerTest : public ::testing::Test, protected ::kvtier::testing::PinParts
   void Commit(uint64_t i, const NamespaceFingerprint& ns = kNs) { PinParts::Commit(i, ns); }
   void Store(uint64_t i) { PinParts::Store(i, kNs); }
   // A PinAsync of `keys` whose grants arrive in the returned future.
-  std::future<std::vector<PinGrant>> PinLater(std::promise<std::vector<PinGrant>>& landed,
-                                              std::vector<BlockKey> keys, LayerSpan layers = {}) {
-    pinner_->PinAsync(kConn, kNs, std::move(keys),
-                      [&landed](std::vector<PinGrant> grants) { landed.set_value(std::move(grants)); }, layers);
+  std::future<std::vector<PinGrant>> PinLater(std::promise<std::vector<PinGrant>>& landed, std::vector<BlockKey> keys,
+                                              LayerSpan layers = {}) {
+    pinner_->PinAsync(
+        kConn, kNs, std::move(keys), [&landed](std::vector<PinGrant> grants) { landed.set_value(std::move(grants)); },
+        layers);
     return landed.get_future();
   }
   Status ReleaseOne(ConnectionId connection, LeaseId lease) {

@@ -66,12 +66,18 @@ std::vector<GridTrace> Grid(const std::string& dir) {
   const std::string traces = KVTIER_TEST_TRACES_DIR;
   const std::string data = std::string(KVTIER_SOURCE_DIR) + "/tests/data/replay";
   std::vector<GridTrace> grid;
-  grid.push_back({"conversation_trace", Read(traces + "/conversation_trace.jsonl", 512, false),
-                  {500, 1000, 2000, 5000, 10000, 20000}, {{8, 10000}, {4, 8000}}});
-  grid.push_back({"mooncake_trace_1000", Read(traces + "/mooncake_trace_1000.jsonl", 512, false),
-                  {250, 500, 1000, 2000, 5000}, {{8, 10000}, {4, 8000}}});
-  grid.push_back({"sharegpt_conv_128", Read(data + "/sharegpt_conv_128_mt4_8.b64.jsonl", 64, true),
-                  {50, 100, 300, 1000, 3000}, {{4, 5000}, {1, 300}}});
+  grid.push_back({"conversation_trace",
+                  Read(traces + "/conversation_trace.jsonl", 512, false),
+                  {500, 1000, 2000, 5000, 10000, 20000},
+                  {{8, 10000}, {4, 8000}}});
+  grid.push_back({"mooncake_trace_1000",
+                  Read(traces + "/mooncake_trace_1000.jsonl", 512, false),
+                  {250, 500, 1000, 2000, 5000},
+                  {{8, 10000}, {4, 8000}}});
+  grid.push_back({"sharegpt_conv_128",
+                  Read(data + "/sharegpt_conv_128_mt4_8.b64.jsonl", 64, true),
+                  {50, 100, 300, 1000, 3000},
+                  {{4, 5000}, {1, 300}}});
   grid.push_back({"multi_round_qa", MultiRoundQa(dir), {50, 100, 200, 400, 800}, {{4, 5000}, {1, 300}}});
   return grid;
 }

@@ -60,8 +60,7 @@ TEST(BandwidthEstimateTest, MovesTowardWhatItObserves) {
 }
 
 TEST(PrefetchPlannerTest, EarliestDeadlineFirst) {
-  const std::vector<PrefetchRequest> queue = {Request(1, 100'000, {{1, kNvme}}),
-                                              Request(2, 10'000, {{2, kNvme}})};
+  const std::vector<PrefetchRequest> queue = {Request(1, 100'000, {{1, kNvme}}), Request(2, 10'000, {{2, kNvme}})};
   auto plan = PlanPrefetch(kNow, queue, Tiers(OneBytePerUs(), OneBytePerUs()), Budget(1 << 20));
   EXPECT_EQ(Keys(plan), (std::vector<uint64_t>{2, 1}));
   EXPECT_EQ(plan.actions[0].start_us, kNow);
@@ -71,16 +70,15 @@ TEST(PrefetchPlannerTest, EarliestDeadlineFirst) {
 }
 
 TEST(PrefetchPlannerTest, FetchesTheLongestPrefixThatArrivesByTheDeadline) {
-  const std::vector<PrefetchRequest> queue = {
-      Request(1, 2500, {{1, kNvme}, {2, kNvme}, {3, kNvme}, {4, kNvme}})};
+  const std::vector<PrefetchRequest> queue = {Request(1, 2500, {{1, kNvme}, {2, kNvme}, {3, kNvme}, {4, kNvme}})};
   auto plan = PlanPrefetch(kNow, queue, Tiers(OneBytePerUs(), OneBytePerUs()), Budget(1 << 20));
   EXPECT_EQ(Keys(plan), (std::vector<uint64_t>{1, 2})) << "the third would arrive at +3000";
   EXPECT_EQ(plan.cut_by_deadline, 1u);
 }
 
 TEST(PrefetchPlannerTest, HostBlocksCountButAreNotReadAndAHoleEndsThePrefix) {
-  const std::vector<PrefetchRequest> queue = {Request(
-      1, 100'000, {{1, kHost}, {2, kNvme}, {3, kHost}, {4, kRemote}, {5, kNowhere}, {6, kNvme}})};
+  const std::vector<PrefetchRequest> queue = {
+      Request(1, 100'000, {{1, kHost}, {2, kNvme}, {3, kHost}, {4, kRemote}, {5, kNowhere}, {6, kNvme}})};
   auto plan = PlanPrefetch(kNow, queue, Tiers(OneBytePerUs(), OneBytePerUs()), Budget(1 << 20));
   EXPECT_EQ(Keys(plan), (std::vector<uint64_t>{2, 4})) << "6 is behind a block cached nowhere";
   EXPECT_EQ(plan.actions[1].level, kRemote.level);
@@ -148,8 +146,7 @@ TEST(PrefetchPlannerTest, EveryTierBelowHasItsOwnChannelAtItsOwnBandwidth) {
 
 TEST(PrefetchPlannerTest, SlowerMeasuredBandwidthShortensThePlan) {
   BandwidthEstimate nvme(1e6);
-  const std::vector<PrefetchRequest> queue = {
-      Request(1, 3000, {{1, kNvme}, {2, kNvme}, {3, kNvme}, {4, kNvme}})};
+  const std::vector<PrefetchRequest> queue = {Request(1, 3000, {{1, kNvme}, {2, kNvme}, {3, kNvme}, {4, kNvme}})};
   EXPECT_EQ(PlanPrefetch(kNow, queue, Tiers(nvme, nvme), Budget(1 << 20)).actions.size(), 3u);
   for (int i = 0; i < 50; ++i) nvme.Observe(1000, 2000);  // the drive turns out to be half as fast
   EXPECT_EQ(PlanPrefetch(kNow, queue, Tiers(nvme, nvme), Budget(1 << 20)).actions.size(), 1u);

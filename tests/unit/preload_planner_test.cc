@@ -71,7 +71,7 @@ TEST(PreloadPlannerTest, MarginAndOverheadLengthenTheRead) {
 TEST(PreloadPlannerTest, RecomputeInsteadWhenItCostsNoMoreThanTheStall) {
   PreloadInput in = DesignExample();
   const double stall = PlanPreload(in).stall_us;  // 14 x 1342.2 = 18,790 us
-  in.recompute_us_per_layer = stall / 36;          // exactly the stall: recompute
+  in.recompute_us_per_layer = stall / 36;         // exactly the stall: recompute
   EXPECT_TRUE(PlanPreload(in).recompute_instead);
   in.recompute_us_per_layer = 600;  // 21.6 ms > 18.8 ms: load
   EXPECT_FALSE(PlanPreload(in).recompute_instead);

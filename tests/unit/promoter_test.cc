@@ -41,7 +41,9 @@ constexpr size_t kShards = 2;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x960, i}; }
 
-std::vector<std::byte> BlockBytes(uint64_t i) { return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes); }
+std::vector<std::byte> BlockBytes(uint64_t i) {
+  return ::kvtier::testing::LayeredBlockBytes(i, kBlockBytes, kLayerBytes);
+}
 
 // The tier below as the test scripts it: Busy to every read while `busy`,
 // Corruption for every read that completes while `rot` (as a tier whose
@@ -116,7 +118,9 @@ class PromoterTest : public ::testing::Test {
   // Stores block `i` in the tier below; where a pin finds it.
   Located Store(uint64_t i) {
     const std::vector<std::byte> bytes = BlockBytes(i);
-    EXPECT_TRUE(map_.Write(kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
+    EXPECT_TRUE(map_.Write(
+                        kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                    .ok());
     std::optional<BlockTier::BlockInfo> info = below_.Find(Key(i));
     EXPECT_TRUE(info.has_value());
     return Located{0, info.value_or(BlockTier::BlockInfo{})};
@@ -357,7 +361,10 @@ TEST_F(PromoterTest, ABlockHandedDownBeforeTheReadIsReadFromTheTierUnderIt) {
   Promoter& promoter = Make();
   const Located from = Store(7);
   const std::vector<std::byte> bytes = BlockBytes(7);
-  ASSERT_TRUE(lower_map_.Write(kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes)).ok());
+  ASSERT_TRUE(lower_map_
+                  .Write(
+                      kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                  .ok());
   ASSERT_TRUE(map_.Erase(Key(7)).ok());  // handed down between the find and the read
   std::promise<PinGrant> landed;
   std::future<PinGrant> grant = Claim(Key(7), landed);

@@ -56,7 +56,7 @@ TEST(QueueAwarePolicyTest, ClosedSessionsGoFirst) {
   p.OnInsertKeyed(3, K(3), 0, /*session=*/8, 30);
   p.OnAccess(3, 31);
   p.OnAccess(3, 32);
-  p.CloseSession(8);  // 2 and 3 (even with its uses) go before 1
+  p.CloseSession(8);   // 2 and 3 (even with its uses) go before 1
   p.CloseSession(99);  // unknown: nothing
   EXPECT_EQ(Drain(p), (std::vector<BlockHandle>{2, 3, 1}));
 }
@@ -437,8 +437,9 @@ struct Model {
       if (b.pinned) continue;
       const uint32_t shallow = std::numeric_limits<uint32_t>::max() - b.depth;
       const auto next = Next(b.key);
-      Key k = next ? Key{2, std::numeric_limits<uint64_t>::max() - *next, shallow, h}
-                   : b.closed ? Key{0, b.last, shallow, h} : Key{1, 0, 0, 0};
+      Key k = next       ? Key{2, std::numeric_limits<uint64_t>::max() - *next, shallow, h}
+              : b.closed ? Key{0, b.last, shallow, h}
+                         : Key{1, 0, 0, 0};
       if (!best || k < *best) best = k;
     }
     if (!best) return std::nullopt;
@@ -519,8 +520,10 @@ TEST(QueueAwarePolicyTest, MatchesTheModelUnderRandomOperations) {
         m.Enqueue(id, chain, start);
       } else if (op == 6) {
         const uint64_t id = 1 + rng() % next_request;
-        if (rng() % 2) p.Started(id);
-        else p.Finished(id);
+        if (rng() % 2)
+          p.Started(id);
+        else
+          p.Finished(id);
         m.Dequeue(id);
       } else if (op == 7) {
         const uint64_t session = rng() % 4;

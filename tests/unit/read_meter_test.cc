@@ -33,12 +33,12 @@ TEST(ReadMeterTest, OverlappingReadsAreOneBusyPeriod) {
 TEST(ReadMeterTest, ALongBusyPeriodIsSampledEverySampleBytes) {
   ReadMeter meter(kInitial);
   meter.Started(0);
-  meter.Started(0);  // keeps the tier busy throughout
+  meter.Started(0);                                 // keeps the tier busy throughout
   meter.Ended(ReadMeter::kSampleBytes, 1'000'000);  // 64 MiB in 1 s
   EXPECT_DOUBLE_EQ(meter.estimate().Percentile(100), double(ReadMeter::kSampleBytes));
   meter.Started(1'000'000);
   meter.Ended(ReadMeter::kSampleBytes / 2, 1'250'000);  // still busy, half a sample
-  meter.Ended(0, 1'500'000);  // idle: 32 MiB over the 0.5 s since the last sample
+  meter.Ended(0, 1'500'000);                            // idle: 32 MiB over the 0.5 s since the last sample
   EXPECT_DOUBLE_EQ(meter.estimate().Percentile(0), double(ReadMeter::kSampleBytes));
   EXPECT_LT(meter.estimate().bytes_per_s(), kInitial) << "the moving average took both samples";
 }

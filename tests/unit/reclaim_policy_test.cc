@@ -101,8 +101,8 @@ TEST(ReclaimPolicyTest, EachOrderSparesWhatItsPolicyKeeps) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(ReclaimOrderName(c.order)));
-    const bool classic = c.order == ReclaimOrder::kLru2 || c.order == ReclaimOrder::kS3Fifo ||
-                         c.order == ReclaimOrder::kArc;
+    const bool classic =
+        c.order == ReclaimOrder::kLru2 || c.order == ReclaimOrder::kS3Fifo || c.order == ReclaimOrder::kArc;
     ReclaimPolicy busy(c.order);
     EXPECT_EQ(Ids(PlayRegion(busy, true)), c.busy) << "busy elsewhere";
     // The policy evicted 4 of its 12 blocks.
@@ -210,8 +210,10 @@ TEST(ReinsertBudgetTest, FillsWithTheShareOfWritesUpToItsCapAndPaysWholeRecords)
 // One turn: log order first, then the policy's choice while the budget pays.
 TEST(PlanReclaimTurnTest, CopiesWhatThePolicyChoosesWhileTheBudgetPaysAndEvictsTheRestInLogOrder) {
   // Offsets out of order; records of 100 bytes but 5's of 300.
-  std::vector<ReclaimCandidate> region = {{K(4), 1, false, 400, 100}, {K(2), 3, false, 200, 100},
-                                          {K(1), 0, false, 100, 100}, {K(5), 2, true, 500, 300},
+  std::vector<ReclaimCandidate> region = {{K(4), 1, false, 400, 100},
+                                          {K(2), 3, false, 200, 100},
+                                          {K(1), 0, false, 100, 100},
+                                          {K(5), 2, true, 500, 300},
                                           {K(3), 0, true, 300, 100}};
   ReclaimPolicy queue_aware(ReclaimOrder::kQueueAware);
   ReinsertBudget budget(1.0, 1'000'000);

@@ -38,7 +38,7 @@ TEST(RegionManager, AppendsInsideTheOpenRegionThenSealsAndOpensTheNext) {
 TEST(RegionManager, ReclaimsOldestSealedWithoutWritesInFlightAndBumpsItsGeneration) {
   RegionManager m(3 * kRegion, kRegion, kAlign);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(m.Allocate(kRegion).ok());  // regions 0, 1, 2 in turn
-  m.WriteStarted(0);  // region 0 (oldest sealed) still being written
+  m.WriteStarted(0);                                                  // region 0 (oldest sealed) still being written
   auto a = m.Allocate(kRegion);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(a->reclaimed);

@@ -28,7 +28,7 @@ TEST_F(RemoteKeyFileTest, AMissingFileIsCreated0600With32BytesAndReadBack) {
   ASSERT_TRUE(created.ok()) << created.status().ToString();
   EXPECT_EQ(created->size(), 32u);
   EXPECT_NE(*created, std::string(32, '\0'));
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   EXPECT_EQ(st.st_size, 32);

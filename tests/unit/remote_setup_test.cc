@@ -68,8 +68,7 @@ TEST(RemoteSetup, ClusterNetworksAreSplitCheckedAndEmptyByDefault) {
 TEST(RemoteSetup, ThePasswordComesFromItsFileWithoutTheTrailingNewline) {
   const std::string dir = testing::MakeTempDir();
   std::ofstream(dir + "/pw") << "s3cret pass\n";
-  auto made = RemoteOptionsFromConfig(
-      Parse("[remote]\nuser = \"kv\"\npassword_file = \"" + dir + "/pw\"\n"));
+  auto made = RemoteOptionsFromConfig(Parse("[remote]\nuser = \"kv\"\npassword_file = \"" + dir + "/pw\"\n"));
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   EXPECT_EQ(made->cluster.username, "kv");
   EXPECT_EQ(made->cluster.password, "s3cret pass");
@@ -104,8 +103,8 @@ TEST(RemoteSetup, AdmissionIsRateWithItsCapByDefault) {
 }
 
 TEST(RemoteSetup, BadValuesAreRefusedNamingTheKey) {
-  for (const char* toml : {"[remote]\nadmission = \"dwpd\"\n", "[remote]\nthreads = 0\n",
-                           "[remote]\ntimeout_ms = 1\n", "[remote]\nnodes = 7\n", "[remote]\nwrite_rate = \"1KiB\"\n"}) {
+  for (const char* toml : {"[remote]\nadmission = \"dwpd\"\n", "[remote]\nthreads = 0\n", "[remote]\ntimeout_ms = 1\n",
+                           "[remote]\nnodes = 7\n", "[remote]\nwrite_rate = \"1KiB\"\n"}) {
     auto config = ParseConfig(toml, "remote.toml");
     ASSERT_FALSE(config.ok()) << toml;
     EXPECT_NE(config.status().message().find("remote."), std::string::npos) << config.status().message();
@@ -113,8 +112,8 @@ TEST(RemoteSetup, BadValuesAreRefusedNamingTheKey) {
   // A node list that is not host:port is refused when the tier opens.
   const std::string dir = testing::MakeTempDir();
   SystemClock clock;
-  auto tier = OpenRemoteTier(
-      Parse("[remote]\nnodes = \"redis-without-port\"\nkey_file = \"" + dir + "/remote.key\"\n"), clock);
+  auto tier =
+      OpenRemoteTier(Parse("[remote]\nnodes = \"redis-without-port\"\nkey_file = \"" + dir + "/remote.key\"\n"), clock);
   ASSERT_FALSE(tier.ok());
   EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(tier.status().message().find("redis-without-port"), std::string::npos) << tier.status().message();

@@ -45,8 +45,8 @@ std::string Encode(const RemoteBlock& block, std::span<const std::byte> payload)
   return EncodeRemoteValue(TheMac(), block, payload);
 }
 
-Result<std::span<const std::byte>> Decode(const std::string& value, const NamespaceFingerprint& ns,
-                                          const BlockKey& key, uint32_t* layers = nullptr) {
+Result<std::span<const std::byte>> Decode(const std::string& value, const NamespaceFingerprint& ns, const BlockKey& key,
+                                          uint32_t* layers = nullptr) {
   return DecodeRemoteValue(TheMac(), Bytes(value), ns, key, layers);
 }
 
@@ -103,10 +103,8 @@ TEST(RemoteValueTest, TruncatedAndOverlongValuesAreCorruption) {
 
 TEST(RemoteValueTest, AnotherKeysOrNamespacesValueIsForeign) {
   const std::string value = Encode(RemoteBlock{kNs, kKey, 1, 0}, Payload(64));
-  EXPECT_EQ(Decode(value, kNs, BlockKey{0xabc, 0xdee}).status().code(),
-            StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Decode(value, NamespaceFingerprint{0x1234, 0x5679}, kKey).status().code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Decode(value, kNs, BlockKey{0xabc, 0xdee}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Decode(value, NamespaceFingerprint{0x1234, 0x5679}, kKey).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(RemoteValueTest, ForeignBytesAndUnevenLayersAreCorruption) {

@@ -67,8 +67,8 @@ ReplayResult Replayed(const Trace& trace, const ReplayOptions& o) {
 }
 
 TEST(ReplayRouteTest, RoundRobinCyclesAndPrefixAffinityFollowsTheFirstBlock) {
-  const Trace t = MakeTrace({Request(0, {1, 2}), Request(1, {1, 3}), Request(2, {7}), Request(3, {1}),
-                             Request(4, {}), Request(5, {7, 8})});
+  const Trace t = MakeTrace(
+      {Request(0, {1, 2}), Request(1, {1, 3}), Request(2, {7}), Request(3, {1}), Request(4, {}), Request(5, {7, 8})});
   EXPECT_EQ(RouteRequests(t, 3, Router::kRoundRobin), (std::vector<uint32_t>{0, 1, 2, 0, 1, 2}));
   const std::vector<uint32_t> affinity = RouteRequests(t, 3, Router::kPrefixAffinity);
   EXPECT_EQ(affinity[1], affinity[0]) << "the same first block, the same node";

@@ -176,7 +176,7 @@ TEST(ReplayPlotTest, LegendsChartsAndRunLabelsDoNotOverlap) {
 
 TEST(ReplayPlotTest, EachRunShowsTheShareOfTheGapItCloses) {
   std::vector<ReplayResult> runs = Sweep({"lru", "queue_aware", "belady"});
-  SetGapClosed(runs);  // lru 0.2 .. 0.35, queue_aware the same, belady 0.5 .. 0.65
+  SetGapClosed(runs);        // lru 0.2 .. 0.35, queue_aware the same, belady 0.5 .. 0.65
   runs[4].hit_tokens = 350;  // queue_aware at 1M tokens: 0.35, half of LRU's 0.2 to Belady's 0.5
   SetGapClosed(runs);
   const std::string svg = PlotSvg(runs, "t");

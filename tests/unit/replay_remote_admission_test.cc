@@ -174,8 +174,7 @@ TEST(ReplayRemoteAdmissionTest, BadRemoteAdmissionsAreRefused) {
   ReplayOptions o = Options("lru");
   auto unknown = Replay(t, o);
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("remote admission 'lru'"), std::string::npos)
-      << unknown.status().message();
+  EXPECT_NE(unknown.status().message().find("remote admission 'lru'"), std::string::npos) << unknown.status().message();
   o = Options("second_hit");
   o.remote.reset();
   auto no_tier = Replay(t, o);

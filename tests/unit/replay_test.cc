@@ -16,8 +16,8 @@ namespace {
 
 class ReplayTest : public ::kvtier::testing::ReplayTraceFiles {
  protected:
-  ReplayResult Run(const std::vector<std::string>& lines, const std::string& capacity, const std::string& policy = "lru",
-                   double warmup = 0, uint32_t block_tokens = 4) {
+  ReplayResult Run(const std::vector<std::string>& lines, const std::string& capacity,
+                   const std::string& policy = "lru", double warmup = 0, uint32_t block_tokens = 4) {
     auto trace = ReadMooncakeTrace(Write(lines), block_tokens, 0);
     EXPECT_TRUE(trace.ok()) << trace.status().ToString();
     auto cap = ParseCapacity(capacity, 0);
@@ -162,8 +162,8 @@ TEST_F(ReplayTest, ConversationsGiveTheSessionClasses) {
 
 TEST(ReplayDataTest, TheCommittedShareGptConversionReplays) {
   // tests/data/replay/README.md has the recipe.
-  auto t = ReadMooncakeTrace(std::string(KVTIER_SOURCE_DIR) + "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl",
-                             64, 0);
+  auto t =
+      ReadMooncakeTrace(std::string(KVTIER_SOURCE_DIR) + "/tests/data/replay/sharegpt_conv_128_mt4_8.b64.jsonl", 64, 0);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->requests.size(), 436u);
   std::set<uint64_t> sessions;
@@ -398,8 +398,9 @@ TEST_F(ReplayTest, BadLinesNameTheFileAndLine) {
   }
   EXPECT_EQ(ReadMooncakeTrace(dir_ + "/none.jsonl", 4, 0).status().code(), StatusCode::kNotFound);
   // Unknown fields and blank lines are fine.
-  auto ok = ReadMooncakeTrace(Write({"", "{\"x\": {\"y\": [true, null, \"s\"]}, \"timestamp\": 3, \"input_length\": 4, "
-                                         "\"hash_ids\": [7]}"}),
+  auto ok = ReadMooncakeTrace(Write({"",
+                                     "{\"x\": {\"y\": [true, null, \"s\"]}, \"timestamp\": 3, \"input_length\": 4, "
+                                     "\"hash_ids\": [7]}"}),
                               4, 0);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->requests[0].arrival_us, 3000u);
@@ -490,8 +491,7 @@ TEST_F(ReplayTest, AVictimAQueuedRequestNeedsIsForcedPastTheAdmission) {
   // which [4], queued, needs: queue_aware forces it into the NVMe tier
   // although second_hit would refuse a block never found again; [4] hits
   // it there. LRU knows no queue: 1 is refused and [4] misses.
-  auto trace =
-      ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "1")}), 4, 0);
+  auto trace = ReadMooncakeTrace(Write({Line(0, 4, "1"), Line(1, 4, "2"), Line(2, 4, "3"), Line(3, 4, "1")}), 4, 0);
   ASSERT_TRUE(trace.ok());
   ReplayOptions o = BelowHost(1);
   o.admission = "second_hit";
@@ -515,8 +515,8 @@ TEST_F(ReplayTest, PrefetchReadsAQueuedRequestsPrefixIntoTheHostTierBeforeItStar
   // commit at 20 ms demotes 1 and 2; the plan made at [7]'s start reads them
   // back for the queued [1 2] (expected at 24 ms), so it hits in the host
   // tier. Without prefetch it hits in the NVMe tier.
-  auto trace = ReadMooncakeTrace(
-      Write({Line(0, 8, "1, 2"), Line(1, 12, "3, 4, 5"), Line(2, 4, "7"), Line(3, 8, "1, 2")}), 4, 0);
+  auto trace =
+      ReadMooncakeTrace(Write({Line(0, 8, "1, 2"), Line(1, 12, "3, 4, 5"), Line(2, 4, "7"), Line(3, 8, "1, 2")}), 4, 0);
   ASSERT_TRUE(trace.ok());
   ReplayOptions o = BelowHost(3);
   o.bytes_per_token = 1000;

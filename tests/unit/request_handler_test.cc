@@ -110,8 +110,8 @@ class RequestHandlerTest : public ::testing::Test {
 };
 
 TEST_F(RequestHandlerTest, HelloIsRequiredFirst) {
-  for (const v1::Request& r : {Lookup(5, 0, {Key(1)}), Reserve(6, 0, {Key(1)}, {4096}),
-                               Pin(7, 0, {Key(1)}), Release(8, {1}), Stats(9)}) {
+  for (const v1::Request& r :
+       {Lookup(5, 0, {Key(1)}), Reserve(6, 0, {Key(1)}, {4096}), Pin(7, 0, {Key(1)}), Release(8, {1}), Stats(9)}) {
     RequestHandler::Outcome outcome;
     v1::Response response = Send(*handler_, r, &outcome);
     EXPECT_EQ(Code(response), StatusCode::kFailedPrecondition) << r.ShortDebugString();
@@ -161,8 +161,7 @@ TEST_F(RequestHandlerTest, BadDescriptorNamesItsIndexAndCloses) {
   NamespaceDescriptor bad = TestNamespace();
   bad.layer_count = 0;
   RequestHandler::Outcome outcome;
-  v1::Response r = Send(*handler_, HelloRequest({TestNamespace(), TestNamespace("rev-2"), bad}),
-                        &outcome);
+  v1::Response r = Send(*handler_, HelloRequest({TestNamespace(), TestNamespace("rev-2"), bad}), &outcome);
   EXPECT_EQ(Code(r), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("namespace 2"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("layer_count"), std::string::npos) << r.status().message();
@@ -178,7 +177,11 @@ TEST_F(RequestHandlerTest, BadKeyV2FieldIsRefused) {
   };
   const std::vector<Case> cases = {
       {"pp_size", [](NamespaceDescriptor& ns) { ns.pp_size = 0; }},
-      {"pp_rank", [](NamespaceDescriptor& ns) { ns.pp_rank = 2; ns.pp_size = 2; }},
+      {"pp_rank",
+       [](NamespaceDescriptor& ns) {
+         ns.pp_rank = 2;
+         ns.pp_size = 2;
+       }},
       {"kv_format_version", [](NamespaceDescriptor& ns) { ns.kv_format_version = 0; }},
       {"object_kind", [](NamespaceDescriptor& ns) { ns.object_kind = "KV"; }},
   };
@@ -299,8 +302,7 @@ TEST_F(RequestHandlerTest, PutGetRoundTrip) {
   // Reserving again reports per-key AlreadyExists inside an ok response.
   v1::Response again = Send(*handler_, Reserve(11, 0, {Key(1)}, {5000}));
   ASSERT_EQ(Code(again), StatusCode::kOk);
-  EXPECT_EQ(static_cast<StatusCode>(again.reserve().slots(0).status().code()),
-            StatusCode::kAlreadyExists);
+  EXPECT_EQ(static_cast<StatusCode>(again.reserve().slots(0).status().code()), StatusCode::kAlreadyExists);
 
   v1::Response commit = Send(*handler_, Commit(12, 0, keys, sizes));
   ASSERT_EQ(Code(commit), StatusCode::kOk);
@@ -349,8 +351,7 @@ TEST_F(RequestHandlerTest, AbortRoundTrip) {
   EXPECT_EQ(abort.abort().aborted(), 2u);
   EXPECT_EQ(host_->used_bytes(), 0u);
   v1::Response commit = Send(*handler_, Commit(4, 0, {Key(1)}, {4096}));
-  EXPECT_EQ(static_cast<StatusCode>(commit.commit().statuses(0).code()),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(static_cast<StatusCode>(commit.commit().statuses(0).code()), StatusCode::kFailedPrecondition);
 }
 
 // Found by request_handler_fuzz: a commit in another namespace than the
@@ -378,13 +379,11 @@ TEST_F(RequestHandlerTest, MismatchedKeysAndSizesAreInvalidArgument) {
 
 TEST_F(RequestHandlerTest, UnregisteredNamespaceIsInvalidArgument) {
   HelloOk(*handler_);  // namespaces 0 and 1
-  for (const v1::Request& r : {Lookup(2, 2, {Key(1)}), Reserve(3, 2, {Key(1)}, {4096}),
-                               Commit(4, 7, {Key(1)}, {4096}), Pin(5, 2, {Key(1)}),
-                               Erase(6, 1000, {Key(1)})}) {
+  for (const v1::Request& r : {Lookup(2, 2, {Key(1)}), Reserve(3, 2, {Key(1)}, {4096}), Commit(4, 7, {Key(1)}, {4096}),
+                               Pin(5, 2, {Key(1)}), Erase(6, 1000, {Key(1)})}) {
     v1::Response response = Send(*handler_, r);
     EXPECT_EQ(Code(response), StatusCode::kInvalidArgument) << r.ShortDebugString();
-    EXPECT_NE(response.status().message().find("not registered"), std::string::npos)
-        << response.status().message();
+    EXPECT_NE(response.status().message().find("not registered"), std::string::npos) << response.status().message();
   }
   EXPECT_EQ(host_->used_bytes(), 0u);
 }
@@ -405,16 +404,14 @@ TEST_F(RequestHandlerTest, LeasesBelongToTheirConnection) {
   HelloOk(other);
   ASSERT_EQ(Code(Send(*handler_, Reserve(2, 0, {Key(1)}, {4096}))), StatusCode::kOk);
   // The other connection can neither commit nor abort this reservation.
-  EXPECT_EQ(static_cast<StatusCode>(
-                Send(other, Commit(3, 0, {Key(1)}, {4096})).commit().statuses(0).code()),
+  EXPECT_EQ(static_cast<StatusCode>(Send(other, Commit(3, 0, {Key(1)}, {4096})).commit().statuses(0).code()),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(Send(other, Abort(4, 0, {Key(1)})).abort().aborted(), 0u);
   ASSERT_EQ(Send(*handler_, Commit(5, 0, {Key(1)}, {4096})).commit().statuses(0).code(), 0);
   v1::Response pin = Send(*handler_, Pin(6, 0, {Key(1)}));
   const uint64_t lease = pin.pin().blocks(0).lease();
   v1::Response foreign = Send(other, Release(7, {lease}));
-  EXPECT_EQ(static_cast<StatusCode>(foreign.release().statuses(0).code()),
-            StatusCode::kPermissionDenied);
+  EXPECT_EQ(static_cast<StatusCode>(foreign.release().statuses(0).code()), StatusCode::kPermissionDenied);
   EXPECT_EQ(Send(*handler_, Release(8, {lease})).release().statuses(0).code(), 0);
 }
 
@@ -500,7 +497,8 @@ TEST_F(RequestHandlerTest, StatsReportsEngineCounters) {
   EXPECT_EQ(stats["tier.hits{tier=\"host\"}"], 1);
   for (const auto& [name, value] : stats) {
     EXPECT_TRUE(name.rfind("engine.", 0) == 0 || name.rfind("host.", 0) == 0 || name.rfind("tier.", 0) == 0 ||
-                name.rfind("namespace.", 0) == 0) << name;
+                name.rfind("namespace.", 0) == 0)
+        << name;
   }
 }
 
@@ -570,7 +568,8 @@ TEST_F(RequestHandlerTest, ALookupInStepsAnswersExactlyAsOneInOneGo) {
         // Counted as one lookup of all its keys, as the whole one was.
         const auto after_steps = CountersOf(*engine_, "engine.lookup");
         for (const auto& [name, value] : after_steps) {
-          EXPECT_EQ(value - before_steps.at(name), after_whole.at(name) - before.at(name)) << name << " chunk " << chunk;
+          EXPECT_EQ(value - before_steps.at(name), after_whole.at(name) - before.at(name))
+              << name << " chunk " << chunk;
         }
       }
     }

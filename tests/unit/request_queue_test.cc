@@ -61,8 +61,8 @@ class RequestQueueTest : public ::testing::Test {
     host_ = ::kvtier::testing::OpenTestHostTier(1 << 20);
     ASSERT_NE(host_, nullptr);
     for (size_t s = 0; s < kShards; ++s) {
-      shards_.push_back(std::make_unique<BlockIndex>(
-          s, 1, std::make_unique<RecordingPolicy>(queued_[s], opened_[s]), *host_));
+      shards_.push_back(
+          std::make_unique<BlockIndex>(s, 1, std::make_unique<RecordingPolicy>(queued_[s], opened_[s]), *host_));
     }
   }
 

@@ -301,10 +301,9 @@ TEST_F(StackReportTest, HealthIsEachTierTopFirstEachAdmissionAfterItsTierThenThe
   report.CheckHealth(health);
   EXPECT_EQ(health.problems, (std::vector<std::string>{"hbm is failing", "nvme is failing", "remote is failing"}));
   EXPECT_EQ(health.warnings,
-            (std::vector<std::string>{
-                "hbm wants a look", "nvme wants a look",
-                "the DWPD budget refused 1 writes to NVMe (nvme.admission.rejected_no_budget)", "remote wants a look",
-                "engine.promotion_failures = 2 (see the log)"}));
+            (std::vector<std::string>{"hbm wants a look", "nvme wants a look",
+                                      "the DWPD budget refused 1 writes to NVMe (nvme.admission.rejected_no_budget)",
+                                      "remote wants a look", "engine.promotion_failures = 2 (see the log)"}));
   Bump(counters_.demotion_failures, 1);
   HealthFindings again;
   report.CheckHealth(again);

@@ -171,8 +171,7 @@ TEST(TenantConfigTest, NamesTheLineOfTheBadTable) {
 TEST(TenantConfigTest, RejectsDuplicates) {
   // The error names the line of the second table.
   std::vector<TenantConfig> twice;
-  Status s = Apply("[[tenant]]\nname = \"a\"\nuids = [1]\n\n[[tenant]]\nname = \"a\"\nuids = [2]\n", twice,
-                   "dup.toml");
+  Status s = Apply("[[tenant]]\nname = \"a\"\nuids = [1]\n\n[[tenant]]\nname = \"a\"\nuids = [2]\n", twice, "dup.toml");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("dup.toml:5"), std::string::npos) << s.message();
   ExpectInvalid("[[tenant]]\nname = \"a\"\nuids = [1]\n[[tenant]]\nname = \"a\"\nuids = [2]\n", "declared twice");
@@ -181,8 +180,7 @@ TEST(TenantConfigTest, RejectsDuplicates) {
   // A uid of one tenant may be a gid of another (different id spaces), and
   // one tenant may repeat its own id.
   std::vector<TenantConfig> tenants;
-  EXPECT_TRUE(
-      Apply("[[tenant]]\nname = \"a\"\nuids = [5, 5]\n[[tenant]]\nname = \"b\"\ngids = [5]\n", tenants).ok());
+  EXPECT_TRUE(Apply("[[tenant]]\nname = \"a\"\nuids = [5, 5]\n[[tenant]]\nname = \"b\"\ngids = [5]\n", tenants).ok());
   EXPECT_EQ(tenants.size(), 2u);
 }
 
@@ -228,9 +226,10 @@ TEST(TenantConfigTest, TenantsTomlRoundTrips) {
 }
 
 TEST(TenantConfigTest, ConfigTomlRoundTripsTenants) {
-  auto config = ParseConfig("[[tenant]]\nname = \"a\"\nuids = [1]\nhost_bytes = \"1GiB\"\n"
-                            "[[tenant]]\nname = \"b\"\ngids = [2]\nmodels = [\"m\"]\n",
-                            "a.toml");
+  auto config = ParseConfig(
+      "[[tenant]]\nname = \"a\"\nuids = [1]\nhost_bytes = \"1GiB\"\n"
+      "[[tenant]]\nname = \"b\"\ngids = [2]\nmodels = [\"m\"]\n",
+      "a.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   auto back = ParseConfig(ConfigToml(*config), "written.toml");
   ASSERT_TRUE(back.ok()) << back.status().ToString();

@@ -34,7 +34,7 @@ TEST(TenantScopeTest, ScopeNamespacePutsTheTagInTheTopBits) {
   EXPECT_EQ(scoped.hi & 0xffffffffULL, fp.hi & 0xffffffffULL);
   EXPECT_EQ(scoped.lo, fp.lo);
   EXPECT_NE(a.ScopeNamespace(fp), b.ScopeNamespace(fp));  // same model, two namespaces
-  EXPECT_EQ(a.ScopeNamespace(scoped), scoped);             // idempotent
+  EXPECT_EQ(a.ScopeNamespace(scoped), scoped);            // idempotent
 
   EXPECT_TRUE(a.Owns(scoped));
   EXPECT_FALSE(b.Owns(scoped));
@@ -139,9 +139,7 @@ TEST_F(TenantKeyFileTest, ShortFileIsInvalidArgument) {
   EXPECT_NE(key.status().message().find(path_), std::string::npos) << key.status().message();
   EXPECT_EQ(FileBytes(), std::string(kTenantKeyBytes - 1, 'x'));  // left as it was
 
-  {
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-  }
+  { std::ofstream out(path_, std::ios::binary | std::ios::trunc); }
   EXPECT_EQ(LoadTenantKey(path_).status().code(), StatusCode::kInvalidArgument);  // empty file
 }
 

@@ -29,9 +29,14 @@ const NamespaceFingerprint kModel{0x1234567800abcdefULL, 0x0fedcba987654321ULL};
 
 TEST(TenantTierCapabilities, AViewHasTheSharedTiersCapabilitiesButNeverItsShares) {
   const TenantScope scope(kSecret, "team-a");
-  const std::vector<Capabilities> cases = {
-      {}, kEveryCapability, {.prober = true}, {.in_place_holds = true}, {.reclaim_hooks = true},
-      {.reclaim_shares = true}, {.namespace_sums = true}, {.health = true}};
+  const std::vector<Capabilities> cases = {{},
+                                           kEveryCapability,
+                                           {.prober = true},
+                                           {.in_place_holds = true},
+                                           {.reclaim_hooks = true},
+                                           {.reclaim_shares = true},
+                                           {.namespace_sums = true},
+                                           {.health = true}};
   for (size_t i = 0; i < cases.size(); ++i) {
     RecordingTier inner(cases[i]);
     SharedTier shared(inner);

@@ -63,8 +63,7 @@ Result<std::vector<std::byte>> ReadAndWait(BlockTier& tier, const BlockKey& key,
   std::vector<std::byte> out(bytes);
   auto done = std::make_shared<std::promise<Result<size_t>>>();
   std::future<Result<size_t>> result = done->get_future();
-  Status accepted =
-      tier.Read(key, 0, kLayers, out, [done](Result<size_t> r) { done->set_value(std::move(r)); });
+  Status accepted = tier.Read(key, 0, kLayers, out, [done](Result<size_t> r) { done->set_value(std::move(r)); });
   if (!accepted.ok()) return accepted;
   Result<size_t> read = result.get();
   if (!read.ok()) return read.status();
@@ -111,8 +110,7 @@ class HookTier final : public BlockTier, public ReclaimHooks, public InPlaceHold
   uint64_t StoredBytes(uint64_t payload_bytes) const override { return payload_bytes + kHeaderBytes; }
   std::optional<BlockInfo> Find(const BlockKey& key) const override { return map_.Find(key); }
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-               std::span<const std::byte> payload, WriteDone done,
-               std::optional<uint64_t> payload_checksum) override {
+               std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) override {
     {
       std::lock_guard lock(mu_);
       if (hold_writes_) {
@@ -224,12 +222,13 @@ class HookTier final : public BlockTier, public ReclaimHooks, public InPlaceHold
       }
       auto finished = std::make_shared<std::promise<void>>();
       std::future<void> wait = finished->get_future();
-      Status accepted = map_.Write(h.ns, h.key, h.layer_count, h.payload,
-                                   [done = std::move(h.done), finished](Status s) {
-                                     done(std::move(s));
-                                     finished->set_value();
-                                   },
-                                   std::nullopt);
+      Status accepted = map_.Write(
+          h.ns, h.key, h.layer_count, h.payload,
+          [done = std::move(h.done), finished](Status s) {
+            done(std::move(s));
+            finished->set_value();
+          },
+          std::nullopt);
       ASSERT_TRUE(accepted.ok()) << accepted.ToString();
       wait.get();
     }
@@ -245,12 +244,12 @@ class HookTier final : public BlockTier, public ReclaimHooks, public InPlaceHold
   };
   MapTier& map_;
   mutable std::mutex mu_;
-  EvictionSink sink_;             // guarded by mu_
-  NeededHint hint_;               // guarded by mu_
-  int sink_sets_ = 0;             // guarded by mu_
+  EvictionSink sink_;              // guarded by mu_
+  NeededHint hint_;                // guarded by mu_
+  int sink_sets_ = 0;              // guarded by mu_
   uint64_t reinserted_bytes_ = 0;  // guarded by mu_
-  bool hold_writes_ = false;      // guarded by mu_
-  std::vector<Held> held_;        // guarded by mu_
+  bool hold_writes_ = false;       // guarded by mu_
+  std::vector<Held> held_;         // guarded by mu_
 };
 
 // What a tenant's eviction sink received.
@@ -274,12 +273,8 @@ class TenantTierTest : public ::testing::Test {
     b_.reset();
     shared_.reset();
   }
-  NamespaceFingerprint NsA(const NamespaceFingerprint& model = kModel) const {
-    return scope_a_.ScopeNamespace(model);
-  }
-  NamespaceFingerprint NsB(const NamespaceFingerprint& model = kModel) const {
-    return scope_b_.ScopeNamespace(model);
-  }
+  NamespaceFingerprint NsA(const NamespaceFingerprint& model = kModel) const { return scope_a_.ScopeNamespace(model); }
+  NamespaceFingerprint NsB(const NamespaceFingerprint& model = kModel) const { return scope_b_.ScopeNamespace(model); }
   CounterCollector Counters(const BlockTier& tier) const {
     CounterCollector counters;
     tier.VisitCounters(counters);
@@ -375,8 +370,8 @@ TEST_F(TenantTierTest, ForEachNamespaceBytesCountsOwnNamespacesOnly) {
   ASSERT_TRUE(WriteAndWait(*a_, NsA(kOtherModel), kK3, Payload('A', kK3)).ok());
   ASSERT_TRUE(WriteAndWait(*b_, NsB(), kK1, Payload('B', kK1, 8 * kBlockBytes)).ok());
 
-  EXPECT_EQ(NamespaceBytes(*a_), (std::map<NamespaceFingerprint, uint64_t>{{NsA(), 3 * kBlockBytes},
-                                                                           {NsA(kOtherModel), kBlockBytes}}));
+  EXPECT_EQ(NamespaceBytes(*a_),
+            (std::map<NamespaceFingerprint, uint64_t>{{NsA(), 3 * kBlockBytes}, {NsA(kOtherModel), kBlockBytes}}));
   EXPECT_EQ(NamespaceBytes(*b_), (std::map<NamespaceFingerprint, uint64_t>{{NsB(), 8 * kBlockBytes}}));
   EXPECT_EQ(a_->used_bytes(), 4 * kBlockBytes);
   EXPECT_EQ(b_->used_bytes(), 8 * kBlockBytes);
@@ -633,7 +628,7 @@ TEST_F(TenantTierTest, SinkIsClearedOnTheTierWhenNoTenantWantsVictims) {
 
 TEST_F(TenantTierTest, NeededHintAsksWithTheTenantsOwnKey) {
   Open(hook_);
-  ASSERT_TRUE(hook_.has_hint());  // installed by SharedTier from the start
+  ASSERT_TRUE(hook_.has_hint());                    // installed by SharedTier from the start
   EXPECT_FALSE(hook_.Needed(scope_a_.Scope(kK1)));  // no tenant hints yet
 
   std::mutex mu;

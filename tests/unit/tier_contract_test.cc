@@ -111,7 +111,8 @@ class TierContractTest : public ::testing::TestWithParam<std::string> {
   Status WriteAndWait(uint64_t i, std::optional<uint64_t> checksum = std::nullopt) {
     const std::vector<std::byte> payload = Payload(i);
     auto done = std::make_shared<Completion<Status>>();
-    Status accepted = tier_->Write(kNs, Key(i), kLayers, payload, [done](Status s) { done->Set(s); }, checksum);
+    Status accepted = tier_->Write(
+        kNs, Key(i), kLayers, payload, [done](Status s) { done->Set(s); }, checksum);
     if (!accepted.ok()) return accepted;
     return done->Get().first;
   }
@@ -181,9 +182,8 @@ TEST_P(TierContractTest, AReadWithLayerChecksumsHandsOutEachLayersChecksum) {
     SCOPED_TRACE(std::to_string(first) + ".." + std::to_string(last));
     std::vector<std::byte> out((last - first) * kLayerBytes);
     auto done = std::make_shared<Completion<Result<BlockTier::LayerRead>>>();
-    Status accepted = tier_->ReadWithLayerChecksums(Key(5), first, last, out, [done](Result<BlockTier::LayerRead> r) {
-      done->Set(std::move(r));
-    });
+    Status accepted = tier_->ReadWithLayerChecksums(
+        Key(5), first, last, out, [done](Result<BlockTier::LayerRead> r) { done->Set(std::move(r)); });
     ASSERT_TRUE(accepted.ok()) << accepted.ToString();
     auto [read, on] = done->Get();
     ASSERT_TRUE(read.ok()) << read.status().ToString();
@@ -193,7 +193,8 @@ TEST_P(TierContractTest, AReadWithLayerChecksumsHandsOutEachLayersChecksum) {
     ASSERT_EQ(read->layer_checksums.size(), last - first);
     for (uint32_t l = first; l < last; ++l) {
       EXPECT_EQ(read->layer_checksums[l - first],
-                BlockChecksum(std::span(payload).subspan(l * kLayerBytes, kLayerBytes))) << l;
+                BlockChecksum(std::span(payload).subspan(l * kLayerBytes, kLayerBytes)))
+          << l;
     }
   }
 }
@@ -288,7 +289,8 @@ TEST_P(TierContractTest, UseAndWriteTotalsCountWhatWasStored) {
 TEST_P(TierContractTest, NamespaceSumsAgreeWithTheBlocksAndCapabilitiesStayPut) {
   for (uint64_t i = 30; i < 33; ++i) ASSERT_TRUE(WriteAndWait(i).ok());
   std::map<NamespaceFingerprint, uint64_t> walked, summed;
-  tier_->ForEachBlock([&](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
+  tier_->ForEachBlock(
+      [&](const BlockKey&, const BlockTier::BlockInfo& info) { walked[info.ns] += info.payload_bytes; });
   VisitNamespaceBytes(*tier_, [&](const NamespaceFingerprint& ns, uint64_t bytes) {
     EXPECT_TRUE(summed.emplace(ns, bytes).second) << "one visit per namespace";
   });

@@ -31,8 +31,8 @@ namespace {
 
 using ::kvtier::testing::CheckBlockBytes;
 using ::kvtier::testing::FakeClock;
-using ::kvtier::testing::MemoryDevice;
 using ::kvtier::testing::MapTier;
+using ::kvtier::testing::MemoryDevice;
 using ::kvtier::testing::SlotBytes;
 
 constexpr uint64_t kBlockBytes = 64 << 10;  // 4 layers of 16 KiB
@@ -289,7 +289,8 @@ TEST(TierStackPlaces, ALevelReportsAsItsRegistrationSaysAndOnlyAsAPlaceBelowTheH
     std::unique_ptr<HostTier> host = ::kvtier::testing::OpenTestHostTier(kBlockBytes);
     ASSERT_NE(host, nullptr);
     MapTier below;
-    auto engine = Engine::Create(EngineOptions{1, EvictionPolicyId::kLru}, *host, clock, {LowerTier{.tier = &below, .reported = wrong}});
+    auto engine = Engine::Create(EngineOptions{1, EvictionPolicyId::kLru}, *host, clock,
+                                 {LowerTier{.tier = &below, .reported = wrong}});
     ASSERT_FALSE(engine.ok()) << TierName(wrong);
     EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(engine.status().message().find("nvme or remote"), std::string::npos) << engine.status().message();

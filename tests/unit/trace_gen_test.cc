@@ -90,8 +90,8 @@ void ExpectIdsMatchContent(const MultiRoundQaOptions& o, const GeneratedTrace& t
       auto [a, new_id] = content_of.try_emplace(r.hash_ids[i], c);
       EXPECT_EQ(a->second, c) << "id " << r.hash_ids[i] << " names two contents";
       auto [b, new_content] = id_of.try_emplace(c, r.hash_ids[i]);
-      EXPECT_EQ(b->second, r.hash_ids[i]) << "one content, two ids (session " << r.session << " turn " << r.turn
-                                          << " block " << i << ")";
+      EXPECT_EQ(b->second, r.hash_ids[i])
+          << "one content, two ids (session " << r.session << " turn " << r.turn << " block " << i << ")";
     }
   }
   EXPECT_EQ(content_of.size(), t.distinct_blocks);
@@ -181,8 +181,9 @@ TEST(TraceGenTest, TheSameSeedGivesTheSameBytes) {
   o.seed = 2;
   EXPECT_NE(a, Text(Generate(o)));
   const std::string first = a.substr(0, a.find('\n'));
-  EXPECT_EQ(first, "{\"timestamp\":0,\"input_length\":18,\"output_length\":7,\"hash_ids\":[0,1,2,3,4],"
-                   "\"session\":1,\"turn\":1}");
+  EXPECT_EQ(first,
+            "{\"timestamp\":0,\"input_length\":18,\"output_length\":7,\"hash_ids\":[0,1,2,3,4],"
+            "\"session\":1,\"turn\":1}");
 }
 
 // Users start every rounds / qps seconds, so once the first session is

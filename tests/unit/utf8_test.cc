@@ -13,10 +13,10 @@ TEST(Utf8Test, ValidatesWellFormedTextOnly) {
   EXPECT_TRUE(IsValidUtf8(""));
   EXPECT_TRUE(IsValidUtf8("plain ascii"));
   EXPECT_TRUE(IsValidUtf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));  // é € 😀
-  EXPECT_FALSE(IsValidUtf8("\xc3"));              // cut character
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // surrogate
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xc3"));                                 // cut character
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));                             // overlong
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));                         // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));                     // above U+10FFFF
   EXPECT_FALSE(IsValidUtf8("\xff"));
 }
 

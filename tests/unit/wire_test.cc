@@ -35,10 +35,20 @@ TEST(Wire, KeysAndDescriptorsRoundTrip) {
   wire::AddKeys(keys, &p);
   EXPECT_EQ(wire::FromProto(p), keys);
 
-  NamespaceDescriptor d{.model_id = "m", .model_revision = "r", .adapter_id = "a", .adapter_revision = "ar",
-                        .kv_dtype = "fp8_e4m3", .block_tokens = 512, .layer_count = 80, .kv_layout = "x",
-                        .bytes_per_token_per_layer = 2048, .tp_rank = 3, .tp_size = 8,
-                        .pp_rank = 1, .pp_size = 4, .kv_format_version = 7,
+  NamespaceDescriptor d{.model_id = "m",
+                        .model_revision = "r",
+                        .adapter_id = "a",
+                        .adapter_revision = "ar",
+                        .kv_dtype = "fp8_e4m3",
+                        .block_tokens = 512,
+                        .layer_count = 80,
+                        .kv_layout = "x",
+                        .bytes_per_token_per_layer = 2048,
+                        .tp_rank = 3,
+                        .tp_size = 8,
+                        .pp_rank = 1,
+                        .pp_size = 4,
+                        .kv_format_version = 7,
                         .object_kind = "recurrent_state"};
   ASSERT_TRUE(d.Validate().ok());
   v1::NamespaceDescriptor pd;
@@ -54,8 +64,13 @@ TEST(Wire, KeysAndDescriptorsRoundTrip) {
 TEST(Wire, DescriptorWithoutTheV2FieldsDoesNotValidate) {
   // A descriptor built by a v1 peer: the key-v2 fields are absent (0 / "")
   // and are not read as defaults.
-  NamespaceDescriptor d{.model_id = "m", .model_revision = "r", .kv_dtype = "bf16", .block_tokens = 16,
-                        .layer_count = 2, .kv_layout = "x", .bytes_per_token_per_layer = 64};
+  NamespaceDescriptor d{.model_id = "m",
+                        .model_revision = "r",
+                        .kv_dtype = "bf16",
+                        .block_tokens = 16,
+                        .layer_count = 2,
+                        .kv_layout = "x",
+                        .bytes_per_token_per_layer = 64};
   v1::NamespaceDescriptor pd;
   wire::ToProto(d, &pd);
   pd.clear_pp_rank();

@@ -60,9 +60,7 @@ class WriterTest : public ::testing::Test {
   Writer& Make(bool verify_commits = false) {
     Writer::Hooks hooks;
     hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
-    hooks.layer_count = [](const NamespaceFingerprint&, uint64_t size) {
-      return size == kBlockBytes ? kLayers : 1u;
-    };
+    hooks.layer_count = [](const NamespaceFingerprint&, uint64_t size) { return size == kBlockBytes ? kLayers : 1u; };
     hooks.next_handle = [this] { return next_handle_++; };
     writer_ = std::make_unique<Writer>(shards_, *host_, lineage_, clock_, verify_commits, counters_, std::move(hooks));
     return *writer_;
@@ -199,8 +197,7 @@ TEST_F(WriterTest, VerifyCommitsFailsWrongLayerChecksumsAsCorruption) {
   ASSERT_TRUE(Put(1).status.ok());
   std::vector<uint64_t> layers = LayerSums(BlockBytes(1));
   layers[2] ^= 1;
-  EXPECT_EQ(CommitOne(1, kConn, kBlockBytes, {BlockChecksum(BlockBytes(1))}, layers).code(),
-            StatusCode::kCorruption);
+  EXPECT_EQ(CommitOne(1, kConn, kBlockBytes, {BlockChecksum(BlockBytes(1))}, layers).code(), StatusCode::kCorruption);
   EXPECT_FALSE(Entry(Key(1)).has_value());
   EXPECT_EQ(host_->used_bytes(), 0u);
 

@@ -11,8 +11,7 @@ Result<std::unique_ptr<CudaHbmDevice>> CudaHbmDevice::Create(const CudaHbmDevice
   if (!staging.ok()) return staging.status();
   auto stream = gpu::CopyStream::Create(options.max_copies_in_flight, options.ordinal);
   if (!stream.ok()) return stream.status();
-  return std::unique_ptr<CudaHbmDevice>(
-      new CudaHbmDevice(std::move(*pool), std::move(*staging), std::move(*stream)));
+  return std::unique_ptr<CudaHbmDevice>(new CudaHbmDevice(std::move(*pool), std::move(*staging), std::move(*stream)));
 }
 
 Result<uint64_t> CudaHbmDevice::AllocateDevice(uint64_t bytes, uint64_t* length_out) {

@@ -244,8 +244,7 @@ Status HbmTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_la
   op->whole = first_layer == 0 && last_layer == entry.info.layer_count;
   op->payload_checksum = entry.info.payload_checksum;
   if (!op->whole) {
-    op->layer_checksums.assign(entry.layer_checksums.begin() + first_layer,
-                               entry.layer_checksums.begin() + last_layer);
+    op->layer_checksums.assign(entry.layer_checksums.begin() + first_layer, entry.layer_checksums.begin() + last_layer);
   }
   op->direct = pinned;
   std::byte* target = dst.data();

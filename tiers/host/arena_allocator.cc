@@ -8,9 +8,7 @@
 namespace kvtier {
 namespace {
 
-uint64_t RoundUp(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
+uint64_t RoundUp(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 }  // namespace
 
@@ -20,8 +18,7 @@ ArenaAllocator::ArenaAllocator(uint64_t capacity_bytes)
 }
 
 uint64_t ArenaAllocator::ClassSize(uint64_t bytes) {
-  KVTIER_CHECK(bytes > 0 && bytes <= kMaxRequestBytes,
-               "ClassSize needs 0 < bytes <= kMaxRequestBytes");
+  KVTIER_CHECK(bytes > 0 && bytes <= kMaxRequestBytes, "ClassSize needs 0 < bytes <= kMaxRequestBytes");
   if (bytes <= kLinearClassLimitBytes) return RoundUp(bytes, kAlignmentBytes);
   // bytes lies in [p, 2p) with p >= 64 KiB; classes there are p + k * p/4.
   // p/4 >= 16 KiB is a power of two, hence a multiple of kAlignmentBytes.
@@ -53,10 +50,8 @@ std::optional<ArenaAllocator::Extent> ArenaAllocator::Allocate(uint64_t bytes) {
 
 void ArenaAllocator::Free(Extent e) {
   auto live = live_.find(e.offset);
-  KVTIER_CHECK(live != live_.end(),
-               "Free of an extent that is not live (double free or foreign)");
-  KVTIER_CHECK(live->second == e.length,
-               "Free of an extent whose length differs from the allocation");
+  KVTIER_CHECK(live != live_.end(), "Free of an extent that is not live (double free or foreign)");
+  KVTIER_CHECK(live->second == e.length, "Free of an extent whose length differs from the allocation");
   live_.erase(live);
   used_bytes_ -= e.length;
 
@@ -87,11 +82,9 @@ uint64_t ArenaAllocator::largest_free_bytes() const {
 void ArenaAllocator::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("host.alloc.used_bytes", static_cast<int64_t>(used_bytes()));
   v.VisitGauge("host.alloc.free_bytes", static_cast<int64_t>(free_bytes()));
-  v.VisitGauge("host.alloc.largest_free_bytes",
-          static_cast<int64_t>(largest_free_bytes()));
+  v.VisitGauge("host.alloc.largest_free_bytes", static_cast<int64_t>(largest_free_bytes()));
   v.Visit("host.alloc.allocations", static_cast<int64_t>(allocations()));
-  v.Visit("host.alloc.failed_allocations",
-          static_cast<int64_t>(failed_allocations_));
+  v.Visit("host.alloc.failed_allocations", static_cast<int64_t>(failed_allocations_));
 }
 
 void ArenaAllocator::InsertFree(uint64_t offset, uint64_t length) {

@@ -18,7 +18,9 @@ constexpr uint32_t kMaxDefaultSlots = 1u << 24;
 constexpr uint32_t kMaxSlots = 1u << 26;
 constexpr uint64_t kBytesPerDefaultSlot = 48 * 1024;  // 64 KiB blocks at the 3/4 load limit
 
-Status SysError(const char* what) { return IoError(std::string(what) + " of the block directory: " + std::strerror(errno)); }
+Status SysError(const char* what) {
+  return IoError(std::string(what) + " of the block directory: " + std::strerror(errno));
+}
 
 }  // namespace
 

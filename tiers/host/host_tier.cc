@@ -9,10 +9,8 @@ namespace kvtier {
 
 Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint32_t directory_slots) {
   if (o.capacity_bytes < ArenaAllocator::kAlignmentBytes) {
-    return InvalidArgument("host tier capacity_bytes " +
-                           std::to_string(o.capacity_bytes) +
-                           " is below the minimum of " +
-                           std::to_string(ArenaAllocator::kAlignmentBytes));
+    return InvalidArgument("host tier capacity_bytes " + std::to_string(o.capacity_bytes) +
+                           " is below the minimum of " + std::to_string(ArenaAllocator::kAlignmentBytes));
   }
   auto arena = HostArena::Open(o);
   if (!arena.ok()) return arena.status();
@@ -28,9 +26,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint
 HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory)
     : arena_(std::move(arena)),
       directory_(std::move(directory)),
-      capacity_bytes_(arena_->capacity_bytes() /
-                      ArenaAllocator::kAlignmentBytes *
-                      ArenaAllocator::kAlignmentBytes),
+      capacity_bytes_(arena_->capacity_bytes() / ArenaAllocator::kAlignmentBytes * ArenaAllocator::kAlignmentBytes),
       allocator_(arena_->capacity_bytes()) {}
 
 Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
@@ -47,17 +43,13 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
     free_bytes = allocator_.free_bytes();
     largest_free_bytes = allocator_.largest_free_bytes();
   }
-  return NoSpace("host tier cannot allocate " + std::to_string(bytes) +
-                 " bytes (class " +
-                 std::to_string(ArenaAllocator::ClassSize(bytes)) +
-                 "): free " + std::to_string(free_bytes) +
-                 " bytes, largest free range " +
-                 std::to_string(largest_free_bytes) + " bytes");
+  return NoSpace("host tier cannot allocate " + std::to_string(bytes) + " bytes (class " +
+                 std::to_string(ArenaAllocator::ClassSize(bytes)) + "): free " + std::to_string(free_bytes) +
+                 " bytes, largest free range " + std::to_string(largest_free_bytes) + " bytes");
 }
 
 bool HostTier::CanEverHold(uint64_t bytes) const {
-  return bytes > 0 && bytes <= capacity_bytes_ &&
-         ArenaAllocator::ClassSize(bytes) <= capacity_bytes_;
+  return bytes > 0 && bytes <= capacity_bytes_ && ArenaAllocator::ClassSize(bytes) <= capacity_bytes_;
 }
 
 void HostTier::Free(const Extent& e) {
@@ -66,9 +58,7 @@ void HostTier::Free(const Extent& e) {
 }
 
 std::span<std::byte> HostTier::Bytes(const Extent& e) const {
-  KVTIER_CHECK(e.offset <= capacity_bytes_ &&
-                   e.length <= capacity_bytes_ - e.offset,
-               "extent outside the host arena");
+  KVTIER_CHECK(e.offset <= capacity_bytes_ && e.length <= capacity_bytes_ - e.offset, "extent outside the host arena");
   return {arena_->base() + e.offset, static_cast<size_t>(e.length)};
 }
 

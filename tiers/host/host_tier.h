@@ -72,9 +72,9 @@ class HostTier {
  private:
   HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory);
 
-  const std::unique_ptr<HostArena> arena_;  // immutable after construction
+  const std::unique_ptr<HostArena> arena_;          // immutable after construction
   const std::unique_ptr<HostDirectory> directory_;  // may be null; thread-safe itself
-  const uint64_t capacity_bytes_;           // the allocator's (rounded) capacity
+  const uint64_t capacity_bytes_;                   // the allocator's (rounded) capacity
   mutable Mutex mu_;
   ArenaAllocator allocator_ GUARDED_BY(mu_);
 };

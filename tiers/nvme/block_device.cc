@@ -38,7 +38,9 @@ void DeviceCounters::Record(Op op, const Result<size_t>& outcome) {
       writes_.fetch_add(1, relaxed);
       written_bytes_.fetch_add(bytes, relaxed);
       break;
-    case Op::kFlush: flushes_.fetch_add(1, relaxed); break;
+    case Op::kFlush:
+      flushes_.fetch_add(1, relaxed);
+      break;
   }
 }
 

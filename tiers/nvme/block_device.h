@@ -97,22 +97,22 @@ Result<size_t> WriteSync(BlockDevice& device, uint64_t offset, std::span<const s
 Status FlushSync(BlockDevice& device);
 
 enum class IoEngine {
-  kAuto,      // io_uring, else threads (logged once)
-  kIoUring,   // io_uring or fail
-  kThreads,   // pread/pwrite thread pool
+  kAuto,     // io_uring, else threads (logged once)
+  kIoUring,  // io_uring or fail
+  kThreads,  // pread/pwrite thread pool
 };
 // (kvtierd's nvme.io_engine names them: daemon/config/option_choices.h.)
 
 struct BlockDeviceOptions {
-  std::string path;             // a regular file (created and preallocated) or a block device
-  uint64_t capacity_bytes = 0;  // regular file: its size; block device: 0 = the whole device
+  std::string path;                          // a regular file (created and preallocated) or a block device
+  uint64_t capacity_bytes = 0;               // regular file: its size; block device: 0 = the whole device
   bool direct_io = defaults::kNvmeDirectIo;  // O_DIRECT: bypass the page cache
   // Regular file: allocate every byte at open (fallocate), so a full file
   // system fails the open, never a write. false: a sparse file whose
   // writes may hit ENOSPC later (the tier then reports itself full).
   bool preallocate = defaults::kNvmePreallocate;
   uint32_t queue_depth = defaults::kNvmeQueueDepth;  // in-flight I/Os per I/O thread
-  uint32_t io_threads = defaults::kNvmeIoThreads;  // threads (and io_uring rings) doing I/O
+  uint32_t io_threads = defaults::kNvmeIoThreads;    // threads (and io_uring rings) doing I/O
   IoEngine engine = IoEngine::kAuto;
 };
 

@@ -15,9 +15,12 @@ Status ErrnoStatus(int error, const std::string& what) {
   const std::string message = what + ": " + std::strerror(error);
   switch (error) {
     case ENOSPC:
-    case EDQUOT: return NoSpace(message);
-    case EINVAL: return InvalidArgument(message);
-    default: return IoError(message);
+    case EDQUOT:
+      return NoSpace(message);
+    case EINVAL:
+      return InvalidArgument(message);
+    default:
+      return IoError(message);
   }
 }
 
@@ -74,14 +77,12 @@ Result<DeviceFile> DeviceFile::Open(const BlockDeviceOptions& options) {
     if (::ioctl(file.fd_, BLKSSZGET, &logical_block) == 0 && logical_block > 4096) {
       file.alignment_bytes_ = static_cast<uint32_t>(logical_block);
     }
-    file.capacity_bytes_ = options.capacity_bytes == 0 ? device_bytes
-                                                       : std::min(device_bytes, options.capacity_bytes);
+    file.capacity_bytes_ = options.capacity_bytes == 0 ? device_bytes : std::min(device_bytes, options.capacity_bytes);
     file.capacity_bytes_ -= file.capacity_bytes_ % file.alignment_bytes_;
   } else if (S_ISREG(st.st_mode)) {
     if (options.capacity_bytes == 0 || options.capacity_bytes % file.alignment_bytes_ != 0) {
-      return InvalidArgument("nvme capacity of " + std::to_string(options.capacity_bytes) +
-                             " bytes for " + options.path + " must be a positive multiple of " +
-                             std::to_string(file.alignment_bytes_));
+      return InvalidArgument("nvme capacity of " + std::to_string(options.capacity_bytes) + " bytes for " +
+                             options.path + " must be a positive multiple of " + std::to_string(file.alignment_bytes_));
     }
     file.capacity_bytes_ = options.capacity_bytes;
     if (options.preallocate) {

@@ -18,8 +18,7 @@ void NvmeTier::Account(const IndexEntry& entry, int sign) {
     return;
   }
   auto it = namespace_bytes_.find(entry.ns);
-  KVTIER_CHECK(it != namespace_bytes_.end() && it->second.payload >= bytes.payload &&
-                   it->second.record >= bytes.record,
+  KVTIER_CHECK(it != namespace_bytes_.end() && it->second.payload >= bytes.payload && it->second.record >= bytes.record,
                "nvme: a namespace's stored bytes went negative");
   it->second.payload -= bytes.payload;
   it->second.record -= bytes.record;

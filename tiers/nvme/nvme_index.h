@@ -32,14 +32,14 @@ namespace kvtier {
 
 struct IndexEntry {
   NamespaceFingerprint ns;
-  uint64_t payload_checksum = 0;   // xxh3-64 of the whole payload (as the host tier records it)
+  uint64_t payload_checksum = 0;  // xxh3-64 of the whole payload (as the host tier records it)
   uint32_t region = 0;
-  uint64_t offset = 0;             // device offset of the record header
+  uint64_t offset = 0;  // device offset of the record header
   uint64_t payload_bytes = 0;
   uint32_t layer_count = 1;
   uint64_t region_generation = 0;  // must match the region's, else the entry is stale
   uint32_t flags = 0;
-  uint64_t hits = 0;               // as of the last persisted update
+  uint64_t hits = 0;  // as of the last persisted update
   int64_t last_use_us = 0;
 
   bool operator==(const IndexEntry&) const = default;

@@ -34,18 +34,18 @@ struct NvmeTier::ReadOp {
   BlockKey key;
   IndexEntry entry;
   uint32_t first = 0, last = 0;
-  ByteRange range;             // inside the payload
-  uint64_t cover_offset = 0;   // payload offset the staged payload bytes start at
+  ByteRange range;            // inside the payload
+  uint64_t cover_offset = 0;  // payload offset the staged payload bytes start at
   std::span<std::byte> staging;
-  size_t payload_at = 0;       // where in `staging` the payload cover starts
-  bool direct = false;         // the payload is read straight into `dst`
+  size_t payload_at = 0;  // where in `staging` the payload cover starts
+  bool direct = false;    // the payload is read straight into `dst`
   std::span<std::byte> dst;
   ReadDone done;
-  LayerReadDone layer_done;  // instead of `done`: ReadWithLayerChecksums
+  LayerReadDone layer_done;               // instead of `done`: ReadWithLayerChecksums
   std::vector<uint64_t> layer_checksums;  // for layer_done, once verified
-  Mutex mu;                    // a leaf: the I/Os' completions count down under it
-  int pending GUARDED_BY(mu) = 0;  // I/Os not yet completed
-  Status failure GUARDED_BY(mu);   // first I/O failure
+  Mutex mu;                               // a leaf: the I/Os' completions count down under it
+  int pending GUARDED_BY(mu) = 0;         // I/Os not yet completed
+  Status failure GUARDED_BY(mu);          // first I/O failure
 
   // Before the I/Os go out: how many will complete.
   void Expect(int ios) EXCLUDES(mu) {
@@ -138,8 +138,10 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
     {
       MutexLock lock(op->mu);
       if (op->failure.ok()) {
-        if (!r.ok()) op->failure = r.status();
-        else if (*r != want) op->failure = IoError("short read: " + std::to_string(*r) + " of " + std::to_string(want));
+        if (!r.ok())
+          op->failure = r.status();
+        else if (*r != want)
+          op->failure = IoError("short read: " + std::to_string(*r) + " of " + std::to_string(want));
       }
       last = --op->pending == 0;
     }
@@ -147,9 +149,8 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
   };
   if (op->header && op->direct) {
     op->Expect(1);
-    device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
-      on_io(r, cover_bytes);
-    });
+    device_->Read(payload_device_offset, dst.first(cover_bytes),
+                  [on_io, cover_bytes](Result<size_t> r) { on_io(r, cover_bytes); });
   } else if (op->header) {
     op->Expect(1);
     device_->Read(payload_device_offset + op->cover_offset, op->staging.first(cover_bytes),
@@ -158,9 +159,8 @@ Status NvmeTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t l
     op->Expect(2);
     device_->Read(op->entry.offset, op->staging.first(kRecordHeaderBytes),
                   [on_io](Result<size_t> r) { on_io(r, kRecordHeaderBytes); });
-    device_->Read(payload_device_offset, dst.first(cover_bytes), [on_io, cover_bytes](Result<size_t> r) {
-      on_io(r, cover_bytes);
-    });
+    device_->Read(payload_device_offset, dst.first(cover_bytes),
+                  [on_io, cover_bytes](Result<size_t> r) { on_io(r, cover_bytes); });
   } else if (op->cover_offset == 0) {  // header and payload cover are contiguous: one I/O
     op->Expect(1);
     const size_t bytes = kRecordHeaderBytes + cover_bytes;
@@ -179,16 +179,16 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
   Status outcome = op->Failure();
   std::span<const std::byte> layers;
   if (outcome.ok()) {
-    Result<RecordHeader> header = op->header ? Result<RecordHeader>(*op->header)
-                                             : DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
+    Result<RecordHeader> header =
+        op->header ? Result<RecordHeader>(*op->header) : DecodeRecordHeader(op->staging.first(kRecordHeaderBytes));
     if (!header.ok()) {
       outcome = header.status();
     } else if (!HeaderMatches(*header, op->key, op->entry)) {
       outcome = Corruption("record header describes another block");
     } else {
-      layers = op->direct ? std::span<const std::byte>(op->dst.first(op->range.length))
-                          : op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset),
-                                                op->range.length);
+      layers = op->direct
+                   ? std::span<const std::byte>(op->dst.first(op->range.length))
+                   : op->staging.subspan(op->payload_at + (op->range.offset - op->cover_offset), op->range.length);
       outcome = VerifyLayers(*header, op->first, op->last, layers);
       // A partial read is likely one of several of the block (layer by
       // layer): keep its header for the next ones.
@@ -263,7 +263,8 @@ void NvmeTier::OnRead(std::shared_ptr<ReadOp> op) {
 
 void NvmeTier::CacheHeader(const BlockKey& key, const IndexEntry& entry, const RecordHeader& header) {
   MutexLock lock(mu_);
-  auto [it, inserted] = header_cache_.insert_or_assign(key, CachedHeader{entry.offset, entry.region_generation, header});
+  auto [it, inserted] =
+      header_cache_.insert_or_assign(key, CachedHeader{entry.offset, entry.region_generation, header});
   if (!inserted) return;
   header_cache_order_.push_back(key);
   while (header_cache_order_.size() > kHeaderCacheEntries) {

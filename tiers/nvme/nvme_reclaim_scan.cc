@@ -82,8 +82,9 @@ Status NvmeTier::CopyForward(const BlockKey& key, const IndexEntry& entry) {
   Status s = staging ? ReadRecordSync(key, entry, staging->first(bytes)) : Busy("no staging memory");
   if (s.ok()) {
     // The payload is copied into the write's own staging before WriteRecord returns.
-    s = WriteRecord(entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes),
-                    [](Status) {}, entry.payload_checksum, &entry);
+    s = WriteRecord(
+        entry.ns, key, entry.layer_count, staging->subspan(kRecordHeaderBytes, entry.payload_bytes), [](Status) {},
+        entry.payload_checksum, &entry);
   }
   if (staging) staging_->Free(*staging);
   return s;

@@ -34,7 +34,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(std::unique_ptr<BlockDevice> de
   }
   auto staging = StagingPool::Create(options.staging_bytes, *device);
   if (!staging.ok()) return staging.status();
-  std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(device), std::move(index), std::move(*staging), options, clock));
+  std::unique_ptr<NvmeTier> tier(
+      new NvmeTier(std::move(device), std::move(index), std::move(*staging), options, clock));
   if (Status s = tier->Recover(); !s.ok()) return s;
   return tier;
 }

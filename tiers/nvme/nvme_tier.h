@@ -18,10 +18,9 @@
 // The tier implements BlockTier (tiers/tier.h) with three of its
 // capabilities: ReclaimHooks, ReclaimShares and NamespaceSums (kept per
 // namespace as entries come and go, so a scrape is O(namespaces) and takes
-// the tier's lock once); what follows adds to that contract. With an eviction sink installed, the blocks of the region that
-// reclaim takes next are read back (verified) when the last free region
-// opens, and those reinsertion does not keep are offered to the sink while
-// they are still readable here.
+// the tier's lock once); what follows adds to that contract. With an eviction sink installed, the blocks of the region
+// that reclaim takes next are read back (verified) when the last free region opens, and those reinsertion does not keep
+// are offered to the sink while they are still readable here.
 //
 // With shares installed (SetShares: tenants, daemon/tenants/tenant_tier.h) the
 // reclaim protects them (policy/share_guard.h; an owner's bytes are the
@@ -203,9 +202,9 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   using Blocks = std::vector<std::pair<BlockKey, IndexEntry>>;
   // What one reclaim turn does with the blocks of region `scan`.
   struct Turn {
-    Blocks guarded;   // within their owners' shares: must be copied forward
-    Blocks reinsert;  // chosen by the reclaim order, within the budget
-    Blocks evict;     // offered to the sink
+    Blocks guarded;                      // within their owners' shares: must be copied forward
+    Blocks reinsert;                     // chosen by the reclaim order, within the budget
+    Blocks evict;                        // offered to the sink
     std::pair<uint32_t, uint64_t> scan;  // region, generation
   };
   // Copies `turn`'s guarded and reinsert blocks forward and hands each of
@@ -284,7 +283,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   // forward: the only one reclaim may take, with shares.
   std::pair<uint32_t, uint64_t> cleared_ GUARDED_BY(mu_){~0u, 0};
   std::vector<std::unordered_set<BlockKey>> region_keys_ GUARDED_BY(mu_);
-  const uint64_t shareable_bytes_;                                   // see shareable_bytes()
+  const uint64_t shareable_bytes_;  // see shareable_bytes()
   std::unordered_set<BlockKey> writing_ GUARDED_BY(mu_);
   std::unordered_set<BlockKey> cancelled_ GUARDED_BY(mu_);  // erased while writing
   bool full_ GUARDED_BY(mu_) = false;
@@ -320,13 +319,13 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
     int64_t reinserted = 0, reinserted_bytes = 0, reinsert_failures = 0, reinsert_over_budget = 0;
     int64_t reinserted_needed = 0;  // chosen because a queued request needs them
     int64_t evictions_offered = 0, eviction_read_failures = 0, write_checksum_mismatches = 0;
-    int64_t evictions_missed = 0;  // reclaimed before the eviction scan read them
-    int64_t reclaim_dropped = 0;   // blocks dropped by region reclaims (capacity evictions)
-    int64_t index_failures = 0;    // index mutations RocksDB refused
-    int64_t header_cache_hits = 0;  // layer reads that needed no header I/O
-    int64_t share_copies = 0;          // blocks copied forward to keep an owner's share
-    int64_t share_copy_failures = 0;   // such copies that failed (the region waits for another try)
-    int64_t share_refusals = 0;        // client writes refused: the room is held by shares
+    int64_t evictions_missed = 0;     // reclaimed before the eviction scan read them
+    int64_t reclaim_dropped = 0;      // blocks dropped by region reclaims (capacity evictions)
+    int64_t index_failures = 0;       // index mutations RocksDB refused
+    int64_t header_cache_hits = 0;    // layer reads that needed no header I/O
+    int64_t share_copies = 0;         // blocks copied forward to keep an owner's share
+    int64_t share_copy_failures = 0;  // such copies that failed (the region waits for another try)
+    int64_t share_refusals = 0;       // client writes refused: the room is held by shares
     WriteTotals submitted;
   } counters_ GUARDED_BY(mu_);
   // Entries ForEachBlock handed out one by one (nvme.blocks_listed): what

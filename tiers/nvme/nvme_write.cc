@@ -10,8 +10,7 @@
 namespace kvtier {
 
 Status NvmeTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-                       std::span<const std::byte> payload, WriteDone done,
-                       std::optional<uint64_t> payload_checksum) {
+                       std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) {
   return WriteRecord(ns, key, layer_count, payload, std::move(done), payload_checksum, nullptr);
 }
 
@@ -121,14 +120,14 @@ Status NvmeTier::WriteRecord(const NamespaceFingerprint& ns, const BlockKey& key
   EncodeRecordHeader(header, staging.first(kRecordHeaderBytes));
   std::optional<IndexEntry> replaced;
   if (replaces != nullptr) replaced = *replaces;
-  device_->Write(entry.offset, staging.first(record_bytes),
-                 [this, key, entry, staging, record_bytes, done = std::move(done), replaced](Result<size_t> r) {
-                   if (r.ok() && *r != record_bytes) {
-                     r = IoError("short write: " + std::to_string(*r) + " of " + std::to_string(record_bytes) +
-                                 " bytes");
-                   }
-                   OnWritten(key, entry, staging, std::move(r), done, replaced);
-                 });
+  device_->Write(
+      entry.offset, staging.first(record_bytes),
+      [this, key, entry, staging, record_bytes, done = std::move(done), replaced](Result<size_t> r) {
+        if (r.ok() && *r != record_bytes) {
+          r = IoError("short write: " + std::to_string(*r) + " of " + std::to_string(record_bytes) + " bytes");
+        }
+        OnWritten(key, entry, staging, std::move(r), done, replaced);
+      });
   return Status::Ok();
 }
 
@@ -192,7 +191,7 @@ void NvmeTier::OnWritten(const BlockKey& key, const IndexEntry& entry, std::span
         region_keys_[entry.region].insert(key);
         Account(entry, +1);
         if (!replaces) {
-          ++counters_.writes;  // a reinsertion counts as such
+          ++counters_.writes;                       // a reinsertion counts as such
           reclaim_.OnWritten(key, clock_.NowUs());  // a moved block keeps its place in the policy
         }
       } else {

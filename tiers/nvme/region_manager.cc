@@ -14,7 +14,8 @@ Status RegionManager::Validate(uint64_t device_bytes, uint64_t region_bytes, uin
   }
   if (device_bytes / region_bytes < 2) {
     return InvalidArgument("nvme.capacity_bytes (" + std::to_string(device_bytes) +
-                           ") must hold at least 2 regions of nvme.region_bytes (" + std::to_string(region_bytes) + ")");
+                           ") must hold at least 2 regions of nvme.region_bytes (" + std::to_string(region_bytes) +
+                           ")");
   }
   return Status::Ok();
 }
@@ -48,9 +49,8 @@ std::vector<RegionState> RegionManager::Restore(std::span<const RegionState> per
     if (regions_[r].status == RegionStatus::kSealed) sealed.push_back(r);
     if (regions_[r].status == RegionStatus::kOpen) was_open.push_back(r);
   }
-  std::stable_sort(sealed.begin(), sealed.end(), [this](uint32_t a, uint32_t b) {
-    return regions_[a].seal_sequence < regions_[b].seal_sequence;
-  });
+  std::stable_sort(sealed.begin(), sealed.end(),
+                   [this](uint32_t a, uint32_t b) { return regions_[a].seal_sequence < regions_[b].seal_sequence; });
   sealed_.assign(sealed.begin(), sealed.end());
   for (uint32_t r : was_open) Seal(r, changed);  // newest: appended after the older seals
   return changed;
@@ -142,7 +142,8 @@ Result<RegionManager::Allocation> RegionManager::Allocate(uint64_t record_bytes,
 }
 
 std::optional<uint32_t> RegionManager::NextVictim() const {
-  auto it = std::find_if(sealed_.begin(), sealed_.end(), [this](uint32_t r) { return regions_[r].writes_in_flight == 0; });
+  auto it =
+      std::find_if(sealed_.begin(), sealed_.end(), [this](uint32_t r) { return regions_[r].writes_in_flight == 0; });
   if (it == sealed_.end()) return std::nullopt;
   return *it;
 }

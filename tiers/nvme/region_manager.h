@@ -117,15 +117,15 @@ class RegionManager {
   const uint64_t region_bytes_;
   const uint32_t alignment_bytes_;
   std::vector<Region> regions_;
-  std::optional<uint32_t> open_;   // the region being appended to
-  uint64_t open_offset_ = 0;       // next free byte inside it
-  std::deque<uint32_t> sealed_;    // sealed regions, oldest first
-  std::deque<uint32_t> free_;      // free regions, lowest first
+  std::optional<uint32_t> open_;  // the region being appended to
+  uint64_t open_offset_ = 0;      // next free byte inside it
+  std::deque<uint32_t> sealed_;   // sealed regions, oldest first
+  std::deque<uint32_t> free_;     // free regions, lowest first
   int64_t reclaims_ = 0;
   uint64_t next_seal_sequence_ = 1;
-  std::optional<uint32_t> held_;   // see HoldReclaim
-  uint32_t reserve_ = 0;           // see SetReserve
-  bool copies_only_ = false;       // a copy opened a reserve region: kWrite is Busy
+  std::optional<uint32_t> held_;  // see HoldReclaim
+  uint32_t reserve_ = 0;          // see SetReserve
+  bool copies_only_ = false;      // a copy opened a reserve region: kWrite is Busy
   // The oldest sealed region without writes in flight, if the hold and
   // the gate let it go; else the reason (Busy).
   Result<uint32_t> ReclaimableVictim(const ReclaimGate& may_reclaim) const;

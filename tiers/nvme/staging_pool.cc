@@ -12,8 +12,8 @@ namespace kvtier {
 
 Result<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t bytes, BlockDevice& device) {
   if (bytes == 0) return InvalidArgument("nvme staging pool of 0 bytes");
-  bytes = (bytes + ArenaAllocator::kAlignmentBytes - 1) / ArenaAllocator::kAlignmentBytes *
-          ArenaAllocator::kAlignmentBytes;
+  bytes =
+      (bytes + ArenaAllocator::kAlignmentBytes - 1) / ArenaAllocator::kAlignmentBytes * ArenaAllocator::kAlignmentBytes;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     return NoSpace("cannot map " + std::to_string(bytes) + " bytes of nvme staging memory: " + std::strerror(errno));

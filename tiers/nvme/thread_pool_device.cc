@@ -39,12 +39,12 @@ Result<size_t> ThreadPoolDevice::Run(const Job& job) {
   while (done < job.length) {
     const off_t at = static_cast<off_t>(job.offset + done);
     const ssize_t n = job.kind == Op::kRead ? ::pread(file_.fd(), job.data + done, job.length - done, at)
-                                          : ::pwrite(file_.fd(), job.data + done, job.length - done, at);
+                                            : ::pwrite(file_.fd(), job.data + done, job.length - done, at);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       return ErrnoStatus(errno, std::string(job.kind == Op::kRead ? "pread" : "pwrite") + " of " +
-                                    std::to_string(job.length) + " bytes at " + std::to_string(job.offset) +
-                                    " on " + file_.path());
+                                    std::to_string(job.length) + " bytes at " + std::to_string(job.offset) + " on " +
+                                    file_.path());
     }
     if (n == 0) break;  // end of file: a short transfer, reported as such
     done += static_cast<size_t>(n);

@@ -4,8 +4,7 @@
 
 namespace kvtier {
 
-Result<std::unique_ptr<UringDevice>> UringDevice::Create(DeviceFile&& file, uint32_t queue_depth,
-                                                         uint32_t io_threads) {
+Result<std::unique_ptr<UringDevice>> UringDevice::Create(DeviceFile&& file, uint32_t queue_depth, uint32_t io_threads) {
   std::unique_ptr<UringDevice> device(new UringDevice());
   for (uint32_t i = 0; i < io_threads; ++i) {
     auto worker = UringWorker::Create(file.fd(), queue_depth, device->counters_);
@@ -40,8 +39,7 @@ void UringDevice::Read(uint64_t offset, std::span<std::byte> dst, IoDone done) {
 }
 
 void UringDevice::Write(uint64_t offset, std::span<const std::byte> src, IoDone done) {
-  auto op = MakeOp(DeviceCounters::Op::kWrite, offset, const_cast<std::byte*>(src.data()), src.size(),
-                   std::move(done));
+  auto op = MakeOp(DeviceCounters::Op::kWrite, offset, const_cast<std::byte*>(src.data()), src.size(), std::move(done));
   op->rejected = CheckRange(offset, src.size(), src.data());
   NextWorker().Submit(std::move(op));
 }

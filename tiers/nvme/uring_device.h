@@ -26,8 +26,7 @@ class UringDevice final : public BlockDevice {
   // Takes `file` only on success. Errors: Unavailable when io_uring cannot
   // be used here (ENOSYS, EPERM from seccomp or io_uring_disabled, ENOMEM
   // from RLIMIT_MEMLOCK on old kernels), naming the cause.
-  static Result<std::unique_ptr<UringDevice>> Create(DeviceFile&& file, uint32_t queue_depth,
-                                                     uint32_t io_threads);
+  static Result<std::unique_ptr<UringDevice>> Create(DeviceFile&& file, uint32_t queue_depth, uint32_t io_threads);
   ~UringDevice() override;
 
   uint64_t capacity_bytes() const override { return file_.capacity_bytes(); }

@@ -19,9 +19,12 @@ constexpr uint64_t kWakeTag = 1;
 
 std::string OpName(DeviceCounters::Op op) {
   switch (op) {
-    case DeviceCounters::Op::kRead: return "read";
-    case DeviceCounters::Op::kWrite: return "write";
-    case DeviceCounters::Op::kFlush: return "flush";
+    case DeviceCounters::Op::kRead:
+      return "read";
+    case DeviceCounters::Op::kWrite:
+      return "write";
+    case DeviceCounters::Op::kFlush:
+      return "flush";
   }
   return "io";
 }
@@ -88,8 +91,8 @@ Status UringWorker::RegisterBuffers(const std::vector<iovec>& buffers) {
       }
       const int rc = io_uring_register_buffers(&ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
       if (rc < 0) {
-        outcome.set_value(ErrnoStatus(-rc, "io_uring_register_buffers of " + std::to_string(buffers.size()) +
-                                               " buffers (RLIMIT_MEMLOCK?)"));
+        outcome.set_value(ErrnoStatus(
+            -rc, "io_uring_register_buffers of " + std::to_string(buffers.size()) + " buffers (RLIMIT_MEMLOCK?)"));
         return;
       }
       fixed_ = buffers;
@@ -134,8 +137,8 @@ int UringWorker::FixedBufferIndex(const std::byte* data, size_t length) const {
 std::unique_ptr<UringWorker::Op> UringWorker::NextOp() {
   const uint32_t write_share = depth_ >= 2 ? std::max<uint32_t>(1, depth_ / 4) : 0;
   const uint32_t reads_in_flight = in_flight_ - writes_in_flight_;
-  const bool read_may_go = !waiting_reads_.empty() &&
-                           (waiting_writes_.empty() || reads_in_flight < depth_ - write_share);
+  const bool read_may_go =
+      !waiting_reads_.empty() && (waiting_writes_.empty() || reads_in_flight < depth_ - write_share);
   // A write goes when no read may: none waits, or reads fill their share.
   std::deque<std::unique_ptr<Op>>* lane = nullptr;
   if (read_may_go) {
@@ -183,7 +186,9 @@ void UringWorker::Prepare() {
           io_uring_prep_write(sqe, fd_, data, length, offset);
         }
         break;
-      case DeviceCounters::Op::kFlush: io_uring_prep_fsync(sqe, fd_, IORING_FSYNC_DATASYNC); break;
+      case DeviceCounters::Op::kFlush:
+        io_uring_prep_fsync(sqe, fd_, IORING_FSYNC_DATASYNC);
+        break;
     }
     io_uring_sqe_set_data(sqe, op);
     ++in_flight_;

@@ -84,8 +84,8 @@ class UringWorker {
   }
   // The next op to send, from the lane whose turn it is; null if none may go.
   std::unique_ptr<Op> NextOp();
-  uint64_t wake_value_ = 0;                  // the eventfd read's target
-  std::vector<iovec> fixed_;                 // registered fixed buffers
+  uint64_t wake_value_ = 0;   // the eventfd read's target
+  std::vector<iovec> fixed_;  // registered fixed buffers
   std::thread thread_;
 };
 

@@ -125,9 +125,9 @@ Result<RespReply> ClusterClient::Run(std::string_view key, const Command& run, R
     }
     return reply;  // an error reply of the command itself
   }
-  return Status(last.code() == StatusCode::kOk ? StatusCode::kUnavailable : last.code(),
-                "remote command gave up after " + std::to_string(options_.max_attempts) + " attempts: " +
-                    last.message());
+  return Status(
+      last.code() == StatusCode::kOk ? StatusCode::kUnavailable : last.code(),
+      "remote command gave up after " + std::to_string(options_.max_attempts) + " attempts: " + last.message());
 }
 
 std::vector<Result<RespReply>> ClusterClient::RunPipelined(std::span<const std::string> keys, const Append& append,
@@ -164,11 +164,14 @@ std::vector<Result<RespReply>> ClusterClient::RunPipelined(std::span<const std::
     Release(s.node, std::move(s.connection));
   }
   for (size_t i : again) {
-    results[i] = Run(keys[i], [&](RedisConnection& c) -> Result<RespReply> {
-      append(i, c);
-      if (Status s = c.Flush(deadline); !s.ok()) return s;
-      return read(i, c);
-    }, deadline);
+    results[i] = Run(
+        keys[i],
+        [&](RedisConnection& c) -> Result<RespReply> {
+          append(i, c);
+          if (Status s = c.Flush(deadline); !s.ok()) return s;
+          return read(i, c);
+        },
+        deadline);
   }
   return results;
 }

@@ -111,8 +111,8 @@ class ClusterClient {
   // is run again alone (Run). One result per key, in order.
   using Append = std::function<void(size_t index, RedisConnection& connection)>;
   using Read = std::function<Result<RespReply>(size_t index, RedisConnection& connection)>;
-  std::vector<Result<RespReply>> RunPipelined(std::span<const std::string> keys, const Append& append,
-                                              const Read& read, RedisDeadline deadline);
+  std::vector<Result<RespReply>> RunPipelined(std::span<const std::string> keys, const Append& append, const Read& read,
+                                              RedisDeadline deadline);
 
   // Whether some node answered lately: the last map refresh, or a command
   // since, succeeded. False once a refresh found no node answering (the
@@ -167,13 +167,13 @@ class ClusterClient {
   const ClusterOptions options_;
   const Clock& clock_;
   mutable SharedMutex mu_;
-  std::vector<std::unique_ptr<Node>> nodes_ GUARDED_BY(mu_);  // append only
+  std::vector<std::unique_ptr<Node>> nodes_ GUARDED_BY(mu_);         // append only
   std::array<int32_t, kClusterSlots> slot_owner_ GUARDED_BY(mu_){};  // -1: unknown
-  Mutex refresh_mu_ ACQUIRED_BEFORE(mu_);  // one refresh at a time
+  Mutex refresh_mu_ ACQUIRED_BEFORE(mu_);                            // one refresh at a time
   int64_t last_refresh_start_ns_ GUARDED_BY(refresh_mu_) = 0;
   Status last_refresh_status_ GUARDED_BY(refresh_mu_);  // that read's outcome
   std::atomic<bool> reachable_{true};
-  const bool default_networks_;                       // options_.networks empty: the seeds' networks
+  const bool default_networks_;  // options_.networks empty: the seeds' networks
   mutable Mutex networks_mu_;
   ClusterNetworks networks_ GUARDED_BY(networks_mu_);
   LogRateLimiter refusal_log_{5, std::chrono::seconds(10)};

@@ -111,8 +111,7 @@ Status ClusterClient::RefreshFrom(size_t index, RedisDeadline deadline) {
   return read;
 }
 
-Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count, size_t index,
-                                     RedisDeadline deadline) {
+Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count, size_t index, RedisDeadline deadline) {
   std::string asked_host, asked_address;
   {
     ReaderMutexLock lock(mu_);
@@ -128,8 +127,8 @@ Status ClusterClient::ReadSlotRanges(RedisConnection& connection, int64_t count,
   SlotMapBuilder map(asked_host);
   for (int64_t i = 0; i < count; ++i) {
     Result<RespReply> range = connection.ReadReply(deadline, SlotMapBuilder::kRangeLimits);
-    if (!range.ok()) return range.status().code() == StatusCode::kProtocolError ? refuse(range.status())
-                                                                                : range.status();
+    if (!range.ok())
+      return range.status().code() == StatusCode::kProtocolError ? refuse(range.status()) : range.status();
     if (Status s = map.Add(*range); !s.ok()) return refuse(s);
   }
   // Whole and well formed: the nodes it names are learned (those the

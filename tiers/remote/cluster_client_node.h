@@ -19,11 +19,11 @@ struct ClusterClient::Node {
   std::string host;
   int port = 0;
   std::string address;
-  bool seed = false;                                   // configured: allowed wherever it is
-  std::atomic<bool> outside{false};                    // its addresses were refused lately
+  bool seed = false;                 // configured: allowed wherever it is
+  std::atomic<bool> outside{false};  // its addresses were refused lately
   Mutex mu;
   std::vector<std::unique_ptr<RedisConnection>> idle GUARDED_BY(mu);
-  std::atomic<uint64_t> down_until_us{0};              // on the client's Clock; 0: up
+  std::atomic<uint64_t> down_until_us{0};  // on the client's Clock; 0: up
 };
 
 }  // namespace kvtier

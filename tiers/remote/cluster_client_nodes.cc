@@ -52,9 +52,9 @@ Result<size_t> ClusterClient::Admit(const std::string& host, int port, const std
     networks = networks_.ToString();
   }
   if (inside.has_value() && !*inside) {
-    Status refused = PermissionDenied("redis node " + address + ", named by " + named_by +
-                                      ", is outside the cluster's networks (" + networks +
-                                      "; remote.cluster_networks): not connecting");
+    Status refused =
+        PermissionDenied("redis node " + address + ", named by " + named_by + ", is outside the cluster's networks (" +
+                         networks + "; remote.cluster_networks): not connecting");
     CountRefusedNode(refused);
     return refused;
   }
@@ -126,8 +126,8 @@ Result<std::unique_ptr<RedisConnection>> ClusterClient::Acquire(size_t index, Re
       MutexLock lock(networks_mu_);
       networks = networks_.ToString();
     }
-    Status refused = PermissionDenied(connection.status().message() + ": outside the cluster's networks (" +
-                                      networks + "; remote.cluster_networks), not connecting");
+    Status refused = PermissionDenied(connection.status().message() + ": outside the cluster's networks (" + networks +
+                                      "; remote.cluster_networks), not connecting");
     CountRefusedNode(refused);
     return refused;
   } else {

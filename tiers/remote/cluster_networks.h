@@ -52,7 +52,7 @@ class ClusterNetworks {
 
  private:
   struct Network {
-    int family = AF_INET;          // AF_INET: the first 4 bytes are used
+    int family = AF_INET;  // AF_INET: the first 4 bytes are used
     std::array<uint8_t, 16> bytes{};
     int prefix_bits = 0;
   };

@@ -32,8 +32,8 @@ int MillisLeft(RedisDeadline deadline) {
 }
 
 Status ErrnoStatus(const std::string& what, int error) {
-  if (error == ECONNREFUSED || error == ECONNRESET || error == EPIPE || error == ENETUNREACH ||
-      error == EHOSTUNREACH || error == ECONNABORTED) {
+  if (error == ECONNREFUSED || error == ECONNRESET || error == EPIPE || error == ENETUNREACH || error == EHOSTUNREACH ||
+      error == ECONNABORTED) {
     return Unavailable(what + ": " + std::strerror(error));
   }
   return IoError(what + ": " + std::strerror(error));

@@ -109,10 +109,18 @@ void RemoteTier::Forget(const BlockKey& key) {
 void RemoteTier::Drop(const BlockKey& key, const Status& why) {
   Forget(key);
   switch (why.code()) {
-    case StatusCode::kNotFound: lost_.fetch_add(1, std::memory_order_relaxed); break;
-    case StatusCode::kFailedPrecondition: foreign_.fetch_add(1, std::memory_order_relaxed); break;
-    case StatusCode::kPermissionDenied: CountAuthFailure(key, why); break;
-    default: corrupt_.fetch_add(1, std::memory_order_relaxed); break;
+    case StatusCode::kNotFound:
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case StatusCode::kFailedPrecondition:
+      foreign_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case StatusCode::kPermissionDenied:
+      CountAuthFailure(key, why);
+      break;
+    default:
+      corrupt_.fetch_add(1, std::memory_order_relaxed);
+      break;
   }
 }
 
@@ -120,10 +128,11 @@ void RemoteTier::CountAuthFailure(const BlockKey& key, const Status& why) {
   auth_failures_.fetch_add(1, std::memory_order_relaxed);
   uint64_t suppressed = 0;
   if (!auth_log_limiter_.Allow(suppressed)) return;
-  spdlog::warn("remote tier: block {}: {} (a miss; written by a node with another remote.key_file, by an older "
-               "kvtierd, or forged){}",
-               key.ToHex(), why.message(),
-               suppressed == 0 ? std::string() : "; " + std::to_string(suppressed) + " such lines suppressed");
+  spdlog::warn(
+      "remote tier: block {}: {} (a miss; written by a node with another remote.key_file, by an older "
+      "kvtierd, or forged){}",
+      key.ToHex(), why.message(),
+      suppressed == 0 ? std::string() : "; " + std::to_string(suppressed) + " such lines suppressed");
 }
 
 uint64_t RemoteTier::used_bytes() const {
@@ -197,8 +206,7 @@ void RemoteTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey>
 // --- write ------------------------------------------------------------------
 
 Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
-                         std::span<const std::byte> payload, WriteDone done,
-                         std::optional<uint64_t> payload_checksum) {
+                         std::span<const std::byte> payload, WriteDone done, std::optional<uint64_t> payload_checksum) {
   if (payload.empty()) return InvalidArgument("remote tier: empty block");
   if (layer_count == 0 || payload.size() % layer_count != 0) {
     return InvalidArgument("remote tier: " + std::to_string(payload.size()) + " bytes do not split into " +
@@ -209,8 +217,9 @@ Status RemoteTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, ui
     return InvalidArgument("remote tier: a " + std::to_string(value_bytes) + "-byte value exceeds " +
                            std::to_string(options_.max_value_bytes) + " bytes");
   }
-  if (!MayTry()) return Unavailable("remote tier: the cluster did not answer; retrying every " +
-                                    std::to_string(options_.retry_interval.count()) + " ms");
+  if (!MayTry())
+    return Unavailable("remote tier: the cluster did not answer; retrying every " +
+                       std::to_string(options_.retry_interval.count()) + " ms");
   {
     MutexLock lock(mu_);
     if (known_.count(key) != 0 || writing_.count(key) != 0) {
@@ -249,7 +258,8 @@ RemoteTier::Staged RemoteTier::TakeStaging(uint64_t bytes) {
     MutexLock lock(spare_mu_);
     size_t best = spare_.size();
     for (size_t i = 0; i < spare_.size(); ++i) {
-      if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity)) best = i;
+      if (spare_[i].capacity >= bytes && (best == spare_.size() || spare_[i].capacity < spare_[best].capacity))
+        best = i;
     }
     if (best != spare_.size()) {
       Staged out = std::move(spare_[best]);
@@ -299,12 +309,18 @@ void RemoteTier::RunWrite(const BlockKey& key, const BlockInfo& info, Staged val
   staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
   if (status.ok() && erased) {
     // Erased while it was being sent: undo it, and nothing was visible.
-    client_->Run(name, [&](RedisConnection& c) -> Result<RespReply> {
-      const RespArg args[] = {{"DEL"}, {name}};
-      c.Append(args);
-      if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
-      return c.ReadReply(DeadlineIn(options_.timeout));
-    }, DeadlineIn(options_.timeout)).status().IgnoreError();
+    client_
+        ->Run(
+            name,
+            [&](RedisConnection& c) -> Result<RespReply> {
+              const RespArg args[] = {{"DEL"}, {name}};
+              c.Append(args);
+              if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+              return c.ReadReply(DeadlineIn(options_.timeout));
+            },
+            DeadlineIn(options_.timeout))
+        .status()
+        .IgnoreError();
     status = NotFound("block " + key.ToHex() + " was erased while it was written");
   }
   if (status.ok()) {
@@ -381,8 +397,8 @@ Result<size_t> RemoteTier::RunRead(const BlockKey& key, const BlockInfo& info, u
   } else if (reply->type != RespReply::Type::kBulk) {
     miss = Corruption("GET " + name + " answered no string");
   } else if (static_cast<uint64_t>(reply->integer) != kRemoteHeaderBytes + info.payload_bytes) {
-    miss = Corruption("remote value of block " + key.ToHex() + " has " + std::to_string(reply->integer) +
-                      " bytes, " + std::to_string(kRemoteHeaderBytes + info.payload_bytes) + " expected");
+    miss = Corruption("remote value of block " + key.ToHex() + " has " + std::to_string(reply->integer) + " bytes, " +
+                      std::to_string(kRemoteHeaderBytes + info.payload_bytes) + " expected");
   } else if (auto h = DecodeRemoteHeader(header, info.ns, key); !h.ok()) {
     miss = h.status();
   } else if (h->payload_bytes != info.payload_bytes || h->layer_count != info.layer_count) {
@@ -422,12 +438,15 @@ Status RemoteTier::Erase(const BlockKey& key) {
   Forget(key);
   erases_.fetch_add(1, std::memory_order_relaxed);
   workers_.Post([this, name = RemoteKeyName(ns, key)] {
-    Result<RespReply> r = client_->Run(name, [&](RedisConnection& c) -> Result<RespReply> {
-      const RespArg args[] = {{"DEL"}, {name}};
-      c.Append(args);
-      if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
-      return c.ReadReply(DeadlineIn(options_.timeout));
-    }, DeadlineIn(options_.timeout));
+    Result<RespReply> r = client_->Run(
+        name,
+        [&](RedisConnection& c) -> Result<RespReply> {
+          const RespArg args[] = {{"DEL"}, {name}};
+          c.Append(args);
+          if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+          return c.ReadReply(DeadlineIn(options_.timeout));
+        },
+        DeadlineIn(options_.timeout));
     Observe(r.status());
   });
   return Status::Ok();

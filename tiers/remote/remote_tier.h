@@ -67,13 +67,13 @@ namespace kvtier {
 struct RemoteTierOptions {
   ClusterOptions cluster;
   uint64_t capacity_bytes = defaults::kRemoteCapacityBytes;  // what this node may count on (reported; the store evicts)
-  std::chrono::milliseconds timeout{defaults::kRemoteTimeoutMs};  // one read, write or erase
+  std::chrono::milliseconds timeout{defaults::kRemoteTimeoutMs};             // one read, write or erase
   std::chrono::milliseconds probe_timeout{defaults::kRemoteProbeTimeoutMs};  // one Probe, all its keys
-  std::chrono::milliseconds retry_interval{defaults::kRemoteRetryMs};  // while unavailable, between tries
-  unsigned threads = defaults::kRemoteThreads;  // workers (each uses its own connections)
-  uint64_t staging_bytes = defaults::kRemoteStagingBytes;  // writes accepted and not yet sent
-  size_t directory_entries = size_t{1} << 20;    // blocks known without asking
-  uint64_t max_value_bytes = uint64_t{512} << 20;  // Redis' proto-max-bulk-len
+  std::chrono::milliseconds retry_interval{defaults::kRemoteRetryMs};        // while unavailable, between tries
+  unsigned threads = defaults::kRemoteThreads;                               // workers (each uses its own connections)
+  uint64_t staging_bytes = defaults::kRemoteStagingBytes;                    // writes accepted and not yet sent
+  size_t directory_entries = size_t{1} << 20;                                // blocks known without asking
+  uint64_t max_value_bytes = uint64_t{512} << 20;                            // Redis' proto-max-bulk-len
   uint32_t ttl_seconds = defaults::kRemoteTtlSeconds;  // EX on each value; 0: none (the store's eviction decides)
   std::string cluster_secret;  // kClusterSecretBytes shared by every node (daemon/setup/remote_key_file.h); required
 };

@@ -79,8 +79,7 @@ Result<RemoteHeader> DecodeRemoteHeader(std::span<const std::byte> header, const
   return out;
 }
 
-Status VerifyRemotePayload(const ValueMac& mac, std::span<const std::byte> header,
-                           std::span<const std::byte> payload) {
+Status VerifyRemotePayload(const ValueMac& mac, std::span<const std::byte> header, std::span<const std::byte> payload) {
   const std::span<const std::byte, kValueMacBytes> tag(header.data() + kRemoteMacOffset, kValueMacBytes);
   if (!mac.Verify(header.first(kRemoteMacOffset), payload, tag)) {
     return PermissionDenied("remote value does not authenticate under the cluster secret");

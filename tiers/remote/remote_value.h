@@ -43,8 +43,8 @@ inline constexpr size_t kRemoteMacOffset = 64;  // the MAC covers bytes [0, kRem
 struct RemoteBlock {
   NamespaceFingerprint ns;
   BlockKey key;
-  uint32_t layer_count = 1;        // >= 1
-  uint64_t payload_checksum = 0;   // xxh3-64 (common/checksum.h) of the payload
+  uint32_t layer_count = 1;       // >= 1
+  uint64_t payload_checksum = 0;  // xxh3-64 (common/checksum.h) of the payload
 };
 
 // The Redis key `block` is stored under: "kvtier:v1:<ns hex>:<key hex>".
@@ -87,8 +87,7 @@ Result<RemoteHeader> DecodeRemoteHeader(std::span<const std::byte> header, const
 // verify under `mac` (a forgery, a value moved from another key, another
 // cluster secret), Corruption when the MAC holds and the xxh3 does not (a
 // writer's memory fault). The caller has checked the length.
-Status VerifyRemotePayload(const ValueMac& mac, std::span<const std::byte> header,
-                           std::span<const std::byte> payload);
+Status VerifyRemotePayload(const ValueMac& mac, std::span<const std::byte> header, std::span<const std::byte> payload);
 
 // The payload of `value` if it is a whole, intact, authentic value of
 // (`ns`, `key`); its layer count in `*layer_count` when not null. Errors as

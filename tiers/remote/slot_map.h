@@ -46,8 +46,8 @@ class SlotMapBuilder {
   };
   struct Range {
     uint16_t first = 0;
-    uint16_t last = 0;            // inclusive
-    size_t master = 0;            // index in nodes()
+    uint16_t last = 0;  // inclusive
+    size_t master = 0;  // index in nodes()
   };
 
   explicit SlotMapBuilder(std::string asked_host) : asked_host_(std::move(asked_host)) {}

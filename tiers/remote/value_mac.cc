@@ -72,20 +72,18 @@ ValueMac::~ValueMac() {
   EVP_MAC_free(poly1305_);
 }
 
-std::array<std::byte, 16> ValueMac::Poly1305Tag(std::span<const std::byte, 16> nonce,
-                                                std::span<const std::byte> first,
+std::array<std::byte, 16> ValueMac::Poly1305Tag(std::span<const std::byte, 16> nonce, std::span<const std::byte> first,
                                                 std::span<const std::byte> second) const {
   const ValueMacTag one_time_key = Run(keyed_, nonce, {});  // 32 bytes: Poly1305's r and s
   EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(poly1305_);
   KVTIER_CHECK(ctx != nullptr, "EVP_MAC_CTX_new failed (out of memory)");
   std::array<std::byte, 16> tag{};
   size_t written = 0;
-  const bool ok =
-      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(one_time_key.data()), one_time_key.size(), nullptr) ==
-          1 &&
-      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(first.data()), first.size()) == 1 &&
-      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(second.data()), second.size()) == 1 &&
-      EVP_MAC_final(ctx, reinterpret_cast<unsigned char*>(tag.data()), &written, tag.size()) == 1;
+  const bool ok = EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(one_time_key.data()), one_time_key.size(),
+                               nullptr) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(first.data()), first.size()) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(second.data()), second.size()) == 1 &&
+                  EVP_MAC_final(ctx, reinterpret_cast<unsigned char*>(tag.data()), &written, tag.size()) == 1;
   EVP_MAC_CTX_free(ctx);
   KVTIER_CHECK(ok && written == tag.size(), "Poly1305 failed on a one-time key");
   return tag;
@@ -93,8 +91,7 @@ std::array<std::byte, 16> ValueMac::Poly1305Tag(std::span<const std::byte, 16> n
 
 ValueMacTag ValueMac::Compute(std::span<const std::byte> first, std::span<const std::byte> second) const {
   ValueMacTag tag{};
-  KVTIER_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(tag.data()), 16) == 1,
-               "OpenSSL's random generator failed");
+  KVTIER_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(tag.data()), 16) == 1, "OpenSSL's random generator failed");
   const auto nonce = std::span<const std::byte, 16>(tag.data(), 16);
   const std::array<std::byte, 16> poly = Poly1305Tag(nonce, first, second);
   std::memcpy(tag.data() + 16, poly.data(), poly.size());

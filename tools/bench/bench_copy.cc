@@ -17,9 +17,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kRounds = 2;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // Keeps the compiler from dropping stores nobody reads.
 inline void Clobber(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
@@ -102,7 +100,7 @@ constexpr uint64_t kBatchBlocks = 16;
 // Fails a pass over c's blocks after `i` of them went in: erases what did
 // (so the next pass has room) and reports `s` for block `i`.
 Status PutFailed(SizeCase& c, const char* call, uint64_t i, const Status& s) {
-  c.committed = true;  // some blocks are; erase them before failing
+  c.committed = true;               // some blocks are; erase them before failing
   EraseCommitted(c).IgnoreError();  // the Put error is the one to report
   return Status(s.code(), std::string(call) + " of block " + std::to_string(i) + " of " + std::to_string(c.blocks) +
                               " (" + std::to_string(c.block_bytes) + " bytes): " + s.message() +
@@ -309,8 +307,8 @@ Status RunFor(SizeCase& c, const Pass& pass, double seconds, Tally& tally) {
 
 Status RunSize(SizeCase& c, double seconds_per_case, std::vector<CopyRow>& rows) {
   if (Status s = WarmUp(c); !s.ok()) return s;
-  const Pass passes[] = {MemcpyPass, StreamingCopyPass, PutPass, PutBatchPass, ReservePass,
-                         GetPass, GetBatchPass, PinSumPass};
+  const Pass passes[] = {MemcpyPass,  StreamingCopyPass, PutPass,      PutBatchPass,
+                         ReservePass, GetPass,           GetBatchPass, PinSumPass};
   constexpr int kOps = 8;
   Tally tallies[kOps];
   for (int round = 0; round < kRounds; ++round) {
@@ -347,8 +345,10 @@ Result<std::vector<CopyRow>> RunCopyBench(Client& client, NamespaceId ns, const 
   if (!scratch.ok()) return scratch.status();
   std::vector<CopyRow> rows;
   for (uint64_t block_bytes : config.block_bytes) {
-    SizeCase c{client, ns, block_bytes, std::max<uint64_t>(1, config.working_set_bytes / block_bytes),
-               config.key_salt, caller->data(), scratch->data()};
+    SizeCase c{client,          ns,
+               block_bytes,     std::max<uint64_t>(1, config.working_set_bytes / block_bytes),
+               config.key_salt, caller->data(),
+               scratch->data()};
     Status s = RunSize(c, config.seconds_per_case, rows);
     if (!s.ok()) {
       EraseCommitted(c).IgnoreError();  // leave the shared daemon clean; report `s`

@@ -25,11 +25,11 @@ struct CopyBenchConfig {
 struct CopyRow {
   std::string op;  // "put", "get", "pin+sum"
   uint64_t block_bytes = 0;
-  uint64_t blocks = 0;             // blocks in the working set
-  uint64_t ops = 0;                // blocks moved while timed
-  double seconds = 0;              // time those took
+  uint64_t blocks = 0;  // blocks in the working set
+  uint64_t ops = 0;     // blocks moved while timed
+  double seconds = 0;   // time those took
   double gbps = 0;
-  double memcpy_gbps = 0;          // the same-run ceiling for this size
+  double memcpy_gbps = 0;  // the same-run ceiling for this size
   double ratio() const { return memcpy_gbps > 0 ? gbps / memcpy_gbps : 0; }
 };
 

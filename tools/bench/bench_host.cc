@@ -25,10 +25,14 @@ constexpr double kGoalPutVsMemcpy = 0.8;  // single-block put, blocks >= 2 MiB (
 
 std::string Bytes(uint64_t b) {
   char out[32];
-  if (b >= kGiB) std::snprintf(out, sizeof(out), "%.2f GiB", double(b) / double(kGiB));
-  else if (b >= (1u << 20) && b % (1u << 20) == 0) std::snprintf(out, sizeof(out), "%llu MiB", (unsigned long long)(b >> 20));
-  else if (b >= 1024 && b % 1024 == 0) std::snprintf(out, sizeof(out), "%llu KiB", (unsigned long long)(b >> 10));
-  else std::snprintf(out, sizeof(out), "%llu B", (unsigned long long)b);
+  if (b >= kGiB)
+    std::snprintf(out, sizeof(out), "%.2f GiB", double(b) / double(kGiB));
+  else if (b >= (1u << 20) && b % (1u << 20) == 0)
+    std::snprintf(out, sizeof(out), "%llu MiB", (unsigned long long)(b >> 20));
+  else if (b >= 1024 && b % 1024 == 0)
+    std::snprintf(out, sizeof(out), "%llu KiB", (unsigned long long)(b >> 10));
+  else
+    std::snprintf(out, sizeof(out), "%llu B", (unsigned long long)b);
   return out;
 }
 
@@ -84,29 +88,33 @@ std::optional<bool> LookupGoalMet(const Report& r) {
 }
 
 void PrintCopies(const Report& r) {
-  std::printf("\nCopies through the client (GB/s = 1e9 bytes/s), each beside single-thread memcpy\n"
-              "of the same block size over the same footprint, measured in this run:\n\n");
+  std::printf(
+      "\nCopies through the client (GB/s = 1e9 bytes/s), each beside single-thread memcpy\n"
+      "of the same block size over the same footprint, measured in this run:\n\n");
   std::printf("  %-8s %8s %7s %9s %12s %10s\n", "op", "block", "blocks", "GB/s", "memcpy GB/s", "vs memcpy");
   for (const auto& c : r.copies) {
     std::printf("  %-8s %8s %7llu %9.2f %12.2f %9.2fx\n", c.op.c_str(), Bytes(c.block_bytes).c_str(),
                 (unsigned long long)c.blocks, c.gbps, c.memcpy_gbps, c.ratio());
   }
   std::printf("\n  nt copy  memcpy's copy with non-temporal stores (how put writes the arena): put's own ceiling\n");
-  std::printf("  put      Client::Put: Reserve, copy caller -> arena hashing it on the way, Commit with the checksum\n"
-              "  put x16  Client::PutBatch of 16 blocks: one Reserve, 16 copies, one Commit (a prefix store)\n"
-              "  put zc   zero-copy: Client::Reserve, memcpy into the slot, Commit without checksum (daemon hashes)\n");
+  std::printf(
+      "  put      Client::Put: Reserve, copy caller -> arena hashing it on the way, Commit with the checksum\n"
+      "  put x16  Client::PutBatch of 16 blocks: one Reserve, 16 copies, one Commit (a prefix store)\n"
+      "  put zc   zero-copy: Client::Reserve, memcpy into the slot, Commit without checksum (daemon hashes)\n");
   if (r.use_directory) {
-    std::printf("  get      Client::Get: block directory lookup, memcpy arena -> caller buffer, seqlock check\n"
-                "           (no round trip; the use is reported to the daemon later, batched)\n"
-                "  get x16  Client::GetBatch of 16 blocks the same way (a prefix load)\n");
+    std::printf(
+        "  get      Client::Get: block directory lookup, memcpy arena -> caller buffer, seqlock check\n"
+        "           (no round trip; the use is reported to the daemon later, batched)\n"
+        "  get x16  Client::GetBatch of 16 blocks the same way (a prefix load)\n");
   } else {
-    std::printf("  get      Client::Get: Pin, memcpy arena -> caller buffer, Release (not waited for)\n"
-                "  get x16  Client::GetBatch of 16 blocks: one Pin, 16 copies, one Release (a prefix load)\n");
+    std::printf(
+        "  get      Client::Get: Pin, memcpy arena -> caller buffer, Release (not waited for)\n"
+        "  get x16  Client::GetBatch of 16 blocks: one Pin, 16 copies, one Release (a prefix load)\n");
   }
   std::printf(
-              "  pin+sum  zero-copy: Pin, sum every 8-byte word of the view (reads, no copy), Release\n"
-              "  memcpy   caller buffer i -> scratch buffer i, i cycling over %s\n",
-              Bytes(r.working_set_bytes).c_str());
+      "  pin+sum  zero-copy: Pin, sum every 8-byte word of the view (reads, no copy), Release\n"
+      "  memcpy   caller buffer i -> scratch buffer i, i cycling over %s\n",
+      Bytes(r.working_set_bytes).c_str());
 }
 
 std::string Micros(double us) {
@@ -117,12 +125,13 @@ std::string Micros(double us) {
 }
 
 void PrintLookups(const Report& r) {
-  std::printf("\nLookup of a %zu-key chain (all committed: every Lookup is a full hit), one Client\n"
-              "connection per thread, %s, beside redis-benchmark -t get -c N (%s):\n\n",
-              r.chain_blocks,
-              r.use_directory ? "answered from the block directory (shared memory, no round trip)"
-                              : "one socket round trip each (--no-directory)",
-              r.redis.c_str());
+  std::printf(
+      "\nLookup of a %zu-key chain (all committed: every Lookup is a full hit), one Client\n"
+      "connection per thread, %s, beside redis-benchmark -t get -c N (%s):\n\n",
+      r.chain_blocks,
+      r.use_directory ? "answered from the block directory (shared memory, no round trip)"
+                      : "one socket round trip each (--no-directory)",
+      r.redis.c_str());
   std::printf("  %7s %13s %8s %8s | %13s %8s %8s | %12s\n", "clients", "lookup ops/s", "p50 us", "p99 us",
               "redis GET/s", "p50 us", "p99 us", "lookup/redis");
   for (const auto& l : r.lookups) {
@@ -163,8 +172,9 @@ void PrintGoals(const Report& r) {
   auto put = PutGoalMet(r);
   std::printf(" %s\n", !put ? "n/a (no block >= 2 MiB measured)" : *put ? "MET" : "NOT MET");
   auto lookup = LookupGoalMet(r);
-  std::printf("  Lookup ops/s >= redis GET/s at every client count: %s\n",
-              !lookup ? "n/a (redis did not run)" : *lookup ? "MET" : "NOT MET");
+  std::printf("  Lookup ops/s >= redis GET/s at every client count: %s\n", !lookup   ? "n/a (redis did not run)"
+                                                                           : *lookup ? "MET"
+                                                                                     : "NOT MET");
 }
 
 std::string JsonString(const std::string& s) {
@@ -186,10 +196,10 @@ void WriteJsonCopies(std::ostream& out, const Report& r) {
   out << "  \"copies\": [\n";
   for (size_t i = 0; i < r.copies.size(); ++i) {
     const auto& c = r.copies[i];
-    out << "    {\"op\": " << JsonString(c.op) << ", \"block_bytes\": " << c.block_bytes
-        << ", \"blocks\": " << c.blocks << ", \"ops\": " << c.ops << ", \"seconds\": " << c.seconds
-        << ", \"gbps\": " << c.gbps << ", \"memcpy_gbps\": " << c.memcpy_gbps << ", \"ratio\": " << c.ratio()
-        << "}" << (i + 1 < r.copies.size() ? "," : "") << "\n";
+    out << "    {\"op\": " << JsonString(c.op) << ", \"block_bytes\": " << c.block_bytes << ", \"blocks\": " << c.blocks
+        << ", \"ops\": " << c.ops << ", \"seconds\": " << c.seconds << ", \"gbps\": " << c.gbps
+        << ", \"memcpy_gbps\": " << c.memcpy_gbps << ", \"ratio\": " << c.ratio() << "}"
+        << (i + 1 < r.copies.size() ? "," : "") << "\n";
   }
   out << "  ],\n";
 }
@@ -228,9 +238,19 @@ Status WriteJson(const std::string& path, const Report& r) {
   auto lookup = LookupGoalMet(r);
   auto get = GetGoalMet(r);
   auto put = PutGoalMet(r);
-  out << "  \"goals\": {\"get_vs_memcpy_at_2mib_and_up\": " << (!get ? "null" : *get ? "true" : "false")
-      << ", \"put_vs_memcpy_at_2mib_and_up\": " << (!put ? "null" : *put ? "true" : "false")
-      << ", \"lookup_vs_redis_get\": " << (!lookup ? "null" : *lookup ? "true" : "false") << "}\n}\n";
+  out << "  \"goals\": {\"get_vs_memcpy_at_2mib_and_up\": "
+      << (!get   ? "null"
+          : *get ? "true"
+                 : "false")
+      << ", \"put_vs_memcpy_at_2mib_and_up\": "
+      << (!put   ? "null"
+          : *put ? "true"
+                 : "false")
+      << ", \"lookup_vs_redis_get\": "
+      << (!lookup   ? "null"
+          : *lookup ? "true"
+                    : "false")
+      << "}\n}\n";
   out.close();
   if (!out) return IoError("cannot write " + path);
   return Status::Ok();
@@ -239,7 +259,7 @@ Status WriteJson(const std::string& path, const Report& r) {
 // Starts redis-server when redis-benchmark and redis-server exist. On any
 // failure `why` says why there are no redis figures.
 std::optional<support::StartedServer> MaybeStartRedis(const HostBenchOptions& o, const std::string& dir,
-                                             LookupBenchConfig& config, std::string& version) {
+                                                      LookupBenchConfig& config, std::string& version) {
   if (o.skip_redis) {
     config.redis_missing_reason = version = "skipped (--skip-redis)";
     return std::nullopt;
@@ -285,8 +305,15 @@ Status Measure(const HostBenchOptions& o, const std::string& dir, Report& report
   if (!copies.ok()) return copies.status();
   report.copies = std::move(*copies);
 
-  LookupBenchConfig config{report.socket_path, client_options.namespaces[0], o.lookup_chain_blocks,
-                           o.lookup_clients, o.seconds_per_case, o.use_directory, "", "", ""};
+  LookupBenchConfig config{report.socket_path,
+                           client_options.namespaces[0],
+                           o.lookup_chain_blocks,
+                           o.lookup_clients,
+                           o.seconds_per_case,
+                           o.use_directory,
+                           "",
+                           "",
+                           ""};
   auto redis = MaybeStartRedis(o, dir, config, report.redis);
   std::fprintf(stderr, "kvtier bench host: lookups (%zu client counts)...\n", o.lookup_clients.size());
   auto lookups = RunLookupBench(**client, 0, config);
@@ -340,10 +367,11 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
     if (daemon) std::fprintf(stderr, "kvtierd log:\n%s\n", support::FileTail(daemon->log_path).c_str());
     return 1;
   }
-  std::printf("kvtier bench host: kvtierd %s, arena %s, working set %s per block size, %.1f s per case, "
-              "checksum verification %s\n",
-              report.daemon.c_str(), Bytes(report.arena_bytes).c_str(), Bytes(report.working_set_bytes).c_str(),
-              report.seconds_per_case, report.verify_checksums ? "on" : "off");
+  std::printf(
+      "kvtier bench host: kvtierd %s, arena %s, working set %s per block size, %.1f s per case, "
+      "checksum verification %s\n",
+      report.daemon.c_str(), Bytes(report.arena_bytes).c_str(), Bytes(report.working_set_bytes).c_str(),
+      report.seconds_per_case, report.verify_checksums ? "on" : "off");
   PrintCopies(report);
   PrintLookups(report);
   PrintGoals(report);
@@ -360,7 +388,8 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
 
 void AddHostBenchOptions(CLI::App& app, HostBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
+  app.add_option("--kvtierd", o.kvtierd_path,
+                 "kvtierd binary to start (default: the kvtierd of this build or install)");
   app.add_option("--arena-bytes", o.arena_bytes, "Arena of the private kvtierd (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

@@ -20,7 +20,7 @@ struct HostBenchOptions {
   // Empty: start a private kvtierd (the binary next to this tool) on a
   // temporary socket; otherwise use the daemon listening there.
   std::string socket_path;
-  std::string kvtierd_path;        // default: <dir of kvtier>/../daemon/kvtierd
+  std::string kvtierd_path;           // default: <dir of kvtier>/../daemon/kvtierd
   uint64_t arena_bytes = 2ull << 30;  // private daemon only
   // Bytes cycled over per block size (arena and caller side each);
   // 0: min(arena / 2, 1 GiB).

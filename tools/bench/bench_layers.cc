@@ -60,8 +60,7 @@ Result<bool> HasNvme(Client& client) {
 }
 
 Status RunTierSections(LayersBench& bench, const LayersBenchOptions& o, Tier tier, Report& r) {
-  std::fprintf(stderr, "kvtier bench layers: %s loads (%u trials)...\n", std::string(TierName(tier)).c_str(),
-               o.trials);
+  std::fprintf(stderr, "kvtier bench layers: %s loads (%u trials)...\n", std::string(TierName(tier)).c_str(), o.trials);
   auto loads = bench.MeasureLoads(tier);
   if (!loads.ok()) return loads.status();
   r.loads.push_back(*loads);
@@ -76,8 +75,7 @@ Status RunTierSections(LayersBench& bench, const LayersBenchOptions& o, Tier tie
   return Status::Ok();
 }
 
-Status Measure(Client& client, const LayersBenchOptions& o, uint64_t salt, bool nvme, pid_t daemon_pid,
-               Report& r) {
+Status Measure(Client& client, const LayersBenchOptions& o, uint64_t salt, bool nvme, pid_t daemon_pid, Report& r) {
   LayersBench bench(client, o, salt, daemon_pid, r);
   std::fprintf(stderr, "kvtier bench layers: calibrating the compute loop...\n");
   bench.compute().Calibrate();
@@ -114,8 +112,8 @@ Status Measure(Client& client, const LayersBenchOptions& o, uint64_t salt, bool 
 
 // `daemon_pid`: the private kvtierd's, 0 for a running one.
 Status MeasureOn(const LayersBenchOptions& o, const std::string& socket_path, pid_t daemon_pid, Report& r) {
-  const uint64_t salt = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                        (static_cast<uint64_t>(::getpid()) << 40);
+  const uint64_t salt =
+      static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^ (static_cast<uint64_t>(::getpid()) << 40);
   ClientOptions options;
   options.socket_path = socket_path;
   options.client_name = "kvtier-bench-layers";
@@ -154,7 +152,7 @@ int RunInDir(const LayersBenchOptions& o, const std::string& dir, Report& report
     std::fprintf(stderr, "kvtier bench layers: starting %s (arena %s, NVMe %s)...\n", path.c_str(),
                  support::Mib(o.arena_bytes).c_str(), o.skip_nvme ? "none" : nvme_path.c_str());
     auto started = support::StartKvtierd(path, dir, o.arena_bytes, std::chrono::seconds(60),
-                                o.skip_nvme ? std::string() : NvmeToml(o, nvme_path));
+                                         o.skip_nvme ? std::string() : NvmeToml(o, nvme_path));
     if (!started.ok()) {
       std::filesystem::remove(nvme_path);
       support::RemoveTree(nvme_path + ".index");
@@ -187,9 +185,9 @@ int RunInDir(const LayersBenchOptions& o, const std::string& dir, Report& report
 
 void AddLayersBenchOptions(CLI::App& app, LayersBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
-  app.add_option("--dir", o.dir, "Directory of the private kvtierd's NVMe file (removed after)")
-      ->capture_default_str();
+  app.add_option("--kvtierd", o.kvtierd_path,
+                 "kvtierd binary to start (default: the kvtierd of this build or install)");
+  app.add_option("--dir", o.dir, "Directory of the private kvtierd's NVMe file (removed after)")->capture_default_str();
   app.add_option("--arena-bytes", o.arena_bytes, "Host tier of the private kvtierd")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
@@ -203,7 +201,8 @@ void AddLayersBenchOptions(CLI::App& app, LayersBenchOptions& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--trials", o.trials, "Trials per load case (medians are reported)")->capture_default_str();
-  app.add_option("--seconds", o.seconds, "Timed seconds per save op on average (memcpy, layer-wise save, PutBatch run in rounds)")
+  app.add_option("--seconds", o.seconds,
+                 "Timed seconds per save op on average (memcpy, layer-wise save, PutBatch run in rounds)")
       ->capture_default_str();
   app.add_option("--compute-factors", o.compute_factors, "t_comp as multiples of the measured t_read")
       ->delimiter(',')

@@ -13,14 +13,13 @@ namespace {
 constexpr size_t kFillerBatch = 4;  // filler blocks per PutBatch while pushing a prefix out
 constexpr auto kSettleTimeout = std::chrono::seconds(60);
 
-
 }  // namespace
 
 Status FirstError(const std::vector<Status>& statuses, const char* what) {
   for (size_t i = 0; i < statuses.size(); ++i) {
     if (!statuses[i].ok()) {
-      return Status(statuses[i].code(), std::string(what) + " block " + std::to_string(i) + ": " +
-                                            statuses[i].ToString());
+      return Status(statuses[i].code(),
+                    std::string(what) + " block " + std::to_string(i) + ": " + statuses[i].ToString());
     }
   }
   return Status::Ok();

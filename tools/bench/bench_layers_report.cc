@@ -38,9 +38,10 @@ namespace {
 constexpr double kGoalHidden = kLayersGoalHidden;
 
 void PrintLoads(const Report& r) {
-  std::printf("\n1. Time to the first layer vs time to the whole prefix (BeginLoad, zero-copy), medians of %u\n"
-              "   trials, microseconds from the BeginLoad call; ideal first/whole = 1/%u = %.3f:\n\n",
-              r.trials, r.layers, 1.0 / r.layers);
+  std::printf(
+      "\n1. Time to the first layer vs time to the whole prefix (BeginLoad, zero-copy), medians of %u\n"
+      "   trials, microseconds from the BeginLoad call; ideal first/whole = 1/%u = %.3f:\n\n",
+      r.trials, r.layers, 1.0 / r.layers);
   std::printf("  %-5s %9s %15s %9s %12s %10s %7s %13s %11s\n", "tier", "begin us", "first layer us", "whole us",
               "first/whole", "t_read us", "GB/s", "pin whole us", "kvtierd CPU");
   auto whole_number = [](const std::vector<double>& v) {
@@ -55,28 +56,31 @@ void PrintLoads(const Report& r) {
   }
   for (const LoadRow& l : r.loads) {
     if (l.tier != Tier::kNvme || l.device_reads.empty()) continue;
-    std::printf("\n  NVMe device reads per load: layer-wise %.0f (%s) for %u layer reads of %u blocks;\n"
-                "  whole-block Pin %.0f (%s), kvtierd CPU %s us\n",
-                Median(l.device_reads), support::Mib(static_cast<uint64_t>(Median(l.device_read_bytes))).c_str(),
-                r.blocks * r.layers, r.blocks, Median(l.pin_device_reads),
-                support::Mib(static_cast<uint64_t>(Median(l.pin_device_read_bytes))).c_str(),
-                whole_number(l.pin_daemon_cpu_us).c_str());
+    std::printf(
+        "\n  NVMe device reads per load: layer-wise %.0f (%s) for %u layer reads of %u blocks;\n"
+        "  whole-block Pin %.0f (%s), kvtierd CPU %s us\n",
+        Median(l.device_reads), support::Mib(static_cast<uint64_t>(Median(l.device_read_bytes))).c_str(),
+        r.blocks * r.layers, r.blocks, Median(l.pin_device_reads),
+        support::Mib(static_cast<uint64_t>(Median(l.pin_device_read_bytes))).c_str(),
+        whole_number(l.pin_daemon_cpu_us).c_str());
   }
-  std::printf("\n  begin: BeginLoad returned (one round trip; blocks pinned or claimed, reads started)\n"
-              "  first layer: WaitLayer(0) returned; whole: WaitAll returned; t_read = whole / %u\n"
-              "  GB/s: prefix bytes / whole; pin whole: reference, Client::Pin of the same blocks (whole-block\n"
-              "  promotion, not layer-wise), measured after section 2; kvtierd CPU: the private daemon's CPU\n"
-              "  time (us, all threads, /proc schedstat) from BeginLoad to WaitAll\n",
-              r.layers);
+  std::printf(
+      "\n  begin: BeginLoad returned (one round trip; blocks pinned or claimed, reads started)\n"
+      "  first layer: WaitLayer(0) returned; whole: WaitAll returned; t_read = whole / %u\n"
+      "  GB/s: prefix bytes / whole; pin whole: reference, Client::Pin of the same blocks (whole-block\n"
+      "  promotion, not layer-wise), measured after section 2; kvtierd CPU: the private daemon's CPU\n"
+      "  time (us, all threads, /proc schedstat) from BeginLoad to WaitAll\n",
+      r.layers);
 }
 
 void PrintOverlaps(const Report& r) {
-  std::printf("\n2. Load time hidden behind a per-layer compute (busy loop, %.0f iterations/us): layer-wise\n"
-              "   T_lw = BeginLoad .. {WaitLayer(l); compute} vs load-then-compute T_ltc = BeginLoad .. WaitAll\n"
-              "   (T_load) .. compute x %u; hidden = (T_ltc - T_lw) / T_load, median of %u paired trials, beside\n"
-              "   what the formula predicts: with the plan (1 - plan.stall_us / (%u t_read), clipped to [0, 1])\n"
-              "   and with the measured t_read (1 - n_pre / %u). Goal: >= %.0f%% where t_read <= t_comp.\n\n",
-              r.iterations_per_us, r.layers, r.trials, r.layers, r.layers, kGoalHidden * 100);
+  std::printf(
+      "\n2. Load time hidden behind a per-layer compute (busy loop, %.0f iterations/us): layer-wise\n"
+      "   T_lw = BeginLoad .. {WaitLayer(l); compute} vs load-then-compute T_ltc = BeginLoad .. WaitAll\n"
+      "   (T_load) .. compute x %u; hidden = (T_ltc - T_lw) / T_load, median of %u paired trials, beside\n"
+      "   what the formula predicts: with the plan (1 - plan.stall_us / (%u t_read), clipped to [0, 1])\n"
+      "   and with the measured t_read (1 - n_pre / %u). Goal: >= %.0f%% where t_read <= t_comp.\n\n",
+      r.iterations_per_us, r.layers, r.trials, r.layers, r.layers, kGoalHidden * 100);
   std::printf("  %-5s %6s %10s %9s %11s %11s %12s  %s\n", "tier", "t_comp", "t_comp us", "hidden", "plan says",
               "t_read says", "vs t_read's", "goal");
   for (const OverlapRow& o : r.overlaps) {
@@ -88,10 +92,11 @@ void PrintOverlaps(const Report& r) {
     std::printf("  %-5s %5.1fx %10.1f %8.1f%% %10.1f%% %10.1f%% %12s  %s\n", std::string(TierName(o.tier)).c_str(),
                 o.factor, o.t_comp_us, hidden * 100, PredictedHidden(o, r.layers) * 100, formula * 100, ratio, goal);
   }
-  std::printf("\n  Where the time went (medians, us): layer-wise waits (BeginLoad and WaitLayer) and computes,\n"
-              "  load-then-compute's load and computes; not waited = 1 - lw wait / T_load; lw kvtd: the private\n"
-              "  kvtierd's CPU time during the layer-wise run; the plan's n_pre, t_read and stall; the warm-up\n"
-              "  trial's BeginLoad:\n\n");
+  std::printf(
+      "\n  Where the time went (medians, us): layer-wise waits (BeginLoad and WaitLayer) and computes,\n"
+      "  load-then-compute's load and computes; not waited = 1 - lw wait / T_load; lw kvtd: the private\n"
+      "  kvtierd's CPU time during the layer-wise run; the plan's n_pre, t_read and stall; the warm-up\n"
+      "  trial's BeginLoad:\n\n");
   std::printf("  %-5s %6s %8s %8s %8s %8s %8s %8s %8s %8s %5s %9s %8s %8s\n", "tier", "t_comp", "T_load", "T_lw",
               "T_ltc", "lw wait", "lw comp", "ltc comp", "not wtd", "lw kvtd", "n_pre", "plan t_rd", "stall",
               "warm-up");
@@ -104,15 +109,17 @@ void PrintOverlaps(const Report& r) {
                 o.lw_daemon_cpu_us.empty() ? "-" : std::to_string((long long)Median(o.lw_daemon_cpu_us)).c_str(),
                 Median(o.n_pre), Median(o.plan_read_us), Median(o.stall_us), o.warmup_begin_us);
   }
-  std::printf("\n  hidden = not waited - (lw comp - ltc comp) / T_load: a compute slowed down while the daemon\n"
-              "  reads (both on this machine's CPUs) counts against the layer-wise run.\n");
+  std::printf(
+      "\n  hidden = not waited - (lw comp - ltc comp) / T_load: a compute slowed down while the daemon\n"
+      "  reads (both on this machine's CPUs) counts against the layer-wise run.\n");
   for (const OverlapRow& o : r.overlaps) {
     const double nominal = o.t_comp_us * r.layers;
     const double ltc = Median(o.compute_us) / nominal, lw = Median(o.lw_compute_us) / nominal;
     if (nominal < 1000 || (std::abs(ltc - 1) <= 0.1 && std::abs(lw - 1) <= 0.1)) continue;
-    std::printf("  WARNING: %s %.1fx: the computes took %.2fx (layer-wise) and %.2fx (load-then-compute) their\n"
-                "  calibrated time: the CPUs are contended and the hidden share is skewed by it.\n",
-                std::string(TierName(o.tier)).c_str(), o.factor, lw, ltc);
+    std::printf(
+        "  WARNING: %s %.1fx: the computes took %.2fx (layer-wise) and %.2fx (load-then-compute) their\n"
+        "  calibrated time: the CPUs are contended and the hidden share is skewed by it.\n",
+        std::string(TierName(o.tier)).c_str(), o.factor, lw, ltc);
   }
 }
 
@@ -121,13 +128,14 @@ void PrintSaves(const Report& r) {
               support::Mib(r.prefix_bytes).c_str(), (unsigned long long)r.memcpy_ops);
   std::printf("  %-24s %6s %9s %12s %10s\n", "op", "ops", "GB/s", "memcpy GB/s", "vs memcpy");
   for (const SaveRow& s : r.saves) {
-    std::printf("  %-24s %6llu %9.2f %12.2f %9.2fx\n", s.op.c_str(), (unsigned long long)s.ops, s.gbps,
-                s.memcpy_gbps, s.ratio());
+    std::printf("  %-24s %6llu %9.2f %12.2f %9.2fx\n", s.op.c_str(), (unsigned long long)s.ops, s.gbps, s.memcpy_gbps,
+                s.ratio());
   }
-  std::printf("\n  layer-wise save: BeginSave (one Reserve), SaveLayer(l) for each of %u layers (a copy per block),\n"
-              "  FinishSave (one Commit; the daemon hashes each block). PutBatch: one Reserve, copies hashing on\n"
-              "  the way, one Commit with the checksums. Erasing the keys between ops is not timed.\n",
-              r.layers);
+  std::printf(
+      "\n  layer-wise save: BeginSave (one Reserve), SaveLayer(l) for each of %u layers (a copy per block),\n"
+      "  FinishSave (one Commit; the daemon hashes each block). PutBatch: one Reserve, copies hashing on\n"
+      "  the way, one Commit with the checksums. Erasing the keys between ops is not timed.\n",
+      r.layers);
 }
 
 void PrintGoals(const Report& r) {
@@ -137,8 +145,8 @@ void PrintGoals(const Report& r) {
   for (const OverlapRow& o : r.overlaps) {
     if (!GoalApplies(o)) continue;
     any = true;
-    std::printf("  %-5s t_comp = %.1fx t_read: %.1f%% hidden: %s\n", std::string(TierName(o.tier)).c_str(),
-                o.factor, Median(o.hidden) * 100, Median(o.hidden) >= kGoalHidden ? "met" : "NOT MET");
+    std::printf("  %-5s t_comp = %.1fx t_read: %.1f%% hidden: %s\n", std::string(TierName(o.tier)).c_str(), o.factor,
+                Median(o.hidden) * 100, Median(o.hidden) >= kGoalHidden ? "met" : "NOT MET");
   }
   if (!any) std::printf("  n/a: t_read > t_comp in every case\n");
   if (!r.nvme_note.empty()) std::printf("  NVMe part: %s\n", r.nvme_note.c_str());
@@ -194,9 +202,9 @@ void WriteJsonOverlaps(std::ostream& out, const Report& r) {
   out << "  \"overlaps\": [\n";
   for (size_t i = 0; i < r.overlaps.size(); ++i) {
     const OverlapRow& o = r.overlaps[i];
-    out << "    {\"tier\": \"" << TierName(o.tier) << "\", \"factor\": " << o.factor << ", \"t_read_us\": "
-        << o.t_read_us << ", \"t_comp_us\": " << o.t_comp_us << ", \"hidden\": " << Median(o.hidden)
-        << ", \"predicted_hidden_plan\": " << PredictedHidden(o, r.layers)
+    out << "    {\"tier\": \"" << TierName(o.tier) << "\", \"factor\": " << o.factor
+        << ", \"t_read_us\": " << o.t_read_us << ", \"t_comp_us\": " << o.t_comp_us
+        << ", \"hidden\": " << Median(o.hidden) << ", \"predicted_hidden_plan\": " << PredictedHidden(o, r.layers)
         << ", \"predicted_hidden_t_read\": " << FormulaHidden(o, r.layers)
         << ", \"goal_applies\": " << (GoalApplies(o) ? "true" : "false")
         << ", \"warmup_begin_us\": " << o.warmup_begin_us;
@@ -217,15 +225,15 @@ void WriteJsonOverlaps(std::ostream& out, const Report& r) {
   out << "  ],\n";
 }
 
-
 }  // namespace
 
 void PrintLayersReport(const Report& r) {
-  std::printf("kvtier bench layers: kvtierd %s, arena %s; prefix %u blocks x %u layers, %s a block layer,\n"
-              "%s a block, %s the prefix, %s a layer across the blocks; checksum verification %s\n",
-              r.daemon.c_str(), support::Mib(r.arena_bytes).c_str(), r.blocks, r.layers, support::Mib(r.layer_bytes).c_str(),
-              support::Mib(r.block_bytes).c_str(), support::Mib(r.prefix_bytes).c_str(), support::Mib(r.prefix_bytes / r.layers).c_str(),
-              r.verify_checksums ? "on" : "off");
+  std::printf(
+      "kvtier bench layers: kvtierd %s, arena %s; prefix %u blocks x %u layers, %s a block layer,\n"
+      "%s a block, %s the prefix, %s a layer across the blocks; checksum verification %s\n",
+      r.daemon.c_str(), support::Mib(r.arena_bytes).c_str(), r.blocks, r.layers, support::Mib(r.layer_bytes).c_str(),
+      support::Mib(r.block_bytes).c_str(), support::Mib(r.prefix_bytes).c_str(),
+      support::Mib(r.prefix_bytes / r.layers).c_str(), r.verify_checksums ? "on" : "off");
   PrintLoads(r);
   PrintOverlaps(r);
   PrintSaves(r);
@@ -236,10 +244,11 @@ Status WriteLayersJson(const std::string& path, const Report& r) {
   std::ofstream out(path);
   out.precision(6);
   out << "{\n  \"bench\": \"layers\",\n  \"daemon\": " << JsonString(r.daemon) << ",\n  \"blocks\": " << r.blocks
-      << ", \"layers\": " << r.layers << ", \"layer_bytes\": " << r.layer_bytes << ", \"block_bytes\": "
-      << r.block_bytes << ", \"prefix_bytes\": " << r.prefix_bytes << ", \"arena_bytes\": " << r.arena_bytes
-      << ", \"trials\": " << r.trials << ",\n  \"compute_iterations_per_us\": " << r.iterations_per_us
-      << ", \"setup_retries\": " << r.setup_retries << ", \"nvme_note\": " << JsonString(r.nvme_note)
+      << ", \"layers\": " << r.layers << ", \"layer_bytes\": " << r.layer_bytes
+      << ", \"block_bytes\": " << r.block_bytes << ", \"prefix_bytes\": " << r.prefix_bytes
+      << ", \"arena_bytes\": " << r.arena_bytes << ", \"trials\": " << r.trials
+      << ",\n  \"compute_iterations_per_us\": " << r.iterations_per_us << ", \"setup_retries\": " << r.setup_retries
+      << ", \"nvme_note\": " << JsonString(r.nvme_note)
       << ",\n  \"nvme_plan_bytes_per_s_before_pins\": " << r.nvme_plan_bps_before_pins
       << ", \"nvme_plan_bytes_per_s_after_pins\": " << r.nvme_plan_bps_after_pins << ",\n";
   WriteJsonLoads(out, r);
@@ -248,8 +257,8 @@ Status WriteLayersJson(const std::string& path, const Report& r) {
   for (size_t i = 0; i < r.saves.size(); ++i) {
     const SaveRow& s = r.saves[i];
     out << "    {\"op\": " << JsonString(s.op) << ", \"ops\": " << s.ops << ", \"seconds\": " << s.seconds
-        << ", \"gbps\": " << s.gbps << ", \"memcpy_gbps\": " << s.memcpy_gbps << ", \"ratio\": " << s.ratio()
-        << "}" << (i + 1 < r.saves.size() ? "," : "") << "\n";
+        << ", \"gbps\": " << s.gbps << ", \"memcpy_gbps\": " << s.memcpy_gbps << ", \"ratio\": " << s.ratio() << "}"
+        << (i + 1 < r.saves.size() ? "," : "") << "\n";
   }
   out << "  ]\n}\n";
   out.close();

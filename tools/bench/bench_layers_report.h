@@ -21,12 +21,12 @@ double Median(std::vector<double> v);
 // Section 1: one tier's loads.
 struct LoadRow {
   Tier tier = Tier::kNone;
-  std::vector<double> begin_us;  // BeginLoad returned
-  std::vector<double> first_us;  // WaitLayer(0) returned
-  std::vector<double> whole_us;  // WaitAll returned
-  std::vector<double> pin_us;    // reference: Pin of the whole blocks (not layer-wise)
-  std::vector<double> daemon_cpu_us;  // the private kvtierd's CPU time from BeginLoad to WaitAll
-  std::vector<double> device_reads, device_read_bytes;          // NVMe device reads a load made
+  std::vector<double> begin_us;                         // BeginLoad returned
+  std::vector<double> first_us;                         // WaitLayer(0) returned
+  std::vector<double> whole_us;                         // WaitAll returned
+  std::vector<double> pin_us;                           // reference: Pin of the whole blocks (not layer-wise)
+  std::vector<double> daemon_cpu_us;                    // the private kvtierd's CPU time from BeginLoad to WaitAll
+  std::vector<double> device_reads, device_read_bytes;  // NVMe device reads a load made
   std::vector<double> pin_device_reads, pin_device_read_bytes;  // ... and a whole-block Pin
   std::vector<double> pin_daemon_cpu_us;                        // the private kvtierd's CPU time in that Pin
 };

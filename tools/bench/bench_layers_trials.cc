@@ -27,7 +27,7 @@ double ProcessCpuUs(pid_t pid) {
 Status LayersBench::CheckLoad(const LayerLoad& load, Tier tier, bool verify) const {
   if (load.usable_prefix() != load.size()) {
     return load.status(load.usable_prefix()).ok() ? Internal("usable_prefix disagrees with status")
-                                                    : load.status(load.usable_prefix());
+                                                  : load.status(load.usable_prefix());
   }
   if (load.source() != tier) {
     return Internal("the load's source tier is " + std::string(TierName(load.source())) + ", expected " +
@@ -39,8 +39,7 @@ Status LayersBench::CheckLoad(const LayerLoad& load, Tier tier, bool verify) con
       std::span<const std::byte> got = load.LayerSpan(b, l);
       std::span<const std::byte> want = Layer(b, l);
       if (got.size() != want.size() || std::memcmp(got.data(), want.data(), want.size()) != 0) {
-        return Corruption("block " + std::to_string(b) + " layer " + std::to_string(l) +
-                          " differs from what was put");
+        return Corruption("block " + std::to_string(b) + " layer " + std::to_string(l) + " differs from what was put");
       }
     }
   }
@@ -280,8 +279,8 @@ Status LayersBench::MeasureSaves() {
   report_.memcpy_gbps = gbps(total[0], us[0].size());
   const char* names[] = {"", "layer-wise save", "PutBatch (whole prefix)"};
   for (int op = 1; op < 3; ++op) {
-    report_.saves.push_back(SaveRow{names[op], us[op].size(), total[op] * 1e-6, gbps(total[op], us[op].size()),
-                                    report_.memcpy_gbps});
+    report_.saves.push_back(
+        SaveRow{names[op], us[op].size(), total[op] * 1e-6, gbps(total[op], us[op].size()), report_.memcpy_gbps});
   }
   return Status::Ok();
 }

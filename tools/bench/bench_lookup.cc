@@ -77,8 +77,7 @@ void LookupLoop(Client& client, NamespaceId ns, const std::vector<BlockKey>& key
   out.end = Clock::now();
 }
 
-Status MeasureLookups(const LookupBenchConfig& config, const std::vector<BlockKey>& keys, int clients,
-                      LookupRow& row) {
+Status MeasureLookups(const LookupBenchConfig& config, const std::vector<BlockKey>& keys, int clients, LookupRow& row) {
   ClientOptions options;
   options.socket_path = config.kvtier_socket;
   options.client_name = "kvtier-bench-lookup";
@@ -95,13 +94,12 @@ Status MeasureLookups(const LookupBenchConfig& config, const std::vector<BlockKe
   Clock::time_point deadline;
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
-    threads.emplace_back(LookupLoop, std::ref(*connections[static_cast<size_t>(i)]), NamespaceId{0},
-                         std::cref(keys), std::ref(start), std::cref(deadline),
-                         std::ref(results[static_cast<size_t>(i)]));
+    threads.emplace_back(LookupLoop, std::ref(*connections[static_cast<size_t>(i)]), NamespaceId{0}, std::cref(keys),
+                         std::ref(start), std::cref(deadline), std::ref(results[static_cast<size_t>(i)]));
   }
   const Clock::time_point begin = Clock::now();
-  deadline = begin + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(config.seconds_per_case));
+  deadline =
+      begin + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.seconds_per_case));
   start.count_down();  // publishes `deadline` to the threads
   for (auto& t : threads) t.join();
   std::vector<uint64_t> all;
@@ -121,9 +119,9 @@ Status MeasureLookups(const LookupBenchConfig& config, const std::vector<BlockKe
 }
 
 Result<support::CommandOutput> RedisBenchmark(const LookupBenchConfig& config, const std::string& test, int clients,
-                                     uint64_t requests) {
+                                              uint64_t requests) {
   auto out = support::RunCommand({config.redis_benchmark, "-s", config.redis_socket, "-t", test, "-c",
-                         std::to_string(clients), "-n", std::to_string(requests), "--csv"});
+                                  std::to_string(clients), "-n", std::to_string(requests), "--csv"});
   if (!out.ok()) return out.status();
   if (out->exit_code != 0) {
     return Unavailable("redis-benchmark exited with " + std::to_string(out->exit_code) + ": " + out->output);

@@ -66,8 +66,8 @@ Latencies Summarize(std::vector<double>& us) {
 
 // The victims' lookups for `seconds`, taking turns; per victim. Internal
 // if one misses part of the chain.
-Result<std::vector<Latencies>> Victims(std::vector<std::unique_ptr<Client>>& clients,
-                                       const std::vector<BlockKey>& keys, double seconds) {
+Result<std::vector<Latencies>> Victims(std::vector<std::unique_ptr<Client>>& clients, const std::vector<BlockKey>& keys,
+                                       double seconds) {
   std::vector<std::vector<double>> us(clients.size());
   const auto end = Clock::now() + std::chrono::duration<double>(seconds);
   for (size_t turn = 0; Clock::now() < end; ++turn) {
@@ -105,7 +105,8 @@ Status Measure(const NeighbourBenchOptions& o, const std::string& socket) {
   auto whole = (*setup)->Lookup(0, huge);
   if (!whole.ok()) return whole.status();
   if (whole->prefix_blocks != huge.size()) {
-    return Internal("only " + std::to_string(whole->prefix_blocks) + " of the huge chain stayed cached; use a "
+    return Internal("only " + std::to_string(whole->prefix_blocks) +
+                    " of the huge chain stayed cached; use a "
                     "larger arena or fewer --huge-keys");
   }
   // Consecutive connections: the daemon spreads them round robin over its
@@ -152,11 +153,13 @@ Status Measure(const NeighbourBenchOptions& o, const std::string& socket) {
   for (const Status& s : hog_status) {
     if (!s.ok()) return s;
   }
-  std::printf("kvtier bench neighbour: %d victim connection(s) taking turns at a Lookup of %zu cached keys; %d hog "
-              "connection(s) each looking up %zu cached keys in one request\n",
-              o.victims, kVictimKeys, o.hogs, huge.size());
-  std::printf("| phase | victim | lookups | p50 us | p99 us | max us | hog lookups/s |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "kvtier bench neighbour: %d victim connection(s) taking turns at a Lookup of %zu cached keys; %d hog "
+      "connection(s) each looking up %zu cached keys in one request\n",
+      o.victims, kVictimKeys, o.hogs, huge.size());
+  std::printf(
+      "| phase | victim | lookups | p50 us | p99 us | max us | hog lookups/s |\n"
+      "|---|---|---|---|---|---|---|\n");
   PrintRows("alone", *alone, "-");
   char rate[32];
   std::snprintf(rate, sizeof rate, "%.1f", static_cast<double>(hog_count) / hogged_s);
@@ -168,7 +171,8 @@ Status Measure(const NeighbourBenchOptions& o, const std::string& socket) {
 
 void AddNeighbourBenchOptions(CLI::App& app, NeighbourBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary to start (default: the kvtierd of this build or install)");
+  app.add_option("--kvtierd", o.kvtierd_path,
+                 "kvtierd binary to start (default: the kvtierd of this build or install)");
   app.add_option("--huge-keys", o.huge_keys, "Keys per hog Lookup (all cached; one request each)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

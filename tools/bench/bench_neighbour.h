@@ -25,7 +25,7 @@ struct NeighbourBenchOptions {
   size_t huge_keys = 40000;  // keys per hog Lookup (~0.8 MiB frame)
   int hogs = 1;
   int victims = 2;
-  double seconds = 3.0;      // per phase
+  double seconds = 3.0;  // per phase
 };
 
 void AddNeighbourBenchOptions(CLI::App& app, NeighbourBenchOptions& options);

@@ -30,8 +30,10 @@ double Since(SteadyClock::time_point t) { return std::chrono::duration<double>(S
 
 std::string Size(uint64_t b) {
   char out[32];
-  if (b >= (1u << 20)) std::snprintf(out, sizeof(out), "%llu MiB", (unsigned long long)(b >> 20));
-  else std::snprintf(out, sizeof(out), "%llu KiB", (unsigned long long)(b >> 10));
+  if (b >= (1u << 20))
+    std::snprintf(out, sizeof(out), "%llu MiB", (unsigned long long)(b >> 20));
+  else
+    std::snprintf(out, sizeof(out), "%llu KiB", (unsigned long long)(b >> 10));
   return out;
 }
 
@@ -135,20 +137,21 @@ Measured WriteBlocks(NvmeTier& tier, uint64_t block_bytes, uint32_t depth, doubl
     const BlockKey key{0xbe4c, first_key + n};
     Status accepted;
     while (true) {
-      accepted = tier.Write(kBenchNs, key, 1, std::span<const std::byte>(payload.data(), block_bytes),
-                            [&](Status s) {
-                              {
-                                std::lock_guard lock(mu);
-                                if (s.ok()) {
-                                  ++m.ops;
-                                  m.bytes += block_bytes;
-                                } else {
-                                  ++m.errors;
-                                }
-                              }
-                              window.Release();
-                            },
-                            checksum);
+      accepted = tier.Write(
+          kBenchNs, key, 1, std::span<const std::byte>(payload.data(), block_bytes),
+          [&](Status s) {
+            {
+              std::lock_guard lock(mu);
+              if (s.ok()) {
+                ++m.ops;
+                m.bytes += block_bytes;
+              } else {
+                ++m.errors;
+              }
+            }
+            window.Release();
+          },
+          checksum);
       if (accepted.code() != StatusCode::kBusy) break;
       std::this_thread::sleep_for(std::chrono::microseconds(50));  // staging or regions busy: retry
     }
@@ -233,12 +236,19 @@ FioResult RunFio(const NvmeBenchOptions& o, const std::string& rw, uint64_t bloc
     return r;
   }
   const std::string file = o.dir + "/kvtier-bench-fio-" + std::to_string(::getpid()) + ".dat";
-  std::vector<std::string> argv = {o.fio, "--name=kvtier-ceiling", "--filename=" + file, "--ioengine=io_uring",
-                                   "--direct=1", "--rw=" + rw, "--bs=" + std::to_string(block_bytes),
+  std::vector<std::string> argv = {o.fio,
+                                   "--name=kvtier-ceiling",
+                                   "--filename=" + file,
+                                   "--ioengine=io_uring",
+                                   "--direct=1",
+                                   "--rw=" + rw,
+                                   "--bs=" + std::to_string(block_bytes),
                                    "--iodepth=" + std::to_string(o.queue_depth),
                                    "--size=" + std::to_string(o.file_bytes),
                                    "--runtime=" + std::to_string(static_cast<int>(o.seconds + 0.999)),
-                                   "--time_based", "--output-format=terse", "--terse-version=3"};
+                                   "--time_based",
+                                   "--output-format=terse",
+                                   "--terse-version=3"};
   auto run = support::RunCommand(argv);
   if (!run.ok() || run->exit_code != 0) {
     r.why = run.ok() ? "fio exited " + std::to_string(run->exit_code) + ": " + run->output.substr(0, 200)
@@ -292,8 +302,12 @@ struct Row {
     }
     return r;
   }
-  const Measured& tier() const { return MedianOf(tier_rounds, [this](const Measured& m) { return TierFigure(m); }); }
-  const FioResult& fio() const { return MedianOf(fio_rounds, [this](const FioResult& f) { return FioFigure(f); }); }
+  const Measured& tier() const {
+    return MedianOf(tier_rounds, [this](const Measured& m) { return TierFigure(m); });
+  }
+  const FioResult& fio() const {
+    return MedianOf(fio_rounds, [this](const FioResult& f) { return FioFigure(f); });
+  }
   double Ratio() const {
     std::vector<double> r = Ratios();
     if (r.empty()) return 0;
@@ -342,9 +356,9 @@ void PrintRow(const Row& r) {
 void WriteJson(const std::string& path, const NvmeBenchOptions& o, const std::string& kind,
                const std::vector<Row>& rows) {
   std::ofstream out(path);
-  out << "{\n  \"dir\": \"" << o.dir << "\", \"file_bytes\": " << o.file_bytes << ", \"queue_depth\": "
-      << o.queue_depth << ", \"io_threads\": " << o.io_threads << ", \"io_engine\": \"" << kind
-      << "\", \"rounds\": " << o.rounds << ",\n  \"rows\": [\n";
+  out << "{\n  \"dir\": \"" << o.dir << "\", \"file_bytes\": " << o.file_bytes << ", \"queue_depth\": " << o.queue_depth
+      << ", \"io_threads\": " << o.io_threads << ", \"io_engine\": \"" << kind << "\", \"rounds\": " << o.rounds
+      << ",\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << "    {\"op\": \"" << r.op << "\", \"block_bytes\": " << r.block_bytes << ", \"gbps\": " << r.tier().Gbps()
@@ -455,25 +469,30 @@ int RunNvmeBench(const NvmeBenchOptions& o) {
     rows.push_back(random);
   }
 
-  std::printf("NVMe tier (in-process NvmeTier on %s, %s I/O, %u ring(s), queue depth %u, %s file) beside fio\n"
-              "(io_uring, O_DIRECT, same directory, block size and depth, %.0f s each), measured in this run:\n\n",
-              o.dir.c_str(), kind.c_str(), o.io_threads, o.queue_depth, Size(o.file_bytes).c_str(), o.seconds);
+  std::printf(
+      "NVMe tier (in-process NvmeTier on %s, %s I/O, %u ring(s), queue depth %u, %s file) beside fio\n"
+      "(io_uring, O_DIRECT, same directory, block size and depth, %.0f s each), measured in this run:\n\n",
+      o.dir.c_str(), kind.c_str(), o.io_threads, o.queue_depth, Size(o.file_bytes).c_str(), o.seconds);
   if (o.rounds > 1) {
-    std::printf("Each case ran %u rounds, tier and fio back to back (alternating which goes first); medians below,\n"
-                "the ratio being the median of the rounds' ratios:\n\n",
-                o.rounds);
+    std::printf(
+        "Each case ran %u rounds, tier and fio back to back (alternating which goes first); medians below,\n"
+        "the ratio being the median of the rounds' ratios:\n\n",
+        o.rounds);
   }
   for (const Row& r : rows) PrintRow(r);
-  std::printf("\n  write     sequential appends of whole blocks (staging copy, 4 KiB header, RocksDB index entry;\n"
-              "            the block's xxh3 handed over as the engine does when it demotes) vs fio --rw=write\n"
-              "  read      whole blocks in write order (header + payload verified, copied out) vs fio --rw=read\n"
-              "  randread  whole blocks in random order over 3/4 of the file vs fio --rw=randread\n\n");
+  std::printf(
+      "\n  write     sequential appends of whole blocks (staging copy, 4 KiB header, RocksDB index entry;\n"
+      "            the block's xxh3 handed over as the engine does when it demotes) vs fio --rw=write\n"
+      "  read      whole blocks in write order (header + payload verified, copied out) vs fio --rw=read\n"
+      "  randread  whole blocks in random order over 3/4 of the file vs fio --rw=randread\n\n");
   bool seq_met = true, rand_met = true, any = false;
   for (const Row& r : rows) {
     if (!r.fio_ran()) continue;
     any = true;
-    if (r.iops) rand_met = rand_met && r.Ratio() >= 0.7;
-    else seq_met = seq_met && r.Ratio() >= 0.8;
+    if (r.iops)
+      rand_met = rand_met && r.Ratio() >= 0.7;
+    else
+      seq_met = seq_met && r.Ratio() >= 0.8;
   }
   std::printf("Goals\n  sequential >= 0.8x fio: %s\n  random >= 0.7x fio: %s\n",
               any ? (seq_met ? "met" : "NOT MET") : "n/a", any ? (rand_met ? "met" : "NOT MET") : "n/a");

@@ -19,7 +19,7 @@
 namespace kvtier::tools {
 
 struct NvmeBenchOptions {
-  std::string dir = ".";            // the file system under test
+  std::string dir = ".";             // the file system under test
   uint64_t file_bytes = 2ull << 30;  // tier file and fio file, each
   std::vector<uint64_t> block_bytes = {1ull << 20, 32ull << 20};
   uint64_t random_read_bytes = 64ull << 10;

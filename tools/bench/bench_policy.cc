@@ -149,7 +149,8 @@ void KeyLookups128(benchmark::State& state, uint64_t n) {
 void Admission(benchmark::State& state, const std::string& name) {
   AdmissionParams params;
   params.dwpd.drive_capacity_bytes = 4'000'000'000'000;
-  std::unique_ptr<AdmissionPolicy> p = std::move(MakeAdmissionPolicy(*ParseAdmissionPolicy(name, kAdmissionForNvme), params, 0).value());
+  std::unique_ptr<AdmissionPolicy> p =
+      std::move(MakeAdmissionPolicy(*ParseAdmissionPolicy(name, kAdmissionForNvme), params, 0).value());
   std::vector<AdmissionCandidate> mix(1000);
   for (size_t i = 0; i < mix.size(); ++i) {
     mix[i].bytes = 64 << 10;
@@ -220,12 +221,13 @@ int RunPolicyBench(const PolicyBenchOptions& o) {
   GoalReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
-  std::printf("\n  insert = OnInsert + OnRemove of the oldest (size held); victim = Victim + OnRemove + OnInsert;\n"
-              "  access = OnAccess of a random tracked block; decide = one admission decision over a class mix.\n"
-              "  queue_aware: 1000 requests of 64 blocks queued; enqueue64 = Enqueue of a 64-block chain of\n"
-              "  cached blocks + Finished of the oldest request (the queue keeps its size): 128 keys moved.\n"
-              "  floor/key_lookups128 = the 128 hash lookups of those keys alone in a 1M-key map: the\n"
-              "  ceiling of any per-key queue index (not a policy; its goal column does not apply).\n");
+  std::printf(
+      "\n  insert = OnInsert + OnRemove of the oldest (size held); victim = Victim + OnRemove + OnInsert;\n"
+      "  access = OnAccess of a random tracked block; decide = one admission decision over a class mix.\n"
+      "  queue_aware: 1000 requests of 64 blocks queued; enqueue64 = Enqueue of a 64-block chain of\n"
+      "  cached blocks + Finished of the oldest request (the queue keeps its size): 128 keys moved.\n"
+      "  floor/key_lookups128 = the 128 hash lookups of those keys alone in a 1M-key map: the\n"
+      "  ceiling of any per-key queue index (not a policy; its goal column does not apply).\n");
   return 0;
 }
 

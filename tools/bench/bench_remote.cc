@@ -24,7 +24,7 @@ constexpr NamespaceFingerprint kBenchNs{0xbe4c, 0x7e30};
 double Since(SteadyClock::time_point t) { return std::chrono::duration<double>(SteadyClock::now() - t).count(); }
 
 struct Figure {
-  double gbps = 0;     // 1e9 bytes per second
+  double gbps = 0;  // 1e9 bytes per second
   uint64_t ops = 0;
   uint64_t errors = 0;
 };
@@ -144,10 +144,10 @@ Figure Get(RemoteTier& tier, uint64_t block_bytes, uint32_t clients, uint64_t fi
 double RedisBenchmark(const RemoteBenchOptions& o, const std::string& seed, const std::string& test,
                       uint64_t block_bytes, uint64_t requests, uint64_t keyspace, std::string* error) {
   const size_t colon = seed.rfind(':');
-  auto r = support::RunCommand({o.redis_benchmark, "-h", seed.substr(0, colon), "-p", seed.substr(colon + 1), "--cluster",
-                       "-t", test, "-d", std::to_string(block_bytes), "-n", std::to_string(requests), "-c",
-                       std::to_string(o.clients), "--threads", std::to_string(o.clients), "-r",
-                       std::to_string(keyspace), "--csv"});
+  auto r = support::RunCommand({o.redis_benchmark, "-h", seed.substr(0, colon), "-p", seed.substr(colon + 1),
+                                "--cluster", "-t", test, "-d", std::to_string(block_bytes), "-n",
+                                std::to_string(requests), "-c", std::to_string(o.clients), "--threads",
+                                std::to_string(o.clients), "-r", std::to_string(keyspace), "--csv"});
   if (!r.ok() || r->exit_code != 0) {
     *error = r.ok() ? r->output : r.status().ToString();
     return -1;
@@ -276,10 +276,9 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
       if (!(tier_first ? tier_side() : redis_side())) return 1;
       if (!(tier_first ? redis_side() : tier_side())) return 1;
     }
-    std::printf("%-8s %12.2f %12.2f %7s %12.2f %12.2f %7s\n",
-                (std::to_string(block >> 20) + " MiB").c_str(), Median(row.tier_put), Median(row.redis_set),
-                Ratio(Median(row.tier_put), row.redis_set).c_str(), Median(row.tier_get), Median(row.redis_get),
-                Ratio(Median(row.tier_get), row.redis_get).c_str());
+    std::printf("%-8s %12.2f %12.2f %7s %12.2f %12.2f %7s\n", (std::to_string(block >> 20) + " MiB").c_str(),
+                Median(row.tier_put), Median(row.redis_set), Ratio(Median(row.tier_put), row.redis_set).c_str(),
+                Median(row.tier_get), Median(row.redis_get), Ratio(Median(row.tier_get), row.redis_get).c_str());
     if (row.errors != 0) {
       std::fprintf(stderr, "kvtier bench remote: %llu operations failed\n", (unsigned long long)row.errors);
       return 1;

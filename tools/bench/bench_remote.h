@@ -30,13 +30,13 @@
 namespace kvtier::tools {
 
 struct RemoteBenchOptions {
-  std::string nodes;  // "host:port,...": an existing cluster; empty: a private one
-  int masters = 3;    // private cluster
+  std::string nodes;                // "host:port,...": an existing cluster; empty: a private one
+  int masters = 3;                  // private cluster
   std::string node_memory = "3gb";  // private cluster: maxmemory of each node
   std::vector<uint64_t> block_bytes = {2ull << 20, 32ull << 20};
-  uint32_t clients = 4;              // operations in flight, and redis-benchmark -c
+  uint32_t clients = 4;                  // operations in flight, and redis-benchmark -c
   uint64_t bytes_per_case = 1ull << 30;  // written per put case (and read per get case)
-  uint32_t rounds = 3;               // medians of tier and redis-benchmark, alternating who goes first
+  uint32_t rounds = 3;                   // medians of tier and redis-benchmark, alternating who goes first
   bool skip_redis = false;
   std::string redis_benchmark = "redis-benchmark";
   std::string json_path;

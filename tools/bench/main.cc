@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
   auto* policy = bench.add_subcommand("policy", "Policy operations per second on one core (Google Benchmark)");
   kvtier::tools::AddPolicyBenchOptions(*policy, policy_options);
   kvtier::tools::NeighbourBenchOptions neighbour_options;
-  auto* neighbour = bench.add_subcommand(
-      "neighbour", "A small Lookup's latency alone and beside connections sending huge Lookups");
+  auto* neighbour =
+      bench.add_subcommand("neighbour", "A small Lookup's latency alone and beside connections sending huge Lookups");
   kvtier::tools::AddNeighbourBenchOptions(*neighbour, neighbour_options);
 
   // Bad input exits with CLI11's code, as it always has for `kvtier bench`.

@@ -83,8 +83,8 @@ std::string NamespaceJson(const NamespaceInfo& n) {
 // One row per namespace: fingerprint (16 hex), model, revision, adapter,
 // then blocks and bytes per tier.
 void PrintNamespaces(const std::vector<NamespaceInfo>& namespaces) {
-  const bool tenants = std::any_of(namespaces.begin(), namespaces.end(),
-                                  [](const NamespaceInfo& n) { return !n.tenant.empty(); });
+  const bool tenants =
+      std::any_of(namespaces.begin(), namespaces.end(), [](const NamespaceInfo& n) { return !n.tenant.empty(); });
   if (tenants) std::printf("%-16s  ", "TENANT");
   std::printf("%-16s  %-32s %-12s %-16s", "NAMESPACE", "MODEL", "REVISION", "ADAPTER");
   if (!namespaces.empty()) {
@@ -159,11 +159,20 @@ std::optional<std::chrono::milliseconds> ParseTtl(const std::string& text) {
   const uint64_t n = std::stoull(digits);
   uint64_t seconds = 0;
   switch (text.back()) {
-    case 's': seconds = n; break;
-    case 'm': seconds = n * 60; break;
-    case 'h': seconds = n * 3600; break;
-    case 'd': seconds = n * 86400; break;
-    default: return std::nullopt;
+    case 's':
+      seconds = n;
+      break;
+    case 'm':
+      seconds = n * 60;
+      break;
+    case 'h':
+      seconds = n * 3600;
+      break;
+    case 'd':
+      seconds = n * 86400;
+      break;
+    default:
+      return std::nullopt;
   }
   if (seconds == 0 || seconds > 30ull * 86400) return std::nullopt;
   return std::chrono::milliseconds(seconds * 1000);
@@ -228,16 +237,18 @@ int RunHoldCommand(const AdminOptions& options, bool pin) {
   }
   if (!options.tokens_file.empty()) {
     if (!ns.descriptor) {
-      return Fail(command, kFailed, "namespace " + ns.fingerprint.ToHex() +
-                                        " has no known descriptor (no engine registered it since kvtierd started): "
-                                        "name its blocks with --key");
+      return Fail(command, kFailed,
+                  "namespace " + ns.fingerprint.ToHex() +
+                      " has no known descriptor (no engine registered it since kvtierd started): "
+                      "name its blocks with --key");
     }
     auto hasher = ChainHasher::Create(*ns.descriptor);
     if (!hasher.ok()) return Fail(command, kFailed, hasher.status().ToString());
     keys = hasher->Keys(tokens);
     if (keys.empty()) {
-      return Fail(command, kUsage, "--tokens " + options.tokens_file + ": " + std::to_string(tokens.size()) +
-                                       " tokens, not one full block of " + std::to_string(hasher->block_tokens()));
+      return Fail(command, kUsage,
+                  "--tokens " + options.tokens_file + ": " + std::to_string(tokens.size()) +
+                      " tokens, not one full block of " + std::to_string(hasher->block_tokens()));
     }
   }
   // Per key: its outcome so far.
@@ -313,8 +324,9 @@ AdminCommands AddAdminCommands(CLI::App& app, AdminOptions& options) {
   auto* model = c.drop->add_option("--model", options.model_id, "Every registered namespace of this model id");
   c.drop->add_option("--revision", options.model_revision, "Only this revision of --model")->needs(model);
   for (bool pin : {true, false}) {
-    CLI::App* sub = pin ? app.add_subcommand("pin", "Hold blocks of a namespace in the host tier until unpinned or "
-                                                    "the TTL passes")
+    CLI::App* sub = pin ? app.add_subcommand("pin",
+                                             "Hold blocks of a namespace in the host tier until unpinned or "
+                                             "the TTL passes")
                         : app.add_subcommand("unpin", "End holds that pin took");
     socket(sub);
     sub->add_option("--ns", options.ns, "Namespace fingerprint (32 hex, or a unique prefix of 8+ from `ls`)");

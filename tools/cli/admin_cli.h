@@ -4,7 +4,8 @@
 //   kvtier drop --ns FP... | --model ID [--revision REV]
 //                                             remove namespaces from every tier (the NVMe index too)
 //   kvtier pin --ns FP (--key HEX... | --tokens FILE) --ttl 90s|10m|2h|1d
-//                                             hold blocks of a namespace in the host tier until unpinned or the TTL passes
+//                                             hold blocks of a namespace in the host tier until unpinned or the TTL
+//                                             passes
 //   kvtier unpin --ns FP (--key HEX... | --tokens FILE)
 //                                             end those holds
 //   kvtier config get [KEY]                   the running configuration, or one option's value
@@ -26,7 +27,7 @@ namespace kvtier::tools {
 struct AdminOptions {
   std::string socket_path;
   bool json = false;
-  std::vector<std::string> namespaces;  // drop --ns
+  std::vector<std::string> namespaces;   // drop --ns
   std::string model_id, model_revision;  // drop --model / --revision
   std::string key;                       // config get KEY
   std::string ns;                        // pin / unpin --ns

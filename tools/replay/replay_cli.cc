@@ -166,10 +166,11 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--admission", o.admission, "NVMe admission: " + ChoiceText(kNvmeAdmissionChoices))
       ->check(CLI::IsMember(ChoiceList(kNvmeAdmissionChoices)))
       ->capture_default_str();
-  app.add_option("--remote-admission", o.remote_admission,
-                 "Remote tier admission, each node's own (kvtierd's remote.admission): " +
-                     ChoiceText(kRemoteAdmissionChoices) + " "
-                 "(second_hit's rules within --remote-write-rate); the replay's default: all")
+  app.add_option(
+         "--remote-admission", o.remote_admission,
+         "Remote tier admission, each node's own (kvtierd's remote.admission): " + ChoiceText(kRemoteAdmissionChoices) +
+             " "
+             "(second_hit's rules within --remote-write-rate); the replay's default: all")
       ->each([&o](const std::string&) { o.remote_admission_given = true; })
       ->capture_default_str();
   app.add_option("--remote-write-rate", o.remote_write_rate,
@@ -214,7 +215,8 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
                  "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults)");
   app.add_option("--write-bandwidth", o.write_bandwidth,
                  "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion is dropped as the "
-                 "daemon's demoter drops it: past " + std::to_string(defaults::kQueuedDemotionWaitMs) +
+                 "daemon's demoter drops it: past " +
+                     std::to_string(defaults::kQueuedDemotionWaitMs) +
                      " ms of waiting, or when the bytes queued ahead pass engine.demotion_buffer_bytes (" +
                      std::to_string(defaults::kDemotionBufferBytes >> 20) + " MiB)");
   app.add_option("--nodes", o.nodes,
@@ -311,7 +313,8 @@ int RunReplay(const ReplayCliOptions& o) {
   }
   base.bytes_per_token = o.bytes_per_token;
   base.warmup = o.warmup;
-  if (o.admission != "all" && !base.nvme) return Fail("--admission " + o.admission + " decides for an nvme tier: give nvme=CAP");
+  if (o.admission != "all" && !base.nvme)
+    return Fail("--admission " + o.admission + " decides for an nvme tier: give nvme=CAP");
   if (Status s = SetRemoteAdmission(o, base); !s.ok()) return Fail(s.message());
   if (o.admission == "dwpd") {
     base.dwpd.dwpd = o.dwpd;
@@ -358,8 +361,9 @@ int RunReplay(const ReplayCliOptions& o) {
       runs.push_back(Run{options, {}, Status::Ok()});
     }
   }
-  const unsigned threads = std::max(1u, std::min<unsigned>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),
-                                                          static_cast<unsigned>(runs.size())));
+  const unsigned threads =
+      std::max(1u, std::min<unsigned>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),
+                                      static_cast<unsigned>(runs.size())));
   std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t) {
@@ -385,7 +389,8 @@ int RunReplay(const ReplayCliOptions& o) {
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [";
-    for (size_t i = 0; i < results.size(); ++i) out << (i > 0 ? ",\n  " : "\n  ") << RunJson(results[i], o.nodes_given, o.remote_admission_given);
+    for (size_t i = 0; i < results.size(); ++i)
+      out << (i > 0 ? ",\n  " : "\n  ") << RunJson(results[i], o.nodes_given, o.remote_admission_given);
     out << "\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());

@@ -46,8 +46,8 @@ struct ReplayCliOptions {
   double warranty_years = defaults::kDwpdWarrantyYears;
   double planned_years = defaults::kDwpdPlannedYears;
   double warmup = 0;
-  uint32_t engines = 0;    // the engine model: off at 0
-  double prefill_tps = 0;  // tokens/s per engine
+  uint32_t engines = 0;         // the engine model: off at 0
+  double prefill_tps = 0;       // tokens/s per engine
   std::string read_bandwidth;   // host=BW,nvme=BW,remote=BW (bytes/s, e.g. 20GB)
   std::string write_bandwidth;  // the same for demotions into a tier
   // Several nodes sharing the remote tier (replay_sim.h, Router): host and
@@ -58,8 +58,8 @@ struct ReplayCliOptions {
   bool nodes_given = false;
   std::string router = "prefix_affinity";  // round_robin | prefix_affinity
   uint32_t affinity_blocks = 1;            // prefix_affinity: the leading blocks hashed
-  std::string sweep;  // CAP,CAP,... (host capacities)
-  unsigned threads = 0;  // sweep threads; 0: one per core
+  std::string sweep;                       // CAP,CAP,... (host capacities)
+  unsigned threads = 0;                    // sweep threads; 0: one per core
   std::string json_path;
   std::string csv_path;
   std::string plot_path;

@@ -47,21 +47,25 @@ int RunLive(const ReplayCliOptions& o, const Trace& trace) {
   std::printf("  %.0f requests/s; put %.3f GB/s (%llu blocks), %.3fx memcpy's %.2f GB/s in this run\n", rps, put_gbps,
               static_cast<unsigned long long>(r->put_blocks), memcpy_gbps > 0 ? put_gbps / memcpy_gbps : 0,
               memcpy_gbps);
-  std::printf("  lookup p50 %.0f us, p99 %.0f us; whole request p50 %.0f us, p99 %.0f us\n", Percentile(r->lookup_us, 50),
-              Percentile(r->lookup_us, 99), Percentile(r->request_us, 50), Percentile(r->request_us, 99));
+  std::printf("  lookup p50 %.0f us, p99 %.0f us; whole request p50 %.0f us, p99 %.0f us\n",
+              Percentile(r->lookup_us, 50), Percentile(r->lookup_us, 99), Percentile(r->request_us, 50),
+              Percentile(r->request_us, 99));
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << "{\"trace\": \"" << trace.path << "\", \"runs\": [\n  {\"mode\": \"live\", \"socket\": \"" << o.socket_path
         << "\", \"requests\": " << r->requests << ", \"blocks\": " << r->blocks << ", \"tokens\": " << r->tokens
-        << ", \"block_hit_rate\": " << Number(r->block_hit_rate()) << ", \"token_hit_rate\": " << Number(r->token_hit_rate())
+        << ", \"block_hit_rate\": " << Number(r->block_hit_rate())
+        << ", \"token_hit_rate\": " << Number(r->token_hit_rate())
         << ", \"hits_by_tier\": {\"host\": " << r->tier_hits[kHostTier] << ", \"nvme\": " << r->tier_hits[kNvmeTier]
         << ", \"remote\": " << r->tier_hits[kRemoteTier] << "}, \"put_blocks\": " << r->put_blocks
-        << ", \"put_bytes\": " << r->put_bytes
-        << ", \"put_gbps\": " << Number(put_gbps) << ", \"memcpy_gbps\": " << Number(memcpy_gbps) << ", \"not_kept\": "
-        << r->not_kept << ", \"requests_per_s\": " << Number(rps) << ", \"lookup_us\": {\"p50\": "
-        << Number(Percentile(r->lookup_us, 50)) << ", \"p99\": " << Number(Percentile(r->lookup_us, 99))
-        << "}, \"request_us\": {\"p50\": " << Number(Percentile(r->request_us, 50)) << ", \"p99\": "
-        << Number(Percentile(r->request_us, 99)) << "}, \"wall_seconds\": " << Number(r->seconds) << "}\n]}\n";
+        << ", \"put_bytes\": " << r->put_bytes << ", \"put_gbps\": " << Number(put_gbps)
+        << ", \"memcpy_gbps\": " << Number(memcpy_gbps) << ", \"not_kept\": " << r->not_kept
+        << ", \"requests_per_s\": " << Number(rps)
+        << ", \"lookup_us\": {\"p50\": " << Number(Percentile(r->lookup_us, 50))
+        << ", \"p99\": " << Number(Percentile(r->lookup_us, 99))
+        << "}, \"request_us\": {\"p50\": " << Number(Percentile(r->request_us, 50))
+        << ", \"p99\": " << Number(Percentile(r->request_us, 99)) << "}, \"wall_seconds\": " << Number(r->seconds)
+        << "}\n]}\n";
     if (!out) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", o.json_path.c_str());
       return 1;

@@ -30,9 +30,8 @@ std::string NodesJson(const ReplayResult& r) {
   std::ostringstream j;
   j << ", \"nodes\": " << r.options.nodes << ", \"router\": \"" << RouterName(r.options.router)
     << "\", \"affinity_blocks\": " << r.options.affinity_blocks << ", \"local_block_hit_rate\": " << split.local_blocks
-    << ", \"shared_block_hit_rate\": " << split.shared_blocks
-    << ", \"local_token_hit_rate\": " << split.local_tokens << ", \"shared_token_hit_rate\": " << split.shared_tokens
-    << ", \"node_requests\": [";
+    << ", \"shared_block_hit_rate\": " << split.shared_blocks << ", \"local_token_hit_rate\": " << split.local_tokens
+    << ", \"shared_token_hit_rate\": " << split.shared_tokens << ", \"node_requests\": [";
   for (size_t k = 0; k < r.nodes.size(); ++k) j << (k > 0 ? ", " : "") << r.nodes[k].requests;
   j << "], \"node_token_hit_rates\": [";
   for (size_t k = 0; k < r.nodes.size(); ++k) {
@@ -61,8 +60,8 @@ std::string NodeRequests(const ReplayResult& r, char sep) {
 std::string RemoteAdmissionJson(const ReplayResult& r) {
   const ReplayOptions& o = r.options;
   std::ostringstream j;
-  j << ", \"remote_admission\": \"" << o.remote_admission << "\", \"remote_write_rate\": "
-    << (o.remote_admission == "rate" ? std::to_string(o.remote_write_rate) : "null")
+  j << ", \"remote_admission\": \"" << o.remote_admission
+    << "\", \"remote_write_rate\": " << (o.remote_admission == "rate" ? std::to_string(o.remote_write_rate) : "null")
     << ", \"remote_admission_refused\": " << r.remote_admission_refused;
   return j.str();
 }
@@ -84,8 +83,8 @@ std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_adm
   j << "}, \"policy\": \"" << o.policy << "\", \"admission\": \"" << o.admission << "\", \"requests\": " << r.requests
     << ", \"blocks\": " << r.blocks << ", \"tokens\": " << r.tokens
     << ", \"block_hit_rate\": " << Number(r.block_hit_rate()) << ", \"token_hit_rate\": " << Number(r.token_hit_rate())
-    << ", \"gap_closed\": " << (r.gap_closed ? Number(*r.gap_closed) : "null") << ", \"mean_queue\": "
-    << (o.engines > 0 ? Number(r.mean_queue) : "null") << ", \"tiers\": {";
+    << ", \"gap_closed\": " << (r.gap_closed ? Number(*r.gap_closed) : "null")
+    << ", \"mean_queue\": " << (o.engines > 0 ? Number(r.mean_queue) : "null") << ", \"tiers\": {";
   bool first = true;
   for (int t = 0; t < kSimTiers; ++t) {
     if (t == kNvmeTier && !o.nvme) continue;
@@ -105,8 +104,7 @@ std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_adm
     j << ", \"nvme_eviction\": \"" << NvmeEvictionOf(o) << "\", \"nvme_reinserted\": " << r.nvme_reinserted;
   }
   j << ", \"forced_demotions\": " << r.forced_demotions << ", \"prefetches\": " << r.prefetches
-    << ", \"prefetch_bytes\": " << r.prefetch_bytes << ", \"prefetch_used\": " << r.prefetch_used
-    << ", \"ttft_ms\": ";
+    << ", \"prefetch_bytes\": " << r.prefetch_bytes << ", \"prefetch_used\": " << r.prefetch_used << ", \"ttft_ms\": ";
   if (r.ttft_ms.empty()) {
     j << "null";
   } else {
@@ -176,15 +174,16 @@ void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o
     }
     std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s%s\n", r.options.policy.c_str(),
                 CapacityText(r.options.host).c_str(), static_cast<unsigned long long>(r.requests),
-                static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap,
-                r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str(), remote);
+                static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap, r.wall_seconds,
+                rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str(), remote);
   }
 }
 
 void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes, bool with_remote_admission) {
   out << "policy,host,nvme,remote,admission,requests,blocks,tokens,block_hit_rate,token_hit_rate,gap_closed,mean_queue,"
          "host_hits,nvme_hits,"
-         "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds"
+         "remote_hits,ssd_bytes_written,ssd_budget_bytes,nvme_eviction,nvme_reinserted,prefetches,prefetch_used,ttft_"
+         "p50_ms,ttft_p90_ms,ttft_p99_ms,wall_seconds"
       << (with_nodes ? ",nodes,router,affinity_blocks,local_block_hit_rate,shared_block_hit_rate,local_token_hit_rate,"
                        "shared_token_hit_rate,node_requests"
                      : "")
@@ -208,12 +207,13 @@ void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool wit
     if (with_nodes) {
       const HitSplit split = SplitOf(x);
       out << "," << p.nodes << "," << RouterName(p.router) << "," << p.affinity_blocks << "," << split.local_blocks
-          << "," << split.shared_blocks
-          << "," << split.local_tokens << "," << split.shared_tokens << "," << NodeRequests(x, ';');
+          << "," << split.shared_blocks << "," << split.local_tokens << "," << split.shared_tokens << ","
+          << NodeRequests(x, ';');
     }
     if (with_remote_admission) {
-      out << "," << p.remote_admission << "," << (p.remote_admission == "rate" ? std::to_string(p.remote_write_rate) : "")
-          << "," << x.remote_admission_refused << "," << x.tiers[kRemoteTier].bytes_written;
+      out << "," << p.remote_admission << ","
+          << (p.remote_admission == "rate" ? std::to_string(p.remote_write_rate) : "") << ","
+          << x.remote_admission_refused << "," << x.tiers[kRemoteTier].bytes_written;
     }
     out << "\n";
   }

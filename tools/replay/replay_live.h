@@ -44,12 +44,12 @@ struct LiveOptions {
 struct LiveResult {
   uint64_t requests = 0, blocks = 0, tokens = 0;  // measured
   uint64_t hit_blocks = 0, hit_tokens = 0;
-  std::array<uint64_t, kSimTiers> tier_hits{};      // measured hit blocks by the tier Lookup named
-  uint64_t put_blocks = 0, put_bytes = 0;          // all requests
-  uint64_t not_kept = 0;                           // reservations refused for room (NoSpace)
-  double seconds = 0;                              // all requests
-  std::vector<double> lookup_us;                   // measured requests' Lookup latency
-  std::vector<double> request_us;                  // measured requests' whole latency (steps 1-5)
+  std::array<uint64_t, kSimTiers> tier_hits{};  // measured hit blocks by the tier Lookup named
+  uint64_t put_blocks = 0, put_bytes = 0;       // all requests
+  uint64_t not_kept = 0;                        // reservations refused for room (NoSpace)
+  double seconds = 0;                           // all requests
+  std::vector<double> lookup_us;                // measured requests' Lookup latency
+  std::vector<double> request_us;               // measured requests' whole latency (steps 1-5)
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
 };

@@ -37,8 +37,8 @@ namespace kvtier::tools {
 
 struct SimLogOptions {
   uint64_t device_bytes = 0;
-  uint64_t region_bytes = 64ull << 20;  // nvme.region_bytes
-  uint32_t alignment_bytes = 4096;      // the device's (O_DIRECT) alignment
+  uint64_t region_bytes = 64ull << 20;             // nvme.region_bytes
+  uint32_t alignment_bytes = 4096;                 // the device's (O_DIRECT) alignment
   ReclaimOrder order = ReclaimOrder::kQueueAware;  // nvme.eviction
   double reinsert_share = 0.1;                     // nvme.reinsert_percent / 100
 };

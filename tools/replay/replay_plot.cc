@@ -33,11 +33,16 @@ std::string Fixed(double v, int digits = 1) {
 std::string Escape(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -68,8 +73,7 @@ std::map<std::string, Style> PolicyStyles(const std::vector<std::string>& polici
   std::map<std::string, Style> out;
   size_t next = 0;
   for (const std::string& p : policies) {
-    out[p] = IsCeiling(p) ? Style{kCeilingColor, true}
-                          : Style{kPolicyColors[next++ % std::size(kPolicyColors)], false};
+    out[p] = IsCeiling(p) ? Style{kCeilingColor, true} : Style{kPolicyColors[next++ % std::size(kPolicyColors)], false};
   }
   return out;
 }
@@ -292,8 +296,8 @@ class CapacityScale {
   double X(const Capacity& c) const {
     if (x_max_ <= smallest_) return kPlotX + kPlotW / 2;
     const double v = Value(c);
-    const double f = log() ? std::log(v / smallest_) / std::log(x_max_ / smallest_)
-                           : (v - smallest_) / (x_max_ - smallest_);
+    const double f =
+        log() ? std::log(v / smallest_) / std::log(x_max_ / smallest_) : (v - smallest_) / (x_max_ - smallest_);
     return kPlotX + f * kPlotW;
   }
 
@@ -389,8 +393,8 @@ void DrawTierBars(std::ostringstream& svg, const std::vector<ReplayResult>& runs
   for (int i = 0; i <= 4; ++i) {
     const double y = l.plot_bottom - i / 4.0 * kPlotH;
     svg << "<line x1=\"" << kBarsX - 4 << "\" y1=\"" << y << "\" x2=\"" << kBarsX << "\" y2=\"" << y
-        << "\" stroke=\"#999\"/><text x=\"" << kBarsX - 7 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">"
-        << 25 * i << "%</text>\n";
+        << "\" stroke=\"#999\"/><text x=\"" << kBarsX - 7 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << 25 * i
+        << "%</text>\n";
   }
   for (size_t i = 0; i < runs.size(); ++i) {
     const ReplayResult& r = runs[i];

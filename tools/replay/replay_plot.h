@@ -34,7 +34,7 @@ struct PlotLayout {
   // The hit rate at the left chart's top: the smallest of 0.05, 0.1, 0.25,
   // 0.5 and 1 at or above every run's, so close curves stay apart.
   double rate_top = 1;
-  double capacity_labels_bottom = 0;         // the left chart's x labels and axis title
+  double capacity_labels_bottom = 0;                 // the left chart's x labels and axis title
   double run_labels_top = 0, run_labels_bottom = 0;  // the right chart's rotated run labels
   double run_label_angle_deg = 0;                    // their rotation, counter-clockwise: 40 or 90 degrees
 };

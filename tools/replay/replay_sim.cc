@@ -35,9 +35,9 @@ Result<Capacity> ParseCapacity(const std::string& text, uint64_t bytes_per_token
   } else if (unit == "blk") {
     c.unit = Capacity::Unit::kBlocks;
   } else {
-    const std::pair<const char*, double> bytes[] = {{"B", 1},          {"KiB", 1024.0},       {"MiB", 1048576.0},
-                                                    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3},
-                                                    {"MB", 1e6},       {"GB", 1e9},           {"TB", 1e12}};
+    const std::pair<const char*, double> bytes[] = {
+        {"B", 1},    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+        {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
     bool found = false;
     for (const auto& [name, factor] : bytes) {
       if (unit == name) {
@@ -87,9 +87,7 @@ std::string_view SimTierName(int tier) {
   return "?";
 }
 
-std::string_view RouterName(Router router) {
-  return router == Router::kRoundRobin ? "round_robin" : "prefix_affinity";
-}
+std::string_view RouterName(Router router) { return router == Router::kRoundRobin ? "round_robin" : "prefix_affinity"; }
 
 std::optional<Router> ParseRouter(std::string_view name) {
   if (name == "round_robin") return Router::kRoundRobin;
@@ -149,12 +147,11 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
          a.bytes_per_token == b.bytes_per_token && a.warmup == b.warmup && a.engines == b.engines &&
          a.prefill_tps == b.prefill_tps && a.read_bytes_per_s == b.read_bytes_per_s &&
          a.write_bytes_per_s == b.write_bytes_per_s && a.max_write_backlog_us == b.max_write_backlog_us &&
-         a.demotion_buffer_bytes == b.demotion_buffer_bytes &&
-         a.nvme_eviction == b.nvme_eviction && a.nvme_region_bytes == b.nvme_region_bytes &&
-         a.nvme_alignment_bytes == b.nvme_alignment_bytes && a.nvme_reinsert_share == b.nvme_reinsert_share &&
-         a.lookahead_us == b.lookahead_us && a.prefetch_share == b.prefetch_share &&
-         a.prefetch_min_blocks == b.prefetch_min_blocks && a.nodes == b.nodes && a.router == b.router &&
-         a.affinity_blocks == b.affinity_blocks && a.remote_admission == b.remote_admission &&
+         a.demotion_buffer_bytes == b.demotion_buffer_bytes && a.nvme_eviction == b.nvme_eviction &&
+         a.nvme_region_bytes == b.nvme_region_bytes && a.nvme_alignment_bytes == b.nvme_alignment_bytes &&
+         a.nvme_reinsert_share == b.nvme_reinsert_share && a.lookahead_us == b.lookahead_us &&
+         a.prefetch_share == b.prefetch_share && a.prefetch_min_blocks == b.prefetch_min_blocks && a.nodes == b.nodes &&
+         a.router == b.router && a.affinity_blocks == b.affinity_blocks && a.remote_admission == b.remote_admission &&
          a.remote_write_rate == b.remote_write_rate;
 }
 
@@ -215,7 +212,8 @@ Result<std::optional<SimLogOptions>> NvmeLogOptions(const Trace& trace, const Re
 Result<std::unique_ptr<AdmissionPolicy>> MakeAdmission(const Trace& trace, const ReplayOptions& options) {
   auto id = ParseAdmissionPolicy(options.admission, kAdmissionForNvme);
   if (!id.ok()) {
-    return InvalidArgument("unknown admission '" + options.admission + "' (" + ListChoices(kNvmeAdmissionChoices) + ")");
+    return InvalidArgument("unknown admission '" + options.admission + "' (" + ListChoices(kNvmeAdmissionChoices) +
+                           ")");
   }
   const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
   return MakeAdmissionPolicy(*id, AdmissionParams{options.dwpd, 0}, t0);
@@ -231,7 +229,8 @@ Result<std::unique_ptr<AdmissionPolicy>> MakeRemoteAdmission(const Trace& trace,
   }
   const uint64_t t0 = trace.requests.empty() ? 0 : trace.requests.front().arrival_us;
   auto made = MakeAdmissionPolicy(*id, AdmissionParams{{}, options.remote_write_rate}, t0);
-  if (!made.ok()) return InvalidArgument("remote admission " + options.remote_admission + ": " + made.status().message());
+  if (!made.ok())
+    return InvalidArgument("remote admission " + options.remote_admission + ": " + made.status().message());
   return made;
 }
 
@@ -269,7 +268,8 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
     admissions.push_back(std::move(made).value());
   }
   if (options.remote_admission != "all" && !options.remote) {
-    return InvalidArgument("remote admission '" + options.remote_admission + "' decides for a remote tier: there is none");
+    return InvalidArgument("remote admission '" + options.remote_admission +
+                           "' decides for a remote tier: there is none");
   }
   std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions;
   for (uint32_t k = 0; options.remote && k < options.nodes; ++k) {

@@ -115,7 +115,7 @@ struct ReplayOptions {
   // classes), or belady (the offline rule of tools/replay/replay_belady.h, which
   // reads the trace's future: simulation only)
   std::string policy = "lru";
-  std::string admission = "all";   // NVMe admission: all | second_hit | dwpd
+  std::string admission = "all";  // NVMe admission: all | second_hit | dwpd
   // The remote tier's admission, each node's own (kvtierd's
   // remote.admission and remote.write_rate): all | second_hit | rate
   // (second_hit's rules within remote_write_rate bytes/s per node, a
@@ -140,9 +140,9 @@ struct ReplayOptions {
   // / 100; 0: off), skipping prefixes shorter than prefetch_min_blocks.
   double prefetch_share = 0.25;
   uint32_t prefetch_min_blocks = 2;
-  DwpdOptions dwpd;                // for dwpd (drive_capacity_bytes required)
-  uint64_t bytes_per_token = 0;    // byte counts (and the DWPD budget) need it
-  double warmup = 0;               // [0, 1): the fraction of requests not measured
+  DwpdOptions dwpd;              // for dwpd (drive_capacity_bytes required)
+  uint64_t bytes_per_token = 0;  // byte counts (and the DWPD budget) need it
+  double warmup = 0;             // [0, 1): the fraction of requests not measured
   // The engine model, on when engines > 0: that many engine instances,
   // each prefilling prefill_tps tokens/s. A request waits (in arrival
   // order) for a free engine, then holds it for its KV load (hit bytes at
@@ -170,12 +170,12 @@ struct ReplayOptions {
 };
 
 struct TierResult {
-  uint64_t hits = 0;           // measured prompt blocks served from this tier
+  uint64_t hits = 0;  // measured prompt blocks served from this tier
   uint64_t hit_tokens = 0;
   uint64_t bytes_read = 0;     // measured hit bytes it served
   uint64_t bytes_written = 0;  // bytes written into it, warm-up included
   uint64_t evictions = 0;
-  uint64_t dropped_busy = 0;   // demotions into it dropped: its write channel was backed up
+  uint64_t dropped_busy = 0;  // demotions into it dropped: its write channel was backed up
 };
 
 // One node's share of a run (measured requests only).
@@ -195,21 +195,21 @@ struct ReplayResult {
   uint64_t hit_tokens = 0;
   std::array<TierResult, kSimTiers> tiers{};  // all nodes together
   std::vector<NodeResult> nodes;              // one per node
-  uint64_t not_kept = 0;           // blocks past the prefix that fits a request larger than the host tier
-  uint64_t admission_refused = 0;  // victims the NVMe admission refused (the remote tier may still take them)
+  uint64_t not_kept = 0;                      // blocks past the prefix that fits a request larger than the host tier
+  uint64_t admission_refused = 0;         // victims the NVMe admission refused (the remote tier may still take them)
   uint64_t remote_admission_refused = 0;  // blocks the nodes' remote admissions refused (dropped)
-  uint64_t ssd_budget_bytes = 0;   // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
-  uint64_t forced_demotions = 0;   // host victims a queued request needed, forced into the first tier below
-  uint64_t nvme_reinserted = 0;    // blocks the NVMe log copied forward
+  uint64_t ssd_budget_bytes = 0;          // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
+  uint64_t forced_demotions = 0;          // host victims a queued request needed, forced into the first tier below
+  uint64_t nvme_reinserted = 0;           // blocks the NVMe log copied forward
   // Bytes written to the NVMe tier, what the drive's write budget counts:
   // the log's records, copies forward included (payload bytes when the
   // tier is not a log).
   uint64_t nvme_device_bytes = 0;
-  uint64_t prefetches = 0;         // blocks the prefetch plans read into the host tier
+  uint64_t prefetches = 0;  // blocks the prefetch plans read into the host tier
   uint64_t prefetch_bytes = 0;
-  uint64_t prefetch_used = 0;      // of those, blocks a request then found in the host tier
-  uint64_t span_us = 0;            // first to last arrival
-  uint64_t lookups = 0;            // block lookups, warm-up included (the speed figure's unit)
+  uint64_t prefetch_used = 0;   // of those, blocks a request then found in the host tier
+  uint64_t span_us = 0;         // first to last arrival
+  uint64_t lookups = 0;         // block lookups, warm-up included (the speed figure's unit)
   std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), in start order
   // Engine model: requests waiting (arrived, not started) at each measured
   // start, averaged; 0 without it.

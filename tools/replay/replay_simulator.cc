@@ -73,8 +73,8 @@ ReplayResult Simulator::Run() {
   for (size_t r = 0; r < n; ++r) {
     if (trace_.requests[r].session != 0) last_turn_[trace_.requests[r].session] = r;
   }
-  PendingQueue pending;   // prefills running
-  double queue_sum = 0;   // measured starts' waiting requests
+  PendingQueue pending;  // prefills running
+  double queue_sum = 0;  // measured starts' waiting requests
   while (SimNode* node = NextToStart()) Start(*node, pending, warm, queue_sum);
   while (!pending.empty()) CommitNext(pending);
   if (result_.requests > 0 && options_.engines > 0) result_.mean_queue = queue_sum / double(result_.requests);

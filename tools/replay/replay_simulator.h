@@ -96,8 +96,7 @@ class Simulator {
   // `remote_admissions`: one remote admission per node with a remote
   // tier, none without. `log`: the NVMe log's options when the NVMe tier
   // is one (validated by the caller), nullopt otherwise.
-  Simulator(const Trace& trace, const ReplayOptions& options,
-            std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
+  Simulator(const Trace& trace, const ReplayOptions& options, std::vector<std::unique_ptr<AdmissionPolicy>> admissions,
             std::vector<std::unique_ptr<AdmissionPolicy>> remote_admissions, const std::optional<SimLogOptions>& log);
   ReplayResult Run();
 
@@ -107,9 +106,7 @@ class Simulator {
     uint64_t done_us;
     size_t request;
     std::vector<uint32_t> ids;
-    bool operator>(const Pending& o) const {
-      return done_us != o.done_us ? done_us > o.done_us : request > o.request;
-    }
+    bool operator>(const Pending& o) const { return done_us != o.done_us ? done_us > o.done_us : request > o.request; }
   };
   using PendingQueue = std::priority_queue<Pending, std::vector<Pending>, std::greater<>>;
 

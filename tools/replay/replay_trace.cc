@@ -213,7 +213,8 @@ Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, 
     // converted form cannot mean; past 2^48 the file's index (bits 48 and
     // up) could no longer keep conversations of different files apart.
     if (require_session && *f.session == 0) {
-      return InvalidArgument(where + "\"session\" must be at least 1 (the converted ShareGPT form numbers them from 1)");
+      return InvalidArgument(where +
+                             "\"session\" must be at least 1 (the converted ShareGPT form numbers them from 1)");
     }
     if (f.session.value_or(0) >= kMaxSession) {
       return InvalidArgument(where + "\"session\" is too large (at most 2^48 - 1)");
@@ -229,8 +230,8 @@ Result<Trace> ReadMooncakeTrace(const std::string& path, uint32_t block_tokens, 
     const uint64_t covered = r.input_tokens / block_tokens + (r.input_tokens % block_tokens != 0 ? 1 : 0);
     if (f.hash_ids->size() > covered) {
       return InvalidArgument(where + std::to_string(f.hash_ids->size()) + " hash_ids but input_length " +
-                             std::to_string(r.input_tokens) + " fills only " + std::to_string(covered) +
-                             " blocks of " + std::to_string(block_tokens) + " tokens");
+                             std::to_string(r.input_tokens) + " fills only " + std::to_string(covered) + " blocks of " +
+                             std::to_string(block_tokens) + " tokens");
     }
     r.blocks.reserve(f.hash_ids->size());
     for (uint64_t id : *f.hash_ids) r.blocks.push_back(BlockKey{ns, id});

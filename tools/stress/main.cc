@@ -6,9 +6,8 @@
 #include "tools/stress/stress.h"
 
 int main(int argc, char** argv) {
-  CLI::App stress{
-      "Mixed load from N clients, every read checked (a miss or byte-exact); --crash-loop: kill -9 cycles",
-      "kvtier stress"};
+  CLI::App stress{"Mixed load from N clients, every read checked (a miss or byte-exact); --crash-loop: kill -9 cycles",
+                  "kvtier stress"};
   kvtier::tools::StressOptions options;
   kvtier::tools::AddStressOptions(stress, options);
   try {

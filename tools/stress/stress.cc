@@ -28,11 +28,21 @@ using Clock = std::chrono::steady_clock;
 // Counters worth a line at the end: that the tiers below were used, and
 // anything that says bytes went bad.
 constexpr const char* kNotableCounters[] = {
-    "engine.evictions",          "engine.demotions",          "engine.promotions",
-    "engine.demotion_busy_drops", "engine.demotion_corrupt",  "engine.load_failed_blocks",
-    "engine.layer_reads",        "nvme.writes",               "nvme.reads",
-    "nvme.corrupt_reads",        "nvme.write_checksum_mismatches", "nvme.index_failures",
-    "nvme.region_reclaims",      "remote.writes",             "remote.reads",
+    "engine.evictions",
+    "engine.demotions",
+    "engine.promotions",
+    "engine.demotion_busy_drops",
+    "engine.demotion_corrupt",
+    "engine.load_failed_blocks",
+    "engine.layer_reads",
+    "nvme.writes",
+    "nvme.reads",
+    "nvme.corrupt_reads",
+    "nvme.write_checksum_mismatches",
+    "nvme.index_failures",
+    "nvme.region_reclaims",
+    "remote.writes",
+    "remote.reads",
     "remote.corrupt",
 };
 
@@ -55,8 +65,8 @@ Status CheckOptions(const StressOptions& o) {
 
 std::string KeySpaceLine(const KeySpace& space, const StressOptions& o) {
   return std::to_string(space.namespaces().size()) + " namespaces x " + std::to_string(o.chains) + " chains x " +
-         std::to_string(o.chain_blocks) + " blocks (" + std::to_string(space.distinct_blocks()) +
-         " distinct blocks, " + support::Mib(space.distinct_bytes()) + ")";
+         std::to_string(o.chain_blocks) + " blocks (" + std::to_string(space.distinct_blocks()) + " distinct blocks, " +
+         support::Mib(space.distinct_bytes()) + ")";
 }
 
 std::vector<Counter> NotableCounters(const std::vector<Counter>& all) {
@@ -116,11 +126,10 @@ Result<std::string> MakeDirIn(const std::string& parent) {
 std::string DaemonToml(const StressOptions& o, const std::string& dir) {
   std::string toml;
   if (o.nvme_bytes > 0) {
-    toml += "[nvme]\npath = " + support::TomlString(dir + "/stress-nvme.dat") +
-            "\ncapacity_bytes = " + std::to_string(o.nvme_bytes) +
-            "\nregion_bytes = " + std::to_string(o.region_bytes) +
-            "\nstaging_bytes = \"16MiB\"\nadmission = \"all\"\nsync_index = " + (o.sync_index ? "true" : "false") +
-            "\n";
+    toml +=
+        "[nvme]\npath = " + support::TomlString(dir + "/stress-nvme.dat") +
+        "\ncapacity_bytes = " + std::to_string(o.nvme_bytes) + "\nregion_bytes = " + std::to_string(o.region_bytes) +
+        "\nstaging_bytes = \"16MiB\"\nadmission = \"all\"\nsync_index = " + (o.sync_index ? "true" : "false") + "\n";
     if (o.reinsert_percent >= 0) toml += "reinsert_percent = " + std::to_string(o.reinsert_percent) + "\n";
   }
   if (!o.redis.empty()) toml += "[remote]\nnodes = " + support::TomlString(o.redis) + "\nadmission = \"all\"\n";
@@ -165,7 +174,8 @@ int RunSpawned(const StressOptions& o, const KeySpace& space, const WorkloadMix&
 void AddStressOptions(CLI::App& app, StressOptions& o) {
   app.add_option("--socket", o.socket_path, "Stress the kvtierd listening here");
   app.add_flag("--spawn", o.spawn, "Start a private kvtierd (small arena, NVMe file in a temporary directory)");
-  app.add_option("--kvtierd", o.kvtierd_path, "kvtierd binary for --spawn (default: the kvtierd of this build or install)");
+  app.add_option("--kvtierd", o.kvtierd_path,
+                 "kvtierd binary for --spawn (default: the kvtierd of this build or install)");
   app.add_option("--dir", o.dir, "Where --spawn makes its temporary directory (default: $TMPDIR or /tmp)");
   app.add_option("--arena-bytes", o.arena_bytes, "--spawn: host tier")
       ->transform(CLI::AsSizeValue(false))
@@ -187,8 +197,9 @@ void AddStressOptions(CLI::App& app, StressOptions& o) {
       ->capture_default_str();
   app.add_option("--chains", o.chains, "Prefix chains per namespace")->capture_default_str();
   app.add_option("--chain-blocks", o.chain_blocks, "Blocks per chain")->capture_default_str();
-  app.add_option("--mix", o.mix, "Operation weights over the defaults, e.g. get=30,erase=0 (kinds: put reserve save "
-                                 "get pin lookup erase load layers hint)");
+  app.add_option("--mix", o.mix,
+                 "Operation weights over the defaults, e.g. get=30,erase=0 (kinds: put reserve save "
+                 "get pin lookup erase load layers hint)");
   app.add_option("--json", o.json_path, "Write the report as JSON to this file ('-': stdout, instead of the text)");
   app.add_option("--crash-loop", o.crash_cycles,
                  "With --spawn: this many cycles of start, verify, load, kill -9 at a random moment; then a last "

@@ -28,16 +28,16 @@
 namespace kvtier::tools {
 
 struct StressOptions {
-  std::string socket_path;  // a running kvtierd; or
-  bool spawn = false;       // a private one
+  std::string socket_path;   // a running kvtierd; or
+  bool spawn = false;        // a private one
   std::string kvtierd_path;  // default: <dir of kvtier>/../daemon/kvtierd
   std::string dir;           // the private daemon's files: a new directory under this (default $TMPDIR or /tmp)
   uint64_t arena_bytes = 16ull << 20;
   uint64_t nvme_bytes = 128ull << 20;  // 0: no NVMe tier
   uint64_t region_bytes = 2ull << 20;
-  bool sync_index = false;  // nvme.sync_index
+  bool sync_index = false;    // nvme.sync_index
   int reinsert_percent = -1;  // nvme.reinsert_percent; < 0: the daemon's default
-  std::string redis;        // host:port of a Redis (Cluster) for the remote tier; empty: none
+  std::string redis;          // host:port of a Redis (Cluster) for the remote tier; empty: none
   uint32_t clients = 4;
   double seconds = 10;
   uint64_t seed = 0;  // 0: drawn, printed

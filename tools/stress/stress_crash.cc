@@ -16,9 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Acked {
   NamespaceId ns = 0;
@@ -72,8 +70,15 @@ class CrashLoop {
  public:
   CrashLoop(const StressOptions& o, const KeySpace& space, const WorkloadMix& mix, const std::string& kvtierd,
             const std::string& dir, const std::string& toml, StressReport& report)
-      : o_(o), space_(space), mix_(mix), kvtierd_(kvtierd), dir_(dir), toml_(toml), report_(report),
-        crash_(report.crash), rng_(o.seed ^ 0xc0ffee) {}
+      : o_(o),
+        space_(space),
+        mix_(mix),
+        kvtierd_(kvtierd),
+        dir_(dir),
+        toml_(toml),
+        report_(report),
+        crash_(report.crash),
+        rng_(o.seed ^ 0xc0ffee) {}
 
   int Run() {
     const auto t0 = Clock::now();
@@ -141,9 +146,9 @@ class CrashLoop {
     y.recovery_dropped_corrupt = Get(*counters, "nvme.recovery_dropped_corrupt");
     if (y.recovery_dropped_stale > 0 || y.recovery_dropped_corrupt > 0) {
       ++crash_.repairs;
-      Problem("cycle " + std::to_string(y.cycle) + ": the NVMe index needed repair on open: " +
-              std::to_string(y.recovery_dropped_stale) + " stale and " + std::to_string(y.recovery_dropped_corrupt) +
-              " corrupt entries dropped");
+      Problem("cycle " + std::to_string(y.cycle) +
+              ": the NVMe index needed repair on open: " + std::to_string(y.recovery_dropped_stale) + " stale and " +
+              std::to_string(y.recovery_dropped_corrupt) + " corrupt entries dropped");
     }
     if (Get(*counters, "nvme.index_failures") > 0) Problem("cycle " + std::to_string(y.cycle) + ": index failures");
   }
@@ -162,9 +167,8 @@ class CrashLoop {
       }
       return std::nullopt;
     }
-    const ValueCheck check = *got == buffer_.size()
-                                 ? CheckBlock(space.shape, key, buffer_)
-                                 : ValueCheck{Mismatch::kLength, std::to_string(*got) + " bytes"};
+    const ValueCheck check = *got == buffer_.size() ? CheckBlock(space.shape, key, buffer_)
+                                                    : ValueCheck{Mismatch::kLength, std::to_string(*got) + " bytes"};
     if (check.ok()) {
       ++y.verified;
       ++crash_.blocks_verified;
@@ -221,8 +225,8 @@ class CrashLoop {
     if (strict && previous.nvme_blocks >= 0 && y.recovery_loaded < previous.nvme_blocks) {
       ++crash_.durability_violations;
       Problem("cycle " + std::to_string(y.cycle) + ": the NVMe tier held " + std::to_string(previous.nvme_blocks) +
-              " blocks when killed with no load after the checkpoint, and loaded " +
-              std::to_string(y.recovery_loaded) + " on restart");
+              " blocks when killed with no load after the checkpoint, and loaded " + std::to_string(y.recovery_loaded) +
+              " on restart");
     }
     for (NamespaceId ns = 0; ns < space_.namespaces().size(); ++ns) {
       for (const BlockKey& key : space_.namespaces()[ns].keys) {
@@ -269,8 +273,8 @@ class CrashLoop {
 
   // Sleeps `seconds` while the daemon runs; false if it exited.
   bool Sleep(support::StartedServer& server, double seconds, uint32_t cycle) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(seconds));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     while (Clock::now() < deadline) {
       std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(10), deadline - Clock::now()));
       std::string how;
@@ -286,7 +290,8 @@ class CrashLoop {
 
   // Load, checkpoint, maybe more load, kill -9. False if the cycle could
   // not go on (the daemon died, the clients could not connect).
-  bool Load(support::StartedServer& server, Client& checker, CrashCycle& y, Checkpoint& previous, bool& previous_strict) {
+  bool Load(support::StartedServer& server, Client& checker, CrashCycle& y, Checkpoint& previous,
+            bool& previous_strict) {
     auto load = StressLoad::Connect(server.socket_path, space_, o_.clients, /*reconnect=*/false);
     if (!load.ok()) {
       Problem("cycle " + std::to_string(y.cycle) + ": cannot connect the clients: " + load.status().ToString());
@@ -311,7 +316,8 @@ class CrashLoop {
     (*load)->MarkKilled();
     const std::string how = server.process.Kill();
     (*load)->Stop(after_checkpoint);
-    if (checkpoint.ok()) checkpoint->erased_after.insert(after_checkpoint.erased.begin(), after_checkpoint.erased.end());
+    if (checkpoint.ok())
+      checkpoint->erased_after.insert(after_checkpoint.erased.begin(), after_checkpoint.erased.end());
     after_checkpoint.erased.clear();
     tally.Merge(after_checkpoint);
     y.load_ms = MsSince(t0);

@@ -41,8 +41,9 @@ void StressWorker::Get() {
   const auto results = client_.GetBatch(pick.ns, pick.keys, dst);
   t.latency.Add(NsSince(t0));
   if (results.size() != pick.keys.size()) {
-    return Violate(OpKind::kGet, pick, pick.keys[0], "GetBatch answered " + std::to_string(results.size()) +
-                                                         " results for " + std::to_string(pick.keys.size()));
+    return Violate(
+        OpKind::kGet, pick, pick.keys[0],
+        "GetBatch answered " + std::to_string(results.size()) + " results for " + std::to_string(pick.keys.size()));
   }
   for (size_t i = 0; i < results.size(); ++i) check(i, results[i]);
 }
@@ -57,8 +58,8 @@ void StressWorker::PinViews() {
   std::vector<Result<BlockView>> views = client_.Pin(pick.ns, pick.keys);
   if (views.size() != pick.keys.size()) {
     t.latency.Add(NsSince(t0));
-    return Violate(OpKind::kPin, pick, pick.keys[0], "Pin answered " + std::to_string(views.size()) +
-                                                         " views for " + std::to_string(pick.keys.size()));
+    return Violate(OpKind::kPin, pick, pick.keys[0],
+                   "Pin answered " + std::to_string(views.size()) + " views for " + std::to_string(pick.keys.size()));
   }
   auto check_views = [&](bool count) {
     for (size_t i = 0; i < views.size(); ++i) {
@@ -222,8 +223,9 @@ void StressWorker::GetLayers() {
   const auto results = client_.GetLayers(pick.ns, pick.keys, first, last, dst);
   t.latency.Add(NsSince(t0));
   if (results.size() != pick.keys.size()) {
-    return Violate(OpKind::kLayers, pick, pick.keys[0], "GetLayers answered " + std::to_string(results.size()) +
-                                                            " results for " + std::to_string(pick.keys.size()));
+    return Violate(
+        OpKind::kLayers, pick, pick.keys[0],
+        "GetLayers answered " + std::to_string(results.size()) + " results for " + std::to_string(pick.keys.size()));
   }
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) {

@@ -30,19 +30,20 @@ std::string JsonString(const std::string& s) {
 
 void PrintCrashLoop(const CrashLoopReport& c) {
   std::printf("\ncrash loop: %zu kills in %.1f s\n", c.cycles.empty() ? size_t{0} : c.cycles.size() - 1, c.seconds);
-  std::printf("%5s %8s %8s %8s %6s %8s %8s %8s %8s %6s %6s %8s %8s %7s %8s %6s\n", "cycle", "start_ms",
-              "reclaims", "cp_nvme",
-              "loaded", "stale", "corrupt", "on_nvme", "verified", "strict", "acked", "survived", "missing", "erased",
-              "load_ms", "ops");
+  std::printf("%5s %8s %8s %8s %6s %8s %8s %8s %8s %6s %6s %8s %8s %7s %8s %6s\n", "cycle", "start_ms", "reclaims",
+              "cp_nvme", "loaded", "stale", "corrupt", "on_nvme", "verified", "strict", "acked", "survived", "missing",
+              "erased", "load_ms", "ops");
   for (const CrashCycle& y : c.cycles) {
-    std::printf("%5u %8.0f %8" PRId64 " %8" PRId64 " %6" PRId64 " %8" PRId64 " %8" PRId64 " %8" PRIu64
-                " %8" PRIu64 " %6s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %7" PRIu64 " %8.0f %6" PRIu64 "\n",
-                y.cycle, y.start_ms, y.reclaims_at_checkpoint, y.nvme_blocks_at_checkpoint, y.recovery_loaded, y.recovery_dropped_stale,
-                y.recovery_dropped_corrupt, y.nvme_resident, y.verified, y.strict ? "yes" : "no", y.acked,
-                y.acked_survived, y.acked_missing, y.acked_missing_erased, y.load_ms, y.ops);
+    std::printf("%5u %8.0f %8" PRId64 " %8" PRId64 " %6" PRId64 " %8" PRId64 " %8" PRId64 " %8" PRIu64 " %8" PRIu64
+                " %6s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %7" PRIu64 " %8.0f %6" PRIu64 "\n",
+                y.cycle, y.start_ms, y.reclaims_at_checkpoint, y.nvme_blocks_at_checkpoint, y.recovery_loaded,
+                y.recovery_dropped_stale, y.recovery_dropped_corrupt, y.nvme_resident, y.verified,
+                y.strict ? "yes" : "no", y.acked, y.acked_survived, y.acked_missing, y.acked_missing_erased, y.load_ms,
+                y.ops);
   }
-  std::printf("(per row: the restart after the previous row's kill; cp_nvme = the NVMe tier's blocks at the "
-              "checkpoint before that kill, reclaims = NVMe regions reclaimed by then)\n");
+  std::printf(
+      "(per row: the restart after the previous row's kill; cp_nvme = the NVMe tier's blocks at the "
+      "checkpoint before that kill, reclaims = NVMe regions reclaimed by then)\n");
   std::printf("blocks verified after restarts %" PRIu64 "; acknowledged durable %" PRIu64 ", survived %" PRIu64
               ", lost but reported missing %" PRIu64 " (%" PRIu64 " of them erased by the load)\n",
               c.blocks_verified, c.acked, c.acked_survived, c.lost_but_reported, c.lost_erased_by_load);
@@ -54,9 +55,9 @@ void PrintCrashLoop(const CrashLoopReport& c) {
 
 void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
   out << ",\n  \"crash_loop\": {\"kills\": " << (c.cycles.empty() ? 0 : c.cycles.size() - 1)
-      << ", \"seconds\": " << c.seconds << ", \"blocks_verified\": " << c.blocks_verified
-      << ", \"acked\": " << c.acked << ", \"acked_survived\": " << c.acked_survived
-      << ", \"lost_but_reported\": " << c.lost_but_reported << ", \"lost_erased_by_load\": " << c.lost_erased_by_load
+      << ", \"seconds\": " << c.seconds << ", \"blocks_verified\": " << c.blocks_verified << ", \"acked\": " << c.acked
+      << ", \"acked_survived\": " << c.acked_survived << ", \"lost_but_reported\": " << c.lost_but_reported
+      << ", \"lost_erased_by_load\": " << c.lost_erased_by_load
       << ", \"durability_violations\": " << c.durability_violations << ", \"repairs\": " << c.repairs
       << ", \"verify_violations\": " << c.verify_violations << ", \"verify_errors\": " << c.verify_errors
       << ",\n    \"problems\": [";
@@ -65,8 +66,9 @@ void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
   for (size_t i = 0; i < c.cycles.size(); ++i) {
     const CrashCycle& y = c.cycles[i];
     out << (i ? ",\n      " : "\n      ") << "{\"cycle\": " << y.cycle << ", \"start_ms\": " << y.start_ms
-        << ", \"recovery_loaded\": " << y.recovery_loaded << ", \"recovery_dropped_stale\": "
-        << y.recovery_dropped_stale << ", \"recovery_dropped_corrupt\": " << y.recovery_dropped_corrupt
+        << ", \"recovery_loaded\": " << y.recovery_loaded
+        << ", \"recovery_dropped_stale\": " << y.recovery_dropped_stale
+        << ", \"recovery_dropped_corrupt\": " << y.recovery_dropped_corrupt
         << ", \"nvme_resident\": " << y.nvme_resident << ", \"verified\": " << y.verified
         << ", \"strict\": " << (y.strict ? "true" : "false") << ", \"acked\": " << y.acked
         << ", \"acked_survived\": " << y.acked_survived << ", \"acked_missing\": " << y.acked_missing
@@ -83,8 +85,8 @@ void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
 int StressExitCode(const StressReport& r) {
   const CrashLoopReport& c = r.crash;
   if (r.tally.violations > 0 || r.daemon_died) return 1;
-  if (r.crash_loop && (c.durability_violations > 0 || c.repairs > 0 || c.verify_violations > 0 ||
-                       !c.problems.empty())) {
+  if (r.crash_loop &&
+      (c.durability_violations > 0 || c.repairs > 0 || c.verify_violations > 0 || !c.problems.empty())) {
     return 1;
   }
   if (r.tally.errors_total() > 0 || c.verify_errors > 0) return 3;
@@ -131,7 +133,10 @@ void PrintStressReport(const StressReport& r) {
   if (r.crash_loop) PrintCrashLoop(r.crash);
   const int code = StressExitCode(r);
   std::printf("\nresult: %s (rerun with --seed %" PRIu64 ")\n",
-              code == 0 ? "ok" : code == 3 ? "unexpected errors" : "FAILED", r.seed);
+              code == 0   ? "ok"
+              : code == 3 ? "unexpected errors"
+                          : "FAILED",
+              r.seed);
   std::fflush(stdout);
 }
 

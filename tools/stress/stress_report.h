@@ -34,12 +34,12 @@ struct CrashCycle {
   uint64_t acked = 0;
   uint64_t acked_survived = 0;
   uint64_t acked_missing = 0;
-  uint64_t acked_missing_erased = 0;  // of those, erased by the load after the checkpoint
-  int64_t reclaims_at_checkpoint = -1;  // NVMe regions reclaimed by then since that daemon started
+  uint64_t acked_missing_erased = 0;       // of those, erased by the load after the checkpoint
+  int64_t reclaims_at_checkpoint = -1;     // NVMe regions reclaimed by then since that daemon started
   int64_t nvme_blocks_at_checkpoint = -1;  // the NVMe tier's blocks then (Stats nvme.blocks); -1: no checkpoint
-  double load_ms = 0;       // load before the kill, both phases
-  uint64_t ops = 0;         // operations of this cycle's load
-  uint64_t violations = 0;  // of this cycle's verification (the load's are in the tally)
+  double load_ms = 0;                      // load before the kill, both phases
+  uint64_t ops = 0;                        // operations of this cycle's load
+  uint64_t violations = 0;                 // of this cycle's verification (the load's are in the tally)
 };
 
 struct CrashLoopReport {
@@ -54,7 +54,7 @@ struct CrashLoopReport {
   uint64_t lost_but_reported = 0;
   uint64_t lost_erased_by_load = 0;
   uint64_t durability_violations = 0;  // lost after a strict checkpoint, or an index that lost entries
-  uint64_t repairs = 0;  // restarts whose recovery dropped entries (stale or corrupt)
+  uint64_t repairs = 0;                // restarts whose recovery dropped entries (stale or corrupt)
   uint64_t verify_violations = 0;
   uint64_t verify_errors = 0;
   std::vector<std::string> problems;  // one line each
@@ -70,7 +70,7 @@ struct StressReport {
   std::string mix;
   StressTally tally;
   bool daemon_died = false;
-  std::string daemon_problem;          // why, or how the private daemon ended
+  std::string daemon_problem;            // why, or how the private daemon ended
   std::vector<Counter> daemon_counters;  // a few of note, read at the end
   bool crash_loop = false;
   CrashLoopReport crash;

@@ -20,16 +20,16 @@
 namespace kvtier::tools {
 
 enum class OpKind : uint8_t {
-  kPut = 0,   // Client::PutBatch (copies)
-  kReserve,   // Reserve, write in place, Commit (or Abort)
-  kSave,      // BeginSave, SaveLayer / LayerSpan + LayerWritten, FinishSave
-  kGet,       // Get / GetBatch into a buffer
-  kPin,       // zero-copy Pin, read the views, Release
-  kLookup,    // Lookup of a prefix
-  kErase,     // Erase of a chain's suffix
-  kLoad,      // BeginLoad, WaitLayer per layer (zero-copy or into buffers), End
-  kLayers,    // GetLayers of a layer range
-  kHint,      // Enqueue / Started / Finished / OpenSession / CloseSession
+  kPut = 0,  // Client::PutBatch (copies)
+  kReserve,  // Reserve, write in place, Commit (or Abort)
+  kSave,     // BeginSave, SaveLayer / LayerSpan + LayerWritten, FinishSave
+  kGet,      // Get / GetBatch into a buffer
+  kPin,      // zero-copy Pin, read the views, Release
+  kLookup,   // Lookup of a prefix
+  kErase,    // Erase of a chain's suffix
+  kLoad,     // BeginLoad, WaitLayer per layer (zero-copy or into buffers), End
+  kLayers,   // GetLayers of a layer range
+  kHint,     // Enqueue / Started / Finished / OpenSession / CloseSession
 };
 inline constexpr size_t kOpKinds = 10;
 std::string_view OpKindName(OpKind kind);

@@ -94,8 +94,7 @@ ValueCheck Classify(const ValueShape& shape, const BlockKey& key, uint32_t layer
   }
   size_t at = 0;
   while (at < got.size() && got[at] == want[at]) ++at;
-  const bool self_consistent =
-      LoadLe64(h + 40) == BlockChecksum(got.subspan(kStressHeaderBytes));
+  const bool self_consistent = LoadLe64(h + 40) == BlockChecksum(got.subspan(kStressHeaderBytes));
   return {Mismatch::kBytes, where + "byte " + std::to_string(at) + " differs (got 0x" +
                                 Hex64(static_cast<uint8_t>(got[at])).substr(14) + ", want 0x" +
                                 Hex64(static_cast<uint8_t>(want[at])).substr(14) + "); the layer's own checksum " +
@@ -137,8 +136,7 @@ uint32_t SharedBlocks(uint32_t chain, uint32_t chain_blocks) {
 
 uint64_t NamespaceTag(const NamespaceFingerprint& fingerprint) { return fingerprint.hi ^ fingerprint.lo; }
 
-void FillLayers(const ValueShape& shape, const BlockKey& key, uint32_t first, uint32_t last,
-                std::span<std::byte> out) {
+void FillLayers(const ValueShape& shape, const BlockKey& key, uint32_t first, uint32_t last, std::span<std::byte> out) {
   for (uint32_t l = first; l < last; ++l) {
     FillLayer(shape, key, l, out.subspan(uint64_t{l - first} * shape.layer_bytes, shape.layer_bytes));
   }
@@ -146,12 +144,18 @@ void FillLayers(const ValueShape& shape, const BlockKey& key, uint32_t first, ui
 
 std::string_view MismatchName(Mismatch mismatch) {
   switch (mismatch) {
-    case Mismatch::kNone: return "exact";
-    case Mismatch::kLength: return "wrong_length";
-    case Mismatch::kOtherKey: return "other_key";
-    case Mismatch::kOtherNamespace: return "other_namespace";
-    case Mismatch::kOtherLayer: return "other_layer";
-    case Mismatch::kBytes: return "wrong_bytes";
+    case Mismatch::kNone:
+      return "exact";
+    case Mismatch::kLength:
+      return "wrong_length";
+    case Mismatch::kOtherKey:
+      return "other_key";
+    case Mismatch::kOtherNamespace:
+      return "other_namespace";
+    case Mismatch::kOtherLayer:
+      return "other_layer";
+    case Mismatch::kBytes:
+      return "wrong_bytes";
   }
   return "unknown";
 }

@@ -49,8 +49,7 @@ uint64_t NamespaceTag(const NamespaceFingerprint& fingerprint);
 
 // Writes layers [first, last) of block `key` into `out`, which must be
 // (last - first) * layer_bytes long. Precondition: first < last <= layer_count.
-void FillLayers(const ValueShape& shape, const BlockKey& key, uint32_t first, uint32_t last,
-                std::span<std::byte> out);
+void FillLayers(const ValueShape& shape, const BlockKey& key, uint32_t first, uint32_t last, std::span<std::byte> out);
 inline void FillBlock(const ValueShape& shape, const BlockKey& key, std::span<std::byte> out) {
   FillLayers(shape, key, 0, shape.layer_count, out);
 }
@@ -93,8 +92,8 @@ struct StressNamespace {
 struct KeySpaceOptions {
   uint64_t seed = 1;
   uint32_t namespaces = 3;
-  uint32_t chains = 16;        // per namespace
-  uint32_t chain_blocks = 8;   // blocks per chain
+  uint32_t chains = 16;       // per namespace
+  uint32_t chain_blocks = 8;  // blocks per chain
 };
 
 class KeySpace {

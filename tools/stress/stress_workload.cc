@@ -54,8 +54,8 @@ std::string MixToString(const WorkloadMix& mix) {
   return out;
 }
 
-StressWorker::StressWorker(const KeySpace& space, Client& client, const WorkloadMix& mix, uint64_t seed,
-                           uint32_t index, const std::atomic<bool>& stop, const std::atomic<bool>& killed)
+StressWorker::StressWorker(const KeySpace& space, Client& client, const WorkloadMix& mix, uint64_t seed, uint32_t index,
+                           const std::atomic<bool>& stop, const std::atomic<bool>& killed)
     : space_(space),
       client_(client),
       stop_(stop),
@@ -82,21 +82,39 @@ void StressWorker::Run() {
 void StressWorker::RunOne(OpKind kind) {
   const uint64_t errors_before = tally_.errors_total() + tally_.after_kill;
   switch (kind) {
-    case OpKind::kPut: Put(); break;
-    case OpKind::kReserve: Reserve(); break;
-    case OpKind::kSave: Save(); break;
-    case OpKind::kGet: Get(); break;
-    case OpKind::kPin: PinViews(); break;
-    case OpKind::kLookup: Lookup(); break;
+    case OpKind::kPut:
+      Put();
+      break;
+    case OpKind::kReserve:
+      Reserve();
+      break;
+    case OpKind::kSave:
+      Save();
+      break;
+    case OpKind::kGet:
+      Get();
+      break;
+    case OpKind::kPin:
+      PinViews();
+      break;
+    case OpKind::kLookup:
+      Lookup();
+      break;
     case OpKind::kErase: {
       const Pick pick = PickPrefix();
       const size_t from = rng_() % pick.keys.size();
       EraseKeys(pick, pick.chain.subspan(from, pick.keys.size() - from));
       break;
     }
-    case OpKind::kLoad: Load(); break;
-    case OpKind::kLayers: GetLayers(); break;
-    case OpKind::kHint: Hint(); break;
+    case OpKind::kLoad:
+      Load();
+      break;
+    case OpKind::kLayers:
+      GetLayers();
+      break;
+    case OpKind::kHint:
+      Hint();
+      break;
   }
   // A daemon that is gone fails every call at once: do not spin on it.
   if (tally_.errors_total() + tally_.after_kill != errors_before) {
@@ -168,8 +186,8 @@ void StressWorker::EraseKeys(const Pick& pick, std::span<const BlockKey> keys) {
   t.latency.Add(NsSince(t0));
   if (!erased.ok()) return Error(OpKind::kErase, erased.status());
   if (*erased > keys.size()) {
-    return Violate(OpKind::kErase, pick, keys[0], "Erase of " + std::to_string(keys.size()) + " keys erased " +
-                                                      std::to_string(*erased));
+    return Violate(OpKind::kErase, pick, keys[0],
+                   "Erase of " + std::to_string(keys.size()) + " keys erased " + std::to_string(*erased));
   }
   t.ok += *erased;
   t.misses += keys.size() - *erased;

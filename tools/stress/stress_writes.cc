@@ -35,8 +35,9 @@ void StressWorker::Put() {
   ++t.ops;
   t.blocks += keys.size();
   if (statuses.size() != keys.size()) {
-    return Violate(OpKind::kPut, pick, keys[0], "PutBatch answered " + std::to_string(statuses.size()) +
-                                                    " statuses for " + std::to_string(keys.size()) + " keys");
+    return Violate(OpKind::kPut, pick, keys[0],
+                   "PutBatch answered " + std::to_string(statuses.size()) + " statuses for " +
+                       std::to_string(keys.size()) + " keys");
   }
   for (const Status& s : statuses) Count(OpKind::kPut, s);
 }
@@ -62,8 +63,9 @@ void StressWorker::Reserve() {
   auto& blocks = reservation->blocks();
   if (blocks.size() != pick.keys.size()) {
     t.latency.Add(NsSince(t0));
-    return Violate(OpKind::kReserve, pick, pick.keys[0], "Reserve answered " + std::to_string(blocks.size()) +
-                                                             " blocks for " + std::to_string(pick.keys.size()));
+    return Violate(
+        OpKind::kReserve, pick, pick.keys[0],
+        "Reserve answered " + std::to_string(blocks.size()) + " blocks for " + std::to_string(pick.keys.size()));
   }
   std::vector<bool> written(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -90,8 +92,9 @@ void StressWorker::Reserve() {
   const std::vector<Status> committed = reservation->Commit();
   t.latency.Add(NsSince(t0));
   if (committed.size() != blocks.size()) {
-    return Violate(OpKind::kReserve, pick, pick.keys[0], "Commit answered " + std::to_string(committed.size()) +
-                                                             " statuses for " + std::to_string(blocks.size()));
+    return Violate(
+        OpKind::kReserve, pick, pick.keys[0],
+        "Commit answered " + std::to_string(committed.size()) + " statuses for " + std::to_string(blocks.size()));
   }
   for (size_t i = 0; i < committed.size(); ++i) {
     if (written[i]) Count(OpKind::kReserve, committed[i]);
@@ -141,8 +144,8 @@ void StressWorker::Save() {
         const std::span<std::byte> dst = save->LayerSpan(i, l);
         if (!save->status(i).ok()) continue;
         if (dst.size() != shape.layer_bytes) {
-          Violate(OpKind::kSave, pick, pick.keys[i], "LayerSpan of an Ok block is " + std::to_string(dst.size()) +
-                                                         " bytes, not a layer");
+          Violate(OpKind::kSave, pick, pick.keys[i],
+                  "LayerSpan of an Ok block is " + std::to_string(dst.size()) + " bytes, not a layer");
           continue;
         }
         std::memcpy(dst.data(), Buffer(i, shape.block_bytes()).data() + uint64_t{l} * shape.layer_bytes, dst.size());
@@ -158,8 +161,9 @@ void StressWorker::Save() {
   t.latency.Add(NsSince(t0));
   if (!finished.ok()) return Error(OpKind::kSave, finished.status());
   if (finished->size() != pick.keys.size()) {
-    return Violate(OpKind::kSave, pick, pick.keys[0], "FinishSave answered " + std::to_string(finished->size()) +
-                                                          " statuses for " + std::to_string(pick.keys.size()));
+    return Violate(OpKind::kSave, pick, pick.keys[0],
+                   "FinishSave answered " + std::to_string(finished->size()) + " statuses for " +
+                       std::to_string(pick.keys.size()));
   }
   for (size_t i = 0; i < finished->size(); ++i) {
     Count(OpKind::kSave, save->status(i).ok() ? (*finished)[i] : save->status(i));

@@ -25,12 +25,14 @@ Status Validate(const MultiRoundQaOptions& o) {
   if (!(o.think_s >= 0) || !std::isfinite(o.think_s)) {
     return InvalidArgument("--think-s must be 0 or more, got " + Num(o.think_s));
   }
-  if (o.think != "exp" && o.think != "fixed") return InvalidArgument("--think must be exp or fixed, got '" + o.think + "'");
+  if (o.think != "exp" && o.think != "fixed")
+    return InvalidArgument("--think must be exp or fixed, got '" + o.think + "'");
   if (o.block_tokens < 1) return InvalidArgument("--block-tokens must be at least 1");
   // The longest prompt must fit the trace form's numbers with room to spare.
   const long double longest = (long double)o.system_tokens + o.history_tokens +
                               (long double)o.rounds * o.question_tokens + (long double)(o.rounds - 1) * o.answer_tokens;
-  if (longest > 1e15L) return InvalidArgument("the longest prompt would exceed 1e15 tokens: lower the lengths or --rounds");
+  if (longest > 1e15L)
+    return InvalidArgument("the longest prompt would exceed 1e15 tokens: lower the lengths or --rounds");
   if ((long double)o.users * o.rounds > 1e9L) return InvalidArgument("--users x --rounds must be at most 1e9");
   return Status::Ok();
 }
@@ -56,14 +58,13 @@ std::vector<std::vector<double>> DrawOffsets(const MultiRoundQaOptions& o) {
 // sessions end before enough of them have started to reach qps.
 Result<double> StartGap(const MultiRoundQaOptions& o) {
   if (o.users < 2) return 0.0;
-  const double session_s = double(o.rounds - 1) * o.think_s;  // mean
+  const double session_s = double(o.rounds - 1) * o.think_s;               // mean
   const double most_qps = double(o.users) * double(o.rounds) / session_s;  // inf when session_s is 0
   if (o.qps > most_qps) {
     return InvalidArgument("--qps " + Num(o.qps) + " is never reached: " + std::to_string(o.users) +
                            " users whose sessions last " + Num(session_s) + " s on average (--rounds " +
-                           std::to_string(o.rounds) + ", --think-s " + Num(o.think_s) +
-                           ") send at most " + Num(most_qps) +
-                           " requests/s together; lower --qps or --think-s, or raise --users");
+                           std::to_string(o.rounds) + ", --think-s " + Num(o.think_s) + ") send at most " +
+                           Num(most_qps) + " requests/s together; lower --qps or --think-s, or raise --users");
   }
   return double(o.rounds) / o.qps;
 }
@@ -109,8 +110,8 @@ Result<GeneratedTrace> GenerateMultiRoundQa(const MultiRoundQaOptions& o) {
       GeneratedRequest r;
       const double arrival_s = double(u) * *gap + offsets[u][k - 1];
       r.timestamp_ms = static_cast<uint64_t>(std::floor(arrival_s * 1000));
-      r.input_tokens = o.system_tokens + o.history_tokens + uint64_t{k} * o.question_tokens +
-                       uint64_t{k - 1} * o.answer_tokens;
+      r.input_tokens =
+          o.system_tokens + o.history_tokens + uint64_t{k} * o.question_tokens + uint64_t{k - 1} * o.answer_tokens;
       r.output_tokens = o.answer_tokens;
       r.session = u + 1;
       r.turn = k;
@@ -180,11 +181,12 @@ int RunMultiRoundQa(const MultiRoundQaOptions& o) {
   }
   const auto& rs = trace->requests;
   const double span_s = rs.empty() ? 0 : double(rs.back().timestamp_ms - rs.front().timestamp_ms) / 1000;
-  std::printf("%zu requests (%u users x %u rounds), %llu distinct blocks of %u tokens; users start every %.3f s "
-              "(%.3f requests/s once they overlap); first to last arrival %.3f s (%.3f requests/s on average): %s\n",
-              rs.size(), o.users, o.rounds, static_cast<unsigned long long>(trace->distinct_blocks), o.block_tokens,
-              trace->user_start_gap_s, trace->user_start_gap_s > 0 ? double(o.rounds) / trace->user_start_gap_s : 0.0,
-              span_s, span_s > 0 ? double(rs.size() - 1) / span_s : 0.0, o.out_path.c_str());
+  std::printf(
+      "%zu requests (%u users x %u rounds), %llu distinct blocks of %u tokens; users start every %.3f s "
+      "(%.3f requests/s once they overlap); first to last arrival %.3f s (%.3f requests/s on average): %s\n",
+      rs.size(), o.users, o.rounds, static_cast<unsigned long long>(trace->distinct_blocks), o.block_tokens,
+      trace->user_start_gap_s, trace->user_start_gap_s > 0 ? double(o.rounds) / trace->user_start_gap_s : 0.0, span_s,
+      span_s > 0 ? double(rs.size() - 1) / span_s : 0.0, o.out_path.c_str());
   return 0;
 }
 

@@ -62,7 +62,7 @@ struct MultiRoundQaOptions {
   std::string think = "exp";       // exp | fixed
   uint32_t block_tokens = 512;     // >= 1
   uint64_t seed = 1;
-  std::string out_path;            // required by the command
+  std::string out_path;  // required by the command
 };
 
 // One request of a generated trace, the fields of a JSONL line.
