@@ -19,6 +19,7 @@
 #include <string>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <system_error>
 #include <vector>
 #include <unistd.h>
 
@@ -99,6 +100,13 @@ std::vector<std::unique_ptr<asio::io_context>> MakeContexts(uint32_t count) {
   std::vector<std::unique_ptr<asio::io_context>> contexts;
   for (uint32_t i = 0; i < std::max<uint32_t>(count, 1); ++i) {
     contexts.push_back(std::make_unique<asio::io_context>(1));  // one thread each
+    // The context makes its reactor's descriptors (epoll, eventfd, timerfd)
+    // now. asio would make them for the first socket on the context, which
+    // for every context but the acceptor's is a connection being accepted:
+    // a descriptor limit reached then threw from the io thread and ended
+    // the daemon. Made here, it is an error of Start. A socket object,
+    // never opened, is what makes them.
+    asio::local::stream_protocol::socket reactor_maker(*contexts.back());
   }
   return contexts;
 }
@@ -194,7 +202,12 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, std:
   if (!gid.ok()) return gid.status();
   Status prepared = PrepareSocketPath(options.socket_path, *gid);
   if (!prepared.ok()) return prepared;
-  std::unique_ptr<Server> server(new Server(options, std::move(tenants), std::move(table)));
+  std::unique_ptr<Server> server;
+  try {
+    server.reset(new Server(options, std::move(tenants), std::move(table)));
+  } catch (const std::system_error& e) {  // an io context's descriptors (MakeContexts)
+    return IoError(std::string("cannot start the server's io threads: ") + e.what());
+  }
   asio::error_code ec;
   asio::local::stream_protocol::endpoint endpoint(options.socket_path);
   server->acceptor_.open(endpoint.protocol(), ec);
