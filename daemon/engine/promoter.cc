@@ -63,9 +63,12 @@ void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, 
   // grant, so that a client that verifies checks the bytes it reads.
   Status started = below.tier->ReadWithLayerChecksums(
       key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
-      [this, &below, finish, extent = *extent, bytes,
+      [this, &below, finish, batch, index, key, from, layers, extent = *extent, bytes,
        count = layers.last - layers.first](Result<BlockTier::LayerRead> r) {
         below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
+        if (r.status().code() == StatusCode::kNotFound && FollowLayersDown(batch, index, key, from, layers, extent)) {
+          return hooks_.io_finished();  // this attempt's
+        }
         if (!r.ok()) return finish(r.status(), extent, {});
         if (r->bytes != bytes) return finish(IoError("short layer read"), extent, {});
         if (r->layer_checksums.size() != count) {
@@ -75,8 +78,32 @@ void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, 
       });
   if (!started.ok()) {
     below.read_meter.Ended(0, clock_.NowUs());
+    if (started.code() == StatusCode::kNotFound && FollowLayersDown(batch, index, key, from, layers, *extent)) {
+      return hooks_.io_finished();  // this attempt's
+    }
     finish(started, *extent, {});
   }
+}
+
+bool Promoter::FollowLayersDown(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
+                                const Located& from, LayerSpan layers, HostTier::Extent extent) {
+  std::optional<Located> again = hooks_.find_below(key, from.info.ns);
+  if (!again || again->level <= from.level) return false;  // only further down, as FollowDown
+  // This attempt's space and pool share go back before the next one takes its own.
+  host_.Free(extent);
+  EndTransient((layers.last - layers.first) * (from.info.payload_bytes / from.info.layer_count));
+  Bump(counters_.layer_reads_followed_down);
+  hooks_.io_started();  // the job's, which it ends
+  const bool queued = retries_.RunAfter(0, [this, batch, index, key, again = *again, layers] {
+    ReadLayers(batch, index, key, again, layers);
+    hooks_.io_finished();
+  });
+  if (!queued) {
+    hooks_.io_finished();
+    Bump(counters_.pin_misses);
+    Resolve(batch, index, PinGrant{Busy("the retry queue is full; retry the layer read")});
+  }
+  return true;
 }
 
 void Promoter::Promote(const BlockKey& key, const Located& from) {

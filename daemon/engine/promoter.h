@@ -15,7 +15,8 @@
 // the tier under it between the pin's find and the read) is followed
 // down: when a lower tier holds the block now, the promotion reads it
 // from there instead (engine.promotions_followed_down), on the retry
-// scheduler, never on the tier's completion thread. A tier out of read staging
+// scheduler, never on the tier's completion thread; a layer read the same
+// way (engine.layer_reads_followed_down). A tier out of read staging
 // (a Busy start) is tried again kPromotionRetryPauseUs later on the
 // retry scheduler, on the injected clock, until kPromotionBusyWaitUs from
 // the first try (engine.promotion_retries each); then, or when the retry
@@ -142,6 +143,12 @@ class Promoter {
   // Starts a promotion of `key` from a tier under `from` that holds it
   // now; false when none does (or the retry queue is full).
   bool FollowDown(const BlockKey& key, const Located& from, uint64_t deadline_us);
+  // ReadLayers' FollowDown: when a lower tier than `from` holds the block,
+  // gives back this attempt's `extent` and pool share and reads the layers
+  // from there (on the retry scheduler); true when it took the read over
+  // (a full retry queue then resolves it Busy).
+  bool FollowLayersDown(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key, const Located& from,
+                        LayerSpan layers, HostTier::Extent extent);
 
   const std::vector<std::unique_ptr<BlockIndex>>& shards_;
   HostTier& host_;

@@ -385,5 +385,42 @@ TEST_F(PromoterTest, ABlockHandedDownBeforeTheReadIsReadFromTheTierUnderIt) {
   WaitIdle();
 }
 
+// The same for a layer read: the layers come from the tier under the one
+// the pin found the block in, the pool holds them once, and a block no
+// lower tier holds is a miss that gives back its share and space.
+TEST_F(PromoterTest, ALayerReadOfABlockHandedDownBeforeTheReadFollowsItDown) {
+  Promoter& promoter = Make();
+  const Located from = Store(7);
+  const std::vector<std::byte> bytes = BlockBytes(7);
+  ASSERT_TRUE(lower_map_
+                  .Write(
+                      kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                  .ok());
+  ASSERT_TRUE(map_.Erase(Key(7)).ok());  // handed down between the find and the read
+  std::promise<PinGrant> landed;
+  promoter.ReadLayers(Batch(landed), 0, Key(7), from, LayerSpan{1, 3});
+  const PinGrant g = landed.get_future().get();
+  ASSERT_TRUE(g.status.ok()) << g.status.ToString();
+  const std::span<const std::byte> layers = std::span<const std::byte>(bytes).subspan(kLayerBytes, 2 * kLayerBytes);
+  EXPECT_EQ(Arena(g.offset, g.length), std::vector<std::byte>(layers.begin(), layers.end()));
+  ASSERT_EQ(g.layer_checksums.size(), 2u);
+  EXPECT_EQ(g.layer_checksums[1], BlockChecksum(layers.last(kLayerBytes)));
+  EXPECT_EQ(counters_.layer_reads_followed_down.load(), 1);
+  EXPECT_EQ(counters_.layer_reads.load(), 1);
+  EXPECT_EQ(promoter.transient_bytes(), 2 * kLayerBytes) << "the pool holds the read once";
+  EXPECT_EQ(host_->used_bytes(), 2 * kLayerBytes) << "the first try's space was given back";
+  EXPECT_FALSE(Entry(Key(7)).has_value()) << "the block is not promoted";
+
+  const Located gone = Store(8);
+  ASSERT_TRUE(map_.Erase(Key(8)).ok());  // and no tier under it has it
+  std::promise<PinGrant> missed;
+  promoter.ReadLayers(Batch(missed), 0, Key(8), gone, LayerSpan{0, 1});
+  EXPECT_EQ(missed.get_future().get().status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(counters_.layer_reads_followed_down.load(), 1) << "nothing under it to follow";
+  EXPECT_EQ(promoter.transient_bytes(), 2 * kLayerBytes) << "the miss gave its share back";
+  EXPECT_EQ(host_->used_bytes(), 2 * kLayerBytes);
+  WaitIdle();
+}
+
 }  // namespace
 }  // namespace kvtier
