@@ -32,7 +32,7 @@ struct EngineCounters {
   std::atomic<int64_t> demotions_queued{0};     // demotions a busy tier left to the demoter
   std::atomic<int64_t> demotion_busy_drops{0};  // dropped: tier busy, demoter full or wait over
   std::atomic<int64_t> promotion_retries{0}, promotions_followed_down{0}, prefetch_plans_busy{0};
-  std::atomic<int64_t> layer_reads_followed_down{0};
+  std::atomic<int64_t> layer_reads_followed_down{0}, load_reads_followed_down{0};
   std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
   // Blocks clients reported as not matching their checksums: checked,
   // confirmed and dropped, found intact (kept).

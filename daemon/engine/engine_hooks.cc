@@ -81,6 +81,7 @@ LayerStreamer::Hooks Engine::StreamerHooks() {
   hooks.io_finished = [this] { IoFinished(); };
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };
   hooks.source = [this](size_t level) -> TierLevel& { return SourceAt(level); };
+  hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) { return FindBelow(key, ns); };
   return hooks;
 }
 

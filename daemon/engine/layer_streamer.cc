@@ -1,5 +1,7 @@
 #include "daemon/engine/layer_streamer.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -15,7 +17,8 @@ struct LayerStreamer::LayerStream {
   struct Block {
     size_t index = 0;  // in the load
     BlockKey key;
-    size_t level = 0;  // the tier below it is read from
+    NamespaceFingerprint ns;
+    size_t level = 0;  // the tier below its next reads go to (lower once followed down)
     HostTier::Extent extent;
     uint64_t checksum = 0;
     std::vector<uint64_t> layer_checksums;  // per layer, as each lands (verified by the tier)
@@ -28,10 +31,13 @@ struct LayerStreamer::LayerStream {
   };
   Mutex mu;  // a leaf
   // Filled by Start before the stream is shared; after, each Block's
-  // index, key, level and extent are read-only and its other fields are
+  // index, key, ns and extent are read-only and its other fields are
   // guarded by mu.
   std::vector<Block> blocks;
   size_t next GUARDED_BY(mu) = 0;  // next read: layer next / blocks.size(), block next % blocks.size()
+  // Reads to go again, from the level their block was followed down to:
+  // (block, layer), before `next`'s.
+  std::vector<std::pair<size_t, uint32_t>> redo GUARDED_BY(mu);
   size_t in_flight GUARDED_BY(mu) = 0;
   bool pumping GUARDED_BY(mu) = false;  // one thread submits at a time (keeps the order)
   bool pump_again GUARDED_BY(mu) = false;
@@ -82,6 +88,7 @@ void LayerStreamer::Start(const std::shared_ptr<LoadRecord>& load, std::span<con
     LayerStream::Block b;
     b.index = c.index;
     b.key = c.key;
+    b.ns = c.from.info.ns;
     b.level = c.from.level;
     b.extent = *extent;
     b.checksum = c.from.info.payload_checksum;
@@ -111,40 +118,55 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
   const size_t total = n * stream->layers;
   do {
     stream->pump_again = false;
-    while (stream->next < total) {
+    while (!stream->redo.empty() || stream->next < total) {
+      const bool again_read = !stream->redo.empty();
       const size_t item = stream->next;
-      LayerStream::Block& b = stream->blocks[item % n];
-      const uint32_t layer = static_cast<uint32_t>(item / n);
+      const std::pair<size_t, uint32_t> next_read =
+          again_read ? stream->redo.back() : std::pair{item % n, static_cast<uint32_t>(item / n)};
+      const size_t block = next_read.first;
+      const uint32_t layer = next_read.second;
+      LayerStream::Block& b = stream->blocks[block];
+      const auto advance = [&stream, again_read] {
+        stream->mu.AssertHeld();  // called only below, under `lock`
+        if (again_read) {
+          stream->redo.pop_back();
+        } else {
+          ++stream->next;
+        }
+      };
       if (b.failed) {
-        ++stream->next;
+        advance();
         continue;
       }
       // A block's later layers go once its first landed: the tier then
       // knows the block's record (the NVMe tier reads its header once),
       // and a block that fails at once costs one read. The order stays.
-      if (layer > 0 && b.landed == 0) break;
+      if (!again_read && layer > 0 && b.landed == 0) break;
       ++b.in_flight;
       ++stream->in_flight;
-      ++stream->next;
-      const size_t block = item % n;
-      BlockTier& tier = *hooks_.source(b.level).tier;
+      advance();
+      const size_t level = b.level;
+      TierLevel& below = hooks_.source(level);
+      BlockTier& tier = *below.tier;
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
-      TierLevel& below = hooks_.source(b.level);
       lock.Unlock();
       below.read_meter.Started(clock_.NowUs());
       // The layer's checksum from a tier that keeps them, or hashed when the
       // load verifies (its board needs it); else a plain read.
-      Status started = tier.keeps_layer_checksums() || stream->load->verify
-                           ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
-                                                         [this, stream, block, layer](Result<BlockTier::LayerRead> r) {
-                                                           ReadDone(stream, block, layer, std::move(r));
-                                                         })
-                           : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer](Result<size_t> r) {
-                               if (!r.ok()) return ReadDone(stream, block, layer, r.status());
-                               ReadDone(stream, block, layer, BlockTier::LayerRead{*r, {}});
-                             });
+      Status started =
+          tier.keeps_layer_checksums() || stream->load->verify
+              ? tier.ReadWithLayerChecksums(key, layer, layer + 1, dst,
+                                            [this, stream, block, layer, level](Result<BlockTier::LayerRead> r) {
+                                              ReadDone(stream, block, layer, level, std::move(r));
+                                            })
+              : tier.Read(key, layer, layer + 1, dst, [this, stream, block, layer, level](Result<size_t> r) {
+                  if (!r.ok()) return ReadDone(stream, block, layer, level, r.status());
+                  ReadDone(stream, block, layer, level, BlockTier::LayerRead{*r, {}});
+                });
       if (!started.ok()) below.read_meter.Ended(0, clock_.NowUs());
+      const std::optional<size_t> down =
+          started.code() == StatusCode::kNotFound ? LevelDown(*stream, block, level) : std::nullopt;
       lock.Lock();
       if (started.ok()) {
         Bump(counters_.load_layer_reads);
@@ -154,7 +176,12 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
       --again.in_flight;
       --stream->in_flight;
       if (started.code() == StatusCode::kBusy) {
-        stream->next = item;  // this read again, later
+        // This read again, later.
+        if (again_read) {
+          stream->redo.emplace_back(block, layer);
+        } else {
+          stream->next = item;
+        }
         if (stream->in_flight == 0) {
           if (clock_.NowUs() < stream->last_progress_us + kStreamBusyWaitUs) {
             retry_later = true;
@@ -167,6 +194,12 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
           }
         }
         break;
+      }
+      if (down && !again.failed) {
+        again.level = std::max(again.level, *down);
+        stream->redo.emplace_back(block, layer);
+        Bump(counters_.load_reads_followed_down);
+        continue;
       }
       if (stream->Fail(again, started)) {
         finish.push_back(Finish{again.key, again.failure, again.extent, again.checksum});
@@ -200,9 +233,20 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
   }
 }
 
-void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
+std::optional<size_t> LayerStreamer::LevelDown(const LayerStream& stream, size_t block, size_t level) const {
+  const LayerStream::Block& b = stream.blocks[block];  // its key and ns are read-only
+  std::optional<Located> again = hooks_.find_below(b.key, b.ns);
+  // Only further down (so a block moves at most the stack's depth), and
+  // never to the tier above, whose evictions go to the host tier.
+  if (!again || again->level <= level) return std::nullopt;
+  return again->level;
+}
+
+void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer, size_t level,
                              Result<BlockTier::LayerRead> read) {
-  hooks_.source(stream->blocks[block].level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
+  hooks_.source(level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
+  const std::optional<size_t> down =
+      read.status().code() == StatusCode::kNotFound ? LevelDown(*stream, block, level) : std::nullopt;
   uint64_t layer_checksum = 0;
   bool landed = false;
   bool finish = false;
@@ -214,6 +258,14 @@ void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t 
     --b.in_flight;
     --stream->in_flight;
     stream->last_progress_us = clock_.NowUs();
+    if (down && !b.failed) {
+      // Read again from the level under it; nothing lands or fails now.
+      b.level = std::max(b.level, *down);
+      stream->redo.emplace_back(block, layer);
+      Bump(counters_.load_reads_followed_down);
+      lock.Unlock();
+      return Pump(stream);
+    }
     const bool with_sum = read.ok() && read->layer_checksums.size() == 1;
     if (read.ok() && read->bytes == stream->layer_bytes && (with_sum || !stream->load->verify) && !b.failed) {
       landed = true;

@@ -15,6 +15,12 @@
 // failed read fails its block alone: its promotion ends with the failure
 // once none of its reads is in flight; the other blocks go on.
 //
+// A read the tier answers NotFound (its reclaim handed the block to the
+// tier under it between the claim's find and the read, or between two of
+// the block's layers) is followed down: when a lower tier holds the block
+// now, that layer and the block's later ones are read from there
+// (engine.load_reads_followed_down each); the layers already landed stay.
+//
 // A tier out of read staging (Busy) with none of the stream's reads in
 // flight is tried again kStreamRetryPauseUs later on the retry scheduler,
 // on the injected clock (engine.load_busy_retries each), until
@@ -35,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "common/clock.h"
@@ -62,6 +69,8 @@ class LayerStreamer {
     std::function<Result<HostTier::Extent>(uint64_t bytes)> allocate;
     // The record of the level a Located names; it outlives the streamer.
     std::function<TierLevel&(size_t level)> source;
+    // The highest level below the host holding `key` under `ns` now.
+    std::function<std::optional<Located>(const BlockKey& key, const NamespaceFingerprint& ns)> find_below;
   };
   static constexpr uint64_t kStreamBusyWaitUs = 2'000'000;
   static constexpr uint64_t kStreamRetryPauseUs = 1'000;
@@ -83,8 +92,12 @@ class LayerStreamer {
   struct LayerStream;
   // Submits the stream's next layer reads in order until the tier is busy.
   void Pump(const std::shared_ptr<LayerStream>& stream);
-  void ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer,
+  // `level`: the one the read went to.
+  void ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer, size_t level,
                 Result<BlockTier::LayerRead> read);
+  // The level under `level` that holds the block of `stream`'s `block`
+  // now, if any (no lock held: it asks the tiers).
+  std::optional<size_t> LevelDown(const LayerStream& stream, size_t block, size_t level) const;
 
   HostTier& host_;
   const Clock& clock_;

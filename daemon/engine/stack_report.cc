@@ -133,6 +133,7 @@ void StackReport::VisitEngineCounters(CounterVisitor& v) const {
   v.Visit("engine.promotion_retries", Load(c.promotion_retries));
   v.Visit("engine.promotions_followed_down", Load(c.promotions_followed_down));
   v.Visit("engine.layer_reads_followed_down", Load(c.layer_reads_followed_down));
+  v.Visit("engine.load_reads_followed_down", Load(c.load_reads_followed_down));
   v.Visit("engine.prefetch_plans_busy", Load(c.prefetch_plans_busy));
   // Layer-wise loads: started, their blocks, those streamed from below
   // layer by layer, the layer reads, blocks that failed, busy retries.

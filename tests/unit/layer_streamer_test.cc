@@ -50,12 +50,17 @@ std::vector<std::byte> BlockBytes(uint64_t i) {
 
 // The tier below: records each read started (key, first layer) in order,
 // fails every read of a key in `failing` (IoError, on its thread), and
-// refuses every read while `busy`.
+// refuses every read while `busy`. It hands a key in `handed_down` to the
+// tier under it (drops it: the test stored it there) at the key's first
+// read of a layer past 0, which then starts NotFound; and a key in
+// `vanishing` at its first read, which then completes NotFound (the
+// record reclaimed while it was read).
 class ScriptedTier final : public ForwardingTier {
  public:
   using ForwardingTier::ForwardingTier;
   std::atomic<bool> busy{false};
-  std::set<BlockKey> failing;  // set before the stream starts
+  std::set<BlockKey> failing;                 // set before the stream starts
+  std::set<BlockKey> handed_down, vanishing;  // likewise
 
   Status Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
               ReadDone done) override {
@@ -63,6 +68,13 @@ class ScriptedTier final : public ForwardingTier {
     {
       std::lock_guard lock(mu_);
       reads_.emplace_back(key, first_layer);
+    }
+    if (handed_down.count(key) != 0 && first_layer > 0) (void)ForwardingTier::Erase(key);
+    if (vanishing.count(key) != 0) {
+      (void)ForwardingTier::Erase(key);
+      return ForwardingTier::Read(key, first_layer, last_layer, dst, [key, done = std::move(done)](Result<size_t>) {
+        done(NotFound("scripted: block " + key.ToHex() + " was reclaimed during the read"));
+      });
     }
     const bool fail = failing.count(key) != 0;
     return ForwardingTier::Read(key, first_layer, last_layer, dst, [fail, done = std::move(done)](Result<size_t> r) {
@@ -91,17 +103,26 @@ class LayerStreamerTest : public ::testing::Test {
     ASSERT_NE(host_, nullptr);
     shards_ = ::kvtier::testing::MakeShards(*host_, kShards);
     level_.tier = &below_;
+    lower_level_.tier = &lower_map_;
     Promoter::Hooks hooks;
     hooks.io_started = [this] { ++io_started_; };
     hooks.io_finished = [this] { ++io_finished_; };
     hooks.allocate = [this](uint64_t bytes) { return host_->Allocate(bytes); };
-    hooks.source = [this](size_t) -> TierLevel& { return level_; };
+    hooks.source = [this](size_t level) -> TierLevel& { return level == 0 ? level_ : lower_level_; };
+    hooks.find_below = [this](const BlockKey& key, const NamespaceFingerprint& ns) -> std::optional<Located> {
+      for (size_t level = 0; level < 2; ++level) {
+        std::optional<BlockTier::BlockInfo> info = (level == 0 ? level_ : lower_level_).tier->Find(key);
+        if (info && info->ns == ns) return Located{level, *info};
+      }
+      return std::nullopt;
+    };
     hooks.pin = ::kvtier::testing::PinCommitted;
     hooks.layer_count = [](const NamespaceFingerprint&, uint64_t size) { return size == kBlockBytes ? kLayers : 1u; };
     hooks.next_handle = [this] { return next_handle_++; };
     hooks.prefetch_read_ended = [](bool) {};
     promoter_ = std::make_unique<Promoter>(shards_, *host_, clock_, retries_, kBlockBytes, counters_, hooks);
-    LayerStreamer::Hooks stream_hooks{hooks.io_started, hooks.io_finished, hooks.allocate, hooks.source};
+    LayerStreamer::Hooks stream_hooks{hooks.io_started, hooks.io_finished, hooks.allocate, hooks.source,
+                                      hooks.find_below};
     streamer_ = std::make_unique<LayerStreamer>(*host_, clock_, retries_, *promoter_, counters_, stream_hooks);
   }
   void TearDown() override {
@@ -178,6 +199,8 @@ class LayerStreamerTest : public ::testing::Test {
   MapTier map_;
   ScriptedTier below_{map_};
   TierLevel level_;
+  MapTier lower_map_;  // the tier under it (level 1)
+  TierLevel lower_level_;
   RetryScheduler retries_{"test.retries", clock_, 64};
   std::atomic<int> io_started_{0}, io_finished_{0};
   std::atomic<BlockHandle> next_handle_{1};
@@ -255,6 +278,38 @@ TEST_F(LayerStreamerTest, ATierBusyPastTheWaitFailsEveryBlockWithBusy) {
   for (size_t b = 0; b < 2; ++b) EXPECT_EQ(grants[b].status.code(), StatusCode::kBusy) << b;
   EXPECT_EQ(counters_.load_busy_retries.load(), 2);
   EXPECT_EQ(host_->used_bytes(), load_->board_extent.length) << "only the board holds arena space";
+}
+
+// A block the tier hands to the tier under it between the claim and a
+// read (here: after its layer 0 landed, and during its first read) is
+// followed down: its other layers come from there, and the load lands
+// every block byte-exact.
+TEST_F(LayerStreamerTest, ABlockHandedDownMidStreamIsReadOnFromTheTierUnderIt) {
+  for (uint64_t i : {1, 2}) {
+    const std::vector<std::byte> bytes = BlockBytes(i);
+    ASSERT_TRUE(lower_map_
+                    .Write(
+                        kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                    .ok());
+  }
+  below_.handed_down.insert(Key(1));
+  below_.vanishing.insert(Key(2));
+  const std::vector<PinGrant> grants = Load(3).get();
+  for (size_t b = 0; b < 3; ++b) {
+    ASSERT_TRUE(grants[b].status.ok()) << b << ": " << grants[b].status.ToString();
+    EXPECT_EQ(Arena(grants[b].offset, grants[b].length), BlockBytes(b)) << b;
+  }
+  EXPECT_EQ(counters_.load_reads_followed_down.load(), 2) << "one read again per block, then its level is the lower";
+  EXPECT_EQ(counters_.promotions.load(), 3);
+  EXPECT_EQ(counters_.promotion_failures.load(), 0);
+  EXPECT_EQ(Board().layers_ready(), kLayers);
+  size_t upper_reads_of_1 = 0, upper_reads_of_2 = 0;
+  for (const auto& [key, layer] : below_.reads()) {
+    upper_reads_of_1 += key == Key(1);
+    upper_reads_of_2 += key == Key(2);
+  }
+  EXPECT_EQ(upper_reads_of_1, 2u) << "layer 0, and the layer that found it gone";
+  EXPECT_EQ(upper_reads_of_2, 1u);
 }
 
 }  // namespace
