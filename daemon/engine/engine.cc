@@ -122,7 +122,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : options.prefetch_share, options.prefetch_min_blocks,
                                      host.capacity_bytes()};
   engine->prefetcher_ =
-      std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
+      std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchHooks(), clock, engine->counters_);
   engine->pinner_ =
       std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_, engine->PinnerHooks());
   engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
@@ -156,11 +156,7 @@ void Engine::IoFinished() {
 }
 
 std::optional<Located> Engine::FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const {
-  for (size_t level = 0; level < below_.size(); ++level) {
-    std::optional<BlockTier::BlockInfo> info = below_[level]->tier->Find(key);
-    if (info && info->ns == ns) return Located{level, *info};
-  }
-  return std::nullopt;
+  return ::kvtier::FindBelow(below_, key, ns);
 }
 
 std::optional<Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {

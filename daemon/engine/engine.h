@@ -296,9 +296,8 @@ class Engine {
   // Runs Prefetch on the reader soon (one plan pending at most): request
   // threads call this, never Prefetch (a plan scans the queue).
   void SchedulePrefetch();
-  // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // other parts' into the engine (engine_hooks.cc).
-  Prefetcher::Stack PrefetchStack();
+  // The parts' hooks into the engine and the stack (engine_hooks.cc).
+  Prefetcher::Stack PrefetchHooks();
   Demoter::Hooks DemoterHooks();
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();

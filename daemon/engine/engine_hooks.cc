@@ -7,8 +7,13 @@
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
+#include "daemon/engine/prefetch_stack.h"
 
 namespace kvtier {
+
+Prefetcher::Stack Engine::PrefetchHooks() {
+  return MakePrefetchStack({shards_, below_, *promoter_, [this] { prefetcher_->ReadStarted(); }});
+}
 
 Demoter::Hooks Engine::DemoterHooks() {
   Demoter::Hooks hooks;
