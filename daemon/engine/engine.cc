@@ -8,7 +8,6 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine/block_index.h"
-#include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
 namespace {
@@ -33,7 +32,6 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks(), clock)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
-      host_block_tier_(std::make_unique<HostBlockTier>(*this)),
       host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
   // A random start below 2^55 (never 0, and 2^55 grants before the shift
   // overflows): lease numbers do not repeat across daemon starts.
@@ -125,6 +123,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchHooks(), clock, engine->counters_);
   engine->pinner_ =
       std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_, engine->PinnerHooks());
+  engine->host_block_tier_ = std::make_unique<HostBlockTier>(
+      engine->shards_, host, clock, *engine->writer_, *engine->pinner_, *engine->host_io_, engine->HostTierHooks());
   engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,

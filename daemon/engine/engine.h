@@ -57,6 +57,7 @@
 #include "daemon/engine/above_mover.h"
 #include "daemon/engine/corruption_check.h"
 #include "daemon/engine/holder.h"
+#include "daemon/engine/host_block_tier.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/loader.h"
@@ -89,7 +90,6 @@ namespace kvtier {
 
 class BlockIndex;
 struct PinBatch;
-class HostBlockTier;
 
 class Engine {
  public:
@@ -265,8 +265,6 @@ class Engine {
   void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:
-  friend class HostBlockTier;  // the host tier's BlockTier face works on the index
-
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
   static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();  // Located::level above the host
@@ -308,6 +306,7 @@ class Engine {
   Loader::Hooks LoaderHooks();
   StackReport::Hooks ReportHooks();
   CorruptionCheck::Hooks CorruptionHooks();
+  HostBlockTier::Hooks HostTierHooks();
 
   HostTier& host_;
   const Clock& clock_;
