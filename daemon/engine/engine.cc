@@ -259,14 +259,7 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t load) { return loader_-
 void Engine::CloseConnection(ConnectionId connection) {
   queue_.DropConnection(connection);
   loader_->EndAll(connection);
-  writer_->DropConnection(connection);
-  const uint64_t now = clock_.NowUs();
-  for (auto& shard_ptr : shards_) {
-    BlockIndex& shard = *shard_ptr;
-    MutexLock lock(shard.mu);
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection))
-      promoter_->EndTransient(shard.Unpin(record, now));
-  }
+  pinner_->EndConnection(connection);  // its reservations and leases, in one walk
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }
