@@ -32,12 +32,14 @@ struct LoadRecord {
 
   ConnectionId connection = 0;
   uint64_t id = 0;
-  HostTier::Extent board_extent;
   uint32_t layers = 1;
   uint64_t layer_bytes = 0;
   bool verify = false;  // the board has the layer checksum table
 
   Mutex mu;
+  // The board's arena space: set when the load opens, freed (and cleared)
+  // by whoever sees it ended with every block resolved.
+  HostTier::Extent board_extent GUARDED_BY(mu);
   // Guarded by mu, but for in_place, ns and keys: set before the load is
   // shared, read-only after.
   LoadBoardWriter board GUARDED_BY(mu);
