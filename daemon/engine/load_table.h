@@ -21,6 +21,7 @@
 #include "common/load_board.h"
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
+#include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
 #include "kvtier/result.h"
 #include "tiers/host/host_tier.h"
@@ -28,8 +29,6 @@
 namespace kvtier {
 
 struct LoadRecord {
-  using LeaseId = uint64_t;
-
   ConnectionId connection = 0;
   uint64_t id = 0;
   uint32_t layers = 1;
