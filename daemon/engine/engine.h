@@ -67,6 +67,7 @@
 #include "daemon/engine/namespace_registry.h"
 #include "daemon/engine/pinner.h"
 #include "daemon/engine/prefetcher.h"
+#include "daemon/engine/preload_rates.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/stack_report.h"
@@ -190,18 +191,17 @@ class Engine {
     corruption_->Check(ns, keys, std::move(done));
   }
 
-  // Preload planning (policy/preload_planner.h) with `source`'s read
-  // bandwidth: for a tier below, the 10th percentile of the rates its
-  // read meter sampled (ReadMeter, read_meter.h: bytes over busy time of
-  // promotions, layer reads and loads; its initial estimate before any)
-  // plus kBelowLayerOverheadUs
-  // a layer (one read's submission and completion); for the host tier,
-  // memcpy's rate, measured once on first use. A 10% margin on top.
+  // Preload planning (policy/preload_planner.h) with `source`'s measured
+  // read bandwidth, as PreloadRates (preload_rates.h) says: a tier
+  // below's read meter plus kBelowLayerOverheadUs a layer, the host
+  // tier's memcpy rate (measured once, on first use), a 10% margin.
   // InvalidArgument for no layers, no bytes or a negative or non-finite
-  // time; NotFound when the daemon has no such tier. Engine_preload.cc.
-  static constexpr double kBelowLayerOverheadUs = 20;
+  // time; NotFound when the daemon has no such tier.
+  static constexpr double kBelowLayerOverheadUs = PreloadRates::kBelowLayerOverheadUs;
   Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
-                                  double recompute_us_per_layer);
+                                  double recompute_us_per_layer) {
+    return preload_.Plan(source, bytes_per_layer, compute_us_per_layer, layers, recompute_us_per_layer);
+  }
 
   // Layer-wise loads: the Loader's Begin and End (loader.h says what they
   // promise); CloseConnection ends a connection's loads.
@@ -311,9 +311,8 @@ class Engine {
   HostTier& host_;
   const Clock& clock_;
   std::vector<std::unique_ptr<TierLevel>> below_;  // the tiers below the host, highest first
-  bool probing_ = false;  // some tier of below_ has a prober (BlockTier::prober), set at Create
-  std::once_flag host_copy_measured_;
-  double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
+  bool probing_ = false;          // some tier of below_ has a prober (BlockTier::prober), set at Create
+  PreloadRates preload_{below_};  // preload plans with the stack's measured rates (preload_rates.h)
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
