@@ -130,6 +130,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());
   }
+  Eraser::Hooks erase;
+  if (engine->above_ != nullptr) {
+    erase.erase_above = [above = engine->above_.get()](const NamespaceFingerprint& ns, const BlockKey& key,
+                                                       bool moving) { return above->Erase(ns, key, moving); };
+  }
+  engine->eraser_ = std::make_unique<Eraser>(engine->shards_, engine->below_, engine->counters_, std::move(erase));
   engine->loader_ = std::make_unique<Loader>(host, engine->counters_, engine->LoaderHooks());  // after above_
   engine->report_ = std::make_unique<StackReport>(
       StackReport::Stack{engine->above_.get(), *engine->host_block_tier_, host, engine->below_}, engine->shards_,
@@ -213,40 +219,7 @@ void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   holder_->EndHolds(ns, keys);  // an erased block is held no longer (holder.h)
-  size_t erased = 0;
-  for (const BlockKey& key : keys) {
-    BlockIndex& shard = ShardFor(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    bool found = false;
-    // A block on its way between tiers is erased in both: a promotion ends
-    // as a miss, and a demotion's write in flight is cancelled by the
-    // tier's Erase below.
-    bool moving = false;
-    if (it != shard.index.end() && it->second.ns == ns) {
-      if (it->second.cached()) {
-        shard.RemoveCommitted(it);
-        found = true;
-      } else if (it->second.promoting()) {
-        shard.EraseWhilePromoting(it);
-        moving = true;
-      }
-    }
-    auto demoting = shard.demoting.find(key);
-    if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
-      // A write not started yet never starts, one done is undone.
-      shard.EraseWhileDemoting(demoting);
-      moving = true;
-    }
-    for (const auto& b : below_) {
-      auto info = b->tier->Find(key);
-      if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
-    }
-    if (above_ != nullptr && above_->Erase(ns, key, moving)) found = true;
-    if (found || moving) ++erased;
-  }
-  Bump(counters_.erases, static_cast<int64_t>(erased));
-  return erased;
+  return eraser_->Erase(ns, keys);
 }
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,

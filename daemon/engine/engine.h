@@ -75,6 +75,7 @@
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/demoter.h"
 #include "daemon/engine/engine_types.h"
+#include "daemon/engine/eraser.h"
 #include "daemon/engine/evictor.h"
 #include "daemon/engine/tier_admission.h"
 #include "daemon/engine/writer.h"
@@ -178,7 +179,8 @@ class Engine {
   void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
   void RecordBadUsageReport();  // a usage report with an unknown namespace or bad keys
 
-  // Removes committed blocks from every tier; returns how many there were.
+  // Removes committed blocks from every tier (eraser.h), their operator
+  // holds ended; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
   // A client's verified read of `keys` of `ns` did not match their
@@ -358,6 +360,7 @@ class Engine {
   std::unique_ptr<Pinner> pinner_;
   std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
   std::unique_ptr<Loader> loader_;  // layer-wise loads (loader.h); made by Create
+  std::unique_ptr<Eraser> eraser_;  // erases from every tier (eraser.h); made by Create
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's
