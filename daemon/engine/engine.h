@@ -16,11 +16,14 @@
 // releases, reported uses), the promoter and layer streamer (promoter.h,
 // layer_streamer.h: up into the arena, whole or layer by layer), the above
 // mover (above_mover.h: the tier above the host), queue hints and prefetch
-// (request_queue.h, prefetcher.h), the loader (loader.h: layer-wise loads
-// and their boards), operator holds (holder.h), its reports on the stack
-// (stack_report.h: counters, health, namespace use) and the check of
-// corruption reports (corruption_check.h). The parts reach the engine only
-// through the hooks it gives them (engine_hooks.cc).
+// (request_queue.h, prefetcher.h, its view of the stack prefetch_stack.h),
+// the loader (loader.h: layer-wise loads and their boards), operator holds
+// (holder.h), the eraser (eraser.h: every tier), preload plans
+// (preload_rates.h), its reports on the stack (stack_report.h: counters,
+// health, namespace use), the check of corruption reports
+// (corruption_check.h) and the host tier's BlockTier face
+// (host_block_tier.h). The parts reach the engine only through the hooks
+// it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
