@@ -8,7 +8,6 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "daemon/engine/block_index.h"
-#include "daemon/engine/host_block_tier.h"
 
 namespace kvtier {
 namespace {
@@ -33,7 +32,6 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
       streamer_(std::make_unique<LayerStreamer>(host, clock, *retries_, *promoter_, counters_, StreamerHooks())),
       demoter_(std::make_unique<Demoter>(below_, options.demotion_buffer_bytes, counters_, DemoterHooks(), clock)),
       reader_(std::make_unique<Mover>("engine.reader", 1, 0, kMoverJobs)),
-      host_block_tier_(std::make_unique<HostBlockTier>(*this)),
       host_io_(std::make_unique<Mover>("engine.host_io", 1, 0, kMoverJobs)) {
   // A random start below 2^55 (never 0, and 2^55 grants before the shift
   // overflows): lease numbers do not repeat across daemon starts.
@@ -122,14 +120,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   const Prefetcher::Options prefetch{engine->below_.empty() ? 0.0 : options.prefetch_share, options.prefetch_min_blocks,
                                      host.capacity_bytes()};
   engine->prefetcher_ =
-      std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchStack(), clock, engine->counters_);
+      std::make_unique<Prefetcher>(prefetch, engine->queue_, engine->PrefetchHooks(), clock, engine->counters_);
   engine->pinner_ =
       std::make_unique<Pinner>(engine->shards_, clock, *engine->promoter_, engine->counters_, engine->PinnerHooks());
+  engine->host_block_tier_ = std::make_unique<HostBlockTier>(
+      engine->shards_, host, clock, *engine->writer_, *engine->pinner_, *engine->host_io_, engine->HostTierHooks());
   engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
                                                   kMoverJobs, engine->AboveHooks());
   }
+  Eraser::Hooks erase;
+  if (engine->above_ != nullptr) {
+    erase.erase_above = [above = engine->above_.get()](const NamespaceFingerprint& ns, const BlockKey& key,
+                                                       bool moving) { return above->Erase(ns, key, moving); };
+  }
+  engine->eraser_ = std::make_unique<Eraser>(engine->shards_, engine->below_, engine->counters_, std::move(erase));
   engine->loader_ = std::make_unique<Loader>(host, engine->counters_, engine->LoaderHooks());  // after above_
   engine->report_ = std::make_unique<StackReport>(
       StackReport::Stack{engine->above_.get(), *engine->host_block_tier_, host, engine->below_}, engine->shards_,
@@ -156,11 +162,7 @@ void Engine::IoFinished() {
 }
 
 std::optional<Located> Engine::FindBelow(const BlockKey& key, const NamespaceFingerprint& ns) const {
-  for (size_t level = 0; level < below_.size(); ++level) {
-    std::optional<BlockTier::BlockInfo> info = below_[level]->tier->Find(key);
-    if (info && info->ns == ns) return Located{level, *info};
-  }
-  return std::nullopt;
+  return ::kvtier::FindBelow(below_, key, ns);
 }
 
 std::optional<Located> Engine::FindOutside(const BlockKey& key, const NamespaceFingerprint& ns) const {
@@ -217,40 +219,7 @@ void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   holder_->EndHolds(ns, keys);  // an erased block is held no longer (holder.h)
-  size_t erased = 0;
-  for (const BlockKey& key : keys) {
-    BlockIndex& shard = ShardFor(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.index.find(key);
-    bool found = false;
-    // A block on its way between tiers is erased in both: a promotion ends
-    // as a miss, and a demotion's write in flight is cancelled by the
-    // tier's Erase below.
-    bool moving = false;
-    if (it != shard.index.end() && it->second.ns == ns) {
-      if (it->second.cached()) {
-        shard.RemoveCommitted(it);
-        found = true;
-      } else if (it->second.promoting()) {
-        shard.EraseWhilePromoting(it);
-        moving = true;
-      }
-    }
-    auto demoting = shard.demoting.find(key);
-    if (demoting != shard.demoting.end() && demoting->second.ns == ns) {
-      // A write not started yet never starts, one done is undone.
-      shard.EraseWhileDemoting(demoting);
-      moving = true;
-    }
-    for (const auto& b : below_) {
-      auto info = b->tier->Find(key);
-      if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
-    }
-    if (above_ != nullptr && above_->Erase(ns, key, moving)) found = true;
-    if (found || moving) ++erased;
-  }
-  Bump(counters_.erases, static_cast<int64_t>(erased));
-  return erased;
+  return eraser_->Erase(ns, keys);
 }
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
@@ -263,14 +232,7 @@ Status Engine::EndLoad(ConnectionId connection, uint64_t load) { return loader_-
 void Engine::CloseConnection(ConnectionId connection) {
   queue_.DropConnection(connection);
   loader_->EndAll(connection);
-  writer_->DropConnection(connection);
-  const uint64_t now = clock_.NowUs();
-  for (auto& shard_ptr : shards_) {
-    BlockIndex& shard = *shard_ptr;
-    MutexLock lock(shard.mu);
-    for (const LeaseRecord& record : shard.leases.TakeAll(connection))
-      promoter_->EndTransient(shard.Unpin(record, now));
-  }
+  pinner_->EndConnection(connection);  // its reservations and leases, in one walk
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }

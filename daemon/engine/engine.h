@@ -16,11 +16,14 @@
 // releases, reported uses), the promoter and layer streamer (promoter.h,
 // layer_streamer.h: up into the arena, whole or layer by layer), the above
 // mover (above_mover.h: the tier above the host), queue hints and prefetch
-// (request_queue.h, prefetcher.h), the loader (loader.h: layer-wise loads
-// and their boards), operator holds (holder.h), its reports on the stack
-// (stack_report.h: counters, health, namespace use) and the check of
-// corruption reports (corruption_check.h). The parts reach the engine only
-// through the hooks it gives them (engine_hooks.cc).
+// (request_queue.h, prefetcher.h, its view of the stack prefetch_stack.h),
+// the loader (loader.h: layer-wise loads and their boards), operator holds
+// (holder.h), the eraser (eraser.h: every tier), preload plans
+// (preload_rates.h), its reports on the stack (stack_report.h: counters,
+// health, namespace use), the check of corruption reports
+// (corruption_check.h) and the host tier's BlockTier face
+// (host_block_tier.h). The parts reach the engine only through the hooks
+// it gives them (engine_hooks.cc).
 //
 // Block life cycle in the host tier:
 //   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
@@ -57,6 +60,7 @@
 #include "daemon/engine/above_mover.h"
 #include "daemon/engine/corruption_check.h"
 #include "daemon/engine/holder.h"
+#include "daemon/engine/host_block_tier.h"
 #include "daemon/engine/layer_streamer.h"
 #include "daemon/engine/lineage.h"
 #include "daemon/engine/loader.h"
@@ -66,6 +70,7 @@
 #include "daemon/engine/namespace_registry.h"
 #include "daemon/engine/pinner.h"
 #include "daemon/engine/prefetcher.h"
+#include "daemon/engine/preload_rates.h"
 #include "daemon/engine/promoter.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/stack_report.h"
@@ -73,6 +78,7 @@
 #include "daemon/engine/engine_levels.h"
 #include "daemon/engine/demoter.h"
 #include "daemon/engine/engine_types.h"
+#include "daemon/engine/eraser.h"
 #include "daemon/engine/evictor.h"
 #include "daemon/engine/tier_admission.h"
 #include "daemon/engine/writer.h"
@@ -89,7 +95,6 @@ namespace kvtier {
 
 class BlockIndex;
 struct PinBatch;
-class HostBlockTier;
 
 class Engine {
  public:
@@ -177,7 +182,8 @@ class Engine {
   void RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_blocks);
   void RecordBadUsageReport();  // a usage report with an unknown namespace or bad keys
 
-  // Removes committed blocks from every tier; returns how many there were.
+  // Removes committed blocks from every tier (eraser.h), their operator
+  // holds ended; returns how many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
 
   // A client's verified read of `keys` of `ns` did not match their
@@ -190,18 +196,17 @@ class Engine {
     corruption_->Check(ns, keys, std::move(done));
   }
 
-  // Preload planning (policy/preload_planner.h) with `source`'s read
-  // bandwidth: for a tier below, the 10th percentile of the rates its
-  // read meter sampled (ReadMeter, read_meter.h: bytes over busy time of
-  // promotions, layer reads and loads; its initial estimate before any)
-  // plus kBelowLayerOverheadUs
-  // a layer (one read's submission and completion); for the host tier,
-  // memcpy's rate, measured once on first use. A 10% margin on top.
+  // Preload planning (policy/preload_planner.h) with `source`'s measured
+  // read bandwidth, as PreloadRates (preload_rates.h) says: a tier
+  // below's read meter plus kBelowLayerOverheadUs a layer, the host
+  // tier's memcpy rate (measured once, on first use), a 10% margin.
   // InvalidArgument for no layers, no bytes or a negative or non-finite
-  // time; NotFound when the daemon has no such tier. Engine_preload.cc.
-  static constexpr double kBelowLayerOverheadUs = 20;
+  // time; NotFound when the daemon has no such tier.
+  static constexpr double kBelowLayerOverheadUs = PreloadRates::kBelowLayerOverheadUs;
   Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
-                                  double recompute_us_per_layer);
+                                  double recompute_us_per_layer) {
+    return preload_.Plan(source, bytes_per_layer, compute_us_per_layer, layers, recompute_us_per_layer);
+  }
 
   // Layer-wise loads: the Loader's Begin and End (loader.h says what they
   // promise); CloseConnection ends a connection's loads.
@@ -265,8 +270,6 @@ class Engine {
   void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:
-  friend class HostBlockTier;  // the host tier's BlockTier face works on the index
-
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
   static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();  // Located::level above the host
@@ -296,9 +299,8 @@ class Engine {
   // Runs Prefetch on the reader soon (one plan pending at most): request
   // threads call this, never Prefetch (a plan scans the queue).
   void SchedulePrefetch();
-  // The prefetcher's hooks into the stack (engine_queue.cc), and the
-  // other parts' into the engine (engine_hooks.cc).
-  Prefetcher::Stack PrefetchStack();
+  // The parts' hooks into the engine and the stack (engine_hooks.cc).
+  Prefetcher::Stack PrefetchHooks();
   Demoter::Hooks DemoterHooks();
   AboveMover::Hooks AboveHooks();
   Promoter::Hooks PromoterHooks();
@@ -309,13 +311,13 @@ class Engine {
   Loader::Hooks LoaderHooks();
   StackReport::Hooks ReportHooks();
   CorruptionCheck::Hooks CorruptionHooks();
+  HostBlockTier::Hooks HostTierHooks();
 
   HostTier& host_;
   const Clock& clock_;
   std::vector<std::unique_ptr<TierLevel>> below_;  // the tiers below the host, highest first
-  bool probing_ = false;  // some tier of below_ has a prober (BlockTier::prober), set at Create
-  std::once_flag host_copy_measured_;
-  double host_copy_bytes_per_s_ = 0;  // set once, under host_copy_measured_
+  bool probing_ = false;          // some tier of below_ has a prober (BlockTier::prober), set at Create
+  PreloadRates preload_{below_};  // preload plans with the stack's measured rates (preload_rates.h)
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
@@ -361,6 +363,7 @@ class Engine {
   std::unique_ptr<Pinner> pinner_;
   std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
   std::unique_ptr<Loader> loader_;  // layer-wise loads (loader.h); made by Create
+  std::unique_ptr<Eraser> eraser_;  // erases from every tier (eraser.h); made by Create
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's

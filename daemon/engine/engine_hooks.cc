@@ -1,14 +1,20 @@
-// The parts' hooks into the engine: what the demoter, the above mover, the
-// promoter, the pinner, the layer streamer, the locator, the writer, the
-// loader, the stack report and the corruption check may ask of it (each
-// part's header says what each hook must do). Built once, at construction
-// or in Create; each hook calls back into this Engine, which outlives the
-// parts (they are destroyed first).
+// The parts' hooks into the engine: what the prefetcher (its view of the
+// stack, prefetch_stack.h), the demoter, the above mover, the promoter,
+// the pinner, the layer streamer, the locator, the writer, the loader, the
+// stack report, the corruption check and the host tier's BlockTier face
+// may ask of it (each part's header says what each hook must do). Built
+// once, at construction or in Create; each hook calls back into this
+// Engine, which outlives the parts (they are destroyed first).
 #include "daemon/engine/engine.h"
 
 #include "daemon/engine/block_index.h"
+#include "daemon/engine/prefetch_stack.h"
 
 namespace kvtier {
+
+Prefetcher::Stack Engine::PrefetchHooks() {
+  return MakePrefetchStack({shards_, below_, *promoter_, [this] { prefetcher_->ReadStarted(); }});
+}
 
 Demoter::Hooks Engine::DemoterHooks() {
   Demoter::Hooks hooks;
@@ -155,6 +161,16 @@ CorruptionCheck::Hooks Engine::CorruptionHooks() {
     return pinner_->PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true);
   };
   hooks.release = [this](LeaseId lease) { pinner_->Release(kHostTierConnection, {&lease, 1}); };
+  return hooks;
+}
+
+HostBlockTier::Hooks Engine::HostTierHooks() {
+  HostBlockTier::Hooks hooks;
+  hooks.io_started = [this] { IoStarted(); };
+  hooks.io_finished = [this] { IoFinished(); };
+  hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  };
   return hooks;
 }
 

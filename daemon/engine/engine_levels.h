@@ -2,7 +2,8 @@
 // was found: a tier below the host (TierLevel: the tier as the engine
 // calls it, its admission, read meter and counters; the tier above the
 // host is one too, AboveMover::source()), a block's place outside the
-// host tier (Located), and what a pin claimed (PinClaim).
+// host tier (Located) and the search for it below (FindBelow), and what a
+// pin claimed (PinClaim).
 // Internal to daemon/engine; the Engine owns every instance (the tier
 // above's TierLevel through its AboveMover).
 #pragma once
@@ -13,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -50,6 +52,17 @@ struct Located {
   size_t level = 0;  // index into below_, or Engine::kAboveLevel (AboveMover::source())
   BlockTier::BlockInfo info;
 };
+
+// The highest tier of `below` (highest first) holding `key` under `ns`.
+// Takes only the tiers' leaf locks (callable under a shard lock).
+inline std::optional<Located> FindBelow(const std::vector<std::unique_ptr<TierLevel>>& below, const BlockKey& key,
+                                        const NamespaceFingerprint& ns) {
+  for (size_t level = 0; level < below.size(); ++level) {
+    std::optional<BlockTier::BlockInfo> info = below[level]->tier->Find(key);
+    if (info && info->ns == ns) return Located{level, *info};
+  }
+  return std::nullopt;
+}
 
 // What Pinner::ClaimPins left to start: blocks it claimed for promotion (a
 // kPromoting entry with the batch's slot among its waiters) and blocks

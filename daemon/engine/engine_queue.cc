@@ -1,10 +1,9 @@
 // Engine queue hints: the facade over RequestQueue (request_queue.h),
 // which hands queued chains to the shards' policies, and the Prefetcher
 // (prefetcher.h), which reads their prefixes held below the host tier into
-// it; plus the prefetcher's hooks into the stack.
+// it (its view of the stack: prefetch_stack.h).
 #include <algorithm>
 
-#include "daemon/engine/block_index.h"
 #include "daemon/engine/engine.h"
 
 namespace kvtier {
@@ -53,57 +52,5 @@ void Engine::SchedulePrefetch() {
 }
 
 size_t Engine::Prefetch() { return prefetcher_->Run(); }
-
-Prefetcher::Stack Engine::PrefetchStack() {
-  Prefetcher::Stack stack;
-  // In DRAM (or on its way), below (the first tier below is the planner's
-  // nvme channel, any lower one its remote channel), or nowhere.
-  stack.place = [this](const NamespaceFingerprint& ns, const BlockKey& key) {
-    PrefetchBlock b{key, 0, BlockPlace::kNowhere};
-    {
-      BlockIndex& shard = ShardFor(key);
-      MutexLock lock(shard.mu);
-      auto it = shard.index.find(key);
-      if (it != shard.index.end() && it->second.ns == ns && (it->second.cached() || it->second.promoting())) {
-        b.place = BlockPlace::kHost;
-        return b;
-      }
-    }
-    if (std::optional<Located> below = FindBelow(key, ns)) {
-      b.place = BlockPlace::kBelow;
-      b.level = static_cast<uint32_t>(below->level);
-      b.bytes = below->info.payload_bytes;
-    }
-    return b;
-  };
-  stack.read_bandwidths = [this] {
-    std::vector<BandwidthEstimate> bandwidths;  // one read channel per tier below
-    for (const auto& b : below_) bandwidths.push_back(b->read_meter.estimate());
-    return bandwidths;
-  };
-  stack.unused_prefetched_bytes = [this] {
-    uint64_t bytes = 0;
-    for (auto& shard : shards_) {
-      MutexLock lock(shard->mu);
-      bytes += shard->prefetched_bytes;
-    }
-    return bytes;
-  };
-  stack.start_read = [this](const NamespaceFingerprint& ns, const BlockKey& key) -> std::optional<uint64_t> {
-    std::optional<Located> below = FindBelow(key, ns);
-    if (!below) return std::nullopt;  // evicted meanwhile
-    {
-      // Claim the key as a Pin's promotion does: pins wait for this read.
-      BlockIndex& shard = ShardFor(key);
-      MutexLock lock(shard.mu);
-      if (shard.index.count(key) != 0) return std::nullopt;  // cached or being written meanwhile
-      shard.BeginPromotion(key, ns, below->info.payload_bytes, /*prefetched=*/true);
-    }
-    prefetcher_->ReadStarted();
-    promoter_->Promote(key, *below);
-    return below->info.payload_bytes;
-  };
-  return stack;
-}
 
 }  // namespace kvtier

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
 #include "kvtier/status.h"
@@ -22,7 +23,6 @@
 namespace kvtier {
 
 using ConnectionId = uint64_t;  // also in daemon/engine/block_entry.h
-using LeaseId = uint64_t;
 // The connection the host tier's BlockTier face (HostBlockTier) reserves
 // and pins under; the server numbers its connections from 1 upwards.
 constexpr ConnectionId kHostTierConnection = ~ConnectionId{0};

@@ -40,7 +40,7 @@ HoldTable::Landing HoldTable::Record(const NamespaceFingerprint& ns, const Block
   return Landing::kRecorded;
 }
 
-std::vector<HoldTable::LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
+std::vector<LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
   std::vector<LeaseId> leases;
   if (now_us < earliest_us_.load(std::memory_order_relaxed)) return leases;
   MutexLock lock(mu_);
@@ -50,7 +50,7 @@ std::vector<HoldTable::LeaseId> HoldTable::TakeExpired(uint64_t now_us) {
   return leases;
 }
 
-std::vector<HoldTable::LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+std::vector<LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   std::vector<LeaseId> leases;
   MutexLock lock(mu_);
   if (holds_.empty()) return leases;
@@ -62,7 +62,7 @@ std::vector<HoldTable::LeaseId> HoldTable::Take(const NamespaceFingerprint& ns, 
   return leases;
 }
 
-std::vector<HoldTable::LeaseId> HoldTable::TakeNamespace(const NamespaceFingerprint& ns) {
+std::vector<LeaseId> HoldTable::TakeNamespace(const NamespaceFingerprint& ns) {
   std::vector<LeaseId> leases;
   MutexLock lock(mu_);
   ++drops_[ns];
@@ -93,7 +93,7 @@ void HoldTable::SetExpiry(const BlockKey& key, uint64_t expires_us) {
   NoteEarliest();
 }
 
-HoldTable::LeaseId HoldTable::Remove(const BlockKey& key) {
+LeaseId HoldTable::Remove(const BlockKey& key) {
   auto it = holds_.find(key);
   if (it == holds_.end()) return 0;
   const LeaseId lease = it->second.lease;

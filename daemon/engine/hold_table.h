@@ -25,14 +25,13 @@
 
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
+#include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
 
 namespace kvtier {
 
 class HoldTable {
  public:
-  using LeaseId = uint64_t;
-
   // The drop epoch of `ns` now: a hold started now records it and hands it
   // to Record when its pin lands.
   uint64_t DropEpoch(const NamespaceFingerprint& ns) const;

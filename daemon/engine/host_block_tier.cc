@@ -3,17 +3,30 @@
 #include <cstring>
 #include <string>
 
+#include <utility>
+
 #include "common/checksum.h"
-#include "daemon/engine/engine.h"
 #include "daemon/engine/block_index.h"
 
 namespace kvtier {
 
-uint64_t HostBlockTier::capacity_bytes() const { return engine_.host_.capacity_bytes(); }
-uint64_t HostBlockTier::used_bytes() const { return engine_.host_.used_bytes(); }
+HostBlockTier::HostBlockTier(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier& host, const Clock& clock,
+                             Writer& writer, Pinner& pinner, Mover& io, Hooks hooks)
+    : shards_(shards),
+      host_(host),
+      clock_(clock),
+      writer_(writer),
+      pinner_(pinner),
+      io_(io),
+      hooks_(std::move(hooks)) {}
+
+BlockIndex& HostBlockTier::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+
+uint64_t HostBlockTier::capacity_bytes() const { return host_.capacity_bytes(); }
+uint64_t HostBlockTier::used_bytes() const { return host_.used_bytes(); }
 
 std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) const {
-  BlockIndex& shard = engine_.ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   NamespaceFingerprint ns;
   uint64_t size = 0, checksum = 0;
   {
@@ -24,12 +37,12 @@ std::optional<BlockTier::BlockInfo> HostBlockTier::Find(const BlockKey& key) con
     size = it->second.size;
     checksum = it->second.checksum;
   }
-  return BlockInfo{ns, size, engine_.namespaces_.LayoutOf(ns, size).layer_count, checksum};
+  return BlockInfo{ns, size, hooks_.layer_count(ns, size), checksum};
 }
 
 void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
   std::vector<std::pair<BlockKey, BlockInfo>> blocks;
-  for (const auto& shard : engine_.shards_) {
+  for (const auto& shard : shards_) {
     blocks.clear();
     {
       MutexLock lock(shard->mu);
@@ -39,7 +52,7 @@ void HostBlockTier::ForEachBlock(const BlockVisitor& visit) const {
     }
     // The layer split as Find gives it, with no shard lock held.
     for (auto& [key, info] : blocks) {
-      info.layer_count = engine_.namespaces_.LayoutOf(info.ns, info.payload_bytes).layer_count;
+      info.layer_count = hooks_.layer_count(info.ns, info.payload_bytes);
       visit(key, info);
     }
   }
@@ -50,38 +63,37 @@ Status HostBlockTier::Write(const NamespaceFingerprint& ns, const BlockKey& key,
                             std::optional<uint64_t> payload_checksum) {
   const uint64_t size = payload.size();
   if (size == 0) return InvalidArgument("host tier: an empty block");
-  const uint32_t layers = engine_.namespaces_.LayoutOf(ns, size).layer_count;
+  const uint32_t layers = hooks_.layer_count(ns, size);
   if (layer_count != layers) {
     return InvalidArgument("host tier: block " + key.ToHex() + " of " + std::to_string(size) + " bytes has " +
                            std::to_string(layers) + " layers in its namespace's layout, not " +
                            std::to_string(layer_count));
   }
-  Mover& io = *engine_.host_io_;
-  if (!io.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
-  const auto refuse = [&io](Status s) {
-    io.Unreserve(0);
+  if (!io_.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
+  const auto refuse = [this](Status s) {
+    io_.Unreserve(0);
     return s;
   };
   const ConnectionId self = kHostTierConnection;
-  const SlotGrant grant = engine_.Reserve(self, ns, {&key, 1}, {&size, 1})[0];
+  const SlotGrant grant = writer_.Reserve(self, ns, {&key, 1}, {&size, 1})[0];
   if (!grant.status.ok()) return refuse(grant.status);
-  std::span<std::byte> slot = engine_.host_.Bytes(HostTier::Extent{grant.offset, size});
+  std::span<std::byte> slot = host_.Bytes(HostTier::Extent{grant.offset, size});
   // The block's and its layers' checksums as it is copied (one pass).
   std::vector<uint64_t> layer_sums(layers);
   const uint64_t checksum = CopyWithLayerChecksums(slot, payload, layer_sums);
   if (payload_checksum && *payload_checksum != checksum) {
-    engine_.Abort(self, {&key, 1});
+    writer_.Abort(self, {&key, 1});
     return refuse(Corruption("host tier: block " + key.ToHex() + " does not hash to the checksum it came with"));
   }
   if (layers == 1) layer_sums.clear();  // a block of one layer sends none
-  const Status committed = engine_.Commit(self, ns, {&key, 1}, {&size, 1}, {&checksum, 1}, layer_sums)[0];
+  const Status committed = writer_.Commit(self, ns, {&key, 1}, {&size, 1}, {&checksum, 1}, layer_sums)[0];
   if (!committed.ok()) return refuse(committed);
   written_bytes_.fetch_add(size, std::memory_order_relaxed);
   writes_.fetch_add(1, std::memory_order_relaxed);
-  engine_.IoStarted();
-  io.Submit(0, [this, done = std::move(done)] {
+  hooks_.io_started();
+  io_.Submit(0, [this, done = std::move(done)] {
     done(Status::Ok());
-    engine_.IoFinished();
+    hooks_.io_finished();
   });
   return Status::Ok();
 }
@@ -100,8 +112,7 @@ Status HostBlockTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first
 
 Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                 std::span<std::byte> dst, LayerReadDone done) {
-  Mover& io = *engine_.host_io_;
-  BlockIndex& shard = engine_.ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   PinGrant pin;
   uint64_t first_byte = 0, bytes = 0;
   std::vector<uint64_t> sums;  // of the layers read
@@ -111,7 +122,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
     if (it == shard.index.end() || !it->second.cached()) {
       return NotFound("host tier: block " + key.ToHex() + " is not cached");
     }
-    const uint32_t layers = engine_.namespaces_.LayoutOf(it->second.ns, it->second.size).layer_count;
+    const uint32_t layers = hooks_.layer_count(it->second.ns, it->second.size);
     if (first_layer >= last_layer || last_layer > layers) {
       return InvalidArgument("host tier: layers [" + std::to_string(first_layer) + ", " + std::to_string(last_layer) +
                              ") are not within the " + std::to_string(layers) + " layers of block " + key.ToHex());
@@ -124,14 +135,14 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
                              std::to_string(bytes) + " asked for");
     }
     sums = Pinner::LayerChecksumsOf(it->second, layers, first_layer, last_layer);
-    if (!io.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
-    pin = engine_.pinner_->PinLocked(shard, kHostTierConnection, key, engine_.clock_.NowUs());
+    if (!io_.TryReserve(0)) return Busy("host tier: its completion queue is full; retry");
+    pin = pinner_.PinLocked(shard, kHostTierConnection, key, clock_.NowUs());
   }
   reads_.fetch_add(1, std::memory_order_relaxed);
-  engine_.IoStarted();
-  io.Submit(0, [this, key, pin, first_byte, bytes, dst, count = last_layer - first_layer, sums = std::move(sums),
-                done = std::move(done)]() mutable {
-    const std::span<const std::byte> block = engine_.host_.Bytes(HostTier::Extent{pin.offset, pin.length});
+  hooks_.io_started();
+  io_.Submit(0, [this, key, pin, first_byte, bytes, dst, count = last_layer - first_layer, sums = std::move(sums),
+                 done = std::move(done)]() mutable {
+    const std::span<const std::byte> block = host_.Bytes(HostTier::Extent{pin.offset, pin.length});
     // The copy is what gets checked: the layers against their own
     // checksums (no layer checksums recorded: the whole block, then copy).
     bool intact;
@@ -145,7 +156,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
         sums.push_back(BlockChecksum(dst.subspan(i * (bytes / count), bytes / count)));
       }
     }
-    engine_.Release(kHostTierConnection, {&pin.lease, 1});
+    pinner_.Release(kHostTierConnection, {&pin.lease, 1});
     if (intact) {
       read_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
       done(LayerRead{bytes, std::move(sums)});
@@ -154,13 +165,13 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
       Erase(key).IgnoreError();  // later reads miss
       done(Corruption("host tier: block " + key.ToHex() + " does not match its checksum; dropped"));
     }
-    engine_.IoFinished();
+    hooks_.io_finished();
   });
   return Status::Ok();
 }
 
 Status HostBlockTier::Erase(const BlockKey& key) {
-  BlockIndex& shard = engine_.ShardFor(key);
+  BlockIndex& shard = ShardFor(key);
   MutexLock lock(shard.mu);
   auto it = shard.index.find(key);
   if (it == shard.index.end() || !it->second.cached()) {
@@ -175,7 +186,7 @@ BlockTier::WriteTotals HostBlockTier::write_totals() const {
   return WriteTotals{written_bytes_.load(std::memory_order_relaxed), 0};
 }
 
-void HostBlockTier::CheckHealth(HealthFindings& out) const { engine_.host_.CheckHealth(out); }
+void HostBlockTier::CheckHealth(HealthFindings& out) const { host_.CheckHealth(out); }
 
 void HostBlockTier::VisitCounters(CounterVisitor& v) const {
   const auto load = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };

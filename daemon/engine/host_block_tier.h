@@ -4,36 +4,68 @@
 // erases host blocks exactly as it would NVMe's or a remote tier's.
 //
 // The host tier is the arena the Engine indexes itself (pins, leases and
-// the client directory need its index), so this face is the Engine's:
-// Engine::host_tier() owns one. What it does, in the engine's terms:
+// the client directory need its index), so this face works on the
+// engine's parts: the index shards, the Writer (a put), the Pinner (a
+// read's pin) and a mover for its completions; Engine::host_tier() owns
+// one, its hooks built in engine_hooks.cc. What it does, in their terms:
 //   Find   a visible (committed or pinned) block; layers per its
-//          namespace's registered layout.
-//   Write  Reserve + copy + Commit under kHostTierConnection, in the
-//          caller's thread (the bytes are copied before it returns); the
-//          checksums recorded (the block's and its layers') are those of
-//          the bytes stored, hashed as they are copied. Making room
-//          evicts (and demotes) like a client's put.
-//   Read   pins the block, then on a mover thread copies the asked layers
-//          and checks the copy against their recorded checksums (the
-//          block's checksum for a block of one layer), releases the pin.
-//          A mismatch drops the block (Corruption).
+//          namespace's registered layout (Hooks::layer_count).
+//   Write  Writer::Reserve + copy + Writer::Commit under
+//          kHostTierConnection, in the caller's thread (the bytes are
+//          copied before it returns); the checksums recorded (the block's
+//          and its layers') are those of the bytes stored, hashed as they
+//          are copied. Making room evicts (and demotes) like a client's
+//          put.
+//   Read   pins the block (Pinner::PinLocked), then on the mover copies
+//          the asked layers and checks the copy against their recorded
+//          checksums (the block's checksum for a block of one layer),
+//          releases the pin. A mismatch drops the block (Corruption).
 //          ReadWithLayerChecksums hands out those recorded checksums.
 //   Erase  this tier only; the tiers below keep their copies.
-// Completions run on the engine's host-I/O mover (one thread), never
-// inline; when its queue is full, Write and Read answer Busy.
+// Completions run on the mover `io` (one thread), never inline, each
+// counted as I/O in flight (Hooks::io_started, io_finished) from its
+// submission until it ran; when its queue is full, Write and Read answer
+// Busy.
+//
+// Thread-safe, no lock of its own: one shard lock at a time, held across
+// Hooks::layer_count (a leaf lock) and Pinner::PinLocked only.
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
 
+#include "common/clock.h"
+#include "daemon/engine/mover.h"
+#include "daemon/engine/pinner.h"
+#include "daemon/engine/writer.h"
+#include "tiers/host/host_tier.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
 
-class Engine;
+class BlockIndex;
 
 class HostBlockTier final : public BlockTier {
  public:
-  explicit HostBlockTier(Engine& engine) : engine_(engine) {}
+  struct Hooks {
+    // I/O in flight: before a completion is queued, and after it ran.
+    std::function<void()> io_started, io_finished;
+    // How many layers a block of `size` bytes of `ns` has (its namespace's
+    // layout; 1 for another size). Called with or without a shard's lock
+    // held: takes only a leaf lock.
+    std::function<uint32_t(const NamespaceFingerprint& ns, uint64_t size)> layer_count;
+  };
+
+  // Every reference is borrowed and outlives the face: the host tier's
+  // index shards and arena, the clock (pin times), the writer and pinner
+  // over them, and `io`, which runs the completions (its owner destroys
+  // it, running its queued jobs, before the face).
+  HostBlockTier(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier& host, const Clock& clock,
+                Writer& writer, Pinner& pinner, Mover& io, Hooks hooks);
+  HostBlockTier(const HostBlockTier&) = delete;
+  HostBlockTier& operator=(const HostBlockTier&) = delete;
 
   std::string_view name() const override { return "host"; }
   bool asynchronous() const override { return false; }
@@ -62,7 +94,15 @@ class HostBlockTier final : public BlockTier {
   // Read and ReadWithLayerChecksums (`done` gets the layers' checksums).
   Status StartRead(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                    LayerReadDone done);
-  Engine& engine_;
+  BlockIndex& ShardFor(const BlockKey& key) const;
+
+  const std::vector<std::unique_ptr<BlockIndex>>& shards_;
+  HostTier& host_;
+  const Clock& clock_;
+  Writer& writer_;
+  Pinner& pinner_;
+  Mover& io_;
+  const Hooks hooks_;
   std::atomic<uint64_t> written_bytes_{0};
   std::atomic<int64_t> writes_{0}, reads_{0}, read_bytes_{0}, corrupt_reads_{0}, erases_{0};
 };

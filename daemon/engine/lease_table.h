@@ -21,7 +21,8 @@
 
 namespace kvtier {
 
-using LeaseId = uint64_t;  // also in daemon/engine/engine.h
+// A lease's number (LeaseTable::Grant); the one definition of the type.
+using LeaseId = uint64_t;
 
 constexpr int kLeaseShardBits = 8;
 

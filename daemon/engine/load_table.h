@@ -21,6 +21,7 @@
 #include "common/load_board.h"
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
+#include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
 #include "kvtier/result.h"
 #include "tiers/host/host_tier.h"
@@ -28,16 +29,16 @@
 namespace kvtier {
 
 struct LoadRecord {
-  using LeaseId = uint64_t;
-
   ConnectionId connection = 0;
   uint64_t id = 0;
-  HostTier::Extent board_extent;
   uint32_t layers = 1;
   uint64_t layer_bytes = 0;
   bool verify = false;  // the board has the layer checksum table
 
   Mutex mu;
+  // The board's arena space: set when the load opens, freed (and cleared)
+  // by whoever sees it ended with every block resolved.
+  HostTier::Extent board_extent GUARDED_BY(mu);
   // Guarded by mu, but for in_place, ns and keys: set before the load is
   // shared, read-only after.
   LoadBoardWriter board GUARDED_BY(mu);

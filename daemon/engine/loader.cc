@@ -38,9 +38,9 @@ Result<HostTier::Extent> Loader::Open(const std::shared_ptr<LoadRecord>& load, s
     loads_.Abandon(load->connection, load->id);
     return board.status();
   }
-  load->board_extent = *board;
   {
     MutexLock lock(load->mu);
+    load->board_extent = *board;
     load->board = LoadBoardWriter(host_.Bytes(*board).data(), blocks, load->layers, load->layer_bytes, load->verify);
     load->pending.assign(load->layers, blocks);
     load->counted.assign(n * load->layers, 0);

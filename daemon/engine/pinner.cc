@@ -227,6 +227,16 @@ std::vector<Status> Pinner::Release(ConnectionId connection, std::span<const Lea
   return out;
 }
 
+void Pinner::EndConnection(ConnectionId connection) {
+  const uint64_t now = clock_.NowUs();
+  for (const auto& shard_ptr : shards_) {
+    BlockIndex& shard = *shard_ptr;
+    MutexLock lock(shard.mu);
+    shard.DropReservations(connection);
+    for (const LeaseRecord& record : shard.leases.TakeAll(connection)) promoter_.EndTransient(shard.Unpin(record, now));
+  }
+}
+
 size_t Pinner::RecordUses(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   const uint64_t now = clock_.NowUs();
   size_t counted = 0;

@@ -96,6 +96,11 @@ class Pinner {
   // (held by another connection: it stays held). A layer read's transient
   // space goes back to the promoter's pool at its lease's end.
   std::vector<Status> Release(ConnectionId connection, std::span<const LeaseId> leases);
+  // A closing connection's hold on the host tier ends, in one walk over
+  // the shards (one lock at a time): its reservations, never committed
+  // (the Writer's: their space returns to the arena), and its leases, each
+  // ended as Release ends it. Not counted as releases.
+  void EndConnection(ConnectionId connection);
 
   // Uses clients made of host blocks through the block directory, reported
   // after the fact: each block of `keys` still committed under `ns` counts

@@ -174,12 +174,4 @@ size_t Writer::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   return aborted;
 }
 
-void Writer::DropConnection(ConnectionId connection) {
-  for (const auto& shard_ptr : shards_) {
-    BlockIndex& shard = *shard_ptr;
-    MutexLock lock(shard.mu);
-    shard.DropReservations(connection);
-  }
-}
-
 }  // namespace kvtier

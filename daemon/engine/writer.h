@@ -4,9 +4,9 @@
 // which may evict); the client writes the bytes in place; Commit checks
 // the size, records the block's checksums (hashing the bytes when it must)
 // and publishes it (BlockIndex::CommitReserved: kCommitted, visible).
-// Abort and DropConnection drop reservations, their space returning to
-// the arena. A reservation belongs to the connection that made it: only
-// it may commit or abort it.
+// Abort drops reservations, their space returning to the arena (a closing
+// connection's go with its leases: Pinner::EndConnection). A reservation
+// belongs to the connection that made it: only it may commit or abort it.
 //
 // Thread-safe, and no thread of its own: it runs on the caller's thread.
 // It takes one shard lock at a time and holds none across an allocation
@@ -96,10 +96,6 @@ class Writer {
   // Drops this connection's reservations of `keys`; returns how many were
   // (engine.aborts). Others' reservations and committed blocks stay.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
-
-  // Drops every reservation of `connection` (its connection closed), in
-  // every shard; their space returns. Not counted as aborts.
-  void DropConnection(ConnectionId connection);
 
  private:
   BlockIndex& ShardFor(const BlockKey& key) const;

@@ -141,9 +141,10 @@ class LayerStreamerTest : public ::testing::Test {
     load_->layer_bytes = kLayerBytes;
     Result<HostTier::Extent> board = host_->Allocate(LoadBoardBytes(static_cast<uint32_t>(n)));
     EXPECT_TRUE(board.ok());
-    load_->board_extent = *board;
+    board_ = *board;
     {
       MutexLock lock(load_->mu);
+      load_->board_extent = *board;
       load_->board = LoadBoardWriter(host_->Bytes(*board).data(), static_cast<uint32_t>(n), kLayers, kLayerBytes,
                                      /*verify=*/false);
       load_->pending.assign(kLayers, static_cast<uint32_t>(n));
@@ -186,7 +187,7 @@ class LayerStreamerTest : public ::testing::Test {
     return out;
   }
   // The board as the client reads it.
-  LoadBoardReader Board() { return LoadBoardReader(host_->Bytes(load_->board_extent).data(), blocks_); }
+  LoadBoardReader Board() { return LoadBoardReader(host_->Bytes(board_).data(), blocks_); }
   std::vector<std::byte> Arena(uint64_t offset, uint64_t length) {
     std::span<std::byte> bytes = ::kvtier::testing::SlotBytes(*host_, offset, length);
     return std::vector<std::byte>(bytes.begin(), bytes.end());
@@ -206,6 +207,7 @@ class LayerStreamerTest : public ::testing::Test {
   std::atomic<BlockHandle> next_handle_{1};
   uint32_t blocks_ = 0;  // in the load
   std::shared_ptr<LoadRecord> load_;
+  HostTier::Extent board_;  // the load's board in the arena (load_->board_extent)
   std::promise<std::vector<PinGrant>> loaded_;
   std::unique_ptr<Promoter> promoter_;
   std::unique_ptr<LayerStreamer> streamer_;
@@ -245,7 +247,7 @@ TEST_F(LayerStreamerTest, AFailedBlockFailsAloneAfterOneRead) {
   EXPECT_EQ(counters_.promotion_failures.load(), 1);
   EXPECT_EQ(counters_.promotions.load(), 2);
   EXPECT_EQ(Board().layers_ready(), kLayers) << "layers_ready passes over the failed block";
-  EXPECT_EQ(host_->used_bytes(), load_->board_extent.length + 2 * kBlockBytes) << "the failed block's extent was freed";
+  EXPECT_EQ(host_->used_bytes(), board_.length + 2 * kBlockBytes) << "the failed block's extent was freed";
   BlockIndex& shard = *shards_[ShardIndexOf(Key(1), kShards)];
   MutexLock lock(shard.mu);
   EXPECT_EQ(shard.index.count(Key(1)), 0u) << "its claim and its extent are gone";
@@ -277,7 +279,7 @@ TEST_F(LayerStreamerTest, ATierBusyPastTheWaitFailsEveryBlockWithBusy) {
   const std::vector<PinGrant> grants = loaded.get();
   for (size_t b = 0; b < 2; ++b) EXPECT_EQ(grants[b].status.code(), StatusCode::kBusy) << b;
   EXPECT_EQ(counters_.load_busy_retries.load(), 2);
-  EXPECT_EQ(host_->used_bytes(), load_->board_extent.length) << "only the board holds arena space";
+  EXPECT_EQ(host_->used_bytes(), board_.length) << "only the board holds arena space";
 }
 
 // A block the tier hands to the tier under it between the claim and a

@@ -5,7 +5,8 @@
 // probed; a key whose demotion is being written waits and is pinned when
 // it ends; a promotion is claimed once while a second pin waits on it; a
 // layer span outside the block is InvalidArgument; RecordUses counts only
-// committed blocks of the namespace; Release checks the lease's owner.
+// committed blocks of the namespace; Release checks the lease's owner;
+// EndConnection ends a closing connection's reservations and leases only.
 #include "daemon/engine/pinner.h"
 
 #include <gtest/gtest.h>
@@ -211,6 +212,50 @@ TEST_F(PinnerTest, AReleaseOfAnotherConnectionsLeaseIsPermissionDenied) {
   // A lease naming a shard past the last is no lease.
   EXPECT_EQ(ReleaseOne(kConn, LeaseId{200}).code(), StatusCode::kNotFound);
   EXPECT_EQ(counters_.release_failures.load(), 2);
+}
+
+TEST_F(PinnerTest, EndConnectionEndsItsReservationsAndLeasesAndNothingElse) {
+  // Block i reserved for `connection` with its arena room, as the Writer
+  // leaves it until Commit.
+  const auto reserve = [this](uint64_t i, ConnectionId connection) {
+    BlockIndex& shard = ShardOf(Key(i));
+    MutexLock lock(shard.mu);
+    ASSERT_TRUE(shard.Reserve(Key(i), kNs, kBlockBytes, connection).ok());
+    Result<HostTier::Extent> extent = host_->Allocate(kBlockBytes);
+    ASSERT_TRUE(extent.ok());
+    BlockEntry& entry = shard.index.at(Key(i));
+    entry.extent = *extent;
+    entry.allocated = true;
+  };
+  std::vector<bool> shard_used(kShards);
+  for (uint64_t i = 20; i < 24; ++i) {
+    reserve(i, kConn);
+    shard_used[ShardIndexOf(Key(i), kShards)] = true;
+  }
+  ASSERT_EQ(shard_used, std::vector<bool>(kShards, true)) << "the test wants reservations in every shard";
+  reserve(24, kOtherConn);
+  Commit(25);
+  Store(26);
+  const std::vector<PinGrant> mine = pinner_->Pin(kConn, kNs, std::vector<BlockKey>{Key(25)});
+  const std::vector<PinGrant> theirs = pinner_->Pin(kOtherConn, kNs, std::vector<BlockKey>{Key(25)});
+  const std::vector<PinGrant> layer = pinner_->Pin(kConn, kNs, std::vector<BlockKey>{Key(26)}, LayerSpan{1, 2});
+  ASSERT_TRUE(mine[0].status.ok());
+  ASSERT_TRUE(theirs[0].status.ok());
+  ASSERT_TRUE(layer[0].status.ok()) << layer[0].status.ToString();
+  ASSERT_EQ(promoter_->transient_bytes(), kLayerBytes);
+  const int64_t releases = counters_.releases.load();
+
+  pinner_->EndConnection(kConn);
+  for (uint64_t i = 20; i < 24; ++i) EXPECT_FALSE(Entry(Key(i)).has_value()) << i;
+  EXPECT_EQ(Entry(Key(24))->state(), BlockState::kReserved) << "another connection's";
+  EXPECT_EQ(Entry(Key(25))->state(), BlockState::kPinned) << "the other connection's lease stays";
+  EXPECT_EQ(Entry(Key(25))->pins, 1u);
+  EXPECT_EQ(promoter_->transient_bytes(), 0u) << "the layer read's space went back with its lease";
+  EXPECT_EQ(host_->used_bytes(), 2 * kBlockBytes) << "block 24's reservation and block 25";
+  EXPECT_EQ(counters_.releases.load(), releases) << "not counted as releases";
+  EXPECT_EQ(ReleaseOne(kConn, mine[0].lease).code(), StatusCode::kNotFound) << "ended already";
+  EXPECT_TRUE(ReleaseOne(kOtherConn, theirs[0].lease).ok());
+  EXPECT_EQ(Entry(Key(25))->state(), BlockState::kCommitted);
 }
 
 }  // namespace

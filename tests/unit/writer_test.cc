@@ -250,25 +250,6 @@ TEST_F(WriterTest, AbortDropsOnlyThisConnectionsReservations) {
   EXPECT_EQ(counters_.aborts.load(), 1);
 }
 
-TEST_F(WriterTest, DropConnectionDropsEveryReservationOfItAndNothingElse) {
-  Make();
-  std::vector<bool> shard_used(kShards);
-  for (uint64_t i = 0; i < 4; ++i) {
-    ASSERT_TRUE(Put(i).status.ok());
-    shard_used[ShardIndexOf(Key(i), kShards)] = true;
-  }
-  ASSERT_EQ(shard_used, std::vector<bool>(kShards, true)) << "the test wants reservations in every shard";
-  ASSERT_TRUE(Put(4, kOtherConn).status.ok());
-  ASSERT_TRUE(Put(5).status.ok());
-  ASSERT_TRUE(CommitOne(5).ok());
-  writer_->DropConnection(kConn);
-  for (uint64_t i = 0; i < 4; ++i) EXPECT_FALSE(Entry(Key(i)).has_value()) << i;
-  EXPECT_EQ(Entry(Key(4))->state(), BlockState::kReserved);
-  EXPECT_EQ(Entry(Key(5))->state(), BlockState::kCommitted);
-  EXPECT_EQ(host_->used_bytes(), 2 * kBlockBytes);
-  EXPECT_EQ(counters_.aborts.load(), 0);
-}
-
 TEST_F(WriterTest, AReserveIsNoSpaceWhenTheEvictorHasNothingToGive) {
   Make();
   for (uint64_t i = 0; i < kBlocks; ++i) ASSERT_TRUE(Put(i).status.ok());  // the arena, all being written

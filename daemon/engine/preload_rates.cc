@@ -1,20 +1,14 @@
-// Engine::PlanPreload: the preload planner with the daemon's measured read
-// bandwidths (engine.h).
+#include "daemon/engine/preload_rates.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <vector>
-
-#include "daemon/engine/engine.h"
-#include "policy/preload_planner.h"
+#include <utility>
 
 namespace kvtier {
-namespace {
 
-// memcpy's rate between two 32 MiB buffers (out of cache, as a layer read
-// out of the arena is), the best of 3 passes.
 double MeasureCopyBytesPerS() {
   constexpr size_t kBytes = 32u << 20;
   std::vector<std::byte> from(kBytes, std::byte{1}), to(kBytes, std::byte{0});
@@ -30,10 +24,11 @@ double MeasureCopyBytesPerS() {
   return best > 0 ? best : 1e9;
 }
 
-}  // namespace
+PreloadRates::PreloadRates(const std::vector<std::unique_ptr<TierLevel>>& below, std::function<double()> measure_copy)
+    : below_(below), measure_copy_(std::move(measure_copy)) {}
 
-Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
-                                        uint32_t layers, double recompute_us_per_layer) {
+Result<PreloadPlan> PreloadRates::Plan(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer,
+                                       uint32_t layers, double recompute_us_per_layer) {
   if (layers == 0 || bytes_per_layer == 0) return InvalidArgument("a preload plan needs layers and bytes per layer");
   for (double t : {compute_us_per_layer, recompute_us_per_layer}) {
     if (!std::isfinite(t) || t < 0) return InvalidArgument("compute times must be finite and not negative");
@@ -45,7 +40,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
   in.recompute_us_per_layer = recompute_us_per_layer;
   in.margin = 0.1;
   if (source == Tier::kHost) {
-    std::call_once(host_copy_measured_, [this] { host_copy_bytes_per_s_ = MeasureCopyBytesPerS(); });
+    std::call_once(host_copy_measured_, [this] { host_copy_bytes_per_s_ = measure_copy_(); });
     in.read_bytes_per_s = host_copy_bytes_per_s_;
   } else {
     const auto it = std::find_if(below_.begin(), below_.end(),
@@ -56,7 +51,7 @@ Result<PreloadPlan> Engine::PlanPreload(Tier source, uint64_t bytes_per_layer, d
     in.read_bytes_per_s = (*it)->read_meter.estimate().Percentile(10);
     in.overhead_us_per_layer = kBelowLayerOverheadUs;
   }
-  return ::kvtier::PlanPreload(in);
+  return PlanPreload(in);
 }
 
 }  // namespace kvtier
