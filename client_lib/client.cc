@@ -451,11 +451,15 @@ Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {
 
 Status Client::Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
                        std::chrono::steady_clock::time_point expected_start, uint64_t session) {
+  const auto until = expected_start - std::chrono::steady_clock::now();
+  return Enqueue(request, ns, keys, std::chrono::duration_cast<std::chrono::microseconds>(until), session);
+}
+
+Status Client::Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
+                       std::chrono::microseconds start_in, uint64_t session) {
   std::shared_ptr<Connection> conn = Current();
   if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
-  const auto until = expected_start - std::chrono::steady_clock::now();
-  const int64_t start_in_us =
-      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(until).count());
+  const int64_t start_in_us = std::max<int64_t>(0, start_in.count());
   return conn->CallSync(wire::MakeEnqueue(ns, request, keys, static_cast<uint64_t>(start_in_us), session)).status();
 }
 

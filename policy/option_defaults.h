@@ -26,6 +26,12 @@ inline constexpr uint64_t kDemotionBufferBytes = uint64_t{256} << 20;
 // Demoter::kQueuedDemotionWaitUs and `kvtier replay`'s write channels
 // (ReplayOptions::max_write_backlog_us) both give up after it.
 inline constexpr uint64_t kQueuedDemotionWaitMs = 10'000;
+// Not an option: a tier's read bandwidth until reads are measured. The
+// daemon's read meters (TierLevel::read_meter) start at it, so it is the
+// prefetch planner's estimate of a tier below until then, and what a
+// replay sets its read bandwidths to (ReplayOptions::read_bytes_per_s) to
+// plan as a daemon on a clock that does not move.
+inline constexpr double kInitialReadBytesPerS = 1e9;
 // [host] -> EngineOptions
 inline constexpr bool kVerifyCommits = false;
 

@@ -25,6 +25,7 @@
 #include "daemon/engine/tier_admission.h"
 #include "kvtier/block_key.h"
 #include "kvtier/client.h"
+#include "policy/option_defaults.h"
 #include "policy/policy_registry.h"
 #include "policy/prefetch_planner.h"
 #include "tiers/tier.h"
@@ -41,7 +42,7 @@ struct TierLevel {
   // the tier above the host).
   Tier reported = Tier::kNone;
   std::unique_ptr<TierAdmission> admission;
-  ReadMeter read_meter{1e9};  // promotions', layer reads' and loads' reads; 1 GB/s until measured
+  ReadMeter read_meter{defaults::kInitialReadBytesPerS};  // promotions', layer reads' and loads' reads
   std::atomic<int64_t> lookup_hits{0};
   std::atomic<int64_t> demotions_in{0};    // blocks a tier above evicted, written here
   std::atomic<int64_t> demotion_drops{0};  // blocks evicted from above that no tier took

@@ -681,6 +681,11 @@ class Client {
   // counts as an hour.
   Status Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys,
                  std::chrono::steady_clock::time_point expected_start, uint64_t session = 0);
+  // The same, expected to start `start_in` after the daemon receives the
+  // hint (negative: now): what a caller sends whose times are not this
+  // machine's steady clock (a replay on a trace's clock).
+  Status Enqueue(uint64_t request, NamespaceId ns, std::span<const BlockKey> keys, std::chrono::microseconds start_in,
+                 uint64_t session = 0);
   // The request left the queue: it started running, or finished (or was
   // dropped) without starting. NotFound if it is not queued.
   Status Started(uint64_t request);

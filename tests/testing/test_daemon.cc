@@ -128,6 +128,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
   }
   EngineOptions engine_options{options.shards, options.eviction};
   engine_options.demotion_buffer_bytes = options.demotion_buffer_bytes;
+  engine_options.prefetch_share = options.prefetch_share;
   engine_options.admission = options.nvme_admission;
   engine_options.dwpd = dwpd;
   std::vector<LowerTier> below;

@@ -61,6 +61,8 @@ struct TestDaemonOptions {
   ReclaimOrder nvme_eviction = NvmeTierOptions{}.reclaim;
   double nvme_reinsert_share = NvmeTierOptions{}.reinsert_share;
   uint64_t demotion_buffer_bytes = EngineOptions{}.demotion_buffer_bytes;
+  // The engine's prefetch budget, a share of the host tier (0: off).
+  double prefetch_share = EngineOptions{}.prefetch_share;
   // A tier stacked above the host (the HBM tier's place; a MapTier in
   // tests without a GPU), borrowed: it must outlive the TestDaemon.
   BlockTier* above = nullptr;

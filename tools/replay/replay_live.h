@@ -12,9 +12,18 @@
 // shard gives the same hits as sim mode, and with an NVMe tier of the same
 // geometry, reclaim order and admission the same hits in each tier, as
 // long as its background work (demotion writes, a reclaim turn's copies)
-// ends before the next step (LiveOptions::settle; tests check both). No
-// timing model: requests run back to back as fast as the daemon serves
-// them.
+// ends before the next step (LiveOptions::settle; tests check both).
+// Without a schedule there is no timing model: requests run back to back
+// as fast as the daemon serves them.
+//
+// With a schedule (LiveOptions::schedule: an engine-model run's,
+// ReplayOptions::record_schedule) the requests follow the simulator's
+// engines instead, step by step in its order: a queue hint is an Enqueue
+// (request id: file position + 1, expected start relative to the step's
+// time) and its start a Started, a request's start is step 1 and the end
+// of its prefill steps 2 to 5. A daemon on a clock the caller moves to
+// each step's time (LiveOptions::at) then plans its prefetches as the
+// simulator does (replay_sim.h) and, settled, hits the same blocks.
 #pragma once
 
 #include <array>
@@ -39,6 +48,12 @@ struct LiveOptions {
   // daemon in-process waits there for its background work, so the order
   // of the daemon's tier writes is the sim's (see above).
   std::function<void()> settle;
+  // An engine-model run's schedule (ReplayResult::schedule) to follow;
+  // empty: the trace in file order, as above.
+  std::vector<ScheduleEvent> schedule;
+  // With a schedule: called before each step with its time (the trace's
+  // clock), to move the daemon's clock there. May be empty.
+  std::function<void(uint64_t at_us)> at;
 };
 
 struct LiveResult {
@@ -49,13 +64,14 @@ struct LiveResult {
   uint64_t not_kept = 0;                        // reservations refused for room (NoSpace)
   double seconds = 0;                           // all requests
   std::vector<double> lookup_us;                // measured requests' Lookup latency
-  std::vector<double> request_us;               // measured requests' whole latency (steps 1-5)
+  std::vector<double> request_us;               // measured requests' whole latency (steps 1-5; scheduled: start to end)
   double block_hit_rate() const { return blocks == 0 ? 0 : double(hit_blocks) / double(blocks); }
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
 };
 
-// Unavailable when no daemon answers; InvalidArgument for bad options;
-// IoError naming the request when the daemon fails a step.
+// Unavailable when no daemon answers; InvalidArgument for bad options (a
+// schedule naming a request not in the trace); IoError naming the request
+// when the daemon fails a step.
 Result<LiveResult> ReplayLive(const Trace& trace, const LiveOptions& options);
 
 }  // namespace kvtier::tools

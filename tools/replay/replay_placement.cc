@@ -168,9 +168,10 @@ void Simulator::EndPrefetched(SimNode& n, uint32_t id) {
   n.still_prefetched -= Bytes(blocks_[id]);
 }
 
-void Simulator::Prefetch(SimNode& n, uint64_t now) {
-  if (options_.prefetch_share <= 0 || options_.bytes_per_token == 0 || options_.host.infinite) return;
-  if (!Present(n, kNvmeTier) && !Present(n, kRemoteTier)) return;
+bool Simulator::Prefetch(SimNode& n, uint64_t now) {
+  if (options_.prefetch_share <= 0 || options_.bytes_per_token == 0 || options_.host.infinite) return false;
+  if (!Present(n, kNvmeTier) && !Present(n, kRemoteTier)) return false;
+  if (n.expected_start.empty()) return false;  // nothing queued: an empty plan
   // The planner's channels: one per tier below, highest first.
   std::vector<BandwidthEstimate> below;
   std::array<int, kSimTiers> level_of{};
@@ -212,17 +213,25 @@ void Simulator::Prefetch(SimNode& n, uint64_t now) {
       PrefetchBudget(options_.prefetch_share, static_cast<uint64_t>(host_bytes), n.still_prefetched),
       options_.prefetch_min_blocks};
   const PrefetchPlan plan = PlanPrefetch(now, requests, below, plan_options);
+  // As the daemon's start_read: a block still held only below is claimed
+  // and its read counted as it starts; the room made for it may push it
+  // out below, and then the read misses (Promote). The engine plans again
+  // when the last read lands.
+  bool landed = false;
   for (const PrefetchAction& a : plan.actions) {
     const uint32_t id = index_.at(a.key);
-    if (n.host.in[id]) continue;  // cached meanwhile
-    if (!Promote(n, id, now)) continue;
+    if (n.host.in[id]) continue;                      // cached meanwhile
+    if (!n.nvme.in[id] && !remote_.in[id]) continue;  // evicted meanwhile
+    ++result_.prefetches;
+    result_.prefetch_bytes += Bytes(blocks_[id]);
+    landed = Promote(n, id, now);
+    if (!landed) continue;
     NodeBlock& nb = n.blocks[id];
     nb.prefetched = true;
     nb.arrives_us = a.done_us;
     n.still_prefetched += Bytes(blocks_[id]);
-    ++result_.prefetches;
-    result_.prefetch_bytes += Bytes(blocks_[id]);
   }
+  return landed;
 }
 
 SimLog::Hooks Simulator::LogHooks(SimNode& n) {

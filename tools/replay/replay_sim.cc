@@ -255,6 +255,9 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   if (options.engines > 0 && !(options.prefill_tps > 0)) {
     return InvalidArgument("the engine model needs a prefill rate above 0 (--prefill-tps)");
   }
+  if (options.record_schedule && (options.engines == 0 || options.nodes != 1)) {
+    return InvalidArgument("a schedule is recorded for the engine model on one node");
+  }
   for (double bw : options.read_bytes_per_s) {
     if (!(bw > 0)) return InvalidArgument("read bandwidths must be above 0");
   }

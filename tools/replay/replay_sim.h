@@ -68,7 +68,12 @@ std::string CapacityText(const Capacity& c);
 //   before room is made for its new blocks;
 // - with the engine model and a tier below, the prefetch planner
 //   (policy/prefetch_planner.h) reads queued requests' prefixes into the
-//   host tier after every start, as Engine::Prefetch does.
+//   host tier when the daemon's engine plans (Engine::SchedulePrefetch):
+//   after each queue hint (Enqueue), after a queued request starts
+//   (Dequeue), after a pin uses a prefetched block, and again after a plan
+//   that read something (its reads landing), until a plan reads nothing.
+//   A prefetched block is used when a request pins it (at its commit, see
+//   below), as the daemon counts it.
 enum SimTier : uint8_t { kHostTier = 0, kNvmeTier = 1, kRemoteTier = 2, kSimTiers = 3 };
 std::string_view SimTierName(int tier);
 
@@ -138,8 +143,8 @@ struct ReplayOptions {
   // Prefetch (engine model, a tier below and bytes per token): each plan
   // reads into at most this share of the host tier (engine.prefetch_percent
   // / 100; 0: off), skipping prefixes shorter than prefetch_min_blocks.
-  double prefetch_share = 0.25;
-  uint32_t prefetch_min_blocks = 2;
+  double prefetch_share = defaults::kPrefetchPercent / 100.0;
+  uint32_t prefetch_min_blocks = defaults::kPrefetchMinBlocks;
   DwpdOptions dwpd;              // for dwpd (drive_capacity_bytes required)
   uint64_t bytes_per_token = 0;  // byte counts (and the DWPD budget) need it
   double warmup = 0;             // [0, 1): the fraction of requests not measured
@@ -155,6 +160,9 @@ struct ReplayOptions {
   // after the one before it).
   uint32_t engines = 0;
   double prefill_tps = 0;
+  // Each tier's read bandwidth: a hit's load time, and the prefetch
+  // planner's estimate of the tiers below (the daemon's measured one; it
+  // starts at defaults::kInitialReadBytesPerS).
   std::array<double, kSimTiers> read_bytes_per_s = {20e9, 5e9, 1e9};
   // Writes into the NVMe and remote tiers (demotions) go through one
   // channel per tier at this rate. A demotion that must wait behind
@@ -167,6 +175,25 @@ struct ReplayOptions {
   std::array<double, kSimTiers> write_bytes_per_s = {0, 2e9, 1e9};
   uint64_t max_write_backlog_us = defaults::kQueuedDemotionWaitMs * 1000;
   uint64_t demotion_buffer_bytes = defaults::kDemotionBufferBytes;
+  // Engine model, one node: keep the run's schedule (ReplayResult::
+  // schedule), for a live replay to drive a daemon through (replay_live.h).
+  bool record_schedule = false;
+};
+
+// One step of an engine-model run on one node, in the order the run took
+// them, times never decreasing: what a client of the daemon does at that
+// time to drive it as the run drove its tiers (tools/replay/replay_live.h).
+struct ScheduleEvent {
+  enum class Kind : uint8_t {
+    kEnqueue,  // a queue hint for `request`, expected to start at `start_us`
+    kDequeue,  // a hinted request starts: it leaves the queue
+    kStart,    // `request` starts: the lookup of its chain (its hit)
+    kCommit,   // `request`'s prefill ends: its pins, new blocks and releases
+  };
+  Kind kind = Kind::kStart;
+  uint64_t at_us = 0;     // on the trace's clock
+  size_t request = 0;     // in file order, from 0
+  uint64_t start_us = 0;  // kEnqueue only
 };
 
 struct TierResult {
@@ -205,12 +232,16 @@ struct ReplayResult {
   // the log's records, copies forward included (payload bytes when the
   // tier is not a log).
   uint64_t nvme_device_bytes = 0;
-  uint64_t prefetches = 0;  // blocks the prefetch plans read into the host tier
+  // Blocks the prefetch plans started reading into the host tier, as the
+  // daemon's engine.prefetches counts them (a read whose own room pushed
+  // its block out below misses, and is counted too), and their bytes.
+  uint64_t prefetches = 0;
   uint64_t prefetch_bytes = 0;
-  uint64_t prefetch_used = 0;   // of those, blocks a request then found in the host tier
-  uint64_t span_us = 0;         // first to last arrival
-  uint64_t lookups = 0;         // block lookups, warm-up included (the speed figure's unit)
-  std::vector<double> ttft_ms;  // measured requests' TTFT (engine model only), in start order
+  uint64_t prefetch_used = 0;           // of those, blocks a request then found in the host tier
+  uint64_t span_us = 0;                 // first to last arrival
+  uint64_t lookups = 0;                 // block lookups, warm-up included (the speed figure's unit)
+  std::vector<double> ttft_ms;          // measured requests' TTFT (engine model only), in start order
+  std::vector<ScheduleEvent> schedule;  // with ReplayOptions::record_schedule
   // Engine model: requests waiting (arrived, not started) at each measured
   // start, averaged; 0 without it.
   double mean_queue = 0;
@@ -265,7 +296,8 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 // remote tier, rate with a zero remote_write_rate, an NVMe geometry the daemon would refuse (fewer than 2
 // regions, a region not a multiple of the alignment), bad DWPD options, a
 // warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes
-// per token, engines without a positive prefill rate or a read bandwidth
+// per token, engines without a positive prefill rate, record_schedule
+// without the engine model or with several nodes, or a read bandwidth
 // not above 0.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 

@@ -135,9 +135,12 @@ void Simulator::Start(SimNode& n, PendingQueue& pending, size_t warm, double& qu
     blocks_[id].session = req.session;
     ids.push_back(id);
   }
-  uint64_t start = req.arrival_us;
+  const uint64_t start = options_.engines > 0 ? std::max(req.arrival_us, n.free_at.top()) : req.arrival_us;
+  // Prefills (on any node) that ended by this start have made their
+  // blocks resident.
+  while (!pending.empty() && pending.top().done_us <= start) CommitNext(pending);
+  now_us_ = start;
   if (options_.engines > 0) {
-    start = std::max(start, n.free_at.top());
     // n's requests that arrived while this one waited are queued now;
     // each is expected after the ones before it, a mean service per
     // engine apart.
@@ -145,21 +148,18 @@ void Simulator::Start(SimNode& n, PendingQueue& pending, size_t warm, double& qu
     for (; n.next_queued < n.requests.size() && trace_.requests[n.requests[n.next_queued]].arrival_us <= start;
          ++n.next_queued) {
       const double ahead = double(n.next_queued - at) * n.mean_service_us / options_.engines;
-      Hint(n, n.requests[n.next_queued], start + static_cast<uint64_t>(ahead));
+      Hint(n, n.requests[n.next_queued], start, start + static_cast<uint64_t>(ahead));
     }
-    Unhint(n, r);
+    Unhint(n, r, start);
   }
-  // Prefills (on any node) that ended by this start have made their blocks resident.
-  while (!pending.empty() && pending.top().done_us <= start) CommitNext(pending);
   // The queue this start sees: arrived at n, not started.
   if (options_.engines > 0 && r >= warm) queue_sum += double(n.next_queued - (at + 1));
-  now_us_ = start;
+  Record(ScheduleEvent::Kind::kStart, start, r);
   const double service_us = Lookup(n, r, ids, start, r >= warm);
   if (options_.engines == 0) {
     Commit(n, ids, r + 1, start);
     return;
   }
-  Prefetch(n, start);
   const uint64_t done = start + static_cast<uint64_t>(std::ceil(service_us));
   n.free_at.pop();
   n.free_at.push(done);
@@ -216,15 +216,22 @@ void Simulator::IndexFuture() {
 void Simulator::CommitNext(PendingQueue& pending) {
   const Pending& p = pending.top();
   now_us_ = p.done_us;
+  Record(ScheduleEvent::Kind::kCommit, p.done_us, p.request);
   Commit(nodes_[route_[p.request]], p.ids, p.request + 1, p.done_us);
   pending.pop();
 }
 
+void Simulator::Record(ScheduleEvent::Kind kind, uint64_t at_us, size_t request, uint64_t start_us) {
+  if (options_.record_schedule) result_.schedule.push_back(ScheduleEvent{kind, at_us, request, start_us});
+}
+
 // Queue hints for request `r` (its blocks, depth = position) queued at
-// `n`, to the policies of `n`'s tiers and of the remote tier (only
-// queue_aware acts on them), and the queued keys `n`'s NVMe log's
-// queue_aware order asks about.
-void Simulator::Hint(SimNode& n, size_t r, uint64_t expected_start_us) {
+// `n` at `now`, to the policies of `n`'s tiers and of the remote tier
+// (only queue_aware acts on them), and the queued keys `n`'s NVMe log's
+// queue_aware order asks about; then the plans the daemon's Enqueue
+// starts.
+void Simulator::Hint(SimNode& n, size_t r, uint64_t now, uint64_t expected_start_us) {
+  Record(ScheduleEvent::Kind::kEnqueue, now, r, expected_start_us);
   const TraceRequest& req = trace_.requests[r];
   hint_chain_.resize(req.blocks.size());  // reused across hints
   std::vector<uint32_t>& ids = n.queued[r];
@@ -238,26 +245,32 @@ void Simulator::Hint(SimNode& n, size_t r, uint64_t expected_start_us) {
   for (SimTierState* t : {&n.host, &n.nvme, &remote_}) {
     if (t->policy) t->policy->OnEnqueue(r, hint_chain_, expected_start_us, req.session);
   }
+  PlanPrefetches(n, now);
 }
 
-void Simulator::Unhint(SimNode& n, size_t r) {
+// Request `r` starts at `now`: it leaves `n`'s queue, and the daemon's
+// Dequeue plans (the queue changed) when it was queued.
+void Simulator::Unhint(SimNode& n, size_t r, uint64_t now) {
   for (SimTierState* t : {&n.host, &n.nvme, &remote_}) {
     if (t->policy) t->policy->OnDequeue(r);
   }
   auto it = n.queued.find(r);
   if (it == n.queued.end()) return;
+  Record(ScheduleEvent::Kind::kDequeue, now, r);
   for (uint32_t id : it->second) {
     auto c = n.queued_count.find(id);
     if (--c->second == 0) n.queued_count.erase(c);
   }
   n.queued.erase(it);
   n.expected_start.erase(r);
+  PlanPrefetches(n, now);
 }
 
 // The start of `req` on `n` at `start`: finds its hit in the tiers `n`
 // sees and counts it; returns its engine time in us (KV load of the hit, a
 // wait for prefetch reads still landing included, plus prefill of the
-// rest; 0 without the engine model).
+// rest; 0 without the engine model). A prefetched block it finds is used
+// when the request pins it (CommitBlocks), as the daemon counts a use.
 double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured) {
   const TraceRequest& req = trace_.requests[r];
   NodeResult& node_result = result_.nodes[n.index];
@@ -273,11 +286,7 @@ double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids,
     const int from = n.host.in[id] ? kHostTier : n.nvme.in[id] ? kNvmeTier : kRemoteTier;
     hit_tokens += b.tokens;
     load_us += double(Bytes(b)) / options_.read_bytes_per_s[from] * 1e6;
-    if (nb.prefetched && from == kHostTier) {
-      landing_us = std::max(landing_us, nb.arrives_us);
-      ++result_.prefetch_used;
-      EndPrefetched(n, id);
-    }
+    if (nb.prefetched && from == kHostTier) landing_us = std::max(landing_us, nb.arrives_us);
     if (measured) {
       TierResult& t = result_.tiers[from];
       ++t.hits;
@@ -348,10 +357,14 @@ void Simulator::CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint6
   // promoted (a new entry that this pin uses); none for a block put anew,
   // also one that the lookup found below and the room made for the blocks
   // before it pushed out.
+  //
+  // A pin of a prefetched block is its use (the daemon's BlockIndex::Pin):
+  // its bytes leave the prefetch budget, and the daemon plans again.
   for (size_t i = 0; i < ids.size(); ++i) {
     SimBlock& b = blocks_[ids[i]];
     if (b.pinned_by == request) continue;
     uint64_t& uses = n.blocks[ids[i]].uses;
+    const bool prefetched = host_tier.in[ids[i]] && n.blocks[ids[i]].prefetched;
     if (host_tier.in[ids[i]]) {
       ++uses;
     } else if (Promote(n, ids[i], now)) {
@@ -363,6 +376,11 @@ void Simulator::CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint6
     host.OnPin(ids[i]);
     b.pinned_by = request;
     pinned.push_back(i);
+    if (prefetched) {
+      ++result_.prefetch_used;
+      EndPrefetched(n, ids[i]);
+      PlanPrefetches(n, now);
+    }
   }
   size_t kept = 0;
   for (; kept < ids.size(); ++kept) {

@@ -122,8 +122,10 @@ class Simulator {
   // then, its lookup), and commits it or sets its prefill running.
   void Start(SimNode& n, PendingQueue& pending, size_t warm, double& queue_sum);
   void CommitNext(PendingQueue& pending);
-  void Hint(SimNode& n, size_t r, uint64_t expected_start_us);
-  void Unhint(SimNode& n, size_t r);
+  // Appends to the schedule (ReplayOptions::record_schedule).
+  void Record(ScheduleEvent::Kind kind, uint64_t at_us, size_t request, uint64_t start_us = 0);
+  void Hint(SimNode& n, size_t r, uint64_t now, uint64_t expected_start_us);
+  void Unhint(SimNode& n, size_t r, uint64_t now);
   double Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured);
   void Commit(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
   void CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
@@ -166,8 +168,16 @@ class Simulator {
   // (any more) or does not fit.
   bool Promote(SimNode& n, uint32_t id, uint64_t now);
   void EndPrefetched(SimNode& n, uint32_t id);
-  // One prefetch plan over `n`'s queued requests, at `now`.
-  void Prefetch(SimNode& n, uint64_t now);
+  // One prefetch plan over `n`'s queued requests, at `now`; whether it
+  // started reads and the last of them landed.
+  bool Prefetch(SimNode& n, uint64_t now);
+  // What one of the daemon's triggers (Engine::SchedulePrefetch) starts: a
+  // plan, and another each time the last read of a plan lands (the
+  // replay's reads land at once).
+  void PlanPrefetches(SimNode& n, uint64_t now) {
+    while (Prefetch(n, now)) {
+    }
+  }
   SimLog::Hooks LogHooks(SimNode& n);
 
   const Trace& trace_;
