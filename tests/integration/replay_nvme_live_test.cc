@@ -13,6 +13,7 @@
 
 #include "policy/policy_registry.h"
 #include "tests/testing/map_tier.h"
+#include "tests/testing/seeded_numbers.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_sim.h"
@@ -40,11 +41,8 @@ Trace MixedTrace() {
   Trace t;
   t.path = "mixed";
   t.block_tokens = kBlockTokens;
-  uint64_t x = 12345;
-  const auto next = [&x] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return x >> 33;
-  };
+  testing::SeededNumbers numbers(12345);
+  const auto next = [&numbers] { return numbers.Next(); };
   for (uint64_t r = 0; r < 400; ++r) {
     TraceRequest req;
     req.arrival_us = r * 1000;

@@ -19,6 +19,7 @@
 #include "policy/reclaim_policy.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/map_tier.h"
+#include "tests/testing/seeded_numbers.h"
 #include "tests/testing/test_daemon.h"
 #include "tools/replay/replay_live.h"
 #include "tools/replay/replay_sim.h"
@@ -59,11 +60,8 @@ Trace BurstTrace() {
   Trace t;
   t.path = "bursts";
   t.block_tokens = kBlockTokens;
-  uint64_t x = 4242;
-  const auto next = [&x] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return x >> 33;
-  };
+  testing::SeededNumbers numbers(4242);
+  const auto next = [&numbers] { return numbers.Next(); };
   for (uint64_t r = 0; r < 400; ++r) {
     TraceRequest req;
     req.arrival_us = (r / 4) * 4000;

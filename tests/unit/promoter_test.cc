@@ -115,6 +115,17 @@ class PromoterTest : public ::testing::Test {
     return *promoter_;
   }
 
+  // Hands block `i` (stored in the tier below) down to the tier under it,
+  // as that tier's reclaim does: the lower tier has it, the upper not.
+  void HandDown(uint64_t i) {
+    const std::vector<std::byte> bytes = BlockBytes(i);
+    EXPECT_TRUE(lower_map_
+                    .Write(
+                        kNs, Key(i), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
+                    .ok());
+    EXPECT_TRUE(map_.Erase(Key(i)).ok());
+  }
+
   // Stores block `i` in the tier below; where a pin finds it.
   Located Store(uint64_t i) {
     const std::vector<std::byte> bytes = BlockBytes(i);
@@ -361,11 +372,7 @@ TEST_F(PromoterTest, ABlockHandedDownBeforeTheReadIsReadFromTheTierUnderIt) {
   Promoter& promoter = Make();
   const Located from = Store(7);
   const std::vector<std::byte> bytes = BlockBytes(7);
-  ASSERT_TRUE(lower_map_
-                  .Write(
-                      kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
-                  .ok());
-  ASSERT_TRUE(map_.Erase(Key(7)).ok());  // handed down between the find and the read
+  HandDown(7);  // between the find and the read
   std::promise<PinGrant> landed;
   std::future<PinGrant> grant = Claim(Key(7), landed);
   promoter.Promote(Key(7), from);
@@ -392,11 +399,7 @@ TEST_F(PromoterTest, ALayerReadOfABlockHandedDownBeforeTheReadFollowsItDown) {
   Promoter& promoter = Make();
   const Located from = Store(7);
   const std::vector<std::byte> bytes = BlockBytes(7);
-  ASSERT_TRUE(lower_map_
-                  .Write(
-                      kNs, Key(7), kLayers, bytes, [](Status) {}, BlockChecksum(bytes))
-                  .ok());
-  ASSERT_TRUE(map_.Erase(Key(7)).ok());  // handed down between the find and the read
+  HandDown(7);  // between the find and the read
   std::promise<PinGrant> landed;
   promoter.ReadLayers(Batch(landed), 0, Key(7), from, LayerSpan{1, 3});
   const PinGrant g = landed.get_future().get();
