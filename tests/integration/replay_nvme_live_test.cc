@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "policy/policy_registry.h"
+#include "tests/testing/live_parity.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/seeded_numbers.h"
 #include "tests/testing/test_daemon.h"
@@ -137,23 +138,13 @@ ReplayResult SimAndLiveAgree(const Trace& trace, ReclaimOrder order, const std::
     options.remote_admission = *ParseAdmissionPolicy(*admission.remote, kAdmissionForRemote);
   }
   TestDaemon daemon(options);
-  LiveOptions live_options;
-  live_options.socket_path = daemon.socket_path();
-  live_options.bytes_per_token = kBytesPerToken;
-  live_options.settle = [&daemon] {
-    daemon.engine().WaitForIdle();
-    daemon.nvme()->WaitForIdle();
-    daemon.engine().WaitForIdle();
-  };
+  LiveOptions live_options = testing::SettledLiveOptions(daemon, kBytesPerToken);
   auto live = ReplayLive(trace, live_options);
   EXPECT_TRUE(live.ok()) << live.status().ToString();
   if (!live.ok()) return {};
 
   EXPECT_EQ(live->blocks, sim->blocks);
-  EXPECT_EQ(live->hit_blocks, sim->hit_blocks);
-  EXPECT_EQ(live->tier_hits[kHostTier], sim->tiers[kHostTier].hits);
-  EXPECT_EQ(live->tier_hits[kNvmeTier], sim->tiers[kNvmeTier].hits);
-  EXPECT_EQ(live->tier_hits[kRemoteTier], sim->tiers[kRemoteTier].hits);
+  testing::ExpectTheSameHits(*live, *sim);
   EXPECT_EQ(EngineCounter(daemon, "nvme.reinserted"), static_cast<int64_t>(sim->nvme_reinserted));
   if (!admission.remote) {
     // The same victims refused: the NVMe admission decided as the sim's did

@@ -18,6 +18,7 @@
 #include "policy/policy_registry.h"
 #include "policy/reclaim_policy.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/live_parity.h"
 #include "tests/testing/map_tier.h"
 #include "tests/testing/seeded_numbers.h"
 #include "tests/testing/test_daemon.h"
@@ -124,14 +125,7 @@ ReplayResult SimAndLiveAgree(const Trace& trace, const ReplayOptions& sim_option
   options.prefetch_share = sim_options.prefetch_share;
   if (sim_options.remote) options.remote = &remote;
   TestDaemon daemon(options);
-  LiveOptions live_options;
-  live_options.socket_path = daemon.socket_path();
-  live_options.bytes_per_token = kBytesPerToken;
-  live_options.settle = [&daemon] {
-    daemon.engine().WaitForIdle();
-    daemon.nvme()->WaitForIdle();
-    daemon.engine().WaitForIdle();
-  };
+  LiveOptions live_options = testing::SettledLiveOptions(daemon, kBytesPerToken);
   live_options.schedule = sim->schedule;
   live_options.at = [&clock](uint64_t at_us) { clock.SetUs(kClockStartUs + at_us); };
   auto live = ReplayLive(trace, live_options);
@@ -139,10 +133,7 @@ ReplayResult SimAndLiveAgree(const Trace& trace, const ReplayOptions& sim_option
   if (!live.ok()) return {};
 
   EXPECT_EQ(live->requests, sim->requests);
-  EXPECT_EQ(live->hit_blocks, sim->hit_blocks);
-  EXPECT_EQ(live->tier_hits[kHostTier], sim->tiers[kHostTier].hits);
-  EXPECT_EQ(live->tier_hits[kNvmeTier], sim->tiers[kNvmeTier].hits);
-  EXPECT_EQ(live->tier_hits[kRemoteTier], sim->tiers[kRemoteTier].hits);
+  testing::ExpectTheSameHits(*live, *sim);
   EXPECT_EQ(EngineCounter(daemon, "engine.prefetches"), static_cast<int64_t>(sim->prefetches));
   EXPECT_EQ(EngineCounter(daemon, "engine.prefetch_bytes"), static_cast<int64_t>(sim->prefetch_bytes));
   // A use is a pin of a prefetched block: landed (on time) or, were a pin
