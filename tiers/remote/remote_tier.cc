@@ -309,18 +309,7 @@ void RemoteTier::RunWrite(const BlockKey& key, const BlockInfo& info, Staged val
   staged_bytes_.fetch_sub(value_bytes, std::memory_order_relaxed);
   if (status.ok() && erased) {
     // Erased while it was being sent: undo it, and nothing was visible.
-    client_
-        ->Run(
-            name,
-            [&](RedisConnection& c) -> Result<RespReply> {
-              const RespArg args[] = {{"DEL"}, {name}};
-              c.Append(args);
-              if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
-              return c.ReadReply(DeadlineIn(options_.timeout));
-            },
-            DeadlineIn(options_.timeout))
-        .status()
-        .IgnoreError();
+    RunDelete(name).status().IgnoreError();
     status = NotFound("block " + key.ToHex() + " was erased while it was written");
   }
   if (status.ok()) {
@@ -437,19 +426,20 @@ Status RemoteTier::Erase(const BlockKey& key) {
   }
   Forget(key);
   erases_.fetch_add(1, std::memory_order_relaxed);
-  workers_.Post([this, name = RemoteKeyName(ns, key)] {
-    Result<RespReply> r = client_->Run(
-        name,
-        [&](RedisConnection& c) -> Result<RespReply> {
-          const RespArg args[] = {{"DEL"}, {name}};
-          c.Append(args);
-          if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
-          return c.ReadReply(DeadlineIn(options_.timeout));
-        },
-        DeadlineIn(options_.timeout));
-    Observe(r.status());
-  });
+  workers_.Post([this, name = RemoteKeyName(ns, key)] { Observe(RunDelete(name).status()); });
   return Status::Ok();
+}
+
+Result<RespReply> RemoteTier::RunDelete(const std::string& name) {
+  return client_->Run(
+      name,
+      [&](RedisConnection& c) -> Result<RespReply> {
+        const RespArg args[] = {{"DEL"}, {name}};
+        c.Append(args);
+        if (Status s = c.Flush(DeadlineIn(options_.timeout)); !s.ok()) return s;
+        return c.ReadReply(DeadlineIn(options_.timeout));
+      },
+      DeadlineIn(options_.timeout));
 }
 
 BlockTier::WriteTotals RemoteTier::write_totals() const {

@@ -143,6 +143,9 @@ class RemoteTier final : public BlockTier, public Prober {
   void RunWrite(const BlockKey& key, const BlockInfo& info, Staged value, const WriteDone& done);
   Result<size_t> RunRead(const BlockKey& key, const BlockInfo& info, uint32_t first_layer, uint32_t last_layer,
                          std::span<std::byte> dst);
+  // DEL of the value `name`, on the caller's thread (a worker's): the
+  // store's reply, or why there is none.
+  Result<RespReply> RunDelete(const std::string& name);
   // A value that failed to verify or is gone: forget it, count `why`
   // (PermissionDenied: it did not authenticate, also logged).
   void Drop(const BlockKey& key, const Status& why);
