@@ -19,6 +19,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
+#include "tests/testing/wait_for.h"
 #include "common/checksum.h"
 #include "common/little_endian.h"
 #include "tiers/remote/hash_slot.h"
@@ -192,6 +193,29 @@ TEST_F(RemoteTierCluster, AnotherNodesBlocksAreFoundByProbingAndReadExact) {
   auto other = OpenTier(TierOptions(*cluster_));
   other->Probe(NamespaceFingerprint{1, 2}, keys);
   EXPECT_FALSE(other->Find(keys[0]).has_value());
+}
+
+// Erase forgets a block at once and deletes its value from the store (on
+// a worker): another node's probe then finds only the blocks left.
+TEST_F(RemoteTierCluster, AnErasedBlockLeavesTheStore) {
+  auto writer = OpenTier(TierOptions(*cluster_));
+  ASSERT_NE(writer, nullptr);
+  const auto keys = Keys(4, 3);
+  WriteAll(*writer, keys);
+  ASSERT_TRUE(writer->Erase(keys[0]).ok());
+  ASSERT_TRUE(writer->Erase(keys[1]).ok());
+  EXPECT_FALSE(writer->Find(keys[0]).has_value()) << "forgotten at once";
+  EXPECT_EQ(writer->Erase(keys[0]).code(), StatusCode::kNotFound);
+  const auto probe_finds = [&](const BlockKey& key) {
+    auto reader = OpenTier(TierOptions(*cluster_));
+    reader->Probe(kNs, std::vector<BlockKey>{key});
+    return reader->Find(key).has_value();
+  };
+  EXPECT_TRUE(::kvtier::testing::WaitFor([&] { return !probe_finds(keys[0]) && !probe_finds(keys[1]); }))
+      << "the erased values are still in the store";
+  EXPECT_TRUE(probe_finds(keys[2]));
+  EXPECT_TRUE(probe_finds(keys[3]));
+  EXPECT_EQ(Counter(*writer, "remote.erases"), 2);
 }
 
 TEST_F(RemoteTierCluster, GoneForeignAndCorruptValuesAreMissesNeverBytes) {
