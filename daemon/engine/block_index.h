@@ -189,4 +189,9 @@ inline void Resolve(const std::shared_ptr<PinBatch>& batch, size_t index, PinGra
   if (batch->outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->done(std::move(batch->grants));
 }
 
+// The shard of `shards` that holds `key`.
+inline BlockIndex& ShardOf(const std::vector<std::unique_ptr<BlockIndex>>& shards, const BlockKey& key) {
+  return *shards[ShardIndexOf(key, shards.size())];
+}
+
 }  // namespace kvtier

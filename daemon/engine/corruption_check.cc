@@ -27,7 +27,7 @@ CorruptionCheck::CorruptionCheck(const std::vector<std::unique_ptr<BlockIndex>>&
                                  const Clock& clock, Mover& io, EngineCounters& counters, Hooks hooks)
     : shards_(shards), host_(host), clock_(clock), io_(io), counters_(counters), hooks_(std::move(hooks)) {}
 
-BlockIndex& CorruptionCheck::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& CorruptionCheck::ShardFor(const BlockKey& key) const { return ShardOf(shards_, key); }
 
 void CorruptionCheck::Check(const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
                             std::function<void(Result<size_t>)> done) {

@@ -149,7 +149,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   return engine;
 }
 
-BlockIndex& Engine::ShardFor(const BlockKey& key) { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& Engine::ShardFor(const BlockKey& key) { return ShardOf(shards_, key); }
 
 void Engine::IoStarted() {
   MutexLock lock(io_mu_);

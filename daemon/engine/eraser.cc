@@ -13,7 +13,7 @@ Eraser::Eraser(const std::vector<std::unique_ptr<BlockIndex>>& shards,
 size_t Eraser::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   size_t erased = 0;
   for (const BlockKey& key : keys) {
-    BlockIndex& shard = *shards_[ShardIndexOf(key, shards_.size())];
+    BlockIndex& shard = ShardOf(shards_, key);
     MutexLock lock(shard.mu);
     auto it = shard.index.find(key);
     bool found = false;

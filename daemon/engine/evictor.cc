@@ -135,7 +135,7 @@ bool Evictor::EvictOne(uint64_t* evicted_bytes) {
 
 bool Evictor::HeldAnywhere(const BlockKey& key) const {
   {
-    BlockIndex& shard = *shards_[ShardIndexOf(key, shards_.size())];
+    BlockIndex& shard = ShardOf(shards_, key);
     MutexLock lock(shard.mu);
     if (shard.index.count(key) > 0 || shard.demoting.count(key) > 0) return true;
   }

@@ -20,7 +20,7 @@ HostBlockTier::HostBlockTier(const std::vector<std::unique_ptr<BlockIndex>>& sha
       io_(io),
       hooks_(std::move(hooks)) {}
 
-BlockIndex& HostBlockTier::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& HostBlockTier::ShardFor(const BlockKey& key) const { return ShardOf(shards_, key); }
 
 uint64_t HostBlockTier::capacity_bytes() const { return host_.capacity_bytes(); }
 uint64_t HostBlockTier::used_bytes() const { return host_.used_bytes(); }

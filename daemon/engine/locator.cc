@@ -25,7 +25,7 @@ std::optional<Tier> Locator::Place(const NamespaceFingerprint& ns, const BlockKe
       return above->reported;
     }
   }
-  BlockIndex& shard = *shards_[ShardIndexOf(key, shards_.size())];
+  BlockIndex& shard = ShardOf(shards_, key);
   MutexLock lock(shard.mu);
   auto it = shard.index.find(key);
   if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {

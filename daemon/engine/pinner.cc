@@ -22,7 +22,7 @@ Pinner::Pinner(const std::vector<std::unique_ptr<BlockIndex>>& shards, const Clo
                EngineCounters& counters, Hooks hooks)
     : shards_(shards), clock_(clock), promoter_(promoter), counters_(counters), hooks_(std::move(hooks)) {}
 
-BlockIndex& Pinner::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& Pinner::ShardFor(const BlockKey& key) const { return ShardOf(shards_, key); }
 
 PinGrant Pinner::PinLocked(BlockIndex& shard, ConnectionId connection, const BlockKey& key, uint64_t now_us,
                            bool with_layers) {

@@ -9,9 +9,7 @@ namespace kvtier {
 
 Prefetcher::Stack MakePrefetchStack(PrefetchStackParts parts) {
   auto p = std::make_shared<PrefetchStackParts>(std::move(parts));
-  const auto shard_for = [p](const BlockKey& key) -> BlockIndex& {
-    return *p->shards[ShardIndexOf(key, p->shards.size())];
-  };
+  const auto shard_for = [p](const BlockKey& key) -> BlockIndex& { return ShardOf(p->shards, key); };
   Prefetcher::Stack stack;
   stack.place = [p, shard_for](const NamespaceFingerprint& ns, const BlockKey& key) {
     PrefetchBlock b{key, 0, BlockPlace::kNowhere};

@@ -18,7 +18,7 @@ Promoter::Promoter(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostT
       counters_(counters),
       hooks_(std::move(hooks)) {}
 
-BlockIndex& Promoter::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& Promoter::ShardFor(const BlockKey& key) const { return ShardOf(shards_, key); }
 
 void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, const BlockKey& key,
                           const Located& from, LayerSpan layers) {

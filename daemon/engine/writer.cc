@@ -26,7 +26,7 @@ Writer::Writer(const std::vector<std::unique_ptr<BlockIndex>>& shards, HostTier&
       counters_(counters),
       hooks_(std::move(hooks)) {}
 
-BlockIndex& Writer::ShardFor(const BlockKey& key) const { return *shards_[ShardIndexOf(key, shards_.size())]; }
+BlockIndex& Writer::ShardFor(const BlockKey& key) const { return ShardOf(shards_, key); }
 
 std::vector<SlotGrant> Writer::Reserve(ConnectionId connection, const NamespaceFingerprint& ns,
                                        std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
