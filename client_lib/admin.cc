@@ -44,6 +44,50 @@ Result<std::vector<NamespaceInfo>> Client::ListNamespaces() {
   return ProtocolError("the namespace listing did not end after " + std::to_string(kMaxPages) + " pages");
 }
 
+Result<HeldBlockPage> Client::ListBlocksPage(const std::optional<BlockListCursor>& after, uint32_t limit) {
+  v1::Request request;
+  auto* body = request.mutable_list_blocks();
+  body->set_limit(limit);
+  if (after) {
+    auto* c = body->mutable_after();
+    c->set_view(after->view);
+    c->set_tier(static_cast<uint32_t>(after->tier));
+    wire::ToProto(after->ns, c->mutable_ns());
+    wire::ToProto(after->key, c->mutable_key());
+  }
+  auto r = Current()->CallSync(request);
+  if (!r.ok()) return r.status();
+  const v1::ListBlocksResponse& got = r->list_blocks();
+  HeldBlockPage page;
+  page.blocks.reserve(got.blocks_size());
+  for (const v1::HeldBlock& b : got.blocks()) {
+    page.blocks.push_back({static_cast<Tier>(b.tier()), wire::FromProto(b.ns()), wire::FromProto(b.key()), b.tenant()});
+  }
+  if (got.has_next()) {
+    const v1::BlockCursor& n = got.next();
+    page.next =
+        BlockListCursor{n.view(), static_cast<Tier>(n.tier()), wire::FromProto(n.ns()), wire::FromProto(n.key())};
+  }
+  return page;
+}
+
+// Page by page; stops with ProtocolError if the daemon's cursors never end
+// or go back.
+Result<std::vector<HeldBlockInfo>> Client::ListBlocks(uint32_t page_limit) {
+  constexpr size_t kMaxPages = size_t{1} << 24;
+  std::vector<HeldBlockInfo> out;
+  std::optional<BlockListCursor> cursor;
+  for (size_t page = 0; page < kMaxPages; ++page) {
+    auto got = ListBlocksPage(cursor, page_limit);
+    if (!got.ok()) return got.status();
+    out.insert(out.end(), std::make_move_iterator(got->blocks.begin()), std::make_move_iterator(got->blocks.end()));
+    if (!got->next) return out;
+    if (got->blocks.empty()) return ProtocolError("a block listing page was empty but said more follow");
+    cursor = got->next;
+  }
+  return ProtocolError("the block listing did not end after " + std::to_string(kMaxPages) + " pages");
+}
+
 Result<std::vector<NamespaceInfo>> Client::DropNamespaces(std::span<const NamespaceFingerprint> fingerprints,
                                                           std::string_view model_id, std::string_view model_revision) {
   if (fingerprints.empty() && model_id.empty()) return InvalidArgument("name a namespace or a model to drop");

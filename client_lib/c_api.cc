@@ -139,6 +139,29 @@ int kvtier_lookup(kvtier_client* client, uint32_t ns, const kvtier_key* keys, si
   });
 }
 
+int kvtier_estimate_ready(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                          kvtier_ready_estimate* out, uint8_t* tiers, kvtier_ready_tier* below, size_t below_cap) {
+  return Guard([&] {
+    if (client == nullptr) return Missing("client");
+    if (out == nullptr) return Missing("out");
+    if (keys == nullptr && n > 0) return Missing("keys");
+    auto r = client->client->EstimateReady(ns, kvtier::c_abi::ToKeys(keys, n));
+    if (!r.ok()) return Report(r.status());
+    *out = kvtier_ready_estimate{r->prefix_blocks,  r->prefix_bytes,         r->host_ready_us, r->gpu_ready_us,
+                                 r->gpu_copy_bytes, r->gpu_copy_bytes_per_s, r->below.size()};
+    for (size_t i = 0; tiers != nullptr && i < n; ++i) {
+      tiers[i] = i < r->tiers.size() ? static_cast<uint8_t>(r->tiers[i]) : KVTIER_TIER_NONE;
+    }
+    for (size_t i = 0; below != nullptr && i < below_cap && i < r->below.size(); ++i) {
+      const kvtier::ReadyTierShare& b = r->below[i];
+      below[i] = kvtier_ready_tier{static_cast<uint8_t>(b.tier), b.blocks,       b.bytes,
+                                   b.promoting_blocks,           b.queued_reads, b.queued_bytes,
+                                   b.read_bytes_per_s,           b.overhead_us,  b.ready_us};
+    }
+    return KVTIER_OK;
+  });
+}
+
 int kvtier_enqueue(kvtier_client* client, uint64_t request, uint32_t ns, const kvtier_key* keys, size_t n,
                    uint64_t start_in_us, uint64_t session) {
   return Guard([&] {

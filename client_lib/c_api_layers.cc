@@ -91,6 +91,10 @@ int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer) {
   return Guard([&] { return save == nullptr ? Missing("save") : Report(save->save.LayerWritten(layer)); });
 }
 
+int kvtier_save_publish_to_peers(kvtier_layer_save* save) {
+  return Guard([&] { return save == nullptr ? Missing("save") : Report(save->save.PublishToPeers()); });
+}
+
 int kvtier_finish_save(kvtier_layer_save* save, int* statuses) {
   return Guard([&] {
     if (save == nullptr) return Missing("save");

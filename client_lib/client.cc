@@ -306,6 +306,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
 
 const std::vector<NamespaceFingerprint>& Client::namespaces() const { return link_->namespaces(); }
 
+EventsEndpoints Client::events_endpoints() const { return link_->Peek()->events_endpoints(); }
+
 std::span<std::byte> Client::arena() const { return link_->Peek()->arena(); }
 
 uint64_t Client::reconnects() const { return link_->reconnects(); }
@@ -439,6 +441,14 @@ Result<PreloadPlan> Client::PlanPreload(Tier source, uint64_t bytes_per_layer, d
                                                 layers, recompute_us_per_layer));
   if (!r.ok()) return r.status();
   return wire::FromProto(r->preload_plan());
+}
+
+Result<ReadyEstimate> Client::EstimateReady(NamespaceId ns, std::span<const BlockKey> keys) {
+  std::shared_ptr<Connection> conn = Current();
+  if (Status s = CheckNamespace(*conn, ns); !s.ok()) return s;
+  auto r = conn->CallSync(wire::MakeReadyEstimate(ns, keys));
+  if (!r.ok()) return r.status();
+  return wire::FromProto(r->ready_estimate());
 }
 
 Result<size_t> Client::Erase(NamespaceId ns, std::span<const BlockKey> keys) {

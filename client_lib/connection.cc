@@ -178,6 +178,7 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
   max_frame_bytes_ = std::min(max_frame_bytes_, body_hello.max_frame_bytes());
   for (const auto& k : body_hello.namespace_fingerprints()) namespaces_.push_back(wire::FromProto(k));
   for (const auto& ns : options.namespaces) layouts_.emplace_back(ns.layer_count, ns.BlockBytes());
+  events_endpoints_ = EventsEndpoints{body_hello.events_endpoint(), body_hello.events_replay_endpoint()};
   if (body_hello.has_device_pool()) {
     const auto& pool = body_hello.device_pool();
     device_pool_offer_ = DevicePoolOffer{pool.ipc_handle(), pool.bytes(), pool.pci_bus_id()};

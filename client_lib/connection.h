@@ -111,6 +111,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (a daemon bug or a corrupted response, never trusted blindly).
   Result<std::span<std::byte>> Slot(uint64_t offset, uint64_t length) const;
   const std::vector<NamespaceFingerprint>& namespaces() const { return namespaces_; }
+  // Where the daemon publishes this caller's KV events (Hello); empty when off.
+  const EventsEndpoints& events_endpoints() const { return events_endpoints_; }
   // Layer split of namespace `ns`'s blocks: {layer_count, block_bytes}.
   std::pair<uint32_t, uint64_t> layout(uint32_t ns) const { return layouts_[ns]; }
   bool verify_checksums() const { return verify_checksums_; }
@@ -254,6 +256,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> hung_up_{false};             // the daemon hung up, or the connection failed
   Mutex gpu_mu_;
   std::unique_ptr<ArenaRegistration> gpu_registration_ GUARDED_BY(gpu_mu_);  // released before the unmap
+  EventsEndpoints events_endpoints_;                  // set by Hello only (before any other thread)
   std::optional<DevicePoolOffer> device_pool_offer_;  // set by Hello only (before any other thread)
   // The pool's mapping, opened on first use (DevicePoolOn).
   enum class PoolMapping {

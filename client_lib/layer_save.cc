@@ -6,6 +6,7 @@
 #include "client_lib/connection.h"
 #include "common/checksum.h"
 #include "kvtier/client.h"
+#include "proto/wire.h"
 
 namespace kvtier {
 
@@ -70,6 +71,7 @@ Status LayerSave::SaveLayer(uint32_t layer, std::span<const std::span<const std:
     }
   }
   saved_[layer] = true;
+  PublishSaved();
   return Status::Ok();
 }
 
@@ -83,7 +85,51 @@ Status LayerSave::LayerWritten(uint32_t layer) {
     if (!bytes.empty()) reservation_.blocks()[i].layer_checksums[layer] = BlockChecksum(bytes);
   }
   saved_[layer] = true;
+  PublishSaved();
   return Status::Ok();
+}
+
+Status LayerSave::PublishToPeers() {
+  if (ended_) return FailedPrecondition("the save was finished or aborted");
+  if (publish_) return Status::Ok();
+  publish_ = true;
+  if (!layer_sums_) {
+    // Layers saved so far are hashed in place; later ones as they are saved.
+    layer_sums_ = layers_ > 1;
+    for (WritableBlock& b : reservation_.blocks()) {
+      if (!b.status.ok()) continue;
+      b.layer_checksums.assign(layers_, 0);
+      for (uint32_t l = 0; l < layers_; ++l) {
+        if (saved_[l]) b.layer_checksums[l] = BlockChecksum(b.data.subspan(uint64_t{l} * layer_bytes_, layer_bytes_));
+      }
+    }
+  }
+  PublishSaved();
+  return Status::Ok();
+}
+
+void LayerSave::PublishSaved() {
+  if (!publish_ || reservation_.conn_ == nullptr) return;
+  uint32_t end = published_;
+  while (end < layers_ && saved_[end]) ++end;
+  if (end == published_) return;
+  std::vector<BlockKey> keys;
+  std::vector<uint64_t> sums;
+  for (const WritableBlock& b : reservation_.blocks()) {
+    if (!b.status.ok()) continue;
+    keys.push_back(b.key);
+    for (uint32_t l = published_; l < end; ++l) {
+      // A block of one layer has its whole checksum as its layer's.
+      sums.push_back(layers_ > 1 ? b.layer_checksums[l] : BlockChecksum(b.data.first(layer_bytes_)));
+    }
+  }
+  const uint32_t first = published_;
+  published_ = end;
+  if (keys.empty()) return;
+  // Not waited for: a refusal (the daemon is older, or the save was dropped) costs the peers only the early read.
+  reservation_.conn_->Call(
+      wire::MakePublishLayers(reservation_.ns_, keys, first, end, sums), [](Result<v1::Response>) {},
+      internal::Connection::Reader::kDetached);
 }
 
 uint32_t LayerSave::layers_saved() const {

@@ -82,6 +82,18 @@ class AdmitAllPolicy final : public AdmissionPolicy {
   std::string_view name() const override { return "all"; }
 };
 
+class AdmitNonePolicy final : public AdmissionPolicy {
+ public:
+  AdmissionOutcome Decide(const AdmissionCandidate& c, uint64_t) override {
+    Count(AdmissionOutcome::kNoBudget, c.bytes);
+    return AdmissionOutcome::kNoBudget;
+  }
+  std::string_view name() const override { return "none"; }
+
+ protected:
+  bool TakeForced(uint64_t, uint64_t) override { return false; }
+};
+
 // The rules every selective policy shares: the classes never admitted and
 // prefix closure. kAdmitted means "eligible".
 AdmissionOutcome Eligibility(const AdmissionCandidate& c) {
@@ -235,6 +247,7 @@ Result<std::unique_ptr<AdmissionPolicy>> MakeRatePolicy(uint64_t bytes_per_secon
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy() { return std::make_unique<AdmitAllPolicy>(); }
 std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy() { return std::make_unique<SecondHitPolicy>(); }
+std::unique_ptr<AdmissionPolicy> MakeAdmitNonePolicy() { return std::make_unique<AdmitNonePolicy>(); }
 
 Result<std::unique_ptr<AdmissionPolicy>> MakeDwpdPolicy(const DwpdOptions& options, uint64_t now_us) {
   if (Status s = ValidateDwpdOptions(options); !s.ok()) return s;

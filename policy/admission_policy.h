@@ -123,6 +123,9 @@ class AdmissionPolicy {
 
 std::unique_ptr<AdmissionPolicy> MakeAdmitAllPolicy();
 std::unique_ptr<AdmissionPolicy> MakeSecondHitPolicy();
+// Admits nothing, forced or not (each refusal counted as kNoBudget: its
+// budget is zero bytes): the gate of a tier that is only read.
+std::unique_ptr<AdmissionPolicy> MakeAdmitNonePolicy();
 // InvalidArgument for a zero cap. `now_us` is t0.
 Result<std::unique_ptr<AdmissionPolicy>> MakeRatePolicy(uint64_t bytes_per_second, uint64_t now_us);
 // InvalidArgument when the options do not validate. `now_us` is t0.

@@ -87,6 +87,8 @@ Result<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(AdmissionPolicyId i
       return MakeDwpdPolicy(params.dwpd, now_us);
     case AdmissionPolicyId::kRate:
       return MakeRatePolicy(params.rate_bytes_per_second, now_us);
+    case AdmissionPolicyId::kNone:
+      return MakeAdmitNonePolicy();
   }
   KVTIER_CHECK(false, "an id outside the registry");
   return InvalidArgument("unknown admission policy");

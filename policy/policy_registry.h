@@ -38,10 +38,12 @@ inline constexpr EvictionPolicyEntry kEvictionPolicies[] = {
      "closed conversations first, then the best of lru/lru2/arc lately; queued requests' blocks last"},
 };
 
-enum class AdmissionPolicyId : uint8_t { kAll, kSecondHit, kDwpd, kRate };
+enum class AdmissionPolicyId : uint8_t { kAll, kSecondHit, kDwpd, kRate, kNone };
 
 // Which tier an admission policy may guard (a bit set).
-enum AdmissionUse : uint8_t { kAdmissionForNvme = 1, kAdmissionForRemote = 2 };
+// kAdmissionForReadOnly: a tier only read from (the peer tier), which no
+// configuration option names.
+enum AdmissionUse : uint8_t { kAdmissionForNvme = 1, kAdmissionForRemote = 2, kAdmissionForReadOnly = 4 };
 
 struct AdmissionPolicyEntry {
   AdmissionPolicyId id;
@@ -57,6 +59,7 @@ inline constexpr AdmissionPolicyEntry kAdmissionPolicies[] = {
      kAdmissionForNvme | kAdmissionForRemote},
     {AdmissionPolicyId::kDwpd, "dwpd", "second_hit's rules within the drive's DWPD write budget", kAdmissionForNvme},
     {AdmissionPolicyId::kRate, "rate", "second_hit's rules within a bytes/s cap", kAdmissionForRemote},
+    {AdmissionPolicyId::kNone, "none", "admit nothing, forced or not: a tier that is only read", kAdmissionForReadOnly},
 };
 
 namespace registry_internal {

@@ -135,6 +135,17 @@ v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys) {
   return r;
 }
 
+v1::Request MakePublishLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t end_layer,
+                              std::span<const uint64_t> layer_checksums) {
+  v1::Request r;
+  v1::PublishLayersRequest* p = r.mutable_publish_layers();
+  FillKeyed(p, ns, keys);
+  p->set_first_layer(first_layer);
+  p->set_end_layer(end_layer);
+  for (uint64_t c : layer_checksums) p->add_layer_checksums(c);
+  return r;
+}
+
 v1::Request MakePinLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t last_layer) {
   v1::Request r = MakePin(ns, keys);
   r.mutable_pin()->set_first_layer(first_layer);
@@ -238,6 +249,52 @@ v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, doub
   p->set_compute_us_per_layer(compute_us_per_layer);
   p->set_layers(layers);
   p->set_recompute_us_per_layer(recompute_us_per_layer);
+  return r;
+}
+
+void ToProto(const ReadyEstimate& estimate, v1::ReadyEstimateResponse* out) {
+  out->set_prefix_blocks(estimate.prefix_blocks);
+  out->mutable_tiers()->Reserve(static_cast<int>(estimate.tiers.size()));
+  for (Tier tier : estimate.tiers) out->add_tiers(static_cast<uint32_t>(tier));
+  out->set_prefix_bytes(estimate.prefix_bytes);
+  out->set_host_ready_us(estimate.host_ready_us);
+  out->set_gpu_ready_us(estimate.gpu_ready_us);
+  out->set_gpu_copy_bytes(estimate.gpu_copy_bytes);
+  out->set_gpu_copy_bytes_per_s(estimate.gpu_copy_bytes_per_s);
+  for (const ReadyTierShare& share : estimate.below) {
+    v1::ReadyTierShare* s = out->add_below();
+    s->set_tier(static_cast<uint32_t>(share.tier));
+    s->set_blocks(share.blocks);
+    s->set_bytes(share.bytes);
+    s->set_promoting_blocks(share.promoting_blocks);
+    s->set_queued_reads(share.queued_reads);
+    s->set_queued_bytes(share.queued_bytes);
+    s->set_read_bytes_per_s(share.read_bytes_per_s);
+    s->set_overhead_us(share.overhead_us);
+    s->set_ready_us(share.ready_us);
+  }
+}
+
+ReadyEstimate FromProto(const v1::ReadyEstimateResponse& p) {
+  ReadyEstimate estimate;
+  estimate.prefix_blocks = p.prefix_blocks();
+  for (uint32_t tier : p.tiers()) estimate.tiers.push_back(static_cast<Tier>(tier));
+  estimate.prefix_bytes = p.prefix_bytes();
+  estimate.host_ready_us = p.host_ready_us();
+  estimate.gpu_ready_us = p.gpu_ready_us();
+  estimate.gpu_copy_bytes = p.gpu_copy_bytes();
+  estimate.gpu_copy_bytes_per_s = p.gpu_copy_bytes_per_s();
+  for (const v1::ReadyTierShare& s : p.below()) {
+    estimate.below.push_back(ReadyTierShare{static_cast<Tier>(s.tier()), s.blocks(), s.bytes(), s.promoting_blocks(),
+                                            s.queued_reads(), s.queued_bytes(), s.read_bytes_per_s(), s.overhead_us(),
+                                            s.ready_us()});
+  }
+  return estimate;
+}
+
+v1::Request MakeReadyEstimate(uint32_t ns, std::span<const BlockKey> keys) {
+  v1::Request r;
+  FillKeyed(r.mutable_ready_estimate(), ns, keys);
   return r;
 }
 

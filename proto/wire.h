@@ -11,6 +11,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/preload.h"
+#include "kvtier/ready_estimate.h"
 #include "kvtier/result.h"
 #include "kvtier/status.h"
 #include "kvtier/v1/kvtier.pb.h"
@@ -52,6 +53,9 @@ v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<c
 v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                        std::span<const uint64_t> checksums = {});
 v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
+// Layers [first_layer, end_layer) of `keys` written; `layer_checksums` key-major.
+v1::Request MakePublishLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t end_layer,
+                              std::span<const uint64_t> layer_checksums);
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
 // A Pin of layers [first_layer, last_layer) of every key.
 v1::Request MakePinLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t last_layer);
@@ -70,6 +74,10 @@ void ToProto(const PreloadPlan& plan, v1::PreloadPlanResponse* out);
 PreloadPlan FromProto(const v1::PreloadPlanResponse& p);
 v1::Request MakePreloadPlan(uint32_t source_tier, uint64_t bytes_per_layer, double compute_us_per_layer,
                             uint32_t layers, double recompute_us_per_layer);
+// ReadyEstimate both ways (the daemon answers, the client reads).
+void ToProto(const ReadyEstimate& estimate, v1::ReadyEstimateResponse* out);
+ReadyEstimate FromProto(const v1::ReadyEstimateResponse& p);
+v1::Request MakeReadyEstimate(uint32_t ns, std::span<const BlockKey> keys);
 v1::Request MakeStats();
 // Operations: kvtier ls / drop / config get / health.
 // One page of the namespace listing (empty token: the first; page_size 0:

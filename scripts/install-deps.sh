@@ -14,10 +14,13 @@ packages=(
   redis-server redis-tools fio
   clang libclang-rt-14-dev
   clang-format  # the clang_format test: the sources follow .clang-format
+  libzmq3-dev cppzmq-dev  # KV events: ZeroMQ PUB and ROUTER sockets (daemon/events/, `kvtier events`)
+  libucx-dev ucx-utils  # the peer tier: UCX one-sided gets between kvtierd nodes; ucx_perftest, its ceiling
   librsvg2-bin  # rsvg-convert: look at `kvtier replay --plot` SVGs as PNG
   # The Python binding (python/) and its tests, for Debian's /usr/bin/python3;
   # torch (CPU) runs the real-model test of the engine connectors.
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-xxhash python3-torch
+  python3-zmq python3-msgpack  # an independent KV-events subscriber in the tests
   python3-build  # `python3 -m build --no-isolation` writes the wheel and sdist (docs/INTEGRATIONS.md)
 )
 

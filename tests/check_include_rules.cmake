@@ -4,7 +4,7 @@
 # listed for it below; anything else of ours is a violation.
 set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;support/;tools/;tests/;python/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
-set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h")
+set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h;kvtier/ready_estimate.h")
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
 # The CUDA building blocks: public headers and their own, and the annotated
@@ -20,14 +20,16 @@ set(allowed_tiers "kvtier/;common/;policy/;${tier_core}")
 set(allowed_tiers_host "kvtier/;common/;${tier_core};tiers/host/")
 set(allowed_tiers_nvme "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/host/arena_allocator.h")
 set(allowed_tiers_remote "kvtier/;common/;policy/option_defaults.h;${tier_core};tiers/remote/")
+set(allowed_tiers_peer "kvtier/;common/;${tier_core};tiers/peer/")
 set(allowed_tiers_hbm "kvtier/;common/;gpu/;${tier_core};tiers/hbm/")
-set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/v1/;proto/")
+set(allowed_proto "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/preload.h;kvtier/ready_estimate.h;kvtier/v1/;proto/")
 # The daemon's parts, one way: config (over policy/'s registry) and engine are leaves, tenants over
 # config, server over engine and tenants, setup over all, main.cc over setup.
 set(allowed_daemon_config "kvtier/;common/;policy/;daemon/config/")  # policy/: its name registry
 # The engine links the host tier and the core (the tiers below and above
 # come to it as BlockTiers); tenants the core.
 set(allowed_daemon_engine "kvtier/;common/;policy/;${tier_core};tiers/host/;daemon/engine/")
+set(allowed_daemon_events "kvtier/;common/;${tier_core};daemon/engine/block_events.h;daemon/engine/lineage.h;daemon/events/")
 set(allowed_daemon_tenants "kvtier/;common/;${tier_core};daemon/config/;daemon/tenants/")
 set(allowed_daemon_server
     "kvtier/;common/;policy/;${tier_core};tiers/host/;proto/;daemon/engine/;daemon/tenants/;daemon/server/")
@@ -39,12 +41,13 @@ set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
 set(allowed_support "kvtier/;common/;support/")
 # The tools, one folder a product (tools_x is tools/x). The admin front end
 # (cli) sees only the public API and common/, and none of RocksDB, liburing
-# or Google Benchmark; the others include the libraries they run.
+# or Google Benchmark (ZeroMQ, for `kvtier events`, yes); the others include
+# the libraries they run.
 set(allowed_tools_cli "kvtier/;common/;tools/cli/")
 set(allowed_tools_trace "kvtier/;common/;tools/trace/")
 set(allowed_tools_replay "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tools/replay/")
 set(allowed_tools_stress "kvtier/;common/;support/;tools/stress/")
-set(allowed_tools_bench "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;support/;tools/bench/")
+set(allowed_tools_bench "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tiers/peer/;support/;tools/bench/")
 set(allowed_python "kvtier/;python/")  # the binding sees only the public API
 # Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
 # CUDA headers stay out of the public API, common/ and policy/).
@@ -53,8 +56,10 @@ set(banned_tiers "asio;google/protobuf;rocksdb/;liburing.h;openssl/;cuda")
 set(banned_tiers_host "asio;google/protobuf;rocksdb/;liburing.h;openssl/;cuda")
 set(banned_tiers_nvme "asio;google/protobuf;openssl/;cuda")
 set(banned_tiers_remote "asio;google/protobuf;rocksdb/;liburing.h;cuda")
+set(banned_tiers_peer "asio;google/protobuf;rocksdb/;liburing.h;cuda")
 set(banned_tiers_hbm "asio;google/protobuf;rocksdb/;liburing.h;openssl/")
-set(banned_daemon_engine "asio;google/protobuf;proto/;toml")
+set(banned_daemon_engine "asio;google/protobuf;proto/;toml;zmq")
+set(banned_daemon_events "asio;google/protobuf;proto/;toml")
 set(banned_daemon_config "asio;google/protobuf")
 set(banned_common "asio;google/protobuf;cuda")
 set(banned_gpu "asio;google/protobuf;spdlog;toml")
@@ -62,13 +67,28 @@ set(banned_include_kvtier "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_python "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_tools_cli "rocksdb/;liburing.h;benchmark/")
 
+# ZeroMQ (zmq.hpp, zmq_addon.hpp, zmq.h): the KV events publisher
+# (daemon/events/) and their reader `kvtier events` (tools/cli/) only.
+set(zmq_folders "daemon_events;tools_cli")
+# UCX (ucp/, uct/, ucs/): the peer tier and its server (tiers/peer/) and the
+# peer benchmark (tools/bench/) only.
+set(ucx_folders "tiers_peer;tools_bench")
+
 set(violations "")
 # A folder written daemon_x is daemon/x (tools_x: tools/x, tiers_x:
 # tiers/x); daemon and tiers themselves are only their own files (main.cc;
 # tier.h, forwarding_tier.h), not their parts'.
-foreach(folder include_kvtier common policy gpu tiers tiers_host tiers_nvme tiers_remote tiers_hbm proto daemon
-        daemon_config daemon_engine daemon_tenants daemon_server daemon_setup client_lib support tools_cli
+foreach(folder include_kvtier common policy gpu tiers tiers_host tiers_nvme tiers_remote tiers_peer tiers_hbm proto daemon
+        daemon_config daemon_engine daemon_events daemon_tenants daemon_server daemon_setup client_lib support tools_cli
         tools_bench tools_replay tools_stress tools_trace python)
+  list(FIND zmq_folders "${folder}" zmq_allowed)
+  if(zmq_allowed EQUAL -1)
+    list(APPEND banned_${folder} "zmq")
+  endif()
+  list(FIND ucx_folders "${folder}" ucx_allowed)
+  if(ucx_allowed EQUAL -1)
+    list(APPEND banned_${folder} "ucp/" "uct/" "ucs/")
+  endif()
   if(folder STREQUAL "include_kvtier")
     set(dir "${SOURCE_DIR}/include/kvtier")
   else()

@@ -243,6 +243,14 @@ class ReclaimHooks {
   // tier's lock held: it may take only leaf locks. Empty clears it; its
   // owner clears it before going away. Any thread.
   virtual void SetNeededHint(BlockTier::NeededHint needed) = 0;
+  // Installs who hears of each block the tier drops on its own (a reclaimed
+  // region's blocks, whether or not they were offered to the sink first; a
+  // record found unreadable), for KV events: called with the tier's lock
+  // held, so it may take only leaf locks; never for an Erase (its caller
+  // knows). Empty clears it; its owner clears it before going away. Any
+  // thread. A tier whose blocks never leave on their own keeps the default.
+  using DropListener = std::function<void(const NamespaceFingerprint& ns, const BlockKey& key)>;
+  virtual void SetDropListener(DropListener listener) {}
 
  protected:
   ~ReclaimHooks() = default;

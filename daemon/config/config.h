@@ -119,6 +119,25 @@ struct DaemonConfig {
   int64_t metrics_port = 0;
   std::string metrics_bearer_token_file;  // empty: no token (metrics_server.h)
   bool metrics_tenant_series = false;     // with tenants and no token, show their series anyway
+  // [events]
+  bool events_enabled = false;
+  std::string events_endpoint;         // empty: ipc:// beside server.socket_path (EventEndpoints)
+  std::string events_replay_endpoint;  // the same
+  std::string events_topic;
+  EventsFormat events_format{};
+  int64_t events_queue_events = 0;
+  int64_t events_buffer_batches = 0;
+  int64_t events_buffer_bytes = 0;
+  int64_t events_send_hwm = 0;
+  int64_t events_max_subscribers = 0;
+  // [peer]: the peer tier (tiers/peer/) and the server of this node's memory
+  std::string peer_listen;   // "host:port"; empty: this node serves no peer
+  std::string peer_members;  // "host:port,host:port": the cluster's peer servers; empty: no peer tier
+  int64_t peer_timeout_ms = 0;
+  int64_t peer_probe_timeout_ms = 0;
+  int64_t peer_retry_ms = 0;
+  int64_t peer_max_readers = 0;
+  int64_t peer_max_pins_per_reader = 0;
   // [log]
   LogLevel log_level{};
   LogFormat log_format{};

@@ -295,6 +295,71 @@ constexpr OptionSpec kOptions[] = {
      "model ids) to anyone who can reach the endpoint; false leaves out every series labelled with a tenant or a "
      "namespace. Without tenants, or with a token, it changes nothing.",
      OptionFieldOf<&DaemonConfig::metrics_tenant_series>()},
+    {"events.enabled", OptionType::kBool, "true", 0, 1, "", false,
+     "Publish KV events (what each tier stores and removes) over ZeroMQ in vLLM's KV-events form, for "
+     "cache-aware routers (docs/OPERATIONS.md, \"KV events\").",
+     OptionFieldOf<&DaemonConfig::events_enabled>()},
+    {"events.endpoint", OptionType::kString, "\"\"", 0, 0, "", false,
+     "ZeroMQ address the events PUB socket binds (ipc://PATH or tcp://HOST:PORT). Empty: "
+     "ipc://<directory of server.socket_path>/kvtierd-events.sock.",
+     OptionFieldOf<&DaemonConfig::events_endpoint>(), /*may_be_empty=*/true},
+    {"events.replay_endpoint", OptionType::kString, "\"\"", 0, 0, "", false,
+     "ZeroMQ address the events ROUTER socket binds: replays by sequence number, snapshots and ready-time "
+     "estimates. Empty: ipc://<directory of server.socket_path>/kvtierd-events-replay.sock.",
+     OptionFieldOf<&DaemonConfig::events_replay_endpoint>(), /*may_be_empty=*/true},
+    {"events.topic", OptionType::kString, "\"\"", 0, 0, "", false,
+     "The topic frame of every events batch (subscribers filter on its prefix).",
+     OptionFieldOf<&DaemonConfig::events_topic>(), /*may_be_empty=*/true},
+    {"events.format", OptionType::kChoice, "\"map\"", 0, 0, kChoiceNames<EventsFormat>, false,
+     "The batch encoding: map (vLLM's current KVEventBatch, msgspec structs as maps) or array (its earlier "
+     "array_like form).",
+     OptionFieldOf<&DaemonConfig::events_format>()},
+    {"events.queue_events", OptionType::kInt, "65536", 1, 16777216, "", false,
+     "Events waiting for the publisher thread at most; past it they are dropped and the batch sequence skips a "
+     "number (events.dropped_batches), so subscribers ask for a snapshot.",
+     OptionFieldOf<&DaemonConfig::events_queue_events>()},
+    {"events.buffer_batches", OptionType::kInt, "10000", 1, 10000000, "", false,
+     "Batches kept for replay requests (and at most events.buffer_bytes of them).",
+     OptionFieldOf<&DaemonConfig::events_buffer_batches>()},
+    {"events.buffer_bytes", OptionType::kBytes, "\"64MiB\"", 4096, int64_t{1} << 40, "", false,
+     "Bytes of batches kept for replay requests at most.", OptionFieldOf<&DaemonConfig::events_buffer_bytes>()},
+    {"events.send_hwm", OptionType::kInt, "1000", 1, 1000000, "", false,
+     "Batches queued per subscriber at most (ZeroMQ's high-water mark); a slower subscriber loses what follows, "
+     "sees the gap in the sequence numbers and replays.",
+     OptionFieldOf<&DaemonConfig::events_send_hwm>()},
+    {"events.max_subscribers", OptionType::kInt, "8", 1, 4096, "", false,
+     "Peers of each events socket at most (the PUB socket's subscribers, the ROUTER socket's requesters), per "
+     "engine (per tenant with tenants); one more is refused at its handshake (events.refused_peers) and connects again "
+     "later. "
+     "With events.send_hwm it bounds what subscribers make the daemon hold.",
+     OptionFieldOf<&DaemonConfig::events_max_subscribers>()},
+    {"peer.listen", OptionType::kString, "\"\"", 0, 0, "", false,
+     "Where this node serves its host memory to the peer tiers of the cluster's other nodes (host:port, UCX over "
+     "the transport UCX_TLS allows); empty: it serves none. Readers prove remote.key_file's secret first.",
+     OptionFieldOf<&DaemonConfig::peer_listen>(), /*may_be_empty=*/true},
+    {"peer.members", OptionType::kString, "\"\"", 0, 0, "", false,
+     "The peer servers (host:port, comma-separated) of the cluster: the peer tier asks them for prefixes the local "
+     "tiers miss and reads hits from their memory, one-sided; this node's own address may be listed (it is skipped). "
+     "Empty: no peer tier.",
+     OptionFieldOf<&DaemonConfig::peer_members>(), /*may_be_empty=*/true},
+    {"peer.timeout_ms", OptionType::kInt, "2000", 10, 600000, "", false,
+     "A peer that does not answer a request or finish a read within this counts as stalled: its reads fail (the "
+     "engine recomputes), its connection is closed and tried again after peer.retry_ms.",
+     OptionFieldOf<&DaemonConfig::peer_timeout_ms>()},
+    {"peer.probe_timeout_ms", OptionType::kInt, "20", 1, 60000, "", false,
+     "How long a lookup that the local tiers miss waits for the peers' answers (those later still count for the next "
+     "lookup).",
+     OptionFieldOf<&DaemonConfig::peer_probe_timeout_ms>()},
+    {"peer.retry_ms", OptionType::kInt, "1000", 10, 600000, "", false,
+     "How soon a peer that failed, stalled or refused is connected again.",
+     OptionFieldOf<&DaemonConfig::peer_retry_ms>()},
+    {"peer.max_readers", OptionType::kInt, "64", 1, 65536, "", false,
+     "Peer readers connected to this node at most; one more is refused (peer_server.refused).",
+     OptionFieldOf<&DaemonConfig::peer_max_readers>()},
+    {"peer.max_pins_per_reader", OptionType::kInt, "4096", 1, 1048576, "", false,
+     "Blocks one peer reader may hold pinned here at once; a pin past it is answered Busy. Its pins end when it goes "
+     "away.",
+     OptionFieldOf<&DaemonConfig::peer_max_pins_per_reader>()},
     {"log.level", OptionType::kChoice, "\"info\"", 0, 0, kChoiceNames<LogLevel>, true, "Log verbosity.",
      OptionFieldOf<&DaemonConfig::log_level>()},
     {"log.format", OptionType::kChoice, "\"text\"", 0, 0, kChoiceNames<LogFormat>, true,

@@ -23,6 +23,8 @@ enum class LockMemory : uint8_t { kRequired, kBestEffort, kOff };
 enum class HbmEnabled : uint8_t { kAuto, kOn, kOff };
 // nvme.io_engine: the NVMe tier's I/O (IoEngine, tiers/nvme/block_device.h).
 enum class NvmeIoEngine : uint8_t { kAuto, kIoUring, kThreads };
+// events.format: vLLM's KVEventBatch as msgpack maps (its current form) or arrays (its earlier array_like form).
+enum class EventsFormat : uint8_t { kMap, kArray };
 // log.level is a LogLevel and log.format a LogFormat (common/logging.h).
 
 // One name of a choice option's enum.
@@ -38,6 +40,8 @@ inline constexpr OptionChoice<HbmEnabled> kHbmEnabledChoices[] = {
     {HbmEnabled::kAuto, "auto"}, {HbmEnabled::kOn, "on"}, {HbmEnabled::kOff, "off"}};
 inline constexpr OptionChoice<NvmeIoEngine> kNvmeIoEngineChoices[] = {
     {NvmeIoEngine::kAuto, "auto"}, {NvmeIoEngine::kIoUring, "io_uring"}, {NvmeIoEngine::kThreads, "threads"}};
+inline constexpr OptionChoice<EventsFormat> kEventsFormatChoices[] = {{EventsFormat::kMap, "map"},
+                                                                      {EventsFormat::kArray, "array"}};
 inline constexpr OptionChoice<LogLevel> kLogLevelChoices[] = {
     {LogLevel::kTrace, "trace"}, {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"},
     {LogLevel::kWarn, "warn"},   {LogLevel::kError, "error"}, {LogLevel::kCritical, "critical"},
@@ -58,6 +62,10 @@ struct ChoiceTable<HbmEnabled> {
 template <>
 struct ChoiceTable<NvmeIoEngine> {
   static constexpr const auto& rows = kNvmeIoEngineChoices;
+};
+template <>
+struct ChoiceTable<EventsFormat> {
+  static constexpr const auto& rows = kEventsFormatChoices;
 };
 template <>
 struct ChoiceTable<LogLevel> {

@@ -22,13 +22,13 @@ Result<size_t> ReadAndWait(Start&& start) {
 }  // namespace
 
 AboveMover::AboveMover(BlockTier& above, BlockTier& host, const Clock& clock, RetryScheduler& retries, size_t max_jobs,
-                       Hooks hooks)
+                       Hooks hooks, const EventTap* events)
     : host_(host),
       clock_(clock),
       retries_(retries),
       hooks_(std::move(hooks)),
       mover_("engine.above_io", 1, 0, max_jobs) {
-  source_.measured = std::make_unique<MeasuredTier>(above);
+  source_.measured = std::make_unique<MeasuredTier>(above, events, Tier::kHbm);
   source_.tier = source_.measured.get();
   source_.reported = Tier::kHbm;
 }

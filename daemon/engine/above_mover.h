@@ -92,8 +92,10 @@ class AboveMover {
   // copies up read and evicted blocks are written), `clock` and `retries`
   // are borrowed and outlive the mover. Its queue holds at most
   // `max_jobs` jobs.
+  // `events` (may be null; borrowed, outlives the mover) hears what the
+  // tier above stores and removes (MeasuredTier).
   AboveMover(BlockTier& above, BlockTier& host, const Clock& clock, RetryScheduler& retries, size_t max_jobs,
-             Hooks hooks);
+             Hooks hooks, const EventTap* events = nullptr);
   AboveMover(const AboveMover&) = delete;
   AboveMover& operator=(const AboveMover&) = delete;
 

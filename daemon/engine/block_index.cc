@@ -157,6 +157,7 @@ BlockEntry BlockIndex::BeginDemotion(Entries::iterator it, size_t level) {
   Demoting& record = demoting[key];
   record.ns = entry.ns;
   record.level = level;
+  record.bytes = entry.size;
   record.state_ = BlockState::kDemoting;
   entry.state_ = BlockState::kDemoting;
   return entry;
@@ -212,6 +213,7 @@ void BlockIndex::Insert(const BlockKey& key, BlockEntry& entry, BlockHandle hand
   policy->OnInsertKeyed(handle, key, now_us);
   stored_bytes += entry.size;
   Publish(key, entry);
+  if (events_ != nullptr) events_->Stored(Tier::kHost, entry.ns, key);
 }
 
 void BlockIndex::Publish(const BlockKey& key, BlockEntry& entry) {
@@ -220,6 +222,7 @@ void BlockIndex::Publish(const BlockKey& key, BlockEntry& entry) {
 }
 
 void BlockIndex::Withdraw(const BlockKey& key, BlockEntry& entry) {
+  if (events_ != nullptr) events_->Removed(Tier::kHost, entry.ns, key);
   HostDirectory* dir = host_.directory();
   if (dir == nullptr) return;
   if (entry.published) {

@@ -15,6 +15,7 @@
 
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
+#include "daemon/engine/block_events.h"
 #include "daemon/engine/engine_types.h"
 #include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
@@ -69,8 +70,11 @@ class BlockIndex {
   using Entries = std::unordered_map<BlockKey, BlockEntry>;
   // `first_lease` starts the shard's lease numbers (LeaseTable); `host`
   // (borrowed, outlives the index) owns the extents its blocks hold.
-  BlockIndex(size_t shard_index, uint64_t first_lease, std::unique_ptr<EvictionPolicy> p, HostTier& host)
-      : leases(shard_index, first_lease), policy(std::move(p)), host_(host) {}
+  // `events` (borrowed, outlives the index; may be null) hears each block
+  // that becomes visible or stops being so (block_events.h).
+  BlockIndex(size_t shard_index, uint64_t first_lease, std::unique_ptr<EvictionPolicy> p, HostTier& host,
+             const EventTap* events = nullptr)
+      : leases(shard_index, first_lease), policy(std::move(p)), host_(host), events_(events) {}
 
   Mutex mu;
   // The members below are guarded by mu, and every method needs it held.
@@ -90,7 +94,8 @@ class BlockIndex {
   class Demoting {
    public:
     NamespaceFingerprint ns;
-    size_t level = 0;  // the tier below being written
+    size_t level = 0;    // the tier below being written
+    uint64_t bytes = 0;  // the block's (its entry's size)
     std::vector<std::function<void()>> waiters;
     // kDemoting, or kErasedWhileDemoting once an Erase came: nothing of it may stay.
     BlockState state() const { return state_; }
@@ -180,6 +185,7 @@ class BlockIndex {
   void Withdraw(const BlockKey& key, BlockEntry& entry) REQUIRES(mu);
 
   HostTier& host_;
+  const EventTap* const events_;
 };
 
 // Resolves one key of a batch; the last one to resolve completes it.

@@ -1,7 +1,5 @@
 #include "daemon/engine/engine.h"
 
-#include <chrono>
-#include <limits>
 #include <optional>
 #include <random>
 
@@ -20,6 +18,7 @@ constexpr size_t kMoverJobs = 1 << 16;
 Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
     : host_(host),
       clock_(clock),
+      events_(options.events, &lineage_),
       queue_(shards_, RequestQueue::Limits{kMaxQueuedRequests, options.max_queued_requests_per_connection,
                                            options.max_queued_keys_per_connection}),
       locator_(std::make_unique<Locator>(shards_, below_, counters_, LocatorHooks())),
@@ -38,8 +37,8 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
   std::random_device entropy;
   const uint64_t first_lease = ((uint64_t{entropy()} << 32 | entropy()) & ((uint64_t{1} << 55) - 1)) | 1;
   for (uint32_t i = 0; i < options.shards; ++i) {
-    shards_.push_back(
-        std::make_unique<BlockIndex>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction), host_));
+    shards_.push_back(std::make_unique<BlockIndex>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction),
+                                                   host_, &events_));
   }
 }
 
@@ -48,6 +47,7 @@ Engine::~Engine() {
     if (ReclaimHooks* hooks = below->tier->reclaim_hooks()) {
       hooks->SetNeededHint(nullptr);
       hooks->SetEvictionSink(nullptr);
+      hooks->SetDropListener(nullptr);
     }
   }
   // A tier thread may be inside the sink right now: wait for it, and make
@@ -89,7 +89,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
       return InvalidArgument(std::string(lower.tier->name()) + " admission: " + made.status().message());
     }
     auto level = std::make_unique<TierLevel>();
-    level->measured = std::make_unique<MeasuredTier>(*lower.tier);
+    level->measured = std::make_unique<MeasuredTier>(*lower.tier, &engine->events_, lower.reported);
     level->tier = level->measured.get();
     level->admission = std::move(made).value();
     level->reported = lower.reported;
@@ -100,6 +100,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   for (size_t level = 0; level < engine->below_.size(); ++level) {
     ReclaimHooks* tier = engine->below_[level]->tier->reclaim_hooks();
     if (tier == nullptr) continue;  // the tier does not reclaim on its own
+    tier->SetDropListener(engine->events_.DropListener(engine->below_[level]->reported));
     // The tier asks from under its own lock; QueuedKeys' lock is a leaf.
     tier->SetNeededHint([queue = &engine->queue_](const BlockKey& key) { return queue->Needs(key); });
     if (level + 1 < engine->below_.size()) {
@@ -128,7 +129,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   engine->holder_ = std::make_unique<Holder>(clock, *engine->pinner_, *engine->promoter_, engine->counters_);
   if (above != nullptr) {
     engine->above_ = std::make_unique<AboveMover>(*above, *engine->host_block_tier_, clock, *engine->retries_,
-                                                  kMoverJobs, engine->AboveHooks());
+                                                  kMoverJobs, engine->AboveHooks(), &engine->events_);
   }
   Eraser::Hooks erase;
   if (engine->above_ != nullptr) {
@@ -233,6 +234,7 @@ void Engine::CloseConnection(ConnectionId connection) {
   queue_.DropConnection(connection);
   loader_->EndAll(connection);
   pinner_->EndConnection(connection);  // its reservations and leases, in one walk
+  published_.EndConnection(connection);
   if (namespaces_.Release(connection)) ForgetUnusedNamespaces();
   Bump(counters_.connections_closed);
 }

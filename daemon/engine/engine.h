@@ -25,13 +25,9 @@
 // (host_block_tier.h). The parts reach the engine only through the hooks
 // it gives them (engine_hooks.cc).
 //
-// Block life cycle in the host tier:
-//   Reserve -> [reserved, invisible] -> Commit -> [committed, visible]
-//   committed + Pin -> [pinned: never evicted] -> Release -> committed
-//   Erase of a pinned block -> [zombie: invisible] -> last Release -> freed
-// A connection's uncommitted reservations and leases die with
-// CloseConnection. Blocks below are inclusive copies: a promotion leaves
-// the copy below; Erase reaches every tier, writes in flight included.
+// A block's life in the host tier is block_entry.h's diagram; each change of
+// what a tier holds is a block event (block_events.h). Blocks below are
+// inclusive copies; Erase reaches every tier, writes in flight included.
 //
 // Thread-safe. The index is split into shards by key hash, each with its
 // own mutex and eviction policy instance. No shard lock is held while
@@ -45,7 +41,6 @@
 #include <limits>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -72,6 +67,8 @@
 #include "daemon/engine/prefetcher.h"
 #include "daemon/engine/preload_rates.h"
 #include "daemon/engine/promoter.h"
+#include "daemon/engine/published_layers.h"
+#include "daemon/engine/ready_estimator.h"
 #include "daemon/engine/request_queue.h"
 #include "daemon/engine/stack_report.h"
 #include "daemon/engine/engine_counters.h"
@@ -131,9 +128,8 @@ class Engine {
   // Registered namespaces (kept, used, or unused with blocks): the gauge.
   size_t RegisteredNamespaces() const;
 
-  // Every namespace with a block in some tier, plus those registered
-  // since start, and where. The reports on the stack below are
-  // StackReport's (stack_report.h, with their contracts).
+  // Every namespace with a block in some tier, plus those registered since
+  // start, and where (StackReport's reports: stack_report.h).
   using TierUse = EngineTierUse;
   using NamespaceUse = EngineNamespaceUse;
   std::vector<NamespaceUse> NamespaceUses() const { return report_->NamespaceUses(); }
@@ -144,8 +140,10 @@ class Engine {
   // first: the blocks it held.
   std::vector<TierUse> DropNamespace(const NamespaceFingerprint& ns);
   std::vector<std::string> TierNames() const { return report_->TierNames(); }  // top first: "hbm", "host", ...
-  // namespace.bytes gauges (part of VisitCounters), at most
-  // kMaxNamespaceSeries namespaces, the rest under ns="other".
+  // Every block of every tier (stack_report.h); a namespace's descriptor, if registered since start.
+  void ForEachHeldBlock(const StackReport::HeldBlockVisitor& v) const { report_->ForEachHeldBlock(v); }
+  std::optional<NamespaceDescriptor> DescriptorOf(const NamespaceFingerprint& ns) const;
+  // namespace.bytes gauges (in VisitCounters): kMaxNamespaceSeries namespaces at most, the rest ns="other".
   static constexpr size_t kMaxNamespaceSeries = StackReport::kMaxNamespaceSeries;
   void VisitNamespaceUse(CounterVisitor& v) const { report_->VisitNamespaceUse(v); }
 
@@ -208,6 +206,19 @@ class Engine {
     return preload_.Plan(source, bytes_per_layer, compute_us_per_layer, layers, recompute_us_per_layer);
   }
 
+  PublishedLayers& published_layers() { return published_; }  // reservations' layers shown to peers
+  // Where `key` is now (as Lookup places it, no probe: locator.h); a block's layers (its namespace's layout).
+  std::optional<Locator::Placed> Where(const NamespaceFingerprint& ns, const BlockKey& key) const {
+    return locator_->Where(ns, key);
+  }
+  uint32_t LayersOf(const NamespaceFingerprint& ns, uint64_t size) const {
+    return namespaces_.LayoutOf(ns, size).layer_count;
+  }
+  // When the longest cached prefix of `keys` can be in host and GPU memory (ready_estimator.h: model, errors).
+  Result<ReadyEstimate> EstimateReady(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+    return estimator_.Estimate(ns, keys);
+  }
+
   // Layer-wise loads: the Loader's Begin and End (loader.h says what they
   // promise); CloseConnection ends a connection's loads.
   using LoadStart = EngineLoadStart;
@@ -230,9 +241,13 @@ class Engine {
   // Erase. In memory only: a restart forgets them.
   using HoldResult = EngineHoldResult;
   static constexpr uint64_t kMaxHoldTtlUs = Holder::kMaxHoldTtlUs;
-  std::vector<HoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us);
-  std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
-  size_t ReleaseExpiredHolds();
+  std::vector<HoldResult> Hold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, uint64_t ttl_us) {
+    return holder_->Hold(ns, keys, ttl_us);
+  }
+  std::vector<Status> Unhold(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+    return holder_->Unhold(ns, keys);
+  }
+  size_t ReleaseExpiredHolds() { return holder_->ReleaseExpired(); }
 
   // Queue hints (engine_queue.cc) from an inference engine's scheduler on
   // connection `connection`; request ids are the connection's own. Enqueue:
@@ -321,6 +336,7 @@ class Engine {
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;
   Lineage lineage_{kLineageKeys};
+  const EventTap events_;         // block events, parents from lineage_ (block_events.h)
   NamespaceRegistry namespaces_;  // layouts and users of namespaces (namespace_registry.h)
   Mutex io_mu_;
   CondVar io_idle_;
@@ -343,6 +359,8 @@ class Engine {
   // into the arena (writer.h).
   std::unique_ptr<Locator> locator_;
   std::unique_ptr<Writer> writer_;
+  PublishedLayers published_{*writer_, namespaces_};  // layers of reservations published to peers
+  ReadyEstimator estimator_{*locator_, below_, [this] { return preload_.HostCopyBytesPerS(); }};  // ready_estimator.h
   // What the engine reports about its stack (stack_report.h); made by
   // Create once the stack is complete. No thread of its own.
   std::unique_ptr<StackReport> report_;

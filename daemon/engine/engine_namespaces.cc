@@ -33,6 +33,9 @@ size_t Engine::ForgetUnusedNamespaces() {
 }
 
 size_t Engine::RegisteredNamespaces() const { return namespaces_.described(); }
+std::optional<NamespaceDescriptor> Engine::DescriptorOf(const NamespaceFingerprint& ns) const {
+  return namespaces_.DescriptorOf(ns);
+}
 
 std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view model_id,
                                                             std::string_view model_revision) const {

@@ -22,6 +22,8 @@
 
 namespace kvtier {
 
+class BlockEvents;  // daemon/engine/block_events.h
+
 using ConnectionId = uint64_t;  // also in daemon/engine/block_entry.h
 // The connection the host tier's BlockTier face (HostBlockTier) reserves
 // and pins under; the server numbers its connections from 1 upwards.
@@ -68,6 +70,9 @@ struct EngineOptions {
   // client's checksum is recorded as sent (one pass less over the bytes);
   // demotion and verifying readers still check the bytes against it.
   bool verify_commits = defaults::kVerifyCommits;
+  // Where block events go (block_events.h: KV events); null: nowhere.
+  // Borrowed: outlives the engine.
+  BlockEvents* events = nullptr;
 };
 
 // What a Reserve says of its keys' chain: with `chain` they are consecutive

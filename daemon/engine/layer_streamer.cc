@@ -151,7 +151,7 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
       const BlockKey key = b.key;
       std::span<std::byte> dst = host_.Bytes(b.extent).subspan(layer * stream->layer_bytes, stream->layer_bytes);
       lock.Unlock();
-      below.read_meter.Started(clock_.NowUs());
+      below.read_meter.Started(stream->layer_bytes, clock_.NowUs());
       // The layer's checksum from a tier that keeps them, or hashed when the
       // load verifies (its board needs it); else a plain read.
       Status started =
@@ -164,7 +164,7 @@ void LayerStreamer::Pump(const std::shared_ptr<LayerStream>& stream) {
                   if (!r.ok()) return ReadDone(stream, block, layer, level, r.status());
                   ReadDone(stream, block, layer, level, BlockTier::LayerRead{*r, {}});
                 });
-      if (!started.ok()) below.read_meter.Ended(0, clock_.NowUs());
+      if (!started.ok()) below.read_meter.Ended(stream->layer_bytes, 0, clock_.NowUs());
       const std::optional<size_t> down =
           started.code() == StatusCode::kNotFound ? LevelDown(*stream, block, level) : std::nullopt;
       lock.Lock();
@@ -244,7 +244,7 @@ std::optional<size_t> LayerStreamer::LevelDown(const LayerStream& stream, size_t
 
 void LayerStreamer::ReadDone(const std::shared_ptr<LayerStream>& stream, size_t block, uint32_t layer, size_t level,
                              Result<BlockTier::LayerRead> read) {
-  hooks_.source(level).read_meter.Ended(read.ok() ? read->bytes : 0, clock_.NowUs());
+  hooks_.source(level).read_meter.Ended(stream->layer_bytes, read.ok() ? read->bytes : 0, clock_.NowUs());
   const std::optional<size_t> down =
       read.status().code() == StatusCode::kNotFound ? LevelDown(*stream, block, level) : std::nullopt;
   uint64_t layer_checksum = 0;

@@ -17,30 +17,38 @@ LookupOutcome Locator::Lookup(const NamespaceFingerprint& ns, std::span<const Bl
   return std::move(cursor.out);
 }
 
-std::optional<Tier> Locator::Place(const NamespaceFingerprint& ns, const BlockKey& key) {
+std::optional<Locator::Placed> Locator::Where(const NamespaceFingerprint& ns, const BlockKey& key) const {
   if (TierLevel* above = hooks_.above()) {
     std::optional<BlockTier::BlockInfo> info = above->tier->Find(key);
-    if (info && info->ns == ns) {
-      Bump(above->lookup_hits);
-      return above->reported;
-    }
+    if (info && info->ns == ns) return Placed{above->reported, std::nullopt, info->payload_bytes, false};
   }
   BlockIndex& shard = ShardOf(shards_, key);
   MutexLock lock(shard.mu);
   auto it = shard.index.find(key);
-  if (it != shard.index.end() && it->second.cached() && it->second.ns == ns) {
+  const bool ours = it != shard.index.end() && it->second.ns == ns;
+  if (ours && it->second.cached()) return Placed{Tier::kHost, std::nullopt, it->second.size, false};
+  if (std::optional<Located> below = hooks_.find_below(key, ns)) {
+    const bool promoting = ours && it->second.state() == BlockState::kPromoting;
+    return Placed{below_[below->level]->reported, below->level, below->info.payload_bytes, promoting};
+  }
+  // Being demoted: in that tier as soon as its write ends.
+  auto demoting = shard.demoting.find(key);
+  if (demoting == shard.demoting.end() || demoting->second.ns != ns) return std::nullopt;
+  const size_t level = demoting->second.level;
+  return Placed{below_[level]->reported, level, demoting->second.bytes, false};
+}
+
+std::optional<Tier> Locator::Place(const NamespaceFingerprint& ns, const BlockKey& key) {
+  std::optional<Placed> placed = Where(ns, key);
+  if (!placed) return std::nullopt;
+  if (placed->below) {
+    Bump(below_[*placed->below]->lookup_hits);
+  } else if (placed->tier == Tier::kHost) {
     Bump(counters_.host_lookup_hits);
-    return Tier::kHost;
+  } else {
+    Bump(hooks_.above()->lookup_hits);
   }
-  std::optional<Located> below = hooks_.find_below(key, ns);
-  if (!below) {
-    // Being demoted: in that tier as soon as its write ends.
-    auto demoting = shard.demoting.find(key);
-    if (demoting == shard.demoting.end() || demoting->second.ns != ns) return std::nullopt;
-    below = Located{demoting->second.level, {}};
-  }
-  Bump(below_[below->level]->lookup_hits);
-  return below_[below->level]->reported;
+  return placed->tier;
 }
 
 void Locator::LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,

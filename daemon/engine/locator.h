@@ -66,9 +66,22 @@ class Locator {
   void LookupSome(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, LookupCursor& cursor,
                   size_t max_keys);
 
+  // Where `key` of `ns` is now, placed as Lookup places it (no probe, no
+  // counter): its tier as clients know it, the tier below it is read from
+  // (`below`, an index into the levels below; none in the host tier or
+  // above), its bytes, and whether a promotion of it from there is in
+  // flight (kPromoting; placed in that tier, as Lookup does). nullopt when
+  // no tier knows it. Takes its shard's lock and the tiers' leaf locks.
+  struct Placed {
+    Tier tier = Tier::kNone;
+    std::optional<size_t> below;
+    uint64_t bytes = 0;
+    bool promoting = false;
+  };
+  std::optional<Placed> Where(const NamespaceFingerprint& ns, const BlockKey& key) const;
+
  private:
-  // Where `key` of `ns` is now, counting a hit of that tier; nullopt when
-  // no tier knows it.
+  // Where, counting a hit of that tier.
   std::optional<Tier> Place(const NamespaceFingerprint& ns, const BlockKey& key);
 
   const std::vector<std::unique_ptr<BlockIndex>>& shards_;

@@ -9,16 +9,40 @@ using SteadyClock = std::chrono::steady_clock;
 
 }  // namespace
 
-MeasuredTier::MeasuredTier(BlockTier& inner)
-    : ForwardingTier(inner), label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
+MeasuredTier::MeasuredTier(BlockTier& inner, const EventTap* events, Tier reported)
+    : ForwardingTier(inner),
+      events_(events != nullptr && events->on() ? events : nullptr),
+      reported_(reported),
+      label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
+
+std::optional<NamespaceFingerprint> MeasuredTier::NamespaceForEvents(const BlockKey& key) const {
+  if (events_ == nullptr) return std::nullopt;
+  std::optional<BlockInfo> info = inner().Find(key);
+  if (!info) return std::nullopt;
+  return info->ns;
+}
+
+void MeasuredTier::ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns,
+                             const Status& status) const {
+  if (!ns || (status.code() != StatusCode::kNotFound && status.code() != StatusCode::kCorruption)) return;
+  events_->Removed(reported_, *ns, key);
+}
+
+Status MeasuredTier::Erase(const BlockKey& key) {
+  const std::optional<NamespaceFingerprint> ns = NamespaceForEvents(key);
+  Status s = inner().Erase(key);
+  if (s.ok() && ns) events_->Removed(reported_, *ns, key);
+  return s;
+}
 
 Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
                            std::span<const std::byte> payload, WriteDone done,
                            std::optional<uint64_t> payload_checksum) {
   const auto start = SteadyClock::now();
   const auto bytes = static_cast<int64_t>(payload.size());
-  WriteDone measured = [this, start, bytes, done = std::move(done)](Status status) {
+  WriteDone measured = [this, start, bytes, ns, key, done = std::move(done)](Status status) {
     write_latency_.Record(SteadyClock::now() - start);
+    if (status.ok() && events_ != nullptr) events_->Stored(reported_, ns, key);
     if (status.ok()) {
       writes_.fetch_add(1, std::memory_order_relaxed);
       written_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -33,8 +57,9 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
 Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                           ReadDone done) {
   const auto start = SteadyClock::now();
-  ReadDone measured = [this, start, done = std::move(done)](Result<size_t> read) {
+  ReadDone measured = [this, start, key, ns = NamespaceForEvents(key), done = std::move(done)](Result<size_t> read) {
     read_latency_.Record(SteadyClock::now() - start);
+    ReadEnded(key, ns, read.status());
     if (read.ok()) {
       reads_.fetch_add(1, std::memory_order_relaxed);
       read_bytes_.fetch_add(static_cast<int64_t>(*read), std::memory_order_relaxed);
@@ -49,8 +74,10 @@ Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t la
 Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                             std::span<std::byte> dst, LayerReadDone done) {
   const auto start = SteadyClock::now();
-  LayerReadDone measured = [this, start, done = std::move(done)](Result<LayerRead> read) {
+  LayerReadDone measured = [this, start, key, ns = NamespaceForEvents(key),
+                            done = std::move(done)](Result<LayerRead> read) {
     read_latency_.Record(SteadyClock::now() - start);
+    ReadEnded(key, ns, read.status());
     if (read.ok()) {
       reads_.fetch_add(1, std::memory_order_relaxed);
       read_bytes_.fetch_add(static_cast<int64_t>(read->bytes), std::memory_order_relaxed);

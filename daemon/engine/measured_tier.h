@@ -9,6 +9,11 @@
 //   (counters), tier.capacity_bytes{...}, tier.used_bytes{...} (gauges),
 // then the wrapped tier's own counters.
 //
+// With an EventTap it also reports what the tier holds (block_events.h):
+// a write that completed stores the block in `reported`, an Erase that
+// found it and a read that found it gone (NotFound) or bad (Corruption,
+// which drops it) remove it.
+//
 // Thread-safety: as the wrapped tier; the measurements are atomics.
 #pragma once
 
@@ -16,13 +21,15 @@
 #include <string>
 
 #include "common/histogram.h"
+#include "daemon/engine/block_events.h"
 #include "tiers/forwarding_tier.h"
 
 namespace kvtier {
 
 class MeasuredTier final : public ForwardingTier {
  public:
-  explicit MeasuredTier(BlockTier& inner);  // borrowed; outlives this
+  // `inner` and `events` (may be null) are borrowed and outlive this.
+  explicit MeasuredTier(BlockTier& inner, const EventTap* events = nullptr, Tier reported = Tier::kNone);
 
   // Measured; everything else is forwarded as it is (ForwardingTier).
   Status Write(const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,
@@ -32,9 +39,17 @@ class MeasuredTier final : public ForwardingTier {
               ReadDone done) override;
   Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                 std::span<std::byte> dst, LayerReadDone done) override;
+  Status Erase(const BlockKey& key) override;
   void VisitCounters(CounterVisitor& visitor) const override;
 
  private:
+  // The namespace of `key` here, for a removal's event (nothing without events).
+  std::optional<NamespaceFingerprint> NamespaceForEvents(const BlockKey& key) const;
+  // A read that ended with `status`: a block gone or dropped is removed.
+  void ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns, const Status& status) const;
+
+  const EventTap* const events_;
+  const Tier reported_;
   const std::string label_;  // {tier="<name>"}
   LatencyHistogram read_latency_, write_latency_;
   std::atomic<int64_t> reads_{0}, writes_{0}, read_errors_{0}, write_errors_{0};

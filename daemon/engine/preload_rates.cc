@@ -40,18 +40,22 @@ Result<PreloadPlan> PreloadRates::Plan(Tier source, uint64_t bytes_per_layer, do
   in.recompute_us_per_layer = recompute_us_per_layer;
   in.margin = 0.1;
   if (source == Tier::kHost) {
-    std::call_once(host_copy_measured_, [this] { host_copy_bytes_per_s_ = measure_copy_(); });
-    in.read_bytes_per_s = host_copy_bytes_per_s_;
+    in.read_bytes_per_s = HostCopyBytesPerS();
   } else {
     const auto it = std::find_if(below_.begin(), below_.end(),
                                  [source](const std::unique_ptr<TierLevel>& b) { return b->reported == source; });
     if (it == below_.end()) {
       return NotFound("no " + std::string(TierName(source)) + " tier to plan a preload from");
     }
-    in.read_bytes_per_s = (*it)->read_meter.estimate().Percentile(10);
+    in.read_bytes_per_s = (*it)->read_meter.estimate().Percentile(kReadPercentile);
     in.overhead_us_per_layer = kBelowLayerOverheadUs;
   }
   return PlanPreload(in);
+}
+
+double PreloadRates::HostCopyBytesPerS() {
+  std::call_once(host_copy_measured_, [this] { host_copy_bytes_per_s_ = measure_copy_(); });
+  return host_copy_bytes_per_s_;
 }
 
 }  // namespace kvtier

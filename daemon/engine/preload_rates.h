@@ -35,6 +35,9 @@ double MeasureCopyBytesPerS();
 class PreloadRates {
  public:
   static constexpr double kBelowLayerOverheadUs = 20;
+  // The percentile of a tier's read meter plans use (and ready estimates,
+  // ready_estimator.h).
+  static constexpr double kReadPercentile = 10;
 
   // `below` (highest first) is borrowed and outlives this.
   explicit PreloadRates(const std::vector<std::unique_ptr<TierLevel>>& below,
@@ -44,6 +47,9 @@ class PreloadRates {
 
   Result<PreloadPlan> Plan(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
                            double recompute_us_per_layer);
+  // The host tier's copy rate: `measure_copy`'s answer, asked on the first
+  // call (of this or a plan from the host tier) only.
+  double HostCopyBytesPerS();
 
  private:
   const std::vector<std::unique_ptr<TierLevel>>& below_;

@@ -58,14 +58,14 @@ void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, 
   Result<HostTier::Extent> extent = hooks_.allocate(bytes);
   if (!extent.ok()) return finish(extent.status(), {}, {});
   TierLevel& below = hooks_.source(from.level);
-  below.read_meter.Started(clock_.NowUs());
+  below.read_meter.Started(bytes, clock_.NowUs());
   // The tier's own checksums of the layers it verified travel with the
   // grant, so that a client that verifies checks the bytes it reads.
   Status started = below.tier->ReadWithLayerChecksums(
       key, layers.first, layers.last, host_.Bytes(*extent).first(bytes),
       [this, &below, finish, batch, index, key, from, layers, extent = *extent, bytes,
        count = layers.last - layers.first](Result<BlockTier::LayerRead> r) {
-        below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
+        below.read_meter.Ended(bytes, r.ok() ? r->bytes : 0, clock_.NowUs());
         if (r.status().code() == StatusCode::kNotFound && FollowLayersDown(batch, index, key, from, layers, extent)) {
           return hooks_.io_finished();  // this attempt's
         }
@@ -77,7 +77,7 @@ void Promoter::ReadLayers(const std::shared_ptr<PinBatch>& batch, size_t index, 
         finish(Status::Ok(), extent, std::move(r->layer_checksums));
       });
   if (!started.ok()) {
-    below.read_meter.Ended(0, clock_.NowUs());
+    below.read_meter.Ended(bytes, 0, clock_.NowUs());
     if (started.code() == StatusCode::kNotFound && FollowLayersDown(batch, index, key, from, layers, *extent)) {
       return hooks_.io_finished();  // this attempt's
     }
@@ -116,26 +116,29 @@ void Promoter::Promote(const BlockKey& key, const Located& from, uint64_t deadli
   Result<HostTier::Extent> extent = hooks_.allocate(from.info.payload_bytes);
   if (!extent.ok()) return FinishPromotion(key, extent.status(), {}, checksum);
   TierLevel& below = hooks_.source(from.level);
-  below.read_meter.Started(clock_.NowUs());
+  const uint64_t bytes = from.info.payload_bytes;
+  below.read_meter.Started(bytes, clock_.NowUs());
   // With the layers' checksums, which the host entry records, from a tier
   // that keeps them (no extra pass); else a plain read (the block then has
   // none, as a block whose writer sent none).
   Status started =
       from.info.layer_count > 1 && below.tier->keeps_layer_checksums()
-          ? below.tier->ReadWithLayerChecksums(
-                key, 0, from.info.layer_count, host_.Bytes(*extent),
-                [this, &below, key, from, deadline_us, extent = *extent, checksum](Result<BlockTier::LayerRead> r) {
-                  below.read_meter.Ended(r.ok() ? r->bytes : 0, clock_.NowUs());
-                  if (!r.ok()) return EndRead(key, from, deadline_us, r.status(), extent);
-                  FinishPromotion(key, Status::Ok(), extent, checksum, std::move(r->layer_checksums));
-                })
+          ? below.tier->ReadWithLayerChecksums(key, 0, from.info.layer_count, host_.Bytes(*extent),
+                                               [this, &below, key, from, deadline_us, extent = *extent, checksum,
+                                                bytes](Result<BlockTier::LayerRead> r) {
+                                                 below.read_meter.Ended(bytes, r.ok() ? r->bytes : 0, clock_.NowUs());
+                                                 if (!r.ok())
+                                                   return EndRead(key, from, deadline_us, r.status(), extent);
+                                                 FinishPromotion(key, Status::Ok(), extent, checksum,
+                                                                 std::move(r->layer_checksums));
+                                               })
           : below.tier->Read(key, 0, from.info.layer_count, host_.Bytes(*extent),
-                             [this, &below, key, from, deadline_us, extent = *extent](Result<size_t> r) {
-                               below.read_meter.Ended(r.ok() ? *r : 0, clock_.NowUs());
+                             [this, &below, key, from, deadline_us, extent = *extent, bytes](Result<size_t> r) {
+                               below.read_meter.Ended(bytes, r.ok() ? *r : 0, clock_.NowUs());
                                EndRead(key, from, deadline_us, r.status(), extent);
                              });
   if (started.ok()) return;
-  below.read_meter.Ended(0, clock_.NowUs());
+  below.read_meter.Ended(bytes, 0, clock_.NowUs());
   host_.Free(*extent);
   if (started.code() == StatusCode::kNotFound && FollowDown(key, from, deadline_us)) return hooks_.io_finished();
   // Out of read staging for now: not a miss. It is tried again a moment

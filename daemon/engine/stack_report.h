@@ -28,7 +28,8 @@
 //   per-namespace sums (NamespaceSums, tiers/tier.h) is asked for them,
 //   O(namespaces); the others are walked, O(blocks).
 // - StackTop, TierNames: the stack's tiers (names), top first: the tier
-//   above the host if any, the host tier's face, the tiers below.
+//   above the host if any, the host tier's face, the tiers below;
+//   ForEachHeldBlock: their blocks, in the same order.
 //
 // Thread-safe, with no lock of its own: it takes one shard lock at a time
 // (to count blocks) and calls no tier, admission or hook under it; the
@@ -99,6 +100,11 @@ class StackReport {
   void VisitNamespaceUse(CounterVisitor& v) const;
   std::vector<const BlockTier*> StackTop() const;
   std::vector<std::string> TierNames() const;
+  // Every block each tier holds now, top first, with the tier as clients
+  // name it (a snapshot of KV events, `kvtier ls --blocks`). O(blocks),
+  // under each tier's own lock in turn: `visit` must not call the engine.
+  using HeldBlockVisitor = std::function<void(Tier tier, const BlockKey& key, const BlockTier::BlockInfo& info)>;
+  void ForEachHeldBlock(const HeldBlockVisitor& visit) const;
 
  private:
   // The tier-independent families (docs/OPERATIONS.md, "Metrics") the

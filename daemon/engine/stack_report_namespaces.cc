@@ -26,6 +26,15 @@ std::vector<const BlockTier*> StackReport::StackTop() const {
   return tiers;
 }
 
+void StackReport::ForEachHeldBlock(const HeldBlockVisitor& visit) const {
+  auto walk = [&visit](const BlockTier& tier, Tier reported) {
+    tier.ForEachBlock([&](const BlockKey& key, const BlockTier::BlockInfo& info) { visit(reported, key, info); });
+  };
+  if (stack_.above != nullptr) walk(*stack_.above->source().tier, Tier::kHbm);
+  walk(stack_.host, Tier::kHost);
+  for (const auto& b : stack_.below) walk(*b->tier, b->reported);
+}
+
 std::vector<std::string> StackReport::TierNames() const {
   std::vector<std::string> names;
   for (const BlockTier* t : StackTop()) names.emplace_back(t->name());

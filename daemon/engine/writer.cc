@@ -163,6 +163,19 @@ Status Writer::CommitOne(ConnectionId connection, const BlockKey& key, std::span
   return Status::Ok();
 }
 
+std::optional<std::pair<HostTier::Extent, uint64_t>> Writer::Reserved(ConnectionId connection,
+                                                                      const NamespaceFingerprint& ns,
+                                                                      const BlockKey& key) const {
+  BlockIndex& shard = ShardFor(key);
+  MutexLock lock(shard.mu);
+  auto it = shard.index.find(key);
+  if (it == shard.index.end() || it->second.state() != BlockState::kReserved || it->second.writer != connection ||
+      it->second.ns != ns || !it->second.allocated) {
+    return std::nullopt;
+  }
+  return std::make_pair(it->second.extent, it->second.size);
+}
+
 size_t Writer::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
   size_t aborted = 0;
   for (const BlockKey& key : keys) {

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 #include <memory>
 #include <span>
 #include <vector>
@@ -96,6 +98,12 @@ class Writer {
   // Drops this connection's reservations of `keys`; returns how many were
   // (engine.aborts). Others' reservations and committed blocks stay.
   size_t Abort(ConnectionId connection, std::span<const BlockKey> keys);
+
+  // Where `connection`'s reservation of `key` under `ns` lies, once it
+  // has arena space, and its reserved size; nullopt when it holds none
+  // (committed, dropped, or another's). Takes the key's shard lock.
+  std::optional<std::pair<HostTier::Extent, uint64_t>> Reserved(ConnectionId connection, const NamespaceFingerprint& ns,
+                                                                const BlockKey& key) const;
 
  private:
   BlockIndex& ShardFor(const BlockKey& key) const;

@@ -3,7 +3,8 @@
 // and usage reports. The put path is in request_handler_puts.cc, lookups,
 // pins and erases in request_handler_gets.cc, loads and queue hints in
 // request_handler_loads.cc, the operations requests in
-// request_handler_ops.cc and request_handler_holds.cc.
+// request_handler_ops.cc, request_handler_blocks.cc and
+// request_handler_holds.cc.
 #include "daemon/server/request_handler.h"
 
 #include <algorithm>
@@ -44,7 +45,7 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
   }
   if (context_.engine == nullptr && !AdminRequest(request)) {
     SetStatus(response, PermissionDenied("this caller is an operator of kvtierd but no tenant's: it may run admin "
-                                         "requests (stats, ls, drop, pin, unpin, config, health) only"));
+                                         "requests (stats, ls, ls --blocks, drop, pin, unpin, config, health) only"));
     return {};
   }
   switch (request.body_case()) {
@@ -59,6 +60,9 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       break;
     case v1::Request::kAbort:
       HandleAbort(request.abort(), response);
+      break;
+    case v1::Request::kPublishLayers:
+      HandlePublishLayers(request.publish_layers(), response);
       break;
     case v1::Request::kPin: {
       std::promise<v1::Response> answered;
@@ -83,6 +87,9 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
     case v1::Request::kPreloadPlan:
       HandlePreloadPlan(request.preload_plan(), response);
       break;
+    case v1::Request::kReadyEstimate:
+      HandleReadyEstimate(request.ready_estimate(), response);
+      break;
     case v1::Request::kBeginLoad:
       HandleBeginLoad(request.begin_load(), response);
       break;
@@ -101,6 +108,9 @@ RequestHandler::Outcome RequestHandler::Handle(const v1::Request& request, v1::R
       break;
     case v1::Request::kListNamespaces:
       HandleListNamespaces(request.list_namespaces(), response);
+      break;
+    case v1::Request::kListBlocks:
+      HandleListBlocks(request.list_blocks(), response);
       break;
     case v1::Request::kDrop:
       HandleDrop(request.drop(), response);
@@ -194,6 +204,8 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
   body->set_daemon_version(KVTIER_VERSION);
   body->set_directory_bytes(context_.directory_fd >= 0 ? context_.directory_bytes : 0);
   body->set_tenant(context_.tenant);
+  body->set_events_endpoint(context_.events_endpoint);
+  body->set_events_replay_endpoint(context_.events_replay_endpoint);
   if (!context_.device_pool.ipc_handle.empty()) {
     auto* pool = body->mutable_device_pool();
     pool->set_ipc_handle(context_.device_pool.ipc_handle);
@@ -209,6 +221,7 @@ bool RequestHandler::AdminRequest(const v1::Request& request) {
   switch (request.body_case()) {
     case v1::Request::kStats:
     case v1::Request::kListNamespaces:
+    case v1::Request::kListBlocks:
     case v1::Request::kDrop:
     case v1::Request::kConfig:
     case v1::Request::kHealth:

@@ -64,6 +64,8 @@ struct HandlerContext {
   uint64_t directory_bytes = 0;
   // The HBM tier's device pool, offered in Hello (empty handle: none).
   DevicePoolOffer device_pool;
+  // The tenant's KV-events endpoints, told in Hello (empty: events off).
+  std::string events_endpoint, events_replay_endpoint;
   // Adds the server's own counters to a Stats response; may be empty.
   std::function<void(CounterVisitor&)> visit_server_counters;
   // The running configuration as TOML (`kvtier config get`) as the tenant
@@ -110,6 +112,11 @@ class RequestHandler {
 
   // The most namespaces one ListNamespaces page holds (and its default).
   static constexpr uint32_t kMaxListPageNamespaces = 256;
+  // The most blocks one ListBlocks page holds (and its default): about
+  // 45 bytes an entry, at most 110 with a 64-byte tenant name, so a page
+  // stays under 450 KiB, below the 1 MiB any client accepts of a response
+  // whatever its frame cap (client_lib/connection.cc).
+  static constexpr uint32_t kMaxListPageBlocks = 4096;
 
   // A Lookup answered in steps of a bounded number of keys, so that the
   // connection can let its io thread serve other connections between them
@@ -159,6 +166,7 @@ class RequestHandler {
   void HandleReserve(const v1::ReserveRequest& r, v1::Response& response);
   void HandleCommit(const v1::CommitRequest& r, v1::Response& response);
   void HandleAbort(const v1::AbortRequest& r, v1::Response& response);
+  void HandlePublishLayers(const v1::PublishLayersRequest& r, v1::Response& response);
   // The read path (request_handler_gets.cc).
   void HandleLookup(const v1::Request& request, v1::Response& response);
   void HandleRelease(const v1::ReleaseRequest& r, v1::Response& response);
@@ -167,6 +175,10 @@ class RequestHandler {
   void HandleCorruptReportAsync(const v1::Request& request, std::function<void(v1::Response)> done);
   // The work ahead (request_handler_loads.cc).
   void HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Response& response);
+  // When the longest cached prefix of the request's keys can be in host and
+  // GPU memory (Engine::EstimateReady): InvalidArgument for a namespace not
+  // registered on this connection, bad keys or too many of them.
+  void HandleReadyEstimate(const v1::ReadyEstimateRequest& r, v1::Response& response);
   // Starts a layer-wise load (Engine::BeginLoad), with its preload plan
   // when the request gives a compute time.
   void HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response& response);
@@ -175,6 +187,9 @@ class RequestHandler {
   // One page of the listing (proto ListNamespacesRequest); first forgets
   // each engine's unused registrations (Engine::ForgetUnusedNamespaces).
   void HandleListNamespaces(const v1::ListNamespacesRequest& r, v1::Response& response);
+  // One page of every block every tier holds (proto ListBlocksRequest;
+  // request_handler_blocks.cc).
+  void HandleListBlocks(const v1::ListBlocksRequest& r, v1::Response& response);
   void HandleDrop(const v1::DropRequest& r, v1::Response& response);
   void HandleConfig(v1::Response& response);
   void HandleHealth(v1::Response& response);

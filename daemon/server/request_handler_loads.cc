@@ -1,6 +1,6 @@
 // What RequestHandler (request_handler.h) tells the engine of the work
-// ahead: layer-wise loads with their preload plans, plans alone, and the
-// queue hints of the engine's scheduler (enqueued, started, finished,
+// ahead: layer-wise loads with their preload plans, plans alone, ready
+// estimates, and the queue hints of the engine's scheduler (enqueued, started, finished,
 // sessions).
 #include "daemon/server/request_handler.h"
 #include "daemon/server/response_status.h"
@@ -51,6 +51,17 @@ void RequestHandler::HandlePreloadPlan(const v1::PreloadPlanRequest& r, v1::Resp
                                            r.compute_us_per_layer(), r.layers(), r.recompute_us_per_layer());
   if (!plan.ok()) return SetStatus(response, plan.status());
   wire::ToProto(*plan, response.mutable_preload_plan());
+  SetStatus(response, Status::Ok());
+}
+
+void RequestHandler::HandleReadyEstimate(const v1::ReadyEstimateRequest& r, v1::Response& response) {
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  auto estimate = context_.engine->EstimateReady(*ns, *keys);
+  if (!estimate.ok()) return SetStatus(response, estimate.status());
+  wire::ToProto(*estimate, response.mutable_ready_estimate());
   SetStatus(response, Status::Ok());
 }
 

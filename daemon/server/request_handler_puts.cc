@@ -114,6 +114,21 @@ void RequestHandler::HandleAbort(const v1::AbortRequest& r, v1::Response& respon
   SetStatus(response, Status::Ok());
 }
 
+void RequestHandler::HandlePublishLayers(const v1::PublishLayersRequest& r, v1::Response& response) {
+  response.mutable_publish_layers();
+  auto ns = Namespace(r.ns());
+  if (!ns.ok()) return SetStatus(response, ns.status());
+  auto keys = wire::KeysFromProto(r.keys());
+  if (!keys.ok()) return SetStatus(response, keys.status());
+  const std::vector<uint64_t> sums(r.layer_checksums().begin(), r.layer_checksums().end());
+  std::vector<Status> published =
+      context_.engine->published_layers().Publish(connection_, *ns, *keys, r.first_layer(), r.end_layer(), sums);
+  for (const Status& s : published) {
+    if (!s.ok()) return SetStatus(response, s);  // the first refusal; the others were published
+  }
+  SetStatus(response, Status::Ok());
+}
+
 size_t RequestHandler::AbortExpiredReservations(ConnectionUsage::Clock::time_point now) {
   std::vector<BlockKey> expired = usage_.TakeExpired(now);
   if (expired.empty() || context_.engine == nullptr) return 0;

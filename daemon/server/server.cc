@@ -179,6 +179,8 @@ Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, 
       context->directory_bytes = tenant.host->directory()->bytes();
     }
     context->device_pool = tenant.device_pool;
+    context->events_endpoint = tenant.events_endpoint;
+    context->events_replay_endpoint = tenant.events_replay_endpoint;
     tenant_contexts_.push_back(std::move(context));
     operator_context_.operator_view.push_back(TenantView{tenant.name, tenant.engine, tenant.scope});
   }

@@ -38,6 +38,8 @@ struct ServedTenant {
   const TenantScope* scope = nullptr;  // borrowed; null without tenants
   std::vector<std::string> models;     // model ids it may register; empty: any
   DevicePoolOffer device_pool;         // its HBM pool, offered at Hello (empty: none)
+  // Its KV-events endpoints, told at Hello (empty: events off).
+  std::string events_endpoint, events_replay_endpoint;
 };
 
 struct ServerOptions {

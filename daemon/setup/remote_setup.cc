@@ -12,7 +12,11 @@
 namespace kvtier {
 namespace {
 
-// "a, b,,c " -> {"a", "b", "c"}.
+// A Redis password is a line; anything larger is not one.
+constexpr uint64_t kMaxPasswordFileBytes = 64 * 1024;
+
+}  // namespace
+
 std::vector<std::string> SplitList(std::string_view list) {
   std::vector<std::string> out;
   while (!list.empty()) {
@@ -25,11 +29,6 @@ std::vector<std::string> SplitList(std::string_view list) {
   }
   return out;
 }
-
-// A Redis password is a line; anything larger is not one.
-constexpr uint64_t kMaxPasswordFileBytes = 64 * 1024;
-
-}  // namespace
 
 Result<RemoteTierOptions> RemoteOptionsFromConfig(const DaemonConfig& config) {
   RemoteTierOptions o;

@@ -3,12 +3,19 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "daemon/config/config.h"
 #include "daemon/engine/engine.h"
 #include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
+
+// A comma-separated option's items, trimmed, empty ones dropped:
+// "a, b,,c " -> {"a", "b", "c"} (remote.nodes, peer.members, ...).
+std::vector<std::string> SplitList(std::string_view list);
 
 // The options [remote] gives (remote.nodes and remote.cluster_networks
 // split at commas), the password read from remote.password_file. IoError

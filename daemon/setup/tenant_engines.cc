@@ -51,8 +51,10 @@ Status OpenEngine(const DaemonConfig& config, uint64_t host_bytes, const DaemonC
   auto hbm = OpenHbmTier(hbm_config);
   if (!hbm.ok()) return Status(hbm.status().code(), whose + hbm.status().message());
   tenant.hbm = std::move(*hbm);
-  auto engine =
-      Engine::Create(EngineOptionsFromConfig(config), *tenant.host, clock, std::move(below), tenant.hbm.tier.get());
+  tenant.events_journal = MakeEventJournal(config);
+  EngineOptions options = EngineOptionsFromConfig(config);
+  options.events = tenant.events_journal.get();
+  auto engine = Engine::Create(options, *tenant.host, clock, std::move(below), tenant.hbm.tier.get());
   if (!engine.ok()) return Status(engine.status().code(), whose + "engine: " + engine.status().message());
   tenant.engine = std::move(*engine);
   return Status::Ok();
@@ -144,16 +146,26 @@ Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& c
 }
 
 DaemonEngines::~DaemonEngines() {
-  for (Tenant& tenant : tenants_) tenant.engine.reset();  // every engine before any tier it shares
+  // Every publisher first (its thread reads the engine: snapshots,
+  // estimates, namespace names), then every engine before any tier it shares.
+  for (Tenant& tenant : tenants_) tenant.events.reset();
+  for (Tenant& tenant : tenants_) tenant.engine.reset();
   tenants_.clear();
   shared_.clear();
 }
 
-std::vector<ServedTenant> DaemonEngines::Served() const {
+std::vector<ServedTenant> DaemonEngines::Served(const DaemonConfig& config) const {
   std::vector<ServedTenant> served;
   for (const Tenant& t : tenants_) {
-    served.push_back(
-        ServedTenant{t.config.name, t.engine.get(), t.host.get(), t.scope.get(), t.config.models, t.hbm.offer});
+    ServedTenant s{t.config.name, t.engine.get(), t.host.get(), t.scope.get(), t.config.models, t.hbm.offer};
+    if (t.events_journal != nullptr) {
+      // An endpoint StartEvents refuses fails the start anyway.
+      if (auto endpoints = EventEndpointsFor(config, t.config.name); endpoints.ok()) {
+        s.events_endpoint = endpoints->events;
+        s.events_replay_endpoint = endpoints->replay;
+      }
+    }
+    served.push_back(std::move(s));
   }
   return served;
 }
@@ -162,16 +174,31 @@ void DaemonEngines::VisitSharedCounters(CounterVisitor& visitor) const {
   for (const auto& shared : shared_) shared->VisitCounters(visitor);
 }
 
+Status DaemonEngines::StartEvents(const DaemonConfig& config) {
+  for (Tenant& t : tenants_) {
+    if (t.events_journal == nullptr) continue;
+    auto events = kvtier::StartEvents(config, t.scope != nullptr ? &t.config : nullptr, *t.events_journal, *t.engine);
+    if (!events.ok()) {
+      const std::string whose = t.config.name.empty() ? "" : "tenant " + t.config.name + ": ";
+      return Status(events.status().code(), whose + events.status().message());
+    }
+    t.events = std::move(*events);
+  }
+  return Status::Ok();
+}
+
 void DaemonEngines::VisitCounters(CounterVisitor& visitor) const {
   VisitSharedCounters(visitor);
   for (const Tenant& t : tenants_) {
     if (t.scope == nullptr) {
       t.engine->VisitCounters(visitor);
+      if (t.events) t.events->VisitCounters(visitor);
       continue;
     }
     const std::string label = "tenant=\"" + t.config.name + "\"";  // names are [A-Za-z0-9_.-]
     LabellingVisitor labelled(visitor, label);
     t.engine->VisitCounters(labelled);
+    if (t.events) t.events->VisitCounters(labelled);
   }
 }
 

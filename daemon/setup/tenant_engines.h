@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "daemon/config/config.h"
 #include "daemon/engine/engine.h"
+#include "daemon/setup/events_setup.h"
 #include "daemon/setup/hbm_setup.h"
 #include "daemon/server/server.h"
 #include "daemon/tenants/tenant_scope.h"
@@ -52,7 +53,9 @@ class DaemonEngines {
     std::unique_ptr<HostTier> host;
     HbmSetup hbm;
     std::vector<std::unique_ptr<TenantTier>> below;  // its views of the shared tiers
-    std::unique_ptr<Engine> engine;                  // declared last: destroyed first
+    std::unique_ptr<EventJournal> events_journal;    // null: events off; outlives the engine (events_setup.h)
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<EventPublisher> events;  // declared last: stops before the engine goes
   };
 
   // `config` must have its auto sizes resolved (and, with tenants, their
@@ -64,8 +67,14 @@ class DaemonEngines {
   bool has_tenants() const { return tenants_.front().scope != nullptr; }
   const std::vector<Tenant>& tenants() const { return tenants_; }
 
-  // What the server serves: one entry per tenant, in configuration order.
-  std::vector<ServedTenant> Served() const;
+  // Starts each engine's KV-events publisher (events_setup.h), once the
+  // daemon owns its socket: a second kvtierd on the same paths never
+  // takes the first one's event sockets.
+  Status StartEvents(const DaemonConfig& config);
+
+  // What the server serves: one entry per tenant, in configuration order,
+  // with the KV-events endpoints StartEvents binds (told at Hello).
+  std::vector<ServedTenant> Served(const DaemonConfig& config) const;
 
   // The shared tiers' own counters, once (nothing without tenants).
   void VisitSharedCounters(CounterVisitor& visitor) const;

@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "daemon/setup/nvme_setup.h"
+#include "daemon/setup/peer_setup.h"
 #include "daemon/setup/remote_setup.h"
 
 namespace kvtier {
@@ -30,9 +31,18 @@ Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock&
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }
 
-// The registration table, in stack order.
+Result<std::unique_ptr<BlockTier>> OpenPeer(const DaemonConfig& config, Clock&) {
+  auto tier = OpenPeerTier(config);
+  if (!tier.ok()) return tier.status();
+  return std::unique_ptr<BlockTier>(std::move(*tier));
+}
+
+// The registration table, in stack order. The peer tier (other nodes'
+// memory, read one-sided) is asked before the remote tier (a copy through
+// Redis); clients hear of a peer hit as a remote one (off this node).
 constexpr TierRegistration kTiers[] = {
     {"nvme", Tier::kNvme, OpenNvme, NvmeAdmissionFromConfig},
+    {"peer", Tier::kRemote, OpenPeer, PeerAdmissionFromConfig},
     {"remote", Tier::kRemote, OpenRemote, RemoteAdmissionFromConfig},
 };
 

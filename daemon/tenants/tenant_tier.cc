@@ -12,6 +12,7 @@ uint64_t SharedTier::ShareableBytes() const {
 SharedTier::SharedTier(BlockTier& tier) : tier_(tier) {
   if (ReclaimHooks* hooks = tier_.reclaim_hooks()) {
     hooks->SetNeededHint([this](const BlockKey& key) { return Needed(key); });
+    hooks->SetDropListener([this](const NamespaceFingerprint& ns, const BlockKey& key) { OnDropped(ns, key); });
   }
 }
 
@@ -20,6 +21,7 @@ SharedTier::~SharedTier() {
   if (ReclaimHooks* hooks = tier_.reclaim_hooks()) {
     if (sink_installed_) hooks->SetEvictionSink(nullptr);
     hooks->SetNeededHint(nullptr);
+    hooks->SetDropListener(nullptr);
   }
   if (ReclaimShares* shares = tier_.reclaim_shares()) shares->SetShares(nullptr);
 }
@@ -39,7 +41,8 @@ SharedTier::Tenant* SharedTier::Find(const TenantScope* scope) {
 void SharedTier::Join(const TenantScope* scope, uint64_t quota_bytes) {
   {
     WriterMutexLock lock(mu_);
-    if (Find(scope) == nullptr) tenants_.push_back(Tenant{scope, nullptr, nullptr, next_owner_++, quota_bytes});
+    if (Find(scope) == nullptr)
+      tenants_.push_back(Tenant{scope, nullptr, nullptr, nullptr, next_owner_++, quota_bytes});
     ComputeShares();
   }
   InstallShares();
@@ -148,6 +151,21 @@ void SharedTier::OnEvicted(const BlockTier::Evicted& block, std::span<const std:
     return;
   }
   sink(mine, payload);
+}
+
+void SharedTier::SetDropListener(const TenantScope* scope, ReclaimHooks::DropListener listener) {
+  WriterMutexLock lock(mu_);
+  if (Tenant* t = Find(scope)) t->dropped = std::move(listener);
+}
+
+// Called with the tier's lock held: mu_ comes after it (docs/ARCHITECTURE.md).
+void SharedTier::OnDropped(const NamespaceFingerprint& ns, const BlockKey& scoped) const {
+  ReaderMutexLock lock(mu_);
+  for (const Tenant& t : tenants_) {
+    if (!t.scope->Owns(ns)) continue;
+    if (t.dropped) t.dropped(ns, t.scope->Unscope(scoped));
+    return;
+  }
 }
 
 bool SharedTier::Needed(const BlockKey& key) const {

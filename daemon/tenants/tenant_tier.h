@@ -56,6 +56,7 @@ class SharedTier {
   // outlives its registration; called by TenantTier.
   void SetSink(const TenantScope* scope, BlockTier::EvictionSink sink) EXCLUDES(install_mu_, mu_);
   void SetHint(const TenantScope* scope, BlockTier::NeededHint hint) EXCLUDES(mu_);
+  void SetDropListener(const TenantScope* scope, ReclaimHooks::DropListener listener) EXCLUDES(mu_);
   // Registers `scope` as one of the tenants (for the reinsertion share and
   // the protected shares), with its quota (0: none); TenantTier's
   // constructor and destructor call these.
@@ -73,6 +74,7 @@ class SharedTier {
     const TenantScope* scope = nullptr;
     BlockTier::EvictionSink sink;
     BlockTier::NeededHint hint;
+    ReclaimHooks::DropListener dropped;
     uint32_t owner = 0;        // its id among the tier's share owners (1, 2, ...)
     uint64_t quota_bytes = 0;  // 0: none; its share is then unquoted_share_
   };
@@ -82,6 +84,8 @@ class SharedTier {
   void Install() EXCLUDES(install_mu_, mu_);
   void OnEvicted(const BlockTier::Evicted& block, std::span<const std::byte> payload) EXCLUDES(mu_);
   bool Needed(const BlockKey& key) const EXCLUDES(mu_);
+  // The tier dropped `scoped`: tells the tenant that owns `ns`.
+  void OnDropped(const NamespaceFingerprint& ns, const BlockKey& scoped) const EXCLUDES(mu_);
   // Whose block of `ns` is, and its share (BlockTier::ShareOf).
   ShareOwner OwnerOf(const NamespaceFingerprint& ns) const EXCLUDES(mu_);
   // The tier's ReclaimShares::shareable_bytes (0: it protects no share).
@@ -154,6 +158,7 @@ class TenantTier final : public ForwardingTier,
   // To SharedTier, which hands the tier's calls to the tenant they concern.
   void SetNeededHint(NeededHint needed) override { shared_.SetHint(&scope_, std::move(needed)); }
   void SetEvictionSink(EvictionSink sink) override { shared_.SetSink(&scope_, std::move(sink)); }
+  void SetDropListener(DropListener listener) override { shared_.SetDropListener(&scope_, std::move(listener)); }
   void ForEachNamespaceBytes(const NamespaceBytesVisitor& visit) const override;
 
  private:

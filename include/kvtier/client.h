@@ -47,6 +47,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/preload.h"
+#include "kvtier/ready_estimate.h"
 #include "kvtier/result.h"
 #include "kvtier/status.h"
 
@@ -146,6 +147,25 @@ struct NamespaceInfo {
   std::string tenant;  // whose it is, when kvtierd has tenants configured
 };
 
+// A block a tier holds (Client::ListBlocks, `kvtier ls --blocks`).
+struct HeldBlockInfo {
+  Tier tier = Tier::kNone;
+  NamespaceFingerprint ns;
+  BlockKey key;
+  std::string tenant;  // whose it is, when kvtierd has tenants configured
+};
+// Where a page of Client::ListBlocksPage ended: pass it back for the next.
+struct BlockListCursor {
+  uint32_t view = 0;  // the tenant's index in the listing
+  Tier tier = Tier::kNone;
+  NamespaceFingerprint ns;
+  BlockKey key;
+};
+struct HeldBlockPage {
+  std::vector<HeldBlockInfo> blocks;    // in the listing's order (tenant, tier top first, namespace, key)
+  std::optional<BlockListCursor> next;  // set: more may follow
+};
+
 // Client::Hold: one key's outcome.
 struct HoldOutcome {
   Status status;
@@ -160,6 +180,12 @@ struct HealthReport {
   std::string version;                // of kvtierd
   uint64_t uptime_s = 0;
   std::vector<std::string> tiers;  // the stack, top first
+};
+
+// Client::events_endpoints: ZeroMQ endpoints ("ipc:///run/kvtier/kvtierd-events.sock").
+struct EventsEndpoints {
+  std::string publish;  // the PUB socket: topic, 8-byte sequence, msgpack batch
+  std::string replay;   // the ROUTER socket: replay, snapshot, estimate
 };
 
 namespace internal {
@@ -277,6 +303,7 @@ class Reservation {
 
  private:
   friend class Client;
+  friend class LayerSave;
   std::shared_ptr<internal::Connection> conn_;
   NamespaceId ns_ = 0;
   std::vector<WritableBlock> blocks_;
@@ -320,6 +347,17 @@ class LayerSave {
   Status LayerWritten(uint32_t layer);
   // Layers saved or declared written so far.
   uint32_t layers_saved() const;
+  // Publishes the saved layers to this node's peers as they are saved,
+  // before FinishSave commits the blocks: each time layers [0, n) of the
+  // save are complete (SaveLayer or LayerWritten), their checksums go to
+  // kvtierd in one message the call does not wait for, and a node
+  // reading this prefix through its peer tier (docs/OPERATIONS.md, "Peer
+  // tier") may read those layers, each verified, while later ones are
+  // still computed: a prefill node hands its KV to a decode node layer by
+  // layer. Layers saved before the call are published at once. Nothing
+  // becomes visible on this node before FinishSave. Costs a hash of each
+  // layer. FailedPrecondition once finished or aborted.
+  Status PublishToPeers();
   // Commits every Ok block in one request (the daemon checksums each);
   // one Status per block as Reservation::Commit. FailedPrecondition, with
   // nothing committed and the save still open, while a layer is missing;
@@ -336,9 +374,13 @@ class LayerSave {
   uint64_t layer_bytes_ = 0;
   std::vector<bool> saved_;
   bool ended_ = false;
-  // ClientOptions::verify_checksums: each layer's checksum is taken as it
-  // is saved (WritableBlock::layer_checksums).
+  // ClientOptions::verify_checksums or PublishToPeers: each layer's
+  // checksum is taken as it is saved (WritableBlock::layer_checksums).
   bool layer_sums_ = false;
+  bool publish_ = false;    // PublishToPeers
+  uint32_t published_ = 0;  // layers [0, published_) were published
+  // Sends what is newly complete of layers [0, n) (PublishToPeers).
+  void PublishSaved();
 };
 
 // How a layer-wise load hands its layers over (Client::BeginLoad).
@@ -530,6 +572,11 @@ class Client {
   // The namespace fingerprints, as computed by the daemon, by NamespaceId.
   const std::vector<NamespaceFingerprint>& namespaces() const;
 
+  // Where the daemon publishes this caller's KV events (its tenant's, with
+  // tenants): BlockStored/BlockRemoved/AllBlocksCleared per tier over
+  // ZeroMQ, docs/OPERATIONS.md "KV events". Both empty when events are off.
+  EventsEndpoints events_endpoints() const;
+
   // The whole arena mapping, for one cudaHostRegister at start-up. After a
   // reconnect it is the new daemon's arena (the old one stays mapped only
   // while handles from before use it): register it again when
@@ -575,6 +622,12 @@ class Client {
   // for no layers or bytes or a bad time; NotFound without such a tier.
   Result<PreloadPlan> PlanPreload(Tier source, uint64_t bytes_per_layer, double compute_us_per_layer, uint32_t layers,
                                   double recompute_us_per_layer = 0);
+  // When the longest cached prefix of `keys` (root first) can be in host
+  // and in GPU memory, with each block's tier and each tier's share (the
+  // model: kvtier/ready_estimate.h): R for a router's max(Q, R) + C. One
+  // round trip; the daemon does no I/O for it. InvalidArgument for an
+  // unknown `ns` or more keys than a layer-wise load takes (65,536).
+  Result<ReadyEstimate> EstimateReady(NamespaceId ns, std::span<const BlockKey> keys);
   // Layer-wise save (LayerSave): reserves a whole block of the namespace
   // for each key, root first. Errors as Reserve; per-block outcomes in the
   // LayerSave.
@@ -644,6 +697,15 @@ class Client {
   // Every namespace with a block in some tier or registered since the
   // daemon started, with its blocks and bytes per tier.
   Result<std::vector<NamespaceInfo>> ListNamespaces();
+  // Every block every tier holds (the caller's tenant's, or every tenant's
+  // for an operator), in the order (tenant, tier top first, namespace,
+  // key). ListBlocksPage asks one page: at most `limit` blocks after
+  // `after` (none: from the start; limit 0: the daemon's default, 4096, also
+  // its most). ListBlocks asks page after page of `page_limit`. Pages are
+  // not one atomic snapshot: a block stored or removed meanwhile may be
+  // missed or listed, none twice.
+  Result<HeldBlockPage> ListBlocksPage(const std::optional<BlockListCursor>& after, uint32_t limit = 0);
+  Result<std::vector<HeldBlockInfo>> ListBlocks(uint32_t page_limit = 0);
   // Removes namespaces from every tier (the NVMe index included): those in
   // `fingerprints`, plus every registered namespace of `model_id` (of
   // `model_revision`, or of all its revisions when that is empty). Returns

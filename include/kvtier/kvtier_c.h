@@ -137,6 +137,32 @@ typedef struct {
   int recompute_instead;      /* 1: recomputing the prefix is no slower */
 } kvtier_preload_plan;
 
+/* A ready-time estimate (kvtier::ReadyEstimate, kvtier/ready_estimate.h):
+ * its per-block tiers and per-tier shares go to the caller's arrays of
+ * kvtier_estimate_ready. Times in microseconds from the call. */
+typedef struct {
+  size_t prefix_blocks;        /* the longest cached prefix, as kvtier_lookup's */
+  uint64_t prefix_bytes;       /* its blocks' bytes */
+  double host_ready_us;        /* until all of it can be in host memory (0: it is) */
+  double gpu_ready_us;         /* until all of it can be in GPU memory (0: it is, in the HBM tier) */
+  uint64_t gpu_copy_bytes;     /* bytes of it not in the HBM tier */
+  double gpu_copy_bytes_per_s; /* the host copy rate they were timed at */
+  size_t n_below;              /* tiers below the host: shares the daemon sent */
+} kvtier_ready_estimate;
+
+/* One tier below the host in a ready estimate (kvtier::ReadyTierShare). */
+typedef struct {
+  uint8_t tier;              /* KVTIER_TIER_NVME or _REMOTE */
+  uint32_t blocks;           /* blocks of the prefix to read from it */
+  uint64_t bytes;            /* their bytes */
+  uint32_t promoting_blocks; /* blocks of the prefix already being read up from it */
+  uint32_t queued_reads;     /* reads in flight on it, any caller's */
+  uint64_t queued_bytes;     /* their bytes: a new read waits behind them */
+  double read_bytes_per_s;   /* the measured bandwidth used (as kvtier_plan_preload's) */
+  double overhead_us;        /* one read's overhead, when the prefix reads from it */
+  double ready_us;           /* overhead + (queued + bytes) / bandwidth; 0: nothing of the prefix here */
+} kvtier_ready_tier;
+
 /* Per-thread error message. */
 
 // The message of the last failed call on this thread, "" if the last call
@@ -341,6 +367,10 @@ int kvtier_save_layer(kvtier_layer_save* save, uint32_t layer, const void* const
 // or a block not KVTIER_OK (`*data` NULL).
 int kvtier_save_layer_span(kvtier_layer_save* save, size_t block, uint32_t layer, void** data);
 int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer);
+// Publishes the saved layers to this node's peers as they are saved
+// (kvtier::LayerSave::PublishToPeers). KVTIER_FAILED_PRECONDITION once
+// finished.
+int kvtier_save_publish_to_peers(kvtier_layer_save* save);
 // Commits every block in one request once every layer is in; statuses[i]
 // as kvtier_commit. KVTIER_FAILED_PRECONDITION while a layer is missing
 // (nothing committed; the save stays open) or once finished.
@@ -358,6 +388,16 @@ void kvtier_save_free(kvtier_layer_save* save);
 int kvtier_plan_preload(kvtier_client* client, uint8_t source_tier, uint64_t bytes_per_layer,
                         double compute_us_per_layer, uint32_t layers, double recompute_us_per_layer,
                         kvtier_preload_plan* out);
+
+// Ready-time estimate (kvtier::Client::EstimateReady): for the longest
+// cached prefix of keys[0 .. n), when it can be in host and GPU memory, from
+// the daemon's measured bandwidths and the reads queued on each tier (R of a
+// router's max(Q, R) + C). `*out` is filled; if `tiers` is not NULL it
+// receives n entries as kvtier_lookup's; if `below` is not NULL it receives
+// the first min(below_cap, out->n_below) tiers below the host, highest
+// first. KVTIER_INVALID_ARGUMENT for an unknown `ns` or more than 65,536 keys.
+int kvtier_estimate_ready(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                          kvtier_ready_estimate* out, uint8_t* tiers, kvtier_ready_tier* below, size_t below_cap);
 
 // Layer-wise load (kvtier::Client::BeginLoad, kvtier::LayerLoad) of
 // keys[0 .. n) of `ns`, root first, whole blocks of the namespace. `dst`:

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 from kvtier._kvtier import *  # noqa: F401,F403
 from kvtier._kvtier import (  # noqa: F401  (names the star import leaves out)
     Error, Status, Key, Namespace, ChainHasher, Tier, Client, BlockView, Reservation,
-    LayerSave, LayerLoad, LookupResult, PendingLookup, PreloadPlan,
+    LayerSave, LayerLoad, LookupResult, PendingLookup, PreloadPlan, ReadyEstimate, ReadyTierShare,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -116,6 +116,32 @@ void BindClient(py::module_& m) {
       .def("__repr__",
            [](const LookupResult& r) { return "LookupResult(prefix_blocks=" + std::to_string(r.prefix_blocks) + ")"; });
 
+  py::class_<ReadyTierShare>(m, "ReadyTierShare", "One tier below the host in a ReadyEstimate.")
+      .def_readonly("tier", &ReadyTierShare::tier)
+      .def_readonly("blocks", &ReadyTierShare::blocks)
+      .def_readonly("bytes", &ReadyTierShare::bytes)
+      .def_readonly("promoting_blocks", &ReadyTierShare::promoting_blocks)
+      .def_readonly("queued_reads", &ReadyTierShare::queued_reads)
+      .def_readonly("queued_bytes", &ReadyTierShare::queued_bytes)
+      .def_readonly("read_bytes_per_s", &ReadyTierShare::read_bytes_per_s)
+      .def_readonly("overhead_us", &ReadyTierShare::overhead_us)
+      .def_readonly("ready_us", &ReadyTierShare::ready_us);
+  py::class_<ReadyEstimate>(m, "ReadyEstimate",
+                            "When the longest cached prefix can be in host and GPU memory (kvtier/ready_estimate.h).")
+      .def_readonly("prefix_blocks", &ReadyEstimate::prefix_blocks)
+      .def_readonly("tiers", &ReadyEstimate::tiers)
+      .def_readonly("prefix_bytes", &ReadyEstimate::prefix_bytes)
+      .def_readonly("host_ready_us", &ReadyEstimate::host_ready_us)
+      .def_readonly("gpu_ready_us", &ReadyEstimate::gpu_ready_us)
+      .def_readonly("gpu_copy_bytes", &ReadyEstimate::gpu_copy_bytes)
+      .def_readonly("gpu_copy_bytes_per_s", &ReadyEstimate::gpu_copy_bytes_per_s)
+      .def_readonly("below", &ReadyEstimate::below)
+      .def("__repr__", [](const ReadyEstimate& r) {
+        return "ReadyEstimate(prefix_blocks=" + std::to_string(r.prefix_blocks) +
+               ", host_ready_us=" + std::to_string(r.host_ready_us) +
+               ", gpu_ready_us=" + std::to_string(r.gpu_ready_us) + ")";
+      });
+
   py::class_<PendingLookup>(m, "PendingLookup", "A lookup in flight (Client.lookup_async).")
       .def("done", &PendingLookup::Done, "Whether the answer is in (never blocks).")
       .def("result", &PendingLookup::Get, py::arg("timeout") = py::none(),
@@ -161,6 +187,15 @@ void BindClient(py::module_& m) {
           "Base address of the arena mapping (arena_bytes long), e.g. for one cudaHostRegister of it. After a "
           "reconnect (reconnects changed) it is the new daemon's arena; the old one stays mapped only while "
           "views, saves and loads from before use it.")
+      .def_property_readonly(
+          "events_endpoints",
+          [](const PyClient& c) -> py::object {
+            EventsEndpoints e = c.Get()->events_endpoints();
+            if (e.publish.empty()) return py::none();
+            return py::make_tuple(e.publish, e.replay);
+          },
+          "(publish, replay): the ZeroMQ endpoints of this caller's KV events (docs/OPERATIONS.md, \"KV "
+          "events\"); None when kvtierd publishes none.")
       .def_property_readonly(
           "reconnects", [](const PyClient& c) { return c.Get()->reconnects(); },
           "How many times this client reconnected after kvtierd closed the connection; 0 until the first.")
@@ -303,6 +338,16 @@ void BindClient(py::module_& m) {
           },
           py::arg("source"), py::arg("bytes_per_layer"), py::arg("compute_us_per_layer"), py::arg("layers"),
           py::arg("recompute_us_per_layer") = 0.0)
+      .def(
+          "estimate_ready",
+          [](const PyClient& c, NamespaceId ns, const py::object& keys) {
+            auto k = ToKeys(keys);
+            auto cl = c.Get();
+            return ValueOrThrow(Unlocked([&] { return cl->EstimateReady(ns, k); }));
+          },
+          py::arg("ns"), py::arg("keys"),
+          "When the longest cached prefix of `keys` (root first) can be in host and GPU memory: a ReadyEstimate "
+          "(each block's tier, host_ready_us, gpu_ready_us, per tier below its share). No I/O in the daemon.")
       .def(
           "erase",
           [](const PyClient& c, NamespaceId ns, const py::object& keys) {

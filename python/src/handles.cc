@@ -172,6 +172,8 @@ void PyLayerSave::SaveLayer(uint32_t layer, const py::object& sources) {
 
 void PyLayerSave::LayerWritten(uint32_t layer) { ThrowIfError(save().LayerWritten(layer)); }
 
+void PyLayerSave::PublishToPeers() { ThrowIfError(save().PublishToPeers()); }
+
 uint32_t PyLayerSave::LayersSaved() const { return save().layers_saved(); }
 
 std::vector<ItemStatus> PyLayerSave::Finish() {
@@ -323,6 +325,9 @@ void BindHandles(py::module_& m) {
       .def("save_layer", &PyLayerSave::SaveLayer, py::arg("layer"), py::arg("sources"),
            "Copies sources[i] (one buffer of layer_bytes per block) into layer `layer`.")
       .def("layer_written", &PyLayerSave::LayerWritten, py::arg("layer"))
+      .def("publish_to_peers", &PyLayerSave::PublishToPeers,
+           "Publish the saved layers to this node's peers as they are saved, before finish_save commits them "
+           "(a prefill node's layer-by-layer hand-off to a decode node).")
       .def("finish", &PyLayerSave::Finish, "Commits every ok block; one Status per block.")
       .def("abort", &PyLayerSave::Abort);
   ContextManager(save, &PyLayerSave::Abort);

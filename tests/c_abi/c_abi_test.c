@@ -680,12 +680,15 @@ static void TestZeroCopyPutAndLayerSave(kvtier_client* c, const kvtier_namespace
     CHECK_CODE(kvtier_get(c, 0, keys[i], got, kBlockBytes, &len), KVTIER_OK);
     CHECK(BlockMatches(got, len, keys[i], 50 + i));
   }
-  /* A save freed midway leaves nothing. */
+  /* A save freed midway leaves nothing, its layers published to peers or not. */
   SeededKeys(ns, 44, keys, 2);
   CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, &keys[0], &save, &layer_bytes, statuses), KVTIER_OK);
   CHECK_CODE(kvtier_layer_written(save, 0), KVTIER_OK);
+  CHECK_CODE(kvtier_save_publish_to_peers(save), KVTIER_OK);
+  CHECK_CODE(kvtier_layer_written(save, 1), KVTIER_OK);
   kvtier_save_free(save);
   CHECK(Prefix(c, keys, 2) == 0);
+  CHECK_CODE(kvtier_save_publish_to_peers(NULL), KVTIER_INVALID_ARGUMENT);
   kvtier_save_free(NULL);
   CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, NULL, NULL, &layer_bytes, statuses), KVTIER_INVALID_ARGUMENT);
 }
@@ -706,6 +709,40 @@ static void TestPlanPreload(kvtier_client* c) {
   CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_REMOTE, 4096, 10, 36, 0, &plan), KVTIER_NOT_FOUND);
   CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 10, 0, 0, &plan), KVTIER_INVALID_ARGUMENT);
   CHECK_CODE(kvtier_plan_preload(c, KVTIER_TIER_HOST, 4096, 10, 36, 0, NULL), KVTIER_INVALID_ARGUMENT);
+}
+
+/* A ready estimate of two cached blocks and one that is not: the prefix
+ * and its tiers as kvtier_lookup's, in host memory now, then a GPU copy
+ * at the host copy rate; no tier below this daemon; an unknown namespace
+ * and a missing `out` are refused. */
+static void TestEstimateReady(kvtier_client* c, const kvtier_namespace* ns) {
+  kvtier_key keys[3];
+  static uint8_t block[kBlockBytes];
+  uint8_t tiers[3] = {9, 9, 9};
+  kvtier_ready_tier below[2];
+  kvtier_ready_estimate out;
+  size_t i;
+
+  memset(&out, 0, sizeof out);
+  SeededKeys(ns, 71, keys, 3);
+  for (i = 0; i < 2; ++i) {
+    FillBlock(block, kBlockBytes, keys[i], 70 + i);
+    CHECK_CODE(kvtier_put(c, 0, keys[i], block, kBlockBytes), KVTIER_OK);
+  }
+  CHECK_CODE(kvtier_estimate_ready(c, 0, keys, 3, &out, tiers, below, 2), KVTIER_OK);
+  CHECK(out.prefix_blocks == 2);
+  CHECK(tiers[0] == KVTIER_TIER_HOST && tiers[1] == KVTIER_TIER_HOST && tiers[2] == KVTIER_TIER_NONE);
+  CHECK(out.prefix_bytes == 2 * (uint64_t)kBlockBytes);
+  CHECK(out.host_ready_us == 0);
+  CHECK(out.gpu_copy_bytes == out.prefix_bytes && out.gpu_copy_bytes_per_s > 0);
+  CHECK(out.gpu_ready_us > 0);
+  CHECK(out.n_below == 0);
+  CHECK_CODE(kvtier_estimate_ready(c, 0, keys, 3, &out, NULL, NULL, 0), KVTIER_OK);
+  CHECK(out.prefix_blocks == 2);
+  CHECK_CODE(kvtier_estimate_ready(c, 1, keys, 3, &out, NULL, NULL, 0), KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "namespace") != NULL);
+  CHECK_CODE(kvtier_estimate_ready(c, 0, keys, 3, NULL, NULL, NULL, 0), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_estimate_ready(c, 0, NULL, 3, &out, NULL, NULL, 0), KVTIER_INVALID_ARGUMENT);
 }
 
 /* Layer-wise load of three cached blocks and one that is not: zero-copy,
@@ -800,6 +837,7 @@ int main(int argc, char** argv) {
     TestPin(client, keys);
     TestZeroCopyPutAndLayerSave(client, &ns);
     TestPlanPreload(client);
+    TestEstimateReady(client, &ns);
     TestLayerLoad(client, &ns);
     TestVerifiedReads(&daemon, client, &ns);
     TestEraseStatsAndErrors(client, keys);

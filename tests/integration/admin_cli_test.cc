@@ -23,10 +23,7 @@ class AdminCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = MakeTempDir();
-    daemon_ = std::make_unique<DaemonProcess>(
-        KVTIERD_PATH, "",
-        "[host]\ncapacity_bytes = \"4MiB\"\nlock_memory = \"off\"\n[nvme]\npath = \"" + dir_ +
-            "/nvme.dat\"\ncapacity_bytes = \"64MiB\"\nregion_bytes = \"1MiB\"\nadmission = \"all\"\n");
+    daemon_ = std::make_unique<DaemonProcess>(KVTIERD_PATH, "", SmallHostOverNvmeToml(dir_));
     ASSERT_TRUE(daemon_->running());
   }
   void TearDown() override {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 
 #include "daemon/tenants/tenant_scope.h"
@@ -40,7 +41,8 @@ class TenantDaemon {
     if (!built_.opened().ok()) return;
     ServerOptions options{built_.config.socket_path, 2, 1u << 20, 5000, 0, {}};
     options.visit_shared_counters = [this](CounterVisitor& v) { built_.engines->VisitSharedCounters(v); };
-    auto server = Server::Start(options, built_.engines->Served(), TenantTable(built_.config.tenants, ::geteuid()));
+    auto server =
+        Server::Start(options, built_.engines->Served(built_.config), TenantTable(built_.config.tenants, ::geteuid()));
     EXPECT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
   }
@@ -100,6 +102,13 @@ TEST(Tenants, ATenantGetsItsOwnArenaAndScopedNamespaces) {
   EXPECT_GT(tenants[0].host->used_bytes(), 0u);
   EXPECT_EQ(tenants[1].host->used_bytes(), 0u);
   EXPECT_NE(tenants[0].host->memfd(), tenants[1].host->memfd());
+  // A ready estimate asks the caller's tenant's engine only.
+  auto ready = (*client)->EstimateReady(0, keys);
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_EQ(ready->tiers, std::vector<Tier>(keys.size(), Tier::kHost));
+  auto in_beta = tenants[1].engine->EstimateReady(scoped, keys);
+  ASSERT_TRUE(in_beta.ok());
+  EXPECT_EQ(in_beta->prefix_blocks, 0u) << "beta's engine holds none of alpha's blocks";
 }
 
 TEST(Tenants, ATenantMayRegisterOnlyItsModels) {
@@ -110,6 +119,58 @@ TEST(Tenants, ATenantMayRegisterOnlyItsModels) {
   EXPECT_NE(refused.status().message().find("may not cache model"), std::string::npos);
   auto allowed = daemon.Connect({ModelNamespace("other/model", "r1")});
   EXPECT_TRUE(allowed.ok()) << allowed.status().ToString();
+}
+
+// `kvtier ls --blocks` on a tenant's connection: its own engine's blocks,
+// named with its tenant and scoped namespace.
+TEST(Tenants, ATenantListsItsOwnBlocks) {
+  TenantDaemon daemon(::geteuid());
+  auto client = daemon.Connect({TestNamespace()});
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const auto keys = TestKeys(TestNamespace(), 5, 11);
+  for (const auto& k : keys) ASSERT_TRUE((*client)->Put(0, k, Block(k, kBlockBytes, 3)).ok());
+  auto listed = (*client)->ListBlocks(2);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), keys.size());
+  std::vector<BlockKey> got;
+  for (const HeldBlockInfo& b : *listed) {
+    EXPECT_EQ(b.tenant, "alpha");
+    EXPECT_EQ(b.tier, Tier::kHost);
+    EXPECT_EQ(b.ns, (*client)->namespaces().at(0)) << "the tenant's scoped fingerprint";
+    got.push_back(b.key);
+  }
+  std::vector<BlockKey> want = keys;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+}
+
+// The operator lists every tenant's blocks, alpha's then beta's, each
+// named with its tenant; a page that fills inside one tenant's goes on
+// there, and one that ends with it goes on with the next tenant's.
+TEST(Tenants, TheOperatorListsEveryTenantsBlocksInPagesAcrossTenants) {
+  TenantDaemon daemon(/*alpha_uid=*/54320);
+  const auto& tenants = daemon.engines().tenants();
+  ASSERT_EQ(tenants.size(), 2u);
+  std::vector<std::tuple<std::string, NamespaceFingerprint, BlockKey>> put;
+  for (uint64_t t = 0; t < 2; ++t) {
+    const NamespaceFingerprint ns = tenants[t].scope->ScopeNamespace(FingerprintNamespace(TestNamespace()));
+    for (uint64_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(PutFilledBlock(*tenants[t].engine, *tenants[t].host, 900 + t, ns, BlockKey{t, i}, kBlockBytes).ok());
+      put.emplace_back(tenants[t].config.name, ns, BlockKey{t, i});
+    }
+  }
+  auto op = daemon.Connect({});
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  for (uint32_t page : {0u, 1u, 2u, 3u, 4u}) {
+    auto listed = (*op)->ListBlocks(page);
+    ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+    std::vector<std::tuple<std::string, NamespaceFingerprint, BlockKey>> got;
+    for (const HeldBlockInfo& b : *listed) {
+      EXPECT_EQ(b.tier, Tier::kHost);
+      got.emplace_back(b.tenant, b.ns, b.key);
+    }
+    EXPECT_EQ(got, put) << "pages of " << page;
+  }
 }
 
 // Listed in no tenant, the test process (the daemon's own uid) is the
@@ -136,7 +197,7 @@ TEST(Tenants, TheOperatorRunsAdminRequestsOnly) {
   ASSERT_TRUE(hello_answer.ok()) << hello_answer.status().ToString();
   EXPECT_EQ(hello_answer->status().code(), 0) << hello_answer->DebugString();
   EXPECT_EQ(raw.received_fd_count(), 0) << "no arena travels to an operator";
-  for (int kind = 0; kind < 3; ++kind) {
+  for (int kind = 0; kind < 4; ++kind) {
     v1::Request request;
     request.set_id(2 + kind);
     if (kind == 0) request.mutable_pin()->add_keys(1), request.mutable_pin()->add_keys(2);
@@ -144,6 +205,7 @@ TEST(Tenants, TheOperatorRunsAdminRequestsOnly) {
     if (kind == 2)
       request.mutable_reserve()->add_keys(1), request.mutable_reserve()->add_keys(2),
           request.mutable_reserve()->add_sizes(4096);
+    if (kind == 3) request.mutable_ready_estimate()->add_keys(1), request.mutable_ready_estimate()->add_keys(2);
     ASSERT_TRUE(raw.SendFrame(request).ok());
     auto answer = raw.ReadResponse();
     ASSERT_TRUE(answer.ok()) << answer.status().ToString();

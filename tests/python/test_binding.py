@@ -257,6 +257,27 @@ def test_queue_hints_reach_the_daemon(daemon):
         assert 1 <= plan.layers_to_preload <= 4
 
 
+def test_estimate_ready_round_trip(daemon):
+    ns = test_namespace()
+    keys = keys_of(ns, 3)
+    with kvtier.Client(daemon.socket_path, [ns]) as c:
+        for i, k in enumerate(keys[:2]):
+            c.put(0, k, block_bytes(ns, i))
+        ready = c.estimate_ready(0, keys)
+        assert isinstance(ready, kvtier.ReadyEstimate)
+        assert ready.prefix_blocks == 2
+        assert ready.tiers == [kvtier.Tier.HOST, kvtier.Tier.HOST]
+        assert ready.tiers == c.lookup(0, keys).tiers
+        assert ready.prefix_bytes == 2 * ns.block_bytes
+        assert ready.host_ready_us == 0
+        assert ready.gpu_copy_bytes == ready.prefix_bytes
+        assert ready.gpu_ready_us == pytest.approx(ready.gpu_copy_bytes / ready.gpu_copy_bytes_per_s * 1e6)
+        assert ready.below == []  # no tier below this daemon
+        with pytest.raises(kvtier.InvalidArgumentError):
+            c.estimate_ready(5, keys)  # an unknown namespace
+        assert c.estimate_ready(0, []).prefix_blocks == 0
+
+
 def test_blocking_calls_release_the_gil(daemon):
     ns = test_namespace()
     keys = keys_of(ns, 1)

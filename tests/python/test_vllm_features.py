@@ -47,7 +47,8 @@ def test_reset_cache_after_a_weight_update_stops_serving_old_blocks(model, daemo
 
 def test_events_say_what_was_stored_with_vllms_block_hashes_and_the_medium(model, daemon):
     p = prompt(2, 21)
-    a = kvtier_engine(model, daemon, event_medium="KVTIER")
+    # The connector's own events; kvtierd's, forwarded: test_vllm_tier_events.py.
+    a = kvtier_engine(model, daemon, event_medium="KVTIER", forward_tier_events=False)
     connector, events = a.scheduler_connector, []
     take = connector.take_events
     connector.take_events = lambda: events.extend(taken := list(take())) or taken  # what vLLM publishes
@@ -266,17 +267,30 @@ def test_mla_stores_one_latent_copy_and_every_rank_loads_it(mla_model, daemon, n
     b.shutdown()
 
 
-def test_events_fall_back_to_their_stand_ins_when_vllms_need_more_fields(monkeypatch):
+def test_events_stay_vllms_own_when_vllm_needs_more_fields_and_fall_back_when_it_refuses(monkeypatch):
+    """A field vLLM requires that the connector does not pass is None (vLLM
+    at 0181ea3173e5 requires lora_name); a class that refuses even that
+    gets the stand-in, with the same fields."""
     from kvtier.integrations import _vllm_events
 
     class Strict:
         __struct_fields__ = ("block_hashes", "medium", "lora_name")
 
         def __init__(self, block_hashes, medium, lora_name):  # lora_name has no default
-            pass
-    monkeypatch.setattr(_vllm_events, "_vllm_events", type("events", (), {"BlockRemoved": Strict}))
+            self.block_hashes, self.medium, self.lora_name = block_hashes, medium, lora_name
+
+    class Refusing:
+        __struct_fields__ = ("block_hashes", "medium", "shape")
+
+        def __init__(self, block_hashes, medium, shape):
+            if shape is None:
+                raise TypeError("shape is required")
+    monkeypatch.setattr(_vllm_events, "_vllm_events", type("events", (), {"BlockRemoved": Strict,
+                                                                          "BlockStored": Refusing}))
     event = _vllm_events.BlockRemoved(block_hashes=[b"h"], medium="CPU")
-    assert event.block_hashes == [b"h"] and event.medium == "CPU"
+    assert isinstance(event, Strict) and event.block_hashes == [b"h"] and event.lora_name is None
+    stored = _vllm_events.BlockStored(block_hashes=[b"h"], medium="CPU")
+    assert not isinstance(stored, Refusing) and stored.block_hashes == [b"h"] and stored.medium == "CPU"
 
 
 def test_mla_fails_under_a_changed_byte_and_another_revision(mla_model, daemon):

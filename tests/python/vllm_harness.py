@@ -18,14 +18,16 @@ BLOCK_TOKENS = 8  # two engine blocks of 4 tokens per kvtier block
 def kvtier_engine(model, daemon, num_workers=1, num_blocks=64, revision=None, connector=KvtierConnector,
                   prefix_caching=True, policy="recompute", layout=None, kernel_block_size=None, kv_cache_format="views",
                   socket_path=None, hma=False, max_num_batched_tokens=2048, async_scheduling=False,
-                  worker_runs_ahead=False, pipeline_parallel_size=1, **extra):
+                  worker_runs_ahead=False, pipeline_parallel_size=1, kv_role="kv_both", **extra):
     """An engine with the kvtier connector, configured as docs/INTEGRATIONS.md's command line does
     (kv_load_failure_policy "recompute"); layout / kernel_block_size / kv_cache_format choose the KV
     tensors the workers get (current vLLM's views by default); hma turns vLLM's hybrid KV cache
     manager on (one KV cache group per layer type; the connector must then be SupportsHMA);
     async_scheduling is vLLM's --async-scheduling (worker_runs_ahead: see MiniEngine);
-    pipeline_parallel_size splits the layers into stages (one KVCacheConfig per stage, views only)."""
+    pipeline_parallel_size splits the layers into stages (one KVCacheConfig per stage, views only);
+    kv_role is vLLM's (kv_producer on a prefill engine, kv_consumer on a decode engine, kv_both)."""
     cfg = make_vllm_config(model, kv_connector="KvtierConnector", kv_connector_module_path="kvtier.integrations.vllm",
+                           kv_role=kv_role,
                            kv_connector_extra_config=dict(socket_path=socket_path or daemon.socket_path,
                                                           block_tokens=BLOCK_TOKENS, **extra),
                            tensor_parallel_size=num_workers, enable_prefix_caching=prefix_caching, revision=revision,

@@ -11,6 +11,11 @@
 
 namespace kvtier::testing {
 
+std::string SmallHostOverNvmeToml(const std::string& dir) {
+  return "[host]\ncapacity_bytes = \"4MiB\"\nlock_memory = \"off\"\n[nvme]\npath = \"" + dir +
+         "/nvme.dat\"\ncapacity_bytes = \"64MiB\"\nregion_bytes = \"1MiB\"\nadmission = \"all\"\n";
+}
+
 std::string MakeTempDir() {
   Result<std::string> dir = support::MakeTempDir("kvtier-test-");
   if (!dir.ok()) {

@@ -142,6 +142,9 @@ Tier LookupTier(Engine& engine, const NamespaceFingerprint& ns, const BlockKey& 
 // A fresh directory under $TMPDIR (or /tmp); removed by RemoveTree.
 std::string MakeTempDir();
 void RemoveTree(const std::string& path);
+// The tiers of a kvtierd child for the admin tests: a 4 MiB host tier over
+// a 64 MiB NVMe tier of 1 MiB regions in `dir`, admitting every block.
+std::string SmallHostOverNvmeToml(const std::string& dir);
 
 // Fills `out` with bytes derived from (key, size, salt): any corruption,
 // truncation or mix-up of blocks shows in CheckBlockBytes.

@@ -52,7 +52,7 @@ TEST(ConfigTest, BoolsTakeOnlyTrueOrFalse) {
       EXPECT_EQ(spec.field.toml(spec, *config), good);
     }
   }
-  EXPECT_EQ(bools, 8);
+  EXPECT_EQ(bools, 9);
 }
 
 // The policy options list the registry's names, in its order, and hold the
@@ -133,7 +133,7 @@ TEST(ConfigTest, EveryChoiceRowRoundTripsItsNames) {
     }
     ExpectInvalidConfig(head + "\"nope\"\n", {"test.toml:2", "\"nope\" is not one of", spec.choices});
   }
-  EXPECT_EQ(choice_rows, 9);
+  EXPECT_EQ(choice_rows, 10);
 }
 
 // Each row's copy carries exactly its own field (what a SIGHUP reload

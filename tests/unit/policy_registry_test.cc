@@ -92,5 +92,15 @@ TEST(PolicyRegistryTest, AdmissionFactoriesBuildEachPolicyAndCheckTheirBudgets) 
   EXPECT_FALSE(MakeAdmissionPolicy(AdmissionPolicyId::kDwpd, AdmissionParams{}, 0).ok()) << "no drive size";
 }
 
+TEST(PolicyRegistryTest, NoneAdmitsNothingForcedOrNotAndNoConfiguredTierOffersIt) {
+  auto none = MakeAdmissionPolicy(AdmissionPolicyId::kNone, AdmissionParams{}, 0);
+  ASSERT_TRUE(none.ok());
+  AdmissionCandidate hot{1 << 20, AdmissionClass::kShared, true};
+  EXPECT_NE((*none)->Decide(hot, 0), AdmissionOutcome::kAdmitted);
+  EXPECT_FALSE((*none)->Force(1 << 20, 0));
+  EXPECT_FALSE(ParseAdmissionPolicy("none", kAdmissionForNvme).ok());
+  EXPECT_FALSE(ParseAdmissionPolicy("none", kAdmissionForRemote).ok());
+}
+
 }  // namespace
 }  // namespace kvtier

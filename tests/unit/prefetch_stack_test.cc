@@ -80,8 +80,8 @@ TEST_F(PrefetchStackTest, PlaceSaysHostBelowOrNowhereByNamespace) {
 }
 
 TEST_F(PrefetchStackTest, ReadBandwidthsAreEachLevelsMeterHighestFirst) {
-  levels_[1]->read_meter.Started(0);
-  levels_[1]->read_meter.Ended(64ull << 20, 1000);  // 64 MiB in a millisecond: not the initial 1 GB/s
+  levels_[1]->read_meter.Started(64ull << 20, 0);
+  levels_[1]->read_meter.Ended(64ull << 20, 64ull << 20, 1000);  // 64 MiB in a millisecond: not the initial 1 GB/s
   const std::vector<BandwidthEstimate> bandwidths = stack_.read_bandwidths();
   ASSERT_EQ(bandwidths.size(), 2u);
   for (size_t level = 0; level < 2; ++level) {

@@ -36,8 +36,8 @@ class PreloadRatesTest : public ::testing::Test {
 };
 
 TEST_F(PreloadRatesTest, ATierBelowIsPlannedWithItsReadMeterAndTheLayerOverhead) {
-  below_[1]->read_meter.Started(0);
-  below_[1]->read_meter.Ended(64ull << 20, 100'000);  // 64 MiB in 0.1 s
+  below_[1]->read_meter.Started(64ull << 20, 0);
+  below_[1]->read_meter.Ended(64ull << 20, 64ull << 20, 100'000);  // 64 MiB in 0.1 s
   const double remote = below_[1]->read_meter.estimate().Percentile(10);
   ASSERT_NE(remote, below_[0]->read_meter.estimate().Percentile(10));
 

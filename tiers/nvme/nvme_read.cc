@@ -279,6 +279,7 @@ void NvmeTier::DropIfCurrent(const BlockKey& key, const IndexEntry& entry) {
       it->second.region_generation != entry.region_generation) {
     return;
   }
+  if (dropped_) dropped_(entry.ns, key);
   Account(entry, -1);
   region_keys_[entry.region].erase(key);
   entries_.erase(it);

@@ -68,6 +68,7 @@ void NvmeTier::PersistRegions(const RegionManager::Allocation& a) {
       for (const auto& [offset, k] : by_offset) dropped.push_back(k);
       counters_.reclaim_dropped += static_cast<int64_t>(dropped.size());
       for (const BlockKey& k : dropped) {
+        if (dropped_) dropped_(entries_[k].ns, k);
         Account(entries_[k], -1);
         entries_.erase(k);
         // A block whose reinsertion is in flight (the only writes of a key
@@ -103,6 +104,11 @@ void NvmeTier::PostIndex(std::function<Status()> mutation) {
 void NvmeTier::SetNeededHint(NeededHint needed) {
   MutexLock lock(mu_);
   needed_ = std::move(needed);
+}
+
+void NvmeTier::SetDropListener(DropListener listener) {
+  MutexLock lock(mu_);
+  dropped_ = std::move(listener);
 }
 
 void NvmeTier::SetEvictionSink(EvictionSink sink) {

@@ -156,6 +156,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   // For the queue_aware reclaim order (policy/reclaim_policy.h).
   void SetNeededHint(NeededHint needed) override;
   void SetEvictionSink(EvictionSink sink) override;
+  void SetDropListener(DropListener listener) override;
   // ReclaimShares::SetShares; see above. O(namespaces) once.
   void SetShares(ShareOf shares) override;
   // The device less 3 regions: the open one, the one kept free for copies
@@ -290,6 +291,7 @@ class NvmeTier final : public BlockTier, public ReclaimHooks, public ReclaimShar
   ReinsertBudget reinsert_budget_ GUARDED_BY(mu_);
   bool reinserting_ GUARDED_BY(mu_) = false;  // a scan job runs
   NeededHint needed_ GUARDED_BY(mu_);
+  DropListener dropped_ GUARDED_BY(mu_);   // SetDropListener: hears each block reclaimed or dropped as bad
   ReclaimPolicy reclaim_ GUARDED_BY(mu_);  // sees every block's life
   EvictionSink eviction_sink_ GUARDED_BY(mu_);
   std::pair<uint32_t, uint64_t> reinsert_scanned_ GUARDED_BY(mu_){~0u, 0};  // region, generation

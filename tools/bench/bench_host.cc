@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -51,6 +52,7 @@ NamespaceDescriptor BenchNamespace(uint64_t salt) {
 // Everything measured, plus what describes the setup.
 struct Report {
   std::string daemon;  // "private <path>" or "running at <socket>"
+  std::string events;  // the private daemon's --events; empty with --socket
   std::string socket_path;
   uint64_t arena_bytes = 0;
   uint64_t working_set_bytes = 0;
@@ -227,9 +229,10 @@ void WriteJsonLookups(std::ostream& out, const Report& r) {
 Status WriteJson(const std::string& path, const Report& r) {
   std::ofstream out(path);
   out.precision(6);
-  out << "{\n  \"bench\": \"host\",\n  \"daemon\": " << JsonString(r.daemon)
-      << ",\n  \"arena_bytes\": " << r.arena_bytes << ",\n  \"working_set_bytes\": " << r.working_set_bytes
-      << ",\n  \"seconds_per_case\": " << r.seconds_per_case << ",\n  \"lookup_chain_blocks\": " << r.chain_blocks
+  out << "{\n  \"bench\": \"host\",\n  \"events\": " << JsonString(r.events)
+      << ",\n  \"daemon\": " << JsonString(r.daemon) << ",\n  \"arena_bytes\": " << r.arena_bytes
+      << ",\n  \"working_set_bytes\": " << r.working_set_bytes << ",\n  \"seconds_per_case\": " << r.seconds_per_case
+      << ",\n  \"lookup_chain_blocks\": " << r.chain_blocks
       << ",\n  \"use_directory\": " << (r.use_directory ? "true" : "false")
       << ",\n  \"verify_checksums\": " << (r.verify_checksums ? "true" : "false")
       << ",\n  \"redis\": " << JsonString(r.redis) << ",\n";
@@ -333,6 +336,13 @@ Status CheckOptions(const HostBenchOptions& o) {
   return Status::Ok();
 }
 
+// The `kvtier` tool beside this one (kvtier-bench is its sibling).
+std::string KvtierBeside() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("kvtier") : (self.parent_path() / "kvtier").string();
+}
+
 // Starts the private daemon (unless --socket) and measures; prints errors.
 int RunInDir(const HostBenchOptions& o, const std::string& dir) {
   Report report;
@@ -344,7 +354,8 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
   if (o.socket_path.empty()) {
     const std::string path = o.kvtierd_path.empty() ? support::DefaultKvtierdPath() : o.kvtierd_path;
     std::fprintf(stderr, "kvtier bench host: starting %s (arena %s)...\n", path.c_str(), Bytes(o.arena_bytes).c_str());
-    auto started = support::StartKvtierd(path, dir, o.arena_bytes);
+    auto started = support::StartKvtierd(path, dir, o.arena_bytes, std::chrono::seconds(60),
+                                         o.events == "off" ? "[events]\nenabled = false\n" : "");
     if (!started.ok()) {
       std::fprintf(stderr, "kvtier bench host: cannot start kvtierd: %s\n(use --kvtierd PATH or --socket PATH)\n",
                    started.status().ToString().c_str());
@@ -353,11 +364,27 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
     daemon = std::move(*started);
     report.daemon = "private " + path;
     report.socket_path = daemon->socket_path;
+    report.events = o.events;
   } else {
     report.daemon = "running at " + o.socket_path;
     report.socket_path = o.socket_path;
   }
+  std::optional<support::ChildProcess> subscriber;
+  if (daemon && o.events == "subscribed") {
+    // This tool's own `events` command, every event decoded and printed (to /dev/null).
+    auto child = support::ChildProcess::Spawn({KvtierBeside(), "events", "--json", "--socket", daemon->socket_path},
+                                              "/dev/null");
+    if (!child.ok()) {
+      std::fprintf(stderr, "kvtier bench host: cannot start the subscriber: %s\n", child.status().ToString().c_str());
+      return 1;
+    }
+    subscriber = std::move(*child);
+  }
   Status s = Measure(o, dir, report);
+  if (subscriber) {
+    const std::string how = subscriber->Stop();
+    if (how != "exit status 0") std::fprintf(stderr, "kvtier bench host: the subscriber ended with %s\n", how.c_str());
+  }
   if (daemon) {
     const std::string how = daemon->process.Stop();
     if (how != "exit status 0") std::fprintf(stderr, "kvtier bench host: kvtierd ended with %s\n", how.c_str());
@@ -369,9 +396,10 @@ int RunInDir(const HostBenchOptions& o, const std::string& dir) {
   }
   std::printf(
       "kvtier bench host: kvtierd %s, arena %s, working set %s per block size, %.1f s per case, "
-      "checksum verification %s\n",
+      "checksum verification %s%s\n",
       report.daemon.c_str(), Bytes(report.arena_bytes).c_str(), Bytes(report.working_set_bytes).c_str(),
-      report.seconds_per_case, report.verify_checksums ? "on" : "off");
+      report.seconds_per_case, report.verify_checksums ? "on" : "off",
+      report.events.empty() ? "" : (", KV events " + report.events).c_str());
   PrintCopies(report);
   PrintLookups(report);
   PrintGoals(report);
@@ -390,6 +418,11 @@ void AddHostBenchOptions(CLI::App& app, HostBenchOptions& o) {
   app.add_option("--socket", o.socket_path, "Use the kvtierd listening here instead of starting one");
   app.add_option("--kvtierd", o.kvtierd_path,
                  "kvtierd binary to start (default: the kvtierd of this build or install)");
+  app.add_option("--events", o.events,
+                 "The private kvtierd's KV events: on (published, no subscriber), off, or subscribed (`kvtier "
+                 "events --json` reads them meanwhile)")
+      ->check(CLI::IsMember({"on", "off", "subscribed"}))
+      ->capture_default_str();
   app.add_option("--arena-bytes", o.arena_bytes, "Arena of the private kvtierd (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();

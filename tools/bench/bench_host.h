@@ -22,6 +22,10 @@ struct HostBenchOptions {
   std::string socket_path;
   std::string kvtierd_path;           // default: <dir of kvtier>/../daemon/kvtierd
   uint64_t arena_bytes = 2ull << 30;  // private daemon only
+  // The private daemon's KV events: "on" (its default: published, nobody
+  // subscribed), "off" (events.enabled = false), or "subscribed" (on, with
+  // `kvtier events --json` reading every event meanwhile).
+  std::string events = "on";
   // Bytes cycled over per block size (arena and caller side each);
   // 0: min(arena / 2, 1 GiB).
   uint64_t working_set_bytes = 0;

@@ -4,6 +4,7 @@
 //   kvtier bench host [options]           host-tier benchmark (bench_host.cc)
 //   kvtier bench nvme [options]           NVMe-tier benchmark vs fio (bench_nvme.cc)
 //   kvtier bench remote [options]         remote tier vs redis-benchmark (bench_remote.cc)
+//   kvtier bench peer [options]           peer tier pulls vs ucx_perftest (bench_peer.cc)
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier bench neighbour [options]      a lookup's latency beside huge lookups (bench_neighbour.cc)
@@ -13,6 +14,7 @@
 #include "tools/bench/bench_layers.h"
 #include "tools/bench/bench_neighbour.h"
 #include "tools/bench/bench_nvme.h"
+#include "tools/bench/bench_peer.h"
 #include "tools/bench/bench_policy.h"
 #include "tools/bench/bench_remote.h"
 
@@ -28,6 +30,9 @@ int main(int argc, char** argv) {
   kvtier::tools::RemoteBenchOptions remote_options;
   auto* remote = bench.add_subcommand("remote", "Remote tier put/get GB/s vs redis-benchmark SET/GET, same cluster");
   kvtier::tools::AddRemoteBenchOptions(*remote, remote_options);
+  kvtier::tools::PeerBenchOptions peer_options;
+  auto* peer = bench.add_subcommand("peer", "Peer tier pulls GB/s (blocks, a layer-wise prefix) vs ucx_perftest");
+  kvtier::tools::AddPeerBenchOptions(*peer, peer_options);
   kvtier::tools::LayersBenchOptions layers_options;
   auto* layers = bench.add_subcommand(
       "layers", "Layer-wise load (first layer vs whole, load hidden behind compute) and save vs memcpy");
@@ -45,6 +50,7 @@ int main(int argc, char** argv) {
   if (host->parsed()) return kvtier::tools::RunHostBench(host_options);
   if (nvme->parsed()) return kvtier::tools::RunNvmeBench(nvme_options);
   if (remote->parsed()) return kvtier::tools::RunRemoteBench(remote_options);
+  if (peer->parsed()) return kvtier::tools::RunPeerBench(peer_options);
   if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   if (neighbour->parsed()) return kvtier::tools::RunNeighbourBench(neighbour_options);

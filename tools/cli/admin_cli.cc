@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "kvtier/client.h"
+#include "tools/cli/block_listing.h"
 
 namespace kvtier::tools {
 namespace {
@@ -315,9 +316,13 @@ AdminCommands AddAdminCommands(CLI::App& app, AdminOptions& options) {
   c.stats = app.add_subcommand("stats", "Print every counter of a running kvtierd");
   socket(c.stats);
   c.stats->add_flag("--json", options.json, "One JSON object {name: value}");
-  c.ls = app.add_subcommand("ls", "List namespaces: model, revision, adapter, blocks and bytes per tier");
+  c.ls = app.add_subcommand(
+      "ls", "List namespaces: model, revision, adapter, blocks and bytes per tier (--blocks: every block)");
   socket(c.ls);
   c.ls->add_flag("--json", options.json, "One JSON array");
+  c.ls->add_flag("--blocks", options.blocks,
+                 "Every block every tier holds (tier, namespace, key), not namespaces; read in pages, so not one "
+                 "atomic snapshot");
   c.drop = app.add_subcommand("drop", "Remove namespaces, or a model (revision), from every tier");
   socket(c.drop);
   c.drop->add_option("--ns", options.namespaces, "Namespace fingerprint (32 hex, or a unique prefix of 8+ from `ls`)");
@@ -368,6 +373,12 @@ int RunStats(const AdminOptions& options) {
 int RunLs(const AdminOptions& options) {
   auto client = Connect(options);
   if (!client.ok()) return Fail("ls", ConnectExit(client.status()), client.status().ToString());
+  if (options.blocks) {
+    auto blocks = (*client)->ListBlocks();
+    if (!blocks.ok()) return Fail("ls", kFailed, blocks.status().ToString());
+    PrintBlocks(std::move(*blocks), options.json);
+    return kDone;
+  }
   auto namespaces = (*client)->ListNamespaces();
   if (!namespaces.ok()) return Fail("ls", kFailed, namespaces.status().ToString());
   if (options.json) {

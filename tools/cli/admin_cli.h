@@ -1,6 +1,8 @@
 // The operator's commands of `kvtier` against a running kvtierd:
 //   kvtier stats [--json]                     every counter, a table or one JSON object
 //   kvtier ls [--json]                        namespaces: model, revision, adapter, blocks and bytes per tier
+//   kvtier ls --blocks [--json]               every block every tier holds: tier, namespace, key
+//                                             (block_listing.h; paged, so not one atomic snapshot)
 //   kvtier drop --ns FP... | --model ID [--revision REV]
 //                                             remove namespaces from every tier (the NVMe index too)
 //   kvtier pin --ns FP (--key HEX... | --tokens FILE) --ttl 90s|10m|2h|1d
@@ -27,6 +29,7 @@ namespace kvtier::tools {
 struct AdminOptions {
   std::string socket_path;
   bool json = false;
+  bool blocks = false;                   // ls --blocks
   std::vector<std::string> namespaces;   // drop --ns
   std::string model_id, model_revision;  // drop --model / --revision
   std::string key;                       // config get KEY

@@ -1,17 +1,20 @@
 // kvtier: the command-line tool.
 //   kvtier stats|ls|drop|pin|unpin|config get|health   operations on a running kvtierd (admin_cli.h)
+//   kvtier events [--json] [--rebuild] ...   KV events: tail them, or rebuild the index (events_cli.h)
 //   kvtier bench host|nvme|remote|layers|policy|neighbour [options]   benchmarks (tools/bench)
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (tools/replay)
 //   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (tools/trace)
 //   kvtier stress --socket PATH|--spawn   checked mixed load, and kill -9 loops (tools/stress/stress)
 // The admin commands run here; bench, replay, trace and stress run their own
 // executable (kvtier-bench, ...; sibling.h) with the arguments after the
-// command, so this binary links only the client library.
+// command, so this binary links only the client library (and libzmq, for
+// `kvtier events`).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
 
 #include "tools/cli/admin_cli.h"
+#include "tools/cli/events_cli.h"
 #include "tools/cli/sibling.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +25,8 @@ int main(int argc, char** argv) {
 
   kvtier::tools::AdminOptions admin_options;
   const kvtier::tools::AdminCommands admin = kvtier::tools::AddAdminCommands(app, admin_options);
+  kvtier::tools::EventsOptions events_options;
+  CLI::App* events = kvtier::tools::AddEventsCommand(app, events_options);
   // Listed for --help only: these never reach the parser (ExecSibling above).
   app.add_subcommand("bench", "Benchmarks (each figure beside its ceiling): kvtier bench --help");
   app.add_subcommand("replay", "Replay a block trace through kvtier's policies (hit rates)");
@@ -38,7 +43,7 @@ int main(int argc, char** argv) {
     const bool exits_2 = argc > 1 && (std::strcmp(argv[1], "ls") == 0 || std::strcmp(argv[1], "drop") == 0 ||
                                       std::strcmp(argv[1], "pin") == 0 || std::strcmp(argv[1], "unpin") == 0 ||
                                       std::strcmp(argv[1], "config") == 0 || std::strcmp(argv[1], "health") == 0 ||
-                                      std::strcmp(argv[1], "stats") == 0);
+                                      std::strcmp(argv[1], "stats") == 0 || std::strcmp(argv[1], "events") == 0);
     return exits_2 && code != 0 ? 2 : code;
   }
   if (admin.stats->parsed()) return kvtier::tools::RunStats(admin_options);
@@ -48,5 +53,6 @@ int main(int argc, char** argv) {
   if (admin.unpin->parsed()) return kvtier::tools::RunUnpin(admin_options);
   if (admin.config_get->parsed()) return kvtier::tools::RunConfigGet(admin_options);
   if (admin.health->parsed()) return kvtier::tools::RunHealth(admin_options);
+  if (events->parsed()) return kvtier::tools::RunEvents(events_options);
   return 2;
 }

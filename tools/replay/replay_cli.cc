@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -76,18 +77,25 @@ Result<bool> IsRawJsonArray(const std::string& path) {
 }
 
 // "host=20GB,nvme=5GB": bytes per second per tier into `out` (tiers not
-// named keep their value). InvalidArgument naming the option otherwise.
-Status ParseBandwidths(const std::string& option, const std::string& text, std::array<double, kSimTiers>& out) {
+// named keep their value); with `peer`, also "peer=BW" into it (the peer
+// tier's). InvalidArgument naming the option otherwise.
+Status ParseBandwidths(const std::string& option, const std::string& text, std::array<double, kSimTiers>& out,
+                       double* peer = nullptr) {
   if (text.empty()) return Status::Ok();
   for (const std::string& part : Split(text, ',')) {
     const size_t eq = part.find('=');
     const std::string tier = eq == std::string::npos ? "" : part.substr(0, eq);
-    const int index = tier == "host" ? kHostTier : tier == "nvme" ? kNvmeTier : tier == "remote" ? kRemoteTier : -1;
+    const int index = tier == "host"                      ? kHostTier
+                      : tier == "nvme"                    ? kNvmeTier
+                      : tier == "remote"                  ? kRemoteTier
+                      : tier == "peer" && peer != nullptr ? kSimTiers
+                                                          : -1;
     auto bw = index < 0 ? Result<Capacity>(InvalidArgument("no tier")) : ParseCapacity(part.substr(eq + 1), 1);
     if (!bw.ok() || bw->infinite || bw->unit != Capacity::Unit::kTokens || bw->amount == 0) {
-      return InvalidArgument(option + " '" + part + "': expected host|nvme|remote=BYTES per second, e.g. nvme=5GB");
+      return InvalidArgument(option + " '" + part + "': expected host|nvme|remote" + (peer != nullptr ? "|peer" : "") +
+                             "=BYTES per second, e.g. nvme=5GB");
     }
-    out[index] = double(bw->amount);
+    (index == kSimTiers ? *peer : out[index]) = double(bw->amount);
   }
   return Status::Ok();
 }
@@ -212,7 +220,8 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
   app.add_option("--engines", o.engines, "Engine instances for TTFT (0: no engine model)")->capture_default_str();
   app.add_option("--prefill-tps", o.prefill_tps, "Prefill tokens/s per engine")->capture_default_str();
   app.add_option("--read-bandwidth", o.read_bandwidth,
-                 "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults)");
+                 "KV load bytes/s per tier: host=20GB,nvme=5GB,remote=1GB (the defaults); with --peer also "
+                 "peer=BW (default 10GB: a node's link to the other nodes)");
   app.add_option("--write-bandwidth", o.write_bandwidth,
                  "Demotion bytes/s per tier: nvme=2GB,remote=1GB (the defaults); a demotion is dropped as the "
                  "daemon's demoter drops it: past " +
@@ -226,12 +235,37 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
       ->capture_default_str();
   app.add_option("--router", o.router,
                  "How requests spread over --nodes: prefix_affinity (by a hash of the first --affinity-blocks "
-                 "blocks) | round_robin (request i to node i mod N)")
+                 "blocks) | round_robin (request i to node i mod N) | kv_aware (at arrival, to the node where the "
+                 "first token can start soonest, max(Q, R) + C, by delayed, lossy KV events; needs --engines)")
       ->capture_default_str();
   app.add_option("--affinity-blocks", o.affinity_blocks,
                  "prefix_affinity hashes a request's first K blocks (2 tells apart conversations that open with "
                  "one shared system-prompt block)")
       ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--event-delay-ms", o.event_delay_ms,
+                 "kv_aware: a KV event reaches the router this many ms after the block changed tier")
+      ->check(CLI::Range(0.0, 3.6e6))
+      ->capture_default_str();
+  app.add_option("--event-loss", o.event_loss,
+                 "kv_aware: the share of KV events lost on the way (a lost store: the router does not know the "
+                 "block is there; a lost removal: it wrongly thinks it is)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--event-seed", o.event_seed, "kv_aware: the seed of the event losses")->capture_default_str();
+  app.add_option("--kv-fetch", o.kv_fetch,
+                 "Engine model: serial (the KV load starts when an engine is free: wait + load + prefill) | "
+                 "overlap (it starts at arrival, beside the wait: max(Q, R) + C); default: overlap for kv_aware, "
+                 "serial otherwise")
+      ->check(CLI::IsMember({"serial", "overlap"}));
+  app.add_flag("--peer", o.peer,
+               "Model kvtierd's peer tier (needs --nodes 2 or more): a node reads a block another node holds in "
+               "its host or NVMe tier directly, asked after its own tiers and before the remote tier, pulled into "
+               "its host tier (a use on the source); never written");
+  app.add_option("--peer-rtt-us", o.peer_rtt_us,
+                 "--peer: the round trip a request's pull from the peers pays once (its pins out, their grants "
+                 "back) before its bytes at peer=BW")
+      ->each([&o](const std::string&) { o.peer_rtt_given = true; })
       ->capture_default_str();
   app.add_option("--sweep", o.sweep, "Host capacities CAP,CAP,...: one run per value (and policy), in threads");
   app.add_option("--threads", o.threads, "Threads for a sweep; 0: one per core")->capture_default_str();
@@ -245,6 +279,7 @@ void AddReplayOptions(CLI::App& app, ReplayCliOptions& o) {
 int RunReplay(const ReplayCliOptions& o) {
   if (o.live) {
     if (o.nodes != 1) return Fail("--live drives one daemon: --nodes is for sim mode");
+    if (o.peer) return Fail("--live drives one daemon: --peer is for sim mode");
     auto trace = LoadTraces(o);
     if (!trace.ok()) return Fail(trace.status().message());
     return RunLive(o, *trace);
@@ -255,10 +290,18 @@ int RunReplay(const ReplayCliOptions& o) {
     return Fail("--nodes " + std::to_string(o.nodes) + ": expected 1 to " + std::to_string(kMaxNodes) + " nodes");
   }
   const std::optional<Router> router = ParseRouter(o.router);
-  if (!router) return Fail("--router '" + o.router + "': expected round_robin or prefix_affinity");
+  if (!router) return Fail("--router '" + o.router + "': expected round_robin, prefix_affinity or kv_aware");
+  if (*router == Router::kKvAware && o.engines == 0) {
+    return Fail("--router kv_aware routes by time: give the engine model (--engines N --prefill-tps X)");
+  }
+  if (!o.kv_fetch.empty() && o.engines == 0) return Fail("--kv-fetch is the engine model's: give --engines N");
   base.nodes = o.nodes;
   base.router = *router;
   base.affinity_blocks = o.affinity_blocks;
+  base.event_delay_us = static_cast<uint64_t>(std::llround(o.event_delay_ms * 1000));
+  base.event_loss = o.event_loss;
+  base.event_seed = o.event_seed;
+  if (!o.kv_fetch.empty()) base.fetch = o.kv_fetch == "serial" ? FetchModel::kSerial : FetchModel::kOverlap;
   // Capacities.
   bool have_host = false;
   for (const std::string& part : Split(o.capacity, ',')) {
@@ -292,9 +335,18 @@ int RunReplay(const ReplayCliOptions& o) {
   base.prefill_tps = o.prefill_tps;
   if (o.engines > 0 && !(o.prefill_tps > 0)) return Fail("--engines needs --prefill-tps above 0");
   if (o.engines == 0 && o.prefill_tps > 0) return Fail("--prefill-tps needs --engines N");
-  if (Status s = ParseBandwidths("--read-bandwidth", o.read_bandwidth, base.read_bytes_per_s); !s.ok()) {
+  if (!o.peer && ("," + o.read_bandwidth).find(",peer=") != std::string::npos) {
+    return Fail("--read-bandwidth peer=BW is the peer tier's: give --peer");
+  }
+  if (Status s = ParseBandwidths("--read-bandwidth", o.read_bandwidth, base.read_bytes_per_s,
+                                 o.peer ? &base.peer_bytes_per_s : nullptr);
+      !s.ok()) {
     return Fail(s.message());
   }
+  if (o.peer && o.nodes < 2) return Fail("--peer reads the other nodes' tiers: give --nodes 2 or more");
+  if (!o.peer && o.peer_rtt_given) return Fail("--peer-rtt-us is the peer tier's: give --peer");
+  base.peer = o.peer;
+  base.peer_rtt_us = o.peer_rtt_us;
   if (Status s = ParseBandwidths("--write-bandwidth", o.write_bandwidth, base.write_bytes_per_s); !s.ok()) {
     return Fail(s.message());
   }

@@ -58,8 +58,24 @@ struct ReplayCliOptions {
   bool nodes_given = false;
   std::string router = "prefix_affinity";  // round_robin | prefix_affinity
   uint32_t affinity_blocks = 1;            // prefix_affinity: the leading blocks hashed
-  std::string sweep;                       // CAP,CAP,... (host capacities)
-  unsigned threads = 0;                    // sweep threads; 0: one per core
+  // kv_aware (replay_router.h): its KV events' delay and loss rate, the
+  // loss's seed; and the engine model's fetch (serial | overlap; empty:
+  // overlap for kv_aware, serial otherwise). Given kv_aware or --kv-fetch,
+  // the reports carry the fetch model, the event figures and TTFT p50/p99
+  // in the printed table; without them they are as before the options.
+  double event_delay_ms = 10;
+  double event_loss = 0;
+  uint64_t event_seed = 1;
+  std::string kv_fetch;
+  // The peer tier (ReplayOptions::peer; several nodes): off unless
+  // --peer; its bandwidth is --read-bandwidth's peer= entry. Given
+  // --peer, the reports carry the peer tier's fields and columns; without
+  // it they are as before the option.
+  bool peer = false;
+  uint64_t peer_rtt_us = 50;
+  bool peer_rtt_given = false;
+  std::string sweep;     // CAP,CAP,... (host capacities)
+  unsigned threads = 0;  // sweep threads; 0: one per core
   std::string json_path;
   std::string csv_path;
   std::string plot_path;

@@ -34,17 +34,28 @@ double LookupCeiling(const Trace& trace);
 
 // The printed table, a row per run; given --nodes, a line naming the node
 // count and router first, and per run its token hit rate split into local
-// and shared and its requests per node.
+// and shared and its requests per node; given --peer, a line naming the
+// peer tier's bandwidth and round trip, and per run its peer token hit
+// rate, the hit bytes it moved between nodes, the bytes written to the
+// remote tier, and TTFT p50/p99 (engine model) when not shown already.
 void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o, double ceiling);
 
 // One row per run; `with_nodes`: the node columns after the others;
-// `with_remote_admission`: then the remote admission's.
+// `with_remote_admission`: then the remote admission's; then, when a run
+// is kv_aware or chose its fetch model, kv_fetch, event_delay_ms,
+// event_loss, events_published and events_lost; then, when a run has the
+// peer tier, its columns (peer_*, and the remote tier's hit tokens, bytes
+// read and written beside them).
 void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool with_nodes, bool with_remote_admission);
 
 // One run as a JSON object. `with_nodes`: add the node fields (the node
 // count, the router, the split hit rates, per node its requests and token
 // hit rates); `with_remote_admission`: the remote admission's (the policy,
-// its rate, the blocks it refused).
+// its rate, the blocks it refused). A kv_aware run, or one that chose its
+// fetch model, adds kv_fetch and the events' delay, loss, seed and counts.
+// A run with the peer tier adds "peer" (its bandwidth, round trip, hits,
+// hit tokens and rates, bytes read and pulled, pulls, per node its hit
+// tokens and bytes served) and "hit_tokens_by_tier".
 std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_admission);
 
 }  // namespace kvtier::tools::replay_cli

@@ -66,6 +66,55 @@ std::string RemoteAdmissionJson(const ReplayResult& r) {
   return j.str();
 }
 
+// Whether a run carries the kv_aware fields: its router is kv_aware or
+// its fetch model was chosen.
+bool WithKv(const ReplayOptions& o) { return o.router == Router::kKvAware || o.fetch.has_value(); }
+bool WithKv(const std::vector<ReplayResult>& runs) {
+  return std::any_of(runs.begin(), runs.end(), [](const ReplayResult& r) { return WithKv(r.options); });
+}
+
+// A run's kv_aware fields: the fetch model and, for kv_aware, its events'
+// delay, loss, seed and counts (null for another router).
+std::string KvJson(const ReplayResult& r) {
+  const ReplayOptions& o = r.options;
+  const bool kv = o.router == Router::kKvAware;
+  std::ostringstream j;
+  j << ", \"kv_fetch\": \"" << FetchModelName(FetchModelOf(o))
+    << "\", \"event_delay_ms\": " << (kv ? Number(double(o.event_delay_us) / 1000.0) : "null")
+    << ", \"event_loss\": " << (kv ? Number(o.event_loss) : "null")
+    << ", \"event_seed\": " << (kv ? std::to_string(o.event_seed) : "null")
+    << ", \"events_published\": " << r.events_published << ", \"events_lost\": " << r.events_lost;
+  return j.str();
+}
+
+// Whether a run carries the peer tier's fields (ReplayOptions::peer).
+bool WithPeer(const std::vector<ReplayResult>& runs) {
+  return std::any_of(runs.begin(), runs.end(), [](const ReplayResult& r) { return r.options.peer; });
+}
+
+// A run's peer tier fields: its bandwidth and round trip, its hits (blocks,
+// tokens, rates, share of the hit blocks), the hit bytes it served and
+// the bytes its pulls moved between nodes, the requests that pulled, per
+// node its peer hit tokens and the bytes it served to the others; and
+// every tier's hit tokens side by side.
+std::string PeerJson(const ReplayResult& r) {
+  const ReplayOptions& o = r.options;
+  std::ostringstream j;
+  j << ", \"peer\": {\"bytes_per_s\": " << Number(o.peer_bytes_per_s) << ", \"rtt_us\": " << o.peer_rtt_us
+    << ", \"hits\": " << r.peer.hits
+    << ", \"hit_share\": " << Number(r.hit_blocks == 0 ? 0 : double(r.peer.hits) / double(r.hit_blocks))
+    << ", \"hit_tokens\": " << r.peer.hit_tokens << ", \"block_hit_rate\": " << Number(r.peer_block_hit_rate())
+    << ", \"token_hit_rate\": " << Number(r.peer_token_hit_rate()) << ", \"bytes_read\": " << r.peer.bytes_read
+    << ", \"pulled_bytes\": " << r.peer_pulled_bytes << ", \"pulls\": " << r.peer_pulls << ", \"node_hit_tokens\": [";
+  for (size_t k = 0; k < r.nodes.size(); ++k) j << (k > 0 ? ", " : "") << r.nodes[k].peer_hit_tokens;
+  j << "], \"node_bytes_served\": [";
+  for (size_t k = 0; k < r.nodes.size(); ++k) j << (k > 0 ? ", " : "") << r.nodes[k].peer_bytes_served;
+  j << "]}, \"hit_tokens_by_tier\": {\"host\": " << r.tiers[kHostTier].hit_tokens
+    << ", \"nvme\": " << r.tiers[kNvmeTier].hit_tokens << ", \"peer\": " << r.peer.hit_tokens
+    << ", \"remote\": " << r.tiers[kRemoteTier].hit_tokens << "}";
+  return j.str();
+}
+
 }  // namespace
 
 std::string Number(double v) {
@@ -112,6 +161,8 @@ std::string RunJson(const ReplayResult& r, bool with_nodes, bool with_remote_adm
       << ", \"p99\": " << Number(*r.ttft_percentile(99)) << "}";
   }
   if (with_nodes) j << NodesJson(r);
+  if (WithKv(o)) j << KvJson(r);
+  if (o.peer) j << PeerJson(r);
   j << ", \"wall_seconds\": " << Number(r.wall_seconds) << "}";
   return j.str();
 }
@@ -148,10 +199,33 @@ void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o
                                  : "";
     std::printf("remote admission: %s%s\n\n", o.remote_admission.c_str(), rate.c_str());
   }
-  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s%s\n", "policy", "host", "requests", "blocks",
+  const bool kv = WithKv(runs);
+  if (kv && !runs.empty()) {
+    const ReplayOptions& first = runs.front().options;
+    std::printf("kv fetch: %s", std::string(FetchModelName(FetchModelOf(first))).c_str());
+    if (first.router == Router::kKvAware) {
+      std::printf(", kv_aware events %s ms late, %s lost (seed %llu)", Number(o.event_delay_ms).c_str(),
+                  Number(o.event_loss).c_str(), static_cast<unsigned long long>(o.event_seed));
+    }
+    std::printf("\n\n");
+  }
+  // The peer tier's columns: its token hit rate, the hit bytes it moved
+  // between nodes, the bytes written to the remote tier (the pool), and
+  // TTFT when the kv columns do not show it.
+  const bool peer = o.peer;
+  const bool peer_ttft = peer && o.engines > 0 && !kv;
+  if (peer && !runs.empty()) {
+    std::printf("peer tier: %s bytes/s from the other nodes, %llu us a request's round trip\n\n",
+                Number(runs.front().options.peer_bytes_per_s).c_str(), static_cast<unsigned long long>(o.peer_rtt_us));
+  }
+  std::printf("%-12s %-14s %10s %10s %10s %10s %10s %8s %12s %9s%s%s%s%s%s\n", "policy", "host", "requests", "blocks",
               "block_hit", "token_hit", "gap_closed", "seconds", "lookups/s", "/ceiling",
-              o.engines > 0 ? " mean_queue" : "", o.nodes_given ? "  local_tok shared_tok  node_requests" : "",
-              o.remote_admission_given ? "  remote_written remote_refused" : "");
+              o.engines > 0 ? " mean_queue" : "", kv ? " ttft_p50_ms ttft_p99_ms" : "",
+              o.nodes_given ? "  local_tok shared_tok  node_requests" : "",
+              o.remote_admission_given ? "  remote_written remote_refused" : "",
+              peer ? (peer_ttft ? "   peer_tok     peer_bytes remote_written ttft_p50_ms ttft_p99_ms"
+                                : "   peer_tok     peer_bytes remote_written")
+                   : "");
   for (const ReplayResult& r : runs) {
     // Block lookups: every prompt block of every request, warm-up included.
     const double lookups = double(r.lookups);
@@ -172,10 +246,26 @@ void PrintTable(const std::vector<ReplayResult>& runs, const ReplayCliOptions& o
                     static_cast<unsigned long long>(r.tiers[kRemoteTier].bytes_written),
                     static_cast<unsigned long long>(r.remote_admission_refused));
     }
-    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s%s\n", r.options.policy.c_str(),
-                CapacityText(r.options.host).c_str(), static_cast<unsigned long long>(r.requests),
-                static_cast<unsigned long long>(r.blocks), r.block_hit_rate(), r.token_hit_rate(), gap, r.wall_seconds,
-                rate, ceiling > 0 ? rate / ceiling : 0, queue, nodes.c_str(), remote);
+    char ttft[40] = "";
+    if (kv) {
+      std::snprintf(ttft, sizeof ttft, " %11.1f %11.1f", r.ttft_percentile(50).value_or(0),
+                    r.ttft_percentile(99).value_or(0));
+    }
+    char peers[96] = "";
+    if (peer) {
+      const int at = std::snprintf(peers, sizeof peers, "  %9.4f %14llu %14llu", r.peer_token_hit_rate(),
+                                   static_cast<unsigned long long>(r.peer.bytes_read),
+                                   static_cast<unsigned long long>(r.tiers[kRemoteTier].bytes_written));
+      if (peer_ttft && at > 0) {
+        std::snprintf(peers + at, sizeof peers - size_t(at), " %11.1f %11.1f", r.ttft_percentile(50).value_or(0),
+                      r.ttft_percentile(99).value_or(0));
+      }
+    }
+    std::printf("%-12s %-14s %10llu %10llu %10.4f %10.4f %10s %8.3f %12.0f %8.2fx%s%s%s%s%s\n",
+                r.options.policy.c_str(), CapacityText(r.options.host).c_str(),
+                static_cast<unsigned long long>(r.requests), static_cast<unsigned long long>(r.blocks),
+                r.block_hit_rate(), r.token_hit_rate(), gap, r.wall_seconds, rate, ceiling > 0 ? rate / ceiling : 0,
+                queue, ttft, nodes.c_str(), remote, peers);
   }
 }
 
@@ -189,6 +279,11 @@ void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool wit
                      : "")
       << (with_remote_admission ? ",remote_admission,remote_write_rate,remote_admission_refused,remote_bytes_written"
                                 : "")
+      << (WithKv(runs) ? ",kv_fetch,event_delay_ms,event_loss,events_published,events_lost" : "")
+      << (WithPeer(runs) ? ",peer_bytes_per_s,peer_rtt_us,peer_hits,peer_hit_tokens,peer_block_hit_rate,peer_token_hit_"
+                           "rate,peer_bytes_read,peer_pulled_bytes,peer_pulls,remote_hit_tokens,remote_bytes_read,"
+                           "remote_bytes_written"
+                         : "")
       << "\n";
   for (const ReplayResult& x : runs) {
     const ReplayOptions& p = x.options;
@@ -214,6 +309,18 @@ void WriteCsv(std::ostream& out, const std::vector<ReplayResult>& runs, bool wit
       out << "," << p.remote_admission << ","
           << (p.remote_admission == "rate" ? std::to_string(p.remote_write_rate) : "") << ","
           << x.remote_admission_refused << "," << x.tiers[kRemoteTier].bytes_written;
+    }
+    if (WithKv(runs)) {
+      const bool kv = p.router == Router::kKvAware;
+      out << "," << FetchModelName(FetchModelOf(p)) << "," << (kv ? Number(double(p.event_delay_us) / 1000.0) : "")
+          << "," << (kv ? Number(p.event_loss) : "") << "," << x.events_published << "," << x.events_lost;
+    }
+    if (WithPeer(runs)) {
+      const TierResult& remote = x.tiers[kRemoteTier];
+      out << "," << (p.peer ? Number(p.peer_bytes_per_s) : "") << "," << (p.peer ? std::to_string(p.peer_rtt_us) : "")
+          << "," << x.peer.hits << "," << x.peer.hit_tokens << "," << Number(x.peer_block_hit_rate()) << ","
+          << Number(x.peer_token_hit_rate()) << "," << x.peer.bytes_read << "," << x.peer_pulled_bytes << ","
+          << x.peer_pulls << "," << remote.hit_tokens << "," << remote.bytes_read << "," << remote.bytes_written;
     }
     out << "\n";
   }

@@ -33,6 +33,7 @@ bool Simulator::MakeRoom(SimNode& n, int tier, uint64_t cost, uint64_t now) {
     const bool needed = tier == kHostTier && t.policy->NeededWithin(id, now, options_.lookahead_us);
     t.policy->OnRemove(id);
     t.in[id] = 0;
+    Emit(n, tier, id, false, now);
     t.used -= t.held[id];
     t.held[id] = 0;
     ++result_.tiers[tier].evictions;
@@ -64,7 +65,7 @@ bool Simulator::NvmeAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now, u
   AdmissionCandidate c;
   c.bytes = bytes;
   c.cls = ClassOf(n, id, uses);
-  c.parent_cached = b.parent == kNoParent || Anywhere(n, b.parent);
+  c.parent_cached = b.parent == kNoParent || HeldAnywhere(n, b.parent, now);
   if (n.admission->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
   ++result_.admission_refused;
   return false;
@@ -82,7 +83,7 @@ bool Simulator::RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now,
   AdmissionCandidate c;
   c.bytes = bytes;
   c.cls = ClassOf(n, id, uses);
-  c.parent_cached = b.parent == kNoParent || Anywhere(n, b.parent);
+  c.parent_cached = b.parent == kNoParent || HeldAnywhere(n, b.parent, now);
   if (n.remote_admission->Decide(c, now) == AdmissionOutcome::kAdmitted) return true;
   ++result_.remote_admission_refused;
   return false;
@@ -91,16 +92,25 @@ bool Simulator::RemoteAdmits(SimNode& n, uint32_t id, bool forced, uint64_t now,
 void Simulator::Demote(SimNode& n, int from, uint32_t id, uint64_t now, bool needed, std::optional<uint64_t> uses) {
   const uint64_t counted = uses ? *uses : n.blocks[id].uses;
   // The daemon's rule (policy/demotion_target.h) over the tiers below
-  // `from`, each through its admission.
-  std::array<int, kSimTiers> below{};
+  // `from`, each through its admission. The peer tier (between the NVMe
+  // and remote tiers) holds what `n` learned a peer holds, and admits
+  // nothing, forced or not (admission "none").
+  std::array<int, kSimTiers + 1> below{};
   size_t levels = 0;
   for (int t = from + 1; t < kSimTiers; ++t) {
+    if (t == kRemoteTier && options_.peer) below[levels++] = kPeerLevel;
     if (Present(n, t)) below[levels++] = t;
   }
+  const auto admits = [&](size_t level, bool forced) {
+    return below[level] != kPeerLevel && Admits(n, below[level], id, forced, now, counted);
+  };
   const DemotionTarget choice = ChooseDemotionTarget(
-      levels, needed, [&](size_t level) { return Tier(n, below[level]).in[id] != 0; },
-      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/true, now, counted); },
-      [&](size_t level) { return Admits(n, below[level], id, /*forced=*/false, now, counted); });
+      levels, needed,
+      [&](size_t level) {
+        return below[level] == kPeerLevel ? PeerKnown(n, id, now) : Tier(n, below[level]).in[id] != 0;
+      },
+      [&](size_t level) { return admits(level, /*forced=*/true); },
+      [&](size_t level) { return admits(level, /*forced=*/false); });
   if (choice.forced) ++result_.forced_demotions;
   if (choice.level) WriteBelow(n, below[*choice.level], id, now);
 }
@@ -134,27 +144,34 @@ bool Simulator::WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now) {
     t.used += cost;
   }
   t.in[id] = 1;
+  Emit(n, to, id, true, now);
   result_.tiers[to].bytes_written += Bytes(b);
   if (to == kNvmeTier) n.nvme_bytes_written += Bytes(b);
   return true;
 }
 
-bool Simulator::Promote(SimNode& n, uint32_t id, uint64_t now) {
-  if (!n.nvme.in[id] && !remote_.in[id]) return false;
+bool Simulator::Promote(SimNode& n, uint32_t id, uint64_t now, bool from_peers) {
+  const auto peer = [&] { return from_peers ? PeerSource(n, id) : nullptr; };
+  if (!n.nvme.in[id] && !remote_.in[id] && peer() == nullptr) return false;
   // Room first (Promoter::Promote allocates, then reads): making it may
   // push the block out below, and then the read misses.
   const SimBlock& b = blocks_[id];
   const uint64_t cost = Cost(n.host, b);
   if (!MakeRoom(n, kHostTier, cost, now)) return false;
-  const int from = n.nvme.in[id] ? kNvmeTier : remote_.in[id] ? kRemoteTier : -1;
+  SimNode* source = n.nvme.in[id] ? nullptr : peer();
+  const int from = n.nvme.in[id] ? kNvmeTier : source != nullptr ? kPeerLevel : remote_.in[id] ? kRemoteTier : -1;
   if (from < 0) return false;
-  if (from == kNvmeTier && n.log) {
+  if (from == kPeerLevel) {
+    ServePull(*source, id, now);
+    result_.peer_pulled_bytes += Bytes(b);
+  } else if (from == kNvmeTier && n.log) {
     n.log->Read(id, now);
   } else {
     Tier(n, from).policy->OnAccess(id, now);
   }
   n.host.policy->OnInsertKeyed(id, b.key, now);
   n.host.in[id] = 1;
+  Emit(n, kHostTier, id, true, now);
   n.host.held[id] = cost;
   n.host.used += cost;
   result_.tiers[kHostTier].bytes_written += Bytes(b);
@@ -224,7 +241,7 @@ bool Simulator::Prefetch(SimNode& n, uint64_t now) {
     if (!n.nvme.in[id] && !remote_.in[id]) continue;  // evicted meanwhile
     ++result_.prefetches;
     result_.prefetch_bytes += Bytes(blocks_[id]);
-    landed = Promote(n, id, now);
+    landed = Promote(n, id, now, /*from_peers=*/false);
     if (!landed) continue;
     NodeBlock& nb = n.blocks[id];
     nb.prefetched = true;
@@ -239,11 +256,12 @@ SimLog::Hooks Simulator::LogHooks(SimNode& n) {
   SimNode* node = &n;  // nodes_ is never resized
   hooks.dropped = [this, node](uint32_t id) {
     node->nvme.in[id] = 0;
+    Emit(*node, kNvmeTier, id, false, now_us_);
     ++result_.tiers[kNvmeTier].evictions;
   };
   hooks.offered = [this, node](uint32_t id, uint64_t hits) { Demote(*node, kNvmeTier, id, now_us_, false, hits); };
   hooks.needed = [node](uint32_t id) { return node->queued_count.count(id) > 0; };
-  hooks.has_below = options_.remote.has_value();
+  hooks.has_below = options_.remote.has_value() || options_.peer;  // the daemon's sink: any tier below
   return hooks;
 }
 

@@ -6,6 +6,7 @@
 
 #include "policy/admission_policy.h"
 #include "policy/eviction_policy.h"
+#include "common/check.h"
 #include "policy/policy_registry.h"
 #include "tiers/nvme/block_record.h"
 #include "tools/replay/replay_simulator.h"
@@ -87,13 +88,31 @@ std::string_view SimTierName(int tier) {
   return "?";
 }
 
-std::string_view RouterName(Router router) { return router == Router::kRoundRobin ? "round_robin" : "prefix_affinity"; }
+std::string_view RouterName(Router router) {
+  switch (router) {
+    case Router::kRoundRobin:
+      return "round_robin";
+    case Router::kPrefixAffinity:
+      return "prefix_affinity";
+    case Router::kKvAware:
+      return "kv_aware";
+  }
+  return "?";
+}
 
 std::optional<Router> ParseRouter(std::string_view name) {
   if (name == "round_robin") return Router::kRoundRobin;
   if (name == "prefix_affinity") return Router::kPrefixAffinity;
+  if (name == "kv_aware") return Router::kKvAware;
   return std::nullopt;
 }
+
+FetchModel FetchModelOf(const ReplayOptions& options) {
+  if (options.fetch) return *options.fetch;
+  return options.router == Router::kKvAware ? FetchModel::kOverlap : FetchModel::kSerial;
+}
+
+std::string_view FetchModelName(FetchModel model) { return model == FetchModel::kSerial ? "serial" : "overlap"; }
 
 namespace {
 
@@ -109,6 +128,7 @@ uint64_t Mix(uint64_t x) {
 }  // namespace
 
 std::vector<uint32_t> RouteRequests(const Trace& trace, uint32_t nodes, Router router, uint32_t affinity_blocks) {
+  KVTIER_CHECK(router != Router::kKvAware, "kv_aware routes inside the run");
   std::vector<uint32_t> route(trace.requests.size(), 0);
   if (nodes <= 1) return route;
   for (size_t r = 0; r < route.size(); ++r) {
@@ -152,7 +172,11 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b) {
          a.nvme_reinsert_share == b.nvme_reinsert_share && a.lookahead_us == b.lookahead_us &&
          a.prefetch_share == b.prefetch_share && a.prefetch_min_blocks == b.prefetch_min_blocks && a.nodes == b.nodes &&
          a.router == b.router && a.affinity_blocks == b.affinity_blocks && a.remote_admission == b.remote_admission &&
-         a.remote_write_rate == b.remote_write_rate;
+         a.remote_write_rate == b.remote_write_rate && a.event_delay_us == b.event_delay_us &&
+         a.event_loss == b.event_loss && a.event_seed == b.event_seed && FetchModelOf(a) == FetchModelOf(b) &&
+         a.peer == b.peer &&
+         (!a.peer || (a.peer_bytes_per_s == b.peer_bytes_per_s && a.peer_rtt_us == b.peer_rtt_us &&
+                      a.peer_known_us == b.peer_known_us));
 }
 
 void SetGapClosed(std::vector<ReplayResult>& runs) {
@@ -255,12 +279,21 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options) {
   if (options.engines > 0 && !(options.prefill_tps > 0)) {
     return InvalidArgument("the engine model needs a prefill rate above 0 (--prefill-tps)");
   }
+  if (options.router == Router::kKvAware && options.engines == 0) {
+    return InvalidArgument("kv_aware routes by time: it needs the engine model (--engines, --prefill-tps)");
+  }
+  if (!(options.event_loss >= 0 && options.event_loss <= 1)) {
+    return InvalidArgument("the event loss rate must be in [0, 1]");
+  }
   if (options.record_schedule && (options.engines == 0 || options.nodes != 1)) {
     return InvalidArgument("a schedule is recorded for the engine model on one node");
   }
   for (double bw : options.read_bytes_per_s) {
     if (!(bw > 0)) return InvalidArgument("read bandwidths must be above 0");
   }
+  if (options.peer && options.nodes < 2)
+    return InvalidArgument("the peer tier reads other nodes: give 2 nodes or more");
+  if (options.peer && !(options.peer_bytes_per_s > 0)) return InvalidArgument("the peer bandwidth must be above 0");
   for (double bw : options.write_bytes_per_s) {
     if (!(bw >= 0)) return InvalidArgument("write bandwidths must be 0 (no limit) or above");
   }

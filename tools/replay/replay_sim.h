@@ -85,7 +85,8 @@ std::string_view SimTierName(int tier);
 // by the router, and hits the longest prefix resident in that node's own
 // tiers or the remote tier; blocks it promotes land in that node's host
 // tier, and that node's victims go to its NVMe tier or the shared remote
-// tier, so a block reaches the other nodes only once evicted. With the
+// tier, so a block reaches the other nodes only once evicted (or, with
+// the peer tier, ReplayOptions::peer, read from the node that holds it). With the
 // engine model, requests start in time order across nodes (ties: file
 // order).
 //   round_robin:     request i (file order, from 0) to node i mod N;
@@ -97,12 +98,25 @@ std::string_view SimTierName(int tier);
 //                    without blocks goes to node 0. With one block and a
 //                    system prompt every request opens with (Mooncake's
 //                    conversation trace), every request lands on one node.
-enum class Router : uint8_t { kRoundRobin, kPrefixAffinity };
+//   kv_aware:        at each request's arrival, to the node where its first
+//                    token can start soonest by what KV events and the
+//                    nodes' estimates say (tools/replay/replay_router.h);
+//                    needs the engine model.
+enum class Router : uint8_t { kRoundRobin, kPrefixAffinity, kKvAware };
 std::string_view RouterName(Router router);
-// "round_robin" | "prefix_affinity"; nullopt otherwise.
+// "round_robin" | "prefix_affinity" | "kv_aware"; nullopt otherwise.
 std::optional<Router> ParseRouter(std::string_view name);
+// How a node's KV load meets its engine queue (engine model):
+//   kSerial:  a request loads its hit once its engine is free, then
+//             prefills (TTFT = wait + load + prefill);
+//   kOverlap: the load starts at its arrival on the node's read channel of
+//             each tier (one per tier per node, after the loads of its
+//             requests started before), beside the wait; the engine then
+//             prefills from max(free, loaded) (TTFT = max(Q, R) + C).
+enum class FetchModel : uint8_t { kSerial, kOverlap };
 // The node (0..nodes-1) serving each request of `trace`, in file order.
-// `nodes` and `affinity_blocks` must be at least 1.
+// `nodes` and `affinity_blocks` must be at least 1; `router` must not be
+// kv_aware (it routes inside the run).
 std::vector<uint32_t> RouteRequests(const Trace& trace, uint32_t nodes, Router router, uint32_t affinity_blocks = 1);
 // The most nodes a run takes: each node keeps about 40 bytes per distinct
 // block of the trace.
@@ -116,6 +130,14 @@ struct ReplayOptions {
   uint32_t nodes = 1;
   Router router = Router::kPrefixAffinity;
   uint32_t affinity_blocks = 1;  // prefix_affinity: the leading blocks hashed (at least 1)
+  // kv_aware: its KV events arrive this late, or are lost at this rate
+  // ([0, 1], drawn from event_seed).
+  uint64_t event_delay_us = 10'000;
+  double event_loss = 0;
+  uint64_t event_seed = 1;
+  // The engine model's fetch; unset: kOverlap for kv_aware, else kSerial
+  // (FetchModelOf).
+  std::optional<FetchModel> fetch;
   // lru | fifo | lru2 | s3fifo | arc | queue_aware (the daemon's
   // classes), or belady (the offline rule of tools/replay/replay_belady.h, which
   // reads the trace's future: simulation only)
@@ -178,6 +200,29 @@ struct ReplayOptions {
   // Engine model, one node: keep the run's schedule (ReplayResult::
   // schedule), for a live replay to drive a daemon through (replay_live.h).
   bool record_schedule = false;
+  // The peer tier (kvtierd's [peer]; off by default): each node reads the
+  // other nodes' host and NVMe tiers directly, as kvtierd's PeerTier does.
+  // It is asked after the node's own host and NVMe tiers and before the
+  // remote tier: a lookup that the node's own tiers miss probes the other
+  // nodes (the probe sees every node's tiers as they are); a block another
+  // node holds is a peer hit, and the request's pin pulls it from that
+  // node (the lowest-numbered node holding it in its host tier, else on
+  // its NVMe tier) into its own host tier, like any promotion. The pull is
+  // a pin on the source: a use of the block there (host: a pin and its
+  // release for the eviction policy; NVMe: a read of the log). The peer
+  // tier is never written (its admission is "none"); a victim walks it as
+  // any tier below: a block the node learned at a probe within
+  // peer_known_us that a peer held counts as held there, so it is not
+  // written further down (the daemon's PeerTier::Find). Timing: a
+  // request's bytes from peers at peer_bytes_per_s, after one
+  // peer_rtt_us (its pins out, their grants back). Several nodes only;
+  // the kv_aware router's estimate does not see peers' copies, and the
+  // prefetch planner does not read from peers (a queued request's keys
+  // are not probed).
+  bool peer = false;
+  double peer_bytes_per_s = 10e9;
+  uint64_t peer_rtt_us = 50;
+  uint64_t peer_known_us = 10'000'000;  // kvtierd's PeerTierOptions::known_for
 };
 
 // One step of an engine-model run on one node, in the order the run took
@@ -211,6 +256,8 @@ struct NodeResult {
   uint64_t tokens = 0;             // their prompt tokens
   uint64_t local_hit_tokens = 0;   // hit tokens its own host and NVMe tiers served
   uint64_t shared_hit_tokens = 0;  // hit tokens the shared remote tier served
+  uint64_t peer_hit_tokens = 0;    // hit tokens the other nodes' tiers served (the peer tier)
+  uint64_t peer_bytes_served = 0;  // bytes the other nodes pulled from its tiers, warm-up included
 };
 
 struct ReplayResult {
@@ -221,8 +268,16 @@ struct ReplayResult {
   uint64_t hit_blocks = 0;
   uint64_t hit_tokens = 0;
   std::array<TierResult, kSimTiers> tiers{};  // all nodes together
-  std::vector<NodeResult> nodes;              // one per node
-  uint64_t not_kept = 0;                      // blocks past the prefix that fits a request larger than the host tier
+  // The peer tier (ReplayOptions::peer): hits (measured), their tokens and
+  // bytes (bytes_read: the hit bytes, what crosses between nodes for
+  // them); never written. pulled_bytes: the bytes the pins pulled from
+  // peers into the nodes' host tiers, warm-up included; peer_pulls: the
+  // measured requests that read from peers (each paid one peer_rtt_us).
+  TierResult peer;
+  uint64_t peer_pulled_bytes = 0;
+  uint64_t peer_pulls = 0;
+  std::vector<NodeResult> nodes;          // one per node
+  uint64_t not_kept = 0;                  // blocks past the prefix that fits a request larger than the host tier
   uint64_t admission_refused = 0;         // victims the NVMe admission refused (the remote tier may still take them)
   uint64_t remote_admission_refused = 0;  // blocks the nodes' remote admissions refused (dropped)
   uint64_t ssd_budget_bytes = 0;          // dwpd: R x the trace's span (at least a day) x nodes; 0 otherwise
@@ -238,6 +293,8 @@ struct ReplayResult {
   uint64_t prefetches = 0;
   uint64_t prefetch_bytes = 0;
   uint64_t prefetch_used = 0;           // of those, blocks a request then found in the host tier
+  uint64_t events_published = 0;        // kv_aware: KV events the nodes published
+  uint64_t events_lost = 0;             // of those, lost on the way to the router
   uint64_t span_us = 0;                 // first to last arrival
   uint64_t lookups = 0;                 // block lookups, warm-up included (the speed figure's unit)
   std::vector<double> ttft_ms;          // measured requests' TTFT (engine model only), in start order
@@ -257,8 +314,9 @@ struct ReplayResult {
   double token_hit_rate() const { return tokens == 0 ? 0 : double(hit_tokens) / double(tokens); }
   double hit_share(int tier) const { return hit_blocks == 0 ? 0 : double(tiers[tier].hits) / double(hit_blocks); }
   // The hit rates split by where the hit came from: local, the serving
-  // node's own host and NVMe tiers; shared, the remote tier. They add up
-  // to the block and token hit rates.
+  // node's own host and NVMe tiers; peer, the other nodes' (the peer
+  // tier, 0 without it); shared, the remote tier. They add up to the block
+  // and token hit rates.
   double local_block_hit_rate() const {
     return blocks == 0 ? 0 : double(tiers[kHostTier].hits + tiers[kNvmeTier].hits) / double(blocks);
   }
@@ -269,6 +327,8 @@ struct ReplayResult {
   double shared_token_hit_rate() const {
     return tokens == 0 ? 0 : double(tiers[kRemoteTier].hit_tokens) / double(tokens);
   }
+  double peer_block_hit_rate() const { return blocks == 0 ? 0 : double(peer.hits) / double(blocks); }
+  double peer_token_hit_rate() const { return tokens == 0 ? 0 : double(peer.hit_tokens) / double(tokens); }
 };
 
 // The p-th percentile (nearest rank) of `samples`; 0 when empty.
@@ -287,6 +347,9 @@ void SetGapClosed(std::vector<ReplayResult>& runs);
 // belady, or an infinite tier).
 std::string NvmeEvictionOf(const ReplayOptions& options);
 
+FetchModel FetchModelOf(const ReplayOptions& options);
+std::string_view FetchModelName(FetchModel model);  // "serial" | "overlap"
+
 // Whether two runs differ only in their policy.
 bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 
@@ -297,8 +360,9 @@ bool SameSetting(const ReplayOptions& a, const ReplayOptions& b);
 // regions, a region not a multiple of the alignment), bad DWPD options, a
 // warm-up outside [0, 1), an NVMe or remote tier (or dwpd) without bytes
 // per token, engines without a positive prefill rate, record_schedule
-// without the engine model or with several nodes, or a read bandwidth
-// not above 0.
+// without the engine model or with several nodes, a read bandwidth
+// not above 0, or the peer tier with fewer than 2 nodes or a peer
+// bandwidth not above 0.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 
 }  // namespace kvtier::tools

@@ -17,7 +17,9 @@ Simulator::Simulator(const Trace& trace, const ReplayOptions& options,
                      const std::optional<SimLogOptions>& log)
     : trace_(trace),
       options_(options),
-      route_(RouteRequests(trace, options.nodes, options.router, options.affinity_blocks)),
+      route_(options.router == Router::kKvAware
+                 ? std::vector<uint32_t>(trace.requests.size(), UINT32_MAX)
+                 : RouteRequests(trace, options.nodes, options.router, options.affinity_blocks)),
       nodes_(options.nodes) {
   KVTIER_CHECK(admissions.size() == nodes_.size(), "one NVMe admission per node");
   KVTIER_CHECK(remote_admissions.size() == (options.remote ? nodes_.size() : 0), "one remote admission per node");
@@ -28,7 +30,13 @@ Simulator::Simulator(const Trace& trace, const ReplayOptions& options,
     MakeTiers(nodes_[k], log);
     for (uint32_t e = 0; e < options_.engines; ++e) nodes_[k].free_at.push(0);
   }
-  for (size_t r = 0; r < route_.size(); ++r) nodes_[route_[r]].requests.push_back(r);
+  if (options_.router == Router::kKvAware) {
+    KvAwareParams p{options_.nodes,         options_.engines,        options_.prefill_tps, options_.read_bytes_per_s,
+                    FetchModelOf(options_), options_.event_delay_us, options_.event_loss,  options_.event_seed};
+    router_ = std::make_unique<KvAwareRouter>(p);
+  } else {
+    for (size_t r = 0; r < route_.size(); ++r) nodes_[route_[r]].requests.push_back(r);
+  }
   if (options_.remote) {
     remote_.capacity = &*options_.remote;
     if (options_.policy == "belady") {
@@ -57,7 +65,10 @@ void Simulator::MakeTiers(SimNode& n, const std::optional<SimLogOptions>& log) {
       KVTIER_CHECK(made.ok(), "the NVMe log's options were validated");
       n.log = std::move(made).value();
     } else if (options_.policy == "belady") {
-      auto belady = std::make_unique<BeladyPolicy>(n.next_use, depth_);
+      // kv_aware routes in the run: no node's own future is known, so its
+      // tiers read every node's (the one next use the lookups keep).
+      auto belady =
+          std::make_unique<BeladyPolicy>(options_.router == Router::kKvAware ? next_use_ : n.next_use, depth_);
       n.belady[t] = belady.get();
       tier.policy = std::move(belady);
     } else {
@@ -75,10 +86,19 @@ ReplayResult Simulator::Run() {
   }
   PendingQueue pending;  // prefills running
   double queue_sum = 0;  // measured starts' waiting requests
-  while (SimNode* node = NextToStart()) Start(*node, pending, warm, queue_sum);
+  while (true) {
+    if (router_) RouteArrivals(pending);
+    SimNode* node = NextToStart();
+    if (node == nullptr) break;
+    Start(*node, pending, warm, queue_sum);
+  }
   while (!pending.empty()) CommitNext(pending);
   if (result_.requests > 0 && options_.engines > 0) result_.mean_queue = queue_sum / double(result_.requests);
   Finish();
+  if (router_) {
+    result_.events_published = router_->events_published();
+    result_.events_lost = router_->events_lost();
+  }
   result_.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result_;
 }
@@ -122,6 +142,46 @@ SimNode* Simulator::NextToStart() {
   return best;
 }
 
+void Simulator::RouteArrivals(PendingQueue& pending) {
+  for (; next_route_ < trace_.requests.size(); ++next_route_) {
+    const uint64_t arrival = trace_.requests[next_route_].arrival_us;
+    // An arrival at a start's time is routed first: it may be queued there.
+    if (const SimNode* next = NextToStart(); next != nullptr && StartOf(*next) < arrival) return;
+    while (!pending.empty() && pending.top().done_us <= arrival) CommitNext(pending);
+    now_us_ = arrival;
+    RouteOne(next_route_);
+  }
+}
+
+void Simulator::RouteOne(size_t r) {
+  const TraceRequest& req = trace_.requests[r];
+  std::vector<RouteBlock> chain;
+  chain.reserve(req.blocks.size());
+  for (size_t i = 0; i < req.blocks.size(); ++i) {
+    const uint64_t tokens = BlockTokens(req, i, trace_.block_tokens);
+    chain.push_back(RouteBlock{IdOf(req.blocks[i]), tokens, tokens * options_.bytes_per_token});
+  }
+  std::vector<NodeIo> io;
+  io.reserve(nodes_.size());
+  for (const SimNode& n : nodes_) io.push_back(n.io);
+  const uint32_t node = router_->Route(req.arrival_us, chain, req.input_tokens, io);
+  route_[r] = node;
+  nodes_[node].requests.push_back(r);
+}
+
+double Simulator::OverlapWait(SimNode& n, uint64_t arrival_us, uint64_t start, const Load& load) {
+  double ready = double(start) + load.landing_us;
+  for (int t = 0; t < kSimTiers; ++t) {
+    if (load.bytes[t] == 0) continue;
+    uint64_t& free = n.io.read_free_us[t];
+    const uint64_t begin = std::max(arrival_us, free);
+    free = begin + static_cast<uint64_t>(std::ceil(double(load.bytes[t]) / options_.read_bytes_per_s[t] * 1e6));
+    ready = std::max(ready, double(free));
+  }
+  if (load.peer_bytes > 0) ready = std::max(ready, double(PeerReadDone(n, arrival_us, load.peer_bytes)));
+  return std::max(0.0, ready - double(start));
+}
+
 void Simulator::Start(SimNode& n, PendingQueue& pending, size_t warm, double& queue_sum) {
   const size_t at = n.next++;  // the request's position among n's
   const size_t r = n.requests[at];
@@ -155,11 +215,14 @@ void Simulator::Start(SimNode& n, PendingQueue& pending, size_t warm, double& qu
   // The queue this start sees: arrived at n, not started.
   if (options_.engines > 0 && r >= warm) queue_sum += double(n.next_queued - (at + 1));
   Record(ScheduleEvent::Kind::kStart, start, r);
-  const double service_us = Lookup(n, r, ids, start, r >= warm);
+  const Load load = Lookup(n, r, ids, start, r >= warm);
   if (options_.engines == 0) {
     Commit(n, ids, r + 1, start);
     return;
   }
+  const double service_us = FetchModelOf(options_) == FetchModel::kSerial
+                                ? load.landing_us + load.load_us + load.prefill_us
+                                : OverlapWait(n, req.arrival_us, start, load) + load.prefill_us;
   const uint64_t done = start + static_cast<uint64_t>(std::ceil(service_us));
   n.free_at.pop();
   n.free_at.push(done);
@@ -182,33 +245,36 @@ uint32_t Simulator::IdOf(const BlockKey& key) {
         t->held.push_back(0);
       }
       n.blocks.emplace_back();
-      if (!future_.empty()) n.next_use.push_back(BeladyPolicy::kNever);
+      if (!node_future_.empty()) n.next_use.push_back(BeladyPolicy::kNever);
     }
   }
   return it->second;
 }
 
 // Belady: the next request naming each block of each request (flattened
-// in request order; kNever when none), on any node and on the request's
-// own node, from one backward pass.
+// in request order; kNever when none), on any node and (routes known
+// before the run) on the request's own node, from one backward pass.
 void Simulator::IndexFuture() {
   const auto& reqs = trace_.requests;
+  const bool per_node = router_ == nullptr;
   future_begin_.resize(reqs.size() + 1, 0);
   for (size_t r = 0; r < reqs.size(); ++r) future_begin_[r + 1] = future_begin_[r] + reqs[r].blocks.size();
   future_.assign(future_begin_.back(), BeladyPolicy::kNever);
-  node_future_.assign(future_begin_.back(), BeladyPolicy::kNever);
+  if (per_node) node_future_.assign(future_begin_.back(), BeladyPolicy::kNever);
   // key -> the earliest request after the pass's position: on any node, on each node
   std::unordered_map<BlockKey, uint64_t> later;
-  std::vector<std::unordered_map<BlockKey, uint64_t>> later_on(nodes_.size());
+  std::vector<std::unordered_map<BlockKey, uint64_t>> later_on(per_node ? nodes_.size() : 0);
+  auto link = [&](std::unordered_map<BlockKey, uint64_t>& map, std::vector<uint64_t>& out, size_t r, size_t i) {
+    auto [it, fresh] = map.try_emplace(reqs[r].blocks[i], r);
+    if (!fresh) {
+      out[future_begin_[r] + i] = it->second;
+      it->second = r;
+    }
+  };
   for (size_t r = reqs.size(); r-- > 0;) {
     for (size_t i = 0; i < reqs[r].blocks.size(); ++i) {
-      for (auto [map, out] : {std::pair{&later, &future_}, std::pair{&later_on[route_[r]], &node_future_}}) {
-        auto [it, fresh] = map->try_emplace(reqs[r].blocks[i], r);
-        if (!fresh) {
-          (*out)[future_begin_[r] + i] = it->second;
-          it->second = r;
-        }
-      }
+      link(later, future_, r, i);
+      if (per_node) link(later_on[route_[r]], node_future_, r, i);
     }
   }
 }
@@ -267,36 +333,46 @@ void Simulator::Unhint(SimNode& n, size_t r, uint64_t now) {
 }
 
 // The start of `req` on `n` at `start`: finds its hit in the tiers `n`
-// sees and counts it; returns its engine time in us (KV load of the hit, a
-// wait for prefetch reads still landing included, plus prefill of the
-// rest; 0 without the engine model). A prefetched block it finds is used
+// sees and counts it; returns its KV load (the hit's bytes and read time
+// by tier, the wait for prefetch reads still landing) and the prefill of
+// the rest (zeros without the engine model). A prefetched block it finds is used
 // when the request pins it (CommitBlocks), as the daemon counts a use.
-double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured) {
+Simulator::Load Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start,
+                                  bool measured) {
   const TraceRequest& req = trace_.requests[r];
   NodeResult& node_result = result_.nodes[n.index];
   result_.lookups += ids.size();
   size_t hit = 0;
   uint64_t hit_tokens = 0;
-  double load_us = 0;
+  Load load;
   uint64_t landing_us = start;  // the last prefetch read the hit waits for
-  while (hit < ids.size() && Anywhere(n, ids[hit])) {
+  bool probed = false;          // the peer tier: the rest of the chain was probed
+  while (hit < ids.size()) {
     const uint32_t id = ids[hit];
+    const int from = Place(n, ids, hit, start, probed);
+    if (from < 0) break;
     const SimBlock& b = blocks_[id];
     NodeBlock& nb = n.blocks[id];
-    const int from = n.host.in[id] ? kHostTier : n.nvme.in[id] ? kNvmeTier : kRemoteTier;
     hit_tokens += b.tokens;
-    load_us += double(Bytes(b)) / options_.read_bytes_per_s[from] * 1e6;
+    const double bw = from == kPeerLevel ? options_.peer_bytes_per_s : options_.read_bytes_per_s[from];
+    load.load_us += double(Bytes(b)) / bw * 1e6;
+    (from == kPeerLevel ? load.peer_bytes : load.bytes[from]) += Bytes(b);
     if (nb.prefetched && from == kHostTier) landing_us = std::max(landing_us, nb.arrives_us);
     if (measured) {
-      TierResult& t = result_.tiers[from];
+      TierResult& t = from == kPeerLevel ? result_.peer : result_.tiers[from];
       ++t.hits;
       t.hit_tokens += b.tokens;
       t.bytes_read += Bytes(b);
       result_.hit_tokens += b.tokens;
-      (from == kRemoteTier ? node_result.shared_hit_tokens : node_result.local_hit_tokens) += b.tokens;
+      (from == kRemoteTier  ? node_result.shared_hit_tokens
+       : from == kPeerLevel ? node_result.peer_hit_tokens
+                            : node_result.local_hit_tokens) += b.tokens;
     }
     ++hit;
   }
+  // One round trip for the request's pins at the peers, before their bytes.
+  if (load.peer_bytes > 0) load.load_us += double(options_.peer_rtt_us);
+  if (load.peer_bytes > 0 && measured) ++result_.peer_pulls;
   if (measured) {
     ++result_.requests;
     result_.blocks += ids.size();
@@ -307,20 +383,28 @@ double Simulator::Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids,
   }
   if (!future_.empty()) {
     // Belady: this lookup was each block's next use; the one after is
-    // next, on any node (the remote tier's) and on n (n's tiers').
+    // next, on any node (the remote tier's) and on n (n's tiers'). Under
+    // kv_aware every node's tiers read the one next use, so every node's
+    // refile it: a node that kept the use this lookup just spent would
+    // hold the block as needed next, for good.
     for (size_t i = 0; i < ids.size(); ++i) {
       next_use_[ids[i]] = future_[future_begin_[r] + i];
-      n.next_use[ids[i]] = node_future_[future_begin_[r] + i];
+      if (!node_future_.empty()) n.next_use[ids[i]] = node_future_[future_begin_[r] + i];
       depth_[ids[i]] = static_cast<uint32_t>(i);
-      for (BeladyPolicy* b : n.belady) {
-        if (b != nullptr) b->Reorder(ids[i]);
+      for (SimNode& m : nodes_) {
+        if (&m != &n && router_ == nullptr) continue;
+        for (BeladyPolicy* b : m.belady) {
+          if (b != nullptr) b->Reorder(ids[i]);
+        }
       }
       if (remote_belady_ != nullptr) remote_belady_->Reorder(ids[i]);
     }
   }
-  if (options_.engines == 0) return 0;
+  if (options_.engines == 0) return Load{};
   const uint64_t missed = req.input_tokens > hit_tokens ? req.input_tokens - hit_tokens : 0;
-  return double(landing_us - start) + load_us + double(missed) / options_.prefill_tps * 1e6;
+  load.landing_us = double(landing_us - start);
+  load.prefill_us = double(missed) / options_.prefill_tps * 1e6;
+  return load;
 }
 
 // The end of request `request`'s prefill on `n` at `now`: all its blocks
@@ -400,6 +484,7 @@ void Simulator::CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint6
     if (host_tier.in[ids[i]] || b.pinned_by != request) continue;
     host.OnInsertKeyed(ids[i], b.key, now);
     host_tier.in[ids[i]] = 1;
+    Emit(n, kHostTier, ids[i], true, now);
     b.pinned_by = 0;
     result_.tiers[kHostTier].bytes_written += Bytes(b);
   }

@@ -5,6 +5,8 @@
 //                        hints, lookups, a request's pins and new blocks
 //   replay_placement.cc  where blocks go: eviction, demotion through
 //                        admission, promotion, the NVMe log's hooks, prefetch
+//   replay_peer.cc       the peer tier (ReplayOptions::peer): a lookup's
+//                        places and probe, a pull's source and its use there
 // Internal to tools/; not thread-safe.
 #pragma once
 
@@ -21,11 +23,17 @@
 #include "policy/eviction_policy.h"
 #include "tools/replay/replay_belady.h"
 #include "tools/replay/replay_log.h"
+#include "tools/replay/replay_router.h"
 #include "tools/replay/replay_sim.h"
 
 namespace kvtier::tools {
 
 inline constexpr uint32_t kNoParent = UINT32_MAX;
+// The peer tier as a level of a node's stack (ReplayOptions::peer): between
+// its NVMe tier and the remote tier, never written. Not a SimTier: it has
+// no residency of its own (the other nodes' tiers are its contents).
+inline constexpr int kPeerLevel = kSimTiers;
+inline constexpr uint64_t kNeverLearned = UINT64_MAX;
 
 // What every node sees alike of a block.
 struct SimBlock {
@@ -43,6 +51,10 @@ struct NodeBlock {
   uint64_t uses = 0;
   bool prefetched = false;  // read into this node's host tier by a prefetch plan and not used since
   uint64_t arrives_us = 0;  // prefetched: when its read lands
+  // The peer tier: when a probe of this node's last found another node
+  // holding it (kNeverLearned: never), what the daemon's PeerTier::Find
+  // answers from for peer_known_us.
+  uint64_t peer_learned_us = kNeverLearned;
 };
 
 // A tier: run by an eviction policy over a capacity (host, remote, and the
@@ -68,12 +80,15 @@ struct SimNode {
   std::unique_ptr<AdmissionPolicy> admission;          // its NVMe tier's
   std::unique_ptr<AdmissionPolicy> remote_admission;   // its writes into the shared remote tier (when there is one)
   std::array<uint64_t, kSimTiers> write_busy_until{};  // its write channels (into its NVMe tier, the remote tier)
+  NodeIo io;                                           // its read channels (FetchModel::kOverlap)
+  uint64_t peer_read_free_us = 0;                      // and its channel from the peers
   uint64_t nvme_bytes_written = 0;                     // payload bytes into its NVMe tier
   uint64_t still_prefetched = 0;                       // bytes of its blocks with `prefetched`
   std::vector<NodeBlock> blocks;                       // by block id
   std::unordered_set<uint64_t> closed;                 // conversations whose last turn it served
   // Belady only: per block, the next request of this node naming it (its
-  // own tiers' future), and the instances in its tiers.
+  // own tiers' future; routes known before the run only: kv_aware's nodes
+  // read Simulator::next_use_), and the instances in its tiers.
   std::vector<uint64_t> next_use;
   std::array<BeladyPolicy*, kSimTiers> belady{};
   // Its requests (file order), the position of the next to start and of
@@ -101,6 +116,14 @@ class Simulator {
   ReplayResult Run();
 
  private:
+  // A request's KV load as its start finds it (engine model; zeros without).
+  struct Load {
+    double landing_us = 0;                    // the wait for prefetch reads still landing
+    double load_us = 0;                       // the hit's bytes at each tier's read bandwidth, in turn
+    double prefill_us = 0;                    // the missed tokens' prefill
+    std::array<uint64_t, kSimTiers> bytes{};  // the hit's bytes by the tier read
+    uint64_t peer_bytes = 0;                  // and from the peers (after one peer_rtt_us)
+  };
   // A running prefill: its blocks become resident when it ends.
   struct Pending {
     uint64_t done_us;
@@ -117,6 +140,17 @@ class Simulator {
   // The node whose next request starts first (the engine model's time,
   // then file order; file order alone without it); null when all started.
   SimNode* NextToStart();
+  // kv_aware: routes every request arriving before the next start (the
+  // prefills ended by each arrival committed first).
+  void RouteArrivals(PendingQueue& pending);
+  void RouteOne(size_t r);
+  // kv_aware: `n`'s event that `id` entered (`stored`) or left tier `tier`.
+  void Emit(const SimNode& n, int tier, uint32_t id, bool stored, uint64_t now) {
+    if (router_) router_->Publish(KvEvent{now, n.index, static_cast<uint8_t>(tier), id, stored});
+  }
+  // FetchModel::kOverlap: `load` read on `n`'s channels since `arrival_us`;
+  // how long after `start` the last of it (or a prefetch read) lands.
+  double OverlapWait(SimNode& n, uint64_t arrival_us, uint64_t start, const Load& load);
   uint64_t StartOf(const SimNode& n) const;
   // Starts `n`'s next request (its queue hints, the prefills ended by
   // then, its lookup), and commits it or sets its prefill running.
@@ -126,7 +160,7 @@ class Simulator {
   void Record(ScheduleEvent::Kind kind, uint64_t at_us, size_t request, uint64_t start_us = 0);
   void Hint(SimNode& n, size_t r, uint64_t now, uint64_t expected_start_us);
   void Unhint(SimNode& n, size_t r, uint64_t now);
-  double Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured);
+  Load Lookup(SimNode& n, size_t r, const std::vector<uint32_t>& ids, uint64_t start, bool measured);
   void Commit(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
   void CommitBlocks(SimNode& n, const std::vector<uint32_t>& ids, uint64_t request, uint64_t now);
   void Finish();
@@ -164,9 +198,39 @@ class Simulator {
   // room); false when it did not land.
   bool WriteBelow(SimNode& n, int to, uint32_t id, uint64_t now);
   // Reads `id` from the highest tier below `n`'s host tier holding it into
-  // the host tier (room made first); false when it is held nowhere below
+  // the host tier (room made first): its NVMe tier, then (`from_peers`,
+  // with the peer tier) another node's (PeerSource, a use there:
+  // ServePull), then the remote tier; false when it is held nowhere below
   // (any more) or does not fit.
-  bool Promote(SimNode& n, uint32_t id, uint64_t now);
+  bool Promote(SimNode& n, uint32_t id, uint64_t now, bool from_peers = true);
+  // The peer tier (replay_peer.cc). The node a pull of `id` by `n` reads:
+  // the lowest-numbered other node holding it in its host tier, else on
+  // its NVMe tier; null when none does or the peer tier is off.
+  SimNode* PeerSource(const SimNode& n, uint32_t id);
+  // `n`'s probe at `now` of `ids` from position `from` (the rest of a
+  // chain its own tiers miss): each block another node holds is learned.
+  void Probe(SimNode& n, const std::vector<uint32_t>& ids, size_t from, uint64_t now);
+  // Where `n`'s lookup finds ids[i] (started at `now`), in its stack's
+  // order: its host tier, its NVMe tier, the peer tier (kPeerLevel), the
+  // remote tier; -1 when none holds it. At the first block its own tiers
+  // miss, it probes the peers for the rest of the chain (`probed` is set).
+  int Place(SimNode& n, const std::vector<uint32_t>& ids, size_t i, uint64_t now, bool& probed);
+  // FetchModel::kOverlap: `bytes` pulled from the peers on `n`'s channel
+  // from them since `arrival_us` (after the pulls before, then one round
+  // trip); when they land.
+  uint64_t PeerReadDone(SimNode& n, uint64_t arrival_us, uint64_t bytes);
+  // Whether the peer tier of `n` holds `id` as the daemon's Find answers:
+  // learned at a probe within peer_known_us of `now`.
+  bool PeerKnown(const SimNode& n, uint32_t id, uint64_t now) const;
+  // `source` serves a pull of `id` at `now`: a pin and its release in its
+  // host tier (a use: its uses, its policy; a prefetched block's use), or
+  // a read of its NVMe tier; its bytes counted as served.
+  void ServePull(SimNode& source, uint32_t id, uint64_t now);
+  // Whether `id` is held in any tier `n`'s admission sees (the daemon's
+  // Evictor::HeldAnywhere): its own, the peer tier's knowledge, the remote.
+  bool HeldAnywhere(const SimNode& n, uint32_t id, uint64_t now) const {
+    return Anywhere(n, id) || (options_.peer && PeerKnown(n, id, now));
+  }
   void EndPrefetched(SimNode& n, uint32_t id);
   // One prefetch plan over `n`'s queued requests, at `now`; whether it
   // started reads and the last of them landed.
@@ -182,10 +246,12 @@ class Simulator {
 
   const Trace& trace_;
   const ReplayOptions& options_;
-  std::vector<uint32_t> route_;  // per request, the node serving it
-  std::vector<SimNode> nodes_;   // never resized after construction (the log hooks hold pointers)
-  SimTierState remote_;          // shared by all nodes
-  uint64_t now_us_ = 0;          // the time of the event in progress (the log's hooks)
+  std::vector<uint32_t> route_;            // per request, the node serving it (kv_aware: once routed)
+  std::unique_ptr<KvAwareRouter> router_;  // kv_aware only
+  size_t next_route_ = 0;                  // kv_aware: the next request to route
+  std::vector<SimNode> nodes_;             // never resized after construction (the log hooks hold pointers)
+  SimTierState remote_;                    // shared by all nodes
+  uint64_t now_us_ = 0;                    // the time of the event in progress (the log's hooks)
   std::unordered_map<BlockKey, uint32_t> index_;
   std::vector<SimBlock> blocks_;
   std::unordered_map<uint64_t, size_t> last_turn_;  // conversation -> its last request
@@ -193,8 +259,9 @@ class Simulator {
   std::vector<size_t> scratch_pinned_;              // CommitBlocks' scratch
   std::vector<uint32_t> scratch_ids_;               // Start's scratch
   // Belady only: per block, its next use by any node (the remote tier's
-  // future; a request index) and its depth; per request block, the request
-  // after it naming the block, on any node and on the same node.
+  // future, and every node's under kv_aware; a request index) and its
+  // depth; per request block, the request after it naming the block, on
+  // any node and (routes known before the run) on the same node.
   std::vector<uint64_t> next_use_;
   std::vector<uint32_t> depth_;
   std::vector<uint64_t> future_;

@@ -2,8 +2,9 @@
 vLLM's own classes (vllm/distributed/kv_events.py: BlockStored,
 BlockRemoved, AllBlocksCleared, msgspec structs) when vLLM is installed,
 else stand-ins with the same fields. Only the fields the installed class
-declares are passed, so a vLLM with fewer or more fields still gets valid
-events."""
+declares are passed, and one it requires that is not given is None, so a
+vLLM with fewer or more fields still gets its own event objects (vLLM at
+0181ea3173e5 requires `medium` and `lora_name`)."""
 
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ class _BlockStored:
     block_size: int = 0
     lora_id: object = None
     medium: str = None
+    lora_name: object = None
 
 
 @dataclass
@@ -47,7 +49,11 @@ def _make(name, fallback, **values):
         accepted = _fields(cls)
         try:
             return cls(**{k: v for k, v in values.items() if k in accepted})
-        except TypeError:  # a vLLM whose event needs a field kvtier does not know: the stand-in
+        except TypeError:
+            pass
+        try:  # a field vLLM requires that kvtier does not know (lora_name before it was passed): None
+            return cls(**{k: values.get(k) for k in accepted})
+        except TypeError:  # still refused: the stand-in
             pass
     accepted = _fields(fallback)
     return fallback(**{k: v for k, v in values.items() if k in accepted})

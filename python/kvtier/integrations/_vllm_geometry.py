@@ -215,6 +215,13 @@ class Geometry:
         self.use_directory = bool(extra.get("use_directory", True))
         self.verify_checksums = bool(extra.get("verify_checksums", False))
         self.layerwise = layerwise(extra)
+        # Prefill/decode hand-off (_vllm_handoff.py): this node's peer address
+        # named in P's kv_transfer_params, how long D waits for the blocks P
+        # announced, whether D loads them asynchronously.
+        self.peer = str(extra["peer"]) if extra.get("peer") else None
+        self.handoff_wait = float(extra.get("handoff_wait", 1.0))
+        self.handoff_async = flag(extra, "handoff_async", True)
+        self.engine_id = getattr(getattr(vllm_config, "kv_transfer_config", None), "engine_id", None)
         scheduler = getattr(vllm_config, "scheduler_config", None)
         concurrent = max(self.pp_size, 2 if getattr(scheduler, "async_scheduling", False) else 1)
         self.steps_ahead = concurrent - 1  # steps vLLM may schedule before it processes one's output
@@ -343,7 +350,13 @@ def layerwise(extra):
     """Whether loads and saves run per layer inside the forward pass
     (kv_connector_extra_config.layerwise, default true); false moves whole
     blocks in start_load_kv and wait_for_save, which full CUDA graphs allow."""
-    value = extra.get("layerwise", True)
+    return flag(extra, "layerwise", True)
+
+
+def flag(extra, name, default):
+    """A true/false option of kv_connector_extra_config; "false", "0",
+    "no" and "off" (any case) are false when given as strings."""
+    value = extra.get(name, default)
     if isinstance(value, str):
         return value.strip().lower() not in ("0", "false", "no", "off")
     return bool(value)

@@ -46,6 +46,7 @@ class LoadSpec:
     keys: list          # per namespace: list[kvtier.Key]
     groups: list        # per group: GroupSpan
     adapter: tuple = None  # the LoRA's (name, path), or None
+    failed: list = None    # engine blocks to report failed without loading (an async load that could not be planned)
 
     def engine_block_ids(self, group=None):
         """Every engine block this load writes (of one group, or all)."""
@@ -89,11 +90,18 @@ class StateSave:
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """One step's plan for every worker (picklable). layer_counts: the
     layer count of each namespace as the scheduler keys it, which every
-    worker checks against its own."""
+    worker checks against its own. async_loads: loads of requests vLLM
+    holds in WAITING_FOR_REMOTE_KVS (a prefill/decode hand-off): the
+    workers copy them in the background and report them in get_finished's
+    finished_recving. handoff_sends: requests whose blocks vLLM keeps
+    after request_finished (delay_free) until every worker reports them in
+    finished_sending, once their saves are committed."""
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
     state_saves: list = field(default_factory=list)
     layer_counts: list = None
+    async_loads: list = field(default_factory=list)
+    handoff_sends: list = field(default_factory=list)
 
 
 @dataclass
@@ -120,6 +128,8 @@ class RequestState:
     pending_since: float = 0.0  # when the lookups in flight were sent (time.monotonic)
     stored_pending: list = field(default_factory=list)  # (first, end, step) kvtier blocks saved, not yet in events
     request: object = None  # vLLM's Request (a streaming-input session grows its prompt in place)
+    handoff: object = None  # D: the _vllm_handoff.Handoff P announced, until its load is decided
+    load_async: bool = False  # the load decided at allocation goes to the workers as an async load
 
 
 def engine_blocks(table, first, end, per_block):

@@ -37,6 +37,10 @@ COUNTERS = {
     "load_errors": "engine blocks that failed to load and were recomputed",
     "save_blocks": "kvtier blocks saved from vLLM's KV cache",
     "save_bytes": "bytes saved from vLLM's KV cache",
+    "handoff_offered_blocks": "kvtier blocks a prefill engine named in kv_transfer_params for a decode engine",
+    "handoff_tokens": "prompt tokens a decode engine loaded from a prefill engine's hand-off",
+    "handoff_missed_blocks": "hand-off blocks a decode engine did not find within handoff_wait (recomputed)",
+    "handoff_refused": "hand-offs refused: another namespace, block size or prompt than the decode engine's",
 }
 
 # Every series of observations: name -> (what one observation is, buckets).

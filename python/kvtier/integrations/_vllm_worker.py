@@ -60,6 +60,12 @@ class WorkerSide:
         self.committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-commit")
         self._gatherer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-gather")
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-load")
+        # Async loads (a prefill/decode hand-off) copy on their own thread, never
+        # queued behind or ahead of a forward pass's layer-wise loads.
+        self._receiver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-recv")
+        self._bound_async = []           # LoadSpec of the step's async loads, until start_load_kv starts them
+        self._receiving = {}             # req_id -> (LoadSpec, Future of the failed engine block ids)
+        self._sending = {}               # req_id -> Future done once the commits queued before it are
         self._loading = None             # Future of the loader thread's work this step
         self._layer_ready = {}           # layer name -> ready mark (_vllm_cuda.layer_ready), this step's loads
         self._load_order = []            # transferred attention layers in the order vLLM registered them
@@ -124,6 +130,11 @@ class WorkerSide:
     # ---- every step ----
 
     def bind(self, meta):
+        # First what vLLM waits for: every request named here is reported in
+        # get_finished, whatever happens to the connector.
+        for req_id in getattr(meta, "handoff_sends", None) or ():
+            self._sending[req_id] = self.committer.submit(_nothing)  # the committer runs in order
+        self._bound_async = list(getattr(meta, "async_loads", None) or ())
         self._bound_loads = list(meta.loads)
         if self.disabled is None and not self._checked and meta.layer_counts:
             self._check_layer_counts(meta.layer_counts)
@@ -149,6 +160,13 @@ class WorkerSide:
         layer after layer in the model's order while the forward pass
         computes, and wait_for_layer_load waits only for its layer; in
         whole-block mode every layer is copied before returning."""
+        if self._bound_async:
+            specs, self._bound_async = self._bound_async, []
+            if self.disabled is None:
+                for spec in specs:
+                    self._start_receiving(spec)
+            else:
+                self._bound_async = specs  # get_finished reports them failed
         if self.disabled is not None or not meta.loads:
             return
         for spec in self._states.load(meta.loads):
@@ -186,6 +204,29 @@ class WorkerSide:
         finally:
             for event in ready.values():
                 event.set()
+
+    def _start_receiving(self, spec):
+        """Starts an async load on the receiver thread: every layer of every
+        group into engine blocks no forward pass touches until vLLM hears
+        it finished (get_finished)."""
+        loads = [_ActiveLoad(self, spec, group) for group in range(len(self._g.groups))
+                 if not self._g.groups[group].state]
+        copies = _vllm_cuda.load_copies(self.kv_caches.values(), (self.client, *self._adapter_clients.values()))
+        self._receiving[spec.req_id] = (spec, self._receiver.submit(self._receive, spec, loads, copies))
+
+    def _receive(self, spec, loads, copies):
+        """On the receiver thread: copies `loads` and ends them; returns the
+        engine blocks that did not load."""
+        failed = set(spec.failed or ())
+        try:
+            self._load_layers(loads, {}, copies)
+        finally:
+            for load in loads:
+                lost = load.end()
+                if lost and len(self._g.groups) > 1:
+                    lost = load.spec.engine_block_ids()
+                failed |= lost
+        return failed
 
     def wait_for_layer_load(self, layer_name):
         """Waits for the layer's loads: on CPU until they are copied; on CUDA
@@ -247,6 +288,13 @@ class WorkerSide:
             except kvtier.Error as e:
                 logger.warning("kvtier: save of %s not started: %s", spec.req_id, e)
                 return
+            if self._g.peer:
+                # A node of a prefill/decode pair: each layer is readable by the
+                # peers as it is saved, so a decode node can start before the commit.
+                try:
+                    save.publish_to_peers()
+                except (kvtier.Error, AttributeError) as e:
+                    logger.warning("kvtier: layers of %s not published to peers: %s", spec.req_id, e)
             ok = [b for b in range(len(span.block_ids)) if save.status(b).ok]
             entry = self._saves[(spec.req_id, group)] = _Save(save, span, ok, [
                 _kv_layout.block_index(kv_layer, span.block_ids[b]) for b in ok])
@@ -316,9 +364,42 @@ class WorkerSide:
         return not entry.failed and entry.save.layers_saved == entry.save.layer_count
 
     def get_finished(self, finished_req_ids):
-        """Nothing to report: kvtier never holds a request's engine blocks
-        past its step, so vLLM frees them at once (request_finished)."""
-        return None, None
+        """(finished_sending, finished_recving): the hand-offs whose saves
+        are committed (vLLM may free their blocks now) and the async loads
+        that ended (their failed blocks go to get_block_ids_with_load_errors,
+        called right after, so vLLM recomputes from there). Other requests
+        are never held: vLLM frees their blocks at once."""
+        recving = set()
+        for spec in self._bound_async:  # never started (the connector serves without the cache)
+            self._load_errors.update(spec.engine_block_ids() | set(spec.failed or ()))
+            recving.add(spec.req_id)
+        self._bound_async = []
+        for req_id, (spec, future) in list(self._receiving.items()):
+            if not future.done():
+                continue
+            del self._receiving[req_id]
+            try:
+                failed = future.result()
+            except Exception as e:  # noqa: BLE001 - a failed copy fails the load, never the step
+                logger.warning("kvtier: async load of %s failed: %s", req_id, e)
+                failed = spec.engine_block_ids() | set(spec.failed or ())
+            self._load_errors.update(failed)
+            recving.add(req_id)
+        # A hand-off's commits were queued in the step that finished it: wait
+        # for them here (the bytes are in the arena already, so this is one
+        # daemon round trip) and report it now, in the step after
+        # request_finished, which vLLM always runs, rather than count on
+        # later steps of an engine that may have gone idle.
+        sending = set(self._sending)
+        deadline = time.monotonic() + self._g.call_timeout
+        for req_id, future in self._sending.items():
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                logger.warning("kvtier: the saves of hand-off %s are not committed after %.0f s; its blocks are "
+                               "freed anyway", req_id, self._g.call_timeout)
+        self._sending = {}
+        return sending or None, recving or None
 
     def take_load_errors(self):
         errors, self._load_errors = self._load_errors, set()
@@ -346,6 +427,7 @@ class WorkerSide:
         self._saves = {}
 
     def close(self):
+        self._receiver.shutdown(wait=True)
         self._loader.shutdown(wait=True)
         self._gatherer.shutdown(wait=True)
         self.committer.shutdown(wait=True)
@@ -383,6 +465,10 @@ def _device_ready(tensor):
     this layer: a CUDA event recorded behind them on the current stream of
     the tensor's device (the gather's stream waits for it), or None on CPU."""
     return _vllm_cuda.record_ready(tensor)
+
+
+def _nothing():
+    return None
 
 
 def _finish(save, req_id):

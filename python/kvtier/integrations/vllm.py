@@ -29,11 +29,27 @@ when vLLM's even split does not apply); ``call_timeout``, ``lookup_timeout``
 down, default 5); ``use_directory`` (default true: lookups of host-resident
 blocks read the daemon's shared-memory directory without a round trip);
 ``verify_checksums`` (default false); ``event_medium`` (the medium of the
-KV events, default "CPU").
+KV events of kvtier's host tier, default "CPU"); ``forward_tier_events``
+(default true: vLLM's KV events also carry kvtierd's own, each kvtier tier
+under its medium, when kvtierd publishes events and pyzmq and msgpack or
+msgspec are installed; _vllm_tier_events.py) and ``event_media`` (those
+medium names, keyed by kvtierd's: ``{"GPU": "KVTIER_HBM", "DISK": "DISK",
+"REMOTE": "REMOTE"}`` by default, the host's being ``event_medium``).
 
 Per request, ``kv_transfer_params`` ``{"kvtier": false}`` opts out of the
 cache, ``{"kvtier": {"load": false}}`` or ``{"save": false}`` of one half;
 vLLM's ``skip_reading_prefix_cache`` stops loads.
+
+Prefill/decode disaggregation (_vllm_handoff.py, docs/INTEGRATIONS.md): a
+request the proxy sends to the prefill engine with ``{"do_remote_decode":
+true}`` answers, in request_finished, kv_transfer_params naming the blocks it
+saved (its free delayed until their commits are done); the decode engine,
+given those params, waits for the blocks in its own kvtierd (which pulls them
+from the prefill node's through the peer tier) and loads them asynchronously.
+Options: ``peer`` (this node's kvtierd peer address, named in the params),
+``handoff_wait`` (seconds the decode side waits for the blocks the params
+announce before recomputing what is missing, default 1) and
+``handoff_async`` (default true: load_async for hand-offs).
 
 The connector never raises out of an engine hook: an unsupported model
 kind or KV layout, a failing daemon or a bug makes it log one warning with
@@ -53,7 +69,7 @@ import functools
 import logging
 
 from kvtier.integrations._kv_layout import Unsupported
-from kvtier.integrations._vllm_geometry import Geometry, extra_config, layerwise
+from kvtier.integrations._vllm_geometry import Geometry, extra_config, flag, layerwise
 from kvtier.integrations._vllm_plan import KvtierConnectorMetadata
 from kvtier.integrations._vllm_scheduler import SchedulerSide
 from kvtier.integrations._vllm_stats import KvtierConnectorStats, KvtierPromMetrics, StatsRecorder
@@ -146,7 +162,10 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
             if self._is_scheduler:
                 self._geometry = Geometry(vllm_config, kv_cache_config)
                 self._scheduler = SchedulerSide(self._geometry, self._connect, self._stats)
-                self._scheduler.set_event_medium(extra_config(vllm_config).get("event_medium", "CPU"))
+                extra = extra_config(vllm_config)
+                self._scheduler.configure_events(extra.get("event_medium", "CPU"),
+                                                 flag(extra, "forward_tier_events", True),
+                                                 extra.get("event_media"))
                 policy = getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "recompute")
                 if policy != "recompute":
                     logger.warning("kvtier: kv_load_failure_policy is %r: a block evicted between lookup and load "
@@ -262,6 +281,7 @@ class KvtierConnector(KVConnectorBase_V1, *([SupportsHMA] if SupportsHMA is not 
         meta = KvtierConnectorMetadata()
         if self._scheduler is not None:
             meta.loads = self._scheduler.promised_loads(scheduler_output)
+            self._scheduler.pending_transfers(meta)  # async loads and delayed frees vLLM waits for
         return meta
 
     @_fail_open(_meta_when_disabled, KvtierConnectorMetadata())

@@ -1,0 +1,103 @@
+// PublishedLayers: the layers of reserved, not yet committed blocks that
+// their writer published as it wrote them (a layer-wise save with
+// LayerSave::PublishToPeers): per block, where it lies in the arena, its
+// layer count and the checksum of each layer published so far, layers
+// [0, ready). It is what this node serves its peers of a prefix still
+// being computed (daemon/setup/peer_setup.h), so a decode node can read
+// layer 0 before the prefill node has written the last one.
+//
+// Nothing here makes a block visible to lookups, pins or the block
+// directory: a reserved block stays invisible on this node until its
+// commit. A reader on another node verifies each layer against the
+// checksum published with it; if the writer aborts meanwhile and the
+// space is reused, the bytes no longer match and the read fails.
+//
+// An entry lasts while its block is reserved by its writer: Find drops it
+// once the reservation is gone (committed: the block is then found as a
+// committed block; aborted), EndConnection drops its writer's, and at most
+// `max_blocks` are kept (the oldest goes).
+//
+// Thread-safe; its lock is a leaf, never held while the writer's hook
+// (which takes a shard's lock) or the listener runs.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "daemon/engine/engine_types.h"
+#include "kvtier/block_key.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+
+class Writer;
+class NamespaceRegistry;
+
+class PublishedLayers {
+ public:
+  // Where `writer`'s reservation of `key` under `ns` lies (extent and
+  // reserved size), if it still has one. Takes a shard's lock.
+  struct Reserved {
+    HostTier::Extent extent;
+    uint64_t size = 0;
+  };
+  using FindReserved =
+      std::function<std::optional<Reserved>(ConnectionId writer, const NamespaceFingerprint& ns, const BlockKey& key)>;
+  // Layers of a block of `size` bytes of `ns` (its namespace's layout).
+  using LayerCount = std::function<uint32_t(const NamespaceFingerprint& ns, uint64_t size)>;
+  PublishedLayers(FindReserved find, LayerCount layer_count, size_t max_blocks = 65536);
+  // Over an engine's writer and namespace registry (both borrowed, outliving it).
+  PublishedLayers(const Writer& writer, const NamespaceRegistry& namespaces);
+
+  // Layers [first, end) of each of `keys` are written; `layer_checksums`
+  // holds end - first per key, key-major. Per key: ok; InvalidArgument
+  // when `writer` holds no reservation of it under `ns`, when `first` is
+  // not what was published of it so far, when `end` passes its layers,
+  // or (for the whole request) checksums of another count.
+  std::vector<Status> Publish(ConnectionId writer, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
+                              uint32_t first, uint32_t end, std::span<const uint64_t> layer_checksums) EXCLUDES(mu_);
+
+  struct Partial {
+    NamespaceFingerprint ns;
+    uint64_t offset = 0;  // of the block in the arena
+    uint64_t bytes = 0;
+    uint32_t layer_count = 0;
+    std::vector<uint64_t> layer_checksums;  // of layers [0, ready): ready = size()
+  };
+  // The layers published of `key` while its writer still holds its
+  // reservation (checked now); nullopt otherwise (and the entry goes).
+  std::optional<Partial> Find(const NamespaceFingerprint& ns, const BlockKey& key) EXCLUDES(mu_);
+
+  // Every entry of `writer` goes (its connection closed).
+  void EndConnection(ConnectionId writer) EXCLUDES(mu_);
+
+  // Who hears that more layers of a block were published: after each
+  // Publish, once per key, with no lock held. Empty clears it; its owner
+  // clears it before going away.
+  using Listener = std::function<void(const BlockKey& key)>;
+  void SetListener(Listener listener) EXCLUDES(mu_);
+
+  size_t size() const EXCLUDES(mu_);
+
+ private:
+  struct Entry {
+    ConnectionId writer = 0;
+    Partial partial;
+  };
+
+  const FindReserved find_;
+  const LayerCount layer_count_;
+  const size_t max_blocks_;
+  mutable Mutex mu_;
+  std::unordered_map<BlockKey, Entry> entries_ GUARDED_BY(mu_);
+  std::deque<BlockKey> order_ GUARDED_BY(mu_);  // insertion order, for the bound (may hold keys gone since)
+  std::shared_ptr<Listener> listener_ GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier

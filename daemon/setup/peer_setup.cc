@@ -1,0 +1,269 @@
+#include "daemon/setup/peer_setup.h"
+
+#include <string_view>
+
+#include "common/checksum.h"
+#include "common/logging.h"
+#include "daemon/setup/remote_key_file.h"
+#include "daemon/setup/remote_setup.h"
+
+namespace kvtier {
+namespace {
+
+Result<std::string> PeerSecret(const DaemonConfig& config) {
+  auto secret = LoadRemoteKey(config.remote_key_file);
+  if (!secret.ok()) return Status(secret.status().code(), "remote.key_file: " + secret.status().message());
+  return std::move(*secret);
+}
+
+constexpr uint64_t kReaderConnectionBit = uint64_t{1} << 62;
+
+}  // namespace
+
+uint64_t PeerNodeId() {
+  static const uint64_t id = FreshNodeId();
+  return id;
+}
+
+Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config) {
+  if (config.peer_members.empty()) return std::unique_ptr<PeerTier>();
+  auto secret = PeerSecret(config);
+  if (!secret.ok()) return secret.status();
+  PeerTierOptions o;
+  // This node's own server, when listed (the same list on every node), is left out: no connection to itself.
+  for (std::string& member : SplitList(config.peer_members)) {
+    if (member != config.peer_listen) o.members.push_back(std::move(member));
+  }
+  o.secret = std::move(*secret);
+  o.node_id = PeerNodeId();
+  o.timeout = std::chrono::milliseconds(config.peer_timeout_ms);
+  o.probe_timeout = std::chrono::milliseconds(config.peer_probe_timeout_ms);
+  o.retry = std::chrono::milliseconds(config.peer_retry_ms);
+  auto tier = PeerTier::Open(o);
+  if (!tier.ok()) return tier.status();
+  spdlog::info("tier peer: {} members ({}), reads one-sided over UCX", o.members.size(), config.peer_members);
+  return tier;
+}
+
+Result<LowerTier> PeerAdmissionFromConfig(const DaemonConfig&, BlockTier& tier) {
+  LowerTier lower;
+  lower.tier = &tier;
+  lower.admission = AdmissionPolicyId::kNone;
+  return lower;
+}
+
+std::vector<PeerSource::Region> EnginePeerSource::Regions() const {
+  std::span<std::byte> arena = host_.Bytes(HostTier::Extent{0, host_.capacity_bytes()});
+  return {Region{region_, arena.data(), arena.size()}};
+}
+
+namespace {
+
+// Where `key` is on this node, for a peer: placed in its HBM, host or NVMe
+// tier (the remote level, Redis and this node's own peer tier, is no more
+// this node's than the reader's).
+std::optional<Locator::Placed> PlacedHere(const Engine& engine, const NamespaceFingerprint& ns, const BlockKey& key) {
+  auto placed = engine.Where(ns, key);
+  if (!placed || placed->tier == Tier::kNone || placed->tier == Tier::kRemote || placed->bytes == 0) {
+    return std::nullopt;
+  }
+  return placed;
+}
+
+}  // namespace
+
+std::vector<PeerHeld> EnginePeerSource::Find(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  std::vector<PeerHeld> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (auto placed = PlacedHere(engine_, ns, keys[i])) {
+      const uint32_t layers = engine_.LayersOf(ns, placed->bytes);
+      out[i] = PeerHeld{true, placed->bytes, layers, layers, 0};
+      continue;
+    }
+    // A block still being written, with its layers published so far.
+    auto partial = engine_.published_layers().Find(ns, keys[i]);
+    if (!partial) break;
+    out[i] =
+        PeerHeld{true, partial->bytes, partial->layer_count, static_cast<uint32_t>(partial->layer_checksums.size()), 0};
+  }
+  return out;
+}
+
+void EnginePeerSource::SetPublishedListener(PublishedListener listener) {
+  engine_.published_layers().SetListener(std::move(listener));
+}
+
+void EnginePeerSource::Pin(uint64_t reader, const NamespaceFingerprint& ns, const BlockKey& key, PinDone done) {
+  auto placed = PlacedHere(engine_, ns, key);
+  if (!placed) {
+    // Not committed here: the layers published of a block still being
+    // written, read in place (no lease: the reader verifies each layer).
+    PeerPinned p;
+    auto partial = engine_.published_layers().Find(ns, key);
+    if (!partial) {
+      p.code = StatusCode::kNotFound;
+      return done(std::move(p));
+    }
+    p.region = region_;
+    p.offset = partial->offset;
+    p.payload_bytes = partial->bytes;
+    p.layer_count = partial->layer_count;
+    p.layers_ready = static_cast<uint32_t>(partial->layer_checksums.size());
+    p.layer_checksums = std::move(partial->layer_checksums);
+    return done(std::move(p));
+  }
+  const uint32_t layers = engine_.LayersOf(ns, placed->bytes);
+  // The whole block as a layer range: every layer's checksum comes with the grant where it is known.
+  engine_.PinAsync(
+      kReaderConnectionBit | reader, ns, {key},
+      // May run after this source is gone (a block read from NVMe): it uses the arena (alive until the engine
+      // is), not `this`.
+      [host = &host_, region = region_, layers, done = std::move(done)](std::vector<PinGrant> grants) {
+        PeerPinned p;
+        if (grants.size() != 1 || !grants[0].status.ok()) {
+          p.code = grants.empty() ? StatusCode::kNotFound : grants[0].status.code();
+          return done(std::move(p));
+        }
+        const PinGrant& g = grants[0];
+        p.lease = g.lease;
+        p.region = region;
+        p.offset = g.offset;
+        p.payload_bytes = g.length;
+        p.layer_count = layers;
+        p.layers_ready = layers;
+        p.payload_checksum = g.checksum;
+        p.layer_checksums = g.layer_checksums;
+        if (p.layer_checksums.size() != layers && layers > 0 && g.length % layers == 0) {
+          std::span<const std::byte> bytes = host->Bytes(HostTier::Extent{g.offset, g.length});
+          p.layer_checksums.clear();
+          const uint64_t layer_bytes = g.length / layers;
+          for (uint32_t l = 0; l < layers; ++l) {
+            p.layer_checksums.push_back(BlockChecksum(bytes.subspan(l * layer_bytes, layer_bytes)));
+          }
+        }
+        done(std::move(p));
+      },
+      LayerSpan{0, layers});
+}
+
+void EnginePeerSource::Release(uint64_t reader, std::span<const uint64_t> leases) {
+  engine_.Release(kReaderConnectionBit | reader, leases);
+}
+
+void EnginePeerSource::EndReader(uint64_t reader) { engine_.CloseConnection(kReaderConnectionBit | reader); }
+
+TenantsPeerSource::TenantsPeerSource(const std::vector<Part>& parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts_.push_back(Routed{parts[i].scope, std::make_unique<EnginePeerSource>(*parts[i].engine, *parts[i].host,
+                                                                               static_cast<uint32_t>(i))});
+  }
+}
+
+int TenantsPeerSource::PartOf(const NamespaceFingerprint& ns) const {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (parts_[i].scope == nullptr || parts_[i].scope->Owns(ns)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+BlockKey TenantsPeerSource::Unscoped(int part, const BlockKey& key) const {
+  const TenantScope* scope = parts_[part].scope;
+  return scope == nullptr ? key : scope->Unscope(key);
+}
+
+std::vector<PeerSource::Region> TenantsPeerSource::Regions() const {
+  std::vector<Region> out;
+  for (const Routed& p : parts_) {
+    for (const Region& r : p.source->Regions()) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<PeerHeld> TenantsPeerSource::Find(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  const int part = PartOf(ns);
+  if (part < 0) return std::vector<PeerHeld>(keys.size());
+  std::vector<BlockKey> unscoped;
+  unscoped.reserve(keys.size());
+  for (const BlockKey& k : keys) unscoped.push_back(Unscoped(part, k));
+  return parts_[part].source->Find(ns, unscoped);
+}
+
+void TenantsPeerSource::Pin(uint64_t reader, const NamespaceFingerprint& ns, const BlockKey& key, PinDone done) {
+  const int part = PartOf(ns);
+  if (part < 0) {
+    PeerPinned miss;
+    miss.code = StatusCode::kNotFound;
+    return done(std::move(miss));
+  }
+  if (parts_.size() == 1) return parts_[0].source->Pin(reader, ns, Unscoped(part, key), std::move(done));
+  // Engines number their leases alike: the reader gets an id of this source's, mapped to (engine, lease).
+  // The answer may come after this source is gone: the lease book outlives it.
+  parts_[part].source->Pin(reader, ns, Unscoped(part, key),
+                           [book = book_, reader, part, done = std::move(done)](PeerPinned p) {
+                             if (p.code == StatusCode::kOk && p.lease != 0) {
+                               MutexLock lock(book->mu);
+                               const uint64_t id = ++book->next;
+                               book->leases[{reader, id}] = {part, p.lease};
+                               p.lease = id;
+                             }
+                             done(std::move(p));
+                           });
+}
+
+void TenantsPeerSource::Release(uint64_t reader, std::span<const uint64_t> leases) {
+  if (parts_.size() == 1) return parts_[0].source->Release(reader, leases);
+  std::vector<std::vector<uint64_t>> by_part(parts_.size());
+  {
+    MutexLock lock(book_->mu);
+    for (uint64_t id : leases) {
+      auto it = book_->leases.find({reader, id});
+      if (it == book_->leases.end()) continue;
+      by_part[it->second.first].push_back(it->second.second);
+      book_->leases.erase(it);
+    }
+  }
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (!by_part[i].empty()) parts_[i].source->Release(reader, by_part[i]);
+  }
+}
+
+void TenantsPeerSource::EndReader(uint64_t reader) {
+  for (Routed& p : parts_) p.source->EndReader(reader);
+  MutexLock lock(book_->mu);
+  std::erase_if(book_->leases, [reader](const auto& entry) { return entry.first.first == reader; });
+}
+
+void TenantsPeerSource::SetPublishedListener(PublishedListener listener) {
+  for (Routed& p : parts_) {
+    if (!listener) {
+      p.source->SetPublishedListener({});
+      continue;
+    }
+    // The engine names its own (unscoped) key; the readers watch the scoped one.
+    p.source->SetPublishedListener(
+        [listener, scope = p.scope](const BlockKey& key) { listener(scope == nullptr ? key : scope->Scope(key)); });
+  }
+}
+
+Result<std::unique_ptr<PeerService>> StartPeerService(const DaemonConfig& config,
+                                                      const std::vector<TenantsPeerSource::Part>& parts) {
+  if (config.peer_listen.empty()) return std::unique_ptr<PeerService>();
+  auto secret = PeerSecret(config);
+  if (!secret.ok()) return secret.status();
+  auto service = std::make_unique<PeerService>();
+  service->source = std::make_unique<TenantsPeerSource>(parts);
+  PeerServerOptions o;
+  o.listen = config.peer_listen;
+  o.secret = std::move(*secret);
+  o.max_readers = static_cast<uint32_t>(config.peer_max_readers);
+  o.max_pins_per_reader = static_cast<uint32_t>(config.peer_max_pins_per_reader);
+  o.node_id = PeerNodeId();
+  auto server = PeerServer::Start(o, *service->source);
+  if (!server.ok()) return Status(server.status().code(), "peer.listen: " + server.status().message());
+  service->server = std::move(*server);
+  spdlog::info("peer server: serving this node's host memory ({} arena{}) on {}", parts.size(),
+               parts.size() == 1 ? "" : "s, one per tenant", service->server->address());
+  return service;
+}
+
+}  // namespace kvtier

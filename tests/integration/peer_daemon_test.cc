@@ -1,0 +1,376 @@
+// kvtierd with a peer tier ([peer] listen and members), as operators run
+// it: two and three daemons on this machine over UCX on loopback (TCP, and
+// shared memory with TCP for the connection set-up). One daemon's host
+// blocks are pulled byte-exact by the others on a lookup their own tiers
+// miss; a daemon without the cluster secret gets nothing; a source killed
+// mid-way costs the reader its hits, never its service.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include <unistd.h>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/redis_cluster.h"
+#include "tests/testing/test_daemon.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kBlockBytes = 64 << 10;  // TestNamespace()'s whole block
+
+std::string SharedKeyFile() {
+  static const std::string dir = MakeTempDir();
+  return dir + "/cluster.key";
+}
+
+// A daemon serving on `listen` and reading from `members`.
+std::string PeerToml(int listen, const std::vector<int>& members, const std::string& key_file = SharedKeyFile(),
+                     const std::string& host_bytes = "16MiB") {
+  std::string list;
+  for (int port : members) list += (list.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(port));
+  return "[host]\ncapacity_bytes = \"" + host_bytes +
+         "\"\nlock_memory = \"off\"\n"
+         "[remote]\nkey_file = \"" +
+         key_file +
+         "\"\n"
+         "[peer]\nlisten = \"127.0.0.1:" +
+         std::to_string(listen) + "\"\nmembers = \"" + list +
+         "\"\nprobe_timeout_ms = 2000\ntimeout_ms = 1000\nretry_ms = 100\n"
+         "[metrics]\nenabled = false\n";
+}
+
+std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {
+  ClientOptions options;
+  options.socket_path = daemon.socket_path();
+  options.namespaces = {TestNamespace()};
+  auto client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+bool WaitForCounter(Client& client, const std::string& name, int64_t at_least, std::chrono::seconds within = 10s) {
+  for (auto end = std::chrono::steady_clock::now() + within; std::chrono::steady_clock::now() < end;) {
+    if (StatsCounters(client)[name] >= at_least) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+std::string LogOf(const DaemonProcess& daemon) {
+  std::ifstream in(daemon.log_path());
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Polls `client`'s lookups of `keys` until the whole prefix is found (a
+// prefill node's first layer is published a moment after its save wrote it).
+bool WaitFound(Client& client, const std::vector<BlockKey>& keys) {
+  for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+    auto lookup = client.Lookup(0, keys);
+    if (lookup.ok() && lookup->prefix_blocks == keys.size()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// Waits until `daemon` logs that it connected to the peer on `port` (with
+// tenants, the shared peer tier's counters are not in a tenant's stats).
+bool WaitConnected(const DaemonProcess& daemon, int port) {
+  const std::string line = "peer 127.0.0.1:" + std::to_string(port) + ": connected";
+  for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+    if (LogOf(daemon).find(line) != std::string::npos) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+class PeerDaemon : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { ::setenv("UCX_TLS", GetParam(), 1); }  // the daemons inherit it
+  void TearDown() override { ::unsetenv("UCX_TLS"); }
+};
+
+TEST_P(PeerDaemon, ADaemonPullsAnothersHostBlocksByteExact) {
+  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa, pb}));
+  DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, {pa, pb}));
+  ASSERT_TRUE(a.running()) << LogOf(a);
+  ASSERT_TRUE(b.running()) << LogOf(b);
+  auto put = ConnectTo(a);
+  auto get = ConnectTo(b);
+  ASSERT_NE(put, nullptr);
+  ASSERT_NE(get, nullptr);
+  // Each lists the other and itself; each connects to the other only.
+  ASSERT_TRUE(WaitForCounter(*get, "peer.connected", 1)) << LogOf(b);
+  ASSERT_TRUE(WaitForCounter(*put, "peer.connected", 1)) << LogOf(a);
+
+  const auto keys = TestKeys(TestNamespace(), 40, 7);
+  for (const auto& k : keys) ASSERT_TRUE(put->Put(0, k, Block(k, kBlockBytes)).ok());
+
+  auto found = get->Lookup(0, keys);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->prefix_blocks, keys.size()) << LogOf(b);
+  for (Tier t : found->tiers) EXPECT_EQ(t, Tier::kRemote);  // off this node
+  std::vector<std::byte> dst(kBlockBytes);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto got = get->Get(0, keys[i], dst);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().ToString() << "\n" << LogOf(b);
+    ASSERT_EQ(*got, kBlockBytes);
+    ASSERT_TRUE(CheckBlockBytes(keys[i], 0, dst)) << "block " << i;
+  }
+  // Promoted into b's host tier.
+  auto again = get->Lookup(0, keys);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tiers.back(), Tier::kHost);
+  auto c = StatsCounters(*get);
+  EXPECT_GE(c["peer.probe_hits"], static_cast<int64_t>(keys.size()));
+  EXPECT_EQ(c["peer.read_bytes"], static_cast<int64_t>(keys.size() * kBlockBytes));
+  EXPECT_EQ(c["peer.corrupt"], 0);
+  EXPECT_GE(c["engine.promotions"], static_cast<int64_t>(keys.size()));
+  // a's pins for b end once b has its copies (the tier releases them a moment after the last read).
+  EXPECT_TRUE(put->Lookup(0, keys).ok());
+}
+
+TEST_P(PeerDaemon, ThreeDaemonsEachFindWhatTheOthersHold) {
+  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort(), pc = FreeLoopbackPort();
+  const std::vector<int> all = {pa, pb, pc};
+  DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, all));
+  DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, all));
+  DaemonProcess c(KVTIERD_PATH, "", PeerToml(pc, all));
+  ASSERT_TRUE(a.running() && b.running() && c.running());
+  auto ca = ConnectTo(a), cb = ConnectTo(b), cc = ConnectTo(c);
+  ASSERT_TRUE(WaitForCounter(*cc, "peer.connected", 2)) << LogOf(c);
+  const auto on_a = TestKeys(TestNamespace(), 8, 11);
+  const auto on_b = TestKeys(TestNamespace(), 8, 12);
+  for (const auto& k : on_a) ASSERT_TRUE(ca->Put(0, k, Block(k, kBlockBytes)).ok());
+  for (const auto& k : on_b) ASSERT_TRUE(cb->Put(0, k, Block(k, kBlockBytes)).ok());
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const auto* keys : {&on_a, &on_b}) {
+    auto found = cc->Lookup(0, *keys);
+    ASSERT_TRUE(found.ok());
+    ASSERT_EQ(found->prefix_blocks, keys->size()) << LogOf(c);
+    for (const auto& k : *keys) {
+      auto got = cc->Get(0, k, dst);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+    }
+  }
+}
+
+TEST_P(PeerDaemon, ADaemonWithoutTheClusterSecretGetsNothing) {
+  const int pa = FreeLoopbackPort(), pf = FreeLoopbackPort();
+  DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa}));
+  const std::string other_key = MakeTempDir() + "/other.key";
+  DaemonProcess forged(KVTIERD_PATH, "", PeerToml(pf, {pa}, other_key));
+  ASSERT_TRUE(a.running() && forged.running());
+  auto put = ConnectTo(a);
+  auto get = ConnectTo(forged);
+  const auto keys = TestKeys(TestNamespace(), 4, 21);
+  for (const auto& k : keys) ASSERT_TRUE(put->Put(0, k, Block(k, kBlockBytes)).ok());
+  ASSERT_TRUE(WaitForCounter(*get, "peer.refused", 1)) << LogOf(forged);
+  auto found = get->Lookup(0, keys);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->prefix_blocks, 0u);
+  EXPECT_EQ(StatsCounters(*get)["peer.connected"], 0);
+  EXPECT_NE(LogOf(forged).find("does not prove the cluster secret"), std::string::npos) << LogOf(forged);
+  // a goes on serving its own clients.
+  auto mine = put->Lookup(0, keys);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(mine->prefix_blocks, keys.size());
+}
+
+TEST_P(PeerDaemon, AKilledSourceCostsTheReaderItsHitsNotItsService) {
+  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa, pb}));
+  DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, {pa, pb}));
+  ASSERT_TRUE(a.running() && b.running());
+  auto put = ConnectTo(a);
+  auto get = ConnectTo(b);
+  ASSERT_TRUE(WaitForCounter(*get, "peer.connected", 1));
+  const auto keys = TestKeys(TestNamespace(), 16, 31);
+  for (const auto& k : keys) ASSERT_TRUE(put->Put(0, k, Block(k, kBlockBytes)).ok());
+  auto found = get->Lookup(0, keys);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, keys.size());
+  ::kill(a.pid(), SIGKILL);
+  // Every get either has the right bytes (read before the kill was seen) or misses; b keeps serving.
+  std::vector<std::byte> dst(kBlockBytes);
+  size_t missed = 0;
+  for (const auto& k : keys) {
+    auto got = get->Get(0, k, dst);
+    if (got.ok()) {
+      ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+    } else {
+      ++missed;
+    }
+  }
+  EXPECT_GT(missed, 0u);
+  ASSERT_TRUE(WaitForCounter(*get, "peer.disconnects", 1)) << LogOf(b);
+  EXPECT_EQ(StatsCounters(*get)["peer.connected"], 0);
+  auto after = get->Lookup(0, keys);
+  ASSERT_TRUE(after.ok());
+  const auto own = TestKeys(TestNamespace(), 2, 41);
+  for (const auto& k : own) EXPECT_TRUE(get->Put(0, k, Block(k, kBlockBytes)).ok());
+}
+
+// Prefill on one node, decode on another: the prefill node's layer-wise
+// save publishes each layer as it is written; the decode node's layer-wise
+// load of the same keys has layer 0 in place while the prefill node has
+// not written the last layer, and the whole prefix byte-exact once it has.
+TEST_P(PeerDaemon, PrefillHandsItsLayersToDecodeBeforeTheLastIsWritten) {
+  constexpr uint32_t kLayers = 4;  // TestNamespace's
+  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
+  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
+  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
+  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
+  ASSERT_TRUE(prefill.running() && decode.running());
+  auto p = ConnectTo(prefill);
+  auto d = ConnectTo(decode);
+  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1)) << LogOf(decode);
+  const auto keys = TestKeys(TestNamespace(), 8, 51);
+  std::vector<std::vector<std::byte>> blocks;
+  for (const auto& k : keys) blocks.push_back(Block(k, kBlockBytes));
+  auto layer_of = [&](uint32_t l) {
+    std::vector<std::span<const std::byte>> src;
+    for (const auto& b : blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
+    return src;
+  };
+
+  auto save = p->BeginSave(0, keys);
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  ASSERT_TRUE(save->PublishToPeers().ok());
+  ASSERT_TRUE(save->SaveLayer(0, layer_of(0)).ok());
+  // The decode node finds the prefix on the prefill node once layer 0 is published there.
+  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(decode);
+  auto load = d->BeginLoad(0, keys);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->WaitLayer(0).ok());
+  EXPECT_EQ(load->layers_ready(), 1u) << "layer 1 is not written yet";
+  EXPECT_EQ(load->usable_prefix(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto got = load->LayerSpan(i, 0);
+    ASSERT_EQ(got.size(), kLayerBytes) << i;
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), blocks[i].begin())) << i;
+  }
+  // The rest of the prefill, layer by layer, then its commit.
+  for (uint32_t l = 1; l < kLayers; ++l) ASSERT_TRUE(save->SaveLayer(l, layer_of(l)).ok());
+  auto committed = save->FinishSave();
+  ASSERT_TRUE(committed.ok());
+  for (const Status& st : *committed) EXPECT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(load->WaitAll().ok());
+  EXPECT_EQ(load->usable_prefix(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      auto got = load->LayerSpan(i, l);
+      ASSERT_EQ(got.size(), kLayerBytes) << i << "/" << l;
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), blocks[i].begin() + l * kLayerBytes)) << i << "/" << l;
+    }
+  }
+  ASSERT_TRUE(load->End().ok());
+  EXPECT_GE(StatsCounters(*d)["peer.watches"], 1);
+  EXPECT_EQ(StatsCounters(*d)["peer.corrupt"], 0);
+  // The decode node now holds the prefix itself.
+  auto again = d->Lookup(0, keys);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->tiers.front(), Tier::kHost);
+}
+
+// A prefill that stops publishing (its engine stalls): the decode node's
+// load fails those blocks within peer.timeout_ms, and its connection to the
+// prefill node stays up.
+TEST_P(PeerDaemon, APrefillThatStopsWritingFailsTheLoadNotThePeer) {
+  constexpr uint32_t kLayers = 4;
+  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
+  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
+  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
+  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
+  ASSERT_TRUE(prefill.running() && decode.running());
+  auto p = ConnectTo(prefill);
+  auto d = ConnectTo(decode);
+  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1));
+  const auto keys = TestKeys(TestNamespace(), 2, 61);
+  auto save = p->BeginSave(0, keys);
+  ASSERT_TRUE(save.ok());
+  ASSERT_TRUE(save->PublishToPeers().ok());
+  std::vector<std::byte> zeros(kLayerBytes);
+  std::vector<std::span<const std::byte>> src(keys.size(), std::span<const std::byte>(zeros));
+  ASSERT_TRUE(save->SaveLayer(0, src).ok());
+  ASSERT_TRUE(WaitFound(*d, keys));
+  auto load = d->BeginLoad(0, keys);
+  ASSERT_TRUE(load.ok());
+  ASSERT_TRUE(load->WaitAll().ok());  // layer 1 never comes: the blocks fail after peer.timeout_ms
+  EXPECT_EQ(load->usable_prefix(), 0u);
+  EXPECT_FALSE(load->status(0).ok());
+  ASSERT_TRUE(load->End().ok());
+  EXPECT_GE(StatsCounters(*d)["peer.watch_timeouts"], 1);
+  EXPECT_EQ(StatsCounters(*d)["peer.connected"], 1) << "the peer answered: it stays connected";
+  EXPECT_EQ(StatsCounters(*d)["peer.stalls"], 0) << LogOf(decode);
+}
+
+// With tenants: a tenant's blocks on one node are found by the same
+// tenant on another (both nodes share the tenant key and names), and by no
+// other tenant.
+std::string TenantsToml(uint32_t alpha_uid, uint32_t beta_uid) {
+  return "[[tenant]]\nname = \"alpha\"\nuids = [" + std::to_string(alpha_uid) +
+         "]\nhost_bytes = \"16MiB\"\n[[tenant]]\nname = \"beta\"\nuids = [" + std::to_string(beta_uid) +
+         "]\nhost_bytes = \"16MiB\"\n";
+}
+
+TEST_P(PeerDaemon, ATenantFindsItsOwnBlocksOnAPeerAndNoOtherTenants) {
+  const std::string tenant_key = "tenant_key_file = \"" + MakeTempDir() + "/tenant.key\"\n";
+  const uint32_t me = ::geteuid();
+  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort(), pc = FreeLoopbackPort();
+  // On a and on b this process is alpha; on c it is beta.
+  DaemonProcess a(KVTIERD_PATH, tenant_key,
+                  PeerToml(pa, {pa, pb, pc}, SharedKeyFile(), "40MiB") + TenantsToml(me, 54321));
+  DaemonProcess b(KVTIERD_PATH, tenant_key,
+                  PeerToml(pb, {pa, pb, pc}, SharedKeyFile(), "40MiB") + TenantsToml(me, 54321));
+  ASSERT_TRUE(a.running()) << LogOf(a);
+  ASSERT_TRUE(b.running()) << LogOf(b);
+  auto on_a = ConnectTo(a);
+  auto on_b = ConnectTo(b);
+  ASSERT_NE(on_a, nullptr);
+  ASSERT_NE(on_b, nullptr);
+  ASSERT_TRUE(WaitConnected(b, pa)) << LogOf(b);
+  const auto keys = TestKeys(TestNamespace(), 6, 71);
+  for (const auto& k : keys) ASSERT_TRUE(on_a->Put(0, k, Block(k, kBlockBytes)).ok());
+  auto found = on_b->Lookup(0, keys);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, keys.size()) << LogOf(b);
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const auto& k : keys) {
+    auto got = on_b->Get(0, k, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+  }
+  // A node where this process is beta puts the same keys, under beta's namespace: a's alpha never sees them.
+  DaemonProcess c(KVTIERD_PATH, tenant_key,
+                  PeerToml(pc, {pa, pb, pc}, SharedKeyFile(), "40MiB") + TenantsToml(54320, me));
+  ASSERT_TRUE(c.running()) << LogOf(c);
+  auto on_c = ConnectTo(c);
+  ASSERT_NE(on_c, nullptr);
+  ASSERT_TRUE(WaitConnected(a, pc)) << LogOf(a);
+  ASSERT_TRUE(WaitConnected(c, pa)) << LogOf(c);
+  const auto betas = TestKeys(TestNamespace(), 6, 72);
+  for (const auto& k : betas) ASSERT_TRUE(on_c->Put(0, k, Block(k, kBlockBytes)).ok());
+  auto other = on_a->Lookup(0, betas);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->prefix_blocks, 0u) << "alpha reached beta's blocks on a peer";
+  // And beta on c does not reach alpha's blocks on a and b.
+  auto from_c = on_c->Lookup(0, keys);
+  ASSERT_TRUE(from_c.ok());
+  EXPECT_EQ(from_c->prefix_blocks, 0u) << "beta reached alpha's blocks on a peer";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PeerDaemon, ::testing::Values("tcp", "shm,tcp"),
+                         [](const auto& info) { return std::string(info.index == 0 ? "tcp" : "shm"); });
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,94 @@
+// PublishedLayers: the layers of reservations their writers published to
+// peers, over a fake of the writer's reservations.
+#include "daemon/engine/published_layers.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace kvtier {
+namespace {
+
+constexpr NamespaceFingerprint kNs{1, 2};
+constexpr uint32_t kLayers = 4;
+
+class PublishedLayersTest : public ::testing::Test {
+ protected:
+  // Reservations: key -> (writer, offset); every block 4 layers of 1 KiB.
+  std::map<BlockKey, std::pair<ConnectionId, uint64_t>> reserved_;
+  std::vector<BlockKey> heard_;
+  PublishedLayers published_{[this](ConnectionId writer, const NamespaceFingerprint& ns,
+                                    const BlockKey& key) -> std::optional<PublishedLayers::Reserved> {
+                               auto it = reserved_.find(key);
+                               if (ns != kNs || it == reserved_.end() || it->second.first != writer) {
+                                 return std::nullopt;
+                               }
+                               return PublishedLayers::Reserved{HostTier::Extent{it->second.second, 4096}, 4096};
+                             },
+                             [](const NamespaceFingerprint&, uint64_t) { return kLayers; }, /*max_blocks=*/3};
+};
+
+TEST_F(PublishedLayersTest, LayersArePublishedInOrderWithTheirChecksums) {
+  reserved_[{1, 1}] = {7, 8192};
+  published_.SetListener([this](const BlockKey& key) { heard_.push_back(key); });
+  const BlockKey key{1, 1};
+  EXPECT_FALSE(published_.Find(kNs, key).has_value());
+  const uint64_t first[] = {11};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, first)[0].ok());
+  auto partial = published_.Find(kNs, key);
+  ASSERT_TRUE(partial.has_value());
+  EXPECT_EQ(partial->offset, 8192u);
+  EXPECT_EQ(partial->bytes, 4096u);
+  EXPECT_EQ(partial->layer_count, kLayers);
+  EXPECT_EQ(partial->layer_checksums, std::vector<uint64_t>{11});
+  const uint64_t more[] = {22, 33};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 1, 3, more)[0].ok());
+  EXPECT_EQ(published_.Find(kNs, key)->layer_checksums, (std::vector<uint64_t>{11, 22, 33}));
+  EXPECT_EQ(heard_, (std::vector<BlockKey>{key, key}));
+  // Out of order, past the block's layers, or the wrong count: refused, nothing changes.
+  const uint64_t one[] = {44};
+  EXPECT_EQ(published_.Publish(7, kNs, std::span(&key, 1), 1, 2, one)[0].code(), StatusCode::kInvalidArgument);
+  const uint64_t two[] = {44, 55};
+  EXPECT_EQ(published_.Publish(7, kNs, std::span(&key, 1), 3, 5, two)[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(published_.Publish(7, kNs, std::span(&key, 1), 3, 4, two)[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(published_.Find(kNs, key)->layer_checksums.size(), 3u);
+  EXPECT_EQ(heard_.size(), 2u);
+}
+
+TEST_F(PublishedLayersTest, OnlyTheWriterOfAReservationPublishesAndAnEntryEndsWithIt) {
+  reserved_[{1, 1}] = {7, 0};
+  const BlockKey key{1, 1};
+  const uint64_t sum[] = {1};
+  EXPECT_EQ(published_.Publish(8, kNs, std::span(&key, 1), 0, 1, sum)[0].code(), StatusCode::kInvalidArgument);
+  const BlockKey other{9, 9};
+  EXPECT_EQ(published_.Publish(7, kNs, std::span(&other, 1), 0, 1, sum)[0].code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, sum)[0].ok());
+  EXPECT_FALSE(published_.Find(NamespaceFingerprint{5, 5}, key).has_value()) << "another namespace";
+  // Committed or aborted: the reservation is gone, and so is the entry.
+  reserved_.erase(key);
+  EXPECT_FALSE(published_.Find(kNs, key).has_value());
+  EXPECT_EQ(published_.size(), 0u);
+  // Reserved again elsewhere by another writer: a fresh start from layer 0.
+  reserved_[key] = {8, 4096};
+  EXPECT_EQ(published_.Publish(8, kNs, std::span(&key, 1), 1, 2, sum)[0].code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(published_.Publish(8, kNs, std::span(&key, 1), 0, 1, sum)[0].ok());
+  published_.EndConnection(8);
+  EXPECT_EQ(published_.size(), 0u);
+}
+
+TEST_F(PublishedLayersTest, AtMostMaxBlocksAreKeptTheOldestGoingFirst) {
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 5; ++i) {
+    keys.push_back({3, i});
+    reserved_[keys.back()] = {7, i * 4096};
+  }
+  std::vector<uint64_t> sums(keys.size(), 1);
+  auto out = published_.Publish(7, kNs, keys, 0, 1, sums);
+  for (const Status& s : out) EXPECT_TRUE(s.ok());
+  EXPECT_EQ(published_.size(), 3u);
+  EXPECT_FALSE(published_.Find(kNs, keys[0]).has_value());
+  EXPECT_TRUE(published_.Find(kNs, keys[4]).has_value());
+}
+
+}  // namespace
+}  // namespace kvtier
