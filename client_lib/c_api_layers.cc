@@ -91,8 +91,9 @@ int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer) {
   return Guard([&] { return save == nullptr ? Missing("save") : Report(save->save.LayerWritten(layer)); });
 }
 
-int kvtier_save_publish_to_peers(kvtier_layer_save* save) {
-  return Guard([&] { return save == nullptr ? Missing("save") : Report(save->save.PublishToPeers()); });
+int kvtier_save_publish_to_peers(kvtier_layer_save* save, int free_when_taken) {
+  return Guard(
+      [&] { return save == nullptr ? Missing("save") : Report(save->save.PublishToPeers(free_when_taken != 0)); });
 }
 
 int kvtier_finish_save(kvtier_layer_save* save, int* statuses) {

@@ -89,10 +89,17 @@ Status LayerSave::LayerWritten(uint32_t layer) {
   return Status::Ok();
 }
 
-Status LayerSave::PublishToPeers() {
+Status LayerSave::PublishToPeers(bool free_when_taken) {
   if (ended_) return FailedPrecondition("the save was finished or aborted");
-  if (publish_) return Status::Ok();
+  if (publish_) {
+    if (free_when_taken != free_when_taken_) {
+      return InvalidArgument("PublishToPeers: free_when_taken was " +
+                             std::string(free_when_taken_ ? "set" : "not set") + " by the first call");
+    }
+    return Status::Ok();
+  }
   publish_ = true;
+  free_when_taken_ = free_when_taken;
   if (!layer_sums_) {
     // Layers saved so far are hashed in place; later ones as they are saved.
     layer_sums_ = layers_ > 1;
@@ -128,7 +135,7 @@ void LayerSave::PublishSaved() {
   if (keys.empty()) return;
   // Not waited for: a refusal (the daemon is older, or the save was dropped) costs the peers only the early read.
   reservation_.conn_->Call(
-      wire::MakePublishLayers(reservation_.ns_, keys, first, end, sums), [](Result<v1::Response>) {},
+      wire::MakePublishLayers(reservation_.ns_, keys, first, end, sums, free_when_taken_), [](Result<v1::Response>) {},
       internal::Connection::Reader::kDetached);
 }
 

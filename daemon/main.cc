@@ -265,32 +265,35 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
     return running->Get(tenant);
   };
   server_options.visit_shared_counters = [&engines = **engines](CounterVisitor& v) { engines.VisitSharedCounters(v); };
-  auto server = Server::Start(server_options, (*engines)->Served(config), TenantTable(config.tenants, ::geteuid()));
-  if (!server.ok()) return StartFailure(config, server.status().ToString());
-  if (Status events = (*engines)->StartEvents(config); !events.ok()) return StartFailure(config, events.ToString());
-  // Declared after the engines: it stops serving peers before they go.
+  // Declared after the engines: it stops serving peers before they go; before the server, whose Stats count it.
   std::vector<TenantsPeerSource::Part> peer_parts;
   for (const DaemonEngines::Tenant& t : (*engines)->tenants()) {
     peer_parts.push_back({t.engine.get(), t.host.get(), t.scope.get()});
   }
   auto peers = StartPeerService(config, peer_parts);
   if (!peers.ok()) return StartFailure(config, peers.status().ToString());
+  if (*peers != nullptr) {
+    server_options.visit_daemon_counters = [&service = **peers](CounterVisitor& v) {
+      service.server->VisitCounters(v);
+    };
+  }
+  auto server = Server::Start(server_options, (*engines)->Served(config), TenantTable(config.tenants, ::geteuid()));
+  if (!server.ok()) return StartFailure(config, server.status().ToString());
+  if (Status events = (*engines)->StartEvents(config); !events.ok()) return StartFailure(config, events.ToString());
   // Declared after the server and the engines: it stops serving before they go.
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_enabled) {
     auto metrics_options = MetricsOptionsOf(config, (*engines)->has_tenants());
     if (!metrics_options.ok()) return StartFailure(config, metrics_options.status().ToString());
-    auto started =
-        MetricsServer::Start(*metrics_options, [&server = **server, &engines = **engines, &peers](MetricsView view) {
-          PrometheusWriter writer;
-          DaemonWideVisitor daemon_wide(writer);
-          CounterVisitor& out = view == MetricsView::kAll ? static_cast<CounterVisitor&>(writer) : daemon_wide;
-          out.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
-          server.VisitCounters(out);
-          engines.VisitCounters(out);
-          if (*peers != nullptr) (*peers)->server->VisitCounters(out);
-          return writer.Text();
-        });
+    auto started = MetricsServer::Start(*metrics_options, [&server = **server, &engines = **engines](MetricsView view) {
+      PrometheusWriter writer;
+      DaemonWideVisitor daemon_wide(writer);
+      CounterVisitor& out = view == MetricsView::kAll ? static_cast<CounterVisitor&>(writer) : daemon_wide;
+      out.VisitGauge("build_info{version=\"" KVTIER_VERSION "\"}", 1);
+      server.VisitCounters(out);
+      engines.VisitCounters(out);
+      return writer.Text();
+    });
     if (!started.ok()) return StartFailure(config, started.status().ToString());
     metrics = std::move(*started);
   }

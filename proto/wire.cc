@@ -136,12 +136,13 @@ v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys) {
 }
 
 v1::Request MakePublishLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t end_layer,
-                              std::span<const uint64_t> layer_checksums) {
+                              std::span<const uint64_t> layer_checksums, bool free_when_taken) {
   v1::Request r;
   v1::PublishLayersRequest* p = r.mutable_publish_layers();
   FillKeyed(p, ns, keys);
   p->set_first_layer(first_layer);
   p->set_end_layer(end_layer);
+  p->set_free_when_taken(free_when_taken);
   for (uint64_t c : layer_checksums) p->add_layer_checksums(c);
   return r;
 }

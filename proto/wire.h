@@ -53,9 +53,10 @@ v1::Request MakeReserve(uint32_t ns, std::span<const BlockKey> keys, std::span<c
 v1::Request MakeCommit(uint32_t ns, std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                        std::span<const uint64_t> checksums = {});
 v1::Request MakeAbort(uint32_t ns, std::span<const BlockKey> keys);
-// Layers [first_layer, end_layer) of `keys` written; `layer_checksums` key-major.
+// Layers [first_layer, end_layer) of `keys` written; `layer_checksums` key-major;
+// `free_when_taken`: the blocks are handed off (PublishLayersRequest).
 v1::Request MakePublishLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t end_layer,
-                              std::span<const uint64_t> layer_checksums);
+                              std::span<const uint64_t> layer_checksums, bool free_when_taken = false);
 v1::Request MakePin(uint32_t ns, std::span<const BlockKey> keys);
 // A Pin of layers [first_layer, last_layer) of every key.
 v1::Request MakePinLayers(uint32_t ns, std::span<const BlockKey> keys, uint32_t first_layer, uint32_t last_layer);

@@ -207,6 +207,11 @@ class Engine {
   }
 
   PublishedLayers& published_layers() { return published_; }  // reservations' layers shown to peers
+  // A peer reader took `keys` of `ns` whole: those their writer handed off
+  // (PublishedLayers) leave every tier of this node, now when committed,
+  // else at their commit; counted in engine.handoffs_freed. Returns how
+  // many went now.
+  size_t TakenByPeer(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   // Where `key` is now (as Lookup places it, no probe: locator.h); a block's layers (its namespace's layout).
   std::optional<Locator::Placed> Where(const NamespaceFingerprint& ns, const BlockKey& key) const {
     return locator_->Where(ns, key);

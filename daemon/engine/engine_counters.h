@@ -34,6 +34,7 @@ struct EngineCounters {
   std::atomic<int64_t> promotion_retries{0}, promotions_followed_down{0}, prefetch_plans_busy{0};
   std::atomic<int64_t> layer_reads_followed_down{0}, load_reads_followed_down{0};
   std::atomic<int64_t> demotion_corrupt{0};  // bytes changed after commit: not demoted
+  std::atomic<int64_t> handoffs_freed{0};    // handed-off blocks erased once a peer took them (PublishedLayers)
   // Blocks clients reported as not matching their checksums: checked,
   // confirmed and dropped, found intact (kept).
   std::atomic<int64_t> corrupt_reports{0}, corrupt_drops{0}, corrupt_reports_refuted{0};

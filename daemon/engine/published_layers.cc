@@ -25,7 +25,7 @@ PublishedLayers::PublishedLayers(const Writer& writer, const NamespaceRegistry& 
 
 std::vector<Status> PublishedLayers::Publish(ConnectionId writer, const NamespaceFingerprint& ns,
                                              std::span<const BlockKey> keys, uint32_t first, uint32_t end,
-                                             std::span<const uint64_t> layer_checksums) {
+                                             std::span<const uint64_t> layer_checksums, bool free_when_taken) {
   std::vector<Status> out(keys.size());
   if (end <= first || layer_checksums.size() != keys.size() * (end - first)) {
     const Status bad = InvalidArgument("PublishLayers: " + std::to_string(layer_checksums.size()) +
@@ -79,6 +79,7 @@ std::vector<Status> PublishedLayers::Publish(ConnectionId writer, const Namespac
         return !entries_.contains(k);
       });
     }
+    if (free_when_taken) MarkHandoffs(writer, ns, published);
     listener = listener_;
   }
   if (listener != nullptr && *listener) {
@@ -108,6 +109,87 @@ std::optional<PublishedLayers::Partial> PublishedLayers::Find(const NamespaceFin
 void PublishedLayers::EndConnection(ConnectionId writer) {
   MutexLock lock(mu_);
   std::erase_if(entries_, [writer](const auto& entry) { return entry.second.writer == writer; });
+  if (taken_reserved_.load(std::memory_order_relaxed) == 0) return;
+  std::erase_if(handoffs_, [this, writer](const auto& mark) {
+    const bool ends = mark.second.writer == writer && mark.second.taken;
+    if (ends) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+    return ends;
+  });
+}
+
+void PublishedLayers::MarkHandoffs(ConnectionId writer, const NamespaceFingerprint& ns,
+                                   std::span<const BlockKey> keys) {
+  for (const BlockKey& key : keys) {
+    auto [it, added] = handoffs_.try_emplace(key);
+    if (it->second.taken) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+    it->second = Handoff{writer, ns, false};
+    if (added) handoff_order_.push_back(key);
+  }
+  while (handoffs_.size() > max_blocks_ && !handoff_order_.empty()) {
+    auto it = handoffs_.find(handoff_order_.front());
+    if (it != handoffs_.end()) {
+      if (it->second.taken) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+      handoffs_.erase(it);
+    }
+    handoff_order_.pop_front();
+  }
+  if (handoff_order_.size() > 2 * handoffs_.size() + 1024) {
+    std::erase_if(handoff_order_, [this](const BlockKey& k) {
+      mu_.AssertHeld();
+      return !handoffs_.contains(k);
+    });
+  }
+}
+
+std::vector<BlockKey> PublishedLayers::Taken(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  std::vector<BlockKey> now;
+  for (const BlockKey& key : keys) {
+    Handoff mark;
+    {
+      MutexLock lock(mu_);
+      auto it = handoffs_.find(key);
+      if (it == handoffs_.end() || it->second.ns != ns || it->second.taken) continue;
+      mark = it->second;
+    }
+    // Still reserved? Looked up with no lock of ours held (it takes a shard's).
+    const bool reserved = find_(mark.writer, ns, key).has_value();
+    {
+      MutexLock lock(mu_);
+      auto it = handoffs_.find(key);
+      if (it == handoffs_.end() || it->second.ns != ns || it->second.taken) continue;
+      if (!reserved || it->second.writer != mark.writer) {
+        handoffs_.erase(it);
+        now.push_back(key);
+        continue;
+      }
+      it->second.taken = true;  // freed at its commit (Committed)
+      taken_reserved_.fetch_add(1, std::memory_order_relaxed);
+    }
+    // A commit that ended the reservation before the mark said taken did not see it: free the block now.
+    if (find_(mark.writer, ns, key).has_value()) continue;
+    MutexLock lock(mu_);
+    auto it = handoffs_.find(key);
+    if (it == handoffs_.end() || !it->second.taken || it->second.writer != mark.writer) continue;
+    taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+    handoffs_.erase(it);
+    now.push_back(key);
+  }
+  return now;
+}
+
+std::vector<BlockKey> PublishedLayers::Committed(ConnectionId writer, const NamespaceFingerprint& ns,
+                                                 std::span<const BlockKey> keys) {
+  std::vector<BlockKey> taken;
+  if (taken_reserved_.load(std::memory_order_relaxed) == 0) return taken;
+  MutexLock lock(mu_);
+  for (const BlockKey& key : keys) {
+    auto it = handoffs_.find(key);
+    if (it == handoffs_.end() || !it->second.taken || it->second.writer != writer || it->second.ns != ns) continue;
+    taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+    handoffs_.erase(it);
+    taken.push_back(key);
+  }
+  return taken;
 }
 
 void PublishedLayers::SetListener(Listener listener) {
@@ -118,6 +200,11 @@ void PublishedLayers::SetListener(Listener listener) {
 size_t PublishedLayers::size() const {
   MutexLock lock(mu_);
   return entries_.size();
+}
+
+size_t PublishedLayers::handoffs() const {
+  MutexLock lock(mu_);
+  return handoffs_.size();
 }
 
 }  // namespace kvtier

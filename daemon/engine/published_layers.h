@@ -17,10 +17,19 @@
 // committed block; aborted), EndConnection drops its writer's, and at most
 // `max_blocks` are kept (the oldest goes).
 //
+// Hand-offs: a writer may publish a block as handed off (free_when_taken,
+// a prefill node whose decode node takes the block): once a peer reader
+// reports it took the block whole (Taken), the block's mark says it may
+// leave this node, at once when committed, else at its commit
+// (Committed). The marks outlive the reservation (a reader takes a block
+// after its commit too); at most `max_blocks` are kept (the oldest goes:
+// that block then simply stays).
+//
 // Thread-safe; its lock is a leaf, never held while the writer's hook
 // (which takes a shard's lock) or the listener runs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -60,8 +69,20 @@ class PublishedLayers {
   // when `writer` holds no reservation of it under `ns`, when `first` is
   // not what was published of it so far, when `end` passes its layers,
   // or (for the whole request) checksums of another count.
+  // `free_when_taken`: the blocks published are handed off (marked, see above).
   std::vector<Status> Publish(ConnectionId writer, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                              uint32_t first, uint32_t end, std::span<const uint64_t> layer_checksums) EXCLUDES(mu_);
+                              uint32_t first, uint32_t end, std::span<const uint64_t> layer_checksums,
+                              bool free_when_taken = false) EXCLUDES(mu_);
+
+  // A peer reader took `keys` of `ns` whole. Returns those handed off and
+  // no longer reserved (committed): their marks go and the caller erases
+  // them. A handed-off block still reserved keeps its mark, as taken, for
+  // Committed. Keys never handed off are ignored.
+  std::vector<BlockKey> Taken(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) EXCLUDES(mu_);
+  // `writer` committed `keys` of `ns`: returns those a reader took while
+  // they were reserved (their marks go; the caller erases them).
+  std::vector<BlockKey> Committed(ConnectionId writer, const NamespaceFingerprint& ns, std::span<const BlockKey> keys)
+      EXCLUDES(mu_);
 
   struct Partial {
     NamespaceFingerprint ns;
@@ -74,7 +95,8 @@ class PublishedLayers {
   // reservation (checked now); nullopt otherwise (and the entry goes).
   std::optional<Partial> Find(const NamespaceFingerprint& ns, const BlockKey& key) EXCLUDES(mu_);
 
-  // Every entry of `writer` goes (its connection closed).
+  // Every entry of `writer` goes (its connection closed), and the marks of
+  // its blocks taken while reserved (those reservations end uncommitted).
   void EndConnection(ConnectionId writer) EXCLUDES(mu_);
 
   // Who hears that more layers of a block were published: after each
@@ -84,12 +106,23 @@ class PublishedLayers {
   void SetListener(Listener listener) EXCLUDES(mu_);
 
   size_t size() const EXCLUDES(mu_);
+  size_t handoffs() const EXCLUDES(mu_);  // hand-off marks kept
+  // Whether a block taken while reserved waits for its commit (a relaxed
+  // read: a commit checks it before Committed).
+  bool taken_while_reserved() const { return taken_reserved_.load(std::memory_order_relaxed) != 0; }
 
  private:
   struct Entry {
     ConnectionId writer = 0;
     Partial partial;
   };
+  struct Handoff {
+    ConnectionId writer = 0;
+    NamespaceFingerprint ns;
+    bool taken = false;  // taken while reserved: freed at its commit
+  };
+  // Marks `keys` handed off by `writer`; drops the oldest past the bound.
+  void MarkHandoffs(ConnectionId writer, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) REQUIRES(mu_);
 
   const FindReserved find_;
   const LayerCount layer_count_;
@@ -98,6 +131,9 @@ class PublishedLayers {
   std::unordered_map<BlockKey, Entry> entries_ GUARDED_BY(mu_);
   std::deque<BlockKey> order_ GUARDED_BY(mu_);  // insertion order, for the bound (may hold keys gone since)
   std::shared_ptr<Listener> listener_ GUARDED_BY(mu_);
+  std::unordered_map<BlockKey, Handoff> handoffs_ GUARDED_BY(mu_);
+  std::deque<BlockKey> handoff_order_ GUARDED_BY(mu_);  // marking order, for the bound (may hold keys gone since)
+  std::atomic<size_t> taken_reserved_{0};               // marks with `taken` set: Committed looks only then
 };
 
 }  // namespace kvtier

@@ -95,6 +95,7 @@ void StackReport::VisitEngineCounters(CounterVisitor& v) const {
   v.Visit("engine.releases", Load(c.releases));
   v.Visit("engine.release_failures", Load(c.release_failures));
   v.Visit("engine.erases", Load(c.erases));
+  v.Visit("engine.handoffs_freed", Load(c.handoffs_freed));
   v.Visit("engine.corrupt_reports", Load(c.corrupt_reports));
   v.Visit("engine.corrupt_drops", Load(c.corrupt_drops));
   v.Visit("engine.corrupt_reports_refuted", Load(c.corrupt_reports_refuted));

@@ -121,8 +121,8 @@ void RequestHandler::HandlePublishLayers(const v1::PublishLayersRequest& r, v1::
   auto keys = wire::KeysFromProto(r.keys());
   if (!keys.ok()) return SetStatus(response, keys.status());
   const std::vector<uint64_t> sums(r.layer_checksums().begin(), r.layer_checksums().end());
-  std::vector<Status> published =
-      context_.engine->published_layers().Publish(connection_, *ns, *keys, r.first_layer(), r.end_layer(), sums);
+  std::vector<Status> published = context_.engine->published_layers().Publish(connection_, *ns, *keys, r.first_layer(),
+                                                                              r.end_layer(), sums, r.free_when_taken());
   for (const Status& s : published) {
     if (!s.ok()) return SetStatus(response, s);  // the first refusal; the others were published
   }

@@ -446,6 +446,7 @@ void Server::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("server.partial_frame_bytes", static_cast<int64_t>(frame_budget_.used_bytes()));
   v.VisitGauge("server.client_memory_bytes", static_cast<int64_t>(client_memory_.used()));
   v.Visit("server.client_memory_refusals", client_memory_.refusals());
+  if (options_.visit_daemon_counters) options_.visit_daemon_counters(v);
 }
 
 }  // namespace kvtier

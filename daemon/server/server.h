@@ -66,6 +66,11 @@ struct ServerOptions {
   // With tenants: the counters of the tiers they share, visited once by an
   // operator's Stats (each tenant's engine reports its own use of them).
   std::function<void(CounterVisitor&)> visit_shared_counters;
+  // Counters of the daemon's other services (the peer server), added to
+  // the server's own wherever they are visited (every Stats answer,
+  // Prometheus); may be empty. Callable from any thread while the Server
+  // runs.
+  std::function<void(CounterVisitor&)> visit_daemon_counters;
 };
 
 class Server {

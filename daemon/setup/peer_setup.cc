@@ -89,6 +89,10 @@ std::vector<PeerHeld> EnginePeerSource::Find(const NamespaceFingerprint& ns, std
   return out;
 }
 
+size_t EnginePeerSource::Taken(uint64_t, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  return engine_.TakenByPeer(ns, keys);
+}
+
 void EnginePeerSource::SetPublishedListener(PublishedListener listener) {
   engine_.published_layers().SetListener(std::move(listener));
 }
@@ -225,6 +229,15 @@ void TenantsPeerSource::Release(uint64_t reader, std::span<const uint64_t> lease
   for (size_t i = 0; i < parts_.size(); ++i) {
     if (!by_part[i].empty()) parts_[i].source->Release(reader, by_part[i]);
   }
+}
+
+size_t TenantsPeerSource::Taken(uint64_t reader, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  const int part = PartOf(ns);
+  if (part < 0) return 0;
+  std::vector<BlockKey> unscoped;
+  unscoped.reserve(keys.size());
+  for (const BlockKey& k : keys) unscoped.push_back(Unscoped(part, k));
+  return parts_[part].source->Taken(reader, ns, unscoped);
 }
 
 void TenantsPeerSource::EndReader(uint64_t reader) {

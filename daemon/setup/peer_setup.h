@@ -54,6 +54,8 @@ class EnginePeerSource final : public PeerSource {
   void Pin(uint64_t reader, const NamespaceFingerprint& ns, const BlockKey& key, PinDone done) override;
   void Release(uint64_t reader, std::span<const uint64_t> leases) override;
   void EndReader(uint64_t reader) override;
+  // Engine::TakenByPeer: the handed-off blocks among `keys` leave the engine.
+  size_t Taken(uint64_t reader, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
   // Blocks still being written (Engine::published_layers) are answered with
   // the layers published so far; the engine's publications reach `listener`.
   void SetPublishedListener(PublishedListener listener) override;
@@ -83,6 +85,7 @@ class TenantsPeerSource final : public PeerSource {
   void Pin(uint64_t reader, const NamespaceFingerprint& ns, const BlockKey& key, PinDone done) override;
   void Release(uint64_t reader, std::span<const uint64_t> leases) override;
   void EndReader(uint64_t reader) override;
+  size_t Taken(uint64_t reader, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override;
   void SetPublishedListener(PublishedListener listener) override;
 
  private:

@@ -356,8 +356,12 @@ class LayerSave {
   // still computed: a prefill node hands its KV to a decode node layer by
   // layer. Layers saved before the call are published at once. Nothing
   // becomes visible on this node before FinishSave. Costs a hash of each
-  // layer. FailedPrecondition once finished or aborted.
-  Status PublishToPeers();
+  // layer. `free_when_taken`: the save is a hand-off (a prefill node's, for
+  // one decode node): once a peer has read a block whole, every layer
+  // verified, the block leaves this node (at its commit at the latest), as
+  // if erased; the first call decides it, a later call asking otherwise is
+  // InvalidArgument. FailedPrecondition once finished or aborted.
+  Status PublishToPeers(bool free_when_taken = false);
   // Commits every Ok block in one request (the daemon checksums each);
   // one Status per block as Reservation::Commit. FailedPrecondition, with
   // nothing committed and the save still open, while a layer is missing;
@@ -377,8 +381,9 @@ class LayerSave {
   // ClientOptions::verify_checksums or PublishToPeers: each layer's
   // checksum is taken as it is saved (WritableBlock::layer_checksums).
   bool layer_sums_ = false;
-  bool publish_ = false;    // PublishToPeers
-  uint32_t published_ = 0;  // layers [0, published_) were published
+  bool publish_ = false;          // PublishToPeers
+  bool free_when_taken_ = false;  // PublishToPeers(true): a hand-off
+  uint32_t published_ = 0;        // layers [0, published_) were published
   // Sends what is newly complete of layers [0, n) (PublishToPeers).
   void PublishSaved();
 };

@@ -368,9 +368,11 @@ int kvtier_save_layer(kvtier_layer_save* save, uint32_t layer, const void* const
 int kvtier_save_layer_span(kvtier_layer_save* save, size_t block, uint32_t layer, void** data);
 int kvtier_layer_written(kvtier_layer_save* save, uint32_t layer);
 // Publishes the saved layers to this node's peers as they are saved
-// (kvtier::LayerSave::PublishToPeers). KVTIER_FAILED_PRECONDITION once
-// finished.
-int kvtier_save_publish_to_peers(kvtier_layer_save* save);
+// (kvtier::LayerSave::PublishToPeers); `free_when_taken` non-zero: a
+// hand-off, each block leaves this node once a peer has read it whole.
+// KVTIER_FAILED_PRECONDITION once finished; KVTIER_INVALID_ARGUMENT when
+// a second call asks another free_when_taken than the first.
+int kvtier_save_publish_to_peers(kvtier_layer_save* save, int free_when_taken);
 // Commits every block in one request once every layer is in; statuses[i]
 // as kvtier_commit. KVTIER_FAILED_PRECONDITION while a layer is missing
 // (nothing committed; the save stays open) or once finished.

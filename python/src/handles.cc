@@ -172,7 +172,7 @@ void PyLayerSave::SaveLayer(uint32_t layer, const py::object& sources) {
 
 void PyLayerSave::LayerWritten(uint32_t layer) { ThrowIfError(save().LayerWritten(layer)); }
 
-void PyLayerSave::PublishToPeers() { ThrowIfError(save().PublishToPeers()); }
+void PyLayerSave::PublishToPeers(bool free_when_taken) { ThrowIfError(save().PublishToPeers(free_when_taken)); }
 
 uint32_t PyLayerSave::LayersSaved() const { return save().layers_saved(); }
 
@@ -325,9 +325,10 @@ void BindHandles(py::module_& m) {
       .def("save_layer", &PyLayerSave::SaveLayer, py::arg("layer"), py::arg("sources"),
            "Copies sources[i] (one buffer of layer_bytes per block) into layer `layer`.")
       .def("layer_written", &PyLayerSave::LayerWritten, py::arg("layer"))
-      .def("publish_to_peers", &PyLayerSave::PublishToPeers,
+      .def("publish_to_peers", &PyLayerSave::PublishToPeers, py::arg("free_when_taken") = false,
            "Publish the saved layers to this node's peers as they are saved, before finish_save commits them "
-           "(a prefill node's layer-by-layer hand-off to a decode node).")
+           "(a prefill node's layer-by-layer hand-off to a decode node). free_when_taken: each block leaves "
+           "this node once a peer has read it whole.")
       .def("finish", &PyLayerSave::Finish, "Commits every ok block; one Status per block.")
       .def("abort", &PyLayerSave::Abort);
   ContextManager(save, &PyLayerSave::Abort);

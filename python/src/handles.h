@@ -87,7 +87,7 @@ class PyLayerSave {
   pybind11::object LayerSpan(size_t block, uint32_t layer);
   void SaveLayer(uint32_t layer, const pybind11::object& sources);
   void LayerWritten(uint32_t layer);
-  void PublishToPeers();
+  void PublishToPeers(bool free_when_taken);
   uint32_t LayersSaved() const;
   std::vector<ItemStatus> Finish();
   void Abort();

@@ -684,11 +684,13 @@ static void TestZeroCopyPutAndLayerSave(kvtier_client* c, const kvtier_namespace
   SeededKeys(ns, 44, keys, 2);
   CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, &keys[0], &save, &layer_bytes, statuses), KVTIER_OK);
   CHECK_CODE(kvtier_layer_written(save, 0), KVTIER_OK);
-  CHECK_CODE(kvtier_save_publish_to_peers(save), KVTIER_OK);
+  CHECK_CODE(kvtier_save_publish_to_peers(save, 1), KVTIER_OK);
+  CHECK_CODE(kvtier_save_publish_to_peers(save, 1), KVTIER_OK);
+  CHECK_CODE(kvtier_save_publish_to_peers(save, 0), KVTIER_INVALID_ARGUMENT); /* the first call decided */
   CHECK_CODE(kvtier_layer_written(save, 1), KVTIER_OK);
   kvtier_save_free(save);
   CHECK(Prefix(c, keys, 2) == 0);
-  CHECK_CODE(kvtier_save_publish_to_peers(NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_save_publish_to_peers(NULL, 0), KVTIER_INVALID_ARGUMENT);
   kvtier_save_free(NULL);
   CHECK_CODE(kvtier_begin_save(c, 0, keys, 2, NULL, NULL, &layer_bytes, statuses), KVTIER_INVALID_ARGUMENT);
 }

@@ -280,6 +280,97 @@ TEST_P(PeerDaemon, PrefillHandsItsLayersToDecodeBeforeTheLastIsWritten) {
   auto again = d->Lookup(0, keys);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->tiers.front(), Tier::kHost);
+  // Not a hand-off: the prefill node keeps its copy though the decode node took it whole.
+  ASSERT_TRUE(WaitForCounter(*p, "peer_server.taken", static_cast<int64_t>(keys.size())));
+  EXPECT_EQ(StatsCounters(*p)["engine.handoffs_freed"], 0);
+  auto kept = p->Lookup(0, keys);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->prefix_blocks, keys.size());
+  EXPECT_EQ(kept->tiers.front(), Tier::kHost);
+}
+
+// A hand-off (LayerSave::PublishToPeers(true)): once the decode node has
+// read a block whole, the prefill node frees it: at its commit when the
+// decode node took it while it was still being written, at once when it
+// was taken after the commit.
+TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
+  constexpr uint32_t kLayers = 4;
+  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
+  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
+  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
+  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
+  ASSERT_TRUE(prefill.running() && decode.running());
+  auto p = ConnectTo(prefill);
+  auto d = ConnectTo(decode);
+  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1)) << LogOf(decode);
+  auto held_by_prefill = [&](const std::vector<BlockKey>& keys) {
+    size_t n = 0;
+    for (const BlockKey& k : keys) {
+      auto one = p->Lookup(0, std::vector<BlockKey>{k});
+      if (one.ok() && one->prefix_blocks == 1 && one->tiers.front() == Tier::kHost) ++n;
+    }
+    return n;
+  };
+  auto load_all = [&](const std::vector<BlockKey>& keys, const std::vector<std::vector<std::byte>>& blocks) {
+    auto load = d->BeginLoad(0, keys);
+    ASSERT_TRUE(load.ok()) << load.status().ToString();
+    ASSERT_TRUE(load->WaitAll().ok());
+    ASSERT_EQ(load->usable_prefix(), keys.size()) << LogOf(decode);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        auto got = load->LayerSpan(i, l);
+        ASSERT_EQ(got.size(), kLayerBytes);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), blocks[i].begin() + l * kLayerBytes)) << i << "/" << l;
+      }
+    }
+    ASSERT_TRUE(load->End().ok());
+  };
+
+  // Taken while still being written: every layer published, not committed yet.
+  const auto keys = TestKeys(TestNamespace(), 6, 71);
+  std::vector<std::vector<std::byte>> blocks;
+  for (const auto& k : keys) blocks.push_back(Block(k, kBlockBytes));
+  auto save = p->BeginSave(0, keys);
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  ASSERT_TRUE(save->PublishToPeers(/*free_when_taken=*/true).ok());
+  EXPECT_EQ(save->PublishToPeers(false).code(), StatusCode::kInvalidArgument) << "the first call decided";
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    std::vector<std::span<const std::byte>> src;
+    for (const auto& b : blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
+    ASSERT_TRUE(save->SaveLayer(l, src).ok());
+  }
+  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(decode);
+  load_all(keys, blocks);
+  ASSERT_TRUE(WaitForCounter(*p, "peer_server.taken", static_cast<int64_t>(keys.size()))) << LogOf(prefill);
+  EXPECT_EQ(StatsCounters(*p)["engine.handoffs_freed"], 0) << "not committed yet: nothing to free";
+  auto committed = save->FinishSave();
+  ASSERT_TRUE(committed.ok());
+  for (const Status& st : *committed) EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(StatsCounters(*p)["engine.handoffs_freed"], static_cast<int64_t>(keys.size())) << "freed at the commit";
+  EXPECT_EQ(held_by_prefill(keys), 0u);
+
+  // Taken after the commit: freed as the decode node reports it.
+  const auto later = TestKeys(TestNamespace(), 3, 81);
+  std::vector<std::vector<std::byte>> later_blocks;
+  for (const auto& k : later) later_blocks.push_back(Block(k, kBlockBytes));
+  auto save2 = p->BeginSave(0, later);
+  ASSERT_TRUE(save2.ok());
+  ASSERT_TRUE(save2->PublishToPeers(true).ok());
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    std::vector<std::span<const std::byte>> src;
+    for (const auto& b : later_blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
+    ASSERT_TRUE(save2->SaveLayer(l, src).ok());
+  }
+  ASSERT_TRUE(save2->FinishSave().ok());
+  EXPECT_EQ(held_by_prefill(later), later.size()) << "on the prefill node until the decode node has it";
+  load_all(later, later_blocks);
+  ASSERT_TRUE(WaitForCounter(*p, "engine.handoffs_freed", static_cast<int64_t>(keys.size() + later.size())))
+      << LogOf(prefill);
+  EXPECT_EQ(held_by_prefill(later), 0u);
+  // The decode node holds both prefixes itself.
+  auto on_decode = d->Lookup(0, later);
+  ASSERT_TRUE(on_decode.ok());
+  EXPECT_EQ(on_decode->tiers.front(), Tier::kHost);
 }
 
 // A prefill that stops publishing (its engine stalls): the decode node's

@@ -158,6 +158,15 @@ class FakeSource final : public PeerSource {
     leases_.erase(reader);
     ++ended_;
   }
+  size_t Taken(uint64_t reader, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) override {
+    MutexLock lock(mu_);
+    if (ns == kNs) taken_.insert(taken_.end(), keys.begin(), keys.end());
+    return 0;
+  }
+  std::vector<BlockKey> taken() {
+    MutexLock lock(mu_);
+    return taken_;
+  }
 
  private:
   struct Block {
@@ -176,6 +185,7 @@ class FakeSource final : public PeerSource {
   std::set<BlockKey> held_keys_ GUARDED_BY(mu_);
   std::map<BlockKey, std::vector<std::pair<uint64_t, PinDone>>> held_ GUARDED_BY(mu_);
   std::set<BlockKey> busy_once_ GUARDED_BY(mu_);
+  std::vector<BlockKey> taken_ GUARDED_BY(mu_);  // what readers said they took whole, in order
   uint64_t next_lease_ GUARDED_BY(mu_) = 0;
   int ended_ GUARDED_BY(mu_) = 0;
   bool stall_ GUARDED_BY(mu_) = false;
@@ -278,6 +288,30 @@ TEST_P(PeerTierTest, ManyLayerReadsOfOneBlockShareOnePin) {
     EXPECT_TRUE(std::equal(layers[l].begin(), layers[l].end(), want.begin())) << l;
   }
   EXPECT_EQ(CounterOf(*server_, "peer_server.pins"), 1);
+  // Every layer verified under the pin: the peer hears the block was taken, once.
+  ASSERT_TRUE(WaitFor([&] { return source_.taken() == std::vector<BlockKey>{key}; }));
+  EXPECT_EQ(CounterOf(*tier, "peer.taken"), 1);
+  EXPECT_EQ(CounterOf(*server_, "peer_server.taken"), 1);
+}
+
+TEST_P(PeerTierTest, ABlockReadInPartOrWithACorruptLayerIsNeverToldAsTaken) {
+  auto tier = OpenTier();
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 1; }));
+  const BlockKey part{1, 2}, corrupt{1, 1};
+  const BlockKey keys[] = {part, corrupt};
+  tier->Probe(kNs, keys);
+  std::vector<std::byte> dst(36 * (8 << 10));
+  ASSERT_TRUE(ReadLayers(*tier, part, 0, 35, dst).ok());  // all but the last layer
+  source_.CorruptLayer(corrupt, 3);
+  EXPECT_EQ(ReadLayers(*tier, corrupt, 0, 0, dst).status().code(), StatusCode::kIoError);
+  // Then a block read whole: its Taken is the only one (and it comes after any the others could have caused).
+  source_.Add(BlockKey{2, 2}, 2 << 20, 2, 64 << 10, 3);
+  const BlockKey other{2, 2};
+  tier->Probe(kNs, std::span(&other, 1));
+  ASSERT_TRUE(ReadLayers(*tier, other, 0, 0, dst).ok());
+  ASSERT_TRUE(WaitFor([&] { return !source_.taken().empty(); }));
+  EXPECT_TRUE(WaitFor([&] { return source_.leases() == 0; }));
+  EXPECT_EQ(source_.taken(), std::vector<BlockKey>{other}) << "a part, or a layer that did not verify, is not taken";
 }
 
 TEST_P(PeerTierTest, APeerWithoutTheSecretIsRefusedAndLearnsNothing) {

@@ -90,5 +90,68 @@ TEST_F(PublishedLayersTest, AtMostMaxBlocksAreKeptTheOldestGoingFirst) {
   EXPECT_TRUE(published_.Find(kNs, keys[4]).has_value());
 }
 
+TEST_F(PublishedLayersTest, AHandedOffBlockTakenAfterItsCommitGoesAtOnceAndOnlyOnce) {
+  const BlockKey handed{1, 1}, kept{1, 2};
+  reserved_[handed] = {7, 0};
+  reserved_[kept] = {7, 4096};
+  const uint64_t sum[] = {1};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&handed, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&kept, 1), 0, 1, sum)[0].ok());
+  EXPECT_EQ(published_.handoffs(), 1u);
+  reserved_.clear();  // both committed
+  const BlockKey both[] = {handed, kept};
+  EXPECT_TRUE(published_.Taken(NamespaceFingerprint{5, 5}, both).empty()) << "another namespace";
+  EXPECT_EQ(published_.Taken(kNs, both), std::vector<BlockKey>{handed}) << "only the handed-off block goes";
+  EXPECT_TRUE(published_.Taken(kNs, both).empty()) << "a block goes once";
+  EXPECT_EQ(published_.handoffs(), 0u);
+}
+
+TEST_F(PublishedLayersTest, AHandedOffBlockTakenWhileReservedGoesAtItsWritersCommit) {
+  const BlockKey key{1, 1};
+  reserved_[key] = {7, 0};
+  const uint64_t sum[] = {1};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  EXPECT_TRUE(published_.Taken(kNs, std::span(&key, 1)).empty()) << "still reserved: not yet";
+  EXPECT_TRUE(published_.Committed(8, kNs, std::span(&key, 1)).empty()) << "another writer's commit";
+  reserved_.erase(key);
+  EXPECT_EQ(published_.Committed(7, kNs, std::span(&key, 1)), std::vector<BlockKey>{key});
+  EXPECT_TRUE(published_.Committed(7, kNs, std::span(&key, 1)).empty());
+  EXPECT_EQ(published_.handoffs(), 0u);
+
+  // Taken while reserved, then the writer's connection closes uncommitted: nothing is left to free.
+  const BlockKey next{1, 2};
+  reserved_[next] = {7, 4096};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&next, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  EXPECT_TRUE(published_.Taken(kNs, std::span(&next, 1)).empty());
+  published_.EndConnection(7);
+  EXPECT_EQ(published_.handoffs(), 0u);
+  EXPECT_TRUE(published_.Committed(7, kNs, std::span(&next, 1)).empty());
+}
+
+TEST_F(PublishedLayersTest, AHandedOffBlockNotTakenOutlivesItsCommitAndItsWritersConnection) {
+  const BlockKey key{1, 1};
+  reserved_[key] = {7, 0};
+  const uint64_t sum[] = {1};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  reserved_.erase(key);
+  EXPECT_TRUE(published_.Committed(7, kNs, std::span(&key, 1)).empty()) << "not taken yet: it stays";
+  published_.EndConnection(7);
+  EXPECT_EQ(published_.Taken(kNs, std::span(&key, 1)), std::vector<BlockKey>{key}) << "taken later, it goes";
+}
+
+TEST_F(PublishedLayersTest, AtMostMaxBlocksHandOffMarksAreKept) {
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 5; ++i) {
+    keys.push_back({3, i});
+    reserved_[keys.back()] = {7, i * 4096};
+  }
+  std::vector<uint64_t> sums(keys.size(), 1);
+  for (const Status& s : published_.Publish(7, kNs, keys, 0, 1, sums, /*free_when_taken=*/true)) EXPECT_TRUE(s.ok());
+  EXPECT_EQ(published_.handoffs(), 3u);
+  reserved_.clear();
+  EXPECT_EQ(published_.Taken(kNs, keys), (std::vector<BlockKey>{keys[2], keys[3], keys[4]}))
+      << "the oldest marks went: those blocks stay";
+}
+
 }  // namespace
 }  // namespace kvtier

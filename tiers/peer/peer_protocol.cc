@@ -164,12 +164,20 @@ std::vector<std::byte> EncodePeer(uint64_t request, const PeerWelcome& m) {
   }
   return o.Take();
 }
-std::vector<std::byte> EncodePeer(uint64_t request, const PeerQuery& m) {
-  Out o(PeerMessage::kQuery, request);
-  o.Key(m.ns);
-  o.U32(static_cast<uint32_t>(m.keys.size()));
-  for (const BlockKey& k : m.keys) o.Key(k);
+// Query and Taken: a namespace and its keys.
+static std::vector<std::byte> EncodeKeys(PeerMessage type, uint64_t request, const NamespaceFingerprint& ns,
+                                         std::span<const BlockKey> keys) {
+  Out o(type, request);
+  o.Key(ns);
+  o.U32(static_cast<uint32_t>(keys.size()));
+  for (const BlockKey& k : keys) o.Key(k);
   return o.Take();
+}
+std::vector<std::byte> EncodePeer(uint64_t request, const PeerQuery& m) {
+  return EncodeKeys(PeerMessage::kQuery, request, m.ns, m.keys);
+}
+std::vector<std::byte> EncodePeer(uint64_t request, const PeerTaken& m) {
+  return EncodeKeys(PeerMessage::kTaken, request, m.ns, m.keys);
 }
 std::vector<std::byte> EncodePeer(uint64_t request, const PeerFound& m) {
   Out o(PeerMessage::kFound, request);
@@ -234,7 +242,7 @@ Result<PeerEnvelope> OpenPeer(std::span<const std::byte> message) {
     return InvalidArgument("peer message: protocol version " + std::to_string(version) + ", this node speaks " +
                            std::to_string(kPeerProtocolVersion));
   }
-  if (type < static_cast<uint8_t>(PeerMessage::kHello) || type > static_cast<uint8_t>(PeerMessage::kWatch)) {
+  if (type < static_cast<uint8_t>(PeerMessage::kHello) || type > static_cast<uint8_t>(PeerMessage::kTaken)) {
     return InvalidArgument("peer message: unknown type " + std::to_string(type));
   }
   return PeerEnvelope{static_cast<PeerMessage>(type), request, message.subspan(10)};
@@ -279,16 +287,20 @@ Result<PeerWelcome> DecodeWelcome(std::span<const std::byte> body) {
   if (Status s = in.End("welcome"); !s.ok()) return s;
   return m;
 }
-Result<PeerQuery> DecodeQuery(std::span<const std::byte> body) {
+// Query's and Taken's body: a namespace and at most kMaxPeerQueryKeys keys.
+template <typename M>
+static Result<M> DecodeKeys(std::span<const std::byte> body, const char* what) {
   In in(body);
-  PeerQuery m;
+  M m;
   m.ns = in.Key();
   const uint32_t n = in.Count(kMaxPeerQueryKeys, 16);
   m.keys.reserve(n);
   for (uint32_t i = 0; i < n; ++i) m.keys.push_back(in.Key());
-  if (Status s = in.End("query"); !s.ok()) return s;
+  if (Status s = in.End(what); !s.ok()) return s;
   return m;
 }
+Result<PeerQuery> DecodeQuery(std::span<const std::byte> body) { return DecodeKeys<PeerQuery>(body, "query"); }
+Result<PeerTaken> DecodeTaken(std::span<const std::byte> body) { return DecodeKeys<PeerTaken>(body, "taken"); }
 Result<PeerFound> DecodeFound(std::span<const std::byte> body) {
   In in(body);
   PeerFound m;

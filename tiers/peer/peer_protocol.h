@@ -26,6 +26,9 @@
 //                               -> Pinned  once more than `have` layers are ready (or the block is gone),
 //                                          or as it is after wait_ms
 //   Release {leases}            (no answer)
+//   Taken   {ns, keys}          (no answer) the reader holds these blocks whole, every layer verified: a
+//                               block its writer handed off (LayerSave::PublishToPeers with
+//                               free_when_taken) may now leave the server's node
 // A block still being written on the server (a layer-wise save that
 // publishes its layers) is held with fewer layers ready than it has: its
 // Pinned carries no lease (lease 0) and the checksums of the ready layers
@@ -70,6 +73,7 @@ enum class PeerMessage : uint8_t {
   kRelease = 9,
   kRefused = 10,
   kWatch = 11,
+  kTaken = 12,
 };
 
 using PeerNonce = std::array<std::byte, kPeerNonceBytes>;
@@ -131,6 +135,10 @@ struct PeerWatch {
 struct PeerRelease {
   std::vector<uint64_t> leases;
 };
+struct PeerTaken {
+  NamespaceFingerprint ns;
+  std::vector<BlockKey> keys;  // at most kMaxPeerQueryKeys
+};
 struct PeerRefused {
   StatusCode code = StatusCode::kUnavailable;
   std::string message;
@@ -155,6 +163,7 @@ std::vector<std::byte> EncodePeer(uint64_t request, const PeerPinned& m);
 std::vector<std::byte> EncodePeer(uint64_t request, const PeerRelease& m);
 std::vector<std::byte> EncodePeer(uint64_t request, const PeerRefused& m);
 std::vector<std::byte> EncodePeer(uint64_t request, const PeerWatch& m);
+std::vector<std::byte> EncodePeer(uint64_t request, const PeerTaken& m);
 
 // The header; InvalidArgument for a short message, another version or an
 // unknown type.
@@ -171,6 +180,7 @@ Result<PeerPinned> DecodePinned(std::span<const std::byte> body);
 Result<PeerRelease> DecodeRelease(std::span<const std::byte> body);
 Result<PeerRefused> DecodeRefused(std::span<const std::byte> body);
 Result<PeerWatch> DecodeWatch(std::span<const std::byte> body);
+Result<PeerTaken> DecodeTaken(std::span<const std::byte> body);
 
 // The handshake's proofs, HMAC-SHA256 under `secret` (the cluster secret):
 // the server's over (nonce_r, nonce_s), the reader's over (nonce_s, nonce_r),

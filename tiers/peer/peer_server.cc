@@ -300,6 +300,13 @@ void PeerServer::Answer(Reader& r, const PeerEnvelope& e) {
       if (!held.empty()) source_.Release(r.id, held);
       return;
     }
+    case PeerMessage::kTaken: {
+      auto taken = DecodeTaken(e.body);
+      if (!taken.ok()) return malformed(taken.status());
+      taken_.fetch_add(static_cast<int64_t>(taken->keys.size()), std::memory_order_relaxed);
+      freed_.fetch_add(static_cast<int64_t>(source_.Taken(r.id, taken->ns, taken->keys)), std::memory_order_relaxed);
+      return;
+    }
     default:
       return malformed(
           InvalidArgument("peer message of type " + std::to_string(static_cast<int>(e.type)) + " after the handshake"));
@@ -410,6 +417,8 @@ void PeerServer::VisitCounters(CounterVisitor& v) const {
   v.Visit("peer_server.releases", releases_.load(std::memory_order_relaxed));
   v.Visit("peer_server.protocol_errors", protocol_errors_.load(std::memory_order_relaxed));
   v.Visit("peer_server.watches", watches_made_.load(std::memory_order_relaxed));
+  v.Visit("peer_server.taken", taken_.load(std::memory_order_relaxed));
+  v.Visit("peer_server.freed", freed_.load(std::memory_order_relaxed));
 }
 
 }  // namespace kvtier

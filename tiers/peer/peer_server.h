@@ -19,7 +19,8 @@
 // A block still being written (fewer layers ready than it has) is answered
 // as it is; a Watch waits on the server until more layers are ready
 // (PeerSource::SetPublishedListener) and answers then, counted among the
-// reader's pins for `max_pins_per_reader`.
+// reader's pins for `max_pins_per_reader`. A reader's Taken goes to the
+// source (PeerSource::Taken: a handed-off block may leave this node).
 //
 // Thread-safety: Start and the destructor on one thread; address() and
 // VisitCounters from any thread. Everything else runs on the server's own
@@ -61,7 +62,8 @@ class PeerServer {
   // The bound address, "host:port" (the port chosen when listen asked for 0).
   const std::string& address() const { return address_; }
   uint64_t node_id() const { return options_.node_id; }
-  // peer_server.*: readers (gauge), refused, queries, pins, pin_misses, releases, protocol_errors, watches.
+  // peer_server.*: readers (gauge), refused, queries, pins, pin_misses, releases, protocol_errors, watches,
+  // taken (blocks readers said they hold whole), freed (of those, handed-off blocks that left at once).
   void VisitCounters(CounterVisitor& v) const;
 
  private:
@@ -113,7 +115,7 @@ class PeerServer {
   uint64_t next_reader_ = 0;  // node thread
 
   std::atomic<int64_t> reader_count_{0}, refused_{0}, queries_{0}, pins_{0}, pin_misses_{0}, releases_{0},
-      protocol_errors_{0}, watches_made_{0};
+      protocol_errors_{0}, watches_made_{0}, taken_{0}, freed_{0};
 };
 
 }  // namespace kvtier

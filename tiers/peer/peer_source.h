@@ -48,6 +48,11 @@ class PeerSource {
   // Ends every lease of `reader`: it went away.
   virtual void EndReader(uint64_t reader) = 0;
 
+  // `reader` now holds `keys` of `ns` whole, every layer verified (a
+  // Taken message): a block its writer handed off may leave this node.
+  // Returns how many blocks went now. The default keeps everything.
+  virtual size_t Taken(uint64_t reader, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) { return 0; }
+
   // A block still being written may be pinned with fewer layers ready
   // than it has (PeerPinned::layers_ready, lease 0). Installs who hears
   // that more layers of such a block are ready: called on any thread with

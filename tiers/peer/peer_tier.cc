@@ -24,6 +24,8 @@ struct PeerTier::Member {
   // Reads in the order they came, each issued once its block is pinned:
   // a layer-wise load's order (layer 0 of every block first) is kept.
   std::deque<std::shared_ptr<ReadOp>> queued;
+  // Blocks read whole since the last tick, told to the peer then (Taken).
+  std::unordered_map<NamespaceFingerprint, std::vector<BlockKey>> taken;
   bool self = false;    // this node itself: never connected
   bool logged = false;  // its last failure was logged (once until it connects)
 };
@@ -56,6 +58,8 @@ struct PeerTier::PinState {
   uint32_t queued = 0;                   // reads of it in its member's queue
   uint32_t users = 0;                    // gets in flight
   SteadyClock::time_point idle_since{};
+  std::vector<bool> verified;  // per layer: read and verified under this pin
+  uint32_t verified_count = 0;
 };
 
 struct PeerTier::ReadOp {
@@ -107,6 +111,7 @@ Result<std::unique_ptr<PeerTier>> PeerTier::Open(const PeerTierOptions& options)
     }
     t->node_->SetTick([t] { t->Tick(); });
     t->node_->SetOnStop([t] {
+      for (auto& m : t->members_) t->SendTaken(*m);
       t->ReleaseIdle(/*all=*/true);
       for (size_t i = 0; i < t->members_.size(); ++i) {
         if (t->members_[i]->ep != nullptr) t->Fail(i, "stopping", /*stalled=*/false);
@@ -440,8 +445,40 @@ void PeerTier::GetDone(std::shared_ptr<ReadOp> op, ucs_status_t status) {
       read.layer_checksums.push_back(sum);
     }
     read_bytes_.fetch_add(static_cast<int64_t>(read.bytes), std::memory_order_relaxed);
+    node_->Post(
+        [this, key = op->key, pin = op->pin, first = op->first, last = op->last] { Verified(key, pin, first, last); });
     op->done(std::move(read));
   });
+}
+
+void PeerTier::Verified(const BlockKey& key, uint64_t pin_id, uint32_t first, uint32_t last) {
+  auto it = pins_.find(key);
+  if (it == pins_.end() || it->second->id != pin_id) return;
+  PinState& pin = *it->second;
+  const uint32_t layers = pin.grant.layer_count;
+  if (layers == 0 || pin.verified_count == layers) return;
+  pin.verified.resize(layers);
+  for (uint32_t l = first; l < last && l < layers; ++l) {
+    if (!pin.verified[l]) {
+      pin.verified[l] = true;
+      ++pin.verified_count;
+    }
+  }
+  if (pin.verified_count == layers) members_[pin.member]->taken[pin.ns].push_back(key);
+}
+
+void PeerTier::SendTaken(Member& m) {
+  if (m.taken.empty()) return;
+  if (m.state == Member::State::kReady) {
+    for (auto& [ns, keys] : m.taken) {
+      for (size_t at = 0; at < keys.size(); at += kMaxPeerQueryKeys) {
+        const size_t n = std::min<size_t>(kMaxPeerQueryKeys, keys.size() - at);
+        taken_sent_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+        Send(m, NextRequest(), EncodePeer(0, PeerTaken{ns, {keys.begin() + at, keys.begin() + at + n}}));
+      }
+    }
+  }
+  m.taken.clear();
 }
 
 void PeerTier::Finish(std::shared_ptr<ReadOp> op, Result<LayerRead> result) {
@@ -545,6 +582,7 @@ void PeerTier::Tick() {
     }
   }
   ReleaseIdle(/*all=*/false);
+  for (auto& m : members_) SendTaken(*m);
 }
 
 void PeerTier::Connect(size_t i) {
@@ -605,7 +643,8 @@ void PeerTier::Fail(size_t i, const std::string& why, bool stalled) {
   std::erase_if(pins_, [i](const auto& entry) { return entry.second->member == i; });
   for (auto& op : m.queued) Finish(op, IoError("peer tier: " + m.address.text + ": " + why));
   m.queued.clear();
-  m.gets.clear();  // UCX ends them as the endpoint closes; they no longer count towards a stall
+  m.taken.clear();  // never told: the peer keeps those blocks
+  m.gets.clear();   // UCX ends them as the endpoint closes; they no longer count towards a stall
   // A forced close ends the gets in flight (their callbacks run, with an
   // error) before the keys they used go.
   ucp_request_param_t param{};
@@ -730,6 +769,7 @@ void PeerTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("peer.refused", refused_.load(std::memory_order_relaxed));
   v.Visit("peer.watches", watches_.load(std::memory_order_relaxed));
   v.Visit("peer.watch_timeouts", watch_timeouts_.load(std::memory_order_relaxed));
+  v.Visit("peer.taken", taken_sent_.load(std::memory_order_relaxed));
 }
 
 void PeerTier::CheckHealth(HealthFindings& out) const {

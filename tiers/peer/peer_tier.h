@@ -40,6 +40,11 @@
 // when its writer publishes more). A block whose layers stop coming for
 // `timeout` fails its reads alone (the peer is not closed for it).
 //
+// Taken: once every layer of a block was read and verified under one pin,
+// the block's peer is told (a Taken message, batched each tick): a block
+// its writer handed off (LayerSave::PublishToPeers(true)) then leaves the
+// peer. A connection that fails first tells nothing: the peer keeps it.
+//
 // Outcomes: a read that fails once started fails with IoError, whatever
 // the cause (the peer no longer holds the block, a layer that does not
 // verify, a stall, a peer gone): the block was never this node's, so
@@ -108,7 +113,7 @@ class PeerTier final : public BlockTier, public Prober {
   Prober* prober() override { return this; }
   // peer.*: connected (gauge), probes, probed_keys, probe_hits, reads,
   // read_bytes, read_failures, corrupt, pins, stalls, disconnects, refused,
-  // watches, watch_timeouts.
+  // watches, watch_timeouts, taken (blocks told to their peer as read whole).
   void VisitCounters(CounterVisitor& v) const override;
   void CheckHealth(HealthFindings& out) const override;
 
@@ -154,6 +159,11 @@ class PeerTier final : public BlockTier, public Prober {
   void IssueGet(PinState& pin, std::shared_ptr<ReadOp> op);
   void GetDone(std::shared_ptr<ReadOp> op, ucs_status_t status);
   void Finish(std::shared_ptr<ReadOp> op, Result<LayerRead> result);
+  // Layers [first, last) of `key` were verified under pin `pin_id`: once
+  // every layer of the block was, it is queued for its peer's Taken.
+  void Verified(const BlockKey& key, uint64_t pin_id, uint32_t first, uint32_t last);
+  // Tells `m` which blocks were read whole since the last time (Taken).
+  void SendTaken(Member& m);
   void ReleaseIdle(bool all);
   void QueryMembers(std::shared_ptr<ProbeWait> wait);
 
@@ -181,7 +191,7 @@ class PeerTier final : public BlockTier, public Prober {
 
   std::atomic<int64_t> connected_{0}, probes_{0}, probed_keys_{0}, probe_hits_{0}, reads_{0}, read_bytes_{0},
       read_failures_{0}, corrupt_{0}, pins_made_{0}, stalls_{0}, disconnects_{0}, refused_{0}, watches_{0},
-      watch_timeouts_{0};
+      watch_timeouts_{0}, taken_sent_{0};
 };
 
 }  // namespace kvtier
