@@ -16,13 +16,16 @@ operator's migration:
      in B, loads the full blocks B holds (pulling from A, then, only what the
      pre-copy had not moved yet) and T computes the rest.
 
-What the connector saves: the full kvtier blocks of the *prompt*, in the
-step that computes them (_vllm_plan.plan_save counts
-min(computed, len(prompt)) // block_tokens). Blocks that decoding fills are
-never saved (only a streaming-input session, whose computed outputs join
-its next prompt, saves them). So the context that A holds and B can pull is
-the prompt's full blocks; T recomputes everything after them, the generated
-tokens included. The tests assert exactly that.
+What the connector saves: by default the full kvtier blocks of the
+*prompt*, in the step that computes them (_vllm_plan.plan_save counts
+min(computed, len(prompt)) // block_tokens); blocks that decoding fills
+are not saved. So by default the context that A holds and B can pull is
+the prompt's full blocks, and T recomputes everything after them, the
+generated tokens included. With the connector's `save_decode` on S, S
+saves each block as decoding fills it, keyed as the chain of prompt +
+output (what T's lookup of its context computes): B pulls those too while
+S decodes, the stop-and-copy round moves what filled since the last round,
+and T computes only the tokens after the last full block.
 
 The tiny real model (tiny_model.py) is bit-exact by construction whatever
 the chunking: S's and T's tokens and logits must equal, bit for bit, one
@@ -97,8 +100,8 @@ class Source:
     """S on node A: decodes the request step by step; its connector saved
     the prompt's full blocks into A in the prefill step."""
 
-    def __init__(self, model, daemon):
-        self.engine = kvtier_engine(model, daemon)
+    def __init__(self, model, daemon, **kw):
+        self.engine = kvtier_engine(model, daemon, **kw)
         self.engine.add_request(PROMPT, BEFORE + AFTER, REQ)
         self.decode_until(1)  # the lookup (a miss), then the prefill: its full blocks saved, the first token
         drain_commits(self.engine)  # A has committed them
@@ -210,6 +213,42 @@ def test_a_decoding_request_moves_to_another_node_bit_exact(model, nodes, refere
     assert_bit_exact(s.tokens[:BEFORE], s_rows, t_tokens, t_rows, reference, PROMPT_BLOCKS * BLOCK_TOKENS)
     # T saved what it computed: B now holds the whole context's full blocks (the decode-time ones too).
     assert tiers_on(b, ns, keys) == [kvtier.Tier.HOST] * len(keys)
+
+
+def test_with_save_decode_the_blocks_decoding_fills_move_while_s_decodes(model, nodes, reference):
+    a, b = nodes
+    s = Source(model, a, save_decode=True)
+    ns, block_bytes = s.namespace, s.namespace.block_bytes
+    assert stats(b, ns).get("engine.blocks", 0) == 0
+
+    # Background copy while S decodes: each round pulls the full blocks A holds and B does not yet.
+    rounds = []
+    while len(s.tokens) < BEFORE:
+        drain_commits(s.engine)  # this step's saves are committed on A
+        rounds.append(pull(b, ns, s.keys()))
+        s.decode_until(min(BEFORE, len(s.tokens) + 4))
+    assert rounds[0] == PROMPT_BLOCKS
+    assert sum(rounds[1:]) >= 1  # blocks filled by decoding moved while S went on
+    drain_commits(s.engine)
+    keys = s.keys()
+    assert len(keys) == (len(PROMPT) + BEFORE) // BLOCK_TOKENS == 5
+    assert tiers_on(a, ns, keys) == [kvtier.Tier.HOST] * len(keys)  # S saved every full block of its context
+
+    # The hand-off: S stops; the stop-and-copy round moves what filled since the last round; T continues.
+    context = s.context()
+    s_rows = s.stop()
+    left = pull(b, ns, keys)
+    assert sum(rounds) + left == len(keys)
+    assert tiers_on(b, ns, keys) == [kvtier.Tier.HOST] * len(keys)
+    read = stats(b, ns)["peer.read_bytes"]
+    assert read == len(keys) * block_bytes
+    t, t_tokens, t_rows = continue_on(model, b, context)
+
+    assert computed_at_start(t, REQ) == len(keys) * BLOCK_TOKENS  # the generated tokens' blocks loaded too
+    assert loaded_blocks(t) == len(keys)
+    assert not any(o.invalid_block_ids for o in kv_outputs(t))
+    assert stats(b, ns)["peer.read_bytes"] == read  # all of it was on B already
+    assert_bit_exact(s.tokens[:BEFORE], s_rows, t_tokens, t_rows, reference, len(keys) * BLOCK_TOKENS)
 
 
 @pytest.mark.parametrize("precopied", [0, 2])

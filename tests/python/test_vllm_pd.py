@@ -330,6 +330,46 @@ def test_a_second_decode_of_the_same_prefix_is_served_by_d_s_own_host_tier(model
     assert bit_exact(toks, logits, single_node)
 
 
+def test_handoff_free_source_frees_p_s_copy_once_d_has_read_it(model, peer_pair, single_node):
+    p_daemon, d_daemon, p_peer = peer_pair
+    p, params = prefill(model, p_daemon, peer=p_peer, handoff_free_source=True)
+    keys, namespaces = rank_keys(p, PROMPT)
+    ns = namespaces[0]
+    saves = [spec for m in metas(p) for spec in m.saves]
+    assert saves and all(spec.handoff for spec in saves)
+    with kvtier.Client(p_daemon.socket_path, [ns], client_name="test") as c:
+        assert c.lookup(0, keys[0]).tiers == [kvtier.Tier.HOST] * 2  # P keeps it until D has it
+
+    d, toks, logits = decode(model, d_daemon, params)
+
+    assert_handed_off(d)
+    assert bit_exact(toks, logits, single_node)
+    deadline = time.monotonic() + 10
+    while counters(p_daemon, ns).get("engine.handoffs_freed", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert counters(p_daemon, ns).get("engine.handoffs_freed", 0) == 2
+    with kvtier.Client(p_daemon.socket_path, [ns], client_name="test") as c:
+        assert kvtier.Tier.HOST not in c.lookup(0, keys[0]).tiers  # gone from P (D's copy may answer as REMOTE)
+    with kvtier.Client(d_daemon.socket_path, [ns], client_name="test") as c:
+        assert c.lookup(0, keys[0]).tiers == [kvtier.Tier.HOST] * 2
+
+
+def test_without_handoff_free_source_p_keeps_its_copy(model, peer_pair, single_node):
+    p_daemon, d_daemon, p_peer = peer_pair
+    p, params = prefill(model, p_daemon, peer=p_peer)
+    keys, namespaces = rank_keys(p, PROMPT)
+    ns = namespaces[0]
+    assert not any(spec.handoff for m in metas(p) for spec in m.saves)
+    decode(model, d_daemon, params)
+    deadline = time.monotonic() + 10
+    while counters(p_daemon, ns).get("peer_server.taken", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert counters(p_daemon, ns).get("peer_server.taken", 0) == 2  # D read both whole
+    assert counters(p_daemon, ns).get("engine.handoffs_freed", 0) == 0
+    with kvtier.Client(p_daemon.socket_path, [ns], client_name="test") as c:
+        assert c.lookup(0, keys[0]).tiers == [kvtier.Tier.HOST] * 2
+
+
 def test_p_gone_before_decode_fails_open(model, peer_pair, caplog):
     p_daemon, d_daemon, p_peer = peer_pair
     _, params = prefill(model, p_daemon, peer=p_peer)

@@ -221,6 +221,10 @@ class Geometry:
         self.peer = str(extra["peer"]) if extra.get("peer") else None
         self.handoff_wait = float(extra.get("handoff_wait", 1.0))
         self.handoff_async = flag(extra, "handoff_async", True)
+        # P's side: a hand-off's blocks leave P's kvtierd once D has read them.
+        self.handoff_free = flag(extra, "handoff_free_source", False)
+        # Save the blocks decoding fills too, not only the prompt's.
+        self.save_decode = flag(extra, "save_decode", False)
         self.engine_id = getattr(getattr(vllm_config, "kv_transfer_config", None), "engine_id", None)
         scheduler = getattr(vllm_config, "scheduler_config", None)
         concurrent = max(self.pp_size, 2 if getattr(scheduler, "async_scheduling", False) else 1)

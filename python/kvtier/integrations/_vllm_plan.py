@@ -69,6 +69,7 @@ class SaveSpec:
     parents: list       # per namespace: the key before keys[j][0], or None
     groups: list        # per group: GroupSpan or None
     adapter: tuple = None  # the LoRA's (name, path), or None
+    handoff: bool = False  # a hand-off to a decode engine that frees P's copy (handoff_free_source)
 
 
 @dataclass
@@ -110,7 +111,7 @@ class RequestState:
     req_id: str
     hint_id: int
     tokens: list          # the prompt's token ids
-    keys: list            # per namespace: keys of every whole kvtier block of the prompt
+    keys: list            # per namespace: keys of every whole kvtier block of the prompt (and of `generated`)
     pending: dict = None  # namespace j, or (j, boundary) for a state -> kvtier.PendingLookup in flight
     phase: int = 0        # 1: full-attention prefixes asked, 2: windows and states asked, 3: windows again
     candidate: int = 0    # the hit the phase's lookups check
@@ -130,6 +131,11 @@ class RequestState:
     request: object = None  # vLLM's Request (a streaming-input session grows its prompt in place)
     handoff: object = None  # D: the _vllm_handoff.Handoff P announced, until its load is decided
     load_async: bool = False  # the load decided at allocation goes to the workers as an async load
+    generated: list = field(default_factory=list)  # save_decode: output token ids keyed after the prompt
+
+    def context(self):
+        """The token ids `keys` cover: the prompt, then what save_decode keyed of the output."""
+        return self.tokens + self.generated if self.generated else self.tokens
 
 
 def engine_blocks(table, first, end, per_block):
@@ -148,7 +154,7 @@ def plan_save(state, computed_tokens, geometry):
     """The SaveSpec for kvtier blocks the step completes, or None. A group
     whose oldest blocks were freed (out of a sliding window) saves the
     blocks after them."""
-    full = min(computed_tokens, len(state.tokens)) // geometry.block_tokens
+    full = min(computed_tokens, len(state.context())) // geometry.block_tokens
     if full <= state.saved or len(state.block_ids) != len(geometry.groups):
         return None
     spans = []

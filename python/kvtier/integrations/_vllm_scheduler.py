@@ -155,7 +155,7 @@ class SchedulerSide:
         kept = 0
         while kept < min(state.saved, len(keys[0])) and all(k[kept] == old[kept] for k, old in zip(keys, state.keys)):
             kept += 1
-        state.tokens, state.keys, state.saved = tokens, keys, kept
+        state.tokens, state.keys, state.saved, state.generated = tokens, keys, kept, []
         state.hits, state.pending, state.load = None, None, None
         state.engine_hashes = getattr(request, "block_hashes", None)
 
@@ -340,11 +340,35 @@ class SchedulerSide:
             meta.loads.append(load)
         if not state.may_save:
             return
+        if g.save_decode:
+            self._key_generated(state, computed_tokens)
         save = plan_save(state, computed_tokens, g)
         if save is not None:
+            save.handoff = g.handoff_free and handoff.wants_remote_decode(state.request)
             meta.saves.append(save)
             state.stored_pending.append((save.first, state.saved, self._step))
             self._unreported[state.req_id] = state
+
+    def _key_generated(self, state, computed_tokens):
+        """save_decode: keys the kvtier blocks decoding filled, so that
+        plan_save saves them as it saves the prompt's: the full blocks of
+        the request's tokens (vLLM's all_token_ids: the prompt, then its
+        output) whose KV this step computes. The keys are the chain of the
+        whole context, those a lookup of prompt + output computes."""
+        ids = getattr(state.request, "all_token_ids", None)
+        if ids is None or len(state.keys) == 0 or getattr(state.request, "prompt_embeds", None) is not None:
+            return  # (a prompt of embeddings: its output has no embeddings to key it with)
+        b = self._g.block_tokens
+        full = min(computed_tokens, len(ids)) // b
+        if full <= len(state.keys[0]) or full * b <= len(state.tokens):
+            return
+        context = list(ids[:full * b])
+        if context[:len(state.tokens)] != state.tokens:
+            return  # not this prompt's continuation (never expected): leave the keys alone
+        scope = self._scope(state.adapter)
+        salt, extras = key_extras(state.request, len(context), b)
+        state.generated = context[len(state.tokens):]
+        state.keys = [h.keys(context, cache_salt=salt, extras=extras) for h in scope.hashers]
 
     def promised_loads(self, scheduler_output):
         """The loads vLLM was already promised for this step's requests
@@ -446,7 +470,7 @@ class SchedulerSide:
                 continue
             self._events.append(BlockStored(
                 block_hashes=list(hashes[lo:hi]), parent_block_hash=hashes[lo - 1] if lo > 0 else None,
-                token_ids=list(state.tokens[lo * b:hi * b]), block_size=b, lora_id=state.lora_id,
+                token_ids=list(state.context()[lo * b:hi * b]), block_size=b, lora_id=state.lora_id,
                 medium=self._medium, lora_name=state.adapter[0] if state.adapter else None))
         state.stored_pending = left
 
@@ -458,7 +482,7 @@ class SchedulerSide:
         for i in range(first, min(end, len(state.keys[0]), len(hashes) // per)):
             lo, hi = i * per, (i + 1) * per
             self._forwarder.name(state.keys[0][i].canonical(), tier_events.BlockNames(
-                hashes[lo:hi], hashes[lo - 1] if lo > 0 else None, state.tokens[lo * b:hi * b], b,
+                hashes[lo:hi], hashes[lo - 1] if lo > 0 else None, state.context()[lo * b:hi * b], b,
                 state.lora_id, state.adapter[0] if state.adapter else None))
 
     def take_events(self):

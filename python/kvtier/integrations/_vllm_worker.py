@@ -292,8 +292,12 @@ class WorkerSide:
                 # A node of a prefill/decode pair: each layer is readable by the
                 # peers as it is saved, so a decode node can start before the commit.
                 try:
-                    save.publish_to_peers()
-                except (kvtier.Error, AttributeError) as e:
+                    if spec.handoff:
+                        # D reads each block once: P's copy goes as soon as D has it.
+                        save.publish_to_peers(free_when_taken=True)
+                    else:
+                        save.publish_to_peers()
+                except (kvtier.Error, AttributeError, TypeError) as e:
                     logger.warning("kvtier: layers of %s not published to peers: %s", spec.req_id, e)
             ok = [b for b in range(len(span.block_ids)) if save.status(b).ok]
             entry = self._saves[(spec.req_id, group)] = _Save(save, span, ok, [

@@ -49,7 +49,11 @@ from the prefill node's through the peer tier) and loads them asynchronously.
 Options: ``peer`` (this node's kvtierd peer address, named in the params),
 ``handoff_wait`` (seconds the decode side waits for the blocks the params
 announce before recomputing what is missing, default 1) and
-``handoff_async`` (default true: load_async for hand-offs).
+``handoff_async`` (default true: load_async for hand-offs) and
+``handoff_free_source`` (default false: the prefill node's kvtierd keeps its
+copy; true frees each block once the decode node has read it whole).
+``save_decode`` (default false) also saves the blocks decoding fills, keyed
+after the prompt (a moved request, the next turn of a conversation).
 
 The connector never raises out of an engine hook: an unsupported model
 kind or KV layout, a failing daemon or a bug makes it log one warning with
