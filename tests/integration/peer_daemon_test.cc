@@ -91,6 +91,30 @@ bool WaitConnected(const DaemonProcess& daemon, int port) {
   return false;
 }
 
+// A prefill node and a decode node, peers of each other, a client on each.
+constexpr uint32_t kLayers = 4;  // TestNamespace's
+constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
+struct PrefillDecode {
+  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
+  DaemonProcess prefill{KVTIERD_PATH, "", PeerToml(pp, {pp, pd})};
+  DaemonProcess decode{KVTIERD_PATH, "", PeerToml(pd, {pp, pd})};
+  std::unique_ptr<Client> p, d;
+  // Both running, both clients connected, the decode node connected to the prefill node.
+  bool Start() {
+    if (!prefill.running() || !decode.running()) return false;
+    p = ConnectTo(prefill);
+    d = ConnectTo(decode);
+    return p != nullptr && d != nullptr && WaitForCounter(*d, "peer.connected", 1);
+  }
+};
+
+// Layer `l` of each of `blocks`, as SaveLayer takes it.
+std::vector<std::span<const std::byte>> LayerOf(const std::vector<std::vector<std::byte>>& blocks, uint32_t l) {
+  std::vector<std::span<const std::byte>> src;
+  for (const auto& b : blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
+  return src;
+}
+
 class PeerDaemon : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { ::setenv("UCX_TLS", GetParam(), 1); }  // the daemons inherit it
@@ -225,30 +249,20 @@ TEST_P(PeerDaemon, AKilledSourceCostsTheReaderItsHitsNotItsService) {
 // load of the same keys has layer 0 in place while the prefill node has
 // not written the last layer, and the whole prefix byte-exact once it has.
 TEST_P(PeerDaemon, PrefillHandsItsLayersToDecodeBeforeTheLastIsWritten) {
-  constexpr uint32_t kLayers = 4;  // TestNamespace's
-  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
-  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
-  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
-  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
-  ASSERT_TRUE(prefill.running() && decode.running());
-  auto p = ConnectTo(prefill);
-  auto d = ConnectTo(decode);
-  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1)) << LogOf(decode);
+  PrefillDecode pair;
+  ASSERT_TRUE(pair.Start()) << LogOf(pair.decode);
+  auto& p = pair.p;
+  auto& d = pair.d;
   const auto keys = TestKeys(TestNamespace(), 8, 51);
   std::vector<std::vector<std::byte>> blocks;
   for (const auto& k : keys) blocks.push_back(Block(k, kBlockBytes));
-  auto layer_of = [&](uint32_t l) {
-    std::vector<std::span<const std::byte>> src;
-    for (const auto& b : blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
-    return src;
-  };
 
   auto save = p->BeginSave(0, keys);
   ASSERT_TRUE(save.ok()) << save.status().ToString();
   ASSERT_TRUE(save->PublishToPeers().ok());
-  ASSERT_TRUE(save->SaveLayer(0, layer_of(0)).ok());
+  ASSERT_TRUE(save->SaveLayer(0, LayerOf(blocks, 0)).ok());
   // The decode node finds the prefix on the prefill node once layer 0 is published there.
-  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(decode);
+  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(pair.decode);
   auto load = d->BeginLoad(0, keys);
   ASSERT_TRUE(load.ok()) << load.status().ToString();
   ASSERT_TRUE(load->WaitLayer(0).ok());
@@ -260,7 +274,7 @@ TEST_P(PeerDaemon, PrefillHandsItsLayersToDecodeBeforeTheLastIsWritten) {
     EXPECT_TRUE(std::equal(got.begin(), got.end(), blocks[i].begin())) << i;
   }
   // The rest of the prefill, layer by layer, then its commit.
-  for (uint32_t l = 1; l < kLayers; ++l) ASSERT_TRUE(save->SaveLayer(l, layer_of(l)).ok());
+  for (uint32_t l = 1; l < kLayers; ++l) ASSERT_TRUE(save->SaveLayer(l, LayerOf(blocks, l)).ok());
   auto committed = save->FinishSave();
   ASSERT_TRUE(committed.ok());
   for (const Status& st : *committed) EXPECT_TRUE(st.ok()) << st.ToString();
@@ -294,15 +308,10 @@ TEST_P(PeerDaemon, PrefillHandsItsLayersToDecodeBeforeTheLastIsWritten) {
 // decode node took it while it was still being written, at once when it
 // was taken after the commit.
 TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
-  constexpr uint32_t kLayers = 4;
-  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
-  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
-  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
-  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
-  ASSERT_TRUE(prefill.running() && decode.running());
-  auto p = ConnectTo(prefill);
-  auto d = ConnectTo(decode);
-  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1)) << LogOf(decode);
+  PrefillDecode pair;
+  ASSERT_TRUE(pair.Start()) << LogOf(pair.decode);
+  auto& p = pair.p;
+  auto& d = pair.d;
   auto held_by_prefill = [&](const std::vector<BlockKey>& keys) {
     size_t n = 0;
     for (const BlockKey& k : keys) {
@@ -315,7 +324,7 @@ TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
     auto load = d->BeginLoad(0, keys);
     ASSERT_TRUE(load.ok()) << load.status().ToString();
     ASSERT_TRUE(load->WaitAll().ok());
-    ASSERT_EQ(load->usable_prefix(), keys.size()) << LogOf(decode);
+    ASSERT_EQ(load->usable_prefix(), keys.size()) << LogOf(pair.decode);
     for (size_t i = 0; i < keys.size(); ++i) {
       for (uint32_t l = 0; l < kLayers; ++l) {
         auto got = load->LayerSpan(i, l);
@@ -334,14 +343,10 @@ TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
   ASSERT_TRUE(save.ok()) << save.status().ToString();
   ASSERT_TRUE(save->PublishToPeers(/*free_when_taken=*/true).ok());
   EXPECT_EQ(save->PublishToPeers(false).code(), StatusCode::kInvalidArgument) << "the first call decided";
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    std::vector<std::span<const std::byte>> src;
-    for (const auto& b : blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
-    ASSERT_TRUE(save->SaveLayer(l, src).ok());
-  }
-  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(decode);
+  for (uint32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(save->SaveLayer(l, LayerOf(blocks, l)).ok());
+  ASSERT_TRUE(WaitFound(*d, keys)) << LogOf(pair.decode);
   load_all(keys, blocks);
-  ASSERT_TRUE(WaitForCounter(*p, "peer_server.taken", static_cast<int64_t>(keys.size()))) << LogOf(prefill);
+  ASSERT_TRUE(WaitForCounter(*p, "peer_server.taken", static_cast<int64_t>(keys.size()))) << LogOf(pair.prefill);
   EXPECT_EQ(StatsCounters(*p)["engine.handoffs_freed"], 0) << "not committed yet: nothing to free";
   auto committed = save->FinishSave();
   ASSERT_TRUE(committed.ok());
@@ -356,16 +361,12 @@ TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
   auto save2 = p->BeginSave(0, later);
   ASSERT_TRUE(save2.ok());
   ASSERT_TRUE(save2->PublishToPeers(true).ok());
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    std::vector<std::span<const std::byte>> src;
-    for (const auto& b : later_blocks) src.push_back(std::span(b).subspan(l * kLayerBytes, kLayerBytes));
-    ASSERT_TRUE(save2->SaveLayer(l, src).ok());
-  }
+  for (uint32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(save2->SaveLayer(l, LayerOf(later_blocks, l)).ok());
   ASSERT_TRUE(save2->FinishSave().ok());
   EXPECT_EQ(held_by_prefill(later), later.size()) << "on the prefill node until the decode node has it";
   load_all(later, later_blocks);
   ASSERT_TRUE(WaitForCounter(*p, "engine.handoffs_freed", static_cast<int64_t>(keys.size() + later.size())))
-      << LogOf(prefill);
+      << LogOf(pair.prefill);
   EXPECT_EQ(held_by_prefill(later), 0u);
   // The decode node holds both prefixes itself.
   auto on_decode = d->Lookup(0, later);
@@ -377,15 +378,10 @@ TEST_P(PeerDaemon, AHandedOffPrefixLeavesThePrefillNodeOnceDecodeHasIt) {
 // load fails those blocks within peer.timeout_ms, and its connection to the
 // prefill node stays up.
 TEST_P(PeerDaemon, APrefillThatStopsWritingFailsTheLoadNotThePeer) {
-  constexpr uint32_t kLayers = 4;
-  constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
-  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
-  DaemonProcess prefill(KVTIERD_PATH, "", PeerToml(pp, {pp, pd}));
-  DaemonProcess decode(KVTIERD_PATH, "", PeerToml(pd, {pp, pd}));
-  ASSERT_TRUE(prefill.running() && decode.running());
-  auto p = ConnectTo(prefill);
-  auto d = ConnectTo(decode);
-  ASSERT_TRUE(WaitForCounter(*d, "peer.connected", 1));
+  PrefillDecode pair;
+  ASSERT_TRUE(pair.Start()) << LogOf(pair.decode);
+  auto& p = pair.p;
+  auto& d = pair.d;
   const auto keys = TestKeys(TestNamespace(), 2, 61);
   auto save = p->BeginSave(0, keys);
   ASSERT_TRUE(save.ok());
@@ -402,7 +398,7 @@ TEST_P(PeerDaemon, APrefillThatStopsWritingFailsTheLoadNotThePeer) {
   ASSERT_TRUE(load->End().ok());
   EXPECT_GE(StatsCounters(*d)["peer.watch_timeouts"], 1);
   EXPECT_EQ(StatsCounters(*d)["peer.connected"], 1) << "the peer answered: it stays connected";
-  EXPECT_EQ(StatsCounters(*d)["peer.stalls"], 0) << LogOf(decode);
+  EXPECT_EQ(StatsCounters(*d)["peer.stalls"], 0) << LogOf(pair.decode);
 }
 
 // With tenants: a tenant's blocks on one node are found by the same
