@@ -1,5 +1,7 @@
 #include "tiers/peer/peer_protocol.h"
 
+#include <algorithm>
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -285,6 +287,13 @@ Result<PeerWelcome> DecodeWelcome(std::span<const std::byte> body) {
     m.regions.push_back(std::move(r));
   }
   if (Status s = in.End("welcome"); !s.ok()) return s;
+  std::vector<uint32_t> ids;
+  for (const PeerRegion& r : m.regions) ids.push_back(r.id);
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+    return InvalidArgument("peer welcome: region " + std::to_string(*std::adjacent_find(ids.begin(), ids.end())) +
+                           " named twice");
+  }
   return m;
 }
 // Query's and Taken's body: a namespace and at most kMaxPeerQueryKeys keys.

@@ -168,7 +168,8 @@ std::vector<std::byte> EncodePeer(uint64_t request, const PeerTaken& m);
 // The header; InvalidArgument for a short message, another version or an
 // unknown type.
 Result<PeerEnvelope> OpenPeer(std::span<const std::byte> message);
-// Bodies; InvalidArgument when short, long, or past a bound above.
+// Bodies; InvalidArgument when short, long, or past a bound above (and a
+// Welcome that names a region twice).
 Result<PeerHello> DecodeHello(std::span<const std::byte> body);
 Result<PeerChallenge> DecodeChallenge(std::span<const std::byte> body);
 Result<PeerProof> DecodeProof(std::span<const std::byte> body);
