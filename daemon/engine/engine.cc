@@ -202,26 +202,30 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                    std::span<const uint64_t> checksums, std::span<const uint64_t> layer_checksums) {
   std::vector<Status> out = writer_->Commit(connection, ns, keys, sizes, checksums, layer_checksums);
-  if (!published_.taken_while_reserved()) return out;
-  // Blocks a peer took while they were being written leave now (hand-offs).
-  std::vector<BlockKey> committed;
-  for (size_t i = 0; i < keys.size() && i < out.size(); ++i) {
-    if (out[i].ok()) committed.push_back(keys[i]);
-  }
-  if (auto taken = published_.Committed(connection, ns, committed); !taken.empty()) {
-    Bump(counters_.handoffs_freed, static_cast<int64_t>(Erase(ns, taken)));
-  }
+  if (!published_.has_handoffs()) return out;
+  // Blocks a peer took while they were being written leave now (hand-offs); refused ones lose their marks.
+  std::vector<BlockKey> committed, refused;
+  for (size_t i = 0; i < keys.size() && i < out.size(); ++i) (out[i].ok() ? committed : refused).push_back(keys[i]);
+  if (!refused.empty()) published_.Aborted(connection, refused);
+  if (auto taken = published_.Committed(connection, ns, committed); !taken.empty()) EraseHandedOff(ns, taken);
   return out;
 }
 
 size_t Engine::TakenByPeer(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   std::vector<BlockKey> now = published_.Taken(ns, keys);
-  const size_t freed = now.empty() ? 0 : Erase(ns, now);
+  return now.empty() ? 0 : EraseHandedOff(ns, now);
+}
+
+size_t Engine::EraseHandedOff(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  holder_->EndHolds(ns, keys);
+  // This node's copies only: the remote tier's pool is other nodes' too.
+  const size_t freed = eraser_->Erase(ns, keys, Eraser::Reach::kThisNode);
   Bump(counters_.handoffs_freed, static_cast<int64_t>(freed));
   return freed;
 }
 
 size_t Engine::Abort(ConnectionId connection, std::span<const BlockKey> keys) {
+  published_.Aborted(connection, keys);
   return writer_->Abort(connection, keys);
 }
 

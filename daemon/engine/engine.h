@@ -290,6 +290,9 @@ class Engine {
   void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:
+  // Erases handed-off blocks taken by a peer from this node's tiers
+  // (Eraser::Reach::kThisNode), counted in engine.handoffs_freed.
+  size_t EraseHandedOff(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
   Engine(const EngineOptions& options, HostTier& host, const Clock& clock);
 
   static constexpr size_t kAboveLevel = std::numeric_limits<size_t>::max();  // Located::level above the host

@@ -10,7 +10,7 @@ Eraser::Eraser(const std::vector<std::unique_ptr<BlockIndex>>& shards,
                const std::vector<std::unique_ptr<TierLevel>>& below, EngineCounters& counters, Hooks hooks)
     : shards_(shards), below_(below), counters_(counters), hooks_(std::move(hooks)) {}
 
-size_t Eraser::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+size_t Eraser::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, Reach reach) {
   size_t erased = 0;
   for (const BlockKey& key : keys) {
     BlockIndex& shard = ShardOf(shards_, key);
@@ -37,6 +37,7 @@ size_t Eraser::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
       moving = true;
     }
     for (const auto& b : below_) {
+      if (reach == Reach::kThisNode && b->reported == Tier::kRemote) continue;
       auto info = b->tier->Find(key);
       if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
     }

@@ -13,6 +13,8 @@
 //                  tier stores under the key, so that a write in flight
 //                  is cancelled.
 //   the tier above Hooks::erase_above, if there is one.
+// With Reach::kThisNode (a hand-off's block a peer took) the levels off
+// this node (reported remote: the shared pool, the peer tier) are left.
 // A key counts as erased when any tier held it under `ns` or it was
 // moving; the count is returned and added to engine.erases. Operator
 // holds on the keys are the caller's to end (Holder::EndHolds).
@@ -51,9 +53,13 @@ class Eraser {
   Eraser(const Eraser&) = delete;
   Eraser& operator=(const Eraser&) = delete;
 
-  // Erases `keys` of `ns` from every tier (see above); returns how many
-  // there were.
-  size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+  // Which tiers an erase reaches: all of them, or this node's only (not
+  // the levels off this node, reported as remote: the remote pool, which
+  // other nodes share, and the peer tier).
+  enum class Reach { kEveryTier, kThisNode };
+  // Erases `keys` of `ns` from the tiers `reach` names (see above);
+  // returns how many there were.
+  size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, Reach reach = Reach::kEveryTier);
 
  private:
   const std::vector<std::unique_ptr<BlockIndex>>& shards_;

@@ -64,6 +64,8 @@ std::vector<Status> PublishedLayers::Publish(ConnectionId writer, const Namespac
     }
     const auto sums = layer_checksums.subspan(i * (end - first), end - first);
     e.partial.layer_checksums.insert(e.partial.layer_checksums.end(), sums.begin(), sums.end());
+    // Marked before any reader can see these layers, so that its Taken finds the mark.
+    MarkHandoff(writer, ns, key, e.partial.offset, free_when_taken);
     published.push_back(key);
   }
   std::shared_ptr<Listener> listener;
@@ -79,7 +81,17 @@ std::vector<Status> PublishedLayers::Publish(ConnectionId writer, const Namespac
         return !entries_.contains(k);
       });
     }
-    if (free_when_taken) MarkHandoffs(writer, ns, published);
+    while (handoffs_.size() > max_blocks_ && !handoff_order_.empty()) {
+      auto it = handoffs_.find(handoff_order_.front());
+      if (it != handoffs_.end()) DropMark(it);
+      handoff_order_.pop_front();
+    }
+    if (handoff_order_.size() > 2 * handoffs_.size() + 1024) {
+      std::erase_if(handoff_order_, [this](const BlockKey& k) {
+        mu_.AssertHeld();
+        return !handoffs_.contains(k);
+      });
+    }
     listener = listener_;
   }
   if (listener != nullptr && *listener) {
@@ -110,34 +122,39 @@ void PublishedLayers::EndConnection(ConnectionId writer) {
   MutexLock lock(mu_);
   std::erase_if(entries_, [writer](const auto& entry) { return entry.second.writer == writer; });
   if (taken_reserved_.load(std::memory_order_relaxed) == 0) return;
-  std::erase_if(handoffs_, [this, writer](const auto& mark) {
-    const bool ends = mark.second.writer == writer && mark.second.taken;
-    if (ends) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
-    return ends;
-  });
+  for (auto it = handoffs_.begin(); it != handoffs_.end();) {
+    auto next = std::next(it);
+    if (it->second.writer == writer && it->second.taken) DropMark(it);
+    it = next;
+  }
 }
 
-void PublishedLayers::MarkHandoffs(ConnectionId writer, const NamespaceFingerprint& ns,
-                                   std::span<const BlockKey> keys) {
+void PublishedLayers::MarkHandoff(ConnectionId writer, const NamespaceFingerprint& ns, const BlockKey& key,
+                                  uint64_t offset, bool free_when_taken) {
+  auto it = handoffs_.find(key);
+  const bool same =
+      it != handoffs_.end() && it->second.writer == writer && it->second.ns == ns && it->second.offset == offset;
+  if (same) return;  // this save's own mark, taken or not
+  // Another save of the key (another writer, or another reservation): an older mark is not its.
+  if (it != handoffs_.end()) DropMark(it);
+  if (!free_when_taken) return;
+  handoffs_.emplace(key, Handoff{writer, ns, offset, false});
+  marks_.fetch_add(1, std::memory_order_relaxed);
+  handoff_order_.push_back(key);
+}
+
+void PublishedLayers::DropMark(std::unordered_map<BlockKey, Handoff>::iterator it) {
+  if (it->second.taken) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
+  marks_.fetch_sub(1, std::memory_order_relaxed);
+  handoffs_.erase(it);
+}
+
+void PublishedLayers::Aborted(ConnectionId writer, std::span<const BlockKey> keys) {
+  if (marks_.load(std::memory_order_relaxed) == 0) return;
+  MutexLock lock(mu_);
   for (const BlockKey& key : keys) {
-    auto [it, added] = handoffs_.try_emplace(key);
-    if (it->second.taken) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
-    it->second = Handoff{writer, ns, false};
-    if (added) handoff_order_.push_back(key);
-  }
-  while (handoffs_.size() > max_blocks_ && !handoff_order_.empty()) {
-    auto it = handoffs_.find(handoff_order_.front());
-    if (it != handoffs_.end()) {
-      if (it->second.taken) taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
-      handoffs_.erase(it);
-    }
-    handoff_order_.pop_front();
-  }
-  if (handoff_order_.size() > 2 * handoffs_.size() + 1024) {
-    std::erase_if(handoff_order_, [this](const BlockKey& k) {
-      mu_.AssertHeld();
-      return !handoffs_.contains(k);
-    });
+    auto it = handoffs_.find(key);
+    if (it != handoffs_.end() && it->second.writer == writer) DropMark(it);
   }
 }
 
@@ -156,9 +173,13 @@ std::vector<BlockKey> PublishedLayers::Taken(const NamespaceFingerprint& ns, std
     {
       MutexLock lock(mu_);
       auto it = handoffs_.find(key);
-      if (it == handoffs_.end() || it->second.ns != ns || it->second.taken) continue;
-      if (!reserved || it->second.writer != mark.writer) {
-        handoffs_.erase(it);
+      // Marked again meanwhile (another save of the key): not the block this reader took.
+      if (it == handoffs_.end() || it->second.taken || it->second.writer != mark.writer ||
+          it->second.offset != mark.offset || it->second.ns != ns) {
+        continue;
+      }
+      if (!reserved) {
+        DropMark(it);
         now.push_back(key);
         continue;
       }
@@ -169,9 +190,11 @@ std::vector<BlockKey> PublishedLayers::Taken(const NamespaceFingerprint& ns, std
     if (find_(mark.writer, ns, key).has_value()) continue;
     MutexLock lock(mu_);
     auto it = handoffs_.find(key);
-    if (it == handoffs_.end() || !it->second.taken || it->second.writer != mark.writer) continue;
-    taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
-    handoffs_.erase(it);
+    if (it == handoffs_.end() || !it->second.taken || it->second.writer != mark.writer ||
+        it->second.offset != mark.offset) {
+      continue;
+    }
+    DropMark(it);
     now.push_back(key);
   }
   return now;
@@ -185,8 +208,7 @@ std::vector<BlockKey> PublishedLayers::Committed(ConnectionId writer, const Name
   for (const BlockKey& key : keys) {
     auto it = handoffs_.find(key);
     if (it == handoffs_.end() || !it->second.taken || it->second.writer != writer || it->second.ns != ns) continue;
-    taken_reserved_.fetch_sub(1, std::memory_order_relaxed);
-    handoffs_.erase(it);
+    DropMark(it);
     taken.push_back(key);
   }
   return taken;

@@ -95,6 +95,9 @@ class PublishedLayers {
   // reservation (checked now); nullopt otherwise (and the entry goes).
   std::optional<Partial> Find(const NamespaceFingerprint& ns, const BlockKey& key) EXCLUDES(mu_);
 
+  // `writer`'s reservations of `keys` ended without a commit (aborted, or
+  // a commit refused): their hand-off marks go.
+  void Aborted(ConnectionId writer, std::span<const BlockKey> keys) EXCLUDES(mu_);
   // Every entry of `writer` goes (its connection closed), and the marks of
   // its blocks taken while reserved (those reservations end uncommitted).
   void EndConnection(ConnectionId writer) EXCLUDES(mu_);
@@ -110,6 +113,7 @@ class PublishedLayers {
   // Whether a block taken while reserved waits for its commit (a relaxed
   // read: a commit checks it before Committed).
   bool taken_while_reserved() const { return taken_reserved_.load(std::memory_order_relaxed) != 0; }
+  bool has_handoffs() const { return marks_.load(std::memory_order_relaxed) != 0; }  // a relaxed read
 
  private:
   struct Entry {
@@ -119,10 +123,15 @@ class PublishedLayers {
   struct Handoff {
     ConnectionId writer = 0;
     NamespaceFingerprint ns;
-    bool taken = false;  // taken while reserved: freed at its commit
+    uint64_t offset = 0;  // of the reservation: a mark names one save of its key
+    bool taken = false;   // taken while reserved: freed at its commit
   };
-  // Marks `keys` handed off by `writer`; drops the oldest past the bound.
-  void MarkHandoffs(ConnectionId writer, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) REQUIRES(mu_);
+  // A publication of `key` by `writer` (its reservation at `offset`):
+  // keeps this save's mark, drops another save's, and marks it when
+  // `free_when_taken`.
+  void MarkHandoff(ConnectionId writer, const NamespaceFingerprint& ns, const BlockKey& key, uint64_t offset,
+                   bool free_when_taken) REQUIRES(mu_);
+  void DropMark(std::unordered_map<BlockKey, Handoff>::iterator it) REQUIRES(mu_);
 
   const FindReserved find_;
   const LayerCount layer_count_;
@@ -133,6 +142,7 @@ class PublishedLayers {
   std::shared_ptr<Listener> listener_ GUARDED_BY(mu_);
   std::unordered_map<BlockKey, Handoff> handoffs_ GUARDED_BY(mu_);
   std::deque<BlockKey> handoff_order_ GUARDED_BY(mu_);  // marking order, for the bound (may hold keys gone since)
+  std::atomic<size_t> marks_{0};                        // handoffs_.size(), read without the lock
   std::atomic<size_t> taken_reserved_{0};               // marks with `taken` set: Committed looks only then
 };
 

@@ -358,9 +358,10 @@ class LayerSave {
   // becomes visible on this node before FinishSave. Costs a hash of each
   // layer. `free_when_taken`: the save is a hand-off (a prefill node's, for
   // one decode node): once a peer has read a block whole, every layer
-  // verified, the block leaves this node (at its commit at the latest), as
-  // if erased; the first call decides it, a later call asking otherwise is
-  // InvalidArgument. FailedPrecondition once finished or aborted.
+  // verified, the block leaves this node's tiers (at its commit at the
+  // latest; not the shared remote pool); the first call decides it, a
+  // later call asking otherwise is InvalidArgument. FailedPrecondition once
+  // finished or aborted.
   Status PublishToPeers(bool free_when_taken = false);
   // Commits every Ok block in one request (the daemon checksums each);
   // one Status per block as Reservation::Commit. FailedPrecondition, with

@@ -86,6 +86,21 @@ TEST_F(EraserTest, ACommittedBlockGoesFromEveryTierAndOnlyItsNamespaces) {
   EXPECT_EQ(counters_.erases.load(), 2);
 }
 
+TEST_F(EraserTest, AnEraseOfThisNodeLeavesTheLevelsOffIt) {
+  Make(false);
+  levels_[1]->reported = Tier::kRemote;  // the lowest level is off this node (the remote pool, a peer)
+  Commit(1, kNs);
+  Store(1, kNs);
+  StoreLower(1, kNs);
+  const BlockKey key = Key(1);
+  EXPECT_EQ(eraser_->Erase(kNs, {&key, 1}, Eraser::Reach::kThisNode), 1u);
+  EXPECT_FALSE(Entry(key).has_value());
+  EXPECT_FALSE(map_.Find(key).has_value());
+  EXPECT_TRUE(lower_.Find(key).has_value()) << "the shared pool keeps its copy";
+  EXPECT_EQ(eraser_->Erase(kNs, {&key, 1}), 1u) << "every tier: the pool's copy goes too";
+  EXPECT_FALSE(lower_.Find(key).has_value());
+}
+
 TEST_F(EraserTest, APinnedBlockLivesOnAsAZombieUntilItsLastRelease) {
   Make(false);
   Commit(5, kNs);

@@ -139,6 +139,40 @@ TEST_F(PublishedLayersTest, AHandedOffBlockNotTakenOutlivesItsCommitAndItsWriter
   EXPECT_EQ(published_.Taken(kNs, std::span(&key, 1)), std::vector<BlockKey>{key}) << "taken later, it goes";
 }
 
+TEST_F(PublishedLayersTest, AMarkTakenBetweenTwoLayersOfItsSaveStaysTaken) {
+  const BlockKey key{1, 1};
+  reserved_[key] = {7, 0};
+  const uint64_t first[] = {1};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, first, /*free_when_taken=*/true)[0].ok());
+  EXPECT_TRUE(published_.Taken(kNs, std::span(&key, 1)).empty());
+  const uint64_t rest[] = {2, 3, 4};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 1, 4, rest, /*free_when_taken=*/true)[0].ok());
+  EXPECT_TRUE(published_.taken_while_reserved()) << "the same save's next layers keep its mark as it was";
+  reserved_.erase(key);
+  EXPECT_EQ(published_.Committed(7, kNs, std::span(&key, 1)), std::vector<BlockKey>{key});
+}
+
+TEST_F(PublishedLayersTest, AnAbortOrAnotherSaveOfTheKeyDropsItsMark) {
+  const BlockKey key{1, 1};
+  const uint64_t sum[] = {1};
+  // Taken while reserved, then aborted: nothing to free, ever.
+  reserved_[key] = {7, 0};
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  EXPECT_TRUE(published_.Taken(kNs, std::span(&key, 1)).empty());
+  published_.Aborted(7, std::span(&key, 1));
+  EXPECT_EQ(published_.handoffs(), 0u);
+  EXPECT_FALSE(published_.taken_while_reserved());
+  // Another writer saves the key without a hand-off: the old mark is not its own.
+  reserved_[key] = {7, 8192};  // reserved again
+  ASSERT_TRUE(published_.Publish(7, kNs, std::span(&key, 1), 0, 1, sum, /*free_when_taken=*/true)[0].ok());
+  EXPECT_EQ(published_.handoffs(), 1u);
+  reserved_[key] = {8, 4096};
+  ASSERT_TRUE(published_.Publish(8, kNs, std::span(&key, 1), 0, 1, sum)[0].ok());
+  EXPECT_EQ(published_.handoffs(), 0u);
+  reserved_.erase(key);
+  EXPECT_TRUE(published_.Taken(kNs, std::span(&key, 1)).empty()) << "that save is not a hand-off";
+}
+
 TEST_F(PublishedLayersTest, AtMostMaxBlocksHandOffMarksAreKept) {
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 5; ++i) {

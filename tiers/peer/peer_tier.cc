@@ -56,7 +56,7 @@ struct PeerTier::PinState {
   SteadyClock::time_point progressed{};  // when its last layers came (a watch waits `timeout` from here)
   PeerPinned grant;                      // grant.layers_ready < layer_count: still being written on its peer
   uint32_t queued = 0;                   // reads of it in its member's queue
-  uint32_t users = 0;                    // gets in flight
+  uint32_t users = 0;                    // gets in flight or being verified
   SteadyClock::time_point idle_since{};
   std::vector<bool> verified;  // per layer: read and verified under this pin
   uint32_t verified_count = 0;
@@ -423,13 +423,12 @@ void PeerTier::IssueGet(PinState& pin, std::shared_ptr<ReadOp> op) {
 void PeerTier::GetDone(std::shared_ptr<ReadOp> op, ucs_status_t status) {
   Member& m = *members_[op->member];
   m.gets.erase(op.get());
-  if (auto it = pins_.find(op->key); it != pins_.end() && it->second->id == op->pin && it->second->users > 0) {
-    if (--it->second->users == 0) it->second->idle_since = SteadyClock::now();
-  }
   if (status != UCS_OK) {
+    Verified(op->key, op->pin, op->first, op->first);  // the pin's use ends, nothing verified
     return Finish(op, IoError(std::string("peer tier: get from ") + m.address.text + ": " + ucs_status_string(status)));
   }
-  // Verify off the UCX thread: one pass over the bytes.
+  // Verify off the UCX thread: one pass over the bytes. The pin stays in
+  // use until the outcome is back on the node thread (Verified).
   completions_->Post([this, op] {
     LayerRead read;
     read.bytes = op->dst.size();
@@ -439,6 +438,7 @@ void PeerTier::GetDone(std::shared_ptr<ReadOp> op, ucs_status_t status) {
         corrupt_.fetch_add(1, std::memory_order_relaxed);
         read_failures_.fetch_add(1, std::memory_order_relaxed);
         Forget(op->key);
+        node_->Post([this, key = op->key, pin = op->pin, first = op->first] { Verified(key, pin, first, first); });
         return op->done(IoError("peer tier: layer " + std::to_string(op->first + i) +
                                 " does not match the checksum its peer recorded"));
       }
@@ -455,6 +455,7 @@ void PeerTier::Verified(const BlockKey& key, uint64_t pin_id, uint32_t first, ui
   auto it = pins_.find(key);
   if (it == pins_.end() || it->second->id != pin_id) return;
   PinState& pin = *it->second;
+  if (pin.users > 0 && --pin.users == 0) pin.idle_since = SteadyClock::now();
   const uint32_t layers = pin.grant.layer_count;
   if (layers == 0 || pin.verified_count == layers) return;
   pin.verified.resize(layers);

@@ -159,8 +159,9 @@ class PeerTier final : public BlockTier, public Prober {
   void IssueGet(PinState& pin, std::shared_ptr<ReadOp> op);
   void GetDone(std::shared_ptr<ReadOp> op, ucs_status_t status);
   void Finish(std::shared_ptr<ReadOp> op, Result<LayerRead> result);
-  // Layers [first, last) of `key` were verified under pin `pin_id`: once
-  // every layer of the block was, it is queued for its peer's Taken.
+  // A get under pin `pin_id` ended, layers [first, last) of `key` verified
+  // (none when it failed): the pin's use ends; once every layer of the
+  // block was verified, it is queued for its peer's Taken.
   void Verified(const BlockKey& key, uint64_t pin_id, uint32_t first, uint32_t last);
   // Tells `m` which blocks were read whole since the last time (Taken).
   void SendTaken(Member& m);

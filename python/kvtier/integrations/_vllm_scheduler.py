@@ -27,6 +27,14 @@ from kvtier.integrations._vllm_plan import (GroupSpan, KvtierConnectorMetadata, 
 logger = logging.getLogger("kvtier.vllm")
 
 
+def _known_tokens(state, request):
+    """Tokens of `request` whose kvtier keys are known: the prompt, and what
+    save_decode keyed of its output (at most what the request holds now)."""
+    total = getattr(request, "num_tokens", None)
+    known = len(state.context())
+    return known if total is None else min(known, total)
+
+
 class _Scope:
     """The base model's or one adapter's namespaces (one per rank), hashers
     and client (None while kvtierd cannot be reached)."""
@@ -183,7 +191,9 @@ class SchedulerSide:
         announced and loads asynchronously (handoff_async)."""
         g = self._g
         state = self._state(request)
-        usable = (len(state.tokens) - 1) // g.block_tokens  # leave a token to compute
+        # Leave a token to compute. The context: a request resumed after a
+        # preemption may load the blocks its decoding saved (save_decode).
+        usable = (_known_tokens(state, request) - 1) // g.block_tokens
         client = self._scope(state.adapter).client
         if state.handoff is not None and not state.handoff.checked:
             self._check_handoff(state, client)
@@ -253,7 +263,7 @@ class SchedulerSide:
         if not num_external_tokens or state.hits is None:
             return
         g = self._g
-        end = min(state.hits, (len(state.tokens) - 1) // g.block_tokens)
+        end = min(state.hits, (_known_tokens(state, request) - 1) // g.block_tokens)
         local = end * g.block_tokens - num_external_tokens
         state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
         state.load = (local // g.block_tokens, end, (local % g.block_tokens) // g.engine_block)

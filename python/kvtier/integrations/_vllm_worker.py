@@ -294,7 +294,12 @@ class WorkerSide:
                 try:
                     if spec.handoff:
                         # D reads each block once: P's copy goes as soon as D has it.
-                        save.publish_to_peers(free_when_taken=True)
+                        try:
+                            save.publish_to_peers(free_when_taken=True)
+                        except TypeError:  # a kvtier binding older than hand-offs
+                            logger.warning("kvtier: this kvtier package cannot free hand-offs "
+                                           "(handoff_free_source): P keeps its copies")
+                            save.publish_to_peers()
                     else:
                         save.publish_to_peers()
                 except (kvtier.Error, AttributeError, TypeError) as e:
