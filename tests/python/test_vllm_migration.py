@@ -31,13 +31,13 @@ The tiny real model (tiny_model.py) is bit-exact by construction whatever
 the chunking: S's and T's tokens and logits must equal, bit for bit, one
 engine computing the whole request without interruption."""
 
-import socket
 import time
 
 import pytest
 import torch
 
 import kvtier
+from peer_pair import start_peer_pair, stats
 from vllm_harness import (deterministic, model,  # noqa: F401 (fixtures)
                           BLOCK_TOKENS, computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt,
                           rank_keys, reference_engine, run_request)
@@ -49,41 +49,11 @@ AFTER = 6                    # tokens T generates after it
 REQ = "r"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def peer_toml(key_file, listen, members):
-    return (f'[remote]\nkey_file = "{key_file}"\n'
-            f'[peer]\nlisten = "127.0.0.1:{listen}"\nmembers = "{",".join(f"127.0.0.1:{m}" for m in members)}"\n'
-            f'probe_timeout_ms = 500\ntimeout_ms = 2000\nretry_ms = 100\n')
-
-
-def stats(daemon, namespace):
-    with kvtier.Client(daemon.socket_path, [namespace], client_name="test") as c:
-        return c.stats()
-
-
 @pytest.fixture
 def nodes(make_daemon, monkeypatch, tmp_path):
     """kvtierd A (the source node) and B (the destination), peers of each
     other: one cluster secret, UCX over TCP on loopback."""
-    monkeypatch.setenv("UCX_TLS", "tcp")  # the daemons inherit it
-    key_file = tmp_path / "cluster.key"
-    pa, pb = free_port(), free_port()
-    a = make_daemon(extra=peer_toml(key_file, pa, [pa, pb]))
-    b = make_daemon(extra=peer_toml(key_file, pb, [pa, pb]))
-    ns = kvtier.Namespace(model_id="probe", model_revision="r", kv_dtype="fp32", block_tokens=16, layer_count=1,
-                          bytes_per_token_per_layer=16)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if all(stats(x, ns).get("peer.connected", 0) >= 1 for x in (a, b)):
-            a.peer_address = f"127.0.0.1:{pa}"
-            return a, b
-        time.sleep(0.05)
-    pytest.fail(f"the daemons did not connect as peers:\n{a.log.read_text()}\n{b.log.read_text()}")
+    return start_peer_pair(make_daemon, monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import torch
 
 import kvtier
 from mini_vllm import MiniEngine, make_kv_cache_config, make_vllm_config
+from peer_pair import start_peer_pair, stats
 from vllm_harness import (deterministic, model,  # noqa: F401 (fixtures)
                           BLOCK_TOKENS, computed_at_start, drain_commits, greedy_generate, kvtier_engine, prompt,
                           rank_keys, run_request)
@@ -258,42 +259,11 @@ def test_tensor_parallel_workers_each_report(model, daemon):
 
 # ---- two daemons: P's kvtierd and D's, peers of each other ----
 
-def peer_toml(key_file, listen, members, probe_ms=500):
-    return (f'[remote]\nkey_file = "{key_file}"\n'
-            f'[peer]\nlisten = "127.0.0.1:{listen}"\nmembers = "{",".join(f"127.0.0.1:{m}" for m in members)}"\n'
-            f'probe_timeout_ms = {probe_ms}\ntimeout_ms = 2000\nretry_ms = 100\n')
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def counters(daemon, namespace):
-    with kvtier.Client(daemon.socket_path, [namespace], client_name="test") as c:
-        return c.stats()
-
-
 @pytest.fixture
 def peer_pair(make_daemon, monkeypatch, tmp_path):
-    """Two kvtierd processes listing each other in [peer] members, one cluster secret, UCX over TCP."""
-    monkeypatch.setenv("UCX_TLS", "tcp")  # the daemons inherit it
-    key_file = tmp_path / "cluster.key"
-    pp, pd = free_port(), free_port()
-    p_daemon = make_daemon(extra=peer_toml(key_file, pp, [pp, pd]))
-    d_daemon = make_daemon(extra=peer_toml(key_file, pd, [pp, pd]))
-    ns = kvtier.Namespace(model_id="probe", model_revision="r", kv_dtype="fp32", block_tokens=16, layer_count=1,
-                          bytes_per_token_per_layer=16)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if all(counters(x, ns).get("peer.connected", 0) >= 1 for x in (p_daemon, d_daemon)):
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"the daemons did not connect as peers:\n{p_daemon.log.read_text()}\n{d_daemon.log.read_text()}")
-    return p_daemon, d_daemon, f"127.0.0.1:{pp}"
+    """P's kvtierd and D's, listing each other in [peer] members, one cluster secret, UCX over TCP."""
+    p_daemon, d_daemon = start_peer_pair(make_daemon, monkeypatch, tmp_path)
+    return p_daemon, d_daemon, p_daemon.peer_address
 
 
 def test_prefill_on_one_daemon_decode_on_another_bit_exact(model, peer_pair, single_node):
@@ -302,7 +272,7 @@ def test_prefill_on_one_daemon_decode_on_another_bit_exact(model, peer_pair, sin
     assert params["kvtier_peer"] == p_peer and params["kvtier_blocks"] == 2
     keys, namespaces = rank_keys(p, PROMPT)
     ns = namespaces[0]
-    before = counters(d_daemon, ns)
+    before = stats(d_daemon, ns)
     assert before.get("engine.blocks", 0) == 0  # D's node holds nothing of it: every byte must come from P's
 
     d, toks, logits = decode(model, d_daemon, params)
@@ -310,7 +280,7 @@ def test_prefill_on_one_daemon_decode_on_another_bit_exact(model, peer_pair, sin
     assert_handed_off(d)
     assert bit_exact(toks, logits, single_node)
     assert toks == greedy_generate(model, PROMPT, NEW_TOKENS)
-    after = counters(d_daemon, ns)
+    after = stats(d_daemon, ns)
     # The two blocks came from P's host memory through D's peer tier.
     assert after["peer.read_bytes"] - before.get("peer.read_bytes", 0) == 2 * ns.block_bytes
     assert after.get("peer.corrupt", 0) == 0
@@ -323,10 +293,10 @@ def test_a_second_decode_of_the_same_prefix_is_served_by_d_s_own_host_tier(model
     p, params = prefill(model, p_daemon, peer=p_peer)
     ns = rank_keys(p, PROMPT)[1][0]
     decode(model, d_daemon, params)
-    read = counters(d_daemon, ns)["peer.read_bytes"]
+    read = stats(d_daemon, ns)["peer.read_bytes"]
     d, toks, logits = decode(model, d_daemon, params, req_id="d2")
     assert_handed_off(d, "d2")
-    assert counters(d_daemon, ns)["peer.read_bytes"] == read  # no second pull
+    assert stats(d_daemon, ns)["peer.read_bytes"] == read  # no second pull
     assert bit_exact(toks, logits, single_node)
 
 
@@ -345,9 +315,9 @@ def test_handoff_free_source_frees_p_s_copy_once_d_has_read_it(model, peer_pair,
     assert_handed_off(d)
     assert bit_exact(toks, logits, single_node)
     deadline = time.monotonic() + 10
-    while counters(p_daemon, ns).get("engine.handoffs_freed", 0) < 2 and time.monotonic() < deadline:
+    while stats(p_daemon, ns).get("engine.handoffs_freed", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert counters(p_daemon, ns).get("engine.handoffs_freed", 0) == 2
+    assert stats(p_daemon, ns).get("engine.handoffs_freed", 0) == 2
     with kvtier.Client(p_daemon.socket_path, [ns], client_name="test") as c:
         assert kvtier.Tier.HOST not in c.lookup(0, keys[0]).tiers  # gone from P (D's copy may answer as REMOTE)
     with kvtier.Client(d_daemon.socket_path, [ns], client_name="test") as c:
@@ -362,10 +332,10 @@ def test_without_handoff_free_source_p_keeps_its_copy(model, peer_pair, single_n
     assert not any(spec.handoff for m in metas(p) for spec in m.saves)
     decode(model, d_daemon, params)
     deadline = time.monotonic() + 10
-    while counters(p_daemon, ns).get("peer_server.taken", 0) < 2 and time.monotonic() < deadline:
+    while stats(p_daemon, ns).get("peer_server.taken", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert counters(p_daemon, ns).get("peer_server.taken", 0) == 2  # D read both whole
-    assert counters(p_daemon, ns).get("engine.handoffs_freed", 0) == 0
+    assert stats(p_daemon, ns).get("peer_server.taken", 0) == 2  # D read both whole
+    assert stats(p_daemon, ns).get("engine.handoffs_freed", 0) == 0
     with kvtier.Client(p_daemon.socket_path, [ns], client_name="test") as c:
         assert c.lookup(0, keys[0]).tiers == [kvtier.Tier.HOST] * 2
 

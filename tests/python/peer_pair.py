@@ -1,0 +1,48 @@
+"""Two kvtierd processes that are peers of each other ([peer] listen and
+members, one cluster secret in [remote] key_file, UCX over TCP on
+loopback), for the tests that move KV between nodes (test_vllm_pd.py,
+test_vllm_migration.py)."""
+
+import socket
+import time
+
+import pytest
+
+import kvtier
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peer_toml(key_file, listen, members, probe_ms=500):
+    return (f'[remote]\nkey_file = "{key_file}"\n'
+            f'[peer]\nlisten = "127.0.0.1:{listen}"\nmembers = "{",".join(f"127.0.0.1:{m}" for m in members)}"\n'
+            f'probe_timeout_ms = {probe_ms}\ntimeout_ms = 2000\nretry_ms = 100\n')
+
+
+def stats(daemon, namespace):
+    """The daemon's counters, through a client of `namespace`."""
+    with kvtier.Client(daemon.socket_path, [namespace], client_name="test") as c:
+        return c.stats()
+
+
+def start_peer_pair(make_daemon, monkeypatch, tmp_path):
+    """(first daemon, second daemon), once each is connected to the other;
+    each has `peer_address`, its [peer] listen address."""
+    monkeypatch.setenv("UCX_TLS", "tcp")  # the daemons inherit it
+    key_file = tmp_path / "cluster.key"
+    ports = free_port(), free_port()
+    daemons = [make_daemon(extra=peer_toml(key_file, port, ports)) for port in ports]
+    for daemon, port in zip(daemons, ports):
+        daemon.peer_address = f"127.0.0.1:{port}"
+    ns = kvtier.Namespace(model_id="probe", model_revision="r", kv_dtype="fp32", block_tokens=16, layer_count=1,
+                          bytes_per_token_per_layer=16)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if all(stats(d, ns).get("peer.connected", 0) >= 1 for d in daemons):
+            return tuple(daemons)
+        time.sleep(0.05)
+    pytest.fail("the daemons did not connect as peers:\n" + "\n".join(d.log.read_text() for d in daemons))
