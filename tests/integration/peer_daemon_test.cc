@@ -9,12 +9,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
 #include <unistd.h>
 
+#include "tests/testing/daemon_clients.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
@@ -45,28 +44,6 @@ std::string PeerToml(int listen, const std::vector<int>& members, const std::str
          std::to_string(listen) + "\"\nmembers = \"" + list +
          "\"\nprobe_timeout_ms = 2000\ntimeout_ms = 1000\nretry_ms = 100\n"
          "[metrics]\nenabled = false\n";
-}
-
-std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket_path();
-  options.namespaces = {TestNamespace()};
-  auto client = Client::Connect(options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(*client) : nullptr;
-}
-
-bool WaitForCounter(Client& client, const std::string& name, int64_t at_least, std::chrono::seconds within = 10s) {
-  for (auto end = std::chrono::steady_clock::now() + within; std::chrono::steady_clock::now() < end;) {
-    if (StatsCounters(client)[name] >= at_least) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
-std::string LogOf(const DaemonProcess& daemon) {
-  std::ifstream in(daemon.log_path());
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Polls `client`'s lookups of `keys` until the whole prefix is found (a

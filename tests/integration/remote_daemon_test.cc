@@ -6,10 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <thread>
 
+#include "tests/testing/daemon_clients.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/test_daemon.h"
@@ -35,29 +34,6 @@ std::string RemoteToml(const std::string& nodes, const std::string& key_file = K
          "\"\nadmission = \"all\"\nretry_ms = 200\nprobe_timeout_ms = 500\n"
          "key_file = \"" +
          key_file + "\"\n[metrics]\nenabled = false\n";
-}
-
-std::unique_ptr<Client> ConnectTo(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket_path();
-  options.namespaces = {TestNamespace()};
-  auto client = Client::Connect(options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(*client) : nullptr;
-}
-
-// Polls `name` in `client`'s Stats until it reaches `at_least` (10 s).
-bool WaitForCounter(Client& client, const std::string& name, int64_t at_least) {
-  for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
-    if (StatsCounters(client)[name] >= at_least) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
-std::string LogOf(const DaemonProcess& daemon) {
-  std::ifstream in(daemon.log_path());
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 using RemoteDaemon = RedisClusterTest;
