@@ -62,6 +62,12 @@ namespace {
 // Where `key` is on this node, for a peer: placed in its HBM, host or NVMe
 // tier (the remote level, Redis and this node's own peer tier, is no more
 // this node's than the reader's).
+//
+// BeingWrittenFirst: a source looks for a block's published layers before
+// it looks for the committed block. A commit turns the reservation into the
+// committed block in one step under its shard's lock, so in this order a
+// look that races the commit finds one or the other; in the other order it
+// can miss both (reader's streamed load then ends at that block).
 std::optional<Locator::Placed> PlacedHere(const Engine& engine, const NamespaceFingerprint& ns, const BlockKey& key) {
   auto placed = engine.Where(ns, key);
   if (!placed || placed->tier == Tier::kNone || placed->tier == Tier::kRemote || placed->bytes == 0) {
@@ -75,16 +81,16 @@ std::optional<Locator::Placed> PlacedHere(const Engine& engine, const NamespaceF
 std::vector<PeerHeld> EnginePeerSource::Find(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
   std::vector<PeerHeld> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (auto placed = PlacedHere(engine_, ns, keys[i])) {
-      const uint32_t layers = engine_.LayersOf(ns, placed->bytes);
-      out[i] = PeerHeld{true, placed->bytes, layers, layers, 0};
+    // A block still being written, with its layers published so far; else a committed one (BeingWrittenFirst).
+    if (auto partial = engine_.published_layers().Find(ns, keys[i])) {
+      out[i] = PeerHeld{true, partial->bytes, partial->layer_count,
+                        static_cast<uint32_t>(partial->layer_checksums.size()), 0};
       continue;
     }
-    // A block still being written, with its layers published so far.
-    auto partial = engine_.published_layers().Find(ns, keys[i]);
-    if (!partial) break;
-    out[i] =
-        PeerHeld{true, partial->bytes, partial->layer_count, static_cast<uint32_t>(partial->layer_checksums.size()), 0};
+    auto placed = PlacedHere(engine_, ns, keys[i]);
+    if (!placed) break;
+    const uint32_t layers = engine_.LayersOf(ns, placed->bytes);
+    out[i] = PeerHeld{true, placed->bytes, layers, layers, 0};
   }
   return out;
 }
@@ -98,16 +104,11 @@ void EnginePeerSource::SetPublishedListener(PublishedListener listener) {
 }
 
 void EnginePeerSource::Pin(uint64_t reader, const NamespaceFingerprint& ns, const BlockKey& key, PinDone done) {
-  auto placed = PlacedHere(engine_, ns, key);
-  if (!placed) {
-    // Not committed here: the layers published of a block still being
-    // written, read in place (no lease: the reader verifies each layer).
+  // A block still being written: the layers published so far, read in
+  // place (no lease: the reader verifies each layer). Else a committed one
+  // (BeingWrittenFirst).
+  if (auto partial = engine_.published_layers().Find(ns, key)) {
     PeerPinned p;
-    auto partial = engine_.published_layers().Find(ns, key);
-    if (!partial) {
-      p.code = StatusCode::kNotFound;
-      return done(std::move(p));
-    }
     p.region = region_;
     p.offset = partial->offset;
     p.payload_bytes = partial->bytes;
@@ -115,6 +116,12 @@ void EnginePeerSource::Pin(uint64_t reader, const NamespaceFingerprint& ns, cons
     p.layers_ready = static_cast<uint32_t>(partial->layer_checksums.size());
     p.layer_checksums = std::move(partial->layer_checksums);
     return done(std::move(p));
+  }
+  auto placed = PlacedHere(engine_, ns, key);
+  if (!placed) {
+    PeerPinned miss;
+    miss.code = StatusCode::kNotFound;
+    return done(std::move(miss));
   }
   const uint32_t layers = engine_.LayersOf(ns, placed->bytes);
   // The whole block as a layer range: every layer's checksum comes with the grant where it is known.
