@@ -131,8 +131,11 @@ struct DaemonConfig {
   int64_t events_send_hwm = 0;
   int64_t events_max_subscribers = 0;
   // [peer]: the peer tier (tiers/peer/) and the server of this node's memory
-  std::string peer_listen;   // "host:port"; empty: this node serves no peer
-  std::string peer_members;  // "host:port,host:port": the cluster's peer servers; empty: no peer tier
+  std::string peer_listen;     // "host:port"; empty: this node serves no peer
+  std::string peer_members;    // "host:port,host:port": the cluster's peer servers; empty: no peer tier
+  bool peer_discover = false;  // find the members through the remote tier's Redis
+  std::string peer_advertise;  // "host:port" the others reach peer_listen at; empty: peer_listen
+  int64_t peer_discover_interval_ms = 0;
   int64_t peer_timeout_ms = 0;
   int64_t peer_probe_timeout_ms = 0;
   int64_t peer_retry_ms = 0;

@@ -342,6 +342,19 @@ constexpr OptionSpec kOptions[] = {
      "tiers miss and reads hits from their memory, one-sided; this node's own address may be listed (it is skipped). "
      "Empty: no peer tier.",
      OptionFieldOf<&DaemonConfig::peer_members>(), /*may_be_empty=*/true},
+    {"peer.discover", OptionType::kBool, "false", 0, 1, "", false,
+     "Find the cluster's peer servers through the remote tier's Redis (remote.nodes): each node announces "
+     "peer.advertise there every peer.discover_interval_ms, tagged with remote.key_file's MAC, and reads the others'. "
+     "Discovered members are added to peer.members; one that stops announcing is dropped.",
+     OptionFieldOf<&DaemonConfig::peer_discover>()},
+    {"peer.advertise", OptionType::kString, "\"\"", 0, 0, "", false,
+     "The address (host:port) other nodes reach this node's peer server at, announced by peer.discover; empty: "
+     "peer.listen, which must then name a host, not a wildcard.",
+     OptionFieldOf<&DaemonConfig::peer_advertise>(), /*may_be_empty=*/true},
+    {"peer.discover_interval_ms", OptionType::kInt, "2000", 100, 600000, "", false,
+     "How often peer.discover announces this node and reads the others; an announcement lapses after 10 of these, "
+     "so a node that stops (crashed, partitioned) is dropped by the others within 11 intervals.",
+     OptionFieldOf<&DaemonConfig::peer_discover_interval_ms>()},
     {"peer.timeout_ms", OptionType::kInt, "2000", 10, 600000, "", false,
      "A peer that does not answer a request or finish a read within this counts as stalled: its reads fail (the "
      "engine recomputes), its connection is closed and tried again after peer.retry_ms.",

@@ -1,11 +1,14 @@
 #include "daemon/setup/peer_setup.h"
 
+#include <cstdio>
 #include <string_view>
 
 #include "common/checksum.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "daemon/setup/remote_key_file.h"
 #include "daemon/setup/remote_setup.h"
+#include "tiers/remote/member_registry.h"
 
 namespace kvtier {
 namespace {
@@ -25,11 +28,79 @@ uint64_t PeerNodeId() {
   return id;
 }
 
-Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config) {
-  if (config.peer_members.empty()) return std::unique_ptr<PeerTier>();
+namespace {
+
+// The address peer.discover announces: peer.advertise, else peer.listen,
+// either naming a host others can reach (not a wildcard).
+Result<std::string> AdvertisedAddress(const DaemonConfig& config) {
+  const std::string& address = config.peer_advertise.empty() ? config.peer_listen : config.peer_advertise;
+  const char* option = config.peer_advertise.empty() ? "peer.listen" : "peer.advertise";
+  if (address.empty()) return InvalidArgument("peer.discover needs peer.listen: this node must serve to be found");
+  auto parsed = ParsePeerAddress(address);
+  if (!parsed.ok()) return InvalidArgument(std::string(option) + ": " + parsed.status().message());
+  const std::string host = address.substr(0, address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*") {
+    return InvalidArgument(std::string(option) + " '" + address +
+                           "' is a wildcard the other nodes cannot connect to; set peer.advertise to this node's "
+                           "address on the cluster's network");
+  }
+  return parsed->text;
+}
+
+// peer.discover: the registry in the remote tier's Redis, over a client of its own.
+Status AddDiscovery(const DaemonConfig& config, const Clock& clock, const std::string& secret, PeerTierOptions& o) {
+  if (config.remote_nodes.empty()) {
+    return InvalidArgument("peer.discover needs the remote tier's Redis (remote.nodes)");
+  }
+  auto advertised = AdvertisedAddress(config);
+  if (!advertised.ok()) return advertised.status();
+  auto remote = RemoteOptionsFromConfig(config);
+  if (!remote.ok()) return remote.status();
+  auto client = ClusterClient::Create(remote->cluster, clock);
+  if (!client.ok()) return Status(client.status().code(), "peer.discover: " + client.status().message());
+  MemberRegistryOptions r;
+  char id[17];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(PeerNodeId()));
+  r.self_id = id;
+  r.self_address = *advertised;
+  r.ttl = 10 * std::chrono::milliseconds(config.peer_discover_interval_ms);
+  r.timeout = std::chrono::milliseconds(config.remote_timeout_ms);
+  auto registry = MemberRegistry::Create(std::move(*client), secret, std::move(r));
+  if (!registry.ok()) return Status(registry.status().code(), "peer.discover: " + registry.status().message());
+  std::shared_ptr<MemberRegistry> shared = std::move(*registry);
+  o.discover = [shared]() -> Result<std::vector<std::string>> {
+    auto members = shared->Refresh();
+    if (!members.ok()) return members.status();
+    if (members->refused > 0) {
+      static LogRateLimiter limiter(1, std::chrono::minutes(1));
+      if (uint64_t suppressed = 0; limiter.Allow(suppressed)) {
+        spdlog::warn(
+            "peer.discover: {} entries of the registry do not carry this cluster's MAC (another cluster's, "
+            "or forged); ignored",
+            members->refused);
+      }
+    }
+    return std::move(members->addresses);
+  };
+  o.leave = [shared] {
+    if (Status s = shared->Leave(); !s.ok()) spdlog::warn("peer.discover: leaving the registry: {}", s.ToString());
+  };
+  o.discover_interval = std::chrono::milliseconds(config.peer_discover_interval_ms);
+  spdlog::info("peer.discover: announcing {} through the remote tier every {} ms", *advertised,
+               config.peer_discover_interval_ms);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config, const Clock& clock) {
+  if (config.peer_members.empty() && !config.peer_discover) return std::unique_ptr<PeerTier>();
   auto secret = PeerSecret(config);
   if (!secret.ok()) return secret.status();
   PeerTierOptions o;
+  if (config.peer_discover) {
+    if (Status s = AddDiscovery(config, clock, *secret, o); !s.ok()) return s;
+  }
   // This node's own server, when listed (the same list on every node), is left out: no connection to itself.
   for (std::string& member : SplitList(config.peer_members)) {
     if (member != config.peer_listen) o.members.push_back(std::move(member));
@@ -41,7 +112,8 @@ Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config) {
   o.retry = std::chrono::milliseconds(config.peer_retry_ms);
   auto tier = PeerTier::Open(o);
   if (!tier.ok()) return tier.status();
-  spdlog::info("tier peer: {} members ({}), reads one-sided over UCX", o.members.size(), config.peer_members);
+  spdlog::info("tier peer: {} members ({}){}, reads one-sided over UCX", o.members.size(), config.peer_members,
+               config.peer_discover ? " and those discovered" : "");
   return tier;
 }
 

@@ -32,9 +32,14 @@ namespace kvtier {
 // that its tier skips its own server in peer.members.
 uint64_t PeerNodeId();
 
-// Null when peer.members is empty. InvalidArgument for a bad member
-// address; remote.key_file's errors; Unavailable when UCX does not start.
-Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config);
+// Null when peer.members is empty and peer.discover off. InvalidArgument
+// for a bad member address, and for peer.discover without remote.nodes or
+// without an address to announce (peer.advertise, else peer.listen, not a
+// wildcard); remote.key_file's errors; Unavailable when UCX does not
+// start. With peer.discover the tier's members also come from the
+// registry in the remote tier's Redis (tiers/remote/member_registry.h),
+// over a client of its own on `clock` (which outlives the tier).
+Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config, const Clock& clock);
 // `tier` admitting nothing (it is only read), reported to clients as remote.
 Result<LowerTier> PeerAdmissionFromConfig(const DaemonConfig& config, BlockTier& tier);
 

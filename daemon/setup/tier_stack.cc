@@ -31,8 +31,8 @@ Result<std::unique_ptr<BlockTier>> OpenRemote(const DaemonConfig& config, Clock&
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }
 
-Result<std::unique_ptr<BlockTier>> OpenPeer(const DaemonConfig& config, Clock&) {
-  auto tier = OpenPeerTier(config);
+Result<std::unique_ptr<BlockTier>> OpenPeer(const DaemonConfig& config, Clock& clock) {
+  auto tier = OpenPeerTier(config, clock);
   if (!tier.ok()) return tier.status();
   return std::unique_ptr<BlockTier>(std::move(*tier));
 }

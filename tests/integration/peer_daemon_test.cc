@@ -221,6 +221,87 @@ TEST_P(PeerDaemon, AKilledSourceCostsTheReaderItsHitsNotItsService) {
   for (const auto& k : own) EXPECT_TRUE(get->Put(0, k, Block(k, kBlockBytes)).ok());
 }
 
+// peer.discover: daemons that list no members find each other through the
+// remote tier's Redis and pull each other's blocks; a daemon that stops is
+// dropped by the others. Without remote.nodes, or with a wildcard to
+// announce, the daemon refuses to start and says why.
+TEST_P(PeerDaemon, DaemonsFindEachOtherThroughTheRemoteTier) {
+  if (std::string why = RedisCluster::Unavailable(); !why.empty()) GTEST_SKIP() << why;
+  RedisCluster::Options ro;
+  ro.replicas_per_master = 0;
+  auto redis = RedisCluster::Start(ro);
+  ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+  std::string seeds;
+  for (const std::string& s : (*redis)->Seeds()) seeds += (seeds.empty() ? "" : ",") + s;
+  auto toml = [&](int listen) {
+    return "[host]\ncapacity_bytes = \"16MiB\"\nlock_memory = \"off\"\n"
+           "[remote]\nnodes = \"" +
+           seeds + "\"\nkey_file = \"" + SharedKeyFile() +
+           "\"\n"
+           "[peer]\nlisten = \"127.0.0.1:" +
+           std::to_string(listen) +
+           "\"\ndiscover = true\ndiscover_interval_ms = 100\nprobe_timeout_ms = 2000\ntimeout_ms = 1000\n"
+           "retry_ms = 100\n[metrics]\nenabled = false\n";
+  };
+  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  DaemonProcess a(KVTIERD_PATH, "", toml(pa));
+  auto b = std::make_unique<DaemonProcess>(KVTIERD_PATH, "", toml(pb));
+  ASSERT_TRUE(a.running()) << LogOf(a);
+  ASSERT_TRUE(b->running()) << LogOf(*b);
+  auto on_a = ConnectTo(a);
+  auto on_b = ConnectTo(*b);
+  ASSERT_TRUE(on_a && on_b);
+  ASSERT_TRUE(WaitForCounter(*on_b, "peer.connected", 1)) << LogOf(*b);
+  ASSERT_TRUE(WaitForCounter(*on_a, "peer.connected", 1)) << LogOf(a);
+  EXPECT_EQ(StatsCounters(*on_a)["peer.members"], 1);
+
+  const auto keys = TestKeys(TestNamespace(), 8, 61);
+  for (const auto& k : keys) ASSERT_TRUE(on_a->Put(0, k, Block(k, kBlockBytes)).ok());
+  auto found = on_b->Lookup(0, keys);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, keys.size());
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const auto& k : keys) {
+    auto got = on_b->Get(0, k, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(CheckBlockBytes(k, 0, dst));
+  }
+  EXPECT_GE(StatsCounters(*on_b)["peer.reads"], static_cast<int64_t>(keys.size())) << "pulled from the peer";
+
+  // b stops (it leaves the registry): a drops it, and does not try it again.
+  on_b.reset();
+  EXPECT_EQ(b->SignalAndWait(SIGTERM, 10000), 0) << LogOf(*b);
+  const std::string log_b = LogOf(*b);
+  b.reset();
+  for (auto end = std::chrono::steady_clock::now() + 10s;
+       StatsCounters(*on_a)["peer.members"] != 0 && std::chrono::steady_clock::now() < end;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(StatsCounters(*on_a)["peer.members"], 0) << LogOf(a) << log_b;
+  EXPECT_NE(LogOf(a).find("dropped (no longer in the cluster's registry)"), std::string::npos) << LogOf(a);
+
+  // Misconfigured: refused at start with the reason.
+  const std::string dir = MakeTempDir();
+  auto refuses = [&](const std::string& body, const std::string& why) {
+    const std::string path = dir + "/bad.toml";
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "[server]\nsocket_path = \"%s/s.sock\"\n%s", dir.c_str(), body.c_str());
+    std::fclose(f);
+    CommandResult r = RunCommand({KVTIERD_PATH, "--config", path});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+  };
+  const std::string host = "[host]\ncapacity_bytes = \"16MiB\"\nlock_memory = \"off\"\n";
+  refuses(host + "[remote]\nkey_file = \"" + SharedKeyFile() +
+              "\"\n[peer]\nlisten = \"127.0.0.1:" + std::to_string(FreeLoopbackPort()) + "\"\ndiscover = true\n",
+          "peer.discover needs the remote tier's Redis (remote.nodes)");
+  refuses(host + "[remote]\nnodes = \"" + seeds + "\"\nkey_file = \"" + SharedKeyFile() +
+              "\"\n[peer]\nlisten = \"0.0.0.0:" + std::to_string(FreeLoopbackPort()) + "\"\ndiscover = true\n",
+          "is a wildcard the other nodes cannot connect to");
+  RemoveTree(dir);
+}
+
 // Prefill on one node, decode on another: the prefill node's layer-wise
 // save publishes each layer as it is written; the decode node's layer-wise
 // load of the same keys has layer 0 in place while the prefill node has

@@ -3,10 +3,12 @@
 // connection set-up): the handshake, probes, pins and one-sided gets,
 // verification, and the faults (a forged peer, a stalled peer, a peer
 // that goes away, a corrupt layer).
+#include <atomic>
 #include <cstdlib>
 #include <future>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -481,6 +483,69 @@ TEST_P(PeerTierTest, AReadWhosePinFailedNeverRidesALaterPinOfItsBlock) {
   auto want = source_.Bytes(block).subspan(8 << 10, 8 << 10);
   EXPECT_TRUE(std::equal(second.begin(), second.end(), want.begin()));
   EXPECT_TRUE(WaitFor([&] { return source_.leases() == 0; })) << "a pin outlived its reads";
+}
+
+// Discovery: members that `discover` answers are connected like configured
+// ones, and one it stops answering is closed and dropped (its blocks
+// forgotten); one it answers again comes back. A failed answer changes
+// nothing.
+TEST_P(PeerTierTest, DiscoveredMembersJoinAndLeaveWithTheirDiscovery) {
+  struct Answers {
+    Mutex mu;
+    Result<std::vector<std::string>> now GUARDED_BY(mu) = std::vector<std::string>{};
+  };
+  auto answers = std::make_shared<Answers>();
+  auto answer = [&](Result<std::vector<std::string>> r) {
+    MutexLock lock(answers->mu);
+    answers->now = std::move(r);
+  };
+  std::atomic<int> left{0};
+  PeerTierOptions o;
+  o.secret = kSecret;
+  o.retry = std::chrono::milliseconds(100);
+  o.probe_timeout = std::chrono::milliseconds(2000);
+  o.discover_interval = std::chrono::milliseconds(20);
+  o.discover = [answers]() -> Result<std::vector<std::string>> {
+    MutexLock lock(answers->mu);
+    return answers->now;
+  };
+  o.leave = [&left] { left.fetch_add(1); };
+  auto opened = PeerTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto tier = std::move(*opened);
+  const BlockKey key{1, 1};
+  ASSERT_TRUE(WaitFor([&] { return CounterOf(*tier, "peer.discoveries") >= 2; }));
+  EXPECT_EQ(CounterOf(*tier, "peer.members"), 0);
+  tier->Probe(kNs, std::span(&key, 1));
+  EXPECT_FALSE(tier->Find(key).has_value()) << "no member yet";
+
+  answer(std::vector<std::string>{server_->address(), "not an address"});
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 1; }));
+  EXPECT_EQ(CounterOf(*tier, "peer.members"), 1) << "the bad address is left out";
+  tier->Probe(kNs, std::span(&key, 1));
+  ASSERT_TRUE(tier->Find(key).has_value());
+
+  // Discovery fails for a while: the member stays.
+  answer(Unavailable("the registry does not answer"));
+  const int64_t failures = CounterOf(*tier, "peer.discovery_failures");
+  ASSERT_TRUE(WaitFor([&] { return CounterOf(*tier, "peer.discovery_failures") >= failures + 3; }));
+  EXPECT_EQ(tier->connected(), 1u);
+
+  // It is no longer answered: closed, its blocks forgotten, never connected again while absent.
+  answer(std::vector<std::string>{});
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 0; }));
+  EXPECT_EQ(CounterOf(*tier, "peer.members"), 0);
+  EXPECT_FALSE(tier->Find(key).has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past retry_ms
+  EXPECT_EQ(tier->connected(), 0u);
+
+  // Answered again: back.
+  answer(std::vector<std::string>{server_->address()});
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 1; }));
+  tier->Probe(kNs, std::span(&key, 1));
+  EXPECT_TRUE(tier->Find(key).has_value());
+  tier.reset();
+  EXPECT_EQ(left.load(), 1) << "leave runs once at close";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PeerTierTest, ::testing::Values("tcp", "shm,tcp"),

@@ -26,8 +26,10 @@ struct PeerTier::Member {
   std::deque<std::shared_ptr<ReadOp>> queued;
   // Blocks read whole since the last tick, told to the peer then (Taken).
   std::unordered_map<NamespaceFingerprint, std::vector<BlockKey>> taken;
-  bool self = false;    // this node itself: never connected
-  bool logged = false;  // its last failure was logged (once until it connects)
+  bool self = false;        // this node itself: never connected
+  bool logged = false;      // its last failure was logged (once until it connects)
+  bool discovered = false;  // from discovery, not `members`: dropped when it stops answering it
+  bool retired = false;     // discovery no longer answers it: closed, never connected again
 };
 
 // A request awaiting its answer.
@@ -109,6 +111,7 @@ Result<std::unique_ptr<PeerTier>> PeerTier::Open(const PeerTierOptions& options)
       m->address = a;
       t->members_.push_back(std::move(m));
     }
+    t->members_now_.store(static_cast<int64_t>(t->members_.size()), std::memory_order_relaxed);
     t->node_->SetTick([t] { t->Tick(); });
     t->node_->SetOnStop([t] {
       for (auto& m : t->members_) t->SendTaken(*m);
@@ -119,10 +122,20 @@ Result<std::unique_ptr<PeerTier>> PeerTier::Open(const PeerTierOptions& options)
     });
   });
   if (!started.ok()) return Status(started.code(), "peer tier: " + started.message());
+  if (options.discover) t->discover_thread_ = std::thread([t] { t->DiscoverLoop(); });
   return tier;
 }
 
 PeerTier::~PeerTier() {
+  if (discover_thread_.joinable()) {
+    {
+      MutexLock lock(discover_mu_);
+      closing_ = true;
+      discover_cv_.NotifyAll();
+    }
+    discover_thread_.join();
+    if (options_.leave) options_.leave();
+  }
   if (node_ != nullptr) node_->Stop();  // fails what is in flight, closes every endpoint
   completions_.reset();                 // runs the completions queued (a Read from one is Cancelled)
   node_.reset();
@@ -194,7 +207,7 @@ Status PeerTier::Write(const NamespaceFingerprint&, const BlockKey&, uint32_t, s
 // ---- Probes ----
 
 void PeerTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  if (keys.empty() || members_.empty()) return;
+  if (keys.empty() || members_now_.load(std::memory_order_relaxed) == 0) return;
   auto wait = std::make_shared<ProbeWait>();
   wait->ns = ns;
   wait->keys.assign(keys.begin(), keys.begin() + std::min<size_t>(keys.size(), kMaxPeerQueryKeys));
@@ -532,7 +545,7 @@ void PeerTier::Tick() {
   const auto now = SteadyClock::now();
   for (size_t i = 0; i < members_.size(); ++i) {
     Member& m = *members_[i];
-    if (!m.self && m.ep == nullptr && now >= m.next_attempt) Connect(i);
+    if (!m.self && !m.retired && m.ep == nullptr && now >= m.next_attempt) Connect(i);
   }
   // A watch past its deadline: that block's layers did not come (its
   // writer stalls, not the peer): its reads fail.
@@ -725,6 +738,7 @@ void PeerTier::OnHandshake(Member& m, const PeerEnvelope& e) {
     if (!challenge.ok()) return Fail(index, challenge.status().message(), false);
     if (challenge->node == options_.node_id) {
       m.self = true;  // this node's own server: never again
+      members_now_.fetch_sub(1, std::memory_order_relaxed);
       return Fail(index, "this node itself", false);
     }
     if (!SameProof(challenge->proof, ServerProof(secret, m.nonce, challenge->nonce))) {
@@ -771,10 +785,82 @@ void PeerTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("peer.watches", watches_.load(std::memory_order_relaxed));
   v.Visit("peer.watch_timeouts", watch_timeouts_.load(std::memory_order_relaxed));
   v.Visit("peer.taken", taken_sent_.load(std::memory_order_relaxed));
+  v.VisitGauge("peer.members", members_now_.load(std::memory_order_relaxed));
+  v.Visit("peer.discoveries", discoveries_.load(std::memory_order_relaxed));
+  v.Visit("peer.discovery_failures", discovery_failures_.load(std::memory_order_relaxed));
+}
+
+// ---- Discovery ----
+
+void PeerTier::DiscoverLoop() {
+  bool failing = false;
+  for (;;) {
+    auto found = options_.discover();
+    if (found.ok()) {
+      discoveries_.fetch_add(1, std::memory_order_relaxed);
+      if (failing) spdlog::info("peer tier: discovery answers again");
+      failing = false;
+      node_->Post([this, list = std::move(*found)] { Discovered(list); });
+    } else {
+      discovery_failures_.fetch_add(1, std::memory_order_relaxed);
+      if (!failing) {
+        spdlog::warn("peer tier: discovery failed ({}); the members known stay, asking again every {} ms",
+                     found.status().ToString(), options_.discover_interval.count());
+      }
+      failing = true;
+    }
+    MutexLock lock(discover_mu_);
+    const auto until = SteadyClock::now() + options_.discover_interval;
+    while (!closing_ && discover_cv_.WaitUntil(discover_mu_, until)) {
+    }
+    if (closing_) return;
+  }
+}
+
+void PeerTier::Discovered(const std::vector<std::string>& found) {
+  std::unordered_map<std::string, PeerAddress> wanted;
+  for (const std::string& text : found) {
+    auto address = ParsePeerAddress(text);
+    if (!address.ok()) {
+      spdlog::warn("peer tier: discovery named {}, which is no peer address: {}", text, address.status().message());
+      continue;
+    }
+    wanted.emplace(address->text, *address);
+  }
+  for (size_t i = 0; i < members_.size(); ++i) {
+    Member& m = *members_[i];
+    const bool still = wanted.erase(m.address.text) > 0;  // a configured member is not added twice
+    if (!m.discovered) continue;
+    if (still && m.retired) {
+      m.retired = false;
+      m.logged = false;
+      m.next_attempt = {};
+      spdlog::info("peer {}: discovered again", m.address.text);
+    } else if (!still && !m.retired) {
+      Fail(i, "no longer in the cluster's registry", /*stalled=*/false);
+      ForgetMember(i);
+      m.retired = true;
+      spdlog::info("peer {}: dropped (no longer in the cluster's registry)", m.address.text);
+    }
+  }
+  for (auto& [text, address] : wanted) {
+    if (members_.size() >= kMaxPeerMembers) {
+      spdlog::warn("peer tier: {} members known, the most it keeps; {} and others are left out", kMaxPeerMembers, text);
+      break;
+    }
+    auto m = std::make_unique<Member>();
+    m->address = std::move(address);
+    m->discovered = true;
+    spdlog::info("peer {}: discovered", m->address.text);
+    members_.push_back(std::move(m));
+  }
+  int64_t now = 0;
+  for (const auto& m : members_) now += (m->retired || m->self) ? 0 : 1;
+  members_now_.store(now, std::memory_order_relaxed);
 }
 
 void PeerTier::CheckHealth(HealthFindings& out) const {
-  const int64_t members = static_cast<int64_t>(options_.members.size());
+  const int64_t members = members_now_.load(std::memory_order_relaxed);
   if (members > 0 && connected_.load(std::memory_order_relaxed) == 0 && refused_.load() > 0) {
     out.AddWarning("peer: no peer connected, and some refused this node's proof of the cluster secret");
   }

@@ -18,6 +18,15 @@
 // request. A member whose id is this node's (the same list on every node)
 // is skipped.
 //
+// Discovery: with `discover` set, a thread of the tier's calls it every
+// `discover_interval` (the daemon's is MemberRegistry's Refresh, through
+// the remote tier's Redis); the addresses it answers are members besides
+// `members`, connected like them, and one it no longer answers is closed
+// and dropped (its reads fail as if it had gone). A failed call changes
+// nothing (logged, peer.discovery_failures). At most kMaxPeerMembers
+// members are ever known; an address past that is left out (logged).
+// `leave` is called once when the tier closes.
+//
 // Faults: a peer that does not answer a request, or finish a get, within
 // `timeout` counts as stalled; one whose endpoint fails counts as gone.
 // Either way its endpoint is closed at once (UCX then ends the gets in
@@ -59,8 +68,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -84,7 +95,13 @@ struct PeerTierOptions {
   std::chrono::milliseconds linger{200};
   std::chrono::milliseconds known_for{10000};  // how long a probe's answer counts
   size_t max_known = size_t{1} << 18;          // blocks remembered as held by a peer
+  // Discovery (above): the other members' addresses now; empty: none.
+  std::function<Result<std::vector<std::string>>()> discover;
+  std::function<void()> leave;
+  std::chrono::milliseconds discover_interval{2000};
 };
+
+inline constexpr size_t kMaxPeerMembers = 1024;
 
 class PeerTier final : public BlockTier, public Prober {
  public:
@@ -113,7 +130,9 @@ class PeerTier final : public BlockTier, public Prober {
   Prober* prober() override { return this; }
   // peer.*: connected (gauge), probes, probed_keys, probe_hits, reads,
   // read_bytes, read_failures, corrupt, pins, stalls, disconnects, refused,
-  // watches, watch_timeouts, taken (blocks told to their peer as read whole).
+  // watches, watch_timeouts, taken (blocks told to their peer as read whole);
+  // members (gauge: configured and discovered now), discoveries,
+  // discovery_failures.
   void VisitCounters(CounterVisitor& v) const override;
   void CheckHealth(HealthFindings& out) const override;
 
@@ -167,6 +186,10 @@ class PeerTier final : public BlockTier, public Prober {
   void SendTaken(Member& m);
   void ReleaseIdle(bool all);
   void QueryMembers(std::shared_ptr<ProbeWait> wait);
+  // Node thread: `found` (discovery's answer) becomes the discovered members.
+  void Discovered(const std::vector<std::string>& found);
+  // Its own thread: calls options_.discover every discover_interval until closing.
+  void DiscoverLoop();
 
   void Learn(size_t member, uint64_t generation, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
              const std::vector<PeerHeld>& held) EXCLUDES(known_mu_);
@@ -190,6 +213,13 @@ class PeerTier final : public BlockTier, public Prober {
   std::unordered_map<BlockKey, Known> known_ GUARDED_BY(known_mu_);
   std::deque<BlockKey> known_order_ GUARDED_BY(known_mu_);  // oldest first, for the bound
 
+  // Discovery's thread, and how it is told to stop.
+  Mutex discover_mu_;
+  CondVar discover_cv_;
+  bool closing_ GUARDED_BY(discover_mu_) = false;
+  std::thread discover_thread_;
+
+  std::atomic<int64_t> members_now_{0}, discoveries_{0}, discovery_failures_{0};
   std::atomic<int64_t> connected_{0}, probes_{0}, probed_keys_{0}, probe_hits_{0}, reads_{0}, read_bytes_{0},
       read_failures_{0}, corrupt_{0}, pins_made_{0}, stalls_{0}, disconnects_{0}, refused_{0}, watches_{0},
       watch_timeouts_{0}, taken_sent_{0};
