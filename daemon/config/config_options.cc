@@ -345,7 +345,7 @@ constexpr OptionSpec kOptions[] = {
     {"peer.discover", OptionType::kBool, "false", 0, 1, "", false,
      "Find the cluster's peer servers through the remote tier's Redis (remote.nodes): each node announces "
      "peer.advertise there every peer.discover_interval_ms, tagged with remote.key_file's MAC, and reads the others'. "
-     "Discovered members are added to peer.members; one that stops announcing is dropped.",
+     "Discovered members are added to peer.members; one missing from 3 reads in a row is dropped. Needs peer.listen.",
      OptionFieldOf<&DaemonConfig::peer_discover>()},
     {"peer.advertise", OptionType::kString, "\"\"", 0, 0, "", false,
      "The address (host:port) other nodes reach this node's peer server at, announced by peer.discover; empty: "
@@ -353,7 +353,8 @@ constexpr OptionSpec kOptions[] = {
      OptionFieldOf<&DaemonConfig::peer_advertise>(), /*may_be_empty=*/true},
     {"peer.discover_interval_ms", OptionType::kInt, "2000", 100, 600000, "", false,
      "How often peer.discover announces this node and reads the others; an announcement lapses after 10 of these, "
-     "so a node that stops (crashed, partitioned) is dropped by the others within 11 intervals.",
+     "and a member missing from 3 reads in a row is dropped, so a node that stops is dropped by the others within "
+     "about 13 intervals.",
      OptionFieldOf<&DaemonConfig::peer_discover_interval_ms>()},
     {"peer.timeout_ms", OptionType::kInt, "2000", 10, 600000, "", false,
      "A peer that does not answer a request or finish a read within this counts as stalled: its reads fail (the "

@@ -286,7 +286,14 @@ class Engine {
   BlockTier& host_tier();
 
   // The stack's counters and what is wrong with it (stack_report.h).
-  void VisitCounters(CounterVisitor& v) const { report_->VisitCounters(v); }
+  // The stack's (StackReport), then the gauges engine.published_blocks
+  // (reservations with layers published to peers) and engine.handoff_marks
+  // (hand-off blocks awaiting a peer's Taken or their commit).
+  void VisitCounters(CounterVisitor& v) const {
+    report_->VisitCounters(v);
+    v.VisitGauge("engine.published_blocks", static_cast<int64_t>(published_.size()));
+    v.VisitGauge("engine.handoff_marks", static_cast<int64_t>(published_.handoffs()));
+  }
   void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
 
  private:

@@ -1,6 +1,7 @@
 #include "daemon/setup/peer_setup.h"
 
 #include <cstdio>
+#include <netinet/in.h>
 #include <string_view>
 
 #include "common/checksum.h"
@@ -33,13 +34,17 @@ namespace {
 // The address peer.discover announces: peer.advertise, else peer.listen,
 // either naming a host others can reach (not a wildcard).
 Result<std::string> AdvertisedAddress(const DaemonConfig& config) {
+  if (config.peer_listen.empty()) {
+    return InvalidArgument("peer.discover needs peer.listen: a node is announced only where it serves");
+  }
   const std::string& address = config.peer_advertise.empty() ? config.peer_listen : config.peer_advertise;
   const char* option = config.peer_advertise.empty() ? "peer.listen" : "peer.advertise";
-  if (address.empty()) return InvalidArgument("peer.discover needs peer.listen: this node must serve to be found");
   auto parsed = ParsePeerAddress(address);
   if (!parsed.ok()) return InvalidArgument(std::string(option) + ": " + parsed.status().message());
-  const std::string host = address.substr(0, address.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*") {
+  const auto* any4 = reinterpret_cast<const sockaddr_in*>(&parsed->addr);
+  const auto* any6 = reinterpret_cast<const sockaddr_in6*>(&parsed->addr);
+  if ((parsed->addr.ss_family == AF_INET && any4->sin_addr.s_addr == htonl(INADDR_ANY)) ||
+      (parsed->addr.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&any6->sin6_addr))) {
     return InvalidArgument(std::string(option) + " '" + address +
                            "' is a wildcard the other nodes cannot connect to; set peer.advertise to this node's "
                            "address on the cluster's network");
@@ -71,6 +76,13 @@ Status AddDiscovery(const DaemonConfig& config, const Clock& clock, const std::s
   o.discover = [shared]() -> Result<std::vector<std::string>> {
     auto members = shared->Refresh();
     if (!members.ok()) return members.status();
+    if (!members->announce_failure.ok()) {
+      static LogRateLimiter limiter(1, std::chrono::minutes(1));
+      if (uint64_t suppressed = 0; limiter.Allow(suppressed)) {
+        spdlog::warn("peer.discover: this node's announcement was not written ({}); the others are still read",
+                     members->announce_failure.ToString());
+      }
+    }
     if (members->refused > 0) {
       static LogRateLimiter limiter(1, std::chrono::minutes(1));
       if (uint64_t suppressed = 0; limiter.Allow(suppressed)) {

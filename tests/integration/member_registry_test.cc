@@ -105,6 +105,27 @@ TEST_F(MemberRegistryTest, AnEntryThatVerifiesUnderAnotherFieldIsRefused) {
   tampered[tampered.size() - 40] ^= 1;  // inside the address
   EXPECT_EQ(a->Decode("a", tampered, now_ms_.load()).status().code(), StatusCode::kCorruption);
   EXPECT_EQ(a->Decode("a", value, now_ms_.load() + 10'000).status().code(), StatusCode::kNotFound);
+  // An entry that would outlive any real one (its writer chose a far lapse time) is refused.
+  const std::string forever = a->Encode("a", "10.0.0.1:7400", now_ms_.load() + 3 * 10'000);
+  EXPECT_EQ(a->Decode("a", forever, now_ms_.load()).status().code(), StatusCode::kCorruption);
+}
+
+// A Redis that refuses writes (full, noeviction) still lets a node read
+// the others; the failure is said.
+TEST_F(MemberRegistryTest, ANodeThatCannotAnnounceStillReadsTheOthers) {
+  auto a = Registry("a", "10.0.0.1:7400");
+  auto b = Registry("b", "10.0.0.2:7400");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Refresh().ok());
+  for (int port : cluster_->Masters()) {
+    ASSERT_TRUE(cluster_->Cli(port, {"CONFIG", "SET", "maxmemory-policy", "noeviction"}).ok());
+    ASSERT_TRUE(cluster_->Cli(port, {"CONFIG", "SET", "maxmemory", "1"}).ok());
+  }
+  auto members = b->Refresh();
+  ASSERT_TRUE(members.ok()) << members.status().ToString();
+  EXPECT_FALSE(members->announce_failure.ok());
+  EXPECT_NE(members->announce_failure.message().find("OOM"), std::string::npos) << members->announce_failure.ToString();
+  EXPECT_EQ(members->addresses, std::vector<std::string>{"10.0.0.1:7400"});
 }
 
 TEST_F(MemberRegistryTest, ANodeThatStopsAnnouncingDropsOutAndLongLapsedIsDeleted) {

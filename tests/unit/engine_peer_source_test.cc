@@ -31,7 +31,7 @@ class EnginePeerSourceTest : public ::testing::Test {
     engine_->RegisterNamespace(ns_, ModelNamespace("org/model", "rev-1"));
   }
   // Reserves `key`, fills it and publishes its first layer to peers.
-  void ReserveAndPublish(const BlockKey& key) {
+  void ReserveAndPublish(const BlockKey& key, bool handoff = false) {
     auto grants = engine_->Reserve(kWriter, ns_, {&key, 1}, {&kBlockBytes, 1});
     ASSERT_TRUE(grants[0].status.ok()) << grants[0].status.ToString();
     auto bytes = ::kvtier::testing::SlotBytes(*stack_.host, grants[0].offset, grants[0].length);
@@ -39,7 +39,7 @@ class EnginePeerSourceTest : public ::testing::Test {
     const uint32_t layers = engine_->LayersOf(ns_, kBlockBytes);
     ASSERT_GE(layers, 1u);
     const uint64_t sum = BlockChecksum(bytes.subspan(0, kBlockBytes / layers));
-    auto published = engine_->published_layers().Publish(kWriter, ns_, {&key, 1}, 0, 1, {&sum, 1}, false);
+    auto published = engine_->published_layers().Publish(kWriter, ns_, {&key, 1}, 0, 1, {&sum, 1}, handoff);
     ASSERT_TRUE(published[0].ok()) << published[0].ToString();
   }
   // The source's answer to a pin of `key`, synchronously (the engine
@@ -77,6 +77,20 @@ TEST_F(EnginePeerSourceTest, ABlockBeingWrittenIsPinnedWithItsPublishedLayersThe
   EXPECT_EQ(whole.layers_ready, whole.layer_count);
   EXPECT_EQ(whole.layer_checksums.front(), partial.layer_checksums.front());
   source_.Release(1, {&whole.lease, 1});
+}
+
+// The gauges of what peers are shown: blocks being written with layers
+// published, and hand-off marks, which end with the block.
+TEST_F(EnginePeerSourceTest, PublishedBlocksAndHandoffMarksAreGauges) {
+  auto gauge = [&](const std::string& name) { return ::kvtier::testing::EngineCounters(*engine_)[name]; };
+  const BlockKey kept{ns_.lo, 1}, handed{ns_.lo, 2};
+  ReserveAndPublish(kept);
+  ReserveAndPublish(handed, /*handoff=*/true);
+  EXPECT_EQ(gauge("engine.published_blocks"), 2);
+  EXPECT_EQ(gauge("engine.handoff_marks"), 1);
+  // Aborted: its mark goes.
+  EXPECT_EQ(engine_->Abort(kWriter, {&handed, 1}), 1u);
+  EXPECT_EQ(gauge("engine.handoff_marks"), 0);
 }
 
 // The race behind a decode node's streamed load failing at random: a pin

@@ -29,8 +29,21 @@ struct PeerTier::Member {
   bool self = false;        // this node itself: never connected
   bool logged = false;      // its last failure was logged (once until it connects)
   bool discovered = false;  // from discovery, not `members`: dropped when it stops answering it
-  bool retired = false;     // discovery no longer answers it: closed, never connected again
+  bool retired = false;     // dropped by discovery: closed, not connected again (its slot may be reused)
+  int absent = 0;           // discovery's answers in a row without it
 };
+
+namespace {
+
+// A member discovery has not answered this many times in a row is dropped:
+// a registry lost for a moment (a failover, a flush) is written again by
+// every node within one interval, and drops nobody.
+constexpr int kAbsentRoundsToDrop = 3;
+
+// An address's identity: its resolved form (a name and its address are one member).
+std::string Identity(const PeerAddress& a) { return FormatPeerAddress(reinterpret_cast<const sockaddr*>(&a.addr)); }
+
+}  // namespace
 
 // A request awaiting its answer.
 struct PeerTier::Pending {
@@ -640,9 +653,10 @@ void PeerTier::Fail(size_t i, const std::string& why, bool stalled) {
   if (m.state == Member::State::kReady) {
     disconnects_.fetch_add(1, std::memory_order_relaxed);
     connected_.fetch_sub(1, std::memory_order_relaxed);
-    spdlog::warn("peer {}: {}; its blocks are forgotten, retrying in {} ms", m.address.text, why,
-                 options_.retry.count());
-  } else if (!m.logged) {
+    // A retired member (dropped by discovery) is never tried again.
+    const std::string then = m.retired ? "" : ", retrying in " + std::to_string(options_.retry.count()) + " ms";
+    spdlog::warn("peer {}: {}; its blocks are forgotten{}", m.address.text, why, then);
+  } else if (!m.logged && !m.retired) {
     spdlog::warn("peer {}: {}; retrying every {} ms", m.address.text, why, options_.retry.count());
   }
   m.logged = true;
@@ -794,13 +808,25 @@ void PeerTier::VisitCounters(CounterVisitor& v) const {
 
 void PeerTier::DiscoverLoop() {
   bool failing = false;
+  std::unordered_set<std::string> logged_bad;  // addresses that did not parse, each logged once
   for (;;) {
     auto found = options_.discover();
     if (found.ok()) {
       discoveries_.fetch_add(1, std::memory_order_relaxed);
       if (failing) spdlog::info("peer tier: discovery answers again");
       failing = false;
-      node_->Post([this, list = std::move(*found)] { Discovered(list); });
+      // Resolved here, not on the node thread (a name's lookup may block).
+      std::vector<PeerAddress> addresses;
+      for (const std::string& text : *found) {
+        auto address = ParsePeerAddress(text);
+        if (address.ok()) {
+          addresses.push_back(std::move(*address));
+        } else if (!logged_bad.contains(text) && logged_bad.size() < 64) {
+          logged_bad.insert(text);
+          spdlog::warn("peer tier: discovery named {}, which is no peer address: {}", text, address.status().message());
+        }
+      }
+      node_->Post([this, list = std::move(addresses)] { Discovered(list); });
     } else {
       discovery_failures_.fetch_add(1, std::memory_order_relaxed);
       if (!failing) {
@@ -817,42 +843,46 @@ void PeerTier::DiscoverLoop() {
   }
 }
 
-void PeerTier::Discovered(const std::vector<std::string>& found) {
+void PeerTier::Discovered(const std::vector<PeerAddress>& found) {
   std::unordered_map<std::string, PeerAddress> wanted;
-  for (const std::string& text : found) {
-    auto address = ParsePeerAddress(text);
-    if (!address.ok()) {
-      spdlog::warn("peer tier: discovery named {}, which is no peer address: {}", text, address.status().message());
-      continue;
-    }
-    wanted.emplace(address->text, *address);
-  }
+  for (const PeerAddress& address : found) wanted.emplace(Identity(address), address);
+  std::vector<size_t> free_slots;
   for (size_t i = 0; i < members_.size(); ++i) {
     Member& m = *members_[i];
-    const bool still = wanted.erase(m.address.text) > 0;  // a configured member is not added twice
+    // A configured member, or one known already, is not added twice.
+    const bool still = !m.retired && wanted.erase(Identity(m.address)) > 0;
     if (!m.discovered) continue;
-    if (still && m.retired) {
-      m.retired = false;
-      m.logged = false;
-      m.next_attempt = {};
-      spdlog::info("peer {}: discovered again", m.address.text);
-    } else if (!still && !m.retired) {
+    if (m.retired) {
+      free_slots.push_back(i);
+    } else if (still) {
+      m.absent = 0;
+    } else if (++m.absent >= kAbsentRoundsToDrop) {
+      m.retired = true;  // before Fail: never retried
       Fail(i, "no longer in the cluster's registry", /*stalled=*/false);
       ForgetMember(i);
-      m.retired = true;
       spdlog::info("peer {}: dropped (no longer in the cluster's registry)", m.address.text);
     }
   }
-  for (auto& [text, address] : wanted) {
-    if (members_.size() >= kMaxPeerMembers) {
-      spdlog::warn("peer tier: {} members known, the most it keeps; {} and others are left out", kMaxPeerMembers, text);
+  for (auto& [identity, address] : wanted) {
+    size_t slot = members_.size();
+    if (!free_slots.empty()) {
+      // A dropped member's slot: its generation goes on, so nothing of the old connection matches the new one.
+      slot = free_slots.back();
+      free_slots.pop_back();
+      const uint64_t generation = members_[slot]->generation + 1;
+      members_[slot] = std::make_unique<Member>();
+      members_[slot]->generation = generation;
+    } else if (members_.size() < kMaxPeerMembers) {
+      members_.push_back(std::make_unique<Member>());
+    } else {
+      spdlog::warn("peer tier: {} members known, the most it keeps; {} and others are left out", kMaxPeerMembers,
+                   address.text);
       break;
     }
-    auto m = std::make_unique<Member>();
-    m->address = std::move(address);
-    m->discovered = true;
-    spdlog::info("peer {}: discovered", m->address.text);
-    members_.push_back(std::move(m));
+    Member& m = *members_[slot];
+    m.address = std::move(address);
+    m.discovered = true;
+    spdlog::info("peer {}: discovered", m.address.text);
   }
   int64_t now = 0;
   for (const auto& m : members_) now += (m->retired || m->self) ? 0 : 1;

@@ -21,10 +21,13 @@
 // Discovery: with `discover` set, a thread of the tier's calls it every
 // `discover_interval` (the daemon's is MemberRegistry's Refresh, through
 // the remote tier's Redis); the addresses it answers are members besides
-// `members`, connected like them, and one it no longer answers is closed
-// and dropped (its reads fail as if it had gone). A failed call changes
-// nothing (logged, peer.discovery_failures). At most kMaxPeerMembers
-// members are ever known; an address past that is left out (logged).
+// `members`, connected like them (an address is one member whatever name
+// it is given: members are told apart by the address a name resolves to,
+// resolved on the discovery thread), and one it leaves out of 3 answers in
+// a row is closed and dropped (its reads fail as if it had gone). A failed
+// call changes nothing (logged, peer.discovery_failures). At most
+// kMaxPeerMembers members are known at once (a dropped one's slot is
+// reused); an address past that is left out (logged).
 // `leave` is called once when the tier closes.
 //
 // Faults: a peer that does not answer a request, or finish a get, within
@@ -187,7 +190,7 @@ class PeerTier final : public BlockTier, public Prober {
   void ReleaseIdle(bool all);
   void QueryMembers(std::shared_ptr<ProbeWait> wait);
   // Node thread: `found` (discovery's answer) becomes the discovered members.
-  void Discovered(const std::vector<std::string>& found);
+  void Discovered(const std::vector<PeerAddress>& found);
   // Its own thread: calls options_.discover every discover_interval until closing.
   void DiscoverLoop();
 

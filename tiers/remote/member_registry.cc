@@ -10,11 +10,31 @@ namespace kvtier {
 namespace {
 
 // A value: "kvm1", the lapse time (8 bytes, little-endian, ms since the
-// epoch), the address, then the MAC tag over the field and all of that.
+// epoch), the address, then the MAC tag over the domain, the field's
+// length and bytes, and all of that. The domain keeps a registry tag apart
+// from any other message under the cluster secret's MAC (a remote value's,
+// whose bytes a client chooses): no value of another kind verifies here.
 constexpr std::string_view kMagic = "kvm1";
 constexpr size_t kHeadBytes = 4 + 8;
+constexpr std::string_view kDomain = "kvtier peer registry v1";
+constexpr size_t kMaxFieldBytes = 64;
+constexpr size_t kMaxAddressBytes = 300;
+// An entry may lapse at most this many lifetimes ahead (clocks that
+// disagree a little); one further ahead is refused, so none lives forever.
+constexpr int64_t kMaxLifetimesAhead = 2;
 
 std::span<const std::byte> Bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+// What the tag covers before the value: the domain and the field, its length first.
+std::string Covered(std::string_view field) {
+  std::string out(kDomain);
+  out.push_back('\0');
+  std::byte length[4];
+  StoreLe32(length, static_cast<uint32_t>(field.size()));
+  out.append(reinterpret_cast<const char*>(length), sizeof(length));
+  out.append(field);
+  return out;
+}
 
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -26,8 +46,12 @@ int64_t WallMs() {
 Result<std::unique_ptr<MemberRegistry>> MemberRegistry::Create(std::unique_ptr<ClusterClient> client,
                                                                std::string_view secret, MemberRegistryOptions options) {
   if (client == nullptr) return InvalidArgument("member registry: no Redis client");
-  if (options.self_id.empty()) return InvalidArgument("member registry: no id for this node");
-  if (options.self_address.empty()) return InvalidArgument("member registry: no address for this node");
+  if (options.self_id.empty() || options.self_id.size() > kMaxFieldBytes) {
+    return InvalidArgument("member registry: this node's id must be 1 to 64 bytes");
+  }
+  if (options.self_address.empty() || options.self_address.size() > kMaxAddressBytes) {
+    return InvalidArgument("member registry: this node's address must be 1 to 300 bytes");
+  }
   if (options.ttl.count() <= 0) return InvalidArgument("member registry: the entries' lifetime must be positive");
   auto mac = ValueMac::Create(secret);
   if (!mac.ok()) return mac.status();
@@ -46,24 +70,28 @@ std::string MemberRegistry::Encode(const std::string& field, const std::string& 
   value.resize(kHeadBytes);
   StoreLe64(reinterpret_cast<std::byte*>(value.data() + kMagic.size()), static_cast<uint64_t>(lapses_ms));
   value += address;
-  const ValueMacTag tag = mac_->Compute(Bytes(field), Bytes(value));
+  const ValueMacTag tag = mac_->Compute(Bytes(Covered(field)), Bytes(value));
   value.append(reinterpret_cast<const char*>(tag.data()), tag.size());
   return value;
 }
 
 Result<std::string> MemberRegistry::Decode(const std::string& field, const std::string& value, int64_t now_ms,
                                            int64_t* lapses_ms) const {
-  if (value.size() <= kHeadBytes + kValueMacBytes || value.compare(0, kMagic.size(), kMagic) != 0) {
+  if (field.size() > kMaxFieldBytes || value.size() <= kHeadBytes + kValueMacBytes ||
+      value.size() > kHeadBytes + kMaxAddressBytes + kValueMacBytes || value.compare(0, kMagic.size(), kMagic) != 0) {
     return Corruption("member registry: entry " + field + " is not a registry entry");
   }
   const std::string_view body(value.data(), value.size() - kValueMacBytes);
   const auto tag = std::as_bytes(std::span(value.data() + body.size(), kValueMacBytes));
-  if (!mac_->Verify(Bytes(field), Bytes(body), tag.first<kValueMacBytes>())) {
+  if (!mac_->Verify(Bytes(Covered(field)), Bytes(body), tag.first<kValueMacBytes>())) {
     return Corruption("member registry: entry " + field + " does not carry this cluster's MAC");
   }
   const auto lapses = static_cast<int64_t>(LoadLe64(reinterpret_cast<const std::byte*>(body.data() + kMagic.size())));
   if (lapses_ms != nullptr) *lapses_ms = lapses;
   if (lapses <= now_ms) return NotFound("member registry: entry " + field + " lapsed");
+  if (lapses - now_ms > kMaxLifetimesAhead * options_.ttl.count()) {
+    return Corruption("member registry: entry " + field + " lapses further ahead than an entry can");
+  }
   return std::string(body.substr(kHeadBytes));
 }
 
@@ -80,7 +108,7 @@ Result<RespReply> MemberRegistry::Command(std::vector<std::string> args) {
         // HGETALL: two elements per field.
         RespLimits limits;
         limits.max_elements = static_cast<int64_t>(2 * options_.max_entries);
-        limits.max_bulk_bytes = int64_t{64} << 10;
+        limits.max_bulk_bytes = static_cast<int64_t>(kHeadBytes + kMaxAddressBytes + kValueMacBytes);
         return c.ReadReply(deadline(), limits);
       },
       deadline());
@@ -88,17 +116,21 @@ Result<RespReply> MemberRegistry::Command(std::vector<std::string> args) {
 
 Result<RegistryMembers> MemberRegistry::Refresh() {
   const int64_t now = options_.now_ms();
+  RegistryMembers out;
+  // A write that fails (a full Redis answers OOM) still reads the others.
   auto wrote = Command({"HSET", options_.hash_key, options_.self_id,
                         Encode(options_.self_id, options_.self_address, now + options_.ttl.count())});
-  if (!wrote.ok()) return wrote.status();
-  if (wrote->is_error()) return Unavailable("member registry: HSET " + options_.hash_key + ": " + wrote->text);
+  if (!wrote.ok()) {
+    out.announce_failure = wrote.status();
+  } else if (wrote->is_error()) {
+    out.announce_failure = Unavailable("member registry: HSET " + options_.hash_key + ": " + wrote->text);
+  }
   auto all = Command({"HGETALL", options_.hash_key});
   if (!all.ok()) return all.status();
   if (all->is_error()) return Unavailable("member registry: HGETALL " + options_.hash_key + ": " + all->text);
   if (all->type != RespReply::Type::kArray || all->elements.size() % 2 != 0) {
     return ProtocolError("member registry: " + options_.hash_key + " is not a hash");
   }
-  RegistryMembers out;
   std::vector<std::string> long_lapsed;
   for (size_t i = 0; i < all->elements.size(); i += 2) {
     const RespReply& field = all->elements[i];

@@ -5,10 +5,13 @@
 // The registry is one Redis hash (`hash_key`, one slot): a field per node,
 // its id, whose value is this node's address and the wall-clock time its
 // entry lapses, tagged with the cluster secret's MAC (value_mac.h) over
-// the field and the value. Refresh writes this node's entry (lapsing `ttl`
-// from now) and reads the whole hash: the addresses of the other nodes
-// whose entries verify and have not lapsed. A node that stops refreshing
-// drops out `ttl` after its last refresh; Leave removes its entry at once.
+// a domain string, the field and the value (so no other message under the
+// secret, such as a remote value, verifies as an entry). Refresh writes
+// this node's entry (lapsing `ttl` from now) and reads the whole hash: the
+// addresses of the other nodes whose entries verify and have not lapsed.
+// A node that stops refreshing drops out `ttl` after its last refresh;
+// Leave removes its entry at once. An entry that lapses more than 2 `ttl`
+// ahead is refused (none lives forever, whatever its writer chose).
 //
 // Trust: an entry that does not verify (another cluster's, with another
 // secret, sharing the Redis; or forged) is ignored and counted, never
@@ -20,8 +23,12 @@
 // Clocks: lapse times are wall-clock, so nodes' clocks must agree to well
 // within `ttl`.
 //
-// Bounds: a hash of more than `max_entries` fields is refused whole
-// (ProtocolError; the previous answer stands with the caller).
+// Bounds: a hash of more than `max_entries` fields, or a value longer than
+// an entry can be (ids of at most 64 bytes, addresses of at most 300), is
+// refused whole (ProtocolError; the previous answer stands with the
+// caller): a read costs at most about 3 MB at the default bound. A lapsed
+// entry deleted by a reader just as its node wrote it again costs that
+// node one interval's absence (it writes again on its next refresh).
 //
 // Thread-safe: calls may come from any thread (the ClusterClient's).
 #pragma once
@@ -54,6 +61,7 @@ struct RegistryMembers {
   std::vector<std::string> addresses;  // the other live nodes', sorted, each once
   size_t refused = 0;                  // entries that did not verify or decode
   size_t lapsed = 0;                   // verified entries past their time (deleted when long past)
+  Status announce_failure;             // this node's entry could not be written (the others were read)
 };
 
 class MemberRegistry {
