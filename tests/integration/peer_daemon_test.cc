@@ -72,7 +72,8 @@ bool WaitConnected(const DaemonProcess& daemon, int port) {
 constexpr uint32_t kLayers = 4;  // TestNamespace's
 constexpr uint64_t kLayerBytes = kBlockBytes / kLayers;
 struct PrefillDecode {
-  const int pp = FreeLoopbackPort(), pd = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int pp = ports.at(0), pd = ports.at(1);
   DaemonProcess prefill{KVTIERD_PATH, "", PeerToml(pp, {pp, pd})};
   DaemonProcess decode{KVTIERD_PATH, "", PeerToml(pd, {pp, pd})};
   std::unique_ptr<Client> p, d;
@@ -99,7 +100,8 @@ class PeerDaemon : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(PeerDaemon, ADaemonPullsAnothersHostBlocksByteExact) {
-  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int pa = ports.at(0), pb = ports.at(1);
   DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa, pb}));
   DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, {pa, pb}));
   ASSERT_TRUE(a.running()) << LogOf(a);
@@ -140,7 +142,8 @@ TEST_P(PeerDaemon, ADaemonPullsAnothersHostBlocksByteExact) {
 }
 
 TEST_P(PeerDaemon, ThreeDaemonsEachFindWhatTheOthersHold) {
-  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort(), pc = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(3);
+  const int pa = ports.at(0), pb = ports.at(1), pc = ports.at(2);
   const std::vector<int> all = {pa, pb, pc};
   DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, all));
   DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, all));
@@ -166,7 +169,8 @@ TEST_P(PeerDaemon, ThreeDaemonsEachFindWhatTheOthersHold) {
 }
 
 TEST_P(PeerDaemon, ADaemonWithoutTheClusterSecretGetsNothing) {
-  const int pa = FreeLoopbackPort(), pf = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int pa = ports.at(0), pf = ports.at(1);
   DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa}));
   const std::string other_key = MakeTempDir() + "/other.key";
   DaemonProcess forged(KVTIERD_PATH, "", PeerToml(pf, {pa}, other_key));
@@ -188,7 +192,8 @@ TEST_P(PeerDaemon, ADaemonWithoutTheClusterSecretGetsNothing) {
 }
 
 TEST_P(PeerDaemon, AKilledSourceCostsTheReaderItsHitsNotItsService) {
-  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int pa = ports.at(0), pb = ports.at(1);
   DaemonProcess a(KVTIERD_PATH, "", PeerToml(pa, {pa, pb}));
   DaemonProcess b(KVTIERD_PATH, "", PeerToml(pb, {pa, pb}));
   ASSERT_TRUE(a.running() && b.running());
@@ -244,7 +249,8 @@ TEST_P(PeerDaemon, DaemonsFindEachOtherThroughTheRemoteTier) {
            "\"\ndiscover = true\ndiscover_interval_ms = 100\nprobe_timeout_ms = 2000\ntimeout_ms = 1000\n"
            "retry_ms = 100\n[metrics]\nenabled = false\n";
   };
-  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  const int pa = ports.at(0), pb = ports.at(1);
   DaemonProcess a(KVTIERD_PATH, "", toml(pa));
   auto b = std::make_unique<DaemonProcess>(KVTIERD_PATH, "", toml(pb));
   ASSERT_TRUE(a.running()) << LogOf(a);
@@ -471,7 +477,8 @@ std::string TenantsToml(uint32_t alpha_uid, uint32_t beta_uid) {
 TEST_P(PeerDaemon, ATenantFindsItsOwnBlocksOnAPeerAndNoOtherTenants) {
   const std::string tenant_key = "tenant_key_file = \"" + MakeTempDir() + "/tenant.key\"\n";
   const uint32_t me = ::geteuid();
-  const int pa = FreeLoopbackPort(), pb = FreeLoopbackPort(), pc = FreeLoopbackPort();
+  const std::vector<int> ports = FreeLoopbackPorts(3);
+  const int pa = ports.at(0), pb = ports.at(1), pc = ports.at(2);
   // On a and on b this process is alpha; on c it is beta.
   DaemonProcess a(KVTIERD_PATH, tenant_key,
                   PeerToml(pa, {pa, pb, pc}, SharedKeyFile(), "40MiB") + TenantsToml(me, 54321));

@@ -548,6 +548,23 @@ TEST_P(PeerTierTest, DiscoveredMembersJoinAndLeaveWithTheirDiscovery) {
   EXPECT_EQ(left.load(), 1) << "leave runs once at close";
 }
 
+// A second server on an address already served fails to start with the
+// reason, and undoes what it registered (UCX aborts the process at its
+// cleanup if a region is left registered).
+TEST_P(PeerTierTest, AServerOnAnAddressAlreadyServedFailsCleanly) {
+  PeerServerOptions o;
+  o.listen = server_->address();
+  o.secret = kSecret;
+  FakeSource other(1 << 20);
+  auto second = PeerServer::Start(o, other);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("listening on " + server_->address()), std::string::npos)
+      << second.status().ToString();
+  // The first one still serves.
+  auto tier = OpenTier();
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 1; }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PeerTierTest, ::testing::Values("tcp", "shm,tcp"),
                          [](const auto& info) { return std::string(info.index == 0 ? "tcp" : "shm"); });
 

@@ -11,10 +11,16 @@ import pytest
 import kvtier
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct free loopback ports (all held while drawn, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return tuple(s.getsockname()[1] for s in socks)
+    finally:
+        for s in socks:
+            s.close()
 
 
 def peer_toml(key_file, listen, members, probe_ms=500):
@@ -34,7 +40,7 @@ def start_peer_pair(make_daemon, monkeypatch, tmp_path):
     each has `peer_address`, its [peer] listen address."""
     monkeypatch.setenv("UCX_TLS", "tcp")  # the daemons inherit it
     key_file = tmp_path / "cluster.key"
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     daemons = [make_daemon(extra=peer_toml(key_file, port, ports)) for port in ports]
     for daemon, port in zip(daemons, ports):
         daemon.peer_address = f"127.0.0.1:{port}"

@@ -6,9 +6,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "support/ports.h"
 #include "support/redis_cluster.h"
 
 namespace kvtier::testing {
@@ -20,6 +22,15 @@ inline int FreeLoopbackPort() {
   const int port = support::FreeRedisPort();
   if (port < 0) ADD_FAILURE() << "no free loopback port for a redis node";
   return port;
+}
+
+// `n` distinct free loopback ports (held together while drawn, so none
+// repeats, as two FreeLoopbackPort calls may); fails the test and returns
+// fewer when the range is crowded.
+inline std::vector<int> FreeLoopbackPorts(int n) {
+  std::vector<int> ports = support::ReserveLoopbackPorts(n, 10000, 22767, /*companion_offset=*/0);
+  if (static_cast<int>(ports.size()) < n) ADD_FAILURE() << "fewer than " << n << " free loopback ports";
+  return ports;
 }
 
 // A test with its own default cluster (Options{}), started in SetUp;

@@ -42,6 +42,15 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Start(const PeerServerOptions& o
   PeerServer* s = server.get();
   Status started = Status::Ok();
   s->node_->Run([&] {
+    // First: a start that fails half-way (the address taken) undoes what it did when the node stops, so UCX
+    // never finds a region still registered at its cleanup.
+    s->node_->SetOnStop([s] {
+      if (s->listener_ != nullptr) ucp_listener_destroy(s->listener_);
+      s->listener_ = nullptr;
+      while (!s->readers_.empty()) s->Drop(s->readers_.begin()->first, /*force=*/true);
+      for (ucp_mem_h memh : s->registered_) ucp_mem_unmap(s->node_->context(), memh);
+      s->registered_.clear();
+    });
     if (Status am =
             s->node_->OnAm(kPeerRequestAm, [s](ucp_ep_h ep, std::span<const std::byte> m) { s->OnRequest(ep, m); });
         !am.ok()) {
@@ -101,13 +110,6 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Start(const PeerServerOptions& o
     s->node_->SetTick([s] {
       if (!s->watches_.empty()) s->ExpireWatches();
       s->DropSlowHandshakes();
-    });
-    s->node_->SetOnStop([s] {
-      if (s->listener_ != nullptr) ucp_listener_destroy(s->listener_);
-      s->listener_ = nullptr;
-      while (!s->readers_.empty()) s->Drop(s->readers_.begin()->first, /*force=*/true);
-      for (ucp_mem_h memh : s->registered_) ucp_mem_unmap(s->node_->context(), memh);
-      s->registered_.clear();
     });
   });
   if (!started.ok()) return Status(started.code(), "peer server: " + started.message());
