@@ -1,6 +1,7 @@
 // The peer tier and the peer server that kvtierd's [peer] section turns on
 // (tiers/peer/): this node reads blocks other nodes hold in memory
-// (peer.members: the peer tier, a level of the stack between the NVMe and
+// (peer.members, and with peer.discover those announced in the remote
+// tier's Redis: the peer tier, a level of the stack between the NVMe and
 // the remote tiers) and serves its own host memory to them (peer.listen).
 // Both prove the cluster secret of remote.key_file (created when missing).
 //
