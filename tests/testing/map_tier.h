@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -26,6 +27,16 @@ namespace kvtier::testing {
 
 class MapTier final : public BlockTier, public InPlaceHolds {
  public:
+  // Returns once every write completion posted before the call has run
+  // (they run in order on one thread): a test ends its writers' callbacks
+  // before it destroys what they call.
+  void WaitForCompletions() {
+    std::promise<void> reached;
+    std::future<void> done = reached.get_future();
+    completions_.Post([&reached] { reached.set_value(); });
+    done.wait();
+  }
+
   MapTier() = default;
   MapTier(uint64_t capacity_bytes, std::string name) : capacity_(capacity_bytes), name_(std::move(name)) {}
 

@@ -62,6 +62,15 @@ class DemoterTest : public ::testing::Test {
     below_.push_back(std::move(level));
   }
 
+  // A write's completion runs on its tier's thread and then calls the
+  // demoter's hooks (a test's promise is set from the first of them): the
+  // demoter stops writing, then the tiers' completions finish, before the
+  // demoter is destroyed, as the engine waits for its I/O before it goes.
+  void TearDown() override {
+    if (demoter_ != nullptr) demoter_->Stop();
+    for (auto& map : maps_) map->WaitForCompletions();
+  }
+
   Demoter& Make(uint64_t buffer_bytes = 4 * kBlockBytes) {
     Demoter::Hooks hooks;
     hooks.io_started = [this] { ++io_started_; };
