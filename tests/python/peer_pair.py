@@ -3,6 +3,7 @@ members, one cluster secret in [remote] key_file, UCX over TCP on
 loopback), for the tests that move KV between nodes (test_vllm_pd.py,
 test_vllm_migration.py)."""
 
+import random
 import socket
 import time
 
@@ -12,14 +13,29 @@ import kvtier
 
 
 def free_ports(n):
-    """n distinct free loopback ports (all held while drawn, so none repeats)."""
-    socks = [socket.socket() for _ in range(n)]
+    """n distinct free loopback ports (all held while drawn, so none
+    repeats), drawn below the kernel's ephemeral range (32768 and up on
+    Linux): a port from that range can be taken by any outgoing connection
+    (the daemon's own peer tier connecting out first) before the daemon
+    binds it. The C++ tests draw from the same range (FreeLoopbackPorts)."""
+    rng = random.Random()
+    held = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return tuple(s.getsockname()[1] for s in socks)
+        for _ in range(1000):
+            if len(held) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", rng.randint(10000, 22767)))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        if len(held) < n:
+            pytest.fail(f"fewer than {n} free loopback ports in 10000..22767")
+        return tuple(s.getsockname()[1] for s in held)
     finally:
-        for s in socks:
+        for s in held:
             s.close()
 
 
