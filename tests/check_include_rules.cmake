@@ -2,11 +2,13 @@
 # #include of every source folder. Run as: cmake -DSOURCE_DIR=... -P this.
 # A folder may include its own headers, std/system headers and the folders
 # listed for it below; anything else of ours is a violation.
-set(ours "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/;client_lib/;support/;tools/;tests/;python/")
+set(ours "kvtier/;common/;policy/;subscriber/;tiers/;gpu/;proto/;daemon/;client_lib/;support/;tools/;tests/;python/")
 # folder -> allowed prefixes of our own headers ("kvtier/" = include/kvtier)
 set(allowed_include_kvtier "kvtier/status.h;kvtier/result.h;kvtier/block_key.h;kvtier/client.h;kvtier/kvtier_c.h;kvtier/preload.h;kvtier/ready_estimate.h")
 set(allowed_common "kvtier/;common/")
 set(allowed_policy "kvtier/;common/;policy/")
+# The KV events subscriber (kvtier events, the peer tier's directory): the public API and common.
+set(allowed_subscriber "kvtier/;common/;subscriber/")
 # The CUDA building blocks: public headers and their own, and the annotated
 # Mutex (their locks are checked like every other).
 set(allowed_gpu "kvtier/;gpu/;common/mutex.h")
@@ -33,17 +35,17 @@ set(allowed_daemon_events "kvtier/;common/;${tier_core};daemon/engine/block_even
 set(allowed_daemon_tenants "kvtier/;common/;${tier_core};daemon/config/;daemon/tenants/")
 set(allowed_daemon_server
     "kvtier/;common/;policy/;${tier_core};tiers/host/;proto/;daemon/engine/;daemon/tenants/;daemon/server/")
-set(allowed_daemon_setup "kvtier/;common/;policy/;tiers/;gpu/;proto/;daemon/")
+set(allowed_daemon_setup "kvtier/;common/;policy/;subscriber/;tiers/;gpu/;proto/;daemon/")
 set(allowed_daemon "kvtier/;common/;daemon/")
 set(allowed_client_lib "kvtier/;common/;gpu/;proto/;client_lib/")
 # support/ (process, temp-dir, port and server helpers) is for tools/ and
 # tests/ only: no product folder may include it.
 set(allowed_support "kvtier/;common/;support/")
 # The tools, one folder a product (tools_x is tools/x). The admin front end
-# (cli) sees only the public API and common/, and none of RocksDB, liburing
-# or Google Benchmark (ZeroMQ, for `kvtier events`, yes); the others include
-# the libraries they run.
-set(allowed_tools_cli "kvtier/;common/;tools/cli/")
+# (cli) sees only the public API, common/ and the events subscriber, and
+# none of RocksDB, liburing or Google Benchmark; the others include the
+# libraries they run.
+set(allowed_tools_cli "kvtier/;common/;subscriber/;tools/cli/")
 set(allowed_tools_trace "kvtier/;common/;tools/trace/")
 set(allowed_tools_replay "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tools/replay/")
 set(allowed_tools_stress "kvtier/;common/;support/;tools/stress/")
@@ -62,14 +64,15 @@ set(banned_daemon_engine "asio;google/protobuf;proto/;toml;zmq")
 set(banned_daemon_events "asio;google/protobuf;proto/;toml")
 set(banned_daemon_config "asio;google/protobuf")
 set(banned_common "asio;google/protobuf;cuda")
+set(banned_subscriber "asio;google/protobuf;rocksdb/;liburing.h;cuda")
 set(banned_gpu "asio;google/protobuf;spdlog;toml")
 set(banned_include_kvtier "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_python "asio;google/protobuf;spdlog;toml;cuda")
 set(banned_tools_cli "rocksdb/;liburing.h;benchmark/")
 
 # ZeroMQ (zmq.hpp, zmq_addon.hpp, zmq.h): the KV events publisher
-# (daemon/events/) and their reader `kvtier events` (tools/cli/) only.
-set(zmq_folders "daemon_events;tools_cli")
+# (daemon/events/) and their subscriber (subscriber/) only.
+set(zmq_folders "daemon_events;subscriber")
 # UCX (ucp/, uct/, ucs/): the peer tier and its server (tiers/peer/) and the
 # peer benchmark (tools/bench/) only.
 set(ucx_folders "tiers_peer;tools_bench")
@@ -78,7 +81,7 @@ set(violations "")
 # A folder written daemon_x is daemon/x (tools_x: tools/x, tiers_x:
 # tiers/x); daemon and tiers themselves are only their own files (main.cc;
 # tier.h, forwarding_tier.h), not their parts'.
-foreach(folder include_kvtier common policy gpu tiers tiers_host tiers_nvme tiers_remote tiers_peer tiers_hbm proto daemon
+foreach(folder include_kvtier common policy subscriber gpu tiers tiers_host tiers_nvme tiers_remote tiers_peer tiers_hbm proto daemon
         daemon_config daemon_engine daemon_events daemon_tenants daemon_server daemon_setup client_lib support tools_cli
         tools_bench tools_replay tools_stress tools_trace python)
   list(FIND zmq_folders "${folder}" zmq_allowed)

@@ -138,6 +138,8 @@ struct DaemonConfig {
   int64_t peer_discover_interval_ms = 0;
   int64_t peer_timeout_ms = 0;
   int64_t peer_probe_timeout_ms = 0;
+  int64_t peer_probe_fanout = 0;
+  int64_t peer_events_max_blocks = 0;
   int64_t peer_retry_ms = 0;
   int64_t peer_max_readers = 0;
   int64_t peer_max_pins_per_reader = 0;

@@ -364,6 +364,14 @@ constexpr OptionSpec kOptions[] = {
      "How long a lookup that the local tiers miss waits for the peers' answers (those later still count for the next "
      "lookup).",
      OptionFieldOf<&DaemonConfig::peer_probe_timeout_ms>()},
+    {"peer.probe_fanout", OptionType::kInt, "16", 1, 1024, "", false,
+     "Members one lookup asks at most: first those whose KV events say they hold the prefix (only those when one "
+     "holds all of it), then those nothing is known of, then the rest.",
+     OptionFieldOf<&DaemonConfig::peer_probe_fanout>()},
+    {"peer.events_max_blocks", OptionType::kInt, "1048576", 0, 1073741824, "", false,
+     "Blocks of the members' KV events this node keeps at most (about 64 bytes each), to know which member holds "
+     "what; a member past it is asked as if it had no events. 0: follow no member's events.",
+     OptionFieldOf<&DaemonConfig::peer_events_max_blocks>()},
     {"peer.retry_ms", OptionType::kInt, "1000", 10, 600000, "", false,
      "How soon a peer that failed, stalled or refused is connected again.",
      OptionFieldOf<&DaemonConfig::peer_retry_ms>()},

@@ -126,6 +126,9 @@ uint64_t ConfiguredMemoryBytes(const DaemonConfig& config) {
   if (!config.nvme_path.empty()) bytes += static_cast<uint64_t>(config.nvme_staging_bytes);
   if (!config.remote_nodes.empty()) bytes += static_cast<uint64_t>(config.remote_staging_bytes);
   if (config.hbm_enabled == HbmEnabled::kOn) bytes += static_cast<uint64_t>(config.hbm_staging_bytes);
+  if (!config.peer_members.empty() || config.peer_discover) {
+    bytes += static_cast<uint64_t>(config.peer_events_max_blocks) * kPeerEventsBytesPerBlock;
+  }
   bytes += static_cast<uint64_t>(config.client_memory_bytes);  // what connections may make it hold
   return bytes;
 }
@@ -137,7 +140,7 @@ Status CheckFitsUnderLimit(const DaemonConfig& config, const CgroupMemory& cgrou
       "the configured sizes need " + MiB(needed) + " of memory (host.capacity_bytes " +
       MiB(static_cast<uint64_t>(config.host_capacity_bytes)) +
       " with its block directory, the staging buffers of "
-      "the tiers below, server.client_memory_bytes " +
+      "the tiers below, the peer tier's events directory, server.client_memory_bytes " +
       MiB(static_cast<uint64_t>(config.client_memory_bytes)) + " and " + MiB(kDaemonBaseBytes) +
       " for the daemon itself), more than the memory limit of "
       "kvtierd's cgroup: " +

@@ -28,6 +28,9 @@ struct CgroupMemory {
 // Connections add about ConnectionLimits' per-connection cost each
 // (docs/RELIABILITY.md), and partial frames up to server.partial_frame_bytes.
 inline constexpr uint64_t kDaemonBaseBytes = uint64_t{96} << 20;
+// An entry of the peer tier's events directory (subscriber/held_directory.h,
+// about 64 bytes) and its share of a snapshot being applied (at most 64).
+inline constexpr uint64_t kPeerEventsBytesPerBlock = 128;
 
 // The memory cgroup of the process described by `proc_cgroup` (a
 // /proc/<pid>/cgroup file) under the cgroup file systems at `cgroup_root`:
@@ -47,7 +50,9 @@ MachineMemory UnderLimit(MachineMemory machine, const CgroupMemory& cgroup);
 
 // The bytes kvtierd's configuration holds in memory: the host arena (with
 // its block directory), the staging buffers of the NVMe and remote tiers,
-// plus kDaemonBaseBytes.
+// with a peer tier the directory of its members' KV events
+// (kPeerEventsBytesPerBlock per peer.events_max_blocks), plus
+// kDaemonBaseBytes.
 uint64_t ConfiguredMemoryBytes(const DaemonConfig& config);
 
 // Ok when ConfiguredMemoryBytes(config) fits under cgroup.limit_bytes, else

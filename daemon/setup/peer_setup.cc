@@ -1,5 +1,6 @@
 #include "daemon/setup/peer_setup.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <netinet/in.h>
 #include <string_view>
@@ -9,6 +10,7 @@
 #include "common/logging.h"
 #include "daemon/setup/remote_key_file.h"
 #include "daemon/setup/remote_setup.h"
+#include "subscriber/held_directory.h"
 #include "tiers/remote/member_registry.h"
 
 namespace kvtier {
@@ -103,6 +105,32 @@ Status AddDiscovery(const DaemonConfig& config, const Clock& clock, const std::s
   return Status::Ok();
 }
 
+// The members' KV events as the peer tier asks them (subscriber/held_directory.h).
+class DirectoryHolders final : public PeerHolders {
+ public:
+  explicit DirectoryHolders(events::HeldDirectoryOptions o) : directory_(std::move(o)) {}
+  void Follow(const std::string& member, const std::string& endpoint, const std::string& replay_endpoint) override {
+    directory_.Follow(member, endpoint, replay_endpoint);
+  }
+  void Unfollow(const std::string& member) override { directory_.Unfollow(member); }
+  std::optional<size_t> Leading(const std::string& member, std::span<const BlockKey> keys) const override {
+    return directory_.Leading(member, keys);
+  }
+  void VisitCounters(CounterVisitor& v) const override { directory_.VisitCounters(v); }
+
+ private:
+  events::HeldDirectory directory_;
+};
+
+// "tcp://HOST:PORT" with a port number (not ZeroMQ's "*"): an endpoint
+// other nodes can be told.
+bool IsTcpWithPort(const std::string& endpoint) {
+  if (!endpoint.starts_with("tcp://")) return false;
+  const size_t colon = endpoint.rfind(':');
+  return colon != std::string::npos && colon + 1 < endpoint.size() &&
+         endpoint.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config, const Clock& clock) {
@@ -122,6 +150,14 @@ Result<std::unique_ptr<PeerTier>> OpenPeerTier(const DaemonConfig& config, const
   o.timeout = std::chrono::milliseconds(config.peer_timeout_ms);
   o.probe_timeout = std::chrono::milliseconds(config.peer_probe_timeout_ms);
   o.retry = std::chrono::milliseconds(config.peer_retry_ms);
+  o.probe_fanout = static_cast<size_t>(config.peer_probe_fanout);
+  if (config.peer_events_max_blocks > 0) {
+    events::HeldDirectoryOptions d;
+    d.max_blocks = static_cast<size_t>(config.peer_events_max_blocks);
+    d.retry = std::max(std::chrono::milliseconds(config.peer_retry_ms), std::chrono::milliseconds(1000));
+    d.answer_timeout = std::chrono::milliseconds(config.peer_timeout_ms);
+    o.holders = std::make_shared<DirectoryHolders>(std::move(d));
+  }
   auto tier = PeerTier::Open(o);
   if (!tier.ok()) return tier.status();
   spdlog::info("tier peer: {} members ({}){}, reads one-sided over UCX", o.members.size(), config.peer_members,
@@ -362,11 +398,21 @@ Result<std::unique_ptr<PeerService>> StartPeerService(const DaemonConfig& config
   o.max_readers = static_cast<uint32_t>(config.peer_max_readers);
   o.max_pins_per_reader = static_cast<uint32_t>(config.peer_max_pins_per_reader);
   o.node_id = PeerNodeId();
+  // The KV events, told to readers so that they ask this node for what it
+  // holds: only where other nodes reach them (tcp with a port) and only
+  // without tenants (each tenant's are ipc, for its own uid).
+  const bool one_engine = parts.size() == 1 && parts.front().scope == nullptr;
+  if (config.events_enabled && one_engine && IsTcpWithPort(config.events_endpoint) &&
+      IsTcpWithPort(config.events_replay_endpoint)) {
+    o.events_endpoint = config.events_endpoint;
+    o.events_replay_endpoint = config.events_replay_endpoint;
+  }
   auto server = PeerServer::Start(o, *service->source);
   if (!server.ok()) return Status(server.status().code(), "peer.listen: " + server.status().message());
   service->server = std::move(*server);
-  spdlog::info("peer server: serving this node's host memory ({} arena{}) on {}", parts.size(),
-               parts.size() == 1 ? "" : "s, one per tenant", service->server->address());
+  spdlog::info("peer server: serving this node's host memory ({} arena{}) on {}{}", parts.size(),
+               parts.size() == 1 ? "" : "s, one per tenant", service->server->address(),
+               o.events_endpoint.empty() ? "" : ", telling readers its KV events at " + o.events_endpoint);
   return service;
 }
 

@@ -168,6 +168,56 @@ TEST_P(PeerDaemon, ThreeDaemonsEachFindWhatTheOthersHold) {
   }
 }
 
+// Three daemons whose KV events reach each other on tcp (a wildcard host,
+// which the reader replaces by the member's), each asking one member per
+// lookup: a finds what b holds by b's events, and never asks c.
+TEST_P(PeerDaemon, ALookupAsksTheMemberWhoseEventsHoldThePrefix) {
+  const std::vector<int> ports = FreeLoopbackPorts(9);
+  const std::vector<int> all = {ports[0], ports[1], ports[2]};
+  auto toml = [&](int i) {
+    std::string t = PeerToml(all[i], all);
+    t.replace(t.find("retry_ms = 100\n"), 15, "retry_ms = 100\nprobe_fanout = 1\n");
+    return t + "[events]\nendpoint = \"tcp://*:" + std::to_string(ports[3 + 2 * i]) +
+           "\"\nreplay_endpoint = \"tcp://*:" + std::to_string(ports[4 + 2 * i]) + "\"\n";
+  };
+  DaemonProcess a(KVTIERD_PATH, "", toml(0));
+  DaemonProcess b(KVTIERD_PATH, "", toml(1));
+  DaemonProcess c(KVTIERD_PATH, "", toml(2));
+  ASSERT_TRUE(a.running() && b.running() && c.running()) << LogOf(a) << LogOf(b) << LogOf(c);
+  auto ca = ConnectTo(a), cb = ConnectTo(b), cc = ConnectTo(c);
+  ASSERT_TRUE(ca && cb && cc);
+  ASSERT_TRUE(WaitForCounter(*ca, "peer.connected", 2)) << LogOf(a);
+  ASSERT_TRUE(WaitForCounter(*ca, "peer_events.known", 2)) << LogOf(a);  // b's and c's events followed
+
+  const auto on_b = TestKeys(TestNamespace(), 8, 21);
+  const auto on_c = TestKeys(TestNamespace(), 8, 22);
+  for (const auto& k : on_b) ASSERT_TRUE(cb->Put(0, k, Block(k, kBlockBytes)).ok());
+  for (const auto& k : on_c) ASSERT_TRUE(cc->Put(0, k, Block(k, kBlockBytes)).ok());
+  ASSERT_TRUE(WaitForCounter(*ca, "peer_events.blocks", 16)) << LogOf(a);
+
+  auto found = ca->Lookup(0, on_b);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->prefix_blocks, on_b.size()) << LogOf(a);
+  std::vector<std::byte> dst(kBlockBytes);
+  for (const auto& k : on_b) {
+    auto got = ca->Get(0, k, dst);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(CheckBlockBytes(k, 0, dst));
+  }
+  EXPECT_EQ(StatsCounters(*cc)["peer_server.queries"], 0) << "c was asked for b's prefix";
+  const int64_t b_queries = StatsCounters(*cb)["peer_server.queries"];
+  EXPECT_GE(b_queries, 1);
+
+  found = ca->Lookup(0, on_c);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->prefix_blocks, on_c.size()) << LogOf(a);
+  EXPECT_EQ(StatsCounters(*cb)["peer_server.queries"], b_queries) << "b was asked for c's prefix";
+  EXPECT_GE(StatsCounters(*cc)["peer_server.queries"], 1);
+  auto counters = StatsCounters(*ca);
+  EXPECT_EQ(counters["peer.probe_asks"], counters["peer.probes"]);  // one member each
+  EXPECT_EQ(counters["peer_events.failures"], 0);
+}
+
 TEST_P(PeerDaemon, ADaemonWithoutTheClusterSecretGetsNothing) {
   const std::vector<int> ports = FreeLoopbackPorts(2);
   const int pa = ports.at(0), pf = ports.at(1);

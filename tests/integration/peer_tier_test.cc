@@ -565,6 +565,132 @@ TEST_P(PeerTierTest, AServerOnAnAddressAlreadyServedFailsCleanly) {
   ASSERT_TRUE(WaitFor([&] { return tier->connected() == 1; }));
 }
 
+// What the members' events say they hold, as a test sets it: per member,
+// how many leading keys it holds (absent: nothing known).
+class FakeHolders final : public PeerHolders {
+ public:
+  void Follow(const std::string& member, const std::string& endpoint, const std::string& replay) override {
+    MutexLock lock(mu_);
+    followed_[member] = endpoint + " " + replay;
+  }
+  void Unfollow(const std::string& member) override {
+    MutexLock lock(mu_);
+    followed_.erase(member);
+    unfollowed_.push_back(member);
+  }
+  std::optional<size_t> Leading(const std::string& member, std::span<const BlockKey> keys) const override {
+    MutexLock lock(mu_);
+    auto it = leading_.find(member);
+    if (it == leading_.end()) return std::nullopt;
+    return std::min(it->second, keys.size());
+  }
+  void Set(const std::string& member, std::optional<size_t> leading) {
+    MutexLock lock(mu_);
+    if (leading)
+      leading_[member] = *leading;
+    else
+      leading_.erase(member);
+  }
+  std::map<std::string, std::string> followed() const {
+    MutexLock lock(mu_);
+    return followed_;
+  }
+  std::vector<std::string> unfollowed() const {
+    MutexLock lock(mu_);
+    return unfollowed_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::map<std::string, std::string> followed_ GUARDED_BY(mu_);
+  std::vector<std::string> unfollowed_ GUARDED_BY(mu_);
+  std::map<std::string, size_t> leading_ GUARDED_BY(mu_);
+};
+
+// With three members and a fan-out of one, a probe asks the member whose
+// events say it holds the prefix; else one nothing is known of before one
+// known not to hold it; without knowledge, the same member for the same
+// prefix. A member's Welcome names its events (a wildcard host becomes the
+// member's) and the tier follows them while connected.
+TEST_P(PeerTierTest, AProbeAsksTheMembersTheEventsSayHoldThePrefix) {
+  FakeSource b_source(1 << 20), c_source(1 << 20);
+  const BlockKey key{1, 1};
+  b_source.Add(key, 0, 4, 4096, 3);
+  c_source.Add(key, 0, 4, 4096, 4);
+  std::vector<std::unique_ptr<PeerServer>> others;
+  for (auto [source, endpoint] : {std::pair{&b_source, "tcp://*:7001"}, std::pair{&c_source, "tcp://10.1.2.3:7002"}}) {
+    PeerServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.secret = kSecret;
+    o.events_endpoint = endpoint;
+    o.events_replay_endpoint = std::string(endpoint) + "9";
+    auto server = PeerServer::Start(o, *source);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    others.push_back(std::move(*server));
+  }
+  const std::string a = server_->address(), b = others[0]->address(), c = others[1]->address();
+  auto holders = std::make_shared<FakeHolders>();
+  PeerTierOptions o;
+  o.members = {a, b, c};
+  o.secret = kSecret;
+  o.retry = std::chrono::milliseconds(100);
+  o.probe_timeout = std::chrono::milliseconds(2000);
+  o.probe_fanout = 1;
+  o.holders = holders;
+  auto opened = PeerTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto tier = std::move(*opened);
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 3; }));
+  // a's Welcome names no events: it is not followed.
+  EXPECT_EQ(holders->followed(), (std::map<std::string, std::string>{{b, "tcp://127.0.0.1:7001 tcp://127.0.0.1:70019"},
+                                                                     {c, "tcp://10.1.2.3:7002 tcp://10.1.2.3:70029"}}));
+  auto queries = [&](const PeerServer& s) { return CounterOf(s, "peer_server.queries"); };
+
+  // c's events say it holds the key, b's that it does not: c alone is asked.
+  holders->Set(b, 0);
+  holders->Set(c, 1);
+  tier->Probe(kNs, std::span(&key, 1));
+  EXPECT_EQ(queries(*others[1]), 1);
+  EXPECT_EQ(queries(*others[0]) + queries(*server_), 0);
+  ASSERT_TRUE(tier->Find(key).has_value());
+  std::vector<std::byte> dst(4 * 4096);
+  auto read = ReadLayers(*tier, key, 0, 0, dst);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(std::equal(dst.begin(), dst.end(), c_source.Bytes(key).begin()));
+  EXPECT_EQ(CounterOf(*tier, "peer.probe_asks"), 1);
+
+  // Nobody's events have it: a (no events, nothing known) before b and c
+  // (known not to hold it: only a block still being written could be there).
+  const BlockKey other{5, 5};
+  holders->Set(c, 0);
+  tier->Probe(kNs, std::span(&other, 1));
+  EXPECT_EQ(queries(*server_), 1);
+  EXPECT_EQ(queries(*others[0]), 0);
+  EXPECT_EQ(queries(*others[1]), 1);
+
+  // Nothing known of anyone: one member, the same one for the same prefix.
+  holders->Set(b, std::nullopt);
+  holders->Set(c, std::nullopt);
+  auto counts = [&] { return std::vector<int64_t>{queries(*server_), queries(*others[0]), queries(*others[1])}; };
+  const std::vector<int64_t> q0 = counts();
+  tier->Probe(kNs, std::span(&other, 1));
+  const std::vector<int64_t> q1 = counts();
+  tier->Probe(kNs, std::span(&other, 1));
+  const std::vector<int64_t> q2 = counts();
+  int64_t asked_first = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    asked_first += q1[i] - q0[i];
+    EXPECT_EQ(q2[i] - q1[i], q1[i] - q0[i]) << "member " << i << " asked in one round and not the other";
+  }
+  EXPECT_EQ(asked_first, 1);
+
+  // c goes away: its events are no longer followed.
+  others[1].reset();
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 2; }));
+  EXPECT_EQ(holders->unfollowed(), std::vector<std::string>{c});
+  EXPECT_FALSE(holders->followed().contains(c));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PeerTierTest, ::testing::Values("tcp", "shm,tcp"),
                          [](const auto& info) { return std::string(info.index == 0 ? "tcp" : "shm"); });
 

@@ -1,4 +1,4 @@
-// IndexRebuilder (tools/cli/event_index.h), `kvtier events --rebuild`'s
+// IndexRebuilder (subscriber/event_index.h), `kvtier events --rebuild`'s
 // index, over a fake replay socket: a snapshot then the stream after its
 // S, batches the snapshot has skipped, a gap replayed, a gap the buffer no
 // longer has refused, numbers that go back answered with a new snapshot,
@@ -9,9 +9,13 @@
 #include <vector>
 
 #include "daemon/events/event_encoding.h"
-#include "tools/cli/event_index.h"
+#include "subscriber/event_index.h"
 
 namespace kvtier::tools {
+using events::EventRequests;
+using events::IndexRebuilder;
+using events::SeqPayload;
+
 namespace {
 
 const NamespaceFingerprint kNs{7, 7};

@@ -1,4 +1,4 @@
-// kvtier events' decoder (tools/cli/kv_event_batch.h) reads what the
+// kvtier events' decoder (subscriber/kv_event_batch.h) reads what the
 // daemon's encoder (daemon/events/event_encoding.h) writes, in both forms,
 // event for event; refuses what is no batch with a reason; and the block
 // listing (tools/cli/block_listing.h) prints sorted, each block once.
@@ -12,9 +12,13 @@
 #include "common/msgpack.h"
 #include "daemon/events/event_encoding.h"
 #include "tools/cli/block_listing.h"
-#include "tools/cli/kv_event_batch.h"
+#include "subscriber/kv_event_batch.h"
 
 namespace kvtier::tools {
+using events::DecodeKvEventBatch;
+using events::KvEventBatch;
+using events::KvEventKind;
+
 namespace {
 
 const NamespaceFingerprint kNs{0x0102030405060708, 0x1112131415161718};

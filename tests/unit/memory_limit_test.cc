@@ -104,6 +104,13 @@ TEST(MemoryLimitFitTest, AutoSizesUnderTheLimitAndTooLargeSizesAreRefused) {
   const uint64_t with_nvme = ConfiguredMemoryBytes(*config);
   config->nvme_path.clear();
   EXPECT_EQ(with_nvme - ConfiguredMemoryBytes(*config), static_cast<uint64_t>(config->nvme_staging_bytes));
+  // A peer tier holds its members' events directory.
+  config->peer_members = "10.0.0.5:7470";
+  const uint64_t with_peers = ConfiguredMemoryBytes(*config);
+  config->peer_members.clear();
+  EXPECT_EQ(with_peers - ConfiguredMemoryBytes(*config),
+            static_cast<uint64_t>(config->peer_events_max_blocks) * kPeerEventsBytesPerBlock);
+  EXPECT_GT(config->peer_events_max_blocks, 0);
 }
 
 }  // namespace

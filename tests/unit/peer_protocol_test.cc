@@ -54,6 +54,35 @@ TEST(PeerProtocolTest, AWelcomeThatNamesARegionTwiceIsRefused) {
   EXPECT_EQ(DecodeWelcome(twice->body).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(PeerProtocolTest, AWelcomeCarriesTheEventsEndpointsOnlyWhenTheServerHasThem) {
+  PeerWelcome welcome;
+  welcome.regions = {{0, 0x1000, 4096, "k"}};
+  const std::vector<std::byte> without = EncodePeer(0, welcome);
+  auto plain = DecodeWelcome(OpenPeer(without)->body);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_TRUE(plain->events_endpoint.empty());
+  EXPECT_TRUE(plain->events_replay_endpoint.empty());
+
+  welcome.events_endpoint = "tcp://10.0.0.5:5557";
+  welcome.events_replay_endpoint = "tcp://10.0.0.5:5558";
+  const std::vector<std::byte> with = EncodePeer(0, welcome);
+  EXPECT_GT(with.size(), without.size());
+  auto told = DecodeWelcome(OpenPeer(with)->body);
+  ASSERT_TRUE(told.ok()) << told.status().ToString();
+  EXPECT_EQ(told->events_endpoint, "tcp://10.0.0.5:5557");
+  EXPECT_EQ(told->events_replay_endpoint, "tcp://10.0.0.5:5558");
+  EXPECT_EQ(told->regions.size(), 1u);
+
+  // One endpoint of the two, or one cut short, is malformed.
+  std::vector<std::byte> cut = with;
+  cut.resize(cut.size() - 3);
+  EXPECT_EQ(DecodeWelcome(OpenPeer(cut)->body).status().code(), StatusCode::kInvalidArgument);
+  welcome.events_replay_endpoint.clear();
+  welcome.events_endpoint = "tcp://10.0.0.5:5557";
+  std::vector<std::byte> half = EncodePeer(0, welcome);  // the encoder writes both: the second empty
+  EXPECT_EQ(DecodeWelcome(OpenPeer(half)->body).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PeerProtocolTest, AnUnknownTypeOrVersionIsRefused) {
   std::vector<std::byte> message = EncodePeer(1, PeerTaken{kNs, {}});
   message[1] = std::byte{static_cast<uint8_t>(PeerMessage::kTaken) + 1};

@@ -100,6 +100,8 @@ class In {
     }
     return n;
   }
+  // Whether bytes are left (an optional field follows).
+  bool More() const { return !bad_ && at_ < b_.size(); }
   // Ok when every field was there and nothing is left over.
   Status End(std::string_view what) const {
     if (bad_ || at_ != b_.size()) return InvalidArgument("peer " + std::string(what) + ": malformed");
@@ -121,6 +123,7 @@ class In {
 
 constexpr size_t kMaxRkeyBytes = 64 * 1024;
 constexpr size_t kMaxRefusalBytes = 4096;
+constexpr size_t kMaxEndpointBytes = 1024;
 
 PeerProof Hmac(std::span<const std::byte> secret, std::string_view label, const PeerNonce& a, const PeerNonce& b) {
   std::vector<unsigned char> message(label.begin(), label.end());
@@ -163,6 +166,10 @@ std::vector<std::byte> EncodePeer(uint64_t request, const PeerWelcome& m) {
     o.U64(r.base);
     o.U64(r.bytes);
     o.Text(r.rkey);
+  }
+  if (!m.events_endpoint.empty()) {
+    o.Text(m.events_endpoint);
+    o.Text(m.events_replay_endpoint);
   }
   return o.Take();
 }
@@ -285,6 +292,13 @@ Result<PeerWelcome> DecodeWelcome(std::span<const std::byte> body) {
     r.bytes = in.U64();
     r.rkey = in.Text(kMaxRkeyBytes);
     m.regions.push_back(std::move(r));
+  }
+  if (in.More()) {  // a server without events leaves them out
+    m.events_endpoint = in.Text(kMaxEndpointBytes);
+    m.events_replay_endpoint = in.Text(kMaxEndpointBytes);
+    if (m.events_endpoint.empty() || m.events_replay_endpoint.empty()) {
+      return InvalidArgument("peer welcome: an events endpoint is empty");
+    }
   }
   if (Status s = in.End("welcome"); !s.ok()) return s;
   std::vector<uint32_t> ids;

@@ -13,7 +13,10 @@
 //   reader -> Hello     {node id, nonce_r}
 //   server -> Challenge {node id, nonce_s, HMAC(secret, "server" | nonce_r | nonce_s)}
 //   reader -> Proof     {HMAC(secret, "client" | nonce_s | nonce_r)}
-//   server -> Welcome   {the memory regions the reader may get from: id, base, bytes, packed remote key}
+//   server -> Welcome   {the memory regions the reader may get from: id, base, bytes, packed remote key;
+//                        then, only when the server publishes KV events where peers reach them, the
+//                        events' stream and replay endpoints (a reader follows them to learn what
+//                        the server holds, subscriber/held_directory.h)}
 // A server answers nothing else before a good Proof; a reader trusts no
 // answer of a server whose Challenge did not verify. Fresh nonces on both
 // sides: an old exchange replayed proves nothing.
@@ -96,6 +99,9 @@ struct PeerRegion {
 };
 struct PeerWelcome {
   std::vector<PeerRegion> regions;
+  // Both or neither (at most 1,024 bytes each): "tcp://host:port".
+  std::string events_endpoint;
+  std::string events_replay_endpoint;
 };
 struct PeerQuery {
   NamespaceFingerprint ns;

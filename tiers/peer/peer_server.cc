@@ -78,6 +78,10 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Start(const PeerServerOptions& o
                                                std::string(static_cast<const char*>(packed), packed_bytes)});
       ucp_rkey_buffer_release(packed);
     }
+    if (!options.events_endpoint.empty() && !options.events_replay_endpoint.empty()) {
+      s->welcome_.events_endpoint = options.events_endpoint;
+      s->welcome_.events_replay_endpoint = options.events_replay_endpoint;
+    }
     ucp_listener_params_t params{};
     params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&listen->addr);

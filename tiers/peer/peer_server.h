@@ -50,6 +50,10 @@ struct PeerServerOptions {
   uint32_t max_readers = 64;
   uint32_t max_pins_per_reader = 4096;
   uint64_t node_id = 0;  // this node's id (0: a fresh one), in its Challenge: a reader of this node skips it
+  // Where this node's KV events reach peers ("tcp://host:port", both or
+  // neither), told to each reader in its Welcome; empty: none.
+  std::string events_endpoint;
+  std::string events_replay_endpoint;
 };
 
 class PeerServer {

@@ -13,6 +13,8 @@ using SteadyClock = std::chrono::steady_clock;
 struct PeerTier::Member {
   enum class State { kIdle, kHello, kProof, kReady };
   PeerAddress address;
+  std::string identity;   // Identity(address): its name to `holders`
+  bool followed = false;  // its events are followed (holders->Follow) for this connection
   ucp_ep_h ep = nullptr;
   State state = State::kIdle;
   uint64_t generation = 0;  // one per connection
@@ -42,6 +44,31 @@ constexpr int kAbsentRoundsToDrop = 3;
 
 // An address's identity: its resolved form (a name and its address are one member).
 std::string Identity(const PeerAddress& a) { return FormatPeerAddress(reinterpret_cast<const sockaddr*>(&a.addr)); }
+
+// A member's events endpoint as this node reaches it: a wildcard host
+// ("tcp://*:P", "tcp://0.0.0.0:P", "tcp://[::]:P") becomes the member's.
+std::string EventsEndpointOf(const std::string& identity, const std::string& endpoint) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (!endpoint.starts_with(kTcp)) return endpoint;
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < kTcp.size()) return endpoint;
+  const std::string host = endpoint.substr(kTcp.size(), colon - kTcp.size());
+  if (host != "*" && host != "0.0.0.0" && host != "[::]" && host != "::") return endpoint;
+  const size_t member_colon = identity.rfind(':');
+  if (member_colon == std::string::npos) return endpoint;
+  return std::string(kTcp) + identity.substr(0, member_colon) + endpoint.substr(colon);
+}
+
+// The order among members of one class in a probe: the same first key
+// asks the same members, different keys spread over them.
+uint64_t ProbeRank(const BlockKey& first, const std::string& identity) {
+  uint64_t x = std::hash<BlockKey>{}(first) ^ (std::hash<std::string>{}(identity)*0x9e3779b97f4a7c15ull);
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 }  // namespace
 
@@ -122,6 +149,7 @@ Result<std::unique_ptr<PeerTier>> PeerTier::Open(const PeerTierOptions& options)
     for (const PeerAddress& a : t->addresses_) {
       auto m = std::make_unique<Member>();
       m->address = a;
+      m->identity = Identity(a);
       t->members_.push_back(std::move(m));
     }
     t->members_now_.store(static_cast<int64_t>(t->members_.size()), std::memory_order_relaxed);
@@ -238,17 +266,52 @@ void PeerTier::Probe(const NamespaceFingerprint& ns, std::span<const BlockKey> k
   }
 }
 
+std::vector<size_t> PeerTier::ProbeOrder(std::span<const BlockKey> keys) const {
+  struct Candidate {
+    size_t member = 0;
+    int rank_class = 0;  // 0: holds some of the keys; 1: nothing known; 2: known not to hold the first
+    size_t leading = 0;
+    uint64_t rank = 0;
+  };
+  std::vector<Candidate> candidates;
+  bool one_holds_all = false;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = *members_[i];
+    if (m.state != Member::State::kReady) continue;
+    Candidate c{i, 1, 0, ProbeRank(keys.front(), m.identity)};
+    if (m.followed) {
+      if (auto leading = options_.holders->Leading(m.identity, keys)) {
+        c.leading = *leading;
+        c.rank_class = *leading > 0 ? 0 : 2;
+        one_holds_all = one_holds_all || *leading == keys.size();
+      }
+    }
+    candidates.push_back(c);
+  }
+  if (one_holds_all) std::erase_if(candidates, [](const Candidate& c) { return c.rank_class != 0; });
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.rank_class != b.rank_class) return a.rank_class < b.rank_class;
+    if (a.leading != b.leading) return a.leading > b.leading;
+    return a.rank < b.rank;
+  });
+  std::vector<size_t> order;
+  for (size_t i = 0; i < candidates.size() && i < std::max<size_t>(options_.probe_fanout, 1); ++i) {
+    order.push_back(candidates[i].member);
+  }
+  return order;
+}
+
 void PeerTier::QueryMembers(std::shared_ptr<ProbeWait> wait) {
   size_t asked = 0;
   const auto deadline = SteadyClock::now() + options_.timeout;
-  for (size_t i = 0; i < members_.size(); ++i) {
+  for (size_t i : ProbeOrder(wait->keys)) {
     Member& m = *members_[i];
-    if (m.state != Member::State::kReady) continue;
     const uint64_t request = Expect(i, PeerMessage::kFound, deadline);
     pending_[request].probe = wait;
     Send(m, request, EncodePeer(request, PeerQuery{wait->ns, wait->keys}));
     ++asked;
   }
+  probe_asks_.fetch_add(static_cast<int64_t>(asked), std::memory_order_relaxed);
   MutexLock lock(wait->mu);
   wait->remaining = asked;
   if (asked == 0) wait->cv.NotifyAll();
@@ -660,6 +723,10 @@ void PeerTier::Fail(size_t i, const std::string& why, bool stalled) {
     spdlog::warn("peer {}: {}; retrying every {} ms", m.address.text, why, options_.retry.count());
   }
   m.logged = true;
+  if (m.followed) {
+    options_.holders->Unfollow(m.identity);
+    m.followed = false;
+  }
   const ucp_ep_h ep = m.ep;
   m.ep = nullptr;
   m.state = Member::State::kIdle;
@@ -778,6 +845,11 @@ void PeerTier::OnHandshake(Member& m, const PeerEnvelope& e) {
     }
     m.state = Member::State::kReady;
     m.logged = false;
+    if (options_.holders && !welcome->events_endpoint.empty()) {
+      options_.holders->Follow(m.identity, EventsEndpointOf(m.identity, welcome->events_endpoint),
+                               EventsEndpointOf(m.identity, welcome->events_replay_endpoint));
+      m.followed = true;
+    }
     connected_.fetch_add(1, std::memory_order_relaxed);
     spdlog::info("peer {}: connected ({} regions)", m.address.text, m.regions.size());
   }
@@ -786,6 +858,7 @@ void PeerTier::OnHandshake(Member& m, const PeerEnvelope& e) {
 void PeerTier::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("peer.connected", connected_.load(std::memory_order_relaxed));
   v.Visit("peer.probes", probes_.load(std::memory_order_relaxed));
+  v.Visit("peer.probe_asks", probe_asks_.load(std::memory_order_relaxed));
   v.Visit("peer.probed_keys", probed_keys_.load(std::memory_order_relaxed));
   v.Visit("peer.probe_hits", probe_hits_.load(std::memory_order_relaxed));
   v.Visit("peer.reads", reads_.load(std::memory_order_relaxed));
@@ -802,6 +875,7 @@ void PeerTier::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("peer.members", members_now_.load(std::memory_order_relaxed));
   v.Visit("peer.discoveries", discoveries_.load(std::memory_order_relaxed));
   v.Visit("peer.discovery_failures", discovery_failures_.load(std::memory_order_relaxed));
+  if (options_.holders) options_.holders->VisitCounters(v);
 }
 
 // ---- Discovery ----
@@ -881,6 +955,7 @@ void PeerTier::Discovered(const std::vector<PeerAddress>& found) {
     }
     Member& m = *members_[slot];
     m.address = std::move(address);
+    m.identity = identity;
     m.discovered = true;
     spdlog::info("peer {}: discovered", m.address.text);
   }

@@ -30,6 +30,15 @@
 // reused); an address past that is left out (logged).
 // `leave` is called once when the tier closes.
 //
+// Probes: a lookup's probe asks at most `probe_fanout` connected members:
+// first those `holders` (the members' KV events) say hold the most of its
+// keys from the first (only those when one holds them all), then the
+// members nothing is known of, then those known not to hold the first key
+// (a block still being written on its node, a prefill hand-off, is not in
+// its events yet); within each, in an order drawn from the first key and
+// the member (the same prefix asks the same members). Without holders
+// every member is unknown: the first probe_fanout in that order.
+//
 // Faults: a peer that does not answer a request, or finish a get, within
 // `timeout` counts as stalled; one whose endpoint fails counts as gone.
 // Either way its endpoint is closed at once (UCX then ends the gets in
@@ -82,6 +91,7 @@
 #include "common/mutex.h"
 #include "common/worker_pool.h"
 #include "tiers/peer/peer_address.h"
+#include "tiers/peer/peer_holders.h"
 #include "tiers/peer/peer_protocol.h"
 #include "tiers/peer/ucx_node.h"
 #include "tiers/tier.h"
@@ -102,6 +112,11 @@ struct PeerTierOptions {
   std::function<Result<std::vector<std::string>>()> discover;
   std::function<void()> leave;
   std::chrono::milliseconds discover_interval{2000};
+  // Members one probe asks at most (above), and what their events say
+  // they hold (null: nothing; followed for members whose Welcome names
+  // their events' endpoints).
+  size_t probe_fanout = 16;
+  std::shared_ptr<PeerHolders> holders;
 };
 
 inline constexpr size_t kMaxPeerMembers = 1024;
@@ -131,7 +146,7 @@ class PeerTier final : public BlockTier, public Prober {
   Status Erase(const BlockKey& key) override EXCLUDES(known_mu_);
   WriteTotals write_totals() const override { return {}; }
   Prober* prober() override { return this; }
-  // peer.*: connected (gauge), probes, probed_keys, probe_hits, reads,
+  // peer.*: connected (gauge), probes, probe_asks (members asked), probed_keys, probe_hits, reads,
   // read_bytes, read_failures, corrupt, pins, stalls, disconnects, refused,
   // watches, watch_timeouts, taken (blocks told to their peer as read whole);
   // members (gauge: configured and discovered now), discoveries,
@@ -188,6 +203,8 @@ class PeerTier final : public BlockTier, public Prober {
   // Tells `m` which blocks were read whole since the last time (Taken).
   void SendTaken(Member& m);
   void ReleaseIdle(bool all);
+  // The ready members a probe of `keys` asks, in order (Probes, above).
+  std::vector<size_t> ProbeOrder(std::span<const BlockKey> keys) const;
   void QueryMembers(std::shared_ptr<ProbeWait> wait);
   // Node thread: `found` (discovery's answer) becomes the discovered members.
   void Discovered(const std::vector<PeerAddress>& found);
@@ -223,9 +240,9 @@ class PeerTier final : public BlockTier, public Prober {
   std::thread discover_thread_;
 
   std::atomic<int64_t> members_now_{0}, discoveries_{0}, discovery_failures_{0};
-  std::atomic<int64_t> connected_{0}, probes_{0}, probed_keys_{0}, probe_hits_{0}, reads_{0}, read_bytes_{0},
-      read_failures_{0}, corrupt_{0}, pins_made_{0}, stalls_{0}, disconnects_{0}, refused_{0}, watches_{0},
-      watch_timeouts_{0}, taken_sent_{0};
+  std::atomic<int64_t> connected_{0}, probes_{0}, probe_asks_{0}, probed_keys_{0}, probe_hits_{0}, reads_{0},
+      read_bytes_{0}, read_failures_{0}, corrupt_{0}, pins_made_{0}, stalls_{0}, disconnects_{0}, refused_{0},
+      watches_{0}, watch_timeouts_{0}, taken_sent_{0};
 };
 
 }  // namespace kvtier

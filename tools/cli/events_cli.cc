@@ -12,11 +12,19 @@
 #include "common/logging.h"
 #include "kvtier/client.h"
 #include "tools/cli/block_listing.h"
-#include "tools/cli/event_index.h"
-#include "tools/cli/event_source.h"
-#include "tools/cli/kv_event_batch.h"
+#include "subscriber/event_index.h"
+#include "subscriber/event_source.h"
+#include "subscriber/kv_event_batch.h"
 
 namespace kvtier::tools {
+using events::DecodeKvEventBatch;
+using events::EventSource;
+using events::IndexRebuilder;
+using events::KvEvent;
+using events::KvEventKind;
+using events::KvEventKindName;
+using events::SeqPayload;
+
 namespace {
 
 constexpr int kDone = 0, kFailed = 1, kUsage = 2, kUnreachable = 3;

@@ -1,4 +1,4 @@
-#include "tools/cli/event_source.h"
+#include "subscriber/event_source.h"
 
 #include <iterator>
 #include <zmq.hpp>
@@ -7,28 +7,39 @@
 #include "common/kv_event_forms.h"
 #include "common/msgpack.h"
 
-namespace kvtier::tools {
+namespace kvtier::events {
 namespace {
 
-constexpr auto kAnswerTimeout = std::chrono::seconds(10);
 // Far over any batch the daemon sends (1,024 events of 512 keys).
 constexpr int64_t kMaxMessageBytes = int64_t{64} << 20;
 
 }  // namespace
 
-struct EventSource::Sockets {
+struct EventContext::Impl {
   zmq::context_t context{1};
-  zmq::socket_t sub{context, zmq::socket_type::sub};
+};
+
+EventContext::EventContext() : impl_(std::make_unique<Impl>()) {}
+EventContext::~EventContext() = default;
+std::shared_ptr<EventContext> EventContext::Make() { return std::shared_ptr<EventContext>(new EventContext()); }
+
+struct EventSource::Sockets {
+  explicit Sockets(std::shared_ptr<EventContext> c) : context(std::move(c)) {}
+  std::shared_ptr<EventContext> context;  // outlives the sockets below
+  zmq::socket_t sub{context->impl().context, zmq::socket_type::sub};
   std::string replay_endpoint;
+  EventSourceLimits limits;
 };
 
 EventSource::EventSource(std::unique_ptr<Sockets> sockets) : sockets_(std::move(sockets)) {}
 EventSource::~EventSource() = default;
 
-Result<std::unique_ptr<EventSource>> EventSource::Open(const std::string& endpoint,
-                                                       const std::string& replay_endpoint) {
+Result<std::unique_ptr<EventSource>> EventSource::Open(const std::string& endpoint, const std::string& replay_endpoint,
+                                                       EventSourceLimits limits,
+                                                       std::shared_ptr<EventContext> context) {
   try {
-    auto sockets = std::make_unique<Sockets>();
+    auto sockets = std::make_unique<Sockets>(context ? std::move(context) : EventContext::Make());
+    sockets->limits = limits;
     sockets->sub.set(zmq::sockopt::linger, 0);
     sockets->sub.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     sockets->sub.set(zmq::sockopt::subscribe, "");
@@ -72,19 +83,21 @@ Result<std::vector<SeqPayload>> EventSource::Snapshot() {
 
 Result<std::vector<SeqPayload>> EventSource::Request(const std::string& body) {
   try {
-    zmq::socket_t dealer(sockets_->context, zmq::socket_type::dealer);
+    zmq::socket_t dealer(sockets_->context->impl().context, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
     dealer.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     dealer.connect(sockets_->replay_endpoint);
     (void)dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
     (void)dealer.send(zmq::buffer(body), zmq::send_flags::none);
     std::vector<SeqPayload> out;
+    uint64_t bytes = 0;
+    const EventSourceLimits& limits = sockets_->limits;
     for (;;) {
       zmq::pollitem_t item{static_cast<void*>(dealer), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(kAnswerTimeout)) == 0) {
-        return Unavailable("no answer from " + sockets_->replay_endpoint +
-                           " within 10 s (is kvtierd running, "
-                           "with events enabled?)");
+      if (zmq::poll(&item, 1, limits.answer_timeout) == 0) {
+        return Unavailable("no answer from " + sockets_->replay_endpoint + " within " +
+                           std::to_string(limits.answer_timeout.count()) +
+                           " ms (is kvtierd running, with events enabled?)");
       }
       std::vector<zmq::message_t> frames;
       if (!zmq::recv_multipart(dealer, std::back_inserter(frames))) continue;
@@ -99,6 +112,11 @@ Result<std::vector<SeqPayload>> EventSource::Request(const std::string& body) {
       }
       const int64_t seq = SeqFromBytes(frames[1].to_string());
       if (seq == kEventEndSeq) return out;
+      bytes += frames[2].size();
+      if (bytes > limits.max_answer_bytes) {
+        return NoSpace("an answer of " + sockets_->replay_endpoint + " is over " +
+                       std::to_string(limits.max_answer_bytes) + " bytes");
+      }
       out.push_back(SeqPayload{seq, frames[2].to_string()});
     }
   } catch (const zmq::error_t& e) {
@@ -106,4 +124,4 @@ Result<std::vector<SeqPayload>> EventSource::Request(const std::string& body) {
   }
 }
 
-}  // namespace kvtier::tools
+}  // namespace kvtier::events

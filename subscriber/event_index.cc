@@ -1,20 +1,36 @@
-#include "tools/cli/event_index.h"
+#include "subscriber/event_index.h"
 
 #include <string>
 
-namespace kvtier::tools {
+namespace kvtier::events {
+
+Status BlockSetIndex::Stored(Tier tier, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  for (const BlockKey& k : keys) index_.emplace(tier, ns, k);
+  return Status::Ok();
+}
+
+void BlockSetIndex::Removed(Tier tier, const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
+  for (const BlockKey& k : keys) index_.erase({tier, ns, k});
+}
+
+std::vector<HeldBlockInfo> BlockSetIndex::Blocks() const {
+  std::vector<HeldBlockInfo> out;
+  out.reserve(index_.size());
+  for (const auto& [tier, ns, key] : index_) out.push_back(HeldBlockInfo{tier, ns, key, {}});
+  return out;
+}
 
 Status IndexRebuilder::Apply(const KvEventBatch& batch) {
   for (const KvEvent& e : batch.events) {
     switch (e.kind) {
       case KvEventKind::kCleared:
-        index_.clear();
+        index_.Clear();
         break;
       case KvEventKind::kStored:
-        for (const BlockKey& k : e.keys) index_.emplace(e.tier, e.ns, k);
+        if (Status s = index_.Stored(e.tier, e.ns, e.keys); !s.ok()) return s;
         break;
       case KvEventKind::kRemoved:
-        for (const BlockKey& k : e.keys) index_.erase({e.tier, e.ns, k});
+        index_.Removed(e.tier, e.ns, e.keys);
         break;
     }
   }
@@ -33,13 +49,15 @@ Status IndexRebuilder::Resync() {
   auto batches = source_.Snapshot();
   if (!batches.ok()) return batches.status();
   if (batches->empty()) return ProtocolError("a snapshot came with no batch (it always has one, saying its seq)");
-  index_.clear();
+  synced_ = false;
+  index_.Clear();
   const int64_t seq = batches->front().seq;
   for (const SeqPayload& b : *batches) {
     if (b.seq != seq) return ProtocolError("a snapshot's batches name different points of the stream");
     if (Status s = ApplyPayload(b.payload, b.seq); !s.ok()) return s;
   }
   last_ = seq;
+  synced_ = true;
   return Status::Ok();
 }
 
@@ -77,11 +95,4 @@ Result<size_t> IndexRebuilder::OnStream(const SeqPayload& batch) {
   return decoded->events.size();
 }
 
-std::vector<HeldBlockInfo> IndexRebuilder::Blocks() const {
-  std::vector<HeldBlockInfo> out;
-  out.reserve(index_.size());
-  for (const auto& [tier, ns, key] : index_) out.push_back(HeldBlockInfo{tier, ns, key, {}});
-  return out;
-}
-
-}  // namespace kvtier::tools
+}  // namespace kvtier::events

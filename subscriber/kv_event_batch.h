@@ -20,7 +20,7 @@
 #include "kvtier/client.h"
 #include "kvtier/result.h"
 
-namespace kvtier::tools {
+namespace kvtier::events {
 
 enum class KvEventKind { kStored, kRemoved, kCleared };
 std::string_view KvEventKindName(KvEventKind kind);  // "stored", "removed", "cleared"
@@ -40,4 +40,4 @@ struct KvEventBatch {
 
 Result<KvEventBatch> DecodeKvEventBatch(std::string_view payload);
 
-}  // namespace kvtier::tools
+}  // namespace kvtier::events

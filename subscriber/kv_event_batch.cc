@@ -1,11 +1,11 @@
-#include "tools/cli/kv_event_batch.h"
+#include "subscriber/kv_event_batch.h"
 
 #include <string>
 
 #include "common/kv_event_forms.h"
 #include "common/msgpack.h"
 
-namespace kvtier::tools {
+namespace kvtier::events {
 namespace {
 
 // An event's fields by name (the map form) or by position (the array
@@ -116,4 +116,4 @@ Result<KvEventBatch> DecodeKvEventBatch(std::string_view payload) {
   return batch;
 }
 
-}  // namespace kvtier::tools
+}  // namespace kvtier::events
