@@ -1,5 +1,7 @@
 #include "subscriber/event_source.h"
 
+#include <atomic>
+#include <cstring>
 #include <iterator>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -12,6 +14,11 @@ namespace {
 
 // Far over any batch the daemon sends (1,024 events of 512 keys).
 constexpr int64_t kMaxMessageBytes = int64_t{64} << 20;
+// What the SUB socket's monitor reports: the handshake's outcome.
+constexpr int kMonitorEvents = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_DISCONNECTED;
+std::atomic<uint64_t> next_monitor{0};
 
 }  // namespace
 
@@ -22,11 +29,13 @@ struct EventContext::Impl {
 EventContext::EventContext() : impl_(std::make_unique<Impl>()) {}
 EventContext::~EventContext() = default;
 std::shared_ptr<EventContext> EventContext::Make() { return std::shared_ptr<EventContext>(new EventContext()); }
+void EventContext::Shutdown() { impl_->context.shutdown(); }
 
 struct EventSource::Sockets {
   explicit Sockets(std::shared_ptr<EventContext> c) : context(std::move(c)) {}
   std::shared_ptr<EventContext> context;  // outlives the sockets below
   zmq::socket_t sub{context->impl().context, zmq::socket_type::sub};
+  zmq::socket_t monitor{context->impl().context, zmq::socket_type::pair};  // the SUB's handshakes
   std::string replay_endpoint;
   EventSourceLimits limits;
 };
@@ -41,8 +50,15 @@ Result<std::unique_ptr<EventSource>> EventSource::Open(const std::string& endpoi
     auto sockets = std::make_unique<Sockets>(context ? std::move(context) : EventContext::Make());
     sockets->limits = limits;
     sockets->sub.set(zmq::sockopt::linger, 0);
+    sockets->sub.set(zmq::sockopt::ipv6, 1);
     sockets->sub.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     sockets->sub.set(zmq::sockopt::subscribe, "");
+    const std::string monitor = "inproc://kvtier-events-monitor-" + std::to_string(next_monitor.fetch_add(1));
+    if (zmq_socket_monitor(sockets->sub.handle(), monitor.c_str(), kMonitorEvents) != 0) {
+      throw zmq::error_t();
+    }
+    sockets->monitor.set(zmq::sockopt::linger, 0);
+    sockets->monitor.connect(monitor);
     sockets->sub.connect(endpoint);
     sockets->replay_endpoint = replay_endpoint;
     return std::unique_ptr<EventSource>(new EventSource(std::move(sockets)));
@@ -51,7 +67,51 @@ Result<std::unique_ptr<EventSource>> EventSource::Open(const std::string& endpoi
   }
 }
 
+Status EventSource::DrainMonitor(std::chrono::milliseconds wait) {
+  try {
+    for (;;) {
+      zmq::pollitem_t item{static_cast<void*>(sockets_->monitor), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, wait) == 0) return Status::Ok();
+      wait = std::chrono::milliseconds(0);
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(sockets_->monitor, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+        return Status::Ok();
+      }
+      if (frames.empty() || frames[0].size() < 6) continue;
+      uint16_t event = 0;
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        subscribed_ = true;
+        continue;
+      }
+      const std::string where = frames.size() > 1 ? frames[1].to_string() : std::string("the publisher");
+      if (event == ZMQ_EVENT_DISCONNECTED) {
+        if (!sockets_->limits.disconnect_is_error) continue;
+        return Unavailable("the events publisher at " + where + " went away (batches may be lost)");
+      }
+      return Unavailable("the events publisher at " + where +
+                         " refused this subscriber (its events.max_subscribers, or another protocol)");
+    }
+  } catch (const zmq::error_t& e) {
+    return Unavailable(std::string("watching the events subscription: ") + e.what());
+  }
+}
+
+Status EventSource::WaitSubscribed(std::chrono::milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (!subscribed_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Unavailable("the events publisher did not take this subscriber within " + std::to_string(wait.count()) +
+                         " ms (is its events.endpoint reachable?)");
+    }
+    if (Status s = DrainMonitor(left); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
 Result<std::optional<SeqPayload>> EventSource::Next(std::chrono::milliseconds wait) {
+  if (Status s = DrainMonitor(std::chrono::milliseconds(0)); !s.ok()) return s;
   try {
     zmq::pollitem_t item{static_cast<void*>(sockets_->sub), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, wait) == 0) return std::optional<SeqPayload>();
@@ -85,6 +145,7 @@ Result<std::vector<SeqPayload>> EventSource::Request(const std::string& body) {
   try {
     zmq::socket_t dealer(sockets_->context->impl().context, zmq::socket_type::dealer);
     dealer.set(zmq::sockopt::linger, 0);
+    dealer.set(zmq::sockopt::ipv6, 1);
     dealer.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     dealer.connect(sockets_->replay_endpoint);
     (void)dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);

@@ -43,7 +43,13 @@ class EventStream : public EventRequests {
  public:
   // The next batch of the stream, waiting at most `wait`; nullopt if none
   // came. A message that is not [topic, 8-byte seq, payload] is an error.
+  // A refusal of the SUB socket by the publisher (its events.max_subscribers
+  // cap: libzmq does not reconnect it) is an error here too.
   virtual Result<std::optional<SeqPayload>> Next(std::chrono::milliseconds wait) = 0;
+  // Ok once the SUB socket's handshake with the publisher succeeded, so
+  // that a snapshot asked after it is followed by every batch after its S;
+  // Unavailable when the publisher refused it or nothing came within `wait`.
+  virtual Status WaitSubscribed(std::chrono::milliseconds wait) { return Status::Ok(); }
 };
 
 // A ZeroMQ context (one I/O thread) sources may share.
@@ -51,6 +57,9 @@ class EventContext {
  public:
   static std::shared_ptr<EventContext> Make();
   ~EventContext();
+  // Ends every wait of its sockets at once (they fail with Unavailable);
+  // for a thread that must stop while a source waits for an answer.
+  void Shutdown();
   struct Impl;
   Impl& impl() { return *impl_; }
 
@@ -62,6 +71,11 @@ class EventContext {
 struct EventSourceLimits {
   std::chrono::milliseconds answer_timeout{10000};  // the replay socket's silence at most, per message
   uint64_t max_answer_bytes = UINT64_MAX;           // one replay's or snapshot's payloads at most
+  // Next fails once the SUB socket lost its publisher (it went away or
+  // restarted: batches may be lost, and a restarted daemon's numbers need
+  // not go back), for a reader that then takes a new snapshot; else libzmq
+  // reconnects quietly (`kvtier events` tells a restart by its numbers).
+  bool disconnect_is_error = false;
 };
 
 class EventSource final : public EventStream {
@@ -76,6 +90,7 @@ class EventSource final : public EventStream {
   EventSource& operator=(const EventSource&) = delete;
 
   Result<std::optional<SeqPayload>> Next(std::chrono::milliseconds wait) override;
+  Status WaitSubscribed(std::chrono::milliseconds wait) override;
   Result<std::vector<SeqPayload>> Replay(uint64_t start) override;
   Result<std::vector<SeqPayload>> Snapshot() override;
 
@@ -83,6 +98,10 @@ class EventSource final : public EventStream {
   struct Sockets;
   explicit EventSource(std::unique_ptr<Sockets> sockets);
   Result<std::vector<SeqPayload>> Request(const std::string& body);
+  // Reads the SUB socket's monitor: a refused handshake is an error;
+  // `subscribed_` notes a successful one.
+  Status DrainMonitor(std::chrono::milliseconds wait);
+  bool subscribed_ = false;
   std::unique_ptr<Sockets> sockets_;
 };
 

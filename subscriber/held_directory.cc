@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -19,11 +20,12 @@ constexpr uint64_t kSnapshotBytesPerBlock = 64;
 
 uint8_t TierBit(Tier tier) { return static_cast<uint8_t>(1u << static_cast<unsigned>(tier)); }
 
-HeldDirectoryOptions WithDefaults(HeldDirectoryOptions options) {
+HeldDirectoryOptions WithDefaults(HeldDirectoryOptions options, std::shared_ptr<EventContext> context) {
   if (!options.open) {
     const EventSourceLimits limits{.answer_timeout = options.answer_timeout,
-                                   .max_answer_bytes = options.max_blocks * kSnapshotBytesPerBlock};
-    options.open = [limits, context = EventContext::Make()](
+                                   .max_answer_bytes = options.max_blocks * kSnapshotBytesPerBlock,
+                                   .disconnect_is_error = true};
+    options.open = [limits, context = std::move(context)](
                        const std::string& endpoint,
                        const std::string& replay_endpoint) -> Result<std::unique_ptr<EventStream>> {
       auto source = EventSource::Open(endpoint, replay_endpoint, limits, context);
@@ -52,11 +54,13 @@ class HeldDirectory::NodeIndex final : public EventIndex {
       : directory_(directory), name_(std::move(name)), generation_(generation) {}
 
   void Clear() override {
+    HeldSet gone;  // freed outside the lock
     MutexLock lock(directory_.mu_);
     Node* node = Current();
     if (node == nullptr) return;
     directory_.entries_ -= node->held.size();
-    node->held.clear();
+    gone.swap(node->held);
+    node->known = false;  // until what follows is applied whole (Synced)
   }
 
   Status Stored(Tier tier, const NamespaceFingerprint&, std::span<const BlockKey> keys) override {
@@ -104,7 +108,7 @@ class HeldDirectory::NodeIndex final : public EventIndex {
   const uint64_t generation_;
 };
 
-HeldDirectory::HeldDirectory(HeldDirectoryOptions options) : options_(WithDefaults(std::move(options))) {
+HeldDirectory::HeldDirectory(HeldDirectoryOptions options) : options_(WithDefaults(std::move(options), context_)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -114,28 +118,34 @@ HeldDirectory::~HeldDirectory() {
     stopping_ = true;
     cv_.NotifyAll();
   }
+  context_->Shutdown();  // a snapshot or replay waiting for its answer ends now
   thread_.join();
 }
 
 void HeldDirectory::Follow(const std::string& name, const std::string& endpoint, const std::string& replay_endpoint) {
+  HeldSet gone;  // freed outside the lock
   MutexLock lock(mu_);
   Node& node = nodes_[name];
   if (node.generation != 0 && node.endpoint == endpoint && node.replay_endpoint == replay_endpoint) return;
   entries_ -= node.held.size();
-  node.held.clear();
+  gone.swap(node.held);
   node.known = false;
   node.endpoint = endpoint;
   node.replay_endpoint = replay_endpoint;
-  ++node.generation;
+  node.generation = ++next_generation_;  // never reused: a session of an earlier Follow never matches
+  changed_ = true;
   cv_.NotifyAll();
 }
 
 void HeldDirectory::Unfollow(const std::string& name) {
+  HeldSet gone;  // freed outside the lock
   MutexLock lock(mu_);
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return;
   entries_ -= it->second.held.size();
+  gone.swap(it->second.held);
   nodes_.erase(it);
+  changed_ = true;
 }
 
 std::optional<size_t> HeldDirectory::Leading(const std::string& name, std::span<const BlockKey> keys) const {
@@ -160,86 +170,96 @@ void HeldDirectory::VisitCounters(CounterVisitor& v) const {
 }
 
 void HeldDirectory::Failed(const std::string& name, uint64_t generation, const Status& why) {
+  HeldSet gone;  // freed outside the lock
   MutexLock lock(mu_);
   auto it = nodes_.find(name);
   if (it == nodes_.end() || it->second.generation != generation) return;
   Node& node = it->second;
   entries_ -= node.held.size();
-  node.held.clear();
+  gone.swap(node.held);
   node.known = false;
   ++failures_;
   if (why.code() == StatusCode::kNoSpace) ++overflows_;
-  spdlog::warn("peer events of {}: {}; its lookups ask it until it is followed again in {} ms", name, why.ToString(),
-               options_.retry.count());
+  if (!node.logged) {
+    node.logged = true;
+    spdlog::warn("peer events of {}: {}; it is asked as a member nothing is known of, and followed again every {} ms",
+                 name, why.ToString(), options_.retry.count());
+  }
 }
 
-void HeldDirectory::Reconcile(std::unordered_map<std::string, std::unique_ptr<Session>>& sessions,
-                              std::unordered_map<std::string, std::chrono::steady_clock::time_point>& retry_at) {
+void HeldDirectory::Synced(const std::string& name, uint64_t generation, bool snapshot) {
+  MutexLock lock(mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || it->second.generation != generation) return;
+  Node& node = it->second;
+  if (snapshot) ++syncs_;
+  if (!node.known && node.logged) spdlog::info("peer events of {}: followed again", name);
+  node.known = true;
+  node.logged = false;
+}
+
+void HeldDirectory::Reconcile(Sessions& sessions, RetryTimes& retry_at) {
   struct Want {
     std::string name, endpoint, replay_endpoint;
     uint64_t generation = 0;
   };
-  std::vector<Want> want;
+  std::unordered_map<std::string, Want> want;
   {
     MutexLock lock(mu_);
-    for (const auto& [name, node] : nodes_)
-      want.push_back({name, node.endpoint, node.replay_endpoint, node.generation});
+    changed_ = false;
+    for (const auto& [name, node] : nodes_) want[name] = {name, node.endpoint, node.replay_endpoint, node.generation};
   }
   std::erase_if(sessions, [&](const auto& entry) {
-    for (const Want& w : want) {
-      if (w.name == entry.first) return w.generation != entry.second->generation;
-    }
-    return true;
+    auto w = want.find(entry.first);
+    return w == want.end() || w->second.generation != entry.second->generation;
   });
-  std::erase_if(retry_at, [&](const auto& entry) {
-    for (const Want& w : want) {
-      if (w.name == entry.first) return false;
-    }
-    return true;
-  });
+  std::erase_if(retry_at, [&](const auto& entry) { return !want.contains(entry.first); });
   const auto now = std::chrono::steady_clock::now();
-  for (const Want& w : want) {
-    if (sessions.contains(w.name)) continue;
-    if (auto due = retry_at.find(w.name); due != retry_at.end() && now < due->second) continue;
-    retry_at[w.name] = now + options_.retry;  // unless it syncs, below
+  for (const auto& [name, w] : want) {
+    if (sessions.contains(name)) continue;
+    if (auto due = retry_at.find(name); due != retry_at.end() && now < due->second) continue;
+    // One node per turn: the streams of the others are read between.
+    retry_at[name] = now + options_.retry;  // unless it syncs, below
     auto stream = options_.open(w.endpoint, w.replay_endpoint);
     if (!stream.ok()) {
-      Failed(w.name, w.generation, stream.status());
-      continue;
+      Failed(name, w.generation, stream.status());
+      return;
     }
     auto session = std::make_unique<Session>();
     session->generation = w.generation;
     session->stream = std::move(*stream);
-    session->index = std::make_unique<NodeIndex>(*this, w.name, w.generation);
+    session->index = std::make_unique<NodeIndex>(*this, name, w.generation);
     session->rebuilder = std::make_unique<IndexRebuilder>(*session->stream, *session->index);
-    if (Status s = session->rebuilder->Resync(); !s.ok()) {
-      Failed(w.name, w.generation, s);
-      continue;
+    Status s = session->stream->WaitSubscribed(options_.answer_timeout);
+    if (s.ok()) s = session->rebuilder->Resync();
+    if (!s.ok()) {
+      Failed(name, w.generation, s);
+      return;
     }
-    {
-      MutexLock lock(mu_);
-      auto it = nodes_.find(w.name);
-      if (it == nodes_.end() || it->second.generation != w.generation) continue;
-      it->second.known = true;
-      ++syncs_;
-    }
-    retry_at.erase(w.name);
-    sessions.emplace(w.name, std::move(session));
+    Synced(name, w.generation, /*snapshot=*/true);
+    retry_at.erase(name);
+    sessions.emplace(name, std::move(session));
+    return;
   }
 }
 
 void HeldDirectory::Run() {
-  std::unordered_map<std::string, std::unique_ptr<Session>> sessions;
-  std::unordered_map<std::string, std::chrono::steady_clock::time_point> retry_at;
+  Sessions sessions;
+  RetryTimes retry_at;
   for (;;) {
+    bool reconcile = false;
     {
       MutexLock lock(mu_);
       if (stopping_) return;
+      reconcile = changed_;
     }
-    Reconcile(sessions, retry_at);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [name, at] : retry_at) reconcile = reconcile || at <= now;
+    if (reconcile) Reconcile(sessions, retry_at);
     bool any = false;
     std::vector<std::string> failed;
     for (auto& [name, session] : sessions) {
+      bool applied = false;
       for (int i = 0; i < kBatchesPerTurn; ++i) {
         auto next = session->stream->Next(std::chrono::milliseconds(0));
         Status s = next.status();
@@ -248,22 +268,31 @@ void HeldDirectory::Run() {
         if (!s.ok()) {
           Failed(name, session->generation, s);
           failed.push_back(name);
+          applied = false;
           break;
         }
-        any = true;
+        applied = any = true;
       }
+      // A batch applied whole (after a rebuild inside it: a snapshot, a clear) leaves the node known.
+      if (applied) Synced(name, session->generation, /*snapshot=*/false);
     }
     for (const std::string& name : failed) {
       sessions.erase(name);
       retry_at[name] = std::chrono::steady_clock::now() + options_.retry;
     }
     if (!any) {
-      // Nothing came: wait a moment for the streams, or (none open) until
-      // a Follow or the next retry.
+      // Nothing came: wait a moment for the streams, or (none open) until a
+      // Follow or the next retry.
       auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kIdleWait);
-      if (sessions.empty()) wait = std::chrono::milliseconds(1000);
+      if (sessions.empty()) {
+        wait = std::chrono::milliseconds(1000);
+        for (const auto& [name, at] : retry_at) {
+          wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(at - std::chrono::steady_clock::now()));
+        }
+        wait = std::max(wait, std::chrono::milliseconds(1));
+      }
       MutexLock lock(mu_);
-      if (!stopping_) cv_.WaitFor(mu_, wait);
+      if (!stopping_ && !changed_) cv_.WaitFor(mu_, wait);
     }
   }
 }

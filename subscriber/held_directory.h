@@ -8,10 +8,15 @@
 // into a set of the keys its tiers hold: any tier but the remote one
 // (which every node shares, so it says nothing of the node).
 //
-// A node is *known* from its snapshot applied whole until an error: no
-// answer, a gap its replay buffer no longer has, a batch that does not
-// decode, the bound below. An error drops its keys, makes it unknown and
-// subscribes it again `retry` later. Leading answers only for known nodes:
+// A node is *known* from its snapshot applied whole (asked once the
+// node's publisher took the subscription, so no batch after it is missed)
+// until an error: no answer, a subscription the publisher refused (its
+// events.max_subscribers), a publisher that went away (it may come back
+// as another run of the daemon), a gap its replay buffer no longer has, a batch
+// that does not decode, the bound below. An error drops its keys, makes it
+// unknown (logged once until it is known again) and subscribes it again
+// `retry` later. While its contents are rebuilt (a snapshot after the node
+// restarted, AllBlocksCleared) it is unknown too. Leading answers only for known nodes:
 // for others the caller knows nothing (nullopt) and asks them as before.
 // What a known node holds is as of its last batch applied (a few ms
 // behind the node; a block it evicted since is asked for and missed, as a
@@ -23,8 +28,12 @@
 // snapshot larger than `max_blocks` * 64 bytes is refused the same way.
 // Memory: about 64 bytes per entry, plus one snapshot being applied.
 //
-// Thread-safety: every method may be called from any thread. The
-// directory's thread does the subscribing, requests and applying.
+// Thread-safety: every method may be called from any thread; none waits
+// for the network (large sets are freed outside the lock). The directory's
+// thread does the subscribing, requests and applying; it opens at most one
+// node per turn, so a node that does not answer delays the others' streams
+// by at most `answer_timeout` at a time. The destructor ends any wait at
+// once (EventContext::Shutdown).
 #pragma once
 
 #include <chrono>
@@ -76,26 +85,34 @@ class HeldDirectory {
   void VisitCounters(CounterVisitor& v) const EXCLUDES(mu_);
 
  private:
+  using HeldSet = std::unordered_map<BlockKey, uint8_t>;  // key -> bit per tier (1 << Tier)
   struct Node {
     std::string endpoint, replay_endpoint;
-    uint64_t generation = 0;                     // a Follow that changed the endpoints
-    bool known = false;                          // synced, no error since
-    std::unordered_map<BlockKey, uint8_t> held;  // key -> bit per tier (1 << Tier)
+    uint64_t generation = 0;  // of the Follow that set the endpoints: unique over the directory's life
+    bool known = false;       // synced, no error or rebuild since
+    bool logged = false;      // its failure was logged (once until it is known again)
+    HeldSet held;
   };
   struct Session;
   class NodeIndex;
 
   void Run() EXCLUDES(mu_);
-  // Matches the thread's sessions to the followed nodes; opens those due.
-  void Reconcile(std::unordered_map<std::string, std::unique_ptr<Session>>& sessions,
-                 std::unordered_map<std::string, std::chrono::steady_clock::time_point>& retry_at) EXCLUDES(mu_);
+  using Sessions = std::unordered_map<std::string, std::unique_ptr<Session>>;
+  using RetryTimes = std::unordered_map<std::string, std::chrono::steady_clock::time_point>;
+  // Matches the thread's sessions to the followed nodes; opens at most one that is due.
+  void Reconcile(Sessions& sessions, RetryTimes& retry_at) EXCLUDES(mu_);
   // The session of `name` failed: its node forgets and is unknown.
   void Failed(const std::string& name, uint64_t generation, const Status& why) EXCLUDES(mu_);
+  // The session of `name` applied a snapshot or a batch whole: its node is known.
+  void Synced(const std::string& name, uint64_t generation, bool snapshot) EXCLUDES(mu_);
 
+  std::shared_ptr<EventContext> context_ = EventContext::Make();  // the default `open`'s sockets
   const HeldDirectoryOptions options_;
   mutable Mutex mu_;
   CondVar cv_;
   bool stopping_ GUARDED_BY(mu_) = false;
+  bool changed_ GUARDED_BY(mu_) = false;  // a Follow or Unfollow the thread has not matched yet
+  uint64_t next_generation_ GUARDED_BY(mu_) = 0;
   std::unordered_map<std::string, Node> nodes_ GUARDED_BY(mu_);
   size_t entries_ GUARDED_BY(mu_) = 0;
   int64_t syncs_ GUARDED_BY(mu_) = 0;

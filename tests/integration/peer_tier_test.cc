@@ -686,9 +686,53 @@ TEST_P(PeerTierTest, AProbeAsksTheMembersTheEventsSayHoldThePrefix) {
 
   // c goes away: its events are no longer followed.
   others[1].reset();
-  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 2; }));
+  ASSERT_TRUE(WaitFor([&] { return !holders->unfollowed().empty(); }));
   EXPECT_EQ(holders->unfollowed(), std::vector<std::string>{c});
   EXPECT_FALSE(holders->followed().contains(c));
+}
+
+// A fan-out that would reach every member asks only the holder when one
+// holds the whole prefix, and every member (holders first) when none does.
+TEST_P(PeerTierTest, AMemberHoldingTheWholePrefixIsAskedAlone) {
+  FakeSource a_source(1 << 20), b_source(1 << 20);
+  const BlockKey keys[] = {{1, 1}, {1, 2}};
+  a_source.Add(keys[0], 0, 4, 4096, 5);
+  a_source.Add(keys[1], 1 << 16, 4, 4096, 6);
+  std::vector<std::unique_ptr<PeerServer>> servers;
+  for (FakeSource* source : {&a_source, &b_source}) {
+    PeerServerOptions so;
+    so.listen = "127.0.0.1:0";
+    so.secret = kSecret;
+    so.events_endpoint = "tcp://127.0.0.1:7001";  // followed (FakeHolders), never connected
+    so.events_replay_endpoint = "tcp://127.0.0.1:7002";
+    auto server = PeerServer::Start(so, *source);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    servers.push_back(std::move(*server));
+  }
+  const std::string a = servers[0]->address(), b = servers[1]->address();
+  auto holders = std::make_shared<FakeHolders>();
+  PeerTierOptions o;
+  o.members = {a, b};
+  o.secret = kSecret;
+  o.probe_timeout = std::chrono::milliseconds(2000);
+  o.probe_fanout = 3;
+  o.holders = holders;
+  auto opened = PeerTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto tier = std::move(*opened);
+  ASSERT_TRUE(WaitFor([&] { return tier->connected() == 2 && holders->followed().size() == 2; }));
+  holders->Set(a, 2);
+  holders->Set(b, 0);
+  tier->Probe(kNs, keys);
+  EXPECT_EQ(CounterOf(*servers[0], "peer_server.queries"), 1);
+  EXPECT_EQ(CounterOf(*servers[1], "peer_server.queries"), 0);
+  EXPECT_TRUE(tier->Find(keys[1]).has_value());
+
+  holders->Set(a, 1);  // nobody holds all of it: both are asked
+  const BlockKey other[] = {{1, 1}, {7, 7}};
+  tier->Probe(kNs, other);
+  EXPECT_EQ(CounterOf(*servers[0], "peer_server.queries"), 2);
+  EXPECT_EQ(CounterOf(*servers[1], "peer_server.queries"), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PeerTierTest, ::testing::Values("tcp", "shm,tcp"),

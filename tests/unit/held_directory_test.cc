@@ -38,6 +38,7 @@ struct FakeNode {
   std::deque<SeqPayload> stream GUARDED_BY(mu);
   std::map<int64_t, std::string> kept GUARDED_BY(mu);  // for replays
   bool refuse GUARDED_BY(mu) = false;                  // snapshots fail
+  bool unsubscribed GUARDED_BY(mu) = false;            // the publisher refuses the subscription
   int snapshots GUARDED_BY(mu) = 0;
   int opens GUARDED_BY(mu) = 0;
 
@@ -57,6 +58,10 @@ class FakeStream final : public EventStream {
     SeqPayload next = std::move(node_.stream.front());
     node_.stream.pop_front();
     return std::optional<SeqPayload>(std::move(next));
+  }
+  Status WaitSubscribed(std::chrono::milliseconds) override {
+    MutexLock lock(node_.mu);
+    return node_.unsubscribed ? Unavailable("refused this subscriber") : Status::Ok();
   }
   Result<std::vector<SeqPayload>> Replay(uint64_t start) override {
     MutexLock lock(node_.mu);
@@ -236,6 +241,53 @@ TEST_F(HeldDirectoryTest, NewEndpointsStartAgainFromASnapshot) {
   EXPECT_EQ(d->Leading("x", std::vector<BlockKey>{Key(1)}), 0u);
   MutexLock lock(a_.mu);
   EXPECT_EQ(a_.snapshots, 1);
+}
+
+// A node unfollowed and followed again (its connection failed and came
+// back) starts again from a new snapshot, whatever the old session did.
+TEST_F(HeldDirectoryTest, ANodeFollowedAgainAfterUnfollowSyncsAfresh) {
+  {
+    MutexLock lock(a_.mu);
+    a_.snapshot = {{0, Batch(BlockEventKind::kStored, Tier::kHost, {1, 2})}};
+  }
+  auto d = Start();
+  d->Follow("a", "tcp://a:1", "tcp://a:2");
+  ASSERT_TRUE(WaitFor(*d, "a", {1, 2}, 2));
+  for (int round = 0; round < 20; ++round) {
+    d->Unfollow("a");
+    {
+      MutexLock lock(a_.mu);
+      a_.snapshot = {{0, Batch(BlockEventKind::kStored, Tier::kHost, {100 + static_cast<uint64_t>(round)})}};
+    }
+    d->Follow("a", "tcp://a:1", "tcp://a:2");
+    ASSERT_TRUE(WaitFor(*d, "a", {100 + static_cast<uint64_t>(round)}, 1)) << "round " << round;
+    EXPECT_EQ(d->Leading("a", std::vector<BlockKey>{Key(1)}), 0u);
+  }
+  EXPECT_EQ(Counter(*d, "peer_events.blocks"), 1);
+}
+
+// A publisher that refuses the subscription (its events.max_subscribers)
+// leaves the node unknown, not known with a snapshot that never moves.
+TEST_F(HeldDirectoryTest, ARefusedSubscriptionLeavesTheNodeUnknown) {
+  {
+    MutexLock lock(a_.mu);
+    a_.snapshot = {{0, Batch(BlockEventKind::kStored, Tier::kHost, {1})}};
+    a_.unsubscribed = true;
+  }
+  auto d = Start();
+  d->Follow("a", "tcp://a:1", "tcp://a:2");
+  for (auto until = std::chrono::steady_clock::now() + 5s;
+       Counter(*d, "peer_events.failures") < 2 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_GE(Counter(*d, "peer_events.failures"), 2);  // tried again after retry
+  EXPECT_EQ(d->Leading("a", std::vector<BlockKey>{Key(1)}), std::nullopt);
+  {
+    MutexLock lock(a_.mu);
+    EXPECT_EQ(a_.snapshots, 0) << "a snapshot was asked before the subscription was taken";
+    a_.unsubscribed = false;
+  }
+  EXPECT_TRUE(WaitFor(*d, "a", {1}, 1));
 }
 
 }  // namespace

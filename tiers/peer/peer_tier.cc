@@ -45,17 +45,22 @@ constexpr int kAbsentRoundsToDrop = 3;
 // An address's identity: its resolved form (a name and its address are one member).
 std::string Identity(const PeerAddress& a) { return FormatPeerAddress(reinterpret_cast<const sockaddr*>(&a.addr)); }
 
-// A member's events endpoint as this node reaches it: a wildcard host
-// ("tcp://*:P", "tcp://0.0.0.0:P", "tcp://[::]:P") becomes the member's.
+// A member's events endpoint ("tcp://HOST:PORT") as this node reaches it:
+// a wildcard or loopback host ("*", "0.0.0.0", "[::]", "127.x.y.z",
+// "localhost", "[::1]": the same on every node of a shared configuration,
+// and never another node's) becomes the member's. Empty for an endpoint
+// not on tcp (nothing another node could reach).
 std::string EventsEndpointOf(const std::string& identity, const std::string& endpoint) {
   constexpr std::string_view kTcp = "tcp://";
-  if (!endpoint.starts_with(kTcp)) return endpoint;
+  if (!endpoint.starts_with(kTcp)) return {};
   const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon < kTcp.size()) return endpoint;
+  if (colon == std::string::npos || colon < kTcp.size()) return {};
   const std::string host = endpoint.substr(kTcp.size(), colon - kTcp.size());
-  if (host != "*" && host != "0.0.0.0" && host != "[::]" && host != "::") return endpoint;
+  const bool local = host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "localhost" ||
+                     host == "[::1]" || host.starts_with("127.");
+  if (!local) return endpoint;
   const size_t member_colon = identity.rfind(':');
-  if (member_colon == std::string::npos) return endpoint;
+  if (member_colon == std::string::npos) return {};
   return std::string(kTcp) + identity.substr(0, member_colon) + endpoint.substr(colon);
 }
 
@@ -845,9 +850,10 @@ void PeerTier::OnHandshake(Member& m, const PeerEnvelope& e) {
     }
     m.state = Member::State::kReady;
     m.logged = false;
-    if (options_.holders && !welcome->events_endpoint.empty()) {
-      options_.holders->Follow(m.identity, EventsEndpointOf(m.identity, welcome->events_endpoint),
-                               EventsEndpointOf(m.identity, welcome->events_replay_endpoint));
+    const std::string events = EventsEndpointOf(m.identity, welcome->events_endpoint);
+    const std::string replay = EventsEndpointOf(m.identity, welcome->events_replay_endpoint);
+    if (options_.holders && !events.empty() && !replay.empty()) {
+      options_.holders->Follow(m.identity, events, replay);
       m.followed = true;
     }
     connected_.fetch_add(1, std::memory_order_relaxed);

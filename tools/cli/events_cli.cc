@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "common/kv_event_forms.h"
 #include "common/logging.h"
@@ -32,9 +31,10 @@ constexpr int kDone = 0, kFailed = 1, kUsage = 2, kUnreachable = 3;
 // at least this often.
 constexpr auto kPollStep = std::chrono::milliseconds(100);
 // The SUB socket's join takes a moment (ZeroMQ's slow joiner): what is
-// published before it completes is not delivered, so a rebuild waits this
-// long before its snapshot (a batch lost anyway is replayed as a gap).
-constexpr auto kJoinWait = std::chrono::milliseconds(300);
+// published before it completes is not delivered, so a rebuild waits (at
+// most this long) for the publisher to take the subscription before its
+// snapshot (a batch lost anyway is replayed as a gap).
+constexpr auto kJoinWait = std::chrono::seconds(10);
 
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void OnStopSignal(int) { g_stop = 1; }
@@ -162,7 +162,7 @@ int Tail(EventSource& source, const EventsOptions& options) {
 int Rebuild(EventSource& source, const EventsOptions& options) {
   StopRule stop(options);
   IndexRebuilder index(source);
-  std::this_thread::sleep_for(kJoinWait);
+  if (Status s = source.WaitSubscribed(kJoinWait); !s.ok()) return Fail(ExitFor(s), "subscribing: " + s.ToString());
   if (Status s = index.Resync(); !s.ok()) return Fail(ExitFor(s), "snapshot: " + s.ToString());
   // Until told to stop; then what has arrived meanwhile, so that the index
   // is as of the moment it stops.
