@@ -168,9 +168,10 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
       return ProtocolError("the arena fd is smaller than the announced arena");
     }
     // MAP_POPULATE: fault every page in now, so no get or put pays a page
-    // fault on the hot path (nothing maps there).
-    void* base =
-        ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fds.arena, 0);
+    // fault on the hot path (nothing maps there); not for a tool that never
+    // touches the arena (ClientOptions::prefault_arena).
+    void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | (options.prefault_arena ? MAP_POPULATE : 0), fds.arena, 0);
     if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
     arena_ = static_cast<std::byte*>(base);
     arena_bytes_ = body_hello.arena_bytes();

@@ -74,6 +74,7 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
     ClientOptions options;
     options.socket_path = server.socket_path;
     options.client_name = "kvtier-bench-probe";
+    options.prefault_arena = false;  // a probe: the arena is not its to touch
     return Client::Connect(options).ok();
   };
   Status s = WaitUntilReady(server, "kvtierd (" + kvtierd_path + ")", ready, timeout);

@@ -38,6 +38,7 @@ Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std
   if (!tenant.empty()) arena.name += "-" + tenant;
   arena.capacity_bytes = arena_bytes;
   arena.lock = LockModeOf(config.host_lock_memory);
+  arena.warm_in_background = true;  // the socket opens at once; the arena faults in behind it
   return HostTier::Open(arena, DirectorySlots(config, arena_bytes));
 }
 

@@ -69,9 +69,10 @@ TEST(HostArenaTest, LockOffIsUnlockedAndCloexec) {
   EXPECT_NE(fcntl((*arena)->fd(), F_GETFD) & FD_CLOEXEC, 0);
   CounterCollector c;
   (*arena)->VisitCounters(c);
-  ASSERT_EQ(c.counters().size(), 2u);
+  ASSERT_EQ(c.counters().size(), 3u);
   EXPECT_EQ(c.counters()[0], std::make_pair(std::string("host.arena.capacity_bytes"), int64_t(4 * kMiB)));
   EXPECT_EQ(c.counters()[1], std::make_pair(std::string("host.arena.locked"), int64_t(0)));
+  EXPECT_EQ(c.counters()[2], std::make_pair(std::string("host.arena.warm_bytes"), int64_t(4 * kMiB)));
 }
 
 TEST(HostTierTest, ClientMappingSeesTheSameBytes) {
@@ -160,6 +161,7 @@ TEST(HostTierTest, CountersVisitArenaThenAllocator) {
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"host.arena.capacity_bytes", 8 * kMiB},
       {"host.arena.locked", 0},
+      {"host.arena.warm_bytes", 8 * kMiB},
       {"host.alloc.used_bytes", 112 * kKiB},
       {"host.alloc.free_bytes", 8 * kMiB - 112 * kKiB},
       {"host.alloc.largest_free_bytes", 8 * kMiB - 112 * kKiB},
@@ -257,6 +259,45 @@ TEST(HostTierTest, LockRequiredSucceedsAsRoot) {
   EXPECT_GE(LockedKiB(), 64 * kKiB);
 }
 
+// With warm_in_background, Open faults in and locks the first chunk and
+// returns; the rest follows while the arena is in use, never clobbering
+// bytes written meanwhile; the destructor stops a warming midway.
+TEST(HostArenaTest, WarmsTheRestInTheBackgroundWithoutTouchingWhatIsWritten) {
+  HostArenaOptions o = Options(256 * kMiB, kMlockIsReal && geteuid() == 0 ? LockMode::kRequired : LockMode::kOff);
+  o.warm_in_background = true;
+  o.warm_chunk_bytes = 1 * kMiB;
+  auto arena = HostArena::Open(o);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  EXPECT_GE((*arena)->warm_bytes(), 1 * kMiB);
+  // Written at once, far past the first chunk, and near the end.
+  std::byte* base = (*arena)->base();
+  for (uint64_t at : {uint64_t{200} * kMiB, uint64_t{256} * kMiB - 4096}) {
+    for (uint64_t i = 0; i < 4096; ++i) base[at + i] = static_cast<std::byte>((at + i * 7) & 0xff);
+  }
+  (*arena)->WaitWarm();
+  EXPECT_EQ((*arena)->warm_bytes(), 256 * kMiB);
+  for (uint64_t at : {uint64_t{200} * kMiB, uint64_t{256} * kMiB - 4096}) {
+    for (uint64_t i = 0; i < 4096; ++i) ASSERT_EQ(base[at + i], static_cast<std::byte>((at + i * 7) & 0xff)) << at;
+  }
+  if (o.lock == LockMode::kRequired) {
+    EXPECT_TRUE((*arena)->locked());
+    EXPECT_GE(LockedKiB(), 256 * kKiB);
+  }
+  CounterCollector counters;
+  (*arena)->VisitCounters(counters);
+  EXPECT_NE(std::find(counters.counters().begin(), counters.counters().end(),
+                      std::pair<std::string, int64_t>{"host.arena.warm_bytes", 256 * kMiB}),
+            counters.counters().end());
+
+  // A large arena destroyed while it warms: the warming stops.
+  o.capacity_bytes = 2048 * kMiB;
+  o.lock = LockMode::kOff;
+  auto big = HostArena::Open(o);
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_LT((*big)->warm_bytes(), o.capacity_bytes);  // still warming: the destructor stops it midway
+  big->reset();
+}
+
 // Runs `body` in a forked child (so limits and capabilities changed there do
 // not leak into this process) and returns what it wrote.
 std::string RunInChild(const std::function<std::string()>& body) {
@@ -322,6 +363,22 @@ std::string MlockFailsUnderLowLimit() {
   auto best_effort = HostArena::Open(Options(64 * kMiB, LockMode::kBestEffort));
   if (!best_effort.ok()) return "FAIL: kBestEffort: " + best_effort.status().ToString();
   if ((*best_effort)->locked()) return "FAIL: kBestEffort reports locked()";
+  // Warmed in the background, a first chunk under the limit locks, and the
+  // rest, over it, is refused at Open as a synchronous lock would be.
+  HostArenaOptions background = Options(64 * kMiB, LockMode::kRequired);
+  background.warm_in_background = true;
+  background.warm_chunk_bytes = 32 * kKiB;
+  auto refused = HostArena::Open(background);
+  if (refused.ok()) return "FAIL: a background kRequired Open succeeded under a 64 KiB RLIMIT_MEMLOCK";
+  if (refused.status().message().find("RLIMIT_MEMLOCK") == std::string::npos) {
+    return "FAIL: the background refusal lacks RLIMIT_MEMLOCK: " + refused.status().ToString();
+  }
+  background.lock = LockMode::kBestEffort;
+  auto unlocked = HostArena::Open(background);
+  if (!unlocked.ok()) return "FAIL: background kBestEffort: " + unlocked.status().ToString();
+  (*unlocked)->WaitWarm();
+  if ((*unlocked)->warm_bytes() != 64 * kMiB) return "FAIL: background kBestEffort did not fault in the whole arena";
+  if ((*unlocked)->locked()) return "FAIL: background kBestEffort reports locked() past its limit";
   return "OK " + m;
 }
 

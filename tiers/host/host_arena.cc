@@ -1,11 +1,15 @@
 #include "tiers/host/host_arena.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -51,7 +55,8 @@ class FdCloser {
   int fd_;
 };
 
-// memfd_create + ftruncate + fallocate + seals. Returns the fd or an error.
+// memfd_create + ftruncate + seals. Returns the fd or an error. The pages
+// are allocated as the arena is warmed (WarmUpTo).
 Result<int> CreateSealedMemfd(const HostArenaOptions& o) {
   int fd = ::memfd_create(o.name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return IoError(Errno("memfd_create", errno));
@@ -60,16 +65,23 @@ Result<int> CreateSealedMemfd(const HostArenaOptions& o) {
   if (::ftruncate(fd, size) != 0) {
     return IoError(Errno("ftruncate of the host arena", errno));
   }
-  // Reserve the pages now so a short machine fails here, not with SIGBUS on
-  // first touch (MAP_POPULATE does not report failure). Some kernels or
-  // sandboxes lack fallocate on shmem: MAP_POPULATE (and mlock) then do it.
-  if (::fallocate(fd, 0, 0, size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(o.capacity_bytes) + " bytes)");
-  }
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return IoError(Errno("fcntl(F_ADD_SEALS) on the host arena", errno));
   }
   return closer.Release();
+}
+
+// Whether this process may lock `bytes` more: RLIMIT_MEMLOCK allows it, or
+// it holds CAP_IPC_LOCK (which lifts the limit).
+bool MayLock(uint64_t bytes) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= bytes)) {
+    return true;
+  }
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
 }
 
 }  // namespace
@@ -85,39 +97,114 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
   if (!fd.ok()) return fd.status();
   FdCloser closer(*fd);
 
-  void* base = ::mmap(nullptr, o.capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, *fd, 0);
+  void* base = ::mmap(nullptr, o.capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
   if (base == MAP_FAILED) {
     return IoError(Errno("mmap of the host arena", errno) + " (" + std::to_string(o.capacity_bytes) + " bytes)");
   }
-  bool locked = false;
-  if (o.lock != HostArenaOptions::LockMode::kOff) {
-    if (::mlock(base, o.capacity_bytes) == 0) {
-      locked = true;
-    } else {
-      const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
-      const std::string why = MlockFailure(o.capacity_bytes, errno, required);
-      if (required) {
-        ::munmap(base, o.capacity_bytes);
-        return IoError(why);
-      }
-      spdlog::warn(
-          "{}; continuing unlocked (pages are pre-faulted but may be "
-          "swapped out)",
-          why);
-    }
+  std::unique_ptr<HostArena> arena(
+      new HostArena(closer.Release(), static_cast<std::byte*>(base), o.capacity_bytes, o.lock));
+  arena->locked_.store(o.lock != HostArenaOptions::LockMode::kOff, std::memory_order_relaxed);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t chunk = std::max(o.warm_chunk_bytes / page * page, page);
+  const uint64_t first = o.warm_in_background ? std::min(chunk, o.capacity_bytes) : o.capacity_bytes;
+  if (Status s = arena->WarmUpTo(first); !s.ok()) {
+    if (s.code() != StatusCode::kPermissionDenied) return s;  // no memory
+    // mlock failed.
+    const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
+    if (required) return IoError(s.message());
+    spdlog::warn("{}; continuing unlocked (pages are pre-faulted but may be swapped out)", s.message());
+    arena->locked_.store(false, std::memory_order_relaxed);
+    if (Status rest = arena->WarmUpTo(first); !rest.ok()) return rest;
   }
-  return std::unique_ptr<HostArena>(
-      new HostArena(closer.Release(), static_cast<std::byte*>(base), o.capacity_bytes, locked));
+  if (first == o.capacity_bytes) {
+    arena->warm_done_.store(true);
+    return arena;
+  }
+  // The rest in the background: a lock that could not succeed is refused
+  // (or, best effort, given up) now, as a synchronous one would be.
+  if (arena->locked() && !MayLock(o.capacity_bytes)) {
+    const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
+    const std::string why = MlockFailure(o.capacity_bytes, ENOMEM, required);
+    if (required) return IoError(why);
+    spdlog::warn("{}; continuing unlocked (pages are pre-faulted but may be swapped out)", why);
+    if (::munlock(arena->base_, first) != 0)
+      spdlog::warn("{}", Errno("munlock of the host arena's first chunk", errno));
+    arena->locked_.store(false, std::memory_order_relaxed);
+  }
+  HostArena* a = arena.get();
+  arena->warmer_ = std::thread([a, chunk] { a->WarmRest(chunk); });
+  return arena;
+}
+
+Status HostArena::WarmUpTo(uint64_t end) {
+  const uint64_t begin = warm_bytes_.load(std::memory_order_relaxed);
+  if (end <= begin) return Status::Ok();
+  std::byte* const from = base_ + begin;
+  const uint64_t bytes = end - begin;
+  // Allocate the pages first (a file operation: it takes none of the
+  // process's memory-map lock, which the other threads' page faults and
+  // mmaps need), then map them: mlock does it as it locks (measured the
+  // faster way, docs/BENCHMARKS.md "Start-up"); unlocked, MADV_POPULATE_READ
+  // (kernels before 5.14 lack it: the pages then map at first touch). The
+  // bytes are never touched (a client may already be writing there).
+  if (::fallocate(fd_, 0, static_cast<off_t>(begin), static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP &&
+      errno != ENOSYS) {
+    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
+                   std::to_string(begin) + ")");
+  }
+  if (locked_.load(std::memory_order_relaxed)) {
+    if (::mlock(from, bytes) != 0) {
+      return Status(StatusCode::kPermissionDenied,
+                    MlockFailure(capacity_bytes_, errno, lock_ == HostArenaOptions::LockMode::kRequired));
+    }
+  } else if (::madvise(from, bytes, MADV_POPULATE_READ) != 0 && errno != EINVAL) {
+    return IoError(Errno("faulting in the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
+                   std::to_string(begin) + ")");
+  }
+  warm_bytes_.store(end, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void HostArena::WarmRest(uint64_t chunk_bytes) {
+  const auto started = std::chrono::steady_clock::now();
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    const uint64_t at = warm_bytes_.load(std::memory_order_relaxed);
+    if (at >= capacity_bytes_) break;
+    Status s = WarmUpTo(std::min(capacity_bytes_, at + chunk_bytes));
+    if (s.code() == StatusCode::kPermissionDenied) {
+      spdlog::error("{}, {} bytes into the arena; the rest stays unlocked", s.message(), at);
+      locked_.store(false, std::memory_order_relaxed);
+      continue;  // faulted in, unlocked
+    }
+    if (!s.ok()) {
+      spdlog::error("{}; the rest of the host arena faults in as it is written", s.message());
+      break;
+    }
+    std::this_thread::yield();  // the daemon's threads take the memory-map lock between chunks
+  }
+  if (warm_bytes_.load(std::memory_order_relaxed) >= capacity_bytes_) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    spdlog::info("host arena: {} MiB faulted in{} in {:.1f} s, while serving", capacity_bytes_ >> 20,
+                 locked() ? " and locked" : "", seconds);
+  }
+  warm_done_.store(true);
+}
+
+void HostArena::WaitWarm() const {
+  while (!warm_done_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 HostArena::~HostArena() {
+  stopping_.store(true);
+  if (warmer_.joinable()) warmer_.join();
   ::munmap(base_, capacity_bytes_);
   ::close(fd_);
 }
 
 void HostArena::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("host.arena.capacity_bytes", static_cast<int64_t>(capacity_bytes_));
-  v.VisitGauge("host.arena.locked", locked_ ? 1 : 0);
+  v.VisitGauge("host.arena.locked", locked() ? 1 : 0);
+  v.VisitGauge("host.arena.warm_bytes", static_cast<int64_t>(warm_bytes()));
 }
 
 }  // namespace kvtier

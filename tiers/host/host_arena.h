@@ -1,12 +1,20 @@
 // HostArena: the daemon-owned shared-memory region that is the host tier. A
 // sealed memfd, mapped read-write and (ideally) locked in RAM; its fd is what
 // the daemon passes to clients with SCM_RIGHTS.
+//
+// Faulting in (allocating every page and its page-table entry) and locking
+// an arena of many GiB takes about 1 s per GiB. With `warm_in_background`
+// Open does it for the first `warm_chunk_bytes` only and a thread of the
+// arena does the rest, chunk by chunk, while the daemon serves: a block
+// written meanwhile into a page not yet faulted in simply faults it in.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "common/counters.h"
 #include "kvtier/result.h"
@@ -23,26 +31,40 @@ struct HostArenaOptions {
   LockMode lock = LockMode::kBestEffort;
   // memfd name, visible in /proc/<pid>/fd and /proc/<pid>/maps.
   std::string name = "kvtier-arena";
+  // Fault in and lock the rest after Open returns (above).
+  bool warm_in_background = false;
+  // Small chunks: each holds the process's memory-map lock only briefly.
+  uint64_t warm_chunk_bytes = uint64_t{16} << 20;
 };
 
 // Owns a memfd of capacity_bytes sealed with F_SEAL_SHRINK | F_SEAL_GROW |
 // F_SEAL_SEAL (a client's mapping can never SIGBUS on truncation), mapped
-// MAP_SHARED | MAP_POPULATE read-write at base().
+// MAP_SHARED read-write at base(), its pages allocated (fallocate, which
+// reports a machine short of memory) and mapped (by mlock, or
+// MADV_POPULATE_READ when not locking).
 //
-// Immutable after Open; every method is safe from any thread. Reads and
-// writes of the bytes themselves are the caller's to synchronize.
+// Every method is safe from any thread. Reads and writes of the bytes
+// themselves are the caller's to synchronize.
 class HostArena {
  public:
-  // Creates, sizes, reserves (fallocate), seals, maps and optionally locks
-  // the region. Returns:
+  // Creates, sizes, seals, maps, faults in and optionally locks the region
+  // (its first chunk only with warm_in_background: the rest follows on the
+  // arena's thread). Returns:
   //   InvalidArgument  capacity_bytes is 0 or does not fit in off_t;
-  //   IoError          memfd_create / ftruncate / fallocate / fcntl / mmap
-  //                    failed (message carries strerror), or mlock failed with
+  //   IoError          memfd_create / ftruncate / fcntl / mmap failed, or
+  //                    faulting in failed (the machine lacks the memory;
+  //                    message carries strerror), or mlock failed with
   //                    LockMode::kRequired (message names RLIMIT_MEMLOCK's
-  //                    soft and hard values, the size, and the fix).
+  //                    soft and hard values, the size, and the fix) or, in
+  //                    the background, would (RLIMIT_MEMLOCK below the size
+  //                    and no CAP_IPC_LOCK).
+  // A chunk that fails in the background (the machine ran short of memory
+  // since) is logged, stops the warming and clears locked(); the daemon
+  // goes on serving (its pages fault in as they are written).
   static Result<std::unique_ptr<HostArena>> Open(const HostArenaOptions& o);
 
-  // Unmaps the region and closes the memfd. Clients' own mappings stay valid.
+  // Stops the warming, unmaps the region and closes the memfd. Clients' own
+  // mappings stay valid.
   ~HostArena();
 
   HostArena(const HostArena&) = delete;
@@ -52,20 +74,32 @@ class HostArena {
   int fd() const { return fd_; }
   std::byte* base() const { return base_; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
-  // Whether mlock succeeded.
-  bool locked() const { return locked_; }
+  // Whether mlock succeeded for every chunk so far (and is not off).
+  bool locked() const { return locked_.load(std::memory_order_relaxed); }
+  // Bytes faulted in (and locked, when locking) so far, from the start.
+  uint64_t warm_bytes() const { return warm_bytes_.load(std::memory_order_relaxed); }
+  // Waits until the warming ended (done or failed); for tests.
+  void WaitWarm() const;
 
-  // host.arena.capacity_bytes, host.arena.locked (0/1).
+  // host.arena.capacity_bytes, host.arena.locked (0/1), host.arena.warm_bytes.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
-  HostArena(int fd, std::byte* base, uint64_t capacity_bytes, bool locked)
-      : fd_(fd), base_(base), capacity_bytes_(capacity_bytes), locked_(locked) {}
+  HostArena(int fd, std::byte* base, uint64_t capacity_bytes, HostArenaOptions::LockMode lock)
+      : fd_(fd), base_(base), capacity_bytes_(capacity_bytes), lock_(lock) {}
+  // Faults in (and locks) [warm_bytes(), end); the reason it stopped, if it failed.
+  Status WarmUpTo(uint64_t end);
+  void WarmRest(uint64_t chunk_bytes);
 
   const int fd_;
   std::byte* const base_;
   const uint64_t capacity_bytes_;
-  const bool locked_;
+  const HostArenaOptions::LockMode lock_;
+  std::atomic<bool> locked_{false};
+  std::atomic<uint64_t> warm_bytes_{0};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> warm_done_{false};
+  std::thread warmer_;
 };
 
 }  // namespace kvtier

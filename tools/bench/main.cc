@@ -8,6 +8,7 @@
 //   kvtier bench layers [options]         layer-wise load and save (bench_layers.cc)
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier bench neighbour [options]      a lookup's latency beside huge lookups (bench_neighbour.cc)
+//   kvtier bench startup [options]        time to serve and to warm the arena (bench_startup.cc)
 #include <CLI/CLI.hpp>
 
 #include "tools/bench/bench_host.h"
@@ -17,6 +18,7 @@
 #include "tools/bench/bench_peer.h"
 #include "tools/bench/bench_policy.h"
 #include "tools/bench/bench_remote.h"
+#include "tools/bench/bench_startup.h"
 
 int main(int argc, char** argv) {
   CLI::App bench{"Benchmarks (each figure beside its ceiling)", "kvtier bench"};
@@ -44,6 +46,10 @@ int main(int argc, char** argv) {
   auto* neighbour =
       bench.add_subcommand("neighbour", "A small Lookup's latency alone and beside connections sending huge Lookups");
   kvtier::tools::AddNeighbourBenchOptions(*neighbour, neighbour_options);
+  kvtier::tools::StartupBenchOptions startup_options;
+  auto* startup = bench.add_subcommand(
+      "startup", "Seconds until a fresh kvtierd serves and until its arena is faulted in, vs doing that at once");
+  kvtier::tools::AddStartupBenchOptions(*startup, startup_options);
 
   // Bad input exits with CLI11's code, as it always has for `kvtier bench`.
   CLI11_PARSE(bench, argc, argv);
@@ -54,5 +60,6 @@ int main(int argc, char** argv) {
   if (layers->parsed()) return kvtier::tools::RunLayersBench(layers_options);
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   if (neighbour->parsed()) return kvtier::tools::RunNeighbourBench(neighbour_options);
+  if (startup->parsed()) return kvtier::tools::RunStartupBench(startup_options);
   return 2;
 }

@@ -29,6 +29,7 @@ Result<std::unique_ptr<Client>> Connect(const AdminOptions& options) {
   o.socket_path = options.socket_path;
   o.client_name = "kvtier-admin";
   o.use_directory = false;
+  o.prefault_arena = false;  // an admin command never touches the arena
   o.reconnect = false;
   return Client::Connect(o);
 }

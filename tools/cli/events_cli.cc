@@ -63,6 +63,7 @@ EventsEndpoints AskedEndpoints(const EventsOptions& options) {
   o.socket_path = options.socket_path;
   o.client_name = "kvtier-events";
   o.use_directory = false;
+  o.prefault_arena = false;  // an admin command never touches the arena
   o.reconnect = false;
   auto client = Client::Connect(o);
   return client.ok() ? (*client)->events_endpoints() : EventsEndpoints{};
