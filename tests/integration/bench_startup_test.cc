@@ -24,6 +24,9 @@ TEST(BenchStartup, ReportsServeAndWarmBesideTheCeilingPerArenaSize) {
        {"\"arena_bytes\": 67108864", "\"arena_bytes\": 134217728", "\"serve_s\"", "\"warm_s\"", "\"ceiling_sync_s\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   }
+  // Each daemon's arena (over one 16 MiB chunk: warmed in the background) got warm.
+  EXPECT_EQ(json.find("\"warmed\": false"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"warmed\": true"), std::string::npos) << json;
   // Warm is never before serving (both from the daemon's exec).
   for (size_t at = json.find("\"serve_s\": "); at != std::string::npos; at = json.find("\"serve_s\": ", at + 1)) {
     const double serve = std::stod(json.substr(at + 11));

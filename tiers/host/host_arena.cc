@@ -1,10 +1,8 @@
 #include "tiers/host/host_arena.h"
 
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,19 +69,6 @@ Result<int> CreateSealedMemfd(const HostArenaOptions& o) {
   return closer.Release();
 }
 
-// Whether this process may lock `bytes` more: RLIMIT_MEMLOCK allows it, or
-// it holds CAP_IPC_LOCK (which lifts the limit).
-bool MayLock(uint64_t bytes) {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= bytes)) {
-    return true;
-  }
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
-  if (syscall(SYS_capget, &header, data) != 0) return false;
-  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
@@ -106,29 +91,35 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
   arena->locked_.store(o.lock != HostArenaOptions::LockMode::kOff, std::memory_order_relaxed);
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t chunk = std::max(o.warm_chunk_bytes / page * page, page);
-  const uint64_t first = o.warm_in_background ? std::min(chunk, o.capacity_bytes) : o.capacity_bytes;
-  if (Status s = arena->WarmUpTo(first); !s.ok()) {
-    if (s.code() != StatusCode::kPermissionDenied) return s;  // no memory
-    // mlock failed.
-    const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
-    if (required) return IoError(s.message());
-    spdlog::warn("{}; continuing unlocked (pages are pre-faulted but may be swapped out)", s.message());
-    arena->locked_.store(false, std::memory_order_relaxed);
-    if (Status rest = arena->WarmUpTo(first); !rest.ok()) return rest;
-  }
-  if (first == o.capacity_bytes) {
+  if (!o.warm_in_background || o.capacity_bytes <= chunk) {
+    if (Status s = arena->WarmUpTo(o.capacity_bytes); !s.ok()) {
+      if (s.code() != StatusCode::kPermissionDenied) return s;  // no memory
+      // mlock failed.
+      if (o.lock == HostArenaOptions::LockMode::kRequired) return IoError(s.message());
+      spdlog::warn("{}; continuing unlocked (pages are pre-faulted but may be swapped out)", s.message());
+      arena->locked_.store(false, std::memory_order_relaxed);
+      if (Status rest = arena->WarmUpTo(o.capacity_bytes); !rest.ok()) return rest;
+    }
     arena->warm_done_.store(true);
     return arena;
   }
-  // The rest in the background: a lock that could not succeed is refused
-  // (or, best effort, given up) now, as a synchronous one would be.
-  if (arena->locked() && !MayLock(o.capacity_bytes)) {
+  // In the background. Two things stay at Open, so that a machine that
+  // cannot hold the arena fails start-up as before: every page is allocated
+  // now (fallocate: no page is cleared or mapped, so it is the cheap part,
+  // and the daemon's memory cgroup is charged, never a client that touches
+  // a page first), and the whole arena is locked on fault (mlock2
+  // MLOCK_ONFAULT: the kernel checks RLIMIT_MEMLOCK, or CAP_IPC_LOCK, for
+  // all of it and every other arena of the process now; each page is
+  // locked as it is mapped). The thread then maps the pages.
+  if (::fallocate(arena->fd_, 0, 0, static_cast<off_t>(o.capacity_bytes)) != 0 && errno != EOPNOTSUPP &&
+      errno != ENOSYS) {
+    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(o.capacity_bytes) + " bytes)");
+  }
+  if (arena->locked() && ::mlock2(base, o.capacity_bytes, MLOCK_ONFAULT) != 0) {
     const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
-    const std::string why = MlockFailure(o.capacity_bytes, ENOMEM, required);
+    const std::string why = MlockFailure(o.capacity_bytes, errno, required);
     if (required) return IoError(why);
     spdlog::warn("{}; continuing unlocked (pages are pre-faulted but may be swapped out)", why);
-    if (::munlock(arena->base_, first) != 0)
-      spdlog::warn("{}", Errno("munlock of the host arena's first chunk", errno));
     arena->locked_.store(false, std::memory_order_relaxed);
   }
   HostArena* a = arena.get();
@@ -157,8 +148,9 @@ Status HostArena::WarmUpTo(uint64_t end) {
       return Status(StatusCode::kPermissionDenied,
                     MlockFailure(capacity_bytes_, errno, lock_ == HostArenaOptions::LockMode::kRequired));
     }
-  } else if (::madvise(from, bytes, MADV_POPULATE_READ) != 0 && errno != EINVAL) {
-    return IoError(Errno("faulting in the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
+  } else if (::madvise(from, bytes, MADV_POPULATE_READ) != 0) {
+    // EINVAL: a kernel before 5.14; the pages are then mapped as they are first touched.
+    return IoError(Errno("mapping the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
                    std::to_string(begin) + ")");
   }
   warm_bytes_.store(end, std::memory_order_relaxed);
@@ -172,12 +164,16 @@ void HostArena::WarmRest(uint64_t chunk_bytes) {
     if (at >= capacity_bytes_) break;
     Status s = WarmUpTo(std::min(capacity_bytes_, at + chunk_bytes));
     if (s.code() == StatusCode::kPermissionDenied) {
-      spdlog::error("{}, {} bytes into the arena; the rest stays unlocked", s.message(), at);
+      // Locked on fault at Open, so the limit was checked; should a chunk's
+      // lock fail anyway, the rest is mapped unlocked.
+      spdlog::error("mlock of the host arena failed {} bytes in ({}); the rest is mapped unlocked", at, s.message());
+      (void)::munlock(base_ + at, std::min(capacity_bytes_, at + chunk_bytes) - at);
       locked_.store(false, std::memory_order_relaxed);
-      continue;  // faulted in, unlocked
+      continue;
     }
     if (!s.ok()) {
-      spdlog::error("{}; the rest of the host arena faults in as it is written", s.message());
+      spdlog::error("{}; the rest of the host arena is mapped as it is written", s.message());
+      warm_failed_.store(true);
       break;
     }
     std::this_thread::yield();  // the daemon's threads take the memory-map lock between chunks

@@ -2,11 +2,14 @@
 // sealed memfd, mapped read-write and (ideally) locked in RAM; its fd is what
 // the daemon passes to clients with SCM_RIGHTS.
 //
-// Faulting in (allocating every page and its page-table entry) and locking
-// an arena of many GiB takes about 1 s per GiB. With `warm_in_background`
-// Open does it for the first `warm_chunk_bytes` only and a thread of the
-// arena does the rest, chunk by chunk, while the daemon serves: a block
-// written meanwhile into a page not yet faulted in simply faults it in.
+// Allocating, mapping and locking an arena of many GiB takes about 1 s per
+// GiB. With `warm_in_background` Open only allocates every page
+// (fallocate: a short machine still fails here, and the daemon is charged
+// for the memory) and locks the whole arena on fault (mlock2
+// MLOCK_ONFAULT: the memlock limit is checked here for all of it); a
+// thread of the arena maps the pages (and so locks them), `warm_chunk_bytes`
+// at a time, while the daemon serves. A page touched before the thread
+// reaches it is mapped (and locked) by that touch.
 #pragma once
 
 #include <atomic>
@@ -47,20 +50,17 @@ struct HostArenaOptions {
 // themselves are the caller's to synchronize.
 class HostArena {
  public:
-  // Creates, sizes, seals, maps, faults in and optionally locks the region
-  // (its first chunk only with warm_in_background: the rest follows on the
-  // arena's thread). Returns:
+  // Creates, sizes, seals, maps, allocates and optionally locks the region
+  // (mapping its pages in the background with warm_in_background). Returns:
   //   InvalidArgument  capacity_bytes is 0 or does not fit in off_t;
   //   IoError          memfd_create / ftruncate / fcntl / mmap failed, or
-  //                    faulting in failed (the machine lacks the memory;
-  //                    message carries strerror), or mlock failed with
-  //                    LockMode::kRequired (message names RLIMIT_MEMLOCK's
-  //                    soft and hard values, the size, and the fix) or, in
-  //                    the background, would (RLIMIT_MEMLOCK below the size
-  //                    and no CAP_IPC_LOCK).
-  // A chunk that fails in the background (the machine ran short of memory
-  // since) is logged, stops the warming and clears locked(); the daemon
-  // goes on serving (its pages fault in as they are written).
+  //                    allocating the pages failed (the machine lacks the
+  //                    memory; message carries strerror), or mlock failed
+  //                    with LockMode::kRequired (message names
+  //                    RLIMIT_MEMLOCK's soft and hard values, the size, and
+  //                    the fix).
+  // Should mapping a chunk fail in the background, it is logged and the
+  // warming stops (warm_failed(); the rest maps as it is touched).
   static Result<std::unique_ptr<HostArena>> Open(const HostArenaOptions& o);
 
   // Stops the warming, unmaps the region and closes the memfd. Clients' own
@@ -80,6 +80,8 @@ class HostArena {
   uint64_t warm_bytes() const { return warm_bytes_.load(std::memory_order_relaxed); }
   // Waits until the warming ended (done or failed); for tests.
   void WaitWarm() const;
+  // Whether the warming stopped short (logged; the rest maps as it is touched).
+  bool warm_failed() const { return warm_failed_.load(); }
 
   // host.arena.capacity_bytes, host.arena.locked (0/1), host.arena.warm_bytes.
   void VisitCounters(CounterVisitor& v) const;
@@ -99,6 +101,7 @@ class HostArena {
   std::atomic<uint64_t> warm_bytes_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> warm_done_{false};
+  std::atomic<bool> warm_failed_{false};
   std::thread warmer_;
 };
 

@@ -78,6 +78,11 @@ void HostTier::VisitCounters(CounterVisitor& v) const {
 
 void HostTier::CheckHealth(HealthFindings& out) const {
   if (!locked()) out.AddWarning("the host arena is not locked in memory (RLIMIT_MEMLOCK): the kernel may swap it");
+  if (arena_->warm_failed()) {
+    out.AddWarning("the host arena's warm-up stopped at " + std::to_string(arena_->warm_bytes()) + " of " +
+                   std::to_string(arena_->capacity_bytes()) +
+                   " bytes (see the log): the rest is mapped as it is written");
+  }
 }
 
 }  // namespace kvtier
