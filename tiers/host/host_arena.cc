@@ -148,8 +148,9 @@ Status HostArena::WarmUpTo(uint64_t end) {
       return Status(StatusCode::kPermissionDenied,
                     MlockFailure(capacity_bytes_, errno, lock_ == HostArenaOptions::LockMode::kRequired));
     }
-  } else if (::madvise(from, bytes, MADV_POPULATE_READ) != 0) {
-    // EINVAL: a kernel before 5.14; the pages are then mapped as they are first touched.
+  } else if (::madvise(from, bytes, MADV_POPULATE_READ) != 0 && errno != EINVAL) {
+    // EINVAL: a kernel before 5.14 (or a sandbox) without it; the pages,
+    // allocated above, are then mapped as they are first touched.
     return IoError(Errno("mapping the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
                    std::to_string(begin) + ")");
   }
@@ -167,7 +168,7 @@ void HostArena::WarmRest(uint64_t chunk_bytes) {
       // Locked on fault at Open, so the limit was checked; should a chunk's
       // lock fail anyway, the rest is mapped unlocked.
       spdlog::error("mlock of the host arena failed {} bytes in ({}); the rest is mapped unlocked", at, s.message());
-      (void)::munlock(base_ + at, std::min(capacity_bytes_, at + chunk_bytes) - at);
+      (void)::munlock(base_ + at, capacity_bytes_ - at);  // the rest, locked on fault until now
       locked_.store(false, std::memory_order_relaxed);
       continue;
     }
