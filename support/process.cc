@@ -14,6 +14,8 @@
 #include <thread>
 #include <unistd.h>
 
+extern char** environ;  // POSIX: the process's environment
+
 #ifndef KVTIER_SUPPORT_BINDIR
 #define KVTIER_SUPPORT_BINDIR "../../bin"
 #endif
@@ -36,11 +38,58 @@ std::vector<char*> ArgvPointers(const std::vector<std::string>& argv) {
   return out;
 }
 
+// "LISTEN_PID=" and room for any pid; the child writes the digits and a NUL.
+constexpr char kListenPidPrefix[] = "LISTEN_PID=";
+constexpr size_t kPidDigits = 20;
+
+// Applies one SpawnOptions::env entry ("KEY=VALUE" sets, "KEY" removes).
+void SetEnvEntry(std::vector<std::string>& env, const std::string& entry) {
+  const std::string key = entry.substr(0, entry.find('=')) + "=";
+  std::erase_if(env, [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; });
+  if (entry.find('=') != std::string::npos) env.push_back(entry);
+}
+
+// Writes `pid` in decimal at `out` followed by a NUL (at most kPidDigits + 1
+// bytes). Async-signal-safe.
+void WritePid(char* out, pid_t pid) {
+  char digits[kPidDigits];
+  size_t n = 0;
+  unsigned long long v = static_cast<unsigned long long>(pid);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0 && n < kPidDigits);
+  for (size_t i = 0; i < n; ++i) out[i] = digits[n - 1 - i];
+  out[n] = '\0';
+}
+
 }  // namespace
 
 Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const SpawnOptions& options) {
   if (argv.empty()) return InvalidArgument("empty command");
   std::vector<char*> args = ArgvPointers(argv);
+  // With env or listen_pid the child runs execve on an environment and a path
+  // built here: nothing that allocates happens after fork.
+  const bool own_env = !options.env.empty() || options.listen_pid;
+  std::string program = argv[0];
+  std::vector<std::string> env;
+  size_t listen_pid_index = 0;
+  if (own_env) {
+    if (options.search_path && program.find('/') == std::string::npos) {
+      program = FindProgram(program);
+      if (program.empty()) return NotFound("cannot run " + argv[0] + ": not found in PATH");
+    }
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    for (const std::string& entry : options.env) SetEnvEntry(env, entry);
+    if (options.listen_pid) {
+      SetEnvEntry(env, "LISTEN_PID");
+      listen_pid_index = env.size();
+      env.push_back(std::string(kListenPidPrefix) + std::string(kPidDigits, '0'));
+    }
+  }
+  std::vector<char*> envp = ArgvPointers(env);
+  const int n_pass = static_cast<int>(options.pass_fds.size());
+  std::vector<int> moved(options.pass_fds.size(), -1);  // the sources above 3..3+n_pass-1, in the child
   const pid_t parent = ::getpid();
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) return IoError(Errno("pipe2", errno));
@@ -52,8 +101,15 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const Spaw
     return IoError(Errno("fork", err));
   }
   if (pid == 0) {
-    // What failed (0: exec, 1: setrlimit) and its errno, for the parent.
+    // What failed (0: exec, 1: setrlimit, 2: placing pass_fds) and its errno.
     int failure[2] = {0, 0};
+    int report_fd = report[1];
+    auto fail = [&](int what) {
+      failure[0] = what;
+      failure[1] = errno;
+      [[maybe_unused]] ssize_t n = ::write(report_fd, failure, sizeof(failure));
+      ::_exit(what == 0 ? 127 : 126);
+    };
     if (options.parent_death_signal != 0) {
       ::prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);
@@ -63,28 +119,41 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const Spaw
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
     }
+    if (n_pass > 0) {
+      // Out of the target range first (the report pipe too, or a failed exec
+      // would write into a passed fd), then down onto 3, 4, ...
+      if (report_fd < 3 + n_pass) {
+        const int high = ::fcntl(report[1], F_DUPFD_CLOEXEC, 3 + n_pass);
+        if (high < 0) fail(2);
+        report_fd = high;
+      }
+      for (int i = 0; i < n_pass; ++i) {
+        moved[i] = ::fcntl(options.pass_fds[i], F_DUPFD_CLOEXEC, 3 + n_pass);
+        if (moved[i] < 0) fail(2);
+      }
+    }
     ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(out_fd, STDERR_FILENO);
     if (options.stdin_null) {
-      int devnull = ::open("/dev/null", O_RDONLY);
+      int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    }
+    for (int i = 0; i < n_pass; ++i) {
+      if (::dup2(moved[i], 3 + i) < 0) fail(2);  // dup2 leaves close-on-exec clear
     }
     if (options.max_open_files > 0) {
       const struct rlimit limit { options.max_open_files, options.max_open_files };
-      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-        failure[0] = 1;
-        failure[1] = errno;
-        [[maybe_unused]] ssize_t n = ::write(report[1], failure, sizeof(failure));
-        ::_exit(126);
-      }
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) fail(1);
     }
-    if (options.search_path)
+    if (own_env) {
+      if (options.listen_pid) WritePid(env[listen_pid_index].data() + sizeof(kListenPidPrefix) - 1, ::getpid());
+      ::execve(program.c_str(), args.data(), envp.data());
+    } else if (options.search_path) {
       ::execvp(args[0], args.data());
-    else
+    } else {
       ::execv(args[0], args.data());
-    failure[1] = errno;
-    [[maybe_unused]] ssize_t n = ::write(report[1], failure, sizeof(failure));
-    ::_exit(127);
+    }
+    fail(0);
   }
   ::close(report[1]);
   int failure[2] = {0, 0};
@@ -96,6 +165,7 @@ Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const Spaw
   if (n == sizeof(failure)) {
     ::waitpid(pid, nullptr, 0);
     if (failure[0] == 1) return IoError(Errno("setrlimit RLIMIT_NOFILE", failure[1]));
+    if (failure[0] == 2) return IoError(Errno("placing pass_fds in the child", failure[1]));
     return NotFound("cannot run " + argv[0] + ": " + std::strerror(failure[1]));
   }
   return pid;

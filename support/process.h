@@ -26,14 +26,29 @@ struct SpawnOptions {
   bool stdin_null = true;         // stdin from /dev/null; false: inherited
   bool reset_signal_mask = true;  // the child starts with no signal blocked; false: inherited
   uint64_t max_open_files = 0;    // > 0: the child's RLIMIT_NOFILE, soft and hard
+  // Placed at 3, 4, ... in the child, in this order, close-on-exec cleared
+  // (the way systemd passes fds); the caller keeps and closes its own. A
+  // source may itself be one of 3..3+n-1: every source is moved above that
+  // range first. Which other fds the child inherits is not changed.
+  std::vector<int> pass_fds;
+  // "KEY=VALUE": set KEY in the child's environment (replacing an inherited
+  // KEY); "KEY" without '=': remove it. Applied in order, over this
+  // process's environment. With env or listen_pid, the PATH lookup of
+  // search_path is done in the parent (FindProgram, this process's PATH).
+  std::vector<std::string> env;
+  // Sets LISTEN_PID to the child's own pid (sd_listen_fds checks it), after
+  // env; the digits are written in the child.
+  bool listen_pid = false;
 };
 
 // Forks and execs `argv` with stdout and stderr on `out_fd` (which the caller
 // keeps and closes). Returns the child's pid; the caller reaps it. A failed
 // exec or setrlimit is reported at once, through a close-on-exec pipe:
 // NotFound if the program cannot be run, IoError if setrlimit, pipe or fork
-// fails, InvalidArgument for an empty argv. Only async-signal-safe calls
-// happen in the child. Thread-safe.
+// fails, InvalidArgument for an empty argv, IoError if the pass_fds cannot
+// be placed (an fd not open, or over the fd limit). Only async-signal-safe
+// calls happen in the child (its environment is built before fork).
+// Thread-safe, as long as no thread changes the environment (setenv) meanwhile.
 Result<pid_t> Spawn(const std::vector<std::string>& argv, int out_fd, const SpawnOptions& options = {});
 
 // A started child process. Move-only; the destructor stops it (Stop) if it

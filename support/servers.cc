@@ -51,7 +51,8 @@ std::string TomlString(const std::string& s) {
 }
 
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
-                                   std::chrono::milliseconds timeout, const std::string& extra_toml) {
+                                   std::chrono::milliseconds timeout, const std::string& extra_toml,
+                                   FdStore* fd_store) {
   StartedServer server;
   server.socket_path = dir + "/kvtierd.sock";
   server.log_path = dir + "/kvtierd.log";
@@ -66,10 +67,27 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
            << extra_toml;
     if (!config) return IoError("cannot write " + config_path);
   }
-  auto child = ChildProcess::Spawn({kvtierd_path, "--config", config_path}, server.log_path);
+  SpawnOptions options;
+  if (fd_store != nullptr) {
+    // What an earlier kvtierd sent before it ended goes to this one.
+    Status drained = fd_store->Drain();
+    if (!drained.ok()) return drained;
+    fd_store->PrepareSpawn(&options);
+  }
+  auto child = ChildProcess::Spawn({kvtierd_path, "--config", config_path}, server.log_path, options);
   if (!child.ok()) return child.status();
   server.process = std::move(*child);
-  auto ready = [&server] {
+  Status drained = Status::Ok();
+  // Draining as it goes keeps the store's socket queue short (a full one
+  // would block the daemon's sd_notify); a failed Drain ends the wait.
+  auto drain = [&] {
+    if (fd_store != nullptr && drained.ok()) drained = fd_store->Drain();
+    return drained.ok();
+  };
+  const int readies_before = fd_store != nullptr ? fd_store->ready_count() : 0;
+  auto ready = [&server, &drain, fd_store, readies_before] {
+    if (!drain()) return true;
+    if (fd_store != nullptr && fd_store->ready_count() == readies_before) return false;  // no READY=1 yet
     if (!SocketAccepts(server.socket_path)) return false;
     ClientOptions options;
     options.socket_path = server.socket_path;
@@ -79,6 +97,10 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
   };
   Status s = WaitUntilReady(server, "kvtierd (" + kvtierd_path + ")", ready, timeout);
   if (!s.ok()) return s;
+  if (!drain()) {
+    server.process.Stop();
+    return drained;
+  }
   return server;
 }
 

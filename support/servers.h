@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kvtier/result.h"
+#include "support/fd_store.h"
 #include "support/process.h"
 
 namespace kvtier::support {
@@ -30,9 +31,20 @@ std::string TomlString(const std::string& s);
 // ([nvme], [engine]), never [server], [host] or [log] again. NotFound if
 // the binary cannot be run; Unavailable (with the tail of the daemon's log)
 // if it exits or does not answer in `timeout`.
+//
+// With `fd_store` (not owned; used only during the call), kvtierd is
+// started as under systemd with a file descriptor store: the store is
+// drained first (what an earlier kvtierd sent counts), NOTIFY_SOCKET names
+// its socket and the fds it holds are passed at 3, 4, ... with LISTEN_FDS,
+// LISTEN_FDNAMES and LISTEN_PID (FdStore::PrepareSpawn). Ready then also
+// means, as for a Type=notify service, that a READY=1 reached the store
+// (kvtierd sends it once it serves). The store is drained while waiting and
+// once more after, so it holds what kvtierd sent until then; a failed Drain
+// is returned (IoError), the daemon stopped. Drain the store again later to
+// see what kvtierd sent after.
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
                                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                                   const std::string& extra_toml = "");
+                                   const std::string& extra_toml = "", FdStore* fd_store = nullptr);
 
 // Starts `redis_server_path --port 0 --unixsocket <dir>/redis.sock --save ""
 // --appendonly no --daemonize no` and returns once the socket accepts.
