@@ -297,5 +297,32 @@ TEST(ArenaAllocatorTest, MixedSizesFragmentationStaysBounded) {
   EXPECT_GE(worst_utilization, 0.80);
 }
 
+// A restart's adoption claims the extents a previous allocator handed out:
+// exactly those bytes, never over another extent, and Allocate then fits
+// around them; a claimed extent frees like an allocated one.
+TEST(ArenaAllocatorTest, ClaimTakesExactlyTheFreeRangeAskedAndNothingElse) {
+  ArenaAllocator a(64 * kKiB);
+  EXPECT_TRUE(a.Claim({8 * kKiB, 8 * kKiB}));
+  EXPECT_TRUE(a.Claim({32 * kKiB, 4 * kKiB}));
+  EXPECT_EQ(a.used_bytes(), 12 * kKiB);
+  EXPECT_EQ(a.allocations(), 2u);
+  EXPECT_FALSE(a.Claim({12 * kKiB, 4 * kKiB}));  // inside the first
+  EXPECT_FALSE(a.Claim({4 * kKiB, 8 * kKiB}));   // overlaps its start
+  EXPECT_FALSE(a.Claim({60 * kKiB, 8 * kKiB}));  // past the end
+  EXPECT_FALSE(a.Claim({1 * kKiB, 4 * kKiB}));   // not aligned
+  EXPECT_FALSE(a.Claim({20 * kKiB, 0}));         // empty
+  EXPECT_EQ(a.used_bytes(), 12 * kKiB);
+  std::vector<Extent> live = {{8 * kKiB, 8 * kKiB}, {32 * kKiB, 4 * kKiB}};
+  while (auto e = a.Allocate(4 * kKiB)) {
+    EXPECT_TRUE(e->offset + e->length <= 8 * kKiB || e->offset >= 16 * kKiB) << e->offset;
+    EXPECT_TRUE(e->offset + e->length <= 32 * kKiB || e->offset >= 36 * kKiB) << e->offset;
+    live.push_back(*e);
+  }
+  EXPECT_EQ(a.free_bytes(), 0u);
+  ExpectConsistent(a, live);
+  for (const Extent& e : live) a.Free(e);
+  EXPECT_EQ(a.largest_free_bytes(), 64 * kKiB);
+}
+
 }  // namespace
 }  // namespace kvtier

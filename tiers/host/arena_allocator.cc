@@ -48,6 +48,27 @@ std::optional<ArenaAllocator::Extent> ArenaAllocator::Allocate(uint64_t bytes) {
   return Extent{range_offset, length};
 }
 
+bool ArenaAllocator::Claim(Extent e) {
+  if (e.length == 0 || e.offset % kAlignmentBytes != 0 || e.length % kAlignmentBytes != 0 ||
+      e.offset > capacity_bytes_ || e.length > capacity_bytes_ - e.offset) {
+    return false;
+  }
+  // The free range that starts at or before e.offset must cover all of e.
+  auto range = free_by_offset_.upper_bound(e.offset);
+  if (range == free_by_offset_.begin()) return false;
+  range = std::prev(range);
+  const auto [range_offset, range_length] = *range;
+  if (range_offset + range_length < e.offset + e.length) return false;
+  EraseFree(range);
+  if (range_offset < e.offset) InsertFree(range_offset, e.offset - range_offset);
+  if (range_offset + range_length > e.offset + e.length) {
+    InsertFree(e.offset + e.length, range_offset + range_length - (e.offset + e.length));
+  }
+  live_.emplace(e.offset, e.length);
+  used_bytes_ += e.length;
+  return true;
+}
+
 void ArenaAllocator::Free(Extent e) {
   auto live = live_.find(e.offset);
   KVTIER_CHECK(live != live_.end(), "Free of an extent that is not live (double free or foreign)");

@@ -61,7 +61,12 @@ class ArenaAllocator {
   // bytes > capacity_bytes(), or no free range is large enough.
   std::optional<Extent> Allocate(uint64_t bytes);
 
-  // Returns `e` (exactly as Allocate returned it) to the free ranges,
+  // Reserves exactly `e` (a restart's adoption: the extent a previous
+  // allocator handed out). False, changing nothing, unless `e` is aligned,
+  // non-empty, inside the arena and entirely free.
+  bool Claim(Extent e);
+
+  // Returns `e` (exactly as Allocate or Claim returned it) to the free ranges,
   // coalescing with free neighbours. Aborts (KVTIER_CHECK) on a double free
   // or an extent this allocator did not hand out.
   void Free(Extent e);

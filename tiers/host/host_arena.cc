@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,9 +54,30 @@ class FdCloser {
   int fd_;
 };
 
-// memfd_create + ftruncate + seals. Returns the fd or an error. The pages
-// are allocated as the arena is warmed (WarmUpTo).
+// The kept arena `o.kept_fd` when it is one this daemon can map safely:
+// sealed so that nobody can shrink it under a mapping, of the size asked.
+Result<int> CheckKeptMemfd(const HostArenaOptions& o) {
+  FdCloser closer(o.kept_fd);
+  // Exactly the seals Open puts on an arena: no one can resize it under a
+  // mapping, add a seal, or keep it from being written.
+  const int seals = ::fcntl(o.kept_fd, F_GET_SEALS);
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (seals != kSeals) {
+    return FailedPrecondition("the kept host arena is not a memfd sealed as kvtierd seals its arenas");
+  }
+  struct stat st {};
+  if (::fstat(o.kept_fd, &st) != 0) return IoError(Errno("fstat of the kept host arena", errno));
+  if (static_cast<uint64_t>(st.st_size) != o.capacity_bytes) {
+    return FailedPrecondition("the kept host arena has " + std::to_string(st.st_size) + " bytes, host.capacity_bytes " +
+                              std::to_string(o.capacity_bytes));
+  }
+  return closer.Release();
+}
+
+// memfd_create + ftruncate + seals (or the kept memfd). Returns the fd or
+// an error. The pages are allocated as the arena is warmed (WarmUpTo).
 Result<int> CreateSealedMemfd(const HostArenaOptions& o) {
+  if (o.kept_fd >= 0) return CheckKeptMemfd(o);
   int fd = ::memfd_create(o.name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return IoError(Errno("memfd_create", errno));
   FdCloser closer(fd);
@@ -72,12 +94,14 @@ Result<int> CreateSealedMemfd(const HostArenaOptions& o) {
 }  // namespace
 
 Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
+  FdCloser kept(o.kept_fd);  // until CreateSealedMemfd takes it
   if (o.capacity_bytes == 0) {
     return InvalidArgument("host arena capacity_bytes must be > 0");
   }
   if (o.capacity_bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
     return InvalidArgument("host arena capacity_bytes " + std::to_string(o.capacity_bytes) + " is too large");
   }
+  kept.Release();
   Result<int> fd = CreateSealedMemfd(o);
   if (!fd.ok()) return fd.status();
   FdCloser closer(*fd);

@@ -38,6 +38,10 @@ struct HostArenaOptions {
   bool warm_in_background = false;
   // Small chunks: each holds the process's memory-map lock only briefly.
   uint64_t warm_chunk_bytes = uint64_t{16} << 20;
+  // >= 0: the arena is this memfd, kept by a previous daemon (Open takes
+  // it: closed on every path but success), not a new one. Its bytes are
+  // left as they are.
+  int kept_fd = -1;
 };
 
 // Owns a memfd of capacity_bytes sealed with F_SEAL_SHRINK | F_SEAL_GROW |
@@ -58,7 +62,9 @@ class HostArena {
   //                    memory; message carries strerror), or mlock failed
   //                    with LockMode::kRequired (message names
   //                    RLIMIT_MEMLOCK's soft and hard values, the size, and
-  //                    the fix).
+  //                    the fix);
+  //   FailedPrecondition  kept_fd is not a memfd of capacity_bytes sealed
+  //                    exactly as Open seals an arena (shrink, grow, seal).
   // Should mapping a chunk fail in the background, it is logged and the
   // warming stops (warm_failed(); the rest maps as it is touched).
   static Result<std::unique_ptr<HostArena>> Open(const HostArenaOptions& o);

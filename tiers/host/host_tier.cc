@@ -1,33 +1,124 @@
 #include "tiers/host/host_tier.h"
 
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
 #include "common/check.h"
+#include "common/logging.h"
 
 namespace kvtier {
 
-Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint32_t directory_slots) {
+namespace {
+
+void CloseKept(const HostKeep& keep) {
+  if (keep.arena_fd >= 0) ::close(keep.arena_fd);
+  if (keep.journal_fd >= 0) ::close(keep.journal_fd);
+}
+
+// The kept arena and journal of `keep` when both are there and fit `o`;
+// nulls (after one log line saying why, and release_kept) when they do
+// not: anything wrong with a kept pair starts the tier empty, never fails
+// the start. Takes the fds.
+std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>> OpenKept(const HostArenaOptions& o,
+                                                                             const HostKeep& keep) {
+  std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>> out;
+  if (keep.arena_fd < 0 && keep.journal_fd < 0) return out;
+  const auto reject = [&](const std::string& why) {
+    spdlog::warn("{}: {}; starting empty", o.name, why);
+    if (keep.release_kept) keep.release_kept();
+  };
+  if (keep.arena_fd < 0 || keep.journal_fd < 0 || !keep.journal) {
+    CloseKept(keep);
+    reject(!keep.journal ? "keeping is off" : "a kept arena came without its journal (or the other way round)");
+    return out;
+  }
+  auto journal = HostJournal::Attach(keep.journal_fd, o.capacity_bytes);
+  if (!journal.ok()) {
+    ::close(keep.arena_fd);
+    reject(journal.status().message());
+    return out;
+  }
+  HostArenaOptions kept = o;
+  kept.kept_fd = keep.arena_fd;
+  auto arena = HostArena::Open(kept);
+  if (!arena.ok()) {
+    reject("the kept arena cannot be mapped: " + arena.status().message());
+    return out;
+  }
+  out.first = std::move(*arena);
+  out.second = std::move(*journal);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint32_t directory_slots,
+                                                 const HostKeep& keep) {
   if (o.capacity_bytes < ArenaAllocator::kAlignmentBytes) {
+    CloseKept(keep);
     return InvalidArgument("host tier capacity_bytes " + std::to_string(o.capacity_bytes) +
                            " is below the minimum of " + std::to_string(ArenaAllocator::kAlignmentBytes));
   }
-  auto arena = HostArena::Open(o);
-  if (!arena.ok()) return arena.status();
+  auto [arena, journal] = OpenKept(o, keep);
+  const bool adopted = arena != nullptr;
+  if (!adopted) {
+    auto opened = HostArena::Open(o);
+    if (!opened.ok()) return opened.status();
+    arena = std::move(*opened);
+    if (keep.journal) {
+      auto created = HostJournal::Create(o.capacity_bytes, o.name + "-journal");
+      if (!created.ok()) return created.status();
+      journal = std::move(*created);
+    }
+  }
   std::unique_ptr<HostDirectory> directory;
   if (directory_slots > 0) {
     auto opened = HostDirectory::Open(directory_slots);
     if (!opened.ok()) return opened.status();
     directory = std::move(*opened);
   }
-  return std::unique_ptr<HostTier>(new HostTier(std::move(*arena), std::move(directory)));
+  std::unique_ptr<HostTier> tier(new HostTier(std::move(arena), std::move(directory), std::move(journal)));
+  if (adopted) tier->ClaimRecovered(o.name);
+  return tier;
 }
 
-HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory)
+HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory,
+                   std::unique_ptr<HostJournal> journal)
     : arena_(std::move(arena)),
       directory_(std::move(directory)),
+      journal_(std::move(journal)),
       capacity_bytes_(arena_->capacity_bytes() / ArenaAllocator::kAlignmentBytes * ArenaAllocator::kAlignmentBytes),
       allocator_(arena_->capacity_bytes()) {}
+
+void HostTier::ClaimRecovered(const std::string& name) {
+  adopted_ = true;
+  MutexLock lock(mu_);
+  uint64_t overlapping = 0;
+  for (const HostJournal::Recovered& r : journal_->recovered()) {
+    const Extent extent{r.record.offset, ArenaAllocator::ClassSize(r.record.size)};
+    if (!allocator_.Claim(extent)) {  // outside the arena or over another block: not a record this tier wrote
+      journal_->Remove(r.slot);
+      ++overlapping;
+      continue;
+    }
+    adopted_blocks_.push_back({r.slot, r.record, extent});
+  }
+  spdlog::info("{}: adopted a kept arena of {} bytes with {} recorded blocks ({} being written when it stopped{})",
+               name, capacity_bytes_, adopted_blocks_.size(), journal_->torn(),
+               overlapping > 0 ? ", " + std::to_string(overlapping) + " overlapping dropped" : std::string());
+}
+
+std::vector<AdoptedBlock> HostTier::TakeAdopted() {
+  MutexLock lock(mu_);
+  return std::exchange(adopted_blocks_, {});
+}
+
+void HostTier::FreeAdopted(const AdoptedBlock& block) {
+  journal_->Remove(block.slot);
+  Free(block.extent);
+}
 
 Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
   if (!CanEverHold(bytes)) {
@@ -74,6 +165,10 @@ void HostTier::VisitCounters(CounterVisitor& v) const {
     allocator_.VisitCounters(v);
   }
   if (directory_ != nullptr) directory_->VisitCounters(v);
+  if (journal_ != nullptr) {
+    v.VisitGauge("host.journal.records", static_cast<int64_t>(journal_->live()));
+    v.VisitGauge("host.journal.slots", static_cast<int64_t>(journal_->slot_count()));
+  }
 }
 
 void HostTier::CheckHealth(HealthFindings& out) const {
