@@ -15,6 +15,7 @@
 //                 kPromoting --Erase--> kErasedWhilePromoting --read ends--> (none)
 //   demoting: kCommitted --evicted to a tier below--> kDemoting --write ends--> (none; in that tier)
 //                 kDemoting --Erase--> kErasedWhileDemoting --write ends--> (none; undone there)
+//            (none) --a kept arena's block verified at start (adopter.h)--> kCommitted
 //   zombies: kPinned --Erase or eviction--> kErasedWhilePinned --last lease--> (none; extent freed)
 //            (none) --layer-range read lands--> kLayerRead --its lease--> (none; extent freed)
 //
@@ -67,6 +68,9 @@ struct BlockEntry {
   uint64_t hits = 0;
   uint64_t last_use_us = 0;
   BlockHandle handle = 0;  // the policy's id, set at commit
+  // Its record in the host journal (host_journal.h) while visible, so a
+  // restart can adopt it; kNoSlot when none.
+  uint32_t journal_slot = HostJournal::kNoSlot;
 
   BlockState state() const { return state_; }
   // Visible to lookups and pins: kCommitted or kPinned.

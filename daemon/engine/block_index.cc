@@ -115,6 +115,22 @@ void BlockIndex::CommitPromoted(Entries::iterator it, HostTier::Extent extent, u
   Insert(it->first, entry, handle, now_us);
 }
 
+bool BlockIndex::CommitAdopted(const AdoptedBlock& block, std::vector<uint64_t> layer_checksums, BlockHandle handle,
+                               uint64_t now_us) {
+  auto [it, inserted] = index.try_emplace(block.record.key);
+  if (!inserted) return false;
+  BlockEntry& entry = it->second;
+  entry.ns = block.record.ns;
+  entry.extent = block.extent;
+  entry.allocated = true;
+  entry.size = block.record.size;
+  entry.checksum = block.record.checksum;
+  entry.layer_checksums = std::move(layer_checksums);
+  entry.journal_slot = block.slot;
+  Insert(it->first, entry, handle, now_us);
+  return true;
+}
+
 void BlockIndex::FailPromotion(Entries::iterator it, HostTier::Extent extent) {
   KVTIER_CHECK(it->second.promoting(), "failed promotion of a block not being promoted");
   EndPrefetched(it->second);
@@ -217,12 +233,21 @@ void BlockIndex::Insert(const BlockKey& key, BlockEntry& entry, BlockHandle hand
 }
 
 void BlockIndex::Publish(const BlockKey& key, BlockEntry& entry) {
+  HostJournal* journal = host_.journal();
+  if (journal != nullptr && entry.journal_slot == HostJournal::kNoSlot) {
+    const auto layers = static_cast<uint32_t>(entry.layer_checksums.size());
+    entry.journal_slot = journal->Add({entry.ns, key, entry.extent.offset, entry.size, entry.checksum, layers});
+  }
   HostDirectory* dir = host_.directory();
   if (dir != nullptr) entry.published = dir->Publish(entry.ns, key, entry.extent.offset, entry.size, entry.checksum);
 }
 
 void BlockIndex::Withdraw(const BlockKey& key, BlockEntry& entry) {
   if (events_ != nullptr) events_->Removed(Tier::kHost, entry.ns, key);
+  if (HostJournal* journal = host_.journal(); journal != nullptr) {
+    journal->Remove(entry.journal_slot);
+    entry.journal_slot = HostJournal::kNoSlot;
+  }
   HostDirectory* dir = host_.directory();
   if (dir == nullptr) return;
   if (entry.published) {

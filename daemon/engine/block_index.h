@@ -126,6 +126,12 @@ class BlockIndex {
   // with its checksums under policy handle `handle`.
   void CommitReserved(Entries::iterator it, ConnectionId connection, uint64_t checksum,
                       std::vector<uint64_t> layer_checksums, BlockHandle handle, uint64_t now_us) REQUIRES(mu);
+  // (none) -> kCommitted: a kept arena's block, its bytes verified
+  // (adopter.h), with its journal slot and `layer_checksums` (empty, or
+  // one per layer). False, changing nothing, when the index already has
+  // the key (the caller gives the block back: HostTier::FreeAdopted).
+  bool CommitAdopted(const AdoptedBlock& block, std::vector<uint64_t> layer_checksums, BlockHandle handle,
+                     uint64_t now_us) REQUIRES(mu);
   // kCommitted | kPinned -> kPinned: one more pin of `entry` of `key` for
   // `connection`, a use (hits, recency). Returns the lease; *was_prefetched
   // says the pin was the first use of a prefetched block.

@@ -43,6 +43,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
 }
 
 Engine::~Engine() {
+  if (adopter_ != nullptr) adopter_->Stop();  // its thread commits into the shards (null: Create failed)
   for (auto& below : below_) {
     if (ReclaimHooks* hooks = below->tier->reclaim_hooks()) {
       hooks->SetNeededHint(nullptr);
@@ -113,6 +114,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
   }
   Evictor::Hooks evictor_hooks;
   evictor_hooks.release_expired_holds = [e = engine.get()] { e->ReleaseExpiredHolds(); };
+  // Made below, before anything allocates.
+  evictor_hooks.give_back_waiting = [e = engine.get()](uint64_t bytes) { return e->adopter_->GiveBack(bytes); };
   evictor_hooks.demote = [e = engine.get()](size_t level, const NamespaceFingerprint& ns, const BlockKey& key,
                                             HostTier::Extent extent, uint64_t size,
                                             uint64_t checksum) { e->Demote(level, ns, key, extent, size, checksum); };
@@ -147,6 +150,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Hos
     WriterMutexLock gate(engine->sink_gate_->mu);
     engine->sink_gate_->engine = engine.get();
   }
+  engine->adopter_ = std::make_unique<Adopter>(engine->shards_, host, clock, engine->AdopterHooks());
   return engine;
 }
 
@@ -240,9 +244,12 @@ void Engine::RecordLocalLookups(int64_t lookups, int64_t keys, int64_t hit_block
 void Engine::RecordBadUsageReport() { Bump(counters_.bad_usage_reports); }
 
 size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {
-  holder_->EndHolds(ns, keys);  // an erased block is held no longer (holder.h)
-  return eraser_->Erase(ns, keys);
+  holder_->EndHolds(ns, keys);                        // an erased block is held no longer (holder.h)
+  const size_t waiting = adopter_->Forget(ns, keys);  // before the index: it must not commit them after
+  return waiting + eraser_->Erase(ns, keys);
 }
+
+void Engine::StartAdoption() { adopter_->Start(); }
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
                                             std::span<const BlockKey> keys, bool in_place, bool verify) {

@@ -53,6 +53,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
+#include "daemon/engine/adopter.h"
 #include "daemon/engine/corruption_check.h"
 #include "daemon/engine/holder.h"
 #include "daemon/engine/host_block_tier.h"
@@ -181,8 +182,14 @@ class Engine {
   void RecordBadUsageReport();  // a usage report with an unknown namespace or bad keys
 
   // Removes committed blocks from every tier (eraser.h), their operator
-  // holds ended; returns how many there were.
+  // holds ended, and kept blocks still waiting for adoption; returns how
+  // many there were.
   size_t Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> keys);
+
+  // After a restart that kept the host arena (host_tier.h HostKeep): starts
+  // checking its blocks and making them visible (adopter.h). kvtierd calls
+  // it once the engine is built; until then they wait.
+  void StartAdoption();
 
   // A client's verified read of `keys` of `ns` did not match their
   // checksums: each such host block is checked again off the request
@@ -291,6 +298,7 @@ class Engine {
   // (hand-off blocks awaiting a peer's Taken or their commit).
   void VisitCounters(CounterVisitor& v) const {
     report_->VisitCounters(v);
+    adopter_->VisitCounters(v);
     v.VisitGauge("engine.published_blocks", static_cast<int64_t>(published_.size()));
     v.VisitGauge("engine.handoff_marks", static_cast<int64_t>(published_.handoffs()));
   }
@@ -338,6 +346,7 @@ class Engine {
   Pinner::Hooks PinnerHooks();
   Locator::Hooks LocatorHooks();
   Writer::Hooks WriterHooks();
+  Adopter::Hooks AdopterHooks();
   Loader::Hooks LoaderHooks();
   StackReport::Hooks ReportHooks();
   CorruptionCheck::Hooks CorruptionHooks();
@@ -394,9 +403,10 @@ class Engine {
   std::unique_ptr<LayerStreamer> streamer_;
   // Pins, releases and reported uses (pinner.h); made by Create.
   std::unique_ptr<Pinner> pinner_;
-  std::unique_ptr<Holder> holder_;  // operator holds (holder.h); made by Create
-  std::unique_ptr<Loader> loader_;  // layer-wise loads (loader.h); made by Create
-  std::unique_ptr<Eraser> eraser_;  // erases from every tier (eraser.h); made by Create
+  std::unique_ptr<Holder> holder_;    // operator holds (holder.h); made by Create
+  std::unique_ptr<Loader> loader_;    // layer-wise loads (loader.h); made by Create
+  std::unique_ptr<Eraser> eraser_;    // erases from every tier (eraser.h); made by Create
+  std::unique_ptr<Adopter> adopter_;  // a kept arena's blocks (adopter.h); made last by Create, stopped first
   // The movers (mover.h), declared last: destroyed first, after ~Engine
   // waited for their jobs (each counts as I/O in flight): the demoter's
   // (demoter.h), the reader (prefetch plans), the host tier face's

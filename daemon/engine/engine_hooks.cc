@@ -108,6 +108,10 @@ Writer::Hooks Engine::WriterHooks() {
   return hooks;
 }
 
+Adopter::Hooks Engine::AdopterHooks() {
+  return {[this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); }};
+}
+
 Loader::Hooks Engine::LoaderHooks() {
   Loader::Hooks hooks;
   hooks.allocate = [this](uint64_t bytes) { return evictor_->Allocate(bytes); };

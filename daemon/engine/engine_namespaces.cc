@@ -44,6 +44,7 @@ std::vector<NamespaceFingerprint> Engine::NamespacesOfModel(std::string_view mod
 
 std::vector<Engine::TierUse> Engine::DropNamespace(const NamespaceFingerprint& ns) {
   holder_->EndNamespaceHolds(ns);  // its operator holds end (holder.h)
+  adopter_->ForgetNamespace(ns);   // kept blocks not yet adopted never come back (host.adopt.forgotten)
   const std::vector<const BlockTier*> tiers = StackTop();
   std::vector<TierUse> dropped;
   std::vector<BlockKey> keys;

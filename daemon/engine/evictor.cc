@@ -47,6 +47,7 @@ Result<HostTier::Extent> Evictor::Allocate(uint64_t bytes) {
     }
     uint64_t freed = 0;
     if (!EvictOne(&freed)) {
+      if (hooks_.give_back_waiting && hooks_.give_back_waiting(ArenaAllocator::ClassSize(bytes)) > 0) continue;
       Bump(counters_.eviction_failures);
       return NoSpace(extent.status().message() +
                      "; nothing is evictable: every cached block is pinned or being written");

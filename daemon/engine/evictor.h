@@ -43,6 +43,9 @@ class Evictor {
     std::function<void(size_t level, const NamespaceFingerprint& ns, const BlockKey& key, HostTier::Extent extent,
                        uint64_t size, uint64_t checksum)>
         demote;
+    // When nothing is evictable: frees up to `bytes` of kept blocks still
+    // waiting to be adopted (adopter.h GiveBack); the bytes freed.
+    std::function<uint64_t(uint64_t bytes)> give_back_waiting;  // may be empty
   };
   // Every reference is borrowed and outlives the evictor; `below` is the
   // stack's levels under the host, highest first (it may grow until the
