@@ -51,6 +51,7 @@ struct CommandLine {
   std::string socket_override;                   // empty: server.socket_path
   std::optional<LogFormat> log_format_override;  // none: log.format
   MachineMemory machine;
+  uint64_t kept_arena_bytes = 0;  // the kept host arena's size (host_keep.h); 0: none
 };
 
 // The command line's overrides, then auto (0) sizes resolved; returns the
@@ -58,7 +59,19 @@ struct CommandLine {
 std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonConfig& config) {
   if (!command_line.socket_override.empty()) config.socket_path = command_line.socket_override;
   if (command_line.log_format_override) config.log_format = *command_line.log_format_override;
-  return ResolveAutoSizes(config, command_line.machine);
+  const bool auto_host = config.host_capacity_bytes == 0;
+  std::vector<std::string> lines = ResolveAutoSizes(config, command_line.machine);
+  // An auto size picks the kept arena's when that fits what auto allows, so
+  // that a restart adopts it rather than start empty over a small drift in
+  // the memory available.
+  const auto kept = static_cast<int64_t>(command_line.kept_arena_bytes);
+  if (auto_host && kept > 0 && kept <= config.host_capacity_bytes && kept != config.host_capacity_bytes) {
+    lines.push_back("host.capacity_bytes = 0 (auto): " + std::to_string(kept) +
+                    " bytes, the size of the kept host arena (auto would allow " +
+                    std::to_string(config.host_capacity_bytes) + ")");
+    config.host_capacity_bytes = kept;
+  }
+  return lines;
 }
 
 // Raises the soft open-file limit to the hard one: each client connection
@@ -221,7 +234,7 @@ void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, Da
   watchdog.Stop();  // no probes into io threads that are stopping
 }
 
-int Serve(const CommandLine& command_line, DaemonConfig& config) {
+int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<PassedFd> passed) {
   const auto running_config = std::make_shared<RunningConfigText>(config);
   // Block the signals in every thread; WaitForSignals takes them.
   sigset_t signals;
@@ -238,8 +251,11 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
   // Destroyed after the engines: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
   if (!stack.ok()) return StartFailure(config, stack.status().ToString());
-  auto engines = DaemonEngines::Open(config, *stack, clock);
+  const SystemdNotifier notifier = SystemdNotifier::FromEnvironment();
+  HostKeeper keeper(notifier, std::move(passed), config.host_keep_across_restarts);
+  auto engines = DaemonEngines::Open(config, *stack, clock, &keeper);
   if (!engines.ok()) return StartFailure(config, engines.status().ToString());
+  keeper.DropUnclaimed();
   ServerOptions server_options{config.socket_path,
                                static_cast<uint32_t>(config.io_threads),
                                static_cast<uint32_t>(config.max_frame_bytes),
@@ -326,6 +342,9 @@ int Serve(const CommandLine& command_line, DaemonConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // What systemd's file descriptor store (or kvtier supervise) passed: a
+  // kept host arena and its journal (host_keep.h).
+  std::vector<kvtier::PassedFd> passed = kvtier::TakePassedFds();
   CLI::App app{"kvtierd: hierarchical KV-cache daemon for LLM inference"};
   app.footer(kvtier::OptionsHelp());
   CommandLine command_line;
@@ -364,6 +383,9 @@ int main(int argc, char** argv) {
     auto machine = ReadMachineMemory(MeminfoPath());
     if (!machine.ok()) return StartFailure(*config, machine.status().ToString());
     command_line.machine = cgroup ? kvtier::UnderLimit(*machine, *cgroup) : *machine;
+    // A kept arena is memory this daemon takes back: available to the sizing.
+    command_line.kept_arena_bytes = kvtier::HostKeeper::KeptArenaBytes(passed);
+    command_line.machine.available_bytes += command_line.kept_arena_bytes;
   }
   const std::vector<std::string> chosen = ApplyOverrides(command_line, *config);
   Status shares = ResolveShares(*config);
@@ -378,7 +400,7 @@ int main(int argc, char** argv) {
                  cgroup->limit_file, kvtier::ConfiguredMemoryBytes(*config));
   }
   for (const std::string& line : chosen) spdlog::info("{}", line);
-  const int exit_code = Serve(command_line, *config);
+  const int exit_code = Serve(command_line, *config, std::move(passed));
   if (exit_code == 0) spdlog::info("kvtierd stopped");
   return exit_code;
 }

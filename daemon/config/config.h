@@ -63,6 +63,7 @@ struct DaemonConfig {
   LockMemory host_lock_memory{};
   bool host_directory = false;
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
+  bool host_keep_across_restarts = false;
   bool host_verify_commits = false;
   // [hbm]
   HbmEnabled hbm_enabled{};

@@ -118,6 +118,11 @@ constexpr OptionSpec kOptions[] = {
     {"host.directory_slots", OptionType::kInt, "0", 0, 1 << 26, "", false,
      "Slots of that table (rounded up to a power of two; holds 3/4 as many blocks); 0: one per 48 KiB of arena.",
      OptionFieldOf<&DaemonConfig::host_directory_slots>()},
+    {"host.keep_across_restarts", OptionType::kBool, "true", 0, 1, "", false,
+     "Under systemd (or kvtier supervise), keep the host arena and a journal of its blocks in the file descriptor "
+     "store, so that the next kvtierd adopts them after a crash or restart (their bytes checked) instead of "
+     "starting empty.",
+     OptionFieldOf<&DaemonConfig::host_keep_across_restarts>()},
     {"host.verify_commits", OptionType::kBool, DefaultBool(defaults::kVerifyCommits), 0, 1, "", false,
      "Hash every committed block even when the client sent its checksum, failing a mismatch (one more pass over "
      "the bytes per put); false trusts the client's checksum, which demotion and verifying readers still check.",

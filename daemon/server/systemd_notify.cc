@@ -1,5 +1,8 @@
 #include "daemon/server/systemd_notify.h"
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -9,6 +12,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <vector>
 
 #include "common/logging.h"
 
@@ -28,6 +33,30 @@ uint64_t EnvNumber(const char* name) {
 
 }  // namespace
 
+std::vector<PassedFd> TakePassedFds() {
+  std::vector<PassedFd> out;
+  const uint64_t count = std::min<uint64_t>(EnvNumber("LISTEN_FDS"), kMaxListenFds);
+  const bool ours = EnvNumber("LISTEN_PID") == static_cast<uint64_t>(::getpid());
+  const char* names = std::getenv("LISTEN_FDNAMES");
+  std::string all = names == nullptr ? std::string() : std::string(names);
+  ::unsetenv("LISTEN_FDS");
+  ::unsetenv("LISTEN_PID");
+  ::unsetenv("LISTEN_FDNAMES");
+  if (!ours || count == 0) return out;
+  size_t from = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    const size_t colon = all.find(':', from);
+    PassedFd passed;
+    passed.fd = static_cast<int>(kFirstPassedFd + i);
+    passed.name = from <= all.size() ? all.substr(from, colon == std::string::npos ? std::string::npos : colon - from)
+                                     : std::string();
+    from = colon == std::string::npos ? all.size() + 1 : colon + 1;
+    ::fcntl(passed.fd, F_SETFD, FD_CLOEXEC);  // none of them reaches a child
+    out.push_back(std::move(passed));
+  }
+  return out;
+}
+
 SystemdNotifier SystemdNotifier::FromEnvironment() {
   const char* socket = std::getenv("NOTIFY_SOCKET");
   uint64_t watchdog_usec = EnvNumber("WATCHDOG_USEC");
@@ -39,7 +68,9 @@ SystemdNotifier SystemdNotifier::FromEnvironment() {
   return SystemdNotifier(socket == nullptr ? std::string() : std::string(socket), watchdog_usec);
 }
 
-Status SystemdNotifier::Notify(std::string_view state) const {
+Status SystemdNotifier::Notify(std::string_view state) const { return NotifyWithFds(state, {}); }
+
+Status SystemdNotifier::NotifyWithFds(std::string_view state, std::span<const int> fds) const {
   if (!enabled()) return Status::Ok();
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
@@ -56,8 +87,23 @@ Status SystemdNotifier::Notify(std::string_view state) const {
   }
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(std::string("sd_notify socket: ") + std::strerror(errno));
-  const ssize_t sent =
-      ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&address), length);
+  iovec data{const_cast<char*>(state.data()), state.size()};
+  msghdr message{};
+  message.msg_name = &address;
+  message.msg_namelen = length;
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  std::vector<std::byte> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  if (!fds.empty()) {
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+  }
+  const ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL);
   const int error = errno;
   ::close(fd);
   if (sent < 0) return IoError("sd_notify to " + socket_path_ + ": " + std::strerror(error));

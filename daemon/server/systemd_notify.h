@@ -6,6 +6,10 @@
 // around a SIGHUP reload, STOPPING=1 when a stop signal arrives, and
 // WATCHDOG=1 from a WatchdogPinger while the daemon is healthy.
 //
+// The file descriptor store (FDSTORE=1): kvtierd hands systemd the fds of
+// what should outlive it (the host arena and its journal), and gets them
+// back at its next start as passed fds (LISTEN_FDS, TakePassedFds).
+//
 // Without $NOTIFY_SOCKET (not started by systemd with Type=notify) every
 // call is a no-op that returns Ok. Errors are returned, never thrown; a
 // failed notification is worth a log line, not a stop.
@@ -13,9 +17,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/mutex.h"
 #include "kvtier/status.h"
@@ -24,6 +30,20 @@ namespace kvtier {
 
 // Thread-safe: Notify may be called from any thread (each call opens,
 // sends on and closes its own socket).
+// One fd systemd passed at start (sd_listen_fds_with_names(3)).
+struct PassedFd {
+  int fd = -1;
+  std::string name;  // its FDNAME; empty when none was given
+};
+inline constexpr int kFirstPassedFd = 3;
+inline constexpr uint64_t kMaxListenFds = 4096;
+// The fds passed to this process (LISTEN_FDS, fd 3 on, when LISTEN_PID is
+// this process; at most kMaxListenFds), each made close-on-exec and now the
+// caller's; the three
+// variables are unset so that no child sees them. Empty when none.
+// Call once, early, from one thread.
+std::vector<PassedFd> TakePassedFds();
+
 class SystemdNotifier {
  public:
   // Reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID once. The watchdog
@@ -43,6 +63,9 @@ class SystemdNotifier {
   // Ok when disabled. InvalidArgument for a socket path that does not fit
   // sockaddr_un; IoError when the socket cannot be created or the send fails.
   Status Notify(std::string_view state) const;
+  // Notify with `fds` attached (SCM_RIGHTS): "FDSTORE=1\nFDNAME=..." stores
+  // them. The fds stay the caller's. Ok when disabled.
+  Status NotifyWithFds(std::string_view state, std::span<const int> fds) const;
 
  private:
   std::string socket_path_;

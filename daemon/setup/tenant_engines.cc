@@ -32,21 +32,26 @@ uint32_t DirectorySlots(const DaemonConfig& config, uint64_t arena_bytes) {
 
 // The arena's memfd is named kvtier-arena, or kvtier-arena-<tenant> with
 // tenants (as /proc/<pid>/maps shows it).
-Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std::string& tenant,
-                                           uint64_t arena_bytes) {
+// With a keeper, the arena a previous daemon kept is adopted (or a new
+// one kept).
+Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std::string& tenant, uint64_t arena_bytes,
+                                           HostKeeper* keeper) {
   HostArenaOptions arena;
   if (!tenant.empty()) arena.name += "-" + tenant;
   arena.capacity_bytes = arena_bytes;
   arena.lock = LockModeOf(config.host_lock_memory);
   arena.warm_in_background = true;  // the socket opens at once; the arena faults in behind it
-  return HostTier::Open(arena, DirectorySlots(config, arena_bytes));
+  const HostKeep keep = keeper != nullptr ? keeper->KeptFor(tenant) : HostKeep{};
+  auto host = HostTier::Open(arena, DirectorySlots(config, arena_bytes), keep);
+  if (host.ok() && keeper != nullptr) keeper->Store(tenant, **host);
+  return host;
 }
 
 // Opens `tenant`'s host arena, HBM pool and engine over `below`.
 Status OpenEngine(const DaemonConfig& config, uint64_t host_bytes, const DaemonConfig& hbm_config,
-                  std::vector<LowerTier> below, Clock& clock, DaemonEngines::Tenant& tenant) {
+                  std::vector<LowerTier> below, Clock& clock, HostKeeper* keeper, DaemonEngines::Tenant& tenant) {
   const std::string whose = tenant.config.name.empty() ? "" : "tenant " + tenant.config.name + ": ";
-  auto host = OpenHost(config, tenant.config.name, host_bytes);
+  auto host = OpenHost(config, tenant.config.name, host_bytes, keeper);
   if (!host.ok()) return Status(host.status().code(), whose + "host tier: " + host.status().message());
   tenant.host = std::move(*host);
   auto hbm = OpenHbmTier(hbm_config);
@@ -58,6 +63,7 @@ Status OpenEngine(const DaemonConfig& config, uint64_t host_bytes, const DaemonC
   auto engine = Engine::Create(options, *tenant.host, clock, std::move(below), tenant.hbm.tier.get());
   if (!engine.ok()) return Status(engine.status().code(), whose + "engine: " + engine.status().message());
   tenant.engine = std::move(*engine);
+  tenant.engine->StartAdoption();
   return Status::Ok();
 }
 
@@ -100,12 +106,13 @@ std::string TenantKeyPath(const DaemonConfig& config) {
   return "";
 }
 
-Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& config, TierStack& stack, Clock& clock) {
+Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& config, TierStack& stack, Clock& clock,
+                                                           HostKeeper* keeper) {
   std::unique_ptr<DaemonEngines> engines(new DaemonEngines());
   if (config.tenants.empty()) {
     engines->tenants_.emplace_back();
     Status opened = OpenEngine(config, static_cast<uint64_t>(config.host_capacity_bytes), config, stack.lower, clock,
-                               engines->tenants_.back());
+                               keeper, engines->tenants_.back());
     if (!opened.ok()) return opened;
     return engines;
   }
@@ -134,7 +141,7 @@ Result<std::unique_ptr<DaemonEngines>> DaemonEngines::Open(const DaemonConfig& c
     DaemonConfig hbm_config = config;
     hbm_config.hbm_capacity_bytes = tenant_config.hbm_bytes;
     Status opened = OpenEngine(config, static_cast<uint64_t>(tenant_config.host_bytes), hbm_config, std::move(below),
-                               clock, tenant);
+                               clock, keeper, tenant);
     if (!opened.ok()) return opened;
     spdlog::info(
         "tenant {}: host arena {} bytes, hbm {}, quota below the host {}, uids [{}], gids [{}]", tenant_config.name,

@@ -29,6 +29,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/setup/events_setup.h"
 #include "daemon/setup/hbm_setup.h"
+#include "daemon/setup/host_keep.h"
 #include "daemon/server/server.h"
 #include "daemon/tenants/tenant_scope.h"
 #include "daemon/tenants/tenant_tier.h"
@@ -61,7 +62,10 @@ class DaemonEngines {
   // `config` must have its auto sizes resolved (and, with tenants, their
   // shares: ResolveTenantShares). `stack` and `clock` are borrowed and
   // outlive the result. Errors name the tenant and the tier at fault.
-  static Result<std::unique_ptr<DaemonEngines>> Open(const DaemonConfig& config, TierStack& stack, Clock& clock);
+  // With `keeper` (borrowed; null: nothing kept), each host tier adopts
+  // the arena a previous daemon kept, or has its own kept (host_keep.h).
+  static Result<std::unique_ptr<DaemonEngines>> Open(const DaemonConfig& config, TierStack& stack, Clock& clock,
+                                                     HostKeeper* keeper = nullptr);
   ~DaemonEngines();
 
   bool has_tenants() const { return tenants_.front().scope != nullptr; }

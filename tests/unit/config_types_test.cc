@@ -52,7 +52,7 @@ TEST(ConfigTest, BoolsTakeOnlyTrueOrFalse) {
       EXPECT_EQ(spec.field.toml(spec, *config), good);
     }
   }
-  EXPECT_EQ(bools, 10);
+  EXPECT_EQ(bools, 11);
 }
 
 // The policy options list the registry's names, in its order, and hold the

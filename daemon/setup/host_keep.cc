@@ -1,0 +1,99 @@
+#include "daemon/setup/host_keep.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "common/logging.h"
+
+namespace kvtier {
+
+HostKeeper::HostKeeper(const SystemdNotifier& notifier, std::vector<PassedFd> passed, bool enabled)
+    : notifier_(notifier), passed_(std::move(passed)), enabled_(enabled && notifier.enabled()) {
+  if (!enabled_) DropUnclaimed();
+}
+
+HostKeeper::~HostKeeper() {
+  for (PassedFd& p : passed_) {
+    if (p.fd >= 0) ::close(p.fd);  // still in the store: a start that failed drops nothing
+  }
+}
+
+uint64_t HostKeeper::KeptArenaBytes(const std::vector<PassedFd>& passed) {
+  uint64_t bytes = 0;
+  for (const PassedFd& p : passed) {
+    struct stat st {};
+    if (p.name == ArenaName("") && ::fstat(p.fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+  }
+  return bytes;
+}
+
+std::string HostKeeper::ArenaName(const std::string& tenant) {
+  return tenant.empty() ? "host-arena" : "host-arena." + tenant;
+}
+
+std::string HostKeeper::JournalName(const std::string& tenant) {
+  return tenant.empty() ? "host-journal" : "host-journal." + tenant;
+}
+
+int HostKeeper::Claim(const std::string& name) {
+  for (PassedFd& p : passed_) {
+    if (p.fd >= 0 && p.name == name) return std::exchange(p.fd, -1);
+  }
+  return -1;
+}
+
+HostKeep HostKeeper::KeptFor(const std::string& tenant) {
+  HostKeep keep;
+  if (!enabled_) return keep;
+  keep.journal = true;
+  keep.arena_fd = Claim(ArenaName(tenant));
+  keep.journal_fd = Claim(JournalName(tenant));
+  keep.release_kept = [this, tenant] { Remove({ArenaName(tenant), JournalName(tenant)}); };
+  return keep;
+}
+
+void HostKeeper::Store(const std::string& tenant, const HostTier& host) {
+  if (!enabled_ || host.adopted() || host.journal() == nullptr) return;
+  const std::string arena = ArenaName(tenant);
+  const std::string journal = JournalName(tenant);
+  Status s = Remove({arena, journal});
+  // The journal first: an arena stored without its journal is dropped at
+  // the next start, never adopted blind.
+  const int journal_fd = host.journal()->fd();
+  const int arena_fd = host.memfd();
+  if (s.ok()) s = notifier_.NotifyWithFds("FDSTORE=1\nFDPOLL=0\nFDNAME=" + journal, {&journal_fd, 1});
+  if (s.ok()) s = notifier_.NotifyWithFds("FDSTORE=1\nFDPOLL=0\nFDNAME=" + arena, {&arena_fd, 1});
+  if (!s.ok()) {
+    spdlog::warn(
+        "host tier{}: could not keep the arena in the file descriptor store ({}); a restart will start it "
+        "empty",
+        tenant.empty() ? "" : " of tenant " + tenant, s.ToString());
+  }
+}
+
+Status HostKeeper::Remove(const std::vector<std::string>& names) const {
+  for (const std::string& name : names) {
+    if (name.empty() || !notifier_.enabled()) continue;
+    if (Status s = notifier_.Notify("FDSTOREREMOVE=1\nFDNAME=" + name); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void HostKeeper::DropUnclaimed() {
+  std::set<std::string> names;
+  for (PassedFd& p : passed_) {
+    if (p.fd < 0) continue;
+    ::close(p.fd);
+    p.fd = -1;
+    names.insert(p.name);
+  }
+  passed_.clear();
+  for (const std::string& name : names) {
+    spdlog::info("file descriptor store: dropping \"{}\", which no host tier of this configuration claims", name);
+  }
+  Remove({names.begin(), names.end()}).IgnoreError();  // best effort: the next start drops them again
+}
+
+}  // namespace kvtier
