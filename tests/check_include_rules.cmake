@@ -49,6 +49,7 @@ set(allowed_tools_cli "kvtier/;common/;subscriber/;tools/cli/")
 set(allowed_tools_trace "kvtier/;common/;tools/trace/")
 set(allowed_tools_replay "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tools/replay/")
 set(allowed_tools_stress "kvtier/;common/;support/;tools/stress/")
+set(allowed_tools_supervise "kvtier/;common/;support/;tools/supervise/")
 set(allowed_tools_bench "kvtier/;common/;policy/;${tier_core};tiers/nvme/;tiers/remote/;tiers/peer/;support/;tools/bench/")
 set(allowed_python "kvtier/;python/")  # the binding sees only the public API
 # Third-party headers forbidden per folder (Asio stays in daemon/client_lib;
@@ -83,7 +84,7 @@ set(violations "")
 # tier.h, forwarding_tier.h), not their parts'.
 foreach(folder include_kvtier common policy subscriber gpu tiers tiers_host tiers_nvme tiers_remote tiers_peer tiers_hbm proto daemon
         daemon_config daemon_engine daemon_events daemon_tenants daemon_server daemon_setup client_lib support tools_cli
-        tools_bench tools_replay tools_stress tools_trace python)
+        tools_bench tools_replay tools_stress tools_supervise tools_trace python)
   list(FIND zmq_folders "${folder}" zmq_allowed)
   if(zmq_allowed EQUAL -1)
     list(APPEND banned_${folder} "zmq")

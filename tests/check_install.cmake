@@ -31,6 +31,7 @@ set(expected
   "${root}/${LIBEXECDIR}/kvtier/kvtier-bench"
   "${root}/${LIBEXECDIR}/kvtier/kvtier-replay"
   "${root}/${LIBEXECDIR}/kvtier/kvtier-stress"
+  "${root}/${LIBEXECDIR}/kvtier/kvtier-supervise"
   "${root}/${LIBEXECDIR}/kvtier/kvtier-trace"
   "${root}/${LIBDIR}/libkvtier_client.so"
   "${root}/${LIBDIR}/libkvtier_proto.so"

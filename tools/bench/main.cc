@@ -9,6 +9,7 @@
 //   kvtier bench policy [options]         policy operations per second (bench_policy.cc)
 //   kvtier bench neighbour [options]      a lookup's latency beside huge lookups (bench_neighbour.cc)
 //   kvtier bench startup [options]        time to serve and to warm the arena (bench_startup.cc)
+//   kvtier bench restart [options]        a kill -9 and restart at N blocks (bench_restart.cc)
 #include <CLI/CLI.hpp>
 
 #include "tools/bench/bench_host.h"
@@ -18,6 +19,7 @@
 #include "tools/bench/bench_peer.h"
 #include "tools/bench/bench_policy.h"
 #include "tools/bench/bench_remote.h"
+#include "tools/bench/bench_restart.h"
 #include "tools/bench/bench_startup.h"
 
 int main(int argc, char** argv) {
@@ -50,6 +52,10 @@ int main(int argc, char** argv) {
   auto* startup = bench.add_subcommand(
       "startup", "Seconds until a fresh kvtierd serves and until its arena is faulted in, vs doing that at once");
   kvtier::tools::AddStartupBenchOptions(*startup, startup_options);
+  kvtier::tools::RestartBenchOptions restart_options;
+  auto* restart = bench.add_subcommand(
+      "restart", "A kill -9 and restart at N host blocks (kept arena) and N NVMe records: time to serve, memory");
+  kvtier::tools::AddRestartBenchOptions(*restart, restart_options);
 
   // Bad input exits with CLI11's code, as it always has for `kvtier bench`.
   CLI11_PARSE(bench, argc, argv);
@@ -61,5 +67,6 @@ int main(int argc, char** argv) {
   if (policy->parsed()) return kvtier::tools::RunPolicyBench(policy_options);
   if (neighbour->parsed()) return kvtier::tools::RunNeighbourBench(neighbour_options);
   if (startup->parsed()) return kvtier::tools::RunStartupBench(startup_options);
+  if (restart->parsed()) return kvtier::tools::RunRestartBench(restart_options);
   return 2;
 }

@@ -5,6 +5,7 @@
 //   kvtier replay --trace FILE ...        hit-rate replay of a block trace (tools/replay)
 //   kvtier trace gen multi-round-qa ...   a synthetic multi-round QA block trace (tools/trace)
 //   kvtier stress --socket PATH|--spawn   checked mixed load, and kill -9 loops (tools/stress/stress)
+//   kvtier supervise -- kvtierd ...       restarts kvtierd with its kept host tier (tools/supervise)
 // The admin commands run here; bench, replay, trace and stress run their own
 // executable (kvtier-bench, ...; sibling.h) with the arguments after the
 // command, so this binary links only the client library (and libzmq, for
@@ -31,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_subcommand("bench", "Benchmarks (each figure beside its ceiling): kvtier bench --help");
   app.add_subcommand("replay", "Replay a block trace through kvtier's policies (hit rates)");
   app.add_subcommand("trace", "Block traces for replay");
+  app.add_subcommand("supervise",
+                     "Run kvtierd and start it again with its kept host tier after a crash, where there is no "
+                     "systemd: kvtier supervise -- kvtierd --config FILE");
   app.add_subcommand("stress",
                      "Mixed load from N clients, every read checked (a miss or byte-exact); --crash-loop: kill -9 "
                      "cycles");

@@ -13,7 +13,8 @@
 namespace kvtier::tools {
 
 bool IsSiblingCommand(const std::string& command) {
-  return command == "bench" || command == "replay" || command == "stress" || command == "trace";
+  return command == "bench" || command == "replay" || command == "stress" || command == "trace" ||
+         command == "supervise";
 }
 
 std::vector<std::string> SiblingCandidates(const std::string& self, const std::string& program,

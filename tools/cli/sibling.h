@@ -1,5 +1,6 @@
-// The sibling executables behind `kvtier bench|replay|stress|trace`: each is
-// its own binary (kvtier-bench, kvtier-replay, kvtier-stress, kvtier-trace)
+// The sibling executables behind `kvtier bench|replay|stress|supervise|trace`:
+// each is its own binary (kvtier-bench, kvtier-replay, kvtier-stress,
+// kvtier-supervise, kvtier-trace)
 // so that the admin commands link neither RocksDB, liburing nor Google
 // Benchmark. `kvtier` finds a sibling next to itself (the build tree) or in
 // the private executable directory of an install (KVTIER_SIBLING_DIR, a path

@@ -55,6 +55,7 @@ Status CheckOptions(const StressOptions& o) {
   if (o.spawn == !o.socket_path.empty()) return InvalidArgument("give exactly one of --socket PATH and --spawn");
   if (o.crash_cycles > 0 && !o.spawn) return InvalidArgument("--crash-loop needs --spawn (it kills its own kvtierd)");
   if (o.crash_cycles > 0 && o.nvme_bytes == 0) return InvalidArgument("--crash-loop needs an NVMe tier");
+  if (o.keep_host && o.crash_cycles == 0) return InvalidArgument("--keep-host goes with --crash-loop");
   if (o.clients == 0 || o.clients > 256) return InvalidArgument("--clients must be 1 to 256");
   if (!(o.seconds > 0) || o.seconds > 86400) return InvalidArgument("--seconds must be in (0, 86400]");
   if (!(o.cycle_seconds > 0) || o.cycle_seconds > 600) return InvalidArgument("--cycle-seconds must be in (0, 600]");
@@ -206,6 +207,9 @@ void AddStressOptions(CLI::App& app, StressOptions& o) {
                  "start and verify");
   app.add_option("--cycle-seconds", o.cycle_seconds, "--crash-loop: scale of one cycle's load (0.1x-1x of it)")
       ->capture_default_str();
+  app.add_flag("--keep-host", o.keep_host,
+               "--crash-loop: run kvtierd under a descriptor store (as systemd's) so its host tier survives each "
+               "kill, and check that it does");
 }
 
 int RunStress(const StressOptions& options) {

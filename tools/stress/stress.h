@@ -49,6 +49,7 @@ struct StressOptions {
   // Crash loops (--spawn only): cycles, and the load time scale of one.
   uint32_t crash_cycles = 0;
   double cycle_seconds = 1.0;
+  bool keep_host = false;  // the host tier survives each kill (stress_crash.h)
 };
 
 void AddStressOptions(CLI::App& app, StressOptions& options);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvtier/client.h"
+#include "support/fd_store.h"
 #include "support/servers.h"
 
 namespace kvtier::tools {
@@ -27,8 +28,9 @@ struct Acked {
 // index entries written.
 struct Checkpoint {
   std::vector<Acked> acked;
-  int64_t nvme_blocks = -1;  // the NVMe tier's blocks (every namespace's); -1: no checkpoint
-  int64_t reclaims = -1;     // regions reclaimed since the daemon started
+  std::vector<Acked> host_acked;  // --keep-host: blocks in the host tier
+  int64_t nvme_blocks = -1;       // the NVMe tier's blocks (every namespace's); -1: no checkpoint
+  int64_t reclaims = -1;          // regions reclaimed since the daemon started
   // Keys the load erased after the checkpoint (they may be missing).
   std::set<std::pair<uint32_t, BlockKey>> erased_after;
 };
@@ -82,13 +84,23 @@ class CrashLoop {
 
   int Run() {
     const auto t0 = Clock::now();
+    crash_.keep_host = o_.keep_host;
+    if (o_.keep_host) {
+      auto store = support::FdStore::Open(dir_ + "/notify.sock");
+      if (!store.ok()) {
+        Problem("--keep-host: cannot open the descriptor store: " + store.status().ToString());
+        return 1;
+      }
+      store_ = std::move(*store);
+    }
     Checkpoint previous;
     bool previous_strict = false;
     for (uint32_t cycle = 0; cycle <= o_.crash_cycles; ++cycle) {
       CrashCycle y;
       y.cycle = cycle;
       const auto start = Clock::now();
-      auto server = support::StartKvtierd(kvtierd_, dir_, o_.arena_bytes, std::chrono::seconds(60), toml_);
+      auto server =
+          support::StartKvtierd(kvtierd_, dir_, o_.arena_bytes, std::chrono::seconds(60), toml_, store_.get());
       y.start_ms = MsSince(start);
       if (!server.ok()) {
         Problem("cycle " + std::to_string(cycle) + ": kvtierd did not start: " + server.status().ToString());
@@ -101,6 +113,7 @@ class CrashLoop {
         break;
       }
       ReadRecovery(**checker, y);
+      if (o_.keep_host && cycle > 0) WaitAdopted(**checker, y);
       if (cycle > 0) Verify(**checker, y, previous, previous_strict);
       if (cycle == o_.crash_cycles) {  // the last start: stop it cleanly
         checker->reset();
@@ -161,6 +174,12 @@ class CrashLoop {
     auto got = client.Get(ns, key, buffer_);
     if (!got.ok()) {
       if (got.status().code() == StatusCode::kNotFound) return false;
+      // Refused for room (a full, fragmented arena: a kept host tier
+      // starts full) or a busy tier: an answer, not a fault; not checked.
+      if (got.status().code() == StatusCode::kNoSpace || got.status().code() == StatusCode::kBusy) {
+        ++crash_.verify_refused;
+        return std::nullopt;
+      }
       ++crash_.verify_errors;
       if (crash_.verify_errors <= 5) {
         Problem("cycle " + std::to_string(y.cycle) + ": read of " + key.ToHex() + ": " + got.status().ToString());
@@ -182,13 +201,63 @@ class CrashLoop {
     return std::nullopt;
   }
 
-  // Whether Lookup places `key` in the NVMe tier (and no higher).
-  bool OnNvme(Client& client, NamespaceId ns, const BlockKey& key) {
+  // Where Lookup places `key` (kNone: a miss or an error).
+  Tier TierOf(Client& client, NamespaceId ns, const BlockKey& key) {
     auto found = client.Lookup(ns, std::span<const BlockKey>(&key, 1));
-    return found.ok() && found->prefix_blocks == 1 && found->tiers.size() == 1 && found->tiers[0] == Tier::kNvme;
+    if (!found.ok() || found->prefix_blocks != 1 || found->tiers.size() != 1) return Tier::kNone;
+    return found->tiers[0];
+  }
+  // Whether Lookup places `key` in the NVMe tier (and no higher).
+  bool OnNvme(Client& client, NamespaceId ns, const BlockKey& key) { return TierOf(client, ns, key) == Tier::kNvme; }
+
+  // --keep-host: waits until the restart has checked every kept block
+  // (host.adopt.pending 0), and notes what it adopted.
+  void WaitAdopted(Client& client, CrashCycle& y) {
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      auto counters = CounterMap(client);
+      if (!counters.ok())
+        return Problem("cycle " + std::to_string(y.cycle) + ": Stats: " + counters.status().ToString());
+      if (Get(*counters, "host.adopt.pending") == 0) {
+        y.host_adopted = Get(*counters, "host.adopt.blocks");
+        y.host_adopt_corrupt = Get(*counters, "host.adopt.corrupt");
+        crash_.host_adopt_corrupt += y.host_adopt_corrupt;
+        if (y.host_adopt_corrupt > 0) {
+          Problem("cycle " + std::to_string(y.cycle) + ": " + std::to_string(y.host_adopt_corrupt) +
+                  " kept host blocks did not match their checksum");
+        }
+        return;
+      }
+      if (Clock::now() >= deadline) {
+        return Problem("cycle " + std::to_string(y.cycle) + ": the kept host tier was not adopted within 30 s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  // --keep-host: every block the host tier held at the checkpoint is a
+  // host hit again (looked up before any read can promote or evict).
+  void VerifyHost(Client& client, CrashCycle& y, const Checkpoint& previous, bool strict) {
+    y.host_acked = previous.host_acked.size();
+    crash_.host_acked += y.host_acked;
+    for (const Acked& a : previous.host_acked) {
+      if (TierOf(client, a.ns, a.key) == Tier::kHost) {
+        ++y.host_survived;
+        ++crash_.host_survived;
+      } else if (!strict) {
+        ++crash_.host_lost_but_reported;
+      } else {
+        ++crash_.host_violations;
+        Problem("cycle " + std::to_string(y.cycle) + ": block " + a.key.ToHex() + " of " +
+                space_.namespaces()[a.ns].descriptor.model_id +
+                ", in the host tier when killed with no load after the checkpoint, is not a host hit after the "
+                "restart");
+      }
+    }
   }
 
   void Verify(Client& client, CrashCycle& y, const Checkpoint& previous, bool strict) {
+    if (o_.keep_host) VerifyHost(client, y, previous, strict);
     // Where blocks are before any read promotes them.
     for (NamespaceId ns = 0; ns < space_.namespaces().size(); ++ns) {
       for (const BlockKey& key : space_.namespaces()[ns].keys) y.nvme_resident += OnNvme(client, ns, key) ? 1 : 0;
@@ -198,14 +267,22 @@ class CrashLoop {
     y.nvme_blocks_at_checkpoint = previous.nvme_blocks;
     y.reclaims_at_checkpoint = previous.reclaims;
     crash_.acked += y.acked;
+    // Whether each acknowledged block is there is asked before any read:
+    // a read promotes, and a promotion may evict and demote other blocks,
+    // and the NVMe tier make room by dropping some (a kept host tier starts
+    // full). Reads then check the bytes of those still there.
+    std::vector<bool> present(previous.acked.size());
+    for (size_t i = 0; i < previous.acked.size(); ++i) {
+      present[i] = TierOf(client, previous.acked[i].ns, previous.acked[i].key) != Tier::kNone;
+    }
     std::set<std::pair<uint32_t, BlockKey>> read;
-    for (const Acked& a : previous.acked) {
+    for (size_t i = 0; i < previous.acked.size(); ++i) {
+      const Acked& a = previous.acked[i];
       read.emplace(a.ns, a.key);
-      const auto exact = ReadBack(client, y, a.ns, a.key);
-      if (!exact) continue;
-      if (*exact) {
+      if (present[i]) {
         ++y.acked_survived;
         ++crash_.acked_survived;
+        static_cast<void>(ReadBack(client, y, a.ns, a.key));  // byte-exact, or moved out by the reads since
         continue;
       }
       ++y.acked_missing;
@@ -258,7 +335,9 @@ class CrashLoop {
     Checkpoint cp;
     for (NamespaceId ns = 0; ns < space_.namespaces().size(); ++ns) {
       for (const BlockKey& key : space_.namespaces()[ns].keys) {
-        if (OnNvme(client, ns, key)) cp.acked.push_back({ns, key});
+        const Tier tier = TierOf(client, ns, key);
+        if (tier == Tier::kNvme) cp.acked.push_back({ns, key});
+        if (tier == Tier::kHost) cp.host_acked.push_back({ns, key});
       }
     }
     auto after = CounterMap(client);
@@ -343,6 +422,7 @@ class CrashLoop {
   CrashLoopReport& crash_;
   std::mt19937_64 rng_;
   std::vector<std::byte> buffer_;
+  std::unique_ptr<support::FdStore> store_;  // --keep-host: what systemd's descriptor store would hold
 };
 
 }  // namespace

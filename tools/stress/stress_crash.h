@@ -4,10 +4,10 @@
 //   2. read what its NVMe tier's recovery did (Stats nvme.recovery_*: a
 //      recovery that dropped entries, stale or corrupt, is a "repair");
 //   3. verify: every block the last checkpoint acknowledged as durable is
-//      read back byte-exact or is missing (missing after a strict
-//      checkpoint, or an index with fewer entries than then, is a lost
-//      acknowledged block), and every block of the key space is a miss or
-//      byte-exact;
+//      there (Lookup, before any read moves blocks) or is missing (missing
+//      after a strict checkpoint, or an index with fewer entries than then,
+//      is a lost acknowledged block), and every block of the key space
+//      reads back as a miss or byte-exact;
 //   4. stress load (stress_workload.h) for a random time, then a
 //      checkpoint: the load pauses, the daemon settles (no demotion or
 //      promotion in flight, NVMe counters still), and the blocks Lookup
@@ -16,6 +16,14 @@
 //      1/3 the kill follows at once (strict), else the load resumes for a
 //      random time;
 //   5. kill -9.
+//
+// With --keep-host kvtierd runs under a descriptor store (support/
+// fd_store.h, as systemd's), so its host tier survives each kill: the
+// checkpoint also notes the blocks Lookup places in the host tier, and
+// after the restart has adopted the kept arena (host.adopt.pending 0) each
+// must be a host hit again (after a strict checkpoint; missing after a
+// lenient one is counted, not a violation), and no kept block may fail
+// its check.
 //
 // Then one last start, verification and clean stop. "Acknowledged
 // durable" is what the client API can observe: there is no per-block

@@ -47,9 +47,16 @@ void PrintCrashLoop(const CrashLoopReport& c) {
   std::printf("blocks verified after restarts %" PRIu64 "; acknowledged durable %" PRIu64 ", survived %" PRIu64
               ", lost but reported missing %" PRIu64 " (%" PRIu64 " of them erased by the load)\n",
               c.blocks_verified, c.acked, c.acked_survived, c.lost_but_reported, c.lost_erased_by_load);
+  if (c.keep_host) {
+    std::printf("host tier kept: in the host tier at checkpoints %" PRIu64 ", host hits after the restart %" PRIu64
+                ", missing after load past the checkpoint %" PRIu64 ", lost after a strict checkpoint %" PRIu64
+                ", kept blocks failing their check %" PRId64 "\n",
+                c.host_acked, c.host_survived, c.host_lost_but_reported, c.host_violations, c.host_adopt_corrupt);
+  }
   std::printf("durability violations %" PRIu64 ", recoveries that dropped entries %" PRIu64
-              ", verification violations %" PRIu64 ", verification errors %" PRIu64 "\n",
-              c.durability_violations, c.repairs, c.verify_violations, c.verify_errors);
+              ", verification violations %" PRIu64 ", verification errors %" PRIu64 ", reads refused for room %" PRIu64
+              "\n",
+              c.durability_violations, c.repairs, c.verify_violations, c.verify_errors, c.verify_refused);
   for (const auto& p : c.problems) std::printf("  %s\n", p.c_str());
 }
 
@@ -60,7 +67,10 @@ void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
       << ", \"lost_erased_by_load\": " << c.lost_erased_by_load
       << ", \"durability_violations\": " << c.durability_violations << ", \"repairs\": " << c.repairs
       << ", \"verify_violations\": " << c.verify_violations << ", \"verify_errors\": " << c.verify_errors
-      << ",\n    \"problems\": [";
+      << ", \"verify_refused\": " << c.verify_refused << ", \"keep_host\": " << (c.keep_host ? "true" : "false")
+      << ", \"host_acked\": " << c.host_acked << ", \"host_survived\": " << c.host_survived
+      << ", \"host_lost_but_reported\": " << c.host_lost_but_reported << ", \"host_violations\": " << c.host_violations
+      << ", \"host_adopt_corrupt\": " << c.host_adopt_corrupt << ",\n    \"problems\": [";
   for (size_t i = 0; i < c.problems.size(); ++i) out << (i ? ", " : "") << JsonString(c.problems[i]);
   out << "],\n    \"cycles\": [";
   for (size_t i = 0; i < c.cycles.size(); ++i) {
@@ -75,7 +85,8 @@ void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
         << ", \"acked_missing_erased\": " << y.acked_missing_erased
         << ", \"nvme_blocks_at_checkpoint\": " << y.nvme_blocks_at_checkpoint
         << ", \"reclaims_at_checkpoint\": " << y.reclaims_at_checkpoint << ", \"load_ms\": " << y.load_ms
-        << ", \"ops\": " << y.ops << ", \"violations\": " << y.violations << "}";
+        << ", \"ops\": " << y.ops << ", \"violations\": " << y.violations << ", \"host_acked\": " << y.host_acked
+        << ", \"host_survived\": " << y.host_survived << ", \"host_adopted\": " << y.host_adopted << "}";
   }
   out << "]}";
 }
@@ -85,8 +96,8 @@ void WriteCrashJson(std::ostream& out, const CrashLoopReport& c) {
 int StressExitCode(const StressReport& r) {
   const CrashLoopReport& c = r.crash;
   if (r.tally.violations > 0 || r.daemon_died) return 1;
-  if (r.crash_loop &&
-      (c.durability_violations > 0 || c.repairs > 0 || c.verify_violations > 0 || !c.problems.empty())) {
+  if (r.crash_loop && (c.durability_violations > 0 || c.host_violations > 0 || c.repairs > 0 ||
+                       c.verify_violations > 0 || !c.problems.empty())) {
     return 1;
   }
   if (r.tally.errors_total() > 0 || c.verify_errors > 0) return 3;

@@ -40,6 +40,13 @@ struct CrashCycle {
   double load_ms = 0;                      // load before the kill, both phases
   uint64_t ops = 0;                        // operations of this cycle's load
   uint64_t violations = 0;                 // of this cycle's verification (the load's are in the tally)
+  // --keep-host: the blocks Lookup placed in the host tier at the
+  // checkpoint, and how many were host hits again after the restart; the
+  // restart's adoption (Stats host.adopt.*).
+  uint64_t host_acked = 0;
+  uint64_t host_survived = 0;
+  int64_t host_adopted = 0;
+  int64_t host_adopt_corrupt = 0;
 };
 
 struct CrashLoopReport {
@@ -55,8 +62,19 @@ struct CrashLoopReport {
   uint64_t lost_erased_by_load = 0;
   uint64_t durability_violations = 0;  // lost after a strict checkpoint, or an index that lost entries
   uint64_t repairs = 0;                // restarts whose recovery dropped entries (stale or corrupt)
+  // --keep-host: blocks in the host tier at a checkpoint, host hits after
+  // the restart, missing after a lenient one (load ran after the
+  // checkpoint: evicted or erased meanwhile), and missing after a strict
+  // one (a violation); kept blocks whose bytes failed their check.
+  bool keep_host = false;
+  uint64_t host_acked = 0;
+  uint64_t host_survived = 0;
+  uint64_t host_lost_but_reported = 0;
+  uint64_t host_violations = 0;
+  int64_t host_adopt_corrupt = 0;
   uint64_t verify_violations = 0;
   uint64_t verify_errors = 0;
+  uint64_t verify_refused = 0;        // reads after a restart answered NoSpace or Busy (not checked)
   std::vector<std::string> problems;  // one line each
   double seconds = 0;
 };
