@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/test_daemon.h"
@@ -23,17 +24,24 @@ int Cycles() {
   return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 20;
 }
 
+// One `kvtier stress --crash-loop` of Cycles() kills in `dir`, with
+// `extra` arguments; its JSON report (empty if none was written).
+std::string RunLoop(const std::string& dir, const std::vector<std::string>& extra, CommandResult& run) {
+  std::vector<std::string> argv = {KVTIER_TOOL_PATH, "stress", "--spawn", "--kvtierd", KVTIERD_PATH, "--crash-loop",
+                                   std::to_string(Cycles()), "--clients", "4", "--cycle-seconds", "1",
+                                   // Smaller than the key space, so regions are reclaimed between kills,
+                                   // racing reinsertion's copies forward (at the daemon's default share).
+                                   "--nvme-bytes", "24MiB", "--json", dir + "/crash.json"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  run = RunCommand(argv);
+  return ReadFile(dir + "/crash.json");
+}
+
 TEST(CrashLoop, KillNineUnderMixedLoadNeverServesAWrongByteNorLosesAnAcknowledgedBlock) {
   const std::string dir = MakeTempDir();
-  const std::string json_path = dir + "/crash.json";
   const int cycles = Cycles();
-  const CommandResult run =
-      RunCommand({KVTIER_TOOL_PATH, "stress", "--spawn", "--kvtierd", KVTIERD_PATH, "--crash-loop",
-                  std::to_string(cycles), "--clients", "4", "--cycle-seconds", "1",
-                  // Smaller than the key space, so regions are reclaimed between kills,
-                  // racing reinsertion's copies forward (at the daemon's default share).
-                  "--nvme-bytes", "24MiB", "--json", json_path});
-  const std::string json = ReadFile(json_path);
+  CommandResult run;
+  const std::string json = RunLoop(dir, {}, run);
   ASSERT_FALSE(json.empty()) << run.output;
   const size_t crash = json.find("\"crash_loop\"");
   ASSERT_NE(crash, std::string::npos) << json;
@@ -61,12 +69,9 @@ TEST(CrashLoop, KillNineUnderMixedLoadNeverServesAWrongByteNorLosesAnAcknowledge
 // its checksum.
 TEST(CrashLoop, KillNineKeepsTheHostTierWithEveryCommittedBlockAndNoWrongByte) {
   const std::string dir = MakeTempDir();
-  const std::string json_path = dir + "/crash.json";
   const int cycles = Cycles();
-  const CommandResult run = RunCommand({KVTIER_TOOL_PATH, "stress", "--spawn", "--kvtierd", KVTIERD_PATH,
-                                        "--crash-loop", std::to_string(cycles), "--keep-host", "--clients", "4",
-                                        "--cycle-seconds", "1", "--nvme-bytes", "24MiB", "--json", json_path});
-  const std::string json = ReadFile(json_path);
+  CommandResult run;
+  const std::string json = RunLoop(dir, {"--keep-host"}, run);
   ASSERT_FALSE(json.empty()) << run.output;
   const size_t crash = json.find("\"crash_loop\"");
   ASSERT_NE(crash, std::string::npos) << json;
