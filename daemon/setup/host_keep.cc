@@ -50,7 +50,12 @@ HostKeep HostKeeper::KeptFor(const std::string& tenant) {
   keep.journal = true;
   keep.arena_fd = Claim(ArenaName(tenant));
   keep.journal_fd = Claim(JournalName(tenant));
-  keep.release_kept = [this, tenant] { Remove({ArenaName(tenant), JournalName(tenant)}); };
+  keep.release_kept = [this, tenant] {
+    if (Status s = Remove({ArenaName(tenant), JournalName(tenant)}); !s.ok()) {
+      spdlog::warn("file descriptor store: could not drop the kept pair of {}: {}",
+                   tenant.empty() ? "the host tier" : "tenant " + tenant, s.ToString());
+    }
+  };
   return keep;
 }
 
