@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/unix_socket.h"
 
 namespace kvtier {
 namespace {
@@ -87,23 +88,21 @@ Status SystemdNotifier::NotifyWithFds(std::string_view state, std::span<const in
   }
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError(std::string("sd_notify socket: ") + std::strerror(errno));
-  iovec data{const_cast<char*>(state.data()), state.size()};
-  msghdr message{};
-  message.msg_name = &address;
-  message.msg_namelen = length;
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  std::vector<std::byte> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  if (!fds.empty()) {
-    message.msg_control = control.data();
-    message.msg_controllen = control.size();
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+  // A connected datagram socket, so the fds go through the one SCM_RIGHTS
+  // sender the project has (common/unix_socket.h).
+  ssize_t sent = -1;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
+    if (fds.empty()) {
+      sent = ::send(fd, state.data(), state.size(), MSG_NOSIGNAL);
+    } else {
+      Result<size_t> passed = SendWithFds(fd, state.data(), state.size(), fds);
+      if (!passed.ok()) {
+        ::close(fd);
+        return Status(passed.status().code(), "sd_notify to " + socket_path_ + ": " + passed.status().message());
+      }
+      sent = static_cast<ssize_t>(*passed);
+    }
   }
-  const ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL);
   const int error = errno;
   ::close(fd);
   if (sent < 0) return IoError("sd_notify to " + socket_path_ + ": " + std::strerror(error));

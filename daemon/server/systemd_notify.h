@@ -63,8 +63,9 @@ class SystemdNotifier {
   // Ok when disabled. InvalidArgument for a socket path that does not fit
   // sockaddr_un; IoError when the socket cannot be created or the send fails.
   Status Notify(std::string_view state) const;
-  // Notify with `fds` attached (SCM_RIGHTS): "FDSTORE=1\nFDNAME=..." stores
-  // them. The fds stay the caller's. Ok when disabled.
+  // Notify with `fds` attached (SCM_RIGHTS, at most kMaxPassedFds):
+  // "FDSTORE=1\nFDNAME=..." stores them. The fds stay the caller's. Ok when
+  // disabled.
   Status NotifyWithFds(std::string_view state, std::span<const int> fds) const;
 
  private:
