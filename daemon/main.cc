@@ -1,5 +1,9 @@
 // kvtierd: the node-local KV-cache daemon.
-//   kvtierd [--config FILE] [--socket PATH] [--log-format text|json] [--print-default-config]
+//   kvtierd [--config FILE] [--socket PATH] [--log-format text|json] [--takeover]
+//           [--print-default-config]
+// --takeover: take the socket and the host tier over from the kvtierd
+// running at the socket (daemon/server/takeover.h), which drains its
+// requests, hands them over and exits once this one serves.
 // Signals: SIGTERM / SIGINT stop accepting, drain in-flight requests, close
 // the tiers (the NVMe index included) and exit 0. SIGHUP re-reads --config
 // and applies the options marked run-time changeable (the others are logged
@@ -11,15 +15,20 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <ctime>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/logging.h"
 #include "daemon/setup/auto_size.h"
@@ -27,6 +36,7 @@
 #include "daemon/setup/directory_trust.h"
 #include "daemon/engine/engine.h"
 #include "daemon/setup/hbm_setup.h"
+#include "daemon/setup/host_keep.h"
 #include "daemon/setup/memory_limit.h"
 #include "daemon/setup/peer_setup.h"
 #include "daemon/server/metrics_format.h"
@@ -37,6 +47,7 @@
 #include "daemon/config/tenant_config.h"
 #include "daemon/setup/tenant_engines.h"
 #include "daemon/server/systemd_notify.h"
+#include "daemon/server/takeover.h"
 #include "daemon/setup/tier_stack.h"
 
 namespace {
@@ -103,6 +114,31 @@ void RaiseOpenFileLimit(int64_t max_connections) {
 Status ResolveShares(DaemonConfig& config) {
   return ResolveTenantShares(config.host_capacity_bytes,
                              config.hbm_enabled == HbmEnabled::kOff ? 0 : config.hbm_capacity_bytes, config.tenants);
+}
+
+// Resolves `config` as it will run: the command line's overrides, auto
+// sizes (the kept arena among `passed` counted as available), tenants'
+// shares and the memory limit. 0, or the exit code of a start that fails
+// (*why says why); *chosen: what auto chose, for the log.
+int ResolveConfig(CommandLine& command_line, const std::optional<CgroupMemory>& cgroup,
+                  const std::vector<PassedFd>& passed, DaemonConfig& config, std::string* why,
+                  std::vector<std::string>* chosen) {
+  if (config.host_capacity_bytes == 0) {
+    auto machine = ReadMachineMemory(MeminfoPath());
+    if (!machine.ok()) {
+      *why = machine.status().ToString();
+      return 1;
+    }
+    command_line.machine = cgroup ? UnderLimit(*machine, *cgroup) : *machine;
+    // A kept arena is memory this daemon takes back: available to the sizing.
+    command_line.kept_arena_bytes = HostKeeper::KeptArenaBytes(passed);
+    command_line.machine.available_bytes += command_line.kept_arena_bytes;
+  }
+  *chosen = ApplyOverrides(command_line, config);
+  Status shares = ResolveShares(config);
+  if (shares.ok() && cgroup) shares = CheckFitsUnderLimit(config, *cgroup);
+  if (!shares.ok()) *why = shares.ToString();
+  return shares.ok() ? 0 : 2;
 }
 
 // The one line a daemon that cannot start writes to stderr (a JSON record
@@ -211,8 +247,10 @@ void Reload(const CommandLine& command_line, DaemonConfig& running, RunningConfi
 }
 
 // Serves until SIGTERM / SIGINT, reloading on SIGHUP; `server` is running.
-void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, DaemonConfig& config,
-                    RunningConfigText& shown, Server& server) {
+// Returns the takeover connection when a takeover request ended it (SIGUSR1
+// from `takeovers`, which may be null), else -1.
+int WaitForSignals(const sigset_t& signals, const CommandLine& command_line, DaemonConfig& config,
+                   RunningConfigText& shown, Server& server, TakeoverListener* takeovers) {
   const SystemdNotifier notifier = SystemdNotifier::FromEnvironment();
   Status ready = notifier.Notify("READY=1\nSTATUS=serving on " + server.socket_path());
   if (!ready.ok()) spdlog::warn("systemd notification: {}", ready.ToString());
@@ -220,6 +258,7 @@ void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, Da
   if (notifier.watchdog_usec() > 0) {
     spdlog::info("systemd watchdog: pinging every {} ms while the io threads answer", notifier.watchdog_usec() / 2000);
   }
+  int takeover = -1;
   for (;;) {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
@@ -227,14 +266,106 @@ void WaitForSignals(const sigset_t& signals, const CommandLine& command_line, Da
       Reload(command_line, config, shown, notifier);
       continue;
     }
+    if (signal_number == SIGUSR1) {
+      takeover = takeovers != nullptr ? takeovers->TakeRequest() : -1;
+      if (takeover < 0) {
+        spdlog::info("SIGUSR1 without a takeover request; ignored");
+        continue;
+      }
+      break;
+    }
     spdlog::info("received {}, draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
     notifier.Notify("STOPPING=1\nSTATUS=draining").IgnoreError();  // best effort
     break;
   }
   watchdog.Stop();  // no probes into io threads that are stopping
+  return takeover;
 }
 
-int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<PassedFd> passed) {
+// How Serve ended.
+struct ServeEnd {
+  int exit_code = 0;
+  int takeover = -1;             // a takeover's connection; -1: a plain stop (or a failed start)
+  std::vector<PassedFd> handed;  // for the takeover: the listening socket and each kept host pair
+};
+
+// The passed fd named `name`, removed from `passed`; -1 when none.
+int TakePassed(std::vector<PassedFd>& passed, const std::string& name) {
+  for (auto it = passed.begin(); it != passed.end(); ++it) {
+    if (it->name != name) continue;
+    const int fd = it->fd;
+    passed.erase(it);
+    return fd;
+  }
+  return -1;
+}
+
+// Keeps the listening socket in systemd's file descriptor store, so that a
+// restart (or a crash) refuses no connection: they queue on it until the
+// next kvtierd serves.
+void StoreListener(const SystemdNotifier& notifier, Server& server) {
+  if (!notifier.enabled()) return;
+  const int fd = server.DupListener();
+  Status stored = fd >= 0 ? notifier.Notify(std::string("FDSTOREREMOVE=1\nFDNAME=") + kListenerName)
+                          : IoError(std::string("dup: ") + std::strerror(errno));
+  if (stored.ok()) {
+    stored = notifier.NotifyWithFds(std::string("FDSTORE=1\nFDPOLL=0\nFDNAME=") + kListenerName, {&fd, 1});
+  }
+  if (fd >= 0) ::close(fd);
+  if (stored.ok()) server.KeepSocketFile(true);  // the store's socket: the next kvtierd serves it
+  if (!stored.ok())
+    spdlog::warn("could not keep the listening socket in the file descriptor store: {}", stored.ToString());
+}
+
+// What a takeover hands over: the listening socket, and each host tier's
+// arena and journal (duplicates, the caller's). IoError (nothing held) when
+// a dup fails: a takeover without all of it would cost the host tier.
+Result<std::vector<PassedFd>> HandedFds(Server& server, const DaemonEngines& engines) {
+  std::vector<PassedFd> handed;
+  handed.push_back({server.DupListener(), kListenerName});
+  for (const DaemonEngines::Tenant& t : engines.tenants()) {
+    if (t.host->journal() == nullptr) continue;  // host.keep_across_restarts = false
+    handed.push_back({::fcntl(t.host->journal()->fd(), F_DUPFD_CLOEXEC, 0), HostKeeper::JournalName(t.config.name)});
+    handed.push_back({::fcntl(t.host->memfd(), F_DUPFD_CLOEXEC, 0), HostKeeper::ArenaName(t.config.name)});
+  }
+  const int error = errno;
+  if (std::all_of(handed.begin(), handed.end(), [](const PassedFd& p) { return p.fd >= 0; })) return handed;
+  for (const PassedFd& p : handed) {
+    if (p.fd >= 0) ::close(p.fd);
+  }
+  return IoError(std::string("dup: ") + std::strerror(error));
+}
+
+// Waits for signals until a stop, or a takeover this daemon can hand over
+// (its requester still there, every fd duplicated); refuses the others.
+ServeEnd WaitForStopOrTakeover(const sigset_t& signals, const CommandLine& command_line, DaemonConfig& config,
+                               RunningConfigText& shown, Server& server, const DaemonEngines& engines,
+                               TakeoverListener* takeovers) {
+  ServeEnd end;
+  for (;;) {
+    end.takeover = WaitForSignals(signals, command_line, config, shown, server, takeovers);
+    if (end.takeover < 0) return end;
+    if (HungUp(end.takeover)) {
+      spdlog::warn("takeover: the requester went away before the hand-over; serving on");
+    } else if (auto handed = HandedFds(server, engines); !handed.ok()) {
+      spdlog::error("takeover refused: {}", handed.status().ToString());
+      const std::string refused = "refused " + handed.status().message();
+      [[maybe_unused]] ssize_t sent = ::send(end.takeover, refused.data(), refused.size(), MSG_NOSIGNAL);
+    } else {
+      end.handed = std::move(*handed);
+      server.KeepSocketFile(true);  // the next daemon's now
+      return end;
+    }
+    ::close(end.takeover);
+    takeovers->Reopen();  // takes requests again
+  }
+}
+
+// Serves until a stop signal or a takeover. `passed`: what systemd's fd
+// store, a takeover or a failed takeover handed over. `asked`: this
+// daemon's own takeover request (null: none), told once it serves.
+ServeEnd Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<PassedFd> passed,
+               TakeoverRequest* asked) {
   const auto running_config = std::make_shared<RunningConfigText>(config);
   // Block the signals in every thread; WaitForSignals takes them.
   sigset_t signals;
@@ -242,19 +373,27 @@ int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<Pas
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR1);  // a takeover request (TakeoverListener)
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   SystemClock clock;
   RaiseOpenFileLimit(config.max_connections);
   Status directories = CheckStateDirectories(config, ::geteuid());
-  if (!directories.ok()) return StartFailure(config, directories.ToString());
+  if (!directories.ok()) return {StartFailure(config, directories.ToString())};
   // Destroyed after the engines: closing the NVMe tier closes its RocksDB index.
   auto stack = OpenTierStack(config, clock);
-  if (!stack.ok()) return StartFailure(config, stack.status().ToString());
+  if (!stack.ok()) return {StartFailure(config, stack.status().ToString())};
   const SystemdNotifier notifier = SystemdNotifier::FromEnvironment();
-  HostKeeper keeper(notifier, std::move(passed), config.host_keep_across_restarts);
+  const int listener = TakePassed(passed, kListenerName);
+  std::function<void(const std::string&)> release;  // a kept pair this daemon will not adopt
+  if (asked != nullptr) {
+    release = [asked](const std::string& name) {
+      if (Status s = asked->Release(name); !s.ok()) spdlog::warn("takeover: release of {}: {}", name, s.ToString());
+    };
+  }
+  HostKeeper keeper(notifier, std::move(passed), config.host_keep_across_restarts, std::move(release));
   auto engines = DaemonEngines::Open(config, *stack, clock, &keeper);
-  if (!engines.ok()) return StartFailure(config, engines.status().ToString());
+  if (!engines.ok()) return {StartFailure(config, engines.status().ToString())};
   keeper.DropUnclaimed();
   ServerOptions server_options{config.socket_path,
                                static_cast<uint32_t>(config.io_threads),
@@ -277,6 +416,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<Pas
       .max_client_memory_per_connection = static_cast<uint64_t>(config.max_client_memory_per_connection)};
   server_options.socket_mode = *ParseFileMode(config.socket_mode);  // checked by ParseConfig
   server_options.socket_group = config.socket_group;
+  server_options.listen_fd = listener;
   server_options.running_config = [running = running_config](const std::string& tenant) {
     return running->Get(tenant);
   };
@@ -287,20 +427,20 @@ int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<Pas
     peer_parts.push_back({t.engine.get(), t.host.get(), t.scope.get()});
   }
   auto peers = StartPeerService(config, peer_parts);
-  if (!peers.ok()) return StartFailure(config, peers.status().ToString());
+  if (!peers.ok()) return {StartFailure(config, peers.status().ToString())};
   if (*peers != nullptr) {
     server_options.visit_daemon_counters = [&service = **peers](CounterVisitor& v) {
       service.server->VisitCounters(v);
     };
   }
   auto server = Server::Start(server_options, (*engines)->Served(config), TenantTable(config.tenants, ::geteuid()));
-  if (!server.ok()) return StartFailure(config, server.status().ToString());
-  if (Status events = (*engines)->StartEvents(config); !events.ok()) return StartFailure(config, events.ToString());
+  if (!server.ok()) return {StartFailure(config, server.status().ToString())};
+  if (Status events = (*engines)->StartEvents(config); !events.ok()) return {StartFailure(config, events.ToString())};
   // Declared after the server and the engines: it stops serving before they go.
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_enabled) {
     auto metrics_options = MetricsOptionsOf(config, (*engines)->has_tenants());
-    if (!metrics_options.ok()) return StartFailure(config, metrics_options.status().ToString());
+    if (!metrics_options.ok()) return {StartFailure(config, metrics_options.status().ToString())};
     auto started = MetricsServer::Start(*metrics_options, [&server = **server, &engines = **engines](MetricsView view) {
       PrometheusWriter writer;
       DaemonWideVisitor daemon_wide(writer);
@@ -310,7 +450,7 @@ int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<Pas
       engines.VisitCounters(out);
       return writer.Text();
     });
-    if (!started.ok()) return StartFailure(config, started.status().ToString());
+    if (!started.ok()) return {StartFailure(config, started.status().ToString())};
     metrics = std::move(*started);
   }
   spdlog::info("kvtierd {} listening on {}", KVTIER_VERSION, (*server)->socket_path());
@@ -333,17 +473,53 @@ int Serve(const CommandLine& command_line, DaemonConfig& config, std::vector<Pas
     std::fflush(stdout);
   }
 
-  WaitForSignals(signals, command_line, config, *running_config, **server);
+  StoreListener(notifier, **server);
+  // Under a service manager a takeover would leave the new daemon outside
+  // it: the manager's restart keeps the host tier and the socket instead.
+  auto takeovers = TakeoverListener::Start(
+      config.socket_path,
+      notifier.enabled() ? "kvtierd runs under a service manager ($NOTIFY_SOCKET): restart it there "
+                           "(systemctl restart kvtierd keeps the host tier and the socket)"
+                         : "",
+      [] { ::kill(::getpid(), SIGUSR1); });
+  if (!takeovers.ok()) spdlog::warn("takeovers are off: {}", takeovers.status().ToString());
+  if (asked != nullptr) {
+    Status told = asked->Serving();
+    if (told.ok()) {
+      spdlog::info("takeover: serving; the previous kvtierd exits");
+      (*server)->KeepSocketFile(notifier.enabled());  // the socket is this daemon's for good
+    } else {
+      spdlog::warn("takeover: could not tell the previous kvtierd that this one serves: {}", told.ToString());
+    }
+  }
+
+  ServeEnd end = WaitForStopOrTakeover(signals, command_line, config, *running_config, **server, **engines,
+                                       takeovers.ok() ? takeovers->get() : nullptr);
+  if (takeovers.ok()) (*takeovers)->Close();  // its path is the next daemon's
   (*server)->Shutdown();
   (*server)->Wait();
-  return 0;  // then the server, the engine and the tiers close, in that order
+  return end;  // then the server, the engine and the tiers close, in that order
+}
+
+// The old daemon's part of a takeover, once it stopped: hands `end`'s fds
+// over and waits for the new daemon to serve. Unless it serves, what of
+// end.handed it did not release is still the caller's.
+TakeoverOutcome HandOverTo(ServeEnd& end) {
+  Status handed = HandOver(end.takeover, end.handed);
+  if (!handed.ok()) {
+    spdlog::error("takeover: handing over failed: {}", handed.ToString());
+    ::shutdown(end.takeover, SHUT_WR);  // the new daemon sees the end and gives up
+  }
+  const TakeoverOutcome outcome = AwaitServing(end.takeover, end.handed, kServingTimeout);
+  ::close(end.takeover);
+  return outcome;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   // What systemd's file descriptor store (or kvtier supervise) passed: a
-  // kept host arena and its journal (host_keep.h).
+  // kept host arena and its journal (host_keep.h), the listening socket.
   std::vector<kvtier::PassedFd> passed = kvtier::TakePassedFds();
   CLI::App app{"kvtierd: hierarchical KV-cache daemon for LLM inference"};
   app.footer(kvtier::OptionsHelp());
@@ -363,6 +539,10 @@ int main(int argc, char** argv) {
                    : name + " is not one of " + std::string(kvtier::kChoiceNames<kvtier::LogFormat>);
       });
   app.add_flag("--print-default-config", print_default, "Print the embedded default config and exit");
+  bool takeover = false;
+  app.add_flag("--takeover", takeover,
+               "Take the socket and the host tier over from the kvtierd running at the socket, which exits once "
+               "this one serves");
   CLI11_PARSE(app, argc, argv);
   kvtier::RouteProtobufLogging();  // a peer's bad message must not fill stderr
 
@@ -379,20 +559,34 @@ int main(int argc, char** argv) {
   }
   // In a memory cgroup, /proc/meminfo is the machine's, not kvtierd's.
   const std::optional<kvtier::CgroupMemory> cgroup = kvtier::ReadCgroupMemory();
-  if (config->host_capacity_bytes == 0) {
-    auto machine = ReadMachineMemory(MeminfoPath());
-    if (!machine.ok()) return StartFailure(*config, machine.status().ToString());
-    command_line.machine = cgroup ? kvtier::UnderLimit(*machine, *cgroup) : *machine;
-    // A kept arena is memory this daemon takes back: available to the sizing.
-    command_line.kept_arena_bytes = kvtier::HostKeeper::KeptArenaBytes(passed);
-    command_line.machine.available_bytes += command_line.kept_arena_bytes;
+  std::string why;
+  std::vector<std::string> chosen;
+  std::unique_ptr<kvtier::TakeoverRequest> asked;
+  if (takeover) {
+    if (!passed.empty() || kvtier::SystemdNotifier::FromEnvironment().enabled()) {
+      return StartFailure(*config,
+                          "--takeover is for a kvtierd without a service manager; under one, restart the service "
+                          "(it keeps the host tier and the socket)",
+                          2);
+    }
+    // Everything that can fail this start without the predecessor's fds
+    // fails it before the predecessor drains.
+    kvtier::DaemonConfig trial = *config;
+    CommandLine trial_line = command_line;
+    if (int code = ResolveConfig(trial_line, cgroup, {}, trial, &why, &chosen); code != 0) {
+      return StartFailure(trial, why, code);
+    }
+    if (Status directories = kvtier::CheckStateDirectories(trial, ::geteuid()); !directories.ok()) {
+      return StartFailure(trial, directories.ToString());
+    }
+    auto request = kvtier::TakeoverRequest::Ask(
+        trial.socket_path, kvtier::kHandOverTimeout + std::chrono::milliseconds(trial.drain_timeout_ms));
+    if (!request.ok()) return StartFailure(trial, request.status().ToString());
+    for (kvtier::PassedFd& fd : request->TakeFds()) passed.push_back(std::move(fd));
+    asked = std::make_unique<kvtier::TakeoverRequest>(std::move(*request));
   }
-  const std::vector<std::string> chosen = ApplyOverrides(command_line, *config);
-  Status shares = ResolveShares(*config);
-  if (!shares.ok()) return StartFailure(*config, shares.ToString(), 2);
-  if (cgroup) {
-    Status fits = kvtier::CheckFitsUnderLimit(*config, *cgroup);
-    if (!fits.ok()) return StartFailure(*config, fits.ToString(), 2);
+  if (int code = ResolveConfig(command_line, cgroup, passed, *config, &why, &chosen); code != 0) {
+    return StartFailure(*config, why, code);
   }
   ApplyLogOptions(*config);
   if (cgroup) {
@@ -400,7 +594,21 @@ int main(int argc, char** argv) {
                  cgroup->limit_file, kvtier::ConfiguredMemoryBytes(*config));
   }
   for (const std::string& line : chosen) spdlog::info("{}", line);
-  const int exit_code = Serve(command_line, *config, std::move(passed));
-  if (exit_code == 0) spdlog::info("kvtierd stopped");
-  return exit_code;
+  for (;;) {
+    ServeEnd end = Serve(command_line, *config, std::move(passed), asked.get());
+    asked.reset();  // a start that failed before it served: the previous kvtierd resumes
+    if (end.takeover < 0) {
+      if (end.exit_code == 0) spdlog::info("kvtierd stopped");
+      return end.exit_code;
+    }
+    const kvtier::TakeoverOutcome outcome = HandOverTo(end);
+    if (outcome != kvtier::TakeoverOutcome::kFailed) {
+      for (const kvtier::PassedFd& fd : end.handed) ::close(fd.fd);
+      if (outcome == kvtier::TakeoverOutcome::kUnknown) return 1;
+      spdlog::info("takeover: the new kvtierd serves; exiting");
+      return 0;
+    }
+    spdlog::warn("takeover failed; serving again on the socket and the host tier it was to hand over");
+    passed = std::move(end.handed);
+  }
 }

@@ -119,9 +119,9 @@ constexpr OptionSpec kOptions[] = {
      "Slots of that table (rounded up to a power of two; holds 3/4 as many blocks); 0: one per 48 KiB of arena.",
      OptionFieldOf<&DaemonConfig::host_directory_slots>()},
     {"host.keep_across_restarts", OptionType::kBool, "true", 0, 1, "", false,
-     "Under systemd (or kvtier supervise), keep the host arena and a journal of its blocks in the file descriptor "
-     "store, so that the next kvtierd adopts them after a crash or restart (their bytes checked) instead of "
-     "starting empty.",
+     "Keep a journal of the host arena's blocks, so that the next kvtierd adopts the arena (their bytes checked) "
+     "instead of starting empty: after a takeover (--takeover), and under systemd (or kvtier supervise), which "
+     "keeps the arena and the journal in its file descriptor store, after a crash or restart.",
      OptionFieldOf<&DaemonConfig::host_keep_across_restarts>()},
     {"host.verify_commits", OptionType::kBool, DefaultBool(defaults::kVerifyCommits), 0, 1, "", false,
      "Hash every committed block even when the client sent its checksum, failing a mismatch (one more pass over "

@@ -8,6 +8,8 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <cerrno>
+#include <cstddef>
+#include <fcntl.h>
 #include <charconv>
 #include <cstdio>
 #include <sched.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <system_error>
 #include <vector>
 #include <unistd.h>
@@ -71,6 +74,26 @@ Status PrepareSocketDirectory(const std::filesystem::path& dir, gid_t gid) {
 }
 
 // Prepares `path` for bind: creates the directory, removes a stale socket.
+// True when `fd` is a listening Unix stream socket bound to `path`, and a
+// socket file is there (systemd may have removed the runtime directory).
+bool ListensAt(int fd, const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  int value = 0;
+  socklen_t length = sizeof(value);
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &value, &length) != 0 || value != AF_UNIX) return false;
+  length = sizeof(value);
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &length) != 0 || value != SOCK_STREAM) return false;
+  length = sizeof(value);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &value, &length) != 0 || value != 1) return false;
+  sockaddr_un address{};
+  length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+  const size_t offset = offsetof(sockaddr_un, sun_path);
+  if (length <= offset) return false;
+  return std::string(address.sun_path, strnlen(address.sun_path, length - offset)) == path;
+}
+
 Status PrepareSocketPath(const std::string& path, gid_t gid) {
   Status dir = PrepareSocketDirectory(std::filesystem::path(path).parent_path(), gid);
   if (!dir.ok()) return dir;
@@ -200,20 +223,41 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, std:
       (!table.empty() && tenants.size() != table.tenants().size())) {
     return InvalidArgument("the server needs one engine per tenant (or one without tenants)");
   }
+  // The passed listener, when there is one: ours from here on.
+  int passed = options.listen_fd;
+  if (passed >= 0 && !ListensAt(passed, options.socket_path)) {
+    spdlog::warn("the passed listening socket is not one listening at {}; binding a fresh one", options.socket_path);
+    ::close(std::exchange(passed, -1));
+  }
   auto gid = ResolveGroup(options.socket_group);
-  if (!gid.ok()) return gid.status();
-  Status prepared = PrepareSocketPath(options.socket_path, *gid);
-  if (!prepared.ok()) return prepared;
+  Status prepared = gid.ok() ? Status::Ok() : gid.status();
+  if (prepared.ok() && passed < 0) prepared = PrepareSocketPath(options.socket_path, *gid);
+  if (!prepared.ok()) {
+    if (passed >= 0) ::close(passed);
+    return prepared;
+  }
   std::unique_ptr<Server> server;
   try {
     server.reset(new Server(options, std::move(tenants), std::move(table)));
   } catch (const std::system_error& e) {  // an io context's descriptors (MakeContexts)
+    if (passed >= 0) ::close(passed);
     return IoError(std::string("cannot start the server's io threads: ") + e.what());
   }
   asio::error_code ec;
   asio::local::stream_protocol::endpoint endpoint(options.socket_path);
-  server->acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) {
+  if (passed >= 0) {
+    server->acceptor_.assign(endpoint.protocol(), passed, ec);
+    if (ec) {
+      ::close(passed);
+      return IoError("cannot serve on the passed listening socket: " + ec.message());
+    }
+    spdlog::info("serving on the passed listening socket at {}", options.socket_path);
+    MutexLock lock(server->mu_);
+    server->keep_socket_file_ = true;  // another process may serve it still
+  } else {
+    server->acceptor_.open(endpoint.protocol(), ec);
+  }
+  if (!ec && passed < 0) {
     // bind(2) creates the socket file with 0777 less the umask: with this
     // umask it is born with at most socket_mode. The umask is per process,
     // so files other threads create meanwhile are at most as open, never more.
@@ -225,7 +269,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, std:
   if (::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), *gid) != 0 ||
       ::chmod(options.socket_path.c_str(), static_cast<mode_t>(options.socket_mode)) != 0) {
     const int error = errno;
-    ::unlink(options.socket_path.c_str());
+    if (passed < 0) ::unlink(options.socket_path.c_str());  // a passed one's file is not ours to remove
     return IoError("cannot give " + options.socket_path + " group " + std::to_string(*gid) + " and mode 0" +
                    ToOctal(options.socket_mode) + ": " + std::strerror(error));
   }
@@ -399,6 +443,13 @@ void Server::Shutdown() {
   }
 }
 
+int Server::DupListener() { return ::fcntl(acceptor_.native_handle(), F_DUPFD_CLOEXEC, 0); }
+
+void Server::KeepSocketFile(bool keep) {
+  MutexLock lock(mu_);
+  keep_socket_file_ = keep;
+}
+
 void Server::Wait() {
   {
     MutexLock lock(mu_);
@@ -421,7 +472,8 @@ void Server::Wait() {
   // Promotions finishing now post to these (stopped) executors: let them
   // all land before the executors can be destroyed.
   for (const ServedTenant& tenant : tenants_) tenant.engine->WaitForIdle();
-  ::unlink(options_.socket_path.c_str());
+  MutexLock lock(mu_);
+  if (!keep_socket_file_) ::unlink(options_.socket_path.c_str());
 }
 
 void Server::VisitCounters(CounterVisitor& v) const {

@@ -71,6 +71,12 @@ struct ServerOptions {
   // Prometheus); may be empty. Callable from any thread while the Server
   // runs.
   std::function<void(CounterVisitor&)> visit_daemon_counters;
+  // A listening socket to serve on instead of binding one: a takeover's or
+  // systemd's file descriptor store's (takeover.h). Start takes it: it is
+  // used when it is a listening Unix stream socket bound to socket_path
+  // (connections queued on it meanwhile are served), else closed, and a
+  // fresh socket bound. -1: none.
+  int listen_fd = -1;
 };
 
 class Server {
@@ -102,8 +108,20 @@ class Server {
   // are answered. Idempotent.
   void Shutdown() EXCLUDES(mu_);
   // Blocks until every connection ended, or the drain timeout after Shutdown
-  // passed (then remaining connections are cut). Removes the socket file.
+  // passed (then remaining connections are cut). Removes the socket file
+  // (but see KeepSocketFile).
   void Wait() EXCLUDES(mu_);
+
+  // A duplicate of the listening socket, the caller's (for a takeover or
+  // systemd's file descriptor store); -1 (errno set) when dup fails. Call
+  // before Shutdown.
+  int DupListener();
+  // Whether Wait leaves the socket file in place: true while another
+  // process serves, or will serve, the socket (a takeover, a socket kept in
+  // a file descriptor store) or serves it still (a passed listener until
+  // this daemon took it over for good); then false. Initially: a bound
+  // socket false, a passed one true.
+  void KeepSocketFile(bool keep) EXCLUDES(mu_);
 
   // The watchdog's health probe. True when every io thread has run the
   // probe posted by the previous call (the first call: true); then posts a
@@ -175,6 +193,7 @@ class Server {
   PartedBudget slots_ GUARDED_BY(mu_);  // connections
   bool shutting_down_ GUARDED_BY(mu_) = false;
   bool waited_ GUARDED_BY(mu_) = false;
+  bool keep_socket_file_ GUARDED_BY(mu_) = false;  // KeepSocketFile
   ConnectionId next_connection_ GUARDED_BY(mu_) = 1;
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_{0};

@@ -7,8 +7,9 @@
 // WATCHDOG=1 from a WatchdogPinger while the daemon is healthy.
 //
 // The file descriptor store (FDSTORE=1): kvtierd hands systemd the fds of
-// what should outlive it (the host arena and its journal), and gets them
-// back at its next start as passed fds (LISTEN_FDS, TakePassedFds).
+// what should outlive it (the host arenas and their journals, the
+// listening socket), and gets them back at its next start as passed fds
+// (LISTEN_FDS, TakePassedFds).
 //
 // Without $NOTIFY_SOCKET (not started by systemd with Type=notify) every
 // call is a no-op that returns Ok. Errors are returned, never thrown; a

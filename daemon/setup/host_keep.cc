@@ -9,8 +9,9 @@
 
 namespace kvtier {
 
-HostKeeper::HostKeeper(const SystemdNotifier& notifier, std::vector<PassedFd> passed, bool enabled)
-    : notifier_(notifier), passed_(std::move(passed)), enabled_(enabled && notifier.enabled()) {
+HostKeeper::HostKeeper(const SystemdNotifier& notifier, std::vector<PassedFd> passed, bool enabled,
+                       std::function<void(const std::string& name)> release)
+    : notifier_(notifier), passed_(std::move(passed)), enabled_(enabled), release_(std::move(release)) {
   if (!enabled_) DropUnclaimed();
 }
 
@@ -60,7 +61,7 @@ HostKeep HostKeeper::KeptFor(const std::string& tenant) {
 }
 
 void HostKeeper::Store(const std::string& tenant, const HostTier& host) {
-  if (!enabled_ || host.adopted() || host.journal() == nullptr) return;
+  if (!enabled_ || !notifier_.enabled() || host.adopted() || host.journal() == nullptr) return;
   const std::string arena = ArenaName(tenant);
   const std::string journal = JournalName(tenant);
   Status s = Remove({arena, journal});
@@ -79,11 +80,14 @@ void HostKeeper::Store(const std::string& tenant, const HostTier& host) {
 }
 
 Status HostKeeper::Remove(const std::vector<std::string>& names) const {
+  Status first = Status::Ok();
   for (const std::string& name : names) {
-    if (name.empty() || !notifier_.enabled()) continue;
-    if (Status s = notifier_.Notify("FDSTOREREMOVE=1\nFDNAME=" + name); !s.ok()) return s;
+    if (name.empty()) continue;
+    if (release_) release_(name);
+    if (!notifier_.enabled() || !first.ok()) continue;
+    first = notifier_.Notify("FDSTOREREMOVE=1\nFDNAME=" + name);
   }
-  return Status::Ok();
+  return first;
 }
 
 void HostKeeper::DropUnclaimed() {

@@ -11,11 +11,15 @@
 // configuration, a name this build does not know) are closed and removed
 // from the store, so their memory is freed.
 //
-// Enabled only with host.keep_across_restarts and $NOTIFY_SOCKET (systemd,
-// or `kvtier supervise`); otherwise every passed fd is closed and no
-// journal is kept. Thread-compatible: the main thread uses it at start.
+// Passed fds come from the store (systemd, or `kvtier supervise`) or from
+// a takeover (daemon/server/takeover.h). Enabled with
+// host.keep_across_restarts: every host tier keeps a journal (a takeover
+// may hand it over at any time), and it is stored only with $NOTIFY_SOCKET.
+// Disabled, every passed fd is closed and no journal is kept.
+// Thread-compatible: the main thread uses it at start.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,7 +31,12 @@ namespace kvtier {
 class HostKeeper {
  public:
   // Borrows `notifier` (outlives this). Takes the `passed` fds.
-  HostKeeper(const SystemdNotifier& notifier, std::vector<PassedFd> passed, bool enabled);
+  // `release` (may be empty) is told each passed name this daemon will not
+  // adopt, right after its fd is closed and before a new arena is
+  // allocated: a takeover's predecessor closes its copy then
+  // (TakeoverRequest::Release), so the memory is freed.
+  HostKeeper(const SystemdNotifier& notifier, std::vector<PassedFd> passed, bool enabled,
+             std::function<void(const std::string& name)> release = {});
   // Closes what no tier claimed, leaving it in the store: a start that
   // failed part way (one tenant's tier) must not cost the others theirs.
   ~HostKeeper();
@@ -42,7 +51,7 @@ class HostKeeper {
   // the caller's.
   HostKeep KeptFor(const std::string& tenant);
   // After HostTier::Open: stores `host`'s arena and journal under
-  // `tenant`'s names unless it adopted them. A failed store is logged
+  // `tenant`'s names unless it adopted them (or there is no store). A failed store is logged
   // (the daemon runs on; its host tier will not survive it).
   void Store(const std::string& tenant, const HostTier& host);
   // Closes every passed fd no tier claimed and removes its name from the
@@ -59,12 +68,14 @@ class HostKeeper {
  private:
   // The passed fd named `name`, now the caller's; -1 when none.
   int Claim(const std::string& name);
-  // FDSTOREREMOVE of each name (empty ones skipped); the first failure.
+  // FDSTOREREMOVE of each name (empty ones skipped), and `release_` of
+  // each; the first failure of the store.
   Status Remove(const std::vector<std::string>& names) const;
 
   const SystemdNotifier& notifier_;
   std::vector<PassedFd> passed_;
   const bool enabled_;
+  const std::function<void(const std::string&)> release_;
 };
 
 }  // namespace kvtier

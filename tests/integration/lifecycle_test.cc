@@ -215,8 +215,8 @@ TEST(Lifecycle, NotifiesReadyWatchdogReloadAndStopping) {
   NotifySocket notify(dir + "/notify");
   {
     Child daemon(dir, {KVTIERD_PATH, "--config", config}, {"NOTIFY_SOCKET=" + notify.path(), "WATCHDOG_USEC=200000"});
-    // Before READY=1: the host arena and its journal go to the descriptor
-    // store (docs/OPERATIONS.md "Restarts"), nothing else.
+    // Before READY=1: the host arena, its journal and the listening socket
+    // go to the descriptor store (docs/OPERATIONS.md "Restarts").
     std::vector<std::string> before_ready;
     ASSERT_TRUE(notify.WaitFor("READY=1", 10000, &before_ready)) << daemon.out() << daemon.err();
     EXPECT_NE(before_ready.back().find("STATUS="), std::string::npos) << before_ready.back();
@@ -225,6 +225,7 @@ TEST(Lifecycle, NotifiesReadyWatchdogReloadAndStopping) {
     for (size_t i = 0; i + 1 < before_ready.size(); ++i) stored += before_ready[i] + "|";
     EXPECT_NE(stored.find("FDSTORE=1\nFDPOLL=0\nFDNAME=host-arena|"), std::string::npos) << stored;
     EXPECT_NE(stored.find("FDSTORE=1\nFDPOLL=0\nFDNAME=host-journal|"), std::string::npos) << stored;
+    EXPECT_NE(stored.find("FDSTORE=1\nFDPOLL=0\nFDNAME=kvtierd-socket|"), std::string::npos) << stored;
     // Pings every 100 ms (half of WATCHDOG_USEC) while the io threads answer.
     std::vector<std::string> seen;
     EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 2000, &seen));

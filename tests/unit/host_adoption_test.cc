@@ -126,7 +126,9 @@ TEST_F(HostAdoptionTest, EveryCommittedBlockNotErasedIsAHostHitAfterARestart) {
   WaitAdopted();
   EXPECT_EQ(CounterOf(*engine_, "host.adopt.blocks"), 28);
   for (uint64_t i = 0; i < 30; ++i) {
-    if (i != 3 && i != 11) EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
+    if (i != 3 && i != 11) {
+      EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
+    }
   }
 }
 
@@ -150,7 +152,9 @@ TEST_F(HostAdoptionTest, ABlockWhoseBytesChangedIsDroppedAndCounted) {
   EXPECT_EQ(CounterOf(*engine_, "host.adopt.blocks"), 5);
   EXPECT_EQ(::kvtier::testing::LookupTier(*engine_, kNs, Key(4)), Tier::kNone);
   for (uint64_t i = 0; i < 6; ++i) {
-    if (i != 4) EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
+    if (i != 4) {
+      EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
+    }
   }
   EXPECT_EQ(host_->journal()->live(), 5u);
 }
