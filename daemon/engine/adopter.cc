@@ -155,6 +155,7 @@ void Adopter::Adopt(size_t i) {
       bytes_.fetch_add(static_cast<int64_t>(r.size));
       return;
     case Outcome::kCorrupt:
+      if (hooks_.corrupt) hooks_.corrupt(r.key);
       if (corrupt_.fetch_add(1) < kLoggedCorrupt) {
         spdlog::warn("host tier: kept block {} does not match its checksum; dropped", r.key.ToHex());
       }

@@ -42,7 +42,8 @@ class BlockIndex;
 class Adopter {
  public:
   struct Hooks {
-    std::function<BlockHandle()> next_handle;  // the engine's policy handles
+    std::function<BlockHandle()> next_handle;      // the engine's policy handles
+    std::function<void(const BlockKey&)> corrupt;  // a kept block that failed its check (may be empty)
   };
 
   // Borrows the shards, the host tier and the clock (they outlive it).

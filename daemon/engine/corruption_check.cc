@@ -81,6 +81,7 @@ size_t CorruptionCheck::CheckHeld(const NamespaceFingerprint& ns, std::vector<Re
         shard.RemoveCommitted(it);
         Bump(counters_.corrupt_drops);
         ++dropped;
+        if (hooks_.corrupt) hooks_.corrupt(r.key);  // a leaf lock, under the shard lock
       }
     }
     hooks_.release(r.pin.lease);

@@ -59,6 +59,9 @@ class CorruptionCheck {
     std::function<PinGrant(BlockIndex& shard, const BlockKey& key, uint64_t now_us)> pin;
     // Releases a pin `pin` gave. Called with no lock held.
     std::function<void(LeaseId lease)> release;
+    // A block found corrupt and dropped; called under the shard's lock
+    // (it may take only a leaf lock). May be empty.
+    std::function<void(const BlockKey&)> corrupt;
   };
   static constexpr size_t kMaxReportedKeys = 64;
 

@@ -206,6 +206,9 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                    std::span<const uint64_t> checksums, std::span<const uint64_t> layer_checksums) {
   std::vector<Status> out = writer_->Commit(connection, ns, keys, sizes, checksums, layer_checksums);
+  for (size_t i = 0; i < keys.size() && i < out.size(); ++i) {
+    if (out[i].ok()) host_quarantine_.Release(keys[i]);  // written again (each tier below: by its own writes)
+  }
   if (!published_.has_handoffs()) return out;
   // Blocks a peer took while they were being written leave now (hand-offs); refused ones lose their marks.
   std::vector<BlockKey> committed, refused;
@@ -213,6 +216,30 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
   if (!refused.empty()) published_.Aborted(connection, refused);
   if (auto taken = published_.Committed(connection, ns, committed); !taken.empty()) EraseHandedOff(ns, taken);
   return out;
+}
+
+void Engine::CheckHealth(HealthFindings& out) const {
+  report_->CheckHealth(out);
+  constexpr size_t kListed = 8;
+  std::string listed;
+  size_t total = 0;
+  const auto list = [&](std::string_view tier, const Quarantine& q) {
+    if (q.size() == 0) return;
+    total += q.size();
+    listed += std::string(listed.empty() ? "" : "; ") + std::to_string(q.size()) + " in " + std::string(tier) + " (";
+    const std::vector<BlockKey> keys = q.Newest(kListed);
+    for (size_t i = 0; i < keys.size(); ++i) listed += (i ? ", " : "") + keys[i].ToHex();
+    listed += q.size() > keys.size() ? ", ...)" : ")";
+  };
+  list("host", host_quarantine_);
+  for (const auto& level : below_) list(TierName(level->reported), level->measured->quarantine());
+  if (above_ != nullptr) list("hbm", above_->source().measured->quarantine());
+  if (total > 0) {
+    out.AddWarning(std::to_string(total) +
+                   " block(s) failed verification and are quarantined, never served from that tier until written "
+                   "again: " +
+                   listed);
+  }
 }
 
 size_t Engine::TakenByPeer(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) {

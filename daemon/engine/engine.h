@@ -53,6 +53,7 @@
 #include "common/mutex.h"
 #include "common/retry_scheduler.h"
 #include "daemon/engine/above_mover.h"
+#include "daemon/engine/quarantine.h"
 #include "daemon/engine/adopter.h"
 #include "daemon/engine/corruption_check.h"
 #include "daemon/engine/holder.h"
@@ -299,10 +300,13 @@ class Engine {
   void VisitCounters(CounterVisitor& v) const {
     report_->VisitCounters(v);
     adopter_->VisitCounters(v);
+    host_quarantine_.VisitCounters(v, "{tier=\"host\"}");
     v.VisitGauge("engine.published_blocks", static_cast<int64_t>(published_.size()));
     v.VisitGauge("engine.handoff_marks", static_cast<int64_t>(published_.handoffs()));
   }
-  void CheckHealth(HealthFindings& out) const { report_->CheckHealth(out); }
+  // The stack's findings (StackReport), and a warning naming the keys in
+  // quarantine (quarantine.h), per tier.
+  void CheckHealth(HealthFindings& out) const;
 
  private:
   // Erases handed-off blocks taken by a peer from this node's tiers
@@ -378,6 +382,9 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
+  // Keys whose host copy failed verification (dropped), until put again;
+  // each tier below keeps its own (its MeasuredTier, quarantine.h).
+  Quarantine host_quarantine_;
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
   // Lookups (locator.h) and the write path: reservations and commits
   // into the arena (writer.h).

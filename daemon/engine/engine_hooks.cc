@@ -109,7 +109,8 @@ Writer::Hooks Engine::WriterHooks() {
 }
 
 Adopter::Hooks Engine::AdopterHooks() {
-  return {[this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); }};
+  return {[this] { return next_handle_.fetch_add(1, std::memory_order_relaxed); },
+          [this](const BlockKey& key) { host_quarantine_.Add(key); }};
 }
 
 Loader::Hooks Engine::LoaderHooks() {
@@ -165,6 +166,7 @@ CorruptionCheck::Hooks Engine::CorruptionHooks() {
     return pinner_->PinLocked(shard, kHostTierConnection, key, now_us, /*with_layers=*/true);
   };
   hooks.release = [this](LeaseId lease) { pinner_->Release(kHostTierConnection, {&lease, 1}); };
+  hooks.corrupt = [this](const BlockKey& key) { host_quarantine_.Add(key); };
   return hooks;
 }
 
@@ -175,6 +177,7 @@ HostBlockTier::Hooks Engine::HostTierHooks() {
   hooks.layer_count = [this](const NamespaceFingerprint& ns, uint64_t size) {
     return namespaces_.LayoutOf(ns, size).layer_count;
   };
+  hooks.corrupt = [this](const BlockKey& key) { host_quarantine_.Add(key); };
   return hooks;
 }
 

@@ -163,6 +163,7 @@ Status HostBlockTier::StartRead(const BlockKey& key, uint32_t first_layer, uint3
     } else {
       corrupt_reads_.fetch_add(1, std::memory_order_relaxed);
       Erase(key).IgnoreError();  // later reads miss
+      if (hooks_.corrupt) hooks_.corrupt(key);
       done(Corruption("host tier: block " + key.ToHex() + " does not match its checksum; dropped"));
     }
     hooks_.io_finished();

@@ -56,6 +56,8 @@ class HostBlockTier final : public BlockTier {
     // layout; 1 for another size). Called with or without a shard's lock
     // held: takes only a leaf lock.
     std::function<uint32_t(const NamespaceFingerprint& ns, uint64_t size)> layer_count;
+    // A block a read found not matching its checksum (dropped); may be empty.
+    std::function<void(const BlockKey&)> corrupt;
   };
 
   // Every reference is borrowed and outlives the face: the host tier's

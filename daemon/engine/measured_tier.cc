@@ -24,8 +24,14 @@ std::optional<NamespaceFingerprint> MeasuredTier::NamespaceForEvents(const Block
 
 void MeasuredTier::ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns,
                              const Status& status) const {
+  if (status.code() == StatusCode::kCorruption) quarantine_.Add(key);
   if (!ns || (status.code() != StatusCode::kNotFound && status.code() != StatusCode::kCorruption)) return;
   events_->Removed(reported_, *ns, key);
+}
+
+std::optional<BlockTier::BlockInfo> MeasuredTier::Find(const BlockKey& key) const {
+  if (quarantine_.Contains(key)) return std::nullopt;
+  return inner().Find(key);
 }
 
 Status MeasuredTier::Erase(const BlockKey& key) {
@@ -44,6 +50,7 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
     write_latency_.Record(SteadyClock::now() - start);
     if (status.ok() && events_ != nullptr) events_->Stored(reported_, ns, key);
     if (status.ok()) {
+      quarantine_.Release(key);  // a fresh copy
       writes_.fetch_add(1, std::memory_order_relaxed);
       written_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     } else {
@@ -51,6 +58,9 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
     }
     done(std::move(status));
   };
+  // The quarantined copy goes first: the new one replaces it (a tier that
+  // still held it would refuse the write as a duplicate).
+  if (quarantine_.Contains(key)) inner().Erase(key).IgnoreError();
   return inner().Write(ns, key, layer_count, payload, std::move(measured), payload_checksum);
 }
 
@@ -101,6 +111,7 @@ void MeasuredTier::VisitCounters(CounterVisitor& v) const {
   v.Visit("tier.written_bytes" + label_, load(written_bytes_));
   v.VisitHistogram("tier.read_seconds" + label_, read_latency_.Snapshot());
   v.VisitHistogram("tier.write_seconds" + label_, write_latency_.Snapshot());
+  quarantine_.VisitCounters(v, label_);
   inner().VisitCounters(v);
 }
 

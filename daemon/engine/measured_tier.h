@@ -9,6 +9,11 @@
 //   (counters), tier.capacity_bytes{...}, tier.used_bytes{...} (gauges),
 // then the wrapped tier's own counters.
 //
+// A read that failed verification (Corruption) puts the key in the tier's
+// Quarantine (quarantine.h): Find hides it from then on, so the engine
+// never serves that copy again, until a write of the key here succeeds
+// (the write erases the bad copy first).
+//
 // With an EventTap it also reports what the tier holds (block_events.h):
 // a write that completed stores the block in `reported`, an Erase that
 // found it and a read that found it gone (NotFound) or bad (Corruption,
@@ -22,6 +27,7 @@
 
 #include "common/histogram.h"
 #include "daemon/engine/block_events.h"
+#include "daemon/engine/quarantine.h"
 #include "tiers/forwarding_tier.h"
 
 namespace kvtier {
@@ -40,7 +46,12 @@ class MeasuredTier final : public ForwardingTier {
   Status ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                 std::span<std::byte> dst, LayerReadDone done) override;
   Status Erase(const BlockKey& key) override;
+  // The inner tier's, but nothing for a quarantined key.
+  std::optional<BlockInfo> Find(const BlockKey& key) const override;
   void VisitCounters(CounterVisitor& visitor) const override;
+
+  const Quarantine& quarantine() const { return quarantine_; }
+  Tier reported() const { return reported_; }
 
  private:
   // The namespace of `key` here, for a removal's event (nothing without events).
@@ -54,6 +65,8 @@ class MeasuredTier final : public ForwardingTier {
   LatencyHistogram read_latency_, write_latency_;
   std::atomic<int64_t> reads_{0}, writes_{0}, read_errors_{0}, write_errors_{0};
   std::atomic<int64_t> read_bytes_{0}, written_bytes_{0};
+  // Mutable: a read's completion (const ReadEnded) adds to it.
+  mutable Quarantine quarantine_;
 };
 
 }  // namespace kvtier

@@ -122,7 +122,10 @@ TEST_F(EngineHealthTest, AFailedPromotionIsAWarning) {
     at[kBlockBytes / 2] ^= std::byte{0x10};  // its record on the device goes bad
     ASSERT_EQ(engine->Pin(1, ns, {&key, 1})[0].status.code(), StatusCode::kNotFound);
     EXPECT_EQ(HealthOf(*engine).warnings,
-              (std::vector<std::string>{kUnlockedArena, "engine.promotion_failures = 1 (see the log)"}));
+              (std::vector<std::string>{kUnlockedArena, "engine.promotion_failures = 1 (see the log)",
+                                        "1 block(s) failed verification and are quarantined, never served from that "
+                                        "tier until written again: 1 in nvme (" +
+                                            key.ToHex() + ")"}));
     engine.reset();
   }
   ::kvtier::testing::RemoveTree(dir);

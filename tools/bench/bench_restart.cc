@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -146,6 +147,8 @@ struct Row {
   double empty_lookup_us = 0, lookup_us = 0;
   int64_t found = 0;  // adopted (host) or loaded (nvme)
   double anon_bytes_per_block = 0;
+  double longest_wait_s = -1;  // takeover rows: a client's longest wait for an answer
+  int64_t unavailable = 0;     // takeover rows: that client's calls answered Unavailable
   bool ok = false;
 };
 
@@ -294,6 +297,113 @@ Row NvmeRow(const std::string& kvtierd, const std::string& base, uint64_t n, uin
   return row;
 }
 
+// A client asking for one block over and over (reconnecting by itself)
+// while the daemon changes under it: the longest it waited between two
+// answers, and how many calls failed Unavailable (retried).
+class Prober {
+ public:
+  Prober(const std::string& socket_path, uint64_t block_bytes) {
+    ClientOptions o;
+    o.socket_path = socket_path;
+    o.client_name = "kvtier-bench-restart-prober";
+    o.namespaces = {BenchNamespace(block_bytes)};
+    o.use_directory = false;
+    o.prefault_arena = false;
+    o.reconnect_min_backoff = std::chrono::milliseconds(1);
+    o.reconnect_max_backoff = std::chrono::milliseconds(20);
+    auto client = Client::Connect(o);
+    if (!client.ok()) return;
+    client_ = std::move(*client);
+    thread_ = std::thread([this] {
+      const BlockKey key = KeyOf(0);
+      auto last = Clock::now();
+      while (!stop_) {
+        auto found = client_->Lookup(0, {&key, 1});
+        const auto now = Clock::now();
+        if (found.ok()) {
+          longest_ = std::max(longest_, std::chrono::duration<double>(now - last).count());
+          last = now;
+        } else if (found.status().code() == StatusCode::kUnavailable) {
+          ++unavailable_;
+        }
+      }
+    });
+  }
+  bool running() const { return client_ != nullptr; }
+  // Stops it; the longest wait in seconds.
+  double Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return longest_;
+  }
+  int64_t unavailable() const { return unavailable_; }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  double longest_ = 0;       // the thread's until Stop
+  int64_t unavailable_ = 0;  // the thread's until Stop
+};
+
+// `kvtierd --takeover` of a daemon holding N host blocks: until the old one
+// exits (the new one serves then), until every block is visible again, and
+// the longest a client asking all along waited.
+Row TakeoverRow(const std::string& kvtierd, const std::string& base, uint64_t n, uint64_t block_bytes) {
+  Row row{"takeover", n};
+  const std::string dir = MakeDir(base);
+  if (dir.empty()) return row;
+  const RemoveOnExit cleanup{dir};
+  const uint64_t arena = ((n * block_bytes) / 100 * 105 + (uint64_t{64} << 20)) >> 20 << 20;
+  const std::string toml = "[events]\nenabled = false\n";
+  std::unique_ptr<support::StartedServer> server;
+  if ((row.empty_serve_s = Start(kvtierd, dir, arena, toml, nullptr, server)) < 0) return row;
+  {
+    auto client = Connect(server->socket_path, block_bytes);
+    if (!client.ok()) return row;
+    row.empty_lookup_us = LookupUs(**client, 0);
+  }
+  const auto fill = Clock::now();
+  if (!Fill(server->socket_path, 0, n, block_bytes)) return row;
+  row.fill_s = Since(fill);
+  Prober prober(server->socket_path, block_bytes);
+  if (!prober.running()) return row;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto takeover = Clock::now();
+  auto successor =
+      support::ChildProcess::Spawn({kvtierd, "--config", dir + "/kvtierd.toml", "--takeover"}, dir + "/successor.log");
+  if (!successor.ok()) {
+    std::fprintf(stderr, "kvtier bench restart: cannot start kvtierd --takeover: %s\n",
+                 successor.status().ToString().c_str());
+    prober.Stop();
+    return row;
+  }
+  std::string how;
+  while (!server->process.Exited(&how) && Since(takeover) < 600)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  row.serve_s = Since(takeover);
+  if (how != "exit status 0") {
+    std::fprintf(stderr, "kvtier bench restart: the old kvtierd ended with %s:\n%s\n", how.c_str(),
+                 support::FileTail(dir + "/successor.log").c_str());
+    prober.Stop();
+    return row;
+  }
+  auto client = Connect(server->socket_path, block_bytes);
+  if (!client.ok() || !WaitVisible(**client, n, takeover, 1200)) {
+    prober.Stop();
+    return row;
+  }
+  row.visible_s = Since(takeover);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  row.longest_wait_s = prober.Stop();
+  row.unavailable = prober.unavailable();
+  const auto counters = Counters(**client);
+  row.found = counters.count("host.adopt.blocks") ? counters.at("host.adopt.blocks") : -1;
+  row.lookup_us = LookupUs(**client, n);
+  row.ok = row.found == static_cast<int64_t>(n);
+  return row;
+}
+
 }  // namespace
 
 void AddRestartBenchOptions(CLI::App& app, RestartBenchOptions& o) {
@@ -304,6 +414,7 @@ void AddRestartBenchOptions(CLI::App& app, RestartBenchOptions& o) {
       ->capture_default_str();
   app.add_option("--block-bytes", o.block_bytes, "Bytes per block")->capture_default_str();
   app.add_flag("--nvme", o.nvme, "Also the NVMe rows: N records in the NVMe tier's index");
+  app.add_flag("--takeover", o.takeover, "Also the takeover rows: kvtierd --takeover of a daemon with N host blocks");
   app.add_option("--dir", o.dir, "Where the daemons' files go (default: $TMPDIR or /tmp)");
   app.add_option("--json", o.json_path, "Also write the figures as JSON here");
 }
@@ -320,16 +431,20 @@ int RunRestartBench(const RestartBenchOptions& o) {
   for (uint64_t n : o.blocks) {
     rows.push_back(HostRow(kvtierd, base, n, o.block_bytes));
     if (o.nvme) rows.push_back(NvmeRow(kvtierd, base, n, o.block_bytes));
+    if (o.takeover) rows.push_back(TakeoverRow(kvtierd, base, n, o.block_bytes));
   }
   std::printf("kvtier bench restart: kvtierd %s, %llu-byte blocks, kill -9 then start\n", kvtierd.c_str(),
               static_cast<unsigned long long>(o.block_bytes));
-  std::printf("  %4s %9s %8s %9s %10s %9s %9s %10s %10s %11s %9s\n", "tier", "blocks", "fill s", "serve s", "empty srv",
-              "visible s", "hash s", "found", "anon B/blk", "lookup us", "empty us");
+  std::printf("  %8s %9s %8s %9s %10s %9s %9s %10s %10s %11s %9s %9s\n", "tier", "blocks", "fill s", "serve s",
+              "empty srv", "visible s", "hash s", "found", "anon B/blk", "lookup us", "empty us", "wait ms");
   bool ok = true;
   for (const Row& r : rows) {
-    std::printf("  %4s %9llu %8.2f %9.3f %10.3f %9.3f %9.3f %10lld %10.0f %11.1f %9.1f%s\n", r.tier.c_str(),
+    const std::string wait = r.longest_wait_s < 0 ? "-"
+                                                  : std::to_string(static_cast<int64_t>(r.longest_wait_s * 1000)) +
+                                                        " (" + std::to_string(r.unavailable) + ")";
+    std::printf("  %8s %9llu %8.2f %9.3f %10.3f %9.3f %9.3f %10lld %10.0f %11.1f %9.1f %9s%s\n", r.tier.c_str(),
                 static_cast<unsigned long long>(r.blocks), r.fill_s, r.serve_s, r.empty_serve_s, r.visible_s, r.hash_s,
-                static_cast<long long>(r.found), r.anon_bytes_per_block, r.lookup_us, r.empty_lookup_us,
+                static_cast<long long>(r.found), r.anon_bytes_per_block, r.lookup_us, r.empty_lookup_us, wait.c_str(),
                 r.ok ? "" : "  (failed)");
     ok = ok && r.ok;
   }
@@ -338,7 +453,10 @@ int RunRestartBench(const RestartBenchOptions& o) {
       "  visible: until every kept block is checked (host; nvme: the index opens before the socket);\n"
       "  hash: hashing the same bytes here on one thread (the adoption's work); found: blocks adopted / records\n"
       "  loaded; anon B/blk: the daemon's RssAnon, filled minus empty, per block; lookup: one-key Lookup round trip\n"
-      "  after the restart, empty us: the same on the empty daemon.\n");
+      "  after the restart, empty us: the same on the empty daemon.\n"
+      "  takeover rows: serve is kvtierd --takeover's start to the old daemon's exit (the new one serves then),\n"
+      "  visible counts from that start too; wait ms: the longest a client looking up all along waited between\n"
+      "  two answers, and (in brackets) its calls answered Unavailable and retried.\n");
   if (!o.json_path.empty()) {
     std::ofstream json(o.json_path);
     json << "{\"bench\": \"restart\", \"block_bytes\": " << o.block_bytes << ", \"rows\": [";
@@ -349,7 +467,8 @@ int RunRestartBench(const RestartBenchOptions& o) {
            << ", \"empty_serve_s\": " << r.empty_serve_s << ", \"visible_s\": " << r.visible_s
            << ", \"hash_s\": " << r.hash_s << ", \"found\": " << r.found
            << ", \"anon_bytes_per_block\": " << r.anon_bytes_per_block << ", \"lookup_us\": " << r.lookup_us
-           << ", \"empty_lookup_us\": " << r.empty_lookup_us << ", \"ok\": " << (r.ok ? "true" : "false") << "}";
+           << ", \"empty_lookup_us\": " << r.empty_lookup_us << ", \"longest_wait_s\": " << r.longest_wait_s
+           << ", \"unavailable\": " << r.unavailable << ", \"ok\": " << (r.ok ? "true" : "false") << "}";
     }
     json << "]}\n";
   }

@@ -15,6 +15,11 @@
 //         with -9 and started again: the time to serve (the RocksDB index
 //         reopened), nvme.recovery_loaded, anonymous memory per record,
 //         and a lookup's round trip, beside an empty daemon's.
+//   takeover  (--takeover) a private kvtierd (no descriptor store) filled
+//         with N host blocks is replaced by `kvtierd --takeover`: the time
+//         until the old one exits (the new one serves), until every block
+//         is visible again, and the longest a client asking all along
+//         waited between two answers (with its calls answered Unavailable).
 //
 // Exit 0 on success, 1 when a daemon cannot start or a step fails.
 #pragma once
@@ -31,6 +36,7 @@ struct RestartBenchOptions {
   std::vector<uint64_t> blocks{100'000, 1'000'000};
   uint64_t block_bytes = 4096;
   bool nvme = false;      // also the NVMe rows
+  bool takeover = false;  // also the takeover rows
   std::string dir;        // where the daemons' files go (default $TMPDIR or /tmp)
   std::string json_path;  // also write the figures here
 };
