@@ -44,7 +44,9 @@ Result<LayerPlace> BoardLayerPlace(const LoadBoardReader& board, uint32_t block,
   if (state == BoardBlockState::kInDevice) {
     return LayerPlace{LayerPlace::Memory::kDevicePool, board.offset(block)};
   }
-  if (!layer_in_arena) {
+  // A loaded block has every layer in place, whatever the others have (a
+  // load past its deadline reads its loaded blocks while others lag).
+  if (!layer_in_arena && state != BoardBlockState::kLoaded) {
     return NotFound("layer " + std::to_string(layer) + " of block " + std::to_string(block) + " is not in place yet");
   }
   return LayerPlace{LayerPlace::Memory::kArena, board.offset(block)};

@@ -62,6 +62,14 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
     device_pool = conn->DevicePoolOn(options.device_ordinal);
   }
   if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
+  if (!(options.recompute_us_per_layer >= 0)) return InvalidArgument("recompute_us_per_layer must be >= 0");
+  if (options.deadline.count() < 0) return InvalidArgument("a load's deadline must be >= 0");
+  // From the call: the round trip counts against it, as the engine's wait does.
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::microseconds deadline = options.deadline;
+  if (deadline.count() == 0 && options.recompute_us_per_layer > 0) {
+    deadline = std::chrono::microseconds(static_cast<int64_t>(options.recompute_us_per_layer * layer_count));
+  }
   if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
     return InvalidArgument("wait_for_depth needs compute_us_per_layer > 0 to plan the depth");
   }
@@ -109,6 +117,7 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   load.device_copier_ = std::move(device_copier);
   load.device_pool_ = device_pool;
   load.copied_.assign(load.layers_, false);
+  if (deadline.count() > 0) load.deadline_ = started + deadline;
   load.verify_ = verify;
   if (verify) {
     load.ns_ = ns;
@@ -155,6 +164,8 @@ LayerLoad& LayerLoad::operator=(LayerLoad&& other) noexcept {
   source_ = other.source_;
   plan_ = std::move(other.plan_);
   ended_ = std::exchange(other.ended_, true);
+  deadline_ = other.deadline_;
+  late_ = other.late_;
   verify_ = other.verify_;
   ns_ = other.ns_;
   keys_ = std::move(other.keys_);
@@ -211,11 +222,16 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
   const auto deadline =
       timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout : std::chrono::steady_clock::time_point::max();
   const std::chrono::microseconds spin(conn_->spin_wait_us());
-  while (!board.WaitBeyond(layer, deadline, spin, kWaitSlice)) {
+  // Past the load's deadline nothing is waited for: the blocks loading
+  // then have failed, and every other one is whole.
+  while (!late_ && !board.WaitBeyond(layer, std::min(deadline, deadline_), spin, kWaitSlice)) {
     if (!conn_->Alive()) return Unavailable("the connection to kvtierd is gone; the load's layers will not come");
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return TimedOut("layer " + std::to_string(layer) + " was not in place within call_timeout");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline_) {
+      FailLateBlocks();
+      break;
     }
+    if (now >= deadline) return TimedOut("layer " + std::to_string(layer) + " was not in place within call_timeout");
   }
   if (device_copier_) {
     if (verify_) VerifyLayers(layer);  // in the arena, before the copies read it
@@ -235,6 +251,17 @@ Status LayerLoad::WaitLayer(uint32_t layer) {
   }
   if (verify_) VerifyLayers(layer);  // the copies: what the engine reads
   return Status::Ok();
+}
+
+void LayerLoad::FailLateBlocks() {
+  late_ = true;
+  LoadBoardReader board(board_, static_cast<uint32_t>(size()));
+  for (size_t i = 0; i < size(); ++i) {
+    if (initial_[i].ok() && board.state(static_cast<uint32_t>(i)) == BoardBlockState::kLoading) {
+      initial_[i] = TimedOut("block " + std::to_string(i) +
+                             " was not whole by the load's deadline (LoadOptions::deadline); recompute it");
+    }
+  }
 }
 
 void LayerLoad::VerifyLayers(uint32_t layer) {

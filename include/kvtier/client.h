@@ -429,6 +429,16 @@ struct LoadOptions {
   // place (needs compute_us_per_layer > 0), so the engine starts computing
   // exactly when it will not stall (beyond the plan's expected stall).
   bool wait_for_depth = false;
+  // Recomputing the whole prefix, per layer, in microseconds (as
+  // PlanPreload's); 0: unknown. Sets the default deadline.
+  double recompute_us_per_layer = 0;
+  // How long after BeginLoad the load may take: once it passes, a WaitLayer
+  // that would wait fails every block not yet whole with TimedOut (the
+  // engine recomputes those; the others are served as usual) and returns,
+  // and no later WaitLayer waits. 0: layer_count() x recompute_us_per_layer
+  // when that is > 0 (past it, recomputing would have been faster), else
+  // none (each wait is bounded by call_timeout only).
+  std::chrono::microseconds deadline{0};
 };
 
 // A prefix loading layer by layer (Client::BeginLoad): the daemon pins
@@ -490,7 +500,9 @@ class LayerLoad {
 
   // Returns once layer `layer` is in place in every block that has not
   // failed (copied into LoadOptions::dst in copy mode, with any earlier
-  // layer not copied yet). Ok; InvalidArgument (no such layer);
+  // layer not copied yet), or once the load's deadline passed
+  // (LoadOptions::deadline: the blocks not whole then fail with TimedOut).
+  // Ok; InvalidArgument (no such layer);
   // TimedOut after ClientOptions::call_timeout (no request is in flight,
   // so unlike a call's time-out this fails nothing: the load goes on and
   // may be waited for again); Unavailable when the connection failed or
@@ -545,6 +557,12 @@ class LayerLoad {
   Tier source_ = Tier::kNone;
   std::optional<PreloadPlan> plan_;
   bool ended_ = false;
+  // LoadOptions::deadline from BeginLoad (max: none); once it passed,
+  // late_ is set and the blocks then loading have failed (initial_).
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
+  bool late_ = false;
+  // Fails every block still loading with TimedOut (the deadline passed).
+  void FailLateBlocks();
   // ClientOptions::verify_checksums: every layer is checked before it is
   // handed out (WaitLayer), against the checksums of the answer (blocks
   // settled at once) or of the board's table (the others).

@@ -306,7 +306,7 @@ void BindClient(py::module_& m) {
           "begin_load",
           [](const PyClient& c, NamespaceId ns, const py::object& keys, const py::object& dst,
              std::vector<uintptr_t> device_dst, uintptr_t cuda_stream, int device_ordinal, double compute_us_per_layer,
-             bool wait_for_depth) {
+             bool wait_for_depth, double deadline_s, double recompute_us_per_layer) {
             auto k = ToKeys(keys);
             auto state = std::make_shared<LoadState>();
             LoadOptions o;
@@ -319,15 +319,20 @@ void BindClient(py::module_& m) {
             o.device_ordinal = device_ordinal;
             o.compute_us_per_layer = compute_us_per_layer;
             o.wait_for_depth = wait_for_depth;
+            if (!(deadline_s >= 0)) throw py::value_error("deadline must be >= 0 (seconds)");
+            o.deadline = std::chrono::microseconds(static_cast<int64_t>(deadline_s * 1e6));
+            o.recompute_us_per_layer = recompute_us_per_layer;
             auto cl = c.Get();
             state->load = ValueOrThrow(Unlocked([&] { return cl->BeginLoad(ns, k, std::move(o)); }));
             return std::make_unique<PyLayerLoad>(std::move(state));
           },
           py::arg("ns"), py::arg("keys"), py::arg("dst") = py::none(), py::arg("device_dst") = std::vector<uintptr_t>{},
           py::arg("cuda_stream") = 0, py::arg("device_ordinal") = 0, py::arg("compute_us_per_layer") = 0.0,
-          py::arg("wait_for_depth") = false,
+          py::arg("wait_for_depth") = false, py::arg("deadline") = 0.0, py::arg("recompute_us_per_layer") = 0.0,
           "Layer-wise load. dst=None: zero-copy (layer_span); else one writable buffer per key that "
-          "wait_layer(l) fills layer by layer; device_dst: GPU pointers (CUDA builds).")
+          "wait_layer(l) fills layer by layer; device_dst: GPU pointers (CUDA builds). deadline (s, 0: "
+          "layers x recompute_us_per_layer when that is given, else none): past it a wait returns and the "
+          "blocks not whole fail with TimedOut (status), for the engine to recompute.")
       .def(
           "plan_preload",
           [](const PyClient& c, Tier source, uint64_t bytes_per_layer, double compute_us, uint32_t layers,

@@ -177,6 +177,77 @@ TEST(LayerLoadTest, AWaitTimesOutWhileTheDriveStallsAndSucceedsAfter) {
   EXPECT_TRUE(client.Lookup(0, keys).ok());
 }
 
+// LoadOptions::deadline: past it a wait no longer waits; the blocks not
+// whole then (those on the stalled drive) fail with TimedOut so the engine
+// recomputes them, and the host blocks before them are served as usual.
+// The call timeout is far longer: the deadline, not it, ends the wait.
+TEST(LayerLoadTest, PastItsDeadlineALoadFailsTheBlocksOnAStalledDriveAndServesTheRest) {
+  TestDaemon daemon(NvmeOptions());
+  ClientOptions options = daemon.Options();
+  options.call_timeout = std::chrono::seconds(60);
+  auto connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  Client& client = **connected;
+  const auto all = PushToNvme(daemon, client, 4);
+  // Two host blocks (the newest), then two on NVMe.
+  const std::vector<BlockKey> keys{all[148], all[149], all[0], all[1]};
+  daemon.nvme_device()->HoldReads();
+  LoadOptions load_options;
+  load_options.deadline = std::chrono::milliseconds(300);
+  auto load = client.BeginLoad(0, keys, load_options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->WaitLayer(0).ok());
+  for (size_t b : {2, 3}) {
+    const Status s = load->status(b);
+    EXPECT_EQ(s.code(), StatusCode::kTimedOut) << b << ": " << s.ToString();
+    EXPECT_NE(s.message().find("deadline"), std::string::npos) << s.ToString();
+    EXPECT_TRUE(load->LayerSpan(b, 0).empty());
+  }
+  EXPECT_EQ(load->usable_prefix(), 2u);
+  // Later waits do not wait; the host blocks' layers are all there, exact.
+  ASSERT_TRUE(load->WaitAll().ok());
+  for (size_t b : {0, 1}) {
+    EXPECT_TRUE(load->status(b).ok());
+    for (uint32_t l = 0; l < kLayers; ++l) EXPECT_TRUE(SameBytes(load->LayerSpan(b, l), ExpectedLayer(keys[b], l)));
+  }
+  daemon.nvme_device()->ReleaseReads();
+  EXPECT_TRUE(load->End().ok());
+  EXPECT_EQ(StatsCounter(client, "engine.loads_open"), 0);
+}
+
+// Without a deadline of its own, a load with recompute_us_per_layer set
+// gives up once recomputing the prefix would have been done: layers x it.
+TEST(LayerLoadTest, TheDefaultDeadlineIsTheRecomputeTime) {
+  TestDaemon daemon(NvmeOptions());
+  ClientOptions options = daemon.Options();
+  options.call_timeout = std::chrono::seconds(60);
+  auto connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  Client& client = **connected;
+  const auto all = PushToNvme(daemon, client, 2);
+  const std::vector<BlockKey> keys{all[0], all[1]};
+  daemon.nvme_device()->HoldReads();
+  LoadOptions load_options;
+  load_options.recompute_us_per_layer = 50'000;  // kLayers x 50 ms
+  auto load = client.BeginLoad(0, keys, load_options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->WaitAll().ok());
+  EXPECT_EQ(load->status(0).code(), StatusCode::kTimedOut) << load->status(0).ToString();
+  EXPECT_EQ(load->usable_prefix(), 0u);
+  daemon.nvme_device()->ReleaseReads();
+  EXPECT_TRUE(load->End().ok());
+  // A load that is in place in time is not touched by its deadline.
+  load_options.recompute_us_per_layer = 0;
+  load_options.deadline = std::chrono::seconds(30);
+  auto again = client.BeginLoad(0, keys, load_options);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->WaitAll().ok());
+  EXPECT_EQ(again->usable_prefix(), keys.size());
+  LoadOptions bad;
+  bad.deadline = std::chrono::microseconds(-1);
+  EXPECT_EQ(client.BeginLoad(0, keys, bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(LayerLoadTest, BadLoadsAreRefusedAndADroppedLoadLeavesNothingPinned) {
   TestDaemon daemon;
   auto client = daemon.Connect();

@@ -161,6 +161,42 @@ TEST_F(RemoteDaemon, ADaemonWhoseClusterGoesDownKeepsServingItsOwnTiers) {
   EXPECT_GE(c["remote.unavailable_periods"], 1);
 }
 
+// A stalled cluster (every master paused: CLIENT PAUSE) and a layer-wise
+// load with a deadline: the remote blocks fail with TimedOut at the
+// deadline, not at the remote tier's own timeout, so the engine recomputes
+// them; the host blocks before them are served.
+TEST_F(RemoteDaemon, ALoadFromAStalledClusterFailsItsRemoteBlocksAtItsDeadline) {
+  DaemonProcess daemon(KVTIERD_PATH, "", RemoteToml(cluster_->Seeds().front()));
+  ASSERT_TRUE(daemon.running());
+  auto client = ConnectTo(daemon);
+  ASSERT_NE(client, nullptr);
+  const auto keys = TestKeys(TestNamespace(), 300, 35);
+  for (const auto& k : keys) ASSERT_TRUE(client->Put(0, k, Block(k, kBlockBytes)).ok());
+  ASSERT_TRUE(WaitForCounter(*client, "remote.writes", 50)) << LogOf(daemon);
+  // The newest block is a host hit; the oldest ones went to the cluster.
+  auto found = client->Lookup(0, std::span(keys).first(2));
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->prefix_blocks, 2u);
+  ASSERT_EQ(found->tiers[0], Tier::kRemote);
+  ASSERT_EQ(found->tiers[1], Tier::kRemote);
+  for (int port : cluster_->Masters()) {
+    ASSERT_TRUE(cluster_->Cli(port, {"CLIENT", "PAUSE", "4000", "ALL"}).ok());
+  }
+  const std::vector<BlockKey> chain{keys.back(), keys[0], keys[1]};
+  LoadOptions options;
+  options.deadline = std::chrono::milliseconds(300);  // remote.timeout_ms is 2000
+  auto load = client->BeginLoad(0, chain, options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE(load->WaitAll().ok());
+  EXPECT_TRUE(load->status(0).ok());
+  for (size_t b : {1, 2}) {
+    EXPECT_EQ(load->status(b).code(), StatusCode::kTimedOut) << load->status(b).ToString();
+    EXPECT_NE(load->status(b).message().find("deadline"), std::string::npos) << load->status(b).ToString();
+  }
+  EXPECT_EQ(load->usable_prefix(), 1u);
+  EXPECT_TRUE(load->End().ok());
+}
+
 TEST(RemoteDaemonStart, ADaemonStartsAndServesWhenItsClusterDoesNotAnswer) {
   DaemonProcess daemon(KVTIERD_PATH, "", RemoteToml("127.0.0.1:" + std::to_string(FreeLoopbackPort())));
   ASSERT_TRUE(daemon.running());

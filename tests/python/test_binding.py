@@ -237,6 +237,12 @@ def test_layer_load_reports_failed_blocks_and_bad_arguments(daemon):
             c.begin_load(0, [])
         with pytest.raises(kvtier.InvalidArgumentError):
             c.begin_load(0, keys, dst=[np.zeros(4, np.uint8)] * 2)
+        # A deadline the load meets changes nothing; a negative one is refused.
+        with c.begin_load(0, keys[:1], deadline=30.0, recompute_us_per_layer=1000.0) as load:
+            load.wait_all()
+            assert load.status(0).ok and load.usable_prefix == 1
+        with pytest.raises(ValueError):
+            c.begin_load(0, keys, deadline=-1.0)
 
 
 def test_queue_hints_reach_the_daemon(daemon):

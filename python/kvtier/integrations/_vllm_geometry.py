@@ -211,6 +211,11 @@ class Geometry:
         self.call_timeout = float(extra.get("call_timeout", 30.0))
         self.connect_timeout = float(extra.get("connect_timeout", 5.0))
         self.lookup_timeout = float(extra.get("lookup_timeout", 2.0))
+        # A load's deadline (s): blocks not in place by then fail and are
+        # recomputed (about what recomputing 8k tokens takes on an A100); 0: none.
+        self.load_deadline = float(extra.get("load_deadline", 1.0))
+        if self.load_deadline < 0:
+            raise Unsupported("kv_connector_extra_config.load_deadline must be >= 0 (seconds)")
         self.reconnect_s = float(extra.get("reconnect_interval", 5.0))
         self.use_directory = bool(extra.get("use_directory", True))
         self.verify_checksums = bool(extra.get("verify_checksums", False))

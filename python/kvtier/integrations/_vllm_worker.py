@@ -509,7 +509,7 @@ class _ActiveLoad:
             self._failed_from = 0
             return
         try:
-            self._load = client.begin_load(group, spec.keys[worker._ns(group)])
+            self._load = client.begin_load(group, spec.keys[worker._ns(group)], deadline=worker._g.load_deadline)
         except kvtier.Error as e:
             logger.warning("kvtier: load of %s failed: %s", spec.req_id, e)
             self._failed_from = 0
