@@ -1,6 +1,7 @@
 // LayerLoad (include/kvtier/client.h): a layer-wise load followed on its
 // load board (common/load_board.h) in the arena mapping.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -62,14 +63,17 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
     device_pool = conn->DevicePoolOn(options.device_ordinal);
   }
   if (!(options.compute_us_per_layer >= 0)) return InvalidArgument("compute_us_per_layer must be >= 0");
-  if (!(options.recompute_us_per_layer >= 0)) return InvalidArgument("recompute_us_per_layer must be >= 0");
+  if (!(options.recompute_us_per_layer >= 0) || !std::isfinite(options.recompute_us_per_layer)) {
+    return InvalidArgument("recompute_us_per_layer must be a time >= 0");
+  }
   if (options.deadline.count() < 0) return InvalidArgument("a load's deadline must be >= 0");
   // From the call: the round trip counts against it, as the engine's wait does.
   const auto started = std::chrono::steady_clock::now();
-  std::chrono::microseconds deadline = options.deadline;
-  if (deadline.count() == 0 && options.recompute_us_per_layer > 0) {
-    deadline = std::chrono::microseconds(static_cast<int64_t>(options.recompute_us_per_layer * layer_count));
-  }
+  // Past a year is no deadline (and cannot overflow the clock).
+  constexpr double kNoDeadlineUs = 365.0 * 86400 * 1e6;
+  double deadline_us = static_cast<double>(options.deadline.count());
+  if (deadline_us == 0) deadline_us = options.recompute_us_per_layer * layer_count;
+  const std::chrono::microseconds deadline(deadline_us >= kNoDeadlineUs ? 0 : static_cast<int64_t>(deadline_us));
   if (options.wait_for_depth && options.compute_us_per_layer <= 0) {
     return InvalidArgument("wait_for_depth needs compute_us_per_layer > 0 to plan the depth");
   }

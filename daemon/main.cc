@@ -474,6 +474,8 @@ ServeEnd Serve(const CommandLine& command_line, DaemonConfig& config, std::vecto
   }
 
   StoreListener(notifier, **server);
+  // A listener passed back after a failed takeover is this daemon's alone.
+  if (!notifier.enabled() && asked == nullptr) (*server)->KeepSocketFile(false);
   // Under a service manager a takeover would leave the new daemon outside
   // it: the manager's restart keeps the host tier and the socket instead.
   auto takeovers = TakeoverListener::Start(

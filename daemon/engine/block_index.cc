@@ -233,6 +233,7 @@ void BlockIndex::Insert(const BlockKey& key, BlockEntry& entry, BlockHandle hand
 }
 
 void BlockIndex::Publish(const BlockKey& key, BlockEntry& entry) {
+  if (quarantine_ != nullptr) quarantine_->Release(key);  // a good copy again (put, promoted, adopted)
   HostJournal* journal = host_.journal();
   if (journal != nullptr && entry.journal_slot == HostJournal::kNoSlot) {
     const auto layers = static_cast<uint32_t>(entry.layer_checksums.size());

@@ -16,6 +16,7 @@
 #include "common/mutex.h"
 #include "daemon/engine/block_entry.h"
 #include "daemon/engine/block_events.h"
+#include "daemon/engine/quarantine.h"
 #include "daemon/engine/engine_types.h"
 #include "daemon/engine/lease_table.h"
 #include "kvtier/block_key.h"
@@ -72,9 +73,11 @@ class BlockIndex {
   // (borrowed, outlives the index) owns the extents its blocks hold.
   // `events` (borrowed, outlives the index; may be null) hears each block
   // that becomes visible or stops being so (block_events.h).
+  // `quarantine` (borrowed, outlives the index; may be null): the host
+  // tier's (quarantine.h), whose key a block that becomes visible leaves.
   BlockIndex(size_t shard_index, uint64_t first_lease, std::unique_ptr<EvictionPolicy> p, HostTier& host,
-             const EventTap* events = nullptr)
-      : leases(shard_index, first_lease), policy(std::move(p)), host_(host), events_(events) {}
+             const EventTap* events = nullptr, Quarantine* quarantine = nullptr)
+      : leases(shard_index, first_lease), policy(std::move(p)), host_(host), events_(events), quarantine_(quarantine) {}
 
   Mutex mu;
   // The members below are guarded by mu, and every method needs it held.
@@ -192,6 +195,7 @@ class BlockIndex {
 
   HostTier& host_;
   const EventTap* const events_;
+  Quarantine* const quarantine_;
 };
 
 // Resolves one key of a batch; the last one to resolve completes it.

@@ -38,7 +38,7 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
   const uint64_t first_lease = ((uint64_t{entropy()} << 32 | entropy()) & ((uint64_t{1} << 55) - 1)) | 1;
   for (uint32_t i = 0; i < options.shards; ++i) {
     shards_.push_back(std::make_unique<BlockIndex>(shards_.size(), first_lease, MakeEvictionPolicy(options.eviction),
-                                                   host_, &events_));
+                                                   host_, &events_, &host_quarantine_));
   }
 }
 
@@ -206,9 +206,6 @@ std::vector<Status> Engine::Commit(ConnectionId connection, const NamespaceFinge
                                    std::span<const BlockKey> keys, std::span<const uint64_t> sizes,
                                    std::span<const uint64_t> checksums, std::span<const uint64_t> layer_checksums) {
   std::vector<Status> out = writer_->Commit(connection, ns, keys, sizes, checksums, layer_checksums);
-  for (size_t i = 0; i < keys.size() && i < out.size(); ++i) {
-    if (out[i].ok()) host_quarantine_.Release(keys[i]);  // written again (each tier below: by its own writes)
-  }
   if (!published_.has_handoffs()) return out;
   // Blocks a peer took while they were being written leave now (hand-offs); refused ones lose their marks.
   std::vector<BlockKey> committed, refused;

@@ -382,8 +382,9 @@ class Engine {
   };
   std::shared_ptr<SinkGate> sink_gate_ = std::make_shared<SinkGate>();
   std::atomic<uint64_t> next_handle_{1};
-  // Keys whose host copy failed verification (dropped), until put again;
-  // each tier below keeps its own (its MeasuredTier, quarantine.h).
+  // Keys whose host copy failed verification (dropped), until a good copy
+  // is visible again (BlockIndex::Publish: a put, a promotion, an
+  // adoption); each tier below keeps its own (its MeasuredTier, quarantine.h).
   Quarantine host_quarantine_;
   mutable EngineCounters counters_;  // monotonic event counters (engine_counters.h)
   // Lookups (locator.h) and the write path: reservations and commits

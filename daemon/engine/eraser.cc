@@ -38,7 +38,8 @@ size_t Eraser::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
     }
     for (const auto& b : below_) {
       if (reach == Reach::kThisNode && b->reported == Tier::kRemote) continue;
-      auto info = b->tier->Find(key);
+      // A quarantined copy is erased too (MeasuredTier::Find hides it).
+      auto info = b->measured != nullptr ? b->measured->inner().Find(key) : b->tier->Find(key);
       if ((moving || (info && info->ns == ns)) && b->tier->Erase(key).ok()) found = true;
     }
     if (hooks_.erase_above != nullptr && hooks_.erase_above(ns, key, moving)) found = true;

@@ -13,7 +13,11 @@ MeasuredTier::MeasuredTier(BlockTier& inner, const EventTap* events, Tier report
     : ForwardingTier(inner),
       events_(events != nullptr && events->on() ? events : nullptr),
       reported_(reported),
-      label_("{tier=\"" + std::string(inner.name()) + "\"}") {}
+      label_("{tier=\"" + std::string(inner.name()) + "\"}"),
+      quarantine_(Quarantine::kMaxKeys, reported == Tier::kRemote ? kSharedTierQuarantineUs : 0, [] {
+        return static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now().time_since_epoch()).count());
+      }) {}
 
 std::optional<NamespaceFingerprint> MeasuredTier::NamespaceForEvents(const BlockKey& key) const {
   if (events_ == nullptr) return std::nullopt;
@@ -32,6 +36,13 @@ void MeasuredTier::ReadEnded(const BlockKey& key, const std::optional<NamespaceF
 std::optional<BlockTier::BlockInfo> MeasuredTier::Find(const BlockKey& key) const {
   if (quarantine_.Contains(key)) return std::nullopt;
   return inner().Find(key);
+}
+
+void MeasuredTier::ForEachBlock(const BlockVisitor& visit) const {
+  if (quarantine_.size() == 0) return inner().ForEachBlock(visit);
+  inner().ForEachBlock([this, &visit](const BlockKey& key, const BlockInfo& info) {
+    if (!quarantine_.Contains(key)) visit(key, info);
+  });
 }
 
 Status MeasuredTier::Erase(const BlockKey& key) {
@@ -60,7 +71,7 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
   };
   // The quarantined copy goes first: the new one replaces it (a tier that
   // still held it would refuse the write as a duplicate).
-  if (quarantine_.Contains(key)) inner().Erase(key).IgnoreError();
+  if (quarantine_.Contains(key) && !inner().asynchronous()) inner().Erase(key).IgnoreError();
   return inner().Write(ns, key, layer_count, payload, std::move(measured), payload_checksum);
 }
 

@@ -10,9 +10,11 @@
 // then the wrapped tier's own counters.
 //
 // A read that failed verification (Corruption) puts the key in the tier's
-// Quarantine (quarantine.h): Find hides it from then on, so the engine
-// never serves that copy again, until a write of the key here succeeds
-// (the write erases the bad copy first).
+// Quarantine (quarantine.h): Find and ForEachBlock hide it from then on, so
+// the engine never serves that copy again, until a write of the key here
+// succeeds (a synchronous tier's bad copy is erased first; an asynchronous
+// one's write replaces it) or, for the remote tier (the cluster's, and
+// peers' memory: others write there), kSharedTierQuarantineUs passes.
 //
 // With an EventTap it also reports what the tier holds (block_events.h):
 // a write that completed stores the block in `reported`, an Erase that
@@ -32,6 +34,10 @@
 
 namespace kvtier {
 
+// How long the remote tier's copies stay in quarantine (others may write a
+// good copy there meanwhile).
+inline constexpr uint64_t kSharedTierQuarantineUs = 60'000'000;
+
 class MeasuredTier final : public ForwardingTier {
  public:
   // `inner` and `events` (may be null) are borrowed and outlive this.
@@ -48,6 +54,7 @@ class MeasuredTier final : public ForwardingTier {
   Status Erase(const BlockKey& key) override;
   // The inner tier's, but nothing for a quarantined key.
   std::optional<BlockInfo> Find(const BlockKey& key) const override;
+  void ForEachBlock(const BlockVisitor& visit) const override;
   void VisitCounters(CounterVisitor& visitor) const override;
 
   const Quarantine& quarantine() const { return quarantine_; }

@@ -2,26 +2,41 @@
 
 namespace kvtier {
 
+bool Quarantine::Live(const Added& a) const {
+  auto found = keys_.find(a.key);
+  return found != keys_.end() && found->second.sequence == a.sequence;
+}
+
+void Quarantine::Expire() {
+  if (lifetime_us_ == 0 || !clock_) return;
+  const uint64_t now = clock_();
+  while (!order_.empty() && order_.front().at_us + lifetime_us_ <= now) {
+    if (Live(order_.front())) keys_.erase(order_.front().key);
+    order_.pop_front();
+  }
+  size_.store(keys_.size(), std::memory_order_release);
+}
+
 void Quarantine::Add(const BlockKey& key) {
   MutexLock lock(mu_);
-  auto [it, fresh] = keys_.try_emplace(key, next_);
-  if (!fresh) return;
-  order_.emplace_back(key, next_++);
+  Expire();
+  const Added added{key, next_, lifetime_us_ != 0 && clock_ ? clock_() : 0};
+  if (!keys_.try_emplace(key, added).second) return;
+  ++next_;
+  order_.push_back(added);
   added_.fetch_add(1, std::memory_order_relaxed);
   while (keys_.size() > max_keys_ && !order_.empty()) {
-    auto [oldest, sequence] = order_.front();
+    const Added oldest = order_.front();
     order_.pop_front();
-    auto found = keys_.find(oldest);
-    if (found == keys_.end() || found->second != sequence) continue;  // released meanwhile
-    keys_.erase(found);
+    if (!Live(oldest)) continue;  // released meanwhile
+    keys_.erase(oldest.key);
     overflows_.fetch_add(1, std::memory_order_relaxed);
   }
-  // Stale pairs of released keys are dropped once they pass the live ones.
+  // Stale Adds of released keys are dropped once they pass the live ones.
   if (order_.size() > 2 * max_keys_) {
-    std::deque<std::pair<BlockKey, uint64_t>> live;
-    for (const auto& [k, sequence] : order_) {
-      auto found = keys_.find(k);
-      if (found != keys_.end() && found->second == sequence) live.emplace_back(k, sequence);
+    std::deque<Added> live;
+    for (const Added& a : order_) {
+      if (Live(a)) live.push_back(a);
     }
     order_.swap(live);
   }
@@ -40,15 +55,18 @@ bool Quarantine::Release(const BlockKey& key) {
 bool Quarantine::Contains(const BlockKey& key) const {
   if (size() == 0) return false;
   MutexLock lock(mu_);
-  return keys_.contains(key);
+  auto found = keys_.find(key);
+  if (found == keys_.end()) return false;
+  // Past its lifetime it is no longer in (Expire drops it at the next Add).
+  return lifetime_us_ == 0 || !clock_ || found->second.at_us + lifetime_us_ > clock_();
 }
 
 std::vector<BlockKey> Quarantine::Newest(size_t max) const {
   std::vector<BlockKey> out;
   MutexLock lock(mu_);
+  const uint64_t now = lifetime_us_ != 0 && clock_ ? clock_() : 0;
   for (auto it = order_.rbegin(); it != order_.rend() && out.size() < max; ++it) {
-    auto found = keys_.find(it->first);
-    if (found != keys_.end() && found->second == it->second) out.push_back(it->first);
+    if (Live(*it) && (now == 0 || it->at_us + lifetime_us_ > now)) out.push_back(it->key);
   }
   return out;
 }

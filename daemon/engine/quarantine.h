@@ -8,6 +8,9 @@
 //
 // Bounded: at most kMaxKeys keys; past it the oldest is let go (counted as
 // an overflow): a disk going bad must not grow the daemon without bound.
+// With a lifetime, a key is let go that long after it came in (for a tier
+// others write too, the remote cluster or a peer's memory, whose good copy
+// this daemon would never learn of otherwise).
 //
 // Thread-safe: its own mutex (a leaf lock, taken under a shard's lock by
 // Find); Contains costs one atomic load while it is empty.
@@ -17,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,7 +34,10 @@ namespace kvtier {
 class Quarantine {
  public:
   static constexpr size_t kMaxKeys = 65536;
-  explicit Quarantine(size_t max_keys = kMaxKeys) : max_keys_(max_keys == 0 ? 1 : max_keys) {}
+  // `lifetime_us` 0: a key stays until released (or pushed out); `clock`:
+  // microseconds now (monotonic), needed only with a lifetime.
+  explicit Quarantine(size_t max_keys = kMaxKeys, uint64_t lifetime_us = 0, std::function<uint64_t()> clock = {})
+      : max_keys_(max_keys == 0 ? 1 : max_keys), lifetime_us_(lifetime_us), clock_(std::move(clock)) {}
 
   // Puts `key` in quarantine (again: it stays, not counted twice).
   void Add(const BlockKey& key) EXCLUDES(mu_);
@@ -45,12 +52,24 @@ class Quarantine {
   void VisitCounters(CounterVisitor& v, const std::string& label) const;
 
  private:
+  // With a lifetime: drops the keys past it, oldest first.
+  void Expire() REQUIRES(mu_);
+
   const size_t max_keys_;
+  const uint64_t lifetime_us_;
+  const std::function<uint64_t()> clock_;
   mutable Mutex mu_;
-  // Each key with the sequence number of its Add; order_ holds (key,
-  // sequence) oldest first, stale pairs (released, or added again) skipped.
-  std::unordered_map<BlockKey, uint64_t> keys_ GUARDED_BY(mu_);
-  std::deque<std::pair<BlockKey, uint64_t>> order_ GUARDED_BY(mu_);
+  // Each key with the sequence number of its Add; order_ holds the Adds
+  // oldest first, stale ones (released, or added again) skipped.
+  struct Added {
+    BlockKey key;
+    uint64_t sequence = 0;
+    uint64_t at_us = 0;  // with a lifetime: when
+  };
+  // Whether `a` is the key's current Add.
+  bool Live(const Added& a) const REQUIRES(mu_);
+  std::unordered_map<BlockKey, Added> keys_ GUARDED_BY(mu_);  // each key's current Add
+  std::deque<Added> order_ GUARDED_BY(mu_);
   uint64_t next_ GUARDED_BY(mu_) = 0;
   std::atomic<size_t> size_{0};
   std::atomic<int64_t> added_{0}, released_{0}, overflows_{0};

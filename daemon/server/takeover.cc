@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -96,7 +97,7 @@ Status Send(int fd, const std::string& message) {
 
 bool HungUp(int connection) {
   pollfd p{connection, POLLIN | POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
 }
 
 std::string TakeoverPath(const std::string& socket_path) { return socket_path + ".takeover"; }
@@ -229,14 +230,42 @@ Status HandOver(int connection, const std::vector<PassedFd>& fds) {
   return Send(connection, "end " + std::to_string(fds.size()));
 }
 
+namespace {
+
+// A pidfd of the process at the other end of `connection` (-1 if none):
+// its closing the connection is not its end (the RocksDB lock, the NVMe
+// file and the GPU go with its last fds), the pidfd's readiness is.
+int PeerPidfd(int connection) {
+  Result<PeerCredentials> peer = ReadPeerCredentials(connection);
+  if (!peer.ok() || peer->pid <= 0) return -1;
+  return static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
+}
+
+// Waits, with no time limit, until the process of `pidfd` has exited.
+void AwaitExit(int pidfd) {
+  if (pidfd < 0) return;
+  pollfd p{pidfd, POLLIN, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
 TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout) {
+  const int pidfd = PeerPidfd(connection);  // while it is surely alive (or a zombie): the connection is open
+  const auto close_pidfd = [pidfd] {
+    if (pidfd >= 0) ::close(pidfd);
+  };
   const auto until = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     std::vector<int> fds;
     auto answer = Receive(connection, std::max(left, std::chrono::milliseconds(0)), &fds);
     for (int f : fds) ::close(f);
-    if (answer.ok() && *answer == "serving") return TakeoverOutcome::kServing;
+    if (answer.ok() && *answer == "serving") {
+      close_pidfd();
+      return TakeoverOutcome::kServing;
+    }
     if (answer.ok() && answer->starts_with("release ")) {
       // The new daemon starts some arena empty: its memory goes now, before
       // the new one is allocated (and a resume starts that tier empty).
@@ -251,6 +280,8 @@ TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std:
     }
     if (!answer.ok() && answer.status().code() == StatusCode::kUnavailable) {
       spdlog::error("takeover: the new kvtierd ended without serving ({})", answer.status().ToString());
+      AwaitExit(pidfd);
+      close_pidfd();
       return TakeoverOutcome::kFailed;
     }
     // Timed out, an unexpected message or a broken connection: it must be
@@ -261,9 +292,12 @@ TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std:
     if (!peer.ok() || peer->pid <= 0 || ::kill(peer->pid, SIGKILL) != 0) {
       spdlog::critical("takeover: cannot kill the new kvtierd ({}); exiting rather than serve beside it",
                        peer.ok() ? std::string(std::strerror(errno)) : peer.status().ToString());
+      close_pidfd();
       return TakeoverOutcome::kUnknown;
     }
-    AwaitHangUp(connection);  // its end closes when it is gone
+    AwaitHangUp(connection);
+    AwaitExit(pidfd);  // gone, every fd of it closed
+    close_pidfd();
     return TakeoverOutcome::kFailed;
   }
 }

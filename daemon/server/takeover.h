@@ -114,9 +114,10 @@ enum class TakeoverOutcome {
 };
 // Old side: waits up to `timeout` for "serving", answering releases (the
 // fds named are closed and removed from `handed`). On anything else the new
-// daemon (the connection's SO_PEERCRED pid) is killed (SIGKILL) and its end
-// of the connection awaited, with no time limit, so that it holds nothing
-// when the caller starts again.
+// daemon (the connection's SO_PEERCRED pid) is killed (SIGKILL). Before
+// kFailed the new daemon's exit is awaited (a pidfd taken at the start),
+// with no time limit, so that it holds nothing (the NVMe index's lock, the
+// GPU) when the caller starts again.
 TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout);
 
 // The new daemon's end: the request and what it receives.

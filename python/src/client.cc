@@ -320,7 +320,9 @@ void BindClient(py::module_& m) {
             o.compute_us_per_layer = compute_us_per_layer;
             o.wait_for_depth = wait_for_depth;
             if (!(deadline_s >= 0)) throw py::value_error("deadline must be >= 0 (seconds)");
-            o.deadline = std::chrono::microseconds(static_cast<int64_t>(deadline_s * 1e6));
+            // Past a year (inf included) is no deadline.
+            o.deadline =
+                std::chrono::microseconds(deadline_s >= 365.0 * 86400 ? 0 : static_cast<int64_t>(deadline_s * 1e6));
             o.recompute_us_per_layer = recompute_us_per_layer;
             auto cl = c.Get();
             state->load = ValueOrThrow(Unlocked([&] { return cl->BeginLoad(ns, k, std::move(o)); }));

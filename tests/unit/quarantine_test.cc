@@ -77,6 +77,22 @@ TEST(QuarantineTest, PastItsBoundTheOldestKeyGoesAndIsCounted) {
   EXPECT_EQ(counters["tier.quarantine_overflows{tier=\"x\"}"], 3);
 }
 
+TEST(QuarantineTest, WithALifetimeAKeyLeavesThatLongAfterItCameIn) {
+  uint64_t now = 1'000;
+  Quarantine q(Quarantine::kMaxKeys, 500, [&now] { return now; });
+  q.Add(Key(1));
+  now = 1'300;
+  q.Add(Key(2));
+  EXPECT_TRUE(q.Contains(Key(1)));
+  now = 1'500;  // Key(1)'s lifetime is over
+  EXPECT_FALSE(q.Contains(Key(1)));
+  EXPECT_TRUE(q.Contains(Key(2)));
+  EXPECT_EQ(q.Newest(8), (std::vector<BlockKey>{Key(2)}));
+  now = 1'900;
+  q.Add(Key(3));  // drops the expired ones
+  EXPECT_EQ(q.size(), 1u);
+}
+
 // A tier whose stored copies can rot: reads of a rotten key fail
 // Corruption while the tier goes on saying it holds it (as a remote or a
 // peer's copy can), and it counts the reads that reached it.
@@ -182,6 +198,9 @@ TEST_F(EngineQuarantineTest, ACopyThatFailedVerificationIsNeverReadAgainUntilWri
   const std::string health = Health();
   EXPECT_NE(health.find("quarantined"), std::string::npos) << health;
   EXPECT_NE(health.find("1 in remote (" + key.ToHex() + ")"), std::string::npos) << health;
+  // An erase reaches the hidden copy too.
+  EXPECT_EQ(engine_->Erase(kNs, {&key, 1}), 1u);
+  EXPECT_FALSE(map_.Find(key).has_value());
   // Put again: a host hit (a new copy, nothing to do with the bad one).
   ASSERT_TRUE(::kvtier::testing::PutFilledBlock(*engine_, *host_, kConn, kNs, key, kBlockBytes).ok());
   EXPECT_EQ(::kvtier::testing::LookupTier(*engine_, kNs, key), Tier::kHost);

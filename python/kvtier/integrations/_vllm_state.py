@@ -139,7 +139,7 @@ class StateMover:
         if client is None or len(keys) != 1:
             return False
         try:
-            load = client.begin_load(group, keys)
+            load = client.begin_load(group, keys, deadline=w._g.load_deadline)
         except kvtier.Error as e:
             logger.warning("kvtier: state load of %s failed: %s", spec.req_id, e)
             return False
