@@ -237,7 +237,7 @@ namespace {
 // file and the GPU go with its last fds), the pidfd's readiness is.
 int PeerPidfd(int connection) {
   Result<PeerCredentials> peer = ReadPeerCredentials(connection);
-  if (!peer.ok() || peer->pid <= 0) return -1;
+  if (!peer.ok() || peer->pid <= 0 || peer->pid == ::getpid()) return -1;  // never this process itself
   return static_cast<int>(::syscall(SYS_pidfd_open, peer->pid, 0));
 }
 
