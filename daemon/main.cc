@@ -72,15 +72,10 @@ std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonC
   if (command_line.log_format_override) config.log_format = *command_line.log_format_override;
   const bool auto_host = config.host_capacity_bytes == 0;
   std::vector<std::string> lines = ResolveAutoSizes(config, command_line.machine);
-  // An auto size picks the kept arena's when that fits what auto allows, so
-  // that a restart adopts it rather than start empty over a small drift in
-  // the memory available.
-  const auto kept = static_cast<int64_t>(command_line.kept_arena_bytes);
-  if (auto_host && kept > 0 && kept <= config.host_capacity_bytes && kept != config.host_capacity_bytes) {
-    lines.push_back("host.capacity_bytes = 0 (auto): " + std::to_string(kept) +
-                    " bytes, the size of the kept host arena (auto would allow " +
-                    std::to_string(config.host_capacity_bytes) + ")");
-    config.host_capacity_bytes = kept;
+  if (auto_host) {
+    std::string kept =
+        KeepKeptArenaSize(command_line.kept_arena_bytes, command_line.machine, &config.host_capacity_bytes);
+    if (!kept.empty()) lines.push_back(std::move(kept));
   }
   return lines;
 }
@@ -130,9 +125,13 @@ int ResolveConfig(CommandLine& command_line, const std::optional<CgroupMemory>& 
       return 1;
     }
     command_line.machine = cgroup ? UnderLimit(*machine, *cgroup) : *machine;
-    // A kept arena is memory this daemon takes back: available to the sizing.
-    command_line.kept_arena_bytes = HostKeeper::KeptArenaBytes(passed);
-    command_line.machine.available_bytes += command_line.kept_arena_bytes;
+    // The kept arenas this configuration claims (tenants' too) are memory
+    // this daemon takes back: available to the sizing.
+    std::vector<std::string> tenants;
+    for (const TenantConfig& t : config.tenants) tenants.push_back(t.name);
+    if (tenants.empty()) tenants.push_back("");
+    command_line.kept_arena_bytes = HostKeeper::KeptArenaBytes(passed, {""});
+    command_line.machine.available_bytes += HostKeeper::KeptArenaBytes(passed, tenants);
   }
   *chosen = ApplyOverrides(command_line, config);
   Status shares = ResolveShares(config);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 namespace kvtier {
 namespace {
@@ -42,6 +43,17 @@ uint64_t AutoHostCapacity(const MachineMemory& memory) {
   uint64_t bytes = std::min(memory.total_bytes / 4, memory.available_bytes / 2);
   bytes = std::clamp(bytes, 64 * kMiB, 64 * kGiB);
   return bytes / (2 * kMiB) * (2 * kMiB);
+}
+
+std::string KeepKeptArenaSize(uint64_t kept_bytes, const MachineMemory& memory, int64_t* capacity_bytes) {
+  const uint64_t cap = AutoHostCapacity(MachineMemory{memory.total_bytes, memory.total_bytes});
+  const auto kept = static_cast<int64_t>(kept_bytes);
+  if (kept_bytes == 0 || kept_bytes > cap || kept == *capacity_bytes) return "";
+  std::string line = "host.capacity_bytes = 0 (auto): " + std::to_string(kept_bytes) +
+                     " bytes, the size of the kept host arena (auto would choose " + std::to_string(*capacity_bytes) +
+                     " now; a kept arena may take up to " + std::to_string(cap) + ")";
+  *capacity_bytes = kept;
+  return line;
 }
 
 uint64_t AutoClientMemory(const MachineMemory& memory) {

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include "common/logging.h"
@@ -21,11 +22,13 @@ HostKeeper::~HostKeeper() {
   }
 }
 
-uint64_t HostKeeper::KeptArenaBytes(const std::vector<PassedFd>& passed) {
+uint64_t HostKeeper::KeptArenaBytes(const std::vector<PassedFd>& passed, const std::vector<std::string>& tenants) {
   uint64_t bytes = 0;
   for (const PassedFd& p : passed) {
+    const bool claimed = std::any_of(tenants.begin(), tenants.end(),
+                                     [&p](const std::string& tenant) { return p.name == ArenaName(tenant); });
     struct stat st {};
-    if (p.name == ArenaName("") && ::fstat(p.fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+    if (claimed && ::fstat(p.fd, &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
   }
   return bytes;
 }

@@ -58,9 +58,11 @@ class HostKeeper {
   // store. Call once every tier opened.
   void DropUnclaimed();
 
-  // The bytes of the kept arena without tenants among `passed` (memory a
-  // start takes back, and the size host.capacity_bytes = 0 keeps).
-  static uint64_t KeptArenaBytes(const std::vector<PassedFd>& passed);
+  // The bytes of the kept arenas among `passed` of `tenants` ("": the
+  // arena without tenants): memory a start that claims them takes back.
+  // An arena no tenant of the configuration claims is not counted: it is
+  // freed only once every new arena was allocated (DropUnclaimed).
+  static uint64_t KeptArenaBytes(const std::vector<PassedFd>& passed, const std::vector<std::string>& tenants);
 
   static std::string ArenaName(const std::string& tenant);
   static std::string JournalName(const std::string& tenant);

@@ -7,6 +7,7 @@
 // are kept apart, and a tenant gone from the configuration has its pair
 // dropped while the others' blocks survive.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -241,6 +242,28 @@ TEST_F(HostRestartTest, AKeeperReplacesAStalePairAndLeavesAnAdoptedOne) {
   const std::vector<ino_t> second = inodes();
   EXPECT_NE(second[0], first[0]);  // a new pair
   EXPECT_NE(second[1], first[1]);
+}
+
+// Auto sizing counts the kept arenas the configuration claims as memory
+// the start takes back, by name.
+TEST(HostKeeperSizes, TheKeptArenasOfTheNamedTenantsAreCounted) {
+  std::vector<PassedFd> passed;
+  auto add = [&passed](const std::string& name, off_t bytes) {
+    const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, bytes), 0);
+    passed.push_back({fd, name});
+  };
+  add("host-arena", 3 << 20);
+  add("host-journal", 1 << 20);
+  add("host-arena.alpha", 5 << 20);
+  add("host-journal.alpha", 1 << 20);
+  add("host-arenas", 7 << 20);  // not an arena's name
+  EXPECT_EQ(HostKeeper::KeptArenaBytes(passed, {""}), uint64_t{3} << 20);
+  EXPECT_EQ(HostKeeper::KeptArenaBytes(passed, {"alpha"}), uint64_t{5} << 20);
+  EXPECT_EQ(HostKeeper::KeptArenaBytes(passed, {"alpha", "beta"}), uint64_t{5} << 20) << "beta kept nothing";
+  EXPECT_EQ(HostKeeper::KeptArenaBytes(passed, {"", "alpha"}), uint64_t{8} << 20);
+  for (const PassedFd& p : passed) ::close(p.fd);
 }
 
 TEST_F(HostRestartTest, TenantsArenasAreKeptApartAndAGoneTenantsPairIsDropped) {

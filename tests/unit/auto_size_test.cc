@@ -21,6 +21,23 @@ TEST(AutoSizeTest, AQuarterOfMemoryAtMostHalfOfWhatIsAvailableWithinBounds) {
   EXPECT_EQ(AutoHostCapacity({10 * kGiB + 3 * kMiB, 10 * kGiB}) % (2 * kMiB), 0u);
 }
 
+// A kept arena's memory is held already: an auto size keeps its size up to
+// a quarter of the memory, however little is available now, and not past.
+TEST(AutoSizeTest, AnAutoSizeKeepsTheKeptArenaUpToAQuarterOfTheMemory) {
+  const MachineMemory tight{16 * kGiB, 6 * kGiB};  // a predecessor still holds some
+  int64_t capacity = static_cast<int64_t>(AutoHostCapacity(tight));
+  ASSERT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
+  std::string line = KeepKeptArenaSize(4 * kGiB, tight, &capacity);
+  EXPECT_EQ(capacity, static_cast<int64_t>(4 * kGiB)) << "adopted, though half of what is available is less";
+  EXPECT_NE(line.find("kept host arena"), std::string::npos) << line;
+  capacity = static_cast<int64_t>(AutoHostCapacity(tight));
+  EXPECT_TRUE(KeepKeptArenaSize(5 * kGiB, tight, &capacity).empty()) << "past a quarter of 16 GiB";
+  EXPECT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
+  EXPECT_TRUE(KeepKeptArenaSize(0, tight, &capacity).empty()) << "nothing kept";
+  EXPECT_TRUE(KeepKeptArenaSize(3 * kGiB, tight, &capacity).empty()) << "the same size: nothing to say";
+  EXPECT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
+}
+
 TEST(AutoSizeTest, ClientMemoryIsASixteenthOfTheMemoryWithinItsBounds) {
   EXPECT_EQ(AutoClientMemory(MachineMemory{32ull << 30, 16ull << 30}), 2048 * kMiB);
   EXPECT_EQ(AutoClientMemory(MachineMemory{256 * kMiB, 200 * kMiB}), 32 * kMiB) << "the floor";
