@@ -1,8 +1,12 @@
 // The C ABI's layer-wise saves and loads (kvtier_c.h): one layer at a time
 // into reserved arena space, or out of the arena (or into GPU memory) as
 // each layer is in place; and preload plans.
+#include <chrono>
+#include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "client_lib/c_api_support.h"
 
@@ -151,6 +155,47 @@ int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_ke
     options.device_ordinal = device_ordinal;
     options.cuda_stream = cuda_stream;
     return kvtier::c_abi::BeginLoad(client, ns, keys, n, std::move(options), out, layers, layer_bytes, statuses);
+  });
+}
+
+int kvtier_begin_load_with(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                           const kvtier_load_options* options, kvtier_layer_load** out, uint32_t* layers,
+                           size_t* layer_bytes, int* statuses) {
+  return Guard([&] {
+    if (out == nullptr) return Missing("out");
+    *out = nullptr;
+    if (client == nullptr) return Missing("client");
+    if (options == nullptr) return Missing("options");
+    if (n > 0 && keys == nullptr) return Missing("keys");
+    // Every field up to deadline_us is in the first version.
+    constexpr size_t kFirstVersion = offsetof(kvtier_load_options, deadline_us) + sizeof(uint64_t);
+    if (options->size < kFirstVersion) {
+      return Report(kvtier::InvalidArgument("kvtier_load_options.size is " + std::to_string(options->size) +
+                                            ": initialise the options with kvtier_load_options_init"));
+    }
+    if (options->dst != nullptr && options->device_dst != nullptr) {
+      return Report(kvtier::InvalidArgument("kvtier_load_options: dst or device_dst, not both"));
+    }
+    if (options->deadline_us > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Report(kvtier::InvalidArgument("kvtier_load_options.deadline_us is out of range"));
+    }
+    kvtier::LoadOptions load;
+    load.compute_us_per_layer = options->compute_us_per_layer;
+    load.wait_for_depth = options->wait_for_depth != 0;
+    load.recompute_us_per_layer = options->recompute_us_per_layer;
+    load.deadline = std::chrono::microseconds(static_cast<int64_t>(options->deadline_us));
+    if (options->dst != nullptr) {
+      for (size_t i = 0; i < n; ++i) {
+        if (options->dst[i] == nullptr) return Missing("dst entry");
+        load.dst.emplace_back(static_cast<std::byte*>(options->dst[i]), options->dst_capacity);
+      }
+    }
+    if (options->device_dst != nullptr) {
+      load.device_dst.assign(options->device_dst, options->device_dst + n);
+      load.device_ordinal = options->device_ordinal;
+      load.cuda_stream = options->cuda_stream;
+    }
+    return kvtier::c_abi::BeginLoad(client, ns, keys, n, std::move(load), out, layers, layer_bytes, statuses);
   });
 }
 

@@ -81,6 +81,8 @@ Result<LayerLoad> Client::BeginLoad(NamespaceId ns, std::span<const BlockKey> ke
   if (device_pool != nullptr) request.mutable_begin_load()->set_device_pool(true);
   const bool verify = conn->verify_checksums();
   if (verify) request.mutable_begin_load()->set_verify(true);
+  // The daemon fails at once what its estimate says cannot arrive by then.
+  if (deadline.count() > 0) request.mutable_begin_load()->set_deadline_us(static_cast<uint64_t>(deadline.count()));
   auto r = conn->CallSync(std::move(request));
   if (!r.ok()) return r.status();
   const v1::BeginLoadResponse& body = r->begin_load();

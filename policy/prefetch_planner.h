@@ -41,6 +41,8 @@ class BandwidthEstimate {
   // One completed read of `bytes` that took `duration_us` (0 is ignored).
   void Observe(uint64_t bytes, uint64_t duration_us);
   double bytes_per_s() const { return bytes_per_s_; }
+  // Reads observed in all (the window holds the last kWindow of them).
+  size_t observed() const { return observed_; }
   // The p-th percentile (nearest rank, p in [0, 100]) of the last kWindow
   // reads' rates; bytes_per_s() before any read.
   double Percentile(double p) const;

@@ -276,8 +276,8 @@ size_t Engine::Erase(const NamespaceFingerprint& ns, std::span<const BlockKey> k
 void Engine::StartAdoption() { adopter_->Start(); }
 
 Result<Engine::LoadStart> Engine::BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns,
-                                            std::span<const BlockKey> keys, bool in_place, bool verify) {
-  return loader_->Begin(connection, ns, keys, in_place, verify);
+                                            std::span<const BlockKey> keys, LoadFlags flags) {
+  return loader_->Begin(connection, ns, keys, flags);
 }
 
 Status Engine::EndLoad(ConnectionId connection, uint64_t load) { return loader_->End(connection, load); }

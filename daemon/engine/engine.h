@@ -238,7 +238,7 @@ class Engine {
   static constexpr size_t kMaxLoadsPerConnection = Loader::kMaxLoadsPerConnection;
   static constexpr size_t kMaxLoadBlocks = Loader::kMaxLoadBlocks;
   Result<LoadStart> BeginLoad(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                              bool in_place = false, bool verify = false);
+                              LoadFlags flags = {});
   Status EndLoad(ConnectionId connection, uint64_t load);
 
   // Blocks until no promotion or demotion is in flight (shutdown), a retry

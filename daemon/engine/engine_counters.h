@@ -42,7 +42,7 @@ struct EngineCounters {
   std::atomic<int64_t> chain_links{0};            // keys reserved with their chain links (lineage)
   std::atomic<int64_t> commit_checksums_sent{0};  // committed blocks whose checksum the client sent
   std::atomic<int64_t> loads{0}, load_blocks{0}, load_streamed_blocks{0}, load_layer_reads{0};
-  std::atomic<int64_t> load_failed_blocks{0}, load_busy_retries{0};
+  std::atomic<int64_t> load_failed_blocks{0}, load_late_blocks{0}, load_busy_retries{0};
   // Holds released at their expiry, ended (Unhold, drop, erase), and
   // pending ones that never landed (read failed, namespace dropped).
   std::atomic<int64_t> holds_expired{0}, holds_ended{0}, hold_failures{0};

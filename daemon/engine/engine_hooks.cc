@@ -133,6 +133,9 @@ Loader::Hooks Engine::LoaderHooks() {
   hooks.pinned = [this] {
     if (prefetcher_->TakeUse()) SchedulePrefetch();
   };
+  hooks.late = [this](const NamespaceFingerprint& ns, std::span<const BlockKey> keys, double budget_us) {
+    return estimator_.Late(ns, keys, budget_us, clock_.NowUs());
+  };
   if (above_ != nullptr) {
     AboveMover* above = above_.get();
     hooks.hold_above = [above](const NamespaceFingerprint& ns, const BlockKey& key, uint32_t layer_count,

@@ -169,6 +169,19 @@ struct EngineNamespaceUse {
   std::vector<EngineTierUse> tiers;  // one per tier of the stack, top first
 };
 
+// How a layer-wise load is asked for (Engine::BeginLoad, Loader::Begin).
+struct LoadFlags {
+  // Blocks held in the tier above are handed out in place (loader.h).
+  bool in_place = false;
+  // The client verifies every layer: the board gets the layer checksums.
+  bool verify = false;
+  // > 0: microseconds from now until the load's deadline. A block below
+  // the host tier that the ready estimate (ReadyEstimator::Late) says
+  // cannot be in host memory by then fails at once with TimedOut and is
+  // not read. 0: none.
+  uint64_t deadline_us = 0;
+};
+
 // A layer-wise load as begun (Engine::BeginLoad).
 struct EngineLoadStart {
   uint64_t load = 0;  // for EndLoad

@@ -52,7 +52,7 @@ Result<HostTier::Extent> Loader::Open(const std::shared_ptr<LoadRecord>& load, s
 }
 
 Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const NamespaceFingerprint& ns,
-                                        std::span<const BlockKey> keys, bool in_place, bool verify) {
+                                        std::span<const BlockKey> keys, LoadFlags flags) {
   if (keys.empty()) return InvalidArgument("a load needs at least one key");
   if (keys.size() > kMaxLoadBlocks) {
     return InvalidArgument("a load of " + std::to_string(keys.size()) + " blocks; at most " +
@@ -67,8 +67,9 @@ Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const Namespace
   load->connection = connection;
   load->layers = layout.layer_count;
   load->layer_bytes = layout.block_bytes / layout.layer_count;
-  load->in_place = in_place && hooks_.hold_above != nullptr;
-  load->verify = verify;
+  load->in_place = flags.in_place && hooks_.hold_above != nullptr;
+  load->verify = flags.verify;
+  const bool verify = flags.verify;
   if (load->in_place) {
     load->ns = ns;
     load->keys.assign(keys.begin(), keys.end());
@@ -97,6 +98,23 @@ Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const Namespace
     // Not above, or not of the layout: load it.
     pinned.push_back(i);
     pinned_keys.push_back(keys[i]);
+  }
+  // Those that cannot arrive by the deadline are not read at all.
+  std::vector<size_t> late;
+  if (flags.deadline_us > 0 && hooks_.late && !pinned.empty()) {
+    const std::vector<bool> is_late = hooks_.late(ns, pinned_keys, static_cast<double>(flags.deadline_us));
+    size_t kept = 0;
+    for (size_t j = 0; j < pinned.size(); ++j) {
+      if (j < is_late.size() && is_late[j]) {
+        late.push_back(pinned[j]);
+        continue;
+      }
+      pinned[kept] = pinned[j];
+      pinned_keys[kept] = pinned_keys[j];
+      ++kept;
+    }
+    pinned.resize(kept);
+    pinned_keys.resize(kept);
   }
   {
     MutexLock lock(load->mu);
@@ -134,6 +152,16 @@ Result<Loader::LoadStart> Loader::Begin(ConnectionId connection, const Namespace
       if (verify && grant.status.ok()) out.layer_checksums[i] = {true, grant.checksum, grant.layer_checksums};
     }
     Resolved(load, i, grant, /*at_once=*/true);
+  }
+  if (!late.empty()) {
+    PinGrant failed;
+    failed.status = TimedOut("cannot be read into host memory by the load's deadline (" +
+                             std::to_string(flags.deadline_us) + " us), by kvtierd's estimate; recompute it");
+    for (size_t i : late) {
+      out.blocks[i] = failed.status;
+      Resolved(load, i, failed, /*at_once=*/true);
+    }
+    Bump(counters_.load_late_blocks, static_cast<int64_t>(late.size()));
   }
   std::vector<PinClaim> streamed;
   for (const PinClaim& c : claims.promote) {

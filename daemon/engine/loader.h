@@ -31,7 +31,12 @@
 //   them; one that lands without fails with Unimplemented), and
 //   LoadStart::layer_checksums has those of the blocks settled at once.
 //
-// Counters engine.loads, engine.load_blocks, engine.load_failed_blocks;
+// - A deadline (`deadline_us`, Hooks::late set): the blocks found below
+//   that the ready estimate says cannot be in host memory by then fail at
+//   once with TimedOut and are not read, so the engine recomputes them
+//   without waiting (engine.load_late_blocks, among the failed ones).
+//
+// Counters engine.loads, engine.load_blocks, engine.load_failed_blocks, engine.load_late_blocks;
 // OpenCount is the engine.loads_open gauge.
 //
 // Thread-safe, no thread of its own: Begin and End run on request
@@ -48,6 +53,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "daemon/engine/engine_counters.h"
 #include "daemon/engine/engine_levels.h"
@@ -98,6 +104,11 @@ class Loader {
         hold_above;
     std::function<void(const BlockKey& key, uint64_t offset)> release_above;
     std::function<void(const NamespaceFingerprint& ns, const BlockKey& key)> offer_above;
+    // Per key of `keys` of `ns`: whether it cannot be in host memory
+    // within `budget_us` from now (ReadyEstimator::Late). May be empty
+    // (then no block is late).
+    std::function<std::vector<bool>(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, double budget_us)>
+        late;
   };
   using LoadStart = EngineLoadStart;
   static constexpr size_t kMaxLoadsPerConnection = 64;
@@ -113,9 +124,10 @@ class Loader {
   // InvalidArgument (no keys, more than kMaxLoadBlocks, a namespace
   // without a layout), Busy (the connection holds kMaxLoadsPerConnection
   // loads), NoSpace (no room for the board). Otherwise per key Ok (loaded,
-  // in place or loading: see the board) or why it will not load.
+  // in place or loading: see the board) or why it will not load (TimedOut:
+  // it cannot arrive by flags.deadline_us).
   Result<LoadStart> Begin(ConnectionId connection, const NamespaceFingerprint& ns, std::span<const BlockKey> keys,
-                          bool in_place, bool verify);
+                          LoadFlags flags);
   // Ends a load: its pins and holds above go at once, its board once no
   // read of it is in flight (the client must not read the board
   // afterwards); a pin that lands later is released as it lands. NotFound

@@ -39,6 +39,8 @@ class ReadMeter {
     uint64_t bytes = 0;
   };
   InFlight in_flight() const EXCLUDES(mu_);
+  // When the latest sample was taken (0: none yet).
+  uint64_t last_sample_us() const EXCLUDES(mu_);
 
  private:
   mutable Mutex mu_;
@@ -47,6 +49,7 @@ class ReadMeter {
   uint64_t bytes_in_flight_ GUARDED_BY(mu_) = 0;  // as the reads in flight were started with
   uint64_t busy_since_us_ GUARDED_BY(mu_) = 0;    // the busy period's start (or last sample)
   uint64_t busy_bytes_ GUARDED_BY(mu_) = 0;       // read since then
+  uint64_t last_sample_us_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "daemon/engine/loader.h"
 #include "daemon/engine/preload_rates.h"
@@ -58,6 +59,35 @@ ReadyEstimate ModelReady(std::span<const Locator::Placed> prefix, std::span<cons
   return out;
 }
 
+std::vector<bool> ModelLate(std::span<const std::optional<Locator::Placed>> blocks,
+                            std::span<const ReadyLevelNow> levels, double budget_us) {
+  std::vector<bool> late(blocks.size(), false);
+  std::vector<uint64_t> to_read(levels.size(), 0);  // per level: bytes of the blocks it will read, so far
+  bool past_late = false;                           // a block before was late: the prefix ends there
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::optional<Locator::Placed>& block = blocks[i];
+    if (!block || !block->below || *block->below >= levels.size()) continue;
+    if (past_late) {
+      late[i] = true;
+      continue;
+    }
+    const size_t level = *block->below;
+    const double rate = levels[level].read_bytes_per_s;
+    if (!(rate > 0) || !levels[level].judged) continue;
+    // A promotion's read is among the queued ones, ahead of this load's.
+    const uint64_t ahead = block->promoting ? 0 : to_read[level] + block->bytes;
+    const double arrives_us =
+        PreloadRates::kBelowLayerOverheadUs + TransferUs(levels[level].queued.bytes + ahead, rate);
+    if (arrives_us > budget_us) {
+      late[i] = true;
+      past_late = true;
+    } else if (!block->promoting) {
+      to_read[level] += block->bytes;
+    }
+  }
+  return late;
+}
+
 ReadyEstimator::ReadyEstimator(const Locator& locator, const std::vector<std::unique_ptr<TierLevel>>& below,
                                std::function<double()> host_copy_bytes_per_s)
     : locator_(locator), below_(below), host_copy_bytes_per_s_(std::move(host_copy_bytes_per_s)) {}
@@ -75,14 +105,35 @@ Result<ReadyEstimate> ReadyEstimator::Estimate(const NamespaceFingerprint& ns, s
     off_gpu = off_gpu || placed->tier != Tier::kHbm;
     prefix.push_back(*placed);
   }
+  return ModelReady(prefix, LevelsNow(PreloadRates::kReadPercentile, 0), off_gpu ? host_copy_bytes_per_s_() : 0);
+}
+
+std::vector<bool> ReadyEstimator::Late(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, double budget_us,
+                                       uint64_t now_us) const {
+  if (keys.size() > kMaxKeys) return std::vector<bool>(keys.size(), false);
+  std::vector<std::optional<Locator::Placed>> placed;
+  placed.reserve(keys.size());
+  bool below = false;
+  for (const BlockKey& key : keys) {
+    placed.push_back(locator_.Where(ns, key));
+    below = below || (placed.back() && placed.back()->below);
+  }
+  if (!below) return std::vector<bool>(keys.size(), false);  // every block in place already, or nowhere
+  return ModelLate(placed, LevelsNow(kLatePercentile, now_us), budget_us);
+}
+
+std::vector<ReadyLevelNow> ReadyEstimator::LevelsNow(double percentile, uint64_t now_us) const {
   std::vector<ReadyLevelNow> levels;
   levels.reserve(below_.size());
   for (const auto& level : below_) {
-    levels.push_back(ReadyLevelNow{level->reported,
-                                   level->read_meter.estimate().Percentile(PreloadRates::kReadPercentile),
-                                   level->read_meter.in_flight()});
+    const BandwidthEstimate estimate = level->read_meter.estimate();
+    const uint64_t sampled_us = level->read_meter.last_sample_us();
+    const bool judged = now_us == 0 || (estimate.observed() >= kLateMinSamples && sampled_us != 0 &&
+                                        now_us <= sampled_us + kLateFreshUs);
+    levels.push_back(
+        ReadyLevelNow{level->reported, estimate.Percentile(percentile), level->read_meter.in_flight(), judged});
   }
-  return ModelReady(prefix, levels, off_gpu ? host_copy_bytes_per_s_() : 0);
+  return levels;
 }
 
 }  // namespace kvtier

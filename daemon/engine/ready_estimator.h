@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct ReadyLevelNow {
   Tier tier = Tier::kNone;
   double read_bytes_per_s = 0;
   ReadMeter::InFlight queued;
+  // Whether the rate is fit to call a block late (ModelLate): measured
+  // on enough reads, recently enough (ReadyEstimator::Late says).
+  bool judged = true;
 };
 
 // The model above, pure: `prefix` as placed (Locator::Where; `below`
@@ -61,11 +65,29 @@ struct ReadyLevelNow {
 ReadyEstimate ModelReady(std::span<const Locator::Placed> prefix, std::span<const ReadyLevelNow> levels,
                          double host_copy_bytes_per_s);
 
+// Which blocks of a load cannot be in host memory within `budget_us`
+// (its deadline), pure: `blocks` as placed (nullopt: cached nowhere; in
+// the host tier or above: never late). Per tier below, in key order, as
+// the model above: a block to read arrives at overhead + (queued bytes +
+// the bytes of the blocks of that tier before it that will be read, its
+// own included) / rate; a block being promoted arrives when the tier's
+// queue is done (its read is among the queued ones, ahead of this load's).
+// A late block is not read, and neither is any block below the host after
+// it (a load's usable prefix ends at its first failed block: reading them
+// would serve nothing). A level whose rate is not positive or not
+// `judged` calls nothing late (nothing to go on).
+std::vector<bool> ModelLate(std::span<const std::optional<Locator::Placed>> blocks,
+                            std::span<const ReadyLevelNow> levels, double budget_us);
+
 class ReadyEstimator {
  public:
   // Keys one estimate may name: as many as one layer-wise load
   // (Loader::kMaxLoadBlocks), which a router's estimate precedes.
   static constexpr size_t kMaxKeys = size_t{1} << 16;
+  // How Late judges a tier's rate (see Late).
+  static constexpr double kLatePercentile = 50;
+  static constexpr size_t kLateMinSamples = 16;
+  static constexpr uint64_t kLateFreshUs = 10'000'000;
 
   // `locator` and `below` (the levels below the host, highest first, as
   // the locator indexes them) are borrowed and outlive this.
@@ -80,8 +102,24 @@ class ReadyEstimator {
   // `ns`, now. No keys, or a namespace no tier holds a block of: an empty
   // prefix, ready at once. InvalidArgument past kMaxKeys keys.
   Result<ReadyEstimate> Estimate(const NamespaceFingerprint& ns, std::span<const BlockKey> keys) const;
+  // Per key of `keys` of `ns` (at most kMaxKeys; more: none late): whether
+  // it cannot be in host memory within `budget_us` from `now_us` (ModelLate,
+  // each key placed as Estimate places it, a key no tier holds not
+  // ending anything). A layer-wise load fails these at once. A tier's
+  // rate is the kLatePercentile-th of its recent busy-time rates, and is
+  // judged only with kLateMinSamples reads measured and the latest within
+  // kLateFreshUs: a few samples (a restart, one stall) or an old estimate
+  // (a tier nothing read since it was slow, perhaps because its blocks
+  // were called late) call nothing late, so the loads read and measure it.
+  std::vector<bool> Late(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, double budget_us,
+                         uint64_t now_us) const;
 
  private:
+  // Each level below the host now, its rate the `percentile`-th of its
+  // recent busy-time rates.
+  // `judged` as Late says, at `now_us` (0: every level judged).
+  std::vector<ReadyLevelNow> LevelsNow(double percentile, uint64_t now_us) const;
+
   const Locator& locator_;
   const std::vector<std::unique_ptr<TierLevel>>& below_;
   const std::function<double()> host_copy_bytes_per_s_;

@@ -143,6 +143,7 @@ void StackReport::VisitEngineCounters(CounterVisitor& v) const {
   v.Visit("engine.load_streamed_blocks", Load(c.load_streamed_blocks));
   v.Visit("engine.load_layer_reads", Load(c.load_layer_reads));
   v.Visit("engine.load_failed_blocks", Load(c.load_failed_blocks));
+  v.Visit("engine.load_late_blocks", Load(c.load_late_blocks));
   v.Visit("engine.load_busy_retries", Load(c.load_busy_retries));
   // Operator holds in force (expired ones not yet released excluded) and
   // their bytes; holds released at expiry, ended otherwise, never landed.

@@ -75,7 +75,11 @@ void RequestHandler::HandleBeginLoad(const v1::BeginLoadRequest& r, v1::Response
     return SetStatus(response, InvalidArgument("compute_us_per_layer must be a time >= 0"));
   }
   if (Status room = usage_.TakeLoadRoom(keys->size()); !room.ok()) return SetStatus(response, room);
-  auto started = context_.engine->BeginLoad(connection_, *ns, *keys, r.device_pool(), r.verify());
+  LoadFlags flags;
+  flags.in_place = r.device_pool();
+  flags.verify = r.verify();
+  flags.deadline_us = r.deadline_us();
+  auto started = context_.engine->BeginLoad(connection_, *ns, *keys, flags);
   if (!started.ok()) {
     usage_.LoadRefused(keys->size());
     return SetStatus(response, started.status());

@@ -432,12 +432,17 @@ struct LoadOptions {
   // Recomputing the whole prefix, per layer, in microseconds (as
   // PlanPreload's); 0: unknown. Sets the default deadline.
   double recompute_us_per_layer = 0;
-  // How long after BeginLoad the load may take: once it passes, a WaitLayer
-  // that would wait fails every block not yet whole with TimedOut (the
-  // engine recomputes those; the others are served as usual) and returns,
-  // and no later WaitLayer waits. 0: layer_count() x recompute_us_per_layer
-  // when that is > 0 (past it, recomputing would have been faster), else
-  // none (each wait is bounded by call_timeout only).
+  // How long after BeginLoad the load may take. kvtierd fails at once
+  // (TimedOut in BeginLoad's answer, never read) each block below the host
+  // tier that its estimate says cannot be in host memory by then: its
+  // tier's median recent read rate, behind the reads queued there and the
+  // load's earlier blocks from that tier. Once the deadline passes, a
+  // WaitLayer that would wait fails every block not yet whole with TimedOut
+  // (the engine recomputes those; the others are served as usual) and
+  // returns, and no later WaitLayer waits. 0: layer_count() x
+  // recompute_us_per_layer when that is > 0 (past it, recomputing would
+  // have been faster), else none (each wait is bounded by call_timeout
+  // only).
   std::chrono::microseconds deadline{0};
 };
 

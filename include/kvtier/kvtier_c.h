@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,6 +126,31 @@ typedef struct {
                            and the block is reported so later reads miss.
                            Costs a hash of the bytes read. Default 0. */
 } kvtier_client_options;
+
+/* Options of kvtier_begin_load_with (kvtier::LoadOptions). Initialise it
+ * with kvtier_load_options_init, which sets `size` and every default, then
+ * change fields; as with kvtier_client_options, the library reads only the
+ * first `size` bytes. */
+typedef struct {
+  size_t size;      /* sizeof(kvtier_load_options) as the caller compiled it */
+  void* const* dst; /* NULL: zero-copy (kvtier_load_layer_span); else n host
+                       buffers of dst_capacity bytes (a whole block or more) */
+  size_t dst_capacity;
+  void* const* device_dst; /* or n device pointers on device_ordinal (not with dst);
+                              see kvtier_begin_load_device */
+  int device_ordinal;
+  void* cuda_stream;             /* a cudaStream_t; NULL: the legacy default stream */
+  double compute_us_per_layer;   /* > 0: plan the buffer depth (kvtier_load_plan) */
+  int wait_for_depth;            /* != 0: return once the planned depth is in */
+  double recompute_us_per_layer; /* recomputing the prefix, per layer (0: unknown) */
+  uint64_t deadline_us;          /* how long the load may take, from the call; 0:
+                                    layers x recompute_us_per_layer when that is
+                                    > 0, else none. A block the daemon estimates
+                                    cannot be in host memory by then fails at once
+                                    (KVTIER_TIMED_OUT in statuses, not read); past
+                                    it, kvtier_wait_layer fails the blocks not yet
+                                    whole with KVTIER_TIMED_OUT and returns. */
+} kvtier_load_options;
 
 /* A preload plan (kvtier::PreloadPlan, kvtier/preload.h). */
 typedef struct {
@@ -429,8 +455,25 @@ int kvtier_begin_load_device(kvtier_client* client, uint32_t ns, const kvtier_ke
                              void* const* device_dst, int device_ordinal, void* cuda_stream,
                              double compute_us_per_layer, int wait_for_depth, kvtier_layer_load** out, uint32_t* layers,
                              size_t* layer_bytes, int* statuses);
+// Sets `size` and the defaults of kvtier::LoadOptions (no buffers, no plan,
+// no deadline: every field 0). NULL is a no-op. Inline, so that `size` is
+// the struct the caller compiled, whatever the library's version.
+static inline void kvtier_load_options_init(kvtier_load_options* options) {
+  if (options == NULL) return;
+  memset(options, 0, sizeof *options);
+  options->size = sizeof *options;
+}
+// kvtier_begin_load with every option (kvtier_load_options), the deadline
+// among them. KVTIER_INVALID_ARGUMENT for options not initialised by
+// kvtier_load_options_init (`size` too small), both dst and device_dst, or
+// a negative or non-finite time.
+int kvtier_begin_load_with(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
+                           const kvtier_load_options* options, kvtier_layer_load** out, uint32_t* layers,
+                           size_t* layer_bytes, int* statuses);
 // Waits until layer `layer` is in place in every block that has not failed
-// (copied into the buffers in copy mode). A layer already in place costs a
+// (copied into the buffers in copy mode), or until the load's deadline
+// (then the blocks not yet whole fail with KVTIER_TIMED_OUT and it
+// returns KVTIER_OK). A layer already in place costs a
 // memory read. KVTIER_TIMED_OUT (the load goes on: wait again),
 // KVTIER_UNAVAILABLE (the daemon is gone), KVTIER_INVALID_ARGUMENT.
 int kvtier_wait_layer(kvtier_layer_load* load, uint32_t layer);

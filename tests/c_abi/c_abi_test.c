@@ -759,6 +759,7 @@ static void TestLayerLoad(kvtier_client* c, const kvtier_namespace* ns) {
   uint32_t layers = 0, l;
   size_t layer_bytes = 0, i;
   kvtier_preload_plan plan;
+  kvtier_load_options options;
   const void* span = NULL;
 
   SeededKeys(ns, 61, keys, 4);
@@ -805,6 +806,36 @@ static void TestLayerLoad(kvtier_client* c, const kvtier_namespace* ns) {
              KVTIER_INVALID_ARGUMENT);
   CHECK(load == NULL);
   CHECK_CODE(kvtier_begin_load(c, 0, keys, 3, NULL, 0, 0, 0, NULL, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  /* Every option (kvtier_begin_load_with): into buffers, with a deadline
+   * the host blocks meet. */
+  kvtier_load_options_init(&options);
+  CHECK(options.size == sizeof options && options.dst == NULL && options.device_dst == NULL);
+  CHECK(options.deadline_us == 0 && options.recompute_us_per_layer == 0 && options.wait_for_depth == 0);
+  memset(copies, 0, sizeof copies);
+  for (i = 0; i < 4; ++i) dst[i] = copies[i];
+  options.dst = dst;
+  options.dst_capacity = kBlockBytes;
+  options.deadline_us = 30000000;
+  CHECK_CODE(kvtier_begin_load_with(c, 0, keys, 4, &options, &load, &layers, NULL, statuses), KVTIER_OK);
+  if (load == NULL) return;
+  CHECK(statuses[0] == KVTIER_OK && statuses[1] == KVTIER_OK && statuses[2] == KVTIER_OK &&
+        statuses[3] == KVTIER_NOT_FOUND);
+  CHECK_CODE(kvtier_wait_layer(load, layers - 1), KVTIER_OK);
+  for (i = 0; i < 3; ++i) CHECK(BlockMatches(copies[i], kBlockBytes, keys[i], 60 + i));
+  CHECK(kvtier_load_usable_prefix(load) == 3);
+  CHECK_CODE(kvtier_end_load(load), KVTIER_OK);
+  /* Options not from kvtier_load_options_init, two kinds of destination, a
+   * negative time: refused, with nothing begun. */
+  options.size = sizeof(size_t);
+  CHECK_CODE(kvtier_begin_load_with(c, 0, keys, 3, &options, &load, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK(load == NULL && strstr(kvtier_last_error(), "kvtier_load_options_init") != NULL);
+  options.size = sizeof options;
+  options.device_dst = dst;
+  CHECK_CODE(kvtier_begin_load_with(c, 0, keys, 3, &options, &load, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  options.device_dst = NULL;
+  options.recompute_us_per_layer = -1;
+  CHECK_CODE(kvtier_begin_load_with(c, 0, keys, 3, &options, &load, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
+  CHECK_CODE(kvtier_begin_load_with(c, 0, keys, 3, NULL, &load, NULL, NULL, NULL), KVTIER_INVALID_ARGUMENT);
   /* GPU destinations: a null device pointer is refused before any CUDA call. */
   dst[0] = NULL;
   CHECK_CODE(kvtier_begin_load_device(c, 0, keys, 3, dst, 0, NULL, 0, 0, &load, NULL, NULL, NULL),

@@ -47,7 +47,7 @@ class EngineHbmTest : public ::testing::Test {
   void TearDown() override { engine_.reset(); }
 
   Result<Engine::LoadStart> Load(const BlockKey& key) {
-    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
     engine_->WaitForIdle();
     return start;
   }

@@ -215,6 +215,52 @@ TEST(LayerLoadTest, PastItsDeadlineALoadFailsTheBlocksOnAStalledDriveAndServesTh
   EXPECT_EQ(StatsCounter(client, "engine.loads_open"), 0);
 }
 
+// A block the daemon's estimate says cannot be in host memory by the
+// deadline fails in BeginLoad's answer, before any wait, and is not read:
+// here the deadline is shorter than one read's overhead (the model's
+// floor), so no NVMe block can make it whatever the drive's rate, once
+// the estimate has the reads it needs to judge (ReadyEstimator::Late).
+TEST(LayerLoadTest, ABlockThatCannotArriveByTheDeadlineFailsAtOnceAndIsNotRead) {
+  TestDaemon daemon(NvmeOptions());
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  const size_t warm = 16;  // ReadyEstimator::kLateMinSamples reads, one at a time
+  const auto all = PushToNvme(daemon, *client, 2 + warm);
+  std::vector<std::byte> bytes(kBlock);
+  for (size_t i = 2; i < 2 + warm; ++i) {
+    auto got = client->Get(0, all[i], bytes);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+  }
+  const std::vector<BlockKey> keys{all[148], all[149], all[0], all[1]};
+  const int64_t layer_reads = StatsCounter(*client, "engine.load_layer_reads");
+  LoadOptions load_options;
+  load_options.deadline = std::chrono::microseconds(10);
+  auto load = client->BeginLoad(0, keys, load_options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  for (size_t b : {2, 3}) {
+    const Status s = load->status(b);  // no WaitLayer yet: from the answer
+    EXPECT_EQ(s.code(), StatusCode::kTimedOut) << b << ": " << s.ToString();
+    EXPECT_NE(s.message().find("estimate"), std::string::npos) << s.ToString();
+  }
+  EXPECT_TRUE(load->done()) << "nothing is left loading";
+  ASSERT_TRUE(load->WaitAll().ok());
+  EXPECT_EQ(load->usable_prefix(), 2u);
+  for (size_t b : {0, 1}) {
+    for (uint32_t l = 0; l < kLayers; ++l) EXPECT_TRUE(SameBytes(load->LayerSpan(b, l), ExpectedLayer(keys[b], l)));
+  }
+  EXPECT_TRUE(load->End().ok());
+  EXPECT_EQ(StatsCounter(*client, "engine.load_late_blocks"), 2);
+  EXPECT_EQ(StatsCounter(*client, "engine.load_layer_reads"), layer_reads) << "the late blocks were not read";
+  // Still on NVMe, and a load with time to spare reads them.
+  load_options.deadline = std::chrono::seconds(30);
+  auto again = client->BeginLoad(0, keys, load_options);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->WaitAll().ok());
+  EXPECT_EQ(again->usable_prefix(), keys.size());
+  EXPECT_GT(StatsCounter(*client, "engine.load_layer_reads"), layer_reads);
+  EXPECT_EQ(StatsCounter(*client, "engine.load_late_blocks"), 2);
+}
+
 // Without a deadline of its own, a load with recompute_us_per_layer set
 // gives up once recomputing the prefix would have been done: layers x it.
 TEST(LayerLoadTest, TheDefaultDeadlineIsTheRecomputeTime) {

@@ -54,7 +54,7 @@ class EngineAboveTest : public ::testing::Test {
   // A load of `key` into GPU memory (in place), ended at once; the block
   // it found is offered up. Returns the board state of the block.
   BoardBlockState LoadInPlace(const BlockKey& key) {
-    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
     EXPECT_TRUE(start.ok()) << start.status().ToString();
     if (!start.ok()) return BoardBlockState::kFailed;
     engine_->WaitForIdle();
@@ -94,7 +94,7 @@ TEST_F(EngineAboveTest, AHitOfALoadIntoGpuMemoryIsCopiedUpAndNextHeldInPlace) {
   EXPECT_EQ(::kvtier::testing::LookupTier(*engine_, kNs, Key(1)), Tier::kHbm);
 
   const BlockKey key = Key(1);
-  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
   ASSERT_TRUE(start.ok());
   LoadBoardReader board = Board(*start);
   ASSERT_EQ(board.state(0), BoardBlockState::kInDevice);
@@ -187,7 +187,7 @@ TEST_F(EngineAboveTest, EraseReachesTheTierAboveAndAHeldRangeOutlivesIt) {
   Put(Key(1));
   EXPECT_EQ(LoadInPlace(Key(1)), BoardBlockState::kLoaded);
   const BlockKey key = Key(1);
-  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
   ASSERT_TRUE(start.ok());
   const uint64_t offset = Board(*start).offset(0);
   ASSERT_EQ(Board(*start).state(0), BoardBlockState::kInDevice);
@@ -204,7 +204,7 @@ TEST_F(EngineAboveTest, EraseReachesTheTierAboveAndAHeldRangeOutlivesIt) {
 TEST_F(EngineAboveTest, ABlockErasedWhileItsCopyUpIsQueuedDoesNotComeBack) {
   Put(Key(1));
   const BlockKey key = Key(1);
-  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+  auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
   ASSERT_TRUE(start.ok());
   // The offer may be queued or done by now; either way, after the Erase
   // the block is nowhere.

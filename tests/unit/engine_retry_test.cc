@@ -126,7 +126,7 @@ class EngineRetryTest : public ::testing::Test {
   }
   // A load of `key` into GPU memory, ended at once: a host hit, offered up.
   void LoadInPlace(const BlockKey& key) {
-    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, /*in_place=*/true);
+    auto start = engine_->BeginLoad(kConn, kNs, {&key, 1}, {.in_place = true});
     ASSERT_TRUE(start.ok()) << start.status().ToString();
     ASSERT_TRUE(engine_->EndLoad(kConn, start->load).ok());
   }
@@ -216,7 +216,7 @@ TEST_F(EngineRetryTest, ACopyUpTheTierAboveRefusesIsRetriedAtItsTime) {
   EXPECT_EQ(Counter("engine.hbm_copy_up_failures"), 0);
   EXPECT_EQ(above_.refused(), 1);
   const BlockKey held = Key(3);
-  auto start = engine_->BeginLoad(kConn, kNs, {&held, 1}, /*in_place=*/true);
+  auto start = engine_->BeginLoad(kConn, kNs, {&held, 1}, {.in_place = true});
   ASSERT_TRUE(start.ok());
   LoadBoardReader board(SlotBytes(*host_, start->board_offset, start->board_bytes).data(), 1);
   ASSERT_EQ(board.state(0), BoardBlockState::kInDevice);

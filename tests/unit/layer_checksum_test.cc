@@ -232,7 +232,7 @@ TEST_F(CommitLayerChecksumTest, AVerifyingLoadGetsEveryLayerOfItsHostHits) {
   const auto other = ReserveAndFill(Key(2));
   ASSERT_TRUE(Commit(Key(2), {}, {}).ok());  // no layer checksums
   const BlockKey keys[] = {Key(1), Key(2)};
-  auto load = engine_->BeginLoad(kReader, ns_, keys, /*in_place=*/false, /*verify=*/true);
+  auto load = engine_->BeginLoad(kReader, ns_, keys, {.verify = true});
   ASSERT_TRUE(load.ok()) << load.status().ToString();
   EXPECT_EQ(load->board_bytes, LoadBoardBytes(2, kLayers));
   ASSERT_EQ(load->layer_checksums.size(), 2u);

@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,6 +71,13 @@ class LoaderTest : public ::testing::Test {
       released_.insert(released_.end(), leases.begin(), leases.end());
     };
     hooks.pinned = [this] { ++pinned_calls_; };
+    hooks.late = [this](const NamespaceFingerprint&, std::span<const BlockKey> keys, double budget_us) {
+      late_asked_.emplace_back(keys.begin(), keys.end());
+      late_budget_us_ = budget_us;
+      std::vector<bool> late;
+      for (const BlockKey& key : keys) late.push_back(late_.count(key.lo) != 0);
+      return late;
+    };
     if (with_above_) {
       hooks.hold_above = [this](const NamespaceFingerprint&, const BlockKey& key, uint32_t layer_count,
                                 uint64_t payload_bytes) -> std::optional<BlockTier::InPlace> {
@@ -95,6 +104,7 @@ class LoaderTest : public ::testing::Test {
   // number); what waits is kept in waiting_ for the test to resolve.
   PinClaims ClaimScripted(const std::shared_ptr<PinBatch>& batch, std::span<const BlockKey> keys) {
     with_layers_seen_ = batch->with_layers;
+    claimed_.insert(claimed_.end(), keys.begin(), keys.end());
     batch->grants.resize(keys.size());
     batch->waiting.assign(keys.size(), false);
     PinClaims claims;
@@ -141,13 +151,14 @@ class LoaderTest : public ::testing::Test {
     Resolve(batch, index, std::move(grant));
   }
 
-  Result<Loader::LoadStart> Begin(std::vector<Claim> script, bool verify = false, bool in_place = false) {
+  Result<Loader::LoadStart> Begin(std::vector<Claim> script, bool verify = false, bool in_place = false,
+                                  uint64_t deadline_us = 0) {
     std::vector<BlockKey> keys;
     for (size_t i = 0; i < script.size(); ++i) {
       script_[i] = script[i];
       keys.push_back(Key(i));
     }
-    return loader_->Begin(kConn, kNs, keys, in_place, verify);
+    return loader_->Begin(kConn, kNs, keys, LoadFlags{in_place, verify, deadline_us});
   }
 
   LoadBoardReader Board(const Loader::LoadStart& start, bool verify = false) const {
@@ -171,7 +182,52 @@ class LoaderTest : public ::testing::Test {
   std::vector<std::pair<BlockKey, uint64_t>> released_above_;
   std::vector<BlockKey> offered_;
   int pinned_calls_ = 0;
+  std::set<uint64_t> late_;  // keys (by number) the scripted estimate says cannot arrive in time
+  std::vector<std::vector<BlockKey>> late_asked_;
+  double late_budget_us_ = 0;
+  std::vector<BlockKey> claimed_;
 };
+
+TEST_F(LoaderTest, BlocksThatCannotArriveByTheDeadlineFailAtOnceAndAreNotRead) {
+  late_ = {2, 3};
+  Result<Loader::LoadStart> start =
+      Begin({Claim::kHit, Claim::kBelow, Claim::kBelow, Claim::kBelow, Claim::kHit}, false, false, 250000);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  // Asked about every block not held above, with the deadline as the budget.
+  ASSERT_EQ(late_asked_.size(), 1u);
+  EXPECT_EQ(late_asked_[0].size(), 5u);
+  EXPECT_EQ(late_budget_us_, 250000.0);
+  EXPECT_TRUE(start->blocks[1].ok());
+  for (size_t i : {2, 3}) {
+    EXPECT_EQ(start->blocks[i].code(), StatusCode::kTimedOut) << i;
+    EXPECT_NE(start->blocks[i].message().find("deadline"), std::string::npos) << start->blocks[i].message();
+  }
+  // Neither pinned nor claimed nor read: only block 1 streams.
+  EXPECT_EQ(claimed_, (std::vector<BlockKey>{Key(0), Key(1), Key(4)}));
+  EXPECT_EQ(streamed_, (std::vector<std::pair<size_t, BlockKey>>{{1, Key(1)}}));
+  const LoadBoardReader board = Board(*start);
+  for (uint32_t i : {2u, 3u}) {
+    EXPECT_EQ(board.state(i), BoardBlockState::kFailed);
+    EXPECT_EQ(board.code(i), StatusCode::kTimedOut);
+  }
+  EXPECT_EQ(board.layers_ready(), 0u);  // block 1 is on its way
+  Land(1, Grant(1, kBlockBytes, false));
+  EXPECT_EQ(board.layers_ready(), kLayers);  // the late ones hold nothing back
+  EXPECT_EQ(board.resolved(), 5u);
+  EXPECT_EQ(counters_.load_late_blocks.load(), 2);
+  EXPECT_EQ(counters_.load_failed_blocks.load(), 2);
+  ASSERT_TRUE(loader_->End(kConn, start->load).ok());
+  EXPECT_EQ(released_, (std::vector<LeaseId>{100, 101, 104}));
+}
+
+TEST_F(LoaderTest, WithoutADeadlineNothingIsAskedAndEveryBlockIsRead) {
+  late_ = {1};
+  Result<Loader::LoadStart> start = Begin({Claim::kBelow, Claim::kBelow});
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  EXPECT_TRUE(late_asked_.empty());
+  EXPECT_EQ(streamed_.size(), 2u);
+  EXPECT_EQ(counters_.load_late_blocks.load(), 0);
+}
 
 TEST_F(LoaderTest, HostHitsAreSettledAtOnceAndTheBoardSaysInPlace) {
   Result<Loader::LoadStart> start = Begin({Claim::kHit, Claim::kHit, Claim::kHit});
@@ -293,7 +349,7 @@ TEST_F(LoaderTest, AConnectionHoldsAtMostMaxLoads) {
   }
   EXPECT_EQ(Begin({Claim::kHit}).status().code(), StatusCode::kBusy);
   EXPECT_EQ(loader_->OpenCount(), static_cast<int64_t>(Loader::kMaxLoadsPerConnection));
-  EXPECT_TRUE(loader_->Begin(kConn + 1, kNs, std::vector<BlockKey>{Key(0)}, false, false).ok());  // another connection
+  EXPECT_TRUE(loader_->Begin(kConn + 1, kNs, std::vector<BlockKey>{Key(0)}, LoadFlags{}).ok());  // another connection
 
   ASSERT_TRUE(loader_->End(kConn, ids.back()).ok());
   EXPECT_TRUE(Begin({Claim::kHit}).ok());
@@ -306,11 +362,11 @@ TEST_F(LoaderTest, AConnectionHoldsAtMostMaxLoads) {
 TEST_F(LoaderTest, BadLoadsAreRefusedAndOpenNothing) {
   const uint64_t used_before = host_->used_bytes();
   script_[0] = Claim::kHit;
-  EXPECT_EQ(loader_->Begin(kConn, kNoLayout, std::vector<BlockKey>{Key(0)}, false, false).status().code(),
+  EXPECT_EQ(loader_->Begin(kConn, kNoLayout, std::vector<BlockKey>{Key(0)}, LoadFlags{}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(loader_->Begin(kConn, kNs, {}, false, false).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(loader_->Begin(kConn, kNs, {}, LoadFlags{}).status().code(), StatusCode::kInvalidArgument);
   std::vector<BlockKey> too_many(Loader::kMaxLoadBlocks + 1, Key(0));
-  EXPECT_EQ(loader_->Begin(kConn, kNs, too_many, false, false).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(loader_->Begin(kConn, kNs, too_many, LoadFlags{}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(loader_->OpenCount(), 0);
   EXPECT_EQ(host_->used_bytes(), used_before);
   EXPECT_EQ(counters_.loads.load(), 0);
@@ -321,7 +377,7 @@ TEST_F(LoaderTest, NoRoomForTheBoardIsNoSpaceAndFreesTheSlot) {
   hooks.allocate = [](uint64_t) -> Result<HostTier::Extent> { return NoSpace("scripted: the arena is full"); };
   Loader full(*host_, counters_, hooks);
   script_[0] = Claim::kHit;
-  EXPECT_EQ(full.Begin(kConn, kNs, std::vector<BlockKey>{Key(0)}, false, false).status().code(), StatusCode::kNoSpace);
+  EXPECT_EQ(full.Begin(kConn, kNs, std::vector<BlockKey>{Key(0)}, LoadFlags{}).status().code(), StatusCode::kNoSpace);
   EXPECT_EQ(full.OpenCount(), 0);
 }
 

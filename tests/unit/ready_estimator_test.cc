@@ -96,6 +96,8 @@ class ReadyEstimatorTest : public ::testing::Test {
     below_[level]->read_meter.Started(bytes, 1'000'000);
     below_[level]->read_meter.Ended(bytes, bytes, 1'000'000 + us);
   }
+  // Just after the samples Sample takes (within the fresh window).
+  static uint64_t Now() { return 3'000'000; }
   double Percentile(size_t level) {
     return below_[level]->read_meter.estimate().Percentile(PreloadRates::kReadPercentile);
   }
@@ -243,6 +245,68 @@ TEST_F(ReadyEstimatorTest, NoKeysIsAnEmptyPrefixAndTooManyKeysInvalidArgument) {
   EXPECT_EQ(estimator_->Estimate(kNs, many).status().code(), StatusCode::kInvalidArgument);
   const std::vector<BlockKey> most(ReadyEstimator::kMaxKeys, Key(0));
   EXPECT_TRUE(estimator_->Estimate(kNs, most).ok());
+}
+
+TEST_F(ReadyEstimatorTest, ALoadsLateBlocksAreThoseBelowThatCannotArriveWithinItsBudget) {
+  // NVMe at 10, 20, ..., 100 MB/s, twice: judged by the median, not the slow day.
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t mb = 10; mb <= 100; mb += 10) Sample(0, mb * 1'000'000, 1'000'000);
+  }
+  const double rate = below_[0]->read_meter.estimate().Percentile(ReadyEstimator::kLatePercentile);
+  ASSERT_GT(rate, Percentile(0));
+  for (size_t n = 0; n < ReadyEstimator::kLateMinSamples; ++n) Sample(1, 1'000'000'000, 1'000'000);  // remote 1 GB/s
+  CommitInHost(Key(0));
+  for (uint64_t i = 1; i <= 4; ++i) Store(nvme_, Key(i));
+  Store(remote_, Key(6));
+  const uint64_t now = Now();
+  // Two NVMe blocks fit, with half a block's time to spare; key 5 is cached nowhere.
+  const double budget = kOverheadUs + Us(2 * kBlockBytes, rate) + Us(kBlockBytes / 2, rate);
+  const std::vector<BlockKey> keys{Key(0), Key(1), Key(2), Key(3), Key(4), Key(5), Key(6)};
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, now), (std::vector<bool>{false, false, false, true, true, false, true}))
+      << "the host block is there; after the first late block the remote one would serve nothing";
+  // Reads queued on the NVMe tier come first: now only one fits.
+  below_[0]->read_meter.Started(kBlockBytes, now);
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, now), (std::vector<bool>{false, false, true, true, true, false, true}));
+  // A budget every block fits in.
+  EXPECT_EQ(estimator_->Late(kNs, keys, 1e12, now), std::vector<bool>(keys.size(), false));
+  // The remote tier alone is judged by its own rate.
+  EXPECT_EQ(estimator_->Late(kNs, std::vector<BlockKey>{Key(6)}, kOverheadUs + Us(kBlockBytes, 1e9) + 1, now),
+            std::vector<bool>{false});
+}
+
+// Too few samples, or none for a while: nothing is called late, so the
+// loads read the tier and measure it again.
+TEST_F(ReadyEstimatorTest, AnEstimateOnFewOrOldSamplesCallsNothingLate) {
+  Store(nvme_, Key(1));
+  const std::vector<BlockKey> keys{Key(1)};
+  const double budget = kOverheadUs / 2;  // shorter than any read: late wherever the rate is judged
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, Now()), std::vector<bool>{false}) << "no sample";
+  for (size_t n = 1; n < ReadyEstimator::kLateMinSamples; ++n) Sample(0, 100'000'000, 1'000'000);
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, Now()), std::vector<bool>{false}) << "one sample short";
+  Sample(0, 100'000'000, 1'000'000);
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, Now()), std::vector<bool>{true});
+  EXPECT_EQ(estimator_->Late(kNs, keys, budget, Now() + ReadyEstimator::kLateFreshUs + 1), std::vector<bool>{false})
+      << "the latest sample is too old";
+}
+
+TEST(ModelLateTest, ATierWithoutARateAndBlocksAboveOrBeingPromotedAreJudgedAsTheModelSays) {
+  Locator::Placed host{Tier::kHost, std::nullopt, 1 << 20, false};
+  Locator::Placed unknown_rate{Tier::kRemote, 1, 1 << 30, false};
+  Locator::Placed fresh{Tier::kNvme, 0, 1 << 20, false};
+  Locator::Placed promoting{Tier::kNvme, 0, 1 << 20, true};
+  std::vector<ReadyLevelNow> levels{{Tier::kNvme, 1e9, {1, 1 << 20}, true}, {Tier::kRemote, 0, {}, true}};
+  // A fresh read before the promotion does not delay it: its read is queued already.
+  const std::vector<std::optional<Locator::Placed>> blocks{host, unknown_rate, fresh, promoting, std::nullopt};
+  const double queued_us = kOverheadUs + Us(1 << 20, 1e9);
+  const double after_us = kOverheadUs + Us(2 << 20, 1e9);
+  EXPECT_EQ(ModelLate(blocks, levels, after_us + 1), std::vector<bool>(5, false));
+  EXPECT_EQ(ModelLate(blocks, levels, queued_us + 1), (std::vector<bool>{false, false, true, true, false}))
+      << "the fresh read does not fit; the promotion would, but comes after a late block";
+  const std::vector<std::optional<Locator::Placed>> promoted_first{host, promoting, fresh};
+  EXPECT_EQ(ModelLate(promoted_first, levels, queued_us + 1), (std::vector<bool>{false, false, true}));
+  // A level not judged calls nothing late.
+  levels[0].judged = false;
+  EXPECT_EQ(ModelLate(blocks, levels, 1), std::vector<bool>(5, false));
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ class TierStackTest : public ::testing::Test {
   // state the board gave it.
   BoardBlockState LoadInPlace(uint64_t i) {
     const BlockKey key = Key(i);
-    auto start = engine_->BeginLoad(1, kNs, {&key, 1}, /*in_place=*/true);
+    auto start = engine_->BeginLoad(1, kNs, {&key, 1}, {.in_place = true});
     EXPECT_TRUE(start.ok()) << start.status().ToString();
     if (!start.ok()) return BoardBlockState::kFailed;
     Settle();
