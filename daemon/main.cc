@@ -286,6 +286,9 @@ struct ServeEnd {
   int exit_code = 0;
   int takeover = -1;             // a takeover's connection; -1: a plain stop (or a failed start)
   std::vector<PassedFd> handed;  // for the takeover: the listening socket and each kept host pair
+  // For the takeover: the engines, stopped but not freed (freeing them
+  // would delay the hand-over by seconds at millions of blocks).
+  std::unique_ptr<RetiredEngines> retired;
 };
 
 // The passed fd named `name`, removed from `passed`; -1 when none.
@@ -499,6 +502,15 @@ ServeEnd Serve(const CommandLine& command_line, DaemonConfig& config, std::vecto
   if (takeovers.ok()) (*takeovers)->Close();  // its path is the next daemon's
   (*server)->Shutdown();
   (*server)->Wait();
+  if (end.takeover >= 0) {
+    // Once nothing calls the engines (in the order a return would take),
+    // they stop without freeing their index: the tiers then close at
+    // once, the NVMe index's lock among them, and the hand-over follows.
+    metrics.reset();
+    (*server).reset();
+    (*peers).reset();
+    end.retired = (*engines)->Retire();
+  }
   return end;  // then the server, the engine and the tiers close, in that order
 }
 
@@ -511,7 +523,12 @@ TakeoverOutcome HandOverTo(ServeEnd& end) {
     spdlog::error("takeover: handing over failed: {}", handed.ToString());
     ::shutdown(end.takeover, SHUT_WR);  // the new daemon sees the end and gives up
   }
-  const TakeoverOutcome outcome = AwaitServing(end.takeover, end.handed, kServingTimeout);
+  // A released arena's pages go only once no process maps it: this one's
+  // retired host tier lets go of it too.
+  const TakeoverOutcome outcome =
+      AwaitServing(end.takeover, end.handed, kServingTimeout, [&end](const std::string& name) {
+        if (end.retired != nullptr) end.retired->Release(name);
+      });
   ::close(end.takeover);
   return outcome;
 }
@@ -610,6 +627,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     spdlog::warn("takeover failed; serving again on the socket and the host tier it was to hand over");
+    if (end.retired != nullptr) end.retired->Free();
     passed = std::move(end.handed);
   }
 }

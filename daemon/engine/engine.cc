@@ -42,7 +42,11 @@ Engine::Engine(const EngineOptions& options, HostTier& host, const Clock& clock)
   }
 }
 
-Engine::~Engine() {
+Engine::~Engine() { Stop(); }
+
+void Engine::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
   if (adopter_ != nullptr) adopter_->Stop();  // its thread commits into the shards (null: Create failed)
   for (auto& below : below_) {
     if (ReclaimHooks* hooks = below->tier->reclaim_hooks()) {

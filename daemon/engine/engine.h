@@ -107,9 +107,20 @@ class Engine {
   // with options.admission and options.dwpd.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, HostTier& host, const Clock& clock,
                                                 BlockTier* below = nullptr);
-  // Waits for promotions and demotions in flight; retries still waiting
-  // run at once (RetryScheduler::Stop), so it returns on a stopped clock.
+  // Stop(), then frees everything.
   ~Engine();
+  // Stops the engine for good: the adopter's thread ends, the tiers below
+  // no longer call into it, retries still waiting run at once
+  // (RetryScheduler::Stop, so it returns on a stopped clock), demotions
+  // waiting for room fail, and it waits for every promotion and demotion
+  // in flight. Afterwards no thread of the engine touches the arena or a
+  // tier, also when it is destroyed (so its tiers and host tier may go
+  // first), and it must not be called again, except for its counters
+  // while its tiers are there (they read them). A takeover stops its
+  // engines and frees them only after the hand-over, or never (daemon/
+  // main.cc): freeing their index takes seconds at millions of blocks.
+  // Idempotent; main thread (with no request in flight).
+  void Stop();
 
   // Namespaces: registered, used by connections and forgotten as
   // NamespaceRegistry (namespace_registry.h) says. The layer split of a
@@ -360,6 +371,7 @@ class Engine {
   const Clock& clock_;
   std::vector<std::unique_ptr<TierLevel>> below_;  // the tiers below the host, highest first
   bool probing_ = false;          // some tier of below_ has a prober (BlockTier::prober), set at Create
+  bool stopped_ = false;          // Stop ran
   PreloadRates preload_{below_};  // preload plans with the stack's measured rates (preload_rates.h)
   // Parents and conversations from queue hints, for admission.
   static constexpr size_t kLineageKeys = size_t{1} << 20;

@@ -251,7 +251,8 @@ void AwaitExit(int pidfd) {
 
 }  // namespace
 
-TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout) {
+TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout,
+                             const std::function<void(const std::string& name)>& released) {
   const int pidfd = PeerPidfd(connection);  // while it is surely alive (or a zombie): the connection is open
   const auto close_pidfd = [pidfd] {
     if (pidfd >= 0) ::close(pidfd);
@@ -270,6 +271,7 @@ TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std:
       // The new daemon starts some arena empty: its memory goes now, before
       // the new one is allocated (and a resume starts that tier empty).
       const std::string name = answer->substr(8);
+      if (released) released(name);
       std::erase_if(handed, [&name](const PassedFd& p) {
         if (p.name != name) return false;
         ::close(p.fd);

@@ -113,12 +113,15 @@ enum class TakeoverOutcome {
   kUnknown,  // it did not serve and could not be killed: exit non-zero
 };
 // Old side: waits up to `timeout` for "serving", answering releases (the
-// fds named are closed and removed from `handed`). On anything else the new
+// fds named are closed and removed from `handed`, and `released`, if set,
+// is told the name first, so the caller lets go of its own mapping of
+// it). On anything else the new
 // daemon (the connection's SO_PEERCRED pid) is killed (SIGKILL). Before
 // kFailed the new daemon's exit is awaited (a pidfd taken at the start),
 // with no time limit, so that it holds nothing (the NVMe index's lock, the
 // GPU) when the caller starts again.
-TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout);
+TakeoverOutcome AwaitServing(int connection, std::vector<PassedFd>& handed, std::chrono::milliseconds timeout,
+                             const std::function<void(const std::string& name)>& released = {});
 
 // The new daemon's end: the request and what it receives.
 class TakeoverRequest {

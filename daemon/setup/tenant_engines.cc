@@ -162,6 +162,39 @@ DaemonEngines::~DaemonEngines() {
   shared_.clear();
 }
 
+RetiredEngines::RetiredEngines(std::vector<std::unique_ptr<Engine>> engines, std::vector<Host> hosts)
+    : engines_(std::move(engines)), hosts_(std::move(hosts)) {}
+
+RetiredEngines::~RetiredEngines() {
+  hosts_.clear();
+  static auto* abandoned = new std::vector<std::unique_ptr<Engine>>;
+  for (auto& engine : engines_) abandoned->push_back(std::move(engine));
+}
+
+void RetiredEngines::Release(const std::string& name) {
+  std::erase_if(hosts_, [&name](const Host& h) {
+    return name == HostKeeper::ArenaName(h.tenant) || name == HostKeeper::JournalName(h.tenant);
+  });
+}
+
+void RetiredEngines::Free() {
+  engines_.clear();
+  hosts_.clear();
+}
+
+std::unique_ptr<RetiredEngines> DaemonEngines::Retire() {
+  for (Tenant& tenant : tenants_) tenant.events.reset();
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<RetiredEngines::Host> hosts;
+  for (Tenant& tenant : tenants_) {
+    if (tenant.engine == nullptr) continue;
+    tenant.engine->Stop();
+    engines.push_back(std::move(tenant.engine));
+    hosts.push_back({tenant.config.name, std::move(tenant.host)});
+  }
+  return std::make_unique<RetiredEngines>(std::move(engines), std::move(hosts));
+}
+
 std::vector<ServedTenant> DaemonEngines::Served(const DaemonConfig& config) const {
   std::vector<ServedTenant> served;
   for (const Tenant& t : tenants_) {

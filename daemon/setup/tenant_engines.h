@@ -14,7 +14,8 @@
 //
 // Destruction: the engines first (they wait for their movers), then the
 // tenants' views of the shared tiers, then the shared tiers; the caller
-// closes the stack after this.
+// closes the stack after this. A takeover retires the engines first
+// (Retire, RetiredEngines): stopped, not freed.
 //
 // Thread-compatible: built and destroyed by the daemon's main thread; the
 // engines it owns are thread-safe.
@@ -46,6 +47,44 @@ EngineOptions EngineOptionsFromConfig(const DaemonConfig& config);
 // nowhere (a fresh key each start: nothing persists that it must match).
 std::string TenantKeyPath(const DaemonConfig& config);
 
+// What a takeover keeps of the engines once they stopped
+// (DaemonEngines::Retire): the engines, stopped, and their host tiers,
+// still mapped. Freeing an engine's index and policy state costs seconds
+// at millions of blocks (about 4.5 us a block here) and unmapping its
+// arena a few tenths: neither needs to happen before the next kvtierd
+// takes over. A stopped engine touches no tier, arena or host tier, also
+// when destroyed (Engine::Stop), so it may go after them.
+class RetiredEngines {
+ public:
+  struct Host {
+    std::string tenant;  // "" without tenants
+    std::unique_ptr<HostTier> host;
+  };
+  RetiredEngines() = default;
+  RetiredEngines(std::vector<std::unique_ptr<Engine>> engines, std::vector<Host> hosts);
+  RetiredEngines(const RetiredEngines&) = delete;
+  RetiredEngines& operator=(const RetiredEngines&) = delete;
+  // Unmaps the host tiers and abandons the engines: the process is about
+  // to exit, and its end frees their memory at once. They stay reachable
+  // (a leak checker sees them) and are never destroyed.
+  ~RetiredEngines();
+
+  // The next kvtierd will not adopt the kept arena or journal `name`
+  // (HostKeeper's names; a takeover's "release"): its host tier is
+  // unmapped now, so that its memory goes before the new arena is
+  // allocated. Unknown names are ignored.
+  void Release(const std::string& name);
+  // After a failed takeover, before this daemon serves again: frees the
+  // engines, then unmaps the host tiers.
+  void Free();
+  // Host tiers still mapped.
+  size_t mapped_hosts() const { return hosts_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<Host> hosts_;
+};
+
 class DaemonEngines {
  public:
   struct Tenant {
@@ -54,7 +93,8 @@ class DaemonEngines {
     std::unique_ptr<HostTier> host;
     HbmSetup hbm;
     std::vector<std::unique_ptr<TenantTier>> below;  // its views of the shared tiers
-    std::unique_ptr<EventJournal> events_journal;    // null: events off; outlives the engine (events_setup.h)
+    std::unique_ptr<EventJournal>
+        events_journal;  // null: events off; outlives the engine until Retire (events_setup.h)
     std::unique_ptr<Engine> engine;
     std::unique_ptr<EventPublisher> events;  // declared last: stops before the engine goes
   };
@@ -79,6 +119,14 @@ class DaemonEngines {
   // What the server serves: one entry per tenant, in configuration order,
   // with the KV-events endpoints StartEvents binds (told at Hello).
   std::vector<ServedTenant> Served(const DaemonConfig& config) const;
+
+  // For a takeover, once nothing calls the engines any more (the server,
+  // the peer service and the metrics stopped): stops every publisher and
+  // engine (Engine::Stop) and hands the engines and their host tiers to
+  // the result, so that destroying this (tier views, HBM pools, event
+  // journals) and then the stack (the NVMe tier's index closes) is quick.
+  // Call once; afterwards only destruction.
+  std::unique_ptr<RetiredEngines> Retire();
 
   // The shared tiers' own counters, once (nothing without tenants).
   void VisitSharedCounters(CounterVisitor& visitor) const;

@@ -442,8 +442,15 @@ TEST_F(TakeoverProtocolTest, HandsEachFdOverWithItsNameThenTheOldSideSeesServing
     EXPECT_TRUE((*asked)->Release("host-journal.alpha").ok());
     EXPECT_TRUE((*asked)->Serving().ok());
   });
-  EXPECT_EQ(AwaitServing(connection, handed, 10s), TakeoverOutcome::kServing);
+  std::vector<std::string> told;  // the caller lets go of its own mapping first
+  EXPECT_EQ(AwaitServing(connection, handed, 10s,
+                         [&](const std::string& name) {
+                           told.push_back(name);
+                           EXPECT_NE(::fcntl(b, F_GETFD), -1) << "told before the handed copy closes";
+                         }),
+            TakeoverOutcome::kServing);
   serving.join();
+  EXPECT_EQ(told, std::vector<std::string>{"host-journal.alpha"});
   ASSERT_EQ(handed.size(), 1u);
   EXPECT_EQ(handed[0].name, "host-arena");
   EXPECT_EQ(::fcntl(b, F_GETFD), -1);  // closed by the release

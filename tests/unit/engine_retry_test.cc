@@ -195,6 +195,25 @@ TEST_F(EngineRetryTest, AnEngineGoingAwayEndsTheRetriesThatWait) {
   EXPECT_EQ(clock_.NowUs(), t0);
 }
 
+// Stop does what ~Engine does without freeing (a takeover abandons the
+// engine after it): the waiting retry runs at once and its pin is
+// answered; nothing is left waiting; a second Stop and the destruction
+// after it are no-ops.
+TEST_F(EngineRetryTest, StopEndsTheRetriesThatWaitAndLeavesNothingInFlight) {
+  Open(/*above=*/false);
+  StoreBelow(Key(3));
+  below_.SetBusy(true);
+  Answer answer;
+  engine_->PinAsync(kConn, kNs, {Key(3)}, answer.Callback());
+  clock_.AwaitWaiter();
+  engine_->Stop();
+  ASSERT_TRUE(answer.done()) << "answered before Stop returned";
+  EXPECT_EQ(answer.Wait().status.code(), StatusCode::kBusy);
+  EXPECT_EQ(Counter("engine.retries.waiting"), 0);
+  engine_->Stop();
+  engine_.reset();
+}
+
 // A copy up the tier above refuses as Busy waits for its time on the
 // engine's clock, then writes the bytes it read; one that stays refused
 // past the deadline fails (counted), and a later offer copies it up.
