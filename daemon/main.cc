@@ -73,8 +73,7 @@ std::vector<std::string> ApplyOverrides(const CommandLine& command_line, DaemonC
   const bool auto_host = config.host_capacity_bytes == 0;
   std::vector<std::string> lines = ResolveAutoSizes(config, command_line.machine);
   if (auto_host) {
-    std::string kept =
-        KeepKeptArenaSize(command_line.kept_arena_bytes, command_line.machine, &config.host_capacity_bytes);
+    std::string kept = KeepKeptArenaSize(command_line.kept_arena_bytes, command_line.machine, config);
     if (!kept.empty()) lines.push_back(std::move(kept));
   }
   return lines;

@@ -45,10 +45,11 @@ uint64_t AutoHostCapacity(const MachineMemory& memory) {
   return bytes / (2 * kMiB) * (2 * kMiB);
 }
 
-std::string KeepKeptArenaSize(uint64_t kept_bytes, const MachineMemory& memory, int64_t* capacity_bytes) {
+std::string KeepKeptArenaSize(uint64_t kept_bytes, const MachineMemory& memory, DaemonConfig& config) {
   const uint64_t cap = AutoHostCapacity(MachineMemory{memory.total_bytes, memory.total_bytes});
   const auto kept = static_cast<int64_t>(kept_bytes);
-  if (kept_bytes == 0 || kept_bytes > cap || kept == *capacity_bytes) return "";
+  int64_t* capacity_bytes = &config.host_capacity_bytes;
+  if (!config.tenants.empty() || kept_bytes == 0 || kept_bytes > cap || kept == *capacity_bytes) return "";
   std::string line = "host.capacity_bytes = 0 (auto): " + std::to_string(kept_bytes) +
                      " bytes, the size of the kept host arena (auto would choose " + std::to_string(*capacity_bytes) +
                      " now; a kept arena may take up to " + std::to_string(cap) + ")";

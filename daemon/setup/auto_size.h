@@ -36,13 +36,15 @@ uint64_t AutoClientMemory(const MachineMemory& memory);
 // one line per choice, saying what and why, for the log.
 std::vector<std::string> ResolveAutoSizes(DaemonConfig& config, const MachineMemory& memory);
 
-// An auto host size (resolved to `*capacity_bytes` by ResolveAutoSizes)
-// with a kept arena of `kept_bytes` (host_keep.h; 0: none) takes the kept
-// arena's size, so that the start adopts it rather than start empty,
-// whenever that is within a quarter of the memory (the total-memory part of
-// AutoHostCapacity): its memory is held already, so what is available now
-// (less, while a predecessor still frees its index) does not limit it.
-// The line for the log when it changed the size; empty otherwise.
-std::string KeepKeptArenaSize(uint64_t kept_bytes, const MachineMemory& memory, int64_t* capacity_bytes);
+// An auto host size (config.host_capacity_bytes as ResolveAutoSizes
+// resolved it) with a kept arena without tenants of `kept_bytes`
+// (host_keep.h; 0: none) takes the kept arena's size, so that the start
+// adopts it rather than start empty, whenever that is within a quarter of
+// the memory (the total-memory part of AutoHostCapacity): its memory is
+// held already, so what is available now (less, while a predecessor still
+// frees its index) does not limit it. Not with tenants: no tenant adopts
+// that arena, and their shares are not kept this way. The line for the
+// log when it changed the size; empty otherwise.
+std::string KeepKeptArenaSize(uint64_t kept_bytes, const MachineMemory& memory, DaemonConfig& config);
 
 }  // namespace kvtier

@@ -25,17 +25,24 @@ TEST(AutoSizeTest, AQuarterOfMemoryAtMostHalfOfWhatIsAvailableWithinBounds) {
 // a quarter of the memory, however little is available now, and not past.
 TEST(AutoSizeTest, AnAutoSizeKeepsTheKeptArenaUpToAQuarterOfTheMemory) {
   const MachineMemory tight{16 * kGiB, 6 * kGiB};  // a predecessor still holds some
-  int64_t capacity = static_cast<int64_t>(AutoHostCapacity(tight));
-  ASSERT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
-  std::string line = KeepKeptArenaSize(4 * kGiB, tight, &capacity);
-  EXPECT_EQ(capacity, static_cast<int64_t>(4 * kGiB)) << "adopted, though half of what is available is less";
+  const auto automatic = static_cast<int64_t>(AutoHostCapacity(tight));
+  ASSERT_EQ(automatic, static_cast<int64_t>(3 * kGiB));
+  DaemonConfig config;
+  config.host_capacity_bytes = automatic;
+  std::string line = KeepKeptArenaSize(4 * kGiB, tight, config);
+  EXPECT_EQ(config.host_capacity_bytes, static_cast<int64_t>(4 * kGiB))
+      << "adopted, though half of what is available is less";
   EXPECT_NE(line.find("kept host arena"), std::string::npos) << line;
-  capacity = static_cast<int64_t>(AutoHostCapacity(tight));
-  EXPECT_TRUE(KeepKeptArenaSize(5 * kGiB, tight, &capacity).empty()) << "past a quarter of 16 GiB";
-  EXPECT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
-  EXPECT_TRUE(KeepKeptArenaSize(0, tight, &capacity).empty()) << "nothing kept";
-  EXPECT_TRUE(KeepKeptArenaSize(3 * kGiB, tight, &capacity).empty()) << "the same size: nothing to say";
-  EXPECT_EQ(capacity, static_cast<int64_t>(3 * kGiB));
+  config.host_capacity_bytes = automatic;
+  EXPECT_TRUE(KeepKeptArenaSize(5 * kGiB, tight, config).empty()) << "past a quarter of 16 GiB";
+  EXPECT_EQ(config.host_capacity_bytes, automatic);
+  EXPECT_TRUE(KeepKeptArenaSize(0, tight, config).empty()) << "nothing kept";
+  EXPECT_TRUE(KeepKeptArenaSize(3 * kGiB, tight, config).empty()) << "the same size: nothing to say";
+  // With tenants no one adopts that arena: auto sizes as usual.
+  config.tenants.emplace_back();
+  config.tenants.back().name = "alpha";
+  EXPECT_TRUE(KeepKeptArenaSize(2 * kGiB, tight, config).empty());
+  EXPECT_EQ(config.host_capacity_bytes, automatic);
 }
 
 TEST(AutoSizeTest, ClientMemoryIsASixteenthOfTheMemoryWithinItsBounds) {
