@@ -117,13 +117,16 @@ Status ResolveShares(DaemonConfig& config) {
 int ResolveConfig(CommandLine& command_line, const std::optional<CgroupMemory>& cgroup,
                   const std::vector<PassedFd>& passed, DaemonConfig& config, std::string* why,
                   std::vector<std::string>* chosen) {
-  if (config.host_capacity_bytes == 0) {
+  // Either auto size needs the machine's memory (client memory: its total).
+  if (config.host_capacity_bytes == 0 || config.client_memory_bytes == 0) {
     auto machine = ReadMachineMemory(MeminfoPath());
     if (!machine.ok()) {
       *why = machine.status().ToString();
       return 1;
     }
     command_line.machine = cgroup ? UnderLimit(*machine, *cgroup) : *machine;
+  }
+  if (config.host_capacity_bytes == 0) {
     // The kept arenas this configuration claims (tenants' too) are memory
     // this daemon takes back: available to the sizing.
     std::vector<std::string> tenants;

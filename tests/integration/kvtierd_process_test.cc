@@ -69,6 +69,23 @@ TEST(KvtierdProcess, TheDefaultHostTierIsSizedToTheMachine) {
   RemoveTree(dir);
 }
 
+// With host.capacity_bytes set, the auto client memory is still a
+// sixteenth of the machine (here 32 GiB), not the floor of a machine
+// never read.
+TEST(KvtierdProcess, TheAutoClientMemoryIsSizedToTheMachineWhenTheHostTierIsNot) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/meminfo") << "MemTotal:       33554432 kB\nMemAvailable:   16777216 kB\n";
+  ::setenv("KVTIER_MEMINFO", (dir + "/meminfo").c_str(), 1);  // inherited by the child
+  DaemonProcess daemon(KVTIERD_PATH, "", kSmallArena);
+  ::unsetenv("KVTIER_MEMINFO");
+  ASSERT_TRUE(daemon.running());
+  CommandResult got =
+      RunCommand({KVTIER_TOOL_PATH, "config", "get", "server.client_memory_bytes", "--socket", daemon.socket_path()});
+  ASSERT_EQ(got.exit_code, 0) << got.output;
+  EXPECT_EQ(got.output, std::to_string(2048ull << 20) + "\n");
+  RemoveTree(dir);
+}
+
 TEST(KvtierdProcess, StatsToolTalksToTheDaemon) {
   DaemonProcess daemon(KVTIERD_PATH, "", kSmallArena);
   ASSERT_TRUE(daemon.running());
