@@ -7,6 +7,7 @@ stopped with SIGTERM at the end of its test.
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -119,6 +120,18 @@ def make_daemon():
 @pytest.fixture
 def daemon(make_daemon):
     return make_daemon()
+
+
+def metrics_url(daemon):
+    """The daemon's /metrics address from its log. kvtierd prints it once
+    the endpoint runs, after the socket accepts: waits up to 10 s for it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = re.search(r"^metrics: (http://\S+)$", daemon.log.read_text(), re.M)
+        if m:
+            return m.group(1)
+        time.sleep(0.02)
+    raise AssertionError("kvtierd printed no metrics line:\n" + daemon.log.read_text())
 
 
 def test_namespace(revision="rev-1", block_tokens=16, layer_count=4, bytes_per_token_per_layer=64):

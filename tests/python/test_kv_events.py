@@ -8,7 +8,6 @@ ls --blocks` lists them, and `kvtier ls` counts the same blocks
 
 import json
 import os
-import re
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 import zmq
 
 import kvtier
-from conftest import block_bytes
+from conftest import block_bytes, metrics_url
 
 KVTIER_TOOL = os.environ.get("KVTIER_TOOL", "")
 END = -1
@@ -316,9 +315,7 @@ def test_long_answers_are_paced_by_their_reader_and_bounded_in_number(make_daemo
 def events_metrics(d):
     """The daemon's events.* samples from its Prometheus endpoint (the
     client's stats are the engine's only)."""
-    m = re.search(r"^metrics: (http://\S+)$", d.log.read_text(), re.M)
-    assert m, d.log.read_text()
-    text = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+    text = urllib.request.urlopen(metrics_url(d), timeout=10).read().decode()
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line.startswith("kvtier_events_")}
 

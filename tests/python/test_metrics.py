@@ -12,20 +12,10 @@ import numpy as np
 import pytest
 
 import kvtier
-from conftest import test_namespace
+from conftest import metrics_url, test_namespace
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
-
-
-def metrics_url(daemon):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        m = re.search(r"^metrics: (http://\S+)$", daemon.log.read_text(), re.M)
-        if m:
-            return m.group(1)
-        time.sleep(0.02)
-    raise AssertionError("kvtierd printed no metrics line:\n" + daemon.log.read_text())
 
 
 def parse(text):
