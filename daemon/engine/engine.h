@@ -119,7 +119,8 @@ class Engine {
   // while its tiers are there (they read them). A takeover stops its
   // engines and frees them only after the hand-over, or never (daemon/
   // main.cc): freeing their index takes seconds at millions of blocks.
-  // Idempotent; main thread (with no request in flight).
+  // Its clock and event journal may go first too. Idempotent; main thread
+  // (with no request in flight).
   void Stop();
 
   // Namespaces: registered, used by connections and forgotten as

@@ -20,9 +20,10 @@ void ReadMeter::Ended(uint64_t started_bytes, uint64_t read_bytes, uint64_t now_
   busy_bytes_ += read_bytes;
   const bool idle = --reads_in_flight_ == 0;
   if (!idle && busy_bytes_ < kSampleBytes) return;
-  if (busy_bytes_ != 0) {
+  if (busy_bytes_ != 0 && now_us > busy_since_us_) {  // Observe ignores a period of no time
     estimate_.Observe(busy_bytes_, now_us - busy_since_us_);
     last_sample_us_ = now_us;
+    sampled_ = true;
   }
   busy_since_us_ = now_us;
   busy_bytes_ = 0;
@@ -36,6 +37,11 @@ BandwidthEstimate ReadMeter::estimate() const {
 uint64_t ReadMeter::last_sample_us() const {
   MutexLock lock(mu_);
   return last_sample_us_;
+}
+
+bool ReadMeter::sampled() const {
+  MutexLock lock(mu_);
+  return sampled_;
 }
 
 ReadMeter::InFlight ReadMeter::in_flight() const {

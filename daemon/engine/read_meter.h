@@ -39,8 +39,9 @@ class ReadMeter {
     uint64_t bytes = 0;
   };
   InFlight in_flight() const EXCLUDES(mu_);
-  // When the latest sample was taken (0: none yet).
+  // When the latest sample was taken, and whether there was one.
   uint64_t last_sample_us() const EXCLUDES(mu_);
+  bool sampled() const EXCLUDES(mu_);
 
  private:
   mutable Mutex mu_;
@@ -50,6 +51,7 @@ class ReadMeter {
   uint64_t busy_since_us_ GUARDED_BY(mu_) = 0;    // the busy period's start (or last sample)
   uint64_t busy_bytes_ GUARDED_BY(mu_) = 0;       // read since then
   uint64_t last_sample_us_ GUARDED_BY(mu_) = 0;
+  bool sampled_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvtier

@@ -105,7 +105,8 @@ Result<ReadyEstimate> ReadyEstimator::Estimate(const NamespaceFingerprint& ns, s
     off_gpu = off_gpu || placed->tier != Tier::kHbm;
     prefix.push_back(*placed);
   }
-  return ModelReady(prefix, LevelsNow(PreloadRates::kReadPercentile, 0), off_gpu ? host_copy_bytes_per_s_() : 0);
+  return ModelReady(prefix, LevelsNow(PreloadRates::kReadPercentile, std::nullopt),
+                    off_gpu ? host_copy_bytes_per_s_() : 0);
 }
 
 std::vector<bool> ReadyEstimator::Late(const NamespaceFingerprint& ns, std::span<const BlockKey> keys, double budget_us,
@@ -122,14 +123,14 @@ std::vector<bool> ReadyEstimator::Late(const NamespaceFingerprint& ns, std::span
   return ModelLate(placed, LevelsNow(kLatePercentile, now_us), budget_us);
 }
 
-std::vector<ReadyLevelNow> ReadyEstimator::LevelsNow(double percentile, uint64_t now_us) const {
+std::vector<ReadyLevelNow> ReadyEstimator::LevelsNow(double percentile, std::optional<uint64_t> judge_at_us) const {
   std::vector<ReadyLevelNow> levels;
   levels.reserve(below_.size());
   for (const auto& level : below_) {
     const BandwidthEstimate estimate = level->read_meter.estimate();
     const uint64_t sampled_us = level->read_meter.last_sample_us();
-    const bool judged = now_us == 0 || (estimate.observed() >= kLateMinSamples && sampled_us != 0 &&
-                                        now_us <= sampled_us + kLateFreshUs);
+    const bool judged = !judge_at_us || (estimate.observed() >= kLateMinSamples && level->read_meter.sampled() &&
+                                         *judge_at_us <= sampled_us + kLateFreshUs);
     levels.push_back(
         ReadyLevelNow{level->reported, estimate.Percentile(percentile), level->read_meter.in_flight(), judged});
   }

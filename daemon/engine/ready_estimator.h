@@ -75,7 +75,8 @@ ReadyEstimate ModelReady(std::span<const Locator::Placed> prefix, std::span<cons
 // A late block is not read, and neither is any block below the host after
 // it (a load's usable prefix ends at its first failed block: reading them
 // would serve nothing). A level whose rate is not positive or not
-// `judged` calls nothing late (nothing to go on).
+// `judged` calls none of its blocks late (nothing to go on) unless an
+// earlier block was.
 std::vector<bool> ModelLate(std::span<const std::optional<Locator::Placed>> blocks,
                             std::span<const ReadyLevelNow> levels, double budget_us);
 
@@ -117,8 +118,8 @@ class ReadyEstimator {
  private:
   // Each level below the host now, its rate the `percentile`-th of its
   // recent busy-time rates.
-  // `judged` as Late says, at `now_us` (0: every level judged).
-  std::vector<ReadyLevelNow> LevelsNow(double percentile, uint64_t now_us) const;
+  // `judged` as Late says at `*judge_at_us` (none: every level judged).
+  std::vector<ReadyLevelNow> LevelsNow(double percentile, std::optional<uint64_t> judge_at_us) const;
 
   const Locator& locator_;
   const std::vector<std::unique_ptr<TierLevel>>& below_;

@@ -465,8 +465,8 @@ static inline void kvtier_load_options_init(kvtier_load_options* options) {
 }
 // kvtier_begin_load with every option (kvtier_load_options), the deadline
 // among them. KVTIER_INVALID_ARGUMENT for options not initialised by
-// kvtier_load_options_init (`size` too small), both dst and device_dst, or
-// a negative or non-finite time.
+// kvtier_load_options_init (`size` too small), both dst and device_dst, a
+// negative time, or a recompute time that is not finite.
 int kvtier_begin_load_with(kvtier_client* client, uint32_t ns, const kvtier_key* keys, size_t n,
                            const kvtier_load_options* options, kvtier_layer_load** out, uint32_t* layers,
                            size_t* layer_bytes, int* statuses);
