@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tests/testing/test_daemon.h"
@@ -38,6 +39,16 @@ TestDaemonOptions NvmeOptions() {
 
 // Puts 150 blocks through a 64-block arena: the first ones end up on NVMe
 // only. Returns the keys, the first `below` of which Lookup reports on NVMe.
+// A client of `daemon` whose calls wait at most `call_timeout` (null
+// when it cannot connect).
+std::unique_ptr<Client> ConnectWithin(TestDaemon& daemon, std::chrono::milliseconds call_timeout) {
+  ClientOptions options = daemon.Options();
+  options.call_timeout = call_timeout;
+  auto connected = Client::Connect(options);
+  EXPECT_TRUE(connected.ok()) << connected.status().ToString();
+  return connected.ok() ? std::move(*connected) : nullptr;
+}
+
 std::vector<BlockKey> PushToNvme(TestDaemon& daemon, Client& client, size_t below) {
   const auto keys = TestKeys(TestNamespace(), 150, 77);
   for (const auto& k : keys) EXPECT_TRUE(client.Put(0, k, Block(k, kBlock)).ok());
@@ -159,11 +170,9 @@ TEST(LayerLoadTest, AMissingBlockFailsAloneAndEndsTheUsablePrefix) {
 
 TEST(LayerLoadTest, AWaitTimesOutWhileTheDriveStallsAndSucceedsAfter) {
   TestDaemon daemon(NvmeOptions());
-  ClientOptions options = daemon.Options();
-  options.call_timeout = std::chrono::milliseconds(200);
-  auto connected = Client::Connect(options);
-  ASSERT_TRUE(connected.ok());
-  Client& client = **connected;
+  auto connected = ConnectWithin(daemon, std::chrono::milliseconds(200));
+  ASSERT_NE(connected, nullptr);
+  Client& client = *connected;
   const auto all = PushToNvme(daemon, client, 4);
   const std::vector<BlockKey> keys(all.begin(), all.begin() + 4);
   daemon.nvme_device()->HoldReads();
@@ -183,11 +192,9 @@ TEST(LayerLoadTest, AWaitTimesOutWhileTheDriveStallsAndSucceedsAfter) {
 // The call timeout is far longer: the deadline, not it, ends the wait.
 TEST(LayerLoadTest, PastItsDeadlineALoadFailsTheBlocksOnAStalledDriveAndServesTheRest) {
   TestDaemon daemon(NvmeOptions());
-  ClientOptions options = daemon.Options();
-  options.call_timeout = std::chrono::seconds(60);
-  auto connected = Client::Connect(options);
-  ASSERT_TRUE(connected.ok());
-  Client& client = **connected;
+  auto connected = ConnectWithin(daemon, std::chrono::seconds(60));
+  ASSERT_NE(connected, nullptr);
+  Client& client = *connected;
   const auto all = PushToNvme(daemon, client, 4);
   // Two host blocks (the newest), then two on NVMe.
   const std::vector<BlockKey> keys{all[148], all[149], all[0], all[1]};
@@ -265,11 +272,9 @@ TEST(LayerLoadTest, ABlockThatCannotArriveByTheDeadlineFailsAtOnceAndIsNotRead) 
 // gives up once recomputing the prefix would have been done: layers x it.
 TEST(LayerLoadTest, TheDefaultDeadlineIsTheRecomputeTime) {
   TestDaemon daemon(NvmeOptions());
-  ClientOptions options = daemon.Options();
-  options.call_timeout = std::chrono::seconds(60);
-  auto connected = Client::Connect(options);
-  ASSERT_TRUE(connected.ok());
-  Client& client = **connected;
+  auto connected = ConnectWithin(daemon, std::chrono::seconds(60));
+  ASSERT_NE(connected, nullptr);
+  Client& client = *connected;
   const auto all = PushToNvme(daemon, client, 2);
   const std::vector<BlockKey> keys{all[0], all[1]};
   daemon.nvme_device()->HoldReads();
