@@ -72,6 +72,23 @@ TEST(SupportPorts, ReservesDistinctFreePortsInTheRange) {
   }
 }
 
+// A drawn port stays claimed by the drawing process: neither another process
+// nor a later draw of its own gets it, though nothing is bound to it (parallel
+// tests drew the same port between its check and their daemon's bind).
+TEST(SupportPorts, ADrawnPortIsNeverDrawnAgainWhileItsProcessLives) {
+  const std::vector<int> ports = ReserveLoopbackPorts(1, 10000, 22767, 0);
+  ASSERT_EQ(ports.size(), 1u);
+  const int port = ports[0];
+  EXPECT_TRUE(ReserveLoopbackPorts(1, port, port, 0).empty());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(ReserveLoopbackPorts(1, port, port, 0).empty() ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "another process drew port " << port;
+}
+
 TEST(SupportTempDir, MakesAFreshDirectoryWithThePrefix) {
   const Result<std::string> a = MakeTempDir("kvtier-support-test-");
   const Result<std::string> b = MakeTempDir("kvtier-support-test-");

@@ -3,6 +3,8 @@ members, one cluster secret in [remote] key_file, UCX over TCP on
 loopback), for the tests that move KV between nodes (test_vllm_pd.py,
 test_vllm_migration.py)."""
 
+import fcntl
+import os
 import random
 import socket
 import time
@@ -12,21 +14,51 @@ import pytest
 import kvtier
 
 
+# Claims on the ports drawn, kept open for the life of this process.
+_claims = []
+
+
+def _claim(port):
+    """Claims port against other processes drawing ports, as the C++ tests'
+    support::ReserveLoopbackPorts does (an exclusive flock on
+    /tmp/kvtier-ports-<uid>/<port>, held until this process exits): parallel
+    tests otherwise drew the same port between its check and the daemon's
+    bind. False when another process holds it; True when it is claimed or
+    no claim can be made (the bind check then stands alone)."""
+    d = f"/tmp/kvtier-ports-{os.getuid()}"
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        f = open(os.path.join(d, str(port)), "a")
+    except OSError:
+        return True
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _claims.append(f)
+    return True
+
+
 def free_ports(n):
     """n distinct free loopback ports (all held while drawn, so none
     repeats), drawn below the kernel's ephemeral range (32768 and up on
     Linux): a port from that range can be taken by any outgoing connection
     (the daemon's own peer tier connecting out first) before the daemon
-    binds it. The C++ tests draw from the same range (FreeLoopbackPorts)."""
+    binds it. The C++ tests draw from the same range (FreeLoopbackPorts)
+    and claim their ports the same way (_claim)."""
     rng = random.Random()
     held = []
     try:
         for _ in range(1000):
             if len(held) == n:
                 break
+            port = rng.randint(10000, 22767)
+            if not _claim(port):
+                continue
             s = socket.socket()
             try:
-                s.bind(("127.0.0.1", rng.randint(10000, 22767)))
+                s.bind(("127.0.0.1", port))
             except OSError:
                 s.close()
                 continue
