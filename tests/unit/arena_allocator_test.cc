@@ -101,6 +101,44 @@ TEST(ArenaAllocatorTest, CapacityRoundsDownToAlignment) {
   EXPECT_FALSE(empty.Allocate(1).has_value());
 }
 
+// An arena still being allocated: only the usable part is handed out or
+// claimed; Grow adds the rest as one free range with the free tail before it.
+TEST(ArenaAllocatorTest, HandsOutOnlyTheUsablePartUntilItGrows) {
+  ArenaAllocator a(16 * kPage, 4 * kPage + 100);
+  EXPECT_EQ(a.capacity_bytes(), 16 * kPage);
+  EXPECT_EQ(a.usable_bytes(), 4 * kPage);
+  EXPECT_EQ(a.free_bytes(), 4 * kPage);
+  EXPECT_FALSE(a.Allocate(5 * kPage).has_value());
+  EXPECT_FALSE(a.Claim({8 * kPage, kPage}));
+  const std::optional<Extent> first = a.Allocate(kPage);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->offset, 0u);
+  a.Grow(2 * kPage);  // smaller: nothing changes
+  EXPECT_EQ(a.usable_bytes(), 4 * kPage);
+  a.Grow(12 * kPage);
+  EXPECT_EQ(a.usable_bytes(), 12 * kPage);
+  EXPECT_EQ(a.free_bytes(), 11 * kPage);
+  EXPECT_EQ(a.largest_free_bytes(), 11 * kPage);  // [1, 4) and [4, 12) coalesced
+  EXPECT_TRUE(a.Claim({8 * kPage, kPage}));
+  a.Grow(100 * kPage);  // at most the capacity
+  EXPECT_EQ(a.usable_bytes(), 16 * kPage);
+  EXPECT_EQ(a.free_bytes(), 14 * kPage);
+  const std::optional<Extent> low = a.Allocate(7 * kPage);
+  const std::optional<Extent> tail = a.Allocate(7 * kPage);
+  ASSERT_TRUE(low.has_value() && tail.has_value());
+  EXPECT_EQ(low->offset, kPage);       // [1, 8) and [9, 16) around the claimed page
+  EXPECT_EQ(tail->offset, 9 * kPage);  // the grown part
+  EXPECT_EQ(a.free_bytes(), 0u);
+  ExpectConsistent(a, {*first, *low, Extent{8 * kPage, kPage}, *tail});
+
+  // Grown with the tail in use: the new part is a range of its own.
+  ArenaAllocator b(8 * kPage, 2 * kPage);
+  ASSERT_TRUE(b.Allocate(2 * kPage).has_value());
+  b.Grow(8 * kPage);
+  EXPECT_EQ(b.largest_free_bytes(), 6 * kPage);
+  EXPECT_EQ(b.Allocate(6 * kPage)->offset, 2 * kPage);
+}
+
 void FillUniform(uint64_t capacity, uint64_t block) {
   ArenaAllocator a(capacity);
   const uint64_t cls = ArenaAllocator::ClassSize(block);

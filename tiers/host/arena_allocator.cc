@@ -1,5 +1,6 @@
 #include "tiers/host/arena_allocator.h"
 
+#include <algorithm>
 #include <bit>
 #include <iterator>
 
@@ -12,9 +13,26 @@ uint64_t RoundUp(uint64_t value, uint64_t multiple) { return (value + multiple -
 
 }  // namespace
 
-ArenaAllocator::ArenaAllocator(uint64_t capacity_bytes)
-    : capacity_bytes_(capacity_bytes / kAlignmentBytes * kAlignmentBytes) {
-  if (capacity_bytes_ > 0) InsertFree(0, capacity_bytes_);
+ArenaAllocator::ArenaAllocator(uint64_t capacity_bytes, uint64_t usable_bytes)
+    : capacity_bytes_(capacity_bytes / kAlignmentBytes * kAlignmentBytes),
+      usable_bytes_(std::min(capacity_bytes_, usable_bytes / kAlignmentBytes * kAlignmentBytes)) {
+  if (usable_bytes_ > 0) InsertFree(0, usable_bytes_);
+}
+
+void ArenaAllocator::Grow(uint64_t usable_bytes) {
+  const uint64_t usable = std::min(capacity_bytes_, usable_bytes / kAlignmentBytes * kAlignmentBytes);
+  if (usable <= usable_bytes_) return;
+  uint64_t offset = usable_bytes_;
+  // Merge with the free range that ends at the old boundary.
+  if (!free_by_offset_.empty()) {
+    auto last = std::prev(free_by_offset_.end());
+    if (last->first + last->second == offset) {
+      offset = last->first;
+      EraseFree(last);
+    }
+  }
+  InsertFree(offset, usable - offset);
+  usable_bytes_ = usable;
 }
 
 uint64_t ArenaAllocator::ClassSize(uint64_t bytes) {
@@ -27,7 +45,7 @@ uint64_t ArenaAllocator::ClassSize(uint64_t bytes) {
 }
 
 std::optional<ArenaAllocator::Extent> ArenaAllocator::Allocate(uint64_t bytes) {
-  if (bytes == 0 || bytes > capacity_bytes_) {
+  if (bytes == 0 || bytes > usable_bytes_) {
     ++failed_allocations_;
     return std::nullopt;
   }
@@ -49,8 +67,8 @@ std::optional<ArenaAllocator::Extent> ArenaAllocator::Allocate(uint64_t bytes) {
 }
 
 bool ArenaAllocator::Claim(Extent e) {
-  if (e.length == 0 || e.offset % kAlignmentBytes != 0 || e.length % kAlignmentBytes != 0 ||
-      e.offset > capacity_bytes_ || e.length > capacity_bytes_ - e.offset) {
+  if (e.length == 0 || e.offset % kAlignmentBytes != 0 || e.length % kAlignmentBytes != 0 || e.offset > usable_bytes_ ||
+      e.length > usable_bytes_ - e.offset) {
     return false;
   }
   // The free range that starts at or before e.offset must cover all of e.

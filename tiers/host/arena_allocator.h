@@ -14,7 +14,9 @@
 
 namespace kvtier {
 
-// Hands out [offset, offset + length) ranges of an arena of capacity_bytes.
+// Hands out [offset, offset + length) ranges of an arena of capacity_bytes,
+// from its first usable_bytes() (all of it unless the arena is still being
+// allocated: Grow moves the boundary up as it is).
 //
 // Sizes are rounded up to size classes (ClassSize) so that a freed range is
 // reusable by a later block of the same class and fragmentation stays
@@ -43,8 +45,9 @@ class ArenaAllocator {
   };
 
   // `capacity_bytes` is rounded down to kAlignmentBytes (0 is allowed: every
-  // Allocate then fails).
-  explicit ArenaAllocator(uint64_t capacity_bytes);
+  // Allocate then fails). Only the first `usable_bytes` (rounded down, at
+  // most the capacity) are handed out or claimed until Grow.
+  explicit ArenaAllocator(uint64_t capacity_bytes, uint64_t usable_bytes = UINT64_MAX);
 
   ArenaAllocator(const ArenaAllocator&) = delete;
   ArenaAllocator& operator=(const ArenaAllocator&) = delete;
@@ -63,7 +66,7 @@ class ArenaAllocator {
 
   // Reserves exactly `e` (a restart's adoption: the extent a previous
   // allocator handed out). False, changing nothing, unless `e` is aligned,
-  // non-empty, inside the arena and entirely free.
+  // non-empty, inside the usable part and entirely free.
   bool Claim(Extent e);
 
   // Returns `e` (exactly as Allocate or Claim returned it) to the free ranges,
@@ -71,10 +74,15 @@ class ArenaAllocator {
   // or an extent this allocator did not hand out.
   void Free(Extent e);
 
+  // The usable part becomes the first `usable_bytes` (rounded down, at
+  // most the capacity); a smaller value changes nothing.
+  void Grow(uint64_t usable_bytes);
+
   uint64_t capacity_bytes() const { return capacity_bytes_; }
-  // Sum of the class sizes of live extents; used + free == capacity.
+  uint64_t usable_bytes() const { return usable_bytes_; }
+  // Sum of the class sizes of live extents; used + free == usable.
   uint64_t used_bytes() const { return used_bytes_; }
-  uint64_t free_bytes() const { return capacity_bytes_ - used_bytes_; }
+  uint64_t free_bytes() const { return usable_bytes_ - used_bytes_; }
   // The longest free range; an Allocate whose class fits in it succeeds.
   uint64_t largest_free_bytes() const;
   // Number of live extents.
@@ -89,6 +97,7 @@ class ArenaAllocator {
   void EraseFree(std::map<uint64_t, uint64_t>::iterator it);
 
   uint64_t capacity_bytes_;
+  uint64_t usable_bytes_;
   uint64_t used_bytes_ = 0;
   uint64_t failed_allocations_ = 0;
   // Free ranges: offset -> length, and (length, offset) for best fit. Both
