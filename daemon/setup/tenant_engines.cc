@@ -4,10 +4,17 @@
 #include <bit>
 
 #include "common/logging.h"
+#include "daemon/setup/auto_size.h"
 #include "policy/policy_registry.h"
 
 namespace kvtier {
 namespace {
+
+// What a host arena allocates before the socket opens: enough for any
+// block at once, about 0.25 s of fallocate on a 2-core VM (docs/BENCHMARKS.md
+// "Start-up"). A start that cannot hold even this fails; a machine that runs
+// short later keeps the part allocated by then (kvtier health says so).
+constexpr uint64_t kArenaBytesAllocatedAtOpen = uint64_t{1} << 30;
 
 HostArenaOptions::LockMode LockModeOf(LockMemory lock) {
   switch (lock) {
@@ -40,7 +47,12 @@ Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std
   if (!tenant.empty()) arena.name += "-" + tenant;
   arena.capacity_bytes = arena_bytes;
   arena.lock = LockModeOf(config.host_lock_memory);
-  arena.warm_in_background = true;  // the socket opens at once; the arena faults in behind it
+  // The socket opens once the first GiB is allocated (about 0.25 s); the
+  // rest of the arena is allocated, then faulted in, behind it, the host
+  // tier growing as it is (host_arena.h).
+  arena.warm_in_background = true;
+  arena.allocate_at_open_bytes = kArenaBytesAllocatedAtOpen;
+  arena.meminfo_path = MeminfoPath();
   const HostKeep keep = keeper != nullptr ? keeper->KeptFor(tenant) : HostKeep{};
   auto host = HostTier::Open(arena, DirectorySlots(config, arena_bytes), keep);
   if (host.ok() && keeper != nullptr) keeper->Store(tenant, **host);

@@ -46,6 +46,8 @@ class HostAdoptionTest : public ::testing::Test {
     arena.capacity_bytes = arena_bytes;
     arena.lock = HostArenaOptions::LockMode::kOff;
     arena.name = "kvtier-test-arena";
+    arena.warm_in_background = allocate_at_open_ != UINT64_MAX;
+    arena.allocate_at_open_bytes = allocate_at_open_;
     auto host = HostTier::Open(arena, 64, HostKeep{true, kept.arena, kept.journal});
     ASSERT_TRUE(host.ok()) << host.status().ToString();
     host_ = std::move(*host);
@@ -94,6 +96,8 @@ class HostAdoptionTest : public ::testing::Test {
   }
 
   bool adopt_at_once_ = true;  // false: the test calls StartAdoption
+  // Set: Start allocates this much of the arena and the rest behind it.
+  uint64_t allocate_at_open_ = UINT64_MAX;
   FakeClock clock_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<Engine> engine_;
@@ -130,6 +134,23 @@ TEST_F(HostAdoptionTest, EveryCommittedBlockNotErasedIsAHostHitAfterARestart) {
       EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
     }
   }
+}
+
+// The next daemon allocates only the first page of a large kept arena
+// before it serves (the rest behind it): the blocks recorded past that page
+// lie in what the previous daemon allocated, and are adopted all the same.
+TEST_F(HostAdoptionTest, BlocksPastThePartAllocatedAtStartAreAdopted) {
+  constexpr uint64_t kLarge = uint64_t{512} << 20;
+  Start({}, kLarge);
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(Put(i).ok()) << i;
+  allocate_at_open_ = 4096;
+  Start(Stop(), kLarge);
+  ASSERT_TRUE(host_->adopted());
+  WaitAdopted();
+  EXPECT_EQ(CounterOf(*engine_, "host.adopt.blocks"), 20);
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
+  for (uint64_t i = 20; i < 40; ++i) ASSERT_TRUE(Put(i).ok()) << i;
+  for (uint64_t i = 0; i < 40; ++i) EXPECT_TRUE(HostHitWithItsBytes(i)) << i;
 }
 
 TEST_F(HostAdoptionTest, ABlockWhoseBytesChangedIsDroppedAndCounted) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -12,6 +13,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -69,10 +72,11 @@ TEST(HostArenaTest, LockOffIsUnlockedAndCloexec) {
   EXPECT_NE(fcntl((*arena)->fd(), F_GETFD) & FD_CLOEXEC, 0);
   CounterCollector c;
   (*arena)->VisitCounters(c);
-  ASSERT_EQ(c.counters().size(), 3u);
+  ASSERT_EQ(c.counters().size(), 4u);
   EXPECT_EQ(c.counters()[0], std::make_pair(std::string("host.arena.capacity_bytes"), int64_t(4 * kMiB)));
   EXPECT_EQ(c.counters()[1], std::make_pair(std::string("host.arena.locked"), int64_t(0)));
-  EXPECT_EQ(c.counters()[2], std::make_pair(std::string("host.arena.warm_bytes"), int64_t(4 * kMiB)));
+  EXPECT_EQ(c.counters()[2], std::make_pair(std::string("host.arena.allocated_bytes"), int64_t(4 * kMiB)));
+  EXPECT_EQ(c.counters()[3], std::make_pair(std::string("host.arena.warm_bytes"), int64_t(4 * kMiB)));
 }
 
 TEST(HostTierTest, ClientMappingSeesTheSameBytes) {
@@ -161,6 +165,7 @@ TEST(HostTierTest, CountersVisitArenaThenAllocator) {
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"host.arena.capacity_bytes", 8 * kMiB},
       {"host.arena.locked", 0},
+      {"host.arena.allocated_bytes", 8 * kMiB},
       {"host.arena.warm_bytes", 8 * kMiB},
       {"host.alloc.used_bytes", 112 * kKiB},
       {"host.alloc.free_bytes", 8 * kMiB - 112 * kKiB},
@@ -257,6 +262,86 @@ TEST(HostTierTest, LockRequiredSucceedsAsRoot) {
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();
   EXPECT_TRUE((*arena)->locked());
   EXPECT_GE(LockedKiB(), 64 * kKiB);
+}
+
+// The bytes of `fd`'s file that have pages (allocated), by st_blocks.
+uint64_t PagesAllocatedBytes(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// With allocate_at_open_bytes, Open allocates that much and returns; the
+// rest is allocated behind it (allocated_bytes() grows to the capacity,
+// every byte it counts has its page), then mapped.
+TEST(HostArenaTest, AllocatesTheRestOfTheArenaBehindOpen) {
+  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+  o.warm_in_background = true;
+  o.warm_chunk_bytes = 4 * kMiB;
+  o.allocate_at_open_bytes = 8 * kMiB - 100;  // rounded up to a page
+  auto arena = HostArena::Open(o);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  uint64_t seen = (*arena)->allocated_bytes();
+  EXPECT_GE(seen, 8 * kMiB);
+  EXPECT_EQ(seen % 4096, 0u);
+  while ((*arena)->growing()) {
+    const uint64_t now = (*arena)->allocated_bytes();
+    ASSERT_GE(now, seen);  // never shrinks
+    EXPECT_GE(PagesAllocatedBytes((*arena)->fd()), now);
+    seen = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  (*arena)->WaitWarm();
+  EXPECT_FALSE((*arena)->warm_failed());
+  EXPECT_EQ((*arena)->allocated_bytes(), 512 * kMiB);
+  EXPECT_EQ((*arena)->warm_bytes(), 512 * kMiB);
+  EXPECT_GE(PagesAllocatedBytes((*arena)->fd()), 512 * kMiB);
+}
+
+// An arena whose part left to the background exceeds MemAvailable fails
+// Open with the sizes, as allocating it all at once would have failed;
+// with enough available it opens.
+TEST(HostArenaTest, AnArenaTheMachineCannotHoldFailsOpenThoughMostIsAllocatedLater) {
+  const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-" + std::to_string(::getpid());
+  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+  o.warm_in_background = true;
+  o.allocate_at_open_bytes = 4 * kMiB;
+  o.meminfo_path = meminfo;
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemFree:   10 kB\nMemAvailable:     102400 kB\n";
+  auto short_machine = HostArena::Open(o);
+  ASSERT_FALSE(short_machine.ok());
+  EXPECT_EQ(short_machine.status().code(), StatusCode::kIoError);
+  EXPECT_NE(short_machine.status().message().find("508 MiB more"), std::string::npos)
+      << short_machine.status().message();
+  EXPECT_NE(short_machine.status().message().find("100 MiB available"), std::string::npos);
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     1048576 kB\n";
+  auto enough = HostArena::Open(o);
+  ASSERT_TRUE(enough.ok()) << enough.status().ToString();
+  (*enough)->WaitWarm();
+  EXPECT_EQ((*enough)->allocated_bytes(), 512 * kMiB);
+  std::remove(meminfo.c_str());
+}
+
+// While the arena grows, the tier hands out only what it has allocated (a
+// page past it would be allocated by the client that first writes it), and
+// an allocation waits for the growth instead of answering NoSpace: the
+// whole arena is filled by allocations made at once after the start.
+TEST(HostTierTest, HandsOutOnlyTheAllocatedPartAndWaitsForTheArenaToGrow) {
+  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+  o.warm_in_background = true;
+  o.warm_chunk_bytes = 4 * kMiB;
+  o.allocate_at_open_bytes = 4 * kMiB;
+  auto tier = HostTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  int past_allocated = 0;
+  for (int i = 0; i < 128; ++i) {
+    Result<Extent> e = (*tier)->Allocate(4 * kMiB);
+    ASSERT_TRUE(e.ok()) << i << ": " << e.status().ToString();
+    if (e->offset + e->length > (*tier)->allocated_bytes()) ++past_allocated;
+  }
+  EXPECT_EQ(past_allocated, 0);
+  EXPECT_EQ((*tier)->used_bytes(), 512 * kMiB);
+  EXPECT_EQ((*tier)->Allocate(4 * kMiB).status().code(), StatusCode::kNoSpace);  // full: no wait
 }
 
 // With warm_in_background, Open allocates and locks on fault and returns;

@@ -10,8 +10,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "common/logging.h"
 
@@ -33,6 +36,24 @@ std::string MlockFailure(uint64_t capacity_bytes, int err, bool required) {
   return "mlock of the " + std::to_string(capacity_bytes) + "-byte host arena failed (" + std::strerror(err) +
          "); RLIMIT_MEMLOCK is " + limits + "; raise it with ulimit -l / systemd LimitMEMLOCK=infinity" +
          (required ? ", or set host.lock_memory = \"best_effort\"" : "");
+}
+
+// What the process's arenas still have to allocate behind their Open: the
+// next arena's check counts it as taken (host_arena.h meminfo_path).
+std::atomic<uint64_t> g_pending_bytes{0};
+
+// MemAvailable of the meminfo file at `path`, in bytes; nullopt when it
+// cannot be read.
+std::optional<uint64_t> MemAvailableBytes(const std::string& path) {
+  std::ifstream in(path);
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
 }
 
 // Closes the fd unless released: keeps Open's error paths short.
@@ -128,16 +149,31 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
     return arena;
   }
   // In the background. Two things stay at Open, so that a machine that
-  // cannot hold the arena fails start-up as before: every page is allocated
-  // now (fallocate: no page is cleared or mapped, so it is the cheap part,
-  // and the daemon's memory cgroup is charged, never a client that touches
-  // a page first), and the whole arena is locked on fault (mlock2
-  // MLOCK_ONFAULT: the kernel checks RLIMIT_MEMLOCK, or CAP_IPC_LOCK, for
-  // all of it and every other arena of the process now; each page is
-  // locked as it is mapped). The thread then maps the pages.
-  if (::fallocate(arena->fd_, 0, 0, static_cast<off_t>(o.capacity_bytes)) != 0 && errno != EOPNOTSUPP &&
-      errno != ENOSYS) {
-    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(o.capacity_bytes) + " bytes)");
+  // cannot hold the arena fails start-up as before where it can: the first
+  // allocate_at_open_bytes are allocated now (fallocate: no page is mapped,
+  // so it is the cheap part, and the daemon's memory cgroup is charged,
+  // never a client that touches a page first), and the whole arena is
+  // locked on fault (mlock2 MLOCK_ONFAULT: the kernel checks
+  // RLIMIT_MEMLOCK, or CAP_IPC_LOCK, for all of it and every other arena of
+  // the process now; each page is locked as it is mapped). The thread then
+  // allocates the rest and maps the pages.
+  const uint64_t at_open =
+      std::min(o.capacity_bytes, (std::min(o.capacity_bytes, o.allocate_at_open_bytes) + page - 1) / page * page);
+  if (Status s = arena->AllocateUpTo(at_open); !s.ok()) return s;
+  // A kept arena's pages are there already (up to where its daemon got).
+  if (const uint64_t rest = o.capacity_bytes - at_open; rest > 0 && o.kept_fd < 0) {
+    const uint64_t pending = g_pending_bytes.load();
+    if (const std::optional<uint64_t> available = MemAvailableBytes(o.meminfo_path);
+        available && rest + pending > *available) {
+      return IoError("the " + std::to_string(o.capacity_bytes >> 20) + " MiB host arena needs " +
+                     std::to_string(rest >> 20) + " MiB more than the part allocated at start, and the machine has " +
+                     std::to_string(*available >> 20) + " MiB available (MemAvailable in " + o.meminfo_path +
+                     (pending > 0 ? ", less " + std::to_string(pending >> 20) + " MiB other arenas still allocate"
+                                  : std::string()) +
+                     "); lower host.capacity_bytes or free memory");
+    }
+    g_pending_bytes += rest;
+    arena->pending_bytes_ = rest;
   }
   if (arena->locked() && ::mlock2(base, o.capacity_bytes, MLOCK_ONFAULT) != 0) {
     const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
@@ -151,6 +187,22 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
   return arena;
 }
 
+Status HostArena::AllocateUpTo(uint64_t end) {
+  const uint64_t begin = allocated_bytes_.load(std::memory_order_relaxed);
+  if (end <= begin) return Status::Ok();
+  const uint64_t bytes = end - begin;
+  if (::fallocate(fd_, 0, static_cast<off_t>(begin), static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP &&
+      errno != ENOSYS) {
+    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
+                   std::to_string(begin) + ")");
+  }
+  allocated_bytes_.store(end, std::memory_order_release);
+  const uint64_t counted = std::min(pending_bytes_, bytes);
+  pending_bytes_ -= counted;
+  g_pending_bytes -= counted;
+  return Status::Ok();
+}
+
 Status HostArena::WarmUpTo(uint64_t end) {
   const uint64_t begin = warm_bytes_.load(std::memory_order_relaxed);
   if (end <= begin) return Status::Ok();
@@ -162,11 +214,7 @@ Status HostArena::WarmUpTo(uint64_t end) {
   // faster way, docs/BENCHMARKS.md "Start-up"); unlocked, MADV_POPULATE_READ
   // (kernels before 5.14 lack it: the pages then map at first touch). The
   // bytes are never touched (a client may already be writing there).
-  if (::fallocate(fd_, 0, static_cast<off_t>(begin), static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP &&
-      errno != ENOSYS) {
-    return IoError(Errno("fallocate of the host arena", errno) + " (" + std::to_string(bytes) + " bytes at " +
-                   std::to_string(begin) + ")");
-  }
+  if (Status s = AllocateUpTo(end); !s.ok()) return s;
   if (locked_.load(std::memory_order_relaxed)) {
     if (::mlock(from, bytes) != 0) {
       return Status(StatusCode::kPermissionDenied,
@@ -184,6 +232,22 @@ Status HostArena::WarmUpTo(uint64_t end) {
 
 void HostArena::WarmRest(uint64_t chunk_bytes) {
   const auto started = std::chrono::steady_clock::now();
+  // Allocation first, four chunks at a time (a file operation: no
+  // memory-map lock is held): the tier can hand out the whole arena about
+  // four times sooner than if each chunk were mapped before the next one
+  // is allocated.
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    const uint64_t at = allocated_bytes();
+    if (at >= capacity_bytes_) break;
+    if (Status s = AllocateUpTo(std::min(capacity_bytes_, at + 4 * chunk_bytes)); !s.ok()) {
+      spdlog::error("{}; the host arena holds the {} MiB allocated so far of its {} MiB", s.message(), at >> 20,
+                    capacity_bytes_ >> 20);
+      g_pending_bytes -= std::exchange(pending_bytes_, 0);
+      warm_failed_.store(true);
+      warm_done_.store(true);
+      return;
+    }
+  }
   while (!stopping_.load(std::memory_order_relaxed)) {
     const uint64_t at = warm_bytes_.load(std::memory_order_relaxed);
     if (at >= capacity_bytes_) break;
@@ -205,7 +269,7 @@ void HostArena::WarmRest(uint64_t chunk_bytes) {
   }
   if (warm_bytes_.load(std::memory_order_relaxed) >= capacity_bytes_) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    spdlog::info("host arena: {} MiB faulted in{} in {:.1f} s, while serving", capacity_bytes_ >> 20,
+    spdlog::info("host arena: {} MiB allocated and faulted in{} in {:.1f} s, while serving", capacity_bytes_ >> 20,
                  locked() ? " and locked" : "", seconds);
   }
   warm_done_.store(true);
@@ -218,6 +282,7 @@ void HostArena::WaitWarm() const {
 HostArena::~HostArena() {
   stopping_.store(true);
   if (warmer_.joinable()) warmer_.join();
+  g_pending_bytes -= std::exchange(pending_bytes_, 0);
   ::munmap(base_, capacity_bytes_);
   ::close(fd_);
 }
@@ -225,6 +290,7 @@ HostArena::~HostArena() {
 void HostArena::VisitCounters(CounterVisitor& v) const {
   v.VisitGauge("host.arena.capacity_bytes", static_cast<int64_t>(capacity_bytes_));
   v.VisitGauge("host.arena.locked", locked() ? 1 : 0);
+  v.VisitGauge("host.arena.allocated_bytes", static_cast<int64_t>(allocated_bytes()));
   v.VisitGauge("host.arena.warm_bytes", static_cast<int64_t>(warm_bytes()));
 }
 

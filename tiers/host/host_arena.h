@@ -3,13 +3,15 @@
 // the daemon passes to clients with SCM_RIGHTS.
 //
 // Allocating, mapping and locking an arena of many GiB takes about 1 s per
-// GiB. With `warm_in_background` Open only allocates every page
-// (fallocate: a short machine still fails here, and the daemon is charged
-// for the memory) and locks the whole arena on fault (mlock2
-// MLOCK_ONFAULT: the memlock limit is checked here for all of it); a
-// thread of the arena maps the pages (and so locks them), `warm_chunk_bytes`
-// at a time, while the daemon serves. A page touched before the thread
-// reaches it is mapped (and locked) by that touch.
+// GiB, allocating alone (fallocate, which clears the pages) about 0.25 s.
+// With `warm_in_background` Open allocates only the first
+// `allocate_at_open_bytes` and locks the whole arena on fault (mlock2
+// MLOCK_ONFAULT: the memlock limit is checked here for all of it), then
+// returns; a thread of the arena allocates the rest, chunk by chunk
+// (allocated_bytes() grows as it does: the host tier hands out only
+// allocated bytes), then maps the pages (and so locks them), while the
+// daemon serves. A page touched before the thread reaches it is allocated
+// and mapped (and locked) by that touch.
 #pragma once
 
 #include <atomic>
@@ -34,8 +36,16 @@ struct HostArenaOptions {
   LockMode lock = LockMode::kBestEffort;
   // memfd name, visible in /proc/<pid>/fd and /proc/<pid>/maps.
   std::string name = "kvtier-arena";
-  // Fault in and lock the rest after Open returns (above).
+  // Allocate, fault in and lock the rest after Open returns (above).
   bool warm_in_background = false;
+  // With warm_in_background: the bytes Open allocates itself (rounded up to
+  // a page; all of the arena when larger); the rest is allocated behind it.
+  uint64_t allocate_at_open_bytes = UINT64_MAX;
+  // Where Open reads MemAvailable when it leaves part of a new arena to the
+  // background: an arena whose rest (with what the process's other arenas
+  // still have to allocate) exceeds it fails Open, as allocating it all
+  // would have. Unreadable: no check.
+  std::string meminfo_path = "/proc/meminfo";
   // Small chunks: each holds the process's memory-map lock only briefly.
   uint64_t warm_chunk_bytes = uint64_t{16} << 20;
   // >= 0: the arena is this memfd, kept by a previous daemon (Open takes
@@ -47,8 +57,9 @@ struct HostArenaOptions {
 // Owns a memfd of capacity_bytes sealed with F_SEAL_SHRINK | F_SEAL_GROW |
 // F_SEAL_SEAL (a client's mapping can never SIGBUS on truncation), mapped
 // MAP_SHARED read-write at base(), its pages allocated (fallocate, which
-// reports a machine short of memory) and mapped (by mlock, or
-// MADV_POPULATE_READ when not locking).
+// reports a machine short of memory, and charges the daemon's memory
+// cgroup, not a client's) and mapped (by mlock, or MADV_POPULATE_READ when
+// not locking).
 //
 // Every method is safe from any thread. Reads and writes of the bytes
 // themselves are the caller's to synchronize.
@@ -59,14 +70,18 @@ class HostArena {
   //   InvalidArgument  capacity_bytes is 0 or does not fit in off_t;
   //   IoError          memfd_create / ftruncate / fcntl / mmap failed, or
   //                    allocating the pages failed (the machine lacks the
-  //                    memory; message carries strerror), or mlock failed
+  //                    memory; message carries strerror: the part Open
+  //                    allocates itself), or mlock failed
   //                    with LockMode::kRequired (message names
   //                    RLIMIT_MEMLOCK's soft and hard values, the size, and
-  //                    the fix);
+  //                    the fix), or the part left to the background
+  //                    exceeds MemAvailable (meminfo_path);
   //   FailedPrecondition  kept_fd is not a memfd of capacity_bytes sealed
   //                    exactly as Open seals an arena (shrink, grow, seal).
-  // Should mapping a chunk fail in the background, it is logged and the
-  // warming stops (warm_failed(); the rest maps as it is touched).
+  // Should allocating a chunk fail in the background (the machine ran
+  // short meanwhile), it is logged and allocated_bytes() stays where it
+  // got; should mapping one fail, the rest maps as it is touched. Either
+  // way the warming stops (warm_failed()).
   static Result<std::unique_ptr<HostArena>> Open(const HostArenaOptions& o);
 
   // Stops the warming, unmaps the region and closes the memfd. Clients' own
@@ -82,6 +97,16 @@ class HostArena {
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   // Whether mlock succeeded for every chunk so far (and is not off).
   bool locked() const { return locked_.load(std::memory_order_relaxed); }
+  // Bytes allocated so far, from the start: what may be handed out (a page
+  // past it would be allocated by the first touch, charged to whoever
+  // touches it, and may not exist). capacity_bytes() once Open returns
+  // unless warm_in_background; never decreases.
+  uint64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_acquire); }
+  // Whether allocated_bytes() will still grow (the warming allocates the
+  // rest and has not failed).
+  bool growing() const {
+    return allocated_bytes() < capacity_bytes_ && !warm_failed_.load() && !stopping_.load(std::memory_order_relaxed);
+  }
   // Bytes faulted in (and locked, when locking) so far, from the start.
   uint64_t warm_bytes() const { return warm_bytes_.load(std::memory_order_relaxed); }
   // Waits until the warming ended (done or failed); for tests.
@@ -89,13 +114,17 @@ class HostArena {
   // Whether the warming stopped short (logged; the rest maps as it is touched).
   bool warm_failed() const { return warm_failed_.load(); }
 
-  // host.arena.capacity_bytes, host.arena.locked (0/1), host.arena.warm_bytes.
+  // host.arena.capacity_bytes, host.arena.locked (0/1),
+  // host.arena.allocated_bytes, host.arena.warm_bytes.
   void VisitCounters(CounterVisitor& v) const;
 
  private:
   HostArena(int fd, std::byte* base, uint64_t capacity_bytes, HostArenaOptions::LockMode lock)
       : fd_(fd), base_(base), capacity_bytes_(capacity_bytes), lock_(lock) {}
-  // Faults in (and locks) [warm_bytes(), end); the reason it stopped, if it failed.
+  // Allocates [allocated_bytes(), end); the reason it stopped, if it failed.
+  Status AllocateUpTo(uint64_t end);
+  // Allocates and faults in (and locks) [warm_bytes(), end); the reason it
+  // stopped, if it failed.
   Status WarmUpTo(uint64_t end);
   void WarmRest(uint64_t chunk_bytes);
 
@@ -104,6 +133,11 @@ class HostArena {
   const uint64_t capacity_bytes_;
   const HostArenaOptions::LockMode lock_;
   std::atomic<bool> locked_{false};
+  std::atomic<uint64_t> allocated_bytes_{0};  // written by Open, then by the warming thread alone
+  // The part of the arena still to allocate that Open counted in the
+  // process's pending total (host_arena.cc); Open, then the warming thread,
+  // then the destructor (after the join) touch it.
+  uint64_t pending_bytes_ = 0;
   std::atomic<uint64_t> warm_bytes_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> warm_done_{false};

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/check.h"
@@ -90,11 +93,19 @@ HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirecto
       directory_(std::move(directory)),
       journal_(std::move(journal)),
       capacity_bytes_(arena_->capacity_bytes() / ArenaAllocator::kAlignmentBytes * ArenaAllocator::kAlignmentBytes),
-      allocator_(arena_->capacity_bytes()) {}
+      allocator_(arena_->capacity_bytes(), arena_->allocated_bytes()) {}
 
 void HostTier::ClaimRecovered(const std::string& name) {
   adopted_ = true;
   MutexLock lock(mu_);
+  uint64_t recorded_end = 0;
+  for (const HostJournal::Recovered& r : journal_->recovered()) {
+    const uint64_t length = ArenaAllocator::ClassSize(r.record.size);
+    if (r.record.offset <= capacity_bytes_ && length <= capacity_bytes_ - r.record.offset) {
+      recorded_end = std::max(recorded_end, r.record.offset + length);
+    }
+  }
+  allocator_.Grow(recorded_end);
   uint64_t overlapping = 0;
   for (const HostJournal::Recovered& r : journal_->recovered()) {
     const Extent extent{r.record.offset, ArenaAllocator::ClassSize(r.record.size)};
@@ -128,11 +139,20 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
   }
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;
-  {
-    MutexLock lock(mu_);
-    if (auto extent = allocator_.Allocate(bytes)) return *extent;
-    free_bytes = allocator_.free_bytes();
-    largest_free_bytes = allocator_.largest_free_bytes();
+  const auto give_up = std::chrono::steady_clock::now() + kGrowthWait;
+  for (;;) {
+    const uint64_t allocated = arena_->allocated_bytes();
+    {
+      MutexLock lock(mu_);
+      allocator_.Grow(allocated);
+      if (auto extent = allocator_.Allocate(bytes)) return *extent;
+      free_bytes = allocator_.free_bytes();
+      largest_free_bytes = allocator_.largest_free_bytes();
+    }
+    if (!arena_->growing() || std::chrono::steady_clock::now() >= give_up) break;
+    while (arena_->allocated_bytes() == allocated && arena_->growing() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   return NoSpace("host tier cannot allocate " + std::to_string(bytes) + " bytes (class " +
                  std::to_string(ArenaAllocator::ClassSize(bytes)) + "): free " + std::to_string(free_bytes) +
@@ -173,7 +193,11 @@ void HostTier::VisitCounters(CounterVisitor& v) const {
 
 void HostTier::CheckHealth(HealthFindings& out) const {
   if (!locked()) out.AddWarning("the host arena is not locked in memory (RLIMIT_MEMLOCK): the kernel may swap it");
-  if (arena_->warm_failed()) {
+  if (arena_->warm_failed() && arena_->allocated_bytes() < arena_->capacity_bytes()) {
+    out.AddWarning("the host arena could allocate only " + std::to_string(arena_->allocated_bytes()) + " of its " +
+                   std::to_string(arena_->capacity_bytes()) +
+                   " bytes (see the log: the machine ran short of memory): the host tier holds that much");
+  } else if (arena_->warm_failed()) {
     out.AddWarning("the host arena's warm-up stopped at " + std::to_string(arena_->warm_bytes()) + " of " +
                    std::to_string(arena_->capacity_bytes()) +
                    " bytes (see the log): the rest is mapped as it is written");

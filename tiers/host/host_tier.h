@@ -4,6 +4,7 @@
 // retries.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,9 @@ struct AdoptedBlock {
 class HostTier {
  public:
   using Extent = ArenaAllocator::Extent;
+  // How long one Allocate waits for a growing arena before NoSpace: long
+  // enough for its next step at a few GiB/s, short beside a put's timeout.
+  static constexpr std::chrono::milliseconds kGrowthWait{100};
 
   // Opens the arena (see HostArena::Open for errors). Also InvalidArgument
   // when capacity_bytes < ArenaAllocator::kAlignmentBytes. Usable capacity is
@@ -67,7 +71,11 @@ class HostTier {
   HostTier(const HostTier&) = delete;
   HostTier& operator=(const HostTier&) = delete;
 
-  // Reserves ArenaAllocator::ClassSize(bytes) bytes. Returns
+  // Reserves ArenaAllocator::ClassSize(bytes) bytes of the part of the
+  // arena allocated so far (HostArena::allocated_bytes(): it grows behind
+  // the socket after a start, and no block is evicted for want of room
+  // that is about to come: while it grows, Allocate waits up to
+  // kGrowthWait for it before it answers NoSpace). Returns
   //   InvalidArgument  !CanEverHold(bytes);
   //   NoSpace          no free range fits; the message gives the requested
   //                    bytes, the class size, free bytes and the largest
@@ -89,6 +97,8 @@ class HostTier {
   // The arena's memfd, to pass to clients (owned by this tier).
   int memfd() const { return arena_->fd(); }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
+  // The part of the arena allocated so far (HostArena::allocated_bytes()).
+  uint64_t allocated_bytes() const { return arena_->allocated_bytes(); }
   uint64_t used_bytes() const;
   // Whether the arena is locked in memory (see HostArenaOptions::lock).
   bool locked() const { return arena_->locked(); }
@@ -113,7 +123,8 @@ class HostTier {
   HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory,
            std::unique_ptr<HostJournal> journal);
   // Claims the extent of every whole record of the adopted journal; logs
-  // what it found under the arena's `name`.
+  // what it found under the arena's `name`. The records lie in what the
+  // previous daemon had allocated, so the usable part grows to cover them.
   void ClaimRecovered(const std::string& name);
 
   const std::unique_ptr<HostArena> arena_;          // immutable after construction
@@ -122,6 +133,7 @@ class HostTier {
   bool adopted_ = false;                            // set by Open
   const uint64_t capacity_bytes_;                   // the allocator's (rounded) capacity
   mutable Mutex mu_;
+  // Its usable part follows the arena's allocated_bytes() (Allocate).
   ArenaAllocator allocator_ GUARDED_BY(mu_);
   std::vector<AdoptedBlock> adopted_blocks_ GUARDED_BY(mu_);
 };
