@@ -6,8 +6,9 @@
 // background), measured in the same run. Per arena size: a private kvtierd
 // (lock_memory best_effort, events off) is started; "serve" is the time
 // from its exec to the first Hello a client gets answered (the client maps
-// the arena without faulting it in), "warm" until its stats show
-// host.arena.warm_bytes at the arena's size.
+// the arena without faulting it in), "allocated" until its stats show
+// host.arena.allocated_bytes at the arena's size (the host tier can hand out
+// all of it), "warm" until they show host.arena.warm_bytes there.
 //
 // Exit 0 on success, 1 when a daemon cannot start or a step fails.
 #pragma once
