@@ -167,12 +167,25 @@ Status Connection::Hello(const ClientOptions& options, Deadline deadline) {
     if (::fstat(fds.arena, &st) != 0 || static_cast<uint64_t>(st.st_size) < body_hello.arena_bytes()) {
       return ProtocolError("the arena fd is smaller than the announced arena");
     }
-    // MAP_POPULATE: fault every page in now, so no get or put pays a page
-    // fault on the hot path (nothing maps there); not for a tool that never
-    // touches the arena (ClientOptions::prefault_arena).
+    // Prefault the pages now, so no get or put pays a page fault on the hot
+    // path (nothing maps there); not for a tool that never touches the
+    // arena (ClientOptions::prefault_arena). Only the part kvtierd has
+    // allocated: a fault on a page it has not allocated yet would allocate
+    // it, charged to this process (the rest faults in at first touch, once
+    // kvtierd has allocated it). MAP_POPULATE when that is all of it;
+    // MADV_POPULATE_READ of the part otherwise (kernels before 5.14 lack
+    // it: those pages then fault in at first touch).
+    const uint64_t allocated = body_hello.arena_allocated_bytes() == 0
+                                   ? body_hello.arena_bytes()
+                                   : std::min(body_hello.arena_allocated_bytes(), body_hello.arena_bytes());
+    const bool populate_all = options.prefault_arena && allocated == body_hello.arena_bytes();
     void* base = ::mmap(nullptr, body_hello.arena_bytes(), PROT_READ | PROT_WRITE,
-                        MAP_SHARED | (options.prefault_arena ? MAP_POPULATE : 0), fds.arena, 0);
+                        MAP_SHARED | (populate_all ? MAP_POPULATE : 0), fds.arena, 0);
     if (base == MAP_FAILED) return IoError(std::string("mmap of the arena failed: ") + std::strerror(errno));
+    if (options.prefault_arena && !populate_all) {
+      const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      (void)::madvise(base, allocated / page * page, MADV_POPULATE_READ);
+    }
     arena_ = static_cast<std::byte*>(base);
     arena_bytes_ = body_hello.arena_bytes();
   }

@@ -51,8 +51,8 @@ std::string TomlString(const std::string& s) {
 }
 
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
-                                   std::chrono::milliseconds timeout, const std::string& extra_toml,
-                                   FdStore* fd_store) {
+                                   std::chrono::milliseconds timeout, const std::string& extra_toml, FdStore* fd_store,
+                                   const std::string& host_toml) {
   StartedServer server;
   server.socket_path = dir + "/kvtierd.sock";
   server.log_path = dir + "/kvtierd.log";
@@ -62,7 +62,7 @@ Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::s
     config << "# written by kvtier bench\n"
            << "[server]\nsocket_path = " << TomlString(server.socket_path) << "\n"
            << "[host]\ncapacity_bytes = " << arena_bytes << "\nlock_memory = \"best_effort\"\n"
-           << "[log]\nlevel = \"warn\"\n"
+           << host_toml << "[log]\nlevel = \"warn\"\n"
            << "[metrics]\nport = 0\n"  // any free port: never collides with a serving daemon
            << extra_toml;
     if (!config) return IoError("cannot write " + config_path);

@@ -42,9 +42,11 @@ std::string TomlString(const std::string& s);
 // once more after, so it holds what kvtierd sent until then; a failed Drain
 // is returned (IoError), the daemon stopped. Drain the store again later to
 // see what kvtierd sent after.
+// `host_toml`: more keys of its [host] table ("key = value" lines).
 Result<StartedServer> StartKvtierd(const std::string& kvtierd_path, const std::string& dir, uint64_t arena_bytes,
                                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                                   const std::string& extra_toml = "", FdStore* fd_store = nullptr);
+                                   const std::string& extra_toml = "", FdStore* fd_store = nullptr,
+                                   const std::string& host_toml = "");
 
 // Starts `redis_server_path --port 0 --unixsocket <dir>/redis.sock --save ""
 // --appendonly no --daemonize no` and returns once the socket accepts.

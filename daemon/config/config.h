@@ -61,6 +61,7 @@ struct DaemonConfig {
   // [host]
   int64_t host_capacity_bytes = 0;
   LockMemory host_lock_memory{};
+  int64_t host_allocate_at_start_bytes = 0;  // 0: the whole arena before serving
   bool host_directory = false;
   int64_t host_directory_slots = 0;  // 0: HostDirectory::DefaultSlots
   bool host_keep_across_restarts = false;

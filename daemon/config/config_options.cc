@@ -112,6 +112,12 @@ constexpr OptionSpec kOptions[] = {
      "mlock the arena: required fails start-up if RLIMIT_MEMLOCK is too low; best_effort logs a "
      "warning and continues unlocked.",
      OptionFieldOf<&DaemonConfig::host_lock_memory>()},
+    {"host.allocate_at_start_bytes", OptionType::kBytes, "0", 0, 16 * kTiB, "", false,
+     "Bytes of each host arena allocated before the socket opens; the rest is allocated behind it and the host "
+     "tier grows as it is (kvtierd serves within a fraction of a second at any arena size). 0: all of it, the "
+     "default: an engine that registers the arena with CUDA (vLLM's connector does, at its first copy) while "
+     "the rest is being allocated allocates that rest itself, charged to its own memory cgroup.",
+     OptionFieldOf<&DaemonConfig::host_allocate_at_start_bytes>()},
     {"host.directory", OptionType::kBool, "true", 0, 1, "", false,
      "Publish host blocks in a read-only shared table so clients serve lookups and copying gets without a round trip.",
      OptionFieldOf<&DaemonConfig::host_directory>()},

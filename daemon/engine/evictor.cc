@@ -1,5 +1,6 @@
 #include "daemon/engine/evictor.h"
 
+#include <chrono>
 #include <limits>
 #include <string>
 
@@ -13,6 +14,9 @@ namespace {
 // An allocation gives up after this many evictions without finding room
 // (guards against pathological churn; each eviction frees real space).
 constexpr int kMaxEvictionsPerAllocation = 1 << 16;
+// How long an allocation waits for a growing arena's next step (64 MiB at
+// about 4 GiB/s: 16 ms) before it evicts: it may run on a server thread.
+constexpr std::chrono::milliseconds kGrowthWait{20};
 
 }  // namespace
 
@@ -32,9 +36,16 @@ Result<HostTier::Extent> Evictor::Allocate(uint64_t bytes) {
   const uint64_t evict_at_most = kEvictionBytesFactor * ArenaAllocator::ClassSize(bytes);
   uint64_t evicted_bytes = 0;
   int victims = 0;
+  bool awaited_growth = false;
   for (int attempt = 0; attempt < kMaxEvictionsPerAllocation; ++attempt) {
     Result<HostTier::Extent> extent = host_.Allocate(bytes);
     if (extent.ok() || extent.status().code() != StatusCode::kNoSpace) return extent;
+    // An arena still being allocated after a start: its next step, once per
+    // allocation, before anything is evicted.
+    if (!awaited_growth) {
+      awaited_growth = true;
+      if (host_.AwaitGrowth(kGrowthWait)) continue;
+    }
     // Expired operator holds are released before anything is evicted, so
     // they never keep a block from eviction (holder.h).
     hooks_.release_expired_holds();

@@ -200,6 +200,9 @@ RequestHandler::Outcome RequestHandler::HandleHello(const v1::HelloRequest& hell
   body->set_protocol_version(wire::kProtocolVersion);
   wire::AddKeys(namespaces_, body->mutable_namespace_fingerprints());
   body->set_arena_bytes(context_.arena_bytes);
+  if (context_.arena_bytes > 0 && context_.arena_allocated_bytes) {
+    body->set_arena_allocated_bytes(std::min(context_.arena_bytes, context_.arena_allocated_bytes()));
+  }
   body->set_max_frame_bytes(context_.max_frame_bytes);
   body->set_daemon_version(KVTIER_VERSION);
   body->set_directory_bytes(context_.directory_fd >= 0 ? context_.directory_bytes : 0);

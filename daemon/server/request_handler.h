@@ -54,6 +54,9 @@ struct HandlerContext {
   // operator's connection); may be empty.
   std::function<void(CounterVisitor&)> visit_shared_counters;
   uint64_t arena_bytes = 0;
+  // The bytes of the arena allocated so far (HostTier::allocated_bytes():
+  // less than arena_bytes while it grows after a start); null: all of it.
+  std::function<uint64_t()> arena_allocated_bytes;
   uint32_t max_frame_bytes = 0;
   // Per-connection limits; max_reserved_bytes is resolved (never 0 here).
   ConnectionLimits limits;

@@ -193,6 +193,7 @@ Server::Server(const ServerOptions& options, std::vector<ServedTenant> tenants, 
     context->scope = tenant.scope;
     context->models = tenant.models;
     context->arena_bytes = tenant.host->capacity_bytes();
+    context->arena_allocated_bytes = [host = tenant.host] { return host->allocated_bytes(); };
     if (context->limits.max_reserved_bytes == 0) {
       context->limits.max_reserved_bytes = AutoMaxReservedBytes(context->arena_bytes);
     }

@@ -10,12 +10,6 @@
 namespace kvtier {
 namespace {
 
-// What a host arena allocates before the socket opens: enough for any
-// block at once, about 0.25 s of fallocate on a 2-core VM (docs/BENCHMARKS.md
-// "Start-up"). A start that cannot hold even this fails; a machine that runs
-// short later keeps the part allocated by then (kvtier health says so).
-constexpr uint64_t kArenaBytesAllocatedAtOpen = uint64_t{1} << 30;
-
 HostArenaOptions::LockMode LockModeOf(LockMemory lock) {
   switch (lock) {
     case LockMemory::kRequired:
@@ -47,11 +41,13 @@ Result<std::unique_ptr<HostTier>> OpenHost(const DaemonConfig& config, const std
   if (!tenant.empty()) arena.name += "-" + tenant;
   arena.capacity_bytes = arena_bytes;
   arena.lock = LockModeOf(config.host_lock_memory);
-  // The socket opens once the first GiB is allocated (about 0.25 s); the
-  // rest of the arena is allocated, then faulted in, behind it, the host
-  // tier growing as it is (host_arena.h).
+  // The socket opens once host.allocate_at_start_bytes (0: all) of the arena
+  // are allocated; the rest is allocated, the host tier growing as it is,
+  // and all is faulted in, behind it (host_arena.h).
   arena.warm_in_background = true;
-  arena.allocate_at_open_bytes = kArenaBytesAllocatedAtOpen;
+  if (config.host_allocate_at_start_bytes > 0) {
+    arena.allocate_at_open_bytes = static_cast<uint64_t>(config.host_allocate_at_start_bytes);
+  }
   arena.meminfo_path = MeminfoPath();
   const HostKeep keep = keeper != nullptr ? keeper->KeptFor(tenant) : HostKeep{};
   auto host = HostTier::Open(arena, DirectorySlots(config, arena_bytes), keep);

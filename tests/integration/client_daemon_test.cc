@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "common/counters.h"
 #include "tests/testing/test_daemon.h"
 
@@ -43,6 +45,31 @@ TEST(ClientDaemon, PutLookupGetRoundTrip) {
   }
   auto missing = client->Get(0, keys[3], dst);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// A client that connects while the arena is still being allocated
+// prefaults only what the daemon had allocated (its Hello says how much):
+// a fault on a page the daemon has not allocated would allocate it,
+// charged to the client. Right after the connect the arena's memfd holds
+// less than all of it (a client that populated its whole mapping would
+// have allocated all 1 GiB in its connect); puts work meanwhile.
+TEST(ClientDaemon, AClientPrefaultsOnlyWhatTheDaemonAllocated) {
+  TestDaemonOptions options;
+  options.arena_bytes = 1ull << 30;
+  options.allocate_at_start_bytes = 4ull << 20;
+  TestDaemon daemon(options);
+  auto client = daemon.Connect();
+  ASSERT_NE(client, nullptr);
+  struct stat st {};
+  ASSERT_EQ(::fstat(daemon.host().memfd(), &st), 0);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, options.arena_bytes);
+  auto keys = TestKeys(TestNamespace(), 2, 1);
+  for (const BlockKey& key : keys) ASSERT_TRUE(client->Put(0, key, Block(key, 256 << 10)).ok());
+  std::vector<std::byte> dst(256 << 10);
+  for (const BlockKey& key : keys) {
+    ASSERT_TRUE(client->Get(0, key, dst).ok());
+    EXPECT_TRUE(CheckBlockBytes(key, 0, dst));
+  }
 }
 
 TEST(ClientDaemon, LookupStopsAtFirstMiss) {

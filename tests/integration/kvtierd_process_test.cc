@@ -86,21 +86,23 @@ TEST(KvtierdProcess, TheAutoClientMemoryIsSizedToTheMachineWhenTheHostTierIsNot)
   RemoveTree(dir);
 }
 
-// kvtierd allocates the first GiB of its host arena before it serves and
-// the rest behind the socket; a machine that cannot hold the rest (here 4
-// GiB asked, 2 GiB available through $KVTIER_MEMINFO) still fails the start,
-// naming the sizes, as allocating it all up front would have.
+// With host.allocate_at_start_bytes kvtierd allocates that much of its
+// host arena before it serves and the rest behind the socket; a machine
+// that cannot hold the arena (here 4 GiB asked, 2 GiB available through
+// $KVTIER_MEMINFO) still fails the start, naming the sizes, before it
+// allocates anything, as allocating it all up front would have.
 TEST(KvtierdProcess, AHostArenaTheMachineCannotHoldFailsTheStart) {
   const std::string dir = MakeTempDir();
   std::ofstream(dir + "/meminfo") << "MemTotal:        8388608 kB\nMemAvailable:    2097152 kB\n";
   std::ofstream(dir + "/k.toml") << "[server]\nsocket_path = \"" << dir
-                                 << "/s.sock\"\n[host]\ncapacity_bytes = \"4GiB\"\nlock_memory = \"off\"\n"
+                                 << "/s.sock\"\n[host]\ncapacity_bytes = \"4GiB\"\nallocate_at_start_bytes = \"1GiB\"\n"
+                                    "lock_memory = \"off\"\n"
                                     "[events]\nenabled = false\n";
   ::setenv("KVTIER_MEMINFO", (dir + "/meminfo").c_str(), 1);  // inherited by the child
   CommandResult r = RunCommand({KVTIERD_PATH, "--config", dir + "/k.toml"});
   ::unsetenv("KVTIER_MEMINFO");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("needs 3072 MiB more"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("needs 4096 MiB it has not allocated"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("2048 MiB available (MemAvailable"), std::string::npos) << r.output;
   RemoveTree(dir);
 }

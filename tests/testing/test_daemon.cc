@@ -47,11 +47,16 @@ NamespaceDescriptor ModelNamespace(const std::string& model, const std::string& 
   return ns;
 }
 
-std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots) {
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots,
+                                           uint64_t allocate_at_start_bytes) {
   HostArenaOptions arena;
   arena.capacity_bytes = capacity_bytes;
   arena.lock = HostArenaOptions::LockMode::kOff;
   arena.name = "kvtier-test-arena";
+  if (allocate_at_start_bytes > 0) {
+    arena.warm_in_background = true;
+    arena.allocate_at_open_bytes = allocate_at_start_bytes;
+  }
   auto host = HostTier::Open(arena, directory_slots);
   if (!host.ok()) {
     ADD_FAILURE() << "HostTier::Open: " << host.status().ToString();
@@ -90,7 +95,7 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options)
   const uint32_t directory_slots = options.directory_slots < 0    ? 0
                                    : options.directory_slots == 0 ? HostDirectory::DefaultSlots(options.arena_bytes)
                                                                   : static_cast<uint32_t>(options.directory_slots);
-  host_ = OpenTestHostTier(options.arena_bytes, directory_slots);
+  host_ = OpenTestHostTier(options.arena_bytes, directory_slots, options.allocate_at_start_bytes);
   if (host_ == nullptr) std::abort();
   DwpdOptions dwpd;
   if (!options.nvme_path.empty()) {

@@ -28,6 +28,9 @@ namespace kvtier::testing {
 
 struct TestDaemonOptions {
   uint64_t arena_bytes = 64ull << 20;
+  // > 0: the arena allocates only this much before the daemon serves and
+  // the rest behind it (kvtierd's host.allocate_at_start_bytes).
+  uint64_t allocate_at_start_bytes = 0;
   // Block directory slots: 0 sizes it from the arena like kvtierd; -1: none.
   int64_t directory_slots = 0;
   uint32_t shards = 4;
@@ -122,7 +125,9 @@ class TestDaemon {
 // A host tier for tests: unlocked arena of `capacity_bytes` with a block
 // directory of `directory_slots` slots (0: none). Fails the
 // test (ADD_FAILURE) and returns null if it cannot be opened.
-std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots = 0);
+// `allocate_at_start_bytes` > 0: as TestDaemonOptions says.
+std::unique_ptr<HostTier> OpenTestHostTier(uint64_t capacity_bytes, uint32_t directory_slots = 0,
+                                           uint64_t allocate_at_start_bytes = 0);
 
 // The arena bytes of a slot handed out by the engine (for writing or
 // checking block bytes in tests that drive the Engine directly).

@@ -136,11 +136,12 @@ TEST_F(HostAdoptionTest, EveryCommittedBlockNotErasedIsAHostHitAfterARestart) {
   }
 }
 
-// The next daemon allocates only the first page of a large kept arena
-// before it serves (the rest behind it): the blocks recorded past that page
-// lie in what the previous daemon allocated, and are adopted all the same.
+// The next daemon allocates only the first page of a kept arena before it
+// serves (the rest behind it): the blocks recorded past that page lie in
+// what the previous daemon allocated, which the kept memfd shows, and are
+// adopted all the same.
 TEST_F(HostAdoptionTest, BlocksPastThePartAllocatedAtStartAreAdopted) {
-  constexpr uint64_t kLarge = uint64_t{512} << 20;
+  constexpr uint64_t kLarge = uint64_t{64} << 20;
   Start({}, kLarge);
   for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(Put(i).ok()) << i;
   allocate_at_open_ = 4096;

@@ -275,73 +275,116 @@ uint64_t PagesAllocatedBytes(int fd) {
 // rest is allocated behind it (allocated_bytes() grows to the capacity,
 // every byte it counts has its page), then mapped.
 TEST(HostArenaTest, AllocatesTheRestOfTheArenaBehindOpen) {
-  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+  HostArenaOptions o = Options(64 * kMiB, LockMode::kOff);
   o.warm_in_background = true;
-  o.warm_chunk_bytes = 4 * kMiB;
-  o.allocate_at_open_bytes = 8 * kMiB - 100;  // rounded up to a page
+  o.warm_chunk_bytes = 1 * kMiB;
+  o.allocate_at_open_bytes = 2 * kMiB - 100;  // rounded up to a page
   auto arena = HostArena::Open(o);
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();
   uint64_t seen = (*arena)->allocated_bytes();
-  EXPECT_GE(seen, 8 * kMiB);
+  EXPECT_GE(seen, 2 * kMiB);
   EXPECT_EQ(seen % 4096, 0u);
   while ((*arena)->growing()) {
     const uint64_t now = (*arena)->allocated_bytes();
     ASSERT_GE(now, seen);  // never shrinks
     EXPECT_GE(PagesAllocatedBytes((*arena)->fd()), now);
     seen = now;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   (*arena)->WaitWarm();
   EXPECT_FALSE((*arena)->warm_failed());
-  EXPECT_EQ((*arena)->allocated_bytes(), 512 * kMiB);
-  EXPECT_EQ((*arena)->warm_bytes(), 512 * kMiB);
-  EXPECT_GE(PagesAllocatedBytes((*arena)->fd()), 512 * kMiB);
+  EXPECT_EQ((*arena)->allocated_bytes(), 64 * kMiB);
+  EXPECT_EQ((*arena)->warm_bytes(), 64 * kMiB);
+  EXPECT_GE(PagesAllocatedBytes((*arena)->fd()), 64 * kMiB);
+}
+
+// A memfd sealed as kvtierd seals its arenas, of `capacity` bytes, whose
+// first `allocated` bytes have pages (a kept arena whose daemon stopped
+// while it was allocating the rest).
+int PartlyAllocatedArena(uint64_t capacity, uint64_t allocated) {
+  const int fd = ::memfd_create("kvtier-test-kept", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(capacity)), 0);
+  EXPECT_EQ(::fallocate(fd, 0, 0, static_cast<off_t>(allocated)), 0);
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  return fd;
+}
+
+// A kept arena starts with what its daemon allocated (the pages its memfd
+// holds), and the part it still needs is checked against MemAvailable.
+TEST(HostArenaTest, AKeptArenaKeepsWhatItsDaemonAllocatedAndChecksTheRest) {
+  const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-kept-" + std::to_string(::getpid());
+  HostArenaOptions o = Options(256 * kMiB, LockMode::kOff);
+  o.warm_in_background = true;
+  o.warm_chunk_bytes = 16 * kMiB;
+  o.allocate_at_open_bytes = 4096;
+  o.meminfo_path = meminfo;
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     102400 kB\n";
+  o.kept_fd = PartlyAllocatedArena(256 * kMiB, 100 * kMiB);
+  auto short_machine = HostArena::Open(o);  // 156 MiB to go, 100 available
+  ASSERT_FALSE(short_machine.ok());
+  EXPECT_NE(short_machine.status().message().find("needs 156 MiB it has not allocated"), std::string::npos)
+      << short_machine.status().message();
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     1048576 kB\n";
+  o.kept_fd = PartlyAllocatedArena(256 * kMiB, 100 * kMiB);
+  auto kept = HostArena::Open(o);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_GE((*kept)->allocated_bytes(), 100 * kMiB);
+  (*kept)->WaitWarm();
+  EXPECT_EQ((*kept)->allocated_bytes(), 256 * kMiB);
+  std::remove(meminfo.c_str());
 }
 
 // An arena whose part left to the background exceeds MemAvailable fails
-// Open with the sizes, as allocating it all at once would have failed;
-// with enough available it opens.
+// Open with the sizes, before it allocates anything, as allocating it all
+// at once would have failed; with enough available it opens.
 TEST(HostArenaTest, AnArenaTheMachineCannotHoldFailsOpenThoughMostIsAllocatedLater) {
   const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-" + std::to_string(::getpid());
-  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+  HostArenaOptions o = Options(64 * kMiB, LockMode::kOff);
   o.warm_in_background = true;
+  o.warm_chunk_bytes = 1 * kMiB;
   o.allocate_at_open_bytes = 4 * kMiB;
   o.meminfo_path = meminfo;
-  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemFree:   10 kB\nMemAvailable:     102400 kB\n";
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemFree:   10 kB\nMemAvailable:     32768 kB\n";
   auto short_machine = HostArena::Open(o);
   ASSERT_FALSE(short_machine.ok());
   EXPECT_EQ(short_machine.status().code(), StatusCode::kIoError);
-  EXPECT_NE(short_machine.status().message().find("508 MiB more"), std::string::npos)
+  EXPECT_NE(short_machine.status().message().find("needs 64 MiB it has not allocated"), std::string::npos)
       << short_machine.status().message();
-  EXPECT_NE(short_machine.status().message().find("100 MiB available"), std::string::npos);
+  EXPECT_NE(short_machine.status().message().find("32 MiB available"), std::string::npos);
   std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     1048576 kB\n";
   auto enough = HostArena::Open(o);
   ASSERT_TRUE(enough.ok()) << enough.status().ToString();
   (*enough)->WaitWarm();
-  EXPECT_EQ((*enough)->allocated_bytes(), 512 * kMiB);
+  EXPECT_EQ((*enough)->allocated_bytes(), 64 * kMiB);
   std::remove(meminfo.c_str());
 }
 
 // While the arena grows, the tier hands out only what it has allocated (a
 // page past it would be allocated by the client that first writes it), and
-// an allocation waits for the growth instead of answering NoSpace: the
-// whole arena is filled by allocations made at once after the start.
-TEST(HostTierTest, HandsOutOnlyTheAllocatedPartAndWaitsForTheArenaToGrow) {
-  HostArenaOptions o = Options(512 * kMiB, LockMode::kOff);
+// AwaitGrowth says when more has come: the whole arena is filled by
+// allocations made at once after the start, each retried after the growth.
+TEST(HostTierTest, HandsOutOnlyTheAllocatedPartAsTheArenaGrows) {
+  HostArenaOptions o = Options(64 * kMiB, LockMode::kOff);
   o.warm_in_background = true;
-  o.warm_chunk_bytes = 4 * kMiB;
-  o.allocate_at_open_bytes = 4 * kMiB;
+  o.warm_chunk_bytes = 1 * kMiB;
+  o.allocate_at_open_bytes = 1 * kMiB;
   auto tier = HostTier::Open(o);
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
   int past_allocated = 0;
-  for (int i = 0; i < 128; ++i) {
-    Result<Extent> e = (*tier)->Allocate(4 * kMiB);
+  for (int i = 0; i < 64; ++i) {
+    Result<Extent> e = (*tier)->Allocate(1 * kMiB);
+    while (!e.ok() && e.status().code() == StatusCode::kNoSpace &&
+           (*tier)->AwaitGrowth(std::chrono::milliseconds(100))) {
+      e = (*tier)->Allocate(1 * kMiB);
+    }
     ASSERT_TRUE(e.ok()) << i << ": " << e.status().ToString();
     if (e->offset + e->length > (*tier)->allocated_bytes()) ++past_allocated;
   }
   EXPECT_EQ(past_allocated, 0);
-  EXPECT_EQ((*tier)->used_bytes(), 512 * kMiB);
-  EXPECT_EQ((*tier)->Allocate(4 * kMiB).status().code(), StatusCode::kNoSpace);  // full: no wait
+  EXPECT_EQ((*tier)->used_bytes(), 64 * kMiB);
+  EXPECT_FALSE((*tier)->AwaitGrowth(std::chrono::milliseconds(100)));  // all allocated: at once
+  EXPECT_EQ((*tier)->Allocate(1 * kMiB).status().code(), StatusCode::kNoSpace);
 }
 
 // With warm_in_background, Open allocates and locks on fault and returns;

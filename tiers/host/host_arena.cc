@@ -149,32 +149,42 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
     return arena;
   }
   // In the background. Two things stay at Open, so that a machine that
-  // cannot hold the arena fails start-up as before where it can: the first
+  // cannot hold the arena fails start-up as before: the memory the arena
+  // still needs is checked against MemAvailable, and its first
   // allocate_at_open_bytes are allocated now (fallocate: no page is mapped,
   // so it is the cheap part, and the daemon's memory cgroup is charged,
-  // never a client that touches a page first), and the whole arena is
+  // never a client that touches a page first); and the whole arena is
   // locked on fault (mlock2 MLOCK_ONFAULT: the kernel checks
   // RLIMIT_MEMLOCK, or CAP_IPC_LOCK, for all of it and every other arena of
   // the process now; each page is locked as it is mapped). The thread then
-  // allocates the rest and maps the pages.
-  const uint64_t at_open =
-      std::min(o.capacity_bytes, (std::min(o.capacity_bytes, o.allocate_at_open_bytes) + page - 1) / page * page);
-  if (Status s = arena->AllocateUpTo(at_open); !s.ok()) return s;
-  // A kept arena's pages are there already (up to where its daemon got).
-  if (const uint64_t rest = o.capacity_bytes - at_open; rest > 0 && o.kept_fd < 0) {
+  // allocates the rest and maps the pages. A kept arena has its pages from
+  // the start up to where its daemon got (it allocated in order, and no
+  // page is ever given back): as many as the memfd holds (st_blocks, which
+  // counts allocated pages not yet written; SEEK_HOLE does not see them).
+  if (o.kept_fd >= 0) {
+    struct stat st {};
+    const uint64_t held = ::fstat(arena->fd_, &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+    arena->allocated_bytes_.store(std::min(o.capacity_bytes, held / page * page), std::memory_order_release);
+  }
+  if (const uint64_t missing = o.capacity_bytes - arena->allocated_bytes(); missing > 0) {
     const uint64_t pending = g_pending_bytes.load();
     if (const std::optional<uint64_t> available = MemAvailableBytes(o.meminfo_path);
-        available && rest + pending > *available) {
+        available && missing + pending > *available) {
       return IoError("the " + std::to_string(o.capacity_bytes >> 20) + " MiB host arena needs " +
-                     std::to_string(rest >> 20) + " MiB more than the part allocated at start, and the machine has " +
+                     std::to_string(missing >> 20) + " MiB it has not allocated, and the machine has " +
                      std::to_string(*available >> 20) + " MiB available (MemAvailable in " + o.meminfo_path +
                      (pending > 0 ? ", less " + std::to_string(pending >> 20) + " MiB other arenas still allocate"
                                   : std::string()) +
                      "); lower host.capacity_bytes or free memory");
     }
-    g_pending_bytes += rest;
-    arena->pending_bytes_ = rest;
+    // Opens are serial in kvtierd (one arena after another), so the load
+    // above and this add need no compare-and-swap.
+    g_pending_bytes += missing;
+    arena->pending_bytes_ = missing;
   }
+  const uint64_t at_open =
+      std::min(o.capacity_bytes, (std::min(o.capacity_bytes, o.allocate_at_open_bytes) + page - 1) / page * page);
+  if (Status s = arena->AllocateUpTo(at_open); !s.ok()) return s;
   if (arena->locked() && ::mlock2(base, o.capacity_bytes, MLOCK_ONFAULT) != 0) {
     const bool required = o.lock == HostArenaOptions::LockMode::kRequired;
     const std::string why = MlockFailure(o.capacity_bytes, errno, required);

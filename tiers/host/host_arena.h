@@ -41,10 +41,11 @@ struct HostArenaOptions {
   // With warm_in_background: the bytes Open allocates itself (rounded up to
   // a page; all of the arena when larger); the rest is allocated behind it.
   uint64_t allocate_at_open_bytes = UINT64_MAX;
-  // Where Open reads MemAvailable when it leaves part of a new arena to the
-  // background: an arena whose rest (with what the process's other arenas
-  // still have to allocate) exceeds it fails Open, as allocating it all
-  // would have. Unreadable: no check.
+  // With warm_in_background, where Open reads MemAvailable: what the arena
+  // has not allocated (all of a new one, a kept one's missing part), with
+  // what the process's other arenas still have to allocate, must fit in it,
+  // or Open fails before it allocates anything, as allocating it all would
+  // have. Unreadable: no check.
   std::string meminfo_path = "/proc/meminfo";
   // Small chunks: each holds the process's memory-map lock only briefly.
   uint64_t warm_chunk_bytes = uint64_t{16} << 20;
@@ -74,8 +75,8 @@ class HostArena {
   //                    allocates itself), or mlock failed
   //                    with LockMode::kRequired (message names
   //                    RLIMIT_MEMLOCK's soft and hard values, the size, and
-  //                    the fix), or the part left to the background
-  //                    exceeds MemAvailable (meminfo_path);
+  //                    the fix), or what is left to allocate exceeds
+  //                    MemAvailable (meminfo_path);
   //   FailedPrecondition  kept_fd is not a memfd of capacity_bytes sealed
   //                    exactly as Open seals an arena (shrink, grow, seal).
   // Should allocating a chunk fail in the background (the machine ran
@@ -100,7 +101,8 @@ class HostArena {
   // Bytes allocated so far, from the start: what may be handed out (a page
   // past it would be allocated by the first touch, charged to whoever
   // touches it, and may not exist). capacity_bytes() once Open returns
-  // unless warm_in_background; never decreases.
+  // unless warm_in_background; for a kept arena at least what its daemon
+  // had allocated (the pages its memfd holds); never decreases.
   uint64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_acquire); }
   // Whether allocated_bytes() will still grow (the warming allocates the
   // rest and has not failed).

@@ -98,18 +98,12 @@ HostTier::HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirecto
 void HostTier::ClaimRecovered(const std::string& name) {
   adopted_ = true;
   MutexLock lock(mu_);
-  uint64_t recorded_end = 0;
-  for (const HostJournal::Recovered& r : journal_->recovered()) {
-    const uint64_t length = ArenaAllocator::ClassSize(r.record.size);
-    if (r.record.offset <= capacity_bytes_ && length <= capacity_bytes_ - r.record.offset) {
-      recorded_end = std::max(recorded_end, r.record.offset + length);
-    }
-  }
-  allocator_.Grow(recorded_end);
   uint64_t overlapping = 0;
   for (const HostJournal::Recovered& r : journal_->recovered()) {
     const Extent extent{r.record.offset, ArenaAllocator::ClassSize(r.record.size)};
-    if (!allocator_.Claim(extent)) {  // outside the arena or over another block: not a record this tier wrote
+    // Outside what the arena has allocated (HostArena reads it off the kept
+    // memfd) or over another block: not a record this tier wrote.
+    if (!allocator_.Claim(extent)) {
       journal_->Remove(r.slot);
       ++overlapping;
       continue;
@@ -139,24 +133,27 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
   }
   uint64_t free_bytes = 0;
   uint64_t largest_free_bytes = 0;
-  const auto give_up = std::chrono::steady_clock::now() + kGrowthWait;
-  for (;;) {
+  {
     const uint64_t allocated = arena_->allocated_bytes();
-    {
-      MutexLock lock(mu_);
-      allocator_.Grow(allocated);
-      if (auto extent = allocator_.Allocate(bytes)) return *extent;
-      free_bytes = allocator_.free_bytes();
-      largest_free_bytes = allocator_.largest_free_bytes();
-    }
-    if (!arena_->growing() || std::chrono::steady_clock::now() >= give_up) break;
-    while (arena_->allocated_bytes() == allocated && arena_->growing() && std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    MutexLock lock(mu_);
+    allocator_.Grow(allocated);
+    if (auto extent = allocator_.Allocate(bytes)) return *extent;
+    free_bytes = allocator_.free_bytes();
+    largest_free_bytes = allocator_.largest_free_bytes();
   }
   return NoSpace("host tier cannot allocate " + std::to_string(bytes) + " bytes (class " +
                  std::to_string(ArenaAllocator::ClassSize(bytes)) + "): free " + std::to_string(free_bytes) +
                  " bytes, largest free range " + std::to_string(largest_free_bytes) + " bytes");
+}
+
+bool HostTier::AwaitGrowth(std::chrono::milliseconds timeout) const {
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  const uint64_t allocated = arena_->allocated_bytes();
+  while (arena_->growing() && arena_->allocated_bytes() == allocated) {
+    if (std::chrono::steady_clock::now() >= give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return arena_->allocated_bytes() > allocated;
 }
 
 bool HostTier::CanEverHold(uint64_t bytes) const {

@@ -55,9 +55,6 @@ struct AdoptedBlock {
 class HostTier {
  public:
   using Extent = ArenaAllocator::Extent;
-  // How long one Allocate waits for a growing arena before NoSpace: long
-  // enough for its next step at a few GiB/s, short beside a put's timeout.
-  static constexpr std::chrono::milliseconds kGrowthWait{100};
 
   // Opens the arena (see HostArena::Open for errors). Also InvalidArgument
   // when capacity_bytes < ArenaAllocator::kAlignmentBytes. Usable capacity is
@@ -72,15 +69,20 @@ class HostTier {
   HostTier& operator=(const HostTier&) = delete;
 
   // Reserves ArenaAllocator::ClassSize(bytes) bytes of the part of the
-  // arena allocated so far (HostArena::allocated_bytes(): it grows behind
-  // the socket after a start, and no block is evicted for want of room
-  // that is about to come: while it grows, Allocate waits up to
-  // kGrowthWait for it before it answers NoSpace). Returns
+  // arena allocated so far (HostArena::allocated_bytes(), which may grow
+  // behind the socket after a start: see AwaitGrowth). Never waits. Returns
   //   InvalidArgument  !CanEverHold(bytes);
   //   NoSpace          no free range fits; the message gives the requested
   //                    bytes, the class size, free bytes and the largest
   //                    free range. Evict and retry.
   Result<Extent> Allocate(uint64_t bytes);
+
+  // While the arena is still being allocated: waits until it has
+  // allocated more, at most `timeout`; true when it did (an Allocate that
+  // failed may then succeed), false at once when it is not growing. For
+  // the evictor, so that no block is evicted for want of room that is
+  // about to come.
+  bool AwaitGrowth(std::chrono::milliseconds timeout) const;
 
   // Whether a block of `bytes` fits the arena when it is empty (its size
   // class, not only its size, must fit). Allocate refuses the others.
@@ -122,9 +124,9 @@ class HostTier {
  private:
   HostTier(std::unique_ptr<HostArena> arena, std::unique_ptr<HostDirectory> directory,
            std::unique_ptr<HostJournal> journal);
-  // Claims the extent of every whole record of the adopted journal; logs
-  // what it found under the arena's `name`. The records lie in what the
-  // previous daemon had allocated, so the usable part grows to cover them.
+  // Claims the extent of every whole record of the adopted journal that
+  // lies in what the arena has allocated; logs what it found under the
+  // arena's `name`.
   void ClaimRecovered(const std::string& name);
 
   const std::unique_ptr<HostArena> arena_;          // immutable after construction

@@ -65,6 +65,10 @@ void AddStartupBenchOptions(CLI::App& app, StartupBenchOptions& o) {
       ->transform(CLI::AsSizeValue(false))
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--allocate-at-start", o.allocate_at_start_bytes,
+                 "host.allocate_at_start_bytes of the daemons (e.g. 1GiB; 0: the whole arena before serving)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--json", o.json_path, "Also write the figures as JSON here");
 }
 
@@ -86,7 +90,11 @@ int RunStartupBench(const StartupBenchOptions& o) {
       return 1;
     }
     const auto t0 = Clock::now();
-    auto started = support::StartKvtierd(path, *dir, bytes, std::chrono::seconds(120), "[events]\nenabled = false\n");
+    auto started =
+        support::StartKvtierd(path, *dir, bytes, std::chrono::seconds(120), "[events]\nenabled = false\n", nullptr,
+                              o.allocate_at_start_bytes > 0  // an older kvtierd lacks the key
+                                  ? "allocate_at_start_bytes = " + std::to_string(o.allocate_at_start_bytes) + "\n"
+                                  : std::string());
     if (!started.ok()) {
       std::fprintf(stderr, "kvtier bench startup: cannot start kvtierd: %s\n", started.status().ToString().c_str());
       support::RemoveTree(*dir);
@@ -138,7 +146,8 @@ int RunStartupBench(const StartupBenchOptions& o) {
     rows.push_back(row);
   }
 
-  std::printf("kvtier bench startup: kvtierd %s (host.lock_memory best_effort)\n", path.c_str());
+  std::printf("kvtier bench startup: kvtierd %s (host.lock_memory best_effort, host.allocate_at_start_bytes %llu)\n",
+              path.c_str(), static_cast<unsigned long long>(o.allocate_at_start_bytes));
   std::printf("  %10s %9s %11s %9s %15s %14s %8s\n", "arena", "serve s", "allocated s", "warm s", "ceiling sync s",
               "serve/ceiling", "locked");
   for (const Row& r : rows) {

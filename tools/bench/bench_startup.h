@@ -24,6 +24,8 @@ struct StartupBenchOptions {
   std::string kvtierd_path;  // default: the kvtierd of this build or install
   std::vector<uint64_t> arena_bytes{uint64_t{1} << 30, uint64_t{4} << 30};
   std::string json_path;  // also write the figures here
+  // host.allocate_at_start_bytes of the daemons (0: the whole arena before serving).
+  uint64_t allocate_at_start_bytes = 0;
 };
 
 void AddStartupBenchOptions(CLI::App& app, StartupBenchOptions& options);
