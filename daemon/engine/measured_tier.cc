@@ -26,9 +26,9 @@ std::optional<NamespaceFingerprint> MeasuredTier::NamespaceForEvents(const Block
   return info->ns;
 }
 
-void MeasuredTier::ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns,
-                             const Status& status) const {
-  if (status.code() == StatusCode::kCorruption) quarantine_.Add(key);
+void MeasuredTier::ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns, const Status& status,
+                             uint64_t writes) const {
+  if (status.code() == StatusCode::kCorruption) quarantine_.AddUnlessWrittenSince(key, writes);
   if (!ns || (status.code() != StatusCode::kNotFound && status.code() != StatusCode::kCorruption)) return;
   events_->Removed(reported_, *ns, key);
 }
@@ -61,7 +61,7 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
     write_latency_.Record(SteadyClock::now() - start);
     if (status.ok() && events_ != nullptr) events_->Stored(reported_, ns, key);
     if (status.ok()) {
-      quarantine_.Release(key);  // a fresh copy
+      quarantine_.NoteWritten(key);  // a fresh copy: released, and no read that started before quarantines it
       writes_.fetch_add(1, std::memory_order_relaxed);
       written_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     } else {
@@ -78,9 +78,11 @@ Status MeasuredTier::Write(const NamespaceFingerprint& ns, const BlockKey& key, 
 Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t last_layer, std::span<std::byte> dst,
                           ReadDone done) {
   const auto start = SteadyClock::now();
-  ReadDone measured = [this, start, key, ns = NamespaceForEvents(key), done = std::move(done)](Result<size_t> read) {
+  const uint64_t writes = quarantine_.WriteSequence();
+  ReadDone measured = [this, start, key, writes, ns = NamespaceForEvents(key),
+                       done = std::move(done)](Result<size_t> read) {
     read_latency_.Record(SteadyClock::now() - start);
-    ReadEnded(key, ns, read.status());
+    ReadEnded(key, ns, read.status(), writes);
     if (read.ok()) {
       reads_.fetch_add(1, std::memory_order_relaxed);
       read_bytes_.fetch_add(static_cast<int64_t>(*read), std::memory_order_relaxed);
@@ -95,10 +97,11 @@ Status MeasuredTier::Read(const BlockKey& key, uint32_t first_layer, uint32_t la
 Status MeasuredTier::ReadWithLayerChecksums(const BlockKey& key, uint32_t first_layer, uint32_t last_layer,
                                             std::span<std::byte> dst, LayerReadDone done) {
   const auto start = SteadyClock::now();
-  LayerReadDone measured = [this, start, key, ns = NamespaceForEvents(key),
+  const uint64_t writes = quarantine_.WriteSequence();
+  LayerReadDone measured = [this, start, key, writes, ns = NamespaceForEvents(key),
                             done = std::move(done)](Result<LayerRead> read) {
     read_latency_.Record(SteadyClock::now() - start);
-    ReadEnded(key, ns, read.status());
+    ReadEnded(key, ns, read.status(), writes);
     if (read.ok()) {
       reads_.fetch_add(1, std::memory_order_relaxed);
       read_bytes_.fetch_add(static_cast<int64_t>(read->bytes), std::memory_order_relaxed);

@@ -63,8 +63,11 @@ class MeasuredTier final : public ForwardingTier {
  private:
   // The namespace of `key` here, for a removal's event (nothing without events).
   std::optional<NamespaceFingerprint> NamespaceForEvents(const BlockKey& key) const;
-  // A read that ended with `status`: a block gone or dropped is removed.
-  void ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns, const Status& status) const;
+  // A read that ended with `status`, started at write sequence `writes`
+  // (Quarantine::WriteSequence): a block gone or dropped is removed, a bad
+  // copy quarantined unless a write of the key landed meanwhile.
+  void ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns, const Status& status,
+                 uint64_t writes) const;
 
   const EventTap* const events_;
   const Tier reported_;

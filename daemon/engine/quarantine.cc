@@ -19,6 +19,32 @@ void Quarantine::Expire() {
 
 void Quarantine::Add(const BlockKey& key) {
   MutexLock lock(mu_);
+  AddLocked(key);
+}
+
+void Quarantine::NoteWritten(const BlockKey& key) {
+  MutexLock lock(mu_);
+  if (write_log_.empty()) write_log_.resize(kWriteLog);
+  const uint64_t write = writes_.load(std::memory_order_relaxed);
+  write_log_[write % kWriteLog] = key;
+  writes_.store(write + 1, std::memory_order_release);
+  if (keys_.erase(key) == 0) return;
+  released_.fetch_add(1, std::memory_order_relaxed);
+  size_.store(keys_.size(), std::memory_order_release);
+}
+
+bool Quarantine::AddUnlessWrittenSince(const BlockKey& key, uint64_t sequence) {
+  MutexLock lock(mu_);
+  const uint64_t writes = writes_.load(std::memory_order_relaxed);
+  if (writes - sequence > kWriteLog) return false;
+  for (uint64_t write = sequence; write < writes; ++write) {
+    if (write_log_[write % kWriteLog] == key) return false;
+  }
+  AddLocked(key);
+  return true;
+}
+
+void Quarantine::AddLocked(const BlockKey& key) {
   Expire();
   const Added added{key, next_, lifetime_us_ != 0 && clock_ ? clock_() : 0};
   if (!keys_.try_emplace(key, added).second) return;

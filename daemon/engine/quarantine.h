@@ -41,6 +41,20 @@ class Quarantine {
 
   // Puts `key` in quarantine (again: it stays, not counted twice).
   void Add(const BlockKey& key) EXCLUDES(mu_);
+
+  // For a tier whose reads may end after a write replaced the copy they
+  // read (MeasuredTier): without this, a late read of a bad copy would
+  // quarantine the good one written meanwhile. WriteSequence() as a read
+  // starts; NoteWritten(key) as a write of `key` lands (it also releases
+  // the key); AddUnlessWrittenSince(key, sequence) as a read that started
+  // at `sequence` fails verification: the key goes in unless a write of it
+  // landed since (the failure was the old copy's), or more than kWriteLog
+  // writes did (it cannot tell: the key stays out, and the next read that
+  // fails puts it in). Returns whether the key went in.
+  static constexpr size_t kWriteLog = 4096;
+  uint64_t WriteSequence() const { return writes_.load(std::memory_order_acquire); }
+  void NoteWritten(const BlockKey& key) EXCLUDES(mu_);
+  bool AddUnlessWrittenSince(const BlockKey& key, uint64_t sequence) EXCLUDES(mu_);
   // Lets `key` go (it was written again); false when it was not in.
   bool Release(const BlockKey& key) EXCLUDES(mu_);
   bool Contains(const BlockKey& key) const EXCLUDES(mu_);
@@ -54,6 +68,7 @@ class Quarantine {
  private:
   // With a lifetime: drops the keys past it, oldest first.
   void Expire() REQUIRES(mu_);
+  void AddLocked(const BlockKey& key) REQUIRES(mu_);
 
   const size_t max_keys_;
   const uint64_t lifetime_us_;
@@ -71,6 +86,11 @@ class Quarantine {
   std::unordered_map<BlockKey, Added> keys_ GUARDED_BY(mu_);  // each key's current Add
   std::deque<Added> order_ GUARDED_BY(mu_);
   uint64_t next_ GUARDED_BY(mu_) = 0;
+  // The keys of the last kWriteLog NoteWritten calls, write i at
+  // i % kWriteLog (sized at the first); writes_ counts them (changed under
+  // mu_, read without it by WriteSequence).
+  std::vector<BlockKey> write_log_ GUARDED_BY(mu_);
+  std::atomic<uint64_t> writes_{0};
   std::atomic<size_t> size_{0};
   std::atomic<int64_t> added_{0}, released_{0}, overflows_{0};
 };

@@ -14,6 +14,7 @@
 
 #include "common/health_findings.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/measured_tier.h"
 #include "daemon/engine/quarantine.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/map_tier.h"
@@ -91,6 +92,70 @@ TEST(QuarantineTest, WithALifetimeAKeyLeavesThatLongAfterItCameIn) {
   now = 1'900;
   q.Add(Key(3));  // drops the expired ones
   EXPECT_EQ(q.size(), 1u);
+}
+
+// A read that failed verification quarantines its key unless a write of
+// the key landed after the read started (the failure was the copy the
+// write replaced); past kWriteLog writes it cannot tell and leaves the key
+// out.
+TEST(QuarantineTest, AReadThatStartedBeforeAWriteOfItsKeyDoesNotQuarantineIt) {
+  Quarantine q;
+  const uint64_t before = q.WriteSequence();
+  q.NoteWritten(Key(1));
+  q.NoteWritten(Key(9));
+  EXPECT_FALSE(q.AddUnlessWrittenSince(Key(1), before));
+  EXPECT_FALSE(q.Contains(Key(1)));
+  EXPECT_TRUE(q.AddUnlessWrittenSince(Key(2), before));
+  EXPECT_TRUE(q.Contains(Key(2)));
+  EXPECT_TRUE(q.AddUnlessWrittenSince(Key(1), q.WriteSequence()));  // a read after the write
+  q.NoteWritten(Key(1));
+  EXPECT_FALSE(q.Contains(Key(1)));  // released
+  const uint64_t long_ago = q.WriteSequence();
+  for (uint64_t i = 0; i <= Quarantine::kWriteLog; ++i) q.NoteWritten(Key(1000 + i));
+  EXPECT_FALSE(q.AddUnlessWrittenSince(Key(3), long_ago));
+  EXPECT_FALSE(q.Contains(Key(3)));
+}
+
+// A tier whose reads end when the test says, for the order of a read and a
+// write of the same key.
+class HeldReadTier final : public ForwardingTier {
+ public:
+  using ForwardingTier::ForwardingTier;
+  Status Read(const BlockKey&, uint32_t, uint32_t, std::span<std::byte>, ReadDone done) override {
+    held_.push_back(std::move(done));
+    return Status::Ok();
+  }
+  // Ends held read `i` as a failed verification.
+  void FailCorrupt(size_t i) { held_.at(i)(Corruption("scripted: bad bytes")); }
+
+ private:
+  std::vector<ReadDone> held_;
+};
+
+// Two reads of one bad copy: the first fails and quarantines it; a write
+// replaces it (the tier's fresh copy is found again); the second, which
+// started before the write and fails after it, leaves the fresh copy be.
+TEST(QuarantineTest, ALateReadOfABadCopyDoesNotQuarantineTheFreshOne) {
+  MapTier inner;
+  HeldReadTier held(inner);
+  MeasuredTier tier(held);
+  std::vector<std::byte> payload(kBlockBytes, std::byte{7});
+  const auto write = [&] {
+    std::promise<Status> written;
+    EXPECT_TRUE(tier.Write(kNs, Key(1), kLayers, payload, [&](Status s) { written.set_value(s); }).ok());
+    EXPECT_TRUE(written.get_future().get().ok());
+  };
+  write();
+  std::vector<std::byte> dst(kBlockBytes);
+  ASSERT_TRUE(tier.Read(Key(1), 0, kLayers, dst, [](Result<size_t>) {}).ok());
+  ASSERT_TRUE(tier.Read(Key(1), 0, kLayers, dst, [](Result<size_t>) {}).ok());
+  held.FailCorrupt(0);
+  EXPECT_FALSE(tier.Find(Key(1)).has_value());  // quarantined
+  write();                                      // replaces the bad copy
+  EXPECT_TRUE(tier.Find(Key(1)).has_value());
+  held.FailCorrupt(1);  // the late read of the old copy
+  EXPECT_TRUE(tier.Find(Key(1)).has_value());
+  EXPECT_EQ(tier.quarantine().size(), 0u);
 }
 
 // A tier whose stored copies can rot: reads of a rotten key fail
