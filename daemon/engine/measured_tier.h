@@ -65,7 +65,8 @@ class MeasuredTier final : public ForwardingTier {
   std::optional<NamespaceFingerprint> NamespaceForEvents(const BlockKey& key) const;
   // A read that ended with `status`, started at write sequence `writes`
   // (Quarantine::WriteSequence): a block gone or dropped is removed, a bad
-  // copy quarantined unless a write of the key landed meanwhile.
+  // copy quarantined, unless a write of the key landed meanwhile (then
+  // neither: the fresh copy is there).
   void ReadEnded(const BlockKey& key, const std::optional<NamespaceFingerprint>& ns, const Status& status,
                  uint64_t writes) const;
 

@@ -109,10 +109,11 @@ struct ClientOptions {
   // (within ~10 ms) so its eviction order and counters stay true. Zero-copy
   // Pin always goes through the daemon. false: every call uses the socket.
   bool use_directory = true;
-  // Fault the whole arena mapping in at connect (MAP_POPULATE), so no get
-  // or put pays a page fault on its hot path; it costs the connect about
-  // 0.3 s per GiB of arena. false: pages fault in at first use (an admin
-  // tool that never touches the arena).
+  // Fault the arena mapping in at connect (the part kvtierd has allocated:
+  // all of it unless host.allocate_at_start_bytes left some for later), so
+  // no get or put pays a page fault on its hot path; it costs the connect
+  // about 0.3 s per GiB of arena. false: pages fault in at first use (an
+  // admin tool that never touches the arena).
   bool prefault_arena = true;
   // Reconnect on its own after kvtierd closed the connection (see
   // "Reconnect" above). false: the Client stays failed (Unavailable) and

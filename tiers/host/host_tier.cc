@@ -148,12 +148,17 @@ Result<HostTier::Extent> HostTier::Allocate(uint64_t bytes) {
 
 bool HostTier::AwaitGrowth(std::chrono::milliseconds timeout) const {
   const auto give_up = std::chrono::steady_clock::now() + timeout;
-  const uint64_t allocated = arena_->allocated_bytes();
-  while (arena_->growing() && arena_->allocated_bytes() == allocated) {
-    if (std::chrono::steady_clock::now() >= give_up) return false;
+  uint64_t usable = 0;  // what the last Allocate could hand out
+  {
+    MutexLock lock(mu_);
+    usable = allocator_.usable_bytes();
+  }
+  // Growth that landed since that Allocate counts too.
+  while (arena_->allocated_bytes() <= usable) {
+    if (!arena_->growing() || std::chrono::steady_clock::now() >= give_up) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return arena_->allocated_bytes() > allocated;
+  return true;
 }
 
 bool HostTier::CanEverHold(uint64_t bytes) const {

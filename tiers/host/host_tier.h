@@ -78,8 +78,10 @@ class HostTier {
   Result<Extent> Allocate(uint64_t bytes);
 
   // While the arena is still being allocated: waits until it has
-  // allocated more, at most `timeout`; true when it did (an Allocate that
-  // failed may then succeed), false at once when it is not growing. For
+  // allocated more than the last Allocate could hand out, at most
+  // `timeout`; true when it has (at once when that growth landed already:
+  // an Allocate that failed may then succeed), false when it has not and
+  // the arena is no longer growing. For
   // the evictor, so that no block is evicted for want of room that is
   // about to come.
   bool AwaitGrowth(std::chrono::milliseconds timeout) const;
