@@ -91,6 +91,15 @@ class ArcPolicy final : public EvictionPolicy {
   size_t size() const override { return blocks_.size(); }
   std::string_view name() const override { return "arc"; }
 
+  // T1's target as a share of the tracked blocks.
+  std::optional<double> learned_share() const override {
+    return blocks_.empty() ? 0.0 : static_cast<double>(p_) / static_cast<double>(blocks_.size());
+  }
+  void SetLearnedShare(double share) override {
+    const double c = static_cast<double>(blocks_.size());
+    p_ = static_cast<size_t>(std::clamp(share, 0.0, 1.0) * c);
+  }
+
  private:
   struct Block {
     uint64_t entered_us = 0;  // when it last became MRU of its list

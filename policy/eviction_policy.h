@@ -77,6 +77,13 @@ class EvictionPolicy {
   // Whether `h` is needed by a queued request expected to start before
   // now + window: the engine must then demote it, never drop it.
   virtual bool NeededWithin(BlockHandle h, uint64_t now_us, uint64_t window_us) const { return false; }
+
+  // What an adaptive policy has learned of the workload, as a share of its
+  // capacity in [0, 1] (ARC: T1's target p / c); nullopt for a policy that
+  // learns nothing. A new instance can start from what a simulation of the
+  // same policy learned (ExpertPanel::Rebuild); the others ignore the set.
+  virtual std::optional<double> learned_share() const { return std::nullopt; }
+  virtual void SetLearnedShare(double share) {}
 };
 
 // Least recently used: insert, access and unpin make a block most recent.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 namespace kvtier {
 namespace {
@@ -20,40 +21,83 @@ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser: spreads every bit of the 
 
 }  // namespace
 
-ExpertPanel::ExpertPanel() {
-  for (size_t i = 0; i < kExperts; ++i) {
-    experts_[i].real = MakeEvictionPolicy(kExpertNames[i]);
-    experts_[i].shadow = MakeEvictionPolicy(kExpertNames[i]);
+ExpertPanel::ExpertPanel() : real_(MakeEvictionPolicy(kExpertNames[0])) {
+  for (size_t i = 0; i < kExperts; ++i) experts_[i].shadow = MakeEvictionPolicy(kExpertNames[i]);
+}
+
+std::string_view ExpertPanel::expert_name(size_t i) const { return kExpertNames[i]; }
+
+void ExpertPanel::NoteUse(Uses& uses, uint64_t now_us) {
+  uses.previous_us = uses.last_us;
+  uses.previous_order = uses.last_order;
+  uses.last_us = now_us;
+  uses.last_order = ++uses_;
+}
+
+void ExpertPanel::Insert(BlockHandle h, const BlockKey* key, uint64_t now_us, Uses& uses) {
+  uses = Uses{};
+  NoteUse(uses, now_us);
+  if (key != nullptr) {
+    real_->OnInsertKeyed(h, *key, now_us);
+  } else {
+    real_->OnInsert(h, now_us);
   }
 }
 
-void ExpertPanel::Insert(BlockHandle h, const BlockKey* key, uint64_t now_us) {
-  for (Expert& e : experts_) {
-    if (key != nullptr) {
-      e.real->OnInsertKeyed(h, *key, now_us);
+void ExpertPanel::Access(BlockHandle h, uint64_t now_us, Uses& uses) {
+  NoteUse(uses, now_us);
+  real_->OnAccess(h, now_us);
+}
+
+void ExpertPanel::Hold(BlockHandle h) { real_->OnPin(h); }
+
+void ExpertPanel::Release(BlockHandle h, uint64_t now_us, Uses& uses) {
+  NoteUse(uses, now_us);
+  real_->OnUnpin(h, now_us);
+}
+
+void ExpertPanel::Remove(BlockHandle h) { real_->OnRemove(h); }
+
+std::optional<EvictionCandidate> ExpertPanel::Victim() const { return real_->Victim(); }
+
+void ExpertPanel::Rebuild(std::span<const BlockRecord> blocks) {
+  // Every block's last two uses in the order they came, the first of each
+  // an insertion: times alone would not do, as many uses share one time
+  // (a request's chain) and the order among them is the classics' order.
+  struct Use {
+    uint64_t order = 0;
+    uint64_t time_us = 0;
+    uint32_t block = 0;
+    bool first = false;
+  };
+  std::vector<Use> uses;
+  uses.reserve(2 * blocks.size());
+  for (uint32_t i = 0; i < blocks.size(); ++i) {
+    const Uses& u = blocks[i].uses;
+    const bool twice = u.previous_order != 0;
+    if (twice) uses.push_back(Use{u.previous_order, u.previous_us, i, true});
+    uses.push_back(Use{u.last_order, u.last_us, i, !twice});
+  }
+  std::sort(uses.begin(), uses.end(), [](const Use& x, const Use& y) { return x.order < y.order; });
+  real_ = MakeEvictionPolicy(kExpertNames[leader_]);
+  real_expert_ = leader_;
+  for (const Use& u : uses) {
+    const BlockRecord& b = blocks[u.block];
+    if (!u.first) {
+      real_->OnAccess(b.handle, u.time_us);
+    } else if (b.key != nullptr) {
+      real_->OnInsertKeyed(b.handle, *b.key, u.time_us);
     } else {
-      e.real->OnInsert(h, now_us);
+      real_->OnInsert(b.handle, u.time_us);
     }
   }
+  // An adaptive expert starts from what its shadow learned (ARC's target
+  // share): its own history is what the records leave out.
+  if (std::optional<double> share = experts_[leader_].shadow->learned_share()) real_->SetLearnedShare(*share);
+  for (const BlockRecord& b : blocks) {
+    if (b.held) real_->OnPin(b.handle);
+  }
 }
-
-void ExpertPanel::Access(BlockHandle h, uint64_t now_us) {
-  for (Expert& e : experts_) e.real->OnAccess(h, now_us);
-}
-
-void ExpertPanel::Hold(BlockHandle h) {
-  for (Expert& e : experts_) e.real->OnPin(h);
-}
-
-void ExpertPanel::Release(BlockHandle h, uint64_t now_us) {
-  for (Expert& e : experts_) e.real->OnUnpin(h, now_us);
-}
-
-void ExpertPanel::Remove(BlockHandle h) {
-  for (Expert& e : experts_) e.real->OnRemove(h);
-}
-
-std::optional<EvictionCandidate> ExpertPanel::Victim() const { return experts_[leader_].real->Victim(); }
 
 void ExpertPanel::NoteCapacity(size_t blocks) {
   epoch_capacity_ = std::max(epoch_capacity_, blocks);

@@ -39,9 +39,9 @@ void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
   switch (to) {
     case Group::kPanel:  // a return: a use (see the header)
       if (b.held) {
-        panel_.Release(b.handle, use_us);
+        panel_.Release(b.handle, use_us, b.panel_uses);
       } else {
-        panel_.Access(b.handle, use_us);
+        panel_.Access(b.handle, use_us, b.panel_uses);
       }
       b.held = false;
       break;
@@ -104,7 +104,7 @@ void QueueAwarePolicy::OnInsert(BlockHandle h, uint64_t now_us) {
   b.handle = h;
   b.time = now_us;
   latest_us_ = std::max(latest_us_, now_us);
-  panel_.Insert(h, nullptr, now_us);
+  panel_.Insert(h, nullptr, now_us, b.panel_uses);
   panel_.NoteCapacity(blocks_.size());
 }
 
@@ -122,7 +122,7 @@ void QueueAwarePolicy::OnInsertKeyed(BlockHandle h, const BlockKey& key, uint32_
   b.key = &node;
   b.depth = depth;
   LinkSession(b, node.second.shared ? 0 : session);
-  panel_.Insert(h, &key, now_us);
+  panel_.Insert(h, &key, now_us, b.panel_uses);
   panel_.NoteCapacity(blocks_.size());
   Use(b, now_us);
   Refile(b, now_us);
@@ -139,7 +139,7 @@ void QueueAwarePolicy::OnAccess(BlockHandle h, uint64_t now_us) {
   if (it == blocks_.end()) return;
   Block& b = it->second;
   Use(b, now_us);
-  if (!b.held) panel_.Access(h, now_us);
+  if (!b.held) panel_.Access(h, now_us, b.panel_uses);
   if (b.group == Group::kClosed) {
     closed_.erase(b.closed_at);
     b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
@@ -181,8 +181,20 @@ void QueueAwarePolicy::OnRemove(BlockHandle h) {
   blocks_.erase(it);
 }
 
+void QueueAwarePolicy::RebuildPanelIfWanted() const {
+  if (!panel_.rebuild_wanted()) return;
+  std::vector<ExpertPanel::BlockRecord> records;
+  records.reserve(blocks_.size());
+  for (const auto& [handle, b] : blocks_) {
+    records.push_back(
+        ExpertPanel::BlockRecord{handle, b.key != nullptr ? &b.key->first : nullptr, b.panel_uses, b.held});
+  }
+  panel_.Rebuild(records);
+}
+
 std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
   panel_.NoteCapacity(blocks_.size());
+  RebuildPanelIfWanted();
   if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->time)};
   // Blocks that left the panel's group for the trees stay in the experts
   // until one names them: held then, once.

@@ -37,12 +37,13 @@
 //
 // Costs (n tracked blocks, m needed, c closed-conversation blocks, k
 // queued requests naming a key): insert, access, pin, unpin and remove
-// cost one call on each of the panel's 3 real instances, plus 3 shadow
-// calls for a sampled key, plus O(log m) or O(log c) for a needed or closed
-// block; victim the leader's victim, plus a hold (3 calls) for each block
-// of a tree it names first; OnEnqueue of c keys O(c (k + log m)); OnDequeue
-// the same; a session hint O(s log c) for its s blocks. Not thread-safe,
-// like every policy.
+// cost one call on the panel's real instance, plus 3 shadow calls for a
+// sampled key, plus O(log m) or O(log c) for a needed or closed block;
+// victim the leader's victim, plus a hold for each block of a tree it
+// names first, plus the panel's rebuild (O(n log n)) after a change of
+// leader; OnEnqueue of c keys O(c (k + log m)); OnDequeue the same; a
+// session hint O(s log c) for its s blocks. Not thread-safe, like every
+// policy.
 #pragma once
 
 #include <cstdint>
@@ -144,7 +145,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
     BlockHandle handle = 0;
     KeyNode* key = nullptr;  // null: inserted without a key
     uint64_t session = 0;
-    uint64_t time = 0;  // last use
+    uint64_t time = 0;             // last use
+    ExpertPanel::Uses panel_uses;  // the uses the panel's real instance saw
     uint32_t depth = 0;
     bool closed = false;
     bool pinned = false;
@@ -169,6 +171,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
   // as a use at `use_us`.
   void Refile(Block& b, uint64_t use_us);
   void Use(Block& b, uint64_t now_us);
+  // Gives the panel its new leader's real instance when it waits for one.
+  void RebuildPanelIfWanted() const;
   void AddStart(const QueuedBlock& qb, uint64_t start_us, uint64_t session);
   void RemoveStart(const BlockKey& key, uint64_t start_us);
   void JoinSession(Block& b, uint64_t session);

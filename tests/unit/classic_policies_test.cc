@@ -323,6 +323,31 @@ TEST(ArcPolicyTest, GhostHitsAdaptTheTarget) {
   EXPECT_EQ(Drain(*p), (std::vector<BlockHandle>{2, 4, 5, 6}));
 }
 
+// ARC's target p as a share of its blocks: what the expert panel carries
+// from a shadow to a rebuilt instance. The other classics learn nothing.
+TEST(ArcPolicyTest, TheLearnedTargetIsReadAndSetAsAShare) {
+  auto p = MakeArcPolicy();
+  for (BlockHandle h = 1; h <= 4; ++h) p->OnInsertKeyed(h, Key(h), h * 10);
+  p->OnAccess(3, 50);
+  p->OnAccess(4, 60);  // T1 = [1, 2], T2 = [3, 4], p = 0
+  EXPECT_EQ(p->learned_share(), 0.0);
+  EXPECT_EQ(p->Victim()->handle, 1u);
+  p->SetLearnedShare(0.5);  // p = 2 = |T1|: T2 first
+  EXPECT_EQ(p->learned_share(), 0.5);
+  EXPECT_EQ(p->Victim()->handle, 3u);
+  p->SetLearnedShare(7);  // clamped to c
+  EXPECT_EQ(p->learned_share(), 1.0);
+  p->OnRemove(1);  // B1 = [Key(1)]; a ghost hit raises p, capped at c = 3
+  p->OnInsertKeyed(5, Key(1), 70);
+  EXPECT_EQ(p->learned_share(), 1.0);
+  for (std::string_view name : {"lru", "fifo", "lru2", "s3fifo"}) {
+    auto other = MakeEvictionPolicy(name);
+    other->OnInsert(1, 10);
+    other->SetLearnedShare(0.5);
+    EXPECT_FALSE(other->learned_share().has_value()) << name;
+  }
+}
+
 TEST(ArcPolicyTest, UnpinMovesToT2) {
   auto p = MakeArcPolicy();
   for (BlockHandle h = 1; h <= 3; ++h) p->OnInsert(h, h * 10);

@@ -190,18 +190,62 @@ TEST(ExpertPanelTest, ShadowsSampleKeysAboveTheirBound) {
 
 TEST(ExpertPanelTest, HeldBlocksAreNotVictimsAndReturnAsUsed) {
   ExpertPanel panel;
+  ExpertPanel::Uses u1, u2, u3;
   const BlockKey k1 = K(1), k2 = K(2);
-  panel.Insert(1, &k1, 10);
-  panel.Insert(2, &k2, 20);
-  panel.Insert(3, nullptr, 30);
+  panel.Insert(1, &k1, 10, u1);
+  panel.Insert(2, &k2, 20, u2);
+  panel.Insert(3, nullptr, 30, u3);
   panel.Hold(1);
   EXPECT_EQ(panel.Victim()->handle, 2u);
-  panel.Release(1, 40);
+  panel.Release(1, 40, u1);
   EXPECT_EQ(panel.Victim()->handle, 2u);
   panel.Remove(2);
   EXPECT_EQ(panel.Victim()->handle, 3u);
-  panel.Access(3, 50);
+  panel.Access(3, 50, u3);
   EXPECT_EQ(panel.Victim()->handle, 1u);
+  EXPECT_EQ(u1.last_us, 40u);
+  EXPECT_EQ(u1.previous_us, 10u);
+  EXPECT_EQ(u3.last_order, 5u) << "the fifth use the panel saw";
+  EXPECT_EQ(u3.previous_order, 3u);
+}
+
+// Only the leader has a real instance; a new leader's is built from the
+// blocks' last two uses, in the order they came, and keeps the holds.
+TEST(ExpertPanelTest, ANewLeadersInstanceIsBuiltFromTheBlocksLastTwoUses) {
+  ExpertPanel panel;
+  ExpertPanel::Uses a, b, c, d, e;
+  const BlockKey ka = K(9001), kb = K(9002), kc = K(9003);
+  panel.Insert(1, &ka, 1, a);
+  panel.Access(1, 2, a);           // used twice, long ago
+  panel.Insert(2, &kb, 3, b);      // once
+  panel.Insert(3, &kc, 4, c);      // once
+  panel.Insert(5, nullptr, 6, e);  // once, then 4 at the same time
+  panel.Insert(4, nullptr, 6, d);
+  panel.Hold(2);
+  EXPECT_EQ(panel.Victim()->handle, 1u) << "LRU leads first";
+
+  panel.NoteCapacity(100);
+  uint64_t t = 10;
+  for (uint64_t k : HotAmongScans(1, 40'000)) {
+    panel.Reference(K(k), ++t);
+    if (panel.leader() != 0) break;
+  }
+  ASSERT_NE(panel.leader(), 0u) << "the workload makes a frequency-aware expert lead";
+  EXPECT_TRUE(panel.rebuild_wanted());
+  EXPECT_EQ(panel.Victim()->handle, 1u) << "the old instance orders until the rebuild";
+
+  const std::vector<ExpertPanel::BlockRecord> records = {
+      {1, &ka, a, false}, {2, &kb, b, true}, {3, &kc, c, false}, {4, nullptr, d, false}, {5, nullptr, e, false}};
+  panel.Rebuild(records);
+  EXPECT_FALSE(panel.rebuild_wanted());
+  // LRU-2 and ARC alike: once-used blocks first, least recent first (5
+  // before 4: the order of the uses, not the handles), the held one never.
+  std::vector<BlockHandle> order;
+  while (auto v = panel.Victim()) {
+    order.push_back(v->handle);
+    panel.Remove(v->handle);
+  }
+  EXPECT_EQ(order, (std::vector<BlockHandle>{3, 5, 4, 1})) << "leader " << panel.expert_name(panel.leader());
 }
 
 TEST(QueueAwarePolicyTest, QueuedBlocksGoLastFurthestNextUseFirst) {
