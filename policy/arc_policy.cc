@@ -93,11 +93,12 @@ class ArcPolicy final : public EvictionPolicy {
 
   // T1's target as a share of the tracked blocks.
   std::optional<double> learned_share() const override {
-    return blocks_.empty() ? 0.0 : static_cast<double>(p_) / static_cast<double>(blocks_.size());
+    // p is capped at c on insertion, so removals can leave it above.
+    return blocks_.empty() ? 0.0 : std::min(1.0, static_cast<double>(p_) / static_cast<double>(blocks_.size()));
   }
   void SetLearnedShare(double share) override {
     const double c = static_cast<double>(blocks_.size());
-    p_ = static_cast<size_t>(std::clamp(share, 0.0, 1.0) * c);
+    p_ = share > 0 ? static_cast<size_t>(std::min(share, 1.0) * c) : 0;  // NaN: 0
   }
 
  private:

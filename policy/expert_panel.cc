@@ -67,12 +67,12 @@ void ExpertPanel::Rebuild(std::span<const BlockRecord> blocks) {
   struct Use {
     uint64_t order = 0;
     uint64_t time_us = 0;
-    uint32_t block = 0;
+    size_t block = 0;
     bool first = false;
   };
   std::vector<Use> uses;
   uses.reserve(2 * blocks.size());
-  for (uint32_t i = 0; i < blocks.size(); ++i) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
     const Uses& u = blocks[i].uses;
     const bool twice = u.previous_order != 0;
     if (twice) uses.push_back(Use{u.previous_order, u.previous_us, i, true});

@@ -196,8 +196,8 @@ std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
   panel_.NoteCapacity(blocks_.size());
   RebuildPanelIfWanted();
   if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->time)};
-  // Blocks that left the panel's group for the trees stay in the experts
-  // until one names them: held then, once.
+  // Blocks that left the panel's group for the trees stay in its real
+  // instance until it names them: held then, once.
   while (auto v = panel_.Victim()) {
     const Block& b = blocks_.at(v->handle);
     if (b.group == Group::kPanel) return EvictionCandidate{v->handle, Rank(1, PanelOrder(v->rank))};

@@ -24,13 +24,13 @@
 //
 // Uses: an OnAccess, the end of a pin (OnUnpin: the engine pins a block to
 // read it) and an insertion each reference the block's key for the
-// panel's shadows and count as a use in the panel's experts. A block that
+// panel's shadows and count as a use in its real instance. A block that
 // returns to group 2 from a tree (its last queued request started,
 // finished or was dropped, or its conversation reopened) counts a use at
 // the latest time the policy was given: the request that runs is about to
-// read it. While in a tree a block keeps its place in the experts (taking
-// it out on every hint would cost three policy calls more); the first time
-// the panel names it as a victim it is held out of their order until it
+// read it. While in a tree a block keeps its place in the panel's real
+// instance (taking it out on every hint would cost a call more); the first
+// time the panel names it as a victim it is held out of its order until it
 // returns. Blocks inserted without a key (plain OnInsert) are never
 // matched by a queued request, count as depth 0 and are not seen by the
 // shadows.
@@ -150,8 +150,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
     uint32_t depth = 0;
     bool closed = false;
     bool pinned = false;
-    // Pinned in the panel's experts: at once for an engine pin, and for a
-    // block in a tree once the panel names it (Victim() sets it).
+    // Pinned in the panel's real instance: at once for an engine pin, and
+    // for a block in a tree once the panel names it (Victim() sets it).
     mutable bool held = false;
     Group group = Group::kPanel;
     Block* session_prev = nullptr;  // the blocks of its session

@@ -337,7 +337,7 @@ TEST(ArcPolicyTest, TheLearnedTargetIsReadAndSetAsAShare) {
   EXPECT_EQ(p->Victim()->handle, 3u);
   p->SetLearnedShare(7);  // clamped to c
   EXPECT_EQ(p->learned_share(), 1.0);
-  p->OnRemove(1);  // B1 = [Key(1)]; a ghost hit raises p, capped at c = 3
+  p->OnRemove(1);  // B1 = [Key(1)]; a ghost hit raises p, capped at c = 4 (the new block counts)
   p->OnInsertKeyed(5, Key(1), 70);
   EXPECT_EQ(p->learned_share(), 1.0);
   for (std::string_view name : {"lru", "fifo", "lru2", "s3fifo"}) {

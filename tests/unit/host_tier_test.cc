@@ -335,6 +335,40 @@ TEST(HostArenaTest, AKeptArenaKeepsWhatItsDaemonAllocatedAndChecksTheRest) {
   std::remove(meminfo.c_str());
 }
 
+// A kept arena the machine lacks the memory to complete fails the tier's
+// Open (NoSpace) and stays kept (release_kept is not called): opening a new
+// arena instead would need as much once the kept one is freed, and would
+// lose the kept blocks. The next Open, with the memory there, adopts it.
+TEST(HostTierTest, AKeptArenaTheMachineCannotCompleteFailsOpenAndStaysKept) {
+  const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-keep-" + std::to_string(::getpid());
+  HostArenaOptions o = Options(256 * kMiB, LockMode::kOff);
+  o.warm_in_background = true;
+  o.warm_chunk_bytes = 16 * kMiB;
+  o.allocate_at_open_bytes = 4096;
+  o.meminfo_path = meminfo;
+  const int arena = PartlyAllocatedArena(256 * kMiB, 100 * kMiB);  // what the store keeps
+  auto journal = HostJournal::Create(256 * kMiB, "kvtier-test-kept-journal");
+  ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+  int released = 0;
+  const auto kept = [&] { return HostKeep{true, ::dup(arena), ::dup((*journal)->fd()), [&] { ++released; }}; };
+
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     102400 kB\n";
+  auto short_machine = HostTier::Open(o, 0, kept());  // 156 MiB to go, 100 available
+  ASSERT_FALSE(short_machine.ok());
+  EXPECT_EQ(short_machine.status().code(), StatusCode::kNoSpace);
+  EXPECT_NE(short_machine.status().message().find("stay kept"), std::string::npos) << short_machine.status().message();
+  EXPECT_EQ(released, 0) << "the kept pair is let go only when a new arena replaces it";
+
+  std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     1048576 kB\n";
+  auto enough = HostTier::Open(o, 0, kept());
+  ASSERT_TRUE(enough.ok()) << enough.status().ToString();
+  EXPECT_TRUE((*enough)->adopted());
+  EXPECT_EQ(released, 0);
+  enough->reset();
+  ::close(arena);
+  std::remove(meminfo.c_str());
+}
+
 // An arena whose part left to the background exceeds MemAvailable fails
 // Open with the sizes, before it allocates anything, as allocating it all
 // at once would have failed; with enough available it opens.
@@ -348,7 +382,7 @@ TEST(HostArenaTest, AnArenaTheMachineCannotHoldFailsOpenThoughMostIsAllocatedLat
   std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemFree:   10 kB\nMemAvailable:     32768 kB\n";
   auto short_machine = HostArena::Open(o);
   ASSERT_FALSE(short_machine.ok());
-  EXPECT_EQ(short_machine.status().code(), StatusCode::kIoError);
+  EXPECT_EQ(short_machine.status().code(), StatusCode::kNoSpace);
   EXPECT_NE(short_machine.status().message().find("needs 64 MiB it has not allocated"), std::string::npos)
       << short_machine.status().message();
   EXPECT_NE(short_machine.status().message().find("32 MiB available"), std::string::npos);

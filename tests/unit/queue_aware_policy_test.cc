@@ -238,14 +238,49 @@ TEST(ExpertPanelTest, ANewLeadersInstanceIsBuiltFromTheBlocksLastTwoUses) {
       {1, &ka, a, false}, {2, &kb, b, true}, {3, &kc, c, false}, {4, nullptr, d, false}, {5, nullptr, e, false}};
   panel.Rebuild(records);
   EXPECT_FALSE(panel.rebuild_wanted());
-  // LRU-2 and ARC alike: once-used blocks first, least recent first (5
-  // before 4: the order of the uses, not the handles), the held one never.
+  // LRU-2 (the leader this workload makes): once-used blocks first, least
+  // recent first (5 before 4: the order of the uses, not the handles), the
+  // held one never.
   std::vector<BlockHandle> order;
   while (auto v = panel.Victim()) {
     order.push_back(v->handle);
     panel.Remove(v->handle);
   }
   EXPECT_EQ(order, (std::vector<BlockHandle>{3, 5, 4, 1})) << "leader " << panel.expert_name(panel.leader());
+}
+
+// ARC as the new leader starts from the target its shadow learned: with
+// p >= |T1| its T2 goes first, where p = 0 (a fresh ARC) would take T1's.
+TEST(ExpertPanelTest, ANewArcLeaderTakesTheTargetItsShadowLearned) {
+  ExpertPanel panel;
+  std::vector<ExpertPanel::Uses> uses(6);
+  std::vector<BlockKey> keys;
+  for (uint64_t h = 1; h <= 5; ++h) keys.push_back(K(8000 + h));
+  for (uint64_t h = 1; h <= 5; ++h) panel.Insert(h, &keys[h - 1], h, uses[h]);
+  for (uint64_t h = 2; h <= 5; ++h) panel.Access(h, 4 + h, uses[h]);  // T1 = [1], T2 = [2, 3, 4, 5]
+
+  // Phases of 800 references, hot keys among one-time keys, then keys
+  // reused once 40 apart: ARC's adaptation follows both, the panel's others
+  // one each.
+  panel.NoteCapacity(100);
+  std::mt19937_64 rng(0);
+  uint64_t t = 100, scan = 1'000'000, j = 0;
+  for (int i = 0; i < 20'000 && panel.leader() != 2; ++i) {
+    uint64_t k = 0;
+    if ((i / 800) % 2 == 0) {
+      k = rng() % 2 ? rng() % 80 : scan++;
+    } else {
+      ++j;
+      k = 10'000'000 + ((j % 2) != 0 ? j / 2 : (j / 2 >= 40 ? j / 2 - 40 : 0));
+    }
+    panel.Reference(K(k), ++t);
+  }
+  ASSERT_EQ(panel.expert_name(panel.leader()), "arc");
+  ASSERT_GE(panel.shadow_learned_share(2).value_or(0) * 5, 1.0) << "the shadow learned p >= |T1| at 5 blocks";
+  std::vector<ExpertPanel::BlockRecord> records;
+  for (uint64_t h = 1; h <= 5; ++h) records.push_back({h, &keys[h - 1], uses[h], false});
+  panel.Rebuild(records);
+  EXPECT_EQ(panel.Victim()->handle, 2u) << "T2's least recent, as p >= |T1| says";
 }
 
 TEST(QueueAwarePolicyTest, QueuedBlocksGoLastFurthestNextUseFirst) {

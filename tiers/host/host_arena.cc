@@ -170,7 +170,7 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
     const uint64_t pending = g_pending_bytes.load();
     if (const std::optional<uint64_t> available = MemAvailableBytes(o.meminfo_path);
         available && missing + pending > *available) {
-      return IoError("the " + std::to_string(o.capacity_bytes >> 20) + " MiB host arena needs " +
+      return NoSpace("the " + std::to_string(o.capacity_bytes >> 20) + " MiB host arena needs " +
                      std::to_string(missing >> 20) + " MiB it has not allocated, and the machine has " +
                      std::to_string(*available >> 20) + " MiB available (MemAvailable in " + o.meminfo_path +
                      (pending > 0 ? ", less " + std::to_string(pending >> 20) + " MiB other arenas still allocate"

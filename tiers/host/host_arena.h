@@ -75,8 +75,9 @@ class HostArena {
   //                    allocates itself), or mlock failed
   //                    with LockMode::kRequired (message names
   //                    RLIMIT_MEMLOCK's soft and hard values, the size, and
-  //                    the fix), or what is left to allocate exceeds
-  //                    MemAvailable (meminfo_path);
+  //                    the fix);
+  //   NoSpace          what is left to allocate exceeds MemAvailable
+  //                    (meminfo_path), before anything is allocated;
   //   FailedPrecondition  kept_fd is not a memfd of capacity_bytes sealed
   //                    exactly as Open seals an arena (shrink, grow, seal).
   // Should allocating a chunk fail in the background (the machine ran

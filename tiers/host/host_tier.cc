@@ -22,10 +22,14 @@ void CloseKept(const HostKeep& keep) {
 
 // The kept arena and journal of `keep` when both are there and fit `o`;
 // nulls (after one log line saying why, and release_kept) when they do
-// not: anything wrong with a kept pair starts the tier empty, never fails
-// the start. Takes the fds.
-std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>> OpenKept(const HostArenaOptions& o,
-                                                                             const HostKeep& keep) {
+// not: anything wrong with a kept pair starts the tier empty. One failure
+// fails the start instead, keeping the pair: the machine lacks the memory
+// the kept arena has yet to allocate (NoSpace). A new arena would need at
+// least as much once the kept one is freed, so it would fail as well, and
+// the kept blocks would be lost for nothing; the next start, with the
+// memory there, adopts them. Takes the fds.
+Result<std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>>> OpenKept(const HostArenaOptions& o,
+                                                                                     const HostKeep& keep) {
   std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>> out;
   if (keep.arena_fd < 0 && keep.journal_fd < 0) return out;
   const auto reject = [&](const std::string& why) {
@@ -46,6 +50,9 @@ std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>> OpenKept(con
   HostArenaOptions kept = o;
   kept.kept_fd = keep.arena_fd;
   auto arena = HostArena::Open(kept);
+  if (!arena.ok() && arena.status().code() == StatusCode::kNoSpace) {
+    return NoSpace(arena.status().message() + " (the kept arena and its blocks stay kept for the next start)");
+  }
   if (!arena.ok()) {
     reject("the kept arena cannot be mapped: " + arena.status().message());
     return out;
@@ -64,7 +71,9 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostArenaOptions& o, uint
     return InvalidArgument("host tier capacity_bytes " + std::to_string(o.capacity_bytes) +
                            " is below the minimum of " + std::to_string(ArenaAllocator::kAlignmentBytes));
   }
-  auto [arena, journal] = OpenKept(o, keep);
+  auto opened_kept = OpenKept(o, keep);
+  if (!opened_kept.ok()) return opened_kept.status();
+  auto [arena, journal] = std::move(*opened_kept);
   const bool adopted = arena != nullptr;
   if (!adopted) {
     auto opened = HostArena::Open(o);

@@ -30,7 +30,9 @@ namespace kvtier {
 // by the next daemon: given both fds, Open maps that arena and claims the
 // extents of the journal's blocks, for the engine to verify and take
 // (TakeAdopted). A kept pair that does not fit (another size, format or
-// version) is dropped with one log line and the tier starts empty.
+// version) is dropped with one log line and the tier starts empty. A kept
+// arena the machine lacks the memory to complete fails Open (NoSpace) and
+// stays kept: release_kept is not called.
 struct HostKeep {
   bool journal = false;  // record committed blocks (needed to keep anything)
   int arena_fd = -1;     // a kept arena and its journal (Open takes both fds)
