@@ -27,15 +27,29 @@ QueueAwarePolicy::Group QueueAwarePolicy::GroupOf(const Block& b) const {
   return b.closed ? Group::kClosed : Group::kPanel;
 }
 
-QueueAwarePolicy::NeededOrder QueueAwarePolicy::NeededOrderOf(const Block& b) const {
-  return NeededOrder{~b.key->second.starts.front(), Shallow(b.depth), b.handle};
+void QueueAwarePolicy::Starts::Insert(uint64_t start_us) {
+  if (list_ == nullptr) list_ = std::make_unique<std::vector<uint64_t>>();
+  list_->insert(std::upper_bound(list_->begin(), list_->end(), start_us), start_us);
+}
+
+bool QueueAwarePolicy::Starts::Erase(uint64_t start_us) {
+  if (list_ == nullptr) return false;
+  auto one = std::lower_bound(list_->begin(), list_->end(), start_us);
+  if (one == list_->end() || *one != start_us) return false;
+  list_->erase(one);
+  if (list_->empty()) list_.reset();
+  return true;
+}
+
+QueueAwarePolicy::TreeOrder QueueAwarePolicy::NeededOrderOf(const Block& b) const {
+  return TreeOrder{~b.key->second.starts.front(), Shallow(b.depth), b.handle};
 }
 
 void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
   const Group to = GroupOf(b);
-  if (to == b.group && (to != Group::kNeeded || *b.needed_at == NeededOrderOf(b))) return;
-  if (b.group == Group::kClosed) closed_.erase(b.closed_at);
-  if (b.group == Group::kNeeded) needed_.erase(b.needed_at);
+  if (to == b.group && (to != Group::kNeeded || *b.tree_at == NeededOrderOf(b))) return;
+  if (b.group == Group::kClosed) closed_.erase(b.tree_at);
+  if (b.group == Group::kNeeded) needed_.erase(b.tree_at);
   switch (to) {
     case Group::kPanel:  // a return: a use (see the header)
       if (b.held) {
@@ -46,10 +60,10 @@ void QueueAwarePolicy::Refile(Block& b, uint64_t use_us) {
       b.held = false;
       break;
     case Group::kClosed:
-      b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
+      b.tree_at = closed_.insert(TreeOrder{b.time, Shallow(b.depth), b.handle}).first;
       break;
     case Group::kNeeded:
-      b.needed_at = needed_.insert(NeededOrderOf(b)).first;
+      b.tree_at = needed_.insert(NeededOrderOf(b)).first;
       break;
     case Group::kPinned:  // the engine reads it: out of every order at once
       if (!b.held) panel_.Hold(b.handle);
@@ -141,8 +155,8 @@ void QueueAwarePolicy::OnAccess(BlockHandle h, uint64_t now_us) {
   Use(b, now_us);
   if (!b.held) panel_.Access(h, now_us, b.panel_uses);
   if (b.group == Group::kClosed) {
-    closed_.erase(b.closed_at);
-    b.closed_at = closed_.insert(ClosedOrder{b.time, Shallow(b.depth), b.handle}).first;
+    closed_.erase(b.tree_at);
+    b.tree_at = closed_.insert(TreeOrder{b.time, Shallow(b.depth), b.handle}).first;
   }
 }
 
@@ -166,8 +180,8 @@ void QueueAwarePolicy::OnRemove(BlockHandle h) {
   auto it = blocks_.find(h);
   if (it == blocks_.end()) return;
   Block& b = it->second;
-  if (b.group == Group::kClosed) closed_.erase(b.closed_at);
-  if (b.group == Group::kNeeded) needed_.erase(b.needed_at);
+  if (b.group == Group::kClosed) closed_.erase(b.tree_at);
+  if (b.group == Group::kNeeded) needed_.erase(b.tree_at);
   panel_.Remove(h);
   UnlinkSession(b);
   if (b.key != nullptr) {
@@ -195,7 +209,7 @@ void QueueAwarePolicy::RebuildPanelIfWanted() const {
 std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
   panel_.NoteCapacity(blocks_.size());
   RebuildPanelIfWanted();
-  if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->time)};
+  if (!closed_.empty()) return EvictionCandidate{closed_.begin()->handle, Rank(0, closed_.begin()->order)};
   // Blocks that left the panel's group for the trees stay in its real
   // instance until it names them: held then, once.
   while (auto v = panel_.Victim()) {
@@ -204,14 +218,14 @@ std::optional<EvictionCandidate> QueueAwarePolicy::Victim() const {
     panel_.Hold(b.handle);
     b.held = true;
   }
-  if (!needed_.empty()) return EvictionCandidate{needed_.begin()->handle, Rank(2, needed_.begin()->later)};
+  if (!needed_.empty()) return EvictionCandidate{needed_.begin()->handle, Rank(2, needed_.begin()->order)};
   return std::nullopt;
 }
 
 void QueueAwarePolicy::AddStart(const QueuedBlock& qb, uint64_t start_us, uint64_t session) {
   KeyNode& node = *keys_.try_emplace(qb.key).first;
   KeyEntry& entry = node.second;
-  entry.starts.insert(std::upper_bound(entry.starts.begin(), entry.starts.end(), start_us), start_us);
+  entry.starts.Insert(start_us);
   entry.depth = qb.depth;
   if (session != 0) {
     if (entry.session != 0 && entry.session != session) entry.shared = true;
@@ -220,9 +234,9 @@ void QueueAwarePolicy::AddStart(const QueuedBlock& qb, uint64_t start_us, uint64
   Block* b = entry.block;
   if (b == nullptr) return;
   const bool reorder = b->group == Group::kNeeded && b->depth != qb.depth;  // its tree key changes
-  if (reorder) needed_.erase(b->needed_at);
+  if (reorder) needed_.erase(b->tree_at);
   b->depth = qb.depth;
-  if (reorder) b->needed_at = needed_.insert(NeededOrderOf(*b)).first;
+  if (reorder) b->tree_at = needed_.insert(NeededOrderOf(*b)).first;
   JoinSession(*b, session);
   Refile(*b, latest_us_);
 }
@@ -231,9 +245,7 @@ void QueueAwarePolicy::RemoveStart(const BlockKey& key, uint64_t start_us) {
   auto node = keys_.find(key);
   if (node == keys_.end()) return;
   KeyEntry& entry = node->second;
-  auto one = std::lower_bound(entry.starts.begin(), entry.starts.end(), start_us);
-  if (one == entry.starts.end() || *one != start_us) return;
-  entry.starts.erase(one);
+  if (!entry.starts.Erase(start_us)) return;
   if (entry.block != nullptr) {
     Refile(*entry.block, latest_us_);
   } else if (entry.starts.empty()) {

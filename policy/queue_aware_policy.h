@@ -115,29 +115,37 @@ class QueueAwarePolicy final : public EvictionPolicy {
   struct Block;
   // What queue hints and the cache say of one key. Lives while a block
   // holds the key or a queued request names it.
+  // The expected starts of the queued requests naming a key, ascending:
+  // a pointer while none does (most keys), so that they cost 8 bytes.
+  class Starts {
+   public:
+    bool empty() const { return list_ == nullptr; }
+    uint64_t front() const { return list_->front(); }  // precondition: !empty()
+    void Insert(uint64_t start_us);
+    // Removes one `start_us`; false when there is none.
+    bool Erase(uint64_t start_us);
+
+   private:
+    std::unique_ptr<std::vector<uint64_t>> list_;  // null or non-empty
+  };
   struct KeyEntry {
-    Block* block = nullptr;        // the tracked block holding the key
-    std::vector<uint64_t> starts;  // expected starts of queued requests naming it, ascending
-    uint32_t depth = 0;            // from the latest hint naming it
-    uint64_t session = 0;          // from the latest hint naming it with a session
-    bool shared = false;           // two conversations named it (hints, or a hint and the insertion): never closed
+    Block* block = nullptr;  // the tracked block holding the key
+    Starts starts;
+    uint64_t session = 0;  // from the latest hint naming it with a session
+    uint32_t depth = 0;    // from the latest hint naming it
+    bool shared = false;   // two conversations named it (hints, or a hint and the insertion): never closed
   };
   using KeyNode = std::pair<const BlockKey, KeyEntry>;
-  // Sort keys of the two tree-ordered groups; `shallow` = ~depth.
-  struct ClosedOrder {
-    uint64_t time = 0;
+  // The sort key of a block in one of the two trees: `order` is the last
+  // use in the closed group's, ~the next use (the furthest first) in the
+  // needed group's; `shallow` = ~depth.
+  struct TreeOrder {
+    uint64_t order = 0;
     uint32_t shallow = 0;
     BlockHandle handle = 0;
-    friend auto operator<=>(const ClosedOrder&, const ClosedOrder&) = default;
+    friend auto operator<=>(const TreeOrder&, const TreeOrder&) = default;
   };
-  struct NeededOrder {
-    uint64_t later = 0;  // ~next use: the furthest first
-    uint32_t shallow = 0;
-    BlockHandle handle = 0;
-    friend auto operator<=>(const NeededOrder&, const NeededOrder&) = default;
-  };
-  using ClosedSet = std::set<ClosedOrder>;
-  using NeededSet = std::set<NeededOrder>;
+  using Tree = std::set<TreeOrder>;
   // Where a block is ordered: pinned by the engine (nowhere), the panel
   // (group 2), or one of the trees (groups 1 and 3).
   enum class Group : uint8_t { kPinned, kPanel, kClosed, kNeeded };
@@ -156,8 +164,7 @@ class QueueAwarePolicy final : public EvictionPolicy {
     Group group = Group::kPanel;
     Block* session_prev = nullptr;  // the blocks of its session
     Block* session_next = nullptr;
-    ClosedSet::iterator closed_at;  // kClosed
-    NeededSet::iterator needed_at;  // kNeeded
+    Tree::iterator tree_at;  // in closed_ (kClosed) or needed_ (kNeeded)
   };
   struct Request {
     std::vector<BlockKey> keys;
@@ -166,7 +173,7 @@ class QueueAwarePolicy final : public EvictionPolicy {
 
   static bool Needed(const Block& b) { return b.key != nullptr && !b.key->second.starts.empty(); }
   Group GroupOf(const Block& b) const;
-  NeededOrder NeededOrderOf(const Block& b) const;
+  TreeOrder NeededOrderOf(const Block& b) const;
   // Moves `b` to the group its state names; a return to the panel counts
   // as a use at `use_us`.
   void Refile(Block& b, uint64_t use_us);
@@ -184,8 +191,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
   std::unordered_map<BlockHandle, Block> blocks_;
   std::unordered_map<BlockKey, KeyEntry> keys_;
   mutable ExpertPanel panel_;  // Victim() tells it the capacity
-  ClosedSet closed_;
-  NeededSet needed_;
+  Tree closed_;
+  Tree needed_;
   std::unordered_map<uint64_t, Block*> sessions_;  // session -> first of its blocks
   std::unordered_map<uint64_t, Request> requests_;
   uint64_t latest_us_ = 0;  // the latest time passed in
