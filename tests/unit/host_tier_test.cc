@@ -310,15 +310,23 @@ int PartlyAllocatedArena(uint64_t capacity, uint64_t allocated) {
   return fd;
 }
 
-// A kept arena starts with what its daemon allocated (the pages its memfd
-// holds), and the part it still needs is checked against MemAvailable.
-TEST(HostArenaTest, AKeptArenaKeepsWhatItsDaemonAllocatedAndChecksTheRest) {
-  const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-kept-" + std::to_string(::getpid());
+// A 256 MiB arena that allocates one page at Open and the rest behind it,
+// reading MemAvailable from `meminfo`: a kept arena's daemon had allocated
+// only part of it.
+HostArenaOptions GrowingArenaOptions(const std::string& meminfo) {
   HostArenaOptions o = Options(256 * kMiB, LockMode::kOff);
   o.warm_in_background = true;
   o.warm_chunk_bytes = 16 * kMiB;
   o.allocate_at_open_bytes = 4096;
   o.meminfo_path = meminfo;
+  return o;
+}
+
+// A kept arena starts with what its daemon allocated (the pages its memfd
+// holds), and the part it still needs is checked against MemAvailable.
+TEST(HostArenaTest, AKeptArenaKeepsWhatItsDaemonAllocatedAndChecksTheRest) {
+  const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-kept-" + std::to_string(::getpid());
+  HostArenaOptions o = GrowingArenaOptions(meminfo);
   std::ofstream(meminfo) << "MemTotal:        1048576 kB\nMemAvailable:     102400 kB\n";
   o.kept_fd = PartlyAllocatedArena(256 * kMiB, 100 * kMiB);
   auto short_machine = HostArena::Open(o);  // 156 MiB to go, 100 available
@@ -341,11 +349,7 @@ TEST(HostArenaTest, AKeptArenaKeepsWhatItsDaemonAllocatedAndChecksTheRest) {
 // lose the kept blocks. The next Open, with the memory there, adopts it.
 TEST(HostTierTest, AKeptArenaTheMachineCannotCompleteFailsOpenAndStaysKept) {
   const std::string meminfo = ::testing::TempDir() + "/kvtier-meminfo-keep-" + std::to_string(::getpid());
-  HostArenaOptions o = Options(256 * kMiB, LockMode::kOff);
-  o.warm_in_background = true;
-  o.warm_chunk_bytes = 16 * kMiB;
-  o.allocate_at_open_bytes = 4096;
-  o.meminfo_path = meminfo;
+  HostArenaOptions o = GrowingArenaOptions(meminfo);
   const int arena = PartlyAllocatedArena(256 * kMiB, 100 * kMiB);  // what the store keeps
   auto journal = HostJournal::Create(256 * kMiB, "kvtier-test-kept-journal");
   ASSERT_TRUE(journal.ok()) << journal.status().ToString();
