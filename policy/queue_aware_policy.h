@@ -113,8 +113,6 @@ class QueueAwarePolicy final : public EvictionPolicy {
 
  private:
   struct Block;
-  // What queue hints and the cache say of one key. Lives while a block
-  // holds the key or a queued request names it.
   // The expected starts of the queued requests naming a key, ascending:
   // a pointer while none does (most keys), so that they cost 8 bytes.
   class Starts {
@@ -128,6 +126,8 @@ class QueueAwarePolicy final : public EvictionPolicy {
    private:
     std::unique_ptr<std::vector<uint64_t>> list_;  // null or non-empty
   };
+  // What queue hints and the cache say of one key. Lives while a block
+  // holds the key or a queued request names it.
   struct KeyEntry {
     Block* block = nullptr;  // the tracked block holding the key
     Starts starts;

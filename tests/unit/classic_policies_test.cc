@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -337,9 +338,13 @@ TEST(ArcPolicyTest, TheLearnedTargetIsReadAndSetAsAShare) {
   EXPECT_EQ(p->Victim()->handle, 3u);
   p->SetLearnedShare(7);  // clamped to c
   EXPECT_EQ(p->learned_share(), 1.0);
-  p->OnRemove(1);  // B1 = [Key(1)]; a ghost hit raises p, capped at c = 4 (the new block counts)
+  p->OnRemove(1);  // p = 4 over 3 blocks: still a share of at most 1
+  EXPECT_EQ(p->learned_share(), 1.0);
+  // B1 = [Key(1)]; a ghost hit raises p, capped at c = 4 (the new block counts)
   p->OnInsertKeyed(5, Key(1), 70);
   EXPECT_EQ(p->learned_share(), 1.0);
+  p->SetLearnedShare(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_EQ(p->learned_share(), 0.0);
   for (std::string_view name : {"lru", "fifo", "lru2", "s3fifo"}) {
     auto other = MakeEvictionPolicy(name);
     other->OnInsert(1, 10);

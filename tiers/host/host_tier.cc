@@ -51,7 +51,9 @@ Result<std::pair<std::unique_ptr<HostArena>, std::unique_ptr<HostJournal>>> Open
   kept.kept_fd = keep.arena_fd;
   auto arena = HostArena::Open(kept);
   if (!arena.ok() && arena.status().code() == StatusCode::kNoSpace) {
-    return NoSpace(arena.status().message() + " (the kept arena and its blocks stay kept for the next start)");
+    return NoSpace(arena.status().message() +
+                   " (the kept arena and its blocks stay kept for the next start: free memory; a new "
+                   "host.capacity_bytes would drop them)");
   }
   if (!arena.ok()) {
     reject("the kept arena cannot be mapped: " + arena.status().message());
