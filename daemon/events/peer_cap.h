@@ -10,8 +10,11 @@
 // asking peer's own included) and refuses a peer past the cap ("400": it
 // is disconnected before it gets anything; its ZeroMQ socket reports
 // ZMQ_EVENT_HANDSHAKE_FAILED_AUTH and, libzmq 4.3, does not reconnect by
-// itself). A refused peer counts while its connection is open, so a peer
-// arriving in that moment may be refused too.
+// itself). A peer counts from its acceptance, before its handshake is
+// asked about, and a refused peer counts while its connection is open: when
+// peers arrive together near the cap, which are refused need not follow
+// their arrival order (one accepted first but asked about after a later
+// one's acceptance may be refused, and both).
 //
 // Thread: the publisher's thread only (Serve and Watch on each loop).
 #pragma once
