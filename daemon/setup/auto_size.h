@@ -7,18 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "common/machine_memory.h"
 #include "daemon/config/config.h"
 #include "kvtier/result.h"
 
 namespace kvtier {
 
-struct MachineMemory {
-  uint64_t total_bytes = 0;      // MemTotal
-  uint64_t available_bytes = 0;  // MemAvailable: what can be taken without swapping
-};
-
-// From /proc/meminfo (or `path`). IoError / ProtocolError when unreadable.
-Result<MachineMemory> ReadMachineMemory(const std::string& path = "/proc/meminfo");
 // The meminfo kvtierd sizes from: $KVTIER_MEMINFO when set (tests size a
 // daemon for a machine other than the one they run on), else /proc/meminfo.
 std::string MeminfoPath();

@@ -10,13 +10,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 
 #include "common/logging.h"
+#include "common/machine_memory.h"
 
 namespace kvtier {
 namespace {
@@ -41,20 +40,6 @@ std::string MlockFailure(uint64_t capacity_bytes, int err, bool required) {
 // What the process's arenas still have to allocate behind their Open: the
 // next arena's check counts it as taken (host_arena.h meminfo_path).
 std::atomic<uint64_t> g_pending_bytes{0};
-
-// MemAvailable of the meminfo file at `path`, in bytes; nullopt when it
-// cannot be read.
-std::optional<uint64_t> MemAvailableBytes(const std::string& path) {
-  std::ifstream in(path);
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return std::nullopt;
-}
 
 // Closes the fd unless released: keeps Open's error paths short.
 class FdCloser {
@@ -168,11 +153,14 @@ Result<std::unique_ptr<HostArena>> HostArena::Open(const HostArenaOptions& o) {
   }
   if (const uint64_t missing = o.capacity_bytes - arena->allocated_bytes(); missing > 0) {
     const uint64_t pending = g_pending_bytes.load();
-    if (const std::optional<uint64_t> available = MemAvailableBytes(o.meminfo_path);
-        available && missing + pending > *available) {
+    // An unreadable meminfo skips the check: the allocation itself then
+    // fails, or not.
+    if (const Result<MachineMemory> machine = ReadMachineMemory(o.meminfo_path);
+        machine.ok() && missing + pending > machine->available_bytes) {
+      const uint64_t available = machine->available_bytes;
       return NoSpace("the " + std::to_string(o.capacity_bytes >> 20) + " MiB host arena needs " +
                      std::to_string(missing >> 20) + " MiB it has not allocated, and the machine has " +
-                     std::to_string(*available >> 20) + " MiB available (MemAvailable in " + o.meminfo_path +
+                     std::to_string(available >> 20) + " MiB available (MemAvailable in " + o.meminfo_path +
                      (pending > 0 ? ", less " + std::to_string(pending >> 20) + " MiB other arenas still allocate"
                                   : std::string()) +
                      "); lower host.capacity_bytes or free memory");

@@ -45,7 +45,7 @@ struct HostArenaOptions {
   // has not allocated (all of a new one, a kept one's missing part), with
   // what the process's other arenas still have to allocate, must fit in it,
   // or Open fails before it allocates anything, as allocating it all would
-  // have. Unreadable: no check.
+  // have. Unreadable, or without MemTotal: no check (common/machine_memory.h).
   std::string meminfo_path = "/proc/meminfo";
   // Small chunks: each holds the process's memory-map lock only briefly.
   uint64_t warm_chunk_bytes = uint64_t{16} << 20;
